@@ -1,0 +1,34 @@
+# gpuprov — every target sets up what it needs; `make demo` and `make test` work on a fresh machine.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: install sysdeps test lint demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+# System tools the tests drive for real: OpenSSH servers, sudo, network namespaces, shellcheck.
+sysdeps:
+	@bash tools/sysdeps.sh
+
+test: install sysdeps
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy
+
+demo: install
+	@bash tools/demo.sh
+
+bench: install
+	$(PY) bench/cli_startup.py
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

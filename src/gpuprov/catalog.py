@@ -1,0 +1,109 @@
+"""GPU facts and the AWS instance types that carry each GPU, read from data/catalog.yaml."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from functools import cache
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from gpuprov.errors import UserInputError
+from gpuprov.resources import data_file
+
+
+class Gpu(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    arch: str
+    compute_capability: str
+    memory_mib: int
+    good_for: str
+    unverified: str | None = None
+
+    @property
+    def sm(self) -> str:
+        return "sm_" + self.compute_capability.replace(".", "")
+
+
+class InstanceType(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    gpu: str
+    gpus: int
+    vcpu: int
+    ram_gib: int
+    price_usd_hour: float | None
+    nvswitch: bool = False
+    efa: bool = False
+    gpu_memory_mib: int | None = None
+    unverified: str | None = None
+
+    @property
+    def family(self) -> str:
+        """EC2 quota family: P instances and G/VT instances are counted separately."""
+        return "P" if self.name.startswith("p") else "G"
+
+
+class Catalog(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prices_as_of: str
+    price_region: str
+    gpus: tuple[Gpu, ...]
+    instance_types: tuple[InstanceType, ...]
+    regions: tuple[str, ...]
+
+    def check_region(self, region: str) -> str:
+        if region in self.regions:
+            return region
+        close = difflib.get_close_matches(region, self.regions, n=3, cutoff=0.5)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise UserInputError("--region", f"unknown AWS region {region!r}", f"{hint}e.g. us-east-1, us-west-2, eu-west-1")
+
+    def gpu(self, name: str) -> Gpu:
+        """The GPU called `name` (case-insensitive, aliases allowed), or a UserInputError naming close ones."""
+        key = _normalise(name)
+        for gpu in self.gpus:
+            if key == _normalise(gpu.name) or key in (_normalise(a) for a in gpu.aliases):
+                return gpu
+        known = [g.name for g in self.gpus]
+        close = difflib.get_close_matches(name.upper(), known, n=3, cutoff=0.4)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise UserInputError("--gpu", f"unknown GPU {name!r}", f"{hint}Known GPUs: {', '.join(known)}.")
+
+    def instance_types_for(self, gpu: Gpu) -> list[InstanceType]:
+        return [it for it in self.instance_types if it.gpu == gpu.name]
+
+    def instance_type(self, name: str) -> InstanceType:
+        for it in self.instance_types:
+            if it.name == name:
+                return it
+        close = difflib.get_close_matches(name, [it.name for it in self.instance_types], n=3)
+        raise UserInputError(
+            "--instance-type", f"unknown instance type {name!r}", f"close: {', '.join(close) or 'none'}"
+        )
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[\s_]", "-", name.strip().lower())
+
+
+def parse_gpu_request(text: str) -> tuple[str, int]:
+    """Split 'A100:8' into ('A100', 8); a bare name means one GPU."""
+    name, sep, count = text.partition(":")
+    if not sep:
+        return name, 1
+    if not count.isdigit() or int(count) < 1:
+        raise UserInputError("--gpu", f"{text!r}: the count after ':' must be a whole number ≥ 1", "e.g. A100:8")
+    return name, int(count)
+
+
+@cache
+def load() -> Catalog:
+    with data_file("catalog.yaml").open() as f:
+        return Catalog.model_validate(yaml.safe_load(f))

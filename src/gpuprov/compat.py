@@ -1,0 +1,527 @@
+"""The stack resolver: GPU x OS x driver x CUDA x torch -> one consistent stack, or a reason why not.
+
+Rules come from data/stack.yaml (facts, with sources); this module only reasons over them:
+- a torch wheel runs on a GPU when it carries SASS for the GPU's compute capability, or for an
+  earlier minor of the same major (sm_86 code runs on sm_89);
+- the driver must be at least the minimum NVIDIA lists for the wheel's (and toolkit's) CUDA;
+- Volta stays on R580 with the proprietary module; Blackwell needs the open module and R570+;
+- NVSwitch systems need Fabric Manager at exactly the driver's version (and NVLSM on Blackwell).
+When pins conflict, the error names the rule and what would work instead, found by re-solving
+with each pin relaxed in turn.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from functools import cache
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from gpuprov.catalog import Gpu
+from gpuprov.errors import StackConflict, UserInputError
+from gpuprov.resources import data_file
+
+SUPPORTED_OS = ("ubuntu-22.04", "ubuntu-24.04")
+
+
+# --- facts -------------------------------------------------------------------------------------
+
+
+class _CudaMin(BaseModel):
+    driver: str
+    unverified: str | None = None
+
+
+class _TorchRelease(BaseModel):
+    variants: tuple[str, ...]
+    pypi_default: str
+    python: tuple[str, str]
+
+
+class _WheelArchs(BaseModel):
+    torch: tuple[str, str]
+    variants: tuple[str, ...]
+    sm: tuple[str, ...]
+    unverified: str | None = None
+
+
+class _Arch(BaseModel):
+    kernel_module: Literal["open", "proprietary"]
+    open_only: bool = False
+    max_driver_branch: int | None = None
+    min_driver_branch: int | None = None
+    max_cuda: str | None = None
+    min_cuda: str | None = None
+    min_torch: str | None = None
+
+
+class StackFacts(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    cuda_min_driver: dict[str, _CudaMin]
+    driver_branches: tuple[int, ...]
+    default_driver_branch: int
+    last_volta_branch: int
+    proprietary_removed_in: int
+    unversioned_package_names_from: int
+    torch_releases: dict[str, _TorchRelease]
+    python_ranges_unverified: str
+    wheel_archs: tuple[_WheelArchs, ...]
+    architectures: dict[str, _Arch]
+    python_default: str
+    pytorch_index: str
+
+
+@cache
+def facts() -> StackFacts:
+    with data_file("stack.yaml").open() as f:
+        return StackFacts.model_validate(yaml.safe_load(f))
+
+
+# --- inputs and outputs ------------------------------------------------------------------------
+
+
+class StackPins(BaseModel):
+    """What the user pinned; None means 'choose for me'."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    driver: str | None = None  # a branch ("580") or an exact version ("580.95.05")
+    cuda: str | None = None  # CUDA toolkit to install (nvcc), e.g. "12.8"
+    torch: str | None = None  # "2.9" or "2.9.1"
+    torch_cuda: str | None = None  # wheel variant, "cu128"
+    python: str | None = None  # "3.12"
+
+    def without(self, name: str) -> StackPins:
+        return self.model_copy(update={name: None})
+
+
+class TorchWheel(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    version: str  # as pinned ("2.9.1") or a release family ("2.13")
+    variant: str  # cu128
+    cuda: str  # 12.8
+    index_url: str
+
+    @property
+    def requirement(self) -> str:
+        """pip requirement: an exact patch when one was pinned, else the newest of the family."""
+        return f"torch=={self.version}" if self.version.count(".") >= 2 else f"torch=={self.version}.*"
+
+
+FabricManager = Literal["required", "auto", "no"]
+
+
+class Stack(BaseModel):
+    """One consistent GPU software stack, as the templates install it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    arch: str
+    compute_capability: str
+    os: str
+    driver_branch: int
+    driver_version: str | None  # exact version when pinned
+    kernel_module: Literal["open", "proprietary"]
+    driver_pinning_package: str
+    driver_package: str
+    fabric_manager: FabricManager  # required: NVSwitch instance; auto: install if lspci shows NVSwitch
+    fabric_manager_package: str
+    nvlsm: bool
+    cuda_toolkit: str | None
+    cuda_toolkit_package: str | None
+    torch: TorchWheel | None
+    python: str
+    unverified: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def min_driver(self) -> str | None:
+        """The lowest driver that runs this stack's CUDA (wheel and toolkit)."""
+        needs = [c for c in (self.torch.cuda if self.torch else None, self.cuda_toolkit) if c]
+        if not needs:
+            return None
+        return max((facts().cuda_min_driver[c].driver for c in needs), key=_version_tuple)
+
+
+# --- small helpers -----------------------------------------------------------------------------
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split("."))
+
+
+def _family(torch_version: str) -> str:
+    return ".".join(torch_version.split(".")[:2])
+
+
+def variant_cuda(variant: str) -> str:
+    """cu128 -> 12.8, cu130 -> 13.0, cu118 -> 11.8."""
+    digits = variant[2:]
+    return f"{digits[:-1]}.{digits[-1]}"
+
+
+def _sm_runs(wheel_sms: tuple[str, ...], cc: str) -> bool:
+    """SASS for X.y runs on X.z when z >= y (same major only)."""
+    major, minor = _version_tuple(cc)
+    return any(m == major and n <= minor for m, n in (_version_tuple(s) for s in wheel_sms))
+
+
+def _driver_satisfies(branch: int, exact: str | None, minimum: str) -> bool:
+    if exact:
+        return _version_tuple(exact) >= _version_tuple(minimum)
+    # a branch's current release is newer than the GA minimum of any CUDA minor that names it
+    return branch >= _version_tuple(minimum)[0]
+
+
+def _min_branch_for(minimum: str) -> int:
+    need = _version_tuple(minimum)[0]
+    return min(b for b in facts().driver_branches if b >= need)
+
+
+# --- validation of single pins -----------------------------------------------------------------
+
+
+def _check_pin_formats(pins: StackPins) -> None:
+    f = facts()
+    if pins.driver is not None:
+        if not re.fullmatch(r"\d{3}(\.\d+){0,2}", pins.driver):
+            raise UserInputError("--driver", f"{pins.driver!r} is not a driver branch or version", "e.g. 580 or 580.95.05")
+        branch = int(pins.driver.split(".")[0])
+        if branch not in f.driver_branches:
+            raise UserInputError(
+                "--driver", f"unknown driver branch {branch}",
+                f"known branches: {', '.join(map(str, f.driver_branches))}",
+            )
+    if pins.cuda is not None and pins.cuda not in f.cuda_min_driver:
+        raise UserInputError(
+            "--cuda", f"unknown CUDA toolkit {pins.cuda!r}", f"known: {', '.join(f.cuda_min_driver)}"
+        )
+    if pins.torch is not None:
+        if not re.fullmatch(r"\d+\.\d+(\.\d+)?", pins.torch) or _family(pins.torch) not in f.torch_releases:
+            raise UserInputError(
+                "--torch", f"unknown torch release {pins.torch!r}",
+                f"known: {', '.join(f.torch_releases)} (optionally with a patch, e.g. 2.9.1)",
+            )
+    if pins.torch_cuda is not None:
+        known = sorted({v for r in f.torch_releases.values() for v in r.variants})
+        if pins.torch_cuda not in known:
+            raise UserInputError("--torch-cuda", f"unknown wheel variant {pins.torch_cuda!r}", f"known: {', '.join(known)}")
+    if pins.python is not None and not re.fullmatch(r"3\.\d+", pins.python):
+        raise UserInputError("--python", f"{pins.python!r} is not a Python version", "e.g. 3.12")
+
+
+# --- the solver --------------------------------------------------------------------------------
+
+
+def _torch_candidates(pins: StackPins) -> Iterator[tuple[str, str]]:
+    """(release, variant) pairs in preference order: newest release first, the release's own
+    PyPI default variant first (the one the PyTorch project ships to most users), then newer ones."""
+    f = facts()
+    releases = sorted(f.torch_releases, key=_version_tuple, reverse=True)
+    if pins.torch:
+        releases = [_family(pins.torch)]
+    for rel in releases:
+        info = f.torch_releases[rel]
+        ordered = [info.pypi_default] + sorted(
+            (v for v in info.variants if v != info.pypi_default), key=lambda v: int(v[2:]), reverse=True
+        )
+        if pins.torch and pins.torch_cuda and pins.torch_cuda not in ordered:
+            yield rel, pins.torch_cuda  # so the error says this release has no such wheels
+        for variant in ordered:
+            if pins.torch_cuda in (None, variant):
+                yield rel, variant
+
+
+def _wheel_archs(release: str, variant: str) -> _WheelArchs | None:
+    for row in facts().wheel_archs:
+        lo, hi = (_version_tuple(v) for v in row.torch)
+        if lo <= _version_tuple(release) <= hi and variant in row.variants:
+            return row
+    return None
+
+
+def _torch_problem(gpu: Gpu, release: str, variant: str, pins: StackPins) -> str | None:
+    """Why this wheel cannot serve this GPU with these pins, or None when it can."""
+    f = facts()
+    arch = f.architectures[gpu.arch]
+    info = f.torch_releases[release]
+    if variant not in info.variants:
+        return f"torch {release} has no {variant} wheels (it ships {', '.join(info.variants)})"
+    if arch.min_torch and _version_tuple(release) < _version_tuple(arch.min_torch):
+        return f"{gpu.name} ({gpu.sm}) needs torch ≥ {arch.min_torch}"
+    archs = _wheel_archs(release, variant)
+    if archs is None or not _sm_runs(archs.sm, gpu.compute_capability):
+        built = ", ".join("sm_" + s.replace(".", "") for s in archs.sm) if archs else "unknown archs"
+        return f"torch {release}+{variant} wheels carry code for {built}, not {gpu.name}'s {gpu.sm}"
+    cuda = variant_cuda(variant)
+    if arch.max_cuda and _version_tuple(cuda) > _version_tuple(arch.max_cuda):
+        return f"{gpu.name} ({gpu.sm}) is supported up to CUDA {arch.max_cuda}; {variant} is CUDA {cuda}"
+    if arch.min_cuda and _version_tuple(cuda) < _version_tuple(arch.min_cuda):
+        return f"{gpu.name} ({gpu.sm}) needs CUDA ≥ {arch.min_cuda}; {variant} is CUDA {cuda}"
+    if pins.driver:
+        minimum = f.cuda_min_driver[cuda].driver
+        branch = int(pins.driver.split(".")[0])
+        exact = pins.driver if "." in pins.driver else None
+        if not _driver_satisfies(branch, exact, minimum):
+            return f"{variant} wheels (CUDA {cuda}) need driver ≥ {minimum} (R{_min_branch_for(minimum)}); driver {pins.driver} is older"
+    if pins.python:
+        lo, hi = info.python
+        if not _version_tuple(lo) <= _version_tuple(pins.python) <= _version_tuple(hi):
+            return f"torch {release} supports Python {lo}–{hi}, not {pins.python}"
+    return None
+
+
+def _choose_torch(gpu: Gpu, pins: StackPins) -> tuple[str, str]:
+    problems: list[str] = []
+    for release, variant in _torch_candidates(pins):
+        problem = _torch_problem(gpu, release, variant, pins)
+        if problem is None:
+            return release, variant
+        problems.append(problem)
+    field = "--torch-cuda" if pins.torch_cuda else "--torch" if pins.torch else "--driver" if pins.driver else "--python"
+    raise StackConflict(field, problems[0] if problems else "no torch wheel fits", "")
+
+
+def _check_driver_pin(gpu: Gpu, pins: StackPins) -> None:
+    if not pins.driver:
+        return
+    f = facts()
+    arch = f.architectures[gpu.arch]
+    branch = int(pins.driver.split(".")[0])
+    if arch.max_driver_branch and branch > arch.max_driver_branch:
+        raise StackConflict(
+            "--driver",
+            f"{gpu.name} ({gpu.arch.title()}, {gpu.sm}) is supported up to driver branch R{arch.max_driver_branch}; "
+            f"R{branch} dropped it",
+            f"use --driver {arch.max_driver_branch} (proprietary kernel module)",
+        )
+    if arch.min_driver_branch and branch < arch.min_driver_branch:
+        raise StackConflict(
+            "--driver",
+            f"{gpu.name} ({gpu.sm}) needs driver branch ≥ R{arch.min_driver_branch}",
+            f"use --driver {arch.min_driver_branch} or newer",
+        )
+    if arch.kernel_module == "proprietary" and branch >= f.proprietary_removed_in:
+        raise StackConflict(
+            "--driver",
+            f"{gpu.name} needs the proprietary kernel module, which R{f.proprietary_removed_in} and later no longer ship",
+            f"use --driver {f.last_volta_branch}",
+        )
+
+
+def _check_toolkit(gpu: Gpu, pins: StackPins, branch: int, exact: str | None) -> None:
+    if not pins.cuda:
+        return
+    arch = facts().architectures[gpu.arch]
+    cuda = pins.cuda
+    if arch.max_cuda and _version_tuple(cuda) > _version_tuple(arch.max_cuda):
+        raise StackConflict(
+            "--cuda", f"{gpu.name} ({gpu.sm}) is supported by CUDA toolkits up to {arch.max_cuda}, not {cuda}",
+            f"use --cuda {arch.max_cuda}",
+        )
+    if arch.min_cuda and _version_tuple(cuda) < _version_tuple(arch.min_cuda):
+        raise StackConflict(
+            "--cuda", f"{gpu.name} ({gpu.sm}) needs CUDA ≥ {arch.min_cuda}", f"use --cuda {arch.min_cuda} or newer"
+        )
+    minimum = facts().cuda_min_driver[cuda].driver
+    if pins.driver and not _driver_satisfies(branch, exact, minimum):
+        raise StackConflict(
+            "--driver",
+            f"CUDA {cuda} needs driver ≥ {minimum}; driver {pins.driver} is older",
+            f"use --driver {_min_branch_for(minimum)} or newer, or an older --cuda",
+        )
+
+
+def _choose_branch(gpu: Gpu, pins: StackPins, cudas: list[str]) -> int:
+    f = facts()
+    arch = f.architectures[gpu.arch]
+    if pins.driver:
+        return int(pins.driver.split(".")[0])
+    branch = f.default_driver_branch
+    if arch.max_driver_branch:
+        branch = min(branch, arch.max_driver_branch)
+    needed = max((_min_branch_for(f.cuda_min_driver[c].driver) for c in cudas), default=0)
+    if arch.min_driver_branch:
+        needed = max(needed, arch.min_driver_branch)
+    branch = max(branch, needed)
+    if arch.max_driver_branch and branch > arch.max_driver_branch:
+        raise StackConflict(
+            "--cuda" if pins.cuda else "--torch-cuda",
+            f"this CUDA needs driver R{branch}, but {gpu.name} is supported only up to R{arch.max_driver_branch}",
+            f"pick a CUDA {arch.max_cuda} or older build",
+        )
+    return branch
+
+
+def newest_cuda(gpu: Gpu, branch: int) -> str:
+    """The newest CUDA toolkit that this driver branch runs and this GPU still supports."""
+    f = facts()
+    arch = f.architectures[gpu.arch]
+    usable = [
+        c for c, m in f.cuda_min_driver.items()
+        if _version_tuple(m.driver)[0] <= branch and not m.unverified
+        and not (arch.max_cuda and _version_tuple(c) > _version_tuple(arch.max_cuda))
+    ]
+    return max(usable, key=_version_tuple)
+
+
+def _choose_python(pins: StackPins, release: str | None) -> str:
+    f = facts()
+    if pins.python:
+        return pins.python
+    if release is None:
+        return f.python_default
+    lo, hi = f.torch_releases[release].python
+    if _version_tuple(lo) <= _version_tuple(f.python_default) <= _version_tuple(hi):
+        return f.python_default
+    return hi
+
+
+def resolve(
+    gpu: Gpu,
+    os_name: str = "ubuntu-24.04",
+    pins: StackPins | None = None,
+    *,
+    nvswitch: bool | None = None,
+    want_torch: bool = True,
+) -> Stack:
+    """Resolve one stack, or raise StackConflict naming the rule and a combination that works.
+
+    :param nvswitch: True for an NVSwitch instance type, False for one without, None when the
+        host is not known in advance (Fabric Manager is then installed only if the host has NVSwitch).
+    :param want_torch: False for playbooks that install the driver but no PyTorch.
+    """
+    pins = pins or StackPins()
+    _check_pin_formats(pins)
+    if os_name not in SUPPORTED_OS:
+        raise UserInputError("--os", f"unsupported OS {os_name!r}", f"choose one of: {', '.join(SUPPORTED_OS)}")
+    try:
+        return _resolve(gpu, os_name, pins, nvswitch, want_torch)
+    except StackConflict as conflict:
+        raise _with_alternative(conflict, gpu, os_name, pins, nvswitch, want_torch) from None
+
+
+def _with_alternative(
+    conflict: StackConflict, gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, want_torch: bool
+) -> StackConflict:
+    """Append what would work: the same request with one pin dropped, the failing field first."""
+    if conflict.hint:
+        return conflict
+    flags = {"torch_cuda": "--torch-cuda", "torch": "--torch", "driver": "--driver", "cuda": "--cuda", "python": "--python"}
+    order = sorted(flags, key=lambda k: flags[k] != conflict.field)
+    options: list[str] = []
+    for name in order:
+        if getattr(pins, name) is None:
+            continue
+        try:
+            alt = _resolve(gpu, os_name, pins.without(name), nvswitch, want_torch)
+        except StackConflict:
+            continue
+        options.append(_describe_change(name, alt))
+    if not options:
+        return conflict
+    return StackConflict(conflict.field, conflict.problem, "this works instead: " + "; or ".join(options[:2]))
+
+
+def _describe_change(name: str, alt: Stack) -> str:
+    stack = f"driver R{alt.driver_branch}, {alt.kernel_module} kernel module"
+    if alt.torch:
+        stack = f"torch {alt.torch.version}+{alt.torch.variant}, " + stack
+    change = {
+        "torch_cuda": f"--torch-cuda {alt.torch.variant}" if alt.torch else "no --torch-cuda",
+        "torch": f"--torch {alt.torch.version}" if alt.torch else "no --torch",
+        "driver": f"--driver {alt.driver_branch}",
+        "cuda": "no --cuda (the torch wheel bundles its own CUDA runtime)",
+        "python": f"--python {alt.python}",
+    }[name]
+    return f"{change} ({stack})"
+
+
+def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, want_torch: bool) -> Stack:
+    f = facts()
+    arch = f.architectures[gpu.arch]
+    unverified: list[str] = []
+    reasons: list[str] = []
+    if gpu.unverified:
+        unverified.append(f"{gpu.name}: {gpu.unverified}")
+
+    _check_driver_pin(gpu, pins)
+    torch: TorchWheel | None = None
+    release: str | None = None
+    if want_torch:
+        release, variant = _choose_torch(gpu, pins)
+        cuda = variant_cuda(variant)
+        torch = TorchWheel(
+            version=pins.torch or release, variant=variant, cuda=cuda, index_url=f"{f.pytorch_index}/{variant}"
+        )
+        archs = _wheel_archs(release, variant)
+        if archs and archs.unverified:
+            unverified.append(archs.unverified)
+        if f.cuda_min_driver[cuda].unverified:
+            unverified.append(f.cuda_min_driver[cuda].unverified or "")
+        if pins.python:
+            unverified.append(f.python_ranges_unverified)
+        reasons.append(f"torch {release}+{variant}: newest wheel that carries code for {gpu.sm} and fits the pins")
+    elif pins.torch or pins.torch_cuda:
+        raise UserInputError("--torch", "this playbook installs no PyTorch, so a torch pin has no effect", "drop the pin or use -p pytorch")
+
+    cudas = [c for c in (torch.cuda if torch else None, pins.cuda) if c]
+    branch = _choose_branch(gpu, pins, cudas)
+    exact = pins.driver if pins.driver and "." in pins.driver else None
+    _check_toolkit(gpu, pins, branch, exact)
+    if pins.cuda and f.cuda_min_driver[pins.cuda].unverified:
+        unverified.append(f.cuda_min_driver[pins.cuda].unverified or "")
+    if exact:
+        unverified.append("exact driver pins rely on NVIDIA's per-version pinning packages (nvidia-driver-pinning-<version>)")
+    if not pins.driver:
+        reasons.append(
+            f"driver R{branch}: "
+            + ("the last branch that supports Volta" if arch.max_driver_branch and branch == arch.max_driver_branch
+               else "the branch AWS ships in its current GPU images" if branch == f.default_driver_branch
+               else "the oldest branch new enough for the requested CUDA")
+        )
+    kernel_module = arch.kernel_module
+    reasons.append(
+        f"{kernel_module} kernel module: "
+        + ("Blackwell supports only the open module" if arch.open_only
+           else "Volta has no open module" if kernel_module == "proprietary"
+           else "NVIDIA's default since R560")
+    )
+
+    fm: FabricManager = "required" if nvswitch else "no" if nvswitch is False else "auto"
+    versioned = branch < f.unversioned_package_names_from
+    fm_package = f"nvidia-fabricmanager-{branch}" if versioned else "nvidia-fabricmanager"
+    if fm != "no" and not versioned:
+        unverified.append(f"from R{f.unversioned_package_names_from} the Fabric Manager package may lose the branch from its name")
+    nvlsm = arch.open_only and fm != "no"
+    if nvlsm:
+        unverified.append("Blackwell NVSwitch systems also run NVLSM (package 'nvlsm'); the package and service names are unverified")
+    if fm == "required":
+        reasons.append("Fabric Manager: NVSwitch instance; pinned to the driver's exact version, both held")
+
+    return Stack(
+        gpu=gpu.name,
+        arch=gpu.arch,
+        compute_capability=gpu.compute_capability,
+        os=os_name,
+        driver_branch=branch,
+        driver_version=exact,
+        kernel_module=kernel_module,
+        driver_pinning_package=f"nvidia-driver-pinning-{exact or branch}",
+        driver_package="nvidia-open" if kernel_module == "open" else "cuda-drivers",
+        fabric_manager=fm,
+        fabric_manager_package=fm_package,
+        nvlsm=nvlsm,
+        cuda_toolkit=pins.cuda,
+        cuda_toolkit_package=f"cuda-toolkit-{pins.cuda.replace('.', '-')}" if pins.cuda else None,
+        torch=torch,
+        python=_choose_python(pins, release),
+        unverified=tuple(dict.fromkeys(u for u in unverified if u)),
+        reasons=tuple(reasons),
+    )

@@ -1,0 +1,88 @@
+"""Rich renderables for what the CLI prints. Presentation only: no decisions here."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from gpuprov.catalog import Catalog
+from gpuprov.plan import Plan
+
+
+def _price(value: float | None) -> str:
+    return f"${value:,.2f}/h" if value is not None else "n/a"
+
+
+def gpus_table(cat: Catalog) -> Table:
+    table = Table(title=f"GPUs on AWS — on-demand list prices, {cat.price_region}, {cat.prices_as_of}")
+    for col, justify in (("GPU", "left"), ("arch", "left"), ("CC", "left"), ("mem/GPU", "right"),
+                         ("instance type", "left"), ("GPUs", "right"), ("vCPU", "right"), ("$/h", "right"),
+                         ("good for", "left")):
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for gpu in cat.gpus:
+        types = cat.instance_types_for(gpu)
+        for i, it in enumerate(types):
+            first = i == 0
+            table.add_row(
+                gpu.name if first else "", gpu.arch.title() if first else "", gpu.compute_capability if first else "",
+                f"{(it.gpu_memory_mib or gpu.memory_mib) / 1024:.0f} GiB", it.name, str(it.gpus), str(it.vcpu),
+                _price(it.price_usd_hour).removesuffix("/h"), gpu.good_for if first else "",
+                end_section=i == len(types) - 1,
+            )
+    return table
+
+
+def plan_view(plan: Plan) -> Group:
+    parts: list[Table | Text] = []
+    market = "spot" if plan.request.spot else "on-demand"
+    head = Text.assemble(("Plan: ", "bold"), f"{plan.count}× {plan.gpu.name}")
+    if plan.instance:
+        head.append(f" on {plan.instance.name} ({plan.instance.gpus} GPUs, {plan.instance.vcpu} vCPU, "
+                    f"{plan.instance.ram_gib} GiB) · {market} · {plan.request.region}")
+    parts.append(head)
+    if plan.instance and plan.instance.gpus > plan.count:
+        parts.append(Text(f"  ({plan.count} requested; the smallest instance type with {plan.gpu.name} has {plan.instance.gpus})"))
+    if plan.instance:
+        cost = Text(f"  on-demand list price {_price(plan.instance.price_usd_hour)} (us-east-1 catalog)")
+        if plan.request.spot:
+            cost.append("; spot is billed at the current spot price, capped at on-demand")
+        parts.append(cost)
+        others = [c for c in plan.candidates if c != plan.instance][:4]
+        if others:
+            parts.append(Text("  fallbacks: " + ", ".join(f"{c.name} {_price(c.price_usd_hour)}" for c in others)))
+
+    if plan.stack:
+        s = plan.stack
+        stack = Table(title="Stack", show_header=False, title_justify="left", box=None, padding=(0, 2))
+        stack.add_row("driver", f"R{s.driver_branch}{' = ' + s.driver_version if s.driver_version else ''} "
+                      f"{s.driver_package} ({s.kernel_module} kernel module), pinned with {s.driver_pinning_package}, held")
+        if s.fabric_manager != "no":
+            stack.add_row("fabric manager", f"{s.fabric_manager_package} at the driver's exact version, held"
+                          + (" (installed only if the host has NVSwitch)" if s.fabric_manager == "auto" else "")
+                          + (" + NVLSM" if s.nvlsm else ""))
+        if s.cuda_toolkit_package:
+            stack.add_row("CUDA toolkit", f"{s.cuda_toolkit_package} (nvcc)")
+        if s.torch:
+            stack.add_row("torch", f"{s.torch.requirement} {s.torch.variant} (CUDA {s.torch.cuda}) from {s.torch.index_url}")
+        if plan.playbook.env:
+            stack.add_row("python", f"{s.python} in {plan.playbook.env.path} ({plan.playbook.env.manager})")
+        if s.min_driver:
+            stack.add_row("needs driver", f"≥ {s.min_driver}")
+        parts.append(stack)
+    else:
+        parts.append(Text(f"Stack: none (playbook {plan.playbook.name!r} installs no GPU stack)"))
+
+    steps = Table(title=f"Steps (playbook {plan.playbook.name})", title_justify="left", box=None, padding=(0, 2))
+    steps.add_column("#", justify="right")
+    steps.add_column("step")
+    steps.add_column("what")
+    for i, step in enumerate(plan.steps, 1):
+        steps.add_row(str(i), step.name, step.summary)
+    parts.append(steps)
+    if plan.stack and plan.stack.reasons:
+        parts.append(Text("Why: " + "; ".join(plan.stack.reasons), style="dim"))
+    if plan.unverified:
+        parts.append(Text("Unverified facts this plan relies on (check before production):", style="yellow"))
+        parts.extend(Text(f"  - {note}", style="yellow") for note in plan.unverified)
+    return Group(*parts)

@@ -1,0 +1,190 @@
+"""What users write: playbooks (and, later, inventories) as pydantic models, with every
+validation error turned into one short message naming the file, line and field.
+
+A playbook is data, not code. The only fields whose text reaches a shell as a command are the
+ones named `run`; everything else is quoted by the renderer or rejected here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpuprov.compat import StackPins
+from gpuprov.errors import UserInputError
+from gpuprov.resources import playbooks_dir
+
+StepName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,47}$")]
+# A PEP 508 requirement without markers or URLs: name, optional extras, optional version clauses.
+_REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?([<>=!~]=?[A-Za-z0-9.*+!_-]+(,[<>=!~]=?[A-Za-z0-9.*+!_-]+)*)?$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FileSpec(_Model):
+    """A file the step writes on the host. Its content is written verbatim, never executed."""
+
+    path: Annotated[str, Field(pattern=r"^/[^\x00\n]*$", max_length=4096)]
+    content: str
+    mode: Annotated[str, Field(pattern=r"^0?[0-7]{3,4}$")] = "0644"
+
+
+class StepSpec(_Model):
+    """A playbook's own step: a shell command (`run`), files to write (`files`), or both.
+
+    `run` is a command by definition and runs as written (as root, in bash with errexit).
+    `creates`, when given, makes the step idempotent: it is skipped once that path exists.
+    """
+
+    name: StepName
+    run: str | None = None
+    files: tuple[FileSpec, ...] = ()
+    creates: Annotated[str | None, Field(pattern=r"^/[^\x00\n]*$")] = None
+
+    @model_validator(mode="after")
+    def _has_work(self) -> StepSpec:
+        if self.run is None and not self.files:
+            raise ValueError("a step needs `run` or `files`")
+        return self
+
+
+class EnvSpec(_Model):
+    """The Python environment PyTorch and the extra packages go into."""
+
+    manager: Literal["uv", "conda"] = "uv"
+    path: Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]+$")] = "/opt/gpuprov/env"
+    packages: tuple[str, ...] = ()
+
+    @field_validator("packages")
+    @classmethod
+    def _requirements(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for req in value:
+            if not _REQUIREMENT.match(req):
+                raise ValueError(f"{req!r} is not a package requirement (e.g. 'transformers>=4.40')")
+        return value
+
+
+class Playbook(_Model):
+    """A recipe: the GPU stack (or none), a Python env, and extra steps, in that order."""
+
+    name: StepName
+    description: str = ""
+    stack: Literal["gpu", "none"] = "gpu"
+    torch: bool = True  # install PyTorch into the env (only with stack: gpu)
+    cuda_toolkit: bool = False  # install the CUDA toolkit (nvcc) matching the torch wheel
+    pins: StackPins = StackPins()
+    env: EnvSpec | None = EnvSpec()
+    steps: tuple[StepSpec, ...] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Playbook:
+        if self.stack == "none" and (self.pins != StackPins() or self.cuda_toolkit):
+            raise ValueError("`pins` and `cuda_toolkit` need `stack: gpu`")
+        names = [s.name for s in self.steps]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"step names must be unique: {', '.join(sorted(dupes))}")
+        return self
+
+    @property
+    def installs_torch(self) -> bool:
+        return self.stack == "gpu" and self.torch and self.env is not None
+
+
+# --- loading with line numbers -----------------------------------------------------------------
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _line_index(node: yaml.Node, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], int]:
+    """Map each value's path (keys and list indexes) to its 1-based line in the YAML text."""
+    lines = {path: node.start_mark.line + 1}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            child = (*path, key.value)
+            lines[child] = key.start_mark.line + 1
+            lines.update({k: v for k, v in _line_index(value, child).items() if k != child})
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines.update(_line_index(item, (*path, i)))
+    return lines
+
+
+def load_model(text: str, model: type[M], source: str, field: str) -> M:
+    """Parse YAML text into `model`, or raise UserInputError naming source:line and the field path."""
+    try:
+        data = yaml.safe_load(text)
+        node = yaml.compose(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise UserInputError(field, f"{where}: not valid YAML ({problem})", "check indentation and quoting") from None
+    if not isinstance(data, dict):
+        raise UserInputError(field, f"{source}: expected a mapping of fields at the top level", f"see {model.__name__}'s fields")
+    lines = _line_index(node) if node is not None else {}
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err["loc"])
+        line = next((lines[loc[:i]] for i in range(len(loc), -1, -1) if loc[:i] in lines), None)
+        dotted = ".".join(str(p) for p in loc) or "(top level)"
+        where = f"{source}:{line}" if line else source
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            parent = model
+            allowed = _allowed_fields(parent, loc[:-1])
+            msg = f"unknown field {loc[-1]!r}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+        more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
+        raise UserInputError(field, f"{where}: {dotted}: {msg}{more}") from None
+
+
+def _allowed_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names valid at `loc` inside `model`, for 'unknown field' messages."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        info = current.model_fields.get(part) if isinstance(current, type) and issubclass(current, BaseModel) else None
+        if info is None:
+            return []
+        current = _model_in(info.annotation)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _model_in(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def shipped_playbooks() -> list[str]:
+    return sorted(p.stem for p in playbooks_dir().glob("*.yml"))
+
+
+def load_playbook(name_or_path: str) -> Playbook:
+    """A shipped playbook by name ('pytorch'), or a YAML file by path."""
+    path = Path(name_or_path)
+    if not (path.suffix in (".yml", ".yaml") or "/" in name_or_path):
+        path = playbooks_dir() / f"{name_or_path}.yml"
+        if not path.is_file():
+            raise UserInputError(
+                "--playbook", f"unknown playbook {name_or_path!r}",
+                f"shipped playbooks: {', '.join(shipped_playbooks())}; or give a path to your own .yml",
+            )
+    if not path.is_file():
+        raise UserInputError("--playbook", f"no such file: {path}", f"shipped playbooks: {', '.join(shipped_playbooks())}")
+    return load_model(path.read_text(), Playbook, str(path), "--playbook")

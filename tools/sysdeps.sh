@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the system packages the test-suite drives for real (sshd, sudo, ip, shellcheck),
+# when they are missing and we can: as root with apt-get. Otherwise says what is missing.
+set -euo pipefail
+missing=()
+[[ -x /usr/sbin/sshd ]] || missing+=(openssh-server)
+command -v sudo >/dev/null || missing+=(sudo)
+command -v ip >/dev/null || missing+=(iproute2)
+command -v shellcheck >/dev/null || missing+=(shellcheck)
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+  echo "installing system packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "missing system packages (install them, as root): ${missing[*]}; tests that need them will skip" >&2
+fi
