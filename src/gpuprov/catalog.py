@@ -18,6 +18,7 @@ class Gpu(BaseModel):
 
     name: str
     aliases: tuple[str, ...] = ()
+    pci_device_ids: tuple[str, ...] = ()
     arch: str
     compute_capability: str
     memory_mib: int

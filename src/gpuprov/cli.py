@@ -34,28 +34,54 @@ def _console() -> Any:
 # --- shared options (pip-tools style) ---------------------------------------------------------
 
 
-def stack_options(func: F) -> F:
-    """The flags that shape a plan, shared by plan, render (and later up and bootstrap)."""
-    options = [
-        click.option("--gpu", required=True, help="GPU name, optionally with a count: A100, h100, a100:8, l40s."),
-        click.option("--count", type=int, default=1, show_default=True, help="Number of GPUs (or use --gpu NAME:N)."),
-        click.option("--spot", is_flag=True, help="Ask for spot capacity (cheaper, can be interrupted)."),
-        click.option("--region", default="us-east-1", show_default=True, help="AWS region."),
-        click.option("--instance-type", default=None, help="Force an instance type instead of the cheapest that fits."),
+def _apply(func: F, options: list[Callable[[F], F]]) -> F:
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def pin_options(func: F) -> F:
+    """What to install: playbook, OS and stack pins (plan, render, bootstrap, up)."""
+    return _apply(func, [
         click.option(
             "-p", "--playbook", default="pytorch", show_default=True,
             help="Shipped playbook name (pytorch, minimal, llm-finetune, cuda-dev, inference) or a path to a .yml.",
         ),
-        click.option("--os", "os_name", default="ubuntu-24.04", show_default=True, help="ubuntu-22.04 or ubuntu-24.04."),
+        click.option("--os", "os_name", default=None,
+                     help="ubuntu-22.04 or ubuntu-24.04. Default: 24.04 for new nodes, the host's own for bootstrap."),
         click.option("--driver", default=None, help="Pin the NVIDIA driver branch (580) or exact version (580.95.05)."),
         click.option("--cuda", default=None, help="Also install this CUDA toolkit (nvcc), e.g. 12.8. Wheels don't need it."),
         click.option("--torch", "torch_version", default=None, help="Pin the torch release, e.g. 2.9 or 2.9.1."),
         click.option("--torch-cuda", default=None, help="Pin the torch wheel's CUDA variant, e.g. cu128."),
         click.option("--python", default=None, help="Pin the env's Python version, e.g. 3.12."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    ])
+
+
+def stack_options(func: F) -> F:
+    """What to launch and install (plan, render, up)."""
+    return _apply(func, [
+        click.option("--gpu", required=True, help="GPU name, optionally with a count: A100, h100, a100:8, l40s."),
+        click.option("--count", type=int, default=1, show_default=True, help="Number of GPUs (or use --gpu NAME:N)."),
+        click.option("--spot", is_flag=True, help="Ask for spot capacity (cheaper, can be interrupted)."),
+        click.option("--region", default="us-east-1", show_default=True, help="AWS region."),
+        click.option("--instance-type", default=None, help="Force an instance type instead of the cheapest that fits."),
+        pin_options,
+    ])
+
+
+def ssh_options(func: F) -> F:
+    """How to reach existing hosts (bootstrap, check)."""
+    return _apply(func, [
+        click.argument("hosts", nargs=-1, metavar="[USER@]HOST[:PORT]..."),
+        click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump, gpu, os)."),
+        click.option("-i", "--identity", default=None, help="Private key file (else ~/.ssh/config, then ssh's defaults)."),
+        click.option("--ssh-config", default=None, type=click.Path(dir_okay=False), help="ssh config file [~/.ssh/config]."),
+        click.option("--accept-new-host-key", is_flag=True,
+                     help="Trust and pin the key of a host seen for the first time. A changed key is always refused."),
+        click.option("--connect-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for SSH."),
+        click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True,
+                     help="Hosts worked on at once."),
+    ])
 
 
 def _pins(kw: dict[str, Any]) -> StackPins:
@@ -71,7 +97,7 @@ def _make_plan(kw: dict[str, Any]) -> Plan:
 
     request = NodeRequest(
         gpu=kw["gpu"], count=kw["count"], spot=kw["spot"], region=kw["region"], playbook=kw["playbook"],
-        os=kw["os_name"], pins=_pins(kw), instance_type=kw["instance_type"],
+        os=kw["os_name"] or "ubuntu-24.04", pins=_pins(kw), instance_type=kw["instance_type"],
     )
     return make_plan(request)
 
@@ -99,9 +125,12 @@ def main() -> None:
     """GPU machines with a working, verified PyTorch, and back to zero spend.
 
     \b
-    Offline:   gpuprov gpus | plan | render
-    Typical:   gpuprov plan --gpu A100 --spot            # what it would launch and install
-               gpuprov render --gpu L4 -o ./bundle       # the scripts, to read or run yourself
+    Offline:        gpuprov gpus | plan | render
+    Existing hosts: gpuprov bootstrap | check
+    Typical:   gpuprov plan --gpu A100 --spot                 # what it would launch and install
+               gpuprov render --gpu L4 -o ./bundle            # the scripts, to read or run yourself
+               gpuprov bootstrap ubuntu@10.1.2.3 -p pytorch   # install + verify on a machine you have
+               gpuprov check ubuntu@10.1.2.3                  # nvidia-smi + torch.cuda, judged
     """
 
 
@@ -170,3 +199,112 @@ def render(out: Path, **kw: Any) -> None:
     click.echo(f"wrote {len(written) - 1} scripts and manifest.json to {out}")
     for path in written:
         click.echo(f"  {path.name}")
+
+
+# --- existing hosts ---------------------------------------------------------------------------
+
+
+def _targets(kw: dict[str, Any]) -> list[Any]:
+    from gpuprov.inventory import load_inventory, parse_target, targets
+
+    entries = [parse_target(h) for h in kw["hosts"]]
+    defaults = None
+    if kw["inventory"]:
+        inventory = load_inventory(kw["inventory"])
+        entries += list(inventory.hosts)
+        defaults = inventory.defaults
+    if not entries:
+        raise click.UsageError("name at least one host ([USER@]HOST[:PORT]) or an --inventory file")
+    return targets(entries, defaults)
+
+
+def _settings(kw: dict[str, Any]) -> Any:
+    from gpuprov.paths import known_hosts_path
+    from gpuprov.remote import HostSettings
+
+    return HostSettings(
+        known_hosts=known_hosts_path(), accept_new_host_key=kw["accept_new_host_key"],
+        connect_timeout=kw["connect_timeout"], ssh_config=Path(kw["ssh_config"]) if kw["ssh_config"] else None,
+        key_filename=kw["identity"],
+    )
+
+
+@main.command()
+@ssh_options
+@pin_options
+@click.option("--gpu", default=None, help="The GPU the hosts carry; default: what each host reports. A mismatch stops that host.")
+@click.option("--force", is_flag=True, help="Rerun every step, even those whose marker says they are done.")
+@click.option("--reboot-timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for a host to come back.")
+@click.option("-v", "--verbose", is_flag=True, help="Stream every host's remote output (it always goes to the log).")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@_handle_errors
+def bootstrap(force: bool, reboot_timeout: float, verbose: bool, as_json: bool, gpu: str | None, **kw: Any) -> None:
+    """Install the playbook's stack on existing hosts over SSH, then verify it.
+
+    Runs on all hosts at once (bounded by --parallel). Each step leaves a marker with its
+    script's sha256 on the host, so a rerun skips what is done and resumes where a failure
+    or a dropped connection stopped it. A fresh driver install reboots the host and waits.
+    Exit code 0 only when every host ended ok.
+    """
+    from gpuprov import bootstrap as engine
+    from gpuprov.compat import check_pins
+    from gpuprov.plan import make_host_plan
+    from gpuprov.report import LiveHosts, bootstrap_summary
+    from gpuprov.spec import load_playbook
+
+    pins = _pins(kw)
+    check_pins(pins)
+    load_playbook(kw["playbook"])
+    if gpu:  # an impossible stack is refused before any host is touched
+        make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins)
+    targets = _targets(kw)
+    console = _console()
+    options = engine.Options(force=force, parallel=kw["parallel"], reboot_timeout=reboot_timeout,
+                             echo=(lambda line: console.print(line, markup=False)) if verbose else None)
+    plan_for = engine.planner(gpu, kw["playbook"], kw["os_name"], pins)
+    with LiveHosts(console, [t.name for t in targets], enabled=not as_json and not verbose) as live:
+        results = engine.bootstrap(targets, _settings(kw), plan_for, options, reporter=live)
+    if as_json:
+        click.echo(json.dumps([_host_json(r) for r in results], indent=2))
+    else:
+        console.print(bootstrap_summary(results))
+    sys.exit(0 if all(r.status in ("ok", "changed") for r in results) else 1)
+
+
+def _host_json(r: Any) -> dict[str, Any]:
+    return {
+        "host": r.target.name, "result": r.summary, "status": r.status, "failed_step": r.failed_step, "error": r.error,
+        "seconds": round(r.seconds, 2), "log": str(r.log_path),
+        "steps": [{"name": s.name, "outcome": s.outcome, "seconds": round(s.seconds, 2), "message": s.message}
+                  for s in r.steps],
+        "report": r.report.model_dump(mode="json") if r.report else None,
+    }
+
+
+@main.command()
+@ssh_options
+@click.option("--gpu", default=None, help="The GPU model the hosts should show.")
+@click.option("--env", "env_path", default="/opt/gpuprov/env", show_default=True, help="Python env whose torch to check.")
+@click.option("--json", "as_json", is_flag=True, help="Print the reports as JSON.")
+@_handle_errors
+def check(gpu: str | None, env_path: str, as_json: bool, **kw: Any) -> None:
+    """Verify hosts: nvidia-smi, /dev/nvidia*, torch.cuda and a matmul on every GPU, judged.
+
+    The expected stack comes from what gpuprov installed there (its manifest), else from --gpu
+    and the GPUs on the PCI bus. Each failed check names the reason and the fix.
+    Exit code 0 only when every host passes.
+    """
+    from gpuprov.check import check as run_check
+    from gpuprov.report import check_tables
+
+    results = run_check(_targets(kw), _settings(kw), gpu=gpu, env_path=env_path, parallel=kw["parallel"])
+    if as_json:
+        click.echo(json.dumps([
+            {"host": r.target.name, "ok": r.ok, "error": r.error,
+             "report": r.report.model_dump(mode="json") if r.report else None} for r in results
+        ], indent=2))
+    else:
+        console = _console()
+        for renderable in check_tables(results):
+            console.print(renderable)
+    sys.exit(0 if all(r.ok for r in results) else 1)

@@ -187,7 +187,8 @@ def _min_branch_for(minimum: str) -> int:
 # --- validation of single pins -----------------------------------------------------------------
 
 
-def _check_pin_formats(pins: StackPins) -> None:
+def check_pins(pins: StackPins) -> None:
+    """Reject malformed or unknown pins (before any GPU is known)."""
     f = facts()
     if pins.driver is not None:
         if not re.fullmatch(r"\d{3}(\.\d+){0,2}", pins.driver):
@@ -398,7 +399,7 @@ def resolve(
     :param want_torch: False for playbooks that install the driver but no PyTorch.
     """
     pins = pins or StackPins()
-    _check_pin_formats(pins)
+    check_pins(pins)
     if os_name not in SUPPORTED_OS:
         raise UserInputError("--os", f"unsupported OS {os_name!r}", f"choose one of: {', '.join(SUPPORTED_OS)}")
     try:

@@ -37,7 +37,7 @@ class NodeRequest(BaseModel):
 @dataclass(frozen=True)
 class Plan:
     request: NodeRequest
-    gpu: Gpu
+    gpu: Gpu | None  # None: a host without a GPU stack (a `stack: none` playbook on a CPU host)
     count: int
     instance: InstanceType | None  # None for hosts gpuprov did not launch
     candidates: tuple[InstanceType, ...]  # every instance type that fits, cheapest first
@@ -63,7 +63,7 @@ class Plan:
     def summary(self) -> dict[str, Any]:
         """The plan as JSON-ready data (what `plan --json` prints and manifest.json records)."""
         return {
-            "gpu": self.gpu.name,
+            "gpu": self.gpu.name if self.gpu else None,
             "count": self.count,
             "market": "spot" if self.request.spot else "on-demand",
             "region": self.request.region,
@@ -73,6 +73,7 @@ class Plan:
                 {"instance_type": c.name, "gpus": c.gpus, "price_usd_hour": c.price_usd_hour} for c in self.candidates
             ],
             "playbook": self.playbook.name,
+            "env_path": self.playbook.env.path if self.playbook.env else None,
             "os": self.request.os,
             "stack": self.stack.model_dump(mode="json") if self.stack else None,
             "steps": [{"name": s.name, "kind": s.kind, "summary": s.summary} for s in self.steps],
@@ -100,7 +101,7 @@ def choose_instances(gpu: Gpu, count: int, instance_type: str | None = None) -> 
     return tuple(sorted(fits, key=lambda it: (it.price_usd_hour is None, it.price_usd_hour or 0.0, it.gpus)))
 
 
-def steps_for(playbook: Playbook, stack: Stack | None) -> tuple[StepPlan, ...]:
+def steps_for(playbook: Playbook, stack: Stack | None, python: str = "3.12") -> tuple[StepPlan, ...]:
     steps: list[StepPlan] = []
     if stack is not None:
         steps += [
@@ -122,7 +123,7 @@ def steps_for(playbook: Playbook, stack: Stack | None) -> tuple[StepPlan, ...]:
         if stack.cuda_toolkit_package:
             steps.append(StepPlan("cuda-toolkit", "cuda_toolkit.sh.j2", "stack", f"{stack.cuda_toolkit_package} (nvcc)"))
     if playbook.env is not None:
-        python = stack.python if stack else "3.12"
+        python = stack.python if stack else python
         steps.append(StepPlan(
             "python-env", "python_env.sh.j2", "env",
             f"Python {python} env at {playbook.env.path} ({playbook.env.manager})", (("python", python),),
@@ -145,8 +146,9 @@ def resolve_stack(
     playbook: Playbook, gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None
 ) -> Stack | None:
     if playbook.stack == "none":
-        if pins != StackPins():
-            raise UserInputError("--playbook", f"playbook {playbook.name!r} installs no GPU stack, so stack pins do not apply")
+        if pins.model_copy(update={"python": None}) != StackPins():
+            raise UserInputError("--playbook", f"playbook {playbook.name!r} installs no GPU stack, so driver, CUDA "
+                                 "and torch pins do not apply", "drop them, or use a playbook with `stack: gpu`")
         return None
     merged = _merge_pins(playbook.pins, pins)
     stack = compat.resolve(gpu, os_name, merged, nvswitch=nvswitch, want_torch=playbook.installs_torch)
@@ -173,14 +175,28 @@ def make_plan(request: NodeRequest) -> Plan:
     instance = candidates[0]
     playbook = load_playbook(request.playbook)
     stack = resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch)
-    return Plan(request, gpu, count, instance, candidates, playbook, stack, steps_for(playbook, stack))
+    steps = steps_for(playbook, stack, request.pins.python or "3.12")
+    return Plan(request, gpu, count, instance, candidates, playbook, stack, steps)
 
 
-def make_host_plan(gpu_name: str, playbook_name: str, os_name: str, pins: StackPins) -> Plan:
-    """The plan for an existing host: no instance; Fabric Manager decided on the host (NVSwitch or not)."""
-    name, count = catalog.parse_gpu_request(gpu_name)
-    gpu = catalog.load().gpu(name)
+def make_host_plan(
+    gpu_name: str | None, playbook_name: str, os_name: str, pins: StackPins, nvswitch: bool | None = None
+) -> Plan:
+    """The plan for an existing host: no instance type; Fabric Manager follows what the host has.
+
+    :param nvswitch: True when the host showed NVSwitch devices; None installs Fabric Manager only
+        if the host turns out to have them.
+    """
     playbook = load_playbook(playbook_name)
-    stack = resolve_stack(playbook, gpu, os_name, pins, None)
-    request = NodeRequest(gpu=gpu_name, count=count, playbook=playbook_name, os=os_name, pins=pins)
-    return Plan(request, gpu, count, None, (), playbook, stack, steps_for(playbook, stack))
+    gpu, count = None, 0
+    if gpu_name:
+        name, count = catalog.parse_gpu_request(gpu_name)
+        gpu = catalog.load().gpu(name)
+    if gpu is None and playbook.stack != "none":
+        raise UserInputError("--gpu", "no NVIDIA GPU found on the host, and none given",
+                             "pass --gpu, or use a `stack: none` playbook for CPU hosts")
+    stack = resolve_stack(playbook, gpu, os_name, pins, nvswitch) if gpu else None
+    if gpu is None and pins.model_copy(update={"python": None}) != StackPins():
+        raise UserInputError("--playbook", "driver, CUDA and torch pins need a GPU host")
+    request = NodeRequest(gpu=gpu_name or "none", count=max(count, 1), playbook=playbook_name, os=os_name, pins=pins)
+    return Plan(request, gpu, count, None, (), playbook, stack, steps_for(playbook, stack, pins.python or "3.12"))

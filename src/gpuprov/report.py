@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
-from rich.console import Group
+import threading
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from gpuprov.catalog import Catalog
 from gpuprov.plan import Plan
+
+if TYPE_CHECKING:
+    from gpuprov.bootstrap import HostResult
+    from gpuprov.check import CheckResult
+
+_STYLE = {"ok": "green", "changed": "cyan", "unchanged": "green", "failed": "red", "unreachable": "red",
+          "running": "yellow", "rebooting": "magenta", "reboot": "magenta", "waiting": "dim"}
 
 
 def _price(value: float | None) -> str:
@@ -36,12 +49,12 @@ def gpus_table(cat: Catalog) -> Table:
 def plan_view(plan: Plan) -> Group:
     parts: list[Table | Text] = []
     market = "spot" if plan.request.spot else "on-demand"
-    head = Text.assemble(("Plan: ", "bold"), f"{plan.count}× {plan.gpu.name}")
+    head = Text.assemble(("Plan: ", "bold"), f"{plan.count}× {plan.gpu.name}" if plan.gpu else "no GPU")
     if plan.instance:
         head.append(f" on {plan.instance.name} ({plan.instance.gpus} GPUs, {plan.instance.vcpu} vCPU, "
                     f"{plan.instance.ram_gib} GiB) · {market} · {plan.request.region}")
     parts.append(head)
-    if plan.instance and plan.instance.gpus > plan.count:
+    if plan.instance and plan.gpu and plan.instance.gpus > plan.count:
         parts.append(Text(f"  ({plan.count} requested; the smallest instance type with {plan.gpu.name} has {plan.instance.gpus})"))
     if plan.instance:
         cost = Text(f"  on-demand list price {_price(plan.instance.price_usd_hour)} (us-east-1 catalog)")
@@ -86,3 +99,83 @@ def plan_view(plan: Plan) -> Group:
         parts.append(Text("Unverified facts this plan relies on (check before production):", style="yellow"))
         parts.extend(Text(f"  - {note}", style="yellow") for note in plan.unverified)
     return Group(*parts)
+
+
+class LiveHosts:
+    """A live table, one line per host: current step, state, elapsed. A bootstrap Reporter."""
+
+    def __init__(self, console: Console, hosts: list[str], enabled: bool = True) -> None:
+        """On a terminal: a live table. Elsewhere (CI logs): one plain line per finished step, on
+        stderr. Disabled (--json, --verbose): nothing."""
+        self._console = console
+        self._rows = {h: ["", "waiting", time.monotonic()] for h in hosts}
+        self._lock = threading.Lock()
+        self._enabled = enabled
+        self._live = Live(console=console, get_renderable=self._table, refresh_per_second=4, transient=True) \
+            if enabled and console.is_terminal else None
+        self._lines = Console(stderr=True, highlight=False) if enabled and self._live is None else None
+
+    def event(self, host: str, step: str, state: str) -> None:
+        with self._lock:
+            row = self._rows.setdefault(host, ["", "waiting", time.monotonic()])
+            row[0], row[1] = step or row[0], state
+        if self._lines is not None and state != "running":
+            self._lines.print(f"{host}: {step} {state}".replace("  ", " "), markup=False)
+
+    def _table(self) -> Table:
+        table = Table(box=None, padding=(0, 2))
+        for col in ("host", "step", "state", "elapsed"):
+            table.add_column(col)
+        now = time.monotonic()
+        with self._lock:
+            for host, (step, state, start) in self._rows.items():
+                table.add_row(host, step, Text(state, style=_STYLE.get(state.split()[0], "")), f"{now - start:5.1f}s")
+        return table
+
+    def __enter__(self) -> LiveHosts:
+        if self._live:
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._live:
+            self._live.__exit__(kind, exc, tb)
+
+
+def bootstrap_summary(results: list[HostResult]) -> Group:
+    table = Table(title="bootstrap", title_justify="left")
+    for col in ("host", "result", "steps", "duration", "log"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        counts: dict[str, int] = {}
+        for step in r.steps:
+            counts[step.outcome] = counts.get(step.outcome, 0) + 1
+        steps = ", ".join(f"{n} {k}" for k, n in counts.items())
+        table.add_row(r.target.name, Text(r.summary, style=_STYLE.get(r.status, "")), steps,
+                      f"{r.seconds:.1f}s", str(r.log_path or ""))
+    parts: list[Table | Text] = [table]
+    for r in results:
+        if r.error:
+            parts.append(Text(f"{r.target.name}: {r.error}", style="red"))
+    if results and all(r.status == "ok" for r in results):
+        parts.append(Text("nothing to do: every step was already done on every host", style="green"))
+    return Group(*parts)
+
+
+def check_tables(results: list[CheckResult]) -> list[Table | Text]:
+    out: list[Table | Text] = []
+    for r in results:
+        if r.report is None:
+            out.append(Text(f"{r.target.name}: {'unreachable' if r.unreachable else 'failed'} — {r.error}", style="red"))
+            continue
+        rep = r.report
+        table = Table(title=f"{r.target.name}: {'OK' if rep.ok else 'FAILED'}", title_justify="left",
+                      title_style="green" if rep.ok else "red")
+        for col in ("check", "result", "detail", "fix"):
+            table.add_column(col, overflow="fold")
+        for c in rep.checks:
+            mark = "ok" if c.ok else ("warn" if c.severity == "warn" else "FAIL")
+            table.add_row(c.name, Text(mark, style="green" if c.ok else "yellow" if mark == "warn" else "red"),
+                          c.detail, c.fix or "")
+        out.append(table)
+    return out

@@ -34,6 +34,13 @@ class FileSpec(_Model):
     content: str
     mode: Annotated[str, Field(pattern=r"^0?[0-7]{3,4}$")] = "0644"
 
+    @field_validator("path")
+    @classmethod
+    def _no_dot_dot(cls, value: str) -> str:
+        if ".." in value.split("/"):
+            raise ValueError(f"{value!r}: a file path must not contain '..' components")
+        return value
+
 
 class StepSpec(_Model):
     """A playbook's own step: a shell command (`run`), files to write (`files`), or both.
@@ -65,7 +72,7 @@ class EnvSpec(_Model):
     @classmethod
     def _requirements(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for req in value:
-            if not _REQUIREMENT.match(req):
+            if not _REQUIREMENT.fullmatch(req):
                 raise ValueError(f"{req!r} is not a package requirement (e.g. 'transformers>=4.40')")
         return value
 
@@ -188,3 +195,4 @@ def load_playbook(name_or_path: str) -> Playbook:
     if not path.is_file():
         raise UserInputError("--playbook", f"no such file: {path}", f"shipped playbooks: {', '.join(shipped_playbooks())}")
     return load_model(path.read_text(), Playbook, str(path), "--playbook")
+

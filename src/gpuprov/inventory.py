@@ -1,0 +1,94 @@
+"""Existing hosts: `[USER@]HOST[:PORT]` arguments and inventory files, as Targets to connect to.
+
+An inventory is YAML, validated like playbooks:
+
+    defaults: {user: ubuntu, key: ~/.ssh/gpu.pem}
+    hosts:
+      - host: 10.1.2.3
+        name: trainer-a
+        gpu: A100-80GB          # checked against what the host reports
+      - host: gpu-box           # an alias from ~/.ssh/config works too
+        proxy_jump: bastion
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
+
+from gpuprov.errors import UserInputError
+from gpuprov.spec import StepName, _Model, load_model
+
+
+@dataclass(frozen=True)
+class Target:
+    """One host as the user named it; unset fields come from ~/.ssh/config, then defaults."""
+
+    host: str
+    user: str | None = None
+    port: int | None = None
+    key: str | None = None
+    proxy_jump: str | None = None
+    label: str = ""
+    gpu: str | None = None
+    os: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.label or (f"{self.host}:{self.port}" if self.port and self.port != 22 else self.host)
+
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class HostDefaults(_Model):
+    user: str | None = None
+    port: Port | None = None
+    key: str | None = None
+    proxy_jump: str | None = None
+
+
+class HostEntry(HostDefaults):
+    """One existing host. `host` is an address or a Host alias from ~/.ssh/config."""
+
+    host: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:\[\]%-]+$")]
+    name: StepName | None = None
+    gpu: str | None = None  # checked against what the host reports
+    os: str | None = None  # overrides the host's /etc/os-release
+
+
+class Inventory(_Model):
+    defaults: HostDefaults = HostDefaults()
+    hosts: Annotated[tuple[HostEntry, ...], Field(min_length=1)]
+
+
+def load_inventory(path: str) -> Inventory:
+    file = Path(path)
+    if not file.is_file():
+        raise UserInputError("--inventory", f"no such file: {path}", "an inventory is YAML with a `hosts:` list")
+    return load_model(file.read_text(), Inventory, path, "--inventory")
+
+
+_TARGET = re.compile(r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>\d{1,5}))?$")
+
+
+def parse_target(text: str) -> HostEntry:
+    """`[USER@]HOST[:PORT]` (IPv6 in brackets) as a HostEntry."""
+    match = _TARGET.match(text)
+    if not match or (match.group("port") and not 0 < int(match.group("port")) < 65536):
+        raise UserInputError("HOST", f"{text!r} is not [USER@]HOST[:PORT]", "e.g. ubuntu@10.1.2.3 or gpu-box:2222")
+    host = match.group("host").strip("[]")
+    return HostEntry(host=host, user=match.group("user"), port=int(match.group("port")) if match.group("port") else None)
+
+
+def targets(entries: list[HostEntry], defaults: HostDefaults | None = None) -> list[Target]:
+    d = defaults or HostDefaults()
+    return [
+        Target(host=e.host, user=e.user or d.user, port=e.port or d.port, key=e.key or d.key,
+               proxy_jump=e.proxy_jump or d.proxy_jump, label=e.name or "", gpu=e.gpu, os=e.os)
+        for e in entries
+    ]

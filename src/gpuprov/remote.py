@@ -1,0 +1,167 @@
+"""SSH to one host with Fabric: connect with pinned host keys, run, upload, reboot and wait.
+
+One `Remote` per host per thread. Fabric honours ~/.ssh/config (Host aliases, HostName, User,
+Port, IdentityFile, ProxyJump); every hop, ProxyJump gateways included, checks its host key
+against gpuprov's known_hosts (see hostkeys.py) instead of Fabric's default AutoAddPolicy.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import paramiko
+from fabric import Config, Connection
+
+from gpuprov import hostkeys
+from gpuprov.errors import GpuprovError
+from gpuprov.inventory import Target
+
+
+# paramiko logs transport errors (a banner read while sshd restarts, say) with tracebacks; we report
+# them ourselves, once, as Unreachable or ConnectionLost
+logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
+
+class Unreachable(GpuprovError):
+    """The host did not answer SSH (refused, timed out, auth failed)."""
+
+
+class ConnectionLost(GpuprovError):
+    """The connection dropped while a command was running."""
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """How to reach hosts; one per run, shared by every host."""
+
+    known_hosts: Path
+    accept_new_host_key: bool = False
+    connect_timeout: float = 10.0
+    ssh_config: Path | None = None  # None: ~/.ssh/config when it exists
+    key_filename: str | None = None
+
+
+@dataclass
+class RunResult:
+    command: str
+    exited: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exited == 0
+
+
+def _config(settings: HostSettings) -> Config:
+    overrides: dict[str, Any] = {"run": {"in_stream": False, "warn": True}, "timeouts": {"connect": settings.connect_timeout}}
+    ssh_config = settings.ssh_config or (Path.home() / ".ssh" / "config")
+    if ssh_config.exists():
+        return Config(overrides=overrides, runtime_ssh_path=str(ssh_config))
+    return Config(overrides=overrides)
+
+
+def _secure(conn: Connection, settings: HostSettings) -> Connection:
+    """Replace Fabric's AutoAddPolicy client with one that checks gpuprov's pins, for every hop."""
+    conn.client = paramiko.SSHClient()
+    hostkeys.prepare_client(conn.client, settings.known_hosts, settings.accept_new_host_key)
+    if isinstance(conn.gateway, Connection):
+        _secure(conn.gateway, settings)
+    return conn
+
+
+def connection(target: Target, settings: HostSettings) -> Connection:
+    """A not-yet-open Fabric Connection to `target` (opens lazily, on first use)."""
+    connect_kwargs: dict[str, Any] = {}
+    key = target.key or settings.key_filename
+    if key:
+        connect_kwargs.update(key_filename=[str(Path(key).expanduser())], look_for_keys=False)
+    gateway = None
+    if target.proxy_jump:
+        gateway = Connection(target.proxy_jump, config=_config(settings), connect_timeout=int(settings.connect_timeout))
+    conn = Connection(
+        target.host, user=target.user, port=target.port, config=_config(settings),
+        connect_timeout=int(settings.connect_timeout), connect_kwargs=connect_kwargs, gateway=gateway,
+    )
+    return _secure(conn, settings)
+
+
+class Remote:
+    """A host we talk to: run commands (as root through sudo when needed), upload bytes, reboot."""
+
+    def __init__(self, target: Target, settings: HostSettings) -> None:
+        self.target = target
+        self.settings = settings
+        self.conn = connection(target, settings)
+
+    @property
+    def is_root(self) -> bool:
+        return self.conn.user == "root"
+
+    def open(self) -> None:
+        try:
+            self.conn.open()
+        except paramiko.BadHostKeyException as exc:
+            raise hostkeys.explain(exc) from None
+        except hostkeys.UnknownHostKey:
+            raise
+        except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
+            where = f"{self.conn.user}@{self.conn.host}:{self.conn.port}"
+            raise Unreachable(f"{where}: {type(exc).__name__}: {exc or 'no answer'}") from None
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def run(self, command: str, *, sudo: bool = False, out: IO[str] | None = None, timeout: float | None = None) -> RunResult:
+        """Run `command` in the remote shell. A dropped connection raises ConnectionLost."""
+        if sudo and not self.is_root:
+            command = "sudo -n -- bash -c " + _quote(command)
+        try:
+            result = self.conn.run(command, hide=True, warn=True, out_stream=out, err_stream=out, timeout=timeout)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise ConnectionLost(f"connection lost while running {command[:60]!r}: {exc}") from None
+        if result.exited == -1:
+            # paramiko reports -1 when the channel closed without an exit status: the link died
+            raise ConnectionLost(f"connection lost while running {command[:60]!r}")
+        return RunResult(command, result.exited, result.stdout, result.stderr)
+
+    def put_bytes(self, data: bytes, remote_path: str) -> None:
+        # a fresh file object per host: sharing one between threads corrupts uploads
+        self.conn.put(io.BytesIO(data), remote=remote_path)
+
+    def reboot_and_wait(self, timeout: float, poll: float = 1.0, on_wait: Callable[[str], None] | None = None) -> None:
+        """Reboot, see SSH go away (or the boot id change), and wait until it answers again."""
+        before = self.run("cat /proc/sys/kernel/random/boot_id 2>/dev/null || true").stdout.strip()
+        self.run("nohup sh -c 'sleep 1; reboot' >/dev/null 2>&1 &", sudo=True)
+        self.close()
+        deadline = time.monotonic() + timeout
+        went_away = False
+        while time.monotonic() < deadline:
+            time.sleep(poll)
+            probe = Remote(self.target, self.settings)
+            try:
+                probe.open()
+                boot_id = probe.run("cat /proc/sys/kernel/random/boot_id 2>/dev/null || true").stdout.strip()
+            except (Unreachable, ConnectionLost):
+                went_away = True
+                if on_wait:
+                    on_wait("waiting for the host to come back")
+                continue
+            if went_away or (boot_id and boot_id != before):
+                self.conn = probe.conn
+                return
+            probe.close()  # still the old boot: the reboot has not started yet
+        raise Unreachable(f"{self.target.name}: did not come back within {timeout:.0f}s of the reboot")
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)

@@ -1,0 +1,40 @@
+"""Shared fixtures: a private gpuprov state dir per test, and a pool of real SSH test hosts."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIMS = ROOT / "tests" / "shims"
+
+
+@pytest.fixture
+def gp_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "gpuprov-home"
+    monkeypatch.setenv("GPUPROV_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def host_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """8 real OpenSSH hosts (network namespaces as root, else loopback) with the GPU-tool shims.
+
+    Every ssh session on them gets GPUPROV_SYSROOT, so the rendered scripts write their config
+    files into the host's private state instead of the real machine's /etc.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("the SSH test hosts need root (network namespaces, sshd on port 22)")
+    from tests.hosts.fixture import HostPool
+
+    pool = HostPool(8, tmp_path_factory.mktemp("hosts"), shims_dir=SHIMS, prefix="gpt", bridge="gptbr0", subnet="10.210.0",
+                    host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"})
+    pool.start()
+    print(f"\nSSH test hosts: {len(pool)} in mode {pool.mode}")
+    try:
+        yield pool
+    finally:
+        pool.stop()

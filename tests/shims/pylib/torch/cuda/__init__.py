@@ -1,0 +1,132 @@
+"""torch.cuda for the fake torch: devices come from the nvidia-smi shim."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cache
+
+from torch.cuda import nccl  # noqa: F401
+
+
+@dataclass(frozen=True)
+class _CudaDeviceProperties:
+    name: str
+    major: int
+    minor: int
+    total_memory: int
+    multi_processor_count: int
+
+
+_SMS = {"7.5": 40, "8.0": 108, "9.0": 132}
+
+
+def _shim_setting(name: str) -> str | None:
+    """A shim setting: the per-host file ($GPUPROV_SHIM_STATE/env, `export K=V` lines) wins over
+    the environment, as in tests/shims/lib/common.sh."""
+    path = os.path.join(os.environ.get("GPUPROV_SHIM_STATE", "/var/lib/gpuprov-shim"), "env")
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.strip().removeprefix("export ").partition("=")
+                if key == name:
+                    return value.strip("'\"")
+    except OSError:
+        pass
+    return os.environ.get(name)
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text))
+
+
+@cache
+def _devices() -> tuple[tuple[_CudaDeviceProperties, ...], str | None]:
+    """(devices, why CUDA is unavailable or None)."""
+    from torch import version
+
+    try:
+        q = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=60,
+        )
+        s = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=60)
+    except OSError as exc:
+        return (), f"Found no NVIDIA driver on your system ({exc})"
+    if q.returncode != 0 or s.returncode != 0:
+        return (), ("Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and "
+                    "installed a driver")
+    m = re.search(r"CUDA Version:\s*([0-9.]+)", s.stdout)
+    driver_cuda = m.group(1) if m else "0.0"
+    too_old = (
+        _shim_setting("GPUPROV_SHIM_FAIL") == "torch-newer-cuda"
+        or (version.cuda and _version_tuple(version.cuda)[:1] > _version_tuple(driver_cuda)[:1])
+    )
+    if too_old:
+        code = "".join(f"{p:d}" for p in _version_tuple(driver_cuda)[:1]) + f"{_version_tuple(driver_cuda)[1]:d}0"
+        return (), (
+            f"The NVIDIA driver on your system is too old (found version {code}). Please update your GPU "
+            "driver by downloading and installing a new version from the URL: http://www.nvidia.com/Download/index.aspx"
+        )
+    devs = []
+    for line in q.stdout.splitlines():
+        name, mem, cc = (p.strip() for p in line.split(","))
+        major, minor = (int(p) for p in cc.split("."))
+        devs.append(_CudaDeviceProperties(name, major, minor, int(mem) * 1024 * 1024, _SMS.get(cc, 80)))
+    return tuple(devs), None
+
+
+def _warn_once(reason: str) -> None:
+    if not getattr(_warn_once, "done", False):
+        _warn_once.done = True  # type: ignore[attr-defined]
+        print(f"UserWarning: CUDA initialization: {reason}", file=sys.stderr)
+
+
+def is_available() -> bool:
+    devs, reason = _devices()
+    if reason:
+        _warn_once(reason)
+        return False
+    return bool(devs)
+
+
+def device_count() -> int:
+    devs, reason = _devices()
+    return 0 if reason else len(devs)
+
+
+def _lazy_check(index: int) -> None:
+    devs, reason = _devices()
+    if reason:
+        raise RuntimeError(reason)
+    if not 0 <= index < len(devs):
+        raise RuntimeError("CUDA error: invalid device ordinal")
+
+
+def get_device_properties(index: int) -> _CudaDeviceProperties:
+    _lazy_check(index)
+    return _devices()[0][index]
+
+
+def get_device_name(index: int = 0) -> str:
+    return get_device_properties(index).name
+
+
+def get_arch_list() -> list[str]:
+    from torch import version
+
+    if not is_available():
+        return []
+    cuda = _version_tuple(version.cuda or "0.0")
+    if cuda >= (13, 0):
+        return ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+    if cuda >= (12, 8):
+        return ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+    return ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
+
+
+def synchronize(index: int | None = None) -> None:
+    _lazy_check(index or 0)

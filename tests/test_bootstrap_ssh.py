@@ -1,0 +1,182 @@
+"""`gpuprov bootstrap` and `check` against real OpenSSH hosts with shimmed GPU tools.
+
+Each test runs the real CLI in a subprocess, as a user would, and asserts on what the user and
+the hosts see: results per host, the calls the shims recorded, markers, reboots, host keys.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+HOSTS = 8
+
+
+def gpuprov(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+
+
+def reset(pool, hosts=None, **shim_env: str) -> None:
+    """Wipe gpuprov's and the shims' state on the hosts; optional per-host shim settings."""
+    for i in hosts if hosts is not None else range(len(pool)):
+        env = "".join(f"export {k}={v}\n" for k, v in shim_env.items())
+        pool.exec_in(i, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/* /tmp/gp-*; "
+                        f"printf %s '{env}' > /var/lib/gpuprov-shim/env", check=True)
+
+
+def calls(pool, i) -> list[str]:
+    return pool.exec_in(i, "cat /var/lib/gpuprov-shim/calls.log 2>/dev/null || true").stdout.splitlines()
+
+
+def addrs(pool, hosts) -> list[str]:
+    return [f"root@{pool[i].address}" + (f":{pool[i].port}" if pool[i].port != 22 else "") for i in hosts]
+
+
+def bootstrap(pool, hosts, *extra: str) -> tuple[int, list[dict]]:
+    result = gpuprov("bootstrap", *addrs(pool, hosts), "-i", str(pool.key_path), "--accept-new-host-key",
+                     "--os", "ubuntu-22.04", "--python", "3.11", "--connect-timeout", "3", "--reboot-timeout", "30", "--json", *extra)
+    try:
+        return result.returncode, json.loads(result.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"bootstrap printed no JSON (exit {result.returncode}):\n{result.stdout}\n{result.stderr}")
+
+
+def by_step(host: dict) -> dict[str, str]:
+    return {s["name"]: s["outcome"] for s in host["steps"]}
+
+
+def test_parallel_bootstrap_reboots_verifies_and_a_rerun_changes_nothing(host_pool, gp_home):
+    pool = host_pool
+    reset(pool)
+    boots = [pool.boots(i) for i in range(HOSTS)]
+    code, hosts = bootstrap(pool, range(HOSTS))
+    assert code == 0, hosts
+    for i, host in enumerate(hosts):
+        assert host["status"] == "changed", host
+        steps = by_step(host)
+        assert steps["nvidia-driver"] == "reboot"
+        assert steps["verify"] == "unchanged"
+        assert host["report"]["torch"]["is_available"] is True
+        assert all(d["matmul_ok"] for d in host["report"]["torch"]["devices"])
+        assert pool.boots(i) == boots[i] + 1  # the engine really rebooted it, once
+        assert Path(host["log"]).is_file() and "GPUPROV_RESULT" in Path(host["log"]).read_text()
+    installs_before = [sum("apt-get" in c and " install" in c for c in calls(pool, i)) for i in range(HOSTS)]
+
+    code, again = bootstrap(pool, range(HOSTS))
+    assert code == 0
+    for i, host in enumerate(again):
+        assert host["status"] == "ok"
+        steps = by_step(host)
+        assert set(steps.values()) <= {"skipped", "unchanged"}
+        assert steps["nvidia-driver"] == "skipped"
+        assert sum("apt-get" in c and " install" in c for c in calls(pool, i)) == installs_before[i]
+        assert pool.boots(i) == boots[i] + 1  # no second reboot
+    human = gpuprov("bootstrap", *addrs(pool, range(2)), "-i", str(pool.key_path), "--os", "ubuntu-22.04",
+                    "--python", "3.11")
+    assert human.returncode == 0 and "nothing to do" in human.stdout
+
+
+def test_force_reruns_every_step(host_pool, gp_home):
+    pool = host_pool
+    reset(pool, [0])
+    assert bootstrap(pool, [0])[0] == 0
+    code, hosts = bootstrap(pool, [0], "--force")
+    assert code == 0
+    assert "skipped" not in by_step(hosts[0]).values()
+
+
+def test_unknown_host_key_is_refused_and_nothing_runs(host_pool, gp_home):
+    pool = host_pool
+    reset(pool, [1])
+    result = gpuprov("bootstrap", *addrs(pool, [1]), "-i", str(pool.key_path), "--os", "ubuntu-22.04", "--json")
+    assert result.returncode == 1
+    host = json.loads(result.stdout)[0]
+    assert "unknown host key" in host["error"] and "SHA256:" in host["error"]
+    assert "--accept-new-host-key" in host["error"]
+    assert calls(pool, 1) == []
+
+
+def test_changed_host_key_is_refused_naming_both_fingerprints(host_pool, gp_home):
+    pool = host_pool
+    reset(pool, [2])
+    assert bootstrap(pool, [2], "-p", "minimal")[0] == 0
+    old = pool[2].host_key()
+    pool.change_host_key(2)
+    reset(pool, [2])
+    code, hosts = bootstrap(pool, [2], "-p", "minimal")  # --accept-new-host-key does not override a pin
+    assert code == 1
+    error = hosts[0]["error"]
+    assert "HOST KEY CHANGED" in error and pool[2].address in error
+    from gpuprov.hostkeys import fingerprint
+
+    assert fingerprint(old) in error and fingerprint(pool[2].host_key()) in error
+    assert calls(pool, 2) == []
+
+
+def test_unreachable_host_fails_within_timeout_and_others_succeed(host_pool, gp_home):
+    pool = host_pool
+    reset(pool, [3, 4, 5])
+    pool.kill_host(5)
+    try:
+        start = time.monotonic()
+        code, hosts = bootstrap(pool, [3, 4, 5], "-p", "minimal")
+        elapsed = time.monotonic() - start
+    finally:
+        pool.restart(5)
+    assert code == 1
+    assert [h["status"] for h in hosts] == ["changed", "changed", "unreachable"]
+    assert hosts[2]["result"] == "unreachable" and "timed out" in hosts[2]["error"].lower()
+    assert elapsed < 40  # bounded by --connect-timeout, not by a TCP default of minutes
+
+
+def test_gpu_mismatch_stops_the_host_before_anything_is_installed(host_pool, gp_home):
+    pool = host_pool
+    reset(pool, [6], GPUPROV_SHIM_GPU="T4")
+    code, hosts = bootstrap(pool, [6], "--gpu", "H100")
+    assert code == 1
+    assert hosts[0]["result"] == "failed at plan"
+    assert "T4" in hosts[0]["error"] and "H100" in hosts[0]["error"]
+    assert not any("apt-get" in c for c in calls(pool, 6))
+
+
+def test_connection_killed_mid_step_fails_clearly_and_the_rerun_resumes_there(host_pool, gp_home, tmp_path):
+    pool = host_pool
+    reset(pool, [7])
+    playbook = tmp_path / "slow.yml"
+    playbook.write_text(
+        "name: slow\nstack: none\nenv: null\nsteps:\n"
+        "  - name: first\n    run: echo first >> /var/lib/gpuprov/ran\n"
+        "  - name: slow\n    run: |\n"
+        "      echo slow >> /var/lib/gpuprov/ran\n"
+        "      if [ ! -e /var/lib/gpuprov/slow-once ]; then touch /var/lib/gpuprov/slow-once /tmp/gp-started; sleep 60; fi\n"
+        "  - name: last\n    run: echo last >> /var/lib/gpuprov/ran\n"
+    )
+
+    def cut_when_started() -> None:
+        for _ in range(300):
+            if pool.exec_in(7, "test -e /tmp/gp-started").returncode == 0:
+                pool.exec_in(7, "pkill -f 'sshd: root@' || true")  # every session, not the listener
+                return
+            time.sleep(0.05)
+
+    cutter = threading.Thread(target=cut_when_started)
+    cutter.start()
+    code, hosts = bootstrap(pool, [7], "-p", str(playbook))
+    cutter.join()
+    assert code == 1
+    assert hosts[0]["result"] == "failed at slow"
+    assert "connection lost" in hosts[0]["error"] and "resumes at this step" in hosts[0]["error"]
+
+    code, hosts = bootstrap(pool, [7], "-p", str(playbook))
+    assert code == 0, hosts
+    assert by_step(hosts[0]) == {"first": "skipped", "slow": "changed", "last": "changed"}
+    ran = pool.exec_in(7, "cat /var/lib/gpuprov/ran").stdout.split()
+    assert ran == ["first", "slow", "slow", "last"]

@@ -1,0 +1,121 @@
+"""The commands as a user runs them: real subprocesses for exit codes and stderr, CliRunner for output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpuprov.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def gpuprov(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "140"}
+    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, cwd=cwd, env=env)
+
+
+def test_gpus_table_lists_every_gpu_with_instance_types_and_prices():
+    out = CliRunner().invoke(main, ["gpus"], env={"COLUMNS": "160"}).output
+    for needle in ("T4", "V100", "A10G", "L4", "L40S", "A100-40GB", "A100-80GB", "H100", "H200", "B200",
+                   "g4dn.xlarge", "p4d.24xlarge", "p6-b200.48xlarge", "$0.53", "$55.04"):
+        assert needle in out
+
+
+def test_gpus_json():
+    data = json.loads(CliRunner().invoke(main, ["gpus", "--json"]).output)
+    h100 = next(g for g in data["gpus"] if g["name"] == "H100")
+    assert h100["compute_capability"] == "9.0"
+    assert {it["name"] for it in h100["instance_types"]} == {"p5.4xlarge", "p5.48xlarge"}
+
+
+def test_plan_picks_cheapest_instance_and_shows_stack_and_steps():
+    result = CliRunner().invoke(main, ["plan", "--gpu", "l4", "--spot"], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "g6.xlarge" in out and "$0.80/h" in out and "spot" in out
+    assert "R595" in out and "nvidia-open" in out and "torch==2.13.*" in out
+    assert "kernel-headers" in out and "verify" in out
+    assert "fabric manager" not in out.lower()  # g6 has no NVSwitch
+
+
+def test_plan_count_in_gpu_name_picks_a_multi_gpu_instance():
+    data = json.loads(CliRunner().invoke(main, ["plan", "--gpu", "a10g:4", "--json"]).output)
+    assert data["instance_type"] == "g5.12xlarge"  # cheapest with ≥ 4 A10G
+    assert data["count"] == 4
+    assert all(c["gpus"] >= 4 for c in data["candidates"])
+
+
+def test_plan_json_for_nvswitch_instance_has_fabric_manager_step():
+    data = json.loads(CliRunner().invoke(main, ["plan", "--gpu", "H100:8", "--json"]).output)
+    assert data["instance_type"] == "p5.48xlarge"
+    assert data["stack"]["fabric_manager"] == "required"
+    assert "fabric-manager" in [s["name"] for s in data["steps"]]
+
+
+def test_plan_prints_unverified_facts():
+    out = CliRunner().invoke(main, ["plan", "--gpu", "A10G"], env={"COLUMNS": "200"}).output
+    assert "Unverified" in out and "A10G" in out
+
+
+def test_render_writes_scripts_and_manifest(tmp_path):
+    result = gpuprov("render", "--gpu", "T4", "-p", "minimal", "-o", str(tmp_path / "b"))
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    names = [s["name"] for s in manifest["steps"]]
+    assert names[0] == "kernel-headers" and names[-1] == "verify" and "pytorch" not in names
+    for step in manifest["steps"]:
+        script = tmp_path / "b" / step["file"]
+        assert script.stat().st_mode & 0o111
+        assert len(step["sha256"]) == 64
+    assert manifest["gpuprov_plan"]["stack"]["driver_branch"] == 595
+
+
+@pytest.mark.parametrize(("args", "field", "hint"), [
+    (["plan", "--gpu", "A1000"], "--gpu", "A100"),
+    (["plan", "--gpu", "H100", "--region", "us-east-9"], "--region", "us-east-1"),
+    (["plan", "--gpu", "V100", "--torch-cuda", "cu130"], "--torch-cuda", "cu126"),
+    (["plan", "--gpu", "A100", "--driver", "535", "--torch-cuda", "cu128"], "--torch-cuda", "570.26"),
+    (["plan", "--gpu", "T4", "-p", "nosuch"], "--playbook", "pytorch"),
+    (["plan", "--gpu", "T4", "--os", "centos-7"], "--os", "ubuntu-24.04"),
+    (["plan", "--gpu", "T4:0"], "--gpu", "e.g. A100:8"),
+    (["plan", "--gpu", "B200:16"], "--gpu", "8"),
+    (["render", "--gpu", "T4", "--torch", "9.9", "-o", "x"], "--torch", "2.13"),
+])
+def test_bad_input_is_a_short_error_with_exit_2_and_no_traceback(tmp_path, args, field, hint):
+    result = gpuprov(*args, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith(f"error: {field}:")
+    assert hint in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.splitlines()) <= 4
+    assert list(tmp_path.iterdir()) == []  # nothing created
+
+
+def test_malformed_playbook_names_file_line_and_field(tmp_path):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("name: mine\nenv:\n  manager: uv\n  pakages: [numpy]\n")
+    result = gpuprov("plan", "--gpu", "T4", "-p", str(bad))
+    assert result.returncode == 2
+    assert f"{bad}:4" in result.stderr and "env.pakages" in result.stderr
+    assert "allowed: manager, path, packages" in result.stderr
+
+
+def test_broken_yaml_names_the_line(tmp_path):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("name: mine\nenv: [\n")
+    result = gpuprov("plan", "--gpu", "T4", "-p", str(bad))
+    assert result.returncode == 2 and "not valid YAML" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_help_explains_commands():
+    out = gpuprov("--help").stdout
+    for cmd in ("gpus", "plan", "render"):
+        assert cmd in out
+    assert "--torch-cuda" in gpuprov("plan", "--help").stdout

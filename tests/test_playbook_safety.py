@@ -1,0 +1,130 @@
+"""A playbook is data, not code: arbitrary text in any string field is either rejected by
+`spec.Playbook` validation or, rendered and executed under the shims, never runs as a command.
+Only `run` is exempt (it is a command by definition). Each hostile string embeds shell payloads
+that would create a canary file; the canary must never appear."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from gpuprov.plan import steps_for
+from gpuprov.render import render_steps
+from gpuprov.spec import Playbook
+from tests.shimrun import ShimHost
+
+CANARY = "@CANARY@"  # replaced by the example's real canary path
+PAYLOADS = [
+    f"$(touch {CANARY})", f"`touch {CANARY}`", f";touch {CANARY}", f"\ntouch {CANARY}\n",
+    f"'; touch {CANARY}; '",
+    f'"; touch {CANARY}; "', f"$(touch${{IFS}}{CANARY})", f"|touch {CANARY}", f"&& touch {CANARY} #",
+    f"${{X:-$(touch {CANARY})}}", f"\\\n touch {CANARY}", f"}}}}; touch {CANARY}; {{{{",
+    f"{{% raw %}}$(touch {CANARY})",
+]
+text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+
+
+@st.composite
+def hostile(draw: st.DrawFn, prefix: str = "") -> str:
+    return prefix + draw(text) + draw(st.sampled_from(PAYLOADS)) + draw(text)
+
+
+def field(clean: st.SearchStrategy[Any], prefix: str = "") -> st.SearchStrategy[Any]:
+    """Mostly a valid value, sometimes a hostile one: a field that validation constrains rejects
+    the hostile text, so it stays rare enough for most examples to pass validation and run."""
+    return st.sampled_from([False] * 9 + [True]).flatmap(lambda bad: hostile(prefix) if bad else clean)
+
+
+step_name = st.from_regex(r"[a-z][a-z0-9-]{0,10}", fullmatch=True)
+files = st.lists(
+    st.fixed_dictionaries({
+        "path": hostile("/"),  # free text after the leading /, so always hostile
+        "content": hostile(),
+        "mode": field(st.sampled_from(["0644", "600", "0755"])),
+    }),
+    min_size=1, max_size=2,
+)
+steps = st.lists(
+    st.fixed_dictionaries(
+        {"name": field(step_name), "files": files},
+        optional={"creates": hostile("/"), "run": st.just("true")},
+    ),
+    min_size=1, max_size=2,
+)
+playbooks = st.fixed_dictionaries({
+    "name": field(st.just("hostile")),
+    "description": hostile(),
+    "stack": st.just("none"),
+    "torch": st.just(False),
+    "env": st.sampled_from([False] * 6 + [True]).flatmap(lambda bad: st.none() if not bad else st.fixed_dictionaries({
+        "manager": st.just("uv"),
+        "path": hostile("/"),
+        "packages": st.lists(field(st.just("rich>=13")), min_size=1, max_size=2),
+    })),  # env.path and packages are pattern-checked: hostile text there is always rejected
+    "steps": steps,
+})
+
+
+def _with_canary(value: Any, canary: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(CANARY, canary)
+    if isinstance(value, list):
+        return [_with_canary(v, canary) for v in value]
+    if isinstance(value, dict):
+        return {k: _with_canary(v, canary) for k, v in value.items()}
+    return value
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=playbooks)
+def test_no_playbook_string_runs_as_a_command(data: dict[str, Any]) -> None:
+    with tempfile.TemporaryDirectory(prefix="gp-safety-") as tmp:
+        root = Path(tmp)
+        canary = root / "CANARY"
+        data = _with_canary(data, str(canary))
+        try:
+            playbook = Playbook.model_validate(data)
+        except ValidationError:
+            event("rejected by validation")
+            return  # rejected: nothing is rendered, nothing runs
+        ctx = {"plan": None, "stack": None, "playbook": playbook, "env": playbook.env}
+        bundle = render_steps(steps_for(playbook, None), ctx, {})
+        host = ShimHost(root / "host")
+        runs = host.run_bundle(bundle)
+        event("rendered and executed")
+        assert not canary.exists(), f"a playbook string ran as a command: {data!r}"
+        assert not (host.root / "CANARY").exists() and not (host.sysroot / "CANARY").exists()
+        # what the steps did write is exactly the playbook's content (data, verbatim)
+        if runs and all(r.ok for r in runs):
+            event("every step succeeded")
+            for step in playbook.steps:
+                if step.creates is not None:
+                    continue
+                for f in step.files:
+                    written = host.sysroot / f.path.lstrip("/")
+                    last = [g for s in playbook.steps for g in s.files if g.path == f.path][-1]
+                    assert written.read_bytes() == last.content.encode()
+
+
+def test_run_is_the_one_command_field(tmp_path: Path) -> None:
+    """The exemption, shown: `run` executes; the same text in `creates` or a file does not."""
+    canary = tmp_path / "ran"
+    playbook = Playbook.model_validate({
+        "name": "cmd", "stack": "none", "torch": False, "env": None,
+        "steps": [
+            {"name": "data", "creates": f"/x$(touch {canary})",
+             "files": [{"path": f"/f;touch {canary}", "content": f"$(touch {canary})"}]},
+            {"name": "command", "run": f"touch {canary}"},
+        ],
+    })
+    host = ShimHost(tmp_path / "host")
+    ctx = {"plan": None, "stack": None, "playbook": playbook, "env": None}
+    runs = host.run_bundle(render_steps(steps_for(playbook, None), ctx, {}))
+    assert [r.result for r in runs] == ["changed", "changed"]
+    assert (host.sysroot / f"f;touch {canary}".lstrip("/")).read_text() == f"$(touch {canary})"
+    assert canary.exists()  # only because of `run`

@@ -1,0 +1,144 @@
+"""Parsers on recorded nvidia-smi outputs, and the judge's verdicts with their fixes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuprov.verify import (
+    Expectation,
+    ProbeError,
+    extract_probe,
+    judge,
+    parse_probe,
+    parse_query_csv,
+    parse_summary,
+)
+
+FIX = Path(__file__).parent / "fixtures" / "nvidia-smi"
+
+
+@pytest.mark.parametrize(("name", "driver", "cuda"), [
+    ("a100-sxm4-80gb-x4.summary.txt", "555.42.02", "12.5"),
+    ("h100-80gb-hbm3-x8.summary.txt", "565.57.01", "12.7"),
+    ("tesla-t4.summary-r418.txt", "418.67", "10.1"),
+])
+def test_summary_header_of_real_outputs(name, driver, cuda):
+    assert parse_summary((FIX / name).read_text()) == (driver, cuda)
+
+
+# Per `nvidia-smi --help-query-gpu`: ", " separated, nounits, "[N/A]" / "[Not Supported]" for absent values.
+CSV_A100 = (
+    "0, NVIDIA A100-SXM4-40GB, GPU-4a4c9c1e-1b6b-2d5c-8f0e-3a1b2c3d4e5f, 00000000:10:1C.0, 580.95.05, 40960, 0, 0, 31, 52.17, Enabled, 0, 8.0\n"
+    "1, NVIDIA A100-SXM4-40GB, GPU-5b5d0d2f-2c7c-3e6d-9a1f-4b2c3d4e5f60, 00000000:10:1D.0, 580.95.05, 40960, 3, 7, 33, 55.02, Disabled, 2, 8.0\n"
+)
+CSV_ODD = "0, Tesla T4, GPU-x, 00000000:00:1E.0, 535.104.05, 15360, 0, [N/A], 38, [Not Supported], Enabled, [N/A], 7.5\n"
+
+
+def test_query_csv_fields():
+    gpus = parse_query_csv(CSV_A100)
+    assert [g.index for g in gpus] == [0, 1]
+    assert gpus[0].name == "NVIDIA A100-SXM4-40GB"
+    assert gpus[0].memory_total_mib == 40960 and gpus[0].compute_cap == "8.0"
+    assert gpus[0].persistence_mode is True and gpus[1].persistence_mode is False
+    assert gpus[1].ecc_uncorrected == 2 and gpus[0].power_w == pytest.approx(52.17)
+
+
+def test_query_csv_not_available_values_are_none():
+    (gpu,) = parse_query_csv(CSV_ODD)
+    assert gpu.utilization_pct is None and gpu.power_w is None and gpu.ecc_uncorrected is None
+    assert gpu.compute_cap == "7.5"
+
+
+def probe(**over) -> dict:
+    data = {
+        "probe_version": 1, "hostname": "node-1",
+        "nvidia_smi": {"found": True, "returncode": 0, "query_csv": CSV_A100.splitlines()[0] + "\n",
+                       "summary": (FIX / "a100-sxm4-80gb-x4.summary.txt").read_text(), "stderr": ""},
+        "dev_nodes": ["/dev/nvidia0", "/dev/nvidiactl"],
+        "torch": {"version": "2.5.1+cu124", "cuda": "12.4", "is_available": True, "device_count": 1,
+                  "arch_list": ["sm_80"], "nccl": "2.21.5", "error": None,
+                  "devices": [{"index": 0, "name": "NVIDIA A100-SXM4-40GB", "capability": [8, 0], "memory_mib": 40326,
+                               "matmul_ok": True, "max_abs_err": 1e-5, "error": None}]},
+    }
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return data
+
+
+def verdict(data: dict, **expect):
+    report = judge(parse_probe("h", data), Expectation(**expect))
+    return report, {c.name: c for c in report.checks}
+
+
+def test_healthy_host_passes_every_check():
+    report, checks = verdict(probe(), gpu="A100-40GB", gpu_count=1, torch=True, torch_cuda="12.4")
+    assert report.ok, [c for c in report.checks if not c.ok]
+    assert report.driver_version == "555.42.02" and report.cuda_driver_version == "12.5"
+    assert checks["matmul gpu0"].ok and checks["gpu model"].ok
+
+
+def test_torch_built_for_newer_cuda_than_the_driver():
+    data = probe(torch={"version": "2.9.0+cu128", "cuda": "12.8", "is_available": False, "device_count": 0, "devices": []})
+    report, checks = verdict(data, torch=True)
+    assert not report.ok
+    bad = checks["torch vs driver"]
+    assert "12.8" in bad.detail and "12.5" in bad.detail
+    assert "570.26" in bad.fix  # the driver CUDA 12.8 needs (Table 3)
+    assert not checks["torch.cuda"].ok
+
+
+@pytest.mark.parametrize(("stdout", "stderr", "needle", "fix"), [
+    ("Failed to initialize NVML: Driver/library version mismatch\n", "", "version mismatch", "reboot"),
+    ("", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", "not loaded", "dkms"),
+    ("No devices were found\n", "", "no GPU visible", "lspci"),
+])
+def test_nvidia_smi_failures_name_the_cause_and_fix(stdout, stderr, needle, fix):
+    data = probe(nvidia_smi={"returncode": 18, "query_csv": stdout, "summary": stdout, "stderr": stderr}, torch=None)
+    report, checks = verdict(data)
+    assert not report.ok
+    assert needle in checks["nvidia-smi"].detail and fix in checks["nvidia-smi"].fix
+
+
+def test_missing_nvidia_smi():
+    report, checks = verdict(probe(nvidia_smi={"found": False, "returncode": None}, torch=None))
+    assert "not installed" in checks["nvidia-smi"].detail
+
+
+def test_fewer_gpus_than_the_instance_has():
+    report, checks = verdict(probe(), gpu_count=8)
+    assert not checks["gpu count"].ok and "1 visible, 8 expected" in checks["gpu count"].detail
+
+
+def test_failed_matmul_and_missing_device_nodes_and_ecc():
+    data = probe(dev_nodes=[], nvidia_smi={"query_csv": CSV_A100})
+    data["torch"]["device_count"] = 2
+    data["torch"]["devices"] = [
+        {"index": 0, "name": "A100", "capability": [8, 0], "memory_mib": 1, "matmul_ok": True},
+        {"index": 1, "name": "A100", "capability": [8, 0], "memory_mib": 1, "matmul_ok": False,
+         "error": "CUDA error: an illegal memory access was encountered"},
+    ]
+    report, checks = verdict(data, torch=True)
+    assert not checks["matmul gpu1"].ok and "illegal memory access" in checks["matmul gpu1"].detail
+    assert not checks["device nodes"].ok
+    assert not checks["ecc"].ok and "GPU 1" in checks["ecc"].detail
+    assert checks["persistence"].severity == "warn"
+
+
+def test_torch_missing_when_expected():
+    report, checks = verdict(probe(torch=None), torch=True)
+    assert not checks["torch"].ok and "not importable" in checks["torch"].detail
+
+
+def test_extract_probe_between_markers_and_errors():
+    out = "noise\nGPUPROV_PROBE_BEGIN\n" + json.dumps(probe()) + "\nGPUPROV_PROBE_END\nGPUPROV_RESULT=unchanged\n"
+    assert extract_probe(out)["hostname"] == "node-1"
+    with pytest.raises(ProbeError):
+        extract_probe("no markers at all")
+    with pytest.raises(ProbeError):
+        extract_probe("GPUPROV_PROBE_BEGIN\n{not json\nGPUPROV_PROBE_END\n")
