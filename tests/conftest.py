@@ -14,8 +14,11 @@ SHIMS = ROOT / "tests" / "shims"
 
 @pytest.fixture
 def gp_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """gpuprov's state dir, and a HOME of its own (gpuprov adds an Include to ~/.ssh/config)."""
     home = tmp_path / "gpuprov-home"
     monkeypatch.setenv("GPUPROV_HOME", str(home))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
     return home
 
 
@@ -34,6 +37,28 @@ def host_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
                     host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"})
     pool.start()
     print(f"\nSSH test hosts: {len(pool)} in mode {pool.mode}")
+    try:
+        yield pool
+    finally:
+        pool.stop()
+
+
+from tests.aws.fixture import aws, aws_endpoint  # noqa: E402,F401  (pytest fixtures)
+
+
+@pytest.fixture(scope="session")
+def aws_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """2 SSH test hosts on the addresses moto hands out in a 10.220.0.0/24 subnet (.4, .5, …)."""
+    if os.geteuid() != 0:
+        pytest.skip("the SSH test hosts need root (network namespaces, sshd on port 22)")
+    from tests.hosts.fixture import HostPool
+
+    pool = HostPool(2, tmp_path_factory.mktemp("aws-hosts"), shims_dir=SHIMS, offset=3, prefix="gpa",
+                    bridge="gpabr0", subnet="10.220.0", host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"})
+    pool.start()
+    if pool.mode != "netns":
+        pool.stop()
+        pytest.skip("launched-node tests need network namespaces (hosts on moto's private addresses)")
     try:
         yield pool
     finally:

@@ -42,7 +42,8 @@ def addrs(pool, hosts) -> list[str]:
 
 def bootstrap(pool, hosts, *extra: str) -> tuple[int, list[dict]]:
     result = gpuprov("bootstrap", *addrs(pool, hosts), "-i", str(pool.key_path), "--accept-new-host-key",
-                     "--os", "ubuntu-22.04", "--python", "3.11", "--connect-timeout", "3", "--reboot-timeout", "30", "--json", *extra)
+                     "--os", "ubuntu-22.04", "--python", "3.11", "--connect-timeout", "3", "--reboot-timeout", "30",
+                     "--json", *extra)
     try:
         return result.returncode, json.loads(result.stdout)
     except json.JSONDecodeError:

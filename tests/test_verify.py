@@ -31,8 +31,12 @@ def test_summary_header_of_real_outputs(name, driver, cuda):
 
 # Per `nvidia-smi --help-query-gpu`: ", " separated, nounits, "[N/A]" / "[Not Supported]" for absent values.
 CSV_A100 = (
-    "0, NVIDIA A100-SXM4-40GB, GPU-4a4c9c1e-1b6b-2d5c-8f0e-3a1b2c3d4e5f, 00000000:10:1C.0, 580.95.05, 40960, 0, 0, 31, 52.17, Enabled, 0, 8.0\n"
-    "1, NVIDIA A100-SXM4-40GB, GPU-5b5d0d2f-2c7c-3e6d-9a1f-4b2c3d4e5f60, 00000000:10:1D.0, 580.95.05, 40960, 3, 7, 33, 55.02, Disabled, 2, 8.0\n"
+    "0, NVIDIA A100-SXM4-40GB, GPU-4a4c9c1e-1b6b-2d5c-8f0e-3a1b2c3d4e5f, 00000000:10:1C.0, 580.95.05, 40960, "
+    "0, 0, "
+    "31, 52.17, Enabled, 0, 8.0\n"
+    "1, NVIDIA A100-SXM4-40GB, GPU-5b5d0d2f-2c7c-3e6d-9a1f-4b2c3d4e5f60, 00000000:10:1D.0, 580.95.05, 40960, "
+    "3, 7, "
+    "33, 55.02, Disabled, 2, 8.0\n"
 )
 CSV_ODD = "0, Tesla T4, GPU-x, 00000000:00:1E.0, 535.104.05, 15360, 0, [N/A], 38, [Not Supported], Enabled, [N/A], 7.5\n"
 
@@ -106,12 +110,12 @@ def test_nvidia_smi_failures_name_the_cause_and_fix(stdout, stderr, needle, fix)
 
 
 def test_missing_nvidia_smi():
-    report, checks = verdict(probe(nvidia_smi={"found": False, "returncode": None}, torch=None))
+    _report, checks = verdict(probe(nvidia_smi={"found": False, "returncode": None}, torch=None))
     assert "not installed" in checks["nvidia-smi"].detail
 
 
 def test_fewer_gpus_than_the_instance_has():
-    report, checks = verdict(probe(), gpu_count=8)
+    _report, checks = verdict(probe(), gpu_count=8)
     assert not checks["gpu count"].ok and "1 visible, 8 expected" in checks["gpu count"].detail
 
 
@@ -123,7 +127,7 @@ def test_failed_matmul_and_missing_device_nodes_and_ecc():
         {"index": 1, "name": "A100", "capability": [8, 0], "memory_mib": 1, "matmul_ok": False,
          "error": "CUDA error: an illegal memory access was encountered"},
     ]
-    report, checks = verdict(data, torch=True)
+    _report, checks = verdict(data, torch=True)
     assert not checks["matmul gpu1"].ok and "illegal memory access" in checks["matmul gpu1"].detail
     assert not checks["device nodes"].ok
     assert not checks["ecc"].ok and "GPU 1" in checks["ecc"].detail
@@ -131,7 +135,7 @@ def test_failed_matmul_and_missing_device_nodes_and_ecc():
 
 
 def test_torch_missing_when_expected():
-    report, checks = verdict(probe(torch=None), torch=True)
+    _report, checks = verdict(probe(torch=None), torch=True)
     assert not checks["torch"].ok and "not importable" in checks["torch"].detail
 
 

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from gpuprov.detect import FACTS_COMMAND, HostFacts, parse_facts
 from gpuprov.compat import StackPins
+from gpuprov.detect import FACTS_COMMAND, HostFacts, parse_facts
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.fanout import run_parallel
-from gpuprov.plan import Plan
 from gpuprov.inventory import Target
+from gpuprov.plan import Plan
 from gpuprov.remote import ConnectionLost, HostSettings, Remote, Unreachable
 from gpuprov.render import STATE_DIR, Bundle, Script
 from gpuprov.verify import CheckReport, Expectation, ProbeError, extract_probe, judge, parse_probe
@@ -88,7 +88,7 @@ class HostResult:
 PlanFor = Callable[[Target, HostFacts], Plan]
 
 
-class _Log(io.TextIOBase):
+class _Log:
     """A host's log file; with --verbose each line also goes to `echo`, prefixed by the host."""
 
     def __init__(self, path: Path, host: str, echo: Callable[[str], None] | None) -> None:
@@ -110,9 +110,11 @@ class _Log(io.TextIOBase):
     def note(self, text: str) -> None:
         self.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
 
+    def flush(self) -> None:
+        self._file.flush()
+
     def close(self) -> None:
         self._file.close()
-        super().close()
 
 
 def bundle_tar(bundle: Bundle) -> bytes:
@@ -241,9 +243,11 @@ class _HostRun:
             return StepResult(name, "skipped", 0.0, "unchanged since the last run")
         self.reporter.event(self.target.name, name, "running")
         self.log.note(f"step {name} ({script.sha256[:12]})")
+        command = f"bash {BUNDLE_DIR}/{script.filename}"
+        if script.kind != "verify":  # the marker goes in the same round trip, only when the step succeeded
+            command += f" && printf '%s\\n' {script.sha256} > {MARKER_DIR}/{name}.sha256"
         try:
-            result = remote.run(f"bash {BUNDLE_DIR}/{script.filename}", sudo=True, out=self.log,
-                                timeout=self.options.step_timeout)
+            result = remote.run(command, sudo=True, out=self.log, timeout=self.options.step_timeout)
         except ConnectionLost as exc:
             return StepResult(name, "failed", time.monotonic() - start,
                               f"{exc}; the next run resumes at this step")
@@ -253,7 +257,6 @@ class _HostRun:
             return StepResult(name, "failed", time.monotonic() - start, _last_line(result.stderr, result.exited))
         found = _RESULT.findall(result.stdout)
         outcome: StepOutcome = found[-1] if found else "changed"  # type: ignore[assignment]
-        remote.run(f"printf '%s\\n' {script.sha256} > {MARKER_DIR}/{name}.sha256", sudo=True)
         if outcome == "reboot":
             self.reporter.event(self.target.name, name, "rebooting")
             self.log.note("rebooting")

@@ -72,7 +72,7 @@ def stack_options(func: F) -> F:
 def ssh_options(func: F) -> F:
     """How to reach existing hosts (bootstrap, check)."""
     return _apply(func, [
-        click.argument("hosts", nargs=-1, metavar="[USER@]HOST[:PORT]..."),
+        click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]..."),
         click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump, gpu, os)."),
         click.option("-i", "--identity", default=None, help="Private key file (else ~/.ssh/config, then ssh's defaults)."),
         click.option("--ssh-config", default=None, type=click.Path(dir_okay=False), help="ssh config file [~/.ssh/config]."),
@@ -136,13 +136,18 @@ def main() -> None:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--live", is_flag=True, help="Add current spot prices per zone (asks AWS; needs credentials).")
+@click.option("--region", default="us-east-1", show_default=True, help="Region for --live.")
 @_handle_errors
-def gpus(as_json: bool) -> None:
+def gpus(as_json: bool, live: bool, region: str) -> None:
     """List the GPUs gpuprov knows, with the AWS instance types that carry them and their prices."""
     from gpuprov import catalog
     from gpuprov.report import gpus_table
 
     cat = catalog.load()
+    if live:
+        _live_prices(cat, cat.check_region(region), as_json)
+        return
     if as_json:
         rows = [
             {**gpu.model_dump(), "instance_types": [it.model_dump() for it in cat.instance_types_for(gpu)]}
@@ -204,18 +209,40 @@ def render(out: Path, **kw: Any) -> None:
 # --- existing hosts ---------------------------------------------------------------------------
 
 
+def _node_target(name: str) -> Any:
+    """A node gpuprov launched, by name: its address, login, key and pinned host key."""
+    import re
+
+    from gpuprov.paths import state_dir
+
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name) or not (state_dir() / "state.sqlite").exists():
+        return None
+    from gpuprov.inventory import Target
+    from gpuprov.sshconfig import node_known_hosts
+    from gpuprov.state import open_store
+
+    node = open_store().find_node(name)
+    if node is None or not node.live or not node.address:
+        return None
+    key = state_dir() / "keys" / node.region / "id_ed25519"
+    return Target(host=node.address, user=node.ssh_user, key=str(key), label=node.name,
+                  known_hosts=str(node_known_hosts(node.name)))
+
+
 def _targets(kw: dict[str, Any]) -> list[Any]:
     from gpuprov.inventory import load_inventory, parse_target, targets
 
-    entries = [parse_target(h) for h in kw["hosts"]]
+    nodes = [t for t in (_node_target(h) for h in kw["hosts"]) if t is not None]
+    named = {t.label for t in nodes}
+    entries = [parse_target(h) for h in kw["hosts"] if h not in named]
     defaults = None
     if kw["inventory"]:
         inventory = load_inventory(kw["inventory"])
         entries += list(inventory.hosts)
         defaults = inventory.defaults
-    if not entries:
-        raise click.UsageError("name at least one host ([USER@]HOST[:PORT]) or an --inventory file")
-    return targets(entries, defaults)
+    if not entries and not nodes:
+        raise click.UsageError("name at least one host ([USER@]HOST[:PORT]), node, or an --inventory file")
+    return nodes + targets(entries, defaults)
 
 
 def _settings(kw: dict[str, Any]) -> Any:
@@ -308,3 +335,161 @@ def check(gpu: str | None, env_path: str, as_json: bool, **kw: Any) -> None:
         for renderable in check_tables(results):
             console.print(renderable)
     sys.exit(0 if all(r.ok for r in results) else 1)
+
+
+# --- cloud lifecycle --------------------------------------------------------------------------
+
+
+def _store_and_provider(region: str | None = None) -> tuple[Any, Any]:
+    import os
+
+    from gpuprov.lifecycle import owner
+    from gpuprov.paths import state_dir
+    from gpuprov.providers.aws import AwsProvider
+    from gpuprov.state import open_store
+
+    store = open_store()
+    poll = float(os.environ.get("GPUPROV_POLL_SECONDS", "2"))
+    return store, AwsProvider(store, owner(), state_dir() / "keys", poll=poll)
+
+
+def _say(console: Any) -> Callable[[str], None]:
+    return lambda text: console.print(text, markup=False, highlight=False)
+
+
+@main.command()
+@click.argument("name", required=False)
+@stack_options
+@click.option("--fallback", type=click.Choice(["none", "on-demand"]), default="none", show_default=True,
+              help="With --spot: after every spot offer is refused, try on-demand too.")
+@click.option("--max-price", type=float, default=None, help="Spot: the most to pay per hour (AWS advises leaving it unset).")
+@click.option("--disk", "disk_gb", type=click.IntRange(20, 16384), default=100, show_default=True,
+              help="Root volume, GB (gp3, encrypted).")
+@click.option("--image", default=None, help="AMI id instead of Canonical's Ubuntu from SSM.")
+@click.option("--ssh-cidr", default=None, help="Open SSH to this CIDR instead of your public address /32.")
+@click.option("--connect", type=click.Choice(["public", "private"]), default="public", show_default=True,
+              help="Reach the node on its public or private address (VPN / bastion).")
+@click.option("--subnet", default=None, help="Launch into this subnet (its zone only) instead of the default VPC.")
+@click.option("--ssh-user", default="ubuntu", show_default=True, help="Login user of the image.")
+@click.option("--no-bootstrap", is_flag=True, help="Launch and wait for SSH only; install nothing.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and stop (the same plan `gpuprov plan` prints).")
+@click.option("--yes", is_flag=True, help="Do not ask before launching.")
+@click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
+@_handle_errors
+def up(name: str | None, fallback: str, max_price: float | None, disk_gb: int, image: str | None, ssh_cidr: str | None,
+       connect: str, subnet: str | None, ssh_user: str, no_bootstrap: bool, dry_run: bool, yes: bool, verbose: bool,
+       **kw: Any) -> None:
+    """Launch a GPU node on AWS, bootstrap and verify it, and print how to connect.
+
+    Tries every instance type that carries the GPUs in every zone that offers it, cheapest
+    first, printing AWS's own error for each refusal. Everything it creates is tagged and
+    recorded before it is requested; if the launch or bootstrap fails (or you press Ctrl-C),
+    it all comes down again.
+    """
+    from gpuprov import lifecycle
+    from gpuprov.report import plan_view
+
+    the_plan = _make_plan(kw)
+    console = _console()
+    if dry_run:
+        console.print(plan_view(the_plan))
+        return
+    node_name = lifecycle.check_name(name) if name else lifecycle.new_name()
+    if not yes:
+        price = the_plan.price_usd_hour
+        click.confirm(f"Launch {node_name}: {the_plan.instance.name if the_plan.instance else '?'}"
+                      f" ({'spot' if kw['spot'] else 'on-demand'}, list ${price or 0:.2f}/h)?", abort=True, err=True)
+    store, provider = _store_and_provider()
+    opts = lifecycle.UpOptions(
+        name=node_name, fallback_on_demand=fallback == "on-demand", max_price=max_price, disk_gb=disk_gb, image=image,
+        ssh_cidr=ssh_cidr, connect=connect, subnet=subnet, ssh_user=ssh_user, bootstrap=not no_bootstrap,
+        verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None,
+    )
+    result = lifecycle.up(the_plan, opts, provider, store, _say(console))
+    node = result.node
+    console.print(f"\n[bold green]{node.name} is ready[/]: {node.instance_type} in {node.zone} ({node.market}), "
+                  f"{node.address}, list price ${node.price_usd_hour or 0:.2f}/h on-demand")
+    console.print(f"  ssh {result.ssh_alias}        # or: gpuprov check / gpuprov down {node.name}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--refresh", is_flag=True, help="Ask the cloud first (one batched call per region).")
+@_handle_errors
+def status(as_json: bool, refresh: bool) -> None:
+    """Nodes gpuprov manages: state, address, $/h, $ so far, age."""
+    from gpuprov import lifecycle
+    from gpuprov.report import status_rows, status_table
+
+    store, provider = _store_and_provider()
+    nodes = lifecycle.refresh(store, provider) if refresh else store.nodes()
+    if as_json:
+        click.echo(json.dumps(status_rows(nodes), indent=2))
+    else:
+        _console().print(status_table(nodes))
+
+
+@main.command()
+@click.argument("names", nargs=-1)
+@click.option("--all", "all_nodes", is_flag=True, help="Every node gpuprov manages.")
+@click.option("--yes", is_flag=True, help="Do not ask.")
+@_handle_errors
+def down(names: tuple[str, ...], all_nodes: bool, yes: bool) -> None:
+    """Terminate nodes and remove everything they own: instance, spot request, security group,
+    volumes, ssh config entry (and the key pair with the region's last node). Safe to repeat."""
+    from gpuprov import lifecycle
+
+    store, provider = _store_and_provider()
+    targets = [n.name for n in store.nodes()] if all_nodes else list(names)
+    if not targets:
+        raise click.UsageError("name the nodes to take down, or pass --all")
+    for n in targets:
+        store.node(n)  # unknown names fail before anything is touched
+    if not yes:
+        click.confirm(f"Terminate {', '.join(targets)} and delete their resources?", abort=True, err=True)
+    console = _console()
+    for name, removed in lifecycle.down(targets, provider, store, _say(console)).items():
+        console.print(f"{name}: down ({len(removed)} resources removed)")
+
+
+@main.command()
+@click.option("--region", "regions", multiple=True, help="Region(s) to sweep [default: those of your nodes, or us-east-1].")
+@click.option("--all-regions", is_flag=True, help="Every region in the catalog.")
+@click.option("--yes", is_flag=True, help="Delete what is found (default: list only).")
+@_handle_errors
+def gc(regions: tuple[str, ...], all_regions: bool, yes: bool) -> None:
+    """Find resources tagged as yours that no local node owns (left by a crash or another machine's
+    lost state); list them, and delete them with --yes."""
+    from gpuprov import catalog, lifecycle
+
+    store, provider = _store_and_provider()
+    cat = catalog.load()
+    where = list(cat.regions) if all_regions else [cat.check_region(r) for r in regions] or \
+        sorted({n.region for n in store.nodes(include_terminated=True)} | {"us-east-1"})
+    found = lifecycle.orphans(where, provider, store)
+    console = _console()
+    if not found:
+        console.print(f"nothing to collect in {', '.join(where)}")
+        return
+    for res in found:
+        console.print(f"{res.region}  {res.kind:<15} {res.id:<24} node={res.node} {res.state}")
+    if yes:
+        lifecycle.gc(found, provider, store, _say(console))
+    else:
+        console.print(f"{len(found)} orphaned resource(s); rerun with --yes to delete them")
+
+
+def _live_prices(cat: Any, region: str, as_json: bool) -> None:
+    from gpuprov.report import live_prices_table
+
+    _store, provider = _store_and_provider()
+    on_demand = {it.name: it.price_usd_hour for it in cat.instance_types}
+    offered = provider.offerings(region, list(on_demand))
+    prices = provider.prices(region, sorted(offered))
+    rows = [(p, on_demand.get(p.instance_type)) for p in prices]
+    if as_json:
+        click.echo(json.dumps([
+            {"instance_type": p.instance_type, "zone": p.zone, "spot_usd_hour": p.price, "on_demand_usd_hour": od,
+             "saving_pct": round((1 - p.price / od) * 100, 1) if od else None} for p, od in rows], indent=2))
+        return
+    _console().print(live_prices_table(rows, region))

@@ -203,12 +203,13 @@ def check_pins(pins: StackPins) -> None:
         raise UserInputError(
             "--cuda", f"unknown CUDA toolkit {pins.cuda!r}", f"known: {', '.join(f.cuda_min_driver)}"
         )
-    if pins.torch is not None:
-        if not re.fullmatch(r"\d+\.\d+(\.\d+)?", pins.torch) or _family(pins.torch) not in f.torch_releases:
-            raise UserInputError(
-                "--torch", f"unknown torch release {pins.torch!r}",
-                f"known: {', '.join(f.torch_releases)} (optionally with a patch, e.g. 2.9.1)",
-            )
+    if pins.torch is not None and (
+        not re.fullmatch(r"\d+\.\d+(\.\d+)?", pins.torch) or _family(pins.torch) not in f.torch_releases
+    ):
+        raise UserInputError(
+            "--torch", f"unknown torch release {pins.torch!r}",
+            f"known: {', '.join(f.torch_releases)} (optionally with a patch, e.g. 2.9.1)",
+        )
     if pins.torch_cuda is not None:
         known = sorted({v for r in f.torch_releases.values() for v in r.variants})
         if pins.torch_cuda not in known:
@@ -229,9 +230,10 @@ def _torch_candidates(pins: StackPins) -> Iterator[tuple[str, str]]:
         releases = [_family(pins.torch)]
     for rel in releases:
         info = f.torch_releases[rel]
-        ordered = [info.pypi_default] + sorted(
-            (v for v in info.variants if v != info.pypi_default), key=lambda v: int(v[2:]), reverse=True
-        )
+        ordered = [
+            info.pypi_default,
+            *sorted((v for v in info.variants if v != info.pypi_default), key=lambda v: int(v[2:]), reverse=True),
+        ]
         if pins.torch and pins.torch_cuda and pins.torch_cuda not in ordered:
             yield rel, pins.torch_cuda  # so the error says this release has no such wheels
         for variant in ordered:
@@ -270,7 +272,8 @@ def _torch_problem(gpu: Gpu, release: str, variant: str, pins: StackPins) -> str
         branch = int(pins.driver.split(".")[0])
         exact = pins.driver if "." in pins.driver else None
         if not _driver_satisfies(branch, exact, minimum):
-            return f"{variant} wheels (CUDA {cuda}) need driver ≥ {minimum} (R{_min_branch_for(minimum)}); driver {pins.driver} is older"
+            return (f"{variant} wheels (CUDA {cuda}) need driver ≥ {minimum} (R{_min_branch_for(minimum)}); "
+                    f"driver {pins.driver} is older")
     if pins.python:
         lo, hi = info.python
         if not _version_tuple(lo) <= _version_tuple(pins.python) <= _version_tuple(hi):
@@ -470,7 +473,8 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
             unverified.append(f.python_ranges_unverified)
         reasons.append(f"torch {release}+{variant}: newest wheel that carries code for {gpu.sm} and fits the pins")
     elif pins.torch or pins.torch_cuda:
-        raise UserInputError("--torch", "this playbook installs no PyTorch, so a torch pin has no effect", "drop the pin or use -p pytorch")
+        raise UserInputError("--torch", "this playbook installs no PyTorch, so a torch pin has no effect",
+                             "drop the pin or use -p pytorch")
 
     cudas = [c for c in (torch.cuda if torch else None, pins.cuda) if c]
     branch = _choose_branch(gpu, pins, cudas)
@@ -499,10 +503,14 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
     versioned = branch < f.unversioned_package_names_from
     fm_package = f"nvidia-fabricmanager-{branch}" if versioned else "nvidia-fabricmanager"
     if fm != "no" and not versioned:
-        unverified.append(f"from R{f.unversioned_package_names_from} the Fabric Manager package may lose the branch from its name")
+        unverified.append(
+            f"from R{f.unversioned_package_names_from} the Fabric Manager package may lose the branch from its name"
+        )
     nvlsm = arch.open_only and fm != "no"
     if nvlsm:
-        unverified.append("Blackwell NVSwitch systems also run NVLSM (package 'nvlsm'); the package and service names are unverified")
+        unverified.append(
+            "Blackwell NVSwitch systems also run NVLSM (package 'nvlsm'); the package and service names are unverified"
+        )
     if fm == "required":
         reasons.append("Fabric Manager: NVSwitch instance; pinned to the driver's exact version, both held")
 

@@ -78,10 +78,10 @@ def parse_facts(output: str) -> HostFacts:
         elif current and line.strip():
             sections[current].append(line.strip())
     pci = sections.get("lspci", [])
-    ids = [m.group(1).lower() for line in pci if (m := re.search(r"\[10de:([0-9a-fA-F]{4})\]", line))]
-    nvswitch = sum(i in NVSWITCH_PCI_IDS for i in ids) > 0
-    pci_gpus = [(line, i) for line, i in zip(pci, ids) if i not in NVSWITCH_PCI_IDS and
-                re.search(r"(3D|VGA|Display) controller", line)]
+    devices = [(line, m.group(1).lower()) for line in pci if (m := re.search(r"\[10de:([0-9a-fA-F]{4})\]", line))]
+    nvswitch = any(i in NVSWITCH_PCI_IDS for _, i in devices)
+    pci_gpus = [(line, i) for line, i in devices
+                if i not in NVSWITCH_PCI_IDS and re.search(r"(3D|VGA|Display) controller", line)]
     smi = sections.get("nvidia-smi", [])
     if smi:
         gpus = [gpu_from_name(n) or "unknown" for n in smi]

@@ -36,6 +36,7 @@ class Target:
     label: str = ""
     gpu: str | None = None
     os: str | None = None
+    known_hosts: str | None = None  # a launched node's own pinned keys, instead of gpuprov's shared file
 
     @property
     def name(self) -> str:

@@ -7,6 +7,7 @@ against gpuprov's known_hosts (see hostkeys.py) instead of Fabric's default Auto
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import socket
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Protocol
 
 import paramiko
 from fabric import Config, Connection
@@ -22,7 +23,6 @@ from fabric import Config, Connection
 from gpuprov import hostkeys
 from gpuprov.errors import GpuprovError
 from gpuprov.inventory import Target
-
 
 # paramiko logs transport errors (a banner read while sshd restarts, say) with tracebacks; we report
 # them ourselves, once, as Unreachable or ConnectionLost
@@ -35,6 +35,14 @@ class Unreachable(GpuprovError):
 
 class ConnectionLost(GpuprovError):
     """The connection dropped while a command was running."""
+
+
+class Sink(Protocol):
+    """Where a command's output streams to (a host's log)."""
+
+    def write(self, text: str) -> int: ...
+
+    def flush(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -98,28 +106,34 @@ class Remote:
 
     def __init__(self, target: Target, settings: HostSettings) -> None:
         self.target = target
+        if target.known_hosts:
+            settings = dataclasses.replace(settings, known_hosts=Path(target.known_hosts))
         self.settings = settings
         self.conn = connection(target, settings)
 
     @property
     def is_root(self) -> bool:
-        return self.conn.user == "root"
+        return bool(self.conn.user == "root")
 
     def open(self) -> None:
         try:
             self.conn.open()
+            sock = self.conn.transport.sock if self.conn.transport else None
+            if isinstance(sock, socket.socket):
+                # paramiko leaves Nagle on: every short command then waits ~35 ms for a delayed ACK
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except paramiko.BadHostKeyException as exc:
             raise hostkeys.explain(exc) from None
         except hostkeys.UnknownHostKey:
             raise
-        except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
+        except (TimeoutError, OSError, paramiko.SSHException, EOFError) as exc:
             where = f"{self.conn.user}@{self.conn.host}:{self.conn.port}"
             raise Unreachable(f"{where}: {type(exc).__name__}: {exc or 'no answer'}") from None
 
     def close(self) -> None:
         self.conn.close()
 
-    def run(self, command: str, *, sudo: bool = False, out: IO[str] | None = None, timeout: float | None = None) -> RunResult:
+    def run(self, command: str, *, sudo: bool = False, out: Sink | None = None, timeout: float | None = None) -> RunResult:
         """Run `command` in the remote shell. A dropped connection raises ConnectionLost."""
         if sudo and not self.is_root:
             command = "sudo -n -- bash -c " + _quote(command)

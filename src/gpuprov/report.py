@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,8 @@ from gpuprov.plan import Plan
 if TYPE_CHECKING:
     from gpuprov.bootstrap import HostResult
     from gpuprov.check import CheckResult
+    from gpuprov.providers.base import SpotPrice
+    from gpuprov.state import Node
 
 _STYLE = {"ok": "green", "changed": "cyan", "unchanged": "green", "failed": "red", "unreachable": "red",
           "running": "yellow", "rebooting": "magenta", "reboot": "magenta", "waiting": "dim"}
@@ -55,7 +58,8 @@ def plan_view(plan: Plan) -> Group:
                     f"{plan.instance.ram_gib} GiB) · {market} · {plan.request.region}")
     parts.append(head)
     if plan.instance and plan.gpu and plan.instance.gpus > plan.count:
-        parts.append(Text(f"  ({plan.count} requested; the smallest instance type with {plan.gpu.name} has {plan.instance.gpus})"))
+        parts.append(Text(f"  ({plan.count} requested; the smallest instance type with {plan.gpu.name} "
+                          f"has {plan.instance.gpus})"))
     if plan.instance:
         cost = Text(f"  on-demand list price {_price(plan.instance.price_usd_hour)} (us-east-1 catalog)")
         if plan.request.spot:
@@ -101,6 +105,13 @@ def plan_view(plan: Plan) -> Group:
     return Group(*parts)
 
 
+@dataclass
+class _Row:
+    step: str = ""
+    state: str = "waiting"
+    start: float = field(default_factory=time.monotonic)
+
+
 class LiveHosts:
     """A live table, one line per host: current step, state, elapsed. A bootstrap Reporter."""
 
@@ -108,7 +119,7 @@ class LiveHosts:
         """On a terminal: a live table. Elsewhere (CI logs): one plain line per finished step, on
         stderr. Disabled (--json, --verbose): nothing."""
         self._console = console
-        self._rows = {h: ["", "waiting", time.monotonic()] for h in hosts}
+        self._rows: dict[str, _Row] = {h: _Row() for h in hosts}
         self._lock = threading.Lock()
         self._enabled = enabled
         self._live = Live(console=console, get_renderable=self._table, refresh_per_second=4, transient=True) \
@@ -117,8 +128,8 @@ class LiveHosts:
 
     def event(self, host: str, step: str, state: str) -> None:
         with self._lock:
-            row = self._rows.setdefault(host, ["", "waiting", time.monotonic()])
-            row[0], row[1] = step or row[0], state
+            row = self._rows.setdefault(host, _Row())
+            row.step, row.state = step or row.step, state
         if self._lines is not None and state != "running":
             self._lines.print(f"{host}: {step} {state}".replace("  ", " "), markup=False)
 
@@ -128,8 +139,9 @@ class LiveHosts:
             table.add_column(col)
         now = time.monotonic()
         with self._lock:
-            for host, (step, state, start) in self._rows.items():
-                table.add_row(host, step, Text(state, style=_STYLE.get(state.split()[0], "")), f"{now - start:5.1f}s")
+            for host, row in self._rows.items():
+                style = _STYLE.get(row.state.split()[0], "")
+                table.add_row(host, row.step, Text(row.state, style=style), f"{now - row.start:5.1f}s")
         return table
 
     def __enter__(self) -> LiveHosts:
@@ -179,3 +191,54 @@ def check_tables(results: list[CheckResult]) -> list[Table | Text]:
                           c.detail, c.fix or "")
         out.append(table)
     return out
+
+
+def _age(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h" if seconds < 86400 else f"{seconds / 86400:.1f}d"
+
+
+def status_rows(nodes: list[Node]) -> list[dict[str, object]]:
+    now = time.time()
+    rows: list[dict[str, object]] = []
+    for n in nodes:
+        hours = ((n.ended_at or now) - n.created_at) / 3600
+        rows.append({
+            "name": n.name, "gpu": n.gpu, "gpu_count": n.gpu_count, "instance_type": n.instance_type,
+            "market": n.market, "region": n.region, "zone": n.zone, "state": n.state, "state_reason": n.state_reason,
+            "address": n.address, "price_usd_hour": n.price_usd_hour,
+            "cost_so_far_usd": round(hours * n.price_usd_hour, 2) if n.price_usd_hour else None,
+            "age_seconds": round(now - n.created_at),
+        })
+    return rows
+
+
+def status_table(nodes: list[Node]) -> Table | Text:
+    if not nodes:
+        return Text("no nodes; `gpuprov up --gpu L4 --spot` launches one")
+    table = Table(title="nodes (cost at on-demand list price; spot bills less)", title_justify="left")
+    for col in ("name", "GPU", "type", "market", "zone", "state", "address", "$/h", "$ so far", "age"):
+        table.add_column(col, overflow="fold")
+    for row in status_rows(nodes):
+        price = row["price_usd_hour"]
+        cost = row["cost_so_far_usd"]
+        state = str(row["state"]) + (f" ({row['state_reason']})" if row["state_reason"] else "")
+        table.add_row(
+            str(row["name"]), f"{row['gpu_count']}× {row['gpu']}", str(row["instance_type"] or "-"), str(row["market"]),
+            str(row["zone"] or row["region"]), Text(state, style=_STYLE.get(str(row["state"]), "")),
+            str(row["address"] or "-"), f"${price:.2f}" if isinstance(price, float) else "-",
+            f"${cost:.2f}" if isinstance(cost, float) else "-", _age(float(str(row["age_seconds"]))),
+        )
+    return table
+
+
+def live_prices_table(rows: list[tuple[SpotPrice, float | None]], region: str) -> Table:
+    table = Table(title=f"spot prices in {region}, cheapest first", title_justify="left")
+    for col, justify in (("instance type", "left"), ("zone", "left"), ("spot $/h", "right"),
+                         ("on-demand $/h", "right"), ("saving", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for price, on_demand in rows:
+        saving = f"{(1 - price.price / on_demand) * 100:.0f}%" if on_demand else "-"
+        table.add_row(price.instance_type, price.zone, f"${price.price:.4f}", _price(on_demand).removesuffix("/h"), saving)
+    return table

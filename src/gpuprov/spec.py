@@ -20,7 +20,10 @@ from gpuprov.resources import playbooks_dir
 
 StepName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,47}$")]
 # A PEP 508 requirement without markers or URLs: name, optional extras, optional version clauses.
-_REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?([<>=!~]=?[A-Za-z0-9.*+!_-]+(,[<>=!~]=?[A-Za-z0-9.*+!_-]+)*)?$")
+_VERSION_CLAUSE = r"[<>=!~]=?[A-Za-z0-9.*+!_-]+"
+_REQUIREMENT = re.compile(
+    rf"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?({_VERSION_CLAUSE}(,{_VERSION_CLAUSE})*)?$"
+)
 
 
 class _Model(BaseModel):

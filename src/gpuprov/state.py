@@ -1,0 +1,278 @@
+"""Local state: SQLite in the user's state dir. Nodes, the cloud resources each owns, events.
+
+The money rule lives here: a resource row (with its ClientToken or name) is written *before*
+the call that creates it, and gets its cloud id after. A crash at any instant therefore leaves
+a row that `down`/`gc` can follow to the resource, by id or by tag.
+
+Every call opens its own connection (WAL mode, busy timeout), so threads and concurrent
+gpuprov processes never corrupt the file; writes are short transactions.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from gpuprov.errors import UserInputError
+
+NodeState = Literal["launching", "running", "bootstrapping", "ready", "failed", "terminating", "terminated"]
+ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS nodes (
+    name TEXT PRIMARY KEY,
+    provider TEXT NOT NULL,
+    region TEXT NOT NULL,
+    zone TEXT,
+    gpu TEXT,
+    gpu_count INTEGER,
+    instance_type TEXT,
+    market TEXT,
+    state TEXT NOT NULL,
+    state_reason TEXT,
+    address TEXT,
+    ssh_user TEXT,
+    price_usd_hour REAL,
+    owner TEXT,
+    plan_json TEXT,
+    pid INTEGER,
+    host TEXT,
+    created_at REAL NOT NULL,
+    ready_at REAL,
+    ended_at REAL
+);
+CREATE TABLE IF NOT EXISTS resources (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    node TEXT,
+    kind TEXT NOT NULL,
+    region TEXT NOT NULL,
+    client_token TEXT,
+    cloud_id TEXT,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    deleted_at REAL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    node TEXT,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS resources_node ON resources(node);
+"""
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    provider: str
+    region: str
+    zone: str | None
+    gpu: str | None
+    gpu_count: int | None
+    instance_type: str | None
+    market: str | None
+    state: str
+    state_reason: str | None
+    address: str | None
+    ssh_user: str | None
+    price_usd_hour: float | None
+    owner: str | None
+    plan_json: str | None
+    pid: int | None
+    host: str | None
+    created_at: float
+    ready_at: float | None
+    ended_at: float | None
+
+    @property
+    def live(self) -> bool:
+        return self.state != "terminated"
+
+    @property
+    def crashed(self) -> bool:
+        """Mid-`up` (or mid-`down`) with its process gone from this machine: a crash, not a live node."""
+        import os
+        import socket
+
+        if self.state not in ("launching", "running", "bootstrapping", "terminating") or not self.pid:
+            return False
+        if self.host != socket.gethostname():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    @property
+    def plan(self) -> dict[str, Any]:
+        return json.loads(self.plan_json) if self.plan_json else {}
+
+
+@dataclass(frozen=True)
+class Resource:
+    id: int
+    node: str | None
+    kind: str
+    region: str
+    client_token: str | None
+    cloud_id: str | None
+    status: str  # "intent" (asked for, id unknown), "created", "deleted"
+    created_at: float
+    deleted_at: float | None
+
+
+@dataclass(frozen=True)
+class Event:
+    node: str | None
+    at: float
+    kind: str
+    message: str
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(path, timeout=30)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer; set once, kept in the file
+            db.executescript(_SCHEMA)  # idempotent (IF NOT EXISTS); executescript manages its own transaction
+        finally:
+            db.close()
+        path.chmod(0o600)
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        db.row_factory = sqlite3.Row
+        try:
+            db.execute("PRAGMA busy_timeout=30000")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        finally:
+            db.close()
+
+    # --- nodes ---------------------------------------------------------------------------
+
+    def create_node(self, name: str, provider: str, region: str, **fields: Any) -> Node:
+        """Claim `name` for a new node; refused while a live node has that name."""
+        with self._tx() as db:
+            row = db.execute("SELECT state FROM nodes WHERE name = ?", (name,)).fetchone()
+            if row and row["state"] != "terminated":
+                raise UserInputError("NAME", f"a node called {name!r} already exists ({row['state']})",
+                                     f"pick another name, or `gpuprov down {name}` first")
+            db.execute("DELETE FROM nodes WHERE name = ?", (name,))
+            columns = {"name": name, "provider": provider, "region": region, "state": "launching",
+                       "created_at": time.time(), **fields}
+            db.execute(f"INSERT INTO nodes ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                       tuple(columns.values()))
+        return self.node(name)
+
+    def update_node(self, name: str, **fields: Any) -> None:
+        if not fields:
+            return
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self._tx() as db:
+            db.execute(f"UPDATE nodes SET {sets} WHERE name = ?", (*fields.values(), name))
+
+    def node(self, name: str) -> Node:
+        found = self.find_node(name)
+        if found is None:
+            known = [n.name for n in self.nodes() if n.live]
+            raise UserInputError("NAME", f"no node called {name!r}",
+                                 f"known nodes: {', '.join(known)}" if known else "`gpuprov status` lists nodes")
+        return found
+
+    def find_node(self, name: str) -> Node | None:
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM nodes WHERE name = ?", (name,)).fetchone()
+        return Node(**dict(row)) if row else None
+
+    def nodes(self, include_terminated: bool = False) -> list[Node]:
+        with self._tx() as db:
+            rows = db.execute("SELECT * FROM nodes ORDER BY created_at").fetchall()
+        found = [Node(**dict(r)) for r in rows]
+        return found if include_terminated else [n for n in found if n.live]
+
+    # --- resources -----------------------------------------------------------------------
+
+    def intend(self, node: str | None, kind: ResourceKind, region: str, client_token: str | None) -> int:
+        """Record a resource about to be requested; returns its row id."""
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO resources (node, kind, region, client_token, status, created_at) "
+                "VALUES (?, ?, ?, ?, 'intent', ?)", (node, kind, region, client_token, time.time()))
+            return int(cur.lastrowid or 0)
+
+    def created(self, resource_id: int, cloud_id: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE resources SET cloud_id = ?, status = 'created' WHERE id = ?", (cloud_id, resource_id))
+
+    def add_resource(self, node: str | None, kind: ResourceKind, region: str, cloud_id: str,
+                     client_token: str | None = None) -> int:
+        """Record a resource learned after the fact (a volume or spot request AWS made for an instance)."""
+        with self._tx() as db:
+            row = db.execute("SELECT id FROM resources WHERE kind = ? AND cloud_id = ? AND region = ?",
+                             (kind, cloud_id, region)).fetchone()
+            if row:
+                return int(row["id"])
+            cur = db.execute(
+                "INSERT INTO resources (node, kind, region, client_token, cloud_id, status, created_at) "
+                "VALUES (?, ?, ?, ?, ?, 'created', ?)", (node, kind, region, client_token, cloud_id, time.time()))
+            return int(cur.lastrowid or 0)
+
+    def deleted(self, resource_id: int) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE resources SET status = 'deleted', deleted_at = ? WHERE id = ?", (time.time(), resource_id))
+
+    def resources(self, node: str | None = None, *, region: str | None = None, kind: str | None = None,
+                  live_only: bool = True) -> list[Resource]:
+        query, args = "SELECT * FROM resources WHERE 1 = 1", []
+        if node is not None:
+            query += " AND node = ?"
+            args.append(node)
+        if region is not None:
+            query += " AND region = ?"
+            args.append(region)
+        if kind is not None:
+            query += " AND kind = ?"
+            args.append(kind)
+        if live_only:
+            query += " AND status != 'deleted'"
+        with self._tx() as db:
+            rows = db.execute(query + " ORDER BY id", args).fetchall()
+        return [Resource(**dict(r)) for r in rows]
+
+    # --- events --------------------------------------------------------------------------
+
+    def event(self, node: str | None, kind: str, message: str) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO events (node, at, kind, message) VALUES (?, ?, ?, ?)",
+                       (node, time.time(), kind, message))
+
+    def events(self, node: str) -> list[Event]:
+        with self._tx() as db:
+            rows = db.execute("SELECT node, at, kind, message FROM events WHERE node = ? ORDER BY id", (node,)).fetchall()
+        return [Event(**dict(r)) for r in rows]
+
+
+def open_store() -> Store:
+    from gpuprov.paths import state_dir
+
+    return Store(state_dir() / "state.sqlite")

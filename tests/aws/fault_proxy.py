@@ -1,0 +1,453 @@
+"""Fault-injecting reverse proxy in front of moto_server (HTTP/1.1, threaded).
+
+Run:  python fault_proxy.py LISTEN_PORT UPSTREAM_URL      (LISTEN_PORT 0 = pick a free one)
+When listening it prints one line  ``fault_proxy ready http://127.0.0.1:PORT``  (flushed); before that
+nothing.  ``GET /__faults__`` answering 200 is the other readiness signal.
+
+Every request not under ``/__faults__`` is forwarded to the upstream unless a rule matches it.
+
+Control API (same port, JSON):
+  POST   /__faults__          body: one rule or a list of rules -> appended (a rule whose ``name`` equals an
+                              existing rule's name replaces it in place, counters reset). Answers the ids.
+  GET    /__faults__          {"rules": [rule + "id", "hits", "held"], "log": [entry...], "holding": N}
+  DELETE /__faults__          clear rules and log (and release anything held)
+  POST   /__faults__/release  answer every held request now; -> {"released": N}
+  DELETE /__faults__/log      clear only the log
+
+Rule fields:
+  action   query-protocol Action (RunInstances) -- for JSON-protocol requests it also matches the operation
+           part of X-Amz-Target (GetServiceQuota)
+  target   exact X-Amz-Target (ServiceQuotasV20190624.GetServiceQuota)
+  service  / region   match the SigV4 credential scope (ec2, us-west-2) -- optional
+  match    {field: value}: query form fields (Placement.AvailabilityZone, InstanceType, ...) or top-level JSON
+           keys. Values are compared as strings; a list value = any of; None = field must be absent.
+  times    None = always, N = only the first N matching requests
+  delay    seconds to sleep before acting (optional, combines with any effect)
+  name     optional label (see POST)
+ one effect:
+  code (+ status default 400, message)  -> AWS error: EC2 XML for query protocol, JSON __type +
+                                           x-amzn-ErrorType for JSON protocol
+  body (+ status default 200, content_type)  -> canned body
+  spot_prices: [{"instance_type", "az", "price", "product"?, "az_id"?}]  -> DescribeSpotPriceHistory answer
+           built per request: rows filtered by the request's InstanceType.N / ProductDescription.N /
+           AvailabilityZone / Filter.N (instance-type, availability-zone, product-description), timestamp now
+  hold: true  -> forward upstream, read the answer, count it (rule "held", log "held": true), then answer
+           only after POST /__faults__/release; if the client goes away meanwhile the answer is dropped
+           (log "outcome": "client-gone").
+  (no effect but delay) -> forwarded after the delay
+
+Log entry (one per proxied request, in arrival order):
+  {"seq", "method", "path", "service", "region", "action", "target", "form", "json", "status",
+   "rule" (id of the rule that fired or None), "held", "outcome"}
+  "status" is filled when the upstream/canned answer exists (None before that).
+
+AWS status conventions worth using: InsufficientInstanceCapacity 500 (botocore retries it), RequestLimitExceeded
+503, SpotMaxPriceTooLow/VcpuLimitExceeded/MaxSpotInstanceCountExceeded/Unsupported/InvalidParameterValue 400,
+AuthFailure 401, UnauthorizedOperation 403.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import http.client
+import json
+import re
+import select
+import socket
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from xml.sax.saxutils import escape
+
+CONTROL = "/__faults__"
+HOP_HEADERS = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
+               "content-length", "proxy-authorization", "proxy-authenticate"}
+_SCOPE = re.compile(r"Credential=[^/]+/\d{8}/([^/]+)/([^/]+)/aws4_request")
+
+
+# ----------------------------------------------------------------------------------------------- pure helpers
+def ec2_error_body(code: str, message: str) -> bytes:
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{escape(code)}</Code>'
+            f"<Message>{escape(message)}</Message></Error></Errors><RequestID>fault-proxy</RequestID></Response>").encode()
+
+
+def json_error_body(code: str, message: str) -> bytes:
+    return json.dumps({"__type": code, "message": message}).encode()
+
+
+def _ts(t: _dt.datetime | None = None) -> str:
+    t = t or _dt.datetime.now(_dt.timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+
+def spot_price_history_body(rows: list[dict[str, Any]], form: dict[str, str] | None = None) -> bytes:
+    """DescribeSpotPriceHistory XML (shape checked against botocore's ec2 model) for rows filtered like AWS does."""
+    form = form or {}
+
+    def listed(prefix: str) -> list[str]:
+        return [v for k, v in form.items() if re.fullmatch(re.escape(prefix) + r"\.\d+", k)]
+
+    want_types = set(listed("InstanceType"))
+    want_products = set(listed("ProductDescription"))
+    want_az = {form["AvailabilityZone"]} if form.get("AvailabilityZone") else set()
+    filters: dict[str, set[str]] = {}
+    for k, v in form.items():
+        m = re.fullmatch(r"Filter\.(\d+)\.Name", k)
+        if m:
+            filters.setdefault(v, set()).update(listed(f"Filter.{m.group(1)}.Value"))
+    now = _ts()
+    items = []
+    for r in rows:
+        product = r.get("product", "Linux/UNIX")
+        if want_types and r["instance_type"] not in want_types:
+            continue
+        if want_products and product not in want_products:
+            continue
+        if want_az and r["az"] not in want_az:
+            continue
+        if "instance-type" in filters and r["instance_type"] not in filters["instance-type"]:
+            continue
+        if "availability-zone" in filters and r["az"] not in filters["availability-zone"]:
+            continue
+        if "product-description" in filters and product not in filters["product-description"]:
+            continue
+        az_id = f"<availabilityZoneId>{escape(r['az_id'])}</availabilityZoneId>" if r.get("az_id") else ""
+        items.append(f"<item><instanceType>{escape(r['instance_type'])}</instanceType>"
+                     f"<productDescription>{escape(product)}</productDescription>"
+                     f"<spotPrice>{float(r['price']):.6f}</spotPrice><timestamp>{r.get('timestamp', now)}</timestamp>"
+                     f"<availabilityZone>{escape(r['az'])}</availabilityZone>{az_id}</item>")
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n'
+            '<DescribeSpotPriceHistoryResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+            "<requestId>fault-proxy</requestId><spotPriceHistorySet>" + "".join(items) +
+            "</spotPriceHistorySet><nextToken></nextToken></DescribeSpotPriceHistoryResponse>").encode()
+
+
+def _matches_value(actual: Any, want: Any) -> bool:
+    if want is None:
+        return actual is None
+    if actual is None:
+        return False
+    if isinstance(want, list) and not isinstance(actual, list):
+        return any(_matches_value(actual, w) for w in want)
+    if isinstance(want, (dict, list)):
+        return actual == want
+    if isinstance(actual, bool) or isinstance(want, bool):
+        return str(actual).lower() == str(want).lower()
+    return str(actual) == str(want)
+
+
+# ----------------------------------------------------------------------------------------------- state
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.rules: list[dict[str, Any]] = []
+        self.log: list[dict[str, Any]] = []
+        self.next_id = 1
+        self.seq = 0
+        self.release_gen = 0
+        self.holding = 0
+
+    def add(self, rules: list[dict[str, Any]]) -> list[int]:
+        ids = []
+        with self.lock:
+            for r in rules:
+                r = dict(r, hits=0, held=0, id=self.next_id)
+                self.next_id += 1
+                ids.append(r["id"])
+                for i, old in enumerate(self.rules):
+                    if r.get("name") is not None and old.get("name") == r["name"]:
+                        self.rules[i] = r
+                        break
+                else:
+                    self.rules.append(r)
+        return ids
+
+    def pick(self, req: dict[str, Any]) -> dict[str, Any] | None:
+        """First matching rule (hit counted), under the lock."""
+        for r in self.rules:
+            if r.get("action") is not None and r["action"] != req["action"]:
+                continue
+            if r.get("target") is not None and r["target"] != req["target"]:
+                continue
+            if r.get("service") is not None and r["service"] != req["service"]:
+                continue
+            if r.get("region") is not None and r["region"] != req["region"]:
+                continue
+            fields = req["json"] if isinstance(req["json"], dict) else req["form"]
+            if not all(_matches_value(fields.get(k), v) for k, v in (r.get("match") or {}).items()):
+                continue
+            if r.get("times") is not None and r["hits"] >= int(r["times"]):
+                continue
+            r["hits"] += 1
+            return r
+        return None
+
+
+STATE = _State()
+
+
+# ----------------------------------------------------------------------------------------------- handler
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # without it every reply stalls ~40 ms (delayed ACK)
+    upstream: urllib.parse.SplitResult  # set by make_server
+    state: _State = STATE
+    server_version = "fault-proxy"
+
+    def log_message(self, *a: Any) -> None:  # quiet
+        pass
+
+    # -- plumbing
+    def _read_body(self) -> bytes:
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            out = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return out
+                out += self.rfile.read(size)
+                self.rfile.readline()
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n else b""
+
+    def _send(self, status: int, body: bytes, headers: list[tuple[str, str]] | dict[str, str]) -> None:
+        self.send_response(status)
+        items = headers.items() if isinstance(headers, dict) else headers
+        for k, v in items:
+            if k.lower() not in HOP_HEADERS and k.lower() not in ("server", "date"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: int, obj: Any) -> None:
+        self._send(status, json.dumps(obj, default=str).encode(), {"Content-Type": "application/json"})
+
+    # -- control API
+    def _control(self, body: bytes) -> None:
+        st = self.state
+        path = self.path.split("?")[0].rstrip("/")
+        if path == CONTROL and self.command == "GET":
+            with st.lock:
+                return self._json(200, {"rules": st.rules, "log": st.log, "holding": st.holding})
+        if path == CONTROL and self.command == "POST":
+            try:
+                rules = json.loads(body or b"[]")
+            except ValueError as e:
+                return self._json(400, {"error": f"bad JSON: {e}"})
+            if isinstance(rules, dict):
+                rules = [rules]
+            return self._json(200, {"ids": st.add(rules)})
+        if path == CONTROL and self.command == "DELETE":
+            with st.cond:
+                st.rules.clear()
+                st.log.clear()
+                st.release_gen += 1
+                st.cond.notify_all()
+            return self._json(200, {"ok": True})
+        if path == CONTROL + "/release" and self.command == "POST":
+            with st.cond:
+                n = st.holding
+                st.release_gen += 1
+                st.cond.notify_all()
+            return self._json(200, {"released": n})
+        if path == CONTROL + "/log" and self.command == "DELETE":
+            with st.lock:
+                st.log.clear()
+            return self._json(200, {"ok": True})
+        return self._json(404, {"error": f"unknown control call {self.command} {self.path}"})
+
+    # -- proxying
+    def _describe(self, body: bytes) -> dict[str, Any]:
+        target = self.headers.get("X-Amz-Target")
+        ctype = (self.headers.get("Content-Type") or "").lower()
+        m = _SCOPE.search(self.headers.get("Authorization") or "")
+        req: dict[str, Any] = {"method": self.command, "path": self.path, "service": m.group(2) if m else None,
+                               "region": m.group(1) if m else None, "action": None, "target": target,
+                               "form": {}, "json": None}
+        if target:
+            req["action"] = target.rsplit(".", 1)[-1]
+            try:
+                req["json"] = json.loads(body or b"{}")
+            except ValueError:
+                req["json"] = None
+        else:
+            form: dict[str, str] = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
+            if body and ("x-www-form-urlencoded" in ctype or not ctype):
+                form.update(urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+            req["form"] = form
+            req["action"] = form.get("Action")
+        return req
+
+    def _forward(self, body: bytes) -> tuple[int, bytes, list[tuple[str, str]]]:
+        up = self.upstream
+        c = http.client.HTTPConnection(up.hostname, up.port, timeout=300)
+        try:
+            hdrs = {k: v for k, v in self.headers.items() if k.lower() not in HOP_HEADERS}
+            c.request(self.command, self.path, body=body if body or self.command in ("POST", "PUT") else None,
+                      headers=hdrs)
+            resp = c.getresponse()
+            return resp.status, resp.read(), resp.getheaders()
+        finally:
+            c.close()
+
+    def _client_gone(self) -> bool:
+        try:
+            r, _, _ = select.select([self.connection], [], [], 0)
+            if not r:
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def _handle(self) -> None:
+        body = self._read_body()
+        if self.path.split("?")[0].rstrip("/").startswith(CONTROL):
+            return self._control(body)
+        st = self.state
+        req = self._describe(body)
+        with st.lock:
+            st.seq += 1
+            entry = {"seq": st.seq, **req, "status": None, "rule": None, "held": False, "outcome": None}
+            st.log.append(entry)
+            rule = st.pick(req)
+            if rule is not None:
+                entry["rule"] = rule.get("name") or rule["id"]
+                rule = dict(rule)  # snapshot
+        if rule and rule.get("delay"):
+            time.sleep(float(rule["delay"]))
+        is_json = req["target"] is not None
+        if rule and rule.get("code"):
+            status = int(rule.get("status", 400))
+            msg = rule.get("message") or rule["code"]
+            if is_json:
+                out = (status, json_error_body(rule["code"], msg),
+                       [("Content-Type", "application/x-amz-json-1.1"), ("x-amzn-ErrorType", rule["code"]),
+                        ("x-amzn-RequestId", "fault-proxy")])
+            else:
+                out = (status, ec2_error_body(rule["code"], msg), [("Content-Type", "text/xml;charset=UTF-8")])
+        elif rule and rule.get("spot_prices") is not None:
+            out = (int(rule.get("status", 200)), spot_price_history_body(rule["spot_prices"], req["form"]),
+                   [("Content-Type", "text/xml;charset=UTF-8")])
+        elif rule and rule.get("body") is not None:
+            b = rule["body"]
+            b = b.encode() if isinstance(b, str) else json.dumps(b).encode()
+            ctype = rule.get("content_type") or ("application/x-amz-json-1.1" if is_json else "text/xml;charset=UTF-8")
+            out = (int(rule.get("status", 200)), b, [("Content-Type", ctype), ("x-amzn-RequestId", "fault-proxy")])
+        else:
+            try:
+                out = self._forward(body)
+            except OSError as e:
+                with st.lock:
+                    entry["status"] = 502
+                    entry["outcome"] = f"upstream-error: {e}"
+                return self._send(502, str(e).encode(), {"Content-Type": "text/plain"})
+        if rule and rule.get("hold"):
+            with st.cond:
+                entry["status"] = out[0]
+                entry["held"] = True
+                entry["outcome"] = "held"
+                for r in st.rules:
+                    if r["id"] == rule["id"]:
+                        r["held"] += 1
+                st.holding += 1
+                gen = st.release_gen
+                try:
+                    while st.release_gen == gen:
+                        st.cond.wait(0.05)
+                        if st.release_gen == gen and self._client_gone():
+                            entry["outcome"] = "client-gone"
+                            self.close_connection = True
+                            return
+                finally:
+                    st.holding -= 1
+                entry["outcome"] = "released"
+        else:
+            with st.lock:
+                entry["status"] = out[0]
+                entry["outcome"] = "fault" if rule and (rule.get("code") or rule.get("body") is not None
+                                                       or rule.get("spot_prices") is not None) else "forwarded"
+        try:
+            self._send(*out)
+        except OSError:
+            with st.lock:
+                entry["outcome"] = "client-gone"
+            self.close_connection = True
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _handle
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+
+def make_server(port: int, upstream_url: str, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """Build (not start) a proxy server; in-process use: threading.Thread(target=srv.serve_forever).start()."""
+    handler = type("BoundHandler", (Handler,), {"upstream": urllib.parse.urlsplit(upstream_url), "state": _State()})
+    return _Server((host, port), handler)
+
+
+# ----------------------------------------------------------------------------------------------- client helpers
+def _call(proxy_url: str, method: str, path: str, payload: Any = None, timeout: float = 10.0) -> Any:
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(proxy_url.rstrip("/") + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read() or b"null")
+
+
+def add_rules(proxy_url: str, rules: list[dict[str, Any]] | dict[str, Any]) -> list[int]:
+    return _call(proxy_url, "POST", CONTROL, rules)["ids"]
+
+
+def get_state(proxy_url: str) -> dict[str, Any]:
+    return _call(proxy_url, "GET", CONTROL)
+
+
+def clear(proxy_url: str) -> None:
+    _call(proxy_url, "DELETE", CONTROL)
+
+
+def release(proxy_url: str) -> int:
+    return _call(proxy_url, "POST", CONTROL + "/release", {})["released"]
+
+
+def wait_ready(proxy_url: str, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            get_state(proxy_url)
+            return
+        except OSError:
+            if time.monotonic() > end:
+                raise TimeoutError(f"fault proxy {proxy_url} not ready after {timeout} s") from None
+            time.sleep(0.02)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    srv = make_server(int(argv[1]), argv[2])
+    print(f"fault_proxy ready http://127.0.0.1:{srv.server_address[1]}", flush=True)
+    try:
+        srv.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,379 @@
+"""Fake AWS for tests: moto_server (with validation on and Canonical Ubuntu images) behind the fault proxy.
+
+    with AwsEndpoint() as aws:                 # or the pytest fixtures `aws_endpoint` (session) / `aws` (per test)
+        aws.reset()                            # fresh moto + proxy, Ubuntu SSM parameters seeded
+        env = aws.env()                        # AWS_ENDPOINT_URL=<proxy>, creds, region, retries, GPUPROV_UBUNTU_SSM_PREFIX
+        aws.faults([{"action": "RunInstances", "match": {"Placement.AvailabilityZone": "us-east-1a"},
+                     "status": 500, "code": "InsufficientInstanceCapacity"}])
+        aws.set_spot_prices({("g5.xlarge", "us-east-1a"): 0.45})
+        aws.set_quota("L-34B43A08", 64)
+        aws.ec2("us-east-1").describe_instances()   # straight to moto, for assertions
+        aws.log()                              # every request the tool made through the proxy
+        aws.leftovers()                        # {"instances": [...], "security_groups": [...], ...}
+
+In conftest.py:  ``from tests.aws.fixture import aws_endpoint, aws  # noqa: F401``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.aws import fault_proxy
+
+HERE = Path(__file__).resolve().parent
+PROXY_SCRIPT = HERE / "fault_proxy.py"
+CANONICAL = "099720109477"
+REGIONS = ("us-east-1", "us-west-2")
+SSM_PREFIX = "/test/canonical/ubuntu/server"
+ENDPOINT_ENV_CLEAR = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_REGION",
+                      "AWS_CA_BUNDLE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE")
+
+# Ubuntu images: (release version, codename) x arch x volume flavour x serial. The newest serial is "current".
+RELEASES = {"22.04": "jammy", "24.04": "noble"}
+ARCHES = {"amd64": "x86_64", "arm64": "arm64"}
+VOLUMES = {"ebs-gp3": "hvm-ssd-gp3", "ebs-gp2": "hvm-ssd"}
+SERIALS = ("20260901", "20261101")  # older, current
+CURRENT_SERIAL = SERIALS[-1]
+
+QUOTA_NAMES = {
+    "L-1216C47A": "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances",
+    "L-34B43A08": "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests",
+    "L-DB2E81BA": "Running On-Demand G and VT instances",
+    "L-3819A6DF": "All G and VT Spot Instance Requests",
+    "L-417A185B": "Running On-Demand P instances",
+    "L-7212CCBC": "All P4, P3 and P2 Spot Instance Requests",
+    "L-C4BD4855": "All P5 Spot Instance Requests",
+}
+
+
+def _ami_id(release: str, arch: str, vol: str, serial: str) -> str:
+    # deterministic 17-hex-digit ids, e.g. ami-0a22040a0300... (stable across runs, unique per image)
+    r = release.replace(".", "")
+    return f"ami-0{r}{'a' if arch == 'amd64' else 'b'}{'3' if vol == 'ebs-gp3' else '2'}{serial}0"[:21].ljust(21, "0")
+
+
+def ubuntu_images() -> list[dict[str, Any]]:
+    """The image records written to MOTO_AMIS_PATH (they replace moto's canned images in every region)."""
+    out = []
+    for release, codename in RELEASES.items():
+        for arch, march in ARCHES.items():
+            for vol, flavour in VOLUMES.items():
+                for serial in SERIALS:
+                    name = f"ubuntu/images/{flavour}/ubuntu-{codename}-{release}-{arch}-server-{serial}"
+                    out.append({
+                        "ami_id": _ami_id(release, arch, vol, serial), "state": "available", "public": True,
+                        "owner_id": CANONICAL, "image_location": f"{CANONICAL}/{name}", "sriov": "simple",
+                        "root_device_type": "ebs", "root_device_name": "/dev/sda1",
+                        "description": f"Canonical, Ubuntu, {release} LTS, {arch} {codename} image build on "
+                                       f"{serial[:4]}-{serial[4:6]}-{serial[6:]}",
+                        "image_type": "machine", "platform": None, "architecture": march, "name": name,
+                        "virtualization_type": "hvm", "hypervisor": "xen", "boot_mode": "uefi-preferred",
+                        "creation_date": f"{serial[:4]}-{serial[4:6]}-{serial[6:]}T00:00:00.000Z",
+                    })
+    return out
+
+
+def ubuntu_ami(release: str = "24.04", arch: str = "amd64", volume: str = "ebs-gp3", serial: str = CURRENT_SERIAL) -> str:
+    """AMI id of a seeded image; ``release`` may be "22.04"/"24.04" or "jammy"/"noble"."""
+    release = {v: k for k, v in RELEASES.items()}.get(release, release)
+    return _ami_id(release, arch, volume, serial)
+
+
+def ssm_name(release: str = "24.04", arch: str = "amd64", volume: str = "ebs-gp3", prefix: str = SSM_PREFIX) -> str:
+    return f"{prefix}/{release}/stable/current/{arch}/hvm/{volume}/ami-id"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(method: str, url: str, timeout: float = 10.0) -> bytes:
+    with urllib.request.urlopen(urllib.request.Request(url, data=b"" if method == "POST" else None, method=method),
+                                timeout=timeout) as r:
+        return r.read()
+
+
+class AwsEndpoint:
+    """moto_server + fault proxy, both subprocesses. ``url`` = proxy (give it to the tool), ``moto_url`` = moto."""
+
+    def __init__(self, regions: tuple[str, ...] = REGIONS, workdir: str | Path | None = None, warm: bool = True) -> None:
+        self.regions = tuple(regions)
+        self.warm = warm
+        self._own_dir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gpuprov-aws-"))
+        self.url = ""
+        self.moto_url = ""
+        self.moto_proc: subprocess.Popen[bytes] | None = None
+        self.proxy_proc: subprocess.Popen[bytes] | None = None
+        self._zone_ids: dict[str, dict[str, str]] = {}
+        self._vpcs: dict[tuple[str, str], str] = {}
+        self._clients: dict[tuple[str, str, bool], Any] = {}
+        self._session: Any = None
+        self.startup_s = 0.0
+        self.last_reset_s = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> AwsEndpoint:
+        t0 = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        amis = self.workdir / "amis.json"
+        amis.write_text(json.dumps(ubuntu_images(), indent=1))
+        port = free_port()
+        self.moto_url = f"http://127.0.0.1:{port}"
+        env = dict(os.environ, MOTO_ENABLE_AMI_VALIDATION="1", MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION="1",
+                   MOTO_ENABLE_KEYPAIR_VALIDATION="1", MOTO_AMIS_PATH=str(amis))
+        moto_bin = Path(sys.executable).with_name("moto_server")
+        cmd = [str(moto_bin)] if moto_bin.exists() else [sys.executable, "-m", "moto.server"]
+        self._moto_log = open(self.workdir / "moto.log", "wb")  # noqa: SIM115 (closed in stop())
+        try:
+            self.moto_proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], env=env,
+                                              stdout=self._moto_log, stderr=subprocess.STDOUT)
+            # the proxy does not need the upstream to be up: start both at once
+            self.proxy_proc = subprocess.Popen([sys.executable, str(PROXY_SCRIPT), "0", self.moto_url],
+                                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            line = self.proxy_proc.stdout.readline().decode()  # type: ignore[union-attr]
+            if not line.startswith("fault_proxy ready "):
+                raise RuntimeError(f"fault proxy did not start: {line!r}")
+            self.url = line.split()[-1]
+            self._wait_moto()
+            fault_proxy.wait_ready(self.url)
+            if self.warm:  # the first EC2 call per region takes ~1 s (lazy backend load); pay it once here
+                for r in self.regions:
+                    self.ec2(r).describe_availability_zones()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+        return self
+
+    def _wait_moto(self, timeout: float = 20.0) -> None:
+        end = time.monotonic() + timeout
+        while True:
+            if self.moto_proc is not None and self.moto_proc.poll() is not None:
+                raise RuntimeError(f"moto_server exited {self.moto_proc.returncode}: "
+                                   f"{(self.workdir / 'moto.log').read_text()[-2000:]}")
+            try:
+                _http("GET", self.moto_url + "/moto-api/", timeout=1)
+                return
+            except OSError:
+                if time.monotonic() > end:
+                    raise TimeoutError(f"moto_server not answering on {self.moto_url}") from None
+                time.sleep(0.03)
+
+    def stop(self) -> None:
+        for p in (self.proxy_proc, self.moto_proc):
+            if p is None or p.poll() is not None:
+                continue
+            p.terminate()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        if self.proxy_proc is not None and self.proxy_proc.stdout:
+            self.proxy_proc.stdout.close()
+        if getattr(self, "_moto_log", None):
+            self._moto_log.close()
+        self.proxy_proc = self.moto_proc = None
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> AwsEndpoint:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        """Fresh moto state, no proxy rules/log, Ubuntu AMI parameters seeded in every region."""
+        t0 = time.monotonic()
+        _http("POST", self.moto_url + "/moto-api/reset")
+        self.clear_faults()
+        self._vpcs.clear()
+        for region in self.regions:
+            ssm = self.client("ssm", region)
+            for release, codename in RELEASES.items():
+                for arch in ARCHES:
+                    for vol in VOLUMES:
+                        ami = ubuntu_ami(release, arch, vol)
+                        for rel in (release, codename):
+                            ssm.put_parameter(Name=ssm_name(rel, arch, vol), Value=ami, Type="String",
+                                              DataType="aws:ec2:image")
+        self.last_reset_s = time.monotonic() - t0
+
+    def env(self) -> dict[str, str]:
+        """Environment for the tool (subprocess or monkeypatched os.environ)."""
+        return {
+            "AWS_ENDPOINT_URL": self.url,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_RETRY_MODE": "standard",
+            "AWS_MAX_ATTEMPTS": "2",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_CONFIG_FILE": str(self.workdir / "no-aws-config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(self.workdir / "no-aws-credentials"),
+            "GPUPROV_UBUNTU_SSM_PREFIX": SSM_PREFIX,
+        }
+
+    def client(self, service: str, region: str = "us-east-1", via_proxy: bool = False, **kw: Any) -> Any:
+        """boto3 client to moto (or to the proxy with ``via_proxy``); one attempt, no retries. Cached unless ``kw``."""
+        import boto3
+        from botocore.config import Config
+
+        if self._session is None:  # one session: loading the EC2 model per client costs ~0.3 s
+            self._session = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing")
+        key = (service, region, via_proxy)
+        if not kw and key in self._clients:
+            return self._clients[key]
+        cached = not kw
+        kw.setdefault("config", Config(retries={"mode": "standard", "total_max_attempts": 1}))
+        c = self._session.client(service, region_name=region, endpoint_url=self.url if via_proxy else self.moto_url, **kw)
+        if cached:
+            self._clients[key] = c
+        return c
+
+    def ec2(self, region: str = "us-east-1") -> Any:
+        """boto3 EC2 client straight to moto (bypasses the proxy: no faults, not logged)."""
+        return self.client("ec2", region)
+
+    # ------------------------------------------------------------------ faults
+    def faults(self, rules: list[dict[str, Any]] | dict[str, Any]) -> list[int]:
+        """Append fault rules (see fault_proxy's docstring); returns their ids."""
+        return fault_proxy.add_rules(self.url, rules)
+
+    def clear_faults(self) -> None:
+        """Remove all rules and the request log (held requests get answered)."""
+        fault_proxy.clear(self.url)
+
+    def rules(self) -> list[dict[str, Any]]:
+        return fault_proxy.get_state(self.url)["rules"]
+
+    def log(self, action: str | None = None) -> list[dict[str, Any]]:
+        """Proxied requests in order: {"action", "target", "form", "json", "status", "region", "rule", "held", ...}."""
+        entries = fault_proxy.get_state(self.url)["log"]
+        return [e for e in entries if action is None or e["action"] == action]
+
+    def release(self) -> int:
+        """Answer every held request; returns how many were waiting."""
+        return fault_proxy.release(self.url)
+
+    def wait_held(self, n: int = 1, timeout: float = 10.0) -> None:
+        """Block until at least ``n`` requests are being held."""
+        end = time.monotonic() + timeout
+        while fault_proxy.get_state(self.url)["holding"] < n:
+            if time.monotonic() > end:
+                raise TimeoutError(f"fewer than {n} held requests after {timeout} s")
+            time.sleep(0.02)
+
+    def zone_ids(self, region: str) -> dict[str, str]:
+        if region not in self._zone_ids:
+            azs = self.ec2(region).describe_availability_zones()["AvailabilityZones"]
+            self._zone_ids[region] = {z["ZoneName"]: z["ZoneId"] for z in azs}
+        return self._zone_ids[region]
+
+    def set_spot_prices(self, prices: dict[tuple[str, str], float], region: str = "us-east-1") -> None:
+        """Canned DescribeSpotPriceHistory for ``region``: one current "Linux/UNIX" row per (instance_type, az).
+
+        The proxy filters the rows by the request's InstanceTypes / ProductDescriptions / AvailabilityZone / Filters.
+        Calling it again for the same region replaces the table.
+        """
+        zid = self.zone_ids(region)
+        rows = [{"instance_type": it, "az": az, "price": float(p), "product": "Linux/UNIX", "az_id": zid.get(az)}
+                for (it, az), p in prices.items()]
+        self.faults({"name": f"spot-prices:{region}", "action": "DescribeSpotPriceHistory", "region": region,
+                     "spot_prices": rows})
+
+    def set_quota(self, code: str, value: float, service: str = "ec2", region: str | None = None) -> None:
+        """Canned service-quotas GetServiceQuota answer for (service, code) (all regions unless ``region``)."""
+        quota = {"ServiceCode": service, "ServiceName": "Amazon Elastic Compute Cloud (Amazon EC2)",
+                 "QuotaArn": f"arn:aws:servicequotas:{region or 'us-east-1'}:123456789012:{service}/{code}",
+                 "QuotaCode": code, "QuotaName": QUOTA_NAMES.get(code, code), "Value": float(value), "Unit": "None",
+                 "Adjustable": True, "GlobalQuota": False, "QuotaAppliedAtLevel": "ACCOUNT"}
+        rule: dict[str, Any] = {"name": f"quota:{service}:{code}:{region}", "target": "ServiceQuotasV20190624.GetServiceQuota",
+                                "match": {"ServiceCode": service, "QuotaCode": code}, "body": json.dumps({"Quota": quota})}
+        if region:
+            rule["region"] = region
+        self.faults(rule)
+
+    # ------------------------------------------------------------------ resources
+    def subnet_for_hosts(self, cidr: str = "10.220.0.0/24", az: str = "us-east-1a") -> str:
+        """VPC (the /16 around ``cidr``) + subnet without public IPs; instances get .4, .5, ... in launch order."""
+        region = az[:-1]
+        ec2 = self.ec2(region)
+        a, b = cidr.split(".")[:2]
+        vpc_cidr = f"{a}.{b}.0.0/16"
+        vpc = self._vpcs.get((region, vpc_cidr))
+        if vpc is None:
+            vpc = ec2.create_vpc(CidrBlock=vpc_cidr)["Vpc"]["VpcId"]
+            self._vpcs[(region, vpc_cidr)] = vpc
+        sub = ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone=az)["Subnet"]["SubnetId"]
+        return sub
+
+    def leftovers(self, tag_key: str = "gpuprov:node", regions: tuple[str, ...] | None = None) -> dict[str, list[str]]:
+        """Every live resource in moto carrying ``tag_key``, by kind (ids; key pairs by name), all test regions."""
+        out: dict[str, list[str]] = {"instances": [], "security_groups": [], "key_pairs": [], "volumes": [],
+                                     "spot_requests": [], "launch_templates": []}
+        f = [{"Name": "tag-key", "Values": [tag_key]}]
+        for region in regions or self.regions:
+            ec2 = self.ec2(region)
+            for res in ec2.describe_instances(Filters=f)["Reservations"]:
+                out["instances"] += [i["InstanceId"] for i in res["Instances"] if i["State"]["Name"] != "terminated"]
+            out["security_groups"] += [g["GroupId"] for g in ec2.describe_security_groups(Filters=f)["SecurityGroups"]]
+            out["key_pairs"] += [k["KeyName"] for k in ec2.describe_key_pairs(Filters=f)["KeyPairs"]]
+            out["volumes"] += [v["VolumeId"] for v in ec2.describe_volumes(Filters=f)["Volumes"]]
+            out["spot_requests"] += [s["SpotInstanceRequestId"] for s in ec2.describe_spot_instance_requests(
+                Filters=[*f, {"Name": "state", "Values": ["open", "active"]}])["SpotInstanceRequests"]]
+            out["launch_templates"] += [t["LaunchTemplateId"] for t in
+                                        ec2.describe_launch_templates(Filters=f)["LaunchTemplates"]]
+        return out
+
+
+# ---------------------------------------------------------------------- pytest fixtures
+_SHARED: list[AwsEndpoint] = []  # one endpoint per process even if several conftests import the fixture
+
+
+@pytest.fixture(scope="session")
+def aws_endpoint() -> Iterator[AwsEndpoint]:
+    """moto_server + fault proxy for the whole session (started once per process)."""
+    if _SHARED:
+        yield _SHARED[0]
+        return
+    ep = AwsEndpoint()
+    ep.start()
+    _SHARED.append(ep)
+    try:
+        yield ep
+    finally:
+        _SHARED.clear()
+        ep.stop()
+
+
+@pytest.fixture
+def aws(aws_endpoint: AwsEndpoint, monkeypatch: pytest.MonkeyPatch) -> AwsEndpoint:
+    """Fresh fake AWS per test; os.environ points boto3 (and the tool) at the proxy."""
+    aws_endpoint.reset()
+    for k in ENDPOINT_ENV_CLEAR:
+        monkeypatch.delenv(k, raising=False)
+    for k in list(os.environ):
+        if k.startswith("AWS_ENDPOINT_URL_"):
+            monkeypatch.delenv(k)
+    for k, v in aws_endpoint.env().items():
+        monkeypatch.setenv(k, v)
+    return aws_endpoint

@@ -1,0 +1,242 @@
+"""The fake-AWS harness itself: moto_server behind the fault proxy, driven with real boto3 clients."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import threading
+import time
+import urllib.parse
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from tests.aws.fixture import CANONICAL, SSM_PREFIX, AwsEndpoint, ssm_name, ubuntu_ami
+
+UBUNTU = ubuntu_ami("24.04")
+TAGS = [{"Key": "gpuprov:node", "Value": "n1"}, {"Key": "gpuprov:cluster", "Value": "c1"}]
+
+
+def _ec2(region: str = "us-east-1"):  # plain client: everything from the env the `aws` fixture set
+    return boto3.client("ec2", region_name=region)
+
+
+def _run(ec2, az: str = "us-east-1b", itype: str = "g5.xlarge", spot: bool = False, **kw):
+    args = dict(ImageId=UBUNTU, InstanceType=itype, MinCount=1, MaxCount=1, Placement={"AvailabilityZone": az}, **kw)
+    if spot:
+        args["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {"SpotInstanceType": "one-time"}}
+    return ec2.run_instances(**args)
+
+
+def test_env_points_at_proxy(aws: AwsEndpoint) -> None:
+    env = aws.env()
+    assert env["AWS_ENDPOINT_URL"] == aws.url != aws.moto_url
+    assert env["AWS_MAX_ATTEMPTS"] == "2" and env["AWS_RETRY_MODE"] == "standard"
+    assert env["GPUPROV_UBUNTU_SSM_PREFIX"] == SSM_PREFIX
+    r = _run(_ec2(), spot=True)
+    iid = r["Instances"][0]["InstanceId"]
+    got = aws.ec2().describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
+    assert got["InstanceLifecycle"] == "spot" and got["Placement"]["AvailabilityZone"] == "us-east-1b"
+    (entry,) = aws.log("RunInstances")
+    assert entry["status"] == 200 and entry["region"] == "us-east-1" and entry["service"] == "ec2"
+    assert entry["form"]["InstanceMarketOptions.MarketType"] == "spot"
+    assert entry["form"]["Placement.AvailabilityZone"] == "us-east-1b"
+
+
+def test_validation_is_on(aws: AwsEndpoint) -> None:
+    ec2 = _ec2()
+    for kw, code in ((dict(ImageId="ami-0123456789abcdef0"), "InvalidAMIID.NotFound"),
+                     (dict(InstanceType="g99.huge"), "InvalidInstanceType.NotFound"),
+                     (dict(KeyName="nope"), "InvalidKeyPair.NotFound")):
+        args = dict(ImageId=UBUNTU, InstanceType="g5.xlarge", MinCount=1, MaxCount=1) | kw
+        with pytest.raises(ClientError) as e:
+            ec2.run_instances(**args)
+        assert e.value.response["Error"]["Code"] == code
+
+
+def test_ice_in_one_az_retried_then_other_az_ok(aws: AwsEndpoint) -> None:
+    aws.faults([{"action": "RunInstances", "match": {"Placement.AvailabilityZone": "us-east-1a",
+                                                     "InstanceMarketOptions.MarketType": "spot"},
+                 "status": 500, "code": "InsufficientInstanceCapacity",
+                 "message": "We currently do not have sufficient g5.xlarge capacity in the Availability Zone you requested "
+                            "(us-east-1a)."}])
+    ec2 = _ec2()
+    with pytest.raises(ClientError) as e:
+        _run(ec2, az="us-east-1a", spot=True)
+    assert e.value.response["Error"]["Code"] == "InsufficientInstanceCapacity"
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500
+    assert e.value.response["ResponseMetadata"]["RetryAttempts"] == 1  # AWS_MAX_ATTEMPTS=2
+    (rule,) = aws.rules()
+    assert rule["hits"] == 2
+    assert [x["status"] for x in aws.log("RunInstances")] == [500, 500]
+    _run(ec2, az="us-east-1a")  # on-demand does not match the rule
+    _run(ec2, az="us-east-1b", spot=True)
+    assert aws.rules()[0]["hits"] == 2
+    assert len(aws.ec2().describe_instances()["Reservations"]) == 2
+
+
+def test_times_one_fires_once(aws: AwsEndpoint) -> None:
+    aws.faults({"action": "RunInstances", "times": 1, "status": 400, "code": "VcpuLimitExceeded",
+                "message": "You have requested more vCPU capacity than your current vCPU limit of 0 allows"})
+    ec2 = _ec2()
+    with pytest.raises(ClientError) as e:
+        _run(ec2)
+    assert e.value.response["Error"]["Code"] == "VcpuLimitExceeded"
+    assert e.value.response["ResponseMetadata"]["RetryAttempts"] == 0  # 400: not retried
+    _run(ec2)
+    assert aws.rules()[0]["hits"] == 1
+    assert [x["status"] for x in aws.log("RunInstances")] == [400, 200]
+
+
+def test_json_protocol_error(aws: AwsEndpoint) -> None:
+    aws.faults({"target": "AmazonSSM.GetParameter", "match": {"Name": ssm_name("22.04")}, "status": 400,
+                "code": "AccessDeniedException", "message": "no"})
+    ssm = boto3.client("ssm")
+    with pytest.raises(ClientError) as e:
+        ssm.get_parameter(Name=ssm_name("22.04"))
+    assert e.value.response["Error"]["Code"] == "AccessDeniedException"
+    assert ssm.get_parameter(Name=ssm_name("24.04"))["Parameter"]["Value"] == UBUNTU
+    assert aws.log("GetParameter")[0]["json"] == {"Name": ssm_name("22.04")}
+
+
+def test_spot_prices(aws: AwsEndpoint) -> None:
+    aws.set_spot_prices({("g5.xlarge", "us-east-1a"): 0.4523, ("g5.xlarge", "us-east-1b"): 0.3911,
+                         ("p4d.24xlarge", "us-east-1a"): 9.87})
+    aws.set_spot_prices({("g5.xlarge", "us-west-2a"): 0.5}, region="us-west-2")
+    ec2 = _ec2()
+    rows = ec2.describe_spot_price_history(InstanceTypes=["g5.xlarge"], ProductDescriptions=["Linux/UNIX"],
+                                           StartTime=dt.datetime.now(dt.timezone.utc))["SpotPriceHistory"]
+    assert {(r["AvailabilityZone"], r["SpotPrice"]) for r in rows} == {("us-east-1a", "0.452300"),
+                                                                     ("us-east-1b", "0.391100")}
+    r = rows[0]
+    assert r["InstanceType"] == "g5.xlarge" and r["ProductDescription"] == "Linux/UNIX"
+    assert abs((dt.datetime.now(dt.timezone.utc) - r["Timestamp"]).total_seconds()) < 60
+    assert r["AvailabilityZoneId"].startswith("use1-az")
+    rows = ec2.describe_spot_price_history(Filters=[{"Name": "availability-zone", "Values": ["us-east-1a"]}])
+    assert sorted(x["InstanceType"] for x in rows["SpotPriceHistory"]) == ["g5.xlarge", "p4d.24xlarge"]
+    w2 = _ec2("us-west-2").describe_spot_price_history(InstanceTypes=["g5.xlarge"])["SpotPriceHistory"]
+    assert [(x["AvailabilityZone"], float(x["SpotPrice"])) for x in w2] == [("us-west-2a", 0.5)]
+    aws.set_spot_prices({("g5.xlarge", "us-east-1a"): 1.0})  # replaces the us-east-1 table
+    rows = ec2.describe_spot_price_history(InstanceTypes=["g5.xlarge"])["SpotPriceHistory"]
+    assert [float(x["SpotPrice"]) for x in rows] == [1.0]
+
+
+def test_service_quota(aws: AwsEndpoint) -> None:
+    aws.set_quota("L-34B43A08", 64)
+    sq = boto3.client("service-quotas")
+    q = sq.get_service_quota(ServiceCode="ec2", QuotaCode="L-34B43A08")["Quota"]
+    assert q["Value"] == 64.0 and q["QuotaCode"] == "L-34B43A08" and "Spot" in q["QuotaName"]
+    with pytest.raises(ClientError) as e:  # not canned -> moto's answer
+        sq.get_service_quota(ServiceCode="ec2", QuotaCode="L-1216C47A")
+    assert e.value.response["Error"]["Code"] == "NoSuchResourceException"
+
+
+def test_hold_and_release(aws: AwsEndpoint) -> None:
+    aws.faults({"action": "RunInstances", "hold": True, "times": 1})
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", _run(_ec2(), TagSpecifications=[
+        {"ResourceType": "instance", "Tags": TAGS}])))
+    t.start()
+    try:
+        aws.wait_held(1)
+        # the cloud has done the work, the client has no answer yet
+        assert aws.rules()[0]["held"] == 1 and aws.log("RunInstances")[0]["status"] == 200
+        assert aws.leftovers()["instances"] and "r" not in out
+    finally:
+        assert aws.release() == 1
+        t.join(10)
+    assert out["r"]["Instances"][0]["InstanceId"] in aws.leftovers()["instances"]
+    assert aws.log("RunInstances")[0]["outcome"] == "released"
+
+
+def test_hold_client_gone(aws: AwsEndpoint) -> None:
+    aws.faults({"action": "RunInstances", "hold": True})
+    u = urllib.parse.urlsplit(aws.url)
+    body = urllib.parse.urlencode({"Action": "RunInstances", "Version": "2016-11-15", "ImageId": UBUNTU,
+                                   "InstanceType": "g5.xlarge", "MinCount": "1", "MaxCount": "1"}).encode()
+    s = socket.create_connection((u.hostname, u.port))
+    s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+              b"Authorization: AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/ec2/aws4_request, "
+              b"SignedHeaders=host, Signature=0\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    aws.wait_held(1)
+    s.close()  # what SIGKILL of the client does
+    end = time.monotonic() + 5
+    while aws.log("RunInstances")[0]["outcome"] != "client-gone":
+        assert time.monotonic() < end
+        time.sleep(0.02)
+    assert len(aws.ec2().describe_instances()["Reservations"]) == 1
+
+
+def test_ssm_parameter_resolves_to_ubuntu_image(aws: AwsEndpoint) -> None:
+    ssm, ec2 = boto3.client("ssm", region_name="us-west-2"), _ec2("us-west-2")
+    for release, codename in (("22.04", "jammy"), ("24.04", "noble")):
+        for vol in ("ebs-gp3", "ebs-gp2"):
+            name = f"{SSM_PREFIX}/{release}/stable/current/amd64/hvm/{vol}/ami-id"
+            p = ssm.get_parameter(Name=name)["Parameter"]
+            assert p["DataType"] == "aws:ec2:image"
+            (img,) = ec2.describe_images(ImageIds=[p["Value"]])["Images"]
+            assert img["OwnerId"] == CANONICAL and img["Architecture"] == "x86_64"
+            flavour = "hvm-ssd-gp3" if vol == "ebs-gp3" else "hvm-ssd"
+            assert img["Name"] == f"ubuntu/images/{flavour}/ubuntu-{codename}-{release}-amd64-server-20261101"
+    imgs = ec2.describe_images(Owners=[CANONICAL], Filters=[
+        {"Name": "name", "Values": ["ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"]}])["Images"]
+    assert max(imgs, key=lambda i: i["CreationDate"])["ImageId"] == UBUNTU and len(imgs) == 2
+
+
+def test_subnet_ips_in_order(aws: AwsEndpoint) -> None:
+    sub = aws.subnet_for_hosts()
+    ec2 = _ec2()
+    r = ec2.run_instances(ImageId=UBUNTU, InstanceType="g5.xlarge", MinCount=3, MaxCount=3, SubnetId=sub)
+    ips = [i["PrivateIpAddress"] for i in r["Instances"]]
+    r = _run(ec2, az="us-east-1a", SubnetId=sub)
+    ips.append(r["Instances"][0]["PrivateIpAddress"])
+    assert ips == ["10.220.0.4", "10.220.0.5", "10.220.0.6", "10.220.0.7"]
+    assert all(not i.get("PublicIpAddress") for res in aws.ec2().describe_instances()["Reservations"]
+               for i in res["Instances"])
+    sub2 = aws.subnet_for_hosts("10.220.1.0/24", az="us-east-1b")
+    r = ec2.run_instances(ImageId=UBUNTU, InstanceType="g5.xlarge", MinCount=1, MaxCount=1, SubnetId=sub2)
+    assert r["Instances"][0]["PrivateIpAddress"] == "10.220.1.4"
+
+
+def test_leftovers(aws: AwsEndpoint) -> None:
+    assert not any(aws.leftovers().values())
+    ec2 = _ec2()
+    w2 = _ec2("us-west-2")
+    sg = ec2.create_security_group(GroupName="gp", Description="gp", TagSpecifications=[
+        {"ResourceType": "security-group", "Tags": TAGS}])["GroupId"]
+    w2.create_key_pair(KeyName="gp-key", KeyType="ed25519", TagSpecifications=[{"ResourceType": "key-pair", "Tags": TAGS}])
+    iid = _run(ec2, TagSpecifications=[{"ResourceType": "instance", "Tags": TAGS},
+                                       {"ResourceType": "volume", "Tags": TAGS}])["Instances"][0]["InstanceId"]
+    _run(ec2)  # untagged: not ours
+    left = aws.leftovers()
+    assert left["instances"] == [iid] and left["security_groups"] == [sg] and left["key_pairs"] == ["gp-key"]
+    assert len(left["volumes"]) == 1
+    assert aws.leftovers(tag_key="gpuprov:other") == {k: [] for k in left}
+    ec2.terminate_instances(InstanceIds=[iid])
+    ec2.delete_security_group(GroupId=sg)
+    w2.delete_key_pair(KeyName="gp-key")
+    assert not any(aws.leftovers().values()), aws.leftovers()
+
+
+def test_delay_with_in_process_proxy(aws: AwsEndpoint) -> None:
+    from tests.aws import fault_proxy
+
+    srv = fault_proxy.make_server(0, aws.moto_url)
+    th = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    th.start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        fault_proxy.wait_ready(url)
+        fault_proxy.add_rules(url, [{"action": "DescribeAvailabilityZones", "delay": 0.3}])
+        ec2 = boto3.client("ec2", endpoint_url=url)
+        t = time.monotonic()
+        assert len(ec2.describe_availability_zones()["AvailabilityZones"]) == 6
+        assert time.monotonic() - t >= 0.3
+        st = fault_proxy.get_state(url)
+        assert st["rules"][0]["hits"] == 1 and st["log"][0]["outcome"] == "forwarded"
+        assert aws.log() == []  # the session proxy saw nothing
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        th.join(5)

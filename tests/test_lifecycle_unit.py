@@ -1,0 +1,73 @@
+"""Pure parts of the lifecycle: launch order, names, SSH CIDR, state store semantics."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from gpuprov.errors import UserInputError
+from gpuprov.lifecycle import candidates, check_name, ssh_cidr
+from gpuprov.plan import NodeRequest, make_plan
+from gpuprov.state import Store
+
+
+def test_candidates_spot_first_cheapest_type_first_then_on_demand_with_fallback():
+    plan = make_plan(NodeRequest(gpu="A10G", spot=True))
+    offerings = {"g5.xlarge": ["us-east-1a", "us-east-1b"], "g5.2xlarge": ["us-east-1a"]}
+    order = [(c.instance_type, c.zone, c.market) for c in candidates(plan, offerings, True, True)]
+    assert order == [
+        ("g5.xlarge", "us-east-1a", "spot"), ("g5.xlarge", "us-east-1b", "spot"), ("g5.2xlarge", "us-east-1a", "spot"),
+        ("g5.xlarge", "us-east-1a", "on-demand"), ("g5.xlarge", "us-east-1b", "on-demand"),
+        ("g5.2xlarge", "us-east-1a", "on-demand"),
+    ]
+    assert all(c.market == "spot" for c in candidates(plan, offerings, True, False))
+    assert {c.zone for c in candidates(plan, offerings, True, False, zone="us-east-1b")} == {"us-east-1b"}
+    assert candidates(plan, {}, True, True) == []
+
+
+def test_on_demand_request_never_tries_spot():
+    plan = make_plan(NodeRequest(gpu="L4"))
+    assert {c.market for c in candidates(plan, {"g6.xlarge": ["us-east-1a"]}, False, True)} == {"on-demand"}
+
+
+@pytest.mark.parametrize("bad", ["Bad", "-x", "a_b", "x" * 40, "a;b"])
+def test_node_names(bad):
+    assert check_name("train-1") == "train-1"
+    with pytest.raises(UserInputError):
+        check_name(bad)
+
+
+def test_ssh_cidr_is_the_callers_address_unless_given():
+    assert ssh_cidr(None, lookup=lambda: "203.0.113.7") == "203.0.113.7/32"
+    assert ssh_cidr("10.0.0.0/8") == "10.0.0.0/8"
+    with pytest.raises(UserInputError) as exc:
+        ssh_cidr(None, lookup=lambda: (_ for _ in ()).throw(OSError("offline")))
+    assert exc.value.field == "--ssh-cidr"
+    with pytest.raises(UserInputError):
+        ssh_cidr("not-a-cidr")
+
+
+def test_store_records_intent_before_creation_and_survives_concurrent_writers(tmp_path):
+    store = Store(tmp_path / "state.sqlite")
+    store.create_node("n1", "aws", "us-east-1")
+    rid = store.intend("n1", "instance", "us-east-1", "tok-1")
+    (row,) = store.resources("n1")
+    assert (row.status, row.client_token, row.cloud_id) == ("intent", "tok-1", None)
+    store.created(rid, "i-123")
+    assert store.resources("n1")[0].cloud_id == "i-123"
+    with pytest.raises(UserInputError):
+        store.create_node("n1", "aws", "us-east-1")  # a live name is not reused
+
+    def writer(k: int) -> None:
+        other = Store(tmp_path / "state.sqlite")
+        for j in range(25):
+            other.event("n1", "test", f"{k}-{j}")
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(store.events("n1")) == 200
+    assert oct((tmp_path / "state.sqlite").stat().st_mode & 0o777) == "0o600"
