@@ -241,3 +241,14 @@ def test_sigkill_at_random_instants_leaves_nothing(aws, env, seed):
         proc.send_signal(signal.SIGKILL)
 
     _crash_then_clean(aws, env, f"rand-{seed}", kill, "down" if seed % 2 else "gc")
+
+
+def test_concurrent_ups_share_one_key_pair_and_both_land(aws, env):
+    procs = [subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args(f"c{i}", "--gpu", "T4", "--no-bootstrap")],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert len(aws.log("ImportKeyPair")) == 1
+    assert sorted(n["name"] for n in json.loads(gp(env, "status", "--json").stdout)) == ["c0", "c1", "c2"]
+    assert gp(env, "down", "--all", "--yes").returncode == 0
+    nothing_left(aws)

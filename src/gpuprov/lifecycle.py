@@ -242,10 +242,21 @@ def _bootstrap(plan: Plan, opts: UpOptions, key_path: str, address: str, say: Sa
     target = Target(host=address, user=opts.ssh_user, key=key_path, label=opts.name)
     say("bootstrapping: " + ", ".join(s.name for s in plan.steps))
     options = engine.Options(reboot_timeout=opts.reboot_timeout, echo=opts.verbose_echo)
-    (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options)
+    (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options, reporter=_StepLines(say))
     if result.status not in ("ok", "changed"):
         raise GpuprovError(f"bootstrap {result.summary}: {result.error} (log: {result.log_path})")
     return result
+
+
+class _StepLines:
+    """Bootstrap progress as one line per finished step."""
+
+    def __init__(self, say: Say) -> None:
+        self.say = say
+
+    def event(self, host: str, step: str, state: str) -> None:
+        if step and state not in ("running",) and step not in ("connect", "upload"):
+            self.say(f"  {step}: {state}")
 
 
 def _wait_tcp(address: str, port: int, timeout: float) -> None:

@@ -188,6 +188,9 @@ _host() {
   hostname "$ns"
   # keep $d reachable even if BASE lies under /tmp or /root, which get their own tmpfs below
   mkdir -p "$stage" && mount --bind "$d" "$stage" || exit 1
+  if [[ -n $SHIMS ]]; then  # before /tmp gets its own tmpfs: the checkout itself may lie under /tmp
+    mount --bind "$SHIMS" "$SHIM_MNT" && mount -o remount,bind,ro "$SHIM_MNT" || exit 1
+  fi
   mount -t tmpfs -o mode=1777,size=256m tmpfs /tmp || exit 1
   mount -t tmpfs -o mode=700,size=64m tmpfs /root || exit 1
   mount -t tmpfs -o mode=755,size=256m tmpfs /var/lib/gpuprov || exit 1
@@ -199,7 +202,6 @@ _host() {
   mount --bind "$d/hosts" /etc/hosts || exit 1
   mount --bind "$d/hostname" /etc/hostname || exit 1
   if [[ -n $SHIMS ]]; then
-    mount --bind "$SHIMS" "$SHIM_MNT" && mount -o remount,bind,ro "$SHIM_MNT" || exit 1
     mount --bind "$d/sudoers" /etc/sudoers || exit 1
   fi
   cat /proc/sys/kernel/random/uuid > "$ctl/boot_id"

@@ -65,22 +65,24 @@ class AwsProvider:
         self.owner = owner
         self.keys_dir = keys_dir
         self.poll = poll
-        self._local = threading.local()  # boto3 sessions are not thread-safe: one per thread
+        self._lock = threading.Lock()
+        self._session: Any = None
+        self._clients: dict[tuple[str, str], Any] = {}
 
     # --- plumbing ------------------------------------------------------------------------
 
     def _client(self, service: str, region: str) -> Any:
-        cache = self._local.__dict__.setdefault("clients", {})
+        # boto3 clients are thread-safe, sessions are not: build clients under a lock, then share them
         key = (service, region)
-        if key not in cache:
-            session = self._local.__dict__.get("session")
-            if session is None:
-                session = self._local.session = boto3.session.Session()
-            retries = {"mode": os.environ.get("AWS_RETRY_MODE", "standard"),
-                       "max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS", "5"))}
-            cache[key] = session.client(service, region_name=region,
-                                        config=Config(retries=retries, connect_timeout=10, read_timeout=60))  # type: ignore[arg-type]
-        return cache[key]
+        with self._lock:
+            if key not in self._clients:
+                if self._session is None:
+                    self._session = boto3.session.Session()
+                retries = {"mode": os.environ.get("AWS_RETRY_MODE", "standard"),
+                           "max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS", "5"))}
+                config = Config(retries=retries, connect_timeout=10, read_timeout=60)  # type: ignore[arg-type]
+                self._clients[key] = self._session.client(service, region_name=region, config=config)
+            return self._clients[key]
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         """Run one AWS call; turn credential and permission problems into a clear stop."""
@@ -174,17 +176,27 @@ class AwsProvider:
         return "gpuprov-" + "".join(c if c.isalnum() or c in "-_." else "-" for c in self.owner)
 
     def _ensure_key_pair(self, region: str) -> tuple[str, str]:
+        """Import this user's key for the region once. Serialised across threads and processes
+        (a file lock), since concurrent `up`s would otherwise race to import or replace it."""
+        import fcntl
+
+        folder = self.keys_dir / region
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with (folder / ".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            private, public = self._key_files(region)
+            return self._import_key(region, private, public)
+
+    def _import_key(self, region: str, private: Path, public: str) -> tuple[str, str]:
         ec2 = self._client("ec2", region)
-        private, public = self._key_files(region)
         name = self.key_name()
-        known = self.store.resources(None, region=region, kind="key-pair")
         try:
             existing = self._call("DescribeKeyPairs", lambda: ec2.describe_key_pairs(KeyNames=[name]))["KeyPairs"]
         except ClientError as exc:
             if _code(exc) != "InvalidKeyPair.NotFound":
                 raise
             existing = []
-        if existing and known:
+        if existing and self.store.resources(None, region=region, kind="key-pair"):
             return name, str(private)
         if existing:  # ours by name, but from a lost local state: replace it with the local key
             self._call("DeleteKeyPair", lambda: ec2.delete_key_pair(KeyName=name))

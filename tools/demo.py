@@ -1,0 +1,86 @@
+"""`make demo`: a user's whole day against an embedded local AWS endpoint and a local SSH host.
+
+Offline first (gpus, plan, an impossible stack refused). Then, as root: a moto server stands in
+for EC2 and one real OpenSSH server (in a network namespace, with shimmed GPU tools) stands at
+the address moto gives the instance, so `up --spot`, `status`, `check` and `down` run for real.
+With AWS credentials and no AWS_ENDPOINT_URL, the same commands talk to real AWS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def show(env: dict[str, str], *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    print(f"\n\033[1m$ gpuprov {' '.join(args)}\033[0m", flush=True)
+    result = subprocess.run([sys.executable, "-m", "gpuprov", *args], env=env, text=True, capture_output=True)
+    print(result.stdout, end="")
+    print(result.stderr, end="", file=sys.stderr)
+    if ok and result.returncode != 0:
+        sys.exit(f"demo: `gpuprov {args[0]}` failed with exit code {result.returncode}")
+    if not ok:
+        print(f"(exit code {result.returncode}: refused before anything was created)")
+    return result
+
+
+def offline(env: dict[str, str]) -> None:
+    show(env, "gpus")
+    show(env, "plan", "--gpu", "A100", "--spot")
+    show(env, "plan", "--gpu", "V100", "--torch-cuda", "cu130", ok=False)
+
+
+def lifecycle(env: dict[str, str], work: Path) -> None:
+    from tests.aws.fixture import AwsEndpoint
+    from tests.hosts.fixture import HostPool
+
+    print("\n\033[1mstarting a local AWS endpoint (moto) and one SSH host with a Tesla T4 (shimmed tools)…\033[0m")
+    with AwsEndpoint(workdir=work / "aws") as aws, HostPool(
+        1, work / "hosts", shims_dir=ROOT / "tests" / "shims", offset=3, prefix="gpd", bridge="gpdbr0",
+        subnet="10.240.0", host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"},
+    ) as pool:
+        if pool.mode != "netns":
+            print("network namespaces are not available: skipping the launched-node part")
+            return
+        aws.reset()
+        pool.exec_in(0, "echo 'export GPUPROV_SHIM_GPU=T4' > /var/lib/gpuprov-shim/env", check=True)
+        env = {**env, **aws.env()}
+        keys = Path(env["GPUPROV_HOME"]) / "keys" / "us-east-1"
+        keys.mkdir(parents=True)  # the local host trusts this key, as cloud-init would on EC2
+        shutil.copy(pool.key_path, keys / "id_ed25519")
+        shutil.copy(f"{pool.key_path}.pub", keys / "id_ed25519.pub")
+        subnet = aws.subnet_for_hosts("10.240.0.0/24", "us-east-1a")
+        show(env, "up", "demo", "--gpu", "T4", "--spot", "--subnet", subnet, "--connect", "private",
+             "--ssh-user", "root", "--ssh-cidr", "10.240.0.1/32", "--os", "ubuntu-22.04", "--python", "3.11", "--yes")
+        show(env, "status")
+        show(env, "check", "demo")
+        show(env, "down", "demo", "--yes")
+        left = {k: v for k, v in aws.leftovers().items() if v}
+        print(f"\nresources tagged gpuprov:node left in the endpoint: {json.dumps(left) if left else 'none'}")
+
+
+def main() -> None:
+    work = Path(tempfile.mkdtemp(prefix="gpuprov-demo-"))
+    env = {**os.environ, "GPUPROV_HOME": str(work / "home"), "HOME": str(work / "user"), "GPUPROV_POLL_SECONDS": "0.2",
+           "COLUMNS": os.environ.get("COLUMNS", "120")}
+    (work / "user").mkdir()
+    try:
+        offline(env)
+        if os.geteuid() == 0:
+            lifecycle(env, work)
+        else:
+            print("\n(the launched-node part needs root for its local SSH host: run `sudo make demo`)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
