@@ -252,3 +252,44 @@ def test_concurrent_ups_share_one_key_pair_and_both_land(aws, env):
     assert sorted(n["name"] for n in json.loads(gp(env, "status", "--json").stdout)) == ["c0", "c1", "c2"]
     assert gp(env, "down", "--all", "--yes").returncode == 0
     nothing_left(aws)
+
+
+def test_status_refresh_shows_an_interrupted_spot_node_with_ec2_reason(aws, env):
+    assert gp(env, *up_args("sp", "--gpu", "T4", "--spot", "--no-bootstrap")).returncode == 0
+    (inst,) = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]]
+    aws.ec2().terminate_instances(InstanceIds=[inst["InstanceId"]])  # stands in for a spot interruption
+    aws.ec2().describe_instances()  # moto moves shutting-down -> terminated on the next describe
+    (node,) = json.loads(gp(env, "status", "--refresh", "--json").stdout)
+    assert node["state"] == "interrupted" and node["state_reason"]
+    human = gp(env, "status")
+    assert "interrupted" in human.stdout
+    assert gp(env, "down", "sp", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_gc_lists_without_yes_and_deletes_with_it(aws, env):
+    assert gp(env, *up_args("keep", "--gpu", "T4", "--no-bootstrap")).returncode == 0
+    # a resource tagged as ours that no local node owns (another machine's lost state, say)
+    ec2 = aws.ec2()
+    owner = next(t["Value"] for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]
+                 for t in i["Tags"] if t["Key"] == "gpuprov:owner")
+    stray = ec2.create_security_group(GroupName="stray", Description="x", TagSpecifications=[{
+        "ResourceType": "security-group",
+        "Tags": [{"Key": "gpuprov:node", "Value": "ghost"}, {"Key": "gpuprov:owner", "Value": owner}]}])["GroupId"]
+    listed = gp(env, "gc")
+    assert listed.returncode == 0 and stray in listed.stdout and "--yes" in listed.stdout
+    assert "keep" not in listed.stdout  # a live node's resources are not orphans
+    assert stray in aws.leftovers()["security_groups"]
+    assert gp(env, "gc", "--yes").returncode == 0
+    assert stray not in aws.leftovers()["security_groups"]
+    assert json.loads(gp(env, "status", "--json").stdout)[0]["state"] == "ready"
+    assert gp(env, "down", "keep", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_gpu_not_offered_where_asked_creates_nothing(aws, env):
+    subnet = aws.subnet_for_hosts("10.221.0.0/24", "us-east-1e")  # p4d.24xlarge is offered in 1a-1d only
+    result = gp(env, *up_args("nope", "--gpu", "A100:8", "--subnet", subnet, "--no-bootstrap"))
+    assert result.returncode == 2 and "us-east-1e" in result.stderr
+    assert not aws.log("RunInstances") and not aws.log("CreateSecurityGroup")
+    nothing_left(aws)

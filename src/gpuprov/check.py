@@ -49,8 +49,11 @@ def _expectation(target: Target, gpu: str | None, manifest: dict[str, object] | 
     torch = stack.get("torch") if isinstance(stack, dict) else None
     wanted = target.gpu or gpu or (plan.get("gpu") if isinstance(plan, dict) else None)
     name = catalog.load().gpu(catalog.parse_gpu_request(str(wanted))[0]).name if wanted else None
+    instance_type = plan.get("instance_type") if isinstance(plan, dict) else None
+    # a launched node should show every GPU its instance type has; elsewhere, every GPU on the PCI bus
+    count = catalog.load().instance_type(str(instance_type)).gpus if instance_type else pci_count
     return Expectation(
-        gpu=name, gpu_count=pci_count, torch=isinstance(torch, dict),
+        gpu=name, gpu_count=count, torch=isinstance(torch, dict),
         torch_cuda=str(torch["cuda"]) if isinstance(torch, dict) else None,
     )
 
