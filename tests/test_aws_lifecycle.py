@@ -226,7 +226,12 @@ def test_sigkill_at_every_checkpoint_leaves_nothing_after_down_or_gc(aws, env, c
     aws.faults({"action": checkpoint, "hold": True, "times": 1})
 
     def kill(proc: subprocess.Popen) -> None:
-        aws.wait_held(1, timeout=60)  # the cloud has done the work; the answer never arrives
+        deadline = time.monotonic() + 60
+        while not any(r["held"] for r in aws.rules()):  # the cloud has done the work; the answer never arrives
+            if proc.poll() is not None:
+                pytest.fail(f"`up` ended before reaching {checkpoint}: {proc.communicate()}")
+            assert time.monotonic() < deadline, f"{checkpoint} never reached"
+            time.sleep(0.02)
         proc.send_signal(signal.SIGKILL)
 
     _crash_then_clean(aws, env, f"crash-{checkpoint.lower()[:12]}", kill, cleanup)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the system packages the test-suite drives for real (sshd, sudo, ip, shellcheck),
+# Installs the system packages the test-suite drives for real (sshd, sudo, ip, shellcheck, rsync),
 # when they are missing and we can: as root with apt-get. Otherwise says what is missing.
 set -euo pipefail
 missing=()
@@ -7,6 +7,7 @@ missing=()
 command -v sudo >/dev/null || missing+=(sudo)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v shellcheck >/dev/null || missing+=(shellcheck)
+command -v rsync >/dev/null || missing+=(rsync)
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
   echo "installing system packages: ${missing[*]}"

@@ -107,4 +107,4 @@ def parse_gpu_request(text: str) -> tuple[str, int]:
 @cache
 def load() -> Catalog:
     with data_file("catalog.yaml").open() as f:
-        return Catalog.model_validate(yaml.safe_load(f))
+        return Catalog.model_validate(yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))

@@ -66,6 +66,20 @@ def stack_options(func: F) -> F:
         click.option("--region", default="us-east-1", show_default=True, help="AWS region."),
         click.option("--instance-type", default=None, help="Force an instance type instead of the cheapest that fits."),
         pin_options,
+        guard_options,
+    ])
+
+
+def guard_options(func: F) -> F:
+    """Guardrails installed on the node (plan, render, up): idle autostop, hard TTL, spot hook."""
+    return _apply(func, [
+        click.option("--autostop", default=None, metavar="DURATION",
+                     help="Power off after this long idle (GPUs under 10%, nobody logged in): 30m, 2h, 1h30m."),
+        click.option("--ttl", default=None, metavar="DURATION",
+                     help="Power off this long after the bootstrap starts, whatever happens: 8h, 1d."),
+        click.option("--on-interrupt", default=None, metavar="CMD",
+                     help="Command the node runs once on a spot interruption notice (2 minutes ahead); "
+                          "overrides the playbook's on_interrupt."),
     ])
 
 
@@ -94,10 +108,13 @@ def _pins(kw: dict[str, Any]) -> StackPins:
 
 def _make_plan(kw: dict[str, Any]) -> Plan:
     from gpuprov.plan import NodeRequest, make_plan
+    from gpuprov.spec import parse_duration
 
     request = NodeRequest(
         gpu=kw["gpu"], count=kw["count"], spot=kw["spot"], region=kw["region"], playbook=kw["playbook"],
         os=kw["os_name"] or "ubuntu-24.04", pins=_pins(kw), instance_type=kw["instance_type"],
+        autostop_seconds=parse_duration(kw["autostop"], "--autostop"), ttl_seconds=parse_duration(kw["ttl"], "--ttl"),
+        on_interrupt=kw["on_interrupt"] or None,
     )
     return make_plan(request)
 
@@ -493,3 +510,362 @@ def _live_prices(cat: Any, region: str, as_json: bool) -> None:
              "saving_pct": round((1 - p.price / od) * 100, 1) if od else None} for p, od in rows], indent=2))
         return
     _console().print(live_prices_table(rows, region))
+
+
+# --- guardrails -------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("name")
+@click.argument("duration", metavar="DURATION|off")
+@_handle_errors
+def autostop(name: str, duration: str) -> None:
+    """Change a running node's idle autostop: `gpuprov autostop NAME 2h`, or `off`.
+
+    Rewrites /etc/gpuprov/autostop.conf on the node over SSH (the node powers itself off after
+    that long with every GPU idle and nobody logged in) and records the setting locally.
+    """
+    from gpuprov import lifecycle
+    from gpuprov.paths import known_hosts_path
+    from gpuprov.remote import HostSettings
+    from gpuprov.spec import parse_duration
+
+    seconds = parse_duration(duration, "DURATION")
+    store, _provider = _store_and_provider()
+    store.node(name)  # an unknown name fails here, naming the known ones
+    target = _node_target(name)
+    if target is None:
+        raise click.UsageError(f"{name} has no address to reach (is it running? `gpuprov status --refresh`)")
+    lifecycle.set_autostop(name, seconds, store, target, HostSettings(known_hosts=known_hosts_path(), connect_timeout=15),
+                           _say(_console()))
+
+
+# --- access: ssh, exec, tunnel, jupyter, sync, monitor ----------------------------------------
+
+
+class _DashDashCommand(click.Command):
+    """A command whose words after `--` are a remote command, kept out of click's parsing
+    (in ctx.meta["gpuprov.argv"])."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["gpuprov.argv"] = list(args[cut + 1:])
+            args = args[:cut]
+        else:
+            ctx.meta["gpuprov.argv"] = []
+        return super().parse_args(ctx, args)
+
+
+def _reach_options(accept_new: bool) -> Callable[[F], F]:
+    """How to reach one or more hosts (the access commands)."""
+    opts: list[Callable[[F], F]] = [
+        click.option("-i", "--identity", default=None, help="Private key file (else the node's, ~/.ssh/config, ssh's defaults)."),
+        click.option("--ssh-config", default=None, type=click.Path(dir_okay=False), help="ssh config file [~/.ssh/config]."),
+        click.option("--connect-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for SSH."),
+    ]
+    if accept_new:
+        opts.append(click.option("--accept-new-host-key", is_flag=True,
+                                 help="Trust and pin the key of a host seen for the first time; a changed key is refused."))
+    return lambda func: _apply(func, opts)
+
+
+def _reach(hosts: tuple[str, ...], inventory: str | None, kw: dict[str, Any]) -> tuple[list[Any], Any]:
+    targets = _targets({"hosts": hosts, "inventory": inventory})
+    settings = _settings({"accept_new_host_key": kw.get("accept_new_host_key", False), **kw})
+    return targets, settings
+
+
+def _one(host: str, kw: dict[str, Any]) -> tuple[Any, Any]:
+    targets, settings = _reach((host,), None, kw)
+    return targets[0], settings
+
+
+def _warn_unpinned(target: Any, settings: Any) -> None:
+    from gpuprov import access
+
+    if access.is_pinned(target, settings) is False:
+        click.secho(access.pin_hint(target, access.known_hosts_for(target, settings)), fg="yellow", err=True)
+
+
+def _need_tool(name: str, package: str) -> None:
+    import shutil
+
+    if shutil.which(name) is None:
+        raise GpuprovError(f"no `{name}` on PATH; install {package}")
+
+
+@main.command("ssh", cls=_DashDashCommand)
+@click.argument("host", metavar="NODE|[USER@]HOST[:PORT] [-- CMD...]")
+@_reach_options(accept_new=False)
+@_handle_errors
+def ssh_cmd(host: str, **kw: Any) -> None:
+    """A shell on a node or host through the system ssh, its host key pinned (`-- CMD` runs CMD).
+
+    \b
+    gpuprov ssh my-node                 # interactive shell
+    gpuprov ssh my-node -- nvidia-smi   # run a command; exits with its exit code
+    Keys are checked against the node's (or gpuprov's) known_hosts with StrictHostKeyChecking=yes;
+    pin a new host once with `gpuprov exec --accept-new-host-key HOST -- true`.
+    """
+    import os
+
+    from gpuprov import access
+
+    _need_tool("ssh", "the OpenSSH client (openssh-client)")
+    target, settings = _one(host, kw)
+    _warn_unpinned(target, settings)
+    argv = access.ssh_argv(target, settings, click.get_current_context().meta["gpuprov.argv"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp(argv[0], argv)
+
+
+@main.command("exec", cls=_DashDashCommand)
+@click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]... -- CMD...")
+@click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump).")
+@_reach_options(accept_new=True)
+@click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, help="Hosts worked on at once.")
+@click.option("--sudo", is_flag=True, help="Run the command as root (sudo -n) where the login user is not root.")
+@click.option("--timeout", type=float, default=None, help="Seconds before the command is given up on each host.")
+@click.option("--no-prefix", is_flag=True, help="Print the hosts' lines as they are, without `HOST | `.")
+@_handle_errors
+def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo: bool, timeout: float | None,
+             no_prefix: bool, **kw: Any) -> None:
+    """Run a command on one or many hosts at once, streaming each line prefixed by its host.
+
+    \b
+    gpuprov exec node-a node-b -- nvidia-smi -L
+    Like ssh, the words after -- are joined by spaces for the remote shell. Exit code: the host's
+    own for one host; for several, 0 when all succeeded, else the first failure's; 255 when a
+    host cannot be reached (or its key is not pinned).
+    """
+    import threading
+
+    from gpuprov import access
+
+    words = click.get_current_context().meta["gpuprov.argv"]
+    if not words:
+        raise click.UsageError("give the command after --, e.g. gpuprov exec node-a node-b -- nvidia-smi -L")
+    targets, settings = _reach(hosts, inventory, kw)
+    width = max(len(t.name) for t in targets)
+    lock = threading.Lock()
+
+    def emit(target: Any, stream: str, line: str) -> None:
+        text = line if no_prefix else f"{target.name:<{width}} | {line}"
+        with lock:
+            click.echo(text, err=stream == "err")
+
+    results = access.exec_many(targets, settings, " ".join(words), emit, parallel=parallel, sudo=sudo, timeout=timeout)
+    for r in results:
+        if r.error:
+            click.secho(f"{r.target.name:<{width}} | error: {r.error}", fg="red", err=True)
+    if len(results) > 1:
+        failed = [r for r in results if r.exit_code != 0]
+        codes = ", ".join(f"{r.target.name}: exit {r.exit_code}" for r in failed)
+        click.echo(f"{len(results) - len(failed)}/{len(results)} hosts ok" + (f"; {codes}" if codes else ""), err=True)
+    sys.exit(access.combined_exit_code(results))
+
+
+def _forward_until_stopped(remote: Any, spec: Any, announce: Callable[[int], str]) -> None:
+    """Forward until Ctrl-C or SIGTERM (exit 0), or until the SSH connection drops (exit 255)."""
+    import signal
+    import time
+
+    from gpuprov import access
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    forward = access.LocalForward(remote, spec, on_error=lambda text: click.secho(f"warning: {text}", fg="yellow", err=True))
+    port = forward.start()
+    click.echo(announce(port))
+    click.echo(f"forwarding 127.0.0.1:{port} -> {spec.remote_host}:{spec.remote_port} on {remote.target.name}; "
+               "Ctrl-C to stop", err=True)
+    try:
+        while forward.alive:
+            time.sleep(0.5)
+        click.secho(f"error: the SSH connection to {remote.target.name} was lost", fg="red", err=True)
+        code = 255
+    except KeyboardInterrupt:
+        code = 0
+    finally:
+        forward.stop()
+        remote.close()
+    sys.exit(code)
+
+
+def _open(target: Any, settings: Any) -> Any:
+    from gpuprov.remote import Remote
+
+    remote = Remote(target, settings)
+    remote.open()
+    return remote
+
+
+@main.command()
+@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]")
+@click.argument("ports", metavar="LOCAL[:REMOTE]")
+@_reach_options(accept_new=True)
+@_handle_errors
+def tunnel(host: str, ports: str, **kw: Any) -> None:
+    """Forward a local port to a port on the host (SSH local forwarding) until Ctrl-C.
+
+    \b
+    gpuprov tunnel my-node 8000          # 127.0.0.1:8000 -> the node's 127.0.0.1:8000
+    gpuprov tunnel my-node 9000:8000     # a different local port
+    gpuprov tunnel my-node 0:6006        # any free local port (printed)
+    Listens on 127.0.0.1 only; prints the local URL.
+    """
+    from gpuprov import access
+
+    spec = access.parse_forward(ports)
+    target, settings = _one(host, kw)
+    _forward_until_stopped(_open(target, settings), spec, lambda port: f"http://127.0.0.1:{port}/")
+
+
+@main.command()
+@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]")
+@click.option("--port", type=click.IntRange(0, 65535), default=8888, show_default=True,
+              help="Local port (0: any free one).")
+@click.option("--remote-port", type=click.IntRange(1, 65535), default=8888, show_default=True,
+              help="JupyterLab's port on the host.")
+@_reach_options(accept_new=True)
+@_handle_errors
+def jupyter(host: str, port: int, remote_port: int, **kw: Any) -> None:
+    """Open a node's JupyterLab through an SSH tunnel and print its URL with the token.
+
+    For hosts set up with a `jupyter: true` playbook (e.g. bootstrap -p jupyter): reads the token
+    over SSH, forwards 127.0.0.1:PORT to it, prints http://127.0.0.1:PORT/lab?token=... and keeps
+    the tunnel open until Ctrl-C."""
+    from gpuprov import access
+
+    target, settings = _one(host, kw)
+    remote = _open(target, settings)
+    try:
+        token = access.read_jupyter_token(remote)
+    except BaseException:
+        remote.close()
+        raise
+    spec = access.ForwardSpec(port, "127.0.0.1", remote_port)
+    _forward_until_stopped(remote, spec, lambda local: access.jupyter_url(local, token))
+
+
+@main.command()
+@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]")
+@click.argument("src")
+@click.argument("dst")
+@_reach_options(accept_new=False)
+@click.option("--delete", is_flag=True, help="Delete files on the receiving side that the sending side lacks.")
+@click.option("--progress/--no-progress", default=None, help="Show transfer progress [default: on a terminal].")
+@_handle_errors
+def sync(host: str, src: str, dst: str, delete: bool, progress: bool | None, **kw: Any) -> None:
+    """Copy files to or from a host with rsync over the same pinned SSH settings.
+
+    \b
+    gpuprov sync my-node ./data my-node:data      # upload (rsync -a; a trailing / copies contents)
+    gpuprov sync my-node my-node:runs/ ./runs/    # download
+    `HOST:PATH` (or just `:PATH`) marks the remote side; relative paths are in the login's home.
+    """
+    import subprocess
+
+    from gpuprov import access
+
+    _need_tool("rsync", "rsync (here and on the host)")
+    plan = access.split_sync(host, src, dst)
+    target, settings = _one(host, kw)
+    _warn_unpinned(target, settings)
+    show = sys.stdout.isatty() if progress is None else progress
+    code = subprocess.call(access.rsync_argv(target, settings, plan, progress=show, delete=delete))
+    if code != 0:
+        click.secho(f"error: rsync exited {code}", fg="red", err=True)
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]...")
+@click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump).")
+@_reach_options(accept_new=True)
+@click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, help="Hosts sampled at once.")
+@click.option("--interval", type=click.FloatRange(0.2), default=2.0, show_default=True, help="Seconds between samples.")
+@click.option("--once", is_flag=True, help="One sample, then exit (exit 1 when a host could not be sampled).")
+@click.option("--json", "as_json", is_flag=True, help="JSON: one array per sample (with --once, one document).")
+@_handle_errors
+def monitor(hosts: tuple[str, ...], inventory: str | None, parallel: int, interval: float, once: bool, as_json: bool,
+            **kw: Any) -> None:
+    """Live GPU utilisation, memory, temperature and power of several hosts (like `watch nvidia-smi`)."""
+    import time
+
+    from gpuprov import access
+    from gpuprov.report import monitor_table
+
+    targets, settings = _reach(hosts, inventory, kw)
+    mon = access.Monitor(targets, settings, parallel=parallel)
+
+    def as_data(samples: list[Any]) -> list[dict[str, Any]]:
+        return [{"host": s.target.name, "ok": s.ok, "error": s.error, "time": round(s.at, 3),
+                 "gpus": [g.model_dump(mode="json") for g in s.gpus]} for s in samples]
+
+    try:
+        if once:
+            samples = mon.sample()
+            if as_json:
+                click.echo(json.dumps(as_data(samples), indent=2))
+            else:
+                _console().print(monitor_table(samples))
+            sys.exit(0 if all(s.ok for s in samples) else 1)
+        if as_json:
+            while True:
+                start = time.monotonic()
+                click.echo(json.dumps(as_data(mon.sample())))
+                time.sleep(max(0.0, interval - (time.monotonic() - start)))
+        from rich.live import Live
+
+        console = _console()
+        with Live(monitor_table(mon.sample(), interval), console=console, auto_refresh=False) as live:
+            while True:
+                start = time.monotonic()
+                time.sleep(max(0.0, interval - (time.monotonic() - start)))
+                live.update(monitor_table(mon.sample(), interval), refresh=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        mon.close()
+
+
+# --- diagnosis --------------------------------------------------------------------------------
+
+
+@main.command()
+@ssh_options
+@click.option("--env", "env_path", default="/opt/gpuprov/env", show_default=True, help="Python env whose torch to check.")
+@click.option("--min-free-gb", type=float, default=10.0, show_default=True,
+              help="Warn when / or the env's filesystem has less free space than this.")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings (and the facts behind them) as JSON.")
+@_handle_errors
+def doctor(env_path: str, min_free_gb: float, as_json: bool, **kw: Any) -> None:
+    """Find why a host's GPU stack is broken: each finding names the cause and the fix.
+
+    One command per host (as root) gathers the facts: OS, GPUs on the PCI bus, nouveau, kernel
+    headers, the apt lock, the driver package and its hold, Secure Boot, the kernel module,
+    nvidia-smi, Fabric Manager on NVSwitch hosts, nvidia-persistenced, /dev/nvidia*, torch's CUDA
+    build against the driver, free disk. Findings run from root cause to symptom; passes show as ok.
+    Exit code 0 when no host has a failure (warnings allowed).
+    """
+    from gpuprov.doctor import doctor as run_doctor
+    from gpuprov.report import doctor_tables
+
+    results = run_doctor(_targets(kw), _settings(kw), env_path=env_path, min_free_gb=min_free_gb, parallel=kw["parallel"])
+    if as_json:
+        click.echo(json.dumps([
+            {"host": r.target.name, "ok": r.ok, "unreachable": r.unreachable, "error": r.error,
+             "seconds": round(r.seconds, 2),
+             "findings": [c.model_dump(mode="json") for c in r.report.findings] if r.report else None,
+             "facts": r.report.facts.model_dump(mode="json") if r.report else None} for r in results
+        ], indent=2))
+    else:
+        console = _console()
+        for renderable in doctor_tables(results):
+            console.print(renderable)
+    sys.exit(0 if all(r.ok for r in results) else 1)

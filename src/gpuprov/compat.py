@@ -78,7 +78,7 @@ class StackFacts(BaseModel):
 @cache
 def facts() -> StackFacts:
     with data_file("stack.yaml").open() as f:
-        return StackFacts.model_validate(yaml.safe_load(f))
+        return StackFacts.model_validate(yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
 
 
 # --- inputs and outputs ------------------------------------------------------------------------

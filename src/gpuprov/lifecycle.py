@@ -19,11 +19,16 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.plan import Plan
 from gpuprov.providers.base import SHARED, CloudResource, Instance, LaunchError, LaunchRequest, Market, Provider
 from gpuprov.state import Node, Store
+
+if TYPE_CHECKING:
+    from gpuprov.inventory import Target
+    from gpuprov.remote import HostSettings
 
 Say = Callable[[str], None]
 
@@ -149,6 +154,10 @@ def _quota_error(attempt: Attempt, plan: Plan, provider: Provider, region: str) 
 def up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> UpResult:
     region = plan.request.region
     name = check_name(opts.name)
+    asked = plan.guards.autostop_seconds is not None or plan.guards.ttl_seconds is not None or plan.guards.on_interrupt
+    if asked and not opts.bootstrap:  # the spot watcher alone is implied by --spot: it is simply not installed
+        raise UserInputError("--no-bootstrap", "--autostop, --ttl and --on-interrupt are installed by the bootstrap",
+                             "drop --no-bootstrap, or drop those options")
     if store.find_node(name) and store.node(name).live:
         raise UserInputError("NAME", f"a node called {name!r} already exists", f"pick another name, or `gpuprov down {name}`")
     cidr = ssh_cidr(opts.ssh_cidr)
@@ -164,7 +173,8 @@ def up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) 
     market = "spot" if plan.request.spot else "on-demand"
     store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,
                       market=market, owner=owner(), plan_json=_plan_json(plan), ssh_user=opts.ssh_user,
-                      pid=os.getpid(), host=socket.gethostname())
+                      pid=os.getpid(), host=socket.gethostname(), autostop_seconds=plan.guards.autostop_seconds,
+                      ttl_seconds=plan.guards.ttl_seconds, on_interrupt=plan.guards.on_interrupt)
     store.event(name, "up", f"launching {plan.count}× {plan.gpu.name if plan.gpu else ''} in {region}")
     try:
         return _launch_and_bootstrap(plan, opts, provider, store, say, order, image, vpc, cidr)
@@ -216,7 +226,9 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
     store.update_node(name, state="running", address=address, zone=instance.zone)
     result = UpResult(store.node(name), instance, address, attempts)
     if opts.bootstrap:
-        store.update_node(name, state="bootstrapping")
+        # the guard steps run first, so the node's TTL deadline is a few seconds after this one
+        ttl = plan.guards.ttl_seconds
+        store.update_node(name, state="bootstrapping", ttl_deadline=time.time() + ttl if ttl is not None else None)
         result.bootstrap = _bootstrap(plan, opts, access.key_path, address, say)
     store.update_node(name, state="ready", ready_at=time.time())
     from gpuprov import sshconfig
@@ -326,6 +338,41 @@ def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -
             from gpuprov import sshconfig
 
             sshconfig.remove_node(node.name)
+
+
+def set_autostop(name: str, seconds: int | None, store: Store, target: Target, settings: HostSettings, say: Say) -> str:
+    """Change a running node's autostop window (None: off) over SSH, then record it locally.
+
+    Runs the same `autostop` step the bootstrap runs, rendered with the new window: it rewrites
+    /etc/gpuprov/autostop.conf and enables or disables gpuprov-autostop.timer. Returns its result.
+    """
+    import shlex
+
+    from gpuprov.plan import autostop_script
+    from gpuprov.remote import Remote
+
+    node = store.node(name)
+    if node.state not in ("ready", "running", "bootstrapping"):
+        raise UserInputError("NAME", f"{name} is {node.state}", "autostop changes a running node")
+    script = autostop_script(seconds)
+    path = f"/tmp/gpuprov-autostop-{uuid.uuid4().hex[:12]}.sh"
+    remote = Remote(target, settings)
+    remote.open()
+    try:
+        remote.put_bytes(script.text.encode(), path)
+        result = remote.run(f"bash {shlex.quote(path)}; rc=$?; rm -f {shlex.quote(path)}; exit $rc", sudo=True)
+    finally:
+        remote.close()
+    lines = result.stdout.strip().splitlines()
+    if not result.ok or not lines or not lines[-1].startswith("GPUPROV_RESULT="):
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise GpuprovError(f"{name}: the autostop step failed (exit {result.exited}): {tail}")
+    store.update_node(name, autostop_seconds=seconds)
+    from gpuprov.spec import format_duration
+
+    store.event(name, "autostop", f"autostop {format_duration(seconds)}")
+    say(f"{name}: autostop {'off' if seconds is None else 'after ' + format_duration(seconds) + ' idle'}")
+    return lines[-1].split("=", 1)[1]
 
 
 def refresh(store: Store, provider: Provider) -> list[Node]:

@@ -15,8 +15,35 @@ from gpuprov import catalog, compat
 from gpuprov.catalog import Gpu, InstanceType
 from gpuprov.compat import Stack, StackPins
 from gpuprov.errors import UserInputError
-from gpuprov.render import Bundle, StepPlan, render_steps
-from gpuprov.spec import Playbook, load_playbook
+from gpuprov.render import Bundle, Script, StepPlan, render_steps
+from gpuprov.spec import Playbook, format_duration, load_playbook
+
+DEFAULT_METADATA_URL = "http://169.254.169.254"
+
+
+class Guards(BaseModel):
+    """Guardrails installed on the node itself, so they hold when the client is gone.
+
+    autostop: shut down after this many seconds with every GPU below `idle_threshold_pct` and no
+    SSH session. ttl: shut down this many seconds after the guard step first ran. interrupt:
+    poll IMDSv2 for a spot interruption notice and run `on_interrupt` once per notice.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    autostop_seconds: int | None = None
+    idle_threshold_pct: int = 10
+    ttl_seconds: int | None = None
+    interrupt_watch: bool = False
+    on_interrupt: str | None = None
+    metadata_url: str = DEFAULT_METADATA_URL
+
+    @property
+    def any(self) -> bool:
+        return self.autostop_seconds is not None or self.ttl_seconds is not None or self.interrupt_watch
+
+
+NO_GUARDS = Guards()
 
 
 class NodeRequest(BaseModel):
@@ -32,6 +59,9 @@ class NodeRequest(BaseModel):
     os: str = "ubuntu-24.04"
     pins: StackPins = StackPins()
     instance_type: str | None = None
+    autostop_seconds: int | None = None  # --autostop (seconds idle), None: off
+    ttl_seconds: int | None = None  # --ttl, None: no deadline
+    on_interrupt: str | None = None  # --on-interrupt (wins over the playbook's on_interrupt)
 
 
 @dataclass(frozen=True)
@@ -44,6 +74,7 @@ class Plan:
     playbook: Playbook
     stack: Stack | None
     steps: tuple[StepPlan, ...]
+    guards: Guards = NO_GUARDS
 
     @property
     def price_usd_hour(self) -> float | None:
@@ -77,6 +108,7 @@ class Plan:
             "os": self.request.os,
             "stack": self.stack.model_dump(mode="json") if self.stack else None,
             "steps": [{"name": s.name, "kind": s.kind, "summary": s.summary} for s in self.steps],
+            "guards": self.guards.model_dump(mode="json"),
             "unverified": list(self.unverified),
         }
 
@@ -101,8 +133,54 @@ def choose_instances(gpu: Gpu, count: int, instance_type: str | None = None) -> 
     return tuple(sorted(fits, key=lambda it: (it.price_usd_hour is None, it.price_usd_hour or 0.0, it.gpus)))
 
 
-def steps_for(playbook: Playbook, stack: Stack | None, python: str = "3.12") -> tuple[StepPlan, ...]:
-    steps: list[StepPlan] = []
+def guards_for(request: NodeRequest, playbook: Playbook) -> Guards:
+    """The guard settings from flags and the playbook (the flag's hook wins over the playbook's)."""
+    hook = request.on_interrupt or playbook.on_interrupt
+    return Guards(autostop_seconds=request.autostop_seconds, ttl_seconds=request.ttl_seconds,
+                  interrupt_watch=bool(request.spot or hook), on_interrupt=hook)
+
+
+def guard_steps(guards: Guards) -> list[StepPlan]:
+    """The guard steps, first in the plan: they protect the bill even while the bootstrap runs."""
+    steps = []
+    if guards.autostop_seconds is not None:
+        steps.append(autostop_step(guards))
+    if guards.ttl_seconds is not None:
+        steps.append(StepPlan(
+            "ttl", "guard_ttl.sh.j2", "guard",
+            f"hard deadline: shut down {format_duration(guards.ttl_seconds)} after this step first runs "
+            "(gpuprov-ttl.timer, survives reboots)", (("guards", guards),),
+        ))
+    if guards.interrupt_watch:
+        hook = "runs the on-interrupt hook once" if guards.on_interrupt else "logs it (no on-interrupt hook)"
+        steps.append(StepPlan(
+            "spot-interrupt", "guard_interrupt.sh.j2", "guard",
+            f"watch IMDSv2 spot/instance-action every 5s; on a notice {hook} (gpuprov-interrupt.service)",
+            (("guards", guards),),
+        ))
+    return steps
+
+
+def autostop_step(guards: Guards) -> StepPlan:
+    if guards.autostop_seconds is None:
+        what = "autostop off (gpuprov-autostop.timer disabled)"
+    else:
+        what = (f"shut down after {format_duration(guards.autostop_seconds)} idle: every GPU under "
+                f"{guards.idle_threshold_pct}% and no SSH session (gpuprov-autostop.timer, every minute)")
+    return StepPlan("autostop", "guard_autostop.sh.j2", "guard", what, (("guards", guards),))
+
+
+def autostop_script(seconds: int | None, idle_threshold_pct: int = 10) -> Script:
+    """The autostop step alone (what `gpuprov autostop NAME 2h|off` runs on a live node)."""
+    guards = Guards(autostop_seconds=seconds, idle_threshold_pct=idle_threshold_pct)
+    (script,) = render_steps((autostop_step(guards),), {}, {}).scripts
+    return script
+
+
+def steps_for(
+    playbook: Playbook, stack: Stack | None, python: str = "3.12", guards: Guards | None = None
+) -> tuple[StepPlan, ...]:
+    steps: list[StepPlan] = guard_steps(guards) if guards else []
     if stack is not None:
         steps += [
             StepPlan("kernel-headers", "headers.sh.j2", "stack", "headers for the running kernel (DKMS builds against them)"),
@@ -137,6 +215,9 @@ def steps_for(playbook: Playbook, stack: Stack | None, python: str = "3.12") -> 
         if user_step.files:
             what = (what + " and " if what else "") + f"write {len(user_step.files)} file(s)"
         steps.append(StepPlan(user_step.name, "user_step.sh.j2", "user", what, (("user_step", user_step),)))
+    if playbook.jupyter and playbook.env is not None:
+        steps.append(StepPlan("jupyter", "jupyter.sh.j2", "env",
+                              f"JupyterLab from {playbook.env.path} on 127.0.0.1:8888 with a token (gpuprov-jupyter.service)"))
     if stack is not None:
         steps.append(StepPlan("verify", "verify.sh.j2", "verify", "nvidia-smi + torch.cuda probe, a matmul on every GPU"))
     return tuple(steps)
@@ -175,8 +256,9 @@ def make_plan(request: NodeRequest) -> Plan:
     instance = candidates[0]
     playbook = load_playbook(request.playbook)
     stack = resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch)
-    steps = steps_for(playbook, stack, request.pins.python or "3.12")
-    return Plan(request, gpu, count, instance, candidates, playbook, stack, steps)
+    guards = guards_for(request, playbook)
+    steps = steps_for(playbook, stack, request.pins.python or "3.12", guards)
+    return Plan(request, gpu, count, instance, candidates, playbook, stack, steps, guards)
 
 
 def make_host_plan(
@@ -199,4 +281,6 @@ def make_host_plan(
     if gpu is None and pins.model_copy(update={"python": None}) != StackPins():
         raise UserInputError("--playbook", "driver, CUDA and torch pins need a GPU host")
     request = NodeRequest(gpu=gpu_name or "none", count=max(count, 1), playbook=playbook_name, os=os_name, pins=pins)
-    return Plan(request, gpu, count, None, (), playbook, stack, steps_for(playbook, stack, pins.python or "3.12"))
+    guards = guards_for(request, playbook)  # an existing host: only the playbook's on_interrupt applies
+    steps = steps_for(playbook, stack, pins.python or "3.12", guards)
+    return Plan(request, gpu, count, None, (), playbook, stack, steps, guards)

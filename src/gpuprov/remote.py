@@ -133,12 +133,15 @@ class Remote:
     def close(self) -> None:
         self.conn.close()
 
-    def run(self, command: str, *, sudo: bool = False, out: Sink | None = None, timeout: float | None = None) -> RunResult:
-        """Run `command` in the remote shell. A dropped connection raises ConnectionLost."""
+    def run(self, command: str, *, sudo: bool = False, out: Sink | None = None, timeout: float | None = None,
+            err: Sink | None = None) -> RunResult:
+        """Run `command` in the remote shell. A dropped connection raises ConnectionLost.
+
+        Output streams to `out` (stderr too, unless `err` is given)."""
         if sudo and not self.is_root:
             command = "sudo -n -- bash -c " + _quote(command)
         try:
-            result = self.conn.run(command, hide=True, warn=True, out_stream=out, err_stream=out, timeout=timeout)
+            result = self.conn.run(command, hide=True, warn=True, out_stream=out, err_stream=err or out, timeout=timeout)
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise ConnectionLost(f"connection lost while running {command[:60]!r}: {exc}") from None
         if result.exited == -1:

@@ -28,7 +28,7 @@ import jinja2
 from gpuprov.resources import templates_dir
 
 STATE_DIR = "/var/lib/gpuprov"
-StepKind = Literal["stack", "env", "user", "verify"]
+StepKind = Literal["stack", "env", "user", "verify", "guard"]
 
 
 @dataclass(frozen=True)

@@ -210,6 +210,12 @@ def status_rows(nodes: list[Node]) -> list[dict[str, object]]:
             "address": n.address, "price_usd_hour": n.price_usd_hour,
             "cost_so_far_usd": round(hours * n.price_usd_hour, 2) if n.price_usd_hour else None,
             "age_seconds": round(now - n.created_at),
+            "interrupted": n.state == "interrupted",
+            "autostop_seconds": n.autostop_seconds,
+            "ttl_seconds": n.ttl_seconds,
+            "ttl_deadline": n.ttl_deadline,
+            "ttl_left_seconds": max(round(n.ttl_deadline - now), 0) if n.ttl_deadline and n.live else None,
+            "on_interrupt": n.on_interrupt,
         })
     return rows
 
@@ -218,9 +224,16 @@ def status_table(nodes: list[Node]) -> Table | Text:
     if not nodes:
         return Text("no nodes; `gpuprov up --gpu L4 --spot` launches one")
     table = Table(title="nodes (cost at on-demand list price; spot bills less)", title_justify="left")
-    for col in ("name", "GPU", "type", "market", "zone", "state", "address", "$/h", "$ so far", "age"):
+    from gpuprov.spec import format_duration
+
+    for col in ("name", "GPU", "type", "market", "zone", "state", "address", "$/h", "$ so far", "age", "autostop",
+                "TTL left"):
         table.add_column(col, overflow="fold")
     for row in status_rows(nodes):
+        idle = row["autostop_seconds"]
+        left = row["ttl_left_seconds"]
+        guards = (f"{format_duration(idle)} idle" if isinstance(idle, int) else "-",
+                  format_duration(left) if isinstance(left, int) else "-")
         price = row["price_usd_hour"]
         cost = row["cost_so_far_usd"]
         state = str(row["state"]) + (f" ({row['state_reason']})" if row["state_reason"] else "")
@@ -228,7 +241,7 @@ def status_table(nodes: list[Node]) -> Table | Text:
             str(row["name"]), f"{row['gpu_count']}× {row['gpu']}", str(row["instance_type"] or "-"), str(row["market"]),
             str(row["zone"] or row["region"]), Text(state, style=_STYLE.get(str(row["state"]), "")),
             str(row["address"] or "-"), f"${price:.2f}" if isinstance(price, float) else "-",
-            f"${cost:.2f}" if isinstance(cost, float) else "-", _age(float(str(row["age_seconds"]))),
+            f"${cost:.2f}" if isinstance(cost, float) else "-", _age(float(str(row["age_seconds"]))), *guards,
         )
     return table
 
@@ -242,3 +255,75 @@ def live_prices_table(rows: list[tuple[SpotPrice, float | None]], region: str) -
         saving = f"{(1 - price.price / on_demand) * 100:.0f}%" if on_demand else "-"
         table.add_row(price.instance_type, price.zone, f"${price.price:.4f}", _price(on_demand).removesuffix("/h"), saving)
     return table
+
+
+# --- monitor -----------------------------------------------------------------------------------
+
+if TYPE_CHECKING:
+    from gpuprov.access import GpuSample
+
+
+def _bar(pct: int | None, width: int = 10) -> Text:
+    if pct is None:
+        return Text("n/a", style="dim")
+    filled = round(max(0, min(pct, 100)) / 100 * width)
+    style = "green" if pct < 50 else "yellow" if pct < 85 else "red"
+    return Text.assemble(("█" * filled, style), ("░" * (width - filled), "dim"), f" {pct:>3}%")
+
+
+def monitor_table(samples: list[GpuSample], interval: float | None = None) -> Table:
+    """One row per GPU of every host: utilisation, memory, temperature, power."""
+    when = time.strftime("%H:%M:%S", time.localtime(max((s.at for s in samples), default=time.time())))
+    every = f", every {interval:g}s (Ctrl-C to stop)" if interval else ""
+    table = Table(title=f"GPUs at {when}{every}", title_justify="left")
+    for col, justify in (("host", "left"), ("GPU", "right"), ("name", "left"), ("util", "left"), ("memory", "right"),
+                         ("temp", "right"), ("power", "right")):
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for sample in samples:
+        if sample.error is not None:
+            table.add_row(sample.target.name, "", Text(sample.error, style="red"), "", "", "", "", end_section=True)
+            continue
+        if not sample.gpus:
+            table.add_row(sample.target.name, "", Text("no GPU", style="yellow"), "", "", "", "", end_section=True)
+            continue
+        for i, gpu in enumerate(sample.gpus):
+            used, total = gpu.memory_used_mib, gpu.memory_total_mib
+            memory = f"{(used or 0) / 1024:.1f}/{total / 1024:.1f} GiB" if total else "n/a"
+            table.add_row(
+                sample.target.name if i == 0 else "", str(gpu.index), gpu.name, _bar(gpu.utilization_pct), memory,
+                f"{gpu.temperature_c} °C" if gpu.temperature_c is not None else "n/a",
+                f"{gpu.power_w:.0f} W" if gpu.power_w is not None else "n/a",
+                end_section=i == len(sample.gpus) - 1,
+            )
+    return table
+
+
+# --- doctor ------------------------------------------------------------------------------------
+
+if TYPE_CHECKING:
+    from gpuprov.doctor import DoctorResult
+
+
+def doctor_tables(results: list[DoctorResult]) -> list[Table | Text]:
+    """One table per host: every finding, root cause first, with its fix; unreachable hosts as a line."""
+    out: list[Table | Text] = []
+    for r in results:
+        if r.report is None:
+            out.append(Text(f"{r.target.name}: {'unreachable' if r.unreachable else 'failed'} — {r.error}", style="red"))
+            continue
+        rep = r.report
+        fails, warns = len(rep.failures), sum(not c.ok and c.severity == "warn" for c in rep.findings)
+        if fails:
+            verdict = f"{fails} problem(s)" + (f", {warns} warning(s)" if warns else "")
+        else:
+            verdict = f"{warns} warning(s)" if warns else "healthy"
+        table = Table(title=f"{r.target.name}: {verdict}", title_justify="left",
+                      title_style="red" if fails else "yellow" if warns else "green")
+        for col in ("finding", "result", "detail", "fix"):
+            table.add_column(col, overflow="fold")
+        for c in rep.findings:
+            mark = "ok" if c.ok else ("warn" if c.severity == "warn" else "FAIL")
+            table.add_row(c.name, Text(mark, style="green" if c.ok else "yellow" if mark == "warn" else "red"),
+                          c.detail, c.fix or "")
+        out.append(table)
+    return out

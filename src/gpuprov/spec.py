@@ -2,7 +2,8 @@
 validation error turned into one short message naming the file, line and field.
 
 A playbook is data, not code. The only fields whose text reaches a shell as a command are the
-ones named `run`; everything else is quoted by the renderer or rejected here.
+ones named `run` and `on_interrupt` (the spot-interruption hook); everything else is quoted by the
+renderer or rejected here.
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ class Playbook(_Model):
     pins: StackPins = StackPins()
     env: EnvSpec | None = EnvSpec()
     steps: tuple[StepSpec, ...] = ()
+    jupyter: bool = False  # JupyterLab from the env, on 127.0.0.1:8888 with a token, as a service
+    # A command (like `run`) the node runs once when EC2 announces a spot interruption (2 minutes ahead).
+    on_interrupt: Annotated[str | None, Field(min_length=1, max_length=65536)] = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Playbook:
@@ -100,11 +104,53 @@ class Playbook(_Model):
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
             raise ValueError(f"step names must be unique: {', '.join(sorted(dupes))}")
+        if self.jupyter and (self.env is None or "jupyter" in names):
+            raise ValueError("`jupyter: true` needs an `env` (JupyterLab goes into it) and no own step named jupyter")
         return self
 
     @property
     def installs_torch(self) -> bool:
         return self.stack == "gpu" and self.torch and self.env is not None
+
+
+# --- durations (--autostop, --ttl) --------------------------------------------------------------
+
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+MIN_DURATION_S = 60  # the guard timers tick once a minute
+MAX_DURATION_S = 90 * 86400
+
+
+def parse_duration(text: str | None, flag: str, *, allow_off: bool = True) -> int | None:
+    """'30m', '2h', '1h30m', '1d', '90s' -> seconds; 'off' (or None) -> None. Anything else is a
+    UserInputError naming `flag` (exit 2)."""
+    if text is None:
+        return None
+    value = text.strip().lower()
+    if value in ("off", "none", "no") and allow_off:
+        return None
+    match = _DURATION.fullmatch(value)
+    if not value or not match or not any(match.groups()):
+        raise UserInputError(flag, f"{text!r} is not a duration",
+                             "e.g. 30m, 2h, 1h30m, 1d" + (", or off" if allow_off else ""))
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    total = days * 86400 + hours * 3600 + minutes * 60 + seconds
+    if total < MIN_DURATION_S or total > MAX_DURATION_S:
+        raise UserInputError(flag, f"{text!r} is out of range", "between 1m and 90d")
+    return total
+
+
+def format_duration(seconds: float | None) -> str:
+    """3600 -> '1h', 5400 -> '1h30m', 45 -> '45s'; None -> 'off'."""
+    if seconds is None:
+        return "off"
+    total = max(int(seconds), 0)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{v}{u}" for v, u in ((days, "d"), (hours, "h"), (minutes, "m")) if v]
+    if secs and not days and not hours:
+        parts.append(f"{secs}s")
+    return "".join(parts) or "0s"
 
 
 # --- loading with line numbers -----------------------------------------------------------------

@@ -45,7 +45,11 @@ CREATE TABLE IF NOT EXISTS nodes (
     host TEXT,
     created_at REAL NOT NULL,
     ready_at REAL,
-    ended_at REAL
+    ended_at REAL,
+    autostop_seconds INTEGER,
+    ttl_seconds INTEGER,
+    ttl_deadline REAL,
+    on_interrupt TEXT
 );
 CREATE TABLE IF NOT EXISTS resources (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -67,6 +71,9 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS resources_node ON resources(node);
 """
+# Columns added after the first release: (name, type), added to an older state file on open.
+_NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER"), ("ttl_deadline", "REAL"),
+                       ("on_interrupt", "TEXT"))
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,10 @@ class Node:
     created_at: float
     ready_at: float | None
     ended_at: float | None
+    autostop_seconds: int | None = None  # the node's autostop idle window; None: off
+    ttl_seconds: int | None = None
+    ttl_deadline: float | None = None  # epoch seconds (the node keeps its own, a few seconds later)
+    on_interrupt: str | None = None
 
     @property
     def live(self) -> bool:
@@ -148,6 +159,15 @@ class Store:
         try:
             db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer; set once, kept in the file
             db.executescript(_SCHEMA)  # idempotent (IF NOT EXISTS); executescript manages its own transaction
+            have = {row[1] for row in db.execute("PRAGMA table_info(nodes)")}
+            for column, kind in _NODE_COLUMNS_ADDED:
+                if column not in have:
+                    try:
+                        db.execute(f"ALTER TABLE nodes ADD COLUMN {column} {kind}")
+                    except sqlite3.OperationalError as exc:  # another process added it first
+                        if "duplicate column" not in str(exc):
+                            raise
+            db.commit()
         finally:
             db.close()
         path.chmod(0o600)

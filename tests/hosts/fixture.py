@@ -235,7 +235,8 @@ class HostPool:
                 self._read_hosts_txt()
                 return
             if r.returncode != 3 or self._want == "netns":
-                self._script_down()
+                if r.returncode != 4:  # 4: the namespaces belong to another run, never tear those down
+                    self._script_down()
                 raise RuntimeError(f"testhosts.sh up failed (rc {r.returncode}): {r.stderr.strip()}")
             self.fallback_reason = r.stderr.strip()
         self.mode = "loopback"

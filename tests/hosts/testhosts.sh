@@ -86,7 +86,10 @@ up() {
     exit 3
   fi
   ip netns del "$probe"
-  [[ -z $(our_namespaces) ]] || die "namespaces ${PREFIX}* already exist; run 'testhosts.sh down' first"
+  if [[ -n $(our_namespaces) ]]; then  # another run's hosts: exit 4 so the caller leaves them alone
+    echo "testhosts: namespaces ${PREFIX}* already exist (another test run?); run 'testhosts.sh down' first" >&2
+    exit 4
+  fi
 
   BASE=$(readlink -f "$BASE"); mkdir -p "$BASE"; chmod 755 "$BASE"
   [[ -z $SHIMS ]] || SHIMS=$(readlink -f "$SHIMS")

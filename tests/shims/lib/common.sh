@@ -6,6 +6,7 @@
 #   installed     one line per installed package: "name version"
 #   held          apt-mark holds, one name a line
 #   enabled/      systemd units enabled (one empty file per unit)
+#   who           sessions the `who` shim prints (one `who` line each)
 # Volatile (cleared by a reboot):              ${GPUPROV_SHIM_RUN:-/run/gpuprov-shim}
 #   driver-installed-this-boot   written when the driver package is installed; while it exists
 #                                the kernel module is not loaded (nvidia-smi fails like the real

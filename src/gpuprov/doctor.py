@@ -1,0 +1,629 @@
+"""`gpuprov doctor`: walk the usual causes of a broken GPU stack on a host; name each cause and its fix.
+
+Built like pyinfra facts: ONE shell command (run as root) prints marked sections (`## name`
+lines, each section closed by `@rc N` or `@missing` when its tool is absent); `parse_facts` turns
+the text into typed `DoctorFacts`; `diagnose` turns facts into findings (`verify.Check`), ordered
+from root cause to symptom. Parsing and rules are pure, so they are tested on recorded outputs
+(tests/fixtures/doctor/). Findings that pass are kept, so the user sees what was checked.
+
+Paths the test hosts keep under a sysroot (os-release, dpkg locks, /dev/nvidia*, the env) are
+prefixed with `${GPUPROV_SYSROOT:-}`, the same convention as the rendered scripts (empty on real hosts).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
+
+from gpuprov.check import DEFAULT_ENV
+from gpuprov.detect import NVSWITCH_PCI_IDS
+from gpuprov.errors import GpuprovError
+from gpuprov.fanout import run_parallel
+from gpuprov.inventory import Target
+from gpuprov.remote import HostSettings, Remote, Unreachable
+from gpuprov.verify import Check, parse_summary
+
+SUPPORTED_OS = ("ubuntu-22.04", "ubuntu-24.04")
+DEFAULT_MIN_FREE_GB = 10.0  # a torch CUDA wheel and its nvidia-* libraries take several GB
+DRIVER_PACKAGES = re.compile(r"^(nvidia-open|cuda-drivers|nvidia-driver-\d+(-server)?(-open)?|nvidia-driver)$")
+FM_PACKAGES = re.compile(r"^(nvidia-fabricmanager(-\d+)?|cuda-drivers-fabricmanager(-\d+)?)$")
+LOCKS = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock", "/var/lib/apt/lists/lock")
+UNITS = ("nvidia-persistenced", "nvidia-fabricmanager")
+_TORCH_SNIPPET = 'import torch; print("version", torch.__version__); print("cuda", torch.version.cuda)'
+
+
+def facts_command(env_path: str = DEFAULT_ENV) -> str:
+    """The one shell command (POSIX sh, run as root) that prints every section `parse_facts` reads."""
+    env = shlex.quote(env_path)
+    torch = shlex.quote(_TORCH_SNIPPET)
+    locks = " ".join(f'"$R"{shlex.quote(p)}' for p in LOCKS)
+    units = " ".join(UNITS)
+    lines = [
+        'R="${GPUPROV_SYSROOT:-}"',
+        "have() { command -v \"$1\" >/dev/null 2>&1; }",
+        # a hung GPU can hang nvidia-smi (and torch's import): bound them
+        'tmo() { s="$1"; shift; if have timeout; then timeout "$s" "$@"; else "$@"; fi; }',
+        # sec NAME CMD...: a section with CMD's output (stderr too) and exit status, or @missing
+        'sec() { echo "## $1"; shift; if have "$1"; then "$@" 2>&1; echo "@rc $?"; else echo "@missing"; fi; }',
+        'quiet() { echo "## $1"; shift; if have "$1"; then "$@" 2>/dev/null; echo "@rc $?"; else echo "@missing"; fi; }',
+        'echo "## os"; f="$R/etc/os-release"; [ -r "$f" ] || f=/etc/os-release; '
+        '( . "$f" 2>/dev/null && echo "$ID-$VERSION_ID" && echo "$PRETTY_NAME" )',
+        'echo "## kernel"; uname -r',
+        "sec lspci lspci -nn -d 10de:",
+        "sec lsmod lsmod",
+        "quiet dpkg dpkg-query -W -f='${db:Status-Abbrev}\\t${Package}\\t${Version}\\n'",
+        "quiet held apt-mark showhold",
+        "quiet modinfo-version modinfo -F version nvidia",
+        "quiet modinfo-signer modinfo -F signer nvidia",
+        'echo "## loaded-version"; cat /proc/driver/nvidia/version 2>/dev/null',
+        "sec dkms dkms status",
+        "sec secureboot mokutil --sb-state",
+        "sec nvidia-smi tmo 60 nvidia-smi",
+        f'echo "## units"; for u in {units}; do '
+        'printf "%s %s %s\\n" "$u" "$(systemctl is-active "$u" 2>/dev/null | head -n1)" '
+        '"$(systemctl is-enabled "$u" 2>/dev/null | head -n1)"; done',
+        'echo "## dev"; ls -1d "$R"/dev/nvidia* 2>/dev/null',
+        f"sec lock fuser {locks}",
+        "quiet apt-procs pgrep -a -x 'unattended-upgr|apt|apt-get|dpkg|aptd'",
+        f'echo "## torch"; py="$R"{env}/bin/python; '
+        f'if [ -x "$py" ]; then o="$(tmo 120 "$py" -c {torch} 2>&1)"; rc=$?; printf "%s\\n" "$o" | tail -n 5; '
+        'echo "@rc $rc"; else echo "@missing"; fi',
+        f'p="$R"{env}; while [ ! -e "$p" ]; do p="$(dirname "$p")"; done',
+        'echo "## df"; df -P -k / "$p" 2>/dev/null; echo "## df-paths"; echo /; echo "$p"',
+        'echo "## end"',
+    ]
+    return "\n".join(lines)
+
+
+# --- facts ------------------------------------------------------------------------------------
+
+
+class DoctorError(GpuprovError):
+    """The doctor's facts could not be read."""
+
+
+class Section(BaseModel):
+    lines: list[str] = Field(default_factory=list)
+    rc: int | None = None
+    missing: bool = False  # the tool is not installed
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+class Unit(BaseModel):
+    active: str  # "active", "inactive", "failed", "" (no such unit)
+    enabled: str  # "enabled", "disabled", "" (no such unit)
+
+
+class TorchFacts(BaseModel):
+    found: bool  # the env's python exists
+    version: str | None = None
+    cuda: str | None = None  # torch.version.cuda; None for a CPU build
+    error: str | None = None
+
+
+class DiskFree(BaseModel):
+    path: str  # the path asked about
+    mount: str
+    avail_gib: float
+
+
+class DoctorFacts(BaseModel):
+    env_path: str = DEFAULT_ENV
+    os: str | None = None  # "ubuntu-22.04"
+    os_pretty: str | None = None
+    kernel: str | None = None
+    pci: list[str] | None = None  # NVIDIA devices on the PCI bus; None: lspci missing
+    modules: list[str] | None = None  # loaded kernel modules; None: lsmod missing
+    packages: dict[str, str] | None = None  # installed package -> version; None: no dpkg
+    held: list[str] = Field(default_factory=list)
+    module_version: str | None = None  # the installed nvidia.ko (modinfo)
+    module_signer: str | None = None
+    loaded_version: str | None = None  # the loaded module (/proc/driver/nvidia/version)
+    dkms: list[str] | None = None  # `dkms status` lines; None: dkms missing
+    secure_boot: bool | None = None  # None: unknown (mokutil missing, no EFI)
+    secure_boot_text: str | None = None
+    smi_rc: int | None = None  # None: not run (missing)
+    smi_output: str = ""
+    driver_version: str | None = None  # from nvidia-smi
+    cuda_version: str | None = None  # the highest CUDA the driver supports (nvidia-smi)
+    units: dict[str, Unit] = Field(default_factory=dict)
+    dev_nodes: list[str] = Field(default_factory=list)
+    lock_checked: bool = False  # fuser was there to ask
+    lock_holders: list[str] = Field(default_factory=list)  # "/var/lib/dpkg/lock-frontend: 1234"
+    apt_processes: list[str] = Field(default_factory=list)  # "1234 /usr/bin/python3 /usr/bin/unattended-upgrade"
+    torch: TorchFacts | None = None
+    disk: list[DiskFree] = Field(default_factory=list)
+
+    @property
+    def pci_gpus(self) -> list[str]:
+        return [line for line in self.pci or [] if _pci_id(line) not in NVSWITCH_PCI_IDS
+                and re.search(r"(3D|VGA|Display) controller", line)]
+
+    @property
+    def nvswitches(self) -> list[str]:
+        return [line for line in self.pci or [] if _pci_id(line) in NVSWITCH_PCI_IDS]
+
+    @property
+    def driver_packages(self) -> dict[str, str]:
+        return {n: v for n, v in (self.packages or {}).items() if DRIVER_PACKAGES.match(n)}
+
+    @property
+    def fm_packages(self) -> dict[str, str]:
+        return {n: v for n, v in (self.packages or {}).items() if FM_PACKAGES.match(n)}
+
+    def module_loaded(self, name: str) -> bool | None:
+        return None if self.modules is None else name in self.modules
+
+
+def _pci_id(line: str) -> str | None:
+    m = re.search(r"\[10de:([0-9a-fA-F]{4})\]", line)
+    return m.group(1).lower() if m else None
+
+
+def split_sections(output: str) -> dict[str, Section]:
+    sections: dict[str, Section] = {}
+    current: Section | None = None
+    for raw in output.splitlines():
+        line = raw.rstrip()
+        if line.startswith("## "):
+            current = sections.setdefault(line[3:].strip(), Section())
+        elif current is None:
+            continue
+        elif line == "@missing":
+            current.missing = True
+        elif m := re.fullmatch(r"@rc (\d+)", line):
+            current.rc = int(m.group(1))
+        elif line.strip():
+            current.lines.append(line)
+    return sections
+
+
+def _upstream(version: str) -> str:
+    """'580.95.05-1' or '580.95.05-0ubuntu1' -> '580.95.05' (the Debian revision dropped)."""
+    return version.split(":", 1)[-1].rsplit("-", 1)[0] if "-" in version else version.split(":", 1)[-1]
+
+
+def parse_facts(output: str, env_path: str = DEFAULT_ENV) -> DoctorFacts:
+    """Typed facts from the output of `facts_command()`; every section may be empty or missing."""
+    s = split_sections(output)
+    if "end" not in s:
+        raise DoctorError("the doctor's fact command was cut off (no end marker)")
+    empty = Section()
+    f = DoctorFacts(env_path=env_path)
+    os_lines = s.get("os", empty).lines
+    if os_lines and (m := re.fullmatch(r"(\w+)-\"?([\d.]+)\"?", os_lines[0].strip())):
+        f.os = f"{m.group(1)}-{m.group(2)}"
+    f.os_pretty = os_lines[1].strip() if len(os_lines) > 1 else (os_lines[0].strip() if os_lines else None)
+    kernel = s.get("kernel", empty).lines
+    f.kernel = kernel[0].strip() if kernel else None
+
+    lspci = s.get("lspci", empty)
+    f.pci = None if lspci.missing else [line.strip() for line in lspci.lines if "[10de:" in line]
+    lsmod = s.get("lsmod", empty)
+    if not lsmod.missing and lsmod.rc == 0:
+        f.modules = [line.split()[0] for line in lsmod.lines[1:] if line.split()]
+
+    dpkg = s.get("dpkg", empty)
+    if not dpkg.missing:
+        f.packages = {}
+        for line in dpkg.lines:
+            parts = line.split("\t")
+            # ${db:Status-Abbrev}: want/status/error flags; "ii " installed, "hi " installed + held
+            if len(parts) >= 3 and len(parts[0]) >= 2 and parts[0][1] == "i":
+                f.packages[parts[1].strip()] = parts[2].strip()
+                if parts[0][0] == "h":
+                    f.held.append(parts[1].strip())
+    f.held += [line.strip() for line in s.get("held", empty).lines if line.strip() and line.strip() not in f.held]
+    mv = s.get("modinfo-version", empty)
+    f.module_version = mv.lines[0].strip() if mv.rc == 0 and mv.lines else None
+    signer = s.get("modinfo-signer", empty)
+    f.module_signer = signer.lines[0].strip() if signer.rc == 0 and signer.lines else None
+    loaded = s.get("loaded-version", empty).text
+    if m := re.search(r"Kernel Module(?: for \S+)?\s+([\d.]+)", loaded):
+        f.loaded_version = m.group(1)
+    dkms = s.get("dkms", empty)
+    f.dkms = None if dkms.missing else [line.strip() for line in dkms.lines]
+
+    sb = s.get("secureboot", empty)
+    if not sb.missing and sb.lines:
+        f.secure_boot_text = sb.lines[0].strip()
+        low = sb.text.lower()
+        f.secure_boot = True if "secureboot enabled" in low else False if "secureboot disabled" in low else None
+
+    smi = s.get("nvidia-smi", empty)
+    if not smi.missing:
+        f.smi_rc, f.smi_output = smi.rc, smi.text
+        if smi.rc == 0:
+            f.driver_version, f.cuda_version = parse_summary(smi.text)
+        elif m := re.search(r"NVML library version:\s*([\d.]+)", smi.text):
+            f.driver_version = m.group(1)  # the userspace side of a mismatch
+
+    for line in s.get("units", empty).lines:
+        parts = line.split()
+        if parts:
+            f.units[parts[0]] = Unit(active=parts[1] if len(parts) > 1 else "", enabled=parts[2] if len(parts) > 2 else "")
+    f.dev_nodes = [line.strip() for line in s.get("dev", empty).lines]
+
+    lock = s.get("lock", empty)
+    f.lock_checked = not lock.missing
+    # fuser prints "PATH:" on stderr and " PID..." on stdout; both land on one line here
+    f.lock_holders = [" ".join(line.split()) for line in lock.lines if re.search(r":\s*\d+", line)]
+    f.apt_processes = [line.strip() for line in s.get("apt-procs", empty).lines]
+
+    torch = s.get("torch", empty)
+    if "torch" in s:
+        if torch.missing:
+            f.torch = TorchFacts(found=False)
+        else:
+            values = dict(line.split(" ", 1) for line in torch.lines if line.startswith(("version ", "cuda ")))
+            if torch.rc == 0 and "version" in values:
+                cuda = values.get("cuda", "None").strip()
+                f.torch = TorchFacts(found=True, version=values["version"].strip(), cuda=None if cuda == "None" else cuda)
+            else:
+                why = torch.lines[-1].strip() if torch.lines else f"exit {torch.rc}"
+                f.torch = TorchFacts(found=True, error=why)
+
+    paths = s.get("df-paths", empty).lines
+    for i, line in enumerate(s.get("df", empty).lines[1:]):
+        parts = line.split()
+        # POSIX df -P -k: Filesystem 1024-blocks Used Available Capacity Mounted-on
+        if len(parts) >= 6 and parts[3].isdigit():
+            path = paths[i] if i < len(paths) else parts[-1]
+            f.disk.append(DiskFree(path=path, mount=" ".join(parts[5:]), avail_gib=int(parts[3]) / 1024 / 1024))
+    return f
+
+
+# --- rules ------------------------------------------------------------------------------------
+
+
+def _v(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text))
+
+
+def _ok(name: str, detail: str) -> Check:
+    return Check(name=name, ok=True, detail=detail)
+
+
+def _fail(name: str, detail: str, fix: str, severity: str = "fail") -> Check:
+    return Check(name=name, ok=False, detail=detail, fix=fix, severity="warn" if severity == "warn" else "fail")
+
+
+def diagnose(facts: DoctorFacts, host: str = "HOST", min_free_gb: float = DEFAULT_MIN_FREE_GB) -> list[Check]:
+    """Findings for one host, root cause first, symptoms after; passes included as ok."""
+    f = facts
+    out: list[Check] = []
+    bootstrap = f"gpuprov bootstrap {host}"
+
+    # the platform
+    if f.os in SUPPORTED_OS:
+        out.append(_ok("os", f"{f.os_pretty or f.os}"))
+    else:
+        out.append(_fail("os", f"{f.os_pretty or f.os or 'unknown OS'} is not one gpuprov supports "
+                         f"({', '.join(SUPPORTED_OS)})",
+                         "use an Ubuntu 22.04 or 24.04 image; elsewhere the apt-based checks and fixes may not apply",
+                         "warn"))
+    gpus = f.pci_gpus
+    if f.pci is None:
+        out.append(_fail("gpu on pci bus", "lspci is not installed, the PCI bus was not checked",
+                         "apt-get install -y pciutils", "warn"))
+    elif gpus:
+        out.append(_ok("gpu on pci bus", f"{len(gpus)} NVIDIA GPU(s): {_pci_name(gpus[0])}"
+                       + (f"; {len(f.nvswitches)} NVSwitch" if f.nvswitches else "")))
+    else:
+        out.append(_fail("gpu on pci bus", "no NVIDIA GPU on the PCI bus (lspci -nn -d 10de:)",
+                         "use a GPU instance type (g4dn, g5, g6, p4d, p5…); on a GPU instance, stop and start it "
+                         "(a GPU that fell off the bus needs new hardware)"))
+
+    # what blocks apt (and therefore every fix below)
+    if f.lock_holders:
+        procs = f"; running: {'; '.join(f.apt_processes[:3])}" if f.apt_processes else ""
+        out.append(_fail("apt lock", f"the dpkg/apt lock is held ({'; '.join(f.lock_holders)}){procs}",
+                         "wait for it to finish (`systemctl status unattended-upgrades`, `tail -f "
+                         "/var/log/unattended-upgrades/unattended-upgrades.log`); gpuprov bootstrap waits up to 15 min",
+                         "warn"))
+    elif not f.lock_checked and f.apt_processes:
+        out.append(_fail("apt lock", f"apt/dpkg is running ({'; '.join(f.apt_processes[:3])}); fuser is missing, "
+                         "the lock itself was not checked", "wait for it to finish (`apt-get install psmisc` for fuser)",
+                         "warn"))
+    elif f.lock_checked:
+        out.append(_ok("apt lock", "free"))
+
+    # the kernel side
+    if f.module_loaded("nouveau"):
+        out.append(_fail("nouveau", "the nouveau driver is loaded and holds the GPU; the NVIDIA module cannot bind",
+                         "printf 'blacklist nouveau\\noptions nouveau modeset=0\\n' > "
+                         "/etc/modprobe.d/blacklist-nouveau.conf && update-initramfs -u && reboot"))
+    elif f.modules is not None:
+        out.append(_ok("nouveau", "not loaded"))
+
+    module_loaded = f.module_loaded("nvidia")
+    smi_works = f.smi_rc == 0
+    dpkg = f.packages is not None
+    headers_pkg = f"linux-headers-{f.kernel}" if f.kernel else None
+    headers_missing = bool(dpkg and headers_pkg and headers_pkg not in (f.packages or {}))
+    if dpkg and headers_pkg:
+        if not headers_missing:
+            out.append(_ok("kernel headers", f"{headers_pkg} installed"))
+        else:
+            # with the module loaded it only bites at the next kernel update (DKMS cannot rebuild)
+            out.append(_fail("kernel headers", f"{headers_pkg} is not installed: DKMS cannot build the NVIDIA module "
+                             "for the running kernel", f"apt-get install -y {headers_pkg} (gpuprov bootstrap does it first)",
+                             "warn" if module_loaded or smi_works else "fail"))
+
+    drivers = f.driver_packages
+    installed = bool(drivers) or f.module_version is not None or smi_works or f.smi_rc not in (None, 127)
+    if drivers:
+        out.append(_ok("driver package", ", ".join(f"{n} {v}" for n, v in sorted(drivers.items()))))
+    elif installed:
+        out.append(_ok("driver package", "no driver package, but the module is installed (runfile install?)"
+                       + (f" {f.module_version}" if f.module_version else "")))
+    else:
+        out.append(_fail("driver package", "the NVIDIA driver is not installed (no nvidia-open / cuda-drivers / "
+                         "nvidia-driver-* package, no nvidia module, no nvidia-smi)",
+                         f"run `{bootstrap}` (headers, the driver from NVIDIA's repo, held, then a reboot)"))
+    if drivers:
+        unheld = sorted(n for n in drivers if n not in f.held)
+        if unheld:
+            out.append(_fail("driver hold", f"{', '.join(unheld)} not held: unattended-upgrades can upgrade the userspace "
+                             "under the loaded module (\"Driver/library version mismatch\")",
+                             f"apt-mark hold {' '.join(unheld)}", "warn"))
+        else:
+            out.append(_ok("driver hold", f"held: {', '.join(sorted(drivers))}"))
+
+    if installed:
+        out.extend(_module_checks(f, headers_missing, headers_pkg))
+        out.append(_smi_check(f, module_loaded))
+        if f.nvswitches:
+            out.extend(_fabric_manager_checks(f, bootstrap))
+        unit = f.units.get("nvidia-persistenced")
+        if unit is not None:
+            if unit.active != "active" and unit.enabled == "enabled" and module_loaded is False:
+                out.append(_ok("persistence daemon", "nvidia-persistenced enabled; it starts once the nvidia module loads"))
+            elif unit.active == "active":
+                out.append(_ok("persistence daemon", "nvidia-persistenced active"
+                               + ("" if unit.enabled == "enabled" else f" ({unit.enabled or 'not enabled'} at boot)")))
+            else:
+                out.append(_fail("persistence daemon", f"nvidia-persistenced is {unit.active or 'not running'}: each CUDA "
+                                 "program pays the driver's init time, and settings reset when no program runs",
+                                 "systemctl enable --now nvidia-persistenced", "warn"))
+        if f.dev_nodes:
+            out.append(_ok("device nodes", f"{len(f.dev_nodes)}: {', '.join(n.rsplit('/', 1)[-1] for n in f.dev_nodes[:4])}"
+                           + ("…" if len(f.dev_nodes) > 4 else "")))
+        elif smi_works or module_loaded:
+            out.append(_fail("device nodes", "no /dev/nvidia* nodes: non-root CUDA programs fail",
+                             "run `sudo nvidia-smi` once, or systemctl enable --now nvidia-persistenced"))
+
+    out.extend(_torch_checks(f))
+    out.extend(_disk_checks(f, min_free_gb))
+    return out
+
+
+def _pci_name(line: str) -> str:
+    m = re.search(r"NVIDIA Corporation (.+?) \[10de:", line)
+    return m.group(1) if m else line
+
+
+def _module_checks(f: DoctorFacts, headers_missing: bool, headers_pkg: str | None) -> list[Check]:
+    out: list[Check] = []
+    loaded = f.module_loaded("nvidia")
+    blocked_by_sb = bool(f.secure_boot and not loaded)
+    if f.secure_boot is None:
+        out.append(_ok("secure boot", f.secure_boot_text or "unknown (mokutil not installed)"))
+    elif not f.secure_boot:
+        out.append(_ok("secure boot", "disabled"))
+    elif not blocked_by_sb:
+        out.append(_ok("secure boot", "enabled; the nvidia module is loaded, so its signature is accepted"))
+    else:
+        unsigned = not f.module_signer
+        out.append(_fail(
+            "secure boot",
+            "Secure Boot is enabled and the nvidia module is " + ("unsigned" if unsigned else f"signed by {f.module_signer!r}")
+            + ": the kernel refuses a module whose key is not enrolled",
+            "enroll the DKMS signing key: `mokutil --import /var/lib/shim-signed/mok/MOK.der`, reboot and confirm it in "
+            "the MOK manager (console); or disable Secure Boot in the firmware / instance settings",
+        ))
+    if f.dkms is not None and not loaded and f.kernel:
+        built = [line for line in f.dkms if line.startswith("nvidia") and f.kernel in line and "installed" in line]
+        if built:
+            out.append(_ok("dkms", built[0]))
+        else:
+            seen = "; ".join(line for line in f.dkms if line.startswith("nvidia")) or "no nvidia module in `dkms status`"
+            out.append(_fail("dkms", f"the nvidia module is not built for the running kernel {f.kernel} ({seen})",
+                             (f"apt-get install -y {headers_pkg}, then " if headers_missing else "")
+                             + f"`dkms autoinstall -k {f.kernel}` (or `apt-get install -f`) and reboot"))
+    if loaded is None:
+        return out
+    if loaded:
+        version = f.loaded_version or f.module_version
+        out.append(_ok("kernel module", "nvidia loaded" + (f" ({version})" if version else "")))
+    elif f.module_loaded("nouveau"):
+        out.append(_fail("kernel module", "the nvidia module is installed but not loaded (nouveau holds the GPU)",
+                         "see `nouveau` above"))
+    elif blocked_by_sb:
+        out.append(_fail("kernel module", "the nvidia module is installed but not loaded", "see `secure boot` above"))
+    elif headers_missing:
+        out.append(_fail("kernel module", "the nvidia module is installed but not loaded",
+                         f"apt-get install -y {headers_pkg} && apt-get install -f (DKMS builds the module), then reboot"))
+    else:
+        out.append(_fail("kernel module", "the nvidia module is installed but not loaded (a fresh install loads after a "
+                         "reboot)", "reboot; if it still is not loaded: `modprobe nvidia` and read `dmesg | grep -i nvrm`"))
+    return out
+
+
+def _smi_check(f: DoctorFacts, module_loaded: bool | None) -> Check:
+    if f.smi_rc is None:
+        return _fail("nvidia-smi", "nvidia-smi is not installed", "reinstall the driver package (rerun gpuprov bootstrap)")
+    if f.smi_rc == 0:
+        return _ok("nvidia-smi", f"driver {f.driver_version}, supports CUDA ≤ {f.cuda_version}")
+    low = f.smi_output.lower()
+    first = next((line.strip() for line in f.smi_output.splitlines() if line.strip()), f"exit {f.smi_rc}")
+    if "version mismatch" in low:
+        loaded = f" (loaded module {f.loaded_version}, userspace {f.driver_version})" if f.loaded_version else ""
+        return _fail("nvidia-smi", f"Driver/library version mismatch{loaded}: the driver's userspace was upgraded but the "
+                     "old kernel module is still loaded",
+                     "reboot the host; then hold the driver packages (apt-mark hold) so unattended-upgrades can't repeat it")
+    if "couldn't communicate" in low or "communicate with the nvidia driver" in low:
+        fix = "see `kernel module` above" if module_loaded is False else \
+            "check `dkms status`, headers for `uname -r` and Secure Boot, then reboot"
+        return _fail("nvidia-smi", "couldn't communicate with the NVIDIA driver: the kernel module is not loaded", fix)
+    if "no devices were found" in low:
+        return _fail("nvidia-smi", "No devices were found: the driver sees no GPU",
+                     "check `lspci -d 10de:` and `dmesg | grep -i -e nvrm -e xid`; reboot; replace the instance if a "
+                     "GPU fell off the bus")
+    if f.smi_rc == 127 or "not found" in low:
+        return _fail("nvidia-smi", "nvidia-smi is not installed", "reinstall the driver package (rerun gpuprov bootstrap)")
+    if f.smi_rc == 124:
+        return _fail("nvidia-smi", "nvidia-smi hung for 60 s", "check `dmesg | grep -i xid` for a GPU fault; reboot")
+    return _fail("nvidia-smi", first[:200], "read `dmesg | grep -i nvrm`; reboot")
+
+
+def _fabric_manager_checks(f: DoctorFacts, bootstrap: str) -> list[Check]:
+    from gpuprov.compat import facts
+
+    driver = f.driver_version or f.loaded_version or f.module_version
+    branch = driver.split(".")[0] if driver else None
+    # NVIDIA's repo drops the branch from the package name from R590 on (gpu-stack-facts §2e)
+    if branch and int(branch) >= facts().unversioned_package_names_from:
+        package = "nvidia-fabricmanager"
+    else:
+        package = f"nvidia-fabricmanager-{branch or '<branch>'}"
+    fm = f.fm_packages
+    symptom = "CUDA fails with error 802 \"system not yet initialized\""
+    at = f" at exactly {driver}" if driver else " at the driver's exact version"
+    install = (f"install {package}{at} (`apt-cache madison {package}`, then "
+               f"`apt-get install {package}=<that version>`), `apt-mark hold` it, "
+               f"`systemctl enable --now nvidia-fabricmanager`; or rerun `{bootstrap}`")
+    if not fm:
+        return [_fail("fabric manager", f"{len(f.nvswitches)} NVSwitch on the bus but nvidia-fabricmanager is not "
+                      f"installed: {symptom}", install)]
+    name, version = sorted(fm.items())[0]
+    out: list[Check] = []
+    if driver and _upstream(version) != driver:
+        out.append(_fail("fabric manager", f"{name} {version} does not match driver {driver} (it must match exactly, "
+                         f"patch included): the service refuses to start, {symptom}", install))
+    else:
+        out.append(_ok("fabric manager", f"{name} {version}" + (f" matches driver {driver}" if driver else "")))
+    unit = f.units.get("nvidia-fabricmanager", Unit(active="", enabled=""))
+    if unit.active == "active":
+        out.append(_ok("fabric manager service", "active" + ("" if unit.enabled == "enabled" else
+                                                              f" ({unit.enabled or 'not enabled'} at boot)")))
+    else:
+        out.append(_fail("fabric manager service", f"nvidia-fabricmanager is {unit.active or 'not running'}: {symptom}",
+                         "systemctl enable --now nvidia-fabricmanager; if it fails: `journalctl -u nvidia-fabricmanager` "
+                         "(a version mismatch with the driver is the usual cause)"))
+    return out
+
+
+def _torch_checks(f: DoctorFacts) -> list[Check]:
+    t = f.torch
+    if t is None or not t.found:
+        return [_ok("torch", f"no Python env at {f.env_path}; nothing to compare")]
+    if t.error or t.version is None:
+        return [_fail("torch", f"torch does not import in {f.env_path}: {t.error}",
+                      "rerun `gpuprov bootstrap --force` (pytorch step)", "warn")]
+    if t.cuda is None:
+        return [_ok("torch", f"torch {t.version} is a CPU build; no CUDA to compare")]
+    head = f"torch {t.version} built for CUDA {t.cuda}"
+    if not f.cuda_version:
+        return [_ok("torch", f"{head}; the driver's CUDA version is unknown (nvidia-smi failed), not compared")]
+    if _v(t.cuda)[:2] > _v(f.cuda_version)[:2]:
+        from gpuprov.compat import facts
+
+        minimum = facts().cuda_min_driver.get(".".join(t.cuda.split(".")[:2]))
+        need = f" to ≥ {minimum.driver}" if minimum else ""
+        return [_fail("torch vs driver", f"{head}, but driver {f.driver_version} supports CUDA ≤ {f.cuda_version}: "
+                      "torch.cuda.is_available() is False",
+                      f"upgrade the driver{need} (gpuprov bootstrap --driver …), or install a torch wheel for CUDA ≤ "
+                      f"{f.cuda_version} (--torch-cuda cu{''.join(f.cuda_version.split('.')[:2])})")]
+    return [_ok("torch vs driver", f"{head}; driver supports CUDA ≤ {f.cuda_version}")]
+
+
+def _disk_checks(f: DoctorFacts, min_free_gb: float) -> list[Check]:
+    out: list[Check] = []
+    seen: set[str] = set()
+    for d in f.disk:
+        if d.mount in seen:
+            continue
+        seen.add(d.mount)
+        what = f"{d.avail_gib:.1f} GiB free on {d.mount}" + (f" (for {d.path})" if d.path not in ("/", d.mount) else "")
+        if d.avail_gib < min_free_gb:
+            out.append(_fail("disk", f"only {what}; torch CUDA wheels and their libraries take several GB",
+                             "free space (apt-get clean; uv cache clean) or grow the volume", "warn"))
+        else:
+            out.append(_ok("disk", what))
+    return out
+
+
+# --- running ----------------------------------------------------------------------------------
+
+
+class DoctorReport(BaseModel):
+    host: str
+    facts: DoctorFacts
+    findings: list[Check] = Field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok or c.severity == "warn" for c in self.findings)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.findings if not c.ok and c.severity == "fail"]
+
+
+@dataclass
+class DoctorResult:
+    target: Target
+    report: DoctorReport | None
+    error: str | None = None
+    unreachable: bool = False
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.report is not None and self.report.ok
+
+
+def examine(host: str, output: str, env_path: str = DEFAULT_ENV, min_free_gb: float = DEFAULT_MIN_FREE_GB,
+            address: str | None = None) -> DoctorReport:
+    """The pure part: a host's fact-command output -> its report. `address`: how fixes name the host."""
+    facts = parse_facts(output, env_path)
+    return DoctorReport(host=host, facts=facts, findings=diagnose(facts, address or host, min_free_gb))
+
+
+def _address(target: Target) -> str:
+    """The host as a gpuprov command line takes it back (node name, or [USER@]HOST[:PORT])."""
+    if target.label:
+        return target.label
+    return (f"{target.user}@" if target.user else "") + target.host + (f":{target.port}" if target.port not in (None, 22) else "")
+
+
+def doctor_one(target: Target, settings: HostSettings, env_path: str = DEFAULT_ENV,
+               min_free_gb: float = DEFAULT_MIN_FREE_GB) -> DoctorResult:
+    start = time.monotonic()
+    remote = Remote(target, settings)
+    try:
+        remote.open()
+        out = remote.run(facts_command(env_path), sudo=True)
+        if "## end" not in out.stdout and out.exited != 0:
+            raise DoctorError(f"the fact command failed (exit {out.exited}): {(out.stderr or out.stdout).strip()[:300]}")
+        report = examine(target.name, out.stdout, env_path, min_free_gb, _address(target))
+        return DoctorResult(target, report, seconds=time.monotonic() - start)
+    except Unreachable as exc:
+        return DoctorResult(target, None, str(exc), unreachable=True, seconds=time.monotonic() - start)
+    except GpuprovError as exc:
+        return DoctorResult(target, None, str(exc), seconds=time.monotonic() - start)
+    finally:
+        remote.close()
+
+
+def doctor(targets: list[Target], settings: HostSettings, env_path: str = DEFAULT_ENV,
+           min_free_gb: float = DEFAULT_MIN_FREE_GB, parallel: int = 32) -> list[DoctorResult]:
+    return run_parallel(targets, lambda t: doctor_one(t, settings, env_path, min_free_gb), parallel)
