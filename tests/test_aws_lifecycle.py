@@ -298,3 +298,33 @@ def test_gpu_not_offered_where_asked_creates_nothing(aws, env):
     assert result.returncode == 2 and "us-east-1e" in result.stderr
     assert not aws.log("RunInstances") and not aws.log("CreateSecurityGroup")
     nothing_left(aws)
+
+
+def test_up_with_guardrails_then_autostop_change_shows_in_status(aws, env, aws_hosts, gp_home):
+    pool = aws_hosts
+    pool.exec_in(0, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/*; "
+                    "echo 'export GPUPROV_SHIM_GPU=T4' > /var/lib/gpuprov-shim/env", check=True)
+    keys = gp_home / "keys" / "us-east-1"
+    keys.mkdir(parents=True)
+    shutil.copy(pool.key_path, keys / "id_ed25519")
+    shutil.copy(f"{pool.key_path}.pub", keys / "id_ed25519.pub")
+    subnet = aws.subnet_for_hosts("10.220.0.0/24", "us-east-1a")
+    result = gp(env, *up_args("guarded", "--gpu", "T4", "--spot", "--subnet", subnet, "--connect", "private",
+                              "--ssh-user", "root", "--os", "ubuntu-22.04", "--python", "3.11", "--autostop", "30m",
+                              "--ttl", "8h", "--on-interrupt", "echo saved"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    sysroot = "/var/lib/gpuprov-shim/root"
+    conf = pool.exec_in(0, f"cat {sysroot}/etc/gpuprov/autostop.conf", check=True).stdout
+    assert "IDLE_SECONDS=1800" in conf
+    assert pool.exec_in(0, f"test -s {sysroot}/var/lib/gpuprov/ttl-deadline").returncode == 0
+    assert "echo saved" in pool.exec_in(0, f"cat {sysroot}/etc/gpuprov/on-interrupt", check=True).stdout
+
+    (node,) = json.loads(gp(env, "status", "--json").stdout)
+    assert node["autostop_seconds"] == 1800 and 8 * 3600 - 120 < node["ttl_left_seconds"] <= 8 * 3600
+    changed = gp(env, "autostop", "guarded", "2h")
+    assert changed.returncode == 0, changed.stdout + changed.stderr
+    assert "IDLE_SECONDS=7200" in pool.exec_in(0, f"cat {sysroot}/etc/gpuprov/autostop.conf", check=True).stdout
+    assert json.loads(gp(env, "status", "--json").stdout)[0]["autostop_seconds"] == 7200
+    assert "2h" in gp(env, "status").stdout
+    assert gp(env, "down", "guarded", "--yes").returncode == 0
+    nothing_left(aws)

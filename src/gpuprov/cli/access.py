@@ -1,0 +1,314 @@
+"""Living on a node: ssh, exec, tunnel, jupyter, sync, monitor."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from gpuprov.cli.common import (
+    F,
+    apply_options,
+    handle_errors,
+    host_settings,
+    main,
+    make_console,
+    targets_from,
+)
+from gpuprov.errors import GpuprovError
+
+# --- access: ssh, exec, tunnel, jupyter, sync, monitor ----------------------------------------
+
+
+class _DashDashCommand(click.Command):
+    """A command whose words after `--` are a remote command, kept out of click's parsing
+    (in ctx.meta["gpuprov.argv"])."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["gpuprov.argv"] = list(args[cut + 1:])
+            args = args[:cut]
+        else:
+            ctx.meta["gpuprov.argv"] = []
+        return super().parse_args(ctx, args)
+
+
+def _reach_options(accept_new: bool) -> Callable[[F], F]:
+    """How to reach one or more hosts (the access commands)."""
+    opts: list[Callable[[F], F]] = [
+        click.option("-i", "--identity", default=None, help="Private key file (else the node's, ~/.ssh/config, ssh's defaults)."),
+        click.option("--ssh-config", default=None, type=click.Path(dir_okay=False), help="ssh config file [~/.ssh/config]."),
+        click.option("--connect-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for SSH."),
+    ]
+    if accept_new:
+        opts.append(click.option("--accept-new-host-key", is_flag=True,
+                                 help="Trust and pin the key of a host seen for the first time; a changed key is refused."))
+    return lambda func: apply_options(func, opts)
+
+
+def _reach(hosts: tuple[str, ...], inventory: str | None, kw: dict[str, Any]) -> tuple[list[Any], Any]:
+    targets = targets_from({"hosts": hosts, "inventory": inventory})
+    settings = host_settings({"accept_new_host_key": kw.get("accept_new_host_key", False), **kw})
+    return targets, settings
+
+
+def _one(host: str, kw: dict[str, Any]) -> tuple[Any, Any]:
+    targets, settings = _reach((host,), None, kw)
+    return targets[0], settings
+
+
+def _warn_unpinned(target: Any, settings: Any) -> None:
+    from gpuprov import access
+
+    if access.is_pinned(target, settings) is False:
+        click.secho(access.pin_hint(target, access.known_hosts_for(target, settings)), fg="yellow", err=True)
+
+
+def _need_tool(name: str, package: str) -> None:
+    import shutil
+
+    if shutil.which(name) is None:
+        raise GpuprovError(f"no `{name}` on PATH; install {package}")
+
+
+@main.command("ssh", cls=_DashDashCommand)
+@click.argument("host", metavar="NODE|[USER@]HOST[:PORT] [-- CMD...]")
+@_reach_options(accept_new=False)
+@handle_errors
+def ssh_cmd(host: str, **kw: Any) -> None:
+    """A shell on a node or host through the system ssh, its host key pinned (`-- CMD` runs CMD).
+
+    \b
+    gpuprov ssh my-node                 # interactive shell
+    gpuprov ssh my-node -- nvidia-smi   # run a command; exits with its exit code
+    Keys are checked against the node's (or gpuprov's) known_hosts with StrictHostKeyChecking=yes;
+    pin a new host once with `gpuprov exec --accept-new-host-key HOST -- true`.
+    """
+    import os
+
+    from gpuprov import access
+
+    _need_tool("ssh", "the OpenSSH client (openssh-client)")
+    target, settings = _one(host, kw)
+    _warn_unpinned(target, settings)
+    argv = access.ssh_argv(target, settings, click.get_current_context().meta["gpuprov.argv"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp(argv[0], argv)
+
+
+@main.command("exec", cls=_DashDashCommand)
+@click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]... -- CMD...")
+@click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump).")
+@_reach_options(accept_new=True)
+@click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, help="Hosts worked on at once.")
+@click.option("--sudo", is_flag=True, help="Run the command as root (sudo -n) where the login user is not root.")
+@click.option("--timeout", type=float, default=None, help="Seconds before the command is given up on each host.")
+@click.option("--no-prefix", is_flag=True, help="Print the hosts' lines as they are, without `HOST | `.")
+@handle_errors
+def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo: bool, timeout: float | None,
+             no_prefix: bool, **kw: Any) -> None:
+    """Run a command on one or many hosts at once, streaming each line prefixed by its host.
+
+    \b
+    gpuprov exec node-a node-b -- nvidia-smi -L
+    Like ssh, the words after -- are joined by spaces for the remote shell. Exit code: the host's
+    own for one host; for several, 0 when all succeeded, else the first failure's; 255 when a
+    host cannot be reached (or its key is not pinned).
+    """
+    import threading
+
+    from gpuprov import access
+
+    words = click.get_current_context().meta["gpuprov.argv"]
+    if not words:
+        raise click.UsageError("give the command after --, e.g. gpuprov exec node-a node-b -- nvidia-smi -L")
+    targets, settings = _reach(hosts, inventory, kw)
+    width = max(len(t.name) for t in targets)
+    lock = threading.Lock()
+
+    def emit(target: Any, stream: str, line: str) -> None:
+        text = line if no_prefix else f"{target.name:<{width}} | {line}"
+        with lock:
+            click.echo(text, err=stream == "err")
+
+    results = access.exec_many(targets, settings, " ".join(words), emit, parallel=parallel, sudo=sudo, timeout=timeout)
+    for r in results:
+        if r.error:
+            click.secho(f"{r.target.name:<{width}} | error: {r.error}", fg="red", err=True)
+    if len(results) > 1:
+        failed = [r for r in results if r.exit_code != 0]
+        codes = ", ".join(f"{r.target.name}: exit {r.exit_code}" for r in failed)
+        click.echo(f"{len(results) - len(failed)}/{len(results)} hosts ok" + (f"; {codes}" if codes else ""), err=True)
+    sys.exit(access.combined_exit_code(results))
+
+
+def _forward_until_stopped(remote: Any, spec: Any, announce: Callable[[int], str]) -> None:
+    """Forward until Ctrl-C or SIGTERM (exit 0), or until the SSH connection drops (exit 255)."""
+    import signal
+    import time
+
+    from gpuprov import access
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    forward = access.LocalForward(remote, spec, on_error=lambda text: click.secho(f"warning: {text}", fg="yellow", err=True))
+    port = forward.start()
+    click.echo(announce(port))
+    click.echo(f"forwarding 127.0.0.1:{port} -> {spec.remote_host}:{spec.remote_port} on {remote.target.name}; "
+               "Ctrl-C to stop", err=True)
+    try:
+        while forward.alive:
+            time.sleep(0.5)
+        click.secho(f"error: the SSH connection to {remote.target.name} was lost", fg="red", err=True)
+        code = 255
+    except KeyboardInterrupt:
+        code = 0
+    finally:
+        forward.stop()
+        remote.close()
+    sys.exit(code)
+
+
+def _open(target: Any, settings: Any) -> Any:
+    from gpuprov.remote import Remote
+
+    remote = Remote(target, settings)
+    remote.open()
+    return remote
+
+
+@main.command()
+@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]")
+@click.argument("ports", metavar="LOCAL[:REMOTE]")
+@_reach_options(accept_new=True)
+@handle_errors
+def tunnel(host: str, ports: str, **kw: Any) -> None:
+    """Forward a local port to a port on the host (SSH local forwarding) until Ctrl-C.
+
+    \b
+    gpuprov tunnel my-node 8000          # 127.0.0.1:8000 -> the node's 127.0.0.1:8000
+    gpuprov tunnel my-node 9000:8000     # a different local port
+    gpuprov tunnel my-node 0:6006        # any free local port (printed)
+    Listens on 127.0.0.1 only; prints the local URL.
+    """
+    from gpuprov import access
+
+    spec = access.parse_forward(ports)
+    target, settings = _one(host, kw)
+    _forward_until_stopped(_open(target, settings), spec, lambda port: f"http://127.0.0.1:{port}/")
+
+
+@main.command()
+@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]")
+@click.option("--port", type=click.IntRange(0, 65535), default=8888, show_default=True,
+              help="Local port (0: any free one).")
+@click.option("--remote-port", type=click.IntRange(1, 65535), default=8888, show_default=True,
+              help="JupyterLab's port on the host.")
+@_reach_options(accept_new=True)
+@handle_errors
+def jupyter(host: str, port: int, remote_port: int, **kw: Any) -> None:
+    """Open a node's JupyterLab through an SSH tunnel and print its URL with the token.
+
+    For hosts set up with a `jupyter: true` playbook (e.g. bootstrap -p jupyter): reads the token
+    over SSH, forwards 127.0.0.1:PORT to it, prints http://127.0.0.1:PORT/lab?token=... and keeps
+    the tunnel open until Ctrl-C."""
+    from gpuprov import access
+
+    target, settings = _one(host, kw)
+    remote = _open(target, settings)
+    try:
+        token = access.read_jupyter_token(remote)
+    except BaseException:
+        remote.close()
+        raise
+    spec = access.ForwardSpec(port, "127.0.0.1", remote_port)
+    _forward_until_stopped(remote, spec, lambda local: access.jupyter_url(local, token))
+
+
+@main.command()
+@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]")
+@click.argument("src")
+@click.argument("dst")
+@_reach_options(accept_new=False)
+@click.option("--delete", is_flag=True, help="Delete files on the receiving side that the sending side lacks.")
+@click.option("--progress/--no-progress", default=None, help="Show transfer progress [default: on a terminal].")
+@handle_errors
+def sync(host: str, src: str, dst: str, delete: bool, progress: bool | None, **kw: Any) -> None:
+    """Copy files to or from a host with rsync over the same pinned SSH settings.
+
+    \b
+    gpuprov sync my-node ./data my-node:data      # upload (rsync -a; a trailing / copies contents)
+    gpuprov sync my-node my-node:runs/ ./runs/    # download
+    `HOST:PATH` (or just `:PATH`) marks the remote side; relative paths are in the login's home.
+    """
+    import subprocess
+
+    from gpuprov import access
+
+    _need_tool("rsync", "rsync (here and on the host)")
+    plan = access.split_sync(host, src, dst)
+    target, settings = _one(host, kw)
+    _warn_unpinned(target, settings)
+    show = sys.stdout.isatty() if progress is None else progress
+    code = subprocess.call(access.rsync_argv(target, settings, plan, progress=show, delete=delete))
+    if code != 0:
+        click.secho(f"error: rsync exited {code}", fg="red", err=True)
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]...")
+@click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump).")
+@_reach_options(accept_new=True)
+@click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, help="Hosts sampled at once.")
+@click.option("--interval", type=click.FloatRange(0.2), default=2.0, show_default=True, help="Seconds between samples.")
+@click.option("--once", is_flag=True, help="One sample, then exit (exit 1 when a host could not be sampled).")
+@click.option("--json", "as_json", is_flag=True, help="JSON: one array per sample (with --once, one document).")
+@handle_errors
+def monitor(hosts: tuple[str, ...], inventory: str | None, parallel: int, interval: float, once: bool, as_json: bool,
+            **kw: Any) -> None:
+    """Live GPU utilisation, memory, temperature and power of several hosts (like `watch nvidia-smi`)."""
+    import time
+
+    from gpuprov import access
+    from gpuprov.report import monitor_table
+
+    targets, settings = _reach(hosts, inventory, kw)
+    mon = access.Monitor(targets, settings, parallel=parallel)
+
+    def as_data(samples: list[Any]) -> list[dict[str, Any]]:
+        return [{"host": s.target.name, "ok": s.ok, "error": s.error, "time": round(s.at, 3),
+                 "gpus": [g.model_dump(mode="json") for g in s.gpus]} for s in samples]
+
+    try:
+        if once:
+            samples = mon.sample()
+            if as_json:
+                click.echo(json.dumps(as_data(samples), indent=2))
+            else:
+                make_console().print(monitor_table(samples))
+            sys.exit(0 if all(s.ok for s in samples) else 1)
+        if as_json:
+            while True:
+                start = time.monotonic()
+                click.echo(json.dumps(as_data(mon.sample())))
+                time.sleep(max(0.0, interval - (time.monotonic() - start)))
+        from rich.live import Live
+
+        console = make_console()
+        with Live(monitor_table(mon.sample(), interval), console=console, auto_refresh=False) as live:
+            while True:
+                start = time.monotonic()
+                time.sleep(max(0.0, interval - (time.monotonic() - start)))
+                live.update(monitor_table(mon.sample(), interval), refresh=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        mon.close()

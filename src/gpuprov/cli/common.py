@@ -1,0 +1,224 @@
+"""What every command shares: the `main` group, option decorators, error handling, targets.
+
+Heavy modules (boto3, fabric, the library itself) are imported inside functions, so that
+`gpuprov --help` stays fast and works without them.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from gpuprov import __version__
+from gpuprov.errors import GpuprovError
+
+if TYPE_CHECKING:
+    from gpuprov.compat import StackPins
+    from gpuprov.plan import Plan
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def make_console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+# --- shared options (pip-tools style) ---------------------------------------------------------
+
+
+def apply_options(func: F, options: list[Callable[[F], F]]) -> F:
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def pin_options(func: F) -> F:
+    """What to install: playbook, OS and stack pins (plan, render, bootstrap, up)."""
+    return apply_options(func, [
+        click.option(
+            "-p", "--playbook", default="pytorch", show_default=True,
+            help="Shipped playbook name (pytorch, minimal, llm-finetune, cuda-dev, inference) or a path to a .yml.",
+        ),
+        click.option("--os", "os_name", default=None,
+                     help="ubuntu-22.04 or ubuntu-24.04. Default: 24.04 for new nodes, the host's own for bootstrap."),
+        click.option("--driver", default=None, help="Pin the NVIDIA driver branch (580) or exact version (580.95.05)."),
+        click.option("--cuda", default=None, help="Also install this CUDA toolkit (nvcc), e.g. 12.8. Wheels don't need it."),
+        click.option("--torch", "torch_version", default=None, help="Pin the torch release, e.g. 2.9 or 2.9.1."),
+        click.option("--torch-cuda", default=None, help="Pin the torch wheel's CUDA variant, e.g. cu128."),
+        click.option("--python", default=None, help="Pin the env's Python version, e.g. 3.12."),
+    ])
+
+
+def stack_options(func: F) -> F:
+    """What to launch and install (plan, render, up)."""
+    return apply_options(func, [
+        click.option("--gpu", required=True, help="GPU name, optionally with a count: A100, h100, a100:8, l40s."),
+        click.option("--count", type=int, default=1, show_default=True, help="Number of GPUs (or use --gpu NAME:N)."),
+        click.option("--spot", is_flag=True, help="Ask for spot capacity (cheaper, can be interrupted)."),
+        click.option("--region", default="us-east-1", show_default=True, help="AWS region."),
+        click.option("--instance-type", default=None, help="Force an instance type instead of the cheapest that fits."),
+        pin_options,
+        guard_options,
+    ])
+
+
+def guard_options(func: F) -> F:
+    """Guardrails installed on the node (plan, render, up): idle autostop, hard TTL, spot hook."""
+    return apply_options(func, [
+        click.option("--autostop", default=None, metavar="DURATION",
+                     help="Power off after this long idle (GPUs under 10%, nobody logged in): 30m, 2h, 1h30m."),
+        click.option("--ttl", default=None, metavar="DURATION",
+                     help="Power off this long after the bootstrap starts, whatever happens: 8h, 1d."),
+        click.option("--on-interrupt", default=None, metavar="CMD",
+                     help="Command the node runs once on a spot interruption notice (2 minutes ahead); "
+                          "overrides the playbook's on_interrupt."),
+    ])
+
+
+def ssh_options(func: F) -> F:
+    """How to reach existing hosts (bootstrap, check)."""
+    return apply_options(func, [
+        click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]..."),
+        click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump, gpu, os)."),
+        click.option("-i", "--identity", default=None, help="Private key file (else ~/.ssh/config, then ssh's defaults)."),
+        click.option("--ssh-config", default=None, type=click.Path(dir_okay=False), help="ssh config file [~/.ssh/config]."),
+        click.option("--accept-new-host-key", is_flag=True,
+                     help="Trust and pin the key of a host seen for the first time. A changed key is always refused."),
+        click.option("--connect-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for SSH."),
+        click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True,
+                     help="Hosts worked on at once."),
+    ])
+
+
+def pins_from(kw: dict[str, Any]) -> StackPins:
+    from gpuprov.compat import StackPins
+
+    return StackPins(
+        driver=kw["driver"], cuda=kw["cuda"], torch=kw["torch_version"], torch_cuda=kw["torch_cuda"], python=kw["python"]
+    )
+
+
+def plan_from(kw: dict[str, Any]) -> Plan:
+    from gpuprov.plan import NodeRequest, make_plan
+    from gpuprov.spec import parse_duration
+
+    request = NodeRequest(
+        gpu=kw["gpu"], count=kw["count"], spot=kw["spot"], region=kw["region"], playbook=kw["playbook"],
+        os=kw["os_name"] or "ubuntu-24.04", pins=pins_from(kw), instance_type=kw["instance_type"],
+        autostop_seconds=parse_duration(kw["autostop"], "--autostop"), ttl_seconds=parse_duration(kw["ttl"], "--ttl"),
+        on_interrupt=kw["on_interrupt"] or None,
+    )
+    return make_plan(request)
+
+
+def handle_errors(func: F) -> F:
+    """Print a GpuprovError as a short message (no traceback) and exit with its code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except GpuprovError as exc:
+            click.secho(f"error: {exc}", fg="red", err=True)
+            sys.exit(exc.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="gpuprov")
+def main() -> None:
+    """GPU machines with a working, verified PyTorch, and back to zero spend.
+
+    \b
+    Plan (offline):   gpus  plan  render
+    AWS nodes:        up  status  down  gc  autostop
+    Any SSH host:     bootstrap  check  doctor
+    On a node:        ssh  exec  tunnel  jupyter  sync  monitor
+    \b
+    A day:   gpuprov plan --gpu A100 --spot                 # what it would launch and install
+             gpuprov up train --gpu A100 --spot --autostop 30m
+             gpuprov jupyter train ; gpuprov sync train ./code train:/work ; gpuprov monitor train
+             gpuprov down train
+    Hosts you already have: gpuprov bootstrap ubuntu@10.1.2.3 -p pytorch ; gpuprov check ubuntu@10.1.2.3
+    """
+
+
+# --- existing hosts ---------------------------------------------------------------------------
+
+
+def node_target(name: str) -> Any:
+    """A node gpuprov launched, by name: its address, login, key and pinned host key."""
+    import re
+
+    from gpuprov.paths import state_dir
+
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name) or not (state_dir() / "state.sqlite").exists():
+        return None
+    from gpuprov.inventory import Target
+    from gpuprov.sshconfig import node_known_hosts
+    from gpuprov.state import open_store
+
+    node = open_store().find_node(name)
+    if node is None or not node.live or not node.address:
+        return None
+    key = state_dir() / "keys" / node.region / "id_ed25519"
+    return Target(host=node.address, user=node.ssh_user, key=str(key), label=node.name,
+                  known_hosts=str(node_known_hosts(node.name)))
+
+
+def targets_from(kw: dict[str, Any]) -> list[Any]:
+    from gpuprov.inventory import load_inventory, parse_target, targets
+
+    nodes = [t for t in (node_target(h) for h in kw["hosts"]) if t is not None]
+    named = {t.label for t in nodes}
+    entries = [parse_target(h) for h in kw["hosts"] if h not in named]
+    defaults = None
+    if kw["inventory"]:
+        inventory = load_inventory(kw["inventory"])
+        entries += list(inventory.hosts)
+        defaults = inventory.defaults
+    if not entries and not nodes:
+        raise click.UsageError("name at least one host ([USER@]HOST[:PORT]), node, or an --inventory file")
+    return nodes + targets(entries, defaults)
+
+
+def host_settings(kw: dict[str, Any]) -> Any:
+    from gpuprov.paths import known_hosts_path
+    from gpuprov.remote import HostSettings
+
+    return HostSettings(
+        known_hosts=known_hosts_path(), accept_new_host_key=kw["accept_new_host_key"],
+        connect_timeout=kw["connect_timeout"], ssh_config=Path(kw["ssh_config"]) if kw["ssh_config"] else None,
+        key_filename=kw["identity"],
+    )
+
+
+# --- cloud lifecycle --------------------------------------------------------------------------
+
+
+def store_and_provider(region: str | None = None) -> tuple[Any, Any]:
+    import os
+
+    from gpuprov.lifecycle import owner
+    from gpuprov.paths import state_dir
+    from gpuprov.providers.aws import AwsProvider
+    from gpuprov.state import open_store
+
+    store = open_store()
+    poll = float(os.environ.get("GPUPROV_POLL_SECONDS", "2"))
+    return store, AwsProvider(store, owner(), state_dir() / "keys", poll=poll)
+
+
+def say_to(console: Any) -> Callable[[str], None]:
+    return lambda text: console.print(text, markup=False, highlight=False)

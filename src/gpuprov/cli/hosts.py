@@ -1,0 +1,138 @@
+"""Commands for machines reached over SSH: bootstrap, check, doctor."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from gpuprov.cli.common import (
+    handle_errors,
+    host_settings,
+    main,
+    make_console,
+    pin_options,
+    pins_from,
+    ssh_options,
+    targets_from,
+)
+
+
+@main.command()
+@ssh_options
+@pin_options
+@click.option("--gpu", default=None, help="The GPU the hosts carry; default: what each host reports. A mismatch stops that host.")
+@click.option("--force", is_flag=True, help="Rerun every step, even those whose marker says they are done.")
+@click.option("--reboot-timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for a host to come back.")
+@click.option("-v", "--verbose", is_flag=True, help="Stream every host's remote output (it always goes to the log).")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@handle_errors
+def bootstrap(force: bool, reboot_timeout: float, verbose: bool, as_json: bool, gpu: str | None, **kw: Any) -> None:
+    """Install the playbook's stack on existing hosts over SSH, then verify it.
+
+    Runs on all hosts at once (bounded by --parallel). Each step leaves a marker with its
+    script's sha256 on the host, so a rerun skips what is done and resumes where a failure
+    or a dropped connection stopped it. A fresh driver install reboots the host and waits.
+    Exit code 0 only when every host ended ok.
+    """
+    from gpuprov import bootstrap as engine
+    from gpuprov.compat import check_pins
+    from gpuprov.plan import make_host_plan
+    from gpuprov.report import LiveHosts, bootstrap_summary
+    from gpuprov.spec import load_playbook
+
+    pins = pins_from(kw)
+    check_pins(pins)
+    load_playbook(kw["playbook"])
+    if gpu:  # an impossible stack is refused before any host is touched
+        make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins)
+    targets = targets_from(kw)
+    console = make_console()
+    options = engine.Options(force=force, parallel=kw["parallel"], reboot_timeout=reboot_timeout,
+                             echo=(lambda line: console.print(line, markup=False)) if verbose else None)
+    plan_for = engine.planner(gpu, kw["playbook"], kw["os_name"], pins)
+    with LiveHosts(console, [t.name for t in targets], enabled=not as_json and not verbose) as live:
+        results = engine.bootstrap(targets, host_settings(kw), plan_for, options, reporter=live)
+    if as_json:
+        click.echo(json.dumps([_host_json(r) for r in results], indent=2))
+    else:
+        console.print(bootstrap_summary(results))
+    sys.exit(0 if all(r.status in ("ok", "changed") for r in results) else 1)
+
+
+def _host_json(r: Any) -> dict[str, Any]:
+    return {
+        "host": r.target.name, "result": r.summary, "status": r.status, "failed_step": r.failed_step, "error": r.error,
+        "seconds": round(r.seconds, 2), "log": str(r.log_path),
+        "steps": [{"name": s.name, "outcome": s.outcome, "seconds": round(s.seconds, 2), "message": s.message}
+                  for s in r.steps],
+        "report": r.report.model_dump(mode="json") if r.report else None,
+    }
+
+
+@main.command()
+@ssh_options
+@click.option("--gpu", default=None, help="The GPU model the hosts should show.")
+@click.option("--env", "env_path", default="/opt/gpuprov/env", show_default=True, help="Python env whose torch to check.")
+@click.option("--json", "as_json", is_flag=True, help="Print the reports as JSON.")
+@handle_errors
+def check(gpu: str | None, env_path: str, as_json: bool, **kw: Any) -> None:
+    """Verify hosts: nvidia-smi, /dev/nvidia*, torch.cuda and a matmul on every GPU, judged.
+
+    The expected stack comes from what gpuprov installed there (its manifest), else from --gpu
+    and the GPUs on the PCI bus. Each failed check names the reason and the fix.
+    Exit code 0 only when every host passes.
+    """
+    from gpuprov.check import check as run_check
+    from gpuprov.report import check_tables
+
+    results = run_check(targets_from(kw), host_settings(kw), gpu=gpu, env_path=env_path, parallel=kw["parallel"])
+    if as_json:
+        click.echo(json.dumps([
+            {"host": r.target.name, "ok": r.ok, "error": r.error,
+             "report": r.report.model_dump(mode="json") if r.report else None} for r in results
+        ], indent=2))
+    else:
+        console = make_console()
+        for renderable in check_tables(results):
+            console.print(renderable)
+    sys.exit(0 if all(r.ok for r in results) else 1)
+
+
+# --- diagnosis --------------------------------------------------------------------------------
+
+
+@main.command()
+@ssh_options
+@click.option("--env", "env_path", default="/opt/gpuprov/env", show_default=True, help="Python env whose torch to check.")
+@click.option("--min-free-gb", type=float, default=10.0, show_default=True,
+              help="Warn when / or the env's filesystem has less free space than this.")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings (and the facts behind them) as JSON.")
+@handle_errors
+def doctor(env_path: str, min_free_gb: float, as_json: bool, **kw: Any) -> None:
+    """Find why a host's GPU stack is broken: each finding names the cause and the fix.
+
+    One command per host (as root) gathers the facts: OS, GPUs on the PCI bus, nouveau, kernel
+    headers, the apt lock, the driver package and its hold, Secure Boot, the kernel module,
+    nvidia-smi, Fabric Manager on NVSwitch hosts, nvidia-persistenced, /dev/nvidia*, torch's CUDA
+    build against the driver, free disk. Findings run from root cause to symptom; passes show as ok.
+    Exit code 0 when no host has a failure (warnings allowed).
+    """
+    from gpuprov.doctor import doctor as run_doctor
+    from gpuprov.report import doctor_tables
+
+    results = run_doctor(targets_from(kw), host_settings(kw), env_path=env_path, min_free_gb=min_free_gb, parallel=kw["parallel"])
+    if as_json:
+        click.echo(json.dumps([
+            {"host": r.target.name, "ok": r.ok, "unreachable": r.unreachable, "error": r.error,
+             "seconds": round(r.seconds, 2),
+             "findings": [c.model_dump(mode="json") for c in r.report.findings] if r.report else None,
+             "facts": r.report.facts.model_dump(mode="json") if r.report else None} for r in results
+        ], indent=2))
+    else:
+        console = make_console()
+        for renderable in doctor_tables(results):
+            console.print(renderable)
+    sys.exit(0 if all(r.ok for r in results) else 1)

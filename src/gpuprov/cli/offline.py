@@ -1,0 +1,106 @@
+"""Offline commands: gpus (and live spot prices), plan, render."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gpuprov.cli.common import (
+    handle_errors,
+    main,
+    make_console,
+    plan_from,
+    stack_options,
+    store_and_provider,
+)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--live", is_flag=True, help="Add current spot prices per zone (asks AWS; needs credentials).")
+@click.option("--region", default="us-east-1", show_default=True, help="Region for --live.")
+@handle_errors
+def gpus(as_json: bool, live: bool, region: str) -> None:
+    """List the GPUs gpuprov knows, with the AWS instance types that carry them and their prices."""
+    from gpuprov import catalog
+    from gpuprov.report import gpus_table
+
+    cat = catalog.load()
+    if live:
+        _live_prices(cat, cat.check_region(region), as_json)
+        return
+    if as_json:
+        rows = [
+            {**gpu.model_dump(), "instance_types": [it.model_dump() for it in cat.instance_types_for(gpu)]}
+            for gpu in cat.gpus
+        ]
+        click.echo(json.dumps({"prices_as_of": cat.prices_as_of, "price_region": cat.price_region, "gpus": rows}, indent=2))
+        return
+    make_console().print(gpus_table(cat))
+
+
+@main.command()
+@stack_options
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--show-scripts", is_flag=True, help="Also print every rendered script.")
+@handle_errors
+def plan(as_json: bool, show_scripts: bool, **kw: Any) -> None:
+    """Show what `up` would launch and install, without touching the network.
+
+    Picks the cheapest instance type that carries the GPUs, resolves one consistent
+    driver / CUDA / torch / Python stack (or explains why the pins cannot work), and lists
+    the bootstrap steps in order.
+    """
+    from gpuprov.report import plan_view
+
+    the_plan = plan_from(kw)
+    if as_json:
+        data = the_plan.summary()
+        if show_scripts:
+            data["scripts"] = {s.filename: s.text for s in the_plan.bundle().scripts}
+        click.echo(json.dumps(data, indent=2))
+        return
+    console = make_console()
+    console.print(plan_view(the_plan))
+    if show_scripts:
+        from rich.syntax import Syntax
+
+        for script in the_plan.bundle().scripts:
+            console.rule(script.filename)
+            console.print(Syntax(script.text, "bash", line_numbers=False))
+
+
+@main.command()
+@stack_options
+@click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder to write the scripts and manifest.json into.")
+@handle_errors
+def render(out: Path, **kw: Any) -> None:
+    """Write the bootstrap bundle: one script per step plus manifest.json (sha256 + resolved stack).
+
+    Each script is self-contained bash; run them in order as root on the GPU host.
+    """
+    the_plan = plan_from(kw)
+    written = the_plan.bundle().write(out)
+    click.echo(f"wrote {len(written) - 1} scripts and manifest.json to {out}")
+    for path in written:
+        click.echo(f"  {path.name}")
+
+
+def _live_prices(cat: Any, region: str, as_json: bool) -> None:
+    from gpuprov.report import live_prices_table
+
+    _store, provider = store_and_provider()
+    on_demand = {it.name: it.price_usd_hour for it in cat.instance_types}
+    offered = provider.offerings(region, list(on_demand))
+    prices = provider.prices(region, sorted(offered))
+    rows = [(p, on_demand.get(p.instance_type)) for p in prices]
+    if as_json:
+        click.echo(json.dumps([
+            {"instance_type": p.instance_type, "zone": p.zone, "spot_usd_hour": p.price, "on_demand_usd_hour": od,
+             "saving_pct": round((1 - p.price / od) * 100, 1) if od else None} for p, od in rows], indent=2))
+        return
+    make_console().print(live_prices_table(rows, region))
