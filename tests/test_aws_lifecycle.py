@@ -41,16 +41,22 @@ def nothing_left(aws) -> None:
     assert aws.leftovers() == EMPTY
 
 
-def test_up_spot_bootstrap_check_status_down_leaves_nothing(aws, env, aws_hosts, gp_home):
-    pool = aws_hosts
-    for i in range(len(pool)):
-        pool.exec_in(i, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/*; "
-                        "echo 'export GPUPROV_SHIM_GPU=T4' > /var/lib/gpuprov-shim/env", check=True)
+def launch_site(aws, pool, gp_home) -> str:
+    """The first instance moto launches into the returned subnet lands on pool[0]'s address, a fresh
+    T4 host that trusts gpuprov's key (as cloud-init would on EC2)."""
+    pool.exec_in(0, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/*; "
+                    "echo 'export GPUPROV_SHIM_GPU=T4' > /var/lib/gpuprov-shim/env", check=True)
     keys = gp_home / "keys" / "us-east-1"
     keys.mkdir(parents=True)
     shutil.copy(pool.key_path, keys / "id_ed25519")
     shutil.copy(f"{pool.key_path}.pub", keys / "id_ed25519.pub")
-    subnet = aws.subnet_for_hosts("10.220.0.0/24", "us-east-1a")
+    return aws.subnet_for_hosts("10.220.0.0/24", "us-east-1a")
+
+
+def test_up_spot_bootstrap_check_status_down_leaves_nothing(aws, env, aws_hosts, gp_home):
+    pool = aws_hosts
+    keys = gp_home / "keys" / "us-east-1"
+    subnet = launch_site(aws, pool, gp_home)
 
     result = gp(env, *up_args("demo", "--gpu", "T4", "--spot", "--subnet", subnet, "--connect", "private",
                               "--ssh-user", "root", "--os", "ubuntu-22.04", "--python", "3.11"))
@@ -302,13 +308,7 @@ def test_gpu_not_offered_where_asked_creates_nothing(aws, env):
 
 def test_up_with_guardrails_then_autostop_change_shows_in_status(aws, env, aws_hosts, gp_home):
     pool = aws_hosts
-    pool.exec_in(0, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/*; "
-                    "echo 'export GPUPROV_SHIM_GPU=T4' > /var/lib/gpuprov-shim/env", check=True)
-    keys = gp_home / "keys" / "us-east-1"
-    keys.mkdir(parents=True)
-    shutil.copy(pool.key_path, keys / "id_ed25519")
-    shutil.copy(f"{pool.key_path}.pub", keys / "id_ed25519.pub")
-    subnet = aws.subnet_for_hosts("10.220.0.0/24", "us-east-1a")
+    subnet = launch_site(aws, pool, gp_home)
     result = gp(env, *up_args("guarded", "--gpu", "T4", "--spot", "--subnet", subnet, "--connect", "private",
                               "--ssh-user", "root", "--os", "ubuntu-22.04", "--python", "3.11", "--autostop", "30m",
                               "--ttl", "8h", "--on-interrupt", "echo saved"))

@@ -10,31 +10,19 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from dataclasses import dataclass
 
 from gpuprov.bootstrap import BUNDLE_DIR
 from gpuprov.detect import FACTS_COMMAND, parse_facts
-from gpuprov.errors import GpuprovError
 from gpuprov.fanout import run_parallel
 from gpuprov.inventory import Target
-from gpuprov.remote import HostSettings, Remote, Unreachable
+from gpuprov.remote import HostOutcome, HostSettings, Remote, on_host
 from gpuprov.render import environment
 from gpuprov.verify import CheckReport, Expectation, extract_probe, judge, parse_probe
 
 DEFAULT_ENV = "/opt/gpuprov/env"
 
 
-@dataclass
-class CheckResult:
-    target: Target
-    report: CheckReport | None
-    error: str | None = None
-    unreachable: bool = False
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.report is not None and self.report.ok
+CheckResult = HostOutcome[CheckReport]
 
 
 def probe_source() -> str:
@@ -58,32 +46,21 @@ def _expectation(target: Target, gpu: str | None, manifest: dict[str, object] | 
     )
 
 
-def check_one(target: Target, settings: HostSettings, gpu: str | None, env_path: str) -> CheckResult:
-    start = time.monotonic()
-    remote = Remote(target, settings)
-    try:
-        remote.open()
-        facts = parse_facts(remote.run(FACTS_COMMAND).stdout)
-        raw = remote.run(f"cat {BUNDLE_DIR}/manifest.json 2>/dev/null || true", sudo=True).stdout
-        manifest = json.loads(raw) if raw.strip() else None
-        path = f"/tmp/gpuprov-probe-{time.monotonic_ns()}.py"
-        remote.put_bytes(probe_source().encode(), path)
-        plan = manifest.get("gpuprov_plan") if isinstance(manifest, dict) else None
-        env = plan.get("env_path") if isinstance(plan, dict) and plan.get("env_path") else env_path
-        # the same sysroot convention as the rendered scripts (empty on real hosts)
-        py = '"${GPUPROV_SYSROOT:-}"' + shlex.quote(f"{env}/bin/python")
-        out = remote.run(f"if [ -x {py} ]; then {py} {path}; else python3 {path}; fi; rm -f {path}", sudo=True)
-        report = parse_probe(target.name, extract_probe(out.stdout))
-        judge(report, _expectation(target, gpu, manifest, facts.pci_gpu_count))
-        return CheckResult(target, report, seconds=time.monotonic() - start)
-    except Unreachable as exc:
-        return CheckResult(target, None, str(exc), unreachable=True, seconds=time.monotonic() - start)
-    except GpuprovError as exc:
-        return CheckResult(target, None, str(exc), seconds=time.monotonic() - start)
-    finally:
-        remote.close()
+def _check(remote: Remote, target: Target, gpu: str | None, env_path: str) -> CheckReport:
+    facts = parse_facts(remote.run(FACTS_COMMAND).stdout)
+    raw = remote.run(f"cat {BUNDLE_DIR}/manifest.json 2>/dev/null || true", sudo=True).stdout
+    manifest = json.loads(raw) if raw.strip() else None
+    path = f"/tmp/gpuprov-probe-{time.monotonic_ns()}.py"
+    remote.put_bytes(probe_source().encode(), path)
+    plan = manifest.get("gpuprov_plan") if isinstance(manifest, dict) else None
+    env = plan.get("env_path") if isinstance(plan, dict) and plan.get("env_path") else env_path
+    # the same sysroot convention as the rendered scripts (empty on real hosts)
+    py = '"${GPUPROV_SYSROOT:-}"' + shlex.quote(f"{env}/bin/python")
+    out = remote.run(f"if [ -x {py} ]; then {py} {path}; else python3 {path}; fi; rm -f {path}", sudo=True)
+    report = parse_probe(target.name, extract_probe(out.stdout))
+    return judge(report, _expectation(target, gpu, manifest, facts.pci_gpu_count))
 
 
 def check(targets: list[Target], settings: HostSettings, gpu: str | None = None, env_path: str = DEFAULT_ENV,
           parallel: int = 32) -> list[CheckResult]:
-    return run_parallel(targets, lambda t: check_one(t, settings, gpu, env_path), parallel)
+    return run_parallel(targets, lambda t: on_host(t, settings, lambda r: _check(r, t, gpu, env_path)), parallel)

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import time
-from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
@@ -24,7 +22,7 @@ from gpuprov.detect import NVSWITCH_PCI_IDS
 from gpuprov.errors import GpuprovError
 from gpuprov.fanout import run_parallel
 from gpuprov.inventory import Target
-from gpuprov.remote import HostSettings, Remote, Unreachable
+from gpuprov.remote import HostOutcome, HostSettings, Remote, on_host
 from gpuprov.verify import Check, parse_summary
 
 SUPPORTED_OS = ("ubuntu-22.04", "ubuntu-24.04")
@@ -578,17 +576,7 @@ class DoctorReport(BaseModel):
         return [c for c in self.findings if not c.ok and c.severity == "fail"]
 
 
-@dataclass
-class DoctorResult:
-    target: Target
-    report: DoctorReport | None
-    error: str | None = None
-    unreachable: bool = False
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.report is not None and self.report.ok
+DoctorResult = HostOutcome[DoctorReport]
 
 
 def examine(host: str, output: str, env_path: str = DEFAULT_ENV, min_free_gb: float = DEFAULT_MIN_FREE_GB,
@@ -605,25 +593,13 @@ def _address(target: Target) -> str:
     return (f"{target.user}@" if target.user else "") + target.host + (f":{target.port}" if target.port not in (None, 22) else "")
 
 
-def doctor_one(target: Target, settings: HostSettings, env_path: str = DEFAULT_ENV,
-               min_free_gb: float = DEFAULT_MIN_FREE_GB) -> DoctorResult:
-    start = time.monotonic()
-    remote = Remote(target, settings)
-    try:
-        remote.open()
-        out = remote.run(facts_command(env_path), sudo=True)
-        if "## end" not in out.stdout and out.exited != 0:
-            raise DoctorError(f"the fact command failed (exit {out.exited}): {(out.stderr or out.stdout).strip()[:300]}")
-        report = examine(target.name, out.stdout, env_path, min_free_gb, _address(target))
-        return DoctorResult(target, report, seconds=time.monotonic() - start)
-    except Unreachable as exc:
-        return DoctorResult(target, None, str(exc), unreachable=True, seconds=time.monotonic() - start)
-    except GpuprovError as exc:
-        return DoctorResult(target, None, str(exc), seconds=time.monotonic() - start)
-    finally:
-        remote.close()
+def _doctor(remote: Remote, target: Target, env_path: str, min_free_gb: float) -> DoctorReport:
+    out = remote.run(facts_command(env_path), sudo=True)
+    if "## end" not in out.stdout and out.exited != 0:
+        raise DoctorError(f"the fact command failed (exit {out.exited}): {(out.stderr or out.stdout).strip()[:300]}")
+    return examine(target.name, out.stdout, env_path, min_free_gb, _address(target))
 
 
 def doctor(targets: list[Target], settings: HostSettings, env_path: str = DEFAULT_ENV,
            min_free_gb: float = DEFAULT_MIN_FREE_GB, parallel: int = 32) -> list[DoctorResult]:
-    return run_parallel(targets, lambda t: doctor_one(t, settings, env_path, min_free_gb), parallel)
+    return run_parallel(targets, lambda t: on_host(t, settings, lambda r: _doctor(r, t, env_path, min_free_gb)), parallel)

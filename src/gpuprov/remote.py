@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import paramiko
 from fabric import Config, Connection
@@ -176,6 +176,44 @@ class Remote:
                 return
             probe.close()  # still the old boot: the reboot has not started yet
         raise Unreachable(f"{self.target.name}: did not come back within {timeout:.0f}s of the reboot")
+
+
+class Judged(Protocol):
+    @property
+    def ok(self) -> bool: ...
+
+
+R = TypeVar("R", bound=Judged)
+
+
+@dataclass
+class HostOutcome(Generic[R]):
+    """One host's result of a read-only command (check, doctor): a report, or why there is none."""
+
+    target: Target
+    report: R | None
+    error: str | None = None
+    unreachable: bool = False
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.report is not None and self.report.ok
+
+
+def on_host(target: Target, settings: HostSettings, work: Callable[[Remote], R]) -> HostOutcome[R]:
+    """Open `target`, run `work`, close; every failure becomes this host's outcome, never an exception."""
+    start = time.monotonic()
+    remote = Remote(target, settings)
+    try:
+        remote.open()
+        return HostOutcome(target, work(remote), seconds=time.monotonic() - start)
+    except Unreachable as exc:
+        return HostOutcome(target, None, str(exc), unreachable=True, seconds=time.monotonic() - start)
+    except GpuprovError as exc:
+        return HostOutcome(target, None, str(exc), seconds=time.monotonic() - start)
+    finally:
+        remote.close()
 
 
 def _quote(text: str) -> str:

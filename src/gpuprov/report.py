@@ -19,8 +19,10 @@ from gpuprov.plan import Plan
 if TYPE_CHECKING:
     from gpuprov.bootstrap import HostResult
     from gpuprov.check import CheckResult
+    from gpuprov.doctor import DoctorResult
     from gpuprov.providers.base import SpotPrice
     from gpuprov.state import Node
+    from gpuprov.verify import Check
 
 _STYLE = {"ok": "green", "changed": "cyan", "unchanged": "green", "failed": "red", "unreachable": "red",
           "running": "yellow", "rebooting": "magenta", "reboot": "magenta", "waiting": "dim"}
@@ -174,22 +176,31 @@ def bootstrap_summary(results: list[HostResult]) -> Group:
     return Group(*parts)
 
 
+def _checks_table(title: str, style: str, first: str, checks: list[Check]) -> Table:
+    """One host's checks or findings: what, ok/warn/FAIL, detail, fix."""
+    table = Table(title=title, title_justify="left", title_style=style)
+    for col in (first, "result", "detail", "fix"):
+        table.add_column(col, overflow="fold")
+    for c in checks:
+        mark = "ok" if c.ok else ("warn" if c.severity == "warn" else "FAIL")
+        table.add_row(c.name, Text(mark, style="green" if c.ok else "yellow" if mark == "warn" else "red"),
+                      c.detail, c.fix or "")
+    return table
+
+
+def _no_report(r: CheckResult | DoctorResult) -> Text:
+    return Text(f"{r.target.name}: {'unreachable' if r.unreachable else 'failed'} — {r.error}", style="red")
+
+
 def check_tables(results: list[CheckResult]) -> list[Table | Text]:
     out: list[Table | Text] = []
     for r in results:
         if r.report is None:
-            out.append(Text(f"{r.target.name}: {'unreachable' if r.unreachable else 'failed'} — {r.error}", style="red"))
+            out.append(_no_report(r))
             continue
         rep = r.report
-        table = Table(title=f"{r.target.name}: {'OK' if rep.ok else 'FAILED'}", title_justify="left",
-                      title_style="green" if rep.ok else "red")
-        for col in ("check", "result", "detail", "fix"):
-            table.add_column(col, overflow="fold")
-        for c in rep.checks:
-            mark = "ok" if c.ok else ("warn" if c.severity == "warn" else "FAIL")
-            table.add_row(c.name, Text(mark, style="green" if c.ok else "yellow" if mark == "warn" else "red"),
-                          c.detail, c.fix or "")
-        out.append(table)
+        out.append(_checks_table(f"{r.target.name}: {'OK' if rep.ok else 'FAILED'}", "green" if rep.ok else "red",
+                                 "check", rep.checks))
     return out
 
 
@@ -300,16 +311,12 @@ def monitor_table(samples: list[GpuSample], interval: float | None = None) -> Ta
 
 # --- doctor ------------------------------------------------------------------------------------
 
-if TYPE_CHECKING:
-    from gpuprov.doctor import DoctorResult
-
-
 def doctor_tables(results: list[DoctorResult]) -> list[Table | Text]:
     """One table per host: every finding, root cause first, with its fix; unreachable hosts as a line."""
     out: list[Table | Text] = []
     for r in results:
         if r.report is None:
-            out.append(Text(f"{r.target.name}: {'unreachable' if r.unreachable else 'failed'} — {r.error}", style="red"))
+            out.append(_no_report(r))
             continue
         rep = r.report
         fails, warns = len(rep.failures), sum(not c.ok and c.severity == "warn" for c in rep.findings)
@@ -317,13 +324,6 @@ def doctor_tables(results: list[DoctorResult]) -> list[Table | Text]:
             verdict = f"{fails} problem(s)" + (f", {warns} warning(s)" if warns else "")
         else:
             verdict = f"{warns} warning(s)" if warns else "healthy"
-        table = Table(title=f"{r.target.name}: {verdict}", title_justify="left",
-                      title_style="red" if fails else "yellow" if warns else "green")
-        for col in ("finding", "result", "detail", "fix"):
-            table.add_column(col, overflow="fold")
-        for c in rep.findings:
-            mark = "ok" if c.ok else ("warn" if c.severity == "warn" else "FAIL")
-            table.add_row(c.name, Text(mark, style="green" if c.ok else "yellow" if mark == "warn" else "red"),
-                          c.detail, c.fix or "")
-        out.append(table)
+        out.append(_checks_table(f"{r.target.name}: {verdict}", "red" if fails else "yellow" if warns else "green",
+                                 "finding", rep.findings))
     return out
