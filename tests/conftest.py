@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIMS = ROOT / "tests" / "shims"
+SUDO_USER = "gpuprov-sudoer"  # a login user that becomes root through `sudo -n`, like `ubuntu` on EC2
 
 
 @pytest.fixture
@@ -33,14 +35,20 @@ def host_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         pytest.skip("the SSH test hosts need root (network namespaces, sshd on port 22)")
     from tests.hosts.fixture import HostPool
 
+    created = subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", SUDO_USER],
+                             capture_output=True).returncode == 0  # 9: it exists already
+    # '*': no password, but not locked ('!'), which sshd without PAM would refuse even for key logins
+    subprocess.run(["usermod", "--password", "*", SUDO_USER], check=True, capture_output=True)
     pool = HostPool(8, tmp_path_factory.mktemp("hosts"), shims_dir=SHIMS, prefix="gpt", bridge="gptbr0", subnet="10.210.0",
-                    host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"})
+                    host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"}, sudo_users=(SUDO_USER,))
     pool.start()
     print(f"\nSSH test hosts: {len(pool)} in mode {pool.mode}")
     try:
         yield pool
     finally:
         pool.stop()
+        if created:
+            subprocess.run(["userdel", "--remove", SUDO_USER], capture_output=True)
 
 
 from tests.aws.fixture import aws, aws_endpoint  # noqa: E402,F401  (pytest fixtures)

@@ -181,3 +181,22 @@ def test_connection_killed_mid_step_fails_clearly_and_the_rerun_resumes_there(ho
     assert by_step(hosts[0]) == {"first": "skipped", "slow": "changed", "last": "changed"}
     ran = pool.exec_in(7, "cat /var/lib/gpuprov/ran").stdout.split()
     assert ran == ["first", "slow", "slow", "last"]
+
+
+def test_a_login_user_with_sudo_gets_the_same_result_as_root(host_pool, gp_home):
+    from tests.conftest import SUDO_USER
+
+    pool = host_pool
+    reset(pool, [0])
+    host = f"{SUDO_USER}@{pool[0].address}"
+    result = gpuprov("bootstrap", host, "-i", str(pool.key_path), "--accept-new-host-key", "--os", "ubuntu-22.04",
+                     "-p", "minimal", "--reboot-timeout", "30", "--json")
+    hosts = json.loads(result.stdout)
+    assert result.returncode == 0, hosts
+    assert by_step(hosts[0])["nvidia-driver"] == "reboot"
+    owners = pool.exec_in(0, "stat -c '%U %a' /var/lib/gpuprov /var/lib/gpuprov/bundle /var/lib/gpuprov/markers/*",
+                          check=True).stdout.split("\n")
+    assert owners[0] == "root 700" and all(line.startswith("root ") for line in owners if line)
+    assert any(line.startswith("apt-get") for line in calls(pool, 0))  # the steps ran, as root, through sudo
+    again = gpuprov("bootstrap", host, "-i", str(pool.key_path), "--os", "ubuntu-22.04", "-p", "minimal", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)[0]["status"] == "ok"

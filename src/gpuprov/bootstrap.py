@@ -192,7 +192,7 @@ class _HostRun:
 
     def _bootstrap(self, remote: Remote) -> None:
         self.result.failed_step = "facts"
-        facts = parse_facts(remote.run(FACTS_COMMAND).stdout)
+        facts = parse_facts(remote.run(FACTS_COMMAND, sudo=True).stdout)
         self.log.note(f"facts: {facts.model_dump_json()}")
         self.result.failed_step = "plan"
         plan = self.plan_for(self.target, facts)  # a UserInputError here stops this host before anything is installed

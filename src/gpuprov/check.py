@@ -47,7 +47,7 @@ def _expectation(target: Target, gpu: str | None, manifest: dict[str, object] | 
 
 
 def _check(remote: Remote, target: Target, gpu: str | None, env_path: str) -> CheckReport:
-    facts = parse_facts(remote.run(FACTS_COMMAND).stdout)
+    facts = parse_facts(remote.run(FACTS_COMMAND, sudo=True).stdout)
     raw = remote.run(f"cat {BUNDLE_DIR}/manifest.json 2>/dev/null || true", sudo=True).stdout
     manifest = json.loads(raw) if raw.strip() else None
     path = f"/tmp/gpuprov-probe-{time.monotonic_ns()}.py"

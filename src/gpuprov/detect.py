@@ -14,7 +14,8 @@ from gpuprov import catalog
 
 NVSWITCH_PCI_IDS = ("1af1", "22a3", "2901")  # p4d/p4de, p5*, p6 (gpu-stack-facts §1b)
 
-# Separated by marker lines so each part can be empty without confusing the parser.
+# Separated by marker lines so each part can be empty without confusing the parser. Run it as root:
+# a non-root nvidia-smi fails until the /dev/nvidia* nodes exist (a root nvidia-smi creates them).
 FACTS_COMMAND = (
     "echo '## nvidia-smi'; "
     "command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null; "

@@ -139,6 +139,7 @@ class HostPool:
         reboot_delay: float = 1.0,
         startup_timeout: float = 20.0,
         host_env: dict[str, str] | None = None,
+        sudo_users: tuple[str, ...] = (),
     ) -> None:
         if mode not in ("auto", "netns", "loopback"):
             raise ValueError(f"mode must be auto, netns or loopback, not {mode!r}")
@@ -152,6 +153,7 @@ class HostPool:
         self.reboot_delay = reboot_delay
         self.startup_timeout = startup_timeout
         self.host_env = dict(host_env or {})
+        self.sudo_users = tuple(sudo_users)
         self._want = mode
         self.mode = ""
         self.fallback_reason = ""
@@ -199,6 +201,7 @@ class HostPool:
         )
         env["SHIMS"] = str(self.shims_dir) if self.shims_dir else ""
         env["HOST_ENV"] = " ".join(f"{k}={v}" for k, v in self.host_env.items())
+        env["SUDO_USERS"] = " ".join(self.sudo_users)
         return env
 
     def start(self) -> None:

@@ -12,6 +12,7 @@
 #   PUBKEY  (required for up) public key file authorized for root.
 #   OFFSET  host i (1..N) gets $SUBNET.(OFFSET+i); default 10. SUBNET default 10.200.0 (bridge gets .1/24).
 #   BRIDGE  bridge name, default gpbr0.   PREFIX  namespace/host name prefix, default gph (hosts gph1..gphN).
+#   SUDO_USERS optional "user user": may `sudo -n` to root without a password on every host (needs SHIMS)
 #   HOST_ENV optional "KEY=VALUE KEY=VALUE": extra variables every ssh session gets (sshd SetEnv; needs SHIMS)
 #   SHIMS   optional folder; bind-mounted read-only at /usr/local/gpuprov-shims inside every host, and
 #           /usr/local/gpuprov-shims/bin is put FIRST on PATH for ssh sessions (sshd SetEnv PATH, plus
@@ -123,6 +124,13 @@ up() {
       path=$SHIM_MNT/bin:$STD_PATH
       setenv="SetEnv PATH=$path${HOST_ENV:+ $HOST_ENV}"
       sed -E "s#^(Defaults[[:space:]]+secure_path=\"?)#\\1$SHIM_MNT/bin:#" /etc/sudoers > "$d/sudoers"
+      # SUDO_USERS log in as themselves and become root with `sudo -n`, as `ubuntu` does on EC2; the
+      # session's HOST_ENV (the test sysroot) survives sudo's env_reset
+      for u in ${SUDO_USERS:-}; do printf '%s ALL=(ALL) NOPASSWD: ALL\n' "$u" >> "$d/sudoers"; done
+      if [[ -n ${HOST_ENV:-} ]]; then
+        printf 'Defaults env_keep += "%s"\n' "$(for kv in $HOST_ENV; do printf '%s ' "${kv%%=*}"; done)" >> "$d/sudoers"
+      fi
+      visudo -cqf "$d/sudoers" || die "the per-host sudoers for $ns does not parse"
       chmod 440 "$d/sudoers"
     fi
     printf 'PATH=%s\nexport PATH\n' "$path" > "$d/profile"
