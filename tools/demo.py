@@ -59,7 +59,8 @@ def lifecycle(env: dict[str, str], work: Path) -> None:
         shutil.copy(f"{pool.key_path}.pub", keys / "id_ed25519.pub")
         subnet = aws.subnet_for_hosts("10.240.0.0/24", "us-east-1a")
         show(env, "up", "demo", "--gpu", "T4", "--spot", "--subnet", subnet, "--connect", "private",
-             "--ssh-user", "root", "--ssh-cidr", "10.240.0.1/32", "--os", "ubuntu-22.04", "--python", "3.11", "--yes")
+             "--ssh-user", "root", "--ssh-cidr", "10.240.0.1/32", "--os", "ubuntu-22.04", "--python", "3.11",
+             "--autostop", "30m", "--ttl", "8h", "--yes")
         show(env, "status")
         show(env, "check", "demo")
         show(env, "down", "demo", "--yes")

@@ -265,10 +265,13 @@ class _StepLines:
 
     def __init__(self, say: Say) -> None:
         self.say = say
+        self.last = ""
 
     def event(self, host: str, step: str, state: str) -> None:
-        if step and state not in ("running",) and step not in ("connect", "upload"):
-            self.say(f"  {step}: {state}")
+        line = f"  {step}: {state}"
+        if step and state != "running" and step not in ("connect", "upload") and line != self.last:
+            self.say(line)
+            self.last = line
 
 
 def _wait_tcp(address: str, port: int, timeout: float) -> None:

@@ -2,7 +2,7 @@
 
 One `Remote` per host per thread. Fabric honours ~/.ssh/config (Host aliases, HostName, User,
 Port, IdentityFile, ProxyJump); every hop, ProxyJump gateways included, checks its host key
-against gpuprov's known_hosts (see hostkeys.py) instead of Fabric's default AutoAddPolicy.
+against gpuprov's known_hosts (see hostkeys.py) instead of Fabric's default, which trusts any new key.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _config(settings: HostSettings) -> Config:
 
 
 def _secure(conn: Connection, settings: HostSettings) -> Connection:
-    """Replace Fabric's AutoAddPolicy client with one that checks gpuprov's pins, for every hop."""
+    """Replace Fabric's trust-any-new-key client with one that checks gpuprov's pins, for every hop."""
     conn.client = paramiko.SSHClient()
     hostkeys.prepare_client(conn.client, settings.known_hosts, settings.accept_new_host_key)
     if isinstance(conn.gateway, Connection):
