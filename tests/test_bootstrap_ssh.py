@@ -200,3 +200,18 @@ def test_a_login_user_with_sudo_gets_the_same_result_as_root(host_pool, gp_home)
     assert any(line.startswith("apt-get") for line in calls(pool, 0))  # the steps ran, as root, through sudo
     again = gpuprov("bootstrap", host, "-i", str(pool.key_path), "--os", "ubuntu-22.04", "-p", "minimal", "--json")
     assert again.returncode == 0 and json.loads(again.stdout)[0]["status"] == "ok"
+
+
+def test_existing_hosts_get_the_same_guardrails(host_pool, gp_home):
+    pool = host_pool
+    reset(pool, [1])
+    code, hosts = bootstrap(pool, [1], "-p", "minimal", "--autostop", "45m", "--ttl", "2h",
+                            "--on-interrupt", "echo checkpoint")
+    assert code == 0, hosts
+    steps = by_step(hosts[0])
+    assert [s for s in steps if s in ("autostop", "ttl", "spot-interrupt")] == ["autostop", "ttl", "spot-interrupt"]
+    root = "/var/lib/gpuprov-shim/root"
+    assert "IDLE_SECONDS=2700" in pool.exec_in(1, f"cat {root}/etc/gpuprov/autostop.conf", check=True).stdout
+    assert pool.exec_in(1, f"cat {root}/var/lib/gpuprov/ttl-deadline", check=True).stdout.split()[0] == "7200"
+    bad = gpuprov("bootstrap", *addrs(pool, [1]), "--autostop", "soon")
+    assert bad.returncode == 2 and "--autostop" in bad.stderr

@@ -26,7 +26,7 @@ from gpuprov.detect import FACTS_COMMAND, HostFacts, parse_facts
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.fanout import run_parallel
 from gpuprov.inventory import Target
-from gpuprov.plan import Plan
+from gpuprov.plan import GuardRequest, Plan
 from gpuprov.remote import ConnectionLost, HostSettings, Remote, Unreachable
 from gpuprov.render import STATE_DIR, Bundle, Script
 from gpuprov.verify import CheckReport, Expectation, ProbeError, extract_probe, judge, parse_probe
@@ -313,7 +313,8 @@ def bootstrap(
 
 
 
-def planner(gpu: str | None, playbook: str, os_name: str | None, pins: StackPins) -> Callable[[Target, HostFacts], Plan]:
+def planner(gpu: str | None, playbook: str, os_name: str | None, pins: StackPins,
+            guard: GuardRequest | None = None) -> Callable[[Target, HostFacts], Plan]:
     """How each existing host gets its plan: its GPU (given, or detected) and OS (given, or its own)."""
     from gpuprov.compat import SUPPORTED_OS
     from gpuprov.plan import make_host_plan
@@ -333,6 +334,7 @@ def planner(gpu: str | None, playbook: str, os_name: str | None, pins: StackPins
         if os_used not in SUPPORTED_OS:
             raise UserInputError("--os", f"{target.name} runs {facts.os or 'an unknown OS'}; gpuprov's scripts support "
                                  f"{', '.join(SUPPORTED_OS)}", "pass --os to run them anyway, at your own risk")
-        return make_host_plan(wanted or detected, playbook, os_used, pins, nvswitch=True if facts.nvswitch else None)
+        return make_host_plan(wanted or detected, playbook, os_used, pins, nvswitch=True if facts.nvswitch else None,
+                              guard=guard)
 
     return plan_for

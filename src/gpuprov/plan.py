@@ -261,13 +261,25 @@ def make_plan(request: NodeRequest) -> Plan:
     return Plan(request, gpu, count, instance, candidates, playbook, stack, steps, guards)
 
 
+@dataclass(frozen=True)
+class GuardRequest:
+    """Guardrails asked for by flags: idle autostop and TTL in seconds, an interruption hook."""
+
+    autostop_seconds: int | None = None
+    ttl_seconds: int | None = None
+    on_interrupt: str | None = None
+
+
 def make_host_plan(
-    gpu_name: str | None, playbook_name: str, os_name: str, pins: StackPins, nvswitch: bool | None = None
+    gpu_name: str | None, playbook_name: str, os_name: str, pins: StackPins, nvswitch: bool | None = None,
+    guard: GuardRequest | None = None,
 ) -> Plan:
     """The plan for an existing host: no instance type; Fabric Manager follows what the host has.
 
     :param nvswitch: True when the host showed NVSwitch devices; None installs Fabric Manager only
         if the host turns out to have them.
+    :param guard: guardrails, as for a launched node (the interruption watcher only with a hook: an
+        existing host is not a spot instance gpuprov asked for).
     """
     playbook = load_playbook(playbook_name)
     gpu, count = None, 0
@@ -280,7 +292,10 @@ def make_host_plan(
     stack = resolve_stack(playbook, gpu, os_name, pins, nvswitch) if gpu else None
     if gpu is None and pins.model_copy(update={"python": None}) != StackPins():
         raise UserInputError("--playbook", "driver, CUDA and torch pins need a GPU host")
-    request = NodeRequest(gpu=gpu_name or "none", count=max(count, 1), playbook=playbook_name, os=os_name, pins=pins)
-    guards = guards_for(request, playbook)  # an existing host: only the playbook's on_interrupt applies
+    guard = guard or GuardRequest()
+    request = NodeRequest(gpu=gpu_name or "none", count=max(count, 1), playbook=playbook_name, os=os_name, pins=pins,
+                          autostop_seconds=guard.autostop_seconds, ttl_seconds=guard.ttl_seconds,
+                          on_interrupt=guard.on_interrupt)
+    guards = guards_for(request, playbook)
     steps = steps_for(playbook, stack, pins.python or "3.12", guards)
     return Plan(request, gpu, count, None, (), playbook, stack, steps, guards)

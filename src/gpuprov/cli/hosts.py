@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from gpuprov.cli.common import (
+    guard_options,
     handle_errors,
     host_settings,
     main,
@@ -23,6 +24,7 @@ from gpuprov.cli.common import (
 @main.command()
 @ssh_options
 @pin_options
+@guard_options
 @click.option("--gpu", default=None, help="The GPU the hosts carry; default: what each host reports. A mismatch stops that host.")
 @click.option("--force", is_flag=True, help="Rerun every step, even those whose marker says they are done.")
 @click.option("--reboot-timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for a host to come back.")
@@ -39,20 +41,22 @@ def bootstrap(force: bool, reboot_timeout: float, verbose: bool, as_json: bool, 
     """
     from gpuprov import bootstrap as engine
     from gpuprov.compat import check_pins
-    from gpuprov.plan import make_host_plan
+    from gpuprov.plan import GuardRequest, make_host_plan
     from gpuprov.report import LiveHosts, bootstrap_summary
-    from gpuprov.spec import load_playbook
+    from gpuprov.spec import load_playbook, parse_duration
 
     pins = pins_from(kw)
     check_pins(pins)
     load_playbook(kw["playbook"])
+    guard = GuardRequest(autostop_seconds=parse_duration(kw["autostop"], "--autostop"),
+                         ttl_seconds=parse_duration(kw["ttl"], "--ttl"), on_interrupt=kw["on_interrupt"] or None)
     if gpu:  # an impossible stack is refused before any host is touched
-        make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins)
+        make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins, guard=guard)
     targets = targets_from(kw)
     console = make_console()
     options = engine.Options(force=force, parallel=kw["parallel"], reboot_timeout=reboot_timeout,
                              echo=(lambda line: console.print(line, markup=False)) if verbose else None)
-    plan_for = engine.planner(gpu, kw["playbook"], kw["os_name"], pins)
+    plan_for = engine.planner(gpu, kw["playbook"], kw["os_name"], pins, guard)
     with LiveHosts(console, [t.name for t in targets], enabled=not as_json and not verbose) as live:
         results = engine.bootstrap(targets, host_settings(kw), plan_for, options, reporter=live)
     if as_json:
