@@ -119,3 +119,13 @@ def test_help_explains_commands():
     for cmd in ("gpus", "plan", "render"):
         assert cmd in out
     assert "--torch-cuda" in gpuprov("plan", "--help").stdout
+
+
+def test_plan_show_scripts_prints_every_rendered_step():
+    data = json.loads(CliRunner().invoke(main, ["plan", "--gpu", "L4", "--json", "--show-scripts"]).output)
+    names = [s["name"] for s in data["steps"]]
+    assert len(data["scripts"]) == len(names)
+    for filename, text in data["scripts"].items():
+        assert text.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in text, filename
+    human = CliRunner().invoke(main, ["plan", "--gpu", "L4", "--show-scripts"], env={"COLUMNS": "160"}).output
+    assert "01-kernel-headers.sh" in human and "GPUPROV_RESULT" in human
