@@ -34,13 +34,13 @@ def main() -> None:
             os.environ.update(aws.env())
             os.environ["GPUPROV_HOME"] = tempfile.mkdtemp(prefix="gpuprov-bench-")
             from gpuprov import lifecycle
-            from gpuprov.paths import state_dir
+            from gpuprov.paths import keys_dir
             from gpuprov.plan import NodeRequest, make_plan
             from gpuprov.providers.aws import AwsProvider
             from gpuprov.state import open_store
 
             store = open_store()
-            provider = AwsProvider(store, lifecycle.owner(), state_dir() / "keys", poll=0.05)
+            provider = AwsProvider(store, lifecycle.owner(), keys_dir(), poll=0.05)
             plan = make_plan(NodeRequest(gpu="L4", spot=True))
 
             def one(i: int, plan=plan, provider=provider, store=store) -> None:

@@ -26,6 +26,7 @@ from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.fanout import run_parallel
 from gpuprov.inventory import Target, parse_target
 from gpuprov.remote import ConnectionLost, HostSettings, Remote, Unreachable
+from gpuprov.render import host_path
 from gpuprov.verify import QUERY_FIELDS, GpuInfo, parse_query_csv
 
 UNREACHABLE = 255  # what ssh itself exits with when it cannot connect or authenticate
@@ -364,7 +365,7 @@ def _pump(sock: socket.socket, channel: paramiko.Channel, stop: threading.Event)
 
 def read_jupyter_token(remote: Remote) -> str:
     """The token the `jupyter` step generated on the host (root-only file)."""
-    path = '"${GPUPROV_SYSROOT:-}"' + JUPYTER_TOKEN_PATH  # the rendered steps' sysroot convention
+    path = host_path(JUPYTER_TOKEN_PATH)
     command = f"cat {path}" if remote.is_root else f"sudo -n cat -- {path}"
     result = remote.run(command)
     token = result.stdout.strip()

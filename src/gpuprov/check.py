@@ -8,7 +8,6 @@ GPUs the PCI bus shows, so a GPU that fell off the bus is noticed even when nvid
 from __future__ import annotations
 
 import json
-import shlex
 import time
 
 from gpuprov.bootstrap import BUNDLE_DIR
@@ -16,7 +15,7 @@ from gpuprov.detect import FACTS_COMMAND, parse_facts
 from gpuprov.fanout import run_parallel
 from gpuprov.inventory import Target
 from gpuprov.remote import HostOutcome, HostSettings, Remote, on_host
-from gpuprov.render import environment
+from gpuprov.render import environment, host_path
 from gpuprov.verify import CheckReport, Expectation, extract_probe, judge, parse_probe
 
 DEFAULT_ENV = "/opt/gpuprov/env"
@@ -54,8 +53,7 @@ def _check(remote: Remote, target: Target, gpu: str | None, env_path: str) -> Ch
     remote.put_bytes(probe_source().encode(), path)
     plan = manifest.get("gpuprov_plan") if isinstance(manifest, dict) else None
     env = plan.get("env_path") if isinstance(plan, dict) and plan.get("env_path") else env_path
-    # the same sysroot convention as the rendered scripts (empty on real hosts)
-    py = '"${GPUPROV_SYSROOT:-}"' + shlex.quote(f"{env}/bin/python")
+    py = host_path(f"{env}/bin/python")
     out = remote.run(f"if [ -x {py} ]; then {py} {path}; else python3 {path}; fi; rm -f {path}", sudo=True)
     report = parse_probe(target.name, extract_probe(out.stdout))
     return judge(report, _expectation(target, gpu, manifest, facts.pci_gpu_count))

@@ -23,7 +23,7 @@ from gpuprov.errors import GpuprovError
 from gpuprov.fanout import run_parallel
 from gpuprov.inventory import Target
 from gpuprov.remote import HostOutcome, HostSettings, Remote, on_host
-from gpuprov.verify import Check, parse_summary
+from gpuprov.verify import Check, failed, parse_summary, passed
 
 SUPPORTED_OS = ("ubuntu-22.04", "ubuntu-24.04")
 DEFAULT_MIN_FREE_GB = 10.0  # a torch CUDA wheel and its nvidia-* libraries take several GB
@@ -569,11 +569,11 @@ class DoctorReport(BaseModel):
 
     @property
     def ok(self) -> bool:
-        return all(c.ok or c.severity == "warn" for c in self.findings)
+        return passed(self.findings)
 
     @property
     def failures(self) -> list[Check]:
-        return [c for c in self.findings if not c.ok and c.severity == "fail"]
+        return failed(self.findings)
 
 
 DoctorResult = HostOutcome[DoctorReport]

@@ -24,5 +24,14 @@ def logs_dir() -> Path:
     return path
 
 
+def keys_dir() -> Path:
+    return state_dir() / "keys"
+
+
+def region_key(keys: Path, region: str) -> Path:
+    """This user's private key for a cloud region (its public half is beside it, `.pub`)."""
+    return keys / region / "id_ed25519"
+
+
 def known_hosts_path() -> Path:
     return state_dir() / "known_hosts"

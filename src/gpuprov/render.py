@@ -75,6 +75,12 @@ class Bundle:
         return written
 
 
+def host_path(path: str) -> str:
+    """A path on the host as a shell word, under ${GPUPROV_SYSROOT} like every rendered step
+    (empty on real hosts; the test hosts keep their fake root there)."""
+    return '"${GPUPROV_SYSROOT:-}"' + shlex.quote(path)
+
+
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -19,10 +20,10 @@ from gpuprov.plan import Plan
 if TYPE_CHECKING:
     from gpuprov.bootstrap import HostResult
     from gpuprov.check import CheckResult
-    from gpuprov.doctor import DoctorResult
+    from gpuprov.doctor import DoctorReport, DoctorResult
     from gpuprov.providers.base import SpotPrice
     from gpuprov.state import Node
-    from gpuprov.verify import Check
+    from gpuprov.verify import Check, CheckReport
 
 _STYLE = {"ok": "green", "changed": "cyan", "unchanged": "green", "failed": "red", "unreachable": "red",
           "running": "yellow", "rebooting": "magenta", "reboot": "magenta", "waiting": "dim"}
@@ -188,20 +189,22 @@ def _checks_table(title: str, style: str, first: str, checks: list[Check]) -> Ta
     return table
 
 
-def _no_report(r: CheckResult | DoctorResult) -> Text:
-    return Text(f"{r.target.name}: {'unreachable' if r.unreachable else 'failed'} — {r.error}", style="red")
-
-
-def check_tables(results: list[CheckResult]) -> list[Table | Text]:
+def _per_host(results: list[CheckResult] | list[DoctorResult], table: Callable[[str, Any], Table]) -> list[Table | Text]:
+    """One table per host that answered; one red line for each that did not."""
     out: list[Table | Text] = []
     for r in results:
         if r.report is None:
-            out.append(_no_report(r))
-            continue
-        rep = r.report
-        out.append(_checks_table(f"{r.target.name}: {'OK' if rep.ok else 'FAILED'}", "green" if rep.ok else "red",
-                                 "check", rep.checks))
+            out.append(Text(f"{r.target.name}: {'unreachable' if r.unreachable else 'failed'} — {r.error}", style="red"))
+        else:
+            out.append(table(r.target.name, r.report))
     return out
+
+
+def check_tables(results: list[CheckResult]) -> list[Table | Text]:
+    def table(host: str, rep: CheckReport) -> Table:
+        return _checks_table(f"{host}: {'OK' if rep.ok else 'FAILED'}", "green" if rep.ok else "red", "check", rep.checks)
+
+    return _per_host(results, table)
 
 
 def _age(seconds: float) -> str:
@@ -313,17 +316,14 @@ def monitor_table(samples: list[GpuSample], interval: float | None = None) -> Ta
 
 def doctor_tables(results: list[DoctorResult]) -> list[Table | Text]:
     """One table per host: every finding, root cause first, with its fix; unreachable hosts as a line."""
-    out: list[Table | Text] = []
-    for r in results:
-        if r.report is None:
-            out.append(_no_report(r))
-            continue
-        rep = r.report
+
+    def table(host: str, rep: DoctorReport) -> Table:
         fails, warns = len(rep.failures), sum(not c.ok and c.severity == "warn" for c in rep.findings)
         if fails:
             verdict = f"{fails} problem(s)" + (f", {warns} warning(s)" if warns else "")
         else:
             verdict = f"{warns} warning(s)" if warns else "healthy"
-        out.append(_checks_table(f"{r.target.name}: {verdict}", "red" if fails else "yellow" if warns else "green",
-                                 "finding", rep.findings))
-    return out
+        return _checks_table(f"{host}: {verdict}", "red" if fails else "yellow" if warns else "green",
+                             "finding", rep.findings)
+
+    return _per_host(results, table)

@@ -76,6 +76,15 @@ class Check(BaseModel):
     severity: Literal["fail", "warn"] = "fail"
 
 
+def passed(checks: list[Check]) -> bool:
+    """No failure among the checks (warnings allowed)."""
+    return not failed(checks)
+
+
+def failed(checks: list[Check]) -> list[Check]:
+    return [c for c in checks if not c.ok and c.severity == "fail"]
+
+
 class Expectation(BaseModel):
     """What the host should show: from the plan (GPU, count, torch) or from the user."""
 
@@ -98,11 +107,11 @@ class CheckReport(BaseModel):
 
     @property
     def ok(self) -> bool:
-        return all(c.ok or c.severity == "warn" for c in self.checks)
+        return passed(self.checks)
 
     @property
     def failures(self) -> list[Check]:
-        return [c for c in self.checks if not c.ok and c.severity == "fail"]
+        return failed(self.checks)
 
 
 # --- parsers ----------------------------------------------------------------------------------

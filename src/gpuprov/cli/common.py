@@ -161,7 +161,7 @@ def node_target(name: str) -> Any:
     """A node gpuprov launched, by name: its address, login, key and pinned host key."""
     import re
 
-    from gpuprov.paths import state_dir
+    from gpuprov.paths import keys_dir, region_key, state_dir
 
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name) or not (state_dir() / "state.sqlite").exists():
         return None
@@ -172,7 +172,7 @@ def node_target(name: str) -> Any:
     node = open_store().find_node(name)
     if node is None or not node.live or not node.address:
         return None
-    key = state_dir() / "keys" / node.region / "id_ed25519"
+    key = region_key(keys_dir(), node.region)
     return Target(host=node.address, user=node.ssh_user, key=str(key), label=node.name,
                   known_hosts=str(node_known_hosts(node.name)))
 
@@ -207,17 +207,17 @@ def host_settings(kw: dict[str, Any]) -> Any:
 # --- cloud lifecycle --------------------------------------------------------------------------
 
 
-def store_and_provider(region: str | None = None) -> tuple[Any, Any]:
+def store_and_provider() -> tuple[Any, Any]:
     import os
 
     from gpuprov.lifecycle import owner
-    from gpuprov.paths import state_dir
+    from gpuprov.paths import keys_dir
     from gpuprov.providers.aws import AwsProvider
     from gpuprov.state import open_store
 
     store = open_store()
     poll = float(os.environ.get("GPUPROV_POLL_SECONDS", "2"))
-    return store, AwsProvider(store, owner(), state_dir() / "keys", poll=poll)
+    return store, AwsProvider(store, owner(), keys_dir(), poll=poll)
 
 
 def say_to(console: Any) -> Callable[[str], None]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -93,14 +94,18 @@ def check(gpu: str | None, env_path: str, as_json: bool, **kw: Any) -> None:
     from gpuprov.report import check_tables
 
     results = run_check(targets_from(kw), host_settings(kw), gpu=gpu, env_path=env_path, parallel=kw["parallel"])
+    _finish(results, as_json, lambda r: {"report": r.report.model_dump(mode="json") if r.report else None}, check_tables)
+
+
+def _finish(results: list[Any], as_json: bool, fields: Callable[[Any], dict[str, Any]],
+            tables: Callable[[list[Any]], list[Any]]) -> None:
+    """Print per-host outcomes (JSON or tables) and exit 0 only when every host passed."""
     if as_json:
-        click.echo(json.dumps([
-            {"host": r.target.name, "ok": r.ok, "error": r.error,
-             "report": r.report.model_dump(mode="json") if r.report else None} for r in results
-        ], indent=2))
+        click.echo(json.dumps([{"host": r.target.name, "ok": r.ok, "unreachable": r.unreachable, "error": r.error,
+                                "seconds": round(r.seconds, 2), **fields(r)} for r in results], indent=2))
     else:
         console = make_console()
-        for renderable in check_tables(results):
+        for renderable in tables(results):
             console.print(renderable)
     sys.exit(0 if all(r.ok for r in results) else 1)
 
@@ -128,15 +133,7 @@ def doctor(env_path: str, min_free_gb: float, as_json: bool, **kw: Any) -> None:
     from gpuprov.report import doctor_tables
 
     results = run_doctor(targets_from(kw), host_settings(kw), env_path=env_path, min_free_gb=min_free_gb, parallel=kw["parallel"])
-    if as_json:
-        click.echo(json.dumps([
-            {"host": r.target.name, "ok": r.ok, "unreachable": r.unreachable, "error": r.error,
-             "seconds": round(r.seconds, 2),
-             "findings": [c.model_dump(mode="json") for c in r.report.findings] if r.report else None,
-             "facts": r.report.facts.model_dump(mode="json") if r.report else None} for r in results
-        ], indent=2))
-    else:
-        console = make_console()
-        for renderable in doctor_tables(results):
-            console.print(renderable)
-    sys.exit(0 if all(r.ok for r in results) else 1)
+    _finish(results, as_json, lambda r: {
+        "findings": [c.model_dump(mode="json") for c in r.report.findings] if r.report else None,
+        "facts": r.report.facts.model_dump(mode="json") if r.report else None,
+    }, doctor_tables)

@@ -21,6 +21,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
 
 from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.paths import region_key
 from gpuprov.providers.base import (
     SHARED,
     TAG_NODE,
@@ -153,9 +154,9 @@ class AwsProvider:
 
     def _key_files(self, region: str) -> tuple[Path, str]:
         """This user's private key for the region (created once, 0600) and its public line."""
-        folder = self.keys_dir / region
-        private = folder / "id_ed25519"
-        public = folder / "id_ed25519.pub"
+        private = region_key(self.keys_dir, region)
+        public = private.with_suffix(".pub")
+        folder = private.parent
         if not private.exists():
             from cryptography.hazmat.primitives import serialization
             from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
