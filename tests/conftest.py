@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import testnet
+
 ROOT = Path(__file__).resolve().parents[1]
 SHIMS = ROOT / "tests" / "shims"
 SUDO_USER = "gpuprov-sudoer"  # a login user that becomes root through `sudo -n`, like `ubuntu` on EC2
@@ -39,7 +41,8 @@ def host_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
                              capture_output=True).returncode == 0  # 9: it exists already
     # '*': no password, but not locked ('!'), which sshd without PAM would refuse even for key logins
     subprocess.run(["usermod", "--password", "*", SUDO_USER], check=True, capture_output=True)
-    pool = HostPool(8, tmp_path_factory.mktemp("hosts"), shims_dir=SHIMS, prefix="gpt", bridge="gptbr0", subnet="10.210.0",
+    pool = HostPool(8, tmp_path_factory.mktemp("hosts"), shims_dir=SHIMS, prefix=testnet.prefix("gpt"),
+                    bridge=testnet.bridge("gptbr0"), subnet=testnet.subnet("10.210.0"),
                     host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"}, sudo_users=(SUDO_USER,))
     pool.start()
     print(f"\nSSH test hosts: {len(pool)} in mode {pool.mode}")
@@ -61,8 +64,9 @@ def aws_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         pytest.skip("the SSH test hosts need root (network namespaces, sshd on port 22)")
     from tests.hosts.fixture import HostPool
 
-    pool = HostPool(2, tmp_path_factory.mktemp("aws-hosts"), shims_dir=SHIMS, offset=3, prefix="gpa",
-                    bridge="gpabr0", subnet="10.220.0", host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"})
+    pool = HostPool(2, tmp_path_factory.mktemp("aws-hosts"), shims_dir=SHIMS, offset=3, prefix=testnet.prefix("gpa"),
+                    bridge=testnet.bridge("gpabr0"), subnet=testnet.subnet("10.220.0"),
+                    host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"})
     pool.start()
     if pool.mode != "netns":
         pool.stop()

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import testnet
+
 EMPTY = {"instances": [], "security_groups": [], "key_pairs": [], "volumes": [], "spot_requests": [],
          "launch_templates": []}
 
@@ -50,7 +52,7 @@ def launch_site(aws, pool, gp_home) -> str:
     keys.mkdir(parents=True)
     shutil.copy(pool.key_path, keys / "id_ed25519")
     shutil.copy(f"{pool.key_path}.pub", keys / "id_ed25519.pub")
-    return aws.subnet_for_hosts("10.220.0.0/24", "us-east-1a")
+    return aws.subnet_for_hosts(testnet.subnet("10.220.0") + ".0/24", "us-east-1a")
 
 
 def test_up_spot_bootstrap_check_status_down_leaves_nothing(aws, env, aws_hosts, gp_home):

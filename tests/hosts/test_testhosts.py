@@ -13,6 +13,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from tests import testnet
+
 from .fixture import SCRIPT, HostPool, TestHost
 
 pytestmark = [
@@ -29,7 +31,8 @@ def pool(tmp_path_factory: pytest.TempPathFactory):
     base = tmp_path_factory.mktemp("testhosts")
     # own prefix/bridge/subnet/offset: may run while another (session-scoped) pool with the defaults is up
     with HostPool(
-        N, base, shims_dir=SHIMS, offset=100, prefix="ght", bridge="ghtbr0", subnet="10.209.0"
+        N, base, shims_dir=SHIMS, offset=100, prefix=testnet.prefix("ght"), bridge=testnet.bridge("ghtbr0"),
+        subnet=testnet.subnet("10.209.0"),
     ) as p:
         yield p
 
