@@ -34,17 +34,17 @@ def main() -> None:
             os.environ.update(aws.env())
             os.environ["GPUPROV_HOME"] = tempfile.mkdtemp(prefix="gpuprov-bench-")
             from gpuprov import lifecycle
-            from gpuprov.paths import keys_dir
             from gpuprov.plan import NodeRequest, make_plan
             from gpuprov.providers.aws import AwsProvider
             from gpuprov.state import open_store
 
             store = open_store()
-            provider = AwsProvider(store, lifecycle.owner(), keys_dir(), poll=0.05)
+            provider = AwsProvider(lifecycle.owner(), poll=0.05)
             plan = make_plan(NodeRequest(gpu="L4", spot=True))
 
             def one(i: int, plan=plan, provider=provider, store=store) -> None:
-                opts = lifecycle.UpOptions(name=f"bench-{i}", ssh_cidr="198.51.100.7/32", bootstrap=False)
+                opts = lifecycle.UpOptions(name=f"bench-{i}", ssh_cidr="198.51.100.7/32", bootstrap=False,
+                                           wait=False)
                 lifecycle.up(plan, opts, provider, store, lambda _text: None)
 
             start = time.perf_counter()

@@ -110,7 +110,7 @@ def test_failover_prints_each_aws_code_and_lands_on_the_next_candidate(aws, env)
         {"action": "RunInstances", "match": {"Placement.AvailabilityZone": "us-east-1b"}, "status": 400,
          "code": "SpotMaxPriceTooLow", "message": "Your Spot request price of 0.1 is lower than the minimum"},
     ])
-    result = gp(env, *up_args("fo", "--gpu", "A10G", "--spot", "--no-bootstrap"))
+    result = gp(env, *up_args("fo", "--gpu", "A10G", "--spot", "--no-bootstrap", "--no-wait"))
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert out.index("InsufficientInstanceCapacity") < out.index("SpotMaxPriceTooLow")
@@ -125,10 +125,10 @@ def test_failover_prints_each_aws_code_and_lands_on_the_next_candidate(aws, env)
 def test_spot_exhausted_falls_back_to_on_demand_only_when_asked(aws, env):
     aws.faults({"action": "RunInstances", "match": {"InstanceMarketOptions.MarketType": "spot"}, "status": 500,
                 "code": "InsufficientInstanceCapacity", "message": "no spot capacity"})
-    refused = gp(env, *up_args("sp", "--gpu", "L4", "--spot", "--no-bootstrap"))
+    refused = gp(env, *up_args("sp", "--gpu", "L4", "--spot", "--no-bootstrap", "--no-wait"))
     assert refused.returncode == 1 and "--fallback on-demand" in refused.stderr
     nothing_left(aws)
-    landed = gp(env, *up_args("sp", "--gpu", "L4", "--spot", "--fallback", "on-demand", "--no-bootstrap"))
+    landed = gp(env, *up_args("sp", "--gpu", "L4", "--spot", "--fallback", "on-demand", "--no-bootstrap", "--no-wait"))
     assert landed.returncode == 0, landed.stderr
     markets = [e["form"].get("InstanceMarketOptions.MarketType", "on-demand") for e in aws.log("RunInstances")]
     assert markets[-1] == "on-demand" and "spot" in markets
@@ -136,13 +136,16 @@ def test_spot_exhausted_falls_back_to_on_demand_only_when_asked(aws, env):
     nothing_left(aws)
 
 
-def test_quota_error_names_the_quota_and_stops(aws, env):
-    aws.set_quota("L-7212CCBC", 0)
+def test_p5_spot_quota_error_names_the_p5_quota_and_stops(aws, env):
+    # AWS's quota table: P5 spot is "All P5 Spot Instance Requests", L-C4BD4855; P4/P3/P2 spot has room
+    aws.set_quota("L-C4BD4855", 0)
+    aws.set_quota("L-7212CCBC", 1536)
     aws.faults({"action": "RunInstances", "status": 400, "code": "VcpuLimitExceeded",
                 "message": "You have requested more vCPU capacity than your current vCPU limit of 0 allows"})
-    result = gp(env, *up_args("q", "--gpu", "H100:8", "--spot", "--no-bootstrap"))
+    result = gp(env, *up_args("q", "--gpu", "H100:8", "--spot", "--no-bootstrap", "--no-wait"))
     assert result.returncode == 1
-    assert "L-7212CCBC" in result.stderr and "192" in result.stderr and "current value is 0" in result.stderr
+    assert "All P5 Spot Instance Requests' (L-C4BD4855)" in result.stderr and "current value is 0" in result.stderr
+    assert "--quota-code L-C4BD4855 --desired-value 192 " in result.stderr and "L-7212CCBC" not in result.stderr
     assert len(aws.log("RunInstances")) == 1  # no pointless failover
     nothing_left(aws)
 
@@ -150,7 +153,7 @@ def test_quota_error_names_the_quota_and_stops(aws, env):
 def test_permission_error_stops_at_once_with_a_fix(aws, env):
     aws.faults({"action": "RunInstances", "status": 403, "code": "UnauthorizedOperation",
                 "message": "You are not authorized to perform this operation."})
-    result = gp(env, *up_args("p", "--gpu", "T4", "--no-bootstrap"))
+    result = gp(env, *up_args("p", "--gpu", "T4", "--no-bootstrap", "--no-wait"))
     assert result.returncode == 1
     assert "UnauthorizedOperation" in result.stderr and "IAM" in result.stderr
     assert len(aws.log("RunInstances")) == 1
@@ -160,7 +163,7 @@ def test_permission_error_stops_at_once_with_a_fix(aws, env):
 def test_throttling_is_retried_by_botocore(aws, env):
     aws.faults({"action": "DescribeInstanceTypeOfferings", "status": 503, "code": "RequestLimitExceeded",
                 "message": "Request limit exceeded.", "times": 1})
-    result = gp(env, *up_args("t", "--gpu", "T4", "--no-bootstrap"))
+    result = gp(env, *up_args("t", "--gpu", "T4", "--no-bootstrap", "--no-wait"))
     assert result.returncode == 0, result.stderr
     assert len(aws.log("DescribeInstanceTypeOfferings")) == 2
     assert gp(env, "down", "t", "--yes").returncode == 0
@@ -181,7 +184,7 @@ def test_bad_input_creates_nothing(aws, env, args, needle):
 
 def test_no_credentials_says_how_to_configure(aws, env):
     env = {k: v for k, v in env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    result = gp(env, *up_args("nc", "--gpu", "T4", "--no-bootstrap"))
+    result = gp(env, *up_args("nc", "--gpu", "T4", "--no-bootstrap", "--no-wait"))
     assert result.returncode == 2
     assert "aws configure" in result.stderr and "Traceback" not in result.stderr
     nothing_left(aws)
@@ -203,8 +206,8 @@ CHECKPOINTS = ["ImportKeyPair", "CreateSecurityGroup", "AuthorizeSecurityGroupIn
 
 
 def _crash_then_clean(aws, env, name: str, kill: callable, cleanup: str) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args(name, "--gpu", "T4", "--spot", "--no-bootstrap")],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = up_args(name, "--gpu", "T4", "--spot", "--no-bootstrap", "--no-wait")
+    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         kill(proc)
     finally:
@@ -257,7 +260,7 @@ def test_sigkill_at_random_instants_leaves_nothing(aws, env, seed):
 
 
 def test_concurrent_ups_share_one_key_pair_and_both_land(aws, env):
-    procs = [subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args(f"c{i}", "--gpu", "T4", "--no-bootstrap")],
+    procs = [subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args(f"c{i}", "--gpu", "T4", "--no-bootstrap", "--no-wait")],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outs
@@ -268,7 +271,7 @@ def test_concurrent_ups_share_one_key_pair_and_both_land(aws, env):
 
 
 def test_status_refresh_shows_an_interrupted_spot_node_with_ec2_reason(aws, env):
-    assert gp(env, *up_args("sp", "--gpu", "T4", "--spot", "--no-bootstrap")).returncode == 0
+    assert gp(env, *up_args("sp", "--gpu", "T4", "--spot", "--no-bootstrap", "--no-wait")).returncode == 0
     (inst,) = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]]
     aws.ec2().terminate_instances(InstanceIds=[inst["InstanceId"]])  # stands in for a spot interruption
     aws.ec2().describe_instances()  # moto moves shutting-down -> terminated on the next describe
@@ -281,7 +284,7 @@ def test_status_refresh_shows_an_interrupted_spot_node_with_ec2_reason(aws, env)
 
 
 def test_gc_lists_without_yes_and_deletes_with_it(aws, env):
-    assert gp(env, *up_args("keep", "--gpu", "T4", "--no-bootstrap")).returncode == 0
+    assert gp(env, *up_args("keep", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
     # a resource tagged as ours that no local node owns (another machine's lost state, say)
     ec2 = aws.ec2()
     owner = next(t["Value"] for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]
@@ -302,7 +305,7 @@ def test_gc_lists_without_yes_and_deletes_with_it(aws, env):
 
 def test_gpu_not_offered_where_asked_creates_nothing(aws, env):
     subnet = aws.subnet_for_hosts("10.221.0.0/24", "us-east-1e")  # p4d.24xlarge is offered in 1a-1d only
-    result = gp(env, *up_args("nope", "--gpu", "A100:8", "--subnet", subnet, "--no-bootstrap"))
+    result = gp(env, *up_args("nope", "--gpu", "A100:8", "--subnet", subnet, "--no-bootstrap", "--no-wait"))
     assert result.returncode == 2 and "us-east-1e" in result.stderr
     assert not aws.log("RunInstances") and not aws.log("CreateSecurityGroup")
     nothing_left(aws)

@@ -15,20 +15,20 @@ from gpuprov.state import Store
 def test_candidates_spot_first_cheapest_type_first_then_on_demand_with_fallback():
     plan = make_plan(NodeRequest(gpu="A10G", spot=True))
     offerings = {"g5.xlarge": ["us-east-1a", "us-east-1b"], "g5.2xlarge": ["us-east-1a"]}
-    order = [(c.instance_type, c.zone, c.market) for c in candidates(plan, offerings, True, True)]
+    order = [(c.instance_type, c.zone, c.market) for c in candidates(plan, offerings, True, True).candidates]
     assert order == [
         ("g5.xlarge", "us-east-1a", "spot"), ("g5.xlarge", "us-east-1b", "spot"), ("g5.2xlarge", "us-east-1a", "spot"),
         ("g5.xlarge", "us-east-1a", "on-demand"), ("g5.xlarge", "us-east-1b", "on-demand"),
         ("g5.2xlarge", "us-east-1a", "on-demand"),
     ]
-    assert all(c.market == "spot" for c in candidates(plan, offerings, True, False))
-    assert {c.zone for c in candidates(plan, offerings, True, False, zone="us-east-1b")} == {"us-east-1b"}
-    assert candidates(plan, {}, True, True) == []
+    assert all(c.market == "spot" for c in candidates(plan, offerings, True, False).candidates)
+    assert {c.zone for c in candidates(plan, offerings, True, False, zone="us-east-1b").candidates} == {"us-east-1b"}
+    assert candidates(plan, {}, True, True).candidates == ()
 
 
 def test_on_demand_request_never_tries_spot():
     plan = make_plan(NodeRequest(gpu="L4"))
-    assert {c.market for c in candidates(plan, {"g6.xlarge": ["us-east-1a"]}, False, True)} == {"on-demand"}
+    assert {c.market for c in candidates(plan, {"g6.xlarge": ["us-east-1a"]}, False, True).candidates} == {"on-demand"}
 
 
 @pytest.mark.parametrize("bad", ["Bad", "-x", "a_b", "x" * 40, "a;b"])

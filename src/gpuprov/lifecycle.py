@@ -1,11 +1,14 @@
 """up / down / status / gc: ties the plan, a provider, bootstrap, verify and local state together.
 
 up, in order (validation first, so bad input creates nothing):
-  plan -> offerings + image (read-only) -> node row -> key pair + security group -> launch with
-  failover (type x zone x market, cheapest first, AWS's code printed per attempt) -> running ->
-  SSH up, host key pinned for this node -> bootstrap + verify -> ready -> ssh config entry.
-Any failure or Ctrl-C before `ready` tears down everything the node got, so a failed `up`
-costs nothing. A crash (SIGKILL) leaves state rows and tags that `down NAME` and `gc` follow.
+  plan -> offerings + network + image (read-only) -> node row -> key pair + security group ->
+  launch with failover (type x zone x market, cheapest first, under the price cap, AWS's code
+  printed per attempt; cloud/failover.py orders, providers/aws_refusals.py says what each refusal
+  means) -> running -> SSH up, host key pinned for this node -> bootstrap + verify -> ready ->
+  ssh config entry.
+Every resource is recorded here, in the state store, before the provider is asked to create it.
+Any failure or Ctrl-C before `ready` tears down everything the node got (cloud/teardown.py), so a
+failed `up` costs nothing. A crash (SIGKILL) leaves rows and tags that `down NAME` and `gc` follow.
 """
 
 from __future__ import annotations
@@ -21,9 +24,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gpuprov.cloud import keys
+from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
+from gpuprov.cloud.teardown import SETTLE_SECONDS, Teardown, settle, teardown
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.plan import Plan
-from gpuprov.providers.base import SHARED, CloudResource, Instance, LaunchError, LaunchRequest, Market, Provider
+from gpuprov.providers.base import (
+    SHARED,
+    Access,
+    CloudResource,
+    Instance,
+    LaunchError,
+    LaunchRequest,
+    Market,
+    Network,
+    NotFound,
+    Provider,
+)
 from gpuprov.state import Node, Store
 
 if TYPE_CHECKING:
@@ -32,38 +49,26 @@ if TYPE_CHECKING:
 
 Say = Callable[[str], None]
 
-# EC2 vCPU quotas per family and market (gpu-stack-facts §5e)
-QUOTAS = {
-    ("P", "on-demand"): ("L-417A185B", "Running On-Demand P instances"),
-    ("G", "on-demand"): ("L-DB2E81BA", "Running On-Demand G and VT instances"),
-    ("P", "spot"): ("L-7212CCBC", "All P Spot Instance Requests"),
-    ("G", "spot"): ("L-3819A6DF", "All G and VT Spot Instance Requests"),
-}
+__all__ = ["Candidate", "UpOptions", "candidates", "down", "gc", "orphans", "refresh", "up"]
 
 
 @dataclass(frozen=True)
 class UpOptions:
     name: str
     fallback_on_demand: bool = False
-    max_price: float | None = None
+    max_price: float | None = None  # spot: the most to pay per hour
+    max_hourly: float | None = None  # failover never picks a type whose list price is above this
     disk_gb: int = 100
     image: str | None = None
-    ssh_cidr: str | None = None
+    ssh_cidr: str | None = None  # None: the caller's public address /32 (or the VPC's CIDR with --connect private)
     connect: str = "public"  # or "private" (VPN / bastion users)
     subnet: str | None = None
     ssh_user: str = "ubuntu"
     bootstrap: bool = True
+    wait: bool = True  # wait for SSH and pin the host key (off: return once the instance runs)
     ssh_timeout: float = 600.0
     reboot_timeout: float = 600.0
     verbose_echo: Callable[[str], None] | None = None
-
-
-@dataclass(frozen=True)
-class Candidate:
-    instance_type: str
-    zone: str
-    market: Market
-    price_usd_hour: float | None
 
 
 @dataclass
@@ -87,6 +92,17 @@ class QuotaExceeded(GpuprovError):
     pass
 
 
+class TeardownIncomplete(GpuprovError):
+    """Some of a node's resources could not be removed (yet); rerunning `down` finishes the job."""
+
+    def __init__(self, results: Sequence[Teardown]) -> None:
+        self.results = list(results)
+        lines = [f"  {r.node}: {what}" for r in results for what in r.left]
+        names = " ".join(r.node for r in results)
+        super().__init__("could not remove everything; still there:\n" + "\n".join(lines) +
+                         f"\n  the nodes stay listed; rerun: gpuprov down {names}")
+
+
 def owner() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}"
 
@@ -103,14 +119,17 @@ def new_name() -> str:
 
 def ssh_cidr(given: str | None, lookup: Callable[[], str] | None = None) -> str:
     """The caller's address as /32 (or what the user gave); never the whole internet by default."""
-    if given:
+    if given is not None:
         try:
-            return str(ipaddress.ip_network(given, strict=False))
+            if not given.strip():
+                raise ValueError(given)
+            return str(ipaddress.ip_network(given.strip(), strict=False))
         except ValueError:
-            raise UserInputError("--ssh-cidr", f"{given!r} is not a CIDR", "e.g. 203.0.113.7/32") from None
+            raise UserInputError("--ssh-cidr", f"{given!r} is not a CIDR",
+                                 "e.g. 203.0.113.7/32 or 2001:db8::7/128; leave it out for your public address") from None
     try:
-        address = (lookup or _public_ip)()
-        return str(ipaddress.ip_network(f"{address}/32"))
+        address = ipaddress.ip_address((lookup or _public_ip)())
+        return str(ipaddress.ip_network(f"{address}/{address.max_prefixlen}"))
     except (OSError, ValueError):
         raise UserInputError("--ssh-cidr", "could not learn this machine's public IP address",
                              "pass --ssh-cidr <your address>/32 (SSH is opened to that only)") from None
@@ -123,51 +142,67 @@ def _public_ip() -> str:
         return str(reply.read().decode().strip())
 
 
-def candidates(plan: Plan, offerings: dict[str, list[str]], spot: bool, fallback_on_demand: bool,
-               zone: str | None = None) -> list[Candidate]:
-    """Every (instance type, zone, market) to try, in order: spot first (all types and zones,
-    cheapest type first), then on-demand only with the fallback. Pure, so the order is testable."""
-    markets: list[Market] = ["spot", "on-demand"] if spot and fallback_on_demand else ["spot"] if spot else ["on-demand"]
-    found = []
-    for market in markets:
-        for it in plan.candidates:
-            for z in offerings.get(it.name, []):
-                if zone is None or z == zone:
-                    found.append(Candidate(it.name, z, market, it.price_usd_hour))
-    return found
+def check_options(plan: Plan, opts: UpOptions) -> None:
+    """Refuse option combinations that cannot mean what the user wants, before anything is asked of AWS."""
+    spot = plan.request.spot
+    if opts.max_price is not None and opts.max_price <= 0:
+        raise UserInputError("--max-price", f"{opts.max_price:g} is not a price", "a spot price in $/h above 0, or leave it out")
+    if opts.max_hourly is not None and opts.max_hourly <= 0:
+        raise UserInputError("--max-hourly", f"{opts.max_hourly:g} is not a price", "$/h above 0, e.g. 5")
+    if not spot and opts.max_price is not None:
+        raise UserInputError("--max-price", "applies to spot requests only", "add --spot, or drop --max-price")
+    if not spot and opts.fallback_on_demand:
+        raise UserInputError("--fallback", "on-demand fallback applies to spot requests only",
+                             "add --spot, or drop --fallback")
+    asked = plan.guards.autostop_seconds is not None or plan.guards.ttl_seconds is not None or plan.guards.on_interrupt
+    if asked and not opts.bootstrap:  # the spot watcher alone is implied by --spot: it is simply not installed
+        raise UserInputError("--no-bootstrap", "--autostop, --ttl and --on-interrupt are installed by the bootstrap",
+                             "drop --no-bootstrap, or drop those options")
+    if opts.bootstrap and not opts.wait:
+        raise UserInputError("--no-wait", "the bootstrap needs SSH", "add --no-bootstrap, or drop --no-wait")
 
 
-def _quota_error(attempt: Attempt, plan: Plan, provider: Provider, region: str) -> QuotaExceeded:
+def _quota_error(attempt: Attempt, provider: Provider, region: str) -> QuotaExceeded:
     from gpuprov import catalog
+    from gpuprov.cloud.quotas import increase_command, quota_for
 
     it = catalog.load().instance_type(attempt.candidate.instance_type)
-    code, title = QUOTAS[(it.family, attempt.candidate.market)]
-    current = provider.quota(region, code)
+    q = quota_for(it.name, attempt.candidate.market)
+    head = f"{attempt.code}: {attempt.message}"
+    if q is None:
+        return QuotaExceeded(f"{head}\n  AWS counts GPU quotas in vCPUs: {it.name} needs {it.vcpu}")
+    current = provider.quota(region, q.code)
     now = f"; its current value is {current:g} vCPUs" if current is not None else ""
+    unverified = f"\n  (unverified: {q.unverified})" if q.unverified else ""
     return QuotaExceeded(
-        f"{attempt.code}: {attempt.message}\n  AWS counts GPU quotas in vCPUs: {it.name} needs {it.vcpu}. Raise "
-        f"'{title}' ({code}) in {region}{now}:\n  aws service-quotas request-service-quota-increase --service-code ec2 "
-        f"--quota-code {code} --desired-value {it.vcpu} --region {region}"
-    )
+        f"{head}\n  AWS counts GPU quotas in vCPUs: {it.name} needs {it.vcpu}. Raise '{q.name}' ({q.code}) in "
+        f"{region}{now}:\n  {increase_command(q, region, current, it.vcpu)}{unverified}")
 
 
 def up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> UpResult:
     region = plan.request.region
     name = check_name(opts.name)
-    asked = plan.guards.autostop_seconds is not None or plan.guards.ttl_seconds is not None or plan.guards.on_interrupt
-    if asked and not opts.bootstrap:  # the spot watcher alone is implied by --spot: it is simply not installed
-        raise UserInputError("--no-bootstrap", "--autostop, --ttl and --on-interrupt are installed by the bootstrap",
-                             "drop --no-bootstrap, or drop those options")
+    check_options(plan, opts)
     if store.find_node(name) and store.node(name).live:
         raise UserInputError("NAME", f"a node called {name!r} already exists", f"pick another name, or `gpuprov down {name}`")
-    cidr = ssh_cidr(opts.ssh_cidr)
+    cidr = None if opts.ssh_cidr is None and opts.connect == "private" else ssh_cidr(opts.ssh_cidr)
     offerings = provider.offerings(region, [c.name for c in plan.candidates])
-    vpc, subnet_zone = provider.network(region, opts.subnet)
-    order = candidates(plan, offerings, plan.request.spot, opts.fallback_on_demand, subnet_zone)
-    if not order:
-        where = f"zone {subnet_zone}" if subnet_zone else region
+    network = provider.network(region, opts.subnet)
+    cap = opts.max_hourly if opts.max_hourly is not None else default_cap(plan)
+    order = candidates(plan, offerings, plan.request.spot, opts.fallback_on_demand, network.zone, cap)
+    for skip in order.skipped:
+        say(f"skipping {skip.instance_type}: {skip.reason}")
+    if not order.candidates:
+        where = f"zone {network.zone}" if network.zone else region
+        if order.skipped:
+            raise UserInputError("--max-hourly", f"every instance type with {plan.count}× "
+                                 f"{plan.gpu.name if plan.gpu else '?'} offered in {where} is over the price cap",
+                                 f"raise --max-hourly (now ${cap:.2f}/h)")
         raise UserInputError("--region", f"no instance type with {plan.count}× {plan.gpu.name if plan.gpu else '?'} "
                              f"is offered in {where}", "try us-east-1 or us-west-2, or another --gpu")
+    if cidr is None:
+        cidr = network.vpc_cidr
+        say(f"SSH will be open to the VPC's CIDR {cidr} (--connect private without --ssh-cidr)")
     image = opts.image or provider.image(region, plan.request.os)
 
     market = "spot" if plan.request.spot else "on-demand"
@@ -177,70 +212,141 @@ def up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) 
                       ttl_seconds=plan.guards.ttl_seconds, on_interrupt=plan.guards.on_interrupt)
     store.event(name, "up", f"launching {plan.count}× {plan.gpu.name if plan.gpu else ''} in {region}")
     try:
-        return _launch_and_bootstrap(plan, opts, provider, store, say, order, image, vpc, cidr)
+        return _launch_and_bootstrap(plan, opts, provider, store, say, order, image, network, cidr)
     except BaseException as exc:  # failure or Ctrl-C before `ready`: take back everything, then re-raise
         say(f"{type(exc).__name__ if isinstance(exc, KeyboardInterrupt) else 'failed'}: removing what {name} got")
         store.update_node(name, state="failed", state_reason=str(exc)[:500])
-        _teardown(name, region, provider, store, say)
+        result = _teardown(name, region, provider, store, say)
+        for what in result.left:
+            say(f"  still there: {what}")
+        if result.left:
+            say(f"  {name} stays listed; rerun: gpuprov down {name}")
         raise
 
 
-def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say,
-                          order: list[Candidate], image: str, vpc: str, cidr: str) -> UpResult:
+def _ensure_key_pair(provider: Provider, store: Store, region: str) -> keys.LocalKey:
+    """This user's key pair in the region: imported once (serialised across processes), recorded first."""
+    from gpuprov.paths import keys_dir
+
+    me = owner()
+    with keys.region_lock(keys_dir(), region):
+        key = keys.local_key(keys_dir(), region, me)
+        name = keys.key_name(me)
+        rows = store.resources(None, region=region, kind="key-pair")
+        # a key imported moments ago may not be visible yet: its fresh record is trusted
+        if any(r.status == "created" and settle(r) > 0 for r in rows) or provider.key_pair_exists(region, name):
+            if rows:
+                return key
+            provider.delete_key_pair(region, name)  # ours by name, from a lost local state: replace it with ours
+        for r in rows:
+            store.deleted(r.id)
+        rid = store.intend(None, "key-pair", region, name)
+        store.created(rid, provider.import_key_pair(region, name, key.public))
+        return key
+
+
+def _prepare(node: str, region: str, provider: Provider, store: Store, network: Network, cidr: str,
+             public_ip: bool) -> Access:
+    _ensure_key_pair(provider, store, region)
+    group_name = f"gpuprov-{node}-{int(time.time())}"
+    rid = store.intend(node, "security-group", region, group_name)
+    group = provider.create_security_group(region, node, network.vpc_id, group_name, f"gpuprov node {node}: SSH from {cidr}")
+    store.created(rid, group)
+    provider.authorize_ssh(region, group, cidr, settle=SETTLE_SECONDS)
+    return Access(key_name=keys.key_name(owner()), security_group_id=group, subnet_id=network.subnet_id,
+                  public_ip=public_ip)
+
+
+def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say, order: Order, image: str,
+            access: Access) -> tuple[Instance, list[Attempt]]:
+    """Ask each candidate in turn; AWS's code per refusal, and what the refusal means decides what is next."""
     name, region = opts.name, plan.request.region
-    say(f"key pair and security group (SSH from {cidr} only)")
-    access = provider.prepare(name, region, vpc, opts.subnet, cidr)
     attempts: list[Attempt] = []
-    instance = None
-    for i, cand in enumerate(order):
+    closed: set[Market] = set()
+    for i, cand in enumerate(order.candidates):
+        if cand.market in closed:
+            continue
         token = f"gpuprov-{name}-{i}-{uuid.uuid4().hex[:12]}"
         say(f"asking for {cand.instance_type} in {cand.zone} ({cand.market})")
+        rid = store.intend(name, "instance", region, token)
         try:
             instance = provider.launch(LaunchRequest(
                 node=name, region=region, zone=cand.zone, instance_type=cand.instance_type, market=cand.market,
-                image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price))
+                image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price),
+                settle=SETTLE_SECONDS)
         except LaunchError as exc:
+            store.deleted(rid)  # refused: EC2 made nothing for this token
             attempt = Attempt(cand, exc.code, exc.message)
             attempts.append(attempt)
             say(f"  {exc.code}: {exc.message}")
             store.event(name, "launch-refused", f"{cand.instance_type} {cand.zone} {cand.market}: {exc.code}")
-            if exc.kind == "quota":
-                raise _quota_error(attempt, plan, provider, region) from None
-            if exc.kind != "capacity":
-                raise GpuprovError(f"AWS refused the launch: {exc.code}: {exc.message}") from None
-            continue
+            if exc.then == "next-candidate":
+                continue
+            if exc.then == "next-market" and cand.market == "spot" and opts.fallback_on_demand:
+                closed.add("spot")
+                say(f"  spot is closed to this account here ({exc.code}); going on with on-demand"
+                    + (f"\n  fix for spot: {exc.fix}" if exc.fix else ""))
+                continue
+            if exc.quota:
+                raise _quota_error(attempt, provider, region) from None
+            fix = f"\n  fix: {exc.fix}" if exc.fix else ""
+            if exc.then == "next-market":
+                fix += "\n  or add --fallback on-demand to go on with on-demand when spot is refused"
+            raise GpuprovError(f"AWS refused the launch: {exc.code}: {exc.message}{fix}") from None
+        store.created(rid, instance.id)
+        if instance.spot_request_id:
+            store.add_resource(name, "spot-request", region, instance.spot_request_id)
         store.update_node(name, instance_type=cand.instance_type, zone=cand.zone, market=cand.market,
                           price_usd_hour=cand.price_usd_hour)
-        break
-    if instance is None:
-        tried = "; ".join(f"{a.candidate.instance_type}/{a.candidate.zone}/{a.candidate.market}: {a.code}" for a in attempts)
-        hint = "" if opts.fallback_on_demand or not plan.request.spot else " (add --fallback on-demand to try on-demand too)"
-        raise GpuprovError(f"no capacity anywhere it was asked for{hint}: {tried}")
+        return instance, attempts
+    tried = "; ".join(f"{a.candidate.instance_type}/{a.candidate.zone}/{a.candidate.market}: {a.code}" for a in attempts)
+    hint = "" if opts.fallback_on_demand or not plan.request.spot else " (add --fallback on-demand to try on-demand too)"
+    raise GpuprovError(f"no capacity anywhere it was asked for{hint}: {tried}")
+
+
+def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say,
+                          order: Order, image: str, network: Network, cidr: str) -> UpResult:
+    name, region = opts.name, plan.request.region
+    public_ip = opts.connect == "public" and network.subnet_id is not None and not network.maps_public_ip
+    say(f"key pair and security group (SSH from {cidr} only)")
+    access = _prepare(name, region, provider, store, network, cidr, public_ip)
+    instance, attempts = _launch(plan, opts, provider, store, say, order, image, access)
 
     say(f"{instance.id} launched; waiting for it to run")
-    instance = provider.wait_running(region, instance.id, timeout=opts.ssh_timeout)
+    instance = provider.wait_running(region, instance.id, timeout=opts.ssh_timeout, settle=SETTLE_SECONDS)
+    for volume in instance.volume_ids:
+        store.add_resource(name, "volume", region, volume)
     address = instance.private_ip if opts.connect == "private" else instance.public_ip
     if not address:
         raise GpuprovError(f"{instance.id} has no {opts.connect} address; use --connect private (VPN/bastion) "
                            "or a subnet that assigns public IPs")
     store.update_node(name, state="running", address=address, zone=instance.zone)
     result = UpResult(store.node(name), instance, address, attempts)
+    from gpuprov.paths import keys_dir, region_key
+
+    key_path = str(region_key(keys_dir(), region))
     if opts.bootstrap:
         # the guard steps run first, so the node's TTL deadline is a few seconds after this one
         ttl = plan.guards.ttl_seconds
         store.update_node(name, state="bootstrapping", ttl_deadline=time.time() + ttl if ttl is not None else None)
-        result.bootstrap = _bootstrap(plan, opts, access.key_path, address, say)
+        result.bootstrap = _bootstrap(plan, opts, key_path, address, say)
+    elif opts.wait:
+        _pin_host_key(opts, key_path, address, say)
     store.update_node(name, state="ready", ready_at=time.time())
-    from gpuprov import sshconfig
+    if opts.wait:
+        from gpuprov import sshconfig
 
-    result.ssh_alias = sshconfig.add_node(name, address, opts.ssh_user, access.key_path)
+        result.ssh_alias = sshconfig.add_node(name, address, opts.ssh_user, key_path)
+    else:
+        say("not waiting for SSH (--no-wait): the host key is not pinned, so `ssh gpuprov-NAME` is not set up")
     result.node = store.node(name)
     store.event(name, "ready", f"{instance.instance_type} {instance.zone} {address}")
     return result
 
 
-def _bootstrap(plan: Plan, opts: UpOptions, key_path: str, address: str, say: Say) -> object:
-    from gpuprov import bootstrap as engine
+def _first_contact(opts: UpOptions, key_path: str, address: str, say: Say) -> tuple[Target, HostSettings]:
+    """Wait for SSH; the new machine's key is trusted on first use and pinned per node (we launched it
+    moments ago and cannot learn its key first)."""
     from gpuprov import sshconfig
     from gpuprov.inventory import Target
     from gpuprov.remote import HostSettings
@@ -249,9 +355,36 @@ def _bootstrap(plan: Plan, opts: UpOptions, key_path: str, address: str, say: Sa
     _wait_tcp(address, 22, opts.ssh_timeout)
     known_hosts = sshconfig.node_known_hosts(opts.name)
     known_hosts.unlink(missing_ok=True)  # a new machine: a key pinned for an old one at this address is void
-    # We launched this machine moments ago and cannot learn its key first: trust on first use, pinned per node.
     settings = HostSettings(known_hosts=known_hosts, accept_new_host_key=True, connect_timeout=15)
-    target = Target(host=address, user=opts.ssh_user, key=key_path, label=opts.name)
+    return Target(host=address, user=opts.ssh_user, key=key_path, label=opts.name), settings
+
+
+def _pin_host_key(opts: UpOptions, key_path: str, address: str, say: Say) -> None:
+    from gpuprov.remote import Remote
+
+    target, settings = _first_contact(opts, key_path, address, say)
+    deadline = time.monotonic() + opts.ssh_timeout
+    while True:  # sshd can answer before cloud-init has installed the key: retry the login, bounded
+        remote = Remote(target, settings)
+        try:
+            remote.open()
+            remote.run("true")
+            say(f"host key pinned for {opts.name}")
+            return
+        except GpuprovError:
+            raise
+        except Exception as exc:  # paramiko/Fabric raise many types for "not yet": retried, then reported
+            if time.monotonic() > deadline:
+                raise GpuprovError(f"SSH login to {address} failed: {exc}") from None
+            time.sleep(2)
+        finally:
+            remote.close()
+
+
+def _bootstrap(plan: Plan, opts: UpOptions, key_path: str, address: str, say: Say) -> object:
+    from gpuprov import bootstrap as engine
+
+    target, settings = _first_contact(opts, key_path, address, say)
     say("bootstrapping: " + ", ".join(s.name for s in plan.steps))
     options = engine.Options(reboot_timeout=opts.reboot_timeout, echo=opts.verbose_echo)
     (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options, reporter=_StepLines(say))
@@ -292,55 +425,94 @@ def _plan_json(plan: Plan) -> str:
     return json.dumps(plan.summary())
 
 
-def _teardown(name: str, region: str, provider: Provider, store: Store, say: Say) -> list[str]:
+def _poll(provider: Provider) -> float:
+    return float(getattr(provider, "poll", 1.0))
+
+
+def _teardown(name: str, region: str, provider: Provider, store: Store, say: Say) -> Teardown:
     store.update_node(name, state="terminating")
-    removed = provider.terminate(name, region)
-    for what in removed:
-        say(f"  removed {what}")
-    if not [n for n in store.nodes() if n.region == region and n.name != name and n.state != "terminating"]:
-        provider.release_key(region)
+    result = teardown(name, region, provider, store, say, poll=_poll(provider))
+    if not result.complete:
+        store.update_node(name, state_reason="teardown incomplete: " + "; ".join(result.left)[:500])
+        store.event(name, "down-incomplete", "; ".join(result.left))
+        return result
+    _release_key_if_unused(region, provider, store, say)
     from gpuprov import sshconfig
 
     sshconfig.remove_node(name)
     store.update_node(name, state="terminated", ended_at=time.time())
-    store.event(name, "down", ", ".join(removed) or "nothing left to remove")
-    return removed
+    store.event(name, "down", ", ".join(result.removed) or "nothing left to remove")
+    return result
 
 
-def down(names: Sequence[str], provider: Provider, store: Store, say: Say) -> dict[str, list[str]]:
-    """Terminate each node and remove everything it owns; idempotent (an already-gone node is fine)."""
+def _release_key_if_unused(region: str, provider: Provider, store: Store, say: Say) -> None:
+    """The shared key pair goes with the region's last node (a crashed `up` does not count as a user)."""
+    if [n for n in store.nodes() if n.region == region and n.state != "terminating" and not n.crashed]:
+        return
+    for row in store.resources(None, region=region, kind="key-pair"):
+        try:
+            provider.delete(CloudResource("key-pair", row.client_token or row.cloud_id or "", region, SHARED),
+                            settle=settle(row))
+        except NotFound:
+            pass
+        except GpuprovError as exc:
+            say(f"  could not delete the key pair {row.client_token}: {exc} (`gpuprov gc` finds it)")
+            continue
+        store.deleted(row.id)
+
+
+def down(names: Sequence[str], provider: Provider, store: Store, say: Say) -> dict[str, Teardown]:
+    """Terminate each node and remove everything it owns; idempotent (an already-gone node is fine).
+    Every node is tried; TeardownIncomplete afterwards names what is left of which."""
     nodes = [store.node(n) for n in names]
-    return {n.name: _teardown(n.name, n.region, provider, store, say) for n in nodes}
+    results = {n.name: _teardown(n.name, n.region, provider, store, say) for n in nodes}
+    return results
 
 
 def orphans(regions: Sequence[str], provider: Provider, store: Store) -> list[CloudResource]:
-    """Resources tagged as this user's that no live local node owns (a node whose `up` crashed owns nothing)."""
+    """What no live local node owns: the records of nodes whose `up` crashed, and resources tagged as
+    this user's that no live node claims (another machine's lost state, say)."""
     alive = [n for n in store.nodes() if not n.crashed]
     live = {n.name for n in alive}
     regions_in_use = {n.region for n in alive}
-    found = []
+    found: list[CloudResource] = []
+    for node in store.nodes():
+        if node.crashed and node.region in regions:
+            for r in store.resources(node.name, region=node.region):
+                found.append(CloudResource(r.kind, r.cloud_id or f"(token {r.client_token})", r.region, node.name,
+                                           "recorded"))
+    seen = {r.id for r in found}
     for region in regions:
         for res in provider.tagged(region):
             owned = res.node in live or (res.node == SHARED and region in regions_in_use)
-            if not owned:
+            if not owned and res.id not in seen:
                 found.append(res)
     return found
 
 
-def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -> None:
+def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -> list[str]:
+    """Remove what `orphans` found: crashed nodes by their records (ids and tokens; tags may lag), then the
+    rest by id. Returns what could not be removed (each with the reason)."""
+    left: list[str] = []
+    crashed = {n.name: n for n in store.nodes() if n.crashed}
+    for name in sorted({r.node for r in found if r.node in crashed}):
+        result = _teardown(name, crashed[name].region, provider, store, say)
+        left += [f"{name}: {what}" for what in result.left]
+        if result.complete:
+            store.update_node(name, state_reason="its `up` crashed; collected by gc")
     order = {"instance": 0, "spot-request": 1, "volume": 2, "security-group": 3, "key-pair": 4}
     for res in sorted(found, key=lambda r: order.get(r.kind, 9)):
-        provider.delete(res)
+        if res.node in crashed:
+            continue
+        try:
+            provider.delete(res)
+        except NotFound:
+            continue
+        except GpuprovError as exc:
+            left.append(f"{res.kind} {res.id}: {exc}")
+            continue
         say(f"deleted {res.kind} {res.id} ({res.region}, node {res.node})")
-    for node in store.nodes():
-        if node.crashed:  # its resources are gone now; so is the node
-            for r in store.resources(node.name):
-                store.deleted(r.id)
-            store.update_node(node.name, state="terminated", state_reason="its `up` crashed; collected by gc",
-                              ended_at=time.time())
-            from gpuprov import sshconfig
-
-            sshconfig.remove_node(node.name)
+    return left
 
 
 def set_autostop(name: str, seconds: int | None, store: Store, target: Target, settings: HostSettings, say: Say) -> str:
@@ -379,15 +551,23 @@ def set_autostop(name: str, seconds: int | None, store: Store, target: Target, s
 
 
 def refresh(store: Store, provider: Provider) -> list[Node]:
-    """Update live nodes from the cloud: one batched describe per region."""
+    """Update live nodes from the cloud by their recorded instance ids (never by name: a terminated
+    namesake stays visible for an hour), one batched call per region."""
     nodes = store.nodes()
     for region in sorted({n.region for n in nodes}):
-        by_node = {i.node: i for i in provider.describe(region) if i.node}
-        for n in nodes:
-            if n.region != region or n.state in ("terminating",):
+        here = [n for n in nodes if n.region == region and n.state in ("ready", "running", "bootstrapping")]
+        rows = {n.name: [r for r in store.resources(n.name, region=region, kind="instance") if r.cloud_id] for n in here}
+        ids = [r.cloud_id for rs in rows.values() for r in rs if r.cloud_id]
+        if not ids:
+            continue
+        found = {i.id: i for i in provider.instances(region, ids=ids)}
+        for n in here:
+            mine = [(r, found.get(r.cloud_id or "")) for r in rows[n.name]]
+            if not mine or any(i is not None and i.state != "terminated" for _r, i in mine):
                 continue
-            inst = by_node.get(n.name)
-            if (inst is None or inst.state == "terminated") and n.state in ("ready", "running", "bootstrapping"):
-                store.update_node(n.name, state="interrupted" if n.market == "spot" else "gone",
-                                  state_reason=inst.state_reason if inst else "instance no longer exists")
+            if any(i is None and settle(r) > 0 for r, i in mine):
+                continue  # launched moments ago: EC2 may not list it yet
+            reason = next((i.state_reason for _r, i in mine if i is not None and i.state_reason), None)
+            store.update_node(n.name, state="interrupted" if n.market == "spot" else "gone",
+                              state_reason=reason or "instance no longer exists")
     return store.nodes()

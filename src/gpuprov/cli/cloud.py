@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import click
@@ -13,65 +14,85 @@ from gpuprov.cli.common import (
     make_console,
     node_target,
     plan_from,
+    region_from,
     say_to,
     stack_options,
     store_and_provider,
 )
+from gpuprov.errors import GpuprovError
 
 
 @main.command()
 @click.argument("name", required=False)
 @stack_options
 @click.option("--fallback", type=click.Choice(["none", "on-demand"]), default="none", show_default=True,
-              help="With --spot: after every spot offer is refused, try on-demand too.")
-@click.option("--max-price", type=float, default=None, help="Spot: the most to pay per hour (AWS advises leaving it unset).")
+              help="With --spot: when spot is refused everywhere (or closed to the account), try on-demand too.")
+@click.option("--max-price", type=float, default=None,
+              help="With --spot: the most to pay per hour (AWS advises leaving it unset).")
+@click.option("--max-hourly", type=float, default=None, metavar="USD",
+              help="Failover never picks an instance type whose on-demand list price is above this "
+                   "[default: twice the cheapest type that fits].")
 @click.option("--disk", "disk_gb", type=click.IntRange(20, 16384), default=100, show_default=True,
               help="Root volume, GB (gp3, encrypted).")
 @click.option("--image", default=None, help="AMI id instead of Canonical's Ubuntu from SSM.")
-@click.option("--ssh-cidr", default=None, help="Open SSH to this CIDR instead of your public address /32.")
+@click.option("--ssh-cidr", default=None,
+              help="Open SSH to this CIDR (IPv4 or IPv6) instead of your public address /32 "
+                   "(with --connect private: instead of the VPC's CIDR).")
 @click.option("--connect", type=click.Choice(["public", "private"]), default="public", show_default=True,
               help="Reach the node on its public or private address (VPN / bastion).")
 @click.option("--subnet", default=None, help="Launch into this subnet (its zone only) instead of the default VPC.")
 @click.option("--ssh-user", default="ubuntu", show_default=True, help="Login user of the image.")
-@click.option("--no-bootstrap", is_flag=True, help="Launch and wait for SSH only; install nothing.")
+@click.option("--no-bootstrap", is_flag=True,
+              help="Launch, wait for SSH and pin the host key; install nothing (`ssh gpuprov-NAME` works after).")
+@click.option("--no-wait", is_flag=True,
+              help="With --no-bootstrap: return as soon as the instance runs (no SSH wait, host key not pinned).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and stop (the same plan `gpuprov plan` prints).")
 @click.option("--yes", is_flag=True, help="Do not ask before launching.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
 @handle_errors
-def up(name: str | None, fallback: str, max_price: float | None, disk_gb: int, image: str | None, ssh_cidr: str | None,
-       connect: str, subnet: str | None, ssh_user: str, no_bootstrap: bool, dry_run: bool, yes: bool, verbose: bool,
-       **kw: Any) -> None:
+def up(name: str | None, fallback: str, max_price: float | None, max_hourly: float | None, disk_gb: int,
+       image: str | None, ssh_cidr: str | None, connect: str, subnet: str | None, ssh_user: str, no_bootstrap: bool,
+       no_wait: bool, dry_run: bool, yes: bool, verbose: bool, **kw: Any) -> None:
     """Launch a GPU node on AWS, bootstrap and verify it, and print how to connect.
 
     Tries every instance type that carries the GPUs in every zone that offers it, cheapest
-    first, printing AWS's own error for each refusal. Everything it creates is tagged and
-    recorded before it is requested; if the launch or bootstrap fails (or you press Ctrl-C),
-    it all comes down again.
+    first and under --max-hourly, printing AWS's own error for each refusal: capacity moves to
+    the next zone or type, a closed spot market to on-demand (with --fallback on-demand), a
+    quota or permission error stops with the fix. Everything it creates is tagged and recorded
+    before it is requested; if the launch or bootstrap fails (or you press Ctrl-C), it all
+    comes down again.
     """
     from gpuprov import lifecycle
     from gpuprov.report import plan_view
 
     the_plan = plan_from(kw)
     console = make_console()
+    node_name = lifecycle.check_name(name) if name else lifecycle.new_name()
+    opts = lifecycle.UpOptions(
+        name=node_name, fallback_on_demand=fallback == "on-demand", max_price=max_price, max_hourly=max_hourly,
+        disk_gb=disk_gb, image=image, ssh_cidr=ssh_cidr, connect=connect, subnet=subnet, ssh_user=ssh_user,
+        bootstrap=not no_bootstrap, wait=not no_wait,
+        verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None,
+    )
+    lifecycle.check_options(the_plan, opts)
+    if opts.ssh_cidr is not None:
+        lifecycle.ssh_cidr(opts.ssh_cidr)  # a malformed CIDR is refused before anything else
     if dry_run:
         console.print(plan_view(the_plan))
         return
-    node_name = lifecycle.check_name(name) if name else lifecycle.new_name()
     if not yes:
+        if not sys.stdin.isatty():
+            raise click.UsageError("no terminal to confirm on: pass --yes to launch")
         price = the_plan.price_usd_hour
         click.confirm(f"Launch {node_name}: {the_plan.instance.name if the_plan.instance else '?'}"
                       f" ({'spot' if kw['spot'] else 'on-demand'}, list ${price or 0:.2f}/h)?", abort=True, err=True)
     store, provider = store_and_provider()
-    opts = lifecycle.UpOptions(
-        name=node_name, fallback_on_demand=fallback == "on-demand", max_price=max_price, disk_gb=disk_gb, image=image,
-        ssh_cidr=ssh_cidr, connect=connect, subnet=subnet, ssh_user=ssh_user, bootstrap=not no_bootstrap,
-        verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None,
-    )
     result = lifecycle.up(the_plan, opts, provider, store, say_to(console))
     node = result.node
     console.print(f"\n[bold green]{node.name} is ready[/]: {node.instance_type} in {node.zone} ({node.market}), "
                   f"{node.address}, list price ${node.price_usd_hour or 0:.2f}/h on-demand")
-    console.print(f"  ssh {result.ssh_alias}        # or: gpuprov check / gpuprov down {node.name}")
+    if result.ssh_alias:
+        console.print(f"  ssh {result.ssh_alias}        # or: gpuprov check / gpuprov down {node.name}")
 
 
 @main.command()
@@ -110,12 +131,19 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool) -> None:
     if not yes:
         click.confirm(f"Terminate {', '.join(targets)} and delete their resources?", abort=True, err=True)
     console = make_console()
-    for name, removed in lifecycle.down(targets, provider, store, say_to(console)).items():
-        console.print(f"{name}: down ({len(removed)} resources removed)")
+    results = lifecycle.down(targets, provider, store, say_to(console))
+    for name, result in results.items():
+        if result.complete:
+            console.print(f"{name}: down ({len(result.removed)} resources removed)")
+    incomplete = [r for r in results.values() if not r.complete]
+    if incomplete:
+        raise lifecycle.TeardownIncomplete(incomplete)
 
 
 @main.command()
-@click.option("--region", "regions", multiple=True, help="Region(s) to sweep [default: those of your nodes, or us-east-1].")
+@click.option("--region", "regions", multiple=True,
+              help="Region(s) to sweep [default: those of your nodes, and the AWS chain's region (AWS_REGION, profile, "
+                   "us-east-1)].")
 @click.option("--all-regions", is_flag=True, help="Every region in the catalog.")
 @click.option("--yes", is_flag=True, help="Delete what is found (default: list only).")
 @handle_errors
@@ -127,7 +155,7 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool) -> None:
     store, provider = store_and_provider()
     cat = catalog.load()
     where = list(cat.regions) if all_regions else [cat.check_region(r) for r in regions] or \
-        sorted({n.region for n in store.nodes(include_terminated=True)} | {"us-east-1"})
+        sorted({n.region for n in store.nodes(include_terminated=True)} | {cat.check_region(region_from(None))})
     found = lifecycle.orphans(where, provider, store)
     console = make_console()
     if not found:
@@ -136,7 +164,10 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool) -> None:
     for res in found:
         console.print(f"{res.region}  {res.kind:<15} {res.id:<24} node={res.node} {res.state}")
     if yes:
-        lifecycle.gc(found, provider, store, say_to(console))
+        left = lifecycle.gc(found, provider, store, say_to(console))
+        if left:
+            raise GpuprovError("could not remove everything; still there:\n" + "\n".join(f"  {w}" for w in left)
+                               + "\n  rerun: gpuprov gc --yes")
     else:
         console.print(f"{len(found)} orphaned resource(s); rerun with --yes to delete them")
 

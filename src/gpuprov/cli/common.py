@@ -39,6 +39,10 @@ def apply_options(func: F, options: list[Callable[[F], F]]) -> F:
     return func
 
 
+REGION_HELP = ("AWS region [default: AWS_REGION, then AWS_DEFAULT_REGION, then the AWS profile's region, "
+               "then us-east-1].")
+
+
 def pin_options(func: F) -> F:
     """What to install: playbook, OS and stack pins (plan, render, bootstrap, up)."""
     return apply_options(func, [
@@ -62,7 +66,7 @@ def stack_options(func: F) -> F:
         click.option("--gpu", required=True, help="GPU name, optionally with a count: A100, h100, a100:8, l40s."),
         click.option("--count", type=int, default=1, show_default=True, help="Number of GPUs (or use --gpu NAME:N)."),
         click.option("--spot", is_flag=True, help="Ask for spot capacity (cheaper, can be interrupted)."),
-        click.option("--region", default="us-east-1", show_default=True, help="AWS region."),
+        click.option("--region", default=None, metavar="REGION", help=REGION_HELP),
         click.option("--instance-type", default=None, help="Force an instance type instead of the cheapest that fits."),
         pin_options,
         guard_options,
@@ -105,12 +109,21 @@ def pins_from(kw: dict[str, Any]) -> StackPins:
     )
 
 
+def region_from(given: str | None) -> str:
+    """The region a command works in (the AWS chain), said on stderr so piped output stays clean."""
+    from gpuprov.cloud.region import resolve
+
+    region = resolve(given)
+    click.echo(f"region {region}", err=True)
+    return region.name
+
+
 def plan_from(kw: dict[str, Any]) -> Plan:
     from gpuprov.plan import NodeRequest, make_plan
     from gpuprov.spec import parse_duration
 
     request = NodeRequest(
-        gpu=kw["gpu"], count=kw["count"], spot=kw["spot"], region=kw["region"], playbook=kw["playbook"],
+        gpu=kw["gpu"], count=kw["count"], spot=kw["spot"], region=region_from(kw["region"]), playbook=kw["playbook"],
         os=kw["os_name"] or "ubuntu-24.04", pins=pins_from(kw), instance_type=kw["instance_type"],
         autostop_seconds=parse_duration(kw["autostop"], "--autostop"), ttl_seconds=parse_duration(kw["ttl"], "--ttl"),
         on_interrupt=kw["on_interrupt"] or None,
@@ -211,13 +224,11 @@ def store_and_provider() -> tuple[Any, Any]:
     import os
 
     from gpuprov.lifecycle import owner
-    from gpuprov.paths import keys_dir
     from gpuprov.providers.aws import AwsProvider
     from gpuprov.state import open_store
 
-    store = open_store()
     poll = float(os.environ.get("GPUPROV_POLL_SECONDS", "2"))
-    return store, AwsProvider(store, owner(), keys_dir(), poll=poll)
+    return open_store(), AwsProvider(owner(), poll=poll)
 
 
 def say_to(console: Any) -> Callable[[str], None]:

@@ -9,10 +9,12 @@ from typing import Any
 import click
 
 from gpuprov.cli.common import (
+    REGION_HELP,
     handle_errors,
     main,
     make_console,
     plan_from,
+    region_from,
     stack_options,
     store_and_provider,
 )
@@ -21,7 +23,7 @@ from gpuprov.cli.common import (
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--live", is_flag=True, help="Add current spot prices per zone (asks AWS; needs credentials).")
-@click.option("--region", default="us-east-1", show_default=True, help="Region for --live.")
+@click.option("--region", default=None, metavar="REGION", help="Region for --live " + REGION_HELP[len("AWS region "):])
 @handle_errors
 def gpus(as_json: bool, live: bool, region: str) -> None:
     """List the GPUs gpuprov knows, with the AWS instance types that carry them and their prices."""
@@ -30,7 +32,7 @@ def gpus(as_json: bool, live: bool, region: str) -> None:
 
     cat = catalog.load()
     if live:
-        _live_prices(cat, cat.check_region(region), as_json)
+        _live_prices(cat, cat.check_region(region_from(region)), as_json)
         return
     if as_json:
         rows = [

@@ -2,7 +2,12 @@
 
 Credentials, profile, region and endpoint come from the standard AWS chain (AWS_PROFILE,
 AWS_REGION, ~/.aws, AWS_ENDPOINT_URL). Throttling and transient errors are retried by botocore's
-retry modes (standard by default; AWS_RETRY_MODE / AWS_MAX_ATTEMPTS override it).
+standard retry mode; AWS_RETRY_MODE and AWS_MAX_ATTEMPTS keep their AWS meaning (AWS_MAX_ATTEMPTS
+counts every attempt, the first included). RunInstances alone goes through a client with retries
+off: EC2 answers a capacity refusal with HTTP 500, which botocore would retry in the same zone.
+
+No botocore exception leaves this module: a refusal becomes `AwsError` (code and message),
+`LaunchError` (with what the failover does next) or `NotFound` (after the settle time).
 """
 
 from __future__ import annotations
@@ -13,36 +18,53 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError, ProfileNotFound
 
 from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.paths import region_key
+from gpuprov.providers.aws_refusals import classify
 from gpuprov.providers.base import (
     SHARED,
     TAG_NODE,
     TAG_OWNER,
-    Access,
     CloudResource,
     Instance,
     LaunchError,
     LaunchRequest,
+    Network,
+    NotFound,
     SpotPrice,
 )
-from gpuprov.state import Store
 
 T = TypeVar("T")
 
-CAPACITY = {"InsufficientInstanceCapacity", "InsufficientCapacity", "UnfulfillableCapacity", "SpotMaxPriceTooLow",
-            "Unsupported", "InsufficientHostCapacity", "InsufficientReservedInstanceCapacity"}
-QUOTA = {"VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded", "SpotInstanceLimitExceeded"}
-AUTH = {"AuthFailure", "UnauthorizedOperation", "InvalidClientTokenId", "ExpiredToken", "SignatureDoesNotMatch",
-        "AccessDenied", "AccessDeniedException", "OptInRequired", "Blocked"}
 UBUNTU_SSM_PREFIX = "/aws/service/canonical/ubuntu/server"
+CREDENTIAL_CODES = {"AuthFailure", "InvalidClientTokenId", "ExpiredToken", "SignatureDoesNotMatch",
+                    "UnrecognizedClientException", "InvalidAccessKeyId"}
+NOT_FOUND = {"instance": "InvalidInstanceID.NotFound", "security-group": "InvalidGroup.NotFound",
+             "key-pair": "InvalidKeyPair.NotFound", "volume": "InvalidVolume.NotFound",
+             "spot-request": "InvalidSpotInstanceRequestID.NotFound"}
+LAUNCH_REFERENCES = {"InvalidGroup.NotFound", "InvalidKeyPair.NotFound"}  # a fresh group or key not yet seen
+RETRY_RUN_INSTANCES = 4  # attempts of one candidate on throttling / InternalError (same ClientToken)
+
+
+class AwsError(GpuprovError):
+    """EC2 (or another AWS service) refused a call: its code and message, and a fix where one is known."""
+
+    def __init__(self, what: str, code: str, message: str, fix: str = "") -> None:
+        self.what = what
+        self.code = code
+        self.message = message
+        text = f"AWS refused {what}: {code}: {message}"
+        super().__init__(text + (f"\n  fix: {fix}" if fix else ""))
+
+
+def credentials_hint() -> str:
+    return ("configure AWS credentials: `aws configure`, or AWS_PROFILE=<profile>, or "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the environment")
 
 
 def _code(exc: ClientError) -> str:
@@ -53,54 +75,75 @@ def _message(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Message", str(exc)))
 
 
-def credentials_hint() -> str:
-    return ("configure AWS credentials: `aws configure`, or AWS_PROFILE=<profile>, or "
-            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the environment")
+def retry_config(attempts: int | None = None) -> Config:
+    """botocore's retries as the AWS CLI reads them from the environment; `attempts` overrides the count."""
+    total = attempts if attempts is not None else int(os.environ.get("AWS_MAX_ATTEMPTS") or 5)
+    retries = {"mode": os.environ.get("AWS_RETRY_MODE") or "standard", "total_max_attempts": total}
+    return Config(retries=retries, connect_timeout=10, read_timeout=60)  # type: ignore[arg-type]
 
 
 class AwsProvider:
     name = "aws"
 
-    def __init__(self, store: Store, owner: str, keys_dir: Path, *, poll: float = 2.0) -> None:
-        self.store = store
+    def __init__(self, owner: str, *, poll: float = 2.0) -> None:
         self.owner = owner
-        self.keys_dir = keys_dir
         self.poll = poll
         self._lock = threading.Lock()
         self._session: Any = None
-        self._clients: dict[tuple[str, str], Any] = {}
+        self._clients: dict[tuple[str, str, bool], Any] = {}
 
     # --- plumbing ------------------------------------------------------------------------
 
-    def _client(self, service: str, region: str) -> Any:
+    def _client(self, service: str, region: str, *, retries: bool = True) -> Any:
         # boto3 clients are thread-safe, sessions are not: build clients under a lock, then share them
-        key = (service, region)
+        key = (service, region, retries)
         with self._lock:
             if key not in self._clients:
                 if self._session is None:
-                    self._session = boto3.session.Session()
-                retries = {"mode": os.environ.get("AWS_RETRY_MODE", "standard"),
-                           "max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS", "5"))}
-                config = Config(retries=retries, connect_timeout=10, read_timeout=60)  # type: ignore[arg-type]
+                    try:
+                        self._session = boto3.session.Session()
+                    except ProfileNotFound as exc:
+                        from gpuprov.cloud.region import profile_not_found
+
+                        raise profile_not_found(str(exc.kwargs.get("profile", "?"))) from None
+                config = retry_config() if retries else retry_config(attempts=1)
                 self._clients[key] = self._session.client(service, region_name=region, config=config)
             return self._clients[key]
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
-        """Run one AWS call; turn credential and permission problems into a clear stop."""
+        """Run one AWS call; every failure becomes a GpuprovError that says what to do."""
         try:
             return fn()
         except NoCredentialsError:
             raise UserInputError("AWS credentials", "none found", credentials_hint()) from None
         except NoRegionError:
             raise UserInputError("--region", "no AWS region set", "pass --region or set AWS_REGION") from None
+        except ProfileNotFound as exc:
+            from gpuprov.cloud.region import profile_not_found
+
+            raise profile_not_found(str(exc.kwargs.get("profile", "?"))) from None
         except ClientError as exc:
-            code = _code(exc)
-            if code in AUTH:
-                raise GpuprovError(f"AWS refused {what}: {code}: {_message(exc)}\n  fix: check the credentials and "
-                                   f"that the IAM identity may call {what} ({credentials_hint()})") from None
-            raise
-        except BotoCoreError as exc:
+            code, message = _code(exc), _message(exc)
+            fix = credentials_hint() if code in CREDENTIAL_CODES else classify(code, message, "on-demand").fix
+            raise AwsError(what, code, message, fix) from None
+        except BotoCoreError as exc:  # no answer at all: endpoint unreachable, timeouts, bad config
             raise GpuprovError(f"AWS call {what} failed: {exc}") from None
+
+    def _settle(self, what: str, fn: Callable[[], T], kind: str, cloud_id: str, settle: float) -> T:
+        """`fn`, looking again (with backoff) while the resource answers NotFound within `settle` seconds:
+        right after a create EC2 may not know the id yet (EC2 guide, "Eventual consistency")."""
+        deadline = time.monotonic() + settle
+        wait = self.poll
+        while True:
+            try:
+                return self._call(what, fn)
+            except AwsError as exc:
+                if exc.code != NOT_FOUND.get(kind):
+                    raise
+                if time.monotonic() + wait > deadline:
+                    raise NotFound(kind, cloud_id, exc.code) from None
+                time.sleep(wait)
+                wait = min(wait * 2, self.poll * 8)
 
     def _tags(self, node: str, extra: dict[str, str] | None = None) -> list[dict[str, str]]:
         tags = {TAG_NODE: node, TAG_OWNER: self.owner, "Name": f"gpuprov-{node}", **(extra or {})}
@@ -134,8 +177,8 @@ class AwsProvider:
             try:
                 reply = self._call("ssm:GetParameter", functools.partial(ssm.get_parameter, Name=name))
                 return str(reply["Parameter"]["Value"])
-            except ClientError as exc:
-                if _code(exc) != "ParameterNotFound":
+            except AwsError as exc:
+                if exc.code != "ParameterNotFound":
                     raise
         raise UserInputError("--image", f"no Ubuntu {release} image published in {region} (looked up {tried[0]})",
                              "pass --image ami-... explicitly")
@@ -144,120 +187,98 @@ class AwsProvider:
         ec2 = self._client("ec2", region)
         try:
             images = self._call("DescribeImages", lambda: ec2.describe_images(ImageIds=[image_id]))["Images"]
-        except ClientError as exc:
-            raise UserInputError("--image", f"{image_id}: {_code(exc)}: {_message(exc)}") from None
+        except AwsError as exc:
+            raise UserInputError("--image", f"{image_id}: {exc.code}: {exc.message}") from None
         if not images:
             raise UserInputError("--image", f"image {image_id} not found in {region}")
         return str(images[0].get("RootDeviceName") or "/dev/sda1")
 
-    # --- access: key pair and security group ----------------------------------------------
-
-    def _key_files(self, region: str) -> tuple[Path, str]:
-        """This user's private key for the region (created once, 0600) and its public line."""
-        private = region_key(self.keys_dir, region)
-        public = private.with_suffix(".pub")
-        folder = private.parent
-        if not private.exists():
-            from cryptography.hazmat.primitives import serialization
-            from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            key = Ed25519PrivateKey.generate()
-            pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                    serialization.NoEncryption())
-            fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(pem)
-            line = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-            public.write_text(line.decode() + f" gpuprov {self.owner}\n")
-        private.chmod(0o600)
-        return private, public.read_text().strip()
-
-    def key_name(self) -> str:
-        return "gpuprov-" + "".join(c if c.isalnum() or c in "-_." else "-" for c in self.owner)
-
-    def _ensure_key_pair(self, region: str) -> tuple[str, str]:
-        """Import this user's key for the region once. Serialised across threads and processes
-        (a file lock), since concurrent `up`s would otherwise race to import or replace it."""
-        import fcntl
-
-        folder = self.keys_dir / region
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with (folder / ".lock").open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            private, public = self._key_files(region)
-            return self._import_key(region, private, public)
-
-    def _import_key(self, region: str, private: Path, public: str) -> tuple[str, str]:
-        ec2 = self._client("ec2", region)
-        name = self.key_name()
-        try:
-            existing = self._call("DescribeKeyPairs", lambda: ec2.describe_key_pairs(KeyNames=[name]))["KeyPairs"]
-        except ClientError as exc:
-            if _code(exc) != "InvalidKeyPair.NotFound":
-                raise
-            existing = []
-        if existing and self.store.resources(None, region=region, kind="key-pair"):
-            return name, str(private)
-        if existing:  # ours by name, but from a lost local state: replace it with the local key
-            self._call("DeleteKeyPair", lambda: ec2.delete_key_pair(KeyName=name))
-        rid = self.store.intend(None, "key-pair", region, name)
-        result = self._call("ImportKeyPair", lambda: ec2.import_key_pair(
-            KeyName=name, PublicKeyMaterial=public.encode(),
-            TagSpecifications=[{"ResourceType": "key-pair", "Tags": self._tags(SHARED)}]))
-        self.store.created(rid, str(result.get("KeyPairId") or name))
-        return name, str(private)
-
-    def network(self, region: str, subnet: str | None) -> tuple[str, str | None]:
-        """(VPC id, zone): the pinned subnet's, or the region's default VPC (any zone)."""
+    def network(self, region: str, subnet: str | None) -> Network:
+        """The pinned subnet's VPC and zone, or the region's default VPC (any zone)."""
         ec2 = self._client("ec2", region)
         if subnet:
             try:
-                found = self._call("DescribeSubnets", lambda: ec2.describe_subnets(SubnetIds=[subnet]))["Subnets"]
-            except ClientError as exc:
-                raise UserInputError("--subnet", f"{subnet}: {_code(exc)}: {_message(exc)}") from None
-            return str(found[0]["VpcId"]), str(found[0]["AvailabilityZone"])
+                (found,) = self._call("DescribeSubnets", lambda: ec2.describe_subnets(SubnetIds=[subnet]))["Subnets"]
+            except AwsError as exc:
+                raise UserInputError("--subnet", f"{subnet}: {exc.code}: {exc.message}",
+                                     "list subnets with `aws ec2 describe-subnets`") from None
+            vpc = self._call("DescribeVpcs", lambda: ec2.describe_vpcs(VpcIds=[found["VpcId"]]))["Vpcs"][0]
+            return Network(vpc_id=str(vpc["VpcId"]), vpc_cidr=str(vpc["CidrBlock"]), subnet_id=subnet,
+                           zone=str(found["AvailabilityZone"]), maps_public_ip=bool(found.get("MapPublicIpOnLaunch")))
         vpcs = self._call("DescribeVpcs", lambda: ec2.describe_vpcs(
             Filters=[{"Name": "is-default", "Values": ["true"]}]))["Vpcs"]
         if not vpcs:
             raise UserInputError("--subnet", f"{region} has no default VPC", "pass --subnet subnet-... to launch into")
-        return str(vpcs[0]["VpcId"]), None
+        # default subnets give instances a public address (EC2 guide, "Default VPCs")
+        return Network(vpc_id=str(vpcs[0]["VpcId"]), vpc_cidr=str(vpcs[0]["CidrBlock"]))
 
-    def prepare(self, node: str, region: str, vpc: str, subnet: str | None, ssh_cidr: str) -> Access:
-        key_name, key_path = self._ensure_key_pair(region)
+    # --- key pair and security group -------------------------------------------------------
+
+    def key_pair_exists(self, region: str, name: str) -> bool:
         ec2 = self._client("ec2", region)
-        group_name = f"gpuprov-{node}-{int(time.time())}"
-        rid = self.store.intend(node, "security-group", region, group_name)
-        kwargs: dict[str, Any] = {"GroupName": group_name, "Description": f"gpuprov node {node}: SSH from {ssh_cidr}",
-                                  "VpcId": vpc,
-                                  "TagSpecifications": [{"ResourceType": "security-group", "Tags": self._tags(node)}]}
-        group = self._call("CreateSecurityGroup", lambda: ec2.create_security_group(**kwargs))["GroupId"]
-        self.store.created(rid, group)
-        self._call("AuthorizeSecurityGroupIngress", lambda: ec2.authorize_security_group_ingress(
-            GroupId=group, IpPermissions=[{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
-                                           "IpRanges": [{"CidrIp": ssh_cidr, "Description": "gpuprov: SSH"}]}]))
-        return Access(key_name=key_name, key_path=key_path, security_group_id=group, subnet_id=subnet)
+        try:
+            return bool(self._call("DescribeKeyPairs", lambda: ec2.describe_key_pairs(KeyNames=[name]))["KeyPairs"])
+        except AwsError as exc:
+            if exc.code != NOT_FOUND["key-pair"]:
+                raise
+            return False
+
+    def import_key_pair(self, region: str, name: str, public_key: str) -> str:
+        ec2 = self._client("ec2", region)
+        result = self._call("ImportKeyPair", lambda: ec2.import_key_pair(
+            KeyName=name, PublicKeyMaterial=public_key.encode(),
+            TagSpecifications=[{"ResourceType": "key-pair", "Tags": self._tags(SHARED)}]))
+        return str(result.get("KeyPairId") or name)
+
+    def delete_key_pair(self, region: str, name: str, settle: float = 0) -> None:
+        ec2 = self._client("ec2", region)
+        self._settle("DeleteKeyPair", lambda: ec2.delete_key_pair(KeyName=name), "key-pair", name, settle)
+
+    def create_security_group(self, region: str, node: str, vpc: str, name: str, description: str) -> str:
+        ec2 = self._client("ec2", region)
+        return str(self._call("CreateSecurityGroup", lambda: ec2.create_security_group(
+            GroupName=name, Description=description, VpcId=vpc,
+            TagSpecifications=[{"ResourceType": "security-group", "Tags": self._tags(node)}]))["GroupId"])
+
+    def find_security_group(self, region: str, name: str) -> str | None:
+        """A group by name (for a create whose answer was lost); a name filter, which does not wait for tags."""
+        ec2 = self._client("ec2", region)
+        groups = self._call("DescribeSecurityGroups", lambda: ec2.describe_security_groups(
+            Filters=[{"Name": "group-name", "Values": [name]}]))["SecurityGroups"]
+        return str(groups[0]["GroupId"]) if groups else None
+
+    def authorize_ssh(self, region: str, group_id: str, cidr: str, settle: float) -> None:
+        ec2 = self._client("ec2", region)
+        ranges: dict[str, Any] = ({"Ipv6Ranges": [{"CidrIpv6": cidr, "Description": "gpuprov: SSH"}]} if ":" in cidr
+                                  else {"IpRanges": [{"CidrIp": cidr, "Description": "gpuprov: SSH"}]})
+        self._settle("AuthorizeSecurityGroupIngress", lambda: ec2.authorize_security_group_ingress(
+            GroupId=group_id, IpPermissions=[{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, **ranges}]),
+            "security-group", group_id, settle)
 
     # --- instances -----------------------------------------------------------------------
 
-    def launch(self, request: LaunchRequest) -> Instance:
-        ec2 = self._client("ec2", request.region)
+    def _run_kwargs(self, request: LaunchRequest) -> dict[str, Any]:
         specs = [
             {"ResourceType": "instance", "Tags": self._tags(request.node, dict(request.tags))},
             {"ResourceType": "volume", "Tags": self._tags(request.node)},
         ]
+        access = request.access
         kwargs: dict[str, Any] = {
             "ImageId": request.image_id, "InstanceType": request.instance_type, "MinCount": 1, "MaxCount": 1,
-            "KeyName": request.access.key_name, "SecurityGroupIds": [request.access.security_group_id],
-            "ClientToken": request.client_token,
+            "KeyName": access.key_name, "ClientToken": request.client_token,
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
             "InstanceInitiatedShutdownBehavior": "terminate",
             "BlockDeviceMappings": [{"DeviceName": self._root_device(request.region, request.image_id), "Ebs": {
                 "VolumeSize": request.disk_gb, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}}],
         }
-        if request.access.subnet_id:
-            kwargs["SubnetId"] = request.access.subnet_id
+        if access.public_ip:  # the subnet gives no public address by itself: ask for one on the interface
+            kwargs["NetworkInterfaces"] = [{"DeviceIndex": 0, "SubnetId": access.subnet_id, "AssociatePublicIpAddress": True,
+                                            "Groups": [access.security_group_id], "DeleteOnTermination": True}]
         else:
+            kwargs["SecurityGroupIds"] = [access.security_group_id]
+            if access.subnet_id:
+                kwargs["SubnetId"] = access.subnet_id
+        if not access.subnet_id:
             kwargs["Placement"] = {"AvailabilityZone": request.zone}
         if request.market == "spot":
             spot: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
@@ -266,39 +287,55 @@ class AwsProvider:
             kwargs["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
             specs.append({"ResourceType": "spot-instances-request", "Tags": self._tags(request.node)})
         kwargs["TagSpecifications"] = specs
-        rid = self.store.intend(request.node, "instance", request.region, request.client_token)
-        try:
-            reply = self._call("RunInstances", lambda: ec2.run_instances(**kwargs))
-        except ClientError as exc:
-            self.store.deleted(rid)  # refused: nothing was created
-            code = _code(exc)
-            kind = ("capacity" if code in CAPACITY else "quota" if code in QUOTA
-                    else "input" if code.startswith("Invalid") else "other")
-            raise LaunchError(kind, code, _message(exc)) from None  # type: ignore[arg-type]
-        raw = reply["Instances"][0]
-        self.store.created(rid, raw["InstanceId"])
-        instance = _instance(raw, request.region)
-        if instance.spot_request_id:
-            self.store.add_resource(request.node, "spot-request", request.region, instance.spot_request_id)
-        return instance
+        return kwargs
 
-    def describe(self, region: str, *, ids: Sequence[str] = (), node: str | None = None) -> list[Instance]:
+    def launch(self, request: LaunchRequest, settle: float) -> Instance:
+        """One RunInstances for one candidate, with retries off (see the module's docstring). A request
+        naming a group or key EC2 does not know yet, and a throttled or failed request, is sent again with
+        the same ClientToken, which EC2 answers with the same instance instead of a second one."""
+        ec2 = self._client("ec2", request.region, retries=False)
+        kwargs = self._run_kwargs(request)
+        deadline = time.monotonic() + settle
+        wait, tries = self.poll, 0
+        while True:
+            tries += 1
+            try:
+                reply = self._call("RunInstances", lambda: ec2.run_instances(**kwargs))
+                return _instance(reply["Instances"][0], request.region)
+            except AwsError as exc:
+                refusal = classify(exc.code, exc.message, request.market)
+                fresh = exc.code in LAUNCH_REFERENCES and time.monotonic() + wait < deadline
+                if not (fresh or (refusal.then == "retry" and tries < RETRY_RUN_INSTANCES)):
+                    raise LaunchError(refusal.then, exc.code, exc.message, refusal.fix, refusal.quota) from None
+            time.sleep(wait)
+            wait = min(wait * 2, self.poll * 8)
+
+    def find_launched(self, region: str, client_token: str) -> list[Instance]:
         ec2 = self._client("ec2", region)
-        kwargs: dict[str, Any] = {}
-        if ids:
-            kwargs["InstanceIds"] = list(ids)
-        filters = self._owned()
-        if node:
-            filters.append({"Name": f"tag:{TAG_NODE}", "Values": [node]})
-        if not ids:
-            kwargs["Filters"] = filters
-        pages = self._call("DescribeInstances", lambda: list(ec2.get_paginator("describe_instances").paginate(**kwargs)))
+        pages = self._call("DescribeInstances", lambda: list(ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": "client-token", "Values": [client_token]}])))
         return [_instance(raw, region) for page in pages for res in page["Reservations"] for raw in res["Instances"]]
 
-    def wait_running(self, region: str, instance_id: str, timeout: float) -> Instance:
+    def describe(self, region: str, ids: Sequence[str], settle: float = 0) -> list[Instance]:
+        ec2 = self._client("ec2", region)
+        reply = self._settle("DescribeInstances", lambda: ec2.describe_instances(InstanceIds=list(ids)),
+                             "instance", ", ".join(ids), settle)
+        return [_instance(raw, region) for res in reply["Reservations"] for raw in res["Instances"]]
+
+    def instances(self, region: str, *, ids: Sequence[str] = (), node: str | None = None) -> list[Instance]:
+        ec2 = self._client("ec2", region)
+        if ids:  # by id as a filter: an id EC2 does not know is absent instead of failing the whole call
+            filters = [{"Name": "instance-id", "Values": list(ids)}]
+        else:
+            filters = self._owned() + ([{"Name": f"tag:{TAG_NODE}", "Values": [node]}] if node else [])
+        pages = self._call("DescribeInstances", lambda: list(ec2.get_paginator("describe_instances").paginate(
+            Filters=filters)))
+        return [_instance(raw, region) for page in pages for res in page["Reservations"] for raw in res["Instances"]]
+
+    def wait_running(self, region: str, instance_id: str, timeout: float, settle: float) -> Instance:
         deadline = time.monotonic() + timeout
         while True:
-            (instance,) = self.describe(region, ids=[instance_id])
+            (instance,) = self.describe(region, [instance_id], settle=settle)
             if instance.state == "running":
                 return instance
             if instance.state in ("shutting-down", "terminated", "stopped", "stopping"):
@@ -307,63 +344,20 @@ class AwsProvider:
                 raise GpuprovError(f"{instance_id} still {instance.state} after {timeout:.0f}s")
             time.sleep(self.poll)
 
-    def terminate(self, node: str, region: str) -> list[str]:
-        """Terminate the node's instances, wait, then delete its spot requests, group and volumes."""
+    def terminate(self, region: str, ids: Sequence[str], settle: float) -> None:
         ec2 = self._client("ec2", region)
-        removed: list[str] = []
-        recorded = [r for r in self.store.resources(node, region=region, kind="instance") if r.cloud_id]
-        live = {i.id: i for i in self.describe(region, node=node) if i.state != "terminated"}
-        for r in recorded:  # also those whose tags never landed
-            cid = r.cloud_id
-            if cid is not None and cid not in live:
-                try:
-                    for i in self.describe(region, ids=[cid]):
-                        if i.state != "terminated":
-                            live[i.id] = i
-                except ClientError as exc:
-                    if _code(exc) != "InvalidInstanceID.NotFound":
-                        raise
-        if live:
-            self._call("TerminateInstances", lambda: ec2.terminate_instances(InstanceIds=list(live)))
-            self._wait_terminated(region, list(live))
-            removed += [f"instance {i}" for i in live]
-        for r in recorded:
-            self.store.deleted(r.id)
-        for r in self.store.resources(node, region=region, kind="instance"):
-            self.store.deleted(r.id)  # intents whose launch never returned: covered by the tag search above
-        removed += self._delete_tagged(region, node)
-        return removed
+        self._settle("TerminateInstances", lambda: ec2.terminate_instances(InstanceIds=list(ids)),
+                     "instance", ", ".join(ids), settle)
 
-    def _wait_terminated(self, region: str, ids: list[str], timeout: float = 900) -> None:
+    def wait_terminated(self, region: str, ids: Sequence[str], timeout: float = 900) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            states = {i.id: i.state for i in self.describe(region, ids=ids)}
-            if all(s == "terminated" for s in states.values()):
+        while True:
+            states = {i.id: i.state for i in self.instances(region, ids=ids)}
+            if all(states.get(i, "terminated") == "terminated" for i in ids):
                 return
+            if time.monotonic() > deadline:
+                raise GpuprovError(f"instances {', '.join(ids)} not terminated after {timeout:.0f}s")
             time.sleep(self.poll)
-        raise GpuprovError(f"instances {', '.join(ids)} not terminated after {timeout:.0f}s; run `gpuprov down` again")
-
-    def _delete_tagged(self, region: str, node: str) -> list[str]:
-        removed = []
-        for res in self.tagged(region):
-            if res.node == node and res.kind != "instance":
-                self.delete(res)
-                removed.append(f"{res.kind} {res.id}")
-        for r in self.store.resources(node, region=region):
-            if r.kind != "instance":
-                self.store.deleted(r.id)
-        return removed
-
-    def release_key(self, region: str) -> None:
-        ec2 = self._client("ec2", region)
-        name = self.key_name()
-        try:
-            self._call("DeleteKeyPair", lambda: ec2.delete_key_pair(KeyName=name))
-        except ClientError as exc:
-            if _code(exc) != "InvalidKeyPair.NotFound":
-                raise
-        for r in self.store.resources(None, region=region, kind="key-pair"):
-            self.store.deleted(r.id)
 
     # --- everything tagged as ours (gc) ----------------------------------------------------
 
@@ -371,7 +365,7 @@ class AwsProvider:
         ec2 = self._client("ec2", region)
         owned = self._owned()
         found: list[CloudResource] = []
-        for i in self.describe(region):
+        for i in self.instances(region):
             if i.state != "terminated":
                 found.append(CloudResource("instance", i.id, region, i.node, i.state))
         for req in self._call("DescribeSpotInstanceRequests", lambda: ec2.describe_spot_instance_requests(
@@ -388,34 +382,34 @@ class AwsProvider:
             found.append(CloudResource("key-pair", key["KeyName"], region, _tag(key)))
         return found
 
-    def delete(self, resource: CloudResource) -> None:
+    def delete(self, resource: CloudResource, settle: float = 0) -> None:
         ec2 = self._client("ec2", resource.region)
-        kind, rid = resource.kind, resource.id
+        kind, rid, region = resource.kind, resource.id, resource.region
         if kind == "instance":
-            self._call("TerminateInstances", lambda: ec2.terminate_instances(InstanceIds=[rid]))
-            self._wait_terminated(resource.region, [rid])
+            self.terminate(region, [rid], settle)
+            self.wait_terminated(region, [rid])
         elif kind == "spot-request":
-            self._call("CancelSpotInstanceRequests", lambda: ec2.cancel_spot_instance_requests(SpotInstanceRequestIds=[rid]))
+            self._settle("CancelSpotInstanceRequests", lambda: ec2.cancel_spot_instance_requests(
+                SpotInstanceRequestIds=[rid]), kind, rid, settle)
         elif kind == "security-group":
-            self._retry_dependency(lambda: ec2.delete_security_group(GroupId=rid), f"security group {rid}")
+            self._while_in_use(lambda: self._settle("DeleteSecurityGroup", lambda: ec2.delete_security_group(GroupId=rid),
+                                                    kind, rid, settle))
         elif kind == "volume":
-            self._retry_dependency(lambda: ec2.delete_volume(VolumeId=rid), f"volume {rid}")
+            self._while_in_use(lambda: self._settle("DeleteVolume", lambda: ec2.delete_volume(VolumeId=rid),
+                                                    kind, rid, settle))
         elif kind == "key-pair":
-            self._call("DeleteKeyPair", lambda: ec2.delete_key_pair(KeyName=rid))
+            self.delete_key_pair(region, rid, settle)
 
-    def _retry_dependency(self, fn: Callable[[], Any], what: str, timeout: float = 300) -> None:
-        """AWS keeps a group 'in use' for a while after its instance is gone: retry, bounded."""
+    def _while_in_use(self, fn: Callable[[], Any], timeout: float = 300) -> None:
+        """EC2 keeps a group or volume 'in use' for a while after its instance is gone: retry, bounded."""
         deadline = time.monotonic() + timeout
         while True:
             try:
-                self._call(what, fn)
+                fn()
                 return
-            except ClientError as exc:
-                code = _code(exc)
-                if code.endswith(".NotFound") or code == "InvalidGroup.NotFound":
-                    return
-                if code not in ("DependencyViolation", "VolumeInUse", "IncorrectState") or time.monotonic() > deadline:
-                    raise GpuprovError(f"could not delete {what}: {code}: {_message(exc)}") from None
+            except AwsError as exc:
+                if exc.code not in ("DependencyViolation", "VolumeInUse", "IncorrectState") or time.monotonic() > deadline:
+                    raise
                 time.sleep(self.poll)
 
     # --- prices and quotas -----------------------------------------------------------------
@@ -437,8 +431,8 @@ class AwsProvider:
         try:
             reply = self._client("service-quotas", region).get_service_quota(ServiceCode="ec2", QuotaCode=code)
             return float(reply["Quota"]["Value"])
-        except (ClientError, BotoCoreError, KeyError):
-            return None  # reading the quota is a courtesy; the launch error already said enough
+        except (ClientError, BotoCoreError, KeyError):  # reading the quota is a courtesy; the refusal said enough
+            return None
 
 
 def _tag(raw: dict[str, Any], key: str = TAG_NODE) -> str | None:

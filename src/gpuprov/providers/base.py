@@ -1,7 +1,12 @@
 """The provider protocol: the handful of typed operations lifecycle.py needs from a cloud.
 
-Every operation that creates something records it in the Store first (with its ClientToken or
-name) and tags it `gpuprov:node` / `gpuprov:owner`, so nothing it makes can be lost.
+A provider makes and removes machines and knows nothing of local state or SSH: lifecycle.py
+records each resource (with its ClientToken or name) before it asks the provider to create it.
+Every resource is tagged `gpuprov:node` / `gpuprov:owner`, so nothing it makes can be lost.
+
+Clouds are eventually consistent: a resource created a moment ago can answer "not found".
+Operations that take an id therefore accept `settle`, the seconds during which a NotFound is
+looked at again (with backoff) before it counts; they raise `NotFound` after that.
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ from typing import Literal, Protocol
 from gpuprov.errors import GpuprovError
 
 Market = Literal["spot", "on-demand"]
+Then = Literal["next-candidate", "next-market", "stop", "retry"]
+ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume"]
 TAG_NODE = "gpuprov:node"
 TAG_OWNER = "gpuprov:owner"
 SHARED = "(shared)"  # gpuprov:node value of resources several nodes use (the key pair)
-
 
 @dataclass(frozen=True)
 class Instance:
@@ -37,13 +43,24 @@ class Instance:
 
 
 @dataclass(frozen=True)
+class Network:
+    """Where a node launches: the VPC (and its CIDR), and the subnet's zone when one is pinned."""
+
+    vpc_id: str
+    vpc_cidr: str
+    subnet_id: str | None = None
+    zone: str | None = None
+    maps_public_ip: bool = True  # the subnet gives new instances a public address by itself
+
+
+@dataclass(frozen=True)
 class Access:
     """What a node needs before launch: the key pair's name and the node's security group."""
 
     key_name: str
-    key_path: str
     security_group_id: str
     subnet_id: str | None
+    public_ip: bool = False  # ask for a public address (the subnet does not give one by itself)
 
 
 @dataclass(frozen=True)
@@ -81,13 +98,25 @@ class CloudResource:
 
 
 class LaunchError(GpuprovError):
-    """A refused launch, with the cloud's own error code and message."""
+    """A refused launch: the cloud's own error code and message, and what the failover does next."""
 
-    def __init__(self, kind: Literal["capacity", "quota", "auth", "input", "other"], code: str, message: str) -> None:
-        self.kind = kind
+    def __init__(self, then: Then, code: str, message: str, fix: str = "", quota: bool = False) -> None:
+        self.then = then
         self.code = code
         self.message = message
+        self.fix = fix
+        self.quota = quota
         super().__init__(f"{code}: {message}")
+
+
+class NotFound(GpuprovError):
+    """The cloud still says this resource does not exist after the settle time."""
+
+    def __init__(self, kind: str, cloud_id: str, code: str) -> None:
+        self.kind = kind
+        self.cloud_id = cloud_id
+        self.code = code
+        super().__init__(f"{kind} {cloud_id}: {code}")
 
 
 class Provider(Protocol):
@@ -99,33 +128,55 @@ class Provider(Protocol):
 
     def image(self, region: str, os_name: str) -> str: ...
 
-    def network(self, region: str, subnet: str | None) -> tuple[str, str | None]:
-        """(VPC id, zone the subnet pins or None) for a launch."""
+    def network(self, region: str, subnet: str | None) -> Network: ...
+
+    def key_pair_exists(self, region: str, name: str) -> bool: ...
+
+    def import_key_pair(self, region: str, name: str, public_key: str) -> str:
+        """Import this user's public key (tagged as shared by the user's nodes); returns its id."""
         ...
 
-    def prepare(self, node: str, region: str, vpc: str, subnet: str | None, ssh_cidr: str) -> Access:
-        """Key pair (shared per user and region) and the node's own security group."""
+    def delete_key_pair(self, region: str, name: str, settle: float = 0) -> None: ...
+
+    def create_security_group(self, region: str, node: str, vpc: str, name: str, description: str) -> str: ...
+
+    def find_security_group(self, region: str, name: str) -> str | None:
+        """A group's id by its name (for a create whose answer was lost)."""
         ...
 
-    def launch(self, request: LaunchRequest) -> Instance: ...
-
-    def describe(self, region: str, *, ids: Sequence[str] = (), node: str | None = None) -> list[Instance]: ...
-
-    def wait_running(self, region: str, instance_id: str, timeout: float) -> Instance: ...
-
-    def terminate(self, node: str, region: str) -> list[str]:
-        """Terminate the node's instances and remove everything else it owns; returns what was removed."""
+    def authorize_ssh(self, region: str, group_id: str, cidr: str, settle: float) -> None:
+        """Open TCP 22 to `cidr` (IPv4 or IPv6)."""
         ...
 
-    def release_key(self, region: str) -> None:
-        """Delete the shared key pair (when no node in the region uses it any more)."""
+    def launch(self, request: LaunchRequest, settle: float) -> Instance:
+        """One launch request (raises LaunchError with what to do next)."""
+        ...
+
+    def find_launched(self, region: str, client_token: str) -> list[Instance]:
+        """Instances a launch with this ClientToken made (for a request whose answer was lost)."""
+        ...
+
+    def describe(self, region: str, ids: Sequence[str], settle: float = 0) -> list[Instance]: ...
+
+    def instances(self, region: str, *, ids: Sequence[str] = (), node: str | None = None) -> list[Instance]:
+        """Live instances by id or node tag (a filter: an unknown id is simply absent)."""
+        ...
+
+    def wait_running(self, region: str, instance_id: str, timeout: float, settle: float) -> Instance: ...
+
+    def terminate(self, region: str, ids: Sequence[str], settle: float) -> None:
+        """Ask for termination; raises NotFound when an id is unknown after `settle`."""
+        ...
+
+    def wait_terminated(self, region: str, ids: Sequence[str], timeout: float = 900) -> None: ...
+
+    def delete(self, resource: CloudResource, settle: float = 0) -> None:
+        """Delete one resource and return once the cloud accepted it; NotFound when already gone."""
         ...
 
     def tagged(self, region: str) -> list[CloudResource]:
         """Every live resource in the region tagged with this user's gpuprov:owner."""
         ...
-
-    def delete(self, resource: CloudResource) -> None: ...
 
     def prices(self, region: str, instance_types: Sequence[str]) -> list[SpotPrice]: ...
 

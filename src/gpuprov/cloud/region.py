@@ -1,0 +1,51 @@
+"""The AWS region a command works in, found the way the AWS CLI finds it.
+
+--region, then AWS_REGION, then AWS_DEFAULT_REGION, then the profile's `region` in the AWS config
+file (AWS_PROFILE or the default profile), then us-east-1. botocore is read only when a profile
+could say something, so `plan` stays fast and offline.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuprov.errors import UserInputError
+
+DEFAULT = "us-east-1"
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str
+    source: str  # "--region", "AWS_REGION", "profile 'dev'", "default" …
+
+    def __str__(self) -> str:
+        return f"{self.name} (from {self.source})"
+
+
+def resolve(given: str | None) -> Region:
+    if given:
+        return Region(given, "--region")
+    for var in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        if os.environ.get(var):
+            return Region(os.environ[var], var)
+    profile = os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE")
+    config = Path(os.environ.get("AWS_CONFIG_FILE") or Path.home() / ".aws" / "config")
+    if profile or config.exists():
+        import botocore.session
+        from botocore.exceptions import ProfileNotFound
+
+        try:
+            region = botocore.session.Session().get_config_variable("region")
+        except ProfileNotFound:
+            raise profile_not_found(profile or "default") from None
+        if region:
+            return Region(str(region), f"profile '{profile or 'default'}'")
+    return Region(DEFAULT, "default")
+
+
+def profile_not_found(profile: str) -> UserInputError:
+    return UserInputError("AWS_PROFILE", f"no AWS profile called {profile!r} in the AWS config or credentials files",
+                          "list profiles with `aws configure list-profiles`, or unset AWS_PROFILE")

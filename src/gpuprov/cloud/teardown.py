@@ -1,0 +1,139 @@
+"""Take a node's cloud resources down, following the local records first, and never half-way.
+
+Order: instances (by recorded id: TerminateInstances needs no describe first; launches whose
+answer was lost are found by their ClientToken), then spot requests and volumes, then the
+security group (by recorded id, or by its recorded name), then whatever else carries the node's
+tag. A NotFound on a resource created moments ago is looked at again (EC2 is eventually
+consistent); on an older one it means gone. A row is marked deleted only once the cloud confirmed
+it. What could not be removed is returned, not raised, so the other resources still go.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpuprov.errors import GpuprovError
+from gpuprov.providers.base import CloudResource, NotFound, Provider
+from gpuprov.state import Resource, Store
+
+Say = Callable[[str], None]
+
+# How long a resource's NotFound is not believed after its create (EC2 guide, "Eventual consistency in
+# the Amazon EC2 API": right after a create, a NotFound "does not mean the resource does not exist").
+SETTLE_SECONDS = 180.0
+LOOKS_FOR_LOST_LAUNCH = 3  # client-token look-ups (filters lag too) before an intent counts as never launched
+
+
+def settle(row: Resource, now: float | None = None) -> float:
+    """Seconds left during which a NotFound for this row is looked at again."""
+    return max(0.0, row.created_at + SETTLE_SECONDS - (now or time.time()))
+
+
+@dataclass
+class Teardown:
+    node: str
+    removed: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)  # "security-group sg-1: DependencyViolation …"
+
+    @property
+    def complete(self) -> bool:
+        return not self.left
+
+
+def teardown(node: str, region: str, provider: Provider, store: Store, say: Say, poll: float = 1.0) -> Teardown:
+    result = Teardown(node)
+    _instances(node, region, provider, store, say, result, poll)
+    instances_left = bool(result.left)
+    for kind in ("spot-request", "volume", "security-group"):
+        for row in store.resources(node, region=region, kind=kind):
+            if kind == "security-group" and instances_left:  # EC2 refuses while an instance still uses it
+                result.left.append(f"security-group {row.cloud_id or row.client_token}: waits for the instance")
+                continue
+            _delete_row(row, provider, store, say, result)
+    if not result.left:  # best effort: anything else tagged with the node (tags may lag; records did the work)
+        recorded = {r.cloud_id for r in store.resources(node, region=region, live_only=False)}
+        for res in provider.tagged(region):
+            if res.node == node and res.kind != "instance" and res.id not in recorded:
+                _delete(res, None, provider, store, say, result)
+    return result
+
+
+def _instances(node: str, region: str, provider: Provider, store: Store, say: Say, result: Teardown,
+               poll: float) -> None:
+    rows = store.resources(node, region=region, kind="instance")
+    for row in rows:
+        if row.cloud_id is None and row.client_token:
+            _find_lost_launch(row, provider, store, poll)
+    try:  # launches recorded nowhere (a row lost with an old state file) but tagged with the node
+        for inst in provider.instances(region, node=node):
+            if inst.state != "terminated":
+                store.add_resource(node, "instance", region, inst.id)
+    except GpuprovError as exc:
+        say(f"  could not list {node}'s instances by tag: {exc}")
+    asked = []
+    for row in store.resources(node, region=region, kind="instance"):
+        if row.cloud_id is None:
+            continue
+        try:
+            provider.terminate(region, [row.cloud_id], settle=settle(row))
+            asked.append(row)
+        except NotFound:
+            store.deleted(row.id)  # old enough to believe: it is gone
+        except GpuprovError as exc:
+            result.left.append(f"instance {row.cloud_id}: {exc}")
+    if not asked:
+        return
+    try:
+        provider.wait_terminated(region, [r.cloud_id for r in asked if r.cloud_id])
+    except GpuprovError as exc:
+        result.left += [f"instance {r.cloud_id}: termination asked, not yet confirmed ({exc})" for r in asked]
+        return
+    for row in asked:
+        store.deleted(row.id)
+        result.removed.append(f"instance {row.cloud_id}")
+        say(f"  removed instance {row.cloud_id}")
+
+
+def _find_lost_launch(row: Resource, provider: Provider, store: Store, poll: float) -> None:
+    """A launch whose answer never arrived: the ClientToken finds what it made, or nothing was made."""
+    looks = LOOKS_FOR_LOST_LAUNCH if settle(row) > 0 else 1
+    for look in range(looks):
+        found = provider.find_launched(row.region, row.client_token or "")
+        if found:
+            store.created(row.id, found[0].id)
+            for extra in found[1:]:
+                store.add_resource(row.node, "instance", row.region, extra.id, row.client_token)
+            return
+        if look + 1 < looks:
+            time.sleep(poll * (2 ** look))
+    store.deleted(row.id)  # asked for, never made
+
+
+def _delete_row(row: Resource, provider: Provider, store: Store, say: Say, result: Teardown) -> None:
+    if row.cloud_id is None:  # a create whose answer was lost: its recorded name finds it
+        found = provider.find_security_group(row.region, row.client_token or "") if row.kind == "security-group" else None
+        if found is None:
+            store.deleted(row.id)
+            return
+        store.created(row.id, found)
+        row = next(r for r in store.resources(row.node, region=row.region) if r.id == row.id)
+    res = CloudResource(row.kind, row.cloud_id or "", row.region, row.node)
+    _delete(res, row, provider, store, say, result)
+
+
+def _delete(res: CloudResource, row: Resource | None, provider: Provider, store: Store, say: Say,
+            result: Teardown) -> None:
+    try:
+        provider.delete(res, settle=settle(row) if row else 0.0)
+    except NotFound:
+        pass  # already gone (a volume that went with its instance, a closed spot request)
+    except GpuprovError as exc:
+        result.left.append(f"{res.kind} {res.id}: {exc}")
+        return
+    else:
+        result.removed.append(f"{res.kind} {res.id}")
+        say(f"  removed {res.kind} {res.id}")
+    if row is not None:
+        store.deleted(row.id)
