@@ -25,8 +25,10 @@ Rule fields:
   delay    seconds to sleep before acting (optional, combines with any effect)
   name     optional label (see POST)
  one effect:
-  code (+ status default 400, message)  -> AWS error: EC2 XML for query protocol, JSON __type +
-                                           x-amzn-ErrorType for JSON protocol
+  code (+ status, message)  -> AWS error: EC2 XML for query protocol, JSON __type + x-amzn-ErrorType for JSON
+           protocol. Without ``status``: EC2's status for the code (EC2_ERROR_STATUS: Insufficient*Capacity and
+           InternalError 500, RequestLimitExceeded and Unavailable 503, AuthFailure 401, UnauthorizedOperation
+           403), else 400; JSON protocol 400. An explicit ``status`` wins.
   body (+ status default 200, content_type)  -> canned body
   spot_prices: [{"instance_type", "az", "price", "product"?, "az_id"?}]  -> DescribeSpotPriceHistory answer
            built per request: rows filtered by the request's InstanceType.N / ProductDescription.N /
@@ -41,9 +43,8 @@ Log entry (one per proxied request, in arrival order):
    "rule" (id of the rule that fired or None), "held", "outcome"}
   "status" is filled when the upstream/canned answer exists (None before that).
 
-AWS status conventions worth using: InsufficientInstanceCapacity 500 (botocore retries it), RequestLimitExceeded
-503, SpotMaxPriceTooLow/VcpuLimitExceeded/MaxSpotInstanceCountExceeded/Unsupported/InvalidParameterValue 400,
-AuthFailure 401, UnauthorizedOperation 403.
+Other AWS status conventions worth using: SpotMaxPriceTooLow/VcpuLimitExceeded/MaxSpotInstanceCountExceeded/
+Unsupported/InvalidParameterValue 400 (the default).
 """
 
 from __future__ import annotations
@@ -138,6 +139,18 @@ def _matches_value(actual: Any, want: Any) -> bool:
     if isinstance(actual, bool) or isinstance(want, bool):
         return str(actual).lower() == str(want).lower()
     return str(actual) == str(want)
+
+
+# ----------------------------------------------------------------------------------------------- EC2 statuses
+# HTTP status EC2 answers with for these error codes when a rule names the code but no status. Source: EC2 API
+# reference, "Error codes for the Amazon EC2 API" (server errors, such as the Insufficient*Capacity family and
+# InternalError, come with a 5xx status; RequestLimitExceeded and Unavailable with 503). Any other code: 400.
+EC2_ERROR_STATUS = {
+    "InsufficientInstanceCapacity": 500, "InsufficientCapacity": 500, "InsufficientHostCapacity": 500,
+    "InsufficientReservedInstanceCapacity": 500, "InternalError": 500,
+    "RequestLimitExceeded": 503, "Unavailable": 503,
+    "AuthFailure": 401, "UnauthorizedOperation": 403,
+}
 
 
 # ----------------------------------------------------------------------------------------------- state
@@ -326,7 +339,7 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(float(rule["delay"]))
         is_json = req["target"] is not None
         if rule and rule.get("code"):
-            status = int(rule.get("status", 400))
+            status = int(rule.get("status") or (400 if is_json else EC2_ERROR_STATUS.get(rule["code"], 400)))
             msg = rule.get("message") or rule["code"]
             if is_json:
                 out = (status, json_error_body(rule["code"], msg),

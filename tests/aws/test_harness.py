@@ -240,3 +240,27 @@ def test_delay_with_in_process_proxy(aws: AwsEndpoint) -> None:
         srv.shutdown()
         srv.server_close()
         th.join(5)
+
+
+def _err(exc: pytest.ExceptionInfo[ClientError]) -> tuple[str, str, int]:
+    r = exc.value.response
+    return r["Error"]["Code"], r["Error"]["Message"], r["ResponseMetadata"]["HTTPStatusCode"]
+
+
+def _refused(call, *args, **kw) -> tuple[str, str, int]:
+    with pytest.raises(ClientError) as e:
+        call(*args, **kw)
+    return _err(e)
+
+
+def test_capacity_and_throttling_codes_get_ec2_status(aws: AwsEndpoint) -> None:
+    ec2 = aws.client("ec2", via_proxy=True)
+    expected = {"InsufficientInstanceCapacity": 500, "InsufficientCapacity": 500, "InsufficientHostCapacity": 500,
+                "InsufficientReservedInstanceCapacity": 500, "InternalError": 500, "RequestLimitExceeded": 503,
+                "Unavailable": 503, "AuthFailure": 401, "UnauthorizedOperation": 403, "VcpuLimitExceeded": 400}
+    for code, status in expected.items():
+        aws.faults({"name": "capacity", "action": "RunInstances", "code": code})
+        assert _refused(_run, ec2)[::2] == (code, status)
+    aws.faults({"name": "capacity", "action": "RunInstances", "code": "InsufficientInstanceCapacity", "status": 400})
+    assert _refused(_run, ec2)[::2] == ("InsufficientInstanceCapacity", 400)  # an explicit status wins
+    assert not aws.ec2().describe_instances()["Reservations"]
