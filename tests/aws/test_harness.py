@@ -1,4 +1,7 @@
-"""The fake-AWS harness itself: moto_server behind the fault proxy, driven with real boto3 clients."""
+"""The fake-AWS harness itself: moto_server behind the fault proxy, driven with real boto3 clients.
+
+Tests start in the proxy's "realistic" kind (EC2's eventual consistency for ids created through it).
+"""
 
 from __future__ import annotations
 
@@ -199,6 +202,7 @@ def test_subnet_ips_in_order(aws: AwsEndpoint) -> None:
     assert r["Instances"][0]["PrivateIpAddress"] == "10.220.1.4"
 
 
+@pytest.mark.instant_aws  # about leftovers, not eventual consistency: deletes right after creating
 def test_leftovers(aws: AwsEndpoint) -> None:
     assert not any(aws.leftovers().values())
     ec2 = _ec2()
