@@ -4,13 +4,38 @@ Run:  python fault_proxy.py LISTEN_PORT UPSTREAM_URL      (LISTEN_PORT 0 = pick 
 When listening it prints one line  ``fault_proxy ready http://127.0.0.1:PORT``  (flushed); before that
 nothing.  ``GET /__faults__`` answering 200 is the other readiness signal.
 
-Every request not under ``/__faults__`` is forwarded to the upstream unless a rule matches it.
+Every request not under ``/__faults__`` is forwarded to the upstream unless a rule matches it or the realism
+layer (below) answers it.
+
+Kinds (the realism layer, class Ec2Realism; EC2 developer guide, "Eventual consistency in the Amazon EC2 API"):
+  realistic (the default, and what DELETE /__faults__ restores)  EC2's eventual consistency, for resources created
+           through this proxy (RunInstances instance ids, CreateSecurityGroup GroupId, ImportKeyPair/CreateKeyPair
+           KeyName + KeyPairId, CreateVolume VolumeId; spot request ids from RunInstances/RequestSpotInstances replies
+           only lag behind tag filters):
+           * fresh ids: the first ``fresh_lookups`` (default 2) requests naming a fresh id by id answer EC2's NotFound
+             (HTTP 400) instead of being forwarded -- DescribeInstances/TerminateInstances InstanceId.N ->
+             InvalidInstanceID.NotFound; DescribeSecurityGroups GroupId.N, AuthorizeSecurityGroupIngress/
+             DeleteSecurityGroup GroupId, RunInstances SecurityGroupId.N -> InvalidGroup.NotFound; DescribeKeyPairs
+             KeyName.N/KeyPairId.N, RunInstances KeyName -> InvalidKeyPair.NotFound; DescribeVolumes VolumeId.N ->
+             InvalidVolume.NotFound. Several ids: NotFound if any is fresh; each refusal counts one look-up for
+             every fresh id the request named. A matching rule with a canned effect (code/body/spot_prices) wins.
+           * tag lag: the first ``tag_lag`` (default 1) Describe{Instances,SecurityGroups,KeyPairs,Volumes,
+             SpotInstanceRequests} answers filtered by tag (Filter.N.Name "tag:..." or "tag-key") that would show a
+             fresh resource leave its item out (an emptied reservation goes too); one look-up per resource hidden.
+           Budgets are fixed when the create reply passes. Ids created straight in moto are never fresh.
+  instant  moto as it is: everything passes through, nothing is learnt.
 
 Control API (same port, JSON):
   POST   /__faults__          body: one rule or a list of rules -> appended (a rule whose ``name`` equals an
                               existing rule's name replaces it in place, counters reset). Answers the ids.
-  GET    /__faults__          {"rules": [rule + "id", "hits", "held"], "log": [entry...], "holding": N}
-  DELETE /__faults__          clear rules and log (and release anything held)
+  GET    /__faults__          {"rules": [rule + "id", "hits", "held"], "log": [entry...], "holding": N,
+                               "realism": {"kind", "fresh_lookups", "tag_lag", "known": [{"region", "id", "kind",
+                               "fresh", "lag"}...]}}   (fresh/lag = look-ups left)
+  DELETE /__faults__          clear rules and log (and release anything held); back to the default realistic
+                              settings, every fresh id forgotten
+  GET    /__faults__/kind     {"kind": "realistic"|"instant", "fresh_lookups": N, "tag_lag": N}
+  POST   /__faults__/kind     body: any of those three fields (others keep their value) -> all three; 400 on an
+                              unknown field or bad value
   POST   /__faults__/release  answer every held request now; -> {"released": N}
   DELETE /__faults__/log      clear only the log
 
@@ -25,8 +50,10 @@ Rule fields:
   delay    seconds to sleep before acting (optional, combines with any effect)
   name     optional label (see POST)
  one effect:
-  code (+ status default 400, message)  -> AWS error: EC2 XML for query protocol, JSON __type +
-                                           x-amzn-ErrorType for JSON protocol
+  code (+ status, message)  -> AWS error: EC2 XML for query protocol, JSON __type + x-amzn-ErrorType for JSON
+           protocol. Without ``status``: EC2's status for the code (EC2_ERROR_STATUS: Insufficient*Capacity and
+           InternalError 500, RequestLimitExceeded and Unavailable 503, AuthFailure 401, UnauthorizedOperation
+           403), else 400; JSON protocol 400. An explicit ``status`` wins.
   body (+ status default 200, content_type)  -> canned body
   spot_prices: [{"instance_type", "az", "price", "product"?, "az_id"?}]  -> DescribeSpotPriceHistory answer
            built per request: rows filtered by the request's InstanceType.N / ProductDescription.N /
@@ -38,12 +65,13 @@ Rule fields:
 
 Log entry (one per proxied request, in arrival order):
   {"seq", "method", "path", "service", "region", "action", "target", "form", "json", "status",
-   "rule" (id of the rule that fired or None), "held", "outcome"}
+   "rule" (id/name of the rule that fired, "fresh" when the realism layer answered NotFound, or None), "held",
+   "outcome" ("forwarded", "fault", "fresh-notfound", "held", "released", "client-gone", "upstream-error: ..."),
+   "fresh" (the fresh ids a "fresh-notfound" answer named), "hidden" (ids tag lag left out of the answer)}
   "status" is filled when the upstream/canned answer exists (None before that).
 
-AWS status conventions worth using: InsufficientInstanceCapacity 500 (botocore retries it), RequestLimitExceeded
-503, SpotMaxPriceTooLow/VcpuLimitExceeded/MaxSpotInstanceCountExceeded/Unsupported/InvalidParameterValue 400,
-AuthFailure 401, UnauthorizedOperation 403.
+Other AWS status conventions worth using: SpotMaxPriceTooLow/VcpuLimitExceeded/MaxSpotInstanceCountExceeded/
+Unsupported/InvalidParameterValue 400 (the default).
 """
 
 from __future__ import annotations
@@ -61,6 +89,7 @@ import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from xml.etree import ElementTree as ET
 from xml.sax.saxutils import escape
 
 CONTROL = "/__faults__"
@@ -140,6 +169,231 @@ def _matches_value(actual: Any, want: Any) -> bool:
     return str(actual) == str(want)
 
 
+# ----------------------------------------------------------------------------------------------- EC2 statuses
+# HTTP status EC2 answers with for these error codes when a rule names the code but no status. Source: EC2 API
+# reference, "Error codes for the Amazon EC2 API" (server errors, such as the Insufficient*Capacity family and
+# InternalError, come with a 5xx status; RequestLimitExceeded and Unavailable with 503). Any other code: 400.
+EC2_ERROR_STATUS = {
+    "InsufficientInstanceCapacity": 500, "InsufficientCapacity": 500, "InsufficientHostCapacity": 500,
+    "InsufficientReservedInstanceCapacity": 500, "InternalError": 500,
+    "RequestLimitExceeded": 503, "Unavailable": 503,
+    "AuthFailure": 401, "UnauthorizedOperation": 403,
+}
+
+# ----------------------------------------------------------------------------------------------- EC2 realism
+KINDS = ("realistic", "instant")
+REALISM_DEFAULTS: dict[str, Any] = {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1}
+
+# Requests that name resources by id: action -> [(form field pattern, resource kind)]
+_BY_ID: dict[str, list[tuple[str, str]]] = {
+    "DescribeInstances": [(r"InstanceId\.\d+", "instance")],
+    "TerminateInstances": [(r"InstanceId\.\d+", "instance")],
+    "DescribeSecurityGroups": [(r"GroupId\.\d+", "group")],
+    "AuthorizeSecurityGroupIngress": [(r"GroupId", "group")],
+    "DeleteSecurityGroup": [(r"GroupId", "group")],
+    "DescribeKeyPairs": [(r"KeyName\.\d+", "key"), (r"KeyPairId\.\d+", "key")],
+    "RunInstances": [(r"SecurityGroupId\.\d+", "group"), (r"NetworkInterface\.\d+\.SecurityGroupId\.\d+", "group"),
+                     (r"KeyName", "key")],
+    "DescribeVolumes": [(r"VolumeId\.\d+", "volume")],
+}
+_NOT_FOUND = {"instance": "InvalidInstanceID.NotFound", "group": "InvalidGroup.NotFound",
+              "key": "InvalidKeyPair.NotFound", "volume": "InvalidVolume.NotFound"}
+# Describe calls whose items a tag filter may not show yet: action -> (list element, id elements of an item)
+_LISTED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "DescribeInstances": ("reservationSet", ("instanceId",)),  # items nested: reservation -> instancesSet
+    "DescribeSecurityGroups": ("securityGroupInfo", ("groupId",)),
+    "DescribeKeyPairs": ("keySet", ("keyPairId", "keyName")),
+    "DescribeVolumes": ("volumeSet", ("volumeId",)),
+    "DescribeSpotInstanceRequests": ("spotInstanceRequestSet", ("spotInstanceRequestId",)),
+}
+
+
+def not_found_message(kind: str, ids: list[str], field: str = "") -> str:
+    """EC2's NotFound wording. Instances: every id the request named that is missing (EC2 lists them all);
+    groups, key pairs, volumes: the first one."""
+    if kind == "instance":
+        if len(ids) == 1:
+            return f"The instance ID '{ids[0]}' does not exist"
+        return f"The instance IDs '{', '.join(ids)}' do not exist"
+    if kind == "group":
+        return f"The security group '{ids[0]}' does not exist"
+    if kind == "key":
+        return f"The key pair ID '{ids[0]}' does not exist" if field.startswith("KeyPairId") else \
+            f"The key pair '{ids[0]}' does not exist"
+    return f"The volume '{ids[0]}' does not exist."
+
+
+def _xml(body: bytes) -> tuple[ET.Element, str] | None:
+    try:
+        root = ET.fromstring(body)
+    except ET.ParseError:
+        return None
+    return root, (root.tag[1:].split("}")[0] if root.tag.startswith("{") else "")
+
+
+class Ec2Realism:
+    """What moto does not do and EC2 does: eventual consistency ("realistic" kind, the default).
+
+    The EC2 developer guide ("Eventual consistency in the Amazon EC2 API") warns that right after a create
+    call a NotFound "does not mean the resource does not exist", and that a filtered Describe may not show it
+    yet. moto answers every call from one consistent dict, so a tool that only ever met moto never learns to
+    wait and retry. In "realistic" kind, for resources created *through this proxy*:
+
+      * the first ``fresh_lookups`` requests naming the new id (by id) answer EC2's NotFound (HTTP 400)
+        instead of being forwarded; each such answer counts one look-up for every fresh id it named;
+      * the first ``tag_lag`` tag-filtered Describe answers that would show the resource leave it out.
+
+    Budgets are fixed when the create reply passes through. "instant" kind = moto as is (no learning either).
+    All methods run under the proxy state's lock.
+    """
+
+    def __init__(self) -> None:
+        self.settings: dict[str, Any] = dict(REALISM_DEFAULTS)
+        # (region, id or key name) -> {"kind", "ids", "fresh", "lag"}; a key pair's name and id share one record
+        self.known: dict[tuple[str | None, str], dict[str, Any]] = {}
+
+    def reset(self) -> None:
+        self.settings = dict(REALISM_DEFAULTS)
+        self.known.clear()
+
+    def configure(self, update: dict[str, Any]) -> dict[str, Any]:
+        """Change some settings (unknown fields / bad values: ValueError); returns all of them."""
+        unknown = set(update) - set(REALISM_DEFAULTS)
+        if unknown:
+            raise ValueError(f"unknown realism settings {sorted(unknown)}")
+        new = dict(self.settings, **update)
+        if new["kind"] not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, not {new['kind']!r}")
+        for k in ("fresh_lookups", "tag_lag"):
+            if isinstance(new[k], bool) or not isinstance(new[k], int) or new[k] < 0:
+                raise ValueError(f"{k} must be an integer >= 0, not {new[k]!r}")
+        self.settings = new
+        return dict(new)
+
+    def state(self) -> dict[str, Any]:
+        out = dict(self.settings)
+        out["known"] = [{"region": region, "id": rid, **{k: rec[k] for k in ("kind", "fresh", "lag")}}
+                        for (region, rid), rec in self.known.items()]
+        return out
+
+    def _applies(self, req: dict[str, Any]) -> bool:
+        return (self.settings["kind"] == "realistic" and req["json"] is None and req["target"] is None
+                and req["service"] in (None, "ec2"))
+
+    # -- before forwarding
+    def refuse(self, req: dict[str, Any]) -> tuple[str, str, list[str]] | None:
+        """(code, message, fresh ids named) when the request names a still-fresh id; counts the look-up."""
+        if not self._applies(req) or req["action"] not in _BY_ID:
+            return None
+        form, region = req["form"], req["region"]
+        named: list[tuple[str, str, dict[str, Any]]] = []  # (field, value, record)
+        for pattern, kind in _BY_ID[req["action"]]:
+            for field in sorted((k for k in form if re.fullmatch(pattern, k)), key=_field_order):
+                rec = self.known.get((region, form[field]))
+                if rec is not None and rec["kind"] == kind and rec["fresh"] > 0:
+                    named.append((field, form[field], rec))
+        if not named:
+            return None
+        field, _, first = named[0]
+        ids = [v for _, v, rec in named if rec["kind"] == first["kind"]]
+        for rec in {id(rec): rec for _, _, rec in named}.values():
+            rec["fresh"] -= 1
+        return _NOT_FOUND[first["kind"]], not_found_message(first["kind"], ids, field), [v for _, v, _ in named]
+
+    # -- after forwarding
+    def observe(self, req: dict[str, Any], status: int, body: bytes) -> tuple[bytes, list[str]]:
+        """Learn ids from a create reply; drop lagging items from a tag-filtered Describe. -> (body, hidden ids)"""
+        if not self._applies(req) or status != 200:
+            return body, []
+        action = req["action"]
+        if action in ("RunInstances", "CreateSecurityGroup", "ImportKeyPair", "CreateKeyPair", "CreateVolume",
+                      "RequestSpotInstances"):
+            parsed = _xml(body)
+            if parsed is not None:
+                self._learn(req["region"], action, *parsed)
+            return body, []
+        if action in _LISTED and _tag_filtered(req["form"]):
+            return self._hide(req["region"], action, body)
+        return body, []
+
+    def _remember(self, region: str | None, kind: str, ids: list[str], fresh: bool = True) -> None:
+        ids = [i for i in ids if i]
+        if ids:
+            rec = {"kind": kind, "ids": ids, "fresh": self.settings["fresh_lookups"] if fresh else 0,
+                   "lag": self.settings["tag_lag"]}
+            for i in ids:
+                self.known[(region, i)] = rec
+
+    def _learn(self, region: str | None, action: str, root: ET.Element, ns: str) -> None:
+        q = (lambda tag: f"{{{ns}}}{tag}") if ns else (lambda tag: tag)
+
+        def text(el: ET.Element, tag: str) -> str:
+            return (el.findtext(q(tag)) or "").strip()
+
+        if action == "RunInstances":
+            for item in root.findall(f"{q('instancesSet')}/{q('item')}"):
+                self._remember(region, "instance", [text(item, "instanceId")])
+                self._remember(region, "spot", [text(item, "spotInstanceRequestId")], fresh=False)
+        elif action == "RequestSpotInstances":
+            for item in root.findall(f"{q('spotInstanceRequestSet')}/{q('item')}"):
+                self._remember(region, "spot", [text(item, "spotInstanceRequestId")], fresh=False)
+        elif action == "CreateSecurityGroup":
+            self._remember(region, "group", [text(root, "groupId")])
+        elif action == "CreateVolume":
+            self._remember(region, "volume", [text(root, "volumeId")])
+        else:
+            self._remember(region, "key", [text(root, "keyName"), text(root, "keyPairId")])
+
+    def _hide(self, region: str | None, action: str, body: bytes) -> tuple[bytes, list[str]]:
+        parsed = _xml(body)
+        if parsed is None:
+            return body, []
+        root, ns = parsed
+        q = (lambda tag: f"{{{ns}}}{tag}") if ns else (lambda tag: tag)
+        listing, id_tags = _LISTED[action]
+        hidden: list[str] = []
+
+        def lagging(item: ET.Element) -> str | None:
+            for tag in id_tags:
+                rid = (item.findtext(q(tag)) or "").strip()
+                rec = self.known.get((region, rid)) if rid else None
+                if rec is not None and rec["lag"] > 0:
+                    rec["lag"] -= 1
+                    return str(rec["ids"][0])  # a key pair by its name
+            return None
+
+        for container in root.findall(q(listing)):
+            for item in list(container):
+                if action == "DescribeInstances":  # reservation items hold the instance items
+                    for inner in item.findall(q("instancesSet")):
+                        for inst in list(inner):
+                            rid = lagging(inst)
+                            if rid:
+                                inner.remove(inst)
+                                hidden.append(rid)
+                                if len(inner) == 0:
+                                    container.remove(item)
+                else:
+                    rid = lagging(item)
+                    if rid:
+                        container.remove(item)
+                        hidden.append(rid)
+        if not hidden:
+            return body, []
+        if ns:
+            ET.register_namespace("", ns)  # keep the default namespace (no ns0: prefixes) for botocore
+        return ET.tostring(root, encoding="utf-8", xml_declaration=True), hidden
+
+
+def _field_order(field: str) -> list[Any]:
+    return [int(p) if p.isdigit() else p for p in field.split(".")]
+
+
+def _tag_filtered(form: dict[str, str]) -> bool:
+    return any(re.fullmatch(r"Filter\.\d+\.Name", k) and (v.startswith("tag:") or v == "tag-key")
+               for k, v in form.items())
+
+
 # ----------------------------------------------------------------------------------------------- state
 class _State:
     def __init__(self) -> None:
@@ -151,6 +405,7 @@ class _State:
         self.seq = 0
         self.release_gen = 0
         self.holding = 0
+        self.realism = Ec2Realism()
 
     def add(self, rules: list[dict[str, Any]]) -> list[int]:
         ids = []
@@ -237,7 +492,8 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0].rstrip("/")
         if path == CONTROL and self.command == "GET":
             with st.lock:
-                return self._json(200, {"rules": st.rules, "log": st.log, "holding": st.holding})
+                return self._json(200, {"rules": st.rules, "log": st.log, "holding": st.holding,
+                                        "realism": st.realism.state()})
         if path == CONTROL and self.command == "POST":
             try:
                 rules = json.loads(body or b"[]")
@@ -250,6 +506,7 @@ class Handler(BaseHTTPRequestHandler):
             with st.cond:
                 st.rules.clear()
                 st.log.clear()
+                st.realism.reset()
                 st.release_gen += 1
                 st.cond.notify_all()
             return self._json(200, {"ok": True})
@@ -259,6 +516,18 @@ class Handler(BaseHTTPRequestHandler):
                 st.release_gen += 1
                 st.cond.notify_all()
             return self._json(200, {"released": n})
+        if path == CONTROL + "/kind" and self.command == "GET":
+            with st.lock:
+                return self._json(200, dict(st.realism.settings))
+        if path == CONTROL + "/kind" and self.command == "POST":
+            try:
+                update = json.loads(body or b"{}")
+                if not isinstance(update, dict):
+                    raise ValueError("expected a JSON object")
+                with st.lock:
+                    return self._json(200, st.realism.configure(update))
+            except ValueError as e:
+                return self._json(400, {"error": str(e)})
         if path == CONTROL + "/log" and self.command == "DELETE":
             with st.lock:
                 st.log.clear()
@@ -316,7 +585,8 @@ class Handler(BaseHTTPRequestHandler):
         req = self._describe(body)
         with st.lock:
             st.seq += 1
-            entry = {"seq": st.seq, **req, "status": None, "rule": None, "held": False, "outcome": None}
+            entry = {"seq": st.seq, **req, "status": None, "rule": None, "held": False, "outcome": None,
+                     "fresh": [], "hidden": []}
             st.log.append(entry)
             rule = st.pick(req)
             if rule is not None:
@@ -325,8 +595,18 @@ class Handler(BaseHTTPRequestHandler):
         if rule and rule.get("delay"):
             time.sleep(float(rule["delay"]))
         is_json = req["target"] is not None
+        canned = bool(rule and (rule.get("code") or rule.get("body") is not None or rule.get("spot_prices") is not None))
+        refused = None
+        if not canned:  # a request that would reach moto: EC2 may not know a fresh id yet
+            with st.lock:
+                refused = st.realism.refuse(req)
+                if refused is not None:
+                    entry.update(rule="fresh", status=400, outcome="fresh-notfound", fresh=refused[2])
+        if refused is not None:
+            return self._reply(400, ec2_error_body(refused[0], refused[1]), [("Content-Type", "text/xml;charset=UTF-8")],
+                               entry)
         if rule and rule.get("code"):
-            status = int(rule.get("status", 400))
+            status = int(rule.get("status") or (400 if is_json else EC2_ERROR_STATUS.get(rule["code"], 400)))
             msg = rule.get("message") or rule["code"]
             if is_json:
                 out = (status, json_error_body(rule["code"], msg),
@@ -350,6 +630,10 @@ class Handler(BaseHTTPRequestHandler):
                     entry["status"] = 502
                     entry["outcome"] = f"upstream-error: {e}"
                 return self._send(502, str(e).encode(), {"Content-Type": "text/plain"})
+            with st.lock:
+                answer, hidden = st.realism.observe(req, out[0], out[1])
+                entry["hidden"] = hidden
+            out = (out[0], answer, out[2])
         if rule and rule.get("hold"):
             with st.cond:
                 entry["status"] = out[0]
@@ -373,12 +657,14 @@ class Handler(BaseHTTPRequestHandler):
         else:
             with st.lock:
                 entry["status"] = out[0]
-                entry["outcome"] = "fault" if rule and (rule.get("code") or rule.get("body") is not None
-                                                       or rule.get("spot_prices") is not None) else "forwarded"
+                entry["outcome"] = "fault" if canned else "forwarded"
+        self._reply(*out, entry)
+
+    def _reply(self, status: int, body: bytes, headers: list[tuple[str, str]], entry: dict[str, Any]) -> None:
         try:
-            self._send(*out)
+            self._send(status, body, headers)
         except OSError:
-            with st.lock:
+            with self.state.lock:
                 entry["outcome"] = "client-gone"
             self.close_connection = True
 
@@ -420,6 +706,15 @@ def clear(proxy_url: str) -> None:
 
 def release(proxy_url: str) -> int:
     return _call(proxy_url, "POST", CONTROL + "/release", {})["released"]
+
+
+def get_kind(proxy_url: str) -> dict[str, Any]:
+    return _call(proxy_url, "GET", CONTROL + "/kind")
+
+
+def set_kind(proxy_url: str, **settings: Any) -> dict[str, Any]:
+    """Change some of kind / fresh_lookups / tag_lag (the others keep their values); returns all three."""
+    return _call(proxy_url, "POST", CONTROL + "/kind", settings)
 
 
 def wait_ready(proxy_url: str, timeout: float = 10.0) -> None:

@@ -5,6 +5,8 @@
         env = aws.env()                        # AWS_ENDPOINT_URL=<proxy>, creds, region, retries, GPUPROV_UBUNTU_SSM_PREFIX
         aws.faults([{"action": "RunInstances", "match": {"Placement.AvailabilityZone": "us-east-1a"},
                      "status": 500, "code": "InsufficientInstanceCapacity"}])
+        aws.realism(fresh_lookups=3)           # the proxy plays EC2's eventual consistency (see "Kinds" below)
+        aws.instant()                          # ... or not: moto's instant answers (until the next reset())
         aws.set_spot_prices({("g5.xlarge", "us-east-1a"): 0.45})
         aws.set_quota("L-34B43A08", 64)
         aws.ec2("us-east-1").describe_instances()   # straight to moto, for assertions
@@ -12,6 +14,19 @@
         aws.leftovers()                        # {"instances": [...], "security_groups": [...], ...}
 
 In conftest.py:  ``from tests.aws.fixture import aws_endpoint, aws  # noqa: F401``
+
+Kinds: every test starts "realistic" (reset() restores it): like EC2 (developer guide, "Eventual consistency in
+the Amazon EC2 API"), resources created *through the proxy* are not there yet for a moment --
+  * fresh ids: the first 2 (``fresh_lookups``) requests naming a new instance / security group / key pair / volume
+    by id answer its NotFound error (InvalidInstanceID.NotFound, InvalidGroup.NotFound, ...; RunInstances naming a
+    fresh group or key too), then requests pass;
+  * tag lag: the first 1 (``tag_lag``) tag-filtered Describe that would show it leaves it out.
+Resources the fixture makes straight in moto (subnet_for_hosts, aws.ec2() calls) are never fresh.
+"instant" = moto's instant, consistent answers: ``aws.instant()`` in a test, or mark the test
+``@pytest.mark.instant_aws`` (the ``aws`` fixture honours it). Use it only for tests about something else.
+Log entries of realism answers: ``"rule": "fresh", "outcome": "fresh-notfound", "fresh": [ids]`` for a NotFound,
+``"hidden": [ids]`` (outcome "forwarded") for a tag-filtered answer with items left out.
+A rule with a ``code`` and no ``status`` gets EC2's status for that code (capacity 500, throttling 503, ...).
 """
 
 from __future__ import annotations
@@ -201,7 +216,7 @@ class AwsEndpoint:
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
-        """Fresh moto state, no proxy rules/log, Ubuntu AMI parameters seeded in every region."""
+        """Fresh moto state, no proxy rules/log, realistic kind (defaults), Ubuntu AMI parameters seeded in every region."""
         t0 = time.monotonic()
         _http("POST", self.moto_url + "/moto-api/reset")
         self.clear_faults()
@@ -259,14 +274,29 @@ class AwsEndpoint:
         return fault_proxy.add_rules(self.url, rules)
 
     def clear_faults(self) -> None:
-        """Remove all rules and the request log (held requests get answered)."""
+        """Remove all rules and the request log (held requests get answered); back to realistic, no fresh ids."""
         fault_proxy.clear(self.url)
+
+    def realism(self, kind: str = "realistic", fresh_lookups: int = 2, tag_lag: int = 1) -> dict[str, Any]:
+        """How EC2-like the proxy is until the next reset(): "realistic" (eventual consistency for ids created
+        through the proxy: ``fresh_lookups`` NotFound answers per fresh id, ``tag_lag`` tag-filtered Describes
+        without it) or "instant" (moto as is). Budgets apply to resources created after the call. Returns the settings."""
+        return fault_proxy.set_kind(self.url, kind=kind, fresh_lookups=fresh_lookups, tag_lag=tag_lag)
+
+    def instant(self) -> dict[str, Any]:
+        """moto's instant answers: no fresh-id NotFound, no tag lag (until the next reset())."""
+        return self.realism("instant")
+
+    def realism_state(self) -> dict[str, Any]:
+        """{"kind", "fresh_lookups", "tag_lag", "known": [{"region", "id", "kind", "fresh", "lag"}...]}"""
+        return fault_proxy.get_state(self.url)["realism"]
 
     def rules(self) -> list[dict[str, Any]]:
         return fault_proxy.get_state(self.url)["rules"]
 
     def log(self, action: str | None = None) -> list[dict[str, Any]]:
-        """Proxied requests in order: {"action", "target", "form", "json", "status", "region", "rule", "held", ...}."""
+        """Proxied requests in order: {"action", "target", "form", "json", "status", "region", "rule", "held",
+        "outcome", "fresh", "hidden", ...} (see fault_proxy's docstring)."""
         entries = fault_proxy.get_state(self.url)["log"]
         return [e for e in entries if action is None or e["action"] == action]
 
@@ -366,9 +396,12 @@ def aws_endpoint() -> Iterator[AwsEndpoint]:
 
 
 @pytest.fixture
-def aws(aws_endpoint: AwsEndpoint, monkeypatch: pytest.MonkeyPatch) -> AwsEndpoint:
-    """Fresh fake AWS per test; os.environ points boto3 (and the tool) at the proxy."""
+def aws(aws_endpoint: AwsEndpoint, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> AwsEndpoint:
+    """Fresh fake AWS per test, realistic kind (instant if the test is marked ``instant_aws``);
+    os.environ points boto3 (and the tool) at the proxy."""
     aws_endpoint.reset()
+    if request.node.get_closest_marker("instant_aws") is not None:
+        aws_endpoint.instant()
     for k in ENDPOINT_ENV_CLEAR:
         monkeypatch.delenv(k, raising=False)
     for k in list(os.environ):

@@ -1,17 +1,24 @@
-"""The fake-AWS harness itself: moto_server behind the fault proxy, driven with real boto3 clients."""
+"""The fake-AWS harness itself: moto_server behind the fault proxy, driven with real boto3 clients.
+
+Tests start in the proxy's "realistic" kind (EC2's eventual consistency for ids created through it).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import socket
 import threading
 import time
+import urllib.error
 import urllib.parse
+import urllib.request
 
 import boto3
 import pytest
 from botocore.exceptions import ClientError
 
+from tests.aws import fault_proxy
 from tests.aws.fixture import CANONICAL, SSM_PREFIX, AwsEndpoint, ssm_name, ubuntu_ami
 
 UBUNTU = ubuntu_ami("24.04")
@@ -199,6 +206,7 @@ def test_subnet_ips_in_order(aws: AwsEndpoint) -> None:
     assert r["Instances"][0]["PrivateIpAddress"] == "10.220.1.4"
 
 
+@pytest.mark.instant_aws  # about leftovers, not eventual consistency: deletes right after creating
 def test_leftovers(aws: AwsEndpoint) -> None:
     assert not any(aws.leftovers().values())
     ec2 = _ec2()
@@ -220,8 +228,6 @@ def test_leftovers(aws: AwsEndpoint) -> None:
 
 
 def test_delay_with_in_process_proxy(aws: AwsEndpoint) -> None:
-    from tests.aws import fault_proxy
-
     srv = fault_proxy.make_server(0, aws.moto_url)
     th = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     th.start()
@@ -240,3 +246,221 @@ def test_delay_with_in_process_proxy(aws: AwsEndpoint) -> None:
         srv.shutdown()
         srv.server_close()
         th.join(5)
+
+
+def _err(exc: pytest.ExceptionInfo[ClientError]) -> tuple[str, str, int]:
+    r = exc.value.response
+    return r["Error"]["Code"], r["Error"]["Message"], r["ResponseMetadata"]["HTTPStatusCode"]
+
+
+def _refused(call, *args, **kw) -> tuple[str, str, int]:
+    with pytest.raises(ClientError) as e:
+        call(*args, **kw)
+    return _err(e)
+
+
+def test_capacity_and_throttling_codes_get_ec2_status(aws: AwsEndpoint) -> None:
+    ec2 = aws.client("ec2", via_proxy=True)
+    expected = {"InsufficientInstanceCapacity": 500, "InsufficientCapacity": 500, "InsufficientHostCapacity": 500,
+                "InsufficientReservedInstanceCapacity": 500, "InternalError": 500, "RequestLimitExceeded": 503,
+                "Unavailable": 503, "AuthFailure": 401, "UnauthorizedOperation": 403, "VcpuLimitExceeded": 400}
+    for code, status in expected.items():
+        aws.faults({"name": "capacity", "action": "RunInstances", "code": code})
+        assert _refused(_run, ec2)[::2] == (code, status)
+    aws.faults({"name": "capacity", "action": "RunInstances", "code": "InsufficientInstanceCapacity", "status": 400})
+    assert _refused(_run, ec2)[::2] == ("InsufficientInstanceCapacity", 400)  # an explicit status wins
+    assert not aws.ec2().describe_instances()["Reservations"]
+
+
+# ---------------------------------------------------------------------------------------- EC2 realism (kinds)
+OWNED = [{"Name": "tag-key", "Values": ["gpuprov:node"]}]
+PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHd0fFvQHVu1sw7cUqfNQuGpwDvHYsWwgq4tGv6tO5rJ test"
+
+
+def test_fresh_instance_not_found_twice_then_described(aws: AwsEndpoint) -> None:
+    ec2 = aws.client("ec2", via_proxy=True)
+    iid = _run(ec2)["Instances"][0]["InstanceId"]
+    for _ in range(2):
+        assert _refused(ec2.describe_instances, InstanceIds=[iid]) == (
+            "InvalidInstanceID.NotFound", f"The instance ID '{iid}' does not exist", 400)
+    (res,) = ec2.describe_instances(InstanceIds=[iid])["Reservations"]
+    assert res["Instances"][0]["InstanceId"] == iid
+    entries = aws.log("DescribeInstances")
+    assert [(e["rule"], e["outcome"], e["status"], e["fresh"]) for e in entries] == [
+        ("fresh", "fresh-notfound", 400, [iid]), ("fresh", "fresh-notfound", 400, [iid]), (None, "forwarded", 200, [])]
+    assert aws.ec2().describe_instances(InstanceIds=[iid])["Reservations"]  # moto had it all along
+
+
+def test_fresh_instance_terminate_and_several_ids(aws: AwsEndpoint) -> None:
+    ec2 = aws.client("ec2", via_proxy=True)
+    old = aws.ec2().run_instances(ImageId=UBUNTU, InstanceType="g5.xlarge", MinCount=1,
+                                  MaxCount=1)["Instances"][0]["InstanceId"]  # straight in moto: never fresh
+    a, b = (i["InstanceId"] for i in ec2.run_instances(ImageId=UBUNTU, InstanceType="g5.xlarge", MinCount=2,
+                                                        MaxCount=2)["Instances"])
+    assert ec2.describe_instances(InstanceIds=[old])["Reservations"]
+    assert _refused(ec2.describe_instances, InstanceIds=[old, a, b]) == (
+        "InvalidInstanceID.NotFound", f"The instance IDs '{a}, {b}' do not exist", 400)
+    assert _refused(ec2.terminate_instances, InstanceIds=[a])[0] == "InvalidInstanceID.NotFound"
+    ec2.terminate_instances(InstanceIds=[a])  # a: two look-ups spent
+    assert _refused(ec2.terminate_instances, InstanceIds=[b])[0] == "InvalidInstanceID.NotFound"  # b: one left
+    ec2.terminate_instances(InstanceIds=[b])
+    assert aws.log("TerminateInstances")[0]["fresh"] == [a]
+
+
+def test_fresh_security_group_refuses_ingress_twice(aws: AwsEndpoint) -> None:
+    ec2 = aws.client("ec2", via_proxy=True)
+    sg = ec2.create_security_group(GroupName="gp", Description="gp")["GroupId"]
+    perms = [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": "198.51.100.7/32"}]}]
+    for _ in range(2):
+        assert _refused(ec2.authorize_security_group_ingress, GroupId=sg, IpPermissions=perms) == (
+            "InvalidGroup.NotFound", f"The security group '{sg}' does not exist", 400)
+    ec2.authorize_security_group_ingress(GroupId=sg, IpPermissions=perms)
+    (g,) = aws.ec2().describe_security_groups(GroupIds=[sg])["SecurityGroups"]
+    assert g["IpPermissions"][0]["IpRanges"][0]["CidrIp"] == "198.51.100.7/32"
+    assert [e["outcome"] for e in aws.log("AuthorizeSecurityGroupIngress")] == ["fresh-notfound"] * 2 + ["forwarded"]
+    sg2 = ec2.create_security_group(GroupName="gp2", Description="gp")["GroupId"]
+    assert _refused(ec2.describe_security_groups, GroupIds=[sg2])[0] == "InvalidGroup.NotFound"
+    assert _refused(ec2.delete_security_group, GroupId=sg2)[0] == "InvalidGroup.NotFound"
+    ec2.delete_security_group(GroupId=sg2)
+
+
+def test_run_instances_naming_fresh_group_or_key(aws: AwsEndpoint) -> None:
+    ec2 = aws.client("ec2", via_proxy=True)
+    sg = ec2.create_security_group(GroupName="gp", Description="gp")["GroupId"]
+    assert _refused(_run, ec2, SecurityGroupIds=[sg]) == (
+        "InvalidGroup.NotFound", f"The security group '{sg}' does not exist", 400)
+    assert not aws.ec2().describe_instances()["Reservations"]  # refused before moto saw it
+    key = ec2.import_key_pair(KeyName="gp-key", PublicKeyMaterial=PUBKEY.encode())
+    assert key["KeyName"] == "gp-key"
+    # one request naming both: the group's error; one look-up counted for each
+    assert _refused(_run, ec2, SecurityGroupIds=[sg], KeyName="gp-key")[0] == "InvalidGroup.NotFound"
+    assert aws.log("RunInstances")[-1]["fresh"] == [sg, "gp-key"]
+    assert _refused(_run, ec2, KeyName="gp-key") == (
+        "InvalidKeyPair.NotFound", "The key pair 'gp-key' does not exist", 400)
+    _run(ec2, SecurityGroupIds=[sg], KeyName="gp-key")
+    assert len(aws.ec2().describe_instances()["Reservations"]) == 1
+
+
+def test_fresh_key_pair_by_name_or_id_and_fresh_volume(aws: AwsEndpoint) -> None:
+    ec2 = aws.client("ec2", via_proxy=True)
+    kid = ec2.create_key_pair(KeyName="gp-key", KeyType="ed25519")["KeyPairId"]
+    assert _refused(ec2.describe_key_pairs, KeyNames=["gp-key"]) == (
+        "InvalidKeyPair.NotFound", "The key pair 'gp-key' does not exist", 400)
+    assert _refused(ec2.describe_key_pairs, KeyPairIds=[kid]) == (
+        "InvalidKeyPair.NotFound", f"The key pair ID '{kid}' does not exist", 400)
+    assert ec2.describe_key_pairs(KeyNames=["gp-key"])["KeyPairs"][0]["KeyPairId"] == kid  # name and id: one budget
+    vol = ec2.create_volume(Size=1, AvailabilityZone="us-east-1a")["VolumeId"]
+    for _ in range(2):
+        assert _refused(ec2.describe_volumes, VolumeIds=[vol]) == (
+            "InvalidVolume.NotFound", f"The volume '{vol}' does not exist.", 400)
+    assert ec2.describe_volumes(VolumeIds=[vol])["Volumes"][0]["VolumeId"] == vol
+
+
+def test_tag_filter_misses_a_new_instance_once(aws: AwsEndpoint) -> None:
+    ec2 = aws.client("ec2", via_proxy=True)
+    tags = [{"ResourceType": "instance", "Tags": TAGS}]
+    old = aws.ec2().run_instances(ImageId=UBUNTU, InstanceType="g5.xlarge", MinCount=1, MaxCount=1,
+                                  TagSpecifications=tags)["Instances"][0]["InstanceId"]  # not fresh
+    new = [i["InstanceId"] for i in ec2.run_instances(ImageId=UBUNTU, InstanceType="g5.xlarge", MinCount=2,
+                                                      MaxCount=2, TagSpecifications=tags)["Instances"]]
+    by_node = [{"Name": "tag:gpuprov:node", "Values": ["n1"]}]
+    (res,) = ec2.describe_instances(Filters=by_node)["Reservations"]  # the new reservation is left out whole
+    (inst,) = res["Instances"]
+    assert inst["InstanceId"] == old and {"Key": "gpuprov:node", "Value": "n1"} in inst["Tags"]  # XML still parses
+    assert aws.log("DescribeInstances")[-1]["hidden"] == new
+    assert aws.log("DescribeInstances")[-1]["outcome"] == "forwarded"
+    got = {i["InstanceId"] for r in ec2.describe_instances(Filters=by_node)["Reservations"] for i in r["Instances"]}
+    assert got == {old, *new}
+    assert aws.log("DescribeInstances")[-1]["hidden"] == []
+    # an unfiltered or other-filtered Describe shows them at once
+    aws.realism(tag_lag=1)
+    late = ec2.run_instances(ImageId=UBUNTU, InstanceType="g5.xlarge", MinCount=1, MaxCount=1)["Instances"][0]
+    running = [{"Name": "instance-type", "Values": ["g5.xlarge"]}]
+    assert late["InstanceId"] in {i["InstanceId"] for r in ec2.describe_instances(Filters=running)["Reservations"]
+                                  for i in r["Instances"]}
+
+
+def test_tag_filter_lag_for_groups_keys_volumes_spot_requests(aws: AwsEndpoint) -> None:
+    ec2 = aws.client("ec2", via_proxy=True)
+    sg = ec2.create_security_group(GroupName="gp", Description="gp", TagSpecifications=[
+        {"ResourceType": "security-group", "Tags": TAGS}])["GroupId"]
+    ec2.import_key_pair(KeyName="gp-key", PublicKeyMaterial=PUBKEY.encode(), TagSpecifications=[
+        {"ResourceType": "key-pair", "Tags": TAGS}])
+    vol = ec2.create_volume(Size=1, AvailabilityZone="us-east-1a", TagSpecifications=[
+        {"ResourceType": "volume", "Tags": TAGS}])["VolumeId"]
+    sir = ec2.request_spot_instances(InstanceCount=1, LaunchSpecification={"ImageId": UBUNTU, "InstanceType": "g5.xlarge"},
+                                     TagSpecifications=[{"ResourceType": "spot-instances-request", "Tags": TAGS}],
+                                     )["SpotInstanceRequests"][0]["SpotInstanceRequestId"]
+    assert ec2.describe_security_groups(Filters=OWNED)["SecurityGroups"] == []
+    assert ec2.describe_key_pairs(Filters=OWNED)["KeyPairs"] == []
+    assert ec2.describe_volumes(Filters=OWNED)["Volumes"] == []
+    assert ec2.describe_spot_instance_requests(Filters=OWNED)["SpotInstanceRequests"] == []
+    assert [e["hidden"] for e in aws.log() if e["hidden"]] == [[sg], ["gp-key"], [vol], [sir]]
+    assert [g["GroupId"] for g in ec2.describe_security_groups(Filters=OWNED)["SecurityGroups"]] == [sg]
+    assert [k["KeyName"] for k in ec2.describe_key_pairs(Filters=OWNED)["KeyPairs"]] == ["gp-key"]
+    assert [v["VolumeId"] for v in ec2.describe_volumes(Filters=OWNED)["Volumes"]] == [vol]
+    assert [r["SpotInstanceRequestId"] for r in
+            ec2.describe_spot_instance_requests(Filters=OWNED)["SpotInstanceRequests"]] == [sir]
+
+
+@pytest.mark.instant_aws
+def test_instant_passes_everything_through(aws: AwsEndpoint) -> None:
+    assert aws.realism_state()["kind"] == "instant"
+    ec2 = aws.client("ec2", via_proxy=True)
+    sg = ec2.create_security_group(GroupName="gp", Description="gp", TagSpecifications=[
+        {"ResourceType": "security-group", "Tags": TAGS}])["GroupId"]
+    ec2.authorize_security_group_ingress(GroupId=sg, IpPermissions=[
+        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": "198.51.100.7/32"}]}])
+    ec2.import_key_pair(KeyName="gp-key", PublicKeyMaterial=PUBKEY.encode())
+    assert ec2.describe_key_pairs(KeyNames=["gp-key"])["KeyPairs"]
+    iid = _run(ec2, SecurityGroupIds=[sg], KeyName="gp-key", TagSpecifications=[
+        {"ResourceType": "instance", "Tags": TAGS}])["Instances"][0]["InstanceId"]
+    assert ec2.describe_instances(InstanceIds=[iid])["Reservations"]
+    assert [i["InstanceId"] for r in ec2.describe_instances(Filters=OWNED)["Reservations"] for i in r["Instances"]] == [iid]
+    vol = ec2.create_volume(Size=1, AvailabilityZone="us-east-1a")["VolumeId"]
+    assert ec2.describe_volumes(VolumeIds=[vol])["Volumes"]
+    ec2.terminate_instances(InstanceIds=[iid])
+    assert all(e["outcome"] == "forwarded" and e["rule"] is None and not e["hidden"] for e in aws.log())
+    assert aws.realism_state()["known"] == []  # nothing learnt while instant
+
+
+def test_kind_switch_and_reset(aws: AwsEndpoint) -> None:
+    assert aws.realism_state() == {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1, "known": []}
+    aws.instant()
+    ec2 = aws.client("ec2", via_proxy=True)
+    early = _run(ec2)["Instances"][0]["InstanceId"]  # created while instant: never fresh
+    assert aws.realism(fresh_lookups=1, tag_lag=0) == {"kind": "realistic", "fresh_lookups": 1, "tag_lag": 0}
+    late = _run(ec2, TagSpecifications=[{"ResourceType": "instance", "Tags": TAGS}])["Instances"][0]["InstanceId"]
+    assert ec2.describe_instances(InstanceIds=[early])["Reservations"]
+    assert _refused(ec2.describe_instances, InstanceIds=[late])[0] == "InvalidInstanceID.NotFound"
+    assert ec2.describe_instances(InstanceIds=[late])["Reservations"]  # fresh_lookups=1
+    aws.realism(fresh_lookups=0)
+    sg = ec2.create_security_group(GroupName="gp", Description="gp")["GroupId"]
+    ec2.delete_security_group(GroupId=sg)
+    aws.reset()  # what the `aws` fixture does before every test
+    assert aws.realism_state() == {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1, "known": []}
+    assert aws.log() == []
+
+
+def test_kind_control_api(aws: AwsEndpoint) -> None:
+    assert fault_proxy.get_kind(aws.url) == {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1}
+    assert fault_proxy.set_kind(aws.url, tag_lag=3) == {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 3}
+    for bad in ({"kind": "eventual"}, {"fresh_lookups": -1}, {"tag_lag": "1"}, {"lag": 1}, [1]):
+        req = urllib.request.Request(aws.url + "/__faults__/kind", data=json.dumps(bad).encode(), method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=5)
+        assert e.value.code == 400
+    assert fault_proxy.get_kind(aws.url)["tag_lag"] == 3
+    fault_proxy.clear(aws.url)
+    assert fault_proxy.get_kind(aws.url) == {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1}
+
+
+def test_fixture_setup_is_never_fresh(aws: AwsEndpoint) -> None:
+    sub = aws.subnet_for_hosts()
+    vpc = aws.ec2().describe_subnets(SubnetIds=[sub])["Subnets"][0]["VpcId"]
+    sg = aws.ec2().create_security_group(GroupName="direct", Description="d", VpcId=vpc)["GroupId"]
+    ec2 = aws.client("ec2", via_proxy=True)
+    r = ec2.run_instances(ImageId=UBUNTU, InstanceType="g5.xlarge", MinCount=1, MaxCount=1, SubnetId=sub,
+                          SecurityGroupIds=[sg])
+    assert r["Instances"][0]["PrivateIpAddress"] == "10.220.0.4"
+    assert ec2.describe_security_groups(GroupIds=[sg])["SecurityGroups"]
