@@ -385,6 +385,57 @@ class Ec2Realism:
         return ET.tostring(root, encoding="utf-8", xml_declaration=True), hidden
 
 
+class ClientTokens:
+    """RunInstances's ClientToken as EC2 honours it and moto does not (EC2 API reference, "Ensure
+    idempotency"): a request repeating a token gets the first launch's answer and launches nothing more,
+    and DescribeInstances filters by `client-token`. In both kinds: this is EC2's contract, not timing.
+    The filter is rewritten into an `instance-id` filter on the ids the token launched (moto knows that one)."""
+
+    NONE = "i-00000000000000000"  # an id no instance has: the filter then matches nothing
+
+    def __init__(self) -> None:
+        self.answers: dict[tuple[str | None, str], bytes] = {}
+        self.ids: dict[tuple[str | None, str], list[str]] = {}
+
+    def reset(self) -> None:
+        self.answers.clear()
+        self.ids.clear()
+
+    def replay(self, req: dict[str, Any]) -> bytes | None:
+        token = req["form"].get("ClientToken") if req["action"] == "RunInstances" else None
+        return self.answers.get((req["region"], token)) if token else None
+
+    def observe(self, req: dict[str, Any], status: int, body: bytes) -> None:
+        token = req["form"].get("ClientToken") if req["action"] == "RunInstances" else None
+        parsed = _xml(body) if token and status == 200 else None
+        if parsed is None:
+            return
+        root, ns = parsed
+        q = (lambda tag: f"{{{ns}}}{tag}") if ns else (lambda tag: tag)
+        self.answers[(req["region"], token)] = body
+        self.ids[(req["region"], token)] = [(i.findtext(q("instanceId")) or "").strip()
+                                           for i in root.findall(f"{q('instancesSet')}/{q('item')}")]
+
+    def rewrite(self, req: dict[str, Any], body: bytes) -> bytes:
+        """The request body with each client-token filter turned into an instance-id filter."""
+        form = req["form"]
+        if req["action"] != "DescribeInstances" or "client-token" not in form.values():
+            return body
+        out = dict(form)
+        for k, v in form.items():
+            m = re.fullmatch(r"Filter\.(\d+)\.Name", k)
+            if not (m and v == "client-token"):
+                continue
+            prefix = f"Filter.{m.group(1)}.Value."
+            tokens = [form[f] for f in form if f.startswith(prefix)]
+            for f in [f for f in out if f.startswith(prefix)]:
+                del out[f]
+            ids = [i for t in tokens for i in self.ids.get((req["region"], t), [])] or [self.NONE]
+            out[k] = "instance-id"
+            out.update({f"{prefix}{j}": i for j, i in enumerate(ids, 1)})
+        return urllib.parse.urlencode(out).encode()
+
+
 def _field_order(field: str) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in field.split(".")]
 
@@ -406,6 +457,7 @@ class _State:
         self.release_gen = 0
         self.holding = 0
         self.realism = Ec2Realism()
+        self.tokens = ClientTokens()
 
     def add(self, rules: list[dict[str, Any]]) -> list[int]:
         ids = []
@@ -507,6 +559,7 @@ class Handler(BaseHTTPRequestHandler):
                 st.rules.clear()
                 st.log.clear()
                 st.realism.reset()
+                st.tokens.reset()
                 st.release_gen += 1
                 st.cond.notify_all()
             return self._json(200, {"ok": True})
@@ -622,15 +675,18 @@ class Handler(BaseHTTPRequestHandler):
             b = b.encode() if isinstance(b, str) else json.dumps(b).encode()
             ctype = rule.get("content_type") or ("application/x-amz-json-1.1" if is_json else "text/xml;charset=UTF-8")
             out = (int(rule.get("status", 200)), b, [("Content-Type", ctype), ("x-amzn-RequestId", "fault-proxy")])
+        elif (replayed := self.state.tokens.replay(req)) is not None:
+            out = (200, replayed, [("Content-Type", "text/xml;charset=UTF-8")])
         else:
             try:
-                out = self._forward(body)
+                out = self._forward(self.state.tokens.rewrite(req, body))
             except OSError as e:
                 with st.lock:
                     entry["status"] = 502
                     entry["outcome"] = f"upstream-error: {e}"
                 return self._send(502, str(e).encode(), {"Content-Type": "text/plain"})
             with st.lock:
+                st.tokens.observe(req, out[0], out[1])
                 answer, hidden = st.realism.observe(req, out[0], out[1])
                 entry["hidden"] = hidden
             out = (out[0], answer, out[2])

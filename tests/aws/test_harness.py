@@ -464,3 +464,23 @@ def test_fixture_setup_is_never_fresh(aws: AwsEndpoint) -> None:
                           SecurityGroupIds=[sg])
     assert r["Instances"][0]["PrivateIpAddress"] == "10.220.0.4"
     assert ec2.describe_security_groups(GroupIds=[sg])["SecurityGroups"]
+
+
+@pytest.mark.parametrize("kind", ["realistic", "instant"])
+def test_client_token_launches_once_and_is_a_describe_filter(aws: AwsEndpoint, kind: str) -> None:
+    """EC2 answers a repeated ClientToken with the first launch and filters by client-token; moto does neither."""
+    aws.realism(kind)
+    ec2 = aws.client("ec2", via_proxy=True)
+    first = _run(ec2, ClientToken="tok-A")["Instances"][0]["InstanceId"]
+    again = _run(ec2, ClientToken="tok-A")["Instances"][0]["InstanceId"]
+    other = _run(ec2, ClientToken="tok-B")["Instances"][0]["InstanceId"]
+    assert again == first and other != first
+    assert len([i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]]) == 2
+
+    def by_token(*tokens: str) -> list[str]:
+        reply = ec2.describe_instances(Filters=[{"Name": "client-token", "Values": list(tokens)}])
+        return sorted(i["InstanceId"] for r in reply["Reservations"] for i in r["Instances"])
+
+    assert by_token("tok-A") == [first]
+    assert by_token("tok-A", "tok-B") == sorted([first, other])
+    assert by_token("never-used") == []
