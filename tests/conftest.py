@@ -54,6 +54,7 @@ def host_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
             subprocess.run(["userdel", "--remove", SUDO_USER], capture_output=True)
 
 
+from tests.aws.cli import env  # noqa: E402,F401  (pytest fixture: the CLI's environment for the fake AWS)
 from tests.aws.fixture import aws, aws_endpoint  # noqa: E402,F401  (pytest fixtures)
 
 

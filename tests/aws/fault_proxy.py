@@ -38,6 +38,8 @@ Control API (same port, JSON):
                               unknown field or bad value
   POST   /__faults__/release  answer every held request now; -> {"released": N}
   DELETE /__faults__/log      clear only the log
+  DELETE /__faults__/tokens   forget the ClientTokens seen (EC2 state, not a fault: DELETE /__faults__ keeps them;
+                              the fixture's reset() calls this with moto's own reset)
 
 Rule fields:
   action   query-protocol Action (RunInstances) -- for JSON-protocol requests it also matches the operation
@@ -559,7 +561,6 @@ class Handler(BaseHTTPRequestHandler):
                 st.rules.clear()
                 st.log.clear()
                 st.realism.reset()
-                st.tokens.reset()
                 st.release_gen += 1
                 st.cond.notify_all()
             return self._json(200, {"ok": True})
@@ -581,6 +582,10 @@ class Handler(BaseHTTPRequestHandler):
                     return self._json(200, st.realism.configure(update))
             except ValueError as e:
                 return self._json(400, {"error": str(e)})
+        if path == CONTROL + "/tokens" and self.command == "DELETE":  # EC2's own state: goes with moto's reset only
+            with st.lock:
+                st.tokens.reset()
+            return self._json(200, {"ok": True})
         if path == CONTROL + "/log" and self.command == "DELETE":
             with st.lock:
                 st.log.clear()
@@ -758,6 +763,10 @@ def get_state(proxy_url: str) -> dict[str, Any]:
 
 def clear(proxy_url: str) -> None:
     _call(proxy_url, "DELETE", CONTROL)
+
+
+def forget_tokens(proxy_url: str) -> None:
+    _call(proxy_url, "DELETE", CONTROL + "/tokens")
 
 
 def release(proxy_url: str) -> int:

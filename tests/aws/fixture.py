@@ -219,6 +219,7 @@ class AwsEndpoint:
         """Fresh moto state, no proxy rules/log, realistic kind (defaults), Ubuntu AMI parameters seeded in every region."""
         t0 = time.monotonic()
         _http("POST", self.moto_url + "/moto-api/reset")
+        fault_proxy.forget_tokens(self.url)
         self.clear_faults()
         self._vpcs.clear()
         for region in self.regions:

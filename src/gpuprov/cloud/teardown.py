@@ -27,7 +27,11 @@ LOOKS_FOR_LOST_LAUNCH = 3  # client-token look-ups (filters lag too) before an i
 
 
 def settle(row: Resource, now: float | None = None) -> float:
-    """Seconds left during which a NotFound for this row is looked at again."""
+    """Seconds left during which a NotFound for this row is looked at again. A row without a ClientToken
+    or name was learned from EC2's own answer about an existing resource (a volume, a spot request of a
+    described instance): EC2 knew it then, so its NotFound now is believed at once."""
+    if row.client_token is None:
+        return 0.0
     return max(0.0, row.created_at + SETTLE_SECONDS - (now or time.time()))
 
 

@@ -1,0 +1,46 @@
+"""Running the real `gpuprov` CLI against the fake AWS endpoint: the env fixture and small helpers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests import testnet
+
+EMPTY = {"instances": [], "security_groups": [], "key_pairs": [], "volumes": [], "spot_requests": [],
+         "launch_templates": []}
+
+
+@pytest.fixture
+def env(aws, gp_home):
+    return {**os.environ, **aws.env(), "GPUPROV_HOME": str(gp_home), "GPUPROV_POLL_SECONDS": "0.1",
+            "COLUMNS": "200"}
+
+
+def gp(env, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def up_args(name: str, *extra: str) -> list[str]:
+    return ["up", name, "--ssh-cidr", "198.51.100.7/32", "--yes", *extra]
+
+
+def nothing_left(aws) -> None:
+    assert aws.leftovers() == EMPTY
+
+
+def launch_site(aws, pool, gp_home) -> str:
+    """The first instance moto launches into the returned subnet lands on pool[0]'s address, a fresh
+    T4 host that trusts gpuprov's key (as cloud-init would on EC2)."""
+    pool.exec_in(0, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/*; "
+                    "echo 'export GPUPROV_SHIM_GPU=T4' > /var/lib/gpuprov-shim/env", check=True)
+    keys = gp_home / "keys" / "us-east-1"
+    keys.mkdir(parents=True)
+    shutil.copy(pool.key_path, keys / "id_ed25519")
+    shutil.copy(f"{pool.key_path}.pub", keys / "id_ed25519.pub")
+    return aws.subnet_for_hosts(testnet.subnet("10.220.0") + ".0/24", "us-east-1a")
