@@ -287,12 +287,12 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
                 say(f"  spot is closed to this account here ({exc.code}); going on with on-demand"
                     + (f"\n  fix for spot: {exc.fix}" if exc.fix else ""))
                 continue
+            fallback = ("\n  or add --fallback on-demand to go on with on-demand when spot is refused"
+                        if exc.then == "next-market" else "")
             if exc.quota:
-                raise _quota_error(attempt, provider, region) from None
+                raise QuotaExceeded(f"{_quota_error(attempt, provider, region)}{fallback}") from None
             fix = f"\n  fix: {exc.fix}" if exc.fix else ""
-            if exc.then == "next-market":
-                fix += "\n  or add --fallback on-demand to go on with on-demand when spot is refused"
-            raise GpuprovError(f"AWS refused the launch: {exc.code}: {exc.message}{fix}") from None
+            raise GpuprovError(f"AWS refused the launch: {exc.code}: {exc.message}{fix}{fallback}") from None
         store.created(rid, instance.id)
         if instance.spot_request_id:
             store.add_resource(name, "spot-request", region, instance.spot_request_id)
@@ -477,7 +477,8 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store) -> list[Cl
     regions_in_use = {n.region for n in alive}
     found: list[CloudResource] = []
     for node in store.nodes():
-        if node.crashed and node.region in regions:
+        if node.crashed and node.region in regions:  # the node itself: gc takes it down by its records
+            found.append(CloudResource("node", node.name, node.region, node.name, f"its `up` crashed ({node.state})"))
             for r in store.resources(node.name, region=node.region):
                 found.append(CloudResource(r.kind, r.cloud_id or f"(token {r.client_token})", r.region, node.name,
                                            "recorded"))
@@ -495,14 +496,14 @@ def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -
     rest by id. Returns what could not be removed (each with the reason)."""
     left: list[str] = []
     crashed = {n.name: n for n in store.nodes() if n.crashed}
-    for name in sorted({r.node for r in found if r.node in crashed}):
+    for name in sorted({r.id for r in found if r.kind == "node" and r.id in crashed}):
         result = _teardown(name, crashed[name].region, provider, store, say)
         left += [f"{name}: {what}" for what in result.left]
         if result.complete:
             store.update_node(name, state_reason="its `up` crashed; collected by gc")
     order = {"instance": 0, "spot-request": 1, "volume": 2, "security-group": 3, "key-pair": 4}
     for res in sorted(found, key=lambda r: order.get(r.kind, 9)):
-        if res.node in crashed:
+        if res.kind == "node" or res.node in crashed:
             continue
         try:
             provider.delete(res)

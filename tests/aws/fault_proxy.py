@@ -660,6 +660,9 @@ class Handler(BaseHTTPRequestHandler):
                 refused = st.realism.refuse(req)
                 if refused is not None:
                     entry.update(rule="fresh", status=400, outcome="fresh-notfound", fresh=refused[2])
+                    for r in st.rules:  # a hold/delay rule waits for a request that reaches the cloud
+                        if rule is not None and r["id"] == rule["id"]:
+                            r["hits"] -= 1
         if refused is not None:
             return self._reply(400, ec2_error_body(refused[0], refused[1]), [("Content-Type", "text/xml;charset=UTF-8")],
                                entry)

@@ -155,7 +155,7 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool) -> None:
     store, provider = store_and_provider()
     cat = catalog.load()
     where = list(cat.regions) if all_regions else [cat.check_region(r) for r in regions] or \
-        sorted({n.region for n in store.nodes(include_terminated=True)} | {cat.check_region(region_from(None))})
+        sorted({n.region for n in store.nodes(include_terminated=True)} | {region_from(None).name})
     found = lifecycle.orphans(where, provider, store)
     console = make_console()
     if not found:

@@ -109,26 +109,38 @@ def pins_from(kw: dict[str, Any]) -> StackPins:
     )
 
 
-def region_from(given: str | None) -> str:
-    """The region a command works in (the AWS chain), said on stderr so piped output stays clean."""
+def region_from(given: str | None, *, quiet: bool = False) -> Any:
+    """The region a command works in (the AWS chain). Where it did not come from --region it is said,
+    on stderr so piped output stays clean (`quiet`: the caller says it once its other input is valid)."""
+    from gpuprov import catalog
     from gpuprov.cloud.region import resolve
 
     region = resolve(given)
-    click.echo(f"region {region}", err=True)
-    return region.name
+    catalog.load().check_region(region.name)
+    if not quiet:
+        say_region(region)
+    return region
+
+
+def say_region(region: Any) -> None:
+    if region.source != "--region":
+        click.echo(f"region {region}", err=True)
 
 
 def plan_from(kw: dict[str, Any]) -> Plan:
     from gpuprov.plan import NodeRequest, make_plan
     from gpuprov.spec import parse_duration
 
+    region = region_from(kw["region"], quiet=True)
     request = NodeRequest(
-        gpu=kw["gpu"], count=kw["count"], spot=kw["spot"], region=region_from(kw["region"]), playbook=kw["playbook"],
+        gpu=kw["gpu"], count=kw["count"], spot=kw["spot"], region=region.name, playbook=kw["playbook"],
         os=kw["os_name"] or "ubuntu-24.04", pins=pins_from(kw), instance_type=kw["instance_type"],
         autostop_seconds=parse_duration(kw["autostop"], "--autostop"), ttl_seconds=parse_duration(kw["ttl"], "--ttl"),
         on_interrupt=kw["on_interrupt"] or None,
     )
-    return make_plan(request)
+    plan = make_plan(request)
+    say_region(region)
+    return plan
 
 
 def handle_errors(func: F) -> F:

@@ -32,7 +32,7 @@ def gpus(as_json: bool, live: bool, region: str) -> None:
 
     cat = catalog.load()
     if live:
-        _live_prices(cat, cat.check_region(region_from(region)), as_json)
+        _live_prices(cat, region_from(region).name, as_json)
         return
     if as_json:
         rows = [

@@ -47,7 +47,7 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal("SpotMaxPriceTooLow", "next-candidate"),
     # spot closed to this account: on-demand may still work
     Refusal("VcpuLimitExceeded", "next-market", market="spot", quota=True),
-    Refusal("MaxSpotInstanceCountExceeded", "next-market", quota=True,
+    Refusal("MaxSpotInstanceCountExceeded", "next-market",
             fix="too many open spot requests or spot instances in this region: cancel unused ones, or raise "
                 "the spot quota"),
     Refusal("AuthFailure.ServiceLinkedRoleCreationNotPermitted", "next-market", fix=SPOT_ROLE_FIX),
