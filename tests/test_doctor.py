@@ -37,8 +37,8 @@ def test_healthy_host_every_finding_passes_and_is_listed():
     assert report.ok and not report.failures
     names = [c.name for c in report.findings]
     assert names == ["os", "gpu on pci bus", "apt lock", "nouveau", "kernel headers", "driver package", "driver hold",
-                     "secure boot", "kernel module", "nvidia-smi", "persistence daemon", "device nodes",
-                     "torch vs driver", "disk"]
+                     "secure boot", "kernel module", "nvidia-smi", "persistence daemon", "persistence mode",
+                     "device nodes", "torch vs driver", "disk"]
     assert all(c.ok for c in report.findings), [c for c in report.findings if not c.ok]
     f = report.facts
     assert f.os == "ubuntu-22.04" and f.kernel == "6.8.0-1015-aws"
@@ -81,7 +81,9 @@ def test_nvswitch_without_fabric_manager():
     assert failed(checks) == {"fabric manager": "fail"}
     fm = checks["fabric manager"]
     assert "6 NVSwitch" in fm.detail and "802" in fm.detail and "system not yet initialized" in fm.detail
-    assert "nvidia-fabricmanager-580" in (fm.fix or "") and "exactly 580.95.05" in (fm.fix or "")
+    # R580: NVIDIA's repo names it without the branch (gpu-driver-container ubuntu24.04/install.sh @ 78fa4ac)
+    assert "install nvidia-fabricmanager at exactly 580.95.05" in (fm.fix or "")
+    assert "nvidia-fabricmanager-580" not in (fm.fix or "")
     assert "systemctl enable --now nvidia-fabricmanager" in (fm.fix or "")
 
 
@@ -144,10 +146,13 @@ def test_cut_off_output_is_an_error():
         parse_facts("## os\nubuntu-22.04\n## lsmod\nModule  Size  Used by\n")
 
 
-def test_fabric_manager_fix_uses_the_unversioned_name_from_590():
-    text = (FIXTURES / "nvswitch-no-fabricmanager.txt").read_text().replace("580.95.05", "590.48.01")
+@pytest.mark.parametrize(("driver", "package"), [
+    ("575.57.08", "nvidia-fabricmanager-575"), ("580.95.05", "nvidia-fabricmanager"), ("590.48.01", "nvidia-fabricmanager"),
+])
+def test_fabric_manager_fix_names_the_package_of_the_driver_branch(driver, package):
+    text = (FIXTURES / "nvswitch-no-fabricmanager.txt").read_text().replace("580.95.05", driver)
     checks = {c.name: c for c in examine("h", text).findings}
-    assert "nvidia-fabricmanager at exactly 590.48.01" in (checks["fabric manager"].fix or "")
+    assert f"install {package} at exactly {driver}" in (checks["fabric manager"].fix or "")
 
 
 def test_low_disk_threshold_is_configurable():
