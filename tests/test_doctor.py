@@ -122,6 +122,31 @@ def test_secure_boot_blocks_an_unsigned_module():
     assert checks["driver package"].detail.startswith("nvidia-driver-580-server-open")  # Ubuntu's own packages count
 
 
+def test_b200_infiniband_modules_missing():
+    # HGX B200: Fabric Manager's pre-check and nvlsm need ib_umad/mlx5_ib at every boot (stack.yaml
+    # `nvswitch_gen4`: aws-parallelcluster-cookbook PR #3022, spectrocloud/CanvOS PR #700, NVIDIA/gpu-operator#2781)
+    report = examine("gpu1", (FIXTURES / "b200-infiniband-modules-missing.txt").read_text())
+    checks = {c.name: c for c in report.findings}
+    assert failed(checks) == {"fabric manager service": "fail", "infiniband modules": "fail"}
+    assert report.facts.instance_type == "p6-b200.48xlarge" and not report.facts.nvswitches
+    assert len(report.facts.pci_gpus) == 8  # 10de:2901 is the GPU, not an NVSwitch
+    assert checks["fabric manager"].ok and "nvidia-fabricmanager 595.91.07-1" in checks["fabric manager"].detail
+    ib = checks["infiniband modules"]
+    assert "ib_umad, mlx5_ib not loaded" in ib.detail and "In Progress" in ib.detail and "802" in ib.detail
+    fix = ib.fix or ""
+    assert "linux-modules-extra-6.14.0-1012-aws" in fix and "infiniband-diags" in fix and "modprobe -a ib_umad mlx5_ib" in fix
+    assert "/etc/modules-load.d/gpuprov-nvswitch.conf" in fix
+
+
+def test_persistence_mode_off_though_the_daemon_runs():
+    checks = findings("persistence-mode-off.txt")
+    assert failed(checks) == {"persistence mode": "warn"}
+    assert checks["persistence daemon"].ok  # active and enabled: the packaged unit says --no-persistence-mode
+    pm = checks["persistence mode"]
+    assert "GPU 0" in pm.detail and "--no-persistence-mode" in pm.detail
+    assert pm.fix and "--persistence-mode" in pm.fix and "gpuprov-persistence-mode.conf" in pm.fix
+
+
 def test_every_fixture_parses_and_every_failure_has_a_fix():
     for path in sorted(FIXTURES.glob("*.txt")):
         report = examine("gpu1", path.read_text())
