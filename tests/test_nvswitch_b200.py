@@ -165,3 +165,27 @@ def test_persistence_step_turns_it_on_and_verify_reads_it(tmp_path: Path) -> Non
     assert off.fix and "--persistence-mode" in off.fix
     assert {r.result for r in host.run_bundle(plan.bundle())} >= {"changed"}  # a rerun restores the drop-in
     assert dropin.exists()
+
+
+# --- end to end on a real-sshd test host ----------------------------------------------------------------
+
+
+def test_b200_bootstrap_and_doctor_over_ssh(host_pool, gp_home) -> None:
+    from tests.test_bootstrap_ssh import bootstrap, by_step, calls, reset
+    from tests.test_doctor import _ubuntu, by_name, doctor
+
+    pool = host_pool
+    reset(pool, [4], GPUPROV_SHIM_GPU="B200", GPUPROV_SHIM_GPU_COUNT="8", **B200_ENV)
+    _ubuntu(pool, [4])
+    code, hosts = bootstrap(pool, [4], "-p", "minimal")  # no --gpu: the host's lspci names the B200s
+    assert code == 0, hosts
+    steps = by_step(hosts[0])
+    assert steps["fabric-manager"] == "changed" and steps["verify"] == "unchanged"
+    log = calls(pool, 4)
+    assert "modprobe ib_umad" in log and "modprobe mlx5_ib" in log
+    assert any(c.endswith(" nvlsm") or " nvlsm " in c for c in log if c.startswith("apt-get") and " install" in c)
+    code, found = doctor(pool, [4])
+    assert code == 0, found
+    checks = by_name(found[0])
+    assert checks["infiniband modules"]["ok"] and checks["fabric manager"]["ok"]
+    assert checks["persistence mode"]["ok"]
