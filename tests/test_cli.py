@@ -133,3 +133,20 @@ def test_plan_show_scripts_prints_every_rendered_step():
         assert text.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in text, filename
     human = CliRunner().invoke(main, ["plan", "--gpu", "L4", "--show-scripts"], env={"COLUMNS": "160"}).output
     assert "01-kernel-headers.sh" in human and "GPUPROV_RESULT" in human
+
+
+@pytest.mark.parametrize(("gpu", "needles"), [
+    # torch 2.15's plan to drop cu126 (pytorch/pytorch#190385): V100's wheel line ends there
+    ("V100", ["2.15", "cu126", "Volta"]),
+    # HGX B200: where ib_umad/mlx5_ib come from on Ubuntu's AWS kernels is not read in a package list
+    ("B200", ["linux-modules-extra", "13.2"]),
+])
+def test_plan_lists_the_unverified_facts_it_relies_on(gpu, needles):
+    result = CliRunner().invoke(main, ["plan", "--gpu", gpu, "--json"])
+    assert result.exit_code == 0, result.output
+    notes = " ".join(json.loads(result.output)["unverified"])
+    for needle in needles:
+        assert needle in notes, (needle, notes)
+    human = CliRunner().invoke(main, ["plan", "--gpu", gpu], env={"COLUMNS": "200"}).output
+    assert "Unverified facts this plan relies on" in human
+
