@@ -100,7 +100,8 @@ def test_torch_built_for_a_newer_cuda_than_the_driver():
     c = checks["torch vs driver"]
     assert "CUDA 13.0" in c.detail and "≤ 12.8" in c.detail
     assert "≥ 580.65.06" in (c.fix or "")  # compat facts: CUDA 13.0 needs 580.65.06 (gpu-stack-facts §2a)
-    assert "cu128" in (c.fix or "")
+    # the resolver's newest wheel for this L4 on R570: torch 2.14 has cu126/cu130/cu132; cu126 runs on 570
+    assert "--torch 2.14 --torch-cuda cu126" in (c.fix or "")
 
 
 def test_apt_lock_held_warns_and_names_the_holder():

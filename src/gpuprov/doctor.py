@@ -18,6 +18,7 @@ import shlex
 from pydantic import BaseModel, Field
 
 from gpuprov.check import DEFAULT_ENV
+from gpuprov.compat import TorchWheel
 from gpuprov.detect import IMDS_INSTANCE_TYPE, instance_has_nvswitch, nvidia_gpus, nvidia_switches, pci_devices
 from gpuprov.errors import GpuprovError
 from gpuprov.fanout import run_parallel
@@ -600,11 +601,30 @@ def _torch_checks(f: DoctorFacts) -> list[Check]:
 
         minimum = facts().cuda_min_driver.get(".".join(t.cuda.split(".")[:2]))
         need = f" to ≥ {minimum.driver}" if minimum else ""
+        wheel = _wheel_for_driver(f)
+        other = (f"install torch {wheel.version}+{wheel.variant}, the newest wheel driver {f.driver_version} runs "
+                 f"(--torch {wheel.version} --torch-cuda {wheel.variant})" if wheel else
+                 f"install a torch wheel for CUDA ≤ {f.cuda_version} (--torch-cuda cu{''.join(f.cuda_version.split('.')[:2])})")
         return [_fail("torch vs driver", f"{head}, but driver {f.driver_version} supports CUDA ≤ {f.cuda_version}: "
                       "torch.cuda.is_available() is False",
-                      f"upgrade the driver{need} (gpuprov bootstrap --driver …), or install a torch wheel for CUDA ≤ "
-                      f"{f.cuda_version} (--torch-cuda cu{''.join(f.cuda_version.split('.')[:2])})")]
+                      f"upgrade the driver{need} (gpuprov bootstrap --driver …), or {other}")]
     return [_ok("torch vs driver", f"{head}; driver supports CUDA ≤ {f.cuda_version}")]
+
+
+def _wheel_for_driver(f: DoctorFacts) -> TorchWheel | None:
+    """The newest torch wheel the installed driver runs on this host's GPU (minor-version compatibility included)."""
+    from gpuprov import catalog
+    from gpuprov.compat import choose_torch_for_driver
+    from gpuprov.detect import gpu_from_pci
+    from gpuprov.errors import StackConflict
+
+    names = {gpu_from_pci(line.rsplit("10de:", 1)[-1][:4]) for line in f.pci_gpus}
+    if len(names) != 1 or None in names or not f.driver_version:
+        return None
+    try:
+        return choose_torch_for_driver(catalog.load().gpu(str(names.pop())), f.driver_version)
+    except StackConflict:
+        return None
 
 
 def _disk_checks(f: DoctorFacts, min_free_gb: float) -> list[Check]:
