@@ -40,7 +40,7 @@ def test_plan_picks_cheapest_instance_and_shows_stack_and_steps():
     assert result.exit_code == 0, result.output
     out = result.output
     assert "g6.xlarge" in out and "$0.80/h" in out and "spot" in out
-    assert "R595" in out and "nvidia-open" in out and "torch==2.13.*" in out
+    assert "R595" in out and "nvidia-open" in out and "torch==2.14.*" in out
     assert "kernel-headers" in out and "verify" in out
     assert "fabric manager" not in out.lower()  # g6 has no NVSwitch
 
@@ -81,7 +81,11 @@ def test_render_writes_scripts_and_manifest(tmp_path):
     (["plan", "--gpu", "A1000"], "--gpu", "A100"),
     (["plan", "--gpu", "H100", "--region", "us-east-9"], "--region", "us-east-1"),
     (["plan", "--gpu", "V100", "--torch-cuda", "cu130"], "--torch-cuda", "cu126"),
-    (["plan", "--gpu", "A100", "--driver", "535", "--torch-cuda", "cu128"], "--torch-cuda", "570.26"),
+    (["plan", "--gpu", "A100", "--driver", "570", "--torch-cuda", "cu130"], "--torch-cuda", "580.65.06"),
+    # issue 9: branches without a pinning package, unknown exact releases, nvcc of another CUDA major
+    (["plan", "--gpu", "H100", "--driver", "535"], "--driver", "--driver 570"),
+    (["plan", "--gpu", "H100", "--driver", "580.1.1"], "--driver", "580.95.05"),
+    (["plan", "--gpu", "H100", "--torch-cuda", "cu130", "--cuda", "12.8"], "--cuda", "--cuda 13.0"),
     (["plan", "--gpu", "T4", "-p", "nosuch"], "--playbook", "pytorch"),
     (["plan", "--gpu", "T4", "--os", "centos-7"], "--os", "ubuntu-24.04"),
     (["plan", "--gpu", "T4:0"], "--gpu", "e.g. A100:8"),
@@ -129,3 +133,20 @@ def test_plan_show_scripts_prints_every_rendered_step():
         assert text.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in text, filename
     human = CliRunner().invoke(main, ["plan", "--gpu", "L4", "--show-scripts"], env={"COLUMNS": "160"}).output
     assert "01-kernel-headers.sh" in human and "GPUPROV_RESULT" in human
+
+
+@pytest.mark.parametrize(("gpu", "needles"), [
+    # torch 2.15's plan to drop cu126 (pytorch/pytorch#190385): V100's wheel line ends there
+    ("V100", ["2.15", "cu126", "Volta"]),
+    # HGX B200: where ib_umad/mlx5_ib come from on Ubuntu's AWS kernels is not read in a package list
+    ("B200", ["linux-modules-extra", "13.2"]),
+])
+def test_plan_lists_the_unverified_facts_it_relies_on(gpu, needles):
+    result = CliRunner().invoke(main, ["plan", "--gpu", gpu, "--json"])
+    assert result.exit_code == 0, result.output
+    notes = " ".join(json.loads(result.output)["unverified"])
+    for needle in needles:
+        assert needle in notes, (needle, notes)
+    human = CliRunner().invoke(main, ["plan", "--gpu", gpu], env={"COLUMNS": "200"}).output
+    assert "Unverified facts this plan relies on" in human
+

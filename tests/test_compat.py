@@ -20,16 +20,17 @@ def resolve(gpu: str, os_name: str = "ubuntu-24.04", nvswitch: bool | None = Non
 @pytest.mark.parametrize(
     ("gpu", "branch", "module", "variant"),
     [
-        ("T4", 595, "open", "cu130"),
+        # torch 2.14's PyPI default is cu132 (pytorch/pytorch#190355, read 2026-12-01)
+        ("T4", 595, "open", "cu132"),
         ("V100", 580, "proprietary", "cu126"),  # §2c: R580 last for Volta; §4b: no cu13x for sm_70
-        ("A10G", 595, "open", "cu130"),
-        ("L4", 595, "open", "cu130"),  # sm_89 runs sm_86 SASS (§2b)
-        ("L40S", 595, "open", "cu130"),
-        ("A100-40GB", 595, "open", "cu130"),
-        ("A100-80GB", 595, "open", "cu130"),
-        ("H100", 595, "open", "cu130"),
-        ("H200", 595, "open", "cu130"),
-        ("B200", 595, "open", "cu130"),  # §2c: open only
+        ("A10G", 595, "open", "cu132"),
+        ("L4", 595, "open", "cu132"),  # sm_89 runs sm_86 SASS (§2b)
+        ("L40S", 595, "open", "cu132"),
+        ("A100-40GB", 595, "open", "cu132"),
+        ("A100-80GB", 595, "open", "cu132"),
+        ("H100", 595, "open", "cu132"),
+        ("H200", 595, "open", "cu132"),
+        ("B200", 595, "open", "cu132"),  # §2c: open only
     ],
 )
 def test_default_stack_per_gpu(gpu, branch, module, variant):
@@ -37,7 +38,7 @@ def test_default_stack_per_gpu(gpu, branch, module, variant):
     assert stack.driver_branch == branch
     assert stack.kernel_module == module
     assert stack.torch is not None
-    assert stack.torch.version == "2.13"
+    assert stack.torch.version == "2.14"
     assert stack.torch.variant == variant
     assert stack.torch.index_url == f"https://download.pytorch.org/whl/{variant}"
     assert stack.python == "3.12"
@@ -82,6 +83,7 @@ def test_v100_driver_above_r580_is_refused():
     with pytest.raises(StackConflict) as exc:
         resolve("V100", driver="590")
     assert "R580" in str(exc.value) and exc.value.field == "--driver"
+    assert exc.value.rule == "gpu-max-driver-branch"
 
 
 def test_v100_cuda_13_toolkit_is_refused():
@@ -105,15 +107,16 @@ def test_b200_open_module_fm_and_nvlsm_on_nvswitch():
     assert stack.torch and stack.torch.variant in {"cu128", "cu129", "cu130", "cu132"}
 
 
-@pytest.mark.parametrize(("pins", "needle"), [
-    ({"torch": "2.6"}, "torch ≥ 2.7"),
-    ({"torch_cuda": "cu126"}, "sm_100"),
-    ({"driver": "550"}, "R570"),
+@pytest.mark.parametrize(("pins", "needle", "rule"), [
+    ({"torch": "2.6"}, "torch ≥ 2.7", "arch-min-torch"),
+    ({"torch_cuda": "cu126"}, "sm_100", "wheel-no-sass"),
+    ({"driver": "550"}, "R570", "driver-no-pinning-package"),  # R550 is refused before the GPU is looked at
 ])
-def test_b200_refuses_old_torch_wrong_variant_and_old_driver(pins, needle):
+def test_b200_refuses_old_torch_wrong_variant_and_old_driver(pins, needle, rule):
     with pytest.raises(StackConflict) as exc:
         resolve("B200", **pins)
     assert needle in str(exc.value)
+    assert exc.value.rule == rule
 
 
 def test_b200_with_r570_gets_cu128():
@@ -131,7 +134,8 @@ def test_nvswitch_instances_need_fabric_manager(instance):
     assert it.nvswitch
     stack = resolve(it.gpu, nvswitch=True, driver="580")
     assert stack.fabric_manager == "required"
-    assert stack.fabric_manager_package == "nvidia-fabricmanager-580"
+    # NVIDIA's CUDA repo names it without the branch from R580 (gpu-driver-container ubuntu24.04/install.sh)
+    assert stack.fabric_manager_package == "nvidia-fabricmanager"
 
 
 @pytest.mark.parametrize("instance", ["g4dn.xlarge", "g5.48xlarge", "g6e.48xlarge", "p3.16xlarge", "p5.4xlarge"])
@@ -145,34 +149,66 @@ def test_unknown_host_installs_fm_only_if_nvswitch_is_found():
     assert resolve("H100").fabric_manager == "auto"
 
 
-# --- driver vs wheel CUDA minimum (§2a) ---------------------------------------------------------
+# --- driver vs wheel CUDA minimum (§2a, Table 3) and minor-version compatibility -----------------
 
 @pytest.mark.parametrize(("driver", "variant", "minimum"), [
-    ("535", "cu128", "570.26"),
-    ("550", "cu126", "560.28.03"),
+    # CUDA 13.x needs ≥ 580 even with minor-version compatibility (NVIDIA CUDA compatibility guide, Table 1)
     ("570", "cu130", "580.65.06"),
-    ("560.28.02", "cu126", "560.28.03"),
+    ("575", "cu130", "580.65.06"),
+    ("570.211.01", "cu130", "580.65.06"),
 ])
 def test_driver_older_than_wheel_minimum_is_refused_with_the_minimum(driver, variant, minimum):
-    torch = "2.9" if variant in ("cu128", "cu130") else "2.7"
     with pytest.raises(StackConflict) as exc:
-        resolve("A100-80GB", driver=driver, torch=torch, torch_cuda=variant)
+        resolve("A100-80GB", driver=driver, torch="2.9", torch_cuda=variant)
     assert minimum in str(exc.value)
+    assert exc.value.rule == "wheel-needs-newer-driver"
 
 
-@pytest.mark.parametrize(("driver", "variant"), [("570", "cu128"), ("580", "cu130"), ("560.28.03", "cu126"),
-                                                 ("535", "cu121"), ("535", "cu118")])
-def test_driver_at_or_above_minimum_is_accepted(driver, variant):
-    torch = {"cu128": "2.9", "cu130": "2.9", "cu126": "2.7", "cu121": "2.4", "cu118": "2.4"}[variant]
+@pytest.mark.parametrize(("driver", "variant", "torch"), [
+    ("570", "cu128", "2.9"), ("580", "cu130", "2.9"), ("580.95.05", "cu130", "2.9"), ("570.124.06", "cu126", "2.7"),
+])
+def test_driver_at_or_above_minimum_is_accepted(driver, variant, torch):
     stack = resolve("A100-80GB", driver=driver, torch=torch, torch_cuda=variant)
     assert stack.driver_branch == int(driver.split(".")[0])
     assert stack.driver_version == (driver if "." in driver else None)
+    assert not stack.minor_version_compat
 
 
-def test_driver_pin_alone_picks_the_newest_wheel_it_can_run():
-    stack = resolve("H100", driver="550")
-    # cu126+ need ≥ 560.28.03 (§2a); the newest release with a wheel R550 runs is 2.7+cu118 (§4a)
-    assert stack.torch and (stack.torch.version, stack.torch.variant) == ("2.7", "cu118")
+# CUDA minor-version compatibility: CUDA 12.x code runs on drivers ≥ 525, 13.x on ≥ 580
+# (docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html Table 1 = Table 2 of the
+# CUDA release notes; read 2026-12-01). Not covered: PTX JIT of newer code, features needing the newer driver.
+@pytest.mark.parametrize(("gpu", "driver", "release", "variant"), [
+    ("H100", "535", "2.14", "cu126"),  # issue 9 item 7: cu126, not 2.7+cu118
+    ("H100", "550", "2.14", "cu126"),
+    ("A10G", "535.309.01", "2.14", "cu126"),
+    ("V100", "535", "2.14", "cu126"),
+    ("H100", "525", "2.14", "cu126"),
+])
+def test_minor_version_compat_gives_old_drivers_the_newest_cu12x_wheel(gpu, driver, release, variant):
+    wheel = compat.choose_torch_for_driver(CAT.gpu(gpu), driver)
+    assert (wheel.version, wheel.variant) == (release, variant)
+
+
+def test_minor_version_compat_is_a_fallback_and_says_its_limits():
+    # R570 runs cu126 natively (560.28.03 ≤ 570): no compat needed
+    assert not resolve("H100", driver="570").minor_version_compat
+    # cu132 needs 595.45.04 natively, so torch 2.14 on R580 takes cu130 (native) before cu132 (only
+    # through minor-version compatibility), although cu132 is the release's PyPI default
+    stack = resolve("H100", driver="580")
+    assert stack.torch and (stack.torch.version, stack.torch.variant) == ("2.14", "cu130")
+    assert not stack.minor_version_compat
+    forced = resolve("H100", driver="580", torch_cuda="cu132")
+    assert forced.minor_version_compat
+    assert any("PTX JIT" in r and "minor-version compatibility" in r for r in forced.reasons)
+
+
+def test_minor_version_compat_does_not_cross_the_major():
+    # B200 needs a cu128+ wheel; 2.12–2.14 have no cu128, and their 13.x wheels need ≥ 580 even with
+    # minor-version compatibility, so R570 gets 2.11+cu128 (native: 570.26)
+    wheel = compat.choose_torch_for_driver(CAT.gpu("B200"), "570")
+    assert (wheel.version, wheel.variant) == ("2.11", "cu128")
+    assert not compat.minor_compat_runs("13.2", "575")
+    assert compat.minor_compat_runs("12.8", "535") and not compat.minor_compat_runs("12.8", "520")
 
 
 def test_cuda_toolkit_raises_the_default_driver_when_needed():
@@ -240,6 +276,136 @@ def test_unknown_os_is_refused():
 
 
 def test_unverified_facts_are_reported():
-    assert any("2.12/2.13" in note for note in resolve("H100").unverified)
+    # cu132 (torch 2.14's default) needs CUDA 13.2's minimum driver, read only in a secondary copy of Table 3
+    assert any("13.2" in note for note in resolve("H100").unverified)
     assert any("A10G" in note for note in resolve("A10G").unverified)
-    assert not any("2.12/2.13" in note for note in resolve("H100", torch="2.9").unverified)
+    assert not any("13.2" in note for note in resolve("H100", torch="2.9").unverified)
+    # torch 2.15's plan to drop cu126 (pytorch/pytorch#190385, open) concerns stacks on cu126 only
+    assert any("2.15" in note and "cu126" in note for note in resolve("V100").unverified)
+    assert not any("2.15" in note for note in resolve("H100").unverified)
+    # B200 NVSwitch: where the InfiniBand modules come from is not read in a package list
+    assert any("linux-modules-extra" in note for note in resolve("B200", nvswitch=True).unverified)
+
+
+# --- issue 9: facts, each with its source (read 2026-12-01), each refusal by its rule id -------------
+
+# Fabric Manager package name: no branch suffix from R580 in NVIDIA's CUDA repo (NVIDIA/gpu-driver-container
+# ubuntu24.04/install.sh @ 78fa4ac: `if [ "$DRIVER_BRANCH" -ge "580" ]` -> nvidia-fabricmanager). The driver's
+# own packages lose it at R590 (NVIDIA driver guide "Ubuntu 590 and later packages"): two separate cut-offs.
+@pytest.mark.parametrize(("driver", "package"), [
+    ("570", "nvidia-fabricmanager-570"),
+    ("575", "nvidia-fabricmanager-575"),
+    ("580", "nvidia-fabricmanager"),
+    ("580.95.05", "nvidia-fabricmanager"),
+    ("590", "nvidia-fabricmanager"),
+    ("595", "nvidia-fabricmanager"),
+])
+def test_fabric_manager_package_name_per_branch(driver, package):
+    assert resolve("H100", nvswitch=True, driver=driver).fabric_manager_package == package
+
+
+def test_fabric_manager_and_driver_package_cut_offs_are_separate_facts():
+    f = compat.facts()
+    assert f.fabric_manager_unversioned_from.branch == 580
+    assert f.driver_packages_unversioned_from.branch == 590
+    assert "gpu-driver-container" in f.fabric_manager_unversioned_from.source
+
+
+# torch 2.14: cu126/cu130/cu132, PyPI default cu132 (pytorch/pytorch#190355); Python 3.10–3.14
+# (pytorch/test-infra generate_binary_build_matrix.py PYTHON_ARCHES_DICT["release"] @ 61a77570).
+@pytest.mark.parametrize(("pins", "variant", "python"), [
+    ({"torch": "2.14"}, "cu132", "3.12"),
+    ({"torch": "2.14", "torch_cuda": "cu126"}, "cu126", "3.12"),
+    ({"torch": "2.14", "torch_cuda": "cu130"}, "cu130", "3.12"),
+    ({"torch": "2.14", "python": "3.10"}, "cu132", "3.10"),
+    ({"torch": "2.14", "python": "3.14"}, "cu132", "3.14"),
+])
+def test_torch_2_14_variants_default_and_python(pins, variant, python):
+    stack = resolve("H100", **pins)
+    assert stack.torch and (stack.torch.version, stack.torch.variant, stack.python) == ("2.14", variant, python)
+
+
+@pytest.mark.parametrize(("pins", "rule"), [
+    ({"torch": "2.14", "torch_cuda": "cu128"}, "wheel-variant-missing"),  # 2.14 ships no cu128
+    ({"torch": "2.14", "python": "3.9"}, "python-range"),
+    ({"torch": "2.14", "python": "3.15"}, "python-range"),  # 3.15: nightly/test only, not release
+])
+def test_torch_2_14_refusals(pins, rule):
+    with pytest.raises(StackConflict) as exc:
+        resolve("H100", **pins)
+    assert exc.value.rule == rule
+
+
+def test_volta_keeps_cu126_on_2_14_and_2_15_plan_is_listed_as_unverified():
+    stack = resolve("V100")  # 2.14 cu126 still carries sm_70 (RFC #190355 table)
+    assert stack.torch and (stack.torch.version, stack.torch.variant) == ("2.14", "cu126")
+    assert any("Volta" in note and "190385" in note for note in stack.unverified)
+
+
+# Branches without nvidia-driver-pinning-<branch> (only R570+; NVIDIA driver guide "Recent Updates").
+@pytest.mark.parametrize("driver", ["535", "550", "560", "535.274.02"])
+def test_branches_without_a_pinning_package_are_refused_with_what_works(driver):
+    with pytest.raises(StackConflict) as exc:
+        resolve("H100", driver=driver)
+    assert exc.value.rule == "driver-no-pinning-package"
+    assert exc.value.field == "--driver"
+    assert "--driver 570" in exc.value.hint and "nvidia-driver-pinning" in exc.value.problem
+
+
+# Exact versions are checked against the releases NVIDIA built (gpu-driver-container versions.mk history).
+@pytest.mark.parametrize(("driver", "ok"), [
+    ("580.95.05", True), ("580.126.09", True), ("570.195.03", True), ("595.91.07", True),
+    ("580.95.06", False), ("580.99.99", False), ("590.1", False),
+])
+def test_exact_driver_versions_are_checked_against_the_data(driver, ok):
+    if ok:
+        stack = resolve("H100", driver=driver)
+        assert stack.driver_pinning_package == f"nvidia-driver-pinning-{driver}"
+        return
+    with pytest.raises(StackConflict) as exc:
+        resolve("H100", driver=driver)
+    assert exc.value.rule == "driver-version-unknown"
+    assert f"--driver {driver.split('.')[0]}" in exc.value.hint
+
+
+def test_help_example_driver_version_exists_in_the_data():
+    import re
+    from pathlib import Path
+
+    import gpuprov.cli.common as common
+
+    examples = re.findall(r"\b(\d{3}\.\d+\.\d+)\b", Path(common.__file__).read_text())
+    assert examples  # the --driver help shows an exact release
+    for version in examples:
+        assert version in compat.facts().driver_versions.get(int(version.split(".")[0]), ()), version
+
+
+# nvcc must match the torch wheel's CUDA major (torch/utils/cpp_extension.py `_check_cuda_version` raises
+# on a major mismatch): refused with the matching choice.
+@pytest.mark.parametrize(("gpu", "pins", "hint"), [
+    ("H100", {"torch_cuda": "cu130", "cuda": "12.8"}, "--cuda 13.0"),
+    ("H100", {"torch": "2.9", "torch_cuda": "cu128", "cuda": "13.0"}, "--cuda 12.8"),
+    ("V100", {"torch_cuda": "cu126", "cuda": "13.0"}, "12.9"),  # V100's toolkit limit names the cause first
+])
+def test_nvcc_major_must_match_the_wheel(gpu, pins, hint):
+    with pytest.raises(StackConflict) as exc:
+        resolve(gpu, **pins)
+    assert hint in str(exc.value)
+    if gpu == "H100":
+        assert exc.value.rule == "nvcc-torch-major-mismatch" and exc.value.field == "--cuda"
+
+
+def test_unpinned_torch_follows_the_toolkit_major():
+    stack = resolve("H100", cuda="12.8")  # no torch pin: the newest wheel of CUDA 12 (2.14+cu126)
+    assert stack.torch and stack.torch.variant == "cu126" and stack.cuda_toolkit == "12.8"
+    stack = resolve("H100", cuda="13.0")
+    assert stack.torch and stack.torch.cuda.startswith("13.")
+
+
+def test_b200_fabric_step_carries_the_infiniband_facts():
+    stack = resolve("B200", nvswitch=True)
+    assert stack.nvlsm and stack.fabric_extra_packages == ("nvlsm", "infiniband-diags")
+    assert stack.fabric_kernel_modules == ("ib_umad", "mlx5_ib")
+    assert stack.fabric_modules_package == "linux-modules-extra-$(uname -r)"
+    assert resolve("H100", nvswitch=True).fabric_kernel_modules == ()
+    assert resolve("B200", nvswitch=False).fabric_kernel_modules == ()

@@ -37,3 +37,62 @@ def test_nvidia_smi_names_win_and_mixed_hosts_have_no_single_gpu():
 def test_cpu_host_without_lspci():
     facts = parse_facts("## nvidia-smi\n## lspci\n## lspci-missing\n## os\ndebian-12\n## end\n")
     assert facts.gpus == [] and facts.source == "none" and facts.pci_gpu_count is None and facts.os == "debian-12"
+
+
+# --- GPUs by PCI class, NVSwitch from facts that identify it (issue 9, item 3) -------------------------
+# 10de:2901 is the B200 GPU (pci.ids "GB100 [B200]", class 0302), not an NVSwitch; HGX B200's NVSwitches are
+# Mellanox devices (aws-parallelcluster-cookbook PR #3098 counts GPUs as 10de::0302 and NVSwitches as bridges).
+B200_LSPCI = "\n".join(
+    f"{b}:00.0 3D controller [0302]: NVIDIA Corporation GB100 [B200] [10de:2901] (rev a1)"
+    for b in ("1b", "43", "52", "61", "9d", "c3", "d1", "df")
+)
+
+
+def test_b200_is_a_gpu_not_an_nvswitch():
+    facts = parse_facts(f"## nvidia-smi\n## lspci\n{B200_LSPCI}\n## os\nubuntu-24.04\n## instance-type\n## end\n")
+    assert facts.gpus == ["B200"] * 8 and facts.pci_gpu_count == 8 and facts.source == "lspci"
+    assert facts.nvswitch is False  # nothing on the NVIDIA bus identifies an NVSwitch here
+
+
+def test_b200_nvswitch_comes_from_the_instance_type():
+    facts = parse_facts(f"## nvidia-smi\n## lspci\n{B200_LSPCI}\n## os\nubuntu-24.04\n"
+                        "## instance-type\np6-b200.48xlarge\n## end\n")
+    assert facts.nvswitch is True and facts.instance_type == "p6-b200.48xlarge"
+    g6 = parse_facts("## nvidia-smi\n## lspci\n## os\nubuntu-24.04\n## instance-type\ng6.xlarge\n## end\n")
+    assert g6.nvswitch is False
+
+
+@pytest.mark.parametrize(("line", "gpu", "unknown"), [
+    ("01:00.0 3D controller [0302]: NVIDIA Corporation Device [10de:2bb1] (rev a1)", "unknown", ["10de:2bb1"]),
+    ("01:00.0 VGA compatible controller [0300]: NVIDIA Corporation Device [10de:2bb5] (rev a1)", "unknown", ["10de:2bb5"]),
+    ("01:00.0 3D controller [0302]: NVIDIA Corporation AD104GL [L4] [10de:27b8] (rev a1)", "L4", []),
+    # an id the catalog lacks, but the host's pci.ids names the model
+    ("01:00.0 3D controller [0302]: NVIDIA Corporation GH100 [H100 SXM5 80GB] [10de:2324] (rev a1)", "H100", []),
+])
+def test_gpus_are_found_by_class_and_unknown_ids_are_reported(line, gpu, unknown):
+    facts = parse_facts(f"## nvidia-smi\n## lspci\n{line}\n## os\nubuntu-24.04\n## end\n")
+    assert facts.gpus == [gpu] and facts.unknown_pci_ids == unknown
+    if unknown:
+        assert facts.unknown_gpu_text == f"NVIDIA {unknown[0]}, unknown model"
+
+
+def test_non_gpu_nvidia_functions_are_not_gpus():
+    lines = ("01:00.1 Audio device [0403]: NVIDIA Corporation Device [10de:22bc] (rev a1)\n"
+             "c5:00.0 Bridge [0680]: NVIDIA Corporation GH100 [H100 NVSwitch] [10de:22a3] (rev a1)\n")
+    facts = parse_facts(f"## nvidia-smi\n## lspci\n{lines}## os\nubuntu-24.04\n## end\n")
+    assert facts.gpus == [] and facts.nvswitch is True and facts.source == "none"
+
+
+def test_unknown_model_stops_bootstrap_planning_with_pass_gpu():
+    from gpuprov.bootstrap import planner
+    from gpuprov.compat import StackPins
+    from gpuprov.errors import UserInputError
+    from gpuprov.inventory import Target
+
+    facts = parse_facts("## nvidia-smi\n## lspci\n01:00.0 3D controller [0302]: NVIDIA Corporation Device "
+                        "[10de:2bb1] (rev a1)\n## os\nubuntu-24.04\n## end\n")
+    with pytest.raises(UserInputError) as exc:
+        planner(None, "pytorch", None, StackPins())(Target(host="gpu1"), facts)
+    assert "NVIDIA 10de:2bb1, unknown model: pass --gpu" in str(exc.value)
+    plan = planner("L4", "minimal", None, StackPins())(Target(host="gpu1"), facts)
+    assert plan.gpu and plan.gpu.name == "L4"

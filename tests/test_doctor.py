@@ -37,8 +37,8 @@ def test_healthy_host_every_finding_passes_and_is_listed():
     assert report.ok and not report.failures
     names = [c.name for c in report.findings]
     assert names == ["os", "gpu on pci bus", "apt lock", "nouveau", "kernel headers", "driver package", "driver hold",
-                     "secure boot", "kernel module", "nvidia-smi", "persistence daemon", "device nodes",
-                     "torch vs driver", "disk"]
+                     "secure boot", "kernel module", "nvidia-smi", "persistence daemon", "persistence mode",
+                     "device nodes", "torch vs driver", "disk"]
     assert all(c.ok for c in report.findings), [c for c in report.findings if not c.ok]
     f = report.facts
     assert f.os == "ubuntu-22.04" and f.kernel == "6.8.0-1015-aws"
@@ -81,7 +81,9 @@ def test_nvswitch_without_fabric_manager():
     assert failed(checks) == {"fabric manager": "fail"}
     fm = checks["fabric manager"]
     assert "6 NVSwitch" in fm.detail and "802" in fm.detail and "system not yet initialized" in fm.detail
-    assert "nvidia-fabricmanager-580" in (fm.fix or "") and "exactly 580.95.05" in (fm.fix or "")
+    # R580: NVIDIA's repo names it without the branch (gpu-driver-container ubuntu24.04/install.sh @ 78fa4ac)
+    assert "install nvidia-fabricmanager at exactly 580.95.05" in (fm.fix or "")
+    assert "nvidia-fabricmanager-580" not in (fm.fix or "")
     assert "systemctl enable --now nvidia-fabricmanager" in (fm.fix or "")
 
 
@@ -98,7 +100,8 @@ def test_torch_built_for_a_newer_cuda_than_the_driver():
     c = checks["torch vs driver"]
     assert "CUDA 13.0" in c.detail and "≤ 12.8" in c.detail
     assert "≥ 580.65.06" in (c.fix or "")  # compat facts: CUDA 13.0 needs 580.65.06 (gpu-stack-facts §2a)
-    assert "cu128" in (c.fix or "")
+    # the resolver's newest wheel for this L4 on R570: torch 2.14 has cu126/cu130/cu132; cu126 runs on 570
+    assert "--torch 2.14 --torch-cuda cu126" in (c.fix or "")
 
 
 def test_apt_lock_held_warns_and_names_the_holder():
@@ -118,6 +121,31 @@ def test_secure_boot_blocks_an_unsigned_module():
     assert "unsigned" in checks["secure boot"].detail and "mokutil --import" in (checks["secure boot"].fix or "")
     assert checks["kernel module"].fix == "see `secure boot` above"
     assert checks["driver package"].detail.startswith("nvidia-driver-580-server-open")  # Ubuntu's own packages count
+
+
+def test_b200_infiniband_modules_missing():
+    # HGX B200: Fabric Manager's pre-check and nvlsm need ib_umad/mlx5_ib at every boot (stack.yaml
+    # `nvswitch_gen4`: aws-parallelcluster-cookbook PR #3022, spectrocloud/CanvOS PR #700, NVIDIA/gpu-operator#2781)
+    report = examine("gpu1", (FIXTURES / "b200-infiniband-modules-missing.txt").read_text())
+    checks = {c.name: c for c in report.findings}
+    assert failed(checks) == {"fabric manager service": "fail", "infiniband modules": "fail"}
+    assert report.facts.instance_type == "p6-b200.48xlarge" and not report.facts.nvswitches
+    assert len(report.facts.pci_gpus) == 8  # 10de:2901 is the GPU, not an NVSwitch
+    assert checks["fabric manager"].ok and "nvidia-fabricmanager 595.91.07-1" in checks["fabric manager"].detail
+    ib = checks["infiniband modules"]
+    assert "ib_umad, mlx5_ib not loaded" in ib.detail and "In Progress" in ib.detail and "802" in ib.detail
+    fix = ib.fix or ""
+    assert "linux-modules-extra-6.14.0-1012-aws" in fix and "infiniband-diags" in fix and "modprobe -a ib_umad mlx5_ib" in fix
+    assert "/etc/modules-load.d/gpuprov-nvswitch.conf" in fix
+
+
+def test_persistence_mode_off_though_the_daemon_runs():
+    checks = findings("persistence-mode-off.txt")
+    assert failed(checks) == {"persistence mode": "warn"}
+    assert checks["persistence daemon"].ok  # active and enabled: the packaged unit says --no-persistence-mode
+    pm = checks["persistence mode"]
+    assert "GPU 0" in pm.detail and "--no-persistence-mode" in pm.detail
+    assert pm.fix and "--persistence-mode" in pm.fix and "gpuprov-persistence-mode.conf" in pm.fix
 
 
 def test_every_fixture_parses_and_every_failure_has_a_fix():
@@ -144,10 +172,13 @@ def test_cut_off_output_is_an_error():
         parse_facts("## os\nubuntu-22.04\n## lsmod\nModule  Size  Used by\n")
 
 
-def test_fabric_manager_fix_uses_the_unversioned_name_from_590():
-    text = (FIXTURES / "nvswitch-no-fabricmanager.txt").read_text().replace("580.95.05", "590.48.01")
+@pytest.mark.parametrize(("driver", "package"), [
+    ("575.57.08", "nvidia-fabricmanager-575"), ("580.95.05", "nvidia-fabricmanager"), ("590.48.01", "nvidia-fabricmanager"),
+])
+def test_fabric_manager_fix_names_the_package_of_the_driver_branch(driver, package):
+    text = (FIXTURES / "nvswitch-no-fabricmanager.txt").read_text().replace("580.95.05", driver)
     checks = {c.name: c for c in examine("h", text).findings}
-    assert "nvidia-fabricmanager at exactly 590.48.01" in (checks["fabric manager"].fix or "")
+    assert f"install {package} at exactly {driver}" in (checks["fabric manager"].fix or "")
 
 
 def test_low_disk_threshold_is_configurable():

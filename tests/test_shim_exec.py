@@ -105,7 +105,7 @@ def test_verify_passes_and_the_probe_json_parses(cuda_dev) -> None:
     rows = probe["nvidia_smi"]["query_csv"].splitlines()
     assert len(rows) == 2 and rows[0].split(", ")[1] == "NVIDIA A100-SXM4-40GB"
     t = probe["torch"]
-    assert t["is_available"] and t["device_count"] == 2 and t["cuda"] == "13.0" and t["version"].endswith("+cu130")
+    assert t["is_available"] and t["device_count"] == 2 and t["cuda"] == "13.2" and t["version"].endswith("+cu132")
     assert t["nccl"] == "2.27.5" and "sm_80" in t["arch_list"]
     assert [d["matmul_ok"] for d in t["devices"]] == [True, True]
     assert t["devices"][0]["capability"] == [8, 0] and t["devices"][0]["memory_mib"] == 40960

@@ -139,9 +139,13 @@ def test_driver_step_order_and_fabric_manager_facts() -> None:
     assert "lspci" not in fm  # required on an NVSwitch instance type: no detection
     auto = next(s.text for s in make_host_plan("H100", "pytorch", "ubuntu-24.04", StackPins()).bundle().scripts
                 if s.name == "fabric-manager")
-    assert "10de:(1af1|22a3|2901)" in auto
+    # NVSwitch by vendor + PCI class (bridge 0680), not by a device-id allowlist; 2901 is the B200 GPU
+    assert "' 0680: 10de:'" in auto and "2901" not in auto
     b200 = next(s.text for s in make_plan(NodeRequest(gpu="B200")).bundle().scripts if s.name == "fabric-manager")
-    assert "gp_apt_install nvlsm" in b200
+    for needle in ("nvlsm", "infiniband-diags", "linux-modules-extra-", "$(uname -r)", "ib_umad", "mlx5_ib",
+                   "/etc/modules-load.d/gpuprov-nvswitch.conf"):
+        assert needle in b200, needle
+    assert "fm=nvidia-fabricmanager\n" in b200  # R595: no branch suffix (from R580)
 
 
 @pytest.mark.parametrize("pb", shipped_playbooks())

@@ -88,13 +88,34 @@ def test_healthy_host_passes_every_check():
 
 
 def test_torch_built_for_newer_cuda_than_the_driver():
-    data = probe(torch={"version": "2.9.0+cu128", "cuda": "12.8", "is_available": False, "device_count": 0, "devices": []})
+    data = probe(torch={"version": "2.9.0+cu130", "cuda": "13.0", "is_available": False, "device_count": 0, "devices": []})
     report, checks = verdict(data, torch=True)
     assert not report.ok
     bad = checks["torch vs driver"]
-    assert "12.8" in bad.detail and "12.5" in bad.detail
-    assert "570.26" in bad.fix  # the driver CUDA 12.8 needs (Table 3)
+    assert "13.0" in bad.detail and "12.5" in bad.detail
+    assert bad.fix and "580.65.06" in bad.fix  # the driver CUDA 13.0 needs (Table 3)
     assert not checks["torch.cuda"].ok
+
+
+def test_newer_cuda_12_wheel_on_an_older_12_driver_runs_by_minor_version_compat():
+    # CUDA 12.x code runs on drivers ≥ 525 (NVIDIA CUDA compatibility guide, Table 1): driver 555 runs cu128
+    data = probe(torch={"version": "2.9.0+cu128", "cuda": "12.8"})
+    report, checks = verdict(data, torch=True)
+    assert report.ok, [c for c in report.checks if not c.ok]
+    note = checks["torch vs driver"]
+    assert note.ok and "minor-version compatibility" in note.detail and "PTX JIT" in note.detail
+
+
+def test_persistence_mode_is_read_from_nvidia_smi():
+    # persistence_mode from --query-gpu: GPU 1 "Disabled" -> a warning whose fix is --persistence-mode, not
+    # `systemctl enable` (the packaged unit runs nvidia-persistenced --no-persistence-mode)
+    data = probe(nvidia_smi={"query_csv": CSV_A100})
+    _, checks = verdict(data)
+    pm = checks["persistence"]
+    assert not pm.ok and pm.severity == "warn" and "GPU 1" in pm.detail
+    assert pm.fix and "--persistence-mode" in pm.fix
+    _, ok_checks = verdict(probe())
+    assert ok_checks["persistence"].ok and "enabled" in ok_checks["persistence"].detail
 
 
 @pytest.mark.parametrize(("stdout", "stderr", "needle", "fix"), [

@@ -325,11 +325,14 @@ def planner(gpu: str | None, playbook: str, os_name: str | None, pins: StackPins
             from gpuprov import catalog
 
             name = catalog.load().gpu(catalog.parse_gpu_request(wanted)[0]).name
-            if set(facts.gpus) != {name}:
+            if set(facts.gpus) != {name} and set(facts.gpus) != {"unknown"}:
                 raise UserInputError("--gpu", f"{target.name} has {', '.join(sorted(set(facts.gpus)))} "
                                      f"(from {facts.source}), not {name}; nothing was installed",
                                      "drop --gpu to use what the host has, or pick the right host")
         detected = facts.gpu if facts.gpu and facts.gpu != "unknown" else None
+        if not wanted and facts.unknown_gpu_text:
+            raise UserInputError("--gpu", f"{target.name} has {facts.unknown_gpu_text}: pass --gpu",
+                                 "name the GPU model (`gpuprov gpus` lists them); nothing was installed")
         os_used = target.os or os_name or facts.os
         if os_used not in SUPPORTED_OS:
             raise UserInputError("--os", f"{target.name} runs {facts.os or 'an unknown OS'}; gpuprov's scripts support "

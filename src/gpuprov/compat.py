@@ -3,11 +3,16 @@
 Rules come from data/stack.yaml (facts, with sources); this module only reasons over them:
 - a torch wheel runs on a GPU when it carries SASS for the GPU's compute capability, or for an
   earlier minor of the same major (sm_86 code runs on sm_89);
-- the driver must be at least the minimum NVIDIA lists for the wheel's (and toolkit's) CUDA;
+- the driver must be at least the minimum NVIDIA lists for the wheel's (and toolkit's) CUDA, or,
+  for a wheel, the minimum of its CUDA major family (minor-version compatibility: a fallback with a
+  limited feature set, used only when no wheel of that release runs natively);
+- only branches with NVIDIA's pinning packages (R570+) are installed; an exact version must be known;
+- a CUDA toolkit (nvcc) must share the torch wheel's CUDA major (PyTorch's extension builder);
 - Volta stays on R580 with the proprietary module; Blackwell needs the open module and R570+;
-- NVSwitch systems need Fabric Manager at exactly the driver's version (and NVLSM on Blackwell).
-When pins conflict, the error names the rule and what would work instead, found by re-solving
-with each pin relaxed in turn.
+- NVSwitch systems need Fabric Manager at exactly the driver's version, named without the branch
+  from R580 (and NVLSM + the InfiniBand modules on Blackwell).
+When pins conflict, the StackConflict carries the rule's id (`rule`), and the error names what would
+work instead, found by re-solving with each pin relaxed in turn.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from functools import cache
+from itertools import groupby
 from typing import Literal
 
 import yaml
@@ -58,6 +64,43 @@ class _Arch(BaseModel):
     min_torch: str | None = None
 
 
+class _Cutoff(BaseModel):
+    branch: int
+    source: str
+
+
+class _Pinning(BaseModel):
+    from_branch: int
+    source: str
+    unverified: str | None = None
+
+
+class _TorchPlan(BaseModel):
+    release: str
+    drops_variants: tuple[str, ...]
+    effect: str
+    source: str
+    unverified: str
+
+
+class _MinorCompat(BaseModel):
+    min_driver: str
+
+
+class _NvswitchGen4(BaseModel):
+    archs: tuple[str, ...]
+    packages: tuple[str, ...]
+    kernel_modules_package: str
+    modules: tuple[str, ...]
+    modules_load_file: str
+    unverified: str | None = None
+
+
+class _Persistence(BaseModel):
+    dropin: str
+    unverified: str | None = None
+
+
 class StackFacts(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -66,13 +109,32 @@ class StackFacts(BaseModel):
     default_driver_branch: int
     last_volta_branch: int
     proprietary_removed_in: int
-    unversioned_package_names_from: int
+    driver_packages_unversioned_from: _Cutoff
+    fabric_manager_unversioned_from: _Cutoff
+    driver_pinning: _Pinning
+    driver_versions: dict[int, tuple[str, ...]]
+    driver_versions_unverified: str
     torch_releases: dict[str, _TorchRelease]
     python_ranges_unverified: str
+    torch_plans: tuple[_TorchPlan, ...]
+    minor_version_compat: dict[str, _MinorCompat]
+    minor_version_compat_limits: str
     wheel_archs: tuple[_WheelArchs, ...]
     architectures: dict[str, _Arch]
+    nvswitch_gen4: _NvswitchGen4
+    nvcc_must_match_torch: Literal["major"]
+    persistence_mode: _Persistence
     python_default: str
     pytorch_index: str
+
+    def installable_branches(self) -> tuple[int, ...]:
+        """Branches gpuprov can install: those with NVIDIA's pinning packages."""
+        return tuple(b for b in self.driver_branches if b >= self.driver_pinning.from_branch)
+
+    def fabric_manager_package(self, branch: int) -> str:
+        """NVIDIA CUDA repo name of Fabric Manager for a driver branch (no suffix from R580)."""
+        return "nvidia-fabricmanager" if branch >= self.fabric_manager_unversioned_from.branch \
+            else f"nvidia-fabricmanager-{branch}"
 
 
 @cache
@@ -133,10 +195,16 @@ class Stack(BaseModel):
     fabric_manager: FabricManager  # required: NVSwitch instance; auto: install if lspci shows NVSwitch
     fabric_manager_package: str
     nvlsm: bool
+    # HGX B200: what Fabric Manager's pre-check needs besides nvlsm (packages, modules loaded at boot)
+    fabric_extra_packages: tuple[str, ...] = ()
+    fabric_kernel_modules: tuple[str, ...] = ()
+    fabric_modules_package: str | None = None
+    fabric_modules_load_file: str | None = None
     cuda_toolkit: str | None
     cuda_toolkit_package: str | None
     torch: TorchWheel | None
     python: str
+    minor_version_compat: bool = False  # the wheel runs only through CUDA minor-version compatibility
     unverified: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
 
@@ -180,8 +248,33 @@ def _driver_satisfies(branch: int, exact: str | None, minimum: str) -> bool:
 
 
 def _min_branch_for(minimum: str) -> int:
+    """The oldest branch gpuprov can install that satisfies a minimum driver version."""
     need = _version_tuple(minimum)[0]
-    return min(b for b in facts().driver_branches if b >= need)
+    return min(b for b in facts().installable_branches() if b >= need)
+
+
+def _split_driver(driver: str) -> tuple[int, str | None]:
+    """'580' -> (580, None); '580.95.05' -> (580, '580.95.05')."""
+    return int(driver.split(".")[0]), (driver if "." in driver else None)
+
+
+def minor_compat_runs(cuda: str, driver: str) -> bool:
+    """CUDA minor-version compatibility: code built with CUDA X.y runs (limited feature set, no PTX JIT of
+    newer code) on a driver of at least the X family minimum (stack.yaml `minor_version_compat`)."""
+    family = facts().minor_version_compat.get(cuda.split(".")[0])
+    if family is None:
+        return False
+    branch, exact = _split_driver(driver)
+    return _driver_satisfies(branch, exact, family.min_driver)
+
+
+def driver_runs(cuda: str, driver: str) -> tuple[bool, bool]:
+    """(runs, needs_minor_compat) for code built with CUDA `cuda` ("12.6") on `driver` (branch or version)."""
+    minimum = facts().cuda_min_driver.get(cuda)
+    branch, exact = _split_driver(driver)
+    if minimum is not None and _driver_satisfies(branch, exact, minimum.driver):
+        return True, False
+    return (True, True) if minor_compat_runs(cuda, driver) else (False, False)
 
 
 # --- validation of single pins -----------------------------------------------------------------
@@ -197,7 +290,28 @@ def check_pins(pins: StackPins) -> None:
         if branch not in f.driver_branches:
             raise UserInputError(
                 "--driver", f"unknown driver branch {branch}",
-                f"known branches: {', '.join(map(str, f.driver_branches))}",
+                f"known branches: {', '.join(map(str, f.installable_branches()))}",
+            )
+        if branch < f.driver_pinning.from_branch:
+            raise StackConflict(
+                "--driver",
+                f"R{branch} cannot be installed from NVIDIA's repository: it has no nvidia-driver-pinning-{branch} "
+                f"package (pinning packages exist from R{f.driver_pinning.from_branch} on), so apt could not hold "
+                "the driver on that branch",
+                f"use --driver {f.driver_pinning.from_branch} or newer (known: "
+                f"{', '.join(map(str, f.installable_branches()))}); torch wheels for CUDA 12.x also run on an older "
+                "branch that is already installed (CUDA minor-version compatibility)",
+                rule="driver-no-pinning-package",
+            )
+        if "." in pins.driver and pins.driver not in f.driver_versions.get(branch, ()):
+            releases = f.driver_versions.get(branch, ())
+            raise StackConflict(
+                "--driver",
+                f"driver {pins.driver} is not a release gpuprov knows of on branch R{branch}, so there is no "
+                f"nvidia-driver-pinning-{pins.driver} package to install",
+                (f"known R{branch} releases: {', '.join(releases)}; " if releases else "")
+                + f"or pin only the branch: --driver {branch}",
+                rule="driver-version-unknown",
             )
     if pins.cuda is not None and pins.cuda not in f.cuda_min_driver:
         raise UserInputError(
@@ -249,47 +363,92 @@ def _wheel_archs(release: str, variant: str) -> _WheelArchs | None:
     return None
 
 
-def _torch_problem(gpu: Gpu, release: str, variant: str, pins: StackPins) -> str | None:
-    """Why this wheel cannot serve this GPU with these pins, or None when it can."""
+class _Problem(BaseModel):
+    rule: str
+    text: str
+    hint: str = ""
+
+
+def _torch_problem(gpu: Gpu, release: str, variant: str, pins: StackPins, allow_minor: bool = True) -> _Problem | None:
+    """Why this wheel cannot serve this GPU with these pins, or None when it can.
+
+    :param allow_minor: accept a driver older than the wheel's CUDA minimum when CUDA minor-version
+        compatibility covers it (the wheel then runs with a limited feature set).
+    """
     f = facts()
     arch = f.architectures[gpu.arch]
     info = f.torch_releases[release]
     if variant not in info.variants:
-        return f"torch {release} has no {variant} wheels (it ships {', '.join(info.variants)})"
+        return _Problem(rule="wheel-variant-missing",
+                        text=f"torch {release} has no {variant} wheels (it ships {', '.join(info.variants)})")
     if arch.min_torch and _version_tuple(release) < _version_tuple(arch.min_torch):
-        return f"{gpu.name} ({gpu.sm}) needs torch ≥ {arch.min_torch}"
+        return _Problem(rule="arch-min-torch", text=f"{gpu.name} ({gpu.sm}) needs torch ≥ {arch.min_torch}")
     archs = _wheel_archs(release, variant)
     if archs is None or not _sm_runs(archs.sm, gpu.compute_capability):
         built = ", ".join("sm_" + s.replace(".", "") for s in archs.sm) if archs else "unknown archs"
-        return f"torch {release}+{variant} wheels carry code for {built}, not {gpu.name}'s {gpu.sm}"
+        return _Problem(rule="wheel-no-sass",
+                        text=f"torch {release}+{variant} wheels carry code for {built}, not {gpu.name}'s {gpu.sm}")
     cuda = variant_cuda(variant)
     if arch.max_cuda and _version_tuple(cuda) > _version_tuple(arch.max_cuda):
-        return f"{gpu.name} ({gpu.sm}) is supported up to CUDA {arch.max_cuda}; {variant} is CUDA {cuda}"
+        return _Problem(rule="arch-max-cuda",
+                        text=f"{gpu.name} ({gpu.sm}) is supported up to CUDA {arch.max_cuda}; {variant} is CUDA {cuda}")
     if arch.min_cuda and _version_tuple(cuda) < _version_tuple(arch.min_cuda):
-        return f"{gpu.name} ({gpu.sm}) needs CUDA ≥ {arch.min_cuda}; {variant} is CUDA {cuda}"
+        return _Problem(rule="arch-min-cuda",
+                        text=f"{gpu.name} ({gpu.sm}) needs CUDA ≥ {arch.min_cuda}; {variant} is CUDA {cuda}")
+    if pins.cuda and pins.cuda.split(".")[0] != cuda.split(".")[0]:
+        # PyTorch's extension builder refuses nvcc of another CUDA major (stack.yaml nvcc_must_match_torch)
+        same_major = [v for v in info.variants if variant_cuda(v).split(".")[0] == pins.cuda.split(".")[0]]
+        return _Problem(
+            rule="nvcc-torch-major-mismatch",
+            text=f"the CUDA {pins.cuda} toolkit (nvcc) cannot build extensions for torch {release}+{variant} "
+                 f"(CUDA {cuda}): PyTorch's extension builder refuses a CUDA major version mismatch",
+            hint=f"use --cuda {cuda} (the wheel's CUDA)"
+                 + (f", or --torch-cuda {same_major[-1]} (a CUDA {pins.cuda.split('.')[0]} wheel of torch {release})"
+                    if same_major else ""),
+        )
     if pins.driver:
-        minimum = f.cuda_min_driver[cuda].driver
-        branch = int(pins.driver.split(".")[0])
-        exact = pins.driver if "." in pins.driver else None
-        if not _driver_satisfies(branch, exact, minimum):
-            return (f"{variant} wheels (CUDA {cuda}) need driver ≥ {minimum} (R{_min_branch_for(minimum)}); "
-                    f"driver {pins.driver} is older")
+        ok, minor = driver_runs(cuda, pins.driver)
+        if not ok or (minor and not allow_minor):
+            minimum = f.cuda_min_driver[cuda].driver
+            family = f.minor_version_compat.get(cuda.split(".")[0])
+            compat = f" (or ≥ {family.min_driver} through CUDA minor-version compatibility)" if family else ""
+            return _Problem(rule="wheel-needs-newer-driver",
+                            text=f"{variant} wheels (CUDA {cuda}) need driver ≥ {minimum}{compat} "
+                                 f"(R{_min_branch_for(minimum)}); driver {pins.driver} is older")
     if pins.python:
         lo, hi = info.python
         if not _version_tuple(lo) <= _version_tuple(pins.python) <= _version_tuple(hi):
-            return f"torch {release} supports Python {lo}–{hi}, not {pins.python}"
+            return _Problem(rule="python-range", text=f"torch {release} supports Python {lo}–{hi}, not {pins.python}")
     return None
 
 
-def _choose_torch(gpu: Gpu, pins: StackPins) -> tuple[str, str]:
-    problems: list[str] = []
-    for release, variant in _torch_candidates(pins):
-        problem = _torch_problem(gpu, release, variant, pins)
-        if problem is None:
-            return release, variant
-        problems.append(problem)
-    field = "--torch-cuda" if pins.torch_cuda else "--torch" if pins.torch else "--driver" if pins.driver else "--python"
-    raise StackConflict(field, problems[0] if problems else "no torch wheel fits", "")
+def _choose_torch(gpu: Gpu, pins: StackPins) -> tuple[str, str, bool]:
+    """(release, variant, needs minor-version compatibility): the newest release that fits; within it, a
+    wheel the driver runs natively before one that runs only through minor-version compatibility."""
+    problems: list[_Problem] = []
+    for release, group in groupby(_torch_candidates(pins), key=lambda c: c[0]):
+        variants = [v for _, v in group]
+        for allow_minor in (False, True):
+            for variant in variants:
+                problem = _torch_problem(gpu, release, variant, pins, allow_minor)
+                if problem is None:
+                    return release, variant, allow_minor
+                if allow_minor:
+                    problems.append(problem)
+    field = ("--torch-cuda" if pins.torch_cuda else "--torch" if pins.torch else "--driver" if pins.driver
+             else "--cuda" if pins.cuda else "--python")
+    if problems and problems[0].rule == "nvcc-torch-major-mismatch":
+        field = "--cuda"
+    first = problems[0] if problems else _Problem(rule="no-wheel", text="no torch wheel fits")
+    raise StackConflict(field, first.text, first.hint, rule=first.rule)
+
+
+def choose_torch_for_driver(gpu: Gpu, driver: str) -> TorchWheel:
+    """The newest torch wheel that runs on an already-installed driver (any branch, also ones gpuprov would not
+    install), minor-version compatibility included. For doctor/check fixes on existing hosts."""
+    release, variant, _ = _choose_torch(gpu, StackPins(driver=driver))
+    return TorchWheel(version=release, variant=variant, cuda=variant_cuda(variant),
+                      index_url=f"{facts().pytorch_index}/{variant}")
 
 
 def _check_driver_pin(gpu: Gpu, pins: StackPins) -> None:
@@ -304,22 +463,26 @@ def _check_driver_pin(gpu: Gpu, pins: StackPins) -> None:
             f"{gpu.name} ({gpu.arch.title()}, {gpu.sm}) is supported up to driver branch R{arch.max_driver_branch}; "
             f"R{branch} dropped it",
             f"use --driver {arch.max_driver_branch} (proprietary kernel module)",
+            rule="gpu-max-driver-branch",
         )
     if arch.min_driver_branch and branch < arch.min_driver_branch:
         raise StackConflict(
             "--driver",
             f"{gpu.name} ({gpu.sm}) needs driver branch ≥ R{arch.min_driver_branch}",
             f"use --driver {arch.min_driver_branch} or newer",
+            rule="gpu-min-driver-branch",
         )
     if arch.kernel_module == "proprietary" and branch >= f.proprietary_removed_in:
         raise StackConflict(
             "--driver",
             f"{gpu.name} needs the proprietary kernel module, which R{f.proprietary_removed_in} and later no longer ship",
             f"use --driver {f.last_volta_branch}",
+            rule="proprietary-module-removed",
         )
 
 
-def _check_toolkit(gpu: Gpu, pins: StackPins, branch: int, exact: str | None) -> None:
+def _check_toolkit_arch(gpu: Gpu, pins: StackPins) -> None:
+    """The toolkit against the GPU's architecture (before any wheel is chosen: it names the real cause)."""
     if not pins.cuda:
         return
     arch = facts().architectures[gpu.arch]
@@ -327,18 +490,26 @@ def _check_toolkit(gpu: Gpu, pins: StackPins, branch: int, exact: str | None) ->
     if arch.max_cuda and _version_tuple(cuda) > _version_tuple(arch.max_cuda):
         raise StackConflict(
             "--cuda", f"{gpu.name} ({gpu.sm}) is supported by CUDA toolkits up to {arch.max_cuda}, not {cuda}",
-            f"use --cuda {arch.max_cuda}",
+            f"use --cuda {arch.max_cuda}", rule="toolkit-max-cuda",
         )
     if arch.min_cuda and _version_tuple(cuda) < _version_tuple(arch.min_cuda):
         raise StackConflict(
-            "--cuda", f"{gpu.name} ({gpu.sm}) needs CUDA ≥ {arch.min_cuda}", f"use --cuda {arch.min_cuda} or newer"
+            "--cuda", f"{gpu.name} ({gpu.sm}) needs CUDA ≥ {arch.min_cuda}", f"use --cuda {arch.min_cuda} or newer",
+            rule="toolkit-min-cuda",
         )
+
+
+def _check_toolkit(gpu: Gpu, pins: StackPins, branch: int, exact: str | None) -> None:
+    if not pins.cuda:
+        return
+    cuda = pins.cuda
     minimum = facts().cuda_min_driver[cuda].driver
     if pins.driver and not _driver_satisfies(branch, exact, minimum):
         raise StackConflict(
             "--driver",
             f"CUDA {cuda} needs driver ≥ {minimum}; driver {pins.driver} is older",
             f"use --driver {_min_branch_for(minimum)} or newer, or an older --cuda",
+            rule="toolkit-needs-newer-driver",
         )
 
 
@@ -359,6 +530,7 @@ def _choose_branch(gpu: Gpu, pins: StackPins, cudas: list[str]) -> int:
             "--cuda" if pins.cuda else "--torch-cuda",
             f"this CUDA needs driver R{branch}, but {gpu.name} is supported only up to R{arch.max_driver_branch}",
             f"pick a CUDA {arch.max_cuda} or older build",
+            rule="cuda-needs-branch-above-arch",
         )
     return branch
 
@@ -430,7 +602,8 @@ def _with_alternative(
         options.append(_describe_change(name, alt))
     if not options:
         return conflict
-    return StackConflict(conflict.field, conflict.problem, "this works instead: " + "; or ".join(options[:2]))
+    return StackConflict(conflict.field, conflict.problem, "this works instead: " + "; or ".join(options[:2]),
+                         rule=conflict.rule)
 
 
 def _describe_change(name: str, alt: Stack) -> str:
@@ -456,10 +629,12 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
         unverified.append(f"{gpu.name}: {gpu.unverified}")
 
     _check_driver_pin(gpu, pins)
+    _check_toolkit_arch(gpu, pins)
     torch: TorchWheel | None = None
     release: str | None = None
+    minor = False
     if want_torch:
-        release, variant = _choose_torch(gpu, pins)
+        release, variant, minor = _choose_torch(gpu, pins)
         cuda = variant_cuda(variant)
         torch = TorchWheel(
             version=pins.torch or release, variant=variant, cuda=cuda, index_url=f"{f.pytorch_index}/{variant}"
@@ -472,6 +647,11 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
         if pins.python:
             unverified.append(f.python_ranges_unverified)
         reasons.append(f"torch {release}+{variant}: newest wheel that carries code for {gpu.sm} and fits the pins")
+        if minor:
+            reasons.append(f"driver {pins.driver} {f.minor_version_compat_limits}")
+        for plan in f.torch_plans:
+            if variant in plan.drops_variants and _version_tuple(release) < _version_tuple(plan.release):
+                unverified.append(f"{plan.effect} ({plan.unverified}; {plan.source})")
     elif pins.torch or pins.torch_cuda:
         raise UserInputError("--torch", "this playbook installs no PyTorch, so a torch pin has no effect",
                              "drop the pin or use -p pytorch")
@@ -483,7 +663,9 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
     if pins.cuda and f.cuda_min_driver[pins.cuda].unverified:
         unverified.append(f.cuda_min_driver[pins.cuda].unverified or "")
     if exact:
-        unverified.append("exact driver pins rely on NVIDIA's per-version pinning packages (nvidia-driver-pinning-<version>)")
+        unverified.append(f"--driver {exact}: {f.driver_versions_unverified}")
+    if pins.driver:
+        unverified.append(f"driver pinning packages: {f.driver_pinning.unverified}")
     if not pins.driver:
         reasons.append(
             f"driver R{branch}: "
@@ -500,19 +682,14 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
     )
 
     fm: FabricManager = "required" if nvswitch else "no" if nvswitch is False else "auto"
-    versioned = branch < f.unversioned_package_names_from
-    fm_package = f"nvidia-fabricmanager-{branch}" if versioned else "nvidia-fabricmanager"
-    if fm != "no" and not versioned:
-        unverified.append(
-            f"from R{f.unversioned_package_names_from} the Fabric Manager package may lose the branch from its name"
-        )
-    nvlsm = arch.open_only and fm != "no"
-    if nvlsm:
-        unverified.append(
-            "Blackwell NVSwitch systems also run NVLSM (package 'nvlsm'); the package and service names are unverified"
-        )
+    fm_package = f.fabric_manager_package(branch)
+    gen4 = f.nvswitch_gen4
+    nvlsm = gpu.arch in gen4.archs and fm != "no"
+    if nvlsm and gen4.unverified:
+        unverified.append(f"HGX B200 InfiniBand modules: {gen4.unverified}")
     if fm == "required":
-        reasons.append("Fabric Manager: NVSwitch instance; pinned to the driver's exact version, both held")
+        reasons.append(f"Fabric Manager ({fm_package}): NVSwitch instance; pinned to the driver's exact version, "
+                       "both held" + ("; with nvlsm and the ib_umad/mlx5_ib modules (NVSwitch gen 4)" if nvlsm else ""))
 
     return Stack(
         gpu=gpu.name,
@@ -527,10 +704,15 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
         fabric_manager=fm,
         fabric_manager_package=fm_package,
         nvlsm=nvlsm,
+        fabric_extra_packages=gen4.packages if nvlsm else (),
+        fabric_kernel_modules=gen4.modules if nvlsm else (),
+        fabric_modules_package=gen4.kernel_modules_package if nvlsm else None,
+        fabric_modules_load_file=gen4.modules_load_file if nvlsm else None,
         cuda_toolkit=pins.cuda,
         cuda_toolkit_package=f"cuda-toolkit-{pins.cuda.replace('.', '-')}" if pins.cuda else None,
         torch=torch,
         python=_choose_python(pins, release),
+        minor_version_compat=minor,
         unverified=tuple(dict.fromkeys(u for u in unverified if u)),
         reasons=tuple(reasons),
     )

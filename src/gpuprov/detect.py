@@ -1,6 +1,14 @@
 """What a host is: its GPUs (from nvidia-smi when the driver is there, else lspci), NVSwitch, OS.
 
 One shell command gathers the facts; parsing is pure, so it is tested on recorded outputs.
+
+GPUs on the PCI bus are found by class, not by an allowlist of device ids: vendor 10de with PCI
+class 0300 (VGA) or 0302 (3D controller); the catalog's device ids only name the model, and an
+NVIDIA GPU whose id the catalog lacks is reported as "NVIDIA 10de:xxxx, unknown model".
+NVSwitch presence comes from facts that identify it: NVIDIA bridges (class 0680, HGX A100/H100,
+as aws-parallelcluster-cookbook PR #3098 counts them by vendor + class) or the EC2 instance type
+(IMDSv2) when the catalog marks it `nvswitch` (HGX B200's NVSwitches are Mellanox devices, which
+no NVIDIA id identifies).
 """
 
 from __future__ import annotations
@@ -8,11 +16,22 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from gpuprov import catalog
 
-NVSWITCH_PCI_IDS = ("1af1", "22a3", "2901")  # p4d/p4de, p5*, p6 (gpu-stack-facts §1b)
+GPU_CLASSES = ("0300", "0302")  # VGA compatible controller, 3D controller (PCI class codes)
+NVSWITCH_CLASS = "0680"  # "Bridge" (other bridge device): how NVSwitches of HGX A100/H100 show up
+
+# IMDSv2, best effort (1 s timeouts): empty off EC2.
+IMDS_INSTANCE_TYPE = (
+    'echo "## instance-type"; '
+    "if command -v curl >/dev/null 2>&1; then "
+    "t=\"$(curl -fsS --connect-timeout 1 --max-time 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' "
+    "http://169.254.169.254/latest/api/token 2>/dev/null || true)\"; "
+    "[ -n \"$t\" ] && curl -fsS --connect-timeout 1 --max-time 2 -H \"X-aws-ec2-metadata-token: $t\" "
+    "http://169.254.169.254/latest/meta-data/instance-type 2>/dev/null; echo; fi"
+)
 
 # Separated by marker lines so each part can be empty without confusing the parser. Run it as root:
 # a non-root nvidia-smi fails until the /dev/nvidia* nodes exist (a root nvidia-smi creates them).
@@ -23,6 +42,7 @@ FACTS_COMMAND = (
     "if command -v lspci >/dev/null 2>&1; then lspci -nn -d 10de: 2>/dev/null; else echo '## lspci-missing'; fi; "
     "echo '## os'; "
     "( . /etc/os-release 2>/dev/null && echo \"$ID-$VERSION_ID\" ); "
+    + IMDS_INSTANCE_TYPE + "; "
     "echo '## end'"
 )
 
@@ -39,6 +59,43 @@ _NAME_RULES: tuple[tuple[str, str], ...] = (
     (r"\bT4\b", "T4"),
 )
 
+_PCI_LINE = re.compile(r"\[(?P<cls>[0-9a-fA-F]{4})\]:.*\[(?P<vendor>[0-9a-fA-F]{4}):(?P<device>[0-9a-fA-F]{4})\]")
+
+
+class PciDevice(BaseModel):
+    line: str
+    pci_class: str  # "0302"
+    vendor: str  # "10de"
+    device: str  # "2901"
+
+    @property
+    def id(self) -> str:
+        return f"{self.vendor}:{self.device}"
+
+
+def pci_devices(lines: list[str]) -> list[PciDevice]:
+    """Devices of `lspci -nn` lines (`BUS NAME [cccc]: VENDOR NAME [vvvv:dddd]`); other lines are skipped."""
+    out = []
+    for line in lines:
+        if m := _PCI_LINE.search(line):
+            out.append(PciDevice(line=line.strip(), pci_class=m["cls"].lower(), vendor=m["vendor"].lower(),
+                                 device=m["device"].lower()))
+    return out
+
+
+def nvidia_gpus(devices: list[PciDevice]) -> list[PciDevice]:
+    return [d for d in devices if d.vendor == "10de" and d.pci_class in GPU_CLASSES]
+
+
+def nvidia_switches(devices: list[PciDevice]) -> list[PciDevice]:
+    return [d for d in devices if d.vendor == "10de" and d.pci_class == NVSWITCH_CLASS]
+
+
+def instance_has_nvswitch(instance_type: str | None) -> bool:
+    if not instance_type:
+        return False
+    return any(it.name == instance_type and it.nvswitch for it in catalog.load().instance_types)
+
 
 class HostFacts(BaseModel):
     gpus: list[str]  # catalog names, one per GPU; "unknown" for an NVIDIA GPU not in the catalog
@@ -46,12 +103,22 @@ class HostFacts(BaseModel):
     os: str | None  # "ubuntu-22.04"
     source: str  # "nvidia-smi", "lspci" or "none"
     pci_gpu_count: int | None = None  # GPUs on the PCI bus, whatever the driver says; None without lspci
+    unknown_pci_ids: list[str] = Field(default_factory=list)  # "10de:xxxx" of GPUs the catalog does not name
+    instance_type: str | None = None  # from IMDSv2 on EC2
 
     @property
     def gpu(self) -> str | None:
         """The host's GPU model when all its GPUs are one model."""
         kinds = Counter(self.gpus)
         return next(iter(kinds)) if len(kinds) == 1 else None
+
+    @property
+    def unknown_gpu_text(self) -> str | None:
+        """'NVIDIA 10de:2bb1, unknown model' when the host has NVIDIA GPUs the catalog does not name."""
+        if "unknown" not in self.gpus:
+            return None
+        ids = ", ".join(dict.fromkeys(self.unknown_pci_ids)) or "GPU"
+        return f"NVIDIA {ids}, unknown model"
 
 
 def gpu_from_name(name: str) -> str | None:
@@ -62,9 +129,9 @@ def gpu_from_name(name: str) -> str | None:
     return None
 
 
-def _gpu_from_pci(device_id: str) -> str | None:
+def gpu_from_pci(device_id: str) -> str | None:
     for gpu in catalog.load().gpus:
-        if device_id in gpu.pci_device_ids:
+        if device_id.lower() in gpu.pci_device_ids:
             return gpu.name
     return None
 
@@ -79,16 +146,25 @@ def parse_facts(output: str) -> HostFacts:
         elif current and line.strip():
             sections[current].append(line.strip())
     pci = sections.get("lspci", [])
-    devices = [(line, m.group(1).lower()) for line in pci if (m := re.search(r"\[10de:([0-9a-fA-F]{4})\]", line))]
-    nvswitch = any(i in NVSWITCH_PCI_IDS for _, i in devices)
-    pci_gpus = [(line, i) for line, i in devices
-                if i not in NVSWITCH_PCI_IDS and re.search(r"(3D|VGA|Display) controller", line)]
+    devices = pci_devices(pci)
+    pci_gpus = nvidia_gpus(devices)
+    instance = next(iter(sections.get("instance-type") or []), None)
+    nvswitch = bool(nvidia_switches(devices)) or instance_has_nvswitch(instance)
     smi = sections.get("nvidia-smi", [])
+    unknown_ids: list[str] = []
     if smi:
         gpus = [gpu_from_name(n) or "unknown" for n in smi]
         source = "nvidia-smi"
+        if "unknown" in gpus:
+            unknown_ids = [d.id for d in pci_gpus if gpu_from_pci(d.device) is None]
     else:
-        gpus = [_gpu_from_pci(i) or gpu_from_name(line) or "unknown" for line, i in pci_gpus]
+        gpus = []
+        for d in pci_gpus:
+            # the id names the model; else the host's own pci.ids name in the line ("GB100 [B200]")
+            name = gpu_from_pci(d.device) or gpu_from_name(d.line.split("]:", 1)[-1].split(f"[{d.id}]")[0])
+            if name is None:
+                unknown_ids.append(d.id)
+            gpus.append(name or "unknown")
         source = "lspci" if gpus else "none"
     os_line = (sections.get("os") or [""])[0]
     os_name = None
@@ -96,4 +172,5 @@ def parse_facts(output: str) -> HostFacts:
         os_name = f"{m.group(1)}-{m.group(2)}"
     has_lspci = "lspci" in sections and (bool(pci) or "lspci-missing" not in sections)
     return HostFacts(gpus=gpus, nvswitch=nvswitch, os=os_name, source=source,
-                     pci_gpu_count=len(pci_gpus) if has_lspci and pci_gpus else None)
+                     pci_gpu_count=len(pci_gpus) if has_lspci and pci_gpus else None,
+                     unknown_pci_ids=unknown_ids, instance_type=instance)

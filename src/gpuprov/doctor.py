@@ -18,7 +18,8 @@ import shlex
 from pydantic import BaseModel, Field
 
 from gpuprov.check import DEFAULT_ENV
-from gpuprov.detect import NVSWITCH_PCI_IDS
+from gpuprov.compat import TorchWheel
+from gpuprov.detect import IMDS_INSTANCE_TYPE, instance_has_nvswitch, nvidia_gpus, nvidia_switches, pci_devices
 from gpuprov.errors import GpuprovError
 from gpuprov.fanout import run_parallel
 from gpuprov.inventory import Target
@@ -31,6 +32,7 @@ DRIVER_PACKAGES = re.compile(r"^(nvidia-open|cuda-drivers|nvidia-driver-\d+(-ser
 FM_PACKAGES = re.compile(r"^(nvidia-fabricmanager(-\d+)?|cuda-drivers-fabricmanager(-\d+)?)$")
 LOCKS = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock", "/var/lib/apt/lists/lock")
 UNITS = ("nvidia-persistenced", "nvidia-fabricmanager")
+PERSISTENCE_DROPIN = "/etc/systemd/system/nvidia-persistenced.service.d/gpuprov-persistence-mode.conf"
 _TORCH_SNIPPET = 'import torch; print("version", torch.__version__); print("cuda", torch.version.cuda)'
 
 
@@ -65,6 +67,8 @@ def facts_command(env_path: str = DEFAULT_ENV) -> str:
         'printf "%s %s %s\\n" "$u" "$(systemctl is-active "$u" 2>/dev/null | head -n1)" '
         '"$(systemctl is-enabled "$u" 2>/dev/null | head -n1)"; done',
         'echo "## dev"; ls -1d "$R"/dev/nvidia* 2>/dev/null',
+        'echo "## modules-load"; cat "$R"/etc/modules-load.d/*.conf 2>/dev/null',
+        IMDS_INSTANCE_TYPE,
         f"sec lock fuser {locks}",
         "quiet apt-procs pgrep -a -x 'unattended-upgr|apt|apt-get|dpkg|aptd'",
         f'echo "## torch"; py="$R"{env}/bin/python; '
@@ -133,6 +137,9 @@ class DoctorFacts(BaseModel):
     cuda_version: str | None = None  # the highest CUDA the driver supports (nvidia-smi)
     units: dict[str, Unit] = Field(default_factory=dict)
     dev_nodes: list[str] = Field(default_factory=list)
+    modules_load: list[str] = Field(default_factory=list)  # module names in /etc/modules-load.d/*.conf
+    instance_type: str | None = None  # EC2 instance type (IMDSv2); None off EC2
+    persistence: list[bool] = Field(default_factory=list)  # per GPU: nvidia-smi's Persistence-M is On
     lock_checked: bool = False  # fuser was there to ask
     lock_holders: list[str] = Field(default_factory=list)  # "/var/lib/dpkg/lock-frontend: 1234"
     apt_processes: list[str] = Field(default_factory=list)  # "1234 /usr/bin/python3 /usr/bin/unattended-upgrade"
@@ -141,12 +148,25 @@ class DoctorFacts(BaseModel):
 
     @property
     def pci_gpus(self) -> list[str]:
-        return [line for line in self.pci or [] if _pci_id(line) not in NVSWITCH_PCI_IDS
-                and re.search(r"(3D|VGA|Display) controller", line)]
+        """NVIDIA GPUs on the bus: vendor 10de, PCI class 0300/0302 (detect.py)."""
+        return [d.line for d in nvidia_gpus(pci_devices(self.pci or []))]
 
     @property
     def nvswitches(self) -> list[str]:
-        return [line for line in self.pci or [] if _pci_id(line) in NVSWITCH_PCI_IDS]
+        """NVSwitches NVIDIA exposes as bridges (HGX A100/H100); HGX B200's are Mellanox devices."""
+        return [d.line for d in nvidia_switches(pci_devices(self.pci or []))]
+
+    @property
+    def nvswitch_host(self) -> bool:
+        return bool(self.nvswitches) or instance_has_nvswitch(self.instance_type)
+
+    @property
+    def gpu_archs(self) -> set[str]:
+        from gpuprov.catalog import load
+        from gpuprov.detect import gpu_from_pci
+
+        names = {gpu_from_pci(line.rsplit("10de:", 1)[-1][:4]) for line in self.pci_gpus}
+        return {g.arch for g in load().gpus if g.name in names}
 
     @property
     def driver_packages(self) -> dict[str, str]:
@@ -158,11 +178,6 @@ class DoctorFacts(BaseModel):
 
     def module_loaded(self, name: str) -> bool | None:
         return None if self.modules is None else name in self.modules
-
-
-def _pci_id(line: str) -> str | None:
-    m = re.search(r"\[10de:([0-9a-fA-F]{4})\]", line)
-    return m.group(1).lower() if m else None
 
 
 def split_sections(output: str) -> dict[str, Section]:
@@ -248,6 +263,13 @@ def parse_facts(output: str, env_path: str = DEFAULT_ENV) -> DoctorFacts:
         if parts:
             f.units[parts[0]] = Unit(active=parts[1] if len(parts) > 1 else "", enabled=parts[2] if len(parts) > 2 else "")
     f.dev_nodes = [line.strip() for line in s.get("dev", empty).lines]
+    f.modules_load = [line.split("#")[0].strip() for line in s.get("modules-load", empty).lines
+                      if line.split("#")[0].strip()]
+    it = s.get("instance-type", empty).lines
+    f.instance_type = it[0].strip() if it else None
+    # the summary table's GPU rows: "|   0  NVIDIA L4    On  |   00000000:31:00.0 Off |"
+    f.persistence = [m.group(1) == "On" for m in re.finditer(r"^\|\s+\d+\s+.+?\s(On|Off)\s+\|\s+[0-9A-Fa-f]{8}:",
+                                                                f.smi_output, re.M)] if f.smi_rc == 0 else []
 
     lock = s.get("lock", empty)
     f.lock_checked = not lock.missing
@@ -378,7 +400,7 @@ def diagnose(facts: DoctorFacts, host: str = "HOST", min_free_gb: float = DEFAUL
     if installed:
         out.extend(_module_checks(f, headers_missing, headers_pkg))
         out.append(_smi_check(f, module_loaded))
-        if f.nvswitches:
+        if f.nvswitch_host:
             out.extend(_fabric_manager_checks(f, bootstrap))
         unit = f.units.get("nvidia-persistenced")
         if unit is not None:
@@ -391,6 +413,19 @@ def diagnose(facts: DoctorFacts, host: str = "HOST", min_free_gb: float = DEFAUL
                 out.append(_fail("persistence daemon", f"nvidia-persistenced is {unit.active or 'not running'}: each CUDA "
                                  "program pays the driver's init time, and settings reset when no program runs",
                                  "systemctl enable --now nvidia-persistenced", "warn"))
+        if f.persistence:
+            off = [str(i) for i, on in enumerate(f.persistence) if not on]
+            if off:
+                # the packaged unit runs `nvidia-persistenced --no-persistence-mode`: enabling it is not enough
+                out.append(_fail("persistence mode", f"persistence mode is off on GPU {', '.join(off)} (nvidia-smi "
+                                 "Persistence-M: Off), though nvidia-persistenced may be running: its packaged unit "
+                                 "starts it with --no-persistence-mode",
+                                 f"a systemd drop-in {PERSISTENCE_DROPIN} with `ExecStart=` then `ExecStart=/usr/bin/"
+                                 "nvidia-persistenced --user nvidia-persistenced --persistence-mode --verbose`, "
+                                 f"`systemctl daemon-reload && systemctl restart nvidia-persistenced`; or rerun `{bootstrap}`",
+                                 "warn"))
+            else:
+                out.append(_ok("persistence mode", f"on for all {len(f.persistence)} GPU(s)"))
         if f.dev_nodes:
             out.append(_ok("device nodes", f"{len(f.dev_nodes)}: {', '.join(n.rsplit('/', 1)[-1] for n in f.dev_nodes[:4])}"
                            + ("…" if len(f.dev_nodes) > 4 else "")))
@@ -487,20 +522,19 @@ def _fabric_manager_checks(f: DoctorFacts, bootstrap: str) -> list[Check]:
 
     driver = f.driver_version or f.loaded_version or f.module_version
     branch = driver.split(".")[0] if driver else None
-    # NVIDIA's repo drops the branch from the package name from R590 on (gpu-stack-facts §2e)
-    if branch and int(branch) >= facts().unversioned_package_names_from:
-        package = "nvidia-fabricmanager"
-    else:
-        package = f"nvidia-fabricmanager-{branch or '<branch>'}"
+    # NVIDIA's repo drops the branch from the Fabric Manager package name from R580 on (stack.yaml)
+    package = facts().fabric_manager_package(int(branch)) if branch else "nvidia-fabricmanager"
     fm = f.fm_packages
     symptom = "CUDA fails with error 802 \"system not yet initialized\""
     at = f" at exactly {driver}" if driver else " at the driver's exact version"
     install = (f"install {package}{at} (`apt-cache madison {package}`, then "
                f"`apt-get install {package}=<that version>`), `apt-mark hold` it, "
                f"`systemctl enable --now nvidia-fabricmanager`; or rerun `{bootstrap}`")
+    where = (f"{len(f.nvswitches)} NVSwitch on the bus" if f.nvswitches
+             else f"{f.instance_type} is an NVSwitch instance type")
     if not fm:
-        return [_fail("fabric manager", f"{len(f.nvswitches)} NVSwitch on the bus but nvidia-fabricmanager is not "
-                      f"installed: {symptom}", install)]
+        return [_fail("fabric manager", f"{where} but nvidia-fabricmanager is not installed: {symptom}", install),
+                *_nvswitch_gen4_checks(f, bootstrap, symptom)]
     name, version = sorted(fm.items())[0]
     out: list[Check] = []
     if driver and _upstream(version) != driver:
@@ -516,7 +550,31 @@ def _fabric_manager_checks(f: DoctorFacts, bootstrap: str) -> list[Check]:
         out.append(_fail("fabric manager service", f"nvidia-fabricmanager is {unit.active or 'not running'}: {symptom}",
                          "systemctl enable --now nvidia-fabricmanager; if it fails: `journalctl -u nvidia-fabricmanager` "
                          "(a version mismatch with the driver is the usual cause)"))
-    return out
+    return out + _nvswitch_gen4_checks(f, bootstrap, symptom)
+
+
+def _nvswitch_gen4_checks(f: DoctorFacts, bootstrap: str, symptom: str) -> list[Check]:
+    """HGX B200 (NVSwitch gen 4): Fabric Manager's pre-check and nvlsm need the InfiniBand user-MAD modules
+    loaded at every boot (stack.yaml `nvswitch_gen4`)."""
+    from gpuprov.compat import facts
+
+    gen4 = facts().nvswitch_gen4
+    if not set(gen4.archs) & f.gpu_archs or f.modules is None:
+        return []
+    missing = [m for m in gen4.modules if m not in f.modules]
+    unpersisted = [m for m in gen4.modules if m not in f.modules_load]
+    pkg = gen4.kernel_modules_package.replace("$(uname -r)", f.kernel or "$(uname -r)")
+    if missing:
+        return [_fail("infiniband modules", f"{', '.join(missing)} not loaded: on HGX B200 Fabric Manager's pre-check "
+                      f"and nvlsm need them, so the GPUs' fabric stays \"In Progress\" and {symptom}",
+                      f"apt-get install -y {pkg} {' '.join(gen4.packages)}; modprobe -a {' '.join(gen4.modules)}; "
+                      f"list them in {gen4.modules_load_file} (loaded at every boot); "
+                      f"systemctl restart nvidia-fabricmanager; or rerun `{bootstrap}`")]
+    if unpersisted:
+        return [_fail("infiniband modules", f"{', '.join(unpersisted)} loaded now but not listed in "
+                      "/etc/modules-load.d: after a reboot Fabric Manager fails its pre-check",
+                      f"list them in {gen4.modules_load_file}", "warn")]
+    return [_ok("infiniband modules", f"{', '.join(gen4.modules)} loaded and loaded at boot")]
 
 
 def _torch_checks(f: DoctorFacts) -> list[Check]:
@@ -531,16 +589,42 @@ def _torch_checks(f: DoctorFacts) -> list[Check]:
     head = f"torch {t.version} built for CUDA {t.cuda}"
     if not f.cuda_version:
         return [_ok("torch", f"{head}; the driver's CUDA version is unknown (nvidia-smi failed), not compared")]
+    from gpuprov.compat import minor_compat_runs
+
+    torch_cuda = ".".join(t.cuda.split(".")[:2])
+    if _v(torch_cuda) > _v(f.cuda_version)[:2] and f.driver_version and minor_compat_runs(torch_cuda, f.driver_version):
+        return [_ok("torch vs driver", f"{head}; driver {f.driver_version} supports CUDA ≤ {f.cuda_version}, and runs "
+                    f"CUDA {t.cuda.split('.')[0]}.x code through minor-version compatibility (limited feature set, "
+                    "no PTX JIT of newer code)")]
     if _v(t.cuda)[:2] > _v(f.cuda_version)[:2]:
         from gpuprov.compat import facts
 
         minimum = facts().cuda_min_driver.get(".".join(t.cuda.split(".")[:2]))
         need = f" to ≥ {minimum.driver}" if minimum else ""
+        wheel = _wheel_for_driver(f)
+        other = (f"install torch {wheel.version}+{wheel.variant}, the newest wheel driver {f.driver_version} runs "
+                 f"(--torch {wheel.version} --torch-cuda {wheel.variant})" if wheel else
+                 f"install a torch wheel for CUDA ≤ {f.cuda_version} (--torch-cuda cu{''.join(f.cuda_version.split('.')[:2])})")
         return [_fail("torch vs driver", f"{head}, but driver {f.driver_version} supports CUDA ≤ {f.cuda_version}: "
                       "torch.cuda.is_available() is False",
-                      f"upgrade the driver{need} (gpuprov bootstrap --driver …), or install a torch wheel for CUDA ≤ "
-                      f"{f.cuda_version} (--torch-cuda cu{''.join(f.cuda_version.split('.')[:2])})")]
+                      f"upgrade the driver{need} (gpuprov bootstrap --driver …), or {other}")]
     return [_ok("torch vs driver", f"{head}; driver supports CUDA ≤ {f.cuda_version}")]
+
+
+def _wheel_for_driver(f: DoctorFacts) -> TorchWheel | None:
+    """The newest torch wheel the installed driver runs on this host's GPU (minor-version compatibility included)."""
+    from gpuprov import catalog
+    from gpuprov.compat import choose_torch_for_driver
+    from gpuprov.detect import gpu_from_pci
+    from gpuprov.errors import StackConflict
+
+    names = {gpu_from_pci(line.rsplit("10de:", 1)[-1][:4]) for line in f.pci_gpus}
+    if len(names) != 1 or None in names or not f.driver_version:
+        return None
+    try:
+        return choose_torch_for_driver(catalog.load().gpu(str(names.pop())), f.driver_version)
+    except StackConflict:
+        return None
 
 
 def _disk_checks(f: DoctorFacts, min_free_gb: float) -> list[Check]:

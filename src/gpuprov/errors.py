@@ -28,4 +28,12 @@ class UserInputError(GpuprovError):
 
 
 class StackConflict(UserInputError):
-    """A GPU x driver x CUDA x torch combination that cannot work."""
+    """A GPU x driver x CUDA x torch combination that cannot work.
+
+    `rule` is a stable id of the compatibility rule that refused it (e.g. "driver-no-pinning-package"),
+    so callers and tests can tell one refusal from another without reading the wording.
+    """
+
+    def __init__(self, field: str, problem: str, hint: str = "", rule: str = "") -> None:
+        super().__init__(field, problem, hint)
+        self.rule = rule

@@ -195,9 +195,11 @@ def steps_for(
             steps.append(StepPlan(
                 "fabric-manager", "fabricmanager.sh.j2", "stack",
                 f"{stack.fabric_manager_package} at the driver's exact version, held{when}"
-                + (" (+ NVLSM)" if stack.nvlsm else ""),
+                + (f" (+ {', '.join(stack.fabric_extra_packages)}; {', '.join(stack.fabric_kernel_modules)} loaded "
+                   f"at every boot from {stack.fabric_modules_package})" if stack.nvlsm else ""),
             ))
-        steps.append(StepPlan("persistence", "persistence.sh.j2", "stack", "nvidia-persistenced enabled and running"))
+        steps.append(StepPlan("persistence", "persistence.sh.j2", "stack",
+                               "nvidia-persistenced with --persistence-mode (systemd drop-in), enabled and running"))
         if stack.cuda_toolkit_package:
             steps.append(StepPlan("cuda-toolkit", "cuda_toolkit.sh.j2", "stack", f"{stack.cuda_toolkit_package} (nvcc)"))
     if playbook.env is not None:

@@ -80,7 +80,8 @@ def plan_view(plan: Plan) -> Group:
         if s.fabric_manager != "no":
             stack.add_row("fabric manager", f"{s.fabric_manager_package} at the driver's exact version, held"
                           + (" (installed only if the host has NVSwitch)" if s.fabric_manager == "auto" else "")
-                          + (" + NVLSM" if s.nvlsm else ""))
+                          + (f" + {', '.join(s.fabric_extra_packages)}; {', '.join(s.fabric_kernel_modules)} loaded "
+                             "at every boot" if s.nvlsm else ""))
         if s.cuda_toolkit_package:
             stack.add_row("CUDA toolkit", f"{s.cuda_toolkit_package} (nvcc)")
         if s.torch:

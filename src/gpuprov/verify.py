@@ -236,9 +236,14 @@ def judge(report: CheckReport, expect: Expectation) -> CheckReport:
                                 f" (expected {expect.gpu})", fix=None if ok else "check --gpu against the host"))
         no_pm = [g.index for g in report.gpus if g.persistence_mode is False]
         if no_pm:
+            # enabling the packaged unit is not enough: it runs nvidia-persistenced --no-persistence-mode
             checks.append(Check(name="persistence", ok=False, severity="warn",
-                                detail=f"persistence mode off on GPU {', '.join(map(str, no_pm))}",
-                                fix="systemctl enable --now nvidia-persistenced"))
+                                detail=f"persistence mode off on GPU {', '.join(map(str, no_pm))} (nvidia-smi "
+                                "persistence_mode: Disabled)",
+                                fix="run nvidia-persistenced with --persistence-mode (a systemd drop-in; rerun "
+                                "`gpuprov bootstrap`, whose persistence step writes it)"))
+        elif report.gpus and all(g.persistence_mode for g in report.gpus):
+            checks.append(Check(name="persistence", ok=True, detail="persistence mode enabled on every GPU"))
         ecc = [g.index for g in report.gpus if g.ecc_uncorrected]
         if ecc:
             checks.append(Check(name="ecc", ok=False, detail=f"uncorrected ECC errors on GPU {', '.join(map(str, ecc))}",
@@ -261,7 +266,16 @@ def _torch_checks(report: CheckReport, expect: Expectation) -> list[Check]:
                     detail=f"torch {t.version} built for CUDA {t.cuda}, NCCL {t.nccl or 'n/a'}"
                     + (f"; {t.error}" if t.error else ""))]
     driver_cuda = report.cuda_driver_version
-    if t.cuda and driver_cuda and _v(t.cuda)[:2] > _v(driver_cuda)[:2]:
+    from gpuprov.compat import minor_compat_runs
+
+    torch_cuda = ".".join(t.cuda.split(".")[:2]) if t.cuda else None
+    if (torch_cuda and driver_cuda and report.driver_version and _v(torch_cuda) > _v(driver_cuda)[:2]
+            and minor_compat_runs(torch_cuda, report.driver_version)):
+        checks.append(Check(name="torch vs driver", ok=True, severity="warn",
+                            detail=f"torch is built for CUDA {t.cuda}, driver {report.driver_version} supports CUDA ≤ "
+                            f"{driver_cuda}: it runs through CUDA minor-version compatibility (limited feature set, "
+                            "no PTX JIT of newer code)"))
+    elif t.cuda and driver_cuda and _v(t.cuda)[:2] > _v(driver_cuda)[:2]:
         from gpuprov.compat import facts
 
         minimum = facts().cuda_min_driver.get(".".join(t.cuda.split(".")[:2]))

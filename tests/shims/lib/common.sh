@@ -102,16 +102,62 @@ shim_unit_active() {
   [ -e "$SHIM_RUN/active/$1" ] || shim_unit_enabled "$1"
 }
 
-# GPU model from GPUPROV_SHIM_GPU (T4, A100, H100; catalog names accepted).
+# GPU model from GPUPROV_SHIM_GPU (T4, A100, H100, B200; catalog names accepted).
 shim_gpu_model() {
   case "${GPUPROV_SHIM_GPU:-A100}" in
     T4) echo T4 ;;
     A100 | A100-40GB | A100-SXM4-40GB) echo A100 ;;
     H100 | H100-80GB) echo H100 ;;
+    B200) echo B200 ;;
     *) echo "gpuprov shim: unknown GPUPROV_SHIM_GPU=${GPUPROV_SHIM_GPU}" >&2; return 1 ;;
   esac
 }
 
 shim_gpu_count() {
   echo "${GPUPROV_SHIM_GPU_COUNT:-1}"
+}
+
+# Kernel modules other than nvidia's (ib_umad, mlx5_ib, ...): one empty file per loaded module in
+# $SHIM_RUN/modules (a reboot unloads them). At the first module query of a boot, the modules listed in
+# the sysroot's /etc/modules-load.d/*.conf are loaded, as systemd-modules-load does at boot, if their
+# package is installed.
+# The package that ships a module (Ubuntu's AWS kernels: the InfiniBand modules are in modules-extra).
+shim_module_package() {
+  case "$1" in
+    ib_umad | ib_uverbs | ib_core | mlx5_ib | rdma_ucm) echo "linux-modules-extra-$(uname -r)" ;;
+    *) echo "linux-modules-$(uname -r)" ;;
+  esac
+}
+
+shim_module_available() {
+  case "$1" in
+    ib_umad | ib_uverbs | ib_core | mlx5_ib | rdma_ucm) shim_installed "$(shim_module_package "$1")" ;;
+    *) return 1 ;;
+  esac
+}
+
+shim_boot_modules() {
+  local conf mod
+  mkdir -p "$SHIM_RUN/modules"
+  [ -e "$SHIM_RUN/boot-modules-loaded" ] && return 0
+  : >"$SHIM_RUN/boot-modules-loaded"
+  for conf in "${GPUPROV_SYSROOT:-/nonexistent}"/etc/modules-load.d/*.conf; do
+    [ -r "$conf" ] || continue
+    while read -r mod _; do
+      case "$mod" in "" | "#"* | ";"*) continue ;; esac
+      if shim_module_available "$mod"; then : >"$SHIM_RUN/modules/$mod"; fi
+    done <"$conf"
+  done
+}
+
+shim_module_loaded_named() {
+  shim_boot_modules
+  [ -e "$SHIM_RUN/modules/$1" ]
+}
+
+# persistence mode is on when nvidia-persistenced runs with --persistence-mode: the packaged unit passes
+# --no-persistence-mode, so only a drop-in under the sysroot that says --persistence-mode turns it on.
+shim_persistence_mode_on() {
+  local d="${GPUPROV_SYSROOT:-/nonexistent}/etc/systemd/system/nvidia-persistenced.service.d"
+  shim_unit_active nvidia-persistenced && cat "$d"/*.conf 2>/dev/null | grep -q '^ExecStart=.*[[:space:]]--persistence-mode'
 }

@@ -1,0 +1,191 @@
+"""HGX B200 (p6-b200) end to end on shim hosts: lspci shows B200 GPUs (10de:2901, class 0302) and no NVIDIA
+NVSwitch; the instance type (IMDSv2) says NVSwitch; the fabric-manager step installs nvidia-fabricmanager
+(no branch suffix from R580), nvlsm, infiniband-diags and linux-modules-extra-$(uname -r), loads ib_umad and
+mlx5_ib, lists them in /etc/modules-load.d, and the service starts; doctor checks the modules. Also
+persistence mode really on (a drop-in with --persistence-mode), as nvidia-smi reports it.
+
+Facts and sources: src/gpuprov/data/stack.yaml (`nvswitch_gen4`, `fabric_manager_unversioned_from`,
+`persistence_mode`). The shims refuse what the real tools refuse: modprobe ib_umad fails without the
+modules-extra package; nvidia-fabricmanager fails to start on B200 without nvlsm and ib_umad; nvidia-smi
+reports persistence mode Disabled while nvidia-persistenced runs with the packaged --no-persistence-mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuprov.compat import StackPins
+from gpuprov.detect import FACTS_COMMAND, parse_facts
+from gpuprov.doctor import diagnose, facts_command
+from gpuprov.doctor import parse_facts as doctor_facts
+from gpuprov.plan import make_host_plan
+from tests.shimrun import ShimHost, summary
+
+B200_ENV = {"GPUPROV_SHIM_INSTANCE_TYPE": "p6-b200.48xlarge"}
+KERNEL = os.uname().release  # what `uname -r` says in the shim host (the shims run on this machine)
+
+
+def _sh(host: ShimHost, command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=host.env(), timeout=60)
+
+
+def _ubuntu(host: ShimHost) -> None:
+    etc = host.sysroot / "etc"
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "os-release").write_text('PRETTY_NAME="Ubuntu 24.04.3 LTS"\nID=ubuntu\nVERSION_ID="24.04"\n')
+
+
+@pytest.fixture(scope="module")
+def b200(tmp_path_factory: pytest.TempPathFactory):
+    """A p6-b200 shim host: detected from its own facts, planned, bootstrapped (minimal playbook), twice."""
+    host = ShimHost(tmp_path_factory.mktemp("b200"), gpu="B200", count=8, extra_env=dict(B200_ENV))
+    _ubuntu(host)
+    facts = parse_facts(_sh(host, FACTS_COMMAND).stdout)
+    plan = make_host_plan(facts.gpu, "minimal", "ubuntu-24.04", StackPins(), nvswitch=True if facts.nvswitch else None)
+    bundle = plan.bundle()
+    first = host.run_bundle(bundle)
+    calls_first = host.calls()
+    second = host.run_bundle(bundle)
+    return host, facts, plan, first, calls_first, second, host.calls()[len(calls_first):]
+
+
+def test_b200_facts_gpus_by_class_and_nvswitch_from_the_instance_type(b200) -> None:
+    _, facts, plan, *_ = b200
+    assert facts.gpus == ["B200"] * 8 and facts.source == "lspci" and facts.pci_gpu_count == 8
+    assert facts.instance_type == "p6-b200.48xlarge" and facts.nvswitch
+    assert plan.stack and plan.stack.fabric_manager == "required" and plan.stack.nvlsm
+
+
+def test_b200_fabric_manager_installs_the_infiniband_stack_and_starts(b200) -> None:
+    host, _, _, first, calls, *_ = b200
+    assert all(r.ok for r in first), summary(first)
+    fm = next(r for r in first if r.name == "fabric-manager")
+    assert fm.result == "changed"
+    installed = host.installed()
+    # R595 (the default branch): NVIDIA's repo package has no branch suffix from R580 on
+    assert "nvidia-fabricmanager" in installed and not any(n.startswith("nvidia-fabricmanager-") for n in installed)
+    assert installed["nvidia-fabricmanager"].split("-")[0] == installed["nvidia-open"].split("-")[0]
+    assert {"nvlsm", "infiniband-diags", f"linux-modules-extra-{KERNEL}"} <= set(installed)
+    assert {"nvidia-fabricmanager", "nvlsm"} <= host.held()
+    assert "modprobe ib_umad" in calls and "modprobe mlx5_ib" in calls
+    conf = (host.sysroot / "etc/modules-load.d/gpuprov-nvswitch.conf").read_text().split()
+    assert "ib_umad" in conf and "mlx5_ib" in conf
+    assert "active" in _sh(host, "systemctl is-active nvidia-fabricmanager").stdout
+    assert next(r for r in first if r.name == "verify").result == "unchanged"
+
+
+def test_b200_second_run_changes_nothing(b200) -> None:
+    *_, second, calls_second = b200
+    assert all(r.ok for r in second), summary(second)
+    assert {r.result for r in second} == {"unchanged"}, summary(second)
+    assert not [c for c in calls_second if c.startswith(("modprobe", "apt-mark hold", "systemctl enable"))]
+
+
+def test_b200_modules_come_back_after_a_reboot_and_doctor_says_so(b200, tmp_path: Path) -> None:
+    host, *_ = b200
+    rebooted = host.copy(tmp_path / "h")
+    rebooted.reboot()  # modules unload; /etc/modules-load.d loads them again at boot
+    lsmod = _sh(rebooted, "lsmod").stdout
+    assert "ib_umad" in lsmod and "mlx5_ib" in lsmod
+    facts = doctor_facts(_sh(rebooted, facts_command()).stdout)
+    checks = {c.name: c for c in diagnose(facts, "h", min_free_gb=0)}
+    assert facts.instance_type == "p6-b200.48xlarge" and not facts.nvswitches  # B200: no NVIDIA NVSwitch device
+    assert checks["infiniband modules"].ok and checks["fabric manager"].ok, checks
+    assert checks["persistence mode"].ok
+
+
+def test_b200_doctor_names_missing_infiniband_modules(b200, tmp_path: Path) -> None:
+    host, *_ = b200
+    broken = host.copy(tmp_path / "h")
+    (broken.sysroot / "etc/modules-load.d/gpuprov-nvswitch.conf").unlink()
+    broken.reboot()  # nothing loads ib_umad / mlx5_ib any more
+    facts = doctor_facts(_sh(broken, facts_command()).stdout)
+    checks = {c.name: c for c in diagnose(facts, "h", min_free_gb=0)}
+    ib = checks["infiniband modules"]
+    assert not ib.ok and ib.severity == "fail"
+    assert "ib_umad" in ib.detail and "mlx5_ib" in ib.detail and "802" in ib.detail
+    assert ib.fix and f"linux-modules-extra-{facts.kernel}" in ib.fix and "/etc/modules-load.d/" in ib.fix
+
+
+def test_shims_refuse_what_the_real_tools_refuse_on_b200(tmp_path: Path) -> None:
+    host = ShimHost(tmp_path, gpu="B200", count=8, extra_env=dict(B200_ENV))
+    no_pkg = _sh(host, "modprobe ib_umad")
+    assert no_pkg.returncode == 1 and "Module ib_umad not found" in no_pkg.stderr
+    # a B200 host with the driver and Fabric Manager but no ib_umad: the service fails its pre-check
+    state = host.state / "installed"
+    state.write_text("nvidia-driver-pinning-595 595-1\nnvidia-open 595.91.07-0ubuntu1\nnvidia-fabricmanager 595.91.07-1\n"
+                     "nvlsm 1.0-1\n")
+    start = _sh(host, "systemctl enable --now nvidia-fabricmanager")
+    assert start.returncode == 1 and "failed" in start.stderr
+
+
+def test_b200_without_instance_type_is_not_taken_for_an_nvswitch_host(tmp_path: Path) -> None:
+    host = ShimHost(tmp_path, gpu="B200", count=8)
+    facts = parse_facts(_sh(host, FACTS_COMMAND).stdout)
+    assert facts.gpus == ["B200"] * 8 and not facts.nvswitch and facts.instance_type is None
+
+
+# --- persistence mode really on ------------------------------------------------------------------------
+
+
+def test_enabling_the_packaged_unit_leaves_persistence_mode_off(tmp_path: Path) -> None:
+    host = ShimHost(tmp_path, gpu="T4")
+    host.state.joinpath("installed").write_text("nvidia-driver-pinning-595 595-1\nnvidia-open 595.91.07-0ubuntu1\n")
+    assert _sh(host, "systemctl enable --now nvidia-persistenced").returncode == 0
+    modes = _sh(host, "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader").stdout
+    assert modes.strip() == "Disabled"  # the packaged unit runs nvidia-persistenced --no-persistence-mode
+
+
+def test_persistence_step_turns_it_on_and_verify_reads_it(tmp_path: Path) -> None:
+    plan = make_host_plan("T4", "minimal", "ubuntu-24.04", StackPins())
+    host = ShimHost(tmp_path, gpu="T4")
+    runs = host.run_bundle(plan.bundle())
+    assert all(r.ok for r in runs), summary(runs)
+    pm = next(r for r in runs if r.name == "persistence")
+    assert pm.result == "changed"
+    dropin = (host.sysroot / "etc/systemd/system/nvidia-persistenced.service.d/gpuprov-persistence-mode.conf")
+    text = dropin.read_text()
+    assert "ExecStart=\n" in text and "--persistence-mode" in text and "--no-persistence-mode" not in text
+    assert _sh(host, "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader").stdout.strip() == "Enabled"
+    verify = next(r for r in runs if r.name == "verify")
+    probe = json.loads(verify.stdout.split("GPUPROV_PROBE_BEGIN\n", 1)[1].split("\nGPUPROV_PROBE_END", 1)[0])
+    assert ", Enabled, " in probe["nvidia_smi"]["query_csv"]
+    # the drop-in gone (e.g. removed by hand): verify and doctor report persistence mode off
+    dropin.unlink()
+    facts = doctor_facts(_sh(host, facts_command()).stdout)
+    checks = {c.name: c for c in diagnose(facts, "h", min_free_gb=0)}
+    assert checks["persistence daemon"].ok  # the daemon runs …
+    off = checks["persistence mode"]  # … but without persistence mode
+    assert not off.ok and off.severity == "warn" and "--no-persistence-mode" in off.detail
+    assert off.fix and "--persistence-mode" in off.fix
+    assert {r.result for r in host.run_bundle(plan.bundle())} >= {"changed"}  # a rerun restores the drop-in
+    assert dropin.exists()
+
+
+# --- end to end on a real-sshd test host ----------------------------------------------------------------
+
+
+def test_b200_bootstrap_and_doctor_over_ssh(host_pool, gp_home) -> None:
+    from tests.test_bootstrap_ssh import bootstrap, by_step, calls, reset
+    from tests.test_doctor import _ubuntu, by_name, doctor
+
+    pool = host_pool
+    reset(pool, [4], GPUPROV_SHIM_GPU="B200", GPUPROV_SHIM_GPU_COUNT="8", **B200_ENV)
+    _ubuntu(pool, [4])
+    code, hosts = bootstrap(pool, [4], "-p", "minimal")  # no --gpu: the host's lspci names the B200s
+    assert code == 0, hosts
+    steps = by_step(hosts[0])
+    assert steps["fabric-manager"] == "changed" and steps["verify"] == "unchanged"
+    log = calls(pool, 4)
+    assert "modprobe ib_umad" in log and "modprobe mlx5_ib" in log
+    assert any(c.endswith(" nvlsm") or " nvlsm " in c for c in log if c.startswith("apt-get") and " install" in c)
+    code, found = doctor(pool, [4])
+    assert code == 0, found
+    checks = by_name(found[0])
+    assert checks["infiniband modules"]["ok"] and checks["fabric manager"]["ok"]
+    assert checks["persistence mode"]["ok"]
