@@ -1,8 +1,10 @@
 """A local apt repository that imitates NVIDIA's CUDA repository for Ubuntu, for the real-apt test.
 
 Names, version shapes, dependency shapes and the pinning preferences file follow NVIDIA's
-repository (sources: tests/shims/data/nvidia-repo.tsv and its header); the packages are empty
-dpkg-deb builds. It is a flat `file:` repository inside the chroot (`deb [trusted=yes] file:/srv/nvidia-repo ./`),
+repository (sources: the @source rows of tests/shims/data/nvidia-repo.tsv: dsx-6049 and cupy-10295
+for `nvidia-open: Depends: nvidia-driver-open (>= V)`, pin-595 for the preferences file, gdc-fm-1
+for Fabric Manager's `V-1`, gdc-pr451 for its `Provides`); the packages are empty dpkg-deb builds.
+It is a flat `file:` repository inside the chroot (`deb [trusted=yes] file:/srv/nvidia-repo ./`),
 installed the way NVIDIA's is: by the cuda-keyring .deb, which the driver step downloads (the
 chroot's `curl` stand-in copies it from the repository folder).
 """
@@ -27,9 +29,14 @@ class Deb:
     postinst: str = ""
 
 
+PIN_FILE = "etc/apt/preferences.d/nvidia-driver-pin"  # the file NVIDIA's pinning packages ship (data: pin-595)
+
+
 def pinning_preferences(branch: str) -> str:
-    """NVIDIA's branch pinning file (/etc/apt/preferences.d/nvidia-driver-pinning-<branch>): every
-    driver package of NVIDIA's at the branch's versions, above any newer branch."""
+    """NVIDIA's pinning preferences: driver packages at the branch's versions (priority 1000), above
+    any newer branch (500). NVIDIA's stanzas name source packages (`Package: cuda-drivers*
+    src:nvidia-open:any`, `Pin: version 595.71.05-*`); these stand-ins are each their own source,
+    so one glob over source names covers them."""
     return (f"Package: src:*nvidia*:any src:cuda-drivers:any src:cuda-compat:any\n"
             f"Pin: version {branch}.*\nPin-Priority: 1000\n")
 
@@ -46,7 +53,7 @@ def driver_release(version: str, *, fm: bool = True) -> list[Deb]:
         Deb("nvidia-kernel-open", deb_version, postinst="mkdir -p /run && touch /run/gpuprov-module-not-loaded\n"),
         Deb("libnvidia-compute", deb_version),
         Deb(f"nvidia-driver-pinning-{branch}", deb_version, arch="all",
-            files={f"etc/apt/preferences.d/nvidia-driver-pinning-{branch}": pinning_preferences(branch)}),
+            files={PIN_FILE: pinning_preferences(branch)}),
     ]
     if fm:
         debs.append(Deb("nvidia-fabricmanager", f"{version}-1", provides=f"nvidia-fabricmanager-{branch}"))
