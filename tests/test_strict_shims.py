@@ -126,3 +126,57 @@ def test_held_packages_read_hold_and_a_newer_point_release_changes_nothing(tmp_p
     again = _run_package_steps(host, bundle)
     assert {r.result for r in again} == {"unchanged"}, summary(again)
     assert host.installed() == installed
+
+
+def _lib_script(tmp_path: Path, body: str) -> Path:
+    from gpuprov.render import STATE_DIR, environment
+
+    lib = environment().get_template("lib.sh.j2").render(step_name="lock-test", state_dir=STATE_DIR)
+    path = tmp_path / "lock-test.sh"
+    path.write_text(lib + body)
+    return path
+
+
+@pytest.mark.parametrize("command", [
+    "dpkg -i \"$GPUPROV_SYSROOT/cuda-keyring_1.1-1_all.deb\"",
+    "apt-mark hold nvidia-open",
+    "apt-get -q update",
+    "apt-get -q -y install build-essential",
+])
+def test_each_locking_call_waits_for_the_lock(tmp_path: Path, command: str) -> None:
+    import subprocess
+    import time
+
+    host = ShimHost(tmp_path / "host")
+    (host.sysroot / "cuda-keyring_1.1-1_all.deb").write_text("!<arch>\n")
+    (host.state / "lock-until").write_text(str(int(time.time()) + 2))
+    script = _lib_script(tmp_path, f"gp_locked {command} >&2\ngp_result changed\n")
+    start = time.monotonic()
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=host.env(), timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "GPUPROV_RESULT=changed", proc.stderr
+    assert time.monotonic() - start >= 1
+    assert ("waiting for the apt/dpkg lock, held by process 4242 (unattended-upgr)" in proc.stderr
+            or "waiting for the apt/dpkg lock, locked by another process with pid 4242" in proc.stderr), proc.stderr
+
+
+def test_a_lock_held_past_the_timeout_fails_naming_the_holder(tmp_path: Path) -> None:
+    import time
+
+    bundle = make_plan(NodeRequest(gpu="A10G")).bundle()
+    host = ShimHost(tmp_path, extra_env={"GPUPROV_APT_LOCK_TIMEOUT": "2"})
+    (host.state / "lock-until").write_text(str(int(time.time()) + 600))
+    run = host.run_script(next(s for s in bundle.scripts if s.name == "nvidia-driver"))
+    assert run.returncode == 1 and run.result is None
+    assert "FAILED: the apt/dpkg lock is still locked by another process with pid 4242 after 2s" in run.last_stderr_line
+
+
+def test_the_driver_step_waits_for_unattended_upgrades(tmp_path: Path) -> None:
+    import time
+
+    bundle = make_plan(NodeRequest(gpu="A10G")).bundle()
+    host = ShimHost(tmp_path)
+    (host.state / "lock-until").write_text(str(int(time.time()) + 2))
+    run = host.run_script(next(s for s in bundle.scripts if s.name == "nvidia-driver"))
+    assert run.result == "reboot", run.stderr
+    assert "waiting for the apt/dpkg lock" in run.stderr
+    assert "nvidia-open" in host.held()

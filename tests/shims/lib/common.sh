@@ -7,6 +7,8 @@
 #   held          apt-mark holds, one name a line
 #   nvidia-repo   DISTRO/ARCH of NVIDIA's repository, written when curl fetches its cuda-keyring
 #                 (default ubuntu2404/x86_64); nvidia-repo-url: that keyring's folder URL
+#   lock-until    optional: an epoch second; until then another process (unattended-upgrades)
+#                 holds apt's and dpkg's locks: the shims that lock fail with the real messages
 #   nvidia-repo.extra.tsv  optional: more rows in the format of tests/shims/data/nvidia-repo.tsv
 #                 (a test publishes a newer point release this way)
 #   enabled/      systemd units enabled (one empty file per unit)
@@ -77,6 +79,32 @@ shim_branch_cuda() {
     590) echo 13.1 ;;
     *) echo 13.2 ;;
   esac
+}
+
+# --- apt's and dpkg's locks (messages and exit codes of apt 2.6 and dpkg 1.21, seen in
+# tests/test_real_apt.py's chroot) -----------------------------------------------------------------
+SHIM_LOCK_PID=4242
+
+shim_lock_held() {
+  [ -s "$SHIM_STATE/lock-until" ] && [ "$(date +%s)" -lt "$(cat "$SHIM_STATE/lock-until")" ]
+}
+
+# shim_apt_lock_error frontend|lists: what apt-get prints when it cannot take the lock (then exit 100)
+shim_apt_lock_error() {
+  if [ "$1" = lists ]; then
+    echo "E: Could not get lock /var/lib/apt/lists/lock. It is held by process $SHIM_LOCK_PID (unattended-upgr)" >&2
+    echo "E: Unable to lock directory /var/lib/apt/lists/" >&2
+  else
+    echo "E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process $SHIM_LOCK_PID (unattended-upgr)" >&2
+    echo "N: Be aware that removing the lock file is not a solution and may break your system." >&2
+    echo "E: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), is another process using it?" >&2
+  fi
+}
+
+# what dpkg prints (then exit 2)
+shim_dpkg_lock_error() {
+  echo "dpkg: error: dpkg frontend lock was locked by another process with pid $SHIM_LOCK_PID" >&2
+  echo "Note: removing the lock file is always wrong, can damage the locked area" >&2
 }
 
 # --- NVIDIA's repository, from tests/shims/data/nvidia-repo.tsv (real names and versions) -------
