@@ -138,6 +138,7 @@ class Story:
     second: list[Run]
     newer: list[Run]
     one_call_candidate: str
+    upgrade: dict[str, str]
     held_install: subprocess.CompletedProcess[str]
     lock_wait: Run
     cold_seconds: float
@@ -178,6 +179,14 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
         if run.result == "reboot":
             host.reboot()
     locker.join()
+    # What the pin does that the hold does not: an upgrade keeps nvidia-open (held) either way,
+    # but without the preferences file its `>=` dependencies move to the newer branch.
+    (root / "tmp/no-prefs").mkdir(exist_ok=True)
+    upgrade = {
+        "pinned": host.sh("apt-get -s -q upgrade").stdout,
+        "hold only": host.sh("apt-get -s -q -o Dir::Etc::PreferencesParts=/tmp/no-prefs "
+                             "-o Dir::Etc::Preferences=/tmp/no-prefs/none upgrade").stdout,
+    }
     second = [host.step(steps[name]) for name in STEPS]
 
     # NVIDIA publishes a newer point release of the branch.
@@ -191,7 +200,7 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
     locker = _hold_locks(root, 3)
     lock_wait = host.step(steps["cuda-toolkit"])
     locker.join()
-    yield Story(host, first, second, newer, one_call, held_install, lock_wait, cold)
+    yield Story(host, first, second, newer, one_call, upgrade, held_install, lock_wait, cold)
 
 
 def _summary(runs: list[Run]) -> str:
@@ -221,6 +230,13 @@ def test_first_run_waited_for_the_lock_held_by_another_process(story: Story) -> 
 def test_one_apt_call_would_pick_the_newer_branch(story: Story) -> None:
     # the reason the driver step installs the pinning package and the driver in two calls
     assert story.one_call_candidate.startswith(NEWER_BRANCH), story.one_call_candidate
+
+
+def test_the_pin_keeps_the_dependencies_in_the_branch_the_hold_does_not(story: Story) -> None:
+    # why `gpuprov doctor` warns about a held driver without its pinning package
+    assert f"Inst nvidia-driver-open [{FIRST}-0ubuntu1] ({NEWER_BRANCH}-0ubuntu1" in story.upgrade["hold only"]
+    assert "Inst nvidia-open" not in story.upgrade["hold only"]  # the hold itself works
+    assert "Inst nvidia-driver-open" not in story.upgrade["pinned"], story.upgrade["pinned"]
 
 
 def test_second_run_changes_nothing_and_asks_for_no_reboot(story: Story) -> None:
