@@ -180,3 +180,21 @@ def test_the_driver_step_waits_for_unattended_upgrades(tmp_path: Path) -> None:
     assert run.result == "reboot", run.stderr
     assert "waiting for the apt/dpkg lock" in run.stderr
     assert "nvidia-open" in host.held()
+
+
+def test_pinning_package_and_driver_in_one_call_would_miss_the_branch(tmp_path: Path) -> None:
+    """Like apt (tests/test_real_apt.py): the pin applies from the next apt run, so the driver step
+    installs the pinning package and the driver in two calls."""
+    import subprocess
+
+    host = ShimHost(tmp_path / "host")
+    bundle = make_plan(NodeRequest(gpu="A10G")).bundle()
+    assert host.run_script(next(s for s in bundle.scripts if s.name == "nvidia-driver")).result == "reboot"
+    assert host.installed()["nvidia-open"].startswith("595.")  # two calls: the branch
+    one = ShimHost(tmp_path / "one")
+    keyring = tmp_path / "cuda-keyring_1.1-1_all.deb"
+    keyring.write_text("!<arch>\n")
+    for args in (["dpkg", "-i", str(keyring)], ["apt-get", "update"],
+                 ["apt-get", "-y", "install", "nvidia-driver-pinning-595", "nvidia-open"]):
+        subprocess.run(args, env=one.env(), check=True, capture_output=True)
+    assert not one.installed()["nvidia-open"].startswith("595.")  # one call: the newest branch
