@@ -281,3 +281,16 @@ def test_a_package_the_repository_lacks_fails_with_apts_words(story: Story) -> N
 def test_report_times(story: Story) -> None:
     print(f"\nreal-apt chroot ready in {story.cold_seconds:.1f}s; first run "
           f"{sum(r.seconds for r in story.first):.1f}s, second {sum(r.seconds for r in story.second):.1f}s")
+
+
+def test_stand_ins_are_bash_and_shellcheck_clean() -> None:
+    import sys
+
+    shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
+    assert shellcheck
+    tools = sorted(STAND_INS.iterdir())
+    assert {t.name for t in tools} == {"curl", "modinfo", "modprobe", "nvidia-smi", "reboot", "systemctl"}
+    for tool in tools:
+        assert os.access(tool, os.X_OK) and tool.read_text().startswith("#!/usr/bin/env bash\n"), tool
+    proc = subprocess.run([shellcheck, "-S", "warning", *map(str, tools)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[:3000]
