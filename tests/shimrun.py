@@ -75,6 +75,7 @@ class ShimHost:
             "GPUPROV_SHIM_GPU_COUNT": str(self.count),
             "GPUPROV_RETRY_DELAY": "0",
             "GPUPROV_APT_LOCK_TIMEOUT": "5",
+            "GPUPROV_APT_LOCK_POLL": "1",
         }
         if self.fail:
             env["GPUPROV_SHIM_FAIL"] = self.fail

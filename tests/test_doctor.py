@@ -37,8 +37,8 @@ def test_healthy_host_every_finding_passes_and_is_listed():
     assert report.ok and not report.failures
     names = [c.name for c in report.findings]
     assert names == ["os", "gpu on pci bus", "apt lock", "nouveau", "kernel headers", "driver package", "driver hold",
-                     "secure boot", "kernel module", "nvidia-smi", "persistence daemon", "persistence mode",
-                     "device nodes", "torch vs driver", "disk"]
+                     "driver pin", "secure boot", "kernel module", "nvidia-smi", "persistence daemon",
+                     "persistence mode", "device nodes", "torch vs driver", "disk"]
     assert all(c.ok for c in report.findings), [c for c in report.findings if not c.ok]
     f = report.facts
     assert f.os == "ubuntu-22.04" and f.kernel == "6.8.0-1015-aws"
@@ -69,11 +69,21 @@ def test_nouveau_loaded_is_the_root_cause():
 
 def test_version_mismatch_says_reboot_and_hold():
     checks = findings("version-mismatch.txt")
-    assert failed(checks) == {"driver hold": "warn", "nvidia-smi": "fail"}
+    assert failed(checks) == {"driver hold": "warn", "driver pin": "warn", "nvidia-smi": "fail"}
     smi = checks["nvidia-smi"]
     assert "version mismatch" in smi.detail and "580.82.07" in smi.detail and "580.95.05" in smi.detail
     assert (smi.fix or "").startswith("reboot")
     assert checks["driver hold"].fix == "apt-mark hold nvidia-open"
+
+
+def test_held_driver_without_the_pinning_package_says_the_hold_is_not_enough():
+    # apt-mark hold nvidia-open keeps the meta-package; its dependencies are `>= VERSION` and follow a
+    # newer branch unless NVIDIA's pinning preferences are installed (tests/test_real_apt.py shows it)
+    checks = findings("held-without-pin.txt")
+    assert failed(checks) == {"driver pin": "warn"}
+    pin = checks["driver pin"]
+    assert "keeps the meta-package only" in pin.detail and ">= 580.95.05" in pin.detail
+    assert (pin.fix or "").startswith("apt-get install nvidia-driver-pinning-580 ")
 
 
 def test_nvswitch_without_fabric_manager():

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the system packages the test-suite drives for real (sshd, sudo, ip, shellcheck, rsync),
+# Installs the system packages the test-suite drives for real (sshd, sudo, ip, shellcheck, rsync,
+# debootstrap and dpkg-dev for the real-apt chroot),
 # when they are missing and we can: as root with apt-get. Otherwise says what is missing.
 set -euo pipefail
 missing=()
@@ -8,6 +9,9 @@ command -v sudo >/dev/null || missing+=(sudo)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v shellcheck >/dev/null || missing+=(shellcheck)
 command -v rsync >/dev/null || missing+=(rsync)
+# the real-apt test (tests/test_real_apt.py): a debootstrapped chroot and a local repository
+command -v debootstrap >/dev/null || [[ -x /usr/sbin/debootstrap ]] || missing+=(debootstrap)
+command -v dpkg-scanpackages >/dev/null || missing+=(dpkg-dev)
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
   echo "installing system packages: ${missing[*]}"

@@ -396,6 +396,7 @@ def diagnose(facts: DoctorFacts, host: str = "HOST", min_free_gb: float = DEFAUL
                              f"apt-mark hold {' '.join(unheld)}", "warn"))
         else:
             out.append(_ok("driver hold", f"held: {', '.join(sorted(drivers))}"))
+        out.extend(_pin_check(f, drivers, bootstrap))
 
     if installed:
         out.extend(_module_checks(f, headers_missing, headers_pkg))
@@ -436,6 +437,31 @@ def diagnose(facts: DoctorFacts, host: str = "HOST", min_free_gb: float = DEFAUL
     out.extend(_torch_checks(f))
     out.extend(_disk_checks(f, min_free_gb))
     return out
+
+
+PINNING_FROM_BRANCH = 570  # NVIDIA ships nvidia-driver-pinning-<branch> from R570 (tests/shims/data/nvidia-repo.tsv)
+
+
+def _pin_check(f: DoctorFacts, drivers: dict[str, str], bootstrap: str) -> list[Check]:
+    """NVIDIA's repository drivers: the pinning package's preferences keep every driver package in
+    the branch; `apt-mark hold nvidia-open` holds the meta-package only, whose dependencies are
+    `>= VERSION` and move to a newer branch with the next `apt upgrade`."""
+    meta = sorted(n for n in drivers if n in ("nvidia-open", "cuda-drivers"))
+    if not meta:
+        return []  # Ubuntu's own nvidia-driver-NNN packages carry the branch in their names
+    pins = sorted(n for n in f.packages or {} if n.startswith("nvidia-driver-pinning-"))
+    if pins:
+        return [_ok("driver pin", f"{', '.join(pins)}: apt keeps every driver package in the branch")]
+    version = _upstream(drivers[meta[0]])
+    branch = version.split(".")[0]
+    detail = (f"no nvidia-driver-pinning-* package (its /etc/apt/preferences.d file): the hold on {meta[0]} keeps the "
+              f"meta-package only; its dependencies (>= {version}) can move to a newer branch with the next apt upgrade")
+    if branch.isdigit() and int(branch) >= PINNING_FROM_BRANCH:
+        fix = f"apt-get install nvidia-driver-pinning-{branch} (before any other apt run), or `{bootstrap}`"
+    else:
+        fix = (f"NVIDIA ships pinning packages from R{PINNING_FROM_BRANCH}; on R{branch} hold every driver package: "
+               "apt-mark hold $(dpkg-query -W -f='${Package}\\n' 'nvidia-*' 'libnvidia-*')")
+    return [_fail("driver pin", detail, fix, "warn")]
 
 
 def _pci_name(line: str) -> str:

@@ -5,6 +5,12 @@
 #   calls.log     one line per shim call: "name args..."
 #   installed     one line per installed package: "name version"
 #   held          apt-mark holds, one name a line
+#   nvidia-repo   DISTRO/ARCH of NVIDIA's repository, written when curl fetches its cuda-keyring
+#                 (default ubuntu2404/x86_64); nvidia-repo-url: that keyring's folder URL
+#   lock-until    optional: an epoch second; until then another process (unattended-upgrades)
+#                 holds apt's and dpkg's locks: the shims that lock fail with the real messages
+#   nvidia-repo.extra.tsv  optional: more rows in the format of tests/shims/data/nvidia-repo.tsv
+#                 (a test publishes a newer point release this way)
 #   enabled/      systemd units enabled (one empty file per unit)
 #   who           sessions the `who` shim prints (one `who` line each)
 # Volatile (cleared by a reboot):              ${GPUPROV_SHIM_RUN:-/run/gpuprov-shim}
@@ -75,13 +81,108 @@ shim_branch_cuda() {
   esac
 }
 
+# --- apt's and dpkg's locks (messages and exit codes of apt 2.6 and dpkg 1.21, seen in
+# tests/test_real_apt.py's chroot) -----------------------------------------------------------------
+SHIM_LOCK_PID=4242
+
+shim_lock_held() {
+  [ -s "$SHIM_STATE/lock-until" ] && [ "$(date +%s)" -lt "$(cat "$SHIM_STATE/lock-until")" ]
+}
+
+# shim_apt_lock_error frontend|lists: what apt-get prints when it cannot take the lock (then exit 100)
+shim_apt_lock_error() {
+  if [ "$1" = lists ]; then
+    echo "E: Could not get lock /var/lib/apt/lists/lock. It is held by process $SHIM_LOCK_PID (unattended-upgr)" >&2
+    echo "E: Unable to lock directory /var/lib/apt/lists/" >&2
+  else
+    echo "E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process $SHIM_LOCK_PID (unattended-upgr)" >&2
+    echo "N: Be aware that removing the lock file is not a solution and may break your system." >&2
+    echo "E: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), is another process using it?" >&2
+  fi
+}
+
+# what dpkg prints (then exit 2)
+shim_dpkg_lock_error() {
+  echo "dpkg: error: dpkg frontend lock was locked by another process with pid $SHIM_LOCK_PID" >&2
+  echo "Note: removing the lock file is always wrong, can damage the locked area" >&2
+}
+
+# --- NVIDIA's repository, from tests/shims/data/nvidia-repo.tsv (real names and versions) -------
+SHIM_REPO_DATA="$SHIM_HOME/data/nvidia-repo.tsv"
+
+# Names only NVIDIA's CUDA repository carries (the shims check them against the data); other
+# names (linux-headers-*, build-essential, ...) come from Ubuntu's archive, which is not modelled.
+shim_nvidia_name() {
+  case "$1" in
+    nvidia-* | cuda-* | libnvidia-* | nvlsm | libnvsdm*) return 0 ;;
+    *) return 1 ;;
+  esac
+}
+
+shim_nvidia_repo_url() {
+  cat "$SHIM_STATE/nvidia-repo-url" 2>/dev/null || echo "(no NVIDIA repository configured)"
+}
+
+shim_nvidia_repo() {
+  if [ -s "$SHIM_STATE/nvidia-repo" ]; then cat "$SHIM_STATE/nvidia-repo"; else echo ubuntu2404/x86_64; fi
+}
+
+# "package version provides" for every row the configured repository carries.
+shim_repo_rows() {
+  local repo distro arch
+  repo="$(shim_nvidia_repo)"
+  distro="${repo%/*}"
+  arch="${repo#*/}"
+  cat "$SHIM_REPO_DATA" "$SHIM_STATE/nvidia-repo.extra.tsv" 2>/dev/null |
+    awk -F'\t' -v r="$repo" -v d="$distro" -v a="$arch" '
+      /^#/ || /^@/ || NF < 5 {next}
+      {
+        ok = ($1 == "*")
+        n = split($1, parts, ",")
+        for (i = 1; i <= n; i++) if (parts[i] == r || parts[i] == d || parts[i] == a) ok = 1
+        if (ok) print $2, ($3 == "?" ? "1.0-1" : $3), $4
+      }'
+}
+
+# shim_repo_versions NAME: NAME's versions in the repository, oldest first.
+shim_repo_versions() {
+  shim_repo_rows | awk -v p="$1" '$1 == p {print $2}' | sort -V -u
+}
+
+# shim_repo_providers NAME: the packages that provide the virtual NAME.
+shim_repo_providers() {
+  shim_repo_rows | awk -v p="$1" '$3 == p {print $1}' | sort -u
+}
+
+# shim_candidate NAME: the version apt would choose: the newest, or, while a pinning package is
+# installed (nvidia-driver-pinning-BRANCH or -VERSION), the newest the pin allows when there is one.
+shim_candidate() {
+  local versions pin pinned
+  versions="$(shim_repo_versions "$1")"
+  [ -n "$versions" ] || return 1
+  pin="$(awk '$1 ~ /^nvidia-driver-pinning-/ {sub(/^nvidia-driver-pinning-/, "", $1); print $1; exit}' "$SHIM_STATE/installed")"
+  if [ -n "$pin" ] && [ "${1#nvidia-driver-pinning-}" = "$1" ]; then
+    case "$pin" in
+      *.*) pinned="$(grep -E "^${pin//./\\.}-" <<<"$versions" || true)" ;;
+      *) pinned="$(grep -E "^${pin}\\." <<<"$versions" || true)" ;;
+    esac
+    if [ -n "$pinned" ]; then versions="$pinned"; fi
+  fi
+  tail -n 1 <<<"$versions"
+}
+
 shim_driver_installed() {
   shim_installed nvidia-open || shim_installed cuda-drivers
 }
 
-# The installed driver's version: from the pinning package (exact, or the branch's release).
+# The installed driver's version: the driver package's, else from the pinning package (exact, or
+# the branch's release).
 shim_driver_version() {
-  local pin
+  local pin v
+  if v="$(shim_pkg_version nvidia-open)" || v="$(shim_pkg_version cuda-drivers)"; then
+    echo "${v%%-*}"
+    return 0
+  fi
   pin="$(awk '$1 ~ /^nvidia-driver-pinning-/ {sub(/^nvidia-driver-pinning-/, "", $1); print $1; exit}' "$SHIM_STATE/installed")"
   case "$pin" in
     "") shim_branch_version 580 ;;

@@ -1,0 +1,296 @@
+"""The rendered driver, fabric-manager, persistence and toolkit steps with the REAL apt and dpkg,
+in a debootstrapped chroot of this machine's Debian/Ubuntu release (cached: tests/realapt/chroot.py),
+against a local repository shaped like NVIDIA's (tests/realapt/repo.py). Stand-ins only for what a
+chroot cannot run: nvidia-smi, modprobe, modinfo, reboot, systemctl, and curl for the keyring.
+
+What a user would notice: the first run installs the pinned branch and holds it; a rerun changes
+nothing and asks for no reboot; a newer point release in the repository leaves the host as it is;
+a dpkg lock held by another process is waited for (and a lock that stays held fails clearly); a
+package the repository lacks fails with apt's own words.
+
+Needs root (chroot) and, the first time, the distribution's mirror (debootstrap). Without them it
+skips, except under CI=true, where it fails.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpuprov.compat import StackPins
+from gpuprov.plan import NodeRequest, make_plan
+from gpuprov.render import Script
+from tests.realapt import chroot, repo
+
+pytestmark = pytest.mark.slow
+
+STAND_INS = Path(__file__).resolve().parent / "realapt" / "stand-ins"
+BRANCH = "595"
+FIRST, NEWER_POINT, NEWER_BRANCH = "595.71.05", "595.91.07", "610.57.04"  # gpu-driver-container versions.mk
+STEPS = ("nvidia-driver", "fabric-manager", "persistence", "cuda-toolkit")
+LOCKS = ("var/lib/dpkg/lock-frontend", "var/lib/dpkg/lock", "var/lib/apt/lists/lock")
+
+
+def _unavailable(why: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"the real-apt test cannot run here: {why}")
+    pytest.skip(f"the real-apt test cannot run here: {why}")
+
+
+@dataclass
+class Run:
+    name: str
+    rc: int
+    result: str | None
+    stderr: str
+    seconds: float
+
+    @property
+    def last(self) -> str:
+        lines = [line for line in self.stderr.splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+
+
+class Chroot:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def sh(self, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(["chroot", str(self.root), "/usr/bin/env", "-i", *self._env(), "bash", "-c", command],
+                              capture_output=True, text=True, timeout=300)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{command}: rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def _env(self, **extra: str) -> list[str]:
+        env = {"PATH": "/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
+               "GPUPROV_RETRY_DELAY": "0", "GPUPROV_APT_LOCK_POLL": "1", **extra}
+        return [f"{k}={v}" for k, v in env.items()]
+
+    def step(self, script: Script, **env: str) -> Run:
+        (self.root / "root" / script.filename).write_text(script.text)
+        start = time.monotonic()
+        proc = subprocess.run(["chroot", str(self.root), "/usr/bin/env", "-i", *self._env(**env), "bash",
+                               f"/root/{script.filename}"], capture_output=True, text=True, timeout=300)
+        lines = proc.stdout.splitlines()
+        result = lines[-1].split("=", 1)[1] if proc.returncode == 0 and lines and lines[-1].startswith(
+            "GPUPROV_RESULT=") else None
+        return Run(script.name, proc.returncode, result, proc.stderr, time.monotonic() - start)
+
+    def reboot(self) -> None:
+        (self.root / "run/gpuprov-module-not-loaded").unlink(missing_ok=True)
+
+    def version(self, pkg: str) -> str:
+        return self.sh(f"dpkg-query -W -f='${{Version}}' {pkg}").stdout
+
+    def status(self, pkg: str) -> str:
+        return self.sh(f"dpkg-query -W -f='${{Status}}' {pkg}").stdout
+
+    def held(self) -> set[str]:
+        return set(self.sh("apt-mark showhold").stdout.split())
+
+    def log(self) -> list[str]:
+        path = self.root / "var/log/gpuprov-stand-ins.log"
+        return path.read_text().splitlines() if path.exists() else []
+
+
+def _hold_locks(root: Path, seconds: float) -> threading.Thread:
+    """Hold dpkg's and apt's locks the way apt does (fcntl write locks), from this process, for `seconds`."""
+    ready = threading.Event()
+
+    def hold() -> None:
+        files = []
+        for rel in LOCKS:
+            f = (root / rel).open("a")
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            files.append(f)
+        ready.set()
+        time.sleep(seconds)
+        for f in files:
+            f.close()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    return thread
+
+
+def _scripts(cuda: str = "13.0") -> dict[str, Script]:
+    plan = make_plan(NodeRequest(gpu="A100:8", os="ubuntu-24.04", playbook="cuda-dev",
+                                 pins=StackPins(driver=BRANCH, cuda=cuda)))
+    assert plan.stack.fabric_manager == "required"
+    return {s.name: s for s in plan.bundle().scripts}
+
+
+@dataclass
+class Story:
+    host: Chroot
+    first: list[Run]
+    second: list[Run]
+    newer: list[Run]
+    one_call_candidate: str
+    upgrade: dict[str, str]
+    held_install: subprocess.CompletedProcess[str]
+    lock_wait: Run
+    cold_seconds: float
+
+
+@pytest.fixture(scope="module")
+def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
+    if os.geteuid() != 0:
+        _unavailable("it needs root (chroot)")
+    if not shutil.which("dpkg-deb") or not shutil.which("dpkg-scanpackages"):
+        _unavailable("dpkg-deb/dpkg-scanpackages are missing (tools/sysdeps.sh installs dpkg-dev)")
+    start = time.monotonic()
+    try:
+        root = chroot.unpack(tmp_path_factory.mktemp("real-apt") / "root")
+    except chroot.ChrootUnavailable as e:
+        _unavailable(str(e))
+    for tool in STAND_INS.iterdir():
+        shutil.copy2(tool, root / "usr/local/bin" / tool.name)
+    host = Chroot(root)
+    repo.build(root, [repo.keyring(), *repo.driver_release(FIRST), *repo.driver_release(NEWER_BRANCH),
+                      repo.toolkit("13.0", "13.0.2-1")])
+    cold = time.monotonic() - start
+    steps = _scripts()
+
+    # Why the driver step installs the pinning package and the driver in two apt-get calls: in one,
+    # the pin is not in effect yet when apt chooses the driver, and it picks the newest branch.
+    host.sh(f"dpkg -i {repo.REPO_IN_CHROOT}/cuda-keyring_1.1-1_all.deb && apt-get -q update")
+    one_call = host.sh(f"apt-get install -s -y nvidia-driver-pinning-{BRANCH} nvidia-open | "
+                       "sed -n 's/^Inst nvidia-open (\\([^ ]*\\).*/\\1/p'").stdout.strip()
+    host.sh("dpkg --purge cuda-keyring")
+
+    # The first run, with dpkg's and apt's locks held by another process for its first seconds.
+    locker = _hold_locks(root, 4)
+    first = []
+    for name in STEPS:
+        run = host.step(steps[name])
+        first.append(run)
+        if run.result == "reboot":
+            host.reboot()
+    locker.join()
+    # What the pin does that the hold does not: an upgrade keeps nvidia-open (held) either way,
+    # but without the preferences file its `>=` dependencies move to the newer branch.
+    (root / "tmp/no-prefs").mkdir(exist_ok=True)
+    upgrade = {
+        "pinned": host.sh("apt-get -s -q upgrade").stdout,
+        "hold only": host.sh("apt-get -s -q -o Dir::Etc::PreferencesParts=/tmp/no-prefs "
+                             "-o Dir::Etc::Preferences=/tmp/no-prefs/none upgrade").stdout,
+    }
+    second = [host.step(steps[name]) for name in STEPS]
+
+    # NVIDIA publishes a newer point release of the branch.
+    repo.build(root, [*repo.driver_release(NEWER_POINT)])
+    host.sh("apt-get -q update")
+    held_install = host.sh("apt-get -q -y install nvidia-open", check=False)
+    newer = [host.step(steps[name]) for name in STEPS]
+
+    # The toolkit again, while another process holds the locks for a while.
+    host.sh("apt-get -q -y remove cuda-toolkit-13-0")
+    locker = _hold_locks(root, 3)
+    lock_wait = host.step(steps["cuda-toolkit"])
+    locker.join()
+    yield Story(host, first, second, newer, one_call, upgrade, held_install, lock_wait, cold)
+
+
+def _summary(runs: list[Run]) -> str:
+    return "\n".join(f"{r.name}: rc={r.rc} result={r.result} {r.last}" for r in runs)
+
+
+def test_first_run_installs_the_pinned_branch_and_holds_it(story: Story) -> None:
+    assert [r.result for r in story.first] == ["reboot", "changed", "changed", "changed"], _summary(story.first)
+    host = story.host
+    assert host.version("nvidia-open") == f"{FIRST}-0ubuntu1"  # not the newer branch the repo also has
+    assert host.version("nvidia-driver-open") == f"{FIRST}-0ubuntu1"  # the pin holds the dependencies too
+    assert host.version("nvidia-fabricmanager") == f"{FIRST}-1"  # exactly the driver's version
+    assert host.version("cuda-toolkit-13-0") == "13.0.2-1"
+    assert {"nvidia-open", f"nvidia-driver-pinning-{BRANCH}", "nvidia-fabricmanager"} <= host.held()
+    assert host.status("nvidia-open") == "hold ok installed"  # what gp_pkg_installed must accept
+    assert f"Pin: version {BRANCH}.*" in (host.root / repo.PIN_FILE).read_text()
+    assert "systemctl enable --now nvidia-fabricmanager" in host.log()
+
+
+def test_first_run_waited_for_the_lock_held_by_another_process(story: Story) -> None:
+    driver = story.first[0]
+    assert "waiting for the apt/dpkg lock, held by process" in driver.stderr or \
+           "waiting for the apt/dpkg lock, locked by another process" in driver.stderr, driver.stderr[-3000:]
+    assert driver.seconds >= 3
+
+
+def test_one_apt_call_would_pick_the_newer_branch(story: Story) -> None:
+    # the reason the driver step installs the pinning package and the driver in two calls
+    assert story.one_call_candidate.startswith(NEWER_BRANCH), story.one_call_candidate
+
+
+def test_the_pin_keeps_the_dependencies_in_the_branch_the_hold_does_not(story: Story) -> None:
+    # why `gpuprov doctor` warns about a held driver without its pinning package
+    assert f"Inst nvidia-driver-open [{FIRST}-0ubuntu1] ({NEWER_BRANCH}-0ubuntu1" in story.upgrade["hold only"]
+    assert "Inst nvidia-open" not in story.upgrade["hold only"]  # the hold itself works
+    assert "Inst nvidia-driver-open" not in story.upgrade["pinned"], story.upgrade["pinned"]
+
+
+def test_second_run_changes_nothing_and_asks_for_no_reboot(story: Story) -> None:
+    assert [r.result for r in story.second] == ["unchanged"] * 4, _summary(story.second)
+
+
+def test_a_newer_point_release_leaves_the_host_as_it_is(story: Story) -> None:
+    # what a plain `apt-get install` of the held driver does now (the shims copy it)
+    assert story.held_install.returncode == 100
+    assert "E: Held packages were changed and -y was used without --allow-change-held-packages." in \
+           story.held_install.stderr
+    assert [r.result for r in story.newer] == ["unchanged"] * 4, _summary(story.newer)
+    host = story.host
+    assert host.version("nvidia-open") == f"{FIRST}-0ubuntu1"
+    assert host.version("nvidia-fabricmanager") == f"{FIRST}-1"
+    assert not [line for line in host.log() if line.startswith("reboot")]
+
+
+def test_a_held_lock_is_waited_for(story: Story) -> None:
+    run = story.lock_wait
+    assert run.result == "changed", run.stderr[-3000:]
+    assert "waiting for the apt/dpkg lock" in run.stderr and run.seconds >= 2.5
+
+
+def test_a_lock_that_stays_held_fails_clearly(story: Story) -> None:
+    host = story.host
+    host.sh("apt-get -q -y remove cuda-toolkit-13-0")
+    locker = _hold_locks(host.root, 4)
+    run = host.step(_scripts()["cuda-toolkit"], GPUPROV_APT_LOCK_TIMEOUT="2")
+    locker.join()
+    assert run.rc == 1 and run.result is None
+    assert "FAILED: the apt/dpkg lock is still held by process" in run.last and "after 2s" in run.last, run.stderr
+
+
+def test_a_package_the_repository_lacks_fails_with_apts_words(story: Story) -> None:
+    run = story.host.step(_scripts(cuda="12.8")["cuda-toolkit"])
+    assert run.rc == 1 and run.result is None
+    assert "FAILED: the configured apt repositories do not have what this step installs" in run.last
+    assert "E: Unable to locate package cuda-toolkit-12-8" in run.last, run.stderr[-2000:]
+
+
+def test_report_times(story: Story) -> None:
+    print(f"\nreal-apt chroot ready in {story.cold_seconds:.1f}s; first run "
+          f"{sum(r.seconds for r in story.first):.1f}s, second {sum(r.seconds for r in story.second):.1f}s")
+
+
+def test_stand_ins_are_bash_and_shellcheck_clean() -> None:
+    import sys
+
+    shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
+    assert shellcheck
+    tools = sorted(STAND_INS.iterdir())
+    assert {t.name for t in tools} == {"curl", "modinfo", "modprobe", "nvidia-smi", "reboot", "systemctl"}
+    for tool in tools:
+        assert os.access(tool, os.X_OK) and tool.read_text().startswith("#!/usr/bin/env bash\n"), tool
+    proc = subprocess.run([shellcheck, "-S", "warning", *map(str, tools)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[:3000]
