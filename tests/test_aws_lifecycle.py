@@ -213,7 +213,7 @@ def test_sigkill_at_every_checkpoint_leaves_nothing_after_down_or_gc(aws, env, c
     _crash_then_clean(aws, env, f"crash-{checkpoint.lower()[:12]}", kill, cleanup)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", range(1, 24))  # under the realistic proxy (fresh ids NotFound, lagging tags)
 def test_sigkill_at_random_instants_leaves_nothing(aws, env, seed):
     delay = random.Random(seed).uniform(0.3, 2.5)
 

@@ -29,7 +29,7 @@ def test_gpus_table_lists_every_gpu_with_instance_types_and_prices():
 
 
 def test_gpus_json():
-    data = json.loads(CliRunner().invoke(main, ["gpus", "--json"]).output)
+    data = json.loads(CliRunner().invoke(main, ["gpus", "--json"]).stdout)
     h100 = next(g for g in data["gpus"] if g["name"] == "H100")
     assert h100["compute_capability"] == "9.0"
     assert {it["name"] for it in h100["instance_types"]} == {"p5.4xlarge", "p5.48xlarge"}
@@ -46,14 +46,14 @@ def test_plan_picks_cheapest_instance_and_shows_stack_and_steps():
 
 
 def test_plan_count_in_gpu_name_picks_a_multi_gpu_instance():
-    data = json.loads(CliRunner().invoke(main, ["plan", "--gpu", "a10g:4", "--json"]).output)
+    data = json.loads(CliRunner().invoke(main, ["plan", "--gpu", "a10g:4", "--json"]).stdout)
     assert data["instance_type"] == "g5.12xlarge"  # cheapest with ≥ 4 A10G
     assert data["count"] == 4
     assert all(c["gpus"] >= 4 for c in data["candidates"])
 
 
 def test_plan_json_for_nvswitch_instance_has_fabric_manager_step():
-    data = json.loads(CliRunner().invoke(main, ["plan", "--gpu", "H100:8", "--json"]).output)
+    data = json.loads(CliRunner().invoke(main, ["plan", "--gpu", "H100:8", "--json"]).stdout)
     assert data["instance_type"] == "p5.48xlarge"
     assert data["stack"]["fabric_manager"] == "required"
     assert "fabric-manager" in [s["name"] for s in data["steps"]]
@@ -84,7 +84,8 @@ def test_render_writes_scripts_and_manifest(tmp_path):
     (["plan", "--gpu", "A100", "--driver", "570", "--torch-cuda", "cu130"], "--torch-cuda", "580.65.06"),
     # issue 9: branches without a pinning package, unknown exact releases, nvcc of another CUDA major
     (["plan", "--gpu", "H100", "--driver", "535"], "--driver", "--driver 570"),
-    (["plan", "--gpu", "H100", "--driver", "580.1.1"], "--driver", "580.95.05"),
+    (["plan", "--gpu", "H100", "--driver", "580.1.1"], "--driver", "580.126.09"),
+    (["plan", "--gpu", "H100", "--driver", "580.95.05"], "--driver", "580.126.09"),
     (["plan", "--gpu", "H100", "--torch-cuda", "cu130", "--cuda", "12.8"], "--cuda", "--cuda 13.0"),
     (["plan", "--gpu", "T4", "-p", "nosuch"], "--playbook", "pytorch"),
     (["plan", "--gpu", "T4", "--os", "centos-7"], "--os", "ubuntu-24.04"),
@@ -126,7 +127,7 @@ def test_help_explains_commands():
 
 
 def test_plan_show_scripts_prints_every_rendered_step():
-    data = json.loads(CliRunner().invoke(main, ["plan", "--gpu", "L4", "--json", "--show-scripts"]).output)
+    data = json.loads(CliRunner().invoke(main, ["plan", "--gpu", "L4", "--json", "--show-scripts"]).stdout)
     names = [s["name"] for s in data["steps"]]
     assert len(data["scripts"]) == len(names)
     for filename, text in data["scripts"].items():
@@ -144,7 +145,7 @@ def test_plan_show_scripts_prints_every_rendered_step():
 def test_plan_lists_the_unverified_facts_it_relies_on(gpu, needles):
     result = CliRunner().invoke(main, ["plan", "--gpu", gpu, "--json"])
     assert result.exit_code == 0, result.output
-    notes = " ".join(json.loads(result.output)["unverified"])
+    notes = " ".join(json.loads(result.stdout)["unverified"])
     for needle in needles:
         assert needle in notes, (needle, notes)
     human = CliRunner().invoke(main, ["plan", "--gpu", gpu], env={"COLUMNS": "200"}).output

@@ -165,7 +165,7 @@ def test_driver_older_than_wheel_minimum_is_refused_with_the_minimum(driver, var
 
 
 @pytest.mark.parametrize(("driver", "variant", "torch"), [
-    ("570", "cu128", "2.9"), ("580", "cu130", "2.9"), ("580.95.05", "cu130", "2.9"), ("570.124.06", "cu126", "2.7"),
+    ("570", "cu128", "2.9"), ("580", "cu130", "2.9"), ("580.126.09", "cu130", "2.9"), ("570.211.01", "cu126", "2.7"),
 ])
 def test_driver_at_or_above_minimum_is_accepted(driver, variant, torch):
     stack = resolve("A100-80GB", driver=driver, torch=torch, torch_cuda=variant)
@@ -296,7 +296,7 @@ def test_unverified_facts_are_reported():
     ("570", "nvidia-fabricmanager-570"),
     ("575", "nvidia-fabricmanager-575"),
     ("580", "nvidia-fabricmanager"),
-    ("580.95.05", "nvidia-fabricmanager"),
+    ("580.126.09", "nvidia-fabricmanager"),
     ("590", "nvidia-fabricmanager"),
     ("595", "nvidia-fabricmanager"),
 ])
@@ -352,19 +352,22 @@ def test_branches_without_a_pinning_package_are_refused_with_what_works(driver):
     assert "--driver 570" in exc.value.hint and "nvidia-driver-pinning" in exc.value.problem
 
 
-# Exact versions are checked against the releases NVIDIA built (gpu-driver-container versions.mk history).
-@pytest.mark.parametrize(("driver", "ok"), [
-    ("580.95.05", True), ("580.126.09", True), ("570.195.03", True), ("595.91.07", True),
-    ("580.95.06", False), ("580.99.99", False), ("590.1", False),
+# Exact versions are checked against the releases NVIDIA built (gpu-driver-container versions.mk history),
+# then against the releases a public source shows an nvidia-driver-pinning-<version> package for
+# (stack.yaml driver_pinning.exact_versions: dsx-ai-factory/infra-controller#6049, public apt listings).
+@pytest.mark.parametrize(("driver", "rule"), [
+    ("580.126.09", None), ("570.211.01", None), ("590.48.01", None), ("595.71.05", None),
+    ("580.95.05", "driver-version-no-pinning-package"), ("595.91.07", "driver-version-no-pinning-package"),
+    ("580.95.06", "driver-version-unknown"), ("580.99.99", "driver-version-unknown"), ("590.1", "driver-version-unknown"),
 ])
-def test_exact_driver_versions_are_checked_against_the_data(driver, ok):
-    if ok:
+def test_exact_driver_versions_are_checked_against_the_data(driver, rule):
+    if rule is None:
         stack = resolve("H100", driver=driver)
         assert stack.driver_pinning_package == f"nvidia-driver-pinning-{driver}"
         return
     with pytest.raises(StackConflict) as exc:
         resolve("H100", driver=driver)
-    assert exc.value.rule == "driver-version-unknown"
+    assert exc.value.rule == rule
     assert f"--driver {driver.split('.')[0]}" in exc.value.hint
 
 
@@ -378,6 +381,7 @@ def test_help_example_driver_version_exists_in_the_data():
     assert examples  # the --driver help shows an exact release
     for version in examples:
         assert version in compat.facts().driver_versions.get(int(version.split(".")[0]), ()), version
+        assert version in compat.facts().driver_pinning.exact_versions, version  # and it has a pinning package
 
 
 # nvcc must match the torch wheel's CUDA major (torch/utils/cpp_extension.py `_check_cuda_version` raises

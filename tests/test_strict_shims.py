@@ -18,15 +18,9 @@ from tests.test_templates import BUNDLES
 
 APT_STEPS = ("kernel-headers", "nvidia-driver", "fabric-manager", "cuda-toolkit")
 
-# Variants whose rendered package names NVIDIA's repository does not have (issue 9, "Facts to fix"):
-# the resolver (src/gpuprov/data/stack.yaml, compat.py) owns these. strict=True: when it is fixed,
-# the XPASS fails and the entry must go.
-RESOLVER_GAPS = {
-    "nvidia-fabricmanager-580": "from R580 Fabric Manager is `nvidia-fabricmanager` (nvidia-fabricmanager-580 is only "
-                                "a virtual name, so `=VERSION` and madison find nothing; gpu-driver-container PR #451)",
-    "nvidia-driver-pinning-580.95.05": "no exact-version pinning package for 580.95.05 in the data "
-                                       "(tests/shims/data/nvidia-repo.tsv lists the ones public sources show)",
-}
+# Rendered package names NVIDIA's repository does not have, which the resolver still gets wrong: each
+# must fail, and because of that name; when the resolver is fixed the test fails until the entry goes.
+RESOLVER_GAPS: dict[str, str] = {}  # none left: the resolver renders only names NVIDIA ships
 
 
 def _groups() -> dict[tuple[str, ...], str]:

@@ -38,7 +38,7 @@ def _bundles() -> dict[str, Bundle]:
                 out[f"{gpu.name}/{os_name}/{pb}/host"] = make_host_plan(gpu.name, pb, os_name, StackPins()).bundle()
     # a pinned CUDA toolkit on a plain playbook, and an exact driver pin
     out["A10G/toolkit-pin"] = make_plan(NodeRequest(gpu="A10G", pins=StackPins(cuda="12.8"))).bundle()
-    out["H100/exact-driver"] = make_plan(NodeRequest(gpu="H100:8", pins=StackPins(driver="580.95.05"))).bundle()
+    out["H100/exact-driver"] = make_plan(NodeRequest(gpu="H100:8", pins=StackPins(driver="580.126.09"))).bundle()
     # conda env + user steps with files and run
     pb = Playbook(
         name="conda-case", env=EnvSpec(manager="conda", path="/opt/conda-env", packages=("numpy>=1.26", "scipy")),

@@ -73,6 +73,7 @@ class _Pinning(BaseModel):
     from_branch: int
     source: str
     unverified: str | None = None
+    exact_versions: tuple[str, ...] = ()
 
 
 class _TorchPlan(BaseModel):
@@ -312,6 +313,16 @@ def check_pins(pins: StackPins) -> None:
                 (f"known R{branch} releases: {', '.join(releases)}; " if releases else "")
                 + f"or pin only the branch: --driver {branch}",
                 rule="driver-version-unknown",
+            )
+        if "." in pins.driver and pins.driver not in f.driver_pinning.exact_versions:
+            pinned = [v for v in f.driver_pinning.exact_versions if v.startswith(f"{branch}.")]
+            raise StackConflict(
+                "--driver",
+                f"driver {pins.driver} is a real R{branch} release, but no source shows an "
+                f"nvidia-driver-pinning-{pins.driver} package, which gpuprov needs to hold apt at that release",
+                (f"R{branch} releases with one: {', '.join(pinned)}; " if pinned else "")
+                + f"or pin only the branch: --driver {branch}",
+                rule="driver-version-no-pinning-package",
             )
     if pins.cuda is not None and pins.cuda not in f.cuda_min_driver:
         raise UserInputError(

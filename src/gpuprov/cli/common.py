@@ -53,7 +53,8 @@ def pin_options(func: F) -> F:
         click.option("--os", "os_name", default=None,
                      help="ubuntu-22.04 or ubuntu-24.04. Default: 24.04 for new nodes, the host's own for bootstrap."),
         click.option("--driver", default=None,
-                     help="Pin the NVIDIA driver branch (R570 or newer, e.g. 580) or a known exact release (e.g. 580.95.05)."),
+                     help="Pin the NVIDIA driver branch (R570 or newer, e.g. 580) or an exact release NVIDIA "
+                          "ships a pinning package for (e.g. 580.126.09)."),
         click.option("--cuda", default=None, help="Also install this CUDA toolkit (nvcc), e.g. 12.8. Wheels don't need it."),
         click.option("--torch", "torch_version", default=None, help="Pin the torch release, e.g. 2.9 or 2.9.1."),
         click.option("--torch-cuda", default=None, help="Pin the torch wheel's CUDA variant, e.g. cu128."),
