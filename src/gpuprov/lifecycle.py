@@ -275,7 +275,8 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
                 image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price),
                 settle=SETTLE_SECONDS)
         except LaunchError as exc:
-            store.deleted(rid)  # refused: EC2 made nothing for this token
+            if exc.then != "retry":  # refused: EC2 made nothing for this token (a transient error keeps the
+                store.deleted(rid)  # row, so teardown asks EC2 by the token whether a launch went through)
             attempt = Attempt(cand, exc.code, exc.message)
             attempts.append(attempt)
             say(f"  {exc.code}: {exc.message}")

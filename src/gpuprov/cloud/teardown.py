@@ -58,7 +58,12 @@ def teardown(node: str, region: str, provider: Provider, store: Store, say: Say,
             _delete_row(row, provider, store, say, result)
     if not result.left:  # best effort: anything else tagged with the node (tags may lag; records did the work)
         recorded = {r.cloud_id for r in store.resources(node, region=region, live_only=False)}
-        for res in provider.tagged(region):
+        try:
+            tagged = provider.tagged(region)
+        except GpuprovError as exc:
+            say(f"  could not look for other resources tagged {node}: {exc} (`gpuprov gc` finds them)")
+            tagged = []
+        for res in tagged:
             if res.node == node and res.kind != "instance" and res.id not in recorded:
                 _delete(res, None, provider, store, say, result)
     return result
