@@ -6,8 +6,9 @@ import threading
 
 import pytest
 
+from gpuprov.cloud.failover import candidates
 from gpuprov.errors import UserInputError
-from gpuprov.lifecycle import candidates, check_name, ssh_cidr
+from gpuprov.lifecycle import check_name, ssh_cidr
 from gpuprov.plan import NodeRequest, make_plan
 from gpuprov.state import Store
 
@@ -71,3 +72,21 @@ def test_store_records_intent_before_creation_and_survives_concurrent_writers(tm
         t.join()
     assert len(store.events("n1")) == 200
     assert oct((tmp_path / "state.sqlite").stat().st_mode & 0o777) == "0o600"
+
+
+def test_price_cap_skips_types_over_it_and_says_why():
+    plan = make_plan(NodeRequest(gpu="A10G"))
+    offerings = {it.name: ["us-east-1a"] for it in plan.candidates}
+    order = candidates(plan, offerings, False, False, max_hourly=1.5)
+    kept = {c.instance_type for c in order.candidates}
+    assert kept and all(c.price_usd_hour is not None and c.price_usd_hour <= 1.5 for c in order.candidates)
+    skipped = {s.instance_type: s.reason for s in order.skipped}
+    assert "g5.48xlarge" in skipped and "over --max-hourly $1.50" in skipped["g5.48xlarge"]
+    assert kept.isdisjoint(skipped)
+
+
+def test_ssh_cidr_refuses_empty_and_takes_ipv6():
+    with pytest.raises(UserInputError):
+        ssh_cidr("")
+    assert ssh_cidr("2001:db8::7/128") == "2001:db8::7/128"
+    assert ssh_cidr(None, lookup=lambda: "2001:db8::7") == "2001:db8::7/128"

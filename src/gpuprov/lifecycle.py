@@ -49,9 +49,6 @@ if TYPE_CHECKING:
 
 Say = Callable[[str], None]
 
-__all__ = ["Candidate", "UpOptions", "candidates", "down", "gc", "orphans", "refresh", "up"]
-
-
 @dataclass(frozen=True)
 class UpOptions:
     name: str
