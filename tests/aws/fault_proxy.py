@@ -190,6 +190,9 @@ REALISM_DEFAULTS: dict[str, Any] = {"kind": "realistic", "fresh_lookups": 2, "ta
 _BY_ID: dict[str, list[tuple[str, str]]] = {
     "DescribeInstances": [(r"InstanceId\.\d+", "instance")],
     "TerminateInstances": [(r"InstanceId\.\d+", "instance")],
+    "StopInstances": [(r"InstanceId\.\d+", "instance")],
+    "StartInstances": [(r"InstanceId\.\d+", "instance")],
+    "ModifyInstanceAttribute": [(r"InstanceId", "instance")],
     "DescribeSecurityGroups": [(r"GroupId\.\d+", "group")],
     "AuthorizeSecurityGroupIngress": [(r"GroupId", "group")],
     "DeleteSecurityGroup": [(r"GroupId", "group")],

@@ -1,7 +1,8 @@
 """Take a node's cloud resources down, following the local records first, and never half-way.
 
-Order: instances (by recorded id: TerminateInstances needs no describe first; launches whose
-answer was lost are found by their ClientToken), then spot requests and volumes, then the
+Order: spot requests (a persistent one would relaunch a terminated instance), instances (by recorded
+id: TerminateInstances needs no describe first; launches whose answer was lost are found by their
+ClientToken, and their spot requests cancelled too), then spot requests and volumes, then the
 security group (by recorded id, or by its recorded name), then whatever else carries the node's
 tag. A NotFound on a resource created moments ago is looked at again (EC2 is eventually
 consistent); on an older one it means gone. A row is marked deleted only once the cloud confirmed
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpuprov.errors import GpuprovError
-from gpuprov.providers.base import CloudResource, NotFound, Provider
+from gpuprov.providers.base import CloudResource, Instance, NotFound, Provider
 from gpuprov.state import Resource, Store
 
 Say = Callable[[str], None]
@@ -48,6 +49,10 @@ class Teardown:
 
 def teardown(node: str, region: str, provider: Provider, store: Store, say: Say, poll: float = 1.0) -> Teardown:
     result = Teardown(node)
+    # a persistent spot request relaunches a terminated instance: cancel the requests first (EC2 guide,
+    # "Cancel a Spot Instance request": cancelling does not terminate the instance)
+    for row in store.resources(node, region=region, kind="spot-request"):
+        _delete_row(row, provider, store, say, result)
     _instances(node, region, provider, store, say, result, poll)
     instances_left = bool(result.left)
     for kind in ("spot-request", "volume", "security-group"):
@@ -79,6 +84,7 @@ def _instances(node: str, region: str, provider: Provider, store: Store, say: Sa
         for inst in provider.instances(region, node=node):
             if inst.state != "terminated":
                 store.add_resource(node, "instance", region, inst.id)
+                _cancel_spot_request(node, inst, provider, store, say, result)
     except GpuprovError as exc:
         say(f"  could not list {node}'s instances by tag: {exc}")
     asked = []
@@ -105,6 +111,16 @@ def _instances(node: str, region: str, provider: Provider, store: Store, say: Sa
         say(f"  removed instance {row.cloud_id}")
 
 
+def _cancel_spot_request(node: str, inst: Instance, provider: Provider, store: Store, say: Say,
+                         result: Teardown) -> None:
+    if not inst.spot_request_id:
+        return
+    rid = store.add_resource(node, "spot-request", inst.region, inst.spot_request_id)
+    row = next((r for r in store.resources(node, region=inst.region, kind="spot-request") if r.id == rid), None)
+    if row is not None:
+        _delete_row(row, provider, store, say, result)
+
+
 def _find_lost_launch(row: Resource, provider: Provider, store: Store, poll: float) -> None:
     """A launch whose answer never arrived: the ClientToken finds what it made, or nothing was made."""
     looks = LOOKS_FOR_LOST_LAUNCH if settle(row) > 0 else 1
@@ -112,6 +128,9 @@ def _find_lost_launch(row: Resource, provider: Provider, store: Store, poll: flo
         found = provider.find_launched(row.region, row.client_token or "")
         if found:
             store.created(row.id, found[0].id)
+            for inst in found:
+                if inst.spot_request_id:
+                    store.add_resource(row.node, "spot-request", row.region, inst.spot_request_id)
             for extra in found[1:]:
                 store.add_resource(row.node, "instance", row.region, extra.id, row.client_token)
             return
