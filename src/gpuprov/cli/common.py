@@ -75,6 +75,7 @@ def stack_options(func: F) -> F:
         click.option("--instance-type", default=None, help="Force an instance type instead of the cheapest that fits."),
         pin_options,
         guard_options,
+        node_guard_options,
     ])
 
 
@@ -85,15 +86,21 @@ def guard_options(func: F) -> F:
                      help="Power off after this long idle (GPUs under 10%, nobody logged in): 30m, 2h, 1h30m."),
         click.option("--ttl", default=None, metavar="DURATION",
                      help="Power off this long after the bootstrap starts, whatever happens: 8h, 1d."),
+        click.option("--on-interrupt", default=None, metavar="CMD",
+                     help="Command the node runs once on a spot interruption notice (2 minutes ahead); "
+                          "overrides the playbook's on_interrupt."),
+    ])
+
+
+def node_guard_options(func: F) -> F:
+    """Guard choices only a node gpuprov launches has (plan, render, up)."""
+    return apply_options(func, [
         click.option("--autostop-action", type=click.Choice(["stop", "terminate"]), default=None,
                      help="What autostop and the TTL do: stop (the disk is kept; `gpuprov start` resumes) or "
                           "terminate [default: stop for nodes that can stop, terminate for one-time spot]."),
         click.option("--budget", type=float, default=None, metavar="USD",
                      help="A dollar cap: shut down once the node has cost this much at the price obtained "
                           "(spot price at launch, or the on-demand list price); enforced on the node like --ttl."),
-        click.option("--on-interrupt", default=None, metavar="CMD",
-                     help="Command the node runs once on a spot interruption notice (2 minutes ahead); "
-                          "overrides the playbook's on_interrupt."),
     ])
 
 
