@@ -71,3 +71,43 @@ def test_store_records_intent_before_creation_and_survives_concurrent_writers(tm
         t.join()
     assert len(store.events("n1")) == 200
     assert oct((tmp_path / "state.sqlite").stat().st_mode & 0o777) == "0o600"
+
+
+def test_teardown_cancels_spot_requests_before_it_terminates_instances(tmp_path):
+    """A persistent spot request relaunches a terminated instance: its request is cancelled first."""
+    from gpuprov.cloud.teardown import teardown
+
+    calls: list[str] = []
+
+    class Fake:
+        name = "fake"
+
+        def find_launched(self, region, token):
+            return []
+
+        def instances(self, region, *, ids=(), node=None):
+            return []
+
+        def terminate(self, region, ids, settle):
+            calls.append(f"terminate {','.join(ids)}")
+
+        def wait_terminated(self, region, ids, timeout=900):
+            pass
+
+        def delete(self, resource, settle=0):
+            calls.append(f"delete {resource.kind} {resource.id}")
+
+        def tagged(self, region):
+            return []
+
+        def find_security_group(self, region, name):
+            return None
+
+    store = Store(tmp_path / "state.sqlite")
+    store.create_node("p", "fake", "us-east-1", market="spot", spot_type="persistent")
+    store.created(store.intend("p", "instance", "us-east-1", "tok"), "i-1")
+    store.add_resource("p", "spot-request", "us-east-1", "sir-1")
+    store.add_resource("p", "volume", "us-east-1", "vol-1")
+    result = teardown("p", "us-east-1", Fake(), store, lambda _line: None)  # type: ignore[arg-type]
+    assert result.complete
+    assert calls == ["delete spot-request sir-1", "terminate i-1", "delete volume vol-1"]
