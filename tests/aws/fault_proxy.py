@@ -13,7 +13,8 @@ Kinds (the realism layer, class Ec2Realism; EC2 developer guide, "Eventual consi
            KeyName + KeyPairId, CreateVolume VolumeId; spot request ids from RunInstances/RequestSpotInstances replies
            only lag behind tag filters):
            * fresh ids: the first ``fresh_lookups`` (default 2) requests naming a fresh id by id answer EC2's NotFound
-             (HTTP 400) instead of being forwarded -- DescribeInstances/TerminateInstances InstanceId.N ->
+             (HTTP 400) instead of being forwarded -- DescribeInstances/TerminateInstances/StopInstances/
+             StartInstances InstanceId.N, ModifyInstanceAttribute InstanceId ->
              InvalidInstanceID.NotFound; DescribeSecurityGroups GroupId.N, AuthorizeSecurityGroupIngress/
              DeleteSecurityGroup GroupId, RunInstances SecurityGroupId.N -> InvalidGroup.NotFound; DescribeKeyPairs
              KeyName.N/KeyPairId.N, RunInstances KeyName -> InvalidKeyPair.NotFound; DescribeVolumes VolumeId.N ->
