@@ -212,3 +212,15 @@ def test_sigkill_during_start_with_a_resize_leaves_a_node_start_or_down_complete
     down = gp(env, "down", name, "--yes")
     assert down.returncode == 0, down.stdout + down.stderr
     nothing_left(aws)
+
+
+def test_status_refresh_shows_a_node_its_guards_stopped_and_start_brings_it_back(aws, env):
+    assert gp(env, *up_args("idle", "--gpu", "T4", *NO_WAIT)).returncode == 0
+    aws.ec2().stop_instances(InstanceIds=[instance(aws)["InstanceId"]])  # the autostop's shutdown, behaviour stop
+    (row,) = json.loads(gp(env, "status", "--refresh", "--json").stdout)
+    assert row["state"] == "stopped" and row["storage_usd_month"] == 8.0
+    start = gp(env, "start", "idle", "--no-bootstrap")
+    assert start.returncode == 0, start.stdout + start.stderr
+    assert node(env, "idle")["state"] == "ready" and instance(aws)["State"]["Name"] == "running"
+    assert gp(env, "down", "idle", "--yes").returncode == 0
+    nothing_left(aws)

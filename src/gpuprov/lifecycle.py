@@ -359,6 +359,11 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
     from gpuprov.paths import keys_dir, region_key
 
     key_path = str(region_key(keys_dir(), region))
+    action = store.node(name).shutdown_action
+    if action != plan.guards.shutdown_action:  # spot fell back to on-demand: the guards say what it does now
+        from gpuprov.plan import replace_guards
+
+        plan = replace_guards(plan, plan.guards.model_copy(update={"shutdown_action": action}))
     budget = plan.request.budget_usd
     if budget is not None:
         from gpuprov.plan import replace_guards, with_budget

@@ -247,7 +247,7 @@ def _stop_fields(n: Node, now: float) -> dict[str, object]:
         left = max(0.0, (n.budget_deadline or 0) - n.stopped_at) / 3600 * (n.budget_price or 0)
     return {
         "spot_type": n.spot_type, "can_stop": n.can_stop,
-        "autostop_action": n.shutdown_action or ("stop" if n.can_stop else "terminate"),
+        "autostop_action": n.shutdown_action or "terminate",  # nodes launched before stop existed terminate
         "disk_gb": n.disk_gb,
         "storage_usd_month": round(storage.month(n.disk_gb), 2) if n.disk_gb else None,
         "storage_price": {"usd_per_gb_month": storage.usd_per_gb_month, "volume_type": storage.volume_type,
