@@ -111,3 +111,16 @@ def test_teardown_cancels_spot_requests_before_it_terminates_instances(tmp_path)
     result = teardown("p", "us-east-1", Fake(), store, lambda _line: None)  # type: ignore[arg-type]
     assert result.complete
     assert calls == ["delete spot-request sir-1", "terminate i-1", "delete volume vol-1"]
+
+
+def test_a_node_on_a_new_address_keeps_its_pinned_host_key(tmp_path, monkeypatch):
+    from gpuprov import sshconfig
+
+    monkeypatch.setenv("GPUPROV_HOME", str(tmp_path))
+    known = sshconfig.node_known_hosts("n")
+    known.write_text("203.0.113.5 ssh-ed25519 AAAAkey\n")
+    sshconfig.move_node_key("n", "198.51.100.9")
+    assert known.read_text() == "198.51.100.9 ssh-ed25519 AAAAkey\n"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    sshconfig.add_node("n", "198.51.100.9", "ubuntu", "/k")
+    assert "HostName 198.51.100.9" in sshconfig.config_path().read_text()

@@ -727,6 +727,9 @@ def stop(names: Sequence[str], provider: Provider, store: Store, say: Say, timeo
             raise cannot_stop(node)
         if node.state not in (*RUNNING_STATES, "stopping", "stopped"):
             raise UserInputError("NAME", f"{node.name} is {node.state}", "only a running node can stop")
+        if node.state in ("running", "bootstrapping") and _busy(node):
+            raise UserInputError("NAME", f"{node.name} is still being set up by gpuprov (pid {node.pid})",
+                                 "wait for `up` or `start` to finish, or press Ctrl-C there")
         _instance_rows(node, store)
     for node in nodes:
         if node.state == "stopped":
