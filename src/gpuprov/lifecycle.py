@@ -759,8 +759,10 @@ def storage_month(node: Node) -> tuple[float, str] | None:
     return storage.month(node.disk_gb), source
 
 
-def resize_target(node: Node, gpu: str | None, instance_type: str | None) -> InstanceType | None:
-    """The instance type `start --gpu/--instance-type` asks for (None: keep the type)."""
+def resize_target(node: Node, gpu: str | None, instance_type: str | None,
+                  offered: Callable[[list[str]], dict[str, list[str]]]) -> InstanceType | None:
+    """The instance type `start --gpu/--instance-type` asks for (None: keep the type); for --gpu the
+    cheapest that carries it and is offered in the node's zone, where its disk is."""
     from gpuprov import catalog
     from gpuprov.plan import choose_instances
 
@@ -770,7 +772,9 @@ def resize_target(node: Node, gpu: str | None, instance_type: str | None) -> Ins
     if gpu:
         name, count = catalog.parse_gpu_request(gpu)
         count = count if ":" in gpu else (node.gpu_count or 1)
-        return choose_instances(cat.gpu(name), count)[0]
+        fits = choose_instances(cat.gpu(name), count)
+        zones = offered([it.name for it in fits])
+        return next((it for it in fits if node.zone in zones.get(it.name, [])), fits[0])
     return None
 
 
@@ -841,7 +845,7 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
                              f"`gpuprov ttl {name} off` lifts the cap, then start it")
     (row, *_more) = _instance_rows(node, store)
     iid = row.cloud_id or ""
-    target = resize_target(node, opts.gpu, opts.instance_type)
+    target = resize_target(node, opts.gpu, opts.instance_type, lambda types: provider.offerings(node.region, types))
     if target is None and node.resize_to:  # a resize killed mid-way: finish what was asked
         target = catalog.load().instance_type(node.resize_to)
     (current,) = provider.describe(node.region, [iid], settle=settle(row))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpuprov.errors import GpuprovError
-from gpuprov.providers.base import CloudResource, Instance, NotFound, Provider
+from gpuprov.providers.base import CloudResource, NotFound, Provider
 from gpuprov.state import Resource, Store
 
 Say = Callable[[str], None]
@@ -49,10 +49,6 @@ class Teardown:
 
 def teardown(node: str, region: str, provider: Provider, store: Store, say: Say, poll: float = 1.0) -> Teardown:
     result = Teardown(node)
-    # a persistent spot request relaunches a terminated instance: cancel the requests first (EC2 guide,
-    # "Cancel a Spot Instance request": cancelling does not terminate the instance)
-    for row in store.resources(node, region=region, kind="spot-request"):
-        _delete_row(row, provider, store, say, result)
     _instances(node, region, provider, store, say, result, poll)
     instances_left = bool(result.left)
     for kind in ("spot-request", "volume", "security-group"):
@@ -84,9 +80,14 @@ def _instances(node: str, region: str, provider: Provider, store: Store, say: Sa
         for inst in provider.instances(region, node=node):
             if inst.state != "terminated":
                 store.add_resource(node, "instance", region, inst.id)
-                _cancel_spot_request(node, inst, provider, store, say, result)
+                if inst.spot_request_id:
+                    store.add_resource(node, "spot-request", region, inst.spot_request_id)
     except GpuprovError as exc:
         say(f"  could not list {node}'s instances by tag: {exc}")
+    # a persistent spot request relaunches a terminated instance: its request is cancelled first (EC2 guide,
+    # "Cancel a Spot Instance request": cancelling does not terminate the instance)
+    for spot in store.resources(node, region=region, kind="spot-request"):
+        _delete_row(spot, provider, store, say, result)
     asked = []
     for row in store.resources(node, region=region, kind="instance"):
         if row.cloud_id is None:
@@ -109,16 +110,6 @@ def _instances(node: str, region: str, provider: Provider, store: Store, say: Sa
         store.deleted(row.id)
         result.removed.append(f"instance {row.cloud_id}")
         say(f"  removed instance {row.cloud_id}")
-
-
-def _cancel_spot_request(node: str, inst: Instance, provider: Provider, store: Store, say: Say,
-                         result: Teardown) -> None:
-    if not inst.spot_request_id:
-        return
-    rid = store.add_resource(node, "spot-request", inst.region, inst.spot_request_id)
-    row = next((r for r in store.resources(node, region=inst.region, kind="spot-request") if r.id == rid), None)
-    if row is not None:
-        _delete_row(row, provider, store, say, result)
 
 
 def _find_lost_launch(row: Resource, provider: Provider, store: Store, poll: float) -> None:
