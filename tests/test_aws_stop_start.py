@@ -117,6 +117,9 @@ def test_persistent_spot_request_stops_and_a_budget_is_a_deadline_at_the_spot_pr
     stop = gp(env, "stop", "keep")
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert node(env, "keep")["state"] == "stopped"
+    resize = gp(env, "start", "keep", "--instance-type", "g5.xlarge")
+    assert resize.returncode == 2 and "spot instance, whose type EC2 cannot change" in resize.stderr
+    assert not aws.log("ModifyInstanceAttribute") and node(env, "keep")["state"] == "stopped"
     down = gp(env, "down", "keep", "--yes")
     assert down.returncode == 0, down.stdout + down.stderr
     nothing_left(aws)  # moto makes no spot request for RunInstances: the cancel-first order is in test_lifecycle_unit

@@ -858,6 +858,10 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
         if current.state not in ("stopped",):
             raise UserInputError("--instance-type", f"{name} is {current.state}; a resize needs it stopped",
                                  f"`gpuprov stop {name}` first")
+        if node.market == "spot":  # EC2 guide, "Change the instance type": not for Spot Instances
+            raise UserInputError("--instance-type", f"{name} is a spot instance, whose type EC2 cannot change",
+                                 f"start it as it is (`gpuprov start {name}`), or `gpuprov up` a new node with "
+                                 f"--instance-type {target.name}")
         check_resize(node, target)
         zones = provider.offerings(node.region, [target.name]).get(target.name, [])
         if node.zone and node.zone not in zones:
