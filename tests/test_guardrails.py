@@ -292,3 +292,103 @@ def test_interrupt_watcher_runs_the_hook_once_per_notice(host_pool, metadata, gp
     metadata.notice = {"action": "stop", "time": "2026-03-01T13:02:00Z"}
     assert once()[0] == "x\nx\n"  # a new notice is a new interruption
     assert metadata.puts == 4 and metadata.gets == [404, 200, 200, 200]
+
+
+# --- stop instead of terminate, `gpuprov ttl`, budgets (issue 11) --------------------------------
+
+
+def test_guard_steps_say_what_shutdown_does_and_the_new_variants_are_shellcheck_clean(tmp_path: Path) -> None:
+    from gpuprov.plan import ttl_script
+
+    keeps = make_plan(NodeRequest(gpu="T4", autostop_seconds=1800, ttl_seconds=3600))
+    assert keeps.guards.shutdown_action == "stop"
+    autostop = next(s for s in keeps.bundle().scripts if s.name == "autostop")
+    assert "# a shutdown here: the instance stops (its disk is kept)" in autostop.text
+    assert all("then the instance stops (its disk is kept)" in s.summary for s in keeps.steps if s.kind == "guard")
+    one_time = make_plan(NodeRequest(gpu="T4", spot=True, autostop_seconds=1800))
+    assert one_time.guards.shutdown_action == "terminate"
+    assert make_plan(NodeRequest(gpu="T4", spot=True, persistent=True, autostop_seconds=60)).guards.shutdown_action == "stop"
+    with pytest.raises(UserInputError, match="--autostop-action: a one-time spot instance cannot stop"):
+        make_plan(NodeRequest(gpu="T4", spot=True, autostop_action="stop"))
+    with pytest.raises(UserInputError, match="--persistent"):
+        make_plan(NodeRequest(gpu="T4", persistent=True))
+    scripts = [autostop, ttl_script(None), ttl_script(7200, "stop"), autostop_script(600, shutdown_action="stop")]
+    paths = []
+    for i, script in enumerate(scripts):
+        paths.append(tmp_path / f"{i}.sh")
+        paths[-1].write_text(script.text)
+        assert subprocess.run(["bash", "-n", str(paths[-1])]).returncode == 0
+    assert SHELLCHECK, "shellcheck is not installed"
+    check = subprocess.run([SHELLCHECK, "-S", "warning", "-f", "gcc", *map(str, paths)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout[:4000]
+
+
+def test_ttl_can_be_reset_and_turned_off_and_a_node_started_after_its_deadline_gets_a_new_one(tmp_path: Path) -> None:
+    from gpuprov.plan import ttl_script
+
+    (step,) = [s for s in make_plan(NodeRequest(gpu="T4", ttl_seconds=3600)).bundle().scripts if s.name == "ttl"]
+    host = ShimHost(tmp_path, gpu="T4", extra_env={"GPUPROV_NOW": "1000000"})
+    assert host.run_script(step).result == "changed"
+    deadline = host.sysroot / "var/lib/gpuprov/ttl-deadline"
+    check = str(host.sysroot / "usr/local/lib/gpuprov/ttl-check")
+
+    def tick(now: int, boot: int) -> list[str]:
+        env = {**host.env(), "GPUPROV_NOW": str(now), "GPUPROV_BOOT_TIME": str(boot)}
+        subprocess.run(["bash", check], env=env, check=True, timeout=10)
+        return [c for c in host.calls() if c.startswith("shutdown")]
+
+    # `gpuprov ttl NODE 1h` again, later: the same TTL, but a new deadline from now
+    host.extra_env["GPUPROV_NOW"] = "1002000"
+    assert host.run_script(ttl_script(3600, "stop")).result == "changed"
+    assert deadline.read_text().split() == ["3600", str(1002000 + 3600)]
+    assert tick(1004000, boot=900000) == []
+    assert len(tick(1005600, boot=900000)) == 1  # the node shuts down (and stops) at its deadline
+    # `gpuprov start` boots it after the deadline: a new deadline one TTL after this boot, not a shutdown
+    assert len(tick(1100030, boot=1100000)) == 1
+    assert deadline.read_text().split() == ["3600", str(1100000 + 3600)]
+    assert "started after the deadline" in (host.sysroot / "var/log/gpuprov/ttl.log").read_text()
+    assert len(tick(1103600, boot=1100000)) == 2
+    # off: the timer goes, the deadline file too
+    off = host.run_script(ttl_script(None))
+    assert off.result == "changed" and not deadline.exists()
+    assert not (host.state / "enabled" / "gpuprov-ttl.timer").exists()
+    assert host.run_script(ttl_script(None)).result == "unchanged"
+
+
+def test_budget_becomes_the_deadline_when_it_runs_out_first() -> None:
+    from gpuprov.plan import budget_seconds, with_budget
+
+    plan = make_plan(NodeRequest(gpu="T4", budget_usd=5.26))  # g4dn.xlarge lists at $0.526/h: 10h
+    assert plan.guards.ttl_seconds == 36000 and plan.guards.budget_usd == 5.26
+    assert "$5.26 budget at $0.526/h" in next(s.summary for s in plan.steps if s.name == "ttl")
+    assert make_plan(NodeRequest(gpu="T4", budget_usd=5.26, ttl_seconds=3600)).guards.ttl_seconds == 3600
+    assert budget_seconds(5, 0.25) == 72000
+    assert with_budget(Guards(ttl_seconds=None), 5, 0.25).ttl_seconds == 72000
+    with pytest.raises(UserInputError, match="--budget"):
+        make_plan(NodeRequest(gpu="T4", budget_usd=0))
+
+
+def test_ttl_and_autostop_change_on_a_host_bootstrapped_with_ttl(host_pool, gp_home, tmp_path) -> None:
+    pool, i = host_pool, AUTOSTOP_HOST
+    _reset(pool, i)
+    playbook = tmp_path / "cpu.yml"
+    playbook.write_text("name: cpu\nstack: none\nenv: null\n")
+    host = f"root@{pool[i].address}"
+    result = gpuprov("bootstrap", host, "-i", str(pool.key_path), "--accept-new-host-key", "--os", "ubuntu-22.04",
+                     "-p", str(playbook), "--connect-timeout", "3", "--ttl", "8h", "--autostop", "30m")
+    assert result.returncode == 0, result.stdout + result.stderr
+    before = pool.exec_in(i, f"cat {HOST_SYSROOT}/var/lib/gpuprov/ttl-deadline", check=True).stdout.split()
+    assert before[0] == "28800"
+
+    changed = gpuprov("ttl", host, "2h", "-i", str(pool.key_path))
+    assert changed.returncode == 0, changed.stdout + changed.stderr
+    assert "TTL 2h: shuts down at about" in changed.stdout
+    ttl, deadline = pool.exec_in(i, f"cat {HOST_SYSROOT}/var/lib/gpuprov/ttl-deadline", check=True).stdout.split()
+    assert ttl == "7200" and int(deadline) < int(before[1]) - 6 * 3600 + 60
+    assert gpuprov("autostop", host, "1h", "-i", str(pool.key_path)).returncode == 0
+    assert "IDLE_SECONDS=3600" in pool.exec_in(i, f"cat {HOST_SYSROOT}/etc/gpuprov/autostop.conf").stdout
+    off = gpuprov("ttl", host, "off", "-i", str(pool.key_path))
+    assert off.returncode == 0 and "TTL off" in off.stdout
+    assert pool.exec_in(i, f"test -e {HOST_SYSROOT}/var/lib/gpuprov/ttl-deadline").returncode != 0
+    unknown = gpuprov("ttl", "root@10.255.255.1", "1h", "-i", str(pool.key_path))
+    assert unknown.returncode != 0 and "Traceback" not in unknown.stderr

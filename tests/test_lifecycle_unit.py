@@ -90,3 +90,56 @@ def test_ssh_cidr_refuses_empty_and_takes_ipv6():
         ssh_cidr("")
     assert ssh_cidr("2001:db8::7/128") == "2001:db8::7/128"
     assert ssh_cidr(None, lookup=lambda: "2001:db8::7") == "2001:db8::7/128"
+
+
+def test_teardown_cancels_spot_requests_before_it_terminates_instances(tmp_path):
+    """A persistent spot request relaunches a terminated instance: its request is cancelled first."""
+    from gpuprov.cloud.teardown import teardown
+
+    calls: list[str] = []
+
+    class Fake:
+        name = "fake"
+
+        def find_launched(self, region, token):
+            return []
+
+        def instances(self, region, *, ids=(), node=None):
+            return []
+
+        def terminate(self, region, ids, settle):
+            calls.append(f"terminate {','.join(ids)}")
+
+        def wait_terminated(self, region, ids, timeout=900):
+            pass
+
+        def delete(self, resource, settle=0):
+            calls.append(f"delete {resource.kind} {resource.id}")
+
+        def tagged(self, region):
+            return []
+
+        def find_security_group(self, region, name):
+            return None
+
+    store = Store(tmp_path / "state.sqlite")
+    store.create_node("p", "fake", "us-east-1", market="spot", spot_type="persistent")
+    store.created(store.intend("p", "instance", "us-east-1", "tok"), "i-1")
+    store.add_resource("p", "spot-request", "us-east-1", "sir-1")
+    store.add_resource("p", "volume", "us-east-1", "vol-1")
+    result = teardown("p", "us-east-1", Fake(), store, lambda _line: None)  # type: ignore[arg-type]
+    assert result.complete
+    assert calls == ["delete spot-request sir-1", "terminate i-1", "delete volume vol-1"]
+
+
+def test_a_node_on_a_new_address_keeps_its_pinned_host_key(tmp_path, monkeypatch):
+    from gpuprov import sshconfig
+
+    monkeypatch.setenv("GPUPROV_HOME", str(tmp_path))
+    known = sshconfig.node_known_hosts("n")
+    known.write_text("203.0.113.5 ssh-ed25519 AAAAkey\n")
+    sshconfig.move_node_key("n", "198.51.100.9")
+    assert known.read_text() == "198.51.100.9 ssh-ed25519 AAAAkey\n"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    sshconfig.add_node("n", "198.51.100.9", "ubuntu", "/k")
+    assert "HostName 198.51.100.9" in sshconfig.config_path().read_text()

@@ -50,6 +50,21 @@ class InstanceType(BaseModel):
         return "P" if self.name.startswith("p") else "G"
 
 
+class Storage(BaseModel):
+    """What a stopped node's disk costs (EBS root volume), with where the number comes from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    volume_type: str
+    usd_per_gb_month: float
+    region: str
+    source: str
+    unverified: str | None = None
+
+    def month(self, gb: int) -> float:
+        return gb * self.usd_per_gb_month
+
+
 class Catalog(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -58,6 +73,7 @@ class Catalog(BaseModel):
     gpus: tuple[Gpu, ...]
     instance_types: tuple[InstanceType, ...]
     regions: tuple[str, ...]
+    storage: Storage
 
     def check_region(self, region: str) -> str:
         if region in self.regions:

@@ -41,9 +41,10 @@ from gpuprov.providers.base import (
     NotFound,
     Provider,
 )
-from gpuprov.state import Node, Store
+from gpuprov.state import Node, Resource, Store
 
 if TYPE_CHECKING:
+    from gpuprov.catalog import InstanceType
     from gpuprov.inventory import Target
     from gpuprov.remote import HostSettings
 
@@ -153,8 +154,8 @@ def check_options(plan: Plan, opts: UpOptions) -> None:
                              "add --spot, or drop --fallback")
     asked = plan.guards.autostop_seconds is not None or plan.guards.ttl_seconds is not None or plan.guards.on_interrupt
     if asked and not opts.bootstrap:  # the spot watcher alone is implied by --spot: it is simply not installed
-        raise UserInputError("--no-bootstrap", "--autostop, --ttl and --on-interrupt are installed by the bootstrap",
-                             "drop --no-bootstrap, or drop those options")
+        raise UserInputError("--no-bootstrap", "--autostop, --ttl, --budget and --on-interrupt are installed by the "
+                             "bootstrap", "drop --no-bootstrap, or drop those options")
     if opts.bootstrap and not opts.wait:
         raise UserInputError("--no-wait", "the bootstrap needs SSH", "add --no-bootstrap, or drop --no-wait")
 
@@ -206,7 +207,10 @@ def up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) 
     store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,
                       market=market, owner=owner(), plan_json=_plan_json(plan), ssh_user=opts.ssh_user,
                       pid=os.getpid(), host=socket.gethostname(), autostop_seconds=plan.guards.autostop_seconds,
-                      ttl_seconds=plan.guards.ttl_seconds, on_interrupt=plan.guards.on_interrupt)
+                      ttl_seconds=plan.request.ttl_seconds, on_interrupt=plan.guards.on_interrupt,
+                      spot_type=("persistent" if plan.request.persistent else "one-time") if plan.request.spot else None,
+                      shutdown_action=plan.guards.shutdown_action, disk_gb=opts.disk_gb, connect=opts.connect,
+                      budget_usd=plan.request.budget_usd)
     store.event(name, "up", f"launching {plan.count}× {plan.gpu.name if plan.gpu else ''} in {region}")
     try:
         return _launch_and_bootstrap(plan, opts, provider, store, say, order, image, network, cidr)
@@ -269,7 +273,9 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
         try:
             instance = provider.launch(LaunchRequest(
                 node=name, region=region, zone=cand.zone, instance_type=cand.instance_type, market=cand.market,
-                image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price),
+                image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price,
+                persistent=plan.request.persistent and cand.market == "spot",
+                shutdown_behavior=_shutdown_behavior(plan, cand.market)),
                 settle=SETTLE_SECONDS)
         except LaunchError as exc:
             if exc.then != "retry":  # refused: EC2 made nothing for this token (a transient error keeps the
@@ -295,11 +301,38 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
         if instance.spot_request_id:
             store.add_resource(name, "spot-request", region, instance.spot_request_id)
         store.update_node(name, instance_type=cand.instance_type, zone=cand.zone, market=cand.market,
-                          price_usd_hour=cand.price_usd_hour)
+                          price_usd_hour=cand.price_usd_hour,
+                          spot_type=("persistent" if plan.request.persistent else "one-time")
+                          if cand.market == "spot" else None,
+                          shutdown_action=_shutdown_behavior(plan, cand.market))
         return instance, attempts
     tried = "; ".join(f"{a.candidate.instance_type}/{a.candidate.zone}/{a.candidate.market}: {a.code}" for a in attempts)
     hint = "" if opts.fallback_on_demand or not plan.request.spot else " (add --fallback on-demand to try on-demand too)"
     raise GpuprovError(f"no capacity anywhere it was asked for{hint}: {tried}")
+
+
+def _shutdown_behavior(plan: Plan, market: Market) -> str:
+    """The instance's InstanceInitiatedShutdownBehavior, i.e. what the guards' `shutdown` does: a one-time
+    spot instance cannot stop; anything else follows --autostop-action, by default stop (disk kept)."""
+    if market == "spot" and not plan.request.persistent:
+        return "terminate"
+    return plan.request.autostop_action or "stop"
+
+
+def price_obtained(plan: Plan, provider: Provider, instance: Instance, list_price: float | None, say: Say) -> float | None:
+    """What the node costs per hour: the spot price in its zone at launch, or the on-demand list price."""
+    if instance.market != "spot":
+        return list_price
+    try:
+        prices = provider.prices(plan.request.region, [instance.instance_type])
+    except GpuprovError as exc:
+        say(f"  could not read the spot price ({exc}); the budget uses the on-demand list price")
+        return list_price
+    here = [p.price for p in prices if p.zone == instance.zone and p.instance_type == instance.instance_type]
+    if not here:
+        say("  no spot price published for this zone; the budget uses the on-demand list price")
+        return list_price
+    return here[0]
 
 
 def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say,
@@ -323,6 +356,25 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
     from gpuprov.paths import keys_dir, region_key
 
     key_path = str(region_key(keys_dir(), region))
+    action = store.node(name).shutdown_action
+    if action != plan.guards.shutdown_action:  # spot fell back to on-demand: the guards say what it does now
+        from gpuprov.plan import replace_guards
+
+        plan = replace_guards(plan, plan.guards.model_copy(update={"shutdown_action": action}))
+    budget = plan.request.budget_usd
+    if budget is not None:
+        from gpuprov.plan import replace_guards, with_budget
+
+        node = store.node(name)
+        price = price_obtained(plan, provider, instance, node.price_usd_hour, say)
+        guards = with_budget(plan.guards.model_copy(update={"ttl_seconds": plan.request.ttl_seconds}), budget, price)
+        plan = replace_guards(plan, guards)
+        if price:
+            hours = budget / price
+            say(f"budget ${budget:g} at ${price:.4g}/h ({instance.market}): {hours:.1f}h, "
+                f"enforced on the node")
+            store.update_node(name, budget_price=price,
+                              budget_deadline=time.time() + hours * 3600)
     if opts.bootstrap:
         # the guard steps run first, so the node's TTL deadline is a few seconds after this one
         ttl = plan.guards.ttl_seconds
@@ -514,39 +566,85 @@ def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -
     return left
 
 
-def set_autostop(name: str, seconds: int | None, store: Store, target: Target, settings: HostSettings, say: Say) -> str:
-    """Change a running node's autostop window (None: off) over SSH, then record it locally.
-
-    Runs the same `autostop` step the bootstrap runs, rendered with the new window: it rewrites
-    /etc/gpuprov/autostop.conf and enables or disables gpuprov-autostop.timer. Returns its result.
-    """
+def _run_guard_step(label: str, what: str, script_text: str, target: Target, settings: HostSettings) -> str:
+    """Run one rendered guard step on a live machine over SSH (sudo); returns its GPUPROV_RESULT."""
     import shlex
 
-    from gpuprov.plan import autostop_script
     from gpuprov.remote import Remote
 
-    node = store.node(name)
-    if node.state not in ("ready", "running", "bootstrapping"):
-        raise UserInputError("NAME", f"{name} is {node.state}", "autostop changes a running node")
-    script = autostop_script(seconds)
-    path = f"/tmp/gpuprov-autostop-{uuid.uuid4().hex[:12]}.sh"
+    path = f"/tmp/gpuprov-{what}-{uuid.uuid4().hex[:12]}.sh"
     remote = Remote(target, settings)
     remote.open()
     try:
-        remote.put_bytes(script.text.encode(), path)
+        remote.put_bytes(script_text.encode(), path)
         result = remote.run(f"bash {shlex.quote(path)}; rc=$?; rm -f {shlex.quote(path)}; exit $rc", sudo=True)
     finally:
         remote.close()
     lines = result.stdout.strip().splitlines()
     if not result.ok or not lines or not lines[-1].startswith("GPUPROV_RESULT="):
         tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise GpuprovError(f"{name}: the autostop step failed (exit {result.exited}): {tail}")
-    store.update_node(name, autostop_seconds=seconds)
+        raise GpuprovError(f"{label}: the {what} step failed (exit {result.exited}): {tail}")
+    return lines[-1].split("=", 1)[1]
+
+
+def _live_node(name: str | None, store: Store | None, what: str) -> Node | None:
+    if name is None or store is None:
+        return None
+    node = store.node(name)
+    if node.state not in ("ready", "running", "bootstrapping"):
+        raise UserInputError("NAME", f"{name} is {node.state}", f"{what} changes a running node"
+                             + (f"; `gpuprov start {name}` first" if node.state == "stopped" else ""))
+    return node
+
+
+def set_autostop(name: str | None, seconds: int | None, store: Store | None, target: Target, settings: HostSettings,
+                 say: Say) -> str:
+    """Change a running node's (or a bootstrapped host's: name None) autostop window (None: off) over SSH,
+    then record it for a node.
+
+    Runs the same `autostop` step the bootstrap runs, rendered with the new window: it rewrites
+    /etc/gpuprov/autostop.conf and enables or disables gpuprov-autostop.timer. Returns its result.
+    """
+    from gpuprov.plan import autostop_script
     from gpuprov.spec import format_duration
 
-    store.event(name, "autostop", f"autostop {format_duration(seconds)}")
-    say(f"{name}: autostop {'off' if seconds is None else 'after ' + format_duration(seconds) + ' idle'}")
-    return lines[-1].split("=", 1)[1]
+    node = _live_node(name, store, "autostop")
+    label = name or target.label or target.host
+    script = autostop_script(seconds, shutdown_action=node.shutdown_action if node else None)
+    result = _run_guard_step(label, "autostop", script.text, target, settings)
+    if node is not None and store is not None:
+        store.update_node(node.name, autostop_seconds=seconds)
+        store.event(node.name, "autostop", f"autostop {format_duration(seconds)}")
+    say(f"{label}: autostop {'off' if seconds is None else 'after ' + format_duration(seconds) + ' idle'}")
+    return result
+
+
+def set_ttl(name: str | None, seconds: int | None, store: Store | None, target: Target, settings: HostSettings,
+            say: Say) -> str:
+    """Give a running node (or a bootstrapped host: name None) a new deadline, `seconds` from now, or none
+    (None), over SSH: the `ttl` step rendered to start a new deadline. `off` also lifts a --budget cap."""
+    from gpuprov.plan import ttl_script
+    from gpuprov.spec import format_duration
+
+    node = _live_node(name, store, "ttl")
+    label = name or target.label or target.host
+    script = ttl_script(seconds, shutdown_action=node.shutdown_action if node else None)
+    started = time.time()
+    result = _run_guard_step(label, "ttl", script.text, target, settings)
+    if node is not None and store is not None:
+        fields: dict[str, object] = {"ttl_seconds": seconds,
+                                     "ttl_deadline": started + seconds if seconds is not None else None}
+        if node.budget_usd is not None:  # the deadline is the user's now, not the budget's
+            fields.update(budget_usd=None, budget_deadline=None, budget_price=None)
+            say(f"{label}: the ${node.budget_usd:g} budget no longer applies (the deadline is set by hand)")
+        store.update_node(node.name, **fields)
+        store.event(node.name, "ttl", f"ttl {format_duration(seconds)}")
+    if seconds is None:
+        say(f"{label}: TTL off (no deadline)")
+    else:
+        at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started + seconds))
+        say(f"{label}: TTL {format_duration(seconds)}: shuts down at about {at}")
+    return result
 
 
 def refresh(store: Store, provider: Provider) -> list[Node]:
@@ -554,7 +652,7 @@ def refresh(store: Store, provider: Provider) -> list[Node]:
     namesake stays visible for an hour), one batched call per region."""
     nodes = store.nodes()
     for region in sorted({n.region for n in nodes}):
-        here = [n for n in nodes if n.region == region and n.state in ("ready", "running", "bootstrapping")]
+        here = [n for n in nodes if n.region == region and n.state in ("ready", "running", "bootstrapping", "stopped")]
         rows = {n.name: [r for r in store.resources(n.name, region=region, kind="instance") if r.cloud_id] for n in here}
         ids = [r.cloud_id for rs in rows.values() for r in rs if r.cloud_id]
         if not ids:
@@ -562,6 +660,11 @@ def refresh(store: Store, provider: Provider) -> list[Node]:
         found = {i.id: i for i in provider.instances(region, ids=ids)}
         for n in here:
             mine = [(r, found.get(r.cloud_id or "")) for r in rows[n.name]]
+            states = {i.state for _r, i in mine if i is not None}
+            if n.state != "stopped" and states and states <= {"stopping", "stopped"}:  # its guards stopped it
+                store.update_node(n.name, state="stopped", stopped_at=time.time(),
+                                  state_reason=next((i.state_reason for _r, i in mine if i and i.state_reason), None))
+                continue
             if not mine or any(i is not None and i.state != "terminated" for _r, i in mine):
                 continue
             if any(i is None and settle(r) > 0 for r, i in mine):
@@ -570,3 +673,301 @@ def refresh(store: Store, provider: Provider) -> list[Node]:
             store.update_node(n.name, state="interrupted" if n.market == "spot" else "gone",
                               state_reason=reason or "instance no longer exists")
     return store.nodes()
+
+
+# --- stop / start / resize -------------------------------------------------------------------------
+
+RUNNING_STATES = ("ready", "running", "bootstrapping")
+
+
+def _instance_rows(node: Node, store: Store) -> list[Resource]:
+    rows = [r for r in store.resources(node.name, region=node.region, kind="instance") if r.cloud_id]
+    if not rows:
+        raise GpuprovError(f"{node.name} has no recorded instance (state {node.state}); `gpuprov down {node.name}` "
+                           "removes what is left")
+    return rows
+
+
+def _busy(node: Node) -> bool:
+    """Another gpuprov process on this machine is working on the node right now."""
+    if not node.pid or node.host != socket.gethostname() or node.pid == os.getpid():
+        return False
+    try:
+        os.kill(node.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def budget_left(node: Node, at: float | None = None) -> float | None:
+    """Dollars left of the node's --budget: the time to its budget deadline at the price it was set with."""
+    if node.budget_usd is None or node.budget_deadline is None or not node.budget_price:
+        return None
+    return max(0.0, (node.budget_deadline - (at or time.time())) / 3600 * node.budget_price)
+
+
+def cannot_stop(node: Node) -> UserInputError:
+    return UserInputError(
+        "NAME", f"{node.name} is a one-time spot instance, which EC2 cannot stop (only terminate)",
+        f"`gpuprov down {node.name}` ends it, disk included; to have spot nodes that can stop, launch them with "
+        "`gpuprov up --spot --persistent` (a persistent request whose interruption behaviour is stop)")
+
+
+def stop(names: Sequence[str], provider: Provider, store: Store, say: Say, timeout: float = 900) -> list[Node]:
+    """Stop nodes (EBS kept, compute billing ends). Every node is checked before any is touched: a one-time
+    spot node, or one that is not running, refuses the whole command."""
+    nodes = [store.node(n) for n in names]
+    for node in nodes:
+        if not node.can_stop:
+            raise cannot_stop(node)
+        if node.state not in (*RUNNING_STATES, "stopping", "stopped"):
+            raise UserInputError("NAME", f"{node.name} is {node.state}", "only a running node can stop")
+        if node.state in ("running", "bootstrapping") and _busy(node):
+            raise UserInputError("NAME", f"{node.name} is still being set up by gpuprov (pid {node.pid})",
+                                 "wait for `up` or `start` to finish, or press Ctrl-C there")
+        _instance_rows(node, store)
+    for node in nodes:
+        if node.state == "stopped":
+            say(f"{node.name} is already stopped")
+            continue
+        rows = _instance_rows(node, store)
+        ids = [r.cloud_id for r in rows if r.cloud_id]
+        store.update_node(node.name, state="stopping")
+        store.event(node.name, "stop", f"stopping {', '.join(ids)}")
+        say(f"{node.name}: stopping {', '.join(ids)}")
+        provider.stop(node.region, ids, settle=max(settle(r) for r in rows))
+        provider.wait_stopped(node.region, ids, timeout=timeout)
+        store.update_node(node.name, state="stopped", stopped_at=time.time(), state_reason=None)
+        store.event(node.name, "stopped", ", ".join(ids))
+    return [store.node(n.name) for n in nodes]
+
+
+def storage_month(node: Node) -> tuple[float, str] | None:
+    """What the stopped node's disk costs a month, and where that price comes from."""
+    from gpuprov import catalog
+
+    if not node.disk_gb:
+        return None
+    storage = catalog.load().storage
+    source = storage.source + (f" (unverified here: {storage.unverified})"
+                               if storage.unverified and node.region != storage.region else "")
+    return storage.month(node.disk_gb), source
+
+
+def resize_target(node: Node, gpu: str | None, instance_type: str | None,
+                  offered: Callable[[list[str]], dict[str, list[str]]]) -> InstanceType | None:
+    """The instance type `start --gpu/--instance-type` asks for (None: keep the type); for --gpu the
+    cheapest that carries it and is offered in the node's zone, where its disk is."""
+    from gpuprov import catalog
+    from gpuprov.plan import choose_instances
+
+    cat = catalog.load()
+    if instance_type:
+        return cat.instance_type(instance_type)
+    if gpu:
+        name, count = catalog.parse_gpu_request(gpu)
+        count = count if ":" in gpu else (node.gpu_count or 1)
+        fits = choose_instances(cat.gpu(name), count)
+        zones = offered([it.name for it in fits])
+        return next((it for it in fits if node.zone in zones.get(it.name, [])), fits[0])
+    return None
+
+
+def check_resize(node: Node, target: InstanceType) -> None:
+    """Refuse, before anything changes, a type whose GPU the stack installed on the node cannot serve:
+    the same driver branch, kernel module, torch wheel and toolkit must resolve for the new GPU."""
+    from gpuprov import catalog, compat
+    from gpuprov.errors import StackConflict
+
+    stack = node.plan.get("stack")
+    if not stack or not target.gpu:
+        return
+    gpu = catalog.load().gpu(target.gpu)
+    torch = stack.get("torch") or None
+    installed = (f"driver R{stack['driver_branch']} ({stack['kernel_module']} kernel module)"
+                 + (f", torch {torch['version']}+{torch['variant']}" if torch else ""))
+    pins = compat.StackPins(driver=stack.get("driver_version") or str(stack["driver_branch"]),
+                            cuda=stack.get("cuda_toolkit"), torch=torch["version"] if torch else None,
+                            torch_cuda=torch["variant"] if torch else None, python=stack.get("python"))
+    fix = (f"keep a type with a GPU this stack serves, or launch a new node for {gpu.name}: "
+           f"`gpuprov up NAME --gpu {gpu.name}`")
+    try:
+        new = compat.resolve(gpu, stack["os"], pins, nvswitch=target.nvswitch, want_torch=torch is not None)
+    except StackConflict as exc:
+        raise StackConflict("--instance-type", f"{node.name} has {installed}, which cannot serve {gpu.name} on "
+                            f"{target.name}: {exc.problem}", fix, rule=exc.rule) from None
+    if new.kernel_module != stack["kernel_module"]:
+        raise StackConflict("--instance-type", f"{node.name} has {installed}; {gpu.name} on {target.name} needs the "
+                            f"{new.kernel_module} kernel module", fix, rule="kernel-module-differs")
+
+
+@dataclass
+class StartResult:
+    node: Node
+    address: str
+    resized_from: str | None = None
+    verified: bool = False
+    ssh_alias: str | None = None
+
+
+@dataclass(frozen=True)
+class StartOptions:
+    gpu: str | None = None
+    instance_type: str | None = None
+    bootstrap: bool = True
+    ssh_timeout: float = 600.0
+    reboot_timeout: float = 600.0
+    verbose_echo: Callable[[str], None] | None = None
+
+
+def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: Say) -> StartResult:
+    """Start a stopped node, resized first when asked. Order: refuse what cannot work (state, stack, zone)
+    -> record the resize (from, to) -> ModifyInstanceAttribute -> StartInstances (a refusal puts the type
+    back: the node stays stopped, as it was) -> running -> address, ssh config -> bootstrap + verify.
+    A `start` killed mid-way leaves the node `resizing`/`starting` with its records; `start` or `down`
+    completes it."""
+    from gpuprov import catalog
+
+    node = store.node(name)
+    if node.state in ("resizing", "starting") and _busy(node):
+        raise UserInputError("NAME", f"another gpuprov process (pid {node.pid}) is starting {name}", "wait for it")
+    if node.state in RUNNING_STATES:
+        raise UserInputError("NAME", f"{name} is already running ({node.state})", f"`gpuprov stop {name}` first")
+    if node.state not in ("stopped", "resizing", "starting"):
+        raise UserInputError("NAME", f"{name} is {node.state}", "only a stopped node can start")
+    if budget_left(node, at=node.stopped_at) == 0:
+        raise UserInputError("NAME", f"{name}'s ${node.budget_usd:g} budget is spent",
+                             f"`gpuprov ttl {name} off` lifts the cap, then start it")
+    (row, *_more) = _instance_rows(node, store)
+    iid = row.cloud_id or ""
+    target = resize_target(node, opts.gpu, opts.instance_type, lambda types: provider.offerings(node.region, types))
+    if target is None and node.resize_to:  # a resize killed mid-way: finish what was asked
+        target = catalog.load().instance_type(node.resize_to)
+    (current,) = provider.describe(node.region, [iid], settle=settle(row))
+    if current.state in ("terminated", "shutting-down"):
+        store.update_node(name, state="gone", state_reason=current.state_reason or "instance terminated")
+        raise GpuprovError(f"{name}'s instance {iid} is {current.state}; `gpuprov down {name}` removes what is left")
+    original = node.resize_from or current.instance_type
+    resized_from = None
+    if target is not None and target.name != current.instance_type:
+        if current.state not in ("stopped",):
+            raise UserInputError("--instance-type", f"{name} is {current.state}; a resize needs it stopped",
+                                 f"`gpuprov stop {name}` first")
+        if node.market == "spot":  # EC2 guide, "Change the instance type": not for Spot Instances
+            raise UserInputError("--instance-type", f"{name} is a spot instance, whose type EC2 cannot change",
+                                 f"start it as it is (`gpuprov start {name}`), or `gpuprov up` a new node with "
+                                 f"--instance-type {target.name}")
+        check_resize(node, target)
+        zones = provider.offerings(node.region, [target.name]).get(target.name, [])
+        if node.zone and node.zone not in zones:
+            raise UserInputError("--instance-type", f"{target.name} is not offered in {node.zone}, where {name}'s "
+                                 "disk is", f"offered in: {', '.join(zones) or 'no zone of ' + node.region}")
+        store.update_node(name, state="resizing", resize_from=original, resize_to=target.name, pid=os.getpid(),
+                          host=socket.gethostname())
+        store.event(name, "resize", f"{current.instance_type} -> {target.name}")
+        say(f"{name}: {current.instance_type} -> {target.name}")
+        provider.set_instance_type(node.region, iid, target.name, settle=settle(row))
+        resized_from = current.instance_type
+    elif target is not None and node.resize_from and target.name == current.instance_type:
+        resized_from = node.resize_from if node.resize_from != target.name else None
+    now_type = target.name if target is not None else current.instance_type
+    it = catalog.load().instance_type(now_type)
+    store.update_node(name, state="starting", instance_type=now_type, gpu=it.gpu or node.gpu, gpu_count=it.gpus,
+                      price_usd_hour=it.price_usd_hour, pid=os.getpid(), host=socket.gethostname())
+    say(f"{name}: starting {iid} ({now_type})")
+    try:
+        provider.start(node.region, [iid], settle=settle(row))
+    except LaunchError as exc:
+        back = ""
+        if now_type != original:
+            provider.set_instance_type(node.region, iid, original, settle=0)
+            back = f" as {original} (the resize to {now_type} was undone)"
+        orig = catalog.load().instance_type(original)
+        store.update_node(name, state="stopped", instance_type=original, gpu=orig.gpu or node.gpu,
+                          gpu_count=orig.gpus, price_usd_hour=orig.price_usd_hour, resize_from=None, resize_to=None)
+        store.event(name, "start-refused", f"{exc.code}: {exc.message}")
+        fix = f"\n  fix: {exc.fix}" if exc.fix else ""
+        raise GpuprovError(f"AWS refused to start {name}: {exc.code}: {exc.message}{fix}\n  {name} stays "
+                           f"stopped{back}; try again later, or another type: gpuprov start {name} --instance-type …"
+                           ) from None
+    instance = provider.wait_running(node.region, iid, timeout=opts.ssh_timeout, settle=settle(row))
+    address = instance.private_ip if node.connect == "private" else instance.public_ip
+    if not address:
+        raise GpuprovError(f"{iid} runs but has no {node.connect or 'public'} address")
+    from gpuprov import sshconfig
+    from gpuprov.paths import keys_dir, region_key
+
+    if address != node.address:
+        sshconfig.move_node_key(name, address)
+        say(f"{name}: new address {address} (was {node.address}); host key kept pinned")
+    store.update_node(name, state="running", address=address, zone=instance.zone, resize_from=None, resize_to=None,
+                      stopped_at=None, state_reason=None)
+    key_path = str(region_key(keys_dir(), node.region))
+    alias = sshconfig.add_node(name, address, node.ssh_user or "ubuntu", key_path)
+    store.event(name, "started", f"{now_type} {address}")
+    result = StartResult(store.node(name), address, resized_from, ssh_alias=alias)
+    if opts.bootstrap:
+        result.verified = _rebootstrap(store.node(name), opts, key_path, store, say)
+    store.update_node(name, state="ready", ready_at=time.time())
+    result.node = store.node(name)
+    return result
+
+
+def node_plan(node: Node) -> Plan:
+    """The plan a node was bootstrapped with, for its current instance type: the stack installed on it
+    pinned exactly (driver branch, torch, toolkit, Python), the guards it has."""
+    from gpuprov.compat import StackPins
+    from gpuprov.plan import NodeRequest, make_plan
+
+    recorded = node.plan
+    stack = recorded.get("stack") or {}
+    torch = stack.get("torch") or None
+    pins = StackPins(driver=(stack.get("driver_version") or str(stack["driver_branch"])) if stack else None,
+                     cuda=stack.get("cuda_toolkit"), torch=torch["version"] if torch else None,
+                     torch_cuda=torch["variant"] if torch else None, python=stack.get("python"))
+    guards = recorded.get("guards") or {}
+    request = NodeRequest(
+        gpu=node.gpu or recorded.get("gpu") or "", count=node.gpu_count or 1, spot=node.market == "spot",
+        region=node.region, playbook=recorded.get("playbook") or "pytorch", os=recorded.get("os") or "ubuntu-24.04",
+        pins=pins, instance_type=node.instance_type, autostop_seconds=node.autostop_seconds,
+        ttl_seconds=node.ttl_seconds, on_interrupt=node.on_interrupt or guards.get("on_interrupt"),
+        persistent=node.spot_type == "persistent",
+        autostop_action=node.shutdown_action if node.shutdown_action in ("stop", "terminate") else None,  # type: ignore[arg-type]
+    )
+    return make_plan(request)
+
+
+def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, say: Say) -> bool:
+    """Bootstrap + verify again on the started node (markers make finished steps quick), with its pinned
+    host key; False when SSH does not answer in time (the node runs; `gpuprov check` later)."""
+    from gpuprov import bootstrap as engine
+    from gpuprov import sshconfig
+    from gpuprov.inventory import Target
+    from gpuprov.plan import replace_guards, with_budget
+    from gpuprov.remote import HostSettings
+
+    address = node.address or ""
+    try:
+        _wait_tcp(address, 22, opts.ssh_timeout)
+    except GpuprovError as exc:
+        say(f"  {exc}; not bootstrapped again (`gpuprov check {node.name}` when it answers)")
+        return False
+    plan = node_plan(node)
+    if node.budget_usd is not None and node.budget_price:  # what is left of the budget, at the new price
+        left = budget_left(node, at=node.stopped_at)
+        price = node.price_usd_hour if node.market != "spot" else node.budget_price
+        plan = replace_guards(plan, with_budget(plan.guards, left, price))
+        if left and price:
+            store.update_node(node.name, budget_price=price, budget_deadline=time.time() + left / price * 3600)
+    target = Target(host=address, user=node.ssh_user or "ubuntu", key=key_path, label=node.name)
+    settings = HostSettings(known_hosts=sshconfig.node_known_hosts(node.name), accept_new_host_key=False,
+                            connect_timeout=15)
+    say("bootstrapping again (finished steps are skipped) and verifying")
+    options = engine.Options(reboot_timeout=opts.reboot_timeout, echo=opts.verbose_echo)
+    (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options, reporter=_StepLines(say))
+    if result.status not in ("ok", "changed"):
+        raise GpuprovError(f"{node.name} runs, but its bootstrap {result.summary}: {result.error} "
+                           f"(log: {result.log_path}); `gpuprov check {node.name}` says more")
+    return True

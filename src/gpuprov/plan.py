@@ -6,8 +6,8 @@ cannot say one thing and do another.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -37,10 +37,22 @@ class Guards(BaseModel):
     interrupt_watch: bool = False
     on_interrupt: str | None = None
     metadata_url: str = DEFAULT_METADATA_URL
+    # what a shutdown by a guard does to a node gpuprov launched (its InstanceInitiatedShutdownBehavior):
+    # "stop" keeps the disk, "terminate" ends everything; None: a host gpuprov did not launch (it powers off)
+    shutdown_action: Literal["stop", "terminate"] | None = None
+    budget_usd: float | None = None  # the TTL is this budget at `budget_price` $/h when that is the sooner
+    budget_price: float | None = None
 
     @property
     def any(self) -> bool:
         return self.autostop_seconds is not None or self.ttl_seconds is not None or self.interrupt_watch
+
+    @property
+    def then(self) -> str:
+        """What the guards' shutdown does, in words."""
+        return {"stop": "the instance stops (its disk is kept)",
+                "terminate": "the instance terminates (its disk goes with it)"}.get(self.shutdown_action or "",
+                                                                                     "the machine powers off")
 
 
 NO_GUARDS = Guards()
@@ -62,6 +74,13 @@ class NodeRequest(BaseModel):
     autostop_seconds: int | None = None  # --autostop (seconds idle), None: off
     ttl_seconds: int | None = None  # --ttl, None: no deadline
     on_interrupt: str | None = None  # --on-interrupt (wins over the playbook's on_interrupt)
+    persistent: bool = False  # --persistent: a persistent spot request (interruption behaviour stop), so it can stop
+    autostop_action: Literal["stop", "terminate"] | None = None  # --autostop-action; None: stop when it can
+    budget_usd: float | None = None  # --budget: a dollar cap, enforced on the node as a deadline
+
+    @property
+    def can_stop(self) -> bool:
+        return not self.spot or self.persistent
 
 
 @dataclass(frozen=True)
@@ -133,11 +152,46 @@ def choose_instances(gpu: Gpu, count: int, instance_type: str | None = None) -> 
     return tuple(sorted(fits, key=lambda it: (it.price_usd_hour is None, it.price_usd_hour or 0.0, it.gpus)))
 
 
-def guards_for(request: NodeRequest, playbook: Playbook) -> Guards:
+def guards_for(request: NodeRequest, playbook: Playbook, launched: bool = False) -> Guards:
     """The guard settings from flags and the playbook (the flag's hook wins over the playbook's)."""
     hook = request.on_interrupt or playbook.on_interrupt
-    return Guards(autostop_seconds=request.autostop_seconds, ttl_seconds=request.ttl_seconds,
-                  interrupt_watch=bool(request.spot or hook), on_interrupt=hook)
+    guards = Guards(autostop_seconds=request.autostop_seconds, ttl_seconds=request.ttl_seconds,
+                    interrupt_watch=bool(request.spot or hook), on_interrupt=hook,
+                    shutdown_action=shutdown_action(request) if launched else None)
+    return guards
+
+
+def shutdown_action(request: NodeRequest) -> Literal["stop", "terminate"]:
+    """What a shutdown on the node does: stop (disk kept) for nodes that can stop, else terminate."""
+    if request.persistent and not request.spot:
+        raise UserInputError("--persistent", "applies to spot requests only", "add --spot, or drop --persistent")
+    if request.autostop_action == "stop" and not request.can_stop:
+        raise UserInputError("--autostop-action", "a one-time spot instance cannot stop (EC2 refuses to stop it)",
+                             "add --persistent (a persistent spot request that stops instead of terminating), "
+                             "or --autostop-action terminate")
+    return request.autostop_action or ("stop" if request.can_stop else "terminate")
+
+
+def budget_seconds(budget_usd: float, price_usd_hour: float) -> int:
+    """How long a dollar budget lasts at a price ($/h), whole seconds, rounded down."""
+    if budget_usd <= 0:
+        raise UserInputError("--budget", f"{budget_usd:g} is not a budget", "dollars above 0, e.g. 50")
+    return int(budget_usd / price_usd_hour * 3600)
+
+
+def with_budget(guards: Guards, budget_usd: float | None, price_usd_hour: float | None) -> Guards:
+    """The guards with the budget turned into the TTL when it runs out before the TTL would."""
+    if budget_usd is None or not price_usd_hour:
+        return guards
+    seconds = budget_seconds(budget_usd, price_usd_hour)
+    ttl = seconds if guards.ttl_seconds is None else min(seconds, guards.ttl_seconds)
+    return guards.model_copy(update={"ttl_seconds": ttl, "budget_usd": budget_usd, "budget_price": price_usd_hour})
+
+
+def replace_guards(plan: Plan, guards: Guards) -> Plan:
+    """The same plan with other guard settings (the guard steps first, as always)."""
+    rest = tuple(s for s in plan.steps if s.kind != "guard")
+    return replace(plan, guards=guards, steps=(*guard_steps(guards), *rest))
 
 
 def guard_steps(guards: Guards) -> list[StepPlan]:
@@ -146,11 +200,7 @@ def guard_steps(guards: Guards) -> list[StepPlan]:
     if guards.autostop_seconds is not None:
         steps.append(autostop_step(guards))
     if guards.ttl_seconds is not None:
-        steps.append(StepPlan(
-            "ttl", "guard_ttl.sh.j2", "guard",
-            f"hard deadline: shut down {format_duration(guards.ttl_seconds)} after this step first runs "
-            "(gpuprov-ttl.timer, survives reboots)", (("guards", guards),),
-        ))
+        steps.append(ttl_step(guards))
     if guards.interrupt_watch:
         hook = "runs the on-interrupt hook once" if guards.on_interrupt else "logs it (no on-interrupt hook)"
         steps.append(StepPlan(
@@ -166,14 +216,35 @@ def autostop_step(guards: Guards) -> StepPlan:
         what = "autostop off (gpuprov-autostop.timer disabled)"
     else:
         what = (f"shut down after {format_duration(guards.autostop_seconds)} idle: every GPU under "
-                f"{guards.idle_threshold_pct}% and no SSH session (gpuprov-autostop.timer, every minute)")
+                f"{guards.idle_threshold_pct}% and no SSH session (gpuprov-autostop.timer, every minute); "
+                f"then {guards.then}")
     return StepPlan("autostop", "guard_autostop.sh.j2", "guard", what, (("guards", guards),))
 
 
-def autostop_script(seconds: int | None, idle_threshold_pct: int = 10) -> Script:
+def ttl_step(guards: Guards, reset: bool = False) -> StepPlan:
+    """The TTL step; `reset` starts a new deadline from now even when the TTL is the same (`gpuprov ttl`)."""
+    if guards.ttl_seconds is None:
+        what = "TTL off (gpuprov-ttl.timer disabled, deadline removed)"
+    else:
+        budget = (f" (the ${guards.budget_usd:g} budget at ${guards.budget_price:.4g}/h)"
+                  if guards.budget_usd is not None and guards.budget_price else "")
+        what = (f"hard deadline: shut down {format_duration(guards.ttl_seconds)}{budget} after this step first runs "
+                f"(gpuprov-ttl.timer, survives reboots); then {guards.then}")
+    return StepPlan("ttl", "guard_ttl.sh.j2", "guard", what, (("guards", guards), ("reset", reset)))
+
+
+def autostop_script(seconds: int | None, idle_threshold_pct: int = 10, shutdown_action: str | None = None) -> Script:
     """The autostop step alone (what `gpuprov autostop NAME 2h|off` runs on a live node)."""
-    guards = Guards(autostop_seconds=seconds, idle_threshold_pct=idle_threshold_pct)
+    guards = Guards(autostop_seconds=seconds, idle_threshold_pct=idle_threshold_pct,
+                    shutdown_action=shutdown_action)  # type: ignore[arg-type]
     (script,) = render_steps((autostop_step(guards),), {}, {}).scripts
+    return script
+
+
+def ttl_script(seconds: int | None, shutdown_action: str | None = None) -> Script:
+    """The TTL step alone (what `gpuprov ttl NAME 4h|off` runs): a new deadline from now, or none."""
+    guards = Guards(ttl_seconds=seconds, shutdown_action=shutdown_action)  # type: ignore[arg-type]
+    (script,) = render_steps((ttl_step(guards, reset=True),), {}, {}).scripts
     return script
 
 
@@ -249,6 +320,8 @@ def make_plan(request: NodeRequest) -> Plan:
     """The plan for a node gpuprov launches: instance choice + stack + steps."""
     cat = catalog.load()
     cat.check_region(request.region)
+    if request.budget_usd is not None and request.budget_usd <= 0:
+        raise UserInputError("--budget", f"{request.budget_usd:g} is not a budget", "dollars above 0, e.g. 50")
     name, count_in_name = catalog.parse_gpu_request(request.gpu)
     gpu = cat.gpu(name)
     count = count_in_name if ":" in request.gpu else request.count
@@ -258,7 +331,7 @@ def make_plan(request: NodeRequest) -> Plan:
     instance = candidates[0]
     playbook = load_playbook(request.playbook)
     stack = resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch)
-    guards = guards_for(request, playbook)
+    guards = with_budget(guards_for(request, playbook, launched=True), request.budget_usd, instance.price_usd_hour)
     steps = steps_for(playbook, stack, request.pins.python or "3.12", guards)
     return Plan(request, gpu, count, instance, candidates, playbook, stack, steps, guards)
 

@@ -231,14 +231,44 @@ def status_rows(nodes: list[Node]) -> list[dict[str, object]]:
             "ttl_deadline": n.ttl_deadline,
             "ttl_left_seconds": max(round(n.ttl_deadline - now), 0) if n.ttl_deadline and n.live else None,
             "on_interrupt": n.on_interrupt,
+            **_stop_fields(n, now),
         })
     return rows
+
+
+def _stop_fields(n: Node, now: float) -> dict[str, object]:
+    """What stop/start, the shutdown action and a budget add to a status row."""
+    from gpuprov import catalog
+
+    storage = catalog.load().storage
+    left = (max(0.0, (n.budget_deadline - now) / 3600 * n.budget_price)
+            if n.budget_usd is not None and n.budget_deadline and n.budget_price else None)
+    if left is not None and n.state == "stopped" and n.stopped_at:
+        left = max(0.0, (n.budget_deadline or 0) - n.stopped_at) / 3600 * (n.budget_price or 0)
+    return {
+        "spot_type": n.spot_type, "can_stop": n.can_stop,
+        "autostop_action": n.shutdown_action or "terminate",  # nodes launched before stop existed terminate
+        "disk_gb": n.disk_gb,
+        "storage_usd_month": round(storage.month(n.disk_gb), 2) if n.disk_gb else None,
+        "storage_price": {"usd_per_gb_month": storage.usd_per_gb_month, "volume_type": storage.volume_type,
+                          "source": storage.source, "unverified": storage.unverified},
+        "stopped_at": n.stopped_at,
+        "budget_usd": n.budget_usd, "budget_price_usd_hour": n.budget_price,
+        "budget_left_usd": round(left, 2) if left is not None else None,
+    }
 
 
 def status_table(nodes: list[Node]) -> Table | Text:
     if not nodes:
         return Text("no nodes; `gpuprov up --gpu L4 --spot` launches one")
     table = Table(title="nodes (cost at on-demand list price; spot bills less)", title_justify="left")
+    if any(n.state == "stopped" for n in nodes):
+        from gpuprov import catalog
+
+        storage = catalog.load().storage
+        table.caption = (f"a stopped node's disk: {storage.volume_type} ${storage.usd_per_gb_month:g}/GB-month "
+                         f"({storage.source})")
+        table.caption_justify = "left"
     from gpuprov.spec import format_duration
 
     for col in ("name", "GPU", "type", "market", "zone", "state", "address", "$/h", "$ so far", "age", "autostop",
@@ -247,11 +277,17 @@ def status_table(nodes: list[Node]) -> Table | Text:
     for row in status_rows(nodes):
         idle = row["autostop_seconds"]
         left = row["ttl_left_seconds"]
-        guards = (f"{format_duration(idle)} idle" if isinstance(idle, int) else "-",
-                  format_duration(left) if isinstance(left, int) else "-")
+        then = f" → {row['autostop_action']}"
+        budget = row["budget_left_usd"]
+        guards = (f"{format_duration(idle)} idle{then}" if isinstance(idle, int) else "-",
+                  (format_duration(left) + (then if not isinstance(budget, float) else "") if isinstance(left, int)
+                   else "-") + (f" (${budget:.2f} of ${row['budget_usd']:g} left)" if isinstance(budget, float) else ""))
         price = row["price_usd_hour"]
         cost = row["cost_so_far_usd"]
         state = str(row["state"]) + (f" ({row['state_reason']})" if row["state_reason"] else "")
+        month = row["storage_usd_month"]
+        if row["state"] == "stopped" and isinstance(month, float):
+            state += f", disk ${month:.2f}/month"
         table.add_row(
             str(row["name"]), f"{row['gpu_count']}× {row['gpu']}", str(row["instance_type"] or "-"), str(row["market"]),
             str(row["zone"] or row["region"]), Text(state, style=_STYLE.get(str(row["state"]), "")),

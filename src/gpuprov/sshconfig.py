@@ -44,6 +44,23 @@ def add_node(name: str, address: str, user: str, key: str) -> str:
     return f"gpuprov-{name}"
 
 
+def move_node_key(name: str, address: str) -> None:
+    """The node came back on another address (a stopped instance gets a new public IP): its pinned host
+    key now names that address. The key itself is kept: a different key there is still refused."""
+    path = node_known_hosts(name)
+    if not path.exists():
+        return
+    lines = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and not line.startswith("#"):
+            line = " ".join([address, *parts[1:]])
+        if line not in lines:
+            lines.append(line)
+    path.write_text("".join(f"{line}\n" for line in lines))
+    path.chmod(0o600)
+
+
 def remove_node(name: str) -> None:
     path = config_path()
     if path.exists():

@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 from gpuprov.errors import UserInputError
 
-NodeState = Literal["launching", "running", "bootstrapping", "ready", "failed", "terminating", "terminated"]
+NodeState = Literal["launching", "running", "bootstrapping", "ready", "failed", "terminating", "terminated",
+                    "stopping", "stopped", "resizing", "starting"]
 ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume"]
 
 _SCHEMA = """
@@ -49,7 +50,17 @@ CREATE TABLE IF NOT EXISTS nodes (
     autostop_seconds INTEGER,
     ttl_seconds INTEGER,
     ttl_deadline REAL,
-    on_interrupt TEXT
+    on_interrupt TEXT,
+    spot_type TEXT,
+    shutdown_action TEXT,
+    disk_gb INTEGER,
+    connect TEXT,
+    budget_usd REAL,
+    budget_deadline REAL,
+    budget_price REAL,
+    resize_from TEXT,
+    resize_to TEXT,
+    stopped_at REAL
 );
 CREATE TABLE IF NOT EXISTS resources (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -73,7 +84,10 @@ CREATE INDEX IF NOT EXISTS resources_node ON resources(node);
 """
 # Columns added after the first release: (name, type), added to an older state file on open.
 _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER"), ("ttl_deadline", "REAL"),
-                       ("on_interrupt", "TEXT"))
+                       ("on_interrupt", "TEXT"), ("spot_type", "TEXT"), ("shutdown_action", "TEXT"),
+                       ("disk_gb", "INTEGER"), ("connect", "TEXT"), ("budget_usd", "REAL"), ("budget_deadline", "REAL"),
+                       ("budget_price", "REAL"),
+                       ("resize_from", "TEXT"), ("resize_to", "TEXT"), ("stopped_at", "REAL"))
 
 
 @dataclass(frozen=True)
@@ -102,6 +116,21 @@ class Node:
     ttl_seconds: int | None = None
     ttl_deadline: float | None = None  # epoch seconds (the node keeps its own, a few seconds later)
     on_interrupt: str | None = None
+    spot_type: str | None = None  # spot: "one-time" (cannot stop) or "persistent" (interruption behaviour stop)
+    shutdown_action: str | None = None  # what a shutdown on the node does: "stop" (disk kept) or "terminate"
+    disk_gb: int | None = None
+    connect: str | None = None  # "public" or "private": which address reaches it
+    budget_usd: float | None = None
+    budget_deadline: float | None = None  # epoch seconds the budget runs out at the price obtained
+    budget_price: float | None = None  # $/h the budget was turned into a deadline with (spot price at launch)
+    resize_from: str | None = None  # a `start --instance-type` in progress: the type before ...
+    resize_to: str | None = None  # ... and the type asked for (recorded before ModifyInstanceAttribute)
+    stopped_at: float | None = None
+
+    @property
+    def can_stop(self) -> bool:
+        """On-demand nodes and persistent spot requests can stop; one-time spot instances cannot (EC2 refuses)."""
+        return self.market != "spot" or self.spot_type == "persistent"
 
     @property
     def live(self) -> bool:

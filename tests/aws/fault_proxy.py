@@ -13,7 +13,8 @@ Kinds (the realism layer, class Ec2Realism; EC2 developer guide, "Eventual consi
            KeyName + KeyPairId, CreateVolume VolumeId; spot request ids from RunInstances/RequestSpotInstances replies
            only lag behind tag filters):
            * fresh ids: the first ``fresh_lookups`` (default 2) requests naming a fresh id by id answer EC2's NotFound
-             (HTTP 400) instead of being forwarded -- DescribeInstances/TerminateInstances InstanceId.N ->
+             (HTTP 400) instead of being forwarded -- DescribeInstances/TerminateInstances/StopInstances/
+             StartInstances InstanceId.N, ModifyInstanceAttribute InstanceId ->
              InvalidInstanceID.NotFound; DescribeSecurityGroups GroupId.N, AuthorizeSecurityGroupIngress/
              DeleteSecurityGroup GroupId, RunInstances SecurityGroupId.N -> InvalidGroup.NotFound; DescribeKeyPairs
              KeyName.N/KeyPairId.N, RunInstances KeyName -> InvalidKeyPair.NotFound; DescribeVolumes VolumeId.N ->
@@ -190,6 +191,9 @@ REALISM_DEFAULTS: dict[str, Any] = {"kind": "realistic", "fresh_lookups": 2, "ta
 _BY_ID: dict[str, list[tuple[str, str]]] = {
     "DescribeInstances": [(r"InstanceId\.\d+", "instance")],
     "TerminateInstances": [(r"InstanceId\.\d+", "instance")],
+    "StopInstances": [(r"InstanceId\.\d+", "instance")],
+    "StartInstances": [(r"InstanceId\.\d+", "instance")],
+    "ModifyInstanceAttribute": [(r"InstanceId", "instance")],
     "DescribeSecurityGroups": [(r"GroupId\.\d+", "group")],
     "AuthorizeSecurityGroupIngress": [(r"GroupId", "group")],
     "DeleteSecurityGroup": [(r"GroupId", "group")],

@@ -1,4 +1,4 @@
-"""The cloud lifecycle: up, status, down, gc, autostop."""
+"""The cloud lifecycle: up, status, stop, start, down, gc, autostop, ttl."""
 
 from __future__ import annotations
 
@@ -175,26 +175,110 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool) -> None:
 # --- guardrails -------------------------------------------------------------------------------
 
 
-@main.command()
-@click.argument("name")
-@click.argument("duration", metavar="DURATION|off")
-@handle_errors
-def autostop(name: str, duration: str) -> None:
-    """Change a running node's idle autostop: `gpuprov autostop NAME 2h`, or `off`.
-
-    Rewrites /etc/gpuprov/autostop.conf on the node over SSH (the node powers itself off after
-    that long with every GPU idle and nobody logged in) and records the setting locally.
-    """
-    from gpuprov import lifecycle
+def _guard_target(name: str, identity: str | None) -> tuple[str | None, Any, Any, Any]:
+    """A node gpuprov launched (by name), or a host it bootstrapped ([USER@]HOST[:PORT], host key pinned)."""
+    from gpuprov.inventory import parse_target, targets
     from gpuprov.paths import known_hosts_path
     from gpuprov.remote import HostSettings
+
+    settings = HostSettings(known_hosts=known_hosts_path(), connect_timeout=15, key_filename=identity)
+    target = node_target(name)
+    if target is not None:
+        store, _provider = store_and_provider()
+        return name, store, target, settings
+    from gpuprov.paths import state_dir
+    from gpuprov.state import open_store
+
+    if (state_dir() / "state.sqlite").exists():
+        node = open_store().find_node(name)
+        if node is not None and node.live:
+            raise click.UsageError(f"{name} is {node.state} and has no address to reach"
+                                   + (f": `gpuprov start {name}` first" if node.state == "stopped" else ""))
+    (host,) = targets([parse_target(name)], None)
+    return None, None, host, settings
+
+
+@main.command()
+@click.argument("name", metavar="NODE|[USER@]HOST[:PORT]")
+@click.argument("duration", metavar="DURATION|off")
+@click.option("-i", "--identity", default=None, help="Private key for a host (nodes use their own).")
+@handle_errors
+def autostop(name: str, duration: str, identity: str | None) -> None:
+    """Change the idle autostop of a running node or a bootstrapped host: `gpuprov autostop NAME 2h`, or `off`.
+
+    Rewrites /etc/gpuprov/autostop.conf over SSH (the machine shuts down after that long with every
+    GPU idle and nobody logged in; a node stops or terminates as `status` says) and records it locally.
+    """
+    from gpuprov import lifecycle
     from gpuprov.spec import parse_duration
 
     seconds = parse_duration(duration, "DURATION")
-    store, _provider = store_and_provider()
-    store.node(name)  # an unknown name fails here, naming the known ones
-    target = node_target(name)
-    if target is None:
-        raise click.UsageError(f"{name} has no address to reach (is it running? `gpuprov status --refresh`)")
-    lifecycle.set_autostop(name, seconds, store, target, HostSettings(known_hosts=known_hosts_path(), connect_timeout=15),
-                           say_to(make_console()))
+    node, store, target, settings = _guard_target(name, identity)
+    lifecycle.set_autostop(node, seconds, store, target, settings, say_to(make_console()))
+
+
+@main.command()
+@click.argument("name", metavar="NODE|[USER@]HOST[:PORT]")
+@click.argument("duration", metavar="DURATION|off")
+@click.option("-i", "--identity", default=None, help="Private key for a host (nodes use their own).")
+@handle_errors
+def ttl(name: str, duration: str, identity: str | None) -> None:
+    """Give a running node or a host bootstrapped with --ttl a new deadline: `gpuprov ttl NAME 4h` (from
+    now), or `off`. Rewrites /var/lib/gpuprov/ttl-deadline over SSH; `off` also lifts a --budget cap."""
+    from gpuprov import lifecycle
+    from gpuprov.spec import parse_duration
+
+    seconds = parse_duration(duration, "DURATION")
+    node, store, target, settings = _guard_target(name, identity)
+    lifecycle.set_ttl(node, seconds, store, target, settings, say_to(make_console()))
+
+
+# --- stop / start ---------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("names", nargs=-1, required=True)
+@handle_errors
+def stop(names: tuple[str, ...]) -> None:
+    """Stop nodes: compute billing ends, the disk (EBS) is kept; `gpuprov start NAME` resumes.
+
+    One-time spot nodes cannot stop (EC2 only terminates them): use `gpuprov down`, or launch spot
+    nodes with `up --spot --persistent`.
+    """
+    from gpuprov import lifecycle
+
+    store, provider = store_and_provider()
+    console = make_console()
+    for node in lifecycle.stop(list(names), provider, store, say_to(console)):
+        month = lifecycle.storage_month(node)
+        cost = f"; its {node.disk_gb} GB disk costs ${month[0]:.2f}/month while stopped" if month else ""
+        console.print(f"{node.name}: stopped{cost}", markup=False)
+        console.print(f"  gpuprov start {node.name}   # or: gpuprov down {node.name}", markup=False)
+
+
+@main.command()
+@click.argument("name")
+@click.option("--gpu", default=None, help="Resize first: the cheapest type with this GPU (the node's GPU count).")
+@click.option("--instance-type", default=None, help="Resize first: this instance type.")
+@click.option("--no-bootstrap", is_flag=True, help="Do not bootstrap and verify again after it runs.")
+@click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
+@handle_errors
+def start(name: str, gpu: str | None, instance_type: str | None, no_bootstrap: bool, verbose: bool) -> None:
+    """Start a stopped node (resized first with --gpu/--instance-type), wait for it, bootstrap and verify
+    again, and print its new address and $/h. A resize the installed stack cannot serve is refused before
+    anything changes; if AWS refuses the start, the node stays stopped, as it was."""
+    from gpuprov import lifecycle
+
+    if gpu and instance_type:
+        raise click.UsageError("pass --gpu or --instance-type, not both")
+    store, provider = store_and_provider()
+    console = make_console()
+    opts = lifecycle.StartOptions(gpu=gpu, instance_type=instance_type, bootstrap=not no_bootstrap,
+                                  verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None)
+    result = lifecycle.start(name, opts, provider, store, say_to(console))
+    node = result.node
+    resized = f" (was {result.resized_from})" if result.resized_from else ""
+    console.print(f"\n[bold green]{node.name} is ready[/]: {node.instance_type}{resized} in {node.zone}, "
+                  f"{node.address}, ${node.price_usd_hour or 0:.2f}/h on-demand list price")
+    if result.ssh_alias:
+        console.print(f"  ssh {result.ssh_alias}", markup=False)

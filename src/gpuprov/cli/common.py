@@ -68,10 +68,14 @@ def stack_options(func: F) -> F:
         click.option("--gpu", required=True, help="GPU name, optionally with a count: A100, h100, a100:8, l40s."),
         click.option("--count", type=int, default=1, show_default=True, help="Number of GPUs (or use --gpu NAME:N)."),
         click.option("--spot", is_flag=True, help="Ask for spot capacity (cheaper, can be interrupted)."),
+        click.option("--persistent", is_flag=True,
+                     help="With --spot: a persistent spot request whose interruption behaviour is stop, so the "
+                          "node can stop (`gpuprov stop`, autostop) and keep its disk."),
         click.option("--region", default=None, metavar="REGION", help=REGION_HELP),
         click.option("--instance-type", default=None, help="Force an instance type instead of the cheapest that fits."),
         pin_options,
         guard_options,
+        node_guard_options,
     ])
 
 
@@ -85,6 +89,18 @@ def guard_options(func: F) -> F:
         click.option("--on-interrupt", default=None, metavar="CMD",
                      help="Command the node runs once on a spot interruption notice (2 minutes ahead); "
                           "overrides the playbook's on_interrupt."),
+    ])
+
+
+def node_guard_options(func: F) -> F:
+    """Guard choices only a node gpuprov launches has (plan, render, up)."""
+    return apply_options(func, [
+        click.option("--autostop-action", type=click.Choice(["stop", "terminate"]), default=None,
+                     help="What autostop and the TTL do: stop (the disk is kept; `gpuprov start` resumes) or "
+                          "terminate [default: stop for nodes that can stop, terminate for one-time spot]."),
+        click.option("--budget", type=float, default=None, metavar="USD",
+                     help="A dollar cap: shut down once the node has cost this much at the price obtained "
+                          "(spot price at launch, or the on-demand list price); enforced on the node like --ttl."),
     ])
 
 
@@ -138,7 +154,8 @@ def plan_from(kw: dict[str, Any]) -> Plan:
         gpu=kw["gpu"], count=kw["count"], spot=kw["spot"], region=region.name, playbook=kw["playbook"],
         os=kw["os_name"] or "ubuntu-24.04", pins=pins_from(kw), instance_type=kw["instance_type"],
         autostop_seconds=parse_duration(kw["autostop"], "--autostop"), ttl_seconds=parse_duration(kw["ttl"], "--ttl"),
-        on_interrupt=kw["on_interrupt"] or None,
+        on_interrupt=kw["on_interrupt"] or None, persistent=kw["persistent"], autostop_action=kw["autostop_action"],
+        budget_usd=kw["budget"],
     )
     plan = make_plan(request)
     say_region(region)
@@ -169,7 +186,7 @@ def main() -> None:
 
     \b
     Plan (offline):   gpus  plan  render
-    AWS nodes:        up  status  down  gc  autostop
+    AWS nodes:        up  status  stop  start  down  gc  autostop  ttl
     Any SSH host:     bootstrap  check  doctor
     On a node:        ssh  exec  tunnel  jupyter  sync  monitor
     \b

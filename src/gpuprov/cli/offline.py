@@ -48,8 +48,10 @@ def gpus(as_json: bool, live: bool, region: str) -> None:
 @stack_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--show-scripts", is_flag=True, help="Also print every rendered script.")
+@click.option("--hours", type=click.FloatRange(min=0, min_open=True), default=None, metavar="H",
+              help="Estimate what H hours cost at the list price (and how long a --budget lasts).")
 @handle_errors
-def plan(as_json: bool, show_scripts: bool, **kw: Any) -> None:
+def plan(as_json: bool, show_scripts: bool, hours: float | None, **kw: Any) -> None:
     """Show what `up` would launch and install, without touching the network.
 
     Picks the cheapest instance type that carries the GPUs, resolves one consistent
@@ -59,14 +61,19 @@ def plan(as_json: bool, show_scripts: bool, **kw: Any) -> None:
     from gpuprov.report import plan_view
 
     the_plan = plan_from(kw)
+    estimate = _estimate(the_plan, hours)
     if as_json:
         data = the_plan.summary()
+        if estimate:
+            data["estimate"] = estimate
         if show_scripts:
             data["scripts"] = {s.filename: s.text for s in the_plan.bundle().scripts}
         click.echo(json.dumps(data, indent=2))
         return
     console = make_console()
     console.print(plan_view(the_plan))
+    if estimate:
+        console.print(estimate["text"], markup=False)
     if show_scripts:
         from rich.syntax import Syntax
 
@@ -106,3 +113,24 @@ def _live_prices(cat: Any, region: str, as_json: bool) -> None:
              "saving_pct": round((1 - p.price / od) * 100, 1) if od else None} for p, od in rows], indent=2))
         return
     make_console().print(live_prices_table(rows, region))
+
+
+def _estimate(plan: Any, hours: float | None) -> dict[str, Any] | None:
+    """--hours and --budget before launch: at the on-demand list price (spot bills less; a budget on a spot
+    node is turned into a deadline from the spot price obtained at launch)."""
+    price = plan.price_usd_hour
+    budget = plan.request.budget_usd
+    if not price or (hours is None and budget is None):
+        return None
+    spot = " (spot bills less: the budget then uses the spot price at launch)" if plan.request.spot else ""
+    out: dict[str, Any] = {"price_usd_hour": price, "price": "on-demand list"}
+    lines = []
+    if hours is not None:
+        out.update(hours=hours, cost_usd=round(hours * price, 2))
+        lines.append(f"estimate: {hours:g}h × ${price:.3f}/h = ${hours * price:.2f} at the on-demand list price")
+    if budget is not None:
+        out.update(budget_usd=budget, budget_hours=round(budget / price, 2))
+        lines.append(f"budget ${budget:g} lasts {budget / price:.1f}h at ${price:.3f}/h; then "
+                     f"{plan.guards.then}")
+    out["text"] = "\n".join(lines) + spot
+    return out

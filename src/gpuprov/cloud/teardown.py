@@ -1,7 +1,8 @@
 """Take a node's cloud resources down, following the local records first, and never half-way.
 
-Order: instances (by recorded id: TerminateInstances needs no describe first; launches whose
-answer was lost are found by their ClientToken), then spot requests and volumes, then the
+Order: spot requests (a persistent one would relaunch a terminated instance), instances (by recorded
+id: TerminateInstances needs no describe first; launches whose answer was lost are found by their
+ClientToken, and their spot requests cancelled too), then spot requests and volumes, then the
 security group (by recorded id, or by its recorded name), then whatever else carries the node's
 tag. A NotFound on a resource created moments ago is looked at again (EC2 is eventually
 consistent); on an older one it means gone. A row is marked deleted only once the cloud confirmed
@@ -79,8 +80,14 @@ def _instances(node: str, region: str, provider: Provider, store: Store, say: Sa
         for inst in provider.instances(region, node=node):
             if inst.state != "terminated":
                 store.add_resource(node, "instance", region, inst.id)
+                if inst.spot_request_id:
+                    store.add_resource(node, "spot-request", region, inst.spot_request_id)
     except GpuprovError as exc:
         say(f"  could not list {node}'s instances by tag: {exc}")
+    # a persistent spot request relaunches a terminated instance: its request is cancelled first (EC2 guide,
+    # "Cancel a Spot Instance request": cancelling does not terminate the instance)
+    for spot in store.resources(node, region=region, kind="spot-request"):
+        _delete_row(spot, provider, store, say, result)
     asked = []
     for row in store.resources(node, region=region, kind="instance"):
         if row.cloud_id is None:
@@ -112,6 +119,9 @@ def _find_lost_launch(row: Resource, provider: Provider, store: Store, poll: flo
         found = provider.find_launched(row.region, row.client_token or "")
         if found:
             store.created(row.id, found[0].id)
+            for inst in found:
+                if inst.spot_request_id:
+                    store.add_resource(row.node, "spot-request", row.region, inst.spot_request_id)
             for extra in found[1:]:
                 store.add_resource(row.node, "instance", row.region, extra.id, row.client_token)
             return

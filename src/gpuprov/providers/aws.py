@@ -267,7 +267,7 @@ class AwsProvider:
             "ImageId": request.image_id, "InstanceType": request.instance_type, "MinCount": 1, "MaxCount": 1,
             "KeyName": access.key_name, "ClientToken": request.client_token,
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
-            "InstanceInitiatedShutdownBehavior": "terminate",
+            "InstanceInitiatedShutdownBehavior": request.shutdown_behavior,
             "BlockDeviceMappings": [{"DeviceName": self._root_device(request.region, request.image_id), "Ebs": {
                 "VolumeSize": request.disk_gb, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}}],
         }
@@ -281,7 +281,11 @@ class AwsProvider:
         if not access.subnet_id:
             kwargs["Placement"] = {"AvailabilityZone": request.zone}
         if request.market == "spot":
-            spot: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+            # one-time requests cannot stop (EC2 refuses StopInstances); persistent ones with interruption
+            # behaviour stop can (EC2 guide, "Stop a Spot Instance")
+            spot: dict[str, Any] = ({"SpotInstanceType": "persistent", "InstanceInterruptionBehavior": "stop"}
+                                    if request.persistent else
+                                    {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"})
             if request.max_price is not None:
                 spot["MaxPrice"] = f"{request.max_price:.4f}"
             kwargs["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
@@ -358,6 +362,44 @@ class AwsProvider:
             if time.monotonic() > deadline:
                 raise GpuprovError(f"instances {', '.join(ids)} not terminated after {timeout:.0f}s")
             time.sleep(self.poll)
+
+    def stop(self, region: str, ids: Sequence[str], settle: float) -> None:
+        ec2 = self._client("ec2", region)
+        self._settle("StopInstances", lambda: ec2.stop_instances(InstanceIds=list(ids)),
+                     "instance", ", ".join(ids), settle)
+
+    def wait_stopped(self, region: str, ids: Sequence[str], timeout: float = 900) -> list[Instance]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.instances(region, ids=ids)
+            if found and all(i.state in ("stopped", "terminated") for i in found):
+                return found
+            if time.monotonic() > deadline:
+                states = ", ".join(f"{i.id} {i.state}" for i in found)
+                raise GpuprovError(f"instances not stopped after {timeout:.0f}s: {states}")
+            time.sleep(self.poll)
+
+    def start(self, region: str, ids: Sequence[str], settle: float) -> None:
+        """StartInstances with retries off, like RunInstances: EC2 answers capacity with HTTP 500, which
+        botocore would retry; throttling and InternalError are asked again here (starting twice is harmless)."""
+        ec2 = self._client("ec2", region, retries=False)
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                self._settle("StartInstances", lambda: ec2.start_instances(InstanceIds=list(ids)),
+                             "instance", ", ".join(ids), settle)
+                return
+            except AwsError as exc:
+                refusal = classify(exc.code, exc.message, "on-demand")
+                if refusal.then != "retry" or tries >= RETRY_RUN_INSTANCES:
+                    raise LaunchError(refusal.then, exc.code, exc.message, refusal.fix, refusal.quota) from None
+            time.sleep(self.poll * tries)
+
+    def set_instance_type(self, region: str, instance_id: str, instance_type: str, settle: float) -> None:
+        ec2 = self._client("ec2", region)
+        self._settle("ModifyInstanceAttribute", lambda: ec2.modify_instance_attribute(
+            InstanceId=instance_id, InstanceType={"Value": instance_type}), "instance", instance_id, settle)
 
     # --- everything tagged as ours (gc) ----------------------------------------------------
 

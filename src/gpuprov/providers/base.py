@@ -76,6 +76,8 @@ class LaunchRequest:
     client_token: str
     max_price: float | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
+    persistent: bool = False  # spot: a persistent request whose interruption behaviour is stop (so it can stop)
+    shutdown_behavior: str = "terminate"  # what `shutdown` on the node does: "stop" keeps the disk
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,20 @@ class Provider(Protocol):
         ...
 
     def wait_terminated(self, region: str, ids: Sequence[str], timeout: float = 900) -> None: ...
+
+    def stop(self, region: str, ids: Sequence[str], settle: float) -> None:
+        """Ask for a stop (EBS kept); raises NotFound when an id is unknown after `settle`."""
+        ...
+
+    def wait_stopped(self, region: str, ids: Sequence[str], timeout: float = 900) -> list[Instance]: ...
+
+    def start(self, region: str, ids: Sequence[str], settle: float) -> None:
+        """Start stopped instances; a refusal (capacity, quota) raises LaunchError with the cloud's code."""
+        ...
+
+    def set_instance_type(self, region: str, instance_id: str, instance_type: str, settle: float) -> None:
+        """Change a stopped instance's type (NotFound after `settle`; other refusals as GpuprovError)."""
+        ...
 
     def delete(self, resource: CloudResource, settle: float = 0) -> None:
         """Delete one resource and return once the cloud accepted it; NotFound when already gone."""
