@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gpuprov.errors import UserInputError
-from gpuprov.spec import StepName, _Model, load_model
+from gpuprov.spec import StepName, _Model, load_model, read_text_file
 
 
 @dataclass(frozen=True)
@@ -61,17 +61,39 @@ class HostEntry(HostDefaults):
     gpu: str | None = None  # checked against what the host reports
     os: str | None = None  # overrides the host's /etc/os-release
 
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, value: str | None) -> str | None:
+        if value is not None:
+            from gpuprov import catalog
+
+            try:
+                catalog.load().gpu(catalog.parse_gpu_request(value)[0])
+            except UserInputError as exc:
+                raise ValueError(f"{exc.problem}; {exc.hint}") from None
+        return value
+
 
 class Inventory(_Model):
     defaults: HostDefaults = HostDefaults()
     hosts: Annotated[tuple[HostEntry, ...], Field(min_length=1)]
+
+    @field_validator("hosts")
+    @classmethod
+    def _unique_names(cls, hosts: tuple[HostEntry, ...]) -> tuple[HostEntry, ...]:
+        """Results, logs and markers are keyed by a host's name, so two hosts may not share one."""
+        names = [t.name for t in targets(list(hosts))]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"two hosts are called {dupes[0]!r}; give each a different `name:`")
+        return hosts
 
 
 def load_inventory(path: str) -> Inventory:
     file = Path(path)
     if not file.is_file():
         raise UserInputError("--inventory", f"no such file: {path}", "an inventory is YAML with a `hosts:` list")
-    return load_model(file.read_text(), Inventory, path, "--inventory")
+    return load_model(read_text_file(file, "--inventory", "inventory"), Inventory, path, "--inventory")
 
 
 _TARGET = re.compile(r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>\d{1,5}))?$")
@@ -84,6 +106,16 @@ def parse_target(text: str) -> HostEntry:
         raise UserInputError("HOST", f"{text!r} is not [USER@]HOST[:PORT]", "e.g. ubuntu@10.1.2.3 or gpu-box:2222")
     host = match.group("host").strip("[]")
     return HostEntry(host=host, user=match.group("user"), port=int(match.group("port")) if match.group("port") else None)
+
+
+def check_unique(found: list[Target]) -> list[Target]:
+    """`found`, unless two share a name (results, logs and markers are keyed by it): UserInputError."""
+    names = [t.name for t in found]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise UserInputError("HOST", f"{dupes[0]!r} is named twice",
+                             "name each host once (an inventory's `name:` tells two apart)")
+    return found
 
 
 def targets(entries: list[HostEntry], defaults: HostDefaults | None = None) -> list[Target]:

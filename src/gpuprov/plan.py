@@ -52,7 +52,7 @@ class NodeRequest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     gpu: str
-    count: int = 1
+    count: int | None = None  # --count; None: the count in `gpu` (A100:8), else 1
     spot: bool = False
     region: str = "us-east-1"
     playbook: str = "pytorch"
@@ -251,9 +251,12 @@ def make_plan(request: NodeRequest) -> Plan:
     cat.check_region(request.region)
     name, count_in_name = catalog.parse_gpu_request(request.gpu)
     gpu = cat.gpu(name)
-    count = count_in_name if ":" in request.gpu else request.count
+    count = request.count if request.count is not None else count_in_name
     if count < 1:
-        raise UserInputError("--count", "must be at least 1")
+        raise UserInputError("--count", f"{count} GPUs", "at least 1, e.g. --count 8")
+    if ":" in request.gpu and count != count_in_name:
+        raise UserInputError("--count", f"--count {count} conflicts with --gpu {request.gpu}",
+                             f"give the count once: --gpu {name}:{count}, or --gpu {name} --count {count}")
     candidates = choose_instances(gpu, count, request.instance_type)
     instance = candidates[0]
     playbook = load_playbook(request.playbook)

@@ -6,16 +6,18 @@ Heavy modules (boto3, fabric, the library itself) are imported inside functions,
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from gpuprov import __version__
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, UserInputError
 
 if TYPE_CHECKING:
     from gpuprov.compat import StackPins
@@ -66,7 +68,7 @@ def stack_options(func: F) -> F:
     """What to launch and install (plan, render, up)."""
     return apply_options(func, [
         click.option("--gpu", required=True, help="GPU name, optionally with a count: A100, h100, a100:8, l40s."),
-        click.option("--count", type=int, default=1, show_default=True, help="Number of GPUs (or use --gpu NAME:N)."),
+        click.option("--count", type=int, default=None, help="Number of GPUs [default: 1] (or use --gpu NAME:N)."),
         click.option("--spot", is_flag=True, help="Ask for spot capacity (cheaper, can be interrupted)."),
         click.option("--region", default=None, metavar="REGION", help=REGION_HELP),
         click.option("--instance-type", default=None, help="Force an instance type instead of the cheapest that fits."),
@@ -97,7 +99,8 @@ def ssh_options(func: F) -> F:
         click.option("--ssh-config", default=None, type=click.Path(dir_okay=False), help="ssh config file [~/.ssh/config]."),
         click.option("--accept-new-host-key", is_flag=True,
                      help="Trust and pin the key of a host seen for the first time. A changed key is always refused."),
-        click.option("--connect-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for SSH."),
+        click.option("--connect-timeout", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
+                     help="Seconds to wait for SSH."),
         click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True,
                      help="Hosts worked on at once."),
     ])
@@ -145,6 +148,12 @@ def plan_from(kw: dict[str, Any]) -> Plan:
     return plan
 
 
+def say_error(text: str, exit_code: int) -> NoReturn:
+    """`error: <text>` on stderr (red on a terminal unless NO_COLOR is set), then exit."""
+    click.echo(f"error: {text}" if os.environ.get("NO_COLOR") else click.style(f"error: {text}", fg="red"), err=True)
+    sys.exit(exit_code)
+
+
 def handle_errors(func: F) -> F:
     """Print a GpuprovError as a short message (no traceback) and exit with its code."""
 
@@ -153,16 +162,57 @@ def handle_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except GpuprovError as exc:
-            click.secho(f"error: {exc}", fg="red", err=True)
-            sys.exit(exc.exit_code)
+            say_error(str(exc), exc.exit_code)
 
     return wrapper  # type: ignore[return-value]
+
+
+def usage_error_text(exc: click.UsageError) -> str:
+    """Click's usage errors in gpuprov's one-line shape: `--flag: problem`, then where to look."""
+    command = exc.ctx.command_path if exc.ctx else "gpuprov"
+    if isinstance(exc, click.BadParameter) and exc.param is not None:
+        field = exc.param_hint if isinstance(exc.param_hint, str) else \
+            (max(exc.param.opts, key=len) if exc.param.opts else exc.param.name or "argument")
+        if exc.param.param_type_name == "argument":
+            field = (exc.param.human_readable_name or field).upper()
+        problem = "is required" if isinstance(exc, click.MissingParameter) else exc.message
+        return f"{field}: {problem}\n  see `{command} --help`"
+    if isinstance(exc, click.NoSuchOption):
+        close = f" (did you mean {' or '.join(sorted(exc.possibilities))}?)" if exc.possibilities else ""
+        return f"{exc.option_name}: no such option{close}\n  see `{command} --help`"
+    message = exc.message
+    return f"{message}\n  see `{command} --help`"
+
+
+class Group(click.Group):
+    """gpuprov's top-level group: every error, wherever it is raised (option parsing included), is one
+    `error: ...` line on stderr with its exit code, never a traceback or Click's usage block."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except GpuprovError as exc:
+            say_error(str(exc), exc.exit_code)
+        except click.UsageError as exc:
+            say_error(usage_error_text(exc), exc.exit_code)
+        except click.ClickException as exc:
+            say_error(exc.format_message(), exc.exit_code)
+        except (click.Abort, KeyboardInterrupt):
+            say_error("interrupted; nothing more was done", 130)
+        except BrokenPipeError:  # `gpuprov gpus | head`: the reader left; not an error worth a word
+            with contextlib.suppress(OSError):
+                sys.stdout = None  # type: ignore[assignment]
+            os._exit(0)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 # --- commands ---------------------------------------------------------------------------------
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="gpuprov")
 def main() -> None:
     """GPU machines with a working, verified PyTorch, and back to zero spend.
@@ -205,7 +255,7 @@ def node_target(name: str) -> Any:
 
 
 def targets_from(kw: dict[str, Any]) -> list[Any]:
-    from gpuprov.inventory import load_inventory, parse_target, targets
+    from gpuprov.inventory import check_unique, load_inventory, parse_target, targets
 
     nodes = [t for t in (node_target(h) for h in kw["hosts"]) if t is not None]
     named = {t.label for t in nodes}
@@ -216,8 +266,8 @@ def targets_from(kw: dict[str, Any]) -> list[Any]:
         entries += list(inventory.hosts)
         defaults = inventory.defaults
     if not entries and not nodes:
-        raise click.UsageError("name at least one host ([USER@]HOST[:PORT]), node, or an --inventory file")
-    return nodes + targets(entries, defaults)
+        raise UserInputError("HOST", "no host named", "name at least one node, [USER@]HOST[:PORT], or an --inventory file")
+    return check_unique(nodes + targets(entries, defaults))
 
 
 def host_settings(kw: dict[str, Any]) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import click
@@ -77,17 +76,18 @@ def plan(as_json: bool, show_scripts: bool, **kw: Any) -> None:
 
 @main.command()
 @stack_options
-@click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder to write the scripts and manifest.json into.")
+@click.option("-o", "--output", "out", required=True, metavar="FOLDER",
+              help="Folder to write the scripts and manifest.json into: new, empty, or one an earlier render "
+                   "wrote (the scripts its manifest lists are replaced).")
 @handle_errors
-def render(out: Path, **kw: Any) -> None:
+def render(out: str, **kw: Any) -> None:
     """Write the bootstrap bundle: one script per step plus manifest.json (sha256 + resolved stack).
 
     Each script is self-contained bash; run them in order as root on the GPU host.
     """
     the_plan = plan_from(kw)
     written = the_plan.bundle().write(out)
-    click.echo(f"wrote {len(written) - 1} scripts and manifest.json to {out}")
+    click.echo(f"wrote {len(written) - 1} scripts and manifest.json to {written[-1].parent}")
     for path in written:
         click.echo(f"  {path.name}")
 
