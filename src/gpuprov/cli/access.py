@@ -42,7 +42,8 @@ def _reach_options(accept_new: bool) -> Callable[[F], F]:
     opts: list[Callable[[F], F]] = [
         click.option("-i", "--identity", default=None, help="Private key file (else the node's, ~/.ssh/config, ssh's defaults)."),
         click.option("--ssh-config", default=None, type=click.Path(dir_okay=False), help="ssh config file [~/.ssh/config]."),
-        click.option("--connect-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for SSH."),
+        click.option("--connect-timeout", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
+                     help="Seconds to wait for SSH."),
     ]
     if accept_new:
         opts.append(click.option("--accept-new-host-key", is_flag=True,
@@ -107,7 +108,8 @@ def ssh_cmd(host: str, **kw: Any) -> None:
 @_reach_options(accept_new=True)
 @click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, help="Hosts worked on at once.")
 @click.option("--sudo", is_flag=True, help="Run the command as root (sudo -n) where the login user is not root.")
-@click.option("--timeout", type=float, default=None, help="Seconds before the command is given up on each host.")
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=None,
+              help="Seconds before the command is given up on each host.")
 @click.option("--no-prefix", is_flag=True, help="Print the hosts' lines as they are, without `HOST | `.")
 @handle_errors
 def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo: bool, timeout: float | None,

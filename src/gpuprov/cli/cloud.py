@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 import click
 
 from gpuprov.cli.common import (
+    confirm,
     handle_errors,
     main,
     make_console,
@@ -19,7 +19,7 @@ from gpuprov.cli.common import (
     stack_options,
     store_and_provider,
 )
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, UserInputError
 
 
 @main.command()
@@ -47,7 +47,7 @@ from gpuprov.errors import GpuprovError
 @click.option("--no-wait", is_flag=True,
               help="With --no-bootstrap: return as soon as the instance runs (no SSH wait, host key not pinned).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and stop (the same plan `gpuprov plan` prints).")
-@click.option("--yes", is_flag=True, help="Do not ask before launching.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before launching (needed without a terminal).")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
 @handle_errors
 def up(name: str | None, fallback: str, max_price: float | None, max_hourly: float | None, disk_gb: int,
@@ -81,11 +81,9 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         console.print(plan_view(the_plan))
         return
     if not yes:
-        if not sys.stdin.isatty():
-            raise click.UsageError("no terminal to confirm on: pass --yes to launch")
         price = the_plan.price_usd_hour
-        click.confirm(f"Launch {node_name}: {the_plan.instance.name if the_plan.instance else '?'}"
-                      f" ({'spot' if kw['spot'] else 'on-demand'}, list ${price or 0:.2f}/h)?", abort=True, err=True)
+        confirm(f"Launch {node_name}: {the_plan.instance.name if the_plan.instance else '?'}"
+                f" ({'spot' if kw['spot'] else 'on-demand'}, list ${price or 0:.2f}/h)?", "launch")
     store, provider = store_and_provider()
     result = lifecycle.up(the_plan, opts, provider, store, say_to(console))
     node = result.node
@@ -115,25 +113,32 @@ def status(as_json: bool, refresh: bool) -> None:
 @main.command()
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_nodes", is_flag=True, help="Every node gpuprov manages.")
-@click.option("--yes", is_flag=True, help="Do not ask.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask (needed without a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result: what was removed and what is left.")
 @handle_errors
-def down(names: tuple[str, ...], all_nodes: bool, yes: bool) -> None:
+def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool) -> None:
     """Terminate nodes and remove everything they own: instance, spot request, security group,
     volumes, ssh config entry (and the key pair with the region's last node). Safe to repeat."""
     from gpuprov import lifecycle
 
     store, provider = store_and_provider()
     targets = [n.name for n in store.nodes()] if all_nodes else list(names)
+    if all_nodes and not targets:
+        click.echo(json.dumps({}) if as_json else "nothing to do: gpuprov manages no nodes")
+        return
     if not targets:
-        raise click.UsageError("name the nodes to take down, or pass --all")
+        raise UserInputError("NAME", "no node named", "name the nodes to take down, or pass --all")
     for n in targets:
         store.node(n)  # unknown names fail before anything is touched
     if not yes:
-        click.confirm(f"Terminate {', '.join(targets)} and delete their resources?", abort=True, err=True)
-    console = make_console()
+        confirm(f"Terminate {', '.join(targets)} and delete their resources?", "take them down")
+    console = make_console(stderr=as_json)
     results = lifecycle.down(targets, provider, store, say_to(console))
+    if as_json:
+        click.echo(json.dumps({name: {"complete": r.complete, "removed": r.removed, "left": r.left}
+                               for name, r in results.items()}, indent=2))
     for name, result in results.items():
-        if result.complete:
+        if result.complete and not as_json:
             console.print(f"{name}: down ({len(result.removed)} resources removed)")
     incomplete = [r for r in results.values() if not r.complete]
     if incomplete:
@@ -145,9 +150,10 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool) -> None:
               help="Region(s) to sweep [default: those of your nodes, and the AWS chain's region (AWS_REGION, profile, "
                    "us-east-1)].")
 @click.option("--all-regions", is_flag=True, help="Every region in the catalog.")
-@click.option("--yes", is_flag=True, help="Delete what is found (default: list only).")
+@click.option("-y", "--yes", is_flag=True, help="Delete what is found (default: list only).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable: what was found (and, with --yes, what is left).")
 @handle_errors
-def gc(regions: tuple[str, ...], all_regions: bool, yes: bool) -> None:
+def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, as_json: bool) -> None:
     """Find resources tagged as yours that no local node owns (left by a crash or another machine's
     lost state); list them, and delete them with --yes."""
     from gpuprov import catalog, lifecycle
@@ -157,18 +163,21 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool) -> None:
     where = list(cat.regions) if all_regions else [cat.check_region(r) for r in regions] or \
         sorted({n.region for n in store.nodes(include_terminated=True)} | {region_from(None).name})
     found = lifecycle.orphans(where, provider, store)
-    console = make_console()
-    if not found:
-        console.print(f"nothing to collect in {', '.join(where)}")
-        return
-    for res in found:
-        console.print(f"{res.region}  {res.kind:<15} {res.id:<24} node={res.node} {res.state}")
-    if yes:
-        left = lifecycle.gc(found, provider, store, say_to(console))
-        if left:
-            raise GpuprovError("could not remove everything; still there:\n" + "\n".join(f"  {w}" for w in left)
-                               + "\n  rerun: gpuprov gc --yes")
-    else:
+    console = make_console(stderr=as_json)
+    if not as_json:
+        if not found:
+            console.print(f"nothing to collect in {', '.join(where)}")
+            return
+        for res in found:
+            console.print(f"{res.region}  {res.kind:<15} {res.id:<24} node={res.node} {res.state}")
+    left = lifecycle.gc(found, provider, store, say_to(console)) if yes and found else []
+    if as_json:
+        click.echo(json.dumps({"regions": where, "deleted": yes, "left": left, "found": [
+            {"region": r.region, "kind": r.kind, "id": r.id, "node": r.node, "state": r.state} for r in found]}, indent=2))
+    if left:
+        raise GpuprovError("could not remove everything; still there:\n" + "\n".join(f"  {w}" for w in left)
+                           + "\n  rerun: gpuprov gc --yes")
+    if found and not yes and not as_json:
         console.print(f"{len(found)} orphaned resource(s); rerun with --yes to delete them")
 
 

@@ -26,10 +26,35 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def make_console() -> Any:
+def make_console(*, stderr: bool = False) -> Any:
+    """rich's console (it honours NO_COLOR, and COLUMNS when not on a terminal); `stderr` for progress
+    lines while stdout carries JSON."""
     from rich.console import Console
 
-    return Console(highlight=False)
+    return Console(highlight=False, emoji=False, stderr=stderr)  # no ':1234:' → emoji in an IPv6 address
+
+
+def quiet() -> bool:
+    """-q/--quiet on the command line: progress lines are left out; results and errors still print."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.meta.get("gpuprov.quiet"))
+
+
+def _set_quiet(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.meta["gpuprov.quiet"] = True
+
+
+QUIET_OPTION = click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, is_eager=True, callback=_set_quiet,
+                            help="Only results and errors: no progress lines.")
+
+
+def confirm(question: str, action: str) -> None:
+    """Ask `question` on the terminal; without one, say to pass --yes (exit 2); a "no" stops here (exit 1)."""
+    if not sys.stdin.isatty():
+        raise UserInputError("--yes", "no terminal to confirm on", f"pass --yes (or -y) to {action}")
+    if not click.confirm(question, default=False, err=True):
+        say_error("not confirmed; nothing was done", 1)
 
 
 # --- shared options (pip-tools style) ---------------------------------------------------------
@@ -128,7 +153,7 @@ def region_from(given: str | None, *, quiet: bool = False) -> Any:
 
 
 def say_region(region: Any) -> None:
-    if region.source != "--region":
+    if region.source != "--region" and not quiet():
         click.echo(f"region {region}", err=True)
 
 
@@ -186,7 +211,12 @@ def usage_error_text(exc: click.UsageError) -> str:
 
 class Group(click.Group):
     """gpuprov's top-level group: every error, wherever it is raised (option parsing included), is one
-    `error: ...` line on stderr with its exit code, never a traceback or Click's usage block."""
+    `error: ...` line on stderr with its exit code, never a traceback or Click's usage block. Every
+    command gets -q/--quiet."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        cmd.params.append(QUIET_OPTION)
+        super().add_command(cmd, name)
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
@@ -296,4 +326,7 @@ def store_and_provider() -> tuple[Any, Any]:
 
 
 def say_to(console: Any) -> Callable[[str], None]:
+    """Progress lines (what is being created or removed); none with -q."""
+    if quiet():
+        return lambda text: None
     return lambda text: console.print(text, markup=False, highlight=False)
