@@ -212,3 +212,30 @@ def test_no_color_leaves_error_lines_plain(tmp_path: Path) -> None:
     os.close(leader)
     assert proc.returncode == 2
     assert b"error: --gpu: unknown GPU 'nope'" in out and b"\x1b[" not in out
+
+
+def test_a_broken_known_hosts_line_is_named(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "known_hosts").write_text("10.0.0.1 ssh-ed25519 AAAAC3Nza root@vm\n")
+    for command in ("check 10.0.0.1", "exec 10.0.0.1 -- true"):
+        result, _ = run_cli(command, tmp_path, home)
+        assert "Traceback" not in result.stderr
+        assert result.returncode == 2 and "error: known_hosts: " in result.stderr and "AAAAC3Nza" in result.stderr
+
+
+def test_a_bug_is_one_line_and_a_saved_traceback(tmp_path: Path) -> None:
+    """Whatever goes wrong inside, the user sees one line and where the traceback went (a simulated bug)."""
+    env = {**os.environ, "GPUPROV_HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
+    code = ("import sys, gpuprov.plan as p\n"
+            "def boom(*a, **k): raise RuntimeError('simulated bug')\n"
+            "p.make_plan = boom\n"
+            "from gpuprov.cli import main\n"
+            "sys.argv = ['gpuprov', 'plan', '--gpu', 't4']\n"
+            "main()\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "error: gpuprov hit a bug: RuntimeError: simulated bug" in result.stderr
+    saved = result.stderr.split("the traceback is in ")[1].split(";")[0]
+    assert "RuntimeError: simulated bug" in Path(saved).read_text()
+    Path(saved).unlink()

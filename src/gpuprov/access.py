@@ -25,11 +25,12 @@ import paramiko
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.fanout import run_parallel
 from gpuprov.inventory import Target, parse_target
-from gpuprov.remote import ConnectionLost, HostSettings, Remote, Unreachable
+from gpuprov.remote import CommandTimeout, ConnectionLost, HostSettings, Remote, Unreachable
 from gpuprov.render import host_path
 from gpuprov.verify import QUERY_FIELDS, GpuInfo, parse_query_csv
 
 UNREACHABLE = 255  # what ssh itself exits with when it cannot connect or authenticate
+TIMED_OUT = 124  # what timeout(1) exits with: the command ran past exec --timeout
 JUPYTER_TOKEN_PATH = "/var/lib/gpuprov/jupyter-token"
 JUPYTER_PORT = 8888
 SMI_COMMAND = f"nvidia-smi --query-gpu={QUERY_FIELDS} --format=csv,noheader,nounits"
@@ -103,6 +104,17 @@ def is_pinned(target: Target, settings: HostSettings) -> bool | None:
     with contextlib.suppress(OSError, paramiko.SSHException):
         keys.load(str(known))
     return keys.lookup(known_host_name(target.host, target.port or 22)) is not None
+
+
+def answers(target: Target, settings: HostSettings) -> bool:
+    """Whether the host's SSH port accepts a TCP connection (through a ProxyJump: assumed yes)."""
+    if target.proxy_jump:
+        return True
+    try:
+        socket.create_connection((target.host, target.port or 22), timeout=settings.connect_timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 def pin_hint(target: Target, known: Path) -> str:
@@ -203,7 +215,7 @@ def exec_one(target: Target, settings: HostSettings, command: str, emit: Emit, *
     """Run `command` on one host, streaming its stdout and stderr line by line to `emit`.
 
     The exit code is the command's; 255 (ssh's own) when the host cannot be reached, its key is not
-    pinned or has changed, or the connection drops."""
+    pinned or has changed, or the connection drops; 124 (timeout(1)'s) when it ran past `timeout`."""
     start = time.monotonic()
     out = LineSink(lambda line: emit(target, "out", line))
     err = LineSink(lambda line: emit(target, "err", line))
@@ -212,6 +224,8 @@ def exec_one(target: Target, settings: HostSettings, command: str, emit: Emit, *
         remote.open()
         result = remote.run(command, sudo=sudo, out=out, err=err, timeout=timeout)
         return ExecResult(target, result.exited, seconds=time.monotonic() - start)
+    except CommandTimeout as exc:
+        return ExecResult(target, TIMED_OUT, str(exc), seconds=time.monotonic() - start)
     except (Unreachable, ConnectionLost, GpuprovError) as exc:
         return ExecResult(target, UNREACHABLE, str(exc), seconds=time.monotonic() - start)
     except Exception as exc:  # invoke's CommandTimedOut and the like: one host never stops the others

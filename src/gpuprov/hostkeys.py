@@ -16,7 +16,7 @@ from pathlib import Path
 
 import paramiko
 
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, UserInputError
 
 _LOCK = threading.Lock()  # several hosts pin at once during fan-out
 
@@ -84,7 +84,13 @@ def pin(known_hosts: Path, hostname: str, key: paramiko.PKey) -> None:
 def prepare_client(client: paramiko.SSHClient, known_hosts: Path, accept_new: bool) -> None:
     """Make `client` check keys against gpuprov's known_hosts only, with the pin policy."""
     if known_hosts.exists():
-        client.load_host_keys(str(known_hosts))
+        try:
+            client.load_host_keys(str(known_hosts))
+        except (paramiko.hostkeys.InvalidHostKey, paramiko.SSHException, UnicodeDecodeError, ValueError) as exc:
+            line = getattr(exc, "line", "")
+            what = f"the line {line.strip()[:80]!r}" if line else "a line"
+            raise UserInputError("known_hosts", f"{known_hosts}: {what} is not a host key",
+                                 "fix or delete that line (gpuprov pins the key again with --accept-new-host-key)") from None
     client.set_missing_host_key_policy(PinPolicy(known_hosts, accept_new))
 
 

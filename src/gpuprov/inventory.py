@@ -13,6 +13,7 @@ An inventory is YAML, validated like playbooks:
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,3 +126,48 @@ def targets(entries: list[HostEntry], defaults: HostDefaults | None = None) -> l
                proxy_jump=e.proxy_jump or d.proxy_jump, label=e.name or "", gpu=e.gpu, os=e.os)
         for e in entries
     ]
+
+
+def _etc_hosts_names(path: Path = Path("/etc/hosts")) -> set[str]:
+    names: set[str] = set()
+    try:
+        for line in path.read_text(errors="replace").splitlines():
+            names.update(line.split("#", 1)[0].split()[1:])
+    except OSError:
+        pass
+    return names
+
+
+def ssh_config_hosts(ssh_config: Path | None) -> list[str]:
+    """The `Host` patterns of the user's ssh config (~/.ssh/config unless given), wildcards and all."""
+    import paramiko
+
+    path = ssh_config or Path.home() / ".ssh" / "config"
+    try:
+        return sorted(paramiko.SSHConfig.from_path(str(path)).get_hostnames())
+    except (OSError, UnicodeDecodeError, paramiko.SSHException):
+        return []
+
+
+def check_known_word(text: str, nodes: list[str], ssh_config: Path | None) -> None:
+    """A bare word (no user@, :port or dot, not an address) names a node, a Host of the ssh config or an
+    /etc/hosts entry; anything else is a typo, refused here rather than sent to DNS (UserInputError).
+    Full DNS names (gpu-box.example.com) and USER@HOST are taken as written."""
+    import difflib
+    import fnmatch
+    import ipaddress
+
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", text) or text == "localhost":
+        return
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(text)
+        return
+    patterns = ssh_config_hosts(ssh_config)
+    if any(p != "*" and fnmatch.fnmatch(text, p) for p in patterns) or text in _etc_hosts_names():
+        return
+    choices = nodes + [p for p in patterns if not any(c in p for c in "*?!")]
+    close = difflib.get_close_matches(text, choices, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    known = f"nodes: {', '.join(nodes)}; " if nodes else "no nodes yet; "
+    raise UserInputError("HOST", f"no node called {text!r} ({hint.strip() or 'and no Host of that name in the ssh config'})",
+                         f"{known}a host by DNS is its full name (gpu-box.example.com) or USER@HOST")

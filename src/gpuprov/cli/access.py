@@ -52,7 +52,7 @@ def _reach_options(accept_new: bool) -> Callable[[F], F]:
 
 
 def _reach(hosts: tuple[str, ...], inventory: str | None, kw: dict[str, Any]) -> tuple[list[Any], Any]:
-    targets = targets_from({"hosts": hosts, "inventory": inventory})
+    targets = targets_from({"hosts": hosts, "inventory": inventory, "ssh_config": kw.get("ssh_config")})
     settings = host_settings({"accept_new_host_key": kw.get("accept_new_host_key", False), **kw})
     return targets, settings
 
@@ -65,7 +65,8 @@ def _one(host: str, kw: dict[str, Any]) -> tuple[Any, Any]:
 def _warn_unpinned(target: Any, settings: Any) -> None:
     from gpuprov import access
 
-    if access.is_pinned(target, settings) is False:
+    # only for a host that answers: for a closed port or a dead address ssh's own words say what is wrong
+    if access.is_pinned(target, settings) is False and access.answers(target, settings):
         click.secho(access.pin_hint(target, access.known_hosts_for(target, settings)), fg="yellow", err=True)
 
 

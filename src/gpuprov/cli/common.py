@@ -209,6 +209,16 @@ def usage_error_text(exc: click.UsageError) -> str:
     return f"{message}\n  see `{command} --help`"
 
 
+def _save_traceback() -> str:
+    import tempfile
+    import traceback
+
+    fd, path = tempfile.mkstemp(prefix="gpuprov-traceback-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write(traceback.format_exc())
+    return path
+
+
 class Group(click.Group):
     """gpuprov's top-level group: every error, wherever it is raised (option parsing included), is one
     `error: ...` line on stderr with its exit code, never a traceback or Click's usage block. Every
@@ -236,6 +246,11 @@ class Group(click.Group):
             with contextlib.suppress(OSError):
                 sys.stdout = None  # type: ignore[assignment]
             os._exit(0)
+        except Exception as exc:  # a bug: one line for the user, the traceback in a file (GPUPROV_DEBUG=1 raises)
+            if os.environ.get("GPUPROV_DEBUG"):
+                raise
+            say_error(f"gpuprov hit a bug: {type(exc).__name__}: {exc}\n  the traceback is in {_save_traceback()}; "
+                      "please report it (GPUPROV_DEBUG=1 prints it here)", 1)
         sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -284,12 +299,26 @@ def node_target(name: str) -> Any:
                   known_hosts=str(node_known_hosts(node.name)))
 
 
+def node_names() -> list[str]:
+    """The names of the nodes gpuprov manages (none without a state file)."""
+    from gpuprov.paths import state_dir
+
+    if not (state_dir() / "state.sqlite").exists():
+        return []
+    from gpuprov.state import open_store
+
+    return [n.name for n in open_store().nodes()]
+
+
 def targets_from(kw: dict[str, Any]) -> list[Any]:
-    from gpuprov.inventory import check_unique, load_inventory, parse_target, targets
+    from gpuprov.inventory import check_known_word, check_unique, load_inventory, parse_target, targets
 
     nodes = [t for t in (node_target(h) for h in kw["hosts"]) if t is not None]
     named = {t.label for t in nodes}
     entries = [parse_target(h) for h in kw["hosts"] if h not in named]
+    for h in kw["hosts"]:
+        if h not in named:
+            check_known_word(h, node_names(), Path(kw["ssh_config"]) if kw.get("ssh_config") else None)
     defaults = None
     if kw["inventory"]:
         inventory = load_inventory(kw["inventory"])
