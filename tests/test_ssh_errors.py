@@ -145,3 +145,15 @@ def test_auth_host_keys_and_timeout_over_real_ssh(host_pool, gp_home, tmp_path):
     (gp_home / "known_hosts").write_text(f"{name} {' '.join(changed.with_suffix('.pub').read_text().split()[:2])}\n")
     refused = gp("exec", host, *key(pool), "--", "true", home=gp_home)
     assert refused.returncode == 255 and "HOST KEY CHANGED" in refused.stderr and fingerprint in refused.stderr
+
+
+def test_hosts_included_into_the_ssh_config_count_as_known(tmp_path: Path) -> None:
+    """gpuprov's own `Host gpuprov-NAME` entries reach ~/.ssh/config through an Include."""
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / "nodes.conf").write_text("Host gpuprov-train\n  HostName 127.0.0.1\n")
+    (tmp_path / ".ssh" / "config").write_text(f"Include {tmp_path}/nodes.conf\nHost=alpha beta\n")
+    for word in ("gpuprov-train", "beta"):
+        result = gp("check", word, "--connect-timeout", "2", home=tmp_path / "home", HOME=str(tmp_path))
+        assert "no node called" not in result.stderr and result.returncode == 1, result.stderr
+    typo = gp("check", "gpuprov-trian", home=tmp_path / "home", HOME=str(tmp_path))
+    assert typo.returncode == 2 and "did you mean 'gpuprov-train'?" in typo.stderr

@@ -138,15 +138,38 @@ def _etc_hosts_names(path: Path = Path("/etc/hosts")) -> set[str]:
     return names
 
 
-def ssh_config_hosts(ssh_config: Path | None) -> list[str]:
-    """The `Host` patterns of the user's ssh config (~/.ssh/config unless given), wildcards and all."""
-    import paramiko
+def ssh_config_hosts(ssh_config: Path | None, _depth: int = 0) -> list[str]:
+    """The `Host` patterns of the user's ssh config (~/.ssh/config unless given), wildcards and all,
+    following `Include` (as ssh does: relative paths under ~/.ssh, globs) — gpuprov's own node entries
+    are Included that way."""
+    import glob
+    import shlex
 
     path = ssh_config or Path.home() / ".ssh" / "config"
     try:
-        return sorted(paramiko.SSHConfig.from_path(str(path)).get_hostnames())
-    except (OSError, UnicodeDecodeError, paramiko.SSHException):
+        text = path.read_text(errors="replace")
+    except OSError:
         return []
+    found: list[str] = []
+    for line in text.splitlines():
+        try:
+            words = shlex.split(line.split("#", 1)[0] if not line.lstrip().startswith("#") else "")
+        except ValueError:
+            continue
+        if len(words) < 2 and not (words and "=" in words[0]):
+            continue
+        key, values = (words[0].split("=", 1)[0], words[1:]) if "=" not in words[0] else \
+            (words[0].split("=", 1)[0], [words[0].split("=", 1)[1], *words[1:]])
+        if key.lower() == "host":
+            found += values
+        elif key.lower() == "include" and _depth < 8:
+            for pattern in values:
+                full = Path(pattern).expanduser()
+                if not full.is_absolute():
+                    full = Path.home() / ".ssh" / full
+                for included in sorted(glob.glob(str(full))):
+                    found += ssh_config_hosts(Path(included), _depth + 1)
+    return found
 
 
 def check_known_word(text: str, nodes: list[str], ssh_config: Path | None) -> None:
