@@ -67,6 +67,8 @@ CASES = [
     ("plan --gpu a100:8 --count 4", "--count", "conflicts with --gpu a100:8"),
     ("plan --gpu a100 --count 0", "--count", "at least 1"),
     ("plan --gpu nope", "--gpu", "unknown GPU"),
+    ("gpus rtx9999", "GPU", "unknown GPU 'rtx9999'"),
+    ("plan --gpu t4 -p minimal --jupyter", "--jupyter", "needs an `env`"),
     ("plan", "--gpu", "required"),
     ("plan --gpu t4 --bogus", "--bogus", "no such option"),
     ("check --gpu rtx9999 10.0.0.1", "--gpu", "unknown GPU 'rtx9999'"),

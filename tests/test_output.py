@@ -170,3 +170,11 @@ def test_down_and_gc_speak_json(aws, env):
     assert result["js"]["complete"] is True and result["js"]["left"] == []
     assert any(r.startswith("instance i-") for r in result["js"]["removed"]), result
     nothing_left(aws)
+
+
+def test_gpus_filters_by_name(tmp_path: Path) -> None:
+    out = run("gpus", "H100", "a100-80gb", home=tmp_path, columns=200).stdout
+    assert "p5.48xlarge" in out and "p4de.24xlarge" in out
+    assert "g4dn.xlarge" not in out and "p4d.24xlarge" not in out and "B200" not in out
+    data = json.loads(run("gpus", "h100:8", "--json", home=tmp_path).stdout)
+    assert [g["name"] for g in data["gpus"]] == ["H100"]

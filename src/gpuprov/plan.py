@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuprov import catalog, compat
 from gpuprov.catalog import Gpu, InstanceType
@@ -62,6 +62,7 @@ class NodeRequest(BaseModel):
     autostop_seconds: int | None = None  # --autostop (seconds idle), None: off
     ttl_seconds: int | None = None  # --ttl, None: no deadline
     on_interrupt: str | None = None  # --on-interrupt (wins over the playbook's on_interrupt)
+    jupyter: bool = False  # --jupyter: JupyterLab too, whatever the playbook says
 
 
 @dataclass(frozen=True)
@@ -245,6 +246,18 @@ def resolve_stack(
     return stack
 
 
+def with_jupyter(playbook: Playbook, jupyter: bool) -> Playbook:
+    """`playbook` with JupyterLab added (--jupyter), checked like a playbook that says `jupyter: true`."""
+    if not jupyter or playbook.jupyter:
+        return playbook
+    try:
+        return Playbook.model_validate({**playbook.model_dump(), "jupyter": True})
+    except ValidationError as exc:
+        problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise UserInputError("--jupyter", f"playbook {playbook.name!r}: {problem}",
+                             "use a playbook with an env, e.g. -p pytorch or -p jupyter") from None
+
+
 def make_plan(request: NodeRequest) -> Plan:
     """The plan for a node gpuprov launches: instance choice + stack + steps."""
     cat = catalog.load()
@@ -259,7 +272,7 @@ def make_plan(request: NodeRequest) -> Plan:
                              f"give the count once: --gpu {name}:{count}, or --gpu {name} --count {count}")
     candidates = choose_instances(gpu, count, request.instance_type)
     instance = candidates[0]
-    playbook = load_playbook(request.playbook)
+    playbook = with_jupyter(load_playbook(request.playbook), request.jupyter)
     stack = resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch)
     guards = guards_for(request, playbook)
     steps = steps_for(playbook, stack, request.pins.python or "3.12", guards)
@@ -277,7 +290,7 @@ class GuardRequest:
 
 def make_host_plan(
     gpu_name: str | None, playbook_name: str, os_name: str, pins: StackPins, nvswitch: bool | None = None,
-    guard: GuardRequest | None = None,
+    guard: GuardRequest | None = None, jupyter: bool = False,
 ) -> Plan:
     """The plan for an existing host: no instance type; Fabric Manager follows what the host has.
 
@@ -286,7 +299,7 @@ def make_host_plan(
     :param guard: guardrails, as for a launched node (the interruption watcher only with a hook: an
         existing host is not a spot instance gpuprov asked for).
     """
-    playbook = load_playbook(playbook_name)
+    playbook = with_jupyter(load_playbook(playbook_name), jupyter)
     gpu, count = None, 0
     if gpu_name:
         name, count = catalog.parse_gpu_request(gpu_name)
@@ -300,7 +313,7 @@ def make_host_plan(
     guard = guard or GuardRequest()
     request = NodeRequest(gpu=gpu_name or "none", count=max(count, 1), playbook=playbook_name, os=os_name, pins=pins,
                           autostop_seconds=guard.autostop_seconds, ttl_seconds=guard.ttl_seconds,
-                          on_interrupt=guard.on_interrupt)
+                          on_interrupt=guard.on_interrupt, jupyter=jupyter)
     guards = guards_for(request, playbook)
     steps = steps_for(playbook, stack, pins.python or "3.12", guards)
     return Plan(request, gpu, count, None, (), playbook, stack, steps, guards)

@@ -75,8 +75,11 @@ def pin_options(func: F) -> F:
     return apply_options(func, [
         click.option(
             "-p", "--playbook", default="pytorch", show_default=True,
-            help="Shipped playbook name (pytorch, minimal, llm-finetune, cuda-dev, inference) or a path to a .yml.",
+            help="Shipped playbook name (pytorch, minimal, llm-finetune, cuda-dev, inference, jupyter) or a path to a .yml.",
         ),
+        click.option("--jupyter", is_flag=True,
+                     help="Add JupyterLab to the playbook's env: a service on the node's 127.0.0.1:8888 with a token; "
+                          "open it with `gpuprov jupyter NODE`."),
         click.option("--os", "os_name", default=None,
                      help="ubuntu-22.04 or ubuntu-24.04. Default: 24.04 for new nodes, the host's own for bootstrap."),
         click.option("--driver", default=None,
@@ -166,7 +169,7 @@ def plan_from(kw: dict[str, Any]) -> Plan:
         gpu=kw["gpu"], count=kw["count"], spot=kw["spot"], region=region.name, playbook=kw["playbook"],
         os=kw["os_name"] or "ubuntu-24.04", pins=pins_from(kw), instance_type=kw["instance_type"],
         autostop_seconds=parse_duration(kw["autostop"], "--autostop"), ttl_seconds=parse_duration(kw["ttl"], "--ttl"),
-        on_interrupt=kw["on_interrupt"] or None,
+        on_interrupt=kw["on_interrupt"] or None, jupyter=kw["jupyter"],
     )
     plan = make_plan(request)
     say_region(region)

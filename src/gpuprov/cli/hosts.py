@@ -42,22 +42,22 @@ def bootstrap(force: bool, reboot_timeout: float, verbose: bool, as_json: bool, 
     """
     from gpuprov import bootstrap as engine
     from gpuprov.compat import check_pins
-    from gpuprov.plan import GuardRequest, make_host_plan
+    from gpuprov.plan import GuardRequest, make_host_plan, with_jupyter
     from gpuprov.report import LiveHosts, bootstrap_summary
     from gpuprov.spec import load_playbook, parse_duration
 
     pins = pins_from(kw)
     check_pins(pins)
-    load_playbook(kw["playbook"])
+    with_jupyter(load_playbook(kw["playbook"]), kw["jupyter"])
     guard = GuardRequest(autostop_seconds=parse_duration(kw["autostop"], "--autostop"),
                          ttl_seconds=parse_duration(kw["ttl"], "--ttl"), on_interrupt=kw["on_interrupt"] or None)
     if gpu:  # an impossible stack is refused before any host is touched
-        make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins, guard=guard)
+        make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins, guard=guard, jupyter=kw["jupyter"])
     targets = targets_from(kw)
     console = make_console()
     options = engine.Options(force=force, parallel=kw["parallel"], reboot_timeout=reboot_timeout,
                              echo=(lambda line: console.print(line, markup=False)) if verbose else None)
-    plan_for = engine.planner(gpu, kw["playbook"], kw["os_name"], pins, guard)
+    plan_for = engine.planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"])
     with LiveHosts(console, [t.name for t in targets], enabled=not as_json and not verbose) as live:
         results = engine.bootstrap(targets, host_settings(kw), plan_for, options, reporter=live)
     if as_json:

@@ -20,16 +20,20 @@ from gpuprov.cli.common import (
 
 
 @main.command()
+@click.argument("names", nargs=-1, metavar="[GPU]...")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--live", is_flag=True, help="Add current spot prices per zone (asks AWS; needs credentials).")
 @click.option("--region", default=None, metavar="REGION", help="Region for --live " + REGION_HELP[len("AWS region "):])
 @handle_errors
-def gpus(as_json: bool, live: bool, region: str) -> None:
-    """List the GPUs gpuprov knows, with the AWS instance types that carry them and their prices."""
+def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None:
+    """List the GPUs gpuprov knows, with the AWS instance types that carry them and their prices.
+
+    Name GPUs to see only those: `gpuprov gpus H100 a100-80gb` (any spelling `--gpu` takes).
+    """
     from gpuprov import catalog
     from gpuprov.report import gpus_table
 
-    cat = catalog.load()
+    cat = catalog.load().only(names)
     if live:
         _live_prices(cat, region_from(region).name, as_json)
         return
