@@ -46,3 +46,13 @@ def region_key(keys: Path, region: str) -> Path:
 
 def known_hosts_path() -> Path:
     return state_dir() / "known_hosts"
+
+
+def config_path() -> Path:
+    """The user's config file: $GPUPROV_CONFIG, else config.toml in the XDG config dir (~/.config/gpuprov)."""
+    override = os.environ.get("GPUPROV_CONFIG")
+    if override:
+        return Path(override).expanduser()
+    from platformdirs import user_config_dir
+
+    return Path(user_config_dir("gpuprov", appauthor=False)) / "config.toml"

@@ -40,7 +40,8 @@ class _DashDashCommand(click.Command):
 def _reach_options(accept_new: bool) -> Callable[[F], F]:
     """How to reach one or more hosts (the access commands)."""
     opts: list[Callable[[F], F]] = [
-        click.option("-i", "--identity", default=None, help="Private key file (else the node's, ~/.ssh/config, ssh's defaults)."),
+        click.option("-i", "--identity", default=None, envvar="GPUPROV_KEY", show_envvar=True,
+                     help="Private key file (else the node's, ~/.ssh/config, ssh's defaults)."),
         click.option("--ssh-config", default=None, type=click.Path(dir_okay=False), help="ssh config file [~/.ssh/config]."),
         click.option("--connect-timeout", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
                      help="Seconds to wait for SSH."),
@@ -107,7 +108,8 @@ def ssh_cmd(host: str, **kw: Any) -> None:
 @click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]... -- CMD...")
 @click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump).")
 @_reach_options(accept_new=True)
-@click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, help="Hosts worked on at once.")
+@click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, envvar="GPUPROV_PARALLEL",
+              show_envvar=True, help="Hosts worked on at once.")
 @click.option("--sudo", is_flag=True, help="Run the command as root (sudo -n) where the login user is not root.")
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=None,
               help="Seconds before the command is given up on each host.")
@@ -270,7 +272,8 @@ def sync(host: str, src: str, dst: str, delete: bool, progress: bool | None, **k
 @click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]...")
 @click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump).")
 @_reach_options(accept_new=True)
-@click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, help="Hosts sampled at once.")
+@click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, envvar="GPUPROV_PARALLEL",
+              show_envvar=True, help="Hosts sampled at once.")
 @click.option("--interval", type=click.FloatRange(0.2), default=2.0, show_default=True, help="Seconds between samples.")
 @click.option("--once", is_flag=True, help="One sample, then exit (exit 1 when a host could not be sampled).")
 @click.option("--json", "as_json", is_flag=True, help="JSON: one array per sample (with --once, one document).")

@@ -35,7 +35,7 @@ from gpuprov.errors import GpuprovError, UserInputError
 @click.option("--disk", "disk_gb", type=click.IntRange(20, 16384), default=100, show_default=True,
               help="Root volume, GB (gp3, encrypted).")
 @click.option("--image", default=None, help="AMI id instead of Canonical's Ubuntu from SSM.")
-@click.option("--ssh-cidr", default=None,
+@click.option("--ssh-cidr", default=None, envvar="GPUPROV_SSH_CIDR", show_envvar=True,
               help="Open SSH to this CIDR (IPv4 or IPv6) instead of your public address /32 "
                    "(with --connect private: instead of the VPC's CIDR).")
 @click.option("--connect", type=click.Choice(["public", "private"]), default="public", show_default=True,

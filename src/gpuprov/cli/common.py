@@ -74,7 +74,7 @@ def pin_options(func: F) -> F:
     """What to install: playbook, OS and stack pins (plan, render, bootstrap, up)."""
     return apply_options(func, [
         click.option(
-            "-p", "--playbook", default="pytorch", show_default=True,
+            "-p", "--playbook", default="pytorch", show_default=True, envvar="GPUPROV_PLAYBOOK", show_envvar=True,
             help="Shipped playbook name (pytorch, minimal, llm-finetune, cuda-dev, inference, jupyter) or a path to a .yml.",
         ),
         click.option("--jupyter", is_flag=True,
@@ -95,7 +95,8 @@ def pin_options(func: F) -> F:
 def stack_options(func: F) -> F:
     """What to launch and install (plan, render, up)."""
     return apply_options(func, [
-        click.option("--gpu", required=True, help="GPU name, optionally with a count: A100, h100, a100:8, l40s."),
+        click.option("--gpu", required=True, envvar="GPUPROV_GPU", show_envvar=True,
+                     help="GPU name, optionally with a count: A100, h100, a100:8, l40s."),
         click.option("--count", type=int, default=None, help="Number of GPUs [default: 1] (or use --gpu NAME:N)."),
         click.option("--spot", is_flag=True, help="Ask for spot capacity (cheaper, can be interrupted)."),
         click.option("--region", default=None, metavar="REGION", help=REGION_HELP),
@@ -108,7 +109,7 @@ def stack_options(func: F) -> F:
 def guard_options(func: F) -> F:
     """Guardrails installed on the node (plan, render, up): idle autostop, hard TTL, spot hook."""
     return apply_options(func, [
-        click.option("--autostop", default=None, metavar="DURATION",
+        click.option("--autostop", default=None, metavar="DURATION", envvar="GPUPROV_AUTOSTOP", show_envvar=True,
                      help="Power off after this long idle (GPUs under 10%, nobody logged in): 30m, 2h, 1h30m."),
         click.option("--ttl", default=None, metavar="DURATION",
                      help="Power off this long after the bootstrap starts, whatever happens: 8h, 1d."),
@@ -123,14 +124,15 @@ def ssh_options(func: F) -> F:
     return apply_options(func, [
         click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]..."),
         click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump, gpu, os)."),
-        click.option("-i", "--identity", default=None, help="Private key file (else ~/.ssh/config, then ssh's defaults)."),
+        click.option("-i", "--identity", default=None, envvar="GPUPROV_KEY", show_envvar=True,
+                     help="Private key file (else ~/.ssh/config, then ssh's defaults)."),
         click.option("--ssh-config", default=None, type=click.Path(dir_okay=False), help="ssh config file [~/.ssh/config]."),
         click.option("--accept-new-host-key", is_flag=True,
                      help="Trust and pin the key of a host seen for the first time. A changed key is always refused."),
         click.option("--connect-timeout", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
                      help="Seconds to wait for SSH."),
-        click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True,
-                     help="Hosts worked on at once."),
+        click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, envvar="GPUPROV_PARALLEL",
+                     show_envvar=True, help="Hosts worked on at once."),
     ])
 
 
@@ -226,6 +228,22 @@ class Group(click.Group):
     """gpuprov's top-level group: every error, wherever it is raised (option parsing included), is one
     `error: ...` line on stderr with its exit code, never a traceback or Click's usage block. Every
     command gets -q/--quiet."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        """Defaults from the user's config file (flag > environment > config file > built-in), read only
+        when there is one."""
+        from gpuprov.paths import config_path
+
+        if "default_map" not in extra and config_path().exists():
+            from gpuprov import config
+
+            try:
+                extra["default_map"] = config.default_map()
+            except GpuprovError:
+                if not {"--help", "-h"} & set(args):  # help still reads with a broken config file
+                    raise
+        return super().make_context(info_name, args, parent, **extra)
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         cmd.params.append(QUIET_OPTION)
