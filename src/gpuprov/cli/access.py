@@ -12,6 +12,7 @@ import click
 from gpuprov.cli.common import (
     F,
     apply_options,
+    complete_node,
     handle_errors,
     host_settings,
     main,
@@ -79,7 +80,7 @@ def _need_tool(name: str, package: str) -> None:
 
 
 @main.command("ssh", cls=_DashDashCommand)
-@click.argument("host", metavar="NODE|[USER@]HOST[:PORT] [-- CMD...]")
+@click.argument("host", metavar="NODE|[USER@]HOST[:PORT] [-- CMD...]", shell_complete=complete_node)
 @_reach_options(accept_new=False)
 @handle_errors
 def ssh_cmd(host: str, **kw: Any) -> None:
@@ -105,7 +106,7 @@ def ssh_cmd(host: str, **kw: Any) -> None:
 
 
 @main.command("exec", cls=_DashDashCommand)
-@click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]... -- CMD...")
+@click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]... -- CMD...", shell_complete=complete_node)
 @click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump).")
 @_reach_options(accept_new=True)
 @click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, envvar="GPUPROV_PARALLEL",
@@ -190,7 +191,7 @@ def _open(target: Any, settings: Any) -> Any:
 
 
 @main.command()
-@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]")
+@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]", shell_complete=complete_node)
 @click.argument("ports", metavar="LOCAL[:REMOTE]")
 @_reach_options(accept_new=True)
 @handle_errors
@@ -211,7 +212,7 @@ def tunnel(host: str, ports: str, **kw: Any) -> None:
 
 
 @main.command()
-@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]")
+@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]", shell_complete=complete_node)
 @click.option("--port", type=click.IntRange(0, 65535), default=8888, show_default=True,
               help="Local port (0: any free one).")
 @click.option("--remote-port", type=click.IntRange(1, 65535), default=8888, show_default=True,
@@ -238,7 +239,7 @@ def jupyter(host: str, port: int, remote_port: int, **kw: Any) -> None:
 
 
 @main.command()
-@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]")
+@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]", shell_complete=complete_node)
 @click.argument("src")
 @click.argument("dst")
 @_reach_options(accept_new=False)
@@ -269,7 +270,7 @@ def sync(host: str, src: str, dst: str, delete: bool, progress: bool | None, **k
 
 
 @main.command()
-@click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]...")
+@click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]...", shell_complete=complete_node)
 @click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump).")
 @_reach_options(accept_new=True)
 @click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, envvar="GPUPROV_PARALLEL",

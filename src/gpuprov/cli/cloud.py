@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from gpuprov.cli.common import (
+    complete_node,
     confirm,
     handle_errors,
     main,
@@ -111,7 +112,7 @@ def status(as_json: bool, refresh: bool) -> None:
 
 
 @main.command()
-@click.argument("names", nargs=-1)
+@click.argument("names", nargs=-1, shell_complete=complete_node)
 @click.option("--all", "all_nodes", is_flag=True, help="Every node gpuprov manages.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask (needed without a terminal).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result: what was removed and what is left.")
@@ -185,7 +186,7 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, as_json: bool) ->
 
 
 @main.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete_node)
 @click.argument("duration", metavar="DURATION|off")
 @handle_errors
 def autostop(name: str, duration: str) -> None:

@@ -57,6 +57,38 @@ def confirm(question: str, action: str) -> None:
         say_error("not confirmed; nothing was done", 1)
 
 
+# --- shell completion (Click's protocol; `gpuprov completion bash|zsh|fish` prints the script) ------
+
+
+def _matching(words: list[str], incomplete: str) -> list[Any]:
+    from click.shell_completion import CompletionItem
+
+    return [CompletionItem(w) for w in words if w.lower().startswith(incomplete.lower())]
+
+
+def complete_gpu(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[Any]:
+    from gpuprov import catalog
+
+    return _matching([g.name for g in catalog.load().gpus], incomplete)
+
+
+def complete_playbook(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[Any]:
+    from click.shell_completion import CompletionItem
+
+    from gpuprov.spec import shipped_playbooks
+
+    if "/" in incomplete or incomplete.startswith("."):
+        return [CompletionItem(incomplete, type="file")]
+    return _matching(shipped_playbooks(), incomplete)
+
+
+def complete_node(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[Any]:
+    try:
+        return _matching(node_names(), incomplete)
+    except GpuprovError:  # no readable state: nothing to offer, and no error in the middle of a prompt
+        return []
+
+
 # --- shared options (pip-tools style) ---------------------------------------------------------
 
 
@@ -75,6 +107,7 @@ def pin_options(func: F) -> F:
     return apply_options(func, [
         click.option(
             "-p", "--playbook", default="pytorch", show_default=True, envvar="GPUPROV_PLAYBOOK", show_envvar=True,
+            shell_complete=complete_playbook,
             help="Shipped playbook name (pytorch, minimal, llm-finetune, cuda-dev, inference, jupyter) or a path to a .yml.",
         ),
         click.option("--jupyter", is_flag=True,
@@ -95,7 +128,7 @@ def pin_options(func: F) -> F:
 def stack_options(func: F) -> F:
     """What to launch and install (plan, render, up)."""
     return apply_options(func, [
-        click.option("--gpu", required=True, envvar="GPUPROV_GPU", show_envvar=True,
+        click.option("--gpu", required=True, envvar="GPUPROV_GPU", show_envvar=True, shell_complete=complete_gpu,
                      help="GPU name, optionally with a count: A100, h100, a100:8, l40s."),
         click.option("--count", type=int, default=None, help="Number of GPUs [default: 1] (or use --gpu NAME:N)."),
         click.option("--spot", is_flag=True, help="Ask for spot capacity (cheaper, can be interrupted)."),
@@ -122,7 +155,7 @@ def guard_options(func: F) -> F:
 def ssh_options(func: F) -> F:
     """How to reach existing hosts (bootstrap, check)."""
     return apply_options(func, [
-        click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]..."),
+        click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]...", shell_complete=complete_node),
         click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump, gpu, os)."),
         click.option("-i", "--identity", default=None, envvar="GPUPROV_KEY", show_envvar=True,
                      help="Private key file (else ~/.ssh/config, then ssh's defaults)."),

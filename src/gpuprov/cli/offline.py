@@ -9,6 +9,7 @@ import click
 
 from gpuprov.cli.common import (
     REGION_HELP,
+    complete_gpu,
     handle_errors,
     main,
     make_console,
@@ -20,7 +21,7 @@ from gpuprov.cli.common import (
 
 
 @main.command()
-@click.argument("names", nargs=-1, metavar="[GPU]...")
+@click.argument("names", nargs=-1, metavar="[GPU]...", shell_complete=complete_gpu)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--live", is_flag=True, help="Add current spot prices per zone (asks AWS; needs credentials).")
 @click.option("--region", default=None, metavar="REGION", help="Region for --live " + REGION_HELP[len("AWS region "):])

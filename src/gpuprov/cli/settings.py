@@ -44,3 +44,20 @@ def config_cmd(as_json: bool, show_path: bool) -> None:
     for key, value, source, what in rows:
         table.add_row(key, "-" if value is None else str(value), source, what)
     make_console().print(table)
+
+
+@main.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell completion script: commands, options, node names, GPU names and playbooks.
+
+    \b
+    bash:  echo 'eval "$(gpuprov completion bash)"' >> ~/.bashrc
+    zsh:   echo 'eval "$(gpuprov completion zsh)"' >> ~/.zshrc
+    fish:  gpuprov completion fish > ~/.config/fish/completions/gpuprov.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    cls = get_completion_class(shell)
+    assert cls is not None  # the Choice above admits only shells Click knows
+    click.echo(cls(main, {}, "gpuprov", "_GPUPROV_COMPLETE").source())
