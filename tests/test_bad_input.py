@@ -194,28 +194,6 @@ def test_a_damaged_page_in_a_real_state_file_is_reported(tmp_path: Path) -> None
     assert result.returncode == 2 and "error: state: " in result.stderr, result.stderr
 
 
-def test_no_color_leaves_error_lines_plain(tmp_path: Path) -> None:
-    import pty
-
-    env = {**os.environ, "GPUPROV_HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
-    leader, follower = pty.openpty()
-    proc = subprocess.run([sys.executable, "-m", "gpuprov", "plan", "--gpu", "nope"], stdin=follower,
-                          stdout=follower, stderr=follower, env=env, timeout=60)
-    os.close(follower)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(leader)
-    assert proc.returncode == 2
-    assert b"error: --gpu: unknown GPU 'nope'" in out and b"\x1b[" not in out
-
-
 def test_a_broken_known_hosts_line_is_named(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
