@@ -13,7 +13,6 @@ from gpuprov.cli.common import (
     F,
     apply_options,
     complete_node,
-    handle_errors,
     host_settings,
     main,
     make_console,
@@ -82,7 +81,6 @@ def _need_tool(name: str, package: str) -> None:
 @main.command("ssh", cls=_DashDashCommand)
 @click.argument("host", metavar="NODE|[USER@]HOST[:PORT] [-- CMD...]", shell_complete=complete_node)
 @_reach_options(accept_new=False)
-@handle_errors
 def ssh_cmd(host: str, **kw: Any) -> None:
     """A shell on a node or host through the system ssh, its host key pinned (`-- CMD` runs CMD).
 
@@ -115,7 +113,6 @@ def ssh_cmd(host: str, **kw: Any) -> None:
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=None,
               help="Seconds before the command is given up on each host.")
 @click.option("--no-prefix", is_flag=True, help="Print the hosts' lines as they are, without `HOST | `.")
-@handle_errors
 def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo: bool, timeout: float | None,
              no_prefix: bool, **kw: Any) -> None:
     """Run a command on one or many hosts at once, streaming each line prefixed by its host.
@@ -194,7 +191,6 @@ def _open(target: Any, settings: Any) -> Any:
 @click.argument("host", metavar="NODE|[USER@]HOST[:PORT]", shell_complete=complete_node)
 @click.argument("ports", metavar="LOCAL[:REMOTE]")
 @_reach_options(accept_new=True)
-@handle_errors
 def tunnel(host: str, ports: str, **kw: Any) -> None:
     """Forward a local port to a port on the host (SSH local forwarding) until Ctrl-C.
 
@@ -218,7 +214,6 @@ def tunnel(host: str, ports: str, **kw: Any) -> None:
 @click.option("--remote-port", type=click.IntRange(1, 65535), default=8888, show_default=True,
               help="JupyterLab's port on the host.")
 @_reach_options(accept_new=True)
-@handle_errors
 def jupyter(host: str, port: int, remote_port: int, **kw: Any) -> None:
     """Open a node's JupyterLab through an SSH tunnel and print its URL with the token.
 
@@ -245,7 +240,6 @@ def jupyter(host: str, port: int, remote_port: int, **kw: Any) -> None:
 @_reach_options(accept_new=False)
 @click.option("--delete", is_flag=True, help="Delete files on the receiving side that the sending side lacks.")
 @click.option("--progress/--no-progress", default=None, help="Show transfer progress [default: on a terminal].")
-@handle_errors
 def sync(host: str, src: str, dst: str, delete: bool, progress: bool | None, **kw: Any) -> None:
     """Copy files to or from a host with rsync over the same pinned SSH settings.
 
@@ -278,7 +272,6 @@ def sync(host: str, src: str, dst: str, delete: bool, progress: bool | None, **k
 @click.option("--interval", type=click.FloatRange(0.2), default=2.0, show_default=True, help="Seconds between samples.")
 @click.option("--once", is_flag=True, help="One sample, then exit (exit 1 when a host could not be sampled).")
 @click.option("--json", "as_json", is_flag=True, help="JSON: one array per sample (with --once, one document).")
-@handle_errors
 def monitor(hosts: tuple[str, ...], inventory: str | None, parallel: int, interval: float, once: bool, as_json: bool,
             **kw: Any) -> None:
     """Live GPU utilisation, memory, temperature and power of several hosts (like `watch nvidia-smi`)."""

@@ -10,7 +10,6 @@ import click
 from gpuprov.cli.common import (
     complete_node,
     confirm,
-    handle_errors,
     main,
     make_console,
     node_target,
@@ -50,7 +49,6 @@ from gpuprov.errors import GpuprovError, UserInputError
 @click.option("--dry-run", is_flag=True, help="Print the plan and stop (the same plan `gpuprov plan` prints).")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before launching (needed without a terminal).")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
-@handle_errors
 def up(name: str | None, fallback: str, max_price: float | None, max_hourly: float | None, disk_gb: int,
        image: str | None, ssh_cidr: str | None, connect: str, subnet: str | None, ssh_user: str, no_bootstrap: bool,
        no_wait: bool, dry_run: bool, yes: bool, verbose: bool, **kw: Any) -> None:
@@ -97,7 +95,6 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--refresh", is_flag=True, help="Ask the cloud first (one batched call per region).")
-@handle_errors
 def status(as_json: bool, refresh: bool) -> None:
     """Nodes gpuprov manages: state, address, $/h, $ so far, age."""
     from gpuprov import lifecycle
@@ -116,7 +113,6 @@ def status(as_json: bool, refresh: bool) -> None:
 @click.option("--all", "all_nodes", is_flag=True, help="Every node gpuprov manages.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask (needed without a terminal).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result: what was removed and what is left.")
-@handle_errors
 def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool) -> None:
     """Terminate nodes and remove everything they own: instance, spot request, security group,
     volumes, ssh config entry (and the key pair with the region's last node). Safe to repeat."""
@@ -153,7 +149,6 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool) -> N
 @click.option("--all-regions", is_flag=True, help="Every region in the catalog.")
 @click.option("-y", "--yes", is_flag=True, help="Delete what is found (default: list only).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable: what was found (and, with --yes, what is left).")
-@handle_errors
 def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, as_json: bool) -> None:
     """Find resources tagged as yours that no local node owns (left by a crash or another machine's
     lost state); list them, and delete them with --yes."""
@@ -188,7 +183,6 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, as_json: bool) ->
 @main.command()
 @click.argument("name", shell_complete=complete_node)
 @click.argument("duration", metavar="DURATION|off")
-@handle_errors
 def autostop(name: str, duration: str) -> None:
     """Change a running node's idle autostop: `gpuprov autostop NAME 2h`, or `off`.
 

@@ -7,7 +7,6 @@ Heavy modules (boto3, fabric, the library itself) are imported inside functions,
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 from collections.abc import Callable
@@ -215,19 +214,6 @@ def say_error(text: str, exit_code: int) -> NoReturn:
     """`error: <text>` on stderr (red on a terminal unless NO_COLOR is set), then exit."""
     click.echo(f"error: {text}" if os.environ.get("NO_COLOR") else click.style(f"error: {text}", fg="red"), err=True)
     sys.exit(exit_code)
-
-
-def handle_errors(func: F) -> F:
-    """Print a GpuprovError as a short message (no traceback) and exit with its code."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except GpuprovError as exc:
-            say_error(str(exc), exc.exit_code)
-
-    return wrapper  # type: ignore[return-value]
 
 
 def usage_error_text(exc: click.UsageError) -> str:

@@ -11,7 +11,6 @@ import click
 
 from gpuprov.cli.common import (
     guard_options,
-    handle_errors,
     host_settings,
     main,
     make_console,
@@ -31,7 +30,6 @@ from gpuprov.cli.common import (
 @click.option("--reboot-timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for a host to come back.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream every host's remote output (it always goes to the log).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-@handle_errors
 def bootstrap(force: bool, reboot_timeout: float, verbose: bool, as_json: bool, gpu: str | None, **kw: Any) -> None:
     """Install the playbook's stack on existing hosts over SSH, then verify it.
 
@@ -82,7 +80,6 @@ def _host_json(r: Any) -> dict[str, Any]:
 @click.option("--gpu", default=None, help="The GPU model the hosts should show.")
 @click.option("--env", "env_path", default="/opt/gpuprov/env", show_default=True, help="Python env whose torch to check.")
 @click.option("--json", "as_json", is_flag=True, help="Print the reports as JSON.")
-@handle_errors
 def check(gpu: str | None, env_path: str, as_json: bool, **kw: Any) -> None:
     """Verify hosts: nvidia-smi, /dev/nvidia*, torch.cuda and a matmul on every GPU, judged.
 
@@ -119,7 +116,6 @@ def _finish(results: list[Any], as_json: bool, fields: Callable[[Any], dict[str,
 @click.option("--min-free-gb", type=float, default=10.0, show_default=True,
               help="Warn when / or the env's filesystem has less free space than this.")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings (and the facts behind them) as JSON.")
-@handle_errors
 def doctor(env_path: str, min_free_gb: float, as_json: bool, **kw: Any) -> None:
     """Find why a host's GPU stack is broken: each finding names the cause and the fix.
 

@@ -10,7 +10,6 @@ import click
 from gpuprov.cli.common import (
     REGION_HELP,
     complete_gpu,
-    handle_errors,
     main,
     make_console,
     plan_from,
@@ -25,7 +24,6 @@ from gpuprov.cli.common import (
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--live", is_flag=True, help="Add current spot prices per zone (asks AWS; needs credentials).")
 @click.option("--region", default=None, metavar="REGION", help="Region for --live " + REGION_HELP[len("AWS region "):])
-@handle_errors
 def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None:
     """List the GPUs gpuprov knows, with the AWS instance types that carry them and their prices.
 
@@ -52,7 +50,6 @@ def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None
 @stack_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--show-scripts", is_flag=True, help="Also print every rendered script.")
-@handle_errors
 def plan(as_json: bool, show_scripts: bool, **kw: Any) -> None:
     """Show what `up` would launch and install, without touching the network.
 
@@ -84,7 +81,6 @@ def plan(as_json: bool, show_scripts: bool, **kw: Any) -> None:
 @click.option("-o", "--output", "out", required=True, metavar="FOLDER",
               help="Folder to write the scripts and manifest.json into: new, empty, or one an earlier render "
                    "wrote (the scripts its manifest lists are replaced).")
-@handle_errors
 def render(out: str, **kw: Any) -> None:
     """Write the bootstrap bundle: one script per step plus manifest.json (sha256 + resolved stack).
 

@@ -6,13 +6,12 @@ import json
 
 import click
 
-from gpuprov.cli.common import handle_errors, main, make_console
+from gpuprov.cli.common import main, make_console
 
 
 @main.command("config")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--path", "show_path", is_flag=True, help="Print the config file's path and nothing else.")
-@handle_errors
 def config_cmd(as_json: bool, show_path: bool) -> None:
     """Show the defaults in effect and where each comes from: environment, config file, built-in.
 
