@@ -128,14 +128,6 @@ def default_map() -> dict[str, dict[str, Any]]:
     return out
 
 
-def env_var(command: str, param: str) -> str | None:
-    """The environment variable of an option the config file also sets (Click's `envvar`)."""
-    for setting in SETTINGS:
-        if setting.options.get(command) == param and setting.env[0].startswith("GPUPROV_"):
-            return setting.env[0]
-    return None
-
-
 def effective() -> list[tuple[str, Any, str, str]]:
     """Each key: (key, value, where it came from, what it sets), without flags (those are per command)."""
     values = load()

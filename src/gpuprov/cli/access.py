@@ -17,6 +17,7 @@ from gpuprov.cli.common import (
     main,
     make_console,
     targets_from,
+    warn,
 )
 from gpuprov.errors import GpuprovError
 
@@ -68,7 +69,7 @@ def _warn_unpinned(target: Any, settings: Any) -> None:
 
     # only for a host that answers: for a closed port or a dead address ssh's own words say what is wrong
     if access.is_pinned(target, settings) is False and access.answers(target, settings):
-        click.secho(access.pin_hint(target, access.known_hosts_for(target, settings)), fg="yellow", err=True)
+        warn(access.pin_hint(target, access.known_hosts_for(target, settings)), "yellow")
 
 
 def _need_tool(name: str, package: str) -> None:
@@ -121,7 +122,7 @@ def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo:
     gpuprov exec node-a node-b -- nvidia-smi -L
     Like ssh, the words after -- are joined by spaces for the remote shell. Exit code: the host's
     own for one host; for several, 0 when all succeeded, else the first failure's; 255 when a
-    host cannot be reached (or its key is not pinned).
+    host cannot be reached (or its key is not pinned); 124 when the command ran past --timeout.
     """
     import threading
 
@@ -142,7 +143,7 @@ def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo:
     results = access.exec_many(targets, settings, " ".join(words), emit, parallel=parallel, sudo=sudo, timeout=timeout)
     for r in results:
         if r.error:
-            click.secho(f"{r.target.name:<{width}} | error: {r.error}", fg="red", err=True)
+            warn(f"{r.target.name:<{width}} | error: {r.error}", "red")
     if len(results) > 1:
         failed = [r for r in results if r.exit_code != 0]
         codes = ", ".join(f"{r.target.name}: exit {r.exit_code}" for r in failed)
@@ -161,7 +162,7 @@ def _forward_until_stopped(remote: Any, spec: Any, announce: Callable[[int], str
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
-    forward = access.LocalForward(remote, spec, on_error=lambda text: click.secho(f"warning: {text}", fg="yellow", err=True))
+    forward = access.LocalForward(remote, spec, on_error=lambda text: warn(f"warning: {text}", "yellow"))
     port = forward.start()
     click.echo(announce(port))
     click.echo(f"forwarding 127.0.0.1:{port} -> {spec.remote_host}:{spec.remote_port} on {remote.target.name}; "
@@ -169,7 +170,7 @@ def _forward_until_stopped(remote: Any, spec: Any, announce: Callable[[int], str
     try:
         while forward.alive:
             time.sleep(0.5)
-        click.secho(f"error: the SSH connection to {remote.target.name} was lost", fg="red", err=True)
+        warn(f"error: the SSH connection to {remote.target.name} was lost", "red")
         code = 255
     except KeyboardInterrupt:
         code = 0
@@ -259,7 +260,7 @@ def sync(host: str, src: str, dst: str, delete: bool, progress: bool | None, **k
     show = sys.stdout.isatty() if progress is None else progress
     code = subprocess.call(access.rsync_argv(target, settings, plan, progress=show, delete=delete))
     if code != 0:
-        click.secho(f"error: rsync exited {code}", fg="red", err=True)
+        warn(f"error: rsync exited {code}", "red")
     sys.exit(code)
 
 

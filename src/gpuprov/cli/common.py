@@ -210,9 +210,14 @@ def plan_from(kw: dict[str, Any]) -> Plan:
     return plan
 
 
+def warn(text: str, colour: str = "yellow") -> None:
+    """A line on stderr, coloured on a terminal unless NO_COLOR is set (https://no-color.org)."""
+    click.echo(text if os.environ.get("NO_COLOR") else click.style(text, fg=colour), err=True)
+
+
 def say_error(text: str, exit_code: int) -> NoReturn:
     """`error: <text>` on stderr (red on a terminal unless NO_COLOR is set), then exit."""
-    click.echo(f"error: {text}" if os.environ.get("NO_COLOR") else click.style(f"error: {text}", fg="red"), err=True)
+    warn(f"error: {text}", "red")
     sys.exit(exit_code)
 
 
