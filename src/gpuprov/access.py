@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import select
 import shlex
 import socket
@@ -136,6 +137,19 @@ class SyncPlan:
     upload: bool  # local -> remote
     local: str
     remote_path: str
+
+
+_REMOTE_SIDE = re.compile(r"^((?:[A-Za-z0-9._-]+@)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)):")
+
+
+def sync_host(src: str, dst: str) -> str:
+    """rsync's shape: the host of whichever side is `HOST:PATH` (`NODE:PATH`, `USER@HOST:PATH`). A colon
+    after a slash is part of a local path, as for rsync; `./a:b` is local."""
+    hosts = [m.group(1) for m in (_REMOTE_SIDE.match(arg) for arg in (src, dst)) if m]
+    if len(hosts) != 1:
+        raise UserInputError("SRC DST", "exactly one of SRC and DST must be NODE:PATH (or [USER@]HOST:PATH)",
+                             "e.g. gpuprov sync ./code exp1:/work/code, or back: gpuprov sync exp1:/work/out ./out")
+    return hosts[0]
 
 
 def split_sync(host: str, src: str, dst: str) -> SyncPlan:

@@ -235,24 +235,28 @@ def jupyter(host: str, port: int, remote_port: int, **kw: Any) -> None:
 
 
 @main.command()
-@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]", shell_complete=complete_node)
-@click.argument("src")
-@click.argument("dst")
+@click.argument("args", nargs=-1, required=True, metavar="[NODE|[USER@]HOST[:PORT]] SRC DST",
+                shell_complete=complete_node)
 @_reach_options(accept_new=False)
 @click.option("--delete", is_flag=True, help="Delete files on the receiving side that the sending side lacks.")
 @click.option("--progress/--no-progress", default=None, help="Show transfer progress [default: on a terminal].")
-def sync(host: str, src: str, dst: str, delete: bool, progress: bool | None, **kw: Any) -> None:
-    """Copy files to or from a host with rsync over the same pinned SSH settings.
+def sync(args: tuple[str, ...], delete: bool, progress: bool | None, **kw: Any) -> None:
+    """Copy files to or from a host with rsync over the same pinned SSH settings, in rsync's shape.
 
     \b
-    gpuprov sync my-node ./data my-node:data      # upload (rsync -a; a trailing / copies contents)
-    gpuprov sync my-node my-node:runs/ ./runs/    # download
-    `HOST:PATH` (or just `:PATH`) marks the remote side; relative paths are in the login's home.
+    gpuprov sync ./data my-node:data              # upload (rsync -a; a trailing / copies contents)
+    gpuprov sync my-node:runs/ ./runs/            # download
+    gpuprov sync my-node ./data :data             # the host named first, `:PATH` for its side
+    `HOST:PATH` marks the remote side; relative paths are in the login's home.
     """
     import subprocess
 
     from gpuprov import access
+    from gpuprov.errors import UserInputError
 
+    if len(args) not in (2, 3):
+        raise UserInputError("SRC DST", f"{len(args)} paths", "e.g. gpuprov sync ./code exp1:/work/code")
+    host, src, dst = args if len(args) == 3 else (access.sync_host(*args), *args)
     _need_tool("rsync", "rsync (here and on the host)")
     plan = access.split_sync(host, src, dst)
     target, settings = _one(host, kw)
