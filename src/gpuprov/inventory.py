@@ -83,16 +83,15 @@ class Inventory(_Model):
     @classmethod
     def _unique_names(cls, hosts: tuple[HostEntry, ...]) -> tuple[HostEntry, ...]:
         """Results, logs and markers are keyed by a host's name, so two hosts may not share one."""
-        names = [t.name for t in targets(list(hosts))]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"two hosts are called {dupes[0]!r}; give each a different `name:`")
+        twice = _named_twice(targets(list(hosts)))
+        if twice:
+            raise ValueError(f"two hosts are called {twice!r}; give each a different `name:`")
         return hosts
 
 
 def load_inventory(path: str) -> Inventory:
     file = Path(path)
-    if not file.is_file():
+    if not file.exists():
         raise UserInputError("--inventory", f"no such file: {path}", "an inventory is YAML with a `hosts:` list")
     return load_model(read_text_file(file, "--inventory", "inventory"), Inventory, path, "--inventory")
 
@@ -109,13 +108,16 @@ def parse_target(text: str) -> HostEntry:
     return HostEntry(host=host, user=match.group("user"), port=int(match.group("port")) if match.group("port") else None)
 
 
+def _named_twice(found: list[Target]) -> str | None:
+    names = [t.name for t in found]
+    return next((n for n in names if names.count(n) > 1), None)
+
+
 def check_unique(found: list[Target]) -> list[Target]:
     """`found`, unless two share a name (results, logs and markers are keyed by it): UserInputError."""
-    names = [t.name for t in found]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise UserInputError("HOST", f"{dupes[0]!r} is named twice",
-                             "name each host once (an inventory's `name:` tells two apart)")
+    twice = _named_twice(found)
+    if twice:
+        raise UserInputError("HOST", f"{twice!r} is named twice", "name each host once (an inventory's `name:` tells two apart)")
     return found
 
 
@@ -130,12 +132,13 @@ def targets(entries: list[HostEntry], defaults: HostDefaults | None = None) -> l
 
 def _etc_hosts_names(path: Path = Path("/etc/hosts")) -> set[str]:
     names: set[str] = set()
-    try:
+    with contextlib.suppress(OSError):
         for line in path.read_text(errors="replace").splitlines():
             names.update(line.split("#", 1)[0].split()[1:])
-    except OSError:
-        pass
     return names
+
+
+_SSH_CONFIG_LINE = re.compile(r"^\s*(\w+)(?:\s*=\s*|\s+)(.+?)\s*$")
 
 
 def ssh_config_hosts(ssh_config: Path | None, _depth: int = 0) -> list[str]:
@@ -145,28 +148,26 @@ def ssh_config_hosts(ssh_config: Path | None, _depth: int = 0) -> list[str]:
     import glob
     import shlex
 
-    path = ssh_config or Path.home() / ".ssh" / "config"
     try:
-        text = path.read_text(errors="replace")
+        text = (ssh_config or Path.home() / ".ssh" / "config").read_text(errors="replace")
     except OSError:
         return []
     found: list[str] = []
     for line in text.splitlines():
+        match = _SSH_CONFIG_LINE.match(line.split("#", 1)[0])
+        if not match:
+            continue
         try:
-            words = shlex.split(line.split("#", 1)[0] if not line.lstrip().startswith("#") else "")
+            values = shlex.split(match.group(2))
         except ValueError:
             continue
-        if len(words) < 2 and not (words and "=" in words[0]):
-            continue
-        key, values = (words[0].split("=", 1)[0], words[1:]) if "=" not in words[0] else \
-            (words[0].split("=", 1)[0], [words[0].split("=", 1)[1], *words[1:]])
-        if key.lower() == "host":
+        keyword = match.group(1).lower()
+        if keyword == "host":
             found += values
-        elif key.lower() == "include" and _depth < 8:
+        elif keyword == "include" and _depth < 8:
             for pattern in values:
                 full = Path(pattern).expanduser()
-                if not full.is_absolute():
-                    full = Path.home() / ".ssh" / full
+                full = full if full.is_absolute() else Path.home() / ".ssh" / full
                 for included in sorted(glob.glob(str(full))):
                     found += ssh_config_hosts(Path(included), _depth + 1)
     return found
