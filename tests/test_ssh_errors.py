@@ -157,3 +157,28 @@ def test_hosts_included_into_the_ssh_config_count_as_known(tmp_path: Path) -> No
         assert "no node called" not in result.stderr and result.returncode == 1, result.stderr
     typo = gp("check", "gpuprov-trian", home=tmp_path / "home", HOME=str(tmp_path))
     assert typo.returncode == 2 and "did you mean 'gpuprov-train'?" in typo.stderr
+
+
+def test_keys_in_the_users_known_hosts_count_as_pinned_and_a_different_one_is_refused(host_pool, gp_home, tmp_path):
+    """`gp_home` sets HOME: bootstrapping a machine you already ssh into needs no --accept-new-host-key."""
+    from tests.test_access import key
+    from tests.test_bootstrap_ssh import addrs
+
+    pool = host_pool
+    host = addrs(pool, [2])[0]
+    home = Path(os.environ["HOME"])
+    (home / ".ssh").mkdir(exist_ok=True)
+    user_known = home / ".ssh" / "known_hosts"
+    user_known.write_text(pool[2].known_hosts_line() + "\n")
+    for command in (["exec", host, *key(pool), "--", "true"], ["ssh", host, *key(pool), "--", "true"]):
+        result = gp(*command, home=gp_home, HOME=str(home))
+        assert result.returncode == 0, (command, result.stderr)
+        assert "not pinned" not in result.stderr
+    assert not (gp_home / "known_hosts").exists() or pool[2].address not in (gp_home / "known_hosts").read_text()
+
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    name = pool[2].known_hosts_line().split()[0]
+    user_known.write_text(f"{name} {' '.join(other.with_suffix('.pub').read_text().split()[:2])}\n")
+    refused = gp("exec", host, *key(pool), "--accept-new-host-key", "--", "true", home=gp_home, HOME=str(home))
+    assert refused.returncode == 255 and "HOST KEY CHANGED" in refused.stderr, refused.stderr

@@ -48,8 +48,9 @@ def known_hosts_for(target: Target, settings: HostSettings) -> Path:
 def ssh_options(target: Target, settings: HostSettings) -> list[str]:
     """OpenSSH client options for `target` (no host, no command): pinned host key, key, user, port."""
     known = known_hosts_for(target, settings)
+    files = [known, *([] if target.known_hosts else settings.trusted)]  # a launched node: its own file only
     opts = [
-        "-o", f"UserKnownHostsFile={known}",
+        "-o", "UserKnownHostsFile=" + " ".join(f'"{f}"' if " " in str(f) else str(f) for f in files),
         "-o", "GlobalKnownHostsFile=/dev/null",
         "-o", "StrictHostKeyChecking=yes",
         "-o", "UpdateHostKeys=no",
@@ -96,14 +97,16 @@ def is_pinned(target: Target, settings: HostSettings) -> bool | None:
     (an alias from ~/.ssh/config), where ssh alone decides."""
     from gpuprov.hostkeys import known_host_name
 
-    known = known_hosts_for(target, settings)
-    if not known.exists():
+    files = [f for f in (known_hosts_for(target, settings), *([] if target.known_hosts else settings.trusted))
+             if f.exists()]
+    if not files:
         return False
     if "." not in target.host and ":" not in target.host:
         return None  # probably an ssh config alias: its HostName is not ours to guess
     keys = paramiko.HostKeys()
-    with contextlib.suppress(OSError, paramiko.SSHException):
-        keys.load(str(known))
+    for known in files:
+        with contextlib.suppress(OSError, paramiko.SSHException, UnicodeDecodeError, ValueError):
+            keys.load(str(known))
     return keys.lookup(known_host_name(target.host, target.port or 22)) is not None
 
 

@@ -92,6 +92,7 @@ class HostSettings:
     connect_timeout: float = 10.0
     ssh_config: Path | None = None  # None: ~/.ssh/config when it exists
     key_filename: str | None = None
+    trusted: tuple[Path, ...] = ()  # the user's own known_hosts files: their keys count as pinned (read only)
 
     def __post_init__(self) -> None:
         if self.key_filename and not Path(self.key_filename).expanduser().is_file():
@@ -122,7 +123,13 @@ def _config(settings: HostSettings) -> Config:
 def _secure(conn: Connection, settings: HostSettings) -> Connection:
     """Replace Fabric's trust-any-new-key client with one that checks gpuprov's pins, for every hop."""
     conn.client = paramiko.SSHClient()
-    hostkeys.prepare_client(conn.client, settings.known_hosts, settings.accept_new_host_key)
+    trusted = settings.trusted
+    if trusted:  # and the host's UserKnownHostsFile from the ssh config, if it names one
+        named = conn.ssh_config.get("userknownhostsfile")
+        for word in (named if isinstance(named, list) else str(named or "").split()):
+            path = Path(word).expanduser()
+            trusted += (path,) if path.is_file() and path not in trusted else ()
+    hostkeys.prepare_client(conn.client, settings.known_hosts, settings.accept_new_host_key, trusted)
     if isinstance(conn.gateway, Connection):
         _secure(conn.gateway, settings)
     return conn
@@ -149,8 +156,8 @@ class Remote:
 
     def __init__(self, target: Target, settings: HostSettings) -> None:
         self.target = target
-        if target.known_hosts:
-            settings = dataclasses.replace(settings, known_hosts=Path(target.known_hosts))
+        if target.known_hosts:  # a launched node: its own pinned keys and nothing else
+            settings = dataclasses.replace(settings, known_hosts=Path(target.known_hosts), trusted=())
         self.settings = settings
         self.conn = connection(target, settings)
 

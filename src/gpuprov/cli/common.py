@@ -375,11 +375,12 @@ def targets_from(kw: dict[str, Any]) -> list[Any]:
 
 
 def host_settings(kw: dict[str, Any]) -> Any:
+    from gpuprov.hostkeys import user_known_hosts
     from gpuprov.paths import known_hosts_path
     from gpuprov.remote import HostSettings
 
     return HostSettings(
-        known_hosts=known_hosts_path(), accept_new_host_key=kw["accept_new_host_key"],
+        known_hosts=known_hosts_path(), accept_new_host_key=kw["accept_new_host_key"], trusted=user_known_hosts(),
         connect_timeout=kw["connect_timeout"], ssh_config=Path(kw["ssh_config"]) if kw["ssh_config"] else None,
         key_filename=kw["identity"],
     )
