@@ -66,6 +66,7 @@ CASES = [
     # values checked before any connection or launch
     ("plan --gpu a100:8 --count 4", "--count", "conflicts with --gpu a100:8"),
     ("plan --gpu a100 --count 0", "--count", "at least 1"),
+    ("plan --gpu a100 --hours 0", "--hours", "not in the range"),
     ("plan --gpu nope", "--gpu", "unknown GPU"),
     ("gpus rtx9999", "GPU", "unknown GPU 'rtx9999'"),
     ("plan --gpu t4 -p minimal --jupyter", "--jupyter", "needs an `env`"),

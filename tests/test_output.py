@@ -178,3 +178,13 @@ def test_gpus_filters_by_name(tmp_path: Path) -> None:
     assert "g4dn.xlarge" not in out and "p4d.24xlarge" not in out and "B200" not in out
     data = json.loads(run("gpus", "h100:8", "--json", home=tmp_path).stdout)
     assert [g["name"] for g in data["gpus"]] == ["H100"]
+
+
+def test_plan_hours_prints_the_estimate(tmp_path: Path) -> None:
+    price = catalog.load().instance_type("p4d.24xlarge").price_usd_hour
+    assert price is not None
+    out = run("plan", "--gpu", "a100:8", "--hours", "10", home=tmp_path, columns=120).stdout
+    assert f"estimate for 10h: ${price * 10:,.2f} at the on-demand list price ${price:,.2f}/h" in out
+    data = json.loads(run("plan", "--gpu", "a100:8", "--hours", "2.5", "--json", home=tmp_path).stdout)
+    assert data["estimate"] == {"hours": 2.5, "instance_type": "p4d.24xlarge", "usd_hour_on_demand": price,
+                                "usd_on_demand": round(price * 2.5, 2)}

@@ -81,6 +81,14 @@ class Plan:
     def price_usd_hour(self) -> float | None:
         return self.instance.price_usd_hour if self.instance else None
 
+    def estimate(self, hours: float) -> dict[str, Any] | None:
+        """What `hours` of this plan's instance cost at its on-demand list price (None: no price known)."""
+        price = self.price_usd_hour
+        if price is None:
+            return None
+        return {"hours": hours, "instance_type": self.instance.name if self.instance else None,
+                "usd_hour_on_demand": price, "usd_on_demand": round(price * hours, 2)}
+
     @property
     def unverified(self) -> tuple[str, ...]:
         notes = list(self.stack.unverified) if self.stack else []

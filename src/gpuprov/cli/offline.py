@@ -50,7 +50,9 @@ def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None
 @stack_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--show-scripts", is_flag=True, help="Also print every rendered script.")
-def plan(as_json: bool, show_scripts: bool, **kw: Any) -> None:
+@click.option("--hours", type=click.FloatRange(0, min_open=True), default=None, metavar="H",
+              help="Also print what H hours cost at the on-demand list price.")
+def plan(as_json: bool, show_scripts: bool, hours: float | None, **kw: Any) -> None:
     """Show what `up` would launch and install, without touching the network.
 
     Picks the cheapest instance type that carries the GPUs, resolves one consistent
@@ -60,14 +62,21 @@ def plan(as_json: bool, show_scripts: bool, **kw: Any) -> None:
     from gpuprov.report import plan_view
 
     the_plan = plan_from(kw)
+    estimate = the_plan.estimate(hours) if hours else None
     if as_json:
         data = the_plan.summary()
         if show_scripts:
             data["scripts"] = {s.filename: s.text for s in the_plan.bundle().scripts}
+        if hours:
+            data["estimate"] = estimate
         click.echo(json.dumps(data, indent=2))
         return
     console = make_console()
     console.print(plan_view(the_plan))
+    if estimate:
+        spot = " (spot usually bills less: `gpuprov gpus --live` shows today's price)" if kw["spot"] else ""
+        console.print(f"estimate for {hours:g}h: ${estimate['usd_on_demand']:,.2f} at the on-demand list price "
+                      f"${estimate['usd_hour_on_demand']:,.2f}/h{spot}")
     if show_scripts:
         from rich.syntax import Syntax
 
