@@ -312,6 +312,7 @@ def main() -> None:
     AWS nodes:        up  status  down  gc  autostop
     Any SSH host:     bootstrap  check  doctor
     On a node:        ssh  exec  tunnel  jupyter  sync  monitor
+    Settings:         config  completion
     \b
     A day:   gpuprov plan --gpu A100 --spot                 # what it would launch and install
              gpuprov up train --gpu A100 --spot --autostop 30m
