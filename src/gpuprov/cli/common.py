@@ -315,7 +315,7 @@ def main() -> None:
     Settings:         config  completion
     \b
     A day:   gpuprov plan --gpu A100 --spot                 # what it would launch and install
-             gpuprov up train --gpu A100 --spot --autostop 30m
+             gpuprov up train --gpu A100 --spot --jupyter --autostop 30m
              gpuprov jupyter train ; gpuprov sync ./code train:/work ; gpuprov monitor train
              gpuprov down train
     Hosts you already have: gpuprov bootstrap ubuntu@10.1.2.3 -p pytorch ; gpuprov check ubuntu@10.1.2.3
