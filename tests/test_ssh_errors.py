@@ -182,3 +182,31 @@ def test_keys_in_the_users_known_hosts_count_as_pinned_and_a_different_one_is_re
     user_known.write_text(f"{name} {' '.join(other.with_suffix('.pub').read_text().split()[:2])}\n")
     refused = gp("exec", host, *key(pool), "--accept-new-host-key", "--", "true", home=gp_home, HOME=str(home))
     assert refused.returncode == 255 and "HOST KEY CHANGED" in refused.stderr, refused.stderr
+
+
+def test_each_connect_failure_has_its_own_words(tmp_path: Path) -> None:
+    """The failures this machine cannot stage (a dropped SYN, an unreachable network) as the OS reports them."""
+    import errno
+
+    import paramiko
+
+    from gpuprov.inventory import Target
+    from gpuprov.remote import HostSettings, Remote, why_unreachable
+
+    remote = Remote(Target(host="10.9.8.7", user="ubuntu"), HostSettings(known_hosts=tmp_path / "kh", connect_timeout=4))
+    said = {
+        "timeout": why_unreachable(TimeoutError("timed out"), remote),
+        "no route": why_unreachable(paramiko.ssh_exception.NoValidConnectionsError(
+            {("10.9.8.7", 22): OSError(errno.EHOSTUNREACH, "No route to host")}), remote),
+        "network": why_unreachable(OSError(errno.ENETUNREACH, "Network is unreachable"), remote),
+        "refused": why_unreachable(paramiko.ssh_exception.NoValidConnectionsError(
+            {("10.9.8.7", 22): ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")}), remote),
+        "dns": why_unreachable(socket.gaierror(socket.EAI_NONAME, "Name or service not known"), remote),
+        "auth": why_unreachable(paramiko.AuthenticationException("Authentication failed."), remote),
+    }
+    assert said["timeout"].startswith("timed out after 4s with no answer")
+    assert said["no route"].startswith("no route to host") and said["network"].startswith("no route to host")
+    assert said["refused"].startswith("connection refused on port 22")
+    assert said["dns"].startswith("the name '10.9.8.7' does not resolve")
+    assert said["auth"].startswith("authentication failed as 'ubuntu'; keys tried: the ssh agent's")
+    assert len(set(said.values())) == len(said) - 1  # the two no-route cases read the same; the rest differ
