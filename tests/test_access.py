@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.access import parse_forward, split_sync
+from gpuprov.access import parse_forward, split_sync, sync_host
 from gpuprov.errors import UserInputError
 from tests.test_bootstrap_ssh import addrs, bootstrap, by_step, gpuprov, reset
 
@@ -170,6 +170,12 @@ def test_forward_and_sync_arguments():
         with pytest.raises(UserInputError):
             parse_forward(bad)
     assert split_sync("n1", "./a", "n1:b").upload and split_sync("n1", ":b", "./a").remote_path == "b"
+    assert sync_host("./code", "exp1:/work/code") == "exp1"
+    assert sync_host("ubuntu@[2001:db8::1]:out", "./out") == "ubuntu@[2001:db8::1]"
+    assert sync_host("ubuntu@10.1.2.3:out/", "/tmp/x:y") == "ubuntu@10.1.2.3"  # a colon after a slash is local
+    for pair in (("./a", "./b"), ("n1:a", "n2:b")):
+        with pytest.raises(UserInputError):
+            sync_host(*pair)
     with pytest.raises(UserInputError):
         split_sync("n1", "./a", "./b")
 
@@ -249,6 +255,14 @@ def test_sync_round_trips_a_folder(host_pool, gp_home, tmp_path):
 
     bad = gpuprov("sync", host, *key(pool), str(src), str(back))
     assert bad.returncode == 2 and "exactly one" in bad.stderr
+
+    # rsync's shape: the host only in the remote side's HOST:PATH
+    again = tmp_path / "again"
+    assert gpuprov("sync", *key(pool), f"{src}/", f"{host}:/tmp/gp-sync2/").returncode == 0
+    assert gpuprov("sync", *key(pool), f"{host}:/tmp/gp-sync2/", f"{again}/").returncode == 0
+    assert {str(p.relative_to(again)): p.read_text() for p in again.rglob("*") if p.is_file()} == files
+    neither = gpuprov("sync", *key(pool), str(src), str(back))
+    assert neither.returncode == 2 and "error: SRC DST: exactly one" in neither.stderr
 
 
 # --- monitor ----------------------------------------------------------------------------------

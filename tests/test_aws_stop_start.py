@@ -129,7 +129,7 @@ def test_plan_estimates_hours_and_a_budget_before_launch(aws, env):
     result = gp(env, "plan", "--gpu", "T4", "--hours", "10", "--budget", "50", "--json")
     assert result.returncode == 0, result.stderr
     estimate = json.loads(result.stdout)["estimate"]
-    assert estimate["cost_usd"] == 5.26 and estimate["budget_hours"] == pytest.approx(95.06, abs=0.01)
+    assert estimate["usd_on_demand"] == 5.26 and estimate["budget_hours"] == pytest.approx(95.06, abs=0.01)
     human = gp(env, "plan", "--gpu", "T4", "--spot", "--persistent", "--autostop", "30m", "--budget", "50")
     assert human.returncode == 0, human.stderr
     assert "budget $50 lasts 95.1h at $0.526/h; then the instance stops (its disk is kept)" in human.stdout

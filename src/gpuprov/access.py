@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import select
 import shlex
 import socket
@@ -25,11 +26,12 @@ import paramiko
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.fanout import run_parallel
 from gpuprov.inventory import Target, parse_target
-from gpuprov.remote import ConnectionLost, HostSettings, Remote, Unreachable
+from gpuprov.remote import CommandTimeout, ConnectionLost, HostSettings, Remote, Unreachable
 from gpuprov.render import host_path
 from gpuprov.verify import QUERY_FIELDS, GpuInfo, parse_query_csv
 
 UNREACHABLE = 255  # what ssh itself exits with when it cannot connect or authenticate
+TIMED_OUT = 124  # what timeout(1) exits with: the command ran past exec --timeout
 JUPYTER_TOKEN_PATH = "/var/lib/gpuprov/jupyter-token"
 JUPYTER_PORT = 8888
 SMI_COMMAND = f"nvidia-smi --query-gpu={QUERY_FIELDS} --format=csv,noheader,nounits"
@@ -46,8 +48,9 @@ def known_hosts_for(target: Target, settings: HostSettings) -> Path:
 def ssh_options(target: Target, settings: HostSettings) -> list[str]:
     """OpenSSH client options for `target` (no host, no command): pinned host key, key, user, port."""
     known = known_hosts_for(target, settings)
+    files = [known, *([] if target.known_hosts else settings.trusted)]  # a launched node: its own file only
     opts = [
-        "-o", f"UserKnownHostsFile={known}",
+        "-o", "UserKnownHostsFile=" + " ".join(f'"{f}"' if " " in str(f) else str(f) for f in files),
         "-o", "GlobalKnownHostsFile=/dev/null",
         "-o", "StrictHostKeyChecking=yes",
         "-o", "UpdateHostKeys=no",
@@ -94,15 +97,28 @@ def is_pinned(target: Target, settings: HostSettings) -> bool | None:
     (an alias from ~/.ssh/config), where ssh alone decides."""
     from gpuprov.hostkeys import known_host_name
 
-    known = known_hosts_for(target, settings)
-    if not known.exists():
+    files = [f for f in (known_hosts_for(target, settings), *([] if target.known_hosts else settings.trusted))
+             if f.exists()]
+    if not files:
         return False
     if "." not in target.host and ":" not in target.host:
         return None  # probably an ssh config alias: its HostName is not ours to guess
     keys = paramiko.HostKeys()
-    with contextlib.suppress(OSError, paramiko.SSHException):
-        keys.load(str(known))
+    for known in files:
+        with contextlib.suppress(OSError, paramiko.SSHException, UnicodeDecodeError, ValueError):
+            keys.load(str(known))
     return keys.lookup(known_host_name(target.host, target.port or 22)) is not None
+
+
+def answers(target: Target, settings: HostSettings) -> bool:
+    """Whether the host's SSH port accepts a TCP connection (through a ProxyJump: assumed yes)."""
+    if target.proxy_jump:
+        return True
+    try:
+        socket.create_connection((target.host, target.port or 22), timeout=settings.connect_timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 def pin_hint(target: Target, known: Path) -> str:
@@ -124,6 +140,19 @@ class SyncPlan:
     upload: bool  # local -> remote
     local: str
     remote_path: str
+
+
+_REMOTE_SIDE = re.compile(r"^((?:[A-Za-z0-9._-]+@)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)):")
+
+
+def sync_host(src: str, dst: str) -> str:
+    """rsync's shape: the host of whichever side is `HOST:PATH` (`NODE:PATH`, `USER@HOST:PATH`). A colon
+    after a slash is part of a local path, as for rsync; `./a:b` is local."""
+    hosts = [m.group(1) for m in (_REMOTE_SIDE.match(arg) for arg in (src, dst)) if m]
+    if len(hosts) != 1:
+        raise UserInputError("SRC DST", "exactly one of SRC and DST must be NODE:PATH (or [USER@]HOST:PATH)",
+                             "e.g. gpuprov sync ./code exp1:/work/code, or back: gpuprov sync exp1:/work/out ./out")
+    return hosts[0]
 
 
 def split_sync(host: str, src: str, dst: str) -> SyncPlan:
@@ -203,7 +232,7 @@ def exec_one(target: Target, settings: HostSettings, command: str, emit: Emit, *
     """Run `command` on one host, streaming its stdout and stderr line by line to `emit`.
 
     The exit code is the command's; 255 (ssh's own) when the host cannot be reached, its key is not
-    pinned or has changed, or the connection drops."""
+    pinned or has changed, or the connection drops; 124 (timeout(1)'s) when it ran past `timeout`."""
     start = time.monotonic()
     out = LineSink(lambda line: emit(target, "out", line))
     err = LineSink(lambda line: emit(target, "err", line))
@@ -212,6 +241,8 @@ def exec_one(target: Target, settings: HostSettings, command: str, emit: Emit, *
         remote.open()
         result = remote.run(command, sudo=sudo, out=out, err=err, timeout=timeout)
         return ExecResult(target, result.exited, seconds=time.monotonic() - start)
+    except CommandTimeout as exc:
+        return ExecResult(target, TIMED_OUT, str(exc), seconds=time.monotonic() - start)
     except (Unreachable, ConnectionLost, GpuprovError) as exc:
         return ExecResult(target, UNREACHABLE, str(exc), seconds=time.monotonic() - start)
     except Exception as exc:  # invoke's CommandTimedOut and the like: one host never stops the others

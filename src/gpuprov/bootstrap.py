@@ -314,7 +314,7 @@ def bootstrap(
 
 
 def planner(gpu: str | None, playbook: str, os_name: str | None, pins: StackPins,
-            guard: GuardRequest | None = None) -> Callable[[Target, HostFacts], Plan]:
+            guard: GuardRequest | None = None, jupyter: bool = False) -> Callable[[Target, HostFacts], Plan]:
     """How each existing host gets its plan: its GPU (given, or detected) and OS (given, or its own)."""
     from gpuprov.compat import SUPPORTED_OS
     from gpuprov.plan import make_host_plan
@@ -338,6 +338,6 @@ def planner(gpu: str | None, playbook: str, os_name: str | None, pins: StackPins
             raise UserInputError("--os", f"{target.name} runs {facts.os or 'an unknown OS'}; gpuprov's scripts support "
                                  f"{', '.join(SUPPORTED_OS)}", "pass --os to run them anyway, at your own risk")
         return make_host_plan(wanted or detected, playbook, os_used, pins, nvswitch=True if facts.nvswitch else None,
-                              guard=guard)
+                              guard=guard, jupyter=jupyter)
 
     return plan_for

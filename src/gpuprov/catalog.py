@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Sequence
 from functools import cache
 
 import yaml
@@ -92,6 +93,18 @@ class Catalog(BaseModel):
         close = difflib.get_close_matches(name.upper(), known, n=3, cutoff=0.4)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
         raise UserInputError("--gpu", f"unknown GPU {name!r}", f"{hint}Known GPUs: {', '.join(known)}.")
+
+    def only(self, names: Sequence[str]) -> Catalog:
+        """This catalog narrowed to the GPUs named (each as `gpu` takes it, count allowed: H100:8); all when none."""
+        if not names:
+            return self
+        try:
+            wanted = {self.gpu(parse_gpu_request(name)[0]).name for name in names}
+        except UserInputError as exc:
+            raise UserInputError("GPU", exc.problem, exc.hint) from None
+        gpus = tuple(g for g in self.gpus if g.name in wanted)
+        return self.model_copy(update={"gpus": gpus,
+                                       "instance_types": tuple(it for it in self.instance_types if it.gpu in wanted)})
 
     def instance_types_for(self, gpu: Gpu) -> list[InstanceType]:
         return [it for it in self.instance_types if it.gpu == gpu.name]

@@ -61,4 +61,8 @@ def _check(remote: Remote, target: Target, gpu: str | None, env_path: str) -> Ch
 
 def check(targets: list[Target], settings: HostSettings, gpu: str | None = None, env_path: str = DEFAULT_ENV,
           parallel: int = 32) -> list[CheckResult]:
+    if gpu:  # a GPU name the catalog does not know is refused before any connection
+        from gpuprov import catalog
+
+        catalog.load().gpu(catalog.parse_gpu_request(gpu)[0])
     return run_parallel(targets, lambda t: on_host(t, settings, lambda r: _check(r, t, gpu, env_path)), parallel)

@@ -2,6 +2,9 @@
 
 - A host already in gpuprov's known_hosts must present the same key, or the connection is refused
   (HostKeyChanged names the host and both fingerprints).
+- Keys the user already trusts (~/.ssh/known_hosts, the ssh config's UserKnownHostsFile) count as
+  pinned for existing hosts; a different key from such a host is refused the same way. A launched
+  node is checked against its own file only.
 - An unknown host is refused (UnknownHostKey, with its fingerprint) unless the caller passed
   accept_new (the user's --accept-new-host-key, or a provider that learned the key out of band).
   An accepted key is pinned at once.
@@ -10,13 +13,14 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import threading
 from pathlib import Path
 
 import paramiko
 
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, UserInputError
 
 _LOCK = threading.Lock()  # several hosts pin at once during fan-out
 
@@ -81,10 +85,27 @@ def pin(known_hosts: Path, hostname: str, key: paramiko.PKey) -> None:
         known_hosts.chmod(0o600)
 
 
-def prepare_client(client: paramiko.SSHClient, known_hosts: Path, accept_new: bool) -> None:
-    """Make `client` check keys against gpuprov's known_hosts only, with the pin policy."""
+def user_known_hosts() -> tuple[Path, ...]:
+    """The keys the user already trusts for hosts they ssh into: ~/.ssh/known_hosts (read, never written)."""
+    path = Path.home() / ".ssh" / "known_hosts"
+    return (path,) if path.is_file() else ()
+
+
+def prepare_client(client: paramiko.SSHClient, known_hosts: Path, accept_new: bool,
+                   trusted: tuple[Path, ...] = ()) -> None:
+    """Make `client` check keys against gpuprov's known_hosts and the user's `trusted` files (a key there
+    counts as pinned; a different key is refused as changed), with the pin policy for the rest."""
+    for path in trusted:  # the user's own files: an unreadable or odd one is simply not trusted
+        with contextlib.suppress(OSError, paramiko.SSHException, UnicodeDecodeError, ValueError):
+            client.load_system_host_keys(str(path))
     if known_hosts.exists():
-        client.load_host_keys(str(known_hosts))
+        try:
+            client.load_host_keys(str(known_hosts))
+        except (paramiko.hostkeys.InvalidHostKey, paramiko.SSHException, UnicodeDecodeError, ValueError) as exc:
+            line = getattr(exc, "line", "")
+            what = f"the line {line.strip()[:80]!r}" if line else "a line"
+            raise UserInputError("known_hosts", f"{known_hosts}: {what} is not a host key",
+                                 "fix or delete that line (gpuprov pins the key again with --accept-new-host-key)") from None
     client.set_missing_host_key_policy(PinPolicy(known_hosts, accept_new))
 
 

@@ -13,15 +13,16 @@ An inventory is YAML, validated like playbooks:
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gpuprov.errors import UserInputError
-from gpuprov.spec import StepName, _Model, load_model
+from gpuprov.spec import StepName, _Model, load_model, read_text_file
 
 
 @dataclass(frozen=True)
@@ -61,17 +62,38 @@ class HostEntry(HostDefaults):
     gpu: str | None = None  # checked against what the host reports
     os: str | None = None  # overrides the host's /etc/os-release
 
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, value: str | None) -> str | None:
+        if value is not None:
+            from gpuprov import catalog
+
+            try:
+                catalog.load().gpu(catalog.parse_gpu_request(value)[0])
+            except UserInputError as exc:
+                raise ValueError(f"{exc.problem}; {exc.hint}") from None
+        return value
+
 
 class Inventory(_Model):
     defaults: HostDefaults = HostDefaults()
     hosts: Annotated[tuple[HostEntry, ...], Field(min_length=1)]
 
+    @field_validator("hosts")
+    @classmethod
+    def _unique_names(cls, hosts: tuple[HostEntry, ...]) -> tuple[HostEntry, ...]:
+        """Results, logs and markers are keyed by a host's name, so two hosts may not share one."""
+        twice = _named_twice(targets(list(hosts)))
+        if twice:
+            raise ValueError(f"two hosts are called {twice!r}; give each a different `name:`")
+        return hosts
+
 
 def load_inventory(path: str) -> Inventory:
     file = Path(path)
-    if not file.is_file():
+    if not file.exists():
         raise UserInputError("--inventory", f"no such file: {path}", "an inventory is YAML with a `hosts:` list")
-    return load_model(file.read_text(), Inventory, path, "--inventory")
+    return load_model(read_text_file(file, "--inventory", "inventory"), Inventory, path, "--inventory")
 
 
 _TARGET = re.compile(r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>\d{1,5}))?$")
@@ -86,6 +108,19 @@ def parse_target(text: str) -> HostEntry:
     return HostEntry(host=host, user=match.group("user"), port=int(match.group("port")) if match.group("port") else None)
 
 
+def _named_twice(found: list[Target]) -> str | None:
+    names = [t.name for t in found]
+    return next((n for n in names if names.count(n) > 1), None)
+
+
+def check_unique(found: list[Target]) -> list[Target]:
+    """`found`, unless two share a name (results, logs and markers are keyed by it): UserInputError."""
+    twice = _named_twice(found)
+    if twice:
+        raise UserInputError("HOST", f"{twice!r} is named twice", "name each host once (an inventory's `name:` tells two apart)")
+    return found
+
+
 def targets(entries: list[HostEntry], defaults: HostDefaults | None = None) -> list[Target]:
     d = defaults or HostDefaults()
     return [
@@ -93,3 +128,70 @@ def targets(entries: list[HostEntry], defaults: HostDefaults | None = None) -> l
                proxy_jump=e.proxy_jump or d.proxy_jump, label=e.name or "", gpu=e.gpu, os=e.os)
         for e in entries
     ]
+
+
+def _etc_hosts_names(path: Path = Path("/etc/hosts")) -> set[str]:
+    names: set[str] = set()
+    with contextlib.suppress(OSError):
+        for line in path.read_text(errors="replace").splitlines():
+            names.update(line.split("#", 1)[0].split()[1:])
+    return names
+
+
+_SSH_CONFIG_LINE = re.compile(r"^\s*(\w+)(?:\s*=\s*|\s+)(.+?)\s*$")
+
+
+def ssh_config_hosts(ssh_config: Path | None, _depth: int = 0) -> list[str]:
+    """The `Host` patterns of the user's ssh config (~/.ssh/config unless given), wildcards and all,
+    following `Include` (as ssh does: relative paths under ~/.ssh, globs) — gpuprov's own node entries
+    are Included that way."""
+    import glob
+    import shlex
+
+    try:
+        text = (ssh_config or Path.home() / ".ssh" / "config").read_text(errors="replace")
+    except OSError:
+        return []
+    found: list[str] = []
+    for line in text.splitlines():
+        match = _SSH_CONFIG_LINE.match(line.split("#", 1)[0])
+        if not match:
+            continue
+        try:
+            values = shlex.split(match.group(2))
+        except ValueError:
+            continue
+        keyword = match.group(1).lower()
+        if keyword == "host":
+            found += values
+        elif keyword == "include" and _depth < 8:
+            for pattern in values:
+                full = Path(pattern).expanduser()
+                full = full if full.is_absolute() else Path.home() / ".ssh" / full
+                for included in sorted(glob.glob(str(full))):
+                    found += ssh_config_hosts(Path(included), _depth + 1)
+    return found
+
+
+def check_known_word(text: str, nodes: list[str], ssh_config: Path | None) -> None:
+    """A bare word (no user@, :port or dot, not an address) names a node, a Host of the ssh config or an
+    /etc/hosts entry; anything else is a typo, refused here rather than sent to DNS (UserInputError).
+    Full DNS names (gpu-box.example.com) and USER@HOST are taken as written."""
+    import difflib
+    import fnmatch
+    import ipaddress
+
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", text) or text == "localhost":
+        return
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(text)
+        return
+    patterns = ssh_config_hosts(ssh_config)
+    if any(p != "*" and fnmatch.fnmatch(text, p) for p in patterns) or text in _etc_hosts_names():
+        return
+    choices = nodes + [p for p in patterns if not any(c in p for c in "*?!")]
+    close = difflib.get_close_matches(text, choices, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    known = f"nodes: {', '.join(nodes)}; " if nodes else "no nodes yet; "
+    raise UserInputError("HOST", f"no node called {text!r} ({hint.strip() or 'and no Host of that name in the ssh config'})",
+                         f"{known}a host by DNS is its full name (gpu-box.example.com) or USER@HOST")

@@ -5,16 +5,27 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gpuprov.errors import UserInputError
+
 
 def state_dir() -> Path:
+    """The state folder, created (0700) if missing; one that cannot be is a UserInputError naming
+    GPUPROV_HOME (or the default's path), before anything else happens."""
     override = os.environ.get("GPUPROV_HOME")
     if override:
-        path = Path(override)
+        path = Path(override).expanduser()
     else:
         from platformdirs import user_state_dir
 
         path = Path(user_state_dir("gpuprov", appauthor=False))
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    field = "GPUPROV_HOME" if override else "state folder"
+    hint = "point GPUPROV_HOME at a folder you can write (it is created if missing)"
+    if path.exists() and not path.is_dir():
+        raise UserInputError(field, f"{path} is a file, not a folder", hint)
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise UserInputError(field, f"cannot create {path}: {exc.strerror or exc}", hint) from None
     return path
 
 
@@ -35,3 +46,13 @@ def region_key(keys: Path, region: str) -> Path:
 
 def known_hosts_path() -> Path:
     return state_dir() / "known_hosts"
+
+
+def config_path() -> Path:
+    """The user's config file: $GPUPROV_CONFIG, else config.toml in the XDG config dir (~/.config/gpuprov)."""
+    override = os.environ.get("GPUPROV_CONFIG")
+    if override:
+        return Path(override).expanduser()
+    from platformdirs import user_config_dir
+
+    return Path(user_config_dir("gpuprov", appauthor=False)) / "config.toml"

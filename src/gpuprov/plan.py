@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuprov import catalog, compat
 from gpuprov.catalog import Gpu, InstanceType
@@ -64,7 +64,7 @@ class NodeRequest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     gpu: str
-    count: int = 1
+    count: int | None = None  # --count; None: the count in `gpu` (A100:8), else 1
     spot: bool = False
     region: str = "us-east-1"
     playbook: str = "pytorch"
@@ -81,6 +81,7 @@ class NodeRequest(BaseModel):
     @property
     def can_stop(self) -> bool:
         return not self.spot or self.persistent
+    jupyter: bool = False  # --jupyter: JupyterLab too, whatever the playbook says
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,21 @@ class Plan:
     @property
     def price_usd_hour(self) -> float | None:
         return self.instance.price_usd_hour if self.instance else None
+
+    def estimate(self, hours: float | None) -> dict[str, Any] | None:
+        """What `hours` of this plan's instance cost, and how long its --budget lasts, at the on-demand list
+        price (spot bills less; on spot the budget's deadline comes from the price obtained at launch).
+        None: nothing asked, or no price known."""
+        price = self.price_usd_hour
+        budget = self.request.budget_usd
+        if price is None or (hours is None and budget is None):
+            return None
+        out: dict[str, Any] = {"instance_type": self.instance.name if self.instance else None, "usd_hour_on_demand": price}
+        if hours is not None:
+            out.update(hours=hours, usd_on_demand=round(price * hours, 2))
+        if budget is not None:
+            out.update(budget_usd=budget, budget_hours=round(budget / price, 2))
+        return out
 
     @property
     def unverified(self) -> tuple[str, ...]:
@@ -316,6 +332,18 @@ def resolve_stack(
     return stack
 
 
+def with_jupyter(playbook: Playbook, jupyter: bool) -> Playbook:
+    """`playbook` with JupyterLab added (--jupyter), checked like a playbook that says `jupyter: true`."""
+    if not jupyter or playbook.jupyter:
+        return playbook
+    try:
+        return Playbook.model_validate({**playbook.model_dump(), "jupyter": True})
+    except ValidationError as exc:
+        problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise UserInputError("--jupyter", f"playbook {playbook.name!r}: {problem}",
+                             "use a playbook with an env, e.g. -p pytorch or -p jupyter") from None
+
+
 def make_plan(request: NodeRequest) -> Plan:
     """The plan for a node gpuprov launches: instance choice + stack + steps."""
     cat = catalog.load()
@@ -324,12 +352,15 @@ def make_plan(request: NodeRequest) -> Plan:
         raise UserInputError("--budget", f"{request.budget_usd:g} is not a budget", "dollars above 0, e.g. 50")
     name, count_in_name = catalog.parse_gpu_request(request.gpu)
     gpu = cat.gpu(name)
-    count = count_in_name if ":" in request.gpu else request.count
+    count = request.count if request.count is not None else count_in_name
     if count < 1:
-        raise UserInputError("--count", "must be at least 1")
+        raise UserInputError("--count", f"{count} GPUs", "at least 1, e.g. --count 8")
+    if ":" in request.gpu and count != count_in_name:
+        raise UserInputError("--count", f"--count {count} conflicts with --gpu {request.gpu}",
+                             f"give the count once: --gpu {name}:{count}, or --gpu {name} --count {count}")
     candidates = choose_instances(gpu, count, request.instance_type)
     instance = candidates[0]
-    playbook = load_playbook(request.playbook)
+    playbook = with_jupyter(load_playbook(request.playbook), request.jupyter)
     stack = resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch)
     guards = with_budget(guards_for(request, playbook, launched=True), request.budget_usd, instance.price_usd_hour)
     steps = steps_for(playbook, stack, request.pins.python or "3.12", guards)
@@ -347,7 +378,7 @@ class GuardRequest:
 
 def make_host_plan(
     gpu_name: str | None, playbook_name: str, os_name: str, pins: StackPins, nvswitch: bool | None = None,
-    guard: GuardRequest | None = None,
+    guard: GuardRequest | None = None, jupyter: bool = False,
 ) -> Plan:
     """The plan for an existing host: no instance type; Fabric Manager follows what the host has.
 
@@ -356,7 +387,7 @@ def make_host_plan(
     :param guard: guardrails, as for a launched node (the interruption watcher only with a hook: an
         existing host is not a spot instance gpuprov asked for).
     """
-    playbook = load_playbook(playbook_name)
+    playbook = with_jupyter(load_playbook(playbook_name), jupyter)
     gpu, count = None, 0
     if gpu_name:
         name, count = catalog.parse_gpu_request(gpu_name)
@@ -370,7 +401,7 @@ def make_host_plan(
     guard = guard or GuardRequest()
     request = NodeRequest(gpu=gpu_name or "none", count=max(count, 1), playbook=playbook_name, os=os_name, pins=pins,
                           autostop_seconds=guard.autostop_seconds, ttl_seconds=guard.ttl_seconds,
-                          on_interrupt=guard.on_interrupt)
+                          on_interrupt=guard.on_interrupt, jupyter=jupyter)
     guards = guards_for(request, playbook)
     steps = steps_for(playbook, stack, pins.python or "3.12", guards)
     return Plan(request, gpu, count, None, (), playbook, stack, steps, guards)

@@ -19,9 +19,10 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import paramiko
 from fabric import Config, Connection
+from invoke.exceptions import CommandTimedOut
 
 from gpuprov import hostkeys
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.inventory import Target
 
 # paramiko logs transport errors (a banner read while sshd restarts, say) with tracebacks; we report
@@ -35,6 +36,43 @@ class Unreachable(GpuprovError):
 
 class ConnectionLost(GpuprovError):
     """The connection dropped while a command was running."""
+
+
+class CommandTimeout(GpuprovError):
+    """A command ran past the time it was given."""
+
+
+def why_unreachable(exc: BaseException, remote: Remote) -> str:
+    """What a failed connect means, in words: refused, timed out, no route, name not resolved, not an
+    SSH server, authentication failed (naming the keys tried)."""
+    import errno
+
+    timeout = remote.settings.connect_timeout
+    causes: list[BaseException] = [exc]
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        causes = list(exc.errors.values()) or causes
+    codes = {getattr(c, "errno", None) for c in causes}
+    if isinstance(exc, socket.gaierror):
+        return (f"the name {remote.conn.host!r} does not resolve (DNS: {exc.strerror or exc}); check the spelling, "
+                "or give the address")
+    if errno.ECONNREFUSED in codes or any(isinstance(c, ConnectionRefusedError) for c in causes):
+        return f"connection refused on port {remote.conn.port}: no SSH server listens there (is sshd running? right port?)"
+    if codes & {errno.EHOSTUNREACH, errno.ENETUNREACH}:
+        return "no route to host: the network cannot reach this address (VPN, subnet, or the host is down)"
+    if isinstance(exc, (TimeoutError, socket.timeout)) or errno.ETIMEDOUT in codes:
+        return (f"timed out after {timeout:g}s with no answer (host down, a firewall or security group dropping "
+                f"port {remote.conn.port}, or a wrong address; --connect-timeout to wait longer)")
+    transport = remote.conn.client.get_transport()
+    if "protocol banner" in str(exc) or isinstance(exc, EOFError) or (transport is not None and not transport.remote_version):
+        return (f"something answered on port {remote.conn.port} but did not speak SSH within {timeout:g}s "
+                "(not an SSH server, or one still starting)")
+    if isinstance(exc, paramiko.AuthenticationException) or "No existing session" in str(exc) or \
+            "No authentication methods available" in str(exc):
+        keys = remote.conn.connect_kwargs.get("key_filename") or []
+        tried = ", ".join(str(k) for k in ([keys] if isinstance(keys, str) else keys)) or \
+            "the ssh agent's and ~/.ssh/id_* (no -i, no IdentityFile)"
+        return f"authentication failed as {remote.conn.user!r}; keys tried: {tried} (-i KEY, or the right USER@)"
+    return f"{type(exc).__name__}: {exc or 'no answer'}"
 
 
 class Sink(Protocol):
@@ -54,6 +92,12 @@ class HostSettings:
     connect_timeout: float = 10.0
     ssh_config: Path | None = None  # None: ~/.ssh/config when it exists
     key_filename: str | None = None
+    trusted: tuple[Path, ...] = ()  # the user's own known_hosts files: their keys count as pinned (read only)
+
+    def __post_init__(self) -> None:
+        if self.key_filename and not Path(self.key_filename).expanduser().is_file():
+            raise UserInputError("--identity", f"no such key file: {self.key_filename}",
+                                 "give the private key's path, e.g. -i ~/.ssh/id_ed25519")
 
 
 @dataclass
@@ -79,7 +123,13 @@ def _config(settings: HostSettings) -> Config:
 def _secure(conn: Connection, settings: HostSettings) -> Connection:
     """Replace Fabric's trust-any-new-key client with one that checks gpuprov's pins, for every hop."""
     conn.client = paramiko.SSHClient()
-    hostkeys.prepare_client(conn.client, settings.known_hosts, settings.accept_new_host_key)
+    trusted = settings.trusted
+    if trusted:  # and the host's UserKnownHostsFile from the ssh config, if it names one
+        named = conn.ssh_config.get("userknownhostsfile")
+        for word in (named if isinstance(named, list) else str(named or "").split()):
+            path = Path(word).expanduser()
+            trusted += (path,) if path.is_file() and path not in trusted else ()
+    hostkeys.prepare_client(conn.client, settings.known_hosts, settings.accept_new_host_key, trusted)
     if isinstance(conn.gateway, Connection):
         _secure(conn.gateway, settings)
     return conn
@@ -106,8 +156,8 @@ class Remote:
 
     def __init__(self, target: Target, settings: HostSettings) -> None:
         self.target = target
-        if target.known_hosts:
-            settings = dataclasses.replace(settings, known_hosts=Path(target.known_hosts))
+        if target.known_hosts:  # a launched node: its own pinned keys and nothing else
+            settings = dataclasses.replace(settings, known_hosts=Path(target.known_hosts), trusted=())
         self.settings = settings
         self.conn = connection(target, settings)
 
@@ -128,7 +178,7 @@ class Remote:
             raise
         except (TimeoutError, OSError, paramiko.SSHException, EOFError) as exc:
             where = f"{self.conn.user}@{self.conn.host}:{self.conn.port}"
-            raise Unreachable(f"{where}: {type(exc).__name__}: {exc or 'no answer'}") from None
+            raise Unreachable(f"{where}: {why_unreachable(exc, self)}") from None
 
     def close(self) -> None:
         self.conn.close()
@@ -142,6 +192,8 @@ class Remote:
             command = "sudo -n -- bash -c " + _quote(command)
         try:
             result = self.conn.run(command, hide=True, warn=True, out_stream=out, err_stream=err or out, timeout=timeout)
+        except CommandTimedOut:
+            raise CommandTimeout(f"still running after {timeout:g}s (--timeout); gave up on it") from None
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise ConnectionLost(f"connection lost while running {command[:60]!r}: {exc}") from None
         if result.exited == -1:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any, Literal
 
 import jinja2
 
+from gpuprov.errors import UserInputError
 from gpuprov.resources import templates_dir
 
 STATE_DIR = "/var/lib/gpuprov"
@@ -60,19 +62,61 @@ class Bundle:
     scripts: tuple[Script, ...]
     manifest: dict[str, Any]
 
-    def write(self, out: Path) -> list[Path]:
-        """Write every script (0755) and manifest.json into `out`; returns the paths written."""
-        out.mkdir(parents=True, exist_ok=True)
-        written = []
-        for script in self.scripts:
-            path = out / script.filename
-            path.write_text(script.text)
-            path.chmod(0o755)
-            written.append(path)
-        manifest = out / "manifest.json"
-        manifest.write_text(json.dumps(self.manifest, indent=2) + "\n")
-        written.append(manifest)
+    def write(self, out: Path | str, field: str = "--output") -> list[Path]:
+        """Write every script (0755) and manifest.json into the folder `out`; returns the paths written.
+
+        `out` is new, empty, or a folder an earlier render wrote: then only the scripts its
+        manifest.json listed are removed first, so no stale step is left beside the new ones. A
+        non-empty folder without a manifest, a file, or a place that cannot be written is a
+        UserInputError naming `field`, before anything is changed.
+        """
+        if not str(out).strip():
+            raise UserInputError(field, "an empty path", "name a folder, e.g. -o ./bundle")
+        out = Path(out)
+        hint = "name a new or empty folder you can write, e.g. -o ./bundle"
+        try:
+            for place in (out, *out.parents):
+                if place.exists() or place.is_symlink():
+                    if not place.is_dir():
+                        what = "is" if place == out else f"is under {place}, which is"
+                        raise UserInputError(field, f"{out} {what} a file, not a folder", hint)
+                    break
+            stale = _previous_scripts(out, field, hint) if out.is_dir() else []
+            out.mkdir(parents=True, exist_ok=True)
+            for path in stale:
+                path.unlink(missing_ok=True)
+            written = []
+            for script in self.scripts:
+                path = out / script.filename
+                path.write_text(script.text)
+                path.chmod(0o755)
+                written.append(path)
+            manifest = out / "manifest.json"
+            manifest.write_text(json.dumps(self.manifest, indent=2) + "\n")
+            written.append(manifest)
+        except OSError as exc:
+            where = exc.filename or out
+            raise UserInputError(field, f"cannot write {where}: {exc.strerror or exc}", hint) from None
         return written
+
+
+_SCRIPT_NAME = re.compile(r"^[0-9]{2}-[a-z0-9][a-z0-9-]*\.sh$")
+
+
+def _previous_scripts(out: Path, field: str, hint: str) -> list[Path]:
+    """The scripts an earlier render listed in out/manifest.json (plain names only); a non-empty
+    folder without a readable gpuprov manifest is refused."""
+    manifest = out / "manifest.json"
+    if not manifest.exists():
+        if any(out.iterdir()):
+            raise UserInputError(field, f"{out} is not empty and holds no manifest.json from an earlier render", hint)
+        return []
+    try:
+        steps = json.loads(manifest.read_text())["steps"]
+        names = [str(step["file"]) for step in steps]
+    except (ValueError, KeyError, TypeError):
+        raise UserInputError(field, f"{manifest} is not a manifest gpuprov wrote", hint) from None
+    return [out / name for name in names if _SCRIPT_NAME.fullmatch(name) and (out / name).is_file()]
 
 
 def host_path(path: str) -> str:

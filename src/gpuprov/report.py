@@ -9,8 +9,11 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, Group
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -25,20 +28,92 @@ if TYPE_CHECKING:
     from gpuprov.state import Node
     from gpuprov.verify import Check, CheckReport
 
-_STYLE = {"ok": "green", "changed": "cyan", "unchanged": "green", "failed": "red", "unreachable": "red",
+_STYLE = {"ok": "green", "ready": "green", "interrupted": "yellow",
+          "changed": "cyan", "unchanged": "green", "failed": "red", "unreachable": "red",
           "running": "yellow", "rebooting": "magenta", "reboot": "magenta", "waiting": "dim"}
+
+
+# --- tables that fit ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of a FitTable. `drop`: when the table is too wide, columns go highest first (0: always
+    shown). `prose`: free text that may wrap between words; every other cell is never split."""
+
+    header: str
+    justify: str = "left"
+    drop: int = 0
+    prose: bool = False
+
+
+PROSE_MIN = 12
+
+
+class FitTable:
+    """A rich Table that never splits a name, address, instance type or price mid-word, at any width
+    and when piped (`gpuprov gpus | grep p4d.24xlarge` finds the row): those cells are kept whole, and
+    when they do not fit, optional columns are left out (highest `drop` first), as the caption says."""
+
+    def __init__(self, columns: list[Column], title: str | None = None, **table_kw: Any) -> None:
+        self.columns = columns
+        self.title = title
+        self.table_kw = table_kw
+        self.rows: list[tuple[tuple[Any, ...], bool]] = []
+
+    def add_row(self, *cells: Any, end_section: bool = False) -> None:
+        self.rows.append((cells, end_section))
+
+    def _width(self, i: int) -> int:
+        """Column i's narrowest width: a whole cell for most, the longest word for prose."""
+        cells = [self.columns[i].header, *(_plain(cells[i]) for cells, _ in self.rows)]
+        if self.columns[i].prose:  # folds a longer word rather than push the names off the line
+            return min(max((cell_len(word) for cell in cells for word in cell.split()), default=1), PROSE_MIN)
+        return max(cell_len(cell) for cell in cells)
+
+    def table(self, shown: list[int]) -> Table:
+        dropped = [c.header for i, c in enumerate(self.columns) if i not in shown]
+        caption = f"left out at this width: {', '.join(dropped)} (wider terminal, or --json)" if dropped else None
+        table = Table(title=self.title, caption=caption, caption_justify="left", **self.table_kw)
+        for i in shown:
+            col = self.columns[i]
+            table.add_column(col.header, justify=col.justify, no_wrap=not col.prose,  # type: ignore[arg-type]
+                             overflow="fold" if col.prose else "ignore",
+                             min_width=None if col.prose else self._width(i))
+        for cells, end_section in self.rows:
+            table.add_row(*(cells[i] for i in shown), end_section=end_section)
+        return table
+
+    def fitted(self, width: int) -> Table:
+        shown = list(range(len(self.columns)))
+        while True:
+            table = self.table(shown)
+            need = table._extra_width + sum(self._width(i) + table._get_padding_width(n) for n, i in enumerate(shown))
+            optional = [i for i in shown if self.columns[i].drop]
+            if need <= width or not optional:
+                return table
+            shown.remove(max(optional, key=lambda i: self.columns[i].drop))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.fitted(options.max_width)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.fitted(options.max_width))
+
+
+def _plain(cell: Any) -> str:
+    return cell.plain if isinstance(cell, Text) else str(cell)
 
 
 def _price(value: float | None) -> str:
     return f"${value:,.2f}/h" if value is not None else "n/a"
 
 
-def gpus_table(cat: Catalog) -> Table:
-    table = Table(title=f"GPUs on AWS — on-demand list prices, {cat.price_region}, {cat.prices_as_of}")
-    for col, justify in (("GPU", "left"), ("arch", "left"), ("CC", "left"), ("mem/GPU", "right"),
-                         ("instance type", "left"), ("GPUs", "right"), ("vCPU", "right"), ("$/h", "right"),
-                         ("good for", "left")):
-        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+def gpus_table(cat: Catalog) -> FitTable:
+    table = FitTable([Column("GPU"), Column("arch", drop=8), Column("CC", drop=7), Column("mem/GPU", "right", drop=5),
+                      Column("instance type"), Column("GPUs", "right"), Column("vCPU", "right", drop=6),
+                      Column("$/h", "right"), Column("good for", prose=True, drop=9)],
+                     title=f"GPUs on AWS — on-demand list prices, {cat.price_region}, {cat.prices_as_of}")
     for gpu in cat.gpus:
         types = cat.instance_types_for(gpu)
         for i, it in enumerate(types):
@@ -159,9 +234,8 @@ class LiveHosts:
 
 
 def bootstrap_summary(results: list[HostResult]) -> Group:
-    table = Table(title="bootstrap", title_justify="left")
-    for col in ("host", "result", "steps", "duration", "log"):
-        table.add_column(col, overflow="fold")
+    table = FitTable([Column("host"), Column("result"), Column("steps", prose=True, drop=2), Column("duration", "right"),
+                      Column("log", drop=1)], title="bootstrap", title_justify="left")
     for r in results:
         counts: dict[str, int] = {}
         for step in r.steps:
@@ -169,7 +243,7 @@ def bootstrap_summary(results: list[HostResult]) -> Group:
         steps = ", ".join(f"{n} {k}" for k, n in counts.items())
         table.add_row(r.target.name, Text(r.summary, style=_STYLE.get(r.status, "")), steps,
                       f"{r.seconds:.1f}s", str(r.log_path or ""))
-    parts: list[Table | Text] = [table]
+    parts: list[FitTable | Text] = [table]
     for r in results:
         if r.error:
             parts.append(Text(f"{r.target.name}: {r.error}", style="red"))
@@ -181,8 +255,10 @@ def bootstrap_summary(results: list[HostResult]) -> Group:
 def _checks_table(title: str, style: str, first: str, checks: list[Check]) -> Table:
     """One host's checks or findings: what, ok/warn/FAIL, detail, fix."""
     table = Table(title=title, title_justify="left", title_style=style)
-    for col in (first, "result", "detail", "fix"):
-        table.add_column(col, overflow="fold")
+    table.add_column(first, no_wrap=True)
+    table.add_column("result", no_wrap=True)
+    table.add_column("detail", overflow="fold")
+    table.add_column("fix", overflow="fold")
     for c in checks:
         mark = "ok" if c.ok else ("warn" if c.severity == "warn" else "FAIL")
         table.add_row(c.name, Text(mark, style="green" if c.ok else "yellow" if mark == "warn" else "red"),
@@ -258,22 +334,27 @@ def _stop_fields(n: Node, now: float) -> dict[str, object]:
     }
 
 
-def status_table(nodes: list[Node]) -> Table | Text:
+def _stopped_note(nodes: list[Node]) -> str:
+    if not any(n.state == "stopped" for n in nodes):
+        return ""
+    from gpuprov import catalog
+
+    storage = catalog.load().storage
+    return f"; a stopped node's disk: {storage.volume_type} ${storage.usd_per_gb_month:g}/GB-month ({storage.source})"
+
+
+def status_table(nodes: list[Node]) -> FitTable | Text:
+    """At 80 columns: name, GPU, state, address, $/h, $ so far and age stay; the rest go as width runs out."""
     if not nodes:
         return Text("no nodes; `gpuprov up --gpu L4 --spot` launches one")
-    table = Table(title="nodes (cost at on-demand list price; spot bills less)", title_justify="left")
-    if any(n.state == "stopped" for n in nodes):
-        from gpuprov import catalog
-
-        storage = catalog.load().storage
-        table.caption = (f"a stopped node's disk: {storage.volume_type} ${storage.usd_per_gb_month:g}/GB-month "
-                         f"({storage.source})")
-        table.caption_justify = "left"
     from gpuprov.spec import format_duration
 
-    for col in ("name", "GPU", "type", "market", "zone", "state", "address", "$/h", "$ so far", "age", "autostop",
-                "TTL left"):
-        table.add_column(col, overflow="fold")
+    table = FitTable([Column("name"), Column("GPU"), Column("type", drop=4), Column("market", drop=6),
+                      Column("zone", drop=9), Column("state", prose=True), Column("address"),
+                      Column("$/h", "right", drop=2), Column("$ so far", "right", drop=3), Column("age", "right", drop=5),
+                      Column("autostop", drop=8), Column("TTL left", drop=7)],
+                     title="nodes (cost at on-demand list price; spot bills less)" + _stopped_note(nodes),
+                     title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for row in status_rows(nodes):
         idle = row["autostop_seconds"]
         left = row["ttl_left_seconds"]
@@ -297,11 +378,10 @@ def status_table(nodes: list[Node]) -> Table | Text:
     return table
 
 
-def live_prices_table(rows: list[tuple[SpotPrice, float | None]], region: str) -> Table:
-    table = Table(title=f"spot prices in {region}, cheapest first", title_justify="left")
-    for col, justify in (("instance type", "left"), ("zone", "left"), ("spot $/h", "right"),
-                         ("on-demand $/h", "right"), ("saving", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+def live_prices_table(rows: list[tuple[SpotPrice, float | None]], region: str) -> FitTable:
+    table = FitTable([Column("instance type"), Column("zone"), Column("spot $/h", "right"),
+                      Column("on-demand $/h", "right", drop=2), Column("saving", "right", drop=1)],
+                     title=f"spot prices in {region}, cheapest first", title_justify="left")
     for price, on_demand in rows:
         saving = f"{(1 - price.price / on_demand) * 100:.0f}%" if on_demand else "-"
         table.add_row(price.instance_type, price.zone, f"${price.price:.4f}", _price(on_demand).removesuffix("/h"), saving)
@@ -322,14 +402,13 @@ def _bar(pct: int | None, width: int = 10) -> Text:
     return Text.assemble(("█" * filled, style), ("░" * (width - filled), "dim"), f" {pct:>3}%")
 
 
-def monitor_table(samples: list[GpuSample], interval: float | None = None) -> Table:
+def monitor_table(samples: list[GpuSample], interval: float | None = None) -> FitTable:
     """One row per GPU of every host: utilisation, memory, temperature, power."""
     when = time.strftime("%H:%M:%S", time.localtime(max((s.at for s in samples), default=time.time())))
     every = f", every {interval:g}s (Ctrl-C to stop)" if interval else ""
-    table = Table(title=f"GPUs at {when}{every}", title_justify="left")
-    for col, justify in (("host", "left"), ("GPU", "right"), ("name", "left"), ("util", "left"), ("memory", "right"),
-                         ("temp", "right"), ("power", "right")):
-        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    table = FitTable([Column("host"), Column("GPU", "right"), Column("name", drop=3), Column("util"),
+                      Column("memory", "right"), Column("temp", "right", drop=2), Column("power", "right", drop=1)],
+                     title=f"GPUs at {when}{every}", title_justify="left")
     for sample in samples:
         if sample.error is not None:
             table.add_row(sample.target.name, "", Text(sample.error, style="red"), "", "", "", "", end_section=True)

@@ -172,16 +172,99 @@ def _line_index(node: yaml.Node, path: tuple[Any, ...] = ()) -> dict[tuple[Any, 
     return lines
 
 
-def load_model(text: str, model: type[M], source: str, field: str) -> M:
-    """Parse YAML text into `model`, or raise UserInputError naming source:line and the field path."""
+MAX_FILE_BYTES = 1 << 20  # a playbook or inventory is a few KiB; anything past 1 MiB is a mistake or an attack
+MAX_YAML_VALUES = 100_000  # values after alias expansion: "billion laughs" stops here, before it is built
+MAX_YAML_DEPTH = 64
+
+
+def read_text_file(path: Path, field: str, what: str) -> str:
+    """A user's YAML file as text: UTF-8 (with or without a BOM) or UTF-16 with a BOM, at most
+    MAX_FILE_BYTES; anything else (binary, a folder, unreadable, too big) is a UserInputError."""
     try:
-        data = yaml.safe_load(text)
-        node = yaml.compose(text)
+        if not path.is_file():
+            raise UserInputError(field, f"{path}: not a file", f"give the path of a {what} (.yml)")
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise UserInputError(field, f"{path}: cannot read it ({exc.strerror or exc})",
+                             f"give the path of a {what} you can read") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise UserInputError(field, f"{path}: larger than {MAX_FILE_BYTES // (1 << 20)} MiB; a {what} is a few KiB",
+                             "is this the right file?")
+    try:
+        text = raw.decode("utf-16") if raw.startswith((b"\xff\xfe", b"\xfe\xff")) else raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserInputError(field, f"{path}: not text (byte {exc.start} is not UTF-8); a {what} is YAML text",
+                             "save it as UTF-8") from None
+    if "\x00" in text:
+        raise UserInputError(field, f"{path}: not text (it holds NUL bytes); a {what} is YAML text", "save it as UTF-8")
+    return text
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many values `root` stands for once every alias is expanded, stopping past MAX_YAML_VALUES;
+    a value that contains itself (`a: &a [*a]`) is a ValueError, nesting past MAX_YAML_DEPTH a
+    RecursionError. Linear in the distinct nodes."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node, depth: int = 0) -> int:
+        if depth > MAX_YAML_DEPTH:
+            raise RecursionError
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise ValueError("an alias refers to a value that contains it (a loop)")
+        open_nodes.add(key)
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            children = []
+        total = 1
+        for child in children:
+            total = min(total + size(child, depth + 1), MAX_YAML_VALUES + 1)
+        open_nodes.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(root)
+
+
+def _parse_yaml(text: str, source: str, field: str) -> tuple[Any, yaml.Node | None]:
+    """YAML text → (data, node tree), bounded: aliases may not loop or expand past MAX_YAML_VALUES."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            try:
+                values = _expanded_size(node)
+            except ValueError as exc:
+                raise UserInputError(field, f"{source}: {exc}", "write the value out instead of aliasing it") from None
+            if values > MAX_YAML_VALUES:
+                raise UserInputError(field, f"{source}: its aliases expand to more than {MAX_YAML_VALUES:,} values",
+                                     "write the values out; a playbook or inventory needs a few hundred")
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
         problem = getattr(exc, "problem", None) or str(exc)
         raise UserInputError(field, f"{where}: not valid YAML ({problem})", "check indentation and quoting") from None
+    except RecursionError:
+        raise UserInputError(field, f"{source}: nested too deeply to be a playbook or inventory",
+                             "is this the right file?") from None
+    finally:
+        loader.dispose()
+    return data, node
+
+
+def load_model(text: str, model: type[M], source: str, field: str) -> M:
+    """Parse YAML text into `model`, or raise UserInputError naming source:line and the field path."""
+    if len(text) > MAX_FILE_BYTES:
+        raise UserInputError(field, f"{source}: larger than 1 MiB", "is this the right file?")
+    data, node = _parse_yaml(text, source, field)
     if not isinstance(data, dict):
         raise UserInputError(field, f"{source}: expected a mapping of fields at the top level", f"see {model.__name__}'s fields")
     lines = _line_index(node) if node is not None else {}
@@ -193,7 +276,7 @@ def load_model(text: str, model: type[M], source: str, field: str) -> M:
         line = next((lines[loc[:i]] for i in range(len(loc), -1, -1) if loc[:i] in lines), None)
         dotted = ".".join(str(p) for p in loc) or "(top level)"
         where = f"{source}:{line}" if line else source
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             parent = model
             allowed = _allowed_fields(parent, loc[:-1])
@@ -241,7 +324,7 @@ def load_playbook(name_or_path: str) -> Playbook:
                 "--playbook", f"unknown playbook {name_or_path!r}",
                 f"shipped playbooks: {', '.join(shipped_playbooks())}; or give a path to your own .yml",
             )
-    if not path.is_file():
+    if not path.exists():
         raise UserInputError("--playbook", f"no such file: {path}", f"shipped playbooks: {', '.join(shipped_playbooks())}")
-    return load_model(path.read_text(), Playbook, str(path), "--playbook")
+    return load_model(read_text_file(path, "--playbook", "playbook"), Playbook, str(path), "--playbook")
 

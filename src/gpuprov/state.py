@@ -180,12 +180,38 @@ class Event:
     message: str
 
 
+class StateError(UserInputError):
+    """The state file cannot be read. It is never replaced or recreated: it may hold the only record
+    of cloud resources that cost money, so the user decides what to do with it."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(
+            "state", f"{path} {problem}; gpuprov changed nothing",
+            f"it lists your nodes and their cloud resources, so nothing replaces it: restore it from a backup, or "
+            f"move it aside (mv {path} {path}.broken) and run `gpuprov gc --all-regions` to find what is still "
+            f"tagged as yours")
+
+
 class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and not path.is_file():
+            raise StateError(path, "is not a file")
+        try:
+            self._open_and_migrate(path)
+        except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed", …
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise
+            raise StateError(path, f"is not a readable SQLite database ({exc})") from None
+        path.chmod(0o600)
+
+    @staticmethod
+    def _open_and_migrate(path: Path) -> None:
         db = sqlite3.connect(path, timeout=30)
         try:
+            if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+                raise sqlite3.DatabaseError("database disk image is malformed")
             db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer; set once, kept in the file
             db.executescript(_SCHEMA)  # idempotent (IF NOT EXISTS); executescript manages its own transaction
             have = {row[1] for row in db.execute("PRAGMA table_info(nodes)")}
@@ -199,7 +225,6 @@ class Store:
             db.commit()
         finally:
             db.close()
-        path.chmod(0o600)
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:

@@ -12,11 +12,12 @@ import click
 from gpuprov.cli.common import (
     F,
     apply_options,
-    handle_errors,
+    complete_node,
     host_settings,
     main,
     make_console,
     targets_from,
+    warn,
 )
 from gpuprov.errors import GpuprovError
 
@@ -40,9 +41,11 @@ class _DashDashCommand(click.Command):
 def _reach_options(accept_new: bool) -> Callable[[F], F]:
     """How to reach one or more hosts (the access commands)."""
     opts: list[Callable[[F], F]] = [
-        click.option("-i", "--identity", default=None, help="Private key file (else the node's, ~/.ssh/config, ssh's defaults)."),
+        click.option("-i", "--identity", default=None, envvar="GPUPROV_KEY", show_envvar=True,
+                     help="Private key file (else the node's, ~/.ssh/config, ssh's defaults)."),
         click.option("--ssh-config", default=None, type=click.Path(dir_okay=False), help="ssh config file [~/.ssh/config]."),
-        click.option("--connect-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for SSH."),
+        click.option("--connect-timeout", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
+                     help="Seconds to wait for SSH."),
     ]
     if accept_new:
         opts.append(click.option("--accept-new-host-key", is_flag=True,
@@ -51,7 +54,7 @@ def _reach_options(accept_new: bool) -> Callable[[F], F]:
 
 
 def _reach(hosts: tuple[str, ...], inventory: str | None, kw: dict[str, Any]) -> tuple[list[Any], Any]:
-    targets = targets_from({"hosts": hosts, "inventory": inventory})
+    targets = targets_from({"hosts": hosts, "inventory": inventory, "ssh_config": kw.get("ssh_config")})
     settings = host_settings({"accept_new_host_key": kw.get("accept_new_host_key", False), **kw})
     return targets, settings
 
@@ -64,8 +67,9 @@ def _one(host: str, kw: dict[str, Any]) -> tuple[Any, Any]:
 def _warn_unpinned(target: Any, settings: Any) -> None:
     from gpuprov import access
 
-    if access.is_pinned(target, settings) is False:
-        click.secho(access.pin_hint(target, access.known_hosts_for(target, settings)), fg="yellow", err=True)
+    # only for a host that answers: for a closed port or a dead address ssh's own words say what is wrong
+    if access.is_pinned(target, settings) is False and access.answers(target, settings):
+        warn(access.pin_hint(target, access.known_hosts_for(target, settings)), "yellow")
 
 
 def _need_tool(name: str, package: str) -> None:
@@ -76,9 +80,8 @@ def _need_tool(name: str, package: str) -> None:
 
 
 @main.command("ssh", cls=_DashDashCommand)
-@click.argument("host", metavar="NODE|[USER@]HOST[:PORT] [-- CMD...]")
+@click.argument("host", metavar="NODE|[USER@]HOST[:PORT] [-- CMD...]", shell_complete=complete_node)
 @_reach_options(accept_new=False)
-@handle_errors
 def ssh_cmd(host: str, **kw: Any) -> None:
     """A shell on a node or host through the system ssh, its host key pinned (`-- CMD` runs CMD).
 
@@ -102,14 +105,15 @@ def ssh_cmd(host: str, **kw: Any) -> None:
 
 
 @main.command("exec", cls=_DashDashCommand)
-@click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]... -- CMD...")
+@click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]... -- CMD...", shell_complete=complete_node)
 @click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump).")
 @_reach_options(accept_new=True)
-@click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, help="Hosts worked on at once.")
+@click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, envvar="GPUPROV_PARALLEL",
+              show_envvar=True, help="Hosts worked on at once.")
 @click.option("--sudo", is_flag=True, help="Run the command as root (sudo -n) where the login user is not root.")
-@click.option("--timeout", type=float, default=None, help="Seconds before the command is given up on each host.")
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=None,
+              help="Seconds before the command is given up on each host.")
 @click.option("--no-prefix", is_flag=True, help="Print the hosts' lines as they are, without `HOST | `.")
-@handle_errors
 def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo: bool, timeout: float | None,
              no_prefix: bool, **kw: Any) -> None:
     """Run a command on one or many hosts at once, streaming each line prefixed by its host.
@@ -118,7 +122,7 @@ def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo:
     gpuprov exec node-a node-b -- nvidia-smi -L
     Like ssh, the words after -- are joined by spaces for the remote shell. Exit code: the host's
     own for one host; for several, 0 when all succeeded, else the first failure's; 255 when a
-    host cannot be reached (or its key is not pinned).
+    host cannot be reached (or its key is not pinned); 124 when the command ran past --timeout.
     """
     import threading
 
@@ -139,7 +143,7 @@ def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo:
     results = access.exec_many(targets, settings, " ".join(words), emit, parallel=parallel, sudo=sudo, timeout=timeout)
     for r in results:
         if r.error:
-            click.secho(f"{r.target.name:<{width}} | error: {r.error}", fg="red", err=True)
+            warn(f"{r.target.name:<{width}} | error: {r.error}", "red")
     if len(results) > 1:
         failed = [r for r in results if r.exit_code != 0]
         codes = ", ".join(f"{r.target.name}: exit {r.exit_code}" for r in failed)
@@ -158,7 +162,7 @@ def _forward_until_stopped(remote: Any, spec: Any, announce: Callable[[int], str
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
-    forward = access.LocalForward(remote, spec, on_error=lambda text: click.secho(f"warning: {text}", fg="yellow", err=True))
+    forward = access.LocalForward(remote, spec, on_error=lambda text: warn(f"warning: {text}", "yellow"))
     port = forward.start()
     click.echo(announce(port))
     click.echo(f"forwarding 127.0.0.1:{port} -> {spec.remote_host}:{spec.remote_port} on {remote.target.name}; "
@@ -166,7 +170,7 @@ def _forward_until_stopped(remote: Any, spec: Any, announce: Callable[[int], str
     try:
         while forward.alive:
             time.sleep(0.5)
-        click.secho(f"error: the SSH connection to {remote.target.name} was lost", fg="red", err=True)
+        warn(f"error: the SSH connection to {remote.target.name} was lost", "red")
         code = 255
     except KeyboardInterrupt:
         code = 0
@@ -185,10 +189,9 @@ def _open(target: Any, settings: Any) -> Any:
 
 
 @main.command()
-@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]")
+@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]", shell_complete=complete_node)
 @click.argument("ports", metavar="LOCAL[:REMOTE]")
 @_reach_options(accept_new=True)
-@handle_errors
 def tunnel(host: str, ports: str, **kw: Any) -> None:
     """Forward a local port to a port on the host (SSH local forwarding) until Ctrl-C.
 
@@ -206,13 +209,12 @@ def tunnel(host: str, ports: str, **kw: Any) -> None:
 
 
 @main.command()
-@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]")
+@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]", shell_complete=complete_node)
 @click.option("--port", type=click.IntRange(0, 65535), default=8888, show_default=True,
               help="Local port (0: any free one).")
 @click.option("--remote-port", type=click.IntRange(1, 65535), default=8888, show_default=True,
               help="JupyterLab's port on the host.")
 @_reach_options(accept_new=True)
-@handle_errors
 def jupyter(host: str, port: int, remote_port: int, **kw: Any) -> None:
     """Open a node's JupyterLab through an SSH tunnel and print its URL with the token.
 
@@ -233,25 +235,28 @@ def jupyter(host: str, port: int, remote_port: int, **kw: Any) -> None:
 
 
 @main.command()
-@click.argument("host", metavar="NODE|[USER@]HOST[:PORT]")
-@click.argument("src")
-@click.argument("dst")
+@click.argument("args", nargs=-1, required=True, metavar="[NODE|[USER@]HOST[:PORT]] SRC DST",
+                shell_complete=complete_node)
 @_reach_options(accept_new=False)
 @click.option("--delete", is_flag=True, help="Delete files on the receiving side that the sending side lacks.")
 @click.option("--progress/--no-progress", default=None, help="Show transfer progress [default: on a terminal].")
-@handle_errors
-def sync(host: str, src: str, dst: str, delete: bool, progress: bool | None, **kw: Any) -> None:
-    """Copy files to or from a host with rsync over the same pinned SSH settings.
+def sync(args: tuple[str, ...], delete: bool, progress: bool | None, **kw: Any) -> None:
+    """Copy files to or from a host with rsync over the same pinned SSH settings, in rsync's shape.
 
     \b
-    gpuprov sync my-node ./data my-node:data      # upload (rsync -a; a trailing / copies contents)
-    gpuprov sync my-node my-node:runs/ ./runs/    # download
-    `HOST:PATH` (or just `:PATH`) marks the remote side; relative paths are in the login's home.
+    gpuprov sync ./data my-node:data              # upload (rsync -a; a trailing / copies contents)
+    gpuprov sync my-node:runs/ ./runs/            # download
+    gpuprov sync my-node ./data :data             # the host named first, `:PATH` for its side
+    `HOST:PATH` marks the remote side; relative paths are in the login's home.
     """
     import subprocess
 
     from gpuprov import access
+    from gpuprov.errors import UserInputError
 
+    if len(args) not in (2, 3):
+        raise UserInputError("SRC DST", f"{len(args)} paths", "e.g. gpuprov sync ./code exp1:/work/code")
+    host, src, dst = args if len(args) == 3 else (access.sync_host(*args), *args)
     _need_tool("rsync", "rsync (here and on the host)")
     plan = access.split_sync(host, src, dst)
     target, settings = _one(host, kw)
@@ -259,19 +264,19 @@ def sync(host: str, src: str, dst: str, delete: bool, progress: bool | None, **k
     show = sys.stdout.isatty() if progress is None else progress
     code = subprocess.call(access.rsync_argv(target, settings, plan, progress=show, delete=delete))
     if code != 0:
-        click.secho(f"error: rsync exited {code}", fg="red", err=True)
+        warn(f"error: rsync exited {code}", "red")
     sys.exit(code)
 
 
 @main.command()
-@click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]...")
+@click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]...", shell_complete=complete_node)
 @click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump).")
 @_reach_options(accept_new=True)
-@click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, help="Hosts sampled at once.")
+@click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, envvar="GPUPROV_PARALLEL",
+              show_envvar=True, help="Hosts sampled at once.")
 @click.option("--interval", type=click.FloatRange(0.2), default=2.0, show_default=True, help="Seconds between samples.")
 @click.option("--once", is_flag=True, help="One sample, then exit (exit 1 when a host could not be sampled).")
 @click.option("--json", "as_json", is_flag=True, help="JSON: one array per sample (with --once, one document).")
-@handle_errors
 def monitor(hosts: tuple[str, ...], inventory: str | None, parallel: int, interval: float, once: bool, as_json: bool,
             **kw: Any) -> None:
     """Live GPU utilisation, memory, temperature and power of several hosts (like `watch nvidia-smi`)."""

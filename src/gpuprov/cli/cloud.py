@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 import click
 
 from gpuprov.cli.common import (
-    handle_errors,
+    complete_node,
+    confirm,
     main,
     make_console,
     node_target,
@@ -19,7 +19,7 @@ from gpuprov.cli.common import (
     stack_options,
     store_and_provider,
 )
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, UserInputError
 
 
 @main.command()
@@ -35,7 +35,7 @@ from gpuprov.errors import GpuprovError
 @click.option("--disk", "disk_gb", type=click.IntRange(20, 16384), default=100, show_default=True,
               help="Root volume, GB (gp3, encrypted).")
 @click.option("--image", default=None, help="AMI id instead of Canonical's Ubuntu from SSM.")
-@click.option("--ssh-cidr", default=None,
+@click.option("--ssh-cidr", default=None, envvar="GPUPROV_SSH_CIDR", show_envvar=True,
               help="Open SSH to this CIDR (IPv4 or IPv6) instead of your public address /32 "
                    "(with --connect private: instead of the VPC's CIDR).")
 @click.option("--connect", type=click.Choice(["public", "private"]), default="public", show_default=True,
@@ -47,9 +47,8 @@ from gpuprov.errors import GpuprovError
 @click.option("--no-wait", is_flag=True,
               help="With --no-bootstrap: return as soon as the instance runs (no SSH wait, host key not pinned).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and stop (the same plan `gpuprov plan` prints).")
-@click.option("--yes", is_flag=True, help="Do not ask before launching.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before launching (needed without a terminal).")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
-@handle_errors
 def up(name: str | None, fallback: str, max_price: float | None, max_hourly: float | None, disk_gb: int,
        image: str | None, ssh_cidr: str | None, connect: str, subnet: str | None, ssh_user: str, no_bootstrap: bool,
        no_wait: bool, dry_run: bool, yes: bool, verbose: bool, **kw: Any) -> None:
@@ -81,11 +80,9 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         console.print(plan_view(the_plan))
         return
     if not yes:
-        if not sys.stdin.isatty():
-            raise click.UsageError("no terminal to confirm on: pass --yes to launch")
         price = the_plan.price_usd_hour
-        click.confirm(f"Launch {node_name}: {the_plan.instance.name if the_plan.instance else '?'}"
-                      f" ({'spot' if kw['spot'] else 'on-demand'}, list ${price or 0:.2f}/h)?", abort=True, err=True)
+        confirm(f"Launch {node_name}: {the_plan.instance.name if the_plan.instance else '?'}"
+                f" ({'spot' if kw['spot'] else 'on-demand'}, list ${price or 0:.2f}/h)?", "launch")
     store, provider = store_and_provider()
     result = lifecycle.up(the_plan, opts, provider, store, say_to(console))
     node = result.node
@@ -98,7 +95,6 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--refresh", is_flag=True, help="Ask the cloud first (one batched call per region).")
-@handle_errors
 def status(as_json: bool, refresh: bool) -> None:
     """Nodes gpuprov manages: state, address, $/h, $ so far, age."""
     from gpuprov import lifecycle
@@ -113,27 +109,33 @@ def status(as_json: bool, refresh: bool) -> None:
 
 
 @main.command()
-@click.argument("names", nargs=-1)
+@click.argument("names", nargs=-1, shell_complete=complete_node)
 @click.option("--all", "all_nodes", is_flag=True, help="Every node gpuprov manages.")
-@click.option("--yes", is_flag=True, help="Do not ask.")
-@handle_errors
-def down(names: tuple[str, ...], all_nodes: bool, yes: bool) -> None:
+@click.option("-y", "--yes", is_flag=True, help="Do not ask (needed without a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result: what was removed and what is left.")
+def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool) -> None:
     """Terminate nodes and remove everything they own: instance, spot request, security group,
     volumes, ssh config entry (and the key pair with the region's last node). Safe to repeat."""
     from gpuprov import lifecycle
 
     store, provider = store_and_provider()
     targets = [n.name for n in store.nodes()] if all_nodes else list(names)
+    if all_nodes and not targets:
+        click.echo(json.dumps({}) if as_json else "nothing to do: gpuprov manages no nodes")
+        return
     if not targets:
-        raise click.UsageError("name the nodes to take down, or pass --all")
+        raise UserInputError("NAME", "no node named", "name the nodes to take down, or pass --all")
     for n in targets:
         store.node(n)  # unknown names fail before anything is touched
     if not yes:
-        click.confirm(f"Terminate {', '.join(targets)} and delete their resources?", abort=True, err=True)
-    console = make_console()
+        confirm(f"Terminate {', '.join(targets)} and delete their resources?", "take them down")
+    console = make_console(stderr=as_json)
     results = lifecycle.down(targets, provider, store, say_to(console))
+    if as_json:
+        click.echo(json.dumps({name: {"complete": r.complete, "removed": r.removed, "left": r.left}
+                               for name, r in results.items()}, indent=2))
     for name, result in results.items():
-        if result.complete:
+        if result.complete and not as_json:
             console.print(f"{name}: down ({len(result.removed)} resources removed)")
     incomplete = [r for r in results.values() if not r.complete]
     if incomplete:
@@ -145,9 +147,9 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool) -> None:
               help="Region(s) to sweep [default: those of your nodes, and the AWS chain's region (AWS_REGION, profile, "
                    "us-east-1)].")
 @click.option("--all-regions", is_flag=True, help="Every region in the catalog.")
-@click.option("--yes", is_flag=True, help="Delete what is found (default: list only).")
-@handle_errors
-def gc(regions: tuple[str, ...], all_regions: bool, yes: bool) -> None:
+@click.option("-y", "--yes", is_flag=True, help="Delete what is found (default: list only).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable: what was found (and, with --yes, what is left).")
+def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, as_json: bool) -> None:
     """Find resources tagged as yours that no local node owns (left by a crash or another machine's
     lost state); list them, and delete them with --yes."""
     from gpuprov import catalog, lifecycle
@@ -157,18 +159,21 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool) -> None:
     where = list(cat.regions) if all_regions else [cat.check_region(r) for r in regions] or \
         sorted({n.region for n in store.nodes(include_terminated=True)} | {region_from(None).name})
     found = lifecycle.orphans(where, provider, store)
-    console = make_console()
-    if not found:
-        console.print(f"nothing to collect in {', '.join(where)}")
-        return
-    for res in found:
-        console.print(f"{res.region}  {res.kind:<15} {res.id:<24} node={res.node} {res.state}")
-    if yes:
-        left = lifecycle.gc(found, provider, store, say_to(console))
-        if left:
-            raise GpuprovError("could not remove everything; still there:\n" + "\n".join(f"  {w}" for w in left)
-                               + "\n  rerun: gpuprov gc --yes")
-    else:
+    console = make_console(stderr=as_json)
+    if not as_json:
+        if not found:
+            console.print(f"nothing to collect in {', '.join(where)}")
+            return
+        for res in found:
+            console.print(f"{res.region}  {res.kind:<15} {res.id:<24} node={res.node} {res.state}")
+    left = lifecycle.gc(found, provider, store, say_to(console)) if yes and found else []
+    if as_json:
+        click.echo(json.dumps({"regions": where, "deleted": yes, "left": left, "found": [
+            {"region": r.region, "kind": r.kind, "id": r.id, "node": r.node, "state": r.state} for r in found]}, indent=2))
+    if left:
+        raise GpuprovError("could not remove everything; still there:\n" + "\n".join(f"  {w}" for w in left)
+                           + "\n  rerun: gpuprov gc --yes")
+    if found and not yes and not as_json:
         console.print(f"{len(found)} orphaned resource(s); rerun with --yes to delete them")
 
 
@@ -199,10 +204,9 @@ def _guard_target(name: str, identity: str | None) -> tuple[str | None, Any, Any
 
 
 @main.command()
-@click.argument("name", metavar="NODE|[USER@]HOST[:PORT]")
+@click.argument("name", metavar="NODE|[USER@]HOST[:PORT]", shell_complete=complete_node)
 @click.argument("duration", metavar="DURATION|off")
 @click.option("-i", "--identity", default=None, help="Private key for a host (nodes use their own).")
-@handle_errors
 def autostop(name: str, duration: str, identity: str | None) -> None:
     """Change the idle autostop of a running node or a bootstrapped host: `gpuprov autostop NAME 2h`, or `off`.
 
@@ -218,10 +222,9 @@ def autostop(name: str, duration: str, identity: str | None) -> None:
 
 
 @main.command()
-@click.argument("name", metavar="NODE|[USER@]HOST[:PORT]")
+@click.argument("name", metavar="NODE|[USER@]HOST[:PORT]", shell_complete=complete_node)
 @click.argument("duration", metavar="DURATION|off")
 @click.option("-i", "--identity", default=None, help="Private key for a host (nodes use their own).")
-@handle_errors
 def ttl(name: str, duration: str, identity: str | None) -> None:
     """Give a running node or a host bootstrapped with --ttl a new deadline: `gpuprov ttl NAME 4h` (from
     now), or `off`. Rewrites /var/lib/gpuprov/ttl-deadline over SSH; `off` also lifts a --budget cap."""
@@ -238,7 +241,6 @@ def ttl(name: str, duration: str, identity: str | None) -> None:
 
 @main.command()
 @click.argument("names", nargs=-1, required=True)
-@handle_errors
 def stop(names: tuple[str, ...]) -> None:
     """Stop nodes: compute billing ends, the disk (EBS) is kept; `gpuprov start NAME` resumes.
 
@@ -262,7 +264,6 @@ def stop(names: tuple[str, ...]) -> None:
 @click.option("--instance-type", default=None, help="Resize first: this instance type.")
 @click.option("--no-bootstrap", is_flag=True, help="Do not bootstrap and verify again after it runs.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
-@handle_errors
 def start(name: str, gpu: str | None, instance_type: str | None, no_bootstrap: bool, verbose: bool) -> None:
     """Start a stopped node (resized first with --gpu/--instance-type), wait for it, bootstrap and verify
     again, and print its new address and $/h. A resize the installed stack cannot serve is refused before

@@ -6,16 +6,17 @@ Heavy modules (boto3, fabric, the library itself) are imported inside functions,
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from gpuprov import __version__
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, UserInputError
 
 if TYPE_CHECKING:
     from gpuprov.compat import StackPins
@@ -24,10 +25,67 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def make_console() -> Any:
+def make_console(*, stderr: bool = False) -> Any:
+    """rich's console (it honours NO_COLOR, and COLUMNS when not on a terminal); `stderr` for progress
+    lines while stdout carries JSON."""
     from rich.console import Console
 
-    return Console(highlight=False)
+    return Console(highlight=False, emoji=False, stderr=stderr)  # no ':1234:' → emoji in an IPv6 address
+
+
+def quiet() -> bool:
+    """-q/--quiet on the command line: progress lines are left out; results and errors still print."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.meta.get("gpuprov.quiet"))
+
+
+def _set_quiet(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.meta["gpuprov.quiet"] = True
+
+
+QUIET_OPTION = click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, is_eager=True, callback=_set_quiet,
+                            help="Only results and errors: no progress lines.")
+
+
+def confirm(question: str, action: str) -> None:
+    """Ask `question` on the terminal; without one, say to pass --yes (exit 2); a "no" stops here (exit 1)."""
+    if not sys.stdin.isatty():
+        raise UserInputError("--yes", "no terminal to confirm on", f"pass --yes (or -y) to {action}")
+    if not click.confirm(question, default=False, err=True):
+        say_error("not confirmed; nothing was done", 1)
+
+
+# --- shell completion (Click's protocol; `gpuprov completion bash|zsh|fish` prints the script) ------
+
+
+def _matching(words: list[str], incomplete: str) -> list[Any]:
+    from click.shell_completion import CompletionItem
+
+    return [CompletionItem(w) for w in words if w.lower().startswith(incomplete.lower())]
+
+
+def complete_gpu(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[Any]:
+    from gpuprov import catalog
+
+    return _matching([g.name for g in catalog.load().gpus], incomplete)
+
+
+def complete_playbook(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[Any]:
+    from click.shell_completion import CompletionItem
+
+    from gpuprov.spec import shipped_playbooks
+
+    if "/" in incomplete or incomplete.startswith("."):
+        return [CompletionItem(incomplete, type="file")]
+    return _matching(shipped_playbooks(), incomplete)
+
+
+def complete_node(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[Any]:
+    try:
+        return _matching(node_names(), incomplete)
+    except GpuprovError:  # no readable state: nothing to offer, and no error in the middle of a prompt
+        return []
 
 
 # --- shared options (pip-tools style) ---------------------------------------------------------
@@ -47,9 +105,13 @@ def pin_options(func: F) -> F:
     """What to install: playbook, OS and stack pins (plan, render, bootstrap, up)."""
     return apply_options(func, [
         click.option(
-            "-p", "--playbook", default="pytorch", show_default=True,
-            help="Shipped playbook name (pytorch, minimal, llm-finetune, cuda-dev, inference) or a path to a .yml.",
+            "-p", "--playbook", default="pytorch", show_default=True, envvar="GPUPROV_PLAYBOOK", show_envvar=True,
+            shell_complete=complete_playbook,
+            help="Shipped playbook name (pytorch, minimal, llm-finetune, cuda-dev, inference, jupyter) or a path to a .yml.",
         ),
+        click.option("--jupyter", is_flag=True,
+                     help="Add JupyterLab to the playbook's env: a service on the node's 127.0.0.1:8888 with a token; "
+                          "open it with `gpuprov jupyter NODE`."),
         click.option("--os", "os_name", default=None,
                      help="ubuntu-22.04 or ubuntu-24.04. Default: 24.04 for new nodes, the host's own for bootstrap."),
         click.option("--driver", default=None,
@@ -65,8 +127,9 @@ def pin_options(func: F) -> F:
 def stack_options(func: F) -> F:
     """What to launch and install (plan, render, up)."""
     return apply_options(func, [
-        click.option("--gpu", required=True, help="GPU name, optionally with a count: A100, h100, a100:8, l40s."),
-        click.option("--count", type=int, default=1, show_default=True, help="Number of GPUs (or use --gpu NAME:N)."),
+        click.option("--gpu", required=True, envvar="GPUPROV_GPU", show_envvar=True, shell_complete=complete_gpu,
+                     help="GPU name, optionally with a count: A100, h100, a100:8, l40s."),
+        click.option("--count", type=int, default=None, help="Number of GPUs [default: 1] (or use --gpu NAME:N)."),
         click.option("--spot", is_flag=True, help="Ask for spot capacity (cheaper, can be interrupted)."),
         click.option("--persistent", is_flag=True,
                      help="With --spot: a persistent spot request whose interruption behaviour is stop, so the "
@@ -82,7 +145,7 @@ def stack_options(func: F) -> F:
 def guard_options(func: F) -> F:
     """Guardrails installed on the node (plan, render, up): idle autostop, hard TTL, spot hook."""
     return apply_options(func, [
-        click.option("--autostop", default=None, metavar="DURATION",
+        click.option("--autostop", default=None, metavar="DURATION", envvar="GPUPROV_AUTOSTOP", show_envvar=True,
                      help="Power off after this long idle (GPUs under 10%, nobody logged in): 30m, 2h, 1h30m."),
         click.option("--ttl", default=None, metavar="DURATION",
                      help="Power off this long after the bootstrap starts, whatever happens: 8h, 1d."),
@@ -107,15 +170,17 @@ def node_guard_options(func: F) -> F:
 def ssh_options(func: F) -> F:
     """How to reach existing hosts (bootstrap, check)."""
     return apply_options(func, [
-        click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]..."),
+        click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]...", shell_complete=complete_node),
         click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump, gpu, os)."),
-        click.option("-i", "--identity", default=None, help="Private key file (else ~/.ssh/config, then ssh's defaults)."),
+        click.option("-i", "--identity", default=None, envvar="GPUPROV_KEY", show_envvar=True,
+                     help="Private key file (else ~/.ssh/config, then ssh's defaults)."),
         click.option("--ssh-config", default=None, type=click.Path(dir_okay=False), help="ssh config file [~/.ssh/config]."),
         click.option("--accept-new-host-key", is_flag=True,
                      help="Trust and pin the key of a host seen for the first time. A changed key is always refused."),
-        click.option("--connect-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for SSH."),
-        click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True,
-                     help="Hosts worked on at once."),
+        click.option("--connect-timeout", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
+                     help="Seconds to wait for SSH."),
+        click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, envvar="GPUPROV_PARALLEL",
+                     show_envvar=True, help="Hosts worked on at once."),
     ])
 
 
@@ -141,7 +206,7 @@ def region_from(given: str | None, *, quiet: bool = False) -> Any:
 
 
 def say_region(region: Any) -> None:
-    if region.source != "--region":
+    if region.source != "--region" and not quiet():
         click.echo(f"region {region}", err=True)
 
 
@@ -155,31 +220,106 @@ def plan_from(kw: dict[str, Any]) -> Plan:
         os=kw["os_name"] or "ubuntu-24.04", pins=pins_from(kw), instance_type=kw["instance_type"],
         autostop_seconds=parse_duration(kw["autostop"], "--autostop"), ttl_seconds=parse_duration(kw["ttl"], "--ttl"),
         on_interrupt=kw["on_interrupt"] or None, persistent=kw["persistent"], autostop_action=kw["autostop_action"],
-        budget_usd=kw["budget"],
+        budget_usd=kw["budget"], jupyter=kw["jupyter"],
     )
     plan = make_plan(request)
     say_region(region)
     return plan
 
 
-def handle_errors(func: F) -> F:
-    """Print a GpuprovError as a short message (no traceback) and exit with its code."""
+def warn(text: str, colour: str = "yellow") -> None:
+    """A line on stderr, coloured on a terminal unless NO_COLOR is set (https://no-color.org)."""
+    click.echo(text if os.environ.get("NO_COLOR") else click.style(text, fg=colour), err=True)
 
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+
+def say_error(text: str, exit_code: int) -> NoReturn:
+    """`error: <text>` on stderr (red on a terminal unless NO_COLOR is set), then exit."""
+    warn(f"error: {text}", "red")
+    sys.exit(exit_code)
+
+
+def usage_error_text(exc: click.UsageError) -> str:
+    """Click's usage errors in gpuprov's one-line shape: `--flag: problem`, then where to look."""
+    command = exc.ctx.command_path if exc.ctx else "gpuprov"
+    if isinstance(exc, click.BadParameter) and exc.param is not None:
+        field = exc.param_hint if isinstance(exc.param_hint, str) else \
+            (max(exc.param.opts, key=len) if exc.param.opts else exc.param.name or "argument")
+        if exc.param.param_type_name == "argument":
+            field = (exc.param.human_readable_name or field).upper()
+        problem = "is required" if isinstance(exc, click.MissingParameter) else exc.message
+        return f"{field}: {problem}\n  see `{command} --help`"
+    if isinstance(exc, click.NoSuchOption):
+        close = f" (did you mean {' or '.join(sorted(exc.possibilities))}?)" if exc.possibilities else ""
+        return f"{exc.option_name}: no such option{close}\n  see `{command} --help`"
+    message = exc.message
+    return f"{message}\n  see `{command} --help`"
+
+
+def _save_traceback() -> str:
+    import tempfile
+    import traceback
+
+    fd, path = tempfile.mkstemp(prefix="gpuprov-traceback-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write(traceback.format_exc())
+    return path
+
+
+class Group(click.Group):
+    """gpuprov's top-level group: every error, wherever it is raised (option parsing included), is one
+    `error: ...` line on stderr with its exit code, never a traceback or Click's usage block. Every
+    command gets -q/--quiet."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        """Defaults from the user's config file (flag > environment > config file > built-in), read only
+        when there is one."""
+        from gpuprov.paths import config_path
+
+        if "default_map" not in extra and config_path().exists():
+            from gpuprov import config
+
+            try:
+                extra["default_map"] = config.default_map()
+            except GpuprovError:
+                if not {"--help", "-h"} & set(args):  # help still reads with a broken config file
+                    raise
+        return super().make_context(info_name, args, parent, **extra)
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        cmd.params.append(QUIET_OPTION)
+        super().add_command(cmd, name)
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
-            return func(*args, **kwargs)
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except GpuprovError as exc:
-            click.secho(f"error: {exc}", fg="red", err=True)
-            sys.exit(exc.exit_code)
-
-    return wrapper  # type: ignore[return-value]
+            say_error(str(exc), exc.exit_code)
+        except click.UsageError as exc:
+            say_error(usage_error_text(exc), exc.exit_code)
+        except click.ClickException as exc:
+            say_error(exc.format_message(), exc.exit_code)
+        except (click.Abort, KeyboardInterrupt):
+            say_error("interrupted; nothing more was done", 130)
+        except BrokenPipeError:  # `gpuprov gpus | head`: the reader left; not an error worth a word
+            with contextlib.suppress(OSError):
+                sys.stdout = None  # type: ignore[assignment]
+            os._exit(0)
+        except Exception as exc:  # a bug: one line for the user, the traceback in a file (GPUPROV_DEBUG=1 raises)
+            if os.environ.get("GPUPROV_DEBUG"):
+                raise
+            say_error(f"gpuprov hit a bug: {type(exc).__name__}: {exc}\n  the traceback is in {_save_traceback()}; "
+                      "please report it (GPUPROV_DEBUG=1 prints it here)", 1)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 # --- commands ---------------------------------------------------------------------------------
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="gpuprov")
 def main() -> None:
     """GPU machines with a working, verified PyTorch, and back to zero spend.
@@ -189,10 +329,11 @@ def main() -> None:
     AWS nodes:        up  status  stop  start  down  gc  autostop  ttl
     Any SSH host:     bootstrap  check  doctor
     On a node:        ssh  exec  tunnel  jupyter  sync  monitor
+    Settings:         config  completion
     \b
     A day:   gpuprov plan --gpu A100 --spot                 # what it would launch and install
-             gpuprov up train --gpu A100 --spot --autostop 30m
-             gpuprov jupyter train ; gpuprov sync train ./code train:/work ; gpuprov monitor train
+             gpuprov up train --gpu A100 --spot --jupyter --autostop 30m
+             gpuprov jupyter train ; gpuprov sync ./code train:/work ; gpuprov monitor train
              gpuprov down train
     Hosts you already have: gpuprov bootstrap ubuntu@10.1.2.3 -p pytorch ; gpuprov check ubuntu@10.1.2.3
     """
@@ -221,28 +362,43 @@ def node_target(name: str) -> Any:
                   known_hosts=str(node_known_hosts(node.name)))
 
 
+def node_names() -> list[str]:
+    """The names of the nodes gpuprov manages (none without a state file)."""
+    from gpuprov.paths import state_dir
+
+    if not (state_dir() / "state.sqlite").exists():
+        return []
+    from gpuprov.state import open_store
+
+    return [n.name for n in open_store().nodes()]
+
+
 def targets_from(kw: dict[str, Any]) -> list[Any]:
-    from gpuprov.inventory import load_inventory, parse_target, targets
+    from gpuprov.inventory import check_known_word, check_unique, load_inventory, parse_target, targets
 
     nodes = [t for t in (node_target(h) for h in kw["hosts"]) if t is not None]
     named = {t.label for t in nodes}
     entries = [parse_target(h) for h in kw["hosts"] if h not in named]
+    for h in kw["hosts"]:
+        if h not in named:
+            check_known_word(h, node_names(), Path(kw["ssh_config"]) if kw.get("ssh_config") else None)
     defaults = None
     if kw["inventory"]:
         inventory = load_inventory(kw["inventory"])
         entries += list(inventory.hosts)
         defaults = inventory.defaults
     if not entries and not nodes:
-        raise click.UsageError("name at least one host ([USER@]HOST[:PORT]), node, or an --inventory file")
-    return nodes + targets(entries, defaults)
+        raise UserInputError("HOST", "no host named", "name at least one node, [USER@]HOST[:PORT], or an --inventory file")
+    return check_unique(nodes + targets(entries, defaults))
 
 
 def host_settings(kw: dict[str, Any]) -> Any:
+    from gpuprov.hostkeys import user_known_hosts
     from gpuprov.paths import known_hosts_path
     from gpuprov.remote import HostSettings
 
     return HostSettings(
-        known_hosts=known_hosts_path(), accept_new_host_key=kw["accept_new_host_key"],
+        known_hosts=known_hosts_path(), accept_new_host_key=kw["accept_new_host_key"], trusted=user_known_hosts(),
         connect_timeout=kw["connect_timeout"], ssh_config=Path(kw["ssh_config"]) if kw["ssh_config"] else None,
         key_filename=kw["identity"],
     )
@@ -263,4 +419,7 @@ def store_and_provider() -> tuple[Any, Any]:
 
 
 def say_to(console: Any) -> Callable[[str], None]:
+    """Progress lines (what is being created or removed); none with -q."""
+    if quiet():
+        return lambda text: None
     return lambda text: console.print(text, markup=False, highlight=False)

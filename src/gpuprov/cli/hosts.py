@@ -11,7 +11,6 @@ import click
 
 from gpuprov.cli.common import (
     guard_options,
-    handle_errors,
     host_settings,
     main,
     make_console,
@@ -31,7 +30,6 @@ from gpuprov.cli.common import (
 @click.option("--reboot-timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for a host to come back.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream every host's remote output (it always goes to the log).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-@handle_errors
 def bootstrap(force: bool, reboot_timeout: float, verbose: bool, as_json: bool, gpu: str | None, **kw: Any) -> None:
     """Install the playbook's stack on existing hosts over SSH, then verify it.
 
@@ -42,22 +40,22 @@ def bootstrap(force: bool, reboot_timeout: float, verbose: bool, as_json: bool, 
     """
     from gpuprov import bootstrap as engine
     from gpuprov.compat import check_pins
-    from gpuprov.plan import GuardRequest, make_host_plan
+    from gpuprov.plan import GuardRequest, make_host_plan, with_jupyter
     from gpuprov.report import LiveHosts, bootstrap_summary
     from gpuprov.spec import load_playbook, parse_duration
 
     pins = pins_from(kw)
     check_pins(pins)
-    load_playbook(kw["playbook"])
+    with_jupyter(load_playbook(kw["playbook"]), kw["jupyter"])
     guard = GuardRequest(autostop_seconds=parse_duration(kw["autostop"], "--autostop"),
                          ttl_seconds=parse_duration(kw["ttl"], "--ttl"), on_interrupt=kw["on_interrupt"] or None)
     if gpu:  # an impossible stack is refused before any host is touched
-        make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins, guard=guard)
+        make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins, guard=guard, jupyter=kw["jupyter"])
     targets = targets_from(kw)
     console = make_console()
     options = engine.Options(force=force, parallel=kw["parallel"], reboot_timeout=reboot_timeout,
                              echo=(lambda line: console.print(line, markup=False)) if verbose else None)
-    plan_for = engine.planner(gpu, kw["playbook"], kw["os_name"], pins, guard)
+    plan_for = engine.planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"])
     with LiveHosts(console, [t.name for t in targets], enabled=not as_json and not verbose) as live:
         results = engine.bootstrap(targets, host_settings(kw), plan_for, options, reporter=live)
     if as_json:
@@ -82,7 +80,6 @@ def _host_json(r: Any) -> dict[str, Any]:
 @click.option("--gpu", default=None, help="The GPU model the hosts should show.")
 @click.option("--env", "env_path", default="/opt/gpuprov/env", show_default=True, help="Python env whose torch to check.")
 @click.option("--json", "as_json", is_flag=True, help="Print the reports as JSON.")
-@handle_errors
 def check(gpu: str | None, env_path: str, as_json: bool, **kw: Any) -> None:
     """Verify hosts: nvidia-smi, /dev/nvidia*, torch.cuda and a matmul on every GPU, judged.
 
@@ -119,7 +116,6 @@ def _finish(results: list[Any], as_json: bool, fields: Callable[[Any], dict[str,
 @click.option("--min-free-gb", type=float, default=10.0, show_default=True,
               help="Warn when / or the env's filesystem has less free space than this.")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings (and the facts behind them) as JSON.")
-@handle_errors
 def doctor(env_path: str, min_free_gb: float, as_json: bool, **kw: Any) -> None:
     """Find why a host's GPU stack is broken: each finding names the cause and the fix.
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import click
 
 from gpuprov.cli.common import (
     REGION_HELP,
-    handle_errors,
+    complete_gpu,
     main,
     make_console,
     plan_from,
@@ -21,16 +20,19 @@ from gpuprov.cli.common import (
 
 
 @main.command()
+@click.argument("names", nargs=-1, metavar="[GPU]...", shell_complete=complete_gpu)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--live", is_flag=True, help="Add current spot prices per zone (asks AWS; needs credentials).")
 @click.option("--region", default=None, metavar="REGION", help="Region for --live " + REGION_HELP[len("AWS region "):])
-@handle_errors
-def gpus(as_json: bool, live: bool, region: str) -> None:
-    """List the GPUs gpuprov knows, with the AWS instance types that carry them and their prices."""
+def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None:
+    """List the GPUs gpuprov knows, with the AWS instance types that carry them and their prices.
+
+    Name GPUs to see only those: `gpuprov gpus H100 a100-80gb` (any spelling `--gpu` takes).
+    """
     from gpuprov import catalog
     from gpuprov.report import gpus_table
 
-    cat = catalog.load()
+    cat = catalog.load().only(names)
     if live:
         _live_prices(cat, region_from(region).name, as_json)
         return
@@ -48,9 +50,8 @@ def gpus(as_json: bool, live: bool, region: str) -> None:
 @stack_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--show-scripts", is_flag=True, help="Also print every rendered script.")
-@click.option("--hours", type=click.FloatRange(min=0, min_open=True), default=None, metavar="H",
-              help="Estimate what H hours cost at the list price (and how long a --budget lasts).")
-@handle_errors
+@click.option("--hours", type=click.FloatRange(0, min_open=True), default=None, metavar="H",
+              help="Also print what H hours cost at the on-demand list price (and how long a --budget lasts).")
 def plan(as_json: bool, show_scripts: bool, hours: float | None, **kw: Any) -> None:
     """Show what `up` would launch and install, without touching the network.
 
@@ -61,7 +62,7 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, **kw: Any) -> N
     from gpuprov.report import plan_view
 
     the_plan = plan_from(kw)
-    estimate = _estimate(the_plan, hours)
+    estimate = the_plan.estimate(hours)
     if as_json:
         data = the_plan.summary()
         if estimate:
@@ -73,7 +74,15 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, **kw: Any) -> N
     console = make_console()
     console.print(plan_view(the_plan))
     if estimate:
-        console.print(estimate["text"], markup=False)
+        price = estimate["usd_hour_on_demand"]
+        if hours:
+            spot = " (spot usually bills less: `gpuprov gpus --live` shows today's price)" if kw["spot"] else ""
+            console.print(f"estimate for {hours:g}h: ${estimate['usd_on_demand']:,.2f} at the on-demand list price "
+                          f"${price:,.2f}/h{spot}", markup=False)
+        if "budget_usd" in estimate:
+            spot = " (on spot the deadline comes from the spot price obtained at launch)" if kw["spot"] else ""
+            console.print(f"budget ${estimate['budget_usd']:g} lasts {estimate['budget_hours']:.1f}h at "
+                          f"${price:.3f}/h; then {the_plan.guards.then}{spot}", markup=False)
     if show_scripts:
         from rich.syntax import Syntax
 
@@ -84,17 +93,17 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, **kw: Any) -> N
 
 @main.command()
 @stack_options
-@click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder to write the scripts and manifest.json into.")
-@handle_errors
-def render(out: Path, **kw: Any) -> None:
+@click.option("-o", "--output", "out", required=True, metavar="FOLDER",
+              help="Folder to write the scripts and manifest.json into: new, empty, or one an earlier render "
+                   "wrote (the scripts its manifest lists are replaced).")
+def render(out: str, **kw: Any) -> None:
     """Write the bootstrap bundle: one script per step plus manifest.json (sha256 + resolved stack).
 
     Each script is self-contained bash; run them in order as root on the GPU host.
     """
     the_plan = plan_from(kw)
     written = the_plan.bundle().write(out)
-    click.echo(f"wrote {len(written) - 1} scripts and manifest.json to {out}")
+    click.echo(f"wrote {len(written) - 1} scripts and manifest.json to {written[-1].parent}")
     for path in written:
         click.echo(f"  {path.name}")
 
@@ -113,24 +122,3 @@ def _live_prices(cat: Any, region: str, as_json: bool) -> None:
              "saving_pct": round((1 - p.price / od) * 100, 1) if od else None} for p, od in rows], indent=2))
         return
     make_console().print(live_prices_table(rows, region))
-
-
-def _estimate(plan: Any, hours: float | None) -> dict[str, Any] | None:
-    """--hours and --budget before launch: at the on-demand list price (spot bills less; a budget on a spot
-    node is turned into a deadline from the spot price obtained at launch)."""
-    price = plan.price_usd_hour
-    budget = plan.request.budget_usd
-    if not price or (hours is None and budget is None):
-        return None
-    spot = " (spot bills less: the budget then uses the spot price at launch)" if plan.request.spot else ""
-    out: dict[str, Any] = {"price_usd_hour": price, "price": "on-demand list"}
-    lines = []
-    if hours is not None:
-        out.update(hours=hours, cost_usd=round(hours * price, 2))
-        lines.append(f"estimate: {hours:g}h × ${price:.3f}/h = ${hours * price:.2f} at the on-demand list price")
-    if budget is not None:
-        out.update(budget_usd=budget, budget_hours=round(budget / price, 2))
-        lines.append(f"budget ${budget:g} lasts {budget / price:.1f}h at ${price:.3f}/h; then "
-                     f"{plan.guards.then}")
-    out["text"] = "\n".join(lines) + spot
-    return out

@@ -1,6 +1,7 @@
 """The AWS region a command works in, found the way the AWS CLI finds it.
 
---region, then AWS_REGION, then AWS_DEFAULT_REGION, then the profile's `region` in the AWS config
+--region, then AWS_REGION, then AWS_DEFAULT_REGION, then gpuprov's config file (`region`), then the
+profile's `region` in the AWS config
 file (AWS_PROFILE or the default profile), then us-east-1. botocore is read only when a profile
 could say something, so `plan` stays fast and offline.
 """
@@ -31,6 +32,14 @@ def resolve(given: str | None) -> Region:
     for var in ("AWS_REGION", "AWS_DEFAULT_REGION"):
         if os.environ.get(var):
             return Region(os.environ[var], var)
+    from gpuprov.paths import config_path
+
+    if config_path().exists():
+        from gpuprov import config as settings
+
+        configured = settings.load().region
+        if configured:
+            return Region(configured, f"config file {config_path()}")
     profile = os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE")
     config = Path(os.environ.get("AWS_CONFIG_FILE") or Path.home() / ".aws" / "config")
     if profile or config.exists():

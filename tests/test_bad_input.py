@@ -1,0 +1,222 @@
+"""What a newcomer types wrong, through the real CLI: exit 2, one `error: <field>: …` line (plus at most
+a hint line), never a traceback, and fast. Each row is a command line as typed; `{d}` is a folder
+holding the files made below."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+BOMB = "\n".join(["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"] + [
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]" for i in range(9)]) + "\n"
+
+
+def make_files(d: Path) -> None:
+    (d / "binary.yml").write_bytes(bytes(range(256)) * 16)
+    (d / "loop.yml").write_text("a: &a [*a]\n")
+    (d / "bomb.yml").write_text(BOMB)
+    (d / "huge.yml").write_text("name: huge\ndescription: '" + "x" * (2 << 20) + "'\n")
+    (d / "deep.yml").write_text("name: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    (d / "utf16-bad.yml").write_bytes("name: x\nbogus: 1\n".encode("utf-16"))
+    (d / "nul.yml").write_text("name: x\x00\n")
+    (d / "afile").write_text("")
+    (d / "full").mkdir()
+    (d / "full" / "notes.txt").write_text("mine\n")
+    (d / "dupes.yml").write_text("hosts:\n  - {host: 10.0.0.1, name: a}\n  - {host: 10.0.0.2, name: a}\n")
+    (d / "same-host.yml").write_text("hosts:\n  - host: 10.0.0.1\n  - host: 10.0.0.1\n")
+    (d / "inv-gpu.yml").write_text("hosts:\n  - {host: 10.0.0.1, gpu: rtx9999}\n")
+    (d / "home-file").write_text("")
+    (d / "corrupt").mkdir()
+    (d / "corrupt" / "state.sqlite").write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 64)
+    (d / "garbage").mkdir()
+    (d / "garbage" / "state.sqlite").write_bytes(b"not a database at all\n" * 100)
+
+
+# (command line, the field the error names, words the message must contain)
+CASES = [
+    # playbooks and inventories that are not what they should be
+    ("plan --gpu t4 -p {d}/binary.yml", "--playbook", "not text"),
+    ("plan --gpu t4 -p {d}/loop.yml", "--playbook", "loop"),
+    ("plan --gpu t4 -p {d}/bomb.yml", "--playbook", "aliases expand"),
+    ("plan --gpu t4 -p {d}/huge.yml", "--playbook", "larger than 1 MiB"),
+    ("plan --gpu t4 -p {d}/deep.yml", "--playbook", "nest"),
+    ("plan --gpu t4 -p {d}/utf16-bad.yml", "--playbook", "unknown field 'bogus'"),  # UTF-16 is read, then judged
+    ("plan --gpu t4 -p {d}/nul.yml", "--playbook", "not text"),
+    ("plan --gpu t4 -p {d}", "--playbook", "not a file"),
+    ("render --gpu t4 -p {d}/loop.yml -o {d}/out", "--playbook", "loop"),
+    ("check --inventory {d}/binary.yml", "--inventory", "not text"),
+    ("check --inventory {d}/bomb.yml", "--inventory", "aliases expand"),
+    ("bootstrap --inventory {d}/loop.yml", "--inventory", "loop"),
+    ("check --inventory {d}/dupes.yml", "--inventory", "two hosts are called 'a'"),
+    ("check --inventory {d}/same-host.yml", "--inventory", "two hosts are called '10.0.0.1'"),
+    ("check --inventory {d}/inv-gpu.yml", "--inventory", "unknown GPU 'rtx9999'"),
+    ("check 10.0.0.1 10.0.0.1", "HOST", "named twice"),
+    # render -o
+    ("render --gpu t4 -o {d}/afile", "--output", "is a file"),
+    ("render --gpu t4 -o {d}/afile/sub", "--output", "which is a file"),
+    ("render --gpu t4 -o /proc/gpuprov-bundle", "--output", "cannot write /proc/gpuprov-bundle"),
+    ("render --gpu t4 -o ''", "--output", "empty path"),
+    ("render --gpu t4 -o {d}/full", "--output", "not empty"),
+    # values checked before any connection or launch
+    ("plan --gpu a100:8 --count 4", "--count", "conflicts with --gpu a100:8"),
+    ("plan --gpu a100 --count 0", "--count", "at least 1"),
+    ("plan --gpu a100 --hours 0", "--hours", "not in the range"),
+    ("plan --gpu nope", "--gpu", "unknown GPU"),
+    ("gpus rtx9999", "GPU", "unknown GPU 'rtx9999'"),
+    ("plan --gpu t4 -p minimal --jupyter", "--jupyter", "needs an `env`"),
+    ("plan", "--gpu", "required"),
+    ("plan --gpu t4 --bogus", "--bogus", "no such option"),
+    ("check --gpu rtx9999 10.0.0.1", "--gpu", "unknown GPU 'rtx9999'"),
+    ("bootstrap --gpu rtx9999 10.0.0.1", "--gpu", "unknown GPU 'rtx9999'"),
+    ("check --connect-timeout -1 10.0.0.1", "--connect-timeout", "not in the range"),
+    ("bootstrap --connect-timeout 0 10.0.0.1", "--connect-timeout", "not in the range"),
+    ("up --gpu t4 --spot --max-price 0 --dry-run", "--max-price", "not a price"),
+    ("up --gpu t4 --fallback sometimes", "--fallback", "'on-demand'"),
+    ("check", "HOST", "no host"),
+    # where gpuprov keeps its state
+    ("GPUPROV_HOME={d}/home-file status", "GPUPROV_HOME", "is a file"),
+    ("GPUPROV_HOME={d}/afile/sub status", "GPUPROV_HOME", "cannot create"),
+    ("GPUPROV_HOME={d}/corrupt status", "state", "not a readable SQLite database"),
+    ("GPUPROV_HOME={d}/garbage down --all --yes", "state", "not a readable SQLite database"),
+]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("bad-input")
+    make_files(d)
+    return d
+
+
+def run_cli(line: str, d: Path, home: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    import shlex
+
+    words = shlex.split(line.format(d=d))
+    env = {**os.environ, "GPUPROV_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "100"}
+    env.pop("AWS_ENDPOINT_URL", None)
+    while words and "=" in words[0]:
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "gpuprov", *words], capture_output=True, text=True, env=env,
+                            stdin=subprocess.DEVNULL, timeout=60)
+    return result, time.monotonic() - start
+
+
+@pytest.mark.parametrize(("line", "field", "words"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_exit_2_with_one_line_naming_the_field(line: str, field: str, words: str, files: Path,
+                                                            tmp_path: Path) -> None:
+    result, seconds = run_cli(line, files, tmp_path / "home")
+    err = result.stderr
+    assert "Traceback" not in err + result.stdout
+    assert result.returncode == 2, err
+    errors = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert len(errors) == 1, err
+    assert errors[0].startswith(f"error: {field}: "), err
+    assert words in err, err
+    lines = [x for x in err.splitlines() if not x.startswith("region ")]
+    assert len(lines) <= 2 and all(x.startswith("  ") for x in lines[1:]), err  # the line, then at most a hint
+    assert seconds < 10  # alias bombs and huge files are refused before they are expanded (≈ 0.5 s each)
+
+
+def test_alias_bomb_and_huge_file_are_refused_in_well_under_a_second(files: Path) -> None:
+    from gpuprov.errors import UserInputError
+    from gpuprov.spec import load_playbook
+
+    for name in ("bomb.yml", "loop.yml", "huge.yml", "deep.yml"):
+        start = time.monotonic()
+        with pytest.raises(UserInputError):
+            load_playbook(str(files / name))
+        assert time.monotonic() - start < 0.5, name
+
+
+def test_utf16_and_bom_playbooks_are_read(tmp_path: Path) -> None:
+    text = "name: mine\nsteps:\n  - name: hello\n    run: echo hello\n"
+    for encoding in ("utf-16", "utf-8-sig"):
+        path = tmp_path / f"{encoding}.yml"
+        path.write_bytes(text.encode(encoding))
+        result, _ = run_cli(f"plan --gpu t4 -p {path} --json", tmp_path, tmp_path / "home")
+        assert result.returncode == 0, result.stderr
+        assert '"name": "hello"' in result.stdout
+
+
+def test_render_into_its_own_folder_replaces_only_the_scripts_its_manifest_listed(tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    home = tmp_path / "home"
+    assert run_cli(f"render --gpu t4 -o {out}", tmp_path, home)[0].returncode == 0
+    assert (out / "07-verify.sh").exists() and (out / "06-pytorch.sh").exists()
+    (out / "README.mine").write_text("kept\n")
+    result, _ = run_cli(f"render --gpu t4 -p minimal -o {out}", tmp_path, home)
+    assert result.returncode == 0, result.stderr
+    left = sorted(p.name for p in out.iterdir())
+    assert left == ["01-kernel-headers.sh", "02-nouveau-off.sh", "03-nvidia-driver.sh", "04-persistence.sh",
+                    "05-verify.sh", "README.mine", "manifest.json"]  # no stale 06-pytorch.sh / 07-verify.sh
+
+
+def test_a_manifest_cannot_make_render_delete_files_outside_its_folder(tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    out.mkdir()
+    victim = tmp_path / "precious.sh"
+    victim.write_text("keep me\n")
+    (out / "manifest.json").write_text('{"steps": [{"file": "../precious.sh"}, {"file": "/etc/passwd"}]}')
+    assert run_cli(f"render --gpu t4 -o {out}", tmp_path, tmp_path / "home")[0].returncode == 0
+    assert victim.read_text() == "keep me\n"
+
+
+def test_a_corrupt_state_file_is_left_as_it_was(files: Path, tmp_path: Path) -> None:
+    before = (files / "corrupt" / "state.sqlite").read_bytes()
+    result, _ = run_cli("GPUPROV_HOME={d}/corrupt status", files, tmp_path)
+    assert result.returncode == 2
+    assert "mv " in result.stderr and "gc --all-regions" in result.stderr  # how to recover
+    assert (files / "corrupt" / "state.sqlite").read_bytes() == before
+    assert sorted(p.name for p in (files / "corrupt").iterdir()) == ["state.sqlite"]
+
+
+def test_a_damaged_page_in_a_real_state_file_is_reported(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    assert run_cli("status", tmp_path, home)[0].returncode == 0
+    db = home / "state.sqlite"
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA journal_mode=DELETE")
+    con.executemany("INSERT INTO events (node, at, kind, message) VALUES ('n', 0, 'k', ?)", [("x" * 500,)] * 200)
+    con.commit()
+    con.close()
+    data = bytearray(db.read_bytes())
+    data[4096 * 2:4096 * 2 + 64] = b"\xff" * 64  # a b-tree page's header
+    db.write_bytes(bytes(data))
+    result, _ = run_cli("status", tmp_path, home)
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 2 and "error: state: " in result.stderr, result.stderr
+
+
+def test_a_broken_known_hosts_line_is_named(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "known_hosts").write_text("10.0.0.1 ssh-ed25519 AAAAC3Nza root@vm\n")
+    for command in ("check 10.0.0.1", "exec 10.0.0.1 -- true"):
+        result, _ = run_cli(command, tmp_path, home)
+        assert "Traceback" not in result.stderr
+        assert result.returncode == 2 and "error: known_hosts: " in result.stderr and "AAAAC3Nza" in result.stderr
+
+
+def test_a_bug_is_one_line_and_a_saved_traceback(tmp_path: Path) -> None:
+    """Whatever goes wrong inside, the user sees one line and where the traceback went (a simulated bug)."""
+    env = {**os.environ, "GPUPROV_HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
+    code = ("import sys, gpuprov.plan as p\n"
+            "def boom(*a, **k): raise RuntimeError('simulated bug')\n"
+            "p.make_plan = boom\n"
+            "from gpuprov.cli import main\n"
+            "sys.argv = ['gpuprov', 'plan', '--gpu', 't4']\n"
+            "main()\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "error: gpuprov hit a bug: RuntimeError: simulated bug" in result.stderr
+    saved = result.stderr.split("the traceback is in ")[1].split(";")[0]
+    assert "RuntimeError: simulated bug" in Path(saved).read_text()
+    Path(saved).unlink()

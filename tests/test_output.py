@@ -1,0 +1,190 @@
+"""Output that reads anywhere: piped, at 80 and 200 columns, with NO_COLOR, with -q, and as JSON.
+Through the real CLI, as a user runs it (pipes, not a terminal, unless a pty is asked for)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuprov import catalog
+
+
+def run(*args: str, home: Path, columns: int | None = None, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "AWS_ENDPOINT_URL")}
+    env.update({"GPUPROV_HOME": str(home), "NO_COLOR": "1", **env_extra})
+    if columns:
+        env["COLUMNS"] = str(columns)
+    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, env=env,
+                          stdin=subprocess.DEVNULL, timeout=60)
+
+
+def in_pty(*args: str, home: Path, **env_extra: str) -> tuple[int, bytes]:
+    import pty
+
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS")}
+    env.update({"GPUPROV_HOME": str(home), "TERM": "xterm-256color", **env_extra})
+    leader, follower = pty.openpty()
+    proc = subprocess.run([sys.executable, "-m", "gpuprov", *args], stdin=follower, stdout=follower, stderr=follower,
+                          env=env, timeout=60)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(leader)
+    return proc.returncode, out
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Path:
+    """A state dir with two nodes, one with a long name, an IPv6 address and a long reason."""
+    home = tmp_path / "home"
+    os.environ["GPUPROV_HOME"] = str(home)
+    try:
+        from gpuprov.state import open_store
+
+        store = open_store()
+        store.create_node("train-llama-70b", "aws", "us-east-1", zone="us-east-1b", gpu="A100-80GB", gpu_count=8,
+                          instance_type="p4de.24xlarge", market="spot", state="ready", address="203.0.113.254",
+                          ssh_user="ubuntu", price_usd_hour=40.97, autostop_seconds=1800, ttl_seconds=36000,
+                          ttl_deadline=time.time() + 30000)
+        store.create_node("exp1", "aws", "eu-west-1", zone="eu-west-1a", gpu="L40S", gpu_count=1,
+                          instance_type="g6e.xlarge", market="spot", state="interrupted",
+                          state_reason="Server.SpotInstanceTermination: Spot instance termination",
+                          address="2001:db8::1234:5678", ssh_user="ubuntu", price_usd_hour=1.86)
+    finally:
+        del os.environ["GPUPROV_HOME"]
+    return home
+
+
+def test_gpus_piped_keeps_every_instance_type_whole_on_its_row(tmp_path: Path) -> None:
+    out = run("gpus", home=tmp_path).stdout  # piped, no COLUMNS: rich's 80
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    for it in catalog.load().instance_types:
+        (row,) = [line for line in lines if re.search(rf"\b{re.escape(it.name)}\b", line)]
+        assert (f"${it.price_usd_hour:,.2f}" if it.price_usd_hour is not None else "n/a") in row
+    assert "left out at this width" in out  # says which columns did not fit
+
+
+@pytest.mark.parametrize("columns", [80, 120, 200])
+def test_gpus_at_a_width_never_splits_a_name_and_shows_more_when_wider(tmp_path: Path, columns: int) -> None:
+    out = run("gpus", home=tmp_path, columns=columns).stdout
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= columns
+    for gpu in catalog.load().gpus:
+        assert any(re.search(rf"│ {re.escape(gpu.name)} +│", line) for line in lines), gpu.name
+    assert any("┃ good for" in line for line in lines) == (columns >= 120)
+    assert any("p4d.24xlarge" in line and "$21.96" in line for line in lines)
+
+
+def test_status_at_80_columns_keeps_names_addresses_and_money(nodes: Path) -> None:
+    out = run("status", home=nodes, columns=80).stdout
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    (row,) = [line for line in lines if "train-llama-70b" in line]
+    assert "203.0.113.254" in row and "8× A100-80GB" in row and "ready" in row
+    (row,) = [line for line in lines if line.lstrip().startswith("exp1 ")]
+    assert "2001:db8::1234:5678" in row and "interrupted" in row  # no ':1234:' emoji either
+    assert "left out at this width" in out
+
+
+def test_status_at_200_columns_shows_every_column_on_one_line(nodes: Path) -> None:
+    out = run("status", home=nodes, columns=200).stdout
+    (row,) = [line for line in out.splitlines() if "train-llama-70b" in line]
+    for cell in ("p4de.24xlarge", "spot", "us-east-1b", "$40.97", "30m idle"):
+        assert cell in row
+    assert "left out" not in out
+
+
+COLOR = re.compile(rb"\x1b\[(?:[0-9;]*;)?(?:3[0-8]|4[0-8]|9[0-7]|10[0-7])[;m]")  # SGR colours, not bold/italic
+
+
+def test_no_color_on_a_terminal_prints_no_colour(nodes: Path) -> None:
+    code, out = in_pty("status", home=nodes, NO_COLOR="1", COLUMNS="120")
+    assert code == 0 and b"train-llama-70b" in out and not COLOR.search(out)
+    assert COLOR.search(in_pty("status", home=nodes, COLUMNS="120")[1])  # the states are coloured otherwise
+    code, out = in_pty("plan", "--gpu", "rtx9999", home=nodes, NO_COLOR="1")
+    assert code == 2 and b"\x1b[" not in out
+    code, out = in_pty("plan", "--gpu", "rtx9999", home=nodes)  # without NO_COLOR the error is red
+    assert code == 2 and b"\x1b[31m" in out
+
+
+def test_quiet_leaves_out_progress_but_not_results(tmp_path: Path) -> None:
+    loud = run("plan", "--gpu", "t4", "--json", home=tmp_path)
+    assert "region us-east-1 (from default)" in loud.stderr
+    for flag in ("-q", "--quiet"):
+        quiet = run("plan", "--gpu", "t4", "--json", flag, home=tmp_path)
+        assert quiet.returncode == 0 and quiet.stderr == ""
+        assert json.loads(quiet.stdout)["instance_type"] == "g4dn.xlarge"
+    assert "-q, --quiet" in run("down", "--help", home=tmp_path).stdout
+
+
+def test_down_all_with_nothing_is_nothing_to_do(tmp_path: Path) -> None:
+    result = run("down", "--all", home=tmp_path)
+    assert result.returncode == 0 and "nothing to do" in result.stdout
+    as_json = run("down", "--all", "--json", home=tmp_path)
+    assert as_json.returncode == 0 and json.loads(as_json.stdout) == {}
+
+
+@pytest.mark.parametrize("args", [["down", "exp1"], ["down", "--all"], ["up", "x", "--gpu", "t4"]])
+def test_up_and_down_without_a_terminal_say_pass_yes(nodes: Path, args: list[str]) -> None:
+    result = run(*args, home=nodes)
+    assert result.returncode == 2
+    assert "error: --yes: no terminal to confirm on" in result.stderr and "pass --yes (or -y)" in result.stderr
+    assert "Aborted" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["gpus", "plan", "status", "down", "gc", "bootstrap", "check", "doctor", "monitor"])
+def test_every_command_that_prints_a_table_has_json(tmp_path: Path, command: str) -> None:
+    assert "--json" in run(command, "--help", home=tmp_path).stdout
+
+
+@pytest.mark.parametrize("command", ["up", "down", "gc"])
+def test_yes_has_a_short_form(tmp_path: Path, command: str) -> None:
+    assert "-y, --yes" in run(command, "--help", home=tmp_path).stdout
+
+
+def test_down_and_gc_speak_json(aws, env):
+    from tests.aws.cli import gp, nothing_left, up_args
+
+    assert gp(env, *up_args("js", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
+    found = gp(env, "gc", "--json")
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout)["found"] == []  # a live node's resources are not orphans
+    down = gp(env, "down", "js", "-y", "--json")
+    assert down.returncode == 0, down.stderr
+    result = json.loads(down.stdout)  # progress lines went to stderr
+    assert result["js"]["complete"] is True and result["js"]["left"] == []
+    assert any(r.startswith("instance i-") for r in result["js"]["removed"]), result
+    nothing_left(aws)
+
+
+def test_gpus_filters_by_name(tmp_path: Path) -> None:
+    out = run("gpus", "H100", "a100-80gb", home=tmp_path, columns=200).stdout
+    assert "p5.48xlarge" in out and "p4de.24xlarge" in out
+    assert "g4dn.xlarge" not in out and "p4d.24xlarge" not in out and "B200" not in out
+    data = json.loads(run("gpus", "h100:8", "--json", home=tmp_path).stdout)
+    assert [g["name"] for g in data["gpus"]] == ["H100"]
+
+
+def test_plan_hours_prints_the_estimate(tmp_path: Path) -> None:
+    price = catalog.load().instance_type("p4d.24xlarge").price_usd_hour
+    assert price is not None
+    out = run("plan", "--gpu", "a100:8", "--hours", "10", home=tmp_path, columns=120).stdout
+    assert f"estimate for 10h: ${price * 10:,.2f} at the on-demand list price ${price:,.2f}/h" in out
+    data = json.loads(run("plan", "--gpu", "a100:8", "--hours", "2.5", "--json", home=tmp_path).stdout)
+    assert data["estimate"] == {"hours": 2.5, "instance_type": "p4d.24xlarge", "usd_hour_on_demand": price,
+                                "usd_on_demand": round(price * 2.5, 2)}
