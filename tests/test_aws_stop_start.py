@@ -133,7 +133,7 @@ def test_plan_estimates_hours_and_a_budget_before_launch(aws, env):
     human = gp(env, "plan", "--gpu", "T4", "--spot", "--persistent", "--autostop", "30m", "--budget", "50")
     assert human.returncode == 0, human.stderr
     assert "budget $50 lasts 95.1h at $0.526/h; then the instance stops (its disk is kept)" in human.stdout
-    assert "spot bills less" in human.stdout
+    assert "on spot the deadline comes from the spot price obtained at launch" in human.stdout
     guards = json.loads(gp(env, "plan", "--gpu", "T4", "--autostop", "30m", "--json").stdout)["guards"]
     assert guards["shutdown_action"] == "stop"
     assert aws.log() == []
