@@ -191,8 +191,10 @@ shim_driver_version() {
   esac
 }
 
+# GPUPROV_SHIM_MODULE_LOAD=fail: the installed module never loads (Secure Boot rejects its unsigned key,
+# or DKMS built nothing for this kernel): not after a reboot, not through modprobe.
 shim_module_loaded() {
-  shim_driver_installed && [ ! -e "$SHIM_RUN/driver-installed-this-boot" ]
+  [ "${GPUPROV_SHIM_MODULE_LOAD:-}" != fail ] && shim_driver_installed && [ ! -e "$SHIM_RUN/driver-installed-this-boot" ]
 }
 
 shim_unit_enabled() {
