@@ -60,6 +60,7 @@ def test_v100_with_cu130_is_refused_naming_sm70_and_a_working_variant():
         resolve("V100", torch_cuda="cu130")
     text = str(exc.value)
     assert exc.value.field == "--torch-cuda"
+    assert exc.value.rule == "wheel-no-sass"  # the wheel lacks sm_70 (arch-max-cuda would also say sm_70)
     assert "sm_70" in text
     assert "--torch-cuda cu126" in text
     assert "driver R580, proprietary kernel module" in text
@@ -68,13 +69,15 @@ def test_v100_with_cu130_is_refused_naming_sm70_and_a_working_variant():
 def test_v100_with_torch_2_11_cu128_is_refused():
     with pytest.raises(StackConflict) as exc:
         resolve("V100", torch="2.11", torch_cuda="cu128")
+    assert exc.value.rule == "wheel-no-sass"
     assert "sm_70" in str(exc.value)
     assert "cu126" in exc.value.hint
 
 
 def test_v100_with_torch_2_7_cu128_is_refused_but_2_10_cu128_works():
-    with pytest.raises(StackConflict):
+    with pytest.raises(StackConflict) as exc:
         resolve("V100", torch="2.7", torch_cuda="cu128")  # §4b: 2.7 cu128 has no sm_70
+    assert exc.value.rule == "wheel-no-sass"
     stack = resolve("V100", torch="2.10", torch_cuda="cu128")  # §4b: sm_70 back in 2.8–2.10 cu128
     assert (stack.driver_branch, stack.kernel_module) == (580, "proprietary")
 
@@ -89,6 +92,7 @@ def test_v100_driver_above_r580_is_refused():
 def test_v100_cuda_13_toolkit_is_refused():
     with pytest.raises(StackConflict) as exc:
         resolve("V100", cuda="13.0")
+    assert exc.value.rule == "toolkit-max-cuda"
     assert "12.9" in str(exc.value)
 
 
@@ -221,6 +225,7 @@ def test_cuda_toolkit_raises_the_default_driver_when_needed():
 def test_cuda_toolkit_older_than_the_architecture_is_refused():
     with pytest.raises(StackConflict) as exc:
         resolve("B200", cuda="12.6")  # Blackwell first appears in CUDA 12.8 (§1a note)
+    assert exc.value.rule == "toolkit-min-cuda"
     assert "12.8" in str(exc.value)
     # 11.8 is the first CUDA with sm_89 (§1a note), so it is accepted for Ada:
     assert resolve("L4", cuda="11.8", torch="2.4", torch_cuda="cu118").cuda_toolkit == "11.8"
@@ -232,6 +237,7 @@ def test_cuda_toolkit_older_than_the_architecture_is_refused():
 def test_variant_not_built_for_that_release_is_refused(torch, variant):
     with pytest.raises(StackConflict) as exc:
         resolve("A10G", torch=torch, torch_cuda=variant)
+    assert exc.value.rule == "wheel-variant-missing"
     assert "has no" in str(exc.value)
 
 
@@ -245,6 +251,7 @@ def test_pypi_default_variant_is_preferred_per_release():
 def test_python_outside_release_range_is_refused():
     with pytest.raises(StackConflict) as exc:
         resolve("T4", torch="2.1", python="3.12")
+    assert exc.value.rule == "python-range"
     assert "3.8–3.11" in str(exc.value)
     assert resolve("T4", torch="2.1").python == "3.11"
 
@@ -413,3 +420,14 @@ def test_b200_fabric_step_carries_the_infiniband_facts():
     assert stack.fabric_modules_package == "linux-modules-extra-$(uname -r)"
     assert resolve("H100", nvswitch=True).fabric_kernel_modules == ()
     assert resolve("B200", nvswitch=False).fabric_kernel_modules == ()
+
+
+@pytest.mark.parametrize(("gpu", "pins"), [
+    ("V100", {"driver": "570", "cuda": "12.9"}),  # 12.9 needs 575.51.03
+    ("L4", {"driver": "570", "cuda": "12.9"}),
+])
+def test_toolkit_newer_than_the_pinned_driver_is_refused_by_the_toolkit_rule(gpu, pins):
+    with pytest.raises(StackConflict) as exc:
+        resolve(gpu, **pins)
+    assert exc.value.rule == "toolkit-needs-newer-driver" and exc.value.field == "--driver"
+    assert f"CUDA {pins['cuda']} needs driver" in exc.value.problem
