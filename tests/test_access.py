@@ -22,6 +22,7 @@ import pytest
 
 from gpuprov.access import parse_forward, split_sync
 from gpuprov.errors import UserInputError
+from tests.conftest import skip_or_fail
 from tests.test_bootstrap_ssh import addrs, bootstrap, by_step, gpuprov, reset
 
 SYSROOT = "/var/lib/gpuprov-shim/root"
@@ -224,8 +225,9 @@ def test_jupyter_step_makes_a_root_only_token_and_the_command_opens_it(host_pool
 # --- sync -------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(shutil.which("rsync") is None, reason="needs rsync (tools/sysdeps.sh installs it)")
 def test_sync_round_trips_a_folder(host_pool, gp_home, tmp_path):
+    if shutil.which("rsync") is None:
+        skip_or_fail("needs rsync (tools/sysdeps.sh installs it)")
     pool = host_pool
     reset(pool, [5])
     pin(pool, gp_home, [5])
@@ -257,7 +259,7 @@ def test_sync_round_trips_a_folder(host_pool, gp_home, tmp_path):
 def test_monitor_once_json_samples_every_gpu_of_several_hosts(host_pool, gp_home):
     pool = host_pool
     if not pool.isolated:
-        pytest.skip("per-host shim GPUs need isolated hosts")
+        skip_or_fail("per-host shim GPUs need isolated hosts")
     reset(pool, [6], GPUPROV_SHIM_GPU="H100", GPUPROV_SHIM_GPU_COUNT="2")
     reset(pool, [7], GPUPROV_SHIM_GPU="T4", GPUPROV_SHIM_GPU_COUNT="1")
     for i in (6, 7):  # a loaded driver, as after a bootstrap
