@@ -1,0 +1,101 @@
+"""`make mutate`: mutmut on the modules that decide things, each with the tests that cover it in-process.
+
+Each module runs in its own scratch copy of the checkout (.mutate/<module>/, gitignored), because mutmut reads
+its settings from ./pyproject.toml and copies the tree into ./mutants. Surviving mutants (the diff of each) and the
+score per module go to .mutate/report.md. Tests that need the SSH test hosts skip there (GPUPROV_MUTATE=1): mutmut
+maps tests to functions in-process, and those tests drive the CLI in subprocesses, which it cannot see.
+
+    python tools/mutate.py                       # every module below
+    python tools/mutate.py compat verify         # some of them
+    MUTATE_JOBS=2 python tools/mutate.py compat  # mutmut's --max-children (default 1: a small machine)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / ".mutate"
+MUTMUT = str(Path(sys.executable).parent / "mutmut")
+
+# module (path under src/gpuprov) -> the test files that exercise it in-process
+MODULES: dict[str, list[str]] = {
+    "compat": ["tests/test_compat.py"],
+    "plan": ["tests/test_templates.py", "tests/test_lifecycle_unit.py", "tests/test_guardrails.py"],
+    "spec": ["tests/test_templates.py", "tests/test_guardrails.py", "tests/test_spec.py"],
+    "verify": ["tests/test_verify.py"],
+    "hostkeys": ["tests/test_hostkeys.py"],
+    "cloud/failover": ["tests/test_lifecycle_unit.py"],
+    "cloud/teardown": ["tests/test_teardown.py"],
+}
+
+
+def _tree(dest: Path, module: str) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for name in ("src", "tests", "templates", "playbooks"):
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
+    tests = [t for t in MODULES[module] if (ROOT / t).exists()]
+    config = (ROOT / "pyproject.toml").read_text() + (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["src/gpuprov"]\n'
+        f'only_mutate = ["src/gpuprov/{module}.py"]\n'
+        f"pytest_add_cli_args_test_selection = {tests!r}\n"
+        'pytest_add_cli_args = ["-q", "-p", "no:cacheprovider"]\n'
+        'also_copy = ["templates", "playbooks"]\n'
+    ).replace("'", '"')
+    (dest / "pyproject.toml").write_text(config)
+
+
+def _results(where: Path) -> dict[str, str]:
+    out = subprocess.run([MUTMUT, "results", "--all", "true"], cwd=where, capture_output=True, text=True).stdout
+    return dict(re.findall(r"^\s*(\S+): (.+?)\s*$", out, re.M))
+
+
+def run(module: str, jobs: int) -> str:
+    where = WORK / module.replace("/", "-")
+    _tree(where, module)
+    env = {**os.environ, "GPUPROV_MUTATE": "1"}
+    print(f"== {module}: mutmut run in {where}", flush=True)
+    subprocess.run([MUTMUT, "run", "--max-children", str(jobs)], cwd=where, env=env, stdout=subprocess.DEVNULL)
+    results = _results(where)
+    counts: dict[str, int] = {}
+    for status in results.values():
+        counts[status] = counts.get(status, 0) + 1
+    killed, survived = counts.get("killed", 0), counts.get("survived", 0)
+    untested, timeouts = counts.get("no tests", 0), counts.get("timeout", 0)
+    judged = killed + survived + timeouts
+    score = f"{100 * (killed + timeouts) / judged:.0f}%" if judged else "n/a"
+    lines = [f"## {module}.py: score {score} (killed {killed}, timeout {timeouts}, survived {survived}, "
+             f"not covered by the selected tests {untested}, total {len(results)})", ""]
+    for name, status in results.items():
+        if status == "survived":
+            diff = subprocess.run([MUTMUT, "show", name], cwd=where, capture_output=True, text=True).stdout
+            lines += ["```diff", diff.strip(), "```", ""]
+    print(lines[0], flush=True)
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    modules = argv or list(MODULES)
+    unknown = [m for m in modules if m not in MODULES]
+    if unknown:
+        print(f"unknown module(s): {', '.join(unknown)}; known: {', '.join(MODULES)}", file=sys.stderr)
+        return 2
+    jobs = int(os.environ.get("MUTATE_JOBS", "1"))
+    sections = [run(m, jobs) for m in modules]
+    WORK.mkdir(exist_ok=True)
+    report = WORK / "report.md"
+    report.write_text("# Surviving mutants\n\n" + "\n".join(sections))
+    print(f"report: {report}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
