@@ -80,11 +80,29 @@ def test_a_gpu_outside_the_wheels_arch_list_fails_the_matmul_and_check_names_the
     assert report["torch"]["is_available"] is True  # CUDA itself initialises; only kernels fail
 
 
-def test_a_gpu_inside_the_arch_list_runs_the_same_wheel(tmp_path) -> None:
+@pytest.fixture(scope="module")
+def t4(tmp_path_factory: pytest.TempPathFactory):
     plan = make_host_plan("T4", "pytorch", "ubuntu-24.04", PINS, nvswitch=False)
-    host = ShimHost(tmp_path / "host", gpu="T4")
+    host = ShimHost(tmp_path_factory.mktemp("t4"), gpu="T4")
     runs = host.run_bundle(plan.bundle())
     assert all(r.ok for r in runs), summary(runs)
+    return plan, host
+
+
+@pytest.mark.parametrize(("setting", "shown"), [("22105", "2.21.5"), ("2.19.3", "2.19.3"), ("21803", "2.18.3")])
+def test_the_nccl_version_is_read_from_what_torch_returns(t4, setting, shown) -> None:
+    plan, host = t4
+    host.extra_env["GPUPROV_SHIM_NCCL"] = setting  # an int (older builds) or a tuple (torch 2.x)
+    try:
+        report = _verify(host, plan)
+    finally:
+        del host.extra_env["GPUPROV_SHIM_NCCL"]
+    assert report["torch"]["nccl"] == shown
+    assert f"NCCL {shown}" in next(c["detail"] for c in report["checks"] if c["name"] == "torch")
+
+
+def test_a_gpu_inside_the_arch_list_runs_the_same_wheel(t4) -> None:
+    plan, host = t4
     _install(host, str(host.sysroot / "opt/gpuprov/env/bin/python"), "2.14", "cu126")  # sm_75 is in its list
     report = _verify(host, plan)
     assert [c["name"] for c in report["checks"] if not c["ok"] and c["severity"] == "fail"] == ["torch build"]
