@@ -259,8 +259,12 @@ def test_python_outside_release_range_is_refused():
 def test_minimal_stack_has_no_torch_and_rejects_torch_pins():
     stack = resolve("T4", want_torch=False)
     assert stack.torch is None
-    with pytest.raises(UserInputError):
+    with pytest.raises(UserInputError) as exc:
         resolve("T4", want_torch=False, torch="2.9")
+    assert exc.value.field == "--torch"
+    with pytest.raises(UserInputError) as exc:
+        resolve("T4", want_torch=False, torch_cuda="cu128")
+    assert exc.value.field == "--torch"
 
 
 # --- bad input ----------------------------------------------------------------------------------
@@ -431,3 +435,35 @@ def test_toolkit_newer_than_the_pinned_driver_is_refused_by_the_toolkit_rule(gpu
         resolve(gpu, **pins)
     assert exc.value.rule == "toolkit-needs-newer-driver" and exc.value.field == "--driver"
     assert f"CUDA {pins['cuda']} needs driver" in exc.value.problem
+
+
+# --- what `gpuprov plan` says about the stack: the reason for each choice, and what is unverified -------------
+
+@pytest.mark.parametrize(("gpu", "pins", "driver_reason", "module_reason"), [
+    ("V100", {}, "driver R580: the last branch that supports Volta", "proprietary kernel module: Volta has no open module"),
+    ("H100", {}, "driver R595: the branch AWS ships in its current GPU images",
+     "open kernel module: NVIDIA's default since R560"),
+    ("H100", {"cuda": "13.3"}, "driver R610: the oldest branch new enough for the requested CUDA", None),
+    ("B200", {}, None, "open kernel module: Blackwell supports only the open module"),
+])
+def test_each_choice_says_why(gpu, pins, driver_reason, module_reason):
+    reasons = resolve(gpu, **pins).reasons
+    assert driver_reason is None or driver_reason in reasons
+    assert module_reason is None or module_reason in reasons
+    assert any(r.startswith("torch ") and "newest wheel that carries code for" in r for r in reasons)
+
+
+def test_a_pinned_driver_gives_no_driver_reason_but_names_its_unverified_facts():
+    stack = resolve("H100", driver="580")
+    assert not any(r.startswith("driver R") for r in stack.reasons)
+    assert f"driver pinning packages: {compat.facts().driver_pinning.unverified}" in stack.unverified
+
+
+def test_unverified_wheel_archs_and_python_ranges_are_listed():
+    f = compat.facts()
+    old = resolve("T4", torch="2.4", torch_cuda="cu121")  # arch lists of 2.1-2.5 wheels are marked unverified
+    row = compat._wheel_archs("2.4", "cu121")
+    assert row and row.unverified and row.unverified in old.unverified
+    assert f.python_ranges_unverified not in old.unverified
+    assert f.python_ranges_unverified in resolve("T4", torch="2.4", torch_cuda="cu121", python="3.10").unverified
+    assert not any("arch lists" in u for u in resolve("T4").unverified)  # 2.14's lists were read

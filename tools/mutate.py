@@ -8,6 +8,7 @@ maps tests to functions in-process, and those tests drive the CLI in subprocesse
     python tools/mutate.py                       # every module below
     python tools/mutate.py compat verify         # some of them
     MUTATE_JOBS=2 python tools/mutate.py compat  # mutmut's --max-children (default 1: a small machine)
+    MUTATE_REPORT_ONLY=1 python tools/mutate.py compat   # the report again from the last run's results
 """
 
 from __future__ import annotations
@@ -58,26 +59,44 @@ def _results(where: Path) -> dict[str, str]:
     return dict(re.findall(r"^\s*(\S+): (.+?)\s*$", out, re.M))
 
 
+_STRING = re.compile(r"""[rbfRBF]*("([^"\\]|\\.)*"|'([^'\\]|\\.)*')""")
+
+
+def text_only(diff: str) -> bool:
+    """A mutant that changes only what a string literal says (a message's wording): the tests assert rule ids and
+    values, not wording, so these survive by design and are counted apart."""
+    removed = [line[1:] for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    return bool(removed) and [_STRING.sub('""', x) for x in removed] == [_STRING.sub('""', x) for x in added]
+
+
 def run(module: str, jobs: int) -> str:
     where = WORK / module.replace("/", "-")
-    _tree(where, module)
-    env = {**os.environ, "GPUPROV_MUTATE": "1"}
-    print(f"== {module}: mutmut run in {where}", flush=True)
-    subprocess.run([MUTMUT, "run", "--max-children", str(jobs)], cwd=where, env=env, stdout=subprocess.DEVNULL)
+    if not (os.environ.get("MUTATE_REPORT_ONLY") and (where / "mutants").is_dir()):
+        _tree(where, module)
+        env = {**os.environ, "GPUPROV_MUTATE": "1"}
+        print(f"== {module}: mutmut run in {where}", flush=True)
+        subprocess.run([MUTMUT, "run", "--max-children", str(jobs)], cwd=where, env=env, stdout=subprocess.DEVNULL)
     results = _results(where)
     counts: dict[str, int] = {}
     for status in results.values():
         counts[status] = counts.get(status, 0) + 1
     killed, survived = counts.get("killed", 0), counts.get("survived", 0)
     untested, timeouts = counts.get("no tests", 0), counts.get("timeout", 0)
+    diffs = {name: subprocess.run([MUTMUT, "show", name], cwd=where, capture_output=True, text=True).stdout
+             for name, status in results.items() if status == "survived"}
+    wording = sorted(name for name, diff in diffs.items() if text_only(diff))
     judged = killed + survived + timeouts
     score = f"{100 * (killed + timeouts) / judged:.0f}%" if judged else "n/a"
-    lines = [f"## {module}.py: score {score} (killed {killed}, timeout {timeouts}, survived {survived}, "
+    logic = judged - len(wording)
+    logic_score = f"{100 * (killed + timeouts) / logic:.0f}%" if logic else "n/a"
+    lines = [f"## {module}.py: score {score}, {logic_score} without wording-only mutants (killed {killed}, "
+             f"timeout {timeouts}, survived {survived} of which {len(wording)} change only a string's text, "
              f"not covered by the selected tests {untested}, total {len(results)})", ""]
-    for name, status in results.items():
-        if status == "survived":
-            diff = subprocess.run([MUTMUT, "show", name], cwd=where, capture_output=True, text=True).stdout
+    for name, diff in diffs.items():
+        if name not in wording:
             lines += ["```diff", diff.strip(), "```", ""]
+    lines += ["Wording-only survivors: " + (", ".join(wording) or "none"), ""]
     print(lines[0], flush=True)
     return "\n".join(lines)
 
