@@ -98,7 +98,9 @@ def run(module: str, jobs: int) -> str:
             lines += ["```diff", diff.strip(), "```", ""]
     lines += ["Wording-only survivors: " + (", ".join(wording) or "none"), ""]
     print(lines[0], flush=True)
-    return "\n".join(lines)
+    section = "\n".join(lines)
+    (where / "report.md").write_text(section)
+    return section
 
 
 def main(argv: list[str]) -> int:
@@ -108,10 +110,12 @@ def main(argv: list[str]) -> int:
         print(f"unknown module(s): {', '.join(unknown)}; known: {', '.join(MODULES)}", file=sys.stderr)
         return 2
     jobs = int(os.environ.get("MUTATE_JOBS", "1"))
-    sections = [run(m, jobs) for m in modules]
-    WORK.mkdir(exist_ok=True)
+    for module in modules:
+        run(module, jobs)
+    # every module run so far (this time or before), in MODULES order
+    sections = [(WORK / m.replace("/", "-") / "report.md") for m in MODULES]
     report = WORK / "report.md"
-    report.write_text("# Surviving mutants\n\n" + "\n".join(sections))
+    report.write_text("# Surviving mutants\n\n" + "\n".join(p.read_text() for p in sections if p.exists()))
     print(f"report: {report}")
     return 0
 
