@@ -78,3 +78,8 @@ def test_installs_torch_only_with_a_gpu_stack_torch_and_an_env() -> None:
                                                (90061, "1d1h1m"), (0, "0s"), (-5, "0s")])
 def test_format_duration(seconds: float | None, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+def test_a_rule_across_fields_points_at_the_document(tmp_path: Path) -> None:
+    problem = _load_error(tmp_path, "\nname: x\nstack: none\ncuda_toolkit: true\n")
+    assert problem.startswith(f"{tmp_path / 'p.yml'}:2: (top level): ") and "need `stack: gpu`" in problem
