@@ -31,7 +31,7 @@ MODULES: dict[str, list[str]] = {
     "spec": ["tests/test_templates.py", "tests/test_guardrails.py", "tests/test_spec.py"],
     "verify": ["tests/test_verify.py"],
     "hostkeys": ["tests/test_hostkeys.py"],
-    "cloud/failover": ["tests/test_lifecycle_unit.py"],
+    "cloud/failover": ["tests/test_lifecycle_unit.py", "tests/test_failover.py"],
     "cloud/teardown": ["tests/test_teardown.py"],
 }
 
