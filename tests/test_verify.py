@@ -167,3 +167,35 @@ def test_extract_probe_between_markers_and_errors():
         extract_probe("no markers at all")
     with pytest.raises(ProbeError):
         extract_probe("GPUPROV_PROBE_BEGIN\n{not json\nGPUPROV_PROBE_END\n")
+
+
+# --- parsing, field by field, on rows whose every value differs (so a swapped column cannot pass) --------------
+
+def test_query_csv_maps_every_column_and_reads_missing_values_as_none() -> None:
+    from gpuprov.verify import parse_query_csv
+
+    text = (
+        "0, NVIDIA H100 80GB HBM3, GPU-aaaa, 00000000:53:00.0, 580.95.05, 81559, 1234, 37, 41, 250.50, Enabled, 0, 9.0\n"
+        "\n"
+        "1, short row, GPU-cccc\n"  # a row cut short is skipped, not the end of the output
+        "2, Tesla T4, GPU-bbbb, 00000000:00:1E.0, 570.195.03, 15360, [N/A], [Not Supported], N/A, Not Supported, "
+        "Disabled, 3, 7.5\n"
+        "3, NVIDIA A10G, GPU-dddd, 00000000:00:1F.0, 570.195.03, 23028, 5, 6, 7, 8.25, [N/A], , 8.6\n"
+    )
+    h100, t4, a10g = parse_query_csv(text)
+    assert (h100.index, h100.name, h100.uuid, h100.pci_bus_id, h100.driver_version) == (
+        0, "NVIDIA H100 80GB HBM3", "GPU-aaaa", "00000000:53:00.0", "580.95.05")
+    assert (h100.memory_total_mib, h100.memory_used_mib, h100.utilization_pct, h100.temperature_c, h100.power_w) == (
+        81559, 1234, 37, 41, 250.5)
+    assert (h100.persistence_mode, h100.ecc_uncorrected, h100.compute_cap) == (True, 0, "9.0")
+    assert (t4.index, t4.memory_used_mib, t4.utilization_pct, t4.temperature_c, t4.power_w) == (2, None, None, None, None)
+    assert (t4.persistence_mode, t4.ecc_uncorrected, t4.compute_cap) == (False, 3, "7.5")
+    assert (a10g.persistence_mode, a10g.ecc_uncorrected, a10g.power_w, a10g.temperature_c) == (None, None, 8.25, 7)
+
+
+def test_summary_versions_and_their_absence() -> None:
+    from gpuprov.verify import parse_summary
+
+    assert parse_summary("| NVIDIA-SMI 580.95.05   Driver Version: 580.95.05   CUDA Version: 13.0 |") == ("580.95.05", "13.0")
+    assert parse_summary("| NVIDIA-SMI 470.82.01   Driver Version: 470.82.01 |") == ("470.82.01", None)
+    assert parse_summary("no header at all") == (None, None)
