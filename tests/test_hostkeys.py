@@ -86,10 +86,20 @@ def test_prepare_client_checks_against_gpuprovs_known_hosts_only(keys, tmp_path)
     assert isinstance(policy, PinPolicy) and policy.accept_new is True and policy.known_hosts == known
 
 
-def test_a_changed_key_names_the_host_and_both_fingerprints(keys) -> None:
+def test_pin_creates_the_folders_it_needs(keys, tmp_path) -> None:
+    key, _, _ = keys
+    deep = tmp_path / "state" / "ssh" / "known_hosts"
+    pin(deep, "10.0.0.5", key)
+    assert deep.read_text().startswith("10.0.0.5 ssh-ed25519 ")
+
+
+def test_a_changed_key_names_the_host_and_both_fingerprints(keys, gp_home) -> None:
+    from gpuprov.paths import known_hosts_path
+
     pinned, _, offered = keys
     changed = explain(paramiko.BadHostKeyException("10.0.0.5", offered, pinned))
     assert isinstance(changed, HostKeyChanged) and changed.host == "10.0.0.5"
     text = str(changed)
     assert "HOST KEY CHANGED" in text and "--accept-new-host-key" in text
+    assert f"remove the old line for 10.0.0.5 from {known_hosts_path()} " in text and str(gp_home) in text
     assert text.index(fingerprint(pinned)) < text.index(fingerprint(offered))  # pinned first, then offered
