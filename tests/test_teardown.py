@@ -32,15 +32,24 @@ class FakeCloud:
     extra_tagged: list[CloudResource] = field(default_factory=list)
     wait_error: GpuprovError | None = None
     calls: list[tuple] = field(default_factory=list)
+    regions: set[str] = field(default_factory=set)  # every region a call named
 
     def find_launched(self, region: str, client_token: str) -> list[Instance]:
+        self.regions.add(region)
         self.calls.append(("find_launched", client_token))
         return [_instance(i) for i in self.launched.get(client_token, [])]
 
+    tagged_instances: list[Instance] = field(default_factory=list)  # instances carrying a node tag
+    list_error: GpuprovError | None = None
+
     def instances(self, region: str, *, ids: Sequence[str] = (), node: str | None = None) -> list[Instance]:
-        return [_instance(i) for i in sorted(self.live) if i.startswith("i-")]
+        self.calls.append(("instances", region, node))
+        if self.list_error:
+            raise self.list_error
+        return [i for i in self.tagged_instances if i.region == region and (node is None or i.node == node)]
 
     def terminate(self, region: str, ids: Sequence[str], settle: float) -> None:
+        self.regions.add(region)
         self.calls.append(("terminate", tuple(ids), settle))
         for i in ids:
             if i in self.fail:
@@ -49,6 +58,7 @@ class FakeCloud:
                 raise NotFound("instance", i, "InvalidInstanceID.NotFound")
 
     def wait_terminated(self, region: str, ids: Sequence[str], timeout: float = 900) -> None:
+        self.regions.add(region)
         self.calls.append(("wait_terminated", tuple(ids)))
         if self.wait_error:
             raise self.wait_error
@@ -66,7 +76,7 @@ class FakeCloud:
         self.live.discard(resource.id)
 
     def tagged(self, region: str) -> list[CloudResource]:
-        return [r for r in self.extra_tagged if r.id in self.live]
+        return [r for r in self.extra_tagged if r.id in self.live and r.region == region]
 
 
 @pytest.fixture
@@ -76,9 +86,10 @@ def store(tmp_path: Path) -> Store:
     return s
 
 
-def _run(cloud: FakeCloud, store: Store) -> td.Teardown:
-    said: list[str] = []
-    return td.teardown("n1", R, cloud, store, said.append, poll=0)  # type: ignore[arg-type]
+def _run(cloud: FakeCloud, store: Store, said: list[str] | None = None) -> td.Teardown:
+    result = td.teardown("n1", R, cloud, store, (said if said is not None else []).append, poll=0)  # type: ignore[arg-type]
+    assert result.node == "n1" and cloud.regions <= {R}
+    return result
 
 
 def _live(store: Store) -> list[tuple[str, str | None]]:
@@ -96,7 +107,7 @@ def test_instances_first_then_spot_volumes_and_the_group_and_rows_marked_gone(st
     result = _run(cloud, store)
     assert result.complete and _live(store) == []
     assert result.removed == ["instance i-1", "spot-request sir-1", "volume vol-1", "security-group sg-1"]
-    order = [c[0] if c[0] != "delete" else c[1] for c in cloud.calls]
+    order = [c[0] if c[0] != "delete" else c[1] for c in cloud.calls if c[0] != "instances"]
     assert order == ["terminate", "wait_terminated", "spot-request", "volume", "security-group"]
 
 
@@ -175,3 +186,71 @@ def test_other_tagged_resources_go_only_after_the_records_all_went(store: Store)
     cloud = FakeCloud(live={"vol-orphan", "vol-other"}, extra_tagged=[orphan, other_node])
     assert _run(cloud, store).removed == ["volume vol-orphan"]
     assert "vol-other" in cloud.live
+
+
+def test_only_this_nodes_records_in_this_region_are_touched_and_each_removal_is_said(store: Store) -> None:
+    store.create_node("n2", "aws", R)
+    mine = store.intend("n1", "instance", R, "tok-1")
+    store.created(mine, "i-1")
+    theirs = store.intend("n2", "instance", R, "tok-2")
+    store.created(theirs, "i-2")
+    elsewhere = store.intend("n1", "volume", "eu-west-1", "tok-3")
+    store.created(elsewhere, "vol-eu")
+    store.add_resource("n2", "volume", R, "vol-2")
+    cloud = FakeCloud(live={"i-1", "i-2", "vol-eu", "vol-2"},
+                      extra_tagged=[CloudResource("volume", "vol-eu", "eu-west-1", "n1")])
+    said: list[str] = []
+    result = _run(cloud, store, said)
+    assert result.removed == ["instance i-1"] and said == ["  removed instance i-1"]
+    assert {"i-2", "vol-eu", "vol-2"} <= cloud.live
+    assert [(r.node, r.cloud_id) for r in store.resources()] == [("n2", "i-2"), ("n1", "vol-eu"), ("n2", "vol-2")]
+
+
+def test_an_instance_only_its_tag_knows_is_recorded_and_terminated_a_terminated_one_is_not(store: Store) -> None:
+    cloud = FakeCloud(live={"i-7"}, tagged_instances=[_instance("i-7"), _instance("i-8", state="terminated"),
+                                                      _instance("i-9", node="n2")])
+    result = _run(cloud, store)
+    assert ("instances", R, "n1") in cloud.calls
+    assert result.removed == ["instance i-7"]
+    assert [(r.node, r.cloud_id, r.status) for r in store.resources("n1", live_only=False)] == [("n1", "i-7", "deleted")]
+
+
+def test_a_failed_tag_listing_is_said_and_the_records_still_go(store: Store) -> None:
+    inst = store.intend("n1", "instance", R, "tok-1")
+    store.created(inst, "i-1")
+    said: list[str] = []
+    result = _run(FakeCloud(live={"i-1"}, list_error=GpuprovError("throttled")), store, said)
+    assert said[0] == "  could not list n1's instances by tag: throttled" and result.removed == ["instance i-1"]
+
+
+def test_every_problem_is_kept_a_refused_terminate_and_an_unconfirmed_one(store: Store) -> None:
+    for token, iid in (("tok-1", "i-1"), ("tok-2", "i-2")):
+        store.created(store.intend("n1", "instance", R, token), iid)
+    cloud = FakeCloud(live={"i-1", "i-2"}, fail={"i-1": GpuprovError("UnauthorizedOperation")},
+                      wait_error=GpuprovError("timeout"))
+    result = _run(cloud, store)
+    assert result.left == ["instance i-1: UnauthorizedOperation",
+                           "instance i-2: termination asked, not yet confirmed (timeout)"]
+
+
+def test_an_old_records_notfound_on_terminate_means_gone(store: Store, monkeypatch) -> None:
+    monkeypatch.setattr(td, "SETTLE_SECONDS", 0.0)
+    store.created(store.intend("n1", "instance", R, "tok-1"), "i-gone")
+    cloud = FakeCloud()
+    result = _run(cloud, store)
+    assert result.complete and result.removed == [] and _live(store) == []
+    assert ("terminate", ("i-gone",), 0.0) in cloud.calls
+
+
+def test_an_old_lost_launch_is_looked_for_once_and_every_instance_of_its_token_is_recorded(
+        store: Store, monkeypatch) -> None:
+    monkeypatch.setattr(td, "SETTLE_SECONDS", 0.0)
+    store.intend("n1", "instance", R, "tok-old")
+    _run(FakeCloud(), store)
+    store.intend("n1", "instance", R, "tok-three")
+    cloud = FakeCloud(live={"i-1", "i-2", "i-3"}, launched={"tok-three": ["i-1", "i-2", "i-3"]})
+    result = _run(cloud, store)
+    assert [c for c in cloud.calls if c[0] == "find_launched"] == [("find_launched", "tok-three")]
+    assert sorted(result.removed) == ["instance i-1", "instance i-2", "instance i-3"]
+    rows = [(r.cloud_id, r.client_token) for r in store.resources("n1", live_only=False) if r.cloud_id]
+    assert sorted(rows) == [("i-1", "tok-three"), ("i-2", "tok-three"), ("i-3", "tok-three")]
