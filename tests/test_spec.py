@@ -83,3 +83,37 @@ def test_format_duration(seconds: float | None, text: str) -> None:
 def test_a_rule_across_fields_points_at_the_document(tmp_path: Path) -> None:
     problem = _load_error(tmp_path, "\nname: x\nstack: none\ncuda_toolkit: true\n")
     assert problem.startswith(f"{tmp_path / 'p.yml'}:2: (top level): ") and "need `stack: gpu`" in problem
+
+
+def test_duration_bounds_are_inclusive_and_errors_say_what_works() -> None:
+    from gpuprov.spec import MAX_DURATION_S, MIN_DURATION_S, parse_duration
+
+    assert parse_duration("1m", "--ttl") == MIN_DURATION_S and parse_duration("90d", "--ttl") == MAX_DURATION_S
+    for text in ("59s", "90d1s"):
+        with pytest.raises(UserInputError) as exc:
+            parse_duration(text, "--ttl")
+        assert (exc.value.field, exc.value.problem, exc.value.hint) == ("--ttl", f"{text!r} is out of range",
+                                                                         "between 1m and 90d")
+    with pytest.raises(UserInputError) as exc:
+        parse_duration("soon", "--autostop")
+    assert (exc.value.problem, exc.value.hint) == ("'soon' is not a duration", "e.g. 30m, 2h, 1h30m, 1d, or off")
+    with pytest.raises(UserInputError) as exc:
+        parse_duration("off", "--ttl", allow_off=False)
+    assert exc.value.hint == "e.g. 30m, 2h, 1h30m, 1d"
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(86400, "1d"), (3661, "1h1m"), (90, "1m30s"), (86399, "23h59m")])
+def test_format_duration_drops_seconds_once_hours_count(seconds: int, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+def test_yaml_and_shape_errors_carry_their_hints(tmp_path: Path) -> None:
+    path = tmp_path / "p.yml"
+    path.write_text("name: ok\nstack: gpu\n  env: x\n")
+    with pytest.raises(UserInputError) as exc:
+        load_playbook(str(path))
+    assert exc.value.hint == "check indentation and quoting" and "mapping values are not allowed here" in exc.value.problem
+    path.write_text("- a\n")
+    with pytest.raises(UserInputError) as exc:
+        load_playbook(str(path))
+    assert exc.value.hint == "see Playbook's fields"
