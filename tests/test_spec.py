@@ -23,7 +23,7 @@ def _load_error(tmp_path: Path, text: str) -> str:
 def test_a_bad_value_names_its_file_line_and_dotted_field(tmp_path: Path) -> None:
     problem = _load_error(tmp_path, "name: ok\nstack: none\nenv: null\nsteps:\n  - name: a\n    run: 'true'\n"
                                     "  - name: B-bad\n    run: 'true'\n")
-    assert problem.startswith(f"{tmp_path / 'p.yml'}:7: steps.1.name: ")
+    assert problem.startswith(f"{tmp_path / 'p.yml'}:7: steps.1.name: ") and "more problem" not in problem
 
 
 def test_an_unknown_field_lists_the_allowed_ones_at_that_level(tmp_path: Path) -> None:
@@ -48,10 +48,17 @@ def test_shipped_playbooks_by_name_and_unknown_names(tmp_path: Path) -> None:
     assert load_playbook("minimal").name == "minimal" and load_playbook("minimal").torch is False
     with pytest.raises(UserInputError) as exc:
         load_playbook("nosuch")
+    assert exc.value.field == "--playbook"
     assert "unknown playbook 'nosuch'" in exc.value.problem and "minimal" in exc.value.hint
     with pytest.raises(UserInputError) as exc:
         load_playbook(str(tmp_path / "missing.yml"))
-    assert "no such file" in exc.value.problem
+    assert exc.value.field == "--playbook" and "no such file" in exc.value.problem and "minimal" in exc.value.hint
+
+
+def test_a_yml_name_without_a_folder_is_a_file_in_the_current_directory(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "mine.yml").write_text("name: mine\nstack: none\nenv: null\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_playbook("mine.yml").name == "mine"
 
 
 @pytest.mark.parametrize(("data", "why"), [
