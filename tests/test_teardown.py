@@ -65,9 +65,11 @@ class FakeCloud:
         self.live -= set(ids)
 
     def find_security_group(self, region: str, name: str) -> str | None:
+        self.regions.add(region)
         return self.groups.get(name)
 
     def delete(self, resource: CloudResource, settle: float = 0) -> None:
+        self.regions.add(resource.region)
         self.calls.append(("delete", resource.kind, resource.id, settle))
         if resource.id in self.fail:
             raise self.fail[resource.id]
@@ -196,6 +198,8 @@ def test_only_this_nodes_records_in_this_region_are_touched_and_each_removal_is_
     store.created(theirs, "i-2")
     elsewhere = store.intend("n1", "volume", "eu-west-1", "tok-3")
     store.created(elsewhere, "vol-eu")
+    store.created(store.intend("n1", "instance", "eu-west-1", "tok-4"), "i-eu")
+    store.intend("n1", "instance", "eu-west-1", "tok-eu-lost")
     store.add_resource("n2", "volume", R, "vol-2")
     cloud = FakeCloud(live={"i-1", "i-2", "vol-eu", "vol-2"},
                       extra_tagged=[CloudResource("volume", "vol-eu", "eu-west-1", "n1")])
@@ -203,7 +207,9 @@ def test_only_this_nodes_records_in_this_region_are_touched_and_each_removal_is_
     result = _run(cloud, store, said)
     assert result.removed == ["instance i-1"] and said == ["  removed instance i-1"]
     assert {"i-2", "vol-eu", "vol-2"} <= cloud.live
-    assert [(r.node, r.cloud_id) for r in store.resources()] == [("n2", "i-2"), ("n1", "vol-eu"), ("n2", "vol-2")]
+    assert not any("i-eu" in str(c) or "tok-eu-lost" in str(c) for c in cloud.calls)
+    assert [(r.node, r.cloud_id) for r in store.resources()] == [
+        ("n2", "i-2"), ("n1", "vol-eu"), ("n1", "i-eu"), ("n1", None), ("n2", "vol-2")]
 
 
 def test_an_instance_only_its_tag_knows_is_recorded_and_terminated_a_terminated_one_is_not(store: Store) -> None:
@@ -246,7 +252,9 @@ def test_an_old_lost_launch_is_looked_for_once_and_every_instance_of_its_token_i
         store: Store, monkeypatch) -> None:
     monkeypatch.setattr(td, "SETTLE_SECONDS", 0.0)
     store.intend("n1", "instance", R, "tok-old")
-    _run(FakeCloud(), store)
+    old = FakeCloud()
+    _run(old, store)
+    assert [c for c in old.calls if c[0] == "find_launched"] == [("find_launched", "tok-old")]  # once: believed
     store.intend("n1", "instance", R, "tok-three")
     cloud = FakeCloud(live={"i-1", "i-2", "i-3"}, launched={"tok-three": ["i-1", "i-2", "i-3"]})
     result = _run(cloud, store)
@@ -254,3 +262,36 @@ def test_an_old_lost_launch_is_looked_for_once_and_every_instance_of_its_token_i
     assert sorted(result.removed) == ["instance i-1", "instance i-2", "instance i-3"]
     rows = [(r.cloud_id, r.client_token) for r in store.resources("n1", live_only=False) if r.cloud_id]
     assert sorted(rows) == [("i-1", "tok-three"), ("i-2", "tok-three"), ("i-3", "tok-three")]
+
+
+def test_lost_launch_look_ups_back_off_doubling_from_poll(store: Store, monkeypatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(td.time, "sleep", slept.append)  # recorded, never waited
+    store.intend("n1", "instance", R, "tok-none")
+    td.teardown("n1", R, FakeCloud(), store, [].append, poll=1.5)  # type: ignore[arg-type]
+    assert slept == [1.5, 3.0]  # between the 3 look-ups, none after the last
+
+
+def test_groups_wait_for_the_instance_each_one_and_a_fresh_groups_notfound_is_looked_at_again(store: Store) -> None:
+    store.created(store.intend("n1", "instance", R, "tok-1"), "i-1")
+    for name, gid in (("gpuprov-a", "sg-a"), ("gpuprov-b", "sg-b")):
+        store.created(store.intend("n1", "security-group", R, name), gid)
+    waiting = _run(FakeCloud(live={"i-1", "sg-a", "sg-b"}, wait_error=GpuprovError("t")), store)
+    assert waiting.left[1:] == ["security-group sg-a: waits for the instance", "security-group sg-b: waits for the instance"]
+    cloud = FakeCloud(live={"sg-a", "sg-b"})
+    assert _run(cloud, store).complete
+    assert [c[3] for c in cloud.calls if c[0] == "delete"] == [pytest.approx(td.SETTLE_SECONDS, abs=10)] * 2
+
+
+def test_a_group_never_made_is_dropped_and_leftovers_known_to_the_records_are_not_deleted_twice(store: Store) -> None:
+    store.intend("n1", "security-group", R, "gpuprov-never")  # its create never answered, and made nothing
+    gone = store.add_resource("n1", "volume", R, "vol-1")
+    cloud = FakeCloud(live={"vol-1", "vol-x"}, extra_tagged=[CloudResource("volume", "vol-1", R, "n1"),
+                                                             CloudResource("volume", "vol-x", R, "n1")])
+    cloud.tagged = lambda region: [CloudResource("volume", "vol-1", R, "n1"),  # type: ignore[method-assign]
+                                   CloudResource("volume", "vol-x", R, "n1")]  # tags lag: vol-1 still listed
+    result = _run(cloud, store)
+    assert result.removed == ["volume vol-1", "volume vol-x"] and _live(store) == []
+    assert [c[2] for c in cloud.calls if c[0] == "delete"] == ["vol-1", "vol-x"]  # vol-1 once, by its record
+    assert [c[3] for c in cloud.calls if c[0] == "delete"] == [0.0, 0.0]  # neither was created a moment ago
+    assert gone not in [r.id for r in store.resources("n1")]
