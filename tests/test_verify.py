@@ -199,3 +199,63 @@ def test_summary_versions_and_their_absence() -> None:
     assert parse_summary("| NVIDIA-SMI 580.95.05   Driver Version: 580.95.05   CUDA Version: 13.0 |") == ("580.95.05", "13.0")
     assert parse_summary("| NVIDIA-SMI 470.82.01   Driver Version: 470.82.01 |") == ("470.82.01", None)
     assert parse_summary("no header at all") == (None, None)
+
+
+# --- every failed check names a fix; passing ones do not; the boundaries of each comparison -------------------
+
+def _failed_without_fix(report) -> list[str]:
+    return [c.name for c in report.checks if not c.ok and not c.fix]
+
+
+@pytest.mark.parametrize(("over", "expect", "failing"), [
+    ({"nvidia_smi": {"query_csv": ""}}, {}, {"gpus visible"}),
+    ({}, {"gpu_count": 2}, {"gpu count"}),
+    ({}, {"gpu": "H100"}, {"gpu model"}),
+    ({"dev_nodes": []}, {}, {"device nodes"}),
+    ({"torch": None}, {"torch": True}, {"torch"}),
+    ({"torch": {"cuda": "12.6"}}, {"torch_cuda": "12.4"}, {"torch build"}),
+    ({"torch": {"is_available": False, "device_count": 0, "devices": []}}, {}, {"torch.cuda"}),
+    ({"torch": {"device_count": 2}}, {}, {"torch devices"}),
+    ({"nvidia_smi": {"found": False}}, {}, {"nvidia-smi"}),
+    ({"nvidia_smi": {"returncode": 4, "stderr": "Unable to determine the device handle\nsecond line"}}, {},
+     {"nvidia-smi"}),
+])
+def test_each_failure_fails_alone_and_names_its_fix(over, expect, failing) -> None:
+    report, _ = verdict(probe(**over), **expect)
+    assert {c.name for c in report.checks if not c.ok and c.severity == "fail"} == failing
+    assert _failed_without_fix(report) == []
+
+
+def test_passing_checks_carry_no_fix_and_the_exact_count_passes() -> None:
+    report, checks = verdict(probe(), gpu="A100-40GB", gpu_count=1, torch=True, torch_cuda="12.4")
+    assert report.ok and all(c.fix is None for c in report.checks)
+    assert checks["gpus visible"].detail == "1 GPU(s): NVIDIA A100-SXM4-40GB"
+    assert "torch vs driver" not in checks  # a wheel for exactly the driver's CUDA needs no compat note
+
+
+def test_an_unknown_nvidia_smi_failure_shows_its_first_line_and_sends_to_doctor() -> None:
+    _, checks = verdict(probe(nvidia_smi={"returncode": 4, "stderr": "Unable to determine the device handle\nmore"}))
+    smi = checks["nvidia-smi"]
+    assert (smi.ok, smi.detail, smi.fix) == (False, "Unable to determine the device handle", "run `gpuprov doctor` on the host")
+    _, checks = verdict(probe(nvidia_smi={"returncode": 9, "stderr": "", "query_csv": "", "summary": ""}))
+    assert checks["nvidia-smi"].detail == "exit 9"  # nothing printed: the exit code is the reason
+    _, checks = verdict(probe(nvidia_smi={"found": False}))
+    assert not checks["nvidia-smi"].ok and "bootstrap" in (checks["nvidia-smi"].fix or "")
+
+
+def test_the_report_keeps_the_hostname_and_falls_back_to_the_csvs_driver_version() -> None:
+    report = parse_probe("h", probe(nvidia_smi={"summary": ""}))
+    assert report.hostname == "node-1" and report.driver_version == report.gpus[0].driver_version
+    assert report.cuda_driver_version is None
+
+
+def test_no_persistence_check_when_nvidia_smi_does_not_say_and_no_torch_checks_when_none_is_expected() -> None:
+    row = CSV_A100.splitlines()[0].split(",")
+    row[10] = " [N/A]"
+    _, checks = verdict(probe(nvidia_smi={"query_csv": ",".join(row) + "\n"}, torch=None))
+    assert "persistence" not in checks and "torch" not in checks and "torch.cuda" not in checks
+
+
+def test_a_torch_import_error_fails_the_torch_check_and_says_why() -> None:
+    _, checks = verdict(probe(torch={"error": "ImportError: libcudnn.so.9"}))
+    assert not checks["torch"].ok and "ImportError: libcudnn.so.9" in checks["torch"].detail
