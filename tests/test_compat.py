@@ -467,3 +467,34 @@ def test_unverified_wheel_archs_and_python_ranges_are_listed():
     assert f.python_ranges_unverified not in old.unverified
     assert f.python_ranges_unverified in resolve("T4", torch="2.4", torch_cuda="cu121", python="3.10").unverified
     assert not any("arch lists" in u for u in resolve("T4").unverified)  # 2.14's lists were read
+
+
+# --- what a refusal offers instead: one pin dropped at a time, the failing field's first, at most two -----------
+
+@pytest.mark.parametrize(("gpu", "pins", "hint"), [
+    ("V100", {"torch": "2.11", "torch_cuda": "cu128"},
+     "this works instead: --torch-cuda cu126 (torch 2.11+cu126, driver R580, proprietary kernel module); "
+     "or --torch 2.10 (torch 2.10+cu128, driver R580, proprietary kernel module)"),
+    ("T4", {"torch": "2.1", "python": "3.12"},
+     "this works instead: --torch 2.14 (torch 2.14+cu132, driver R595, open kernel module); "
+     "or --python 3.11 (torch 2.1+cu121, driver R595, open kernel module)"),
+    ("H100", {"driver": "570", "torch_cuda": "cu130"},
+     "this works instead: --torch-cuda cu126 (torch 2.14+cu126, driver R570, open kernel module); "
+     "or --driver 595 (torch 2.14+cu130, driver R595, open kernel module)"),
+    ("V100", {"torch_cuda": "cu130", "python": "3.12"},  # dropping --python alone does not help: not offered
+     "this works instead: --torch-cuda cu126 (torch 2.14+cu126, driver R580, proprietary kernel module)"),
+    ("V100", {"driver": "590"}, "use --driver 580 (proprietary kernel module)"),  # a rule's own hint is kept
+])
+def test_a_refusal_offers_what_works_with_one_pin_dropped(gpu, pins, hint):
+    with pytest.raises(StackConflict) as exc:
+        resolve(gpu, **pins)
+    assert exc.value.hint == hint
+
+
+def test_dropping_the_toolkit_pin_is_described_as_such():
+    stack = resolve("H100")
+    assert compat._describe_change("cuda", stack) == (
+        "no --cuda (the torch wheel bundles its own CUDA runtime) (torch 2.14+cu132, driver R595, open kernel module)")
+    bare = resolve("H100", want_torch=False)
+    assert compat._describe_change("torch", bare) == "no --torch (driver R595, open kernel module)"
+    assert compat._describe_change("torch_cuda", bare) == "no --torch-cuda (driver R595, open kernel module)"
