@@ -271,3 +271,16 @@ def test_a_module_that_does_not_load_after_the_reboot_is_retried_on_the_next_run
     report = hosts[0]["report"]
     assert report["driver_version"] and report["gpus"]
     assert all(c["ok"] for c in report["checks"] if c["severity"] == "fail")
+
+
+def test_a_loaded_nouveau_is_blacklisted_rebooted_away_and_the_driver_follows(host_pool, gp_home):
+    pool = host_pool
+    reset(pool, [2], GPUPROV_SHIM_NOUVEAU="loaded")
+    boots = pool.boots(2)
+    code, hosts = bootstrap(pool, [2], "-p", "minimal")
+    assert code == 0, hosts
+    steps = by_step(hosts[0])
+    assert steps["nouveau-off"] == "reboot" and steps["nvidia-driver"] == "reboot"  # each checked for its own reboot
+    assert pool.boots(2) == boots + 2
+    code, hosts = bootstrap(pool, [2], "-p", "minimal")
+    assert code == 0 and by_step(hosts[0])["nouveau-off"] == "skipped"
