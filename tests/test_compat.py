@@ -498,3 +498,22 @@ def test_dropping_the_toolkit_pin_is_described_as_such():
     bare = resolve("H100", want_torch=False)
     assert compat._describe_change("torch", bare) == "no --torch (driver R595, open kernel module)"
     assert compat._describe_change("torch_cuda", bare) == "no --torch-cuda (driver R595, open kernel module)"
+
+
+@pytest.mark.parametrize(("gpu", "branch", "cuda"), [
+    ("V100", 580, "12.9"),  # Volta stops at CUDA 12.9 even on R580, which runs 13.0
+    ("H100", 570, "12.8"), ("H100", 580, "13.0"), ("T4", 535, "12.2"),
+])
+def test_newest_cuda_a_branch_runs_on_a_gpu(gpu, branch, cuda):
+    assert compat.newest_cuda(CAT.gpu(gpu), branch) == cuda
+
+
+@pytest.mark.parametrize(("release", "cc", "variants"), [
+    ("2.14", "10.0", ["cu132", "cu130"]),  # the PyPI default first
+    ("2.14", "7.0", ["cu126"]),
+    ("2.14.0+cu126", "8.9", ["cu132", "cu126", "cu130"]),  # a full version works too; sm_89 runs sm_86 code
+    ("2.11", "12.0", ["cu130", "cu128"]),
+    ("1.9", "8.0", []),  # a release the data does not know
+])
+def test_variants_with_code_for_a_gpu(release, cc, variants):
+    assert compat.variants_with_sass(release, cc) == variants
