@@ -517,3 +517,46 @@ def test_newest_cuda_a_branch_runs_on_a_gpu(gpu, branch, cuda):
 ])
 def test_variants_with_code_for_a_gpu(release, cc, variants):
     assert compat.variants_with_sass(release, cc) == variants
+
+
+# --- every refusal names its flag, says what is wrong with the value given, and what to do --------------------
+
+@pytest.mark.parametrize(("gpu", "pins", "field", "value"), [
+    ("V100", {"torch_cuda": "cu130"}, "--torch-cuda", "cu130"),
+    ("V100", {"driver": "590"}, "--driver", "R590"),
+    ("B200", {"torch": "2.6"}, "--torch", "2.7"),
+    ("L4", {"driver": "570", "cuda": "12.9"}, "--driver", "12.9"),
+    ("V100", {"cuda": "13.0"}, "--cuda", "13.0"),
+    ("B200", {"cuda": "12.6"}, "--cuda", "12.8"),
+    ("A10G", {"torch": "2.8", "torch_cuda": "cu130"}, "--torch-cuda", "cu130"),
+    ("T4", {"torch": "2.1", "python": "3.12"}, "--torch", "3.12"),
+    ("H100", {"driver": "550"}, "--driver", "R550"),
+    ("H100", {"driver": "580.1.2"}, "--driver", "580.1.2"),
+    ("H100", {"driver": "abc"}, "--driver", "'abc'"),
+    ("H100", {"driver": "999"}, "--driver", "999"),
+    ("H100", {"cuda": "9.9"}, "--cuda", "'9.9'"),
+    ("H100", {"torch": "0.1"}, "--torch", "'0.1'"),
+    ("H100", {"torch_cuda": "cu999"}, "--torch-cuda", "'cu999'"),
+    ("H100", {"python": "three"}, "--python", "'three'"),
+])
+def test_every_refusal_names_the_flag_the_value_and_a_way_out(gpu, pins, field, value):
+    with pytest.raises(UserInputError) as exc:  # StackConflict is a UserInputError
+        resolve(gpu, **pins)
+    assert exc.value.field == field
+    assert value in exc.value.problem
+    assert exc.value.hint
+
+
+def test_unsupported_os_is_named():
+    with pytest.raises(UserInputError) as exc:
+        resolve("H100", os_name="windows-11")
+    assert (exc.value.field, exc.value.problem) == ("--os", "unsupported OS 'windows-11'")
+    assert exc.value.hint.startswith("choose one of: ubuntu-")
+
+
+@pytest.mark.parametrize(("gpu", "pins", "branch"), [
+    ("V100", {"driver": "580"}, 580),  # Volta's last branch itself is allowed
+    ("B200", {"torch": "2.7"}, 595),  # Blackwell's first torch itself is allowed
+])
+def test_the_limits_themselves_are_allowed(gpu, pins, branch):
+    assert resolve(gpu, **pins).driver_branch == branch
