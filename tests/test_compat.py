@@ -560,3 +560,10 @@ def test_unsupported_os_is_named():
 ])
 def test_the_limits_themselves_are_allowed(gpu, pins, branch):
     assert resolve(gpu, **pins).driver_branch == branch
+
+
+def test_a_torchless_stack_needs_no_minor_version_compat_and_r550s_hint_starts_at_r570():
+    assert resolve("T4", want_torch=False).minor_version_compat is False
+    with pytest.raises(StackConflict) as exc:
+        resolve("H100", driver="550")
+    assert "(known: 570, " in exc.value.hint  # R570, the first branch with a pinning package, is installable
