@@ -170,8 +170,10 @@ def test_a_refused_delete_is_left_and_the_rest_still_goes(store: Store) -> None:
     store.add_resource("n1", "volume", R, "vol-1")
     store.add_resource("n1", "volume", R, "vol-2")
     cloud = FakeCloud(live={"vol-1", "vol-2"}, fail={"vol-1": GpuprovError("VolumeInUse")})
-    result = _run(cloud, store)
+    said: list[str] = []
+    result = _run(cloud, store, said)
     assert result.left == ["volume vol-1: VolumeInUse"] and result.removed == ["volume vol-2"]
+    assert said == ["  removed volume vol-2"]
     assert _live(store) == [("volume", "vol-1")]
 
 
@@ -201,15 +203,16 @@ def test_only_this_nodes_records_in_this_region_are_touched_and_each_removal_is_
     store.created(store.intend("n1", "instance", "eu-west-1", "tok-4"), "i-eu")
     store.intend("n1", "instance", "eu-west-1", "tok-eu-lost")
     store.add_resource("n2", "volume", R, "vol-2")
+    store.intend("n2", "instance", R, "tok-n2-lost")  # another node's lost launch is not ours to look for
     cloud = FakeCloud(live={"i-1", "i-2", "vol-eu", "vol-2"},
                       extra_tagged=[CloudResource("volume", "vol-eu", "eu-west-1", "n1")])
     said: list[str] = []
     result = _run(cloud, store, said)
     assert result.removed == ["instance i-1"] and said == ["  removed instance i-1"]
     assert {"i-2", "vol-eu", "vol-2"} <= cloud.live
-    assert not any("i-eu" in str(c) or "tok-eu-lost" in str(c) for c in cloud.calls)
+    assert not any("i-eu" in str(c) or "tok-eu-lost" in str(c) or "tok-n2" in str(c) for c in cloud.calls)
     assert [(r.node, r.cloud_id) for r in store.resources()] == [
-        ("n2", "i-2"), ("n1", "vol-eu"), ("n1", "i-eu"), ("n1", None), ("n2", "vol-2")]
+        ("n2", "i-2"), ("n1", "vol-eu"), ("n1", "i-eu"), ("n1", None), ("n2", "vol-2"), ("n2", None)]
 
 
 def test_an_instance_only_its_tag_knows_is_recorded_and_terminated_a_terminated_one_is_not(store: Store) -> None:
@@ -295,3 +298,10 @@ def test_a_group_never_made_is_dropped_and_leftovers_known_to_the_records_are_no
     assert [c[2] for c in cloud.calls if c[0] == "delete"] == ["vol-1", "vol-x"]  # vol-1 once, by its record
     assert [c[3] for c in cloud.calls if c[0] == "delete"] == [0.0, 0.0]  # neither was created a moment ago
     assert gone not in [r.id for r in store.resources("n1")]
+
+
+def test_only_a_security_group_is_looked_up_by_its_recorded_name(store: Store) -> None:
+    store.intend("n1", "spot-request", R, "gpuprov-n1")  # an intent of another kind whose answer was lost
+    cloud = FakeCloud(live={"sg-9"}, groups={"gpuprov-n1": "sg-9"})
+    result = _run(cloud, store)
+    assert result.removed == [] and "sg-9" in cloud.live and _live(store) == []
