@@ -124,3 +124,14 @@ def test_yaml_and_shape_errors_carry_their_hints(tmp_path: Path) -> None:
     with pytest.raises(UserInputError) as exc:
         load_playbook(str(path))
     assert exc.value.hint == "see Playbook's fields"
+
+
+def test_an_unknown_field_in_a_file_lists_the_files_fields(tmp_path: Path) -> None:
+    problem = _load_error(tmp_path, "name: ok\nsteps:\n  - name: a\n    files:\n      - path: /x\n        content: y\n"
+                                    "        owner: root\n")
+    assert ":7: steps.0.files.0.owner: unknown field 'owner'; allowed: path, content, mode" in problem
+
+
+def test_a_missing_field_points_at_the_item_that_lacks_it(tmp_path: Path) -> None:
+    problem = _load_error(tmp_path, "name: ok\nstack: none\nenv: null\nsteps:\n  - run: 'true'\n")
+    assert problem.startswith(f"{tmp_path / 'p.yml'}:5: steps.0.name: Field required")
