@@ -567,3 +567,67 @@ def test_a_torchless_stack_needs_no_minor_version_compat_and_r550s_hint_starts_a
     with pytest.raises(StackConflict) as exc:
         resolve("H100", driver="550")
     assert "(known: 570, " in exc.value.hint  # R570, the first branch with a pinning package, is installable
+
+
+# --- refusal texts a user acts on, as printed -----------------------------------------------------------------
+
+def _refusal(gpu, **pins):
+    with pytest.raises(UserInputError) as exc:
+        resolve(gpu, **pins)
+    return exc.value
+
+
+def test_driver_version_refusals_list_the_releases_that_would_do():
+    unknown = _refusal("H100", driver="580.1.2")
+    assert unknown.hint.startswith("known R580 releases: 580.65.06, 580.82.07, ")
+    assert unknown.hint.endswith("; or pin only the branch: --driver 580")
+    unpinned = _refusal("H100", driver="580.65.06")  # a real release, but no pinning package is known for it
+    assert unpinned.rule == "driver-version-no-pinning-package"
+    assert unpinned.problem.startswith("driver 580.65.06 is a real R580 release, but no source shows an "
+                                       "nvidia-driver-pinning-580.65.06 package")
+    assert unpinned.hint == ("R580 releases with one: 580.105.08, 580.126.09, 580.126.16; "
+                             "or pin only the branch: --driver 580")
+
+
+def test_wheel_refusals_say_what_the_wheel_has_and_needs():
+    assert _refusal("V100", torch_cuda="cu130").problem == (
+        "torch 2.14+cu130 wheels carry code for sm_75, sm_80, sm_86, sm_90, sm_100, sm_120, not V100's sm_70")
+    assert _refusal("H100", driver="570", torch_cuda="cu130").problem == (
+        "cu130 wheels (CUDA 13.0) need driver ≥ 580.65.06 (or ≥ 580.65.06 through CUDA minor-version "
+        "compatibility) (R580); driver 570 is older")
+    python = _refusal("T4", python="3.15")
+    assert (python.field, python.rule, python.problem) == ("--python", "python-range",
+                                                          "torch 2.14 supports Python 3.10–3.14, not 3.15")
+
+
+def test_toolkit_refusals_say_which_toolkit_would_do():
+    assert _refusal("V100", cuda="13.0").hint == "use --cuda 12.9"
+    assert _refusal("B200", cuda="12.6").hint == "use --cuda 12.8 or newer"
+    assert _refusal("L4", driver="570", cuda="12.9").hint == "use --driver 575 or newer, or an older --cuda"
+
+
+def test_an_exact_driver_release_below_a_cudas_minimum_runs_it_only_through_minor_version_compat():
+    minimum = compat.facts().cuda_min_driver["12.8"].driver
+    assert compat.driver_runs("12.8", minimum) == (True, False)  # the minimum itself runs natively
+    assert compat.driver_runs("12.8", "570.10.01") == (True, True)  # same branch, an older release
+    assert compat.driver_runs("12.8", "520") == (False, False)  # below 12.x's minor-compat floor (525.60.13)
+    assert not compat.minor_compat_runs("10.2", "999")  # no minor-version compatibility family for CUDA 10
+
+
+def test_fabric_manager_reason_and_gen4_extras_only_where_they_apply():
+    b200 = resolve("B200", nvswitch=True)
+    gen4 = compat.facts().nvswitch_gen4
+    assert (b200.fabric_extra_packages, b200.fabric_modules_package, b200.fabric_modules_load_file) == (
+        gen4.packages, gen4.kernel_modules_package, gen4.modules_load_file)
+    assert any(r.endswith("both held; with nvlsm and the ib_umad/mlx5_ib modules (NVSwitch gen 4)") for r in b200.reasons)
+    h100 = resolve("H100", nvswitch=True)
+    assert (h100.nvlsm, h100.fabric_extra_packages, h100.fabric_modules_package, h100.fabric_modules_load_file) == (
+        False, (), None, None)
+    assert any(r.startswith("Fabric Manager (") and r.endswith("both held") for r in h100.reasons)
+    assert not any("InfiniBand" in u for u in h100.unverified)
+    assert not any(r.startswith("Fabric Manager") for r in resolve("H100", nvswitch=False).reasons)
+
+
+def test_an_exact_driver_pin_lists_its_unverified_release_fact():
+    stack = resolve("H100", driver="580.105.08")
+    assert f"--driver 580.105.08: {compat.facts().driver_versions_unverified}" in stack.unverified
