@@ -631,3 +631,11 @@ def test_fabric_manager_reason_and_gen4_extras_only_where_they_apply():
 def test_an_exact_driver_pin_lists_its_unverified_release_fact():
     stack = resolve("H100", driver="580.105.08")
     assert f"--driver 580.105.08: {compat.facts().driver_versions_unverified}" in stack.unverified
+
+
+def test_a_branch_without_any_pinned_release_offers_only_the_branch_and_nvcc_offers_both_ways():
+    assert _refusal("H100", driver="575.57.08").hint == "or pin only the branch: --driver 575"
+    assert _refusal("H100", cuda="12.8", torch_cuda="cu130").hint == (
+        "use --cuda 13.0 (the wheel's CUDA), or --torch-cuda cu126 (a CUDA 12 wheel of torch 2.14)")
+    assert _refusal("H100", cuda="13.0", torch="2.11", torch_cuda="cu128").hint == (
+        "use --cuda 12.8 (the wheel's CUDA), or --torch-cuda cu130 (a CUDA 13 wheel of torch 2.11)")
