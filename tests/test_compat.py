@@ -639,3 +639,13 @@ def test_a_branch_without_any_pinned_release_offers_only_the_branch_and_nvcc_off
         "use --cuda 13.0 (the wheel's CUDA), or --torch-cuda cu126 (a CUDA 12 wheel of torch 2.14)")
     assert _refusal("H100", cuda="13.0", torch="2.11", torch_cuda="cu128").hint == (
         "use --cuda 12.8 (the wheel's CUDA), or --torch-cuda cu130 (a CUDA 13 wheel of torch 2.11)")
+
+
+def test_remaining_refusal_details():
+    no_list = _refusal("H100", driver="615.1.2")  # R615 is installable, but no release of it is listed
+    assert (no_list.rule, no_list.hint) == ("driver-version-unknown", "or pin only the branch: --driver 615")
+    assert _refusal("H100", driver="580.65.06").field == "--driver"
+    torchless = _refusal("T4", want_torch=False, torch="2.9")
+    assert (torchless.problem, torchless.hint) == ("this playbook installs no PyTorch, so a torch pin has no effect",
+                                                   "drop the pin or use -p pytorch")
+    assert not compat.minor_compat_runs("13.0", "580.10.01")  # an R580 release older than 13.x's floor (580.65.06)
