@@ -649,3 +649,7 @@ def test_remaining_refusal_details():
     assert (torchless.problem, torchless.hint) == ("this playbook installs no PyTorch, so a torch pin has no effect",
                                                    "drop the pin or use -p pytorch")
     assert not compat.minor_compat_runs("13.0", "580.10.01")  # an R580 release older than 13.x's floor (580.65.06)
+
+
+def test_an_nvcc_mismatch_without_a_wheel_of_the_toolkits_major_offers_only_the_wheels_cuda():
+    assert _refusal("H100", cuda="13.0", torch="2.1").hint == "use --cuda 12.1 (the wheel's CUDA)"  # 2.1 has no cu13x
