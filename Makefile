@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install sysdeps test lint demo bench clean
+.PHONY: install sysdeps test lint demo bench mutate clean
 
 install: $(STAMP)
 
@@ -30,5 +30,9 @@ demo: install
 bench: install
 	$(PY) bench/cli_startup.py
 
+# Mutation testing (mutmut) on the deciding modules; not part of `make test`. MODULES="compat verify" to pick.
+mutate: install
+	$(PY) tools/mutate.py $(MODULES)
+
 clean:
-	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache .mutate

@@ -50,10 +50,23 @@ def test_check_reports_failures_with_reason_and_fix_per_host(host_pool, gp_home)
 
 def test_check_unreachable_and_cpu_only_hosts(host_pool, gp_home):
     pool = host_pool
-    reset(pool, [5], GPUPROV_SHIM_FAIL="no-gpu")
-    code, hosts = check(pool, [5])
+    reset(pool, [4])
+    reset(pool, [5], GPUPROV_SHIM_GPU_COUNT="0")  # CPU only: no NVIDIA device on the bus, no driver
+    reset(pool, [6], GPUPROV_SHIM_FAIL="no-gpu")  # a driver, but no GPU visible to it
+    pool.kill_host(4)
+    try:
+        code, hosts = check(pool, [4, 5, 6], "--connect-timeout", "3")
+    finally:
+        pool.restart(4)
     assert code == 1
-    assert "no GPU visible" in checks_of(hosts[0])["nvidia-smi"]["detail"]
+    unreachable, cpu_only, no_gpu = hosts
+    assert unreachable["unreachable"] and not unreachable["ok"] and unreachable["report"] is None
+    assert "timed out" in unreachable["error"].lower()
+    assert not cpu_only["unreachable"] and not cpu_only["ok"]
+    assert cpu_only["report"]["gpus"] == [] and cpu_only["report"]["torch"] is None
+    assert "not installed" in checks_of(cpu_only)["nvidia-smi"]["detail"]
+    assert not no_gpu["unreachable"]
+    assert "no GPU visible" in checks_of(no_gpu)["nvidia-smi"]["detail"]
 
 
 def test_inventory_ssh_config_alias_and_proxy_jump(host_pool, gp_home, tmp_path):

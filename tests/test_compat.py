@@ -60,6 +60,7 @@ def test_v100_with_cu130_is_refused_naming_sm70_and_a_working_variant():
         resolve("V100", torch_cuda="cu130")
     text = str(exc.value)
     assert exc.value.field == "--torch-cuda"
+    assert exc.value.rule == "wheel-no-sass"  # the wheel lacks sm_70 (arch-max-cuda would also say sm_70)
     assert "sm_70" in text
     assert "--torch-cuda cu126" in text
     assert "driver R580, proprietary kernel module" in text
@@ -68,13 +69,15 @@ def test_v100_with_cu130_is_refused_naming_sm70_and_a_working_variant():
 def test_v100_with_torch_2_11_cu128_is_refused():
     with pytest.raises(StackConflict) as exc:
         resolve("V100", torch="2.11", torch_cuda="cu128")
+    assert exc.value.rule == "wheel-no-sass"
     assert "sm_70" in str(exc.value)
     assert "cu126" in exc.value.hint
 
 
 def test_v100_with_torch_2_7_cu128_is_refused_but_2_10_cu128_works():
-    with pytest.raises(StackConflict):
+    with pytest.raises(StackConflict) as exc:
         resolve("V100", torch="2.7", torch_cuda="cu128")  # §4b: 2.7 cu128 has no sm_70
+    assert exc.value.rule == "wheel-no-sass"
     stack = resolve("V100", torch="2.10", torch_cuda="cu128")  # §4b: sm_70 back in 2.8–2.10 cu128
     assert (stack.driver_branch, stack.kernel_module) == (580, "proprietary")
 
@@ -89,6 +92,7 @@ def test_v100_driver_above_r580_is_refused():
 def test_v100_cuda_13_toolkit_is_refused():
     with pytest.raises(StackConflict) as exc:
         resolve("V100", cuda="13.0")
+    assert exc.value.rule == "toolkit-max-cuda"
     assert "12.9" in str(exc.value)
 
 
@@ -221,6 +225,7 @@ def test_cuda_toolkit_raises_the_default_driver_when_needed():
 def test_cuda_toolkit_older_than_the_architecture_is_refused():
     with pytest.raises(StackConflict) as exc:
         resolve("B200", cuda="12.6")  # Blackwell first appears in CUDA 12.8 (§1a note)
+    assert exc.value.rule == "toolkit-min-cuda"
     assert "12.8" in str(exc.value)
     # 11.8 is the first CUDA with sm_89 (§1a note), so it is accepted for Ada:
     assert resolve("L4", cuda="11.8", torch="2.4", torch_cuda="cu118").cuda_toolkit == "11.8"
@@ -232,6 +237,7 @@ def test_cuda_toolkit_older_than_the_architecture_is_refused():
 def test_variant_not_built_for_that_release_is_refused(torch, variant):
     with pytest.raises(StackConflict) as exc:
         resolve("A10G", torch=torch, torch_cuda=variant)
+    assert exc.value.rule == "wheel-variant-missing"
     assert "has no" in str(exc.value)
 
 
@@ -245,6 +251,7 @@ def test_pypi_default_variant_is_preferred_per_release():
 def test_python_outside_release_range_is_refused():
     with pytest.raises(StackConflict) as exc:
         resolve("T4", torch="2.1", python="3.12")
+    assert exc.value.rule == "python-range"
     assert "3.8–3.11" in str(exc.value)
     assert resolve("T4", torch="2.1").python == "3.11"
 
@@ -252,8 +259,12 @@ def test_python_outside_release_range_is_refused():
 def test_minimal_stack_has_no_torch_and_rejects_torch_pins():
     stack = resolve("T4", want_torch=False)
     assert stack.torch is None
-    with pytest.raises(UserInputError):
+    with pytest.raises(UserInputError) as exc:
         resolve("T4", want_torch=False, torch="2.9")
+    assert exc.value.field == "--torch"
+    with pytest.raises(UserInputError) as exc:
+        resolve("T4", want_torch=False, torch_cuda="cu128")
+    assert exc.value.field == "--torch"
 
 
 # --- bad input ----------------------------------------------------------------------------------
@@ -413,3 +424,232 @@ def test_b200_fabric_step_carries_the_infiniband_facts():
     assert stack.fabric_modules_package == "linux-modules-extra-$(uname -r)"
     assert resolve("H100", nvswitch=True).fabric_kernel_modules == ()
     assert resolve("B200", nvswitch=False).fabric_kernel_modules == ()
+
+
+@pytest.mark.parametrize(("gpu", "pins"), [
+    ("V100", {"driver": "570", "cuda": "12.9"}),  # 12.9 needs 575.51.03
+    ("L4", {"driver": "570", "cuda": "12.9"}),
+])
+def test_toolkit_newer_than_the_pinned_driver_is_refused_by_the_toolkit_rule(gpu, pins):
+    with pytest.raises(StackConflict) as exc:
+        resolve(gpu, **pins)
+    assert exc.value.rule == "toolkit-needs-newer-driver" and exc.value.field == "--driver"
+    assert f"CUDA {pins['cuda']} needs driver" in exc.value.problem
+
+
+# --- what `gpuprov plan` says about the stack: the reason for each choice, and what is unverified -------------
+
+@pytest.mark.parametrize(("gpu", "pins", "driver_reason", "module_reason"), [
+    ("V100", {}, "driver R580: the last branch that supports Volta", "proprietary kernel module: Volta has no open module"),
+    ("H100", {}, "driver R595: the branch AWS ships in its current GPU images",
+     "open kernel module: NVIDIA's default since R560"),
+    ("H100", {"cuda": "13.3"}, "driver R610: the oldest branch new enough for the requested CUDA", None),
+    ("B200", {}, None, "open kernel module: Blackwell supports only the open module"),
+])
+def test_each_choice_says_why(gpu, pins, driver_reason, module_reason):
+    reasons = resolve(gpu, **pins).reasons
+    assert driver_reason is None or driver_reason in reasons
+    assert module_reason is None or module_reason in reasons
+    assert any(r.startswith("torch ") and "newest wheel that carries code for" in r for r in reasons)
+
+
+def test_a_pinned_driver_gives_no_driver_reason_but_names_its_unverified_facts():
+    stack = resolve("H100", driver="580")
+    assert not any(r.startswith("driver R") for r in stack.reasons)
+    assert f"driver pinning packages: {compat.facts().driver_pinning.unverified}" in stack.unverified
+
+
+def test_unverified_wheel_archs_and_python_ranges_are_listed():
+    f = compat.facts()
+    old = resolve("T4", torch="2.4", torch_cuda="cu121")  # arch lists of 2.1-2.5 wheels are marked unverified
+    row = compat._wheel_archs("2.4", "cu121")
+    assert row and row.unverified and row.unverified in old.unverified
+    assert f.python_ranges_unverified not in old.unverified
+    assert f.python_ranges_unverified in resolve("T4", torch="2.4", torch_cuda="cu121", python="3.10").unverified
+    assert not any("arch lists" in u for u in resolve("T4").unverified)  # 2.14's lists were read
+
+
+# --- what a refusal offers instead: one pin dropped at a time, the failing field's first, at most two -----------
+
+@pytest.mark.parametrize(("gpu", "pins", "hint"), [
+    ("V100", {"torch": "2.11", "torch_cuda": "cu128"},
+     "this works instead: --torch-cuda cu126 (torch 2.11+cu126, driver R580, proprietary kernel module); "
+     "or --torch 2.10 (torch 2.10+cu128, driver R580, proprietary kernel module)"),
+    ("T4", {"torch": "2.1", "python": "3.12"},
+     "this works instead: --torch 2.14 (torch 2.14+cu132, driver R595, open kernel module); "
+     "or --python 3.11 (torch 2.1+cu121, driver R595, open kernel module)"),
+    ("H100", {"driver": "570", "torch_cuda": "cu130"},
+     "this works instead: --torch-cuda cu126 (torch 2.14+cu126, driver R570, open kernel module); "
+     "or --driver 595 (torch 2.14+cu130, driver R595, open kernel module)"),
+    ("V100", {"torch_cuda": "cu130", "python": "3.12"},  # dropping --python alone does not help: not offered
+     "this works instead: --torch-cuda cu126 (torch 2.14+cu126, driver R580, proprietary kernel module)"),
+    ("V100", {"driver": "590"}, "use --driver 580 (proprietary kernel module)"),  # a rule's own hint is kept
+])
+def test_a_refusal_offers_what_works_with_one_pin_dropped(gpu, pins, hint):
+    with pytest.raises(StackConflict) as exc:
+        resolve(gpu, **pins)
+    assert exc.value.hint == hint
+
+
+def test_dropping_the_toolkit_pin_is_described_as_such():
+    stack = resolve("H100")
+    assert compat._describe_change("cuda", stack) == (
+        "no --cuda (the torch wheel bundles its own CUDA runtime) (torch 2.14+cu132, driver R595, open kernel module)")
+    bare = resolve("H100", want_torch=False)
+    assert compat._describe_change("torch", bare) == "no --torch (driver R595, open kernel module)"
+    assert compat._describe_change("torch_cuda", bare) == "no --torch-cuda (driver R595, open kernel module)"
+
+
+@pytest.mark.parametrize(("gpu", "branch", "cuda"), [
+    ("V100", 580, "12.9"),  # Volta stops at CUDA 12.9 even on R580, which runs 13.0
+    ("H100", 570, "12.8"), ("H100", 580, "13.0"), ("T4", 535, "12.2"),
+])
+def test_newest_cuda_a_branch_runs_on_a_gpu(gpu, branch, cuda):
+    assert compat.newest_cuda(CAT.gpu(gpu), branch) == cuda
+
+
+@pytest.mark.parametrize(("release", "cc", "variants"), [
+    ("2.14", "10.0", ["cu132", "cu130"]),  # the PyPI default first
+    ("2.14", "7.0", ["cu126"]),
+    ("2.14.0+cu126", "8.9", ["cu132", "cu126", "cu130"]),  # a full version works too; sm_89 runs sm_86 code
+    ("2.11", "12.0", ["cu130", "cu128"]),
+    ("1.9", "8.0", []),  # a release the data does not know
+])
+def test_variants_with_code_for_a_gpu(release, cc, variants):
+    assert compat.variants_with_sass(release, cc) == variants
+
+
+# --- every refusal names its flag, says what is wrong with the value given, and what to do --------------------
+
+@pytest.mark.parametrize(("gpu", "pins", "field", "value"), [
+    ("V100", {"torch_cuda": "cu130"}, "--torch-cuda", "cu130"),
+    ("V100", {"driver": "590"}, "--driver", "R590"),
+    ("B200", {"torch": "2.6"}, "--torch", "2.7"),
+    ("L4", {"driver": "570", "cuda": "12.9"}, "--driver", "12.9"),
+    ("V100", {"cuda": "13.0"}, "--cuda", "13.0"),
+    ("B200", {"cuda": "12.6"}, "--cuda", "12.8"),
+    ("A10G", {"torch": "2.8", "torch_cuda": "cu130"}, "--torch-cuda", "cu130"),
+    ("T4", {"torch": "2.1", "python": "3.12"}, "--torch", "3.12"),
+    ("H100", {"driver": "550"}, "--driver", "R550"),
+    ("H100", {"driver": "580.1.2"}, "--driver", "580.1.2"),
+    ("H100", {"driver": "abc"}, "--driver", "'abc'"),
+    ("H100", {"driver": "999"}, "--driver", "999"),
+    ("H100", {"cuda": "9.9"}, "--cuda", "'9.9'"),
+    ("H100", {"torch": "0.1"}, "--torch", "'0.1'"),
+    ("H100", {"torch_cuda": "cu999"}, "--torch-cuda", "'cu999'"),
+    ("H100", {"python": "three"}, "--python", "'three'"),
+])
+def test_every_refusal_names_the_flag_the_value_and_a_way_out(gpu, pins, field, value):
+    with pytest.raises(UserInputError) as exc:  # StackConflict is a UserInputError
+        resolve(gpu, **pins)
+    assert exc.value.field == field
+    assert value in exc.value.problem
+    assert exc.value.hint
+
+
+def test_unsupported_os_is_named():
+    with pytest.raises(UserInputError) as exc:
+        resolve("H100", os_name="windows-11")
+    assert (exc.value.field, exc.value.problem) == ("--os", "unsupported OS 'windows-11'")
+    assert exc.value.hint.startswith("choose one of: ubuntu-")
+
+
+@pytest.mark.parametrize(("gpu", "pins", "branch"), [
+    ("V100", {"driver": "580"}, 580),  # Volta's last branch itself is allowed
+    ("B200", {"torch": "2.7"}, 595),  # Blackwell's first torch itself is allowed
+])
+def test_the_limits_themselves_are_allowed(gpu, pins, branch):
+    assert resolve(gpu, **pins).driver_branch == branch
+
+
+def test_a_torchless_stack_needs_no_minor_version_compat_and_r550s_hint_starts_at_r570():
+    assert resolve("T4", want_torch=False).minor_version_compat is False
+    with pytest.raises(StackConflict) as exc:
+        resolve("H100", driver="550")
+    assert "(known: 570, " in exc.value.hint  # R570, the first branch with a pinning package, is installable
+
+
+# --- refusal texts a user acts on, as printed -----------------------------------------------------------------
+
+def _refusal(gpu, **pins):
+    with pytest.raises(UserInputError) as exc:
+        resolve(gpu, **pins)
+    return exc.value
+
+
+def test_driver_version_refusals_list_the_releases_that_would_do():
+    unknown = _refusal("H100", driver="580.1.2")
+    assert unknown.hint.startswith("known R580 releases: 580.65.06, 580.82.07, ")
+    assert unknown.hint.endswith("; or pin only the branch: --driver 580")
+    unpinned = _refusal("H100", driver="580.65.06")  # a real release, but no pinning package is known for it
+    assert unpinned.rule == "driver-version-no-pinning-package"
+    assert unpinned.problem.startswith("driver 580.65.06 is a real R580 release, but no source shows an "
+                                       "nvidia-driver-pinning-580.65.06 package")
+    assert unpinned.hint == ("R580 releases with one: 580.105.08, 580.126.09, 580.126.16; "
+                             "or pin only the branch: --driver 580")
+
+
+def test_wheel_refusals_say_what_the_wheel_has_and_needs():
+    assert _refusal("V100", torch_cuda="cu130").problem == (
+        "torch 2.14+cu130 wheels carry code for sm_75, sm_80, sm_86, sm_90, sm_100, sm_120, not V100's sm_70")
+    assert _refusal("H100", driver="570", torch_cuda="cu130").problem == (
+        "cu130 wheels (CUDA 13.0) need driver ≥ 580.65.06 (or ≥ 580.65.06 through CUDA minor-version "
+        "compatibility) (R580); driver 570 is older")
+    python = _refusal("T4", python="3.15")
+    assert (python.field, python.rule, python.problem) == ("--python", "python-range",
+                                                          "torch 2.14 supports Python 3.10–3.14, not 3.15")
+
+
+def test_toolkit_refusals_say_which_toolkit_would_do():
+    assert _refusal("V100", cuda="13.0").hint == "use --cuda 12.9"
+    assert _refusal("B200", cuda="12.6").hint == "use --cuda 12.8 or newer"
+    assert _refusal("L4", driver="570", cuda="12.9").hint == "use --driver 575 or newer, or an older --cuda"
+
+
+def test_an_exact_driver_release_below_a_cudas_minimum_runs_it_only_through_minor_version_compat():
+    minimum = compat.facts().cuda_min_driver["12.8"].driver
+    assert compat.driver_runs("12.8", minimum) == (True, False)  # the minimum itself runs natively
+    assert compat.driver_runs("12.8", "570.10.01") == (True, True)  # same branch, an older release
+    assert compat.driver_runs("12.8", "520") == (False, False)  # below 12.x's minor-compat floor (525.60.13)
+    assert not compat.minor_compat_runs("10.2", "999")  # no minor-version compatibility family for CUDA 10
+
+
+def test_fabric_manager_reason_and_gen4_extras_only_where_they_apply():
+    b200 = resolve("B200", nvswitch=True)
+    gen4 = compat.facts().nvswitch_gen4
+    assert (b200.fabric_extra_packages, b200.fabric_modules_package, b200.fabric_modules_load_file) == (
+        gen4.packages, gen4.kernel_modules_package, gen4.modules_load_file)
+    assert any(r.endswith("both held; with nvlsm and the ib_umad/mlx5_ib modules (NVSwitch gen 4)") for r in b200.reasons)
+    h100 = resolve("H100", nvswitch=True)
+    assert (h100.nvlsm, h100.fabric_extra_packages, h100.fabric_modules_package, h100.fabric_modules_load_file) == (
+        False, (), None, None)
+    assert any(r.startswith("Fabric Manager (") and r.endswith("both held") for r in h100.reasons)
+    assert not any("InfiniBand" in u for u in h100.unverified)
+    assert not any(r.startswith("Fabric Manager") for r in resolve("H100", nvswitch=False).reasons)
+
+
+def test_an_exact_driver_pin_lists_its_unverified_release_fact():
+    stack = resolve("H100", driver="580.105.08")
+    assert f"--driver 580.105.08: {compat.facts().driver_versions_unverified}" in stack.unverified
+
+
+def test_a_branch_without_any_pinned_release_offers_only_the_branch_and_nvcc_offers_both_ways():
+    assert _refusal("H100", driver="575.57.08").hint == "or pin only the branch: --driver 575"
+    assert _refusal("H100", cuda="12.8", torch_cuda="cu130").hint == (
+        "use --cuda 13.0 (the wheel's CUDA), or --torch-cuda cu126 (a CUDA 12 wheel of torch 2.14)")
+    assert _refusal("H100", cuda="13.0", torch="2.11", torch_cuda="cu128").hint == (
+        "use --cuda 12.8 (the wheel's CUDA), or --torch-cuda cu130 (a CUDA 13 wheel of torch 2.11)")
+
+
+def test_remaining_refusal_details():
+    no_list = _refusal("H100", driver="615.1.2")  # R615 is installable, but no release of it is listed
+    assert (no_list.rule, no_list.hint) == ("driver-version-unknown", "or pin only the branch: --driver 615")
+    assert _refusal("H100", driver="580.65.06").field == "--driver"
+    torchless = _refusal("T4", want_torch=False, torch="2.9")
+    assert (torchless.problem, torchless.hint) == ("this playbook installs no PyTorch, so a torch pin has no effect",
+                                                   "drop the pin or use -p pytorch")
+    assert not compat.minor_compat_runs("13.0", "580.10.01")  # an R580 release older than 13.x's floor (580.65.06)
+
+
+def test_an_nvcc_mismatch_without_a_wheel_of_the_toolkits_major_offers_only_the_wheels_cuda():
+    assert _refusal("H100", cuda="13.0", torch="2.1").hint == "use --cuda 12.1 (the wheel's CUDA)"  # 2.1 has no cu13x

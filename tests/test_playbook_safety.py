@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -128,3 +129,62 @@ def test_run_is_the_one_command_field(tmp_path: Path) -> None:
     assert [r.result for r in runs] == ["changed", "changed"]
     assert (host.sysroot / f"f;touch {canary}".lstrip("/")).read_text() == f"$(touch {canary})"
     assert canary.exists()  # only because of `run`
+
+
+# --- every field × every payload, on every run ---------------------------------------------------
+# Hypothesis above explores combinations; this table proves each (field, payload) pair deterministically.
+# Fields a pattern constrains reject every payload; free-text fields accept it (unless the payload has a
+# newline, which a path forbids) and it must arrive on the host as data, with its canary untouched.
+
+FIELDS = ("name", "description", "files.path", "files.content", "files.mode", "creates", "env.path", "env.packages")
+REJECTS_ALL = {"name", "files.mode", "env.path", "env.packages"}
+
+
+def _playbook_with(field_name: str, value: str) -> dict[str, Any]:
+    step: dict[str, Any] = {"name": "data", "files": [{"path": "/etc/gp-data", "content": "x", "mode": "0644"}]}
+    data: dict[str, Any] = {"name": "hostile", "stack": "none", "torch": False, "env": None, "steps": [step]}
+    env = {"manager": "uv", "path": "/opt/env", "packages": ["rich>=13"]}
+    if field_name == "name":
+        data["name"] = value
+    elif field_name == "description":
+        data["description"] = value
+    elif field_name == "files.path":
+        step["files"][0]["path"] = "/" + value
+    elif field_name == "files.content":
+        step["files"][0]["content"] = value
+    elif field_name == "files.mode":
+        step["files"][0]["mode"] = value
+    elif field_name == "creates":
+        step["creates"] = "/" + value
+        step["run"] = "true"
+    elif field_name == "env.path":
+        data["env"] = {**env, "path": "/" + value}
+    elif field_name == "env.packages":
+        data["env"] = {**env, "packages": [value]}
+    return data
+
+
+@pytest.mark.parametrize("payload", PAYLOADS, ids=[f"p{i}" for i in range(len(PAYLOADS))])
+@pytest.mark.parametrize("field_name", FIELDS)
+def test_each_field_keeps_each_payload_as_data(field_name: str, payload: str, tmp_path: Path) -> None:
+    canary = tmp_path / f"CANARY-{field_name}"  # one canary per field: a hit names the field that leaked
+    value = payload.replace(CANARY, str(canary))
+    data = _playbook_with(field_name, value)
+    path_like = field_name in ("files.path", "creates")
+    if field_name in REJECTS_ALL or (path_like and "\n" in value):
+        with pytest.raises(ValidationError):
+            Playbook.model_validate(data)
+        return
+    playbook = Playbook.model_validate(data)
+    ctx = {"plan": None, "stack": None, "playbook": playbook, "env": playbook.env}
+    host = ShimHost(tmp_path / "host")
+    runs = host.run_bundle(render_steps(steps_for(playbook, None), ctx, {}))
+    assert not canary.exists(), f"{field_name} ran {value!r} as a command"
+    assert [r.ok for r in runs] == [True] * len(runs), [r.stderr[-300:] for r in runs]
+    # the value arrived verbatim, as data
+    if field_name == "files.path":
+        assert (host.sysroot / value).read_text() == "x"
+    elif field_name == "files.content":
+        assert (host.sysroot / "etc/gp-data").read_text() == value
+    elif field_name == "creates":
+        assert f"did not create {host.sysroot}/{value}" in runs[-1].stderr

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the system packages the test-suite drives for real (sshd, sudo, ip, shellcheck, rsync,
-# debootstrap and dpkg-dev for the real-apt chroot),
+# debootstrap and dpkg-dev for the real-apt chroot, systemd-analyze to verify the rendered units),
 # when they are missing and we can: as root with apt-get. Otherwise says what is missing.
 set -euo pipefail
 missing=()
@@ -9,6 +9,8 @@ command -v sudo >/dev/null || missing+=(sudo)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v shellcheck >/dev/null || missing+=(shellcheck)
 command -v rsync >/dev/null || missing+=(rsync)
+# tests/test_systemd_units.py: `systemd-analyze verify` on every rendered unit and timer
+command -v systemd-analyze >/dev/null || missing+=(systemd)
 # the real-apt test (tests/test_real_apt.py): a debootstrapped chroot and a local repository
 command -v debootstrap >/dev/null || [[ -x /usr/sbin/debootstrap ]] || missing+=(debootstrap)
 command -v dpkg-scanpackages >/dev/null || missing+=(dpkg-dev)

@@ -244,8 +244,8 @@ class _HostRun:
         self.reporter.event(self.target.name, name, "running")
         self.log.note(f"step {name} ({script.sha256[:12]})")
         command = f"bash {BUNDLE_DIR}/{script.filename}"
-        if script.kind != "verify":  # the marker goes in the same round trip, only when the step succeeded
-            command += f" && printf '%s\\n' {script.sha256} > {MARKER_DIR}/{name}.sha256"
+        if script.kind != "verify":
+            command = _with_marker(command, name, script.sha256)
         try:
             result = remote.run(command, sudo=True, out=self.log, timeout=self.options.step_timeout)
         except ConnectionLost as exc:
@@ -262,11 +262,13 @@ class _HostRun:
             self.log.note("rebooting")
             remote.reboot_and_wait(self.options.reboot_timeout,
                                    on_wait=lambda msg: self.reporter.event(self.target.name, name, msg))
-            loaded = remote.run("lsmod | grep -q '^nvidia ' || nvidia-smi -L >/dev/null 2>&1", sudo=True)
+            check, problem = _AFTER_REBOOT.get(name, _AFTER_REBOOT["nvidia-driver"])
+            pending, marker = f"{MARKER_DIR}/{name}{_PENDING}", f"{MARKER_DIR}/{name}.sha256"
+            # the marker of a reboot step is written only once the reboot did what the step asked for
+            loaded = remote.run(f"if {check}; then mv -f {pending} {marker}; else rm -f {pending}; false; fi", sudo=True)
             if not loaded.ok:
                 return StepResult(name, "failed", time.monotonic() - start,
-                                  "the NVIDIA kernel module is not loaded after the reboot: check `dkms status`, "
-                                  "headers for `uname -r` and Secure Boot")
+                                  f"{problem}; the next run resumes at this step")
         self.reporter.event(self.target.name, name, outcome)
         return StepResult(name, outcome, time.monotonic() - start)
 
@@ -283,6 +285,32 @@ class _HostRun:
             return StepResult(name, "failed", time.monotonic() - start, f"{worst.detail} — fix: {worst.fix}")
         self.reporter.event(self.target.name, name, "ok")
         return StepResult(name, "unchanged", time.monotonic() - start)
+
+
+# What a reboot step asked the reboot to do, checked before its marker is written: (check, problem).
+_AFTER_REBOOT = {
+    "nvidia-driver": ("{ lsmod | grep -q '^nvidia ' || nvidia-smi -L >/dev/null 2>&1; }",
+                      "the NVIDIA kernel module is not loaded after the reboot: check `dkms status`, "
+                      "headers for `uname -r` and Secure Boot"),
+    "nouveau-off": ("! lsmod | grep -q '^nouveau '",
+                    "nouveau is still loaded after the reboot: check /etc/modprobe.d and `update-initramfs -u`"),
+}
+_PENDING = ".sha256.after-reboot"
+
+
+def _with_marker(command: str, name: str, sha256: str) -> str:
+    """`command`, then its step's marker, in the same round trip: only when it exited 0, and for a step that
+    asks for a reboot under a pending name that the engine renames once the post-reboot check passes.
+
+    An old marker goes first, so a step that fails (even under --force) has none and the next run retries it."""
+    marker = f"{MARKER_DIR}/{name}.sha256"
+    return (
+        f"rm -f {marker} {MARKER_DIR}/{name}{_PENDING}; out=\"$({command})\" || {{ rc=$?; printf '%s\\n' \"$out\"; "
+        f"exit $rc; }}; printf '%s\\n' \"$out\"; "
+        f"case \"$(printf '%s\\n' \"$out\" | grep -E '^GPUPROV_RESULT=' | tail -n 1)\" in "
+        f"GPUPROV_RESULT=reboot*) printf '%s\\n' {sha256} > {MARKER_DIR}/{name}{_PENDING} ;; "
+        f"*) printf '%s\\n' {sha256} > {marker} ;; esac"
+    )
 
 
 def _last_line(stderr: str, code: int) -> str:

@@ -454,6 +454,17 @@ def _choose_torch(gpu: Gpu, pins: StackPins) -> tuple[str, str, bool]:
     raise StackConflict(field, first.text, first.hint, rule=first.rule)
 
 
+def variants_with_sass(release: str, compute_capability: str) -> list[str]:
+    """The CUDA variants of a torch release whose wheels carry code a GPU of this compute capability runs
+    (the release's PyPI default first). For `check` when a wheel fails with "no kernel image is available"."""
+    info = facts().torch_releases.get(".".join(release.split("+")[0].split(".")[:2]))
+    if info is None:
+        return []
+    name = ".".join(release.split("+")[0].split(".")[:2])
+    fits = [v for v in info.variants if (archs := _wheel_archs(name, v)) and _sm_runs(archs.sm, compute_capability)]
+    return sorted(fits, key=lambda v: v != info.pypi_default)
+
+
 def choose_torch_for_driver(gpu: Gpu, driver: str) -> TorchWheel:
     """The newest torch wheel that runs on an already-installed driver (any branch, also ones gpuprov would not
     install), minor-version compatibility included. For doctor/check fixes on existing hosts."""

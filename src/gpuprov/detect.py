@@ -37,7 +37,9 @@ IMDS_INSTANCE_TYPE = (
 # a non-root nvidia-smi fails until the /dev/nvidia* nodes exist (a root nvidia-smi creates them).
 FACTS_COMMAND = (
     "echo '## nvidia-smi'; "
-    "command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null; "
+    # only a successful nvidia-smi names GPUs: a failing one prints "NVIDIA-SMI has failed …" on stdout
+    "if command -v nvidia-smi >/dev/null 2>&1 && smi=\"$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)\"; "
+    "then printf '%s\\n' \"$smi\"; fi; "
     "echo '## lspci'; "
     "if command -v lspci >/dev/null 2>&1; then lspci -nn -d 10de: 2>/dev/null; else echo '## lspci-missing'; fi; "
     "echo '## os'; "

@@ -299,7 +299,24 @@ def _torch_checks(report: CheckReport, expect: Expectation) -> list[Check]:
         checks.append(Check(
             name=f"matmul gpu{dev.index}", ok=dev.matmul_ok,
             detail=f"{dev.name} sm_{dev.capability[0]}{dev.capability[1]}: "
-            + ("matches CPU" if dev.matmul_ok else (dev.error or f"max error {dev.max_abs_err}")),
-            fix=None if dev.matmul_ok else "check `dmesg | grep -i xid`; reset or replace the GPU",
+            + ("matches CPU" if dev.matmul_ok else (dev.error or f"max error {dev.max_abs_err}").splitlines()[0]),
+            fix=None if dev.matmul_ok else _matmul_fix(t, dev),
         ))
     return checks
+
+
+def _matmul_fix(t: TorchInfo, dev: TorchDevice) -> str:
+    """A wheel without code for the GPU is a wrong install, not a broken GPU: name a wheel that has it."""
+    if "no kernel image is available" not in (dev.error or ""):
+        return "check `dmesg | grep -i xid`; reset or replace the GPU"
+    from gpuprov.compat import variants_with_sass
+
+    sm = f"sm_{dev.capability[0]}{dev.capability[1]}"
+    release = (t.version or "").split("+")[0]
+    built = f" (it carries {', '.join(t.arch_list)})" if t.arch_list else ""
+    variants = variants_with_sass(release, f"{dev.capability[0]}.{dev.capability[1]}") if release else []
+    if variants:
+        return (f"torch {t.version} has no code for {dev.name}'s {sm}{built}: install its {variants[0]} build "
+                f"(`gpuprov bootstrap --torch-cuda {variants[0]} --force`)")
+    return (f"torch {t.version} has no code for {dev.name}'s {sm}{built}: install a torch release whose wheels "
+            f"carry {sm} (`gpuprov plan --gpu ...` names one)")

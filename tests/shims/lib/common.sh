@@ -32,6 +32,15 @@ if [ -f "$SHIM_STATE/env" ]; then
 fi
 mkdir -p "$SHIM_STATE/enabled" "$SHIM_RUN/active"
 touch "$SHIM_STATE/installed" "$SHIM_STATE/held"
+# GPUPROV_SHIM_NOUVEAU=loaded: the GPU's open-source driver claims it at boot unless blacklisted then (decided
+# at the first shim call of a boot, before any step of that boot could write the blacklist).
+if [ "${GPUPROV_SHIM_NOUVEAU:-}" = loaded ] && [ ! -e "$SHIM_RUN/nouveau-decided" ]; then
+  : >"$SHIM_RUN/nouveau-decided"
+  if ! grep -qs '^blacklist nouveau' "${GPUPROV_SYSROOT:-/nonexistent}"/etc/modprobe.d/*.conf; then
+    mkdir -p "$SHIM_RUN/modules"
+    : >"$SHIM_RUN/modules/nouveau"
+  fi
+fi
 
 shim_record() {
   printf '%s\n' "$*" >>"$SHIM_STATE/calls.log"
@@ -191,8 +200,10 @@ shim_driver_version() {
   esac
 }
 
+# GPUPROV_SHIM_MODULE_LOAD=fail: the installed module never loads (Secure Boot rejects its unsigned key,
+# or DKMS built nothing for this kernel): not after a reboot, not through modprobe.
 shim_module_loaded() {
-  shim_driver_installed && [ ! -e "$SHIM_RUN/driver-installed-this-boot" ]
+  [ "${GPUPROV_SHIM_MODULE_LOAD:-}" != fail ] && shim_driver_installed && [ ! -e "$SHIM_RUN/driver-installed-this-boot" ]
 }
 
 shim_unit_enabled() {
@@ -218,7 +229,7 @@ shim_gpu_count() {
   echo "${GPUPROV_SHIM_GPU_COUNT:-1}"
 }
 
-# Kernel modules other than nvidia's (ib_umad, mlx5_ib, ...): one empty file per loaded module in
+# Kernel modules other than nvidia's (ib_umad, mlx5_ib, nouveau, ...): one empty file per loaded module in
 # $SHIM_RUN/modules (a reboot unloads them). At the first module query of a boot, the modules listed in
 # the sysroot's /etc/modules-load.d/*.conf are loaded, as systemd-modules-load does at boot, if their
 # package is installed.

@@ -67,6 +67,7 @@ class Tensor:
         if self.device.type == "cpu":
             out = [[sum(map(operator.mul, r, c)) for c in cols] for r in self.rows]
         else:
+            cuda._kernel_check(self.device.index or 0)
             out_t = [[sum(map(operator.mul, r, c)) for r in self.rows] for c in cols]
             out = [list(r) for r in zip(*out_t, strict=True)]
             if cuda._shim_setting("GPUPROV_SHIM_FAIL") == "bad-matmul":

@@ -120,12 +120,25 @@ def get_arch_list() -> list[str]:
 
     if not is_available():
         return []
-    cuda = _version_tuple(version.cuda or "0.0")
-    if cuda >= (13, 0):
-        return ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
-    if cuda >= (12, 8):
-        return ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
-    return ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
+    return list(getattr(version, "arch_list", []))
+
+
+def _kernel_check(index: int) -> None:
+    """A kernel launch: the wheel must carry SASS the GPU runs (X.y runs on X.z with z >= y, same major),
+    else CUDA fails as it does for a GPU outside the wheel's arch list."""
+    props = get_device_properties(index)
+    digits = [re.sub(r"\D", "", a) for a in get_arch_list()]  # "sm_86" -> "86", "sm_100" -> "100"
+    runs = any(int(d[:-1]) == props.major and int(d[-1]) <= props.minor for d in digits if len(d) >= 2)
+    if not runs:
+        sm = f"sm_{props.major}{props.minor}"
+        if not getattr(_kernel_check, "warned", False):
+            _kernel_check.warned = True  # type: ignore[attr-defined]
+            print(f"UserWarning: {props.name} with CUDA capability {sm} is not compatible with the current PyTorch "
+                  f"installation. The current PyTorch install supports CUDA capabilities {' '.join(get_arch_list())}.",
+                  file=sys.stderr)
+        raise RuntimeError("CUDA error: no kernel image is available for execution on the device\n"
+                           "CUDA kernel errors might be asynchronously reported at some other API call, so the "
+                           "stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1")
 
 
 def synchronize(index: int | None = None) -> None:
