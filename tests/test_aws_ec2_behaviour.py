@@ -340,3 +340,17 @@ def test_no_bootstrap_waits_for_ssh_and_pins_the_host_key(aws, env, aws_hosts, g
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert gp(env, "down", "nb", "--yes").returncode == 0
     nothing_left(aws)
+
+
+def test_plan_hours_live_prices_the_estimate_at_todays_spot_price(aws, env):
+    aws.set_spot_prices({("g4dn.xlarge", "us-east-1a"): 0.2104, ("g4dn.xlarge", "us-east-1c"): 0.1906})
+    result = gp(env, "plan", "--gpu", "T4", "--spot", "--hours", "10", "--live", "--json")
+    assert result.returncode == 0, result.stderr
+    estimate = json.loads(result.stdout)["estimate"]
+    assert (estimate["spot_zone"], estimate["usd_hour_spot"], estimate["usd_spot"]) == ("us-east-1c", 0.1906, 1.91)
+    assert estimate["usd_on_demand"] == round(estimate["usd_hour_on_demand"] * 10, 2)
+    human = gp(env, "plan", "--gpu", "T4", "--spot", "--hours", "10", "--live")
+    assert "at today's spot price $0.1906/h (us-east-1c): $1.91" in human.stdout
+    assert [e["action"] for e in aws.log()] == ["DescribeSpotPriceHistory", "DescribeSpotPriceHistory"]
+    no_hours = gp(env, "plan", "--gpu", "T4", "--live")
+    assert no_hours.returncode == 2 and "--hours" in no_hours.stderr

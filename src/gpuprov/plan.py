@@ -100,10 +100,11 @@ class Plan:
     def price_usd_hour(self) -> float | None:
         return self.instance.price_usd_hour if self.instance else None
 
-    def estimate(self, hours: float | None) -> dict[str, Any] | None:
+    def estimate(self, hours: float | None, spot: tuple[str, float] | None = None) -> dict[str, Any] | None:
         """What `hours` of this plan's instance cost, and how long its --budget lasts, at the on-demand list
         price (spot bills less; on spot the budget's deadline comes from the price obtained at launch).
-        None: nothing asked, or no price known."""
+        `spot`: (zone, $/h) of today's cheapest spot offer, from `plan --live`. None: nothing asked, or no
+        price known."""
         price = self.price_usd_hour
         budget = self.request.budget_usd
         if price is None or (hours is None and budget is None):
@@ -113,6 +114,10 @@ class Plan:
             out.update(hours=hours, usd_on_demand=round(price * hours, 2))
         if budget is not None:
             out.update(budget_usd=budget, budget_hours=round(budget / price, 2))
+        if spot is not None:
+            out.update(spot_zone=spot[0], usd_hour_spot=spot[1])
+            if hours is not None:
+                out["usd_spot"] = round(spot[1] * hours, 2)
         return out
 
     @property

@@ -52,7 +52,8 @@ def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None
 @click.option("--show-scripts", is_flag=True, help="Also print every rendered script.")
 @click.option("--hours", type=click.FloatRange(0, min_open=True), default=None, metavar="H",
               help="Also print what H hours cost at the on-demand list price (and how long a --budget lasts).")
-def plan(as_json: bool, show_scripts: bool, hours: float | None, **kw: Any) -> None:
+@click.option("--live", is_flag=True, help="With --hours: also at today's cheapest spot price (asks AWS; needs credentials).")
+def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, **kw: Any) -> None:
     """Show what `up` would launch and install, without touching the network.
 
     Picks the cheapest instance type that carries the GPUs, resolves one consistent
@@ -62,7 +63,9 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, **kw: Any) -> N
     from gpuprov.report import plan_view
 
     the_plan = plan_from(kw)
-    estimate = the_plan.estimate(hours)
+    if live and hours is None:
+        raise click.UsageError("--live prices an estimate: add --hours H")
+    estimate = the_plan.estimate(hours, _cheapest_spot(the_plan) if live else None)
     if as_json:
         data = the_plan.summary()
         if estimate:
@@ -79,6 +82,12 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, **kw: Any) -> N
             spot = " (spot usually bills less: `gpuprov gpus --live` shows today's price)" if kw["spot"] else ""
             console.print(f"estimate for {hours:g}h: ${estimate['usd_on_demand']:,.2f} at the on-demand list price "
                           f"${price:,.2f}/h{spot}", markup=False)
+        if "usd_spot" in estimate:
+            console.print(f"  at today's spot price ${estimate['usd_hour_spot']:.4f}/h ({estimate['spot_zone']}): "
+                          f"${estimate['usd_spot']:,.2f}", markup=False)
+        elif live:
+            console.print(f"  no spot price for {the_plan.instance.name if the_plan.instance else '?'} in "
+                          f"{the_plan.request.region} right now", markup=False)
         if "budget_usd" in estimate:
             spot = " (on spot the deadline comes from the spot price obtained at launch)" if kw["spot"] else ""
             console.print(f"budget ${estimate['budget_usd']:g} lasts {estimate['budget_hours']:.1f}h at "
@@ -106,6 +115,15 @@ def render(out: str, **kw: Any) -> None:
     click.echo(f"wrote {len(written) - 1} scripts and manifest.json to {written[-1].parent}")
     for path in written:
         click.echo(f"  {path.name}")
+
+
+def _cheapest_spot(plan: Any) -> tuple[str, float] | None:
+    """Today's cheapest spot offer for the plan's instance type in its region: (zone, $/h)."""
+    if plan.instance is None:
+        return None
+    _store, provider = store_and_provider()
+    prices = provider.prices(plan.request.region, [plan.instance.name])
+    return (prices[0].zone, prices[0].price) if prices else None
 
 
 def _live_prices(cat: Any, region: str, as_json: bool) -> None:
