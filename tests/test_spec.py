@@ -119,7 +119,7 @@ def test_yaml_and_shape_errors_carry_their_hints(tmp_path: Path) -> None:
     path.write_text("name: ok\nstack: gpu\n  env: x\n")
     with pytest.raises(UserInputError) as exc:
         load_playbook(str(path))
-    assert exc.value.hint == "check indentation and quoting" and "mapping values are not allowed here" in exc.value.problem
+    assert exc.value.hint == "check indentation and quoting" and "mapping values are not allowed" in exc.value.problem
     path.write_text("- a\n")
     with pytest.raises(UserInputError) as exc:
         load_playbook(str(path))

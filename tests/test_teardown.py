@@ -98,7 +98,8 @@ def _live(store: Store) -> list[tuple[str, str | None]]:
     return [(r.kind, r.cloud_id) for r in store.resources("n1", region=R)]
 
 
-def test_instances_first_then_spot_volumes_and_the_group_and_rows_marked_gone(store: Store) -> None:
+def test_spot_requests_first_then_instances_volumes_and_the_group_and_rows_marked_gone(store: Store) -> None:
+    """A persistent spot request relaunches a terminated instance, so it is cancelled before the terminate."""
     sg = store.intend("n1", "security-group", R, "gpuprov-n1")
     store.created(sg, "sg-1")
     inst = store.intend("n1", "instance", R, "tok-1")
@@ -108,9 +109,9 @@ def test_instances_first_then_spot_volumes_and_the_group_and_rows_marked_gone(st
     cloud = FakeCloud(live={"i-1", "vol-1", "sir-1", "sg-1"})
     result = _run(cloud, store)
     assert result.complete and _live(store) == []
-    assert result.removed == ["instance i-1", "spot-request sir-1", "volume vol-1", "security-group sg-1"]
+    assert result.removed == ["spot-request sir-1", "instance i-1", "volume vol-1", "security-group sg-1"]
     order = [c[0] if c[0] != "delete" else c[1] for c in cloud.calls if c[0] != "instances"]
-    assert order == ["terminate", "wait_terminated", "spot-request", "volume", "security-group"]
+    assert order == ["spot-request", "terminate", "wait_terminated", "volume", "security-group"]
 
 
 def test_a_fresh_resources_notfound_is_looked_at_again_an_old_ones_means_gone(store: Store) -> None:
