@@ -2,7 +2,7 @@
 
 Order: spot requests (a persistent one would relaunch a terminated instance), instances (by recorded
 id: TerminateInstances needs no describe first; launches whose answer was lost are found by their
-ClientToken, and their spot requests cancelled too), then spot requests and volumes, then the
+ClientToken, and their spot requests cancelled too), then volumes, then the
 security group (by recorded id, or by its recorded name), then whatever else carries the node's
 tag. A NotFound on a resource created moments ago is looked at again (EC2 is eventually
 consistent); on an older one it means gone. A row is marked deleted only once the cloud confirmed
