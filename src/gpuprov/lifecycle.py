@@ -41,10 +41,9 @@ from gpuprov.providers.base import (
     NotFound,
     Provider,
 )
-from gpuprov.state import Node, Resource, Store
+from gpuprov.state import Node, Store
 
 if TYPE_CHECKING:
-    from gpuprov.catalog import InstanceType
     from gpuprov.inventory import Target
     from gpuprov.remote import HostSettings
 
@@ -402,7 +401,7 @@ def _first_contact(opts: UpOptions, key_path: str, address: str, say: Say) -> tu
     from gpuprov.remote import HostSettings
 
     say(f"waiting for SSH on {address}")
-    _wait_tcp(address, 22, opts.ssh_timeout)
+    wait_tcp(address, 22, opts.ssh_timeout)
     known_hosts = sshconfig.node_known_hosts(opts.name)
     known_hosts.unlink(missing_ok=True)  # a new machine: a key pinned for an old one at this address is void
     settings = HostSettings(known_hosts=known_hosts, accept_new_host_key=True, connect_timeout=15)
@@ -437,13 +436,13 @@ def _bootstrap(plan: Plan, opts: UpOptions, key_path: str, address: str, say: Sa
     target, settings = _first_contact(opts, key_path, address, say)
     say("bootstrapping: " + ", ".join(s.name for s in plan.steps))
     options = engine.Options(reboot_timeout=opts.reboot_timeout, echo=opts.verbose_echo)
-    (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options, reporter=_StepLines(say))
+    (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options, reporter=StepLines(say))
     if result.status not in ("ok", "changed"):
         raise GpuprovError(f"bootstrap {result.summary}: {result.error} (log: {result.log_path})")
     return result
 
 
-class _StepLines:
+class StepLines:
     """Bootstrap progress as one line per finished step."""
 
     def __init__(self, say: Say) -> None:
@@ -457,7 +456,7 @@ class _StepLines:
             self.last = line
 
 
-def _wait_tcp(address: str, port: int, timeout: float) -> None:
+def wait_tcp(address: str, port: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -673,301 +672,3 @@ def refresh(store: Store, provider: Provider) -> list[Node]:
             store.update_node(n.name, state="interrupted" if n.market == "spot" else "gone",
                               state_reason=reason or "instance no longer exists")
     return store.nodes()
-
-
-# --- stop / start / resize -------------------------------------------------------------------------
-
-RUNNING_STATES = ("ready", "running", "bootstrapping")
-
-
-def _instance_rows(node: Node, store: Store) -> list[Resource]:
-    rows = [r for r in store.resources(node.name, region=node.region, kind="instance") if r.cloud_id]
-    if not rows:
-        raise GpuprovError(f"{node.name} has no recorded instance (state {node.state}); `gpuprov down {node.name}` "
-                           "removes what is left")
-    return rows
-
-
-def _busy(node: Node) -> bool:
-    """Another gpuprov process on this machine is working on the node right now."""
-    if not node.pid or node.host != socket.gethostname() or node.pid == os.getpid():
-        return False
-    try:
-        os.kill(node.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def budget_left(node: Node, at: float | None = None) -> float | None:
-    """Dollars left of the node's --budget: the time to its budget deadline at the price it was set with."""
-    if node.budget_usd is None or node.budget_deadline is None or not node.budget_price:
-        return None
-    return max(0.0, (node.budget_deadline - (at or time.time())) / 3600 * node.budget_price)
-
-
-def cannot_stop(node: Node) -> UserInputError:
-    return UserInputError(
-        "NAME", f"{node.name} is a one-time spot instance, which EC2 cannot stop (only terminate)",
-        f"`gpuprov down {node.name}` ends it, disk included; to have spot nodes that can stop, launch them with "
-        "`gpuprov up --spot --persistent` (a persistent request whose interruption behaviour is stop)")
-
-
-def stop(names: Sequence[str], provider: Provider, store: Store, say: Say, timeout: float = 900) -> list[Node]:
-    """Stop nodes (EBS kept, compute billing ends). Every node is checked before any is touched: a one-time
-    spot node, or one that is not running, refuses the whole command."""
-    nodes = [store.node(n) for n in names]
-    for node in nodes:
-        if not node.can_stop:
-            raise cannot_stop(node)
-        if node.state not in (*RUNNING_STATES, "stopping", "stopped"):
-            raise UserInputError("NAME", f"{node.name} is {node.state}", "only a running node can stop")
-        if node.state in ("running", "bootstrapping") and _busy(node):
-            raise UserInputError("NAME", f"{node.name} is still being set up by gpuprov (pid {node.pid})",
-                                 "wait for `up` or `start` to finish, or press Ctrl-C there")
-        _instance_rows(node, store)
-    for node in nodes:
-        if node.state == "stopped":
-            say(f"{node.name} is already stopped")
-            continue
-        rows = _instance_rows(node, store)
-        ids = [r.cloud_id for r in rows if r.cloud_id]
-        store.update_node(node.name, state="stopping")
-        store.event(node.name, "stop", f"stopping {', '.join(ids)}")
-        say(f"{node.name}: stopping {', '.join(ids)}")
-        provider.stop(node.region, ids, settle=max(settle(r) for r in rows))
-        provider.wait_stopped(node.region, ids, timeout=timeout)
-        store.update_node(node.name, state="stopped", stopped_at=time.time(), state_reason=None)
-        store.event(node.name, "stopped", ", ".join(ids))
-    return [store.node(n.name) for n in nodes]
-
-
-def storage_month(node: Node) -> tuple[float, str] | None:
-    """What the stopped node's disk costs a month, and where that price comes from."""
-    from gpuprov import catalog
-
-    if not node.disk_gb:
-        return None
-    storage = catalog.load().storage
-    source = storage.source + (f" (unverified here: {storage.unverified})"
-                               if storage.unverified and node.region != storage.region else "")
-    return storage.month(node.disk_gb), source
-
-
-def resize_target(node: Node, gpu: str | None, instance_type: str | None,
-                  offered: Callable[[list[str]], dict[str, list[str]]]) -> InstanceType | None:
-    """The instance type `start --gpu/--instance-type` asks for (None: keep the type); for --gpu the
-    cheapest that carries it and is offered in the node's zone, where its disk is."""
-    from gpuprov import catalog
-    from gpuprov.plan import choose_instances
-
-    cat = catalog.load()
-    if instance_type:
-        return cat.instance_type(instance_type)
-    if gpu:
-        name, count = catalog.parse_gpu_request(gpu)
-        count = count if ":" in gpu else (node.gpu_count or 1)
-        fits = choose_instances(cat.gpu(name), count)
-        zones = offered([it.name for it in fits])
-        return next((it for it in fits if node.zone in zones.get(it.name, [])), fits[0])
-    return None
-
-
-def check_resize(node: Node, target: InstanceType) -> None:
-    """Refuse, before anything changes, a type whose GPU the stack installed on the node cannot serve:
-    the same driver branch, kernel module, torch wheel and toolkit must resolve for the new GPU."""
-    from gpuprov import catalog, compat
-    from gpuprov.errors import StackConflict
-
-    stack = node.plan.get("stack")
-    if not stack or not target.gpu:
-        return
-    gpu = catalog.load().gpu(target.gpu)
-    torch = stack.get("torch") or None
-    installed = (f"driver R{stack['driver_branch']} ({stack['kernel_module']} kernel module)"
-                 + (f", torch {torch['version']}+{torch['variant']}" if torch else ""))
-    pins = compat.StackPins(driver=stack.get("driver_version") or str(stack["driver_branch"]),
-                            cuda=stack.get("cuda_toolkit"), torch=torch["version"] if torch else None,
-                            torch_cuda=torch["variant"] if torch else None, python=stack.get("python"))
-    fix = (f"keep a type with a GPU this stack serves, or launch a new node for {gpu.name}: "
-           f"`gpuprov up NAME --gpu {gpu.name}`")
-    try:
-        new = compat.resolve(gpu, stack["os"], pins, nvswitch=target.nvswitch, want_torch=torch is not None)
-    except StackConflict as exc:
-        raise StackConflict("--instance-type", f"{node.name} has {installed}, which cannot serve {gpu.name} on "
-                            f"{target.name}: {exc.problem}", fix, rule=exc.rule) from None
-    if new.kernel_module != stack["kernel_module"]:
-        raise StackConflict("--instance-type", f"{node.name} has {installed}; {gpu.name} on {target.name} needs the "
-                            f"{new.kernel_module} kernel module", fix, rule="kernel-module-differs")
-
-
-@dataclass
-class StartResult:
-    node: Node
-    address: str
-    resized_from: str | None = None
-    verified: bool = False
-    ssh_alias: str | None = None
-
-
-@dataclass(frozen=True)
-class StartOptions:
-    gpu: str | None = None
-    instance_type: str | None = None
-    bootstrap: bool = True
-    ssh_timeout: float = 600.0
-    reboot_timeout: float = 600.0
-    verbose_echo: Callable[[str], None] | None = None
-
-
-def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: Say) -> StartResult:
-    """Start a stopped node, resized first when asked. Order: refuse what cannot work (state, stack, zone)
-    -> record the resize (from, to) -> ModifyInstanceAttribute -> StartInstances (a refusal puts the type
-    back: the node stays stopped, as it was) -> running -> address, ssh config -> bootstrap + verify.
-    A `start` killed mid-way leaves the node `resizing`/`starting` with its records; `start` or `down`
-    completes it."""
-    from gpuprov import catalog
-
-    node = store.node(name)
-    if node.state in ("resizing", "starting") and _busy(node):
-        raise UserInputError("NAME", f"another gpuprov process (pid {node.pid}) is starting {name}", "wait for it")
-    if node.state in RUNNING_STATES:
-        raise UserInputError("NAME", f"{name} is already running ({node.state})", f"`gpuprov stop {name}` first")
-    if node.state not in ("stopped", "resizing", "starting"):
-        raise UserInputError("NAME", f"{name} is {node.state}", "only a stopped node can start")
-    if budget_left(node, at=node.stopped_at) == 0:
-        raise UserInputError("NAME", f"{name}'s ${node.budget_usd:g} budget is spent",
-                             f"`gpuprov ttl {name} off` lifts the cap, then start it")
-    (row, *_more) = _instance_rows(node, store)
-    iid = row.cloud_id or ""
-    target = resize_target(node, opts.gpu, opts.instance_type, lambda types: provider.offerings(node.region, types))
-    if target is None and node.resize_to:  # a resize killed mid-way: finish what was asked
-        target = catalog.load().instance_type(node.resize_to)
-    (current,) = provider.describe(node.region, [iid], settle=settle(row))
-    if current.state in ("terminated", "shutting-down"):
-        store.update_node(name, state="gone", state_reason=current.state_reason or "instance terminated")
-        raise GpuprovError(f"{name}'s instance {iid} is {current.state}; `gpuprov down {name}` removes what is left")
-    original = node.resize_from or current.instance_type
-    resized_from = None
-    if target is not None and target.name != current.instance_type:
-        if current.state not in ("stopped",):
-            raise UserInputError("--instance-type", f"{name} is {current.state}; a resize needs it stopped",
-                                 f"`gpuprov stop {name}` first")
-        if node.market == "spot":  # EC2 guide, "Change the instance type": not for Spot Instances
-            raise UserInputError("--instance-type", f"{name} is a spot instance, whose type EC2 cannot change",
-                                 f"start it as it is (`gpuprov start {name}`), or `gpuprov up` a new node with "
-                                 f"--instance-type {target.name}")
-        check_resize(node, target)
-        zones = provider.offerings(node.region, [target.name]).get(target.name, [])
-        if node.zone and node.zone not in zones:
-            raise UserInputError("--instance-type", f"{target.name} is not offered in {node.zone}, where {name}'s "
-                                 "disk is", f"offered in: {', '.join(zones) or 'no zone of ' + node.region}")
-        store.update_node(name, state="resizing", resize_from=original, resize_to=target.name, pid=os.getpid(),
-                          host=socket.gethostname())
-        store.event(name, "resize", f"{current.instance_type} -> {target.name}")
-        say(f"{name}: {current.instance_type} -> {target.name}")
-        provider.set_instance_type(node.region, iid, target.name, settle=settle(row))
-        resized_from = current.instance_type
-    elif target is not None and node.resize_from and target.name == current.instance_type:
-        resized_from = node.resize_from if node.resize_from != target.name else None
-    now_type = target.name if target is not None else current.instance_type
-    it = catalog.load().instance_type(now_type)
-    store.update_node(name, state="starting", instance_type=now_type, gpu=it.gpu or node.gpu, gpu_count=it.gpus,
-                      price_usd_hour=it.price_usd_hour, pid=os.getpid(), host=socket.gethostname())
-    say(f"{name}: starting {iid} ({now_type})")
-    try:
-        provider.start(node.region, [iid], settle=settle(row))
-    except LaunchError as exc:
-        back = ""
-        if now_type != original:
-            provider.set_instance_type(node.region, iid, original, settle=0)
-            back = f" as {original} (the resize to {now_type} was undone)"
-        orig = catalog.load().instance_type(original)
-        store.update_node(name, state="stopped", instance_type=original, gpu=orig.gpu or node.gpu,
-                          gpu_count=orig.gpus, price_usd_hour=orig.price_usd_hour, resize_from=None, resize_to=None)
-        store.event(name, "start-refused", f"{exc.code}: {exc.message}")
-        fix = f"\n  fix: {exc.fix}" if exc.fix else ""
-        raise GpuprovError(f"AWS refused to start {name}: {exc.code}: {exc.message}{fix}\n  {name} stays "
-                           f"stopped{back}; try again later, or another type: gpuprov start {name} --instance-type …"
-                           ) from None
-    instance = provider.wait_running(node.region, iid, timeout=opts.ssh_timeout, settle=settle(row))
-    address = instance.private_ip if node.connect == "private" else instance.public_ip
-    if not address:
-        raise GpuprovError(f"{iid} runs but has no {node.connect or 'public'} address")
-    from gpuprov import sshconfig
-    from gpuprov.paths import keys_dir, region_key
-
-    if address != node.address:
-        sshconfig.move_node_key(name, address)
-        say(f"{name}: new address {address} (was {node.address}); host key kept pinned")
-    store.update_node(name, state="running", address=address, zone=instance.zone, resize_from=None, resize_to=None,
-                      stopped_at=None, state_reason=None)
-    key_path = str(region_key(keys_dir(), node.region))
-    alias = sshconfig.add_node(name, address, node.ssh_user or "ubuntu", key_path)
-    store.event(name, "started", f"{now_type} {address}")
-    result = StartResult(store.node(name), address, resized_from, ssh_alias=alias)
-    if opts.bootstrap:
-        result.verified = _rebootstrap(store.node(name), opts, key_path, store, say)
-    store.update_node(name, state="ready", ready_at=time.time())
-    result.node = store.node(name)
-    return result
-
-
-def node_plan(node: Node) -> Plan:
-    """The plan a node was bootstrapped with, for its current instance type: the stack installed on it
-    pinned exactly (driver branch, torch, toolkit, Python), the guards it has."""
-    from gpuprov.compat import StackPins
-    from gpuprov.plan import NodeRequest, make_plan
-
-    recorded = node.plan
-    stack = recorded.get("stack") or {}
-    torch = stack.get("torch") or None
-    pins = StackPins(driver=(stack.get("driver_version") or str(stack["driver_branch"])) if stack else None,
-                     cuda=stack.get("cuda_toolkit"), torch=torch["version"] if torch else None,
-                     torch_cuda=torch["variant"] if torch else None, python=stack.get("python"))
-    guards = recorded.get("guards") or {}
-    request = NodeRequest(
-        gpu=node.gpu or recorded.get("gpu") or "", count=node.gpu_count or 1, spot=node.market == "spot",
-        region=node.region, playbook=recorded.get("playbook") or "pytorch", os=recorded.get("os") or "ubuntu-24.04",
-        pins=pins, instance_type=node.instance_type, autostop_seconds=node.autostop_seconds,
-        ttl_seconds=node.ttl_seconds, on_interrupt=node.on_interrupt or guards.get("on_interrupt"),
-        persistent=node.spot_type == "persistent",
-        autostop_action=node.shutdown_action if node.shutdown_action in ("stop", "terminate") else None,  # type: ignore[arg-type]
-    )
-    return make_plan(request)
-
-
-def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, say: Say) -> bool:
-    """Bootstrap + verify again on the started node (markers make finished steps quick), with its pinned
-    host key; False when SSH does not answer in time (the node runs; `gpuprov check` later)."""
-    from gpuprov import bootstrap as engine
-    from gpuprov import sshconfig
-    from gpuprov.inventory import Target
-    from gpuprov.plan import replace_guards, with_budget
-    from gpuprov.remote import HostSettings
-
-    address = node.address or ""
-    try:
-        _wait_tcp(address, 22, opts.ssh_timeout)
-    except GpuprovError as exc:
-        say(f"  {exc}; not bootstrapped again (`gpuprov check {node.name}` when it answers)")
-        return False
-    plan = node_plan(node)
-    if node.budget_usd is not None and node.budget_price:  # what is left of the budget, at the new price
-        left = budget_left(node, at=node.stopped_at)
-        price = node.price_usd_hour if node.market != "spot" else node.budget_price
-        plan = replace_guards(plan, with_budget(plan.guards, left, price))
-        if left and price:
-            store.update_node(node.name, budget_price=price, budget_deadline=time.time() + left / price * 3600)
-    target = Target(host=address, user=node.ssh_user or "ubuntu", key=key_path, label=node.name)
-    settings = HostSettings(known_hosts=sshconfig.node_known_hosts(node.name), accept_new_host_key=False,
-                            connect_timeout=15)
-    say("bootstrapping again (finished steps are skipped) and verifying")
-    options = engine.Options(reboot_timeout=opts.reboot_timeout, echo=opts.verbose_echo)
-    (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options, reporter=_StepLines(say))
-    if result.status not in ("ok", "changed"):
-        raise GpuprovError(f"{node.name} runs, but its bootstrap {result.summary}: {result.error} "
-                           f"(log: {result.log_path}); `gpuprov check {node.name}` says more")
-    return True

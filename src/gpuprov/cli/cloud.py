@@ -247,12 +247,12 @@ def stop(names: tuple[str, ...]) -> None:
     One-time spot nodes cannot stop (EC2 only terminates them): use `gpuprov down`, or launch spot
     nodes with `up --spot --persistent`.
     """
-    from gpuprov import lifecycle
+    from gpuprov.cloud import stopstart
 
     store, provider = store_and_provider()
     console = make_console()
-    for node in lifecycle.stop(list(names), provider, store, say_to(console)):
-        month = lifecycle.storage_month(node)
+    for node in stopstart.stop(list(names), provider, store, say_to(console)):
+        month = stopstart.storage_month(node)
         cost = f"; its {node.disk_gb} GB disk costs ${month[0]:.2f}/month while stopped" if month else ""
         console.print(f"{node.name}: stopped{cost}", markup=False)
         console.print(f"  gpuprov start {node.name}   # or: gpuprov down {node.name}", markup=False)
@@ -268,15 +268,15 @@ def start(name: str, gpu: str | None, instance_type: str | None, no_bootstrap: b
     """Start a stopped node (resized first with --gpu/--instance-type), wait for it, bootstrap and verify
     again, and print its new address and $/h. A resize the installed stack cannot serve is refused before
     anything changes; if AWS refuses the start, the node stays stopped, as it was."""
-    from gpuprov import lifecycle
+    from gpuprov.cloud import stopstart
 
     if gpu and instance_type:
         raise click.UsageError("pass --gpu or --instance-type, not both")
     store, provider = store_and_provider()
     console = make_console()
-    opts = lifecycle.StartOptions(gpu=gpu, instance_type=instance_type, bootstrap=not no_bootstrap,
+    opts = stopstart.StartOptions(gpu=gpu, instance_type=instance_type, bootstrap=not no_bootstrap,
                                   verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None)
-    result = lifecycle.start(name, opts, provider, store, say_to(console))
+    result = stopstart.start(name, opts, provider, store, say_to(console))
     node = result.node
     resized = f" (was {result.resized_from})" if result.resized_from else ""
     console.print(f"\n[bold green]{node.name} is ready[/]: {node.instance_type}{resized} in {node.zone}, "
