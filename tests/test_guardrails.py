@@ -29,6 +29,15 @@ from gpuprov.spec import format_duration, parse_duration
 from tests.shimrun import ShimHost
 
 SHELLCHECK = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
+
+
+def assert_bash_and_shellcheck_pass(paths: list[Path]) -> None:
+    """Each script parses (`bash -n`) and shellcheck finds nothing at warning level or above."""
+    for path in paths:
+        assert subprocess.run(["bash", "-n", str(path)]).returncode == 0, path.name
+    assert SHELLCHECK, "shellcheck is not installed"
+    check = subprocess.run([SHELLCHECK, "-S", "warning", "-f", "gcc", *map(str, paths)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout[:4000]
 HOST_SYSROOT = "/var/lib/gpuprov-shim/root"  # what the pool's ssh sessions get as GPUPROV_SYSROOT
 CHECK = f"{HOST_SYSROOT}/usr/local/lib/gpuprov/autostop-check"
 WATCH = f"{HOST_SYSROOT}/usr/local/lib/gpuprov/interrupt-watch"
@@ -103,11 +112,7 @@ def test_guard_templates_are_deterministic_and_shellcheck_clean(tmp_path: Path) 
     for helper in ("guard_autostop_check", "guard_ttl_check", "guard_interrupt_watch"):
         paths.append(tmp_path / f"{helper}.sh")
         paths[-1].write_text(environment().get_template(f"{helper}.sh.j2").render())
-    for path in paths:
-        assert subprocess.run(["bash", "-n", str(path)]).returncode == 0, path.name
-    assert SHELLCHECK, "shellcheck is not installed"
-    check = subprocess.run([SHELLCHECK, "-S", "warning", "-f", "gcc", *map(str, paths)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout[:4000]
+    assert_bash_and_shellcheck_pass(paths)
 
 
 # --- TTL, locally under the shims ----------------------------------------------------------------
@@ -317,10 +322,7 @@ def test_guard_steps_say_what_shutdown_does_and_the_new_variants_are_shellcheck_
     for i, script in enumerate(scripts):
         paths.append(tmp_path / f"{i}.sh")
         paths[-1].write_text(script.text)
-        assert subprocess.run(["bash", "-n", str(paths[-1])]).returncode == 0
-    assert SHELLCHECK, "shellcheck is not installed"
-    check = subprocess.run([SHELLCHECK, "-S", "warning", "-f", "gcc", *map(str, paths)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout[:4000]
+    assert_bash_and_shellcheck_pass(paths)
 
 
 def test_ttl_can_be_reset_and_turned_off_and_a_node_started_after_its_deadline_gets_a_new_one(tmp_path: Path) -> None:

@@ -142,6 +142,8 @@ def _public_ip() -> str:
 def check_options(plan: Plan, opts: UpOptions) -> None:
     """Refuse option combinations that cannot mean what the user wants, before anything is asked of AWS."""
     spot = plan.request.spot
+    if opts.ssh_cidr is not None:
+        ssh_cidr(opts.ssh_cidr)  # a malformed CIDR is refused before anything else
     if opts.max_price is not None and opts.max_price <= 0:
         raise UserInputError("--max-price", f"{opts.max_price:g} is not a price", "a spot price in $/h above 0, or leave it out")
     if opts.max_hourly is not None and opts.max_hourly <= 0:
@@ -159,7 +161,7 @@ def check_options(plan: Plan, opts: UpOptions) -> None:
         raise UserInputError("--no-wait", "the bootstrap needs SSH", "add --no-bootstrap, or drop --no-wait")
 
 
-def _quota_error(attempt: Attempt, provider: Provider, region: str) -> QuotaExceeded:
+def _quota_error(attempt: Attempt, provider: Provider, region: str, also: str = "") -> QuotaExceeded:
     from gpuprov import catalog
     from gpuprov.cloud.quotas import increase_command, quota_for
 
@@ -167,13 +169,13 @@ def _quota_error(attempt: Attempt, provider: Provider, region: str) -> QuotaExce
     q = quota_for(it.name, attempt.candidate.market)
     head = f"{attempt.code}: {attempt.message}"
     if q is None:
-        return QuotaExceeded(f"{head}\n  AWS counts GPU quotas in vCPUs: {it.name} needs {it.vcpu}")
+        return QuotaExceeded(f"{head}\n  AWS counts GPU quotas in vCPUs: {it.name} needs {it.vcpu}{also}")
     current = provider.quota(region, q.code)
     now = f"; its current value is {current:g} vCPUs" if current is not None else ""
     unverified = f"\n  (unverified: {q.unverified})" if q.unverified else ""
     return QuotaExceeded(
         f"{head}\n  AWS counts GPU quotas in vCPUs: {it.name} needs {it.vcpu}. Raise '{q.name}' ({q.code}) in "
-        f"{region}{now}:\n  {increase_command(q, region, current, it.vcpu)}{unverified}")
+        f"{region}{now}:\n  {increase_command(q, region, current, it.vcpu)}{unverified}{also}")
 
 
 def up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> UpResult:
@@ -293,7 +295,7 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
             fallback = ("\n  or add --fallback on-demand to go on with on-demand when spot is refused"
                         if exc.then == "next-market" else "")
             if exc.quota:
-                raise QuotaExceeded(f"{_quota_error(attempt, provider, region)}{fallback}") from None
+                raise _quota_error(attempt, provider, region, fallback) from None
             fix = f"\n  fix: {exc.fix}" if exc.fix else ""
             raise GpuprovError(f"AWS refused the launch: {exc.code}: {exc.message}{fix}{fallback}") from None
         store.created(rid, instance.id)

@@ -74,8 +74,6 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None,
     )
     lifecycle.check_options(the_plan, opts)
-    if opts.ssh_cidr is not None:
-        lifecycle.ssh_cidr(opts.ssh_cidr)  # a malformed CIDR is refused before anything else
     if dry_run:
         console.print(plan_view(the_plan))
         return
