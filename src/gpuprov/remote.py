@@ -190,12 +190,17 @@ class Remote:
         Output streams to `out` (stderr too, unless `err` is given)."""
         if sudo and not self.is_root:
             command = "sudo -n -- bash -c " + _quote(command)
+        started = time.monotonic()
         try:
             result = self.conn.run(command, hide=True, warn=True, out_stream=out, err_stream=err or out, timeout=timeout)
         except CommandTimedOut:
             raise CommandTimeout(f"still running after {timeout:g}s (--timeout); gave up on it") from None
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise ConnectionLost(f"connection lost while running {command[:60]!r}: {exc}") from None
+        if result.exited == -1 and timeout is not None and time.monotonic() - started >= timeout:
+            # invoke closes the channel at the timeout; under load that can win the race against its own
+            # CommandTimedOut, leaving a channel with no exit status: still our timeout, not a lost link
+            raise CommandTimeout(f"still running after {timeout:g}s (--timeout); gave up on it")
         if result.exited == -1:
             # paramiko reports -1 when the channel closed without an exit status: the link died
             raise ConnectionLost(f"connection lost while running {command[:60]!r}")
