@@ -1,10 +1,13 @@
-"""Run a plan's bundle on hosts over SSH: push once, run step by step, resume, reboot, verify.
+"""Run a plan's bundle on hosts over SSH: one runner per host, resume, reboot, verify.
 
-Per host (pyinfra's fact -> diff -> commands):
-  facts (GPUs, NVSwitch, OS) -> plan for that host -> push the bundle -> read step markers
-  -> run each step whose marker differs from its script's sha256 (all with --force)
-  -> a step that prints GPUPROV_RESULT=reboot: reboot, wait, check the module, go on
+Per host (pyinfra's fact -> diff -> commands), in as few SSH execs as that allows:
+  facts (GPUs, NVSwitch, OS: one exec) -> plan for that host -> one exec that receives the bundle tar
+  on stdin and starts the runner (runner.py), which runs each step whose marker differs from its
+  script's sha256 (all with --force) and streams one line per step
+  -> a step that prints GPUPROV_RESULT=reboot ends the runner, which starts the reboot: wait, reconnect,
+     one more runner exec checks the module and goes on from the next step
   -> verify: parse the probe and judge it against the plan.
+A host that stops answering (keepalives, --step-silence) is reported `lost`; the next run resumes it.
 Hosts run in a bounded thread pool; one host's failure is recorded in its own HostResult and
 never stops or hides the others (Fabric's Group semantics, with a bound).
 """
@@ -12,31 +15,29 @@ never stops or hides the others (Fabric's Group semantics, with a bound).
 from __future__ import annotations
 
 import io
+import json
 import re
 import tarfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from gpuprov import runner
 from gpuprov.compat import StackPins
 from gpuprov.detect import FACTS_COMMAND, HostFacts, parse_facts
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.fanout import run_parallel
 from gpuprov.inventory import Target
 from gpuprov.plan import GuardRequest, Plan
-from gpuprov.remote import ConnectionLost, HostSettings, Remote, Unreachable
-from gpuprov.render import STATE_DIR, Bundle, Script
+from gpuprov.remote import ConnectionLost, HostLost, HostSettings, Remote, Unreachable
+from gpuprov.render import Bundle
+from gpuprov.runner import BUNDLE_DIR
 from gpuprov.verify import CheckReport, Expectation, ProbeError, extract_probe, judge, parse_probe
 
-BUNDLE_DIR = f"{STATE_DIR}/bundle"
-MARKER_DIR = f"{STATE_DIR}/markers"
-_RESULT = re.compile(r"^GPUPROV_RESULT=(unchanged|changed|reboot)\s*$", re.M)
-
 StepOutcome = Literal["unchanged", "changed", "reboot", "skipped", "failed"]
-HostStatus = Literal["ok", "changed", "failed", "unreachable"]
+HostStatus = Literal["ok", "changed", "failed", "unreachable", "lost"]
 
 
 class Reporter(Protocol):
@@ -55,7 +56,7 @@ class Options:
     force: bool = False
     parallel: int = 32
     reboot_timeout: float = 600.0
-    step_timeout: float | None = None
+    step_silence: float | None = 1200.0  # no output for this long: the host is lost (a DKMS build prints)
     echo: Callable[[str], None] | None = None  # --verbose: every remote line, prefixed by host
 
 
@@ -80,8 +81,8 @@ class HostResult:
 
     @property
     def summary(self) -> str:
-        if self.status == "failed" and self.failed_step:
-            return f"failed at {self.failed_step}"
+        if self.status in ("failed", "lost") and self.failed_step:
+            return f"{self.status} at {self.failed_step}"
         return self.status
 
 
@@ -118,12 +119,11 @@ class _Log:
 
 
 def bundle_tar(bundle: Bundle) -> bytes:
-    """The bundle as one tar archive: one upload per host, unpacked as root on the host."""
-    import json
-
+    """The bundle and its runner as one tar archive, sent on the runner exec's stdin."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         files = [(s.filename, s.text.encode(), 0o700) for s in bundle.scripts]
+        files.append((runner.RUNNER_FILE, runner.render_runner(bundle).encode(), 0o700))
         files.append(("manifest.json", json.dumps(bundle.manifest, indent=2).encode(), 0o600))
         for name, data, mode in files:
             info = tarfile.TarInfo(name)
@@ -154,6 +154,7 @@ class _HostRun:
         self.reporter = reporter
         self.result = HostResult(target, "ok", log_path=log_dir / f"{_safe(target.name)}.log")
         self.log = _Log(self.result.log_path, target.name, options.echo)  # type: ignore[arg-type]
+        self.remote = Remote(target, settings)  # replaced by a new connection after each reboot
 
     def __call__(self) -> HostResult:
         start = time.monotonic()
@@ -183,96 +184,27 @@ class _HostRun:
 
     def _run(self) -> None:
         self.reporter.event(self.target.name, "connect", "running")
-        remote = Remote(self.target, self.settings)
-        remote.open()
         try:
-            self._bootstrap(remote)
+            self.remote.open()
+            self._bootstrap()
         finally:
-            remote.close()
+            self.remote.close()
 
-    def _bootstrap(self, remote: Remote) -> None:
+    def _bootstrap(self) -> None:
         self.result.failed_step = "facts"
-        facts = parse_facts(remote.run(FACTS_COMMAND, sudo=True).stdout)
+        facts = parse_facts(self.remote.run(FACTS_COMMAND, sudo=True).stdout)
         self.log.note(f"facts: {facts.model_dump_json()}")
         self.result.failed_step = "plan"
         plan = self.plan_for(self.target, facts)  # a UserInputError here stops this host before anything is installed
         bundle = plan.bundle()
         self.result.failed_step = "upload"
         self.reporter.event(self.target.name, "upload", "running")
-        self._push(remote, bundle)
-        markers = self._markers(remote)
-        self.result.failed_step = None
-        changed = False
-        for script in bundle.scripts:
-            step = self._step(remote, script, markers, plan, facts)
-            self.result.steps.append(step)
-            if step.outcome == "failed":
-                self.result.status = "failed"
-                self.result.failed_step = script.name
-                self.result.error = step.message
-                return
-            changed |= step.outcome in ("changed", "reboot")
-        self.result.status = "changed" if changed else "ok"
+        _Runs(self, plan, facts, bundle).go()
+        if self.result.status == "ok":
+            changed = any(step.outcome in ("changed", "reboot") for step in self.result.steps)
+            self.result.status = "changed" if changed else "ok"
 
-    def _push(self, remote: Remote, bundle: Bundle) -> None:
-        upload = f"/tmp/gpuprov-bundle-{threading.get_ident()}-{time.monotonic_ns()}.tar"
-        remote.put_bytes(bundle_tar(bundle), upload)
-        unpack = (
-            f"set -e; umask 077; mkdir -p {STATE_DIR} {MARKER_DIR}; chmod 0700 {STATE_DIR}; "
-            f"rm -rf {BUNDLE_DIR}.new; mkdir {BUNDLE_DIR}.new; tar -xf {upload} -C {BUNDLE_DIR}.new --no-same-owner; "
-            f"rm -rf {BUNDLE_DIR}; mv {BUNDLE_DIR}.new {BUNDLE_DIR}; rm -f {upload}"
-        )
-        result = remote.run(unpack, sudo=True, out=self.log)
-        if not result.ok:
-            raise GpuprovError(f"could not unpack the bundle into {BUNDLE_DIR}: {result.stderr.strip()[-300:]}")
-
-    def _markers(self, remote: Remote) -> dict[str, str]:
-        out = remote.run(
-            f"for f in {MARKER_DIR}/*.sha256; do [ -e \"$f\" ] && printf '%s %s\\n' \"$(basename \"$f\" .sha256)\" "
-            "\"$(cat \"$f\")\"; done; true",
-            sudo=True,
-        ).stdout
-        return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
-
-    def _step(self, remote: Remote, script: Script, markers: dict[str, str], plan: Plan, facts: HostFacts) -> StepResult:
-        name = script.name
-        start = time.monotonic()
-        if script.kind != "verify" and not self.options.force and markers.get(name, "").strip() == script.sha256:
-            self.reporter.event(self.target.name, name, "unchanged")
-            self.log.note(f"step {name}: marker matches, skipped")
-            return StepResult(name, "skipped", 0.0, "unchanged since the last run")
-        self.reporter.event(self.target.name, name, "running")
-        self.log.note(f"step {name} ({script.sha256[:12]})")
-        command = f"bash {BUNDLE_DIR}/{script.filename}"
-        if script.kind != "verify":
-            command = _with_marker(command, name, script.sha256)
-        try:
-            result = remote.run(command, sudo=True, out=self.log, timeout=self.options.step_timeout)
-        except ConnectionLost as exc:
-            return StepResult(name, "failed", time.monotonic() - start,
-                              f"{exc}; the next run resumes at this step")
-        if script.kind == "verify":
-            return self._verify(result.stdout, plan, facts, name, start, result.stderr)
-        if not result.ok:
-            return StepResult(name, "failed", time.monotonic() - start, _last_line(result.stderr, result.exited))
-        found = _RESULT.findall(result.stdout)
-        outcome: StepOutcome = found[-1] if found else "changed"  # type: ignore[assignment]
-        if outcome == "reboot":
-            self.reporter.event(self.target.name, name, "rebooting")
-            self.log.note("rebooting")
-            remote.reboot_and_wait(self.options.reboot_timeout,
-                                   on_wait=lambda msg: self.reporter.event(self.target.name, name, msg))
-            check, problem = _AFTER_REBOOT.get(name, _AFTER_REBOOT["nvidia-driver"])
-            pending, marker = f"{MARKER_DIR}/{name}{_PENDING}", f"{MARKER_DIR}/{name}.sha256"
-            # the marker of a reboot step is written only once the reboot did what the step asked for
-            loaded = remote.run(f"if {check}; then mv -f {pending} {marker}; else rm -f {pending}; false; fi", sudo=True)
-            if not loaded.ok:
-                return StepResult(name, "failed", time.monotonic() - start,
-                                  f"{problem}; the next run resumes at this step")
-        self.reporter.event(self.target.name, name, outcome)
-        return StepResult(name, outcome, time.monotonic() - start)
-
-    def _verify(self, stdout: str, plan: Plan, facts: HostFacts, name: str, start: float, stderr: str) -> StepResult:
+    def verify(self, stdout: str, plan: Plan, facts: HostFacts, name: str, start: float, stderr: str) -> StepResult:
         try:
             report = parse_probe(self.target.name, extract_probe(stdout))
         except ProbeError as exc:
@@ -287,30 +219,149 @@ class _HostRun:
         return StepResult(name, "unchanged", time.monotonic() - start)
 
 
-# What a reboot step asked the reboot to do, checked before its marker is written: (check, problem).
-_AFTER_REBOOT = {
-    "nvidia-driver": ("{ lsmod | grep -q '^nvidia ' || nvidia-smi -L >/dev/null 2>&1; }",
-                      "the NVIDIA kernel module is not loaded after the reboot: check `dkms status`, "
-                      "headers for `uname -r` and Secure Boot"),
-    "nouveau-off": ("! lsmod | grep -q '^nouveau '",
-                    "nouveau is still loaded after the reboot: check /etc/modprobe.d and `update-initramfs -u`"),
-}
-_PENDING = ".sha256.after-reboot"
+class _Runs:
+    """A host's runner execs (runner.py): the first one carries the bundle, one more follows each reboot.
+    Their events become the host's StepResults, progress events and log notes."""
 
+    def __init__(self, host: _HostRun, plan: Plan, facts: HostFacts, bundle: Bundle) -> None:
+        self.host = host
+        self.result = host.result
+        self.plan = plan
+        self.facts = facts
+        self.scripts = {s.name: s for s in bundle.scripts}
+        self.order = [s.name for s in bundle.scripts]
+        self.tar = bundle_tar(bundle)
+        self.nonce = runner.new_nonce()
+        self.ending = ""  # how the current exec ended: done, reboot, same-boot, or "" (it stopped)
+        self.boot = ""  # the boot id before the reboot a step asked for
+        self.current: str | None = None  # the step started and not yet ended
+        self.started = 0.0
+        self.stdout: list[str] = []  # the current step's stdout
+        self.stderr = ""  # the tail of the current step's stderr
+        self.failed_end: runner.Event | None = None  # a failed step's end line, judged once its stderr is in
+        self.awaiting: str | None = None  # a step that asked for a reboot, until its post-reboot check
 
-def _with_marker(command: str, name: str, sha256: str) -> str:
-    """`command`, then its step's marker, in the same round trip: only when it exited 0, and for a step that
-    asks for a reboot under a pending name that the engine renames once the post-reboot check passes.
+    def go(self) -> None:
+        first, unpack = 1, True
+        while self.result.status == "ok":
+            code = self._exec(first, unpack)
+            if self.result.status != "ok" or self.ending == "done":
+                return
+            if self.ending not in ("reboot", "same-boot") or self.awaiting is None:
+                raise GpuprovError(f"the runner stopped (exit {code}) before every step ran: "
+                                   f"{_last_line(self.stderr, code)}")
+            first, unpack = self.order.index(self.awaiting) + 2, False
+            self._wait_for_reboot(self.awaiting)
 
-    An old marker goes first, so a step that fails (even under --force) has none and the next run retries it."""
-    marker = f"{MARKER_DIR}/{name}.sha256"
-    return (
-        f"rm -f {marker} {MARKER_DIR}/{name}{_PENDING}; out=\"$({command})\" || {{ rc=$?; printf '%s\\n' \"$out\"; "
-        f"exit $rc; }}; printf '%s\\n' \"$out\"; "
-        f"case \"$(printf '%s\\n' \"$out\" | grep -E '^GPUPROV_RESULT=' | tail -n 1)\" in "
-        f"GPUPROV_RESULT=reboot*) printf '%s\\n' {sha256} > {MARKER_DIR}/{name}{_PENDING} ;; "
-        f"*) printf '%s\\n' {sha256} > {marker} ;; esac"
-    )
+    def _exec(self, first: int, unpack: bool) -> int:
+        self.ending, self.failed_end = "", None
+        lines = runner.Lines(self.nonce, self._event, self._stdout)
+        command = runner.command(self.nonce, first, self.host.options.force, self.boot or None, unpack)
+        try:
+            code = self.host.remote.stream(command, sudo=True, stdin=self.tar if unpack else b"", on_out=lines.feed,
+                                           on_err=self._stderr, silence=self.host.options.step_silence)
+        except ConnectionLost as exc:
+            lines.close()
+            self._lost(exc)
+            return -1
+        lines.close()
+        if self.result.failed_step == "upload":  # the runner never started
+            raise GpuprovError(f"could not unpack the bundle into {BUNDLE_DIR}: {self.stderr.strip()[-300:]}")
+        if self.failed_end is not None:
+            self._record(self.failed_end.step, "failed", _last_line(self.stderr, self.failed_end.rc))
+        return code
+
+    def _event(self, event: runner.Event) -> None:
+        if self.result.failed_step == "upload":
+            self.result.failed_step = None
+        host, log, name = self.host.reporter, self.host.log, self.host.target.name
+        if event.kind == "skip":
+            host.event(name, event.step, "unchanged")
+            log.note(f"step {event.step}: marker matches, skipped")
+            self.result.steps.append(StepResult(event.step, "skipped", 0.0, "unchanged since the last run"))
+        elif event.kind == "start":
+            self.current, self.started, self.stdout, self.stderr = event.step, time.monotonic(), [], ""
+            host.event(name, event.step, "running")
+            log.note(f"step {event.step} ({self.scripts[event.step].sha256[:12]})")
+        elif event.kind == "end":
+            self._end(event)
+        elif event.kind == "reboot":
+            host.event(name, event.step, "rebooting")
+            log.note("rebooting")
+            self.ending, self.boot, self.awaiting = "reboot", event.result, event.step
+        elif event.kind == "checked" and event.step == self.awaiting:
+            self.awaiting = None
+            if event.result == "ok":
+                self._record(event.step, "reboot")
+            else:
+                self._record(event.step, "failed", f"{runner.after_reboot_problem(event.step)}; "
+                                                   "the next run resumes at this step")
+        elif event.kind in ("same-boot", "done"):
+            self.ending = event.kind
+
+    def _end(self, event: runner.Event) -> None:
+        script = self.scripts[event.step]
+        self.current = None
+        if script.kind == "verify":
+            step = self.host.verify("".join(self.stdout), self.plan, self.facts, event.step, self.started, self.stderr)
+            self._append(step)
+        elif event.rc != 0:
+            self.failed_end = event  # the runner stops here; its last stderr lines may still be on the way
+        elif event.result != "reboot":
+            self._record(event.step, "changed" if event.result == "none" else event.result)  # type: ignore[arg-type]
+
+    def _stdout(self, text: str) -> None:
+        self.host.log.write(text)
+        self.stdout.append(text)
+
+    def _stderr(self, text: str) -> None:
+        self.host.log.write(text)
+        self.stderr = (self.stderr + text)[-8192:]
+
+    def _record(self, step: str, outcome: StepOutcome, message: str = "") -> None:
+        if outcome != "failed":
+            self.host.reporter.event(self.host.target.name, step, outcome)
+        self._append(StepResult(step, outcome, time.monotonic() - self.started, message))
+
+    def _append(self, step: StepResult) -> None:
+        self.result.steps.append(step)
+        if step.outcome == "failed":
+            self.result.status = "failed"
+            self.result.failed_step = step.name
+            self.result.error = step.message
+
+    def _lost(self, exc: ConnectionLost) -> None:
+        """The connection died mid-run: the step that was running (else the next one) is where the next run
+        resumes. A host that stopped answering is `lost`; one that closed the connection, `failed`."""
+        done = {s.name for s in self.result.steps}
+        step = self.current or self.awaiting or next((n for n in self.order if n not in done), self.order[-1])
+        if isinstance(exc, HostLost):
+            message = f"lost: {exc}; the next run resumes at step {step}"
+        else:
+            message = f"connection lost while running {step}; the next run resumes at this step"
+        self.result.steps.append(StepResult(step, "failed", time.monotonic() - self.started, message))
+        self.result.status = "lost" if isinstance(exc, HostLost) else "failed"
+        self.result.failed_step = step
+        self.result.error = message
+
+    def _wait_for_reboot(self, step: str) -> None:
+        """See the host go down (the reboot drops this connection) and come back, on a new connection;
+        the next exec checks the boot id and what the step rebooted for."""
+        timeout = self.host.options.reboot_timeout
+        deadline = time.monotonic() + timeout
+        self.host.remote.wait_gone(min(10.0, timeout))
+        self.host.remote.close()
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            probe = Remote(self.host.target, self.host.settings)
+            try:
+                probe.open()
+            except (Unreachable, ConnectionLost):
+                self.host.reporter.event(self.host.target.name, step, "waiting for the host to come back")
+                continue
+            self.host.remote = probe
+            return
+        raise Unreachable(f"{self.host.target.name}: did not come back within {timeout:.0f}s of the reboot")
 
 
 def _last_line(stderr: str, code: int) -> str:
@@ -337,8 +388,6 @@ def bootstrap(
     rep = reporter or _Silent()
     runs = [_HostRun(t, settings, plan_for, options, rep, where) for t in targets]
     return run_parallel(runs, lambda run: run(), options.parallel)
-
-
 
 
 def planner(gpu: str | None, playbook: str, os_name: str | None, pins: StackPins,

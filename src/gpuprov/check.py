@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import time
 
-from gpuprov.bootstrap import BUNDLE_DIR
 from gpuprov.detect import FACTS_COMMAND, parse_facts
 from gpuprov.fanout import run_parallel
 from gpuprov.inventory import Target
 from gpuprov.remote import HostOutcome, HostSettings, Remote, on_host
 from gpuprov.render import environment, host_path
+from gpuprov.runner import BUNDLE_DIR
 from gpuprov.verify import CheckReport, Expectation, extract_probe, judge, parse_probe
 
 DEFAULT_ENV = "/opt/gpuprov/env"

@@ -7,9 +7,11 @@ against gpuprov's known_hosts (see hostkeys.py) instead of Fabric's default, whi
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import io
 import logging
+import select
 import socket
 import time
 from collections.abc import Callable
@@ -36,6 +38,10 @@ class Unreachable(GpuprovError):
 
 class ConnectionLost(GpuprovError):
     """The connection dropped while a command was running."""
+
+
+class HostLost(ConnectionLost):
+    """The host stopped answering mid-command: keepalives unanswered, or no output for too long."""
 
 
 class CommandTimeout(GpuprovError):
@@ -81,6 +87,9 @@ class Sink(Protocol):
     def write(self, text: str) -> int: ...
 
     def flush(self) -> None: ...
+
+
+KEEPALIVE = (15.0, 4)  # OpenSSH's ServerAliveInterval / ServerAliveCountMax when the ssh config sets none
 
 
 @dataclass(frozen=True)
@@ -165,13 +174,32 @@ class Remote:
     def is_root(self) -> bool:
         return bool(self.conn.user == "root")
 
+    @property
+    def keepalive(self) -> tuple[float, int]:
+        """(ServerAliveInterval, ServerAliveCountMax) from the ssh config, else 15 s x 4; interval 0 = off."""
+        config = self.conn.ssh_config
+        try:
+            interval = float(config.get("serveraliveinterval", KEEPALIVE[0]))
+            count = int(config.get("serveralivecountmax", KEEPALIVE[1]))
+        except (TypeError, ValueError):
+            return KEEPALIVE
+        return max(0.0, interval), max(1, count)
+
     def open(self) -> None:
         try:
             self.conn.open()
-            sock = self.conn.transport.sock if self.conn.transport else None
+            transport = self.conn.transport
+            sock = transport.sock if transport else None
             if isinstance(sock, socket.socket):
                 # paramiko leaves Nagle on: every short command then waits ~35 ms for a delayed ACK
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            interval, count = self.keepalive
+            if transport and interval:
+                # as OpenSSH's ServerAlive*: a keepalive after `interval` s of quiet, and a link whose data
+                # (that keepalive included) stays unacknowledged interval x count s is dead (ETIMEDOUT)
+                transport.set_keepalive(max(1, int(interval)))
+                if isinstance(sock, socket.socket) and hasattr(socket, "TCP_USER_TIMEOUT"):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(interval * count * 1000))
         except paramiko.BadHostKeyException as exc:
             raise hostkeys.explain(exc) from None
         except hostkeys.UnknownHostKey:
@@ -205,6 +233,62 @@ class Remote:
             # paramiko reports -1 when the channel closed without an exit status: the link died
             raise ConnectionLost(f"connection lost while running {command[:60]!r}")
         return RunResult(command, result.exited, result.stdout, result.stderr)
+
+    def stream(self, command: str, *, sudo: bool = False, stdin: bytes = b"", on_out: Callable[[str], None],
+               on_err: Callable[[str], None], silence: float | None = None) -> int:
+        """Run `command` on one exec channel: send `stdin` then EOF, hand stdout and stderr text to the
+        callbacks as it arrives, return the exit status. No output for `silence` seconds, or keepalives
+        unanswered, is HostLost; any other dropped connection is ConnectionLost."""
+        if sudo and not self.is_root:
+            command = "sudo -n -- bash -c " + _quote(command)
+        transport = self.conn.transport
+        what = f"connection lost while running {command[:60]!r}"
+        if transport is None or not transport.is_active():
+            raise ConnectionLost(what)
+        try:
+            chan = transport.open_session()
+            chan.exec_command(command)
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise ConnectionLost(f"{what}: {exc}") from None
+        decode_out = codecs.getincrementaldecoder("utf-8")("replace").decode
+        decode_err = codecs.getincrementaldecoder("utf-8")("replace").decode
+        heard = time.monotonic()
+        try:
+            while True:
+                if chan.recv_ready():
+                    on_out(decode_out(chan.recv(65536)))
+                elif chan.recv_stderr_ready():
+                    on_err(decode_err(chan.recv_stderr(65536)))
+                elif chan.exit_status_ready() and chan.exit_status != -1:  # sent after the last data
+                    return int(chan.exit_status)
+                elif chan.closed or chan.exit_status_ready() or not transport.is_active():  # closed without a status
+                    if isinstance(transport.saved_exception, TimeoutError):
+                        interval, count = self.keepalive
+                        raise HostLost(f"the host stopped answering (no reply to keepalives for "
+                                       f"{interval * count:g}s: ServerAliveInterval x ServerAliveCountMax)")
+                    raise ConnectionLost(what)
+                else:
+                    if silence is not None and time.monotonic() - heard > silence:
+                        raise HostLost(f"no output for {silence:g}s (--step-silence): the host vanished or hangs")
+                    if chan.eof_received:
+                        chan.status_event.wait(0.2)
+                    else:
+                        select.select([chan], [], [], 0.5)
+                    continue
+                heard = time.monotonic()
+        finally:
+            chan.close()
+
+    def wait_gone(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the host to drop this connection (a reboot); True when it did."""
+        deadline = time.monotonic() + timeout
+        transport = self.conn.transport
+        while transport is not None and transport.is_active() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return transport is None or not transport.is_active()
 
     def put_bytes(self, data: bytes, remote_path: str) -> None:
         # a fresh file object per host: sharing one between threads corrupts uploads

@@ -1,0 +1,115 @@
+"""The runner on the host: one SSH exec runs every pending step of a bundle and streams one line per event.
+
+The client sends the bundle tar on the exec's stdin; `templates/runner.sh.j2`, rendered per bundle and
+shipped inside it, unpacks nothing itself (the exec's first words do) but runs the steps in order,
+skips those whose marker matches, writes each marker once its step succeeded (a reboot step's under a
+pending name), and prints `@gpuprov:NONCE EVENT ...` lines on stdout. This module renders the runner,
+builds the exec command and turns the stream back into events; bootstrap.py decides what they mean.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuprov.render import STATE_DIR, Bundle, environment
+
+BUNDLE_DIR = f"{STATE_DIR}/bundle"
+MARKER_DIR = f"{STATE_DIR}/markers"
+RUNNER_FILE = "runner.sh"
+
+# What a reboot step asked the reboot to do, checked by the runner after the reboot before the step's
+# marker is written: (check, problem). A reboot step not named here gets the NVIDIA-module check.
+AFTER_REBOOT = {
+    "nvidia-driver": ("{ lsmod | grep -q '^nvidia ' || nvidia-smi -L >/dev/null 2>&1; }",
+                      "the NVIDIA kernel module is not loaded after the reboot: check `dkms status`, "
+                      "headers for `uname -r` and Secure Boot"),
+    "nouveau-off": ("! lsmod | grep -q '^nouveau '",
+                    "nouveau is still loaded after the reboot: check /etc/modprobe.d and `update-initramfs -u`"),
+}
+DEFAULT_AFTER_REBOOT = "nvidia-driver"
+
+
+def after_reboot_problem(step: str) -> str:
+    return AFTER_REBOOT.get(step, AFTER_REBOOT[DEFAULT_AFTER_REBOOT])[1]
+
+
+def render_runner(bundle: Bundle) -> str:
+    checks = [(name, check) for name, (check, _) in AFTER_REBOOT.items()]
+    return environment().get_template("runner.sh.j2").render(
+        steps=bundle.scripts, checks=checks, default_check=AFTER_REBOOT[DEFAULT_AFTER_REBOOT][0],
+        bundle_dir=BUNDLE_DIR, marker_dir=MARKER_DIR, state_dir=STATE_DIR)
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(8)
+
+
+def command(nonce: str, first: int, force: bool, boot_before: str | None, unpack: bool) -> str:
+    """The exec's command line (run as root): unpack the tar on stdin when `unpack`, then the runner."""
+    run = f"exec bash {BUNDLE_DIR}/{RUNNER_FILE} {nonce} {first} {int(force)} {boot_before or '-'}"
+    if not unpack:
+        return run
+    return (
+        f"set -e; umask 077; mkdir -p {STATE_DIR} {MARKER_DIR}; chmod 0700 {STATE_DIR}; "
+        f"rm -rf {BUNDLE_DIR}.new; mkdir {BUNDLE_DIR}.new; tar -xf - -C {BUNDLE_DIR}.new --no-same-owner; "
+        f"rm -rf {BUNDLE_DIR}; mv {BUNDLE_DIR}.new {BUNDLE_DIR}; {run}"
+    )
+
+
+@dataclass(frozen=True)
+class Event:
+    """One protocol line: `kind` (skip, start, end, reboot, checked, same-boot, done) and its fields."""
+
+    kind: str
+    step: str = ""
+    rc: int = 0
+    result: str = ""  # end: unchanged|changed|reboot|none; checked: ok|failed; reboot: the boot id before it
+    seconds: float = 0.0
+
+
+def parse(line: str, nonce: str) -> Event | None:
+    """The event a line of the runner's stdout carries, or None for a line of step output."""
+    prefix = f"@gpuprov:{nonce} "
+    if not line.startswith(prefix):
+        return None
+    words = line[len(prefix):].split()
+    if not words:
+        return None
+    kind, rest = words[0], words[1:]
+    if kind == "end" and len(rest) == 4:
+        return Event("end", rest[0], int(rest[1]), rest[2], int(rest[3]) / 1000)
+    if kind in ("reboot", "checked") and len(rest) == 2:
+        return Event(kind, rest[0], result=rest[1])
+    if kind in ("skip", "start") and len(rest) == 1:
+        return Event(kind, rest[0])
+    if kind in ("same-boot", "done") and not rest:
+        return Event(kind)
+    return None
+
+
+class Lines:
+    """Cuts streamed text into lines: protocol events to `on_event`, everything else to `on_output`
+    (whole lines, newline included), so step output never reaches the event parser half-way."""
+
+    def __init__(self, nonce: str, on_event: Callable[[Event], None], on_output: Callable[[str], None]) -> None:
+        self.nonce = nonce
+        self.on_event = on_event
+        self.on_output = on_output
+        self._partial = ""
+
+    def feed(self, text: str) -> None:
+        self._partial += text
+        *lines, self._partial = self._partial.split("\n")
+        for line in lines:
+            event = parse(line, self.nonce)
+            if event is None:
+                self.on_output(line + "\n")
+            else:
+                self.on_event(event)
+
+    def close(self) -> None:
+        if self._partial:
+            self.on_output(self._partial)
+            self._partial = ""
