@@ -65,6 +65,7 @@ class UpOptions:
     wait: bool = True  # wait for SSH and pin the host key (off: return once the instance runs)
     ssh_timeout: float = 600.0
     reboot_timeout: float = 600.0
+    step_silence: float | None = 1200.0  # a step silent this long: the node is lost (bootstrap.Options)
     verbose_echo: Callable[[str], None] | None = None
 
 
@@ -437,7 +438,8 @@ def _bootstrap(plan: Plan, opts: UpOptions, key_path: str, address: str, say: Sa
 
     target, settings = _first_contact(opts, key_path, address, say)
     say("bootstrapping: " + ", ".join(s.name for s in plan.steps))
-    options = engine.Options(reboot_timeout=opts.reboot_timeout, echo=opts.verbose_echo)
+    options = engine.Options(reboot_timeout=opts.reboot_timeout, step_silence=opts.step_silence,
+                             echo=opts.verbose_echo)
     (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options, reporter=StepLines(say))
     if result.status not in ("ok", "changed"):
         raise GpuprovError(f"bootstrap {result.summary}: {result.error} (log: {result.log_path})")

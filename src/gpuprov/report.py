@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from gpuprov.verify import Check, CheckReport
 
 _STYLE = {"ok": "green", "ready": "green", "interrupted": "yellow",
-          "changed": "cyan", "unchanged": "green", "failed": "red", "unreachable": "red",
+          "changed": "cyan", "unchanged": "green", "failed": "red", "unreachable": "red", "lost": "red",
           "running": "yellow", "rebooting": "magenta", "reboot": "magenta", "waiting": "dim"}
 
 

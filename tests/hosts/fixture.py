@@ -469,7 +469,7 @@ UsePAM no
 StrictModes no
 MaxStartups 100:30:200
 Subsystem sftp internal-sftp
-LogLevel INFO
+LogLevel VERBOSE
 {setenv}""")
             with open(self.base / "hosts.txt", "a") as f:
                 f.write(f"{name} {addr} {key}.pub\n")

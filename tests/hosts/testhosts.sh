@@ -149,7 +149,7 @@ StrictModes no
 MaxStartups 100:30:200
 MaxSessions 50
 Subsystem sftp internal-sftp
-LogLevel INFO
+LogLevel VERBOSE
 $setenv
 CFG
     # ip netns exec and unshare exec, so $! is the supervisor's own PID

@@ -17,6 +17,7 @@ from gpuprov.cli.common import (
     region_from,
     say_to,
     stack_options,
+    step_silence_option,
     store_and_provider,
 )
 from gpuprov.errors import GpuprovError, UserInputError
@@ -48,10 +49,11 @@ from gpuprov.errors import GpuprovError, UserInputError
               help="With --no-bootstrap: return as soon as the instance runs (no SSH wait, host key not pinned).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and stop (the same plan `gpuprov plan` prints).")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before launching (needed without a terminal).")
+@step_silence_option
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
 def up(name: str | None, fallback: str, max_price: float | None, max_hourly: float | None, disk_gb: int,
        image: str | None, ssh_cidr: str | None, connect: str, subnet: str | None, ssh_user: str, no_bootstrap: bool,
-       no_wait: bool, dry_run: bool, yes: bool, verbose: bool, **kw: Any) -> None:
+       no_wait: bool, dry_run: bool, yes: bool, step_silence: float, verbose: bool, **kw: Any) -> None:
     """Launch a GPU node on AWS, bootstrap and verify it, and print how to connect.
 
     Tries every instance type that carries the GPUs in every zone that offers it, cheapest
@@ -70,7 +72,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     opts = lifecycle.UpOptions(
         name=node_name, fallback_on_demand=fallback == "on-demand", max_price=max_price, max_hourly=max_hourly,
         disk_gb=disk_gb, image=image, ssh_cidr=ssh_cidr, connect=connect, subnet=subnet, ssh_user=ssh_user,
-        bootstrap=not no_bootstrap, wait=not no_wait,
+        bootstrap=not no_bootstrap, wait=not no_wait, step_silence=step_silence or None,
         verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None,
     )
     lifecycle.check_options(the_plan, opts)

@@ -184,6 +184,12 @@ def ssh_options(func: F) -> F:
     ])
 
 
+step_silence_option = click.option(
+    "--step-silence", type=click.FloatRange(0), default=1200.0, show_default=True, metavar="SECONDS",
+    help="A step that prints nothing for this long means its host is lost (gone, or frozen): it is reported "
+         "so, the other hosts go on, and the next run resumes it; 0: wait forever.")
+
+
 def pins_from(kw: dict[str, Any]) -> StackPins:
     from gpuprov.compat import StackPins
 

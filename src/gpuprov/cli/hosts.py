@@ -17,6 +17,7 @@ from gpuprov.cli.common import (
     pin_options,
     pins_from,
     ssh_options,
+    step_silence_option,
     targets_from,
 )
 
@@ -28,15 +29,18 @@ from gpuprov.cli.common import (
 @click.option("--gpu", default=None, help="The GPU the hosts carry; default: what each host reports. A mismatch stops that host.")
 @click.option("--force", is_flag=True, help="Rerun every step, even those whose marker says they are done.")
 @click.option("--reboot-timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for a host to come back.")
+@step_silence_option
 @click.option("-v", "--verbose", is_flag=True, help="Stream every host's remote output (it always goes to the log).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def bootstrap(force: bool, reboot_timeout: float, verbose: bool, as_json: bool, gpu: str | None, **kw: Any) -> None:
+def bootstrap(force: bool, reboot_timeout: float, step_silence: float, verbose: bool, as_json: bool, gpu: str | None,
+              **kw: Any) -> None:
     """Install the playbook's stack on existing hosts over SSH, then verify it.
 
     Runs on all hosts at once (bounded by --parallel). Each step leaves a marker with its
     script's sha256 on the host, so a rerun skips what is done and resumes where a failure
     or a dropped connection stopped it. A fresh driver install reboots the host and waits.
-    Exit code 0 only when every host ended ok.
+    A host that stops answering (SSH keepalives, --step-silence) is reported lost; the others
+    go on. Exit code 0 only when every host ended ok.
     """
     from gpuprov import bootstrap as engine
     from gpuprov.compat import check_pins
@@ -54,6 +58,7 @@ def bootstrap(force: bool, reboot_timeout: float, verbose: bool, as_json: bool, 
     targets = targets_from(kw)
     console = make_console()
     options = engine.Options(force=force, parallel=kw["parallel"], reboot_timeout=reboot_timeout,
+                             step_silence=step_silence or None,
                              echo=(lambda line: console.print(line, markup=False)) if verbose else None)
     plan_for = engine.planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"])
     with LiveHosts(console, [t.name for t in targets], enabled=not as_json and not verbose) as live:

@@ -1,0 +1,216 @@
+"""The runner (issue 12): one SSH exec per host runs the whole bundle; a vanished host does not hang the run.
+
+Real CLI, real sshd: exec channels are counted from the hosts' own sshd logs (LogLevel VERBOSE logs
+"Starting session: command for ..." once per exec), and hosts are cut off by taking their network
+link down while the others go on.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_bootstrap_ssh import addrs, bootstrap, by_step, gpuprov, reset
+
+
+def sessions(pool, i) -> list[str]:
+    """The session lines sshd logged on host i so far: one per exec (or subsystem) channel."""
+    log = Path(pool[i].base) / "sshd.log"
+    return [line for line in log.read_text(errors="replace").splitlines() if "Starting session:" in line]
+
+
+def execs_during(pool, i, run) -> tuple[object, list[str]]:
+    before = len(sessions(pool, i))
+    result = run()
+    time.sleep(0.3)  # sshd writes its log line as the session starts; nothing is still on its way after the run
+    return result, sessions(pool, i)[before:]
+
+
+def test_one_exec_for_facts_one_for_the_run_and_one_per_reboot(host_pool, gp_home):
+    pool = host_pool
+    if pool.mode != "netns":
+        pytest.skip("counts reboots: needs the netns test hosts")
+    reset(pool, [0])
+    (code, hosts), execs = execs_during(pool, 0, lambda: bootstrap(pool, [0], "-p", "minimal"))
+    assert code == 0, hosts
+    assert by_step(hosts[0])["nvidia-driver"] == "reboot"
+    # facts, the runner with the bundle on stdin, the runner again after the driver's reboot; no sftp
+    assert len(execs) == 3, execs
+    assert all("Starting session: command for root" in line for line in execs), execs
+
+    (code, hosts), execs = execs_during(pool, 0, lambda: bootstrap(pool, [0], "-p", "minimal"))
+    assert code == 0 and hosts[0]["status"] == "ok"
+    assert len(execs) == 2, execs  # nothing to reboot for: facts and one run (which still verifies)
+
+    reset(pool, [1], GPUPROV_SHIM_NOUVEAU="loaded")
+    (code, hosts), execs = execs_during(pool, 1, lambda: bootstrap(pool, [1], "-p", "minimal"))
+    assert code == 0, hosts
+    assert [s for s, o in by_step(hosts[0]).items() if o == "reboot"] == ["nouveau-off", "nvidia-driver"]
+    assert len(execs) == 4, execs  # two reboots: one more exec each
+
+
+def slow_playbook(tmp_path: Path, tick: bool) -> Path:
+    """Three steps; `wait` runs two minutes (with `tick`, printing a line a second) on a host that has the
+    flag file /var/lib/gpuprov/slow-here, which it removes, so its next run is quick."""
+    playbook = tmp_path / "slow.yml"
+    wait = "echo tick >&2; sleep 1" if tick else "sleep 1"
+    playbook.write_text(
+        "name: slow\nstack: none\nenv: null\nsteps:\n"
+        "  - name: first\n    run: echo first >> /var/lib/gpuprov/ran\n"
+        "  - name: wait\n    run: |\n"
+        "      echo wait >> /var/lib/gpuprov/ran\n"
+        "      if [ -e /var/lib/gpuprov/slow-here ]; then\n"
+        "        rm /var/lib/gpuprov/slow-here; touch /tmp/gp-started\n"
+        f"        for i in $(seq 120); do {wait}; done\n"
+        "      fi\n"
+        "  - name: last\n    run: echo last >> /var/lib/gpuprov/ran\n"
+    )
+    return playbook
+
+
+def when_started(pool, i, action) -> threading.Thread:
+    def watch() -> None:
+        for _ in range(600):
+            if pool.exec_in(i, "test -e /tmp/gp-started").returncode == 0:
+                action()
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    return thread
+
+
+def runners_left(pool, i) -> str:
+    return pool.exec_in(i, "pgrep -af 'runner[.]sh' || true").stdout.strip()
+
+
+def test_a_connection_killed_mid_runner_resumes_at_the_step_it_was_running(host_pool, gp_home, tmp_path):
+    pool = host_pool
+    reset(pool, [2])
+    pool.exec_in(2, "touch /var/lib/gpuprov/slow-here", check=True)
+    playbook = slow_playbook(tmp_path, tick=False)  # silent: nothing tells the old runner its client is gone
+    cutter = when_started(pool, 2, lambda: pool.exec_in(2, "pkill -f 'sshd: root@' || true"))
+    code, hosts = bootstrap(pool, [2], "-p", str(playbook))
+    cutter.join()
+    assert code == 1
+    assert hosts[0]["result"] == "failed at wait"
+    assert "connection lost" in hosts[0]["error"] and "resumes at this step" in hosts[0]["error"]
+    assert by_step(hosts[0]) == {"first": "changed", "wait": "failed"}
+    assert runners_left(pool, 2)  # the host never heard of the client going: its runner still waits in the step
+
+    code, hosts = bootstrap(pool, [2], "-p", str(playbook))
+    assert code == 0, hosts
+    assert by_step(hosts[0]) == {"first": "skipped", "wait": "changed", "last": "changed"}
+    assert pool.exec_in(2, "cat /var/lib/gpuprov/ran").stdout.split() == ["first", "wait", "wait", "last"]
+    assert runners_left(pool, 2) == ""  # the new run stopped the old one instead of racing it
+    markers = pool.exec_in(2, "ls /var/lib/gpuprov/markers").stdout.split()
+    assert sorted(markers) == ["first.sha256", "last.sha256", "wait.sha256"]
+
+
+def link(pool, i, state: str) -> None:
+    subprocess.run(["ip", "link", "set", f"v{pool[i].name}", state], check=True)
+
+
+def test_a_host_that_vanishes_mid_step_is_lost_the_others_finish_and_a_rerun_resumes_it(host_pool, gp_home, tmp_path):
+    pool = host_pool
+    if pool.mode != "netns":
+        pytest.skip("cuts a host's network link: needs the netns test hosts")
+    hosts_used = [3, 4, 5]
+    reset(pool, hosts_used)
+    pool.exec_in(4, "touch /var/lib/gpuprov/slow-here", check=True)
+    playbook = slow_playbook(tmp_path, tick=True)
+    cutter = when_started(pool, 4, lambda: link(pool, 4, "down"))
+    try:
+        start = time.monotonic()
+        code, hosts = bootstrap(pool, hosts_used, "-p", str(playbook), "--step-silence", "3")
+        elapsed = time.monotonic() - start
+        cutter.join()
+    finally:
+        link(pool, 4, "up")
+    assert code == 1
+    assert [h["status"] for h in hosts] == ["changed", "lost", "changed"], hosts
+    lost = hosts[1]
+    assert lost["result"] == "lost at wait"
+    assert "no output for 3s" in lost["error"] and "the next run resumes at step wait" in lost["error"]
+    assert by_step(lost) == {"first": "changed", "wait": "failed"}
+    assert elapsed < 60  # bounded by --step-silence, not by the step's two minutes or TCP's retries
+
+    pool.wait_up(4)
+    code, hosts = bootstrap(pool, [4], "-p", str(playbook))
+    assert code == 0, hosts
+    assert by_step(hosts[0]) == {"first": "skipped", "wait": "changed", "last": "changed"}
+    assert pool.exec_in(4, "cat /var/lib/gpuprov/ran").stdout.split() == ["first", "wait", "wait", "last"]
+    assert runners_left(pool, 4) == ""
+
+
+def test_keepalives_from_the_ssh_config_find_a_vanished_host_without_a_silence_bound(host_pool, gp_home, tmp_path):
+    pool = host_pool
+    if pool.mode != "netns":
+        pytest.skip("cuts a host's network link: needs the netns test hosts")
+    reset(pool, [6])
+    pool.exec_in(6, "touch /var/lib/gpuprov/slow-here", check=True)
+    playbook = slow_playbook(tmp_path, tick=True)
+    config = tmp_path / "ssh_config"
+    config.write_text("Host *\n  ServerAliveInterval 1\n  ServerAliveCountMax 3\n")
+    cutter = when_started(pool, 6, lambda: link(pool, 6, "down"))
+    try:
+        start = time.monotonic()
+        result = gpuprov("bootstrap", *addrs(pool, [6]), "-i", str(pool.key_path), "--accept-new-host-key",
+                         "--os", "ubuntu-22.04", "--json", "-p", str(playbook), "--step-silence", "0",
+                         "--ssh-config", str(config))
+        elapsed = time.monotonic() - start
+        cutter.join()
+    finally:
+        link(pool, 6, "up")
+    host = json.loads(result.stdout)[0]
+    assert result.returncode == 1
+    assert host["result"] == "lost at wait", host
+    assert "keepalives" in host["error"] and "3s" in host["error"]
+    assert elapsed < 30  # 1 s x 3 unanswered, not TCP's ~15 minutes of retries
+
+
+# ---- the runner itself, in-process -------------------------------------------------------------------
+
+def test_the_rendered_runner_is_bash_and_shellcheck_clean(tmp_path):
+    from gpuprov import runner
+    from gpuprov.compat import StackPins
+    from gpuprov.plan import GuardRequest, make_host_plan
+    from tests.test_guardrails import assert_bash_and_shellcheck_pass
+
+    paths = []
+    cpu = slow_playbook(tmp_path, tick=True)  # stack: none, playbook steps only
+    for gpu, playbook, guard in (("H100", "minimal", None), ("T4", "pytorch", GuardRequest(autostop_seconds=600)),
+                                 (None, str(cpu), None)):
+        bundle = make_host_plan(gpu, playbook, "ubuntu-22.04", StackPins(python="3.11"), guard=guard).bundle()
+        path = tmp_path / f"runner-{len(paths)}.sh"
+        path.write_text(runner.render_runner(bundle))
+        names = next(line for line in path.read_text().splitlines() if line.startswith("names=("))
+        assert names == "names=(" + "".join(f"{s.name} " for s in bundle.scripts) + ")"
+        paths.append(path)
+    assert_bash_and_shellcheck_pass(paths)
+
+
+def test_only_lines_with_the_runs_nonce_are_events_and_output_passes_through_whole():
+    from gpuprov.runner import Event, Lines, parse
+
+    assert parse("@gpuprov:abc end driver 0 reboot 1500", "abc") == Event("end", "driver", 0, "reboot", 1.5)
+    assert parse("@gpuprov:abc checked driver failed", "abc") == Event("checked", "driver", result="failed")
+    assert parse("@gpuprov:abc done", "abc") == Event("done")
+    assert parse("@gpuprov:xyz done", "abc") is None  # another run's nonce: a step printed it
+    assert parse("@gpuprov:abc end driver 0", "abc") is None  # malformed: output, not an event
+    assert parse("GPUPROV_RESULT=changed", "abc") is None
+
+    events: list[Event] = []
+    output: list[str] = []
+    lines = Lines("abc", events.append, output.append)
+    for chunk in ("@gpuprov:abc sta", "rt one\nhello ", "world\n@gpuprov:abc end one 0 changed 7\n", "tail"):
+        lines.feed(chunk)
+    lines.close()
+    assert events == [Event("start", "one"), Event("end", "one", 0, "changed", 0.007)]
+    assert output == ["hello world\n", "tail"]
