@@ -237,8 +237,9 @@ class Remote:
     def stream(self, command: str, *, sudo: bool = False, stdin: bytes = b"", on_out: Callable[[str], None],
                on_err: Callable[[str], None], silence: float | None = None) -> int:
         """Run `command` on one exec channel: send `stdin` then EOF, hand stdout and stderr text to the
-        callbacks as it arrives, return the exit status. No output for `silence` seconds, or keepalives
-        unanswered, is HostLost; any other dropped connection is ConnectionLost."""
+        callbacks as it arrives, return the exit status. No output for `silence` seconds, or a connection
+        that died (keepalives unanswered) to a host that takes no new one, is HostLost; any other dropped
+        connection is ConnectionLost."""
         if sudo and not self.is_root:
             command = "sudo -n -- bash -c " + _quote(command)
         transport = self.conn.transport
@@ -265,10 +266,10 @@ class Remote:
                 elif chan.exit_status_ready() and chan.exit_status != -1:  # sent after the last data
                     return int(chan.exit_status)
                 elif chan.closed or chan.exit_status_ready() or not transport.is_active():  # closed without a status
-                    if isinstance(transport.saved_exception, TimeoutError):
+                    if not self._answers():
                         interval, count = self.keepalive
-                        raise HostLost(f"the host stopped answering (no reply to keepalives for "
-                                       f"{interval * count:g}s: ServerAliveInterval x ServerAliveCountMax)")
+                        raise HostLost(f"the connection died and the host takes no new one (keepalive every "
+                                       f"{interval:g}s, given up after {interval * count:g}s unanswered)")
                     raise ConnectionLost(what)
                 else:
                     if silence is not None and time.monotonic() - heard > silence:
@@ -281,6 +282,17 @@ class Remote:
                 heard = time.monotonic()
         finally:
             chan.close()
+
+    def _answers(self, timeout: float = 3.0) -> bool:
+        """After a dropped connection: does the host still take a TCP connection (then it closed ours,
+        and it is not gone)? Behind a ProxyJump gateway we cannot tell: yes."""
+        if self.conn.gateway:
+            return True
+        try:
+            socket.create_connection((self.conn.host, int(self.conn.port or 22)), timeout=timeout).close()
+        except OSError:
+            return False
+        return True
 
     def wait_gone(self, timeout: float) -> bool:
         """Wait up to `timeout` s for the host to drop this connection (a reboot); True when it did."""
