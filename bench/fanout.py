@@ -10,8 +10,8 @@ and Fabric runs alternate.
 
   gpuprov   `python -m gpuprov bootstrap --inventory INV -p PLAYBOOK --force --json` (5 steps, every one
             really run; facts, plan, bundle, markers and the runner included)
-  Fabric    a thread pool, one fabric.Connection per host (host key pinned), the same 5 step commands,
-            one `run` each (no facts, markers or bundle)
+  Fabric    a thread pool, one fabric.Connection per host (host key pinned): `put` the same bundle tar,
+            one `run` to unpack it, one `run` per rendered step script (no facts, markers or verify)
   scripts   the 5 rendered step scripts run back to back inside one host, no SSH: the floor
 
 Round trips per host are counted on the hosts' side: sshd (LogLevel VERBOSE) logs one "Starting session"
@@ -60,7 +60,7 @@ from concurrent.futures import ThreadPoolExecutor
 import paramiko
 from fabric import Config, Connection
 
-known_hosts, key, steps, hosts = sys.argv[1], sys.argv[2], sys.argv[3].split("\\n"), sys.argv[4:]
+known_hosts, key, tar, scripts, hosts = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(), sys.argv[5:]
 
 
 def one(host):
@@ -69,13 +69,18 @@ def one(host):
     c.client.set_missing_host_key_policy(paramiko.RejectPolicy())
     c.client.load_host_keys(known_hosts)
     with c:
-        for step in steps:
-            c.run(step, hide=True)
+        c.put(tar, "/tmp/fabric-bundle.tar")
+        c.run("rm -rf /tmp/fabric-bundle && mkdir /tmp/fabric-bundle && tar -xf /tmp/fabric-bundle.tar -C /tmp/fabric-bundle",
+              hide=True)
+        for script in scripts:
+            c.run(f"bash /tmp/fabric-bundle/{script}", hide=True)
 
 
 with ThreadPoolExecutor(max_workers=64) as pool:
     list(pool.map(one, hosts))
 '''
+
+IMPORTS = {"gpuprov": "import gpuprov.cli.hosts, gpuprov.bootstrap, gpuprov.report", "Fabric": "import fabric"}
 
 
 def session_counts(pool, n: int) -> tuple[int, int]:
@@ -100,6 +105,12 @@ def timed(pool, n: int, argv: list[str], env: dict[str, str]) -> tuple[float, fl
     time.sleep(0.2)  # sshd's last log lines
     after = session_counts(pool, n)
     return wall, (after[0] - before[0]) / n, (after[1] - before[1]) / n, r.stdout
+
+
+def timed_import(code: str, env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    return time.perf_counter() - start
 
 
 def scripts_floor(pool) -> float:
@@ -131,6 +142,13 @@ def main() -> int:
     playbook.write_text(playbook_yaml())
     fabric_script = work / "fabric_ref.py"
     fabric_script.write_text(FABRIC_SCRIPT)
+    from gpuprov.bootstrap import bundle_tar
+    from gpuprov.compat import StackPins
+    from gpuprov.plan import make_host_plan
+
+    bundle = make_host_plan(None, str(playbook), "ubuntu-24.04", StackPins()).bundle()
+    tar = work / "bundle.tar"  # the bundle gpuprov sends: Fabric uploads the same file and runs the same scripts
+    tar.write_bytes(bundle_tar(bundle))
     env = dict(os.environ, GPUPROV_HOME=str(home), HOME=str(home), COLUMNS="200", NO_COLOR="1")
     env["PYTHONPATH"] = str(ROOT / "src")
 
@@ -148,7 +166,7 @@ def main() -> int:
               f"median of {args.runs} runs\n", flush=True)
         pool.write_known_hosts(home / "known_hosts")  # gpuprov's own known_hosts ($GPUPROV_HOME): pinned, no TOFU
         pool.write_known_hosts(work / "known_hosts")
-        steps = "\n".join(step_command(i) for i in range(1, STEPS + 1))
+        scripts = " ".join(script.filename for script in bundle.scripts)
 
         rows: dict[int, dict[str, tuple[float, float, float]]] = {}
         floor = 0.0
@@ -158,7 +176,7 @@ def main() -> int:
                                  + "".join(f"  - host: {pool[i].address}\n" for i in range(n)))
             gp_argv = [sys.executable, "-m", "gpuprov", "bootstrap", "--inventory", str(inventory), "-p", str(playbook),
                        "--os", "ubuntu-24.04", "--force", "--json", "--parallel", "64"]
-            fab_argv = [sys.executable, str(fabric_script), str(work / "known_hosts"), str(pool.key_path), steps,
+            fab_argv = [sys.executable, str(fabric_script), str(work / "known_hosts"), str(pool.key_path), str(tar), scripts,
                         *[pool[i].address for i in range(n)]]
             runs: dict[str, list[tuple[float, float, float]]] = {"gpuprov": [], "fabric": []}
             for _ in range(args.runs):
@@ -180,6 +198,8 @@ def main() -> int:
         for n in sizes:
             g, f = rows[n]["gpuprov"], rows[n]["fabric"]
             print(f"{n:>4} {g[0]:9.2f} {f[0]:9.2f} {g[0] / f[0]:6.2f}x {g[1]:9.1f} {g[2]:9.1f} {f[1]:10.1f} {f[2]:10.1f}")
+        starts = {tool: statistics.median(timed_import(code, env) for _ in range(args.runs)) for tool, code in IMPORTS.items()}
+        print("start-up, `python -c 'import ...'`: " + ", ".join(f"{tool} {t:.2f}s" for tool, t in starts.items()))
         one = sizes[0]
         print(f"\nthe {STEPS} scripts' own time on one host (no SSH): {floor:.2f}s")
         print(f"one host ({one}): gpuprov {rows[one]['gpuprov'][0] - floor:+.2f}s above it "

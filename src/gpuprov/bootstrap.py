@@ -192,7 +192,9 @@ class _HostRun:
 
     def _bootstrap(self) -> None:
         self.result.failed_step = "facts"
-        facts = parse_facts(self.remote.run(FACTS_COMMAND, sudo=True).stdout)
+        out: list[str] = []  # one plain exec channel: the lighter path, as the runner's
+        self.remote.stream(FACTS_COMMAND, sudo=True, on_out=out.append, on_err=lambda _text: None)
+        facts = parse_facts("".join(out))
         self.log.note(f"facts: {facts.model_dump_json()}")
         self.result.failed_step = "plan"
         plan = self.plan_for(self.target, facts)  # a UserInputError here stops this host before anything is installed

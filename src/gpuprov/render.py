@@ -16,6 +16,7 @@ failure. `reboot` means the step changed the host and the change takes effect af
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import re
@@ -129,7 +130,9 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
+@functools.cache
 def environment() -> jinja2.Environment:
+    """One per process: Jinja keeps each compiled template, so 32 hosts' bundles do not compile them 32 times."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
