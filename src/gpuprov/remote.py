@@ -306,30 +306,6 @@ class Remote:
         # a fresh file object per host: sharing one between threads corrupts uploads
         self.conn.put(io.BytesIO(data), remote=remote_path)
 
-    def reboot_and_wait(self, timeout: float, poll: float = 1.0, on_wait: Callable[[str], None] | None = None) -> None:
-        """Reboot, see SSH go away (or the boot id change), and wait until it answers again."""
-        before = self.run("cat /proc/sys/kernel/random/boot_id 2>/dev/null || true").stdout.strip()
-        self.run("nohup sh -c 'sleep 1; reboot' >/dev/null 2>&1 &", sudo=True)
-        self.close()
-        deadline = time.monotonic() + timeout
-        went_away = False
-        while time.monotonic() < deadline:
-            time.sleep(poll)
-            probe = Remote(self.target, self.settings)
-            try:
-                probe.open()
-                boot_id = probe.run("cat /proc/sys/kernel/random/boot_id 2>/dev/null || true").stdout.strip()
-            except (Unreachable, ConnectionLost):
-                went_away = True
-                if on_wait:
-                    on_wait("waiting for the host to come back")
-                continue
-            if went_away or (boot_id and boot_id != before):
-                self.conn = probe.conn
-                return
-            probe.close()  # still the old boot: the reboot has not started yet
-        raise Unreachable(f"{self.target.name}: did not come back within {timeout:.0f}s of the reboot")
-
 
 class Judged(Protocol):
     @property
