@@ -81,6 +81,12 @@ CREATE TABLE IF NOT EXISTS events (
     message TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS resources_node ON resources(node);
+CREATE TABLE IF NOT EXISTS clusters (
+    name TEXT PRIMARY KEY,
+    spec_json TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
 """
 # Columns added after the first release: (name, type), added to an older state file on open.
 _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER"), ("ttl_deadline", "REAL"),
@@ -332,6 +338,25 @@ class Store:
         with self._tx() as db:
             rows = db.execute(query + " ORDER BY id", args).fetchall()
         return [Resource(**dict(r)) for r in rows]
+
+    # --- clusters (cluster.py owns the spec: ordered members, master address and port) ----
+
+    def save_cluster(self, name: str, spec_json: str) -> None:
+        """Record (or replace) a cluster of existing hosts by name."""
+        now = time.time()
+        with self._tx() as db:
+            db.execute("INSERT INTO clusters (name, spec_json, created_at, updated_at) VALUES (?, ?, ?, ?) "
+                       "ON CONFLICT(name) DO UPDATE SET spec_json = excluded.spec_json, updated_at = excluded.updated_at",
+                       (name, spec_json, now, now))
+
+    def cluster_json(self, name: str) -> str | None:
+        with self._tx() as db:
+            row = db.execute("SELECT spec_json FROM clusters WHERE name = ?", (name,)).fetchone()
+        return str(row["spec_json"]) if row else None
+
+    def cluster_names(self) -> list[str]:
+        with self._tx() as db:
+            return [str(r["name"]) for r in db.execute("SELECT name FROM clusters ORDER BY created_at")]
 
     # --- events --------------------------------------------------------------------------
 

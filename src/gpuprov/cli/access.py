@@ -60,6 +60,11 @@ def _reach(hosts: tuple[str, ...], inventory: str | None, kw: dict[str, Any]) ->
 
 
 def _one(host: str, kw: dict[str, Any]) -> tuple[Any, Any]:
+    from gpuprov.cluster import resolve
+
+    named = resolve(host)
+    if named is not None and named.rank is None:
+        host = f"{host}:0"  # a cluster by name: its node 0, the rendezvous master
     targets, settings = _reach((host,), None, kw)
     return targets[0], settings
 
@@ -140,7 +145,9 @@ def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo:
         with lock:
             click.echo(text, err=stream == "err")
 
-    results = access.exec_many(targets, settings, " ".join(words), emit, parallel=parallel, sudo=sudo, timeout=timeout)
+    command = " ".join(words)
+    results = access.exec_many(targets, settings, _with_cluster_env(hosts, command), emit, parallel=parallel, sudo=sudo,
+                               timeout=timeout)
     for r in results:
         if r.error:
             warn(f"{r.target.name:<{width}} | error: {r.error}", "red")
@@ -149,6 +156,14 @@ def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo:
         codes = ", ".join(f"{r.target.name}: exit {r.exit_code}" for r in failed)
         click.echo(f"{len(results) - len(failed)}/{len(results)} hosts ok" + (f"; {codes}" if codes else ""), err=True)
     sys.exit(access.combined_exit_code(results))
+
+
+def _with_cluster_env(hosts: tuple[str, ...], command: str) -> Callable[[Any], str]:
+    """The command per host: a cluster's nodes (named as NAME or NAME:K) run it with their cluster.env exported."""
+    from gpuprov.cluster import env_command, resolve
+
+    members = {t.label for h in hosts if (named := resolve(h)) is not None for t in named.targets()}
+    return lambda target: env_command(command) if target.label in members else command
 
 
 def _forward_until_stopped(remote: Any, spec: Any, announce: Callable[[int], str]) -> None:

@@ -30,7 +30,16 @@ from gpuprov.cli.common import (
 @click.option("--reboot-timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for a host to come back.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream every host's remote output (it always goes to the log).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def bootstrap(force: bool, reboot_timeout: float, verbose: bool, as_json: bool, gpu: str | None, **kw: Any) -> None:
+@click.option("--cluster", "cluster_name", default=None, metavar="NAME",
+              help="Then wire the hosts as one cluster NAME, in the order given (the first is node 0): "
+                   "/etc/gpuprov/cluster.env and /etc/gpuprov/hostfile on each, recorded for ssh/exec/torchrun.")
+@click.option("--master-addr", default=None, metavar="IP",
+              help="With --cluster: node 0's address as the others reach it [the source address node 0 uses "
+                   "toward node 1, from `ip route get`].")
+@click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True,
+              help="With --cluster: the rendezvous port (MASTER_PORT).")
+def bootstrap(force: bool, reboot_timeout: float, verbose: bool, as_json: bool, gpu: str | None,
+              cluster_name: str | None, master_addr: str | None, master_port: int, **kw: Any) -> None:
     """Install the playbook's stack on existing hosts over SSH, then verify it.
 
     Runs on all hosts at once (bounded by --parallel). Each step leaves a marker with its
@@ -44,6 +53,13 @@ def bootstrap(force: bool, reboot_timeout: float, verbose: bool, as_json: bool, 
     from gpuprov.report import LiveHosts, bootstrap_summary
     from gpuprov.spec import load_playbook, parse_duration
 
+    if cluster_name is not None:
+        from gpuprov.cluster import check_master_addr, check_name
+
+        check_name(cluster_name)
+        master_addr = check_master_addr(master_addr) if master_addr else None
+    elif master_addr:
+        raise click.UsageError("--master-addr needs --cluster NAME")
     pins = pins_from(kw)
     check_pins(pins)
     with_jupyter(load_playbook(kw["playbook"]), kw["jupyter"])
@@ -58,11 +74,45 @@ def bootstrap(force: bool, reboot_timeout: float, verbose: bool, as_json: bool, 
     plan_for = engine.planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"])
     with LiveHosts(console, [t.name for t in targets], enabled=not as_json and not verbose) as live:
         results = engine.bootstrap(targets, host_settings(kw), plan_for, options, reporter=live)
-    if as_json:
-        click.echo(json.dumps([_host_json(r) for r in results], indent=2))
-    else:
+    ok = all(r.status in ("ok", "changed") for r in results)
+    if cluster_name is None:
+        if as_json:
+            click.echo(json.dumps([_host_json(r) for r in results], indent=2))
+        else:
+            console.print(bootstrap_summary(results))
+        sys.exit(0 if ok else 1)
+    if not as_json:
         console.print(bootstrap_summary(results))
-    sys.exit(0 if all(r.status in ("ok", "changed") for r in results) else 1)
+    wired: Any = None
+    if ok:
+        from gpuprov.cluster import wire
+
+        wired = wire(cluster_name, targets, host_settings(kw), master_addr=master_addr, port=master_port,
+                     parallel=kw["parallel"])
+    _cluster_out(cluster_name, results, wired, as_json, console)
+
+
+def _cluster_out(name: str, results: list[Any], wired: Any, as_json: bool, console: Any) -> None:
+    """The cluster's nodes after bootstrap --cluster, and the exit code (0 when every node is wired)."""
+    cluster, nodes = wired if wired else (None, [])
+    ok = bool(nodes) and all(n.outcome != "failed" for n in nodes)
+    if as_json:
+        click.echo(json.dumps({
+            "hosts": [_host_json(r) for r in results],
+            "cluster": cluster.model_dump(mode="json") if cluster else None,
+            "wiring": [{"node": n.target.name, "host": n.target.host, "outcome": n.outcome, "error": n.error}
+                       for n in nodes]}, indent=2))
+        sys.exit(0 if ok else 1)
+    from gpuprov.cluster_report import cluster_table
+
+    if wired is None:
+        console.print(f"cluster {name}: not wired, since not every host was bootstrapped")
+    elif cluster is None:
+        for n in nodes:
+            console.print(f"cluster {name}: {n.target.name}: {n.error}", markup=False)
+    else:
+        console.print(cluster_table(cluster, nodes))
+    sys.exit(0 if ok else 1)
 
 
 def _host_json(r: Any) -> dict[str, Any]:
