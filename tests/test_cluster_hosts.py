@@ -94,3 +94,110 @@ def test_each_node_gets_its_cluster_env_and_the_same_hostfile(cluster_pool, clus
                        "NODE_RANK": str(i), "NPROC_PER_NODE": "2"}
         assert read(pool, i, "/etc/gpuprov/hostfile").splitlines() == [f"{h.address} slots=2" for h in pool.hosts]
     assert [m["address"] for m in cluster["cluster"]["members"]] == [h.address for h in pool.hosts]
+
+
+def test_exec_runs_on_every_node_with_its_own_env(cluster_pool, cluster):
+    result = gpuprov("exec", "train", "--", "echo rank=$NODE_RANK of $NNODES via $MASTER_ADDR:$MASTER_PORT on $(hostname)")
+    assert result.returncode == 0, result.stderr
+    master = cluster_pool.hosts[0].address
+    lines = sorted(result.stdout.splitlines())
+    assert lines == [f"train:{k} | rank={k} of 3 via {master}:29500 on {h.name}"
+                     for k, h in enumerate(cluster_pool.hosts)]
+    one = gpuprov("exec", "train:1", "--", "echo $NODE_RANK; exit 3")
+    assert (one.returncode, one.stdout) == (3, "train:1 | 1\n")
+
+
+def test_ssh_names_node_0_by_the_cluster_and_node_k_by_name_colon_k(cluster_pool, cluster):
+    if not __import__("shutil").which("ssh"):
+        skip_or_fail("no ssh client")
+    for word, index in (("train", 0), ("train:2", 2)):
+        result = gpuprov("ssh", word, "--", "hostname")
+        assert (result.returncode, result.stdout.strip()) == (0, cluster_pool.hosts[index].name), result.stderr
+    bad = gpuprov("ssh", "train:3", "--", "hostname")
+    assert bad.returncode == 2 and "nodes 0..2" in bad.stderr
+
+
+TRAIN = """
+import os, socket, sys
+import torch
+import torch.distributed as dist
+rank = int(os.environ["RANK"])
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+dist.init_process_group("nccl")
+t = torch.full((1, 1000), float(rank + 1), device=f"cuda:{os.environ['LOCAL_RANK']}")
+dist.all_reduce(t)
+print(f"rank {rank}/{dist.get_world_size()} on {socket.gethostname()} args={sys.argv[1:]} sum={t.max().item():g}")
+dist.destroy_process_group()
+"""
+
+
+def put_script(pool, path: str, text: str) -> None:
+    for i in range(NODES):
+        pool.exec_in(i, f"cat > {path} <<'EOF'\n{text}\nEOF", check=True)
+
+
+def torchrun_calls(pool, i: int) -> list[str]:
+    log = pool.exec_in(i, "cat /var/lib/gpuprov-shim/calls.log").stdout
+    return [line for line in log.splitlines() if line.startswith("torchrun ")]
+
+
+def test_torchrun_wires_every_node_and_the_all_reduce_sums_across_hosts(cluster_pool, cluster):
+    pool = cluster_pool
+    put_script(pool, "/tmp/gp-train.py", TRAIN)
+    before = [len(torchrun_calls(pool, i)) for i in range(NODES)]
+    result = gpuprov("torchrun", "train", "--", "/tmp/gp-train.py", "--lr", "0.1 0.2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    master = pool.hosts[0].address
+    for i in range(NODES):
+        calls = torchrun_calls(pool, i)[before[i]:]
+        assert calls == [f"torchrun --nnodes 3 --nproc-per-node 2 --node-rank {i} --master-addr {master} "
+                         f"--master-port 29500 /tmp/gp-train.py --lr '0.1 0.2'"]
+    # 6 ranks hold 1..6: the sum 21 needs every rank's bytes from all three hosts
+    ranks = sorted(line for line in result.stdout.splitlines() if " | rank " in line)
+    assert ranks == [f"train:{r // 2} | rank {r}/6 on {pool.hosts[r // 2].name} args=['--lr', '0.1 0.2'] sum=21"
+                     for r in range(6)]
+
+
+SLEEPER = """
+import os, time
+os.makedirs("/tmp/gp-sleep", exist_ok=True)
+with open(f"/tmp/gp-sleep/{os.environ['RANK']}", "w") as f:
+    f.write(f"{os.getpid()} {os.getppid()}\\n")
+print("sleeping", flush=True)
+time.sleep(600)
+"""
+
+
+def test_ctrl_c_stops_torchrun_and_its_workers_on_every_node(cluster_pool, cluster):
+    import signal
+    import time
+
+    pool = cluster_pool
+    put_script(pool, "/tmp/gp-sleep.py", SLEEPER)
+    for i in range(NODES):
+        pool.exec_in(i, "rm -rf /tmp/gp-sleep")
+    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", "torchrun", "train", "--grace", "5", "--",
+                             "/tmp/gp-sleep.py"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids) < 2 * 6 and time.monotonic() < deadline:  # each worker: its pid and torchrun's
+            pids = [int(p) for i in range(NODES)
+                    for p in pool.exec_in(i, "cat /tmp/gp-sleep/* 2>/dev/null").stdout.split()]
+            time.sleep(0.2)
+        assert len(pids) == 12, (pids, proc.poll())
+        assert all(Path(f"/proc/{p}").exists() for p in pids)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert "0/3 nodes ok" in err
+    # the test hosts share the machine's PID namespace, so the pids are this machine's processes; on a loaded
+    # machine a node may be past --grace and hung up, so its processes end a moment after gpuprov exits
+    deadline = time.monotonic() + 20
+    while any(Path(f"/proc/{p}").exists() for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = {p: Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") for p in pids if Path(f"/proc/{p}").exists()}
+    assert left == {}, out + err

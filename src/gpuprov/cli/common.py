@@ -328,7 +328,7 @@ def main() -> None:
     Plan (offline):   gpus  plan  render
     AWS nodes:        up  status  stop  start  down  gc  autostop  ttl
     Any SSH host:     bootstrap  check  doctor
-    On a node:        ssh  exec  tunnel  jupyter  sync  monitor
+    On a node:        ssh  exec  tunnel  jupyter  sync  monitor  torchrun
     Settings:         config  completion
     \b
     A day:   gpuprov plan --gpu A100 --spot                 # what it would launch and install

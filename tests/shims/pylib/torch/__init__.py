@@ -14,11 +14,13 @@ import random as _random
 
 from torch import (
     cuda,
+    distributed,  # noqa: F401
     version,  # noqa: F401
 )
 from torch.version import __version__  # noqa: F401
 
 _rng = _random.Random(0)
+float32 = "float32"  # the only dtype: 4 bytes an element, as torch.distributed sends them
 
 
 def manual_seed(seed: int) -> None:
@@ -85,6 +87,13 @@ class Tensor:
     def max(self) -> Tensor:
         return Tensor([[max(max(r) for r in self.rows)]], self.device)
 
+    def numel(self) -> int:
+        rows, cols = self.shape
+        return rows * cols
+
+    def element_size(self) -> int:
+        return 4
+
     def item(self) -> float:
         if self.shape != (1, 1):
             raise RuntimeError("a Tensor with more than one element cannot be converted to Scalar")
@@ -97,3 +106,12 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 def randn(n: int, m: int) -> Tensor:
     return Tensor([[_rng.gauss(0.0, 1.0) for _ in range(m)] for _ in range(n)])
+
+
+def full(size: tuple[int, int], fill_value: float, *, dtype: str = float32, device: object = None) -> Tensor:
+    """A 2-D tensor of one value (the fake keeps 2-D tensors; real torch takes any shape)."""
+    if len(size) != 2:
+        raise RuntimeError("the fake torch keeps 2-D tensors: torch.full((rows, cols), value)")
+    rows, cols = size
+    t = Tensor([[float(fill_value)] * cols for _ in range(rows)])
+    return t.to(device) if device is not None else t

@@ -143,3 +143,17 @@ def _kernel_check(index: int) -> None:
 
 def synchronize(index: int | None = None) -> None:
     _lazy_check(index or 0)
+
+
+_current = 0
+
+
+def set_device(index: object) -> None:
+    global _current
+    i = int(getattr(index, "index", index) or 0)
+    _lazy_check(i)
+    _current = i
+
+
+def current_device() -> int:
+    return _current
