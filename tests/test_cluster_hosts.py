@@ -201,3 +201,60 @@ def test_ctrl_c_stops_torchrun_and_its_workers_on_every_node(cluster_pool, clust
         time.sleep(0.2)
     left = {p: Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") for p in pids if Path(f"/proc/{p}").exists()}
     assert left == {}, out + err
+
+
+def check_cluster(*extra: str) -> tuple[int, dict]:
+    result = gpuprov("check", "train", "--cluster", "--json", "--port-timeout", "2", *extra)
+    try:
+        return result.returncode, json.loads(result.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"check --cluster printed no JSON (exit {result.returncode}):\n{result.stdout}\n{result.stderr}")
+
+
+def test_check_cluster_exchanges_data_between_every_pair_and_all_reduces_through_the_hosts(cluster_pool, cluster):
+    code, out = check_cluster("--sizes", "64K,256K")
+    assert code == 0, out
+    net = out["connectivity"]
+    # every node connected to every other node's MASTER_PORT and 4 sampled ephemeral ports, and got its bytes back
+    pairs = {(r["src"], r["dst"]) for r in net["results"] if r["outcome"] == "ok"}
+    assert pairs == {(a, b) for a in range(NODES) for b in range(NODES) if a != b}
+    for rank, listener in enumerate(net["listeners"]):
+        assert 29500 in listener["ports"] and len(listener["ports"]) == 5
+        lo, hi = listener["range"]
+        assert all(lo <= p <= hi for p in listener["ports"] if p != 29500)
+        assert {r["port"] for r in net["results"] if r["dst"] == rank} == set(listener["ports"])
+    report = out["allreduce"]["report"]
+    assert (report["world"], report["nnodes"], report["nproc_per_node"], report["correct"]) == (6, 3, 2, True)
+    assert [r["bytes"] for r in report["results"]] == [65536, 262144]
+    assert all(r["busbw_gbs"] > 0 and r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * 2 * 5 / 6)
+               for r in report["results"])
+    assert any("Using network Socket" in line for line in report["nccl_lines"])
+    # veth reports 10000 Mb/s; the shim's Python ring is far slower, so the judge says so (a warning: unverified floor)
+    bw = next(c for c in out["allreduce"]["checks"] if c["name"] == "bus bandwidth")
+    assert (bw["ok"], bw["severity"]) == (False, "warn") and "1.25 GB/s" in bw["detail"]
+
+
+def test_a_firewall_that_drops_the_rendezvous_port_on_one_node_is_named(cluster_pool, cluster):
+    pool = cluster_pool
+    if subprocess.run(["which", "iptables"], capture_output=True).returncode != 0:
+        skip_or_fail("no iptables")
+    rule = "INPUT -p tcp --dport 29500 -i eth0 -j DROP"
+    add = pool.exec_in(2, f"iptables -I {rule}")
+    if add.returncode != 0:
+        skip_or_fail(f"iptables inside the test host's namespace failed: {add.stderr.strip()}")
+    try:
+        code, out = check_cluster("--no-allreduce")
+        human = gpuprov("check", "train", "--cluster", "--no-allreduce", "--port-timeout", "2")
+    finally:
+        pool.exec_in(2, f"iptables -D {rule}", check=True)
+    assert code == 1
+    failed = [c for c in out["connectivity"]["checks"] if not c["ok"]]
+    assert [c["name"] for c in failed] == ["train:2 TCP 29500"]
+    address = pool.hosts[2].address
+    assert f"train:2 ({address}) TCP 29500 (MASTER_PORT" in failed[0]["detail"]
+    assert "from train:0, train:1: no answer within the timeout" in failed[0]["detail"]
+    assert "security group" in failed[0]["fix"] and "iptables" in failed[0]["fix"]
+    # the other ports of node 2, and every port of the other nodes, still exchanged data
+    blocked = [r for r in out["connectivity"]["results"] if r["outcome"] != "ok"]
+    assert {(r["dst"], r["port"], r["outcome"]) for r in blocked} == {(2, 29500, "timeout")}
+    assert human.returncode == 1 and "train:2 TCP 29500" in human.stdout

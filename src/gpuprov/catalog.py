@@ -66,6 +66,18 @@ class Storage(BaseModel):
         return gb * self.usd_per_gb_month
 
 
+class Interconnect(BaseModel):
+    """What the all-reduce across nodes is judged against (cluster_check.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    efa_gbps: dict[str, int]  # instance type -> aggregate EFA bandwidth, Gbit/s
+    efa_source: str
+    efa_unverified: str | None = None
+    min_fraction: float  # bus bandwidth at the largest message below this share of the line rate: far below
+    min_fraction_unverified: str | None = None
+
+
 class Catalog(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -75,6 +87,7 @@ class Catalog(BaseModel):
     instance_types: tuple[InstanceType, ...]
     regions: tuple[str, ...]
     storage: Storage
+    interconnect: Interconnect
 
     def check_region(self, region: str) -> str:
         if region in self.regions:

@@ -25,6 +25,7 @@ import ipaddress
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
@@ -32,6 +33,9 @@ from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.fanout import run_parallel
 from gpuprov.inventory import Target
 from gpuprov.remote import HostSettings, Remote
+
+if TYPE_CHECKING:
+    from gpuprov.state import Store
 
 DEFAULT_PORT = 29500  # torch.distributed's default MASTER_PORT (torchrun --master-port)
 ENV_PATH = "/etc/gpuprov/cluster.env"
@@ -51,6 +55,7 @@ class Member(BaseModel):
     known_hosts: str | None = None
     address: str  # the node's address on the cluster's network (hostfile, MASTER_ADDR for node 0)
     gpus: int = Field(ge=0)
+    instance_type: str | None = None  # on EC2, from IMDSv2 (the all-reduce judge's EFA expectation)
 
     def target(self, cluster: str, rank: int) -> Target:
         return Target(host=self.host, user=self.user, port=self.port, key=self.key, proxy_jump=self.proxy_jump,
@@ -104,7 +109,7 @@ def check_name(name: str) -> str:
     return name
 
 
-def _store():  # type: ignore[no-untyped-def]
+def _store() -> Store:
     from gpuprov.state import open_store
 
     return open_store()
@@ -174,6 +179,7 @@ def env_command(command: str) -> str:
 class NodeFacts:
     ssh_address: str  # the node's own address that SSH reached (server half of $SSH_CONNECTION)
     gpus: int
+    instance_type: str | None = None
 
 
 def _ip(text: str, what: str) -> str:
@@ -199,7 +205,7 @@ def discover(remote: Remote) -> NodeFacts:
         raise GpuprovError(f"{remote.target.name}: the SSH server did not say which address it was reached at "
                            "($SSH_CONNECTION is empty); pass --master-addr")
     facts = parse_facts(remote.run(FACTS_COMMAND, sudo=True).stdout)
-    return NodeFacts(_ip(conn[2], f"{remote.target.name}: $SSH_CONNECTION"), len(facts.gpus))
+    return NodeFacts(_ip(conn[2], f"{remote.target.name}: $SSH_CONNECTION"), len(facts.gpus), facts.instance_type)
 
 
 _SRC = re.compile(r"\bsrc\s+(\S+)")
@@ -219,7 +225,7 @@ def plan_cluster(name: str, targets: Sequence[Target], facts: Sequence[NodeFacts
 
     key = str(Path(key).expanduser().resolve()) if key else None
     members = [Member(host=t.host, user=t.user, port=t.port, key=t.key or key, proxy_jump=t.proxy_jump,
-                      known_hosts=t.known_hosts, address=a, gpus=f.gpus)
+                      known_hosts=t.known_hosts, address=a, gpus=f.gpus, instance_type=f.instance_type)
                for t, f, a in zip(targets, facts, addresses, strict=True)]
     return Cluster(name=name, master_addr=master_addr, master_port=port, members=members)
 

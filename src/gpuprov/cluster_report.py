@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
@@ -10,6 +10,8 @@ from gpuprov.report import _STYLE, Column, FitTable
 
 if TYPE_CHECKING:
     from gpuprov.cluster import Cluster, WireResult
+    from gpuprov.cluster_check import ClusterCheck
+    from gpuprov.verify import Check
 
 
 def cluster_table(cluster: Cluster, nodes: list[WireResult]) -> FitTable:
@@ -23,3 +25,50 @@ def cluster_table(cluster: Cluster, nodes: list[WireResult]) -> FitTable:
         table.add_row(f"{cluster.name}:{rank}", node.target.host, member.address, str(member.gpus),
                       Text(node.outcome, style=_STYLE.get(node.outcome, "")), node.error or "")
     return table
+
+
+def _checks(title: str, checks: list[Check]) -> FitTable:
+    table = FitTable([Column("check"), Column("result"), Column("detail", prose=True), Column("fix", prose=True)],
+                     title=title, title_justify="left")
+    for c in checks:
+        state = "ok" if c.ok else ("warn" if c.severity == "warn" else "failed")
+        table.add_row(c.name, Text(state, style={"ok": "green", "warn": "yellow"}.get(state, "red")), c.detail,
+                      c.fix or "")
+    return table
+
+
+def _size(n: int) -> str:
+    for unit, step in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= step:
+            return f"{n / step:g} {unit}"
+    return f"{n} B"
+
+
+def cluster_check_tables(result: ClusterCheck) -> list[Any]:
+    """Connectivity findings; the all-reduce per message size; its judgement."""
+    name = result.cluster.name
+    out: list[Any] = [_checks(f"cluster {name}: node to node ({result.cluster.nnodes} nodes)", result.net_checks)]
+    report = result.allreduce
+    if report is not None:
+        table = FitTable([Column("size", "right"), Column("time", "right"), Column("algbw GB/s", "right"),
+                          Column("busbw GB/s", "right")],
+                         title=f"all-reduce: {report.world} ranks, {report.nnodes} nodes × {report.nproc_per_node}, "
+                               f"{report.backend}", title_justify="left")
+        for r in report.results:
+            table.add_row(_size(r.bytes), f"{r.seconds * 1e3:.2f} ms", f"{r.algbw_gbs:.3f}", f"{r.busbw_gbs:.3f}")
+        out.append(table)
+    if result.allreduce_checks:
+        out.append(_checks(f"cluster {name}: all-reduce", result.allreduce_checks))
+    return out
+
+
+def cluster_check_json(result: ClusterCheck) -> dict[str, Any]:
+    return {
+        "cluster": result.cluster.name, "ok": result.ok,
+        "connectivity": {"checks": [c.model_dump(mode="json") for c in result.net_checks],
+                         **result.net.model_dump(mode="json")},
+        "allreduce": {"checks": [c.model_dump(mode="json") for c in result.allreduce_checks],
+                      "report": result.allreduce.model_dump(mode="json") if result.allreduce else None,
+                      "expectation": result.expectation.model_dump(mode="json") if result.expectation else None,
+                      "error": result.allreduce_error},
+    }

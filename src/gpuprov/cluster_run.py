@@ -40,11 +40,13 @@ def torchrun_flags(cluster: Cluster, rank: int, nproc_per_node: int | None = Non
 
 
 def torchrun_command(cluster: Cluster, rank: int, script_args: Sequence[str], env_path: str,
-                     nproc_per_node: int | None = None) -> str:
-    """The remote shell command for node `rank`: cluster.env exported, then the env's torchrun."""
+                     nproc_per_node: int | None = None, *, replace_shell: bool = True) -> str:
+    """The remote shell command for node `rank`: cluster.env exported, then the env's torchrun (in place of
+    the shell, so the terminal's signals reach it; `replace_shell=False` keeps the shell for an EXIT trap)."""
     env_bin = host_path(env_path.rstrip("/") + "/bin/torchrun")
     argv = shlex.join([*torchrun_flags(cluster, rank, nproc_per_node), *script_args])
-    return env_command(f"if [ -x {env_bin} ]; then exec {env_bin} {argv}; else exec torchrun {argv}; fi")
+    run = "exec " if replace_shell else ""
+    return env_command(f"if [ -x {env_bin} ]; then {run}{env_bin} {argv}; else {run}torchrun {argv}; fi")
 
 
 @dataclass

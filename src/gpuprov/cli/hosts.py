@@ -130,18 +130,60 @@ def _host_json(r: Any) -> dict[str, Any]:
 @click.option("--gpu", default=None, help="The GPU model the hosts should show.")
 @click.option("--env", "env_path", default="/opt/gpuprov/env", show_default=True, help="Python env whose torch to check.")
 @click.option("--json", "as_json", is_flag=True, help="Print the reports as JSON.")
-def check(gpu: str | None, env_path: str, as_json: bool, **kw: Any) -> None:
+@click.option("--cluster", "as_cluster", is_flag=True,
+              help="Check a cluster's fabric instead: every node reaches every other (real data on MASTER_PORT and "
+                   "sampled NCCL ports), then an all-reduce across all GPUs, judged.")
+@click.option("--sizes", default="1M,64M,256M,1G", show_default=True,
+              help="With --cluster: all-reduce message sizes.")
+@click.option("--sample-ports", type=click.IntRange(0, 64), default=4, show_default=True,
+              help="With --cluster: ephemeral ports sampled per node (where NCCL's sockets listen).")
+@click.option("--port-timeout", type=click.FloatRange(0.1), default=3.0, show_default=True,
+              help="With --cluster: seconds a connection may take before the port counts as dropped.")
+@click.option("--no-allreduce", is_flag=True, help="With --cluster: only the connectivity part.")
+def check(gpu: str | None, env_path: str, as_json: bool, as_cluster: bool, sizes: str, sample_ports: int,
+          port_timeout: float, no_allreduce: bool, **kw: Any) -> None:
     """Verify hosts: nvidia-smi, /dev/nvidia*, torch.cuda and a matmul on every GPU, judged.
 
     The expected stack comes from what gpuprov installed there (its manifest), else from --gpu
     and the GPUs on the PCI bus. Each failed check names the reason and the fix.
-    Exit code 0 only when every host passes.
+    Exit code 0 only when every host passes. With --cluster NAME: the cluster's network and
+    all-reduce instead (see `gpuprov bootstrap --cluster`).
     """
+    if as_cluster:
+        _check_cluster(kw, env_path, as_json, sizes, sample_ports, port_timeout, not no_allreduce)
+        return
     from gpuprov.check import check as run_check
     from gpuprov.report import check_tables
 
     results = run_check(targets_from(kw), host_settings(kw), gpu=gpu, env_path=env_path, parallel=kw["parallel"])
     _finish(results, as_json, lambda r: {"report": r.report.model_dump(mode="json") if r.report else None}, check_tables)
+
+
+def _check_cluster(kw: dict[str, Any], env_path: str, as_json: bool, sizes: str, sample: int, timeout: float,
+                   run_allreduce: bool) -> None:
+    from gpuprov.cluster import load, names
+    from gpuprov.cluster_check import check_cluster, parse_sizes
+    from gpuprov.cluster_report import cluster_check_json, cluster_check_tables
+    from gpuprov.errors import UserInputError
+
+    byte_sizes = parse_sizes(sizes)
+    if len(kw["hosts"]) != 1 or kw.get("inventory"):
+        raise UserInputError("NAME", "--cluster checks one cluster, named alone", "e.g. gpuprov check train --cluster")
+    cluster = load(kw["hosts"][0])
+    if cluster is None:
+        known = names()
+        raise UserInputError("NAME", f"no cluster called {kw['hosts'][0]!r}",
+                             f"clusters: {', '.join(known)}" if known else
+                             "make one with gpuprov bootstrap --cluster NAME HOST1 HOST2 ...")
+    result = check_cluster(cluster, host_settings(kw), sizes=byte_sizes, sample=sample, timeout=timeout,
+                           run_allreduce=run_allreduce, env_path=env_path)
+    if as_json:
+        click.echo(json.dumps(cluster_check_json(result), indent=2))
+    else:
+        console = make_console()
+        for renderable in cluster_check_tables(result):
+            console.print(renderable)
+    sys.exit(0 if result.ok else 1)
 
 
 def _finish(results: list[Any], as_json: bool, fields: Callable[[Any], dict[str, Any]],

@@ -12,6 +12,7 @@ uses ("Using network Socket") and from which interface, as NCCL does.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -204,10 +205,8 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
 
         def accept() -> None:
             listener.settimeout(max(0.1, deadline - time.monotonic()))
-            try:
+            with contextlib.suppress(OSError):
                 accepted["sock"] = listener.accept()[0]
-            except OSError:
-                pass
 
         waiter = threading.Thread(target=accept, daemon=True)
         waiter.start()
@@ -256,7 +255,7 @@ def all_reduce(tensor: object, op: str = ReduceOp.SUM, group: object = None, asy
         for _step in range(world - 1):
             error: list[BaseException] = []
 
-            def send(data: bytes = outgoing) -> None:
+            def send(data: bytes = outgoing, error: list[BaseException] = error) -> None:
                 try:
                     _send(nxt, data)  # type: ignore[arg-type]
                 except OSError as exc:
