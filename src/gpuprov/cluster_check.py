@@ -274,14 +274,19 @@ _BOOTSTRAP = re.compile(r"NCCL INFO (?:Bootstrap|NET/Socket) ?: Using \[?\d*\]?(
 
 
 def transport(report: AllReduce) -> str | None:
-    """The network NCCL says it used between nodes: "Socket", "IB", "AWS Libfabric" (EFA through aws-ofi-nccl)."""
+    """The network NCCL says it used between nodes ("Using network X"): "Socket", "IB", or EFA through the
+    AWS OFI NCCL plugin ("AWS Libfabric", "Libfabric"; or its "NET/OFI Selected Provider is efa")."""
     for line in report.nccl_lines:
         m = _NETWORK.search(line)
         if m:
             return m.group(1).strip()
-        if "NET/OFI Selected Provider is efa" in line or "NET/OFI Selected provider is efa" in line:
+        if re.search(r"NET/OFI Selected [Pp]rovider is efa", line):
             return "AWS Libfabric"
     return None
+
+
+def uses_efa(network: str | None) -> bool:
+    return network is not None and "Libfabric" in network
 
 
 def interfaces(report: AllReduce) -> set[str]:
@@ -308,7 +313,7 @@ def judge_allreduce(cluster_name: str, report: AllReduce, expect: Expectation) -
     if report.nnodes < 2:
         return checks
     used = transport(report)
-    if expect.fabric == "efa" and used is not None and used != "AWS Libfabric":
+    if expect.fabric == "efa" and used is not None and not uses_efa(used):
         checks.append(Check(
             name="EFA in use", ok=False,
             detail=f"the instance type has EFA but NCCL used its {used} transport between the nodes",
@@ -400,7 +405,7 @@ def parse_sizes(text: str) -> list[int]:
     units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     sizes = []
     for word in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", word.upper())
+        m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:IB|B)?\s*", word.upper())
         if not m or int(m.group(1)) == 0:
             raise UserInputError("--sizes", f"{word!r} is not a message size", "e.g. 1M,64M,256M,1G")
         sizes.append(int(m.group(1)) * units[m.group(2)])
