@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                    GROUP_WORLD_SIZE=str(nnodes), MASTER_ADDR=args.master_addr, MASTER_PORT=str(args.master_port),
                    TORCHELASTIC_RUN_ID=args.rdzv_id, TORCHELASTIC_RESTART_COUNT="0",
                    TORCHELASTIC_MAX_RESTARTS=str(args.max_restarts), OMP_NUM_THREADS="1")
-        workers.append(subprocess.Popen([sys.executable, "-u", args.training_script, *args.training_script_args],
+        workers.append(subprocess.Popen([sys.executable, args.training_script, *args.training_script_args],
                                         env=env))
     codes = [w.wait() for w in workers]
     failed = [(i, c) for i, c in enumerate(codes) if c != 0]
