@@ -68,6 +68,27 @@ def lifecycle(env: dict[str, str], work: Path) -> None:
         print(f"\nresources tagged gpuprov:node left in the endpoint: {json.dumps(left) if left else 'none'}")
 
 
+def cluster(env: dict[str, str], work: Path) -> None:
+    """Two existing hosts (SSH servers with 2 shimmed H100s each) wired as one cluster and checked."""
+    from tests.hosts.fixture import HostPool
+
+    print("\n\033[1mtwo SSH hosts with 2 H100s each (shimmed tools) as one cluster…\033[0m")
+    with HostPool(2, work / "cluster-hosts", shims_dir=ROOT / "tests" / "shims", offset=3, prefix="gpdc",
+                  bridge="gpdcbr0", subnet="10.241.0", host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"},
+                  ) as pool:
+        if pool.mode != "netns":
+            print("network namespaces are not available: skipping the cluster part")
+            return
+        for i in range(2):
+            pool.exec_in(i, "printf 'export GPUPROV_SHIM_GPU=H100\\nexport GPUPROV_SHIM_GPU_COUNT=2\\n' "
+                            "> /var/lib/gpuprov-shim/env", check=True)
+        hosts = [f"root@{h.address}" for h in pool.hosts]
+        show(env, "bootstrap", "--cluster", "pair", *hosts, "-i", str(pool.key_path), "--accept-new-host-key",
+             "--os", "ubuntu-22.04", "--python", "3.11")
+        show(env, "exec", "pair", "--", "cat /var/lib/gpuprov-shim/root/etc/gpuprov/cluster.env | grep RANK")
+        show(env, "check", "pair", "--cluster", "--sizes", "64K,1M")
+
+
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gpuprov-demo-"))
     env = {**os.environ, "GPUPROV_HOME": str(work / "home"), "HOME": str(work / "user"), "GPUPROV_POLL_SECONDS": "0.2",
@@ -77,6 +98,7 @@ def main() -> None:
         offline(env)
         if os.geteuid() == 0:
             lifecycle(env, work)
+            cluster(env, work)
         else:
             print("\n(the launched-node part needs root for its local SSH host: run `sudo make demo`)")
     finally:

@@ -333,7 +333,7 @@ def judge_allreduce(cluster_name: str, report: AllReduce, expect: Expectation) -
         ok = largest.busbw_gbs >= floor
         checks.append(Check(
             name="bus bandwidth", ok=ok, severity="warn" if expect.unverified else "fail",
-            detail=f"{largest.busbw_gbs:.2f} GB/s bus bandwidth at {_size(largest.bytes)}; the {expect.fabric.upper()} "
+            detail=f"{largest.busbw_gbs:.3g} GB/s bus bandwidth at {_size(largest.bytes)}; the {expect.fabric.upper()} "
                    f"line rate is {expect.line_rate_gbs:g} GB/s per node ({expect.source}), the floor "
                    f"{expect.min_fraction:.0%} of it" + (f" [unverified: {expect.unverified}]" if expect.unverified else ""),
             fix=None if ok else "far below the fabric: check NCCL used the fast network (NCCL_DEBUG=INFO: 'Using "

@@ -23,7 +23,7 @@ def cluster_table(cluster: Cluster, nodes: list[WireResult]) -> FitTable:
                      title_justify="left")
     for rank, (member, node) in enumerate(zip(cluster.members, nodes, strict=True)):
         table.add_row(f"{cluster.name}:{rank}", node.target.host, member.address, str(member.gpus),
-                      Text(node.outcome, style=_STYLE.get(node.outcome, "")), node.error or "")
+                      Text(node.outcome, style=_STYLE.get(node.outcome, "")), Text(node.error or ""))
     return table
 
 
@@ -32,8 +32,9 @@ def _checks(title: str, checks: list[Check]) -> FitTable:
                      title=title, title_justify="left")
     for c in checks:
         state = "ok" if c.ok else ("warn" if c.severity == "warn" else "failed")
-        table.add_row(c.name, Text(state, style={"ok": "green", "warn": "yellow"}.get(state, "red")), c.detail,
-                      c.fix or "")
+        # Text, not str: a detail's "[unverified: …]" is data, not rich markup
+        table.add_row(c.name, Text(state, style={"ok": "green", "warn": "yellow"}.get(state, "red")), Text(c.detail),
+                      Text(c.fix or ""))
     return table
 
 
@@ -55,7 +56,7 @@ def cluster_check_tables(result: ClusterCheck) -> list[Any]:
                          title=f"all-reduce: {report.world} ranks, {report.nnodes} nodes × {report.nproc_per_node}, "
                                f"{report.backend}", title_justify="left")
         for r in report.results:
-            table.add_row(_size(r.bytes), f"{r.seconds * 1e3:.2f} ms", f"{r.algbw_gbs:.3f}", f"{r.busbw_gbs:.3f}")
+            table.add_row(_size(r.bytes), f"{r.seconds * 1e3:.3g} ms", f"{r.algbw_gbs:.3g}", f"{r.busbw_gbs:.3g}")
         out.append(table)
     if result.allreduce_checks:
         out.append(_checks(f"cluster {name}: all-reduce", result.allreduce_checks))
