@@ -158,6 +158,27 @@ def test_torchrun_wires_every_node_and_the_all_reduce_sums_across_hosts(cluster_
                      for r in range(6)]
 
 
+
+def test_the_fake_all_reduce_needs_the_bytes_to_cross_a_dropped_ephemeral_range_fails_it(cluster_pool, cluster):
+    """The fake torch's all-reduce is no canned answer: with node 2 dropping its ephemeral ports (where the ring's
+    listeners are, as NCCL's), the same script fails instead of printing a sum."""
+    pool = cluster_pool
+    if subprocess.run(["which", "iptables"], capture_output=True).returncode != 0:
+        skip_or_fail("no iptables")
+    put_script(pool, "/tmp/gp-train5.py", TRAIN.replace('init_process_group("nccl")',
+                                                         'init_process_group("nccl", timeout=__import__("datetime")'
+                                                         '.timedelta(seconds=5))'))
+    lo, hi = pool.exec_in(2, "cat /proc/sys/net/ipv4/ip_local_port_range", check=True).stdout.split()
+    rule = f"INPUT -p tcp --dport {lo}:{hi} -i eth0 -j DROP"
+    pool.exec_in(2, f"iptables -I {rule}", check=True)
+    try:
+        result = gpuprov("torchrun", "train", "--grace", "3", "--", "/tmp/gp-train5.py")
+    finally:
+        pool.exec_in(2, f"iptables -D {rule}", check=True)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "sum=" not in result.stdout
+    assert "torch.distributed.DistBackendError" in result.stdout, result.stdout  # as a real process group fails
+
 SLEEPER = """
 import os, time
 os.makedirs("/tmp/gp-sleep", exist_ok=True)
@@ -258,3 +279,27 @@ def test_a_firewall_that_drops_the_rendezvous_port_on_one_node_is_named(cluster_
     blocked = [r for r in out["connectivity"]["results"] if r["outcome"] != "ok"]
     assert {(r["dst"], r["port"], r["outcome"]) for r in blocked} == {(2, 29500, "timeout")}
     assert human.returncode == 1 and "train:2 TCP 29500" in human.stdout
+
+
+def test_master_addr_given_by_hand_reaches_every_nodes_env_and_the_record(cluster_pool, cluster):
+    """--master-addr overrides the derived address (runs last: it rewires the hosts, then puts `train` back)."""
+    pool = cluster_pool
+    extra = pool.hosts[0].address.rsplit(".", 1)[0] + ".200"  # e.g. node 0's address on another network
+    hosts = [f"root@{h.address}" for h in pool.hosts]
+    try:
+        result = gpuprov("bootstrap", "--cluster", "alt", *hosts, "-i", str(pool.key_path), "--os", "ubuntu-22.04",
+                         "--python", "3.11", "--master-addr", extra, "--master-port", "29611", "--json")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["cluster"]["master_addr"] == extra
+        for i in range(NODES):
+            env = read(pool, i, "/etc/gpuprov/cluster.env")
+            assert f"MASTER_ADDR={extra}\nMASTER_PORT=29611\n" in env and f"NODE_RANK={i}\n" in env
+        # node 0 is known by that address everywhere; the others by the address they send from toward it
+        assert read(pool, 1, "/etc/gpuprov/hostfile").splitlines() == [
+            f"{extra} slots=2", *(f"{h.address} slots=2" for h in pool.hosts[1:])]
+        shown = gpuprov("exec", "alt:1", "--", "echo $MASTER_ADDR:$MASTER_PORT")
+        assert shown.stdout == f"alt:1 | {extra}:29611\n"
+    finally:
+        again = gpuprov("bootstrap", "--cluster", "train", *hosts, "-i", str(pool.key_path), "--os", "ubuntu-22.04",
+                        "--python", "3.11", "--json")
+        assert again.returncode == 0, again.stderr
