@@ -251,3 +251,11 @@ def test_the_tables_keep_a_findings_brackets_as_text():
     text = console.export_text()
     assert "[unverified: rule of thumb]" in text and "1 MiB" in text and "0.00203" in text
     assert result.ok  # the unverified floor warns, it does not fail
+
+
+def test_cluster_names_complete_like_node_names(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUPROV_HOME", str(tmp_path / "home"))
+    cl.save(make())
+    from gpuprov.cli.common import complete_node
+
+    assert [c.value for c in complete_node(None, None, "tr")] == ["train"]  # type: ignore[arg-type]

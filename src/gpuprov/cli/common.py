@@ -83,7 +83,7 @@ def complete_playbook(_ctx: click.Context, _param: click.Parameter, incomplete: 
 
 def complete_node(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[Any]:
     try:
-        return _matching(node_names(), incomplete)
+        return _matching(node_names() + cluster_names(), incomplete)
     except GpuprovError:  # no readable state: nothing to offer, and no error in the middle of a prompt
         return []
 
