@@ -278,7 +278,7 @@ def _allreduce_figure(run: AllReduceRun, spec: catalog.Gpu | None, rules: catalo
     sizes = [(s, bus_bandwidth(s.bytes, s.iterations, s.ms, run.world_size)) for s in run.results if s.ms > 0]
     if not sizes:
         return figure(None, None, "failed", "no message size was timed")
-    best, (algbw, busbw) = max(sizes, key=lambda item: item[1][1])
+    best, (algbw, busbw) = max(sizes, key=lambda item: (round(item[1][1], 6), item[0].bytes))
     percent, verdict = _verdict(busbw, published, rules.thresholds["allreduce"])
     detail = (f"{run.world_size} GPUs, {run.backend}, best at {best.bytes / 2**20:.0f} MiB (algbw {algbw:.1f} GB/s)"
               + (f"; vs {link}" if link else ""))
