@@ -136,7 +136,8 @@ def test_a_gpu_without_published_tflops_is_no_figure_not_a_failure() -> None:
     assert {f.name for f in rep.below} == {"memory", "host→device", "device→host"}
 
 
-@pytest.mark.parametrize("cut", ["", "GPUPROV_BENCH_BEGIN\n{\"probe_version\": 1", "GPUPROV_BENCH_BEGIN\n[]\nGPUPROV_BENCH_END\n"])
+@pytest.mark.parametrize("cut", ["", "GPUPROV_BENCH_BEGIN\n{\"probe_version\": 1",
+                                 "GPUPROV_BENCH_BEGIN\n[]\nGPUPROV_BENCH_END\n"])
 def test_a_cut_or_garbled_output_is_a_probe_error(cut: str) -> None:
     with pytest.raises(BenchProbeError):
         extract("some noise\n" + cut)

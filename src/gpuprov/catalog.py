@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict
 from gpuprov.errors import UserInputError
 from gpuprov.resources import data_file
 
-
 Precision = Literal["fp16", "bf16", "tf32", "fp32"]
 
 

@@ -136,7 +136,7 @@ def _combine(op: str, payloads: list[dict[str, Any]]) -> dict[str, Any]:
     pick = {ReduceOp.SUM: sum, ReduceOp.MAX: max, ReduceOp.MIN: min}[op]
     if all("fill" in p for p in payloads):
         return {"numel": payloads[0]["numel"], "fill": pick(p["fill"] for p in payloads)}
-    rows = [p["rows"] if "rows" in p else None for p in payloads]
+    rows = [p.get("rows") for p in payloads]
     if any(r is None for r in rows):
         raise DistBackendError("the fake torch cannot mix held and constant tensors in one collective")
     out = [[pick(vals) for vals in zip(*cols, strict=True)] for cols in zip(*rows, strict=True)]
