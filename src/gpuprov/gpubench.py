@@ -29,7 +29,7 @@ from gpuprov import catalog
 from gpuprov.errors import GpuprovError
 from gpuprov.fanout import run_parallel
 from gpuprov.inventory import Target
-from gpuprov.remote import HostOutcome, HostSettings, Remote, on_host
+from gpuprov.remote import CommandTimeout, HostOutcome, HostSettings, Remote, on_host
 from gpuprov.render import environment, host_path
 
 BEGIN, END = "GPUPROV_BENCH_BEGIN", "GPUPROV_BENCH_END"
@@ -334,8 +334,13 @@ def _bench(remote: Remote, target: Target, gpu: str | None, env_path: str, secon
     remote.put_bytes(probe_source().encode(), path)
     py = host_path(f"{env}/bin/python")
     budget = shlex.quote(f"{seconds:g}")
-    out = remote.run(f"if [ -x {py} ]; then {py} {path} {budget}; else python3 {path} {budget}; fi; rm -f {path}",
-                     sudo=True, timeout=3 * seconds + 300)
+    limit = 3 * seconds + 300  # the budget, slow first calls, the all-reduce's processes and their rendezvous
+    try:
+        out = remote.run(f"if [ -x {py} ]; then {py} {path} {budget}; else python3 {path} {budget}; fi; rm -f {path}",
+                         sudo=True, timeout=limit)
+    except CommandTimeout:
+        raise BenchProbeError(f"the bench probe was still running after {limit:g}s (a hung GPU or NCCL rendezvous?); "
+                              f"{path} is left on the host") from None
     return judge(target.name, extract(out.stdout), gpu or target.gpu)
 
 
