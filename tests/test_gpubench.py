@@ -168,3 +168,14 @@ def test_the_table_fits_80_columns_with_each_figure_beside_its_published_one() -
     assert rows and "119.6" in rows[0] and "312.0" in rows[0] and "38%" in rows[0] and "slow" in rows[0]
     assert "published A100-40GB = A100 SXM4 40GB: NVIDIA A100" in " ".join(text.split())
     assert "8 figure(s) below published" not in text and "4 figure(s) below published" in text
+
+
+@pytest.mark.parametrize(("measured", "published", "want"), [
+    (70.0, 100.0, ("ok", 70.0)), (69.99, 100.0, ("slow", 69.99)), (150.0, 100.0, ("ok", 150.0)),
+    (5.0, None, ("no figure", None)),
+])
+def test_the_verdict_is_ok_at_the_threshold_and_slow_below(measured: float, published: float | None, want) -> None:
+    from gpuprov.gpubench import _verdict
+
+    percent, verdict = _verdict(measured, published, 0.70)
+    assert (verdict, percent if percent is None else pytest.approx(percent)) == (want[0], want[1])
