@@ -443,3 +443,20 @@ def doctor_tables(results: list[DoctorResult]) -> list[Table | Text]:
                              "finding", rep.findings)
 
     return _per_host(results, table)
+
+
+def images_table(rows: list[Any], regions: list[str]) -> FitTable | Text:
+    """Baked images (cloud/images.py `Listed`): name, id, stack, region, created, size, snapshots."""
+    if not rows:
+        return Text(f"no baked images in {', '.join(regions)}; `gpuprov image bake NODE` makes one")
+    table = FitTable([Column("name"), Column("id"), Column("stack"), Column("region", drop=3),
+                      Column("created", drop=2), Column("size", "right", drop=4), Column("snapshots", drop=5),
+                      Column("state", drop=1)],
+                     title="baked images (they outlive nodes: `gpuprov image rm NAME` removes one)",
+                     title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for row in rows:
+        image = row.image
+        state = image.state + ("" if row.recorded else ", no local record (gc)")
+        table.add_row(image.name, image.id, (image.stack or "-")[:12], image.region, (image.created or "-")[:16],
+                      f"{image.size_gb} GB" if image.size_gb else "-", " ".join(image.snapshot_ids) or "-", state)
+    return table
