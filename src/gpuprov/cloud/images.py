@@ -49,6 +49,7 @@ INSTALL_KINDS = ("stack", "env", "user")
 GUARD_STEPS = ("autostop", "ttl", "spot-interrupt")  # plan.guard_steps' names
 GUARD_UNITS = ("gpuprov-autostop.timer", "gpuprov-autostop.service", "gpuprov-ttl.timer", "gpuprov-ttl.service",
                "gpuprov-interrupt.service")
+AWS_DLAMI_PREFIX = "/aws/service/deeplearning"
 BUNDLE_DIR = "/var/lib/gpuprov/bundle"
 MARKER_DIR = "/var/lib/gpuprov/markers"
 WAIT_SECONDS = 3600.0  # an AMI of a 100 GB root volume can take tens of minutes
@@ -92,7 +93,11 @@ class Dlami(BaseModel):
     driver: dict[str, DlamiDriver]
 
     def parameter_for(self, os_name: str, arch: str = ARCH) -> str:
-        return self.parameter.format(arch=arch, os=os_name)
+        import os
+
+        name = self.parameter.format(arch=arch, os=os_name)
+        prefix = os.environ.get("GPUPROV_DLAMI_SSM_PREFIX")  # tests: moto refuses names under /aws/
+        return prefix + name.removeprefix(AWS_DLAMI_PREFIX) if prefix else name
 
 
 def dlami() -> Dlami:
