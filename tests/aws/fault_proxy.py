@@ -23,7 +23,12 @@ Kinds (the realism layer, class Ec2Realism; EC2 developer guide, "Eventual consi
            * tag lag: the first ``tag_lag`` (default 1) Describe{Instances,SecurityGroups,KeyPairs,Volumes,
              SpotInstanceRequests} answers filtered by tag (Filter.N.Name "tag:..." or "tag-key") that would show a
              fresh resource leave its item out (an emptied reservation goes too); one look-up per resource hidden.
+           * images: a CreateImage id is fresh like the others (DescribeImages ImageId.N, DeregisterImage, RunInstances
+             ImageId -> InvalidAMIID.NotFound) and `pending` in its first ``image_pending`` (default 2) DescribeImages
+             answers before moto's `available`.
            Budgets are fixed when the create reply passes. Ids created straight in moto are never fresh.
+           In both kinds (EC2's contract, not timing): CreateImage of a name the account already has is
+           InvalidAMIName.Duplicate; its snapshot TagSpecification tags the image's snapshots (moto: NotImplemented).
   instant  moto as it is: everything passes through, nothing is learnt.
 
 Control API (same port, JSON):

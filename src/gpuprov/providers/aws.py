@@ -56,6 +56,7 @@ NOT_FOUND = {"instance": "InvalidInstanceID.NotFound", "security-group": "Invali
              "spot-request": "InvalidSpotInstanceRequestID.NotFound", "image": "InvalidAMIID.NotFound",
              "snapshot": "InvalidSnapshot.NotFound"}
 LAUNCH_REFERENCES = {"InvalidGroup.NotFound", "InvalidKeyPair.NotFound"}  # a fresh group or key not yet seen
+IMAGE_SETTLE = 60.0  # seconds an image seen in a listing may still answer NotFound by id
 RETRY_RUN_INSTANCES = 4  # attempts of one candidate on throttling / InternalError (same ClientToken)
 
 
@@ -558,16 +559,17 @@ class AwsProvider:
             time.sleep(self.poll)
 
     def delete_image(self, region: str, image_id: str, settle: float = 0) -> list[str]:
-        """Deregister first (a registered image's snapshots cannot be deleted), then its snapshots."""
+        """Deregister first (a registered image's snapshots cannot be deleted), then its snapshots. The image is
+        found by a filter (an unknown id is absent, not an error); one listed there that answers NotFound by id
+        is too new for EC2's by-id look-ups yet, and is asked again for IMAGE_SETTLE seconds."""
         ec2 = self._client("ec2", region)
-        reply = self._settle("DescribeImages", lambda: ec2.describe_images(ImageIds=[image_id]), "image",
-                             image_id, settle)
-        snapshots = _image(reply["Images"][0], region).snapshot_ids if reply["Images"] else ()
-        removed = []
-        if reply["Images"]:
-            self._settle("DeregisterImage", lambda: ec2.deregister_image(ImageId=image_id), "image", image_id, settle)
-            removed.append(f"image {image_id}")
-        for snap in snapshots:
+        listed = self.images(region, ids=[image_id])
+        if not listed:
+            raise NotFound("image", image_id, NOT_FOUND["image"])
+        self._settle("DeregisterImage", lambda: ec2.deregister_image(ImageId=image_id), "image", image_id,
+                     max(settle, IMAGE_SETTLE))
+        removed = [f"image {image_id}"]
+        for snap in listed[0].snapshot_ids:
             try:
                 self._while_in_use(lambda snap=snap: self._settle(  # type: ignore[misc]
                     "DeleteSnapshot", lambda: ec2.delete_snapshot(SnapshotId=snap), "snapshot", snap, settle))
