@@ -51,7 +51,9 @@ def seed_node_identity(pool, i: int, public_key: str) -> None:
     """What an EC2 instance has that an image must not carry: host keys, the launch key in authorized_keys
     (next to a key of the user's own), cloud-init's instance data and log (under the hosts' sysroot)."""
     pool.exec_in(i, f"""set -e; r={SYSROOT}; mkdir -p $r/etc/ssh $r/root/.ssh $r/var/lib/cloud/instance $r/var/log
-        for t in rsa ecdsa ed25519; do echo key > $r/etc/ssh/ssh_host_${{t}}_key; echo pub > $r/etc/ssh/ssh_host_${{t}}_key.pub; done
+        for t in rsa ecdsa ed25519; do
+          echo key > $r/etc/ssh/ssh_host_${{t}}_key; echo pub > $r/etc/ssh/ssh_host_${{t}}_key.pub
+        done
         printf '%s\\n%s\\n' '{public_key}' '{USER_KEY}' > $r/root/.ssh/authorized_keys; chmod 600 $r/root/.ssh/authorized_keys
         echo i-0 > $r/var/lib/cloud/instance/instance-id; echo boot > $r/var/log/cloud-init.log""", check=True)
 
