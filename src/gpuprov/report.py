@@ -23,6 +23,7 @@ from gpuprov.plan import Plan
 if TYPE_CHECKING:
     from gpuprov.bootstrap import HostResult
     from gpuprov.check import CheckResult
+    from gpuprov.cloud.images import Listed
     from gpuprov.doctor import DoctorReport, DoctorResult
     from gpuprov.gpubench import BenchResult
     from gpuprov.providers.base import SpotPrice
@@ -480,3 +481,19 @@ def bench_tables(results: list[BenchResult]) -> list[FitTable | Text]:
             out.append(Text(f"published {y.gpu} = {y.variant}: {y.source}; read {y.read}{note}", style="dim"))
     return out
 
+
+def images_table(rows: list[Listed], regions: list[str]) -> FitTable | Text:
+    """Baked images (cloud/images.py `Listed`): name, id, stack, region, created, size, snapshots."""
+    if not rows:
+        return Text(f"no baked images in {', '.join(regions)}; `gpuprov image bake NODE` makes one")
+    table = FitTable([Column("name"), Column("id"), Column("stack"), Column("region", drop=3),
+                      Column("created", drop=2), Column("size", "right", drop=4), Column("snapshots", drop=5),
+                      Column("state", drop=1)],
+                     title="baked images (they outlive nodes: `gpuprov image rm NAME` removes one)",
+                     title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for row in rows:
+        image = row.image
+        state = image.state + ("" if row.recorded else ", no local record (gc)")
+        table.add_row(image.name, image.id, (image.stack or "-")[:12], image.region, (image.created or "-")[:16],
+                      f"{image.size_gb} GB" if image.size_gb else "-", " ".join(image.snapshot_ids) or "-", state)
+    return table
