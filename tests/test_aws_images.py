@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.aws.cli import gp, launch_site, nothing_left, up_args
+from tests.aws.cli import copy_disk, gp, launch_site, nothing_left, up_args
 from tests.aws.fixture import ubuntu_ami
 
 SYSROOT = "/var/lib/gpuprov-shim/root"
@@ -56,17 +56,6 @@ def seed_node_identity(pool, i: int, public_key: str) -> None:
         done
         printf '%s\\n%s\\n' '{public_key}' '{USER_KEY}' > $r/root/.ssh/authorized_keys; chmod 600 $r/root/.ssh/authorized_keys
         echo i-0 > $r/var/lib/cloud/instance/instance-id; echo boot > $r/var/log/cloud-init.log""", check=True)
-
-
-def copy_disk(pool, src: int, dst: int) -> None:
-    """The image's disk as an instance launched from it sees it: the source host's gpuprov and shim state
-    (packages the shims installed, the sysroot) onto the host the new instance's address reaches."""
-    out = pool.exec_in(src, "tar -C / -czf - var/lib/gpuprov var/lib/gpuprov-shim | base64 -w0", check=True).stdout
-    pool.exec_in(dst, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/* /tmp/disk.b64", check=True)
-    for at in range(0, len(out), 60000):
-        pool.exec_in(dst, f"printf '%s' '{out[at:at + 60000]}' >> /tmp/disk.b64", check=True)
-    pool.exec_in(dst, "base64 -d /tmp/disk.b64 | tar -C / -xzf - && rm /tmp/disk.b64 && : > /var/lib/gpuprov-shim/calls.log",
-                 check=True)
 
 
 def test_bake_cleans_the_node_tags_the_image_and_the_next_up_skips_every_install_step(aws, env, aws_hosts, gp_home):
