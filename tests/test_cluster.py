@@ -134,12 +134,12 @@ def test_the_test_hosts_recording_is_correct_and_judged_slow_against_the_nics_li
     report = parse_allreduce(fixture("testhosts-3x2-fake-torch.txt"))
     assert (report.world, report.nnodes, report.nproc_per_node, report.correct) == (6, 3, 2, True)
     assert transport(report) == "Socket"
-    checks = by_name(judge_allreduce("train", report, Expectation(
-        fabric="tcp", line_rate_gbs=1.25, source="veth", unverified="rule of thumb", interface="eth0")))
+    checks = by_name(judge_allreduce("train", report, Expectation(  # as if on a 100 Gb/s NIC
+        fabric="tcp", line_rate_gbs=12.5, source="veth", unverified="rule of thumb", interface="eth0")))
     assert checks["all-reduce sums"].ok
     assert "NCCL interface" not in checks  # NCCL used eth0, the cluster's interface
     bw = checks["bus bandwidth"]
-    assert (bw.ok, bw.severity) == (False, "warn") and "0.00203 GB/s bus bandwidth at 1 MiB" in bw.detail
+    assert (bw.ok, bw.severity) == (False, "warn") and "0.628 GB/s bus bandwidth at 1 MiB" in bw.detail
     assert "[unverified: rule of thumb]" in bw.detail
     assert "NCCL_SOCKET_IFNAME" in (bw.fix or "") and "placement group" in (bw.fix or "")
 
@@ -242,14 +242,14 @@ def test_the_tables_keep_a_findings_brackets_as_text():
     from gpuprov.cluster_report import cluster_check_tables
 
     report = parse_allreduce(fixture("testhosts-3x2-fake-torch.txt"))
-    expect = Expectation(fabric="tcp", line_rate_gbs=1.25, source="veth", unverified="rule of thumb", interface="eth0")
+    expect = Expectation(fabric="tcp", line_rate_gbs=12.5, source="veth", unverified="rule of thumb", interface="eth0")
     result = ClusterCheck(make(), net(all_ok()), judge_connectivity(make(), net(all_ok())), report,
                           allreduce_checks=judge_allreduce("train", report, expect))
     console = Console(width=200, record=True, no_color=True)
     for table in cluster_check_tables(result):
         console.print(table)
     text = console.export_text()
-    assert "[unverified: rule of thumb]" in text and "1 MiB" in text and "0.00203" in text
+    assert "[unverified: rule of thumb]" in text and "1 MiB" in text and "0.628" in text
     assert result.ok  # the unverified floor warns, it does not fail
 
 

@@ -250,9 +250,10 @@ def test_check_cluster_exchanges_data_between_every_pair_and_all_reduces_through
     assert all(r["busbw_gbs"] > 0 and r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * 2 * 5 / 6)
                for r in report["results"])
     assert any("Using network Socket" in line for line in report["nccl_lines"])
-    # veth reports 10000 Mb/s; the shim's Python ring is far slower, so the judge says so (a warning: unverified floor)
+    # judged against the NIC's line rate (veth says 10000 Mb/s); the floor is unverified, so at worst a warning
     bw = next(c for c in out["allreduce"]["checks"] if c["name"] == "bus bandwidth")
-    assert (bw["ok"], bw["severity"]) == (False, "warn") and "1.25 GB/s" in bw["detail"]
+    assert bw["severity"] == "warn" and "the TCP line rate is 1.25 GB/s per node" in bw["detail"]
+    assert out["allreduce"]["expectation"]["interface"] == "eth0"
 
 
 def test_a_firewall_that_drops_the_rendezvous_port_on_one_node_is_named(cluster_pool, cluster):
