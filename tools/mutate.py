@@ -9,6 +9,11 @@ maps tests to functions in-process, and those tests drive the CLI in subprocesse
     python tools/mutate.py compat verify         # some of them
     MUTATE_JOBS=2 python tools/mutate.py compat  # mutmut's --max-children (default 1: a small machine)
     MUTATE_REPORT_ONLY=1 python tools/mutate.py compat   # the report again from the last run's results
+    MUTATE_ONLY='*_with_alternative*' python tools/mutate.py compat  # only mutants whose names match (fnmatch)
+
+MUTATE_ONLY takes mutmut's mutant names or fnmatch patterns (space-separated; names look like
+gpuprov.compat.x__with_alternative__mutmut_7): a quick rerun of the functions just worked on. The module's
+score then counts only those mutants (the others are "not checked").
 """
 
 from __future__ import annotations
@@ -76,13 +81,16 @@ def run(module: str, jobs: int) -> str:
         _tree(where, module)
         env = {**os.environ, "GPUPROV_MUTATE": "1"}
         print(f"== {module}: mutmut run in {where}", flush=True)
-        subprocess.run([MUTMUT, "run", "--max-children", str(jobs)], cwd=where, env=env, stdout=subprocess.DEVNULL)
+        only = os.environ.get("MUTATE_ONLY", "").split()
+        subprocess.run([MUTMUT, "run", "--max-children", str(jobs), *only], cwd=where, env=env,
+                       stdout=subprocess.DEVNULL)
     results = _results(where)
     counts: dict[str, int] = {}
     for status in results.values():
         counts[status] = counts.get(status, 0) + 1
     killed, survived = counts.get("killed", 0), counts.get("survived", 0)
     untested, timeouts = counts.get("no tests", 0), counts.get("timeout", 0)
+    unchecked = counts.get("not checked", 0)
     diffs = {name: subprocess.run([MUTMUT, "show", name], cwd=where, capture_output=True, text=True).stdout
              for name, status in results.items() if status == "survived"}
     wording = sorted(name for name, diff in diffs.items() if text_only(diff))
@@ -92,7 +100,8 @@ def run(module: str, jobs: int) -> str:
     logic_score = f"{100 * (killed + timeouts) / logic:.0f}%" if logic else "n/a"
     lines = [f"## {module}.py: score {score}, {logic_score} without wording-only mutants (killed {killed}, "
              f"timeout {timeouts}, survived {survived} of which {len(wording)} change only a string's text, "
-             f"not covered by the selected tests {untested}, total {len(results)})", ""]
+             f"not covered by the selected tests {untested}, total {len(results)}"
+             + (f", not checked {unchecked}: MUTATE_ONLY" if unchecked else "") + ")", ""]
     for name, diff in diffs.items():
         if name not in wording:
             lines += ["```diff", diff.strip(), "```", ""]
