@@ -32,7 +32,9 @@ MUTMUT = str(Path(sys.executable).parent / "mutmut")
 # module (path under src/gpuprov) -> the test files that exercise it in-process
 MODULES: dict[str, list[str]] = {
     "compat": ["tests/test_compat.py"],
-    "plan": ["tests/test_templates.py", "tests/test_lifecycle_unit.py", "tests/test_guardrails.py"],
+    # plan's decisions in fast in-process tests; test_templates/test_guardrails render and shellcheck whole plans,
+    # which made each mutant cost tens of seconds
+    "plan": ["tests/test_plan_unit.py"],
     "spec": ["tests/test_templates.py", "tests/test_guardrails.py", "tests/test_spec.py"],
     "verify": ["tests/test_verify.py"],
     "hostkeys": ["tests/test_hostkeys.py"],
