@@ -5,6 +5,7 @@ can run them for every plan.py mutant; test_templates.py and test_guardrails.py 
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,12 @@ def refusal(fn, *args, **kw) -> UserInputError:
     with pytest.raises(UserInputError) as exc:
         fn(*args, **kw)
     return exc.value
+
+
+def autostop_conf(text: str) -> list[str]:
+    """The /etc/gpuprov/autostop.conf a rendered autostop step writes (what the check reads every minute)."""
+    body = text.split('/etc/gpuprov/autostop.conf" 644 <<\'GPUPROV_EOF\'\n', 1)[1].split("\nGPUPROV_EOF", 1)[0]
+    return [line for line in body.splitlines() if not line.startswith("# written")]
 
 
 def playbook_file(tmp_path: Path, text: str) -> str:
@@ -85,6 +92,9 @@ def test_types_at_one_price_put_fewer_gpus_first(monkeypatch):
     same = (base.model_copy(update={"name": "big", "gpus": 8}), base.model_copy(update={"name": "small", "gpus": 4}))
     monkeypatch.setattr(catalog, "load", lambda: CAT.model_copy(update={"instance_types": same}))
     assert [it.name for it in P.choose_instances(gpu, 2)] == ["small", "big"]
+    monkeypatch.setattr(catalog, "load", lambda: CAT.model_copy(update={"instance_types": ()}))
+    err = refusal(P.choose_instances, gpu, 1)  # a catalog GPU no type carries (yet)
+    assert (err.problem, err.hint) == ("no instance type carries 1× T4", "the most on one instance is 0")
 
 
 def test_a_count_no_type_carries_is_refused_with_the_most_there_is():
@@ -122,6 +132,10 @@ def test_count_and_region_and_budget_refusals_name_their_flag():
     for budget in (0, -5):
         err = refusal(P.make_plan, P.NodeRequest(gpu="T4", budget_usd=budget))
         assert (err.field, err.problem, err.hint) == ("--budget", f"{budget:g} is not a budget", "dollars above 0, e.g. 50")
+    # refused before the price is looked at: a type without a list price turns no budget into a deadline
+    err = refusal(P.make_plan, P.NodeRequest(gpu="H200:8", instance_type="p5e.48xlarge", budget_usd=0))
+    assert err.field == "--budget"
+    assert P.make_plan(P.NodeRequest(gpu="T4", budget_usd=0.5)).guards.ttl_seconds == int(0.5 / 0.526 * 3600)
 
 
 # --- steps, in order --------------------------------------------------------------------------------------------
@@ -139,6 +153,40 @@ def test_fabric_manager_follows_the_instance_and_its_nvswitch_generation():
     host = P.make_host_plan("H100", "pytorch", "ubuntu-24.04", StackPins())  # unknown: only if the host has it
     assert summary_of(host, "fabric-manager").endswith(", held if the host has NVSwitch")
     assert "fabric-manager" not in names(P.make_host_plan("H100", "pytorch", "ubuntu-24.04", StackPins(), False))
+
+
+def test_every_step_says_what_it_does():
+    plan = P.make_plan(P.NodeRequest(gpu="T4"))
+    assert [(s.name, s.kind, s.summary) for s in plan.steps] == [
+        ("kernel-headers", "stack", "headers for the running kernel (DKMS builds against them)"),
+        ("nouveau-off", "stack", "blacklist nouveau so the NVIDIA module can load"),
+        ("nvidia-driver", "stack", "NVIDIA R595 open driver from NVIDIA's CUDA repo, held; reboot if fresh"),
+        ("persistence", "stack", "nvidia-persistenced with --persistence-mode (systemd drop-in), enabled and running"),
+        ("python-env", "env", "Python 3.12 env at /opt/gpuprov/env (uv)"),
+        ("pytorch", "env", "torch==2.14.* from https://download.pytorch.org/whl/cu132"),
+        ("verify", "verify", "nvidia-smi + torch.cuda probe, a matmul on every GPU"),
+    ]
+
+
+def test_every_kind_of_step_renders_into_the_bundle_in_plan_order(tmp_path):
+    path = playbook_file(tmp_path, """\
+name: everything
+cuda_toolkit: true
+env:
+  packages: [numpy]
+jupyter: true
+steps:
+  - name: mine
+    run: echo hi
+""")
+    plan = P.make_plan(P.NodeRequest(gpu="B200:8", playbook=path, spot=True, autostop_seconds=600, ttl_seconds=3600))
+    assert names(plan) == ["autostop", "ttl", "spot-interrupt", *STACK_STEPS, "fabric-manager", "persistence",
+                           "cuda-toolkit", "python-env", "pytorch", "packages", "mine", "jupyter", "verify"]
+    assert [s.kind for s in plan.steps] == ["guard"] * 3 + ["stack"] * 6 + ["env"] * 3 + ["user", "env", "verify"]
+    bundle = plan.bundle()
+    assert [(s.name, s.kind) for s in bundle.scripts] == [(s.name, s.kind) for s in plan.steps]
+    mine = next(s for s in bundle.scripts if s.name == "mine")
+    assert base64.b64encode(b"echo hi").decode() in mine.text  # the user's command, carried as data
 
 
 def test_the_driver_step_names_branch_and_kernel_module():
@@ -159,6 +207,12 @@ def test_the_cuda_dev_playbook_adds_the_toolkit_of_the_wheels_cuda_and_its_packa
     assert summary_of(plan, "nvcc-on-path") == "write 1 file(s)"
     pinned = P.make_plan(P.NodeRequest(gpu="T4", playbook="cuda-dev", pins=StackPins(cuda="12.8")))
     assert pinned.stack.cuda_toolkit == "12.8" and pinned.stack.torch.cuda.startswith("12.")  # the pin is kept
+
+
+def test_the_env_gets_the_python_the_torch_release_supports():
+    plan = P.make_plan(P.NodeRequest(gpu="T4", pins=StackPins(torch="2.1")))  # torch 2.1 stops at Python 3.11
+    assert plan.stack.python == "3.11"
+    assert summary_of(plan, "python-env") == "Python 3.11 env at /opt/gpuprov/env (uv)"
 
 
 def test_a_toolkit_without_torch_is_the_newest_cuda_the_branch_runs(tmp_path):
@@ -224,7 +278,10 @@ def test_gpu_pins_on_a_stack_less_playbook_or_host_are_refused(tmp_path):
     err = refusal(P.make_plan, P.NodeRequest(gpu="T4", playbook=path, pins=StackPins(driver="580")))
     assert (err.field, err.hint) == ("--playbook", "drop them, or use a playbook with `stack: gpu`")
     assert "installs no GPU stack" in err.problem and "'cpu'" in err.problem
-    assert P.make_plan(P.NodeRequest(gpu="T4", playbook=path, pins=StackPins(python="3.11"))).stack is None
+    cpu = P.make_plan(P.NodeRequest(gpu="T4", playbook=path, pins=StackPins(python="3.11")))
+    assert cpu.stack is None and names(cpu) == ["python-env"]
+    assert summary_of(cpu, "python-env") == "Python 3.11 env at /opt/gpuprov/env (uv)"
+    assert summary_of(P.make_plan(P.NodeRequest(gpu="T4", playbook=path)), "python-env").startswith("Python 3.12 env")
     err = refusal(P.make_host_plan, None, path, "ubuntu-24.04", StackPins(torch="2.9"))
     assert (err.field, err.problem) == ("--playbook", "driver, CUDA and torch pins need a GPU host")
     err = refusal(P.make_host_plan, None, "pytorch", "ubuntu-24.04", StackPins())
@@ -297,6 +354,11 @@ def test_a_host_gpuprov_did_not_launch_powers_off_and_watches_for_interruptions_
     hooked = P.make_host_plan("T4", "pytorch", "ubuntu-24.04", StackPins(), guard=P.GuardRequest(on_interrupt="x"))
     assert names(hooked)[:1] == ["spot-interrupt"] and hooked.guards.on_interrupt == "x"
     assert P.make_host_plan("T4:4", "pytorch", "ubuntu-24.04", StackPins()).count == 4
+    ttl = P.make_host_plan("T4", "pytorch", "ubuntu-22.04", StackPins(), guard=P.GuardRequest(ttl_seconds=7200))
+    assert names(ttl)[:1] == ["ttl"] and ttl.guards.ttl_seconds == 7200
+    out = ttl.summary()
+    assert (out["gpu"], out["os"], out["stack"]["gpu"], out["stack"]["os"]) == ("T4", "ubuntu-22.04", "T4", "ubuntu-22.04")
+    assert (out["instance_type"], out["candidates"], out["price_usd_hour_on_demand"]) == (None, [], None)
 
 
 def test_a_spot_node_watches_for_interruptions_and_logs_them_without_a_hook(tmp_path):
@@ -334,7 +396,7 @@ def test_a_budget_becomes_the_deadline_when_it_runs_out_before_the_ttl():
     assert alone.ttl_seconds == 5400
     assert P.budget_seconds(1.0, 3.0) == 1200 and P.budget_seconds(0.01, 7.0) == 5  # whole seconds, rounded down
     err = refusal(P.budget_seconds, 0.0, 2.0)
-    assert (err.field, err.problem) == ("--budget", "0 is not a budget")
+    assert (err.field, err.problem, err.hint) == ("--budget", "0 is not a budget", "dollars above 0, e.g. 50")
 
 
 def test_a_budget_on_a_launched_node_uses_the_chosen_types_price_and_the_ttl_step_says_so():
@@ -360,12 +422,13 @@ def test_replace_guards_puts_the_new_guard_steps_first_and_keeps_the_rest():
 def test_autostop_and_ttl_scripts_carry_the_values_asked_for():
     script = P.autostop_script(1800, 25, "terminate")
     assert script.name == "autostop" and script.kind == "guard"
-    assert "\nIDLE_SECONDS=1800\n" in script.text and "\nUTIL_THRESHOLD=25\n" in script.text
-    assert "# a shutdown here: the instance terminates (its disk goes with it)" in script.text
-    assert "\nUTIL_THRESHOLD=10\n" in P.autostop_script(600).text
-    assert "# a shutdown here: the machine powers off" in P.autostop_script(600).text
+    assert autostop_conf(script.text) == ["IDLE_SECONDS=1800", "UTIL_THRESHOLD=25", "SSH_PORT=22",
+                                          "# a shutdown here: the instance terminates (its disk goes with it)"]
+    assert autostop_conf(P.autostop_script(600).text) == ["IDLE_SECONDS=600", "UTIL_THRESHOLD=10", "SSH_PORT=22",
+                                                          "# a shutdown here: the machine powers off"]
     off = P.autostop_script(None)
-    assert off.summary == "autostop off (gpuprov-autostop.timer disabled)" and "\nIDLE_SECONDS=0\n" in off.text
+    assert off.summary == "autostop off (gpuprov-autostop.timer disabled)"
+    assert autostop_conf(off.text)[0] == "IDLE_SECONDS=0"
     ttl = P.ttl_script(7200, "stop")
     assert ttl.name == "ttl" and "\nttl=7200\n" in ttl.text
     assert "# At the deadline: the instance stops (its disk is kept)." in ttl.text
@@ -392,6 +455,8 @@ def test_the_estimate_is_hours_at_the_list_price_and_the_budgets_hours():
     assert bare.estimate(10, ("us-east-1b", 0.2)) == {"instance_type": "g4dn.xlarge", "usd_hour_on_demand": 0.526,
                                                        "hours": 10, "usd_on_demand": 5.26, "spot_zone": "us-east-1b",
                                                        "usd_hour_spot": 0.2, "usd_spot": 2.0}
+    cents = bare.estimate(1.5, ("us-east-1a", 0.1234))  # to the cent
+    assert (cents["usd_on_demand"], cents["usd_spot"]) == (0.79, 0.19)
     host = P.make_host_plan("T4", "pytorch", "ubuntu-24.04", StackPins())
     assert host.price_usd_hour is None and host.estimate(5) is None  # no price known
 

@@ -6,7 +6,7 @@ score per module go to .mutate/report.md. Tests that need the SSH test hosts ski
 maps tests to functions in-process, and those tests drive the CLI in subprocesses, which it cannot see.
 
     python tools/mutate.py                       # every module below
-    python tools/mutate.py compat verify         # some of them
+    python tools/mutate.py compat verify         # some of them (cloud/failover or just failover)
     MUTATE_JOBS=2 python tools/mutate.py compat  # mutmut's --max-children (default 1: a small machine)
     MUTATE_REPORT_ONLY=1 python tools/mutate.py compat   # the report again from the last run's results
     MUTATE_ONLY='*_with_alternative*' python tools/mutate.py compat  # only mutants whose names match (fnmatch)
@@ -115,7 +115,9 @@ def run(module: str, jobs: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    modules = argv or list(MODULES)
+    # a module by its path under src/gpuprov or by its file name alone ("failover" for "cloud/failover")
+    short = {m.rsplit("/", 1)[-1]: m for m in MODULES}
+    modules = [short.get(m, m) for m in argv] or list(MODULES)
     unknown = [m for m in modules if m not in MODULES]
     if unknown:
         print(f"unknown module(s): {', '.join(unknown)}; known: {', '.join(MODULES)}", file=sys.stderr)
