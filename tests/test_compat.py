@@ -60,7 +60,7 @@ def test_v100_with_cu130_is_refused_naming_sm70_and_a_working_variant():
         resolve("V100", torch_cuda="cu130")
     text = str(exc.value)
     assert exc.value.field == "--torch-cuda"
-    assert exc.value.rule == "wheel-no-sass"  # the wheel lacks sm_70 (arch-max-cuda would also say sm_70)
+    assert exc.value.rule == "wheel-no-sass"  # the wheel lacks sm_70: the precise fact (no CUDA-range rule of its own)
     assert "sm_70" in text
     assert "--torch-cuda cu126" in text
     assert "driver R580, proprietary kernel module" in text
