@@ -61,7 +61,8 @@ def bootstrap(force: bool, reboot_timeout: float, verbose: bool, as_json: bool, 
     elif master_addr:
         raise click.UsageError("--master-addr needs --cluster NAME")
     pins = pins_from(kw)
-    check_pins(pins)
+    if not gpu:  # with --gpu, make_host_plan below checks them against the GPU, whose own limits come first
+        check_pins(pins)
     with_jupyter(load_playbook(kw["playbook"]), kw["jupyter"])
     guard = GuardRequest(autostop_seconds=parse_duration(kw["autostop"], "--autostop"),
                          ttl_seconds=parse_duration(kw["ttl"], "--ttl"), on_interrupt=kw["on_interrupt"] or None)
