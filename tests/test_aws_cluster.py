@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.aws.cli import EMPTY, gp, nothing_left, up_args
+from tests.aws.cli import EMPTY, gp, launch_site, nothing_left, up_args
 from tests.aws.fault_proxy import placement_groups
 
 
@@ -200,3 +200,55 @@ def test_sigkill_during_a_cluster_up_then_down_or_gc_leaves_nothing(aws, env, ch
     result = gp(env, "down", name, "--yes") if cleanup == "down" else gp(env, "gc", "--yes")
     assert result.returncode == 0, result.stdout + result.stderr
     assert aws.leftovers() == EMPTY, f"leak after a crash ({cleanup}): {result.stdout}"
+
+
+# --- bootstrap on real SSH hosts (tests/conftest.py aws_hosts: the addresses moto hands out) -------------------
+
+def _two_hosts(aws, pool, gp_home, fail_node: int | None = None) -> str:
+    subnet = launch_site(aws, pool, gp_home)  # node 0 lands on pool[0]
+    pool.exec_in(1, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/*; "
+                    "echo 'export GPUPROV_SHIM_GPU=T4' > /var/lib/gpuprov-shim/env", check=True)
+    if fail_node is not None:  # that node's GPU never answers: its verify step fails
+        pool.exec_in(fail_node, "echo 'export GPUPROV_SHIM_FAIL=no-gpu' >> /var/lib/gpuprov-shim/env", check=True)
+    return subnet
+
+
+BOOT = ("--gpu", "T4", "--connect", "private", "--ssh-user", "root", "--os", "ubuntu-22.04", "--python", "3.11")
+
+
+def test_cluster_bootstraps_every_node_over_ssh_then_down(aws, env, aws_hosts, gp_home):
+    subnet = _two_hosts(aws, aws_hosts, gp_home)
+    result = gp(env, *up_args("duo", *BOOT, "--nodes", "2", "--subnet", subnet), timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[node 0]" in result.stdout and "[node 1]" in result.stdout
+    row = _cluster(env, "duo")
+    assert row["state"] == "ready" and [m["address"] for m in row["members"]] == [h.address for h in aws_hosts.hosts]
+    for i in range(2):  # each node bootstrapped and verified
+        assert aws_hosts.exec_in(i, "ls /var/lib/gpuprov/markers/", check=True).stdout.count("sha256") >= 3
+    known = (gp_home / "nodes" / "duo" / "known_hosts").read_text()
+    assert all(h.address in known for h in aws_hosts.hosts)  # both nodes' host keys pinned
+    assert gp(env, "down", "duo", "--yes").returncode == 0
+    nothing_left(aws)
+    assert not (gp_home / "nodes" / "duo").exists() and not (gp_home / "nodes" / "duo.1").exists()
+
+
+def test_a_node_failing_bootstrap_takes_the_whole_cluster_down(aws, env, aws_hosts, gp_home):
+    subnet = _two_hosts(aws, aws_hosts, gp_home, fail_node=1)
+    result = gp(env, *up_args("boot", *BOOT, "--nodes", "2", "--subnet", subnet), timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "node 1" in result.stderr and "all of its nodes" in result.stdout
+    nothing_left(aws)
+
+
+def test_min_nodes_drops_a_node_that_fails_bootstrap_and_keeps_the_rest(aws, env, aws_hosts, gp_home):
+    subnet = _two_hosts(aws, aws_hosts, gp_home, fail_node=1)
+    result = gp(env, *up_args("kept", *BOOT, "--nodes", "2", "--min-nodes", "1", "--subnet", subnet), timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "dropping node 1" in result.stdout
+    (member,) = _cluster(env, "kept")["members"]
+    assert member["rank"] == 0 and member["address"] == aws_hosts.hosts[0].address
+    live = [i["InstanceId"] for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]
+            if i["State"]["Name"] != "terminated"]
+    assert live == [member["instance_id"]]  # the failed node is gone, not billed
+    assert gp(env, "down", "kept", "--yes").returncode == 0
+    nothing_left(aws)
