@@ -128,8 +128,8 @@ def _lose_node_while_starting(aws, env, name: str, *extra: str) -> subprocess.Co
         ids = [i["InstanceId"] for r in aws.ec2().describe_instances(Filters=[
             {"Name": "tag:gpuprov:node", "Values": [name]}])["Reservations"] for i in r["Instances"]]
         assert len(ids) == 3, run
-        ordered = sorted(ids, key=lambda i: [e for r in aws.ec2().describe_instances(InstanceIds=[i])["Reservations"]
-                                              for e in r["Instances"]][0]["AmiLaunchIndex"])
+        ordered = sorted(ids, key=lambda i: next(e for r in aws.ec2().describe_instances(InstanceIds=[i])["Reservations"]
+                                                 for e in r["Instances"])["AmiLaunchIndex"])
         aws.ec2().terminate_instances(InstanceIds=[ordered[1]])
         aws.release()
         out, err = proc.communicate(timeout=240)

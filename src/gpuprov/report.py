@@ -381,12 +381,12 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
             state += f", disk ${month:.2f}/month"
         members = row.get("members")
         size = f"{len(members)}×" if isinstance(members, list) and members else ""  # a cluster: N nodes of the type
-        nodes = len(members) if isinstance(members, list) and members else 1
+        count = len(members) if isinstance(members, list) and members else 1
         table.add_row(
             str(row["name"]), f"{size}{row['gpu_count']}× {row['gpu']}", str(row["instance_type"] or "-"),
             str(row["market"]), str(row["zone"] or row["region"]), Text(state, style=_STYLE.get(str(row["state"]), "")),
-            str(row["address"] or "-"), f"${price * nodes:.2f}" if isinstance(price, float) else "-",
-            f"${cost * nodes:.2f}" if isinstance(cost, float) else "-", _age(float(str(row["age_seconds"]))), *guards,
+            str(row["address"] or "-"), f"${price * count:.2f}" if isinstance(price, float) else "-",
+            f"${cost * count:.2f}" if isinstance(cost, float) else "-", _age(float(str(row["age_seconds"]))), *guards,
         )
         for m in members if isinstance(members, list) else []:  # the cluster's nodes beneath its row
             table.add_row(f"  node {m['rank']}", "", "", "", "", Text(str(m["state"])), str(m["address"] or "-"),

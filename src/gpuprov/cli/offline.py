@@ -7,8 +7,6 @@ from typing import Any
 
 import click
 
-from gpuprov.errors import UserInputError
-
 from gpuprov.cli.common import (
     REGION_HELP,
     complete_gpu,
@@ -19,6 +17,7 @@ from gpuprov.cli.common import (
     stack_options,
     store_and_provider,
 )
+from gpuprov.errors import UserInputError
 
 
 @main.command()

@@ -18,6 +18,7 @@ group, EFA interfaces, transport) is `network_for`, pure, and `gpuprov plan --no
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -385,10 +386,8 @@ def _release(name: str, region: str, members: list[Member], provider: Provider, 
     allocations = {m.allocation_id for m in members if m.allocation_id}
     for row in store.resources(name, region=region, kind="address"):
         if row.cloud_id in allocations:
-            try:
+            with contextlib.suppress(NotFound):  # already gone
                 provider.delete(CloudResource("address", row.cloud_id or "", region, name), settle=SETTLE_SECONDS)
-            except NotFound:
-                pass
             store.deleted(row.id)
 
 
@@ -406,7 +405,10 @@ def _contact_all(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, m
 
     def one(m: Member) -> str | None:
         node_opts = replace(opts, name=f"{name}.{m.rank}")
-        tell: Say = (lambda line: say(f"[node {m.rank}] {line}"))
+
+        def tell(line: str) -> None:
+            say(f"[node {m.rank}] {line}")
+
         try:
             if opts.bootstrap:
                 lifecycle._bootstrap(plan, node_opts, key_path, m.address or "", tell)
@@ -433,7 +435,7 @@ def with_efa_step(plan: Plan, layout: ClusterNetwork) -> Plan:
     `verify`, on EFA types; unchanged for TCP."""
     if layout.transport != "efa" or any(s.name == "efa" for s in plan.steps):
         return plan
-    from gpuprov.plan import StepPlan
+    from gpuprov.render import StepPlan
 
     steps = list(plan.steps)
     at = next((i for i, s in enumerate(steps) if s.kind == "verify"), len(steps))

@@ -3,10 +3,11 @@
 Order: spot requests (a persistent one would relaunch a terminated instance), instances (by recorded
 id: TerminateInstances needs no describe first; launches whose answer was lost are found by their
 ClientToken, and their spot requests cancelled too), then volumes, then the
-security group (by recorded id, or by its recorded name), a cluster's Elastic IPs and placement group
-(EC2 refuses both while an instance uses them), then whatever else carries the node's tag. A NotFound on a resource created moments ago is looked at again (EC2 is eventually
-consistent); on an older one it means gone. A row is marked deleted only once the cloud confirmed
-it. What could not be removed is returned, not raised, so the other resources still go.
+security group (by recorded id, or by its recorded name), a cluster's Elastic IPs and placement
+group (EC2 refuses both while an instance uses them), then whatever else carries the node's tag.
+A NotFound on a resource created moments ago is looked at again (EC2 is eventually consistent); on
+an older one it means gone. A row is marked deleted only once the cloud confirmed it. What could
+not be removed is returned, not raised, so the other resources still go.
 """
 
 from __future__ import annotations
