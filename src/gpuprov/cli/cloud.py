@@ -279,6 +279,15 @@ def ttl(name: str, duration: str, identity: str | None) -> None:
 # --- stop / start ---------------------------------------------------------------------------------
 
 
+def _no_clusters(store: Any, names: tuple[str, ...], what: str) -> None:
+    """stop/start follow one instance; a cluster's nodes, placement group and Elastic IPs are not theirs to move."""
+    for name in names:
+        node = store.find_node(name)
+        if node is not None and node.cluster_size:
+            raise UserInputError("NAME", f"{name} is a cluster of {node.cluster_size} nodes; `{what}` takes one node",
+                                 f"`gpuprov down {name}` takes the whole cluster down")
+
+
 @main.command()
 @click.argument("names", nargs=-1, required=True)
 def stop(names: tuple[str, ...]) -> None:
@@ -290,6 +299,7 @@ def stop(names: tuple[str, ...]) -> None:
     from gpuprov.cloud import stopstart
 
     store, provider = store_and_provider()
+    _no_clusters(store, names, "stop")
     console = make_console()
     for node in stopstart.stop(list(names), provider, store, say_to(console)):
         month = stopstart.storage_month(node)
@@ -313,6 +323,7 @@ def start(name: str, gpu: str | None, instance_type: str | None, no_bootstrap: b
     if gpu and instance_type:
         raise click.UsageError("pass --gpu or --instance-type, not both")
     store, provider = store_and_provider()
+    _no_clusters(store, (name,), "start")
     console = make_console()
     opts = stopstart.StartOptions(gpu=gpu, instance_type=instance_type, bootstrap=not no_bootstrap,
                                   verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None)
