@@ -11,7 +11,7 @@ import pytest
 
 from gpuprov.errors import GpuprovError
 from gpuprov.state import Store
-from tests.test_teardown import R, FakeCloud, _live, _run
+from tests.test_teardown import FakeCloud, R, _live, _run
 
 
 @dataclass

@@ -36,22 +36,24 @@ def offline(env: dict[str, str]) -> None:
     show(env, "gpus")
     show(env, "plan", "--gpu", "A100", "--spot")
     show(env, "plan", "--gpu", "V100", "--torch-cuda", "cu130", ok=False)
+    show(env, "plan", "--gpu", "H100:8", "--nodes", "2")  # placement group, EFA interfaces, Elastic IPs
 
 
 def lifecycle(env: dict[str, str], work: Path) -> None:
     from tests.aws.fixture import AwsEndpoint
     from tests.hosts.fixture import HostPool
 
-    print("\n\033[1mstarting a local AWS endpoint (moto) and one SSH host with a Tesla T4 (shimmed tools)…\033[0m")
+    print("\n\033[1mstarting a local AWS endpoint (moto) and two SSH hosts with a Tesla T4 (shimmed tools)…\033[0m")
     with AwsEndpoint(workdir=work / "aws") as aws, HostPool(
-        1, work / "hosts", shims_dir=ROOT / "tests" / "shims", offset=3, prefix="gpd", bridge="gpdbr0",
+        2, work / "hosts", shims_dir=ROOT / "tests" / "shims", offset=3, prefix="gpd", bridge="gpdbr0",
         subnet="10.240.0", host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"},
     ) as pool:
         if pool.mode != "netns":
             print("network namespaces are not available: skipping the launched-node part")
             return
         aws.reset()
-        pool.exec_in(0, "echo 'export GPUPROV_SHIM_GPU=T4' > /var/lib/gpuprov-shim/env", check=True)
+        for i in range(2):
+            pool.exec_in(i, "echo 'export GPUPROV_SHIM_GPU=T4' > /var/lib/gpuprov-shim/env", check=True)
         env = {**env, **aws.env()}
         keys = Path(env["GPUPROV_HOME"]) / "keys" / "us-east-1"
         keys.mkdir(parents=True)  # the local host trusts this key, as cloud-init would on EC2
@@ -66,6 +68,22 @@ def lifecycle(env: dict[str, str], work: Path) -> None:
         show(env, "down", "demo", "--yes")
         left = {k: v for k, v in aws.leftovers().items() if v}
         print(f"\nresources tagged gpuprov:node left in the endpoint: {json.dumps(left) if left else 'none'}")
+        cluster(env, aws, pool)
+
+
+def cluster(env: dict[str, str], aws: object, pool: object) -> None:
+    """Two nodes as one cluster: one launch in one zone, a placement group, both hosts bootstrapped."""
+    aws.reset()  # type: ignore[attr-defined]  # a fresh endpoint: its subnet hands out the two hosts' addresses
+    for i in range(2):
+        pool.exec_in(i, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/*; "  # type: ignore[attr-defined]
+                        "echo 'export GPUPROV_SHIM_GPU=T4' > /var/lib/gpuprov-shim/env", check=True)
+    subnet = aws.subnet_for_hosts("10.240.0.0/24", "us-east-1a")  # type: ignore[attr-defined]
+    show(env, "up", "train", "--gpu", "T4", "--nodes", "2", "--subnet", subnet, "--connect", "private",
+         "--ssh-user", "root", "--ssh-cidr", "10.240.0.1/32", "--os", "ubuntu-22.04", "--python", "3.11", "--yes")
+    show(env, "status")
+    show(env, "down", "train", "--yes")
+    left = {k: v for k, v in aws.leftovers().items() if v}  # type: ignore[attr-defined]
+    print(f"\nresources tagged gpuprov:node left in the endpoint: {json.dumps(left) if left else 'none'}")
 
 
 def main() -> None:

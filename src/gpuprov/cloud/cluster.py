@@ -245,7 +245,7 @@ def _launch_and_bootstrap(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterO
         from gpuprov import sshconfig
 
         _merge_known_hosts(name, members)
-        members = [replace(m, rank=rank) for rank, m in enumerate(members)]  # ranks stay 0..n-1 after a drop
+        members = [replace(m, rank=rank, state="ready") for rank, m in enumerate(members)]  # ranks 0..n-1 after a drop
         _record(store, name, members, state="ready")
         result.members = members
         result.ssh_alias = sshconfig.add_node(name, members[0].address or "", opts.ssh_user, key_path)
