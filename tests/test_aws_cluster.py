@@ -4,6 +4,7 @@ clusters and moto does not: tests/aws/ec2_cluster.py). Each test ends with nothi
 from __future__ import annotations
 
 import json
+import random
 import signal
 import subprocess
 import sys
@@ -258,3 +259,38 @@ def test_min_nodes_drops_a_node_that_fails_bootstrap_and_keeps_the_rest(aws, env
     assert live == [member["instance_id"]]  # the failed node is gone, not billed
     assert gp(env, "down", "kept", "--yes").returncode == 0
     nothing_left(aws)
+
+
+@pytest.mark.parametrize("seed", range(1, 7))  # under the realistic proxy (fresh ids NotFound, lagging tags)
+def test_sigkill_at_random_instants_of_an_efa_cluster_up_leaves_nothing(aws, env, seed):
+    delay = random.Random(seed).uniform(0.5, 4.0)
+    name = f"r{seed}"
+    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args(name, "--gpu", "H100:8", "--nodes", "2",
+                                                                       "--no-bootstrap", "--no-wait")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    result = gp(env, "down", name, "--yes") if seed % 2 else gp(env, "gc", "--yes")
+    if seed % 2 and result.returncode == 2 and "no node called" in result.stderr:
+        result = gp(env, "gc", "--yes")  # killed before it recorded the node: only gc can know
+    if not seed % 2 and any(n["name"] == name for n in json.loads(gp(env, "status", "--json").stdout)):
+        result = gp(env, "down", name, "--yes")  # `up` had finished: a live cluster, not an orphan
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert aws.leftovers() == EMPTY, f"leak after a crash at {delay:.2f}s: {result.stdout}"
+
+
+@pytest.mark.instant_aws  # about tags, not their lag (test_aws_ec2_behaviour.py covers lagging tag listings)
+def test_gc_finds_a_cluster_whose_local_state_was_lost_by_its_tags(aws, env, tmp_path):
+    assert gp(env, *up_args("lost", "--gpu", "H100:8", "--nodes", "2", "--no-bootstrap", "--no-wait")).returncode == 0
+    elsewhere = {**env, "GPUPROV_HOME": str(tmp_path / "other-machine")}  # no records: tags are all there is
+    listed = gp(elsewhere, "gc", "--json")
+    kinds = sorted(r["kind"] for r in json.loads(listed.stdout)["found"] if r["node"] == "lost")
+    assert kinds.count("instance") == 2 and "placement-group" in kinds and kinds.count("address") == 2, kinds
+    result = gp(elsewhere, "gc", "--yes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    left = aws.leftovers()
+    assert {k: v for k, v in left.items() if k != "key_pairs"} == {k: [] for k in left if k != "key_pairs"}
