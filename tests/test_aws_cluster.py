@@ -169,7 +169,8 @@ def test_min_nodes_keeps_the_healthy_nodes_when_one_is_lost(aws, env):
 def test_cluster_bad_input_creates_nothing(aws, env):
     for args, field in ((["--nodes", "2", "--min-nodes", "3"], "--min-nodes"),
                         (["--nodes", "2", "--spot", "--persistent"], "--persistent"),
-                        (["--nodes", "500"], "--nodes")):
+                        (["--nodes", "500"], "--nodes"),
+                        (["--nodes", "2", "--budget", "50"], "--budget")):
         result = gp(env, *up_args("bad", "--gpu", "A10G:4", *args))
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert result.returncode == 2 and errors[0].startswith(f"error: {field}:"), result.stderr

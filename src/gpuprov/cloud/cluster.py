@@ -154,6 +154,9 @@ def check_cluster_options(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterO
     if copts.min_nodes is not None and not 1 <= copts.min_nodes <= copts.nodes:
         raise UserInputError("--min-nodes", f"{copts.min_nodes} is not between 1 and --nodes {copts.nodes}",
                              f"e.g. --min-nodes {max(1, copts.nodes - 1)}")
+    if plan.request.budget_usd is not None:  # each node would turn it into its own deadline at its own price
+        raise UserInputError("--budget", "a budget is per node; a cluster's is not supported yet",
+                             "use --ttl for the cluster's deadline (every node gets it)")
     if plan.request.spot and plan.request.persistent:  # EC2 guide, "Placement group rules and limitations"
         raise UserInputError("--persistent", "EC2 cannot launch a spot instance that stops on interruption into a "
                              "placement group", "drop --persistent (a cluster's spot nodes terminate on interruption)")
