@@ -1,8 +1,9 @@
 """`make demo`: a user's whole day against an embedded local AWS endpoint and a local SSH host.
 
 Offline first (gpus, plan, an impossible stack refused). Then, as root: a moto server stands in
-for EC2 and one real OpenSSH server (in a network namespace, with shimmed GPU tools) stands at
-the address moto gives the instance, so `up --spot`, `status`, `check` and `down` run for real.
+for EC2 and real OpenSSH servers (in network namespaces, with shimmed GPU tools) stand at the
+addresses moto gives the instances, so `up --spot`, `status`, `check`, `image bake`, `down`, a
+second `up` from the baked image (every install step unchanged) and `image rm` run for real.
 With AWS credentials and no AWS_ENDPOINT_URL, the same commands talk to real AWS.
 """
 
@@ -40,6 +41,7 @@ def offline(env: dict[str, str]) -> None:
 
 
 def lifecycle(env: dict[str, str], work: Path) -> None:
+    from tests.aws.cli import copy_disk
     from tests.aws.fixture import AwsEndpoint
     from tests.hosts.fixture import HostPool
 
@@ -52,7 +54,7 @@ def lifecycle(env: dict[str, str], work: Path) -> None:
             print("network namespaces are not available: skipping the launched-node part")
             return
         aws.reset()
-        for i in range(2):
+        for i in (0, 1):
             pool.exec_in(i, "echo 'export GPUPROV_SHIM_GPU=T4' > /var/lib/gpuprov-shim/env", check=True)
         env = {**env, **aws.env()}
         keys = Path(env["GPUPROV_HOME"]) / "keys" / "us-east-1"
@@ -60,12 +62,20 @@ def lifecycle(env: dict[str, str], work: Path) -> None:
         shutil.copy(pool.key_path, keys / "id_ed25519")
         shutil.copy(f"{pool.key_path}.pub", keys / "id_ed25519.pub")
         subnet = aws.subnet_for_hosts("10.240.0.0/24", "us-east-1a")
-        show(env, "up", "demo", "--gpu", "T4", "--spot", "--subnet", subnet, "--connect", "private",
-             "--ssh-user", "root", "--ssh-cidr", "10.240.0.1/32", "--os", "ubuntu-22.04", "--python", "3.11",
-             "--autostop", "30m", "--ttl", "8h", "--yes")
+        where = ("--gpu", "T4", "--spot", "--subnet", subnet, "--connect", "private", "--ssh-user", "root",
+                 "--ssh-cidr", "10.240.0.1/32", "--os", "ubuntu-22.04", "--python", "3.11", "--yes")
+        show(env, "up", "demo", *where, "--autostop", "30m", "--ttl", "8h")
         show(env, "status")
         show(env, "check", "demo")
+        show(env, "image", "bake", "demo", "--name", "demo-t4", "--yes")
         show(env, "down", "demo", "--yes")
+        # the local endpoint keeps no disks: the image's disk is copied onto the host at the next address
+        print("\n(the local endpoint keeps no disks: the baked disk is copied onto the second SSH host, "
+              "which stands at the next instance's address)")
+        copy_disk(pool, 0, 1)
+        show(env, "up", "again", *where)  # picks the baked image: every install step is unchanged
+        show(env, "down", "again", "--yes")
+        show(env, "image", "rm", "demo-t4", "--yes")
         left = {k: v for k, v in aws.leftovers().items() if v}
         print(f"\nresources tagged gpuprov:node left in the endpoint: {json.dumps(left) if left else 'none'}")
         cluster(env, aws, pool)

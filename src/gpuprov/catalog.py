@@ -6,12 +6,43 @@ import difflib
 import re
 from collections.abc import Sequence
 from functools import cache
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from gpuprov.errors import UserInputError
 from gpuprov.resources import data_file
+
+Precision = Literal["fp16", "bf16", "tf32", "fp32"]
+
+
+class Published(BaseModel):
+    """NVIDIA's published figures for a GPU, the yardstick of `gpuprov bench`. TFLOP/s are dense (NVIDIA
+    quotes tensor rates with 2:4 sparsity, marked *, at twice the dense rate); a precision missing from
+    `dense_tflops` has no published figure. `nvlink_gbps` is NVIDIA's both-directions total per GPU."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    variant: str
+    dense_tflops: dict[Precision, float]
+    memory_gbps: float
+    nvlink_gbps: float | None = None
+    pcie_gen: int
+    source: str
+    read: str
+    unverified: str | None = None
+
+
+class BenchRules(BaseModel):
+    """What `gpuprov bench` calls ok: a fraction of the published figure per kind of measurement."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    thresholds: dict[Literal["matmul", "memory", "host", "allreduce"], float]
+    pcie_x16_gbps: dict[int, float]
+    pcie_source: str
+    pcie_unverified: str | None = None
 
 
 class Gpu(BaseModel):
@@ -25,6 +56,7 @@ class Gpu(BaseModel):
     memory_mib: int
     good_for: str
     unverified: str | None = None
+    published: Published | None = None
 
     @property
     def sm(self) -> str:
@@ -105,6 +137,7 @@ class Catalog(BaseModel):
     instance_types: tuple[InstanceType, ...]
     regions: tuple[str, ...]
     storage: Storage
+    bench: BenchRules
     cluster_network: ClusterNetwork
 
     @model_validator(mode="after")

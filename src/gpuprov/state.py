@@ -23,7 +23,9 @@ from gpuprov.errors import UserInputError
 
 NodeState = Literal["launching", "running", "bootstrapping", "ready", "failed", "terminating", "terminated",
                     "stopping", "stopped", "resizing", "starting"]
-ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "placement-group", "address"]
+# an image row has node None: images outlive the node they were baked from
+ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "placement-group",
+                       "address"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (

@@ -34,7 +34,10 @@ from gpuprov.errors import GpuprovError, UserInputError
                    "[default: twice the cheapest type that fits].")
 @click.option("--disk", "disk_gb", type=click.IntRange(20, 16384), default=100, show_default=True,
               help="Root volume, GB (gp3, encrypted).")
-@click.option("--image", default=None, help="AMI id instead of Canonical's Ubuntu from SSM.")
+@click.option("--image", default=None, metavar="fresh|dlami|ID|NAME",
+              help="The image [default: your baked image of this plan's stack in the region, else Canonical's "
+                   "Ubuntu]: fresh (Ubuntu, every step runs), dlami (AWS's Deep Learning Base OSS NVIDIA Driver "
+                   "GPU AMI), an AMI id, or a baked image's name.")
 @click.option("--ssh-cidr", default=None, envvar="GPUPROV_SSH_CIDR", show_envvar=True,
               help="Open SSH to this CIDR (IPv4 or IPv6) instead of your public address /32 "
                    "(with --connect private: instead of the VPC's CIDR).")

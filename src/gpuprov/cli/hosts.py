@@ -107,6 +107,31 @@ def _finish(results: list[Any], as_json: bool, fields: Callable[[Any], dict[str,
     sys.exit(0 if all(r.ok for r in results) else 1)
 
 
+@main.command()
+@ssh_options
+@click.option("--gpu", default=None, help="Judge against this GPU's published figures [default: the model each GPU reports].")
+@click.option("--seconds", type=click.FloatRange(5, 3600), default=60.0, show_default=True,
+              help="Time budget per host for the measurements (the all-reduce adds a few seconds).")
+@click.option("--env", "env_path", default="/opt/gpuprov/env", show_default=True, help="Python env whose torch to use.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures (and where the published ones come from) as JSON.")
+def bench(gpu: str | None, seconds: float, env_path: str, as_json: bool, **kw: Any) -> None:
+    """Did I get what I pay for: measure each GPU and judge it against NVIDIA's published figures.
+
+    Per GPU: dense matmul TFLOP/s in fp16, bf16, tf32 and fp32 (those the GPU runs natively),
+    device memory bandwidth, pinned host-to-device and device-to-host bandwidth; per node: the
+    NCCL all-reduce bus bandwidth across its GPUs. Timed with CUDA events after warm-up. Each
+    figure is shown beside the catalog's published one with a verdict: ok, or slow (a throttled,
+    shared or smaller GPU than the one paid for). Exit code 0 only when every figure is ok.
+    """
+    from gpuprov.gpubench import bench as run_bench
+    from gpuprov.gpubench import to_json
+    from gpuprov.report import bench_tables
+
+    results = run_bench(targets_from(kw), host_settings(kw), gpu=gpu, env_path=env_path, seconds=seconds,
+                        parallel=kw["parallel"])
+    _finish(results, as_json, lambda r: {"report": to_json(r.report) if r.report else None}, bench_tables)
+
+
 # --- diagnosis --------------------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ looked at again (with backoff) before it counts; they raise `NotFound` after tha
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol
@@ -20,11 +20,19 @@ from gpuprov.errors import GpuprovError
 
 Market = Literal["spot", "on-demand"]
 Then = Literal["next-candidate", "next-market", "stop", "retry"]
-ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "placement-group", "address"]
+ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "snapshot",
+                       "placement-group", "address"]
 InterfaceType = Literal["interface", "efa", "efa-only"]
 TAG_NODE = "gpuprov:node"
 TAG_OWNER = "gpuprov:owner"
 SHARED = "(shared)"  # gpuprov:node value of resources several nodes use (the key pair)
+# Baked images outlive the node they were made from: their gpuprov:node is IMAGES (no node name can be it, so
+# `down NODE` never takes them); the node they came from is in gpuprov:source-node.
+IMAGES = "(image)"
+TAG_STACK = "gpuprov:stack"  # the stack hash of the steps on a baked image (cloud/images.py `stack_hash`)
+TAG_OS = "gpuprov:os"
+TAG_SOURCE = "gpuprov:source-node"
+TAG_IMAGE = "gpuprov:image"  # on a baked image's snapshots: the image's name (its id is not known at the call)
 
 @dataclass(frozen=True)
 class Instance:
@@ -111,6 +119,39 @@ class CloudResource:
     region: str
     node: str | None
     state: str = ""
+
+
+@dataclass(frozen=True)
+class Image:
+    """An AMI as gpuprov sees it: a baked one (tags say its stack and OS) or a public one."""
+
+    id: str
+    name: str
+    region: str
+    state: str  # pending | available | failed | deregistered ...
+    architecture: str | None = None  # x86_64 | arm64
+    created: str | None = None  # EC2's CreationDate (ISO 8601)
+    snapshot_ids: tuple[str, ...] = ()
+    size_gb: int | None = None  # the sum of its snapshots' volume sizes
+    stack: str | None = None
+    os: str | None = None
+    source_node: str | None = None
+    owner: str | None = None
+    state_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ImageRequest:
+    """One CreateImage: EC2 has no ClientToken for it; the name (unique per account and region) finds a lost one."""
+
+    region: str
+    instance_id: str
+    name: str
+    description: str
+    source_node: str
+    stack: str
+    os: str
+    no_reboot: bool = False
 
 
 class LaunchError(GpuprovError):
@@ -234,5 +275,27 @@ class Provider(Protocol):
         ...
 
     def prices(self, region: str, instance_types: Sequence[str]) -> list[SpotPrice]: ...
+
+    def public_image(self, region: str, parameter: str) -> str | None:
+        """The AMI id a public SSM parameter names (None when the region has no such parameter)."""
+        ...
+
+    def create_image(self, request: ImageRequest) -> str:
+        """CreateImage, the image and its snapshots tagged; returns the image id (a duplicate name: the
+        existing image of that name, when it is this owner's)."""
+        ...
+
+    def images(self, region: str, *, ids: Sequence[str] = (), name: str | None = None) -> list[Image]:
+        """This owner's baked images (by id or name; an unknown id is simply absent)."""
+        ...
+
+    def wait_image(self, region: str, image_id: str, timeout: float, settle: float,
+                   progress: Callable[[Image, float], None] | None = None) -> Image:
+        """Until the image is available (raises on failed, or after `timeout`)."""
+        ...
+
+    def delete_image(self, region: str, image_id: str, settle: float = 0) -> list[str]:
+        """DeregisterImage, then DeleteSnapshot of each of its snapshots; returns what was removed."""
+        ...
 
     def quota(self, region: str, code: str) -> float | None: ...
