@@ -37,6 +37,7 @@ def offline(env: dict[str, str]) -> None:
     show(env, "gpus")
     show(env, "plan", "--gpu", "A100", "--spot")
     show(env, "plan", "--gpu", "V100", "--torch-cuda", "cu130", ok=False)
+    show(env, "plan", "--gpu", "H100:8", "--nodes", "2")  # placement group, EFA interfaces, Elastic IPs
 
 
 def lifecycle(env: dict[str, str], work: Path) -> None:
@@ -77,9 +78,25 @@ def lifecycle(env: dict[str, str], work: Path) -> None:
         show(env, "image", "rm", "demo-t4", "--yes")
         left = {k: v for k, v in aws.leftovers().items() if v}
         print(f"\nresources tagged gpuprov:node left in the endpoint: {json.dumps(left) if left else 'none'}")
+        aws_cluster(env, aws, pool)
 
 
-def cluster(env: dict[str, str], work: Path) -> None:
+def aws_cluster(env: dict[str, str], aws: object, pool: object) -> None:
+    """Two nodes as one cluster: one launch in one zone, a placement group, both hosts bootstrapped."""
+    aws.reset()  # type: ignore[attr-defined]  # a fresh endpoint: its subnet hands out the two hosts' addresses
+    for i in range(2):
+        pool.exec_in(i, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/*; "  # type: ignore[attr-defined]
+                        "echo 'export GPUPROV_SHIM_GPU=T4' > /var/lib/gpuprov-shim/env", check=True)
+    subnet = aws.subnet_for_hosts("10.240.0.0/24", "us-east-1a")  # type: ignore[attr-defined]
+    show(env, "up", "train", "--gpu", "T4", "--nodes", "2", "--subnet", subnet, "--connect", "private",
+         "--ssh-user", "root", "--ssh-cidr", "10.240.0.1/32", "--os", "ubuntu-22.04", "--python", "3.11", "--yes")
+    show(env, "status")
+    show(env, "down", "train", "--yes")
+    left = {k: v for k, v in aws.leftovers().items() if v}  # type: ignore[attr-defined]
+    print(f"\nresources tagged gpuprov:node left in the endpoint: {json.dumps(left) if left else 'none'}")
+
+
+def host_cluster(env: dict[str, str], work: Path) -> None:
     """Two existing hosts (SSH servers with 2 shimmed H100s each) wired as one cluster and checked."""
     from tests.hosts.fixture import HostPool
 
@@ -109,7 +126,7 @@ def main() -> None:
         offline(env)
         if os.geteuid() == 0:
             lifecycle(env, work)
-            cluster(env, work)
+            host_cluster(env, work)
         else:
             print("\n(the launched-node part needs root for its local SSH host: run `sudo make demo`)")
     finally:

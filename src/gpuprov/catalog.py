@@ -9,7 +9,7 @@ from functools import cache
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from gpuprov.errors import UserInputError
 from gpuprov.resources import data_file
@@ -109,6 +109,35 @@ class Interconnect(BaseModel):
     min_fraction: float  # bus bandwidth at the largest message below this share of the line rate: far below
     min_fraction_unverified: str | None = None
 
+class EfaCards(BaseModel):
+    """An EFA-capable type's network cards (one EFA interface each), with where the count comes from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    instance_type: str
+    network_cards: int
+    source: str
+    unverified: str | None = None
+
+
+class ClusterNetwork(BaseModel):
+    """What `up --nodes N` needs to know per type: cluster placement group support and the EFA layout."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    read: str
+    placement_source: str
+    cluster_placement_families: tuple[str, ...]
+    cluster_placement_unverified: dict[str, str] = {}
+    interface_source: str
+    efa: tuple[EfaCards, ...]
+
+    def cluster_placement(self, instance_type: str) -> bool:
+        return instance_type.split(".")[0] in self.cluster_placement_families
+
+    def efa_cards(self, instance_type: str) -> EfaCards | None:
+        return next((e for e in self.efa if e.instance_type == instance_type), None)
+
 
 class Catalog(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -121,6 +150,15 @@ class Catalog(BaseModel):
     storage: Storage
     interconnect: Interconnect
     bench: BenchRules
+    cluster_network: ClusterNetwork
+
+    @model_validator(mode="after")
+    def _efa_rows_match(self) -> Catalog:
+        marked = {it.name for it in self.instance_types if it.efa}
+        laid_out = {e.instance_type for e in self.cluster_network.efa}
+        if marked != laid_out:
+            raise ValueError(f"efa: true without a cluster_network.efa row (or the reverse): {sorted(marked ^ laid_out)}")
+        return self
 
     def check_region(self, region: str) -> str:
         if region in self.regions:

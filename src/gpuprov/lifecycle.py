@@ -565,7 +565,8 @@ def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -
         left += [f"{name}: {what}" for what in result.left]
         if result.complete:
             store.update_node(name, state_reason="its `up` crashed; collected by gc")
-    order = {"instance": 0, "spot-request": 1, "volume": 2, "security-group": 3, "key-pair": 4, "image": 5, "snapshot": 6}
+    order = {"instance": 0, "spot-request": 1, "volume": 2, "security-group": 3, "address": 3, "placement-group": 3,
+             "key-pair": 4, "image": 5, "snapshot": 6}
     for res in sorted(found, key=lambda r: order.get(r.kind, 9)):
         if res.kind == "node" or res.node in crashed:
             continue

@@ -310,8 +310,18 @@ def status_rows(nodes: list[Node]) -> list[dict[str, object]]:
             "ttl_left_seconds": max(round(n.ttl_deadline - now), 0) if n.ttl_deadline and n.live else None,
             "on_interrupt": n.on_interrupt,
             **_stop_fields(n, now),
+            **_cluster_fields(n),
         })
     return rows
+
+
+def _cluster_fields(n: Node) -> dict[str, object]:
+    """A cluster (`up --nodes N`): its size and its nodes by rank; a single node has neither."""
+    if n.cluster_size is None:
+        return {}
+    return {"cluster_size": n.cluster_size, "members": [
+        {"rank": m.rank, "instance_id": m.instance_id, "address": m.address, "private_ip": m.private_ip,
+         "public_ip": m.public_ip, "state": m.state} for m in n.members]}
 
 
 def _stop_fields(n: Node, now: float) -> dict[str, object]:
@@ -371,12 +381,18 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
         month = row["storage_usd_month"]
         if row["state"] == "stopped" and isinstance(month, float):
             state += f", disk ${month:.2f}/month"
+        members = row.get("members")
+        size = f"{len(members)}×" if isinstance(members, list) and members else ""  # a cluster: N nodes of the type
+        count = len(members) if isinstance(members, list) and members else 1
         table.add_row(
-            str(row["name"]), f"{row['gpu_count']}× {row['gpu']}", str(row["instance_type"] or "-"), str(row["market"]),
-            str(row["zone"] or row["region"]), Text(state, style=_STYLE.get(str(row["state"]), "")),
-            str(row["address"] or "-"), f"${price:.2f}" if isinstance(price, float) else "-",
-            f"${cost:.2f}" if isinstance(cost, float) else "-", _age(float(str(row["age_seconds"]))), *guards,
+            str(row["name"]), f"{size}{row['gpu_count']}× {row['gpu']}", str(row["instance_type"] or "-"),
+            str(row["market"]), str(row["zone"] or row["region"]), Text(state, style=_STYLE.get(str(row["state"]), "")),
+            str(row["address"] or "-"), f"${price * count:.2f}" if isinstance(price, float) else "-",
+            f"${cost * count:.2f}" if isinstance(cost, float) else "-", _age(float(str(row["age_seconds"]))), *guards,
         )
+        for m in members if isinstance(members, list) else []:  # the cluster's nodes beneath its row
+            table.add_row(f"  node {m['rank']}", "", "", "", "", Text(str(m["state"])), str(m["address"] or "-"),
+                          "", "", "", "", "")
     return table
 
 

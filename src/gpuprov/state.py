@@ -24,7 +24,8 @@ from gpuprov.errors import UserInputError
 NodeState = Literal["launching", "running", "bootstrapping", "ready", "failed", "terminating", "terminated",
                     "stopping", "stopped", "resizing", "starting"]
 # an image row has node None: images outlive the node they were baked from
-ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image"]
+ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "placement-group",
+                       "address"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -61,7 +62,9 @@ CREATE TABLE IF NOT EXISTS nodes (
     budget_price REAL,
     resize_from TEXT,
     resize_to TEXT,
-    stopped_at REAL
+    stopped_at REAL,
+    cluster_size INTEGER,
+    members_json TEXT
 );
 CREATE TABLE IF NOT EXISTS resources (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -94,7 +97,8 @@ _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER
                        ("on_interrupt", "TEXT"), ("spot_type", "TEXT"), ("shutdown_action", "TEXT"),
                        ("disk_gb", "INTEGER"), ("connect", "TEXT"), ("budget_usd", "REAL"), ("budget_deadline", "REAL"),
                        ("budget_price", "REAL"),
-                       ("resize_from", "TEXT"), ("resize_to", "TEXT"), ("stopped_at", "REAL"))
+                       ("resize_from", "TEXT"), ("resize_to", "TEXT"), ("stopped_at", "REAL"),
+                       ("cluster_size", "INTEGER"), ("members_json", "TEXT"))
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,13 @@ class Node:
     resize_from: str | None = None  # a `start --instance-type` in progress: the type before ...
     resize_to: str | None = None  # ... and the type asked for (recorded before ModifyInstanceAttribute)
     stopped_at: float | None = None
+    cluster_size: int | None = None  # `up --nodes N`: the N asked for (None: a single node)
+    members_json: str | None = None  # a cluster's nodes, rank order (see `members`)
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        """A cluster's nodes by rank (node 0 first; `address` is node 0's); empty for a single node."""
+        return tuple(Member(**m) for m in json.loads(self.members_json)) if self.members_json else ()
 
     @property
     def can_stop(self) -> bool:
@@ -164,6 +175,25 @@ class Node:
     @property
     def plan(self) -> dict[str, Any]:
         return json.loads(self.plan_json) if self.plan_json else {}
+
+
+@dataclass(frozen=True)
+class Member:
+    """One node of a cluster: its rank, instance and addresses."""
+
+    rank: int
+    instance_id: str
+    private_ip: str | None
+    public_ip: str | None
+    address: str | None  # the one gpuprov connects to (public or private, as the cluster's --connect says)
+    state: str = "running"
+    allocation_id: str | None = None  # its Elastic IP, where the type launches with several interfaces
+
+
+def members_json(members: list[Member]) -> str:
+    from dataclasses import asdict
+
+    return json.dumps([asdict(m) for m in members])
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pytest
 from tests import testnet
 
 EMPTY = {"instances": [], "security_groups": [], "key_pairs": [], "volumes": [], "spot_requests": [],
-         "launch_templates": []}
+         "launch_templates": [], "placement_groups": [], "addresses": []}
 
 
 @pytest.fixture

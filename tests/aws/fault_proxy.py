@@ -44,6 +44,7 @@ Control API (same port, JSON):
                               unknown field or bad value
   POST   /__faults__/release  answer every held request now; -> {"released": N}
   DELETE /__faults__/log      clear only the log
+  GET    /__faults__/placement-groups   the placement groups the proxy keeps (moto has none; ec2_cluster.py)
   DELETE /__faults__/tokens   forget the ClientTokens seen (EC2 state, not a fault: DELETE /__faults__ keeps them;
                               the fixture's reset() calls this with moto's own reset)
 
@@ -66,6 +67,8 @@ Rule fields:
   spot_prices: [{"instance_type", "az", "price", "product"?, "az_id"?}]  -> DescribeSpotPriceHistory answer
            built per request: rows filtered by the request's InstanceType.N / ProductDescription.N /
            AvailabilityZone / Filter.N (instance-type, availability-zone, product-description), timestamp now
+  capacity: N (RunInstances) -> EC2's capacity for the whole request: MinCount above N is refused with
+           InsufficientInstanceCapacity (500) and nothing launches; otherwise min(MaxCount, N) instances launch
   hold: true  -> forward upstream, read the answer, count it (rule "held", log "held": true), then answer
            only after POST /__faults__/release; if the client goes away meanwhile the answer is dropped
            (log "outcome": "client-gone").
@@ -99,6 +102,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from xml.etree import ElementTree as ET
 from xml.sax.saxutils import escape
+
+try:  # as a module (tests) or as a script (python fault_proxy.py): the sibling module either way
+    from tests.aws.ec2_cluster import ClusterEc2, live_instances
+except ImportError:  # pragma: no cover - script mode
+    from ec2_cluster import ClusterEc2, live_instances  # type: ignore[no-redef]
 
 CONTROL = "/__faults__"
 HOP_HEADERS = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
@@ -533,6 +541,7 @@ class _State:
         self.holding = 0
         self.realism = Ec2Realism()
         self.tokens = ClientTokens()
+        self.cluster = ClusterEc2()  # placement groups, MinCount/MaxCount, network cards (tests/aws/ec2_cluster.py)
 
     def add(self, rules: list[dict[str, Any]]) -> list[int]:
         ids = []
@@ -658,7 +667,13 @@ class Handler(BaseHTTPRequestHandler):
         if path == CONTROL + "/tokens" and self.command == "DELETE":  # EC2's own state: goes with moto's reset only
             with st.lock:
                 st.tokens.reset()
+                st.cluster.reset()
             return self._json(200, {"ok": True})
+        if path == CONTROL + "/placement-groups" and self.command == "GET":
+            with st.lock:
+                return self._json(200, [{"region": r, "name": n, "id": g["id"], "strategy": g["strategy"],
+                                         "tags": g["tags"], "instances": g["instances"]}
+                                        for (r, n), g in st.cluster.groups.items()])
         if path == CONTROL + "/log" and self.command == "DELETE":
             with st.lock:
                 st.log.clear()
@@ -797,7 +812,11 @@ class Handler(BaseHTTPRequestHandler):
             out = (400, ec2_error_body("InvalidAMIName.Duplicate",
                                        f"AMI name {req['form'].get('Name')} is already in use by AMI {taken}"),
                    [("Content-Type", "text/xml;charset=UTF-8")])
+        elif (answered := self._cluster(req, rule)) is not None:
+            out = answered
         else:
+            if req.get("forward_form") is not None:  # RunInstances as moto understands it (ec2_cluster.py)
+                body = urllib.parse.urlencode(req["forward_form"]).encode()
             try:
                 body, snapshot_tags = CreateImageTags.split(req, body)
                 out = self._forward(self.state.tokens.rewrite(req, body))
@@ -810,6 +829,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(502, str(e).encode(), {"Content-Type": "text/plain"})
             with st.lock:
                 st.tokens.observe(req, out[0], out[1])
+                if req["action"] == "RunInstances" and out[0] == 200:
+                    st.cluster.launched(req, out[1])
                 answer, hidden = st.realism.observe(req, out[0], out[1])
                 entry["hidden"] = hidden
             out = (out[0], answer, out[2])
@@ -838,6 +859,35 @@ class Handler(BaseHTTPRequestHandler):
                 entry["status"] = out[0]
                 entry["outcome"] = "fault" if canned else "forwarded"
         self._reply(*out, entry)
+
+    def _cluster(self, req: dict[str, Any], rule: dict[str, Any] | None) -> tuple[int, bytes, list[tuple[str, str]]] | None:
+        """What EC2 does for clusters and moto does not (ec2_cluster.py): an answer, or None to forward (a
+        RunInstances then goes on as req["forward_form"])."""
+        if req["target"] is not None or req["service"] not in (None, "ec2"):
+            return None
+        xml = [("Content-Type", "text/xml;charset=UTF-8")]
+        st = self.state
+        if req["action"] == "DeletePlacementGroup":
+            with st.lock:
+                ids = st.cluster.members(req)
+            live = live_instances(self.upstream, dict(self.headers.items()), ids)
+            with st.lock:
+                result = st.cluster.delete(req, live)
+        elif req["action"] == "RunInstances":
+            with st.lock:
+                result = st.cluster.run_instances(req, rule.get("capacity") if rule else None)  # type: ignore[assignment]
+            if isinstance(result, dict):
+                req["forward_form"] = result
+                return None
+        else:
+            with st.lock:
+                result = st.cluster.answer(req)  # type: ignore[assignment]
+            if result is None:
+                return None
+        if len(result) == 2:
+            return result[0], result[1], xml  # type: ignore[misc]
+        status, code, message = result  # type: ignore[misc]
+        return status, ec2_error_body(code, message), xml
 
     def _reply(self, status: int, body: bytes, headers: list[tuple[str, str]], entry: dict[str, Any]) -> None:
         try:
@@ -885,6 +935,11 @@ def clear(proxy_url: str) -> None:
 
 def forget_tokens(proxy_url: str) -> None:
     _call(proxy_url, "DELETE", CONTROL + "/tokens")
+
+
+def placement_groups(proxy_url: str) -> list[dict[str, Any]]:
+    """The placement groups the proxy keeps for EC2 (moto has none): region, name, id, strategy, tags, instances."""
+    return _call(proxy_url, "GET", CONTROL + "/placement-groups")
 
 
 def release(proxy_url: str) -> int:

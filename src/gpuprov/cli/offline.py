@@ -17,6 +17,7 @@ from gpuprov.cli.common import (
     stack_options,
     store_and_provider,
 )
+from gpuprov.errors import UserInputError
 
 
 @main.command()
@@ -55,22 +56,31 @@ def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None
 @click.option("--live", is_flag=True, help="Ask AWS (needs credentials): which image `up` would launch and which "
                                             "steps would run on it; with --hours also today's cheapest spot price.")
 @click.option("--image", default=None, metavar="fresh|dlami|ID|NAME", help="With --live: as `up --image`.")
-def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, image: str | None, **kw: Any) -> None:
+@click.option("--nodes", type=click.IntRange(1), default=1, show_default=True,
+              help="A cluster of this many nodes: also print its placement group, EFA interfaces and network.")
+def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, image: str | None, nodes: int,
+         **kw: Any) -> None:
     """Show what `up` would launch and install, without touching the network.
 
     Picks the cheapest instance type that carries the GPUs, resolves one consistent
     driver / CUDA / torch / Python stack (or explains why the pins cannot work), and lists
     the bootstrap steps in order.
     """
+    from gpuprov.cloud import cluster
     from gpuprov.report import plan_view
 
     the_plan = plan_from(kw)
     if image is not None and not live:
         raise click.UsageError("--image is looked up in AWS: add --live")
+    layout = _cluster_layout(the_plan, nodes)
+    if layout is not None:
+        the_plan = cluster.with_efa_step(the_plan, layout)
     estimate = the_plan.estimate(hours, _cheapest_spot(the_plan) if live and hours is not None else None)
     chosen = _image_choice(the_plan, image) if live else None
     if as_json:
         data = the_plan.summary()
+        if layout is not None:
+            data["cluster"] = cluster.layout_summary(layout, nodes)
         if estimate:
             data["estimate"] = estimate
         if chosen is not None:
@@ -81,6 +91,10 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
         return
     console = make_console()
     console.print(plan_view(the_plan))
+    if layout is not None:
+        console.print("Cluster", style="bold")
+        for line in cluster.describe(layout, nodes):
+            console.print(f"  {line}", markup=False)
     if chosen is not None:
         summary = chosen.summary(the_plan)
         console.print(chosen.line(), markup=False, highlight=False)
@@ -109,6 +123,19 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
         for script in the_plan.bundle().scripts:
             console.rule(script.filename)
             console.print(Syntax(script.text, "bash", line_numbers=False))
+
+
+def _cluster_layout(the_plan: Any, nodes: int) -> Any:
+    """The cluster's network for the plan's instance type (None for one node); bad --nodes is refused here."""
+    from gpuprov.cloud import cluster
+
+    if nodes == 1:
+        return None
+    if nodes > cluster.MAX_NODES:
+        raise UserInputError("--nodes", f"{nodes} is not a cluster size", f"2 to {cluster.MAX_NODES}")
+    if the_plan.instance is None:
+        raise UserInputError("--nodes", "no instance type carries these GPUs", "pick another --gpu")
+    return cluster.network_for(the_plan.instance.name)
 
 
 @main.command()

@@ -35,6 +35,7 @@ from gpuprov.providers.base import (
     TAG_OWNER,
     TAG_SOURCE,
     TAG_STACK,
+    Access,
     CloudResource,
     Image,
     ImageRequest,
@@ -42,6 +43,7 @@ from gpuprov.providers.base import (
     LaunchError,
     LaunchRequest,
     Network,
+    Nic,
     NotFound,
     SpotPrice,
 )
@@ -54,7 +56,8 @@ CREDENTIAL_CODES = {"AuthFailure", "InvalidClientTokenId", "ExpiredToken", "Sign
 NOT_FOUND = {"instance": "InvalidInstanceID.NotFound", "security-group": "InvalidGroup.NotFound",
              "key-pair": "InvalidKeyPair.NotFound", "volume": "InvalidVolume.NotFound",
              "spot-request": "InvalidSpotInstanceRequestID.NotFound", "image": "InvalidAMIID.NotFound",
-             "snapshot": "InvalidSnapshot.NotFound"}
+             "snapshot": "InvalidSnapshot.NotFound", "placement-group": "InvalidPlacementGroup.Unknown",
+             "address": "InvalidAllocationID.NotFound"}
 LAUNCH_REFERENCES = {"InvalidGroup.NotFound", "InvalidKeyPair.NotFound"}  # a fresh group or key not yet seen
 IMAGE_SETTLE = 60.0  # seconds an image seen in a listing may still answer NotFound by id
 RETRY_RUN_INSTANCES = 4  # attempts of one candidate on throttling / InternalError (same ClientToken)
@@ -264,6 +267,44 @@ class AwsProvider:
             GroupId=group_id, IpPermissions=[{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, **ranges}]),
             "security-group", group_id, settle)
 
+    def authorize_self(self, region: str, group_id: str, settle: float) -> None:
+        """All protocols and ports from and to the group itself: a cluster's nodes reach each other on any port
+        (NCCL's, the rendezvous). EFA needs both directions (EC2 guide, "Get started with EFA and NCCL": "allows
+        all inbound and outbound traffic to and from the security group itself")."""
+        ec2 = self._client("ec2", region)
+        rule = [{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id, "Description": "gpuprov: cluster"}]}]
+        self._settle("AuthorizeSecurityGroupIngress", lambda: ec2.authorize_security_group_ingress(
+            GroupId=group_id, IpPermissions=rule), "security-group", group_id, settle)
+        self._settle("AuthorizeSecurityGroupEgress", lambda: ec2.authorize_security_group_egress(
+            GroupId=group_id, IpPermissions=rule), "security-group", group_id, settle)
+
+    def create_placement_group(self, region: str, node: str, name: str) -> str:
+        ec2 = self._client("ec2", region)
+        self._call("CreatePlacementGroup", lambda: ec2.create_placement_group(
+            GroupName=name, Strategy="cluster",
+            TagSpecifications=[{"ResourceType": "placement-group", "Tags": self._tags(node)}]))
+        return name
+
+    def allocate_address(self, region: str, node: str, name: str) -> str:
+        ec2 = self._client("ec2", region)
+        return str(self._call("AllocateAddress", lambda: ec2.allocate_address(
+            Domain="vpc", TagSpecifications=[{"ResourceType": "elastic-ip", "Tags": self._tags(
+                node, {"Name": name})}]))["AllocationId"])
+
+    def find_address(self, region: str, name: str) -> str | None:
+        ec2 = self._client("ec2", region)
+        found = self._call("DescribeAddresses", lambda: ec2.describe_addresses(
+            Filters=[{"Name": "tag:Name", "Values": [name]}, *self._owned()]))["Addresses"]
+        return str(found[0]["AllocationId"]) if found else None
+
+    def associate_address(self, region: str, allocation_id: str, instance_id: str, settle: float) -> str:
+        ec2 = self._client("ec2", region)
+        self._settle("AssociateAddress", lambda: ec2.associate_address(
+            AllocationId=allocation_id, InstanceId=instance_id), "instance", instance_id, settle)
+        (found,) = self._call("DescribeAddresses", lambda: ec2.describe_addresses(
+            AllocationIds=[allocation_id]))["Addresses"]
+        return str(found["PublicIp"])
+
     # --- instances -----------------------------------------------------------------------
 
     def _run_kwargs(self, request: LaunchRequest) -> dict[str, Any]:
@@ -273,14 +314,19 @@ class AwsProvider:
         ]
         access = request.access
         kwargs: dict[str, Any] = {
-            "ImageId": request.image_id, "InstanceType": request.instance_type, "MinCount": 1, "MaxCount": 1,
+            "ImageId": request.image_id, "InstanceType": request.instance_type,
+            # EC2 launches at least MinCount or nothing ("If you specify a value that is more capacity than Amazon
+            # EC2 can provide in the target Availability Zone, Amazon EC2 does not launch any instances")
+            "MinCount": request.min_count, "MaxCount": request.count,
             "KeyName": access.key_name, "ClientToken": request.client_token,
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
             "InstanceInitiatedShutdownBehavior": request.shutdown_behavior,
             "BlockDeviceMappings": [{"DeviceName": self._root_device(request.region, request.image_id), "Ebs": {
                 "VolumeSize": request.disk_gb, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}}],
         }
-        if access.public_ip:  # the subnet gives no public address by itself: ask for one on the interface
+        if request.interfaces:  # EFA: every interface named (one card each); see catalog.yaml cluster_network
+            kwargs["NetworkInterfaces"] = [_nic(nic, access, len(request.interfaces)) for nic in request.interfaces]
+        elif access.public_ip:  # the subnet gives no public address by itself: ask for one on the interface
             kwargs["NetworkInterfaces"] = [{"DeviceIndex": 0, "SubnetId": access.subnet_id, "AssociatePublicIpAddress": True,
                                             "Groups": [access.security_group_id], "DeleteOnTermination": True}]
         else:
@@ -289,6 +335,8 @@ class AwsProvider:
                 kwargs["SubnetId"] = access.subnet_id
         if not access.subnet_id:
             kwargs["Placement"] = {"AvailabilityZone": request.zone}
+        if request.placement_group:
+            kwargs.setdefault("Placement", {})["GroupName"] = request.placement_group
         if request.market == "spot":
             # one-time requests cannot stop (EC2 refuses StopInstances); persistent ones with interruption
             # behaviour stop can (EC2 guide, "Stop a Spot Instance")
@@ -303,9 +351,12 @@ class AwsProvider:
         return kwargs
 
     def launch(self, request: LaunchRequest, settle: float) -> Instance:
+        return self.launch_group(request, settle)[0]
+
+    def launch_group(self, request: LaunchRequest, settle: float) -> list[Instance]:
         """One RunInstances for one candidate, with retries off (see the module's docstring). A request
         naming a group or key EC2 does not know yet, and a throttled or failed request, is sent again with
-        the same ClientToken, which EC2 answers with the same instance instead of a second one."""
+        the same ClientToken, which EC2 answers with the same instances instead of more."""
         ec2 = self._client("ec2", request.region, retries=False)
         kwargs = self._run_kwargs(request)
         deadline = time.monotonic() + settle
@@ -314,7 +365,7 @@ class AwsProvider:
             tries += 1
             try:
                 reply = self._call("RunInstances", lambda: ec2.run_instances(**kwargs))
-                return _instance(reply["Instances"][0], request.region)
+                return [_instance(raw, request.region) for raw in reply["Instances"]]
             except AwsError as exc:
                 refusal = classify(exc.code, exc.message, request.market)
                 fresh = exc.code in LAUNCH_REFERENCES and time.monotonic() + wait < deadline
@@ -431,6 +482,12 @@ class AwsProvider:
                 found.append(CloudResource("volume", vol["VolumeId"], region, _tag(vol), vol.get("State", "")))
         for key in self._call("DescribeKeyPairs", lambda: ec2.describe_key_pairs(Filters=owned))["KeyPairs"]:
             found.append(CloudResource("key-pair", key["KeyName"], region, _tag(key)))
+        for pg in self._call("DescribePlacementGroups", lambda: ec2.describe_placement_groups(
+                Filters=owned))["PlacementGroups"]:
+            if pg.get("State") not in ("deleting", "deleted"):
+                found.append(CloudResource("placement-group", pg["GroupName"], region, _tag(pg), pg.get("State", "")))
+        for eip in self._call("DescribeAddresses", lambda: ec2.describe_addresses(Filters=owned))["Addresses"]:
+            found.append(CloudResource("address", eip["AllocationId"], region, _tag(eip), eip.get("PublicIp", "")))
         images = self.images(region)
         for image in images:
             found.append(CloudResource("image", image.id, region, IMAGES, f"{image.name} | {image.state}"))
@@ -468,6 +525,12 @@ class AwsProvider:
                                                     kind, rid, settle))
         elif kind == "key-pair":
             self.delete_key_pair(region, rid, settle)
+        elif kind == "placement-group":  # refused while an instance is in it (terminating ones too)
+            self._while_in_use(lambda: self._settle("DeletePlacementGroup", lambda: ec2.delete_placement_group(
+                GroupName=rid), kind, rid, settle))
+        elif kind == "address":  # an association goes with its instance; a released address is gone for good
+            self._while_in_use(lambda: self._settle("ReleaseAddress", lambda: ec2.release_address(AllocationId=rid),
+                                                    kind, rid, settle))
 
     def _while_in_use(self, fn: Callable[[], Any], timeout: float = 300) -> None:
         """EC2 keeps a group or volume 'in use' for a while after its instance is gone: retry, bounded."""
@@ -477,7 +540,8 @@ class AwsProvider:
                 fn()
                 return
             except AwsError as exc:
-                if exc.code not in ("DependencyViolation", "VolumeInUse", "IncorrectState", "InvalidSnapshot.InUse") \
+                if exc.code not in ("DependencyViolation", "VolumeInUse", "IncorrectState", "InvalidSnapshot.InUse",
+                                    "InvalidPlacementGroup.InUse", "InvalidIPAddress.InUse") \
                         or time.monotonic() > deadline:
                     raise
                 time.sleep(self.poll)
@@ -599,6 +663,15 @@ class AwsProvider:
             return float(reply["Quota"]["Value"])
         except (ClientError, BotoCoreError, KeyError):  # reading the quota is a courtesy; the refusal said enough
             return None
+
+
+def _nic(nic: Nic, access: Access, count: int) -> dict[str, Any]:
+    spec: dict[str, Any] = {"NetworkCardIndex": nic.card, "DeviceIndex": nic.device, "InterfaceType": nic.kind,
+                            "SubnetId": access.subnet_id, "Groups": [access.security_group_id],
+                            "DeleteOnTermination": True}
+    if access.public_ip and count == 1:  # EC2 refuses a public address when more than one interface is launched
+        spec["AssociatePublicIpAddress"] = True
+    return {k: v for k, v in spec.items() if v is not None}
 
 
 def _tag(raw: dict[str, Any], key: str = TAG_NODE) -> str | None:

@@ -20,7 +20,9 @@ from gpuprov.errors import GpuprovError
 
 Market = Literal["spot", "on-demand"]
 Then = Literal["next-candidate", "next-market", "stop", "retry"]
-ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "snapshot"]
+ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "snapshot",
+                       "placement-group", "address"]
+InterfaceType = Literal["interface", "efa", "efa-only"]
 TAG_NODE = "gpuprov:node"
 TAG_OWNER = "gpuprov:owner"
 SHARED = "(shared)"  # gpuprov:node value of resources several nodes use (the key pair)
@@ -71,6 +73,15 @@ class Access:
 
 
 @dataclass(frozen=True)
+class Nic:
+    """One network interface asked for at launch: its network card, device index and type (ENA, EFA, EFA-only)."""
+
+    card: int
+    device: int
+    kind: InterfaceType
+
+
+@dataclass(frozen=True)
 class LaunchRequest:
     node: str
     region: str
@@ -85,6 +96,10 @@ class LaunchRequest:
     tags: Mapping[str, str] = field(default_factory=dict)
     persistent: bool = False  # spot: a persistent request whose interruption behaviour is stop (so it can stop)
     shutdown_behavior: str = "terminate"  # what `shutdown` on the node does: "stop" keeps the disk
+    count: int = 1  # a cluster: this many instances of the type in the zone ...
+    min_count: int = 1  # ... and at least this many, or none at all (EC2's MinCount)
+    placement_group: str | None = None  # a cluster placement group's name
+    interfaces: tuple[Nic, ...] = ()  # EFA interfaces; empty: one ENA interface as before
 
 
 @dataclass(frozen=True)
@@ -192,6 +207,31 @@ class Provider(Protocol):
 
     def launch(self, request: LaunchRequest, settle: float) -> Instance:
         """One launch request (raises LaunchError with what to do next)."""
+        ...
+
+    def launch_group(self, request: LaunchRequest, settle: float) -> list[Instance]:
+        """One launch request for `count` instances in one zone: at least `min_count` of them, or none
+        (LaunchError with what to do next)."""
+        ...
+
+    def create_placement_group(self, region: str, node: str, name: str) -> str:
+        """A cluster placement group called `name`, tagged with the node; returns its name."""
+        ...
+
+    def authorize_self(self, region: str, group_id: str, settle: float) -> None:
+        """All traffic between members of the group, both ways (a cluster's nodes talk to each other)."""
+        ...
+
+    def allocate_address(self, region: str, node: str, name: str) -> str:
+        """An Elastic IP tagged with the node and `name`; returns its allocation id."""
+        ...
+
+    def find_address(self, region: str, name: str) -> str | None:
+        """An Elastic IP's allocation id by its recorded name (an allocation whose answer was lost)."""
+        ...
+
+    def associate_address(self, region: str, allocation_id: str, instance_id: str, settle: float) -> str:
+        """Put the Elastic IP on the instance's primary interface; returns the public address."""
         ...
 
     def find_launched(self, region: str, client_token: str) -> list[Instance]:
