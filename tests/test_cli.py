@@ -84,6 +84,10 @@ def test_render_writes_scripts_and_manifest(tmp_path):
     (["plan", "--gpu", "A100", "--driver", "570", "--torch-cuda", "cu130"], "--torch-cuda", "580.65.06"),
     # issue 9: branches without a pinning package, unknown exact releases, nvcc of another CUDA major
     (["plan", "--gpu", "H100", "--driver", "535"], "--driver", "--driver 570"),
+    # a GPU's own floor before the missing pinning package (whose minor-compat advice would not help a B200)
+    (["plan", "--gpu", "B200", "--driver", "550"], "--driver", "B200 (sm_100) needs driver branch ≥ R570"),
+    (["bootstrap", "--gpu", "B200", "--driver", "550", "root@192.0.2.1"], "--driver", "needs driver branch ≥ R570"),
+    (["bootstrap", "--driver", "550", "root@192.0.2.1"], "--driver", "nvidia-driver-pinning-550"),  # no GPU known
     (["plan", "--gpu", "H100", "--driver", "580.1.1"], "--driver", "580.126.09"),
     (["plan", "--gpu", "H100", "--driver", "580.95.05"], "--driver", "580.126.09"),
     (["plan", "--gpu", "H100", "--torch-cuda", "cu130", "--cuda", "12.8"], "--cuda", "--cuda 13.0"),

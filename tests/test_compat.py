@@ -60,7 +60,7 @@ def test_v100_with_cu130_is_refused_naming_sm70_and_a_working_variant():
         resolve("V100", torch_cuda="cu130")
     text = str(exc.value)
     assert exc.value.field == "--torch-cuda"
-    assert exc.value.rule == "wheel-no-sass"  # the wheel lacks sm_70 (arch-max-cuda would also say sm_70)
+    assert exc.value.rule == "wheel-no-sass"  # the wheel lacks sm_70: the precise fact (no CUDA-range rule of its own)
     assert "sm_70" in text
     assert "--torch-cuda cu126" in text
     assert "driver R580, proprietary kernel module" in text
@@ -114,7 +114,9 @@ def test_b200_open_module_fm_and_nvlsm_on_nvswitch():
 @pytest.mark.parametrize(("pins", "needle", "rule"), [
     ({"torch": "2.6"}, "torch ≥ 2.7", "arch-min-torch"),
     ({"torch_cuda": "cu126"}, "sm_100", "wheel-no-sass"),
-    ({"driver": "550"}, "R570", "driver-no-pinning-package"),  # R550 is refused before the GPU is looked at
+    # Blackwell's own floor is named before R550's missing pinning package (whose hint, "an older branch that is
+    # already installed" through minor-version compatibility, would not help a B200)
+    ({"driver": "550"}, "needs driver branch ≥ R570", "gpu-min-driver-branch"),
 ])
 def test_b200_refuses_old_torch_wrong_variant_and_old_driver(pins, needle, rule):
     with pytest.raises(StackConflict) as exc:
@@ -653,3 +655,82 @@ def test_remaining_refusal_details():
 
 def test_an_nvcc_mismatch_without_a_wheel_of_the_toolkits_major_offers_only_the_wheels_cuda():
     assert _refusal("H100", cuda="13.0", torch="2.1").hint == "use --cuda 12.1 (the wheel's CUDA)"  # 2.1 has no cu13x
+
+
+# --- rules that used to be shadowed (issue 13): the data keeps them implied, and the one with a root cause fires -----
+
+def test_a_gpu_below_its_minimum_branch_hears_that_first_with_a_branch_that_works():
+    for driver in ("535", "550", "560"):  # no pinning package either: the GPU's floor is the cause that matters
+        with pytest.raises(StackConflict) as exc:
+            resolve("B200", driver=driver)
+        assert (exc.value.rule, exc.value.field) == ("gpu-min-driver-branch", "--driver")
+        assert exc.value.problem == "B200 (sm_100) needs driver branch ≥ R570"
+        assert exc.value.hint == "use --driver 570 or newer"
+    with pytest.raises(StackConflict) as exc:  # a GPU without that floor still hears about the pinning package
+        resolve("H100", driver="550")
+    assert exc.value.rule == "driver-no-pinning-package"
+    assert check_pins_rule(StackPins(driver="550")) == "driver-no-pinning-package"  # before any GPU is known
+
+
+def check_pins_rule(pins):
+    with pytest.raises(StackConflict) as exc:
+        compat.check_pins(pins)
+    return exc.value.rule
+
+
+def test_every_wheel_with_code_for_a_gpu_is_within_its_architectures_cuda_range():
+    """Why `_torch_problem` has no CUDA-range rule of its own: no toolkit outside an architecture's CUDA range
+    builds code for it, so a wheel's arch list already says it (V100 + cu130 is `wheel-no-sass`). A data row
+    that broke this would need that rule back."""
+    f = compat.facts()
+    for gpu in CAT.gpus:
+        arch = f.architectures[gpu.arch]
+        for release, info in f.torch_releases.items():
+            for variant in info.variants:
+                archs = compat._wheel_archs(release, variant)
+                assert archs is not None, (release, variant)
+                if not compat._sm_runs(archs.sm, gpu.compute_capability):
+                    continue
+                cuda = compat._version_tuple(compat.variant_cuda(variant))
+                assert not arch.max_cuda or cuda <= compat._version_tuple(arch.max_cuda), (gpu.name, release, variant)
+                assert not arch.min_cuda or cuda >= compat._version_tuple(arch.min_cuda), (gpu.name, release, variant)
+
+
+def test_an_architectures_last_branch_runs_its_cuda_and_comes_before_its_kernel_module_goes():
+    """Why `_check_driver_pin` has no proprietary-module rule and `_choose_branch` no "CUDA needs a branch above
+    the architecture's last" rule: the last branch is below the proprietary module's removal, and runs every
+    CUDA up to the architecture's max_cuda (so `gpu-max-driver-branch` / `toolkit-max-cuda` name the cause)."""
+    f = compat.facts()
+    limited = {name: a for name, a in f.architectures.items() if a.max_driver_branch}
+    assert set(limited) == {"volta"}
+    for arch in f.architectures.values():
+        if arch.kernel_module == "proprietary":
+            assert arch.max_driver_branch is not None and arch.max_driver_branch < f.proprietary_removed_in
+    for arch in limited.values():
+        assert arch.max_driver_branch == f.last_volta_branch and arch.max_cuda
+        for cuda, minimum in f.cuda_min_driver.items():
+            if compat._version_tuple(cuda) <= compat._version_tuple(arch.max_cuda):
+                assert compat._min_branch_for(minimum.driver) <= arch.max_driver_branch, cuda
+    with pytest.raises(StackConflict) as exc:  # Volta on R620, where the proprietary module is gone too
+        resolve("V100", driver="620")
+    assert exc.value.rule == "gpu-max-driver-branch" and exc.value.hint == "use --driver 580 (proprietary kernel module)"
+
+
+def test_every_valid_torch_pin_leaves_a_candidate_wheel_so_a_refusal_always_has_a_rule():
+    f = compat.facts()
+    variants = sorted({v for info in f.torch_releases.values() for v in info.variants})
+    for torch in (None, *f.torch_releases):
+        for torch_cuda in (None, *variants):
+            pins = StackPins(torch=torch, torch_cuda=torch_cuda)
+            compat.check_pins(pins)
+            assert list(compat._torch_candidates(pins)), pins
+
+
+def test_alternatives_skip_a_dropped_pin_that_does_not_help_and_go_on():
+    # torch 2.7 stops at Python 3.13: dropping --torch-cuda (the field named first) still fails, the next two work
+    with pytest.raises(StackConflict) as exc:
+        resolve("V100", torch="2.7", torch_cuda="cu126", python="3.14")
+    assert (exc.value.rule, exc.value.field) == ("python-range", "--torch-cuda")
+    assert exc.value.hint == (
+        "this works instead: --torch 2.14 (torch 2.14+cu126, driver R580, proprietary kernel module); "
+        "or --python 3.12 (torch 2.7+cu126, driver R580, proprietary kernel module)")

@@ -184,7 +184,8 @@ def test_shims_are_executable_bash_and_shellcheck_clean() -> None:
     shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
     assert shellcheck
     others = {"reboot", "shutdown"}  # written by the SSH-host harness
-    shims = [p for p in sorted((SHIMS / "bin").iterdir()) if p.name not in others] + [SHIMS / "libexec" / "uv"]
+    shims = [p for p in sorted((SHIMS / "bin").iterdir()) if p.name not in others] + [
+        SHIMS / "libexec" / "uv", SHIMS / "libexec" / "efa_installer.sh"]
     for p in shims:
         assert os.access(p, os.X_OK) and p.read_text().startswith("#!/usr/bin/env bash\n"), p
     proc = subprocess.run([shellcheck, "-x", "-S", "warning", *map(str, shims), str(SHIMS / "lib" / "common.sh")],

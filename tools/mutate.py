@@ -6,9 +6,14 @@ score per module go to .mutate/report.md. Tests that need the SSH test hosts ski
 maps tests to functions in-process, and those tests drive the CLI in subprocesses, which it cannot see.
 
     python tools/mutate.py                       # every module below
-    python tools/mutate.py compat verify         # some of them
+    python tools/mutate.py compat verify         # some of them (cloud/failover or just failover)
     MUTATE_JOBS=2 python tools/mutate.py compat  # mutmut's --max-children (default 1: a small machine)
     MUTATE_REPORT_ONLY=1 python tools/mutate.py compat   # the report again from the last run's results
+    MUTATE_ONLY='*_with_alternative*' python tools/mutate.py compat  # only mutants whose names match (fnmatch)
+
+MUTATE_ONLY takes mutmut's mutant names or fnmatch patterns (space-separated; names look like
+gpuprov.compat.x__with_alternative__mutmut_7): a quick rerun of the functions just worked on. The module's
+score then counts only those mutants (the others are "not checked").
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ MUTMUT = str(Path(sys.executable).parent / "mutmut")
 # module (path under src/gpuprov) -> the test files that exercise it in-process
 MODULES: dict[str, list[str]] = {
     "compat": ["tests/test_compat.py"],
-    "plan": ["tests/test_templates.py", "tests/test_lifecycle_unit.py", "tests/test_guardrails.py"],
+    # plan's decisions in fast in-process tests; test_templates/test_guardrails render and shellcheck whole plans,
+    # which made each mutant cost tens of seconds
+    "plan": ["tests/test_plan_unit.py"],
     "spec": ["tests/test_templates.py", "tests/test_guardrails.py", "tests/test_spec.py"],
     "verify": ["tests/test_verify.py"],
     "hostkeys": ["tests/test_hostkeys.py"],
@@ -76,13 +83,16 @@ def run(module: str, jobs: int) -> str:
         _tree(where, module)
         env = {**os.environ, "GPUPROV_MUTATE": "1"}
         print(f"== {module}: mutmut run in {where}", flush=True)
-        subprocess.run([MUTMUT, "run", "--max-children", str(jobs)], cwd=where, env=env, stdout=subprocess.DEVNULL)
+        only = os.environ.get("MUTATE_ONLY", "").split()
+        subprocess.run([MUTMUT, "run", "--max-children", str(jobs), *only], cwd=where, env=env,
+                       stdout=subprocess.DEVNULL)
     results = _results(where)
     counts: dict[str, int] = {}
     for status in results.values():
         counts[status] = counts.get(status, 0) + 1
     killed, survived = counts.get("killed", 0), counts.get("survived", 0)
     untested, timeouts = counts.get("no tests", 0), counts.get("timeout", 0)
+    unchecked = counts.get("not checked", 0)
     diffs = {name: subprocess.run([MUTMUT, "show", name], cwd=where, capture_output=True, text=True).stdout
              for name, status in results.items() if status == "survived"}
     wording = sorted(name for name, diff in diffs.items() if text_only(diff))
@@ -92,7 +102,8 @@ def run(module: str, jobs: int) -> str:
     logic_score = f"{100 * (killed + timeouts) / logic:.0f}%" if logic else "n/a"
     lines = [f"## {module}.py: score {score}, {logic_score} without wording-only mutants (killed {killed}, "
              f"timeout {timeouts}, survived {survived} of which {len(wording)} change only a string's text, "
-             f"not covered by the selected tests {untested}, total {len(results)})", ""]
+             f"not covered by the selected tests {untested}, total {len(results)}"
+             + (f", not checked {unchecked}: MUTATE_ONLY" if unchecked else "") + ")", ""]
     for name, diff in diffs.items():
         if name not in wording:
             lines += ["```diff", diff.strip(), "```", ""]
@@ -104,7 +115,9 @@ def run(module: str, jobs: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    modules = argv or list(MODULES)
+    # a module by its path under src/gpuprov or by its file name alone ("failover" for "cloud/failover")
+    short = {m.rsplit("/", 1)[-1]: m for m in MODULES}
+    modules = [short.get(m, m) for m in argv] or list(MODULES)
     unknown = [m for m in modules if m not in MODULES]
     if unknown:
         print(f"unknown module(s): {', '.join(unknown)}; known: {', '.join(MODULES)}", file=sys.stderr)

@@ -9,6 +9,8 @@ command -v sudo >/dev/null || missing+=(sudo)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v shellcheck >/dev/null || missing+=(shellcheck)
 command -v rsync >/dev/null || missing+=(rsync)
+# tests/test_cluster_hosts.py: a firewall rule (DROP) inside one test host's namespace
+command -v iptables >/dev/null || [[ -x /usr/sbin/iptables ]] || missing+=(iptables)
 # tests/test_systemd_units.py: `systemd-analyze verify` on every rendered unit and timer
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 # the real-apt test (tests/test_real_apt.py): a debootstrapped chroot and a local repository

@@ -253,11 +253,14 @@ def exec_one(target: Target, settings: HostSettings, command: str, emit: Emit, *
         remote.close()
 
 
-def exec_many(targets: Sequence[Target], settings: HostSettings, command: str, emit: Emit, *, parallel: int = 32,
-              sudo: bool = False, timeout: float | None = None) -> list[ExecResult]:
-    """`exec_one` on every host at once (bounded by `parallel`); results in the hosts' order."""
-    return run_parallel(list(targets), lambda t: exec_one(t, settings, command, emit, sudo=sudo, timeout=timeout),
-                        parallel)
+def exec_many(targets: Sequence[Target], settings: HostSettings, command: str | Callable[[Target], str], emit: Emit,
+              *, parallel: int = 32, sudo: bool = False, timeout: float | None = None) -> list[ExecResult]:
+    """`exec_one` on every host at once (bounded by `parallel`); results in the hosts' order. `command` may
+    differ per host (a cluster's nodes source their own cluster.env)."""
+    def one(t: Target) -> ExecResult:
+        return exec_one(t, settings, command(t) if callable(command) else command, emit, sudo=sudo, timeout=timeout)
+
+    return run_parallel(list(targets), one, parallel)
 
 
 def combined_exit_code(results: Sequence[ExecResult]) -> int:

@@ -33,7 +33,7 @@ from gpuprov.inventory import Target
 from gpuprov.plan import GuardRequest, Plan
 from gpuprov.remote import ConnectionLost, HostLost, HostSettings, Remote, Unreachable
 from gpuprov.render import Bundle
-from gpuprov.runner import BUNDLE_DIR
+from gpuprov.runner import BUNDLE_DIR as BUNDLE_DIR  # re-exported: gpubench.py reads it here
 from gpuprov.verify import CheckReport, Expectation, ProbeError, extract_probe, judge, parse_probe
 
 StepOutcome = Literal["unchanged", "changed", "reboot", "skipped", "failed"]

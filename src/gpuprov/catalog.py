@@ -6,12 +6,43 @@ import difflib
 import re
 from collections.abc import Sequence
 from functools import cache
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from gpuprov.errors import UserInputError
 from gpuprov.resources import data_file
+
+Precision = Literal["fp16", "bf16", "tf32", "fp32"]
+
+
+class Published(BaseModel):
+    """NVIDIA's published figures for a GPU, the yardstick of `gpuprov bench`. TFLOP/s are dense (NVIDIA
+    quotes tensor rates with 2:4 sparsity, marked *, at twice the dense rate); a precision missing from
+    `dense_tflops` has no published figure. `nvlink_gbps` is NVIDIA's both-directions total per GPU."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    variant: str
+    dense_tflops: dict[Precision, float]
+    memory_gbps: float
+    nvlink_gbps: float | None = None
+    pcie_gen: int
+    source: str
+    read: str
+    unverified: str | None = None
+
+
+class BenchRules(BaseModel):
+    """What `gpuprov bench` calls ok: a fraction of the published figure per kind of measurement."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    thresholds: dict[Literal["matmul", "memory", "host", "allreduce"], float]
+    pcie_x16_gbps: dict[int, float]
+    pcie_source: str
+    pcie_unverified: str | None = None
 
 
 class Gpu(BaseModel):
@@ -25,6 +56,7 @@ class Gpu(BaseModel):
     memory_mib: int
     good_for: str
     unverified: str | None = None
+    published: Published | None = None
 
     @property
     def sm(self) -> str:
@@ -66,6 +98,47 @@ class Storage(BaseModel):
         return gb * self.usd_per_gb_month
 
 
+class Interconnect(BaseModel):
+    """What the all-reduce across nodes is judged against (cluster_check.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    efa_gbps: dict[str, int]  # instance type -> aggregate EFA bandwidth, Gbit/s
+    efa_source: str
+    efa_unverified: str | None = None
+    min_fraction: float  # bus bandwidth at the largest message below this share of the line rate: far below
+    min_fraction_unverified: str | None = None
+
+class EfaCards(BaseModel):
+    """An EFA-capable type's network cards (one EFA interface each), with where the count comes from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    instance_type: str
+    network_cards: int
+    source: str
+    unverified: str | None = None
+
+
+class ClusterNetwork(BaseModel):
+    """What `up --nodes N` needs to know per type: cluster placement group support and the EFA layout."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    read: str
+    placement_source: str
+    cluster_placement_families: tuple[str, ...]
+    cluster_placement_unverified: dict[str, str] = {}
+    interface_source: str
+    efa: tuple[EfaCards, ...]
+
+    def cluster_placement(self, instance_type: str) -> bool:
+        return instance_type.split(".")[0] in self.cluster_placement_families
+
+    def efa_cards(self, instance_type: str) -> EfaCards | None:
+        return next((e for e in self.efa if e.instance_type == instance_type), None)
+
+
 class Catalog(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -75,6 +148,17 @@ class Catalog(BaseModel):
     instance_types: tuple[InstanceType, ...]
     regions: tuple[str, ...]
     storage: Storage
+    interconnect: Interconnect
+    bench: BenchRules
+    cluster_network: ClusterNetwork
+
+    @model_validator(mode="after")
+    def _efa_rows_match(self) -> Catalog:
+        marked = {it.name for it in self.instance_types if it.efa}
+        laid_out = {e.instance_type for e in self.cluster_network.efa}
+        if marked != laid_out:
+            raise ValueError(f"efa: true without a cluster_network.efa row (or the reverse): {sorted(marked ^ laid_out)}")
+        return self
 
     def check_region(self, region: str) -> str:
         if region in self.regions:

@@ -282,7 +282,13 @@ def driver_runs(cuda: str, driver: str) -> tuple[bool, bool]:
 
 
 def check_pins(pins: StackPins) -> None:
-    """Reject malformed or unknown pins (before any GPU is known)."""
+    """Reject malformed or unknown pins, and drivers gpuprov cannot install (before any GPU is known)."""
+    _check_pin_syntax(pins)
+    _check_driver_installable(pins)
+
+
+def _check_pin_syntax(pins: StackPins) -> None:
+    """Malformed or unknown pins."""
     f = facts()
     if pins.driver is not None:
         if not re.fullmatch(r"\d{3}(\.\d+){0,2}", pins.driver):
@@ -292,37 +298,6 @@ def check_pins(pins: StackPins) -> None:
             raise UserInputError(
                 "--driver", f"unknown driver branch {branch}",
                 f"known branches: {', '.join(map(str, f.installable_branches()))}",
-            )
-        if branch < f.driver_pinning.from_branch:
-            raise StackConflict(
-                "--driver",
-                f"R{branch} cannot be installed from NVIDIA's repository: it has no nvidia-driver-pinning-{branch} "
-                f"package (pinning packages exist from R{f.driver_pinning.from_branch} on), so apt could not hold "
-                "the driver on that branch",
-                f"use --driver {f.driver_pinning.from_branch} or newer (known: "
-                f"{', '.join(map(str, f.installable_branches()))}); torch wheels for CUDA 12.x also run on an older "
-                "branch that is already installed (CUDA minor-version compatibility)",
-                rule="driver-no-pinning-package",
-            )
-        if "." in pins.driver and pins.driver not in f.driver_versions.get(branch, ()):
-            releases = f.driver_versions.get(branch, ())
-            raise StackConflict(
-                "--driver",
-                f"driver {pins.driver} is not a release gpuprov knows of on branch R{branch}, so there is no "
-                f"nvidia-driver-pinning-{pins.driver} package to install",
-                (f"known R{branch} releases: {', '.join(releases)}; " if releases else "")
-                + f"or pin only the branch: --driver {branch}",
-                rule="driver-version-unknown",
-            )
-        if "." in pins.driver and pins.driver not in f.driver_pinning.exact_versions:
-            pinned = [v for v in f.driver_pinning.exact_versions if v.startswith(f"{branch}.")]
-            raise StackConflict(
-                "--driver",
-                f"driver {pins.driver} is a real R{branch} release, but no source shows an "
-                f"nvidia-driver-pinning-{pins.driver} package, which gpuprov needs to hold apt at that release",
-                (f"R{branch} releases with one: {', '.join(pinned)}; " if pinned else "")
-                + f"or pin only the branch: --driver {branch}",
-                rule="driver-version-no-pinning-package",
             )
     if pins.cuda is not None and pins.cuda not in f.cuda_min_driver:
         raise UserInputError(
@@ -341,6 +316,45 @@ def check_pins(pins: StackPins) -> None:
             raise UserInputError("--torch-cuda", f"unknown wheel variant {pins.torch_cuda!r}", f"known: {', '.join(known)}")
     if pins.python is not None and not re.fullmatch(r"3\.\d+", pins.python):
         raise UserInputError("--python", f"{pins.python!r} is not a Python version", "e.g. 3.12")
+
+
+def _check_driver_installable(pins: StackPins) -> None:
+    """A driver pin gpuprov can hold apt at: a branch with NVIDIA's pinning package, a release it knows of."""
+    if pins.driver is None:
+        return
+    f = facts()
+    branch = int(pins.driver.split(".")[0])
+    if branch < f.driver_pinning.from_branch:
+        raise StackConflict(
+            "--driver",
+            f"R{branch} cannot be installed from NVIDIA's repository: it has no nvidia-driver-pinning-{branch} "
+            f"package (pinning packages exist from R{f.driver_pinning.from_branch} on), so apt could not hold "
+            "the driver on that branch",
+            f"use --driver {f.driver_pinning.from_branch} or newer (known: "
+            f"{', '.join(map(str, f.installable_branches()))}); torch wheels for CUDA 12.x also run on an older "
+            "branch that is already installed (CUDA minor-version compatibility)",
+            rule="driver-no-pinning-package",
+        )
+    if "." in pins.driver and pins.driver not in f.driver_versions.get(branch, ()):
+        releases = f.driver_versions.get(branch, ())
+        raise StackConflict(
+            "--driver",
+            f"driver {pins.driver} is not a release gpuprov knows of on branch R{branch}, so there is no "
+            f"nvidia-driver-pinning-{pins.driver} package to install",
+            (f"known R{branch} releases: {', '.join(releases)}; " if releases else "")
+            + f"or pin only the branch: --driver {branch}",
+            rule="driver-version-unknown",
+        )
+    if "." in pins.driver and pins.driver not in f.driver_pinning.exact_versions:
+        pinned = [v for v in f.driver_pinning.exact_versions if v.startswith(f"{branch}.")]
+        raise StackConflict(
+            "--driver",
+            f"driver {pins.driver} is a real R{branch} release, but no source shows an "
+            f"nvidia-driver-pinning-{pins.driver} package, which gpuprov needs to hold apt at that release",
+            (f"R{branch} releases with one: {', '.join(pinned)}; " if pinned else "")
+            + f"or pin only the branch: --driver {branch}",
+            rule="driver-version-no-pinning-package",
+        )
 
 
 # --- the solver --------------------------------------------------------------------------------
@@ -399,13 +413,9 @@ def _torch_problem(gpu: Gpu, release: str, variant: str, pins: StackPins, allow_
         built = ", ".join("sm_" + s.replace(".", "") for s in archs.sm) if archs else "unknown archs"
         return _Problem(rule="wheel-no-sass",
                         text=f"torch {release}+{variant} wheels carry code for {built}, not {gpu.name}'s {gpu.sm}")
+    # A wheel with code for the GPU is also within the architecture's CUDA range (max_cuda/min_cuda): no toolkit
+    # outside it builds that code. stack.yaml keeps to this (test_compat.py checks it), so the arch list decides.
     cuda = variant_cuda(variant)
-    if arch.max_cuda and _version_tuple(cuda) > _version_tuple(arch.max_cuda):
-        return _Problem(rule="arch-max-cuda",
-                        text=f"{gpu.name} ({gpu.sm}) is supported up to CUDA {arch.max_cuda}; {variant} is CUDA {cuda}")
-    if arch.min_cuda and _version_tuple(cuda) < _version_tuple(arch.min_cuda):
-        return _Problem(rule="arch-min-cuda",
-                        text=f"{gpu.name} ({gpu.sm}) needs CUDA ≥ {arch.min_cuda}; {variant} is CUDA {cuda}")
     if pins.cuda and pins.cuda.split(".")[0] != cuda.split(".")[0]:
         # PyTorch's extension builder refuses nvcc of another CUDA major (stack.yaml nvcc_must_match_torch)
         same_major = [v for v in info.variants if variant_cuda(v).split(".")[0] == pins.cuda.split(".")[0]]
@@ -450,7 +460,7 @@ def _choose_torch(gpu: Gpu, pins: StackPins) -> tuple[str, str, bool]:
              else "--cuda" if pins.cuda else "--python")
     if problems and problems[0].rule == "nvcc-torch-major-mismatch":
         field = "--cuda"
-    first = problems[0] if problems else _Problem(rule="no-wheel", text="no torch wheel fits")
+    first = problems[0]  # never empty: pins that pass check_pins leave at least one candidate wheel
     raise StackConflict(field, first.text, first.hint, rule=first.rule)
 
 
@@ -494,13 +504,8 @@ def _check_driver_pin(gpu: Gpu, pins: StackPins) -> None:
             f"use --driver {arch.min_driver_branch} or newer",
             rule="gpu-min-driver-branch",
         )
-    if arch.kernel_module == "proprietary" and branch >= f.proprietary_removed_in:
-        raise StackConflict(
-            "--driver",
-            f"{gpu.name} needs the proprietary kernel module, which R{f.proprietary_removed_in} and later no longer ship",
-            f"use --driver {f.last_volta_branch}",
-            rule="proprietary-module-removed",
-        )
+    # The proprietary module's removal (R620, stack.yaml) comes after the last branch of every architecture that
+    # needs it (Volta: R580), so max_driver_branch is the limit a user meets first (test_compat.py checks the data).
 
 
 def _check_toolkit_arch(gpu: Gpu, pins: StackPins) -> None:
@@ -546,15 +551,9 @@ def _choose_branch(gpu: Gpu, pins: StackPins, cudas: list[str]) -> int:
     needed = max((_min_branch_for(f.cuda_min_driver[c].driver) for c in cudas), default=0)
     if arch.min_driver_branch:
         needed = max(needed, arch.min_driver_branch)
-    branch = max(branch, needed)
-    if arch.max_driver_branch and branch > arch.max_driver_branch:
-        raise StackConflict(
-            "--cuda" if pins.cuda else "--torch-cuda",
-            f"this CUDA needs driver R{branch}, but {gpu.name} is supported only up to R{arch.max_driver_branch}",
-            f"pick a CUDA {arch.max_cuda} or older build",
-            rule="cuda-needs-branch-above-arch",
-        )
-    return branch
+    # every CUDA up to the architecture's max_cuda runs on its last branch (test_compat.py checks the data), and a
+    # CUDA above it was refused before (toolkit-max-cuda, or no wheel with code for the GPU)
+    return max(branch, needed)
 
 
 def newest_cuda(gpu: Gpu, branch: int) -> str:
@@ -596,7 +595,7 @@ def resolve(
     :param want_torch: False for playbooks that install the driver but no PyTorch.
     """
     pins = pins or StackPins()
-    check_pins(pins)
+    _check_pin_syntax(pins)
     if os_name not in SUPPORTED_OS:
         raise UserInputError("--os", f"unsupported OS {os_name!r}", f"choose one of: {', '.join(SUPPORTED_OS)}")
     try:
@@ -608,7 +607,10 @@ def resolve(
 def _with_alternative(
     conflict: StackConflict, gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, want_torch: bool
 ) -> StackConflict:
-    """Append what would work: the same request with one pin dropped, the failing field first."""
+    """Append what would work: the same request with one pin dropped, the failing field first.
+
+    At most two drops work: every rule weighs two pins against each other (or one against the GPU), so a third
+    pin is never part of the conflict, and dropping it leaves the conflict in place."""
     if conflict.hint:
         return conflict
     flags = {"torch_cuda": "--torch-cuda", "torch": "--torch", "driver": "--driver", "cuda": "--cuda", "python": "--python"}
@@ -624,7 +626,7 @@ def _with_alternative(
         options.append(_describe_change(name, alt))
     if not options:
         return conflict
-    return StackConflict(conflict.field, conflict.problem, "this works instead: " + "; or ".join(options[:2]),
+    return StackConflict(conflict.field, conflict.problem, "this works instead: " + "; or ".join(options),
                          rule=conflict.rule)
 
 
@@ -650,7 +652,8 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
     if gpu.unverified:
         unverified.append(f"{gpu.name}: {gpu.unverified}")
 
-    _check_driver_pin(gpu, pins)
+    _check_driver_pin(gpu, pins)  # the GPU's own driver limits first: they are the cause when both refuse
+    _check_driver_installable(pins)
     _check_toolkit_arch(gpu, pins)
     torch: TorchWheel | None = None
     release: str | None = None

@@ -143,6 +143,9 @@ def _public_ip() -> str:
 def check_options(plan: Plan, opts: UpOptions) -> None:
     """Refuse option combinations that cannot mean what the user wants, before anything is asked of AWS."""
     spot = plan.request.spot
+    from gpuprov.cloud.images import check_spec
+
+    check_spec(opts.image)
     if opts.ssh_cidr is not None:
         ssh_cidr(opts.ssh_cidr)  # a malformed CIDR is refused before anything else
     if opts.max_price is not None and opts.max_price <= 0:
@@ -203,7 +206,11 @@ def up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) 
     if cidr is None:
         cidr = network.vpc_cidr
         say(f"SSH will be open to the VPC's CIDR {cidr} (--connect private without --ssh-cidr)")
-    image = opts.image or provider.image(region, plan.request.os)
+    from gpuprov.cloud.images import choose
+
+    chosen = choose(plan, opts.image, provider)  # a baked image of this stack, else Ubuntu (or --image)
+    say(chosen.line())
+    image = chosen.image_id or provider.image(region, plan.request.os)
 
     market = "spot" if plan.request.spot else "on-demand"
     store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,
@@ -536,11 +543,17 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store) -> list[Cl
                 found.append(CloudResource(r.kind, r.cloud_id or f"(token {r.client_token})", r.region, node.name,
                                            "recorded"))
     seen = {r.id for r in found}
+    from gpuprov.cloud import images
+
     for region in regions:
-        for res in provider.tagged(region):
+        tagged = provider.tagged(region)
+        for res in tagged:
+            if res.kind in ("image", "snapshot"):  # images outlive nodes: cloud/images.py says which are orphans
+                continue
             owned = res.node in live or (res.node == SHARED and region in regions_in_use)
             if not owned and res.id not in seen:
                 found.append(res)
+        found += images.orphans(region, tagged, provider, store)
     return found
 
 
@@ -554,7 +567,8 @@ def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -
         left += [f"{name}: {what}" for what in result.left]
         if result.complete:
             store.update_node(name, state_reason="its `up` crashed; collected by gc")
-    order = {"instance": 0, "spot-request": 1, "volume": 2, "security-group": 3, "key-pair": 4}
+    order = {"instance": 0, "spot-request": 1, "volume": 2, "security-group": 3, "address": 3, "placement-group": 3,
+             "key-pair": 4, "image": 5, "snapshot": 6}
     for res in sorted(found, key=lambda r: order.get(r.kind, 9)):
         if res.kind == "node" or res.node in crashed:
             continue
@@ -566,6 +580,10 @@ def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -
             left.append(f"{res.kind} {res.id}: {exc}")
             continue
         say(f"deleted {res.kind} {res.id} ({res.region}, node {res.node})")
+        if res.kind == "image":
+            from gpuprov.cloud.images import collected
+
+            collected(store, res)
     return left
 
 

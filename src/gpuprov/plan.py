@@ -270,9 +270,9 @@ def ttl_script(seconds: int | None, shutdown_action: str | None = None) -> Scrip
 
 
 def steps_for(
-    playbook: Playbook, stack: Stack | None, python: str = "3.12", guards: Guards | None = None
+    playbook: Playbook, stack: Stack | None, python: str = "3.12", guards: Guards = NO_GUARDS
 ) -> tuple[StepPlan, ...]:
-    steps: list[StepPlan] = guard_steps(guards) if guards else []
+    steps: list[StepPlan] = guard_steps(guards)
     if stack is not None:
         steps += [
             StepPlan("kernel-headers", "headers.sh.j2", "stack", "headers for the running kernel (DKMS builds against them)"),

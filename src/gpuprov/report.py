@@ -23,7 +23,9 @@ from gpuprov.plan import Plan
 if TYPE_CHECKING:
     from gpuprov.bootstrap import HostResult
     from gpuprov.check import CheckResult
+    from gpuprov.cloud.images import Listed
     from gpuprov.doctor import DoctorReport, DoctorResult
+    from gpuprov.gpubench import BenchResult
     from gpuprov.providers.base import SpotPrice
     from gpuprov.state import Node
     from gpuprov.verify import Check, CheckReport
@@ -308,8 +310,18 @@ def status_rows(nodes: list[Node]) -> list[dict[str, object]]:
             "ttl_left_seconds": max(round(n.ttl_deadline - now), 0) if n.ttl_deadline and n.live else None,
             "on_interrupt": n.on_interrupt,
             **_stop_fields(n, now),
+            **_cluster_fields(n),
         })
     return rows
+
+
+def _cluster_fields(n: Node) -> dict[str, object]:
+    """A cluster (`up --nodes N`): its size and its nodes by rank; a single node has neither."""
+    if n.cluster_size is None:
+        return {}
+    return {"cluster_size": n.cluster_size, "members": [
+        {"rank": m.rank, "instance_id": m.instance_id, "address": m.address, "private_ip": m.private_ip,
+         "public_ip": m.public_ip, "state": m.state} for m in n.members]}
 
 
 def _stop_fields(n: Node, now: float) -> dict[str, object]:
@@ -369,12 +381,18 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
         month = row["storage_usd_month"]
         if row["state"] == "stopped" and isinstance(month, float):
             state += f", disk ${month:.2f}/month"
+        members = row.get("members")
+        size = f"{len(members)}×" if isinstance(members, list) and members else ""  # a cluster: N nodes of the type
+        count = len(members) if isinstance(members, list) and members else 1
         table.add_row(
-            str(row["name"]), f"{row['gpu_count']}× {row['gpu']}", str(row["instance_type"] or "-"), str(row["market"]),
-            str(row["zone"] or row["region"]), Text(state, style=_STYLE.get(str(row["state"]), "")),
-            str(row["address"] or "-"), f"${price:.2f}" if isinstance(price, float) else "-",
-            f"${cost:.2f}" if isinstance(cost, float) else "-", _age(float(str(row["age_seconds"]))), *guards,
+            str(row["name"]), f"{size}{row['gpu_count']}× {row['gpu']}", str(row["instance_type"] or "-"),
+            str(row["market"]), str(row["zone"] or row["region"]), Text(state, style=_STYLE.get(str(row["state"]), "")),
+            str(row["address"] or "-"), f"${price * count:.2f}" if isinstance(price, float) else "-",
+            f"${cost * count:.2f}" if isinstance(cost, float) else "-", _age(float(str(row["age_seconds"]))), *guards,
         )
+        for m in members if isinstance(members, list) else []:  # the cluster's nodes beneath its row
+            table.add_row(f"  node {m['rank']}", "", "", "", "", Text(str(m["state"])), str(m["address"] or "-"),
+                          "", "", "", "", "")
     return table
 
 
@@ -443,3 +461,55 @@ def doctor_tables(results: list[DoctorResult]) -> list[Table | Text]:
                              "finding", rep.findings)
 
     return _per_host(results, table)
+
+
+# --- bench -------------------------------------------------------------------------------------
+
+_VERDICT_STYLE = {"ok": "green", "slow": "red", "failed": "red", "no figure": "yellow", "skipped": "dim"}
+
+
+def bench_tables(results: list[BenchResult]) -> list[FitTable | Text]:
+    """Per host: each measured figure beside NVIDIA's, with the percentage and the verdict; then where
+    the published figures come from. Unreachable or failed hosts as one red line."""
+    out: list[FitTable | Text] = []
+    for r in results:
+        rep = r.report
+        if rep is None:
+            out.append(Text(f"{r.target.name}: {'unreachable' if r.unreachable else 'failed'} — {r.error}", style="red"))
+            continue
+        below = len(rep.below)
+        head = "as published" if rep.ok else (f"{below} figure(s) below published" if below else "not measured")
+        table = FitTable([Column("GPU"), Column("figure"), Column("measured", "right"), Column("unit", drop=2),
+                          Column("published", "right"), Column("%", "right"), Column("verdict"),
+                          Column("detail", prose=True, drop=3)],
+                         title=f"{r.target.name}: {head}", title_justify="left",
+                         title_style="green" if rep.ok else "red")
+        for f in rep.figures:
+            table.add_row(f.gpu, f.name, f"{f.measured:,.1f}" if f.measured is not None else "-", f.unit,
+                          f"{f.published:,.1f}" if f.published is not None else "-",
+                          f"{f.percent:.0f}%" if f.percent is not None else "-",
+                          Text(f.verdict, style=_VERDICT_STYLE[f.verdict]), f.detail)
+        out.append(table)
+        if rep.error:
+            out.append(Text(f"{r.target.name}: {rep.error}", style="red"))
+        for y in rep.yardsticks:
+            note = f" (unverified: {y.unverified})" if y.unverified else ""
+            out.append(Text(f"published {y.gpu} = {y.variant}: {y.source}; read {y.read}{note}", style="dim"))
+    return out
+
+
+def images_table(rows: list[Listed], regions: list[str]) -> FitTable | Text:
+    """Baked images (cloud/images.py `Listed`): name, id, stack, region, created, size, snapshots."""
+    if not rows:
+        return Text(f"no baked images in {', '.join(regions)}; `gpuprov image bake NODE` makes one")
+    table = FitTable([Column("name"), Column("id"), Column("stack"), Column("region", drop=3),
+                      Column("created", drop=2), Column("size", "right", drop=4), Column("snapshots", drop=5),
+                      Column("state", drop=1)],
+                     title="baked images (they outlive nodes: `gpuprov image rm NAME` removes one)",
+                     title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for row in rows:
+        image = row.image
+        state = image.state + ("" if row.recorded else ", no local record (gc)")
+        table.add_row(image.name, image.id, (image.stack or "-")[:12], image.region, (image.created or "-")[:16],
+                      f"{image.size_gb} GB" if image.size_gb else "-", " ".join(image.snapshot_ids) or "-", state)
+    return table

@@ -23,7 +23,9 @@ from gpuprov.errors import UserInputError
 
 NodeState = Literal["launching", "running", "bootstrapping", "ready", "failed", "terminating", "terminated",
                     "stopping", "stopped", "resizing", "starting"]
-ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume"]
+# an image row has node None: images outlive the node they were baked from
+ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "placement-group",
+                       "address"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -60,7 +62,9 @@ CREATE TABLE IF NOT EXISTS nodes (
     budget_price REAL,
     resize_from TEXT,
     resize_to TEXT,
-    stopped_at REAL
+    stopped_at REAL,
+    cluster_size INTEGER,
+    members_json TEXT
 );
 CREATE TABLE IF NOT EXISTS resources (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -81,13 +85,20 @@ CREATE TABLE IF NOT EXISTS events (
     message TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS resources_node ON resources(node);
+CREATE TABLE IF NOT EXISTS clusters (
+    name TEXT PRIMARY KEY,
+    spec_json TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
 """
 # Columns added after the first release: (name, type), added to an older state file on open.
 _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER"), ("ttl_deadline", "REAL"),
                        ("on_interrupt", "TEXT"), ("spot_type", "TEXT"), ("shutdown_action", "TEXT"),
                        ("disk_gb", "INTEGER"), ("connect", "TEXT"), ("budget_usd", "REAL"), ("budget_deadline", "REAL"),
                        ("budget_price", "REAL"),
-                       ("resize_from", "TEXT"), ("resize_to", "TEXT"), ("stopped_at", "REAL"))
+                       ("resize_from", "TEXT"), ("resize_to", "TEXT"), ("stopped_at", "REAL"),
+                       ("cluster_size", "INTEGER"), ("members_json", "TEXT"))
 
 
 @dataclass(frozen=True)
@@ -126,6 +137,13 @@ class Node:
     resize_from: str | None = None  # a `start --instance-type` in progress: the type before ...
     resize_to: str | None = None  # ... and the type asked for (recorded before ModifyInstanceAttribute)
     stopped_at: float | None = None
+    cluster_size: int | None = None  # `up --nodes N`: the N asked for (None: a single node)
+    members_json: str | None = None  # a cluster's nodes, rank order (see `members`)
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        """A cluster's nodes by rank (node 0 first; `address` is node 0's); empty for a single node."""
+        return tuple(Member(**m) for m in json.loads(self.members_json)) if self.members_json else ()
 
     @property
     def can_stop(self) -> bool:
@@ -157,6 +175,25 @@ class Node:
     @property
     def plan(self) -> dict[str, Any]:
         return json.loads(self.plan_json) if self.plan_json else {}
+
+
+@dataclass(frozen=True)
+class Member:
+    """One node of a cluster: its rank, instance and addresses."""
+
+    rank: int
+    instance_id: str
+    private_ip: str | None
+    public_ip: str | None
+    address: str | None  # the one gpuprov connects to (public or private, as the cluster's --connect says)
+    state: str = "running"
+    allocation_id: str | None = None  # its Elastic IP, where the type launches with several interfaces
+
+
+def members_json(members: list[Member]) -> str:
+    from dataclasses import asdict
+
+    return json.dumps([asdict(m) for m in members])
 
 
 @dataclass(frozen=True)
@@ -332,6 +369,25 @@ class Store:
         with self._tx() as db:
             rows = db.execute(query + " ORDER BY id", args).fetchall()
         return [Resource(**dict(r)) for r in rows]
+
+    # --- clusters (cluster.py owns the spec: ordered members, master address and port) ----
+
+    def save_cluster(self, name: str, spec_json: str) -> None:
+        """Record (or replace) a cluster of existing hosts by name."""
+        now = time.time()
+        with self._tx() as db:
+            db.execute("INSERT INTO clusters (name, spec_json, created_at, updated_at) VALUES (?, ?, ?, ?) "
+                       "ON CONFLICT(name) DO UPDATE SET spec_json = excluded.spec_json, updated_at = excluded.updated_at",
+                       (name, spec_json, now, now))
+
+    def cluster_json(self, name: str) -> str | None:
+        with self._tx() as db:
+            row = db.execute("SELECT spec_json FROM clusters WHERE name = ?", (name,)).fetchone()
+        return str(row["spec_json"]) if row else None
+
+    def cluster_names(self) -> list[str]:
+        with self._tx() as db:
+            return [str(r["name"]) for r in db.execute("SELECT name FROM clusters ORDER BY created_at")]
 
     # --- events --------------------------------------------------------------------------
 

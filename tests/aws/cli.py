@@ -12,7 +12,7 @@ import pytest
 from tests import testnet
 
 EMPTY = {"instances": [], "security_groups": [], "key_pairs": [], "volumes": [], "spot_requests": [],
-         "launch_templates": []}
+         "launch_templates": [], "placement_groups": [], "addresses": []}
 
 
 @pytest.fixture
@@ -44,3 +44,14 @@ def launch_site(aws, pool, gp_home) -> str:
     shutil.copy(pool.key_path, keys / "id_ed25519")
     shutil.copy(f"{pool.key_path}.pub", keys / "id_ed25519.pub")
     return aws.subnet_for_hosts(testnet.subnet("10.220.0") + ".0/24", "us-east-1a")
+
+
+def copy_disk(pool, src: int, dst: int) -> None:
+    """The image's disk as an instance launched from it sees it: the source host's gpuprov and shim state
+    (packages the shims installed, the sysroot) onto the host the new instance's address reaches."""
+    out = pool.exec_in(src, "tar -C / -czf - var/lib/gpuprov var/lib/gpuprov-shim | base64 -w0", check=True).stdout
+    pool.exec_in(dst, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/* /tmp/disk.b64", check=True)
+    for at in range(0, len(out), 60000):
+        pool.exec_in(dst, f"printf '%s' '{out[at:at + 60000]}' >> /tmp/disk.b64", check=True)
+    pool.exec_in(dst, "base64 -d /tmp/disk.b64 | tar -C / -xzf - && rm /tmp/disk.b64 && : > /var/lib/gpuprov-shim/calls.log",
+                 check=True)

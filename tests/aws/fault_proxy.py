@@ -23,7 +23,12 @@ Kinds (the realism layer, class Ec2Realism; EC2 developer guide, "Eventual consi
            * tag lag: the first ``tag_lag`` (default 1) Describe{Instances,SecurityGroups,KeyPairs,Volumes,
              SpotInstanceRequests} answers filtered by tag (Filter.N.Name "tag:..." or "tag-key") that would show a
              fresh resource leave its item out (an emptied reservation goes too); one look-up per resource hidden.
+           * images: a CreateImage id is fresh like the others (DescribeImages ImageId.N, DeregisterImage, RunInstances
+             ImageId -> InvalidAMIID.NotFound) and `pending` in its first ``image_pending`` (default 2) DescribeImages
+             answers before moto's `available`.
            Budgets are fixed when the create reply passes. Ids created straight in moto are never fresh.
+           In both kinds (EC2's contract, not timing): CreateImage of a name the account already has is
+           InvalidAMIName.Duplicate; its snapshot TagSpecification tags the image's snapshots (moto: NotImplemented).
   instant  moto as it is: everything passes through, nothing is learnt.
 
 Control API (same port, JSON):
@@ -39,6 +44,7 @@ Control API (same port, JSON):
                               unknown field or bad value
   POST   /__faults__/release  answer every held request now; -> {"released": N}
   DELETE /__faults__/log      clear only the log
+  GET    /__faults__/placement-groups   the placement groups the proxy keeps (moto has none; ec2_cluster.py)
   DELETE /__faults__/tokens   forget the ClientTokens seen (EC2 state, not a fault: DELETE /__faults__ keeps them;
                               the fixture's reset() calls this with moto's own reset)
 
@@ -61,6 +67,8 @@ Rule fields:
   spot_prices: [{"instance_type", "az", "price", "product"?, "az_id"?}]  -> DescribeSpotPriceHistory answer
            built per request: rows filtered by the request's InstanceType.N / ProductDescription.N /
            AvailabilityZone / Filter.N (instance-type, availability-zone, product-description), timestamp now
+  capacity: N (RunInstances) -> EC2's capacity for the whole request: MinCount above N is refused with
+           InsufficientInstanceCapacity (500) and nothing launches; otherwise min(MaxCount, N) instances launch
   hold: true  -> forward upstream, read the answer, count it (rule "held", log "held": true), then answer
            only after POST /__faults__/release; if the client goes away meanwhile the answer is dropped
            (log "outcome": "client-gone").
@@ -94,6 +102,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from xml.etree import ElementTree as ET
 from xml.sax.saxutils import escape
+
+try:  # as a module (tests) or as a script (python fault_proxy.py): the sibling module either way
+    from tests.aws.ec2_cluster import ClusterEc2, live_instances
+except ImportError:  # pragma: no cover - script mode
+    from ec2_cluster import ClusterEc2, live_instances  # type: ignore[no-redef]
 
 CONTROL = "/__faults__"
 HOP_HEADERS = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
@@ -185,7 +198,7 @@ EC2_ERROR_STATUS = {
 
 # ----------------------------------------------------------------------------------------------- EC2 realism
 KINDS = ("realistic", "instant")
-REALISM_DEFAULTS: dict[str, Any] = {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1}
+REALISM_DEFAULTS: dict[str, Any] = {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1, "image_pending": 2}
 
 # Requests that name resources by id: action -> [(form field pattern, resource kind)]
 _BY_ID: dict[str, list[tuple[str, str]]] = {
@@ -201,9 +214,12 @@ _BY_ID: dict[str, list[tuple[str, str]]] = {
     "RunInstances": [(r"SecurityGroupId\.\d+", "group"), (r"NetworkInterface\.\d+\.SecurityGroupId\.\d+", "group"),
                      (r"KeyName", "key")],
     "DescribeVolumes": [(r"VolumeId\.\d+", "volume")],
+    "DescribeImages": [(r"ImageId\.\d+", "image")],
+    "DeregisterImage": [(r"ImageId", "image")],
 }
+_BY_ID["RunInstances"].append((r"ImageId", "image"))
 _NOT_FOUND = {"instance": "InvalidInstanceID.NotFound", "group": "InvalidGroup.NotFound",
-              "key": "InvalidKeyPair.NotFound", "volume": "InvalidVolume.NotFound"}
+              "key": "InvalidKeyPair.NotFound", "volume": "InvalidVolume.NotFound", "image": "InvalidAMIID.NotFound"}
 # Describe calls whose items a tag filter may not show yet: action -> (list element, id elements of an item)
 _LISTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "DescribeInstances": ("reservationSet", ("instanceId",)),  # items nested: reservation -> instancesSet
@@ -223,6 +239,8 @@ def not_found_message(kind: str, ids: list[str], field: str = "") -> str:
         return f"The instance IDs '{', '.join(ids)}' do not exist"
     if kind == "group":
         return f"The security group '{ids[0]}' does not exist"
+    if kind == "image":
+        return f"The image id '[{ids[0]}]' does not exist"
     if kind == "key":
         return f"The key pair ID '{ids[0]}' does not exist" if field.startswith("KeyPairId") else \
             f"The key pair '{ids[0]}' does not exist"
@@ -270,7 +288,7 @@ class Ec2Realism:
         new = dict(self.settings, **update)
         if new["kind"] not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, not {new['kind']!r}")
-        for k in ("fresh_lookups", "tag_lag"):
+        for k in ("fresh_lookups", "tag_lag", "image_pending"):
             if isinstance(new[k], bool) or not isinstance(new[k], int) or new[k] < 0:
                 raise ValueError(f"{k} must be an integer >= 0, not {new[k]!r}")
         self.settings = new
@@ -312,8 +330,10 @@ class Ec2Realism:
         if not self._applies(req) or status != 200:
             return body, []
         action = req["action"]
+        if action == "DescribeImages":
+            return self._pending(req["region"], body), []
         if action in ("RunInstances", "CreateSecurityGroup", "ImportKeyPair", "CreateKeyPair", "CreateVolume",
-                      "RequestSpotInstances"):
+                      "RequestSpotInstances", "CreateImage"):
             parsed = _xml(body)
             if parsed is not None:
                 self._learn(req["region"], action, *parsed)
@@ -347,8 +367,33 @@ class Ec2Realism:
             self._remember(region, "group", [text(root, "groupId")])
         elif action == "CreateVolume":
             self._remember(region, "volume", [text(root, "volumeId")])
+        elif action == "CreateImage":
+            self._remember(region, "image", [text(root, "imageId")])
+            self.known[(region, text(root, "imageId"))]["pending"] = self.settings["image_pending"]
         else:
             self._remember(region, "key", [text(root, "keyName"), text(root, "keyPairId")])
+
+    def _pending(self, region: str | None, body: bytes) -> bytes:
+        """A new image is `pending` for its first ``image_pending`` DescribeImages answers (EC2: CreateImage returns
+        at once; the image turns `available` when its snapshots are complete), whatever moto says."""
+        parsed = _xml(body)
+        if parsed is None:
+            return body
+        root, ns = parsed
+        q = (lambda tag: f"{{{ns}}}{tag}") if ns else (lambda tag: tag)
+        changed = False
+        for item in root.iter(q("item")):
+            rec = self.known.get((region, (item.findtext(q("imageId")) or "").strip()))
+            state = item.find(q("imageState"))
+            if rec is not None and rec.get("pending", 0) > 0 and state is not None and state.text == "available":
+                rec["pending"] -= 1
+                state.text = "pending"
+                changed = True
+        if not changed:
+            return body
+        if ns:
+            ET.register_namespace("", ns)
+        return ET.tostring(root, encoding="utf-8", xml_declaration=True)
 
     def _hide(self, region: str | None, action: str, body: bytes) -> tuple[bytes, list[str]]:
         parsed = _xml(body)
@@ -442,6 +487,38 @@ class ClientTokens:
         return urllib.parse.urlencode(out).encode()
 
 
+class CreateImageTags:
+    """CreateImage's TagSpecification.N with ResourceType snapshot: EC2 tags the image's new snapshots with it
+    (API reference, CreateImage: "you can tag the AMI, the snapshots, or both"); moto raises NotImplementedError.
+    The proxy sends moto the request without it and tags the snapshots itself (in both kinds: EC2's contract)."""
+
+    @staticmethod
+    def split(req: dict[str, Any], body: bytes) -> tuple[bytes, list[tuple[str, str]]]:
+        form = req["form"]
+        if req["action"] != "CreateImage":
+            return body, []
+        specs = {m.group(1) for k in form if (m := re.fullmatch(r"TagSpecification\.(\d+)\.ResourceType", k))
+                 and form[k] == "snapshot"}
+        if not specs:
+            return body, []
+        tags: list[tuple[str, str]] = []
+        out = {}
+        for k, v in form.items():
+            m = re.fullmatch(r"TagSpecification\.(\d+)\.(.*)", k)
+            if m and m.group(1) in specs:
+                t = re.fullmatch(r"Tag\.(\d+)\.Key", m.group(2))
+                if t:
+                    tags.append((v, form.get(f"TagSpecification.{m.group(1)}.Tag.{t.group(1)}.Value", "")))
+                continue
+            out[k] = v
+        # the specifications left are numbered again from 1 (moto reads TagSpecification.1, .2, ... until a gap)
+        kept = sorted({int(m.group(1)) for k in out if (m := re.fullmatch(r"TagSpecification\.(\d+)\..*", k))})
+        renumber = {str(old): str(new) for new, old in enumerate(kept, 1)}
+        out = {re.sub(r"^TagSpecification\.(\d+)\.", lambda m: f"TagSpecification.{renumber[m.group(1)]}.", k): v
+               for k, v in out.items()}
+        return urllib.parse.urlencode(out).encode(), tags
+
+
 def _field_order(field: str) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in field.split(".")]
 
@@ -464,6 +541,7 @@ class _State:
         self.holding = 0
         self.realism = Ec2Realism()
         self.tokens = ClientTokens()
+        self.cluster = ClusterEc2()  # placement groups, MinCount/MaxCount, network cards (tests/aws/ec2_cluster.py)
 
     def add(self, rules: list[dict[str, Any]]) -> list[int]:
         ids = []
@@ -589,7 +667,13 @@ class Handler(BaseHTTPRequestHandler):
         if path == CONTROL + "/tokens" and self.command == "DELETE":  # EC2's own state: goes with moto's reset only
             with st.lock:
                 st.tokens.reset()
+                st.cluster.reset()
             return self._json(200, {"ok": True})
+        if path == CONTROL + "/placement-groups" and self.command == "GET":
+            with st.lock:
+                return self._json(200, [{"region": r, "name": n, "id": g["id"], "strategy": g["strategy"],
+                                         "tags": g["tags"], "instances": g["instances"]}
+                                        for (r, n), g in st.cluster.groups.items()])
         if path == CONTROL + "/log" and self.command == "DELETE":
             with st.lock:
                 st.log.clear()
@@ -629,6 +713,41 @@ class Handler(BaseHTTPRequestHandler):
             return resp.status, resp.read(), resp.getheaders()
         finally:
             c.close()
+
+    def _image_named(self, name: str) -> str | None:
+        """EC2 refuses a second image of the same name in an account and region (InvalidAMIName.Duplicate); moto
+        does not: the proxy asks moto whether the account has one."""
+        form = {"Action": "DescribeImages", "Version": "2016-11-15", "Owner.1": "self", "Filter.1.Name": "name",
+                "Filter.1.Value.1": name}
+        status, body, _ = self._forward(urllib.parse.urlencode(form).encode())
+        parsed = _xml(body) if status == 200 else None
+        if parsed is None:
+            return None
+        root, ns = parsed
+        ids = [e.text for e in root.iter(f"{{{ns}}}imageId" if ns else "imageId") if e.text]
+        return ids[0] if ids else None
+
+    def _tag_image_snapshots(self, reply: bytes, tags: list[tuple[str, str]]) -> None:
+        """What CreateImage's TagSpecification of ResourceType snapshot does in EC2 (moto raises NotImplemented)."""
+        parsed = _xml(reply)
+        if parsed is None:
+            return
+        root, ns = parsed
+        image_id = (root.findtext(f"{{{ns}}}imageId" if ns else "imageId") or "").strip()
+        status, body, _ = self._forward(urllib.parse.urlencode(
+            {"Action": "DescribeImages", "Version": "2016-11-15", "ImageId.1": image_id}).encode())
+        described = _xml(body) if status == 200 else None
+        if described is None:
+            return
+        droot, dns = described
+        snaps = [e.text for e in droot.iter(f"{{{dns}}}snapshotId" if dns else "snapshotId") if e.text]
+        form = {"Action": "CreateTags", "Version": "2016-11-15"}
+        for i, snap in enumerate(snaps, 1):
+            form[f"ResourceId.{i}"] = snap
+        for i, (k, v) in enumerate(tags, 1):
+            form[f"Tag.{i}.Key"], form[f"Tag.{i}.Value"] = k, v
+        if snaps:
+            self._forward(urllib.parse.urlencode(form).encode())
 
     def _client_gone(self) -> bool:
         try:
@@ -689,9 +808,20 @@ class Handler(BaseHTTPRequestHandler):
             out = (int(rule.get("status", 200)), b, [("Content-Type", ctype), ("x-amzn-RequestId", "fault-proxy")])
         elif (replayed := self.state.tokens.replay(req)) is not None:
             out = (200, replayed, [("Content-Type", "text/xml;charset=UTF-8")])
+        elif req["action"] == "CreateImage" and (taken := self._image_named(req["form"].get("Name", ""))):
+            out = (400, ec2_error_body("InvalidAMIName.Duplicate",
+                                       f"AMI name {req['form'].get('Name')} is already in use by AMI {taken}"),
+                   [("Content-Type", "text/xml;charset=UTF-8")])
+        elif (answered := self._cluster(req, rule)) is not None:
+            out = answered
         else:
+            if req.get("forward_form") is not None:  # RunInstances as moto understands it (ec2_cluster.py)
+                body = urllib.parse.urlencode(req["forward_form"]).encode()
             try:
+                body, snapshot_tags = CreateImageTags.split(req, body)
                 out = self._forward(self.state.tokens.rewrite(req, body))
+                if snapshot_tags and out[0] == 200:
+                    self._tag_image_snapshots(out[1], snapshot_tags)
             except OSError as e:
                 with st.lock:
                     entry["status"] = 502
@@ -699,6 +829,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(502, str(e).encode(), {"Content-Type": "text/plain"})
             with st.lock:
                 st.tokens.observe(req, out[0], out[1])
+                if req["action"] == "RunInstances" and out[0] == 200:
+                    st.cluster.launched(req, out[1])
                 answer, hidden = st.realism.observe(req, out[0], out[1])
                 entry["hidden"] = hidden
             out = (out[0], answer, out[2])
@@ -727,6 +859,35 @@ class Handler(BaseHTTPRequestHandler):
                 entry["status"] = out[0]
                 entry["outcome"] = "fault" if canned else "forwarded"
         self._reply(*out, entry)
+
+    def _cluster(self, req: dict[str, Any], rule: dict[str, Any] | None) -> tuple[int, bytes, list[tuple[str, str]]] | None:
+        """What EC2 does for clusters and moto does not (ec2_cluster.py): an answer, or None to forward (a
+        RunInstances then goes on as req["forward_form"])."""
+        if req["target"] is not None or req["service"] not in (None, "ec2"):
+            return None
+        xml = [("Content-Type", "text/xml;charset=UTF-8")]
+        st = self.state
+        if req["action"] == "DeletePlacementGroup":
+            with st.lock:
+                ids = st.cluster.members(req)
+            live = live_instances(self.upstream, dict(self.headers.items()), ids)
+            with st.lock:
+                result = st.cluster.delete(req, live)
+        elif req["action"] == "RunInstances":
+            with st.lock:
+                result = st.cluster.run_instances(req, rule.get("capacity") if rule else None)  # type: ignore[assignment]
+            if isinstance(result, dict):
+                req["forward_form"] = result
+                return None
+        else:
+            with st.lock:
+                result = st.cluster.answer(req)  # type: ignore[assignment]
+            if result is None:
+                return None
+        if len(result) == 2:
+            return result[0], result[1], xml  # type: ignore[misc]
+        status, code, message = result  # type: ignore[misc]
+        return status, ec2_error_body(code, message), xml
 
     def _reply(self, status: int, body: bytes, headers: list[tuple[str, str]], entry: dict[str, Any]) -> None:
         try:
@@ -774,6 +935,11 @@ def clear(proxy_url: str) -> None:
 
 def forget_tokens(proxy_url: str) -> None:
     _call(proxy_url, "DELETE", CONTROL + "/tokens")
+
+
+def placement_groups(proxy_url: str) -> list[dict[str, Any]]:
+    """The placement groups the proxy keeps for EC2 (moto has none): region, name, id, strategy, tags, instances."""
+    return _call(proxy_url, "GET", CONTROL + "/placement-groups")
 
 
 def release(proxy_url: str) -> int:

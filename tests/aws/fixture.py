@@ -360,7 +360,8 @@ class AwsEndpoint:
     def leftovers(self, tag_key: str = "gpuprov:node", regions: tuple[str, ...] | None = None) -> dict[str, list[str]]:
         """Every live resource in moto carrying ``tag_key``, by kind (ids; key pairs by name), all test regions."""
         out: dict[str, list[str]] = {"instances": [], "security_groups": [], "key_pairs": [], "volumes": [],
-                                     "spot_requests": [], "launch_templates": []}
+                                     "spot_requests": [], "launch_templates": [], "placement_groups": [],
+                                     "addresses": []}
         f = [{"Name": "tag-key", "Values": [tag_key]}]
         for region in regions or self.regions:
             ec2 = self.ec2(region)
@@ -373,6 +374,10 @@ class AwsEndpoint:
                 Filters=[*f, {"Name": "state", "Values": ["open", "active"]}])["SpotInstanceRequests"]]
             out["launch_templates"] += [t["LaunchTemplateId"] for t in
                                         ec2.describe_launch_templates(Filters=f)["LaunchTemplates"]]
+            out["addresses"] += [a["AllocationId"] for a in ec2.describe_addresses(Filters=f)["Addresses"]]
+            # moto has no placement groups: the proxy keeps them (tests/aws/ec2_cluster.py), read without a log entry
+            out["placement_groups"] += [g["name"] for g in fault_proxy.placement_groups(self.url)
+                                        if g["region"] == region and tag_key in g["tags"]]
         return out
 
 

@@ -60,6 +60,11 @@ def _reach(hosts: tuple[str, ...], inventory: str | None, kw: dict[str, Any]) ->
 
 
 def _one(host: str, kw: dict[str, Any]) -> tuple[Any, Any]:
+    from gpuprov.cluster import resolve
+
+    named = resolve(host)
+    if named is not None and named.rank is None:
+        host = f"{host}:0"  # a cluster by name: its node 0, the rendezvous master
     targets, settings = _reach((host,), None, kw)
     return targets[0], settings
 
@@ -140,7 +145,9 @@ def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo:
         with lock:
             click.echo(text, err=stream == "err")
 
-    results = access.exec_many(targets, settings, " ".join(words), emit, parallel=parallel, sudo=sudo, timeout=timeout)
+    command = " ".join(words)
+    results = access.exec_many(targets, settings, _with_cluster_env(hosts, command), emit, parallel=parallel, sudo=sudo,
+                               timeout=timeout)
     for r in results:
         if r.error:
             warn(f"{r.target.name:<{width}} | error: {r.error}", "red")
@@ -149,6 +156,14 @@ def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo:
         codes = ", ".join(f"{r.target.name}: exit {r.exit_code}" for r in failed)
         click.echo(f"{len(results) - len(failed)}/{len(results)} hosts ok" + (f"; {codes}" if codes else ""), err=True)
     sys.exit(access.combined_exit_code(results))
+
+
+def _with_cluster_env(hosts: tuple[str, ...], command: str) -> Callable[[Any], str]:
+    """The command per host: a cluster's nodes (named as NAME or NAME:K) run it with their cluster.env exported."""
+    from gpuprov.cluster import env_command, resolve
+
+    members = {t.label for h in hosts if (named := resolve(h)) is not None for t in named.targets()}
+    return lambda target: env_command(command) if target.label in members else command
 
 
 def _forward_until_stopped(remote: Any, spec: Any, announce: Callable[[int], str]) -> None:
@@ -317,3 +332,69 @@ def monitor(hosts: tuple[str, ...], inventory: str | None, parallel: int, interv
         pass
     finally:
         mon.close()
+
+
+@main.command("torchrun", cls=_DashDashCommand)
+@click.argument("name", metavar="CLUSTER -- SCRIPT [ARGS...]", shell_complete=complete_node)
+@_reach_options(accept_new=False)
+@click.option("--env", "env_path", default="/opt/gpuprov/env", show_default=True,
+              help="Python env on the nodes whose torchrun to use (else torchrun on PATH).")
+@click.option("--nproc-per-node", type=click.IntRange(1, 1024), default=None,
+              help="Processes per node [the cluster's GPUs per node].")
+@click.option("--grace", type=click.FloatRange(0), default=10.0, show_default=True,
+              help="Seconds a node gets after ^C before its terminal is hung up.")
+def torchrun_cmd(name: str, env_path: str, nproc_per_node: int | None, grace: float, **kw: Any) -> None:
+    """Run torchrun on every node of a cluster, wired for it; output prefixed by node.
+
+    \b
+    gpuprov torchrun train -- train.py --epochs 3
+    Each node gets --nnodes, --nproc-per-node, --node-rank, --master-addr and --master-port from
+    the cluster's record, with its /etc/gpuprov/cluster.env exported. Exit code: 0 when every node
+    succeeded, else the first node's failure. Ctrl-C (or one node failing) stops it on every node.
+    """
+    import signal
+    import threading
+
+    from gpuprov import cluster_run
+    from gpuprov.cluster import load
+    from gpuprov.errors import UserInputError
+
+    words = click.get_current_context().meta["gpuprov.argv"]
+    if not words:
+        raise click.UsageError("give the script after --, e.g. gpuprov torchrun train -- train.py --epochs 3")
+    cluster = load(name)
+    if cluster is None:
+        from gpuprov.cluster import names
+
+        known = names()
+        raise UserInputError("CLUSTER", f"no cluster called {name!r}",
+                             f"clusters: {', '.join(known)}" if known else
+                             "make one with gpuprov bootstrap --cluster NAME HOST1 HOST2 ...")
+    settings = host_settings({"accept_new_host_key": False, **kw})
+    targets = cluster.targets()
+    commands = [cluster_run.torchrun_command(cluster, k, words, env_path, nproc_per_node) for k in range(len(targets))]
+    width = max(len(t.name) for t in targets)
+    lock = threading.Lock()
+
+    def emit(target: Any, stream: str, line: str) -> None:
+        with lock:
+            click.echo(f"{target.name:<{width}} | {line}", err=stream == "err")
+
+    stop = threading.Event()
+
+    def interrupt(signum: int, frame: Any) -> None:
+        if not stop.is_set():
+            warn(f"stopping torchrun on {len(targets)} nodes (^C to each; hang-up after {grace:g}s)", "yellow")
+        stop.set()
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+    results = cluster_run.run_on_nodes(targets, commands, settings, emit, stop, grace=grace)
+    for r in results:
+        if r.error and r.exit_code != cluster_run.INTERRUPTED:
+            warn(f"{r.target.name:<{width}} | error: {r.error}", "red")
+    failed = [r for r in results if r.exit_code != 0]
+    codes = ", ".join(f"{r.target.name}: exit {r.exit_code}" for r in failed)
+    click.echo(f"{len(results) - len(failed)}/{len(results)} nodes ok" + (f"; {codes}" if codes else ""), err=True)
+    first = next((r.exit_code for r in failed if r.exit_code != cluster_run.INTERRUPTED), None)
+    sys.exit(first if first is not None else (cluster_run.INTERRUPTED if failed else 0))

@@ -35,7 +35,10 @@ from gpuprov.errors import GpuprovError, UserInputError
                    "[default: twice the cheapest type that fits].")
 @click.option("--disk", "disk_gb", type=click.IntRange(20, 16384), default=100, show_default=True,
               help="Root volume, GB (gp3, encrypted).")
-@click.option("--image", default=None, help="AMI id instead of Canonical's Ubuntu from SSM.")
+@click.option("--image", default=None, metavar="fresh|dlami|ID|NAME",
+              help="The image [default: your baked image of this plan's stack in the region, else Canonical's "
+                   "Ubuntu]: fresh (Ubuntu, every step runs), dlami (AWS's Deep Learning Base OSS NVIDIA Driver "
+                   "GPU AMI), an AMI id, or a baked image's name.")
 @click.option("--ssh-cidr", default=None, envvar="GPUPROV_SSH_CIDR", show_envvar=True,
               help="Open SSH to this CIDR (IPv4 or IPv6) instead of your public address /32 "
                    "(with --connect private: instead of the VPC's CIDR).")
@@ -51,9 +54,15 @@ from gpuprov.errors import GpuprovError, UserInputError
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before launching (needed without a terminal).")
 @step_silence_option
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
+@click.option("--nodes", type=click.IntRange(1), default=1, show_default=True,
+              help="A cluster: this many nodes of one type in one zone (cluster placement group, EFA where the "
+                   "type has it); all of them or none.")
+@click.option("--min-nodes", type=click.IntRange(1), default=None,
+              help="With --nodes: keep the cluster with at least this many healthy nodes [default: all].")
 def up(name: str | None, fallback: str, max_price: float | None, max_hourly: float | None, disk_gb: int,
        image: str | None, ssh_cidr: str | None, connect: str, subnet: str | None, ssh_user: str, no_bootstrap: bool,
-       no_wait: bool, dry_run: bool, yes: bool, step_silence: float, verbose: bool, **kw: Any) -> None:
+       no_wait: bool, dry_run: bool, yes: bool, step_silence: float, verbose: bool, nodes: int, min_nodes: int | None,
+       **kw: Any) -> None:
     """Launch a GPU node on AWS, bootstrap and verify it, and print how to connect.
 
     Tries every instance type that carries the GPUs in every zone that offers it, cheapest
@@ -76,6 +85,9 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None,
     )
     lifecycle.check_options(the_plan, opts)
+    if nodes > 1 or min_nodes is not None:
+        _up_cluster(the_plan, opts, nodes, min_nodes, dry_run, yes, console)
+        return
     if dry_run:
         console.print(plan_view(the_plan))
         return
@@ -90,6 +102,40 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
                   f"{node.address}, list price ${node.price_usd_hour or 0:.2f}/h on-demand")
     if result.ssh_alias:
         console.print(f"  ssh {result.ssh_alias}        # or: gpuprov check / gpuprov down {node.name}")
+
+
+def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry_run: bool, yes: bool,
+                console: Any) -> None:
+    from gpuprov.cloud import cluster
+    from gpuprov.report import plan_view
+
+    copts = cluster.ClusterOptions(nodes=nodes, min_nodes=min_nodes)
+    cluster.check_cluster_options(the_plan, opts, copts)
+    instance = the_plan.instance.name if the_plan.instance else "?"
+    if dry_run:
+        layout = cluster.network_for(instance)
+        console.print(plan_view(cluster.with_efa_step(the_plan, layout)))
+        for line in cluster.describe(layout, nodes):
+            console.print(f"  {line}", markup=False)
+        return
+    if not yes:
+        price = (the_plan.price_usd_hour or 0) * nodes
+        confirm(f"Launch {opts.name}: {nodes} × {instance} ({'spot' if the_plan.request.spot else 'on-demand'}, "
+                f"list ${price:.2f}/h for all)?", "launch")
+    store, provider = store_and_provider()
+    result = cluster.up(the_plan, opts, copts, provider, store, say_to(console))
+    node = result.node
+    console.print(f"\n[bold green]{node.name} is ready[/]: {len(result.members)} × {node.instance_type} in {node.zone} "
+                  f"({node.market}, {result.network.transport.upper()}), list price "
+                  f"${(node.price_usd_hour or 0) * len(result.members):.2f}/h for all", highlight=False)
+    for m in result.members:
+        console.print(f"  node {m.rank}: {m.instance_id} {m.address} (private {m.private_ip})", markup=False,
+                      highlight=False)
+    for why in result.dropped:
+        console.print(f"  dropped {why}", markup=False)
+    if result.ssh_alias:
+        console.print(f"  ssh {result.ssh_alias}        # node 0; gpuprov down {node.name} takes all of them down",
+                      markup=False)
 
 
 @main.command()
@@ -239,6 +285,15 @@ def ttl(name: str, duration: str, identity: str | None) -> None:
 # --- stop / start ---------------------------------------------------------------------------------
 
 
+def _no_clusters(store: Any, names: tuple[str, ...], what: str) -> None:
+    """stop/start follow one instance; a cluster's nodes, placement group and Elastic IPs are not theirs to move."""
+    for name in names:
+        node = store.find_node(name)
+        if node is not None and node.cluster_size:
+            raise UserInputError("NAME", f"{name} is a cluster of {node.cluster_size} nodes; `{what}` takes one node",
+                                 f"`gpuprov down {name}` takes the whole cluster down")
+
+
 @main.command()
 @click.argument("names", nargs=-1, required=True)
 def stop(names: tuple[str, ...]) -> None:
@@ -250,6 +305,7 @@ def stop(names: tuple[str, ...]) -> None:
     from gpuprov.cloud import stopstart
 
     store, provider = store_and_provider()
+    _no_clusters(store, names, "stop")
     console = make_console()
     for node in stopstart.stop(list(names), provider, store, say_to(console)):
         month = stopstart.storage_month(node)
@@ -273,6 +329,7 @@ def start(name: str, gpu: str | None, instance_type: str | None, no_bootstrap: b
     if gpu and instance_type:
         raise click.UsageError("pass --gpu or --instance-type, not both")
     store, provider = store_and_provider()
+    _no_clusters(store, (name,), "start")
     console = make_console()
     opts = stopstart.StartOptions(gpu=gpu, instance_type=instance_type, bootstrap=not no_bootstrap,
                                   verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None)

@@ -83,7 +83,7 @@ def complete_playbook(_ctx: click.Context, _param: click.Parameter, incomplete: 
 
 def complete_node(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[Any]:
     try:
-        return _matching(node_names(), incomplete)
+        return _matching(node_names() + cluster_names(), incomplete)
     except GpuprovError:  # no readable state: nothing to offer, and no error in the middle of a prompt
         return []
 
@@ -334,7 +334,7 @@ def main() -> None:
     Plan (offline):   gpus  plan  render
     AWS nodes:        up  status  stop  start  down  gc  autostop  ttl
     Any SSH host:     bootstrap  check  doctor
-    On a node:        ssh  exec  tunnel  jupyter  sync  monitor
+    On a node:        ssh  exec  tunnel  jupyter  sync  monitor  torchrun
     Settings:         config  completion
     \b
     A day:   gpuprov plan --gpu A100 --spot                 # what it would launch and install
@@ -379,15 +379,24 @@ def node_names() -> list[str]:
     return [n.name for n in open_store().nodes()]
 
 
+def cluster_names() -> list[str]:
+    from gpuprov.cluster import names
+
+    return names()
+
+
 def targets_from(kw: dict[str, Any]) -> list[Any]:
+    from gpuprov.cluster import resolve
     from gpuprov.inventory import check_known_word, check_unique, load_inventory, parse_target, targets
 
-    nodes = [t for t in (node_target(h) for h in kw["hosts"]) if t is not None]
-    named = {t.label for t in nodes}
+    clustered = {h: found.targets() for h in kw["hosts"] if (found := resolve(h)) is not None}  # NAME, NAME:K
+    nodes = [t for t in (node_target(h) for h in kw["hosts"] if h not in clustered) if t is not None]
+    nodes += [t for h in kw["hosts"] if h in clustered for t in clustered[h]]
+    named = {t.label for t in nodes} | set(clustered)
     entries = [parse_target(h) for h in kw["hosts"] if h not in named]
     for h in kw["hosts"]:
         if h not in named:
-            check_known_word(h, node_names(), Path(kw["ssh_config"]) if kw.get("ssh_config") else None)
+            check_known_word(h, node_names() + cluster_names(), Path(kw["ssh_config"]) if kw.get("ssh_config") else None)
     defaults = None
     if kw["inventory"]:
         inventory = load_inventory(kw["inventory"])

@@ -32,8 +32,16 @@ from gpuprov.cli.common import (
 @step_silence_option
 @click.option("-v", "--verbose", is_flag=True, help="Stream every host's remote output (it always goes to the log).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--cluster", "cluster_name", default=None, metavar="NAME",
+              help="Then wire the hosts as one cluster NAME, in the order given (the first is node 0): "
+                   "/etc/gpuprov/cluster.env and /etc/gpuprov/hostfile on each, recorded for ssh/exec/torchrun.")
+@click.option("--master-addr", default=None, metavar="IP",
+              help="With --cluster: node 0's address as the others reach it [the source address node 0 uses "
+                   "toward node 1, from `ip route get`].")
+@click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True,
+              help="With --cluster: the rendezvous port (MASTER_PORT).")
 def bootstrap(force: bool, reboot_timeout: float, step_silence: float, verbose: bool, as_json: bool, gpu: str | None,
-              **kw: Any) -> None:
+              cluster_name: str | None, master_addr: str | None, master_port: int, **kw: Any) -> None:
     """Install the playbook's stack on existing hosts over SSH, then verify it.
 
     Runs on all hosts at once (bounded by --parallel). Each step leaves a marker with its
@@ -48,8 +56,16 @@ def bootstrap(force: bool, reboot_timeout: float, step_silence: float, verbose: 
     from gpuprov.report import LiveHosts, bootstrap_summary
     from gpuprov.spec import load_playbook, parse_duration
 
+    if cluster_name is not None:
+        from gpuprov.cluster import check_master_addr, check_name
+
+        check_name(cluster_name)
+        master_addr = check_master_addr(master_addr) if master_addr else None
+    elif master_addr:
+        raise click.UsageError("--master-addr needs --cluster NAME")
     pins = pins_from(kw)
-    check_pins(pins)
+    if not gpu:  # with --gpu, make_host_plan below checks them against the GPU, whose own limits come first
+        check_pins(pins)
     with_jupyter(load_playbook(kw["playbook"]), kw["jupyter"])
     guard = GuardRequest(autostop_seconds=parse_duration(kw["autostop"], "--autostop"),
                          ttl_seconds=parse_duration(kw["ttl"], "--ttl"), on_interrupt=kw["on_interrupt"] or None)
@@ -63,11 +79,45 @@ def bootstrap(force: bool, reboot_timeout: float, step_silence: float, verbose: 
     plan_for = engine.planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"])
     with LiveHosts(console, [t.name for t in targets], enabled=not as_json and not verbose) as live:
         results = engine.bootstrap(targets, host_settings(kw), plan_for, options, reporter=live)
-    if as_json:
-        click.echo(json.dumps([_host_json(r) for r in results], indent=2))
-    else:
+    ok = all(r.status in ("ok", "changed") for r in results)
+    if cluster_name is None:
+        if as_json:
+            click.echo(json.dumps([_host_json(r) for r in results], indent=2))
+        else:
+            console.print(bootstrap_summary(results))
+        sys.exit(0 if ok else 1)
+    if not as_json:
         console.print(bootstrap_summary(results))
-    sys.exit(0 if all(r.status in ("ok", "changed") for r in results) else 1)
+    wired: Any = None
+    if ok:
+        from gpuprov.cluster import wire
+
+        wired = wire(cluster_name, targets, host_settings(kw), master_addr=master_addr, port=master_port,
+                     parallel=kw["parallel"])
+    _cluster_out(cluster_name, results, wired, as_json, console)
+
+
+def _cluster_out(name: str, results: list[Any], wired: Any, as_json: bool, console: Any) -> None:
+    """The cluster's nodes after bootstrap --cluster, and the exit code (0 when every node is wired)."""
+    cluster, nodes = wired if wired else (None, [])
+    ok = bool(nodes) and all(n.outcome != "failed" for n in nodes)
+    if as_json:
+        click.echo(json.dumps({
+            "hosts": [_host_json(r) for r in results],
+            "cluster": cluster.model_dump(mode="json") if cluster else None,
+            "wiring": [{"node": n.target.name, "host": n.target.host, "outcome": n.outcome, "error": n.error}
+                       for n in nodes]}, indent=2))
+        sys.exit(0 if ok else 1)
+    from gpuprov.cluster_report import cluster_table
+
+    if wired is None:
+        console.print(f"cluster {name}: not wired, since not every host was bootstrapped")
+    elif cluster is None:
+        for n in nodes:
+            console.print(f"cluster {name}: {n.target.name}: {n.error}", markup=False)
+    else:
+        console.print(cluster_table(cluster, nodes))
+    sys.exit(0 if ok else 1)
 
 
 def _host_json(r: Any) -> dict[str, Any]:
@@ -85,18 +135,60 @@ def _host_json(r: Any) -> dict[str, Any]:
 @click.option("--gpu", default=None, help="The GPU model the hosts should show.")
 @click.option("--env", "env_path", default="/opt/gpuprov/env", show_default=True, help="Python env whose torch to check.")
 @click.option("--json", "as_json", is_flag=True, help="Print the reports as JSON.")
-def check(gpu: str | None, env_path: str, as_json: bool, **kw: Any) -> None:
+@click.option("--cluster", "as_cluster", is_flag=True,
+              help="Check a cluster's fabric instead: every node reaches every other (real data on MASTER_PORT and "
+                   "sampled NCCL ports), then an all-reduce across all GPUs, judged.")
+@click.option("--sizes", default="1M,64M,256M,1G", show_default=True,
+              help="With --cluster: all-reduce message sizes.")
+@click.option("--sample-ports", type=click.IntRange(0, 64), default=4, show_default=True,
+              help="With --cluster: ephemeral ports sampled per node (where NCCL's sockets listen).")
+@click.option("--port-timeout", type=click.FloatRange(0.1), default=3.0, show_default=True,
+              help="With --cluster: seconds a connection may take before the port counts as dropped.")
+@click.option("--no-allreduce", is_flag=True, help="With --cluster: only the connectivity part.")
+def check(gpu: str | None, env_path: str, as_json: bool, as_cluster: bool, sizes: str, sample_ports: int,
+          port_timeout: float, no_allreduce: bool, **kw: Any) -> None:
     """Verify hosts: nvidia-smi, /dev/nvidia*, torch.cuda and a matmul on every GPU, judged.
 
     The expected stack comes from what gpuprov installed there (its manifest), else from --gpu
     and the GPUs on the PCI bus. Each failed check names the reason and the fix.
-    Exit code 0 only when every host passes.
+    Exit code 0 only when every host passes. With --cluster NAME: the cluster's network and
+    all-reduce instead (see `gpuprov bootstrap --cluster`).
     """
+    if as_cluster:
+        _check_cluster(kw, env_path, as_json, sizes, sample_ports, port_timeout, not no_allreduce)
+        return
     from gpuprov.check import check as run_check
     from gpuprov.report import check_tables
 
     results = run_check(targets_from(kw), host_settings(kw), gpu=gpu, env_path=env_path, parallel=kw["parallel"])
     _finish(results, as_json, lambda r: {"report": r.report.model_dump(mode="json") if r.report else None}, check_tables)
+
+
+def _check_cluster(kw: dict[str, Any], env_path: str, as_json: bool, sizes: str, sample: int, timeout: float,
+                   run_allreduce: bool) -> None:
+    from gpuprov.cluster import load, names
+    from gpuprov.cluster_check import check_cluster, parse_sizes
+    from gpuprov.cluster_report import cluster_check_json, cluster_check_tables
+    from gpuprov.errors import UserInputError
+
+    byte_sizes = parse_sizes(sizes)
+    if len(kw["hosts"]) != 1 or kw.get("inventory"):
+        raise UserInputError("NAME", "--cluster checks one cluster, named alone", "e.g. gpuprov check train --cluster")
+    cluster = load(kw["hosts"][0])
+    if cluster is None:
+        known = names()
+        raise UserInputError("NAME", f"no cluster called {kw['hosts'][0]!r}",
+                             f"clusters: {', '.join(known)}" if known else
+                             "make one with gpuprov bootstrap --cluster NAME HOST1 HOST2 ...")
+    result = check_cluster(cluster, host_settings(kw), sizes=byte_sizes, sample=sample, timeout=timeout,
+                           run_allreduce=run_allreduce, env_path=env_path)
+    if as_json:
+        click.echo(json.dumps(cluster_check_json(result), indent=2))
+    else:
+        console = make_console()
+        for renderable in cluster_check_tables(result):
+            console.print(renderable)
+    sys.exit(0 if result.ok else 1)
 
 
 def _finish(results: list[Any], as_json: bool, fields: Callable[[Any], dict[str, Any]],
@@ -110,6 +202,31 @@ def _finish(results: list[Any], as_json: bool, fields: Callable[[Any], dict[str,
         for renderable in tables(results):
             console.print(renderable)
     sys.exit(0 if all(r.ok for r in results) else 1)
+
+
+@main.command()
+@ssh_options
+@click.option("--gpu", default=None, help="Judge against this GPU's published figures [default: the model each GPU reports].")
+@click.option("--seconds", type=click.FloatRange(5, 3600), default=60.0, show_default=True,
+              help="Time budget per host for the measurements (the all-reduce adds a few seconds).")
+@click.option("--env", "env_path", default="/opt/gpuprov/env", show_default=True, help="Python env whose torch to use.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures (and where the published ones come from) as JSON.")
+def bench(gpu: str | None, seconds: float, env_path: str, as_json: bool, **kw: Any) -> None:
+    """Did I get what I pay for: measure each GPU and judge it against NVIDIA's published figures.
+
+    Per GPU: dense matmul TFLOP/s in fp16, bf16, tf32 and fp32 (those the GPU runs natively),
+    device memory bandwidth, pinned host-to-device and device-to-host bandwidth; per node: the
+    NCCL all-reduce bus bandwidth across its GPUs. Timed with CUDA events after warm-up. Each
+    figure is shown beside the catalog's published one with a verdict: ok, or slow (a throttled,
+    shared or smaller GPU than the one paid for). Exit code 0 only when every figure is ok.
+    """
+    from gpuprov.gpubench import bench as run_bench
+    from gpuprov.gpubench import to_json
+    from gpuprov.report import bench_tables
+
+    results = run_bench(targets_from(kw), host_settings(kw), gpu=gpu, env_path=env_path, seconds=seconds,
+                        parallel=kw["parallel"])
+    _finish(results, as_json, lambda r: {"report": to_json(r.report) if r.report else None}, bench_tables)
 
 
 # --- diagnosis --------------------------------------------------------------------------------

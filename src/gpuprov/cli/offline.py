@@ -17,6 +17,7 @@ from gpuprov.cli.common import (
     stack_options,
     store_and_provider,
 )
+from gpuprov.errors import UserInputError
 
 
 @main.command()
@@ -52,30 +53,54 @@ def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None
 @click.option("--show-scripts", is_flag=True, help="Also print every rendered script.")
 @click.option("--hours", type=click.FloatRange(0, min_open=True), default=None, metavar="H",
               help="Also print what H hours cost at the on-demand list price (and how long a --budget lasts).")
-@click.option("--live", is_flag=True, help="With --hours: also at today's cheapest spot price (asks AWS; needs credentials).")
-def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, **kw: Any) -> None:
+@click.option("--live", is_flag=True, help="Ask AWS (needs credentials): which image `up` would launch and which "
+                                            "steps would run on it; with --hours also today's cheapest spot price.")
+@click.option("--image", default=None, metavar="fresh|dlami|ID|NAME", help="With --live: as `up --image`.")
+@click.option("--nodes", type=click.IntRange(1), default=1, show_default=True,
+              help="A cluster of this many nodes: also print its placement group, EFA interfaces and network.")
+def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, image: str | None, nodes: int,
+         **kw: Any) -> None:
     """Show what `up` would launch and install, without touching the network.
 
     Picks the cheapest instance type that carries the GPUs, resolves one consistent
     driver / CUDA / torch / Python stack (or explains why the pins cannot work), and lists
     the bootstrap steps in order.
     """
+    from gpuprov.cloud import cluster
     from gpuprov.report import plan_view
 
     the_plan = plan_from(kw)
-    if live and hours is None:
-        raise click.UsageError("--live prices an estimate: add --hours H")
-    estimate = the_plan.estimate(hours, _cheapest_spot(the_plan) if live else None)
+    if image is not None and not live:
+        raise click.UsageError("--image is looked up in AWS: add --live")
+    layout = _cluster_layout(the_plan, nodes)
+    if layout is not None:
+        the_plan = cluster.with_efa_step(the_plan, layout)
+    estimate = the_plan.estimate(hours, _cheapest_spot(the_plan) if live and hours is not None else None)
+    chosen = _image_choice(the_plan, image) if live else None
     if as_json:
         data = the_plan.summary()
+        if layout is not None:
+            data["cluster"] = cluster.layout_summary(layout, nodes)
         if estimate:
             data["estimate"] = estimate
+        if chosen is not None:
+            data["image"] = chosen.summary(the_plan)
         if show_scripts:
             data["scripts"] = {s.filename: s.text for s in the_plan.bundle().scripts}
         click.echo(json.dumps(data, indent=2))
         return
     console = make_console()
     console.print(plan_view(the_plan))
+    if layout is not None:
+        console.print("Cluster", style="bold")
+        for line in cluster.describe(layout, nodes):
+            console.print(f"  {line}", markup=False)
+    if chosen is not None:
+        summary = chosen.summary(the_plan)
+        console.print(chosen.line(), markup=False, highlight=False)
+        console.print(f"  steps that will run: {', '.join(summary['steps_to_run']) or 'none'} (+ guards, verify)"  # type: ignore[arg-type]
+                      + (f"; already on the image: {', '.join(chosen.on_image)}" if chosen.on_image else ""),
+                      markup=False, highlight=False)
     if estimate:
         price = estimate["usd_hour_on_demand"]
         if hours:
@@ -100,6 +125,19 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, **k
             console.print(Syntax(script.text, "bash", line_numbers=False))
 
 
+def _cluster_layout(the_plan: Any, nodes: int) -> Any:
+    """The cluster's network for the plan's instance type (None for one node); bad --nodes is refused here."""
+    from gpuprov.cloud import cluster
+
+    if nodes == 1:
+        return None
+    if nodes > cluster.MAX_NODES:
+        raise UserInputError("--nodes", f"{nodes} is not a cluster size", f"2 to {cluster.MAX_NODES}")
+    if the_plan.instance is None:
+        raise UserInputError("--nodes", "no instance type carries these GPUs", "pick another --gpu")
+    return cluster.network_for(the_plan.instance.name)
+
+
 @main.command()
 @stack_options
 @click.option("-o", "--output", "out", required=True, metavar="FOLDER",
@@ -115,6 +153,13 @@ def render(out: str, **kw: Any) -> None:
     click.echo(f"wrote {len(written) - 1} scripts and manifest.json to {written[-1].parent}")
     for path in written:
         click.echo(f"  {path.name}")
+
+
+def _image_choice(plan: Any, image: str | None) -> Any:
+    from gpuprov.cloud.images import choose
+
+    _store, provider = store_and_provider()
+    return choose(plan, image, provider)
 
 
 def _cheapest_spot(plan: Any) -> tuple[str, float] | None:

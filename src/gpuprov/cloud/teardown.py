@@ -3,10 +3,11 @@
 Order: spot requests (a persistent one would relaunch a terminated instance), instances (by recorded
 id: TerminateInstances needs no describe first; launches whose answer was lost are found by their
 ClientToken, and their spot requests cancelled too), then volumes, then the
-security group (by recorded id, or by its recorded name), then whatever else carries the node's
-tag. A NotFound on a resource created moments ago is looked at again (EC2 is eventually
-consistent); on an older one it means gone. A row is marked deleted only once the cloud confirmed
-it. What could not be removed is returned, not raised, so the other resources still go.
+security group (by recorded id, or by its recorded name), a cluster's Elastic IPs and placement
+group (EC2 refuses both while an instance uses them), then whatever else carries the node's tag.
+A NotFound on a resource created moments ago is looked at again (EC2 is eventually consistent); on
+an older one it means gone. A row is marked deleted only once the cloud confirmed it. What could
+not be removed is returned, not raised, so the other resources still go.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ Say = Callable[[str], None]
 # the Amazon EC2 API": right after a create, a NotFound "does not mean the resource does not exist").
 SETTLE_SECONDS = 180.0
 LOOKS_FOR_LOST_LAUNCH = 3  # client-token look-ups (filters lag too) before an intent counts as never launched
+
+
+# Kinds EC2 refuses to delete while an instance uses them: a security group, a cluster placement group
+# (InvalidPlacementGroup.InUse), an Elastic IP still associated.
+WAIT_FOR_INSTANCES = ("security-group", "address", "placement-group")
 
 
 def settle(row: Resource, now: float | None = None) -> float:
@@ -51,10 +57,10 @@ def teardown(node: str, region: str, provider: Provider, store: Store, say: Say,
     result = Teardown(node)
     _instances(node, region, provider, store, say, result, poll)
     instances_left = bool(result.left)
-    for kind in ("spot-request", "volume", "security-group"):
+    for kind in ("spot-request", "volume", "security-group", "address", "placement-group"):
         for row in store.resources(node, region=region, kind=kind):
-            if kind == "security-group" and instances_left:  # EC2 refuses while an instance still uses it
-                result.left.append(f"security-group {row.cloud_id or row.client_token}: waits for the instance")
+            if kind in WAIT_FOR_INSTANCES and instances_left:  # EC2 refuses while an instance still uses it
+                result.left.append(f"{kind} {row.cloud_id or row.client_token}: waits for the instance")
                 continue
             _delete_row(row, provider, store, say, result)
     if not result.left:  # best effort: anything else tagged with the node (tags may lag; records did the work)
@@ -132,7 +138,7 @@ def _find_lost_launch(row: Resource, provider: Provider, store: Store, poll: flo
 
 def _delete_row(row: Resource, provider: Provider, store: Store, say: Say, result: Teardown) -> None:
     if row.cloud_id is None:  # a create whose answer was lost: its recorded name finds it
-        found = provider.find_security_group(row.region, row.client_token or "") if row.kind == "security-group" else None
+        found = _lost(row, provider)
         if found is None:
             store.deleted(row.id)
             return
@@ -140,6 +146,18 @@ def _delete_row(row: Resource, provider: Provider, store: Store, say: Say, resul
         row = next(r for r in store.resources(row.node, region=row.region) if r.id == row.id)
     res = CloudResource(row.kind, row.cloud_id or "", row.region, row.node)
     _delete(res, row, provider, store, say, result)
+
+
+def _lost(row: Resource, provider: Provider) -> str | None:
+    """The id of a resource whose create answer never arrived, by the name recorded before the call."""
+    name = row.client_token or ""
+    if row.kind == "security-group":
+        return provider.find_security_group(row.region, name)
+    if row.kind == "address":
+        return provider.find_address(row.region, name)
+    if row.kind == "placement-group":  # its name is its id: deleting a group never made is a NotFound
+        return name
+    return None
 
 
 def _delete(res: CloudResource, row: Resource | None, provider: Provider, store: Store, say: Say,

@@ -27,14 +27,23 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.providers.aws_refusals import classify
 from gpuprov.providers.base import (
+    IMAGES,
     SHARED,
+    TAG_IMAGE,
     TAG_NODE,
+    TAG_OS,
     TAG_OWNER,
+    TAG_SOURCE,
+    TAG_STACK,
+    Access,
     CloudResource,
+    Image,
+    ImageRequest,
     Instance,
     LaunchError,
     LaunchRequest,
     Network,
+    Nic,
     NotFound,
     SpotPrice,
 )
@@ -46,8 +55,11 @@ CREDENTIAL_CODES = {"AuthFailure", "InvalidClientTokenId", "ExpiredToken", "Sign
                     "UnrecognizedClientException", "InvalidAccessKeyId"}
 NOT_FOUND = {"instance": "InvalidInstanceID.NotFound", "security-group": "InvalidGroup.NotFound",
              "key-pair": "InvalidKeyPair.NotFound", "volume": "InvalidVolume.NotFound",
-             "spot-request": "InvalidSpotInstanceRequestID.NotFound"}
+             "spot-request": "InvalidSpotInstanceRequestID.NotFound", "image": "InvalidAMIID.NotFound",
+             "snapshot": "InvalidSnapshot.NotFound", "placement-group": "InvalidPlacementGroup.Unknown",
+             "address": "InvalidAllocationID.NotFound"}
 LAUNCH_REFERENCES = {"InvalidGroup.NotFound", "InvalidKeyPair.NotFound"}  # a fresh group or key not yet seen
+IMAGE_SETTLE = 60.0  # seconds an image seen in a listing may still answer NotFound by id
 RETRY_RUN_INSTANCES = 4  # attempts of one candidate on throttling / InternalError (same ClientToken)
 
 
@@ -255,6 +267,44 @@ class AwsProvider:
             GroupId=group_id, IpPermissions=[{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, **ranges}]),
             "security-group", group_id, settle)
 
+    def authorize_self(self, region: str, group_id: str, settle: float) -> None:
+        """All protocols and ports from and to the group itself: a cluster's nodes reach each other on any port
+        (NCCL's, the rendezvous). EFA needs both directions (EC2 guide, "Get started with EFA and NCCL": "allows
+        all inbound and outbound traffic to and from the security group itself")."""
+        ec2 = self._client("ec2", region)
+        rule = [{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id, "Description": "gpuprov: cluster"}]}]
+        self._settle("AuthorizeSecurityGroupIngress", lambda: ec2.authorize_security_group_ingress(
+            GroupId=group_id, IpPermissions=rule), "security-group", group_id, settle)
+        self._settle("AuthorizeSecurityGroupEgress", lambda: ec2.authorize_security_group_egress(
+            GroupId=group_id, IpPermissions=rule), "security-group", group_id, settle)
+
+    def create_placement_group(self, region: str, node: str, name: str) -> str:
+        ec2 = self._client("ec2", region)
+        self._call("CreatePlacementGroup", lambda: ec2.create_placement_group(
+            GroupName=name, Strategy="cluster",
+            TagSpecifications=[{"ResourceType": "placement-group", "Tags": self._tags(node)}]))
+        return name
+
+    def allocate_address(self, region: str, node: str, name: str) -> str:
+        ec2 = self._client("ec2", region)
+        return str(self._call("AllocateAddress", lambda: ec2.allocate_address(
+            Domain="vpc", TagSpecifications=[{"ResourceType": "elastic-ip", "Tags": self._tags(
+                node, {"Name": name})}]))["AllocationId"])
+
+    def find_address(self, region: str, name: str) -> str | None:
+        ec2 = self._client("ec2", region)
+        found = self._call("DescribeAddresses", lambda: ec2.describe_addresses(
+            Filters=[{"Name": "tag:Name", "Values": [name]}, *self._owned()]))["Addresses"]
+        return str(found[0]["AllocationId"]) if found else None
+
+    def associate_address(self, region: str, allocation_id: str, instance_id: str, settle: float) -> str:
+        ec2 = self._client("ec2", region)
+        self._settle("AssociateAddress", lambda: ec2.associate_address(
+            AllocationId=allocation_id, InstanceId=instance_id), "instance", instance_id, settle)
+        (found,) = self._call("DescribeAddresses", lambda: ec2.describe_addresses(
+            AllocationIds=[allocation_id]))["Addresses"]
+        return str(found["PublicIp"])
+
     # --- instances -----------------------------------------------------------------------
 
     def _run_kwargs(self, request: LaunchRequest) -> dict[str, Any]:
@@ -264,14 +314,19 @@ class AwsProvider:
         ]
         access = request.access
         kwargs: dict[str, Any] = {
-            "ImageId": request.image_id, "InstanceType": request.instance_type, "MinCount": 1, "MaxCount": 1,
+            "ImageId": request.image_id, "InstanceType": request.instance_type,
+            # EC2 launches at least MinCount or nothing ("If you specify a value that is more capacity than Amazon
+            # EC2 can provide in the target Availability Zone, Amazon EC2 does not launch any instances")
+            "MinCount": request.min_count, "MaxCount": request.count,
             "KeyName": access.key_name, "ClientToken": request.client_token,
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
             "InstanceInitiatedShutdownBehavior": request.shutdown_behavior,
             "BlockDeviceMappings": [{"DeviceName": self._root_device(request.region, request.image_id), "Ebs": {
                 "VolumeSize": request.disk_gb, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}}],
         }
-        if access.public_ip:  # the subnet gives no public address by itself: ask for one on the interface
+        if request.interfaces:  # EFA: every interface named (one card each); see catalog.yaml cluster_network
+            kwargs["NetworkInterfaces"] = [_nic(nic, access, len(request.interfaces)) for nic in request.interfaces]
+        elif access.public_ip:  # the subnet gives no public address by itself: ask for one on the interface
             kwargs["NetworkInterfaces"] = [{"DeviceIndex": 0, "SubnetId": access.subnet_id, "AssociatePublicIpAddress": True,
                                             "Groups": [access.security_group_id], "DeleteOnTermination": True}]
         else:
@@ -280,6 +335,8 @@ class AwsProvider:
                 kwargs["SubnetId"] = access.subnet_id
         if not access.subnet_id:
             kwargs["Placement"] = {"AvailabilityZone": request.zone}
+        if request.placement_group:
+            kwargs.setdefault("Placement", {})["GroupName"] = request.placement_group
         if request.market == "spot":
             # one-time requests cannot stop (EC2 refuses StopInstances); persistent ones with interruption
             # behaviour stop can (EC2 guide, "Stop a Spot Instance")
@@ -294,9 +351,12 @@ class AwsProvider:
         return kwargs
 
     def launch(self, request: LaunchRequest, settle: float) -> Instance:
+        return self.launch_group(request, settle)[0]
+
+    def launch_group(self, request: LaunchRequest, settle: float) -> list[Instance]:
         """One RunInstances for one candidate, with retries off (see the module's docstring). A request
         naming a group or key EC2 does not know yet, and a throttled or failed request, is sent again with
-        the same ClientToken, which EC2 answers with the same instance instead of a second one."""
+        the same ClientToken, which EC2 answers with the same instances instead of more."""
         ec2 = self._client("ec2", request.region, retries=False)
         kwargs = self._run_kwargs(request)
         deadline = time.monotonic() + settle
@@ -305,7 +365,7 @@ class AwsProvider:
             tries += 1
             try:
                 reply = self._call("RunInstances", lambda: ec2.run_instances(**kwargs))
-                return _instance(reply["Instances"][0], request.region)
+                return [_instance(raw, request.region) for raw in reply["Instances"]]
             except AwsError as exc:
                 refusal = classify(exc.code, exc.message, request.market)
                 fresh = exc.code in LAUNCH_REFERENCES and time.monotonic() + wait < deadline
@@ -422,10 +482,34 @@ class AwsProvider:
                 found.append(CloudResource("volume", vol["VolumeId"], region, _tag(vol), vol.get("State", "")))
         for key in self._call("DescribeKeyPairs", lambda: ec2.describe_key_pairs(Filters=owned))["KeyPairs"]:
             found.append(CloudResource("key-pair", key["KeyName"], region, _tag(key)))
+        for pg in self._call("DescribePlacementGroups", lambda: ec2.describe_placement_groups(
+                Filters=owned))["PlacementGroups"]:
+            if pg.get("State") not in ("deleting", "deleted"):
+                found.append(CloudResource("placement-group", pg["GroupName"], region, _tag(pg), pg.get("State", "")))
+        for eip in self._call("DescribeAddresses", lambda: ec2.describe_addresses(Filters=owned))["Addresses"]:
+            found.append(CloudResource("address", eip["AllocationId"], region, _tag(eip), eip.get("PublicIp", "")))
+        images = self.images(region)
+        for image in images:
+            found.append(CloudResource("image", image.id, region, IMAGES, f"{image.name} | {image.state}"))
+        # a snapshot whose image is gone (a DeregisterImage whose DeleteSnapshot never came); its image's
+        # name is its tag, since CreateImage tags the snapshots before the image id is known
+        names = {i.name for i in images}
+        for snap in self._call("DescribeSnapshots", lambda: ec2.describe_snapshots(
+                OwnerIds=["self"], Filters=owned))["Snapshots"]:
+            if _tag(snap, TAG_IMAGE) not in names:
+                found.append(CloudResource("snapshot", snap["SnapshotId"], region, IMAGES,
+                                           f"of image {_tag(snap, TAG_IMAGE)} (gone)"))
         return found
 
     def delete(self, resource: CloudResource, settle: float = 0) -> None:
         ec2 = self._client("ec2", resource.region)
+        if resource.kind == "image":
+            self.delete_image(resource.region, resource.id, settle)
+            return
+        if resource.kind == "snapshot":
+            self._settle("DeleteSnapshot", lambda: ec2.delete_snapshot(SnapshotId=resource.id), "snapshot",
+                         resource.id, settle)
+            return
         kind, rid, region = resource.kind, resource.id, resource.region
         if kind == "instance":
             self.terminate(region, [rid], settle)
@@ -441,6 +525,12 @@ class AwsProvider:
                                                     kind, rid, settle))
         elif kind == "key-pair":
             self.delete_key_pair(region, rid, settle)
+        elif kind == "placement-group":  # refused while an instance is in it (terminating ones too)
+            self._while_in_use(lambda: self._settle("DeletePlacementGroup", lambda: ec2.delete_placement_group(
+                GroupName=rid), kind, rid, settle))
+        elif kind == "address":  # an association goes with its instance; a released address is gone for good
+            self._while_in_use(lambda: self._settle("ReleaseAddress", lambda: ec2.release_address(AllocationId=rid),
+                                                    kind, rid, settle))
 
     def _while_in_use(self, fn: Callable[[], Any], timeout: float = 300) -> None:
         """EC2 keeps a group or volume 'in use' for a while after its instance is gone: retry, bounded."""
@@ -450,9 +540,107 @@ class AwsProvider:
                 fn()
                 return
             except AwsError as exc:
-                if exc.code not in ("DependencyViolation", "VolumeInUse", "IncorrectState") or time.monotonic() > deadline:
+                if exc.code not in ("DependencyViolation", "VolumeInUse", "IncorrectState", "InvalidSnapshot.InUse",
+                                    "InvalidPlacementGroup.InUse", "InvalidIPAddress.InUse") \
+                        or time.monotonic() > deadline:
                     raise
                 time.sleep(self.poll)
+
+    # --- images (cloud/images.py decides; this makes the calls) ----------------------------
+
+    def public_image(self, region: str, parameter: str) -> str | None:
+        ssm = self._client("ssm", region)
+        try:
+            reply = self._call("ssm:GetParameter", functools.partial(ssm.get_parameter, Name=parameter))
+        except AwsError as exc:
+            if exc.code != "ParameterNotFound":
+                raise
+            return None
+        return str(reply["Parameter"]["Value"])
+
+    def image_architecture(self, region: str, image_id: str) -> str | None:
+        ec2 = self._client("ec2", region)
+        try:
+            images = self._call("DescribeImages", lambda: ec2.describe_images(ImageIds=[image_id]))["Images"]
+        except AwsError as exc:
+            raise UserInputError("--image", f"{image_id}: {exc.code}: {exc.message}") from None
+        return str(images[0].get("Architecture")) if images else None
+
+    def create_image(self, request: ImageRequest) -> str:
+        """CreateImage with NoReboot false unless asked: EC2 then stops the instance, snapshots its volumes at
+        rest and starts it again; with NoReboot EC2 "can't guarantee the file system integrity of the created
+        image" (EC2 API reference, CreateImage). No ClientToken exists for CreateImage: a retry whose first
+        answer was lost meets InvalidAMIName.Duplicate, and the name (unique per account and region) finds it."""
+        ec2 = self._client("ec2", request.region)
+        extra = {TAG_STACK: request.stack, TAG_OS: request.os, TAG_SOURCE: request.source_node}
+        specs = [{"ResourceType": "image", "Tags": self._tags(IMAGES, {**extra, "Name": request.name})},
+                 {"ResourceType": "snapshot", "Tags": self._tags(IMAGES, {TAG_IMAGE: request.name, "Name": request.name})}]
+        try:
+            reply = self._call("CreateImage", lambda: ec2.create_image(
+                InstanceId=request.instance_id, Name=request.name, Description=request.description,
+                NoReboot=request.no_reboot, TagSpecifications=specs))
+        except AwsError as exc:
+            if exc.code != "InvalidAMIName.Duplicate":
+                raise
+            mine = self.images(request.region, name=request.name)
+            if not mine:
+                raise UserInputError("--name", f"an image called {request.name!r} already exists in {request.region} "
+                                     "and is not one of yours", "pick another --name") from None
+            return mine[0].id
+        return str(reply["ImageId"])
+
+    def images(self, region: str, *, ids: Sequence[str] = (), name: str | None = None) -> list[Image]:
+        ec2 = self._client("ec2", region)
+        filters = self._owned()
+        if ids:
+            filters = [*filters, {"Name": "image-id", "Values": list(ids)}]
+        if name is not None:
+            filters = [*filters, {"Name": "name", "Values": [name]}]
+        reply = self._call("DescribeImages", lambda: ec2.describe_images(Owners=["self"], Filters=filters))
+        return sorted((_image(raw, region) for raw in reply["Images"]), key=lambda i: i.created or "")
+
+    def wait_image(self, region: str, image_id: str, timeout: float, settle: float,
+                   progress: Callable[[Image, float], None] | None = None) -> Image:
+        """Poll DescribeImages by id (a fresh id may answer NotFound for `settle` seconds) until available."""
+        ec2 = self._client("ec2", region)
+        started = time.monotonic()
+        while True:
+            reply = self._settle("DescribeImages", lambda: ec2.describe_images(ImageIds=[image_id]), "image",
+                                 image_id, settle)
+            if not reply["Images"]:
+                raise NotFound("image", image_id, NOT_FOUND["image"])
+            image = _image(reply["Images"][0], region)
+            waited = time.monotonic() - started
+            if progress is not None:
+                progress(image, waited)
+            if image.state == "available":
+                return image
+            if image.state in ("failed", "error", "invalid", "deregistered", "disabled"):
+                raise GpuprovError(f"image {image_id} is {image.state}: {image.state_reason or 'no reason given'}")
+            if waited > timeout:
+                raise GpuprovError(f"image {image_id} still {image.state} after {timeout:.0f}s; "
+                                   f"`gpuprov image list` shows when it is ready")
+            time.sleep(self.poll)
+
+    def delete_image(self, region: str, image_id: str, settle: float = 0) -> list[str]:
+        """Deregister first (a registered image's snapshots cannot be deleted), then its snapshots. The image is
+        found by a filter (an unknown id is absent, not an error); one listed there that answers NotFound by id
+        is too new for EC2's by-id look-ups yet, and is asked again for IMAGE_SETTLE seconds."""
+        ec2 = self._client("ec2", region)
+        listed = self.images(region, ids=[image_id])
+        if not listed:
+            raise NotFound("image", image_id, NOT_FOUND["image"])
+        self._settle("DeregisterImage", lambda: ec2.deregister_image(ImageId=image_id), "image", image_id,
+                     max(settle, IMAGE_SETTLE))
+        removed = [f"image {image_id}"]
+        for snap in listed[0].snapshot_ids:
+            try:
+                self._while_in_use(lambda snap=snap: self._settle(  # type: ignore[misc]
+                    "DeleteSnapshot", lambda: ec2.delete_snapshot(SnapshotId=snap), "snapshot", snap, settle))
+            except NotFound:
+                continue
+            removed.append(f"snapshot {snap}")
+        return removed
 
     # --- prices and quotas -----------------------------------------------------------------
 
@@ -477,11 +665,32 @@ class AwsProvider:
             return None
 
 
+def _nic(nic: Nic, access: Access, count: int) -> dict[str, Any]:
+    spec: dict[str, Any] = {"NetworkCardIndex": nic.card, "DeviceIndex": nic.device, "InterfaceType": nic.kind,
+                            "SubnetId": access.subnet_id, "Groups": [access.security_group_id],
+                            "DeleteOnTermination": True}
+    if access.public_ip and count == 1:  # EC2 refuses a public address when more than one interface is launched
+        spec["AssociatePublicIpAddress"] = True
+    return {k: v for k, v in spec.items() if v is not None}
+
+
 def _tag(raw: dict[str, Any], key: str = TAG_NODE) -> str | None:
     for tag in raw.get("Tags") or []:
         if tag.get("Key") == key:
             return str(tag.get("Value"))
     return None
+
+
+def _image(raw: dict[str, Any], region: str) -> Image:
+    ebs = [m["Ebs"] for m in raw.get("BlockDeviceMappings") or [] if "Ebs" in m]
+    sizes = [int(e["VolumeSize"]) for e in ebs if e.get("VolumeSize") is not None]
+    return Image(
+        id=raw["ImageId"], name=str(raw.get("Name") or ""), region=region, state=str(raw.get("State") or "unknown"),
+        architecture=raw.get("Architecture"), created=raw.get("CreationDate"),
+        snapshot_ids=tuple(e["SnapshotId"] for e in ebs if e.get("SnapshotId")), size_gb=sum(sizes) if sizes else None,
+        stack=_tag(raw, TAG_STACK), os=_tag(raw, TAG_OS), source_node=_tag(raw, TAG_SOURCE), owner=_tag(raw, TAG_OWNER),
+        state_reason=(raw.get("StateReason") or {}).get("Message"),
+    )
 
 
 def _instance(raw: dict[str, Any], region: str) -> Instance:

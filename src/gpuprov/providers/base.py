@@ -11,7 +11,7 @@ looked at again (with backoff) before it counts; they raise `NotFound` after tha
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol
@@ -20,10 +20,19 @@ from gpuprov.errors import GpuprovError
 
 Market = Literal["spot", "on-demand"]
 Then = Literal["next-candidate", "next-market", "stop", "retry"]
-ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume"]
+ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "snapshot",
+                       "placement-group", "address"]
+InterfaceType = Literal["interface", "efa", "efa-only"]
 TAG_NODE = "gpuprov:node"
 TAG_OWNER = "gpuprov:owner"
 SHARED = "(shared)"  # gpuprov:node value of resources several nodes use (the key pair)
+# Baked images outlive the node they were made from: their gpuprov:node is IMAGES (no node name can be it, so
+# `down NODE` never takes them); the node they came from is in gpuprov:source-node.
+IMAGES = "(image)"
+TAG_STACK = "gpuprov:stack"  # the stack hash of the steps on a baked image (cloud/images.py `stack_hash`)
+TAG_OS = "gpuprov:os"
+TAG_SOURCE = "gpuprov:source-node"
+TAG_IMAGE = "gpuprov:image"  # on a baked image's snapshots: the image's name (its id is not known at the call)
 
 @dataclass(frozen=True)
 class Instance:
@@ -64,6 +73,15 @@ class Access:
 
 
 @dataclass(frozen=True)
+class Nic:
+    """One network interface asked for at launch: its network card, device index and type (ENA, EFA, EFA-only)."""
+
+    card: int
+    device: int
+    kind: InterfaceType
+
+
+@dataclass(frozen=True)
 class LaunchRequest:
     node: str
     region: str
@@ -78,6 +96,10 @@ class LaunchRequest:
     tags: Mapping[str, str] = field(default_factory=dict)
     persistent: bool = False  # spot: a persistent request whose interruption behaviour is stop (so it can stop)
     shutdown_behavior: str = "terminate"  # what `shutdown` on the node does: "stop" keeps the disk
+    count: int = 1  # a cluster: this many instances of the type in the zone ...
+    min_count: int = 1  # ... and at least this many, or none at all (EC2's MinCount)
+    placement_group: str | None = None  # a cluster placement group's name
+    interfaces: tuple[Nic, ...] = ()  # EFA interfaces; empty: one ENA interface as before
 
 
 @dataclass(frozen=True)
@@ -97,6 +119,39 @@ class CloudResource:
     region: str
     node: str | None
     state: str = ""
+
+
+@dataclass(frozen=True)
+class Image:
+    """An AMI as gpuprov sees it: a baked one (tags say its stack and OS) or a public one."""
+
+    id: str
+    name: str
+    region: str
+    state: str  # pending | available | failed | deregistered ...
+    architecture: str | None = None  # x86_64 | arm64
+    created: str | None = None  # EC2's CreationDate (ISO 8601)
+    snapshot_ids: tuple[str, ...] = ()
+    size_gb: int | None = None  # the sum of its snapshots' volume sizes
+    stack: str | None = None
+    os: str | None = None
+    source_node: str | None = None
+    owner: str | None = None
+    state_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ImageRequest:
+    """One CreateImage: EC2 has no ClientToken for it; the name (unique per account and region) finds a lost one."""
+
+    region: str
+    instance_id: str
+    name: str
+    description: str
+    source_node: str
+    stack: str
+    os: str
+    no_reboot: bool = False
 
 
 class LaunchError(GpuprovError):
@@ -154,6 +209,31 @@ class Provider(Protocol):
         """One launch request (raises LaunchError with what to do next)."""
         ...
 
+    def launch_group(self, request: LaunchRequest, settle: float) -> list[Instance]:
+        """One launch request for `count` instances in one zone: at least `min_count` of them, or none
+        (LaunchError with what to do next)."""
+        ...
+
+    def create_placement_group(self, region: str, node: str, name: str) -> str:
+        """A cluster placement group called `name`, tagged with the node; returns its name."""
+        ...
+
+    def authorize_self(self, region: str, group_id: str, settle: float) -> None:
+        """All traffic between members of the group, both ways (a cluster's nodes talk to each other)."""
+        ...
+
+    def allocate_address(self, region: str, node: str, name: str) -> str:
+        """An Elastic IP tagged with the node and `name`; returns its allocation id."""
+        ...
+
+    def find_address(self, region: str, name: str) -> str | None:
+        """An Elastic IP's allocation id by its recorded name (an allocation whose answer was lost)."""
+        ...
+
+    def associate_address(self, region: str, allocation_id: str, instance_id: str, settle: float) -> str:
+        """Put the Elastic IP on the instance's primary interface; returns the public address."""
+        ...
+
     def find_launched(self, region: str, client_token: str) -> list[Instance]:
         """Instances a launch with this ClientToken made (for a request whose answer was lost)."""
         ...
@@ -195,5 +275,27 @@ class Provider(Protocol):
         ...
 
     def prices(self, region: str, instance_types: Sequence[str]) -> list[SpotPrice]: ...
+
+    def public_image(self, region: str, parameter: str) -> str | None:
+        """The AMI id a public SSM parameter names (None when the region has no such parameter)."""
+        ...
+
+    def create_image(self, request: ImageRequest) -> str:
+        """CreateImage, the image and its snapshots tagged; returns the image id (a duplicate name: the
+        existing image of that name, when it is this owner's)."""
+        ...
+
+    def images(self, region: str, *, ids: Sequence[str] = (), name: str | None = None) -> list[Image]:
+        """This owner's baked images (by id or name; an unknown id is simply absent)."""
+        ...
+
+    def wait_image(self, region: str, image_id: str, timeout: float, settle: float,
+                   progress: Callable[[Image, float], None] | None = None) -> Image:
+        """Until the image is available (raises on failed, or after `timeout`)."""
+        ...
+
+    def delete_image(self, region: str, image_id: str, settle: float = 0) -> list[str]:
+        """DeregisterImage, then DeleteSnapshot of each of its snapshots; returns what was removed."""
+        ...
 
     def quota(self, region: str, code: str) -> float | None: ...

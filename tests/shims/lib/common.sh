@@ -180,14 +180,20 @@ shim_candidate() {
   tail -n 1 <<<"$versions"
 }
 
+# GPUPROV_SHIM_DRIVER_PREINSTALLED=VERSION: a driver that came with the image, not from these packages (a
+# Deep Learning AMI's): loaded, of that version, while dpkg lists no driver package and no pinning package.
 shim_driver_installed() {
-  shim_installed nvidia-open || shim_installed cuda-drivers
+  [ -n "${GPUPROV_SHIM_DRIVER_PREINSTALLED:-}" ] || shim_installed nvidia-open || shim_installed cuda-drivers
 }
 
 # The installed driver's version: the driver package's, else from the pinning package (exact, or
 # the branch's release).
 shim_driver_version() {
   local pin v
+  if [ -n "${GPUPROV_SHIM_DRIVER_PREINSTALLED:-}" ]; then
+    echo "$GPUPROV_SHIM_DRIVER_PREINSTALLED"
+    return 0
+  fi
   if v="$(shim_pkg_version nvidia-open)" || v="$(shim_pkg_version cuda-drivers)"; then
     echo "${v%%-*}"
     return 0

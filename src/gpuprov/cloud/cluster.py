@@ -1,0 +1,463 @@
+"""`up NAME --nodes N`: N instances of one type in one zone, launched, kept and taken down as one cluster.
+
+In order (validation first, so bad input creates nothing):
+  options checked -> offerings, network, image -> cluster row (one node row, `cluster_size` N) -> key pair,
+  security group with SSH from the caller and all traffic between its own members, cluster placement group
+  (where the type supports one), each recorded before it is created and tagged on creation -> per candidate
+  (type x zone x market, as for one node) ONE RunInstances for N instances with MinCount = --min-nodes (N by
+  default): EC2 launches at least MinCount "or does not launch any instances", so a zone that cannot hold the
+  cluster refuses it whole and failover moves the whole cluster on, never splitting it -> every node running
+  (a node lost on the way is dropped when --min-nodes allows, else the cluster goes) -> Elastic IPs where the
+  type launches with several network interfaces (EC2 assigns no public address then) -> SSH + host keys pinned
+  per node -> bootstrap on every node (a node that fails is dropped the same way) -> ready.
+
+Any failure or Ctrl-C before `ready` tears the whole cluster down (lifecycle's teardown: instances, then
+volumes, the security group, the Elastic IPs and the placement group). The network layout per type (placement
+group, EFA interfaces, transport) is `network_for`, pure, and `gpuprov plan --nodes N` prints the same one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from gpuprov import lifecycle
+from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
+from gpuprov.cloud.teardown import SETTLE_SECONDS
+from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.plan import Plan
+from gpuprov.providers.base import Access, Instance, LaunchError, LaunchRequest, Market, Network, Nic, NotFound, Provider
+from gpuprov.state import Member, Node, Store, members_json
+
+Say = Callable[[str], None]
+Transport = Literal["efa", "tcp"]
+MAX_NODES = 64  # a sanity bound on --nodes; EC2's own limit is the account's vCPU quota
+
+# The EFA software (EFA driver, libfabric, rdma-core, Open MPI and the AWS OFI NCCL plugin in one installer).
+# Source: AWS EC2 User Guide, "Elastic Fabric Adapter release notes" (efa-changelog): 1.51.0, October 22, 2026,
+# "Upgrade to Amazon OFI NCCL Plugin 1.22.0"; URL form efa-installer.amazonaws.com/aws-efa-installer-<version>.tar.gz
+# (AWS's "Get started with EFA and NCCL", and aws-parallelcluster-cookbook's installer_url); read 2026-12-01.
+# Environment: FI_PROVIDER=efa selects libfabric's EFA provider; FI_EFA_USE_DEVICE_RDMA=1 on RDMA-capable types
+# (p4d and later; aws/sagemaker-training-toolkit torch_distributed.py sets it for them); the plugin and libfabric
+# on LD_LIBRARY_PATH, without which NCCL falls back to sockets (NVIDIA-NeMo/RL PR #2359).
+@dataclass(frozen=True)
+class EfaInstaller:
+    version: str
+    url: str
+    env: tuple[tuple[str, str], ...]
+
+
+EFA_INSTALLER = EfaInstaller(
+    version="1.51.0", url="https://efa-installer.amazonaws.com/aws-efa-installer-1.51.0.tar.gz",
+    env=(("FI_PROVIDER", "efa"), ("FI_EFA_USE_DEVICE_RDMA", "1"),
+         ("LD_LIBRARY_PATH", "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib")))
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    nodes: int
+    min_nodes: int | None = None  # None: all of them
+
+    @property
+    def at_least(self) -> int:
+        return self.nodes if self.min_nodes is None else self.min_nodes
+
+
+@dataclass(frozen=True)
+class ClusterNetwork:
+    """How one instance type is laid out as a cluster: placement group, network interfaces, transport."""
+
+    instance_type: str
+    placement_group: bool
+    interfaces: tuple[Nic, ...]  # empty: the single ENA interface every launch gets
+    transport: Transport
+    notes: tuple[str, ...] = ()  # unverified facts this layout relies on, and why a choice was made
+
+    @property
+    def elastic_ip(self) -> bool:
+        """EC2 gives no public address to an instance launched with more than one network interface."""
+        return len(self.interfaces) > 1
+
+
+def efa_interfaces(cards: int) -> tuple[Nic, ...]:
+    """AWS's layout for EFA on a type with `cards` network cards (catalog.yaml `cluster_network.interface_source`):
+    one card: one EFA-with-ENA interface; several: ENA primary (card 0, device 0), EFA-only at card 0 device 1,
+    then EFA-only at device 0 on every other card."""
+    if cards == 1:
+        return (Nic(0, 0, "efa"),)
+    return (Nic(0, 0, "interface"), Nic(0, 1, "efa-only"), *(Nic(card, 0, "efa-only") for card in range(1, cards)))
+
+
+def network_for(instance_type: str) -> ClusterNetwork:
+    from gpuprov import catalog
+
+    net = catalog.load().cluster_network
+    family = instance_type.split(".")[0]
+    notes: list[str] = []
+    placement = net.cluster_placement(instance_type)
+    if placement and family in net.cluster_placement_unverified:
+        notes.append(f"unverified: cluster placement for {family}: {net.cluster_placement_unverified[family]}")
+    cards = net.efa_cards(instance_type)
+    if cards is None:
+        return ClusterNetwork(instance_type, placement, (), "tcp", tuple(notes))
+    if cards.unverified:
+        notes.append(f"unverified: {cards.network_cards} network card(s): {cards.unverified}")
+    return ClusterNetwork(instance_type, placement, efa_interfaces(cards.network_cards), "efa", tuple(notes))
+
+
+def describe(layout: ClusterNetwork, nodes: int) -> list[str]:
+    """The plan's lines for the cluster's network (what `plan --nodes N` and `up --nodes N` print)."""
+    family = layout.instance_type.split(".")[0]
+    lines = [f"{nodes} × {layout.instance_type} in one zone, asked for in one launch",
+             "placement group: strategy cluster, created before the launch" if layout.placement_group
+             else f"placement group: none ({family} is not listed for cluster placement)"]
+    if layout.transport == "efa":
+        cards = len({n.card for n in layout.interfaces})
+        kinds = "ENA + EFA-only on each card" if layout.elastic_ip else "EFA with ENA"
+        lines += [f"network: EFA, {cards} card(s), {len(layout.interfaces)} interface(s) a node ({kinds})",
+                  "NCCL: libfabric's EFA provider + AWS OFI NCCL plugin (`efa` step)"]
+        if layout.elastic_ip:
+            lines.append("public address: an Elastic IP a node (EC2 gives none with several interfaces)")
+    else:
+        lines.append(f"network: TCP between nodes (no EFA on {layout.instance_type})")
+    lines.append("security group: SSH from you; all traffic between the cluster's nodes")
+    return lines + [f"  {note}" for note in layout.notes]
+
+
+def layout_summary(layout: ClusterNetwork, nodes: int) -> dict[str, object]:
+    """The cluster part of `plan --json`."""
+    return {"nodes": nodes, "instance_type": layout.instance_type, "placement_group": layout.placement_group,
+            "transport": layout.transport, "elastic_ip": layout.elastic_ip,
+            "interfaces": [{"network_card": n.card, "device_index": n.device, "type": n.kind} for n in layout.interfaces],
+            "notes": list(layout.notes)}
+
+
+@dataclass
+class ClusterResult:
+    node: Node
+    members: list[Member]
+    network: ClusterNetwork
+    attempts: list[lifecycle.Attempt] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # "node 2 (i-…): why"
+    ssh_alias: str | None = None
+
+
+def check_cluster_options(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions) -> None:
+    if not 2 <= copts.nodes <= MAX_NODES:
+        raise UserInputError("--nodes", f"{copts.nodes} is not a cluster size", f"2 to {MAX_NODES} (leave it out for one node)")
+    if copts.min_nodes is not None and not 1 <= copts.min_nodes <= copts.nodes:
+        raise UserInputError("--min-nodes", f"{copts.min_nodes} is not between 1 and --nodes {copts.nodes}",
+                             f"e.g. --min-nodes {max(1, copts.nodes - 1)}")
+    if plan.request.budget_usd is not None:  # each node would turn it into its own deadline at its own price
+        raise UserInputError("--budget", "a budget is per node; a cluster's is not supported yet",
+                             "use --ttl for the cluster's deadline (every node gets it)")
+    if plan.request.spot and plan.request.persistent:  # EC2 guide, "Placement group rules and limitations"
+        raise UserInputError("--persistent", "EC2 cannot launch a spot instance that stops on interruption into a "
+                             "placement group", "drop --persistent (a cluster's spot nodes terminate on interruption)")
+
+
+def up(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provider: Provider, store: Store,
+       say: Say) -> ClusterResult:
+    region = plan.request.region
+    name = lifecycle.check_name(opts.name)
+    lifecycle.check_options(plan, opts)
+    check_cluster_options(plan, opts, copts)
+    if store.find_node(name) and store.node(name).live:
+        raise UserInputError("NAME", f"a node called {name!r} already exists", f"pick another name, or `gpuprov down {name}`")
+    cidr = None if opts.ssh_cidr is None and opts.connect == "private" else lifecycle.ssh_cidr(opts.ssh_cidr)
+    offerings = provider.offerings(region, [c.name for c in plan.candidates])
+    network = provider.network(region, opts.subnet)
+    cap = opts.max_hourly if opts.max_hourly is not None else default_cap(plan)
+    order = candidates(plan, offerings, plan.request.spot, opts.fallback_on_demand, network.zone, cap)
+    for skip in order.skipped:
+        say(f"skipping {skip.instance_type}: {skip.reason}")
+    if not order.candidates:
+        raise UserInputError("--region", f"no instance type with {plan.count}× {plan.gpu.name if plan.gpu else '?'} "
+                             f"under the price cap is offered in {network.zone or region}",
+                             "try us-east-1 or us-west-2, another --gpu, or a higher --max-hourly")
+    if cidr is None:
+        cidr = network.vpc_cidr
+        say(f"SSH will be open to the VPC's CIDR {cidr} (--connect private without --ssh-cidr)")
+    image = opts.image or provider.image(region, plan.request.os)
+
+    market = "spot" if plan.request.spot else "on-demand"
+    store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,
+                      market=market, owner=lifecycle.owner(), plan_json=lifecycle._plan_json(plan),
+                      ssh_user=opts.ssh_user, pid=os.getpid(), host=socket.gethostname(),
+                      autostop_seconds=plan.guards.autostop_seconds, ttl_seconds=plan.request.ttl_seconds,
+                      on_interrupt=plan.guards.on_interrupt, spot_type="one-time" if plan.request.spot else None,
+                      shutdown_action=plan.guards.shutdown_action, disk_gb=opts.disk_gb, connect=opts.connect,
+                      cluster_size=copts.nodes)
+    store.event(name, "up", f"launching {copts.nodes} nodes of {plan.count}× {plan.gpu.name if plan.gpu else ''} "
+                f"in {region}")
+    try:
+        return _launch_and_bootstrap(plan, opts, copts, provider, store, say, order, image, network, cidr)
+    except BaseException as exc:  # failure or Ctrl-C before `ready`: the whole cluster goes, then re-raise
+        say(f"{type(exc).__name__ if isinstance(exc, KeyboardInterrupt) else 'failed'}: removing what {name} got "
+            "(all of its nodes)")
+        store.update_node(name, state="failed", state_reason=str(exc)[:500])
+        result = lifecycle._teardown(name, region, provider, store, say)
+        for what in result.left:
+            say(f"  still there: {what}")
+        if result.left:
+            say(f"  {name} stays listed; rerun: gpuprov down {name}")
+        raise
+
+
+def _launch_and_bootstrap(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provider: Provider,
+                          store: Store, say: Say, order: Order, image: str, network: Network,
+                          cidr: str) -> ClusterResult:
+    name, region = opts.name, plan.request.region
+    public_ip = opts.connect == "public" and network.subnet_id is not None and not network.maps_public_ip
+    say(f"key pair and security group (SSH from {cidr}; all traffic between the cluster's nodes)")
+    access = lifecycle._prepare(name, region, provider, store, network, cidr, public_ip)
+    provider.authorize_self(region, access.security_group_id, settle=SETTLE_SECONDS)
+    instances, layout, attempts = _launch(plan, opts, copts, provider, store, say, order, image, access)
+
+    result = ClusterResult(store.node(name), [], layout, attempts)
+    say(f"{len(instances)} instances launched ({', '.join(i.id for i in instances)}); waiting for them to run")
+    running: list[Instance] = []
+    for rank, inst in enumerate(instances):
+        try:
+            running.append(provider.wait_running(region, inst.id, timeout=opts.ssh_timeout, settle=SETTLE_SECONDS))
+        except GpuprovError as exc:
+            _drop_or_fail(copts, len(instances), [rank], {rank: f"{inst.id}: {exc}"}, result, say)
+            _terminate(name, region, [inst.id], provider, store, say)
+    for inst in running:
+        for volume in inst.volume_ids:
+            store.add_resource(name, "volume", region, volume)
+    members = [_member(name, region, rank, inst, opts, layout, provider, store, say)
+               for rank, inst in enumerate(running)]
+    _record(store, name, members, state="running")
+    result.members = members
+
+    from gpuprov.paths import keys_dir, region_key
+
+    key_path = str(region_key(keys_dir(), region))
+    if opts.wait:
+        members = _contact_all(plan, opts, copts, members, key_path, provider, store, say, result, layout)
+        result.members = members
+    store.update_node(name, state="ready", ready_at=time.time())
+    if opts.wait:
+        from gpuprov import sshconfig
+
+        _merge_known_hosts(name, members)
+        members = [replace(m, rank=rank, state="ready") for rank, m in enumerate(members)]  # ranks 0..n-1 after a drop
+        _record(store, name, members, state="ready")
+        result.members = members
+        result.ssh_alias = sshconfig.add_node(name, members[0].address or "", opts.ssh_user, key_path)
+    else:
+        say("not waiting for SSH (--no-wait): host keys are not pinned, so `ssh gpuprov-NAME` is not set up")
+    result.node = store.node(name)
+    store.event(name, "ready", f"{len(members)} × {result.node.instance_type} {result.node.zone}")
+    return result
+
+
+def _launch(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provider: Provider, store: Store, say: Say,
+            order: Order, image: str, access: Access) -> tuple[list[Instance], ClusterNetwork, list[lifecycle.Attempt]]:
+    """Ask each candidate for the whole cluster in one request; a refusal moves the whole cluster on."""
+    name, region = opts.name, plan.request.region
+    attempts: list[lifecycle.Attempt] = []
+    closed: set[Market] = set()
+    group: str | None = None
+    for i, cand in enumerate(order.candidates):
+        if cand.market in closed:
+            continue
+        layout = network_for(cand.instance_type)
+        if layout.placement_group and group is None:
+            group = _placement_group(name, region, provider, store, say)
+        token = f"gpuprov-{name}-{i}-{uuid.uuid4().hex[:12]}"
+        say(f"asking for {copts.nodes} × {cand.instance_type} in {cand.zone} ({cand.market}"
+            + (f", at least {copts.at_least}" if copts.at_least < copts.nodes else "")
+            + (", EFA" if layout.transport == "efa" else "") + ")")
+        rid = store.intend(name, "instance", region, token)
+        try:
+            instances = provider.launch_group(LaunchRequest(
+                node=name, region=region, zone=cand.zone, instance_type=cand.instance_type, market=cand.market,
+                image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price,
+                shutdown_behavior=lifecycle._shutdown_behavior(plan, cand.market), count=copts.nodes,
+                min_count=copts.at_least, placement_group=group if layout.placement_group else None,
+                interfaces=layout.interfaces), settle=SETTLE_SECONDS)
+        except LaunchError as exc:
+            if exc.then != "retry":  # refused: EC2 launched none of them (MinCount), so nothing to follow
+                store.deleted(rid)
+            attempt = lifecycle.Attempt(cand, exc.code, exc.message)
+            attempts.append(attempt)
+            say(f"  {exc.code}: {exc.message}")
+            store.event(name, "launch-refused", f"{copts.nodes} × {cand.instance_type} {cand.zone} {cand.market}: {exc.code}")
+            if exc.then == "next-candidate":
+                continue
+            if exc.then == "next-market" and cand.market == "spot" and opts.fallback_on_demand:
+                closed.add("spot")
+                say(f"  spot is closed to this account here ({exc.code}); going on with on-demand")
+                continue
+            if exc.quota:
+                raise lifecycle._quota_error(attempt, provider, region) from None
+            fix = f"\n  fix: {exc.fix}" if exc.fix else ""
+            raise GpuprovError(f"AWS refused the launch: {exc.code}: {exc.message}{fix}") from None
+        _recorded(store, name, region, rid, token, instances)
+        _landed(plan, store, name, cand)
+        if len(instances) < copts.nodes:
+            say(f"  EC2 launched {len(instances)} of {copts.nodes} (at least {copts.at_least} asked for)")
+        return instances, layout, attempts
+    tried = "; ".join(f"{a.candidate.instance_type}/{a.candidate.zone}/{a.candidate.market}: {a.code}" for a in attempts)
+    raise GpuprovError(f"no zone could hold all {copts.at_least} nodes of the cluster: {tried}")
+
+
+def _placement_group(name: str, region: str, provider: Provider, store: Store, say: Say) -> str:
+    group = f"gpuprov-{name}-{uuid.uuid4().hex[:8]}"
+    say(f"cluster placement group {group}")
+    rid = store.intend(name, "placement-group", region, group)
+    store.created(rid, provider.create_placement_group(region, name, group))
+    return group
+
+
+def _recorded(store: Store, name: str, region: str, rid: int, token: str, instances: list[Instance]) -> None:
+    store.created(rid, instances[0].id)
+    for inst in instances[1:]:
+        store.add_resource(name, "instance", region, inst.id, token)
+    for inst in instances:
+        if inst.spot_request_id:
+            store.add_resource(name, "spot-request", region, inst.spot_request_id)
+
+
+def _landed(plan: Plan, store: Store, name: str, cand: Candidate) -> None:
+    store.update_node(name, instance_type=cand.instance_type, zone=cand.zone, market=cand.market,
+                      price_usd_hour=cand.price_usd_hour,
+                      spot_type="one-time" if cand.market == "spot" else None,
+                      shutdown_action=lifecycle._shutdown_behavior(plan, cand.market))
+
+
+def _member(name: str, region: str, rank: int, inst: Instance, opts: lifecycle.UpOptions, layout: ClusterNetwork,
+            provider: Provider, store: Store, say: Say) -> Member:
+    public = inst.public_ip
+    allocation = None
+    if opts.connect == "public" and layout.elastic_ip:
+        label = f"gpuprov-{name}-{rank}-{uuid.uuid4().hex[:8]}"
+        rid = store.intend(name, "address", region, label)
+        allocation = provider.allocate_address(region, name, label)
+        store.created(rid, allocation)
+        public = provider.associate_address(region, allocation, inst.id, settle=SETTLE_SECONDS)
+        say(f"  node {rank}: Elastic IP {public}")
+    address = inst.private_ip if opts.connect == "private" else public
+    if not address:
+        raise GpuprovError(f"{inst.id} has no {opts.connect} address; use --connect private (VPN/bastion) "
+                           "or a subnet that assigns public IPs")
+    return Member(rank, inst.id, inst.private_ip, public, address, "running", allocation)
+
+
+def _record(store: Store, name: str, members: list[Member], state: str) -> None:
+    store.update_node(name, state=state, members_json=members_json(members),
+                      address=members[0].address if members else None)
+
+
+def _drop_or_fail(copts: ClusterOptions, launched: int, ranks: list[int], why: dict[int, str], result: ClusterResult,
+                  say: Say) -> None:
+    """Keep the cluster without the failed nodes when --min-nodes allows it; otherwise raise (all come down)."""
+    left = launched - len(result.dropped) - len(ranks)
+    reasons = "; ".join(f"node {r}: {why[r]}" for r in ranks)
+    if left < copts.at_least:
+        raise GpuprovError(f"{reasons}\n  {left} healthy node(s) left, {copts.at_least} needed"
+                           + ("" if copts.min_nodes is not None else " (--min-nodes M keeps a smaller cluster)"))
+    for r in ranks:
+        result.dropped.append(f"node {r} ({why[r]})")
+        say(f"  dropping node {r} ({why[r]}); {left} left (--min-nodes {copts.at_least})")
+
+
+def _terminate(name: str, region: str, ids: list[str], provider: Provider, store: Store, say: Say) -> None:
+    """Take some of a cluster's instances (and their Elastic IPs) down; the rest stays."""
+    try:
+        provider.terminate(region, ids, settle=SETTLE_SECONDS)
+        provider.wait_terminated(region, ids)
+    except NotFound:
+        pass
+    for row in store.resources(name, region=region, kind="instance"):
+        if row.cloud_id in ids:
+            store.deleted(row.id)
+    say(f"  removed {', '.join(ids)}")
+
+
+def _release(name: str, region: str, members: list[Member], provider: Provider, store: Store) -> None:
+    from gpuprov.providers.base import CloudResource
+
+    allocations = {m.allocation_id for m in members if m.allocation_id}
+    for row in store.resources(name, region=region, kind="address"):
+        if row.cloud_id in allocations:
+            with contextlib.suppress(NotFound):  # already gone
+                provider.delete(CloudResource("address", row.cloud_id or "", region, name), settle=SETTLE_SECONDS)
+            store.deleted(row.id)
+
+
+def _contact_all(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, members: list[Member], key_path: str,
+                 provider: Provider, store: Store, say: Say, result: ClusterResult,
+                 layout: ClusterNetwork) -> list[Member]:
+    """SSH to every node (host key pinned per node) and bootstrap it, all at once; failed nodes are dropped
+    when --min-nodes allows, else the cluster fails."""
+    from gpuprov.fanout import run_parallel
+
+    name, region = opts.name, plan.request.region
+    if opts.bootstrap:
+        store.update_node(name, state="bootstrapping")
+        plan = with_efa_step(plan, layout)
+
+    def one(m: Member) -> str | None:
+        node_opts = replace(opts, name=f"{name}.{m.rank}")
+
+        def tell(line: str) -> None:
+            say(f"[node {m.rank}] {line}")
+
+        try:
+            if opts.bootstrap:
+                lifecycle._bootstrap(plan, node_opts, key_path, m.address or "", tell)
+            else:
+                lifecycle._pin_host_key(node_opts, key_path, m.address or "", tell)
+        except GpuprovError as exc:
+            return str(exc)
+        return None
+
+    errors = run_parallel(members, one, parallel=len(members))
+    failed = [m for m, err in zip(members, errors, strict=True) if err is not None]
+    if failed:
+        _drop_or_fail(copts, len(members) + len(result.dropped), [m.rank for m in failed],
+                      {m.rank: str(err) for m, err in zip(members, errors, strict=True) if err is not None}, result, say)
+        _terminate(name, region, [m.instance_id for m in failed], provider, store, say)
+        _release(name, region, failed, provider, store)
+        members = [m for m in members if m not in failed]
+        _record(store, name, members, state="bootstrapping" if opts.bootstrap else "running")
+    return members
+
+
+def with_efa_step(plan: Plan, layout: ClusterNetwork) -> Plan:
+    """The plan with the `efa` step (EFA software, AWS OFI NCCL plugin, NCCL/libfabric environment) before
+    `verify`, on EFA types; unchanged for TCP."""
+    if layout.transport != "efa" or any(s.name == "efa" for s in plan.steps):
+        return plan
+    from gpuprov.render import StepPlan
+
+    steps = list(plan.steps)
+    at = next((i for i, s in enumerate(steps) if s.kind == "verify"), len(steps))
+    steps.insert(at, StepPlan("efa", "efa.sh.j2", "stack", f"AWS EFA installer {EFA_INSTALLER.version} (EFA driver, "
+                              "libfabric, AWS OFI NCCL plugin); NCCL/libfabric environment in /etc/gpuprov/efa.env",
+                              (("efa", EFA_INSTALLER),)))
+    return replace(plan, steps=tuple(steps))
+
+
+def _merge_known_hosts(name: str, members: list[Member]) -> None:
+    """Each node's pinned key, gathered into the cluster's own known_hosts (what `ssh gpuprov-NAME` uses)."""
+    from gpuprov import sshconfig
+
+    lines: list[str] = []
+    for m in members:
+        path = sshconfig.node_known_hosts(f"{name}.{m.rank}")
+        if path.exists():
+            lines += [line for line in path.read_text().splitlines() if line and line not in lines]
+        sshconfig.remove_node(f"{name}.{m.rank}")
+    target = sshconfig.node_known_hosts(name)
+    target.write_text("".join(f"{line}\n" for line in lines))
+    target.chmod(0o600)

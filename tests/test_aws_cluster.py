@@ -1,0 +1,297 @@
+"""`up NAME --nodes N` on the local AWS endpoint (moto behind the fault proxy, which plays what EC2 does for
+clusters and moto does not: tests/aws/ec2_cluster.py). Each test ends with nothing tagged as ours left."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.aws.cli import EMPTY, gp, launch_site, nothing_left, up_args
+from tests.aws.fault_proxy import placement_groups
+
+
+def _cluster(env, name: str = "train") -> dict:
+    (row,) = [n for n in json.loads(gp(env, "status", "--json").stdout) if n["name"] == name]
+    return row
+
+
+def test_two_node_cluster_one_launch_placement_group_first_self_rule_then_down(aws, env):
+    result = gp(env, *up_args("train", "--gpu", "A10G:4", "--nodes", "2", "--no-bootstrap", "--no-wait"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    actions = [e["action"] for e in aws.log()]
+    assert actions.index("CreatePlacementGroup") < actions.index("RunInstances")
+    (create,) = aws.log("CreatePlacementGroup")
+    assert create["form"]["Strategy"] == "cluster" and create["form"]["TagSpecification.1.ResourceType"] == "placement-group"
+    (run,) = [e for e in aws.log("RunInstances") if e["status"] == 200]
+    assert run["form"]["MinCount"] == run["form"]["MaxCount"] == "2"
+    assert run["form"]["Placement.GroupName"] == create["form"]["GroupName"]
+    (group,) = placement_groups(aws.url)
+    assert len(group["instances"]) == 2 and group["tags"]["gpuprov:node"] == "train"
+    sg = aws.ec2().describe_security_groups(Filters=[{"Name": "tag:gpuprov:node", "Values": ["train"]}])["SecurityGroups"][0]
+    selfrule = [p for p in sg["IpPermissions"] if p["IpProtocol"] == "-1"]
+    assert [pair["GroupId"] for pair in selfrule[0]["UserIdGroupPairs"]] == [sg["GroupId"]]
+    insts = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]]
+    assert len({i["Placement"]["AvailabilityZone"] for i in insts}) == 1 and len(insts) == 2
+    row = _cluster(env)
+    assert [m["rank"] for m in row["members"]] == [0, 1]
+    assert "node 0" in result.stdout and "node 1" in result.stdout
+    table = gp({**env, "COLUMNS": "80"}, "status").stdout
+    lines = table.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[:1] == ["train"])
+    assert "2×4× A10G" in lines[at] and [line.split()[:2] for line in lines[at + 1:at + 3]] == [["node", "0"], ["node", "1"]]
+    refused = gp(env, "stop", "train")
+    assert refused.returncode == 2 and "gpuprov down train" in refused.stderr
+    down = gp(env, "down", "train", "--yes")
+    assert down.returncode == 0, down.stdout + down.stderr
+    nothing_left(aws)
+
+
+def test_efa_type_launches_with_aws_interface_layout_and_elastic_ips(aws, env):
+    result = gp(env, *up_args("efa", "--gpu", "H100:8", "--nodes", "2", "--no-bootstrap", "--no-wait"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run,) = [e for e in aws.log("RunInstances") if e["status"] == 200]
+    form = run["form"]
+    assert form["InstanceType"] == "p5.48xlarge"
+    nics = {}
+    for key, value in form.items():
+        if key.startswith("NetworkInterface.") and key.count(".") == 2:
+            _, n, field = key.split(".")
+            nics.setdefault(n, {})[field] = value
+    layout = sorted((int(n["NetworkCardIndex"]), int(n["DeviceIndex"]), n["InterfaceType"]) for n in nics.values())
+    assert layout[:3] == [(0, 0, "interface"), (0, 1, "efa-only"), (1, 0, "efa-only")]
+    assert len(layout) == 33 and {c for c, _, _ in layout} == set(range(32))
+    assert not any("AssociatePublicIpAddress" in n for n in nics.values())  # EC2 refuses it with several interfaces
+    eips = aws.ec2().describe_addresses()["Addresses"]
+    assert len(eips) == 2 and all(a.get("InstanceId") for a in eips)
+    row = _cluster(env, "efa")
+    assert sorted(m["public_ip"] for m in row["members"]) == sorted(a["PublicIp"] for a in eips)
+    assert "EFA" in result.stdout and "Elastic IP" in result.stdout
+    assert gp(env, "down", "efa", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_tcp_type_says_so_in_the_plan_and_launches_without_efa(aws, env):
+    plan = gp(env, "plan", "--gpu", "A10G:4", "--nodes", "2")
+    assert plan.returncode == 0 and "network: TCP" in plan.stdout and "placement group: strategy cluster" in plan.stdout
+    efa = gp(env, "plan", "--gpu", "H100:8", "--nodes", "2", "--json")
+    cluster = json.loads(efa.stdout)["cluster"]
+    assert cluster["transport"] == "efa" and cluster["elastic_ip"] and len(cluster["interfaces"]) == 33
+    assert "efa" in [s["name"] for s in json.loads(efa.stdout)["steps"]]
+    assert aws.log() == []  # plan asks nothing of AWS
+
+
+def test_a_zone_that_cannot_hold_the_whole_cluster_is_skipped_whole(aws, env):
+    aws.faults({"action": "RunInstances", "match": {"Placement.AvailabilityZone": "us-east-1a"}, "capacity": 1})
+    result = gp(env, *up_args("zone", "--gpu", "A10G:4", "--nodes", "2", "--no-bootstrap", "--no-wait"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = [e for e in aws.log("RunInstances") if e["outcome"] != "fresh-notfound"]  # EC2 may not know a fresh group yet
+    assert runs[0]["form"]["Placement.AvailabilityZone"] == "us-east-1a" and runs[0]["status"] == 500
+    assert "InsufficientInstanceCapacity" in result.stdout
+    insts = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]]
+    zones = {i["Placement"]["AvailabilityZone"] for i in insts}
+    assert len(insts) == 2 and len(zones) == 1 and zones != {"us-east-1a"}  # nothing launched in 1a, none split
+    assert _cluster(env, "zone")["zone"] in zones
+    assert gp(env, "down", "zone", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_min_nodes_takes_what_a_zone_can_hold_above_the_minimum(aws, env):
+    aws.faults({"action": "RunInstances", "capacity": 2})
+    result = gp(env, *up_args("part", "--gpu", "A10G:4", "--nodes", "3", "--min-nodes", "2", "--no-bootstrap",
+                              "--no-wait"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run,) = [e for e in aws.log("RunInstances") if e["status"] == 200]
+    assert (run["form"]["MinCount"], run["form"]["MaxCount"]) == ("2", "3")
+    assert "EC2 launched 2 of 3" in result.stdout
+    assert [m["rank"] for m in _cluster(env, "part")["members"]] == [0, 1]
+    assert gp(env, "down", "part", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_no_zone_holds_the_cluster_nothing_is_left(aws, env):
+    aws.faults({"action": "RunInstances", "capacity": 1})
+    result = gp(env, *up_args("none", "--gpu", "A10G:4", "--nodes", "2", "--no-bootstrap", "--no-wait"))
+    assert result.returncode == 1
+    assert "no zone could hold all 2 nodes" in result.stderr
+    assert all(e["status"] == 500 for e in aws.log("RunInstances") if e["outcome"] != "fresh-notfound")
+    nothing_left(aws)
+
+
+def _lose_node_while_starting(aws, env, name: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """Node 1 is terminated by EC2 (say, spot capacity taken back) while `up` waits for the nodes to run."""
+    aws.faults({"action": "DescribeInstances", "hold": True, "times": 1})
+    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args(name, "--gpu", "A10G:4", "--nodes", "3",
+                                                                       "--no-bootstrap", "--no-wait", *extra)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        aws.wait_held(1, timeout=120)
+        (run,) = [e for e in aws.log("RunInstances") if e["status"] == 200]
+        ids = [i["InstanceId"] for r in aws.ec2().describe_instances(Filters=[
+            {"Name": "tag:gpuprov:node", "Values": [name]}])["Reservations"] for i in r["Instances"]]
+        assert len(ids) == 3, run
+        ordered = sorted(ids, key=lambda i: next(e for r in aws.ec2().describe_instances(InstanceIds=[i])["Reservations"]
+                                                 for e in r["Instances"])["AmiLaunchIndex"])
+        aws.ec2().terminate_instances(InstanceIds=[ordered[1]])
+        aws.release()
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_a_node_lost_while_starting_takes_the_whole_cluster_down(aws, env):
+    result = _lose_node_while_starting(aws, env, "aon")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "node 1" in result.stderr and "removing what aon got (all of its nodes)" in result.stdout
+    nothing_left(aws)
+    assert json.loads(gp(env, "status", "--json").stdout) == []
+
+
+def test_min_nodes_keeps_the_healthy_nodes_when_one_is_lost(aws, env):
+    result = _lose_node_while_starting(aws, env, "keep", "--min-nodes", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "dropping node 1" in result.stdout
+    row = _cluster(env, "keep")
+    assert [m["rank"] for m in row["members"]] == [0, 1] and row["state"] == "ready"
+    live = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]
+            if i["State"]["Name"] != "terminated"]
+    assert sorted(i["InstanceId"] for i in live) == sorted(m["instance_id"] for m in row["members"])
+    assert gp(env, "down", "keep", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_cluster_bad_input_creates_nothing(aws, env):
+    for args, field in ((["--nodes", "2", "--min-nodes", "3"], "--min-nodes"),
+                        (["--nodes", "2", "--spot", "--persistent"], "--persistent"),
+                        (["--nodes", "500"], "--nodes"),
+                        (["--nodes", "2", "--budget", "50"], "--budget")):
+        result = gp(env, *up_args("bad", "--gpu", "A10G:4", *args))
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert result.returncode == 2 and errors[0].startswith(f"error: {field}:"), result.stderr
+        assert "Traceback" not in result.stderr
+    assert aws.log() == []
+    nothing_left(aws)
+
+
+# --- crash safety -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("checkpoint", "gpu"), [("CreatePlacementGroup", "A10G:4"), ("RunInstances", "A10G:4"),
+                                                 ("AuthorizeSecurityGroupEgress", "A10G:4"),
+                                                 ("AllocateAddress", "H100:8"), ("AssociateAddress", "H100:8")])
+@pytest.mark.parametrize("cleanup", ["down", "gc"])
+def test_sigkill_during_a_cluster_up_then_down_or_gc_leaves_nothing(aws, env, checkpoint, gpu, cleanup):
+    aws.faults({"action": checkpoint, "hold": True, "times": 1})
+    name = f"k{checkpoint.lower()[:8]}"
+    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args(name, "--gpu", gpu, "--nodes", "2",
+                                                                       "--no-bootstrap", "--no-wait")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(r["held"] for r in aws.rules()):  # the cloud did the work; the answer never arrives
+            if proc.poll() is not None:
+                pytest.fail(f"`up` ended before reaching {checkpoint}: {proc.communicate()}")
+            assert time.monotonic() < deadline, f"{checkpoint} never reached"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(10)
+        aws.release()
+    aws.clear_faults()
+    assert aws.leftovers() != EMPTY  # the crash left something that costs or clutters
+    result = gp(env, "down", name, "--yes") if cleanup == "down" else gp(env, "gc", "--yes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert aws.leftovers() == EMPTY, f"leak after a crash ({cleanup}): {result.stdout}"
+
+
+# --- bootstrap on real SSH hosts (tests/conftest.py aws_hosts: the addresses moto hands out) -------------------
+
+def _two_hosts(aws, pool, gp_home, fail_node: int | None = None) -> str:
+    subnet = launch_site(aws, pool, gp_home)  # node 0 lands on pool[0]
+    pool.exec_in(1, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/*; "
+                    "echo 'export GPUPROV_SHIM_GPU=T4' > /var/lib/gpuprov-shim/env", check=True)
+    if fail_node is not None:  # that node's GPU never answers: its verify step fails
+        pool.exec_in(fail_node, "echo 'export GPUPROV_SHIM_FAIL=no-gpu' >> /var/lib/gpuprov-shim/env", check=True)
+    return subnet
+
+
+BOOT = ("--gpu", "T4", "--connect", "private", "--ssh-user", "root", "--os", "ubuntu-22.04", "--python", "3.11")
+
+
+def test_cluster_bootstraps_every_node_over_ssh_then_down(aws, env, aws_hosts, gp_home):
+    subnet = _two_hosts(aws, aws_hosts, gp_home)
+    result = gp(env, *up_args("duo", *BOOT, "--nodes", "2", "--subnet", subnet), timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[node 0]" in result.stdout and "[node 1]" in result.stdout
+    row = _cluster(env, "duo")
+    assert row["state"] == "ready" and [m["address"] for m in row["members"]] == [h.address for h in aws_hosts.hosts]
+    for i in range(2):  # each node bootstrapped and verified
+        assert aws_hosts.exec_in(i, "ls /var/lib/gpuprov/markers/", check=True).stdout.count("sha256") >= 3
+    known = (gp_home / "nodes" / "duo" / "known_hosts").read_text()
+    assert all(h.address in known for h in aws_hosts.hosts)  # both nodes' host keys pinned
+    assert gp(env, "down", "duo", "--yes").returncode == 0
+    nothing_left(aws)
+    assert not (gp_home / "nodes" / "duo").exists() and not (gp_home / "nodes" / "duo.1").exists()
+
+
+def test_a_node_failing_bootstrap_takes_the_whole_cluster_down(aws, env, aws_hosts, gp_home):
+    subnet = _two_hosts(aws, aws_hosts, gp_home, fail_node=1)
+    result = gp(env, *up_args("boot", *BOOT, "--nodes", "2", "--subnet", subnet), timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "node 1" in result.stderr and "all of its nodes" in result.stdout
+    nothing_left(aws)
+
+
+def test_min_nodes_drops_a_node_that_fails_bootstrap_and_keeps_the_rest(aws, env, aws_hosts, gp_home):
+    subnet = _two_hosts(aws, aws_hosts, gp_home, fail_node=1)
+    result = gp(env, *up_args("kept", *BOOT, "--nodes", "2", "--min-nodes", "1", "--subnet", subnet), timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "dropping node 1" in result.stdout
+    (member,) = _cluster(env, "kept")["members"]
+    assert member["rank"] == 0 and member["address"] == aws_hosts.hosts[0].address
+    live = [i["InstanceId"] for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]
+            if i["State"]["Name"] != "terminated"]
+    assert live == [member["instance_id"]]  # the failed node is gone, not billed
+    assert gp(env, "down", "kept", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+@pytest.mark.parametrize("seed", range(1, 7))  # under the realistic proxy (fresh ids NotFound, lagging tags)
+def test_sigkill_at_random_instants_of_an_efa_cluster_up_leaves_nothing(aws, env, seed):
+    delay = random.Random(seed).uniform(0.5, 4.0)
+    name = f"r{seed}"
+    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args(name, "--gpu", "H100:8", "--nodes", "2",
+                                                                       "--no-bootstrap", "--no-wait")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    result = gp(env, "down", name, "--yes") if seed % 2 else gp(env, "gc", "--yes")
+    if seed % 2 and result.returncode == 2 and "no node called" in result.stderr:
+        result = gp(env, "gc", "--yes")  # killed before it recorded the node: only gc can know
+    if not seed % 2 and any(n["name"] == name for n in json.loads(gp(env, "status", "--json").stdout)):
+        result = gp(env, "down", name, "--yes")  # `up` had finished: a live cluster, not an orphan
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert aws.leftovers() == EMPTY, f"leak after a crash at {delay:.2f}s: {result.stdout}"
+
+
+@pytest.mark.instant_aws  # about tags, not their lag (test_aws_ec2_behaviour.py covers lagging tag listings)
+def test_gc_finds_a_cluster_whose_local_state_was_lost_by_its_tags(aws, env, tmp_path):
+    assert gp(env, *up_args("lost", "--gpu", "H100:8", "--nodes", "2", "--no-bootstrap", "--no-wait")).returncode == 0
+    elsewhere = {**env, "GPUPROV_HOME": str(tmp_path / "other-machine")}  # no records: tags are all there is
+    listed = gp(elsewhere, "gc", "--json")
+    kinds = sorted(r["kind"] for r in json.loads(listed.stdout)["found"] if r["node"] == "lost")
+    assert kinds.count("instance") == 2 and "placement-group" in kinds and kinds.count("address") == 2, kinds
+    result = gp(elsewhere, "gc", "--yes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    left = aws.leftovers()
+    assert {k: v for k, v in left.items() if k != "key_pairs"} == {k: [] for k in left if k != "key_pairs"}

@@ -1,0 +1,249 @@
+"""Baked images and Deep Learning AMIs (issue 12) through the real CLI, against moto behind the fault proxy
+(realistic: a new image id answers NotFound twice and is `pending` twice before `available`; a second image
+of the same name is InvalidAMIName.Duplicate) and real sshd test hosts standing in for the launched nodes.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.aws.cli import copy_disk, gp, launch_site, nothing_left, up_args
+from tests.aws.fixture import ubuntu_ami
+
+SYSROOT = "/var/lib/gpuprov-shim/root"
+STACK_ARGS = ("--gpu", "T4", "--os", "ubuntu-22.04", "--python", "3.11")
+INSTALL_STEPS = ("kernel-headers", "nouveau-off", "nvidia-driver", "persistence", "python-env", "pytorch")
+USER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHVzZXJzLW93bi1rZXktbm90LWdwdXByb3ZzMDAwMDAwMDA me@laptop"
+
+
+def owner() -> str:
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def plan_stack(region: str = "us-east-1", os_name: str = "ubuntu-22.04") -> str:
+    from gpuprov.cloud.images import plan_stack
+    from gpuprov.compat import StackPins
+    from gpuprov.plan import NodeRequest, make_plan
+
+    return plan_stack(make_plan(NodeRequest(gpu="T4", os=os_name, region=region, pins=StackPins(python="3.11"))))
+
+
+def images_in(aws, region: str = "us-east-1") -> list[dict]:
+    return aws.ec2(region).describe_images(Owners=["self"])["Images"]
+
+
+def snapshots_in(aws, region: str = "us-east-1") -> list[str]:
+    return [s["SnapshotId"] for s in aws.ec2(region).describe_snapshots(OwnerIds=["self"])["Snapshots"]]
+
+
+def tags(raw: dict) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in raw.get("Tags") or []}
+
+
+def seed_node_identity(pool, i: int, public_key: str) -> None:
+    """What an EC2 instance has that an image must not carry: host keys, the launch key in authorized_keys
+    (next to a key of the user's own), cloud-init's instance data and log (under the hosts' sysroot)."""
+    pool.exec_in(i, f"""set -e; r={SYSROOT}; mkdir -p $r/etc/ssh $r/root/.ssh $r/var/lib/cloud/instance $r/var/log
+        for t in rsa ecdsa ed25519; do
+          echo key > $r/etc/ssh/ssh_host_${{t}}_key; echo pub > $r/etc/ssh/ssh_host_${{t}}_key.pub
+        done
+        printf '%s\\n%s\\n' '{public_key}' '{USER_KEY}' > $r/root/.ssh/authorized_keys; chmod 600 $r/root/.ssh/authorized_keys
+        echo i-0 > $r/var/lib/cloud/instance/instance-id; echo boot > $r/var/log/cloud-init.log""", check=True)
+
+
+def test_bake_cleans_the_node_tags_the_image_and_the_next_up_skips_every_install_step(aws, env, aws_hosts, gp_home):
+    pool = aws_hosts
+    subnet = launch_site(aws, pool, gp_home)
+    public_key = (gp_home / "keys" / "us-east-1" / "id_ed25519.pub").read_text().strip()
+    seed_node_identity(pool, 0, public_key)
+    where = ("--subnet", subnet, "--connect", "private", "--ssh-user", "root")
+    first = gp(env, *up_args("base", *STACK_ARGS, *where, "--ttl", "8h"))
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "image: Canonical's Ubuntu" in first.stdout and "no baked image of stack" in first.stdout
+
+    # a bake killed while CreateImage is under way: the clean-up has run by then; gc finds the image
+    aws.faults({"action": "CreateImage", "hold": True, "times": 1})
+    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", "image", "bake", "base", "--name", "t4-stack", "--yes"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        aws.wait_held(1, timeout=120)
+        host = pool.exec_in(0, f"ls {SYSROOT}/etc/ssh; cat {SYSROOT}/root/.ssh/authorized_keys; "
+                               f"ls /var/lib/gpuprov/markers; ls -A {SYSROOT}/var/lib/cloud; "
+                               f"test -e {SYSROOT}/var/lib/gpuprov/ttl-deadline && echo DEADLINE; "
+                               "grep cloud-init /var/lib/gpuprov-shim/calls.log", check=True).stdout
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(10)
+        aws.release()
+    assert "ssh_host_" not in host and USER_KEY in host and public_key not in host
+    for step in INSTALL_STEPS:
+        assert f"{step}.sha256" in host  # the markers stay: an up from the image skips those steps
+    assert "ttl.sha256" not in host and "DEADLINE" not in host and "cloud-init clean --logs" in host
+    (created,) = aws.log("CreateImage")
+    form = created["form"]
+    assert form["Name"] == "t4-stack" and form["NoReboot"] == "false"
+    assert form["InstanceId"] == next(i["InstanceId"] for r in aws.ec2().describe_instances()["Reservations"]
+                                      for i in r["Instances"])
+    (image,) = images_in(aws)
+    assert tags(image)["gpuprov:stack"] == plan_stack() and tags(image)["gpuprov:os"] == "ubuntu-22.04"
+    assert tags(image)["gpuprov:owner"] == owner() and tags(image)["gpuprov:source-node"] == "base"
+    (snap,) = aws.ec2().describe_snapshots(SnapshotIds=[image["BlockDeviceMappings"][0]["Ebs"]["SnapshotId"]])[
+        "Snapshots"]
+    assert tags(snap)["gpuprov:image"] == "t4-stack" and tags(snap)["gpuprov:owner"] == owner()
+    listed = gp(env, "gc")
+    assert image["ImageId"] in listed.stdout and "bake was interrupted" in listed.stdout
+    assert gp(env, "gc", "--yes").returncode == 0
+    assert images_in(aws) == [] and snap["SnapshotId"] not in snapshots_in(aws)
+
+    baked = gp(env, "image", "bake", "base", "--name", "t4-stack", "--yes")
+    assert baked.returncode == 0, baked.stdout + baked.stderr
+    assert "pending" in baked.stdout and "t4-stack" in baked.stdout and "gpuprov down base" in baked.stdout
+    (row,) = json.loads(gp(env, "image", "list", "--json").stdout)
+    assert (row["name"], row["stack"], row["state"], row["recorded"]) == ("t4-stack", plan_stack(), "available", True)
+    assert row["snapshot_ids"] and row["id"].startswith("ami-")
+    table = gp(env, "image", "list")
+    assert "t4-stack" in table.stdout and plan_stack()[:12] in table.stdout
+
+    assert gp(env, "down", "base", "--yes").returncode == 0
+    assert [i["ImageId"] for i in images_in(aws)] == [row["id"]]  # images outlive nodes
+    nothing_left(aws)
+
+    copy_disk(pool, 0, 1)  # the next instance in the subnet lands on pool[1], with the image's disk
+    live = json.loads(gp(env, "plan", *STACK_ARGS, "--live", "--json").stdout)["image"]
+    assert (live["source"], live["id"], live["steps_to_run"]) == ("baked", row["id"], [])
+    second = gp(env, *up_args("again", *STACK_ARGS, *where))
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"image: baked image t4-stack ({row['id']}" in second.stdout
+    assert aws.log("RunInstances")[-1]["form"]["ImageId"] == row["id"]
+    for step in INSTALL_STEPS:
+        assert f"  {step}: unchanged" in second.stdout
+    calls = pool.exec_in(1, "cat /var/lib/gpuprov-shim/calls.log", check=True).stdout
+    assert "apt-get install" not in calls and "uv pip install" not in calls
+    assert gp(env, "down", "again", "--yes").returncode == 0
+    removed = gp(env, "image", "rm", "t4-stack", "--yes")
+    assert removed.returncode == 0, removed.stderr
+    assert images_in(aws) == [] and row["snapshot_ids"][0] not in snapshots_in(aws)
+    nothing_left(aws)
+
+
+def _image(aws, region: str, name: str, stack: str, os_name: str = "ubuntu-24.04") -> str:
+    """An image of this owner made straight in moto (not through gpuprov: another machine's bake, say)."""
+    ec2 = aws.ec2(region)
+    (inst,) = ec2.run_instances(ImageId=ubuntu_ami("24.04"), MinCount=1, MaxCount=1, InstanceType="t3.micro")["Instances"]
+    image = ec2.create_image(InstanceId=inst["InstanceId"], Name=name, TagSpecifications=[{"ResourceType": "image", "Tags": [
+        {"Key": "gpuprov:node", "Value": "(image)"}, {"Key": "gpuprov:owner", "Value": owner()},
+        {"Key": "gpuprov:stack", "Value": stack}, {"Key": "gpuprov:os", "Value": os_name}]}])["ImageId"]
+    ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])
+    return image
+
+
+def _stack_24(region: str = "us-east-1") -> str:
+    from gpuprov.cloud.images import plan_stack
+    from gpuprov.plan import NodeRequest, make_plan
+
+    return plan_stack(make_plan(NodeRequest(gpu="T4", region=region)))
+
+
+@pytest.mark.instant_aws
+def test_up_picks_the_baked_image_of_its_stack_in_its_region_only(aws, env):
+    stack = _stack_24()
+    assert stack == _stack_24("us-west-2")  # the scripts do not name the region: only where the image is differs
+    _image(aws, "us-west-2", "elsewhere", stack)
+    _image(aws, "us-east-1", "other-stack", "0" * 64)
+    _image(aws, "us-east-1", "other-os", stack, os_name="ubuntu-22.04")
+    plain = gp(env, *up_args("p1", "--gpu", "T4", "--no-bootstrap", "--no-wait"))
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert aws.log("RunInstances")[-1]["form"]["ImageId"] == ubuntu_ami("24.04")
+    mine = _image(aws, "us-east-1", "mine", stack)
+    live = json.loads(gp(env, "plan", "--gpu", "T4", "--live", "--json").stdout)["image"]
+    assert (live["id"], live["steps_to_run"]) == (mine, [])
+    human = gp(env, "plan", "--gpu", "T4", "--live")
+    assert "baked image mine" in human.stdout and "steps that will run: none" in human.stdout
+    picked = gp(env, *up_args("p2", "--gpu", "T4", "--no-bootstrap", "--no-wait"))
+    assert picked.returncode == 0 and aws.log("RunInstances")[-1]["form"]["ImageId"] == mine
+    fresh = gp(env, *up_args("p3", "--gpu", "T4", "--no-bootstrap", "--no-wait", "--image", "fresh"))
+    assert fresh.returncode == 0 and aws.log("RunInstances")[-1]["form"]["ImageId"] == ubuntu_ami("24.04")
+    named = gp(env, *up_args("p4", "--gpu", "T4", "--no-bootstrap", "--no-wait", "--image", "other-stack"))
+    assert named.returncode == 0 and "steps whose scripts differ run again" in named.stdout
+    assert gp(env, "down", "--all", "--yes").returncode == 0
+    assert len(images_in(aws)) + len(images_in(aws, "us-west-2")) == 4  # down leaves images
+    nothing_left(aws)
+
+
+def test_gc_and_image_rm_deregister_images_and_delete_their_snapshots(aws, env):
+    stray = _image(aws, "us-east-1", "lost-record", "1" * 64)
+    kept = _image(aws, "us-east-1", "named", "2" * 64)
+    ec2 = aws.ec2()
+    vol = ec2.create_volume(Size=8, AvailabilityZone="us-east-1a")["VolumeId"]
+    orphan = ec2.create_snapshot(VolumeId=vol, TagSpecifications=[{"ResourceType": "snapshot", "Tags": [
+        {"Key": "gpuprov:node", "Value": "(image)"}, {"Key": "gpuprov:owner", "Value": owner()},
+        {"Key": "gpuprov:image", "Value": "deregistered-long-ago"}]}])["SnapshotId"]
+    ec2.delete_volume(VolumeId=vol)
+    snaps = {i["ImageId"]: i["BlockDeviceMappings"][0]["Ebs"]["SnapshotId"] for i in images_in(aws)}
+    found = json.loads(gp(env, "gc", "--json").stdout)["found"]
+    assert {(r["kind"], r["id"]) for r in found} == {("image", stray), ("image", kept), ("snapshot", orphan)}
+    removed = gp(env, "image", "rm", "named", "--yes")
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    assert f"snapshot {snaps[kept]}" in removed.stdout
+    assert gp(env, "gc", "--yes").returncode == 0
+    assert images_in(aws) == [] and not set(snapshots_in(aws)) & {orphan, *snaps.values()}
+    assert gp(env, "gc").stdout.startswith("nothing to collect")
+    missing = gp(env, "image", "rm", "named", "--yes")
+    assert missing.returncode == 2 and "no image 'named'" in missing.stderr
+
+
+DLAMI_PREFIX = "/test/deeplearning"
+
+
+def _seed_dlami(aws, os_name: str = "ubuntu-22.04") -> str:
+    ami = ubuntu_ami(os_name.removeprefix("ubuntu-"))
+    aws.client("ssm").put_parameter(
+        Name=f"{DLAMI_PREFIX}/ami/x86_64/base-oss-nvidia-driver-gpu-{os_name}/latest/ami-id", Value=ami,
+        Type="String", DataType="aws:ec2:image")
+    return ami
+
+
+def test_dlami_with_its_driver_preinstalled_the_driver_step_is_unchanged(aws, env, aws_hosts, gp_home):
+    pool = aws_hosts
+    subnet = launch_site(aws, pool, gp_home)
+    ami = _seed_dlami(aws)
+    # the DLAMI's driver (R595, its release notes) is loaded; dpkg lists no NVIDIA driver or pinning package
+    pool.exec_in(0, "echo 'export GPUPROV_SHIM_DRIVER_PREINSTALLED=595.91.07' >> /var/lib/gpuprov-shim/env", check=True)
+    env = {**env, "GPUPROV_DLAMI_SSM_PREFIX": DLAMI_PREFIX}
+    result = gp(env, *up_args("dl", *STACK_ARGS, "--subnet", subnet, "--connect", "private", "--ssh-user", "root",
+                              "--image", "dlami"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Deep Learning Base OSS Nvidia Driver GPU AMI" in result.stdout and "R595" in result.stdout
+    assert aws.log("RunInstances")[-1]["form"]["ImageId"] == ami
+    assert "  nvidia-driver: unchanged" in result.stdout
+    calls = pool.exec_in(0, "cat /var/lib/gpuprov-shim/calls.log", check=True).stdout
+    assert "nvidia-open" not in calls and "cuda-keyring" not in calls
+    assert gp(env, "down", "dl", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_dlami_of_another_driver_branch_is_refused_before_launch(aws, env):
+    _seed_dlami(aws, "ubuntu-24.04")
+    env = {**env, "GPUPROV_DLAMI_SSM_PREFIX": DLAMI_PREFIX}
+    result = gp(env, *up_args("dl", "--gpu", "T4", "--driver", "580", "--image", "dlami", "--no-bootstrap", "--no-wait"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "error: --image:" in result.stderr and "R595" in result.stderr and "--driver 595" in result.stderr
+    assert not aws.log("RunInstances") and not aws.log("CreateSecurityGroup")
+    nothing_left(aws)
+
+
+def test_bad_image_names_are_refused_before_any_aws_call(aws, env):
+    result = gp(env, *up_args("x", "--gpu", "T4", "--image", "no|pipes"))
+    assert result.returncode == 2 and "\nerror: --image: 'no|pipes' is no image" in result.stderr
+    bake = gp(env, "image", "bake", "nosuch", "--name", "a|b", "--yes")
+    assert bake.returncode == 2 and bake.stderr.startswith("error: --name")
+    assert aws.log() == []
+    nothing_left(aws)

@@ -1,0 +1,91 @@
+"""The cluster network per instance type (placement group, EFA interfaces, transport) as the catalog's facts say,
+and the `efa` step under the shims (AWS's installer served by the curl shim, which knows only published versions)."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+
+import pytest
+
+from gpuprov import catalog
+from gpuprov.cloud import cluster
+from gpuprov.plan import NodeRequest, make_plan
+from gpuprov.providers.base import Nic
+from tests.shimrun import ShimHost
+
+
+def test_interfaces_follow_aws_layout_for_one_and_many_cards():
+    assert cluster.efa_interfaces(1) == (Nic(0, 0, "efa"),)
+    four = cluster.efa_interfaces(4)
+    assert four[:2] == (Nic(0, 0, "interface"), Nic(0, 1, "efa-only"))  # never an EFA-only primary
+    assert [(n.card, n.device) for n in four[2:]] == [(1, 0), (2, 0), (3, 0)]
+    assert {n.card for n in cluster.efa_interfaces(32)} == set(range(32))
+
+
+@pytest.mark.parametrize("it", [it for it in catalog.load().instance_types if it.efa], ids=lambda it: it.name)
+def test_every_efa_type_gets_one_efa_interface_per_network_card(it):
+    layout = cluster.network_for(it.name)
+    cards = catalog.load().cluster_network.efa_cards(it.name)
+    assert cards is not None and cards.source
+    assert layout.transport == "efa" and layout.placement_group
+    assert len({n.card for n in layout.interfaces}) == cards.network_cards
+    assert layout.elastic_ip == (cards.network_cards > 1)
+    assert bool(cards.unverified) == any(note.startswith("unverified") for note in layout.notes)
+
+
+def test_types_without_efa_use_tcp_and_the_plan_says_so():
+    layout = cluster.network_for("g5.12xlarge")
+    assert layout.transport == "tcp" and layout.interfaces == () and not layout.elastic_ip
+    assert any("network: TCP" in line for line in cluster.describe(layout, 2))
+    plan = make_plan(NodeRequest(gpu="A10G:4"))
+    assert cluster.with_efa_step(plan, layout) == plan
+
+
+def test_the_efa_step_goes_before_verify():
+    plan = make_plan(NodeRequest(gpu="H100:8"))
+    names = [s.name for s in cluster.with_efa_step(plan, cluster.network_for("p5.48xlarge")).steps]
+    assert names.index("efa") == names.index("verify") - 1
+
+
+def _efa_script(installer: cluster.EfaInstaller | None = None):
+    plan = make_plan(NodeRequest(gpu="H100:8"))
+    plan = cluster.with_efa_step(plan, cluster.network_for("p5.48xlarge"))
+    if installer is not None:
+        steps = tuple(dataclasses.replace(s, extra=(("efa", installer),)) if s.name == "efa" else s for s in plan.steps)
+        plan = dataclasses.replace(plan, steps=steps)
+    (script,) = [s for s in plan.bundle().scripts if s.name == "efa"]
+    return script
+
+
+def test_efa_step_installs_once_and_writes_the_nccl_environment(tmp_path):
+    host = ShimHost(tmp_path, gpu="H100", count=8)
+    first = host.run_script(_efa_script())
+    assert first.result == "changed", first.stderr
+    assert host.installed()["aws-efa-installer"] == cluster.EFA_INSTALLER.version
+    assert any(c.startswith("efa_installer.sh -y") for c in host.calls())
+    env = (host.sysroot / "etc/gpuprov/efa.env").read_text()
+    assert "FI_PROVIDER=efa" in env and "/opt/amazon/ofi-nccl/lib" in env
+    assert (host.sysroot / "opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so").exists()
+    again = host.run_script(_efa_script())
+    assert again.result == "unchanged", again.stderr
+    assert sum(c.startswith("efa_installer.sh") for c in host.calls()) == 1
+
+
+def test_an_installer_version_aws_never_published_fails_naming_the_download(tmp_path):
+    host = ShimHost(tmp_path, gpu="H100", count=8)
+    bogus = dataclasses.replace(cluster.EFA_INSTALLER, version="1.99.0",
+                                url="https://efa-installer.amazonaws.com/aws-efa-installer-1.99.0.tar.gz")
+    run = host.run_script(_efa_script(bogus))
+    assert run.returncode != 0 and "could not download" in run.last_stderr_line and "1.99.0" in run.last_stderr_line
+    assert not (host.sysroot / "etc/gpuprov/efa.env").exists()
+
+
+def test_the_efa_step_is_shellcheck_clean(tmp_path):
+    from tests.test_templates import SHELLCHECK
+
+    assert SHELLCHECK
+    path = tmp_path / "efa.sh"
+    path.write_text(_efa_script().text)
+    proc = subprocess.run([SHELLCHECK, "-S", "warning", "-f", "gcc", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
