@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpuprov.cloud import keys
+from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
 from gpuprov.cloud.teardown import SETTLE_SECONDS, Teardown, settle, teardown
 from gpuprov.errors import GpuprovError, UserInputError
@@ -84,6 +85,7 @@ class UpResult:
     attempts: list[Attempt] = field(default_factory=list)
     ssh_alias: str | None = None
     bootstrap: object | None = None  # bootstrap.HostResult when the playbook ran
+    timeline: tl.Timeline | None = None
 
 
 class QuotaExceeded(GpuprovError):
@@ -183,6 +185,8 @@ def _quota_error(attempt: Attempt, provider: Provider, region: str, also: str = 
 
 
 def up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> UpResult:
+    rec = tl.Recorder("up", opts.name)
+    rec.phase(tl.CHECKS)
     region = plan.request.region
     name = check_name(opts.name)
     check_options(plan, opts)
@@ -222,16 +226,22 @@ def up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) 
                       budget_usd=plan.request.budget_usd)
     store.event(name, "up", f"launching {plan.count}× {plan.gpu.name if plan.gpu else ''} in {region}")
     try:
-        return _launch_and_bootstrap(plan, opts, provider, store, say, order, image, network, cidr)
+        done = _launch_and_bootstrap(plan, opts, provider, store, say, order, image, network, cidr, rec)
     except BaseException as exc:  # failure or Ctrl-C before `ready`: take back everything, then re-raise
         say(f"{type(exc).__name__ if isinstance(exc, KeyboardInterrupt) else 'failed'}: removing what {name} got")
         store.update_node(name, state="failed", state_reason=str(exc)[:500])
+        rec.failed(str(exc) or type(exc).__name__)
+        rec.phase(tl.TEARDOWN)
         result = _teardown(name, region, provider, store, say)
+        store.event(name, tl.EVENT_KIND, rec.finish("failed").model_dump_json())
         for what in result.left:
             say(f"  still there: {what}")
         if result.left:
             say(f"  {name} stays listed; rerun: gpuprov down {name}")
         raise
+    done.timeline = rec.finish()
+    store.event(name, tl.EVENT_KIND, done.timeline.model_dump_json())
+    return done
 
 
 def _ensure_key_pair(provider: Provider, store: Store, region: str) -> keys.LocalKey:
@@ -268,7 +278,7 @@ def _prepare(node: str, region: str, provider: Provider, store: Store, network: 
 
 
 def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say, order: Order, image: str,
-            access: Access) -> tuple[Instance, list[Attempt]]:
+            access: Access, rec: tl.Recorder) -> tuple[Instance, list[Attempt]]:
     """Ask each candidate in turn; AWS's code per refusal, and what the refusal means decides what is next."""
     name, region = opts.name, plan.request.region
     attempts: list[Attempt] = []
@@ -279,6 +289,7 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
         token = f"gpuprov-{name}-{i}-{uuid.uuid4().hex[:12]}"
         say(f"asking for {cand.instance_type} in {cand.zone} ({cand.market})")
         rid = store.intend(name, "instance", region, token)
+        asked = rec.now()
         try:
             instance = provider.launch(LaunchRequest(
                 node=name, region=region, zone=cand.zone, instance_type=cand.instance_type, market=cand.market,
@@ -291,6 +302,7 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
                 store.deleted(rid)  # row, so teardown asks EC2 by the token whether a launch went through)
             attempt = Attempt(cand, exc.code, exc.message)
             attempts.append(attempt)
+            rec.attempt(cand.instance_type, cand.zone, cand.market, asked, exc.code, exc.message)
             say(f"  {exc.code}: {exc.message}")
             store.event(name, "launch-refused", f"{cand.instance_type} {cand.zone} {cand.market}: {exc.code}")
             if exc.then == "next-candidate":
@@ -307,6 +319,7 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
             fix = f"\n  fix: {exc.fix}" if exc.fix else ""
             raise GpuprovError(f"AWS refused the launch: {exc.code}: {exc.message}{fix}{fallback}") from None
         store.created(rid, instance.id)
+        rec.attempt(cand.instance_type, cand.zone, cand.market, asked)
         if instance.spot_request_id:
             store.add_resource(name, "spot-request", region, instance.spot_request_id)
         store.update_node(name, instance_type=cand.instance_type, zone=cand.zone, market=cand.market,
@@ -345,14 +358,17 @@ def price_obtained(plan: Plan, provider: Provider, instance: Instance, list_pric
 
 
 def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say,
-                          order: Order, image: str, network: Network, cidr: str) -> UpResult:
+                          order: Order, image: str, network: Network, cidr: str, rec: tl.Recorder) -> UpResult:
     name, region = opts.name, plan.request.region
     public_ip = opts.connect == "public" and network.subnet_id is not None and not network.maps_public_ip
     say(f"key pair and security group (SSH from {cidr} only)")
+    rec.phase(tl.ACCESS)
     access = _prepare(name, region, provider, store, network, cidr, public_ip)
-    instance, attempts = _launch(plan, opts, provider, store, say, order, image, access)
+    rec.phase(tl.CAPACITY)
+    instance, attempts = _launch(plan, opts, provider, store, say, order, image, access, rec)
 
     say(f"{instance.id} launched; waiting for it to run")
+    rec.phase(tl.RUNNING)
     instance = provider.wait_running(region, instance.id, timeout=opts.ssh_timeout, settle=SETTLE_SECONDS)
     for volume in instance.volume_ids:
         store.add_resource(name, "volume", region, volume)
@@ -388,8 +404,9 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
         # the guard steps run first, so the node's TTL deadline is a few seconds after this one
         ttl = plan.guards.ttl_seconds
         store.update_node(name, state="bootstrapping", ttl_deadline=time.time() + ttl if ttl is not None else None)
-        result.bootstrap = _bootstrap(plan, opts, key_path, address, say)
+        result.bootstrap = _bootstrap(plan, opts, key_path, address, say, rec)
     elif opts.wait:
+        rec.phase(tl.SSH)
         _pin_host_key(opts, key_path, address, say)
     store.update_node(name, state="ready", ready_at=time.time())
     if opts.wait:
@@ -440,14 +457,20 @@ def _pin_host_key(opts: UpOptions, key_path: str, address: str, say: Say) -> Non
             remote.close()
 
 
-def _bootstrap(plan: Plan, opts: UpOptions, key_path: str, address: str, say: Say) -> object:
+def _bootstrap(plan: Plan, opts: UpOptions, key_path: str, address: str, say: Say,
+               rec: tl.Recorder | None = None) -> object:
     from gpuprov import bootstrap as engine
 
+    rec = rec or tl.Recorder("up", opts.name)  # a cluster's nodes (cloud/cluster.py) keep no timeline yet
+    rec.phase(tl.SSH)
     target, settings = _first_contact(opts, key_path, address, say)
     say("bootstrapping: " + ", ".join(s.name for s in plan.steps))
     options = engine.Options(reboot_timeout=opts.reboot_timeout, step_silence=opts.step_silence,
                              echo=opts.verbose_echo)
-    (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options, reporter=StepLines(say))
+    rec.phase(tl.BOOTSTRAP)
+    (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options,
+                                 reporter=rec.reporter(StepLines(say)))
+    rec.bootstrap_done(result.steps, {s.name for s in plan.steps if s.kind == "verify"})
     if result.status not in ("ok", "changed"):
         raise GpuprovError(f"bootstrap {result.summary}: {result.error} (log: {result.log_path})")
     return result

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from gpuprov.bootstrap import HostResult
     from gpuprov.check import CheckResult
     from gpuprov.cloud.images import Listed
+    from gpuprov.cloud.timeline import Timeline
     from gpuprov.doctor import DoctorReport, DoctorResult
     from gpuprov.gpubench import BenchResult
     from gpuprov.providers.base import SpotPrice
@@ -394,6 +395,43 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
             table.add_row(f"  node {m['rank']}", "", "", "", "", Text(str(m["state"])), str(m["address"] or "-"),
                           "", "", "", "", "")
     return table
+
+
+def _took(seconds: float) -> str:
+    return f"{seconds:.1f}s" if seconds < 60 else f"{int(seconds // 60)}m{seconds % 60:04.1f}s"
+
+
+def timeline_table(timeline: Timeline) -> Group:
+    """Where an `up`/`start` spent its time: each phase at its offset, the launch attempts (AWS's code for a
+    refusal) and the bootstrap steps indented under theirs, then the total; what failed, in words, below."""
+    from gpuprov.cloud.timeline import VERIFY
+
+    ended = "ready" if timeline.outcome == "ok" else "failed"
+    rows: list[tuple[str, str, str, Text]] = []
+    failures: list[str] = []
+    for phase in timeline.phases:
+        rows.append((_took(phase.start_s), _took(phase.seconds), phase.name,
+                     Text(phase.outcome, style=_STYLE.get(phase.outcome, ""))))
+        for a in phase.attempts:
+            rows.append((_took(a.start_s), _took(a.end_s - a.start_s), f"  {a.instance_type} {a.zone} {a.market}",
+                         Text(a.code or a.outcome, style="yellow" if a.code else "green")))
+        for s in phase.steps if phase.name != VERIFY else []:  # verify's one step is the phase
+            rows.append((_took(s.start_s), _took(s.end_s - s.start_s), f"  {s.name}",
+                         Text(s.outcome, style=_STYLE.get(s.outcome, ""))))
+        failed = next((s for s in phase.steps if s.outcome == "failed"), None)
+        if phase.outcome == "failed" and (phase.detail or failed):
+            where = f"{phase.name}, step {failed.name}" if failed and phase.name != VERIFY else phase.name
+            failures.append(f"{where}: {(failed.message if failed else '') or phase.detail}")
+    rows.append((_took(timeline.total_s), "", ended, Text("")))
+    # right-aligned by padding: FitTable's whole-cell columns do not justify
+    at_w, took_w = (max(len(r[i]) for r in rows) for i in (0, 1))
+    table = FitTable([Column("at"), Column("took"), Column("phase", prose=True), Column("result")],
+                     title=f"{timeline.command} {timeline.node}: {ended} after {_took(timeline.total_s)}",
+                     title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), pad_edge=False,
+                     collapse_padding=True)
+    for at, took, name, result in rows:
+        table.add_row(at.rjust(at_w), took.rjust(took_w), name, result)
+    return Group(table, *(Text(f"failed at {line}") for line in failures))
 
 
 def live_prices_table(rows: list[tuple[SpotPrice, float | None]], region: str) -> FitTable:

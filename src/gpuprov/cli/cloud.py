@@ -14,6 +14,7 @@ from gpuprov.cli.common import (
     make_console,
     node_target,
     plan_from,
+    quiet,
     region_from,
     say_to,
     stack_options,
@@ -59,10 +60,12 @@ from gpuprov.errors import GpuprovError, UserInputError
                    "type has it); all of them or none.")
 @click.option("--min-nodes", type=click.IntRange(1), default=None,
               help="With --nodes: keep the cluster with at least this many healthy nodes [default: all].")
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
 def up(name: str | None, fallback: str, max_price: float | None, max_hourly: float | None, disk_gb: int,
        image: str | None, ssh_cidr: str | None, connect: str, subnet: str | None, ssh_user: str, no_bootstrap: bool,
        no_wait: bool, dry_run: bool, yes: bool, step_silence: float, verbose: bool, nodes: int, min_nodes: int | None,
-       **kw: Any) -> None:
+       as_json: bool, **kw: Any) -> None:
     """Launch a GPU node on AWS, bootstrap and verify it, and print how to connect.
 
     Tries every instance type that carries the GPUs in every zone that offers it, cheapest
@@ -70,13 +73,14 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     the next zone or type, a closed spot market to on-demand (with --fallback on-demand), a
     quota or permission error stops with the fix. Everything it creates is tagged and recorded
     before it is requested; if the launch or bootstrap fails (or you press Ctrl-C), it all
-    comes down again.
+    comes down again. At the end it prints where the time went (phases, launch attempts, steps);
+    `gpuprov status NAME --timeline` shows it again later.
     """
     from gpuprov import lifecycle
     from gpuprov.report import plan_view
 
     the_plan = plan_from(kw)
-    console = make_console()
+    console = make_console(stderr=as_json)
     node_name = lifecycle.check_name(name) if name else lifecycle.new_name()
     opts = lifecycle.UpOptions(
         name=node_name, fallback_on_demand=fallback == "on-demand", max_price=max_price, max_hourly=max_hourly,
@@ -86,6 +90,9 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     )
     lifecycle.check_options(the_plan, opts)
     if nodes > 1 or min_nodes is not None:
+        if as_json:
+            raise UserInputError("--json", "a cluster's `up` has no JSON result yet",
+                                 "drop --json; `gpuprov status --json` lists the cluster once it is up")
         _up_cluster(the_plan, opts, nodes, min_nodes, dry_run, yes, console)
         return
     if dry_run:
@@ -98,6 +105,14 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     store, provider = store_and_provider()
     result = lifecycle.up(the_plan, opts, provider, store, say_to(console))
     node = result.node
+    if as_json:
+        _print_result_json(node, result.ssh_alias, result.timeline)
+        return
+    if result.timeline and not quiet():
+        from gpuprov.report import timeline_table
+
+        console.print()
+        console.print(timeline_table(result.timeline))
     console.print(f"\n[bold green]{node.name} is ready[/]: {node.instance_type} in {node.zone} ({node.market}), "
                   f"{node.address}, list price ${node.price_usd_hour or 0:.2f}/h on-demand")
     if result.ssh_alias:
@@ -138,20 +153,51 @@ def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry
                       markup=False)
 
 
+def _print_result_json(node: Any, ssh_alias: str | None, timeline: Any) -> None:
+    from gpuprov.report import status_rows
+
+    click.echo(json.dumps({"node": status_rows([node])[0], "ssh_alias": ssh_alias,
+                           "timeline": timeline.model_dump(mode="json") if timeline else None}, indent=2))
+
+
 @main.command()
+@click.argument("name", required=False, shell_complete=complete_node)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--refresh", is_flag=True, help="Ask the cloud first (one batched call per region).")
-def status(as_json: bool, refresh: bool) -> None:
-    """Nodes gpuprov manages: state, address, $/h, $ so far, age."""
+@click.option("--timeline", is_flag=True, help="With NAME: where its last `up` or `start` spent its time.")
+def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> None:
+    """Nodes gpuprov manages: state, address, $/h, $ so far, age. NAME: that node only."""
     from gpuprov import lifecycle
     from gpuprov.report import status_rows, status_table
 
+    if timeline and not name:
+        raise UserInputError("--timeline", "shows one node's timeline", "name it: gpuprov status NAME --timeline")
     store, provider = store_and_provider()
+    if timeline:
+        _print_timeline(store, str(name), as_json)
+        return
     nodes = lifecycle.refresh(store, provider) if refresh else store.nodes()
+    if name:
+        nodes = [n for n in nodes if n.name == name] or [store.node(name)]
     if as_json:
         click.echo(json.dumps(status_rows(nodes), indent=2))
     else:
         make_console().print(status_table(nodes))
+
+
+def _print_timeline(store: Any, name: str, as_json: bool) -> None:
+    from gpuprov.cloud import timeline as tl
+    from gpuprov.report import timeline_table
+
+    store.node(name)  # an unknown name is bad input
+    found = tl.from_events([e.message for e in store.events(name) if e.kind == tl.EVENT_KIND])
+    if found is None:
+        raise UserInputError("NAME", f"{name} has no recorded timeline",
+                             "timelines are recorded by `gpuprov up` and `gpuprov start`")
+    if as_json:
+        click.echo(json.dumps(found.model_dump(mode="json"), indent=2))
+    else:
+        make_console().print(timeline_table(found))
 
 
 @main.command()
