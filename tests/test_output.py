@@ -147,7 +147,8 @@ def test_up_and_down_without_a_terminal_say_pass_yes(nodes: Path, args: list[str
     assert "Aborted" not in result.stderr
 
 
-@pytest.mark.parametrize("command", ["gpus", "plan", "status", "down", "gc", "bootstrap", "check", "doctor", "monitor", "bench"])
+@pytest.mark.parametrize("command", ["gpus", "plan", "up", "start", "status", "down", "gc", "bootstrap", "check", "doctor",
+                                     "monitor", "bench"])
 def test_every_command_that_prints_a_table_has_json(tmp_path: Path, command: str) -> None:
     assert "--json" in run(command, "--help", home=tmp_path).stdout
 

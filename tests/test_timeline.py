@@ -75,6 +75,18 @@ def test_up_json_has_the_timeline_with_the_refused_attempt_and_every_step(aws, e
     assert at[names.index(tl.CAPACITY)] < at[names.index("InsufficientInstanceCapacity")] < at[names.index(tl.RUNNING)]
     assert lines[-1].split()[1:] == ["ready"], table.stdout  # the total
 
+    # `start` records its own: no launch, the steps found done by their markers
+    assert gp(env, "stop", "tl").returncode == 0
+    started = gp(env, "start", "tl", "--json")
+    assert started.returncode == 0, started.stdout + started.stderr
+    s = json.loads(started.stdout)["timeline"]
+    assert (s["command"], s["outcome"]) == ("start", "ok")
+    assert [p["name"] for p in s["phases"]] == [tl.CHECKS, tl.RUNNING, tl.SSH, tl.BOOTSTRAP, tl.VERIFY]
+    assert_consistent(s)
+    again = {st["name"]: st["outcome"] for st in s["phases"][3]["steps"]}
+    assert list(again) == list(outcomes) and again["nvidia-driver"] == "skipped"
+    assert json.loads(gp(env, "status", "tl", "--timeline", "--json").stdout)["command"] == "start"
+
     assert gp(env, "down", "tl", "--yes").returncode == 0
     nothing_left(aws)
 

@@ -153,10 +153,11 @@ def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry
                       markup=False)
 
 
-def _print_result_json(node: Any, ssh_alias: str | None, timeline: Any) -> None:
+def _print_result_json(node: Any, ssh_alias: str | None, timeline: Any, **more: object) -> None:
+    """`up`/`start --json`: the node as `status --json` shows it, its ssh alias and the timeline."""
     from gpuprov.report import status_rows
 
-    click.echo(json.dumps({"node": status_rows([node])[0], "ssh_alias": ssh_alias,
+    click.echo(json.dumps({"node": status_rows([node])[0], "ssh_alias": ssh_alias, **more,
                            "timeline": timeline.model_dump(mode="json") if timeline else None}, indent=2))
 
 
@@ -366,7 +367,10 @@ def stop(names: tuple[str, ...]) -> None:
 @click.option("--instance-type", default=None, help="Resize first: this instance type.")
 @click.option("--no-bootstrap", is_flag=True, help="Do not bootstrap and verify again after it runs.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
-def start(name: str, gpu: str | None, instance_type: str | None, no_bootstrap: bool, verbose: bool) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
+def start(name: str, gpu: str | None, instance_type: str | None, no_bootstrap: bool, verbose: bool,
+          as_json: bool) -> None:
     """Start a stopped node (resized first with --gpu/--instance-type), wait for it, bootstrap and verify
     again, and print its new address and $/h. A resize the installed stack cannot serve is refused before
     anything changes; if AWS refuses the start, the node stays stopped, as it was."""
@@ -376,11 +380,20 @@ def start(name: str, gpu: str | None, instance_type: str | None, no_bootstrap: b
         raise click.UsageError("pass --gpu or --instance-type, not both")
     store, provider = store_and_provider()
     _no_clusters(store, (name,), "start")
-    console = make_console()
+    console = make_console(stderr=as_json)
     opts = stopstart.StartOptions(gpu=gpu, instance_type=instance_type, bootstrap=not no_bootstrap,
                                   verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None)
     result = stopstart.start(name, opts, provider, store, say_to(console))
     node = result.node
+    if as_json:
+        _print_result_json(node, result.ssh_alias, result.timeline, resized_from=result.resized_from,
+                           verified=result.verified)
+        return
+    if result.timeline and not quiet():
+        from gpuprov.report import timeline_table
+
+        console.print()
+        console.print(timeline_table(result.timeline))
     resized = f" (was {result.resized_from})" if result.resized_from else ""
     console.print(f"\n[bold green]{node.name} is ready[/]: {node.instance_type}{resized} in {node.zone}, "
                   f"{node.address}, ${node.price_usd_hour or 0:.2f}/h on-demand list price")

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.teardown import settle
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.lifecycle import Say, StepLines, wait_tcp
@@ -159,6 +160,7 @@ class StartResult:
     resized_from: str | None = None
     verified: bool = False
     ssh_alias: str | None = None
+    timeline: tl.Timeline | None = None
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,8 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
     completes it."""
     from gpuprov import catalog
 
+    rec = tl.Recorder("start", name)
+    rec.phase(tl.CHECKS)
     node = store.node(name)
     if node.state in ("resizing", "starting") and _busy(node):
         raise UserInputError("NAME", f"another gpuprov process (pid {node.pid}) is starting {name}", "wait for it")
@@ -217,6 +221,7 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
                           host=socket.gethostname())
         store.event(name, "resize", f"{current.instance_type} -> {target.name}")
         say(f"{name}: {current.instance_type} -> {target.name}")
+        rec.phase(tl.RESIZE)
         provider.set_instance_type(node.region, iid, target.name, settle=settle(row))
         resized_from = current.instance_type
     elif target is not None and node.resize_from and target.name == current.instance_type:
@@ -226,6 +231,7 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
     store.update_node(name, state="starting", instance_type=now_type, gpu=it.gpu or node.gpu, gpu_count=it.gpus,
                       price_usd_hour=it.price_usd_hour, pid=os.getpid(), host=socket.gethostname())
     say(f"{name}: starting {iid} ({now_type})")
+    rec.phase(tl.RUNNING)
     try:
         provider.start(node.region, [iid], settle=settle(row))
     except LaunchError as exc:
@@ -258,9 +264,11 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
     store.event(name, "started", f"{now_type} {address}")
     result = StartResult(store.node(name), address, resized_from, ssh_alias=alias)
     if opts.bootstrap:
-        result.verified = _rebootstrap(store.node(name), opts, key_path, store, say)
+        result.verified = _rebootstrap(store.node(name), opts, key_path, store, say, rec)
     store.update_node(name, state="ready", ready_at=time.time())
     result.node = store.node(name)
+    result.timeline = rec.finish()
+    store.event(name, tl.EVENT_KIND, result.timeline.model_dump_json())
     return result
 
 
@@ -288,7 +296,7 @@ def node_plan(node: Node) -> Plan:
     return make_plan(request)
 
 
-def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, say: Say) -> bool:
+def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, say: Say, rec: tl.Recorder) -> bool:
     """Bootstrap + verify again on the started node (markers make finished steps quick), with its pinned
     host key; False when SSH does not answer in time (the node runs; `gpuprov check` later)."""
     from gpuprov import bootstrap as engine
@@ -298,10 +306,12 @@ def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, sa
     from gpuprov.remote import HostSettings
 
     address = node.address or ""
+    rec.phase(tl.SSH)
     try:
         wait_tcp(address, 22, opts.ssh_timeout)
     except GpuprovError as exc:
         say(f"  {exc}; not bootstrapped again (`gpuprov check {node.name}` when it answers)")
+        rec.failed(str(exc))
         return False
     plan = node_plan(node)
     if node.budget_usd is not None and node.budget_price:  # what is left of the budget, at the new price
@@ -315,7 +325,10 @@ def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, sa
                             connect_timeout=15)
     say("bootstrapping again (finished steps are skipped) and verifying")
     options = engine.Options(reboot_timeout=opts.reboot_timeout, echo=opts.verbose_echo)
-    (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options, reporter=StepLines(say))
+    rec.phase(tl.BOOTSTRAP)
+    (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options,
+                                 reporter=rec.reporter(StepLines(say)))
+    rec.bootstrap_done(result.steps, {s.name for s in plan.steps if s.kind == "verify"})
     if result.status not in ("ok", "changed"):
         raise GpuprovError(f"{node.name} runs, but its bootstrap {result.summary}: {result.error} "
                            f"(log: {result.log_path}); `gpuprov check {node.name}` says more")
