@@ -109,6 +109,7 @@ def test_up_prints_the_timeline_at_80_columns_and_not_with_quiet(aws, env):
     assert quiet.returncode == 0, quiet.stderr
     assert "tlq is ready" in quiet.stdout and "capacity search" not in quiet.stdout
     assert "capacity search" in gp(env, "status", "tlq", "--timeline").stdout  # recorded all the same
+    assert [n["name"] for n in json.loads(gp(env, "status", "tlq", "--json").stdout)] == ["tlq"]  # of two nodes
     assert gp(env, "down", "--all", "--yes").returncode == 0
     nothing_left(aws)
 
