@@ -1,17 +1,15 @@
-"""Where `gpuprov up` spends its time, phase by phase, on a fresh image (and, once `gpuprov image bake`
-exists, on a baked one), against the local endpoint (moto behind the fault proxy) and an SSH test host.
+"""Where `gpuprov up` spends its time, phase by phase, on a fresh image and on a baked one, against the
+local endpoint (moto behind the fault proxy) and SSH test hosts.
 
     sudo .venv/bin/python bench/up_timeline.py [--runs 3]
 
-Each run is a whole CLI process, `gpuprov up NODE --json` (its timeline comes back in the JSON), on a
-fresh moto state, landing on one T4 test host (network namespace, GPU and package tools shimmed), then
-`down`. Beside it, in the same process tree and on the same host, the reference: `up --no-bootstrap`
-(launch, SSH, host key pinned, nothing installed). Prints the last fresh run's timeline as `up` prints
-it, then the median seconds per phase and step of each kind of run, and the processes' wall times.
-Asserts nothing.
-
-The baked run plugs in at `baked_run`: it takes the same `Site` and returns a `Run` (or None when this
-checkout has no `gpuprov image bake`: the figure is printed as pending).
+Each `up` is a whole CLI process, `gpuprov up NODE --json` (its timeline comes back in the JSON), on a
+fresh moto state, landing on a T4 test host (network namespace, GPU and package tools shimmed). Per run:
+the reference, `up --no-bootstrap` (launch, SSH, host key pinned, nothing installed); then `up --image
+fresh` on a wiped host; `gpuprov image bake` of that node, `down`, and `up` again, which picks the baked
+image by its stack hash and lands on the second host, holding the baked disk (`tests/aws/cli.copy_disk`:
+the local endpoint keeps no disks). Prints the last fresh and baked timelines as `up` prints them, then
+the median seconds per phase and step of each kind, and the processes' wall times. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -83,26 +81,65 @@ def gp(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=600)
 
 
-def run_up(site: Site, kind: str, extra: list[str], image: str | None = None, fresh: bool = True) -> Run:
-    """One whole `gpuprov up` process on a reset endpoint; `image`: the `--image` choice (None: the default).
-    `fresh`: wipe the host first (a baked image's run keeps what its instance booted with)."""
+def reset(site: Site) -> str:
+    """A fresh endpoint (no instances, no images); returns the subnet whose first instance lands on host 0."""
     site.aws.reset()  # type: ignore[attr-defined]
-    subnet = site.aws.subnet_for_hosts(f"{SUBNET}.0/24", "us-east-1a")  # type: ignore[attr-defined]
-    if fresh:
-        site.fresh_host()
-    home = site.new_home(kind)
-    env = site.env(home)
-    args = ["up", "bench", *UP_ARGS, "--subnet", subnet, *extra, *(["--image", image] if image else [])]
+    return str(site.aws.subnet_for_hosts(f"{SUBNET}.0/24", "us-east-1a"))  # type: ignore[attr-defined]
+
+
+def run_up(env: dict[str, str], node: str, kind: str, subnet: str, image: str | None, extra: tuple[str, ...] = ()
+           ) -> Run:
+    """One whole `gpuprov up NODE --json` process; `image`: its `--image` choice (None: up's own, which takes a
+    baked image of the plan's stack when there is one). The node is left up."""
+    args = ["up", node, *UP_ARGS, "--subnet", subnet, *extra, *(["--image", image] if image else [])]
     start = time.perf_counter()
     result = gp(env, *args)
     wall = time.perf_counter() - start
     if result.returncode != 0:
         raise RuntimeError(f"{kind}: `gpuprov {' '.join(args)}` failed:\n{result.stderr[-2000:]}")
     timeline = json.loads(result.stdout)["timeline"]
-    down = gp(env, "down", "bench", "--yes")
-    if down.returncode != 0:
-        raise RuntimeError(f"{kind}: down failed: {down.stderr[-1000:]}")
     return Run(kind, wall, timeline, rows(timeline))
+
+
+def down(env: dict[str, str], node: str) -> None:
+    result = gp(env, "down", node, "--yes")
+    if result.returncode != 0:
+        raise RuntimeError(f"down {node} failed: {result.stderr[-1000:]}")
+
+
+def reference_run(site: Site) -> Run:
+    """`up --no-bootstrap` on a fresh endpoint and a wiped host: the launch and SSH alone."""
+    subnet = reset(site)
+    site.fresh_host()
+    env = site.env(site.new_home("reference"))
+    run = run_up(env, "bench", "reference", subnet, "fresh", ("--no-bootstrap",))
+    down(env, "bench")
+    return run
+
+
+def fresh_and_baked_runs(site: Site) -> tuple[Run, Run]:
+    """`up --image fresh` on a wiped host, bake it, take it down, then `up` from the baked image (chosen by
+    `up` itself) on the second host, which holds the baked disk."""
+    subnet = reset(site)
+    site.fresh_host()
+    env = site.env(site.new_home("fresh"))
+    fresh = run_up(env, "bench", "fresh", subnet, "fresh")
+    baked_name = "bench-t4"
+    bake = gp(env, "image", "bake", "bench", "--name", baked_name, "--yes")
+    if bake.returncode != 0:
+        raise RuntimeError(f"image bake failed: {bake.stderr[-2000:]}")
+    down(env, "bench")
+    from tests.aws.cli import copy_disk
+
+    copy_disk(site.pool, 0, 1)  # what an instance launched from the image finds on its disk
+    baked = run_up(env, "bench2", "baked", subnet, None)
+    if not baked.timeline.get("image", "").startswith("baked "):  # type: ignore[union-attr]
+        raise RuntimeError(f"the second up did not take the baked image: {baked.timeline.get('image')}")
+    down(env, "bench2")
+    removed = gp(env, "image", "rm", baked_name, "--yes")
+    if removed.returncode != 0:
+        raise RuntimeError(f"image rm failed: {removed.stderr[-1000:]}")
+    return fresh, baked
 
 
 def rows(timeline: dict[str, object]) -> dict[str, float]:
@@ -115,22 +152,6 @@ def rows(timeline: dict[str, object]) -> dict[str, float]:
                 out[f"  {step['name']}"] = step["end_s"] - step["start_s"]
     out["total (timeline)"] = float(timeline["total_s"])  # type: ignore[arg-type]
     return out
-
-
-def has_image_bake() -> bool:
-    result = subprocess.run([sys.executable, "-m", "gpuprov", "image", "bake", "--help"], capture_output=True,
-                            text=True)
-    return result.returncode == 0
-
-
-def baked_run(site: Site) -> Run | None:
-    """`up` from an image baked off a bootstrapped node, where every install step should find its marker.
-    None (printed as pending) until it is wired to `gpuprov image bake`.
-
-    The wiring: run_up for a fresh node without its `down`, then `gpuprov image bake bench`, `down`, and
-    run_up(site, "baked", [], image=<the AMI, or None to let `up` pick it by stack hash>, fresh=False) on a
-    host holding what the baked image holds (the fresh run's host less the per-node state bake clears)."""
-    return None
 
 
 def median_runs(runs: list[Run]) -> dict[str, float]:
@@ -149,24 +170,25 @@ def main() -> int:
     from tests.hosts.fixture import HostPool
 
     work = Path(tempfile.mkdtemp(prefix="gpuprov-up-timeline-"))
-    pool = HostPool(1, work / "hosts", shims_dir=ROOT / "tests" / "shims", offset=3, prefix="gpc", bridge="gpcbr0",
+    pool = HostPool(2, work / "hosts", shims_dir=ROOT / "tests" / "shims", offset=3, prefix="gpc", bridge="gpcbr0",
                     subnet=SUBNET, host_env={"GPUPROV_SYSROOT": SYSROOT}, reboot_delay=REBOOT_DELAY)
     try:
         pool.start()
         if pool.mode != "netns":
-            print(f"the test host needs a network namespace (mode {pool.mode}: {pool.fallback_reason})")
+            print(f"the test hosts need network namespaces (mode {pool.mode}: {pool.fallback_reason})")
             return 0
         with AwsEndpoint() as aws:
             site = Site(aws, pool, work)
             print(f"local endpoint (moto {aws_version()} behind the fault proxy, realistic: fresh ids NotFound "
-                  f"twice), 1 T4 test host (netns, shims, simulated reboot {REBOOT_DELAY:g}s); {os.cpu_count()} "
+                  f"twice), T4 test hosts (netns, shims, simulated reboot {REBOOT_DELAY:g}s); {os.cpu_count()} "
                   f"CPUs; whole CLI processes; median of {args.runs}\n", flush=True)
-            runs: dict[str, list[Run]] = {"reference": [], "fresh": []}
+            runs: dict[str, list[Run]] = {"reference": [], "fresh": [], "baked": []}
             for _ in range(args.runs):
-                runs["reference"].append(run_up(site, "reference", ["--no-bootstrap"]))
-                runs["fresh"].append(run_up(site, "fresh", []))
-            baked = [baked_run(site) for _ in range(args.runs)]
-            report(runs, [b for b in baked if b is not None])
+                runs["reference"].append(reference_run(site))
+                fresh, baked = fresh_and_baked_runs(site)
+                runs["fresh"].append(fresh)
+                runs["baked"].append(baked)
+            report(runs)
     finally:
         pool.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -179,30 +201,26 @@ def aws_version() -> str:
     return version("moto")
 
 
-def report(runs: dict[str, list[Run]], baked: list[Run]) -> None:
+def report(runs: dict[str, list[Run]]) -> None:
     from rich.console import Console
 
     from gpuprov.cloud.timeline import Timeline
     from gpuprov.report import timeline_table
 
-    print("the last fresh run's timeline, as `up` prints it:")
-    Console(width=100, no_color=True).print(timeline_table(Timeline.model_validate(runs["fresh"][-1].timeline)))
-    if baked:
-        runs = {**runs, "baked": baked}
+    console = Console(width=100, no_color=True)
+    for kind in ("fresh", "baked"):
+        print(f"the last {kind} run's timeline, as `up` prints it:")
+        console.print(timeline_table(Timeline.model_validate(runs[kind][-1].timeline)))
     medians = {kind: median_runs(rs) for kind, rs in runs.items()}
     walls = {kind: statistics.median(r.wall_s for r in rs) for kind, rs in runs.items()}
-    pending = [] if baked else ["pending"]
-    print("\nmedian seconds per phase and step (reference: up --no-bootstrap, same endpoint and host)")
-    print(f"{'phase':<28}" + "".join(f"{k:>12}" for k in [*medians, *(["baked"] if pending else [])]))
-    for name in medians["fresh"]:  # the reference's phases are a subset of a fresh run's
-        cells = [f"{m[name]:>11.2f}s" if name in m else f"{'-':>12}" for m in medians.values()]
-        print(f"{name:<28}" + "".join(cells) + "".join(f"{p:>12}" for p in pending))
-    print(f"{'CLI process wall':<28}" + "".join(f"{w:>11.2f}s" for w in walls.values())
-          + "".join(f"{p:>12}" for p in pending))
-    if pending:
-        why = ("`gpuprov image bake` exists but bench/up_timeline.py baked_run is not wired to it yet"
-               if has_image_bake() else "this checkout has no `gpuprov image bake` yet")
-        print(f"\nbaked: pending: {why}")
+    print("median seconds per phase and step (reference: up --no-bootstrap, same endpoint and hosts)")
+    print(f"{'phase':<28}" + "".join(f"{k:>12}" for k in medians))
+    for name in medians["fresh"]:  # the reference's phases are a subset of a fresh run's; a baked run's the same
+        print(f"{name:<28}" + "".join(f"{m[name]:>11.2f}s" if name in m else f"{'-':>12}" for m in medians.values()))
+    print(f"{'CLI process wall':<28}" + "".join(f"{w:>11.2f}s" for w in walls.values()))
+    skipped = [s["name"] for p in runs["baked"][-1].timeline["phases"] for s in p["steps"]  # type: ignore[attr-defined]
+               if s["outcome"] == "skipped"]
+    print(f"\nthe baked run's steps skipped by their markers: {', '.join(skipped) or 'none'}")
 
 
 if __name__ == "__main__":

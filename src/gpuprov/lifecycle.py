@@ -215,6 +215,7 @@ def up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) 
     chosen = choose(plan, opts.image, provider)  # a baked image of this stack, else Ubuntu (or --image)
     say(chosen.line())
     image = chosen.image_id or provider.image(region, plan.request.os)
+    rec.image = " ".join(w for w in (chosen.source, chosen.name, image) if w)  # "baked NAME ami-…", "ubuntu ami-…"
 
     market = "spot" if plan.request.spot else "on-demand"
     store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,

@@ -72,6 +72,7 @@ class Timeline(BaseModel):
     total_s: float
     outcome: Outcome
     phases: list[Phase]
+    image: str = ""  # which image `up` launched (a baked one, Ubuntu, a DLAMI), as `up` said it
 
     def phase(self, name: str) -> Phase | None:
         return next((p for p in self.phases if p.name == name), None)
@@ -99,6 +100,7 @@ class Recorder:
         self._t0 = clock()
         self.started_at = time.time()
         self.phases: list[Phase] = []
+        self.image = ""
         self._open: Phase | None = None
         self._seen: dict[str, float] = {}  # step name -> offset of its first progress event
         self._lock = threading.Lock()  # progress events arrive from the bootstrap's worker thread
@@ -173,7 +175,7 @@ class Recorder:
         end = self.now()
         self._close(end)
         return Timeline(command=self.command, node=self.node, started_at=self.started_at, total_s=end,
-                        outcome=outcome, phases=list(self.phases))
+                        outcome=outcome, phases=list(self.phases), image=self.image)
 
 
 class _Timed:
