@@ -426,13 +426,13 @@ def timeline_table(timeline: Timeline) -> Group:
     # right-aligned by padding: FitTable's whole-cell columns do not justify
     at_w, took_w = (max(len(r[i]) for r in rows) for i in (0, 1))
     table = FitTable([Column("at"), Column("took"), Column("phase", prose=True), Column("result")],
-                     title=f"{timeline.command} {timeline.node}: {ended} after {_took(timeline.total_s)}"
-                     + (f"; image: {timeline.image}" if timeline.image else ""),
-                     title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), pad_edge=False,
+                     box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), pad_edge=False,
                      collapse_padding=True)
     for at, took, name, result in rows:
         table.add_row(at.rjust(at_w), took.rjust(took_w), name, result)
-    return Group(table, *(Text(f"failed at {line}") for line in failures))
+    head = f"{timeline.command} {timeline.node}: {ended} after {_took(timeline.total_s)}"
+    return Group(Text(head + (f"; image: {timeline.image}" if timeline.image else "")), table,
+                 *(Text(f"failed at {line}") for line in failures))
 
 
 def live_prices_table(rows: list[tuple[SpotPrice, float | None]], region: str) -> FitTable:
