@@ -125,6 +125,10 @@ def test_bake_cleans_the_node_tags_the_image_and_the_next_up_skips_every_install
     assert aws.log("RunInstances")[-1]["form"]["ImageId"] == row["id"]
     for step in INSTALL_STEPS:
         assert f"  {step}: unchanged" in second.stdout
+    timeline = json.loads(gp(env, "status", "again", "--timeline", "--json").stdout)  # where the time went
+    assert timeline["image"] == f"baked t4-stack {row['id']}"
+    steps = {s["name"]: s["outcome"] for p in timeline["phases"] for s in p["steps"]}
+    assert {step: steps[step] for step in INSTALL_STEPS} == dict.fromkeys(INSTALL_STEPS, "skipped")
     calls = pool.exec_in(1, "cat /var/lib/gpuprov-shim/calls.log", check=True).stdout
     assert "apt-get install" not in calls and "uv pip install" not in calls
     assert gp(env, "down", "again", "--yes").returncode == 0
