@@ -218,6 +218,18 @@ def test_a_failed_step_fails_its_phase_and_a_failure_closes_the_open_phase():
     assert tl.from_events([t.model_dump_json()]) == t and tl.from_events([]) is None
 
 
+def test_a_host_that_fails_before_any_step_fails_the_bootstrap_phase():
+    clock = Clock()
+    rec = tl.Recorder("up", "n", clock=clock)
+    rec.phase(tl.BOOTSTRAP)
+    rec.reporter(Events()).event("h", "connect", "running")
+    clock.tick(2)
+    rec.bootstrap_done([], {"verify"}, "10.0.0.4:22: connection refused")
+    (phase,) = rec.finish("failed").phases
+    assert (phase.outcome, phase.detail) == ("failed", "10.0.0.4:22: connection refused")
+    assert [(s.name, s.start_s, s.end_s, s.outcome) for s in phase.steps] == [("connect", 0.0, 2.0, "failed")]
+
+
 @pytest.mark.parametrize("columns", [80, 200])
 def test_the_table_keeps_names_and_codes_whole(columns):
     from rich.console import Console

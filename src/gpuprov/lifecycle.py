@@ -471,7 +471,8 @@ def _bootstrap(plan: Plan, opts: UpOptions, key_path: str, address: str, say: Sa
     rec.phase(tl.BOOTSTRAP)
     (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options,
                                  reporter=rec.reporter(StepLines(say)))
-    rec.bootstrap_done(result.steps, {s.name for s in plan.steps if s.kind == "verify"})
+    rec.bootstrap_done(result.steps, {s.name for s in plan.steps if s.kind == "verify"},
+                       None if result.status in ("ok", "changed") else result.error)
     if result.status not in ("ok", "changed"):
         raise GpuprovError(f"bootstrap {result.summary}: {result.error} (log: {result.log_path})")
     return result

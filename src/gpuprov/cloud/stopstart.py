@@ -328,7 +328,8 @@ def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, sa
     rec.phase(tl.BOOTSTRAP)
     (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options,
                                  reporter=rec.reporter(StepLines(say)))
-    rec.bootstrap_done(result.steps, {s.name for s in plan.steps if s.kind == "verify"})
+    rec.bootstrap_done(result.steps, {s.name for s in plan.steps if s.kind == "verify"},
+                       None if result.status in ("ok", "changed") else result.error)
     if result.status not in ("ok", "changed"):
         raise GpuprovError(f"{node.name} runs, but its bootstrap {result.summary}: {result.error} "
                            f"(log: {result.log_path}); `gpuprov check {node.name}` says more")

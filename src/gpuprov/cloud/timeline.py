@@ -134,20 +134,23 @@ class Recorder:
         with self._lock:
             self._seen.setdefault(step, self.now())
 
-    def bootstrap_done(self, steps: Sequence[StepResult], verify: set[str]) -> None:
+    def bootstrap_done(self, steps: Sequence[StepResult], verify: set[str], error: str | None = None) -> None:
         """Turn the bootstrap's results into step rows of the open (bootstrap) phase; a step in `verify` becomes
-        the VERIFY phase of its own. Call it as soon as the bootstrap returns, whatever its status."""
+        the VERIFY phase of its own. Call it as soon as the bootstrap returns, whatever its status; `error`: the
+        host's error when it failed (before any step, too: unreachable, facts, upload)."""
         boot = self._open
         if boot is None:
             return
         end = self.now()
         cursor = boot.start_s
         rows: list[StepTime] = []
-        for engine_step, after in (("connect", "upload"), ("upload", steps[0].name if steps else None)):
-            if engine_step in self._seen:
+        for engine_step, after in (("connect", "upload"), ("upload", steps[0].name if steps else "")):
+            if engine_step in self._seen:  # it lasted until the next one began (or the bootstrap ended: it failed)
                 start = max(cursor, self._seen[engine_step])
-                cursor = min(end, max(start, self._seen.get(after or "", start)))
-                rows.append(StepTime(name=engine_step, start_s=start, end_s=cursor, outcome="ok"))
+                cursor = min(end, max(start, self._seen.get(after, end)))
+                last = after not in self._seen
+                rows.append(StepTime(name=engine_step, start_s=start, end_s=cursor,
+                                     outcome="failed" if last and error else "ok", message=(error or "") if last else ""))
         checks: StepTime | None = None
         for step in steps:
             start = min(end, max(cursor, self._seen.get(step.name, cursor)))
@@ -159,10 +162,12 @@ class Recorder:
                 rows.append(row)
         boot.steps = rows
         failed = next((r for r in rows if r.outcome == "failed"), None)
+        outcome: Outcome = "failed" if failed or (error and checks is None) else "ok"
+        detail = failed.message if failed else (error or "") if outcome == "failed" else ""
         if checks is None:
-            self._close(end, "failed" if failed else "ok", failed.message if failed else "")
+            self._close(end, outcome, detail)
             return
-        self._close(checks.start_s, "failed" if failed else "ok", failed.message if failed else "")
+        self._close(checks.start_s, outcome, detail)
         self.phases.append(Phase(name=VERIFY, start_s=checks.start_s, end_s=checks.end_s,
                                  outcome="failed" if checks.outcome == "failed" else "ok", detail=checks.message,
                                  steps=[checks]))
