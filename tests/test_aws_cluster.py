@@ -179,6 +179,19 @@ def test_cluster_bad_input_creates_nothing(aws, env):
     nothing_left(aws)
 
 
+def test_up_refuses_the_name_of_a_cluster_of_existing_hosts(aws, env):
+    """One name, one cluster: `ssh pair:1` must not change meaning under the user's feet."""
+    record = ("from gpuprov import cluster as c; c.save(c.Cluster(name='pair', master_addr='10.9.0.1', master_port=29500,"
+              " members=[c.Member(host=h, address=h, gpus=1) for h in ('10.9.0.1', '10.9.0.2')]))")
+    subprocess.run([sys.executable, "-c", record], env=env, check=True)
+    result = gp(env, *up_args("pair", "--gpu", "A10G:4", "--nodes", "2"))
+    assert result.returncode == 2 and "\nerror: NAME: " in result.stderr, result.stderr
+    assert "cluster of existing hosts" in result.stderr and "gpuprov cluster rm pair" in result.stderr
+    assert not aws.log("RunInstances")
+    nothing_left(aws)
+    assert json.loads(gp(env, "cluster", "list", "--json").stdout)[0]["members"][1]["host"] == "10.9.0.2"
+
+
 # --- crash safety -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("checkpoint", "gpu"), [("CreatePlacementGroup", "A10G:4"), ("RunInstances", "A10G:4"),
@@ -224,20 +237,54 @@ def _two_hosts(aws, pool, gp_home, fail_node: int | None = None) -> str:
 BOOT = ("--gpu", "T4", "--connect", "private", "--ssh-user", "root", "--os", "ubuntu-22.04", "--python", "3.11")
 
 
-def test_cluster_bootstraps_every_node_over_ssh_then_down(aws, env, aws_hosts, gp_home):
+SYSROOT = "/var/lib/gpuprov-shim/root"  # tests/conftest.py aws_hosts: the hosts' GPUPROV_SYSROOT
+
+
+def _wiring(pool, i: int) -> tuple[dict[str, str], list[str]]:
+    """Host i's /etc/gpuprov/cluster.env (as KEY -> value) and hostfile lines."""
+    env = pool.exec_in(i, f"cat {SYSROOT}/etc/gpuprov/cluster.env", check=True).stdout
+    hostfile = pool.exec_in(i, f"cat {SYSROOT}/etc/gpuprov/hostfile", check=True).stdout
+    return (dict(line.split("=", 1) for line in env.splitlines() if line and not line.startswith("#")),
+            hostfile.splitlines())
+
+
+def test_cluster_bootstraps_wires_and_checks_every_node_over_ssh_then_down(aws, env, aws_hosts, gp_home):
     subnet = _two_hosts(aws, aws_hosts, gp_home)
-    result = gp(env, *up_args("duo", *BOOT, "--nodes", "2", "--subnet", subnet), timeout=600)
+    result = gp(env, *up_args("train", *BOOT, "--nodes", "2", "--subnet", subnet), timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "[node 0]" in result.stdout and "[node 1]" in result.stdout
-    row = _cluster(env, "duo")
-    assert row["state"] == "ready" and [m["address"] for m in row["members"]] == [h.address for h in aws_hosts.hosts]
+    row = _cluster(env, "train")
+    addresses = [h.address for h in aws_hosts.hosts]
+    assert row["state"] == "ready" and [m["address"] for m in row["members"]] == addresses
     for i in range(2):  # each node bootstrapped and verified
         assert aws_hosts.exec_in(i, "ls /var/lib/gpuprov/markers/", check=True).stdout.count("sha256") >= 3
-    known = (gp_home / "nodes" / "duo" / "known_hosts").read_text()
+    known = (gp_home / "nodes" / "train" / "known_hosts").read_text()
     assert all(h.address in known for h in aws_hosts.hosts)  # both nodes' host keys pinned
-    assert gp(env, "down", "duo", "--yes").returncode == 0
+    # wired as `bootstrap --cluster` wires: node 0's private address, the type's GPUs (g4dn: 1 T4) per node
+    private = [m["private_ip"] for m in row["members"]]
+    assert private == addresses  # the test hosts sit on moto's private addresses
+    for i in range(2):
+        cluster_env, hostfile = _wiring(aws_hosts, i)
+        assert cluster_env == {"GPUPROV_CLUSTER": "train", "MASTER_ADDR": private[0], "MASTER_PORT": "29500",
+                               "NNODES": "2", "NODE_RANK": str(i), "NPROC_PER_NODE": "1"}
+        assert hostfile == [f"{a} slots=1" for a in private]
+    ranks = gp(env, "exec", "train", "--", "echo rank=$NODE_RANK of $NNODES via $MASTER_ADDR")
+    assert ranks.returncode == 0, ranks.stderr
+    assert sorted(ranks.stdout.splitlines()) == [f"train:{k} | rank={k} of 2 via {private[0]}" for k in range(2)]
+    one = gp(env, "exec", "train:1", "--", "hostname")
+    assert (one.returncode, one.stdout.strip()) == (0, f"train:1 | {aws_hosts.hosts[1].name}"), one.stderr
+    check = gp(env, "check", "train", "--cluster", "--json", "--port-timeout", "2", "--sizes", "64K", timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
+    out = json.loads(check.stdout)
+    pairs = {(r["src"], r["dst"]) for r in out["connectivity"]["results"] if r["outcome"] == "ok"}
+    assert pairs == {(0, 1), (1, 0)}  # real bytes both ways between the two hosts
+    report = out["allreduce"]["report"]  # the fake torch's all-reduce moved real bytes between the hosts
+    assert (report["world"], report["nnodes"], report["nproc_per_node"], report["correct"]) == (2, 2, 1, True)
+    assert gp(env, "down", "train", "--yes").returncode == 0
     nothing_left(aws)
-    assert not (gp_home / "nodes" / "duo").exists() and not (gp_home / "nodes" / "duo.1").exists()
+    assert not (gp_home / "nodes" / "train").exists() and not (gp_home / "nodes" / "train.1").exists()
+    gone = gp(env, "exec", "train", "--", "true")  # the cluster's record went with it
+    assert gone.returncode == 2, gone.stdout + gone.stderr
 
 
 def test_a_node_failing_bootstrap_takes_the_whole_cluster_down(aws, env, aws_hosts, gp_home):
@@ -248,16 +295,21 @@ def test_a_node_failing_bootstrap_takes_the_whole_cluster_down(aws, env, aws_hos
     nothing_left(aws)
 
 
-def test_min_nodes_drops_a_node_that_fails_bootstrap_and_keeps_the_rest(aws, env, aws_hosts, gp_home):
-    subnet = _two_hosts(aws, aws_hosts, gp_home, fail_node=1)
+def test_min_nodes_drops_a_node_that_fails_bootstrap_and_rewires_the_rest(aws, env, aws_hosts, gp_home):
+    subnet = _two_hosts(aws, aws_hosts, gp_home, fail_node=0)
     result = gp(env, *up_args("kept", *BOOT, "--nodes", "2", "--min-nodes", "1", "--subnet", subnet), timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "dropping node 1" in result.stdout
+    assert "dropping node 0" in result.stdout
     (member,) = _cluster(env, "kept")["members"]
-    assert member["rank"] == 0 and member["address"] == aws_hosts.hosts[0].address
+    assert member["rank"] == 0 and member["address"] == aws_hosts.hosts[1].address  # the survivor is node 0 now
     live = [i["InstanceId"] for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]
             if i["State"]["Name"] != "terminated"]
     assert live == [member["instance_id"]]  # the failed node is gone, not billed
+    cluster_env, hostfile = _wiring(aws_hosts, 1)
+    assert (cluster_env["NODE_RANK"], cluster_env["NNODES"], cluster_env["MASTER_ADDR"]) == ("0", "1", member["private_ip"])
+    assert hostfile == [f"{member['private_ip']} slots=1"]
+    ssh = gp(env, "exec", "kept:0", "--", "echo $NODE_RANK/$NNODES")
+    assert (ssh.returncode, ssh.stdout) == (0, "kept:0 | 0/1\n"), ssh.stderr
     assert gp(env, "down", "kept", "--yes").returncode == 0
     nothing_left(aws)
 

@@ -7,6 +7,7 @@ in tests/test_cluster_hosts.py; the all-reduce judge runs here on recorded probe
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -112,9 +113,31 @@ def test_each_node_gets_torchruns_static_rendezvous_flags_and_the_args_stay_word
     assert torchrun_flags(c, 2) == ["--nnodes", "3", "--nproc-per-node", "8", "--node-rank", "2",
                                     "--master-addr", "10.0.0.10", "--master-port", "29555"]
     command = torchrun_command(c, 1, ["train.py", "--name", "a b; rm -rf /"], "/opt/gpuprov/env")
-    assert command.startswith('set -a && . "${GPUPROV_SYSROOT:-}"/etc/gpuprov/cluster.env && set +a && ')
+    assert command.startswith('set -a && . "${GPUPROV_SYSROOT:-}"/etc/gpuprov/cluster.env && ')
     assert "--node-rank 1 " in command and "'a b; rm -rf /'" in command
     assert torchrun_flags(c, 0, nproc_per_node=2)[3] == "2"
+
+
+def test_a_nodes_command_gets_cluster_env_and_efa_env_when_the_efa_step_wrote_it(tmp_path):
+    """env_command under a real bash: cluster.env always (a missing one fails, naming it), efa.env's NCCL/libfabric
+    settings too on EFA types (the `efa` step's file), and nothing extra where there is none."""
+    etc = tmp_path / "etc" / "gpuprov"
+    etc.mkdir(parents=True)
+    env = {"PATH": os.environ["PATH"], "GPUPROV_SYSROOT": str(tmp_path)}
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", cl.env_command('echo "$NODE_RANK/$NNODES ${FI_PROVIDER:-none}"')],
+                              capture_output=True, text=True, env=env)
+
+    missing = run()
+    assert missing.returncode != 0 and "cluster.env" in missing.stderr
+    (etc / "cluster.env").write_text("NODE_RANK=1\nNNODES=2\n")
+    assert run().stdout == "1/2 none\n"  # a TCP cluster: no efa.env
+    from gpuprov.cloud.cluster import EFA_INSTALLER  # efa.sh.j2 writes these, each line `KEY=value` | q
+
+    (etc / "efa.env").write_text("# written by gpuprov (efa step)\n"
+                                 + "".join(shlex.quote(f"{k}={v}") + "\n" for k, v in EFA_INSTALLER.env))
+    assert run().stdout == "1/2 efa\n"
 
 
 def fixture(name: str) -> list[str]:

@@ -304,3 +304,23 @@ def test_master_addr_given_by_hand_reaches_every_nodes_env_and_the_record(cluste
         again = gpuprov("bootstrap", "--cluster", "train", *hosts, "-i", str(pool.key_path), "--os", "ubuntu-22.04",
                         "--python", "3.11", "--json")
         assert again.returncode == 0, again.stderr
+
+
+def test_status_lists_clusters_of_hosts_and_cluster_rm_forgets_one(cluster_pool, cluster):
+    """Runs after the --master-addr test, which leaves `alt` recorded beside `train`."""
+    listed = json.loads(gpuprov("cluster", "list", "--json").stdout)
+    assert [(c["name"], len(c["members"]), c["node"]) for c in listed] == [("train", 3, None), ("alt", 3, None)]
+    shown = subprocess.run([sys.executable, "-m", "gpuprov", "status"], capture_output=True, text=True,
+                           env={**os.environ, "COLUMNS": "80"}, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    cells = [[c.strip() for c in line.strip("│ ").split("│")] for line in shown.stdout.splitlines() if "│" in line]
+    rows = {c[0]: c[1:4] for c in cells}
+    master = cluster_pool.hosts[0].address
+    assert rows["train"] == ["3", f"{master}:29500", "2"] and "gpuprov cluster rm NAME" in shown.stdout
+    assert all(len(line) <= 80 for line in shown.stdout.splitlines())
+    forgot = gpuprov("cluster", "rm", "alt")
+    assert forgot.returncode == 0 and "alt: forgotten" in forgot.stdout, forgot.stderr
+    assert [c["name"] for c in json.loads(gpuprov("cluster", "list", "--json").stdout)] == ["train"]
+    again = gpuprov("cluster", "rm", "alt")
+    assert again.returncode == 2 and "no cluster called 'alt'" in again.stderr and "clusters: train" in again.stderr
+    assert read(cluster_pool, 1, "/etc/gpuprov/cluster.env")  # the hosts keep their files

@@ -82,7 +82,8 @@ def lifecycle(env: dict[str, str], work: Path) -> None:
 
 
 def aws_cluster(env: dict[str, str], aws: object, pool: object) -> None:
-    """Two nodes as one cluster: one launch in one zone, a placement group, both hosts bootstrapped."""
+    """Two nodes as one cluster: one launch in one zone, a placement group, both hosts bootstrapped and wired
+    (cluster.env, hostfile), then `exec` with each node's env and a passing `check --cluster`."""
     aws.reset()  # type: ignore[attr-defined]  # a fresh endpoint: its subnet hands out the two hosts' addresses
     for i in range(2):
         pool.exec_in(i, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/*; "  # type: ignore[attr-defined]
@@ -91,9 +92,14 @@ def aws_cluster(env: dict[str, str], aws: object, pool: object) -> None:
     show(env, "up", "train", "--gpu", "T4", "--nodes", "2", "--subnet", subnet, "--connect", "private",
          "--ssh-user", "root", "--ssh-cidr", "10.240.0.1/32", "--os", "ubuntu-22.04", "--python", "3.11", "--yes")
     show(env, "status")
+    show(env, "exec", "train", "--", "echo node $NODE_RANK of $NNODES, MASTER_ADDR=$MASTER_ADDR; "
+         "cat /var/lib/gpuprov-shim/root/etc/gpuprov/hostfile")
+    show(env, "check", "train", "--cluster", "--sizes", "64K,1M")
     show(env, "down", "train", "--yes")
     left = {k: v for k, v in aws.leftovers().items() if v}  # type: ignore[attr-defined]
     print(f"\nresources tagged gpuprov:node left in the endpoint: {json.dumps(left) if left else 'none'}")
+    if left:
+        sys.exit("demo: `down train` left resources behind")
 
 
 def host_cluster(env: dict[str, str], work: Path) -> None:

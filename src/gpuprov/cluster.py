@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 DEFAULT_PORT = 29500  # torch.distributed's default MASTER_PORT (torchrun --master-port)
 ENV_PATH = "/etc/gpuprov/cluster.env"
 HOSTFILE_PATH = "/etc/gpuprov/hostfile"
+EFA_ENV_PATH = "/etc/gpuprov/efa.env"  # written by the `efa` step on EFA instance types (cloud/cluster.py)
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _WORD = re.compile(r"(?P<name>[a-z0-9][a-z0-9-]{0,62})(?::(?P<rank>[0-9]+))?")
 
@@ -67,6 +68,7 @@ class Cluster(BaseModel):
     master_addr: str
     master_port: int = Field(ge=1, le=65535)
     members: list[Member]
+    node: str | None = None  # the launched node (`up NAME --nodes N`) this cluster is; None: existing hosts
 
     @property
     def nnodes(self) -> int:
@@ -129,6 +131,15 @@ def save(cluster: Cluster) -> None:
     _store().save_cluster(cluster.name, cluster.model_dump_json())
 
 
+def forget(name: str) -> bool:
+    """Remove the record of cluster `name` (its nodes' files stay); False when there was none."""
+    from gpuprov.paths import state_dir
+
+    if not (state_dir() / "state.sqlite").exists():
+        return False
+    return _store().delete_cluster(name)
+
+
 def names() -> list[str]:
     from gpuprov.paths import state_dir
 
@@ -167,9 +178,12 @@ def resolve(word: str) -> Named | None:
 
 
 def env_command(command: str) -> str:
-    """`command` run with the node's cluster.env exported (a missing file fails, naming it)."""
-    path = '"${GPUPROV_SYSROOT:-}"' + ENV_PATH
-    return f"set -a && . {path} && set +a && {command}"
+    """`command` run with the node's cluster.env exported (a missing file fails, naming it), and the
+    NCCL/libfabric settings of the `efa` step (/etc/gpuprov/efa.env) too where that file exists. cluster.env
+    cannot include efa.env itself: systemd reads it as an EnvironmentFile, which has no include."""
+    root = '"${GPUPROV_SYSROOT:-}"'
+    efa = f"{root}{EFA_ENV_PATH}"
+    return f"set -a && . {root}{ENV_PATH} && {{ [ ! -f {efa} ] || . {efa}; }} && set +a && {command}"
 
 
 # --- discovery and wiring --------------------------------------------------------------------
@@ -277,21 +291,38 @@ def wire(name: str, targets: Sequence[Target], settings: HostSettings, *, master
         addresses = run_parallel(list(range(len(remotes))), own, parallel)
         cluster = plan_cluster(name, targets, facts, master, addresses, port, settings.key_filename)
         save(cluster)
-
-        def write(index: int) -> WireResult:
-            script = render(cluster, index)
-            blob = base64.b64encode(script.encode()).decode()
-            try:
-                result = remotes[index].run(f"printf %s {blob} | base64 -d | bash", sudo=True)
-            except GpuprovError as exc:
-                return WireResult(cluster.target(index), "failed", str(exc))
-            if not result.ok:
-                last = (result.stderr.strip().splitlines() or [f"exit {result.exited}"])[-1]
-                return WireResult(cluster.target(index), "failed", last)
-            outcome = "changed" if "GPUPROV_RESULT=changed" in result.stdout else "unchanged"
-            return WireResult(cluster.target(index), outcome)
-
-        return cluster, run_parallel(list(range(len(remotes))), write, parallel)
+        return cluster, _write(cluster, remotes, parallel)
     finally:
         for remote in remotes:
             remote.close()
+
+
+def install(cluster: Cluster, settings: HostSettings, parallel: int = 32) -> list[WireResult]:
+    """Record a cluster whose addresses are already known (a launched one: EC2 said them) and write
+    every node's files; the record comes first, as in `wire`."""
+    save(cluster)
+    remotes = [Remote(t, settings) for t in cluster.targets()]
+    try:
+        return _write(cluster, remotes, parallel)
+    finally:
+        for remote in remotes:
+            remote.close()
+
+
+def _write(cluster: Cluster, remotes: Sequence[Remote], parallel: int) -> list[WireResult]:
+    def write(index: int) -> WireResult:
+        script = render(cluster, index)
+        blob = base64.b64encode(script.encode()).decode()
+        try:
+            if not remotes[index].conn.is_connected:  # wire's are open from discovery; install's are not
+                remotes[index].open()
+            result = remotes[index].run(f"printf %s {blob} | base64 -d | bash", sudo=True)
+        except GpuprovError as exc:
+            return WireResult(cluster.target(index), "failed", str(exc))
+        if not result.ok:
+            last = (result.stderr.strip().splitlines() or [f"exit {result.exited}"])[-1]
+            return WireResult(cluster.target(index), "failed", last)
+        outcome = "changed" if "GPUPROV_RESULT=changed" in result.stdout else "unchanged"
+        return WireResult(cluster.target(index), outcome)
+
+    return run_parallel(list(range(len(remotes))), write, parallel)

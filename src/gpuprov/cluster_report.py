@@ -27,6 +27,18 @@ def cluster_table(cluster: Cluster, nodes: list[WireResult]) -> FitTable:
     return table
 
 
+def clusters_table(clusters: list[Cluster]) -> FitTable | Text:
+    """One row per recorded cluster: name, nodes, MASTER_ADDR:PORT, processes a node, where it came from."""
+    if not clusters:
+        return Text("no clusters; `gpuprov bootstrap --cluster NAME HOST1 HOST2` or `gpuprov up NAME --nodes 2` makes one")
+    table = FitTable([Column("cluster"), Column("nodes", "right"), Column("master"), Column("procs/node", "right"),
+                      Column("from"), Column("hosts", prose=True, drop=1)])
+    for c in clusters:
+        table.add_row(c.name, str(c.nnodes), f"{c.master_addr}:{c.master_port}", str(c.nproc_per_node()),
+                      f"up {c.node}" if c.node else "bootstrap --cluster", Text(" ".join(m.host for m in c.members)))
+    return table
+
+
 def _checks(title: str, checks: list[Check]) -> FitTable:
     table = FitTable([Column("check"), Column("result"), Column("detail", prose=True), Column("fix", prose=True)],
                      title=title, title_justify="left")

@@ -525,6 +525,10 @@ def _teardown(name: str, region: str, provider: Provider, store: Store, say: Say
     from gpuprov import sshconfig
 
     sshconfig.remove_node(name)
+    if store.node(name).cluster_size:  # a launched cluster's record (`exec NAME`, `NAME:K`) goes with it
+        from gpuprov import cluster
+
+        cluster.forget(name)
     store.update_node(name, state="terminated", ended_at=time.time())
     store.event(name, "down", ", ".join(result.removed) or "nothing left to remove")
     return result

@@ -385,6 +385,10 @@ class Store:
             row = db.execute("SELECT spec_json FROM clusters WHERE name = ?", (name,)).fetchone()
         return str(row["spec_json"]) if row else None
 
+    def delete_cluster(self, name: str) -> bool:
+        with self._tx() as db:
+            return db.execute("DELETE FROM clusters WHERE name = ?", (name,)).rowcount > 0
+
     def cluster_names(self) -> list[str]:
         with self._tx() as db:
             return [str(r["name"]) for r in db.execute("SELECT name FROM clusters ORDER BY created_at")]

@@ -3,7 +3,7 @@
 One module per group of commands; importing them registers their commands on `main`.
 """
 
-from gpuprov.cli import access, cloud, hosts, images, offline, settings  # noqa: F401  (registers the commands)
+from gpuprov.cli import access, cloud, clusters, hosts, images, offline, settings  # noqa: F401  (registers the commands)
 from gpuprov.cli.common import main
 
 __all__ = ["main"]

@@ -183,7 +183,20 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
     if as_json:
         click.echo(json.dumps(status_rows(nodes), indent=2))
     else:
-        make_console().print(status_table(nodes))
+        console = make_console()
+        console.print(status_table(nodes))
+        _host_clusters(console)
+
+
+def _host_clusters(console: Any) -> None:
+    """Clusters of existing hosts beneath the nodes (a launched cluster is already a node row)."""
+    from gpuprov import cluster
+    from gpuprov.cluster_report import clusters_table
+
+    hosts = [c for c in (cluster.load(n) for n in cluster.names()) if c is not None and c.node is None]
+    if hosts:
+        console.print(clusters_table(hosts))
+        console.print("(`gpuprov cluster list --json`; forget one: `gpuprov cluster rm NAME`)", markup=False)
 
 
 def _print_timeline(store: Any, name: str, as_json: bool) -> None:

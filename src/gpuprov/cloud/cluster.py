@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from gpuprov import lifecycle
 from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
@@ -34,6 +34,9 @@ from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.plan import Plan
 from gpuprov.providers.base import Access, Instance, LaunchError, LaunchRequest, Market, Network, Nic, NotFound, Provider
 from gpuprov.state import Member, Node, Store, members_json
+
+if TYPE_CHECKING:
+    from gpuprov import cluster as wiring
 
 Say = Callable[[str], None]
 Transport = Literal["efa", "tcp"]
@@ -170,6 +173,7 @@ def up(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provider: P
     check_cluster_options(plan, opts, copts)
     if store.find_node(name) and store.node(name).live:
         raise UserInputError("NAME", f"a node called {name!r} already exists", f"pick another name, or `gpuprov down {name}`")
+    _not_a_host_cluster(name)
     cidr = None if opts.ssh_cidr is None and opts.connect == "private" else lifecycle.ssh_cidr(opts.ssh_cidr)
     offerings = provider.offerings(region, [c.name for c in plan.candidates])
     network = provider.network(region, opts.subnet)
@@ -210,6 +214,16 @@ def up(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provider: P
         raise
 
 
+def _not_a_host_cluster(name: str) -> None:
+    """One name, one cluster: a recorded cluster of existing hosts keeps its name (`ssh NAME:K` would be ambiguous)."""
+    from gpuprov import cluster as wiring
+
+    found = wiring.load(name)
+    if found is not None and found.node is None:
+        raise UserInputError("NAME", f"{name!r} is already a cluster of existing hosts (bootstrap --cluster)",
+                             f"pick another name, or forget that one: gpuprov cluster rm {name}")
+
+
 def _launch_and_bootstrap(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provider: Provider,
                           store: Store, say: Say, order: Order, image: str, network: Network,
                           cidr: str) -> ClusterResult:
@@ -243,17 +257,20 @@ def _launch_and_bootstrap(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterO
     if opts.wait:
         members = _contact_all(plan, opts, copts, members, key_path, provider, store, say, result, layout)
         result.members = members
-    store.update_node(name, state="ready", ready_at=time.time())
     if opts.wait:
         from gpuprov import sshconfig
 
         _merge_known_hosts(name, members)
         members = [replace(m, rank=rank, state="ready") for rank, m in enumerate(members)]  # ranks 0..n-1 after a drop
+        wire(name, store.node(name), members, opts.ssh_user, key_path, say)
+        store.update_node(name, state="ready", ready_at=time.time())
         _record(store, name, members, state="ready")
         result.members = members
         result.ssh_alias = sshconfig.add_node(name, members[0].address or "", opts.ssh_user, key_path)
     else:
-        say("not waiting for SSH (--no-wait): host keys are not pinned, so `ssh gpuprov-NAME` is not set up")
+        store.update_node(name, state="ready", ready_at=time.time())
+        say("not waiting for SSH (--no-wait): host keys are not pinned and the nodes are not wired as a cluster "
+            "(no cluster.env), so `ssh gpuprov-NAME`, `exec NAME` and `torchrun NAME` are not set up")
     result.node = store.node(name)
     store.event(name, "ready", f"{len(members)} × {result.node.instance_type} {result.node.zone}")
     return result
@@ -431,6 +448,40 @@ def _contact_all(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, m
         members = [m for m in members if m not in failed]
         _record(store, name, members, state="bootstrapping" if opts.bootstrap else "running")
     return members
+
+
+def as_cluster(name: str, node: Node, members: list[Member], user: str, key_path: str) -> wiring.Cluster:
+    """The launched cluster in the form `bootstrap --cluster` records (cluster.py): the same `NAME`/`NAME:K`,
+    `exec`, `torchrun` and `check --cluster` then work on it. Each node is reached at its connect address with
+    the cluster's pinned keys; the others know it by its private address (MASTER_ADDR = node 0's, the hostfile);
+    GPUs per node are the instance type's, from the catalog."""
+    from gpuprov import catalog, sshconfig
+    from gpuprov import cluster as wiring
+
+    gpus = catalog.load().instance_type(node.instance_type).gpus if node.instance_type else node.gpu_count or 0
+    known = str(sshconfig.node_known_hosts(name))
+    nodes = [wiring.Member(host=m.address or "", user=user, key=key_path, known_hosts=known,
+                           address=m.private_ip or m.address or "", gpus=gpus, instance_type=node.instance_type)
+             for m in members]
+    return wiring.Cluster(name=name, master_addr=nodes[0].address, master_port=wiring.DEFAULT_PORT, members=nodes,
+                          node=name)
+
+
+def wire(name: str, node: Node, members: list[Member], user: str, key_path: str, say: Say) -> wiring.Cluster:
+    """Record the cluster and write /etc/gpuprov/cluster.env and hostfile on every node (ranks as they are
+    after any drop); a node that cannot be wired fails the `up`, as a failed bootstrap does."""
+    from gpuprov import cluster as wiring
+    from gpuprov.remote import HostSettings
+    from gpuprov.sshconfig import node_known_hosts
+
+    cluster = as_cluster(name, node, members, user, key_path)
+    say(f"wiring {cluster.nnodes} nodes as cluster {name}: MASTER_ADDR={cluster.master_addr}, "
+        f"{cluster.nproc_per_node()} process(es) a node")
+    settings = HostSettings(known_hosts=node_known_hosts(name), connect_timeout=15)
+    failed = [r for r in wiring.install(cluster, settings, parallel=len(members)) if r.outcome == "failed"]
+    if failed:
+        raise GpuprovError("wiring the cluster failed: " + "; ".join(f"{r.target.name}: {r.error}" for r in failed))
+    return cluster
 
 
 def with_efa_step(plan: Plan, layout: ClusterNetwork) -> Plan:
