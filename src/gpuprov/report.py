@@ -78,13 +78,17 @@ class FitTable:
         dropped = [c.header for i, c in enumerate(self.columns) if i not in shown]
         caption = f"left out at this width: {', '.join(dropped)} (wider terminal, or --json)" if dropped else None
         table = Table(title=self.title, caption=caption, caption_justify="left", **self.table_kw)
+        # rich ignores `justify` on an overflow="ignore" column, so right-aligned cells are padded here
+        right = {i: self._width(i) for i in shown if self.columns[i].justify == "right" and not self.columns[i].prose}
         for i in shown:
             col = self.columns[i]
-            table.add_column(col.header, justify=col.justify, no_wrap=not col.prose,  # type: ignore[arg-type]
+            header = _rjust(col.header, right[i]) if i in right else col.header
+            table.add_column(header, justify=col.justify, no_wrap=not col.prose,  # type: ignore[arg-type]
                              overflow="fold" if col.prose else "ignore",
                              min_width=None if col.prose else self._width(i))
         for cells, end_section in self.rows:
-            table.add_row(*(cells[i] for i in shown), end_section=end_section)
+            table.add_row(*(_rjust(cells[i], right[i]) if i in right else cells[i] for i in shown),
+                          end_section=end_section)
         return table
 
     def fitted(self, width: int) -> Table:
@@ -102,6 +106,13 @@ class FitTable:
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
         return Measurement.get(console, options, self.fitted(options.max_width))
+
+
+def _rjust(cell: Any, width: int) -> Any:
+    pad = width - cell_len(_plain(cell))
+    if pad <= 0:
+        return cell
+    return Text(" " * pad) + cell if isinstance(cell, Text) else " " * pad + str(cell)
 
 
 def _plain(cell: Any) -> str:
