@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import testnet
+from tests.machine import shared_user
+
+# the test hosts reboot in about a second, not a minute: look for them coming back more often than a user's run
+os.environ.setdefault("GPUPROV_REBOOT_POLL_SECONDS", "0.25")
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIMS = ROOT / "tests" / "shims"
@@ -47,21 +50,17 @@ def host_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         skip_or_fail("the SSH test hosts need root (network namespaces, sshd on port 22)")
     from tests.hosts.fixture import HostPool
 
-    created = subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", SUDO_USER],
-                             capture_output=True).returncode == 0  # 9: it exists already
-    # '*': no password, but not locked ('!'), which sshd without PAM would refuse even for key logins
-    subprocess.run(["usermod", "--password", "*", SUDO_USER], check=True, capture_output=True)
-    pool = HostPool(8, tmp_path_factory.mktemp("hosts"), shims_dir=SHIMS, prefix=testnet.prefix("gpt"),
-                    bridge=testnet.bridge("gptbr0"), subnet=testnet.subnet("10.210.0"),
-                    host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"}, sudo_users=(SUDO_USER,))
-    pool.start()
-    print(f"\nSSH test hosts: {len(pool)} in mode {pool.mode}")
-    try:
-        yield pool
-    finally:
-        pool.stop()
-        if created:
-            subprocess.run(["userdel", "--remove", SUDO_USER], capture_output=True)
+    # other xdist workers and other checkouts' runs use the same user: shared, deleted by the last one out
+    with shared_user(SUDO_USER):
+        pool = HostPool(8, tmp_path_factory.mktemp("hosts"), shims_dir=SHIMS, prefix=testnet.prefix("gpt"),
+                        bridge=testnet.bridge("gptbr0"), subnet=testnet.subnet("10.210.0"),
+                        host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"}, sudo_users=(SUDO_USER,))
+        pool.start()
+        print(f"\nSSH test hosts: {len(pool)} in mode {pool.mode}")
+        try:
+            yield pool
+        finally:
+            pool.stop()
 
 
 from tests.aws.cli import env  # noqa: E402,F401  (pytest fixture: the CLI's environment for the fake AWS)
@@ -88,3 +87,18 @@ def aws_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield pool
     finally:
         pool.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist (--dist loadgroup): the tests of a module with a module-scoped fixture of its own (the real-apt
+    chroot story, the harness's own host pool, ...) stay on one worker, so that fixture is built once, not once
+    per worker. Every other test goes to whichever worker is free; session fixtures (host pools, moto) are per
+    worker anyway."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None or item.get_closest_marker("xdist_group") is not None:
+            continue
+        for defs in info.name2fixturedefs.values():
+            if defs and defs[-1].scope == "module":
+                item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
+                break

@@ -20,6 +20,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+from tests.machine import machine_lock
+
 BUILD_VERSION = "1"
 VARIANT = "minbase"
 INCLUDE: tuple[str, ...] = ()  # minbase has apt, dpkg, bash, coreutils, grep, sed, mawk
@@ -86,6 +88,13 @@ def tarball() -> Path:
     path = CACHE / f"chroot-{dist}-{codename}-{cache_key(dist, codename)}.tar"
     if path.exists():
         return path
+    with machine_lock("chroot-cache"):  # one debootstrap at a time (xdist workers, other runs); then reuse it
+        if not path.exists():
+            _build(path, dist, codename)
+    return path
+
+
+def _build(path: Path, dist: str, codename: str) -> None:
     debootstrap = shutil.which("debootstrap")
     if not debootstrap:
         raise ChrootUnavailable("debootstrap is not installed (tools/sysdeps.sh installs it)")
@@ -111,7 +120,6 @@ def tarball() -> Path:
         tmp.rename(path)
     finally:
         shutil.rmtree(build, ignore_errors=True)
-    return path
 
 
 def unpack(dest: Path) -> Path:
