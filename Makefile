@@ -22,7 +22,7 @@ sysdeps:
 TEST_JOBS ?= 3
 
 test: install sysdeps
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup
+	$(PY) -m pytest -q -n $(TEST_JOBS)
 
 lint: install
 	$(VENV)/bin/ruff check src tests bench

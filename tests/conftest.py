@@ -17,6 +17,9 @@ os.environ.setdefault("GPUPROV_REBOOT_POLL_SECONDS", "0.25")
 ROOT = Path(__file__).resolve().parents[1]
 SHIMS = ROOT / "tests" / "shims"
 SUDO_USER = "gpuprov-sudoer"  # a login user that becomes root through `sudo -n`, like `ubuntu` on EC2
+# every ssh session on the test hosts: the fake root the steps write into, and the test time scale of the
+# steps' waits (retry back-off, apt-lock poll), as tests/shimrun.py sets them for local runs
+HOST_ENV = {"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root", "GPUPROV_RETRY_DELAY": "0", "GPUPROV_APT_LOCK_POLL": "1"}
 
 
 def skip_or_fail(reason: str) -> None:
@@ -54,7 +57,7 @@ def host_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     with shared_user(SUDO_USER):
         pool = HostPool(8, tmp_path_factory.mktemp("hosts"), shims_dir=SHIMS, prefix=testnet.prefix("gpt"),
                         bridge=testnet.bridge("gptbr0"), subnet=testnet.subnet("10.210.0"),
-                        host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"}, sudo_users=(SUDO_USER,))
+                        host_env=HOST_ENV, sudo_users=(SUDO_USER,))
         pool.start()
         print(f"\nSSH test hosts: {len(pool)} in mode {pool.mode}")
         try:
@@ -78,7 +81,7 @@ def aws_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
     pool = HostPool(2, tmp_path_factory.mktemp("aws-hosts"), shims_dir=SHIMS, offset=3, prefix=testnet.prefix("gpa"),
                     bridge=testnet.bridge("gpabr0"), subnet=testnet.subnet("10.220.0"),
-                    host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"})
+                    host_env=HOST_ENV)
     pool.start()
     if pool.mode != "netns":
         pool.stop()
@@ -89,16 +92,27 @@ def aws_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         pool.stop()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist (--dist loadgroup): the tests of a module with a module-scoped fixture of its own (the real-apt
-    chroot story, the harness's own host pool, ...) stay on one worker, so that fixture is built once, not once
-    per worker. Every other test goes to whichever worker is free; session fixtures (host pools, moto) are per
-    worker anyway."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None or item.get_closest_marker("xdist_group") is not None:
-            continue
-        for defs in info.name2fixturedefs.values():
-            if defs and defs[-1].scope == "module":
-                item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
-                break
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`-n N` (--dist load): each test goes to whichever worker is free, except that the tests of a module with a
+    module-scoped fixture of its own (the real-apt chroot story, the harness's own host pool, ...) stay together on
+    one worker, so that fixture is built once, not once per worker. Session fixtures (host pools, moto) are per
+    worker anyway. (xdist's own --dist loadgroup would need xdist_group marks, which pytest 9.2 no longer lets
+    xdist put into the node ids.)"""
+    if config.getoption("dist") != "load":
+        return None
+    import re
+
+    from xdist.scheduler import LoadScopeScheduling
+
+    module_fixture = re.compile(r"""scope\s*=\s*["']module["']""")
+    grouped: dict[str, bool] = {}
+
+    class ModuleFixtureGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            if path not in grouped:
+                source = config.rootpath / path
+                grouped[path] = source.is_file() and bool(module_fixture.search(source.read_text()))
+            return path if grouped[path] else nodeid
+
+    return ModuleFixtureGroups(config, log)  # type: ignore[arg-type]

@@ -7,7 +7,8 @@ No mirror host is written down here.
 
 Cache: /var/cache/gpuprov-tests/chroot-<key>.tar (override with GPUPROV_TEST_CACHE), where <key>
 hashes what the chroot is built from (distribution, release, variant, packages, this file's
-BUILD_VERSION). Each test unpacks the tarball into its own temp folder, so runs never share state.
+BUILD_VERSION). Each test unpacks the tarball into its own temp folder, so runs never share state;
+one process at a time builds it (a machine-wide lock, tests/machine.py), the others wait and reuse it.
 """
 
 from __future__ import annotations
