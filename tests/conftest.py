@@ -56,7 +56,7 @@ def host_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     # other xdist workers and other checkouts' runs use the same user: shared, deleted by the last one out
     with shared_user(SUDO_USER):
         pool = HostPool(8, tmp_path_factory.mktemp("hosts"), shims_dir=SHIMS, prefix=testnet.prefix("gpt"),
-                        bridge=testnet.bridge("gptbr0"), subnet=testnet.subnet("10.210.0"),
+                        bridge=testnet.bridge("gptbr0"), subnet=testnet.subnet("10.210.0"), loop_net=testnet.NET,
                         host_env=HOST_ENV, sudo_users=(SUDO_USER,))
         pool.start()
         print(f"\nSSH test hosts: {len(pool)} in mode {pool.mode}")
@@ -80,7 +80,7 @@ def aws_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from tests.hosts.fixture import HostPool
 
     pool = HostPool(2, tmp_path_factory.mktemp("aws-hosts"), shims_dir=SHIMS, offset=3, prefix=testnet.prefix("gpa"),
-                    bridge=testnet.bridge("gpabr0"), subnet=testnet.subnet("10.220.0"),
+                    bridge=testnet.bridge("gpabr0"), subnet=testnet.subnet("10.220.0"), loop_net=testnet.NET,
                     host_env=HOST_ENV)
     pool.start()
     if pool.mode != "netns":
