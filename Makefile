@@ -17,8 +17,12 @@ $(STAMP): pyproject.toml
 sysdeps:
 	@bash tools/sysdeps.sh
 
+# Parallel workers (pytest-xdist): each gets its own test-host networks, moto server and state dirs
+# (docs/testing.md, "Parallel runs"). TEST_JOBS=0 runs in one process.
+TEST_JOBS ?= 3
+
 test: install sysdeps
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS)
 
 lint: install
 	$(VENV)/bin/ruff check src tests bench

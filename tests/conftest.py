@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import testnet
+from tests.machine import shared_user
+
+# the test hosts reboot in about a second, not a minute: look for them coming back more often than a user's run
+os.environ.setdefault("GPUPROV_REBOOT_POLL_SECONDS", "0.25")
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIMS = ROOT / "tests" / "shims"
 SUDO_USER = "gpuprov-sudoer"  # a login user that becomes root through `sudo -n`, like `ubuntu` on EC2
+# every ssh session on the test hosts: the fake root the steps write into, and the test time scale of the
+# steps' waits (retry back-off, apt-lock poll), as tests/shimrun.py sets them for local runs
+HOST_ENV = {"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root", "GPUPROV_RETRY_DELAY": "0", "GPUPROV_APT_LOCK_POLL": "1"}
 
 
 def skip_or_fail(reason: str) -> None:
@@ -47,21 +53,17 @@ def host_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         skip_or_fail("the SSH test hosts need root (network namespaces, sshd on port 22)")
     from tests.hosts.fixture import HostPool
 
-    created = subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", SUDO_USER],
-                             capture_output=True).returncode == 0  # 9: it exists already
-    # '*': no password, but not locked ('!'), which sshd without PAM would refuse even for key logins
-    subprocess.run(["usermod", "--password", "*", SUDO_USER], check=True, capture_output=True)
-    pool = HostPool(8, tmp_path_factory.mktemp("hosts"), shims_dir=SHIMS, prefix=testnet.prefix("gpt"),
-                    bridge=testnet.bridge("gptbr0"), subnet=testnet.subnet("10.210.0"),
-                    host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"}, sudo_users=(SUDO_USER,))
-    pool.start()
-    print(f"\nSSH test hosts: {len(pool)} in mode {pool.mode}")
-    try:
-        yield pool
-    finally:
-        pool.stop()
-        if created:
-            subprocess.run(["userdel", "--remove", SUDO_USER], capture_output=True)
+    # other xdist workers and other checkouts' runs use the same user: shared, deleted by the last one out
+    with shared_user(SUDO_USER):
+        pool = HostPool(8, tmp_path_factory.mktemp("hosts"), shims_dir=SHIMS, prefix=testnet.prefix("gpt"),
+                        bridge=testnet.bridge("gptbr0"), subnet=testnet.subnet("10.210.0"), loop_net=testnet.NET,
+                        host_env=HOST_ENV, sudo_users=(SUDO_USER,))
+        pool.start()
+        print(f"\nSSH test hosts: {len(pool)} in mode {pool.mode}")
+        try:
+            yield pool
+        finally:
+            pool.stop()
 
 
 from tests.aws.cli import env  # noqa: E402,F401  (pytest fixture: the CLI's environment for the fake AWS)
@@ -78,8 +80,8 @@ def aws_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from tests.hosts.fixture import HostPool
 
     pool = HostPool(2, tmp_path_factory.mktemp("aws-hosts"), shims_dir=SHIMS, offset=3, prefix=testnet.prefix("gpa"),
-                    bridge=testnet.bridge("gpabr0"), subnet=testnet.subnet("10.220.0"),
-                    host_env={"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root"})
+                    bridge=testnet.bridge("gpabr0"), subnet=testnet.subnet("10.220.0"), loop_net=testnet.NET,
+                    host_env=HOST_ENV)
     pool.start()
     if pool.mode != "netns":
         pool.stop()
@@ -88,3 +90,29 @@ def aws_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield pool
     finally:
         pool.stop()
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`-n N` (--dist load): each test goes to whichever worker is free, except that the tests of a module with a
+    module-scoped fixture of its own (the real-apt chroot story, the harness's own host pool, ...) stay together on
+    one worker, so that fixture is built once, not once per worker. Session fixtures (host pools, moto) are per
+    worker anyway. (xdist's own --dist loadgroup would need xdist_group marks, which pytest 9.2 no longer lets
+    xdist put into the node ids.)"""
+    if config.getoption("dist") != "load":
+        return None
+    import re
+
+    from xdist.scheduler import LoadScopeScheduling
+
+    module_fixture = re.compile(r"""scope\s*=\s*["']module["']""")
+    grouped: dict[str, bool] = {}
+
+    class ModuleFixtureGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            if path not in grouped:
+                source = config.rootpath / path
+                grouped[path] = source.is_file() and bool(module_fixture.search(source.read_text()))
+            return path if grouped[path] else nodeid
+
+    return ModuleFixtureGroups(config, log)  # type: ignore[arg-type]

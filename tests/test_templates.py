@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import catalog
+from gpuprov import catalog, render
 from gpuprov.compat import SUPPORTED_OS, StackPins
 from gpuprov.errors import StackConflict, UserInputError
 from gpuprov.plan import NodeRequest, make_host_plan, make_plan, steps_for
@@ -25,6 +25,15 @@ SHELLCHECK = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(P
 
 
 def _bundles() -> dict[str, Bundle]:
+    # one jinja2 Environment for the whole matrix: gpuprov makes a fresh one per render (one render per run),
+    # which here would compile every template again for each of ~240 bundles, in every xdist worker
+    shared = render.environment()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(render, "environment", lambda: shared)
+        return _render_matrix()
+
+
+def _render_matrix() -> dict[str, Bundle]:
     out: dict[str, Bundle] = {}
     for gpu in catalog.load().gpus:
         for os_name in SUPPORTED_OS:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import tarfile
 import time
@@ -354,7 +355,7 @@ class _Runs:
         self.host.remote.wait_gone(min(10.0, timeout))
         self.host.remote.close()
         while time.monotonic() < deadline:
-            time.sleep(1.0)
+            time.sleep(_reboot_poll())
             probe = Remote(self.host.target, self.host.settings)
             try:
                 probe.open()
@@ -364,6 +365,12 @@ class _Runs:
             self.host.remote = probe
             return
         raise Unreachable(f"{self.host.target.name}: did not come back within {timeout:.0f}s of the reboot")
+
+
+def _reboot_poll() -> float:
+    """Seconds between looks for a rebooting host: 1, or GPUPROV_REBOOT_POLL_SECONDS (the tests' hosts
+    reboot in about a second, not a minute)."""
+    return float(os.environ.get("GPUPROV_REBOOT_POLL_SECONDS") or 1.0)
 
 
 def _last_line(stderr: str, code: int) -> str:

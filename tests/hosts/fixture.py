@@ -9,7 +9,7 @@ Modes (``pool.mode``):
   * "netns" (root, ``ip netns add`` allowed): host i (1-based name ``<prefix>i``) listens on
     10.200.0.(offset+i):22 with its own hostname, private tmpfs /tmp, /root, /var/lib/gpuprov,
     /var/lib/gpuprov-shim, volatile /run/gpuprov-shim, shims first on PATH, reboot support.
-  * "loopback" (fallback): sshd on 127.0.0.(offset+i):(2200+offset+i) sharing the machine's filesystem and
+  * "loopback" (fallback): sshd on 127.0.<loop_net>.(offset+i):(2200+offset+i) sharing the machine's filesystem and
     hostname; ``supports_reboot`` and ``isolated`` are False; shims are first on PATH via sshd SetEnv
     (as ``<shims_dir>/bin``, not /usr/local/gpuprov-shims/bin); ``exec_in`` runs locally.
 
@@ -122,7 +122,7 @@ class HostPool:
     key_path (client private key, 0600, in base_dir), base (Path), fallback_reason (why loopback, or "").
 
     Several pools can be up at once if each has its own prefix, bridge and subnet (netns) and offset
-    (loopback ports are 2200+offset+i).
+    (loopback ports are 2200+offset+i); pools of other processes (xdist workers) also differ in loop_net.
     """
 
     def __init__(
@@ -140,6 +140,7 @@ class HostPool:
         startup_timeout: float = 20.0,
         host_env: dict[str, str] | None = None,
         sudo_users: tuple[str, ...] = (),
+        loop_net: int = 0,
     ) -> None:
         if mode not in ("auto", "netns", "loopback"):
             raise ValueError(f"mode must be auto, netns or loopback, not {mode!r}")
@@ -154,6 +155,7 @@ class HostPool:
         self.startup_timeout = startup_timeout
         self.host_env = dict(host_env or {})
         self.sudo_users = tuple(sudo_users)
+        self.loop_net = loop_net  # loopback mode: third octet of the hosts' 127.x addresses (one per test net)
         self._want = mode
         self.mode = ""
         self.fallback_reason = ""
@@ -454,7 +456,7 @@ class HostPool:
             ak = d / "authorized_keys"
             ak.write_text(Path(f"{self.key_path}.pub").read_text())
             ak.chmod(0o644)
-            addr, port = f"127.0.0.{self.offset + i}", 2200 + self.offset + i
+            addr, port = f"127.0.{self.loop_net}.{self.offset + i}", 2200 + self.offset + i
             setenv = f"SetEnv PATH={self.shims_dir}/bin:{STD_PATH}\n" if self.shims_dir else ""
             (d / "sshd_config").write_text(f"""Port {port}
 ListenAddress {addr}

@@ -32,7 +32,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory):
     # own prefix/bridge/subnet/offset: may run while another (session-scoped) pool with the defaults is up
     with HostPool(
         N, base, shims_dir=SHIMS, offset=100, prefix=testnet.prefix("ght"), bridge=testnet.bridge("ghtbr0"),
-        subnet=testnet.subnet("10.209.0"),
+        subnet=testnet.subnet("10.209.0"), loop_net=testnet.NET,
     ) as p:
         yield p
 

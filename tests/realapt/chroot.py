@@ -7,7 +7,8 @@ No mirror host is written down here.
 
 Cache: /var/cache/gpuprov-tests/chroot-<key>.tar (override with GPUPROV_TEST_CACHE), where <key>
 hashes what the chroot is built from (distribution, release, variant, packages, this file's
-BUILD_VERSION). Each test unpacks the tarball into its own temp folder, so runs never share state.
+BUILD_VERSION). Each test unpacks the tarball into its own temp folder, so runs never share state;
+one process at a time builds it (a machine-wide lock, tests/machine.py), the others wait and reuse it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import shutil
 import subprocess
 import tarfile
 from pathlib import Path
+
+from tests.machine import machine_lock
 
 BUILD_VERSION = "1"
 VARIANT = "minbase"
@@ -86,6 +89,13 @@ def tarball() -> Path:
     path = CACHE / f"chroot-{dist}-{codename}-{cache_key(dist, codename)}.tar"
     if path.exists():
         return path
+    with machine_lock("chroot-cache"):  # one debootstrap at a time (xdist workers, other runs); then reuse it
+        if not path.exists():
+            _build(path, dist, codename)
+    return path
+
+
+def _build(path: Path, dist: str, codename: str) -> None:
     debootstrap = shutil.which("debootstrap")
     if not debootstrap:
         raise ChrootUnavailable("debootstrap is not installed (tools/sysdeps.sh installs it)")
@@ -111,7 +121,6 @@ def tarball() -> Path:
         tmp.rename(path)
     finally:
         shutil.rmtree(build, ignore_errors=True)
-    return path
 
 
 def unpack(dest: Path) -> Path:
