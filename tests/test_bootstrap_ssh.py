@@ -167,7 +167,7 @@ def test_connection_killed_mid_step_fails_clearly_and_the_rerun_resumes_there(ho
     def cut_when_started() -> None:
         for _ in range(300):
             if pool.exec_in(7, "test -e /tmp/gp-started").returncode == 0:
-                pool.exec_in(7, "pkill -f 'sshd: root@' || true")  # every session, not the listener
+                pool.kill_in(7, r"^sshd: root@")  # every session of this host, not the listener
                 return
             time.sleep(0.05)
 

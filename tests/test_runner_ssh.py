@@ -86,8 +86,8 @@ def when_started(pool, i, action) -> threading.Thread:
     return thread
 
 
-def runners_left(pool, i) -> str:
-    return pool.exec_in(i, "pgrep -af 'runner[.]sh' || true").stdout.strip()
+def runners_left(pool, i) -> list[int]:
+    return pool.pids_in(i, r"runner[.]sh")
 
 
 def test_a_connection_killed_mid_runner_resumes_at_the_step_it_was_running(host_pool, gp_home, tmp_path):
@@ -95,7 +95,7 @@ def test_a_connection_killed_mid_runner_resumes_at_the_step_it_was_running(host_
     reset(pool, [2])
     pool.exec_in(2, "touch /var/lib/gpuprov/slow-here", check=True)
     playbook = slow_playbook(tmp_path, tick=False)  # silent: nothing tells the old runner its client is gone
-    cutter = when_started(pool, 2, lambda: pool.exec_in(2, "pkill -f 'sshd: root@' || true"))
+    cutter = when_started(pool, 2, lambda: pool.kill_in(2, r"^sshd: root@"))  # every session, not the listener
     code, hosts = bootstrap(pool, [2], "-p", str(playbook))
     cutter.join()
     assert code == 1
@@ -108,7 +108,7 @@ def test_a_connection_killed_mid_runner_resumes_at_the_step_it_was_running(host_
     assert code == 0, hosts
     assert by_step(hosts[0]) == {"first": "skipped", "wait": "changed", "last": "changed"}
     assert pool.exec_in(2, "cat /var/lib/gpuprov/ran").stdout.split() == ["first", "wait", "wait", "last"]
-    assert runners_left(pool, 2) == ""  # the new run stopped the old one instead of racing it
+    assert runners_left(pool, 2) == []  # the new run stopped the old one instead of racing it
     markers = pool.exec_in(2, "ls /var/lib/gpuprov/markers").stdout.split()
     assert sorted(markers) == ["first.sha256", "last.sha256", "wait.sha256"]
 

@@ -20,7 +20,9 @@ Host indexes given to the pool's methods are 0-based positions in ``pool.hosts``
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -294,6 +296,37 @@ class HostPool:
         if self.mode != "netns":
             raise RuntimeError("no supervisor in loopback mode")
         return int((Path(h.base) / "supervisor.pid").read_text())
+
+    def pids_in(self, i: int | TestHost, pattern: str) -> list[int]:
+        """Pids of host i's processes whose command line matches the regex `pattern`. The hosts share the
+        machine's pid namespace, so `pkill`/`pgrep` run inside one would see (and kill) every other host's,
+        other workers' and other runs' processes too: a host's own are those in its mount namespace.
+        Loopback mode has no isolation: every process of the machine counts."""
+        own = os.stat(f"/proc/{self.supervisor_pid(i)}/ns/mnt").st_ino if self.mode == "netns" else None
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                if own is not None and os.stat(proc / "ns" / "mnt").st_ino != own:
+                    continue
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:  # gone meanwhile
+                continue
+            if re.search(pattern, cmdline):
+                found.append(int(proc.name))
+        return found
+
+    def kill_in(self, i: int | TestHost, pattern: str, sig: int = signal.SIGTERM) -> list[int]:
+        """Send `sig` to host i's processes matching `pattern` (see pids_in); the pids signalled."""
+        hit = []
+        for pid in self.pids_in(i, pattern):
+            try:
+                os.kill(pid, sig)
+                hit.append(pid)
+            except ProcessLookupError:
+                pass
+        return hit
 
     def state(self, i: int | TestHost) -> str:
         """netns: "up <boots> <sshd pid>" | "rebooting" | "stopped"."""
