@@ -10,19 +10,31 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 CASES = {
     "python -c pass": [sys.executable, "-c", "pass"],
     "gpuprov --help": [sys.executable, "-m", "gpuprov", "--help"],
     "gpuprov plan --gpu A100 --spot": [sys.executable, "-m", "gpuprov", "plan", "--gpu", "A100", "--spot"],
     "gpuprov plan --json": [sys.executable, "-m", "gpuprov", "plan", "--gpu", "H100:8", "--json"],
+    "gpuprov bootstrap --help": [sys.executable, "-m", "gpuprov", "bootstrap", "--help"],
+    # what `bootstrap`/`check`/`exec` import before their first connection, beside what Fabric alone costs
+    "import bootstrap's path": [sys.executable, "-c", "import gpuprov.cli.hosts, gpuprov.bootstrap, gpuprov.report"],
+    "import exec's path": [sys.executable, "-c", "import gpuprov.cli.access, gpuprov.access, gpuprov.report"],
+    "import check's path": [sys.executable, "-c", "import gpuprov.cli.hosts, gpuprov.check, gpuprov.report"],
+    "import fabric": [sys.executable, "-c", "import fabric"],
 }
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
+    # byte-compiled first, as a wheel install leaves them: a source checkout under PYTHONDONTWRITEBYTECODE
+    # (set on the shared test machine) would otherwise compile every gpuprov module again in every process
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "src" / "gpuprov")], check=True,
+                   stdout=subprocess.DEVNULL)
     print(f"{'command':<34} {'median':>9} {'min':>9}   ({args.runs} runs, cold process each)")
     base = None
     for label, argv in CASES.items():
