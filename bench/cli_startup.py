@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,18 +37,24 @@ def main() -> None:
     # (set on the shared test machine) would otherwise compile every gpuprov module again in every process
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "src" / "gpuprov")], check=True,
                    stdout=subprocess.DEVNULL)
-    print(f"{'command':<34} {'median':>9} {'min':>9}   ({args.runs} runs, cold process each)")
+    load = os.getloadavg()
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; CPU = the child's user+sys "
+          "time, steadier than wall time on a shared machine")
+    print(f"{'command':<34} {'median':>9} {'min':>9} {'CPU med':>9} {'CPU min':>9}   ({args.runs} runs, cold process each)")
     base = None
     for label, argv in CASES.items():
-        times = []
+        times, cpus = [], []
         for _ in range(args.runs):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
             subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
             times.append(time.perf_counter() - start)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
         med = statistics.median(times)
         base = base or med
-        print(f"{label:<34} {med * 1000:8.0f}ms {min(times) * 1000:8.0f}ms   ({med / base:.1f}× python)")
-
+        print(f"{label:<34} {med * 1000:8.0f}ms {min(times) * 1000:8.0f}ms {statistics.median(cpus) * 1000:8.0f}ms "
+              f"{min(cpus) * 1000:8.0f}ms   ({med / base:.1f}× python)")
 
 if __name__ == "__main__":
     main()
