@@ -16,13 +16,16 @@ from gpuprov.resources import data_file
 
 Precision = Literal["fp16", "bf16", "tf32", "fp32"]
 
+# Every model here is defer_build: its validator is built when load() first reads catalog.yaml, not when a
+# command merely imports the types (bootstrap, exec and check import them and mostly never read the file).
+
 
 class Published(BaseModel):
     """NVIDIA's published figures for a GPU, the yardstick of `gpuprov bench`. TFLOP/s are dense (NVIDIA
     quotes tensor rates with 2:4 sparsity, marked *, at twice the dense rate); a precision missing from
     `dense_tflops` has no published figure. `nvlink_gbps` is NVIDIA's both-directions total per GPU."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     variant: str
     dense_tflops: dict[Precision, float]
@@ -37,7 +40,7 @@ class Published(BaseModel):
 class BenchRules(BaseModel):
     """What `gpuprov bench` calls ok: a fraction of the published figure per kind of measurement."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     thresholds: dict[Literal["matmul", "memory", "host", "allreduce"], float]
     pcie_x16_gbps: dict[int, float]
@@ -46,7 +49,7 @@ class BenchRules(BaseModel):
 
 
 class Gpu(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     name: str
     aliases: tuple[str, ...] = ()
@@ -64,7 +67,7 @@ class Gpu(BaseModel):
 
 
 class InstanceType(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     name: str
     gpu: str
@@ -86,7 +89,7 @@ class InstanceType(BaseModel):
 class Storage(BaseModel):
     """What a stopped node's disk costs (EBS root volume), with where the number comes from."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     volume_type: str
     usd_per_gb_month: float
@@ -101,7 +104,7 @@ class Storage(BaseModel):
 class Interconnect(BaseModel):
     """What the all-reduce across nodes is judged against (cluster_check.py)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     efa_gbps: dict[str, int]  # instance type -> aggregate EFA bandwidth, Gbit/s
     efa_source: str
@@ -112,7 +115,7 @@ class Interconnect(BaseModel):
 class EfaCards(BaseModel):
     """An EFA-capable type's network cards (one EFA interface each), with where the count comes from."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     instance_type: str
     network_cards: int
@@ -123,7 +126,7 @@ class EfaCards(BaseModel):
 class ClusterNetwork(BaseModel):
     """What `up --nodes N` needs to know per type: cluster placement group support and the EFA layout."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     read: str
     placement_source: str
@@ -140,7 +143,7 @@ class ClusterNetwork(BaseModel):
 
 
 class Catalog(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     prices_as_of: str
     price_region: str

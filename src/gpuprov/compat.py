@@ -36,25 +36,32 @@ SUPPORTED_OS = ("ubuntu-22.04", "ubuntu-24.04")
 # --- facts -------------------------------------------------------------------------------------
 
 
-class _CudaMin(BaseModel):
+class _Fact(BaseModel):
+    """A part of data/stack.yaml. Its validator is built when facts() first reads the file, not at import:
+    most commands (bootstrap of a `stack: none` playbook, exec, check) never read it."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
+class _CudaMin(_Fact):
     driver: str
     unverified: str | None = None
 
 
-class _TorchRelease(BaseModel):
+class _TorchRelease(_Fact):
     variants: tuple[str, ...]
     pypi_default: str
     python: tuple[str, str]
 
 
-class _WheelArchs(BaseModel):
+class _WheelArchs(_Fact):
     torch: tuple[str, str]
     variants: tuple[str, ...]
     sm: tuple[str, ...]
     unverified: str | None = None
 
 
-class _Arch(BaseModel):
+class _Arch(_Fact):
     kernel_module: Literal["open", "proprietary"]
     open_only: bool = False
     max_driver_branch: int | None = None
@@ -64,19 +71,19 @@ class _Arch(BaseModel):
     min_torch: str | None = None
 
 
-class _Cutoff(BaseModel):
+class _Cutoff(_Fact):
     branch: int
     source: str
 
 
-class _Pinning(BaseModel):
+class _Pinning(_Fact):
     from_branch: int
     source: str
     unverified: str | None = None
     exact_versions: tuple[str, ...] = ()
 
 
-class _TorchPlan(BaseModel):
+class _TorchPlan(_Fact):
     release: str
     drops_variants: tuple[str, ...]
     effect: str
@@ -84,11 +91,11 @@ class _TorchPlan(BaseModel):
     unverified: str
 
 
-class _MinorCompat(BaseModel):
+class _MinorCompat(_Fact):
     min_driver: str
 
 
-class _NvswitchGen4(BaseModel):
+class _NvswitchGen4(_Fact):
     archs: tuple[str, ...]
     packages: tuple[str, ...]
     kernel_modules_package: str
@@ -97,12 +104,12 @@ class _NvswitchGen4(BaseModel):
     unverified: str | None = None
 
 
-class _Persistence(BaseModel):
+class _Persistence(_Fact):
     dropin: str
     unverified: str | None = None
 
 
-class StackFacts(BaseModel):
+class StackFacts(_Fact):
     model_config = ConfigDict(frozen=True)
 
     cuda_min_driver: dict[str, _CudaMin]
@@ -289,6 +296,14 @@ def check_pins(pins: StackPins) -> None:
 
 def _check_pin_syntax(pins: StackPins) -> None:
     """Malformed or unknown pins."""
+    if not (pins.driver is None and pins.cuda is None and pins.torch is None and pins.torch_cuda is None):
+        _check_known_pins(pins)  # stack.yaml is read only when a pin needs a look-up (most runs pin nothing)
+    if pins.python is not None and not re.fullmatch(r"3\.\d+", pins.python):
+        raise UserInputError("--python", f"{pins.python!r} is not a Python version", "e.g. 3.12")
+
+
+def _check_known_pins(pins: StackPins) -> None:
+    """Pins of a driver branch, CUDA toolkit, torch release or wheel variant that stack.yaml does not know."""
     f = facts()
     if pins.driver is not None:
         if not re.fullmatch(r"\d{3}(\.\d+){0,2}", pins.driver):
@@ -314,8 +329,6 @@ def _check_pin_syntax(pins: StackPins) -> None:
         known = sorted({v for r in f.torch_releases.values() for v in r.variants})
         if pins.torch_cuda not in known:
             raise UserInputError("--torch-cuda", f"unknown wheel variant {pins.torch_cuda!r}", f"known: {', '.join(known)}")
-    if pins.python is not None and not re.fullmatch(r"3\.\d+", pins.python):
-        raise UserInputError("--python", f"{pins.python!r} is not a Python version", "e.g. 3.12")
 
 
 def _check_driver_installable(pins: StackPins) -> None:

@@ -23,12 +23,13 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import jinja2
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpuprov.errors import UserInputError
 from gpuprov.resources import templates_dir
+
+if TYPE_CHECKING:
+    import jinja2
 
 STATE_DIR = "/var/lib/gpuprov"
 StepKind = Literal["stack", "env", "user", "verify", "guard"]
@@ -133,6 +134,8 @@ def _b64(text: str) -> str:
 @functools.cache
 def environment() -> jinja2.Environment:
     """One per process: Jinja keeps each compiled template, so 32 hosts' bundles do not compile them 32 times."""
+    import jinja2  # here, not at the top: `exec` and `ssh` use this module's paths and never render
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,

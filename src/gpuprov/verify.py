@@ -29,7 +29,13 @@ class ProbeError(GpuprovError):
     """The probe's output could not be read."""
 
 
-class GpuInfo(BaseModel):
+class _Probed(BaseModel):
+    """Built on first use, not at import: bootstrap imports these types, and only a verify step uses them."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
+class GpuInfo(_Probed):
     model_config = ConfigDict(frozen=True)
 
     index: int
@@ -47,7 +53,7 @@ class GpuInfo(BaseModel):
     compute_cap: str | None
 
 
-class TorchDevice(BaseModel):
+class TorchDevice(_Probed):
     index: int
     name: str
     capability: tuple[int, int]
@@ -57,7 +63,7 @@ class TorchDevice(BaseModel):
     error: str | None = None
 
 
-class TorchInfo(BaseModel):
+class TorchInfo(_Probed):
     version: str | None = None
     cuda: str | None = None
     is_available: bool = False
@@ -68,7 +74,7 @@ class TorchInfo(BaseModel):
     error: str | None = None
 
 
-class Check(BaseModel):
+class Check(_Probed):
     name: str
     ok: bool
     detail: str
@@ -85,7 +91,7 @@ def failed(checks: list[Check]) -> list[Check]:
     return [c for c in checks if not c.ok and c.severity == "fail"]
 
 
-class Expectation(BaseModel):
+class Expectation(_Probed):
     """What the host should show: from the plan (GPU, count, torch) or from the user."""
 
     gpu: str | None = None  # catalog name, e.g. "A100-40GB"
@@ -94,7 +100,7 @@ class Expectation(BaseModel):
     torch_cuda: str | None = None  # "12.8"
 
 
-class CheckReport(BaseModel):
+class CheckReport(_Probed):
     host: str
     hostname: str | None = None
     driver_version: str | None = None
