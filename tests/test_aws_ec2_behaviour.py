@@ -351,6 +351,8 @@ def test_plan_hours_live_prices_the_estimate_at_todays_spot_price(aws, env):
     assert estimate["usd_on_demand"] == round(estimate["usd_hour_on_demand"] * 10, 2)
     human = gp(env, "plan", "--gpu", "T4", "--spot", "--hours", "10", "--live")
     assert "at today's spot price $0.1906/h (us-east-1c): $1.91" in human.stdout
-    assert [e["action"] for e in aws.log()] == ["DescribeSpotPriceHistory", "DescribeSpotPriceHistory"]
-    no_hours = gp(env, "plan", "--gpu", "T4", "--live")
-    assert no_hours.returncode == 2 and "--hours" in no_hours.stderr
+    # reads only: today's prices, and which image `up` would take (a baked one of this stack, else Ubuntu's)
+    assert [e["action"] for e in aws.log()] == ["DescribeSpotPriceHistory", "DescribeImages", "GetParameter"] * 2
+    no_hours = gp(env, "plan", "--gpu", "T4", "--live")  # the image only: no estimate without --hours
+    assert no_hours.returncode == 0, no_hours.stderr
+    assert "image: Canonical's Ubuntu" in no_hours.stdout and "today's spot price" not in no_hours.stdout

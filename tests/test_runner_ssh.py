@@ -146,7 +146,7 @@ def test_a_host_that_vanishes_mid_step_is_lost_the_others_finish_and_a_rerun_res
     assert code == 0, hosts
     assert by_step(hosts[0]) == {"first": "skipped", "wait": "changed", "last": "changed"}
     assert pool.exec_in(4, "cat /var/lib/gpuprov/ran").stdout.split() == ["first", "wait", "wait", "last"]
-    assert runners_left(pool, 4) == ""
+    assert runners_left(pool, 4) == []
 
 
 def test_keepalives_from_the_ssh_config_find_a_vanished_host_without_a_silence_bound(host_pool, gp_home, tmp_path):

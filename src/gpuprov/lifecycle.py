@@ -184,9 +184,22 @@ def _quota_error(attempt: Attempt, provider: Provider, region: str, also: str = 
         f"{region}{now}:\n  {increase_command(q, region, current, it.vcpu)}{unverified}{also}")
 
 
-def up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> UpResult:
-    rec = tl.Recorder("up", opts.name)
-    rec.phase(tl.CHECKS)
+@dataclass(frozen=True)
+class Launchpad:
+    """What every `up` (one node or a cluster) settles before it records anything: the checked name, the
+    network, SSH's CIDR, the candidates in order and the image."""
+
+    name: str
+    region: str
+    network: Network
+    cidr: str
+    order: Order
+    image: str
+    image_line: str  # "baked NAME ami-…", "ubuntu ami-…" (the timeline's words)
+
+
+def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> Launchpad:
+    """Checks and look-ups shared by `up` and `up --nodes`; nothing is created or recorded here."""
     region = plan.request.region
     name = check_name(opts.name)
     check_options(plan, opts)
@@ -215,7 +228,16 @@ def up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) 
     chosen = choose(plan, opts.image, provider)  # a baked image of this stack, else Ubuntu (or --image)
     say(chosen.line())
     image = chosen.image_id or provider.image(region, plan.request.os)
-    rec.image = " ".join(w for w in (chosen.source, chosen.name, image) if w)  # "baked NAME ami-…", "ubuntu ami-…"
+    line = " ".join(w for w in (chosen.source, chosen.name, image) if w)
+    return Launchpad(name, region, network, cidr, order, image, line)
+
+
+def up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> UpResult:
+    rec = tl.Recorder("up", opts.name)
+    rec.phase(tl.CHECKS)
+    pad = launchpad(plan, opts, provider, store, say)
+    name, region, network, cidr, order, image = pad.name, pad.region, pad.network, pad.cidr, pad.order, pad.image
+    rec.image = pad.image_line
 
     market = "spot" if plan.request.spot else "on-demand"
     store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,

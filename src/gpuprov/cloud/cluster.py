@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from gpuprov import lifecycle
-from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
+from gpuprov.cloud.failover import Candidate, Order
 from gpuprov.cloud.teardown import SETTLE_SECONDS
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.plan import Plan
@@ -167,28 +167,10 @@ def check_cluster_options(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterO
 
 def up(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provider: Provider, store: Store,
        say: Say) -> ClusterResult:
-    region = plan.request.region
-    name = lifecycle.check_name(opts.name)
-    lifecycle.check_options(plan, opts)
     check_cluster_options(plan, opts, copts)
-    if store.find_node(name) and store.node(name).live:
-        raise UserInputError("NAME", f"a node called {name!r} already exists", f"pick another name, or `gpuprov down {name}`")
-    _not_a_host_cluster(name)
-    cidr = None if opts.ssh_cidr is None and opts.connect == "private" else lifecycle.ssh_cidr(opts.ssh_cidr)
-    offerings = provider.offerings(region, [c.name for c in plan.candidates])
-    network = provider.network(region, opts.subnet)
-    cap = opts.max_hourly if opts.max_hourly is not None else default_cap(plan)
-    order = candidates(plan, offerings, plan.request.spot, opts.fallback_on_demand, network.zone, cap)
-    for skip in order.skipped:
-        say(f"skipping {skip.instance_type}: {skip.reason}")
-    if not order.candidates:
-        raise UserInputError("--region", f"no instance type with {plan.count}× {plan.gpu.name if plan.gpu else '?'} "
-                             f"under the price cap is offered in {network.zone or region}",
-                             "try us-east-1 or us-west-2, another --gpu, or a higher --max-hourly")
-    if cidr is None:
-        cidr = network.vpc_cidr
-        say(f"SSH will be open to the VPC's CIDR {cidr} (--connect private without --ssh-cidr)")
-    image = opts.image or provider.image(region, plan.request.os)
+    _not_a_host_cluster(lifecycle.check_name(opts.name))
+    pad = lifecycle.launchpad(plan, opts, provider, store, say)
+    name, region, network, cidr, order, image = pad.name, pad.region, pad.network, pad.cidr, pad.order, pad.image
 
     market = "spot" if plan.request.spot else "on-demand"
     store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,
