@@ -102,7 +102,7 @@ class Storage(BaseModel):
 
 
 class Interconnect(BaseModel):
-    """What the all-reduce across nodes is judged against (cluster_check.py)."""
+    """What the all-reduce across nodes is judged against (cluster/check.py)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 

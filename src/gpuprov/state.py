@@ -370,7 +370,7 @@ class Store:
             rows = db.execute(query + " ORDER BY id", args).fetchall()
         return [Resource(**dict(r)) for r in rows]
 
-    # --- clusters (cluster.py owns the spec: ordered members, master address and port) ----
+    # --- clusters (gpuprov.cluster owns the spec: ordered members, master address and port) ----
 
     def save_cluster(self, name: str, spec_json: str) -> None:
         """Record (or replace) a cluster of existing hosts by name."""

@@ -355,8 +355,8 @@ def torchrun_cmd(name: str, env_path: str, nproc_per_node: int | None, grace: fl
     import signal
     import threading
 
-    from gpuprov import cluster_run
     from gpuprov.cluster import load
+    from gpuprov.cluster import run as cluster_run
     from gpuprov.errors import UserInputError
 
     words = click.get_current_context().meta["gpuprov.argv"]

@@ -191,7 +191,7 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
 def _host_clusters(console: Any) -> None:
     """Clusters of existing hosts beneath the nodes (a launched cluster is already a node row)."""
     from gpuprov import cluster
-    from gpuprov.cluster_report import clusters_table
+    from gpuprov.cluster.report import clusters_table
 
     hosts = [c for c in (cluster.load(n) for n in cluster.names()) if c is not None and c.node is None]
     if hosts:

@@ -108,7 +108,7 @@ def _cluster_out(name: str, results: list[Any], wired: Any, as_json: bool, conso
             "wiring": [{"node": n.target.name, "host": n.target.host, "outcome": n.outcome, "error": n.error}
                        for n in nodes]}, indent=2))
         sys.exit(0 if ok else 1)
-    from gpuprov.cluster_report import cluster_table
+    from gpuprov.cluster.report import cluster_table
 
     if wired is None:
         console.print(f"cluster {name}: not wired, since not every host was bootstrapped")
@@ -167,8 +167,8 @@ def check(gpu: str | None, env_path: str, as_json: bool, as_cluster: bool, sizes
 def _check_cluster(kw: dict[str, Any], env_path: str, as_json: bool, sizes: str, sample: int, timeout: float,
                    run_allreduce: bool) -> None:
     from gpuprov.cluster import load, names
-    from gpuprov.cluster_check import check_cluster, parse_sizes
-    from gpuprov.cluster_report import cluster_check_json, cluster_check_tables
+    from gpuprov.cluster.check import check_cluster, parse_sizes
+    from gpuprov.cluster.report import cluster_check_json, cluster_check_tables
     from gpuprov.errors import UserInputError
 
     byte_sizes = parse_sizes(sizes)

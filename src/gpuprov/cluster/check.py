@@ -365,7 +365,7 @@ def allreduce(cluster: Cluster, settings: HostSettings, *, sizes: Sequence[int],
               env_path: str = "/opt/gpuprov/env", timeout: float = 120.0,
               emit: Callable[[Target, str, str], None] | None = None) -> tuple[AllReduce | None, str | None]:
     """Run the probe under torchrun on every node; (report, None) or (None, why not)."""
-    from gpuprov.cluster_run import run_on_nodes, torchrun_command
+    from gpuprov.cluster.run import run_on_nodes, torchrun_command
 
     probe = _script("allreduce_probe.py.j2", sizes=list(sizes), iterations=iterations, timeout=timeout)
     path = f"/tmp/gpuprov-allreduce-{int(time.time() * 1000)}.py"

@@ -10,7 +10,7 @@ from gpuprov.report import _STYLE, Column, FitTable
 
 if TYPE_CHECKING:
     from gpuprov.cluster import Cluster, WireResult
-    from gpuprov.cluster_check import ClusterCheck
+    from gpuprov.cluster.check import ClusterCheck
     from gpuprov.verify import Check
 
 
