@@ -45,6 +45,7 @@ from gpuprov.providers.base import (
 from gpuprov.state import Node, Store
 
 if TYPE_CHECKING:
+    from gpuprov import bootstrap as engine
     from gpuprov.inventory import Target
     from gpuprov.remote import HostSettings
 
@@ -490,13 +491,22 @@ def _bootstrap(plan: Plan, opts: UpOptions, key_path: str, address: str, say: Sa
     say("bootstrapping: " + ", ".join(s.name for s in plan.steps))
     options = engine.Options(reboot_timeout=opts.reboot_timeout, step_silence=opts.step_silence,
                              echo=opts.verbose_echo)
+    result = bootstrap_node(plan, target, settings, options, rec, say)
+    if result.status not in ("ok", "changed"):
+        raise GpuprovError(f"bootstrap {result.summary}: {result.error} (log: {result.log_path})")
+    return result
+
+
+def bootstrap_node(plan: Plan, target: Target, settings: HostSettings, options: engine.Options, rec: tl.Recorder,
+                   say: Say) -> engine.HostResult:
+    """A launched node's bootstrap (after `up` or `start`), its steps put on the timeline as they go."""
+    from gpuprov import bootstrap as engine
+
     rec.phase(tl.BOOTSTRAP)
     (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options,
                                  reporter=rec.reporter(StepLines(say)))
     rec.bootstrap_done(result.steps, {s.name for s in plan.steps if s.kind == "verify"},
                        None if result.status in ("ok", "changed") else result.error)
-    if result.status not in ("ok", "changed"):
-        raise GpuprovError(f"bootstrap {result.summary}: {result.error} (log: {result.log_path})")
     return result
 
 

@@ -16,10 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpuprov import lifecycle
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.teardown import settle
 from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.lifecycle import Say, StepLines, wait_tcp
+from gpuprov.lifecycle import Say, wait_tcp
 from gpuprov.plan import Plan
 from gpuprov.providers.base import LaunchError, Provider
 from gpuprov.state import Node, Resource, Store
@@ -325,11 +326,7 @@ def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, sa
                             connect_timeout=15)
     say("bootstrapping again (finished steps are skipped) and verifying")
     options = engine.Options(reboot_timeout=opts.reboot_timeout, echo=opts.verbose_echo)
-    rec.phase(tl.BOOTSTRAP)
-    (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options,
-                                 reporter=rec.reporter(StepLines(say)))
-    rec.bootstrap_done(result.steps, {s.name for s in plan.steps if s.kind == "verify"},
-                       None if result.status in ("ok", "changed") else result.error)
+    result = lifecycle.bootstrap_node(plan, target, settings, options, rec, say)
     if result.status not in ("ok", "changed"):
         raise GpuprovError(f"{node.name} runs, but its bootstrap {result.summary}: {result.error} "
                            f"(log: {result.log_path}); `gpuprov check {node.name}` says more")
