@@ -329,19 +329,8 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
             rec.attempt(cand.instance_type, cand.zone, cand.market, asked, exc.code, exc.message)
             say(f"  {exc.code}: {exc.message}")
             store.event(name, "launch-refused", f"{cand.instance_type} {cand.zone} {cand.market}: {exc.code}")
-            if exc.then == "next-candidate":
-                continue
-            if exc.then == "next-market" and cand.market == "spot" and opts.fallback_on_demand:
-                closed.add("spot")
-                say(f"  spot is closed to this account here ({exc.code}); going on with on-demand"
-                    + (f"\n  fix for spot: {exc.fix}" if exc.fix else ""))
-                continue
-            fallback = ("\n  or add --fallback on-demand to go on with on-demand when spot is refused"
-                        if exc.then == "next-market" else "")
-            if exc.quota:
-                raise _quota_error(attempt, provider, region, fallback) from None
-            fix = f"\n  fix: {exc.fix}" if exc.fix else ""
-            raise GpuprovError(f"AWS refused the launch: {exc.code}: {exc.message}{fix}{fallback}") from None
+            go_on_after(exc, attempt, opts, closed, provider, region, say)
+            continue
         store.created(rid, instance.id)
         rec.attempt(cand.instance_type, cand.zone, cand.market, asked)
         if instance.spot_request_id:
@@ -355,6 +344,25 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
     tried = "; ".join(f"{a.candidate.instance_type}/{a.candidate.zone}/{a.candidate.market}: {a.code}" for a in attempts)
     hint = "" if opts.fallback_on_demand or not plan.request.spot else " (add --fallback on-demand to try on-demand too)"
     raise GpuprovError(f"no capacity anywhere it was asked for{hint}: {tried}")
+
+
+def go_on_after(exc: LaunchError, attempt: Attempt, opts: UpOptions, closed: set[Market], provider: Provider,
+                region: str, say: Say) -> None:
+    """After AWS refused a candidate (one node or a whole cluster): return to go on with the next one (spot
+    closed for the rest when AWS says so and --fallback on-demand allows it), or raise what stops the launch."""
+    if exc.then == "next-candidate":
+        return
+    if exc.then == "next-market" and attempt.candidate.market == "spot" and opts.fallback_on_demand:
+        closed.add("spot")
+        say(f"  spot is closed to this account here ({exc.code}); going on with on-demand"
+            + (f"\n  fix for spot: {exc.fix}" if exc.fix else ""))
+        return
+    fallback = ("\n  or add --fallback on-demand to go on with on-demand when spot is refused"
+                if exc.then == "next-market" else "")
+    if exc.quota:
+        raise _quota_error(attempt, provider, region, fallback) from None
+    fix = f"\n  fix: {exc.fix}" if exc.fix else ""
+    raise GpuprovError(f"AWS refused the launch: {exc.code}: {exc.message}{fix}{fallback}") from None
 
 
 def _shutdown_behavior(plan: Plan, market: Market) -> str:

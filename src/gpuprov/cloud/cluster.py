@@ -290,16 +290,8 @@ def _launch(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provid
             attempts.append(attempt)
             say(f"  {exc.code}: {exc.message}")
             store.event(name, "launch-refused", f"{copts.nodes} × {cand.instance_type} {cand.zone} {cand.market}: {exc.code}")
-            if exc.then == "next-candidate":
-                continue
-            if exc.then == "next-market" and cand.market == "spot" and opts.fallback_on_demand:
-                closed.add("spot")
-                say(f"  spot is closed to this account here ({exc.code}); going on with on-demand")
-                continue
-            if exc.quota:
-                raise lifecycle._quota_error(attempt, provider, region) from None
-            fix = f"\n  fix: {exc.fix}" if exc.fix else ""
-            raise GpuprovError(f"AWS refused the launch: {exc.code}: {exc.message}{fix}") from None
+            lifecycle.go_on_after(exc, attempt, opts, closed, provider, region, say)
+            continue
         _recorded(store, name, region, rid, token, instances)
         _landed(plan, store, name, cand)
         if len(instances) < copts.nodes:
