@@ -1,3 +1,3 @@
-from gpuprov.cli import main
+from gpuprov.cli import run
 
-main()
+run()
