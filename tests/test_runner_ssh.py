@@ -1,4 +1,4 @@
-"""The runner (issue 12): one SSH exec per host runs the whole bundle; a vanished host does not hang the run.
+"""The runner (issue 12): one SSH exec per host reads its facts and runs the whole bundle; a vanished host does not hang the run.
 
 Real CLI, real sshd: exec channels are counted from the hosts' own sshd logs (LogLevel VERBOSE logs
 "Starting session: command for ..." once per exec), and hosts are cut off by taking their network
@@ -31,7 +31,7 @@ def execs_during(pool, i, run) -> tuple[object, list[str]]:
     return result, sessions(pool, i)[before:]
 
 
-def test_one_exec_for_facts_one_for_the_run_and_one_per_reboot(host_pool, gp_home):
+def test_one_exec_for_facts_and_the_run_and_one_per_reboot(host_pool, gp_home):
     pool = host_pool
     if pool.mode != "netns":
         pytest.skip("counts reboots: needs the netns test hosts")
@@ -39,19 +39,20 @@ def test_one_exec_for_facts_one_for_the_run_and_one_per_reboot(host_pool, gp_hom
     (code, hosts), execs = execs_during(pool, 0, lambda: bootstrap(pool, [0], "-p", "minimal"))
     assert code == 0, hosts
     assert by_step(hosts[0])["nvidia-driver"] == "reboot"
-    # facts, the runner with the bundle on stdin, the runner again after the driver's reboot; no sftp
-    assert len(execs) == 3, execs
+    # the facts then the runner with the bundle on the same exec's stdin, the runner again after the driver's
+    # reboot; no sftp
+    assert len(execs) == 2, execs
     assert all("Starting session: command for root" in line for line in execs), execs
 
     (code, hosts), execs = execs_during(pool, 0, lambda: bootstrap(pool, [0], "-p", "minimal"))
     assert code == 0 and hosts[0]["status"] == "ok"
-    assert len(execs) == 2, execs  # nothing to reboot for: facts and one run (which still verifies)
+    assert len(execs) == 1, execs  # nothing to reboot for: facts and the run (which still verifies) on one exec
 
     reset(pool, [1], GPUPROV_SHIM_NOUVEAU="loaded")
     (code, hosts), execs = execs_during(pool, 1, lambda: bootstrap(pool, [1], "-p", "minimal"))
     assert code == 0, hosts
     assert [s for s, o in by_step(hosts[0]).items() if o == "reboot"] == ["nouveau-off", "nvidia-driver"]
-    assert len(execs) == 4, execs  # two reboots: one more exec each
+    assert len(execs) == 3, execs  # two reboots: one more exec each
 
 
 def slow_playbook(tmp_path: Path, tick: bool) -> Path:

@@ -1,9 +1,9 @@
 """Run a plan's bundle on hosts over SSH: one runner per host, resume, reboot, verify.
 
-Per host (pyinfra's fact -> diff -> commands), in as few SSH execs as that allows:
-  facts (GPUs, NVSwitch, OS: one exec) -> plan for that host -> one exec that receives the bundle tar
-  on stdin and starts the runner (runner.py), which runs each step whose marker differs from its
-  script's sha256 (all with --force) and streams one line per step
+Per host (pyinfra's fact -> diff -> commands), in one SSH exec after the connection:
+  it prints the facts (GPUs, NVSwitch, OS) and waits -> plan for that host -> the bundle tar goes to the
+  same exec's stdin, which unpacks it and starts the runner (runner.py), which runs each step whose marker
+  differs from its script's sha256 (all with --force) and streams one line per step
   -> a step that prints GPUPROV_RESULT=reboot ends the runner, which starts the reboot: wait, reconnect,
      one more runner exec checks the module and goes on from the next step
   -> verify: parse the probe and judge it against the plan.
@@ -19,6 +19,7 @@ import json
 import os
 import re
 import tarfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.fanout import run_parallel
 from gpuprov.inventory import Target
 from gpuprov.plan import GuardRequest, Plan
-from gpuprov.remote import ConnectionLost, HostLost, HostSettings, Remote, Unreachable
+from gpuprov.remote import ConnectionLost, HostLost, HostSettings, Remote, Session, Unreachable
 from gpuprov.render import Bundle
 from gpuprov.runner import BUNDLE_DIR as BUNDLE_DIR  # re-exported: gpubench.py reads it here
 from gpuprov.verify import CheckReport, Expectation, ProbeError, extract_probe, judge, parse_probe
@@ -143,12 +144,29 @@ def expectation(plan: Plan, gpu_count: int | None = None) -> Expectation:
     )
 
 
+class _Bundles:
+    """Each plan's bundle and its tar, made once per run however many hosts share the plan."""
+
+    def __init__(self) -> None:
+        self._made: dict[int, tuple[Plan, Bundle, bytes]] = {}  # by id(plan); the plan is kept so its id stays its own
+        self._lock = threading.Lock()
+
+    def get(self, plan: Plan) -> tuple[Bundle, bytes]:
+        with self._lock:
+            if id(plan) not in self._made:
+                bundle = plan.bundle()
+                self._made[id(plan)] = (plan, bundle, bundle_tar(bundle))
+            _, bundle, tar = self._made[id(plan)]
+            return bundle, tar
+
+
 class _HostRun:
     """Bootstraps one host. Every failure becomes this host's result, never an exception."""
 
     def __init__(self, target: Target, settings: HostSettings, plan_for: PlanFor, options: Options,
-                 reporter: Reporter, log_dir: Path) -> None:
+                 reporter: Reporter, log_dir: Path, bundles: _Bundles) -> None:
         self.target = target
+        self.bundles = bundles
         self.settings = settings
         self.plan_for = plan_for
         self.options = options
@@ -177,6 +195,9 @@ class _HostRun:
         self.reporter.event(self.target.name, self.result.failed_step or "", self.result.summary)
         return self.result
 
+    def _log_err(self, text: str) -> None:
+        self.log.write(text)
+
     def _fail(self, status: HostStatus, step: str | None, error: str) -> None:
         self.result.status = status
         self.result.failed_step = step
@@ -192,17 +213,23 @@ class _HostRun:
             self.remote.close()
 
     def _bootstrap(self) -> None:
+        """One exec prints the facts, then waits for the bundle on its stdin and runs it: the plan is made
+        between the two, so a host costs one round trip more than its connection (plus one per reboot)."""
         self.result.failed_step = "facts"
-        out: list[str] = []  # one plain exec channel: the lighter path, as the runner's
-        self.remote.stream(FACTS_COMMAND, sudo=True, on_out=out.append, on_err=lambda _text: None)
-        facts = parse_facts("".join(out))
-        self.log.note(f"facts: {facts.model_dump_json()}")
-        self.result.failed_step = "plan"
-        plan = self.plan_for(self.target, facts)  # a UserInputError here stops this host before anything is installed
-        bundle = plan.bundle()
-        self.result.failed_step = "upload"
-        self.reporter.event(self.target.name, "upload", "running")
-        _Runs(self, plan, facts, bundle).go()
+        nonce = runner.new_nonce()
+        first = self.remote.session(f"{FACTS_COMMAND}; echo {runner.facts_end(nonce)}; "
+                                    + runner.command(nonce, 1, self.options.force, None, unpack=True), sudo=True)
+        try:
+            facts = parse_facts(first.read_until(runner.facts_end(nonce), self._log_err, self.options.step_silence))
+            self.log.note(f"facts: {facts.model_dump_json()}")
+            self.result.failed_step = "plan"
+            plan = self.plan_for(self.target, facts)  # a UserInputError stops this host before anything is installed
+            bundle, tar = self.bundles.get(plan)
+            self.result.failed_step = "upload"
+            self.reporter.event(self.target.name, "upload", "running")
+            _Runs(self, plan, facts, bundle, tar, nonce).go(first)
+        finally:
+            first.close()  # without the bundle on its stdin, the exec unpacks nothing and runs nothing
         if self.result.status == "ok":
             changed = any(step.outcome in ("changed", "reboot") for step in self.result.steps)
             self.result.status = "changed" if changed else "ok"
@@ -226,15 +253,15 @@ class _Runs:
     """A host's runner execs (runner.py): the first one carries the bundle, one more follows each reboot.
     Their events become the host's StepResults, progress events and log notes."""
 
-    def __init__(self, host: _HostRun, plan: Plan, facts: HostFacts, bundle: Bundle) -> None:
+    def __init__(self, host: _HostRun, plan: Plan, facts: HostFacts, bundle: Bundle, tar: bytes, nonce: str) -> None:
         self.host = host
         self.result = host.result
         self.plan = plan
         self.facts = facts
         self.scripts = {s.name: s for s in bundle.scripts}
         self.order = [s.name for s in bundle.scripts]
-        self.tar = bundle_tar(bundle)
-        self.nonce = runner.new_nonce()
+        self.tar = tar
+        self.nonce = nonce
         self.ending = ""  # how the current exec ended: done, reboot, same-boot, or "" (it stopped)
         self.boot = ""  # the boot id before the reboot a step asked for
         self.current: str | None = None  # the step started and not yet ended
@@ -244,25 +271,33 @@ class _Runs:
         self.failed_end: runner.Event | None = None  # a failed step's end line, judged once its stderr is in
         self.awaiting: str | None = None  # a step that asked for a reboot, until its post-reboot check
 
-    def go(self) -> None:
-        first, unpack = 1, True
+    def go(self, started: Session) -> None:
+        """`started`: the exec that printed the facts and waits for the bundle; after a reboot, a new exec
+        goes on from the step after the one that asked for it."""
+        session: Session | None = started
+        first = 1
         while self.result.status == "ok":
-            code = self._exec(first, unpack)
+            code = self._exec(session, first)
             if self.result.status != "ok" or self.ending == "done":
                 return
             if self.ending not in ("reboot", "same-boot") or self.awaiting is None:
                 raise GpuprovError(f"the runner stopped (exit {code}) before every step ran: "
                                    f"{_last_line(self.stderr, code)}")
-            first, unpack = self.order.index(self.awaiting) + 2, False
+            session, first = None, self.order.index(self.awaiting) + 2
             self._wait_for_reboot(self.awaiting)
 
-    def _exec(self, first: int, unpack: bool) -> int:
+    def _exec(self, started: Session | None, first: int) -> int:
         self.ending, self.failed_end = "", None
         lines = runner.Lines(self.nonce, self._event, self._stdout)
-        command = runner.command(self.nonce, first, self.host.options.force, self.boot or None, unpack)
+        silence = self.host.options.step_silence
         try:
-            code = self.host.remote.stream(command, sudo=True, stdin=self.tar if unpack else b"", on_out=lines.feed,
-                                           on_err=self._stderr, silence=self.host.options.step_silence)
+            if started is not None:
+                started.send(self.tar)
+                code = started.pump(lines.feed, self._stderr, silence)
+            else:
+                command = runner.command(self.nonce, first, self.host.options.force, self.boot or None, unpack=False)
+                code = self.host.remote.stream(command, sudo=True, on_out=lines.feed, on_err=self._stderr,
+                                               silence=silence)
         except ConnectionLost as exc:
             lines.close()
             self._lost(exc)
@@ -395,7 +430,8 @@ def bootstrap(
 
     where = log_dir or logs_dir()
     rep = reporter or _Silent()
-    runs = [_HostRun(t, settings, plan_for, options, rep, where) for t in targets]
+    bundles = _Bundles()
+    runs = [_HostRun(t, settings, plan_for, options, rep, where, bundles) for t in targets]
     return run_parallel(runs, lambda run: run(), options.parallel)
 
 
@@ -423,7 +459,13 @@ def planner(gpu: str | None, playbook: str, os_name: str | None, pins: StackPins
         if os_used not in SUPPORTED_OS:
             raise UserInputError("--os", f"{target.name} runs {facts.os or 'an unknown OS'}; gpuprov's scripts support "
                                  f"{', '.join(SUPPORTED_OS)}", "pass --os to run them anyway, at your own risk")
-        return make_host_plan(wanted or detected, playbook, os_used, pins, nvswitch=True if facts.nvswitch else None,
-                              guard=guard, jupyter=jupyter)
+        key = (wanted or detected, os_used, True if facts.nvswitch else None)
+        with lock:  # hosts alike share one plan (and so one rendered bundle): 32 of them are planned once
+            if key not in plans:
+                plans[key] = make_host_plan(key[0], playbook, os_used, pins, nvswitch=key[2], guard=guard,
+                                            jupyter=jupyter)
+            return plans[key]
 
+    plans: dict[tuple[str | None, str, bool | None], Plan] = {}
+    lock = threading.Lock()
     return plan_for

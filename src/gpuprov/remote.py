@@ -237,9 +237,17 @@ class Remote:
     def stream(self, command: str, *, sudo: bool = False, stdin: bytes = b"", on_out: Callable[[str], None],
                on_err: Callable[[str], None], silence: float | None = None) -> int:
         """Run `command` on one exec channel: send `stdin` then EOF, hand stdout and stderr text to the
-        callbacks as it arrives, return the exit status. No output for `silence` seconds, or a connection
-        that died (keepalives unanswered) to a host that takes no new one, is HostLost; any other dropped
-        connection is ConnectionLost."""
+        callbacks as it arrives, return the exit status (see Session for what a lost host raises)."""
+        session = self.session(command, sudo=sudo)
+        try:
+            session.send(stdin)
+            return session.pump(on_out, on_err, silence)
+        finally:
+            session.close()
+
+    def session(self, command: str, *, sudo: bool = False) -> Session:
+        """Start `command` on a new exec channel and leave its stdin open: read part of what it prints,
+        decide what to send it, then pump the rest (bootstrap's facts-then-bundle exec)."""
         if sudo and not self.is_root:
             command = "sudo -n -- bash -c " + _quote(command)
         transport = self.conn.transport
@@ -249,41 +257,11 @@ class Remote:
         try:
             chan = transport.open_session()
             chan.exec_command(command)
-            if stdin:
-                chan.sendall(stdin)
-            chan.shutdown_write()
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise ConnectionLost(f"{what}: {exc}") from None
-        decode_out = codecs.getincrementaldecoder("utf-8")("replace").decode
-        decode_err = codecs.getincrementaldecoder("utf-8")("replace").decode
-        heard = time.monotonic()
-        try:
-            while True:
-                if chan.recv_ready():
-                    on_out(decode_out(chan.recv(65536)))
-                elif chan.recv_stderr_ready():
-                    on_err(decode_err(chan.recv_stderr(65536)))
-                elif chan.exit_status_ready() and chan.exit_status != -1:  # sent after the last data
-                    return int(chan.exit_status)
-                elif chan.closed or chan.exit_status_ready() or not transport.is_active():  # closed without a status
-                    if not self._answers():
-                        interval, count = self.keepalive
-                        raise HostLost(f"the connection died and the host takes no new one (keepalive every "
-                                       f"{interval:g}s, given up after {interval * count:g}s unanswered)")
-                    raise ConnectionLost(what)
-                else:
-                    if silence is not None and time.monotonic() - heard > silence:
-                        raise HostLost(f"no output for {silence:g}s (--step-silence): the host vanished or hangs")
-                    if chan.eof_received:
-                        chan.status_event.wait(0.2)
-                    else:
-                        select.select([chan], [], [], 0.5)
-                    continue
-                heard = time.monotonic()
-        finally:
-            chan.close()
+        return Session(self, chan, what)
 
-    def _answers(self, timeout: float = 3.0) -> bool:
+    def answers(self, timeout: float = 3.0) -> bool:
         """After a dropped connection: does the host still take a TCP connection (then it closed ours,
         and it is not gone)? Behind a ProxyJump gateway we cannot tell: yes."""
         if self.conn.gateway:
@@ -305,6 +283,94 @@ class Remote:
     def put_bytes(self, data: bytes, remote_path: str) -> None:
         # a fresh file object per host: sharing one between threads corrupts uploads
         self.conn.put(io.BytesIO(data), remote=remote_path)
+
+
+class Session:
+    """One exec channel with its stdin still open. No output for `silence` seconds, or a connection that died
+    (keepalives unanswered) to a host that takes no new one, is HostLost; any other dropped connection is
+    ConnectionLost."""
+
+    def __init__(self, remote: Remote, chan: paramiko.Channel, what: str) -> None:
+        self.remote = remote
+        self.chan = chan
+        self.what = what
+        self._out = codecs.getincrementaldecoder("utf-8")("replace").decode
+        self._err = codecs.getincrementaldecoder("utf-8")("replace").decode
+        self._unread = ""  # stdout that came after what read_until waited for
+
+    def send(self, data: bytes) -> None:
+        """Send `data` on stdin, then EOF."""
+        try:
+            if data:
+                self.chan.sendall(data)
+            self.chan.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise ConnectionLost(f"{self.what}: {exc}") from None
+
+    def read_until(self, marker: str, on_err: Callable[[str], None], silence: float | None = None) -> str:
+        """Stdout up to the first line that is `marker` (that line left out), while stderr goes to `on_err`.
+        A command that ends first is a GpuprovError naming its exit status and last stderr line."""
+        seen: list[str] = []
+        tail = [""]
+
+        def err(text: str) -> None:
+            tail[0] = (tail[0] + text)[-2000:]
+            on_err(text)
+
+        def found() -> bool:
+            return f"\n{marker}\n" in "\n" + "".join(seen)
+
+        code = self._pump(seen.append, err, silence, until=found)
+        text = "\n" + "".join(seen)
+        if code is not None:
+            last = [line for line in tail[0].splitlines() if line.strip()]
+            raise GpuprovError(f"the command ended (exit {code}) before it printed {marker!r}"
+                               + (f": {last[-1][:300]}" if last else ""))
+        before, _, after = text.partition(f"\n{marker}\n")
+        self._unread = after
+        return before[1:] + ("\n" if before[1:] else "")
+
+    def pump(self, on_out: Callable[[str], None], on_err: Callable[[str], None], silence: float | None = None) -> int:
+        """Hand stdout and stderr text to the callbacks as it arrives; the exit status."""
+        code = self._pump(on_out, on_err, silence, until=None)
+        assert code is not None  # without `until`, only the end of the command stops it
+        return code
+
+    def _pump(self, on_out: Callable[[str], None], on_err: Callable[[str], None], silence: float | None,
+              until: Callable[[], bool] | None) -> int | None:
+        """pump, stopping early (None) once `until()` holds after some output."""
+        chan, transport = self.chan, self.remote.conn.transport
+        if self._unread:
+            text, self._unread = self._unread, ""
+            on_out(text)
+        heard = time.monotonic()
+        while True:
+            if chan.recv_ready():
+                on_out(self._out(chan.recv(65536)))
+                if until is not None and until():
+                    return None
+            elif chan.recv_stderr_ready():
+                on_err(self._err(chan.recv_stderr(65536)))
+            elif chan.exit_status_ready() and chan.exit_status != -1:  # sent after the last data
+                return int(chan.exit_status)
+            elif chan.closed or chan.exit_status_ready() or transport is None or not transport.is_active():
+                if not self.remote.answers():  # closed without a status
+                    interval, count = self.remote.keepalive
+                    raise HostLost(f"the connection died and the host takes no new one (keepalive every "
+                                   f"{interval:g}s, given up after {interval * count:g}s unanswered)")
+                raise ConnectionLost(self.what)
+            else:
+                if silence is not None and time.monotonic() - heard > silence:
+                    raise HostLost(f"no output for {silence:g}s (--step-silence): the host vanished or hangs")
+                if chan.eof_received:
+                    chan.status_event.wait(0.2)
+                else:
+                    select.select([chan], [], [], 0.5)
+                continue
+            heard = time.monotonic()
+
+    def close(self) -> None:
+        self.chan.close()
 
 
 class Judged(Protocol):

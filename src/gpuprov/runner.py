@@ -46,6 +46,11 @@ def new_nonce() -> str:
     return secrets.token_hex(8)
 
 
+def facts_end(nonce: str) -> str:
+    """The line that ends the facts on the first exec, after which it waits for the bundle tar."""
+    return f"@gpuprov:{nonce} facts-end"
+
+
 def command(nonce: str, first: int, force: bool, boot_before: str | None, unpack: bool) -> str:
     """The exec's command line (run as root): unpack the tar on stdin when `unpack`, then the runner."""
     run = f"exec bash {BUNDLE_DIR}/{RUNNER_FILE} {nonce} {first} {int(force)} {boot_before or '-'}"
