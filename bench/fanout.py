@@ -9,7 +9,7 @@ interpreter start and imports included, cold connections, and the median of --ru
 and Fabric runs alternate. gpuprov's sources are byte-compiled first, as a wheel install leaves them.
 
   gpuprov   `python -m gpuprov bootstrap --inventory INV -p PLAYBOOK --force --json` (5 steps, every one
-            really run; facts, plan, bundle, markers and the runner included)
+            really run; facts, plan, bundle, markers and the runner included: one exec per host)
   Fabric    a thread pool, one fabric.Connection per host (host key pinned): `put` the same bundle tar,
             one `run` to unpack it, one `run` per rendered step script (no facts, markers or verify)
   scripts   the 5 rendered step scripts run back to back inside one host, no SSH: the floor
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -102,18 +103,22 @@ def compile_sources() -> None:
                    stdout=subprocess.DEVNULL)
 
 
-def timed(pool, n: int, argv: list[str], env: dict[str, str]) -> tuple[float, float, float, str]:
-    """(wall s, channels per host, connections per host, stdout) of one whole process on the first n hosts."""
+def timed(pool, n: int, argv: list[str], env: dict[str, str]) -> tuple[float, float, float, float, str]:
+    """(wall s, channels per host, connections per host, the process's own CPU s, stdout) of one whole process
+    on the first n hosts."""
     before = session_counts(pool, n)
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     r = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
     wall = time.perf_counter() - start
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
     if r.returncode != 0:
         tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-12:])
         raise RuntimeError(f"{' '.join(argv[:4])} exit {r.returncode}:\n{tail}")
     time.sleep(0.2)  # sshd's last log lines
     after = session_counts(pool, n)
-    return wall, (after[0] - before[0]) / n, (after[1] - before[1]) / n, r.stdout
+    return wall, (after[0] - before[0]) / n, (after[1] - before[1]) / n, cpu, r.stdout
 
 
 def timed_import(code: str, env: dict[str, str]) -> float:
@@ -188,26 +193,29 @@ def main() -> int:
                        "--os", "ubuntu-24.04", "--force", "--json", "--parallel", "64"]
             fab_argv = [sys.executable, str(fabric_script), str(work / "known_hosts"), str(pool.key_path), str(tar), scripts,
                         *[pool[i].address for i in range(n)]]
-            runs: dict[str, list[tuple[float, float, float]]] = {"gpuprov": [], "fabric": []}
+            runs: dict[str, list[tuple[float, float, float, float]]] = {"gpuprov": [], "fabric": []}
             for _ in range(args.runs):
-                wall, chans, conns, out = timed(pool, n, gp_argv, env)
+                wall, chans, conns, cpu, out = timed(pool, n, gp_argv, env)
                 bad = [h["host"] for h in json.loads(out) if h["status"] not in ("ok", "changed")]
                 if bad:
                     raise RuntimeError(f"gpuprov failed on {bad}")
-                runs["gpuprov"].append((wall, chans, conns))
-                runs["fabric"].append(timed(pool, n, fab_argv, env)[:3])
-            rows[n] = {tool: (statistics.median(r[0] for r in rs), rs[-1][1], rs[-1][2]) for tool, rs in runs.items()}
+                runs["gpuprov"].append((wall, chans, conns, cpu))
+                runs["fabric"].append(timed(pool, n, fab_argv, env)[:4])
+            rows[n] = {tool: (statistics.median(r[0] for r in rs), rs[-1][1], rs[-1][2], statistics.median(r[3] for r in rs))
+                       for tool, rs in runs.items()}
             if n == sizes[0]:
                 floor = statistics.median(scripts_floor(pool) for _ in range(args.runs))
             g, f = rows[n]["gpuprov"][0], rows[n]["fabric"][0]
             print(f"  N={n:<3} gpuprov {g:.2f}s  Fabric {f:.2f}s  ratio {g / f:.2f}", flush=True)
 
-        print(f"\nwhole processes, wall s (median of {args.runs}); round trips per host counted by the hosts' sshd")
-        print(f"{'N':>4} {'gpuprov':>9} {'Fabric':>9} {'gp/Fab':>7} {'gp execs':>9} {'gp conns':>9} "
-              f"{'Fab execs':>10} {'Fab conns':>10}")
+        print(f"\nwhole processes, wall s and the process's own CPU s (median of {args.runs}); round trips per host "
+              "counted by the hosts' sshd")
+        print(f"{'N':>4} {'gpuprov':>8} {'Fabric':>7} {'gp/Fab':>7} {'gp CPU':>7} {'Fab CPU':>8} {'gp execs':>9} "
+              f"{'gp conns':>9} {'Fab execs':>10} {'Fab conns':>10}")
         for n in sizes:
             g, f = rows[n]["gpuprov"], rows[n]["fabric"]
-            print(f"{n:>4} {g[0]:9.2f} {f[0]:9.2f} {g[0] / f[0]:6.2f}x {g[1]:9.1f} {g[2]:9.1f} {f[1]:10.1f} {f[2]:10.1f}")
+            print(f"{n:>4} {g[0]:8.2f} {f[0]:7.2f} {g[0] / f[0]:6.2f}x {g[3]:7.2f} {f[3]:8.2f} {g[1]:9.1f} {g[2]:9.1f} "
+                  f"{f[1]:10.1f} {f[2]:10.1f}")
         starts = {tool: statistics.median(timed_import(code, env) for _ in range(args.runs)) for tool, code in IMPORTS.items()}
         print("start-up, `python -c 'import ...'`: " + ", ".join(f"{tool} {t:.2f}s" for tool, t in starts.items()))
         one = sizes[0]

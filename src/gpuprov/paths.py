@@ -44,6 +44,23 @@ def region_key(keys: Path, region: str) -> Path:
     return keys / region / "id_ed25519"
 
 
+def cache_dir() -> Path | None:
+    """Files gpuprov can rebuild (compiled templates): $GPUPROV_HOME/cache, else the user's cache dir
+    (~/.cache/gpuprov). None when it cannot be created: a cache is never worth an error."""
+    override = os.environ.get("GPUPROV_HOME")
+    if override:
+        path = Path(override).expanduser() / "cache"
+    else:
+        from platformdirs import user_cache_dir
+
+        path = Path(user_cache_dir("gpuprov", appauthor=False))
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError:
+        return None
+    return path
+
+
 def known_hosts_path() -> Path:
     return state_dir() / "known_hosts"
 

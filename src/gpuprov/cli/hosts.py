@@ -40,8 +40,8 @@ from gpuprov.cli.common import (
                    "toward node 1, from `ip route get`].")
 @click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True,
               help="With --cluster: the rendezvous port (MASTER_PORT).")
-def bootstrap(force: bool, reboot_timeout: float, step_silence: float, verbose: bool, as_json: bool, gpu: str | None,
-              cluster_name: str | None, master_addr: str | None, master_port: int, **kw: Any) -> None:
+def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str | None, master_addr: str | None,
+              master_port: int, **kw: Any) -> None:
     """Install the playbook's stack on existing hosts over SSH, then verify it.
 
     Runs on all hosts at once (bounded by --parallel). Each step leaves a marker with its
@@ -53,7 +53,6 @@ def bootstrap(force: bool, reboot_timeout: float, step_silence: float, verbose: 
     from gpuprov import bootstrap as engine
     from gpuprov.compat import check_pins
     from gpuprov.plan import GuardRequest, make_host_plan, with_jupyter
-    from gpuprov.report import LiveHosts, bootstrap_summary
     from gpuprov.spec import load_playbook, parse_duration
 
     if cluster_name is not None:
@@ -72,22 +71,24 @@ def bootstrap(force: bool, reboot_timeout: float, step_silence: float, verbose: 
     if gpu:  # an impossible stack is refused before any host is touched
         make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins, guard=guard, jupyter=kw["jupyter"])
     targets = targets_from(kw)
-    console = make_console()
-    options = engine.Options(force=force, parallel=kw["parallel"], reboot_timeout=reboot_timeout,
-                             step_silence=step_silence or None,
-                             echo=(lambda line: console.print(line, markup=False)) if verbose else None)
     plan_for = engine.planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"])
-    with LiveHosts(console, [t.name for t in targets], enabled=not as_json and not verbose) as live:
-        results = engine.bootstrap(targets, host_settings(kw), plan_for, options, reporter=live)
+    if as_json and not verbose:  # JSON for a script: no progress, and none of rich's import time
+        console = None
+        results = engine.bootstrap(targets, host_settings(kw), plan_for, _engine_options(engine, kw, None))
+    else:
+        from gpuprov.report import LiveHosts, bootstrap_summary
+
+        console = make_console()
+        options = _engine_options(engine, kw, (lambda line: console.print(line, markup=False)) if verbose else None)
+        with LiveHosts(console, [t.name for t in targets], enabled=not as_json and not verbose) as live:
+            results = engine.bootstrap(targets, host_settings(kw), plan_for, options, reporter=live)
+        if not as_json:
+            console.print(bootstrap_summary(results))
     ok = all(r.status in ("ok", "changed") for r in results)
     if cluster_name is None:
         if as_json:
             click.echo(json.dumps([_host_json(r) for r in results], indent=2))
-        else:
-            console.print(bootstrap_summary(results))
         sys.exit(0 if ok else 1)
-    if not as_json:
-        console.print(bootstrap_summary(results))
     wired: Any = None
     if ok:
         from gpuprov.cluster import wire
@@ -95,6 +96,11 @@ def bootstrap(force: bool, reboot_timeout: float, step_silence: float, verbose: 
         wired = wire(cluster_name, targets, host_settings(kw), master_addr=master_addr, port=master_port,
                      parallel=kw["parallel"])
     _cluster_out(cluster_name, results, wired, as_json, console)
+
+
+def _engine_options(engine: Any, kw: dict[str, Any], echo: Callable[[str], None] | None) -> Any:
+    return engine.Options(force=kw["force"], parallel=kw["parallel"], reboot_timeout=kw["reboot_timeout"],
+                          step_silence=kw["step_silence"] or None, echo=echo)
 
 
 def _cluster_out(name: str, results: list[Any], wired: Any, as_json: bool, console: Any) -> None:
