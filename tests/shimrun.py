@@ -42,6 +42,16 @@ class StepRun:
         return lines[-1] if lines else ""
 
 
+DMI_DIR = "sys/devices/virtual/dmi/id"
+
+
+def ec2_dmi() -> dict[str, str]:
+    """DMI as an EC2 Nitro instance shows it (AWS, "Detect whether a host is an EC2 instance": the
+    board_asset_tag is the instance id, the system UUID starts with EC2): facts ask IMDS only then."""
+    return {"sys_vendor": "Amazon EC2\n", "board_asset_tag": "i-0af01c0123456789a\n",
+            "product_uuid": "ec2e1916-9099-7caf-fd21-012345abcdef\n"}
+
+
 @dataclass
 class ShimHost:
     root: Path
@@ -61,6 +71,10 @@ class ShimHost:
         py = self.bin / f"python{LOCAL_PYTHON}"
         if not py.exists():
             py.symlink_to(sys.executable)
+        if self.extra_env.get("GPUPROV_SHIM_INSTANCE_TYPE"):  # the curl shim plays IMDS: this host is an EC2 instance
+            for name, text in ec2_dmi().items():
+                (self.sysroot / DMI_DIR / name).parent.mkdir(parents=True, exist_ok=True)
+                (self.sysroot / DMI_DIR / name).write_text(text)
 
     def env(self) -> dict[str, str]:
         env = {

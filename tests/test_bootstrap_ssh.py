@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -15,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.shimrun import DMI_DIR, ec2_dmi
 
 HOSTS = 8
 
@@ -25,11 +28,17 @@ def gpuprov(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str
 
 
 def reset(pool, hosts=None, **shim_env: str) -> None:
-    """Wipe gpuprov's and the shims' state on the hosts; optional per-host shim settings."""
+    """Wipe gpuprov's and the shims' state on the hosts; optional per-host shim settings (with an instance
+    type, the host's DMI says EC2, under its sysroot)."""
+    dmi = ""
+    if shim_env.get("GPUPROV_SHIM_INSTANCE_TYPE"):
+        where = f"/var/lib/gpuprov-shim/root/{DMI_DIR}"  # conftest.HOST_ENV's GPUPROV_SYSROOT
+        dmi = f"; mkdir -p {where}" + "".join(f"; printf %s {shlex.quote(text)} > {where}/{name}"
+                                              for name, text in ec2_dmi().items())
     for i in hosts if hosts is not None else range(len(pool)):
         env = "".join(f"export {k}={v}\n" for k, v in shim_env.items())
         pool.exec_in(i, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/* /tmp/gp-*; "
-                        f"printf %s '{env}' > /var/lib/gpuprov-shim/env", check=True)
+                        f"printf %s '{env}' > /var/lib/gpuprov-shim/env" + dmi, check=True)
 
 
 def calls(pool, i) -> list[str]:

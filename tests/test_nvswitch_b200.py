@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from gpuprov.detect import FACTS_COMMAND, parse_facts
 from gpuprov.doctor import diagnose, facts_command
 from gpuprov.doctor import parse_facts as doctor_facts
 from gpuprov.plan import make_host_plan
-from tests.shimrun import ShimHost, summary
+from tests.shimrun import DMI_DIR, ShimHost, summary
 
 B200_ENV = {"GPUPROV_SHIM_INSTANCE_TYPE": "p6-b200.48xlarge"}
 KERNEL = os.uname().release  # what `uname -r` says in the shim host (the shims run on this machine)
@@ -52,6 +53,25 @@ def b200(tmp_path_factory: pytest.TempPathFactory):
     calls_first = host.calls()
     second = host.run_bundle(bundle)
     return host, facts, plan, first, calls_first, second, host.calls()[len(calls_first):]
+
+
+@pytest.mark.parametrize("dmi", [{"sys_vendor": "Dell Inc.\n", "product_uuid": "4c4c4544-0042-3510-8052-b4c04f4e3332\n"},
+                                 {}], ids=["dell", "no-dmi"])
+def test_facts_ask_imds_only_where_dmi_says_ec2(tmp_path: Path, dmi: dict[str, str]) -> None:
+    """Off EC2 the facts never run curl, though IMDS would answer here: a network that drops packets to
+    169.254.169.254 would make every facts read wait out curl's timeouts."""
+    host = ShimHost(tmp_path, gpu="B200", count=8, extra_env=dict(B200_ENV))
+    _ubuntu(host)
+    on_ec2 = parse_facts(_sh(host, FACTS_COMMAND).stdout)
+    assert on_ec2.instance_type == "p6-b200.48xlarge" and [c for c in host.calls() if c.startswith("curl ")]
+    shutil.rmtree(host.sysroot / DMI_DIR)
+    for name, text in dmi.items():
+        (host.sysroot / DMI_DIR).mkdir(parents=True, exist_ok=True)
+        (host.sysroot / DMI_DIR / name).write_text(text)
+    before = len(host.calls())
+    elsewhere = parse_facts(_sh(host, FACTS_COMMAND).stdout)
+    assert elsewhere.instance_type is None and elsewhere.gpus == ["B200"] * 8
+    assert not [c for c in host.calls()[before:] if c.startswith("curl ")]
 
 
 def test_b200_facts_gpus_by_class_and_nvswitch_from_the_instance_type(b200) -> None:

@@ -23,10 +23,20 @@ from gpuprov import catalog
 GPU_CLASSES = ("0300", "0302")  # VGA compatible controller, 3D controller (PCI class codes)
 NVSWITCH_CLASS = "0680"  # "Bridge" (other bridge device): how NVSwitches of HGX A100/H100 show up
 
-# IMDSv2, best effort (1 s timeouts): empty off EC2.
+# IMDSv2, best effort (1 s timeouts), asked only where DMI says EC2: off EC2 a router may drop packets to
+# 169.254.169.254, and every facts read would wait out the timeout. AWS's "Detect whether a host is an EC2
+# instance" (EC2 User Guide, read 2026-12-01): a Nitro instance's board_asset_tag is its instance id, and the
+# system UUID starts with ec2/EC2; a Xen-based one says Xen (its UUID may be little-endian). No DMI at all (a
+# microVM, a container without /sys): no EC2 GPU instance. Bash builtins only; the test hosts' DMI sits under
+# their GPUPROV_SYSROOT, like every path the scripts read.
 IMDS_INSTANCE_TYPE = (
     'echo "## instance-type"; '
-    "if command -v curl >/dev/null 2>&1; then "
+    'dmi="${GPUPROV_SYSROOT:-}/sys/devices/virtual/dmi/id" ec2=""; '
+    "for f in sys_vendor bios_version board_asset_tag product_uuid; do v=\"\"; "
+    '[ -r "$dmi/$f" ] && read -r v < "$dmi/$f"; '
+    'case "$f=$v" in sys_vendor=Amazon*|sys_vendor=Xen*|bios_version=*amazon*|board_asset_tag=i-*|'
+    "product_uuid=[Ee][Cc]2*) ec2=1 ;; esac; done; "
+    'if [ -n "$ec2" ] && command -v curl >/dev/null 2>&1; then '
     "t=\"$(curl -fsS --connect-timeout 1 --max-time 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' "
     "http://169.254.169.254/latest/api/token 2>/dev/null || true)\"; "
     "[ -n \"$t\" ] && curl -fsS --connect-timeout 1 --max-time 2 -H \"X-aws-ec2-metadata-token: $t\" "
