@@ -56,10 +56,12 @@ def command(nonce: str, first: int, force: bool, boot_before: str | None, unpack
     run = f"exec bash {BUNDLE_DIR}/{RUNNER_FILE} {nonce} {first} {int(force)} {boot_before or '-'}"
     if not unpack:
         return run
+    # few processes: `install -d` makes (or fixes to 0700) the three folders at once; the new bundle is unpacked
+    # beside the old one and swapped in by a rename, so a half-unpacked bundle never runs
     return (
-        f"set -e; umask 077; mkdir -p {STATE_DIR} {MARKER_DIR}; chmod 0700 {STATE_DIR}; "
-        f"rm -rf {BUNDLE_DIR}.new; mkdir {BUNDLE_DIR}.new; tar -xf - -C {BUNDLE_DIR}.new --no-same-owner; "
-        f"rm -rf {BUNDLE_DIR}; mv {BUNDLE_DIR}.new {BUNDLE_DIR}; {run}"
+        f"set -e; umask 077; [ ! -e {BUNDLE_DIR}.new ] || rm -rf {BUNDLE_DIR}.new; "
+        f"install -d -m 0700 {STATE_DIR} {MARKER_DIR} {BUNDLE_DIR}.new; "
+        f"tar -xf - -C {BUNDLE_DIR}.new --no-same-owner; rm -rf {BUNDLE_DIR}; mv {BUNDLE_DIR}.new {BUNDLE_DIR}; {run}"
     )
 
 
