@@ -131,6 +131,22 @@ def test_run_is_the_one_command_field(tmp_path: Path) -> None:
     assert canary.exists()  # only because of `run`
 
 
+def test_run_reaches_bash_exactly_as_written(tmp_path: Path) -> None:
+    """`run` is one quoted word in the script: quotes, `$`, backticks, backslashes, newlines and non-ASCII
+    text in it are what bash gets, not something the rendering rewrote."""
+    out = tmp_path / "out"
+    tricky = "it's \"quoted\" $HOME `x` \\ \\n ${IFS} ü 中 '' \t\ttabs\n  second line; $(true)"
+    playbook = Playbook.model_validate({
+        "name": "exact", "stack": "none", "torch": False, "env": None,
+        "steps": [{"name": "heredoc", "run": f"cat > {out} <<'GPUPROV_EOF'\n{tricky}\nGPUPROV_EOF"}],
+    })
+    host = ShimHost(tmp_path / "host")
+    ctx = {"plan": None, "stack": None, "playbook": playbook, "env": None}
+    runs = host.run_bundle(render_steps(steps_for(playbook, None), ctx, {}))
+    assert [r.result for r in runs] == ["changed"]
+    assert out.read_text(encoding="utf-8") == tricky + "\n"
+
+
 # --- every field × every payload, on every run ---------------------------------------------------
 # Hypothesis above explores combinations; this table proves each (field, payload) pair deterministically.
 # Fields a pattern constrains reject every payload; free-text fields accept it (unless the payload has a
