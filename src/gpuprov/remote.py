@@ -90,11 +90,24 @@ class Sink(Protocol):
     def flush(self) -> None: ...
 
 
+def _tcp(host: str, port: int, timeout: float) -> socket.socket:
+    """The TCP connection SSH runs over, made here rather than by paramiko so that both of the kernel's small-packet
+    delays are off from the first byte. The key exchange, authentication and a channel's opening are exchanges of
+    small packets, sent two in a row at times, and each such pair waited ~40 ms for a delayed ACK: with Nagle on
+    ours (paramiko turns it off nowhere) and on sshd's side, a connection and its first command took ~105 ms on a
+    local host instead of ~22 ms (bench/README.md)."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if hasattr(socket, "TCP_QUICKACK"):
+        sock.__class__ = _QuickAckSocket
+    return sock
+
+
 class _QuickAckSocket(socket.socket):
     """A TCP socket that acknowledges what it reads at once (TCP_QUICKACK, re-armed after every read, since Linux
     goes back to delayed ACKs by itself). sshd leaves Nagle on and, after authentication, sends two small packets
     in a row (the answer, then its host keys); the second waits for our ACK of the first, and its channel-open
-    answer waits behind it: with delayed ACKs, the first command of every connection waited ~40 ms."""
+    answer waits behind it."""
 
     __slots__ = ()
 
@@ -203,14 +216,12 @@ class Remote:
 
     def open(self) -> None:
         try:
+            if not self.conn.gateway and not self.conn.is_connected:  # through a gateway, SSH runs on its channel
+                self.conn.connect_kwargs["sock"] = _tcp(self.conn.host, int(self.conn.port or 22),
+                                                        float(self.conn.connect_timeout or self.settings.connect_timeout))
             self.conn.open()
             transport = self.conn.transport
             sock = transport.sock if transport else None
-            if isinstance(sock, socket.socket):
-                # paramiko leaves Nagle on: every short command then waits ~35 ms for a delayed ACK
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                if type(sock) is socket.socket and hasattr(socket, "TCP_QUICKACK"):
-                    sock.__class__ = _QuickAckSocket
             interval, count = self.keepalive
             if transport and interval:
                 # as OpenSSH's ServerAlive*: a keepalive after `interval` s of quiet, and a link whose data
