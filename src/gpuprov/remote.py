@@ -103,6 +103,20 @@ def _tcp(host: str, port: int, timeout: float) -> socket.socket:
     return sock
 
 
+AEAD_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+
+def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
+    """paramiko's Transport, asking for AES-GCM before its default AES-CTR: one authenticated encryption per
+    packet instead of AES plus an HMAC whose check paramiko does byte by byte in Python. OpenSSH offers both
+    (the client's order decides); a server without GCM still gets the rest of the list."""
+    transport = paramiko.Transport(sock, **kwargs)
+    options = transport.get_security_options()
+    offered = tuple(options.ciphers)
+    options.ciphers = tuple(c for c in AEAD_FIRST if c in offered) + tuple(c for c in offered if c not in AEAD_FIRST)
+    return transport
+
+
 class _QuickAckSocket(socket.socket):
     """A TCP socket that acknowledges what it reads at once (TCP_QUICKACK, re-armed after every read, since Linux
     goes back to delayed ACKs by itself). sshd leaves Nagle on and, after authentication, sends two small packets
@@ -219,6 +233,7 @@ class Remote:
             if not self.conn.gateway and not self.conn.is_connected:  # through a gateway, SSH runs on its channel
                 self.conn.connect_kwargs["sock"] = _tcp(self.conn.host, int(self.conn.port or 22),
                                                         float(self.conn.connect_timeout or self.settings.connect_timeout))
+            self.conn.connect_kwargs["transport_factory"] = _transport
             self.conn.open()
             transport = self.conn.transport
             sock = transport.sock if transport else None
