@@ -7,7 +7,10 @@ link down while the others go on.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -150,6 +153,39 @@ def test_a_host_that_vanishes_mid_step_is_lost_the_others_finish_and_a_rerun_res
     assert runners_left(pool, 4) == []
 
 
+def test_a_frozen_host_is_lost_after_the_silence_bound_and_a_rerun_resumes_it(host_pool, gp_home, tmp_path):
+    """A machine that hangs with its network up: its kernel still acknowledges TCP, so neither TCP's timeout nor
+    paramiko's keepalives (sent without asking for a reply) notice. Its sshd is stopped (SIGSTOP) mid-step: the
+    step's output stops, and --step-silence ends the wait."""
+    pool = host_pool
+    if pool.mode != "netns":
+        pytest.skip("freezes a host's own processes: needs the netns test hosts")
+    reset(pool, [7])
+    pool.exec_in(7, "touch /var/lib/gpuprov/slow-here", check=True)
+    playbook = slow_playbook(tmp_path, tick=True)
+    frozen: list[int] = []
+    freezer = when_started(pool, 7, lambda: frozen.extend(pool.kill_in(7, r"^sshd: root@", signal.SIGSTOP)))
+    try:
+        start = time.monotonic()
+        code, hosts = bootstrap(pool, [7], "-p", str(playbook), "--step-silence", "3")
+        elapsed = time.monotonic() - start
+        freezer.join()
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert frozen, "nothing was frozen"
+    assert code == 1
+    assert hosts[0]["result"] == "lost at wait", hosts[0]["error"]
+    assert "no output for 3s" in hosts[0]["error"] and "the next run resumes at step wait" in hosts[0]["error"]
+    assert elapsed < 60  # bounded by --step-silence, not by the step's two minutes
+
+    code, hosts = bootstrap(pool, [7], "-p", str(playbook))
+    assert code == 0, hosts
+    assert by_step(hosts[0]) == {"first": "skipped", "wait": "changed", "last": "changed"}
+    assert runners_left(pool, 7) == []
+
+
 def test_keepalives_from_the_ssh_config_find_a_vanished_host_without_a_silence_bound(host_pool, gp_home, tmp_path):
     pool = host_pool
     if pool.mode != "netns":
@@ -175,6 +211,27 @@ def test_keepalives_from_the_ssh_config_find_a_vanished_host_without_a_silence_b
     assert "keepalive every 1s, given up after 3s" in host["error"], host["error"]
     assert "the next run resumes at step wait" in host["error"]
     assert elapsed < 30  # 1 s x 3 unanswered, not TCP's ~15 minutes of retries
+
+
+def test_output_that_comes_after_the_exit_status_is_not_lost(host_pool, gp_home, tmp_path):
+    """sshd reports a command's exit as it happens; what a process it left behind still writes follows the
+    status. A stream ends at the status *and* the end of the output, or the last lines (a verify probe, the
+    runner's final events) go missing."""
+    from gpuprov.inventory import Target
+    from gpuprov.remote import HostSettings, Remote
+
+    pool = host_pool
+    remote = Remote(Target(host=pool[0].address, user="root", port=pool[0].port, key=str(pool.key_path)),
+                    HostSettings(known_hosts=tmp_path / "known_hosts", accept_new_host_key=True))
+    remote.open()
+    try:
+        out: list[str] = []
+        code = remote.stream("(sleep 0.5; echo late; exit 0) & echo early; exit 3", on_out=out.append,
+                             on_err=lambda _text: None)
+    finally:
+        remote.close()
+    assert code == 3
+    assert "".join(out).split() == ["early", "late"]
 
 
 # ---- the runner itself, in-process -------------------------------------------------------------------

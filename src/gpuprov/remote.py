@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import dataclasses
+import functools
 import io
 import logging
 import select
@@ -165,10 +166,22 @@ class RunResult:
 
 
 def _config(settings: HostSettings) -> Config:
-    overrides: dict[str, Any] = {"run": {"in_stream": False, "warn": True}, "timeouts": {"connect": settings.connect_timeout}}
+    """Fabric's Config for these settings: one per ssh config file as it is now, shared by every host's
+    Connection (as a Fabric Group shares one), so 32 hosts do not read and merge it 32 times."""
     ssh_config = settings.ssh_config or (Path.home() / ".ssh" / "config")
-    if ssh_config.exists():
-        return Config(overrides=overrides, runtime_ssh_path=str(ssh_config))
+    try:
+        stat = ssh_config.stat()
+        stamp: tuple[int, int] | None = (stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        stamp = None
+    return _shared_config(settings.connect_timeout, str(ssh_config), stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_config(connect_timeout: float, ssh_config: str, stamp: tuple[int, int] | None) -> Config:
+    overrides: dict[str, Any] = {"run": {"in_stream": False, "warn": True}, "timeouts": {"connect": connect_timeout}}
+    if stamp is not None:
+        return Config(overrides=overrides, runtime_ssh_path=ssh_config)
     return Config(overrides=overrides)
 
 
@@ -181,7 +194,8 @@ def _secure(conn: Connection, settings: HostSettings) -> Connection:
         for word in (named if isinstance(named, list) else str(named or "").split()):
             path = Path(word).expanduser()
             trusted += (path,) if path.is_file() and path not in trusted else ()
-    hostkeys.prepare_client(conn.client, settings.known_hosts, settings.accept_new_host_key, trusted)
+    hostkeys.prepare_client(conn.client, settings.known_hosts, settings.accept_new_host_key, trusted,
+                            host=hostkeys.known_host_name(conn.host, int(conn.port or 22)))
     if isinstance(conn.gateway, Connection):
         _secure(conn.gateway, settings)
     return conn
@@ -395,9 +409,16 @@ class Session:
                     return None
             elif chan.recv_stderr_ready():
                 on_err(self._err(chan.recv_stderr(65536)))
-            elif chan.exit_status_ready() and chan.exit_status != -1:  # sent after the last data
+            elif chan.exit_status_ready() and chan.exit_status != -1 and (chan.eof_received or chan.closed):
+                # the end is the exit status *and* the end of the data: sshd reports the exit as the process
+                # ends, and its last output (a verify probe, the runner's last events) may still follow it.
+                # What came in since the checks above is buffered by now (EOF follows the data).
+                while chan.recv_ready():
+                    on_out(self._out(chan.recv(65536)))
+                while chan.recv_stderr_ready():
+                    on_err(self._err(chan.recv_stderr(65536)))
                 return int(chan.exit_status)
-            elif chan.closed or chan.exit_status_ready() or transport is None or not transport.is_active():
+            elif chan.closed or transport is None or not transport.is_active():
                 if not self.remote.answers():  # closed without a status
                     interval, count = self.remote.keepalive
                     raise HostLost(f"the connection died and the host takes no new one (keepalive every "
