@@ -199,7 +199,7 @@ def test_a_broken_known_hosts_line_is_named(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     (home / "known_hosts").write_text("10.0.0.1 ssh-ed25519 AAAAC3Nza root@vm\n")
-    for command in ("check 10.0.0.1", "exec 10.0.0.1 -- true"):
+    for command in ("check 10.0.0.1", "exec 10.0.0.1 -- true", "bootstrap 10.0.0.1 -p minimal --os ubuntu-24.04"):
         result, _ = run_cli(command, tmp_path, home)
         assert "Traceback" not in result.stderr
         assert result.returncode == 2 and "error: known_hosts: " in result.stderr and "AAAAC3Nza" in result.stderr

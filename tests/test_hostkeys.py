@@ -18,6 +18,7 @@ from gpuprov.hostkeys import (
     fingerprint,
     known_host_name,
     pin,
+    pinned_keys,
     prepare_client,
 )
 
@@ -84,6 +85,23 @@ def test_prepare_client_checks_against_gpuprovs_known_hosts_only(keys, tmp_path)
     assert client.get_host_keys().lookup("10.0.0.5")["ssh-ed25519"] == key
     policy = client._policy  # paramiko keeps the policy here
     assert isinstance(policy, PinPolicy) and policy.accept_new is True and policy.known_hosts == known
+
+
+def test_each_client_gets_its_own_hosts_pins_and_a_new_pin_is_seen(keys, tmp_path) -> None:
+    """A fan-out parses the file once (not once per host), yet a key pinned mid-run counts for the next host."""
+    key, _, other = keys
+    known = tmp_path / "known_hosts"
+    pin(known, "10.0.0.5", key)
+    pin(known, "[10.0.0.6]:2222", other)
+    client = paramiko.SSHClient()
+    prepare_client(client, known, accept_new=False, host="10.0.0.5")
+    assert client.get_host_keys().lookup("10.0.0.5")["ssh-ed25519"] == key
+    assert client.get_host_keys().lookup("[10.0.0.6]:2222") is None and len(client.get_host_keys()) == 1
+    assert pinned_keys(known) is pinned_keys(known)  # one parse while the file stays as it is
+    pin(known, "10.0.0.7", other)
+    client = paramiko.SSHClient()
+    prepare_client(client, known, accept_new=False, host="10.0.0.7")
+    assert client.get_host_keys().lookup("10.0.0.7")["ssh-ed25519"] == other
 
 
 def test_pin_creates_the_folders_it_needs(keys, tmp_path) -> None:

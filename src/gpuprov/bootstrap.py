@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from gpuprov import runner
+from gpuprov import hostkeys, runner
 from gpuprov.compat import StackPins
 from gpuprov.detect import FACTS_COMMAND, HostFacts, parse_facts
 from gpuprov.errors import GpuprovError, UserInputError
@@ -173,7 +173,7 @@ class _HostRun:
         self.reporter = reporter
         self.result = HostResult(target, "ok", log_path=log_dir / f"{_safe(target.name)}.log")
         self.log = _Log(self.result.log_path, target.name, options.echo)  # type: ignore[arg-type]
-        self.remote = Remote(target, settings)  # replaced by a new connection after each reboot
+        self.remote: Remote  # made in the host's own thread; replaced by a new connection after each reboot
 
     def __call__(self) -> HostResult:
         start = time.monotonic()
@@ -206,6 +206,7 @@ class _HostRun:
 
     def _run(self) -> None:
         self.reporter.event(self.target.name, "connect", "running")
+        self.remote = Remote(self.target, self.settings)
         try:
             self.remote.open()
             self._bootstrap()
@@ -430,6 +431,8 @@ def bootstrap(
 
     where = log_dir or logs_dir()
     rep = reporter or _Silent()
+    if settings.known_hosts.exists():  # a malformed file is one error before any host, not one per host
+        hostkeys.pinned_keys(settings.known_hosts)
     bundles = _Bundles()
     runs = [_HostRun(t, settings, plan_for, options, rep, where, bundles) for t in targets]
     return run_parallel(runs, lambda run: run(), options.parallel)

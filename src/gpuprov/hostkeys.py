@@ -92,21 +92,45 @@ def user_known_hosts() -> tuple[Path, ...]:
 
 
 def prepare_client(client: paramiko.SSHClient, known_hosts: Path, accept_new: bool,
-                   trusted: tuple[Path, ...] = ()) -> None:
+                   trusted: tuple[Path, ...] = (), host: str | None = None) -> None:
     """Make `client` check keys against gpuprov's known_hosts and the user's `trusted` files (a key there
-    counts as pinned; a different key is refused as changed), with the pin policy for the rest."""
+    counts as pinned; a different key is refused as changed), with the pin policy for the rest.
+    `host` (known_host_name's form): the client gets only that host's pinned keys, from a parse of the file
+    shared by every host of the run; None: the whole file."""
     for path in trusted:  # the user's own files: an unreadable or odd one is simply not trusted
         with contextlib.suppress(OSError, paramiko.SSHException, UnicodeDecodeError, ValueError):
             client.load_system_host_keys(str(path))
     if known_hosts.exists():
+        pinned = pinned_keys(known_hosts)
+        if host is None:
+            client.get_host_keys().update(pinned)
+        else:
+            for keytype, key in (pinned.lookup(host) or {}).items():
+                client.get_host_keys().add(host, keytype, key)
+    client.set_missing_host_key_policy(PinPolicy(known_hosts, accept_new))
+
+
+_PARSED: dict[Path, tuple[tuple[int, int], paramiko.HostKeys]] = {}
+
+
+def pinned_keys(known_hosts: Path) -> paramiko.HostKeys:
+    """gpuprov's known_hosts, parsed once for as long as it does not change. Each host of a fan-out checks its
+    key against the same file: parsing all of it for each host made N hosts cost N x N lines."""
+    with _LOCK:
+        stat = known_hosts.stat()
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        cached = _PARSED.get(known_hosts)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
         try:
-            client.load_host_keys(str(known_hosts))
+            pinned = paramiko.HostKeys(str(known_hosts))
         except (paramiko.hostkeys.InvalidHostKey, paramiko.SSHException, UnicodeDecodeError, ValueError) as exc:
             line = getattr(exc, "line", "")
             what = f"the line {line.strip()[:80]!r}" if line else "a line"
             raise UserInputError("known_hosts", f"{known_hosts}: {what} is not a host key",
                                  "fix or delete that line (gpuprov pins the key again with --accept-new-host-key)") from None
-    client.set_missing_host_key_policy(PinPolicy(known_hosts, accept_new))
+        _PARSED[known_hosts] = (stamp, pinned)
+        return pinned
 
 
 def explain(exc: paramiko.BadHostKeyException) -> HostKeyChanged:
