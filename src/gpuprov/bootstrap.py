@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from gpuprov import hostkeys, runner
 from gpuprov.compat import StackPins
@@ -36,7 +36,9 @@ from gpuprov.plan import GuardRequest, Plan
 from gpuprov.remote import ConnectionLost, HostLost, HostSettings, Remote, Session, Unreachable
 from gpuprov.render import Bundle
 from gpuprov.runner import BUNDLE_DIR as BUNDLE_DIR  # re-exported: gpubench.py reads it here
-from gpuprov.verify import CheckReport, Expectation, ProbeError, extract_probe, judge, parse_probe
+
+if TYPE_CHECKING:
+    from gpuprov.verify import CheckReport, Expectation
 
 StepOutcome = Literal["unchanged", "changed", "reboot", "skipped", "failed"]
 HostStatus = Literal["ok", "changed", "failed", "unreachable", "lost"]
@@ -135,6 +137,8 @@ def bundle_tar(bundle: Bundle) -> bytes:
 
 
 def expectation(plan: Plan, gpu_count: int | None = None) -> Expectation:
+    from gpuprov.verify import Expectation
+
     stack = plan.stack
     return Expectation(
         gpu=plan.gpu.name if plan.gpu else None,
@@ -236,6 +240,8 @@ class _HostRun:
             self.result.status = "changed" if changed else "ok"
 
     def verify(self, stdout: str, plan: Plan, facts: HostFacts, name: str, start: float, stderr: str) -> StepResult:
+        from gpuprov.verify import ProbeError, extract_probe, judge, parse_probe  # only a verify step needs them
+
         try:
             report = parse_probe(self.target.name, extract_probe(stdout))
         except ProbeError as exc:

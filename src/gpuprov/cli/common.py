@@ -386,10 +386,13 @@ def cluster_names() -> list[str]:
 
 
 def targets_from(kw: dict[str, Any]) -> list[Any]:
-    from gpuprov.cluster import resolve
     from gpuprov.inventory import check_known_word, check_unique, load_inventory, parse_target, targets
 
-    clustered = {h: found.targets() for h in kw["hosts"] if (found := resolve(h)) is not None}  # NAME, NAME:K
+    clustered: dict[str, Any] = {}
+    if kw["hosts"]:
+        from gpuprov.cluster import resolve
+
+        clustered = {h: found.targets() for h in kw["hosts"] if (found := resolve(h)) is not None}  # NAME, NAME:K
     nodes = [t for t in (node_target(h) for h in kw["hosts"] if h not in clustered) if t is not None]
     nodes += [t for h in kw["hosts"] if h in clustered for t in clustered[h]]
     named = {t.label for t in nodes} | set(clustered)
