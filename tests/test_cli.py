@@ -155,3 +155,24 @@ def test_plan_lists_the_unverified_facts_it_relies_on(gpu, needles):
     human = CliRunner().invoke(main, ["plan", "--gpu", gpu], env={"COLUMNS": "200"}).output
     assert "Unverified facts this plan relies on" in human
 
+
+
+@pytest.mark.parametrize(("given", "silence"), [((), 1200.0), (("--step-silence", "30"), 30.0),
+                                                (("--step-silence", "0"), None)])
+def test_start_bounds_a_silent_step_as_up_and_bootstrap_do(given, silence, gp_home, monkeypatch):
+    """`start` bootstraps the node again: --step-silence (default 1200 s, 0 = wait forever) reaches it."""
+    from gpuprov.cli import cloud as cli_cloud
+    from gpuprov.cloud import stopstart
+    from gpuprov.errors import GpuprovError
+    from gpuprov.state import open_store
+
+    seen: list[float | None] = []
+
+    def start(name, opts, provider, store, say):
+        seen.append(opts.step_silence)
+        raise GpuprovError("stopped here by the test")
+
+    monkeypatch.setattr(stopstart, "start", start)
+    monkeypatch.setattr(cli_cloud, "store_and_provider", lambda: (open_store(), None))
+    result = CliRunner().invoke(main, ["start", "day", *given])
+    assert seen == [silence], result.output

@@ -380,10 +380,11 @@ def stop(names: tuple[str, ...]) -> None:
 @click.option("--instance-type", default=None, help="Resize first: this instance type.")
 @click.option("--no-bootstrap", is_flag=True, help="Do not bootstrap and verify again after it runs.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
+@step_silence_option
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
 def start(name: str, gpu: str | None, instance_type: str | None, no_bootstrap: bool, verbose: bool,
-          as_json: bool) -> None:
+          step_silence: float, as_json: bool) -> None:
     """Start a stopped node (resized first with --gpu/--instance-type), wait for it, bootstrap and verify
     again, and print its new address and $/h. A resize the installed stack cannot serve is refused before
     anything changes; if AWS refuses the start, the node stays stopped, as it was."""
@@ -395,6 +396,7 @@ def start(name: str, gpu: str | None, instance_type: str | None, no_bootstrap: b
     _no_clusters(store, (name,), "start")
     console = make_console(stderr=as_json)
     opts = stopstart.StartOptions(gpu=gpu, instance_type=instance_type, bootstrap=not no_bootstrap,
+                                  step_silence=step_silence or None,
                                   verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None)
     result = stopstart.start(name, opts, provider, store, say_to(console))
     node = result.node

@@ -171,6 +171,7 @@ class StartOptions:
     bootstrap: bool = True
     ssh_timeout: float = 600.0
     reboot_timeout: float = 600.0
+    step_silence: float | None = 1200.0  # a step silent this long: the node is lost (bootstrap.Options)
     verbose_echo: Callable[[str], None] | None = None
 
 
@@ -325,7 +326,7 @@ def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, sa
     settings = HostSettings(known_hosts=sshconfig.node_known_hosts(node.name), accept_new_host_key=False,
                             connect_timeout=15)
     say("bootstrapping again (finished steps are skipped) and verifying")
-    options = engine.Options(reboot_timeout=opts.reboot_timeout, echo=opts.verbose_echo)
+    options = engine.Options(reboot_timeout=opts.reboot_timeout, step_silence=opts.step_silence, echo=opts.verbose_echo)
     result = lifecycle.bootstrap_node(plan, target, settings, options, rec, say)
     if result.status not in ("ok", "changed"):
         raise GpuprovError(f"{node.name} runs, but its bootstrap {result.summary}: {result.error} "
