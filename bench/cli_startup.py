@@ -14,13 +14,17 @@ import sys
 import time
 from pathlib import Path
 
+# the `gpuprov` executable, as a user runs it (else `python -m gpuprov`)
+GPUPROV = [str(Path(sys.executable).with_name("gpuprov"))] if Path(sys.executable).with_name("gpuprov").exists() \
+    else [sys.executable, "-m", "gpuprov"]
 CASES = {
     "python -c pass": [sys.executable, "-c", "pass"],
-    "gpuprov --help": [sys.executable, "-m", "gpuprov", "--help"],
-    "gpuprov plan --gpu A100 --spot": [sys.executable, "-m", "gpuprov", "plan", "--gpu", "A100", "--spot"],
-    "gpuprov plan --json": [sys.executable, "-m", "gpuprov", "plan", "--gpu", "H100:8", "--json"],
-    "gpuprov bootstrap --help": [sys.executable, "-m", "gpuprov", "bootstrap", "--help"],
+    "gpuprov --help": [*GPUPROV, "--help"],
+    "gpuprov plan --gpu A100 --spot": [*GPUPROV, "plan", "--gpu", "A100", "--spot"],
+    "gpuprov plan --json": [*GPUPROV, "plan", "--gpu", "H100:8", "--json"],
+    "gpuprov bootstrap --help": [*GPUPROV, "bootstrap", "--help"],
     # what `bootstrap`/`check`/`exec` import before their first connection, beside what Fabric alone costs
+    "import bootstrap --json's path": [sys.executable, "-c", "import gpuprov.cli, gpuprov.bootstrap"],
     "import bootstrap's path": [sys.executable, "-c", "import gpuprov.cli.hosts, gpuprov.bootstrap, gpuprov.report"],
     "import exec's path": [sys.executable, "-c", "import gpuprov.cli.access, gpuprov.access, gpuprov.report"],
     "import check's path": [sys.executable, "-c", "import gpuprov.cli.hosts, gpuprov.check, gpuprov.report"],
