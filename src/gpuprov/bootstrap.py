@@ -122,12 +122,12 @@ class _Log:
         self._file.close()
 
 
-def bundle_tar(bundle: Bundle) -> bytes:
-    """The bundle and its runner as one tar archive, sent on the runner exec's stdin."""
+def bundle_tar(bundle: Bundle, runner_text: str | None = None) -> bytes:
+    """The bundle and its runner (rendered here unless given) as one tar archive, sent on the runner exec's stdin."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         files = [(s.filename, s.text.encode(), 0o700) for s in bundle.scripts]
-        files.append((runner.RUNNER_FILE, runner.render_runner(bundle).encode(), 0o700))
+        files.append((runner.RUNNER_FILE, (runner_text or runner.render_runner(bundle)).encode(), 0o700))
         files.append(("manifest.json", json.dumps(bundle.manifest, indent=2).encode(), 0o600))
         for name, data, mode in files:
             info = tarfile.TarInfo(name)
@@ -149,7 +149,8 @@ def expectation(plan: Plan, gpu_count: int | None = None) -> Expectation:
 
 
 class _Bundles:
-    """Each plan's bundle and its tar, made once per run however many hosts share the plan."""
+    """Each plan's bundle and its tar, made once per run however many hosts share the plan (and read from
+    bundle_cache when an earlier run rendered the same plan)."""
 
     def __init__(self) -> None:
         self._made: dict[int, tuple[Plan, Bundle, bytes]] = {}  # by id(plan); the plan is kept so its id stays its own
@@ -158,8 +159,10 @@ class _Bundles:
     def get(self, plan: Plan) -> tuple[Bundle, bytes]:
         with self._lock:
             if id(plan) not in self._made:
-                bundle = plan.bundle()
-                self._made[id(plan)] = (plan, bundle, bundle_tar(bundle))
+                from gpuprov.bundle_cache import bundle_for
+
+                bundle, runner_text = bundle_for(plan)
+                self._made[id(plan)] = (plan, bundle, bundle_tar(bundle, runner_text))
             _, bundle, tar = self._made[id(plan)]
             return bundle, tar
 
