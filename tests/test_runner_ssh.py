@@ -121,14 +121,21 @@ def link(pool, i, state: str) -> None:
     subprocess.run(["ip", "link", "set", f"v{pool[i].name}", state], check=True)
 
 
+def slow_host(pool, i: int, tmp_path: Path, why: str) -> Path:
+    """Host i, reset and flagged so its `wait` step runs two minutes printing a line a second; the playbook.
+    Netns hosts only (`why`: what the test does to the host)."""
+    if pool.mode != "netns":
+        pytest.skip(f"{why}: needs the netns test hosts")
+    reset(pool, [i])
+    pool.exec_in(i, "touch /var/lib/gpuprov/slow-here", check=True)
+    return slow_playbook(tmp_path, tick=True)
+
+
 def test_a_host_that_vanishes_mid_step_is_lost_the_others_finish_and_a_rerun_resumes_it(host_pool, gp_home, tmp_path):
     pool = host_pool
-    if pool.mode != "netns":
-        pytest.skip("cuts a host's network link: needs the netns test hosts")
+    playbook = slow_host(pool, 4, tmp_path, "cuts a host's network link")
     hosts_used = [3, 4, 5]
-    reset(pool, hosts_used)
-    pool.exec_in(4, "touch /var/lib/gpuprov/slow-here", check=True)
-    playbook = slow_playbook(tmp_path, tick=True)
+    reset(pool, [3, 5])
     cutter = when_started(pool, 4, lambda: link(pool, 4, "down"))
     try:
         start = time.monotonic()
@@ -158,11 +165,7 @@ def test_a_frozen_host_is_lost_after_the_silence_bound_and_a_rerun_resumes_it(ho
     paramiko's keepalives (sent without asking for a reply) notice. Its sshd is stopped (SIGSTOP) mid-step: the
     step's output stops, and --step-silence ends the wait."""
     pool = host_pool
-    if pool.mode != "netns":
-        pytest.skip("freezes a host's own processes: needs the netns test hosts")
-    reset(pool, [7])
-    pool.exec_in(7, "touch /var/lib/gpuprov/slow-here", check=True)
-    playbook = slow_playbook(tmp_path, tick=True)
+    playbook = slow_host(pool, 7, tmp_path, "freezes a host's own processes")
     frozen: list[int] = []
     freezer = when_started(pool, 7, lambda: frozen.extend(pool.kill_in(7, r"^sshd: root@", signal.SIGSTOP)))
     try:
@@ -188,11 +191,7 @@ def test_a_frozen_host_is_lost_after_the_silence_bound_and_a_rerun_resumes_it(ho
 
 def test_keepalives_from_the_ssh_config_find_a_vanished_host_without_a_silence_bound(host_pool, gp_home, tmp_path):
     pool = host_pool
-    if pool.mode != "netns":
-        pytest.skip("cuts a host's network link: needs the netns test hosts")
-    reset(pool, [6])
-    pool.exec_in(6, "touch /var/lib/gpuprov/slow-here", check=True)
-    playbook = slow_playbook(tmp_path, tick=True)
+    playbook = slow_host(pool, 6, tmp_path, "cuts a host's network link")
     config = tmp_path / "ssh_config"
     config.write_text("Host *\n  ServerAliveInterval 1\n  ServerAliveCountMax 3\n")
     cutter = when_started(pool, 6, lambda: link(pool, 6, "down"))
