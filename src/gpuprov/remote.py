@@ -248,7 +248,10 @@ class Remote:
                 self.conn.connect_kwargs["sock"] = _tcp(self.conn.host, int(self.conn.port or 22),
                                                         float(self.conn.connect_timeout or self.settings.connect_timeout))
             self.conn.connect_kwargs["transport_factory"] = _transport
-            self.conn.open()
+            try:
+                self.conn.open()
+            finally:  # one socket, one connection: a later reopen by Fabric makes its own
+                self.conn.connect_kwargs.pop("sock", None)
             transport = self.conn.transport
             sock = transport.sock if transport else None
             interval, count = self.keepalive
