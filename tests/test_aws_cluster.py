@@ -88,15 +88,27 @@ def test_tcp_type_says_so_in_the_plan_and_launches_without_efa(aws, env):
 
 def test_a_zone_that_cannot_hold_the_whole_cluster_is_skipped_whole(aws, env):
     aws.faults({"action": "RunInstances", "match": {"Placement.AvailabilityZone": "us-east-1a"}, "capacity": 1})
-    result = gp(env, *up_args("zone", "--gpu", "A10G:4", "--nodes", "2", "--no-bootstrap", "--no-wait"))
+    result = gp(env, *up_args("zone", "--gpu", "A10G:4", "--nodes", "2", "--no-bootstrap", "--no-wait", "--json"))
     assert result.returncode == 0, result.stdout + result.stderr
     runs = [e for e in aws.log("RunInstances") if e["outcome"] != "fresh-notfound"]  # EC2 may not know a fresh group yet
     assert runs[0]["form"]["Placement.AvailabilityZone"] == "us-east-1a" and runs[0]["status"] == 500
-    assert "InsufficientInstanceCapacity" in result.stdout
+    assert "InsufficientInstanceCapacity" in result.stderr  # progress on stderr, the result as JSON on stdout
+    out = json.loads(result.stdout)
+    assert out["node"]["name"] == "zone" and [m["rank"] for m in out["node"]["members"]] == [0, 1]
+    assert out["dropped"] == [] and out["timeline"]["outcome"] == "ok"
     insts = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]]
     zones = {i["Placement"]["AvailabilityZone"] for i in insts}
     assert len(insts) == 2 and len(zones) == 1 and zones != {"us-east-1a"}  # nothing launched in 1a, none split
     assert _cluster(env, "zone")["zone"] in zones
+    # the timeline, in the result and kept: the whole-cluster refusal, then the launch
+    timeline = json.loads(gp(env, "status", "zone", "--timeline", "--json").stdout)
+    assert timeline == out["timeline"]
+    assert [p["name"] for p in timeline["phases"]] == ["checks", "key pair + security group", "capacity search",
+                                                      "instance running"]
+    attempts = timeline["phases"][2]["attempts"]
+    first = attempts[0]
+    assert (first["zone"], first["outcome"], first["code"]) == ("us-east-1a", "refused", "InsufficientInstanceCapacity")
+    assert attempts[-1]["outcome"] == "launched" and attempts[-1]["zone"] in zones
     assert gp(env, "down", "zone", "--yes").returncode == 0
     nothing_left(aws)
 
@@ -253,7 +265,12 @@ def test_cluster_bootstraps_wires_and_checks_every_node_over_ssh_then_down(aws, 
     result = gp(env, *up_args("train", *BOOT, "--nodes", "2", "--subnet", subnet), timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "[node 0]" in result.stdout and "[node 1]" in result.stdout
+    assert "up train: ready after" in result.stdout  # where the time went, printed at the end
     row = _cluster(env, "train")
+    timeline = json.loads(gp(env, "status", "train", "--timeline", "--json").stdout)
+    boot = next(p for p in timeline["phases"] if p["name"] == "bootstrap")  # one row per node, bootstrapped together
+    assert sorted(s["name"].split(" (")[0] for s in boot["steps"]) == ["node 0", "node 1"]
+    assert {s["outcome"] for s in boot["steps"]} == {"ok"} and timeline["phases"][-1]["name"] == "cluster wiring"
     addresses = [h.address for h in aws_hosts.hosts]
     assert row["state"] == "ready" and [m["address"] for m in row["members"]] == addresses
     for i in range(2):  # each node bootstrapped and verified

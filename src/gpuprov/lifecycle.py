@@ -493,7 +493,7 @@ def _bootstrap(plan: Plan, opts: UpOptions, key_path: str, address: str, say: Sa
                rec: tl.Recorder | None = None) -> object:
     from gpuprov import bootstrap as engine
 
-    rec = rec or tl.Recorder("up", opts.name)  # a cluster's nodes (cloud/cluster.py) keep no timeline yet
+    rec = rec or tl.Recorder("up", opts.name)  # a cluster's node: the cluster's timeline has a row per node instead
     rec.phase(tl.SSH)
     target, settings = _first_contact(opts, key_path, address, say)
     say("bootstrapping: " + ", ".join(s.name for s in plan.steps))

@@ -90,10 +90,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     )
     lifecycle.check_options(the_plan, opts)
     if nodes > 1 or min_nodes is not None:
-        if as_json:
-            raise UserInputError("--json", "a cluster's `up` has no JSON result yet",
-                                 "drop --json; `gpuprov status --json` lists the cluster once it is up")
-        _up_cluster(the_plan, opts, nodes, min_nodes, dry_run, yes, console)
+        _up_cluster(the_plan, opts, nodes, min_nodes, dry_run, yes, console, as_json)
         return
     if dry_run:
         console.print(plan_view(the_plan))
@@ -120,7 +117,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
 
 
 def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry_run: bool, yes: bool,
-                console: Any) -> None:
+                console: Any, as_json: bool) -> None:
     from gpuprov.cloud import cluster
     from gpuprov.report import plan_view
 
@@ -140,6 +137,14 @@ def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry
     store, provider = store_and_provider()
     result = cluster.up(the_plan, opts, copts, provider, store, say_to(console))
     node = result.node
+    if as_json:  # the node row (its members included), the ssh alias of node 0, nodes dropped, the timeline
+        _print_result_json(node, result.ssh_alias, result.timeline, dropped=result.dropped)
+        return
+    if result.timeline and not quiet():
+        from gpuprov.report import timeline_table
+
+        console.print()
+        console.print(timeline_table(result.timeline))
     console.print(f"\n[bold green]{node.name} is ready[/]: {len(result.members)} × {node.instance_type} in {node.zone} "
                   f"({node.market}, {result.network.transport.upper()}), list price "
                   f"${(node.price_usd_hour or 0) * len(result.members):.2f}/h for all", highlight=False)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from gpuprov import lifecycle
+from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.failover import Candidate, Order
 from gpuprov.cloud.teardown import SETTLE_SECONDS
 from gpuprov.errors import GpuprovError, UserInputError
@@ -149,6 +150,7 @@ class ClusterResult:
     attempts: list[lifecycle.Attempt] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)  # "node 2 (i-…): why"
     ssh_alias: str | None = None
+    timeline: tl.Timeline | None = None
 
 
 def check_cluster_options(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions) -> None:
@@ -169,8 +171,11 @@ def up(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provider: P
        say: Say) -> ClusterResult:
     check_cluster_options(plan, opts, copts)
     _not_a_host_cluster(lifecycle.check_name(opts.name))
+    rec = tl.Recorder("up", opts.name)
+    rec.phase(tl.CHECKS)
     pad = lifecycle.launchpad(plan, opts, provider, store, say)
     name, region, network, cidr, order, image = pad.name, pad.region, pad.network, pad.cidr, pad.order, pad.image
+    rec.image = pad.image_line
 
     market = "spot" if plan.request.spot else "on-demand"
     store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,
@@ -183,17 +188,23 @@ def up(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provider: P
     store.event(name, "up", f"launching {copts.nodes} nodes of {plan.count}× {plan.gpu.name if plan.gpu else ''} "
                 f"in {region}")
     try:
-        return _launch_and_bootstrap(plan, opts, copts, provider, store, say, order, image, network, cidr)
+        done = _launch_and_bootstrap(plan, opts, copts, provider, store, say, order, image, network, cidr, rec)
     except BaseException as exc:  # failure or Ctrl-C before `ready`: the whole cluster goes, then re-raise
         say(f"{type(exc).__name__ if isinstance(exc, KeyboardInterrupt) else 'failed'}: removing what {name} got "
             "(all of its nodes)")
         store.update_node(name, state="failed", state_reason=str(exc)[:500])
+        rec.failed(str(exc) or type(exc).__name__)
+        rec.phase(tl.TEARDOWN)
         result = lifecycle._teardown(name, region, provider, store, say)
+        store.event(name, tl.EVENT_KIND, rec.finish("failed").model_dump_json())
         for what in result.left:
             say(f"  still there: {what}")
         if result.left:
             say(f"  {name} stays listed; rerun: gpuprov down {name}")
         raise
+    done.timeline = rec.finish()
+    store.event(name, tl.EVENT_KIND, done.timeline.model_dump_json())
+    return done
 
 
 def _not_a_host_cluster(name: str) -> None:
@@ -208,15 +219,18 @@ def _not_a_host_cluster(name: str) -> None:
 
 def _launch_and_bootstrap(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provider: Provider,
                           store: Store, say: Say, order: Order, image: str, network: Network,
-                          cidr: str) -> ClusterResult:
+                          cidr: str, rec: tl.Recorder) -> ClusterResult:
     name, region = opts.name, plan.request.region
     public_ip = opts.connect == "public" and network.subnet_id is not None and not network.maps_public_ip
+    rec.phase(tl.ACCESS)
     say(f"key pair and security group (SSH from {cidr}; all traffic between the cluster's nodes)")
     access = lifecycle._prepare(name, region, provider, store, network, cidr, public_ip)
     provider.authorize_self(region, access.security_group_id, settle=SETTLE_SECONDS)
-    instances, layout, attempts = _launch(plan, opts, copts, provider, store, say, order, image, access)
+    rec.phase(tl.CAPACITY)
+    instances, layout, attempts = _launch(plan, opts, copts, provider, store, say, order, image, access, rec)
 
     result = ClusterResult(store.node(name), [], layout, attempts)
+    rec.phase(tl.RUNNING)
     say(f"{len(instances)} instances launched ({', '.join(i.id for i in instances)}); waiting for them to run")
     running: list[Instance] = []
     for rank, inst in enumerate(instances):
@@ -237,13 +251,15 @@ def _launch_and_bootstrap(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterO
 
     key_path = str(region_key(keys_dir(), region))
     if opts.wait:
-        members = _contact_all(plan, opts, copts, members, key_path, provider, store, say, result, layout)
+        rec.phase(tl.BOOTSTRAP if opts.bootstrap else tl.SSH)
+        members = _contact_all(plan, opts, copts, members, key_path, provider, store, say, result, layout, rec)
         result.members = members
     if opts.wait:
         from gpuprov import sshconfig
 
         _merge_known_hosts(name, members)
         members = [replace(m, rank=rank, state="ready") for rank, m in enumerate(members)]  # ranks 0..n-1 after a drop
+        rec.phase(tl.WIRE)
         wire(name, store.node(name), members, opts.ssh_user, key_path, say)
         store.update_node(name, state="ready", ready_at=time.time())
         _record(store, name, members, state="ready")
@@ -259,7 +275,8 @@ def _launch_and_bootstrap(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterO
 
 
 def _launch(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provider: Provider, store: Store, say: Say,
-            order: Order, image: str, access: Access) -> tuple[list[Instance], ClusterNetwork, list[lifecycle.Attempt]]:
+            order: Order, image: str, access: Access,
+            rec: tl.Recorder) -> tuple[list[Instance], ClusterNetwork, list[lifecycle.Attempt]]:
     """Ask each candidate for the whole cluster in one request; a refusal moves the whole cluster on."""
     name, region = opts.name, plan.request.region
     attempts: list[lifecycle.Attempt] = []
@@ -276,6 +293,7 @@ def _launch(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provid
             + (f", at least {copts.at_least}" if copts.at_least < copts.nodes else "")
             + (", EFA" if layout.transport == "efa" else "") + ")")
         rid = store.intend(name, "instance", region, token)
+        asked = rec.now()
         try:
             instances = provider.launch_group(LaunchRequest(
                 node=name, region=region, zone=cand.zone, instance_type=cand.instance_type, market=cand.market,
@@ -288,10 +306,12 @@ def _launch(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provid
                 store.deleted(rid)
             attempt = lifecycle.Attempt(cand, exc.code, exc.message)
             attempts.append(attempt)
+            rec.attempt(cand.instance_type, cand.zone, cand.market, asked, exc.code, exc.message)
             say(f"  {exc.code}: {exc.message}")
             store.event(name, "launch-refused", f"{copts.nodes} × {cand.instance_type} {cand.zone} {cand.market}: {exc.code}")
             lifecycle.go_on_after(exc, attempt, opts, closed, provider, region, say)
             continue
+        rec.attempt(cand.instance_type, cand.zone, cand.market, asked)
         _recorded(store, name, region, rid, token, instances)
         _landed(plan, store, name, cand)
         if len(instances) < copts.nodes:
@@ -387,9 +407,9 @@ def _release(name: str, region: str, members: list[Member], provider: Provider, 
 
 def _contact_all(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, members: list[Member], key_path: str,
                  provider: Provider, store: Store, say: Say, result: ClusterResult,
-                 layout: ClusterNetwork) -> list[Member]:
+                 layout: ClusterNetwork, rec: tl.Recorder) -> list[Member]:
     """SSH to every node (host key pinned per node) and bootstrap it, all at once; failed nodes are dropped
-    when --min-nodes allows, else the cluster fails."""
+    when --min-nodes allows, else the cluster fails. Each node is a row of the timeline's phase."""
     from gpuprov.fanout import run_parallel
 
     name, region = opts.name, plan.request.region
@@ -403,13 +423,16 @@ def _contact_all(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, m
         def tell(line: str) -> None:
             say(f"[node {m.rank}] {line}")
 
+        start = rec.now()
         try:
             if opts.bootstrap:
                 lifecycle._bootstrap(plan, node_opts, key_path, m.address or "", tell)
             else:
                 lifecycle._pin_host_key(node_opts, key_path, m.address or "", tell)
         except GpuprovError as exc:
+            rec.row(f"node {m.rank} ({m.instance_id})", start, "failed", str(exc))
             return str(exc)
+        rec.row(f"node {m.rank} ({m.instance_id})", start, "ok")
         return None
 
     errors = run_parallel(members, one, parallel=len(members))

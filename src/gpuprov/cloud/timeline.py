@@ -87,6 +87,7 @@ RUNNING = "instance running"
 SSH = "SSH reachable"
 BOOTSTRAP = "bootstrap"
 VERIFY = "verify"
+WIRE = "cluster wiring"  # up --nodes: cluster.env and hostfile on every node
 TEARDOWN = "teardown"
 
 
@@ -125,6 +126,13 @@ class Recorder:
             self._open.attempts.append(LaunchAttempt(
                 instance_type=instance_type, zone=zone, market=market, start_s=start_s, end_s=self.now(),
                 outcome="refused" if code else "launched", code=code, message=message))
+
+    def row(self, name: str, start_s: float, outcome: str, message: str = "") -> None:
+        """A row of the phase in progress that ends now (a cluster's node, bootstrapped beside the others)."""
+        with self._lock:
+            if self._open is not None:
+                self._open.steps.append(StepTime(name=name, start_s=start_s, end_s=self.now(), outcome=outcome,
+                                                 message=message))
 
     def reporter(self, inner: Reporter) -> Reporter:
         """A bootstrap Reporter that notes when each step first shows up, then passes the event on."""
