@@ -84,7 +84,7 @@ def test_non_gpu_nvidia_functions_are_not_gpus():
 
 
 def test_unknown_model_stops_bootstrap_planning_with_pass_gpu():
-    from gpuprov.bootstrap import planner
+    from gpuprov.bootstrap import Planner
     from gpuprov.compat import StackPins
     from gpuprov.errors import UserInputError
     from gpuprov.inventory import Target
@@ -92,7 +92,24 @@ def test_unknown_model_stops_bootstrap_planning_with_pass_gpu():
     facts = parse_facts("## nvidia-smi\n## lspci\n01:00.0 3D controller [0302]: NVIDIA Corporation Device "
                         "[10de:2bb1] (rev a1)\n## os\nubuntu-24.04\n## end\n")
     with pytest.raises(UserInputError) as exc:
-        planner(None, "pytorch", None, StackPins())(Target(host="gpu1"), facts)
+        Planner(None, "pytorch", None, StackPins())(Target(host="gpu1"), facts)
     assert "NVIDIA 10de:2bb1, unknown model: pass --gpu" in str(exc.value)
-    plan = planner("L4", "minimal", None, StackPins())(Target(host="gpu1"), facts)
+    plan = Planner("L4", "minimal", None, StackPins())(Target(host="gpu1"), facts)
     assert plan.gpu and plan.gpu.name == "L4"
+
+
+def test_a_hosts_plan_is_known_ahead_when_the_command_line_names_its_gpu_and_os():
+    """Then bootstrap renders it before contacting any host; a host whose facts agree gets that same plan."""
+    from gpuprov.bootstrap import Planner
+    from gpuprov.compat import StackPins
+    from gpuprov.inventory import Target
+
+    host = Target(host="gpu1")
+    l4 = parse_facts("## nvidia-smi\nNVIDIA L4\n## lspci\n## os\nubuntu-24.04\n## end\n")
+    planner = Planner("L4", "minimal", "ubuntu-24.04", StackPins())
+    ahead = planner.ahead(host)
+    assert ahead is not None and ahead.gpu and ahead.gpu.name == "L4"
+    assert planner(host, l4) is ahead
+    assert Planner(None, "minimal", "ubuntu-24.04", StackPins()).ahead(host) is None  # the GPU comes from the facts
+    assert Planner("L4", "minimal", None, StackPins()).ahead(host) is None  # the OS too
+    assert Planner("L4", "minimal", None, StackPins()).ahead(Target(host="gpu1", os="ubuntu-22.04")) is not None

@@ -443,18 +443,28 @@ def bootstrap(
     if settings.known_hosts.exists():  # a malformed file is one error before any host, not one per host
         hostkeys.pinned_keys(settings.known_hosts)
     bundles = _Bundles()
+    if isinstance(plan_for, Planner):  # render what can be known now, before the hosts' connections compete for it
+        for plan in {id(p): p for p in map(plan_for.ahead, targets) if p is not None}.values():
+            bundles.get(plan)
     runs = [_HostRun(t, settings, plan_for, options, rep, where, bundles) for t in targets]
     return run_parallel(runs, lambda run: run(), options.parallel)
 
 
-def planner(gpu: str | None, playbook: str, os_name: str | None, pins: StackPins,
-            guard: GuardRequest | None = None, jupyter: bool = False) -> Callable[[Target, HostFacts], Plan]:
-    """How each existing host gets its plan: its GPU (given, or detected) and OS (given, or its own)."""
-    from gpuprov.compat import SUPPORTED_OS
-    from gpuprov.plan import make_host_plan
+class Planner:
+    """How each existing host gets its plan: its GPU (given, or detected) and OS (given, or its own). Hosts alike
+    share one plan object, and so one rendered bundle: 32 of them are planned once."""
 
-    def plan_for(target: Target, facts: HostFacts) -> Plan:
-        wanted = target.gpu or gpu
+    def __init__(self, gpu: str | None, playbook: str, os_name: str | None, pins: StackPins,
+                 guard: GuardRequest | None = None, jupyter: bool = False) -> None:
+        self.gpu, self.playbook, self.os_name, self.pins = gpu, playbook, os_name, pins
+        self.guard, self.jupyter = guard, jupyter
+        self._plans: dict[tuple[str | None, str, bool | None], Plan] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, target: Target, facts: HostFacts) -> Plan:
+        from gpuprov.compat import SUPPORTED_OS
+
+        wanted = target.gpu or self.gpu
         if wanted and facts.gpus:
             from gpuprov import catalog
 
@@ -467,17 +477,36 @@ def planner(gpu: str | None, playbook: str, os_name: str | None, pins: StackPins
         if not wanted and facts.unknown_gpu_text:
             raise UserInputError("--gpu", f"{target.name} has {facts.unknown_gpu_text}: pass --gpu",
                                  "name the GPU model (`gpuprov gpus` lists them); nothing was installed")
-        os_used = target.os or os_name or facts.os
+        os_used = target.os or self.os_name or facts.os
         if os_used not in SUPPORTED_OS:
             raise UserInputError("--os", f"{target.name} runs {facts.os or 'an unknown OS'}; gpuprov's scripts support "
                                  f"{', '.join(SUPPORTED_OS)}", "pass --os to run them anyway, at your own risk")
-        key = (wanted or detected, os_used, True if facts.nvswitch else None)
-        with lock:  # hosts alike share one plan (and so one rendered bundle): 32 of them are planned once
-            if key not in plans:
-                plans[key] = make_host_plan(key[0], playbook, os_used, pins, nvswitch=key[2], guard=guard,
-                                            jupyter=jupyter)
-            return plans[key]
+        return self._plan(wanted or detected, os_used, True if facts.nvswitch else None)
 
-    plans: dict[tuple[str | None, str, bool | None], Plan] = {}
-    lock = threading.Lock()
-    return plan_for
+    def ahead(self, target: Target) -> Plan | None:
+        """The plan `target` gets unless its facts surprise (NVSwitch, or a GPU where none is named and the
+        playbook installs no stack), when the command line already says its GPU (or needs none) and its OS.
+        None when its facts decide."""
+        from gpuprov.compat import SUPPORTED_OS
+        from gpuprov.spec import load_playbook
+
+        wanted, os_used = target.gpu or self.gpu, target.os or self.os_name
+        if os_used not in SUPPORTED_OS:
+            return None
+        try:
+            if not wanted and load_playbook(self.playbook).stack != "none":
+                return None
+            return self._plan(wanted, os_used, None)
+        except GpuprovError:  # the host's own planning says so, in its result
+            return None
+
+    def _plan(self, gpu: str | None, os_used: str, nvswitch: bool | None) -> Plan:
+        from gpuprov.plan import make_host_plan
+
+        key = (gpu, os_used, nvswitch)
+        with self._lock:
+            if key not in self._plans:
+                self._plans[key] = make_host_plan(gpu, self.playbook, os_used, self.pins, nvswitch=nvswitch,
+                                                  guard=self.guard, jupyter=self.jupyter)
+            return self._plans[key]
+

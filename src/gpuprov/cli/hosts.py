@@ -71,7 +71,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
     if gpu:  # an impossible stack is refused before any host is touched
         make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins, guard=guard, jupyter=kw["jupyter"])
     targets = targets_from(kw)
-    plan_for = engine.planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"])
+    plan_for = engine.Planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"])
     if as_json and not verbose:  # JSON for a script: no progress, and none of rich's import time
         console = None
         results = engine.bootstrap(targets, host_settings(kw), plan_for, _engine_options(engine, kw, None))
