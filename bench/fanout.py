@@ -1,6 +1,6 @@
 """Fan-out: `gpuprov bootstrap` (whole CLI process) beside hand-written threaded Fabric on the same hosts.
 
-    sudo .venv/bin/python bench/fanout.py [--sizes 1,32] [--runs 3] [--rtt MS]
+    sudo .venv/bin/python bench/fanout.py [--sizes 1,32] [--runs 3]
 
 Hosts are real OpenSSH servers in network namespaces (tests/hosts/fixture.py, prefix "gpb", bridge
 "gpbbr0", subnet 10.230.0, each shifted by GPUPROV_TEST_NET as the tests' are). One pool of max(sizes)
@@ -144,9 +144,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1,32", help="host counts, comma-separated (default 1,32)")
     parser.add_argument("--runs", type=int, default=3, help="timed runs per size and tool; the median is printed")
-    parser.add_argument("--rtt", type=float, default=0.0, metavar="MS",
-                        help="add MS milliseconds of round-trip time between this machine and the hosts (netem on the "
-                             "hosts' bridge), as a network farther than a local one has; default 0")
     args = parser.parse_args()
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     if os.geteuid() != 0:
@@ -183,14 +180,10 @@ def main() -> int:
         if pool.mode != "netns":
             print(f"needs the netns test hosts (got {pool.mode}: {pool.fallback_reason})")
             return 1
-        if args.rtt:  # packets toward the hosts leave through the bridge: delaying them there adds to every round trip
-            subprocess.run(["tc", "qdisc", "add", "dev", pool.bridge, "root", "netem", "delay", f"{args.rtt}ms"],
-                           check=True)
         load = os.getloadavg()
         print(f"{len(pool)} test hosts up in {time.perf_counter() - t0:.1f}s; {os.cpu_count()} CPUs; load average "
               f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {STEPS} steps of `sleep {STEP_SLEEP}` each; "
-              f"median of {args.runs} runs" + (f"; {args.rtt:g} ms added to every round trip" if args.rtt else "") + "\n",
-              flush=True)
+              f"median of {args.runs} runs\n", flush=True)
         pool.write_known_hosts(home / "known_hosts")  # gpuprov's own known_hosts ($GPUPROV_HOME): pinned, no TOFU
         pool.write_known_hosts(work / "known_hosts")
         scripts = " ".join(script.filename for script in bundle.scripts)
