@@ -252,20 +252,33 @@ def up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) 
     try:
         done = _launch_and_bootstrap(plan, opts, provider, store, say, order, image, network, cidr, rec)
     except BaseException as exc:  # failure or Ctrl-C before `ready`: take back everything, then re-raise
-        say(f"{type(exc).__name__ if isinstance(exc, KeyboardInterrupt) else 'failed'}: removing what {name} got")
-        store.update_node(name, state="failed", state_reason=str(exc)[:500])
-        rec.failed(str(exc) or type(exc).__name__)
-        rec.phase(tl.TEARDOWN)
-        result = _teardown(name, region, provider, store, say)
-        store.event(name, tl.EVENT_KIND, rec.finish("failed").model_dump_json())
-        for what in result.left:
-            say(f"  still there: {what}")
-        if result.left:
-            say(f"  {name} stays listed; rerun: gpuprov down {name}")
+        take_back(exc, name, region, provider, store, say, rec)
         raise
-    done.timeline = rec.finish()
-    store.event(name, tl.EVENT_KIND, done.timeline.model_dump_json())
+    done.timeline = kept_timeline(name, store, rec)
     return done
+
+
+def take_back(exc: BaseException, name: str, region: str, provider: Provider, store: Store, say: Say,
+              rec: tl.Recorder, what: str = "") -> None:
+    """After a failed or interrupted `up` (a node's, or a cluster's: `what` says so): everything recorded comes
+    down, the timeline keeps the failure and the teardown, and what could not be removed is named with the rerun."""
+    say(f"{type(exc).__name__ if isinstance(exc, KeyboardInterrupt) else 'failed'}: removing what {name} got{what}")
+    store.update_node(name, state="failed", state_reason=str(exc)[:500])
+    rec.failed(str(exc) or type(exc).__name__)
+    rec.phase(tl.TEARDOWN)
+    result = _teardown(name, region, provider, store, say)
+    kept_timeline(name, store, rec, "failed")
+    for left in result.left:
+        say(f"  still there: {left}")
+    if result.left:
+        say(f"  {name} stays listed; rerun: gpuprov down {name}")
+
+
+def kept_timeline(name: str, store: Store, rec: tl.Recorder, outcome: tl.Outcome = "ok") -> tl.Timeline:
+    """The finished timeline, stored as the node's last (`status NAME --timeline`)."""
+    timeline = rec.finish(outcome)
+    store.event(name, tl.EVENT_KIND, timeline.model_dump_json())
+    return timeline
 
 
 def _ensure_key_pair(provider: Provider, store: Store, region: str) -> keys.LocalKey:

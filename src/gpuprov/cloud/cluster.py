@@ -190,20 +190,9 @@ def up(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provider: P
     try:
         done = _launch_and_bootstrap(plan, opts, copts, provider, store, say, order, image, network, cidr, rec)
     except BaseException as exc:  # failure or Ctrl-C before `ready`: the whole cluster goes, then re-raise
-        say(f"{type(exc).__name__ if isinstance(exc, KeyboardInterrupt) else 'failed'}: removing what {name} got "
-            "(all of its nodes)")
-        store.update_node(name, state="failed", state_reason=str(exc)[:500])
-        rec.failed(str(exc) or type(exc).__name__)
-        rec.phase(tl.TEARDOWN)
-        result = lifecycle._teardown(name, region, provider, store, say)
-        store.event(name, tl.EVENT_KIND, rec.finish("failed").model_dump_json())
-        for what in result.left:
-            say(f"  still there: {what}")
-        if result.left:
-            say(f"  {name} stays listed; rerun: gpuprov down {name}")
+        lifecycle.take_back(exc, name, region, provider, store, say, rec, " (all of its nodes)")
         raise
-    done.timeline = rec.finish()
-    store.event(name, tl.EVENT_KIND, done.timeline.model_dump_json())
+    done.timeline = lifecycle.kept_timeline(name, store, rec)
     return done
 
 
