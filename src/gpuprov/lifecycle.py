@@ -335,13 +335,7 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
                 shutdown_behavior=_shutdown_behavior(plan, cand.market)),
                 settle=SETTLE_SECONDS)
         except LaunchError as exc:
-            if exc.then != "retry":  # refused: EC2 made nothing for this token (a transient error keeps the
-                store.deleted(rid)  # row, so teardown asks EC2 by the token whether a launch went through)
-            attempt = Attempt(cand, exc.code, exc.message)
-            attempts.append(attempt)
-            rec.attempt(cand.instance_type, cand.zone, cand.market, asked, exc.code, exc.message)
-            say(f"  {exc.code}: {exc.message}")
-            store.event(name, "launch-refused", f"{cand.instance_type} {cand.zone} {cand.market}: {exc.code}")
+            attempt = note_refusal(exc, cand, rid, asked, "", name, attempts, store, rec, say)
             go_on_after(exc, attempt, opts, closed, provider, region, say)
             continue
         store.created(rid, instance.id)
@@ -357,6 +351,21 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
     tried = "; ".join(f"{a.candidate.instance_type}/{a.candidate.zone}/{a.candidate.market}: {a.code}" for a in attempts)
     hint = "" if opts.fallback_on_demand or not plan.request.spot else " (add --fallback on-demand to try on-demand too)"
     raise GpuprovError(f"no capacity anywhere it was asked for{hint}: {tried}")
+
+
+def note_refusal(exc: LaunchError, cand: Candidate, rid: int, asked: float, what: str, name: str,
+                 attempts: list[Attempt], store: Store, rec: tl.Recorder, say: Say) -> Attempt:
+    """AWS refused a candidate (one node, or a whole cluster: `what` is "N × "): the attempt in the list, the
+    timeline, the output and the node's events. A refusal made nothing for its token, so its intent row goes; a
+    transient error keeps it, and teardown asks EC2 by the token whether a launch went through."""
+    if exc.then != "retry":
+        store.deleted(rid)
+    attempt = Attempt(cand, exc.code, exc.message)
+    attempts.append(attempt)
+    rec.attempt(cand.instance_type, cand.zone, cand.market, asked, exc.code, exc.message)
+    say(f"  {exc.code}: {exc.message}")
+    store.event(name, "launch-refused", f"{what}{cand.instance_type} {cand.zone} {cand.market}: {exc.code}")
+    return attempt
 
 
 def go_on_after(exc: LaunchError, attempt: Attempt, opts: UpOptions, closed: set[Market], provider: Provider,

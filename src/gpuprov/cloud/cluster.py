@@ -290,14 +290,8 @@ def _launch(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provid
                 shutdown_behavior=lifecycle._shutdown_behavior(plan, cand.market), count=copts.nodes,
                 min_count=copts.at_least, placement_group=group if layout.placement_group else None,
                 interfaces=layout.interfaces), settle=SETTLE_SECONDS)
-        except LaunchError as exc:
-            if exc.then != "retry":  # refused: EC2 launched none of them (MinCount), so nothing to follow
-                store.deleted(rid)
-            attempt = lifecycle.Attempt(cand, exc.code, exc.message)
-            attempts.append(attempt)
-            rec.attempt(cand.instance_type, cand.zone, cand.market, asked, exc.code, exc.message)
-            say(f"  {exc.code}: {exc.message}")
-            store.event(name, "launch-refused", f"{copts.nodes} × {cand.instance_type} {cand.zone} {cand.market}: {exc.code}")
+        except LaunchError as exc:  # a refusal launched none of them (MinCount)
+            attempt = lifecycle.note_refusal(exc, cand, rid, asked, f"{copts.nodes} × ", name, attempts, store, rec, say)
             lifecycle.go_on_after(exc, attempt, opts, closed, provider, region, say)
             continue
         rec.attempt(cand.instance_type, cand.zone, cand.market, asked)
