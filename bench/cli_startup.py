@@ -24,10 +24,10 @@ CASES = {
     "gpuprov plan --json": [*GPUPROV, "plan", "--gpu", "H100:8", "--json"],
     "gpuprov bootstrap --help": [*GPUPROV, "bootstrap", "--help"],
     # what `bootstrap`/`check`/`exec` import before their first connection, beside what Fabric alone costs
-    "import bootstrap --json's path": [sys.executable, "-c", "import gpuprov.cli, gpuprov.bootstrap"],
-    "import bootstrap's path": [sys.executable, "-c", "import gpuprov.cli.hosts, gpuprov.bootstrap, gpuprov.report"],
-    "import exec's path": [sys.executable, "-c", "import gpuprov.cli.access, gpuprov.access, gpuprov.report"],
-    "import check's path": [sys.executable, "-c", "import gpuprov.cli.hosts, gpuprov.check, gpuprov.report"],
+    "import bootstrap --json's path": [sys.executable, "-c", "import gpuprov.cli, gpuprov.hosts.bootstrap"],
+    "import bootstrap's path": [sys.executable, "-c", "import gpuprov.cli.hosts, gpuprov.hosts.bootstrap, gpuprov.cli.report"],
+    "import exec's path": [sys.executable, "-c", "import gpuprov.cli.access, gpuprov.hosts.access, gpuprov.cli.report"],
+    "import check's path": [sys.executable, "-c", "import gpuprov.cli.hosts, gpuprov.hosts.check, gpuprov.cli.report"],
     "import fabric": [sys.executable, "-c", "import fabric"],
 }
 ROOT = Path(__file__).resolve().parent.parent

@@ -86,7 +86,7 @@ with ThreadPoolExecutor(max_workers=64) as pool:
 GPUPROV = [str(Path(sys.executable).with_name("gpuprov"))] if Path(sys.executable).with_name("gpuprov").exists() \
     else [sys.executable, "-m", "gpuprov"]
 
-IMPORTS = {"gpuprov": "import gpuprov.cli, gpuprov.bootstrap", "Fabric": "import fabric"}
+IMPORTS = {"gpuprov": "import gpuprov.cli, gpuprov.hosts.bootstrap", "Fabric": "import fabric"}
 
 
 def session_counts(pool, n: int) -> tuple[int, int]:
@@ -161,9 +161,9 @@ def main() -> int:
     playbook.write_text(playbook_yaml())
     fabric_script = work / "fabric_ref.py"
     fabric_script.write_text(FABRIC_SCRIPT)
-    from gpuprov.bootstrap import bundle_tar
-    from gpuprov.compat import StackPins
-    from gpuprov.plan import make_host_plan
+    from gpuprov.hosts.bootstrap import bundle_tar
+    from gpuprov.plan.compat import StackPins
+    from gpuprov.plan.plan import make_host_plan
 
     bundle = make_host_plan(None, str(playbook), "ubuntu-24.04", StackPins()).bundle()
     tar = work / "bundle.tar"  # the bundle gpuprov sends: Fabric uploads the same file and runs the same scripts

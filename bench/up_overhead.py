@@ -34,8 +34,8 @@ def main() -> None:
             os.environ.update(aws.env())
             os.environ["GPUPROV_HOME"] = tempfile.mkdtemp(prefix="gpuprov-bench-")
             from gpuprov import lifecycle
-            from gpuprov.plan import NodeRequest, make_plan
-            from gpuprov.providers.aws import AwsProvider
+            from gpuprov.cloud.providers.aws import AwsProvider
+            from gpuprov.plan.plan import NodeRequest, make_plan
             from gpuprov.state import open_store
 
             store = open_store()

@@ -204,8 +204,8 @@ def aws_version() -> str:
 def report(runs: dict[str, list[Run]]) -> None:
     from rich.console import Console
 
+    from gpuprov.cli.report import timeline_table
     from gpuprov.cloud.timeline import Timeline
-    from gpuprov.report import timeline_table
 
     console = Console(width=100, no_color=True)
     for kind in ("fresh", "baked"):

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuprov.render import Bundle, Script
+from gpuprov.plan.render import Bundle, Script
 
 SHIMS = Path(__file__).resolve().parent / "shims"
 LOCAL_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"

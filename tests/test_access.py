@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.access import parse_forward, split_sync, sync_host
 from gpuprov.errors import UserInputError
+from gpuprov.hosts.access import parse_forward, split_sync, sync_host
 from tests.conftest import skip_or_fail
 from tests.test_bootstrap_ssh import addrs, bootstrap, by_step, gpuprov, reset
 

@@ -29,8 +29,8 @@ def owner() -> str:
 
 def plan_stack(region: str = "us-east-1", os_name: str = "ubuntu-22.04") -> str:
     from gpuprov.cloud.images import plan_stack
-    from gpuprov.compat import StackPins
-    from gpuprov.plan import NodeRequest, make_plan
+    from gpuprov.plan.compat import StackPins
+    from gpuprov.plan.plan import NodeRequest, make_plan
 
     return plan_stack(make_plan(NodeRequest(gpu="T4", os=os_name, region=region, pins=StackPins(python="3.11"))))
 
@@ -151,7 +151,7 @@ def _image(aws, region: str, name: str, stack: str, os_name: str = "ubuntu-24.04
 
 def _stack_24(region: str = "us-east-1") -> str:
     from gpuprov.cloud.images import plan_stack
-    from gpuprov.plan import NodeRequest, make_plan
+    from gpuprov.plan.plan import NodeRequest, make_plan
 
     return plan_stack(make_plan(NodeRequest(gpu="T4", region=region)))
 

@@ -127,7 +127,7 @@ def test_bad_input_is_exit_2_with_one_line_naming_the_field(line: str, field: st
 
 def test_alias_bomb_and_huge_file_are_refused_in_well_under_a_second(files: Path) -> None:
     from gpuprov.errors import UserInputError
-    from gpuprov.spec import load_playbook
+    from gpuprov.plan.spec import load_playbook
 
     for name in ("bomb.yml", "loop.yml", "huge.yml", "deep.yml"):
         start = time.monotonic()
@@ -208,7 +208,7 @@ def test_a_broken_known_hosts_line_is_named(tmp_path: Path) -> None:
 def test_a_bug_is_one_line_and_a_saved_traceback(tmp_path: Path) -> None:
     """Whatever goes wrong inside, the user sees one line and where the traceback went (a simulated bug)."""
     env = {**os.environ, "GPUPROV_HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
-    code = ("import sys, gpuprov.plan as p\n"
+    code = ("import sys, gpuprov.plan.plan as p\n"
             "def boom(*a, **k): raise RuntimeError('simulated bug')\n"
             "p.make_plan = boom\n"
             "from gpuprov.cli import main\n"

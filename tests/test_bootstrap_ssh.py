@@ -128,7 +128,7 @@ def test_changed_host_key_is_refused_naming_both_fingerprints(host_pool, gp_home
     assert code == 1
     error = hosts[0]["error"]
     assert "HOST KEY CHANGED" in error and pool[2].address in error
-    from gpuprov.hostkeys import fingerprint
+    from gpuprov.hosts.hostkeys import fingerprint
 
     assert fingerprint(old) in error and fingerprint(pool[2].host_key()) in error
     assert calls(pool, 2) == []

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import bundle_cache, runner
-from gpuprov import plan as plan_module
-from gpuprov.bootstrap import bundle_tar
-from gpuprov.compat import StackPins
-from gpuprov.plan import make_host_plan
+from gpuprov.hosts import bundle_cache, runner
+from gpuprov.hosts.bootstrap import bundle_tar
+from gpuprov.plan import plan as plan_module
+from gpuprov.plan.compat import StackPins
+from gpuprov.plan.plan import make_host_plan
 
 
 def playbook(tmp_path: Path, command: str) -> str:

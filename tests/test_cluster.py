@@ -261,8 +261,8 @@ def test_bad_cluster_input_is_one_line_exit_2_and_touches_nothing(args, field, t
 def test_the_tables_keep_a_findings_brackets_as_text():
     from rich.console import Console
 
+    from gpuprov.cli.cluster_report import cluster_check_tables
     from gpuprov.cluster.check import ClusterCheck
-    from gpuprov.cluster.report import cluster_check_tables
 
     report = parse_allreduce(fixture("testhosts-3x2-fake-torch.txt"))
     expect = Expectation(fabric="tcp", line_rate_gbs=12.5, source="veth", unverified="rule of thumb", interface="eth0")

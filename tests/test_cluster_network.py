@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 
-from gpuprov import catalog
 from gpuprov.cloud import cluster
-from gpuprov.plan import NodeRequest, make_plan
-from gpuprov.providers.base import Nic
+from gpuprov.cloud.providers.base import Nic
+from gpuprov.plan import catalog
+from gpuprov.plan.plan import NodeRequest, make_plan
 from tests.shimrun import ShimHost
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprov import catalog, compat
-from gpuprov.compat import StackPins
 from gpuprov.errors import StackConflict, UserInputError
+from gpuprov.plan import catalog, compat
+from gpuprov.plan.compat import StackPins
 
 CAT = catalog.load()
 

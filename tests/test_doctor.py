@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.compat import StackPins
-from gpuprov.doctor import DoctorFacts, diagnose, examine, facts_command, parse_facts
-from gpuprov.plan import make_host_plan
-from gpuprov.verify import Check
+from gpuprov.hosts.doctor import DoctorFacts, diagnose, examine, facts_command, parse_facts
+from gpuprov.hosts.verify import Check
+from gpuprov.plan.compat import StackPins
+from gpuprov.plan.plan import make_host_plan
 from tests.shimrun import ShimHost, summary
 from tests.test_bootstrap_ssh import addrs, bootstrap, gpuprov, reset
 
@@ -176,7 +176,7 @@ def test_rules_cover_missing_tools_and_other_oses():
 
 
 def test_cut_off_output_is_an_error():
-    from gpuprov.doctor import DoctorError
+    from gpuprov.hosts.doctor import DoctorError
 
     with pytest.raises(DoctorError, match="cut off"):
         parse_facts("## os\nubuntu-22.04\n## lsmod\nModule  Size  Used by\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from gpuprov.cloud.failover import CAP_FACTOR, candidates, default_cap
-from gpuprov.plan import NodeRequest, make_plan
+from gpuprov.plan.plan import NodeRequest, make_plan
 
 
 def _plan(*types: tuple[str, float | None]) -> SimpleNamespace:

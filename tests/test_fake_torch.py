@@ -9,11 +9,11 @@ import subprocess
 
 import pytest
 
-from gpuprov import compat
-from gpuprov.bootstrap import expectation
-from gpuprov.compat import StackPins
-from gpuprov.plan import make_host_plan
-from gpuprov.verify import extract_probe, judge, parse_probe
+from gpuprov.hosts.bootstrap import expectation
+from gpuprov.hosts.verify import extract_probe, judge, parse_probe
+from gpuprov.plan import compat
+from gpuprov.plan.compat import StackPins
+from gpuprov.plan.plan import make_host_plan
 from tests.shimdata import WHEEL_ARCHS, wheel_archs_tsv
 from tests.shimrun import LOCAL_PYTHON, SHIMS, ShimHost, summary
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gpuprov import catalog
-from gpuprov.gpubench import (
+from gpuprov.cli.report import bench_tables
+from gpuprov.hosts.gpubench import (
     BenchProbeError,
     BenchReport,
     Figure,
@@ -20,9 +20,9 @@ from gpuprov.gpubench import (
     judge,
     matmul_tflops,
 )
-from gpuprov.inventory import Target
-from gpuprov.remote import HostOutcome
-from gpuprov.report import bench_tables
+from gpuprov.hosts.remote import HostOutcome
+from gpuprov.plan import catalog
+from gpuprov.plan.inventory import Target
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "bench"
 
@@ -175,7 +175,7 @@ def test_the_table_fits_80_columns_with_each_figure_beside_its_published_one() -
     (5.0, None, ("no figure", None)),
 ])
 def test_the_verdict_is_ok_at_the_threshold_and_slow_below(measured: float, published: float | None, want) -> None:
-    from gpuprov.gpubench import _verdict
+    from gpuprov.hosts.gpubench import _verdict
 
     percent, verdict = _verdict(measured, published, 0.70)
     assert (verdict, percent if percent is None else pytest.approx(percent)) == (want[0], want[1])

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from gpuprov.errors import UserInputError
-from gpuprov.plan import Guards, NodeRequest, autostop_script, guard_steps, make_plan
-from gpuprov.render import environment, render_steps
-from gpuprov.spec import format_duration, parse_duration
+from gpuprov.plan.plan import Guards, NodeRequest, autostop_script, guard_steps, make_plan
+from gpuprov.plan.render import environment, render_steps
+from gpuprov.plan.spec import format_duration, parse_duration
 from tests.shimrun import ShimHost
 
 SHELLCHECK = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
@@ -303,7 +303,7 @@ def test_interrupt_watcher_runs_the_hook_once_per_notice(host_pool, metadata, gp
 
 
 def test_guard_steps_say_what_shutdown_does_and_the_new_variants_are_shellcheck_clean(tmp_path: Path) -> None:
-    from gpuprov.plan import ttl_script
+    from gpuprov.plan.plan import ttl_script
 
     keeps = make_plan(NodeRequest(gpu="T4", autostop_seconds=1800, ttl_seconds=3600))
     assert keeps.guards.shutdown_action == "stop"
@@ -326,7 +326,7 @@ def test_guard_steps_say_what_shutdown_does_and_the_new_variants_are_shellcheck_
 
 
 def test_ttl_can_be_reset_and_turned_off_and_a_node_started_after_its_deadline_gets_a_new_one(tmp_path: Path) -> None:
-    from gpuprov.plan import ttl_script
+    from gpuprov.plan.plan import ttl_script
 
     (step,) = [s for s in make_plan(NodeRequest(gpu="T4", ttl_seconds=3600)).bundle().scripts if s.name == "ttl"]
     host = ShimHost(tmp_path, gpu="T4", extra_env={"GPUPROV_NOW": "1000000"})
@@ -358,7 +358,7 @@ def test_ttl_can_be_reset_and_turned_off_and_a_node_started_after_its_deadline_g
 
 
 def test_budget_becomes_the_deadline_when_it_runs_out_first() -> None:
-    from gpuprov.plan import budget_seconds, with_budget
+    from gpuprov.plan.plan import budget_seconds, with_budget
 
     plan = make_plan(NodeRequest(gpu="T4", budget_usd=5.26))  # g4dn.xlarge lists at $0.526/h: 10h
     assert plan.guards.ttl_seconds == 36000 and plan.guards.budget_usd == 5.26

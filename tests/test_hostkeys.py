@@ -10,7 +10,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpuprov.hostkeys import (
+from gpuprov.hosts.hostkeys import (
     HostKeyChanged,
     PinPolicy,
     UnknownHostKey,

@@ -9,7 +9,7 @@ import pytest
 from gpuprov.cloud.failover import candidates
 from gpuprov.errors import UserInputError
 from gpuprov.lifecycle import check_name, ssh_cidr
-from gpuprov.plan import NodeRequest, make_plan
+from gpuprov.plan.plan import NodeRequest, make_plan
 from gpuprov.state import Store
 
 
@@ -133,7 +133,7 @@ def test_teardown_cancels_spot_requests_before_it_terminates_instances(tmp_path)
 
 
 def test_a_node_on_a_new_address_keeps_its_pinned_host_key(tmp_path, monkeypatch):
-    from gpuprov import sshconfig
+    from gpuprov.hosts import sshconfig
 
     monkeypatch.setenv("GPUPROV_HOME", str(tmp_path))
     known = sshconfig.node_known_hosts("n")

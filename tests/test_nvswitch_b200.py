@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.compat import StackPins
-from gpuprov.detect import FACTS_COMMAND, parse_facts
-from gpuprov.doctor import diagnose, facts_command
-from gpuprov.doctor import parse_facts as doctor_facts
-from gpuprov.plan import make_host_plan
+from gpuprov.hosts.detect import FACTS_COMMAND, parse_facts
+from gpuprov.hosts.doctor import diagnose, facts_command
+from gpuprov.hosts.doctor import parse_facts as doctor_facts
+from gpuprov.plan.compat import StackPins
+from gpuprov.plan.plan import make_host_plan
 from tests.shimrun import DMI_DIR, ShimHost, summary
 
 B200_ENV = {"GPUPROV_SHIM_INSTANCE_TYPE": "p6-b200.48xlarge"}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import catalog
+from gpuprov.plan import catalog
 
 
 def run(*args: str, home: Path, columns: int | None = None, **env_extra: str) -> subprocess.CompletedProcess[str]:

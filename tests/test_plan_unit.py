@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import catalog, compat
-from gpuprov import plan as P
-from gpuprov.compat import StackPins
 from gpuprov.errors import UserInputError
-from gpuprov.spec import load_playbook
+from gpuprov.plan import catalog, compat
+from gpuprov.plan import plan as P
+from gpuprov.plan.compat import StackPins
+from gpuprov.plan.spec import load_playbook
 
 CAT = catalog.load()
 STACK_STEPS = ["kernel-headers", "nouveau-off", "nvidia-driver"]

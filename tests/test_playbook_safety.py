@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gpuprov.plan import steps_for
-from gpuprov.render import render_steps
-from gpuprov.spec import Playbook
+from gpuprov.plan.plan import steps_for
+from gpuprov.plan.render import render_steps
+from gpuprov.plan.spec import Playbook
 from tests.shimrun import ShimHost
 
 CANARY = "@CANARY@"  # replaced by the example's real canary path

@@ -107,8 +107,8 @@ def test_the_node_jupyter_opens_gets_jupyterlab(tmp_path: Path) -> None:
 
 
 def test_the_inventory_and_config_examples_load(tmp_path: Path) -> None:
-    from gpuprov import config
-    from gpuprov.inventory import load_inventory
+    from gpuprov.plan import config
+    from gpuprov.plan.inventory import load_inventory
 
     inventory = re.search(r"```yaml\n(defaults:.*?)```", README, re.S)
     assert inventory

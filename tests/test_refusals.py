@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprov import catalog
+from gpuprov.cloud.providers.aws import retry_config
+from gpuprov.cloud.providers.aws_refusals import classify
 from gpuprov.cloud.quotas import increase_command, quota_for, quotas
-from gpuprov.providers.aws import retry_config
-from gpuprov.providers.aws_refusals import classify
+from gpuprov.plan import catalog
 
 # EC2 API reference, "Error codes for the Amazon EC2 API"; EC2 user guide, "Troubleshoot Amazon EC2
 # instance launch issues" (read 2026-12-01). (code, message, market) -> what the failover does next.

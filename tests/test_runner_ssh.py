@@ -216,8 +216,8 @@ def test_output_that_comes_after_the_exit_status_is_not_lost(host_pool, gp_home,
     """sshd reports a command's exit as it happens; what a process it left behind still writes follows the
     status. A stream ends at the status *and* the end of the output, or the last lines (a verify probe, the
     runner's final events) go missing."""
-    from gpuprov.inventory import Target
-    from gpuprov.remote import HostSettings, Remote
+    from gpuprov.hosts.remote import HostSettings, Remote
+    from gpuprov.plan.inventory import Target
 
     pool = host_pool
     remote = Remote(Target(host=pool[0].address, user="root", port=pool[0].port, key=str(pool.key_path)),
@@ -236,9 +236,9 @@ def test_output_that_comes_after_the_exit_status_is_not_lost(host_pool, gp_home,
 # ---- the runner itself, in-process -------------------------------------------------------------------
 
 def test_the_rendered_runner_is_bash_and_shellcheck_clean(tmp_path):
-    from gpuprov import runner
-    from gpuprov.compat import StackPins
-    from gpuprov.plan import GuardRequest, make_host_plan
+    from gpuprov.hosts import runner
+    from gpuprov.plan.compat import StackPins
+    from gpuprov.plan.plan import GuardRequest, make_host_plan
     from tests.test_guardrails import assert_bash_and_shellcheck_pass
 
     paths = []
@@ -255,7 +255,7 @@ def test_the_rendered_runner_is_bash_and_shellcheck_clean(tmp_path):
 
 
 def test_only_lines_with_the_runs_nonce_are_events_and_output_passes_through_whole():
-    from gpuprov.runner import Event, Lines, parse
+    from gpuprov.hosts.runner import Event, Lines, parse
 
     assert parse("@gpuprov:abc end driver 0 reboot 1500", "abc") == Event("end", "driver", 0, "reboot", 1.5)
     assert parse("@gpuprov:abc checked driver failed", "abc") == Event("checked", "driver", result="failed")

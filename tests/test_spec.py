@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpuprov.errors import UserInputError
-from gpuprov.spec import Playbook, format_duration, load_playbook, shipped_playbooks
+from gpuprov.plan.spec import Playbook, format_duration, load_playbook, shipped_playbooks
 
 
 def _load_error(tmp_path: Path, text: str) -> str:
@@ -93,7 +93,7 @@ def test_a_rule_across_fields_points_at_the_document(tmp_path: Path) -> None:
 
 
 def test_duration_bounds_are_inclusive_and_errors_say_what_works() -> None:
-    from gpuprov.spec import MAX_DURATION_S, MIN_DURATION_S, parse_duration
+    from gpuprov.plan.spec import MAX_DURATION_S, MIN_DURATION_S, parse_duration
 
     assert parse_duration("1m", "--ttl") == MIN_DURATION_S and parse_duration("90d", "--ttl") == MAX_DURATION_S
     for text in ("59s", "90d1s"):

@@ -190,8 +190,8 @@ def test_each_connect_failure_has_its_own_words(tmp_path: Path) -> None:
 
     import paramiko
 
-    from gpuprov.inventory import Target
-    from gpuprov.remote import HostSettings, Remote, why_unreachable
+    from gpuprov.hosts.remote import HostSettings, Remote, why_unreachable
+    from gpuprov.plan.inventory import Target
 
     remote = Remote(Target(host="10.9.8.7", user="ubuntu"), HostSettings(known_hosts=tmp_path / "kh", connect_timeout=4))
     said = {

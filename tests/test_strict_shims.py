@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.compat import StackPins
-from gpuprov.plan import NodeRequest, make_plan
-from gpuprov.render import Bundle, render_steps
+from gpuprov.plan.compat import StackPins
+from gpuprov.plan.plan import NodeRequest, make_plan
+from gpuprov.plan.render import Bundle, render_steps
 from tests.shimrun import ShimHost, summary
 from tests.test_templates import BUNDLES
 
@@ -123,7 +123,7 @@ def test_held_packages_read_hold_and_a_newer_point_release_changes_nothing(tmp_p
 
 
 def _lib_script(tmp_path: Path, body: str) -> Path:
-    from gpuprov.render import STATE_DIR, environment
+    from gpuprov.plan.render import STATE_DIR, environment
 
     lib = environment().get_template("lib.sh.j2").render(step_name="lock-test", state_dir=STATE_DIR)
     path = tmp_path / "lock-test.sh"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpuprov.cloud import teardown as td
+from gpuprov.cloud.providers.base import CloudResource, Instance, NotFound
 from gpuprov.errors import GpuprovError
-from gpuprov.providers.base import CloudResource, Instance, NotFound
 from gpuprov.state import Store
 
 R = "us-east-1"

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from gpuprov.bootstrap import StepResult
 from gpuprov.cloud import timeline as tl
+from gpuprov.hosts.bootstrap import StepResult
 from tests.aws.cli import gp, launch_site, nothing_left, up_args
 
 UP_PHASES = [tl.CHECKS, tl.ACCESS, tl.CAPACITY, tl.RUNNING, tl.SSH, tl.BOOTSTRAP, tl.VERIFY]
@@ -234,7 +234,7 @@ def test_a_host_that_fails_before_any_step_fails_the_bootstrap_phase():
 def test_the_table_keeps_names_and_codes_whole(columns):
     from rich.console import Console
 
-    from gpuprov.report import timeline_table
+    from gpuprov.cli.report import timeline_table
 
     t = tl.Timeline(command="up", node="train-llama-70b", started_at=0, total_s=141.2, outcome="ok", phases=[
         tl.Phase(name=tl.CAPACITY, start_s=0.5, end_s=2.0, attempts=[

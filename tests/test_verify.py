@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.verify import (
+from gpuprov.hosts.verify import (
     Expectation,
     ProbeError,
     extract_probe,
@@ -176,7 +176,7 @@ def test_extract_probe_between_markers_and_errors():
 # --- parsing, field by field, on rows whose every value differs (so a swapped column cannot pass) --------------
 
 def test_query_csv_maps_every_column_and_reads_missing_values_as_none() -> None:
-    from gpuprov.verify import parse_query_csv
+    from gpuprov.hosts.verify import parse_query_csv
 
     text = (
         "0, NVIDIA H100 80GB HBM3, GPU-aaaa, 00000000:53:00.0, 580.95.05, 81559, 1234, 37, 41, 250.50, Enabled, 0, 9.0\n"
@@ -198,7 +198,7 @@ def test_query_csv_maps_every_column_and_reads_missing_values_as_none() -> None:
 
 
 def test_summary_versions_and_their_absence() -> None:
-    from gpuprov.verify import parse_summary
+    from gpuprov.hosts.verify import parse_summary
 
     assert parse_summary("| NVIDIA-SMI 580.95.05   Driver Version: 580.95.05   CUDA Version: 13.0 |") == ("580.95.05", "13.0")
     assert parse_summary("| NVIDIA-SMI 470.82.01   Driver Version: 470.82.01 |") == ("470.82.01", None)

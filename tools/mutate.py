@@ -6,13 +6,13 @@ score per module go to .mutate/report.md. Tests that need the SSH test hosts ski
 maps tests to functions in-process, and those tests drive the CLI in subprocesses, which it cannot see.
 
     python tools/mutate.py                       # every module below
-    python tools/mutate.py compat verify         # some of them (cloud/failover or just failover)
+    python tools/mutate.py compat verify         # some of them (plan/compat or just compat)
     MUTATE_JOBS=2 python tools/mutate.py compat  # mutmut's --max-children (default 1: a small machine)
     MUTATE_REPORT_ONLY=1 python tools/mutate.py compat   # the report again from the last run's results
     MUTATE_ONLY='*_with_alternative*' python tools/mutate.py compat  # only mutants whose names match (fnmatch)
 
 MUTATE_ONLY takes mutmut's mutant names or fnmatch patterns (space-separated; names look like
-gpuprov.compat.x__with_alternative__mutmut_7): a quick rerun of the functions just worked on. The module's
+gpuprov.plan.compat.x__with_alternative__mutmut_7): a quick rerun of the functions just worked on. The module's
 score then counts only those mutants (the others are "not checked").
 """
 
@@ -31,13 +31,13 @@ MUTMUT = str(Path(sys.executable).parent / "mutmut")
 
 # module (path under src/gpuprov) -> the test files that exercise it in-process
 MODULES: dict[str, list[str]] = {
-    "compat": ["tests/test_compat.py"],
+    "plan/compat": ["tests/test_compat.py"],
     # plan's decisions in fast in-process tests; test_templates/test_guardrails render and shellcheck whole plans,
     # which made each mutant cost tens of seconds
-    "plan": ["tests/test_plan_unit.py"],
-    "spec": ["tests/test_templates.py", "tests/test_guardrails.py", "tests/test_spec.py"],
-    "verify": ["tests/test_verify.py"],
-    "hostkeys": ["tests/test_hostkeys.py"],
+    "plan/plan": ["tests/test_plan_unit.py"],
+    "plan/spec": ["tests/test_templates.py", "tests/test_guardrails.py", "tests/test_spec.py"],
+    "hosts/verify": ["tests/test_verify.py"],
+    "hosts/hostkeys": ["tests/test_hostkeys.py"],
     "cloud/failover": ["tests/test_lifecycle_unit.py", "tests/test_failover.py"],
     "cloud/teardown": ["tests/test_teardown.py"],
 }

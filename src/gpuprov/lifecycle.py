@@ -27,10 +27,7 @@ from typing import TYPE_CHECKING
 from gpuprov.cloud import keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
-from gpuprov.cloud.teardown import SETTLE_SECONDS, Teardown, settle, teardown
-from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.plan import Plan
-from gpuprov.providers.base import (
+from gpuprov.cloud.providers.base import (
     SHARED,
     Access,
     CloudResource,
@@ -42,12 +39,15 @@ from gpuprov.providers.base import (
     NotFound,
     Provider,
 )
+from gpuprov.cloud.teardown import SETTLE_SECONDS, Teardown, settle, teardown
+from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.plan.plan import Plan
 from gpuprov.state import Node, Store
 
 if TYPE_CHECKING:
-    from gpuprov import bootstrap as engine
-    from gpuprov.inventory import Target
-    from gpuprov.remote import HostSettings
+    from gpuprov.hosts import bootstrap as engine
+    from gpuprov.hosts.remote import HostSettings
+    from gpuprov.plan.inventory import Target
 
 Say = Callable[[str], None]
 
@@ -169,8 +169,8 @@ def check_options(plan: Plan, opts: UpOptions) -> None:
 
 
 def _quota_error(attempt: Attempt, provider: Provider, region: str, also: str = "") -> QuotaExceeded:
-    from gpuprov import catalog
     from gpuprov.cloud.quotas import increase_command, quota_for
+    from gpuprov.plan import catalog
 
     it = catalog.load().instance_type(attempt.candidate.instance_type)
     q = quota_for(it.name, attempt.candidate.market)
@@ -437,12 +437,12 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
     key_path = str(region_key(keys_dir(), region))
     action = store.node(name).shutdown_action
     if action != plan.guards.shutdown_action:  # spot fell back to on-demand: the guards say what it does now
-        from gpuprov.plan import replace_guards
+        from gpuprov.plan.plan import replace_guards
 
         plan = replace_guards(plan, plan.guards.model_copy(update={"shutdown_action": action}))
     budget = plan.request.budget_usd
     if budget is not None:
-        from gpuprov.plan import replace_guards, with_budget
+        from gpuprov.plan.plan import replace_guards, with_budget
 
         node = store.node(name)
         price = price_obtained(plan, provider, instance, node.price_usd_hour, say)
@@ -464,7 +464,7 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
         _pin_host_key(opts, key_path, address, say)
     store.update_node(name, state="ready", ready_at=time.time())
     if opts.wait:
-        from gpuprov import sshconfig
+        from gpuprov.hosts import sshconfig
 
         result.ssh_alias = sshconfig.add_node(name, address, opts.ssh_user, key_path)
     else:
@@ -477,9 +477,9 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
 def _first_contact(opts: UpOptions, key_path: str, address: str, say: Say) -> tuple[Target, HostSettings]:
     """Wait for SSH; the new machine's key is trusted on first use and pinned per node (we launched it
     moments ago and cannot learn its key first)."""
-    from gpuprov import sshconfig
-    from gpuprov.inventory import Target
-    from gpuprov.remote import HostSettings
+    from gpuprov.hosts import sshconfig
+    from gpuprov.hosts.remote import HostSettings
+    from gpuprov.plan.inventory import Target
 
     say(f"waiting for SSH on {address}")
     wait_tcp(address, 22, opts.ssh_timeout)
@@ -490,7 +490,7 @@ def _first_contact(opts: UpOptions, key_path: str, address: str, say: Say) -> tu
 
 
 def _pin_host_key(opts: UpOptions, key_path: str, address: str, say: Say) -> None:
-    from gpuprov.remote import Remote
+    from gpuprov.hosts.remote import Remote
 
     target, settings = _first_contact(opts, key_path, address, say)
     deadline = time.monotonic() + opts.ssh_timeout
@@ -513,7 +513,7 @@ def _pin_host_key(opts: UpOptions, key_path: str, address: str, say: Say) -> Non
 
 def _bootstrap(plan: Plan, opts: UpOptions, key_path: str, address: str, say: Say,
                rec: tl.Recorder | None = None) -> object:
-    from gpuprov import bootstrap as engine
+    from gpuprov.hosts import bootstrap as engine
 
     rec = rec or tl.Recorder("up", opts.name)  # a cluster's node: the cluster's timeline has a row per node instead
     rec.phase(tl.SSH)
@@ -530,7 +530,7 @@ def _bootstrap(plan: Plan, opts: UpOptions, key_path: str, address: str, say: Sa
 def bootstrap_node(plan: Plan, target: Target, settings: HostSettings, options: engine.Options, rec: tl.Recorder,
                    say: Say) -> engine.HostResult:
     """A launched node's bootstrap (after `up` or `start`), its steps put on the timeline as they go."""
-    from gpuprov import bootstrap as engine
+    from gpuprov.hosts import bootstrap as engine
 
     rec.phase(tl.BOOTSTRAP)
     (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options,
@@ -584,7 +584,7 @@ def _teardown(name: str, region: str, provider: Provider, store: Store, say: Say
         store.event(name, "down-incomplete", "; ".join(result.left))
         return result
     _release_key_if_unused(region, provider, store, say)
-    from gpuprov import sshconfig
+    from gpuprov.hosts import sshconfig
 
     sshconfig.remove_node(name)
     if store.node(name).cluster_size:  # a launched cluster's record (`exec NAME`, `NAME:K`) goes with it
@@ -682,7 +682,7 @@ def _run_guard_step(label: str, what: str, script_text: str, target: Target, set
     """Run one rendered guard step on a live machine over SSH (sudo); returns its GPUPROV_RESULT."""
     import shlex
 
-    from gpuprov.remote import Remote
+    from gpuprov.hosts.remote import Remote
 
     path = f"/tmp/gpuprov-{what}-{uuid.uuid4().hex[:12]}.sh"
     remote = Remote(target, settings)
@@ -717,8 +717,8 @@ def set_autostop(name: str | None, seconds: int | None, store: Store | None, tar
     Runs the same `autostop` step the bootstrap runs, rendered with the new window: it rewrites
     /etc/gpuprov/autostop.conf and enables or disables gpuprov-autostop.timer. Returns its result.
     """
-    from gpuprov.plan import autostop_script
-    from gpuprov.spec import format_duration
+    from gpuprov.plan.plan import autostop_script
+    from gpuprov.plan.spec import format_duration
 
     node = _live_node(name, store, "autostop")
     label = name or target.label or target.host
@@ -735,8 +735,8 @@ def set_ttl(name: str | None, seconds: int | None, store: Store | None, target: 
             say: Say) -> str:
     """Give a running node (or a bootstrapped host: name None) a new deadline, `seconds` from now, or none
     (None), over SSH: the `ttl` step rendered to start a new deadline. `off` also lifts a --budget cap."""
-    from gpuprov.plan import ttl_script
-    from gpuprov.spec import format_duration
+    from gpuprov.plan.plan import ttl_script
+    from gpuprov.plan.spec import format_duration
 
     node = _live_node(name, store, "ttl")
     label = name or target.label or target.host

@@ -70,7 +70,7 @@ def _one(host: str, kw: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def _warn_unpinned(target: Any, settings: Any) -> None:
-    from gpuprov import access
+    from gpuprov.hosts import access
 
     # only for a host that answers: for a closed port or a dead address ssh's own words say what is wrong
     if access.is_pinned(target, settings) is False and access.answers(target, settings):
@@ -98,7 +98,7 @@ def ssh_cmd(host: str, **kw: Any) -> None:
     """
     import os
 
-    from gpuprov import access
+    from gpuprov.hosts import access
 
     _need_tool("ssh", "the OpenSSH client (openssh-client)")
     target, settings = _one(host, kw)
@@ -131,7 +131,7 @@ def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo:
     """
     import threading
 
-    from gpuprov import access
+    from gpuprov.hosts import access
 
     words = click.get_current_context().meta["gpuprov.argv"]
     if not words:
@@ -171,7 +171,7 @@ def _forward_until_stopped(remote: Any, spec: Any, announce: Callable[[int], str
     import signal
     import time
 
-    from gpuprov import access
+    from gpuprov.hosts import access
 
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -196,7 +196,7 @@ def _forward_until_stopped(remote: Any, spec: Any, announce: Callable[[int], str
 
 
 def _open(target: Any, settings: Any) -> Any:
-    from gpuprov.remote import Remote
+    from gpuprov.hosts.remote import Remote
 
     remote = Remote(target, settings)
     remote.open()
@@ -216,7 +216,7 @@ def tunnel(host: str, ports: str, **kw: Any) -> None:
     gpuprov tunnel my-node 0:6006        # any free local port (printed)
     Listens on 127.0.0.1 only; prints the local URL.
     """
-    from gpuprov import access
+    from gpuprov.hosts import access
 
     spec = access.parse_forward(ports)
     target, settings = _one(host, kw)
@@ -236,7 +236,7 @@ def jupyter(host: str, port: int, remote_port: int, **kw: Any) -> None:
     For hosts set up with a `jupyter: true` playbook (e.g. bootstrap -p jupyter): reads the token
     over SSH, forwards 127.0.0.1:PORT to it, prints http://127.0.0.1:PORT/lab?token=... and keeps
     the tunnel open until Ctrl-C."""
-    from gpuprov import access
+    from gpuprov.hosts import access
 
     target, settings = _one(host, kw)
     remote = _open(target, settings)
@@ -266,8 +266,8 @@ def sync(args: tuple[str, ...], delete: bool, progress: bool | None, **kw: Any) 
     """
     import subprocess
 
-    from gpuprov import access
     from gpuprov.errors import UserInputError
+    from gpuprov.hosts import access
 
     if len(args) not in (2, 3):
         raise UserInputError("SRC DST", f"{len(args)} paths", "e.g. gpuprov sync ./code exp1:/work/code")
@@ -297,8 +297,8 @@ def monitor(hosts: tuple[str, ...], inventory: str | None, parallel: int, interv
     """Live GPU utilisation, memory, temperature and power of several hosts (like `watch nvidia-smi`)."""
     import time
 
-    from gpuprov import access
-    from gpuprov.report import monitor_table
+    from gpuprov.cli.report import monitor_table
+    from gpuprov.hosts import access
 
     targets, settings = _reach(hosts, inventory, kw)
     mon = access.Monitor(targets, settings, parallel=parallel)

@@ -77,7 +77,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     `gpuprov status NAME --timeline` shows it again later.
     """
     from gpuprov import lifecycle
-    from gpuprov.report import plan_view
+    from gpuprov.cli.report import plan_view
 
     the_plan = plan_from(kw)
     console = make_console(stderr=as_json)
@@ -106,7 +106,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         _print_result_json(node, result.ssh_alias, result.timeline)
         return
     if result.timeline and not quiet():
-        from gpuprov.report import timeline_table
+        from gpuprov.cli.report import timeline_table
 
         console.print()
         console.print(timeline_table(result.timeline))
@@ -118,8 +118,8 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
 
 def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry_run: bool, yes: bool,
                 console: Any, as_json: bool) -> None:
+    from gpuprov.cli.report import plan_view
     from gpuprov.cloud import cluster
-    from gpuprov.report import plan_view
 
     copts = cluster.ClusterOptions(nodes=nodes, min_nodes=min_nodes)
     cluster.check_cluster_options(the_plan, opts, copts)
@@ -141,7 +141,7 @@ def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry
         _print_result_json(node, result.ssh_alias, result.timeline, dropped=result.dropped)
         return
     if result.timeline and not quiet():
-        from gpuprov.report import timeline_table
+        from gpuprov.cli.report import timeline_table
 
         console.print()
         console.print(timeline_table(result.timeline))
@@ -160,7 +160,7 @@ def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry
 
 def _print_result_json(node: Any, ssh_alias: str | None, timeline: Any, **more: object) -> None:
     """`up`/`start --json`: the node as `status --json` shows it, its ssh alias and the timeline."""
-    from gpuprov.report import status_rows
+    from gpuprov.cli.report import status_rows
 
     click.echo(json.dumps({"node": status_rows([node])[0], "ssh_alias": ssh_alias, **more,
                            "timeline": timeline.model_dump(mode="json") if timeline else None}, indent=2))
@@ -174,7 +174,7 @@ def _print_result_json(node: Any, ssh_alias: str | None, timeline: Any, **more: 
 def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> None:
     """Nodes gpuprov manages: state, address, $/h, $ so far, age. NAME: that node only."""
     from gpuprov import lifecycle
-    from gpuprov.report import status_rows, status_table
+    from gpuprov.cli.report import status_rows, status_table
 
     if timeline and not name:
         raise UserInputError("--timeline", "shows one node's timeline", "name it: gpuprov status NAME --timeline")
@@ -196,7 +196,7 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
 def _host_clusters(console: Any) -> None:
     """Clusters of existing hosts beneath the nodes (a launched cluster is already a node row)."""
     from gpuprov import cluster
-    from gpuprov.cluster.report import clusters_table
+    from gpuprov.cli.cluster_report import clusters_table
 
     hosts = [c for c in (cluster.load(n) for n in cluster.names()) if c is not None and c.node is None]
     if hosts:
@@ -205,8 +205,8 @@ def _host_clusters(console: Any) -> None:
 
 
 def _print_timeline(store: Any, name: str, as_json: bool) -> None:
+    from gpuprov.cli.report import timeline_table
     from gpuprov.cloud import timeline as tl
-    from gpuprov.report import timeline_table
 
     store.node(name)  # an unknown name is bad input
     found = tl.from_events([e.message for e in store.events(name) if e.kind == tl.EVENT_KIND])
@@ -263,7 +263,8 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool) -> N
 def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, as_json: bool) -> None:
     """Find resources tagged as yours that no local node owns (left by a crash or another machine's
     lost state); list them, and delete them with --yes."""
-    from gpuprov import catalog, lifecycle
+    from gpuprov import lifecycle
+    from gpuprov.plan import catalog
 
     store, provider = store_and_provider()
     cat = catalog.load()
@@ -293,9 +294,9 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, as_json: bool) ->
 
 def _guard_target(name: str, identity: str | None) -> tuple[str | None, Any, Any, Any]:
     """A node gpuprov launched (by name), or a host it bootstrapped ([USER@]HOST[:PORT], host key pinned)."""
-    from gpuprov.inventory import parse_target, targets
+    from gpuprov.hosts.remote import HostSettings
     from gpuprov.paths import known_hosts_path
-    from gpuprov.remote import HostSettings
+    from gpuprov.plan.inventory import parse_target, targets
 
     settings = HostSettings(known_hosts=known_hosts_path(), connect_timeout=15, key_filename=identity)
     target = node_target(name)
@@ -325,7 +326,7 @@ def autostop(name: str, duration: str, identity: str | None) -> None:
     GPU idle and nobody logged in; a node stops or terminates as `status` says) and records it locally.
     """
     from gpuprov import lifecycle
-    from gpuprov.spec import parse_duration
+    from gpuprov.plan.spec import parse_duration
 
     seconds = parse_duration(duration, "DURATION")
     node, store, target, settings = _guard_target(name, identity)
@@ -340,7 +341,7 @@ def ttl(name: str, duration: str, identity: str | None) -> None:
     """Give a running node or a host bootstrapped with --ttl a new deadline: `gpuprov ttl NAME 4h` (from
     now), or `off`. Rewrites /var/lib/gpuprov/ttl-deadline over SSH; `off` also lifts a --budget cap."""
     from gpuprov import lifecycle
-    from gpuprov.spec import parse_duration
+    from gpuprov.plan.spec import parse_duration
 
     seconds = parse_duration(duration, "DURATION")
     node, store, target, settings = _guard_target(name, identity)
@@ -410,7 +411,7 @@ def start(name: str, gpu: str | None, instance_type: str | None, no_bootstrap: b
                            verified=result.verified)
         return
     if result.timeline and not quiet():
-        from gpuprov.report import timeline_table
+        from gpuprov.cli.report import timeline_table
 
         console.print()
         console.print(timeline_table(result.timeline))

@@ -20,7 +20,7 @@ def cluster() -> None:
 def list_cmd(as_json: bool) -> None:
     """Each recorded cluster: its nodes, MASTER_ADDR and where it came from."""
     from gpuprov import cluster as clusters
-    from gpuprov.cluster.report import clusters_table
+    from gpuprov.cli.cluster_report import clusters_table
 
     found = [c for c in (clusters.load(n) for n in clusters.names()) if c is not None]
     if as_json:

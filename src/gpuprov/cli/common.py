@@ -19,8 +19,8 @@ from gpuprov import __version__
 from gpuprov.errors import GpuprovError, UserInputError
 
 if TYPE_CHECKING:
-    from gpuprov.compat import StackPins
-    from gpuprov.plan import Plan
+    from gpuprov.plan.compat import StackPins
+    from gpuprov.plan.plan import Plan
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -66,7 +66,7 @@ def _matching(words: list[str], incomplete: str) -> list[Any]:
 
 
 def complete_gpu(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[Any]:
-    from gpuprov import catalog
+    from gpuprov.plan import catalog
 
     return _matching([g.name for g in catalog.load().gpus], incomplete)
 
@@ -74,7 +74,7 @@ def complete_gpu(_ctx: click.Context, _param: click.Parameter, incomplete: str) 
 def complete_playbook(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[Any]:
     from click.shell_completion import CompletionItem
 
-    from gpuprov.spec import shipped_playbooks
+    from gpuprov.plan.spec import shipped_playbooks
 
     if "/" in incomplete or incomplete.startswith("."):
         return [CompletionItem(incomplete, type="file")]
@@ -191,7 +191,7 @@ step_silence_option = click.option(
 
 
 def pins_from(kw: dict[str, Any]) -> StackPins:
-    from gpuprov.compat import StackPins
+    from gpuprov.plan.compat import StackPins
 
     return StackPins(
         driver=kw["driver"], cuda=kw["cuda"], torch=kw["torch_version"], torch_cuda=kw["torch_cuda"], python=kw["python"]
@@ -201,8 +201,8 @@ def pins_from(kw: dict[str, Any]) -> StackPins:
 def region_from(given: str | None, *, quiet: bool = False) -> Any:
     """The region a command works in (the AWS chain). Where it did not come from --region it is said,
     on stderr so piped output stays clean (`quiet`: the caller says it once its other input is valid)."""
-    from gpuprov import catalog
     from gpuprov.cloud.region import resolve
+    from gpuprov.plan import catalog
 
     region = resolve(given)
     catalog.load().check_region(region.name)
@@ -217,8 +217,8 @@ def say_region(region: Any) -> None:
 
 
 def plan_from(kw: dict[str, Any]) -> Plan:
-    from gpuprov.plan import NodeRequest, make_plan
-    from gpuprov.spec import parse_duration
+    from gpuprov.plan.plan import NodeRequest, make_plan
+    from gpuprov.plan.spec import parse_duration
 
     region = region_from(kw["region"], quiet=True)
     request = NodeRequest(
@@ -283,7 +283,7 @@ class Group(click.Group):
         from gpuprov.paths import config_path
 
         if "default_map" not in extra and config_path().exists():
-            from gpuprov import config
+            from gpuprov.plan import config
 
             try:
                 extra["default_map"] = config.default_map()
@@ -356,8 +356,8 @@ def node_target(name: str) -> Any:
 
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name) or not (state_dir() / "state.sqlite").exists():
         return None
-    from gpuprov.inventory import Target
-    from gpuprov.sshconfig import node_known_hosts
+    from gpuprov.hosts.sshconfig import node_known_hosts
+    from gpuprov.plan.inventory import Target
     from gpuprov.state import open_store
 
     node = open_store().find_node(name)
@@ -386,7 +386,7 @@ def cluster_names() -> list[str]:
 
 
 def targets_from(kw: dict[str, Any]) -> list[Any]:
-    from gpuprov.inventory import check_known_word, check_unique, load_inventory, parse_target, targets
+    from gpuprov.plan.inventory import check_known_word, check_unique, load_inventory, parse_target, targets
 
     clustered: dict[str, Any] = {}
     if kw["hosts"]:
@@ -411,9 +411,9 @@ def targets_from(kw: dict[str, Any]) -> list[Any]:
 
 
 def host_settings(kw: dict[str, Any]) -> Any:
-    from gpuprov.hostkeys import user_known_hosts
+    from gpuprov.hosts.hostkeys import user_known_hosts
+    from gpuprov.hosts.remote import HostSettings
     from gpuprov.paths import known_hosts_path
-    from gpuprov.remote import HostSettings
 
     return HostSettings(
         known_hosts=known_hosts_path(), accept_new_host_key=kw["accept_new_host_key"], trusted=user_known_hosts(),
@@ -428,8 +428,8 @@ def host_settings(kw: dict[str, Any]) -> Any:
 def store_and_provider() -> tuple[Any, Any]:
     import os
 
+    from gpuprov.cloud.providers.aws import AwsProvider
     from gpuprov.lifecycle import owner
-    from gpuprov.providers.aws import AwsProvider
     from gpuprov.state import open_store
 
     poll = float(os.environ.get("GPUPROV_POLL_SECONDS", "2"))

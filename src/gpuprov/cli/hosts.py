@@ -50,10 +50,10 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
     A host that stops answering (SSH keepalives, --step-silence) is reported lost; the others
     go on. Exit code 0 only when every host ended ok.
     """
-    from gpuprov import bootstrap as engine
-    from gpuprov.compat import check_pins
-    from gpuprov.plan import GuardRequest, make_host_plan, with_jupyter
-    from gpuprov.spec import load_playbook, parse_duration
+    from gpuprov.hosts import bootstrap as engine
+    from gpuprov.plan.compat import check_pins
+    from gpuprov.plan.plan import GuardRequest, make_host_plan, with_jupyter
+    from gpuprov.plan.spec import load_playbook, parse_duration
 
     if cluster_name is not None:
         from gpuprov.cluster import check_master_addr, check_name
@@ -76,7 +76,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
         console = None
         results = engine.bootstrap(targets, host_settings(kw), plan_for, _engine_options(engine, kw, None))
     else:
-        from gpuprov.report import LiveHosts, bootstrap_summary
+        from gpuprov.cli.report import LiveHosts, bootstrap_summary
 
         console = make_console()
         options = _engine_options(engine, kw, (lambda line: console.print(line, markup=False)) if verbose else None)
@@ -114,7 +114,7 @@ def _cluster_out(name: str, results: list[Any], wired: Any, as_json: bool, conso
             "wiring": [{"node": n.target.name, "host": n.target.host, "outcome": n.outcome, "error": n.error}
                        for n in nodes]}, indent=2))
         sys.exit(0 if ok else 1)
-    from gpuprov.cluster.report import cluster_table
+    from gpuprov.cli.cluster_report import cluster_table
 
     if wired is None:
         console.print(f"cluster {name}: not wired, since not every host was bootstrapped")
@@ -163,8 +163,8 @@ def check(gpu: str | None, env_path: str, as_json: bool, as_cluster: bool, sizes
     if as_cluster:
         _check_cluster(kw, env_path, as_json, sizes, sample_ports, port_timeout, not no_allreduce)
         return
-    from gpuprov.check import check as run_check
-    from gpuprov.report import check_tables
+    from gpuprov.cli.report import check_tables
+    from gpuprov.hosts.check import check as run_check
 
     results = run_check(targets_from(kw), host_settings(kw), gpu=gpu, env_path=env_path, parallel=kw["parallel"])
     _finish(results, as_json, lambda r: {"report": r.report.model_dump(mode="json") if r.report else None}, check_tables)
@@ -172,9 +172,9 @@ def check(gpu: str | None, env_path: str, as_json: bool, as_cluster: bool, sizes
 
 def _check_cluster(kw: dict[str, Any], env_path: str, as_json: bool, sizes: str, sample: int, timeout: float,
                    run_allreduce: bool) -> None:
+    from gpuprov.cli.cluster_report import cluster_check_json, cluster_check_tables
     from gpuprov.cluster import load, names
     from gpuprov.cluster.check import check_cluster, parse_sizes
-    from gpuprov.cluster.report import cluster_check_json, cluster_check_tables
     from gpuprov.errors import UserInputError
 
     byte_sizes = parse_sizes(sizes)
@@ -226,9 +226,9 @@ def bench(gpu: str | None, seconds: float, env_path: str, as_json: bool, **kw: A
     figure is shown beside the catalog's published one with a verdict: ok, or slow (a throttled,
     shared or smaller GPU than the one paid for). Exit code 0 only when every figure is ok.
     """
-    from gpuprov.gpubench import bench as run_bench
-    from gpuprov.gpubench import to_json
-    from gpuprov.report import bench_tables
+    from gpuprov.cli.report import bench_tables
+    from gpuprov.hosts.gpubench import bench as run_bench
+    from gpuprov.hosts.gpubench import to_json
 
     results = run_bench(targets_from(kw), host_settings(kw), gpu=gpu, env_path=env_path, seconds=seconds,
                         parallel=kw["parallel"])
@@ -253,8 +253,8 @@ def doctor(env_path: str, min_free_gb: float, as_json: bool, **kw: Any) -> None:
     build against the driver, free disk. Findings run from root cause to symptom; passes show as ok.
     Exit code 0 when no host has a failure (warnings allowed).
     """
-    from gpuprov.doctor import doctor as run_doctor
-    from gpuprov.report import doctor_tables
+    from gpuprov.cli.report import doctor_tables
+    from gpuprov.hosts.doctor import doctor as run_doctor
 
     results = run_doctor(targets_from(kw), host_settings(kw), env_path=env_path, min_free_gb=min_free_gb, parallel=kw["parallel"])
     _finish(results, as_json, lambda r: {

@@ -44,8 +44,8 @@ def bake(node: str, name: str | None, yes: bool, as_json: bool) -> None:
     keys, which gpuprov does not trust: take it down (`gpuprov down NODE`) once the image is available.
     """
     from gpuprov.cloud import images
+    from gpuprov.hosts.remote import HostSettings
     from gpuprov.paths import known_hosts_path
-    from gpuprov.remote import HostSettings
 
     if name is not None:
         images.check_name(name)
@@ -74,8 +74,8 @@ def bake(node: str, name: str | None, yes: bool, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_(regions: tuple[str, ...], as_json: bool) -> None:
     """Your baked images: name, id, stack hash, region, created, size, snapshots."""
+    from gpuprov.cli.report import images_table
     from gpuprov.cloud import images
-    from gpuprov.report import images_table
 
     store, provider = store_and_provider()
     where = _regions(regions, store)
@@ -105,7 +105,7 @@ def rm(spec: str, regions: tuple[str, ...], yes: bool) -> None:
 
 
 def _regions(given: tuple[str, ...], store: object) -> list[str]:
-    from gpuprov import catalog
+    from gpuprov.plan import catalog
 
     if given:
         return [catalog.load().check_region(r) for r in given]

@@ -30,8 +30,8 @@ def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None
 
     Name GPUs to see only those: `gpuprov gpus H100 a100-80gb` (any spelling `--gpu` takes).
     """
-    from gpuprov import catalog
-    from gpuprov.report import gpus_table
+    from gpuprov.cli.report import gpus_table
+    from gpuprov.plan import catalog
 
     cat = catalog.load().only(names)
     if live:
@@ -66,8 +66,8 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
     driver / CUDA / torch / Python stack (or explains why the pins cannot work), and lists
     the bootstrap steps in order.
     """
+    from gpuprov.cli.report import plan_view
     from gpuprov.cloud import cluster
-    from gpuprov.report import plan_view
 
     the_plan = plan_from(kw)
     if image is not None and not live:
@@ -172,7 +172,7 @@ def _cheapest_spot(plan: Any) -> tuple[str, float] | None:
 
 
 def _live_prices(cat: Any, region: str, as_json: bool) -> None:
-    from gpuprov.report import live_prices_table
+    from gpuprov.cli.report import live_prices_table
 
     _store, provider = store_and_provider()
     on_demand = {it.name: it.price_usd_hour for it in cat.instance_types}

@@ -24,9 +24,9 @@ def config_cmd(as_json: bool, show_path: bool) -> None:
     GPUPROV_KEY, GPUPROV_AUTOSTOP, GPUPROV_PARALLEL; AWS_REGION for the region), which wins over the
     file, which wins over the built-in default.
     """
-    from gpuprov import config
+    from gpuprov.cli.report import Column, FitTable
     from gpuprov.paths import config_path
-    from gpuprov.report import Column, FitTable
+    from gpuprov.plan import config
 
     if show_path:
         click.echo(str(config_path()))

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Literal
 from gpuprov import lifecycle
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.failover import Candidate, Order
+from gpuprov.cloud.providers.base import Access, Instance, LaunchError, LaunchRequest, Market, Network, Nic, NotFound, Provider
 from gpuprov.cloud.teardown import SETTLE_SECONDS
 from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.plan import Plan
-from gpuprov.providers.base import Access, Instance, LaunchError, LaunchRequest, Market, Network, Nic, NotFound, Provider
+from gpuprov.plan.plan import Plan
 from gpuprov.state import Member, Node, Store, members_json
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def efa_interfaces(cards: int) -> tuple[Nic, ...]:
 
 
 def network_for(instance_type: str) -> ClusterNetwork:
-    from gpuprov import catalog
+    from gpuprov.plan import catalog
 
     net = catalog.load().cluster_network
     family = instance_type.split(".")[0]
@@ -244,7 +244,7 @@ def _launch_and_bootstrap(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterO
         members = _contact_all(plan, opts, copts, members, key_path, provider, store, say, result, layout, rec)
         result.members = members
     if opts.wait:
-        from gpuprov import sshconfig
+        from gpuprov.hosts import sshconfig
 
         _merge_known_hosts(name, members)
         members = [replace(m, rank=rank, state="ready") for rank, m in enumerate(members)]  # ranks 0..n-1 after a drop
@@ -378,7 +378,7 @@ def _terminate(name: str, region: str, ids: list[str], provider: Provider, store
 
 
 def _release(name: str, region: str, members: list[Member], provider: Provider, store: Store) -> None:
-    from gpuprov.providers.base import CloudResource
+    from gpuprov.cloud.providers.base import CloudResource
 
     allocations = {m.allocation_id for m in members if m.allocation_id}
     for row in store.resources(name, region=region, kind="address"):
@@ -393,7 +393,7 @@ def _contact_all(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, m
                  layout: ClusterNetwork, rec: tl.Recorder) -> list[Member]:
     """SSH to every node (host key pinned per node) and bootstrap it, all at once; failed nodes are dropped
     when --min-nodes allows, else the cluster fails. Each node is a row of the timeline's phase."""
-    from gpuprov.fanout import run_parallel
+    from gpuprov.hosts.fanout import run_parallel
 
     name, region = opts.name, plan.request.region
     if opts.bootstrap:
@@ -435,8 +435,9 @@ def as_cluster(name: str, node: Node, members: list[Member], user: str, key_path
     `exec`, `torchrun` and `check --cluster` then work on it. Each node is reached at its connect address with
     the cluster's pinned keys; the others know it by its private address (MASTER_ADDR = node 0's, the hostfile);
     GPUs per node are the instance type's, from the catalog."""
-    from gpuprov import catalog, sshconfig
     from gpuprov import cluster as wiring
+    from gpuprov.hosts import sshconfig
+    from gpuprov.plan import catalog
 
     gpus = catalog.load().instance_type(node.instance_type).gpus if node.instance_type else node.gpu_count or 0
     known = str(sshconfig.node_known_hosts(name))
@@ -451,8 +452,8 @@ def wire(name: str, node: Node, members: list[Member], user: str, key_path: str,
     """Record the cluster and write /etc/gpuprov/cluster.env and hostfile on every node (ranks as they are
     after any drop); a node that cannot be wired fails the `up`, as a failed bootstrap does."""
     from gpuprov import cluster as wiring
-    from gpuprov.remote import HostSettings
-    from gpuprov.sshconfig import node_known_hosts
+    from gpuprov.hosts.remote import HostSettings
+    from gpuprov.hosts.sshconfig import node_known_hosts
 
     cluster = as_cluster(name, node, members, user, key_path)
     say(f"wiring {cluster.nnodes} nodes as cluster {name}: MASTER_ADDR={cluster.master_addr}, "
@@ -469,7 +470,7 @@ def with_efa_step(plan: Plan, layout: ClusterNetwork) -> Plan:
     `verify`, on EFA types; unchanged for TCP."""
     if layout.transport != "efa" or any(s.name == "efa" for s in plan.steps):
         return plan
-    from gpuprov.render import StepPlan
+    from gpuprov.plan.render import StepPlan
 
     steps = list(plan.steps)
     at = next((i for i, s in enumerate(steps) if s.kind == "verify"), len(steps))
@@ -481,7 +482,7 @@ def with_efa_step(plan: Plan, layout: ClusterNetwork) -> Plan:
 
 def _merge_known_hosts(name: str, members: list[Member]) -> None:
     """Each node's pinned key, gathered into the cluster's own known_hosts (what `ssh gpuprov-NAME` uses)."""
-    from gpuprov import sshconfig
+    from gpuprov.hosts import sshconfig
 
     lines: list[str] = []
     for m in members:

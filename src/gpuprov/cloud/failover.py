@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuprov.plan import Plan
-from gpuprov.providers.base import Market
+from gpuprov.cloud.providers.base import Market
+from gpuprov.plan.plan import Plan
 
 CAP_FACTOR = 2.0  # default --max-hourly: this times the cheapest fitting type's on-demand list price
 

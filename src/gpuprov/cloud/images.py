@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from gpuprov.cloud.providers.base import IMAGES, CloudResource, Image, ImageRequest, Provider
 from gpuprov.cloud.teardown import SETTLE_SECONDS, settle
 from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.providers.base import IMAGES, CloudResource, Image, ImageRequest, Provider
 
 if TYPE_CHECKING:
-    from gpuprov.inventory import Target
-    from gpuprov.plan import Plan
-    from gpuprov.remote import HostSettings
+    from gpuprov.hosts.remote import HostSettings
+    from gpuprov.plan.inventory import Target
+    from gpuprov.plan.plan import Plan
     from gpuprov.state import Store
 
 Say = Callable[[str], None]
@@ -214,7 +214,7 @@ def check_name(name: str) -> str:
 def bake(node_name: str, store: Store, provider: Provider, target: Target, settings: HostSettings, say: Say,
          name: str | None = None, wait: float = WAIT_SECONDS) -> Image:
     """Clean the node of what is its own, then make an image of it; returns the image once available."""
-    from gpuprov.remote import Remote
+    from gpuprov.hosts.remote import Remote
 
     node = store.node(node_name)
     if node.state != "ready":
@@ -275,7 +275,7 @@ def _clean(remote: object, node_name: str, region: str, ssh_user: str) -> None:
     from gpuprov.cloud import keys
     from gpuprov.lifecycle import owner
     from gpuprov.paths import keys_dir
-    from gpuprov.render import StepPlan, render_steps
+    from gpuprov.plan.render import StepPlan, render_steps
 
     blob = keys.local_key(keys_dir(), region, owner()).public.split()[1]
     step = StepPlan("image-clean", "image_clean.sh.j2", "guard", "remove node-specific state before an image",

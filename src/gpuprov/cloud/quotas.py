@@ -7,7 +7,7 @@ from functools import cache
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from gpuprov.providers.base import Market
+from gpuprov.cloud.providers.base import Market
 from gpuprov.resources import data_file
 
 

@@ -35,7 +35,7 @@ def resolve(given: str | None) -> Region:
     from gpuprov.paths import config_path
 
     if config_path().exists():
-        from gpuprov import config as settings
+        from gpuprov.plan import config as settings
 
         configured = settings.load().region
         if configured:

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING
 
 from gpuprov import lifecycle
 from gpuprov.cloud import timeline as tl
+from gpuprov.cloud.providers.base import LaunchError, Provider
 from gpuprov.cloud.teardown import settle
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.lifecycle import Say, wait_tcp
-from gpuprov.plan import Plan
-from gpuprov.providers.base import LaunchError, Provider
+from gpuprov.plan.plan import Plan
 from gpuprov.state import Node, Resource, Store
 
 if TYPE_CHECKING:
-    from gpuprov.catalog import InstanceType
+    from gpuprov.plan.catalog import InstanceType
 
 RUNNING_STATES = ("ready", "running", "bootstrapping")
 
@@ -97,7 +97,7 @@ def stop(names: Sequence[str], provider: Provider, store: Store, say: Say, timeo
 
 def storage_month(node: Node) -> tuple[float, str] | None:
     """What the stopped node's disk costs a month, and where that price comes from."""
-    from gpuprov import catalog
+    from gpuprov.plan import catalog
 
     if not node.disk_gb:
         return None
@@ -111,8 +111,8 @@ def resize_target(node: Node, gpu: str | None, instance_type: str | None,
                   offered: Callable[[list[str]], dict[str, list[str]]]) -> InstanceType | None:
     """The instance type `start --gpu/--instance-type` asks for (None: keep the type); for --gpu the
     cheapest that carries it and is offered in the node's zone, where its disk is."""
-    from gpuprov import catalog
-    from gpuprov.plan import choose_instances
+    from gpuprov.plan import catalog
+    from gpuprov.plan.plan import choose_instances
 
     cat = catalog.load()
     if instance_type:
@@ -129,8 +129,8 @@ def resize_target(node: Node, gpu: str | None, instance_type: str | None,
 def check_resize(node: Node, target: InstanceType) -> None:
     """Refuse, before anything changes, a type whose GPU the stack installed on the node cannot serve:
     the same driver branch, kernel module, torch wheel and toolkit must resolve for the new GPU."""
-    from gpuprov import catalog, compat
     from gpuprov.errors import StackConflict
+    from gpuprov.plan import catalog, compat
 
     stack = node.plan.get("stack")
     if not stack or not target.gpu:
@@ -181,7 +181,7 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
     back: the node stays stopped, as it was) -> running -> address, ssh config -> bootstrap + verify.
     A `start` killed mid-way leaves the node `resizing`/`starting` with its records; `start` or `down`
     completes it."""
-    from gpuprov import catalog
+    from gpuprov.plan import catalog
 
     rec = tl.Recorder("start", name)
     rec.phase(tl.CHECKS)
@@ -253,7 +253,7 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
     address = instance.private_ip if node.connect == "private" else instance.public_ip
     if not address:
         raise GpuprovError(f"{iid} runs but has no {node.connect or 'public'} address")
-    from gpuprov import sshconfig
+    from gpuprov.hosts import sshconfig
     from gpuprov.paths import keys_dir, region_key
 
     if address != node.address:
@@ -277,8 +277,8 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
 def node_plan(node: Node) -> Plan:
     """The plan a node was bootstrapped with, for its current instance type: the stack installed on it
     pinned exactly (driver branch, torch, toolkit, Python), the guards it has."""
-    from gpuprov.compat import StackPins
-    from gpuprov.plan import NodeRequest, make_plan
+    from gpuprov.plan.compat import StackPins
+    from gpuprov.plan.plan import NodeRequest, make_plan
 
     recorded = node.plan
     stack = recorded.get("stack") or {}
@@ -301,11 +301,11 @@ def node_plan(node: Node) -> Plan:
 def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, say: Say, rec: tl.Recorder) -> bool:
     """Bootstrap + verify again on the started node (markers make finished steps quick), with its pinned
     host key; False when SSH does not answer in time (the node runs; `gpuprov check` later)."""
-    from gpuprov import bootstrap as engine
-    from gpuprov import sshconfig
-    from gpuprov.inventory import Target
-    from gpuprov.plan import replace_guards, with_budget
-    from gpuprov.remote import HostSettings
+    from gpuprov.hosts import bootstrap as engine
+    from gpuprov.hosts import sshconfig
+    from gpuprov.hosts.remote import HostSettings
+    from gpuprov.plan.inventory import Target
+    from gpuprov.plan.plan import replace_guards, with_budget
 
     address = node.address or ""
     rec.phase(tl.SSH)

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpuprov.cloud.providers.base import CloudResource, NotFound, Provider
 from gpuprov.errors import GpuprovError
-from gpuprov.providers.base import CloudResource, NotFound, Provider
 from gpuprov.state import Resource, Store
 
 Say = Callable[[str], None]

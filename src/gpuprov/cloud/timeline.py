@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
-    from gpuprov.bootstrap import Reporter, StepResult
+    from gpuprov.hosts.bootstrap import Reporter, StepResult
 
 EVENT_KIND = "timeline"  # the state event that holds a node's last timeline (JSON)
 

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, Field
 
 from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.fanout import run_parallel
-from gpuprov.inventory import Target
-from gpuprov.remote import HostSettings, Remote
+from gpuprov.hosts.fanout import run_parallel
+from gpuprov.hosts.remote import HostSettings, Remote
+from gpuprov.plan.inventory import Target
 
 if TYPE_CHECKING:
     from gpuprov.state import Store
@@ -212,7 +212,7 @@ def check_master_addr(text: str) -> str:
 
 
 def discover(remote: Remote) -> NodeFacts:
-    from gpuprov.detect import FACTS_COMMAND, parse_facts
+    from gpuprov.hosts.detect import FACTS_COMMAND, parse_facts
 
     conn = remote.run("printf '%s\\n' \"${SSH_CONNECTION:-}\"").stdout.split()
     if len(conn) != 4:
@@ -246,7 +246,7 @@ def plan_cluster(name: str, targets: Sequence[Target], facts: Sequence[NodeFacts
 
 def render(cluster: Cluster, rank: int) -> str:
     """The wiring step for node `rank` (a self-contained step script, result protocol as every step)."""
-    from gpuprov.render import STATE_DIR, environment
+    from gpuprov.plan.render import STATE_DIR, environment
 
     return environment().get_template("cluster_wiring.sh.j2").render(
         cluster=cluster, rank=rank, env=cluster.env(rank), hostfile=cluster.hostfile(),

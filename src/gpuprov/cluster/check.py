@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
-from gpuprov.access import LineSink
 from gpuprov.cluster import Cluster
 from gpuprov.errors import GpuprovError
-from gpuprov.fanout import run_parallel
-from gpuprov.inventory import Target
-from gpuprov.remote import HostSettings, Remote
-from gpuprov.verify import Check
+from gpuprov.hosts.access import LineSink
+from gpuprov.hosts.fanout import run_parallel
+from gpuprov.hosts.remote import HostSettings, Remote
+from gpuprov.hosts.verify import Check
+from gpuprov.plan.inventory import Target
 
 _LISTEN, _SERVED, _CONNECT, _ALLREDUCE = "GPUPROV_LISTEN ", "GPUPROV_SERVED ", "GPUPROV_CONNECT ", "GPUPROV_ALLREDUCE "
 
@@ -68,7 +68,7 @@ class NetReport(BaseModel):
 
 
 def _script(name: str, **context: object) -> str:
-    from gpuprov.render import environment
+    from gpuprov.plan.render import environment
 
     return environment().get_template(name).render(**context)
 
@@ -345,7 +345,7 @@ def judge_allreduce(cluster_name: str, report: AllReduce, expect: Expectation) -
 def expectation(cluster: Cluster, net: NetReport | None) -> Expectation:
     """EFA's rate from the catalog for an EC2 type the catalog lists there; else the NIC's line rate as
     the nodes report it (/sys/class/net/IFACE/speed, the slowest node); else unknown (not judged)."""
-    from gpuprov import catalog
+    from gpuprov.plan import catalog
 
     fabric = catalog.load().interconnect
     listeners = [x for x in (net.listeners if net else []) if x]
@@ -428,7 +428,7 @@ class ClusterCheck:
 
     @property
     def ok(self) -> bool:
-        from gpuprov.verify import passed
+        from gpuprov.hosts.verify import passed
 
         return passed(self.checks)
 

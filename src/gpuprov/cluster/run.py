@@ -22,12 +22,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpuprov.access import UNREACHABLE, ExecResult, LineSink
 from gpuprov.cluster import Cluster, env_command
 from gpuprov.errors import GpuprovError
-from gpuprov.inventory import Target
-from gpuprov.remote import HostSettings, Remote
-from gpuprov.render import host_path
+from gpuprov.hosts.access import UNREACHABLE, ExecResult, LineSink
+from gpuprov.hosts.remote import HostSettings, Remote
+from gpuprov.plan.inventory import Target
+from gpuprov.plan.render import host_path
 
 INTERRUPTED = 130  # a shell's code for a command stopped by SIGINT
 Emit = Callable[[Target, str, str], None]

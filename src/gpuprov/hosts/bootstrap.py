@@ -26,19 +26,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from gpuprov import hostkeys, runner
-from gpuprov.compat import StackPins
-from gpuprov.detect import FACTS_COMMAND, HostFacts, parse_facts
 from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.fanout import run_parallel
-from gpuprov.inventory import Target
-from gpuprov.plan import GuardRequest, Plan
-from gpuprov.remote import ConnectionLost, HostLost, HostSettings, Remote, Session, Unreachable
-from gpuprov.render import Bundle
-from gpuprov.runner import BUNDLE_DIR as BUNDLE_DIR  # re-exported: gpubench.py reads it here
+from gpuprov.hosts import hostkeys, runner
+from gpuprov.hosts.detect import FACTS_COMMAND, HostFacts, parse_facts
+from gpuprov.hosts.fanout import run_parallel
+from gpuprov.hosts.remote import ConnectionLost, HostLost, HostSettings, Remote, Session, Unreachable
+from gpuprov.hosts.runner import BUNDLE_DIR as BUNDLE_DIR  # re-exported: gpubench.py reads it here
+from gpuprov.plan.compat import StackPins
+from gpuprov.plan.inventory import Target
+from gpuprov.plan.plan import GuardRequest, Plan
+from gpuprov.plan.render import Bundle
 
 if TYPE_CHECKING:
-    from gpuprov.verify import CheckReport, Expectation
+    from gpuprov.hosts.verify import CheckReport, Expectation
 
 StepOutcome = Literal["unchanged", "changed", "reboot", "skipped", "failed"]
 HostStatus = Literal["ok", "changed", "failed", "unreachable", "lost"]
@@ -137,7 +137,7 @@ def bundle_tar(bundle: Bundle, runner_text: str | None = None) -> bytes:
 
 
 def expectation(plan: Plan, gpu_count: int | None = None) -> Expectation:
-    from gpuprov.verify import Expectation
+    from gpuprov.hosts.verify import Expectation
 
     stack = plan.stack
     return Expectation(
@@ -159,7 +159,7 @@ class _Bundles:
     def get(self, plan: Plan) -> tuple[Bundle, bytes]:
         with self._lock:
             if id(plan) not in self._made:
-                from gpuprov.bundle_cache import bundle_for
+                from gpuprov.hosts.bundle_cache import bundle_for
 
                 bundle, runner_text = bundle_for(plan)
                 self._made[id(plan)] = (plan, bundle, bundle_tar(bundle, runner_text))
@@ -243,7 +243,7 @@ class _HostRun:
             self.result.status = "changed" if changed else "ok"
 
     def verify(self, stdout: str, plan: Plan, facts: HostFacts, name: str, start: float, stderr: str) -> StepResult:
-        from gpuprov.verify import ProbeError, extract_probe, judge, parse_probe  # only a verify step needs them
+        from gpuprov.hosts.verify import ProbeError, extract_probe, judge, parse_probe  # only a verify step needs them
 
         try:
             report = parse_probe(self.target.name, extract_probe(stdout))
@@ -462,11 +462,11 @@ class Planner:
         self._lock = threading.Lock()
 
     def __call__(self, target: Target, facts: HostFacts) -> Plan:
-        from gpuprov.compat import SUPPORTED_OS
+        from gpuprov.plan.compat import SUPPORTED_OS
 
         wanted = target.gpu or self.gpu
         if wanted and facts.gpus:
-            from gpuprov import catalog
+            from gpuprov.plan import catalog
 
             name = catalog.load().gpu(catalog.parse_gpu_request(wanted)[0]).name
             if set(facts.gpus) != {name} and set(facts.gpus) != {"unknown"}:
@@ -487,8 +487,8 @@ class Planner:
         """The plan `target` gets unless its facts surprise (NVSwitch, or a GPU where none is named and the
         playbook installs no stack), when the command line already says its GPU (or needs none) and its OS.
         None when its facts decide."""
-        from gpuprov.compat import SUPPORTED_OS
-        from gpuprov.spec import load_playbook
+        from gpuprov.plan.compat import SUPPORTED_OS
+        from gpuprov.plan.spec import load_playbook
 
         wanted, os_used = target.gpu or self.gpu, target.os or self.os_name
         if os_used not in SUPPORTED_OS:
@@ -501,7 +501,7 @@ class Planner:
             return None
 
     def _plan(self, gpu: str | None, os_used: str, nvswitch: bool | None) -> Plan:
-        from gpuprov.plan import make_host_plan
+        from gpuprov.plan.plan import make_host_plan
 
         key = (gpu, os_used, nvswitch)
         with self._lock:

@@ -25,9 +25,9 @@ import paramiko
 from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut
 
-from gpuprov import hostkeys
 from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.inventory import Target
+from gpuprov.hosts import hostkeys
+from gpuprov.plan.inventory import Target
 
 # paramiko logs transport errors (a banner read while sshd restarts, say) with tracebacks; we report
 # them ourselves, once, as Unreachable or ConnectionLost

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpuprov.providers.base import Market, Then
+from gpuprov.cloud.providers.base import Market, Then
 
 
 @dataclass(frozen=True)

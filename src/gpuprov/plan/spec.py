@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gpuprov.compat import StackPins
 from gpuprov.errors import UserInputError
+from gpuprov.plan.compat import StackPins
 from gpuprov.resources import playbooks_dir
 
 StepName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,47}$")]

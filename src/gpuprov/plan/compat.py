@@ -26,8 +26,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from gpuprov.catalog import Gpu
 from gpuprov.errors import StackConflict, UserInputError
+from gpuprov.plan.catalog import Gpu
 from gpuprov.resources import data_file
 
 SUPPORTED_OS = ("ubuntu-22.04", "ubuntu-24.04")

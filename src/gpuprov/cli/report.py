@@ -17,19 +17,19 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from gpuprov.catalog import Catalog
-from gpuprov.plan import Plan
+from gpuprov.plan.catalog import Catalog
+from gpuprov.plan.plan import Plan
 
 if TYPE_CHECKING:
-    from gpuprov.bootstrap import HostResult
-    from gpuprov.check import CheckResult
     from gpuprov.cloud.images import Listed
+    from gpuprov.cloud.providers.base import SpotPrice
     from gpuprov.cloud.timeline import Timeline
-    from gpuprov.doctor import DoctorReport, DoctorResult
-    from gpuprov.gpubench import BenchResult
-    from gpuprov.providers.base import SpotPrice
+    from gpuprov.hosts.bootstrap import HostResult
+    from gpuprov.hosts.check import CheckResult
+    from gpuprov.hosts.doctor import DoctorReport, DoctorResult
+    from gpuprov.hosts.gpubench import BenchResult
+    from gpuprov.hosts.verify import Check, CheckReport
     from gpuprov.state import Node
-    from gpuprov.verify import Check, CheckReport
 
 _STYLE = {"ok": "green", "ready": "green", "interrupted": "yellow",
           "changed": "cyan", "unchanged": "green", "failed": "red", "unreachable": "red", "lost": "red",
@@ -338,7 +338,7 @@ def _cluster_fields(n: Node) -> dict[str, object]:
 
 def _stop_fields(n: Node, now: float) -> dict[str, object]:
     """What stop/start, the shutdown action and a budget add to a status row."""
-    from gpuprov import catalog
+    from gpuprov.plan import catalog
 
     storage = catalog.load().storage
     left = (max(0.0, (n.budget_deadline - now) / 3600 * n.budget_price)
@@ -361,7 +361,7 @@ def _stop_fields(n: Node, now: float) -> dict[str, object]:
 def _stopped_note(nodes: list[Node]) -> str:
     if not any(n.state == "stopped" for n in nodes):
         return ""
-    from gpuprov import catalog
+    from gpuprov.plan import catalog
 
     storage = catalog.load().storage
     return f"; a stopped node's disk: {storage.volume_type} ${storage.usd_per_gb_month:g}/GB-month ({storage.source})"
@@ -371,7 +371,7 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
     """At 80 columns: name, GPU, state, address, $/h, $ so far and age stay; the rest go as width runs out."""
     if not nodes:
         return Text("no nodes; `gpuprov up --gpu L4 --spot` launches one")
-    from gpuprov.spec import format_duration
+    from gpuprov.plan.spec import format_duration
 
     table = FitTable([Column("name"), Column("GPU"), Column("type", drop=4), Column("market", drop=6),
                       Column("zone", drop=9), Column("state", prose=True), Column("address"),
@@ -459,7 +459,7 @@ def live_prices_table(rows: list[tuple[SpotPrice, float | None]], region: str) -
 # --- monitor -----------------------------------------------------------------------------------
 
 if TYPE_CHECKING:
-    from gpuprov.access import GpuSample
+    from gpuprov.hosts.access import GpuSample
 
 
 def _bar(pct: int | None, width: int = 10) -> Text:

@@ -234,7 +234,7 @@ def judge(report: CheckReport, expect: Expectation) -> CheckReport:
                 "a GPU fell off the bus or is held back: check `dmesg | grep -i xid`, reboot, or replace the instance",
             ))
         if expect.gpu and report.gpus:
-            from gpuprov.detect import gpu_from_name
+            from gpuprov.hosts.detect import gpu_from_name
 
             seen = {gpu_from_name(g.name) for g in report.gpus}
             ok = seen == {expect.gpu}
@@ -272,7 +272,7 @@ def _torch_checks(report: CheckReport, expect: Expectation) -> list[Check]:
                     detail=f"torch {t.version} built for CUDA {t.cuda}, NCCL {t.nccl or 'n/a'}"
                     + (f"; {t.error}" if t.error else ""))]
     driver_cuda = report.cuda_driver_version
-    from gpuprov.compat import minor_compat_runs
+    from gpuprov.plan.compat import minor_compat_runs
 
     torch_cuda = ".".join(t.cuda.split(".")[:2]) if t.cuda else None
     if (torch_cuda and driver_cuda and report.driver_version and _v(torch_cuda) > _v(driver_cuda)[:2]
@@ -282,7 +282,7 @@ def _torch_checks(report: CheckReport, expect: Expectation) -> list[Check]:
                             f"{driver_cuda}: it runs through CUDA minor-version compatibility (limited feature set, "
                             "no PTX JIT of newer code)"))
     elif t.cuda and driver_cuda and _v(t.cuda)[:2] > _v(driver_cuda)[:2]:
-        from gpuprov.compat import facts
+        from gpuprov.plan.compat import facts
 
         minimum = facts().cuda_min_driver.get(".".join(t.cuda.split(".")[:2]))
         need = f" (≥ {minimum.driver})" if minimum else ""
@@ -315,7 +315,7 @@ def _matmul_fix(t: TorchInfo, dev: TorchDevice) -> str:
     """A wheel without code for the GPU is a wrong install, not a broken GPU: name a wheel that has it."""
     if "no kernel image is available" not in (dev.error or ""):
         return "check `dmesg | grep -i xid`; reset or replace the GPU"
-    from gpuprov.compat import variants_with_sass
+    from gpuprov.plan.compat import variants_with_sass
 
     sm = f"sm_{dev.capability[0]}{dev.capability[1]}"
     release = (t.version or "").split("+")[0]

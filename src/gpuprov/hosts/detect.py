@@ -18,7 +18,7 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
-from gpuprov import catalog
+from gpuprov.plan import catalog
 
 GPU_CLASSES = ("0300", "0302")  # VGA compatible controller, 3D controller (PCI class codes)
 NVSWITCH_CLASS = "0680"  # "Bridge" (other bridge device): how NVSwitches of HGX A100/H100 show up

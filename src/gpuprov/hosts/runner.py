@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuprov.render import STATE_DIR, Bundle, environment
+from gpuprov.plan.render import STATE_DIR, Bundle, environment
 
 BUNDLE_DIR = f"{STATE_DIR}/bundle"
 MARKER_DIR = f"{STATE_DIR}/markers"

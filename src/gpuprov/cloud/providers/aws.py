@@ -24,9 +24,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError, ProfileNotFound
 
-from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.providers.aws_refusals import classify
-from gpuprov.providers.base import (
+from gpuprov.cloud.providers.aws_refusals import classify
+from gpuprov.cloud.providers.base import (
     IMAGES,
     SHARED,
     TAG_IMAGE,
@@ -47,6 +46,7 @@ from gpuprov.providers.base import (
     NotFound,
     SpotPrice,
 )
+from gpuprov.errors import GpuprovError, UserInputError
 
 T = TypeVar("T")
 

@@ -25,12 +25,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gpuprov import catalog
 from gpuprov.errors import GpuprovError
-from gpuprov.fanout import run_parallel
-from gpuprov.inventory import Target
-from gpuprov.remote import CommandTimeout, HostOutcome, HostSettings, Remote, on_host
-from gpuprov.render import environment, host_path
+from gpuprov.hosts.fanout import run_parallel
+from gpuprov.hosts.remote import CommandTimeout, HostOutcome, HostSettings, Remote, on_host
+from gpuprov.plan import catalog
+from gpuprov.plan.inventory import Target
+from gpuprov.plan.render import environment, host_path
 
 BEGIN, END = "GPUPROV_BENCH_BEGIN", "GPUPROV_BENCH_END"
 DEFAULT_SECONDS = 60.0
@@ -208,7 +208,7 @@ def _unmeasured(run: MatmulRun | CopyRun | None) -> tuple[Verdict, str] | None:
 
 def _published_for(name: str | None, gpu: str | None) -> catalog.Gpu | None:
     """The catalog GPU whose figures apply: --gpu when given, else the one torch's device name names."""
-    from gpuprov.detect import gpu_from_name
+    from gpuprov.hosts.detect import gpu_from_name
 
     wanted = gpu or (gpu_from_name(name) if name else None)
     return catalog.load().gpu(wanted) if wanted else None
@@ -324,7 +324,7 @@ def probe_source() -> str:
 
 
 def _bench(remote: Remote, target: Target, gpu: str | None, env_path: str, seconds: float) -> BenchReport:
-    from gpuprov.bootstrap import BUNDLE_DIR
+    from gpuprov.hosts.bootstrap import BUNDLE_DIR
 
     raw = remote.run(f"cat {BUNDLE_DIR}/manifest.json 2>/dev/null || true", sudo=True).stdout
     manifest = json.loads(raw) if raw.strip() else None

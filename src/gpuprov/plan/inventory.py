@@ -22,7 +22,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 
 from gpuprov.errors import UserInputError
-from gpuprov.spec import StepName, _Model, load_model, read_text_file
+from gpuprov.plan.spec import StepName, _Model, load_model, read_text_file
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class HostEntry(HostDefaults):
     @classmethod
     def _known_gpu(cls, value: str | None) -> str | None:
         if value is not None:
-            from gpuprov import catalog
+            from gpuprov.plan import catalog
 
             try:
                 catalog.load().gpu(catalog.parse_gpu_request(value)[0])

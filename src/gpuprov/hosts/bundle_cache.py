@@ -22,8 +22,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from gpuprov.plan import Plan
-from gpuprov.render import Bundle, Script
+from gpuprov.plan.plan import Plan
+from gpuprov.plan.render import Bundle, Script
 from gpuprov.resources import templates_dir
 
 KEEP = 64  # entries kept; the oldest go first
@@ -36,7 +36,7 @@ def bundle_for(plan: Plan) -> tuple[Bundle, str]:
     cached = _load(path) if path else None
     if cached is not None:
         return cached
-    from gpuprov import runner
+    from gpuprov.hosts import runner
 
     bundle = plan.bundle()
     runner_text = runner.render_runner(bundle)

@@ -11,12 +11,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gpuprov import catalog, compat
-from gpuprov.catalog import Gpu, InstanceType
-from gpuprov.compat import Stack, StackPins
 from gpuprov.errors import UserInputError
-from gpuprov.render import Bundle, Script, StepPlan, render_steps
-from gpuprov.spec import Playbook, format_duration, load_playbook
+from gpuprov.plan import catalog, compat
+from gpuprov.plan.catalog import Gpu, InstanceType
+from gpuprov.plan.compat import Stack, StackPins
+from gpuprov.plan.render import Bundle, Script, StepPlan, render_steps
+from gpuprov.plan.spec import Playbook, format_duration, load_playbook
 
 DEFAULT_METADATA_URL = "http://169.254.169.254"
 

@@ -24,11 +24,11 @@ from pathlib import Path
 import paramiko
 
 from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.fanout import run_parallel
-from gpuprov.inventory import Target, parse_target
-from gpuprov.remote import CommandTimeout, ConnectionLost, HostSettings, Remote, Unreachable
-from gpuprov.render import host_path
-from gpuprov.verify import QUERY_FIELDS, GpuInfo, parse_query_csv
+from gpuprov.hosts.fanout import run_parallel
+from gpuprov.hosts.remote import CommandTimeout, ConnectionLost, HostSettings, Remote, Unreachable
+from gpuprov.hosts.verify import QUERY_FIELDS, GpuInfo, parse_query_csv
+from gpuprov.plan.inventory import Target, parse_target
+from gpuprov.plan.render import host_path
 
 UNREACHABLE = 255  # what ssh itself exits with when it cannot connect or authenticate
 TIMED_OUT = 124  # what timeout(1) exits with: the command ran past exec --timeout
@@ -95,7 +95,7 @@ def ssh_argv(target: Target, settings: HostSettings, command: Sequence[str] = ()
 def is_pinned(target: Target, settings: HostSettings) -> bool | None:
     """Whether the pinned file holds a key for the host; None when the name ssh will use is unknown
     (an alias from ~/.ssh/config), where ssh alone decides."""
-    from gpuprov.hostkeys import known_host_name
+    from gpuprov.hosts.hostkeys import known_host_name
 
     files = [f for f in (known_hosts_for(target, settings), *([] if target.known_hosts else settings.trusted))
              if f.exists()]

@@ -43,7 +43,7 @@ class ConfigFile(BaseModel):
     @field_validator("autostop")
     @classmethod
     def _duration(cls, value: str | None) -> str | None:
-        from gpuprov.spec import parse_duration
+        from gpuprov.plan.spec import parse_duration
 
         if value is not None:
             try:

@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from gpuprov.report import _STYLE, Column, FitTable
+from gpuprov.cli.report import _STYLE, Column, FitTable
 
 if TYPE_CHECKING:
     from gpuprov.cluster import Cluster, WireResult
     from gpuprov.cluster.check import ClusterCheck
-    from gpuprov.verify import Check
+    from gpuprov.hosts.verify import Check
 
 
 def cluster_table(cluster: Cluster, nodes: list[WireResult]) -> FitTable:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import time
 
-from gpuprov.detect import FACTS_COMMAND, parse_facts
-from gpuprov.fanout import run_parallel
-from gpuprov.inventory import Target
-from gpuprov.remote import HostOutcome, HostSettings, Remote, on_host
-from gpuprov.render import environment, host_path
-from gpuprov.runner import BUNDLE_DIR
-from gpuprov.verify import CheckReport, Expectation, extract_probe, judge, parse_probe
+from gpuprov.hosts.detect import FACTS_COMMAND, parse_facts
+from gpuprov.hosts.fanout import run_parallel
+from gpuprov.hosts.remote import HostOutcome, HostSettings, Remote, on_host
+from gpuprov.hosts.runner import BUNDLE_DIR
+from gpuprov.hosts.verify import CheckReport, Expectation, extract_probe, judge, parse_probe
+from gpuprov.plan.inventory import Target
+from gpuprov.plan.render import environment, host_path
 
 DEFAULT_ENV = "/opt/gpuprov/env"
 
@@ -29,7 +29,7 @@ def probe_source() -> str:
 
 
 def _expectation(target: Target, gpu: str | None, manifest: dict[str, object] | None, pci_count: int | None) -> Expectation:
-    from gpuprov import catalog
+    from gpuprov.plan import catalog
 
     plan = manifest.get("gpuprov_plan") if isinstance(manifest, dict) else None
     stack = plan.get("stack") if isinstance(plan, dict) else None
@@ -62,7 +62,7 @@ def _check(remote: Remote, target: Target, gpu: str | None, env_path: str) -> Ch
 def check(targets: list[Target], settings: HostSettings, gpu: str | None = None, env_path: str = DEFAULT_ENV,
           parallel: int = 32) -> list[CheckResult]:
     if gpu:  # a GPU name the catalog does not know is refused before any connection
-        from gpuprov import catalog
+        from gpuprov.plan import catalog
 
         catalog.load().gpu(catalog.parse_gpu_request(gpu)[0])
     return run_parallel(targets, lambda t: on_host(t, settings, lambda r: _check(r, t, gpu, env_path)), parallel)
