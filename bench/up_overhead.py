@@ -33,19 +33,19 @@ def main() -> None:
             aws.reset()
             os.environ.update(aws.env())
             os.environ["GPUPROV_HOME"] = tempfile.mkdtemp(prefix="gpuprov-bench-")
-            from gpuprov import lifecycle
+            from gpuprov.cloud import launch, node, tags, teardown
             from gpuprov.cloud.providers.aws import AwsProvider
             from gpuprov.plan.plan import NodeRequest, make_plan
             from gpuprov.state import open_store
 
             store = open_store()
-            provider = AwsProvider(lifecycle.owner(), poll=0.05)
+            provider = AwsProvider(tags.owner(), poll=0.05)
             plan = make_plan(NodeRequest(gpu="L4", spot=True))
 
             def one(i: int, plan=plan, provider=provider, store=store) -> None:
-                opts = lifecycle.UpOptions(name=f"bench-{i}", ssh_cidr="198.51.100.7/32", bootstrap=False,
+                opts = launch.UpOptions(name=f"bench-{i}", ssh_cidr="198.51.100.7/32", bootstrap=False,
                                            wait=False)
-                lifecycle.up(plan, opts, provider, store, lambda _text: None)
+                node.up(plan, opts, provider, store, lambda _text: None)
 
             start = time.perf_counter()
             with ThreadPoolExecutor(max_workers=n) as pool:
@@ -54,7 +54,7 @@ def main() -> None:
             calls = collections.Counter(e["action"] for e in aws.log())
             aws.clear_faults()
             start = time.perf_counter()
-            lifecycle.down([f"bench-{i}" for i in range(n)], provider, store, lambda _text: None)
+            teardown.down([f"bench-{i}" for i in range(n)], provider, store, lambda _text: None)
             down_s = time.perf_counter() - start
             down_calls = sum(1 for _ in aws.log())
             print(f"{n} node(s): up {up_s:.2f}s wall ({up_s / n:.2f}s/node), {sum(calls.values())} AWS calls "

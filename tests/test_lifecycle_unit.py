@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from gpuprov.cloud.failover import candidates
+from gpuprov.cloud.launch import check_name, ssh_cidr
 from gpuprov.errors import UserInputError
-from gpuprov.lifecycle import check_name, ssh_cidr
 from gpuprov.plan.plan import NodeRequest, make_plan
 from gpuprov.state import Store
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov.cloud import settle as st
 from gpuprov.cloud import teardown as td
 from gpuprov.cloud.providers.base import CloudResource, Instance, NotFound
 from gpuprov.errors import GpuprovError
@@ -121,7 +122,7 @@ def test_a_fresh_resources_notfound_is_looked_at_again_an_old_ones_means_gone(st
     cloud = FakeCloud(live={"i-1"})
     _run(cloud, store)
     (terminate,) = [c for c in cloud.calls if c[0] == "terminate"]
-    assert 170 < terminate[2] <= td.SETTLE_SECONDS  # created a moment ago: look again for ~3 minutes
+    assert 170 < terminate[2] <= st.SETTLE_SECONDS  # created a moment ago: look again for ~3 minutes
     (delete,) = [c for c in cloud.calls if c[0] == "delete"]
     assert delete[3] == 0.0  # learned from EC2's answer: its NotFound is believed at once
     assert learned not in [r.id for r in store.resources("n1")]  # NotFound on delete: gone
@@ -131,17 +132,17 @@ def test_settle_counts_down_from_the_create() -> None:
     from gpuprov.state import Resource
 
     row = Resource(1, "n1", "instance", R, "tok", "i-1", "created", 1000.0, None)
-    assert td.settle(row, now=1000.0) == td.SETTLE_SECONDS
-    assert td.settle(row, now=1100.0) == td.SETTLE_SECONDS - 100
-    assert td.settle(row, now=1000.0 + td.SETTLE_SECONDS + 5) == 0.0
-    assert td.settle(Resource(2, "n1", "volume", R, None, "vol-1", "created", 1000.0, None), now=1000.0) == 0.0
+    assert st.settle(row, now=1000.0) == st.SETTLE_SECONDS
+    assert st.settle(row, now=1100.0) == st.SETTLE_SECONDS - 100
+    assert st.settle(row, now=1000.0 + st.SETTLE_SECONDS + 5) == 0.0
+    assert st.settle(Resource(2, "n1", "volume", R, None, "vol-1", "created", 1000.0, None), now=1000.0) == 0.0
 
 
 def test_a_lost_launch_is_found_by_its_client_token_and_terminated(store: Store) -> None:
     store.intend("n1", "instance", R, "tok-lost")  # the answer never came: no id recorded
     cloud = FakeCloud(live={"i-9", "i-10"}, launched={"tok-lost": ["i-9", "i-10"]})
     result = _run(cloud, store)
-    assert result.complete and ("terminate", ("i-9",), pytest.approx(td.SETTLE_SECONDS, abs=10)) in cloud.calls
+    assert result.complete and ("terminate", ("i-9",), pytest.approx(st.SETTLE_SECONDS, abs=10)) in cloud.calls
     assert {"instance i-9", "instance i-10"} <= set(result.removed)
 
 
@@ -244,7 +245,7 @@ def test_every_problem_is_kept_a_refused_terminate_and_an_unconfirmed_one(store:
 
 
 def test_an_old_records_notfound_on_terminate_means_gone(store: Store, monkeypatch) -> None:
-    monkeypatch.setattr(td, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(st, "SETTLE_SECONDS", 0.0)
     store.created(store.intend("n1", "instance", R, "tok-1"), "i-gone")
     cloud = FakeCloud()
     result = _run(cloud, store)
@@ -254,7 +255,7 @@ def test_an_old_records_notfound_on_terminate_means_gone(store: Store, monkeypat
 
 def test_an_old_lost_launch_is_looked_for_once_and_every_instance_of_its_token_is_recorded(
         store: Store, monkeypatch) -> None:
-    monkeypatch.setattr(td, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(st, "SETTLE_SECONDS", 0.0)
     store.intend("n1", "instance", R, "tok-old")
     old = FakeCloud()
     _run(old, store)
@@ -284,7 +285,7 @@ def test_groups_wait_for_the_instance_each_one_and_a_fresh_groups_notfound_is_lo
     assert waiting.left[1:] == ["security-group sg-a: waits for the instance", "security-group sg-b: waits for the instance"]
     cloud = FakeCloud(live={"sg-a", "sg-b"})
     assert _run(cloud, store).complete
-    assert [c[3] for c in cloud.calls if c[0] == "delete"] == [pytest.approx(td.SETTLE_SECONDS, abs=10)] * 2
+    assert [c[3] for c in cloud.calls if c[0] == "delete"] == [pytest.approx(st.SETTLE_SECONDS, abs=10)] * 2
 
 
 def test_a_group_never_made_is_dropped_and_leftovers_known_to_the_records_are_not_deleted_twice(store: Store) -> None:

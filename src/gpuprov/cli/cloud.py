@@ -76,19 +76,20 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     comes down again. At the end it prints where the time went (phases, launch attempts, steps);
     `gpuprov status NAME --timeline` shows it again later.
     """
-    from gpuprov import lifecycle
     from gpuprov.cli.report import plan_view
+    from gpuprov.cloud import launch
+    from gpuprov.cloud import node as one_node
 
     the_plan = plan_from(kw)
     console = make_console(stderr=as_json)
-    node_name = lifecycle.check_name(name) if name else lifecycle.new_name()
-    opts = lifecycle.UpOptions(
+    node_name = launch.check_name(name) if name else launch.new_name()
+    opts = launch.UpOptions(
         name=node_name, fallback_on_demand=fallback == "on-demand", max_price=max_price, max_hourly=max_hourly,
         disk_gb=disk_gb, image=image, ssh_cidr=ssh_cidr, connect=connect, subnet=subnet, ssh_user=ssh_user,
         bootstrap=not no_bootstrap, wait=not no_wait, step_silence=step_silence or None,
         verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None,
     )
-    lifecycle.check_options(the_plan, opts)
+    launch.check_options(the_plan, opts)
     if nodes > 1 or min_nodes is not None:
         _up_cluster(the_plan, opts, nodes, min_nodes, dry_run, yes, console, as_json)
         return
@@ -100,7 +101,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         confirm(f"Launch {node_name}: {the_plan.instance.name if the_plan.instance else '?'}"
                 f" ({'spot' if kw['spot'] else 'on-demand'}, list ${price or 0:.2f}/h)?", "launch")
     store, provider = store_and_provider()
-    result = lifecycle.up(the_plan, opts, provider, store, say_to(console))
+    result = one_node.up(the_plan, opts, provider, store, say_to(console))
     node = result.node
     if as_json:
         _print_result_json(node, result.ssh_alias, result.timeline)
@@ -173,8 +174,8 @@ def _print_result_json(node: Any, ssh_alias: str | None, timeline: Any, **more: 
 @click.option("--timeline", is_flag=True, help="With NAME: where its last `up` or `start` spent its time.")
 def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> None:
     """Nodes gpuprov manages: state, address, $/h, $ so far, age. NAME: that node only."""
-    from gpuprov import lifecycle
     from gpuprov.cli.report import status_rows, status_table
+    from gpuprov.cloud import node as one_node
 
     if timeline and not name:
         raise UserInputError("--timeline", "shows one node's timeline", "name it: gpuprov status NAME --timeline")
@@ -182,7 +183,7 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
     if timeline:
         _print_timeline(store, str(name), as_json)
         return
-    nodes = lifecycle.refresh(store, provider) if refresh else store.nodes()
+    nodes = one_node.refresh(store, provider) if refresh else store.nodes()
     if name:
         nodes = [n for n in nodes if n.name == name] or [store.node(name)]
     if as_json:
@@ -227,7 +228,7 @@ def _print_timeline(store: Any, name: str, as_json: bool) -> None:
 def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool) -> None:
     """Terminate nodes and remove everything they own: instance, spot request, security group,
     volumes, ssh config entry (and the key pair with the region's last node). Safe to repeat."""
-    from gpuprov import lifecycle
+    from gpuprov.cloud import teardown
 
     store, provider = store_and_provider()
     targets = [n.name for n in store.nodes()] if all_nodes else list(names)
@@ -241,7 +242,7 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool) -> N
     if not yes:
         confirm(f"Terminate {', '.join(targets)} and delete their resources?", "take them down")
     console = make_console(stderr=as_json)
-    results = lifecycle.down(targets, provider, store, say_to(console))
+    results = teardown.down(targets, provider, store, say_to(console))
     if as_json:
         click.echo(json.dumps({name: {"complete": r.complete, "removed": r.removed, "left": r.left}
                                for name, r in results.items()}, indent=2))
@@ -250,7 +251,7 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool) -> N
             console.print(f"{name}: down ({len(result.removed)} resources removed)")
     incomplete = [r for r in results.values() if not r.complete]
     if incomplete:
-        raise lifecycle.TeardownIncomplete(incomplete)
+        raise teardown.TeardownIncomplete(incomplete)
 
 
 @main.command()
@@ -263,14 +264,14 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool) -> N
 def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, as_json: bool) -> None:
     """Find resources tagged as yours that no local node owns (left by a crash or another machine's
     lost state); list them, and delete them with --yes."""
-    from gpuprov import lifecycle
+    from gpuprov.cloud import gc as sweep
     from gpuprov.plan import catalog
 
     store, provider = store_and_provider()
     cat = catalog.load()
     where = list(cat.regions) if all_regions else [cat.check_region(r) for r in regions] or \
         sorted({n.region for n in store.nodes(include_terminated=True)} | {region_from(None).name})
-    found = lifecycle.orphans(where, provider, store)
+    found = sweep.orphans(where, provider, store)
     console = make_console(stderr=as_json)
     if not as_json:
         if not found:
@@ -278,7 +279,7 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, as_json: bool) ->
             return
         for res in found:
             console.print(f"{res.region}  {res.kind:<15} {res.id:<24} node={res.node} {res.state}")
-    left = lifecycle.gc(found, provider, store, say_to(console)) if yes and found else []
+    left = sweep.gc(found, provider, store, say_to(console)) if yes and found else []
     if as_json:
         click.echo(json.dumps({"regions": where, "deleted": yes, "left": left, "found": [
             {"region": r.region, "kind": r.kind, "id": r.id, "node": r.node, "state": r.state} for r in found]}, indent=2))
@@ -325,12 +326,12 @@ def autostop(name: str, duration: str, identity: str | None) -> None:
     Rewrites /etc/gpuprov/autostop.conf over SSH (the machine shuts down after that long with every
     GPU idle and nobody logged in; a node stops or terminates as `status` says) and records it locally.
     """
-    from gpuprov import lifecycle
+    from gpuprov.cloud import guards
     from gpuprov.plan.spec import parse_duration
 
     seconds = parse_duration(duration, "DURATION")
     node, store, target, settings = _guard_target(name, identity)
-    lifecycle.set_autostop(node, seconds, store, target, settings, say_to(make_console()))
+    guards.set_autostop(node, seconds, store, target, settings, say_to(make_console()))
 
 
 @main.command()
@@ -340,12 +341,12 @@ def autostop(name: str, duration: str, identity: str | None) -> None:
 def ttl(name: str, duration: str, identity: str | None) -> None:
     """Give a running node or a host bootstrapped with --ttl a new deadline: `gpuprov ttl NAME 4h` (from
     now), or `off`. Rewrites /var/lib/gpuprov/ttl-deadline over SSH; `off` also lifts a --budget cap."""
-    from gpuprov import lifecycle
+    from gpuprov.cloud import guards
     from gpuprov.plan.spec import parse_duration
 
     seconds = parse_duration(duration, "DURATION")
     node, store, target, settings = _guard_target(name, identity)
-    lifecycle.set_ttl(node, seconds, store, target, settings, say_to(make_console()))
+    guards.set_ttl(node, seconds, store, target, settings, say_to(make_console()))
 
 
 # --- stop / start ---------------------------------------------------------------------------------

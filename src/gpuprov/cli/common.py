@@ -429,7 +429,7 @@ def store_and_provider() -> tuple[Any, Any]:
     import os
 
     from gpuprov.cloud.providers.aws import AwsProvider
-    from gpuprov.lifecycle import owner
+    from gpuprov.cloud.tags import owner
     from gpuprov.state import open_store
 
     poll = float(os.environ.get("GPUPROV_POLL_SECONDS", "2"))

@@ -25,13 +25,18 @@ def config_cmd(as_json: bool, show_path: bool) -> None:
     file, which wins over the built-in default.
     """
     from gpuprov.cli.report import Column, FitTable
+    from gpuprov.cloud.region import resolve
     from gpuprov.paths import config_path
     from gpuprov.plan import config
 
     if show_path:
         click.echo(str(config_path()))
         return
-    rows = config.effective()
+    def region() -> tuple[str, str]:  # neither the environment nor the file sets it: the AWS chain's
+        found = resolve(None)
+        return found.name, found.source
+
+    rows = config.effective(region)
     if as_json:
         click.echo(json.dumps({"path": str(config_path()), "exists": config_path().exists(), "settings": [
             {"key": k, "value": v, "source": src, "what": what} for k, v, src, what in rows]}, indent=2))

@@ -1,2 +1,3 @@
-"""The cloud lifecycle's parts that know no SDK: failover order and refusals, quotas, the local
-key, region resolution and teardown. lifecycle.py ties them to a provider and the state store."""
+"""Machines from a cloud: what every launch shares (launch.py), one node (node.py), a cluster (cluster.py),
+reaching a launched node (contact.py), stop/start (stopstart.py), images, teardown and gc, guard changes on
+a live node, EC2's consistency rules (settle.py); providers/ holds the small provider protocol and AWS."""

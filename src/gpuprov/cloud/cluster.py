@@ -11,7 +11,7 @@ In order (validation first, so bad input creates nothing):
   type launches with several network interfaces (EC2 assigns no public address then) -> SSH + host keys pinned
   per node -> bootstrap on every node (a node that fails is dropped the same way) -> ready.
 
-Any failure or Ctrl-C before `ready` tears the whole cluster down (lifecycle's teardown: instances, then
+Any failure or Ctrl-C before `ready` tears the whole cluster down (cloud/teardown.py: instances, then
 volumes, the security group, the Elastic IPs and the placement group). The network layout per type (placement
 group, EFA interfaces, transport) is `network_for`, pure, and `gpuprov plan --nodes N` prints the same one.
 """
@@ -27,11 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
-from gpuprov import lifecycle
+from gpuprov.cloud import launch
 from gpuprov.cloud import timeline as tl
+from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
 from gpuprov.cloud.failover import Candidate, Order
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, LaunchRequest, Market, Network, Nic, NotFound, Provider
-from gpuprov.cloud.teardown import SETTLE_SECONDS
+from gpuprov.cloud.settle import SETTLE_SECONDS
+from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.plan.plan import Plan
 from gpuprov.state import Member, Node, Store, members_json
@@ -147,13 +149,13 @@ class ClusterResult:
     node: Node
     members: list[Member]
     network: ClusterNetwork
-    attempts: list[lifecycle.Attempt] = field(default_factory=list)
+    attempts: list[launch.Attempt] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)  # "node 2 (i-…): why"
     ssh_alias: str | None = None
     timeline: tl.Timeline | None = None
 
 
-def check_cluster_options(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions) -> None:
+def check_cluster_options(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions) -> None:
     if not 2 <= copts.nodes <= MAX_NODES:
         raise UserInputError("--nodes", f"{copts.nodes} is not a cluster size", f"2 to {MAX_NODES} (leave it out for one node)")
     if copts.min_nodes is not None and not 1 <= copts.min_nodes <= copts.nodes:
@@ -167,19 +169,19 @@ def check_cluster_options(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterO
                              "placement group", "drop --persistent (a cluster's spot nodes terminate on interruption)")
 
 
-def up(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provider: Provider, store: Store,
+def up(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider: Provider, store: Store,
        say: Say) -> ClusterResult:
     check_cluster_options(plan, opts, copts)
-    _not_a_host_cluster(lifecycle.check_name(opts.name))
+    _not_a_host_cluster(launch.check_name(opts.name))
     rec = tl.Recorder("up", opts.name)
     rec.phase(tl.CHECKS)
-    pad = lifecycle.launchpad(plan, opts, provider, store, say)
+    pad = launch.launchpad(plan, opts, provider, store, say)
     name, region, network, cidr, order, image = pad.name, pad.region, pad.network, pad.cidr, pad.order, pad.image
     rec.image = pad.image_line
 
     market = "spot" if plan.request.spot else "on-demand"
     store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,
-                      market=market, owner=lifecycle.owner(), plan_json=lifecycle._plan_json(plan),
+                      market=market, owner=owner(), plan_json=launch.plan_json(plan),
                       ssh_user=opts.ssh_user, pid=os.getpid(), host=socket.gethostname(),
                       autostop_seconds=plan.guards.autostop_seconds, ttl_seconds=plan.request.ttl_seconds,
                       on_interrupt=plan.guards.on_interrupt, spot_type="one-time" if plan.request.spot else None,
@@ -190,9 +192,9 @@ def up(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provider: P
     try:
         done = _launch_and_bootstrap(plan, opts, copts, provider, store, say, order, image, network, cidr, rec)
     except BaseException as exc:  # failure or Ctrl-C before `ready`: the whole cluster goes, then re-raise
-        lifecycle.take_back(exc, name, region, provider, store, say, rec, " (all of its nodes)")
+        launch.take_back(exc, name, region, provider, store, say, rec, " (all of its nodes)")
         raise
-    done.timeline = lifecycle.kept_timeline(name, store, rec)
+    done.timeline = launch.kept_timeline(name, store, rec)
     return done
 
 
@@ -206,14 +208,14 @@ def _not_a_host_cluster(name: str) -> None:
                              f"pick another name, or forget that one: gpuprov cluster rm {name}")
 
 
-def _launch_and_bootstrap(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provider: Provider,
+def _launch_and_bootstrap(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider: Provider,
                           store: Store, say: Say, order: Order, image: str, network: Network,
                           cidr: str, rec: tl.Recorder) -> ClusterResult:
     name, region = opts.name, plan.request.region
     public_ip = opts.connect == "public" and network.subnet_id is not None and not network.maps_public_ip
     rec.phase(tl.ACCESS)
     say(f"key pair and security group (SSH from {cidr}; all traffic between the cluster's nodes)")
-    access = lifecycle._prepare(name, region, provider, store, network, cidr, public_ip)
+    access = launch.prepare_access(name, region, provider, store, network, cidr, public_ip)
     provider.authorize_self(region, access.security_group_id, settle=SETTLE_SECONDS)
     rec.phase(tl.CAPACITY)
     instances, layout, attempts = _launch(plan, opts, copts, provider, store, say, order, image, access, rec)
@@ -263,12 +265,12 @@ def _launch_and_bootstrap(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterO
     return result
 
 
-def _launch(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provider: Provider, store: Store, say: Say,
+def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider: Provider, store: Store, say: Say,
             order: Order, image: str, access: Access,
-            rec: tl.Recorder) -> tuple[list[Instance], ClusterNetwork, list[lifecycle.Attempt]]:
+            rec: tl.Recorder) -> tuple[list[Instance], ClusterNetwork, list[launch.Attempt]]:
     """Ask each candidate for the whole cluster in one request; a refusal moves the whole cluster on."""
     name, region = opts.name, plan.request.region
-    attempts: list[lifecycle.Attempt] = []
+    attempts: list[launch.Attempt] = []
     closed: set[Market] = set()
     group: str | None = None
     for i, cand in enumerate(order.candidates):
@@ -287,12 +289,12 @@ def _launch(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, provid
             instances = provider.launch_group(LaunchRequest(
                 node=name, region=region, zone=cand.zone, instance_type=cand.instance_type, market=cand.market,
                 image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price,
-                shutdown_behavior=lifecycle._shutdown_behavior(plan, cand.market), count=copts.nodes,
+                shutdown_behavior=launch.shutdown_behavior(plan, cand.market), count=copts.nodes,
                 min_count=copts.at_least, placement_group=group if layout.placement_group else None,
                 interfaces=layout.interfaces), settle=SETTLE_SECONDS)
         except LaunchError as exc:  # a refusal launched none of them (MinCount)
-            attempt = lifecycle.note_refusal(exc, cand, rid, asked, f"{copts.nodes} × ", name, attempts, store, rec, say)
-            lifecycle.go_on_after(exc, attempt, opts, closed, provider, region, say)
+            attempt = launch.note_refusal(exc, cand, rid, asked, f"{copts.nodes} × ", name, attempts, store, rec, say)
+            launch.go_on_after(exc, attempt, opts, closed, provider, region, say)
             continue
         rec.attempt(cand.instance_type, cand.zone, cand.market, asked)
         _recorded(store, name, region, rid, token, instances)
@@ -325,10 +327,10 @@ def _landed(plan: Plan, store: Store, name: str, cand: Candidate) -> None:
     store.update_node(name, instance_type=cand.instance_type, zone=cand.zone, market=cand.market,
                       price_usd_hour=cand.price_usd_hour,
                       spot_type="one-time" if cand.market == "spot" else None,
-                      shutdown_action=lifecycle._shutdown_behavior(plan, cand.market))
+                      shutdown_action=launch.shutdown_behavior(plan, cand.market))
 
 
-def _member(name: str, region: str, rank: int, inst: Instance, opts: lifecycle.UpOptions, layout: ClusterNetwork,
+def _member(name: str, region: str, rank: int, inst: Instance, opts: launch.UpOptions, layout: ClusterNetwork,
             provider: Provider, store: Store, say: Say) -> Member:
     public = inst.public_ip
     allocation = None
@@ -388,7 +390,7 @@ def _release(name: str, region: str, members: list[Member], provider: Provider, 
             store.deleted(row.id)
 
 
-def _contact_all(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, members: list[Member], key_path: str,
+def _contact_all(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, members: list[Member], key_path: str,
                  provider: Provider, store: Store, say: Say, result: ClusterResult,
                  layout: ClusterNetwork, rec: tl.Recorder) -> list[Member]:
     """SSH to every node (host key pinned per node) and bootstrap it, all at once; failed nodes are dropped
@@ -409,9 +411,9 @@ def _contact_all(plan: Plan, opts: lifecycle.UpOptions, copts: ClusterOptions, m
         start = rec.now()
         try:
             if opts.bootstrap:
-                lifecycle._bootstrap(plan, node_opts, key_path, m.address or "", tell)
+                bootstrap_launched(plan, node_opts, key_path, m.address or "", tell)
             else:
-                lifecycle._pin_host_key(node_opts, key_path, m.address or "", tell)
+                pin_host_key(node_opts, key_path, m.address or "", tell)
         except GpuprovError as exc:
             rec.row(f"node {m.rank} ({m.instance_id})", start, "failed", str(exc))
             return str(exc)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict
 
 from gpuprov.cloud.providers.base import IMAGES, CloudResource, Image, ImageRequest, Provider
-from gpuprov.cloud.teardown import SETTLE_SECONDS, settle
+from gpuprov.cloud.settle import SETTLE_SECONDS, settle
 from gpuprov.errors import GpuprovError, UserInputError
 
 if TYPE_CHECKING:
@@ -273,7 +273,7 @@ def _installed(remote: object, node_name: str) -> tuple[str, list[str]]:
 
 def _clean(remote: object, node_name: str, region: str, ssh_user: str) -> None:
     from gpuprov.cloud import keys
-    from gpuprov.lifecycle import owner
+    from gpuprov.cloud.tags import owner
     from gpuprov.paths import keys_dir
     from gpuprov.plan.render import StepPlan, render_steps
 

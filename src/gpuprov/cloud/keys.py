@@ -1,16 +1,25 @@
-"""This user's SSH key for a cloud region: made once on this machine, 0600, and the lock that
-serialises its import across threads and processes (concurrent `up`s would race to import it)."""
+"""This user's SSH key for a cloud region: made once on this machine, 0600; its key pair in the cloud,
+imported with the region's first node and deleted with its last; and the lock that serialises both
+across threads and processes (concurrent `up`s would race to import it)."""
 
 from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuprov import paths
+from gpuprov.cloud import tags
+from gpuprov.cloud.providers.base import SHARED, CloudResource, NotFound, Provider
+from gpuprov.cloud.settle import settle
+from gpuprov.errors import GpuprovError
 from gpuprov.paths import region_key
+from gpuprov.state import Store
+
+Say = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -52,3 +61,38 @@ def local_key(keys_dir: Path, region: str, owner: str) -> LocalKey:
         public.write_text(line.decode() + f" gpuprov {owner}\n")
     private.chmod(0o600)
     return LocalKey(private, public.read_text().strip())
+
+
+def ensure_key_pair(provider: Provider, store: Store, region: str) -> LocalKey:
+    """This user's key pair in the region: imported once (serialised across processes), recorded first."""
+    me = tags.owner()
+    with region_lock(paths.keys_dir(), region):
+        key = local_key(paths.keys_dir(), region, me)
+        name = key_name(me)
+        rows = store.resources(None, region=region, kind="key-pair")
+        # a key imported moments ago may not be visible yet: its fresh record is trusted
+        if any(r.status == "created" and settle(r) > 0 for r in rows) or provider.key_pair_exists(region, name):
+            if rows:
+                return key
+            provider.delete_key_pair(region, name)  # ours by name, from a lost local state: replace it with ours
+        for r in rows:
+            store.deleted(r.id)
+        rid = store.intend(None, "key-pair", region, name)
+        store.created(rid, provider.import_key_pair(region, name, key.public))
+        return key
+
+
+def release_key_if_unused(region: str, provider: Provider, store: Store, say: Say) -> None:
+    """The shared key pair goes with the region's last node (a crashed `up` does not count as a user)."""
+    if [n for n in store.nodes() if n.region == region and n.state != "terminating" and not n.crashed]:
+        return
+    for row in store.resources(None, region=region, kind="key-pair"):
+        try:
+            provider.delete(CloudResource("key-pair", row.client_token or row.cloud_id or "", region, SHARED),
+                            settle=settle(row))
+        except NotFound:
+            pass
+        except GpuprovError as exc:
+            say(f"  could not delete the key pair {row.client_token}: {exc} (`gpuprov gc` finds it)")
+            continue
+        store.deleted(row.id)

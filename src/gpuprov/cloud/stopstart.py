@@ -16,12 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpuprov import lifecycle
 from gpuprov.cloud import timeline as tl
+from gpuprov.cloud.contact import Say, bootstrap_node, wait_tcp
 from gpuprov.cloud.providers.base import LaunchError, Provider
-from gpuprov.cloud.teardown import settle
+from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.lifecycle import Say, wait_tcp
 from gpuprov.plan.plan import Plan
 from gpuprov.state import Node, Resource, Store
 
@@ -327,7 +326,7 @@ def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, sa
                             connect_timeout=15)
     say("bootstrapping again (finished steps are skipped) and verifying")
     options = engine.Options(reboot_timeout=opts.reboot_timeout, step_silence=opts.step_silence, echo=opts.verbose_echo)
-    result = lifecycle.bootstrap_node(plan, target, settings, options, rec, say)
+    result = bootstrap_node(plan, target, settings, options, rec, say)
     if result.status not in ("ok", "changed"):
         raise GpuprovError(f"{node.name} runs, but its bootstrap {result.summary}: {result.error} "
                            f"(log: {result.log_path}); `gpuprov check {node.name}` says more")

@@ -13,33 +13,22 @@ not be removed is returned, not raised, so the other resources still go.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gpuprov.cloud.providers.base import CloudResource, NotFound, Provider
+from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError
 from gpuprov.state import Resource, Store
 
 Say = Callable[[str], None]
 
-# How long a resource's NotFound is not believed after its create (EC2 guide, "Eventual consistency in
-# the Amazon EC2 API": right after a create, a NotFound "does not mean the resource does not exist").
-SETTLE_SECONDS = 180.0
 LOOKS_FOR_LOST_LAUNCH = 3  # client-token look-ups (filters lag too) before an intent counts as never launched
 
 
 # Kinds EC2 refuses to delete while an instance uses them: a security group, a cluster placement group
 # (InvalidPlacementGroup.InUse), an Elastic IP still associated.
 WAIT_FOR_INSTANCES = ("security-group", "address", "placement-group")
-
-
-def settle(row: Resource, now: float | None = None) -> float:
-    """Seconds left during which a NotFound for this row is looked at again. A row without a ClientToken
-    or name was learned from EC2's own answer about an existing resource (a volume, a spot request of a
-    described instance): EC2 knew it then, so its NotFound now is believed at once."""
-    if row.client_token is None:
-        return 0.0
-    return max(0.0, row.created_at + SETTLE_SECONDS - (now or time.time()))
 
 
 @dataclass
@@ -51,6 +40,54 @@ class Teardown:
     @property
     def complete(self) -> bool:
         return not self.left
+
+
+class TeardownIncomplete(GpuprovError):
+    """Some of a node's resources could not be removed (yet); rerunning `down` finishes the job."""
+
+    def __init__(self, results: Sequence[Teardown]) -> None:
+        self.results = list(results)
+        lines = [f"  {r.node}: {what}" for r in results for what in r.left]
+        names = " ".join(r.node for r in results)
+        super().__init__("could not remove everything; still there:\n" + "\n".join(lines) +
+                         f"\n  the nodes stay listed; rerun: gpuprov down {names}")
+
+
+def down(names: Sequence[str], provider: Provider, store: Store, say: Say) -> dict[str, Teardown]:
+    """Terminate each node and remove everything it owns; idempotent (an already-gone node is fine).
+    Every node is tried; TeardownIncomplete afterwards names what is left of which."""
+    nodes = [store.node(n) for n in names]
+    results = {n.name: take_down(n.name, n.region, provider, store, say) for n in nodes}
+    return results
+
+
+def take_down(name: str, region: str, provider: Provider, store: Store, say: Say) -> Teardown:
+    """One node's teardown with its record: `terminating` while it runs; once complete, the region's key pair
+    if no node needs it any more, its ssh config entry and cluster record, and `terminated`."""
+    store.update_node(name, state="terminating")
+    result = teardown(name, region, provider, store, say, poll=poll_of(provider))
+    if not result.complete:
+        store.update_node(name, state_reason="teardown incomplete: " + "; ".join(result.left)[:500])
+        store.event(name, "down-incomplete", "; ".join(result.left))
+        return result
+    from gpuprov.cloud.keys import release_key_if_unused
+
+    release_key_if_unused(region, provider, store, say)
+    from gpuprov.hosts import sshconfig
+
+    sshconfig.remove_node(name)
+    if store.node(name).cluster_size:  # a launched cluster's record (`exec NAME`, `NAME:K`) goes with it
+        from gpuprov import cluster
+
+        cluster.forget(name)
+    store.update_node(name, state="terminated", ended_at=time.time())
+    store.event(name, "down", ", ".join(result.removed) or "nothing left to remove")
+    return result
+
+
+def poll_of(provider: Provider) -> float:
+    """The provider's poll interval (seconds between looks while waiting on the cloud)."""
+    return float(getattr(provider, "poll", 1.0))
 
 
 def teardown(node: str, region: str, provider: Provider, store: Store, say: Say, poll: float = 1.0) -> Teardown:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -128,8 +129,10 @@ def default_map() -> dict[str, dict[str, Any]]:
     return out
 
 
-def effective() -> list[tuple[str, Any, str, str]]:
-    """Each key: (key, value, where it came from, what it sets), without flags (those are per command)."""
+def effective(region: Callable[[], tuple[str, str]]) -> list[tuple[str, Any, str, str]]:
+    """Each key: (key, value, where it came from, what it sets), without flags (those are per command).
+    `region` gives the region and its source when neither the environment nor the file sets it (the AWS
+    profile's, or the default: the cloud's own chain, which this pure part does not read)."""
     values = load()
     rows = []
     for setting in SETTINGS:
@@ -139,10 +142,8 @@ def effective() -> list[tuple[str, Any, str, str]]:
         elif getattr(values, setting.key) is not None:
             rows.append((setting.key, getattr(values, setting.key), f"config file ({path()})", setting.what))
         elif setting.key == "region":
-            from gpuprov.cloud.region import resolve
-
-            region = resolve(None)
-            rows.append((setting.key, region.name, region.source, setting.what))
+            name, source = region()
+            rows.append((setting.key, name, source, setting.what))
         else:
             rows.append((setting.key, setting.builtin, "built-in", setting.what))
     return rows

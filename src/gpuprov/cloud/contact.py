@@ -1,0 +1,114 @@
+"""Reaching a launched node: wait for SSH, pin its host key (trusted on first use: gpuprov launched it
+moments ago and cannot learn its key first), and bootstrap it with its steps on the timeline."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from gpuprov.cloud import timeline as tl
+from gpuprov.errors import GpuprovError
+from gpuprov.plan.plan import Plan
+
+if TYPE_CHECKING:
+    from gpuprov.cloud.launch import UpOptions
+    from gpuprov.hosts import bootstrap as engine
+    from gpuprov.hosts.remote import HostSettings
+    from gpuprov.plan.inventory import Target
+
+Say = Callable[[str], None]
+
+
+def first_contact(opts: UpOptions, key_path: str, address: str, say: Say) -> tuple[Target, HostSettings]:
+    """Wait for SSH; the new machine's key is trusted on first use and pinned per node (we launched it
+    moments ago and cannot learn its key first)."""
+    from gpuprov.hosts import sshconfig
+    from gpuprov.hosts.remote import HostSettings
+    from gpuprov.plan.inventory import Target
+
+    say(f"waiting for SSH on {address}")
+    wait_tcp(address, 22, opts.ssh_timeout)
+    known_hosts = sshconfig.node_known_hosts(opts.name)
+    known_hosts.unlink(missing_ok=True)  # a new machine: a key pinned for an old one at this address is void
+    settings = HostSettings(known_hosts=known_hosts, accept_new_host_key=True, connect_timeout=15)
+    return Target(host=address, user=opts.ssh_user, key=key_path, label=opts.name), settings
+
+
+def pin_host_key(opts: UpOptions, key_path: str, address: str, say: Say) -> None:
+    from gpuprov.hosts.remote import Remote
+
+    target, settings = first_contact(opts, key_path, address, say)
+    deadline = time.monotonic() + opts.ssh_timeout
+    while True:  # sshd can answer before cloud-init has installed the key: retry the login, bounded
+        remote = Remote(target, settings)
+        try:
+            remote.open()
+            remote.run("true")
+            say(f"host key pinned for {opts.name}")
+            return
+        except GpuprovError:
+            raise
+        except Exception as exc:  # paramiko/Fabric raise many types for "not yet": retried, then reported
+            if time.monotonic() > deadline:
+                raise GpuprovError(f"SSH login to {address} failed: {exc}") from None
+            time.sleep(2)
+        finally:
+            remote.close()
+
+
+def bootstrap_launched(plan: Plan, opts: UpOptions, key_path: str, address: str, say: Say,
+               rec: tl.Recorder | None = None) -> object:
+    from gpuprov.hosts import bootstrap as engine
+
+    rec = rec or tl.Recorder("up", opts.name)  # a cluster's node: the cluster's timeline has a row per node instead
+    rec.phase(tl.SSH)
+    target, settings = first_contact(opts, key_path, address, say)
+    say("bootstrapping: " + ", ".join(s.name for s in plan.steps))
+    options = engine.Options(reboot_timeout=opts.reboot_timeout, step_silence=opts.step_silence,
+                             echo=opts.verbose_echo)
+    result = bootstrap_node(plan, target, settings, options, rec, say)
+    if result.status not in ("ok", "changed"):
+        raise GpuprovError(f"bootstrap {result.summary}: {result.error} (log: {result.log_path})")
+    return result
+
+
+def bootstrap_node(plan: Plan, target: Target, settings: HostSettings, options: engine.Options, rec: tl.Recorder,
+                   say: Say) -> engine.HostResult:
+    """A launched node's bootstrap (after `up` or `start`), its steps put on the timeline as they go."""
+    from gpuprov.hosts import bootstrap as engine
+
+    rec.phase(tl.BOOTSTRAP)
+    (result,) = engine.bootstrap([target], settings, lambda _t, _f: plan, options,
+                                 reporter=rec.reporter(StepLines(say)))
+    rec.bootstrap_done(result.steps, {s.name for s in plan.steps if s.kind == "verify"},
+                       None if result.status in ("ok", "changed") else result.error)
+    return result
+
+
+class StepLines:
+    """Bootstrap progress as one line per finished step."""
+
+    def __init__(self, say: Say) -> None:
+        self.say = say
+        self.last = ""
+
+    def event(self, host: str, step: str, state: str) -> None:
+        line = f"  {step}: {state}"
+        if step and state != "running" and step not in ("connect", "upload") and line != self.last:
+            self.say(line)
+            self.last = line
+
+
+def wait_tcp(address: str, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((address, port), timeout=3).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise GpuprovError(f"SSH on {address}:{port} did not answer within {timeout:.0f}s") from None
+            time.sleep(1)
+

@@ -1,0 +1,99 @@
+"""Guardrails changed on a live node (or a bootstrapped host): its idle autostop and its TTL deadline.
+
+Each change runs the same guard step the bootstrap runs, rendered with the new value, over SSH (sudo),
+then records it for a node. `ttl off` also lifts a --budget cap (the deadline is the user's then)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+
+from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.hosts.remote import HostSettings
+from gpuprov.plan.inventory import Target
+from gpuprov.state import Node, Store
+
+Say = Callable[[str], None]
+
+
+def _run_guard_step(label: str, what: str, script_text: str, target: Target, settings: HostSettings) -> str:
+    """Run one rendered guard step on a live machine over SSH (sudo); returns its GPUPROV_RESULT."""
+    import shlex
+
+    from gpuprov.hosts.remote import Remote
+
+    path = f"/tmp/gpuprov-{what}-{uuid.uuid4().hex[:12]}.sh"
+    remote = Remote(target, settings)
+    remote.open()
+    try:
+        remote.put_bytes(script_text.encode(), path)
+        result = remote.run(f"bash {shlex.quote(path)}; rc=$?; rm -f {shlex.quote(path)}; exit $rc", sudo=True)
+    finally:
+        remote.close()
+    lines = result.stdout.strip().splitlines()
+    if not result.ok or not lines or not lines[-1].startswith("GPUPROV_RESULT="):
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise GpuprovError(f"{label}: the {what} step failed (exit {result.exited}): {tail}")
+    return lines[-1].split("=", 1)[1]
+
+
+def _live_node(name: str | None, store: Store | None, what: str) -> Node | None:
+    if name is None or store is None:
+        return None
+    node = store.node(name)
+    if node.state not in ("ready", "running", "bootstrapping"):
+        raise UserInputError("NAME", f"{name} is {node.state}", f"{what} changes a running node"
+                             + (f"; `gpuprov start {name}` first" if node.state == "stopped" else ""))
+    return node
+
+
+def set_autostop(name: str | None, seconds: int | None, store: Store | None, target: Target, settings: HostSettings,
+                 say: Say) -> str:
+    """Change a running node's (or a bootstrapped host's: name None) autostop window (None: off) over SSH,
+    then record it for a node.
+
+    Runs the same `autostop` step the bootstrap runs, rendered with the new window: it rewrites
+    /etc/gpuprov/autostop.conf and enables or disables gpuprov-autostop.timer. Returns its result.
+    """
+    from gpuprov.plan.plan import autostop_script
+    from gpuprov.plan.spec import format_duration
+
+    node = _live_node(name, store, "autostop")
+    label = name or target.label or target.host
+    script = autostop_script(seconds, shutdown_action=node.shutdown_action if node else None)
+    result = _run_guard_step(label, "autostop", script.text, target, settings)
+    if node is not None and store is not None:
+        store.update_node(node.name, autostop_seconds=seconds)
+        store.event(node.name, "autostop", f"autostop {format_duration(seconds)}")
+    say(f"{label}: autostop {'off' if seconds is None else 'after ' + format_duration(seconds) + ' idle'}")
+    return result
+
+
+def set_ttl(name: str | None, seconds: int | None, store: Store | None, target: Target, settings: HostSettings,
+            say: Say) -> str:
+    """Give a running node (or a bootstrapped host: name None) a new deadline, `seconds` from now, or none
+    (None), over SSH: the `ttl` step rendered to start a new deadline. `off` also lifts a --budget cap."""
+    from gpuprov.plan.plan import ttl_script
+    from gpuprov.plan.spec import format_duration
+
+    node = _live_node(name, store, "ttl")
+    label = name or target.label or target.host
+    script = ttl_script(seconds, shutdown_action=node.shutdown_action if node else None)
+    started = time.time()
+    result = _run_guard_step(label, "ttl", script.text, target, settings)
+    if node is not None and store is not None:
+        fields: dict[str, object] = {"ttl_seconds": seconds,
+                                     "ttl_deadline": started + seconds if seconds is not None else None}
+        if node.budget_usd is not None:  # the deadline is the user's now, not the budget's
+            fields.update(budget_usd=None, budget_deadline=None, budget_price=None)
+            say(f"{label}: the ${node.budget_usd:g} budget no longer applies (the deadline is set by hand)")
+        store.update_node(node.name, **fields)
+        store.event(node.name, "ttl", f"ttl {format_duration(seconds)}")
+    if seconds is None:
+        say(f"{label}: TTL off (no deadline)")
+    else:
+        at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started + seconds))
+        say(f"{label}: TTL {format_duration(seconds)}: shuts down at about {at}")
+    return result
+

@@ -1,0 +1,283 @@
+"""What every launch shares, one node or a cluster: the checks, the candidates, access, refusals, take-back.
+
+Before anything is recorded (bad input creates nothing): the name, the option combinations, SSH's CIDR,
+the zones that offer each type, the network, the price cap and the candidates in order, the image
+(`launchpad`). Then the node's access (`prepare_access`: the region's key pair, the node's security group,
+each recorded before it is created). Each AWS refusal of a candidate is noted once (`note_refusal`) and
+decides what comes next (`go_on_after`: the next candidate, on-demand after spot, or a stop with the fix).
+A failed or interrupted launch takes back everything the node got (`take_back`), so it costs nothing.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuprov.cloud import images, keys
+from gpuprov.cloud import timeline as tl
+from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
+from gpuprov.cloud.providers.base import Access, Instance, LaunchError, Market, Network, Provider
+from gpuprov.cloud.settle import SETTLE_SECONDS
+from gpuprov.cloud.tags import owner
+from gpuprov.cloud.teardown import take_down
+from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.plan.plan import Plan
+from gpuprov.state import Store
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    name: str
+    fallback_on_demand: bool = False
+    max_price: float | None = None  # spot: the most to pay per hour
+    max_hourly: float | None = None  # failover never picks a type whose list price is above this
+    disk_gb: int = 100
+    image: str | None = None
+    ssh_cidr: str | None = None  # None: the caller's public address /32 (or the VPC's CIDR with --connect private)
+    connect: str = "public"  # or "private" (VPN / bastion users)
+    subnet: str | None = None
+    ssh_user: str = "ubuntu"
+    bootstrap: bool = True
+    wait: bool = True  # wait for SSH and pin the host key (off: return once the instance runs)
+    ssh_timeout: float = 600.0
+    reboot_timeout: float = 600.0
+    step_silence: float | None = 1200.0  # a step silent this long: the node is lost (bootstrap.Options)
+    verbose_echo: Callable[[str], None] | None = None
+
+
+@dataclass
+class Attempt:
+    candidate: Candidate
+    code: str
+    message: str
+
+
+class QuotaExceeded(GpuprovError):
+    pass
+
+
+def check_name(name: str) -> str:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,38}", name):
+        raise UserInputError("NAME", f"{name!r} is not a node name", "lowercase letters, digits and '-', up to 39")
+    return name
+
+
+def new_name() -> str:
+    return f"node-{uuid.uuid4().hex[:6]}"
+
+
+def ssh_cidr(given: str | None, lookup: Callable[[], str] | None = None) -> str:
+    """The caller's address as /32 (or what the user gave); never the whole internet by default."""
+    if given is not None:
+        try:
+            if not given.strip():
+                raise ValueError(given)
+            return str(ipaddress.ip_network(given.strip(), strict=False))
+        except ValueError:
+            raise UserInputError("--ssh-cidr", f"{given!r} is not a CIDR",
+                                 "e.g. 203.0.113.7/32 or 2001:db8::7/128; leave it out for your public address") from None
+    try:
+        address = ipaddress.ip_address((lookup or _public_ip)())
+        return str(ipaddress.ip_network(f"{address}/{address.max_prefixlen}"))
+    except (OSError, ValueError):
+        raise UserInputError("--ssh-cidr", "could not learn this machine's public IP address",
+                             "pass --ssh-cidr <your address>/32 (SSH is opened to that only)") from None
+
+
+def _public_ip() -> str:
+    import urllib.request
+
+    with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=5) as reply:
+        return str(reply.read().decode().strip())
+
+
+def check_options(plan: Plan, opts: UpOptions) -> None:
+    """Refuse option combinations that cannot mean what the user wants, before anything is asked of AWS."""
+    spot = plan.request.spot
+    images.check_spec(opts.image)
+    if opts.ssh_cidr is not None:
+        ssh_cidr(opts.ssh_cidr)  # a malformed CIDR is refused before anything else
+    if opts.max_price is not None and opts.max_price <= 0:
+        raise UserInputError("--max-price", f"{opts.max_price:g} is not a price", "a spot price in $/h above 0, or leave it out")
+    if opts.max_hourly is not None and opts.max_hourly <= 0:
+        raise UserInputError("--max-hourly", f"{opts.max_hourly:g} is not a price", "$/h above 0, e.g. 5")
+    if not spot and opts.max_price is not None:
+        raise UserInputError("--max-price", "applies to spot requests only", "add --spot, or drop --max-price")
+    if not spot and opts.fallback_on_demand:
+        raise UserInputError("--fallback", "on-demand fallback applies to spot requests only",
+                             "add --spot, or drop --fallback")
+    asked = plan.guards.autostop_seconds is not None or plan.guards.ttl_seconds is not None or plan.guards.on_interrupt
+    if asked and not opts.bootstrap:  # the spot watcher alone is implied by --spot: it is simply not installed
+        raise UserInputError("--no-bootstrap", "--autostop, --ttl, --budget and --on-interrupt are installed by the "
+                             "bootstrap", "drop --no-bootstrap, or drop those options")
+    if opts.bootstrap and not opts.wait:
+        raise UserInputError("--no-wait", "the bootstrap needs SSH", "add --no-bootstrap, or drop --no-wait")
+
+
+def quota_error(attempt: Attempt, provider: Provider, region: str, also: str = "") -> QuotaExceeded:
+    from gpuprov.cloud.quotas import increase_command, quota_for
+    from gpuprov.plan import catalog
+
+    it = catalog.load().instance_type(attempt.candidate.instance_type)
+    q = quota_for(it.name, attempt.candidate.market)
+    head = f"{attempt.code}: {attempt.message}"
+    if q is None:
+        return QuotaExceeded(f"{head}\n  AWS counts GPU quotas in vCPUs: {it.name} needs {it.vcpu}{also}")
+    current = provider.quota(region, q.code)
+    now = f"; its current value is {current:g} vCPUs" if current is not None else ""
+    unverified = f"\n  (unverified: {q.unverified})" if q.unverified else ""
+    return QuotaExceeded(
+        f"{head}\n  AWS counts GPU quotas in vCPUs: {it.name} needs {it.vcpu}. Raise '{q.name}' ({q.code}) in "
+        f"{region}{now}:\n  {increase_command(q, region, current, it.vcpu)}{unverified}{also}")
+
+
+@dataclass(frozen=True)
+class Launchpad:
+    """What every `up` (one node or a cluster) settles before it records anything: the checked name, the
+    network, SSH's CIDR, the candidates in order and the image."""
+
+    name: str
+    region: str
+    network: Network
+    cidr: str
+    order: Order
+    image: str
+    image_line: str  # "baked NAME ami-…", "ubuntu ami-…" (the timeline's words)
+
+
+def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> Launchpad:
+    """Checks and look-ups shared by `up` and `up --nodes`; nothing is created or recorded here."""
+    region = plan.request.region
+    name = check_name(opts.name)
+    check_options(plan, opts)
+    if store.find_node(name) and store.node(name).live:
+        raise UserInputError("NAME", f"a node called {name!r} already exists", f"pick another name, or `gpuprov down {name}`")
+    cidr = None if opts.ssh_cidr is None and opts.connect == "private" else ssh_cidr(opts.ssh_cidr)
+    offerings = provider.offerings(region, [c.name for c in plan.candidates])
+    network = provider.network(region, opts.subnet)
+    cap = opts.max_hourly if opts.max_hourly is not None else default_cap(plan)
+    order = candidates(plan, offerings, plan.request.spot, opts.fallback_on_demand, network.zone, cap)
+    for skip in order.skipped:
+        say(f"skipping {skip.instance_type}: {skip.reason}")
+    if not order.candidates:
+        where = f"zone {network.zone}" if network.zone else region
+        if order.skipped:
+            raise UserInputError("--max-hourly", f"every instance type with {plan.count}× "
+                                 f"{plan.gpu.name if plan.gpu else '?'} offered in {where} is over the price cap",
+                                 f"raise --max-hourly (now ${cap:.2f}/h)")
+        raise UserInputError("--region", f"no instance type with {plan.count}× {plan.gpu.name if plan.gpu else '?'} "
+                             f"is offered in {where}", "try us-east-1 or us-west-2, or another --gpu")
+    if cidr is None:
+        cidr = network.vpc_cidr
+        say(f"SSH will be open to the VPC's CIDR {cidr} (--connect private without --ssh-cidr)")
+    chosen = images.choose(plan, opts.image, provider)  # a baked image of this stack, else Ubuntu (or --image)
+    say(chosen.line())
+    image = chosen.image_id or provider.image(region, plan.request.os)
+    line = " ".join(w for w in (chosen.source, chosen.name, image) if w)
+    return Launchpad(name, region, network, cidr, order, image, line)
+
+
+def prepare_access(node: str, region: str, provider: Provider, store: Store, network: Network, cidr: str,
+             public_ip: bool) -> Access:
+    keys.ensure_key_pair(provider, store, region)
+    group_name = f"gpuprov-{node}-{int(time.time())}"
+    rid = store.intend(node, "security-group", region, group_name)
+    group = provider.create_security_group(region, node, network.vpc_id, group_name, f"gpuprov node {node}: SSH from {cidr}")
+    store.created(rid, group)
+    provider.authorize_ssh(region, group, cidr, settle=SETTLE_SECONDS)
+    return Access(key_name=keys.key_name(owner()), security_group_id=group, subnet_id=network.subnet_id,
+                  public_ip=public_ip)
+
+
+def note_refusal(exc: LaunchError, cand: Candidate, rid: int, asked: float, what: str, name: str,
+                 attempts: list[Attempt], store: Store, rec: tl.Recorder, say: Say) -> Attempt:
+    """AWS refused a candidate (one node, or a whole cluster: `what` is "N × "): the attempt in the list, the
+    timeline, the output and the node's events. A refusal made nothing for its token, so its intent row goes; a
+    transient error keeps it, and teardown asks EC2 by the token whether a launch went through."""
+    if exc.then != "retry":
+        store.deleted(rid)
+    attempt = Attempt(cand, exc.code, exc.message)
+    attempts.append(attempt)
+    rec.attempt(cand.instance_type, cand.zone, cand.market, asked, exc.code, exc.message)
+    say(f"  {exc.code}: {exc.message}")
+    store.event(name, "launch-refused", f"{what}{cand.instance_type} {cand.zone} {cand.market}: {exc.code}")
+    return attempt
+
+
+def go_on_after(exc: LaunchError, attempt: Attempt, opts: UpOptions, closed: set[Market], provider: Provider,
+                region: str, say: Say) -> None:
+    """After AWS refused a candidate (one node or a whole cluster): return to go on with the next one (spot
+    closed for the rest when AWS says so and --fallback on-demand allows it), or raise what stops the launch."""
+    if exc.then == "next-candidate":
+        return
+    if exc.then == "next-market" and attempt.candidate.market == "spot" and opts.fallback_on_demand:
+        closed.add("spot")
+        say(f"  spot is closed to this account here ({exc.code}); going on with on-demand"
+            + (f"\n  fix for spot: {exc.fix}" if exc.fix else ""))
+        return
+    fallback = ("\n  or add --fallback on-demand to go on with on-demand when spot is refused"
+                if exc.then == "next-market" else "")
+    if exc.quota:
+        raise quota_error(attempt, provider, region, fallback) from None
+    fix = f"\n  fix: {exc.fix}" if exc.fix else ""
+    raise GpuprovError(f"AWS refused the launch: {exc.code}: {exc.message}{fix}{fallback}") from None
+
+
+def shutdown_behavior(plan: Plan, market: Market) -> str:
+    """The instance's InstanceInitiatedShutdownBehavior, i.e. what the guards' `shutdown` does: a one-time
+    spot instance cannot stop; anything else follows --autostop-action, by default stop (disk kept)."""
+    if market == "spot" and not plan.request.persistent:
+        return "terminate"
+    return plan.request.autostop_action or "stop"
+
+
+def price_obtained(plan: Plan, provider: Provider, instance: Instance, list_price: float | None, say: Say) -> float | None:
+    """What the node costs per hour: the spot price in its zone at launch, or the on-demand list price."""
+    if instance.market != "spot":
+        return list_price
+    try:
+        prices = provider.prices(plan.request.region, [instance.instance_type])
+    except GpuprovError as exc:
+        say(f"  could not read the spot price ({exc}); the budget uses the on-demand list price")
+        return list_price
+    here = [p.price for p in prices if p.zone == instance.zone and p.instance_type == instance.instance_type]
+    if not here:
+        say("  no spot price published for this zone; the budget uses the on-demand list price")
+        return list_price
+    return here[0]
+
+
+def take_back(exc: BaseException, name: str, region: str, provider: Provider, store: Store, say: Say,
+              rec: tl.Recorder, what: str = "") -> None:
+    """After a failed or interrupted `up` (a node's, or a cluster's: `what` says so): everything recorded comes
+    down, the timeline keeps the failure and the teardown, and what could not be removed is named with the rerun."""
+    say(f"{type(exc).__name__ if isinstance(exc, KeyboardInterrupt) else 'failed'}: removing what {name} got{what}")
+    store.update_node(name, state="failed", state_reason=str(exc)[:500])
+    rec.failed(str(exc) or type(exc).__name__)
+    rec.phase(tl.TEARDOWN)
+    result = take_down(name, region, provider, store, say)
+    kept_timeline(name, store, rec, "failed")
+    for left in result.left:
+        say(f"  still there: {left}")
+    if result.left:
+        say(f"  {name} stays listed; rerun: gpuprov down {name}")
+
+
+def kept_timeline(name: str, store: Store, rec: tl.Recorder, outcome: tl.Outcome = "ok") -> tl.Timeline:
+    """The finished timeline, stored as the node's last (`status NAME --timeline`)."""
+    timeline = rec.finish(outcome)
+    store.event(name, tl.EVENT_KIND, timeline.model_dump_json())
+    return timeline
+
+
+def plan_json(plan: Plan) -> str:
+    import json
+
+    return json.dumps(plan.summary())
+

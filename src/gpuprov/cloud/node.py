@@ -1,0 +1,211 @@
+"""`up` of one node, and a status refresh of the recorded nodes.
+
+up, in order (validation first, so bad input creates nothing):
+  plan -> offerings + network + image (read-only, cloud/launch.py `launchpad`) -> node row -> key pair +
+  security group -> launch with failover (type x zone x market, cheapest first, under the price cap, AWS's
+  code printed per attempt; cloud/failover.py orders, providers/aws_refusals.py says what each refusal
+  means) -> running -> SSH up, host key pinned for this node -> bootstrap + verify (cloud/contact.py) ->
+  ready -> ssh config entry.
+Every resource is recorded in the state store before the provider is asked to create it. Any failure or
+Ctrl-C before `ready` tears down everything the node got (`take_back`), so a failed `up` costs nothing.
+A crash (SIGKILL) leaves rows and tags that `down NAME` and `gc` follow.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from gpuprov.cloud import timeline as tl
+from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
+from gpuprov.cloud.failover import Order
+from gpuprov.cloud.launch import (
+    Attempt,
+    Say,
+    UpOptions,
+    go_on_after,
+    kept_timeline,
+    launchpad,
+    note_refusal,
+    plan_json,
+    prepare_access,
+    price_obtained,
+    shutdown_behavior,
+    take_back,
+)
+from gpuprov.cloud.providers.base import Access, Instance, LaunchError, LaunchRequest, Market, Network, Provider
+from gpuprov.cloud.settle import SETTLE_SECONDS, settle
+from gpuprov.cloud.tags import owner
+from gpuprov.errors import GpuprovError
+from gpuprov.plan.plan import Plan
+from gpuprov.state import Node, Store
+
+
+@dataclass
+class UpResult:
+    node: Node
+    instance: Instance
+    address: str
+    attempts: list[Attempt] = field(default_factory=list)
+    ssh_alias: str | None = None
+    bootstrap: object | None = None  # bootstrap.HostResult when the playbook ran
+    timeline: tl.Timeline | None = None
+
+
+def up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> UpResult:
+    rec = tl.Recorder("up", opts.name)
+    rec.phase(tl.CHECKS)
+    pad = launchpad(plan, opts, provider, store, say)
+    name, region, network, cidr, order, image = pad.name, pad.region, pad.network, pad.cidr, pad.order, pad.image
+    rec.image = pad.image_line
+
+    market = "spot" if plan.request.spot else "on-demand"
+    store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,
+                      market=market, owner=owner(), plan_json=plan_json(plan), ssh_user=opts.ssh_user,
+                      pid=os.getpid(), host=socket.gethostname(), autostop_seconds=plan.guards.autostop_seconds,
+                      ttl_seconds=plan.request.ttl_seconds, on_interrupt=plan.guards.on_interrupt,
+                      spot_type=("persistent" if plan.request.persistent else "one-time") if plan.request.spot else None,
+                      shutdown_action=plan.guards.shutdown_action, disk_gb=opts.disk_gb, connect=opts.connect,
+                      budget_usd=plan.request.budget_usd)
+    store.event(name, "up", f"launching {plan.count}× {plan.gpu.name if plan.gpu else ''} in {region}")
+    try:
+        done = _launch_and_bootstrap(plan, opts, provider, store, say, order, image, network, cidr, rec)
+    except BaseException as exc:  # failure or Ctrl-C before `ready`: take back everything, then re-raise
+        take_back(exc, name, region, provider, store, say, rec)
+        raise
+    done.timeline = kept_timeline(name, store, rec)
+    return done
+
+
+def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say, order: Order, image: str,
+            access: Access, rec: tl.Recorder) -> tuple[Instance, list[Attempt]]:
+    """Ask each candidate in turn; AWS's code per refusal, and what the refusal means decides what is next."""
+    name, region = opts.name, plan.request.region
+    attempts: list[Attempt] = []
+    closed: set[Market] = set()
+    for i, cand in enumerate(order.candidates):
+        if cand.market in closed:
+            continue
+        token = f"gpuprov-{name}-{i}-{uuid.uuid4().hex[:12]}"
+        say(f"asking for {cand.instance_type} in {cand.zone} ({cand.market})")
+        rid = store.intend(name, "instance", region, token)
+        asked = rec.now()
+        try:
+            instance = provider.launch(LaunchRequest(
+                node=name, region=region, zone=cand.zone, instance_type=cand.instance_type, market=cand.market,
+                image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price,
+                persistent=plan.request.persistent and cand.market == "spot",
+                shutdown_behavior=shutdown_behavior(plan, cand.market)),
+                settle=SETTLE_SECONDS)
+        except LaunchError as exc:
+            attempt = note_refusal(exc, cand, rid, asked, "", name, attempts, store, rec, say)
+            go_on_after(exc, attempt, opts, closed, provider, region, say)
+            continue
+        store.created(rid, instance.id)
+        rec.attempt(cand.instance_type, cand.zone, cand.market, asked)
+        if instance.spot_request_id:
+            store.add_resource(name, "spot-request", region, instance.spot_request_id)
+        store.update_node(name, instance_type=cand.instance_type, zone=cand.zone, market=cand.market,
+                          price_usd_hour=cand.price_usd_hour,
+                          spot_type=("persistent" if plan.request.persistent else "one-time")
+                          if cand.market == "spot" else None,
+                          shutdown_action=shutdown_behavior(plan, cand.market))
+        return instance, attempts
+    tried = "; ".join(f"{a.candidate.instance_type}/{a.candidate.zone}/{a.candidate.market}: {a.code}" for a in attempts)
+    hint = "" if opts.fallback_on_demand or not plan.request.spot else " (add --fallback on-demand to try on-demand too)"
+    raise GpuprovError(f"no capacity anywhere it was asked for{hint}: {tried}")
+
+
+def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say,
+                          order: Order, image: str, network: Network, cidr: str, rec: tl.Recorder) -> UpResult:
+    name, region = opts.name, plan.request.region
+    public_ip = opts.connect == "public" and network.subnet_id is not None and not network.maps_public_ip
+    say(f"key pair and security group (SSH from {cidr} only)")
+    rec.phase(tl.ACCESS)
+    access = prepare_access(name, region, provider, store, network, cidr, public_ip)
+    rec.phase(tl.CAPACITY)
+    instance, attempts = _launch(plan, opts, provider, store, say, order, image, access, rec)
+
+    say(f"{instance.id} launched; waiting for it to run")
+    rec.phase(tl.RUNNING)
+    instance = provider.wait_running(region, instance.id, timeout=opts.ssh_timeout, settle=SETTLE_SECONDS)
+    for volume in instance.volume_ids:
+        store.add_resource(name, "volume", region, volume)
+    address = instance.private_ip if opts.connect == "private" else instance.public_ip
+    if not address:
+        raise GpuprovError(f"{instance.id} has no {opts.connect} address; use --connect private (VPN/bastion) "
+                           "or a subnet that assigns public IPs")
+    store.update_node(name, state="running", address=address, zone=instance.zone)
+    result = UpResult(store.node(name), instance, address, attempts)
+    from gpuprov.paths import keys_dir, region_key
+
+    key_path = str(region_key(keys_dir(), region))
+    action = store.node(name).shutdown_action
+    if action != plan.guards.shutdown_action:  # spot fell back to on-demand: the guards say what it does now
+        from gpuprov.plan.plan import replace_guards
+
+        plan = replace_guards(plan, plan.guards.model_copy(update={"shutdown_action": action}))
+    budget = plan.request.budget_usd
+    if budget is not None:
+        from gpuprov.plan.plan import replace_guards, with_budget
+
+        node = store.node(name)
+        price = price_obtained(plan, provider, instance, node.price_usd_hour, say)
+        guards = with_budget(plan.guards.model_copy(update={"ttl_seconds": plan.request.ttl_seconds}), budget, price)
+        plan = replace_guards(plan, guards)
+        if price:
+            hours = budget / price
+            say(f"budget ${budget:g} at ${price:.4g}/h ({instance.market}): {hours:.1f}h, "
+                f"enforced on the node")
+            store.update_node(name, budget_price=price,
+                              budget_deadline=time.time() + hours * 3600)
+    if opts.bootstrap:
+        # the guard steps run first, so the node's TTL deadline is a few seconds after this one
+        ttl = plan.guards.ttl_seconds
+        store.update_node(name, state="bootstrapping", ttl_deadline=time.time() + ttl if ttl is not None else None)
+        result.bootstrap = bootstrap_launched(plan, opts, key_path, address, say, rec)
+    elif opts.wait:
+        rec.phase(tl.SSH)
+        pin_host_key(opts, key_path, address, say)
+    store.update_node(name, state="ready", ready_at=time.time())
+    if opts.wait:
+        from gpuprov.hosts import sshconfig
+
+        result.ssh_alias = sshconfig.add_node(name, address, opts.ssh_user, key_path)
+    else:
+        say("not waiting for SSH (--no-wait): the host key is not pinned, so `ssh gpuprov-NAME` is not set up")
+    result.node = store.node(name)
+    store.event(name, "ready", f"{instance.instance_type} {instance.zone} {address}")
+    return result
+
+
+def refresh(store: Store, provider: Provider) -> list[Node]:
+    """Update live nodes from the cloud by their recorded instance ids (never by name: a terminated
+    namesake stays visible for an hour), one batched call per region."""
+    nodes = store.nodes()
+    for region in sorted({n.region for n in nodes}):
+        here = [n for n in nodes if n.region == region and n.state in ("ready", "running", "bootstrapping", "stopped")]
+        rows = {n.name: [r for r in store.resources(n.name, region=region, kind="instance") if r.cloud_id] for n in here}
+        ids = [r.cloud_id for rs in rows.values() for r in rs if r.cloud_id]
+        if not ids:
+            continue
+        found = {i.id: i for i in provider.instances(region, ids=ids)}
+        for n in here:
+            mine = [(r, found.get(r.cloud_id or "")) for r in rows[n.name]]
+            states = {i.state for _r, i in mine if i is not None}
+            if n.state != "stopped" and states and states <= {"stopping", "stopped"}:  # its guards stopped it
+                store.update_node(n.name, state="stopped", stopped_at=time.time(),
+                                  state_reason=next((i.state_reason for _r, i in mine if i and i.state_reason), None))
+                continue
+            if not mine or any(i is not None and i.state != "terminated" for _r, i in mine):
+                continue
+            if any(i is None and settle(r) > 0 for r, i in mine):
+                continue  # launched moments ago: EC2 may not list it yet
+            reason = next((i.state_reason for _r, i in mine if i is not None and i.state_reason), None)
+            store.update_node(n.name, state="interrupted" if n.market == "spot" else "gone",
+                              state_reason=reason or "instance no longer exists")
+    return store.nodes()
+
