@@ -162,8 +162,8 @@ def main() -> int:
     fabric_script = work / "fabric_ref.py"
     fabric_script.write_text(FABRIC_SCRIPT)
     from gpuprov.hosts.bootstrap import bundle_tar
-    from gpuprov.plan.compat import StackPins
     from gpuprov.plan.plan import make_host_plan
+    from gpuprov.plan.stack import StackPins
 
     bundle = make_host_plan(None, str(playbook), "ubuntu-24.04", StackPins()).bundle()
     tar = work / "bundle.tar"  # the bundle gpuprov sends: Fabric uploads the same file and runs the same scripts

@@ -29,8 +29,8 @@ def owner() -> str:
 
 def plan_stack(region: str = "us-east-1", os_name: str = "ubuntu-22.04") -> str:
     from gpuprov.cloud.images import plan_stack
-    from gpuprov.plan.compat import StackPins
     from gpuprov.plan.plan import NodeRequest, make_plan
+    from gpuprov.plan.stack import StackPins
 
     return plan_stack(make_plan(NodeRequest(gpu="T4", os=os_name, region=region, pins=StackPins(python="3.11"))))
 

@@ -9,8 +9,8 @@ import pytest
 from gpuprov.hosts import bundle_cache, runner
 from gpuprov.hosts.bootstrap import bundle_tar
 from gpuprov.plan import plan as plan_module
-from gpuprov.plan.compat import StackPins
 from gpuprov.plan.plan import make_host_plan
+from gpuprov.plan.stack import StackPins
 
 
 def playbook(tmp_path: Path, command: str) -> str:

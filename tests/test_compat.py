@@ -6,7 +6,9 @@ import pytest
 
 from gpuprov.errors import StackConflict, UserInputError
 from gpuprov.plan import catalog, compat
-from gpuprov.plan.compat import StackPins
+from gpuprov.plan import pins as pin_rules
+from gpuprov.plan import stack as st
+from gpuprov.plan.stack import StackPins
 
 CAT = catalog.load()
 
@@ -213,8 +215,8 @@ def test_minor_version_compat_does_not_cross_the_major():
     # minor-version compatibility, so R570 gets 2.11+cu128 (native: 570.26)
     wheel = compat.choose_torch_for_driver(CAT.gpu("B200"), "570")
     assert (wheel.version, wheel.variant) == ("2.11", "cu128")
-    assert not compat.minor_compat_runs("13.2", "575")
-    assert compat.minor_compat_runs("12.8", "535") and not compat.minor_compat_runs("12.8", "520")
+    assert not st.minor_compat_runs("13.2", "575")
+    assert st.minor_compat_runs("12.8", "535") and not st.minor_compat_runs("12.8", "520")
 
 
 def test_cuda_toolkit_raises_the_default_driver_when_needed():
@@ -318,7 +320,7 @@ def test_fabric_manager_package_name_per_branch(driver, package):
 
 
 def test_fabric_manager_and_driver_package_cut_offs_are_separate_facts():
-    f = compat.facts()
+    f = st.facts()
     assert f.fabric_manager_unversioned_from.branch == 580
     assert f.driver_packages_unversioned_from.branch == 590
     assert "gpu-driver-container" in f.fabric_manager_unversioned_from.source
@@ -393,8 +395,8 @@ def test_help_example_driver_version_exists_in_the_data():
     examples = re.findall(r"\b(\d{3}\.\d+\.\d+)\b", driver.help or "")
     assert examples  # the --driver help shows an exact release
     for version in examples:
-        assert version in compat.facts().driver_versions.get(int(version.split(".")[0]), ()), version
-        assert version in compat.facts().driver_pinning.exact_versions, version  # and it has a pinning package
+        assert version in st.facts().driver_versions.get(int(version.split(".")[0]), ()), version
+        assert version in st.facts().driver_pinning.exact_versions, version  # and it has a pinning package
 
 
 # nvcc must match the torch wheel's CUDA major (torch/utils/cpp_extension.py `_check_cuda_version` raises
@@ -458,13 +460,13 @@ def test_each_choice_says_why(gpu, pins, driver_reason, module_reason):
 def test_a_pinned_driver_gives_no_driver_reason_but_names_its_unverified_facts():
     stack = resolve("H100", driver="580")
     assert not any(r.startswith("driver R") for r in stack.reasons)
-    assert f"driver pinning packages: {compat.facts().driver_pinning.unverified}" in stack.unverified
+    assert f"driver pinning packages: {st.facts().driver_pinning.unverified}" in stack.unverified
 
 
 def test_unverified_wheel_archs_and_python_ranges_are_listed():
-    f = compat.facts()
+    f = st.facts()
     old = resolve("T4", torch="2.4", torch_cuda="cu121")  # arch lists of 2.1-2.5 wheels are marked unverified
-    row = compat._wheel_archs("2.4", "cu121")
+    row = st.wheel_archs("2.4", "cu121")
     assert row and row.unverified and row.unverified in old.unverified
     assert f.python_ranges_unverified not in old.unverified
     assert f.python_ranges_unverified in resolve("T4", torch="2.4", torch_cuda="cu121", python="3.10").unverified
@@ -609,16 +611,16 @@ def test_toolkit_refusals_say_which_toolkit_would_do():
 
 
 def test_an_exact_driver_release_below_a_cudas_minimum_runs_it_only_through_minor_version_compat():
-    minimum = compat.facts().cuda_min_driver["12.8"].driver
-    assert compat.driver_runs("12.8", minimum) == (True, False)  # the minimum itself runs natively
-    assert compat.driver_runs("12.8", "570.10.01") == (True, True)  # same branch, an older release
-    assert compat.driver_runs("12.8", "520") == (False, False)  # below 12.x's minor-compat floor (525.60.13)
-    assert not compat.minor_compat_runs("10.2", "999")  # no minor-version compatibility family for CUDA 10
+    minimum = st.facts().cuda_min_driver["12.8"].driver
+    assert st.driver_runs("12.8", minimum) == (True, False)  # the minimum itself runs natively
+    assert st.driver_runs("12.8", "570.10.01") == (True, True)  # same branch, an older release
+    assert st.driver_runs("12.8", "520") == (False, False)  # below 12.x's minor-compat floor (525.60.13)
+    assert not st.minor_compat_runs("10.2", "999")  # no minor-version compatibility family for CUDA 10
 
 
 def test_fabric_manager_reason_and_gen4_extras_only_where_they_apply():
     b200 = resolve("B200", nvswitch=True)
-    gen4 = compat.facts().nvswitch_gen4
+    gen4 = st.facts().nvswitch_gen4
     assert (b200.fabric_extra_packages, b200.fabric_modules_package, b200.fabric_modules_load_file) == (
         gen4.packages, gen4.kernel_modules_package, gen4.modules_load_file)
     assert any(r.endswith("both held; with nvlsm and the ib_umad/mlx5_ib modules (NVSwitch gen 4)") for r in b200.reasons)
@@ -632,7 +634,7 @@ def test_fabric_manager_reason_and_gen4_extras_only_where_they_apply():
 
 def test_an_exact_driver_pin_lists_its_unverified_release_fact():
     stack = resolve("H100", driver="580.105.08")
-    assert f"--driver 580.105.08: {compat.facts().driver_versions_unverified}" in stack.unverified
+    assert f"--driver 580.105.08: {st.facts().driver_versions_unverified}" in stack.unverified
 
 
 def test_a_branch_without_any_pinned_release_offers_only_the_branch_and_nvcc_offers_both_ways():
@@ -650,7 +652,7 @@ def test_remaining_refusal_details():
     torchless = _refusal("T4", want_torch=False, torch="2.9")
     assert (torchless.problem, torchless.hint) == ("this playbook installs no PyTorch, so a torch pin has no effect",
                                                    "drop the pin or use -p pytorch")
-    assert not compat.minor_compat_runs("13.0", "580.10.01")  # an R580 release older than 13.x's floor (580.65.06)
+    assert not st.minor_compat_runs("13.0", "580.10.01")  # an R580 release older than 13.x's floor (580.65.06)
 
 
 def test_an_nvcc_mismatch_without_a_wheel_of_the_toolkits_major_offers_only_the_wheels_cuda():
@@ -674,7 +676,7 @@ def test_a_gpu_below_its_minimum_branch_hears_that_first_with_a_branch_that_work
 
 def check_pins_rule(pins):
     with pytest.raises(StackConflict) as exc:
-        compat.check_pins(pins)
+        pin_rules.check_pins(pins)
     return exc.value.rule
 
 
@@ -682,25 +684,25 @@ def test_every_wheel_with_code_for_a_gpu_is_within_its_architectures_cuda_range(
     """Why `_torch_problem` has no CUDA-range rule of its own: no toolkit outside an architecture's CUDA range
     builds code for it, so a wheel's arch list already says it (V100 + cu130 is `wheel-no-sass`). A data row
     that broke this would need that rule back."""
-    f = compat.facts()
+    f = st.facts()
     for gpu in CAT.gpus:
         arch = f.architectures[gpu.arch]
         for release, info in f.torch_releases.items():
             for variant in info.variants:
-                archs = compat._wheel_archs(release, variant)
+                archs = st.wheel_archs(release, variant)
                 assert archs is not None, (release, variant)
-                if not compat._sm_runs(archs.sm, gpu.compute_capability):
+                if not st.sm_runs(archs.sm, gpu.compute_capability):
                     continue
-                cuda = compat._version_tuple(compat.variant_cuda(variant))
-                assert not arch.max_cuda or cuda <= compat._version_tuple(arch.max_cuda), (gpu.name, release, variant)
-                assert not arch.min_cuda or cuda >= compat._version_tuple(arch.min_cuda), (gpu.name, release, variant)
+                cuda = st.version_tuple(st.variant_cuda(variant))
+                assert not arch.max_cuda or cuda <= st.version_tuple(arch.max_cuda), (gpu.name, release, variant)
+                assert not arch.min_cuda or cuda >= st.version_tuple(arch.min_cuda), (gpu.name, release, variant)
 
 
 def test_an_architectures_last_branch_runs_its_cuda_and_comes_before_its_kernel_module_goes():
     """Why `_check_driver_pin` has no proprietary-module rule and `_choose_branch` no "CUDA needs a branch above
     the architecture's last" rule: the last branch is below the proprietary module's removal, and runs every
     CUDA up to the architecture's max_cuda (so `gpu-max-driver-branch` / `toolkit-max-cuda` name the cause)."""
-    f = compat.facts()
+    f = st.facts()
     limited = {name: a for name, a in f.architectures.items() if a.max_driver_branch}
     assert set(limited) == {"volta"}
     for arch in f.architectures.values():
@@ -709,20 +711,20 @@ def test_an_architectures_last_branch_runs_its_cuda_and_comes_before_its_kernel_
     for arch in limited.values():
         assert arch.max_driver_branch == f.last_volta_branch and arch.max_cuda
         for cuda, minimum in f.cuda_min_driver.items():
-            if compat._version_tuple(cuda) <= compat._version_tuple(arch.max_cuda):
-                assert compat._min_branch_for(minimum.driver) <= arch.max_driver_branch, cuda
+            if st.version_tuple(cuda) <= st.version_tuple(arch.max_cuda):
+                assert st.min_branch_for(minimum.driver) <= arch.max_driver_branch, cuda
     with pytest.raises(StackConflict) as exc:  # Volta on R620, where the proprietary module is gone too
         resolve("V100", driver="620")
     assert exc.value.rule == "gpu-max-driver-branch" and exc.value.hint == "use --driver 580 (proprietary kernel module)"
 
 
 def test_every_valid_torch_pin_leaves_a_candidate_wheel_so_a_refusal_always_has_a_rule():
-    f = compat.facts()
+    f = st.facts()
     variants = sorted({v for info in f.torch_releases.values() for v in info.variants})
     for torch in (None, *f.torch_releases):
         for torch_cuda in (None, *variants):
             pins = StackPins(torch=torch, torch_cuda=torch_cuda)
-            compat.check_pins(pins)
+            pin_rules.check_pins(pins)
             assert list(compat._torch_candidates(pins)), pins
 
 

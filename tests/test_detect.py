@@ -86,8 +86,8 @@ def test_non_gpu_nvidia_functions_are_not_gpus():
 def test_unknown_model_stops_bootstrap_planning_with_pass_gpu():
     from gpuprov.errors import UserInputError
     from gpuprov.hosts.bootstrap import Planner
-    from gpuprov.plan.compat import StackPins
     from gpuprov.plan.inventory import Target
+    from gpuprov.plan.stack import StackPins
 
     facts = parse_facts("## nvidia-smi\n## lspci\n01:00.0 3D controller [0302]: NVIDIA Corporation Device "
                         "[10de:2bb1] (rev a1)\n## os\nubuntu-24.04\n## end\n")
@@ -101,8 +101,8 @@ def test_unknown_model_stops_bootstrap_planning_with_pass_gpu():
 def test_a_hosts_plan_is_known_ahead_when_the_command_line_names_its_gpu_and_os():
     """Then bootstrap renders it before contacting any host; a host whose facts agree gets that same plan."""
     from gpuprov.hosts.bootstrap import Planner
-    from gpuprov.plan.compat import StackPins
     from gpuprov.plan.inventory import Target
+    from gpuprov.plan.stack import StackPins
 
     host = Target(host="gpu1")
     l4 = parse_facts("## nvidia-smi\nNVIDIA L4\n## lspci\n## os\nubuntu-24.04\n## end\n")

@@ -11,8 +11,8 @@ import pytest
 
 from gpuprov.hosts.doctor import DoctorFacts, diagnose, examine, facts_command, parse_facts
 from gpuprov.hosts.verify import Check
-from gpuprov.plan.compat import StackPins
 from gpuprov.plan.plan import make_host_plan
+from gpuprov.plan.stack import StackPins
 from tests.shimrun import ShimHost, summary
 from tests.test_bootstrap_ssh import addrs, bootstrap, gpuprov, reset
 

@@ -11,15 +11,15 @@ import pytest
 
 from gpuprov.hosts.bootstrap import expectation
 from gpuprov.hosts.verify import extract_probe, judge, parse_probe
-from gpuprov.plan import compat
-from gpuprov.plan.compat import StackPins
+from gpuprov.plan import compat, stack
 from gpuprov.plan.plan import make_host_plan
+from gpuprov.plan.stack import StackPins
 from tests.shimdata import WHEEL_ARCHS, wheel_archs_tsv
 from tests.shimrun import LOCAL_PYTHON, SHIMS, ShimHost, summary
 
 PINS = StackPins(python=LOCAL_PYTHON)
 UV = str(SHIMS / "libexec" / "uv")
-WHEELS = [(r, v) for r, info in compat.facts().torch_releases.items() for v in info.variants]
+WHEELS = [(r, v) for r, info in stack.facts().torch_releases.items() for v in info.variants]
 
 
 def test_the_shims_copy_of_the_wheel_archs_is_the_resolvers() -> None:
@@ -37,7 +37,7 @@ def env_python(tmp_path_factory: pytest.TempPathFactory) -> tuple[ShimHost, str]
 
 
 def _install(host: ShimHost, python: str, release: str, variant: str) -> None:
-    index = f"{compat.facts().pytorch_index}/{variant}"
+    index = f"{stack.facts().pytorch_index}/{variant}"
     subprocess.run([UV, "pip", "install", "--python", python, f"torch=={release}.*", "--index-url", index],
                    env=host.env(), check=True, capture_output=True)
 
@@ -49,7 +49,7 @@ def test_the_arch_list_is_the_resolvers_for_each_release_and_variant(env_python,
     out = subprocess.run([python, "-c", "import json, torch; print(json.dumps([torch.__version__, "
                           "torch.cuda.get_arch_list()]))"], env=host.env(), capture_output=True, text=True, check=True)
     version, archs = json.loads(out.stdout)
-    data = compat._wheel_archs(release, variant)
+    data = stack.wheel_archs(release, variant)
     assert version == f"{release}.0+{variant}"
     assert archs == (["sm_" + s.replace(".", "") for s in data.sm] if data else [])
 
@@ -75,7 +75,7 @@ def test_a_gpu_outside_the_wheels_arch_list_fails_the_matmul_and_check_names_the
     report = _verify(host, plan)
     (matmul,) = [c for c in report["checks"] if c["name"] == "matmul gpu0"]
     assert not matmul["ok"] and "no kernel image is available" in matmul["detail"]
-    assert f"--torch-cuda {compat.facts().torch_releases['2.14'].pypi_default}" in matmul["fix"]
+    assert f"--torch-cuda {stack.facts().torch_releases['2.14'].pypi_default}" in matmul["fix"]
     assert "sm_100" in matmul["fix"] and "reset" not in matmul["fix"]
     assert report["torch"]["is_available"] is True  # CUDA itself initialises; only kernels fail
 

@@ -23,8 +23,8 @@ import pytest
 from gpuprov.hosts.detect import FACTS_COMMAND, parse_facts
 from gpuprov.hosts.doctor import diagnose, facts_command
 from gpuprov.hosts.doctor import parse_facts as doctor_facts
-from gpuprov.plan.compat import StackPins
 from gpuprov.plan.plan import make_host_plan
+from gpuprov.plan.stack import StackPins
 from tests.shimrun import DMI_DIR, ShimHost, summary
 
 B200_ENV = {"GPUPROV_SHIM_INSTANCE_TYPE": "p6-b200.48xlarge"}

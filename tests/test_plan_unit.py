@@ -12,8 +12,8 @@ import pytest
 from gpuprov.errors import UserInputError
 from gpuprov.plan import catalog, compat
 from gpuprov.plan import plan as P
-from gpuprov.plan.compat import StackPins
 from gpuprov.plan.spec import load_playbook
+from gpuprov.plan.stack import StackPins
 
 CAT = catalog.load()
 STACK_STEPS = ["kernel-headers", "nouveau-off", "nvidia-driver"]

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.plan.compat import StackPins
 from gpuprov.plan.plan import NodeRequest, make_plan
 from gpuprov.plan.render import Script
+from gpuprov.plan.stack import StackPins
 from tests.realapt import chroot, repo
 
 pytestmark = pytest.mark.slow

@@ -237,8 +237,8 @@ def test_output_that_comes_after_the_exit_status_is_not_lost(host_pool, gp_home,
 
 def test_the_rendered_runner_is_bash_and_shellcheck_clean(tmp_path):
     from gpuprov.hosts import runner
-    from gpuprov.plan.compat import StackPins
     from gpuprov.plan.plan import GuardRequest, make_host_plan
+    from gpuprov.plan.stack import StackPins
     from tests.test_guardrails import assert_bash_and_shellcheck_pass
 
     paths = []

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.plan.compat import StackPins
 from gpuprov.plan.plan import NodeRequest, make_host_plan, make_plan
+from gpuprov.plan.stack import StackPins
 from tests.shimrun import LOCAL_PYTHON, ShimHost, StepRun, summary
 
 PINS = StackPins(python=LOCAL_PYTHON)  # the uv shim builds envs from the Pythons this machine has

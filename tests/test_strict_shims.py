@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.plan.compat import StackPins
 from gpuprov.plan.plan import NodeRequest, make_plan
 from gpuprov.plan.render import Bundle, render_steps
+from gpuprov.plan.stack import StackPins
 from tests.shimrun import ShimHost, summary
 from tests.test_templates import BUNDLES
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.plan.compat import StackPins
 from gpuprov.plan.plan import NodeRequest, make_plan
+from gpuprov.plan.stack import StackPins
 from tests.conftest import skip_or_fail
 from tests.shimrun import LOCAL_PYTHON, ShimHost, summary
 

@@ -16,10 +16,10 @@ import pytest
 
 from gpuprov.errors import StackConflict, UserInputError
 from gpuprov.plan import catalog, render
-from gpuprov.plan.compat import SUPPORTED_OS, StackPins
 from gpuprov.plan.plan import NodeRequest, make_host_plan, make_plan, steps_for
 from gpuprov.plan.render import Bundle, render_steps
 from gpuprov.plan.spec import EnvSpec, FileSpec, Playbook, StepSpec, load_playbook, shipped_playbooks
+from gpuprov.plan.stack import SUPPORTED_OS, StackPins
 
 SHELLCHECK = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
 

@@ -19,8 +19,8 @@ from gpuprov import __version__
 from gpuprov.errors import GpuprovError, UserInputError
 
 if TYPE_CHECKING:
-    from gpuprov.plan.compat import StackPins
     from gpuprov.plan.plan import Plan
+    from gpuprov.plan.stack import StackPins
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -191,7 +191,7 @@ step_silence_option = click.option(
 
 
 def pins_from(kw: dict[str, Any]) -> StackPins:
-    from gpuprov.plan.compat import StackPins
+    from gpuprov.plan.stack import StackPins
 
     return StackPins(
         driver=kw["driver"], cuda=kw["cuda"], torch=kw["torch_version"], torch_cuda=kw["torch_cuda"], python=kw["python"]

@@ -51,7 +51,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
     go on. Exit code 0 only when every host ended ok.
     """
     from gpuprov.hosts import bootstrap as engine
-    from gpuprov.plan.compat import check_pins
+    from gpuprov.plan.pins import check_pins
     from gpuprov.plan.plan import GuardRequest, make_host_plan, with_jupyter
     from gpuprov.plan.spec import load_playbook, parse_duration
 

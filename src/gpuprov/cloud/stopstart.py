@@ -130,6 +130,7 @@ def check_resize(node: Node, target: InstanceType) -> None:
     the same driver branch, kernel module, torch wheel and toolkit must resolve for the new GPU."""
     from gpuprov.errors import StackConflict
     from gpuprov.plan import catalog, compat
+    from gpuprov.plan.stack import StackPins
 
     stack = node.plan.get("stack")
     if not stack or not target.gpu:
@@ -138,9 +139,9 @@ def check_resize(node: Node, target: InstanceType) -> None:
     torch = stack.get("torch") or None
     installed = (f"driver R{stack['driver_branch']} ({stack['kernel_module']} kernel module)"
                  + (f", torch {torch['version']}+{torch['variant']}" if torch else ""))
-    pins = compat.StackPins(driver=stack.get("driver_version") or str(stack["driver_branch"]),
-                            cuda=stack.get("cuda_toolkit"), torch=torch["version"] if torch else None,
-                            torch_cuda=torch["variant"] if torch else None, python=stack.get("python"))
+    pins = StackPins(driver=stack.get("driver_version") or str(stack["driver_branch"]),
+                      cuda=stack.get("cuda_toolkit"), torch=torch["version"] if torch else None,
+                      torch_cuda=torch["variant"] if torch else None, python=stack.get("python"))
     fix = (f"keep a type with a GPU this stack serves, or launch a new node for {gpu.name}: "
            f"`gpuprov up NAME --gpu {gpu.name}`")
     try:
@@ -276,8 +277,8 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
 def node_plan(node: Node) -> Plan:
     """The plan a node was bootstrapped with, for its current instance type: the stack installed on it
     pinned exactly (driver branch, torch, toolkit, Python), the guards it has."""
-    from gpuprov.plan.compat import StackPins
     from gpuprov.plan.plan import NodeRequest, make_plan
+    from gpuprov.plan.stack import StackPins
 
     recorded = node.plan
     stack = recorded.get("stack") or {}

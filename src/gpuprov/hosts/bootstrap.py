@@ -32,10 +32,10 @@ from gpuprov.hosts.detect import FACTS_COMMAND, HostFacts, parse_facts
 from gpuprov.hosts.fanout import run_parallel
 from gpuprov.hosts.remote import ConnectionLost, HostLost, HostSettings, Remote, Session, Unreachable
 from gpuprov.hosts.runner import BUNDLE_DIR as BUNDLE_DIR  # re-exported: gpubench.py reads it here
-from gpuprov.plan.compat import StackPins
 from gpuprov.plan.inventory import Target
 from gpuprov.plan.plan import GuardRequest, Plan
 from gpuprov.plan.render import Bundle
+from gpuprov.plan.stack import StackPins
 
 if TYPE_CHECKING:
     from gpuprov.hosts.verify import CheckReport, Expectation
@@ -462,7 +462,7 @@ class Planner:
         self._lock = threading.Lock()
 
     def __call__(self, target: Target, facts: HostFacts) -> Plan:
-        from gpuprov.plan.compat import SUPPORTED_OS
+        from gpuprov.plan.stack import SUPPORTED_OS
 
         wanted = target.gpu or self.gpu
         if wanted and facts.gpus:
@@ -487,8 +487,8 @@ class Planner:
         """The plan `target` gets unless its facts surprise (NVSwitch, or a GPU where none is named and the
         playbook installs no stack), when the command line already says its GPU (or needs none) and its OS.
         None when its facts decide."""
-        from gpuprov.plan.compat import SUPPORTED_OS
         from gpuprov.plan.spec import load_playbook
+        from gpuprov.plan.stack import SUPPORTED_OS
 
         wanted, os_used = target.gpu or self.gpu, target.os or self.os_name
         if os_used not in SUPPORTED_OS:

@@ -23,8 +23,8 @@ from gpuprov.hosts.detect import IMDS_INSTANCE_TYPE, instance_has_nvswitch, nvid
 from gpuprov.hosts.fanout import run_parallel
 from gpuprov.hosts.remote import HostOutcome, HostSettings, Remote, on_host
 from gpuprov.hosts.verify import Check, failed, parse_summary, passed
-from gpuprov.plan.compat import TorchWheel
 from gpuprov.plan.inventory import Target
+from gpuprov.plan.stack import TorchWheel
 
 SUPPORTED_OS = ("ubuntu-22.04", "ubuntu-24.04")
 DEFAULT_MIN_FREE_GB = 10.0  # a torch CUDA wheel and its nvidia-* libraries take several GB
@@ -544,7 +544,7 @@ def _smi_check(f: DoctorFacts, module_loaded: bool | None) -> Check:
 
 
 def _fabric_manager_checks(f: DoctorFacts, bootstrap: str) -> list[Check]:
-    from gpuprov.plan.compat import facts
+    from gpuprov.plan.stack import facts
 
     driver = f.driver_version or f.loaded_version or f.module_version
     branch = driver.split(".")[0] if driver else None
@@ -582,7 +582,7 @@ def _fabric_manager_checks(f: DoctorFacts, bootstrap: str) -> list[Check]:
 def _nvswitch_gen4_checks(f: DoctorFacts, bootstrap: str, symptom: str) -> list[Check]:
     """HGX B200 (NVSwitch gen 4): Fabric Manager's pre-check and nvlsm need the InfiniBand user-MAD modules
     loaded at every boot (stack.yaml `nvswitch_gen4`)."""
-    from gpuprov.plan.compat import facts
+    from gpuprov.plan.stack import facts
 
     gen4 = facts().nvswitch_gen4
     if not set(gen4.archs) & f.gpu_archs or f.modules is None:
@@ -615,7 +615,7 @@ def _torch_checks(f: DoctorFacts) -> list[Check]:
     head = f"torch {t.version} built for CUDA {t.cuda}"
     if not f.cuda_version:
         return [_ok("torch", f"{head}; the driver's CUDA version is unknown (nvidia-smi failed), not compared")]
-    from gpuprov.plan.compat import minor_compat_runs
+    from gpuprov.plan.stack import minor_compat_runs
 
     torch_cuda = ".".join(t.cuda.split(".")[:2])
     if _v(torch_cuda) > _v(f.cuda_version)[:2] and f.driver_version and minor_compat_runs(torch_cuda, f.driver_version):
@@ -623,7 +623,7 @@ def _torch_checks(f: DoctorFacts) -> list[Check]:
                     f"CUDA {t.cuda.split('.')[0]}.x code through minor-version compatibility (limited feature set, "
                     "no PTX JIT of newer code)")]
     if _v(t.cuda)[:2] > _v(f.cuda_version)[:2]:
-        from gpuprov.plan.compat import facts
+        from gpuprov.plan.stack import facts
 
         minimum = facts().cuda_min_driver.get(".".join(t.cuda.split(".")[:2]))
         need = f" to ≥ {minimum.driver}" if minimum else ""

@@ -272,7 +272,7 @@ def _torch_checks(report: CheckReport, expect: Expectation) -> list[Check]:
                     detail=f"torch {t.version} built for CUDA {t.cuda}, NCCL {t.nccl or 'n/a'}"
                     + (f"; {t.error}" if t.error else ""))]
     driver_cuda = report.cuda_driver_version
-    from gpuprov.plan.compat import minor_compat_runs
+    from gpuprov.plan.stack import minor_compat_runs
 
     torch_cuda = ".".join(t.cuda.split(".")[:2]) if t.cuda else None
     if (torch_cuda and driver_cuda and report.driver_version and _v(torch_cuda) > _v(driver_cuda)[:2]
@@ -282,7 +282,7 @@ def _torch_checks(report: CheckReport, expect: Expectation) -> list[Check]:
                             f"{driver_cuda}: it runs through CUDA minor-version compatibility (limited feature set, "
                             "no PTX JIT of newer code)"))
     elif t.cuda and driver_cuda and _v(t.cuda)[:2] > _v(driver_cuda)[:2]:
-        from gpuprov.plan.compat import facts
+        from gpuprov.plan.stack import facts
 
         minimum = facts().cuda_min_driver.get(".".join(t.cuda.split(".")[:2]))
         need = f" (≥ {minimum.driver})" if minimum else ""

@@ -17,369 +17,38 @@ work instead, found by re-solving with each pin relaxed in turn.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
-from functools import cache
 from itertools import groupby
-from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from gpuprov.errors import StackConflict, UserInputError
 from gpuprov.plan.catalog import Gpu
-from gpuprov.resources import data_file
-
-SUPPORTED_OS = ("ubuntu-22.04", "ubuntu-24.04")
-
-
-# --- facts -------------------------------------------------------------------------------------
-
-
-class _Fact(BaseModel):
-    """A part of data/stack.yaml. Its validator is built when facts() first reads the file, not at import:
-    most commands (bootstrap of a `stack: none` playbook, exec, check) never read it."""
-
-    model_config = ConfigDict(defer_build=True)
-
-
-class _CudaMin(_Fact):
-    driver: str
-    unverified: str | None = None
-
-
-class _TorchRelease(_Fact):
-    variants: tuple[str, ...]
-    pypi_default: str
-    python: tuple[str, str]
-
-
-class _WheelArchs(_Fact):
-    torch: tuple[str, str]
-    variants: tuple[str, ...]
-    sm: tuple[str, ...]
-    unverified: str | None = None
-
-
-class _Arch(_Fact):
-    kernel_module: Literal["open", "proprietary"]
-    open_only: bool = False
-    max_driver_branch: int | None = None
-    min_driver_branch: int | None = None
-    max_cuda: str | None = None
-    min_cuda: str | None = None
-    min_torch: str | None = None
-
-
-class _Cutoff(_Fact):
-    branch: int
-    source: str
-
-
-class _Pinning(_Fact):
-    from_branch: int
-    source: str
-    unverified: str | None = None
-    exact_versions: tuple[str, ...] = ()
-
-
-class _TorchPlan(_Fact):
-    release: str
-    drops_variants: tuple[str, ...]
-    effect: str
-    source: str
-    unverified: str
-
-
-class _MinorCompat(_Fact):
-    min_driver: str
-
-
-class _NvswitchGen4(_Fact):
-    archs: tuple[str, ...]
-    packages: tuple[str, ...]
-    kernel_modules_package: str
-    modules: tuple[str, ...]
-    modules_load_file: str
-    unverified: str | None = None
-
-
-class _Persistence(_Fact):
-    dropin: str
-    unverified: str | None = None
-
-
-class StackFacts(_Fact):
-    model_config = ConfigDict(frozen=True)
-
-    cuda_min_driver: dict[str, _CudaMin]
-    driver_branches: tuple[int, ...]
-    default_driver_branch: int
-    last_volta_branch: int
-    proprietary_removed_in: int
-    driver_packages_unversioned_from: _Cutoff
-    fabric_manager_unversioned_from: _Cutoff
-    driver_pinning: _Pinning
-    driver_versions: dict[int, tuple[str, ...]]
-    driver_versions_unverified: str
-    torch_releases: dict[str, _TorchRelease]
-    python_ranges_unverified: str
-    torch_plans: tuple[_TorchPlan, ...]
-    minor_version_compat: dict[str, _MinorCompat]
-    minor_version_compat_limits: str
-    wheel_archs: tuple[_WheelArchs, ...]
-    architectures: dict[str, _Arch]
-    nvswitch_gen4: _NvswitchGen4
-    nvcc_must_match_torch: Literal["major"]
-    persistence_mode: _Persistence
-    python_default: str
-    pytorch_index: str
-
-    def installable_branches(self) -> tuple[int, ...]:
-        """Branches gpuprov can install: those with NVIDIA's pinning packages."""
-        return tuple(b for b in self.driver_branches if b >= self.driver_pinning.from_branch)
-
-    def fabric_manager_package(self, branch: int) -> str:
-        """NVIDIA CUDA repo name of Fabric Manager for a driver branch (no suffix from R580)."""
-        return "nvidia-fabricmanager" if branch >= self.fabric_manager_unversioned_from.branch \
-            else f"nvidia-fabricmanager-{branch}"
-
-
-@cache
-def facts() -> StackFacts:
-    with data_file("stack.yaml").open() as f:
-        return StackFacts.model_validate(yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
-
-
-# --- inputs and outputs ------------------------------------------------------------------------
-
-
-class StackPins(BaseModel):
-    """What the user pinned; None means 'choose for me'."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    driver: str | None = None  # a branch ("580") or an exact version ("580.95.05")
-    cuda: str | None = None  # CUDA toolkit to install (nvcc), e.g. "12.8"
-    torch: str | None = None  # "2.9" or "2.9.1"
-    torch_cuda: str | None = None  # wheel variant, "cu128"
-    python: str | None = None  # "3.12"
-
-    def without(self, name: str) -> StackPins:
-        return self.model_copy(update={name: None})
-
-
-class TorchWheel(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    version: str  # as pinned ("2.9.1") or a release family ("2.13")
-    variant: str  # cu128
-    cuda: str  # 12.8
-    index_url: str
-
-    @property
-    def requirement(self) -> str:
-        """pip requirement: an exact patch when one was pinned, else the newest of the family."""
-        return f"torch=={self.version}" if self.version.count(".") >= 2 else f"torch=={self.version}.*"
-
-
-FabricManager = Literal["required", "auto", "no"]
-
-
-class Stack(BaseModel):
-    """One consistent GPU software stack, as the templates install it."""
-
-    model_config = ConfigDict(frozen=True)
-
-    gpu: str
-    arch: str
-    compute_capability: str
-    os: str
-    driver_branch: int
-    driver_version: str | None  # exact version when pinned
-    kernel_module: Literal["open", "proprietary"]
-    driver_pinning_package: str
-    driver_package: str
-    fabric_manager: FabricManager  # required: NVSwitch instance; auto: install if lspci shows NVSwitch
-    fabric_manager_package: str
-    nvlsm: bool
-    # HGX B200: what Fabric Manager's pre-check needs besides nvlsm (packages, modules loaded at boot)
-    fabric_extra_packages: tuple[str, ...] = ()
-    fabric_kernel_modules: tuple[str, ...] = ()
-    fabric_modules_package: str | None = None
-    fabric_modules_load_file: str | None = None
-    cuda_toolkit: str | None
-    cuda_toolkit_package: str | None
-    torch: TorchWheel | None
-    python: str
-    minor_version_compat: bool = False  # the wheel runs only through CUDA minor-version compatibility
-    unverified: tuple[str, ...] = ()
-    reasons: tuple[str, ...] = ()
-
-    @property
-    def min_driver(self) -> str | None:
-        """The lowest driver that runs this stack's CUDA (wheel and toolkit)."""
-        needs = [c for c in (self.torch.cuda if self.torch else None, self.cuda_toolkit) if c]
-        if not needs:
-            return None
-        return max((facts().cuda_min_driver[c].driver for c in needs), key=_version_tuple)
-
-
-# --- small helpers -----------------------------------------------------------------------------
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in text.split("."))
-
-
-def _family(torch_version: str) -> str:
-    return ".".join(torch_version.split(".")[:2])
-
-
-def variant_cuda(variant: str) -> str:
-    """cu128 -> 12.8, cu130 -> 13.0, cu118 -> 11.8."""
-    digits = variant[2:]
-    return f"{digits[:-1]}.{digits[-1]}"
-
-
-def _sm_runs(wheel_sms: tuple[str, ...], cc: str) -> bool:
-    """SASS for X.y runs on X.z when z >= y (same major only)."""
-    major, minor = _version_tuple(cc)
-    return any(m == major and n <= minor for m, n in (_version_tuple(s) for s in wheel_sms))
-
-
-def _driver_satisfies(branch: int, exact: str | None, minimum: str) -> bool:
-    if exact:
-        return _version_tuple(exact) >= _version_tuple(minimum)
-    # a branch's current release is newer than the GA minimum of any CUDA minor that names it
-    return branch >= _version_tuple(minimum)[0]
-
-
-def _min_branch_for(minimum: str) -> int:
-    """The oldest branch gpuprov can install that satisfies a minimum driver version."""
-    need = _version_tuple(minimum)[0]
-    return min(b for b in facts().installable_branches() if b >= need)
-
-
-def _split_driver(driver: str) -> tuple[int, str | None]:
-    """'580' -> (580, None); '580.95.05' -> (580, '580.95.05')."""
-    return int(driver.split(".")[0]), (driver if "." in driver else None)
-
-
-def minor_compat_runs(cuda: str, driver: str) -> bool:
-    """CUDA minor-version compatibility: code built with CUDA X.y runs (limited feature set, no PTX JIT of
-    newer code) on a driver of at least the X family minimum (stack.yaml `minor_version_compat`)."""
-    family = facts().minor_version_compat.get(cuda.split(".")[0])
-    if family is None:
-        return False
-    branch, exact = _split_driver(driver)
-    return _driver_satisfies(branch, exact, family.min_driver)
-
-
-def driver_runs(cuda: str, driver: str) -> tuple[bool, bool]:
-    """(runs, needs_minor_compat) for code built with CUDA `cuda` ("12.6") on `driver` (branch or version)."""
-    minimum = facts().cuda_min_driver.get(cuda)
-    branch, exact = _split_driver(driver)
-    if minimum is not None and _driver_satisfies(branch, exact, minimum.driver):
-        return True, False
-    return (True, True) if minor_compat_runs(cuda, driver) else (False, False)
-
-
-# --- validation of single pins -----------------------------------------------------------------
-
-
-def check_pins(pins: StackPins) -> None:
-    """Reject malformed or unknown pins, and drivers gpuprov cannot install (before any GPU is known)."""
-    _check_pin_syntax(pins)
-    _check_driver_installable(pins)
-
-
-def _check_pin_syntax(pins: StackPins) -> None:
-    """Malformed or unknown pins."""
-    if not (pins.driver is None and pins.cuda is None and pins.torch is None and pins.torch_cuda is None):
-        _check_known_pins(pins)  # stack.yaml is read only when a pin needs a look-up (most runs pin nothing)
-    if pins.python is not None and not re.fullmatch(r"3\.\d+", pins.python):
-        raise UserInputError("--python", f"{pins.python!r} is not a Python version", "e.g. 3.12")
-
-
-def _check_known_pins(pins: StackPins) -> None:
-    """Pins of a driver branch, CUDA toolkit, torch release or wheel variant that stack.yaml does not know."""
-    f = facts()
-    if pins.driver is not None:
-        if not re.fullmatch(r"\d{3}(\.\d+){0,2}", pins.driver):
-            raise UserInputError("--driver", f"{pins.driver!r} is not a driver branch or version", "e.g. 580 or 580.95.05")
-        branch = int(pins.driver.split(".")[0])
-        if branch not in f.driver_branches:
-            raise UserInputError(
-                "--driver", f"unknown driver branch {branch}",
-                f"known branches: {', '.join(map(str, f.installable_branches()))}",
-            )
-    if pins.cuda is not None and pins.cuda not in f.cuda_min_driver:
-        raise UserInputError(
-            "--cuda", f"unknown CUDA toolkit {pins.cuda!r}", f"known: {', '.join(f.cuda_min_driver)}"
-        )
-    if pins.torch is not None and (
-        not re.fullmatch(r"\d+\.\d+(\.\d+)?", pins.torch) or _family(pins.torch) not in f.torch_releases
-    ):
-        raise UserInputError(
-            "--torch", f"unknown torch release {pins.torch!r}",
-            f"known: {', '.join(f.torch_releases)} (optionally with a patch, e.g. 2.9.1)",
-        )
-    if pins.torch_cuda is not None:
-        known = sorted({v for r in f.torch_releases.values() for v in r.variants})
-        if pins.torch_cuda not in known:
-            raise UserInputError("--torch-cuda", f"unknown wheel variant {pins.torch_cuda!r}", f"known: {', '.join(known)}")
-
-
-def _check_driver_installable(pins: StackPins) -> None:
-    """A driver pin gpuprov can hold apt at: a branch with NVIDIA's pinning package, a release it knows of."""
-    if pins.driver is None:
-        return
-    f = facts()
-    branch = int(pins.driver.split(".")[0])
-    if branch < f.driver_pinning.from_branch:
-        raise StackConflict(
-            "--driver",
-            f"R{branch} cannot be installed from NVIDIA's repository: it has no nvidia-driver-pinning-{branch} "
-            f"package (pinning packages exist from R{f.driver_pinning.from_branch} on), so apt could not hold "
-            "the driver on that branch",
-            f"use --driver {f.driver_pinning.from_branch} or newer (known: "
-            f"{', '.join(map(str, f.installable_branches()))}); torch wheels for CUDA 12.x also run on an older "
-            "branch that is already installed (CUDA minor-version compatibility)",
-            rule="driver-no-pinning-package",
-        )
-    if "." in pins.driver and pins.driver not in f.driver_versions.get(branch, ()):
-        releases = f.driver_versions.get(branch, ())
-        raise StackConflict(
-            "--driver",
-            f"driver {pins.driver} is not a release gpuprov knows of on branch R{branch}, so there is no "
-            f"nvidia-driver-pinning-{pins.driver} package to install",
-            (f"known R{branch} releases: {', '.join(releases)}; " if releases else "")
-            + f"or pin only the branch: --driver {branch}",
-            rule="driver-version-unknown",
-        )
-    if "." in pins.driver and pins.driver not in f.driver_pinning.exact_versions:
-        pinned = [v for v in f.driver_pinning.exact_versions if v.startswith(f"{branch}.")]
-        raise StackConflict(
-            "--driver",
-            f"driver {pins.driver} is a real R{branch} release, but no source shows an "
-            f"nvidia-driver-pinning-{pins.driver} package, which gpuprov needs to hold apt at that release",
-            (f"R{branch} releases with one: {', '.join(pinned)}; " if pinned else "")
-            + f"or pin only the branch: --driver {branch}",
-            rule="driver-version-no-pinning-package",
-        )
-
-
-# --- the solver --------------------------------------------------------------------------------
+from gpuprov.plan.pins import check_driver_installable, check_driver_pin, check_pin_syntax, check_toolkit, check_toolkit_arch
+from gpuprov.plan.stack import (
+    SUPPORTED_OS,
+    FabricManager,
+    Stack,
+    StackPins,
+    TorchWheel,
+    driver_runs,
+    facts,
+    min_branch_for,
+    release_family,
+    sm_runs,
+    variant_cuda,
+    version_tuple,
+    wheel_archs,
+)
 
 
 def _torch_candidates(pins: StackPins) -> Iterator[tuple[str, str]]:
     """(release, variant) pairs in preference order: newest release first, the release's own
     PyPI default variant first (the one the PyTorch project ships to most users), then newer ones."""
     f = facts()
-    releases = sorted(f.torch_releases, key=_version_tuple, reverse=True)
+    releases = sorted(f.torch_releases, key=version_tuple, reverse=True)
     if pins.torch:
-        releases = [_family(pins.torch)]
+        releases = [release_family(pins.torch)]
     for rel in releases:
         info = f.torch_releases[rel]
         ordered = [
@@ -391,14 +60,6 @@ def _torch_candidates(pins: StackPins) -> Iterator[tuple[str, str]]:
         for variant in ordered:
             if pins.torch_cuda in (None, variant):
                 yield rel, variant
-
-
-def _wheel_archs(release: str, variant: str) -> _WheelArchs | None:
-    for row in facts().wheel_archs:
-        lo, hi = (_version_tuple(v) for v in row.torch)
-        if lo <= _version_tuple(release) <= hi and variant in row.variants:
-            return row
-    return None
 
 
 class _Problem(BaseModel):
@@ -419,10 +80,10 @@ def _torch_problem(gpu: Gpu, release: str, variant: str, pins: StackPins, allow_
     if variant not in info.variants:
         return _Problem(rule="wheel-variant-missing",
                         text=f"torch {release} has no {variant} wheels (it ships {', '.join(info.variants)})")
-    if arch.min_torch and _version_tuple(release) < _version_tuple(arch.min_torch):
+    if arch.min_torch and version_tuple(release) < version_tuple(arch.min_torch):
         return _Problem(rule="arch-min-torch", text=f"{gpu.name} ({gpu.sm}) needs torch ≥ {arch.min_torch}")
-    archs = _wheel_archs(release, variant)
-    if archs is None or not _sm_runs(archs.sm, gpu.compute_capability):
+    archs = wheel_archs(release, variant)
+    if archs is None or not sm_runs(archs.sm, gpu.compute_capability):
         built = ", ".join("sm_" + s.replace(".", "") for s in archs.sm) if archs else "unknown archs"
         return _Problem(rule="wheel-no-sass",
                         text=f"torch {release}+{variant} wheels carry code for {built}, not {gpu.name}'s {gpu.sm}")
@@ -448,10 +109,10 @@ def _torch_problem(gpu: Gpu, release: str, variant: str, pins: StackPins, allow_
             compat = f" (or ≥ {family.min_driver} through CUDA minor-version compatibility)" if family else ""
             return _Problem(rule="wheel-needs-newer-driver",
                             text=f"{variant} wheels (CUDA {cuda}) need driver ≥ {minimum}{compat} "
-                                 f"(R{_min_branch_for(minimum)}); driver {pins.driver} is older")
+                                 f"(R{min_branch_for(minimum)}); driver {pins.driver} is older")
     if pins.python:
         lo, hi = info.python
-        if not _version_tuple(lo) <= _version_tuple(pins.python) <= _version_tuple(hi):
+        if not version_tuple(lo) <= version_tuple(pins.python) <= version_tuple(hi):
             return _Problem(rule="python-range", text=f"torch {release} supports Python {lo}–{hi}, not {pins.python}")
     return None
 
@@ -484,7 +145,7 @@ def variants_with_sass(release: str, compute_capability: str) -> list[str]:
     if info is None:
         return []
     name = ".".join(release.split("+")[0].split(".")[:2])
-    fits = [v for v in info.variants if (archs := _wheel_archs(name, v)) and _sm_runs(archs.sm, compute_capability)]
+    fits = [v for v in info.variants if (archs := wheel_archs(name, v)) and sm_runs(archs.sm, compute_capability)]
     return sorted(fits, key=lambda v: v != info.pypi_default)
 
 
@@ -496,63 +157,6 @@ def choose_torch_for_driver(gpu: Gpu, driver: str) -> TorchWheel:
                       index_url=f"{facts().pytorch_index}/{variant}")
 
 
-def _check_driver_pin(gpu: Gpu, pins: StackPins) -> None:
-    if not pins.driver:
-        return
-    f = facts()
-    arch = f.architectures[gpu.arch]
-    branch = int(pins.driver.split(".")[0])
-    if arch.max_driver_branch and branch > arch.max_driver_branch:
-        raise StackConflict(
-            "--driver",
-            f"{gpu.name} ({gpu.arch.title()}, {gpu.sm}) is supported up to driver branch R{arch.max_driver_branch}; "
-            f"R{branch} dropped it",
-            f"use --driver {arch.max_driver_branch} (proprietary kernel module)",
-            rule="gpu-max-driver-branch",
-        )
-    if arch.min_driver_branch and branch < arch.min_driver_branch:
-        raise StackConflict(
-            "--driver",
-            f"{gpu.name} ({gpu.sm}) needs driver branch ≥ R{arch.min_driver_branch}",
-            f"use --driver {arch.min_driver_branch} or newer",
-            rule="gpu-min-driver-branch",
-        )
-    # The proprietary module's removal (R620, stack.yaml) comes after the last branch of every architecture that
-    # needs it (Volta: R580), so max_driver_branch is the limit a user meets first (test_compat.py checks the data).
-
-
-def _check_toolkit_arch(gpu: Gpu, pins: StackPins) -> None:
-    """The toolkit against the GPU's architecture (before any wheel is chosen: it names the real cause)."""
-    if not pins.cuda:
-        return
-    arch = facts().architectures[gpu.arch]
-    cuda = pins.cuda
-    if arch.max_cuda and _version_tuple(cuda) > _version_tuple(arch.max_cuda):
-        raise StackConflict(
-            "--cuda", f"{gpu.name} ({gpu.sm}) is supported by CUDA toolkits up to {arch.max_cuda}, not {cuda}",
-            f"use --cuda {arch.max_cuda}", rule="toolkit-max-cuda",
-        )
-    if arch.min_cuda and _version_tuple(cuda) < _version_tuple(arch.min_cuda):
-        raise StackConflict(
-            "--cuda", f"{gpu.name} ({gpu.sm}) needs CUDA ≥ {arch.min_cuda}", f"use --cuda {arch.min_cuda} or newer",
-            rule="toolkit-min-cuda",
-        )
-
-
-def _check_toolkit(gpu: Gpu, pins: StackPins, branch: int, exact: str | None) -> None:
-    if not pins.cuda:
-        return
-    cuda = pins.cuda
-    minimum = facts().cuda_min_driver[cuda].driver
-    if pins.driver and not _driver_satisfies(branch, exact, minimum):
-        raise StackConflict(
-            "--driver",
-            f"CUDA {cuda} needs driver ≥ {minimum}; driver {pins.driver} is older",
-            f"use --driver {_min_branch_for(minimum)} or newer, or an older --cuda",
-            rule="toolkit-needs-newer-driver",
-        )
-
-
 def _choose_branch(gpu: Gpu, pins: StackPins, cudas: list[str]) -> int:
     f = facts()
     arch = f.architectures[gpu.arch]
@@ -561,7 +165,7 @@ def _choose_branch(gpu: Gpu, pins: StackPins, cudas: list[str]) -> int:
     branch = f.default_driver_branch
     if arch.max_driver_branch:
         branch = min(branch, arch.max_driver_branch)
-    needed = max((_min_branch_for(f.cuda_min_driver[c].driver) for c in cudas), default=0)
+    needed = max((min_branch_for(f.cuda_min_driver[c].driver) for c in cudas), default=0)
     if arch.min_driver_branch:
         needed = max(needed, arch.min_driver_branch)
     # every CUDA up to the architecture's max_cuda runs on its last branch (test_compat.py checks the data), and a
@@ -575,10 +179,10 @@ def newest_cuda(gpu: Gpu, branch: int) -> str:
     arch = f.architectures[gpu.arch]
     usable = [
         c for c, m in f.cuda_min_driver.items()
-        if _version_tuple(m.driver)[0] <= branch and not m.unverified
-        and not (arch.max_cuda and _version_tuple(c) > _version_tuple(arch.max_cuda))
+        if version_tuple(m.driver)[0] <= branch and not m.unverified
+        and not (arch.max_cuda and version_tuple(c) > version_tuple(arch.max_cuda))
     ]
-    return max(usable, key=_version_tuple)
+    return max(usable, key=version_tuple)
 
 
 def _choose_python(pins: StackPins, release: str | None) -> str:
@@ -588,7 +192,7 @@ def _choose_python(pins: StackPins, release: str | None) -> str:
     if release is None:
         return f.python_default
     lo, hi = f.torch_releases[release].python
-    if _version_tuple(lo) <= _version_tuple(f.python_default) <= _version_tuple(hi):
+    if version_tuple(lo) <= version_tuple(f.python_default) <= version_tuple(hi):
         return f.python_default
     return hi
 
@@ -608,7 +212,7 @@ def resolve(
     :param want_torch: False for playbooks that install the driver but no PyTorch.
     """
     pins = pins or StackPins()
-    _check_pin_syntax(pins)
+    check_pin_syntax(pins)
     if os_name not in SUPPORTED_OS:
         raise UserInputError("--os", f"unsupported OS {os_name!r}", f"choose one of: {', '.join(SUPPORTED_OS)}")
     try:
@@ -665,9 +269,9 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
     if gpu.unverified:
         unverified.append(f"{gpu.name}: {gpu.unverified}")
 
-    _check_driver_pin(gpu, pins)  # the GPU's own driver limits first: they are the cause when both refuse
-    _check_driver_installable(pins)
-    _check_toolkit_arch(gpu, pins)
+    check_driver_pin(gpu, pins)  # the GPU's own driver limits first: they are the cause when both refuse
+    check_driver_installable(pins)
+    check_toolkit_arch(gpu, pins)
     torch: TorchWheel | None = None
     release: str | None = None
     minor = False
@@ -677,7 +281,7 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
         torch = TorchWheel(
             version=pins.torch or release, variant=variant, cuda=cuda, index_url=f"{f.pytorch_index}/{variant}"
         )
-        archs = _wheel_archs(release, variant)
+        archs = wheel_archs(release, variant)
         if archs and archs.unverified:
             unverified.append(archs.unverified)
         if f.cuda_min_driver[cuda].unverified:
@@ -688,7 +292,7 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
         if minor:
             reasons.append(f"driver {pins.driver} {f.minor_version_compat_limits}")
         for plan in f.torch_plans:
-            if variant in plan.drops_variants and _version_tuple(release) < _version_tuple(plan.release):
+            if variant in plan.drops_variants and version_tuple(release) < version_tuple(plan.release):
                 unverified.append(f"{plan.effect} ({plan.unverified}; {plan.source})")
     elif pins.torch or pins.torch_cuda:
         raise UserInputError("--torch", "this playbook installs no PyTorch, so a torch pin has no effect",
@@ -697,7 +301,7 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
     cudas = [c for c in (torch.cuda if torch else None, pins.cuda) if c]
     branch = _choose_branch(gpu, pins, cudas)
     exact = pins.driver if pins.driver and "." in pins.driver else None
-    _check_toolkit(gpu, pins, branch, exact)
+    check_toolkit(gpu, pins, branch, exact)
     if pins.cuda and f.cuda_min_driver[pins.cuda].unverified:
         unverified.append(f.cuda_min_driver[pins.cuda].unverified or "")
     if exact:

@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from gpuprov.errors import UserInputError
 from gpuprov.plan import catalog, compat
 from gpuprov.plan.catalog import Gpu, InstanceType
-from gpuprov.plan.compat import Stack, StackPins
 from gpuprov.plan.render import Bundle, Script, StepPlan, render_steps
 from gpuprov.plan.spec import Playbook, format_duration, load_playbook
+from gpuprov.plan.stack import Stack, StackPins
 
 DEFAULT_METADATA_URL = "http://169.254.169.254"
 

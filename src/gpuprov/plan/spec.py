@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpuprov.errors import UserInputError
-from gpuprov.plan.compat import StackPins
+from gpuprov.plan.stack import StackPins
 from gpuprov.resources import playbooks_dir
 
 StepName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,47}$")]

@@ -1,0 +1,278 @@
+"""The GPU software stack's facts and types: data/stack.yaml read into models (each fact with its source),
+what a user may pin (StackPins), and what the resolver produces (Stack, TorchWheel), with the version
+arithmetic every rule shares (which driver runs which CUDA, which SASS runs on which GPU).
+
+plan/compat.py reasons over these; plan/pins.py checks pins on their own and against a GPU.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from gpuprov.resources import data_file
+
+SUPPORTED_OS = ("ubuntu-22.04", "ubuntu-24.04")
+
+
+# --- facts -------------------------------------------------------------------------------------
+
+
+class _Fact(BaseModel):
+    """A part of data/stack.yaml. Its validator is built when facts() first reads the file, not at import:
+    most commands (bootstrap of a `stack: none` playbook, exec, check) never read it."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
+class _CudaMin(_Fact):
+    driver: str
+    unverified: str | None = None
+
+
+class _TorchRelease(_Fact):
+    variants: tuple[str, ...]
+    pypi_default: str
+    python: tuple[str, str]
+
+
+class _WheelArchs(_Fact):
+    torch: tuple[str, str]
+    variants: tuple[str, ...]
+    sm: tuple[str, ...]
+    unverified: str | None = None
+
+
+class _Arch(_Fact):
+    kernel_module: Literal["open", "proprietary"]
+    open_only: bool = False
+    max_driver_branch: int | None = None
+    min_driver_branch: int | None = None
+    max_cuda: str | None = None
+    min_cuda: str | None = None
+    min_torch: str | None = None
+
+
+class _Cutoff(_Fact):
+    branch: int
+    source: str
+
+
+class _Pinning(_Fact):
+    from_branch: int
+    source: str
+    unverified: str | None = None
+    exact_versions: tuple[str, ...] = ()
+
+
+class _TorchPlan(_Fact):
+    release: str
+    drops_variants: tuple[str, ...]
+    effect: str
+    source: str
+    unverified: str
+
+
+class _MinorCompat(_Fact):
+    min_driver: str
+
+
+class _NvswitchGen4(_Fact):
+    archs: tuple[str, ...]
+    packages: tuple[str, ...]
+    kernel_modules_package: str
+    modules: tuple[str, ...]
+    modules_load_file: str
+    unverified: str | None = None
+
+
+class _Persistence(_Fact):
+    dropin: str
+    unverified: str | None = None
+
+
+class StackFacts(_Fact):
+    model_config = ConfigDict(frozen=True)
+
+    cuda_min_driver: dict[str, _CudaMin]
+    driver_branches: tuple[int, ...]
+    default_driver_branch: int
+    last_volta_branch: int
+    proprietary_removed_in: int
+    driver_packages_unversioned_from: _Cutoff
+    fabric_manager_unversioned_from: _Cutoff
+    driver_pinning: _Pinning
+    driver_versions: dict[int, tuple[str, ...]]
+    driver_versions_unverified: str
+    torch_releases: dict[str, _TorchRelease]
+    python_ranges_unverified: str
+    torch_plans: tuple[_TorchPlan, ...]
+    minor_version_compat: dict[str, _MinorCompat]
+    minor_version_compat_limits: str
+    wheel_archs: tuple[_WheelArchs, ...]
+    architectures: dict[str, _Arch]
+    nvswitch_gen4: _NvswitchGen4
+    nvcc_must_match_torch: Literal["major"]
+    persistence_mode: _Persistence
+    python_default: str
+    pytorch_index: str
+
+    def installable_branches(self) -> tuple[int, ...]:
+        """Branches gpuprov can install: those with NVIDIA's pinning packages."""
+        return tuple(b for b in self.driver_branches if b >= self.driver_pinning.from_branch)
+
+    def fabric_manager_package(self, branch: int) -> str:
+        """NVIDIA CUDA repo name of Fabric Manager for a driver branch (no suffix from R580)."""
+        return "nvidia-fabricmanager" if branch >= self.fabric_manager_unversioned_from.branch \
+            else f"nvidia-fabricmanager-{branch}"
+
+
+@cache
+def facts() -> StackFacts:
+    with data_file("stack.yaml").open() as f:
+        return StackFacts.model_validate(yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
+
+
+# --- inputs and outputs ------------------------------------------------------------------------
+
+
+class StackPins(BaseModel):
+    """What the user pinned; None means 'choose for me'."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    driver: str | None = None  # a branch ("580") or an exact version ("580.95.05")
+    cuda: str | None = None  # CUDA toolkit to install (nvcc), e.g. "12.8"
+    torch: str | None = None  # "2.9" or "2.9.1"
+    torch_cuda: str | None = None  # wheel variant, "cu128"
+    python: str | None = None  # "3.12"
+
+    def without(self, name: str) -> StackPins:
+        return self.model_copy(update={name: None})
+
+
+class TorchWheel(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    version: str  # as pinned ("2.9.1") or a release family ("2.13")
+    variant: str  # cu128
+    cuda: str  # 12.8
+    index_url: str
+
+    @property
+    def requirement(self) -> str:
+        """pip requirement: an exact patch when one was pinned, else the newest of the family."""
+        return f"torch=={self.version}" if self.version.count(".") >= 2 else f"torch=={self.version}.*"
+
+
+FabricManager = Literal["required", "auto", "no"]
+
+
+class Stack(BaseModel):
+    """One consistent GPU software stack, as the templates install it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    arch: str
+    compute_capability: str
+    os: str
+    driver_branch: int
+    driver_version: str | None  # exact version when pinned
+    kernel_module: Literal["open", "proprietary"]
+    driver_pinning_package: str
+    driver_package: str
+    fabric_manager: FabricManager  # required: NVSwitch instance; auto: install if lspci shows NVSwitch
+    fabric_manager_package: str
+    nvlsm: bool
+    # HGX B200: what Fabric Manager's pre-check needs besides nvlsm (packages, modules loaded at boot)
+    fabric_extra_packages: tuple[str, ...] = ()
+    fabric_kernel_modules: tuple[str, ...] = ()
+    fabric_modules_package: str | None = None
+    fabric_modules_load_file: str | None = None
+    cuda_toolkit: str | None
+    cuda_toolkit_package: str | None
+    torch: TorchWheel | None
+    python: str
+    minor_version_compat: bool = False  # the wheel runs only through CUDA minor-version compatibility
+    unverified: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def min_driver(self) -> str | None:
+        """The lowest driver that runs this stack's CUDA (wheel and toolkit)."""
+        needs = [c for c in (self.torch.cuda if self.torch else None, self.cuda_toolkit) if c]
+        if not needs:
+            return None
+        return max((facts().cuda_min_driver[c].driver for c in needs), key=version_tuple)
+
+
+# --- small helpers -----------------------------------------------------------------------------
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split("."))
+
+
+def release_family(torch_version: str) -> str:
+    return ".".join(torch_version.split(".")[:2])
+
+
+def variant_cuda(variant: str) -> str:
+    """cu128 -> 12.8, cu130 -> 13.0, cu118 -> 11.8."""
+    digits = variant[2:]
+    return f"{digits[:-1]}.{digits[-1]}"
+
+
+def sm_runs(wheel_sms: tuple[str, ...], cc: str) -> bool:
+    """SASS for X.y runs on X.z when z >= y (same major only)."""
+    major, minor = version_tuple(cc)
+    return any(m == major and n <= minor for m, n in (version_tuple(s) for s in wheel_sms))
+
+
+def driver_satisfies(branch: int, exact: str | None, minimum: str) -> bool:
+    if exact:
+        return version_tuple(exact) >= version_tuple(minimum)
+    # a branch's current release is newer than the GA minimum of any CUDA minor that names it
+    return branch >= version_tuple(minimum)[0]
+
+
+def min_branch_for(minimum: str) -> int:
+    """The oldest branch gpuprov can install that satisfies a minimum driver version."""
+    need = version_tuple(minimum)[0]
+    return min(b for b in facts().installable_branches() if b >= need)
+
+
+def split_driver(driver: str) -> tuple[int, str | None]:
+    """'580' -> (580, None); '580.95.05' -> (580, '580.95.05')."""
+    return int(driver.split(".")[0]), (driver if "." in driver else None)
+
+
+def minor_compat_runs(cuda: str, driver: str) -> bool:
+    """CUDA minor-version compatibility: code built with CUDA X.y runs (limited feature set, no PTX JIT of
+    newer code) on a driver of at least the X family minimum (stack.yaml `minor_version_compat`)."""
+    family = facts().minor_version_compat.get(cuda.split(".")[0])
+    if family is None:
+        return False
+    branch, exact = split_driver(driver)
+    return driver_satisfies(branch, exact, family.min_driver)
+
+
+def driver_runs(cuda: str, driver: str) -> tuple[bool, bool]:
+    """(runs, needs_minor_compat) for code built with CUDA `cuda` ("12.6") on `driver` (branch or version)."""
+    minimum = facts().cuda_min_driver.get(cuda)
+    branch, exact = split_driver(driver)
+    if minimum is not None and driver_satisfies(branch, exact, minimum.driver):
+        return True, False
+    return (True, True) if minor_compat_runs(cuda, driver) else (False, False)
+
+
+def wheel_archs(release: str, variant: str) -> _WheelArchs | None:
+    for row in facts().wheel_archs:
+        lo, hi = (version_tuple(v) for v in row.torch)
+        if lo <= version_tuple(release) <= hi and variant in row.variants:
+            return row
+    return None
