@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.hosts.doctor import DoctorFacts, diagnose, examine, facts_command, parse_facts
+from gpuprov.hosts.doctor import diagnose, examine
+from gpuprov.hosts.doctor_facts import DoctorFacts, facts_command, parse_facts
 from gpuprov.hosts.verify import Check
 from gpuprov.plan.plan import make_host_plan
 from gpuprov.plan.stack import StackPins
@@ -176,7 +177,7 @@ def test_rules_cover_missing_tools_and_other_oses():
 
 
 def test_cut_off_output_is_an_error():
-    from gpuprov.hosts.doctor import DoctorError
+    from gpuprov.hosts.doctor_facts import DoctorError
 
     with pytest.raises(DoctorError, match="cut off"):
         parse_facts("## os\nubuntu-22.04\n## lsmod\nModule  Size  Used by\n")

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from gpuprov.hosts.detect import FACTS_COMMAND, parse_facts
-from gpuprov.hosts.doctor import diagnose, facts_command
-from gpuprov.hosts.doctor import parse_facts as doctor_facts
+from gpuprov.hosts.doctor import diagnose
+from gpuprov.hosts.doctor_facts import facts_command
+from gpuprov.hosts.doctor_facts import parse_facts as doctor_facts
 from gpuprov.plan.plan import make_host_plan
 from gpuprov.plan.stack import StackPins
 from tests.shimrun import DMI_DIR, ShimHost, summary
