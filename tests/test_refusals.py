@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprov.cloud.providers.aws import retry_config
+from gpuprov.cloud.providers.aws_base import retry_config
 from gpuprov.cloud.providers.aws_refusals import classify
 from gpuprov.cloud.quotas import increase_command, quota_for, quotas
 from gpuprov.plan import catalog

@@ -1,0 +1,156 @@
+"""The plumbing every AWS call shares: clients (thread-safe, one per service and region), one error path
+(no botocore exception leaves cloud/providers/: a refusal becomes `AwsError`, `LaunchError` or `NotFound`),
+EC2's eventual consistency (`_settle`), the owner's tags, and the retry settings as the AWS CLI reads them.
+
+Credentials, profile, region and endpoint come from the standard AWS chain (AWS_PROFILE,
+AWS_REGION, ~/.aws, AWS_ENDPOINT_URL). Throttling and transient errors are retried by botocore's
+standard retry mode; AWS_RETRY_MODE and AWS_MAX_ATTEMPTS keep their AWS meaning (AWS_MAX_ATTEMPTS
+counts every attempt, the first included).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError, ProfileNotFound
+
+from gpuprov.cloud.providers.aws_refusals import classify
+from gpuprov.cloud.providers.base import TAG_NODE, TAG_OWNER, NotFound
+from gpuprov.errors import GpuprovError, UserInputError
+
+T = TypeVar("T")
+
+CREDENTIAL_CODES = {"AuthFailure", "InvalidClientTokenId", "ExpiredToken", "SignatureDoesNotMatch",
+                    "UnrecognizedClientException", "InvalidAccessKeyId"}
+NOT_FOUND = {"instance": "InvalidInstanceID.NotFound", "security-group": "InvalidGroup.NotFound",
+             "key-pair": "InvalidKeyPair.NotFound", "volume": "InvalidVolume.NotFound",
+             "spot-request": "InvalidSpotInstanceRequestID.NotFound", "image": "InvalidAMIID.NotFound",
+             "snapshot": "InvalidSnapshot.NotFound", "placement-group": "InvalidPlacementGroup.Unknown",
+             "address": "InvalidAllocationID.NotFound"}
+
+
+class AwsError(GpuprovError):
+    """EC2 (or another AWS service) refused a call: its code and message, and a fix where one is known."""
+
+    def __init__(self, what: str, code: str, message: str, fix: str = "") -> None:
+        self.what = what
+        self.code = code
+        self.message = message
+        text = f"AWS refused {what}: {code}: {message}"
+        super().__init__(text + (f"\n  fix: {fix}" if fix else ""))
+
+
+def credentials_hint() -> str:
+    return ("configure AWS credentials: `aws configure`, or AWS_PROFILE=<profile>, or "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the environment")
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", "Unknown"))
+
+
+def _message(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Message", str(exc)))
+
+
+def retry_config(attempts: int | None = None) -> Config:
+    """botocore's retries as the AWS CLI reads them from the environment; `attempts` overrides the count."""
+    total = attempts if attempts is not None else int(os.environ.get("AWS_MAX_ATTEMPTS") or 5)
+    retries = {"mode": os.environ.get("AWS_RETRY_MODE") or "standard", "total_max_attempts": total}
+    return Config(retries=retries, connect_timeout=10, read_timeout=60)  # type: ignore[arg-type]
+
+
+class AwsBase:
+    """What every AWS provider part builds on: the owner, the poll interval, the clients and the error path."""
+
+    def __init__(self, owner: str, *, poll: float = 2.0) -> None:
+        self.owner = owner
+        self.poll = poll
+        self._lock = threading.Lock()
+        self._session: Any = None
+        self._clients: dict[tuple[str, str, bool], Any] = {}
+
+    def _client(self, service: str, region: str, *, retries: bool = True) -> Any:
+        # boto3 clients are thread-safe, sessions are not: build clients under a lock, then share them
+        key = (service, region, retries)
+        with self._lock:
+            if key not in self._clients:
+                if self._session is None:
+                    try:
+                        self._session = boto3.session.Session()
+                    except ProfileNotFound as exc:
+                        from gpuprov.cloud.region import profile_not_found
+
+                        raise profile_not_found(str(exc.kwargs.get("profile", "?"))) from None
+                config = retry_config() if retries else retry_config(attempts=1)
+                self._clients[key] = self._session.client(service, region_name=region, config=config)
+            return self._clients[key]
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run one AWS call; every failure becomes a GpuprovError that says what to do."""
+        try:
+            return fn()
+        except NoCredentialsError:
+            raise UserInputError("AWS credentials", "none found", credentials_hint()) from None
+        except NoRegionError:
+            raise UserInputError("--region", "no AWS region set", "pass --region or set AWS_REGION") from None
+        except ProfileNotFound as exc:
+            from gpuprov.cloud.region import profile_not_found
+
+            raise profile_not_found(str(exc.kwargs.get("profile", "?"))) from None
+        except ClientError as exc:
+            code, message = _code(exc), _message(exc)
+            fix = credentials_hint() if code in CREDENTIAL_CODES else classify(code, message, "on-demand").fix
+            raise AwsError(what, code, message, fix) from None
+        except BotoCoreError as exc:  # no answer at all: endpoint unreachable, timeouts, bad config
+            raise GpuprovError(f"AWS call {what} failed: {exc}") from None
+
+    def _settle(self, what: str, fn: Callable[[], T], kind: str, cloud_id: str, settle: float) -> T:
+        """`fn`, looking again (with backoff) while the resource answers NotFound within `settle` seconds:
+        right after a create EC2 may not know the id yet (EC2 guide, "Eventual consistency")."""
+        deadline = time.monotonic() + settle
+        wait = self.poll
+        while True:
+            try:
+                return self._call(what, fn)
+            except AwsError as exc:
+                if exc.code != NOT_FOUND.get(kind):
+                    raise
+                if time.monotonic() + wait > deadline:
+                    raise NotFound(kind, cloud_id, exc.code) from None
+                time.sleep(wait)
+                wait = min(wait * 2, self.poll * 8)
+
+    def _tags(self, node: str, extra: dict[str, str] | None = None) -> list[dict[str, str]]:
+        tags = {TAG_NODE: node, TAG_OWNER: self.owner, "Name": f"gpuprov-{node}", **(extra or {})}
+        return [{"Key": k, "Value": v} for k, v in tags.items()]
+
+    def _owned(self) -> list[dict[str, Any]]:
+        return [{"Name": f"tag:{TAG_OWNER}", "Values": [self.owner]}]
+
+    def _while_in_use(self, fn: Callable[[], Any], timeout: float = 300) -> None:
+        """EC2 keeps a group or volume 'in use' for a while after its instance is gone: retry, bounded."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fn()
+                return
+            except AwsError as exc:
+                if exc.code not in ("DependencyViolation", "VolumeInUse", "IncorrectState", "InvalidSnapshot.InUse",
+                                    "InvalidPlacementGroup.InUse", "InvalidIPAddress.InUse") \
+                        or time.monotonic() > deadline:
+                    raise
+                time.sleep(self.poll)
+
+
+def tag_value(raw: dict[str, Any], key: str = TAG_NODE) -> str | None:
+    for tag in raw.get("Tags") or []:
+        if tag.get("Key") == key:
+            return str(tag.get("Value"))
+    return None
