@@ -85,7 +85,7 @@ def test_non_gpu_nvidia_functions_are_not_gpus():
 
 def test_unknown_model_stops_bootstrap_planning_with_pass_gpu():
     from gpuprov.errors import UserInputError
-    from gpuprov.hosts.bootstrap import Planner
+    from gpuprov.hosts.planner import Planner
     from gpuprov.plan.inventory import Target
     from gpuprov.plan.stack import StackPins
 
@@ -100,7 +100,7 @@ def test_unknown_model_stops_bootstrap_planning_with_pass_gpu():
 
 def test_a_hosts_plan_is_known_ahead_when_the_command_line_names_its_gpu_and_os():
     """Then bootstrap renders it before contacting any host; a host whose facts agree gets that same plan."""
-    from gpuprov.hosts.bootstrap import Planner
+    from gpuprov.hosts.planner import Planner
     from gpuprov.plan.inventory import Target
     from gpuprov.plan.stack import StackPins
 

@@ -51,6 +51,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
     go on. Exit code 0 only when every host ended ok.
     """
     from gpuprov.hosts import bootstrap as engine
+    from gpuprov.hosts.planner import Planner
     from gpuprov.plan.pins import check_pins
     from gpuprov.plan.plan import GuardRequest, make_host_plan, with_jupyter
     from gpuprov.plan.spec import load_playbook, parse_duration
@@ -71,12 +72,12 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
     if gpu:  # an impossible stack is refused before any host is touched
         make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins, guard=guard, jupyter=kw["jupyter"])
     targets = targets_from(kw)
-    plan_for = engine.Planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"])
+    plan_for = Planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"])
     if as_json and not verbose:  # JSON for a script: no progress, and none of rich's import time
         console = None
         results = engine.bootstrap(targets, host_settings(kw), plan_for, _engine_options(engine, kw, None))
     else:
-        from gpuprov.cli.report import LiveHosts, bootstrap_summary
+        from gpuprov.cli.report_hosts import LiveHosts, bootstrap_summary
 
         console = make_console()
         options = _engine_options(engine, kw, (lambda line: console.print(line, markup=False)) if verbose else None)
@@ -163,7 +164,7 @@ def check(gpu: str | None, env_path: str, as_json: bool, as_cluster: bool, sizes
     if as_cluster:
         _check_cluster(kw, env_path, as_json, sizes, sample_ports, port_timeout, not no_allreduce)
         return
-    from gpuprov.cli.report import check_tables
+    from gpuprov.cli.report_hosts import check_tables
     from gpuprov.hosts.check import check as run_check
 
     results = run_check(targets_from(kw), host_settings(kw), gpu=gpu, env_path=env_path, parallel=kw["parallel"])
@@ -226,7 +227,7 @@ def bench(gpu: str | None, seconds: float, env_path: str, as_json: bool, **kw: A
     figure is shown beside the catalog's published one with a verdict: ok, or slow (a throttled,
     shared or smaller GPU than the one paid for). Exit code 0 only when every figure is ok.
     """
-    from gpuprov.cli.report import bench_tables
+    from gpuprov.cli.report_hosts import bench_tables
     from gpuprov.hosts.gpubench import bench as run_bench
     from gpuprov.hosts.gpubench import to_json
 
@@ -253,7 +254,7 @@ def doctor(env_path: str, min_free_gb: float, as_json: bool, **kw: Any) -> None:
     build against the driver, free disk. Findings run from root cause to symptom; passes show as ok.
     Exit code 0 when no host has a failure (warnings allowed).
     """
-    from gpuprov.cli.report import doctor_tables
+    from gpuprov.cli.report_hosts import doctor_tables
     from gpuprov.hosts.doctor import doctor as run_doctor
 
     results = run_doctor(targets_from(kw), host_settings(kw), env_path=env_path, min_free_gb=min_free_gb, parallel=kw["parallel"])
