@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gpuprov.cli.report import bench_tables
+from gpuprov.cli.report_hosts import bench_tables
 from gpuprov.hosts.gpubench import (
     BenchProbeError,
     BenchReport,

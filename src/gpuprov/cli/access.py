@@ -297,7 +297,7 @@ def monitor(hosts: tuple[str, ...], inventory: str | None, parallel: int, interv
     """Live GPU utilisation, memory, temperature and power of several hosts (like `watch nvidia-smi`)."""
     import time
 
-    from gpuprov.cli.report import monitor_table
+    from gpuprov.cli.report_hosts import monitor_table
     from gpuprov.hosts import access
 
     targets, settings = _reach(hosts, inventory, kw)

@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from gpuprov.cli.report import _STYLE, Column, FitTable
+from gpuprov.cli.fittable import STYLE as _STYLE
+from gpuprov.cli.fittable import Column, FitTable
 
 if TYPE_CHECKING:
     from gpuprov.cluster import Cluster, WireResult

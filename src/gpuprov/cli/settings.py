@@ -24,7 +24,7 @@ def config_cmd(as_json: bool, show_path: bool) -> None:
     GPUPROV_KEY, GPUPROV_AUTOSTOP, GPUPROV_PARALLEL; AWS_REGION for the region), which wins over the
     file, which wins over the built-in default.
     """
-    from gpuprov.cli.report import Column, FitTable
+    from gpuprov.cli.fittable import Column, FitTable
     from gpuprov.cloud.region import resolve
     from gpuprov.paths import config_path
     from gpuprov.plan import config

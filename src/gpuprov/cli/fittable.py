@@ -1,0 +1,113 @@
+"""Tables that fit: a rich Table that never splits a name, address, instance type or price mid-word, at any
+width and when piped, leaving optional columns out instead; and the colours every view shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:
+    pass
+
+
+STYLE = {"ok": "green", "ready": "green", "interrupted": "yellow",
+          "changed": "cyan", "unchanged": "green", "failed": "red", "unreachable": "red", "lost": "red",
+          "running": "yellow", "rebooting": "magenta", "reboot": "magenta", "waiting": "dim"}
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of a FitTable. `drop`: when the table is too wide, columns go highest first (0: always
+    shown). `prose`: free text that may wrap between words; every other cell is never split."""
+
+
+    header: str
+    justify: str = "left"
+    drop: int = 0
+    prose: bool = False
+
+
+PROSE_MIN = 12
+
+
+class FitTable:
+    """A rich Table that never splits a name, address, instance type or price mid-word, at any width
+    and when piped (`gpuprov gpus | grep p4d.24xlarge` finds the row): those cells are kept whole, and
+    when they do not fit, optional columns are left out (highest `drop` first), as the caption says."""
+
+
+    def __init__(self, columns: list[Column], title: str | None = None, **table_kw: Any) -> None:
+        self.columns = columns
+        self.title = title
+        self.table_kw = table_kw
+        self.rows: list[tuple[tuple[Any, ...], bool]] = []
+
+
+    def add_row(self, *cells: Any, end_section: bool = False) -> None:
+        self.rows.append((cells, end_section))
+
+
+    def _width(self, i: int) -> int:
+        """Column i's narrowest width: a whole cell for most, the longest word for prose."""
+        cells = [self.columns[i].header, *(plain(cells[i]) for cells, _ in self.rows)]
+        if self.columns[i].prose:  # folds a longer word rather than push the names off the line
+            return min(max((cell_len(word) for cell in cells for word in cell.split()), default=1), PROSE_MIN)
+        return max(cell_len(cell) for cell in cells)
+
+
+    def table(self, shown: list[int]) -> Table:
+        dropped = [c.header for i, c in enumerate(self.columns) if i not in shown]
+        caption = f"left out at this width: {', '.join(dropped)} (wider terminal, or --json)" if dropped else None
+        table = Table(title=self.title, caption=caption, caption_justify="left", **self.table_kw)
+        # rich ignores `justify` on an overflow="ignore" column, so right-aligned cells are padded here
+        right = {i: self._width(i) for i in shown if self.columns[i].justify == "right" and not self.columns[i].prose}
+        for i in shown:
+            col = self.columns[i]
+            header = rjust(col.header, right[i]) if i in right else col.header
+            table.add_column(header, justify=col.justify, no_wrap=not col.prose,  # type: ignore[arg-type]
+                             overflow="fold" if col.prose else "ignore",
+                             min_width=None if col.prose else self._width(i))
+        for cells, end_section in self.rows:
+            table.add_row(*(rjust(cells[i], right[i]) if i in right else cells[i] for i in shown),
+                          end_section=end_section)
+        return table
+
+
+    def fitted(self, width: int) -> Table:
+        shown = list(range(len(self.columns)))
+        while True:
+            table = self.table(shown)
+            need = table._extra_width + sum(self._width(i) + table._get_padding_width(n) for n, i in enumerate(shown))
+            optional = [i for i in shown if self.columns[i].drop]
+            if need <= width or not optional:
+                return table
+            shown.remove(max(optional, key=lambda i: self.columns[i].drop))
+
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.fitted(options.max_width)
+
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.fitted(options.max_width))
+
+
+def rjust(cell: Any, width: int) -> Any:
+    pad = width - cell_len(plain(cell))
+    if pad <= 0:
+        return cell
+    return Text(" " * pad) + cell if isinstance(cell, Text) else " " * pad + str(cell)
+
+
+def plain(cell: Any) -> str:
+    return cell.plain if isinstance(cell, Text) else str(cell)
+
+
+def price_text(value: float | None) -> str:
+    return f"${value:,.2f}/h" if value is not None else "n/a"
