@@ -32,6 +32,8 @@ MUTMUT = str(Path(sys.executable).parent / "mutmut")
 # module (path under src/gpuprov) -> the test files that exercise it in-process
 MODULES: dict[str, list[str]] = {
     "plan/compat": ["tests/test_compat.py"],
+    "plan/stack": ["tests/test_compat.py"],
+    "plan/pins": ["tests/test_compat.py"],
     # plan's decisions in fast in-process tests; test_templates/test_guardrails render and shellcheck whole plans,
     # which made each mutant cost tens of seconds
     "plan/plan": ["tests/test_plan_unit.py"],
