@@ -14,7 +14,8 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpuprov"
 MAX_LINES = 500
-GROUND = ("gpuprov.errors", "gpuprov.paths", "gpuprov.resources", "gpuprov.state")
+GROUND = ("gpuprov.errors", "gpuprov.files", "gpuprov.locks", "gpuprov.paths", "gpuprov.resources",
+          "gpuprov.state")
 CLOUD_SDKS = ("boto3", "botocore")
 SSH_SDKS = ("fabric", "paramiko", "invoke")
 
@@ -198,8 +199,10 @@ def test_allowed_imports_pass(tmp_path):
 
 
 def test_a_circle_is_found_however_long(tmp_path):
-    root = _tree(tmp_path, {"cloud/a.py": "from gpuprov.cloud import b\n", "cloud/b.py": "from gpuprov.cloud.c import x\n",
-                            "cloud/c.py": "def f():\n    from gpuprov.cloud import a\n", "cloud/d.py": "from gpuprov.cloud import a\n"})
+    root = _tree(tmp_path, {"cloud/a.py": "from gpuprov.cloud import b\n",
+                            "cloud/b.py": "from gpuprov.cloud.c import x\n",
+                            "cloud/c.py": "def f():\n    from gpuprov.cloud import a\n",
+                            "cloud/d.py": "from gpuprov.cloud import a\n"})
     assert circles(import_graph(root)) == [["gpuprov.cloud.a", "gpuprov.cloud.b", "gpuprov.cloud.c"]]
 
 

@@ -1,0 +1,149 @@
+"""One operation per node at a time: an exclusive OS file lock (flock(2)) per node, region, image and host.
+
+Every command that changes a node (up, down, start, stop, image bake, autostop, ttl, gc, refresh) holds
+its node's lock for as long as it works on it. The kernel drops a lock when its process dies however it
+dies (SIGKILL too), so a free lock means nobody is working on the node: no pid is guessed. gc and
+`status --refresh` try the lock without waiting and leave a node whose lock is held alone; the others
+wait for it, saying who holds it. A region's lock guards what the region's nodes share (the key pair:
+its users are counted, and it is imported or deleted, under it); an image's guards its bake; a host's
+guards one bootstrap of it from this machine at a time.
+
+Locks are re-entrant within a process (a `down` inside an `up`'s take-back holds the node once more);
+the lock file names the holder (pid, command, since) for the messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuprov.errors import GpuprovError
+
+
+@dataclass(frozen=True)
+class Holder:
+    pid: int | None
+    what: str
+    since: float | None
+
+    def __str__(self) -> str:
+        when = time.strftime("%H:%M:%S", time.localtime(self.since)) if self.since else "?"
+        return f"gpuprov {self.what} (pid {self.pid or '?'}, since {when})"
+
+
+class Busy(GpuprovError):
+    """The lock is held by another process, and the caller would not wait."""
+
+    def __init__(self, subject: str, holder: Holder) -> None:
+        self.subject = subject
+        self.holder = holder
+        super().__init__(f"{subject} is being worked on by {holder}")
+
+
+_held: dict[str, tuple[int, int]] = {}  # lock path -> (fd, depth), this process's locks
+_guard = threading.Lock()
+
+
+def folder() -> Path:
+    from gpuprov.paths import state_dir
+
+    path = state_dir() / "locks"
+    path.mkdir(exist_ok=True, mode=0o700)
+    return path
+
+
+def _file(key: str) -> Path:
+    safe = key if re.fullmatch(r"[a-z0-9][a-z0-9.-]{0,80}", key) else \
+        re.sub(r"[^a-z0-9-]", "-", key.lower())[:40] + "-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+    return folder() / f"{safe}.lock"
+
+
+def holder_of(path: Path) -> Holder:
+    try:
+        pid, since, what = path.read_text().split(" ", 2)
+        return Holder(int(pid), what.strip(), float(since))
+    except (OSError, ValueError):
+        return Holder(None, "?", None)
+
+
+@contextlib.contextmanager
+def hold(key: str, what: str, *, wait: bool = True, subject: str | None = None,
+         waiting: Callable[[Holder], None] | None = None) -> Iterator[None]:
+    """Hold the lock `key` ("node-train", "region-us-east-1") while `what` ("up", "down") runs. Held by
+    another process: raise Busy when `wait` is False, else call `waiting(holder)` once and wait."""
+    path = _file(key)
+    with _guard:
+        mine = _held.get(str(path))
+        if mine is not None:
+            _held[str(path)] = (mine[0], mine[1] + 1)
+    if mine is None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = holder_of(path)
+                if not wait:
+                    raise Busy(subject or key, holder) from None
+                if waiting is not None:
+                    waiting(holder)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {time.time():.3f} {what}\n".encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        with _guard:
+            _held[str(path)] = (fd, 1)
+    try:
+        yield
+    finally:
+        with _guard:
+            fd, depth = _held[str(path)]
+            if depth > 1:
+                _held[str(path)] = (fd, depth - 1)
+            else:
+                del _held[str(path)]
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
+                os.close(fd)  # closing the last descriptor releases the flock
+
+
+def is_free(key: str) -> bool:
+    """Nobody holds `key` right now (this process counts as nobody: its own locks are re-entrant)."""
+    path = _file(key)
+    with _guard:
+        if str(path) in _held:
+            return True
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def node(name: str) -> str:
+    return f"node-{name}"
+
+
+def region(name: str) -> str:
+    return f"region-{name}"
+
+
+def image(name: str) -> str:
+    return f"image-{name}"
+
+
+def host(label: str) -> str:
+    return f"host-{label}"
