@@ -26,6 +26,8 @@ Kinds (the realism layer, class Ec2Realism; EC2 developer guide, "Eventual consi
            * images: a CreateImage id is fresh like the others (DescribeImages ImageId.N, DeregisterImage, RunInstances
              ImageId -> InvalidAMIID.NotFound) and `pending` in its first ``image_pending`` (default 2) DescribeImages
              answers before moto's `available`.
+           * client tokens: the first ``token_lag`` (default 1) DescribeInstances filtered by a launch's `client-token`
+             find nothing yet (a filtered Describe is eventually consistent like the tag filters).
            Budgets are fixed when the create reply passes. Ids created straight in moto are never fresh.
            In both kinds (EC2's contract, not timing): CreateImage of a name the account already has is
            InvalidAMIName.Duplicate; its snapshot TagSpecification tags the image's snapshots (moto: NotImplemented).
@@ -44,7 +46,9 @@ Control API (same port, JSON):
                               unknown field or bad value
   POST   /__faults__/release  answer every held request now; -> {"released": N}
   DELETE /__faults__/log      clear only the log
+  POST   /__faults__/spot/interrupt  body {"instance_id", "region"}: EC2 interrupts that spot instance (ec2_spot.py)
   GET    /__faults__/placement-groups   the placement groups the proxy keeps (moto has none; ec2_cluster.py)
+  GET    /__faults__/spot-requests   the spot requests the proxy keeps for RunInstances (moto makes none; ec2_spot.py)
   DELETE /__faults__/tokens   forget the ClientTokens seen (EC2 state, not a fault: DELETE /__faults__ keeps them;
                               the fixture's reset() calls this with moto's own reset)
 
@@ -72,6 +76,9 @@ Rule fields:
   hold: true  -> forward upstream, read the answer, count it (rule "held", log "held": true), then answer
            only after POST /__faults__/release; if the client goes away meanwhile the answer is dropped
            (log "outcome": "client-gone").
+  lose: "drop" | "500"  -> forward upstream (the work is done), then drop the connection without an answer, or answer
+           500 InternalError: a lost answer (EC2 API reference, "Ensure idempotency": repeat with the same token)
+  spot_dies: CODE (RunInstances) -> the launched instances go pending -> terminated at once with StateReason CODE
   (no effect but delay) -> forwarded after the delay
 
 Log entry (one per proxied request, in arrival order):
@@ -87,6 +94,7 @@ Unsupported/InvalidParameterValue 400 (the default).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import http.client
 import json
@@ -105,8 +113,10 @@ from xml.sax.saxutils import escape
 
 try:  # as a module (tests) or as a script (python fault_proxy.py): the sibling module either way
     from tests.aws.ec2_cluster import ClusterEc2, live_instances
+    from tests.aws.ec2_spot import SpotEc2
 except ImportError:  # pragma: no cover - script mode
     from ec2_cluster import ClusterEc2, live_instances  # type: ignore[no-redef]
+    from ec2_spot import SpotEc2  # type: ignore[no-redef]
 
 CONTROL = "/__faults__"
 HOP_HEADERS = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
@@ -198,7 +208,8 @@ EC2_ERROR_STATUS = {
 
 # ----------------------------------------------------------------------------------------------- EC2 realism
 KINDS = ("realistic", "instant")
-REALISM_DEFAULTS: dict[str, Any] = {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1, "image_pending": 2}
+REALISM_DEFAULTS: dict[str, Any] = {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1, "image_pending": 2,
+                                    "token_lag": 1}
 
 # Requests that name resources by id: action -> [(form field pattern, resource kind)]
 _BY_ID: dict[str, list[tuple[str, str]]] = {
@@ -288,7 +299,7 @@ class Ec2Realism:
         new = dict(self.settings, **update)
         if new["kind"] not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, not {new['kind']!r}")
-        for k in ("fresh_lookups", "tag_lag", "image_pending"):
+        for k in ("fresh_lookups", "tag_lag", "image_pending", "token_lag"):
             if isinstance(new[k], bool) or not isinstance(new[k], int) or new[k] < 0:
                 raise ValueError(f"{k} must be an integer >= 0, not {new[k]!r}")
         self.settings = new
@@ -447,22 +458,28 @@ class ClientTokens:
     def __init__(self) -> None:
         self.answers: dict[tuple[str | None, str], bytes] = {}
         self.ids: dict[tuple[str | None, str], list[str]] = {}
+        self.lag: dict[tuple[str | None, str], int] = {}  # realistic kind: client-token look-ups still to miss
 
     def reset(self) -> None:
         self.answers.clear()
         self.ids.clear()
+        self.lag.clear()
 
     def replay(self, req: dict[str, Any]) -> bytes | None:
         token = req["form"].get("ClientToken") if req["action"] == "RunInstances" else None
         return self.answers.get((req["region"], token)) if token else None
 
-    def observe(self, req: dict[str, Any], status: int, body: bytes) -> None:
+    def observe(self, req: dict[str, Any], status: int, body: bytes, lag: int = 0) -> None:
+        """Remember a launch's answer; its ids lag `lag` client-token look-ups behind (the filter is eventually
+        consistent like every filtered Describe: realistic kind's ``token_lag``)."""
         token = req["form"].get("ClientToken") if req["action"] == "RunInstances" else None
         parsed = _xml(body) if token and status == 200 else None
         if parsed is None:
             return
         root, ns = parsed
         q = (lambda tag: f"{{{ns}}}{tag}") if ns else (lambda tag: tag)
+        if (req["region"], token) not in self.answers:
+            self.lag[(req["region"], token)] = lag
         self.answers[(req["region"], token)] = body
         self.ids[(req["region"], token)] = [(i.findtext(q("instanceId")) or "").strip()
                                            for i in root.findall(f"{q('instancesSet')}/{q('item')}")]
@@ -481,7 +498,13 @@ class ClientTokens:
             tokens = [form[f] for f in form if f.startswith(prefix)]
             for f in [f for f in out if f.startswith(prefix)]:
                 del out[f]
-            ids = [i for t in tokens for i in self.ids.get((req["region"], t), [])] or [self.NONE]
+            ids = []
+            for t in tokens:
+                if self.lag.get((req["region"], t), 0) > 0:  # not in the filter's answer yet
+                    self.lag[(req["region"], t)] -= 1
+                    continue
+                ids += self.ids.get((req["region"], t), [])
+            ids = ids or [self.NONE]
             out[k] = "instance-id"
             out.update({f"{prefix}{j}": i for j, i in enumerate(ids, 1)})
         return urllib.parse.urlencode(out).encode()
@@ -542,6 +565,7 @@ class _State:
         self.realism = Ec2Realism()
         self.tokens = ClientTokens()
         self.cluster = ClusterEc2()  # placement groups, MinCount/MaxCount, network cards (tests/aws/ec2_cluster.py)
+        self.spot = SpotEc2()  # RunInstances's spot requests, relaunch, disabled, interruptions (tests/aws/ec2_spot.py)
 
     def add(self, rules: list[dict[str, Any]]) -> list[int]:
         ids = []
@@ -668,12 +692,27 @@ class Handler(BaseHTTPRequestHandler):
             with st.lock:
                 st.tokens.reset()
                 st.cluster.reset()
+                st.spot.reset()
             return self._json(200, {"ok": True})
+        if path == CONTROL + "/spot/interrupt" and self.command == "POST":
+            try:
+                ask = json.loads(body or b"{}")
+                how = st.spot.interrupt(ask.get("region"), ask["instance_id"], (self.upstream, dict(self.headers.items())
+                                                                                 | self._signing(ask.get("region"))),
+                                        st.lock)
+            except (ValueError, KeyError) as e:
+                return self._json(400, {"error": str(e)})
+            return self._json(200, {"instance": ask["instance_id"], "did": how})
         if path == CONTROL + "/placement-groups" and self.command == "GET":
             with st.lock:
                 return self._json(200, [{"region": r, "name": n, "id": g["id"], "strategy": g["strategy"],
                                          "tags": g["tags"], "instances": g["instances"]}
                                         for (r, n), g in st.cluster.groups.items()])
+        if path == CONTROL + "/spot-requests" and self.command == "GET":
+            with st.lock:
+                return self._json(200, [{"region": reg, "id": sid, "state": r["state"], "type": r["type"],
+                                         "instance": r["instance"], "tags": r["tags"]}
+                                        for (reg, sid), r in st.spot.requests.items()])
         if path == CONTROL + "/log" and self.command == "DELETE":
             with st.lock:
                 st.log.clear()
@@ -812,7 +851,7 @@ class Handler(BaseHTTPRequestHandler):
             out = (400, ec2_error_body("InvalidAMIName.Duplicate",
                                        f"AMI name {req['form'].get('Name')} is already in use by AMI {taken}"),
                    [("Content-Type", "text/xml;charset=UTF-8")])
-        elif (answered := self._cluster(req, rule)) is not None:
+        elif (answered := self._cluster(req, rule)) is not None or (answered := self._spot(req)) is not None:
             out = answered
         else:
             if req.get("forward_form") is not None:  # RunInstances as moto understands it (ec2_cluster.py)
@@ -827,13 +866,36 @@ class Handler(BaseHTTPRequestHandler):
                     entry["status"] = 502
                     entry["outcome"] = f"upstream-error: {e}"
                 return self._send(502, str(e).encode(), {"Content-Type": "text/plain"})
+            upstream = (self.upstream, dict(self.headers.items()))
+            st.spot.after(req, out[0], upstream, st.lock)  # a persistent request relaunches (calls moto: no lock)
             with st.lock:
-                st.tokens.observe(req, out[0], out[1])
+                body_out = out[1]
                 if req["action"] == "RunInstances" and out[0] == 200:
-                    st.cluster.launched(req, out[1])
-                answer, hidden = st.realism.observe(req, out[0], out[1])
+                    body_out = st.spot.launched(req, body_out)
+                elif req["action"] == "DescribeInstances" and out[0] == 200:
+                    body_out = st.spot.rewrite(req["region"], body_out)
+                elif req["action"] == "DescribeSpotInstanceRequests" and out[0] == 200:
+                    body_out = st.spot.merge(req, body_out)
+                realistic = st.realism.settings["kind"] == "realistic"
+                st.tokens.observe(req, out[0], body_out, st.realism.settings["token_lag"] if realistic else 0)
+                if req["action"] == "RunInstances" and out[0] == 200:
+                    st.cluster.launched(req, body_out)
+                answer, hidden = st.realism.observe(req, out[0], body_out)
                 entry["hidden"] = hidden
+            if rule and rule.get("spot_dies") and req["action"] == "RunInstances" and out[0] == 200:
+                st.spot.dies(req["region"], answer, str(rule["spot_dies"]), upstream, st.lock)
             out = (out[0], answer, out[2])
+            if rule and rule.get("lose"):  # the work is done; its answer never reaches the client
+                with st.lock:
+                    entry["status"] = out[0]
+                    entry["outcome"] = f"lost-{rule['lose']}"
+                if rule["lose"] == "drop":
+                    self.close_connection = True
+                    with contextlib.suppress(OSError):
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    return None
+                return self._reply(500, ec2_error_body("InternalError", "An internal error has occurred"),
+                                   [("Content-Type", "text/xml;charset=UTF-8")], entry)
         if rule and rule.get("hold"):
             with st.cond:
                 entry["status"] = out[0]
@@ -888,6 +950,36 @@ class Handler(BaseHTTPRequestHandler):
             return result[0], result[1], xml  # type: ignore[misc]
         status, code, message = result  # type: ignore[misc]
         return status, ec2_error_body(code, message), xml
+
+    def _spot(self, req: dict[str, Any]) -> tuple[int, bytes, list[tuple[str, str]]] | None:
+        """What EC2 does with spot requests and moto does not (ec2_spot.py): an answer, or None to forward."""
+        if req["target"] is not None or req["service"] not in (None, "ec2"):
+            return None
+        xml = [("Content-Type", "text/xml;charset=UTF-8")]
+        st = self.state
+        if req["action"] == "CancelSpotInstanceRequests":
+            with st.lock:
+                mine = st.spot.mine(req)
+            if not mine:
+                return None  # a RequestSpotInstances request of moto's own
+            result = st.spot.cancel(req, (self.upstream, dict(self.headers.items())), st.lock)
+        else:
+            with st.lock:
+                result = st.spot.answer(req)  # type: ignore[assignment]
+            if result is None:
+                return None
+        if len(result) == 2:
+            return result[0], result[1], xml  # type: ignore[misc]
+        status, code, message = result  # type: ignore[misc]
+        return status, ec2_error_body(code, message), xml
+
+    def _signing(self, region: str | None) -> dict[str, str]:
+        """Headers for a call the proxy makes to moto on its own (control API): a SigV4-shaped Authorization naming
+        the region, which is all moto reads of it."""
+        when = _dt.datetime.now(_dt.timezone.utc)
+        return {"Authorization": f"AWS4-HMAC-SHA256 Credential=testing/{when:%Y%m%d}/{region or 'us-east-1'}/ec2/"
+                                 "aws4_request, SignedHeaders=host;x-amz-date, Signature=0",
+                "X-Amz-Date": f"{when:%Y%m%dT%H%M%SZ}"}
 
     def _reply(self, status: int, body: bytes, headers: list[tuple[str, str]], entry: dict[str, Any]) -> None:
         try:
@@ -944,6 +1036,15 @@ def placement_groups(proxy_url: str) -> list[dict[str, Any]]:
 
 def release(proxy_url: str) -> int:
     return _call(proxy_url, "POST", CONTROL + "/release", {})["released"]
+
+
+def spot_requests(proxy_url: str) -> list[dict[str, Any]]:
+    return _call(proxy_url, "GET", CONTROL + "/spot-requests")
+
+
+def interrupt(proxy_url: str, instance_id: str, region: str = "us-east-1") -> str:
+    """EC2 interrupts a spot instance (ec2_spot.py); returns "stopped" or "terminated"."""
+    return _call(proxy_url, "POST", CONTROL + "/spot/interrupt", {"instance_id": instance_id, "region": region})["did"]
 
 
 def get_kind(proxy_url: str) -> dict[str, Any]:

@@ -425,11 +425,13 @@ def test_instant_passes_everything_through(aws: AwsEndpoint) -> None:
 
 
 def test_kind_switch_and_reset(aws: AwsEndpoint) -> None:
-    assert aws.realism_state() == {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1, "image_pending": 2, "known": []}
+    assert aws.realism_state() == {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1, "image_pending": 2, "token_lag": 1,
+                                   "known": []}
     aws.instant()
     ec2 = aws.client("ec2", via_proxy=True)
     early = _run(ec2)["Instances"][0]["InstanceId"]  # created while instant: never fresh
-    assert aws.realism(fresh_lookups=1, tag_lag=0) == {"kind": "realistic", "fresh_lookups": 1, "tag_lag": 0, "image_pending": 2}
+    assert aws.realism(fresh_lookups=1, tag_lag=0) == {"kind": "realistic", "fresh_lookups": 1, "tag_lag": 0,
+                                                       "image_pending": 2, "token_lag": 1}
     late = _run(ec2, TagSpecifications=[{"ResourceType": "instance", "Tags": TAGS}])["Instances"][0]["InstanceId"]
     assert ec2.describe_instances(InstanceIds=[early])["Reservations"]
     assert _refused(ec2.describe_instances, InstanceIds=[late])[0] == "InvalidInstanceID.NotFound"
@@ -438,13 +440,16 @@ def test_kind_switch_and_reset(aws: AwsEndpoint) -> None:
     sg = ec2.create_security_group(GroupName="gp", Description="gp")["GroupId"]
     ec2.delete_security_group(GroupId=sg)
     aws.reset()  # what the `aws` fixture does before every test
-    assert aws.realism_state() == {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1, "image_pending": 2, "known": []}
+    assert aws.realism_state() == {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1, "image_pending": 2, "token_lag": 1,
+                                   "known": []}
     assert aws.log() == []
 
 
 def test_kind_control_api(aws: AwsEndpoint) -> None:
-    assert fault_proxy.get_kind(aws.url) == {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1, "image_pending": 2}
-    assert fault_proxy.set_kind(aws.url, tag_lag=3) == {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 3, "image_pending": 2}
+    assert fault_proxy.get_kind(aws.url) == {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1, "image_pending": 2,
+                                             "token_lag": 1}
+    assert fault_proxy.set_kind(aws.url, tag_lag=3) == {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 3,
+                                                        "image_pending": 2, "token_lag": 1}
     for bad in ({"kind": "eventual"}, {"fresh_lookups": -1}, {"tag_lag": "1"}, {"lag": 1}, [1]):
         req = urllib.request.Request(aws.url + "/__faults__/kind", data=json.dumps(bad).encode(), method="POST")
         with pytest.raises(urllib.error.HTTPError) as e:
@@ -452,7 +457,8 @@ def test_kind_control_api(aws: AwsEndpoint) -> None:
         assert e.value.code == 400
     assert fault_proxy.get_kind(aws.url)["tag_lag"] == 3
     fault_proxy.clear(aws.url)
-    assert fault_proxy.get_kind(aws.url) == {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1, "image_pending": 2}
+    assert fault_proxy.get_kind(aws.url) == {"kind": "realistic", "fresh_lookups": 2, "tag_lag": 1, "image_pending": 2,
+                                             "token_lag": 1}
 
 
 def test_fixture_setup_is_never_fresh(aws: AwsEndpoint) -> None:
@@ -481,6 +487,8 @@ def test_client_token_launches_once_and_is_a_describe_filter(aws: AwsEndpoint, k
         reply = ec2.describe_instances(Filters=[{"Name": "client-token", "Values": list(tokens)}])
         return sorted(i["InstanceId"] for r in reply["Reservations"] for i in r["Instances"])
 
+    if kind == "realistic":  # the filter lags like every filtered Describe (token_lag: one look-up per launch)
+        assert by_token("tok-A", "tok-B") == []
     assert by_token("tok-A") == [first]
     assert by_token("tok-A", "tok-B") == sorted([first, other])
     assert by_token("never-used") == []
