@@ -95,7 +95,7 @@ def ssh_argv(target: Target, settings: HostSettings, command: Sequence[str] = ()
 def is_pinned(target: Target, settings: HostSettings) -> bool | None:
     """Whether the pinned file holds a key for the host; None when the name ssh will use is unknown
     (an alias from ~/.ssh/config), where ssh alone decides."""
-    from gpuprov.hosts.hostkeys import known_host_name
+    from gpuprov.hosts.hostkeys import known_host_name, known_hosts_file
 
     files = [f for f in (known_hosts_for(target, settings), *([] if target.known_hosts else settings.trusted))
              if f.exists()]
@@ -103,11 +103,12 @@ def is_pinned(target: Target, settings: HostSettings) -> bool | None:
         return False
     if "." not in target.host and ":" not in target.host:
         return None  # probably an ssh config alias: its HostName is not ours to guess
-    keys = paramiko.HostKeys()
-    for known in files:
-        with contextlib.suppress(OSError, paramiko.SSHException, UnicodeDecodeError, ValueError):
-            keys.load(str(known))
-    return keys.lookup(known_host_name(target.host, target.port or 22)) is not None
+    name = known_host_name(target.host, target.port or 22)
+    for known in files:  # read as ssh reads them (markers and all); an unreadable one pins nothing
+        with contextlib.suppress(OSError, UnicodeDecodeError, ValueError, GpuprovError):
+            if known_hosts_file(known, strict=False).pinned.lookup(name) is not None:
+                return True
+    return False
 
 
 def answers(target: Target, settings: HostSettings) -> bool:

@@ -185,8 +185,9 @@ def _shared_config(connect_timeout: float, ssh_config: str, stamp: tuple[int, in
     return Config(overrides=overrides)
 
 
-def _secure(conn: Connection, settings: HostSettings) -> Connection:
-    """Replace Fabric's trust-any-new-key client with one that checks gpuprov's pins, for every hop."""
+def _secure(conn: Connection, settings: HostSettings) -> tuple[hostkeys.Revoked, ...]:
+    """Replace Fabric's trust-any-new-key client with one that checks gpuprov's pins, for every hop; the
+    revoked keys that apply to them (what a refusal names)."""
     conn.client = paramiko.SSHClient()
     trusted = settings.trusted
     if trusted:  # and the host's UserKnownHostsFile from the ssh config, if it names one
@@ -194,15 +195,16 @@ def _secure(conn: Connection, settings: HostSettings) -> Connection:
         for word in (named if isinstance(named, list) else str(named or "").split()):
             path = Path(word).expanduser()
             trusted += (path,) if path.is_file() and path not in trusted else ()
-    hostkeys.prepare_client(conn.client, settings.known_hosts, settings.accept_new_host_key, trusted,
-                            host=hostkeys.known_host_name(conn.host, int(conn.port or 22)))
+    revoked = hostkeys.prepare_client(conn.client, settings.known_hosts, settings.accept_new_host_key, trusted,
+                                      host=hostkeys.known_host_name(conn.host, int(conn.port or 22)))
     if isinstance(conn.gateway, Connection):
-        _secure(conn.gateway, settings)
-    return conn
+        revoked += _secure(conn.gateway, settings)
+    return revoked
 
 
-def connection(target: Target, settings: HostSettings) -> Connection:
-    """A not-yet-open Fabric Connection to `target` (opens lazily, on first use)."""
+def connection(target: Target, settings: HostSettings) -> tuple[Connection, tuple[hostkeys.Revoked, ...]]:
+    """A not-yet-open Fabric Connection to `target` (opens lazily, on first use), and the revoked keys that
+    apply to its hops."""
     connect_kwargs: dict[str, Any] = {}
     key = target.key or settings.key_filename
     if key:
@@ -214,7 +216,7 @@ def connection(target: Target, settings: HostSettings) -> Connection:
         target.host, user=target.user, port=target.port, config=_config(settings),
         connect_timeout=int(settings.connect_timeout), connect_kwargs=connect_kwargs, gateway=gateway,
     )
-    return _secure(conn, settings)
+    return conn, _secure(conn, settings)
 
 
 class Remote:
@@ -225,7 +227,7 @@ class Remote:
         if target.known_hosts:  # a launched node: its own pinned keys and nothing else
             settings = dataclasses.replace(settings, known_hosts=Path(target.known_hosts), trusted=())
         self.settings = settings
-        self.conn = connection(target, settings)
+        self.conn, self.revoked = connection(target, settings)
 
     @property
     def is_root(self) -> bool:
@@ -262,8 +264,8 @@ class Remote:
                 if isinstance(sock, socket.socket) and hasattr(socket, "TCP_USER_TIMEOUT"):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(interval * count * 1000))
         except paramiko.BadHostKeyException as exc:
-            raise hostkeys.explain(exc) from None
-        except hostkeys.UnknownHostKey:
+            raise hostkeys.explain(exc, self.revoked) from None
+        except (hostkeys.UnknownHostKey, hostkeys.RevokedHostKey):
             raise
         except (TimeoutError, OSError, paramiko.SSHException, EOFError) as exc:
             where = f"{self.conn.user}@{self.conn.host}:{self.conn.port}"
