@@ -169,6 +169,30 @@ def test_a_manifest_cannot_make_render_delete_files_outside_its_folder(tmp_path:
     assert victim.read_text() == "keep me\n"
 
 
+@pytest.mark.parametrize("planted", ["01-kernel-headers.sh", "manifest.json"])
+def test_render_never_writes_through_a_symlink_planted_in_its_folder(tmp_path: Path, planted: str) -> None:
+    """A folder an earlier render wrote, with a link planted at a name this render writes (a script the old
+    manifest did not list, or the manifest itself): the file outside is neither overwritten nor chmod'ed."""
+    out = tmp_path / "bundle"
+    home = tmp_path / "home"
+    assert run_cli(f"render --gpu t4 -p minimal -o {out}", tmp_path, home)[0].returncode == 0
+    victim = tmp_path / "precious"
+    victim.write_text('{"steps": []}\n')  # valid as a manifest too, so reading it through the link is no refusal
+    victim.chmod(0o600)
+    (out / planted).unlink()
+    (out / planted).symlink_to(victim)
+    if planted != "manifest.json":  # the old manifest no longer lists it: it is not this render's to remove
+        (out / "manifest.json").write_text('{"steps": []}\n')
+    before = sorted(p.name for p in out.iterdir())
+    result, _ = run_cli(f"render --gpu t4 -p minimal -o {out}", tmp_path, home)
+    assert victim.read_text() == '{"steps": []}\n' and oct(victim.stat().st_mode & 0o7777) == "0o600"
+    assert result.returncode == 2, result.stderr
+    errors = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: --output: {out / planted} is a symbolic link"), errors
+    assert str(victim) in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == before and (out / planted).is_symlink()  # nothing changed
+
+
 def test_a_corrupt_state_file_is_left_as_it_was(files: Path, tmp_path: Path) -> None:
     before = (files / "corrupt" / "state.sqlite").read_bytes()
     result, _ = run_cli("GPUPROV_HOME={d}/corrupt status", files, tmp_path)

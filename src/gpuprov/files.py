@@ -50,3 +50,8 @@ def locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def lock_beside(path: Path) -> Path:
+    """The lock file of `path`'s writers, a hidden file beside it (`.known_hosts.lock`)."""
+    return path.with_name(f".{path.name}.lock")

@@ -29,7 +29,7 @@ from pathlib import Path
 import paramiko
 
 from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.files import locked, write_atomic
+from gpuprov.files import lock_beside, locked, write_atomic
 
 _LOCK = threading.Lock()  # several hosts pin at once during fan-out
 
@@ -132,17 +132,12 @@ def known_host_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
-def lock_for(known_hosts: Path) -> Path:
-    """The lock file of a known_hosts file's writers, beside it (pins, a node's key moved or merged)."""
-    return known_hosts.with_name(f".{known_hosts.name}.lock")
-
-
 def pin(known_hosts: Path, hostname: str, key: paramiko.PKey) -> None:
     """Add one pinned key (a provider that learned the key out of band calls this too): the file is
     rewritten whole under its writers' lock, so a full disk leaves the old file, not a cut line."""
     with _LOCK:
         known_hosts.parent.mkdir(parents=True, exist_ok=True)
-        with locked(lock_for(known_hosts)):
+        with locked(lock_beside(known_hosts)):  # sshconfig's moves and merges take it too
             old = known_hosts.read_text() if known_hosts.exists() else ""
             line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
             try:

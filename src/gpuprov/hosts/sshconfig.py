@@ -3,8 +3,9 @@ which the user's ~/.ssh/config Includes (added once, at the top, where Include m
 
 Every file here is written whole or not at all (gpuprov.files.write_atomic: a temp file in the same
 folder, renamed over the old one), so a full disk or a kill mid-write leaves the old file as it was, and
-every read-modify-write of them (ssh_config, the Include in ~/.ssh/config, a node's known_hosts) holds
-`edit()`, one flock on a file in the state dir: several `up`s finishing at once each keep their block.
+every read-modify-write of them holds a flock: `edit()` (a file in the state dir) for ssh_config and the
+Include in ~/.ssh/config, so several `up`s finishing at once each keep their block; a known_hosts file's own
+lock beside it (files.lock_beside, the one hostkeys.pin takes) for a node's pinned keys.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gpuprov.errors import GpuprovError
-from gpuprov.files import locked, write_atomic
+from gpuprov.files import lock_beside, locked, write_atomic
 from gpuprov.paths import state_dir
 
 MARK = "# added by gpuprov"
@@ -33,7 +34,7 @@ def node_known_hosts(name: str) -> Path:
 
 @contextlib.contextmanager
 def edit() -> Iterator[None]:
-    """Hold the lock of gpuprov's ssh files for one read-modify-write (the lock file stays in the state dir,
+    """Hold the lock of ssh_config and the Include for one read-modify-write (the lock file stays in the state dir,
     never in ~/.ssh). Re-entered by the same process it would deadlock: callers take it once, at the top."""
     with locked(state_dir() / ".ssh_files.lock"):
         yield
@@ -81,7 +82,7 @@ def move_node_key(name: str, address: str) -> None:
     """The node came back on another address (a stopped instance gets a new public IP): its pinned host
     key now names that address. The key itself is kept: a different key there is still refused."""
     path = node_known_hosts(name)
-    with edit():
+    with locked(lock_beside(path)):
         if not path.exists():
             return
         lines: list[str] = []
@@ -98,7 +99,7 @@ def merge_known_hosts(name: str, parts: list[str]) -> None:
     """The pinned keys of the nodes `parts` (a cluster's members' own files), gathered into node `name`'s
     known_hosts (what `ssh gpuprov-NAME` uses); the parts' entries are removed."""
     target = node_known_hosts(name)
-    with edit():
+    with locked(lock_beside(target)):
         lines: list[str] = []
         for part in parts:
             path = node_known_hosts(part)
