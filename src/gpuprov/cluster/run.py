@@ -14,6 +14,7 @@ stopped the same way, instead of hanging in a collective until NCCL's timeout.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import select
 import shlex
@@ -78,6 +79,7 @@ def _run_node(node: _Node, settings: HostSettings, emit: Emit, stop: threading.E
     start = time.monotonic()
     remote = Remote(node.target, settings)
     sink = LineSink(lambda line: emit(node.target, "out", line))
+    decode = codecs.getincrementaldecoder("utf-8")("replace").decode  # a character may be cut between two reads
     try:
         remote.open()
         transport = remote.conn.transport
@@ -101,7 +103,7 @@ def _run_node(node: _Node, settings: HostSettings, emit: Emit, stop: threading.E
             if readable or channel.recv_ready():
                 data = channel.recv(65536)
                 if data:
-                    sink.write(data.decode("utf-8", "replace"))
+                    sink.write(decode(data))
                     continue
             if channel.exit_status_ready() and not channel.recv_ready():
                 break

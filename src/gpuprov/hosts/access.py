@@ -198,25 +198,31 @@ Emit = Callable[[Target, str, str], None]  # (host, "out" | "err", one line with
 
 
 class LineSink:
-    """A write()-able stream that hands on whole lines (the last partial one at close())."""
+    """A write()-able stream that hands on whole lines (the last partial one at close()). The line so far is
+    kept in pieces: appending to one string and searching all of it on every write made a long line cost
+    the square of its length."""
 
     def __init__(self, emit: Callable[[str], None]) -> None:
         self._emit = emit
-        self._buffer = ""
+        self._pieces: list[str] = []
 
     def write(self, text: str) -> int:
-        self._buffer += text
-        while "\n" in self._buffer:
-            line, self._buffer = self._buffer.split("\n", 1)
+        if "\n" not in text:
+            self._pieces.append(text)
+            return len(text)
+        first, *lines, last = text.split("\n")
+        self._emit(("".join(self._pieces) + first).rstrip("\r"))
+        for line in lines:
             self._emit(line.rstrip("\r"))
+        self._pieces = [last] if last else []
         return len(text)
 
     def flush(self) -> None:  # invoke flushes after every chunk: lines are only complete at "\n"
         pass
 
     def close(self) -> None:
-        if self._buffer:
-            line, self._buffer = self._buffer, ""
+        if self._pieces:
+            line, self._pieces = "".join(self._pieces), []
             self._emit(line)
 
 

@@ -23,7 +23,6 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import paramiko
 from fabric import Config, Connection
-from invoke.exceptions import CommandTimedOut
 
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.hosts import hostkeys
@@ -132,6 +131,8 @@ class _QuickAckSocket(socket.socket):
             self.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
         return data
 
+
+_READ = 4 << 20  # the most one read of a channel takes
 
 KEEPALIVE = (15.0, 4)  # OpenSSH's ServerAliveInterval / ServerAliveCountMax when the ssh config sets none
 
@@ -276,26 +277,39 @@ class Remote:
 
     def run(self, command: str, *, sudo: bool = False, out: Sink | None = None, timeout: float | None = None,
             err: Sink | None = None) -> RunResult:
-        """Run `command` in the remote shell. A dropped connection raises ConnectionLost.
+        """Run `command` in the remote shell (stdin at EOF). A dropped connection raises ConnectionLost; past
+        `timeout` seconds the channel is closed and CommandTimeout raised.
 
-        Output streams to `out` (stderr too, unless `err` is given)."""
-        if sudo and not self.is_root:
-            command = "sudo -n -- bash -c " + _quote(command)
-        started = time.monotonic()
+        Output streams to `out` (stderr too, unless `err` is given) and is returned whole in the result. It is
+        kept in pieces and joined once: invoke's Runner, which ran this before, joined all the output so far on
+        every 1000-byte read (for its stream watchers, which gpuprov has none of), so 8 MB took 7 s and 64 MB
+        did not end in 300 s (issue 20; pyinvoke/invoke#1079); and it decoded each read on its own, so a UTF-8
+        character cut between two reads became two U+FFFD."""
+        outs: list[str] = []
+        errs: list[str] = []
+
+        def on_out(text: str) -> None:
+            outs.append(text)
+            if out is not None:
+                out.write(text)
+
+        def on_err(text: str) -> None:
+            errs.append(text)
+            sink = err or out
+            if sink is not None:
+                sink.write(text)
+
+        if self.conn.transport is None:  # never opened: open now, as Fabric's run did
+            self.open()
+        session = self.session(command, sudo=sudo)
         try:
-            result = self.conn.run(command, hide=True, warn=True, out_stream=out, err_stream=err or out, timeout=timeout)
-        except CommandTimedOut:
+            session.send(b"")
+            code = session.pump(on_out, on_err, deadline=None if timeout is None else time.monotonic() + timeout)
+        except CommandTimeout:
             raise CommandTimeout(f"still running after {timeout:g}s (--timeout); gave up on it") from None
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise ConnectionLost(f"connection lost while running {command[:60]!r}: {exc}") from None
-        if result.exited == -1 and timeout is not None and time.monotonic() - started >= timeout:
-            # invoke closes the channel at the timeout; under load that can win the race against its own
-            # CommandTimedOut, leaving a channel with no exit status: still our timeout, not a lost link
-            raise CommandTimeout(f"still running after {timeout:g}s (--timeout); gave up on it")
-        if result.exited == -1:
-            # paramiko reports -1 when the channel closed without an exit status: the link died
-            raise ConnectionLost(f"connection lost while running {command[:60]!r}")
-        return RunResult(command, result.exited, result.stdout, result.stderr)
+        finally:
+            session.close()
+        return RunResult(session.command, code, "".join(outs), "".join(errs))
 
     def stream(self, command: str, *, sudo: bool = False, stdin: bytes = b"", on_out: Callable[[str], None],
                on_err: Callable[[str], None], silence: float | None = None) -> int:
@@ -322,7 +336,7 @@ class Remote:
             chan.exec_command(command)
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise ConnectionLost(f"{what}: {exc}") from None
-        return Session(self, chan, what)
+        return Session(self, chan, what, command)
 
     def answers(self, timeout: float = 3.0) -> bool:
         """After a dropped connection: does the host still take a TCP connection (then it closed ours,
@@ -353,10 +367,11 @@ class Session:
     (keepalives unanswered) to a host that takes no new one, is HostLost; any other dropped connection is
     ConnectionLost."""
 
-    def __init__(self, remote: Remote, chan: paramiko.Channel, what: str) -> None:
+    def __init__(self, remote: Remote, chan: paramiko.Channel, what: str, command: str = "") -> None:
         self.remote = remote
         self.chan = chan
         self.what = what
+        self.command = command  # as the host's shell got it (sudo included)
         self._out = codecs.getincrementaldecoder("utf-8")("replace").decode
         self._err = codecs.getincrementaldecoder("utf-8")("replace").decode
         self._unread = ""  # stdout that came after what read_until waited for
@@ -373,55 +388,73 @@ class Session:
     def read_until(self, marker: str, on_err: Callable[[str], None], silence: float | None = None) -> str:
         """Stdout up to the first line that is `marker` (that line left out), while stderr goes to `on_err`.
         A command that ends first is a GpuprovError naming its exit status and last stderr line."""
+        needle = f"\n{marker}\n"
         seen: list[str] = []
+        window = ["\n", ""]  # the text just before the newest read (a marker cut in two), and "hit" once found
         tail = [""]
+
+        def out(text: str) -> None:
+            seen.append(text)
+            probe = window[0] + text
+            window[0] = probe[-len(needle):]
+            if needle in probe:
+                window[1] = "hit"
 
         def err(text: str) -> None:
             tail[0] = (tail[0] + text)[-2000:]
             on_err(text)
 
-        def found() -> bool:
-            return f"\n{marker}\n" in "\n" + "".join(seen)
-
-        code = self._pump(seen.append, err, silence, until=found)
+        code = self._pump(out, err, silence, until=lambda: bool(window[1]))
         text = "\n" + "".join(seen)
         if code is not None:
             last = [line for line in tail[0].splitlines() if line.strip()]
             raise GpuprovError(f"the command ended (exit {code}) before it printed {marker!r}"
                                + (f": {last[-1][:300]}" if last else ""))
-        before, _, after = text.partition(f"\n{marker}\n")
+        before, _, after = text.partition(needle)
         self._unread = after
         return before[1:] + ("\n" if before[1:] else "")
 
-    def pump(self, on_out: Callable[[str], None], on_err: Callable[[str], None], silence: float | None = None) -> int:
-        """Hand stdout and stderr text to the callbacks as it arrives; the exit status."""
-        code = self._pump(on_out, on_err, silence, until=None)
+    def pump(self, on_out: Callable[[str], None], on_err: Callable[[str], None], silence: float | None = None,
+             deadline: float | None = None) -> int:
+        """Hand stdout and stderr text to the callbacks as it arrives; the exit status. Past `deadline`
+        (time.monotonic()), CommandTimeout."""
+        code = self._pump(on_out, on_err, silence, until=None, deadline=deadline)
         assert code is not None  # without `until`, only the end of the command stops it
         return code
 
     def _pump(self, on_out: Callable[[str], None], on_err: Callable[[str], None], silence: float | None,
-              until: Callable[[], bool] | None) -> int | None:
-        """pump, stopping early (None) once `until()` holds after some output."""
+              until: Callable[[], bool] | None, deadline: float | None = None) -> int | None:
+        """pump, stopping early (None) once `until()` holds after some output.
+
+        Each read takes all that paramiko holds (up to 4 MiB): its buffer moves what is left to its front on
+        every read, so small reads of a full window copied it over and over. Before stdout, the stderr that
+        came in ahead of it is handed on: a step's last stderr lines belong before the runner's `end` event,
+        which it prints on stdout after the step exits."""
         chan, transport = self.chan, self.remote.conn.transport
         if self._unread:
             text, self._unread = self._unread, ""
             on_out(text)
         heard = time.monotonic()
         while True:
+            if deadline is not None and time.monotonic() > deadline:
+                raise CommandTimeout(f"still running past its deadline: {self.what}")
             if chan.recv_ready():
-                on_out(self._out(chan.recv(65536)))
+                ahead = len(chan.in_stderr_buffer)
+                if ahead:
+                    on_err(self._err(chan.recv_stderr(ahead)))
+                on_out(self._out(chan.recv(_READ)))
                 if until is not None and until():
                     return None
             elif chan.recv_stderr_ready():
-                on_err(self._err(chan.recv_stderr(65536)))
+                on_err(self._err(chan.recv_stderr(_READ)))
             elif chan.exit_status_ready() and chan.exit_status != -1 and (chan.eof_received or chan.closed):
                 # the end is the exit status *and* the end of the data: sshd reports the exit as the process
                 # ends, and its last output (a verify probe, the runner's last events) may still follow it.
                 # What came in since the checks above is buffered by now (EOF follows the data).
-                while chan.recv_ready():
-                    on_out(self._out(chan.recv(65536)))
                 while chan.recv_stderr_ready():
-                    on_err(self._err(chan.recv_stderr(65536)))
+                    on_err(self._err(chan.recv_stderr(_READ)))
+                while chan.recv_ready():
+                    on_out(self._out(chan.recv(_READ)))
                 return int(chan.exit_status)
             elif chan.closed or transport is None or not transport.is_active():
                 if not self.remote.answers():  # closed without a status
