@@ -278,7 +278,9 @@ def sync(args: tuple[str, ...], delete: bool, progress: bool | None, **kw: Any) 
     _warn_unpinned(target, settings)
     show = sys.stdout.isatty() if progress is None else progress
     code = subprocess.call(access.rsync_argv(target, settings, plan, progress=show, delete=delete))
-    if code != 0:
+    if code == 255:  # rsync passes on ssh's own exit: the connection, not the copy, failed (ssh said why above)
+        warn(f"error: rsync exited 255: ssh could not reach {target.name}, or lost it", "red")
+    elif code != 0:
         warn(f"error: rsync exited {code}", "red")
     sys.exit(code)
 

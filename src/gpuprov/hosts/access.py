@@ -58,6 +58,7 @@ def ssh_options(target: Target, settings: HostSettings) -> list[str]:
     ]
     if settings.ssh_config:
         opts += ["-F", str(settings.ssh_config)]
+    opts += _alive_options(target, opts, settings)
     key = target.key or settings.key_filename
     if key:
         opts += ["-i", str(Path(key).expanduser()), "-o", "IdentitiesOnly=yes"]
@@ -68,6 +69,31 @@ def ssh_options(target: Target, settings: HostSettings) -> list[str]:
     if target.proxy_jump:
         opts += _jump_options(target.proxy_jump, settings, known)
     return opts
+
+
+ALIVE_COUNT = 3  # ServerAliveCountMax when gpuprov sets it
+
+
+def _alive_options(target: Target, opts: list[str], settings: HostSettings) -> list[str]:
+    """A bound on a server that stops answering, the handshake included: ssh's ConnectTimeout covers the TCP
+    connect and the banner only, so a server that sent its banner and then stalled held `gpuprov ssh` and
+    `sync` forever, while the other commands give up after --connect-timeout. OpenSSH applies
+    ServerAliveInterval x ServerAliveCountMax to every wait for the server from the handshake on (ssh.c sets
+    it as the packet timeout right after the connect), so gpuprov sets them to about --connect-timeout, unless
+    the user's ssh config sets an interval of its own for the host (`ssh -G`, as ssh would read it): then
+    theirs applies. The same bound then finds a dead connection during the session."""
+    import subprocess
+
+    try:
+        shown = subprocess.run(["ssh", "-G", *opts, "--", target.host], capture_output=True, text=True, timeout=10,
+                               stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.SubprocessError):
+        shown = ""
+    interval = next((line.split()[1] for line in shown.splitlines() if line.startswith("serveraliveinterval ")), "0")
+    if interval != "0":
+        return []
+    every = max(1, math.ceil(settings.connect_timeout / ALIVE_COUNT))
+    return ["-o", f"ServerAliveInterval={every}", "-o", f"ServerAliveCountMax={ALIVE_COUNT}"]
 
 
 def _jump_options(jump: str, settings: HostSettings, known: Path) -> list[str]:

@@ -51,7 +51,7 @@ class CommandTimeout(GpuprovError):
 
 def why_unreachable(exc: BaseException, remote: Remote) -> str:
     """What a failed connect means, in words: refused, timed out, no route, name not resolved, not an
-    SSH server, authentication failed (naming the keys tried)."""
+    SSH server, a handshake that stalled after the banner, authentication failed (naming the keys tried)."""
     import errno
 
     timeout = remote.settings.connect_timeout
@@ -73,6 +73,10 @@ def why_unreachable(exc: BaseException, remote: Remote) -> str:
     if "protocol banner" in str(exc) or isinstance(exc, EOFError) or (transport is not None and not transport.remote_version):
         return (f"something answered on port {remote.conn.port} but did not speak SSH within {timeout:g}s "
                 "(not an SSH server, or one still starting)")
+    if transport is not None and not transport.initial_kex_done:
+        # paramiko's connect gives up on the key exchange at its timeout without a word, then fails to authenticate
+        return (f"the server sent its SSH banner but did not finish the handshake within {timeout:g}s "
+                f"({transport.remote_version!r}: a hung or overloaded sshd, or something in between that stalls)")
     if isinstance(exc, paramiko.AuthenticationException) or "No existing session" in str(exc) or \
             "No authentication methods available" in str(exc):
         keys = remote.conn.connect_kwargs.get("key_filename") or []
