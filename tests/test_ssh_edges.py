@@ -94,8 +94,8 @@ def test_the_bound_is_the_connect_timeout_unless_the_users_ssh_config_sets_its_o
     wait for the server, from the handshake on); a host whose ssh config sets an interval keeps the user's."""
     if shutil.which("ssh") is None:
         skip_or_fail("needs the OpenSSH client")
-    from gpuprov.hosts.access import ssh_argv
     from gpuprov.hosts.remote import HostSettings
+    from gpuprov.hosts.sshcli import ssh_argv
     from gpuprov.plan.inventory import Target
 
     config = tmp_path / "ssh_config"

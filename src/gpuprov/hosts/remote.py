@@ -8,7 +8,6 @@ against gpuprov's known_hosts (see hostkeys.py) instead of Fabric's default, whi
 from __future__ import annotations
 
 import codecs
-import contextlib
 import dataclasses
 import functools
 import io
@@ -26,6 +25,7 @@ from fabric import Config, Connection
 
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.hosts import hostkeys
+from gpuprov.hosts.wire import aead_transport, connect_tcp
 from gpuprov.plan.inventory import Target
 
 # paramiko logs transport errors (a banner read while sshd restarts, say) with tracebacks; we report
@@ -92,48 +92,6 @@ class Sink(Protocol):
     def write(self, text: str) -> int: ...
 
     def flush(self) -> None: ...
-
-
-def _tcp(host: str, port: int, timeout: float) -> socket.socket:
-    """The TCP connection SSH runs over, made here rather than by paramiko so that both of the kernel's small-packet
-    delays are off from the first byte. The key exchange, authentication and a channel's opening are exchanges of
-    small packets, sent two in a row at times, and each such pair waited ~40 ms for a delayed ACK: with Nagle on
-    ours (paramiko turns it off nowhere) and on sshd's side, a connection and its first command took ~105 ms on a
-    local host instead of ~22 ms (bench/README.md)."""
-    sock = socket.create_connection((host, port), timeout=timeout)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if hasattr(socket, "TCP_QUICKACK"):
-        sock.__class__ = _QuickAckSocket
-    return sock
-
-
-AEAD_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
-
-
-def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
-    """paramiko's Transport, asking for AES-GCM before its default AES-CTR: one authenticated encryption per
-    packet instead of AES plus an HMAC whose check paramiko does byte by byte in Python. OpenSSH offers both
-    (the client's order decides); a server without GCM still gets the rest of the list."""
-    transport = paramiko.Transport(sock, **kwargs)
-    options = transport.get_security_options()
-    offered = tuple(options.ciphers)
-    options.ciphers = tuple(c for c in AEAD_FIRST if c in offered) + tuple(c for c in offered if c not in AEAD_FIRST)
-    return transport
-
-
-class _QuickAckSocket(socket.socket):
-    """A TCP socket that acknowledges what it reads at once (TCP_QUICKACK, re-armed after every read, since Linux
-    goes back to delayed ACKs by itself). sshd leaves Nagle on and, after authentication, sends two small packets
-    in a row (the answer, then its host keys); the second waits for our ACK of the first, and its channel-open
-    answer waits behind it."""
-
-    __slots__ = ()
-
-    def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        data = super().recv(bufsize, flags)
-        with contextlib.suppress(OSError):  # closed under us: the next read says so
-            self.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
-        return data
 
 
 _READ = 4 << 20  # the most one read of a channel takes
@@ -252,9 +210,9 @@ class Remote:
     def open(self) -> None:
         try:
             if not self.conn.gateway and not self.conn.is_connected:  # through a gateway, SSH runs on its channel
-                self.conn.connect_kwargs["sock"] = _tcp(self.conn.host, int(self.conn.port or 22),
+                self.conn.connect_kwargs["sock"] = connect_tcp(self.conn.host, int(self.conn.port or 22),
                                                         float(self.conn.connect_timeout or self.settings.connect_timeout))
-            self.conn.connect_kwargs["transport_factory"] = _transport
+            self.conn.connect_kwargs["transport_factory"] = aead_transport
             try:
                 self.conn.open()
             finally:  # one socket, one connection: a later reopen by Fabric makes its own
