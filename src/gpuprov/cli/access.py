@@ -139,15 +139,24 @@ def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo:
     targets, settings = _reach(hosts, inventory, kw)
     width = max(len(t.name) for t in targets)
     lock = threading.Lock()
+    pending: dict[bool, list[str]] = {False: [], True: []}  # stdout's and stderr's lines not yet printed
 
     def emit(target: Any, stream: str, line: str) -> None:
         text = line if no_prefix else f"{target.name:<{width}} | {line}"
         with lock:
-            click.echo(text, err=stream == "err")
+            pending[stream == "err"].append(text)
+
+    def flush() -> None:  # once per read: one click.echo per line cost ~12 us each, 8 s for 700 000 lines
+        with lock:
+            for err, lines in pending.items():
+                if lines:
+                    click.echo("\n".join(lines), err=err)
+                    lines.clear()
 
     command = " ".join(words)
     results = access.exec_many(targets, settings, _with_cluster_env(hosts, command), emit, parallel=parallel, sudo=sudo,
-                               timeout=timeout)
+                               timeout=timeout, flush=flush)
+    flush()
     for r in results:
         if r.error:
             warn(f"{r.target.name:<{width}} | error: {r.error}", "red")

@@ -38,12 +38,14 @@ Emit = Callable[[Target, str, str], None]  # (host, "out" | "err", one line with
 
 
 class LineSink:
-    """A write()-able stream that hands on whole lines (the last partial one at close()). The line so far is
-    kept in pieces: appending to one string and searching all of it on every write made a long line cost
-    the square of its length."""
+    """A write()-able stream that hands on whole lines (the last partial one at close()), then calls `then`
+    once per write that completed any (a printer can write a read's lines at once, not one call per line).
+    The line so far is kept in pieces: appending to one string and searching all of it on every write made a
+    long line cost the square of its length."""
 
-    def __init__(self, emit: Callable[[str], None]) -> None:
+    def __init__(self, emit: Callable[[str], None], then: Callable[[], None] | None = None) -> None:
         self._emit = emit
+        self._then = then
         self._pieces: list[str] = []
 
     def write(self, text: str) -> int:
@@ -55,15 +57,19 @@ class LineSink:
         for line in lines:
             self._emit(line.rstrip("\r"))
         self._pieces = [last] if last else []
+        if self._then is not None:
+            self._then()
         return len(text)
 
-    def flush(self) -> None:  # invoke flushes after every chunk: lines are only complete at "\n"
+    def flush(self) -> None:  # lines are only complete at "\n"
         pass
 
     def close(self) -> None:
         if self._pieces:
             line, self._pieces = "".join(self._pieces), []
             self._emit(line)
+            if self._then is not None:
+                self._then()
 
 
 @dataclass
@@ -75,14 +81,15 @@ class ExecResult:
 
 
 def exec_one(target: Target, settings: HostSettings, command: str, emit: Emit, *, sudo: bool = False,
-             timeout: float | None = None) -> ExecResult:
-    """Run `command` on one host, streaming its stdout and stderr line by line to `emit`.
+             timeout: float | None = None, flush: Callable[[], None] | None = None) -> ExecResult:
+    """Run `command` on one host, streaming its stdout and stderr line by line to `emit` (and `flush()` after
+    each read's lines).
 
     The exit code is the command's; 255 (ssh's own) when the host cannot be reached, its key is not
     pinned or has changed, or the connection drops; 124 (timeout(1)'s) when it ran past `timeout`."""
     start = time.monotonic()
-    out = LineSink(lambda line: emit(target, "out", line))
-    err = LineSink(lambda line: emit(target, "err", line))
+    out = LineSink(lambda line: emit(target, "out", line), flush)
+    err = LineSink(lambda line: emit(target, "err", line), flush)
     remote = Remote(target, settings)
     try:
         remote.open()
@@ -101,11 +108,13 @@ def exec_one(target: Target, settings: HostSettings, command: str, emit: Emit, *
 
 
 def exec_many(targets: Sequence[Target], settings: HostSettings, command: str | Callable[[Target], str], emit: Emit,
-              *, parallel: int = 32, sudo: bool = False, timeout: float | None = None) -> list[ExecResult]:
+              *, parallel: int = 32, sudo: bool = False, timeout: float | None = None,
+              flush: Callable[[], None] | None = None) -> list[ExecResult]:
     """`exec_one` on every host at once (bounded by `parallel`); results in the hosts' order. `command` may
     differ per host (a cluster's nodes source their own cluster.env)."""
     def one(t: Target) -> ExecResult:
-        return exec_one(t, settings, command(t) if callable(command) else command, emit, sudo=sudo, timeout=timeout)
+        return exec_one(t, settings, command(t) if callable(command) else command, emit, sudo=sudo, timeout=timeout,
+                        flush=flush)
 
     return run_parallel(list(targets), one, parallel)
 
