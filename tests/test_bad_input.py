@@ -193,6 +193,36 @@ def test_render_never_writes_through_a_symlink_planted_in_its_folder(tmp_path: P
     assert sorted(p.name for p in out.iterdir()) == before and (out / planted).is_symlink()  # nothing changed
 
 
+def test_a_link_planted_after_renders_check_is_replaced_not_followed(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race the up-front check cannot close: a link planted at a script's name just before that file is
+    written. Each file is a new one renamed over the name, so the link goes and the file outside stays."""
+    from gpuprov.plan import render
+    from gpuprov.plan.plan import make_host_plan
+    from gpuprov.plan.stack import StackPins
+
+    playbook = tmp_path / "two.yml"
+    playbook.write_text("name: two\nstack: none\nenv: null\nsteps:\n  - name: a\n    run: 'true'\n"
+                        "  - name: b\n    run: 'true'\n")
+    bundle = make_host_plan(None, str(playbook), "ubuntu-24.04", StackPins()).bundle()
+    victim = tmp_path / "precious"
+    victim.write_text("keep\n")
+    victim.chmod(0o600)
+    real = render.write_atomic
+
+    def plant_then_write(path: Path, *args: object, **kwargs: object) -> None:
+        path.unlink(missing_ok=True)
+        path.symlink_to(victim)
+        real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(render, "write_atomic", plant_then_write)
+    out = tmp_path / "bundle"
+    written = bundle.write(out)
+    assert victim.read_text() == "keep\n" and oct(victim.stat().st_mode & 0o7777) == "0o600"
+    assert written and not any(p.is_symlink() for p in written)
+    assert all(p.read_text() == s.text for p, s in zip(written[:-1], bundle.scripts, strict=True))  # manifest last
+
+
 def test_a_corrupt_state_file_is_left_as_it_was(files: Path, tmp_path: Path) -> None:
     before = (files / "corrupt" / "state.sqlite").read_bytes()
     result, _ = run_cli("GPUPROV_HOME={d}/corrupt status", files, tmp_path)

@@ -224,7 +224,8 @@ def test_a_step_that_prints_a_lot_keeps_its_head_and_tail_in_the_log(host_pool, 
     seq = "".join(f"line-{n:06d}\n" for n in range(1, lines + 1))
     before = head.index("line-000001\n")
     assert seq.startswith(head[before:])
-    assert f"line-{lines:06d}\n" in tail
+    # (its last lines may open the next section: sshd can send the runner's `end` event before them)
+    assert text.count(f"line-{lines:06d}\n") == 1
     cut, first_whole = tail.split("\n", 2)[0], tail.split("\n", 2)[1]  # a line's end, then whole lines
     resumes = (int(first_whole.removeprefix("line-")) - 1) * 12 - len(cut) - 1  # and its newline
     assert tail.startswith(seq[resumes:resumes + 1000])

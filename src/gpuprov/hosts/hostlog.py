@@ -97,8 +97,9 @@ class HostLog:
         os.ftruncate(self._fd, self._end)
 
     def note(self, text: str) -> None:
-        """gpuprov's own line (a step starts, a host is done); it ends the section before it."""
-        self._finish_lines()
+        """gpuprov's own line (a step starts, a host is done); it ends the section before it. A stream's
+        unfinished line stays held across it: sshd may send the runner's next event (stdout) before a step's
+        last stderr bytes, so a line cut there is finished in the next section rather than cut in two."""
         self._cut()
         line = f"=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {text}"
         if self._echo:
