@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from gpuprov.errors import UserInputError
-from gpuprov.hosts.access import parse_forward, split_sync, sync_host
+from gpuprov.hosts.access import parse_forward
+from gpuprov.hosts.sshcli import split_sync, sync_host
 from tests.conftest import skip_or_fail
 from tests.test_bootstrap_ssh import addrs, bootstrap, by_step, gpuprov, reset
 

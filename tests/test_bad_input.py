@@ -169,6 +169,60 @@ def test_a_manifest_cannot_make_render_delete_files_outside_its_folder(tmp_path:
     assert victim.read_text() == "keep me\n"
 
 
+@pytest.mark.parametrize("planted", ["01-kernel-headers.sh", "manifest.json"])
+def test_render_never_writes_through_a_symlink_planted_in_its_folder(tmp_path: Path, planted: str) -> None:
+    """A folder an earlier render wrote, with a link planted at a name this render writes (a script the old
+    manifest did not list, or the manifest itself): the file outside is neither overwritten nor chmod'ed."""
+    out = tmp_path / "bundle"
+    home = tmp_path / "home"
+    assert run_cli(f"render --gpu t4 -p minimal -o {out}", tmp_path, home)[0].returncode == 0
+    victim = tmp_path / "precious"
+    victim.write_text('{"steps": []}\n')  # valid as a manifest too, so reading it through the link is no refusal
+    victim.chmod(0o600)
+    (out / planted).unlink()
+    (out / planted).symlink_to(victim)
+    if planted != "manifest.json":  # the old manifest no longer lists it: it is not this render's to remove
+        (out / "manifest.json").write_text('{"steps": []}\n')
+    before = sorted(p.name for p in out.iterdir())
+    result, _ = run_cli(f"render --gpu t4 -p minimal -o {out}", tmp_path, home)
+    assert victim.read_text() == '{"steps": []}\n' and oct(victim.stat().st_mode & 0o7777) == "0o600"
+    assert result.returncode == 2, result.stderr
+    errors = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: --output: {out / planted} is a symbolic link"), errors
+    assert str(victim) in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == before and (out / planted).is_symlink()  # nothing changed
+
+
+def test_a_link_planted_after_renders_check_is_replaced_not_followed(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race the up-front check cannot close: a link planted at a script's name just before that file is
+    written. Each file is a new one renamed over the name, so the link goes and the file outside stays."""
+    from gpuprov.plan import render
+    from gpuprov.plan.plan import make_host_plan
+    from gpuprov.plan.stack import StackPins
+
+    playbook = tmp_path / "two.yml"
+    playbook.write_text("name: two\nstack: none\nenv: null\nsteps:\n  - name: a\n    run: 'true'\n"
+                        "  - name: b\n    run: 'true'\n")
+    bundle = make_host_plan(None, str(playbook), "ubuntu-24.04", StackPins()).bundle()
+    victim = tmp_path / "precious"
+    victim.write_text("keep\n")
+    victim.chmod(0o600)
+    real = render.write_atomic
+
+    def plant_then_write(path: Path, *args: object, **kwargs: object) -> None:
+        path.unlink(missing_ok=True)
+        path.symlink_to(victim)
+        real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(render, "write_atomic", plant_then_write)
+    out = tmp_path / "bundle"
+    written = bundle.write(out)
+    assert victim.read_text() == "keep\n" and oct(victim.stat().st_mode & 0o7777) == "0o600"
+    assert written and not any(p.is_symlink() for p in written)
+    assert all(p.read_text() == s.text for p, s in zip(written[:-1], bundle.scripts, strict=True))  # manifest last
+
+
 def test_a_corrupt_state_file_is_left_as_it_was(files: Path, tmp_path: Path) -> None:
     before = (files / "corrupt" / "state.sqlite").read_bytes()
     result, _ = run_cli("GPUPROV_HOME={d}/corrupt status", files, tmp_path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -233,8 +234,17 @@ def check_cluster(*extra: str) -> tuple[int, dict]:
 
 
 def test_check_cluster_exchanges_data_between_every_pair_and_all_reduces_through_the_hosts(cluster_pool, cluster):
+    pool = cluster_pool
+    before = [len(torchrun_calls(pool, i)) for i in range(NODES)]
     code, out = check_cluster("--sizes", "64K,256K")
     assert code == 0, out
+    # the probe ran from a path each node made for itself (mktemp: nobody on the node could plant a link
+    # there first), and was removed afterwards; not /tmp/gpuprov-allreduce-<ms>.py, the same on every node
+    probes = [torchrun_calls(pool, i)[before[i]:][-1].split()[-1] for i in range(NODES)]
+    assert len(set(probes)) == NODES, probes
+    for i, probe in enumerate(probes):
+        assert re.fullmatch(r"/tmp/gpuprov-allreduce\.[A-Za-z0-9]{10}/probe\.py", probe), probe
+        assert pool.exec_in(i, f"test -e {os.path.dirname(probe)}").returncode != 0, probe
     net = out["connectivity"]
     # every node connected to every other node's MASTER_PORT and 4 sampled ephemeral ports, and got its bytes back
     pairs = {(r["src"], r["dst"]) for r in net["results"] if r["outcome"] == "ok"}

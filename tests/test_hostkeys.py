@@ -3,6 +3,7 @@ each rule where mutation testing can see it)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,10 +14,13 @@ import pytest
 from gpuprov.hosts.hostkeys import (
     HostKeyChanged,
     PinPolicy,
+    Revoked,
+    RevokedHostKey,
     UnknownHostKey,
     explain,
     fingerprint,
     known_host_name,
+    known_hosts_file,
     pin,
     pinned_keys,
     prepare_client,
@@ -121,3 +125,84 @@ def test_a_changed_key_names_the_host_and_both_fingerprints(keys, gp_home) -> No
     assert "HOST KEY CHANGED" in text and "--accept-new-host-key" in text
     assert f"remove the old line for 10.0.0.5 from {known_hosts_path()} " in text and str(gp_home) in text
     assert text.index(fingerprint(pinned)) < text.index(fingerprint(offered))  # pinned first, then offered
+
+
+# --- @revoked and @cert-authority (sshd(8), SSH_KNOWN_HOSTS FILE FORMAT) --------------------------
+
+
+def _revoked(*patterns: str) -> Revoked:
+    return Revoked(patterns, b"k", Path("kh"), 1)
+
+
+def test_a_revocation_matches_hosts_as_openssh_patterns_do() -> None:
+    assert _revoked("*").applies_to("10.0.0.5") and _revoked("*").applies_to("[10.0.0.5]:2222")
+    assert _revoked("10.0.0.?").applies_to("10.0.0.5") and not _revoked("10.0.0.?").applies_to("10.0.0.55")
+    assert _revoked("*.Example.COM").applies_to("gpu.example.com")  # names compare case-insensitively
+    assert not _revoked("*", "!10.0.0.5").applies_to("10.0.0.5")  # a negated match wins over any other
+    assert _revoked("*", "!10.0.0.5").applies_to("10.0.0.6")
+    assert not _revoked("!10.0.0.5").applies_to("10.0.0.6")  # negation alone matches nothing
+    assert _revoked("[10.0.0.5]:2222").applies_to("[10.0.0.5]:2222")  # brackets are literal, not a class
+    assert not _revoked("[10.0.0.5]:2222").applies_to("1")
+    hashed = paramiko.HostKeys.hash_host("10.0.0.5")
+    assert _revoked(hashed).applies_to("10.0.0.5") and not _revoked(hashed).applies_to("10.0.0.6")
+
+
+def test_marker_lines_are_read_and_a_revoked_key_is_neither_pinned_nor_accepted(keys, gp_home, tmp_path) -> None:
+    key, _, other = keys
+    user = Path(os.environ["HOME"]) / ".ssh" / "known_hosts"
+    user.parent.mkdir()
+    user.write_text(f"@cert-authority * ssh-ed25519 {other.get_base64()}\n"
+                    f"10.0.0.5,10.0.0.6 ssh-ed25519 {key.get_base64()}\n"
+                    f"@revoked 10.0.0.5 ssh-ed25519 {key.get_base64()}\n")
+    known = tmp_path / "known_hosts"
+    for host in ("10.0.0.5", "10.0.0.6"):
+        client = paramiko.SSHClient()
+        revoked = prepare_client(client, known, accept_new=True, trusted=(user,), host=host)
+        if host == "10.0.0.6":  # the revocation names another host: the key pins as before
+            assert revoked == () and client.get_host_keys().lookup(host)["ssh-ed25519"] == key
+            continue
+        assert len(revoked) == 1 and revoked[0].line == 3 and revoked[0].source == user
+        assert client.get_host_keys().lookup(host) is None  # the revoked key is not pinned
+        with pytest.raises(RevokedHostKey) as refused:  # and --accept-new-host-key does not pin it either
+            client._policy.missing_host_key(client, host, key)
+        assert "REVOKED" in str(refused.value) and f"{user} line 3" in str(refused.value)
+        assert fingerprint(key) in str(refused.value) and not known.exists()
+        assert isinstance(explain(paramiko.BadHostKeyException(host, key, other), revoked), RevokedHostKey)
+        assert isinstance(explain(paramiko.BadHostKeyException(host, other, key), revoked), HostKeyChanged)
+    assert known_hosts_file(user, strict=False).revoked[0].patterns == ("10.0.0.5",)
+
+
+def test_the_users_revocations_hold_for_launched_nodes_too(keys, gp_home, tmp_path) -> None:
+    """A node's own known_hosts is all it trusts, yet a key the user revoked is refused there too."""
+    key, _, _ = keys
+    user = Path(os.environ["HOME"]) / ".ssh" / "known_hosts"
+    user.parent.mkdir()
+    user.write_text(f"@revoked * ssh-ed25519 {key.get_base64()}\n")
+    node = tmp_path / "node_known_hosts"
+    pin(node, "203.0.113.7", key)
+    client = paramiko.SSHClient()
+    assert len(prepare_client(client, node, accept_new=False, host="203.0.113.7")) == 1
+    assert client.get_host_keys().lookup("203.0.113.7") is None
+
+
+def test_gpuprovs_own_file_may_hold_markers_but_not_garbage(keys, tmp_path) -> None:
+    from gpuprov.errors import UserInputError
+
+    key, _, _ = keys
+    known = tmp_path / "known_hosts"
+    known.write_text(f"@revoked * ssh-ed25519 {key.get_base64()}\n@cert-authority * ssh-ed25519 {key.get_base64()}\n")
+    assert len(known_hosts_file(known, strict=True).revoked) == 1 and len(pinned_keys(known)) == 0
+    known.write_text("10.0.0.5 ssh-ed25519 not-base64!\n")
+    with pytest.raises(UserInputError, match="is not a host key"):
+        pinned_keys(known)
+
+
+def test_a_pin_is_a_whole_new_file(keys, tmp_path) -> None:
+    key, _, other = keys
+    known = tmp_path / "known_hosts"
+    known.write_text(f"10.0.0.4 ssh-ed25519 {other.get_base64()}")  # no newline at the end: kept apart
+    inode = known.stat().st_ino
+    pin(known, "10.0.0.5", key)
+    assert known.read_text().splitlines() == [f"10.0.0.4 ssh-ed25519 {other.get_base64()}",
+                                              f"10.0.0.5 ssh-ed25519 {key.get_base64()}"]
+    assert known.stat().st_ino != inode and known.stat().st_mode & 0o777 == 0o600

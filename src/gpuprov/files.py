@@ -17,11 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def write_atomic(path: Path, data: str | bytes, mode: int | None = 0o600) -> None:
+def write_atomic(path: Path, data: str | bytes, mode: int | None = 0o600, *, follow: bool = True) -> None:
     """Replace `path` with `data` in one rename. `mode` None keeps an existing file's mode (the user's own
     ~/.ssh/config), else 0600 for a new one; a symlink at `path` is followed to the file it names, so a
-    linked ~/.ssh/config stays a link."""
-    target = path.resolve() if path.is_symlink() else path
+    linked ~/.ssh/config stays a link, unless `follow` is False: then the link itself is replaced (a folder
+    someone else could plant links in, as `render -o` writes)."""
+    target = path.resolve() if follow and path.is_symlink() else path
     if mode is None:
         mode = target.stat().st_mode & 0o7777 if target.exists() else 0o600
     raw = data.encode() if isinstance(data, str) else data
@@ -50,3 +51,8 @@ def locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def lock_beside(path: Path) -> Path:
+    """The lock file of `path`'s writers, a hidden file beside it (`.known_hosts.lock`)."""
+    return path.with_name(f".{path.name}.lock")

@@ -488,12 +488,4 @@ def _merge_known_hosts(name: str, members: list[Member]) -> None:
     """Each node's pinned key, gathered into the cluster's own known_hosts (what `ssh gpuprov-NAME` uses)."""
     from gpuprov.hosts import sshconfig
 
-    lines: list[str] = []
-    for m in members:
-        path = sshconfig.node_known_hosts(f"{name}.{m.rank}")
-        if path.exists():
-            lines += [line for line in path.read_text().splitlines() if line and line not in lines]
-        sshconfig.remove_node(f"{name}.{m.rank}")
-    target = sshconfig.node_known_hosts(name)
-    target.write_text("".join(f"{line}\n" for line in lines))
-    target.chmod(0o600)
+    sshconfig.merge_known_hosts(name, [f"{name}.{m.rank}" for m in members])

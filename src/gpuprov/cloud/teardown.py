@@ -78,7 +78,10 @@ def take_down(name: str, region: str, provider: Provider, store: Store, say: Say
     release_key_if_unused(region, provider, store, say)
     from gpuprov.hosts import sshconfig
 
-    sshconfig.remove_node(name)
+    try:
+        sshconfig.remove_node(name)
+    except GpuprovError as exc:  # a full or read-only state disk: the cloud resources are gone all the same
+        say(f"  could not remove {name}'s ssh config entry: {exc}")
     if store.node(name).cluster_size:  # a launched cluster's record (`exec NAME`, `NAME:K`) goes with it
         from gpuprov import cluster
 

@@ -22,7 +22,6 @@ import re
 import secrets
 import shlex
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -368,7 +367,6 @@ def allreduce(cluster: Cluster, settings: HostSettings, *, sizes: Sequence[int],
     from gpuprov.cluster.run import run_on_nodes, torchrun_command
 
     probe = _script("allreduce_probe.py.j2", sizes=list(sizes), iterations=iterations, timeout=timeout)
-    path = f"/tmp/gpuprov-allreduce-{int(time.time() * 1000)}.py"
     blob = base64.b64encode(probe.encode()).decode()
     targets = cluster.targets()
     outputs: dict[str, list[str]] = {t.name: [] for t in targets}
@@ -380,9 +378,13 @@ def allreduce(cluster: Cluster, settings: HostSettings, *, sizes: Sequence[int],
         if emit:
             emit(target, stream, line)
 
-    commands = [f"printf %s {blob} | base64 -d > {path} && export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET && "
-                f"trap 'rm -f {path}' EXIT && " + torchrun_command(cluster, k, [path], env_path, replace_shell=False)
-                for k in range(cluster.nnodes)]
+    # the probe goes into a folder mktemp makes on each node (its own random name, 0700, made or failed): a
+    # fixed or guessable /tmp name written with `>` lets anyone on the node plant a link there first
+    command = ("gp_probe_dir=$(mktemp -d /tmp/gpuprov-allreduce.XXXXXXXXXX) && trap 'rm -rf -- \"$gp_probe_dir\"' EXIT "
+               f"&& printf %s {blob} | base64 -d > \"$gp_probe_dir/probe.py\" && "
+               "export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET && ")
+    commands = [command + torchrun_command(cluster, k, [], env_path, replace_shell=False,
+                                           script_word='"$gp_probe_dir/probe.py"') for k in range(cluster.nnodes)]
     stop = threading.Event()
     timer = threading.Timer(timeout + 60, stop.set)  # a hung rendezvous or collective is stopped, not waited on
     timer.start()

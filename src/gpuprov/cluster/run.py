@@ -14,6 +14,7 @@ stopped the same way, instead of hanging in a collective until NCCL's timeout.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import select
 import shlex
@@ -40,11 +41,13 @@ def torchrun_flags(cluster: Cluster, rank: int, nproc_per_node: int | None = Non
 
 
 def torchrun_command(cluster: Cluster, rank: int, script_args: Sequence[str], env_path: str,
-                     nproc_per_node: int | None = None, *, replace_shell: bool = True) -> str:
+                     nproc_per_node: int | None = None, *, replace_shell: bool = True, script_word: str = "") -> str:
     """The remote shell command for node `rank`: cluster.env exported, then the env's torchrun (in place of
-    the shell, so the terminal's signals reach it; `replace_shell=False` keeps the shell for an EXIT trap)."""
+    the shell, so the terminal's signals reach it; `replace_shell=False` keeps the shell for an EXIT trap).
+    `script_word`: a shell word put before `script_args` as it is (`"$probe"`, a path made on the node)."""
     env_bin = host_path(env_path.rstrip("/") + "/bin/torchrun")
-    argv = shlex.join([*torchrun_flags(cluster, rank, nproc_per_node), *script_args])
+    argv = " ".join(w for w in (shlex.join(torchrun_flags(cluster, rank, nproc_per_node)), script_word,
+                                shlex.join(script_args)) if w)
     run = "exec " if replace_shell else ""
     return env_command(f"if [ -x {env_bin} ]; then {run}{env_bin} {argv}; else {run}torchrun {argv}; fi")
 
@@ -78,6 +81,7 @@ def _run_node(node: _Node, settings: HostSettings, emit: Emit, stop: threading.E
     start = time.monotonic()
     remote = Remote(node.target, settings)
     sink = LineSink(lambda line: emit(node.target, "out", line))
+    decode = codecs.getincrementaldecoder("utf-8")("replace").decode  # a character may be cut between two reads
     try:
         remote.open()
         transport = remote.conn.transport
@@ -101,7 +105,7 @@ def _run_node(node: _Node, settings: HostSettings, emit: Emit, stop: threading.E
             if readable or channel.recv_ready():
                 data = channel.recv(65536)
                 if data:
-                    sink.write(data.decode("utf-8", "replace"))
+                    sink.write(decode(data))
                     continue
             if channel.exit_status_ready() and not channel.recv_ready():
                 break

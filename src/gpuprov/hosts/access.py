@@ -1,25 +1,19 @@
-"""Getting at a host once it runs: ssh and rsync command lines, commands on many hosts at once,
-local port forwarding, JupyterLab's token, and GPU samples for `monitor`.
+"""Getting at a host once it runs: commands on many hosts at once, local port forwarding, JupyterLab's
+token, and GPU samples for `monitor` (the system ssh and rsync command lines: sshcli.py).
 
 Every way in checks the host key against a pinned file, never trust-on-first-use behind the
-user's back: the system `ssh` (and rsync through it) gets `StrictHostKeyChecking=yes` with the
-node's own known_hosts or gpuprov's; the paramiko paths go through `Remote`, which pins the
-same way. Library only: nothing here prints.
+user's back: these paramiko paths go through `Remote`, which pins as the system `ssh` does
+with StrictHostKeyChecking=yes. Library only: nothing here prints.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-import re
 import select
-import shlex
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import paramiko
 
@@ -27,7 +21,7 @@ from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.hosts.fanout import run_parallel
 from gpuprov.hosts.remote import CommandTimeout, ConnectionLost, HostSettings, Remote, Unreachable
 from gpuprov.hosts.verify import QUERY_FIELDS, GpuInfo, parse_query_csv
-from gpuprov.plan.inventory import Target, parse_target
+from gpuprov.plan.inventory import Target
 from gpuprov.plan.render import host_path
 
 UNREACHABLE = 255  # what ssh itself exits with when it cannot connect or authenticate
@@ -37,159 +31,6 @@ JUPYTER_PORT = 8888
 SMI_COMMAND = f"nvidia-smi --query-gpu={QUERY_FIELDS} --format=csv,noheader,nounits"
 
 
-# --- the system ssh client and rsync ---------------------------------------------------------
-
-
-def known_hosts_for(target: Target, settings: HostSettings) -> Path:
-    """The pinned keys `target` is checked against: a launched node's own file, else gpuprov's."""
-    return Path(target.known_hosts) if target.known_hosts else settings.known_hosts
-
-
-def ssh_options(target: Target, settings: HostSettings) -> list[str]:
-    """OpenSSH client options for `target` (no host, no command): pinned host key, key, user, port."""
-    known = known_hosts_for(target, settings)
-    files = [known, *([] if target.known_hosts else settings.trusted)]  # a launched node: its own file only
-    opts = [
-        "-o", "UserKnownHostsFile=" + " ".join(f'"{f}"' if " " in str(f) else str(f) for f in files),
-        "-o", "GlobalKnownHostsFile=/dev/null",
-        "-o", "StrictHostKeyChecking=yes",
-        "-o", "UpdateHostKeys=no",
-        "-o", f"ConnectTimeout={max(1, math.ceil(settings.connect_timeout))}",
-    ]
-    if settings.ssh_config:
-        opts += ["-F", str(settings.ssh_config)]
-    key = target.key or settings.key_filename
-    if key:
-        opts += ["-i", str(Path(key).expanduser()), "-o", "IdentitiesOnly=yes"]
-    if target.port:
-        opts += ["-p", str(target.port)]
-    if target.user:
-        opts += ["-l", target.user]
-    if target.proxy_jump:
-        opts += _jump_options(target.proxy_jump, settings, known)
-    return opts
-
-
-def _jump_options(jump: str, settings: HostSettings, known: Path) -> list[str]:
-    """A single-hop jump host is checked against the same pinned file (a ProxyCommand running our
-    own ssh); a chain goes to ssh's -J, which checks each hop with the user's ssh settings."""
-    if "," in jump:
-        return ["-J", jump]
-    try:
-        entry = parse_target(jump)
-        hop = Target(host=entry.host, user=entry.user, port=entry.port, known_hosts=str(known))
-    except UserInputError:
-        hop = Target(host=jump, known_hosts=str(known))
-    inner = ["ssh", *ssh_options(hop, settings), "-W", "[%h]:%p", "--", hop.host]
-    return ["-o", "ProxyCommand=" + shlex.join(inner)]
-
-
-def ssh_argv(target: Target, settings: HostSettings, command: Sequence[str] = (), *, tty: bool = False) -> list[str]:
-    """`ssh … -- HOST [COMMAND…]`. Like ssh, the command words are joined by spaces for the remote shell."""
-    argv = ["ssh", *ssh_options(target, settings)]
-    if tty:
-        argv.append("-t")
-    return [*argv, "--", target.host, *command]
-
-
-def is_pinned(target: Target, settings: HostSettings) -> bool | None:
-    """Whether the pinned file holds a key for the host; None when the name ssh will use is unknown
-    (an alias from ~/.ssh/config), where ssh alone decides."""
-    from gpuprov.hosts.hostkeys import known_host_name
-
-    files = [f for f in (known_hosts_for(target, settings), *([] if target.known_hosts else settings.trusted))
-             if f.exists()]
-    if not files:
-        return False
-    if "." not in target.host and ":" not in target.host:
-        return None  # probably an ssh config alias: its HostName is not ours to guess
-    keys = paramiko.HostKeys()
-    for known in files:
-        with contextlib.suppress(OSError, paramiko.SSHException, UnicodeDecodeError, ValueError):
-            keys.load(str(known))
-    return keys.lookup(known_host_name(target.host, target.port or 22)) is not None
-
-
-def answers(target: Target, settings: HostSettings) -> bool:
-    """Whether the host's SSH port accepts a TCP connection (through a ProxyJump: assumed yes)."""
-    if target.proxy_jump:
-        return True
-    try:
-        socket.create_connection((target.host, target.port or 22), timeout=settings.connect_timeout).close()
-    except OSError:
-        return False
-    return True
-
-
-def pin_hint(target: Target, known: Path) -> str:
-    """What to tell a user whose host is not pinned yet."""
-    spec = target.label if target.label and target.label != target.host else _spec(target)
-    return (f"{target.name}: its host key is not pinned in {known}, so ssh refuses it. Check the key's fingerprint out "
-            f"of band, then pin it once with: gpuprov exec --accept-new-host-key {spec} -- true")
-
-
-def _spec(target: Target) -> str:
-    host = f"[{target.host}]" if ":" in target.host else target.host
-    return f"{target.user + '@' if target.user else ''}{host}{':' + str(target.port) if target.port else ''}"
-
-
-@dataclass(frozen=True)
-class SyncPlan:
-    """Which side of a `sync` is remote."""
-
-    upload: bool  # local -> remote
-    local: str
-    remote_path: str
-
-
-_REMOTE_SIDE = re.compile(r"^((?:[A-Za-z0-9._-]+@)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)):")
-
-
-def sync_host(src: str, dst: str) -> str:
-    """rsync's shape: the host of whichever side is `HOST:PATH` (`NODE:PATH`, `USER@HOST:PATH`). A colon
-    after a slash is part of a local path, as for rsync; `./a:b` is local."""
-    hosts = [m.group(1) for m in (_REMOTE_SIDE.match(arg) for arg in (src, dst)) if m]
-    if len(hosts) != 1:
-        raise UserInputError("SRC DST", "exactly one of SRC and DST must be NODE:PATH (or [USER@]HOST:PATH)",
-                             "e.g. gpuprov sync ./code exp1:/work/code, or back: gpuprov sync exp1:/work/out ./out")
-    return hosts[0]
-
-
-def split_sync(host: str, src: str, dst: str) -> SyncPlan:
-    """`HOST:path` (or `:path`) marks the remote side; exactly one side must be remote."""
-
-    def remote_part(arg: str) -> str | None:
-        for prefix in (f"{host}:", ":"):
-            if arg.startswith(prefix):
-                return arg[len(prefix):] or "."
-        return None
-
-    r_src, r_dst = remote_part(src), remote_part(dst)
-    if (r_src is None) == (r_dst is None):
-        raise UserInputError(
-            "SRC DST", "exactly one of SRC and DST must be on the host",
-            f"mark the remote side as {host}:PATH (or :PATH), e.g. gpuprov sync {host} ./data {host}:data",
-        )
-    if r_dst is not None:
-        return SyncPlan(upload=True, local=src, remote_path=r_dst)
-    assert r_src is not None
-    return SyncPlan(upload=False, local=dst, remote_path=r_src)
-
-
-def rsync_argv(target: Target, settings: HostSettings, plan: SyncPlan, *, progress: bool = False,
-               delete: bool = False, extra: Sequence[str] = ()) -> list[str]:
-    """rsync -a over the same pinned ssh settings (`-e "ssh -o UserKnownHostsFile=… …"`)."""
-    host = f"[{target.host}]" if ":" in target.host else target.host
-    remote = f"{host}:{plan.remote_path}"
-    argv = ["rsync", "-a", "-e", shlex.join(["ssh", *ssh_options(target, settings)])]
-    if progress:
-        argv += ["--info=progress2", "--human-readable"]
-    if delete:
-        argv.append("--delete")
-    argv += list(extra)
-    return [*argv, plan.local, remote] if plan.upload else [*argv, remote, plan.local]
-
-
 # --- commands on many hosts ------------------------------------------------------------------
 
 
@@ -197,26 +38,38 @@ Emit = Callable[[Target, str, str], None]  # (host, "out" | "err", one line with
 
 
 class LineSink:
-    """A write()-able stream that hands on whole lines (the last partial one at close())."""
+    """A write()-able stream that hands on whole lines (the last partial one at close()), then calls `then`
+    once per write that completed any (a printer can write a read's lines at once, not one call per line).
+    The line so far is kept in pieces: appending to one string and searching all of it on every write made a
+    long line cost the square of its length."""
 
-    def __init__(self, emit: Callable[[str], None]) -> None:
+    def __init__(self, emit: Callable[[str], None], then: Callable[[], None] | None = None) -> None:
         self._emit = emit
-        self._buffer = ""
+        self._then = then
+        self._pieces: list[str] = []
 
     def write(self, text: str) -> int:
-        self._buffer += text
-        while "\n" in self._buffer:
-            line, self._buffer = self._buffer.split("\n", 1)
+        if "\n" not in text:
+            self._pieces.append(text)
+            return len(text)
+        first, *lines, last = text.split("\n")
+        self._emit(("".join(self._pieces) + first).rstrip("\r"))
+        for line in lines:
             self._emit(line.rstrip("\r"))
+        self._pieces = [last] if last else []
+        if self._then is not None:
+            self._then()
         return len(text)
 
-    def flush(self) -> None:  # invoke flushes after every chunk: lines are only complete at "\n"
+    def flush(self) -> None:  # lines are only complete at "\n"
         pass
 
     def close(self) -> None:
-        if self._buffer:
-            line, self._buffer = self._buffer, ""
+        if self._pieces:
+            line, self._pieces = "".join(self._pieces), []
             self._emit(line)
+            if self._then is not None:
+                self._then()
 
 
 @dataclass
@@ -228,14 +81,15 @@ class ExecResult:
 
 
 def exec_one(target: Target, settings: HostSettings, command: str, emit: Emit, *, sudo: bool = False,
-             timeout: float | None = None) -> ExecResult:
-    """Run `command` on one host, streaming its stdout and stderr line by line to `emit`.
+             timeout: float | None = None, flush: Callable[[], None] | None = None) -> ExecResult:
+    """Run `command` on one host, streaming its stdout and stderr line by line to `emit` (and `flush()` after
+    each read's lines).
 
     The exit code is the command's; 255 (ssh's own) when the host cannot be reached, its key is not
     pinned or has changed, or the connection drops; 124 (timeout(1)'s) when it ran past `timeout`."""
     start = time.monotonic()
-    out = LineSink(lambda line: emit(target, "out", line))
-    err = LineSink(lambda line: emit(target, "err", line))
+    out = LineSink(lambda line: emit(target, "out", line), flush)
+    err = LineSink(lambda line: emit(target, "err", line), flush)
     remote = Remote(target, settings)
     try:
         remote.open()
@@ -254,11 +108,13 @@ def exec_one(target: Target, settings: HostSettings, command: str, emit: Emit, *
 
 
 def exec_many(targets: Sequence[Target], settings: HostSettings, command: str | Callable[[Target], str], emit: Emit,
-              *, parallel: int = 32, sudo: bool = False, timeout: float | None = None) -> list[ExecResult]:
+              *, parallel: int = 32, sudo: bool = False, timeout: float | None = None,
+              flush: Callable[[], None] | None = None) -> list[ExecResult]:
     """`exec_one` on every host at once (bounded by `parallel`); results in the hosts' order. `command` may
     differ per host (a cluster's nodes source their own cluster.env)."""
     def one(t: Target) -> ExecResult:
-        return exec_one(t, settings, command(t) if callable(command) else command, emit, sudo=sudo, timeout=timeout)
+        return exec_one(t, settings, command(t) if callable(command) else command, emit, sudo=sudo, timeout=timeout,
+                        flush=flush)
 
     return run_parallel(list(targets), one, parallel)
 

@@ -34,6 +34,7 @@ from gpuprov.errors import GpuprovError
 from gpuprov.hosts import hostkeys, runner
 from gpuprov.hosts.detect import FACTS_COMMAND, HostFacts, parse_facts
 from gpuprov.hosts.fanout import run_parallel
+from gpuprov.hosts.hostlog import HostLog
 from gpuprov.hosts.planner import Planner
 from gpuprov.hosts.remote import ConnectionLost, Ended, HostLost, HostSettings, Remote, Session, Unreachable
 from gpuprov.hosts.runner import BUNDLE_DIR as BUNDLE_DIR  # re-exported: gpubench.py reads it here
@@ -105,36 +106,6 @@ def _client() -> str:
     return runner.client_id(install_id(), f"{getpass.getuser()}@{socket.gethostname()}", os.getpid())
 
 
-
-class _Log:
-    """A host's log file; with --verbose each line also goes to `echo`, prefixed by the host."""
-
-    def __init__(self, path: Path, host: str, echo: Callable[[str], None] | None) -> None:
-        self._file = path.open("a", encoding="utf-8")
-        self._host = host
-        self._echo = echo
-        self._partial = ""
-
-    def write(self, text: str) -> int:
-        self._file.write(text)
-        self._file.flush()
-        if self._echo:
-            self._partial += text
-            *lines, self._partial = self._partial.split("\n")
-            for line in lines:
-                self._echo(f"[{self._host}] {line}")
-        return len(text)
-
-    def note(self, text: str) -> None:
-        self.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
-
-    def flush(self) -> None:
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-
-
 def bundle_tar(bundle: Bundle, runner_text: str | None = None) -> bytes:
     """The bundle and its runner (rendered here unless given) as one tar archive, sent on the runner exec's stdin."""
     buf = io.BytesIO()
@@ -193,7 +164,7 @@ class _HostRun:
         self.options = options
         self.reporter = reporter
         self.result = HostResult(target, "ok", log_path=log_dir / f"{_safe(target.name)}.log")
-        self.log = _Log(self.result.log_path, target.name, options.echo)  # type: ignore[arg-type]
+        self.log = HostLog(self.result.log_path, target.name, options.echo)  # type: ignore[arg-type]
         self.remote: Remote  # made in the host's own thread; replaced by a new connection after each reboot
 
     def __call__(self) -> HostResult:
@@ -388,7 +359,7 @@ class _Runs:
             self._record(event.step, "changed" if event.result == "none" else event.result)  # type: ignore[arg-type]
 
     def _stdout(self, text: str) -> None:
-        self.host.log.write(text)
+        self.host.log.write(text, "out")
         self.stdout.append(text)
 
     def _stderr(self, text: str) -> None:

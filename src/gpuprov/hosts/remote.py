@@ -8,7 +8,6 @@ against gpuprov's known_hosts (see hostkeys.py) instead of Fabric's default, whi
 from __future__ import annotations
 
 import codecs
-import contextlib
 import dataclasses
 import functools
 import io
@@ -23,10 +22,10 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import paramiko
 from fabric import Config, Connection
-from invoke.exceptions import CommandTimedOut
 
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.hosts import hostkeys
+from gpuprov.hosts.wire import aead_transport, connect_tcp
 from gpuprov.plan.inventory import Target
 
 # paramiko logs transport errors (a banner read while sshd restarts, say) with tracebacks; we report
@@ -61,7 +60,7 @@ class CommandTimeout(GpuprovError):
 
 def why_unreachable(exc: BaseException, remote: Remote) -> str:
     """What a failed connect means, in words: refused, timed out, no route, name not resolved, not an
-    SSH server, authentication failed (naming the keys tried)."""
+    SSH server, a handshake that stalled after the banner, authentication failed (naming the keys tried)."""
     import errno
 
     timeout = remote.settings.connect_timeout
@@ -83,6 +82,10 @@ def why_unreachable(exc: BaseException, remote: Remote) -> str:
     if "protocol banner" in str(exc) or isinstance(exc, EOFError) or (transport is not None and not transport.remote_version):
         return (f"something answered on port {remote.conn.port} but did not speak SSH within {timeout:g}s "
                 "(not an SSH server, or one still starting)")
+    if transport is not None and not transport.initial_kex_done:
+        # paramiko's connect gives up on the key exchange at its timeout without a word, then fails to authenticate
+        return (f"the server sent its SSH banner but did not finish the handshake within {timeout:g}s "
+                f"({transport.remote_version!r}: a hung or overloaded sshd, or something in between that stalls)")
     if isinstance(exc, paramiko.AuthenticationException) or "No existing session" in str(exc) or \
             "No authentication methods available" in str(exc):
         keys = remote.conn.connect_kwargs.get("key_filename") or []
@@ -100,47 +103,7 @@ class Sink(Protocol):
     def flush(self) -> None: ...
 
 
-def _tcp(host: str, port: int, timeout: float) -> socket.socket:
-    """The TCP connection SSH runs over, made here rather than by paramiko so that both of the kernel's small-packet
-    delays are off from the first byte. The key exchange, authentication and a channel's opening are exchanges of
-    small packets, sent two in a row at times, and each such pair waited ~40 ms for a delayed ACK: with Nagle on
-    ours (paramiko turns it off nowhere) and on sshd's side, a connection and its first command took ~105 ms on a
-    local host instead of ~22 ms (bench/README.md)."""
-    sock = socket.create_connection((host, port), timeout=timeout)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if hasattr(socket, "TCP_QUICKACK"):
-        sock.__class__ = _QuickAckSocket
-    return sock
-
-
-AEAD_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
-
-
-def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
-    """paramiko's Transport, asking for AES-GCM before its default AES-CTR: one authenticated encryption per
-    packet instead of AES plus an HMAC whose check paramiko does byte by byte in Python. OpenSSH offers both
-    (the client's order decides); a server without GCM still gets the rest of the list."""
-    transport = paramiko.Transport(sock, **kwargs)
-    options = transport.get_security_options()
-    offered = tuple(options.ciphers)
-    options.ciphers = tuple(c for c in AEAD_FIRST if c in offered) + tuple(c for c in offered if c not in AEAD_FIRST)
-    return transport
-
-
-class _QuickAckSocket(socket.socket):
-    """A TCP socket that acknowledges what it reads at once (TCP_QUICKACK, re-armed after every read, since Linux
-    goes back to delayed ACKs by itself). sshd leaves Nagle on and, after authentication, sends two small packets
-    in a row (the answer, then its host keys); the second waits for our ACK of the first, and its channel-open
-    answer waits behind it."""
-
-    __slots__ = ()
-
-    def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        data = super().recv(bufsize, flags)
-        with contextlib.suppress(OSError):  # closed under us: the next read says so
-            self.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
-        return data
-
+_READ = 4 << 20  # the most one read of a channel takes
 
 KEEPALIVE = (15.0, 4)  # OpenSSH's ServerAliveInterval / ServerAliveCountMax when the ssh config sets none
 
@@ -194,8 +157,9 @@ def _shared_config(connect_timeout: float, ssh_config: str, stamp: tuple[int, in
     return Config(overrides=overrides)
 
 
-def _secure(conn: Connection, settings: HostSettings) -> Connection:
-    """Replace Fabric's trust-any-new-key client with one that checks gpuprov's pins, for every hop."""
+def _secure(conn: Connection, settings: HostSettings) -> tuple[hostkeys.Revoked, ...]:
+    """Replace Fabric's trust-any-new-key client with one that checks gpuprov's pins, for every hop; the
+    revoked keys that apply to them (what a refusal names)."""
     conn.client = paramiko.SSHClient()
     trusted = settings.trusted
     if trusted:  # and the host's UserKnownHostsFile from the ssh config, if it names one
@@ -203,15 +167,16 @@ def _secure(conn: Connection, settings: HostSettings) -> Connection:
         for word in (named if isinstance(named, list) else str(named or "").split()):
             path = Path(word).expanduser()
             trusted += (path,) if path.is_file() and path not in trusted else ()
-    hostkeys.prepare_client(conn.client, settings.known_hosts, settings.accept_new_host_key, trusted,
-                            host=hostkeys.known_host_name(conn.host, int(conn.port or 22)))
+    revoked = hostkeys.prepare_client(conn.client, settings.known_hosts, settings.accept_new_host_key, trusted,
+                                      host=hostkeys.known_host_name(conn.host, int(conn.port or 22)))
     if isinstance(conn.gateway, Connection):
-        _secure(conn.gateway, settings)
-    return conn
+        revoked += _secure(conn.gateway, settings)
+    return revoked
 
 
-def connection(target: Target, settings: HostSettings) -> Connection:
-    """A not-yet-open Fabric Connection to `target` (opens lazily, on first use)."""
+def connection(target: Target, settings: HostSettings) -> tuple[Connection, tuple[hostkeys.Revoked, ...]]:
+    """A not-yet-open Fabric Connection to `target` (opens lazily, on first use), and the revoked keys that
+    apply to its hops."""
     connect_kwargs: dict[str, Any] = {}
     key = target.key or settings.key_filename
     if key:
@@ -223,7 +188,7 @@ def connection(target: Target, settings: HostSettings) -> Connection:
         target.host, user=target.user, port=target.port, config=_config(settings),
         connect_timeout=int(settings.connect_timeout), connect_kwargs=connect_kwargs, gateway=gateway,
     )
-    return _secure(conn, settings)
+    return conn, _secure(conn, settings)
 
 
 class Remote:
@@ -234,7 +199,7 @@ class Remote:
         if target.known_hosts:  # a launched node: its own pinned keys and nothing else
             settings = dataclasses.replace(settings, known_hosts=Path(target.known_hosts), trusted=())
         self.settings = settings
-        self.conn = connection(target, settings)
+        self.conn, self.revoked = connection(target, settings)
 
     @property
     def is_root(self) -> bool:
@@ -254,9 +219,9 @@ class Remote:
     def open(self) -> None:
         try:
             if not self.conn.gateway and not self.conn.is_connected:  # through a gateway, SSH runs on its channel
-                self.conn.connect_kwargs["sock"] = _tcp(self.conn.host, int(self.conn.port or 22),
+                self.conn.connect_kwargs["sock"] = connect_tcp(self.conn.host, int(self.conn.port or 22),
                                                         float(self.conn.connect_timeout or self.settings.connect_timeout))
-            self.conn.connect_kwargs["transport_factory"] = _transport
+            self.conn.connect_kwargs["transport_factory"] = aead_transport
             try:
                 self.conn.open()
             finally:  # one socket, one connection: a later reopen by Fabric makes its own
@@ -271,8 +236,8 @@ class Remote:
                 if isinstance(sock, socket.socket) and hasattr(socket, "TCP_USER_TIMEOUT"):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(interval * count * 1000))
         except paramiko.BadHostKeyException as exc:
-            raise hostkeys.explain(exc) from None
-        except hostkeys.UnknownHostKey:
+            raise hostkeys.explain(exc, self.revoked) from None
+        except (hostkeys.UnknownHostKey, hostkeys.RevokedHostKey):
             raise
         except (TimeoutError, OSError, paramiko.SSHException, EOFError) as exc:
             where = f"{self.conn.user}@{self.conn.host}:{self.conn.port}"
@@ -283,26 +248,39 @@ class Remote:
 
     def run(self, command: str, *, sudo: bool = False, out: Sink | None = None, timeout: float | None = None,
             err: Sink | None = None) -> RunResult:
-        """Run `command` in the remote shell. A dropped connection raises ConnectionLost.
+        """Run `command` in the remote shell (stdin at EOF). A dropped connection raises ConnectionLost; past
+        `timeout` seconds the channel is closed and CommandTimeout raised.
 
-        Output streams to `out` (stderr too, unless `err` is given)."""
-        if sudo and not self.is_root:
-            command = "sudo -n -- bash -c " + _quote(command)
-        started = time.monotonic()
+        Output streams to `out` (stderr too, unless `err` is given) and is returned whole in the result. It is
+        kept in pieces and joined once: invoke's Runner, which ran this before, joined all the output so far on
+        every 1000-byte read (for its stream watchers, which gpuprov has none of), so 8 MB took 7 s and 64 MB
+        did not end in 300 s (issue 20; pyinvoke/invoke#1079); and it decoded each read on its own, so a UTF-8
+        character cut between two reads became two U+FFFD."""
+        outs: list[str] = []
+        errs: list[str] = []
+
+        def on_out(text: str) -> None:
+            outs.append(text)
+            if out is not None:
+                out.write(text)
+
+        def on_err(text: str) -> None:
+            errs.append(text)
+            sink = err or out
+            if sink is not None:
+                sink.write(text)
+
+        if self.conn.transport is None:  # never opened: open now, as Fabric's run did
+            self.open()
+        session = self.session(command, sudo=sudo)
         try:
-            result = self.conn.run(command, hide=True, warn=True, out_stream=out, err_stream=err or out, timeout=timeout)
-        except CommandTimedOut:
+            session.send(b"")
+            code = session.pump(on_out, on_err, deadline=None if timeout is None else time.monotonic() + timeout)
+        except CommandTimeout:
             raise CommandTimeout(f"still running after {timeout:g}s (--timeout); gave up on it") from None
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise ConnectionLost(f"connection lost while running {command[:60]!r}: {exc}") from None
-        if result.exited == -1 and timeout is not None and time.monotonic() - started >= timeout:
-            # invoke closes the channel at the timeout; under load that can win the race against its own
-            # CommandTimedOut, leaving a channel with no exit status: still our timeout, not a lost link
-            raise CommandTimeout(f"still running after {timeout:g}s (--timeout); gave up on it")
-        if result.exited == -1:
-            # paramiko reports -1 when the channel closed without an exit status: the link died
-            raise ConnectionLost(f"connection lost while running {command[:60]!r}")
-        return RunResult(command, result.exited, result.stdout, result.stderr)
+        finally:
+            session.close()
+        return RunResult(session.command, code, "".join(outs), "".join(errs))
 
     def stream(self, command: str, *, sudo: bool = False, stdin: bytes = b"", on_out: Callable[[str], None],
                on_err: Callable[[str], None], silence: float | None = None) -> int:
@@ -329,7 +307,7 @@ class Remote:
             chan.exec_command(command)
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise ConnectionLost(f"{what}: {exc}") from None
-        return Session(self, chan, what)
+        return Session(self, chan, what, command)
 
     def answers(self, timeout: float = 3.0) -> bool:
         """After a dropped connection: does the host still take a TCP connection (then it closed ours,
@@ -360,10 +338,11 @@ class Session:
     (keepalives unanswered) to a host that takes no new one, is HostLost; any other dropped connection is
     ConnectionLost."""
 
-    def __init__(self, remote: Remote, chan: paramiko.Channel, what: str) -> None:
+    def __init__(self, remote: Remote, chan: paramiko.Channel, what: str, command: str = "") -> None:
         self.remote = remote
         self.chan = chan
         self.what = what
+        self.command = command  # as the host's shell got it (sudo included)
         self._out = codecs.getincrementaldecoder("utf-8")("replace").decode
         self._err = codecs.getincrementaldecoder("utf-8")("replace").decode
         self._unread = ""  # stdout that came after what read_until waited for
@@ -380,54 +359,72 @@ class Session:
     def read_until(self, marker: str, on_err: Callable[[str], None], silence: float | None = None) -> str:
         """Stdout up to the first line that is `marker` (that line left out), while stderr goes to `on_err`.
         A command that ends first is a GpuprovError naming its exit status and last stderr line."""
+        needle = f"\n{marker}\n"
         seen: list[str] = []
+        window = ["\n", ""]  # the text just before the newest read (a marker cut in two), and "hit" once found
         tail = [""]
+
+        def out(text: str) -> None:
+            seen.append(text)
+            probe = window[0] + text
+            window[0] = probe[-len(needle):]
+            if needle in probe:
+                window[1] = "hit"
 
         def err(text: str) -> None:
             tail[0] = (tail[0] + text)[-2000:]
             on_err(text)
 
-        def found() -> bool:
-            return f"\n{marker}\n" in "\n" + "".join(seen)
-
-        code = self._pump(seen.append, err, silence, until=found)
+        code = self._pump(out, err, silence, until=lambda: bool(window[1]))
         text = "\n" + "".join(seen)
         if code is not None:
             last = [line for line in tail[0].splitlines() if line.strip()]
             raise Ended(code, last[-1][:300] if last else "", marker)
-        before, _, after = text.partition(f"\n{marker}\n")
+        before, _, after = text.partition(needle)
         self._unread = after
         return before[1:] + ("\n" if before[1:] else "")
 
-    def pump(self, on_out: Callable[[str], None], on_err: Callable[[str], None], silence: float | None = None) -> int:
-        """Hand stdout and stderr text to the callbacks as it arrives; the exit status."""
-        code = self._pump(on_out, on_err, silence, until=None)
+    def pump(self, on_out: Callable[[str], None], on_err: Callable[[str], None], silence: float | None = None,
+             deadline: float | None = None) -> int:
+        """Hand stdout and stderr text to the callbacks as it arrives; the exit status. Past `deadline`
+        (time.monotonic()), CommandTimeout."""
+        code = self._pump(on_out, on_err, silence, until=None, deadline=deadline)
         assert code is not None  # without `until`, only the end of the command stops it
         return code
 
     def _pump(self, on_out: Callable[[str], None], on_err: Callable[[str], None], silence: float | None,
-              until: Callable[[], bool] | None) -> int | None:
-        """pump, stopping early (None) once `until()` holds after some output."""
+              until: Callable[[], bool] | None, deadline: float | None = None) -> int | None:
+        """pump, stopping early (None) once `until()` holds after some output.
+
+        Each read takes all that paramiko holds (up to 4 MiB): its buffer moves what is left to its front on
+        every read, so small reads of a full window copied it over and over. Before stdout, the stderr that
+        came in ahead of it is handed on: a step's last stderr lines belong before the runner's `end` event,
+        which it prints on stdout after the step exits."""
         chan, transport = self.chan, self.remote.conn.transport
         if self._unread:
             text, self._unread = self._unread, ""
             on_out(text)
         heard = time.monotonic()
         while True:
+            if deadline is not None and time.monotonic() > deadline:
+                raise CommandTimeout(f"still running past its deadline: {self.what}")
             if chan.recv_ready():
-                on_out(self._out(chan.recv(65536)))
+                ahead = len(chan.in_stderr_buffer)
+                if ahead:
+                    on_err(self._err(chan.recv_stderr(ahead)))
+                on_out(self._out(chan.recv(_READ)))
                 if until is not None and until():
                     return None
             elif chan.recv_stderr_ready():
-                on_err(self._err(chan.recv_stderr(65536)))
+                on_err(self._err(chan.recv_stderr(_READ)))
             elif chan.exit_status_ready() and chan.exit_status != -1 and (chan.eof_received or chan.closed):
                 # the end is the exit status *and* the end of the data: sshd reports the exit as the process
                 # ends, and its last output (a verify probe, the runner's last events) may still follow it.
                 # What came in since the checks above is buffered by now (EOF follows the data).
-                while chan.recv_ready():
-                    on_out(self._out(chan.recv(65536)))
                 while chan.recv_stderr_ready():
-                    on_err(self._err(chan.recv_stderr(65536)))
+                    on_err(self._err(chan.recv_stderr(_READ)))
+                while chan.recv_ready():
+                    on_out(self._out(chan.recv(_READ)))
                 return int(chan.exit_status)
             elif chan.closed or transport is None or not transport.is_active():
                 if not self.remote.answers():  # closed without a status

@@ -132,19 +132,22 @@ class Lines:
         self.nonce = nonce
         self.on_event = on_event
         self.on_output = on_output
-        self._partial = ""
+        self._partial: list[str] = []  # the line so far, in pieces (appending to one string is quadratic)
 
     def feed(self, text: str) -> None:
-        self._partial += text
-        *lines, self._partial = self._partial.split("\n")
-        for line in lines:
+        if "\n" not in text:
+            self._partial.append(text)
+            return
+        first, *lines, last = text.split("\n")
+        for line in ("".join(self._partial) + first, *lines):
             event = parse(line, self.nonce)
             if event is None:
                 self.on_output(line + "\n")
             else:
                 self.on_event(event)
+        self._partial = [last] if last else []
 
     def close(self) -> None:
         if self._partial:
-            self.on_output(self._partial)
-            self._partial = ""
+            self.on_output("".join(self._partial))
+            self._partial = []

@@ -19,6 +19,7 @@ import base64
 import functools
 import hashlib
 import json
+import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpuprov.errors import UserInputError
+from gpuprov.files import write_atomic
 from gpuprov.resources import templates_dir
 
 if TYPE_CHECKING:
@@ -69,8 +71,10 @@ class Bundle:
 
         `out` is new, empty, or a folder an earlier render wrote: then only the scripts its
         manifest.json listed are removed first, so no stale step is left beside the new ones. A
-        non-empty folder without a manifest, a file, or a place that cannot be written is a
-        UserInputError naming `field`, before anything is changed.
+        non-empty folder without a manifest, a file, a place that cannot be written, or a symbolic link
+        at a name this render writes is a UserInputError naming `field`, before anything is changed.
+        Each file is a new one renamed into place, never an old one rewritten, so a link planted after
+        the check is replaced, not followed (it overwrote and chmod'ed whatever it named).
         """
         if not str(out).strip():
             raise UserInputError(field, "an empty path", "name a folder, e.g. -o ./bundle")
@@ -83,19 +87,21 @@ class Bundle:
                         what = "is" if place == out else f"is under {place}, which is"
                         raise UserInputError(field, f"{out} {what} a file, not a folder", hint)
                     break
+            files = [(s.filename, s.text, 0o755) for s in self.scripts]
+            files.append(("manifest.json", json.dumps(self.manifest, indent=2) + "\n", 0o644))
+            for name, _, _ in files:
+                if (out / name).is_symlink():
+                    raise UserInputError(field, f"{out / name} is a symbolic link (to {os.readlink(out / name)}); "
+                                                "render writes no file through a link",
+                                         "remove the link, or render into a new folder")
             stale = _previous_scripts(out, field, hint) if out.is_dir() else []
             out.mkdir(parents=True, exist_ok=True)
             for path in stale:
                 path.unlink(missing_ok=True)
             written = []
-            for script in self.scripts:
-                path = out / script.filename
-                path.write_text(script.text)
-                path.chmod(0o755)
-                written.append(path)
-            manifest = out / "manifest.json"
-            manifest.write_text(json.dumps(self.manifest, indent=2) + "\n")
-            written.append(manifest)
+            for name, text, mode in files:
+                write_atomic(out / name, text, mode=mode, follow=False)
+                written.append(out / name)
         except OSError as exc:
             where = exc.filename or out
             raise UserInputError(field, f"cannot write {where}: {exc.strerror or exc}", hint) from None

@@ -1,0 +1,200 @@
+"""The system `ssh` and `rsync`: their command lines, with the host key checked against a pinned file
+(`StrictHostKeyChecking=yes` with the node's own known_hosts or gpuprov's, never trust-on-first-use behind
+the user's back) and a bound on a server that stops answering (the handshake included). Library only:
+nothing here prints or runs the connection itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import shlex
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.plan.inventory import Target, parse_target
+
+if TYPE_CHECKING:
+    from gpuprov.hosts.remote import HostSettings
+
+
+def known_hosts_for(target: Target, settings: HostSettings) -> Path:
+    """The pinned keys `target` is checked against: a launched node's own file, else gpuprov's."""
+    return Path(target.known_hosts) if target.known_hosts else settings.known_hosts
+
+
+def ssh_options(target: Target, settings: HostSettings) -> list[str]:
+    """OpenSSH client options for `target` (no host, no command): pinned host key, key, user, port."""
+    known = known_hosts_for(target, settings)
+    files = [known, *([] if target.known_hosts else settings.trusted)]  # a launched node: its own file only
+    opts = [
+        "-o", "UserKnownHostsFile=" + " ".join(f'"{f}"' if " " in str(f) else str(f) for f in files),
+        "-o", "GlobalKnownHostsFile=/dev/null",
+        "-o", "StrictHostKeyChecking=yes",
+        "-o", "UpdateHostKeys=no",
+        "-o", f"ConnectTimeout={max(1, math.ceil(settings.connect_timeout))}",
+    ]
+    if settings.ssh_config:
+        opts += ["-F", str(settings.ssh_config)]
+    opts += _alive_options(target, opts, settings)
+    key = target.key or settings.key_filename
+    if key:
+        opts += ["-i", str(Path(key).expanduser()), "-o", "IdentitiesOnly=yes"]
+    if target.port:
+        opts += ["-p", str(target.port)]
+    if target.user:
+        opts += ["-l", target.user]
+    if target.proxy_jump:
+        opts += _jump_options(target.proxy_jump, settings, known)
+    return opts
+
+
+ALIVE_COUNT = 3  # ServerAliveCountMax when gpuprov sets it
+
+
+def _alive_options(target: Target, opts: list[str], settings: HostSettings) -> list[str]:
+    """A bound on a server that stops answering, the handshake included: ssh's ConnectTimeout covers the TCP
+    connect and the banner only, so a server that sent its banner and then stalled held `gpuprov ssh` and
+    `sync` forever, while the other commands give up after --connect-timeout. OpenSSH applies
+    ServerAliveInterval x ServerAliveCountMax to every wait for the server from the handshake on (ssh.c sets
+    it as the packet timeout right after the connect), so gpuprov sets them to about --connect-timeout, unless
+    the user's ssh config sets an interval of its own for the host (`ssh -G`, as ssh would read it): then
+    theirs applies. The same bound then finds a dead connection during the session."""
+    import subprocess
+
+    try:
+        shown = subprocess.run(["ssh", "-G", *opts, "--", target.host], capture_output=True, text=True, timeout=10,
+                               stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.SubprocessError):
+        shown = ""
+    interval = next((line.split()[1] for line in shown.splitlines() if line.startswith("serveraliveinterval ")), "0")
+    if interval != "0":
+        return []
+    every = max(1, math.ceil(settings.connect_timeout / ALIVE_COUNT))
+    return ["-o", f"ServerAliveInterval={every}", "-o", f"ServerAliveCountMax={ALIVE_COUNT}"]
+
+
+def _jump_options(jump: str, settings: HostSettings, known: Path) -> list[str]:
+    """A single-hop jump host is checked against the same pinned file (a ProxyCommand running our
+    own ssh); a chain goes to ssh's -J, which checks each hop with the user's ssh settings."""
+    if "," in jump:
+        return ["-J", jump]
+    try:
+        entry = parse_target(jump)
+        hop = Target(host=entry.host, user=entry.user, port=entry.port, known_hosts=str(known))
+    except UserInputError:
+        hop = Target(host=jump, known_hosts=str(known))
+    inner = ["ssh", *ssh_options(hop, settings), "-W", "[%h]:%p", "--", hop.host]
+    return ["-o", "ProxyCommand=" + shlex.join(inner)]
+
+
+def ssh_argv(target: Target, settings: HostSettings, command: Sequence[str] = (), *, tty: bool = False) -> list[str]:
+    """`ssh … -- HOST [COMMAND…]`. Like ssh, the command words are joined by spaces for the remote shell."""
+    argv = ["ssh", *ssh_options(target, settings)]
+    if tty:
+        argv.append("-t")
+    return [*argv, "--", target.host, *command]
+
+
+def is_pinned(target: Target, settings: HostSettings) -> bool | None:
+    """Whether the pinned file holds a key for the host; None when the name ssh will use is unknown
+    (an alias from ~/.ssh/config), where ssh alone decides."""
+    from gpuprov.hosts.hostkeys import known_host_name, known_hosts_file
+
+    files = [f for f in (known_hosts_for(target, settings), *([] if target.known_hosts else settings.trusted))
+             if f.exists()]
+    if not files:
+        return False
+    if "." not in target.host and ":" not in target.host:
+        return None  # probably an ssh config alias: its HostName is not ours to guess
+    name = known_host_name(target.host, target.port or 22)
+    for known in files:  # read as ssh reads them (markers and all); an unreadable one pins nothing
+        with contextlib.suppress(OSError, UnicodeDecodeError, ValueError, GpuprovError):
+            if known_hosts_file(known, strict=False).pinned.lookup(name) is not None:
+                return True
+    return False
+
+
+def answers(target: Target, settings: HostSettings) -> bool:
+    """Whether the host's SSH port accepts a TCP connection (through a ProxyJump: assumed yes)."""
+    if target.proxy_jump:
+        return True
+    try:
+        socket.create_connection((target.host, target.port or 22), timeout=settings.connect_timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def pin_hint(target: Target, known: Path) -> str:
+    """What to tell a user whose host is not pinned yet."""
+    spec = target.label if target.label and target.label != target.host else _spec(target)
+    return (f"{target.name}: its host key is not pinned in {known}, so ssh refuses it. Check the key's fingerprint out "
+            f"of band, then pin it once with: gpuprov exec --accept-new-host-key {spec} -- true")
+
+
+def _spec(target: Target) -> str:
+    host = f"[{target.host}]" if ":" in target.host else target.host
+    return f"{target.user + '@' if target.user else ''}{host}{':' + str(target.port) if target.port else ''}"
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    """Which side of a `sync` is remote."""
+
+    upload: bool  # local -> remote
+    local: str
+    remote_path: str
+
+
+_REMOTE_SIDE = re.compile(r"^((?:[A-Za-z0-9._-]+@)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)):")
+
+
+def sync_host(src: str, dst: str) -> str:
+    """rsync's shape: the host of whichever side is `HOST:PATH` (`NODE:PATH`, `USER@HOST:PATH`). A colon
+    after a slash is part of a local path, as for rsync; `./a:b` is local."""
+    hosts = [m.group(1) for m in (_REMOTE_SIDE.match(arg) for arg in (src, dst)) if m]
+    if len(hosts) != 1:
+        raise UserInputError("SRC DST", "exactly one of SRC and DST must be NODE:PATH (or [USER@]HOST:PATH)",
+                             "e.g. gpuprov sync ./code exp1:/work/code, or back: gpuprov sync exp1:/work/out ./out")
+    return hosts[0]
+
+
+def split_sync(host: str, src: str, dst: str) -> SyncPlan:
+    """`HOST:path` (or `:path`) marks the remote side; exactly one side must be remote."""
+
+    def remote_part(arg: str) -> str | None:
+        for prefix in (f"{host}:", ":"):
+            if arg.startswith(prefix):
+                return arg[len(prefix):] or "."
+        return None
+
+    r_src, r_dst = remote_part(src), remote_part(dst)
+    if (r_src is None) == (r_dst is None):
+        raise UserInputError(
+            "SRC DST", "exactly one of SRC and DST must be on the host",
+            f"mark the remote side as {host}:PATH (or :PATH), e.g. gpuprov sync {host} ./data {host}:data",
+        )
+    if r_dst is not None:
+        return SyncPlan(upload=True, local=src, remote_path=r_dst)
+    assert r_src is not None
+    return SyncPlan(upload=False, local=dst, remote_path=r_src)
+
+
+def rsync_argv(target: Target, settings: HostSettings, plan: SyncPlan, *, progress: bool = False,
+               delete: bool = False, extra: Sequence[str] = ()) -> list[str]:
+    """rsync -a over the same pinned ssh settings (`-e "ssh -o UserKnownHostsFile=… …"`)."""
+    host = f"[{target.host}]" if ":" in target.host else target.host
+    remote = f"{host}:{plan.remote_path}"
+    argv = ["rsync", "-a", "-e", shlex.join(["ssh", *ssh_options(target, settings)])]
+    if progress:
+        argv += ["--info=progress2", "--human-readable"]
+    if delete:
+        argv.append("--delete")
+    argv += list(extra)
+    return [*argv, plan.local, remote] if plan.upload else [*argv, remote, plan.local]
