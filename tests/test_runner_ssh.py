@@ -206,9 +206,12 @@ def test_keepalives_from_the_ssh_config_find_a_vanished_host_without_a_silence_b
         link(pool, 6, "up")
     host = json.loads(result.stdout)[0]
     assert result.returncode == 1
-    assert host["result"] == "lost at wait", host["error"]
+    # the step the client last heard of: `wait` once its start line arrived; on a loaded machine the cut can
+    # beat that line, and the client honestly names `first` (whose done-marker the host has, so a rerun skips it)
+    step = host["result"].removeprefix("lost at ")
+    assert step in ("wait", "first"), host["error"]
     assert "keepalive every 1s, given up after 3s" in host["error"], host["error"]
-    assert "the next run resumes at step wait" in host["error"]
+    assert f"the next run resumes at step {step}" in host["error"]
     assert elapsed < 30  # 1 s x 3 unanswered, not TCP's ~15 minutes of retries
 
 
