@@ -11,6 +11,7 @@ gpuprov processes never corrupt the file; writes are short transactions.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -226,6 +227,8 @@ class Store:
         if path.exists() and path.stat().st_size == 0:  # SQLite would take it for a new, empty state
             raise StateError(path, "is empty (0 bytes): it holds no records, though your nodes may still run")
         try:
+            if not path.exists():
+                self._create(path)
             self._open_and_migrate(path)
             if path.stat().st_mode & 0o777 != 0o600:
                 path.chmod(0o600)
@@ -238,6 +241,29 @@ class Store:
             raise explain(exc, path) from None
         except OSError as exc:  # chmod on a read-only file system, a folder gpuprov may not write
             raise explain(sqlite3.OperationalError(f"readonly: {exc.strerror}"), path) from None
+
+    @classmethod
+    def _create(cls, path: Path) -> None:
+        """A new state file appears whole or not at all: made and laid out under a private name, then linked into
+        place (a process killed while SQLite writes its first page would otherwise leave an empty file, which is
+        refused as damage). If another process made it meanwhile, theirs is kept."""
+        tmp = path.with_name(f".{path.name}.new-{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        try:
+            cls._open_and_migrate(tmp)
+            tmp.chmod(0o600)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            except OSError:  # a file system without hard links: a rename, if nobody made it meanwhile
+                if not path.exists():
+                    os.rename(tmp, path)
+        finally:
+            for leftover in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm")):
+                leftover.unlink(missing_ok=True)
 
     @staticmethod
     def _open_and_migrate(path: Path) -> None:
