@@ -237,7 +237,10 @@ def test_a_state_file_of_a_newer_gpuprov_is_one_clear_line(gp_home):
     result = gp(env, "status")
     assert result.returncode == 2
     (line, hint) = result.stderr.strip().splitlines()
-    assert "was written by gpuprov 9.9.0 (state schema 99); this is gpuprov" in line and "schema 2 and older" in line
+    from gpuprov.state import SCHEMA_VERSION
+
+    assert "was written by gpuprov 9.9.0 (state schema 99); this is gpuprov" in line
+    assert f"schema {SCHEMA_VERSION} and older" in line
     assert "upgrade gpuprov" in hint and "gc" not in result.stderr
 
 
