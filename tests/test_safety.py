@@ -205,6 +205,27 @@ def test_an_empty_state_file_is_refused_not_taken_for_no_nodes(gp_home):
     assert (gp_home / "state.sqlite").stat().st_size == 0  # left as it was
 
 
+def test_a_process_killed_while_it_makes_the_state_file_leaves_none_not_an_empty_one(tmp_path, monkeypatch):
+    """SIGKILL between SQLite's open (which makes a 0-byte file) and its first page: forced here by stopping the
+    layout step where a kill would land. The next run must not meet an empty file it refuses as damage."""
+    from gpuprov.state import Store
+
+    path = tmp_path / "state.sqlite"
+
+    def killed(target):
+        sqlite3.connect(target).close()  # what SQLite leaves on disk before it writes the header: an empty file
+        raise SystemExit(137)
+
+    monkeypatch.setattr(Store, "_open_and_migrate", staticmethod(killed))
+    with pytest.raises(SystemExit):
+        Store(path)
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    store = Store(path)  # the next run makes it afresh
+    assert store.nodes() == [] and path.stat().st_size > 0 and path.stat().st_mode & 0o777 == 0o600
+    store.close()
+
+
 def test_a_state_file_of_a_newer_gpuprov_is_one_clear_line(gp_home):
     env = {**_plain_env(), "GPUPROV_HOME": str(gp_home)}
     assert gp(env, "status").returncode == 0  # made by this gpuprov
@@ -216,7 +237,10 @@ def test_a_state_file_of_a_newer_gpuprov_is_one_clear_line(gp_home):
     result = gp(env, "status")
     assert result.returncode == 2
     (line, hint) = result.stderr.strip().splitlines()
-    assert "was written by gpuprov 9.9.0 (state schema 99); this is gpuprov" in line and "schema 2 and older" in line
+    from gpuprov.state import SCHEMA_VERSION
+
+    assert "was written by gpuprov 9.9.0 (state schema 99); this is gpuprov" in line
+    assert f"schema {SCHEMA_VERSION} and older" in line
     assert "upgrade gpuprov" in hint and "gc" not in result.stderr
 
 

@@ -47,7 +47,8 @@ class FakeCloud:
         self.calls.append(("instances", region, node))
         if self.list_error:
             raise self.list_error
-        return [i for i in self.tagged_instances if i.region == region and (node is None or i.node == node)]
+        return [i for i in self.tagged_instances if i.region == region and (node is None or i.node == node)
+                and (not ids or i.id in ids)]
 
     def terminate(self, region: str, ids: Sequence[str], settle: float) -> None:
         self.regions.add(region)
@@ -146,11 +147,16 @@ def test_a_lost_launch_is_found_by_its_client_token_and_terminated(store: Store)
     assert {"instance i-9", "instance i-10"} <= set(result.removed)
 
 
-def test_a_launch_that_made_nothing_is_looked_for_a_few_times_then_dropped(store: Store) -> None:
+def test_a_launch_that_made_nothing_is_looked_for_until_ec2s_settle_time_is_spent_then_dropped(store: Store,
+                                                                                              monkeypatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(td.time, "sleep", slept.append)  # recorded, never waited
     store.intend("n1", "instance", R, "tok-none")
     cloud = FakeCloud()
     result = _run(cloud, store)
-    assert [c for c in cloud.calls if c[0] == "find_launched"] == [("find_launched", "tok-none")] * td.LOOKS_FOR_LOST_LAUNCH
+    looks = [c for c in cloud.calls if c[0] == "find_launched"]
+    assert looks == [("find_launched", "tok-none")] * (len(slept) + 1)
+    assert st.SETTLE_SECONDS - 10 < sum(slept) <= st.SETTLE_SECONDS  # the whole window, not a few seconds
     assert result.complete and _live(store) == [] and not any(c[0] == "terminate" for c in cloud.calls)
 
 
@@ -274,7 +280,8 @@ def test_lost_launch_look_ups_back_off_doubling_from_poll(store: Store, monkeypa
     monkeypatch.setattr(td.time, "sleep", slept.append)  # recorded, never waited
     store.intend("n1", "instance", R, "tok-none")
     td.teardown("n1", R, FakeCloud(), store, [].append, poll=1.5)  # type: ignore[arg-type]
-    assert slept == [1.5, 3.0]  # between the 3 look-ups, none after the last
+    assert slept[:5] == [1.5, 3.0, 6.0, 12.0, 12.0]  # doubling from poll, capped at 8 polls
+    assert sum(slept) <= st.SETTLE_SECONDS < sum(slept) + 12.0  # no sleep after the last look
 
 
 def test_groups_wait_for_the_instance_each_one_and_a_fresh_groups_notfound_is_looked_at_again(store: Store) -> None:

@@ -11,6 +11,7 @@ gpuprov processes never corrupt the file; writes are short transactions.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -67,7 +68,10 @@ CREATE TABLE IF NOT EXISTS nodes (
     resize_to TEXT,
     stopped_at REAL,
     cluster_size INTEGER,
-    members_json TEXT
+    members_json TEXT,
+    paid_usd_hour REAL,
+    billed_seconds REAL,
+    running_since REAL
 );
 CREATE TABLE IF NOT EXISTS resources (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -101,14 +105,15 @@ CREATE TABLE IF NOT EXISTS clusters (
 """
 # The file's layout (PRAGMA user_version). A gpuprov refuses a file of a newer schema rather than misread it;
 # older files are brought up to this one on open. 0: files from before the schema had a number.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Columns added after the first release: (name, type), added to an older state file on open.
 _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER"), ("ttl_deadline", "REAL"),
                        ("on_interrupt", "TEXT"), ("spot_type", "TEXT"), ("shutdown_action", "TEXT"),
                        ("disk_gb", "INTEGER"), ("connect", "TEXT"), ("budget_usd", "REAL"), ("budget_deadline", "REAL"),
                        ("budget_price", "REAL"),
                        ("resize_from", "TEXT"), ("resize_to", "TEXT"), ("stopped_at", "REAL"),
-                       ("cluster_size", "INTEGER"), ("members_json", "TEXT"))
+                       ("cluster_size", "INTEGER"), ("members_json", "TEXT"), ("paid_usd_hour", "REAL"),
+                       ("billed_seconds", "REAL"), ("running_since", "REAL"))
 
 
 @dataclass(frozen=True)
@@ -149,6 +154,28 @@ class Node:
     stopped_at: float | None = None
     cluster_size: int | None = None  # `up --nodes N`: the N asked for (None: a single node)
     members_json: str | None = None  # a cluster's nodes, rank order (see `members`)
+    paid_usd_hour: float | None = None  # what it costs an hour: the spot price obtained at launch, or the list price
+    billed_seconds: float | None = None  # its instance's running time before the current run (stops end a run)
+    running_since: float | None = None  # when the current run began (None: stopped, or ended)
+
+    def cost_so_far(self, now: float) -> float | None:
+        """Dollars its instance has cost: the price it got, for the time it ran (stopped time costs no compute).
+        A record from before those were kept: its age at the on-demand list price, as before."""
+        if self.paid_usd_hour is None:
+            if not self.price_usd_hour:
+                return None
+            return ((self.ended_at or now) - self.created_at) / 3600 * self.price_usd_hour
+        run = (self.billed_seconds or 0.0)
+        if self.running_since is not None:
+            run += max(0.0, min(now, self.ended_at or now) - self.running_since)
+        return run / 3600 * self.paid_usd_hour
+
+    def stopped_run(self, at: float) -> dict[str, float | None]:
+        """The fields that end its current run at `at` (a stop, an interruption, a teardown)."""
+        if self.running_since is None:
+            return {}
+        return {"billed_seconds": (self.billed_seconds or 0.0) + max(0.0, at - self.running_since),
+                "running_since": None}
 
     @property
     def members(self) -> tuple[Member, ...]:
@@ -226,6 +253,8 @@ class Store:
         if path.exists() and path.stat().st_size == 0:  # SQLite would take it for a new, empty state
             raise StateError(path, "is empty (0 bytes): it holds no records, though your nodes may still run")
         try:
+            if not path.exists():
+                self._create(path)
             self._open_and_migrate(path)
             if path.stat().st_mode & 0o777 != 0o600:
                 path.chmod(0o600)
@@ -238,6 +267,29 @@ class Store:
             raise explain(exc, path) from None
         except OSError as exc:  # chmod on a read-only file system, a folder gpuprov may not write
             raise explain(sqlite3.OperationalError(f"readonly: {exc.strerror}"), path) from None
+
+    @classmethod
+    def _create(cls, path: Path) -> None:
+        """A new state file appears whole or not at all: made and laid out under a private name, then linked into
+        place (a process killed while SQLite writes its first page would otherwise leave an empty file, which is
+        refused as damage). If another process made it meanwhile, theirs is kept."""
+        tmp = path.with_name(f".{path.name}.new-{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        try:
+            cls._open_and_migrate(tmp)
+            tmp.chmod(0o600)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            except OSError:  # a file system without hard links: a rename, if nobody made it meanwhile
+                if not path.exists():
+                    os.rename(tmp, path)
+        finally:
+            for leftover in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm")):
+                leftover.unlink(missing_ok=True)
 
     @staticmethod
     def _open_and_migrate(path: Path) -> None:

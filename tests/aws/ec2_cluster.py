@@ -1,6 +1,8 @@
 """What EC2 does for clusters and moto 5.2 does not, played by the fault proxy (in both kinds: EC2's contract).
 
-* Placement groups: moto has no CreatePlacementGroup/DescribePlacementGroups/DeletePlacementGroup at all. The proxy
+* Placement groups: moto has no CreatePlacementGroup/DescribePlacementGroups/DeletePlacementGroup at all. In realistic
+  kind a new group is unknown (InvalidPlacementGroup.Unknown) to its first ``fresh_lookups`` look-ups by name
+  (RunInstances, DescribePlacementGroups, DeletePlacementGroup), as any fresh resource is. The proxy
   keeps them (per region: name, id, strategy, tags from TagSpecification, the instances launched into each) and
   answers in EC2's XML. EC2's refusals: a duplicate name (InvalidPlacementGroup.Duplicate), an unknown name
   (InvalidPlacementGroup.Unknown) on delete or launch, a group with live instances on delete
@@ -78,9 +80,20 @@ class ClusterEc2:
 
     def __init__(self) -> None:
         self.groups: dict[tuple[str | None, str], dict[str, Any]] = {}
+        # realistic kind: a new group is unknown to its first N look-ups by name, like any fresh resource (EC2
+        # developer guide, "Eventual consistency"); the proxy sets it from its realism settings
+        self.fresh_lookups = 0
 
     def reset(self) -> None:
         self.groups.clear()
+
+    def _fresh(self, req: dict[str, Any], name: str) -> Refusal | None:
+        group = self.groups.get((req["region"], name))
+        if group is None or group.get("fresh", 0) <= 0:
+            return None
+        group["fresh"] -= 1
+        req["fresh_refused"] = name  # the proxy logs it as realism's own fresh-notfound (and holds nothing for it)
+        return 400, "InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown."
 
     # -- placement group calls, answered here
     def answer(self, req: dict[str, Any]) -> tuple[int, bytes] | Refusal | None:
@@ -90,7 +103,8 @@ class ClusterEc2:
             if (region, name) in self.groups:
                 return 400, "InvalidPlacementGroup.Duplicate", f"The Placement Group '{name}' already exists."
             group = {"name": name, "id": f"pg-{uuid.uuid4().hex[:17]}", "strategy": form.get("Strategy", "cluster"),
-                     "tags": _tags(form, "placement-group"), "instances": [], "zone": None}
+                     "tags": _tags(form, "placement-group"), "instances": [], "zone": None,
+                     "fresh": self.fresh_lookups}
             self.groups[(region, name)] = group
             return 200, _response(action, "<return>true</return>" + self._item(group, "placementGroup"))
         if action == "DescribePlacementGroups":
@@ -102,6 +116,10 @@ class ClusterEc2:
                 if not all(self._filtered(g, k, v) for k, v in filters.items()):
                     continue
                 found.append(g)
+            for n in names:
+                refusal = self._fresh(req, n)
+                if refusal is not None:
+                    return refusal
             unknown = [n for n in names if (region, n) not in self.groups]
             if unknown:
                 return 400, "InvalidPlacementGroup.Unknown", f"The Placement Group '{unknown[0]}' is unknown."
@@ -114,6 +132,9 @@ class ClusterEc2:
         name = req["form"].get("GroupName", "")
         if (req["region"], name) not in self.groups:
             return 400, "InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown."
+        fresh = self._fresh(req, name)
+        if fresh is not None:
+            return fresh
         if live:
             return 400, "InvalidPlacementGroup.InUse", f"The placement group '{name}' is in use and may not be deleted."
         del self.groups[(req["region"], name)]
@@ -137,6 +158,9 @@ class ClusterEc2:
             group = self.groups.get((req["region"], group_name))
             if group is None:
                 return 400, "InvalidPlacementGroup.Unknown", f"The Placement Group '{group_name}' is unknown."
+            fresh = self._fresh(req, group_name)
+            if fresh is not None:
+                return fresh
             if group["strategy"] == "cluster" and family in NO_CLUSTER_PLACEMENT:
                 # code as EC2 names such combinations; the message wording is unverified
                 return 400, "InvalidParameterCombination", f"{itype} is not supported in a cluster placement group"

@@ -49,6 +49,9 @@ Control API (same port, JSON):
   POST   /__faults__/spot/interrupt  body {"instance_id", "region"}: EC2 interrupts that spot instance (ec2_spot.py)
   GET    /__faults__/placement-groups   the placement groups the proxy keeps (moto has none; ec2_cluster.py)
   GET    /__faults__/spot-requests   the spot requests the proxy keeps for RunInstances (moto makes none; ec2_spot.py)
+  POST   /__faults__/regions  {"not_enabled": [...]}: the opt-in regions the account has not enabled (default
+                              NOT_ENABLED): every call there answers AuthFailure 401; DescribeRegions leaves them out
+                              unless AllRegions
   DELETE /__faults__/tokens   forget the ClientTokens seen (EC2 state, not a fault: DELETE /__faults__ keeps them;
                               the fixture's reset() calls this with moto's own reset)
 
@@ -119,6 +122,12 @@ except ImportError:  # pragma: no cover - script mode
     from ec2_spot import SpotEc2  # type: ignore[no-redef]
 
 CONTROL = "/__faults__"
+# Opt-in regions the account has not enabled (moto 5.2's DescribeRegions marks these `not-opted-in`): a call signed
+# for one answers AuthFailure (401), as EC2 does ("AWS was not able to validate the provided access credentials"),
+# and DescribeRegions leaves them out unless AllRegions (EC2 API reference, DescribeRegions).
+NOT_ENABLED = ("ap-east-1", "ap-east-2", "ap-south-2", "ap-southeast-4", "ap-southeast-5", "ap-southeast-6",
+               "ap-southeast-7", "ca-west-1", "eu-central-2", "eu-south-2", "il-central-1", "me-central-1",
+               "me-south-1", "mx-central-1")
 HOP_HEADERS = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
                "content-length", "proxy-authorization", "proxy-authenticate"}
 _SCOPE = re.compile(r"Credential=[^/]+/\d{8}/([^/]+)/([^/]+)/aws4_request")
@@ -239,6 +248,23 @@ _LISTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "DescribeVolumes": ("volumeSet", ("volumeId",)),
     "DescribeSpotInstanceRequests": ("spotInstanceRequestSet", ("spotInstanceRequestId",)),
 }
+
+
+def regions_answer(body: bytes, not_enabled: set[str], all_regions: bool) -> bytes:
+    """moto's DescribeRegions (every region, AllRegions ignored) as EC2 answers it: regions not enabled only with
+    AllRegions, then with optInStatus not-opted-in."""
+    text = body.decode()
+
+    def item(m: re.Match[str]) -> str:
+        block = m.group(0)
+        name = re.search(r"<regionName>([^<]+)</regionName>", block)
+        if name is None or name.group(1) not in not_enabled:
+            return block
+        if not all_regions:
+            return ""
+        return re.sub(r"<optInStatus>[^<]*</optInStatus>", "<optInStatus>not-opted-in</optInStatus>", block)
+
+    return re.sub(r"<item>.*?</item>", item, text, flags=re.S).encode()
 
 
 def not_found_message(kind: str, ids: list[str], field: str = "") -> str:
@@ -566,6 +592,7 @@ class _State:
         self.tokens = ClientTokens()
         self.cluster = ClusterEc2()  # placement groups, MinCount/MaxCount, network cards (tests/aws/ec2_cluster.py)
         self.spot = SpotEc2()  # RunInstances's spot requests, relaunch, disabled, interruptions (tests/aws/ec2_spot.py)
+        self.not_enabled: set[str] = set(NOT_ENABLED)
 
     def add(self, rules: list[dict[str, Any]]) -> list[int]:
         ids = []
@@ -667,6 +694,7 @@ class Handler(BaseHTTPRequestHandler):
                 st.rules.clear()
                 st.log.clear()
                 st.realism.reset()
+                st.not_enabled = set(NOT_ENABLED)
                 st.release_gen += 1
                 st.cond.notify_all()
             return self._json(200, {"ok": True})
@@ -708,6 +736,11 @@ class Handler(BaseHTTPRequestHandler):
                 return self._json(200, [{"region": r, "name": n, "id": g["id"], "strategy": g["strategy"],
                                          "tags": g["tags"], "instances": g["instances"]}
                                         for (r, n), g in st.cluster.groups.items()])
+        if path == CONTROL + "/regions" and self.command == "POST":  # {"not_enabled": [...]}
+            ask = json.loads(body or b"{}")
+            with st.lock:
+                st.not_enabled = set(ask.get("not_enabled", NOT_ENABLED))
+                return self._json(200, {"not_enabled": sorted(st.not_enabled)})
         if path == CONTROL + "/spot-requests" and self.command == "GET":
             with st.lock:
                 return self._json(200, [{"region": reg, "id": sid, "state": r["state"], "type": r["type"],
@@ -815,6 +848,18 @@ class Handler(BaseHTTPRequestHandler):
         if rule and rule.get("delay"):
             time.sleep(float(rule["delay"]))
         is_json = req["target"] is not None
+        with st.lock:
+            off = req["region"] in st.not_enabled
+        if off:  # an opt-in region the account has not enabled: every service there refuses the credentials
+            with st.lock:
+                entry.update(status=401, outcome="region-not-enabled")
+            message = "AWS was not able to validate the provided access credentials"
+            if is_json:
+                return self._reply(400, json_error_body("UnrecognizedClientException", message),
+                                   [("Content-Type", "application/x-amz-json-1.1"),
+                                    ("x-amzn-ErrorType", "UnrecognizedClientException")], entry)
+            return self._reply(401, ec2_error_body("AuthFailure", message), [("Content-Type", "text/xml;charset=UTF-8")],
+                               entry)
         canned = bool(rule and (rule.get("code") or rule.get("body") is not None or rule.get("spot_prices") is not None))
         refused = None
         if not canned:  # a request that would reach moto: EC2 may not know a fresh id yet
@@ -853,6 +898,14 @@ class Handler(BaseHTTPRequestHandler):
                    [("Content-Type", "text/xml;charset=UTF-8")])
         elif (answered := self._cluster(req, rule)) is not None or (answered := self._spot(req)) is not None:
             out = answered
+            fresh = req.get("fresh_refused")
+            if fresh is not None:  # a placement group EC2 does not know yet: realism's answer, as for any fresh id
+                with st.lock:
+                    entry.update(rule="fresh", status=400, outcome="fresh-notfound", fresh=[fresh])
+                    for r in st.rules:  # a hold/delay rule waits for a request that reaches the cloud
+                        if rule is not None and r["id"] == rule["id"]:
+                            r["hits"] -= 1
+                return self._reply(*out, entry)
         else:
             if req.get("forward_form") is not None:  # RunInstances as moto understands it (ec2_cluster.py)
                 body = urllib.parse.urlencode(req["forward_form"]).encode()
@@ -876,6 +929,8 @@ class Handler(BaseHTTPRequestHandler):
                     body_out = st.spot.rewrite(req["region"], body_out)
                 elif req["action"] == "DescribeSpotInstanceRequests" and out[0] == 200:
                     body_out = st.spot.merge(req, body_out)
+                elif req["action"] == "DescribeRegions" and out[0] == 200:
+                    body_out = regions_answer(body_out, st.not_enabled, req["form"].get("AllRegions") == "true")
                 realistic = st.realism.settings["kind"] == "realistic"
                 st.tokens.observe(req, out[0], body_out, st.realism.settings["token_lag"] if realistic else 0)
                 if req["action"] == "RunInstances" and out[0] == 200:
@@ -885,17 +940,17 @@ class Handler(BaseHTTPRequestHandler):
             if rule and rule.get("spot_dies") and req["action"] == "RunInstances" and out[0] == 200:
                 st.spot.dies(req["region"], answer, str(rule["spot_dies"]), upstream, st.lock)
             out = (out[0], answer, out[2])
-            if rule and rule.get("lose"):  # the work is done; its answer never reaches the client
-                with st.lock:
-                    entry["status"] = out[0]
-                    entry["outcome"] = f"lost-{rule['lose']}"
-                if rule["lose"] == "drop":
-                    self.close_connection = True
-                    with contextlib.suppress(OSError):
-                        self.connection.shutdown(socket.SHUT_RDWR)
-                    return None
-                return self._reply(500, ec2_error_body("InternalError", "An internal error has occurred"),
-                                   [("Content-Type", "text/xml;charset=UTF-8")], entry)
+        if rule and rule.get("lose") and not canned:  # the work is done (a replayed token's too); the answer is lost
+            with st.lock:
+                entry["status"] = out[0]
+                entry["outcome"] = f"lost-{rule['lose']}"
+            if rule["lose"] == "drop":
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                return None
+            return self._reply(500, ec2_error_body("InternalError", "An internal error has occurred"),
+                               [("Content-Type", "text/xml;charset=UTF-8")], entry)
         if rule and rule.get("hold"):
             with st.cond:
                 entry["status"] = out[0]
@@ -943,6 +998,8 @@ class Handler(BaseHTTPRequestHandler):
                 return None
         else:
             with st.lock:
+                realistic = st.realism.settings["kind"] == "realistic"
+                st.cluster.fresh_lookups = st.realism.settings["fresh_lookups"] if realistic else 0
                 result = st.cluster.answer(req)  # type: ignore[assignment]
             if result is None:
                 return None
@@ -1036,6 +1093,10 @@ def placement_groups(proxy_url: str) -> list[dict[str, Any]]:
 
 def release(proxy_url: str) -> int:
     return _call(proxy_url, "POST", CONTROL + "/release", {})["released"]
+
+
+def set_regions(proxy_url: str, not_enabled: list[str]) -> list[str]:
+    return _call(proxy_url, "POST", CONTROL + "/regions", {"not_enabled": not_enabled})["not_enabled"]
 
 
 def spot_requests(proxy_url: str) -> list[dict[str, Any]]:

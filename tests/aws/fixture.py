@@ -278,11 +278,14 @@ class AwsEndpoint:
         """Remove all rules and the request log (held requests get answered); back to realistic, no fresh ids."""
         fault_proxy.clear(self.url)
 
-    def realism(self, kind: str = "realistic", fresh_lookups: int = 2, tag_lag: int = 1) -> dict[str, Any]:
+    def realism(self, kind: str = "realistic", fresh_lookups: int = 2, tag_lag: int = 1,
+                token_lag: int = 1) -> dict[str, Any]:
         """How EC2-like the proxy is until the next reset(): "realistic" (eventual consistency for ids created
         through the proxy: ``fresh_lookups`` NotFound answers per fresh id, ``tag_lag`` tag-filtered Describes
-        without it) or "instant" (moto as is). Budgets apply to resources created after the call. Returns the settings."""
-        return fault_proxy.set_kind(self.url, kind=kind, fresh_lookups=fresh_lookups, tag_lag=tag_lag)
+        without it, ``token_lag`` client-token-filtered DescribeInstances without a launch) or "instant" (moto as
+        is). Budgets apply to resources created after the call. Returns the settings."""
+        return fault_proxy.set_kind(self.url, kind=kind, fresh_lookups=fresh_lookups, tag_lag=tag_lag,
+                                    token_lag=token_lag)
 
     def instant(self) -> dict[str, Any]:
         """moto's instant answers: no fresh-id NotFound, no tag lag (until the next reset())."""

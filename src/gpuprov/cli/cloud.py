@@ -32,7 +32,8 @@ from gpuprov.errors import GpuprovError, UserInputError
 @click.option("--max-price", type=float, default=None,
               help="With --spot: the most to pay per hour (AWS advises leaving it unset).")
 @click.option("--max-hourly", type=float, default=None, metavar="USD",
-              help="Failover never picks an instance type whose on-demand list price is above this "
+              help="Failover never picks an instance type whose on-demand list price is above this; the prices "
+                   "compared are the catalog's us-east-1 list prices, whatever the region "
                    "[default: twice the cheapest type that fits].")
 @click.option("--disk", "disk_gb", type=click.IntRange(20, 16384), default=100, show_default=True,
               help="Root volume, GB (gp3, encrypted).")
@@ -279,11 +280,23 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
 
     store, provider = store_and_provider()
     cat = catalog.load()
-    where = list(cat.regions) if all_regions else [cat.check_region(r) for r in regions] or \
-        sorted({n.region for n in store.nodes(include_terminated=True)} | {region_from(None).name})
-    found = sweep.orphans(where, provider, store, all_installs=all_installs)
     console = make_console(stderr=as_json)
     say = say_to(console)
+    if all_regions:  # the regions the account has enabled: an opt-in region it has not enabled answers AuthFailure
+        where = list(cat.regions)
+        try:
+            enabled = set(provider.enabled_regions(region_from(None).name))
+        except GpuprovError as exc:
+            say(f"could not list the account's regions ({exc}); sweeping every region gpuprov knows")
+        else:
+            off = [r for r in where if r not in enabled]
+            where = [r for r in where if r in enabled]
+            if off:
+                say(f"not enabled for this account, not swept: {', '.join(off)}")
+    else:
+        where = [cat.check_region(r) for r in regions] or \
+            sorted({n.region for n in store.nodes(include_terminated=True)} | {region_from(None).name})
+    found = sweep.orphans(where, provider, store, all_installs=all_installs)
     for line in found.busy:
         say(line)
     if not as_json:
@@ -295,7 +308,9 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
                 console.print(f"  {res.region}  {res.kind:<15} {res.id:<24} node={res.node} owner={res.owner}",
                               markup=False)
         if not found.found:
-            console.print(f"nothing to collect in {', '.join(where)} (owner {owner()})", markup=False)
+            console.print(f"nothing to collect in {', '.join(r for r in where if not _failed(r, found.errors))} "
+                          f"(owner {owner()})", markup=False)
+            _region_errors(found.errors)
             return
         console.print(f"owner {owner()}:", markup=False)
         for res in found.found:
@@ -308,12 +323,23 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
 
         click.echo(json.dumps({"regions": where, "owner": owner(), "deleted": yes, "left": left,
                                "found": [row(r) for r in found.found], "busy": found.busy,
-                               "other_installs": [row(r) for r in found.others]}, indent=2))
+                               "other_installs": [row(r) for r in found.others], "errors": found.errors}, indent=2))
     if left:
         raise GpuprovError("could not remove everything; still there:\n" + "\n".join(f"  {w}" for w in left)
                            + "\n  rerun: gpuprov gc --yes")
     if found.found and not yes and not as_json:
         console.print(f"{len(found.found)} orphaned resource(s); rerun with --yes to delete them")
+    _region_errors(found.errors)
+
+
+def _failed(region: str, errors: list[str]) -> bool:
+    return any(e.startswith(f"{region}: ") for e in errors)
+
+
+def _region_errors(errors: list[str]) -> None:
+    """The regions a sweep could not read: named, exit 1, after everything else was swept."""
+    if errors:
+        raise GpuprovError("could not sweep every region:\n" + "\n".join(f"  {e}" for e in errors))
 
 
 # --- guardrails -------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ Heavy modules (boto3, fabric, the library itself) are imported inside functions,
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -432,13 +433,23 @@ def host_settings(kw: dict[str, Any]) -> Any:
 
 
 def store_and_provider() -> tuple[Any, Any]:
-    import os
-
     from gpuprov.cloud.providers.aws import AwsProvider
+    from gpuprov.cloud.settle import window_from_env
     from gpuprov.cloud.tags import legacy_owner, owner
     from gpuprov.state import open_store
 
-    poll = float(os.environ.get("GPUPROV_POLL_SECONDS", "2"))
+    try:
+        poll = float(os.environ.get("GPUPROV_POLL_SECONDS") or "2")
+        if not math.isfinite(poll) or poll < 0:
+            raise ValueError
+    except ValueError:
+        raise UserInputError("GPUPROV_POLL_SECONDS", "expected seconds (a number >= 0), got "
+                             f"{os.environ.get('GPUPROV_POLL_SECONDS')!r}") from None
+    try:
+        window_from_env()
+    except ValueError:
+        raise UserInputError("GPUPROV_SETTLE_SECONDS", "expected seconds (a number >= 0), got "
+                             f"{os.environ.get('GPUPROV_SETTLE_SECONDS')!r}") from None
     return open_store(), AwsProvider(owner(), poll=poll, legacy=legacy_owner())
 
 

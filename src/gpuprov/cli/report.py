@@ -111,12 +111,13 @@ def status_rows(nodes: list[Node]) -> list[dict[str, object]]:
     now = time.time()
     rows: list[dict[str, object]] = []
     for n in nodes:
-        hours = ((n.ended_at or now) - n.created_at) / 3600
+        cost = n.cost_so_far(now)
         rows.append({
             "name": n.name, "gpu": n.gpu, "gpu_count": n.gpu_count, "instance_type": n.instance_type,
             "market": n.market, "region": n.region, "zone": n.zone, "state": n.state, "state_reason": n.state_reason,
             "address": n.address, "price_usd_hour": n.price_usd_hour,
-            "cost_so_far_usd": round(hours * n.price_usd_hour, 2) if n.price_usd_hour else None,
+            "cost_so_far_usd": round(cost, 2) if cost is not None else None,
+            "paid_usd_hour": n.paid_usd_hour,  # the spot price obtained, or the list price; what `$ so far` uses
             "age_seconds": round(now - n.created_at),
             "interrupted": n.state == "interrupted",
             "autostop_seconds": n.autostop_seconds,
@@ -183,7 +184,8 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
                       Column("zone", drop=9), Column("state", prose=True), Column("address"),
                       Column("$/h", "right", drop=2), Column("$ so far", "right", drop=3), Column("age", "right", drop=5),
                       Column("autostop", drop=8), Column("TTL left", drop=7)],
-                     title="nodes (cost at on-demand list price; spot bills less)" + _stopped_note(nodes),
+                     title="nodes ($/h: on-demand list; $ so far: the price obtained, for the time run)"
+                     + _stopped_note(nodes),
                      title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for row in status_rows(nodes):
         idle = row["autostop_seconds"]

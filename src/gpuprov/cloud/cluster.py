@@ -296,7 +296,7 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
                 interfaces=layout.interfaces), settle=SETTLE_SECONDS)
         except LaunchError as exc:  # a refusal launched none of them (MinCount)
             attempt = launch.note_refusal(exc, cand, rid, asked, f"{copts.nodes} × ", name, attempts, store, rec, say)
-            launch.go_on_after(exc, attempt, opts, closed, provider, region, say)
+            launch.go_on_after(exc, attempt, opts, closed, provider, region, say, copts.nodes)
             continue
         rec.attempt(cand.instance_type, cand.zone, cand.market, asked)
         _recorded(store, name, region, rid, token, instances)
@@ -369,16 +369,24 @@ def _drop_or_fail(copts: ClusterOptions, launched: int, ranks: list[int], why: d
 
 
 def _terminate(name: str, region: str, ids: list[str], provider: Provider, store: Store, say: Say) -> None:
-    """Take some of a cluster's instances (and their Elastic IPs) down; the rest stays."""
-    try:
-        provider.terminate(region, ids, settle=SETTLE_SECONDS)
-        provider.wait_terminated(region, ids)
-    except NotFound:
-        pass
+    """Take some of a cluster's instances down, one id per call (EC2 terminates none of a request in which one id
+    is wrong), each row marked gone only once EC2 confirmed it; the rest stays."""
+    gone = []
+    for iid in ids:
+        try:
+            provider.terminate(region, [iid], settle=SETTLE_SECONDS)
+            provider.wait_terminated(region, [iid])
+        except NotFound:
+            pass  # past the settle time: it is gone
+        except GpuprovError as exc:
+            say(f"  could not remove {iid}: {exc} (`gpuprov down {name}` finishes it)")
+            continue
+        gone.append(iid)
     for row in store.resources(name, region=region, kind="instance"):
-        if row.cloud_id in ids:
+        if row.cloud_id in gone:
             store.deleted(row.id)
-    say(f"  removed {', '.join(ids)}")
+    if gone:
+        say(f"  removed {', '.join(gone)}")
 
 
 def _release(name: str, region: str, members: list[Member], provider: Provider, store: Store) -> None:

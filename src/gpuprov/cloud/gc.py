@@ -29,7 +29,8 @@ from gpuprov.errors import GpuprovError
 from gpuprov.state import Store
 
 Say = Callable[[str], None]
-ORDER = {"instance": 0, "spot-request": 1, "volume": 2, "security-group": 3, "address": 3, "placement-group": 3,
+# a spot request before its instance: a persistent one would launch the instance again
+ORDER = {"spot-request": 0, "instance": 1, "volume": 2, "security-group": 3, "address": 3, "placement-group": 3,
          "key-pair": 4, "image": 5, "snapshot": 6}
 
 
@@ -39,6 +40,7 @@ class Sweep:
     found: list[CloudResource] = field(default_factory=list)  # orphans: what `gc --yes` removes
     busy: list[str] = field(default_factory=list)  # "train: gpuprov up (pid 12, since 10:01:02) is working on it"
     others: list[CloudResource] = field(default_factory=list)  # other installs' (same user@host): --all-installs
+    errors: list[str] = field(default_factory=list)  # "REGION: what AWS said": that region was not swept
 
 
 def orphans(regions: Sequence[str], provider: Provider, store: Store, all_installs: bool = False) -> Sweep:
@@ -60,7 +62,11 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store, all_instal
     recorded = {r.cloud_id for r in store.resources(None, live_only=False) if r.cloud_id}
     seen = {r.id for r in sweep.found}
     for region in regions:
-        tagged = provider.tagged(region, everyone=True)
+        try:
+            tagged = provider.tagged(region, everyone=True)
+        except GpuprovError as exc:  # one region's refusal (credentials, a region not enabled) stops no other
+            sweep.errors.append(f"{region}: {exc}")
+            continue
         for res in tagged:
             if res.owner != tags.owner() and res.id not in recorded and not all_installs:
                 sweep.others.append(res)

@@ -122,21 +122,24 @@ def check_options(plan: Plan, opts: UpOptions) -> None:
         raise UserInputError("--no-wait", "the bootstrap needs SSH", "add --no-bootstrap, or drop --no-wait")
 
 
-def quota_error(attempt: Attempt, provider: Provider, region: str, also: str = "") -> QuotaExceeded:
+def quota_error(attempt: Attempt, provider: Provider, region: str, also: str = "", count: int = 1) -> QuotaExceeded:
+    """The quota a launch of `count` instances of the candidate's type was refused on, what it needs in vCPUs
+    (all of them: a cluster's is count times a node's) and the increase to ask for."""
     from gpuprov.cloud.quotas import increase_command, quota_for
     from gpuprov.plan import catalog
 
     it = catalog.load().instance_type(attempt.candidate.instance_type)
     q = quota_for(it.name, attempt.candidate.market)
     head = f"{attempt.code}: {attempt.message}"
+    needs = f"{count} × {it.name} need {count * it.vcpu}" if count > 1 else f"{it.name} needs {it.vcpu}"
     if q is None:
-        return QuotaExceeded(f"{head}\n  AWS counts GPU quotas in vCPUs: {it.name} needs {it.vcpu}{also}")
+        return QuotaExceeded(f"{head}\n  AWS counts GPU quotas in vCPUs: {needs}{also}")
     current = provider.quota(region, q.code)
     now = f"; its current value is {current:g} vCPUs" if current is not None else ""
     unverified = f"\n  (unverified: {q.unverified})" if q.unverified else ""
     return QuotaExceeded(
-        f"{head}\n  AWS counts GPU quotas in vCPUs: {it.name} needs {it.vcpu}. Raise '{q.name}' ({q.code}) in "
-        f"{region}{now}:\n  {increase_command(q, region, current, it.vcpu)}{unverified}{also}")
+        f"{head}\n  AWS counts GPU quotas in vCPUs: {needs}. Raise '{q.name}' ({q.code}) in "
+        f"{region}{now}:\n  {increase_command(q, region, current, count * it.vcpu)}{unverified}{also}")
 
 
 @dataclass(frozen=True)
@@ -213,8 +216,8 @@ def note_refusal(exc: LaunchError, cand: Candidate, rid: int, asked: float, what
 
 
 def go_on_after(exc: LaunchError, attempt: Attempt, opts: UpOptions, closed: set[Market], provider: Provider,
-                region: str, say: Say) -> None:
-    """After AWS refused a candidate (one node or a whole cluster): return to go on with the next one (spot
+                region: str, say: Say, count: int = 1) -> None:
+    """After AWS refused a candidate (one node, or a cluster of `count`): return to go on with the next one (spot
     closed for the rest when AWS says so and --fallback on-demand allows it), or raise what stops the launch."""
     if exc.then == "next-candidate":
         return
@@ -226,7 +229,7 @@ def go_on_after(exc: LaunchError, attempt: Attempt, opts: UpOptions, closed: set
     fallback = ("\n  or add --fallback on-demand to go on with on-demand when spot is refused"
                 if exc.then == "next-market" else "")
     if exc.quota:
-        raise quota_error(attempt, provider, region, fallback) from None
+        raise quota_error(attempt, provider, region, fallback, count) from None
     fix = f"\n  fix: {exc.fix}" if exc.fix else ""
     raise GpuprovError(f"AWS refused the launch: {exc.code}: {exc.message}{fix}{fallback}") from None
 
@@ -300,7 +303,16 @@ def kept_timeline(name: str, store: Store, rec: tl.Recorder, outcome: tl.Outcome
 
 
 def plan_json(plan: Plan) -> str:
+    """The node's recorded plan: its summary, and the playbook it was made from, by name when shipped, else its
+    text (a file of the user's may be gone or changed by the time `start` bootstraps the node again)."""
     import json
 
-    return json.dumps(plan.summary())
+    from gpuprov.plan.spec import playbook_file
+
+    summary = plan.summary()
+    given = playbook_file(plan.request.playbook)
+    if given is not None:
+        summary["playbook_text"] = given.read_text(encoding="utf-8-sig")
+    summary["jupyter"] = plan.request.jupyter
+    return json.dumps(summary)
 

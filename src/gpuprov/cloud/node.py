@@ -38,7 +38,17 @@ from gpuprov.cloud.launch import (
     shutdown_behavior,
     take_back,
 )
-from gpuprov.cloud.providers.base import Access, Instance, LaunchError, LaunchRequest, Market, Network, Provider
+from gpuprov.cloud.providers.base import (
+    Access,
+    CloudResource,
+    Instance,
+    LaunchError,
+    LaunchRequest,
+    Market,
+    Network,
+    NotFound,
+    Provider,
+)
 from gpuprov.cloud.settle import SETTLE_SECONDS, settle
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError
@@ -114,9 +124,21 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
             go_on_after(exc, attempt, opts, closed, provider, region, say)
             continue
         store.created(rid, instance.id)
-        rec.attempt(cand.instance_type, cand.zone, cand.market, asked)
         if instance.spot_request_id:
             store.add_resource(name, "spot-request", region, instance.spot_request_id)
+        rec.attempt(cand.instance_type, cand.zone, cand.market, asked)
+        say(f"{instance.id} launched; waiting for it to run")
+        rec.phase(tl.RUNNING)
+        try:
+            instance = provider.wait_running(region, instance.id, timeout=opts.ssh_timeout, settle=SETTLE_SECONDS)
+        except LaunchError as exc:  # pending -> terminated for want of capacity (a spot instance, mostly): this
+            # candidate is refused after all; its request goes (a persistent one would try again), and so does it;
+            # the timeline shows the search going on after the launch that did not last
+            _gone(name, region, rid, instance, provider, store, say)
+            rec.phase(tl.CAPACITY)
+            attempt = note_refusal(exc, cand, rid, rec.now(), "", name, attempts, store, rec, say)
+            go_on_after(exc, attempt, opts, closed, provider, region, say)
+            continue
         store.update_node(name, instance_type=cand.instance_type, zone=cand.zone, market=cand.market,
                           price_usd_hour=cand.price_usd_hour,
                           spot_type=("persistent" if plan.request.persistent else "one-time")
@@ -126,6 +148,21 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
     tried = "; ".join(f"{a.candidate.instance_type}/{a.candidate.zone}/{a.candidate.market}: {a.code}" for a in attempts)
     hint = "" if opts.fallback_on_demand or not plan.request.spot else " (add --fallback on-demand to try on-demand too)"
     raise GpuprovError(f"no capacity anywhere it was asked for{hint}: {tried}")
+
+
+def _gone(name: str, region: str, rid: int, instance: Instance, provider: Provider, store: Store, say: Say) -> None:
+    """A launched instance EC2 terminated on its way up: its spot request cancelled, its rows marked gone."""
+    for row in store.resources(name, region=region, kind="spot-request"):
+        if row.cloud_id == instance.spot_request_id:
+            try:
+                provider.delete(CloudResource("spot-request", row.cloud_id or "", region, name))
+            except NotFound:
+                pass
+            except GpuprovError as exc:
+                say(f"  could not cancel {row.cloud_id}: {exc} (`gpuprov down {name}` retries)")
+                continue
+            store.deleted(row.id)
+    store.deleted(rid)
 
 
 def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say,
@@ -138,16 +175,16 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
     rec.phase(tl.CAPACITY)
     instance, attempts = _launch(plan, opts, provider, store, say, order, image, access, rec)
 
-    say(f"{instance.id} launched; waiting for it to run")
-    rec.phase(tl.RUNNING)
-    instance = provider.wait_running(region, instance.id, timeout=opts.ssh_timeout, settle=SETTLE_SECONDS)
     for volume in instance.volume_ids:
         store.add_resource(name, "volume", region, volume)
     address = instance.private_ip if opts.connect == "private" else instance.public_ip
     if not address:
         raise GpuprovError(f"{instance.id} has no {opts.connect} address; use --connect private (VPN/bastion) "
                            "or a subnet that assigns public IPs")
-    store.update_node(name, state="running", address=address, zone=instance.zone)
+    # what it costs from now: the spot price obtained in its zone (or the list price), for the time it runs
+    paid = price_obtained(plan, provider, instance, store.node(name).price_usd_hour, say)
+    store.update_node(name, state="running", address=address, zone=instance.zone, paid_usd_hour=paid,
+                      running_since=time.time(), billed_seconds=0.0)
     result = UpResult(store.node(name), instance, address, attempts)
     from gpuprov.paths import keys_dir, region_key
 
@@ -161,8 +198,7 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
     if budget is not None:
         from gpuprov.plan.plan import replace_guards, with_budget
 
-        node = store.node(name)
-        price = price_obtained(plan, provider, instance, node.price_usd_hour, say)
+        price = paid
         guards = with_budget(plan.guards.model_copy(update={"ttl_seconds": plan.request.ttl_seconds}), budget, price)
         plan = replace_guards(plan, guards)
         if price:
@@ -191,6 +227,11 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
     return result
 
 
+REFRESHED = ("ready", "running", "bootstrapping", "stopped", "interrupted")
+SPOT_STOPPED = "Server.SpotInstanceShutdown"
+INTERRUPTED = "EC2 restarts it when capacity returns"
+
+
 def refresh(store: Store, provider: Provider, say: Say | None = None) -> list[Node]:
     """Update live nodes from the cloud by their recorded instance ids (never by name: a terminated
     namesake stays visible for an hour), one batched call per region. A node another gpuprov is working on
@@ -198,7 +239,7 @@ def refresh(store: Store, provider: Provider, say: Say | None = None) -> list[No
     node's record is read again and written under its lock, so a `down` that starts meanwhile waits."""
     nodes = store.nodes()
     for region in sorted({n.region for n in nodes}):
-        here = [n for n in nodes if n.region == region and n.state in ("ready", "running", "bootstrapping", "stopped")]
+        here = [n for n in nodes if n.region == region and n.state in REFRESHED]
         rows = {n.name: [r for r in store.resources(n.name, region=region, kind="instance") if r.cloud_id] for n in here}
         ids = [r.cloud_id for rs in rows.values() for r in rs if r.cloud_id]
         if not ids:
@@ -215,12 +256,27 @@ def refresh(store: Store, provider: Provider, say: Say | None = None) -> list[No
 
 
 def _refreshed(n: Node, rows: list[Resource], found: dict[str, Instance], store: Store) -> None:
-    if n.state not in ("ready", "running", "bootstrapping", "stopped"):
+    if n.state not in REFRESHED:
         return  # changed since the list was read (a `down` that finished meanwhile)
     mine = [(r, found.get(r.cloud_id or "")) for r in rows]
     states = {i.state for _r, i in mine if i is not None}
-    if n.state != "stopped" and states and states <= {"stopping", "stopped"}:  # its guards stopped it
-        store.update_node(n.name, state="stopped", stopped_at=time.time(),
+    if states and states <= {"stopping", "stopped"} and any(
+            i is not None and i.state_code == SPOT_STOPPED for _r, i in mine):
+        # EC2 interrupted a persistent spot node whose interruption behaviour is stop: EC2 alone starts it again
+        # when capacity returns ("Only Amazon EC2 can restart an interrupted stopped Spot Instance")
+        if n.state != "interrupted":
+            now = time.time()
+            store.update_node(n.name, state="interrupted", stopped_at=now, state_reason=INTERRUPTED,
+                              **n.stopped_run(now))
+            store.event(n.name, "interrupted", f"{SPOT_STOPPED}: stopped by EC2")
+        return
+    if n.state == "interrupted" and states == {"running"}:  # EC2 started it again
+        store.update_node(n.name, state="ready", stopped_at=None, state_reason=None, running_since=time.time())
+        store.event(n.name, "restarted", "EC2 started the interrupted spot instance again")
+        return
+    if n.state not in ("stopped", "interrupted") and states and states <= {"stopping", "stopped"}:  # guards stopped it
+        now = time.time()
+        store.update_node(n.name, state="stopped", stopped_at=now, **n.stopped_run(now),
                           state_reason=next((i.state_reason for _r, i in mine if i and i.state_reason), None))
         return
     if not mine or any(i is not None and i.state != "terminated" for _r, i in mine):

@@ -80,7 +80,8 @@ def _stop(names: Sequence[str], provider: Provider, store: Store, say: Say, time
         say(f"{node.name}: stopping {', '.join(ids)}")
         provider.stop(node.region, ids, settle=max(settle(r) for r in rows))
         provider.wait_stopped(node.region, ids, timeout=timeout)
-        store.update_node(node.name, state="stopped", stopped_at=time.time(), state_reason=None)
+        now = time.time()
+        store.update_node(node.name, state="stopped", stopped_at=now, state_reason=None, **node.stopped_run(now))
         store.event(node.name, "stopped", ", ".join(ids))
     return [store.node(n.name) for n in nodes]
 
@@ -185,6 +186,10 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
     node = store.node(name)
     if node.state in RUNNING_STATES:
         raise UserInputError("NAME", f"{name} is already running ({node.state})", f"`gpuprov stop {name}` first")
+    if node.state == "interrupted" and node.spot_type == "persistent":
+        raise UserInputError("NAME", f"{name} was interrupted by EC2 (spot capacity), which starts it again itself "
+                             "when capacity returns; nobody else can start it", f"`gpuprov status --refresh` shows "
+                             f"when it runs again; `gpuprov down {name}` ends it (its disk too)")
     if node.state not in ("stopped", "resizing", "starting"):
         raise UserInputError("NAME", f"{name} is {node.state}", "only a stopped node can start")
     if budget_left(node, at=node.stopped_at) == 0:
@@ -218,7 +223,13 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
         store.event(name, "resize", f"{current.instance_type} -> {target.name}")
         say(f"{name}: {current.instance_type} -> {target.name}")
         rec.phase(tl.RESIZE)
-        provider.set_instance_type(node.region, iid, target.name, settle=settle(row))
+        try:
+            provider.set_instance_type(node.region, iid, target.name, settle=settle(row))
+        except GpuprovError as exc:  # EC2 refused the type: the node is as it was, stopped, its old type kept
+            store.update_node(name, state="stopped", resize_from=None, resize_to=None)
+            store.event(name, "resize-refused", str(exc)[:300])
+            raise GpuprovError(f"{exc}\n  {name} stays stopped as {current.instance_type}; `gpuprov start {name}` "
+                               "starts it as it is") from None
         resized_from = current.instance_type
     elif target is not None and node.resize_from and target.name == current.instance_type:
         resized_from = node.resize_from if node.resize_from != target.name else None
@@ -250,8 +261,9 @@ def stop_again(name: str, region: str, row: Resource, exc: KeyboardInterrupt, pr
         if isinstance(exc, Interrupted):
             exc.note = f"{name}'s instance {iid} may still run; run: gpuprov stop {name} (or gpuprov down {name})"
         return
-    kept.update_node(name, state="stopped", stopped_at=time.time(), resize_from=None, resize_to=None,
-                     state_reason="its start was interrupted")
+    now = time.time()
+    kept.update_node(name, state="stopped", stopped_at=now, resize_from=None, resize_to=None,
+                     state_reason="its start was interrupted", **store.node(name).stopped_run(now))
     kept.event(name, "stopped", f"{iid} (start interrupted)")
     if isinstance(exc, Interrupted):
         exc.note = f"{name} was stopped again (disk kept): nothing of it runs; gpuprov start {name} resumes"
@@ -288,8 +300,10 @@ def _run(name: str, node: Node, row: Resource, opts: StartOptions, now_type: str
     if address != node.address:
         sshconfig.move_node_key(name, address)
         say(f"{name}: new address {address} (was {node.address}); host key kept pinned")
+    listed = store.node(name).price_usd_hour  # the list price of the type it starts as (a resize changes it)
+    price = listed if node.market != "spot" else (node.paid_usd_hour or listed)
     store.update_node(name, state="running", address=address, zone=instance.zone, resize_from=None, resize_to=None,
-                      stopped_at=None, state_reason=None)
+                      stopped_at=None, state_reason=None, running_since=time.time(), paid_usd_hour=price)
     key_path = str(region_key(keys_dir(), node.region))
     alias = sshconfig.add_node(name, address, node.ssh_user or "ubuntu", key_path)
     store.event(name, "started", f"{now_type} {address}")
@@ -316,9 +330,17 @@ def node_plan(node: Node) -> Plan:
                      cuda=stack.get("cuda_toolkit"), torch=torch["version"] if torch else None,
                      torch_cuda=torch["variant"] if torch else None, python=stack.get("python"))
     guards = recorded.get("guards") or {}
+    playbook = recorded.get("playbook") or "pytorch"
+    if recorded.get("playbook_text"):  # a file of the user's: the text it had at `up`, kept beside the node
+        from gpuprov.files import write_atomic
+        from gpuprov.hosts.sshconfig import node_known_hosts
+
+        kept = node_known_hosts(node.name).with_name("playbook.yml")
+        write_atomic(kept, recorded["playbook_text"])
+        playbook = str(kept)
     request = NodeRequest(
         gpu=node.gpu or recorded.get("gpu") or "", count=node.gpu_count or 1, spot=node.market == "spot",
-        region=node.region, playbook=recorded.get("playbook") or "pytorch", os=recorded.get("os") or "ubuntu-24.04",
+        region=node.region, playbook=playbook, os=recorded.get("os") or "ubuntu-24.04", jupyter=bool(recorded.get("jupyter")),
         pins=pins, instance_type=node.instance_type, autostop_seconds=node.autostop_seconds,
         ttl_seconds=node.ttl_seconds, on_interrupt=node.on_interrupt or guards.get("on_interrupt"),
         persistent=node.spot_type == "persistent",

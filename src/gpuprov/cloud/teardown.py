@@ -1,8 +1,9 @@
 """Take a node's cloud resources down, following the local records first, and never half-way.
 
-Order: spot requests (a persistent one would relaunch a terminated instance), instances (by recorded
-id: TerminateInstances needs no describe first; launches whose answer was lost are found by their
-ClientToken, and their spot requests cancelled too), then volumes, then the
+Order: spot requests (a persistent one would relaunch a terminated instance: each recorded instance is read
+by id first to learn its request; an instance whose request cannot be cancelled is left running, named), then
+instances (by recorded id; launches whose answer was lost are found by their ClientToken, looked for as long
+as EC2 may not show them yet), then volumes, then the
 security group (by recorded id, or by its recorded name), a cluster's Elastic IPs and placement
 group (EC2 refuses both while an instance uses them), then whatever else carries the node's tag.
 A NotFound on a resource created moments ago is looked at again (EC2 is eventually consistent); on
@@ -24,12 +25,9 @@ from gpuprov.state import Resource, Store
 
 Say = Callable[[str], None]
 
-LOOKS_FOR_LOST_LAUNCH = 3  # client-token look-ups (filters lag too) before an intent counts as never launched
-
-
-# Kinds EC2 refuses to delete while an instance uses them: a security group, a cluster placement group
-# (InvalidPlacementGroup.InUse), an Elastic IP still associated.
-WAIT_FOR_INSTANCES = ("security-group", "address", "placement-group")
+# Kinds EC2 refuses to delete while an instance uses them: a volume still attached (VolumeInUse), a security
+# group, a cluster placement group (InvalidPlacementGroup.InUse), an Elastic IP still associated.
+WAIT_FOR_INSTANCES = ("volume", "security-group", "address", "placement-group")
 
 
 @dataclass
@@ -37,6 +35,9 @@ class Teardown:
     node: str
     removed: list[str] = field(default_factory=list)
     left: list[str] = field(default_factory=list)  # "security-group sg-1: DependencyViolation …"
+    # each row's settle window is measured from here: time spent looking for a lost launch does not make a fresh
+    # group's or volume's NotFound believed later in the same teardown
+    started: float = field(default_factory=time.time)
 
     @property
     def complete(self) -> bool:
@@ -86,7 +87,8 @@ def take_down(name: str, region: str, provider: Provider, store: Store, say: Say
         from gpuprov import cluster
 
         cluster.forget(name)
-    store.update_node(name, state="terminated", ended_at=time.time())
+    now = time.time()
+    store.update_node(name, state="terminated", ended_at=now, **store.node(name).stopped_run(now))
     store.event(name, "down", ", ".join(result.removed) or "nothing left to remove")
     return result
 
@@ -133,16 +135,32 @@ def _instances(node: str, region: str, provider: Provider, store: Store, say: Sa
                     store.add_resource(node, "spot-request", region, inst.spot_request_id)
     except GpuprovError as exc:
         say(f"  could not list {node}'s instances by tag: {exc}")
-    # a persistent spot request relaunches a terminated instance: its request is cancelled first (EC2 guide,
-    # "Cancel a Spot Instance request": cancelling does not terminate the instance)
+    # each recorded instance read by id (not a tag filter, which lags): its spot request, if it has one, is learnt
+    # here, so none is left to launch it again
+    request_of = _spot_requests_of(node, region, provider, store, say)
+    # a persistent spot request relaunches a terminated instance: requests are cancelled first (EC2 guide, "Cancel
+    # a Spot Instance request": cancelling does not terminate the instance); one that cannot be cancelled keeps its
+    # instance running, since terminating it would only make EC2 launch another
+    kept: dict[str, str] = {}
     for spot in store.resources(node, region=region, kind="spot-request"):
+        before = len(result.left)
         _delete_row(spot, provider, store, say, result)
+        if len(result.left) > before:
+            why = result.left.pop()
+            for iid, sir in request_of.items():
+                if sir == spot.cloud_id:
+                    kept[iid] = why
+            result.left.append(why)
     asked = []
     for row in store.resources(node, region=region, kind="instance"):
         if row.cloud_id is None:
             continue
+        if row.cloud_id in kept:
+            result.left.append(f"instance {row.cloud_id}: not terminated: its spot request could not be cancelled "
+                               f"({kept[row.cloud_id].partition(': ')[2]}), and EC2 would launch it again")
+            continue
         try:
-            provider.terminate(region, [row.cloud_id], settle=settle(row))
+            provider.terminate(region, [row.cloud_id], settle=settle(row, result.started))
             asked.append(row)
         except NotFound:
             store.deleted(row.id)  # old enough to believe: it is gone
@@ -161,10 +179,31 @@ def _instances(node: str, region: str, provider: Provider, store: Store, say: Sa
         say(f"  removed instance {row.cloud_id}")
 
 
+def _spot_requests_of(node: str, region: str, provider: Provider, store: Store, say: Say) -> dict[str, str]:
+    """Instance id -> its spot request id, for the node's recorded instances, each request recorded too."""
+    ids = [r.cloud_id for r in store.resources(node, region=region, kind="instance") if r.cloud_id]
+    if not ids:
+        return {}
+    try:
+        found = provider.instances(region, ids=ids)
+    except GpuprovError as exc:
+        say(f"  could not read {node}'s instances by id: {exc}")
+        return {}
+    out = {}
+    for inst in found:
+        if inst.spot_request_id and inst.state != "terminated":
+            store.add_resource(node, "spot-request", region, inst.spot_request_id)
+            out[inst.id] = inst.spot_request_id
+    return out
+
+
 def _find_lost_launch(row: Resource, provider: Provider, store: Store, poll: float) -> None:
-    """A launch whose answer never arrived: the ClientToken finds what it made, or nothing was made."""
-    looks = LOOKS_FOR_LOST_LAUNCH if settle(row) > 0 else 1
-    for look in range(looks):
+    """A launch whose answer never arrived: the ClientToken finds what it made, or nothing was made. The
+    client-token filter is eventually consistent too, so a fresh launch is looked for, with backoff, for as long
+    as EC2 may not show it (the settle time after the request); an old one once."""
+    step = poll if poll > 0 else 0.05
+    window, waited, wait = settle(row), 0.0, step
+    while True:
         found = provider.find_launched(row.region, row.client_token or "")
         if found:
             store.created(row.id, found[0].id)
@@ -174,8 +213,11 @@ def _find_lost_launch(row: Resource, provider: Provider, store: Store, poll: flo
             for extra in found[1:]:
                 store.add_resource(row.node, "instance", row.region, extra.id, row.client_token)
             return
-        if look + 1 < looks:
-            time.sleep(poll * (2 ** look))
+        if waited + wait > window:
+            break
+        time.sleep(wait)
+        waited += wait
+        wait = min(wait * 2, step * 8)
     store.deleted(row.id)  # asked for, never made
 
 
@@ -206,7 +248,7 @@ def _lost(row: Resource, provider: Provider) -> str | None:
 def _delete(res: CloudResource, row: Resource | None, provider: Provider, store: Store, say: Say,
             result: Teardown) -> None:
     try:
-        provider.delete(res, settle=settle(row) if row else 0.0)
+        provider.delete(res, settle=settle(row, result.started) if row else 0.0)
     except NotFound:
         pass  # already gone (a volume that went with its instance, a closed spot request)
     except GpuprovError as exc:

@@ -314,10 +314,16 @@ def shipped_playbooks() -> list[str]:
     return sorted(p.stem for p in playbooks_dir().glob("*.yml"))
 
 
+def playbook_file(name_or_path: str) -> Path | None:
+    """The user's playbook file `name_or_path` names, or None for a shipped playbook's name."""
+    path = Path(name_or_path)
+    return path if path.suffix in (".yml", ".yaml") or "/" in name_or_path else None
+
+
 def load_playbook(name_or_path: str) -> Playbook:
     """A shipped playbook by name ('pytorch'), or a YAML file by path."""
     path = Path(name_or_path)
-    if not (path.suffix in (".yml", ".yaml") or "/" in name_or_path):
+    if playbook_file(name_or_path) is None:
         path = playbooks_dir() / f"{name_or_path}.yml"
         if not path.is_file():
             raise UserInputError(

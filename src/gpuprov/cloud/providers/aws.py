@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from gpuprov.cloud.providers.aws_base import NOT_FOUND, AwsError, tag_value
+from gpuprov.cloud.providers.aws_base import NOT_FOUND, AwsError, NoAnswer, tag_value
 from gpuprov.cloud.providers.aws_images import AwsImages
 from gpuprov.cloud.providers.aws_instances import AwsInstances
+from gpuprov.cloud.providers.aws_refusals import classify
 from gpuprov.cloud.providers.base import IMAGES, SHARED, TAG_IMAGE, TAG_OWNER, CloudResource, Network, SpotPrice
 from gpuprov.errors import UserInputError
 
 UBUNTU_SSM_PREFIX = "/aws/service/canonical/ubuntu/server"
+RETRY_CREATES = 4  # tries of a create without a ClientToken (AllocateAddress), each after a look for the last
 
 
 class AwsProvider(AwsInstances, AwsImages):
@@ -58,6 +61,13 @@ class AwsProvider(AwsInstances, AwsImages):
                     raise
         raise UserInputError("--image", f"no Ubuntu {release} image published in {region} (looked up {tried[0]})",
                              "pass --image ami-... explicitly")
+
+    def enabled_regions(self, region: str) -> list[str]:
+        """The regions enabled for the account, asked in `region`: DescribeRegions without AllRegions leaves out
+        the opt-in regions it has not enabled, where every call would answer AuthFailure."""
+        ec2 = self._client("ec2", region)
+        reply = self._call("DescribeRegions", lambda: ec2.describe_regions())
+        return sorted(str(r["RegionName"]) for r in reply["Regions"])
 
     def network(self, region: str, subnet: str | None) -> Network:
         """The pinned subnet's VPC and zone, or the region's default VPC (any zone)."""
@@ -101,10 +111,18 @@ class AwsProvider(AwsInstances, AwsImages):
         self._settle("DeleteKeyPair", lambda: ec2.delete_key_pair(KeyName=name), "key-pair", name, settle)
 
     def create_security_group(self, region: str, node: str, vpc: str, name: str, description: str) -> str:
+        """The node's group. Its name is the node's own (gpuprov-NODE-TIME): a Duplicate is our own create whose
+        first answer was lost after EC2 made it (botocore sent it again), so that group is the answer."""
         ec2 = self._client("ec2", region)
-        return str(self._call("CreateSecurityGroup", lambda: ec2.create_security_group(
-            GroupName=name, Description=description, VpcId=vpc,
-            TagSpecifications=[{"ResourceType": "security-group", "Tags": self._tags(node)}]))["GroupId"])
+        try:
+            return str(self._call("CreateSecurityGroup", lambda: ec2.create_security_group(
+                GroupName=name, Description=description, VpcId=vpc,
+                TagSpecifications=[{"ResourceType": "security-group", "Tags": self._tags(node)}]))["GroupId"])
+        except AwsError as exc:
+            made = self.find_security_group(region, name) if exc.code == "InvalidGroup.Duplicate" else None
+            if made is None:
+                raise
+            return made
 
     def find_security_group(self, region: str, name: str) -> str | None:
         """A group by name (for a create whose answer was lost); a name filter, which does not wait for tags."""
@@ -117,9 +135,9 @@ class AwsProvider(AwsInstances, AwsImages):
         ec2 = self._client("ec2", region)
         ranges: dict[str, Any] = ({"Ipv6Ranges": [{"CidrIpv6": cidr, "Description": "gpuprov: SSH"}]} if ":" in cidr
                                   else {"IpRanges": [{"CidrIp": cidr, "Description": "gpuprov: SSH"}]})
-        self._settle("AuthorizeSecurityGroupIngress", lambda: ec2.authorize_security_group_ingress(
+        _granted(lambda: self._settle("AuthorizeSecurityGroupIngress", lambda: ec2.authorize_security_group_ingress(
             GroupId=group_id, IpPermissions=[{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, **ranges}]),
-            "security-group", group_id, settle)
+            "security-group", group_id, settle))
 
     def authorize_self(self, region: str, group_id: str, settle: float) -> None:
         """All protocols and ports from and to the group itself: a cluster's nodes reach each other on any port
@@ -127,23 +145,44 @@ class AwsProvider(AwsInstances, AwsImages):
         all inbound and outbound traffic to and from the security group itself")."""
         ec2 = self._client("ec2", region)
         rule = [{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id, "Description": "gpuprov: cluster"}]}]
-        self._settle("AuthorizeSecurityGroupIngress", lambda: ec2.authorize_security_group_ingress(
-            GroupId=group_id, IpPermissions=rule), "security-group", group_id, settle)
-        self._settle("AuthorizeSecurityGroupEgress", lambda: ec2.authorize_security_group_egress(
-            GroupId=group_id, IpPermissions=rule), "security-group", group_id, settle)
+        _granted(lambda: self._settle("AuthorizeSecurityGroupIngress", lambda: ec2.authorize_security_group_ingress(
+            GroupId=group_id, IpPermissions=rule), "security-group", group_id, settle))
+        _granted(lambda: self._settle("AuthorizeSecurityGroupEgress", lambda: ec2.authorize_security_group_egress(
+            GroupId=group_id, IpPermissions=rule), "security-group", group_id, settle))
 
     def create_placement_group(self, region: str, node: str, name: str) -> str:
+        """A cluster group; its name is the node's own (gpuprov-NODE-RANDOM), so a Duplicate is our create sent
+        again after a lost answer, and the group is there."""
         ec2 = self._client("ec2", region)
-        self._call("CreatePlacementGroup", lambda: ec2.create_placement_group(
-            GroupName=name, Strategy="cluster",
-            TagSpecifications=[{"ResourceType": "placement-group", "Tags": self._tags(node)}]))
+        try:
+            self._call("CreatePlacementGroup", lambda: ec2.create_placement_group(
+                GroupName=name, Strategy="cluster",
+                TagSpecifications=[{"ResourceType": "placement-group", "Tags": self._tags(node)}]))
+        except AwsError as exc:
+            if exc.code != "InvalidPlacementGroup.Duplicate":
+                raise
         return name
 
     def allocate_address(self, region: str, node: str, name: str) -> str:
-        ec2 = self._client("ec2", region)
-        return str(self._call("AllocateAddress", lambda: ec2.allocate_address(
-            Domain="vpc", TagSpecifications=[{"ResourceType": "elastic-ip", "Tags": self._tags(
-                node, {"Name": name})}]))["AllocationId"])
+        """An Elastic IP tagged with `name`. AllocateAddress has no ClientToken, and botocore would send it again
+        after a 5xx or a dropped answer that came after EC2 allocated one: so a client with retries off sends it,
+        and before each new try the tag `name` is looked for (the address a lost answer made)."""
+        ec2 = self._client("ec2", region, retries=False)
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return str(self._call("AllocateAddress", lambda: ec2.allocate_address(
+                    Domain="vpc", TagSpecifications=[{"ResourceType": "elastic-ip", "Tags": self._tags(
+                        node, {"Name": name})}]))["AllocationId"])
+            except (NoAnswer, AwsError) as exc:
+                transient = isinstance(exc, NoAnswer) or classify(exc.code, exc.message, "on-demand").then == "retry"
+                if not transient or tries >= RETRY_CREATES:
+                    raise
+            time.sleep(self.poll * tries)
+            made = self.find_address(region, name)
+            if made is not None:
+                return made
 
     def find_address(self, region: str, name: str) -> str | None:
         ec2 = self._client("ec2", region)
@@ -170,7 +209,7 @@ class AwsProvider(AwsInstances, AwsImages):
                 found.append(CloudResource("instance", i.id, region, i.node, i.state, i.owner))
         for req in self._call("DescribeSpotInstanceRequests", lambda: ec2.describe_spot_instance_requests(
                 Filters=owned))["SpotInstanceRequests"]:
-            if req.get("State") in ("open", "active"):
+            if req.get("State") in ("open", "active", "disabled"):  # disabled: its stopped instance's, still live
                 found.append(CloudResource("spot-request", req["SpotInstanceRequestId"], region, tag_value(req), req["State"],
                                            tag_value(req, TAG_OWNER)))
         for group in self._call("DescribeSecurityGroups", lambda: ec2.describe_security_groups(
@@ -256,3 +295,13 @@ class AwsProvider(AwsInstances, AwsImages):
             return float(reply["Quota"]["Value"])
         except (ClientError, BotoCoreError, KeyError):  # reading the quota is a courtesy; the refusal said enough
             return None
+
+
+def _granted(call: Any) -> None:
+    """An ingress or egress rule: InvalidPermission.Duplicate means it is there (our own request, sent again by
+    botocore after a lost answer, or a rerun), which is what was asked."""
+    try:
+        call()
+    except AwsError as exc:
+        if exc.code != "InvalidPermission.Duplicate":
+            raise

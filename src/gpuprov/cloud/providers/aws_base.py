@@ -18,7 +18,17 @@ from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError, ProfileNotFound
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    NoRegionError,
+    ProfileNotFound,
+    ReadTimeoutError,
+)
 
 from gpuprov.cloud.providers.aws_refusals import classify
 from gpuprov.cloud.providers.base import TAG_NODE, TAG_OWNER, NotFound
@@ -33,6 +43,12 @@ NOT_FOUND = {"instance": "InvalidInstanceID.NotFound", "security-group": "Invali
              "spot-request": "InvalidSpotInstanceRequestID.NotFound", "image": "InvalidAMIID.NotFound",
              "snapshot": "InvalidSnapshot.NotFound", "placement-group": "InvalidPlacementGroup.Unknown",
              "address": "InvalidAllocationID.NotFound"}
+
+
+class NoAnswer(GpuprovError):
+    """The request may have reached AWS and no answer came back (the connection dropped, the read timed out):
+    what it asked may be done. A create with a ClientToken is sent again with the same token; one without looks
+    for what it may have made first."""
 
 
 class AwsError(GpuprovError):
@@ -112,7 +128,9 @@ class AwsBase:
             code, message = _code(exc), _message(exc)
             fix = credentials_hint() if code in CREDENTIAL_CODES else classify(code, message, "on-demand").fix
             raise AwsError(what, code, message, fix) from None
-        except BotoCoreError as exc:  # no answer at all: endpoint unreachable, timeouts, bad config
+        except (ConnectionClosedError, ReadTimeoutError, EndpointConnectionError, ConnectTimeoutError) as exc:
+            raise NoAnswer(f"AWS call {what} got no answer: {exc}") from None
+        except BotoCoreError as exc:  # bad config, and the like
             raise GpuprovError(f"AWS call {what} failed: {exc}") from None
 
     def _settle(self, what: str, fn: Callable[[], T], kind: str, cloud_id: str, settle: float) -> T:

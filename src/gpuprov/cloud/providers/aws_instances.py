@@ -9,12 +9,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpuprov.cloud.providers.aws_base import AwsBase, AwsError, tag_value
+from gpuprov.cloud.providers.aws_base import AwsBase, AwsError, NoAnswer, tag_value
 from gpuprov.cloud.providers.aws_refusals import classify
 from gpuprov.cloud.providers.base import TAG_NODE, TAG_OWNER, Access, Instance, LaunchError, LaunchRequest, Nic
 from gpuprov.errors import GpuprovError, UserInputError
 
-LAUNCH_REFERENCES = {"InvalidGroup.NotFound", "InvalidKeyPair.NotFound"}  # a fresh group or key not yet seen
+# a fresh security group, key pair or placement group EC2 does not know yet (eventual consistency)
+LAUNCH_REFERENCES = {"InvalidGroup.NotFound", "InvalidKeyPair.NotFound", "InvalidPlacementGroup.Unknown"}
+# a launch that dies on its way (pending -> terminated) for want of capacity (botocore's StateReason codes)
+CAPACITY_REASONS = ("Server.InsufficientInstanceCapacity", "Server.SpotInstanceTermination")
 RETRY_RUN_INSTANCES = 4  # attempts of one candidate on throttling / InternalError (same ClientToken)
 
 
@@ -88,6 +91,11 @@ class AwsInstances(AwsBase):
             try:
                 reply = self._call("RunInstances", lambda: ec2.run_instances(**kwargs))
                 return [_instance(raw, request.region) for raw in reply["Instances"]]
+            except NoAnswer as exc:  # "If timeouts or connection errors occur, you can repeat the request" (EC2
+                # API reference, idempotency): the same token makes nothing more; after the last try it stays in
+                # doubt, and its record (intent kept) has teardown look for what it may have launched
+                if tries >= RETRY_RUN_INSTANCES:
+                    raise LaunchError("retry", "NoAnswer", str(exc)) from None
             except AwsError as exc:
                 refusal = classify(exc.code, exc.message, request.market)
                 fresh = exc.code in LAUNCH_REFERENCES and time.monotonic() + wait < deadline
@@ -125,6 +133,9 @@ class AwsInstances(AwsBase):
             (instance,) = self.describe(region, [instance_id], settle=settle)
             if instance.state == "running":
                 return instance
+            if instance.state in ("shutting-down", "terminated") and instance.state_code in CAPACITY_REASONS:
+                # a spot instance EC2 had no capacity for after all: a refusal of this candidate, not a failure
+                raise LaunchError("next-candidate", instance.state_code or "", instance.state_reason or "")
             if instance.state in ("shutting-down", "terminated", "stopped", "stopping"):
                 raise GpuprovError(f"{instance_id} went {instance.state} while starting: {instance.state_reason}")
             if time.monotonic() > deadline:
@@ -202,5 +213,6 @@ def _instance(raw: dict[str, Any], region: str) -> Instance:
         market="spot" if raw.get("InstanceLifecycle") == "spot" else "on-demand",
         public_ip=raw.get("PublicIpAddress"), private_ip=raw.get("PrivateIpAddress"), launched_at=raw.get("LaunchTime"),
         state_reason=(raw.get("StateReason") or {}).get("Message"), node=tag_value(raw),
+        state_code=(raw.get("StateReason") or {}).get("Code"),
         spot_request_id=raw.get("SpotInstanceRequestId"), volume_ids=volumes, owner=tag_value(raw, TAG_OWNER),
     )

@@ -40,7 +40,11 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal("InsufficientHostCapacity", "next-candidate"),
     Refusal("InsufficientReservedInstanceCapacity", "next-candidate"),
     Refusal("UnfulfillableCapacity", "next-candidate"),
-    Refusal("Unsupported", "next-candidate"),
+    # `Unsupported` is a zone or type that cannot serve the request ("Your requested instance type (X) is not
+    # supported in your requested Availability Zone (Y)...") or a configuration no zone would take ("The requested
+    # configuration is currently not supported. Please check the documentation..."): only the first moves on
+    Refusal("Unsupported", "next-candidate", message=r"(?i)availability zone|instance type|not supported in"),
+    Refusal("Unsupported", "stop", fix="AWS says no zone takes this configuration: see AWS's words above"),
     Refusal("InvalidInput", "next-candidate", message=r"(?i)no default subnet"),
     Refusal("InsufficientFreeAddressesInSubnet", "next-candidate"),
     Refusal("VolumeTypeNotAvailableInZone", "next-candidate"),

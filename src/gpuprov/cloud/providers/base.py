@@ -48,6 +48,7 @@ class Instance:
     state_reason: str | None = None
     node: str | None = None
     spot_request_id: str | None = None
+    state_code: str | None = None  # StateReason.Code: Server.SpotInstanceShutdown, Client.UserInitiatedShutdown …
     volume_ids: tuple[str, ...] = ()
     owner: str | None = None  # its gpuprov:owner tag
 
@@ -186,6 +187,10 @@ class Provider(Protocol):
         ...
 
     def image(self, region: str, os_name: str) -> str: ...
+
+    def enabled_regions(self, region: str) -> list[str]:
+        """The regions enabled for the account (opt-in regions it has not enabled left out), asked in `region`."""
+        ...
 
     def network(self, region: str, subnet: str | None) -> Network: ...
 
