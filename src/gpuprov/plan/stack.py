@@ -234,6 +234,19 @@ class Stack(BaseModel):
     warnings: tuple[str, ...] = ()  # allowed but worth knowing: a branch NVIDIA has ended
 
     @property
+    def repo_packages(self) -> tuple[str, ...]:
+        """What the driver step asks the host's apt for before it installs anything: every package from NVIDIA's
+        repository this stack installs (Fabric Manager only where it is known to be needed)."""
+        fabric = (self.fabric_manager_package, *(("nvlsm",) if self.nvlsm else ())) if self.fabric_manager == "required" else ()
+        toolkit = (self.cuda_toolkit_package,) if self.cuda_toolkit_package else ()
+        return (self.driver_pinning_package, self.driver_package, *fabric, *toolkit)
+
+    @property
+    def repo_label(self) -> str:
+        """'ubuntu-24.04 (NVIDIA's ubuntu2404 repository)': where a missing package was looked for."""
+        return f"{self.os} (NVIDIA's {self.os.replace('-', '').replace('.', '')} repository)"
+
+    @property
     def min_driver(self) -> str | None:
         """The lowest driver that runs this stack's CUDA (wheel and toolkit)."""
         needs = [c for c in (self.torch.cuda if self.torch else None, self.cuda_toolkit) if c]
