@@ -216,11 +216,18 @@ def say_region(region: Any) -> None:
         click.echo(f"region {region}", err=True)
 
 
-def plan_from(kw: dict[str, Any]) -> Plan:
+def plan_from(kw: dict[str, Any], live: bool = False) -> Plan:
+    """The plan the flags ask for; `live`: with EC2's own facts of the region's GPU instance types (cached a day)."""
     from gpuprov.plan.plan import NodeRequest, make_plan
     from gpuprov.plan.spec import parse_duration
 
     region = region_from(kw["region"], quiet=True)
+    cat = None
+    if live:
+        from gpuprov.cloud.instance_facts import live_catalog
+        from gpuprov.plan import catalog
+
+        cat = live_catalog(catalog.load(), store_and_provider()[1], region.name, lambda line: warn(line))
     request = NodeRequest(
         gpu=kw["gpu"], count=kw["count"], spot=kw["spot"], region=region.name, playbook=kw["playbook"],
         os=kw["os_name"] or "ubuntu-24.04", pins=pins_from(kw), instance_type=kw["instance_type"],
@@ -228,7 +235,7 @@ def plan_from(kw: dict[str, Any]) -> Plan:
         on_interrupt=kw["on_interrupt"] or None, persistent=kw["persistent"], autostop_action=kw["autostop_action"],
         budget_usd=kw["budget"], jupyter=kw["jupyter"],
     )
-    plan = make_plan(request)
+    plan = make_plan(request, cat)
     say_region(region)
     return plan
 

@@ -232,9 +232,8 @@ def stale_note(names: tuple[str, ...] | None = None, on: date | None = None) -> 
     if not old:
         return None
     where = "the shipped snapshot" if old[0].origin == "snapshot" else "your last refresh"
-    return (f"facts older than {STALE_DAYS} days: {', '.join(s.family.name for s in old)} (the oldest read "
-            f"{old[0].read.isoformat()}, {old[0].age_days(on)} days ago, from {where}); "
-            "`gpuprov facts refresh` reads them again")
+    return (f"the facts are {old[0].age_days(on)} days old ({len(old)} of {len(names)} families past {STALE_DAYS} days, "
+            f"the oldest read {old[0].read.isoformat()} from {where}): `gpuprov facts refresh` reads them again")
 
 
 def clear_caches() -> None:
