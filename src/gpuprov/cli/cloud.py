@@ -83,8 +83,9 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
 
     the_plan = plan_from(kw, live=not dry_run)  # a launch plans with EC2's own instance-type facts
     console = make_console(stderr=as_json)
-    for note in the_plan.warnings:
-        warn(f"warning: {note}")
+    if not dry_run:  # the dry run prints the plan, warnings and all
+        for note in the_plan.warnings:
+            warn(f"warning: {note}")
     node_name = launch.check_name(name) if name else launch.new_name()
     opts = launch.UpOptions(
         name=node_name, fallback_on_demand=fallback == "on-demand", max_price=max_price, max_hourly=max_hourly,

@@ -124,17 +124,21 @@ def quota_error(attempt: Attempt, provider: Provider, region: str, also: str = "
     from gpuprov.cloud.quotas import increase_command, quota_for
     from gpuprov.plan import catalog
 
-    it = catalog.load().instance_type(attempt.candidate.instance_type)
-    q = quota_for(it.name, attempt.candidate.market)
+    name = attempt.candidate.instance_type
+    # a type EC2 named (plan --live, up) may be missing from the catalog: its vCPUs are then not known here
+    it = next((t for t in catalog.load().instance_types if t.name == name), None)
+    needs = f"{name} needs {it.vcpu}" if it else f"{name}'s vCPUs count"
+    q = quota_for(name, attempt.candidate.market)
     head = f"{attempt.code}: {attempt.message}"
     if q is None:
-        return QuotaExceeded(f"{head}\n  AWS counts GPU quotas in vCPUs: {it.name} needs {it.vcpu}{also}")
+        return QuotaExceeded(f"{head}\n  AWS counts GPU quotas in vCPUs: {needs}{also}")
     current = provider.quota(region, q.code)
     now = f"; its current value is {current:g} vCPUs" if current is not None else ""
     unverified = f"\n  (unverified: {q.unverified})" if q.unverified else ""
+    raise_it = f":\n  {increase_command(q, region, current, it.vcpu)}" if it else ""
     return QuotaExceeded(
-        f"{head}\n  AWS counts GPU quotas in vCPUs: {it.name} needs {it.vcpu}. Raise '{q.name}' ({q.code}) in "
-        f"{region}{now}:\n  {increase_command(q, region, current, it.vcpu)}{unverified}{also}")
+        f"{head}\n  AWS counts GPU quotas in vCPUs: {needs}. Raise '{q.name}' ({q.code}) in "
+        f"{region}{now}{raise_it}{unverified}{also}")
 
 
 @dataclass(frozen=True)
