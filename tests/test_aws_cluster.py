@@ -360,10 +360,10 @@ def test_sigkill_at_random_instants_of_an_efa_cluster_up_leaves_nothing(aws, env
 def test_gc_finds_a_cluster_whose_local_state_was_lost_by_its_tags(aws, env, tmp_path):
     assert gp(env, *up_args("lost", "--gpu", "H100:8", "--nodes", "2", "--no-bootstrap", "--no-wait")).returncode == 0
     elsewhere = {**env, "GPUPROV_HOME": str(tmp_path / "other-machine")}  # no records: tags are all there is
-    listed = gp(elsewhere, "gc", "--json")
+    listed = gp(elsewhere, "gc", "--json", "--all-installs")  # its install id went with the state folder
     kinds = sorted(r["kind"] for r in json.loads(listed.stdout)["found"] if r["node"] == "lost")
     assert kinds.count("instance") == 2 and "placement-group" in kinds and kinds.count("address") == 2, kinds
-    result = gp(elsewhere, "gc", "--yes")
+    result = gp(elsewhere, "gc", "--yes", "--all-installs")
     assert result.returncode == 0, result.stdout + result.stderr
     left = aws.leftovers()
     assert {k: v for k, v in left.items() if k != "key_pairs"} == {k: [] for k in left if k != "key_pairs"}

@@ -5,10 +5,8 @@ of the same name is InvalidAMIName.Duplicate) and real sshd test hosts standing 
 
 from __future__ import annotations
 
-import getpass
 import json
 import signal
-import socket
 import subprocess
 import sys
 
@@ -24,7 +22,9 @@ USER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHVzZXJzLW93bi1rZXktbm90LWdwdXBy
 
 
 def owner() -> str:
-    return f"{getpass.getuser()}@{socket.gethostname()}"
+    from gpuprov.cloud.tags import owner as this_install
+
+    return this_install()  # GPUPROV_HOME is the test's gpuprov home (the gp_home fixture)
 
 
 def plan_stack(region: str = "us-east-1", os_name: str = "ubuntu-22.04") -> str:
@@ -73,7 +73,11 @@ def test_bake_cleans_the_node_tags_the_image_and_the_next_up_skips_every_install
     proc = subprocess.Popen([sys.executable, "-m", "gpuprov", "image", "bake", "base", "--name", "t4-stack", "--yes"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        aws.wait_held(1, timeout=120)
+        try:
+            aws.wait_held(1, timeout=120)
+        except TimeoutError:
+            proc.kill()
+            raise AssertionError(proc.communicate()) from None
         host = pool.exec_in(0, f"ls {SYSROOT}/etc/ssh; cat {SYSROOT}/root/.ssh/authorized_keys; "
                                f"ls /var/lib/gpuprov/markers; ls -A {SYSROOT}/var/lib/cloud; "
                                f"test -e {SYSROOT}/var/lib/gpuprov/ttl-deadline && echo DEADLINE; "
@@ -251,3 +255,82 @@ def test_bad_image_names_are_refused_before_any_aws_call(aws, env):
     assert bake.returncode == 2 and bake.stderr.startswith("error: --name")
     assert aws.log() == []
     nothing_left(aws)
+
+
+def _baked_node(aws, env, pool, gp_home) -> tuple[tuple[str, ...], str]:
+    """A ready node `base` on pool[0] with its host identity and an 8h TTL: what a bake cleans."""
+    subnet = launch_site(aws, pool, gp_home)
+    public_key = (gp_home / "keys" / "us-east-1" / "id_ed25519.pub").read_text().strip()
+    seed_node_identity(pool, 0, public_key)
+    where = ("--subnet", subnet, "--connect", "private", "--ssh-user", "root")
+    first = gp(env, *up_args("base", *STACK_ARGS, *where, "--ttl", "8h"))
+    assert first.returncode == 0, first.stdout + first.stderr
+    return where, public_key
+
+
+def _identity(pool) -> str:
+    return pool.exec_in(0, f"ls {SYSROOT}/etc/ssh; cat {SYSROOT}/root/.ssh/authorized_keys; "
+                           f"ls /var/lib/gpuprov/markers; cat {SYSROOT}/var/lib/gpuprov/ttl-deadline; "
+                           f"ls {SYSROOT}/etc/systemd/system; ls -A {SYSROOT}/var/lib/cloud; "
+                           f"ls -d {SYSROOT}/run/gpuprov-bake 2>&1", check=False).stdout
+
+
+def test_a_refused_create_image_puts_the_node_back_as_it_was(aws, env, aws_hosts, gp_home):
+    pool = aws_hosts
+    _baked_node(aws, env, pool, gp_home)
+    before = _identity(pool)
+    assert "ssh_host_ed25519_key" in before and "gpuprov-ttl.timer" in before and "ttl.sha256" in before
+    aws.faults({"action": "CreateImage", "code": "UnauthorizedOperation", "message": "not allowed to CreateImage",
+                "times": 1})
+    baked = gp(env, "image", "bake", "base", "--name", "t4-stack", "--yes")
+    assert baked.returncode == 1, baked.stdout + baked.stderr
+    assert "UnauthorizedOperation: not allowed to CreateImage" in baked.stderr
+    assert "base: EC2 refused the image; the node is as it was" in baked.stdout
+    after = _identity(pool)
+    assert after.replace("No such file or directory", "") == before.replace("No such file or directory", "")
+    assert "gpuprov-bake" in after and "cannot access" in after  # the backup is gone again
+    calls = pool.exec_in(0, "cat /var/lib/gpuprov-shim/calls.log", check=True).stdout
+    assert "systemctl enable --now gpuprov-ttl.timer" in calls  # its TTL ticks again
+    assert json.loads(gp(env, "status", "base", "--json").stdout)[0]["state"] == "ready"
+    assert gp(env, "exec", "base", "--", "true").returncode == 0  # still reachable with its pinned key
+    assert images_in(aws) == [] and json.loads(gp(env, "image", "list", "--json").stdout) == []
+    assert gp(env, "down", "base", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_gc_during_a_bake_leaves_the_image_being_made(aws, env, aws_hosts, gp_home):
+    pool = aws_hosts
+    _baked_node(aws, env, pool, gp_home)
+    aws.faults({"action": "CreateImage", "hold": True, "times": 1})
+    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", "image", "bake", "base", "--name", "t4-stack", "--yes"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        aws.wait_held(1, timeout=120)
+        sweep = gp(env, "gc", "--yes")
+        assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    finally:
+        aws.release()
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out + err
+    assert not aws.log("DeregisterImage")
+    (image,) = images_in(aws)
+    assert image["Name"] == "t4-stack" and image["State"] == "available"
+    assert gp(env, "down", "base", "--yes").returncode == 0
+    assert gp(env, "image", "rm", "t4-stack", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_the_bake_templates_are_bash_and_shellcheck_clean(tmp_path):
+    from gpuprov.cloud import bake
+    from gpuprov.plan.render import StepPlan, render_steps
+    from tests.test_guardrails import assert_bash_and_shellcheck_pass
+
+    values = {"image_clean.sh.j2": (("key_blob", "AAAA"), ("ssh_user", "ubuntu"), ("guard_units", bake.GUARD_UNITS),
+                                    ("guard_steps", bake.GUARD_STEPS), ("backup", bake.BACKUP_DIR)),
+              "image_restore.sh.j2": (("backup", bake.BACKUP_DIR), ("guard_units", bake.GUARD_UNITS))}
+    paths = []
+    for template, given in values.items():
+        (script,) = render_steps((StepPlan("s", template, "guard", "x", given),), {}, {}).scripts
+        paths.append(tmp_path / template.replace(".j2", ""))
+        paths[-1].write_text(script.text)
+    assert_bash_and_shellcheck_pass(paths)

@@ -15,7 +15,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpuprov"
 MAX_LINES = 500
 GROUND = ("gpuprov.errors", "gpuprov.files", "gpuprov.locks", "gpuprov.paths", "gpuprov.resources",
-          "gpuprov.state")
+          "gpuprov.state", "gpuprov.state_errors", "gpuprov.state_tolerant")
 CLOUD_SDKS = ("boto3", "botocore")
 SSH_SDKS = ("fabric", "paramiko", "invoke")
 WEB = ("urllib", "http")  # what reads a URL: sources/ only (cloud/ through boto3)

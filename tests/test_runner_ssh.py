@@ -272,3 +272,46 @@ def test_only_lines_with_the_runs_nonce_are_events_and_output_passes_through_who
     lines.close()
     assert events == [Event("start", "one"), Event("end", "one", 0, "changed", 0.007)]
     assert output == ["hello world\n", "tail"]
+
+
+def test_a_second_bootstrap_of_a_host_is_refused_while_the_first_runs_and_takeover_stops_it(host_pool, gp_home,
+                                                                                            tmp_path):
+    import sys
+
+    pool = host_pool
+    reset(pool, [1])
+    pool.exec_in(1, "touch /var/lib/gpuprov/slow-here", check=True)
+    playbook = slow_playbook(tmp_path, tick=True)
+    args = ["bootstrap", *addrs(pool, [1]), "-i", str(pool.key_path), "--accept-new-host-key", "--os", "ubuntu-22.04",
+            "--python", "3.11", "--json", "-p", str(playbook)]
+    first = subprocess.Popen([sys.executable, "-m", "gpuprov", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        for _ in range(600):  # until the first run is in its long step
+            if pool.exec_in(1, "test -e /tmp/gp-started").returncode == 0:
+                break
+            time.sleep(0.05)
+        same = gpuprov(*args)  # this install again: its own lock says a run of it is alive
+        assert same.returncode == 1
+        (host,) = json.loads(same.stdout)
+        assert f"is being worked on by gpuprov bootstrap (pid {first.pid}" in host["error"], host["error"]
+        assert "--takeover" in host["error"]
+        other = {**os.environ, "GPUPROV_HOME": str(tmp_path / "other-machine"), "COLUMNS": "200"}
+        elsewhere = subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
+                                   env=other, timeout=120)  # another install: the host's runner lock says so
+        assert elsewhere.returncode == 1
+        (host,) = json.loads(elsewhere.stdout)
+        assert "another gpuprov (" in host["error"] and "is bootstrapping this host" in host["error"], host["error"]
+        assert first.poll() is None and len(runners_left(pool, 1)) == 1  # neither refusal touched the first run
+        taken = subprocess.run([sys.executable, "-m", "gpuprov", *args, "--takeover"], capture_output=True, text=True,
+                               env=other, timeout=180)
+        assert taken.returncode == 0, taken.stdout + taken.stderr
+        (host,) = json.loads(taken.stdout)
+        assert by_step(host) == {"first": "skipped", "wait": "changed", "last": "changed"}
+        first.communicate(timeout=60)
+        assert first.returncode == 1  # its runner was stopped
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert runners_left(pool, 1) == []

@@ -37,3 +37,16 @@ class StackConflict(UserInputError):
     def __init__(self, field: str, problem: str, hint: str = "", rule: str = "") -> None:
         super().__init__(field, problem, hint)
         self.rule = rule
+
+
+class Interrupted(KeyboardInterrupt):
+    """A termination signal (SIGINT, SIGTERM, SIGHUP), raised in the main thread wherever it is: every signal
+    a terminal, `kill`, `timeout`, a CI runner or systemd sends ends a command as Ctrl-C does (cli/signals.py).
+    A KeyboardInterrupt, so everything that takes back work on Ctrl-C does it for each of them.
+    `note`: what the take-back left, for the last line (set by cloud/launch.take_back)."""
+
+    def __init__(self, signum: int, name: str) -> None:
+        super().__init__(name)
+        self.signum = signum
+        self.name = name
+        self.note: str | None = None

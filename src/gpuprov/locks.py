@@ -15,6 +15,7 @@ the lock file names the holder (pid, command, since) for the messages.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -24,8 +25,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuprov.errors import GpuprovError
+
+if TYPE_CHECKING:
+    from gpuprov.state import Node
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,18 @@ def _file(key: str) -> Path:
     return folder() / f"{safe}.lock"
 
 
+def _open(path: Path) -> int:
+    """The lock file, made if missing; a state folder that cannot take it is said as the state's problem."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        from gpuprov.state_errors import StateUnavailable
+
+        reason = {errno.EROFS: "read-only", errno.EACCES: "read-only", errno.EPERM: "read-only",
+                  errno.ENOSPC: "full", errno.EDQUOT: "full"}.get(exc.errno or 0, "io")
+        raise StateUnavailable(path, reason, f"cannot open the lock file: {exc.strerror}") from None
+
+
 def holder_of(path: Path) -> Holder:
     try:
         pid, since, what = path.read_text().split(" ", 2)
@@ -85,7 +102,7 @@ def hold(key: str, what: str, *, wait: bool = True, subject: str | None = None,
         if mine is not None:
             _held[str(path)] = (mine[0], mine[1] + 1)
     if mine is None:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = _open(path)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -96,8 +113,9 @@ def hold(key: str, what: str, *, wait: bool = True, subject: str | None = None,
                 if waiting is not None:
                     waiting(holder)
                 fcntl.flock(fd, fcntl.LOCK_EX)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()} {time.time():.3f} {what}\n".encode(), 0)
+            with contextlib.suppress(OSError):  # who holds it is for the messages only: a full disk may refuse it
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()} {time.time():.3f} {what}\n".encode(), 0)
         except BaseException:
             os.close(fd)
             raise
@@ -123,7 +141,7 @@ def is_free(key: str) -> bool:
     with _guard:
         if str(path) in _held:
             return True
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = _open(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -131,6 +149,12 @@ def is_free(key: str) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def abandoned(record: Node) -> bool:
+    """An `up` that died before `ready`: its record says it never got there and nobody holds its lock. Only
+    such a node is an orphan (`gc` takes it down by its records; it uses no shared key pair)."""
+    return record.up_unfinished and is_free(node(record.name))
 
 
 def node(name: str) -> str:
@@ -147,3 +171,32 @@ def image(name: str) -> str:
 
 def host(label: str) -> str:
     return f"host-{label}"
+
+
+@contextlib.contextmanager
+def nodes(names: list[str] | tuple[str, ...], what: str, say: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Every named node's lock, waiting for each (in name order, so two commands never wait on each other),
+    saying once per node whom it waits for."""
+    with contextlib.ExitStack() as held:
+        for name in sorted(set(names)):
+            def waiting(holder: Holder, name: str = name) -> None:
+                if say is not None:
+                    say(f"{name}: waiting for {holder} to finish with it (Ctrl-C to stop waiting)")
+            held.enter_context(hold(node(name), what, subject=name, waiting=waiting))
+        yield
+
+
+@contextlib.contextmanager
+def claim(name: str, what: str) -> Iterator[None]:
+    """This process works on the node alone; another gpuprov at work on it refuses the command (an `up` of a
+    name that is taken), naming the holder."""
+    held = contextlib.ExitStack()
+    try:
+        held.enter_context(hold(node(name), what, wait=False, subject=name))
+    except Busy as busy:
+        from gpuprov.errors import UserInputError
+
+        raise UserInputError("NAME", str(busy), "wait for it to finish, or stop it: Ctrl-C where it runs, or "
+                             f"`kill {busy.holder.pid}` (it takes back what it made)") from None
+    with held:
+        yield

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+import tempfile
+from functools import cache
 from pathlib import Path
 
 from gpuprov.errors import UserInputError
@@ -88,3 +92,26 @@ def config_path() -> Path:
     from platformdirs import user_config_dir
 
     return Path(user_config_dir("gpuprov", appauthor=False)) / "config.toml"
+
+
+def install_id() -> str:
+    """This install's random id, made once and kept beside the state (`install-id`): part of the owner tag
+    of everything it makes in a cloud (cloud/tags.py), and how a host's runner tells its clients apart."""
+    return _install_id(state_dir())
+
+
+@cache
+def _install_id(folder: Path) -> str:
+    path = folder / "install-id"
+    if not path.exists():
+        # written whole, then linked into place: two first runs at once agree on one id, and no reader ever
+        # sees an empty file
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".install-id.")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(6) + "\n")
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
+    return path.read_text().strip()

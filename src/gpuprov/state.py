@@ -19,10 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from gpuprov import __version__
 from gpuprov.errors import UserInputError
+from gpuprov.state_errors import StateError, StateTooNew, explain
 
 NodeState = Literal["launching", "running", "bootstrapping", "ready", "failed", "terminating", "terminated",
                     "stopping", "stopped", "resizing", "starting"]
+UP_STATES = ("launching", "running", "bootstrapping", "failed", "terminating")  # where an `up` leaves a record
 # an image row has node None: images outlive the node they were baked from
 ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "placement-group",
                        "address"]
@@ -85,6 +88,10 @@ CREATE TABLE IF NOT EXISTS events (
     message TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS resources_node ON resources(node);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS clusters (
     name TEXT PRIMARY KEY,
     spec_json TEXT NOT NULL,
@@ -92,6 +99,9 @@ CREATE TABLE IF NOT EXISTS clusters (
     updated_at REAL NOT NULL
 );
 """
+# The file's layout (PRAGMA user_version). A gpuprov refuses a file of a newer schema rather than misread it;
+# older files are brought up to this one on open. 0: files from before the schema had a number.
+SCHEMA_VERSION = 2
 # Columns added after the first release: (name, type), added to an older state file on open.
 _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER"), ("ttl_deadline", "REAL"),
                        ("on_interrupt", "TEXT"), ("spot_type", "TEXT"), ("shutdown_action", "TEXT"),
@@ -155,22 +165,12 @@ class Node:
         return self.state != "terminated"
 
     @property
-    def crashed(self) -> bool:
-        """Mid-`up` (or mid-`down`) with its process gone from this machine: a crash, not a live node."""
-        import os
-        import socket
-
-        if self.state not in ("launching", "running", "bootstrapping", "terminating") or not self.pid:
-            return False
-        if self.host != socket.gethostname():
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
+    def up_unfinished(self) -> bool:
+        """Its `up` (one node or a cluster) never reached `ready`: a record that was launching, running,
+        bootstrapping, failed or being taken back when that `up` ended. Whether the `up` is still at work is
+        not in the record: its process holds the node's lock (gpuprov.locks) for as long as it lives. A node
+        stopped, started, resized or baked after it was ready never counts."""
+        return self.ready_at is None and self.state in UP_STATES
 
     @property
     def plan(self) -> dict[str, Any]:
@@ -217,31 +217,27 @@ class Event:
     message: str
 
 
-class StateError(UserInputError):
-    """The state file cannot be read. It is never replaced or recreated: it may hold the only record
-    of cloud resources that cost money, so the user decides what to do with it."""
-
-    def __init__(self, path: Path, problem: str) -> None:
-        super().__init__(
-            "state", f"{path} {problem}; gpuprov changed nothing",
-            f"it lists your nodes and their cloud resources, so nothing replaces it: restore it from a backup, or "
-            f"move it aside (mv {path} {path}.broken) and run `gpuprov gc --all-regions` to find what is still "
-            f"tagged as yours")
-
-
 class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() and not path.is_file():
             raise StateError(path, "is not a file")
+        if path.exists() and path.stat().st_size == 0:  # SQLite would take it for a new, empty state
+            raise StateError(path, "is empty (0 bytes): it holds no records, though your nodes may still run")
         try:
             self._open_and_migrate(path)
-        except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed", …
-            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-                raise
-            raise StateError(path, f"is not a readable SQLite database ({exc})") from None
-        path.chmod(0o600)
+            if path.stat().st_mode & 0o777 != 0o600:
+                path.chmod(0o600)
+            # held open, never queried: the WAL and shared-memory files live while any connection does, so each
+            # call's own connection finds them instead of making them afresh, which a full disk would refuse even
+            # for a read (the records must stay readable there: a take-back follows them)
+            self._keeper = sqlite3.connect(path, check_same_thread=False)
+            self._keeper.execute("PRAGMA schema_version").fetchone()
+        except sqlite3.Error as exc:  # "file is not a database", "malformed", a read-only or full disk, locked …
+            raise explain(exc, path) from None
+        except OSError as exc:  # chmod on a read-only file system, a folder gpuprov may not write
+            raise explain(sqlite3.OperationalError(f"readonly: {exc.strerror}"), path) from None
 
     @staticmethod
     def _open_and_migrate(path: Path) -> None:
@@ -249,6 +245,13 @@ class Store:
         try:
             if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
                 raise sqlite3.DatabaseError("database disk image is malformed")
+            schema = int(db.execute("PRAGMA user_version").fetchone()[0])
+            if schema > SCHEMA_VERSION:
+                row = db.execute("SELECT value FROM meta WHERE key = 'schema_written_by'").fetchone() \
+                    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone() else None
+                raise StateTooNew(path, schema, SCHEMA_VERSION, row[0] if row else None, __version__)
+            if schema == SCHEMA_VERSION:
+                return  # already this layout: opening writes nothing
             db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer; set once, kept in the file
             db.executescript(_SCHEMA)  # idempotent (IF NOT EXISTS); executescript manages its own transaction
             have = {row[1] for row in db.execute("PRAGMA table_info(nodes)")}
@@ -259,23 +262,37 @@ class Store:
                     except sqlite3.OperationalError as exc:  # another process added it first
                         if "duplicate column" not in str(exc):
                             raise
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_written_by', ?)", (__version__,))
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.commit()
         finally:
             db.close()
 
+    def close(self) -> None:
+        """Let go of the file (the connection that keeps its WAL alive); calls after this reopen nothing."""
+        self._keeper.close()
+
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+    def _tx(self, write: bool = True) -> Iterator[sqlite3.Connection]:
+        """One short transaction. A write takes the file's write lock at once (BEGIN IMMEDIATE: no upgrade
+        deadlock); a read is a plain one, which in WAL mode never waits for a writer. Any SQLite failure is
+        said as what it is (state_errors.explain): a full or read-only disk, a lock held too long."""
+        try:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise explain(exc, self.path) from None
         db.row_factory = sqlite3.Row
         try:
             db.execute("PRAGMA busy_timeout=30000")
-            db.execute("BEGIN IMMEDIATE")
+            db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
                 yield db
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            raise explain(exc, self.path) from None
         finally:
             db.close()
 
@@ -311,12 +328,12 @@ class Store:
         return found
 
     def find_node(self, name: str) -> Node | None:
-        with self._tx() as db:
+        with self._tx(write=False) as db:
             row = db.execute("SELECT * FROM nodes WHERE name = ?", (name,)).fetchone()
         return Node(**dict(row)) if row else None
 
     def nodes(self, include_terminated: bool = False) -> list[Node]:
-        with self._tx() as db:
+        with self._tx(write=False) as db:
             rows = db.execute("SELECT * FROM nodes ORDER BY created_at").fetchall()
         found = [Node(**dict(r)) for r in rows]
         return found if include_terminated else [n for n in found if n.live]
@@ -366,7 +383,7 @@ class Store:
             args.append(kind)
         if live_only:
             query += " AND status != 'deleted'"
-        with self._tx() as db:
+        with self._tx(write=False) as db:
             rows = db.execute(query + " ORDER BY id", args).fetchall()
         return [Resource(**dict(r)) for r in rows]
 
@@ -381,7 +398,7 @@ class Store:
                        (name, spec_json, now, now))
 
     def cluster_json(self, name: str) -> str | None:
-        with self._tx() as db:
+        with self._tx(write=False) as db:
             row = db.execute("SELECT spec_json FROM clusters WHERE name = ?", (name,)).fetchone()
         return str(row["spec_json"]) if row else None
 
@@ -390,7 +407,7 @@ class Store:
             return db.execute("DELETE FROM clusters WHERE name = ?", (name,)).rowcount > 0
 
     def cluster_names(self) -> list[str]:
-        with self._tx() as db:
+        with self._tx(write=False) as db:
             return [str(r["name"]) for r in db.execute("SELECT name FROM clusters ORDER BY created_at")]
 
     # --- events --------------------------------------------------------------------------
@@ -401,7 +418,7 @@ class Store:
                        (node, time.time(), kind, message))
 
     def events(self, node: str) -> list[Event]:
-        with self._tx() as db:
+        with self._tx(write=False) as db:
             rows = db.execute("SELECT node, at, kind, message FROM events WHERE node = ? ORDER BY id", (node,)).fetchall()
         return [Event(**dict(r)) for r in rows]
 

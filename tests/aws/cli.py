@@ -48,8 +48,10 @@ def launch_site(aws, pool, gp_home) -> str:
 
 def copy_disk(pool, src: int, dst: int) -> None:
     """The image's disk as an instance launched from it sees it: the source host's gpuprov and shim state
-    (packages the shims installed, the sysroot) onto the host the new instance's address reaches."""
-    out = pool.exec_in(src, "tar -C / -czf - var/lib/gpuprov var/lib/gpuprov-shim | base64 -w0", check=True).stdout
+    (packages the shims installed, the sysroot) onto the host the new instance's address reaches. The sysroot's
+    /run is a tmpfs on a real machine: no snapshot holds it (a bake's backup lives there), so it is left out."""
+    out = pool.exec_in(src, "tar -C / --exclude=var/lib/gpuprov-shim/root/run -czf - var/lib/gpuprov "
+                            "var/lib/gpuprov-shim | base64 -w0", check=True).stdout
     pool.exec_in(dst, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/* /tmp/disk.b64", check=True)
     for at in range(0, len(out), 60000):
         pool.exec_in(dst, f"printf '%s' '{out[at:at + 60000]}' >> /tmp/disk.b64", check=True)

@@ -23,6 +23,7 @@ Error codes whose exact text was not confirmed against EC2 are marked so below; 
 
 from __future__ import annotations
 
+import fnmatch
 import http.client
 import re
 import urllib.parse
@@ -216,8 +217,9 @@ class ClusterEc2:
 
     # -- helpers
     def _filtered(self, group: dict[str, Any], name: str, values: list[str]) -> bool:
-        if name.startswith("tag:"):
-            return group["tags"].get(name[4:]) in values
+        if name.startswith("tag:"):  # EC2 filter values take the wildcards * and ? (EC2 API reference, "Filters")
+            have = group["tags"].get(name[4:])
+            return have is not None and any(fnmatch.fnmatchcase(have, v) for v in values)
         if name == "tag-key":
             return any(k in values for k in group["tags"])
         if name == "group-name":

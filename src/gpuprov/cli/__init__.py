@@ -31,8 +31,10 @@ def run() -> None:
         else:
             print(exc.code, file=sys.stderr)
             code = 1
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+    if code < 128 and any(t.is_alive() and not t.daemon for t in threading.enumerate()
+                          if t is not threading.main_thread()):
         sys.exit(code)  # a worker still running: let the interpreter wait for it as usual
+    # (after a signal, whatever its workers still do is abandoned: the take-back has already run)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError, AttributeError):  # a reader gone (`| head`), a closed stream

@@ -188,7 +188,7 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
     if timeline:
         _print_timeline(store, str(name), as_json)
         return
-    nodes = one_node.refresh(store, provider) if refresh else store.nodes()
+    nodes = one_node.refresh(store, provider, say_to(make_console(stderr=True))) if refresh else store.nodes()
     if name:
         nodes = [n for n in nodes if n.name == name] or [store.node(name)]
     if as_json:
@@ -265,34 +265,60 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool) -> N
                    "us-east-1)].")
 @click.option("--all-regions", is_flag=True, help="Every region in the catalog.")
 @click.option("-y", "--yes", is_flag=True, help="Delete what is found (default: list only).")
+@click.option("--all-installs", is_flag=True,
+              help="Also take what other gpuprov installs with your user and host name tagged (a lost state "
+                   "folder, an older gpuprov, a cloned machine, another CI runner): they may be another "
+                   "machine's live nodes, so they are only listed otherwise.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable: what was found (and, with --yes, what is left).")
-def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, as_json: bool) -> None:
+def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: bool, as_json: bool) -> None:
     """Find resources tagged as yours that no local node owns (left by a crash or another machine's
-    lost state); list them, and delete them with --yes."""
+    lost state); list them, and delete them with --yes.
+
+    An orphan is a node whose `up` ended before it was ready, or a resource tagged with your owner id
+    that no node of yours claims. A node another gpuprov is working on (an `up`, `down`, `start`,
+    `image bake`: its lock is held) is left alone and named; a stopped node is never an orphan.
+    """
     from gpuprov.cloud import gc as sweep
+    from gpuprov.cloud.tags import owner
     from gpuprov.plan import catalog
 
     store, provider = store_and_provider()
     cat = catalog.load()
     where = list(cat.regions) if all_regions else [cat.check_region(r) for r in regions] or \
         sorted({n.region for n in store.nodes(include_terminated=True)} | {region_from(None).name})
-    found = sweep.orphans(where, provider, store)
+    found = sweep.orphans(where, provider, store, all_installs=all_installs)
     console = make_console(stderr=as_json)
+    say = say_to(console)
+    for line in found.busy:
+        say(line)
     if not as_json:
-        if not found:
-            console.print(f"nothing to collect in {', '.join(where)}")
+        if found.others:
+            console.print(f"{len(found.others)} resource(s) of other gpuprov installs with your user and host name: "
+                          "not collected (another machine may own them); `gpuprov gc --all-installs` takes them:",
+                          markup=False)
+            for res in found.others:
+                console.print(f"  {res.region}  {res.kind:<15} {res.id:<24} node={res.node} owner={res.owner}",
+                              markup=False)
+        if not found.found:
+            console.print(f"nothing to collect in {', '.join(where)} (owner {owner()})", markup=False)
             return
-        for res in found:
-            console.print(f"{res.region}  {res.kind:<15} {res.id:<24} node={res.node} {res.state}")
-    left = sweep.gc(found, provider, store, say_to(console)) if yes and found else []
+        console.print(f"owner {owner()}:", markup=False)
+        for res in found.found:
+            mark = f" (owner {res.owner})" if res.owner and res.owner != owner() else ""
+            console.print(f"{res.region}  {res.kind:<15} {res.id:<24} node={res.node} {res.state}{mark}", markup=False)
+    left = sweep.gc(found.found, provider, store, say) if yes and found.found else []
     if as_json:
-        click.echo(json.dumps({"regions": where, "deleted": yes, "left": left, "found": [
-            {"region": r.region, "kind": r.kind, "id": r.id, "node": r.node, "state": r.state} for r in found]}, indent=2))
+        def row(r: Any) -> dict[str, Any]:
+            return {"region": r.region, "kind": r.kind, "id": r.id, "node": r.node, "state": r.state, "owner": r.owner}
+
+        click.echo(json.dumps({"regions": where, "owner": owner(), "deleted": yes, "left": left,
+                               "found": [row(r) for r in found.found], "busy": found.busy,
+                               "other_installs": [row(r) for r in found.others]}, indent=2))
     if left:
         raise GpuprovError("could not remove everything; still there:\n" + "\n".join(f"  {w}" for w in left)
                            + "\n  rerun: gpuprov gc --yes")
-    if found and not yes and not as_json:
-        console.print(f"{len(found)} orphaned resource(s); rerun with --yes to delete them")
+    if found.found and not yes and not as_json:
+        console.print(f"{len(found.found)} orphaned resource(s); rerun with --yes to delete them")
 
 
 # --- guardrails -------------------------------------------------------------------------------

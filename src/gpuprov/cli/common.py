@@ -307,16 +307,22 @@ class Group(click.Group):
              standalone_mode: bool = True, **extra: Any) -> Any:
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        from gpuprov.cli import signals
+
         try:
-            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            with signals.handled():
+                code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except GpuprovError as exc:
             say_error(str(exc), exc.exit_code)
         except click.UsageError as exc:
             say_error(usage_error_text(exc), exc.exit_code)
         except click.ClickException as exc:
             say_error(exc.format_message(), exc.exit_code)
-        except (click.Abort, KeyboardInterrupt):
-            say_error("interrupted; nothing more was done", 130)
+        except (click.Abort, KeyboardInterrupt) as exc:  # Ctrl-C, SIGTERM, SIGHUP (cli/signals.py)
+            cause = exc.__cause__ if isinstance(exc, click.Abort) and exc.__cause__ is not None else exc  # Click's
+            how = getattr(cause, "name", "SIGINT (Ctrl-C)")
+            note = getattr(cause, "note", None)  # what a take-back left (cloud/launch.take_back)
+            say_error(f"interrupted by {how}" + (f": {note}" if note else ""), signals.exit_code(cause))
         except BrokenPipeError:  # `gpuprov gpus | head`: the reader left; not an error worth a word
             with contextlib.suppress(OSError):
                 sys.stdout = None  # type: ignore[assignment]
@@ -436,11 +442,11 @@ def store_and_provider() -> tuple[Any, Any]:
     import os
 
     from gpuprov.cloud.providers.aws import AwsProvider
-    from gpuprov.cloud.tags import owner
+    from gpuprov.cloud.tags import legacy_owner, owner
     from gpuprov.state import open_store
 
     poll = float(os.environ.get("GPUPROV_POLL_SECONDS", "2"))
-    return open_store(), AwsProvider(owner(), poll=poll)
+    return open_store(), AwsProvider(owner(), poll=poll, legacy=legacy_owner())
 
 
 def say_to(console: Any) -> Callable[[str], None]:

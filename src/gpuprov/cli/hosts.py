@@ -29,6 +29,9 @@ from gpuprov.cli.common import (
 @guard_options
 @click.option("--gpu", default=None, help="The GPU the hosts carry; default: what each host reports. A mismatch stops that host.")
 @click.option("--force", is_flag=True, help="Rerun every step, even those whose marker says they are done.")
+@click.option("--takeover", is_flag=True,
+              help="Stop a bootstrap of the same host that another gpuprov is running and take over (without it, "
+                   "that host is refused while the other run is alive).")
 @click.option("--reboot-timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for a host to come back.")
 @step_silence_option
 @click.option("-v", "--verbose", is_flag=True, help="Stream every host's remote output (it always goes to the log).")
@@ -110,7 +113,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
 
 def _engine_options(engine: Any, kw: dict[str, Any], echo: Callable[[str], None] | None) -> Any:
     return engine.Options(force=kw["force"], parallel=kw["parallel"], reboot_timeout=kw["reboot_timeout"],
-                          step_silence=kw["step_silence"] or None, echo=echo)
+                          step_silence=kw["step_silence"] or None, echo=echo, takeover=kw.get("takeover", False))
 
 
 def _cluster_out(name: str, results: list[Any], wired: Any, as_json: bool, console: Any) -> None:

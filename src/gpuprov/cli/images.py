@@ -39,16 +39,18 @@ def bake(node: str, name: str | None, yes: bool, as_json: bool) -> None:
 
     First, over SSH, the node loses what is its own: SSH host keys, gpuprov's key in authorized_keys,
     the guards (TTL deadline, autostop, spot watch), gpuprov's logs and cloud-init's instance data
-    (`cloud-init clean --logs`). Then CreateImage reboots it (a consistent disk; NoReboot could copy a
-    half-written file) and the image is tagged with the stack hash. The node comes back with new host
-    keys, which gpuprov does not trust: take it down (`gpuprov down NODE`) once the image is available.
+    (`cloud-init clean --logs`), moved aside to a tmpfs that no snapshot holds. Then CreateImage reboots
+    it (a consistent disk; NoReboot could copy a half-written file) and the image is tagged with the stack
+    hash. The node comes back with new host keys, which gpuprov does not trust: take it down (`gpuprov down
+    NODE`) once the image is available. If EC2 refuses the image, the node is put back as it was.
     """
+    from gpuprov.cloud import bake as baking
     from gpuprov.cloud import images
     from gpuprov.hosts.remote import HostSettings
     from gpuprov.paths import known_hosts_path
 
     if name is not None:
-        images.check_name(name)
+        images.check_image_name(name)
     target = node_target(node)
     store, provider = store_and_provider()
     if target is None:
@@ -58,7 +60,7 @@ def bake(node: str, name: str | None, yes: bool, as_json: bool) -> None:
         confirm(f"Make an image of {node}? It loses its host keys and gpuprov's SSH key, and reboots", "bake it")
     console = make_console(stderr=as_json)
     settings = HostSettings(known_hosts=known_hosts_path(), connect_timeout=15)
-    made = images.bake(node, store, provider, target, settings, say_to(console), name=name)
+    made = baking.bake(node, store, provider, target, settings, say_to(console), name=name)
     if as_json:
         click.echo(json.dumps(_row(made, True), indent=2))
         return

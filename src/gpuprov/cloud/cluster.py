@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from gpuprov import locks
 from gpuprov.cloud import launch
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.cluster_network import ClusterNetwork, instance_of, network_for, with_efa_step
@@ -84,29 +85,30 @@ def up(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider: Prov
        say: Say) -> ClusterResult:
     check_cluster_options(plan, opts, copts)
     _not_a_host_cluster(launch.check_name(opts.name))
-    rec = tl.Recorder("up", opts.name)
-    rec.phase(tl.CHECKS)
-    pad = launch.launchpad(plan, opts, provider, store, say)
-    name, region, network, cidr, order, image = pad.name, pad.region, pad.network, pad.cidr, pad.order, pad.image
-    rec.image = pad.image_line
+    with locks.claim(opts.name, "up --nodes"):  # as for one node: held from before the record until ready
+        rec = tl.Recorder("up", opts.name)
+        rec.phase(tl.CHECKS)
+        pad = launch.launchpad(plan, opts, provider, store, say)
+        name, region, network, cidr, order, image = pad.name, pad.region, pad.network, pad.cidr, pad.order, pad.image
+        rec.image = pad.image_line
 
-    market = "spot" if plan.request.spot else "on-demand"
-    store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,
-                      market=market, owner=owner(), plan_json=launch.plan_json(plan),
-                      ssh_user=opts.ssh_user, pid=os.getpid(), host=socket.gethostname(),
-                      autostop_seconds=plan.guards.autostop_seconds, ttl_seconds=plan.request.ttl_seconds,
-                      on_interrupt=plan.guards.on_interrupt, spot_type="one-time" if plan.request.spot else None,
-                      shutdown_action=plan.guards.shutdown_action, disk_gb=opts.disk_gb, connect=opts.connect,
-                      cluster_size=copts.nodes)
-    store.event(name, "up", f"launching {copts.nodes} nodes of {plan.count}× {plan.gpu.name if plan.gpu else ''} "
-                f"in {region}")
-    try:
-        done = _launch_and_bootstrap(plan, opts, copts, provider, store, say, order, image, network, cidr, rec)
-    except BaseException as exc:  # failure or Ctrl-C before `ready`: the whole cluster goes, then re-raise
-        launch.take_back(exc, name, region, provider, store, say, rec, " (all of its nodes)")
-        raise
-    done.timeline = launch.kept_timeline(name, store, rec)
-    return done
+        market = "spot" if plan.request.spot else "on-demand"
+        store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,
+                          market=market, owner=owner(), plan_json=launch.plan_json(plan),
+                          ssh_user=opts.ssh_user, pid=os.getpid(), host=socket.gethostname(),
+                          autostop_seconds=plan.guards.autostop_seconds, ttl_seconds=plan.request.ttl_seconds,
+                          on_interrupt=plan.guards.on_interrupt, spot_type="one-time" if plan.request.spot else None,
+                          shutdown_action=plan.guards.shutdown_action, disk_gb=opts.disk_gb, connect=opts.connect,
+                          cluster_size=copts.nodes)
+        store.event(name, "up", f"launching {copts.nodes} nodes of {plan.count}× {plan.gpu.name if plan.gpu else ''} "
+                    f"in {region}")
+        try:
+            done = _launch_and_bootstrap(plan, opts, copts, provider, store, say, order, image, network, cidr, rec)
+        except BaseException as exc:  # failure or Ctrl-C before `ready`: the whole cluster goes, then re-raise
+            launch.take_back(exc, name, region, provider, store, say, rec, " (all of its nodes)")
+            raise
+        done.timeline = launch.kept_timeline(name, store, rec)
+        return done
 
 
 def _not_a_host_cluster(name: str) -> None:

@@ -1,74 +1,159 @@
 """`gc`: what no live local node owns, found and removed.
 
-An orphan is the record of a node whose `up` crashed, or a resource tagged as this user's that no live
-node claims (another machine's lost state, say); images and snapshots are judged by cloud/images.py.
-Crashed nodes are taken down by their records (ids and tokens; tags may lag), the rest by id."""
+An orphan is one of two things, and nothing else:
+- the record of a node whose `up` died before `ready` (locks.abandoned: the record says so and nobody holds
+  the node's lock), taken down by its records (ids and tokens; tags may lag);
+- a resource tagged as this owner's (cloud/tags.py) whose node no live record claims and no gpuprov
+  process is working on (its lock is free): another machine's lost state, say. The region's shared key pair
+  only when no node of the region uses it (counted under the region's lock, cloud/keys.py); images and
+  snapshots as cloud/images.py judges them, an image being baked (its lock held) never.
+A stopped, started, resized or baked node is never an orphan, whatever its process did. Every decision is
+made again under the node's lock just before the delete, so an `up` that starts meanwhile (it takes the lock
+before it records or creates anything) is never collected; a node whose lock is held is left alone and
+named. Resources of another install with this user and host name (another CI runner, a cloned VM, this
+machine's own lost state folder, or an older gpuprov that tagged `user@host` alone) may be live nodes of
+another machine: they are listed apart and taken only with `--all-installs`.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
-from gpuprov.cloud import images
-from gpuprov.cloud.providers.base import SHARED, CloudResource, NotFound, Provider
+from gpuprov import locks
+from gpuprov.cloud import images, keys, tags
+from gpuprov.cloud.providers.base import IMAGES, SHARED, CloudResource, NotFound, Provider
 from gpuprov.cloud.teardown import take_down
 from gpuprov.errors import GpuprovError
 from gpuprov.state import Store
 
 Say = Callable[[str], None]
+ORDER = {"instance": 0, "spot-request": 1, "volume": 2, "security-group": 3, "address": 3, "placement-group": 3,
+         "key-pair": 4, "image": 5, "snapshot": 6}
 
 
-def orphans(regions: Sequence[str], provider: Provider, store: Store) -> list[CloudResource]:
-    """What no live local node owns: the records of nodes whose `up` crashed, and resources tagged as
-    this user's that no live node claims (another machine's lost state, say)."""
-    alive = [n for n in store.nodes() if not n.crashed]
-    live = {n.name for n in alive}
-    regions_in_use = {n.region for n in alive}
-    found: list[CloudResource] = []
-    for node in store.nodes():
-        if node.crashed and node.region in regions:  # the node itself: gc takes it down by its records
-            found.append(CloudResource("node", node.name, node.region, node.name, f"its `up` crashed ({node.state})"))
+@dataclass
+class Sweep:
+    regions: list[str]
+    found: list[CloudResource] = field(default_factory=list)  # orphans: what `gc --yes` removes
+    busy: list[str] = field(default_factory=list)  # "train: gpuprov up (pid 12, since 10:01:02) is working on it"
+    others: list[CloudResource] = field(default_factory=list)  # other installs' (same user@host): --all-installs
+
+
+def orphans(regions: Sequence[str], provider: Provider, store: Store, all_installs: bool = False) -> Sweep:
+    sweep = Sweep(list(regions))
+    nodes = store.nodes()
+    dead = {n.name for n in nodes if locks.abandoned(n)}
+    claimed = {n.name for n in nodes} - dead
+    for node in nodes:
+        if node.region not in regions:
+            continue
+        if node.name in dead:
+            sweep.found.append(CloudResource("node", node.name, node.region, node.name,
+                                             f"its `up` ended before it was ready ({node.state})"))
             for r in store.resources(node.name, region=node.region):
-                found.append(CloudResource(r.kind, r.cloud_id or f"(token {r.client_token})", r.region, node.name,
-                                           "recorded"))
-    seen = {r.id for r in found}
+                sweep.found.append(CloudResource(r.kind, r.cloud_id or f"(token {r.client_token})", r.region,
+                                                 node.name, "recorded"))
+        elif node.up_unfinished:
+            sweep.busy.append(_busy_line(node.name))
+    recorded = {r.cloud_id for r in store.resources(None, live_only=False) if r.cloud_id}
+    seen = {r.id for r in sweep.found}
     for region in regions:
-        tagged = provider.tagged(region)
+        tagged = provider.tagged(region, everyone=True)
         for res in tagged:
-            if res.kind in ("image", "snapshot"):  # images outlive nodes: cloud/images.py says which are orphans
+            if res.owner != tags.owner() and res.id not in recorded and not all_installs:
+                sweep.others.append(res)
                 continue
-            owned = res.node in live or (res.node == SHARED and region in regions_in_use)
-            if not owned and res.id not in seen:
-                found.append(res)
-        found += images.orphans(region, tagged, provider, store)
-    return found
+            if res.kind in ("image", "snapshot") or res.id in seen:  # images: cloud/images.py says which
+                continue
+            if res.kind == "key-pair" and res.node == SHARED:
+                if not keys.key_users(region, store):
+                    sweep.found.append(CloudResource(res.kind, res.id, region, SHARED, "no node of the region uses it",
+                                                     res.owner))
+                continue
+            if res.node in claimed:
+                continue
+            if res.node and not locks.is_free(locks.node(res.node)):
+                line = _busy_line(res.node)
+                if line not in sweep.busy:
+                    sweep.busy.append(line)
+                continue
+            sweep.found.append(res)
+        sweep.found += images.orphans(region, [r for r in tagged if r.owner == tags.owner() or all_installs or
+                                               r.id in recorded], provider, store)
+    return sweep
+
+
+def _busy_line(name: str) -> str:
+    return f"{name}: {locks.holder_of(locks._file(locks.node(name)))} is working on it; left alone"
 
 
 def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -> list[str]:
-    """Remove what `orphans` found: crashed nodes by their records (ids and tokens; tags may lag), then the
-    rest by id. Returns what could not be removed (each with the reason)."""
+    """Remove what `orphans` found, each decision made again under the lock of the node (or image) it belongs
+    to: dead nodes by their records, then the rest by id, the region's key pair last (under its lock). Returns
+    what could not be removed (each with the reason)."""
     left: list[str] = []
-    crashed = {n.name: n for n in store.nodes() if n.crashed}
-    for name in sorted({r.id for r in found if r.kind == "node" and r.id in crashed}):
-        result = take_down(name, crashed[name].region, provider, store, say)
-        left += [f"{name}: {what}" for what in result.left]
-        if result.complete:
-            store.update_node(name, state_reason="its `up` crashed; collected by gc")
-    order = {"instance": 0, "spot-request": 1, "volume": 2, "security-group": 3, "address": 3, "placement-group": 3,
-             "key-pair": 4, "image": 5, "snapshot": 6}
-    for res in sorted(found, key=lambda r: order.get(r.kind, 9)):
-        if res.kind == "node" or res.node in crashed:
-            continue
-        try:
-            provider.delete(res)
-        except NotFound:
-            continue
-        except GpuprovError as exc:
-            left.append(f"{res.kind} {res.id}: {exc}")
-            continue
-        say(f"deleted {res.kind} {res.id} ({res.region}, node {res.node})")
-        if res.kind == "image":
-            from gpuprov.cloud.images import collected
-
-            collected(store, res)
+    with contextlib.ExitStack() as held:
+        mine = _lock_nodes(found, held, say)
+        for name in sorted({r.id for r in found if r.kind == "node" and r.id in mine}):
+            node = store.find_node(name)
+            if node is None or not locks.abandoned(node):
+                continue
+            result = take_down(name, node.region, provider, store, say)
+            left += [f"{name}: {what}" for what in result.left]
+            if result.complete:
+                store.update_node(name, state_reason="its `up` ended before it was ready; collected by gc")
+        shared: dict[str, list[str]] = {}
+        for res in sorted(found, key=lambda r: ORDER.get(r.kind, 9)):
+            if res.kind == "node" or res.node in {r.id for r in found if r.kind == "node"}:
+                continue
+            if res.node == SHARED:
+                shared.setdefault(res.region, []).append(res.id)
+                continue
+            if res.node != IMAGES and (res.node not in mine or _claimed(res.node, store)):
+                continue  # busy, or a record claims it now
+            if res.kind == "image" and not _image_free(res, held):
+                say(f"left image {res.id}: a bake of it is in progress")
+                continue
+            try:
+                provider.delete(res)
+            except NotFound:
+                continue
+            except GpuprovError as exc:
+                left.append(f"{res.kind} {res.id}: {exc}")
+                continue
+            say(f"deleted {res.kind} {res.id} ({res.region}, node {res.node})")
+            if res.kind == "image":
+                images.collected(store, res)
+        for region, names in shared.items():
+            for name in keys.release_key_if_unused(region, provider, store, say, unrecorded=names):
+                say(f"deleted key-pair {name} ({region}, no node of the region uses it)")
     return left
 
+
+def _lock_nodes(found: list[CloudResource], held: contextlib.ExitStack, say: Say) -> set[str]:
+    """The nodes of `found` whose lock gc could take (held until the end); the others are named and skipped."""
+    mine: set[str] = set()
+    for name in sorted({r.node for r in found if r.node and r.node not in (SHARED, IMAGES)}):
+        try:
+            held.enter_context(locks.hold(locks.node(name), "gc", wait=False, subject=name))
+        except locks.Busy as busy:
+            say(f"left {name} alone: {busy.holder} is working on it")
+            continue
+        mine.add(name)
+    return mine
+
+
+def _claimed(name: str, store: Store) -> bool:
+    node = store.find_node(name)
+    return node is not None and node.live and not node.up_unfinished
+
+
+def _image_free(res: CloudResource, held: contextlib.ExitStack) -> bool:
+    name = res.state.split(" | ", 1)[0]  # "NAME | state" (providers/aws.py tagged)
+    try:
+        held.enter_context(locks.hold(locks.image(name), "gc", wait=False))
+    except locks.Busy:
+        return False
+    return True

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from gpuprov import locks
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.hosts.remote import HostSettings
 from gpuprov.plan.inventory import Target
@@ -50,6 +51,12 @@ def _live_node(name: str | None, store: Store | None, what: str) -> Node | None:
 
 def set_autostop(name: str | None, seconds: int | None, store: Store | None, target: Target, settings: HostSettings,
                  say: Say) -> str:
+    with locks.nodes([name] if name else [], "autostop", say):  # one change to a node at a time
+        return _set_autostop(name, seconds, store, target, settings, say)
+
+
+def _set_autostop(name: str | None, seconds: int | None, store: Store | None, target: Target,
+                  settings: HostSettings, say: Say) -> str:
     """Change a running node's (or a bootstrapped host's: name None) autostop window (None: off) over SSH,
     then record it for a node.
 
@@ -72,6 +79,12 @@ def set_autostop(name: str | None, seconds: int | None, store: Store | None, tar
 
 def set_ttl(name: str | None, seconds: int | None, store: Store | None, target: Target, settings: HostSettings,
             say: Say) -> str:
+    with locks.nodes([name] if name else [], "ttl", say):  # one change to a node at a time
+        return _set_ttl(name, seconds, store, target, settings, say)
+
+
+def _set_ttl(name: str | None, seconds: int | None, store: Store | None, target: Target, settings: HostSettings,
+             say: Say) -> str:
     """Give a running node (or a bootstrapped host: name None) a new deadline, `seconds` from now, or none
     (None), over SSH: the `ttl` step rendered to start a new deadline. `off` also lifts a --budget cap."""
     from gpuprov.plan.plan import ttl_script

@@ -7,11 +7,9 @@ the bundle a node ran are computed the same way, so an image matches a plan exac
 step the plan would run is already on the image, marker and all: those steps find their markers
 and do nothing.
 
-bake: read the node's bundle manifest and markers (every install step must have its marker) ->
-clean-up step over SSH (host keys, gpuprov's authorized key, guards, logs, cloud-init instance
-data; the markers stay) -> record the image by name -> CreateImage (tagged: stack, OS, owner, the
-source node) -> wait until available. CreateImage has no ClientToken; EC2 requires an image name
-to be unique per account and region, so the recorded name finds an image whose answer was lost.
+A bake (cloud/bake.py) records the image by its name before CreateImage: CreateImage has no ClientToken,
+and EC2 requires an image name to be unique per account and region, so the recorded name finds an image
+whose answer was lost.
 
 Images outlive nodes: `down` leaves them (their gpuprov:node is IMAGES, never a node's name);
 `image rm` deregisters one and deletes its snapshots; `gc` collects images tagged as this
@@ -22,24 +20,19 @@ snapshots whose image is gone.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-import shlex
-import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from gpuprov.cloud.providers.base import IMAGES, CloudResource, Image, ImageRequest, Provider
-from gpuprov.cloud.settle import SETTLE_SECONDS, settle
-from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov import locks
+from gpuprov.cloud.providers.base import IMAGES, CloudResource, Image, Provider
+from gpuprov.cloud.settle import settle
+from gpuprov.errors import UserInputError
 
 if TYPE_CHECKING:
-    from gpuprov.hosts.remote import HostSettings
-    from gpuprov.plan.inventory import Target
     from gpuprov.plan.plan import Plan
     from gpuprov.state import Store
 
@@ -50,9 +43,6 @@ GUARD_STEPS = ("autostop", "ttl", "spot-interrupt")  # plan.guard_steps' names
 GUARD_UNITS = ("gpuprov-autostop.timer", "gpuprov-autostop.service", "gpuprov-ttl.timer", "gpuprov-ttl.service",
                "gpuprov-interrupt.service")
 AWS_DLAMI_PREFIX = "/aws/service/deeplearning"
-BUNDLE_DIR = "/var/lib/gpuprov/bundle"
-MARKER_DIR = "/var/lib/gpuprov/markers"
-WAIT_SECONDS = 3600.0  # an AMI of a 100 GB root volume can take tens of minutes
 _NAME = re.compile(r"[A-Za-z0-9()\[\] ./'@_-]{3,128}")  # EC2's rule for an image name (CreateImage, Name)
 Source = Literal["baked", "ubuntu", "dlami", "given"]
 
@@ -135,6 +125,13 @@ class ImageChoice:
                 "note": self.note}
 
 
+def check_image_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise UserInputError("--name", f"{name!r} is not an image name",
+                             "3-128 letters, digits, spaces and ( ) [ ] . / ' @ _ -")
+    return name
+
+
 def check_spec(spec: str | None) -> None:
     """--image before any AWS call: fresh, dlami, an AMI id, or a baked image's name."""
     if spec is None or spec in ("fresh", "dlami") or re.fullmatch(r"ami-[0-9a-f]{8,17}", spec):
@@ -201,107 +198,6 @@ def _dlami(plan: Plan, provider: Provider) -> ImageChoice:
     return ImageChoice(image_id, "dlami", facts.name, plan_stack(plan), note=note)
 
 
-# --- bake ----------------------------------------------------------------------------------------
-
-
-def check_name(name: str) -> str:
-    if not _NAME.fullmatch(name):
-        raise UserInputError("--name", f"{name!r} is not an image name",
-                             "3-128 letters, digits, spaces and ( ) [ ] . / ' @ _ -")
-    return name
-
-
-def bake(node_name: str, store: Store, provider: Provider, target: Target, settings: HostSettings, say: Say,
-         name: str | None = None, wait: float = WAIT_SECONDS) -> Image:
-    """Clean the node of what is its own, then make an image of it; returns the image once available."""
-    from gpuprov.hosts.remote import Remote
-
-    node = store.node(node_name)
-    if node.state != "ready":
-        raise UserInputError("NODE", f"{node_name} is {node.state}", "bake a node that is ready (`gpuprov status`)")
-    image_name = check_name(name or f"gpuprov-{node_name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
-    instances = [r.cloud_id for r in store.resources(node_name, region=node.region, kind="instance") if r.cloud_id]
-    if not instances:
-        raise GpuprovError(f"{node_name} has no recorded instance")
-    if [r for r in store.resources(None, region=node.region, kind="image") if r.client_token == image_name] or \
-            provider.images(node.region, name=image_name):
-        raise UserInputError("--name", f"an image called {image_name!r} exists in {node.region}",
-                             "pick another --name, or `gpuprov image rm` it first")
-    remote = Remote(target, settings)
-    remote.open()
-    try:
-        stack, steps = _installed(remote, node_name)
-        say(f"{node_name}: {len(steps)} install steps on it ({', '.join(steps)}), stack {stack[:12]}")
-        _clean(remote, node_name, node.region, node.ssh_user or "ubuntu")
-        say(f"{node_name}: host keys, gpuprov's authorized key, guards, logs and cloud-init data removed; "
-            "markers kept")
-    finally:
-        remote.close()
-    os_name = str(node.plan.get("os") or "ubuntu-24.04")
-    rid = store.intend(None, "image", node.region, image_name)
-    store.event(node_name, "bake", f"CreateImage {image_name} (stack {stack[:12]})")
-    image_id = provider.create_image(ImageRequest(
-        region=node.region, instance_id=instances[-1], name=image_name, source_node=node_name, stack=stack,
-        os=os_name, description=f"gpuprov: {', '.join(steps)} (stack {stack[:12]}, {os_name})"))
-    store.created(rid, image_id)
-    say(f"CreateImage {image_id} ({image_name}): EC2 stops {node_name}, snapshots its disk and starts it again")
-    image = provider.wait_image(node.region, image_id, timeout=wait, settle=SETTLE_SECONDS,
-                                progress=_progress(say, image_id))
-    store.event(node_name, "baked", f"{image_id} {image_name} available")
-    return image
-
-
-def _installed(remote: object, node_name: str) -> tuple[str, list[str]]:
-    """The stack hash of the bundle the node ran, refusing a node whose install steps lack their markers."""
-    out = remote.run(  # type: ignore[attr-defined]
-        f"cat {BUNDLE_DIR}/manifest.json && echo GPUPROV_MARKERS && for f in {MARKER_DIR}/*.sha256; do "
-        "[ -e \"$f\" ] && printf '%s %s\\n' \"$(basename \"$f\" .sha256)\" \"$(cat \"$f\")\"; done; true", sudo=True)
-    text, _, marks = out.stdout.partition("GPUPROV_MARKERS")
-    try:
-        manifest = json.loads(text)["steps"]
-    except (ValueError, KeyError, TypeError):
-        raise GpuprovError(f"{node_name} has no gpuprov bundle ({BUNDLE_DIR}/manifest.json): was it bootstrapped?") \
-            from None
-    markers = dict(line.split(" ", 1) for line in marks.strip().splitlines() if " " in line)
-    steps = [(str(s["name"]), str(s["kind"]), str(s["sha256"])) for s in manifest]
-    missing = [n for n, kind, sha in steps if kind in INSTALL_KINDS and markers.get(n, "").strip() != sha]
-    if missing:
-        raise GpuprovError(f"{node_name}: {', '.join(missing)} did not finish (no marker for the script it has); "
-                           "an image of it would not skip them: rerun its bootstrap first")
-    return stack_hash(steps), [n for n, kind, _ in steps if kind in INSTALL_KINDS]
-
-
-def _clean(remote: object, node_name: str, region: str, ssh_user: str) -> None:
-    from gpuprov.cloud import keys
-    from gpuprov.cloud.tags import owner
-    from gpuprov.paths import keys_dir
-    from gpuprov.plan.render import StepPlan, render_steps
-
-    blob = keys.local_key(keys_dir(), region, owner()).public.split()[1]
-    step = StepPlan("image-clean", "image_clean.sh.j2", "guard", "remove node-specific state before an image",
-                    (("key_blob", blob), ("ssh_user", ssh_user), ("guard_units", GUARD_UNITS),
-                     ("guard_steps", GUARD_STEPS)))
-    (script,) = render_steps((step,), {}, {}).scripts
-    path = f"/tmp/gpuprov-image-clean-{uuid.uuid4().hex[:12]}.sh"
-    remote.put_bytes(script.text.encode(), path)  # type: ignore[attr-defined]
-    result = remote.run(f"bash {shlex.quote(path)}; rc=$?; rm -f {shlex.quote(path)}; exit $rc",  # type: ignore[attr-defined]
-                        sudo=True)
-    if not result.ok or "GPUPROV_RESULT=" not in result.stdout:
-        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise GpuprovError(f"{node_name}: the clean-up before the image failed (exit {result.exited}): {tail}")
-
-
-def _progress(say: Say, image_id: str) -> Callable[[Image, float], None]:
-    last: dict[str, object] = {"state": None, "at": 0.0}
-
-    def show(image: Image, waited: float) -> None:
-        if image.state != last["state"] or waited - float(last["at"] or 0.0) >= 30:  # type: ignore[arg-type]
-            say(f"  {image_id}: {image.state} ({waited:.0f}s)")
-            last.update(state=image.state, at=waited)
-
-    return show
-
-
 # --- list / rm / gc --------------------------------------------------------------------------------
 
 
@@ -349,6 +245,8 @@ def _resolve_intents(regions: Sequence[str], provider: Provider, store: Store) -
     for row in store.resources(None, kind="image"):
         if row.cloud_id is not None or row.region not in regions or row.status != "intent":
             continue
+        if not locks.is_free(locks.image(row.client_token or "")):
+            continue  # its bake is at work (CreateImage under way): neither interrupted nor never made
         named = provider.images(row.region, name=row.client_token or "")
         if named:
             found.append((row.id, named[-1]))

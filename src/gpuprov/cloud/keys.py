@@ -1,23 +1,21 @@
 """This user's SSH key for a cloud region: made once on this machine, 0600; its key pair in the cloud,
 imported with the region's first node and deleted with its last; and the lock that serialises both
-across threads and processes (concurrent `up`s would race to import it)."""
+across threads and processes (gpuprov.locks: the region's lock)."""
 
 from __future__ import annotations
 
-import fcntl
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuprov import paths
+from gpuprov import locks, paths
 from gpuprov.cloud import tags
 from gpuprov.cloud.providers.base import SHARED, CloudResource, NotFound, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError
 from gpuprov.paths import region_key
-from gpuprov.state import Store
+from gpuprov.state import Node, Store
 
 Say = Callable[[str], None]
 
@@ -31,15 +29,6 @@ class LocalKey:
 def key_name(owner: str) -> str:
     """The key pair's name in the cloud: one per user (owner) and region."""
     return "gpuprov-" + "".join(c if c.isalnum() or c in "-_." else "-" for c in owner)
-
-
-@contextmanager
-def region_lock(keys_dir: Path, region: str) -> Iterator[None]:
-    folder = keys_dir / region
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with (folder / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def local_key(keys_dir: Path, region: str, owner: str) -> LocalKey:
@@ -64,12 +53,13 @@ def local_key(keys_dir: Path, region: str, owner: str) -> LocalKey:
 
 
 def ensure_key_pair(provider: Provider, store: Store, region: str) -> LocalKey:
-    """This user's key pair in the region: imported once (serialised across processes), recorded first."""
+    """This user's key pair in the region: imported once, recorded first, under the region's lock, which
+    `release_key_if_unused` takes too, so a key pair is never deleted under an `up` that is about to use it."""
     me = tags.owner()
-    with region_lock(paths.keys_dir(), region):
+    with locks.hold(locks.region(region), "key pair"):
         key = local_key(paths.keys_dir(), region, me)
         name = key_name(me)
-        rows = store.resources(None, region=region, kind="key-pair")
+        rows = [r for r in store.resources(None, region=region, kind="key-pair") if r.client_token == name]
         # a key imported moments ago may not be visible yet: its fresh record is trusted
         if any(r.status == "created" and settle(r) > 0 for r in rows) or provider.key_pair_exists(region, name):
             if rows:
@@ -82,17 +72,38 @@ def ensure_key_pair(provider: Provider, store: Store, region: str) -> LocalKey:
         return key
 
 
-def release_key_if_unused(region: str, provider: Provider, store: Store, say: Say) -> None:
-    """The shared key pair goes with the region's last node (a crashed `up` does not count as a user)."""
-    if [n for n in store.nodes() if n.region == region and n.state != "terminating" and not n.crashed]:
-        return
-    for row in store.resources(None, region=region, kind="key-pair"):
-        try:
-            provider.delete(CloudResource("key-pair", row.client_token or row.cloud_id or "", region, SHARED),
-                            settle=settle(row))
-        except NotFound:
-            pass
-        except GpuprovError as exc:
-            say(f"  could not delete the key pair {row.client_token}: {exc} (`gpuprov gc` finds it)")
-            continue
-        store.deleted(row.id)
+def key_users(region: str, store: Store) -> list[Node]:
+    """The region's nodes that need its key pair: every live record but one being taken down and one whose
+    `up` died (locks.abandoned: its record says it never got ready, and nobody holds its lock)."""
+    return [n for n in store.nodes() if n.region == region and n.state != "terminating" and not locks.abandoned(n)]
+
+
+def release_key_if_unused(region: str, provider: Provider, store: Store, say: Say,
+                          unrecorded: Sequence[str] = ()) -> list[str]:
+    """The shared key pair goes with the region's last node; counted and deleted under the region's lock.
+    `unrecorded`: key pairs of this owner that gc found by tag with no record (a lost state); they go too.
+    Returns what was deleted."""
+    gone: list[str] = []
+    with locks.hold(locks.region(region), "key pair"):
+        if key_users(region, store):
+            return gone
+        for row in store.resources(None, region=region, kind="key-pair"):
+            name = row.client_token or row.cloud_id or ""
+            try:
+                provider.delete(CloudResource("key-pair", name, region, SHARED), settle=settle(row))
+            except NotFound:
+                pass
+            except GpuprovError as exc:
+                say(f"  could not delete the key pair {name}: {exc} (`gpuprov gc` finds it)")
+                continue
+            store.deleted(row.id)
+            gone.append(name)
+        for name in unrecorded:
+            if name in gone:
+                continue
+            try:
+                provider.delete(CloudResource("key-pair", name, region, SHARED))
+            except NotFound:
+                continue
+            gone.append(name)
+    return gone

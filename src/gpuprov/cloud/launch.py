@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from gpuprov.cloud import images, keys
 from gpuprov.cloud import timeline as tl
@@ -24,9 +25,10 @@ from gpuprov.cloud.providers.base import Access, Instance, LaunchError, Market, 
 from gpuprov.cloud.settle import SETTLE_SECONDS
 from gpuprov.cloud.tags import owner
 from gpuprov.cloud.teardown import take_down
-from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.plan.plan import Plan
 from gpuprov.state import Store
+from gpuprov.state_tolerant import TolerantStore
 
 Say = Callable[[str], None]
 
@@ -260,17 +262,38 @@ def price_obtained(plan: Plan, provider: Provider, instance: Instance, list_pric
 def take_back(exc: BaseException, name: str, region: str, provider: Provider, store: Store, say: Say,
               rec: tl.Recorder, what: str = "") -> None:
     """After a failed or interrupted `up` (a node's, or a cluster's: `what` says so): everything recorded comes
-    down, the timeline keeps the failure and the teardown, and what could not be removed is named with the rerun."""
+    down, the timeline keeps the failure and the teardown, and what could not be removed is named with the rerun.
+
+    It depends on the cloud alone: a state file that cannot be written (the full disk or the lock the `up`
+    failed on) is told nothing more, and the resources still come down (state.TolerantStore). A second signal
+    stops it; then the resources still recorded are named. For a signal, the last line (`exc.note`) says what
+    is left, or that nothing is."""
+    tolerant = TolerantStore(store)
+    kept = cast(Store, tolerant)
     say(f"{type(exc).__name__ if isinstance(exc, KeyboardInterrupt) else 'failed'}: removing what {name} got{what}")
-    store.update_node(name, state="failed", state_reason=str(exc)[:500])
+    kept.update_node(name, state="failed", state_reason=str(exc)[:500])
     rec.failed(str(exc) or type(exc).__name__)
     rec.phase(tl.TEARDOWN)
-    result = take_down(name, region, provider, store, say)
-    kept_timeline(name, store, rec, "failed")
-    for left in result.left:
-        say(f"  still there: {left}")
-    if result.left:
+    try:
+        left = take_down(name, region, provider, kept, say).left
+    except KeyboardInterrupt as again:  # a second signal: stop here and say what the records still hold
+        left = [f"{r.kind} {r.cloud_id or '(asked for, token ' + str(r.client_token) + ')'}"
+                for r in store.resources(name, region=region)] or [f"the record of {name}"]
+        say(f"{getattr(again, 'name', 'interrupted')} again: the take-back stopped")
+    else:
+        kept_timeline(name, kept, rec, "failed")
+    if tolerant.failure is not None:
+        say(f"  {tolerant.failure}")
+        say(f"  the state file still lists {name} as it was; `gpuprov down {name}` once it can be written "
+            "again finds what is gone")
+    for line in left:
+        say(f"  still there: {line}")
+    if left:
         say(f"  {name} stays listed; rerun: gpuprov down {name}")
+    if isinstance(exc, Interrupted):
+        exc.note = (f"{name} was taken back: nothing of it is left" if not left and tolerant.failure is None else
+                    f"{name} was taken back" if not left else
+                    f"still there: {'; '.join(left)}; run: gpuprov down {name}")
 
 
 def kept_timeline(name: str, store: Store, rec: tl.Recorder, outcome: tl.Outcome = "ok") -> tl.Timeline:

@@ -19,6 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from gpuprov import locks
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
 from gpuprov.cloud.failover import Order
@@ -26,6 +27,7 @@ from gpuprov.cloud.launch import (
     Attempt,
     Say,
     UpOptions,
+    check_name,
     go_on_after,
     kept_timeline,
     launchpad,
@@ -41,7 +43,7 @@ from gpuprov.cloud.settle import SETTLE_SECONDS, settle
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError
 from gpuprov.plan.plan import Plan
-from gpuprov.state import Node, Store
+from gpuprov.state import Node, Resource, Store
 
 
 @dataclass
@@ -56,6 +58,13 @@ class UpResult:
 
 
 def up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> UpResult:
+    """Launch, bootstrap and verify one node, holding its lock from before its record exists until it is
+    ready or taken back: nothing else works on it meanwhile, and gc never takes it for an orphan."""
+    with locks.claim(check_name(opts.name), "up"):
+        return _up(plan, opts, provider, store, say)
+
+
+def _up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> UpResult:
     rec = tl.Recorder("up", opts.name)
     rec.phase(tl.CHECKS)
     pad = launchpad(plan, opts, provider, store, say)
@@ -182,9 +191,11 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
     return result
 
 
-def refresh(store: Store, provider: Provider) -> list[Node]:
+def refresh(store: Store, provider: Provider, say: Say | None = None) -> list[Node]:
     """Update live nodes from the cloud by their recorded instance ids (never by name: a terminated
-    namesake stays visible for an hour), one batched call per region."""
+    namesake stays visible for an hour), one batched call per region. A node another gpuprov is working on
+    (its lock is held: a `down`, an `up`, a `start`) is left as its record says, and named; every other
+    node's record is read again and written under its lock, so a `down` that starts meanwhile waits."""
     nodes = store.nodes()
     for region in sorted({n.region for n in nodes}):
         here = [n for n in nodes if n.region == region and n.state in ("ready", "running", "bootstrapping", "stopped")]
@@ -194,18 +205,28 @@ def refresh(store: Store, provider: Provider) -> list[Node]:
             continue
         found = {i.id: i for i in provider.instances(region, ids=ids)}
         for n in here:
-            mine = [(r, found.get(r.cloud_id or "")) for r in rows[n.name]]
-            states = {i.state for _r, i in mine if i is not None}
-            if n.state != "stopped" and states and states <= {"stopping", "stopped"}:  # its guards stopped it
-                store.update_node(n.name, state="stopped", stopped_at=time.time(),
-                                  state_reason=next((i.state_reason for _r, i in mine if i and i.state_reason), None))
-                continue
-            if not mine or any(i is not None and i.state != "terminated" for _r, i in mine):
-                continue
-            if any(i is None and settle(r) > 0 for r, i in mine):
-                continue  # launched moments ago: EC2 may not list it yet
-            reason = next((i.state_reason for _r, i in mine if i is not None and i.state_reason), None)
-            store.update_node(n.name, state="interrupted" if n.market == "spot" else "gone",
-                              state_reason=reason or "instance no longer exists")
+            try:
+                with locks.hold(locks.node(n.name), "status --refresh", wait=False, subject=n.name):
+                    _refreshed(store.node(n.name), rows[n.name], found, store)
+            except locks.Busy as busy:
+                if say is not None:
+                    say(f"{n.name}: not refreshed, {busy.holder} is working on it")
     return store.nodes()
 
+
+def _refreshed(n: Node, rows: list[Resource], found: dict[str, Instance], store: Store) -> None:
+    if n.state not in ("ready", "running", "bootstrapping", "stopped"):
+        return  # changed since the list was read (a `down` that finished meanwhile)
+    mine = [(r, found.get(r.cloud_id or "")) for r in rows]
+    states = {i.state for _r, i in mine if i is not None}
+    if n.state != "stopped" and states and states <= {"stopping", "stopped"}:  # its guards stopped it
+        store.update_node(n.name, state="stopped", stopped_at=time.time(),
+                          state_reason=next((i.state_reason for _r, i in mine if i and i.state_reason), None))
+        return
+    if not mine or any(i is not None and i.state != "terminated" for _r, i in mine):
+        return
+    if any(i is None and settle(r) > 0 for r, i in mine):
+        return  # launched moments ago: EC2 may not list it yet
+    reason = next((i.state_reason for _r, i in mine if i is not None and i.state_reason), None)
+    store.update_node(n.name, state="interrupted" if n.market == "spot" else "gone",
+                      state_reason=reason or "instance no longer exists")

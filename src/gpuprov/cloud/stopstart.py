@@ -9,20 +9,20 @@ asked of the cloud, so a crash mid-way leaves a node that `start` or `down` comp
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from gpuprov import locks
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import Say, bootstrap_node, wait_tcp
 from gpuprov.cloud.providers.base import LaunchError, Provider
 from gpuprov.cloud.settle import settle
-from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.plan.plan import Plan
 from gpuprov.state import Node, Resource, Store
+from gpuprov.state_tolerant import TolerantStore
 
 if TYPE_CHECKING:
     from gpuprov.plan.catalog import InstanceType
@@ -36,19 +36,6 @@ def _instance_rows(node: Node, store: Store) -> list[Resource]:
         raise GpuprovError(f"{node.name} has no recorded instance (state {node.state}); `gpuprov down {node.name}` "
                            "removes what is left")
     return rows
-
-
-def _busy(node: Node) -> bool:
-    """Another gpuprov process on this machine is working on the node right now."""
-    if not node.pid or node.host != socket.gethostname() or node.pid == os.getpid():
-        return False
-    try:
-        os.kill(node.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def budget_left(node: Node, at: float | None = None) -> float | None:
@@ -68,15 +55,19 @@ def cannot_stop(node: Node) -> UserInputError:
 def stop(names: Sequence[str], provider: Provider, store: Store, say: Say, timeout: float = 900) -> list[Node]:
     """Stop nodes (EBS kept, compute billing ends). Every node is checked before any is touched: a one-time
     spot node, or one that is not running, refuses the whole command."""
+    for name in names:
+        store.node(name)  # an unknown name is refused before any lock is waited for
+    with locks.nodes(list(names), "stop", say):  # an `up` or `start` at work on one finishes first
+        return _stop(names, provider, store, say, timeout)
+
+
+def _stop(names: Sequence[str], provider: Provider, store: Store, say: Say, timeout: float) -> list[Node]:
     nodes = [store.node(n) for n in names]
     for node in nodes:
         if not node.can_stop:
             raise cannot_stop(node)
         if node.state not in (*RUNNING_STATES, "stopping", "stopped"):
             raise UserInputError("NAME", f"{node.name} is {node.state}", "only a running node can stop")
-        if node.state in ("running", "bootstrapping") and _busy(node):
-            raise UserInputError("NAME", f"{node.name} is still being set up by gpuprov (pid {node.pid})",
-                                 "wait for `up` or `start` to finish, or press Ctrl-C there")
         _instance_rows(node, store)
     for node in nodes:
         if node.state == "stopped":
@@ -181,13 +172,17 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
     back: the node stays stopped, as it was) -> running -> address, ssh config -> bootstrap + verify.
     A `start` killed mid-way leaves the node `resizing`/`starting` with its records; `start` or `down`
     completes it."""
+    store.node(name)  # an unknown name is refused before the lock is waited for
+    with locks.nodes([name], "start", say):  # a `stop` or another `start` at work on it finishes first
+        return _start(name, opts, provider, store, say)
+
+
+def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say: Say) -> StartResult:
     from gpuprov.plan import catalog
 
     rec = tl.Recorder("start", name)
     rec.phase(tl.CHECKS)
     node = store.node(name)
-    if node.state in ("resizing", "starting") and _busy(node):
-        raise UserInputError("NAME", f"another gpuprov process (pid {node.pid}) is starting {name}", "wait for it")
     if node.state in RUNNING_STATES:
         raise UserInputError("NAME", f"{name} is already running ({node.state})", f"`gpuprov stop {name}` first")
     if node.state not in ("stopped", "resizing", "starting"):
@@ -219,8 +214,7 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
         if node.zone and node.zone not in zones:
             raise UserInputError("--instance-type", f"{target.name} is not offered in {node.zone}, where {name}'s "
                                  "disk is", f"offered in: {', '.join(zones) or 'no zone of ' + node.region}")
-        store.update_node(name, state="resizing", resize_from=original, resize_to=target.name, pid=os.getpid(),
-                          host=socket.gethostname())
+        store.update_node(name, state="resizing", resize_from=original, resize_to=target.name)
         store.event(name, "resize", f"{current.instance_type} -> {target.name}")
         say(f"{name}: {current.instance_type} -> {target.name}")
         rec.phase(tl.RESIZE)
@@ -231,9 +225,44 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
     now_type = target.name if target is not None else current.instance_type
     it = catalog.load().instance_type(now_type)
     store.update_node(name, state="starting", instance_type=now_type, gpu=it.gpu or node.gpu, gpu_count=it.gpus,
-                      price_usd_hour=it.price_usd_hour, pid=os.getpid(), host=socket.gethostname())
+                      price_usd_hour=it.price_usd_hour)
     say(f"{name}: starting {iid} ({now_type})")
     rec.phase(tl.RUNNING)
+    try:
+        return _run(name, node, row, opts, now_type, original, resized_from, provider, store, say, rec)
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: the instance stops again (its bill with it)
+        stop_again(name, node.region, row, exc, provider, store, say)
+        raise
+
+
+def stop_again(name: str, region: str, row: Resource, exc: KeyboardInterrupt, provider: Provider, store: Store,
+               say: Say) -> None:
+    """An interrupted `start`'s take-back: the instance it started is stopped again, disk kept, and the node is
+    `stopped` as before; a second signal stops this too, and the last line says the instance may run."""
+    iid = row.cloud_id or ""
+    kept = cast(Store, TolerantStore(store))
+    say(f"{type(exc).__name__}: stopping {name} again ({iid}); its disk is kept")
+    try:
+        provider.stop(region, [iid], settle=settle(row))
+        provider.wait_stopped(region, [iid], timeout=900)
+    except (KeyboardInterrupt, GpuprovError) as failed:
+        say(f"  {iid} may still run: {getattr(failed, 'name', failed)}")
+        if isinstance(exc, Interrupted):
+            exc.note = f"{name}'s instance {iid} may still run; run: gpuprov stop {name} (or gpuprov down {name})"
+        return
+    kept.update_node(name, state="stopped", stopped_at=time.time(), resize_from=None, resize_to=None,
+                     state_reason="its start was interrupted")
+    kept.event(name, "stopped", f"{iid} (start interrupted)")
+    if isinstance(exc, Interrupted):
+        exc.note = f"{name} was stopped again (disk kept): nothing of it runs; gpuprov start {name} resumes"
+
+
+def _run(name: str, node: Node, row: Resource, opts: StartOptions, now_type: str, original: str,
+         resized_from: str | None, provider: Provider, store: Store, say: Say, rec: tl.Recorder) -> StartResult:
+    """StartInstances (a refusal puts the old type back), running, its address, bootstrap + verify again."""
+    from gpuprov.plan import catalog
+
+    iid = row.cloud_id or ""
     try:
         provider.start(node.region, [iid], settle=settle(row))
     except LaunchError as exc:

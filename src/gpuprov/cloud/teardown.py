@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from gpuprov import locks
 from gpuprov.cloud.providers.base import CloudResource, NotFound, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError
@@ -56,9 +57,11 @@ class TeardownIncomplete(GpuprovError):
 def down(names: Sequence[str], provider: Provider, store: Store, say: Say) -> dict[str, Teardown]:
     """Terminate each node and remove everything it owns; idempotent (an already-gone node is fine).
     Every node is tried; TeardownIncomplete afterwards names what is left of which."""
-    nodes = [store.node(n) for n in names]
-    results = {n.name: take_down(n.name, n.region, provider, store, say) for n in nodes}
-    return results
+    for n in names:
+        store.node(n)  # an unknown name is refused before any lock is waited for
+    with locks.nodes(list(names), "down", say):  # an `up`, `start` or `gc` at work on one finishes first
+        nodes = [store.node(n) for n in names]
+        return {n.name: take_down(n.name, n.region, provider, store, say) for n in nodes}
 
 
 def take_down(name: str, region: str, provider: Provider, store: Store, say: Say) -> Teardown:

@@ -14,10 +14,13 @@ never stops or hides the others (Fabric's Group semantics, with a bound).
 
 from __future__ import annotations
 
+import contextlib
+import getpass
 import io
 import json
 import os
 import re
+import socket
 import tarfile
 import threading
 import time
@@ -26,12 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from gpuprov import locks
 from gpuprov.errors import GpuprovError
 from gpuprov.hosts import hostkeys, runner
 from gpuprov.hosts.detect import FACTS_COMMAND, HostFacts, parse_facts
 from gpuprov.hosts.fanout import run_parallel
 from gpuprov.hosts.planner import Planner
-from gpuprov.hosts.remote import ConnectionLost, HostLost, HostSettings, Remote, Session, Unreachable
+from gpuprov.hosts.remote import ConnectionLost, Ended, HostLost, HostSettings, Remote, Session, Unreachable
 from gpuprov.hosts.runner import BUNDLE_DIR as BUNDLE_DIR  # re-exported: gpubench.py reads it here
 from gpuprov.plan.inventory import Target
 from gpuprov.plan.plan import Plan
@@ -62,6 +66,7 @@ class Options:
     reboot_timeout: float = 600.0
     step_silence: float | None = 1200.0  # no output for this long: the host is lost (a DKMS build prints)
     echo: Callable[[str], None] | None = None  # --verbose: every remote line, prefixed by host
+    takeover: bool = False  # --takeover: stop another gpuprov's run of the same host instead of refusing
 
 
 @dataclass
@@ -91,6 +96,14 @@ class HostResult:
 
 
 PlanFor = Callable[[Target, HostFacts], Plan]
+
+
+def _client() -> str:
+    """This process as the hosts' runners know it (runner.client_id)."""
+    from gpuprov.paths import install_id
+
+    return runner.client_id(install_id(), f"{getpass.getuser()}@{socket.gethostname()}", os.getpid())
+
 
 
 class _Log:
@@ -171,8 +184,9 @@ class _HostRun:
     """Bootstraps one host. Every failure becomes this host's result, never an exception."""
 
     def __init__(self, target: Target, settings: HostSettings, plan_for: PlanFor, options: Options,
-                 reporter: Reporter, log_dir: Path, bundles: _Bundles) -> None:
+                 reporter: Reporter, log_dir: Path, bundles: _Bundles, client: str) -> None:
         self.target = target
+        self.client = client
         self.bundles = bundles
         self.settings = settings
         self.plan_for = plan_for
@@ -212,23 +226,37 @@ class _HostRun:
         self.log.note(f"{status}: {error}")
 
     def _run(self) -> None:
-        self.reporter.event(self.target.name, "connect", "running")
-        self.remote = Remote(self.target, self.settings)
-        try:
-            self.remote.open()
-            self._bootstrap()
-        finally:
-            self.remote.close()
+        with contextlib.ExitStack() as held:
+            if not self.options.takeover:  # one bootstrap of a host from this install at a time
+                try:
+                    held.enter_context(locks.hold(locks.host(f"{self.target.host}:{self.target.port or 22}"),
+                                                  "bootstrap", wait=False, subject=self.target.name))
+                except locks.Busy as busy:
+                    raise GpuprovError(f"{busy}; wait for it, or pass --takeover to stop it") from None
+            self.reporter.event(self.target.name, "connect", "running")
+            self.remote = Remote(self.target, self.settings)
+            try:
+                self.remote.open()
+                self._bootstrap()
+            finally:
+                self.remote.close()
 
     def _bootstrap(self) -> None:
         """One exec prints the facts, then waits for the bundle on its stdin and runs it: the plan is made
         between the two, so a host costs one round trip more than its connection (plus one per reboot)."""
         self.result.failed_step = "facts"
         nonce = runner.new_nonce()
-        first = self.remote.session(f"{FACTS_COMMAND}; echo {runner.facts_end(nonce)}; "
-                                    + runner.command(nonce, 1, self.options.force, None, unpack=True), sudo=True)
+        first = self.remote.session(
+            runner.busy_check(self.client, self.options.takeover) + f"{FACTS_COMMAND}; echo {runner.facts_end(nonce)}; "
+            + runner.command(nonce, 1, self.options.force, None, unpack=True, client=self.client,
+                             takeover=self.options.takeover), sudo=True)
         try:
-            facts = parse_facts(first.read_until(runner.facts_end(nonce), self._log_err, self.options.step_silence))
+            try:
+                facts = parse_facts(first.read_until(runner.facts_end(nonce), self._log_err, self.options.step_silence))
+            except Ended as ended:
+                if ended.code == runner.BUSY:  # another install's run of this host is at work
+                    raise GpuprovError(ended.last) from None
+                raise
             self.log.note(f"facts: {facts.model_dump_json()}")
             self.result.failed_step = "plan"
             plan = self.plan_for(self.target, facts)  # a UserInputError stops this host before anything is installed
@@ -305,7 +333,8 @@ class _Runs:
                 started.send(self.tar)
                 code = started.pump(lines.feed, self._stderr, silence)
             else:
-                command = runner.command(self.nonce, first, self.host.options.force, self.boot or None, unpack=False)
+                command = runner.command(self.nonce, first, self.host.options.force, self.boot or None, unpack=False,
+                                         client=self.host.client)
                 code = self.host.remote.stream(command, sudo=True, on_out=lines.feed, on_err=self._stderr,
                                                silence=silence)
         except ConnectionLost as exc:
@@ -446,6 +475,7 @@ def bootstrap(
     if isinstance(plan_for, Planner):  # render what can be known now, before the hosts' connections compete for it
         for plan in {id(p): p for p in map(plan_for.ahead, targets) if p is not None}.values():
             bundles.get(plan)
-    runs = [_HostRun(t, settings, plan_for, options, rep, where, bundles) for t in targets]
+    client = _client()
+    runs = [_HostRun(t, settings, plan_for, options, rep, where, bundles, client) for t in targets]
     return run_parallel(runs, lambda run: run(), options.parallel)
 

@@ -34,6 +34,15 @@ from gpuprov.plan.inventory import Target
 logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 
+class Ended(GpuprovError):
+    """A command that ended before it printed the line it was read up to: its exit status and last stderr line."""
+
+    def __init__(self, code: int, last: str, marker: str) -> None:
+        self.code = code
+        self.last = last
+        super().__init__(f"the command ended (exit {code}) before it printed {marker!r}" + (f": {last}" if last else ""))
+
+
 class Unreachable(GpuprovError):
     """The host did not answer SSH (refused, timed out, auth failed)."""
 
@@ -385,8 +394,7 @@ class Session:
         text = "\n" + "".join(seen)
         if code is not None:
             last = [line for line in tail[0].splitlines() if line.strip()]
-            raise GpuprovError(f"the command ended (exit {code}) before it printed {marker!r}"
-                               + (f": {last[-1][:300]}" if last else ""))
+            raise Ended(code, last[-1][:300] if last else "", marker)
         before, _, after = text.partition(f"\n{marker}\n")
         self._unread = after
         return before[1:] + ("\n" if before[1:] else "")

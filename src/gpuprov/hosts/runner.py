@@ -9,7 +9,9 @@ builds the exec command and turns the stream back into events; bootstrap.py deci
 
 from __future__ import annotations
 
+import re
 import secrets
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,9 +53,35 @@ def facts_end(nonce: str) -> str:
     return f"@gpuprov:{nonce} facts-end"
 
 
-def command(nonce: str, first: int, force: bool, boot_before: str | None, unpack: bool) -> str:
+BUSY = 75  # the exit status of a first exec that found another client's run at work (EX_TEMPFAIL)
+
+
+def client_id(install: str, who: str, pid: int) -> str:
+    """One word naming the client to the host's runner: INSTALL:user@host:pid. Two runs of one install are
+    told apart by the client's own lock (gpuprov.locks.host), two installs' runs by this."""
+    return re.sub(r"[^A-Za-z0-9@._-]", "-", install) + ":" + re.sub(r"[^A-Za-z0-9@._-]", "-", who) + f":{pid}"
+
+
+def busy_check(client: str, takeover: bool) -> str:
+    """Shell that comes first in a host's first exec: a run of another install still holding the runner's lock
+    ends this exec (exit BUSY, a line on stderr) before any fact is read or bundle unpacked, unless `takeover`.
+    The runner checks the same again under the lock (runner.sh.j2), for two runs that pass here together."""
+    lock = f"{STATE_DIR}/runner.lock"
+    mine = client.rpartition(":")[0]
+    return (
+        f"if [ -e {lock}.pid ] && [ {int(takeover)} != 1 ] && ! flock -n {lock} true 2>/dev/null; then "
+        f"read -r o _ c t < {lock}.pid || c=-; "
+        f"if [ \"${{c:--}}\" != - ] && [ \"$c\" != {shlex.quote(mine)} ]; then "
+        f"echo \"another gpuprov ($c, its runner pid $o, since $(date -d \"@${{t:-0}}\" '+%F %T' 2>/dev/null)) is "
+        f"bootstrapping this host; wait for it, or pass --takeover to stop it\" >&2; exit {BUSY}; fi; fi; "
+    )
+
+
+def command(nonce: str, first: int, force: bool, boot_before: str | None, unpack: bool, client: str = "-",
+            takeover: bool = False) -> str:
     """The exec's command line (run as root): unpack the tar on stdin when `unpack`, then the runner."""
-    run = f"exec bash {BUNDLE_DIR}/{RUNNER_FILE} {nonce} {first} {int(force)} {boot_before or '-'}"
+    run = (f"exec bash {BUNDLE_DIR}/{RUNNER_FILE} {nonce} {first} {int(force)} {boot_before or '-'} "
+           f"{shlex.quote(client)} {int(takeover)}")
     if not unpack:
         return run
     # few processes: `install -d` makes (or fixes to 0700) the three folders at once; the new bundle is unpacked

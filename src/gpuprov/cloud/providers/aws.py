@@ -19,7 +19,16 @@ from botocore.exceptions import BotoCoreError, ClientError
 from gpuprov.cloud.providers.aws_base import NOT_FOUND, AwsError, tag_value
 from gpuprov.cloud.providers.aws_images import AwsImages
 from gpuprov.cloud.providers.aws_instances import AwsInstances
-from gpuprov.cloud.providers.base import IMAGES, SHARED, TAG_IMAGE, CloudResource, InstanceTypeInfo, Network, SpotPrice
+from gpuprov.cloud.providers.base import (
+    IMAGES,
+    SHARED,
+    TAG_IMAGE,
+    TAG_OWNER,
+    CloudResource,
+    InstanceTypeInfo,
+    Network,
+    SpotPrice,
+)
 from gpuprov.errors import UserInputError
 
 UBUNTU_SSM_PREFIX = "/aws/service/canonical/ubuntu/server"
@@ -161,34 +170,39 @@ class AwsProvider(AwsInstances, AwsImages):
 
     # --- everything tagged as ours (gc) and its removal --------------------------------------
 
-    def tagged(self, region: str) -> list[CloudResource]:
+    def tagged(self, region: str, everyone: bool = False) -> list[CloudResource]:
         ec2 = self._client("ec2", region)
-        owned = self._owned()
+        owned = self._owned(everyone)
         found: list[CloudResource] = []
-        for i in self.instances(region):
+        for i in self.instances(region, everyone=everyone):
             if i.state != "terminated":
-                found.append(CloudResource("instance", i.id, region, i.node, i.state))
+                found.append(CloudResource("instance", i.id, region, i.node, i.state, i.owner))
         for req in self._call("DescribeSpotInstanceRequests", lambda: ec2.describe_spot_instance_requests(
                 Filters=owned))["SpotInstanceRequests"]:
             if req.get("State") in ("open", "active"):
-                found.append(CloudResource("spot-request", req["SpotInstanceRequestId"], region, tag_value(req), req["State"]))
+                found.append(CloudResource("spot-request", req["SpotInstanceRequestId"], region, tag_value(req), req["State"],
+                                           tag_value(req, TAG_OWNER)))
         for group in self._call("DescribeSecurityGroups", lambda: ec2.describe_security_groups(
                 Filters=owned))["SecurityGroups"]:
-            found.append(CloudResource("security-group", group["GroupId"], region, tag_value(group)))
+            found.append(CloudResource("security-group", group["GroupId"], region, tag_value(group), "",
+                                       tag_value(group, TAG_OWNER)))
         for vol in self._call("DescribeVolumes", lambda: ec2.describe_volumes(Filters=owned))["Volumes"]:
             if vol.get("State") not in ("deleting", "deleted"):
-                found.append(CloudResource("volume", vol["VolumeId"], region, tag_value(vol), vol.get("State", "")))
+                found.append(CloudResource("volume", vol["VolumeId"], region, tag_value(vol), vol.get("State", ""),
+                                           tag_value(vol, TAG_OWNER)))
         for key in self._call("DescribeKeyPairs", lambda: ec2.describe_key_pairs(Filters=owned))["KeyPairs"]:
-            found.append(CloudResource("key-pair", key["KeyName"], region, tag_value(key)))
+            found.append(CloudResource("key-pair", key["KeyName"], region, tag_value(key), "", tag_value(key, TAG_OWNER)))
         for pg in self._call("DescribePlacementGroups", lambda: ec2.describe_placement_groups(
                 Filters=owned))["PlacementGroups"]:
             if pg.get("State") not in ("deleting", "deleted"):
-                found.append(CloudResource("placement-group", pg["GroupName"], region, tag_value(pg), pg.get("State", "")))
+                found.append(CloudResource("placement-group", pg["GroupName"], region, tag_value(pg), pg.get("State", ""),
+                                           tag_value(pg, TAG_OWNER)))
         for eip in self._call("DescribeAddresses", lambda: ec2.describe_addresses(Filters=owned))["Addresses"]:
-            found.append(CloudResource("address", eip["AllocationId"], region, tag_value(eip), eip.get("PublicIp", "")))
-        images = self.images(region)
+            found.append(CloudResource("address", eip["AllocationId"], region, tag_value(eip), eip.get("PublicIp", ""),
+                                       tag_value(eip, TAG_OWNER)))
+        images = self.images(region, everyone=everyone)
         for image in images:
-            found.append(CloudResource("image", image.id, region, IMAGES, f"{image.name} | {image.state}"))
+            found.append(CloudResource("image", image.id, region, IMAGES, f"{image.name} | {image.state}", image.owner))
         # a snapshot whose image is gone (a DeregisterImage whose DeleteSnapshot never came); its image's
         # name is its tag, since CreateImage tags the snapshots before the image id is known
         names = {i.name for i in images}
@@ -196,7 +210,7 @@ class AwsProvider(AwsInstances, AwsImages):
                 OwnerIds=["self"], Filters=owned))["Snapshots"]:
             if tag_value(snap, TAG_IMAGE) not in names:
                 found.append(CloudResource("snapshot", snap["SnapshotId"], region, IMAGES,
-                                           f"of image {tag_value(snap, TAG_IMAGE)} (gone)"))
+                                           f"of image {tag_value(snap, TAG_IMAGE)} (gone)", tag_value(snap, TAG_OWNER)))
         return found
 
     def delete(self, resource: CloudResource, settle: float = 0) -> None:

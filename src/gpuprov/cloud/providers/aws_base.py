@@ -69,8 +69,12 @@ def retry_config(attempts: int | None = None) -> Config:
 class AwsBase:
     """What every AWS provider part builds on: the owner, the poll interval, the clients and the error path."""
 
-    def __init__(self, owner: str, *, poll: float = 2.0) -> None:
-        self.owner = owner
+    def __init__(self, owner: str, *, poll: float = 2.0, legacy: str | None = None) -> None:
+        self.owner = owner  # what new resources are tagged with
+        # what follows records as ours: the owner, and the legacy one (cloud/tags.py) of resources made before
+        self.owners = (owner, legacy) if legacy else (owner,)
+        # what gc lists (and sets apart): every install with this user and host name (EC2 filters take wildcards)
+        self.family = (legacy, f"{legacy}/*") if legacy else (owner,)
         self.poll = poll
         self._lock = threading.Lock()
         self._session: Any = None
@@ -131,8 +135,8 @@ class AwsBase:
         tags = {TAG_NODE: node, TAG_OWNER: self.owner, "Name": f"gpuprov-{node}", **(extra or {})}
         return [{"Key": k, "Value": v} for k, v in tags.items()]
 
-    def _owned(self) -> list[dict[str, Any]]:
-        return [{"Name": f"tag:{TAG_OWNER}", "Values": [self.owner]}]
+    def _owned(self, everyone: bool = False) -> list[dict[str, Any]]:
+        return [{"Name": f"tag:{TAG_OWNER}", "Values": list(self.family if everyone else self.owners)}]
 
     def _while_in_use(self, fn: Callable[[], Any], timeout: float = 300) -> None:
         """EC2 keeps a group or volume 'in use' for a while after its instance is gone: retry, bounded."""

@@ -67,9 +67,10 @@ class AwsImages(AwsBase):
             return mine[0].id
         return str(reply["ImageId"])
 
-    def images(self, region: str, *, ids: Sequence[str] = (), name: str | None = None) -> list[Image]:
+    def images(self, region: str, *, ids: Sequence[str] = (), name: str | None = None,
+               everyone: bool = False) -> list[Image]:
         ec2 = self._client("ec2", region)
-        filters = self._owned()
+        filters = self._owned(everyone)
         if ids:
             filters = [*filters, {"Name": "image-id", "Values": list(ids)}]
         if name is not None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuprov.cloud.providers.aws_base import AwsBase, AwsError, tag_value
 from gpuprov.cloud.providers.aws_refusals import classify
-from gpuprov.cloud.providers.base import TAG_NODE, Access, Instance, LaunchError, LaunchRequest, Nic
+from gpuprov.cloud.providers.base import TAG_NODE, TAG_OWNER, Access, Instance, LaunchError, LaunchRequest, Nic
 from gpuprov.errors import GpuprovError, UserInputError
 
 LAUNCH_REFERENCES = {"InvalidGroup.NotFound", "InvalidKeyPair.NotFound"}  # a fresh group or key not yet seen
@@ -108,12 +108,13 @@ class AwsInstances(AwsBase):
                              "instance", ", ".join(ids), settle)
         return [_instance(raw, region) for res in reply["Reservations"] for raw in res["Instances"]]
 
-    def instances(self, region: str, *, ids: Sequence[str] = (), node: str | None = None) -> list[Instance]:
+    def instances(self, region: str, *, ids: Sequence[str] = (), node: str | None = None,
+                  everyone: bool = False) -> list[Instance]:
         ec2 = self._client("ec2", region)
         if ids:  # by id as a filter: an id EC2 does not know is absent instead of failing the whole call
             filters = [{"Name": "instance-id", "Values": list(ids)}]
         else:
-            filters = self._owned() + ([{"Name": f"tag:{TAG_NODE}", "Values": [node]}] if node else [])
+            filters = self._owned(everyone) + ([{"Name": f"tag:{TAG_NODE}", "Values": [node]}] if node else [])
         pages = self._call("DescribeInstances", lambda: list(ec2.get_paginator("describe_instances").paginate(
             Filters=filters)))
         return [_instance(raw, region) for page in pages for res in page["Reservations"] for raw in res["Instances"]]
@@ -201,5 +202,5 @@ def _instance(raw: dict[str, Any], region: str) -> Instance:
         market="spot" if raw.get("InstanceLifecycle") == "spot" else "on-demand",
         public_ip=raw.get("PublicIpAddress"), private_ip=raw.get("PrivateIpAddress"), launched_at=raw.get("LaunchTime"),
         state_reason=(raw.get("StateReason") or {}).get("Message"), node=tag_value(raw),
-        spot_request_id=raw.get("SpotInstanceRequestId"), volume_ids=volumes,
+        spot_request_id=raw.get("SpotInstanceRequestId"), volume_ids=volumes, owner=tag_value(raw, TAG_OWNER),
     )

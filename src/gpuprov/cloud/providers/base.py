@@ -49,6 +49,7 @@ class Instance:
     node: str | None = None
     spot_request_id: str | None = None
     volume_ids: tuple[str, ...] = ()
+    owner: str | None = None  # its gpuprov:owner tag
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,7 @@ class CloudResource:
     region: str
     node: str | None
     state: str = ""
+    owner: str | None = None  # its gpuprov:owner tag (cloud/tags.py), where the listing read one
 
 
 @dataclass(frozen=True)
@@ -258,7 +260,8 @@ class Provider(Protocol):
 
     def describe(self, region: str, ids: Sequence[str], settle: float = 0) -> list[Instance]: ...
 
-    def instances(self, region: str, *, ids: Sequence[str] = (), node: str | None = None) -> list[Instance]:
+    def instances(self, region: str, *, ids: Sequence[str] = (), node: str | None = None,
+                  everyone: bool = False) -> list[Instance]:
         """Live instances by id or node tag (a filter: an unknown id is simply absent)."""
         ...
 
@@ -288,8 +291,9 @@ class Provider(Protocol):
         """Delete one resource and return once the cloud accepted it; NotFound when already gone."""
         ...
 
-    def tagged(self, region: str) -> list[CloudResource]:
-        """Every live resource in the region tagged with this user's gpuprov:owner."""
+    def tagged(self, region: str, everyone: bool = False) -> list[CloudResource]:
+        """Every live resource in the region tagged with this install's gpuprov:owner (or the legacy one);
+        `everyone`: also those of other installs with the same user and host name (for gc to set apart)."""
         ...
 
     def prices(self, region: str, instance_types: Sequence[str]) -> list[SpotPrice]: ...
@@ -307,7 +311,8 @@ class Provider(Protocol):
         existing image of that name, when it is this owner's)."""
         ...
 
-    def images(self, region: str, *, ids: Sequence[str] = (), name: str | None = None) -> list[Image]:
+    def images(self, region: str, *, ids: Sequence[str] = (), name: str | None = None,
+               everyone: bool = False) -> list[Image]:
         """This owner's baked images (by id or name; an unknown id is simply absent)."""
         ...
 

@@ -1,0 +1,176 @@
+"""`image bake`: make an image of a ready node that skips, on the next node, every install step it holds.
+
+In order, holding the node's lock and the image name's (gc never collects a bake at work):
+  the node's bundle manifest and markers (every install step must have its marker) -> the clean-up step over
+  SSH (`templates/image_clean.sh.j2`: host keys, gpuprov's authorized key, guards, logs, cloud-init instance
+  data; the markers stay) -> the image recorded by name -> CreateImage (tagged: stack, OS, owner, the source
+  node) -> wait until available.
+
+The clean-up does not delete what it removes: it moves it to /run/gpuprov-bake, a tmpfs, which no snapshot
+holds and the reboot CreateImage makes empties. So when EC2 refuses CreateImage the node is put back as it
+was (`templates/image_restore.sh.j2`: host keys, gpuprov's key, the guards with their units enabled again)
+over the connection the clean-up ran on (sshd, which re-reads its host keys per connection, would refuse a
+new one meanwhile). A CreateImage whose answer was lost is looked up by name before anything is restored:
+EC2 may have taken it, and then the node must stay clean for the snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from gpuprov import locks
+from gpuprov.cloud.images import GUARD_STEPS, GUARD_UNITS, INSTALL_KINDS, check_image_name, stack_hash
+from gpuprov.cloud.providers.base import Image, ImageRequest, Provider
+from gpuprov.cloud.settle import SETTLE_SECONDS
+from gpuprov.errors import GpuprovError, Interrupted, UserInputError
+
+if TYPE_CHECKING:
+    from gpuprov.hosts.remote import HostSettings, Remote
+    from gpuprov.plan.inventory import Target
+    from gpuprov.state import Store
+
+Say = Callable[[str], None]
+BUNDLE_DIR = "/var/lib/gpuprov/bundle"
+MARKER_DIR = "/var/lib/gpuprov/markers"
+BACKUP_DIR = "/run/gpuprov-bake"  # tmpfs on the node: never in a snapshot, gone at the next boot
+WAIT_SECONDS = 3600.0  # an AMI of a 100 GB root volume can take tens of minutes
+
+
+def bake(node_name: str, store: Store, provider: Provider, target: Target, settings: HostSettings, say: Say,
+         name: str | None = None, wait: float = WAIT_SECONDS) -> Image:
+    """Clean the node of what is its own, then make an image of it; returns the image once available."""
+    image_name = check_image_name(name or f"gpuprov-{node_name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    with locks.hold(locks.node(node_name), "image bake", wait=False, subject=node_name), \
+            locks.hold(locks.image(image_name), "image bake", wait=False, subject=f"image {image_name!r}"):
+        return _bake(node_name, image_name, store, provider, target, settings, say, wait)
+
+
+def _bake(node_name: str, image_name: str, store: Store, provider: Provider, target: Target,
+          settings: HostSettings, say: Say, wait: float) -> Image:
+    from gpuprov.hosts.remote import Remote
+
+    node = store.node(node_name)
+    if node.state != "ready":
+        raise UserInputError("NODE", f"{node_name} is {node.state}", "bake a node that is ready (`gpuprov status`)")
+    instances = [r.cloud_id for r in store.resources(node_name, region=node.region, kind="instance") if r.cloud_id]
+    if not instances:
+        raise GpuprovError(f"{node_name} has no recorded instance")
+    if [r for r in store.resources(None, region=node.region, kind="image") if r.client_token == image_name] or \
+            provider.images(node.region, name=image_name):
+        raise UserInputError("--name", f"an image called {image_name!r} exists in {node.region}",
+                             "pick another --name, or `gpuprov image rm` it first")
+    os_name = str(node.plan.get("os") or "ubuntu-24.04")
+    remote = Remote(target, settings)
+    remote.open()
+    try:
+        stack, steps = _installed(remote, node_name)
+        say(f"{node_name}: {len(steps)} install steps on it ({', '.join(steps)}), stack {stack[:12]}")
+        rid: int | None = None
+        try:
+            _run_step(remote, node_name, "image-clean", "image_clean.sh.j2", "the clean-up before the image",
+                      _clean_values(node.region, node.ssh_user or "ubuntu"))
+            say(f"{node_name}: host keys, gpuprov's authorized key, guards, logs and cloud-init data moved aside "
+                "(put back if EC2 refuses the image); markers kept")
+            rid = store.intend(None, "image", node.region, image_name)
+            store.event(node_name, "bake", f"CreateImage {image_name} (stack {stack[:12]})")
+            image_id = provider.create_image(ImageRequest(
+                region=node.region, instance_id=instances[-1], name=image_name, source_node=node_name, stack=stack,
+                os=os_name, description=f"gpuprov: {', '.join(steps)} (stack {stack[:12]}, {os_name})"))
+        except (GpuprovError, KeyboardInterrupt) as exc:  # refused, failed, or interrupted (any signal)
+            taken = provider.images(node.region, name=image_name) if rid is not None else []
+            if not taken:  # EC2 has no image of that name: it never took the request, so the node comes back
+                if rid is not None:
+                    store.deleted(rid)
+                _put_back(remote, node_name, exc, say)
+                if isinstance(exc, Interrupted):
+                    exc.note = f"no image was made; {node_name} is as it was before the bake"
+                raise
+            image_id = taken[-1].id  # a lost answer: EC2 took it, the node stays clean for the snapshot
+    finally:
+        remote.close()
+    assert rid is not None  # create_image ran, so the record was written first
+    store.created(rid, image_id)
+    say(f"CreateImage {image_id} ({image_name}): EC2 stops {node_name}, snapshots its disk and starts it again")
+    try:
+        image = provider.wait_image(node.region, image_id, timeout=wait, settle=SETTLE_SECONDS,
+                                    progress=_progress(say, image_id))
+    except Interrupted as exc:  # nothing to take back: EC2 makes the image; the record finds it
+        exc.note = f"EC2 goes on making {image_id} ({image_name}); `gpuprov image list` shows when it is ready"
+        raise
+    store.event(node_name, "baked", f"{image_id} {image_name} available")
+    return image
+
+
+def _put_back(remote: Remote, node_name: str, exc: BaseException, say: Say) -> None:
+    """EC2 refused the image: the node gets back what the clean-up moved aside. If that fails too, the error
+    says what the node now lacks, so the user knows before relying on its guards."""
+    try:
+        _run_step(remote, node_name, "image-restore", "image_restore.sh.j2", "putting the node back",
+                  (("backup", BACKUP_DIR), ("guard_units", GUARD_UNITS)))
+    except GpuprovError as failed:
+        raise GpuprovError(f"{exc}\n  and {node_name} could not be put back as it was ({failed}): it lacks its "
+                           "host keys, gpuprov's SSH key and its TTL/budget/autostop guards until they are restored "
+                           f"from {BACKUP_DIR} (or `gpuprov down {node_name}`)") from None
+    why = "EC2 refused the image" if isinstance(exc, GpuprovError) else "interrupted before EC2 took the image"
+    say(f"{node_name}: {why}; the node is as it was (host keys, gpuprov's key, its guards)")
+
+
+def _installed(remote: Remote, node_name: str) -> tuple[str, list[str]]:
+    """The stack hash of the bundle the node ran, refusing a node whose install steps lack their markers."""
+    out = remote.run(
+        f"cat {BUNDLE_DIR}/manifest.json && echo GPUPROV_MARKERS && for f in {MARKER_DIR}/*.sha256; do "
+        "[ -e \"$f\" ] && printf '%s %s\\n' \"$(basename \"$f\" .sha256)\" \"$(cat \"$f\")\"; done; true", sudo=True)
+    text, _, marks = out.stdout.partition("GPUPROV_MARKERS")
+    try:
+        manifest = json.loads(text)["steps"]
+    except (ValueError, KeyError, TypeError):
+        raise GpuprovError(f"{node_name} has no gpuprov bundle ({BUNDLE_DIR}/manifest.json): was it bootstrapped?") \
+            from None
+    markers = dict(line.split(" ", 1) for line in marks.strip().splitlines() if " " in line)
+    steps = [(str(s["name"]), str(s["kind"]), str(s["sha256"])) for s in manifest]
+    missing = [n for n, kind, sha in steps if kind in INSTALL_KINDS and markers.get(n, "").strip() != sha]
+    if missing:
+        raise GpuprovError(f"{node_name}: {', '.join(missing)} did not finish (no marker for the script it has); "
+                           "an image of it would not skip them: rerun its bootstrap first")
+    return stack_hash(steps), [n for n, kind, _ in steps if kind in INSTALL_KINDS]
+
+
+def _clean_values(region: str, ssh_user: str) -> tuple[tuple[str, object], ...]:
+    from gpuprov import paths
+    from gpuprov.cloud import keys
+    from gpuprov.cloud.tags import owner
+
+    blob = keys.local_key(paths.keys_dir(), region, owner()).public.split()[1]
+    return (("key_blob", blob), ("ssh_user", ssh_user), ("guard_units", GUARD_UNITS), ("guard_steps", GUARD_STEPS),
+            ("backup", BACKUP_DIR))
+
+
+def _run_step(remote: Remote, node_name: str, step_name: str, template: str, what: str,
+              values: tuple[tuple[str, object], ...]) -> None:
+    """One rendered step over the open connection, as root; it must print its GPUPROV_RESULT line."""
+    from gpuprov.plan.render import StepPlan, render_steps
+
+    step = StepPlan(step_name, template, "guard", what, values)
+    (script,) = render_steps((step,), {}, {}).scripts
+    path = f"/tmp/gpuprov-{step_name}-{uuid.uuid4().hex[:12]}.sh"
+    remote.put_bytes(script.text.encode(), path)
+    result = remote.run(f"bash {shlex.quote(path)}; rc=$?; rm -f {shlex.quote(path)}; exit $rc", sudo=True)
+    if not result.ok or "GPUPROV_RESULT=" not in result.stdout:
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise GpuprovError(f"{node_name}: {what} failed (exit {result.exited}): {tail}")
+
+
+def _progress(say: Say, image_id: str) -> Callable[[Image, float], None]:
+    last: dict[str, object] = {"state": None, "at": 0.0}
+
+    def show(image: Image, waited: float) -> None:
+        if image.state != last["state"] or waited - float(last["at"] or 0.0) >= 30:  # type: ignore[arg-type]
+            say(f"  {image_id}: {image.state} ({waited:.0f}s)")
+            last.update(state=image.state, at=waited)
+
+    return show
