@@ -81,12 +81,12 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     from gpuprov.cloud import launch
     from gpuprov.cloud import node as one_node
 
+    node_name = launch.check_name(name) if name else launch.new_name()
     the_plan = plan_from(kw, live=not dry_run)  # a launch plans with EC2's own instance-type facts
     console = make_console(stderr=as_json)
     if not dry_run:  # the dry run prints the plan, warnings and all
         for note in the_plan.warnings:
             warn(f"warning: {note}")
-    node_name = launch.check_name(name) if name else launch.new_name()
     opts = launch.UpOptions(
         name=node_name, fallback_on_demand=fallback == "on-demand", max_price=max_price, max_hourly=max_hourly,
         disk_gb=disk_gb, image=image, ssh_cidr=ssh_cidr, connect=connect, subnet=subnet, ssh_user=ssh_user,
