@@ -87,3 +87,17 @@ def test_plan_live_reads_ec2s_types_once_a_day(aws: Any, env: dict[str, str], tm
     gp(env, "plan", "--gpu", "L4", "--live", "--json")
     assert len(aws.log("DescribeInstanceTypes")) == again  # the day's reading, from the facts folder
     assert (tmp_path / "facts/ec2-us-east-1.yaml").is_file()
+
+
+def test_bad_input_asks_ec2_nothing_and_a_type_only_ec2_knows_is_planned_live(aws: Any, env: dict[str, str],
+                                                                            tmp_path: Path) -> None:
+    env = {**env, "GPUPROV_FACTS_DIR": str(tmp_path / "facts")}
+    before = len(aws.log("DescribeInstanceTypes"))
+    bad = gp(env, "up", "x", "--gpu", "A1000", "--yes")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --gpu: unknown GPU 'A1000'")
+    assert len(aws.log("DescribeInstanceTypes")) == before
+    offline = gp(env, "plan", "--gpu", "L4", "--instance-type", "gr6.4xlarge")
+    assert offline.returncode == 2 and "unknown instance type 'gr6.4xlarge'" in offline.stderr
+    live = json.loads(gp(env, "plan", "--gpu", "L4", "--instance-type", "gr6.4xlarge", "--live", "--json").stdout)
+    assert live["instance_type"] == "gr6.4xlarge"
+    assert any("gr6.4xlarge: read from EC2 DescribeInstanceTypes" in u for u in live["unverified"])
