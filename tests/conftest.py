@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +16,11 @@ from tests.machine import shared_user
 
 # the test hosts reboot in about a second, not a minute: look for them coming back more often than a user's run
 os.environ.setdefault("GPUPROV_REBOOT_POLL_SECONDS", "0.25")
+# every test plans with the shipped facts, whatever `gpuprov facts refresh` left in this machine's data folder;
+# the tests of the overlay point GPUPROV_FACTS_DIR at their own folder
+_FACTS_DIR = tempfile.mkdtemp(prefix="gpuprov-test-facts-")
+os.environ["GPUPROV_FACTS_DIR"] = _FACTS_DIR
+atexit.register(shutil.rmtree, _FACTS_DIR, True)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIMS = ROOT / "tests" / "shims"

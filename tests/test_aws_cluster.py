@@ -77,8 +77,11 @@ def test_efa_type_launches_with_aws_interface_layout_and_elastic_ips(aws, env):
 
 
 def test_tcp_type_says_so_in_the_plan_and_launches_without_efa(aws, env):
-    plan = gp(env, "plan", "--gpu", "A10G:4", "--nodes", "2")
+    plan = gp(env, "plan", "--gpu", "A10G", "--instance-type", "g5.4xlarge", "--nodes", "2")  # no EFA below 8xlarge
     assert plan.returncode == 0 and "network: TCP" in plan.stdout and "placement group: strategy cluster" in plan.stdout
+    g5 = json.loads(gp(env, "plan", "--gpu", "A10G:4", "--nodes", "2", "--json").stdout)["cluster"]
+    assert g5["transport"] == "efa" and not g5["device_rdma"] and g5["interfaces"] == [  # EFA without RDMA read
+        {"network_card": 0, "device_index": 0, "type": "efa"}]
     efa = gp(env, "plan", "--gpu", "H100:8", "--nodes", "2", "--json")
     cluster = json.loads(efa.stdout)["cluster"]
     assert cluster["transport"] == "efa" and cluster["elastic_ip"] and len(cluster["interfaces"]) == 33

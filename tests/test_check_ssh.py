@@ -26,7 +26,7 @@ def test_check_after_bootstrap_passes_and_judges_against_the_manifest(host_pool,
         assert host["ok"], [c for c in host["report"]["checks"] if not c["ok"]]
         report = host["report"]
         assert len(report["gpus"]) == 2 and report["gpus"][0]["compute_cap"] == "8.0"
-        assert report["torch"]["cuda"] == "13.2"  # the plan's cu132 wheel (torch 2.14's default)
+        assert report["torch"]["cuda"] == "13.2"  # the plan's cu132 wheel (torch 2.15's default)
         assert checks_of(host)["gpu model"]["ok"]
     human = gpuprov("check", *addrs(pool, [0]), "-i", str(pool.key_path))
     assert human.returncode == 0 and "OK" in human.stdout and "matmul gpu1" in human.stdout

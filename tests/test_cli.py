@@ -40,7 +40,7 @@ def test_plan_picks_cheapest_instance_and_shows_stack_and_steps():
     assert result.exit_code == 0, result.output
     out = result.output
     assert "g6.xlarge" in out and "$0.80/h" in out and "spot" in out
-    assert "R595" in out and "nvidia-open" in out and "torch==2.14.*" in out
+    assert "R595" in out and "nvidia-open" in out and "torch==2.15.*" in out
     assert "kernel-headers" in out and "verify" in out
     assert "fabric manager" not in out.lower()  # g6 has no NVSwitch
 
@@ -141,8 +141,8 @@ def test_plan_show_scripts_prints_every_rendered_step():
 
 
 @pytest.mark.parametrize(("gpu", "needles"), [
-    # torch 2.15's plan to drop cu126 (pytorch/pytorch#190385): V100's wheel line ends there
-    ("V100", ["2.15", "cu126", "Volta"]),
+    # torch 2.15's arch list was carried forward from 2.14's and its cu130 wheels were not read on the index
+    ("H100", ["2.15's arch list was not read", "cu130 wheels were not read"]),
     # HGX B200: where ib_umad/mlx5_ib come from on Ubuntu's AWS kernels is not read in a package list
     ("B200", ["linux-modules-extra", "13.2"]),
 ])

@@ -133,7 +133,7 @@ def test_a_nodes_command_gets_cluster_env_and_efa_env_when_the_efa_step_wrote_it
     assert missing.returncode != 0 and "cluster.env" in missing.stderr
     (etc / "cluster.env").write_text("NODE_RANK=1\nNNODES=2\n")
     assert run().stdout == "1/2 none\n"  # a TCP cluster: no efa.env
-    from gpuprov.cloud.cluster import EFA_INSTALLER  # efa.sh.j2 writes these, each line `KEY=value` | q
+    from gpuprov.cloud.cluster_network import EFA_INSTALLER  # efa.sh.j2 writes these, each line `KEY=value` | q
 
     (etc / "efa.env").write_text("# written by gpuprov (efa step)\n"
                                  + "".join(shlex.quote(f"{k}={v}") + "\n" for k, v in EFA_INSTALLER.env))

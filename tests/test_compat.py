@@ -22,9 +22,9 @@ def resolve(gpu: str, os_name: str = "ubuntu-24.04", nvswitch: bool | None = Non
 @pytest.mark.parametrize(
     ("gpu", "branch", "module", "variant"),
     [
-        # torch 2.14's PyPI default is cu132 (pytorch/pytorch#190355, read 2026-12-01)
+        # torch 2.15 (PyPI 2026-10-28): its PyPI wheel depends on cuda-toolkit==13.2.2, so cu132 is the default
         ("T4", 595, "open", "cu132"),
-        ("V100", 580, "proprietary", "cu126"),  # §2c: R580 last for Volta; §4b: no cu13x for sm_70
+        ("V100", 580, "proprietary", "cu126"),  # §2c: R580 last for Volta; 2.15 has no CUDA 12 wheels: 2.14+cu126
         ("A10G", 595, "open", "cu132"),
         ("L4", 595, "open", "cu132"),  # sm_89 runs sm_86 SASS (§2b)
         ("L40S", 595, "open", "cu132"),
@@ -40,7 +40,7 @@ def test_default_stack_per_gpu(gpu, branch, module, variant):
     assert stack.driver_branch == branch
     assert stack.kernel_module == module
     assert stack.torch is not None
-    assert stack.torch.version == "2.14"
+    assert stack.torch.version == ("2.14" if gpu == "V100" else "2.15")
     assert stack.torch.variant == variant
     assert stack.torch.index_url == f"https://download.pytorch.org/whl/{variant}"
     assert stack.python == "3.12"
@@ -200,10 +200,10 @@ def test_minor_version_compat_gives_old_drivers_the_newest_cu12x_wheel(gpu, driv
 def test_minor_version_compat_is_a_fallback_and_says_its_limits():
     # R570 runs cu126 natively (560.28.03 ≤ 570): no compat needed
     assert not resolve("H100", driver="570").minor_version_compat
-    # cu132 needs 595.45.04 natively, so torch 2.14 on R580 takes cu130 (native) before cu132 (only
+    # cu132 needs 595.45.04 natively, so torch 2.15 on R580 takes cu130 (native) before cu132 (only
     # through minor-version compatibility), although cu132 is the release's PyPI default
     stack = resolve("H100", driver="580")
-    assert stack.torch and (stack.torch.version, stack.torch.variant) == ("2.14", "cu130")
+    assert stack.torch and (stack.torch.version, stack.torch.variant) == ("2.15", "cu130")
     assert not stack.minor_version_compat
     forced = resolve("H100", driver="580", torch_cuda="cu132")
     assert forced.minor_version_compat
@@ -221,9 +221,12 @@ def test_minor_version_compat_does_not_cross_the_major():
 
 def test_cuda_toolkit_raises_the_default_driver_when_needed():
     stack = resolve("H100", cuda="13.3")
-    assert stack.driver_branch == 610  # 13.3 needs 610.43.02 (§2a, secondary)
+    # 13.3 needs 610.43.02 (§2a, secondary); R610, a New Feature Branch, ended in August 2026 (NVIDIA's lifecycle
+    # page), so the oldest branch after it that NVIDIA still supports: R615, whose pinning package no source shows
+    assert stack.driver_branch == 615
     assert any("13.3" in note for note in stack.unverified)
-    assert stack.cuda_toolkit_package == "cuda-toolkit-13-3"
+    assert any(note.startswith("nvidia-driver-pinning-615: no source read shows it") for note in stack.unverified)
+    assert stack.cuda_toolkit_package == "cuda-toolkit-13-3" and not stack.warnings
 
 
 def test_cuda_toolkit_older_than_the_architecture_is_refused():
@@ -232,7 +235,7 @@ def test_cuda_toolkit_older_than_the_architecture_is_refused():
     assert exc.value.rule == "toolkit-min-cuda"
     assert "12.8" in str(exc.value)
     # 11.8 is the first CUDA with sm_89 (§1a note), so it is accepted for Ada:
-    assert resolve("L4", cuda="11.8", torch="2.4", torch_cuda="cu118").cuda_toolkit == "11.8"
+    assert resolve("L4", "ubuntu-22.04", cuda="11.8", torch="2.4", torch_cuda="cu118").cuda_toolkit == "11.8"
 
 
 # --- torch / python / variant ranges (§4a) ------------------------------------------------------
@@ -295,9 +298,9 @@ def test_unverified_facts_are_reported():
     assert any("13.2" in note for note in resolve("H100").unverified)
     assert any("A10G" in note for note in resolve("A10G").unverified)
     assert not any("13.2" in note for note in resolve("H100", torch="2.9").unverified)
-    # torch 2.15's plan to drop cu126 (pytorch/pytorch#190385, open) concerns stacks on cu126 only
-    assert any("2.15" in note and "cu126" in note for note in resolve("V100").unverified)
-    assert not any("2.15" in note for note in resolve("H100").unverified)
+    # torch 2.15's arch list was carried forward from 2.14's (no 2.15 matrix was read): said where it is used
+    assert any("2.15's arch list was not read" in note for note in resolve("H100").unverified)
+    assert not any("2.15" in note for note in resolve("V100").unverified)
     # B200 NVSwitch: where the InfiniBand modules come from is not read in a package list
     assert any("linux-modules-extra" in note for note in resolve("B200", nvswitch=True).unverified)
 
@@ -351,10 +354,34 @@ def test_torch_2_14_refusals(pins, rule):
     assert exc.value.rule == rule
 
 
-def test_volta_keeps_cu126_on_2_14_and_2_15_plan_is_listed_as_unverified():
+def test_volta_keeps_cu126_on_2_14_since_2_15_has_no_cuda_12_wheels():
     stack = resolve("V100")  # 2.14 cu126 still carries sm_70 (RFC #190355 table)
     assert stack.torch and (stack.torch.version, stack.torch.variant) == ("2.14", "cu126")
-    assert any("Volta" in note and "190385" in note for note in stack.unverified)
+    with pytest.raises(StackConflict) as exc:
+        resolve("V100", torch="2.15")  # 2.14 is "the last release to ship any CUDA 12.x wheels" (dev-discuss, 2026-09-04)
+    assert exc.value.rule == "wheel-no-sass" and "torch 2.15+cu132 wheels carry code for sm_75" in exc.value.problem
+    with pytest.raises(StackConflict) as exc:
+        resolve("H100", torch="2.15", torch_cuda="cu126")
+    assert exc.value.rule == "wheel-variant-missing" and "it ships cu130, cu132" in exc.value.problem
+
+
+@pytest.mark.parametrize(("pins", "release", "python"), [
+    ({}, "2.15", "3.12"),
+    ({"python": "3.10"}, "2.14", "3.10"),  # 2.15 raised Requires-Python to >=3.11: the newest that fits is 2.14
+    ({"python": "3.15"}, "2.15", "3.15"),  # 2.15 ships cp315 wheels
+])
+def test_the_default_torch_is_the_newest_release_that_fits_the_python(pins, release, python):
+    stack = resolve("H100", **pins)
+    assert stack.torch and (stack.torch.version, stack.python) == (release, python)
+
+
+def test_the_pypi_default_variant_keeps_the_driver_floor_low():
+    # 2.15's PyPI default (cu132) needs 595.45.04; a pinned R580 gets 2.15's cu130 (580.65.06), not an older release
+    # and not cu132 through minor-version compatibility
+    assert resolve("H100").min_driver == st.facts().cuda_min_driver["13.2"].driver
+    on_580 = resolve("H100", driver="580")
+    assert on_580.torch and (on_580.torch.version, on_580.torch.variant) == ("2.15", "cu130")
+    assert on_580.min_driver == "580.65.06" and not on_580.minor_version_compat
 
 
 # Branches without nvidia-driver-pinning-<branch> (only R570+; NVIDIA driver guide "Recent Updates").
@@ -447,7 +474,7 @@ def test_toolkit_newer_than_the_pinned_driver_is_refused_by_the_toolkit_rule(gpu
     ("V100", {}, "driver R580: the last branch that supports Volta", "proprietary kernel module: Volta has no open module"),
     ("H100", {}, "driver R595: the branch AWS ships in its current GPU images",
      "open kernel module: NVIDIA's default since R560"),
-    ("H100", {"cuda": "13.3"}, "driver R610: the oldest branch new enough for the requested CUDA", None),
+    ("H100", {"cuda": "13.3"}, "driver R615: the oldest branch new enough for the requested CUDA", None),
     ("B200", {}, None, "open kernel module: Blackwell supports only the open module"),
 ])
 def test_each_choice_says_why(gpu, pins, driver_reason, module_reason):
@@ -480,11 +507,11 @@ def test_unverified_wheel_archs_and_python_ranges_are_listed():
      "this works instead: --torch-cuda cu126 (torch 2.11+cu126, driver R580, proprietary kernel module); "
      "or --torch 2.10 (torch 2.10+cu128, driver R580, proprietary kernel module)"),
     ("T4", {"torch": "2.1", "python": "3.12"},
-     "this works instead: --torch 2.14 (torch 2.14+cu132, driver R595, open kernel module); "
+     "this works instead: --torch 2.15 (torch 2.15+cu132, driver R595, open kernel module); "
      "or --python 3.11 (torch 2.1+cu121, driver R595, open kernel module)"),
     ("H100", {"driver": "570", "torch_cuda": "cu130"},
      "this works instead: --torch-cuda cu126 (torch 2.14+cu126, driver R570, open kernel module); "
-     "or --driver 595 (torch 2.14+cu130, driver R595, open kernel module)"),
+     "or --driver 595 (torch 2.15+cu130, driver R595, open kernel module)"),
     ("V100", {"torch_cuda": "cu130", "python": "3.12"},  # dropping --python alone does not help: not offered
      "this works instead: --torch-cuda cu126 (torch 2.14+cu126, driver R580, proprietary kernel module)"),
     ("V100", {"driver": "590"}, "use --driver 580 (proprietary kernel module)"),  # a rule's own hint is kept
@@ -498,7 +525,7 @@ def test_a_refusal_offers_what_works_with_one_pin_dropped(gpu, pins, hint):
 def test_dropping_the_toolkit_pin_is_described_as_such():
     stack = resolve("H100")
     assert compat._describe_change("cuda", stack) == (
-        "no --cuda (the torch wheel bundles its own CUDA runtime) (torch 2.14+cu132, driver R595, open kernel module)")
+        "no --cuda (the torch wheel bundles its own CUDA runtime) (torch 2.15+cu132, driver R595, open kernel module)")
     bare = resolve("H100", want_torch=False)
     assert compat._describe_change("torch", bare) == "no --torch (driver R595, open kernel module)"
     assert compat._describe_change("torch_cuda", bare) == "no --torch-cuda (driver R595, open kernel module)"
@@ -589,25 +616,26 @@ def test_driver_version_refusals_list_the_releases_that_would_do():
     assert unpinned.rule == "driver-version-no-pinning-package"
     assert unpinned.problem.startswith("driver 580.65.06 is a real R580 release, but no source shows an "
                                        "nvidia-driver-pinning-580.65.06 package")
-    assert unpinned.hint == ("R580 releases with one: 580.105.08, 580.126.09, 580.126.16; "
+    assert unpinned.hint == ("R580 releases with one: 580.105.08, 580.126.09, 580.126.16, 580.126.20, 580.159.03; "
                              "or pin only the branch: --driver 580")
 
 
 def test_wheel_refusals_say_what_the_wheel_has_and_needs():
     assert _refusal("V100", torch_cuda="cu130").problem == (
-        "torch 2.14+cu130 wheels carry code for sm_75, sm_80, sm_86, sm_90, sm_100, sm_120, not V100's sm_70")
+        "torch 2.15+cu130 wheels carry code for sm_75, sm_80, sm_86, sm_90, sm_100, sm_120, not V100's sm_70")
     assert _refusal("H100", driver="570", torch_cuda="cu130").problem == (
         "cu130 wheels (CUDA 13.0) need driver ≥ 580.65.06 (or ≥ 580.65.06 through CUDA minor-version "
         "compatibility) (R580); driver 570 is older")
-    python = _refusal("T4", python="3.15")
+    python = _refusal("T4", python="3.16")
     assert (python.field, python.rule, python.problem) == ("--python", "python-range",
-                                                          "torch 2.14 supports Python 3.10–3.14, not 3.15")
+                                                          "torch 2.15 supports Python 3.11–3.15, not 3.16")
 
 
 def test_toolkit_refusals_say_which_toolkit_would_do():
     assert _refusal("V100", cuda="13.0").hint == "use --cuda 12.9"
     assert _refusal("B200", cuda="12.6").hint == "use --cuda 12.8 or newer"
-    assert _refusal("L4", driver="570", cuda="12.9").hint == "use --driver 575 or newer, or an older --cuda"
+    # 12.9 needs 575.51.03; R575 has ended (NVIDIA lists it as end of life), so the hint names R580
+    assert _refusal("L4", driver="570", cuda="12.9").hint == "use --driver 580 or newer, or an older --cuda"
 
 
 def test_an_exact_driver_release_below_a_cudas_minimum_runs_it_only_through_minor_version_compat():
@@ -640,6 +668,8 @@ def test_an_exact_driver_pin_lists_its_unverified_release_fact():
 def test_a_branch_without_any_pinned_release_offers_only_the_branch_and_nvcc_offers_both_ways():
     assert _refusal("H100", driver="575.57.08").hint == "or pin only the branch: --driver 575"
     assert _refusal("H100", cuda="12.8", torch_cuda="cu130").hint == (
+        "use --cuda 13.0 (the wheel's CUDA)")  # torch 2.15 has no CUDA 12 wheel to offer
+    assert _refusal("H100", cuda="12.8", torch="2.14", torch_cuda="cu130").hint == (
         "use --cuda 13.0 (the wheel's CUDA), or --torch-cuda cu126 (a CUDA 12 wheel of torch 2.14)")
     assert _refusal("H100", cuda="13.0", torch="2.11", torch_cuda="cu128").hint == (
         "use --cuda 12.8 (the wheel's CUDA), or --torch-cuda cu130 (a CUDA 13 wheel of torch 2.11)")
@@ -647,7 +677,10 @@ def test_a_branch_without_any_pinned_release_offers_only_the_branch_and_nvcc_off
 
 def test_remaining_refusal_details():
     no_list = _refusal("H100", driver="615.1.2")  # R615 is installable, but no release of it is listed
-    assert (no_list.rule, no_list.hint) == ("driver-version-unknown", "or pin only the branch: --driver 615")
+    assert (no_list.rule, no_list.hint) == ("driver-version-unknown",
+                                            "known R615 releases: 615.71.09, 615.71.10; or pin only the branch: --driver 615")
+    no_release = _refusal("H100", driver="590.1.2")  # R590 with its one release listed
+    assert no_release.hint == "known R590 releases: 590.48.01; or pin only the branch: --driver 590"
     assert _refusal("H100", driver="580.65.06").field == "--driver"
     torchless = _refusal("T4", want_torch=False, torch="2.9")
     assert (torchless.problem, torchless.hint) == ("this playbook installs no PyTorch, so a torch pin has no effect",

@@ -113,3 +113,21 @@ def test_a_hosts_plan_is_known_ahead_when_the_command_line_names_its_gpu_and_os(
     assert Planner(None, "minimal", "ubuntu-24.04", StackPins()).ahead(host) is None  # the GPU comes from the facts
     assert Planner("L4", "minimal", None, StackPins()).ahead(host) is None  # the OS too
     assert Planner("L4", "minimal", None, StackPins()).ahead(Target(host="gpu1", os="ubuntu-22.04")) is not None
+
+
+# --- NVSwitch as NVIDIA's own tools tell it, every generation (detect.NVSWITCH_SCAN) -----------------------------
+
+@pytest.mark.parametrize(("section", "seen"), [
+    ("proc 0\nproc 1\n", ["proc 0", "proc 1"]),  # the driver's /proc/driver/nvidia-nvswitch/devices (gen 1-3)
+    ("ib mlx5_8\npci 0000:e0:00.0\n", ["ib mlx5_8", "pci 0000:e0:00.0"]),  # VPD SW_MNG (gen 4, HGX B200)
+])
+def test_nvswitch_from_the_drivers_devices_or_the_bridge_functions_vpd(section: str, seen: list[str]) -> None:
+    facts = parse_facts(f"## nvidia-smi\n## lspci\n{B200_LSPCI}\n## os\nubuntu-24.04\n## nvswitch\n{section}"
+                        "## instance-type\n## end\n")
+    assert facts.nvswitch is True and facts.nvswitch_seen == seen and facts.instance_type is None
+
+
+def test_an_nvidia_bridge_is_named_where_it_was_seen() -> None:
+    lspci = "c5:00.0 Bridge [0680]: NVIDIA Corporation GH100 [H100 NVSwitch] [10de:22a3] (rev a1)"
+    facts = parse_facts(f"## nvidia-smi\n## lspci\n{lspci}\n## os\nubuntu-24.04\n## nvswitch\n## instance-type\n## end\n")
+    assert facts.nvswitch and facts.nvswitch_seen == ["bridge c5:00.0"]

@@ -18,6 +18,7 @@ GROUND = ("gpuprov.errors", "gpuprov.files", "gpuprov.locks", "gpuprov.paths", "
           "gpuprov.state", "gpuprov.state_errors", "gpuprov.state_tolerant")
 CLOUD_SDKS = ("boto3", "botocore")
 SSH_SDKS = ("fabric", "paramiko", "invoke")
+WEB = ("urllib", "http")  # what reads a URL: sources/ only (cloud/ through boto3)
 
 
 @dataclass(frozen=True)
@@ -30,15 +31,17 @@ class Rule:
 
 
 RULES = (
-    Rule("gpuprov.plan", ("gpuprov.hosts", "gpuprov.cluster", "gpuprov.cloud", "gpuprov.cli", *CLOUD_SDKS, *SSH_SDKS),
-         "plan/ is pure: no network, no SSH"),
-    Rule("gpuprov.hosts", ("gpuprov.cluster", "gpuprov.cloud", "gpuprov.cli", *CLOUD_SDKS),
+    Rule("gpuprov.plan", ("gpuprov.hosts", "gpuprov.cluster", "gpuprov.cloud", "gpuprov.sources", "gpuprov.cli",
+                          *CLOUD_SDKS, *SSH_SDKS, *WEB), "plan/ is pure: no network, no SSH"),
+    Rule("gpuprov.hosts", ("gpuprov.cluster", "gpuprov.cloud", "gpuprov.sources", "gpuprov.cli", *CLOUD_SDKS),
          "hosts/ reaches hosts over SSH and never calls a cloud or the command line"),
-    Rule("gpuprov.cluster", ("gpuprov.cloud", "gpuprov.cli", *CLOUD_SDKS),
+    Rule("gpuprov.cluster", ("gpuprov.cloud", "gpuprov.sources", "gpuprov.cli", *CLOUD_SDKS),
          "cluster/ wires hosts, whoever made them"),
     Rule("gpuprov.cloud.providers", ("gpuprov.hosts", "gpuprov.cluster", "gpuprov.state", "gpuprov.cli", *SSH_SDKS),
          "a provider makes and removes machines and knows nothing of local state or SSH"),
-    Rule("gpuprov.cloud", ("gpuprov.cli", *SSH_SDKS), "cloud/ reaches hosts through hosts/ only"),
+    Rule("gpuprov.cloud", ("gpuprov.cli", "gpuprov.sources", *SSH_SDKS), "cloud/ reaches hosts through hosts/ only"),
+    Rule("gpuprov.sources", ("gpuprov.hosts", "gpuprov.cluster", "gpuprov.cli", *CLOUD_SDKS, *SSH_SDKS),
+         "sources/ reads the public web; EC2 only through cloud/"),
     *(Rule(g, ("gpuprov.plan", "gpuprov.hosts", "gpuprov.cluster", "gpuprov.cloud", "gpuprov.cli",
                *CLOUD_SDKS, *SSH_SDKS), "the ground floor serves every part and uses none") for g in GROUND),
 )
@@ -157,7 +160,7 @@ def test_no_module_is_over_500_lines():
 
 def test_the_parts_are_folders():
     assert {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == \
-        {"cli", "plan", "hosts", "cluster", "cloud"}
+        {"cli", "plan", "hosts", "cluster", "cloud", "sources"}
     assert (SRC / "cloud" / "providers" / "__init__.py").exists()
 
 
@@ -185,6 +188,10 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     ({"cloud/node.py": "from gpuprov.cli.report import x\n", "cli/report.py": ""},
      "gpuprov.cloud.node imports gpuprov.cli.report"),
     ({"cloud/node.py": "from ..cli import report\n", "cli/report.py": ""}, "gpuprov.cloud.node imports gpuprov.cli.report"),
+    ({"plan/stack.py": "import urllib.request\n"}, "gpuprov.plan.stack imports urllib"),
+    ({"cloud/node.py": "from gpuprov.sources import refresh\n", "sources/refresh.py": ""},
+     "gpuprov.cloud.node imports gpuprov.sources.refresh"),
+    ({"sources/torch.py": "import boto3\n"}, "gpuprov.sources.torch imports boto3"),
 ])
 def test_a_forbidden_import_is_named(tmp_path, files, expected):
     broken = broken_rules(import_graph(_tree(tmp_path, files)))

@@ -26,6 +26,7 @@ from gpuprov.hosts.doctor_facts import facts_command
 from gpuprov.hosts.doctor_facts import parse_facts as doctor_facts
 from gpuprov.plan.plan import make_host_plan
 from gpuprov.plan.stack import StackPins
+from tests import hgxb200
 from tests.shimrun import DMI_DIR, ShimHost, summary
 
 B200_ENV = {"GPUPROV_SHIM_INSTANCE_TYPE": "p6-b200.48xlarge"}
@@ -146,9 +147,58 @@ def test_shims_refuse_what_the_real_tools_refuse_on_b200(tmp_path: Path) -> None
 
 
 def test_b200_without_instance_type_is_not_taken_for_an_nvswitch_host(tmp_path: Path) -> None:
+    # ConnectX-7 functions on the bus but no VPD that says SW_MNG: NICs, not NVSwitch management functions
     host = ShimHost(tmp_path, gpu="B200", count=8)
     facts = parse_facts(_sh(host, FACTS_COMMAND).stdout)
     assert facts.gpus == ["B200"] * 8 and not facts.nvswitch and facts.instance_type is None
+    assert "15b3:1021" in _sh(host, "lspci -nn").stdout
+
+
+# --- a recorded HGX B200 off EC2: NVSwitch from what NVIDIA's own tools read (tests/fixtures/hgx-b200) ------------
+
+def _recorded_b200(root: Path) -> ShimHost:
+    host = ShimHost(root, gpu="B200", count=8)  # no instance type: a machine gpuprov did not launch
+    _ubuntu(host)
+    hgxb200.install(host.sysroot)
+    return host
+
+
+def test_a_recorded_hgx_b200_is_an_nvswitch_host_by_its_bridge_functions_vpd(tmp_path: Path) -> None:
+    facts = parse_facts(_sh(_recorded_b200(tmp_path), FACTS_COMMAND).stdout)
+    assert facts.gpus == ["B200"] * 8 and facts.instance_type is None
+    assert facts.nvswitch  # found though no NVIDIA id names an NVSwitch and no instance type says so
+    # the four management functions of the recording, by their IB device and PCI function; never the eight NICs
+    assert {s for s in facts.nvswitch_seen if s.startswith("ib ")} == {f"ib mlx5_{n}" for n in (8, 9, 10, 11)}
+    assert {s for s in facts.nvswitch_seen if s.startswith("pci ")} == {f"pci 0000:e{n}:00.0" for n in range(4)}
+
+
+def test_bootstrap_of_a_recorded_hgx_b200_installs_fabric_manager_and_nvlsm(tmp_path: Path) -> None:
+    host = _recorded_b200(tmp_path)
+    facts = parse_facts(_sh(host, FACTS_COMMAND).stdout)
+    plan = make_host_plan(facts.gpu, "minimal", "ubuntu-24.04", StackPins(), nvswitch=True if facts.nvswitch else None)
+    assert plan.stack and plan.stack.fabric_manager == "required" and plan.stack.nvlsm
+    runs = host.run_bundle(plan.bundle())
+    assert all(r.ok for r in runs), summary(runs)
+    assert next(r for r in runs if r.name == "fabric-manager").result == "changed"
+    assert {"nvidia-fabricmanager", "nvlsm", "infiniband-diags"} <= set(host.installed())
+    assert "active" in _sh(host, "systemctl is-active nvidia-fabricmanager").stdout
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded-b200", "cx7-nics-only"])
+def test_the_fabric_manager_step_on_a_host_of_unknown_nvswitch_reads_the_vpd_itself(tmp_path: Path, recorded: bool) -> None:
+    """A host plan made before its facts (nvswitch None: Fabric Manager "auto"): the step decides on the host."""
+    host = _recorded_b200(tmp_path) if recorded else ShimHost(tmp_path, gpu="B200", count=8)
+    plan = make_host_plan("B200:8", "minimal", "ubuntu-24.04", StackPins(), nvswitch=None)
+    assert plan.stack and plan.stack.fabric_manager == "auto"
+    runs = host.run_bundle(plan.bundle())
+    assert all(r.ok for r in runs), summary(runs)
+    fm = next(r for r in runs if r.name == "fabric-manager")
+    if recorded:
+        assert fm.result == "changed" and "found NVSwitch management functions (VPD SW_MNG" in fm.stderr
+        assert {"nvidia-fabricmanager", "nvlsm"} <= set(host.installed())
+    else:
+        assert fm.result == "unchanged" and "no NVSwitch on this host" in fm.stderr
+        assert "nvidia-fabricmanager" not in host.installed()
 
 
 # --- persistence mode really on ------------------------------------------------------------------------
@@ -210,3 +260,23 @@ def test_b200_bootstrap_and_doctor_over_ssh(host_pool, gp_home) -> None:
     checks = by_name(found[0])
     assert checks["infiniband modules"]["ok"] and checks["fabric manager"]["ok"]
     assert checks["persistence mode"]["ok"]
+
+
+def test_recorded_hgx_b200_bootstrap_over_ssh_installs_fabric_manager_and_nvlsm(host_pool, gp_home) -> None:
+    """`gpuprov bootstrap` of an HGX B200 that is no EC2 instance: its NVSwitches show up as ConnectX-7 functions
+    whose VPD says SW_MNG (the recording), so Fabric Manager, nvlsm and the InfiniBand modules go in."""
+    from tests.test_bootstrap_ssh import bootstrap, by_step, calls, reset
+    from tests.test_doctor import _ubuntu
+
+    pool = host_pool
+    reset(pool, [5], GPUPROV_SHIM_GPU="B200", GPUPROV_SHIM_GPU_COUNT="8")
+    _ubuntu(pool, [5])
+    pool.exec_in(5, f"GPUPROV_SYSROOT=/var/lib/gpuprov-shim/root; {hgxb200.install_command()}", check=True)
+    code, hosts = bootstrap(pool, [5], "-p", "minimal")
+    assert code == 0, hosts
+    steps = by_step(hosts[0])
+    assert steps["fabric-manager"] == "changed" and steps["verify"] == "unchanged"
+    log = calls(pool, 5)
+    installs = [c for c in log if c.startswith("apt-get") and " install" in c]
+    assert any(" nvlsm" in c for c in installs) and any("nvidia-fabricmanager=" in c for c in installs)
+    assert "modprobe ib_umad" in log

@@ -162,7 +162,7 @@ def test_every_step_says_what_it_does():
         ("nvidia-driver", "stack", "NVIDIA R595 open driver from NVIDIA's CUDA repo, held; reboot if fresh"),
         ("persistence", "stack", "nvidia-persistenced with --persistence-mode (systemd drop-in), enabled and running"),
         ("python-env", "env", "Python 3.12 env at /opt/gpuprov/env (uv)"),
-        ("pytorch", "env", "torch==2.14.* from https://download.pytorch.org/whl/cu132"),
+        ("pytorch", "env", "torch==2.15.* from https://download.pytorch.org/whl/cu132"),
         ("verify", "verify", "nvidia-smi + torch.cuda probe, a matmul on every GPU"),
     ]
 

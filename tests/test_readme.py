@@ -19,7 +19,7 @@ from gpuprov.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-OFFLINE = {"gpus", "plan", "render", "config", "completion"}
+OFFLINE = {"gpus", "plan", "render", "config", "completion", "facts"}
 
 
 def examples() -> list[tuple[str, str]]:
@@ -42,7 +42,7 @@ EXAMPLES = examples()
 def test_the_readme_has_examples_for_every_group() -> None:
     commands = {shlex.split(line)[1] for line, _ in EXAMPLES}
     assert {"gpus", "plan", "render", "up", "status", "check", "down", "gc", "jupyter", "sync", "exec", "monitor",
-            "ssh", "autostop", "bootstrap", "doctor", "completion"} <= commands
+            "ssh", "autostop", "bootstrap", "doctor", "completion", "facts"} <= commands
 
 
 @pytest.mark.parametrize(("line", "comment"), EXAMPLES, ids=[e[0][:60] for e in EXAMPLES])
@@ -60,6 +60,8 @@ def test_each_example_parses_as_written(line: str, comment: str) -> None:
 def test_offline_examples_run_and_exit_as_the_readme_says(line: str, comment: str, tmp_path: Path) -> None:
     if "--live" in line:
         pytest.skip("asks AWS (tests/test_aws_lifecycle.py runs it against the fake endpoint)")
+    if " refresh" in line:
+        pytest.skip("reads the public sources (tests/test_facts_refresh.py runs it against a local stand-in)")
     env = {**os.environ, "GPUPROV_HOME": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
            "HOME": str(tmp_path), "NO_COLOR": "1"}
     env.pop("AWS_REGION", None)

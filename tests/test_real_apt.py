@@ -3,10 +3,13 @@ in a debootstrapped chroot of this machine's Debian/Ubuntu release (cached: test
 against a local repository shaped like NVIDIA's (tests/realapt/repo.py). Stand-ins only for what a
 chroot cannot run: nvidia-smi, modprobe, modinfo, reboot, systemctl, and curl for the keyring.
 
-What a user would notice: the first run installs the pinned branch and holds it; a rerun changes
-nothing and asks for no reboot; a newer point release in the repository leaves the host as it is;
-a dpkg lock held by another process is waited for (and a lock that stays held fails clearly); a
-package the repository lacks fails with apt's own words.
+What a user would notice: a plan whose toolkit the repository does not carry (cuda-toolkit-12-4 on 24.04,
+where NVIDIA's repository starts at 12.5) fails in the driver step, after the repository is set up and
+before anything else is installed, naming the package and what the repository has; the first run installs
+the pinned branch and holds it; a rerun changes nothing and asks for no reboot; a newer point release in
+the repository leaves the host as it is; a dpkg lock held by another process is waited for (and a lock
+that stays held fails clearly); a package the repository lacks fails before apt-get installs anything,
+naming what the repository has.
 
 Needs root (chroot) and, the first time, the distribution's mirror (debootstrap). Without them it
 skips, except under CI=true, where it fails.
@@ -131,6 +134,21 @@ def _scripts(cuda: str = "13.0") -> dict[str, Script]:
     return {s.name: s for s in plan.bundle().scripts}
 
 
+def _toolkit_24_04_lacks() -> Script:
+    """The driver step of a 24.04 plan with cuda-toolkit-12-4, which `plan` refuses (toolkit-not-for-os): made
+    from the 22.04 plan, as a plan on stale facts would be."""
+    from gpuprov.plan.render import render_steps
+
+    plan = make_plan(NodeRequest(gpu="A100:8", os="ubuntu-22.04", playbook="cuda-dev",
+                                 pins=StackPins(driver=BRANCH, cuda="12.4", torch="2.6", torch_cuda="cu124")))
+    assert plan.stack is not None
+    stack = plan.stack.model_copy(update={"os": "ubuntu-24.04"})
+    steps = tuple(s for s in plan.steps if s.name == "nvidia-driver")
+    (script,) = render_steps(steps, {"plan": plan, "stack": stack, "playbook": plan.playbook,
+                                     "env": plan.playbook.env}, {}).scripts
+    return script
+
+
 @dataclass
 class Story:
     host: Chroot
@@ -142,6 +160,8 @@ class Story:
     held_install: subprocess.CompletedProcess[str]
     lock_wait: Run
     cold_seconds: float
+    no_toolkit: Run
+    no_toolkit_installed: list[str]
 
 
 @pytest.fixture(scope="module")
@@ -158,10 +178,17 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
     for tool in STAND_INS.iterdir():
         shutil.copy2(tool, root / "usr/local/bin" / tool.name)
     host = Chroot(root)
+    # the 24.04 repository's toolkits start at 12.5 (stack.yaml repo_toolkits): 12.4 is not there
     repo.build(root, [repo.keyring(), *repo.driver_release(FIRST), *repo.driver_release(NEWER_BRANCH),
-                      repo.toolkit("13.0", "13.0.2-1")])
+                      repo.toolkit("12.5", "12.5.1-1"), repo.toolkit("13.0", "13.0.2-1")])
     cold = time.monotonic() - start
     steps = _scripts()
+
+    # a plan asking for a toolkit the repository lacks stops before the driver, on a fresh host
+    no_toolkit = host.step(_toolkit_24_04_lacks())
+    no_toolkit_installed = sorted(host.sh("dpkg-query -W -f='${Package}\\n' 'nvidia-*' 'cuda-*' 2>/dev/null || true",
+                                          check=False).stdout.split())
+    host.sh("dpkg --purge cuda-keyring")
 
     # Why the driver step installs the pinning package and the driver in two apt-get calls: in one,
     # the pin is not in effect yet when apt chooses the driver, and it picks the newest branch.
@@ -200,11 +227,21 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
     locker = _hold_locks(root, 3)
     lock_wait = host.step(steps["cuda-toolkit"])
     locker.join()
-    yield Story(host, first, second, newer, one_call, upgrade, held_install, lock_wait, cold)
+    yield Story(host, first, second, newer, one_call, upgrade, held_install, lock_wait, cold, no_toolkit,
+                no_toolkit_installed)
 
 
 def _summary(runs: list[Run]) -> str:
     return "\n".join(f"{r.name}: rc={r.rc} result={r.result} {r.last}" for r in runs)
+
+
+def test_a_toolkit_the_repository_lacks_stops_the_driver_step_before_anything_is_installed(story: Story) -> None:
+    run = story.no_toolkit
+    assert run.rc == 1 and run.result is None, run.stderr[-3000:]
+    assert run.last.endswith("FAILED: the apt repositories for ubuntu-24.04 (NVIDIA's ubuntu2404 repository) have no "
+                             "cuda-toolkit-12-4 (there: cuda-toolkit-12-5 cuda-toolkit-13-0); none of the plan's "
+                             "packages was installed"), run.stderr[-3000:]
+    assert story.no_toolkit_installed == ["cuda-keyring"]  # the repository set up; no pinning package, no driver
 
 
 def test_first_run_installs_the_pinned_branch_and_holds_it(story: Story) -> None:
@@ -271,11 +308,13 @@ def test_a_lock_that_stays_held_fails_clearly(story: Story) -> None:
     assert "FAILED: the apt/dpkg lock is still held by process" in run.last and "after 2s" in run.last, run.stderr
 
 
-def test_a_package_the_repository_lacks_fails_with_apts_words(story: Story) -> None:
+def test_a_package_the_repository_lacks_fails_before_apt_installs_it(story: Story) -> None:
+    # the toolkit step on its own (the driver already in): apt-cache policy says cuda-toolkit-12-8 has no candidate
     run = story.host.step(_scripts(cuda="12.8")["cuda-toolkit"])
     assert run.rc == 1 and run.result is None
-    assert "FAILED: the configured apt repositories do not have what this step installs" in run.last
-    assert "E: Unable to locate package cuda-toolkit-12-8" in run.last, run.stderr[-2000:]
+    assert run.last.endswith("have no cuda-toolkit-12-8 (there: cuda-toolkit-12-5 cuda-toolkit-13-0); none of the "
+                             "plan's packages was installed"), run.stderr[-2000:]
+    assert "apt-get install" not in run.stderr
 
 
 def test_report_times(story: Story) -> None:

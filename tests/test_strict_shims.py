@@ -74,13 +74,36 @@ def test_a_step_naming_a_package_nvidia_does_not_ship_fails_clearly(tmp_path: Pa
     bundle = render_steps(steps, {"plan": plan, "stack": stack, "playbook": plan.playbook, "env": plan.playbook.env}, {})
     host = ShimHost(tmp_path, gpu="A100")
     runs = host.run_bundle(bundle)
-    assert runs[0].result == "reboot"
-    toolkit = runs[-1]
-    assert toolkit.name == "cuda-toolkit" and toolkit.returncode == 1 and toolkit.result is None
-    assert toolkit.last_stderr_line.endswith(
-        "FAILED: the configured apt repositories do not have what this step installs: "
-        "E: Unable to locate package cuda-toolkit-12-7 (apt-get install cuda-toolkit-12-7)"), toolkit.stderr
-    assert sum("install cuda-toolkit-12-7" in c for c in host.calls()) == 1  # not retried: it cannot help
+    driver = runs[0]  # the driver step asks apt for every package of the plan before it installs any
+    assert driver.name == "nvidia-driver" and driver.returncode == 1 and len(runs) == 1
+    assert driver.last_stderr_line.endswith(
+        "FAILED: the apt repositories for ubuntu-24.04 (NVIDIA's ubuntu2404 repository) have no cuda-toolkit-12-7 "
+        "(there: cuda-toolkit-12-5 cuda-toolkit-12-6 cuda-toolkit-12-8 cuda-toolkit-12-9 cuda-toolkit-13-0 "
+        "cuda-toolkit-13-1 cuda-toolkit-13-2 cuda-toolkit-13-3); none of the plan's packages was installed"), driver.stderr
+    assert set(host.installed()) <= {"cuda-keyring"}  # the repository was set up; no driver, no pinning package
+    assert not [c for c in host.calls() if c.startswith("apt-get") and " install " in f" {c} "]
+
+
+def test_a_toolkit_nvidia_does_not_ship_for_24_04_fails_before_anything_is_installed(tmp_path: Path) -> None:
+    """cuda-toolkit-12-4 on a 24.04 host (plan refuses it; a host plan with stale facts would not): NVIDIA's
+    ubuntu2404 repository starts at 12.5 (stack.yaml repo_toolkits), so the driver step stops before the driver."""
+    plan = make_plan(NodeRequest(gpu="A10G", os="ubuntu-22.04", pins=StackPins(cuda="12.4", torch="2.6",
+                                                                            torch_cuda="cu124")))
+    stack = plan.stack.model_copy(update={"os": "ubuntu-24.04"})
+    assert stack.cuda_toolkit_package == "cuda-toolkit-12-4"
+    steps = tuple(s for s in plan.steps if s.name in ("nvidia-driver", "cuda-toolkit"))
+    context = {"plan": plan, "stack": stack, "playbook": plan.playbook, "env": plan.playbook.env}
+    host = ShimHost(tmp_path, gpu="A100")
+    (driver,) = host.run_bundle(render_steps(steps, context, {}))
+    assert driver.returncode == 1 and driver.last_stderr_line.endswith(
+        "FAILED: the apt repositories for ubuntu-24.04 (NVIDIA's ubuntu2404 repository) have no cuda-toolkit-12-4 "
+        "(there: cuda-toolkit-12-5 cuda-toolkit-12-6 cuda-toolkit-12-8 cuda-toolkit-12-9 cuda-toolkit-13-0 "
+        "cuda-toolkit-13-1 cuda-toolkit-13-2 cuda-toolkit-13-3); none of the plan's packages was installed"), driver.stderr
+    assert set(host.installed()) <= {"cuda-keyring"}
+    # the toolkit step on its own (a host whose driver is already there) refuses the same way, before apt-get install
+    (toolkit,) = host.run_bundle(render_steps(tuple(s for s in steps if s.name == "cuda-toolkit"), context, {}))
+    assert toolkit.returncode == 1 and "have no cuda-toolkit-12-4 (there: cuda-toolkit-12-5" in toolkit.last_stderr_line
+    assert not [c for c in host.calls() if c.startswith("apt-get") and " install " in f" {c} "]
 
 
 def test_a_version_nvidia_does_not_ship_fails_like_apt(tmp_path: Path) -> None:

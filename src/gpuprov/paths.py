@@ -65,6 +65,21 @@ def cache_dir() -> Path | None:
     return path
 
 
+def facts_dir() -> Path:
+    """Where `gpuprov facts refresh` keeps the facts it read (an overlay on the shipped data/*.yaml):
+    $GPUPROV_FACTS_DIR, else $GPUPROV_HOME/facts, else facts/ in the user's data dir (~/.local/share/gpuprov).
+    Not created here: reading finds nothing there until a refresh writes it."""
+    override = os.environ.get("GPUPROV_FACTS_DIR")
+    if override:
+        return Path(override).expanduser()
+    home = os.environ.get("GPUPROV_HOME")
+    if home:
+        return Path(home).expanduser() / "facts"
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("gpuprov", appauthor=False)) / "facts"
+
+
 def known_hosts_path() -> Path:
     return state_dir() / "known_hosts"
 

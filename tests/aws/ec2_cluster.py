@@ -35,10 +35,17 @@ from xml.etree import ElementTree as ET
 from xml.sax.saxutils import escape
 
 NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
-# EC2 DescribeInstanceTypes facts for the types the tests launch: NetworkInfo.MaximumNetworkCards where
-# EfaSupported (EFA types), none for the rest. Same sources as the tool's catalog.yaml `cluster_network.efa`.
-EFA_CARDS = {"p3dn.24xlarge": 1, "p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32,
-             "p5en.48xlarge": 16, "p6-b200.48xlarge": 8}
+
+
+def network_cards(itype: str) -> tuple[int, frozenset[int]]:
+    """EC2's own DescribeInstanceTypes facts for a type, as moto ships AWS's data: its network cards
+    (MaximumNetworkCards) and those whose InterfaceTypes include efa (none unless EfaSupported)."""
+    from moto.ec2.models.instance_types import INSTANCE_TYPES
+
+    net = (INSTANCE_TYPES.get(itype) or {}).get("NetworkInfo") or {}
+    efa = frozenset(int(c["NetworkCardIndex"]) for c in net.get("NetworkCards") or []
+                    if "efa" in (c.get("InterfaceTypes") or [])) if net.get("EfaSupported") else frozenset()
+    return int(net.get("MaximumNetworkCards") or 1), efa
 NO_CLUSTER_PLACEMENT = ("t2", "mac1")  # "Placement group rules and limitations": not for cluster placement groups
 
 Refusal = tuple[int, str, str]  # HTTP status, code, message
@@ -199,17 +206,20 @@ class ClusterEc2:
                 nics.setdefault(m.group(1), {})[m.group(2)] = v
         if not nics:
             return None
-        cards = EFA_CARDS.get(itype)
+        cards, efa_cards = network_cards(itype)
         seen = set()
         for nic in nics.values():
             kind = nic.get("InterfaceType", "interface")
             card, device = int(nic.get("NetworkCardIndex", "0")), int(nic.get("DeviceIndex", "0"))
-            if kind in ("efa", "efa-only") and cards is None:
+            if kind in ("efa", "efa-only") and not efa_cards:
                 # code as EC2 names an unsupported combination; wording unverified
                 return 400, "InvalidParameterCombination", f"EFA interfaces are not supported on {itype}"
-            if card >= (cards or 1):
+            if card >= cards:
                 return 400, "InvalidParameterValue", (f"Network card index {card} is not valid for {itype}: it has "
-                                                      f"{cards or 1} network card(s)")  # wording unverified
+                                                      f"{cards} network card(s)")  # wording unverified
+            if kind in ("efa", "efa-only") and card not in efa_cards:
+                return 400, "InvalidParameterCombination", (f"Network card {card} of {itype} does not support EFA "
+                                                            "interfaces")  # wording unverified
             if (card, device) in seen:
                 return 400, "InvalidParameterValue", f"Two interfaces at network card {card}, device index {device}"
             seen.add((card, device))
@@ -252,8 +262,34 @@ class ClusterEc2:
 
 def live_instances(upstream: urllib.parse.SplitResult, headers: dict[str, str], ids: list[str]) -> list[str]:
     """Which of `ids` moto still has in a state other than terminated (asked with the caller's own headers)."""
+    return [i for i, state in instance_states(upstream, headers, ids).items() if state != "terminated"]
+
+
+def terminate_form(upstream: urllib.parse.SplitResult, headers: dict[str, str],
+                   form: dict[str, str]) -> dict[str, str] | bytes | None:
+    """TerminateInstances as EC2 answers it for an instance that is already terminated: success (the call is
+    idempotent). moto 5.2 fails it with InvalidNetworkInterfaceID.NotFound when the instance was launched with
+    NetworkInterfaces (it deletes the interface again), so such ids are not forwarded: the form without them, an
+    answer of its own when none is left, or None (nothing to change). Ids moto does not list go on as they are."""
+    ids = [v for k, v in sorted(form.items()) if re.fullmatch(r"InstanceId\.\d+", k)]
+    done = [i for i, state in instance_states(upstream, headers, ids).items() if state == "terminated"]
+    if not done:
+        return None
+    rest = [i for i in ids if i not in done]
+    if not rest:
+        items = "".join(f"<item><instanceId>{escape(i)}</instanceId><currentState><code>48</code><name>terminated</name>"
+                        "</currentState><previousState><code>48</code><name>terminated</name></previousState></item>"
+                        for i in done)
+        return (f'<TerminateInstancesResponse xmlns="{NS}"><requestId>{uuid.uuid4()}</requestId>'
+                f"<instancesSet>{items}</instancesSet></TerminateInstancesResponse>").encode()
+    kept = {k: v for k, v in form.items() if not re.fullmatch(r"InstanceId\.\d+", k)}
+    return {**kept, **{f"InstanceId.{n}": i for n, i in enumerate(rest, 1)}}
+
+
+def instance_states(upstream: urllib.parse.SplitResult, headers: dict[str, str], ids: list[str]) -> dict[str, str]:
+    """The state moto lists for each of `ids` it knows (asked with the caller's own headers)."""
     if not ids:
-        return []
+        return {}
     form = {"Action": "DescribeInstances", "Version": "2016-11-15",
             **{f"InstanceId.{i}": v for i, v in enumerate(ids, 1)}}
     c = http.client.HTTPConnection(upstream.hostname, upstream.port, timeout=60)
@@ -264,15 +300,14 @@ def live_instances(upstream: urllib.parse.SplitResult, headers: dict[str, str], 
         body = c.getresponse().read()
     finally:
         c.close()
-    live = []
+    states: dict[str, str] = {}
     for item in ET.fromstring(body).iter():
         children = {_local(c.tag): c for c in item}
         if _local(item.tag) != "item" or "instanceId" not in children or "instanceState" not in children:
             continue
         state = next((c.text for c in children["instanceState"] if _local(c.tag) == "name"), None)
-        if state != "terminated":
-            live.append((children["instanceId"].text or "").strip())
-    return live
+        states[(children["instanceId"].text or "").strip()] = state or ""
+    return states
 
 
 def _local(tag: str) -> str:

@@ -115,10 +115,10 @@ from xml.etree import ElementTree as ET
 from xml.sax.saxutils import escape
 
 try:  # as a module (tests) or as a script (python fault_proxy.py): the sibling module either way
-    from tests.aws.ec2_cluster import ClusterEc2, live_instances
+    from tests.aws.ec2_cluster import ClusterEc2, live_instances, terminate_form
     from tests.aws.ec2_spot import SpotEc2
 except ImportError:  # pragma: no cover - script mode
-    from ec2_cluster import ClusterEc2, live_instances  # type: ignore[no-redef]
+    from ec2_cluster import ClusterEc2, live_instances, terminate_form  # type: ignore[no-redef]
     from ec2_spot import SpotEc2  # type: ignore[no-redef]
 
 CONTROL = "/__faults__"
@@ -907,7 +907,7 @@ class Handler(BaseHTTPRequestHandler):
                             r["hits"] -= 1
                 return self._reply(*out, entry)
         else:
-            if req.get("forward_form") is not None:  # RunInstances as moto understands it (ec2_cluster.py)
+            if req.get("forward_form") is not None:  # Run/TerminateInstances as moto understands them (ec2_cluster.py)
                 body = urllib.parse.urlencode(req["forward_form"]).encode()
             try:
                 body, snapshot_tags = CreateImageTags.split(req, body)
@@ -996,6 +996,13 @@ class Handler(BaseHTTPRequestHandler):
             if isinstance(result, dict):
                 req["forward_form"] = result
                 return None
+        elif req["action"] == "TerminateInstances":
+            answer = terminate_form(self.upstream, dict(self.headers.items()), req["form"])
+            if isinstance(answer, dict):
+                req["forward_form"] = answer
+            if not isinstance(answer, bytes):
+                return None
+            return 200, answer, xml
         else:
             with st.lock:
                 realistic = st.realism.settings["kind"] == "realistic"

@@ -88,8 +88,15 @@ def test_min_count_is_all_or_nothing_and_max_count_takes_what_capacity_allows(aw
 
 def test_efa_interfaces_are_checked_as_ec2_does_then_only_the_primary_reaches_moto(aws: AwsEndpoint) -> None:
     ec2 = _ec2()
+    # EC2's DescribeInstanceTypes (moto's copy): no EFA on g5.4xlarge; one card on g5.12xlarge; card 0 of
+    # p6-b300.48xlarge carries no EFA
+    assert _code(lambda: _run(ec2, "g5.4xlarge", NetworkInterfaces=_with_subnet(ec2, _efa_nics(1)))) == \
+        "InvalidParameterCombination"
     assert _code(lambda: _run(ec2, "g5.12xlarge", NetworkInterfaces=_with_subnet(ec2, _efa_nics(2)))) == \
-        "InvalidParameterCombination"  # no EFA on g5.12xlarge
+        "InvalidParameterValue"
+    card0_efa = _with_subnet(ec2, [{"NetworkCardIndex": 0, "DeviceIndex": 0, "InterfaceType": "interface"},
+                                   {"NetworkCardIndex": 0, "DeviceIndex": 1, "InterfaceType": "efa-only"}])
+    assert _code(lambda: _run(ec2, "p6-b300.48xlarge", NetworkInterfaces=card0_efa)) == "InvalidParameterCombination"
     assert _code(lambda: _run(ec2, "p4d.24xlarge", NetworkInterfaces=_with_subnet(ec2, _efa_nics(5)))) == \
         "InvalidParameterValue"  # p4d has 4 network cards
     primary_efa_only = _with_subnet(ec2, [{"NetworkCardIndex": 0, "DeviceIndex": 0, "InterfaceType": "efa-only"}])
@@ -100,3 +107,17 @@ def test_efa_interfaces_are_checked_as_ec2_does_then_only_the_primary_reaches_mo
     assert len(inst["NetworkInterfaces"]) == 1  # moto has no network cards: the primary interface only
     (logged,) = [e for e in aws.log("RunInstances") if e["status"] == 200]
     assert logged["form"]["NetworkInterface.5.InterfaceType"] == "efa-only"  # the log keeps what was sent
+
+
+def test_terminating_a_terminated_instance_succeeds_as_on_ec2(aws: AwsEndpoint) -> None:
+    """EC2's TerminateInstances is idempotent; moto 5.2 fails the second call with InvalidNetworkInterfaceID.NotFound
+    for an instance launched with NetworkInterfaces (an EFA type's), so the proxy answers it as EC2 does."""
+    ec2 = _ec2()
+    (inst,) = _run(ec2, "g5.12xlarge", NetworkInterfaces=_with_subnet(
+        ec2, [{"NetworkCardIndex": 0, "DeviceIndex": 0, "InterfaceType": "efa"}]))["Instances"]
+    (other,) = _run(ec2, "g5.12xlarge")["Instances"]
+    ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])
+    again = ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])["TerminatingInstances"]
+    assert [(i["InstanceId"], i["CurrentState"]["Name"]) for i in again] == [(inst["InstanceId"], "terminated")]
+    both = ec2.terminate_instances(InstanceIds=[inst["InstanceId"], other["InstanceId"]])  # the live one goes through
+    assert other["InstanceId"] in [i["InstanceId"] for i in both["TerminatingInstances"]]

@@ -20,6 +20,7 @@ from gpuprov.cli.common import (
     stack_options,
     step_silence_option,
     store_and_provider,
+    warn,
 )
 from gpuprov.errors import GpuprovError, UserInputError
 
@@ -81,9 +82,12 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     from gpuprov.cloud import launch
     from gpuprov.cloud import node as one_node
 
-    the_plan = plan_from(kw)
-    console = make_console(stderr=as_json)
     node_name = launch.check_name(name) if name else launch.new_name()
+    the_plan = plan_from(kw, live=not dry_run)  # a launch plans with EC2's own instance-type facts
+    console = make_console(stderr=as_json)
+    if not dry_run:  # the dry run prints the plan, warnings and all
+        for note in the_plan.warnings:
+            warn(f"warning: {note}")
     opts = launch.UpOptions(
         name=node_name, fallback_on_demand=fallback == "on-demand", max_price=max_price, max_hourly=max_hourly,
         disk_gb=disk_gb, image=image, ssh_cidr=ssh_cidr, connect=connect, subnet=subnet, ssh_user=ssh_user,
@@ -122,14 +126,15 @@ def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry
                 console: Any, as_json: bool) -> None:
     from gpuprov.cli.report import plan_view
     from gpuprov.cloud import cluster
+    from gpuprov.cloud import cluster_network as net
 
     copts = cluster.ClusterOptions(nodes=nodes, min_nodes=min_nodes)
     cluster.check_cluster_options(the_plan, opts, copts)
     instance = the_plan.instance.name if the_plan.instance else "?"
     if dry_run:
-        layout = cluster.network_for(instance)
-        console.print(plan_view(cluster.with_efa_step(the_plan, layout)))
-        for line in cluster.describe(layout, nodes):
+        layout = net.network_for(the_plan.instance)
+        console.print(plan_view(net.with_efa_step(the_plan, layout)))
+        for line in net.describe(layout, nodes):
             console.print(f"  {line}", markup=False)
         return
     if not yes:

@@ -217,7 +217,10 @@ def say_region(region: Any) -> None:
         click.echo(f"region {region}", err=True)
 
 
-def plan_from(kw: dict[str, Any]) -> Plan:
+def plan_from(kw: dict[str, Any], live: bool = False) -> Plan:
+    """The plan the flags ask for; `live`: with EC2's own facts of the region's GPU instance types (cached a day),
+    asked only once the flags are known to be good (an instance type only EC2 knows aside)."""
+    from gpuprov.errors import UserInputError
     from gpuprov.plan.plan import NodeRequest, make_plan
     from gpuprov.plan.spec import parse_duration
 
@@ -229,7 +232,17 @@ def plan_from(kw: dict[str, Any]) -> Plan:
         on_interrupt=kw["on_interrupt"] or None, persistent=kw["persistent"], autostop_action=kw["autostop_action"],
         budget_usd=kw["budget"], jupyter=kw["jupyter"],
     )
-    plan = make_plan(request)
+    try:
+        plan = make_plan(request)
+    except UserInputError as exc:
+        if not (live and exc.field == "--instance-type"):
+            raise
+    if live:
+        from gpuprov.cloud.instance_facts import live_catalog
+        from gpuprov.plan import catalog
+
+        cat = live_catalog(catalog.load(), store_and_provider()[1], region.name, lambda line: warn(line))
+        plan = make_plan(request, cat)
     say_region(region)
     return plan
 

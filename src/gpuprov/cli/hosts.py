@@ -19,6 +19,7 @@ from gpuprov.cli.common import (
     ssh_options,
     step_silence_option,
     targets_from,
+    warn,
 )
 
 
@@ -72,8 +73,16 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
     with_jupyter(load_playbook(kw["playbook"]), kw["jupyter"])
     guard = GuardRequest(autostop_seconds=parse_duration(kw["autostop"], "--autostop"),
                          ttl_seconds=parse_duration(kw["ttl"], "--ttl"), on_interrupt=kw["on_interrupt"] or None)
-    if gpu:  # an impossible stack is refused before any host is touched
-        make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins, guard=guard, jupyter=kw["jupyter"])
+    if gpu:  # an impossible stack is refused before any host is touched; what it allows but warns of, said once
+        ahead = make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins, guard=guard,
+                               jupyter=kw["jupyter"])
+        for note in ahead.warnings:
+            warn(f"warning: {note}")
+    elif pins.driver:
+        from gpuprov.plan.stack import facts as stack_facts
+
+        if ended := stack_facts().branch_ended(int(pins.driver.split(".")[0])):
+            warn(f"warning: driver {ended}")
     targets = targets_from(kw)
     plan_for = Planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"])
     if as_json and not verbose:  # JSON for a script: no progress, and none of rich's import time

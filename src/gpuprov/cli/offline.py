@@ -67,11 +67,11 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
     the bootstrap steps in order.
     """
     from gpuprov.cli.report import plan_view
-    from gpuprov.cloud import cluster
+    from gpuprov.cloud import cluster_network as cluster
 
-    the_plan = plan_from(kw)
     if image is not None and not live:
         raise click.UsageError("--image is looked up in AWS: add --live")
+    the_plan = plan_from(kw, live=live)
     layout = _cluster_layout(the_plan, nodes)
     if layout is not None:
         the_plan = cluster.with_efa_step(the_plan, layout)
@@ -79,6 +79,7 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
     chosen = _image_choice(the_plan, image) if live else None
     if as_json:
         data = the_plan.summary()
+        data["warnings"] = list(the_plan.warnings)  # not in summary(): it is recorded in the bundle, and ages
         if layout is not None:
             data["cluster"] = cluster.layout_summary(layout, nodes)
         if estimate:
@@ -127,15 +128,16 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
 
 def _cluster_layout(the_plan: Any, nodes: int) -> Any:
     """The cluster's network for the plan's instance type (None for one node); bad --nodes is refused here."""
-    from gpuprov.cloud import cluster
+    from gpuprov.cloud.cluster import MAX_NODES
+    from gpuprov.cloud.cluster_network import network_for
 
     if nodes == 1:
         return None
-    if nodes > cluster.MAX_NODES:
-        raise UserInputError("--nodes", f"{nodes} is not a cluster size", f"2 to {cluster.MAX_NODES}")
+    if nodes > MAX_NODES:
+        raise UserInputError("--nodes", f"{nodes} is not a cluster size", f"2 to {MAX_NODES}")
     if the_plan.instance is None:
         raise UserInputError("--nodes", "no instance type carries these GPUs", "pick another --gpu")
-    return cluster.network_for(the_plan.instance.name)
+    return network_for(the_plan.instance)
 
 
 @main.command()

@@ -98,6 +98,7 @@ def plan_view(plan: Plan) -> Group:
     if plan.unverified:
         parts.append(Text("Unverified facts this plan relies on (check before production):", style="yellow"))
         parts.extend(Text(f"  - {note}", style="yellow") for note in plan.unverified)
+    parts.extend(Text(f"warning: {note}", style="yellow") for note in plan.warnings)
     return Group(*parts)
 
 

@@ -25,14 +25,15 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from gpuprov import locks
 from gpuprov.cloud import launch
 from gpuprov.cloud import timeline as tl
+from gpuprov.cloud.cluster_network import ClusterNetwork, instance_of, network_for, with_efa_step
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
 from gpuprov.cloud.failover import Candidate, Order
-from gpuprov.cloud.providers.base import Access, Instance, LaunchError, LaunchRequest, Market, Network, Nic, NotFound, Provider
+from gpuprov.cloud.providers.base import Access, Instance, LaunchError, LaunchRequest, Market, Network, NotFound, Provider
 from gpuprov.cloud.settle import SETTLE_SECONDS
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError, UserInputError
@@ -43,28 +44,7 @@ if TYPE_CHECKING:
     from gpuprov import cluster as wiring
 
 Say = Callable[[str], None]
-Transport = Literal["efa", "tcp"]
 MAX_NODES = 64  # a sanity bound on --nodes; EC2's own limit is the account's vCPU quota
-
-# The EFA software (EFA driver, libfabric, rdma-core, Open MPI and the AWS OFI NCCL plugin in one installer).
-# Source: AWS EC2 User Guide, "Elastic Fabric Adapter release notes" (efa-changelog): 1.51.0, October 22, 2026,
-# "Upgrade to Amazon OFI NCCL Plugin 1.22.0"; URL form efa-installer.amazonaws.com/aws-efa-installer-<version>.tar.gz
-# (AWS's "Get started with EFA and NCCL", and aws-parallelcluster-cookbook's installer_url); read 2026-12-01.
-# Environment: FI_PROVIDER=efa selects libfabric's EFA provider; FI_EFA_USE_DEVICE_RDMA=1 on RDMA-capable types
-# (p4d and later; aws/sagemaker-training-toolkit torch_distributed.py sets it for them); the plugin and libfabric
-# on LD_LIBRARY_PATH, without which NCCL falls back to sockets (NVIDIA-NeMo/RL PR #2359).
-@dataclass(frozen=True)
-class EfaInstaller:
-    version: str
-    url: str
-    env: tuple[tuple[str, str], ...]
-
-
-EFA_INSTALLER = EfaInstaller(
-    version="1.51.0", url="https://efa-installer.amazonaws.com/aws-efa-installer-1.51.0.tar.gz",
-    env=(("FI_PROVIDER", "efa"), ("FI_EFA_USE_DEVICE_RDMA", "1"),
-         ("LD_LIBRARY_PATH", "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib")))
-
 
 @dataclass(frozen=True)
 class ClusterOptions:
@@ -74,75 +54,6 @@ class ClusterOptions:
     @property
     def at_least(self) -> int:
         return self.nodes if self.min_nodes is None else self.min_nodes
-
-
-@dataclass(frozen=True)
-class ClusterNetwork:
-    """How one instance type is laid out as a cluster: placement group, network interfaces, transport."""
-
-    instance_type: str
-    placement_group: bool
-    interfaces: tuple[Nic, ...]  # empty: the single ENA interface every launch gets
-    transport: Transport
-    notes: tuple[str, ...] = ()  # unverified facts this layout relies on, and why a choice was made
-
-    @property
-    def elastic_ip(self) -> bool:
-        """EC2 gives no public address to an instance launched with more than one network interface."""
-        return len(self.interfaces) > 1
-
-
-def efa_interfaces(cards: int) -> tuple[Nic, ...]:
-    """AWS's layout for EFA on a type with `cards` network cards (catalog.yaml `cluster_network.interface_source`):
-    one card: one EFA-with-ENA interface; several: ENA primary (card 0, device 0), EFA-only at card 0 device 1,
-    then EFA-only at device 0 on every other card."""
-    if cards == 1:
-        return (Nic(0, 0, "efa"),)
-    return (Nic(0, 0, "interface"), Nic(0, 1, "efa-only"), *(Nic(card, 0, "efa-only") for card in range(1, cards)))
-
-
-def network_for(instance_type: str) -> ClusterNetwork:
-    from gpuprov.plan import catalog
-
-    net = catalog.load().cluster_network
-    family = instance_type.split(".")[0]
-    notes: list[str] = []
-    placement = net.cluster_placement(instance_type)
-    if placement and family in net.cluster_placement_unverified:
-        notes.append(f"unverified: cluster placement for {family}: {net.cluster_placement_unverified[family]}")
-    cards = net.efa_cards(instance_type)
-    if cards is None:
-        return ClusterNetwork(instance_type, placement, (), "tcp", tuple(notes))
-    if cards.unverified:
-        notes.append(f"unverified: {cards.network_cards} network card(s): {cards.unverified}")
-    return ClusterNetwork(instance_type, placement, efa_interfaces(cards.network_cards), "efa", tuple(notes))
-
-
-def describe(layout: ClusterNetwork, nodes: int) -> list[str]:
-    """The plan's lines for the cluster's network (what `plan --nodes N` and `up --nodes N` print)."""
-    family = layout.instance_type.split(".")[0]
-    lines = [f"{nodes} × {layout.instance_type} in one zone, asked for in one launch",
-             "placement group: strategy cluster, created before the launch" if layout.placement_group
-             else f"placement group: none ({family} is not listed for cluster placement)"]
-    if layout.transport == "efa":
-        cards = len({n.card for n in layout.interfaces})
-        kinds = "ENA + EFA-only on each card" if layout.elastic_ip else "EFA with ENA"
-        lines += [f"network: EFA, {cards} card(s), {len(layout.interfaces)} interface(s) a node ({kinds})",
-                  "NCCL: libfabric's EFA provider + AWS OFI NCCL plugin (`efa` step)"]
-        if layout.elastic_ip:
-            lines.append("public address: an Elastic IP a node (EC2 gives none with several interfaces)")
-    else:
-        lines.append(f"network: TCP between nodes (no EFA on {layout.instance_type})")
-    lines.append("security group: SSH from you; all traffic between the cluster's nodes")
-    return lines + [f"  {note}" for note in layout.notes]
-
-
-def layout_summary(layout: ClusterNetwork, nodes: int) -> dict[str, object]:
-    """The cluster part of `plan --json`."""
-    return {"nodes": nodes, "instance_type": layout.instance_type, "placement_group": layout.placement_group,
-            "transport": layout.transport, "elastic_ip": layout.elastic_ip,
-            "interfaces": [{"network_card": n.card, "device_index": n.device, "type": n.kind} for n in layout.interfaces],
-            "notes": list(layout.notes)}
 
 
 @dataclass
@@ -278,7 +189,7 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
     for i, cand in enumerate(order.candidates):
         if cand.market in closed:
             continue
-        layout = network_for(cand.instance_type)
+        layout = network_for(instance_of(plan, cand.instance_type))
         if layout.placement_group and group is None:
             group = _placement_group(name, region, provider, store, say)
         token = f"gpuprov-{name}-{i}-{uuid.uuid4().hex[:12]}"
@@ -475,21 +386,6 @@ def wire(name: str, node: Node, members: list[Member], user: str, key_path: str,
     if failed:
         raise GpuprovError("wiring the cluster failed: " + "; ".join(f"{r.target.name}: {r.error}" for r in failed))
     return cluster
-
-
-def with_efa_step(plan: Plan, layout: ClusterNetwork) -> Plan:
-    """The plan with the `efa` step (EFA software, AWS OFI NCCL plugin, NCCL/libfabric environment) before
-    `verify`, on EFA types; unchanged for TCP."""
-    if layout.transport != "efa" or any(s.name == "efa" for s in plan.steps):
-        return plan
-    from gpuprov.plan.render import StepPlan
-
-    steps = list(plan.steps)
-    at = next((i for i, s in enumerate(steps) if s.kind == "verify"), len(steps))
-    steps.insert(at, StepPlan("efa", "efa.sh.j2", "stack", f"AWS EFA installer {EFA_INSTALLER.version} (EFA driver, "
-                              "libfabric, AWS OFI NCCL plugin); NCCL/libfabric environment in /etc/gpuprov/efa.env",
-                              (("efa", EFA_INSTALLER),)))
-    return replace(plan, steps=tuple(steps))
 
 
 def _merge_known_hosts(name: str, members: list[Member]) -> None:

@@ -128,18 +128,24 @@ def quota_error(attempt: Attempt, provider: Provider, region: str, also: str = "
     from gpuprov.cloud.quotas import increase_command, quota_for
     from gpuprov.plan import catalog
 
-    it = catalog.load().instance_type(attempt.candidate.instance_type)
-    q = quota_for(it.name, attempt.candidate.market)
+    name = attempt.candidate.instance_type
+    # a type EC2 named (plan --live, up) may be missing from the catalog: its vCPUs are then not known here
+    it = next((t for t in catalog.load().instance_types if t.name == name), None)
+    q = quota_for(name, attempt.candidate.market)
     head = f"{attempt.code}: {attempt.message}"
-    needs = f"{count} × {it.name} need {count * it.vcpu}" if count > 1 else f"{it.name} needs {it.vcpu}"
+    if it is None:
+        needs = f"{count} × {name}'s vCPUs count" if count > 1 else f"{name}'s vCPUs count"
+    else:
+        needs = f"{count} × {name} need {count * it.vcpu}" if count > 1 else f"{name} needs {it.vcpu}"
     if q is None:
         return QuotaExceeded(f"{head}\n  AWS counts GPU quotas in vCPUs: {needs}{also}")
     current = provider.quota(region, q.code)
     now = f"; its current value is {current:g} vCPUs" if current is not None else ""
     unverified = f"\n  (unverified: {q.unverified})" if q.unverified else ""
+    raise_it = f":\n  {increase_command(q, region, current, count * it.vcpu)}" if it else ""
     return QuotaExceeded(
         f"{head}\n  AWS counts GPU quotas in vCPUs: {needs}. Raise '{q.name}' ({q.code}) in "
-        f"{region}{now}:\n  {increase_command(q, region, current, count * it.vcpu)}{unverified}{also}")
+        f"{region}{now}{raise_it}{unverified}{also}")
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,11 @@ One shell command gathers the facts; parsing is pure, so it is tested on recorde
 GPUs on the PCI bus are found by class, not by an allowlist of device ids: vendor 10de with PCI
 class 0300 (VGA) or 0302 (3D controller); the catalog's device ids only name the model, and an
 NVIDIA GPU whose id the catalog lacks is reported as "NVIDIA 10de:xxxx, unknown model".
-NVSwitch presence comes from facts that identify it: NVIDIA bridges (class 0680, HGX A100/H100,
-as aws-parallelcluster-cookbook PR #3098 counts them by vendor + class) or the EC2 instance type
-(IMDSv2) when the catalog marks it `nvswitch` (HGX B200's NVSwitches are Mellanox devices, which
-no NVIDIA id identifies).
+NVSwitch presence comes from what NVIDIA's own tools read (NVSWITCH_SCAN), for every generation: NVIDIA
+bridges on the PCI bus (class 0680: HGX A100/H100/H200, as aws-parallelcluster-cookbook PR #3098 counts them
+by vendor + class) and, with the driver in, the devices under /proc/driver/nvidia-nvswitch; on HGX B200/B300
+(NVLink 5) the NVSwitches are no PCI devices of the host but are managed through ConnectX-7 bridge functions
+whose VPD carries SW_MNG; else the EC2 instance type (IMDSv2) when the catalog marks it `nvswitch`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,22 @@ IMDS_INSTANCE_TYPE = (
     "http://169.254.169.254/latest/meta-data/instance-type 2>/dev/null; echo; fi"
 )
 
+# NVSwitch as NVIDIA tells it (NVIDIA/gpu-driver-container nvidia-driver @ 06a208ca: `_assert_nvswitch_system`, a
+# non-empty /proc/driver/nvidia-nvswitch/devices; `_assert_nvlink5_system`, any /sys/class/infiniband/*/device/vpd
+# containing SW_MNG; Fabric Manager's start script reads the same VPD field, "SMDL=SW_MNG"). The VPD is read
+# through /sys/bus/pci/devices too, for Mellanox functions (vendor 0x15b3), so gen 4 is found before mlx5_ib
+# binds them: a ConnectX-7 NIC shares the bridge's PCI id (15b3:1021), only the VPD tells them apart.
+# Printed: "proc DEV", "ib DEV" or "pci ADDRESS" per NVSwitch (management function) found.
+NVSWITCH_SCAN = (
+    'echo "## nvswitch"; r="${GPUPROV_SYSROOT:-}"; '
+    'for d in "$r"/proc/driver/nvidia-nvswitch/devices/*; do if [ -e "$d" ]; then echo "proc ${d##*/}"; fi; done; '
+    'for d in "$r"/sys/class/infiniband/*; do '
+    'if [ -r "$d/device/vpd" ] && grep -qa SW_MNG "$d/device/vpd" 2>/dev/null; then echo "ib ${d##*/}"; fi; done; '
+    'for d in "$r"/sys/bus/pci/devices/*; do v=""; if [ -r "$d/vendor" ]; then read -r v < "$d/vendor"; fi; '
+    'if [ "$v" = 0x15b3 ] && [ -r "$d/vpd" ] && grep -qa SW_MNG "$d/vpd" 2>/dev/null; then echo "pci ${d##*/}"; fi; '
+    "done"
+)
+
 # Separated by marker lines so each part can be empty without confusing the parser. Run it as root:
 # a non-root nvidia-smi fails until the /dev/nvidia* nodes exist (a root nvidia-smi creates them).
 FACTS_COMMAND = (
@@ -54,6 +71,7 @@ FACTS_COMMAND = (
     "if command -v lspci >/dev/null 2>&1; then lspci -nn -d 10de: 2>/dev/null; else echo '## lspci-missing'; fi; "
     "echo '## os'; "
     "( . /etc/os-release 2>/dev/null && echo \"$ID-$VERSION_ID\" ); "
+    + NVSWITCH_SCAN + "; "
     + IMDS_INSTANCE_TYPE + "; "
     "echo '## end'"
 )
@@ -117,6 +135,7 @@ class HostFacts(BaseModel):
     pci_gpu_count: int | None = None  # GPUs on the PCI bus, whatever the driver says; None without lspci
     unknown_pci_ids: list[str] = Field(default_factory=list)  # "10de:xxxx" of GPUs the catalog does not name
     instance_type: str | None = None  # from IMDSv2 on EC2
+    nvswitch_seen: list[str] = Field(default_factory=list)  # what showed it: "bridge c5:00.0", "proc 0", "ib mlx5_8", …
 
     @property
     def gpu(self) -> str | None:
@@ -161,7 +180,8 @@ def parse_facts(output: str) -> HostFacts:
     devices = pci_devices(pci)
     pci_gpus = nvidia_gpus(devices)
     instance = next(iter(sections.get("instance-type") or []), None)
-    nvswitch = bool(nvidia_switches(devices)) or instance_has_nvswitch(instance)
+    seen = [f"bridge {d.line.split()[0]}" for d in nvidia_switches(devices)] + sections.get("nvswitch", [])
+    nvswitch = bool(seen) or instance_has_nvswitch(instance)
     smi = sections.get("nvidia-smi", [])
     unknown_ids: list[str] = []
     if smi:
@@ -185,4 +205,4 @@ def parse_facts(output: str) -> HostFacts:
     has_lspci = "lspci" in sections and (bool(pci) or "lspci-missing" not in sections)
     return HostFacts(gpus=gpus, nvswitch=nvswitch, os=os_name, source=source,
                      pci_gpu_count=len(pci_gpus) if has_lspci and pci_gpus else None,
-                     unknown_pci_ids=unknown_ids, instance_type=instance)
+                     unknown_pci_ids=unknown_ids, instance_type=instance, nvswitch_seen=seen)

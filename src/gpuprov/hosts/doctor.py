@@ -281,6 +281,7 @@ def _fabric_manager_checks(f: DoctorFacts, bootstrap: str) -> list[Check]:
                f"`apt-get install {package}=<that version>`), `apt-mark hold` it, "
                f"`systemctl enable --now nvidia-fabricmanager`; or rerun `{bootstrap}`")
     where = (f"{len(f.nvswitches)} NVSwitch on the bus" if f.nvswitches
+             else f"NVSwitch management functions ({', '.join(f.nvswitch_seen)})" if f.nvswitch_seen
              else f"{f.instance_type} is an NVSwitch instance type")
     if not fm:
         return [_fail("fabric manager", f"{where} but nvidia-fabricmanager is not installed: {symptom}", install),

@@ -16,7 +16,14 @@ from pydantic import BaseModel, Field
 
 from gpuprov.errors import GpuprovError
 from gpuprov.hosts.check import DEFAULT_ENV
-from gpuprov.hosts.detect import IMDS_INSTANCE_TYPE, instance_has_nvswitch, nvidia_gpus, nvidia_switches, pci_devices
+from gpuprov.hosts.detect import (
+    IMDS_INSTANCE_TYPE,
+    NVSWITCH_SCAN,
+    instance_has_nvswitch,
+    nvidia_gpus,
+    nvidia_switches,
+    pci_devices,
+)
 from gpuprov.hosts.verify import parse_summary
 
 DRIVER_PACKAGES = re.compile(r"^(nvidia-open|cuda-drivers|nvidia-driver-\d+(-server)?(-open)?|nvidia-driver)$")
@@ -58,6 +65,7 @@ def facts_command(env_path: str = DEFAULT_ENV) -> str:
         '"$(systemctl is-enabled "$u" 2>/dev/null | head -n1)"; done',
         'echo "## dev"; ls -1d "$R"/dev/nvidia* 2>/dev/null',
         'echo "## modules-load"; cat "$R"/etc/modules-load.d/*.conf 2>/dev/null',
+        NVSWITCH_SCAN,
         IMDS_INSTANCE_TYPE,
         f"sec lock fuser {locks}",
         "quiet apt-procs pgrep -a -x 'unattended-upgr|apt|apt-get|dpkg|aptd'",
@@ -126,6 +134,7 @@ class DoctorFacts(BaseModel):
     dev_nodes: list[str] = Field(default_factory=list)
     modules_load: list[str] = Field(default_factory=list)  # module names in /etc/modules-load.d/*.conf
     instance_type: str | None = None  # EC2 instance type (IMDSv2); None off EC2
+    nvswitch_seen: list[str] = Field(default_factory=list)  # NVIDIA's own checks (detect.NVSWITCH_SCAN): "ib mlx5_8"
     persistence: list[bool] = Field(default_factory=list)  # per GPU: nvidia-smi's Persistence-M is On
     lock_checked: bool = False  # fuser was there to ask
     lock_holders: list[str] = Field(default_factory=list)  # "/var/lib/dpkg/lock-frontend: 1234"
@@ -145,7 +154,7 @@ class DoctorFacts(BaseModel):
 
     @property
     def nvswitch_host(self) -> bool:
-        return bool(self.nvswitches) or instance_has_nvswitch(self.instance_type)
+        return bool(self.nvswitches) or bool(self.nvswitch_seen) or instance_has_nvswitch(self.instance_type)
 
     @property
     def gpu_archs(self) -> set[str]:
@@ -254,6 +263,7 @@ def parse_facts(output: str, env_path: str = DEFAULT_ENV) -> DoctorFacts:
                       if line.split("#")[0].strip()]
     it = s.get("instance-type", empty).lines
     f.instance_type = it[0].strip() if it else None
+    f.nvswitch_seen = [line.strip() for line in s.get("nvswitch", empty).lines if line.strip()]
     # the summary table's GPU rows: "|   0  NVIDIA L4    On  |   00000000:31:00.0 Off |"
     f.persistence = [m.group(1) == "On" for m in re.finditer(r"^\|\s+\d+\s+.+?\s(On|Off)\s+\|\s+[0-9A-Fa-f]{8}:",
                                                                 f.smi_output, re.M)] if f.smi_rc == 0 else []

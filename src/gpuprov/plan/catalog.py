@@ -5,14 +5,14 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Sequence
+from datetime import datetime
 from functools import cache
-from typing import Literal
+from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from gpuprov.errors import UserInputError
-from gpuprov.resources import data_file
+from gpuprov.plan import facts
 
 Precision = Literal["fp16", "bf16", "tf32", "fp32"]
 
@@ -75,10 +75,24 @@ class InstanceType(BaseModel):
     vcpu: int
     ram_gib: int
     price_usd_hour: float | None
-    nvswitch: bool = False
-    efa: bool = False
+    nvswitch: bool | None = False  # None: not known (a type read from EC2 the catalog lacks): FM follows the host
     gpu_memory_mib: int | None = None
+    # EC2's network facts (DescribeInstanceTypes NetworkInfo): EFA supported, its most interfaces, the network
+    # cards, how many of them carry EFA and whether card 0 is one of them
+    efa: bool = False
+    efa_interfaces: int | None = None
+    network_cards: int = 1
+    efa_cards: int = 1
+    efa_card0: bool = True
+    efa_rdma: bool = False  # the EFA device does RDMA read (catalog.yaml cluster_network.rdma_source)
     unverified: str | None = None
+
+    def efa_card_indexes(self) -> tuple[int, ...]:
+        """The network cards that carry an EFA interface, in order (none without EFA)."""
+        if not self.efa:
+            return ()
+        first = 0 if self.efa_card0 else 1
+        return tuple(range(first, first + self.efa_cards))
 
     @property
     def family(self) -> str:
@@ -112,17 +126,6 @@ class Interconnect(BaseModel):
     min_fraction: float  # bus bandwidth at the largest message below this share of the line rate: far below
     min_fraction_unverified: str | None = None
 
-class EfaCards(BaseModel):
-    """An EFA-capable type's network cards (one EFA interface each), with where the count comes from."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
-
-    instance_type: str
-    network_cards: int
-    source: str
-    unverified: str | None = None
-
-
 class ClusterNetwork(BaseModel):
     """What `up --nodes N` needs to know per type: cluster placement group support and the EFA layout."""
 
@@ -133,13 +136,11 @@ class ClusterNetwork(BaseModel):
     cluster_placement_families: tuple[str, ...]
     cluster_placement_unverified: dict[str, str] = {}
     interface_source: str
-    efa: tuple[EfaCards, ...]
+    rdma_source: str
+    rdma_unverified: str | None = None
 
     def cluster_placement(self, instance_type: str) -> bool:
         return instance_type.split(".")[0] in self.cluster_placement_families
-
-    def efa_cards(self, instance_type: str) -> EfaCards | None:
-        return next((e for e in self.efa if e.instance_type == instance_type), None)
 
 
 class Catalog(BaseModel):
@@ -156,12 +157,17 @@ class Catalog(BaseModel):
     cluster_network: ClusterNetwork
 
     @model_validator(mode="after")
-    def _efa_rows_match(self) -> Catalog:
-        marked = {it.name for it in self.instance_types if it.efa}
-        laid_out = {e.instance_type for e in self.cluster_network.efa}
-        if marked != laid_out:
-            raise ValueError(f"efa: true without a cluster_network.efa row (or the reverse): {sorted(marked ^ laid_out)}")
+    def _known_gpus(self) -> Catalog:
+        names = {g.name for g in self.gpus}
+        if unknown := sorted({it.gpu for it in self.instance_types} - names):
+            raise ValueError(f"instance types name GPUs the catalog lacks: {', '.join(unknown)}")
         return self
+
+    def with_instance_facts(self, read: dict[str, dict[str, Any]], when: datetime) -> Catalog:
+        """This catalog with EC2's own facts per type laid over it (what `plan --live` and `up` read from EC2)."""
+        rows = [it.model_dump() for it in self.instance_types]
+        merged = facts.merge_instance_types(rows, read, when)
+        return self.model_copy(update={"instance_types": tuple(InstanceType.model_validate(r) for r in merged)})
 
     def check_region(self, region: str) -> str:
         if region in self.regions:
@@ -172,9 +178,9 @@ class Catalog(BaseModel):
 
     def gpu(self, name: str) -> Gpu:
         """The GPU called `name` (case-insensitive, aliases allowed), or a UserInputError naming close ones."""
-        key = _normalise(name)
+        key = normalise_name(name)
         for gpu in self.gpus:
-            if key == _normalise(gpu.name) or key in (_normalise(a) for a in gpu.aliases):
+            if key == normalise_name(gpu.name) or key in (normalise_name(a) for a in gpu.aliases):
                 return gpu
         known = [g.name for g in self.gpus]
         close = difflib.get_close_matches(name.upper(), known, n=3, cutoff=0.4)
@@ -206,7 +212,7 @@ class Catalog(BaseModel):
         )
 
 
-def _normalise(name: str) -> str:
+def normalise_name(name: str) -> str:
     return re.sub(r"[\s_]", "-", name.strip().lower())
 
 
@@ -222,5 +228,5 @@ def parse_gpu_request(text: str) -> tuple[str, int]:
 
 @cache
 def load() -> Catalog:
-    with data_file("catalog.yaml").open() as f:
-        return Catalog.model_validate(yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
+    """catalog.yaml with the instance types `gpuprov facts refresh` read from EC2 laid over it (plan/facts.py)."""
+    return Catalog.model_validate(facts.merged("catalog.yaml"))

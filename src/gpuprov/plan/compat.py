@@ -24,7 +24,14 @@ from pydantic import BaseModel
 
 from gpuprov.errors import StackConflict, UserInputError
 from gpuprov.plan.catalog import Gpu
-from gpuprov.plan.pins import check_driver_installable, check_driver_pin, check_pin_syntax, check_toolkit, check_toolkit_arch
+from gpuprov.plan.pins import (
+    check_driver_installable,
+    check_driver_pin,
+    check_pin_syntax,
+    check_toolkit,
+    check_toolkit_arch,
+    check_toolkit_os,
+)
 from gpuprov.plan.stack import (
     SUPPORTED_OS,
     FabricManager,
@@ -36,6 +43,7 @@ from gpuprov.plan.stack import (
     min_branch_for,
     release_family,
     sm_runs,
+    supported_branch_from,
     variant_cuda,
     version_tuple,
     wheel_archs,
@@ -162,7 +170,7 @@ def _choose_branch(gpu: Gpu, pins: StackPins, cudas: list[str]) -> int:
     arch = f.architectures[gpu.arch]
     if pins.driver:
         return int(pins.driver.split(".")[0])
-    branch = f.default_driver_branch
+    branch = supported_branch_from(f.default_driver_branch)
     if arch.max_driver_branch:
         branch = min(branch, arch.max_driver_branch)
     needed = max((min_branch_for(f.cuda_min_driver[c].driver) for c in cudas), default=0)
@@ -173,14 +181,17 @@ def _choose_branch(gpu: Gpu, pins: StackPins, cudas: list[str]) -> int:
     return max(branch, needed)
 
 
-def newest_cuda(gpu: Gpu, branch: int) -> str:
-    """The newest CUDA toolkit that this driver branch runs and this GPU still supports."""
+def newest_cuda(gpu: Gpu, branch: int, os_name: str | None = None) -> str:
+    """The newest CUDA toolkit that this driver branch runs, this GPU still supports and (given an OS) NVIDIA's
+    repository for that OS carries."""
     f = facts()
     arch = f.architectures[gpu.arch]
+    in_repo = f.repo_toolkits.get(os_name or "")
     usable = [
         c for c, m in f.cuda_min_driver.items()
         if version_tuple(m.driver)[0] <= branch and not m.unverified
         and not (arch.max_cuda and version_tuple(c) > version_tuple(arch.max_cuda))
+        and (in_repo is None or c in in_repo)
     ]
     return max(usable, key=version_tuple)
 
@@ -272,6 +283,7 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
     check_driver_pin(gpu, pins)  # the GPU's own driver limits first: they are the cause when both refuse
     check_driver_installable(pins)
     check_toolkit_arch(gpu, pins)
+    check_toolkit_os(os_name, pins)
     torch: TorchWheel | None = None
     release: str | None = None
     minor = False
@@ -284,9 +296,11 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
         archs = wheel_archs(release, variant)
         if archs and archs.unverified:
             unverified.append(archs.unverified)
+        if f.torch_releases[release].unverified:
+            unverified.append(f"torch {release}: {f.torch_releases[release].unverified}")
         if f.cuda_min_driver[cuda].unverified:
             unverified.append(f.cuda_min_driver[cuda].unverified or "")
-        if pins.python:
+        if pins.python and f.python_ranges_unverified:
             unverified.append(f.python_ranges_unverified)
         reasons.append(f"torch {release}+{variant}: newest wheel that carries code for {gpu.sm} and fits the pins")
         if minor:
@@ -304,15 +318,25 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
     check_toolkit(gpu, pins, branch, exact)
     if pins.cuda and f.cuda_min_driver[pins.cuda].unverified:
         unverified.append(f.cuda_min_driver[pins.cuda].unverified or "")
-    if exact:
+    if exact and f.driver_versions_unverified:
         unverified.append(f"--driver {exact}: {f.driver_versions_unverified}")
-    if pins.driver:
+    if pins.driver and f.driver_pinning.unverified:
         unverified.append(f"driver pinning packages: {f.driver_pinning.unverified}")
+    if pins.cuda and f.repo_toolkits_unverified:
+        unverified.append(f"cuda-toolkit packages per OS: {f.repo_toolkits_unverified}")
+    if f.driver_pinning.branches and branch not in f.driver_pinning.branches:
+        unverified.append(f"nvidia-driver-pinning-{branch}: no source read shows it in NVIDIA's repository (branches "
+                          f"with one: {', '.join(map(str, f.driver_pinning.branches))}); the host's apt is asked for it "
+                          "before anything is installed")
+    warnings = [f"driver {ended}; --driver {supported_branch_from(branch)} is supported"
+                for ended in [f.branch_ended(branch)] if ended]
     if not pins.driver:
         reasons.append(
             f"driver R{branch}: "
             + ("the last branch that supports Volta" if arch.max_driver_branch and branch == arch.max_driver_branch
                else "the branch AWS ships in its current GPU images" if branch == f.default_driver_branch
+               else "the supported branch after the default, which NVIDIA has ended"
+               if branch == supported_branch_from(f.default_driver_branch)
                else "the oldest branch new enough for the requested CUDA")
         )
     kernel_module = arch.kernel_module
@@ -357,4 +381,5 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
         minor_version_compat=minor,
         unverified=tuple(dict.fromkeys(u for u in unverified if u)),
         reasons=tuple(reasons),
+        warnings=tuple(warnings),
     )

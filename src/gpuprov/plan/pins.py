@@ -147,3 +147,23 @@ def check_toolkit(gpu: Gpu, pins: StackPins, branch: int, exact: str | None) -> 
             f"use --driver {min_branch_for(minimum)} or newer, or an older --cuda",
             rule="toolkit-needs-newer-driver",
         )
+
+
+def check_toolkit_os(os_name: str, pins: StackPins) -> None:
+    """A toolkit NVIDIA's repository for this OS does not carry (stack.yaml `repo_toolkits`, refreshed from its
+    Packages index): refused here, before a host installs a driver and then fails at the toolkit."""
+    if not pins.cuda:
+        return
+    have = facts().repo_toolkits.get(os_name)
+    if have is None or pins.cuda in have:
+        return
+    package = f"cuda-toolkit-{pins.cuda.replace('.', '-')}"
+    elsewhere = [os for os, kits in sorted(facts().repo_toolkits.items()) if pins.cuda in kits]
+    raise StackConflict(
+        "--cuda",
+        f"NVIDIA's {os_name} repository has no {package} (CUDA {pins.cuda}): its toolkits are "
+        f"{have[0]} to {have[-1]}",
+        f"use --cuda {next((k for k in have if version_tuple(k) >= version_tuple(pins.cuda)), have[-1])}"
+        + (f", or --os {elsewhere[0]} (whose repository has it)" if elsewhere else ""),
+        rule="toolkit-not-for-os",
+    )

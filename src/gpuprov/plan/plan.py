@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuprov.errors import UserInputError
-from gpuprov.plan import catalog, compat
+from gpuprov.plan import catalog, compat, facts
 from gpuprov.plan.catalog import Gpu, InstanceType
 from gpuprov.plan.render import Bundle, Script, StepPlan, render_steps
 from gpuprov.plan.spec import Playbook, format_duration, load_playbook
@@ -127,6 +127,16 @@ class Plan:
             notes.append(f"{self.instance.name}: {self.instance.unverified}")
         return tuple(notes)
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What this plan allows but a user should know: a driver branch NVIDIA has ended, facts gone stale."""
+        out = list(self.stack.warnings) if self.stack else []
+        used = (("torch", "cuda", "drivers", "driver-lifecycle") if self.stack else ()) + \
+            (("instance-types",) if self.instance else ())
+        if used and (note := facts.stale_note(used)):
+            out.append(note)
+        return tuple(out)
+
     def bundle(self) -> Bundle:
         context = {"plan": self, "stack": self.stack, "playbook": self.playbook, "env": self.playbook.env}
         return render_steps(self.steps, context, {"gpuprov_plan": self.summary()})
@@ -158,9 +168,10 @@ def _merge_pins(playbook: StackPins, flags: StackPins) -> StackPins:
     return playbook.model_copy(update={k: v for k, v in flags.model_dump().items() if v is not None})
 
 
-def choose_instances(gpu: Gpu, count: int, instance_type: str | None = None) -> tuple[InstanceType, ...]:
+def choose_instances(gpu: Gpu, count: int, instance_type: str | None = None,
+                     cat: catalog.Catalog | None = None) -> tuple[InstanceType, ...]:
     """Instance types carrying at least `count` of this GPU, cheapest first (unpriced last)."""
-    cat = catalog.load()
+    cat = cat or catalog.load()
     if instance_type:
         it = cat.instance_type(instance_type)
         if it.gpu != gpu.name or it.gpus < count:
@@ -329,7 +340,7 @@ def resolve_stack(
     stack = compat.resolve(gpu, os_name, merged, nvswitch=nvswitch, want_torch=playbook.installs_torch)
     if playbook.cuda_toolkit and not merged.cuda:
         # the toolkit that matches the wheel keeps nvcc-built extensions ABI-compatible with torch
-        cuda = stack.torch.cuda if stack.torch else compat.newest_cuda(gpu, stack.driver_branch)
+        cuda = stack.torch.cuda if stack.torch else compat.newest_cuda(gpu, stack.driver_branch, os_name)
         stack = compat.resolve(
             gpu, os_name, merged.model_copy(update={"cuda": cuda}),
             nvswitch=nvswitch, want_torch=playbook.installs_torch,
@@ -349,9 +360,12 @@ def with_jupyter(playbook: Playbook, jupyter: bool) -> Playbook:
                              "use a playbook with an env, e.g. -p pytorch or -p jupyter") from None
 
 
-def make_plan(request: NodeRequest) -> Plan:
-    """The plan for a node gpuprov launches: instance choice + stack + steps."""
-    cat = catalog.load()
+def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
+    """The plan for a node gpuprov launches: instance choice + stack + steps.
+
+    :param cat: the catalog with EC2's own instance-type facts laid over it (`plan --live`, `up`); else the
+        catalog as shipped and refreshed."""
+    cat = cat or catalog.load()
     cat.check_region(request.region)
     if request.budget_usd is not None and request.budget_usd <= 0:
         raise UserInputError("--budget", f"{request.budget_usd:g} is not a budget", "dollars above 0, e.g. 50")
@@ -363,7 +377,7 @@ def make_plan(request: NodeRequest) -> Plan:
     if ":" in request.gpu and count != count_in_name:
         raise UserInputError("--count", f"--count {count} conflicts with --gpu {request.gpu}",
                              f"give the count once: --gpu {name}:{count}, or --gpu {name} --count {count}")
-    candidates = choose_instances(gpu, count, request.instance_type)
+    candidates = choose_instances(gpu, count, request.instance_type, cat)
     instance = candidates[0]
     playbook = with_jupyter(load_playbook(request.playbook), request.jupyter)
     stack = resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch)

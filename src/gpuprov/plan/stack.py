@@ -7,13 +7,13 @@ plan/compat.py reasons over these; plan/pins.py checks pins on their own and aga
 
 from __future__ import annotations
 
+from datetime import date
 from functools import cache
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict
 
-from gpuprov.resources import data_file
+from gpuprov.plan import facts as families
 
 SUPPORTED_OS = ("ubuntu-22.04", "ubuntu-24.04")
 
@@ -37,6 +37,8 @@ class _TorchRelease(_Fact):
     variants: tuple[str, ...]
     pypi_default: str
     python: tuple[str, str]
+    released: date | None = None
+    unverified: str | None = None
 
 
 class _WheelArchs(_Fact):
@@ -66,6 +68,22 @@ class _Pinning(_Fact):
     source: str
     unverified: str | None = None
     exact_versions: tuple[str, ...] = ()
+    branches: tuple[int, ...] = ()  # branches whose nvidia-driver-pinning-<branch> a source shows
+
+
+class _Lifecycle(_Fact):
+    type: Literal["LTSB", "PB", "NFB"] | None = None
+    end_of_life: str | None = None  # "2026-08": the month NVIDIA names
+    ended: bool = False  # NVIDIA lists the branch as ended, without a date
+    unverified: str | None = None
+
+    def ended_on(self, on: date) -> bool:
+        if self.ended:
+            return True
+        if self.end_of_life is None:
+            return False
+        year, month = (int(p) for p in self.end_of_life.split("-"))
+        return (on.year, on.month) > (year, month)
 
 
 class _TorchPlan(_Fact):
@@ -106,9 +124,12 @@ class StackFacts(_Fact):
     fabric_manager_unversioned_from: _Cutoff
     driver_pinning: _Pinning
     driver_versions: dict[int, tuple[str, ...]]
-    driver_versions_unverified: str
+    driver_versions_unverified: str | None = None
+    driver_lifecycle: dict[int, _Lifecycle]
+    repo_toolkits: dict[str, tuple[str, ...]]
+    repo_toolkits_unverified: str | None = None
     torch_releases: dict[str, _TorchRelease]
-    python_ranges_unverified: str
+    python_ranges_unverified: str | None = None
     torch_plans: tuple[_TorchPlan, ...]
     minor_version_compat: dict[str, _MinorCompat]
     minor_version_compat_limits: str
@@ -124,6 +145,16 @@ class StackFacts(_Fact):
         """Branches gpuprov can install: those with NVIDIA's pinning packages."""
         return tuple(b for b in self.driver_branches if b >= self.driver_pinning.from_branch)
 
+    def branch_ended(self, branch: int, on: date | None = None) -> str | None:
+        """'R610 (a New Feature Branch) reached its end of life in 2026-08' when NVIDIA has ended the branch."""
+        life = self.driver_lifecycle.get(branch)
+        if life is None or not life.ended_on(on or families.today()):
+            return None
+        kind = {"LTSB": "a Long Term Support Branch", "PB": "a Production Branch", "NFB": "a New Feature Branch"}
+        what = f" ({kind[life.type]})" if life.type else ""
+        when = f" in {life.end_of_life}" if life.end_of_life else ""
+        return f"R{branch}{what} reached its end of life{when}: NVIDIA no longer fixes it"
+
     def fabric_manager_package(self, branch: int) -> str:
         """NVIDIA CUDA repo name of Fabric Manager for a driver branch (no suffix from R580)."""
         return "nvidia-fabricmanager" if branch >= self.fabric_manager_unversioned_from.branch \
@@ -132,8 +163,8 @@ class StackFacts(_Fact):
 
 @cache
 def facts() -> StackFacts:
-    with data_file("stack.yaml").open() as f:
-        return StackFacts.model_validate(yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
+    """stack.yaml with the families `gpuprov facts refresh` read again laid over it (plan/facts.py)."""
+    return StackFacts.model_validate(families.merged("stack.yaml"))
 
 
 # --- inputs and outputs ------------------------------------------------------------------------
@@ -200,6 +231,20 @@ class Stack(BaseModel):
     minor_version_compat: bool = False  # the wheel runs only through CUDA minor-version compatibility
     unverified: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # allowed but worth knowing: a branch NVIDIA has ended
+
+    @property
+    def repo_packages(self) -> tuple[str, ...]:
+        """What the driver step asks the host's apt for before it installs anything: every package from NVIDIA's
+        repository this stack installs (Fabric Manager only where it is known to be needed)."""
+        fabric = (self.fabric_manager_package, *(("nvlsm",) if self.nvlsm else ())) if self.fabric_manager == "required" else ()
+        toolkit = (self.cuda_toolkit_package,) if self.cuda_toolkit_package else ()
+        return (self.driver_pinning_package, self.driver_package, *fabric, *toolkit)
+
+    @property
+    def repo_label(self) -> str:
+        """'ubuntu-24.04 (NVIDIA's ubuntu2404 repository)': where a missing package was looked for."""
+        return f"{self.os} (NVIDIA's {self.os.replace('-', '').replace('.', '')} repository)"
 
     @property
     def min_driver(self) -> str | None:
@@ -240,10 +285,24 @@ def driver_satisfies(branch: int, exact: str | None, minimum: str) -> bool:
     return branch >= version_tuple(minimum)[0]
 
 
+def supported_branch_from(branch: int) -> int:
+    """`branch`, or, once NVIDIA has ended it, the oldest installable branch after it that is still supported
+    (a long-term or production branch before a new feature branch)."""
+    f = facts()
+    if not f.branch_ended(branch):
+        return branch
+    later = [b for b in f.installable_branches() if b > branch and not f.branch_ended(b)]
+    lasting = [b for b in later if (life := f.driver_lifecycle.get(b)) and life.type in ("LTSB", "PB")]
+    return min(lasting or later, default=branch)
+
+
 def min_branch_for(minimum: str) -> int:
-    """The oldest branch gpuprov can install that satisfies a minimum driver version."""
+    """The oldest branch gpuprov can install that satisfies a minimum driver version, passing over branches NVIDIA
+    has ended while a newer one serves."""
+    f = facts()
     need = version_tuple(minimum)[0]
-    return min(b for b in facts().installable_branches() if b >= need)
+    fits = [b for b in f.installable_branches() if b >= need]
+    return min((b for b in fits if not f.branch_ended(b)), default=min(fits))
 
 
 def split_driver(driver: str) -> tuple[int, str | None]:

@@ -21,7 +21,16 @@ from gpuprov.cloud.providers.aws_base import NOT_FOUND, AwsError, NoAnswer, tag_
 from gpuprov.cloud.providers.aws_images import AwsImages
 from gpuprov.cloud.providers.aws_instances import AwsInstances
 from gpuprov.cloud.providers.aws_refusals import classify
-from gpuprov.cloud.providers.base import IMAGES, SHARED, TAG_IMAGE, TAG_OWNER, CloudResource, Network, SpotPrice
+from gpuprov.cloud.providers.base import (
+    IMAGES,
+    SHARED,
+    TAG_IMAGE,
+    TAG_OWNER,
+    CloudResource,
+    InstanceTypeInfo,
+    Network,
+    SpotPrice,
+)
 from gpuprov.errors import UserInputError
 
 UBUNTU_SSM_PREFIX = "/aws/service/canonical/ubuntu/server"
@@ -289,6 +298,12 @@ class AwsProvider(AwsInstances, AwsImages):
                 latest[key] = price
         return sorted(latest.values(), key=lambda p: p.price)
 
+    def gpu_instance_types(self, region: str) -> list[InstanceTypeInfo]:
+        ec2 = self._client("ec2", region)
+        pages = self._call("DescribeInstanceTypes", lambda: list(ec2.get_paginator("describe_instance_types").paginate()))
+        return sorted((info for page in pages for row in page["InstanceTypes"] if (info := _gpu_type(row))),
+                      key=lambda info: info.name)
+
     def quota(self, region: str, code: str) -> float | None:
         try:
             reply = self._client("service-quotas", region).get_service_quota(ServiceCode="ec2", QuotaCode=code)
@@ -305,3 +320,19 @@ def _granted(call: Any) -> None:
     except AwsError as exc:
         if exc.code != "InvalidPermission.Duplicate":
             raise
+def _gpu_type(row: dict[str, Any]) -> InstanceTypeInfo | None:
+    """One DescribeInstanceTypes row with GPUs (the first GPU entry: no EC2 type mixes models), else None."""
+    gpus = (row.get("GpuInfo") or {}).get("Gpus") or []
+    if not gpus:
+        return None
+    gpu, net = gpus[0], row.get("NetworkInfo") or {}
+    cards = net.get("NetworkCards") or []
+    return InstanceTypeInfo(
+        name=str(row["InstanceType"]), gpu=str(gpu.get("Name", "")), gpu_manufacturer=str(gpu.get("Manufacturer", "")),
+        gpus=int(gpu.get("Count", 0)), gpu_memory_mib=int((gpu.get("MemoryInfo") or {}).get("SizeInMiB", 0)),
+        vcpu=int((row.get("VCpuInfo") or {}).get("DefaultVCpus", 0)),
+        memory_mib=int((row.get("MemoryInfo") or {}).get("SizeInMiB", 0)),
+        efa=bool(net.get("EfaSupported")), efa_interfaces=(net.get("EfaInfo") or {}).get("MaximumEfaInterfaces"),
+        network_cards=int(net.get("MaximumNetworkCards") or 1),
+        efa_card_indexes=tuple(sorted(int(c["NetworkCardIndex"]) for c in cards if "efa" in (c.get("InterfaceTypes") or []))),
+        network_performance=str(net.get("NetworkPerformance", "")))

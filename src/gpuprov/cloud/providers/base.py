@@ -75,6 +75,24 @@ class Access:
 
 
 @dataclass(frozen=True)
+class InstanceTypeInfo:
+    """What EC2's DescribeInstanceTypes says of one GPU instance type (the fields gpuprov plans with)."""
+
+    name: str
+    gpu: str  # EC2's GPU name ("H100", "A100", "B200")
+    gpu_manufacturer: str
+    gpus: int
+    gpu_memory_mib: int
+    vcpu: int
+    memory_mib: int
+    efa: bool
+    efa_interfaces: int | None
+    network_cards: int
+    efa_card_indexes: tuple[int, ...]  # the cards whose InterfaceTypes include "efa"
+    network_performance: str
+
+
+@dataclass(frozen=True)
 class Nic:
     """One network interface asked for at launch: its network card, device index and type (ENA, EFA, EFA-only)."""
 
@@ -284,6 +302,10 @@ class Provider(Protocol):
         ...
 
     def prices(self, region: str, instance_types: Sequence[str]) -> list[SpotPrice]: ...
+
+    def gpu_instance_types(self, region: str) -> list[InstanceTypeInfo]:
+        """Every instance type with GPUs in the region, as DescribeInstanceTypes describes it."""
+        ...
 
     def public_image(self, region: str, parameter: str) -> str | None:
         """The AMI id a public SSM parameter names (None when the region has no such parameter)."""

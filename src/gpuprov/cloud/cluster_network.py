@@ -1,0 +1,131 @@
+"""The network of a cluster per instance type, from its facts: a cluster placement group where the family takes
+one, the EFA interfaces AWS's layout asks for on the cards that carry EFA, and the transport NCCL gets (EFA,
+with device RDMA only where the EFA device does RDMA read, or TCP). Pure: `gpuprov plan --nodes N` prints the
+same layout `up --nodes N` launches with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from gpuprov.cloud.providers.base import Nic
+from gpuprov.plan.catalog import InstanceType
+from gpuprov.plan.plan import Plan
+
+Transport = Literal["efa", "tcp"]
+
+# The EFA software (EFA driver, libfabric, rdma-core, Open MPI and the AWS OFI NCCL plugin in one installer).
+# Source: AWS EC2 User Guide, "Elastic Fabric Adapter release notes" (efa-changelog): 1.51.0, October 22, 2026,
+# "Upgrade to Amazon OFI NCCL Plugin 1.22.0"; URL form efa-installer.amazonaws.com/aws-efa-installer-<version>.tar.gz
+# (AWS's "Get started with EFA and NCCL", and aws-parallelcluster-cookbook's installer_url); read 2026-12-01.
+# Environment: FI_PROVIDER=efa selects libfabric's EFA provider; the plugin and libfabric on LD_LIBRARY_PATH, without
+# which NCCL falls back to sockets (NVIDIA-NeMo/RL PR #2359); FI_EFA_USE_DEVICE_RDMA=1 only on the types whose EFA
+# device does RDMA read (catalog `efa_rdma`, p4d and later P types: libfabric refuses the setting on a device without
+# it; aws/sagemaker-training-toolkit torch_distributed.py sets it for those types only).
+@dataclass(frozen=True)
+class EfaInstaller:
+    version: str
+    url: str
+    env: tuple[tuple[str, str], ...]
+
+
+EFA_INSTALLER = EfaInstaller(
+    version="1.51.0", url="https://efa-installer.amazonaws.com/aws-efa-installer-1.51.0.tar.gz",
+    env=(("FI_PROVIDER", "efa"), ("LD_LIBRARY_PATH", "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib")))
+DEVICE_RDMA_ENV = ("FI_EFA_USE_DEVICE_RDMA", "1")
+
+
+@dataclass(frozen=True)
+class ClusterNetwork:
+    """How one instance type is laid out as a cluster: placement group, network interfaces, transport."""
+
+    instance_type: str
+    placement_group: bool
+    interfaces: tuple[Nic, ...]  # empty: the single ENA interface every launch gets
+    transport: Transport
+    notes: tuple[str, ...] = ()  # unverified facts this layout relies on, and why a choice was made
+    device_rdma: bool = False  # the EFA device does RDMA read: FI_EFA_USE_DEVICE_RDMA=1
+
+    @property
+    def elastic_ip(self) -> bool:
+        """EC2 gives no public address to an instance launched with more than one network interface."""
+        return len(self.interfaces) > 1
+
+
+def efa_interfaces(cards: tuple[int, ...]) -> tuple[Nic, ...]:
+    """AWS's layout for EFA on the network cards that carry it (catalog.yaml `cluster_network.interface_source`):
+    one card, card 0: one EFA-with-ENA interface; else an ENA primary (card 0, device 0), an EFA-only interface at
+    card 0 device 1 when card 0 carries EFA, then EFA-only at device 0 on every other EFA card."""
+    if cards == (0,):
+        return (Nic(0, 0, "efa"),)
+    return (Nic(0, 0, "interface"), *((Nic(0, 1, "efa-only"),) if 0 in cards else ()),
+            *(Nic(card, 0, "efa-only") for card in cards if card != 0))
+
+
+def network_for(it: InstanceType) -> ClusterNetwork:
+    """The cluster layout of one instance type, from its facts (the catalog's, or EC2's with `plan --live`/`up`)."""
+    from gpuprov.plan import catalog
+
+    net = catalog.load().cluster_network
+    family = it.name.split(".")[0]
+    notes: list[str] = []
+    placement = net.cluster_placement(it.name)
+    if placement and family in net.cluster_placement_unverified:
+        notes.append(f"unverified: cluster placement for {family}: {net.cluster_placement_unverified[family]}")
+    if not it.efa:
+        return ClusterNetwork(it.name, placement, (), "tcp", tuple(notes))
+    if not it.efa_rdma:
+        notes.append(f"EFA on {it.name} without RDMA read: NCCL uses EFA send/receive, no FI_EFA_USE_DEVICE_RDMA"
+                     + (f" (unverified: {net.rdma_unverified})" if net.rdma_unverified else ""))
+    return ClusterNetwork(it.name, placement, efa_interfaces(it.efa_card_indexes()), "efa", tuple(notes),
+                          device_rdma=it.efa_rdma)
+
+
+def instance_of(plan: Plan, name: str) -> InstanceType:
+    """The plan's own facts of one of its candidate types."""
+    return next(c for c in plan.candidates if c.name == name)
+
+
+def describe(layout: ClusterNetwork, nodes: int) -> list[str]:
+    """The plan's lines for the cluster's network (what `plan --nodes N` and `up --nodes N` print)."""
+    family = layout.instance_type.split(".")[0]
+    lines = [f"{nodes} × {layout.instance_type} in one zone, asked for in one launch",
+             "placement group: strategy cluster, created before the launch" if layout.placement_group
+             else f"placement group: none ({family} is not listed for cluster placement)"]
+    if layout.transport == "efa":
+        cards = len({n.card for n in layout.interfaces})
+        kinds = "ENA + EFA-only on each card" if layout.elastic_ip else "EFA with ENA"
+        lines += [f"network: EFA, {cards} card(s), {len(layout.interfaces)} interface(s) a node ({kinds})",
+                  "NCCL: libfabric's EFA provider + AWS OFI NCCL plugin (`efa` step)"
+                  + (", device RDMA (FI_EFA_USE_DEVICE_RDMA=1)" if layout.device_rdma else ", no device RDMA")]
+        if layout.elastic_ip:
+            lines.append("public address: an Elastic IP a node (EC2 gives none with several interfaces)")
+    else:
+        lines.append(f"network: TCP between nodes (no EFA on {layout.instance_type})")
+    lines.append("security group: SSH from you; all traffic between the cluster's nodes")
+    return lines + [f"  {note}" for note in layout.notes]
+
+
+def layout_summary(layout: ClusterNetwork, nodes: int) -> dict[str, object]:
+    """The cluster part of `plan --json`."""
+    return {"nodes": nodes, "instance_type": layout.instance_type, "placement_group": layout.placement_group,
+            "transport": layout.transport, "elastic_ip": layout.elastic_ip, "device_rdma": layout.device_rdma,
+            "interfaces": [{"network_card": n.card, "device_index": n.device, "type": n.kind} for n in layout.interfaces],
+            "notes": list(layout.notes)}
+
+
+def with_efa_step(plan: Plan, layout: ClusterNetwork) -> Plan:
+    """The plan with the `efa` step (EFA software, AWS OFI NCCL plugin, NCCL/libfabric environment) before
+    `verify`, on EFA types; unchanged for TCP."""
+    if layout.transport != "efa" or any(s.name == "efa" for s in plan.steps):
+        return plan
+    from gpuprov.plan.render import StepPlan
+
+    steps = list(plan.steps)
+    at = next((i for i, s in enumerate(steps) if s.kind == "verify"), len(steps))
+    installer = replace(EFA_INSTALLER, env=(*EFA_INSTALLER.env, DEVICE_RDMA_ENV)) if layout.device_rdma else EFA_INSTALLER
+    steps.insert(at, StepPlan("efa", "efa.sh.j2", "stack", f"AWS EFA installer {installer.version} (EFA driver, "
+                              "libfabric, AWS OFI NCCL plugin); NCCL/libfabric environment in /etc/gpuprov/efa.env"
+                              + ("" if layout.device_rdma else f" (no device RDMA: {layout.instance_type}'s EFA has no "
+                                 "RDMA read)"), (("efa", installer),)))
+    return replace(plan, steps=tuple(steps))

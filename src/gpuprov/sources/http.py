@@ -1,0 +1,90 @@
+"""GET a public URL, with the few things the sources need: an Accept header (PEP 691 content negotiation), a
+timeout, and errors that name the URL. Each source's base URL can be pointed elsewhere by an environment
+variable (a mirror, or the tests' local server on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from urllib.parse import urlparse
+
+from gpuprov.errors import GpuprovError, UserInputError
+
+TIMEOUT = 30.0
+
+# the sources' public base URLs, and the variables that replace them
+PYPI = ("GPUPROV_PYPI_URL", "https://pypi.org")
+PYTORCH_INDEX = ("GPUPROV_PYTORCH_INDEX_URL", "https://download.pytorch.org/whl")
+NVIDIA_REPOS = ("GPUPROV_NVIDIA_REPOS_URL", "https://developer.download.nvidia.com/compute/cuda/repos")
+
+
+class Unreachable(GpuprovError):
+    """A source that did not answer (or answered an error): the refresh of its family fails, the rest go on."""
+
+    def __init__(self, url: str, why: str, status: int | None = None) -> None:
+        super().__init__(f"{url}: {why}")
+        self.url, self.why, self.status = url, why, status
+
+
+@dataclass(frozen=True)
+class Response:
+    url: str
+    content_type: str
+    body: bytes
+
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
+def base_url(source: tuple[str, str]) -> str:
+    """A source's base URL: its environment variable when set (checked: http or https with a host), else the public one."""
+    variable, default = source
+    value = os.environ.get(variable)
+    if not value:
+        return default
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise UserInputError(variable, f"{value!r} is not an http(s) URL", f"e.g. {default}, or unset it")
+    return value.rstrip("/")
+
+
+def described(url: str) -> str:
+    """A URL as a source record says it: the public sources by name and path (so a data file names no host),
+    any other (a mirror, a local server) as it is."""
+    for (_, public), name in ((PYPI, "PyPI"), (PYTORCH_INDEX, "the PyTorch wheel index"),
+                              (NVIDIA_REPOS, "NVIDIA's CUDA repository")):
+        if url.startswith(public):
+            return f"{name} {url[len(public):] or '/'}"
+    return url
+
+
+def _agent() -> str:
+    try:
+        return f"gpuprov/{version('gpuprov')}"
+    except PackageNotFoundError:
+        return "gpuprov"
+
+
+def get(url: str, accept: str = "*/*", timeout: float = TIMEOUT) -> Response:
+    """The body of `url` (a .gz one unpacked), or Unreachable naming it and why."""
+    request = urllib.request.Request(url, headers={"Accept": accept, "User-Agent": _agent()})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            body = answer.read()
+            content_type = answer.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as exc:
+        raise Unreachable(url, f"HTTP {exc.code} {exc.reason}", exc.code) from None
+    except urllib.error.URLError as exc:
+        raise Unreachable(url, str(exc.reason)) from None
+    except (OSError, ValueError) as exc:
+        raise Unreachable(url, str(exc) or type(exc).__name__) from None
+    if url.endswith(".gz"):
+        try:
+            body = gzip.decompress(body)
+        except (OSError, EOFError) as exc:
+            raise Unreachable(url, f"not gzip: {exc}") from None
+    return Response(url, content_type.split(";")[0].strip().lower(), body)

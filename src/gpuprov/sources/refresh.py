@@ -1,0 +1,183 @@
+"""`gpuprov facts refresh`: each refreshable family read again from its sources, compared with what gpuprov uses
+now, and written to the user's facts folder as an overlay on the shipped snapshot (plan/facts.py). A family
+whose source does not answer keeps what it had; the others still refresh. tools/refresh_facts.py runs the same
+code and writes the result into data/*.yaml instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import yaml
+
+from gpuprov.cloud.providers.base import Provider
+from gpuprov.errors import GpuprovError
+from gpuprov.files import locked, write_atomic
+from gpuprov.paths import facts_dir
+from gpuprov.plan import facts
+from gpuprov.sources import http
+from gpuprov.sources import nvidia as nvidia_repo
+from gpuprov.sources import torch as torch_index
+
+REFRESHABLE = ("torch", "drivers", "instance-types")
+
+
+@dataclass
+class Result:
+    family: str
+    overlay: facts.Overlay | None = None
+    changes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _read_torch(now: datetime) -> facts.Overlay:
+    snap = facts.snapshot("stack.yaml")
+    read = torch_index.read(http.base_url(http.PYPI), http.base_url(http.PYTORCH_INDEX))
+    rows = torch_index.releases(read, snap["torch_releases"], now)
+    values: dict[str, Any] = {"torch_releases": rows,
+                              "wheel_archs": torch_index.carried_archs(rows, snap["wheel_archs"]),
+                              "torch_plans": [p for p in snap.get("torch_plans") or [] if p["release"] not in rows],
+                              "python_ranges_unverified": None}
+    return facts.Overlay(family="torch", read=now, sources=tuple(map(http.described, read.sources)), values=values,
+                         unverified=tuple(read.notes))
+
+
+def _read_drivers(now: datetime) -> facts.Overlay:
+    values, urls = nvidia_repo.values(http.base_url(http.NVIDIA_REPOS), facts.snapshot("stack.yaml"))
+    return facts.Overlay(family="drivers", read=now, sources=tuple(map(http.described, urls)), values=values)
+
+
+def _read_instance_types(now: datetime, provider: Provider, regions: Sequence[str]) -> facts.Overlay:
+    from gpuprov.cloud import instance_facts
+    from gpuprov.plan import catalog
+
+    cat = catalog.load()
+    read: dict[str, dict[str, Any]] = {}
+    offerings: dict[str, tuple[str, ...]] = {}
+    for region in regions:
+        for name, row in instance_facts.rows(cat, provider.gpu_instance_types(region)).items():
+            read.setdefault(name, row)
+        offered = provider.offerings(region, sorted(read))
+        offerings[region] = tuple(sorted(offered))
+    return facts.Overlay(family="instance-types", read=now,
+                         sources=tuple(f"EC2 DescribeInstanceTypes and DescribeInstanceTypeOfferings in {r}" for r in regions),
+                         values={"instance_types": read}, offerings=offerings)
+
+
+def changes(family: str, old: dict[str, Any], new: facts.Overlay) -> list[str]:
+    """What a user would notice, one line each: releases, toolkits, driver releases, instance types that came,
+    went or changed (notes and sources aside)."""
+    out: list[str] = []
+    for key, value in new.values.items():
+        before = old.get(key)
+        if key == "instance_types":
+            rows = {r["name"]: r for r in before or []}
+            for name, row in sorted(value.items()):
+                if name not in rows:
+                    if row.get("gpu"):
+                        out.append(f"{name}: new ({row['gpus']}× {row['gpu']}, EFA {'yes' if row['efa'] else 'no'})")
+                    continue
+                diff = [f"{k} {rows[name].get(k, _DEFAULTS.get(k))} -> {row[k]}" for k in facts.EC2_FIELDS
+                        if k in row and rows[name].get(k, _DEFAULTS.get(k)) != row[k]]
+                if diff:
+                    out.append(f"{name}: {', '.join(diff)}")
+        elif isinstance(value, list) and isinstance(before, list):
+            known = [_plain(_facts_only(b)) for b in before]
+            out += [f"{key}: + {_short(v)}" for v in value if _plain(_facts_only(v)) not in known]
+            now = [_plain(_facts_only(v)) for v in value]
+            out += [f"{key}: - {_short(b)}" for b in before if _plain(_facts_only(b)) not in now]
+        elif isinstance(value, dict) and isinstance(before, dict):
+            for name in sorted(set(value) | set(before), key=str):
+                if name in ("source", "unverified"):
+                    continue
+                if name not in before:
+                    out.append(f"{key} {name}: new {_short(value[name])}")
+                elif name not in value:
+                    out.append(f"{key} {name}: gone")
+                elif _plain(_facts_only(value[name])) != _plain(_facts_only(before[name])):
+                    out.append(f"{key} {name}: {_short(before[name])} -> {_short(value[name])}")
+        elif not key.endswith("_unverified") and _plain(value) != _plain(before):
+            out.append(f"{key}: {_short(before)} -> {_short(value)}")
+    return out
+
+
+_DEFAULTS = {"efa": False, "network_cards": 1, "efa_cards": 1, "efa_card0": True, "efa_interfaces": None}
+
+
+def _facts_only(value: Any) -> Any:
+    return {k: v for k, v in value.items() if k not in ("source", "unverified")} if isinstance(value, dict) else value
+
+
+def _plain(value: Any) -> Any:
+    return yaml.safe_load(yaml.safe_dump(value, sort_keys=True))
+
+
+def _short(value: Any) -> str:
+    text = yaml.safe_dump(_facts_only(value), default_flow_style=True, width=10_000, sort_keys=False).strip()
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def check_sources(families: Sequence[str]) -> None:
+    """The sources' URLs a refresh of these families reads, checked before anything is read (bad input: exit 2)."""
+    if "torch" in families:
+        http.base_url(http.PYPI)
+        http.base_url(http.PYTORCH_INDEX)
+    if "drivers" in families:
+        http.base_url(http.NVIDIA_REPOS)
+
+
+def read_all(families: Sequence[str], provider_for: Callable[[], Provider] | None, regions: Sequence[str],
+             now: datetime | None = None) -> list[Result]:
+    """Each family read from its sources (nothing written): its overlay and what it changes, or why not."""
+    check_sources(families)
+    now = now or datetime.now(timezone.utc).replace(microsecond=0)
+    results = []
+    for name in families:
+        result = Result(name)
+        try:
+            if name == "torch":
+                result.overlay = _read_torch(now)
+            elif name == "drivers":
+                result.overlay = _read_drivers(now)
+            elif provider_for is None:
+                result.error = "no AWS access to read EC2 with"
+            else:
+                result.overlay = _read_instance_types(now, provider_for(), regions)
+        except (GpuprovError, ValueError, KeyError, TypeError) as exc:  # a source that answered nonsense, too
+            result.error = str(exc) or type(exc).__name__
+        if result.overlay is not None:
+            family = facts.BY_NAME[name]
+            result.changes = changes(name, facts.merged(family.file), result.overlay)
+        results.append(result)
+    return results
+
+
+def write(results: Sequence[Result]) -> None:
+    """The overlays that were read, each replacing its file whole (a failed family keeps the one it had)."""
+    folder = facts_dir()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with locked(folder / ".refresh.lock"):
+        for result in results:
+            if result.overlay is not None:
+                data = result.overlay.model_dump(mode="json")
+                write_atomic(facts.overlay_path(result.family),
+                             f"# written by `gpuprov facts refresh` ({result.overlay.read.isoformat()}); an overlay on "
+                             f"gpuprov's shipped {facts.BY_NAME[result.family].file}\n"
+                             + yaml.safe_dump(data, sort_keys=False, width=120))
+    forget()
+
+
+def forget() -> None:
+    """Drop every cached reading of the facts, so this process plans with what was just written."""
+    from gpuprov.plan import catalog, stack
+
+    facts.clear_caches()
+    stack.facts.cache_clear()
+    catalog.load.cache_clear()

@@ -1,0 +1,79 @@
+"""The facts as data: the shipped families each say where they came from; what the plan reasons with agrees with
+the imitation NVIDIA repository the shims answer from; NVIDIA's lifecycle moves the default branch and warns on
+an ended one; an overlay laid over the snapshot replaces what it read and keeps the rest."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import date, datetime, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuprov.plan import catalog, compat, facts
+from gpuprov.plan import stack as st
+from gpuprov.sources import refresh
+from tests import indexsite
+
+
+def test_every_family_records_its_source_and_read_date() -> None:
+    for family in facts.FAMILIES:
+        record = facts.snapshot_families(family.file)[family.name]
+        assert record.source and record.read == date(2026, 12, 1)
+        assert all(key in facts.snapshot(family.file) for key in family.keys if not key.endswith("_unverified"))
+
+
+def test_the_toolkits_per_os_are_the_imitation_repositorys() -> None:
+    """stack.yaml's repo_toolkits (what `plan` refuses by) and nvidia-repo.tsv (what the host's apt answers in the
+    tests) say the same per OS, so a plan the resolver allows installs under the strict shims."""
+    shim: dict[str, set[str]] = defaultdict(set)
+    for stanza in indexsite.packages_index("ubuntu2204/x86_64").split("\n\n"):
+        if stanza.startswith("Package: cuda-toolkit-"):
+            shim["ubuntu-22.04"].add(stanza.split("\n")[0].removeprefix("Package: cuda-toolkit-").replace("-", "."))
+    for stanza in indexsite.packages_index("ubuntu2404/x86_64").split("\n\n"):
+        if stanza.startswith("Package: cuda-toolkit-"):
+            shim["ubuntu-24.04"].add(stanza.split("\n")[0].removeprefix("Package: cuda-toolkit-").replace("-", "."))
+    assert {os: set(kits) for os, kits in st.facts().repo_toolkits.items()} == shim
+    assert set(st.facts().repo_toolkits["ubuntu-22.04"]) <= set(st.facts().cuda_min_driver)
+
+
+def test_ended_branches_and_the_default_that_moves_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    f = st.facts()
+    on = date(2026, 12, 1)
+    assert f.branch_ended(610, on) and f.branch_ended(570, on) and f.branch_ended(575, on)
+    assert not f.branch_ended(595, on) and not f.branch_ended(580, on) and not f.branch_ended(620, on)
+    assert not f.branch_ended(595, date(2027, 3, 31)) and f.branch_ended(595, date(2027, 4, 1))  # "March 2027"
+    gpu = catalog.load().gpu("H100")
+    monkeypatch.setenv("GPUPROV_TODAY", "2027-04-01")  # R595, the default (a production branch), has ended
+    assert st.supported_branch_from(595) == 620  # the next long-term/production branch, not the NFB 615
+    stack = compat.resolve(gpu)
+    assert stack.driver_branch == 620 and not stack.warnings
+    pinned = compat.resolve(gpu, pins=st.StackPins(driver="595"))
+    assert pinned.driver_branch == 595 and pinned.warnings == (
+        "driver R595 (a Production Branch) reached its end of life in 2027-03: NVIDIA no longer fixes it; "
+        "--driver 620 is supported",)
+
+
+def test_an_overlay_replaces_what_it_read_and_keeps_the_rest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUPROV_FACTS_DIR", str(tmp_path))
+    rows = {"p5.48xlarge": {"gpus": 8, "vcpu": 192, "ram_gib": 2048, "gpu_memory_mib": 81920, "efa": True,
+                            "efa_interfaces": 32, "network_cards": 32, "efa_cards": 31, "efa_card0": False,
+                            "gpu": "H100"},
+            "g9.xlarge": {"gpus": 1, "vcpu": 4, "ram_gib": 16, "gpu_memory_mib": 81920, "efa": False, "gpu": "H100"}}
+    when = datetime(2027, 1, 5, tzinfo=timezone.utc)
+    overlay = facts.Overlay(family="instance-types", read=when, sources=("EC2 (a test)",), values={"instance_types": rows})
+    refresh.write([refresh.Result("instance-types", overlay)])
+    try:
+        cat = catalog.load()
+        p5 = cat.instance_type("p5.48xlarge")
+        assert (p5.efa_cards, p5.efa_card0, p5.efa_card_indexes()[:2]) == (31, False, (1, 2))  # EC2's, field by field
+        assert p5.price_usd_hour == 55.04 and p5.nvswitch and p5.efa_rdma  # gpuprov's own, kept
+        new = cat.instance_type("g9.xlarge")
+        assert new.price_usd_hour is None and new.nvswitch is None and "2027-01-05" in (new.unverified or "")
+        state = next(s for s in facts.states() if s.family.name == "instance-types")
+        assert state.origin == "refreshed" and state.read == date(2027, 1, 5)
+        assert (tmp_path / "instance-types.yaml").read_text().startswith("# written by `gpuprov facts refresh`")
+        assert yaml.safe_load((tmp_path / "instance-types.yaml").read_text())["family"] == "instance-types"
+    finally:
+        refresh.forget()
