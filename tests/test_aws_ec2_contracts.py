@@ -114,7 +114,29 @@ def test_an_ipv6_ssh_cidr_on_an_ipv6_subnet_asks_for_an_ipv6_address_and_connect
         "SecurityGroups"]
     (rule,) = group["IpPermissions"]
     assert rule["IpRanges"] == [] and [r["CidrIpv6"] for r in rule["Ipv6Ranges"]] == ["2001:db8::7/128"]
+    assert gp(env, "stop", "v6").returncode == 0  # the IPv6 address persists across a stop; the public IPv4 does not
+    started = gp(env, "start", "v6", "--no-bootstrap")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert node(env, "v6")["address"] == address
     assert gp(env, "down", "v6", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_an_ipv6_cluster_is_reached_over_ipv6_and_needs_no_elastic_ip(aws, env):
+    subnet = ipv6_subnet(aws)
+    iam = aws.client("iam")
+    iam.create_instance_profile(InstanceProfileName="nodes")  # straight in moto: long visible to EC2
+    result = gp(env, "up", "v6c", "--gpu", "H100:8", "--nodes", "2", "--subnet", subnet, "--ssh-cidr", "2001:db8::/64",
+                "--instance-profile", "nodes", "--yes", *NO_WAIT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    form = launched(aws)
+    primary = next(k.split(".")[1] for k in form if k.endswith(".DeviceIndex") and form[k] == "0"
+                   and form[k.replace("DeviceIndex", "NetworkCardIndex")] == "0")
+    assert form[f"NetworkInterface.{primary}.Ipv6AddressCount"] == "1" and form["IamInstanceProfile.Name"] == "nodes"
+    assert not aws.log("AllocateAddress") and not aws.log("AssociateAddress")
+    members = node(env, "v6c")["members"]
+    assert len(members) == 2 and all(":" in m["address"] for m in members)
+    assert gp(env, "down", "v6c", "--yes").returncode == 0
     nothing_left(aws)
 
 
