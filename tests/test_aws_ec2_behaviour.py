@@ -253,17 +253,6 @@ def test_bad_options_are_refused_before_any_call(aws, env, args, field):
     nothing_left(aws)
 
 
-def test_ipv6_cidr_goes_into_ipv6_ranges(aws, env):
-    result = gp(env, "up", "v6", "--yes", "--gpu", "T4", "--ssh-cidr", "2001:db8::7/128", *NO_WAIT)
-    assert result.returncode == 0, result.stdout + result.stderr
-    (group,) = aws.ec2().describe_security_groups(Filters=[{"Name": "tag:gpuprov:node", "Values": ["v6"]}])[
-        "SecurityGroups"]
-    (rule,) = group["IpPermissions"]
-    assert rule["IpRanges"] == [] and [r["CidrIpv6"] for r in rule["Ipv6Ranges"]] == ["2001:db8::7/128"]
-    assert gp(env, "down", "v6", "--yes").returncode == 0
-    nothing_left(aws)
-
-
 def test_connect_private_without_cidr_opens_ssh_to_the_vpc_only(aws, env):
     subnet = aws.subnet_for_hosts("10.231.0.0/24", "us-east-1b")
     result = gp(env, "up", "pv", "--yes", "--gpu", "T4", "--subnet", subnet, "--connect", "private", *NO_WAIT)

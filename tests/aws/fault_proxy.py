@@ -33,6 +33,15 @@ Kinds (the realism layer, class Ec2Realism; EC2 developer guide, "Eventual consi
            InvalidAMIName.Duplicate; its snapshot TagSpecification tags the image's snapshots (moto: NotImplemented).
   instant  moto as it is: everything passes through, nothing is learnt.
 
+EC2 contracts moto lacks (tests/aws/ec2_contracts.py, which has the sources), before a request reaches moto and on
+its answer, in both kinds unless said: AssociateAddress by InstanceId of a multi-interface instance ->
+InvalidInstanceID; AllocateAddress past the Elastic IP quota (the canned L-0263D0A3 answer, else 5) ->
+AddressLimitExceeded; RunInstances with a root volume below the image's snapshot -> InvalidBlockDeviceMapping (and
+images' root snapshots sized as EC2 sizes them); IPv6 counts as EC2 takes them; an unknown instance profile ->
+InvalidParameterValue (realistic: a profile created through the proxy too, for its first ``fresh_lookups``
+launches); MaxResults/NextToken on DescribeSpotPriceHistory/SpotInstanceRequests/Volumes/Images/Snapshots, and
+``page_size``; realistic: a deregistered image still listed for ``deregistered_listed`` answers.
+
 Control API (same port, JSON):
   POST   /__faults__          body: one rule or a list of rules -> appended (a rule whose ``name`` equals an
                               existing rule's name replaces it in place, counters reset). Answers the ids.
@@ -52,6 +61,9 @@ Control API (same port, JSON):
   POST   /__faults__/regions  {"not_enabled": [...]}: the opt-in regions the account has not enabled (default
                               NOT_ENABLED): every call there answers AuthFailure 401; DescribeRegions leaves them out
                               unless AllRegions
+  GET    /__faults__/contracts  the EC2-contract settings (page_size, deregistered_listed, address_limit) and what was
+                              learnt for them; POST one or more settings -> all of them (400 on an unknown one); DELETE
+                              /__faults__ restores the defaults
   DELETE /__faults__/tokens   forget the ClientTokens seen (EC2 state, not a fault: DELETE /__faults__ keeps them;
                               the fixture's reset() calls this with moto's own reset)
 
@@ -114,11 +126,13 @@ from typing import Any
 from xml.etree import ElementTree as ET
 from xml.sax.saxutils import escape
 
-try:  # as a module (tests) or as a script (python fault_proxy.py): the sibling module either way
+try:  # as a module (tests) or as a script (python fault_proxy.py): the sibling modules either way
     from tests.aws.ec2_cluster import ClusterEc2, live_instances, terminate_form
+    from tests.aws.ec2_contracts import Ec2Contracts
     from tests.aws.ec2_spot import SpotEc2
 except ImportError:  # pragma: no cover - script mode
     from ec2_cluster import ClusterEc2, live_instances, terminate_form  # type: ignore[no-redef]
+    from ec2_contracts import Ec2Contracts  # type: ignore[no-redef]
     from ec2_spot import SpotEc2  # type: ignore[no-redef]
 
 CONTROL = "/__faults__"
@@ -593,6 +607,7 @@ class _State:
         self.cluster = ClusterEc2()  # placement groups, MinCount/MaxCount, network cards (tests/aws/ec2_cluster.py)
         self.spot = SpotEc2()  # RunInstances's spot requests, relaunch, disabled, interruptions (tests/aws/ec2_spot.py)
         self.not_enabled: set[str] = set(NOT_ENABLED)
+        self.contracts = Ec2Contracts()  # Elastic IPs, root volumes, IPv6, instance profiles, pages (ec2_contracts.py)
 
     def add(self, rules: list[dict[str, Any]]) -> list[int]:
         ids = []
@@ -695,6 +710,7 @@ class Handler(BaseHTTPRequestHandler):
                 st.log.clear()
                 st.realism.reset()
                 st.not_enabled = set(NOT_ENABLED)
+                st.contracts.reset()
                 st.release_gen += 1
                 st.cond.notify_all()
             return self._json(200, {"ok": True})
@@ -721,6 +737,7 @@ class Handler(BaseHTTPRequestHandler):
                 st.tokens.reset()
                 st.cluster.reset()
                 st.spot.reset()
+            st.contracts.forget()
             return self._json(200, {"ok": True})
         if path == CONTROL + "/spot/interrupt" and self.command == "POST":
             try:
@@ -746,6 +763,16 @@ class Handler(BaseHTTPRequestHandler):
                 return self._json(200, [{"region": reg, "id": sid, "state": r["state"], "type": r["type"],
                                          "instance": r["instance"], "tags": r["tags"]}
                                         for (reg, sid), r in st.spot.requests.items()])
+        if path == CONTROL + "/contracts" and self.command == "GET":
+            return self._json(200, st.contracts.state())
+        if path == CONTROL + "/contracts" and self.command == "POST":
+            try:
+                update = json.loads(body or b"{}")
+                if not isinstance(update, dict):
+                    raise ValueError("expected a JSON object")
+                return self._json(200, st.contracts.configure(update))
+            except ValueError as e:
+                return self._json(400, {"error": str(e)})
         if path == CONTROL + "/log" and self.command == "DELETE":
             with st.lock:
                 st.log.clear()
@@ -883,8 +910,8 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 out = (status, ec2_error_body(rule["code"], msg), [("Content-Type", "text/xml;charset=UTF-8")])
         elif rule and rule.get("spot_prices") is not None:
-            out = (int(rule.get("status", 200)), spot_price_history_body(rule["spot_prices"], req["form"]),
-                   [("Content-Type", "text/xml;charset=UTF-8")])
+            rows = spot_price_history_body(rule["spot_prices"], req["form"])
+            out = (*st.contracts.page(req, int(rule.get("status", 200)), rows), [("Content-Type", "text/xml;charset=UTF-8")])
         elif rule and rule.get("body") is not None:
             b = rule["body"]
             b = b.encode() if isinstance(b, str) else json.dumps(b).encode()
@@ -896,6 +923,8 @@ class Handler(BaseHTTPRequestHandler):
             out = (400, ec2_error_body("InvalidAMIName.Duplicate",
                                        f"AMI name {req['form'].get('Name')} is already in use by AMI {taken}"),
                    [("Content-Type", "text/xml;charset=UTF-8")])
+        elif (contract := self._contract(req)) is not None:
+            out = contract
         elif (answered := self._cluster(req, rule)) is not None or (answered := self._spot(req)) is not None:
             out = answered
             fresh = req.get("fresh_refused")
@@ -907,6 +936,7 @@ class Handler(BaseHTTPRequestHandler):
                             r["hits"] -= 1
                 return self._reply(*out, entry)
         else:
+            st.contracts.shape(req, lambda form: self._forward(urllib.parse.urlencode(form).encode()))
             if req.get("forward_form") is not None:  # Run/TerminateInstances as moto understands them (ec2_cluster.py)
                 body = urllib.parse.urlencode(req["forward_form"]).encode()
             try:
@@ -935,6 +965,8 @@ class Handler(BaseHTTPRequestHandler):
                 st.tokens.observe(req, out[0], body_out, st.realism.settings["token_lag"] if realistic else 0)
                 if req["action"] == "RunInstances" and out[0] == 200:
                     st.cluster.launched(req, body_out)
+                status_out, body_out = st.contracts.after(req, out[0], body_out, st.realism.settings)
+                out = (status_out, body_out, out[2])
                 answer, hidden = st.realism.observe(req, out[0], body_out)
                 entry["hidden"] = hidden
             if rule and rule.get("spot_dies") and req["action"] == "RunInstances" and out[0] == 200:
@@ -976,6 +1008,17 @@ class Handler(BaseHTTPRequestHandler):
                 entry["status"] = out[0]
                 entry["outcome"] = "fault" if canned else "forwarded"
         self._reply(*out, entry)
+
+    def _contract(self, req: dict[str, Any]) -> tuple[int, bytes, list[tuple[str, str]]] | None:
+        """EC2's refusal of a request moto would take (ec2_contracts.py), or None to go on."""
+        with self.state.lock:
+            rules, realistic = [dict(r) for r in self.state.rules], self.state.realism.settings["kind"] == "realistic"
+        refusal = self.state.contracts.before(
+            req, lambda form: self._forward(urllib.parse.urlencode(form).encode()), rules, realistic)
+        if refusal is None:
+            return None
+        status, code, message = refusal
+        return status, ec2_error_body(code, message), [("Content-Type", "text/xml;charset=UTF-8")]
 
     def _cluster(self, req: dict[str, Any], rule: dict[str, Any] | None) -> tuple[int, bytes, list[tuple[str, str]]] | None:
         """What EC2 does for clusters and moto does not (ec2_cluster.py): an answer, or None to forward (a
@@ -1113,6 +1156,16 @@ def spot_requests(proxy_url: str) -> list[dict[str, Any]]:
 def interrupt(proxy_url: str, instance_id: str, region: str = "us-east-1") -> str:
     """EC2 interrupts a spot instance (ec2_spot.py); returns "stopped" or "terminated"."""
     return _call(proxy_url, "POST", CONTROL + "/spot/interrupt", {"instance_id": instance_id, "region": region})["did"]
+
+
+def get_contracts(proxy_url: str) -> dict[str, Any]:
+    """The EC2-contract settings and what the proxy learnt for them (ec2_contracts.py)."""
+    return _call(proxy_url, "GET", CONTROL + "/contracts")
+
+
+def set_contracts(proxy_url: str, **settings: Any) -> dict[str, Any]:
+    """Change some of page_size / deregistered_listed / address_limit (until DELETE /__faults__)."""
+    return _call(proxy_url, "POST", CONTROL + "/contracts", settings)
 
 
 def get_kind(proxy_url: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@
         aws.instant()                          # ... or not: moto's instant answers (until the next reset())
         aws.set_spot_prices({("g5.xlarge", "us-east-1a"): 0.45})
         aws.set_quota("L-34B43A08", 64)
+        aws.contracts(page_size=2)             # EC2 contracts moto lacks (tests/aws/ec2_contracts.py): pages of 2
         aws.ec2("us-east-1").describe_instances()   # straight to moto, for assertions
         aws.log()                              # every request the tool made through the proxy
         aws.leftovers()                        # {"instances": [...], "security_groups": [...], ...}
@@ -71,6 +72,7 @@ QUOTA_NAMES = {
     "L-417A185B": "Running On-Demand P instances",
     "L-7212CCBC": "All P4, P3 and P2 Spot Instance Requests",
     "L-C4BD4855": "All P5 Spot Instance Requests",
+    "L-0263D0A3": "EC2-VPC Elastic IPs",
 }
 
 
@@ -290,6 +292,12 @@ class AwsEndpoint:
     def instant(self) -> dict[str, Any]:
         """moto's instant answers: no fresh-id NotFound, no tag lag (until the next reset())."""
         return self.realism("instant")
+
+    def contracts(self, **settings: Any) -> dict[str, Any]:
+        """EC2 contracts the proxy keeps (tests/aws/ec2_contracts.py), until the next reset(): ``page_size=N``
+        answers the paginated Describe calls in pages of N, ``deregistered_listed``, ``address_limit``. Returns
+        the settings and what the proxy learnt (interfaces per instance, fresh profiles, deregistered images)."""
+        return fault_proxy.set_contracts(self.url, **settings) if settings else fault_proxy.get_contracts(self.url)
 
     def realism_state(self) -> dict[str, Any]:
         """{"kind", "fresh_lookups", "tag_lag", "known": [{"region", "id", "kind", "fresh", "lag"}...]}"""

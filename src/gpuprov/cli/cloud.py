@@ -48,6 +48,9 @@ from gpuprov.errors import GpuprovError, UserInputError
 @click.option("--connect", type=click.Choice(["public", "private"]), default="public", show_default=True,
               help="Reach the node on its public or private address (VPN / bastion).")
 @click.option("--subnet", default=None, help="Launch into this subnet (its zone only) instead of the default VPC.")
+@click.option("--instance-profile", default=None, metavar="NAME",
+              help="The node's own AWS credentials: this IAM instance profile (e.g. for an S3 sync in --on-interrupt); "
+                   "checked before anything is launched.")
 @click.option("--ssh-user", default="ubuntu", show_default=True, help="Login user of the image.")
 @click.option("--no-bootstrap", is_flag=True,
               help="Launch, wait for SSH and pin the host key; install nothing (`ssh gpuprov-NAME` works after).")
@@ -65,9 +68,9 @@ from gpuprov.errors import GpuprovError, UserInputError
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
 def up(name: str | None, fallback: str, max_price: float | None, max_hourly: float | None, disk_gb: int,
-       image: str | None, ssh_cidr: str | None, connect: str, subnet: str | None, ssh_user: str, no_bootstrap: bool,
-       no_wait: bool, dry_run: bool, yes: bool, step_silence: float, verbose: bool, nodes: int, min_nodes: int | None,
-       as_json: bool, **kw: Any) -> None:
+       image: str | None, ssh_cidr: str | None, connect: str, subnet: str | None, instance_profile: str | None,
+       ssh_user: str, no_bootstrap: bool, no_wait: bool, dry_run: bool, yes: bool, step_silence: float, verbose: bool,
+       nodes: int, min_nodes: int | None, as_json: bool, **kw: Any) -> None:
     """Launch a GPU node on AWS, bootstrap and verify it, and print how to connect.
 
     Tries every instance type that carries the GPUs in every zone that offers it, cheapest
@@ -93,6 +96,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         disk_gb=disk_gb, image=image, ssh_cidr=ssh_cidr, connect=connect, subnet=subnet, ssh_user=ssh_user,
         bootstrap=not no_bootstrap, wait=not no_wait, step_silence=step_silence or None,
         verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None,
+        instance_profile=instance_profile,
     )
     launch.check_options(the_plan, opts)
     if nodes > 1 or min_nodes is not None:

@@ -1,15 +1,15 @@
 """`up NAME --nodes N`: N instances of one type in one zone, launched, kept and taken down as one cluster.
 
 In order (validation first, so bad input creates nothing):
-  options checked -> offerings, network, image -> cluster row (one node row, `cluster_size` N) -> key pair,
-  security group with SSH from the caller and all traffic between its own members, cluster placement group
-  (where the type supports one), each recorded before it is created and tagged on creation -> per candidate
-  (type x zone x market, as for one node) ONE RunInstances for N instances with MinCount = --min-nodes (N by
-  default): EC2 launches at least MinCount "or does not launch any instances", so a zone that cannot hold the
-  cluster refuses it whole and failover moves the whole cluster on, never splitting it -> every node running
-  (a node lost on the way is dropped when --min-nodes allows, else the cluster goes) -> Elastic IPs where the
-  type launches with several network interfaces (EC2 assigns no public address then) -> SSH + host keys pinned
-  per node -> bootstrap on every node (a node that fails is dropped the same way) -> ready.
+  options checked -> offerings, network, image, Elastic IP quota -> cluster row (`cluster_size` N) -> key pair,
+  security group with SSH from the caller and all traffic between its own members, cluster placement group (where the
+  type supports one), each recorded before it is created and tagged on creation -> per candidate (type x zone x
+  market, as for one node) ONE RunInstances for N instances with MinCount = --min-nodes (N by default): EC2 launches
+  at least MinCount "or does not launch any instances", so a zone that cannot hold the cluster refuses it whole and
+  failover moves the whole cluster on, never splitting it -> every node running (a node lost on the way is dropped
+  when --min-nodes allows, else the cluster goes) -> Elastic IPs on the primary interface where the type launches with
+  several (no public address then; none for IPv6) -> SSH + host keys pinned per node -> bootstrap on every node (a
+  node that fails is dropped the same way) -> ready.
 
 Any failure or Ctrl-C before `ready` tears the whole cluster down (cloud/teardown.py: instances, then
 volumes, the security group, the Elastic IPs and the placement group). The network layout per type (placement
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from gpuprov import locks
-from gpuprov.cloud import launch
+from gpuprov.cloud import addresses, launch
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.cluster_network import ClusterNetwork, instance_of, network_for, with_efa_step
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
@@ -91,6 +91,8 @@ def up(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider: Prov
         pad = launch.launchpad(plan, opts, provider, store, say)
         name, region, network, cidr, order, image = pad.name, pad.region, pad.network, pad.cidr, pad.order, pad.image
         rec.image = pad.image_line
+        opts = replace(opts, disk_gb=pad.disk_gb, ssh_cidr=cidr)  # what the launch asks for: the root volume, SSH's CIDR
+        addresses.check_quota(provider, region, copts.nodes, opts, order, lambda t: network_for(instance_of(plan, t)).elastic_ip)
 
         market = "spot" if plan.request.spot else "on-demand"
         store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,
@@ -158,7 +160,6 @@ def _launch_and_bootstrap(plan: Plan, opts: launch.UpOptions, copts: ClusterOpti
         rec.phase(tl.BOOTSTRAP if opts.bootstrap else tl.SSH)
         members = _contact_all(plan, opts, copts, members, key_path, provider, store, say, result, layout, rec)
         result.members = members
-    if opts.wait:
         from gpuprov.hosts import sshconfig
 
         _merge_known_hosts(name, members)
@@ -204,7 +205,7 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
                 image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price,
                 shutdown_behavior=launch.shutdown_behavior(plan, cand.market), count=copts.nodes,
                 min_count=copts.at_least, placement_group=group if layout.placement_group else None,
-                interfaces=layout.interfaces), settle=SETTLE_SECONDS)
+                interfaces=layout.interfaces, instance_profile=opts.instance_profile), settle=SETTLE_SECONDS)
         except LaunchError as exc:  # a refusal launched none of them (MinCount)
             attempt = launch.note_refusal(exc, cand, rid, asked, f"{copts.nodes} × ", name, attempts, store, rec, say)
             launch.go_on_after(exc, attempt, opts, closed, provider, region, say, copts.nodes)
@@ -245,9 +246,9 @@ def _landed(plan: Plan, store: Store, name: str, cand: Candidate) -> None:
 
 def _member(name: str, region: str, rank: int, inst: Instance, opts: launch.UpOptions, layout: ClusterNetwork,
             provider: Provider, store: Store, say: Say) -> Member:
-    public = inst.public_ip
+    public = inst.ipv6 if opts.ipv6 else inst.public_ip  # an IPv6 address is public: no Elastic IP needed
     allocation = None
-    if opts.connect == "public" and layout.elastic_ip:
+    if opts.connect == "public" and layout.elastic_ip and not opts.ipv6:
         label = f"gpuprov-{name}-{rank}-{uuid.uuid4().hex[:8]}"
         rid = store.intend(name, "address", region, label)
         allocation = provider.allocate_address(region, name, label)

@@ -1,8 +1,9 @@
 """What every launch shares, one node or a cluster: the checks, the candidates, access, refusals, take-back.
 
-Before anything is recorded (bad input creates nothing): the name, the option combinations, SSH's CIDR,
-the zones that offer each type, the network, the price cap and the candidates in order, the image
-(`launchpad`). Then the node's access (`prepare_access`: the region's key pair, the node's security group,
+Before anything is recorded (bad input creates nothing): the name, the option combinations, SSH's CIDR
+(an IPv6 one only where the subnet can give the node an IPv6 address), the instance profile, the zones that
+offer each type, the network, the price cap and the candidates in order, the image and the root volume it
+needs (`launchpad`). Then the node's access (`prepare_access`: the region's key pair, the node's security group,
 each recorded before it is created). Each AWS refusal of a candidate is noted once (`note_refusal`) and
 decides what comes next (`go_on_after`: the next candidate, on-demand after spot, or a stop with the fix).
 A failed or interrupted launch takes back everything the node got (`take_back`), so it costs nothing.
@@ -51,6 +52,12 @@ class UpOptions:
     reboot_timeout: float = 600.0
     step_silence: float | None = 1200.0  # a step silent this long: the node is lost (bootstrap.Options)
     verbose_echo: Callable[[str], None] | None = None
+    instance_profile: str | None = None  # an IAM instance profile: the node's own AWS credentials
+
+    @property
+    def ipv6(self) -> bool:
+        """SSH is open to an IPv6 CIDR: the node gets an IPv6 address and is reached on it."""
+        return self.ssh_cidr is not None and ":" in self.ssh_cidr
 
 
 @dataclass
@@ -105,6 +112,12 @@ def check_options(plan: Plan, opts: UpOptions) -> None:
     images.check_spec(opts.image)
     if opts.ssh_cidr is not None:
         ssh_cidr(opts.ssh_cidr)  # a malformed CIDR is refused before anything else
+        if opts.ipv6 and opts.connect == "private":
+            raise UserInputError("--ssh-cidr", f"{opts.ssh_cidr} is IPv6, and --connect private reaches the node on its "
+                                 "private IPv4 address, which that rule does not open", "an IPv4 CIDR, or --connect public")
+    if opts.instance_profile is not None and not re.fullmatch(r"[\w+=,.@-]{1,128}", opts.instance_profile):
+        raise UserInputError("--instance-profile", f"{opts.instance_profile!r} is not an instance profile name",
+                             "IAM's names: up to 128 letters, digits and + = , . @ _ -")  # IAM API, InstanceProfileName
     if opts.max_price is not None and opts.max_price <= 0:
         raise UserInputError("--max-price", f"{opts.max_price:g} is not a price", "a spot price in $/h above 0, or leave it out")
     if opts.max_hourly is not None and opts.max_hourly <= 0:
@@ -160,6 +173,7 @@ class Launchpad:
     order: Order
     image: str
     image_line: str  # "baked NAME ami-…", "ubuntu ami-…" (the timeline's words)
+    disk_gb: int  # the root volume: --disk, or the image's root snapshot where that is bigger
 
 
 def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> Launchpad:
@@ -172,6 +186,13 @@ def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say
     cidr = None if opts.ssh_cidr is None and opts.connect == "private" else ssh_cidr(opts.ssh_cidr)
     offerings = provider.offerings(region, [c.name for c in plan.candidates])
     network = provider.network(region, opts.subnet)
+    if cidr is not None and ":" in cidr and not network.ipv6:
+        where = f"subnet {network.subnet_id} has" if network.subnet_id else f"the default VPC's subnets in {region} have"
+        raise UserInputError("--ssh-cidr", f"{cidr} is IPv6, and {where} no IPv6 CIDR block: the node would get no IPv6 "
+                             "address, and SSH would never answer", "an IPv4 CIDR, or --subnet with an IPv6 CIDR block "
+                             "(gpuprov then asks for an IPv6 address at launch and connects over IPv6)")
+    if opts.instance_profile is not None:
+        _check_instance_profile(provider, region, opts.instance_profile, say)
     cap = opts.max_hourly if opts.max_hourly is not None else default_cap(plan)
     order = candidates(plan, offerings, plan.request.spot, opts.fallback_on_demand, network.zone, cap)
     for skip in order.skipped:
@@ -191,7 +212,23 @@ def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say
     say(chosen.line())
     image = chosen.image_id or provider.image(region, plan.request.os)
     line = " ".join(w for w in (chosen.source, chosen.name, image) if w)
-    return Launchpad(name, region, network, cidr, order, image, line)
+    root = provider.image_root(region, image)
+    disk = max(opts.disk_gb, root.size_gb or 0)
+    if disk > opts.disk_gb:  # EC2 refuses a smaller one (InvalidBlockDeviceMapping "... is smaller than snapshot")
+        say(f"root volume: {disk} GB, not --disk {opts.disk_gb}: the image's root snapshot is {root.size_gb} GB")
+    return Launchpad(name, region, network, cidr, order, image, line, disk)
+
+
+def _check_instance_profile(provider: Provider, region: str, name: str, say: Say) -> None:
+    """The profile must exist before anything is made (EC2 would refuse the launch: InvalidParameterValue)."""
+    exists = provider.instance_profile_exists(region, name)
+    if exists is None:
+        say(f"could not ask IAM about instance profile {name} (no iam:GetInstanceProfile): EC2 will say at launch")
+    elif not exists:
+        raise UserInputError("--instance-profile", f"no instance profile {name!r} in this account (IAM GetInstanceProfile: "
+                             "NoSuchEntity)", f"create it and give it a role: aws iam create-instance-profile "
+                             f"--instance-profile-name {name}; aws iam add-role-to-instance-profile --instance-profile-name "
+                             f"{name} --role-name ROLE")
 
 
 def prepare_access(node: str, region: str, provider: Provider, store: Store, network: Network, cidr: str,
@@ -203,7 +240,7 @@ def prepare_access(node: str, region: str, provider: Provider, store: Store, net
     store.created(rid, group)
     provider.authorize_ssh(region, group, cidr, settle=SETTLE_SECONDS)
     return Access(key_name=keys.key_name(owner()), security_group_id=group, subnet_id=network.subnet_id,
-                  public_ip=public_ip)
+                  public_ip=public_ip, ipv6=":" in cidr)
 
 
 def note_refusal(exc: LaunchError, cand: Candidate, rid: int, asked: float, what: str, name: str,

@@ -17,7 +17,7 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuprov import locks
 from gpuprov.cloud import timeline as tl
@@ -80,6 +80,7 @@ def _up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say)
     pad = launchpad(plan, opts, provider, store, say)
     name, region, network, cidr, order, image = pad.name, pad.region, pad.network, pad.cidr, pad.order, pad.image
     rec.image = pad.image_line
+    opts = replace(opts, disk_gb=pad.disk_gb, ssh_cidr=cidr)  # what the launch asks for: the root volume, SSH's CIDR
 
     market = "spot" if plan.request.spot else "on-demand"
     store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,
@@ -117,7 +118,7 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
                 node=name, region=region, zone=cand.zone, instance_type=cand.instance_type, market=cand.market,
                 image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price,
                 persistent=plan.request.persistent and cand.market == "spot",
-                shutdown_behavior=shutdown_behavior(plan, cand.market)),
+                shutdown_behavior=shutdown_behavior(plan, cand.market), instance_profile=opts.instance_profile),
                 settle=SETTLE_SECONDS)
         except LaunchError as exc:
             attempt = note_refusal(exc, cand, rid, asked, "", name, attempts, store, rec, say)
@@ -177,7 +178,7 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
 
     for volume in instance.volume_ids:
         store.add_resource(name, "volume", region, volume)
-    address = instance.private_ip if opts.connect == "private" else instance.public_ip
+    address = instance.private_ip if opts.connect == "private" else instance.ipv6 if opts.ipv6 else instance.public_ip
     if not address:
         raise GpuprovError(f"{instance.id} has no {opts.connect} address; use --connect private (VPN/bastion) "
                            "or a subnet that assigns public IPs")

@@ -1,6 +1,7 @@
 """stop / start / resize: keep a node's disk and stop its bill, and bring it back (issue 11).
 
-A node that can stop (on-demand, or a persistent spot request) stops with its EBS volume kept;
+A node that can stop (on-demand, or a persistent spot request) stops with its EBS volume kept (its instance
+store, where the type has one, is lost: `stop` says so, cloud/instance_store.py);
 `start` resizes first when asked (refused before anything changes when the installed stack cannot
 serve the new GPU), waits for it to run, follows a new address in state and ssh config with the
 host key still pinned, and re-runs the bootstrap and verify. Each change is recorded before it is
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, cast
 from gpuprov import locks
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import Say, bootstrap_node, wait_tcp
+from gpuprov.cloud.instance_store import say_what_stop_loses
 from gpuprov.cloud.providers.base import LaunchError, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
@@ -75,6 +77,7 @@ def _stop(names: Sequence[str], provider: Provider, store: Store, say: Say, time
             continue
         rows = _instance_rows(node, store)
         ids = [r.cloud_id for r in rows if r.cloud_id]
+        say_what_stop_loses(provider, node.name, node.region, node.instance_type, say)
         store.update_node(node.name, state="stopping")
         store.event(node.name, "stop", f"stopping {', '.join(ids)}")
         say(f"{node.name}: stopping {', '.join(ids)}")
@@ -291,7 +294,10 @@ def _run(name: str, node: Node, row: Resource, opts: StartOptions, now_type: str
                            f"stopped{back}; try again later, or another type: gpuprov start {name} --instance-type …"
                            ) from None
     instance = provider.wait_running(node.region, iid, timeout=opts.ssh_timeout, settle=settle(row))
-    address = instance.private_ip if node.connect == "private" else instance.public_ip
+    # a node reached over IPv6 keeps its address across a stop (EC2 user guide, "IPv6 addresses": it "persists
+    # when you stop and start"); a public IPv4 one changes
+    v6 = node.address is not None and ":" in node.address
+    address = instance.private_ip if node.connect == "private" else instance.ipv6 if v6 else instance.public_ip
     if not address:
         raise GpuprovError(f"{iid} runs but has no {node.connect or 'public'} address")
     from gpuprov.hosts import sshconfig

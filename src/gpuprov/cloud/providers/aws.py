@@ -27,11 +27,12 @@ from gpuprov.cloud.providers.base import (
     TAG_IMAGE,
     TAG_OWNER,
     CloudResource,
+    InstanceStore,
     InstanceTypeInfo,
     Network,
     SpotPrice,
 )
-from gpuprov.errors import UserInputError
+from gpuprov.errors import GpuprovError, UserInputError
 
 UBUNTU_SSM_PREFIX = "/aws/service/canonical/ubuntu/server"
 RETRY_CREATES = 4  # tries of a create without a ClientToken (AllocateAddress), each after a look for the last
@@ -79,7 +80,8 @@ class AwsProvider(AwsInstances, AwsImages):
         return sorted(str(r["RegionName"]) for r in reply["Regions"])
 
     def network(self, region: str, subnet: str | None) -> Network:
-        """The pinned subnet's VPC and zone, or the region's default VPC (any zone)."""
+        """The pinned subnet's VPC and zone, or the region's default VPC (any zone); whether the subnet (every
+        default subnet, since the launch picks the zone) has an IPv6 CIDR block to give a node an address from."""
         ec2 = self._client("ec2", region)
         if subnet:
             try:
@@ -89,13 +91,18 @@ class AwsProvider(AwsInstances, AwsImages):
                                      "list subnets with `aws ec2 describe-subnets`") from None
             vpc = self._call("DescribeVpcs", lambda: ec2.describe_vpcs(VpcIds=[found["VpcId"]]))["Vpcs"][0]
             return Network(vpc_id=str(vpc["VpcId"]), vpc_cidr=str(vpc["CidrBlock"]), subnet_id=subnet,
-                           zone=str(found["AvailabilityZone"]), maps_public_ip=bool(found.get("MapPublicIpOnLaunch")))
+                           zone=str(found["AvailabilityZone"]), maps_public_ip=bool(found.get("MapPublicIpOnLaunch")),
+                           ipv6=_has_ipv6(found))
         vpcs = self._call("DescribeVpcs", lambda: ec2.describe_vpcs(
             Filters=[{"Name": "is-default", "Values": ["true"]}]))["Vpcs"]
         if not vpcs:
             raise UserInputError("--subnet", f"{region} has no default VPC", "pass --subnet subnet-... to launch into")
+        defaults = self._call("DescribeSubnets", lambda: [s for page in ec2.get_paginator("describe_subnets").paginate(
+            Filters=[{"Name": "vpc-id", "Values": [vpcs[0]["VpcId"]]}, {"Name": "default-for-az", "Values": ["true"]}])
+            for s in page["Subnets"]])
         # default subnets give instances a public address (EC2 guide, "Default VPCs")
-        return Network(vpc_id=str(vpcs[0]["VpcId"]), vpc_cidr=str(vpcs[0]["CidrBlock"]))
+        return Network(vpc_id=str(vpcs[0]["VpcId"]), vpc_cidr=str(vpcs[0]["CidrBlock"]),
+                       ipv6=bool(defaults) and all(_has_ipv6(s) for s in defaults))
 
     # --- key pair, security group, placement group, Elastic IPs ------------------------------
 
@@ -200,12 +207,45 @@ class AwsProvider(AwsInstances, AwsImages):
         return str(found[0]["AllocationId"]) if found else None
 
     def associate_address(self, region: str, allocation_id: str, instance_id: str, settle: float) -> str:
+        """By the primary interface's id: EC2 refuses InstanceId for an instance with more than one interface
+        (InvalidInstanceID, "There are multiple interfaces attached to instance"), every EFA node's case."""
         ec2 = self._client("ec2", region)
-        self._settle("AssociateAddress", lambda: ec2.associate_address(
-            AllocationId=allocation_id, InstanceId=instance_id), "instance", instance_id, settle)
+        (instance,) = self.describe(region, [instance_id], settle=settle)
+        if instance.primary_interface is None:
+            raise GpuprovError(f"{instance_id} has no primary network interface (card 0, device 0) to put an "
+                               "Elastic IP on")
+        eni = instance.primary_interface
+        self._settle("AssociateAddress", lambda: ec2.associate_address(AllocationId=allocation_id, NetworkInterfaceId=eni),
+                     "network-interface", eni, settle)
         (found,) = self._call("DescribeAddresses", lambda: ec2.describe_addresses(
             AllocationIds=[allocation_id]))["Addresses"]
         return str(found["PublicIp"])
+
+    def address_count(self, region: str) -> int:
+        ec2 = self._client("ec2", region)  # DescribeAddresses has no pages (botocore: no paginator)
+        return len(self._call("DescribeAddresses", lambda: ec2.describe_addresses())["Addresses"])
+
+    def instance_profile_exists(self, region: str, name: str) -> bool | None:
+        iam = self._client("iam", region)
+        try:
+            self._call("iam:GetInstanceProfile", lambda: iam.get_instance_profile(InstanceProfileName=name))
+        except AwsError as exc:
+            if exc.code == "NoSuchEntity":
+                return False
+            if exc.code in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"):
+                return None
+            raise
+        return True
+
+    def instance_store(self, instance_type: str, region: str) -> InstanceStore | None:
+        ec2 = self._client("ec2", region)
+        (found,) = self._call("DescribeInstanceTypes", lambda: ec2.describe_instance_types(
+            InstanceTypes=[instance_type]))["InstanceTypes"]
+        info = found.get("InstanceStorageInfo") if found.get("InstanceStorageSupported") else None
+        if not info:
+            return None
+        return InstanceStore(int(info["TotalSizeInGB"]), tuple((int(d["Count"]), int(d["SizeInGB"]))
+                                                                  for d in info.get("Disks") or []))
 
     # --- everything tagged as ours (gc) and its removal --------------------------------------
 
@@ -216,8 +256,7 @@ class AwsProvider(AwsInstances, AwsImages):
         for i in self.instances(region, everyone=everyone):
             if i.state != "terminated":
                 found.append(CloudResource("instance", i.id, region, i.node, i.state, i.owner))
-        for req in self._call("DescribeSpotInstanceRequests", lambda: ec2.describe_spot_instance_requests(
-                Filters=owned))["SpotInstanceRequests"]:
+        for req in self._pages(ec2, "DescribeSpotInstanceRequests", "SpotInstanceRequests", Filters=owned):
             if req.get("State") in ("open", "active", "disabled"):  # disabled: its stopped instance's, still live
                 found.append(CloudResource("spot-request", req["SpotInstanceRequestId"], region, tag_value(req), req["State"],
                                            tag_value(req, TAG_OWNER)))
@@ -225,7 +264,7 @@ class AwsProvider(AwsInstances, AwsImages):
                 Filters=owned))["SecurityGroups"]:
             found.append(CloudResource("security-group", group["GroupId"], region, tag_value(group), "",
                                        tag_value(group, TAG_OWNER)))
-        for vol in self._call("DescribeVolumes", lambda: ec2.describe_volumes(Filters=owned))["Volumes"]:
+        for vol in self._pages(ec2, "DescribeVolumes", "Volumes", Filters=owned):
             if vol.get("State") not in ("deleting", "deleted"):
                 found.append(CloudResource("volume", vol["VolumeId"], region, tag_value(vol), vol.get("State", ""),
                                            tag_value(vol, TAG_OWNER)))
@@ -245,8 +284,7 @@ class AwsProvider(AwsInstances, AwsImages):
         # a snapshot whose image is gone (a DeregisterImage whose DeleteSnapshot never came); its image's
         # name is its tag, since CreateImage tags the snapshots before the image id is known
         names = {i.name for i in images}
-        for snap in self._call("DescribeSnapshots", lambda: ec2.describe_snapshots(
-                OwnerIds=["self"], Filters=owned))["Snapshots"]:
+        for snap in self._pages(ec2, "DescribeSnapshots", "Snapshots", OwnerIds=["self"], Filters=owned):
             if tag_value(snap, TAG_IMAGE) not in names:
                 found.append(CloudResource("snapshot", snap["SnapshotId"], region, IMAGES,
                                            f"of image {tag_value(snap, TAG_IMAGE)} (gone)", tag_value(snap, TAG_OWNER)))
@@ -287,11 +325,10 @@ class AwsProvider(AwsInstances, AwsImages):
 
     def prices(self, region: str, instance_types: Sequence[str]) -> list[SpotPrice]:
         ec2 = self._client("ec2", region)
-        reply = self._call("DescribeSpotPriceHistory", lambda: ec2.describe_spot_price_history(
-            InstanceTypes=list(instance_types), ProductDescriptions=["Linux/UNIX"],
-            StartTime=datetime.now(timezone.utc)))
+        rows = self._pages(ec2, "DescribeSpotPriceHistory", "SpotPriceHistory", InstanceTypes=list(instance_types),
+                           ProductDescriptions=["Linux/UNIX"], StartTime=datetime.now(timezone.utc))
         latest: dict[tuple[str, str], SpotPrice] = {}
-        for row in reply["SpotPriceHistory"]:
+        for row in rows:
             price = SpotPrice(row["InstanceType"], row["AvailabilityZone"], float(row["SpotPrice"]), row.get("Timestamp"))
             key = (price.instance_type, price.zone)
             if key not in latest or (price.at and latest[key].at and price.at > latest[key].at):  # type: ignore[operator]
@@ -320,6 +357,8 @@ def _granted(call: Any) -> None:
     except AwsError as exc:
         if exc.code != "InvalidPermission.Duplicate":
             raise
+
+
 def _gpu_type(row: dict[str, Any]) -> InstanceTypeInfo | None:
     """One DescribeInstanceTypes row with GPUs (the first GPU entry: no EC2 type mixes models), else None."""
     gpus = (row.get("GpuInfo") or {}).get("Gpus") or []
@@ -336,3 +375,9 @@ def _gpu_type(row: dict[str, Any]) -> InstanceTypeInfo | None:
         network_cards=int(net.get("MaximumNetworkCards") or 1),
         efa_card_indexes=tuple(sorted(int(c["NetworkCardIndex"]) for c in cards if "efa" in (c.get("InterfaceTypes") or []))),
         network_performance=str(net.get("NetworkPerformance", "")))
+
+
+def _has_ipv6(subnet: dict[str, Any]) -> bool:
+    """An IPv6 CIDR block associated with the subnet (EC2 API reference, SubnetIpv6CidrBlockAssociation)."""
+    return any((a.get("Ipv6CidrBlockState") or {}).get("State") in ("associating", "associated")
+               for a in subnet.get("Ipv6CidrBlockAssociationSet") or [])

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import boto3
+from botocore import xform_name
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
@@ -42,7 +43,7 @@ NOT_FOUND = {"instance": "InvalidInstanceID.NotFound", "security-group": "Invali
              "key-pair": "InvalidKeyPair.NotFound", "volume": "InvalidVolume.NotFound",
              "spot-request": "InvalidSpotInstanceRequestID.NotFound", "image": "InvalidAMIID.NotFound",
              "snapshot": "InvalidSnapshot.NotFound", "placement-group": "InvalidPlacementGroup.Unknown",
-             "address": "InvalidAllocationID.NotFound"}
+             "address": "InvalidAllocationID.NotFound", "network-interface": "InvalidNetworkInterfaceID.NotFound"}
 
 
 class NoAnswer(GpuprovError):
@@ -132,6 +133,12 @@ class AwsBase:
             raise NoAnswer(f"AWS call {what} got no answer: {exc}") from None
         except BotoCoreError as exc:  # bad config, and the like
             raise GpuprovError(f"AWS call {what} failed: {exc}") from None
+
+    def _pages(self, client: Any, what: str, key: str, **kwargs: Any) -> list[Any]:
+        """Every page of a paginated Describe call's `key` items (EC2 answers at most MaxResults, or its own page
+        limit, and a NextToken for the rest: page 1 alone misses them)."""
+        return self._call(what, lambda: [item for page in client.get_paginator(xform_name(what)).paginate(**kwargs)
+                                         for item in page[key]])
 
     def _settle(self, what: str, fn: Callable[[], T], kind: str, cloud_id: str, settle: float) -> T:
         """`fn`, looking again (with backoff) while the resource answers NotFound within `settle` seconds:

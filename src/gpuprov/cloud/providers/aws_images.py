@@ -69,14 +69,17 @@ class AwsImages(AwsBase):
 
     def images(self, region: str, *, ids: Sequence[str] = (), name: str | None = None,
                everyone: bool = False) -> list[Image]:
+        """Every page of them; a deregistered image is left out: EC2 still lists one for a while (DescribeImages:
+        "Recently deregistered images appear in the returned results for a short interval")."""
         ec2 = self._client("ec2", region)
         filters = self._owned(everyone)
         if ids:
             filters = [*filters, {"Name": "image-id", "Values": list(ids)}]
         if name is not None:
             filters = [*filters, {"Name": "name", "Values": [name]}]
-        reply = self._call("DescribeImages", lambda: ec2.describe_images(Owners=["self"], Filters=filters))
-        return sorted((_image(raw, region) for raw in reply["Images"]), key=lambda i: i.created or "")
+        raws = self._pages(ec2, "DescribeImages", "Images", Owners=["self"], Filters=filters)
+        found = (_image(raw, region) for raw in raws)
+        return sorted((i for i in found if i.state != "deregistered"), key=lambda i: i.created or "")
 
     def wait_image(self, region: str, image_id: str, timeout: float, settle: float,
                    progress: Callable[[Image, float], None] | None = None) -> Image:

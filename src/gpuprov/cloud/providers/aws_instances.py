@@ -1,7 +1,11 @@
 """EC2 instances: launch (RunInstances with the failover's request), describe, wait, terminate, stop, start,
 resize. RunInstances goes through a client with retries off: EC2 answers a capacity refusal with HTTP 500,
 which botocore would retry in the same zone; a throttled or failed request is sent again here with the
-same ClientToken, which EC2 answers with the same instances instead of more."""
+same ClientToken, which EC2 answers with the same instances instead of more.
+
+Every instance gets IMDSv2 only, with a PUT response hop limit of 2: with the default 1 a container on the node
+(the DLAMI ships Docker) gets no token, since the container's network is one more hop (EC2 user guide, "Retrieve
+instance metadata": "in a container environment we recommend that you set the hop limit to 2")."""
 
 from __future__ import annotations
 
@@ -11,18 +15,30 @@ from typing import Any
 
 from gpuprov.cloud.providers.aws_base import AwsBase, AwsError, NoAnswer, tag_value
 from gpuprov.cloud.providers.aws_refusals import classify
-from gpuprov.cloud.providers.base import TAG_NODE, TAG_OWNER, Access, Instance, LaunchError, LaunchRequest, Nic
+from gpuprov.cloud.providers.base import (
+    TAG_NODE,
+    TAG_OWNER,
+    Access,
+    ImageRoot,
+    Instance,
+    LaunchError,
+    LaunchRequest,
+    Nic,
+)
 from gpuprov.errors import GpuprovError, UserInputError
 
 # a fresh security group, key pair or placement group EC2 does not know yet (eventual consistency)
 LAUNCH_REFERENCES = {"InvalidGroup.NotFound", "InvalidKeyPair.NotFound", "InvalidPlacementGroup.Unknown"}
 # a launch that dies on its way (pending -> terminated) for want of capacity (botocore's StateReason codes)
 CAPACITY_REASONS = ("Server.InsufficientInstanceCapacity", "Server.SpotInstanceTermination")
+# IAM is eventually consistent: EC2 may not see a profile created moments ago yet (EC2 user guide, "IAM roles for
+# Amazon EC2": "If your first attempt to launch an instance with a role fails, wait a few seconds before trying again")
+FRESH_PROFILE = "Invalid IAM Instance Profile name"
 RETRY_RUN_INSTANCES = 4  # attempts of one candidate on throttling / InternalError (same ClientToken)
 
 
 class AwsInstances(AwsBase):
-    def _root_device(self, region: str, image_id: str) -> str:
+    def image_root(self, region: str, image_id: str) -> ImageRoot:
         ec2 = self._client("ec2", region)
         try:
             images = self._call("DescribeImages", lambda: ec2.describe_images(ImageIds=[image_id]))["Images"]
@@ -30,7 +46,10 @@ class AwsInstances(AwsBase):
             raise UserInputError("--image", f"{image_id}: {exc.code}: {exc.message}") from None
         if not images:
             raise UserInputError("--image", f"image {image_id} not found in {region}")
-        return str(images[0].get("RootDeviceName") or "/dev/sda1")
+        device = str(images[0].get("RootDeviceName") or "/dev/sda1")
+        sizes = [m["Ebs"].get("VolumeSize") for m in images[0].get("BlockDeviceMappings") or []
+                 if m.get("DeviceName") == device and "Ebs" in m]
+        return ImageRoot(device, int(sizes[0]) if sizes and sizes[0] is not None else None)
 
     def _run_kwargs(self, request: LaunchRequest) -> dict[str, Any]:
         specs = [
@@ -44,11 +63,13 @@ class AwsInstances(AwsBase):
             # EC2 can provide in the target Availability Zone, Amazon EC2 does not launch any instances")
             "MinCount": request.min_count, "MaxCount": request.count,
             "KeyName": access.key_name, "ClientToken": request.client_token,
-            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
             "InstanceInitiatedShutdownBehavior": request.shutdown_behavior,
-            "BlockDeviceMappings": [{"DeviceName": self._root_device(request.region, request.image_id), "Ebs": {
+            "BlockDeviceMappings": [{"DeviceName": self.image_root(request.region, request.image_id).device, "Ebs": {
                 "VolumeSize": request.disk_gb, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}}],
         }
+        if request.instance_profile:
+            kwargs["IamInstanceProfile"] = {"Name": request.instance_profile}
         if request.interfaces:  # EFA: every interface named (one card each); see catalog.yaml cluster_network
             kwargs["NetworkInterfaces"] = [_nic(nic, access, len(request.interfaces)) for nic in request.interfaces]
         elif access.public_ip:  # the subnet gives no public address by itself: ask for one on the interface
@@ -58,6 +79,10 @@ class AwsInstances(AwsBase):
             kwargs["SecurityGroupIds"] = [access.security_group_id]
             if access.subnet_id:
                 kwargs["SubnetId"] = access.subnet_id
+        if access.ipv6:  # on the primary interface; EC2 takes the instance-level count only without interfaces
+            primary = next((n for n in kwargs.get("NetworkInterfaces", []) if n.get("NetworkCardIndex", 0) == 0
+                            and n["DeviceIndex"] == 0), None)
+            (primary if primary is not None else kwargs)["Ipv6AddressCount"] = 1
         if not access.subnet_id:
             kwargs["Placement"] = {"AvailabilityZone": request.zone}
         if request.placement_group:
@@ -98,7 +123,7 @@ class AwsInstances(AwsBase):
                     raise LaunchError("retry", "NoAnswer", str(exc)) from None
             except AwsError as exc:
                 refusal = classify(exc.code, exc.message, request.market)
-                fresh = exc.code in LAUNCH_REFERENCES and time.monotonic() + wait < deadline
+                fresh = _fresh_reference(exc) and time.monotonic() + wait < deadline
                 if not (fresh or (refusal.then == "retry" and tries < RETRY_RUN_INSTANCES)):
                     raise LaunchError(refusal.then, exc.code, exc.message, refusal.fix, refusal.quota) from None
             time.sleep(wait)
@@ -196,6 +221,11 @@ class AwsInstances(AwsBase):
             InstanceId=instance_id, InstanceType={"Value": instance_type}), "instance", instance_id, settle)
 
 
+def _fresh_reference(exc: AwsError) -> bool:
+    """A refusal that names something created moments ago that EC2 does not see yet: retried within the settle time."""
+    return exc.code in LAUNCH_REFERENCES or (exc.code == "InvalidParameterValue" and FRESH_PROFILE in exc.message)
+
+
 def _nic(nic: Nic, access: Access, count: int) -> dict[str, Any]:
     spec: dict[str, Any] = {"NetworkCardIndex": nic.card, "DeviceIndex": nic.device, "InterfaceType": nic.kind,
                             "SubnetId": access.subnet_id, "Groups": [access.security_group_id],
@@ -207,6 +237,12 @@ def _nic(nic: Nic, access: Access, count: int) -> dict[str, Any]:
 
 def _instance(raw: dict[str, Any], region: str) -> Instance:
     volumes = tuple(m["Ebs"]["VolumeId"] for m in raw.get("BlockDeviceMappings") or [] if "Ebs" in m)
+    # the primary interface is at network card 0, device 0 (EC2 API reference, InstanceNetworkInterfaceSpecification);
+    # its IPv6 address from its own list (the instance-level Ipv6Address is filled only for a primary IPv6)
+    primary = next((n for n in raw.get("NetworkInterfaces") or []
+                    if ((n.get("Attachment") or {}).get("NetworkCardIndex", 0), (n.get("Attachment") or {}).get("DeviceIndex"))
+                    == (0, 0)), None)
+    v6 = sorted((primary or {}).get("Ipv6Addresses") or [], key=lambda a: not a.get("IsPrimaryIpv6"))
     return Instance(
         id=raw["InstanceId"], region=region, zone=(raw.get("Placement") or {}).get("AvailabilityZone"),
         instance_type=raw["InstanceType"], state=(raw.get("State") or {}).get("Name", "unknown"),
@@ -215,4 +251,6 @@ def _instance(raw: dict[str, Any], region: str) -> Instance:
         state_reason=(raw.get("StateReason") or {}).get("Message"), node=tag_value(raw),
         state_code=(raw.get("StateReason") or {}).get("Code"),
         spot_request_id=raw.get("SpotInstanceRequestId"), volume_ids=volumes, owner=tag_value(raw, TAG_OWNER),
+        ipv6=raw.get("Ipv6Address") or (v6[0].get("Ipv6Address") if v6 else None),
+        primary_interface=primary.get("NetworkInterfaceId") if primary else None,
     )

@@ -51,6 +51,8 @@ class Instance:
     state_code: str | None = None  # StateReason.Code: Server.SpotInstanceShutdown, Client.UserInitiatedShutdown …
     volume_ids: tuple[str, ...] = ()
     owner: str | None = None  # its gpuprov:owner tag
+    ipv6: str | None = None  # the primary interface's IPv6 address, when it has one
+    primary_interface: str | None = None  # the interface at network card 0, device 0 (an Elastic IP goes there)
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,23 @@ class Network:
     subnet_id: str | None = None
     zone: str | None = None
     maps_public_ip: bool = True  # the subnet gives new instances a public address by itself
+    ipv6: bool = False  # the subnet (without one pinned: every default subnet) has an IPv6 CIDR block
+
+
+@dataclass(frozen=True)
+class ImageRoot:
+    """An image's root device and the size of its root snapshot (a root volume is at least that big)."""
+
+    device: str
+    size_gb: int | None
+
+
+@dataclass(frozen=True)
+class InstanceStore:
+    """A type's instance-store disks (NVMe on the GPU types that have them): lost when the instance stops."""
+
+    total_gb: int
+    disks: tuple[tuple[int, int], ...]  # (count, GB each)
 
 
 @dataclass(frozen=True)
@@ -72,6 +91,7 @@ class Access:
     security_group_id: str
     subnet_id: str | None
     public_ip: bool = False  # ask for a public address (the subnet does not give one by itself)
+    ipv6: bool = False  # ask for an IPv6 address on the primary interface (SSH is open to an IPv6 CIDR)
 
 
 @dataclass(frozen=True)
@@ -120,6 +140,7 @@ class LaunchRequest:
     min_count: int = 1  # ... and at least this many, or none at all (EC2's MinCount)
     placement_group: str | None = None  # a cluster placement group's name
     interfaces: tuple[Nic, ...] = ()  # EFA interfaces; empty: one ENA interface as before
+    instance_profile: str | None = None  # an IAM instance profile's name: the node's AWS credentials
 
 
 @dataclass(frozen=True)
@@ -257,6 +278,22 @@ class Provider(Protocol):
 
     def associate_address(self, region: str, allocation_id: str, instance_id: str, settle: float) -> str:
         """Put the Elastic IP on the instance's primary interface; returns the public address."""
+        ...
+
+    def address_count(self, region: str) -> int:
+        """Elastic IPs the account holds in the region (they count against its quota, L-0263D0A3)."""
+        ...
+
+    def instance_profile_exists(self, region: str, name: str) -> bool | None:
+        """Whether an IAM instance profile of this name exists (None: IAM would not say)."""
+        ...
+
+    def image_root(self, region: str, image_id: str) -> ImageRoot:
+        """The image's root device and root snapshot size (an unknown image is bad input)."""
+        ...
+
+    def instance_store(self, instance_type: str, region: str) -> InstanceStore | None:
+        """The type's instance-store disks (None: it has none)."""
         ...
 
     def find_launched(self, region: str, client_token: str) -> list[Instance]:
