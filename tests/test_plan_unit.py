@@ -393,7 +393,10 @@ def test_a_budget_becomes_the_deadline_when_it_runs_out_before_the_ttl():
     assert (long.ttl_seconds, long.budget_usd) == (7200, 100.0)
     alone = P.with_budget(P.Guards(), 3.0, 2.0)
     assert alone.ttl_seconds == 5400
-    assert P.budget_seconds(1.0, 3.0) == 1200 and P.budget_seconds(0.01, 7.0) == 5  # whole seconds, rounded down
+    assert P.budget_seconds(1.0, 3.0) == 1200 and P.budget_seconds(0.5, 7.0) == 257  # whole seconds, rounded down
+    # at launch the price obtained may differ from the list price `plan` checked: the deadline stays where a guard
+    # can enforce it, 1m to 90d (as --ttl)
+    assert P.budget_seconds(0.01, 7.0) == 60 and P.budget_seconds(1e6, 0.5) == 90 * 86400
     err = refusal(P.budget_seconds, 0.0, 2.0)
     assert (err.field, err.problem, err.hint) == ("--budget", "0 is not a budget", "dollars above 0, e.g. 50")
 
@@ -403,7 +406,7 @@ def test_a_budget_on_a_launched_node_uses_the_chosen_types_price_and_the_ttl_ste
     assert plan.guards.ttl_seconds == int(100 / 55.04 * 3600) == 6540
     assert (plan.guards.budget_usd, plan.guards.budget_price) == (100, 55.04)
     assert summary_of(plan, "ttl").startswith(
-        "hard deadline: shut down 1h49m (the $100 budget at $55.04/h) after this step first runs")
+        "hard deadline: shut down 1h49m (when the $100 budget at $55.04/h runs out) after this step first runs")
     assert P.ttl_step(P.Guards(ttl_seconds=60, budget_usd=5)).summary.startswith("hard deadline: shut down 1m after")
 
 
