@@ -56,8 +56,9 @@ def ssh_options(target: Target, settings: HostSettings) -> list[str]:
         "-o", "UpdateHostKeys=no",
         "-o", f"ConnectTimeout={max(1, math.ceil(settings.connect_timeout))}",
     ]
-    if settings.ssh_config:
-        opts += ["-F", str(settings.ssh_config)]
+    config = settings.ssh_config or Path.home() / ".ssh" / "config"
+    if config.is_file():  # the config gpuprov read, even where ssh's own home (passwd) is another (sudo -E, CI)
+        opts += ["-F", str(config)]
     key = target.key or settings.key_filename
     if key:
         opts += ["-i", str(Path(key).expanduser()), "-o", "IdentitiesOnly=yes"]
@@ -174,6 +175,26 @@ def split_sync(host: str, src: str, dst: str) -> SyncPlan:
         return SyncPlan(upload=True, local=src, remote_path=r_dst)
     assert r_src is not None
     return SyncPlan(upload=False, local=dst, remote_path=r_src)
+
+
+def as_copy(plan: SyncPlan, source_is_dir: bool) -> SyncPlan:
+    """`sync`'s one rule for slashes: DST becomes a copy of SRC. A folder's contents land in DST whatever
+    slashes either side has (rsync's `SRC/ DST/`, so `sync ./code node:code` makes ~/code, never
+    ~/code/code); a file lands at DST, or inside DST when DST ends in `/`."""
+    if not source_is_dir:
+        return plan
+    return SyncPlan(plan.upload, plan.local.rstrip("/") + "/", plan.remote_path.rstrip("/") + "/")
+
+
+def remote_is_dir(target: Target, settings: HostSettings, path: str) -> bool:
+    """Whether `path` on the host is a folder (relative paths: in the login's home, `~/` expanded there)."""
+    word = "~/" + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
+    remote = Remote(target, settings)
+    try:
+        remote.open()
+        return remote.run(f"test -d {word}").ok
+    finally:
+        remote.close()
 
 
 def rsync_argv(target: Target, settings: HostSettings, plan: SyncPlan, *, progress: bool = False,
