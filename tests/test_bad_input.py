@@ -65,7 +65,7 @@ CASES = [
     ("render --gpu t4 -o {d}/full", "--output", "not empty"),
     # values checked before any connection or launch
     ("plan --gpu a100:8 --count 4", "--count", "conflicts with --gpu a100:8"),
-    ("plan --gpu a100 --count 0", "--count", "at least 1"),
+    ("plan --gpu a100 --count 0", "--count", "not in the range 1 to 64"),
     ("plan --gpu a100 --hours 0", "--hours", "not in the range"),
     ("plan --gpu nope", "--gpu", "unknown GPU"),
     ("gpus rtx9999", "GPU", "unknown GPU 'rtx9999'"),
@@ -76,7 +76,7 @@ CASES = [
     ("bootstrap --gpu rtx9999 10.0.0.1", "--gpu", "unknown GPU 'rtx9999'"),
     ("check --connect-timeout -1 10.0.0.1", "--connect-timeout", "not in the range"),
     ("bootstrap --connect-timeout 0 10.0.0.1", "--connect-timeout", "not in the range"),
-    ("up --gpu t4 --spot --max-price 0 --dry-run", "--max-price", "not a price"),
+    ("up --gpu t4 --spot --max-price 0 --dry-run", "--max-price", "not in the range 0 < x"),
     ("up --gpu t4 --fallback sometimes", "--fallback", "'on-demand'"),
     ("check", "HOST", "no host"),
     # where gpuprov keeps its state

@@ -45,7 +45,7 @@ def test_the_config_file_sets_defaults_and_flags_and_environment_win(configured:
     assert plan(configured, AWS_REGION="us-west-2")["region"] == "us-west-2"  # the AWS chain's env over the file
     said = run("plan", "--json", tmp=configured).stderr
     assert f"region eu-west-1 (from config file {configured}/xdg/gpuprov/config.toml)" in said
-    assert "GPUPROV_PARALLEL; default: 7;" in " ".join(run("check", "--help", tmp=configured).stdout.split())
+    assert "GPUPROV_PARALLEL; default: 7]" in " ".join(run("check", "--help", tmp=configured).stdout.split())
 
 
 def test_config_shows_each_value_and_where_it_came_from(configured: Path) -> None:
