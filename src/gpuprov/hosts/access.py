@@ -208,6 +208,10 @@ def rsync_argv(target: Target, settings: HostSettings, plan: SyncPlan, *, progre
     if delete:
         argv.append("--delete")
     argv += list(extra)
+    parent = plan.remote_path.rstrip("/").rpartition("/")[0]
+    if plan.upload and parent not in ("", ".", "~"):  # rsync makes DST's last folder only: its parents first
+        word = "~/" + shlex.quote(parent[2:]) if parent.startswith("~/") else shlex.quote(parent)
+        argv.append(f"--rsync-path=mkdir -p {word} && rsync")
     return [*argv, plan.local, remote] if plan.upload else [*argv, remote, plan.local]
 
 

@@ -17,6 +17,7 @@ and where new nodes go and how they are reached (`make sandbox` writes these for
 
     subnet = "subnet-0123456789abcdef0"
     connect = "private"
+    ssh_config = "~/.ssh/sandbox_config"
     ssh_user = "root"
     os = "ubuntu-22.04"
     python = "3.11"
@@ -56,6 +57,7 @@ class ConfigFile(BaseModel):
     ssh_user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")] | None = None
     os: str | None = None
     python: Annotated[str, Field(pattern=r"^3\.\d+$")] | None = None
+    ssh_config: str | None = None
 
     @field_validator("os")
     @classmethod
@@ -93,7 +95,7 @@ class Setting:
 
 _STACK = ("plan", "render", "up")
 _PINNED = (*_STACK, "bootstrap")
-_REACH = ("bootstrap", "check", "doctor", "ssh", "exec", "tunnel", "jupyter", "sync", "monitor")
+_REACH = ("bootstrap", "check", "doctor", "bench", "ssh", "exec", "tunnel", "jupyter", "sync", "monitor", "torchrun")
 SETTINGS = (
     Setting("region", "AWS region", ("AWS_REGION", "AWS_DEFAULT_REGION"), "us-east-1 (or the AWS profile's)", {}),
     Setting("gpu", "GPU for plan, render and up", ("GPUPROV_GPU",), None, {c: "gpu" for c in _STACK}),
@@ -111,6 +113,8 @@ SETTINGS = (
     Setting("os", "OS the scripts are for", (), "ubuntu-24.04 (bootstrap: the host's own)",
             {c: "os_name" for c in _PINNED}),
     Setting("python", "the env's Python", (), "3.12", {c: "python" for c in _PINNED}),
+    Setting("ssh_config", "ssh config file for existing hosts", (), "~/.ssh/config",
+            {c: "ssh_config" for c in _REACH}),
 )
 
 
@@ -178,6 +182,8 @@ def default_map() -> dict[str, dict[str, Any]]:
         value = getattr(values, setting.key)
         if value is None:
             continue
+        if setting.key in ("key", "ssh_config"):  # a path, as a shell would have expanded it on the command line
+            value = os.path.expanduser(value)
         for command, param in setting.options.items():
             out.setdefault(command, {})[param] = value
     return out
@@ -223,6 +229,8 @@ def _check_value(key: str, value: str) -> None:
             raise UserInputError(key, f"{value!r} is not a CIDR", "e.g. 203.0.113.7/32") from None
     elif key == "key" and not Path(value).expanduser().is_file():
         raise UserInputError(key, f"no such key file: {value}", "the private key's path, e.g. ~/.ssh/id_ed25519")
+    elif key == "ssh_config" and not Path(value).expanduser().is_file():
+        raise UserInputError(key, f"no such file: {value}", "an OpenSSH client config, e.g. ~/.ssh/config")
     elif key == "autostop":
         parse_duration(value, key)
     elif key == "parallel" and not (value.isdigit() and 1 <= int(value) <= 1024):
