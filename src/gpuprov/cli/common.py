@@ -50,7 +50,14 @@ def make_console(*, stderr: bool = False) -> Any:
     if columns is not None and not (columns.strip().isdigit() and int(columns) > 0):
         # COLUMNS=0 or junk (some CI runners, `docker exec` without -t): rich would print nothing at all
         width = shutil.get_terminal_size((80, 24)).columns
-    return Console(highlight=False, emoji=False, stderr=stderr, width=width)  # no ':1234:' → emoji in an IPv6 address
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            """`gpuprov plan | head -1`: the reader left, which is no error (rich's own exits 1, silently)."""
+            self.quiet = True
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(0)
+
+    return _Console(highlight=False, emoji=False, stderr=stderr, width=width)  # no ':1234:' → emoji in an IPv6 address
 
 
 def quiet() -> bool:

@@ -31,9 +31,10 @@ class Column:
     justify: str = "left"
     drop: int = 0
     prose: bool = False
+    beneath: bool = False  # once left out, its cell goes on a line of its own under the row (`header: cell`)
 
 
-PROSE_MIN = 24  # a prose word up to this long is never split; longer ones (paths, URLs) fold
+PROSE_MIN = 16  # a prose word up to this long is never split; longer ones (paths, URLs, reasons) fold
 
 
 class FitTable:
@@ -62,8 +63,10 @@ class FitTable:
 
 
     def table(self, shown: list[int]) -> Table:
-        dropped = [c.header for i, c in enumerate(self.columns) if i not in shown]
+        beneath = [i for i, c in enumerate(self.columns) if i not in shown and c.beneath]
+        dropped = [c.header for i, c in enumerate(self.columns) if i not in shown and i not in beneath]
         caption = f"left out at this width: {', '.join(dropped)} (wider terminal, or --json)" if dropped else None
+        under = next((i for i in shown if self.columns[i].prose), None)  # where a line beneath a row goes
         table = Table(title=self.title, caption=caption, caption_justify="left", **self.table_kw)
         # rich ignores `justify` on an overflow="ignore" column, so right-aligned cells are padded here
         right = {i: self._width(i) for i in shown if self.columns[i].justify == "right" and not self.columns[i].prose}
@@ -74,8 +77,11 @@ class FitTable:
                              overflow="fold" if col.prose else "ignore",
                              min_width=self._width(i))  # prose: its longest word (up to PROSE_MIN) stays whole
         for cells, end_section in self.rows:
+            extra = [f"{self.columns[i].header}: {plain(cells[i])}" for i in beneath if plain(cells[i]).strip()]
             table.add_row(*(rjust(cells[i], right[i]) if i in right else cells[i] for i in shown),
-                          end_section=end_section)
+                          end_section=end_section and not (extra and under is not None))
+            if extra and under is not None:
+                table.add_row(*("; ".join(extra) if i == under else "" for i in shown), end_section=end_section)
         return table
 
 

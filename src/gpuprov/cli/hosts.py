@@ -29,8 +29,8 @@ from gpuprov.cli.params import Number
 @guard_options
 @click.option("--gpu", default=None, help="The GPU the hosts carry; default: what each host reports. A mismatch stops that host.")
 @click.option("--force", is_flag=True, help="Rerun every step, even those whose marker says they are done.")
-@click.option("--reboot-timeout", type=Number(1, 86_400), default=600.0, show_default=True,
-              help="Seconds to wait for a host to come back (1 to 86_400).")
+@click.option("--reboot-timeout", type=Number(1, 86400), default=600.0, show_default=True,
+              help="Seconds to wait for a host to come back (1 to 86400).")
 @step_silence_option
 @click.option("-v", "--verbose", is_flag=True, help="Stream every host's remote output (it always goes to the log).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")

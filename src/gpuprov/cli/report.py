@@ -184,7 +184,7 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
     table = FitTable([Column("name"), Column("GPU"), Column("type", drop=6), Column("market", drop=8),
                       Column("zone", drop=9), Column("state", prose=True), Column("address"),
                       Column("$/h", "right", drop=2), Column("$ so far", "right", drop=4), Column("age", "right", drop=7),
-                      Column("autostop, TTL", prose=True, drop=1)],
+                      Column("autostop, TTL", prose=True, drop=1, beneath=True)],
                      title="nodes (cost at on-demand list price; spot bills less)" + _stopped_note(nodes),
                      title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for row in status_rows(nodes):
