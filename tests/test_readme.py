@@ -196,6 +196,8 @@ SCENARIOS: dict[str, list[str]] = {
         "gpuprov ssh train:2",
         "gpuprov sync ./code train:code",
         SETUP + "gpuprov exec train -- cat code/train.py",
+        SETUP + "gpuprov sync ./code train:1:/tmp/only-node-1",  # NAME:K:PATH: node K alone (/tmp: each host's own)
+        SETUP + "gpuprov exec train -- 'test -e /tmp/only-node-1/train.py && echo has it || echo lacks it'",
         "gpuprov torchrun train -- code/train.py --epochs 3",
         "gpuprov check train --cluster",
         "gpuprov cluster list",
@@ -224,6 +226,8 @@ SAYS = {
     "gpuprov stop big && gpuprov start big --gpu L4": "g6.xlarge (was g6e.xlarge)",
     "gpuprov bootstrap --inventory hosts.yml -p llm-finetune --parallel 64 --autostop 2h": "trainer-a",
     SETUP + "gpuprov exec train -- cat code/train.py": "3/3 hosts ok",
+    SETUP + "gpuprov exec train -- 'test -e /tmp/only-node-1/train.py && echo has it || echo lacks it'":
+        "train:0 | lacks it",
     "gpuprov torchrun train -- code/train.py --epochs 3": "3/3 nodes ok",
     "gpuprov exec train -- 'echo $NODE_RANK of $NNODES'": "3 of 4",
 }
@@ -334,6 +338,8 @@ def test_readme_examples_run_as_printed_in_the_sandbox(scenario: str, sandbox: A
             assert code == 0, f"$ {line}\n{out}"
             assert "Traceback" not in out and "gpuprov hit a bug" not in out, f"$ {line}\n{out}"
             assert SAYS.get(line, "") in out, f"$ {line}\n{out}"
+            if "only-node-1" in line and "exec" in line:
+                assert "train:1 | has it" in out and "train:2 | lacks it" in out, out
         left = {k: v for k, v in sandbox.aws.leftovers().items() if v and k != "key_pairs"}
         assert left == {}, left  # every scenario takes down what it made
     finally:  # a failed scenario leaves nothing for the next one to trip on
