@@ -144,17 +144,22 @@ class Sandbox:
 
         self._server = ThreadingHTTPServer((f"{self.aws_subnet}.1", 0), Handler)
         threading.Thread(target=self._server.serve_forever, name="sandbox-instances", daemon=True).start()
-        port = self._server.server_address[1]
-        for host in self.pool.hosts:
-            url = f"http://{self.aws_subnet}.1:{port}/{host.address}"
-            self.pool.exec_in(host, f"echo 'export GPUPROV_SHIM_INSTANCE_URL={url}' > /var/lib/gpuprov-shim/env",
-                              check=True)
+        for index in range(len(self.pool.hosts)):
+            self.stand_for_instances(index)
         for pool in (self.pool, self.hosts):  # the fake root stands for a machine's /: its top folders are 755
             for host in pool.hosts:       # there (the steps run under umask 077, which would make them root's only)
                 pool.exec_in(host, f"install -d -m 755 {' '.join(SYSROOT + d for d in SYSROOT_DIRS)}", check=True)
         for host, gpu in zip(self.hosts.hosts, HOST_GPUS, strict=True):
             self.hosts.exec_in(host, f"printf 'export GPUPROV_SHIM_GPU={gpu}\\nexport GPUPROV_SHIM_GPU_COUNT=2\\n' "
                                      "> /var/lib/gpuprov-shim/env", check=True)
+
+    def stand_for_instances(self, index: int) -> None:
+        """Pool host `index` is whatever instance moto has at its address (again: after a disk was copied onto
+        it, say, whose shim settings were another host's)."""
+        assert self._server is not None
+        host = self.pool.hosts[index]
+        url = f"http://{self.aws_subnet}.1:{self._server.server_address[1]}/{host.address}"
+        self.pool.exec_in(host, f"echo 'export GPUPROV_SHIM_INSTANCE_URL={url}' > /var/lib/gpuprov-shim/env", check=True)
 
     def _stop_server(self) -> None:
         if self._server is not None:
