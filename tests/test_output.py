@@ -130,7 +130,7 @@ def test_a_stopped_node_has_no_hourly_price_and_a_cluster_counts_its_gpus(tmp_pa
         del os.environ["GPUPROV_HOME"]
     out = run("status", home=home, columns=200).stdout
     (parked,) = [line for line in out.splitlines() if line.lstrip().startswith("parked ")]
-    assert "$1.86" not in parked and "(disk $8.00/mo)" in parked  # compute is not billed while stopped
+    assert "$1.86" not in parked and "(disk $8.00/month)" in parked  # compute is not billed while stopped
     (pair,) = [line for line in out.splitlines() if line.lstrip().startswith("pair ")]
     assert "2× T4 (2 nodes)" in pair and "2×1×" not in pair and "$1.05" in pair
     assert "(1 GPU, 4 vCPU" in run("plan", "--gpu", "t4", home=home).stdout  # not "1 GPUs"

@@ -50,6 +50,7 @@ def make_console(*, stderr: bool = False) -> Any:
     if columns is not None and not (columns.strip().isdigit() and int(columns) > 0):
         # COLUMNS=0 or junk (some CI runners, `docker exec` without -t): rich would print nothing at all
         width = shutil.get_terminal_size((80, 24)).columns
+
     class _Console(Console):
         def on_broken_pipe(self) -> None:
             """`gpuprov plan | head -1`: the reader left, which is no error (rich's own exits 1, silently)."""

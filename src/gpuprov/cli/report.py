@@ -201,7 +201,7 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
         state = str(row["state"]) + (f" ({row['state_reason']})" if row["state_reason"] else "")
         month = row["storage_usd_month"]
         if row["state"] == "stopped" and isinstance(month, float):
-            state += f" (disk ${month:.2f}/mo)"
+            state += f" (disk ${month:.2f}/month)"
         members = row.get("members")
         count = len(members) if isinstance(members, list) and members else 1
         gpus = f"{int(str(row['gpu_count'])) * count}× {row['gpu']}" + (f" ({count} nodes)" if count > 1 else "")

@@ -126,6 +126,12 @@ def check_options(plan: Plan, opts: UpOptions) -> None:
                              "bootstrap", "drop --no-bootstrap, or drop those options")
     if opts.bootstrap and not opts.wait:
         raise UserInputError("--no-wait", "the bootstrap needs SSH", "add --no-bootstrap, or drop --no-wait")
+
+
+def check_reachable(opts: UpOptions) -> None:
+    """With a local endpoint (moto, `make sandbox`) the public addresses it gives instances are made up, and may
+    be real machines on the internet: an `up` that would connect to one is refused before anything is created
+    (the last of the input checks, so a bad value elsewhere is named first)."""
     from gpuprov.cloud.region import local_endpoint
 
     endpoint = local_endpoint()
@@ -174,6 +180,7 @@ def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say
     check_options(plan, opts)
     if store.find_node(name) and store.node(name).live:
         raise UserInputError("NAME", f"a node called {name!r} already exists", f"pick another name, or `gpuprov down {name}`")
+    check_reachable(opts)
     cidr = None if opts.ssh_cidr is None and opts.connect == "private" else ssh_cidr(opts.ssh_cidr)
     offerings = provider.offerings(region, [c.name for c in plan.candidates])
     network = provider.network(region, opts.subnet)
