@@ -23,7 +23,6 @@ from gpuprov.cli.common import (
     warn,
 )
 from gpuprov.cli.complete import cluster_names, complete_node, complete_region, node_names
-from gpuprov.cli.fittable import plural
 from gpuprov.cli.params import Number
 from gpuprov.errors import GpuprovError, UserInputError
 
@@ -257,6 +256,8 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool) -> N
     if as_json:
         click.echo(json.dumps({name: {"complete": r.complete, "removed": r.removed, "left": r.left}
                                for name, r in results.items()}, indent=2))
+    from gpuprov.cli.fittable import plural  # rich: not at import time (`gpuprov --help`)
+
     for name, result in results.items():
         if result.complete and not as_json:
             console.print(f"{name}: down ({plural(len(result.removed), 'resource')} removed)")
