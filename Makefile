@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install sysdeps test lint demo bench mutate clean
+.PHONY: install sysdeps test lint demo sandbox bench mutate clean
 
 install: $(STAMP)
 
@@ -25,11 +25,15 @@ test: install sysdeps
 	$(PY) -m pytest -q -n $(TEST_JOBS)
 
 lint: install
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench tools
 	$(VENV)/bin/mypy
 
 demo: install
 	@bash tools/demo.sh
+
+# A local AWS endpoint + SSH hosts with shimmed GPUs, until Ctrl-C (as root; tools/sandbox.py says what runs).
+sandbox: install sysdeps
+	@$(PY) tools/sandbox.py up
 
 bench: install
 	$(PY) bench/cli_startup.py

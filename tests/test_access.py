@@ -268,7 +268,80 @@ def test_sync_round_trips_a_folder(host_pool, gp_home, tmp_path):
     assert neither.returncode == 2 and "error: SRC DST: exactly one" in neither.stderr
 
 
+def test_sync_makes_dst_a_copy_of_src_whatever_the_slashes(host_pool, gp_home, tmp_path):
+    """The README's `sync ./code train:code` then `torchrun train -- code/train.py`: ~/code/train.py, never
+    ~/code/code/train.py (plain rsync's rule for a source without a slash); the same back; folders above DST
+    are made; a file into a DST ending in / lands inside it."""
+    if shutil.which("rsync") is None:
+        skip_or_fail("needs rsync (tools/sysdeps.sh installs it)")
+    pool = host_pool
+    reset(pool, [5])
+    pin(pool, gp_home, [5])
+    (host,) = addrs(pool, [5])
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print('hi')\n")
+    pool.exec_in(5, "rm -rf /root/code /tmp/gp-deep", check=True)
+    for src in ("./code", "./code/"):
+        for dst in ("code", "code/"):
+            result = subprocess.run([sys.executable, "-m", "gpuprov", "sync", *key(pool), src, f"{host}:{dst}"],
+                                    capture_output=True, text=True, cwd=tmp_path, timeout=120)
+            assert result.returncode == 0, result.stderr
+            listed = pool.exec_in(5, "cd /root && find code -type f | sort", check=True).stdout.split()
+            assert listed == ["code/train.py"], (src, dst, listed)
+    back = tmp_path / "back"
+    assert gpuprov("sync", *key(pool), f"{host}:code", str(back)).returncode == 0
+    assert [p.name for p in back.iterdir()] == ["train.py"]
+    deep = gpuprov("sync", *key(pool), str(code / "train.py"), f"{host}:/tmp/gp-deep/a/b/")
+    assert deep.returncode == 0, deep.stderr
+    assert pool.exec_in(5, "cat /tmp/gp-deep/a/b/train.py", check=True).stdout == "print('hi')\n"
+
+
+def test_ssh_and_rsync_read_the_ssh_config_gpuprov_read(tmp_path, monkeypatch):
+    """Whenever HOME is not the passwd home (sudo -E, containers, CI) the system ssh would read another
+    ~/.ssh/config than gpuprov: it gets -F with gpuprov's."""
+    from gpuprov.hosts.access import ssh_argv
+    from gpuprov.hosts.remote import HostSettings
+    from gpuprov.plan.inventory import Target
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    settings = HostSettings(known_hosts=tmp_path / "known_hosts")
+    assert "-F" not in ssh_argv(Target(host="gpu-box"), settings)  # no config anywhere: ssh's own defaults
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text("Host gpu-box\n  HostName 10.1.2.3\n")
+    argv = ssh_argv(Target(host="gpu-box"), settings)
+    assert argv[argv.index("-F") + 1] == str(tmp_path / ".ssh" / "config")
+    mine = tmp_path / "mine.conf"
+    mine.write_text("")
+    argv = ssh_argv(Target(host="gpu-box"), HostSettings(known_hosts=tmp_path / "k", ssh_config=mine))
+    assert argv[argv.index("-F") + 1] == str(mine)
+
+
 # --- monitor ----------------------------------------------------------------------------------
+
+
+def test_monitor_into_a_file_prints_a_table_per_sample(host_pool, gp_home, tmp_path):
+    """`monitor NODE > file`: without a terminal a live display draws nothing; a table per sample instead."""
+    import time
+
+    pool = host_pool
+    reset(pool, [7], GPUPROV_SHIM_GPU="T4", GPUPROV_SHIM_GPU_COUNT="1")
+    pool.exec_in(7, "echo 'nvidia-open 580.95.05-0ubuntu1' > /var/lib/gpuprov-shim/installed", check=True)
+    out = tmp_path / "monitor.txt"
+    with out.open("w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "gpuprov", "monitor", *addrs(pool, [7]), *key(pool),
+                                 "--accept-new-host-key", "--interval", "0.2"], stdout=f, stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, "COLUMNS": "120"})
+        try:
+            deadline = time.monotonic() + 30
+            while out.read_text().count("Tesla T4") < 2 and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.1)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=10) == 0
+    assert out.read_text().count("Tesla T4") >= 2, out.read_text()  # two samples, each its own table
+
+
 
 
 def test_monitor_once_json_samples_every_gpu_of_several_hosts(host_pool, gp_home):

@@ -44,7 +44,8 @@ def test_two_node_cluster_one_launch_placement_group_first_self_rule_then_down(a
     table = gp({**env, "COLUMNS": "80"}, "status").stdout
     lines = table.splitlines()
     at = next(i for i, line in enumerate(lines) if line.split()[:1] == ["train"])
-    assert "2×4× A10G" in lines[at] and [line.split()[:2] for line in lines[at + 1:at + 3]] == [["node", "0"], ["node", "1"]]
+    assert "8× A10G (2 nodes)" in lines[at]
+    assert [line.split()[:2] for line in lines[at + 1:at + 3]] == [["node", "0"], ["node", "1"]]
     refused = gp(env, "stop", "train")
     assert refused.returncode == 2 and "gpuprov down train" in refused.stderr
     down = gp(env, "down", "train", "--yes")

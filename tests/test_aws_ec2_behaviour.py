@@ -7,6 +7,7 @@ errors come back as HTTP 500) and ends with nothing of ours left in the endpoint
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -286,7 +287,9 @@ def test_failover_never_climbs_over_the_price_cap(aws, env):
     result = gp(env, *up_args("cap", "--gpu", "A10G", *NO_WAIT))
     assert result.returncode == 1
     # default cap: twice g5.xlarge's $1.006/h; g5.8xlarge ($2.448/h) and up are never asked for
-    assert "skipping g5.8xlarge: $2.45/h is over --max-hourly $2.01" in result.stdout
+    (skipped,) = [line for line in result.stdout.splitlines() if line.startswith("skipping ")]  # one line, not five
+    assert skipped.startswith("skipping 5 instance types over the price cap (twice the cheapest type that fits; "
+                              "--max-hourly to change it) $2.01/h: ") and "g5.8xlarge" in skipped
     asked = {e["form"]["InstanceType"] for e in aws.log("RunInstances")}
     assert asked == {"g5.xlarge", "g5.2xlarge", "g5.4xlarge"}
     aws.clear_faults()
@@ -345,3 +348,58 @@ def test_plan_hours_live_prices_the_estimate_at_todays_spot_price(aws, env):
     no_hours = gp(env, "plan", "--gpu", "T4", "--live")  # the image only: no estimate without --hours
     assert no_hours.returncode == 0, no_hours.stderr
     assert "image: Canonical's Ubuntu" in no_hours.stdout and "today's spot price" not in no_hours.stdout
+
+
+# --- a local endpoint, and where new nodes go by the config file (`make sandbox`) ---------------------------------
+
+
+def test_against_a_local_endpoint_up_never_connects_to_the_public_address_moto_made_up(aws, env):
+    """moto hands out public addresses that are real machines on the internet: with a local endpoint, an `up`
+    that would connect to one is refused before anything is created, saying what to pass."""
+    result = gp(env, *up_args("pub", "--gpu", "T4", "--no-bootstrap"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "error: --connect: the AWS endpoint is a local one" in result.stderr
+    assert "--connect private and --subnet" in result.stderr
+    assert not aws.log("RunInstances") and not aws.log("CreateSecurityGroup") and not aws.log("ImportKeyPair")
+    nothing_left(aws)
+
+
+def test_a_node_launched_with_a_made_up_address_is_not_reached_by_ssh_or_exec(aws, env):
+    assert gp(env, *up_args("pub", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
+    for args in (("exec", "pub", "--", "true"), ("check", "pub")):
+        result = gp(env, *args)
+        assert result.returncode == 1 and "comes from the local AWS endpoint" in result.stderr, result.stderr
+    assert gp(env, "down", "pub", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_the_config_file_says_where_new_nodes_go(aws, env, tmp_path):
+    subnet = aws.subnet_for_hosts("10.233.0.0/24", "us-east-1d")
+    config = tmp_path / "config.toml"
+    config.write_text(f'subnet = "{subnet}"\nconnect = "private"\nssh_user = "root"\nos = "ubuntu-22.04"\n')
+    env = {**env, "GPUPROV_CONFIG": str(config)}
+    result = gp(env, "up", "cfg", "--gpu", "T4", "--yes", *NO_WAIT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    form = [e for e in aws.log("RunInstances") if e["status"] == 200][-1]["form"]
+    assert subnet in (form.get("SubnetId"), form.get("NetworkInterface.1.SubnetId"))
+    assert "VPC's CIDR 10.233.0.0/16" in result.stdout  # connect = private, from the file
+    (row,) = json.loads(gp(env, "status", "--json").stdout)
+    assert row["zone"] == "us-east-1d"
+    from gpuprov.state import open_store
+
+    os.environ["GPUPROV_HOME"] = env["GPUPROV_HOME"]
+    assert open_store().node("cfg").ssh_user == "root"  # ssh_user, from the file
+    assert gp(env, "down", "cfg", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_ssh_open_to_the_whole_internet_is_said_and_asked_for(aws, env):
+    result = gp(env, "up", "open", "--gpu", "T4", "--ssh-cidr", "0.0.0.0/0", *NO_WAIT)  # no --yes, no terminal
+    assert result.returncode == 2 and "opens SSH on open to the whole internet" in result.stderr
+    assert not aws.log("RunInstances")
+    result = gp(env, "up", "open", "--gpu", "T4", "--ssh-cidr", "0.0.0.0/0", "--yes", *NO_WAIT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "opens SSH on open to the whole internet" in result.stderr
+    assert "SSH from 0.0.0.0/0: anywhere on the internet" in result.stdout and "0.0.0.0/0 only" not in result.stdout
+    assert gp(env, "down", "open", "--yes").returncode == 0
+    nothing_left(aws)

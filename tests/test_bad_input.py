@@ -36,6 +36,17 @@ def make_files(d: Path) -> None:
     (d / "corrupt" / "state.sqlite").write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 64)
     (d / "garbage").mkdir()
     (d / "garbage" / "state.sqlite").write_bytes(b"not a database at all\n" * 100)
+    # values that come from elsewhere than the command line
+    (d / "cfg-key.toml").write_text('parallel = 8\nkey = "/nonexistent/gpu.pem"\n')
+    (d / "cfg-gpu.toml").write_text('gpu = "H1000"\n')
+    (d / "cfg-region.toml").write_text('# mine\nregion = "mars-1"\n')
+    (d / "cfg-parallel.toml").write_text('parallel = 8\n')
+    (d / "pins.yml").write_text("name: pinned\npins:\n  driver: '550'\n")
+    (d / "inv-key.yml").write_text("hosts:\n  - {host: 10.0.0.1, name: trainer-b, key: /nonexistent/key.pem}\n")
+    (d / "inv-user.yml").write_text("hosts:\n  - {host: 10.0.0.1, user: 'root -oProxyCommand=id'}\n")
+    (d / "inv-os.yml").write_text("hosts:\n  - {host: 10.0.0.1, os: windows-11}\n")
+    (d / "inv-jump.yml").write_text("hosts:\n  - {host: 10.0.0.1, name: gpu-box, proxy_jump: no-such-bastion.invalid}\n")
+    (d / "inv-jump-opt.yml").write_text("hosts:\n  - {host: 10.0.0.1, proxy_jump: '-oProxyCommand=id'}\n")
 
 
 # (command line, the field the error names, words the message must contain)
@@ -65,7 +76,7 @@ CASES = [
     ("render --gpu t4 -o {d}/full", "--output", "not empty"),
     # values checked before any connection or launch
     ("plan --gpu a100:8 --count 4", "--count", "conflicts with --gpu a100:8"),
-    ("plan --gpu a100 --count 0", "--count", "at least 1"),
+    ("plan --gpu a100 --count 0", "--count", "not in the range 1 to 64"),
     ("plan --gpu a100 --hours 0", "--hours", "not in the range"),
     ("plan --gpu nope", "--gpu", "unknown GPU"),
     ("gpus rtx9999", "GPU", "unknown GPU 'rtx9999'"),
@@ -76,7 +87,7 @@ CASES = [
     ("bootstrap --gpu rtx9999 10.0.0.1", "--gpu", "unknown GPU 'rtx9999'"),
     ("check --connect-timeout -1 10.0.0.1", "--connect-timeout", "not in the range"),
     ("bootstrap --connect-timeout 0 10.0.0.1", "--connect-timeout", "not in the range"),
-    ("up --gpu t4 --spot --max-price 0 --dry-run", "--max-price", "not a price"),
+    ("up --gpu t4 --spot --max-price 0 --dry-run", "--max-price", "not in the range 0 < x"),
     ("up --gpu t4 --fallback sometimes", "--fallback", "'on-demand'"),
     ("check", "HOST", "no host"),
     # where gpuprov keeps its state
@@ -84,6 +95,73 @@ CASES = [
     ("GPUPROV_HOME={d}/afile/sub status", "GPUPROV_HOME", "cannot create"),
     ("GPUPROV_HOME={d}/corrupt status", "state", "not a readable SQLite database"),
     ("GPUPROV_HOME={d}/garbage down --all --yes", "state", "not a readable SQLite database"),
+    # every number is finite and in the range its help states (issue 23): nan, inf, negatives, out of range
+    ("plan --gpu t4 --budget nan", "--budget", "'nan' is not a finite number"),
+    ("plan --gpu t4 --budget inf", "--budget", "'inf' is not a finite number"),
+    ("plan --gpu t4 --budget -5", "--budget", "-5 is not in the range 0 < x ≤ 10_000_000"),
+    ("plan --gpu t4 --hours nan", "--hours", "'nan' is not a finite number"),
+    ("plan --gpu t4 --count nan", "--count", "'nan' is not a finite number"),
+    ("plan --gpu t4 --count 2.5", "--count", "'2.5' is not a whole number"),
+    ("plan --gpu t4 --nodes inf", "--nodes", "'inf' is not a finite number"),
+    ("check --connect-timeout nan 10.0.0.1", "--connect-timeout", "'nan' is not a finite number"),
+    ("check --connect-timeout inf 10.0.0.1", "--connect-timeout", "'inf' is not a finite number"),
+    ("exec --connect-timeout 1e999 10.0.0.1 -- true", "--connect-timeout", "not a finite number"),
+    ("monitor --interval nan 10.0.0.1", "--interval", "'nan' is not a finite number"),
+    ("monitor --interval 0 10.0.0.1", "--interval", "0 is not in the range 0.2 to 3600"),
+    ("exec --timeout nan 10.0.0.1 -- true", "--timeout", "'nan' is not a finite number"),
+    ("up --gpu t4 --max-hourly nan --dry-run", "--max-hourly", "'nan' is not a finite number"),
+    ("up --gpu t4 --max-hourly -1 --dry-run", "--max-hourly", "not in the range"),
+    ("up --gpu t4 --spot --max-price inf --dry-run", "--max-price", "'inf' is not a finite number"),
+    ("up --gpu t4 --disk nan --dry-run", "--disk", "'nan' is not a finite number"),
+    ("up --gpu t4 --disk 1e6 --dry-run", "--disk", "1_000_000 is not in the range 20 to 16384"),
+    ("bootstrap --reboot-timeout -5 10.0.0.1", "--reboot-timeout", "-5 is not in the range 1 to 86400"),
+    ("bootstrap --reboot-timeout nan 10.0.0.1", "--reboot-timeout", "'nan' is not a finite number"),
+    ("bootstrap --step-silence nan 10.0.0.1", "--step-silence", "'nan' is not a finite number"),
+    ("bootstrap --step-silence -1 10.0.0.1", "--step-silence", "not in the range 0 to 604_800"),
+    ("bench --seconds nan 10.0.0.1", "--seconds", "'nan' is not a finite number"),
+    ("doctor --min-free-gb nan 10.0.0.1", "--min-free-gb", "'nan' is not a finite number"),
+    ("check --cluster --port-timeout nan train", "--port-timeout", "'nan' is not a finite number"),
+    ("torchrun --grace nan train -- x.py", "--grace", "'nan' is not a finite number"),
+    ("jupyter --port -1 10.0.0.1", "--port", "-1 is not in the range 0 to 65535"),
+    ("GPUPROV_PARALLEL=nan check 10.0.0.1", "GPUPROV_PARALLEL", "'nan' is not a finite number"),
+    ("GPUPROV_PARALLEL=0 exec 10.0.0.1 -- true", "GPUPROV_PARALLEL", "0 is not in the range 1 to 1024"),
+    # a budget a guard can enforce: a minute at least, 90 days at most (at the list price)
+    ("plan --gpu t4 --budget 0.001", "--budget", "under the 1m a guard can enforce"),
+    ("plan --gpu t4 --budget 1e6", "--budget", "past the 90-day cap"),
+    # the AWS environment, named by its variable before any AWS call
+    ("AWS_ACCESS_KEY_ID=AKIAEXAMPLE gpus --live --region us-east-1", "AWS_SECRET_ACCESS_KEY",
+     "not set, though AWS_ACCESS_KEY_ID is"),
+    ("AWS_MAX_ATTEMPTS=abc gpus --live --region us-east-1", "AWS_MAX_ATTEMPTS", "'abc' is not in the range 1 to 100"),
+    ("AWS_MAX_ATTEMPTS=0 gc", "AWS_MAX_ATTEMPTS", "'0' is not in the range 1 to 100"),
+    ("AWS_RETRY_MODE=bogus gpus --live --region us-east-1", "AWS_RETRY_MODE", "'bogus' is not a retry mode"),
+    ("AWS_ENDPOINT_URL=not-a-url gpus --live --region us-east-1", "AWS_ENDPOINT_URL", "'not-a-url' is not an endpoint URL"),
+    ("AWS_ENDPOINT_URL_EC2=ftp://x status --refresh", "AWS_ENDPOINT_URL_EC2", "is not an endpoint URL"),
+    # errors name where the value came from: the variable, the config key (file:line), the playbook's field
+    ("GPUPROV_GPU=H1000 plan", "GPUPROV_GPU", "unknown GPU 'H1000'"),
+    ("AWS_REGION=mars-1 plan --gpu t4", "AWS_REGION", "unknown AWS region 'mars-1'"),
+    ("GPUPROV_CONFIG={d}/cfg-gpu.toml plan", "{d}/cfg-gpu.toml:1: gpu", "unknown GPU 'H1000'"),
+    ("GPUPROV_CONFIG={d}/cfg-region.toml plan --gpu t4", "{d}/cfg-region.toml:2: region", "unknown AWS region"),
+    ("GPUPROV_CONFIG={d}/cfg-key.toml check 10.0.0.1", "{d}/cfg-key.toml:2: key", "no such key file"),
+    ("GPUPROV_CONFIG={d}/cfg-parallel.toml GPUPROV_PARALLEL=nan check 10.0.0.1", "GPUPROV_PARALLEL", "not a finite"),
+    ("GPUPROV_CONFIG={d}/cfg-gpu.toml config", "{d}/cfg-gpu.toml:1: gpu", "unknown GPU 'H1000'"),
+    ("GPUPROV_GPU=H1000 config", "GPUPROV_GPU", "unknown GPU 'H1000'"),
+    ("AWS_REGION=mars-1 config", "AWS_REGION", "unknown AWS region 'mars-1'"),
+    ("GPUPROV_CONFIG={d}/no-such.toml plan --gpu t4", "GPUPROV_CONFIG", "no such file"),
+    ("plan --gpu h100 -p {d}/pins.yml", "{d}/pins.yml:3: pins.driver", "R550 cannot be installed"),
+    ("up --gpu t4 --min-nodes 1 --dry-run", "--min-nodes", "applies to a cluster"),
+    # checked before any connection
+    ("check --inventory {d}/inv-key.yml", "{d}/inv-key.yml: trainer-b.key", "no such key file"),
+    ("check --inventory {d}/inv-user.yml", "--inventory", "is not a login name"),
+    ("check --inventory {d}/inv-os.yml", "--inventory", "'windows-11' is not an OS gpuprov supports"),
+    ("check --inventory {d}/inv-jump.yml", "{d}/inv-jump.yml: gpu-box.proxy_jump", "does not resolve"),
+    ("check --inventory {d}/inv-jump-opt.yml", "--inventory", "proxy_jump"),
+    ("check 10.0.0.1 --ssh-config {d}/no-such-config", "--ssh-config", "does not exist"),
+    ("sync {d}/no-such-folder exp1:code", "SRC", "no such file or folder here"),
+    ("autostop trian 2h", "HOST", "no node called 'trian'"),
+    ("ttl trian 4h", "HOST", "no node called 'trian'"),
+    # messages
+    ("stauts", "stauts", "no such command (did you mean status"),
+    ("plan --gpu t4 --gpu a100", "--gpu", "given more than once"),
 ]
 
 
@@ -98,8 +176,11 @@ def run_cli(line: str, d: Path, home: Path) -> tuple[subprocess.CompletedProcess
     import shlex
 
     words = shlex.split(line.format(d=d))
-    env = {**os.environ, "GPUPROV_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "100"}
-    env.pop("AWS_ENDPOINT_URL", None)
+    # no AWS settings of the machine's, and none that could reach AWS: the rows that ask for it are refused first
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GPUPROV_"))}
+    env.update({"GPUPROV_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "100", "XDG_CONFIG_HOME": str(d / "xdg"),
+                "AWS_CONFIG_FILE": str(d / "no-aws-config"), "AWS_SHARED_CREDENTIALS_FILE": str(d / "no-aws-creds"),
+                "AWS_EC2_METADATA_DISABLED": "true"})
     while words and "=" in words[0]:
         key, _, value = words.pop(0).partition("=")
         env[key] = value
@@ -118,7 +199,7 @@ def test_bad_input_is_exit_2_with_one_line_naming_the_field(line: str, field: st
     assert result.returncode == 2, err
     errors = [x for x in err.splitlines() if x.startswith("error: ")]
     assert len(errors) == 1, err
-    assert errors[0].startswith(f"error: {field}: "), err
+    assert errors[0].startswith(f"error: {field.format(d=files)}: "), err
     assert words in err, err
     lines = [x for x in err.splitlines() if not x.startswith("region ")]
     assert len(lines) <= 2 and all(x.startswith("  ") for x in lines[1:]), err  # the line, then at most a hint

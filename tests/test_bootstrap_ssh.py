@@ -160,6 +160,21 @@ def test_gpu_mismatch_stops_the_host_before_anything_is_installed(host_pool, gp_
     assert not any("apt-get" in c for c in calls(pool, 6))
 
 
+def test_an_inventorys_gpu_that_the_host_does_not_have_is_blamed_on_the_inventory(host_pool, gp_home, tmp_path):
+    pool = host_pool
+    reset(pool, [6], GPUPROV_SHIM_GPU="T4")
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(f"defaults: {{user: root, key: {pool.key_path}}}\n"
+                         f"hosts:\n  - {{host: {pool[6].address}, name: trainer-b, gpu: H100}}\n")
+    result = gpuprov("bootstrap", "--inventory", str(inventory), "--accept-new-host-key", "--os", "ubuntu-22.04",
+                     "--connect-timeout", "3", "--json")
+    assert result.returncode == 1, result.stderr
+    (host,) = json.loads(result.stdout)
+    assert host["result"] == "failed at plan"
+    assert host["error"].startswith(f"{inventory}: trainer-b.gpu: trainer-b has T4"), host["error"]  # not --gpu
+    assert not any("apt-get" in c for c in calls(pool, 6))
+
+
 def test_connection_killed_mid_step_fails_clearly_and_the_rerun_resumes_there(host_pool, gp_home, tmp_path):
     pool = host_pool
     reset(pool, [7])

@@ -279,6 +279,6 @@ def test_the_tables_keep_a_findings_brackets_as_text():
 def test_cluster_names_complete_like_node_names(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUPROV_HOME", str(tmp_path / "home"))
     cl.save(make())
-    from gpuprov.cli.common import complete_node
+    from gpuprov.cli.complete import complete_node
 
     assert [c.value for c in complete_node(None, None, "tr")] == ["train"]  # type: ignore[arg-type]

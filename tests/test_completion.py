@@ -62,3 +62,13 @@ def test_bash_completes_commands_nodes_gpus_and_playbooks(with_node: Path) -> No
     assert bash_complete(with_node, "gpuprov up x -p ll") == ["llm-finetune"]
     assert "jupyter" in bash_complete(with_node, "gpuprov bootstrap -p ")
     assert "--accept-new-host-key" in bash_complete(with_node, "gpuprov check --acc")
+
+
+def test_bash_completes_the_values_of_os_region_driver_torch_and_torch_cuda(with_node: Path) -> None:
+    assert bash_complete(with_node, "gpuprov plan --os ") == ["ubuntu-22.04", "ubuntu-24.04"]
+    assert bash_complete(with_node, "gpuprov plan --region us-w") == ["us-west-1", "us-west-2"]
+    assert bash_complete(with_node, "gpuprov gc --region eu-west-") == ["eu-west-1", "eu-west-2", "eu-west-3"]
+    assert "580" in bash_complete(with_node, "gpuprov up x --driver 5")
+    assert "580" in bash_complete(with_node, "gpuprov bootstrap --driver R5")  # as the messages write a branch
+    assert "2.9" in bash_complete(with_node, "gpuprov plan --torch 2.")
+    assert "cu128" in bash_complete(with_node, "gpuprov render --torch-cuda cu12")

@@ -45,7 +45,7 @@ def test_the_config_file_sets_defaults_and_flags_and_environment_win(configured:
     assert plan(configured, AWS_REGION="us-west-2")["region"] == "us-west-2"  # the AWS chain's env over the file
     said = run("plan", "--json", tmp=configured).stderr
     assert f"region eu-west-1 (from config file {configured}/xdg/gpuprov/config.toml)" in said
-    assert "GPUPROV_PARALLEL; default: 7;" in " ".join(run("check", "--help", tmp=configured).stdout.split())
+    assert "GPUPROV_PARALLEL; default: 7]" in " ".join(run("check", "--help", tmp=configured).stdout.split())
 
 
 def test_config_shows_each_value_and_where_it_came_from(configured: Path) -> None:
@@ -85,3 +85,35 @@ def test_a_broken_config_file_is_named_and_help_still_works(tmp_path: Path, text
         assert result.stderr.startswith(f"error: config: {path}: ") and words in result.stderr, result.stderr
     assert run("--help", tmp=tmp_path).returncode == 0
     assert run("plan", "--help", tmp=tmp_path).returncode == 0
+
+
+def test_the_ssh_config_key_is_every_reaching_commands_ssh_config(tmp_path: Path) -> None:
+    """`make sandbox` names its own ssh config (gpu-box, bastion) in the config file, not in ~/.ssh/config."""
+    ssh_config = tmp_path / "sandbox_ssh_config"
+    ssh_config.write_text("Host gpu-box\n  HostName 127.0.0.1\n  Port 1\n")
+    path = tmp_path / "xdg" / "gpuprov" / "config.toml"
+    path.parent.mkdir(parents=True)
+    path.write_text(f'ssh_config = "{ssh_config}"\n')
+    result = run("check", "gpu-box", "--connect-timeout", "2", tmp=tmp_path)
+    assert "no node called" not in result.stderr  # a Host of that ssh config, so not a typo
+    assert "connection refused on port 1" in result.stdout + result.stderr
+    path.write_text('ssh_config = "~/nope"\n')
+    missing = run("check", "gpu-box", tmp=tmp_path)
+    assert missing.returncode == 2 and f"error: {path}:1: ssh_config: " in missing.stderr
+
+
+def test_config_shows_the_keys_for_where_new_nodes_go(tmp_path: Path) -> None:
+    path = tmp_path / "xdg" / "gpuprov" / "config.toml"
+    path.parent.mkdir(parents=True)
+    path.write_text('subnet = "subnet-0123456789abcdef0"\nconnect = "private"\nssh_user = "root"\nos = "ubuntu-22.04"\n'
+                    'python = "3.11"\n')
+    data = json.loads(run("config", "--json", tmp=tmp_path).stdout)
+    by_key = {s["key"]: s["value"] for s in data["settings"]}
+    assert {k: by_key[k] for k in ("subnet", "connect", "ssh_user", "os", "python")} == {
+        "subnet": "subnet-0123456789abcdef0", "connect": "private", "ssh_user": "root", "os": "ubuntu-22.04",
+        "python": "3.11"}
+    planned = plan(tmp_path, "--gpu", "t4")
+    assert (planned["os"], planned["stack"]["python"]) == ("ubuntu-22.04", "3.11")
+    path.write_text('os = "windows-11"\n')
+    bad = run("plan", "--gpu", "t4", tmp=tmp_path)
+    assert bad.returncode == 2 and "os: 'windows-11' is not an OS gpuprov supports" in bad.stderr

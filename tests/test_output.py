@@ -101,6 +101,65 @@ def test_status_at_80_columns_keeps_names_addresses_and_money(nodes: Path) -> No
     assert "left out at this width" in out
 
 
+def test_status_at_80_columns_keeps_the_guardrails(nodes: Path) -> None:
+    """What is about to stop a node (or let it run up a bill) stays: zone, market, type and age go first."""
+    out = run("status", home=nodes, columns=80).stdout
+    assert max(len(line) for line in out.splitlines()) <= 80
+    block = " ".join(out[out.index("train-llama-70b"):out.index("exp1")].split())  # its row, and a line beneath
+    assert "30m idle, TTL 8h" in block and "→ terminate" in block
+    assert "left out at this width: type, market, zone" in out and "autostop" not in out.split("left out")[1]
+
+
+def test_a_stopped_node_has_no_hourly_price_and_a_cluster_counts_its_gpus(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    os.environ["GPUPROV_HOME"] = str(home)
+    try:
+        from gpuprov.state import open_store
+
+        store = open_store()
+        store.create_node("parked", "aws", "us-east-1", zone="us-east-1a", gpu="L40S", gpu_count=1,
+                          instance_type="g6e.xlarge", market="on-demand", state="stopped", address="10.0.0.5",
+                          ssh_user="ubuntu", price_usd_hour=1.86, disk_gb=100, stopped_at=time.time())
+        store.create_node("pair", "aws", "us-east-1", zone="us-east-1a", gpu="T4", gpu_count=1, cluster_size=2,
+                          instance_type="g4dn.xlarge", market="on-demand", state="ready", address="10.0.0.6",
+                          ssh_user="ubuntu", price_usd_hour=0.526,
+                          members_json=json.dumps([{"rank": r, "instance_id": f"i-{r}", "private_ip": f"10.0.0.{6 + r}",
+                                                    "public_ip": None, "address": f"10.0.0.{6 + r}", "state": "running",
+                                                    "allocation_id": None} for r in range(2)]))
+    finally:
+        del os.environ["GPUPROV_HOME"]
+    out = run("status", home=home, columns=200).stdout
+    (parked,) = [line for line in out.splitlines() if line.lstrip().startswith("parked ")]
+    assert "$1.86" not in parked and "(disk $8.00/month)" in parked  # compute is not billed while stopped
+    (pair,) = [line for line in out.splitlines() if line.lstrip().startswith("pair ")]
+    assert "2× T4 (2 nodes)" in pair and "2×1×" not in pair and "$1.05" in pair
+    assert "(1 GPU, 4 vCPU" in run("plan", "--gpu", "t4", home=home).stdout  # not "1 GPUs"
+
+
+def test_columns_0_falls_back_to_80(tmp_path: Path) -> None:
+    """COLUMNS=0 (some CI runners, `docker exec` without -t) made rich print nothing at all."""
+    for columns in ("0", "abc", ""):
+        result = run("gpus", home=tmp_path, COLUMNS=columns)
+        lines = result.stdout.splitlines()
+        assert result.returncode == 0 and any("g4dn.xlarge" in line for line in lines), columns
+        assert max(len(line) for line in lines) <= 80
+
+
+def test_a_reader_that_leaves_early_is_no_error(tmp_path: Path) -> None:
+    """`gpuprov plan … | head -1`: exit 0, nothing on stderr but the region line."""
+    for args in (["plan", "--gpu", "h100:8", "--show-scripts"], ["gpus"], ["plan", "--gpu", "t4", "--json"]):
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "AWS_ENDPOINT_URL")}
+        env.update({"GPUPROV_HOME": str(tmp_path), "NO_COLOR": "1"})
+        proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=env)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.readline()
+        proc.stdout.close()  # the reader leaves after one line, as head -1 does
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 0, err
+        assert [line for line in err.splitlines() if not line.startswith("region ")] == [], err
+
+
 def test_status_at_200_columns_shows_every_column_on_one_line(nodes: Path) -> None:
     out = run("status", home=nodes, columns=200).stdout
     (row,) = [line for line in out.splitlines() if "train-llama-70b" in line]
@@ -189,3 +248,20 @@ def test_plan_hours_prints_the_estimate(tmp_path: Path) -> None:
     data = json.loads(run("plan", "--gpu", "a100:8", "--hours", "2.5", "--json", home=tmp_path).stdout)
     assert data["estimate"] == {"hours": 2.5, "instance_type": "p4d.24xlarge", "usd_hour_on_demand": price,
                                 "usd_on_demand": round(price * 2.5, 2)}
+
+
+def test_prose_cells_keep_their_words_whole_and_a_left_out_column_can_go_beneath() -> None:
+    from rich.console import Console
+
+    from gpuprov.cli.fittable import Column, FitTable
+
+    table = FitTable([Column("name"), Column("address"), Column("state", prose=True),
+                      Column("guards", prose=True, drop=1, beneath=True)])
+    table.add_row("train-llama-70b", "2001:db8::1234:5678", "stopped (disk $8.00/month, see the log)", "30m idle → stop")
+    console = Console(width=60, record=True, emoji=False)
+    console.print(table)
+    out = console.export_text()
+    assert max(len(line) for line in out.splitlines()) <= 60
+    words = [w for line in out.splitlines() for w in line.replace("│", " ").split()]
+    assert "$8.00/month," in words and "2001:db8::1234:5678" in words  # never split mid-word
+    assert "guards:" in words and "idle" in words  # left out at 60 columns, shown beneath its row

@@ -393,7 +393,10 @@ def test_a_budget_becomes_the_deadline_when_it_runs_out_before_the_ttl():
     assert (long.ttl_seconds, long.budget_usd) == (7200, 100.0)
     alone = P.with_budget(P.Guards(), 3.0, 2.0)
     assert alone.ttl_seconds == 5400
-    assert P.budget_seconds(1.0, 3.0) == 1200 and P.budget_seconds(0.01, 7.0) == 5  # whole seconds, rounded down
+    assert P.budget_seconds(1.0, 3.0) == 1200 and P.budget_seconds(0.5, 7.0) == 257  # whole seconds, rounded down
+    # at launch the price obtained may differ from the list price `plan` checked: the deadline stays where a guard
+    # can enforce it, 1m to 90d (as --ttl)
+    assert P.budget_seconds(0.01, 7.0) == 60 and P.budget_seconds(1e6, 0.5) == 90 * 86400
     err = refusal(P.budget_seconds, 0.0, 2.0)
     assert (err.field, err.problem, err.hint) == ("--budget", "0 is not a budget", "dollars above 0, e.g. 50")
 
@@ -403,7 +406,7 @@ def test_a_budget_on_a_launched_node_uses_the_chosen_types_price_and_the_ttl_ste
     assert plan.guards.ttl_seconds == int(100 / 55.04 * 3600) == 6540
     assert (plan.guards.budget_usd, plan.guards.budget_price) == (100, 55.04)
     assert summary_of(plan, "ttl").startswith(
-        "hard deadline: shut down 1h49m (the $100 budget at $55.04/h) after this step first runs")
+        "hard deadline: shut down 1h49m (when the $100 budget at $55.04/h runs out) after this step first runs")
     assert P.ttl_step(P.Guards(ttl_seconds=60, budget_usd=5)).summary.startswith("hard deadline: shut down 1m after")
 
 
@@ -486,3 +489,37 @@ def test_the_summary_records_what_plan_json_prints():
     bundle = plan.bundle()
     assert [s.name for s in bundle.scripts] == names(plan)
     assert bundle.manifest["gpuprov_plan"] == out
+
+
+def test_a_budget_a_guard_cannot_enforce_is_refused_with_the_budgets_that_would_do():
+    short = refusal(P.make_plan, P.NodeRequest(gpu="T4", budget_usd=0.001))  # 6 s at g4dn.xlarge's $0.526/h
+    assert short.field == "--budget" and "under the 1m a guard can enforce" in short.problem
+    assert short.hint.startswith("at least $0.01 at this price")
+    long = refusal(P.make_plan, P.NodeRequest(gpu="T4", budget_usd=1e6))
+    assert long.field == "--budget" and "past the 90-day cap" in long.problem and "at most $1,136" in long.hint
+    assert P.make_plan(P.NodeRequest(gpu="T4", budget_usd=1136)).guards.ttl_seconds <= 90 * 86400
+
+
+def test_the_plan_says_whether_the_budget_or_the_ttl_decides():
+    by_ttl = P.make_plan(P.NodeRequest(gpu="T4", budget_usd=50, ttl_seconds=3600))  # $50 lasts 95 h
+    assert by_ttl.guards.ttl_seconds == 3600 and not P.budget_decides(by_ttl.guards)
+    assert summary_of(by_ttl, "ttl").startswith("hard deadline: shut down 1h (--ttl: sooner than the $50 budget, "
+                                                "3d23h")
+    by_budget = P.make_plan(P.NodeRequest(gpu="T4", budget_usd=1, ttl_seconds=8 * 3600))  # $1 lasts 1h54m
+    assert P.budget_decides(by_budget.guards)
+    assert "(when the $1 budget at $0.526/h runs out)" in summary_of(by_budget, "ttl")
+
+
+def test_a_playbook_without_torch_promises_no_matmul_and_r580_is_the_branch_580():
+    assert "a matmul on every GPU" not in summary_of(P.make_plan(P.NodeRequest(gpu="T4", playbook="minimal")), "verify")
+    assert "a matmul on every GPU" in summary_of(P.make_plan(P.NodeRequest(gpu="T4")), "verify")
+    assert P.make_plan(P.NodeRequest(gpu="H100", pins=StackPins(driver="R580"))).stack.driver_branch == 580
+
+
+def test_a_pin_the_playbook_set_is_blamed_on_the_playbooks_line(tmp_path):
+    playbook = tmp_path / "pb.yml"
+    playbook.write_text("name: pb\npins:\n  driver: '550'\n")
+    err = refusal(P.make_plan, P.NodeRequest(gpu="H100", playbook=str(playbook)))
+    assert err.field == f"{playbook}:3: pins.driver"
+    overridden = refusal(P.make_plan, P.NodeRequest(gpu="H100", playbook=str(playbook), pins=StackPins(driver="560")))
+    assert overridden.field == "--driver"  # the flag overrode the playbook: the flag is what to fix

@@ -8,9 +8,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -124,3 +127,225 @@ def test_the_inventory_and_config_examples_load(tmp_path: Path) -> None:
         assert config.load().parallel == 64  # every key is one gpuprov knows
     finally:
         del os.environ["GPUPROV_CONFIG"]
+
+
+# --- the examples that need a node, in the sandbox (`make sandbox`, tools/sandbox.py) ----------------------------
+#
+# Each README line runs as printed, through bash in a folder holding ./code and the README's hosts.yml, against
+# the sandbox's environment (a local AWS endpoint, hosts with shimmed GPUs, gpuprov's config file setting the
+# subnet, connect mode, login and OS). Two substitutions, both the sandbox's, not gpuprov's: the hosts "you
+# already have" stand at 10.1.NET.3-.5 (NET: this run's test net; 10.1.2 in `make sandbox`), and /work on a node
+# is /tmp/work (the sandbox's hosts share this machine's file system outside /tmp, /root and /var/lib/gpuprov).
+# Lines marked SETUP are not the README's: what a scenario needs first (a node the README's block assumes) or a
+# look at what a line did. stdin is a terminal that answers the confirmation (`y`) or, for `ssh`, `exit 0`.
+
+SETUP = "setup: "
+SCENARIOS: dict[str, list[str]] = {
+    "a node on AWS": [
+        "gpuprov gpus --live --region us-east-1",
+        "gpuprov plan --gpu A100:8 --spot --hours 10 --live",
+        "gpuprov up train --gpu A100:8 --spot --persistent --fallback on-demand",
+        "gpuprov status",
+        "gpuprov status train --timeline",
+        "gpuprov check train",
+        "gpuprov stop train",
+        "gpuprov down train",
+        "gpuprov gc --yes",
+    ],
+    "baked images": [
+        SETUP + "gpuprov up train --gpu A100:8 --yes",
+        "gpuprov image bake train --name a100-stack --yes",
+        "gpuprov plan --gpu A100:8 --live",
+        "gpuprov up train2 --gpu A100:8",
+        "gpuprov up dl --gpu L4 --image dlami",
+        "gpuprov image list",
+        "gpuprov image rm a100-stack --yes",
+        SETUP + "gpuprov down train train2 dl --yes",
+    ],
+    "a day on a node": [
+        "gpuprov plan --gpu L40S --spot --persistent --autostop 30m --budget 50 --hours 8",
+        "gpuprov up exp1 --gpu L40S --spot --persistent --jupyter --autostop 30m --budget 50 --on-interrupt "
+        "'aws s3 sync /work/ckpt s3://me/ckpt'",
+        "gpuprov jupyter exp1",
+        "gpuprov sync ./code exp1:/work/code",
+        SETUP + "gpuprov exec exp1 -- cat /work/code/train.py",
+        "gpuprov exec exp1 -- nvidia-smi -L",
+        "gpuprov monitor exp1",
+        "gpuprov ssh exp1",
+        "gpuprov autostop exp1 2h",
+        "gpuprov ttl exp1 4h",
+        "gpuprov status",
+        "gpuprov bench exp1",
+        "gpuprov stop exp1",
+        "gpuprov status",
+        "gpuprov start exp1",
+        SETUP + "gpuprov up big --gpu L40S --yes",
+        "gpuprov stop big && gpuprov start big --gpu L4",
+        "gpuprov down exp1",
+        SETUP + "gpuprov down big --yes",
+    ],
+    "machines you already have": [
+        "gpuprov bootstrap ubuntu@10.1.2.3 -p pytorch --accept-new-host-key",
+        "gpuprov bootstrap --inventory hosts.yml -p llm-finetune --parallel 64 --autostop 2h",
+        "gpuprov check ubuntu@10.1.2.3",
+        "gpuprov doctor ubuntu@10.1.2.3",
+        "gpuprov bench ubuntu@10.1.2.3 --seconds 120 --json",
+        "gpuprov bench gpu-box --gpu H100",
+    ],
+    "a cluster of your hosts": [
+        "gpuprov bootstrap --cluster train ubuntu@10.1.2.3 ubuntu@10.1.2.4 ubuntu@10.1.2.5 -p pytorch",
+        "gpuprov exec train -- 'echo $NODE_RANK of $NNODES via $MASTER_ADDR:$MASTER_PORT'",
+        "gpuprov ssh train:2",
+        "gpuprov sync ./code train:code",
+        SETUP + "gpuprov exec train -- cat code/train.py",
+        SETUP + "gpuprov sync ./code train:1:/tmp/only-node-1",  # NAME:K:PATH: node K alone (/tmp: each host's own)
+        SETUP + "gpuprov exec train -- 'test -e /tmp/only-node-1/train.py && echo has it || echo lacks it'",
+        "gpuprov torchrun train -- code/train.py --epochs 3",
+        "gpuprov check train --cluster",
+        "gpuprov cluster list",
+        "gpuprov cluster rm train",
+    ],
+    "a cluster on AWS": [
+        "gpuprov plan --gpu H100:8 --nodes 2",
+        "gpuprov up train --gpu H100:8 --nodes 4 --min-nodes 3",
+        "gpuprov status",
+        "gpuprov exec train -- 'echo $NODE_RANK of $NNODES'",
+        "gpuprov check train --cluster",
+        "gpuprov down train",
+    ],
+}
+# what a line prints, where the README says or a user would look for it
+SAYS = {
+    "gpuprov up train --gpu A100:8 --spot --persistent --fallback on-demand": "train is ready: p4d.24xlarge",
+    "gpuprov stop train": "train: stopped",
+    "gpuprov up train2 --gpu A100:8": "a100-stack",
+    "gpuprov up dl --gpu L4 --image dlami": "nvidia-driver: unchanged",
+    "gpuprov jupyter exp1": "/lab?token=",
+    SETUP + "gpuprov exec exp1 -- cat /work/code/train.py": "print(",
+    "gpuprov exec exp1 -- nvidia-smi -L": "NVIDIA L40S",
+    "gpuprov monitor exp1": "L40S",
+    "gpuprov stop exp1": "exp1: stopped; its 100 GB disk costs $8.00/month while stopped",
+    "gpuprov stop big && gpuprov start big --gpu L4": "g6.xlarge (was g6e.xlarge)",
+    "gpuprov bootstrap --inventory hosts.yml -p llm-finetune --parallel 64 --autostop 2h": "trainer-a",
+    SETUP + "gpuprov exec train -- cat code/train.py": "3/3 hosts ok",
+    SETUP + "gpuprov exec train -- 'test -e /tmp/only-node-1/train.py && echo has it || echo lacks it'":
+        "train:0 | lacks it",
+    "gpuprov torchrun train -- code/train.py --epochs 3": "3/3 nodes ok",
+    "gpuprov exec train -- 'echo $NODE_RANK of $NNODES'": "3 of 4",
+}
+# a terminal stays open until Ctrl-C: these run until they print this, then get SIGINT
+UNTIL = {"gpuprov jupyter exp1": "/lab?token=", "gpuprov monitor exp1": "L40S"}
+TRAIN_PY = "import os, sys\nprint(f\"rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: {sys.argv[1:]}\")\n"
+
+
+def readme_lines() -> list[str]:
+    """Every `$ gpuprov …` line of the README's console blocks, as typed (the trailing comment cut off)."""
+    found = []
+    for block in re.findall(r"```console\n(.*?)```", README, re.S):
+        for line in block.splitlines():
+            if line.startswith("$ gpuprov "):
+                cut = len(line) - 2
+                quote = ""
+                for i, ch in enumerate(line[2:]):  # the first '#' after a blank, outside quotes
+                    if ch in "'\"" and quote in ("", ch):
+                        quote = "" if quote else ch
+                    elif ch == "#" and not quote and line[2 + i - 1] == " ":
+                        cut = i
+                        break
+                found.append(line[2:2 + cut].strip())
+    return found
+
+
+def needs_a_node(line: str) -> bool:
+    return shlex.split(line)[1] not in OFFLINE or "--live" in line
+
+
+def test_every_readme_line_that_needs_a_node_runs_in_a_sandbox_scenario() -> None:
+    lines = readme_lines()
+    ran = [step for steps in SCENARIOS.values() for step in steps if not step.startswith(SETUP)]
+    assert [line for line in lines if needs_a_node(line) and line not in ran] == []
+    assert [step for step in ran if step not in lines] == []  # no scenario runs a line the README lost
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    import importlib.util
+
+    from tests import testnet
+    from tests.conftest import skip_or_fail
+
+    if os.geteuid() != 0:
+        skip_or_fail("the sandbox's SSH hosts need root (network namespaces)")
+    spec = importlib.util.spec_from_file_location("sandbox", ROOT / "tools" / "sandbox.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with module.Sandbox(tmp_path_factory.mktemp("sandbox") / "sb", nodes=12, net=testnet.NET,
+                        hosts_subnet=testnet.subnet("10.1.2"), prefix=testnet.prefix("gps")) as sb:
+        yield sb
+
+
+def localised(line: str, sb: Any) -> str:
+    return line.removeprefix(SETUP).replace("10.1.2.", f"{sb.hosts_subnet}.").replace("/work/", "/tmp/work/")
+
+
+def run_line(line: str, sb: Any, cwd: Path, home: Path) -> tuple[int, str]:
+    """`line` through bash, stdin a terminal that answers (`y`, or `exit 0` to a shell); a line in UNTIL
+    runs until it prints its words, then gets Ctrl-C."""
+    import pty
+    import signal
+    import threading
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GPUPROV_"))}
+    env.update(sb.env, HOME=str(home), NO_COLOR="1", COLUMNS="120", PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(["bash", "-c", localised(line, sb)], stdin=follower, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
+    os.close(follower)
+    os.write(leader, b"exit 0\n" if " ssh " in line else b"y\n")
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: [out.append(x.decode(errors="replace"))
+                                              for x in iter(proc.stdout.readline, b"")])  # type: ignore[union-attr]
+    reader.start()
+    until = UNTIL.get(line)
+    deadline = time.monotonic() + 600
+    while until and proc.poll() is None and time.monotonic() < deadline and until not in "".join(out):
+        time.sleep(0.1)
+    if until and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        reader.join(10)
+        os.close(leader)
+    return code, "".join(out)
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_readme_examples_run_as_printed_in_the_sandbox(scenario: str, sandbox: Any, tmp_path: Path) -> None:
+    cwd, home = tmp_path / "here", tmp_path / "home"
+    (cwd / "code").mkdir(parents=True)
+    (cwd / "code" / "train.py").write_text(TRAIN_PY)
+    inventory = re.search(r"```yaml\n(defaults:.*?)```", README, re.S)
+    assert inventory
+    (cwd / "hosts.yml").write_text(localised(inventory.group(1), sandbox))
+    (home / ".ssh").mkdir(parents=True, mode=0o700)
+    shutil.copy(sandbox.key, home / ".ssh" / "gpu.pem")  # the README inventory's key: yours for your hosts
+    try:
+        for line in SCENARIOS[scenario]:
+            code, out = run_line(line, sandbox, cwd, home)
+            assert code == 0, f"$ {line}\n{out}"
+            assert "Traceback" not in out and "gpuprov hit a bug" not in out, f"$ {line}\n{out}"
+            assert SAYS.get(line, "") in out, f"$ {line}\n{out}"
+            if "only-node-1" in line and "exec" in line:
+                assert "train:1 | has it" in out and "train:2 | lacks it" in out, out
+        left = {k: v for k, v in sandbox.aws.leftovers().items() if v and k != "key_pairs"}
+        assert left == {}, left  # every scenario takes down what it made
+    finally:  # a failed scenario leaves nothing for the next one to trip on
+        run_line(SETUP + "gpuprov down --all --yes", sandbox, cwd, home)
+        run_line(SETUP + "for c in $(gpuprov cluster list --json | python3 -c 'import json, sys; "
+                 "print(\" \".join(c[\"name\"] for c in json.load(sys.stdin)))'); do gpuprov cluster rm $c; done",
+                 sandbox, cwd, home)

@@ -23,7 +23,7 @@ def run() -> None:
     ~50-70 ms a command that nobody waits for on purpose; what must happen at exit still does (stdout and
     stderr flushed, atexit handlers run). Tests call `main` and keep their process."""
     try:
-        main()
+        main(prog_name="gpuprov")  # `python -m gpuprov` too: the name the hints tell users to type
         code: int = 0
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):

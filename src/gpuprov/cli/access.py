@@ -10,21 +10,24 @@ from typing import Any
 import click
 
 from gpuprov.cli.common import (
+    CONNECT_TIMEOUT,
+    PARALLEL,
     F,
     apply_options,
-    complete_node,
     host_settings,
     main,
     make_console,
     targets_from,
     warn,
 )
+from gpuprov.cli.complete import complete_node
+from gpuprov.cli.params import Command, Number
 from gpuprov.errors import GpuprovError
 
 # --- access: ssh, exec, tunnel, jupyter, sync, monitor ----------------------------------------
 
 
-class _DashDashCommand(click.Command):
+class _DashDashCommand(Command):
     """A command whose words after `--` are a remote command, kept out of click's parsing
     (in ctx.meta["gpuprov.argv"])."""
 
@@ -43,9 +46,10 @@ def _reach_options(accept_new: bool) -> Callable[[F], F]:
     opts: list[Callable[[F], F]] = [
         click.option("-i", "--identity", default=None, envvar="GPUPROV_KEY", show_envvar=True,
                      help="Private key file (else the node's, ~/.ssh/config, ssh's defaults)."),
-        click.option("--ssh-config", default=None, type=click.Path(dir_okay=False), help="ssh config file [~/.ssh/config]."),
-        click.option("--connect-timeout", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
-                     help="Seconds to wait for SSH."),
+        click.option("--ssh-config", default=None, type=click.Path(exists=True, dir_okay=False),
+                     help="ssh config file [~/.ssh/config]."),
+        click.option("--connect-timeout", type=CONNECT_TIMEOUT, default=10.0, show_default=True,
+                     help="Seconds to wait for SSH (0 < s ≤ 3600)."),
     ]
     if accept_new:
         opts.append(click.option("--accept-new-host-key", is_flag=True,
@@ -113,11 +117,11 @@ def ssh_cmd(host: str, **kw: Any) -> None:
 @click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]... -- CMD...", shell_complete=complete_node)
 @click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump).")
 @_reach_options(accept_new=True)
-@click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, envvar="GPUPROV_PARALLEL",
-              show_envvar=True, help="Hosts worked on at once.")
+@click.option("--parallel", type=PARALLEL, default=32, show_default=True, envvar="GPUPROV_PARALLEL",
+              show_envvar=True, help="Hosts worked on at once (1 to 1024).")
 @click.option("--sudo", is_flag=True, help="Run the command as root (sudo -n) where the login user is not root.")
-@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=None,
-              help="Seconds before the command is given up on each host.")
+@click.option("--timeout", type=Number(0, 604_800, low_open=True), default=None,
+              help="Seconds before the command is given up on each host (at most 604_800, a week).")
 @click.option("--no-prefix", is_flag=True, help="Print the hosts' lines as they are, without `HOST | `.")
 def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo: bool, timeout: float | None,
              no_prefix: bool, **kw: Any) -> None:
@@ -234,9 +238,9 @@ def tunnel(host: str, ports: str, **kw: Any) -> None:
 
 @main.command()
 @click.argument("host", metavar="NODE|[USER@]HOST[:PORT]", shell_complete=complete_node)
-@click.option("--port", type=click.IntRange(0, 65535), default=8888, show_default=True,
+@click.option("--port", type=Number(0, 65535, whole=True), default=8888, show_default=True,
               help="Local port (0: any free one).")
-@click.option("--remote-port", type=click.IntRange(1, 65535), default=8888, show_default=True,
+@click.option("--remote-port", type=Number(1, 65535, whole=True), default=8888, show_default=True,
               help="JupyterLab's port on the host.")
 @_reach_options(accept_new=True)
 def jupyter(host: str, port: int, remote_port: int, **kw: Any) -> None:
@@ -265,42 +269,82 @@ def jupyter(host: str, port: int, remote_port: int, **kw: Any) -> None:
 @click.option("--delete", is_flag=True, help="Delete files on the receiving side that the sending side lacks.")
 @click.option("--progress/--no-progress", default=None, help="Show transfer progress [default: on a terminal].")
 def sync(args: tuple[str, ...], delete: bool, progress: bool | None, **kw: Any) -> None:
-    """Copy files to or from a host with rsync over the same pinned SSH settings, in rsync's shape.
+    """Copy files to or from a host with rsync over the same pinned SSH settings.
 
     \b
-    gpuprov sync ./data my-node:data              # upload (rsync -a; a trailing / copies contents)
-    gpuprov sync my-node:runs/ ./runs/            # download
+    gpuprov sync ./code my-node:code              # upload: ~/code is a copy of ./code
+    gpuprov sync my-node:runs ./runs              # download: ./runs is a copy of the node's ~/runs
+    gpuprov sync ./code train:code                # a cluster: every node gets ~/code
+    gpuprov sync ./code train:1:code              # node 1 of the cluster only
     gpuprov sync my-node ./data :data             # the host named first, `:PATH` for its side
-    `HOST:PATH` marks the remote side; relative paths are in the login's home.
+    DST becomes a copy of SRC: a folder's contents land in DST, with or without a trailing / on either
+    side (never in DST/SRC); a file lands at DST, or inside DST when DST ends in /. `HOST:PATH` marks
+    the remote side; relative paths are in the login's home. A download from a cluster is node 0's.
     """
     import subprocess
+    from pathlib import Path
 
+    from gpuprov.cluster import resolve
     from gpuprov.errors import UserInputError
     from gpuprov.hosts import sshcli
 
     if len(args) not in (2, 3):
         raise UserInputError("SRC DST", f"{len(args)} paths", "e.g. gpuprov sync ./code exp1:/work/code")
     host, src, dst = args if len(args) == 3 else (sshcli.sync_host(*args), *args)
+    host, src, dst = _cluster_node(host, src, dst)
     _need_tool("rsync", "rsync (here and on the host)")
     plan = sshcli.split_sync(host, src, dst)
-    target, settings = _one(host, kw)
-    _warn_unpinned(target, settings)
+    if plan.upload and not Path(plan.local).exists():
+        raise UserInputError("SRC", f"no such file or folder here: {plan.local}", "give a path that exists on this machine")
+    named = resolve(host)
+    if named is not None and named.rank is None and plan.upload:
+        targets, settings = _reach((host,), None, kw)  # a cluster by name: every node gets the copy
+    else:
+        target, settings = _one(host, kw)
+        targets = [target]
+    for target in targets:
+        _warn_unpinned(target, settings)
+    source_is_dir = Path(plan.local).is_dir() if plan.upload else sshcli.remote_is_dir(targets[0], settings,
+                                                                                         plan.remote_path)
+    plan = sshcli.as_copy(plan, source_is_dir)
     show = sys.stdout.isatty() if progress is None else progress
-    code = subprocess.call(sshcli.rsync_argv(target, settings, plan, progress=show, delete=delete))
-    if code == 255:  # rsync passes on ssh's own exit: the connection, not the copy, failed (ssh said why above)
-        warn(f"error: rsync exited 255: ssh could not reach {target.name}, or lost it", "red")
-    elif code != 0:
-        warn(f"error: rsync exited {code}", "red")
+    code = 0
+    for target in targets:
+        done = subprocess.call(sshcli.rsync_argv(target, settings, plan, progress=show, delete=delete))
+        if done == 255:  # rsync passes on ssh's own exit: the connection, not the copy, failed (ssh said why above)
+            warn(f"error: {target.name}: rsync exited 255: ssh could not reach it, or lost it", "red")
+        elif done != 0:
+            warn(f"error: {target.name}: rsync exited {done}", "red")
+        elif len(targets) > 1:
+            click.echo(f"{target.name}: synced {plan.remote_path}", err=True)
+        code = code or done
     sys.exit(code)
+
+
+def _cluster_node(host: str, src: str, dst: str) -> tuple[str, str, str]:
+    """`NAME:K:PATH` (node K of a recorded cluster) as host `NAME:K` with its remote side `NAME:K:PATH`."""
+    import re
+
+    from gpuprov.cluster import resolve
+
+    named = resolve(host)
+    if named is None or named.rank is not None:
+        return host, src, dst
+    for arg in (src, dst):
+        match = re.match(rf"^{re.escape(host)}:(\d+):", arg)
+        if match:
+            return f"{host}:{match.group(1)}", src, dst
+    return host, src, dst
 
 
 @main.command()
 @click.argument("hosts", nargs=-1, metavar="NODE|[USER@]HOST[:PORT]...", shell_complete=complete_node)
 @click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump).")
 @_reach_options(accept_new=True)
-@click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, envvar="GPUPROV_PARALLEL",
-              show_envvar=True, help="Hosts sampled at once.")
-@click.option("--interval", type=click.FloatRange(0.2), default=2.0, show_default=True, help="Seconds between samples.")
+@click.option("--parallel", type=PARALLEL, default=32, show_default=True, envvar="GPUPROV_PARALLEL",
+              show_envvar=True, help="Hosts sampled at once (1 to 1024).")
+@click.option("--interval", type=Number(0.2, 3600), default=2.0, show_default=True,
+              help="Seconds between samples (0.2 to 3600).")
 @click.option("--once", is_flag=True, help="One sample, then exit (exit 1 when a host could not be sampled).")
 @click.option("--json", "as_json", is_flag=True, help="JSON: one array per sample (with --once, one document).")
 def monitor(hosts: tuple[str, ...], inventory: str | None, parallel: int, interval: float, once: bool, as_json: bool,
@@ -331,9 +375,14 @@ def monitor(hosts: tuple[str, ...], inventory: str | None, parallel: int, interv
                 start = time.monotonic()
                 click.echo(json.dumps(as_data(mon.sample())))
                 time.sleep(max(0.0, interval - (time.monotonic() - start)))
+        console = make_console()
+        if not sys.stdout.isatty():  # `monitor NODE > file`: a live display draws nothing there; a table per sample
+            while True:
+                start = time.monotonic()
+                console.print(monitor_table(mon.sample(), interval))
+                time.sleep(max(0.0, interval - (time.monotonic() - start)))
         from rich.live import Live
 
-        console = make_console()
         with Live(monitor_table(mon.sample(), interval), console=console, auto_refresh=False) as live:
             while True:
                 start = time.monotonic()
@@ -350,10 +399,10 @@ def monitor(hosts: tuple[str, ...], inventory: str | None, parallel: int, interv
 @_reach_options(accept_new=False)
 @click.option("--env", "env_path", default="/opt/gpuprov/env", show_default=True,
               help="Python env on the nodes whose torchrun to use (else torchrun on PATH).")
-@click.option("--nproc-per-node", type=click.IntRange(1, 1024), default=None,
-              help="Processes per node [the cluster's GPUs per node].")
-@click.option("--grace", type=click.FloatRange(0), default=10.0, show_default=True,
-              help="Seconds a node gets after ^C before its terminal is hung up.")
+@click.option("--nproc-per-node", type=Number(1, 1024, whole=True), default=None,
+              help="Processes per node, 1 to 1024 [the cluster's GPUs per node].")
+@click.option("--grace", type=Number(0, 3600), default=10.0, show_default=True,
+              help="Seconds a node gets after ^C before its terminal is hung up (0 to 3600).")
 def torchrun_cmd(name: str, env_path: str, nproc_per_node: int | None, grace: float, **kw: Any) -> None:
     """Run torchrun on every node of a cluster, wired for it; output prefixed by node.
 

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from gpuprov.cli.common import (
-    complete_node,
+    NODES,
     confirm,
     main,
     make_console,
@@ -22,6 +22,8 @@ from gpuprov.cli.common import (
     store_and_provider,
     warn,
 )
+from gpuprov.cli.complete import cluster_names, complete_node, complete_region, node_names
+from gpuprov.cli.params import Number
 from gpuprov.errors import GpuprovError, UserInputError
 
 
@@ -30,14 +32,14 @@ from gpuprov.errors import GpuprovError, UserInputError
 @stack_options
 @click.option("--fallback", type=click.Choice(["none", "on-demand"]), default="none", show_default=True,
               help="With --spot: when spot is refused everywhere (or closed to the account), try on-demand too.")
-@click.option("--max-price", type=float, default=None,
-              help="With --spot: the most to pay per hour (AWS advises leaving it unset).")
-@click.option("--max-hourly", type=float, default=None, metavar="USD",
-              help="Failover never picks an instance type whose on-demand list price is above this; the prices "
-                   "compared are the catalog's us-east-1 list prices, whatever the region "
-                   "[default: twice the cheapest type that fits].")
-@click.option("--disk", "disk_gb", type=click.IntRange(20, 16384), default=100, show_default=True,
-              help="Root volume, GB (gp3, encrypted).")
+@click.option("--max-price", type=Number(0, 10_000, low_open=True), default=None, metavar="USD",
+              help="With --spot: the most to pay per hour, 0 < USD ≤ 10_000 (AWS advises leaving it unset).")
+@click.option("--max-hourly", type=Number(0, 10_000, low_open=True), default=None, metavar="USD",
+              help="Failover never picks an instance type whose on-demand list price is above this "
+                   "(0 < USD ≤ 10_000); the prices compared are the catalog's us-east-1 list prices, whatever "
+                   "the region [default: twice the cheapest type that fits].")
+@click.option("--disk", "disk_gb", type=Number(20, 16384, whole=True), default=100, show_default=True,
+              help="Root volume, GB (gp3, encrypted), 20 to 16384.")
 @click.option("--image", default=None, metavar="fresh|dlami|ID|NAME",
               help="The image [default: your baked image of this plan's stack in the region, else Canonical's "
                    "Ubuntu]: fresh (Ubuntu, every step runs), dlami (AWS's Deep Learning Base OSS NVIDIA Driver "
@@ -60,10 +62,10 @@ from gpuprov.errors import GpuprovError, UserInputError
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before launching (needed without a terminal).")
 @step_silence_option
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
-@click.option("--nodes", type=click.IntRange(1), default=1, show_default=True,
-              help="A cluster: this many nodes of one type in one zone (cluster placement group, EFA where the "
-                   "type has it); all of them or none.")
-@click.option("--min-nodes", type=click.IntRange(1), default=None,
+@click.option("--nodes", type=NODES, default=1, show_default=True,
+              help="A cluster: this many nodes (1 to 64; 1: one node) of one type in one zone (cluster placement group, EFA "
+                   "where the type has it); all of them or none.")
+@click.option("--min-nodes", type=NODES, default=None,
               help="With --nodes: keep the cluster with at least this many healthy nodes [default: all].")
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
@@ -99,6 +101,9 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         instance_profile=instance_profile,
     )
     launch.check_options(the_plan, opts)
+    if launch.open_to_all(ssh_cidr):
+        warn(f"warning: --ssh-cidr {ssh_cidr} opens SSH on {node_name} to the whole internet (every scanner will try "
+             "it); leave --ssh-cidr out for your address /32" + ("" if yes else ", or confirm below"))
     if nodes > 1 or min_nodes is not None:
         _up_cluster(the_plan, opts, nodes, min_nodes, dry_run, yes, console, as_json)
         return
@@ -107,8 +112,9 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         return
     if not yes:
         price = the_plan.price_usd_hour
+        world = ", SSH open to the whole internet" if launch.open_to_all(ssh_cidr) else ""
         confirm(f"Launch {node_name}: {the_plan.instance.name if the_plan.instance else '?'}"
-                f" ({'spot' if kw['spot'] else 'on-demand'}, list ${price or 0:.2f}/h)?", "launch")
+                f" ({'spot' if kw['spot'] else 'on-demand'}, list ${price or 0:.2f}/h{world})?", "launch")
     store, provider = store_and_provider()
     result = one_node.up(the_plan, opts, provider, store, say_to(console))
     node = result.node
@@ -143,8 +149,11 @@ def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry
         return
     if not yes:
         price = (the_plan.price_usd_hour or 0) * nodes
+        from gpuprov.cloud.launch import open_to_all
+
+        world = ", SSH open to the whole internet" if open_to_all(opts.ssh_cidr) else ""
         confirm(f"Launch {opts.name}: {nodes} × {instance} ({'spot' if the_plan.request.spot else 'on-demand'}, "
-                f"list ${price:.2f}/h for all)?", "launch")
+                f"list ${price:.2f}/h for all{world})?", "launch")
     store, provider = store_and_provider()
     result = cluster.up(the_plan, opts, copts, provider, store, say_to(console))
     node = result.node
@@ -256,16 +265,18 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool) -> N
     if as_json:
         click.echo(json.dumps({name: {"complete": r.complete, "removed": r.removed, "left": r.left}
                                for name, r in results.items()}, indent=2))
+    from gpuprov.cli.fittable import plural  # rich: not at import time (`gpuprov --help`)
+
     for name, result in results.items():
         if result.complete and not as_json:
-            console.print(f"{name}: down ({len(result.removed)} resources removed)")
+            console.print(f"{name}: down ({plural(len(result.removed), 'resource')} removed)")
     incomplete = [r for r in results.values() if not r.complete]
     if incomplete:
         raise teardown.TeardownIncomplete(incomplete)
 
 
 @main.command()
-@click.option("--region", "regions", multiple=True,
+@click.option("--region", "regions", multiple=True, shell_complete=complete_region,
               help="Region(s) to sweep [default: those of your nodes, and the AWS chain's region (AWS_REGION, profile, "
                    "us-east-1)].")
 @click.option("--all-regions", is_flag=True, help="Every region in the catalog.")
@@ -373,6 +384,10 @@ def _guard_target(name: str, identity: str | None) -> tuple[str | None, Any, Any
         if node is not None and node.live:
             raise click.UsageError(f"{name} is {node.state} and has no address to reach"
                                    + (f": `gpuprov start {name}` first" if node.state == "stopped" else ""))
+    from gpuprov.plan.inventory import check_known_word
+
+    # a bare word that is no node, cluster, ssh config Host or /etc/hosts name is a typo, never sent to DNS
+    check_known_word(name, node_names() + cluster_names(), None)
     (host,) = targets([parse_target(name)], None)
     return None, None, host, settings
 

@@ -17,6 +17,19 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 from gpuprov import __version__
+from gpuprov.cli.complete import (
+    cluster_names,
+    complete_driver,
+    complete_gpu,
+    complete_node,
+    complete_os,
+    complete_playbook,
+    complete_region,
+    complete_torch,
+    complete_torch_cuda,
+    node_names,
+)
+from gpuprov.cli.params import Command, Number, usage_field
 from gpuprov.errors import GpuprovError, UserInputError
 
 if TYPE_CHECKING:
@@ -29,9 +42,24 @@ F = TypeVar("F", bound=Callable[..., Any])
 def make_console(*, stderr: bool = False) -> Any:
     """rich's console (it honours NO_COLOR, and COLUMNS when not on a terminal); `stderr` for progress
     lines while stdout carries JSON."""
+    import shutil
+
     from rich.console import Console
 
-    return Console(highlight=False, emoji=False, stderr=stderr)  # no ':1234:' → emoji in an IPv6 address
+    columns = os.environ.get("COLUMNS")
+    width = None  # rich's own: the terminal's, else COLUMNS, else 80
+    if columns is not None and not (columns.strip().isdigit() and int(columns) > 0):
+        # COLUMNS=0 or junk (some CI runners, `docker exec` without -t): rich would print nothing at all
+        width = shutil.get_terminal_size((80, 24)).columns
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            """`gpuprov plan | head -1`: the reader left, which is no error (rich's own exits 1, silently)."""
+            self.quiet = True
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(0)
+
+    return _Console(highlight=False, emoji=False, stderr=stderr, width=width)  # no ':1234:' → emoji in an IPv6 address
 
 
 def quiet() -> bool:
@@ -55,38 +83,6 @@ def confirm(question: str, action: str) -> None:
         raise UserInputError("--yes", "no terminal to confirm on", f"pass --yes (or -y) to {action}")
     if not click.confirm(question, default=False, err=True):
         say_error("not confirmed; nothing was done", 1)
-
-
-# --- shell completion (Click's protocol; `gpuprov completion bash|zsh|fish` prints the script) ------
-
-
-def _matching(words: list[str], incomplete: str) -> list[Any]:
-    from click.shell_completion import CompletionItem
-
-    return [CompletionItem(w) for w in words if w.lower().startswith(incomplete.lower())]
-
-
-def complete_gpu(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[Any]:
-    from gpuprov.plan import catalog
-
-    return _matching([g.name for g in catalog.load().gpus], incomplete)
-
-
-def complete_playbook(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[Any]:
-    from click.shell_completion import CompletionItem
-
-    from gpuprov.plan.spec import shipped_playbooks
-
-    if "/" in incomplete or incomplete.startswith("."):
-        return [CompletionItem(incomplete, type="file")]
-    return _matching(shipped_playbooks(), incomplete)
-
-
-def complete_node(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[Any]:
-    try:
-        return _matching(node_names() + cluster_names(), incomplete)
-    except GpuprovError:  # no readable state: nothing to offer, and no error in the middle of a prompt
-        return []
 
 
 # --- shared options (pip-tools style) ---------------------------------------------------------
@@ -113,14 +109,16 @@ def pin_options(func: F) -> F:
         click.option("--jupyter", is_flag=True,
                      help="Add JupyterLab to the playbook's env: a service on the node's 127.0.0.1:8888 with a token; "
                           "open it with `gpuprov jupyter NODE`."),
-        click.option("--os", "os_name", default=None,
+        click.option("--os", "os_name", default=None, shell_complete=complete_os,
                      help="ubuntu-22.04 or ubuntu-24.04. Default: 24.04 for new nodes, the host's own for bootstrap."),
-        click.option("--driver", default=None,
+        click.option("--driver", default=None, shell_complete=complete_driver,
                      help="Pin the NVIDIA driver branch (R570 or newer, e.g. 580) or an exact release NVIDIA "
                           "ships a pinning package for (e.g. 580.126.09)."),
         click.option("--cuda", default=None, help="Also install this CUDA toolkit (nvcc), e.g. 12.8. Wheels don't need it."),
-        click.option("--torch", "torch_version", default=None, help="Pin the torch release, e.g. 2.9 or 2.9.1."),
-        click.option("--torch-cuda", default=None, help="Pin the torch wheel's CUDA variant, e.g. cu128."),
+        click.option("--torch", "torch_version", default=None, shell_complete=complete_torch,
+                     help="Pin the torch release, e.g. 2.9 or 2.9.1."),
+        click.option("--torch-cuda", default=None, shell_complete=complete_torch_cuda,
+                     help="Pin the torch wheel's CUDA variant, e.g. cu128."),
         click.option("--python", default=None, help="Pin the env's Python version, e.g. 3.12."),
     ])
 
@@ -130,12 +128,13 @@ def stack_options(func: F) -> F:
     return apply_options(func, [
         click.option("--gpu", required=True, envvar="GPUPROV_GPU", show_envvar=True, shell_complete=complete_gpu,
                      help="GPU name, optionally with a count: A100, h100, a100:8, l40s."),
-        click.option("--count", type=int, default=None, help="Number of GPUs [default: 1] (or use --gpu NAME:N)."),
+        click.option("--count", type=Number(1, 64, whole=True), default=None,
+                     help="Number of GPUs, 1 to 64 [default: 1] (or use --gpu NAME:N)."),
         click.option("--spot", is_flag=True, help="Ask for spot capacity (cheaper, can be interrupted)."),
         click.option("--persistent", is_flag=True,
                      help="With --spot: a persistent spot request whose interruption behaviour is stop, so the "
                           "node can stop (`gpuprov stop`, autostop) and keep its disk."),
-        click.option("--region", default=None, metavar="REGION", help=REGION_HELP),
+        click.option("--region", default=None, metavar="REGION", shell_complete=complete_region, help=REGION_HELP),
         click.option("--instance-type", default=None, help="Force an instance type instead of the cheapest that fits."),
         pin_options,
         guard_options,
@@ -162,8 +161,8 @@ def node_guard_options(func: F) -> F:
         click.option("--autostop-action", type=click.Choice(["stop", "terminate"]), default=None,
                      help="What autostop and the TTL do: stop (the disk is kept; `gpuprov start` resumes) or "
                           "terminate [default: stop for nodes that can stop, terminate for one-time spot]."),
-        click.option("--budget", type=float, default=None, metavar="USD",
-                     help="A dollar cap: shut down once the node has cost this much at the price obtained "
+        click.option("--budget", type=Number(0, 10_000_000, low_open=True), default=None, metavar="USD",
+                     help="A dollar cap (0 < USD ≤ 10_000_000): shut down once the node has cost this much at the price obtained "
                           "(spot price at launch, or the on-demand list price); enforced on the node like --ttl."),
     ])
 
@@ -175,20 +174,24 @@ def ssh_options(func: F) -> F:
         click.option("--inventory", default=None, help="YAML inventory of hosts (user, port, key, proxy_jump, gpu, os)."),
         click.option("-i", "--identity", default=None, envvar="GPUPROV_KEY", show_envvar=True,
                      help="Private key file (else ~/.ssh/config, then ssh's defaults)."),
-        click.option("--ssh-config", default=None, type=click.Path(dir_okay=False), help="ssh config file [~/.ssh/config]."),
+        click.option("--ssh-config", default=None, type=click.Path(exists=True, dir_okay=False),
+                     help="ssh config file [~/.ssh/config]."),
         click.option("--accept-new-host-key", is_flag=True,
                      help="Trust and pin the key of a host seen for the first time. A changed key is always refused."),
-        click.option("--connect-timeout", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
-                     help="Seconds to wait for SSH."),
-        click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True, envvar="GPUPROV_PARALLEL",
-                     show_envvar=True, help="Hosts worked on at once."),
+        click.option("--connect-timeout", type=CONNECT_TIMEOUT, default=10.0, show_default=True,
+                     help="Seconds to wait for SSH (0 < s ≤ 3600)."),
+        click.option("--parallel", type=PARALLEL, default=32, show_default=True, envvar="GPUPROV_PARALLEL",
+                     show_envvar=True, help="Hosts worked on at once (1 to 1024)."),
     ])
 
 
+CONNECT_TIMEOUT = Number(0, 3600, low_open=True)
+PARALLEL = Number(1, 1024, whole=True)
+NODES = Number(1, 64, whole=True)  # cloud/cluster.py's MAX_NODES: a cluster placement group's sensible size
 step_silence_option = click.option(
-    "--step-silence", type=click.FloatRange(0), default=1200.0, show_default=True, metavar="SECONDS",
+    "--step-silence", type=Number(0, 604_800), default=1200.0, show_default=True, metavar="SECONDS",
     help="A step that prints nothing for this long means its host is lost (gone, or frozen): it is reported "
-         "so, the other hosts go on, and the next run resumes it; 0: wait forever.")
+         "so, the other hosts go on, and the next run resumes it; 0: wait forever (at most 604_800, a week).")
 
 
 def pins_from(kw: dict[str, Any]) -> StackPins:
@@ -206,10 +209,24 @@ def region_from(given: str | None, *, quiet: bool = False) -> Any:
     from gpuprov.plan import catalog
 
     region = resolve(given)
-    catalog.load().check_region(region.name)
+    try:
+        catalog.load().check_region(region.name)
+    except UserInputError as exc:  # blamed on where the name came from: AWS_REGION, the config file, a profile
+        if region.source == "--region":
+            raise
+        raise UserInputError(region_field(region.source), exc.problem, exc.hint) from None
     if not quiet:
         say_region(region)
     return region
+
+
+def region_field(source: str) -> str:
+    """The field an error about a region names: its variable, the config file's key, or the AWS profile."""
+    if source.startswith("config file "):
+        from gpuprov.plan import config
+
+        return config.where("region")
+    return f"AWS {source}" if source.startswith("profile ") else source
 
 
 def say_region(region: Any) -> None:
@@ -262,12 +279,12 @@ def usage_error_text(exc: click.UsageError) -> str:
     """Click's usage errors in gpuprov's one-line shape: `--flag: problem`, then where to look."""
     command = exc.ctx.command_path if exc.ctx else "gpuprov"
     if isinstance(exc, click.BadParameter) and exc.param is not None:
-        field = exc.param_hint if isinstance(exc.param_hint, str) else \
-            (max(exc.param.opts, key=len) if exc.param.opts else exc.param.name or "argument")
-        if exc.param.param_type_name == "argument":
-            field = (exc.param.human_readable_name or field).upper()
+        field = usage_field(exc)
         problem = "is required" if isinstance(exc, click.MissingParameter) else exc.message
         return f"{field}: {problem}\n  see `{command} --help`"
+    if isinstance(exc, click.exceptions.NoSuchCommand):
+        close = f" (did you mean {' or '.join(exc.possibilities)}?)" if exc.possibilities else ""
+        return f"{exc.command_name}: no such command{close}\n  see `{command} --help`"
     if isinstance(exc, click.NoSuchOption):
         close = f" (did you mean {' or '.join(sorted(exc.possibilities))}?)" if exc.possibilities else ""
         return f"{exc.option_name}: no such option{close}\n  see `{command} --help`"
@@ -290,13 +307,15 @@ class Group(click.Group):
     `error: ...` line on stderr with its exit code, never a traceback or Click's usage block. Every
     command gets -q/--quiet."""
 
+    command_class = Command
+
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
                      **extra: Any) -> click.Context:
         """Defaults from the user's config file (flag > environment > config file > built-in), read only
         when there is one."""
         from gpuprov.paths import config_path
 
-        if "default_map" not in extra and config_path().exists():
+        if "default_map" not in extra and (config_path().exists() or os.environ.get("GPUPROV_CONFIG")):
             from gpuprov.plan import config
 
             try:
@@ -308,6 +327,8 @@ class Group(click.Group):
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         cmd.params.append(QUIET_OPTION)
+        if isinstance(cmd, click.Group):  # `image bake`, `cluster rm`: the same checks as every command
+            cmd.command_class = Command
         super().add_command(cmd, name)
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
@@ -383,26 +404,12 @@ def node_target(name: str) -> Any:
     node = open_store().find_node(name)
     if node is None or not node.live or not node.address:
         return None
+    from gpuprov.cloud.contact import check_address
+
+    check_address(node.address)  # a public address a local endpoint made up is nobody's to log in to
     key = region_key(keys_dir(), node.region)
     return Target(host=node.address, user=node.ssh_user, key=str(key), label=node.name,
                   known_hosts=str(node_known_hosts(node.name)))
-
-
-def node_names() -> list[str]:
-    """The names of the nodes gpuprov manages (none without a state file)."""
-    from gpuprov.paths import state_dir
-
-    if not (state_dir() / "state.sqlite").exists():
-        return []
-    from gpuprov.state import open_store
-
-    return [n.name for n in open_store().nodes()]
-
-
-def cluster_names() -> list[str]:
-    from gpuprov.cluster import names
-
-    return names()
 
 
 def targets_from(kw: dict[str, Any]) -> list[Any]:
@@ -420,14 +427,14 @@ def targets_from(kw: dict[str, Any]) -> list[Any]:
     for h in kw["hosts"]:
         if h not in named:
             check_known_word(h, node_names() + cluster_names(), Path(kw["ssh_config"]) if kw.get("ssh_config") else None)
-    defaults = None
-    if kw["inventory"]:
-        inventory = load_inventory(kw["inventory"])
-        entries += list(inventory.hosts)
-        defaults = inventory.defaults
-    if not entries and not nodes:
+    listed = load_inventory(kw["inventory"]).targets() if kw["inventory"] else []
+    if not entries and not nodes and not listed:
         raise UserInputError("HOST", "no host named", "name at least one node, [USER@]HOST[:PORT], or an --inventory file")
-    return check_unique(nodes + targets(entries, defaults))
+    chosen = check_unique(nodes + targets(entries) + listed)
+    from gpuprov.hosts.precheck import check_targets
+
+    check_targets(chosen, Path(kw["ssh_config"]) if kw.get("ssh_config") else None)
+    return chosen
 
 
 def host_settings(kw: dict[str, Any]) -> Any:

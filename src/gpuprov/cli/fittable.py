@@ -31,9 +31,10 @@ class Column:
     justify: str = "left"
     drop: int = 0
     prose: bool = False
+    beneath: bool = False  # once left out, its cell goes on a line of its own under the row (`header: cell`)
 
 
-PROSE_MIN = 12
+PROSE_MIN = 16  # a prose word up to this long is never split; longer ones (paths, URLs, reasons) fold
 
 
 class FitTable:
@@ -62,8 +63,10 @@ class FitTable:
 
 
     def table(self, shown: list[int]) -> Table:
-        dropped = [c.header for i, c in enumerate(self.columns) if i not in shown]
+        beneath = [i for i, c in enumerate(self.columns) if i not in shown and c.beneath]
+        dropped = [c.header for i, c in enumerate(self.columns) if i not in shown and i not in beneath]
         caption = f"left out at this width: {', '.join(dropped)} (wider terminal, or --json)" if dropped else None
+        under = next((i for i in shown if self.columns[i].prose), None)  # where a line beneath a row goes
         table = Table(title=self.title, caption=caption, caption_justify="left", **self.table_kw)
         # rich ignores `justify` on an overflow="ignore" column, so right-aligned cells are padded here
         right = {i: self._width(i) for i in shown if self.columns[i].justify == "right" and not self.columns[i].prose}
@@ -72,30 +75,35 @@ class FitTable:
             header = rjust(col.header, right[i]) if i in right else col.header
             table.add_column(header, justify=col.justify, no_wrap=not col.prose,  # type: ignore[arg-type]
                              overflow="fold" if col.prose else "ignore",
-                             min_width=None if col.prose else self._width(i))
+                             min_width=self._width(i))  # prose: its longest word (up to PROSE_MIN) stays whole
         for cells, end_section in self.rows:
+            extra = [f"{self.columns[i].header}: {plain(cells[i])}" for i in beneath if plain(cells[i]).strip()]
             table.add_row(*(rjust(cells[i], right[i]) if i in right else cells[i] for i in shown),
-                          end_section=end_section)
+                          end_section=end_section and not (extra and under is not None))
+            if extra and under is not None:
+                table.add_row(*("; ".join(extra) if i == under else "" for i in shown), end_section=end_section)
         return table
 
 
-    def fitted(self, width: int) -> Table:
+    def fitted(self, console: Console, options: ConsoleOptions) -> Table:
         shown = list(range(len(self.columns)))
         while True:
             table = self.table(shown)
-            need = table._extra_width + sum(self._width(i) + table._get_padding_width(n) for n, i in enumerate(shown))
+            # the width rich will render it at (its column arithmetic can overshoot the narrowest by a cell or two)
+            need = sum(table._calculate_column_widths(console, options.update_width(options.max_width - table._extra_width))) \
+                + table._extra_width
             optional = [i for i in shown if self.columns[i].drop]
-            if need <= width or not optional:
+            if need <= options.max_width or not optional:
                 return table
             shown.remove(max(optional, key=lambda i: self.columns[i].drop))
 
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield self.fitted(options.max_width)
+        yield self.fitted(console, options)
 
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement.get(console, options, self.fitted(options.max_width))
+        return Measurement.get(console, options, self.fitted(console, options))
 
 
 def rjust(cell: Any, width: int) -> Any:
@@ -107,6 +115,11 @@ def rjust(cell: Any, width: int) -> Any:
 
 def plain(cell: Any) -> str:
     return cell.plain if isinstance(cell, Text) else str(cell)
+
+
+def plural(count: int, word: str) -> str:
+    """`1 GPU`, `8 GPUs`, `1 resource`, `5 resources`."""
+    return f"{count} {word}" + ("" if count == 1 else "s")
 
 
 def price_text(value: float | None) -> str:

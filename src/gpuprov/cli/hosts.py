@@ -21,6 +21,7 @@ from gpuprov.cli.common import (
     targets_from,
     warn,
 )
+from gpuprov.cli.params import Number
 
 
 @main.command()
@@ -32,7 +33,8 @@ from gpuprov.cli.common import (
 @click.option("--takeover", is_flag=True,
               help="Stop a bootstrap of the same host that another gpuprov is running and take over (without it, "
                    "that host is refused while the other run is alive).")
-@click.option("--reboot-timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for a host to come back.")
+@click.option("--reboot-timeout", type=Number(1, 86400), default=600.0, show_default=True,
+              help="Seconds to wait for a host to come back (1 to 86400).")
 @step_silence_option
 @click.option("-v", "--verbose", is_flag=True, help="Stream every host's remote output (it always goes to the log).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
@@ -42,7 +44,7 @@ from gpuprov.cli.common import (
 @click.option("--master-addr", default=None, metavar="IP",
               help="With --cluster: node 0's address as the others reach it [the source address node 0 uses "
                    "toward node 1, from `ip route get`].")
-@click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True,
+@click.option("--master-port", type=Number(1, 65535, whole=True), default=29500, show_default=True,
               help="With --cluster: the rendezvous port (MASTER_PORT).")
 def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str | None, master_addr: str | None,
               master_port: int, **kw: Any) -> None:
@@ -159,10 +161,10 @@ def _host_json(r: Any) -> dict[str, Any]:
                    "sampled NCCL ports), then an all-reduce across all GPUs, judged.")
 @click.option("--sizes", default="1M,64M,256M,1G", show_default=True,
               help="With --cluster: all-reduce message sizes.")
-@click.option("--sample-ports", type=click.IntRange(0, 64), default=4, show_default=True,
-              help="With --cluster: ephemeral ports sampled per node (where NCCL's sockets listen).")
-@click.option("--port-timeout", type=click.FloatRange(0.1), default=3.0, show_default=True,
-              help="With --cluster: seconds a connection may take before the port counts as dropped.")
+@click.option("--sample-ports", type=Number(0, 64, whole=True), default=4, show_default=True,
+              help="With --cluster: ephemeral ports sampled per node, 0 to 64 (where NCCL's sockets listen).")
+@click.option("--port-timeout", type=Number(0.1, 600), default=3.0, show_default=True,
+              help="With --cluster: seconds (0.1 to 600) a connection may take before the port counts as dropped.")
 @click.option("--no-allreduce", is_flag=True, help="With --cluster: only the connectivity part.")
 def check(gpu: str | None, env_path: str, as_json: bool, as_cluster: bool, sizes: str, sample_ports: int,
           port_timeout: float, no_allreduce: bool, **kw: Any) -> None:
@@ -226,7 +228,7 @@ def _finish(results: list[Any], as_json: bool, fields: Callable[[Any], dict[str,
 @main.command()
 @ssh_options
 @click.option("--gpu", default=None, help="Judge against this GPU's published figures [default: the model each GPU reports].")
-@click.option("--seconds", type=click.FloatRange(5, 3600), default=60.0, show_default=True,
+@click.option("--seconds", type=Number(5, 3600), default=60.0, show_default=True,
               help="Time budget per host for the measurements (the all-reduce adds a few seconds).")
 @click.option("--env", "env_path", default="/opt/gpuprov/env", show_default=True, help="Python env whose torch to use.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures (and where the published ones come from) as JSON.")
@@ -254,8 +256,8 @@ def bench(gpu: str | None, seconds: float, env_path: str, as_json: bool, **kw: A
 @main.command()
 @ssh_options
 @click.option("--env", "env_path", default="/opt/gpuprov/env", show_default=True, help="Python env whose torch to check.")
-@click.option("--min-free-gb", type=float, default=10.0, show_default=True,
-              help="Warn when / or the env's filesystem has less free space than this.")
+@click.option("--min-free-gb", type=Number(0, 1_000_000), default=10.0, show_default=True,
+              help="Warn when / or the env's filesystem has less free space than this (0 to 1_000_000).")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings (and the facts behind them) as JSON.")
 def doctor(env_path: str, min_free_gb: float, as_json: bool, **kw: Any) -> None:
     """Find why a host's GPU stack is broken: each finding names the cause and the fix.

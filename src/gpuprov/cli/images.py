@@ -7,7 +7,6 @@ import json
 import click
 
 from gpuprov.cli.common import (
-    complete_node,
     confirm,
     main,
     make_console,
@@ -16,6 +15,7 @@ from gpuprov.cli.common import (
     say_to,
     store_and_provider,
 )
+from gpuprov.cli.complete import complete_node, complete_region
 from gpuprov.errors import UserInputError
 
 
@@ -71,8 +71,9 @@ def bake(node: str, name: str | None, yes: bool, as_json: bool) -> None:
 
 
 @image.command(name="list")
-@click.option("--region", "regions", multiple=True, help="Region(s) to list [default: the AWS chain's region and "
-                                                             "those of your records].")
+@click.option("--region", "regions", multiple=True, shell_complete=complete_region,
+              help="Region(s) to list [default: the AWS chain's region and "
+                   "those of your records].")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_(regions: tuple[str, ...], as_json: bool) -> None:
     """Your baked images: name, id, stack hash, region, created, size, snapshots."""
@@ -90,7 +91,8 @@ def list_(regions: tuple[str, ...], as_json: bool) -> None:
 
 @image.command()
 @click.argument("spec", metavar="NAME|ID")
-@click.option("--region", "regions", multiple=True, help="Region(s) to look in [default: as for `image list`].")
+@click.option("--region", "regions", multiple=True, shell_complete=complete_region,
+              help="Region(s) to look in [default: as for `image list`].")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask (needed without a terminal).")
 def rm(spec: str, regions: tuple[str, ...], yes: bool) -> None:
     """Deregister an image and delete its snapshots (nodes launched from it keep running)."""

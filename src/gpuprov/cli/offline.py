@@ -8,8 +8,8 @@ from typing import Any
 import click
 
 from gpuprov.cli.common import (
+    NODES,
     REGION_HELP,
-    complete_gpu,
     main,
     make_console,
     plan_from,
@@ -17,6 +17,8 @@ from gpuprov.cli.common import (
     stack_options,
     store_and_provider,
 )
+from gpuprov.cli.complete import complete_gpu, complete_region
+from gpuprov.cli.params import Number
 from gpuprov.errors import UserInputError
 
 
@@ -24,7 +26,8 @@ from gpuprov.errors import UserInputError
 @click.argument("names", nargs=-1, metavar="[GPU]...", shell_complete=complete_gpu)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--live", is_flag=True, help="Add current spot prices per zone (asks AWS; needs credentials).")
-@click.option("--region", default=None, metavar="REGION", help="Region for --live " + REGION_HELP[len("AWS region "):])
+@click.option("--region", default=None, metavar="REGION", shell_complete=complete_region,
+              help="Region for --live " + REGION_HELP[len("AWS region "):])
 def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None:
     """List the GPUs gpuprov knows, with the AWS instance types that carry them and their prices.
 
@@ -51,12 +54,12 @@ def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None
 @stack_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--show-scripts", is_flag=True, help="Also print every rendered script.")
-@click.option("--hours", type=click.FloatRange(0, min_open=True), default=None, metavar="H",
-              help="Also print what H hours cost at the on-demand list price (and how long a --budget lasts).")
+@click.option("--hours", type=Number(0, 100_000, low_open=True), default=None, metavar="H",
+              help="Also print what H hours (0 < H ≤ 100_000) cost at the on-demand list price (and how long a --budget lasts).")
 @click.option("--live", is_flag=True, help="Ask AWS (needs credentials): which image `up` would launch and which "
                                             "steps would run on it; with --hours also today's cheapest spot price.")
 @click.option("--image", default=None, metavar="fresh|dlami|ID|NAME", help="With --live: as `up --image`.")
-@click.option("--nodes", type=click.IntRange(1), default=1, show_default=True,
+@click.option("--nodes", type=NODES, default=1, show_default=True,
               help="A cluster of this many nodes: also print its placement group, EFA interfaces and network.")
 def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, image: str | None, nodes: int,
          **kw: Any) -> None:
@@ -115,9 +118,14 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
             console.print(f"  no spot price for {the_plan.instance.name if the_plan.instance else '?'} in "
                           f"{the_plan.request.region} right now", markup=False)
         if "budget_usd" in estimate:
+            from gpuprov.plan.plan import budget_decides
+
             spot = " (on spot the deadline comes from the spot price obtained at launch)" if kw["spot"] else ""
+            ttl = the_plan.request.ttl_seconds
+            first = f"; --ttl {kw['ttl']} comes first, so the TTL decides" if ttl is not None and \
+                not budget_decides(the_plan.guards) else ""
             console.print(f"budget ${estimate['budget_usd']:g} lasts {estimate['budget_hours']:.1f}h at "
-                          f"${price:.3f}/h; then {the_plan.guards.then}{spot}", markup=False)
+                          f"${price:.3f}/h{first}; then {the_plan.guards.then}{spot}", markup=False)
     if show_scripts:
         from rich.syntax import Syntax
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from gpuprov.state import Node
 
 
-from gpuprov.cli.fittable import STYLE, Column, FitTable, price_text
+from gpuprov.cli.fittable import STYLE, Column, FitTable, plural, price_text
 
 
 def gpus_table(cat: Catalog) -> FitTable:
@@ -47,7 +47,7 @@ def plan_view(plan: Plan) -> Group:
     market = "spot" if plan.request.spot else "on-demand"
     head = Text.assemble(("Plan: ", "bold"), f"{plan.count}× {plan.gpu.name}" if plan.gpu else "no GPU")
     if plan.instance:
-        head.append(f" on {plan.instance.name} ({plan.instance.gpus} GPUs, {plan.instance.vcpu} vCPU, "
+        head.append(f" on {plan.instance.name} ({plural(plan.instance.gpus, 'GPU')}, {plan.instance.vcpu} vCPU, "
                     f"{plan.instance.ram_gib} GiB) · {market} · {plan.request.region}")
     parts.append(head)
     if plan.instance and plan.gpu and plan.instance.gpus > plan.count:
@@ -175,45 +175,50 @@ def _stopped_note(nodes: list[Node]) -> str:
 
 
 def status_table(nodes: list[Node]) -> FitTable | Text:
-    """At 80 columns: name, GPU, state, address, $/h, $ so far and age stay; the rest go as width runs out."""
+    """At 80 columns: name, GPU, state, address, $/h and the guardrails (autostop, TTL left) stay; zone, market,
+    age, type and $ so far go first as width runs out."""
     if not nodes:
         return Text("no nodes; `gpuprov up --gpu L4 --spot` launches one")
     from gpuprov.plan.spec import format_duration
 
 
-    table = FitTable([Column("name"), Column("GPU"), Column("type", drop=4), Column("market", drop=6),
+    # the guardrails stay longest: what is about to stop a node (or let it run up a bill) is what a user looks for
+    table = FitTable([Column("name"), Column("GPU"), Column("type", drop=6), Column("market", drop=8),
                       Column("zone", drop=9), Column("state", prose=True), Column("address"),
-                      Column("$/h", "right", drop=2), Column("$ so far", "right", drop=3), Column("age", "right", drop=5),
-                      Column("autostop", drop=8), Column("TTL left", drop=7)],
+                      Column("$/h", "right", drop=2), Column("$ so far", "right", drop=4), Column("age", "right", drop=7),
+                      Column("autostop, TTL", prose=True, drop=1, beneath=True)],
                      title="nodes ($/h: on-demand list; $ so far: the price obtained, for the time run)"
                      + _stopped_note(nodes),
                      title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for row in status_rows(nodes):
         idle = row["autostop_seconds"]
         left = row["ttl_left_seconds"]
-        then = f" → {row['autostop_action']}"
         budget = row["budget_left_usd"]
-        guards = (f"{format_duration(idle)} idle{then}" if isinstance(idle, int) else "-",
-                  (format_duration(left) + (then if not isinstance(budget, float) else "") if isinstance(left, int)
-                   else "-") + (f" (${budget:.2f} of ${row['budget_usd']:g} left)" if isinstance(budget, float) else ""))
+        guards = [f"{format_duration(idle)} idle" if isinstance(idle, int) else "",
+                  f"TTL {format_duration(left)}" if isinstance(left, int) else "",
+                  f"${budget:.2f} of ${row['budget_usd']:g} left" if isinstance(budget, float) else ""]
+        guard = ", ".join(g for g in guards if g)
+        guard = f"{guard} → {row['autostop_action']}" if guard else "off"
         price = row["price_usd_hour"]
         cost = row["cost_so_far_usd"]
         state = str(row["state"]) + (f" ({row['state_reason']})" if row["state_reason"] else "")
         month = row["storage_usd_month"]
         if row["state"] == "stopped" and isinstance(month, float):
-            state += f", disk ${month:.2f}/month"
+            state += f" (disk ${month:.2f}/month)"
         members = row.get("members")
-        size = f"{len(members)}×" if isinstance(members, list) and members else ""  # a cluster: N nodes of the type
         count = len(members) if isinstance(members, list) and members else 1
+        gpus = f"{int(str(row['gpu_count'])) * count}× {row['gpu']}" + (f" ({count} nodes)" if count > 1 else "")
+        if row["state"] == "stopped":
+            price = None  # compute is not billed while stopped: the disk is, per month (in the state)
         table.add_row(
-            str(row["name"]), f"{size}{row['gpu_count']}× {row['gpu']}", str(row["instance_type"] or "-"),
+            str(row["name"]), gpus, str(row["instance_type"] or "-"),
             str(row["market"]), str(row["zone"] or row["region"]), Text(state, style=STYLE.get(str(row["state"]), "")),
             str(row["address"] or "-"), f"${price * count:.2f}" if isinstance(price, float) else "-",
-            f"${cost * count:.2f}" if isinstance(cost, float) else "-", _age(float(str(row["age_seconds"]))), *guards,
+            f"${cost * count:.2f}" if isinstance(cost, float) else "-", _age(float(str(row["age_seconds"]))), guard,
         )
         for m in members if isinstance(members, list) else []:  # the cluster's nodes beneath its row
             table.add_row(f"  node {m['rank']}", "", "", "", "", Text(str(m["state"])), str(m["address"] or "-"),
-                          "", "", "", "", "")
+                          "", "", "", "")
     return table
 
 

@@ -20,6 +20,7 @@ def config_cmd(as_json: bool, show_path: bool) -> None:
     or $GPUPROV_CONFIG):
       region = "us-west-2"      gpu = "L40S"        playbook = "llm-finetune"
       ssh_cidr = "203.0.113.0/24"   key = "~/.ssh/gpu.pem"   autostop = "30m"   parallel = 64
+      subnet = "subnet-…"   connect = "private"   ssh_user = "root"   os = "ubuntu-22.04"   python = "3.11"
     A flag wins over its environment variable (GPUPROV_GPU, GPUPROV_PLAYBOOK, GPUPROV_SSH_CIDR,
     GPUPROV_KEY, GPUPROV_AUTOSTOP, GPUPROV_PARALLEL; AWS_REGION for the region), which wins over the
     file, which wins over the built-in default.
@@ -40,6 +41,7 @@ def config_cmd(as_json: bool, show_path: bool) -> None:
     if as_json:
         click.echo(json.dumps({"path": str(config_path()), "exists": config_path().exists(), "settings": [
             {"key": k, "value": v, "source": src, "what": what} for k, v, src, what in rows]}, indent=2))
+        config.check_effective(rows)  # shown, and then refused: exit 2 naming where the bad value came from
         return
     table = FitTable([Column("key"), Column("value", prose=True), Column("from", prose=True),
                       Column("sets", prose=True, drop=1)],
@@ -48,6 +50,7 @@ def config_cmd(as_json: bool, show_path: bool) -> None:
     for key, value, source, what in rows:
         table.add_row(key, "-" if value is None else str(value), source, what)
     make_console().print(table)
+    config.check_effective(rows)
 
 
 @main.command()

@@ -68,6 +68,8 @@ class ClusterResult:
 
 
 def check_cluster_options(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions) -> None:
+    if copts.nodes == 1 and copts.min_nodes is not None:  # --min-nodes alone: the user typed no --nodes
+        raise UserInputError("--min-nodes", "applies to a cluster", f"add --nodes N (2 to {MAX_NODES}), or drop --min-nodes")
     if not 2 <= copts.nodes <= MAX_NODES:
         raise UserInputError("--nodes", f"{copts.nodes} is not a cluster size", f"2 to {MAX_NODES} (leave it out for one node)")
     if copts.min_nodes is not None and not 1 <= copts.min_nodes <= copts.nodes:
@@ -129,7 +131,8 @@ def _launch_and_bootstrap(plan: Plan, opts: launch.UpOptions, copts: ClusterOpti
     name, region = opts.name, plan.request.region
     public_ip = opts.connect == "public" and network.subnet_id is not None and not network.maps_public_ip
     rec.phase(tl.ACCESS)
-    say(f"key pair and security group (SSH from {cidr}; all traffic between the cluster's nodes)")
+    anywhere = ", anywhere on the internet" if launch.open_to_all(cidr) else ""
+    say(f"key pair and security group (SSH from {cidr}{anywhere}; all traffic between the cluster's nodes)")
     access = launch.prepare_access(name, region, provider, store, network, cidr, public_ip)
     provider.authorize_self(region, access.security_group_id, settle=SETTLE_SECONDS)
     rec.phase(tl.CAPACITY)

@@ -21,6 +21,32 @@ if TYPE_CHECKING:
 Say = Callable[[str], None]
 
 
+def made_up_address(address: str) -> bool:
+    """A public address handed out by a local endpoint: it was made up, and belongs to a real machine on the
+    internet that gpuprov must never try to log in to."""
+    import ipaddress
+
+    from gpuprov.cloud.region import local_endpoint
+
+    if local_endpoint() is None:
+        return False
+    try:
+        return ipaddress.ip_address(address).is_global
+    except ValueError:
+        return True  # a name, from a local endpoint: not ours to resolve
+
+
+def check_address(address: str) -> None:
+    """Refuse to reach `address` when a local endpoint made it up (see made_up_address)."""
+    from gpuprov.cloud.region import local_endpoint
+
+    if made_up_address(address):
+        raise GpuprovError(f"the address {address} comes from the local AWS endpoint {local_endpoint()}, "
+                           "which makes public addresses up: it may be a real machine on the internet, so gpuprov "
+                           "does not connect to it\n  launch with --connect private and the endpoint's --subnet "
+                           "(`make sandbox` sets both in its config)")
+
+
 def first_contact(opts: UpOptions, key_path: str, address: str, say: Say) -> tuple[Target, HostSettings]:
     """Wait for SSH; the new machine's key is trusted on first use and pinned per node (we launched it
     moments ago and cannot learn its key first)."""
@@ -102,6 +128,7 @@ class StepLines:
 
 
 def wait_tcp(address: str, port: int, timeout: float) -> None:
+    check_address(address)  # every way to a launched node's SSH starts here
     deadline = time.monotonic() + timeout
     while True:
         try:

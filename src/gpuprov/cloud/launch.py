@@ -99,6 +99,14 @@ def ssh_cidr(given: str | None, lookup: Callable[[], str] | None = None) -> str:
                              "pass --ssh-cidr <your address>/32 (SSH is opened to that only)") from None
 
 
+def open_to_all(cidr: str | None) -> bool:
+    """A CIDR that lets the whole internet try SSH (0.0.0.0/0, ::/0: any prefix of length 0)."""
+    try:
+        return cidr is not None and ipaddress.ip_network(cidr.strip(), strict=False).prefixlen == 0
+    except ValueError:
+        return False
+
+
 def _public_ip() -> str:
     import urllib.request
 
@@ -133,6 +141,20 @@ def check_options(plan: Plan, opts: UpOptions) -> None:
                              "bootstrap", "drop --no-bootstrap, or drop those options")
     if opts.bootstrap and not opts.wait:
         raise UserInputError("--no-wait", "the bootstrap needs SSH", "add --no-bootstrap, or drop --no-wait")
+
+
+def check_reachable(opts: UpOptions) -> None:
+    """With a local endpoint (moto, `make sandbox`) the public addresses it gives instances are made up, and may
+    be real machines on the internet: an `up` that would connect to one is refused before anything is created
+    (the last of the input checks, so a bad value elsewhere is named first)."""
+    from gpuprov.cloud.region import local_endpoint
+
+    endpoint = local_endpoint()
+    if endpoint and opts.connect == "public" and opts.wait:
+        raise UserInputError("--connect", f"the AWS endpoint is a local one ({endpoint}): the public addresses it "
+                             "gives instances are made up, and may be real machines on the internet",
+                             "pass --connect private and --subnet (a subnet of the endpoint's); `make sandbox` sets "
+                             "both in its config, or add --no-bootstrap --no-wait to reach nothing")
 
 
 def quota_error(attempt: Attempt, provider: Provider, region: str, also: str = "", count: int = 1) -> QuotaExceeded:
@@ -183,6 +205,7 @@ def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say
     check_options(plan, opts)
     if store.find_node(name) and store.node(name).live:
         raise UserInputError("NAME", f"a node called {name!r} already exists", f"pick another name, or `gpuprov down {name}`")
+    check_reachable(opts)
     cidr = None if opts.ssh_cidr is None and opts.connect == "private" else ssh_cidr(opts.ssh_cidr)
     offerings = provider.offerings(region, [c.name for c in plan.candidates])
     network = provider.network(region, opts.subnet)
@@ -195,8 +218,11 @@ def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say
         _check_instance_profile(provider, region, opts.instance_profile, say)
     cap = opts.max_hourly if opts.max_hourly is not None else default_cap(plan)
     order = candidates(plan, offerings, plan.request.spot, opts.fallback_on_demand, network.zone, cap)
-    for skip in order.skipped:
-        say(f"skipping {skip.instance_type}: {skip.reason}")
+    if order.skipped:  # one line: the user may never have given --max-hourly
+        cap_from = "--max-hourly" if opts.max_hourly is not None else \
+            "the price cap (twice the cheapest type that fits; --max-hourly to change it)"
+        say(f"skipping {len(order.skipped)} instance type{'s' if len(order.skipped) > 1 else ''} over {cap_from} "
+            f"${cap:.2f}/h: {', '.join(s.instance_type for s in order.skipped)}")
     if not order.candidates:
         where = f"zone {network.zone}" if network.zone else region
         if order.skipped:

@@ -32,6 +32,7 @@ from gpuprov.cloud.launch import (
     kept_timeline,
     launchpad,
     note_refusal,
+    open_to_all,
     plan_json,
     prepare_access,
     price_obtained,
@@ -170,7 +171,7 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
                           order: Order, image: str, network: Network, cidr: str, rec: tl.Recorder) -> UpResult:
     name, region = opts.name, plan.request.region
     public_ip = opts.connect == "public" and network.subnet_id is not None and not network.maps_public_ip
-    say(f"key pair and security group (SSH from {cidr} only)")
+    say(f"key pair and security group (SSH from {cidr}" + (": anywhere on the internet)" if open_to_all(cidr) else " only)"))
     rec.phase(tl.ACCESS)
     access = prepare_access(name, region, provider, store, network, cidr, public_ip)
     rec.phase(tl.CAPACITY)

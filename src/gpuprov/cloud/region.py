@@ -58,3 +58,22 @@ def resolve(given: str | None) -> Region:
 def profile_not_found(profile: str) -> UserInputError:
     return UserInputError("AWS_PROFILE", f"no AWS profile called {profile!r} in the AWS config or credentials files",
                           "list profiles with `aws configure list-profiles`, or unset AWS_PROFILE")
+
+
+def local_endpoint() -> str | None:
+    """The EC2 endpoint when it is on this machine (AWS_ENDPOINT_URL_EC2 or AWS_ENDPOINT_URL on 127.0.0.0/8,
+    ::1 or localhost: moto, `make sandbox`); None for AWS itself."""
+    import ipaddress
+    import os
+    from urllib.parse import urlsplit
+
+    url = os.environ.get("AWS_ENDPOINT_URL_EC2") or os.environ.get("AWS_ENDPOINT_URL")
+    host = urlsplit(url).hostname if url else None
+    if not host:
+        return None
+    if host == "localhost":
+        return url
+    try:
+        return url if ipaddress.ip_address(host).is_loopback else None
+    except ValueError:
+        return None

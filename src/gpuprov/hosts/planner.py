@@ -34,9 +34,11 @@ class Planner:
 
             name = catalog.load().gpu(catalog.parse_gpu_request(wanted)[0]).name
             if set(facts.gpus) != {name} and set(facts.gpus) != {"unknown"}:
-                raise UserInputError("--gpu", f"{target.name} has {', '.join(sorted(set(facts.gpus)))} "
+                field = target.field("gpu", "--gpu") if target.gpu else "--gpu"
+                raise UserInputError(field, f"{target.name} has {', '.join(sorted(set(facts.gpus)))} "
                                      f"(from {facts.source}), not {name}; nothing was installed",
-                                     "drop --gpu to use what the host has, or pick the right host")
+                                     f"drop {'its gpu:' if target.gpu and target.origin else '--gpu'} to use what "
+                                     "the host has, or pick the right host")
         detected = facts.gpu if facts.gpu and facts.gpu != "unknown" else None
         if not wanted and facts.unknown_gpu_text:
             raise UserInputError("--gpu", f"{target.name} has {facts.unknown_gpu_text}: pass --gpu",

@@ -39,8 +39,9 @@ def ssh_options(target: Target, settings: HostSettings) -> list[str]:
         "-o", "UpdateHostKeys=no",
         "-o", f"ConnectTimeout={max(1, math.ceil(settings.connect_timeout))}",
     ]
-    if settings.ssh_config:
-        opts += ["-F", str(settings.ssh_config)]
+    config = settings.ssh_config or Path.home() / ".ssh" / "config"
+    if config.is_file():  # the config gpuprov read, even where ssh's own home (passwd) is another (sudo -E, CI)
+        opts += ["-F", str(config)]
     opts += _alive_options(target, opts, settings)
     key = target.key or settings.key_filename
     if key:
@@ -186,6 +187,28 @@ def split_sync(host: str, src: str, dst: str) -> SyncPlan:
     return SyncPlan(upload=False, local=dst, remote_path=r_src)
 
 
+def as_copy(plan: SyncPlan, source_is_dir: bool) -> SyncPlan:
+    """`sync`'s one rule for slashes: DST becomes a copy of SRC. A folder's contents land in DST whatever
+    slashes either side has (rsync's `SRC/ DST/`, so `sync ./code node:code` makes ~/code, never
+    ~/code/code); a file lands at DST, or inside DST when DST ends in `/`."""
+    if not source_is_dir:
+        return plan
+    return SyncPlan(plan.upload, plan.local.rstrip("/") + "/", plan.remote_path.rstrip("/") + "/")
+
+
+def remote_is_dir(target: Target, settings: HostSettings, path: str) -> bool:
+    """Whether `path` on the host is a folder (relative paths: in the login's home, `~/` expanded there)."""
+    from gpuprov.hosts.remote import Remote
+
+    word = "~/" + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
+    remote = Remote(target, settings)
+    try:
+        remote.open()
+        return remote.run(f"test -d {word}").ok
+    finally:
+        remote.close()
+
+
 def rsync_argv(target: Target, settings: HostSettings, plan: SyncPlan, *, progress: bool = False,
                delete: bool = False, extra: Sequence[str] = ()) -> list[str]:
     """rsync -a over the same pinned ssh settings (`-e "ssh -o UserKnownHostsFile=… …"`)."""
@@ -197,4 +220,8 @@ def rsync_argv(target: Target, settings: HostSettings, plan: SyncPlan, *, progre
     if delete:
         argv.append("--delete")
     argv += list(extra)
+    parent = plan.remote_path.rstrip("/").rpartition("/")[0]
+    if plan.upload and parent not in ("", ".", "~"):  # rsync makes DST's last folder only: its parents first
+        word = "~/" + shlex.quote(parent[2:]) if parent.startswith("~/") else shlex.quote(parent)
+        argv.append(f"--rsync-path=mkdir -p {word} && rsync")
     return [*argv, plan.local, remote] if plan.upload else [*argv, remote, plan.local]

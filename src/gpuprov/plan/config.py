@@ -12,17 +12,29 @@ The region follows the AWS chain with the config file between the environment an
     key = "~/.ssh/gpu.pem"
     autostop = "30m"
     parallel = 64
+
+and where new nodes go and how they are reached (`make sandbox` writes these for its local endpoint):
+
+    subnet = "subnet-0123456789abcdef0"
+    connect = "private"
+    ssh_config = "~/.ssh/sandbox_config"
+    ssh_user = "root"
+    os = "ubuntu-22.04"
+    python = "3.11"
+
+A value that came from here and is refused is blamed on its key and line (`where`), not on a flag.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -40,6 +52,21 @@ class ConfigFile(BaseModel):
     key: str | None = None
     autostop: str | None = None
     parallel: Annotated[int, Field(ge=1, le=1024)] | None = None
+    subnet: Annotated[str, Field(pattern=r"^subnet-[0-9a-f]{8,17}$")] | None = None
+    connect: Literal["public", "private"] | None = None
+    ssh_user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")] | None = None
+    os: str | None = None
+    python: Annotated[str, Field(pattern=r"^3\.\d+$")] | None = None
+    ssh_config: str | None = None
+
+    @field_validator("os")
+    @classmethod
+    def _os(cls, value: str | None) -> str | None:
+        from gpuprov.plan.stack import SUPPORTED_OS
+
+        if value is not None and value not in SUPPORTED_OS:
+            raise ValueError(f"{value!r} is not an OS gpuprov supports ({', '.join(SUPPORTED_OS)})")
+        return value
 
     @field_validator("autostop")
     @classmethod
@@ -67,7 +94,8 @@ class Setting:
 
 
 _STACK = ("plan", "render", "up")
-_REACH = ("bootstrap", "check", "doctor", "ssh", "exec", "tunnel", "jupyter", "sync", "monitor")
+_PINNED = (*_STACK, "bootstrap")
+_REACH = ("bootstrap", "check", "doctor", "bench", "ssh", "exec", "tunnel", "jupyter", "sync", "monitor", "torchrun")
 SETTINGS = (
     Setting("region", "AWS region", ("AWS_REGION", "AWS_DEFAULT_REGION"), "us-east-1 (or the AWS profile's)", {}),
     Setting("gpu", "GPU for plan, render and up", ("GPUPROV_GPU",), None, {c: "gpu" for c in _STACK}),
@@ -79,6 +107,14 @@ SETTINGS = (
     Setting("autostop", "idle autostop", ("GPUPROV_AUTOSTOP",), "off", {c: "autostop" for c in (*_STACK, "bootstrap")}),
     Setting("parallel", "hosts worked on at once", ("GPUPROV_PARALLEL",), 32,
             {c: "parallel" for c in ("bootstrap", "check", "doctor", "exec", "monitor")}),
+    Setting("subnet", "subnet new nodes launch into", (), "the default VPC's", {"up": "subnet"}),
+    Setting("connect", "address new nodes are reached at", (), "public", {"up": "connect"}),
+    Setting("ssh_user", "login user of new nodes' image", (), "ubuntu", {"up": "ssh_user"}),
+    Setting("os", "OS the scripts are for", (), "ubuntu-24.04 (bootstrap: the host's own)",
+            {c: "os_name" for c in _PINNED}),
+    Setting("python", "the env's Python", (), "3.12", {c: "python" for c in _PINNED}),
+    Setting("ssh_config", "ssh config file for existing hosts", (), "~/.ssh/config",
+            {c: "ssh_config" for c in _REACH}),
 )
 
 
@@ -106,13 +142,35 @@ def _load(where: Path, stamp: float) -> ConfigFile:
 
 
 def load() -> ConfigFile:
-    """The config file's values (none when there is no file); a broken file is a UserInputError."""
+    """The config file's values (none when there is no file); a broken file is a UserInputError, and so is
+    a GPUPROV_CONFIG naming a file that is not there (the user meant one: running without it would
+    launch with other defaults than theirs)."""
     where = path()
     if where.is_dir() or (where.exists() and not where.is_file()):
         raise UserInputError("config", f"{where} is not a file", "a config file is TOML, e.g. gpu = \"L4\"")
     if not where.exists():
+        if os.environ.get("GPUPROV_CONFIG"):
+            raise UserInputError("GPUPROV_CONFIG", f"no such file: {where}",
+                                 "create it (TOML, e.g. gpu = \"L4\"), or unset GPUPROV_CONFIG for the default one")
         return ConfigFile()
     return _load(where, where.stat().st_mtime)
+
+
+def key_for(command: str, param: str) -> str | None:
+    """The config key that is `command`'s default for its parameter `param` (None: no key is)."""
+    return next((s.key for s in SETTINGS if s.options.get(command) == param), None)
+
+
+def where(key: str) -> str:
+    """Where the config file sets `key`, as an error names it: `PATH:LINE: key` (`PATH: key` when the
+    line is not found: a key in an inline table, say)."""
+    file = path()
+    try:
+        lines = file.read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        lines = []
+    line = next((n for n, text in enumerate(lines, 1) if re.match(rf"\s*{re.escape(key)}\s*=", text)), None)
+    return f"{file}:{line}: {key}" if line else f"{file}: {key}"
 
 
 def default_map() -> dict[str, dict[str, Any]]:
@@ -124,6 +182,8 @@ def default_map() -> dict[str, dict[str, Any]]:
         value = getattr(values, setting.key)
         if value is None:
             continue
+        if setting.key in ("key", "ssh_config"):  # a path, as a shell would have expanded it on the command line
+            value = os.path.expanduser(value)
         for command, param in setting.options.items():
             out.setdefault(command, {})[param] = value
     return out
@@ -147,3 +207,45 @@ def effective(region: Callable[[], tuple[str, str]]) -> list[tuple[str, Any, str
         else:
             rows.append((setting.key, setting.builtin, "built-in", setting.what))
     return rows
+
+
+def _check_value(key: str, value: str) -> None:
+    """Refuse a value `key` cannot take (the same checks its option makes when a command uses it)."""
+    import ipaddress
+
+    from gpuprov.plan import catalog
+    from gpuprov.plan.spec import load_playbook, parse_duration
+
+    if key == "region":
+        catalog.load().check_region(value)
+    elif key == "gpu":
+        catalog.load().gpu(catalog.parse_gpu_request(value)[0])
+    elif key == "playbook":
+        load_playbook(value)
+    elif key == "ssh_cidr":
+        try:
+            ipaddress.ip_network(value.strip(), strict=False)
+        except ValueError:
+            raise UserInputError(key, f"{value!r} is not a CIDR", "e.g. 203.0.113.7/32") from None
+    elif key == "key" and not Path(value).expanduser().is_file():
+        raise UserInputError(key, f"no such key file: {value}", "the private key's path, e.g. ~/.ssh/id_ed25519")
+    elif key == "ssh_config" and not Path(value).expanduser().is_file():
+        raise UserInputError(key, f"no such file: {value}", "an OpenSSH client config, e.g. ~/.ssh/config")
+    elif key == "autostop":
+        parse_duration(value, key)
+    elif key == "parallel" and not (value.isdigit() and 1 <= int(value) <= 1024):
+        raise UserInputError(key, f"{value!r} is not in the range 1 to 1024", "hosts worked on at once, e.g. 32")
+
+
+def check_effective(rows: list[tuple[str, Any, str, str]]) -> None:
+    """`gpuprov config` shows only values a command would take: the first bad one is a UserInputError
+    naming where it came from (the environment variable, or the config file's key and line)."""
+    for key, value, source, _what in rows:
+        if value is None or source in ("built-in", "default"):
+            continue
+        env = re.fullmatch(r"environment \((\w+)\)", source)
+        try:
+            _check_value(key, str(value))
+        except UserInputError as exc:
+            field = env.group(1) if env else where(key) if source.startswith("config file") else key
+            raise UserInputError(field, exc.problem, exc.hint) from None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from gpuprov.errors import UserInputError
 from gpuprov.plan.spec import StepName, _Model, load_model, read_text_file
@@ -38,20 +38,38 @@ class Target:
     gpu: str | None = None
     os: str | None = None
     known_hosts: str | None = None  # a launched node's own pinned keys, instead of gpuprov's shared file
+    origin: str = ""  # the inventory file this host was read from ("" for the command line or a node)
 
     @property
     def name(self) -> str:
         return self.label or (f"{self.host}:{self.port}" if self.port and self.port != 22 else self.host)
 
+    def field(self, name: str, flag: str) -> str:
+        """Where this host's `name` (gpu, os, key, proxy_jump) was given, as an error names it: the
+        inventory's `hosts.yml: trainer-b.gpu`, else the flag."""
+        return f"{self.origin}: {self.name}.{name}" if self.origin else flag
+
 
 Port = Annotated[int, Field(ge=1, le=65535)]
+# a login name as useradd takes one: no spaces, no leading '-' that ssh would read as an option
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
+# a jump host as ssh -J takes it: [user@]host[:port], comma-separated hops, nothing ssh reads as an option
+Jump = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._@:\[\]%-]*(,[A-Za-z0-9_][A-Za-z0-9._@:\[\]%-]*)*$")]
 
 
 class HostDefaults(_Model):
     user: str | None = None
     port: Port | None = None
     key: str | None = None
-    proxy_jump: str | None = None
+    proxy_jump: Jump | None = None
+
+    @field_validator("user")
+    @classmethod
+    def _login(cls, value: str | None) -> str | None:
+        if value is not None and not _USER.fullmatch(value):
+            raise ValueError(f"{value!r} is not a login name (letters, digits, '.', '_', '-'; no spaces, "
+                             "not starting with '-')")
+        return value
 
 
 class HostEntry(HostDefaults):
@@ -61,6 +79,15 @@ class HostEntry(HostDefaults):
     name: StepName | None = None
     gpu: str | None = None  # checked against what the host reports
     os: str | None = None  # overrides the host's /etc/os-release
+
+    @field_validator("os")
+    @classmethod
+    def _supported_os(cls, value: str | None) -> str | None:
+        from gpuprov.plan.stack import SUPPORTED_OS
+
+        if value is not None and value not in SUPPORTED_OS:
+            raise ValueError(f"{value!r} is not an OS gpuprov supports; one of {', '.join(SUPPORTED_OS)}")
+        return value
 
     @field_validator("gpu")
     @classmethod
@@ -78,6 +105,10 @@ class HostEntry(HostDefaults):
 class Inventory(_Model):
     defaults: HostDefaults = HostDefaults()
     hosts: Annotated[tuple[HostEntry, ...], Field(min_length=1)]
+    _source: str = PrivateAttr("")  # the file it was read from
+
+    def targets(self) -> list[Target]:
+        return targets(list(self.hosts), self.defaults, origin=self._source)
 
     @field_validator("hosts")
     @classmethod
@@ -93,10 +124,13 @@ def load_inventory(path: str) -> Inventory:
     file = Path(path)
     if not file.exists():
         raise UserInputError("--inventory", f"no such file: {path}", "an inventory is YAML with a `hosts:` list")
-    return load_model(read_text_file(file, "--inventory", "inventory"), Inventory, path, "--inventory")
+    inventory = load_model(read_text_file(file, "--inventory", "inventory"), Inventory, path, "--inventory")
+    inventory._source = path
+    return inventory
 
 
-_TARGET = re.compile(r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>\d{1,5}))?$")
+_TARGET = re.compile(r"^(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9._-]*)@)"
+                     r"?(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>\d{1,5}))?$")
 
 
 def parse_target(text: str) -> HostEntry:
@@ -121,11 +155,11 @@ def check_unique(found: list[Target]) -> list[Target]:
     return found
 
 
-def targets(entries: list[HostEntry], defaults: HostDefaults | None = None) -> list[Target]:
+def targets(entries: list[HostEntry], defaults: HostDefaults | None = None, origin: str = "") -> list[Target]:
     d = defaults or HostDefaults()
     return [
         Target(host=e.host, user=e.user or d.user, port=e.port or d.port, key=e.key or d.key,
-               proxy_jump=e.proxy_jump or d.proxy_jump, label=e.name or "", gpu=e.gpu, os=e.os)
+               proxy_jump=e.proxy_jump or d.proxy_jump, label=e.name or "", gpu=e.gpu, os=e.os, origin=origin)
         for e in entries
     ]
 

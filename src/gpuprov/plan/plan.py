@@ -6,6 +6,7 @@ cannot say one thing and do another.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -15,7 +16,7 @@ from gpuprov.errors import UserInputError
 from gpuprov.plan import catalog, compat, facts
 from gpuprov.plan.catalog import Gpu, InstanceType
 from gpuprov.plan.render import Bundle, Script, StepPlan, render_steps
-from gpuprov.plan.spec import Playbook, format_duration, load_playbook
+from gpuprov.plan.spec import MAX_DURATION_S, MIN_DURATION_S, Playbook, format_duration, load_playbook
 from gpuprov.plan.stack import Stack, StackPins
 
 DEFAULT_METADATA_URL = "http://169.254.169.254"
@@ -205,10 +206,34 @@ def shutdown_action(request: NodeRequest) -> Literal["stop", "terminate"]:
 
 
 def budget_seconds(budget_usd: float, price_usd_hour: float) -> int:
-    """How long a dollar budget lasts at a price ($/h), whole seconds, rounded down."""
+    """How long a dollar budget lasts at a price ($/h), whole seconds, rounded down, within what a guard can
+    enforce (1m to 90d, as --ttl): at launch the price obtained may differ from the list price `plan`
+    checked the budget against."""
     if budget_usd <= 0:
         raise UserInputError("--budget", f"{budget_usd:g} is not a budget", "dollars above 0, e.g. 50")
-    return int(budget_usd / price_usd_hour * 3600)
+    return min(max(int(budget_usd / price_usd_hour * 3600), MIN_DURATION_S), MAX_DURATION_S)
+
+
+def check_budget(budget_usd: float, price_usd_hour: float) -> None:
+    """A budget that runs out within a guard's reach at the list price: at least a minute (the guards tick
+    once a minute) and at most 90 days (the longest --ttl); else a refusal with the budgets that would do."""
+    seconds = budget_usd / price_usd_hour * 3600
+    if seconds < MIN_DURATION_S:
+        least = math.ceil(price_usd_hour * MIN_DURATION_S / 3600 * 100) / 100
+        raise UserInputError("--budget", f"${budget_usd:g} lasts {seconds:.0f}s at ${price_usd_hour:.4g}/h, under the "
+                             "1m a guard can enforce", f"at least ${least:.2f} at this price, or --ttl for a deadline")
+    if seconds > MAX_DURATION_S:
+        most = math.floor(price_usd_hour * MAX_DURATION_S / 3600 * 100) / 100
+        raise UserInputError("--budget", f"${budget_usd:,.2f} lasts {seconds / 86400:,.0f} days at ${price_usd_hour:.4g}/h, "
+                             "past the 90-day cap (the longest --ttl)",
+                             f"at most ${most:,.2f} at this price; leave --budget out for no dollar cap")
+
+
+def budget_decides(guards: Guards) -> bool:
+    """Whether the node's deadline is its budget's (else the --ttl given was sooner)."""
+    if guards.budget_usd is None or not guards.budget_price or guards.ttl_seconds is None:
+        return False
+    return budget_seconds(guards.budget_usd, guards.budget_price) <= guards.ttl_seconds
 
 
 def with_budget(guards: Guards, budget_usd: float | None, price_usd_hour: float | None) -> Guards:
@@ -258,8 +283,12 @@ def ttl_step(guards: Guards, reset: bool = False) -> StepPlan:
     if guards.ttl_seconds is None:
         what = "TTL off (gpuprov-ttl.timer disabled, deadline removed)"
     else:
-        budget = (f" (the ${guards.budget_usd:g} budget at ${guards.budget_price:.4g}/h)"
-                  if guards.budget_usd is not None and guards.budget_price else "")
+        budget = ""
+        if guards.budget_usd is not None and guards.budget_price:
+            lasts = format_duration(budget_seconds(guards.budget_usd, guards.budget_price))
+            budget = (f" (when the ${guards.budget_usd:g} budget at ${guards.budget_price:.4g}/h runs out)"
+                      if budget_decides(guards) else
+                      f" (--ttl: sooner than the ${guards.budget_usd:g} budget, {lasts} at ${guards.budget_price:.4g}/h)")
         what = (f"hard deadline: shut down {format_duration(guards.ttl_seconds)}{budget} after this step first runs "
                 f"(gpuprov-ttl.timer, survives reboots); then {guards.then}")
     return StepPlan("ttl", "guard_ttl.sh.j2", "guard", what, (("guards", guards), ("reset", reset)))
@@ -324,7 +353,10 @@ def steps_for(
         steps.append(StepPlan("jupyter", "jupyter.sh.j2", "env",
                               f"JupyterLab from {playbook.env.path} on 127.0.0.1:8888 with a token (gpuprov-jupyter.service)"))
     if stack is not None:
-        steps.append(StepPlan("verify", "verify.sh.j2", "verify", "nvidia-smi + torch.cuda probe, a matmul on every GPU"))
+        # as templates/verify.sh.j2 does: the torch probe and its matmul only where the stack installs torch
+        steps.append(StepPlan("verify", "verify.sh.j2", "verify",
+                              "nvidia-smi + torch.cuda probe, a matmul on every GPU" if stack.torch else
+                              "nvidia-smi sees every GPU (this playbook installs no torch, so no matmul)"))
     return tuple(steps)
 
 
@@ -337,15 +369,34 @@ def resolve_stack(
                                  "and torch pins do not apply", "drop them, or use a playbook with `stack: gpu`")
         return None
     merged = _merge_pins(playbook.pins, pins)
-    stack = compat.resolve(gpu, os_name, merged, nvswitch=nvswitch, want_torch=playbook.installs_torch)
-    if playbook.cuda_toolkit and not merged.cuda:
-        # the toolkit that matches the wheel keeps nvcc-built extensions ABI-compatible with torch
-        cuda = stack.torch.cuda if stack.torch else compat.newest_cuda(gpu, stack.driver_branch, os_name)
-        stack = compat.resolve(
-            gpu, os_name, merged.model_copy(update={"cuda": cuda}),
-            nvswitch=nvswitch, want_torch=playbook.installs_torch,
-        )
+    try:
+        stack = compat.resolve(gpu, os_name, merged, nvswitch=nvswitch, want_torch=playbook.installs_torch)
+        if playbook.cuda_toolkit and not merged.cuda:
+            # the toolkit that matches the wheel keeps nvcc-built extensions ABI-compatible with torch
+            cuda = stack.torch.cuda if stack.torch else compat.newest_cuda(gpu, stack.driver_branch, os_name)
+            stack = compat.resolve(
+                gpu, os_name, merged.model_copy(update={"cuda": cuda}),
+                nvswitch=nvswitch, want_torch=playbook.installs_torch,
+            )
+    except UserInputError as exc:
+        raise _blame_playbook(exc, playbook, pins) from None
     return stack
+
+
+PIN_FLAGS = {"--driver": "driver", "--cuda": "cuda", "--torch": "torch", "--torch-cuda": "torch_cuda",
+             "--python": "python"}
+
+
+def _blame_playbook(exc: UserInputError, playbook: Playbook, flags: StackPins) -> UserInputError:
+    """A refused pin the playbook set (no flag overrode it) is named where the playbook sets it."""
+    pin = PIN_FLAGS.get(exc.field)
+    where = playbook.where("pins", pin) if pin and getattr(flags, pin) is None else None
+    if where is None:
+        return exc
+    out = type(exc).__new__(type(exc))  # a StackConflict stays one, with its rule
+    out.__dict__.update(vars(exc), field=where)
+    Exception.__init__(out, f"{where}: {exc.problem}" + (f"\n  {exc.hint}" if exc.hint else ""))
+    return out
 
 
 def with_jupyter(playbook: Playbook, jupyter: bool) -> Playbook:
@@ -381,6 +432,8 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
     instance = candidates[0]
     playbook = with_jupyter(load_playbook(request.playbook), request.jupyter)
     stack = resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch)
+    if request.budget_usd is not None and instance.price_usd_hour:
+        check_budget(request.budget_usd, instance.price_usd_hour)
     guards = with_budget(guards_for(request, playbook, launched=True), request.budget_usd, instance.price_usd_hour)
     steps = steps_for(playbook, stack, request.pins.python or "3.12", guards)
     return Plan(request, gpu, count, instance, candidates, playbook, stack, steps, guards)

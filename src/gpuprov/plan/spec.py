@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from gpuprov.errors import UserInputError
 from gpuprov.plan.stack import StackPins
@@ -111,6 +111,17 @@ class Playbook(_Model):
     @property
     def installs_torch(self) -> bool:
         return self.stack == "gpu" and self.torch and self.env is not None
+
+    # where the playbook was read from, and each field's line: an error about a value that came from the
+    # file (a pin, say) names `pb.yml:7: pins.driver`, not the flag the user never typed
+    _source: str = PrivateAttr("")
+    _lines: dict[tuple[Any, ...], int] = PrivateAttr(default_factory=dict)
+
+    def where(self, *path: str) -> str | None:
+        """`FILE:LINE: a.b` for the field at `path`, when this playbook came from a file that sets it."""
+        if not self._source or tuple(path) not in self._lines:
+            return None
+        return f"{self._source}:{self._lines[tuple(path)]}: {'.'.join(path)}"
 
 
 # --- durations (--autostop, --ttl) --------------------------------------------------------------
@@ -269,7 +280,7 @@ def load_model(text: str, model: type[M], source: str, field: str) -> M:
         raise UserInputError(field, f"{source}: expected a mapping of fields at the top level", f"see {model.__name__}'s fields")
     lines = _line_index(node) if node is not None else {}
     try:
-        return model.model_validate(data)
+        loaded = model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])
@@ -281,8 +292,13 @@ def load_model(text: str, model: type[M], source: str, field: str) -> M:
             parent = model
             allowed = _allowed_fields(parent, loc[:-1])
             msg = f"unknown field {loc[-1]!r}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
-        more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
+        # a list whose item failed also reports itself too short: that is the same problem
+        others = [e for e in exc.errors()[1:] if tuple(e["loc"]) != loc[:len(tuple(e["loc"]))]]
+        more = f" (and {len(others)} more problem(s))" if others else ""
         raise UserInputError(field, f"{where}: {dotted}: {msg}{more}") from None
+    if isinstance(loaded, Playbook):
+        loaded._source, loaded._lines = source, lines
+    return loaded
 
 
 def _allowed_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

@@ -7,11 +7,12 @@ plan/compat.py reasons over these; plan/pins.py checks pins on their own and aga
 
 from __future__ import annotations
 
+import re
 from datetime import date
 from functools import cache
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from gpuprov.plan import facts as families
 
@@ -180,6 +181,14 @@ class StackPins(BaseModel):
     torch: str | None = None  # "2.9" or "2.9.1"
     torch_cuda: str | None = None  # wheel variant, "cu128"
     python: str | None = None  # "3.12"
+
+    @field_validator("driver", mode="before")
+    @classmethod
+    def _branch_as_written(cls, value: object) -> object:
+        """`R580`, as every message writes a branch, is the branch 580."""
+        if isinstance(value, str) and re.fullmatch(r"[Rr]\d{3}(\.\d+){0,2}", value.strip()):
+            return value.strip()[1:]
+        return value
 
     def without(self, name: str) -> StackPins:
         return self.model_copy(update={name: None})

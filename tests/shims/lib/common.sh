@@ -220,11 +220,36 @@ shim_unit_active() {
   [ -e "$SHIM_RUN/active/$1" ] || shim_unit_enabled "$1"
 }
 
-# GPU model from GPUPROV_SHIM_GPU (T4, A100, H100, B200; catalog names accepted).
+# A host that stands for an EC2 instance (`make sandbox`): its GPUs follow the instance type launched at its
+# address, as an instance's do. GPUPROV_SHIM_INSTANCE_URL answers, for this host's address, the GPU settings of
+# the instance moto has there (`export GPUPROV_SHIM_GPU=...` lines); asked at every shim call, since a stop and a
+# start with another type (a resize) changes them. The instance exists before its address is known to anyone,
+# so the answer is never late.
+# (bash's /dev/tcp: a shim runs hundreds of times in a bootstrap, and a python3 start each time would show.)
+shim_instance_settings() {  # http://HOST:PORT/PATH -> the answer's body
+  local rest="${1#http://}" hostport path line fd
+  hostport="${rest%%/*}"
+  path="/${rest#*/}"
+  exec {fd}<>"/dev/tcp/${hostport%:*}/${hostport##*:}" || return 0  # a free descriptor: the steps hold locks on theirs
+  printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' "$path" "$hostport" >&"$fd"
+  while IFS= read -r line <&"$fd" && [ "${line%$'\r'}" != "" ]; do :; done  # the status line and headers
+  while IFS= read -r line <&"$fd"; do
+    if [[ $line =~ ^export\ GPUPROV_SHIM_[A-Z_]+=[A-Za-z0-9._-]*$ ]]; then echo "$line"; fi
+  done
+  exec {fd}<&-
+}
+if [ -n "${GPUPROV_SHIM_INSTANCE_URL:-}" ]; then
+  eval "$(shim_instance_settings "$GPUPROV_SHIM_INSTANCE_URL" 2>/dev/null || true)"
+fi
+
+# GPU model from GPUPROV_SHIM_GPU (T4, L4, L40S, A100, A100-80GB, H100, B200; catalog names accepted).
 shim_gpu_model() {
   case "${GPUPROV_SHIM_GPU:-A100}" in
     T4) echo T4 ;;
     A100 | A100-40GB | A100-SXM4-40GB) echo A100 ;;
+    A100-80GB | A100-SXM4-80GB) echo A100-80GB ;;
+    L40S) echo L40S ;;
+    L4) echo L4 ;;
     H100 | H100-80GB) echo H100 ;;
     B200) echo B200 ;;
     *) echo "gpuprov shim: unknown GPUPROV_SHIM_GPU=${GPUPROV_SHIM_GPU}" >&2; return 1 ;;

@@ -29,6 +29,8 @@ root="${GPUPROV_SYSROOT:-}"
 mkdir -p "$root/opt/amazon/efa/lib" "$root/opt/amazon/efa/bin" "$root/opt/amazon/ofi-nccl/lib"
 printf 'gpuprov test shim: libfabric with the efa provider\n' >"$root/opt/amazon/efa/lib/libfabric.so.1"
 printf 'gpuprov test shim: aws-ofi-nccl %s\n' "$ofi_nccl" >"$root/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so"
+printf '#!/usr/bin/env bash\nexec "%s/libexec/fi_info" "$@"\n' "@SHIM_HOME@" >"$root/opt/amazon/efa/bin/fi_info"
+chmod 0755 "$root/opt/amazon/efa/bin/fi_info"
 printf '# EFA installer version: %s\n# Debug packages installed: no\n' "$version" >"$root/opt/amazon/efa_installed_packages"
 shim_set_pkg aws-efa-installer "$version"
 echo "===================================================" >&2

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import boto3
 from botocore import xform_name
@@ -27,6 +28,7 @@ from botocore.exceptions import (
     EndpointConnectionError,
     NoCredentialsError,
     NoRegionError,
+    PartialCredentialsError,
     ProfileNotFound,
     ReadTimeoutError,
 )
@@ -76,8 +78,39 @@ def _message(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Message", str(exc)))
 
 
+RETRY_MODES = ("standard", "adaptive", "legacy")  # botocore's, as the AWS CLI documents AWS_RETRY_MODE
+MAX_ATTEMPTS = 100  # a sanity bound on AWS_MAX_ATTEMPTS: every attempt waits a backoff of up to 20 s
+
+
+def check_environment() -> None:
+    """The AWS settings gpuprov reads from the environment, each refused by name (exit 2) before any client
+    is built: botocore would fail later, deep in a call, with a ValueError or a partial-credentials error."""
+    attempts = os.environ.get("AWS_MAX_ATTEMPTS")
+    if attempts and not (attempts.strip().isdigit() and 1 <= int(attempts) <= MAX_ATTEMPTS):
+        raise UserInputError("AWS_MAX_ATTEMPTS", f"{attempts!r} is not in the range 1 to {MAX_ATTEMPTS}",
+                             "every attempt counts, the first included: e.g. 5, or unset it for the default")
+    mode = os.environ.get("AWS_RETRY_MODE")
+    if mode and mode not in RETRY_MODES:
+        raise UserInputError("AWS_RETRY_MODE", f"{mode!r} is not a retry mode", f"one of {', '.join(RETRY_MODES)}")
+    for name in sorted(k for k in os.environ if k == "AWS_ENDPOINT_URL" or k.startswith("AWS_ENDPOINT_URL_")):
+        url = urlsplit(os.environ[name])
+        try:
+            url.port  # noqa: B018  (raises on a port that is no number)
+        except ValueError:
+            url = url._replace(netloc="")
+        if os.environ[name] and (url.scheme not in ("http", "https") or not url.hostname):
+            raise UserInputError(name, f"{os.environ[name]!r} is not an endpoint URL",
+                                 "e.g. http://127.0.0.1:5000 (a local endpoint), or unset it for AWS itself")
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if key and not secret:  # botocore's PartialCredentialsError, at the first call
+        raise UserInputError("AWS_SECRET_ACCESS_KEY", "not set, though AWS_ACCESS_KEY_ID is",
+                             "set both (and AWS_SESSION_TOKEN for temporary credentials), or neither to use "
+                             "AWS_PROFILE or ~/.aws")
+
+
 def retry_config(attempts: int | None = None) -> Config:
     """botocore's retries as the AWS CLI reads them from the environment; `attempts` overrides the count."""
+    check_environment()
     total = attempts if attempts is not None else int(os.environ.get("AWS_MAX_ATTEMPTS") or 5)
     retries = {"mode": os.environ.get("AWS_RETRY_MODE") or "standard", "total_max_attempts": total}
     return Config(retries=retries, connect_timeout=10, read_timeout=60)  # type: ignore[arg-type]
@@ -87,6 +120,7 @@ class AwsBase:
     """What every AWS provider part builds on: the owner, the poll interval, the clients and the error path."""
 
     def __init__(self, owner: str, *, poll: float = 2.0, legacy: str | None = None) -> None:
+        check_environment()
         self.owner = owner  # what new resources are tagged with
         # what follows records as ours: the owner, and the legacy one (cloud/tags.py) of resources made before
         self.owners = (owner, legacy) if legacy else (owner,)
@@ -119,6 +153,8 @@ class AwsBase:
             return fn()
         except NoCredentialsError:
             raise UserInputError("AWS credentials", "none found", credentials_hint()) from None
+        except PartialCredentialsError as exc:  # a profile or credentials file with half of a key pair
+            raise UserInputError("AWS credentials", f"incomplete: {exc}", credentials_hint()) from None
         except NoRegionError:
             raise UserInputError("--region", "no AWS region set", "pass --region or set AWS_REGION") from None
         except ProfileNotFound as exc:

@@ -129,7 +129,31 @@ def _nccl_info(address: str) -> None:
         pass
     head = f"{socket.gethostname()}:{os.getpid()}:{os.getpid()} [{os.environ.get('LOCAL_RANK', '0')}] NCCL INFO"
     print(f"{head} Bootstrap : Using {name}:{address}<0>", flush=True)
-    print(f"{head} Using network Socket", flush=True)
+    nics = _efa_devices()
+    if nics:  # aws-ofi-nccl's and NCCL's own lines (tests/fixtures/allreduce/p5-2nodes-efa.txt)
+        print(f"{head} NET/OFI Selected Provider is efa (found {nics} nics)", flush=True)
+        print(f"{head} Using network AWS Libfabric", flush=True)
+    else:
+        print(f"{head} Using network Socket", flush=True)
+
+
+def _efa_devices() -> int:
+    """The EFA devices NCCL would use through the AWS OFI plugin: only with FI_PROVIDER=efa, the plugin on
+    LD_LIBRARY_PATH (under the test sysroot) and libfabric's fi_info listing EFA devices; 0 means sockets."""
+    import os
+    import subprocess
+
+    root = os.environ.get("GPUPROV_SYSROOT", "")
+    paths = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+    if os.environ.get("FI_PROVIDER") != "efa" or not any(
+            os.path.exists(f"{root}{p}/libnccl-net-ofi.so") for p in paths):
+        return 0
+    try:
+        out = subprocess.run([f"{root}/opt/amazon/efa/bin/fi_info", "-p", "efa"], capture_output=True, text=True,
+                             timeout=10)
+    except OSError:
+        return 0
+    return out.stdout.count("provider: efa") if out.returncode == 0 else 0
 
 
 def get_backend(group: object = None) -> str:
