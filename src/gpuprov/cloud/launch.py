@@ -300,7 +300,9 @@ def kept_timeline(name: str, store: Store, rec: tl.Recorder, outcome: tl.Outcome
 
 
 def plan_json(plan: Plan) -> str:
+    """The plan as the node's record keeps it: its summary, and the monitoring asked for whole (the summary shows
+    the webhook without its path; `start` renders the health step again from this)."""
     import json
 
-    return json.dumps(plan.summary())
+    return json.dumps({**plan.summary(), "monitoring_request": plan.request.monitoring.model_dump(mode="json")})
 
