@@ -189,8 +189,12 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
     if as_json:
         click.echo(json.dumps(status_rows(nodes), indent=2))
     else:
+        from gpuprov.cli.report import health_lines
+
         console = make_console()
         console.print(status_table(nodes))
+        for line in health_lines(nodes):  # the watch's last finding per node (`gpuprov doctor NODE` for all of them)
+            console.print(line, markup=False, highlight=False, style="yellow")
         _host_clusters(console)
 
 
