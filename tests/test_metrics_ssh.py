@@ -42,7 +42,7 @@ def serve(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
 def stop(proc: subprocess.Popen[str]) -> str:
     """SIGTERM (as Ctrl-C): serve stops at once and exits 0; its stderr."""
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     return err
 
@@ -91,7 +91,8 @@ def test_up_metrics_then_prometheus_scrapes_the_nodes_gpu_through_serve(aws, env
     assert [p["FromPort"] for g in groups for p in g["IpPermissions"]] == [22]
     for port in (9100, 9400, 5555):
         assert refused_from_outside(address, port), port
-    inside = pool.exec_in(0, "/usr/bin/curl -s 127.0.0.1:9400/metrics; /usr/bin/curl -s 127.0.0.1:9100/metrics", check=True).stdout
+    curl = "/usr/bin/curl -s"  # the real one: the shim's curl plays the internet
+    inside = pool.exec_in(0, f"{curl} 127.0.0.1:9400/metrics; {curl} 127.0.0.1:9100/metrics", check=True).stdout
     assert re.search(r'^DCGM_FI_DEV_GPU_UTIL\{gpu="0",.*\} 37$', inside, re.M) and "node_uname_info" in inside
     calls = pool.exec_in(0, "cat /var/lib/gpuprov-shim/calls.log", check=True).stdout
     assert "datacenter-gpu-manager-4-cuda13" in calls and "datacenter-gpu-manager-exporter" in calls
@@ -121,7 +122,8 @@ def test_up_metrics_then_prometheus_scrapes_the_nodes_gpu_through_serve(aws, env
         end = time.monotonic() + 30
         while "xid" not in (status := gp(env, "status")).stdout and time.monotonic() < end:
             time.sleep(0.5)
-        assert re.search(r"health gpu1: \S+ xid: Xid 79 on GPU 0000:00:1e: GPU has fallen off the bus", status.stdout), status.stdout
+        said = r"health gpu1: \S+ xid: Xid 79 on GPU 0000:00:1e: GPU has fallen off the bus"
+        assert re.search(said, status.stdout), status.stdout
         (row,) = json.loads(gp(env, "status", "--json").stdout)
         assert row["health"]["kind"] == "xid" and row["health"]["key"] == "xid-0000-00-1e-79"
     finally:

@@ -52,7 +52,8 @@ def _render_matrix() -> dict[str, Bundle]:
     # monitoring (issue 26): DCGM's exporter, the textfile collector, the watch with every alert option
     watch = Monitoring(watch_process="torchrun --nnodes 2", on_alert="echo \"$GPUPROV_ALERT_MESSAGE\" | logger",
                        alert_webhook="ntfy+https://ntfy.sh/gpu-alerts")
-    out["H100/metrics-dcgm"] = make_plan(NodeRequest(gpu="H100:8", monitoring=watch.model_copy(update={"metrics": "auto"}))).bundle()
+    dcgm = watch.model_copy(update={"metrics": "auto"})
+    out["H100/metrics-dcgm"] = make_plan(NodeRequest(gpu="H100:8", monitoring=dcgm)).bundle()
     out["T4/metrics-textfile"] = make_plan(NodeRequest(gpu="T4", os="ubuntu-22.04", monitoring=Monitoring(
         metrics="textfile", alert_webhook="https://hooks.slack.com/services/T/B/X"))).bundle()
     # conda env + user steps with files and run
@@ -107,7 +108,8 @@ def _installed_scripts(tmp: Path) -> list[Path]:
     seen: dict[str, Path] = {}
     for bundle in BUNDLES.values():
         for s in bundle.scripts:
-            for name, text in re.findall(r'/usr/local/lib/gpuprov/([\w-]+)" 755 <<\'GPUPROV_EOF\'\n(.*?)\nGPUPROV_EOF\n', s.text, re.S):
+            installs = r'/usr/local/lib/gpuprov/([\w-]+)" 755 <<\'GPUPROV_EOF\'\n(.*?)\nGPUPROV_EOF\n'
+            for name, text in re.findall(installs, s.text, re.S):
                 key = hashlib.sha256(text.encode()).hexdigest()
                 if key not in seen:
                     path = tmp / f"installed-{len(seen):03d}-{name}"
