@@ -26,12 +26,18 @@ from pathlib import Path
 import pytest
 
 from tests.aws.cli import gp, launch_site, nothing_left, up_args
-from tests.prometheus import Prometheus
+from tests.prometheus import Prometheus, need
 from tests.test_bootstrap_ssh import addrs, bootstrap, by_step, gpuprov, reset
 
 SYSROOT = "/var/lib/gpuprov-shim/root"  # tests/conftest.py HOST_ENV
 ON_HOST = ("--connect", "private", "--ssh-user", "root", "--os", "ubuntu-22.04", "--python", "3.11")
 XID_79 = "{t} {host} kernel: NVRM: Xid (PCI:0000:{bus}): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+
+
+@pytest.fixture(autouse=True)
+def _exporter_installed() -> None:
+    """The test hosts run the machine's own prometheus-node-exporter (tools/sysdeps.sh installs it)."""
+    need("/usr/bin/prometheus-node-exporter")
 
 
 def serve(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
