@@ -481,3 +481,15 @@ def test_a_watched_process_that_exits_is_a_finding_with_the_hook_seeing_it(tmp_p
     assert json.loads(seen["GPUPROV_ALERT_JSON"])["key"] == "process-exited"
     watch.once(1030)
     assert len(watch.alerted()) == 1  # gone is gone: once, until it runs again
+
+
+def test_an_image_bake_takes_the_monitoring_away_with_the_guards():
+    """What is one node's (its findings, its watch's settings) must not travel in an image of it: the bake moves the
+    monitoring steps' markers and their own units aside like the guards', so the next node installs its own."""
+    from gpuprov.cloud.images import GUARD_STEPS, GUARD_UNITS
+
+    plan = make_plan(NodeRequest(gpu="T4", monitoring=Monitoring(metrics="textfile", watch_process="x")))
+    monitor = [s for s in plan.bundle().scripts if s.kind == "monitor"]
+    assert {s.name for s in monitor} == {"metrics", "health"} <= set(GUARD_STEPS)
+    units = {u for s in monitor for u in re.findall(r"^gp_put_unit (\S+) <<", s.text, re.M) if "/" not in u and ".d/" not in u}
+    assert units and units <= set(GUARD_UNITS), units - set(GUARD_UNITS)

@@ -132,11 +132,13 @@ def test_up_metrics_then_prometheus_scrapes_the_nodes_gpu_through_serve(aws, env
         assert re.search(said, status.stdout), status.stdout
         (row,) = json.loads(gp(env, "status", "--json").stdout)
         assert row["health"]["kind"] == "xid" and row["health"]["key"] == "xid-0000-00-1e-79"
+        assert (gp_home / "health" / "gpu1.json").is_file()
     finally:
         err = stop(proc)
     assert "gpu1: serving 9100 on 127.0.0.1:19510, 9400 on 127.0.0.1:19511" in err, err
     _units_pass_systemd_analyze(pool, 0, tmp_path / "units", ("nvidia-dcgm-exporter.service", "nvidia-dcgm.service"))
     assert gp(env, "down", "gpu1", "--yes").returncode == 0
+    assert not (gp_home / "health" / "gpu1.json").exists()  # a later gpu1 starts with no finding of this one's
     nothing_left(aws)
 
 

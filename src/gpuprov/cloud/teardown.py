@@ -76,9 +76,10 @@ def take_down(name: str, region: str, provider: Provider, store: Store, say: Say
     from gpuprov.cloud.keys import release_key_if_unused
 
     release_key_if_unused(region, provider, store, say)
-    from gpuprov.hosts import sshconfig
+    from gpuprov.hosts import findings, sshconfig
 
     sshconfig.remove_node(name)
+    findings.forget(name)  # a later node of this name starts with no health finding of this one's
     if store.node(name).cluster_size:  # a launched cluster's record (`exec NAME`, `NAME:K`) goes with it
         from gpuprov import cluster
 

@@ -63,3 +63,8 @@ def last(name: str) -> Finding | None:
         return Finding.model_validate_json(_path(name).read_text())
     except (OSError, ValidationError, json.JSONDecodeError):
         return None
+
+
+def forget(name: str) -> None:
+    """Drop `name`'s kept finding (the node is gone)."""
+    _path(name).unlink(missing_ok=True)
