@@ -14,14 +14,13 @@ from gpuprov.cli.common import (
     host_settings,
     main,
     make_console,
-    monitor_options,
-    monitoring_from,
     pin_options,
     pins_from,
     ssh_options,
     step_silence_option,
     targets_from,
 )
+from gpuprov.cli.monitoring_options import monitor_options, monitoring_from
 
 
 @main.command()
