@@ -25,9 +25,12 @@ atexit.register(shutil.rmtree, _FACTS_DIR, True)
 ROOT = Path(__file__).resolve().parents[1]
 SHIMS = ROOT / "tests" / "shims"
 SUDO_USER = "gpuprov-sudoer"  # a login user that becomes root through `sudo -n`, like `ubuntu` on EC2
+REAL_UNITS = "prometheus-node-exporter,gpuprov-gpu-metrics,nvidia-dcgm,nvidia-dcgm-exporter"
 # every ssh session on the test hosts: the fake root the steps write into, and the test time scale of the
 # steps' waits (retry back-off, apt-lock poll), as tests/shimrun.py sets them for local runs
-HOST_ENV = {"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root", "GPUPROV_RETRY_DELAY": "0", "GPUPROV_APT_LOCK_POLL": "1"}
+HOST_ENV = {"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root", "GPUPROV_RETRY_DELAY": "0", "GPUPROV_APT_LOCK_POLL": "1",
+            # each host has its own network namespace, so the exporters can run for real there (tests/shims/lib/units.sh)
+            "GPUPROV_SHIM_REAL_UNITS": REAL_UNITS}
 
 
 def skip_or_fail(reason: str) -> None:

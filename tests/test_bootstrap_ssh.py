@@ -37,7 +37,9 @@ def reset(pool, hosts=None, **shim_env: str) -> None:
                                               for name, text in ec2_dmi().items())
     for i in hosts if hosts is not None else range(len(pool)):
         env = "".join(f"export {k}={v}\n" for k, v in shim_env.items())
+        # the sysroot is the host's `/`: 0755, as a real root is (the runner's umask 077 would make it 0700)
         pool.exec_in(i, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/* /tmp/gp-*; "
+                        "install -d -m 0755 /var/lib/gpuprov-shim/root; "
                         f"printf %s '{env}' > /var/lib/gpuprov-shim/env" + dmi, check=True)
 
 

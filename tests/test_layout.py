@@ -18,7 +18,9 @@ GROUND = ("gpuprov.errors", "gpuprov.files", "gpuprov.locks", "gpuprov.paths", "
           "gpuprov.state", "gpuprov.state_errors", "gpuprov.state_tolerant")
 CLOUD_SDKS = ("boto3", "botocore")
 SSH_SDKS = ("fabric", "paramiko", "invoke")
-WEB = ("urllib", "http")  # what reads a URL: sources/ only (cloud/ through boto3)
+# what reads a URL: sources/ only (cloud/ through boto3); urllib.parse only splits strings, so plan/ may use it
+WEB = ("urllib.request", "urllib.error", "urllib.robotparser", "http")
+SPLIT = ("urllib",)  # stdlib packages kept by submodule in the graph, since their submodules differ in what they do
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,9 @@ def import_graph(root: Path) -> dict[str, set[str]]:
                     target = ".".join(base + ([node.module] if node.module else []))
                 else:
                     target = node.module or ""
-                found |= {f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target for a in node.names}
-        graph[name] = {d if _under(d, root.name) else d.split(".")[0] for d in found} - {name}
+                found |= {f"{target}.{a.name}" if f"{target}.{a.name}" in modules or target in SPLIT else target
+                          for a in node.names}
+        graph[name] = {d if _under(d, root.name) or d.split(".")[0] in SPLIT else d.split(".")[0] for d in found} - {name}
     return graph
 
 
@@ -188,7 +191,8 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     ({"cloud/node.py": "from gpuprov.cli.report import x\n", "cli/report.py": ""},
      "gpuprov.cloud.node imports gpuprov.cli.report"),
     ({"cloud/node.py": "from ..cli import report\n", "cli/report.py": ""}, "gpuprov.cloud.node imports gpuprov.cli.report"),
-    ({"plan/stack.py": "import urllib.request\n"}, "gpuprov.plan.stack imports urllib"),
+    ({"plan/stack.py": "import urllib.request\n"}, "gpuprov.plan.stack imports urllib.request"),
+    ({"plan/stack.py": "from urllib import request\n"}, "gpuprov.plan.stack imports urllib.request"),
     ({"cloud/node.py": "from gpuprov.sources import refresh\n", "sources/refresh.py": ""},
      "gpuprov.cloud.node imports gpuprov.sources.refresh"),
     ({"sources/torch.py": "import boto3\n"}, "gpuprov.sources.torch imports boto3"),
@@ -216,3 +220,8 @@ def test_a_circle_is_found_however_long(tmp_path):
 def test_a_long_module_is_named(tmp_path):
     root = _tree(tmp_path, {"plan/big.py": "x = 1\n" * (MAX_LINES + 1), "plan/ok.py": "x = 1\n" * MAX_LINES})
     assert long_modules(root) == [f"gpuprov/plan/big.py: {MAX_LINES + 1} lines"]
+
+
+def test_plan_may_split_a_url_but_not_fetch_one(tmp_path):
+    """urllib.parse reads a string (a webhook's URL checked in the plan); urllib.request reads the web."""
+    assert broken_rules(import_graph(_tree(tmp_path, {"plan/monitoring.py": "from urllib.parse import urlsplit\n"}))) == []

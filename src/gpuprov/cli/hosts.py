@@ -21,6 +21,7 @@ from gpuprov.cli.common import (
     targets_from,
     warn,
 )
+from gpuprov.cli.monitoring_options import monitor_options, monitoring_from
 from gpuprov.cli.params import Number
 
 
@@ -28,6 +29,7 @@ from gpuprov.cli.params import Number
 @ssh_options
 @pin_options
 @guard_options
+@monitor_options
 @click.option("--gpu", default=None, help="The GPU the hosts carry; default: what each host reports. A mismatch stops that host.")
 @click.option("--force", is_flag=True, help="Rerun every step, even those whose marker says they are done.")
 @click.option("--takeover", is_flag=True,
@@ -59,7 +61,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
     from gpuprov.hosts import bootstrap as engine
     from gpuprov.hosts.planner import Planner
     from gpuprov.plan.pins import check_pins
-    from gpuprov.plan.plan import GuardRequest, make_host_plan, with_jupyter
+    from gpuprov.plan.plan import GuardRequest, make_host_plan, with_jupyter, with_monitoring
     from gpuprov.plan.spec import load_playbook, parse_duration
 
     if cluster_name is not None:
@@ -75,9 +77,10 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
     with_jupyter(load_playbook(kw["playbook"]), kw["jupyter"])
     guard = GuardRequest(autostop_seconds=parse_duration(kw["autostop"], "--autostop"),
                          ttl_seconds=parse_duration(kw["ttl"], "--ttl"), on_interrupt=kw["on_interrupt"] or None)
+    monitoring = with_monitoring(monitoring_from(kw), load_playbook(kw["playbook"]))
     if gpu:  # an impossible stack is refused before any host is touched; what it allows but warns of, said once
         ahead = make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins, guard=guard,
-                               jupyter=kw["jupyter"])
+                               jupyter=kw["jupyter"], monitoring=monitoring)
         for note in ahead.warnings:
             warn(f"warning: {note}")
     elif pins.driver:
@@ -86,7 +89,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
         if ended := stack_facts().branch_ended(int(pins.driver.split(".")[0])):
             warn(f"warning: driver {ended}")
     targets = targets_from(kw)
-    plan_for = Planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"])
+    plan_for = Planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"], monitoring=monitoring)
     if as_json and not verbose:  # JSON for a script: no progress, and none of rich's import time
         console = None
         results = engine.bootstrap(targets, host_settings(kw), plan_for, _engine_options(engine, kw, None))

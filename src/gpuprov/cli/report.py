@@ -128,8 +128,27 @@ def status_rows(nodes: list[Node]) -> list[dict[str, object]]:
             "on_interrupt": n.on_interrupt,
             **_stop_fields(n, now),
             **_cluster_fields(n),
+            "health": _health(n.name),
         })
     return rows
+
+
+def _health(name: str) -> dict[str, object] | None:
+    """The last finding of the node's health watch that gpuprov has read (metrics serve, doctor), or None."""
+    from gpuprov.hosts import findings
+
+    found = findings.last(name)
+    return found.model_dump() if found else None
+
+
+def health_lines(nodes: list[Node]) -> list[str]:
+    """One line per node with a recorded health finding, for beneath the status table."""
+    lines = []
+    for n in nodes:
+        found = _health(n.name)
+        if found:
+            lines.append(f"health {n.name}: {found['time'] or '?'} {found['kind']}: {found['message']}")
+    return lines
 
 
 def _cluster_fields(n: Node) -> dict[str, object]:

@@ -39,9 +39,13 @@ if TYPE_CHECKING:
 Say = Callable[[str], None]
 ARCH = "x86_64"  # gpuprov launches amd64 Ubuntu only (providers/aws.py `image`); an image must match it
 INSTALL_KINDS = ("stack", "env", "user")
-GUARD_STEPS = ("autostop", "ttl", "spot-interrupt")  # plan.guard_steps' names
+# what belongs to one node and not to an image of it: the guards (plan.guard_steps' names) and the monitoring
+# (plan/monitoring's steps: their settings, the watch's findings, the collector's cursor), with their units; the
+# next node's own `up` installs its own
+GUARD_STEPS = ("autostop", "ttl", "spot-interrupt", "metrics", "health")
 GUARD_UNITS = ("gpuprov-autostop.timer", "gpuprov-autostop.service", "gpuprov-ttl.timer", "gpuprov-ttl.service",
-               "gpuprov-interrupt.service")
+               "gpuprov-interrupt.service", "gpuprov-health.service", "gpuprov-gpu-metrics.timer",
+               "gpuprov-gpu-metrics.service")
 AWS_DLAMI_PREFIX = "/aws/service/deeplearning"
 _NAME = re.compile(r"[A-Za-z0-9()\[\] ./'@_-]{3,128}")  # EC2's rule for an image name (CreateImage, Name)
 Source = Literal["baked", "ubuntu", "dlami", "given"]

@@ -372,13 +372,15 @@ def kept_timeline(name: str, store: Store, rec: tl.Recorder, outcome: tl.Outcome
 
 
 def plan_json(plan: Plan) -> str:
-    """The node's recorded plan: its summary, and the playbook it was made from, by name when shipped, else its
-    text (a file of the user's may be gone or changed by the time `start` bootstraps the node again)."""
+    """The node's recorded plan: its summary, the monitoring asked for whole (the summary shows the webhook without
+    its path; `start` renders the health step again from this), and the playbook it was made from, by name when
+    shipped, else its text (a file of the user's may be gone or changed by the time `start` bootstraps the node
+    again)."""
     import json
 
     from gpuprov.plan.spec import playbook_file
 
-    summary = plan.summary()
+    summary = {**plan.summary(), "monitoring_request": plan.request.monitoring.model_dump(mode="json")}
     given = playbook_file(plan.request.playbook)
     if given is not None:
         summary["playbook_text"] = given.read_text(encoding="utf-8-sig")

@@ -326,6 +326,7 @@ def _run(name: str, node: Node, row: Resource, opts: StartOptions, now_type: str
 def node_plan(node: Node) -> Plan:
     """The plan a node was bootstrapped with, for its current instance type: the stack installed on it
     pinned exactly (driver branch, torch, toolkit, Python), the guards it has."""
+    from gpuprov.plan.monitoring import Monitoring
     from gpuprov.plan.plan import NodeRequest, make_plan
     from gpuprov.plan.stack import StackPins
 
@@ -351,6 +352,7 @@ def node_plan(node: Node) -> Plan:
         ttl_seconds=node.ttl_seconds, on_interrupt=node.on_interrupt or guards.get("on_interrupt"),
         persistent=node.spot_type == "persistent",
         autostop_action=node.shutdown_action if node.shutdown_action in ("stop", "terminate") else None,  # type: ignore[arg-type]
+        monitoring=Monitoring.model_validate(recorded.get("monitoring_request") or {}),
     )
     return make_plan(request)
 

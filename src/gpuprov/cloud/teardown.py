@@ -77,12 +77,13 @@ def take_down(name: str, region: str, provider: Provider, store: Store, say: Say
     from gpuprov.cloud.keys import release_key_if_unused
 
     release_key_if_unused(region, provider, store, say)
-    from gpuprov.hosts import sshconfig
+    from gpuprov.hosts import findings, sshconfig
 
     try:
         sshconfig.remove_node(name)
-    except GpuprovError as exc:  # a full or read-only state disk: the cloud resources are gone all the same
-        say(f"  could not remove {name}'s ssh config entry: {exc}")
+        findings.forget(name)  # a later node of this name starts with no health finding of this one's
+    except (GpuprovError, OSError) as exc:  # a full or read-only state disk: the cloud resources are gone all the same
+        say(f"  could not remove {name}'s ssh config entry or health findings: {exc}")
     if store.node(name).cluster_size:  # a launched cluster's record (`exec NAME`, `NAME:K`) goes with it
         from gpuprov import cluster
 

@@ -12,9 +12,11 @@ import re
 
 from pydantic import BaseModel, Field
 
+from gpuprov.hosts import findings
 from gpuprov.hosts.check import DEFAULT_ENV
 from gpuprov.hosts.doctor_facts import DoctorError, DoctorFacts, Unit, facts_command, parse_facts, upstream_version
 from gpuprov.hosts.fanout import run_parallel
+from gpuprov.hosts.health import health_checks
 from gpuprov.hosts.remote import HostOutcome, HostSettings, Remote, on_host
 from gpuprov.hosts.verify import Check, failed, passed
 from gpuprov.plan.inventory import Target
@@ -160,6 +162,7 @@ def diagnose(facts: DoctorFacts, host: str = "HOST", min_free_gb: float = DEFAUL
 
     out.extend(_torch_checks(f))
     out.extend(_disk_checks(f, min_free_gb))
+    out.extend(health_checks(f, host))  # Xid lines and the health watch's findings (hosts/health.py)
     return out
 
 
@@ -432,7 +435,11 @@ def _doctor(remote: Remote, target: Target, env_path: str, min_free_gb: float) -
     out = remote.run(facts_command(env_path), sudo=True)
     if "## end" not in out.stdout and out.exited != 0:
         raise DoctorError(f"the fact command failed (exit {out.exited}): {(out.stderr or out.stdout).strip()[:300]}")
-    return examine(target.name, out.stdout, env_path, min_free_gb, _address(target))
+    report = examine(target.name, out.stdout, env_path, min_free_gb, _address(target))
+    found = findings.parse_lines("\n".join(report.facts.health))
+    if found:  # `gpuprov status` shows the node's last finding
+        findings.record(target.name, found[-1])
+    return report
 
 
 def doctor(targets: list[Target], settings: HostSettings, env_path: str = DEFAULT_ENV,

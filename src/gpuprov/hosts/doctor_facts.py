@@ -24,12 +24,13 @@ from gpuprov.hosts.detect import (
     nvidia_switches,
     pci_devices,
 )
+from gpuprov.hosts.findings import LOG as FINDINGS_LOG
 from gpuprov.hosts.verify import parse_summary
 
 DRIVER_PACKAGES = re.compile(r"^(nvidia-open|cuda-drivers|nvidia-driver-\d+(-server)?(-open)?|nvidia-driver)$")
 FM_PACKAGES = re.compile(r"^(nvidia-fabricmanager(-\d+)?|cuda-drivers-fabricmanager(-\d+)?)$")
 LOCKS = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock", "/var/lib/apt/lists/lock")
-UNITS = ("nvidia-persistenced", "nvidia-fabricmanager")
+UNITS = ("nvidia-persistenced", "nvidia-fabricmanager", "gpuprov-health")
 _TORCH_SNIPPET = 'import torch; print("version", torch.__version__); print("cuda", torch.version.cuda)'
 
 
@@ -74,6 +75,10 @@ def facts_command(env_path: str = DEFAULT_ENV) -> str:
         'echo "@rc $rc"; else echo "@missing"; fi',
         f'p="$R"{env}; while [ ! -e "$p" ]; do p="$(dirname "$p")"; done',
         'echo "## df"; df -P -k / "$p" 2>/dev/null; echo "## df-paths"; echo /; echo "$p"',
+        # Xid lines in this boot's kernel log (journalctl, else dmesg), and the health watch's findings
+        'echo "## xid"; { if have journalctl; then journalctl -k -o short-iso --no-pager -q 2>/dev/null; '
+        'else dmesg 2>/dev/null; fi; } | grep "NVRM: Xid" | tail -n 50',
+        f'echo "## health"; tail -n 50 "$R"{shlex.quote(FINDINGS_LOG)} 2>/dev/null',
         'echo "## end"',
     ]
     return "\n".join(lines)
@@ -141,6 +146,8 @@ class DoctorFacts(BaseModel):
     apt_processes: list[str] = Field(default_factory=list)  # "1234 /usr/bin/python3 /usr/bin/unattended-upgrade"
     torch: TorchFacts | None = None
     disk: list[DiskFree] = Field(default_factory=list)
+    xid_lines: list[str] = Field(default_factory=list)  # "NVRM: Xid (PCI:…): N, …" lines of this boot's kernel log
+    health: list[str] = Field(default_factory=list)  # the health watch's findings, JSON lines, oldest first
 
     @property
     def pci_gpus(self) -> list[str]:
@@ -294,4 +301,6 @@ def parse_facts(output: str, env_path: str = DEFAULT_ENV) -> DoctorFacts:
         if len(parts) >= 6 and parts[3].isdigit():
             path = paths[i] if i < len(paths) else parts[-1]
             f.disk.append(DiskFree(path=path, mount=" ".join(parts[5:]), avail_gib=int(parts[3]) / 1024 / 1024))
+    f.xid_lines = [line.strip() for line in s.get("xid", empty).lines if "NVRM: Xid" in line]
+    f.health = [line.strip() for line in s.get("health", empty).lines if line.strip().startswith("{")]
     return f

@@ -10,6 +10,7 @@ import threading
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.hosts.detect import HostFacts
 from gpuprov.plan.inventory import Target
+from gpuprov.plan.monitoring import Monitoring
 from gpuprov.plan.plan import GuardRequest, Plan
 from gpuprov.plan.stack import StackPins
 
@@ -19,9 +20,9 @@ class Planner:
     share one plan object, and so one rendered bundle: 32 of them are planned once."""
 
     def __init__(self, gpu: str | None, playbook: str, os_name: str | None, pins: StackPins,
-                 guard: GuardRequest | None = None, jupyter: bool = False) -> None:
+                 guard: GuardRequest | None = None, jupyter: bool = False, monitoring: Monitoring | None = None) -> None:
         self.gpu, self.playbook, self.os_name, self.pins = gpu, playbook, os_name, pins
-        self.guard, self.jupyter = guard, jupyter
+        self.guard, self.jupyter, self.monitoring = guard, jupyter, monitoring
         self._plans: dict[tuple[str | None, str, bool | None], Plan] = {}
         self._lock = threading.Lock()
 
@@ -73,5 +74,5 @@ class Planner:
         with self._lock:
             if key not in self._plans:
                 self._plans[key] = make_host_plan(gpu, self.playbook, os_used, self.pins, nvswitch=nvswitch,
-                                                  guard=self.guard, jupyter=self.jupyter)
+                                                  guard=self.guard, jupyter=self.jupyter, monitoring=self.monitoring)
             return self._plans[key]

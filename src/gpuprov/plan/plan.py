@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from gpuprov.errors import UserInputError
 from gpuprov.plan import catalog, compat, facts
 from gpuprov.plan.catalog import Gpu, InstanceType
+from gpuprov.plan.monitoring import Monitoring, monitoring_steps
+from gpuprov.plan.monitoring import summary as monitoring_summary
 from gpuprov.plan.render import Bundle, Script, StepPlan, render_steps
 from gpuprov.plan.spec import MAX_DURATION_S, MIN_DURATION_S, Playbook, format_duration, load_playbook
 from gpuprov.plan.stack import Stack, StackPins
@@ -83,6 +85,7 @@ class NodeRequest(BaseModel):
     def can_stop(self) -> bool:
         return not self.spot or self.persistent
     jupyter: bool = False  # --jupyter: JupyterLab too, whatever the playbook says
+    monitoring: Monitoring = Monitoring()  # --metrics, --health and the alerts (the playbook's `metrics:` merged in)
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,7 @@ class Plan:
             "stack": self.stack.model_dump(mode="json") if self.stack else None,
             "steps": [{"name": s.name, "kind": s.kind, "summary": s.summary} for s in self.steps],
             "guards": self.guards.model_dump(mode="json"),
+            "monitoring": monitoring_summary(self.request.monitoring, self.request.os),
             "unverified": list(self.unverified),
         }
 
@@ -310,7 +314,8 @@ def ttl_script(seconds: int | None, shutdown_action: str | None = None) -> Scrip
 
 
 def steps_for(
-    playbook: Playbook, stack: Stack | None, python: str = "3.12", guards: Guards = NO_GUARDS
+    playbook: Playbook, stack: Stack | None, python: str = "3.12", guards: Guards = NO_GUARDS,
+    monitoring: Monitoring | None = None, os_name: str = "ubuntu-24.04", gpus: int = 0,
 ) -> tuple[StepPlan, ...]:
     steps: list[StepPlan] = guard_steps(guards)
     if stack is not None:
@@ -334,6 +339,9 @@ def steps_for(
                                "nvidia-persistenced with --persistence-mode (systemd drop-in), enabled and running"))
         if stack.cuda_toolkit_package:
             steps.append(StepPlan("cuda-toolkit", "cuda_toolkit.sh.j2", "stack", f"{stack.cuda_toolkit_package} (nvcc)"))
+    # after the driver (the exporters read it), before the env and the playbook's steps (a long `run:` is
+    # what the watch is there for)
+    steps += monitoring_steps(monitoring or Monitoring(), os_name, gpus)
     if playbook.env is not None:
         python = stack.python if stack else python
         steps.append(StepPlan(
@@ -399,6 +407,13 @@ def _blame_playbook(exc: UserInputError, playbook: Playbook, flags: StackPins) -
     return out
 
 
+def with_monitoring(monitoring: Monitoring, playbook: Playbook) -> Monitoring:
+    """The flags' monitoring with the playbook's `metrics:` where no flag said it, checked."""
+    if monitoring.metrics == "off" and playbook.metrics != "off":
+        monitoring = monitoring.model_copy(update={"metrics": playbook.metrics})
+    return monitoring.check()
+
+
 def with_jupyter(playbook: Playbook, jupyter: bool) -> Playbook:
     """`playbook` with JupyterLab added (--jupyter), checked like a playbook that says `jupyter: true`."""
     if not jupyter or playbook.jupyter:
@@ -431,11 +446,13 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
     candidates = choose_instances(gpu, count, request.instance_type, cat)
     instance = candidates[0]
     playbook = with_jupyter(load_playbook(request.playbook), request.jupyter)
+    request = request.model_copy(update={"monitoring": with_monitoring(request.monitoring, playbook)})
     stack = resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch)
     if request.budget_usd is not None and instance.price_usd_hour:
         check_budget(request.budget_usd, instance.price_usd_hour)
     guards = with_budget(guards_for(request, playbook, launched=True), request.budget_usd, instance.price_usd_hour)
-    steps = steps_for(playbook, stack, request.pins.python or "3.12", guards)
+    steps = steps_for(playbook, stack, request.pins.python or "3.12", guards, request.monitoring, request.os,
+                      instance.gpus)
     return Plan(request, gpu, count, instance, candidates, playbook, stack, steps, guards)
 
 
@@ -450,7 +467,7 @@ class GuardRequest:
 
 def make_host_plan(
     gpu_name: str | None, playbook_name: str, os_name: str, pins: StackPins, nvswitch: bool | None = None,
-    guard: GuardRequest | None = None, jupyter: bool = False,
+    guard: GuardRequest | None = None, jupyter: bool = False, monitoring: Monitoring | None = None,
 ) -> Plan:
     """The plan for an existing host: no instance type; Fabric Manager follows what the host has.
 
@@ -471,9 +488,13 @@ def make_host_plan(
     if gpu is None and pins.model_copy(update={"python": None}) != StackPins():
         raise UserInputError("--playbook", "driver, CUDA and torch pins need a GPU host")
     guard = guard or GuardRequest()
+    wanted = with_monitoring(monitoring or Monitoring(), playbook)
     request = NodeRequest(gpu=gpu_name or "none", count=max(count, 1), playbook=playbook_name, os=os_name, pins=pins,
                           autostop_seconds=guard.autostop_seconds, ttl_seconds=guard.ttl_seconds,
-                          on_interrupt=guard.on_interrupt, jupyter=jupyter)
+                          on_interrupt=guard.on_interrupt, jupyter=jupyter, monitoring=wanted)
     guards = guards_for(request, playbook)
-    steps = steps_for(playbook, stack, pins.python or "3.12", guards)
+    # the GPU count the watch expects: the one the command line or inventory says (`--gpu A100:8`), else the one
+    # the watch sees at its first look on the node
+    steps = steps_for(playbook, stack, pins.python or "3.12", guards, wanted, os_name,
+                      count if gpu_name and ":" in gpu_name else 0)
     return Plan(request, gpu, count, None, (), playbook, stack, steps, guards)

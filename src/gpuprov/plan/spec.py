@@ -95,6 +95,14 @@ class Playbook(_Model):
     jupyter: bool = False  # JupyterLab from the env, on 127.0.0.1:8888 with a token, as a service
     # A command (like `run`) the node runs once when EC2 announces a spot interruption (2 minutes ahead).
     on_interrupt: Annotated[str | None, Field(min_length=1, max_length=65536)] = None
+    # GPU and node metrics for Prometheus (`--metrics`): true (DCGM's exporter where NVIDIA packages DCGM for
+    # the OS, else nvidia-smi into a textfile), dcgm, textfile, or false; the health watch comes with them
+    metrics: Literal["off", "auto", "dcgm", "textfile"] = "off"
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _metrics_flag(cls, value: object) -> object:
+        return {True: "auto", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _consistent(self) -> Playbook:

@@ -123,7 +123,7 @@ SHIM_REPO_DATA="$SHIM_HOME/data/nvidia-repo.tsv"
 # names (linux-headers-*, build-essential, ...) come from Ubuntu's archive, which is not modelled.
 shim_nvidia_name() {
   case "$1" in
-    nvidia-* | cuda-* | libnvidia-* | nvlsm | libnvsdm*) return 0 ;;
+    nvidia-* | cuda-* | libnvidia-* | nvlsm | libnvsdm* | datacenter-gpu-manager-*) return 0 ;;
     *) return 1 ;;
   esac
 }
@@ -303,4 +303,24 @@ shim_module_loaded_named() {
 shim_persistence_mode_on() {
   local d="${GPUPROV_SYSROOT:-/nonexistent}/etc/systemd/system/nvidia-persistenced.service.d"
   shim_unit_active nvidia-persistenced && cat "$d"/*.conf 2>/dev/null | grep -q '^ExecStart=.*[[:space:]]--persistence-mode'
+}
+
+# --- what a package lays on the disk (tests/shims/data/packages/NAME: files under the sysroot, as dpkg unpacks
+# them, and DEBIAN/postinst, run after the install as dpkg runs the package's own; data/packages/README.md) ---------
+shim_lay_payload() {
+  local dir="$SHIM_HOME/data/packages/$1"
+  [ -d "$dir" ] && [ -n "${GPUPROV_SYSROOT:-}" ] || return 0
+  (cd "$dir" && find . -path ./DEBIAN -prune -o -type f -print) | while IFS= read -r f; do
+    mkdir -p "$(dirname "$GPUPROV_SYSROOT/${f#./}")"
+    cp -f "$dir/$f" "$GPUPROV_SYSROOT/${f#./}"
+  done
+  if [ -x "$dir/DEBIAN/postinst" ]; then "$dir/DEBIAN/postinst" configure; fi
+}
+
+shim_take_payload() {
+  local dir="$SHIM_HOME/data/packages/$1"
+  [ -d "$dir" ] && [ -n "${GPUPROV_SYSROOT:-}" ] || return 0
+  (cd "$dir" && find . -path ./DEBIAN -prune -o -type f -print) | while IFS= read -r f; do
+    rm -f "$GPUPROV_SYSROOT/${f#./}"
+  done
 }
