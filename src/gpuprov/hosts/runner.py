@@ -95,7 +95,9 @@ def command(nonce: str, first: int, force: bool, boot_before: str | None, unpack
 
 @dataclass(frozen=True)
 class Event:
-    """One protocol line: `kind` (skip, start, end, reboot, checked, same-boot, done) and its fields."""
+    """One protocol line: `kind` (skip, start, output, end, reboot, checked, same-boot, done) and its fields.
+    Between `start` and `output` the lines are the step's log (its stderr); between `output` and `end`, its
+    stdout (the result line, a probe's report)."""
 
     kind: str
     step: str = ""
@@ -117,7 +119,7 @@ def parse(line: str, nonce: str) -> Event | None:
         return Event("end", rest[0], int(rest[1]), rest[2], int(rest[3]) / 1000)
     if kind in ("reboot", "checked") and len(rest) == 2:
         return Event(kind, rest[0], result=rest[1])
-    if kind in ("skip", "start") and len(rest) == 1:
+    if kind in ("skip", "start", "output") and len(rest) == 1:
         return Event(kind, rest[0])
     if kind in ("same-boot", "done") and not rest:
         return Event(kind)
