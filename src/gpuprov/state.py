@@ -25,8 +25,9 @@ from gpuprov.errors import UserInputError
 from gpuprov.state_errors import StateError, StateTooNew, explain
 
 NodeState = Literal["launching", "running", "bootstrapping", "ready", "failed", "terminating", "terminated",
-                    "stopping", "stopped", "resizing", "starting"]
-UP_STATES = ("launching", "running", "bootstrapping", "failed", "terminating")  # where an `up` leaves a record
+                    "stopping", "stopped", "resizing", "starting", "waiting"]
+# where an `up` leaves a record ("waiting": between two passes of `up --wait`, owning nothing)
+UP_STATES = ("launching", "running", "bootstrapping", "failed", "terminating", "waiting")
 # an image row has node None: images outlive the node they were baked from
 ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "placement-group",
                        "address"]

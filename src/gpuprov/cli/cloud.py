@@ -58,6 +58,9 @@ from gpuprov.errors import UserInputError
 @click.option("--no-wait", is_flag=True,
               help="With --no-bootstrap: return as soon as the instance runs (no SSH wait, host key not pinned).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and stop (the same plan `gpuprov plan` prints).")
+@click.option("--wait", "wait_for", default=None, metavar="DURATION",
+              help="No capacity anywhere: ask again (every candidate, 30 s growing to 5 min between passes) for up "
+                   "to this long, e.g. 2h; nothing is left or billed between passes.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before launching (needed without a terminal).")
 @step_silence_option
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
@@ -70,8 +73,8 @@ from gpuprov.errors import UserInputError
               help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
 def up(name: str | None, fallback: str, max_price: float | None, max_hourly: float | None, disk_gb: int,
        image: str | None, ssh_cidr: str | None, connect: str, subnet: str | None, instance_profile: str | None,
-       ssh_user: str, no_bootstrap: bool, no_wait: bool, dry_run: bool, yes: bool, step_silence: float, verbose: bool,
-       nodes: int, min_nodes: int | None, as_json: bool, **kw: Any) -> None:
+       ssh_user: str, no_bootstrap: bool, no_wait: bool, dry_run: bool, wait_for: str | None, yes: bool,
+       step_silence: float, verbose: bool, nodes: int, min_nodes: int | None, as_json: bool, **kw: Any) -> None:
     """Launch a GPU node on AWS, bootstrap and verify it, and print how to connect.
 
     Tries every instance type that carries the GPUs in every zone that offers it, cheapest
@@ -87,6 +90,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     from gpuprov.cloud import node as one_node
 
     node_name = launch.check_name(name) if name else launch.new_name()
+    wait = _wait_of(wait_for)
     the_plan = plan_from(kw, live=not dry_run)  # a launch plans with EC2's own instance-type facts
     console = make_console(stderr=as_json)
     if not dry_run:  # the dry run prints the plan, warnings and all
@@ -104,7 +108,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         warn(f"warning: --ssh-cidr {ssh_cidr} opens SSH on {node_name} to the whole internet (every scanner will try "
              "it); leave --ssh-cidr out for your address /32" + ("" if yes else ", or confirm below"))
     if nodes > 1 or min_nodes is not None:
-        _up_cluster(the_plan, opts, nodes, min_nodes, dry_run, yes, console, as_json)
+        _up_cluster(the_plan, opts, nodes, min_nodes, dry_run, yes, console, as_json, wait)
         return
     if dry_run:
         console.print(plan_view(the_plan))
@@ -115,7 +119,8 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         confirm(f"Launch {node_name}: {the_plan.instance.name if the_plan.instance else '?'}"
                 f" ({'spot' if kw['spot'] else 'on-demand'}, list ${price or 0:.2f}/h{world})?", "launch")
     store, provider = store_and_provider()
-    result = one_node.up(the_plan, opts, provider, store, say_to(console))
+    result = _waiting(lambda say: one_node.up(the_plan, opts, provider, store, say), wait, node_name, store,
+                      say_to(console))
     node = result.node
     if as_json:
         _print_result_json(node, result.ssh_alias, result.timeline)
@@ -131,8 +136,27 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         console.print(f"  ssh {result.ssh_alias}        # or: gpuprov check / gpuprov down {node.name}")
 
 
+def _wait_of(text: str | None) -> Any:
+    """--wait DURATION as cloud/waiting.Wait (None: one pass), checked before anything is asked of AWS."""
+    if text is None:
+        return None
+    from gpuprov.cloud import waiting
+    from gpuprov.plan.spec import parse_duration
+
+    seconds = parse_duration(text, "--wait", allow_off=False)
+    return waiting.Wait(float(seconds or 0), waiting.first_delay())
+
+
+def _waiting(attempt: Any, wait: Any, name: str, store: Any, say: Any) -> Any:
+    if wait is None:
+        return attempt(say)
+    from gpuprov.cloud import waiting
+
+    return waiting.until_capacity(attempt, name, store, say, wait)
+
+
 def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry_run: bool, yes: bool,
-                console: Any, as_json: bool) -> None:
+                console: Any, as_json: bool, wait: Any = None) -> None:
     from gpuprov.cli.report import plan_view
     from gpuprov.cloud import cluster
     from gpuprov.cloud import cluster_network as net
@@ -154,7 +178,8 @@ def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry
         confirm(f"Launch {opts.name}: {nodes} × {instance} ({'spot' if the_plan.request.spot else 'on-demand'}, "
                 f"list ${price:.2f}/h for all{world})?", "launch")
     store, provider = store_and_provider()
-    result = cluster.up(the_plan, opts, copts, provider, store, say_to(console))
+    result = _waiting(lambda say: cluster.up(the_plan, opts, copts, provider, store, say), wait, opts.name, store,
+                      say_to(console))
     node = result.node
     if as_json:  # the node row (its members included), the ssh alias of node 0, nodes dropped, the timeline
         _print_result_json(node, result.ssh_alias, result.timeline, dropped=result.dropped)

@@ -220,7 +220,7 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
             say(f"  EC2 launched {len(instances)} of {copts.nodes} (at least {copts.at_least} asked for)")
         return instances, layout, attempts
     tried = "; ".join(f"{a.candidate.instance_type}/{a.candidate.zone}/{a.candidate.market}: {a.code}" for a in attempts)
-    raise GpuprovError(f"no zone could hold all {copts.at_least} nodes of the cluster: {tried}")
+    raise launch.NoCapacity(f"no zone could hold all {copts.at_least} nodes of the cluster: {tried}", attempts)
 
 
 def _placement_group(name: str, region: str, provider: Provider, store: Store, say: Say) -> str:

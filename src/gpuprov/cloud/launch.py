@@ -71,6 +71,25 @@ class QuotaExceeded(GpuprovError):
     pass
 
 
+class NoCapacity(GpuprovError):
+    """Every candidate was refused for a reason that may pass (capacity, a zone's refusal): what `up --wait`
+    asks again for (cloud/waiting.py); the launch took back everything before this was raised."""
+
+    def __init__(self, message: str, attempts: list[Attempt]) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+    @property
+    def summary(self) -> str:
+        """'5 refused: InsufficientInstanceCapacity ×5 (g4dn.xlarge)': one pass of `up --wait` in a few words."""
+        codes: dict[str, int] = {}
+        for a in self.attempts:
+            codes[a.code] = codes.get(a.code, 0) + 1
+        types = sorted({a.candidate.instance_type for a in self.attempts})
+        return (f"{len(self.attempts)} refused: " + ", ".join(f"{c} ×{n}" for c, n in codes.items())
+                + f" ({', '.join(types)})")
+
+
 def check_name(name: str) -> str:
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,38}", name):
         raise UserInputError("NAME", f"{name!r} is not a node name", "lowercase letters, digits and '-', up to 39")

@@ -25,6 +25,7 @@ from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
 from gpuprov.cloud.failover import Order
 from gpuprov.cloud.launch import (
     Attempt,
+    NoCapacity,
     Say,
     UpOptions,
     check_name,
@@ -149,7 +150,7 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
         return instance, attempts
     tried = "; ".join(f"{a.candidate.instance_type}/{a.candidate.zone}/{a.candidate.market}: {a.code}" for a in attempts)
     hint = "" if opts.fallback_on_demand or not plan.request.spot else " (add --fallback on-demand to try on-demand too)"
-    raise GpuprovError(f"no capacity anywhere it was asked for{hint}: {tried}")
+    raise NoCapacity(f"no capacity anywhere it was asked for{hint}: {tried}", attempts)
 
 
 def _gone(name: str, region: str, rid: int, instance: Instance, provider: Provider, store: Store, say: Say) -> None:
