@@ -86,3 +86,51 @@ def test_status_shows_a_waiting_up_and_sigterm_mid_wait_leaves_nothing(aws, env)
     again = gp(env, *up_args("waits", *ONE_TYPE, *NO_WAIT))  # the name is free again
     assert again.returncode == 1 and "no capacity anywhere" in again.stderr
     nothing_left(aws)
+
+
+def test_gc_stopped_for_lists_what_each_stopped_disk_cost_status_flags_it_and_yes_takes_it_down(aws, env, gp_home,
+                                                                                                 tmp_path):
+    import time as clock
+
+    from gpuprov.state import open_store
+
+    for name in ("old", "young"):
+        made = gp(env, *up_args(name, *ONE_TYPE, "--disk", "150", *NO_WAIT))
+        assert made.returncode == 0, made.stdout + made.stderr
+    stopped = gp(env, "stop", "old", "young")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    now = clock.time()
+    store = open_store()  # time passes: one was stopped 20 days ago, the other yesterday
+    store.update_node("old", stopped_at=now - 20 * 86400)
+    store.update_node("young", stopped_at=now - 86400)
+
+    listed = gp(env, "gc", "--stopped-for", "14d")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    # 150 GB of gp3 at $0.08/GB-month is $12/month; 20 of a 30-day month: $8.00
+    assert "old (us-east-1): stopped 20d; its 150 GB disk cost $8.00 while stopped ($12.00/month)" in listed.stdout
+    assert "young" not in listed.stdout and "rerun with --yes" in listed.stdout
+    live = [i["InstanceId"] for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]
+            if i["State"]["Name"] == "stopped"]
+    assert len(live) == 2  # listing takes nothing
+
+    rows = {n["name"]: n for n in json.loads(gp(env, "status", "--json").stdout)}
+    assert rows["old"]["stopped_too_long"] and not rows["young"]["stopped_too_long"]
+    assert rows["old"]["disk_usd_while_stopped"] == 8.0
+    table = {line.split()[0]: line for line in gp(env, "status").stdout.splitlines() if line.strip()}
+    assert "stopped 20d ($8.00): gc --stopped-for" in table["old"]
+    assert "gc --stopped-for" not in table["young"]
+
+    config = tmp_path / "config.toml"
+    config.write_text('stopped_for = "14d"\n')
+    taken = gp({**env, "GPUPROV_CONFIG": str(config)}, "gc", "--yes", "--json")  # the config's default
+    assert taken.returncode == 0, taken.stdout + taken.stderr
+    report = json.loads(taken.stdout)
+    assert [s["name"] for s in report["stopped"]] == ["old"] and report["left"] == []
+    assert [n["name"] for n in json.loads(gp(env, "status", "--json").stdout)] == ["young"]
+    states = {i["InstanceId"]: i["State"]["Name"] for r in aws.ec2().describe_instances()["Reservations"]
+              for i in r["Instances"]}
+    assert sorted(states.values()) == ["stopped", "terminated"]
+    bad = gp({**env, "GPUPROV_CONFIG": str(config)}, "gc", "--stopped-for", "soon")
+    assert bad.returncode == 2 and "error: --stopped-for: 'soon' is not a duration" in bad.stderr
+    assert gp(env, "down", "young", "--yes").returncode == 0
+    nothing_left(aws)
