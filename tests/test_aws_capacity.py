@@ -134,3 +134,62 @@ def test_gc_stopped_for_lists_what_each_stopped_disk_cost_status_flags_it_and_ye
     assert bad.returncode == 2 and "error: --stopped-for: 'soon' is not a duration" in bad.stderr
     assert gp(env, "down", "young", "--yes").returncode == 0
     nothing_left(aws)
+
+
+def _instances(aws) -> dict[str, dict]:
+    return {i["InstanceId"]: i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]}
+
+
+def test_start_move_after_ice_takes_the_disk_to_another_zone_and_a_failed_move_touches_nothing(aws, env):
+    made = gp(env, *up_args("mover", *ONE_TYPE, "--disk", "120", *NO_WAIT))
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert gp(env, "stop", "mover").returncode == 0
+    (old,) = [i for i in _instances(aws).values() if i["State"]["Name"] == "stopped"]
+    home = old["Placement"]["AvailabilityZone"]
+    aws.faults({**ICE, "action": "StartInstances", "times": 1})
+    refused = gp(env, "start", "mover", "--no-bootstrap")
+    assert refused.returncode == 1 and "gpuprov start mover --move" in refused.stderr, refused.stderr
+
+    # every other zone full: the move takes back what it made; the old node is not touched
+    snapshots = {s["SnapshotId"] for s in aws.ec2().describe_snapshots(OwnerIds=["self"])["Snapshots"]}
+    aws.faults(ICE)
+    failed = gp(env, "start", "mover", "--move", "--no-bootstrap")
+    assert failed.returncode == 1 and "no other zone had capacity" in failed.stderr, failed.stdout + failed.stderr
+    assert f"stays stopped in {home}, untouched" in failed.stdout
+    assert _instances(aws)[old["InstanceId"]]["State"]["Name"] == "stopped"
+    touched = [e for e in aws.log() if e["action"] in ("TerminateInstances", "StopInstances", "StartInstances",
+                                                      "ModifyInstanceAttribute")
+               and old["InstanceId"] in json.dumps(e["form"]) and e["seq"] > aws.log("CreateImage")[0]["seq"]]
+    assert touched == []
+    assert aws.ec2().describe_images(Owners=["self"])["Images"] == []  # the image went, its snapshot too
+    assert {s["SnapshotId"] for s in aws.ec2().describe_snapshots(OwnerIds=["self"])["Snapshots"]} == snapshots
+    (node,) = json.loads(gp(env, "status", "--json").stdout)
+    assert node["state"] == "stopped" and node["zone"] == home
+
+    # one other zone full, the next has room: moved there, the old instance retired only after
+    aws.clear_faults()  # (the log too)
+    others = [z for z in _zones(aws) if z != home]
+    aws.faults({**ICE, "match": {"Placement.AvailabilityZone": others[0]}})
+    moved = gp(env, "start", "mover", "--move", "--no-bootstrap")
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    assert {e["form"]["InstanceId"] for e in aws.log("CreateImage")} == {old["InstanceId"]}  # its disk, imaged
+    ubuntu = old["ImageId"]  # what `up` launched from
+    launched = [e for e in aws.log("RunInstances") if e["form"].get("ImageId") != ubuntu]
+    assert len({e["form"]["ImageId"] for e in launched[-2:]}) == 1  # this move's image, in each zone it asked
+    assert [e["form"]["Placement.AvailabilityZone"] for e in launched][-2:] == others[:2]
+    ends = [e for e in aws.log("TerminateInstances") if old["InstanceId"] in json.dumps(e["form"])]
+    assert ends and ends[0]["seq"] > launched[-1]["seq"]  # the old one goes once the new one is there
+    now = _instances(aws)
+    assert now[old["InstanceId"]]["State"]["Name"] == "terminated"
+    (new,) = [i for i in now.values() if i["State"]["Name"] == "running"]
+    assert new["Placement"]["AvailabilityZone"] == others[1] and new["InstanceType"] == "g4dn.xlarge"
+    assert new["ImageId"] == launched[-1]["form"]["ImageId"]
+    (root,) = aws.ec2().describe_volumes(Filters=[{"Name": "attachment.instance-id", "Values": [new["InstanceId"]]}])[
+        "Volumes"]
+    assert root["Size"] == 120 and root["AvailabilityZone"] == others[1]
+    (node,) = json.loads(gp(env, "status", "--json").stdout)
+    assert (node["name"], node["state"], node["zone"], node["disk_gb"]) == ("mover", "ready", others[1], 120)
+    assert aws.ec2().describe_images(Owners=["self"])["Images"] == []
+    assert {s["SnapshotId"] for s in aws.ec2().describe_snapshots(OwnerIds=["self"])["Snapshots"]} == snapshots
+    assert gp(env, "down", "mover", "--yes").returncode == 0
+    nothing_left(aws)

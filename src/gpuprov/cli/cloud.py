@@ -402,13 +402,17 @@ def stop(names: tuple[str, ...]) -> None:
 @click.argument("name")
 @click.option("--gpu", default=None, help="Resize first: the cheapest type with this GPU (the node's GPU count).")
 @click.option("--instance-type", default=None, help="Resize first: this instance type.")
+@click.option("--move", is_flag=True,
+              help="Its zone has no capacity: copy its disk (an image of it) to another zone that has, launch there, "
+                   "and only then retire the old instance; on failure the node stays as it was.")
+@click.option("--zone", default=None, help="With --move: this zone [default: each other zone offering the type].")
 @click.option("--no-bootstrap", is_flag=True, help="Do not bootstrap and verify again after it runs.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
 @step_silence_option
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
-def start(name: str, gpu: str | None, instance_type: str | None, no_bootstrap: bool, verbose: bool,
-          step_silence: float, as_json: bool) -> None:
+def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zone: str | None, no_bootstrap: bool,
+          verbose: bool, step_silence: float, as_json: bool) -> None:
     """Start a stopped node (resized first with --gpu/--instance-type), wait for it, bootstrap and verify
     again, and print its new address and $/h. A resize the installed stack cannot serve is refused before
     anything changes; if AWS refuses the start, the node stays stopped, as it was."""
@@ -416,13 +420,22 @@ def start(name: str, gpu: str | None, instance_type: str | None, no_bootstrap: b
 
     if gpu and instance_type:
         raise click.UsageError("pass --gpu or --instance-type, not both")
+    if move and (gpu or instance_type):
+        raise UserInputError("--move", "moves the node as it is", "move it first, then resize: stop, start --gpu …")
+    if zone is not None and not move:
+        raise UserInputError("--zone", "applies to --move", f"gpuprov start {name} --move --zone {zone}")
     store, provider = store_and_provider()
     _no_clusters(store, (name,), "start")
     console = make_console(stderr=as_json)
     opts = stopstart.StartOptions(gpu=gpu, instance_type=instance_type, bootstrap=not no_bootstrap,
                                   step_silence=step_silence or None,
                                   verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None)
-    result = stopstart.start(name, opts, provider, store, say_to(console))
+    if move:
+        from gpuprov.cloud import move as moving
+
+        result = moving.move(name, moving.MoveOptions(zone=zone), opts, provider, store, say_to(console))
+    else:
+        result = stopstart.start(name, opts, provider, store, say_to(console))
     node = result.node
     if as_json:
         _print_result_json(node, result.ssh_alias, result.timeline, resized_from=result.resized_from,
