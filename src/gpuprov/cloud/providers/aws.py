@@ -18,6 +18,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpuprov.cloud.providers.aws_base import NOT_FOUND, AwsError, NoAnswer, tag_value
+from gpuprov.cloud.providers.aws_capacity import AwsCapacity
 from gpuprov.cloud.providers.aws_images import AwsImages
 from gpuprov.cloud.providers.aws_instances import AwsInstances
 from gpuprov.cloud.providers.aws_refusals import classify
@@ -38,7 +39,7 @@ UBUNTU_SSM_PREFIX = "/aws/service/canonical/ubuntu/server"
 RETRY_CREATES = 4  # tries of a create without a ClientToken (AllocateAddress), each after a look for the last
 
 
-class AwsProvider(AwsInstances, AwsImages):
+class AwsProvider(AwsInstances, AwsImages, AwsCapacity):
     name = "aws"
 
     # --- discovery -----------------------------------------------------------------------
