@@ -7,6 +7,9 @@ import json
 import signal
 import subprocess
 import sys
+import time
+
+import pytest
 
 from tests.aws.cli import gp, nothing_left, up_args
 
@@ -192,4 +195,75 @@ def test_start_move_after_ice_takes_the_disk_to_another_zone_and_a_failed_move_t
     assert aws.ec2().describe_images(Owners=["self"])["Images"] == []
     assert {s["SnapshotId"] for s in aws.ec2().describe_snapshots(OwnerIds=["self"])["Snapshots"]} == snapshots
     assert gp(env, "down", "mover", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_reservations_and_a_capacity_block_bought_waited_for_and_launched_into(aws, env, gp_home):
+    from gpuprov.cloud import capacity as blocks
+
+    aws.capacity(reservations=[{"id": "cr-0a1b2c3d4e5f60718", "instance_type": "g4dn.xlarge", "zone": "us-east-1b",
+                                "count": 1, "match": "targeted"}])
+    held = gp(env, *up_args("held", *ONE_TYPE, "--reservation", "cr-0a1b2c3d4e5f60718", *NO_WAIT))
+    assert held.returncode == 0, held.stdout + held.stderr
+    (run,) = [e for e in aws.log("RunInstances") if e["status"] == 200]
+    assert run["form"]["CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"] == \
+        "cr-0a1b2c3d4e5f60718" and run["form"]["Placement.AvailabilityZone"] == "us-east-1b"
+    (node,) = json.loads(gp(env, "status", "--json").stdout)
+    assert (node["reservation_id"], node["zone"]) == ("cr-0a1b2c3d4e5f60718", "us-east-1b")
+    listed = json.loads(gp(env, "capacity", "list", "--json").stdout)
+    assert [(r["id"], r["available"]) for r in listed["reservations"]] == [("cr-0a1b2c3d4e5f60718", 0)]
+    assert "cr-0a1b2c3d4e5f60718  g4dn.xlarge  us-east-1b  0/1 free" in gp(env, "gpus", "T4", "--live").stdout
+    wrong = gp(env, *up_args("x", "--gpu", "A10G", "--reservation", "cr-0a1b2c3d4e5f60718", *NO_WAIT))
+    assert wrong.returncode == 2 and "holds g4dn.xlarge, which does not carry 1× A10G" in wrong.stderr
+    unknown = gp(env, *up_args("x", "--gpu", "T4", "--reservation", "cr-00000000000000000", *NO_WAIT))
+    assert unknown.returncode == 2 and "InvalidCapacityReservationId.NotFound" in unknown.stderr
+
+    start = time.time() + 3600
+    aws.capacity(offerings=[{"id": "cb-offer-h100", "instance_type": "p5.48xlarge", "zone": "us-east-1a",
+                             "count": 1, "start": start, "hours": 24, "fee": "786.24"}])
+    offers = json.loads(gp(env, "capacity", "offers", "--gpu", "H100:8", "--hours", "24", "--json").stdout)
+    assert [(o["offering"], o["upfront_usd"], o["zone"]) for o in offers] == [("cb-offer-h100", 786.24, "us-east-1a")]
+    asked = gp(env, "capacity", "buy", "cb-offer-h100")  # no terminal: told first, then refused without --yes
+    assert asked.returncode == 2 and "cannot be cancelled" in asked.stdout and "--yes" in asked.stderr
+    assert aws.log("PurchaseCapacityBlock") == []
+    aws.faults({"action": "PurchaseCapacityBlock", "hold": True})  # EC2 at work on the purchase ...
+    buying = subprocess.Popen([sys.executable, "-m", "gpuprov", "capacity", "buy", "cb-offer-h100", "--yes", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    aws.wait_held(1, timeout=60)
+    assert [(b.offering, b.state) for b in blocks._read(blocks._blocks_file())] == [("cb-offer-h100", "buying")]
+    aws.release()  # ... recorded before it was asked for
+    out, err = buying.communicate(timeout=60)
+    assert buying.returncode == 0, out + err
+    block = json.loads(out)
+    assert block["state"] == "bought" and block["reservation_id"].startswith("cr-")
+    assert [b.state for b in blocks._read(blocks._blocks_file())] == ["bought"]
+    aws.clear_faults()
+    table = gp(env, "status").stdout
+    assert f"block {block['reservation_id']}: 1 × p5.48xlarge us-east-1a" in table and "$786.24 (bought)" in table
+
+    early = gp(env, *up_args("blk", "--gpu", "H100:8", "--capacity-block", block["reservation_id"], *NO_WAIT))
+    assert early.returncode == 2 and "starts at" in early.stderr and "--wait" in early.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args(
+        "blk", "--gpu", "H100:8", "--capacity-block", block["reservation_id"], "--wait", "2h", *NO_WAIT)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env, "GPUPROV_WAIT_BACKOFF_SECONDS": "0.5"})
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("pass 1:"):
+                assert "InsufficientInstanceCapacity" in line
+                break
+        aws.capacity(advance=3600)  # the block starts
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out + err
+    into = [e for e in aws.log("RunInstances") if e["status"] == 200][-1]["form"]
+    assert into["InstanceMarketOptions.MarketType"] == "capacity-block"
+    assert into["CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"] == \
+        block["reservation_id"]
+    rows = {n["name"]: n for n in json.loads(gp(env, "status", "--json").stdout)}
+    assert rows["blk"]["reservation_end"] == pytest.approx(start + 24 * 3600, abs=1)
+    assert "block ends" in gp(env, "status").stdout
+    assert gp(env, "down", "held", "blk", "--yes").returncode == 0
     nothing_left(aws)

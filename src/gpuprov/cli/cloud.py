@@ -52,6 +52,11 @@ from gpuprov.errors import UserInputError
 @click.option("--instance-profile", default=None, metavar="NAME",
               help="The node's own AWS credentials: this IAM instance profile (e.g. for an S3 sync in --on-interrupt); "
                    "checked before anything is launched.")
+@click.option("--reservation", default=None, metavar="cr-…|open",
+              help="Launch into this On-Demand Capacity Reservation (its type and zone), or `open`: any open one "
+                   "that matches first (`gpuprov capacity list` shows them).")
+@click.option("--capacity-block", default=None, metavar="cr-…|cb-…",
+              help="Launch into this Capacity Block for ML (`gpuprov capacity buy`); with --wait, waits for its start.")
 @click.option("--ssh-user", default="ubuntu", show_default=True, help="Login user of the image.")
 @click.option("--no-bootstrap", is_flag=True,
               help="Launch, wait for SSH and pin the host key; install nothing (`ssh gpuprov-NAME` works after).")
@@ -73,8 +78,9 @@ from gpuprov.errors import UserInputError
               help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
 def up(name: str | None, fallback: str, max_price: float | None, max_hourly: float | None, disk_gb: int,
        image: str | None, ssh_cidr: str | None, connect: str, subnet: str | None, instance_profile: str | None,
-       ssh_user: str, no_bootstrap: bool, no_wait: bool, dry_run: bool, wait_for: str | None, yes: bool,
-       step_silence: float, verbose: bool, nodes: int, min_nodes: int | None, as_json: bool, **kw: Any) -> None:
+       reservation: str | None, capacity_block: str | None, ssh_user: str, no_bootstrap: bool, no_wait: bool,
+       dry_run: bool, wait_for: str | None, yes: bool, step_silence: float, verbose: bool, nodes: int,
+       min_nodes: int | None, as_json: bool, **kw: Any) -> None:
     """Launch a GPU node on AWS, bootstrap and verify it, and print how to connect.
 
     Tries every instance type that carries the GPUs in every zone that offers it, cheapest
@@ -101,7 +107,8 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         disk_gb=disk_gb, image=image, ssh_cidr=ssh_cidr, connect=connect, subnet=subnet, ssh_user=ssh_user,
         bootstrap=not no_bootstrap, wait=not no_wait, step_silence=step_silence or None,
         verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None,
-        instance_profile=instance_profile,
+        instance_profile=instance_profile, reservation=reservation, capacity_block=capacity_block,
+        patient=wait is not None,
     )
     launch.check_options(the_plan, opts)
     if launch.open_to_all(ssh_cidr):
@@ -238,6 +245,11 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
         console.print(status_table(nodes))
         for line in health_lines(nodes):  # the watch's last finding per node (`gpuprov doctor NODE` for all of them)
             console.print(line, markup=False, highlight=False, style="yellow")
+        from gpuprov.cli.capacity import block_lines
+        from gpuprov.cloud.capacity import bought
+
+        for line in block_lines(bought()):  # Capacity Blocks bought here: their window and cost
+            console.print(line, markup=False, highlight=False)
         _host_clusters(console)
 
 

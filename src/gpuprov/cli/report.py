@@ -179,6 +179,7 @@ def _stop_fields(n: Node, now: float) -> dict[str, object]:
                           "source": storage.source, "unverified": storage.unverified},
         "stopped_at": n.stopped_at,
         **_stale_fields(n, now),
+        "reservation_id": n.reservation_id, "reservation_end": n.reservation_end,
         "budget_usd": n.budget_usd, "budget_price_usd_hour": n.budget_price,
         "budget_left_usd": round(left, 2) if left is not None else None,
     }
@@ -248,6 +249,9 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
         month = row["storage_usd_month"]
         if row["state"] == "stopped" and isinstance(month, float):
             state += f" (disk ${month:.2f}/month)"
+        ends = row["reservation_end"]
+        if isinstance(ends, float) and row["state"] not in ("stopped", "terminated"):
+            state += f", block ends {time.strftime('%m-%d %H:%M', time.localtime(ends))}"
         stopped, spent = row["stopped_seconds"], row["disk_usd_while_stopped"]
         if row["stopped_too_long"] and isinstance(stopped, int):
             paid = f" (${spent:.2f})" if isinstance(spent, float) else ""

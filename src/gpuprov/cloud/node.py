@@ -51,6 +51,7 @@ from gpuprov.cloud.providers.base import (
     NotFound,
     Provider,
 )
+from gpuprov.cloud.reservations import block_guards, recorded, reservation_of, resolved
 from gpuprov.cloud.settle import SETTLE_SECONDS, settle
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError
@@ -82,7 +83,8 @@ def _up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say)
     pad = launchpad(plan, opts, provider, store, say)
     name, region, network, cidr, order, image = pad.name, pad.region, pad.network, pad.cidr, pad.order, pad.image
     rec.image = pad.image_line
-    opts = replace(opts, disk_gb=pad.disk_gb, ssh_cidr=cidr)  # what the launch asks for: the root volume, SSH's CIDR
+    # what the launch asks for: the root volume, SSH's CIDR, the reservation by its own id
+    opts = replace(opts, disk_gb=pad.disk_gb, ssh_cidr=cidr, **resolved(opts, pad.held))
 
     market = "spot" if plan.request.spot else "on-demand"
     store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,
@@ -120,8 +122,8 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
                 node=name, region=region, zone=cand.zone, instance_type=cand.instance_type, market=cand.market,
                 image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price,
                 persistent=plan.request.persistent and cand.market == "spot",
-                shutdown_behavior=shutdown_behavior(plan, cand.market), instance_profile=opts.instance_profile),
-                settle=SETTLE_SECONDS)
+                shutdown_behavior=shutdown_behavior(plan, cand.market), instance_profile=opts.instance_profile,
+                **reservation_of(opts)), settle=SETTLE_SECONDS)
         except LaunchError as exc:
             attempt = note_refusal(exc, cand, rid, asked, "", name, attempts, store, rec, say)
             go_on_after(exc, attempt, opts, closed, provider, region, say)
@@ -146,7 +148,7 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
                           price_usd_hour=cand.price_usd_hour,
                           spot_type=("persistent" if plan.request.persistent else "one-time")
                           if cand.market == "spot" else None,
-                          shutdown_action=shutdown_behavior(plan, cand.market))
+                          shutdown_action=shutdown_behavior(plan, cand.market), **recorded(opts, provider, region))
         return instance, attempts
     tried = "; ".join(f"{a.candidate.instance_type}/{a.candidate.zone}/{a.candidate.market}: {a.code}" for a in attempts)
     hint = "" if opts.fallback_on_demand or not plan.request.spot else " (add --fallback on-demand to try on-demand too)"
@@ -197,6 +199,7 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
         from gpuprov.plan.plan import replace_guards
 
         plan = replace_guards(plan, plan.guards.model_copy(update={"shutdown_action": action}))
+    plan = block_guards(plan, store.node(name), say)  # a Capacity Block's end: the node's watch knows it
     budget = plan.request.budget_usd
     if budget is not None:
         from gpuprov.plan.plan import replace_guards, with_budget
