@@ -30,7 +30,7 @@ NodeState = Literal["launching", "running", "bootstrapping", "ready", "failed", 
 UP_STATES = ("launching", "running", "bootstrapping", "failed", "terminating", "waiting")
 # an image row has node None: images outlive the node they were baked from
 ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "placement-group",
-                       "address"]
+                       "address", "iam-role", "instance-profile"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (

@@ -52,6 +52,9 @@ from gpuprov.errors import UserInputError
 @click.option("--instance-profile", default=None, metavar="NAME",
               help="The node's own AWS credentials: this IAM instance profile (e.g. for an S3 sync in --on-interrupt); "
                    "checked before anything is launched.")
+@click.option("--s3-access", multiple=True, metavar="s3://BUCKET/PREFIX[:ro]",
+              help="Give the node a role of its own for exactly these S3 prefixes (repeatable; :ro read-only): made "
+                   "at up, removed at down; nothing on the node holds your keys.")
 @click.option("--reservation", default=None, metavar="cr-…|open",
               help="Launch into this On-Demand Capacity Reservation (its type and zone), or `open`: any open one "
                    "that matches first (`gpuprov capacity list` shows them).")
@@ -78,7 +81,8 @@ from gpuprov.errors import UserInputError
               help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
 def up(name: str | None, fallback: str, max_price: float | None, max_hourly: float | None, disk_gb: int,
        image: str | None, ssh_cidr: str | None, connect: str, subnet: str | None, instance_profile: str | None,
-       reservation: str | None, capacity_block: str | None, ssh_user: str, no_bootstrap: bool, no_wait: bool,
+       s3_access: tuple[str, ...], reservation: str | None, capacity_block: str | None, ssh_user: str,
+       no_bootstrap: bool, no_wait: bool,
        dry_run: bool, wait_for: str | None, yes: bool, step_silence: float, verbose: bool, nodes: int,
        min_nodes: int | None, as_json: bool, **kw: Any) -> None:
     """Launch a GPU node on AWS, bootstrap and verify it, and print how to connect.
@@ -108,7 +112,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         bootstrap=not no_bootstrap, wait=not no_wait, step_silence=step_silence or None,
         verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None,
         instance_profile=instance_profile, reservation=reservation, capacity_block=capacity_block,
-        patient=wait is not None,
+        patient=wait is not None, s3_access=s3_access,
     )
     launch.check_options(the_plan, opts)
     if launch.open_to_all(ssh_cidr):

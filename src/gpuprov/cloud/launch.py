@@ -56,6 +56,7 @@ class UpOptions:
     reservation: str | None = None  # --reservation cr-…|open (cloud/reservations.py)
     capacity_block: str | None = None  # --capacity-block cr-…|cb-…: a Capacity Block for ML bought beforehand
     patient: bool = False  # `up --wait`: a Capacity Block that has not started yet is waited for, not refused
+    s3_access: tuple[str, ...] = ()  # --s3-access s3://bucket/prefix[:ro]: a role of the node's own (cloud/data.py)
 
     @property
     def ipv6(self) -> bool:
@@ -148,6 +149,14 @@ def check_options(plan: Plan, opts: UpOptions) -> None:
     if opts.instance_profile is not None and not re.fullmatch(r"[\w+=,.@-]{1,128}", opts.instance_profile):
         raise UserInputError("--instance-profile", f"{opts.instance_profile!r} is not an instance profile name",
                              "IAM's names: up to 128 letters, digits and + = , . @ _ -")  # IAM API, InstanceProfileName
+    if opts.s3_access:
+        from gpuprov.cloud import data
+
+        for access in opts.s3_access:
+            data.parse(access)
+        if opts.instance_profile is not None:
+            raise UserInputError("--s3-access", "makes the node an instance profile of its own",
+                                 "--s3-access or --instance-profile, not both")
     if opts.reservation and opts.capacity_block:
         raise UserInputError("--reservation", "a launch goes into one reservation", "--reservation or --capacity-block")
     shapes = {"--reservation": (r"open|cr-[0-9a-f]{8,17}", "cr-… or open"),

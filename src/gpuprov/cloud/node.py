@@ -177,6 +177,10 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
     say(f"key pair and security group (SSH from {cidr}" + (": anywhere on the internet)" if open_to_all(cidr) else " only)"))
     rec.phase(tl.ACCESS)
     access = prepare_access(name, region, provider, store, network, cidr, public_ip)
+    if opts.s3_access:  # the node's own role, scoped to those prefixes (recorded, removed at down)
+        from gpuprov.cloud import data
+
+        opts = replace(opts, instance_profile=data.ensure_role(name, region, opts.s3_access, provider, store, say))
     rec.phase(tl.CAPACITY)
     instance, attempts = _launch(plan, opts, provider, store, say, order, image, access, rec)
 

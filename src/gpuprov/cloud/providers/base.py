@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from gpuprov.errors import GpuprovError
 
@@ -412,6 +412,14 @@ class Provider(Protocol):
 
     def purchase_block(self, region: str, offering_id: str, node: str) -> Reservation:
         """PurchaseCapacityBlock (Linux/UNIX), tagged; it cannot be cancelled."""
+        ...
+
+    def create_node_role(self, region: str, node: str, name: str, policy: dict[str, Any]) -> None:
+        """IAM: a role EC2 may assume, with this inline policy (`up --s3-access`)."""
+        ...
+
+    def create_node_profile(self, region: str, node: str, name: str, role: str) -> None:
+        """IAM: an instance profile holding the role."""
         ...
 
     def quota(self, region: str, code: str) -> float | None: ...
