@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from gpuprov.cloud.failover import Candidate, Order
@@ -129,7 +129,7 @@ def block_guards(plan: Plan, node: Node, say: Say) -> Plan:
     from gpuprov.plan.plan import replace_guards
 
     end = int(node.reservation_end)
-    say(f"Capacity Block ends {_when(datetime.fromtimestamp(end).astimezone())}: EC2 ends the instance 30 min "
+    say(f"Capacity Block ends {_when(datetime.fromtimestamp(end, timezone.utc))}: EC2 ends the instance 30 min "
         "before; the node warns and runs its on-interrupt hook 40 min before")
     return replace_guards(plan, plan.guards.model_copy(update={"block_end": end}))
 
