@@ -187,6 +187,12 @@ SCENARIOS: dict[str, list[str]] = {
         "gpuprov down exp1",
         SETUP + "gpuprov down big --yes",
     ],
+    "when there is no capacity": [
+        "gpuprov up t4 --gpu T4 --wait 2h --no-bootstrap",
+        "gpuprov capacity list",
+        "gpuprov gc --stopped-for 14d",
+        SETUP + "gpuprov down t4 --yes",
+    ],
     "machines you already have": [
         "gpuprov bootstrap ubuntu@10.1.2.3 -p pytorch --accept-new-host-key",
         "gpuprov bootstrap --inventory hosts.yml -p llm-finetune --parallel 64 --autostop 2h",

@@ -25,11 +25,12 @@ from gpuprov.errors import UserInputError
 from gpuprov.state_errors import StateError, StateTooNew, explain
 
 NodeState = Literal["launching", "running", "bootstrapping", "ready", "failed", "terminating", "terminated",
-                    "stopping", "stopped", "resizing", "starting"]
-UP_STATES = ("launching", "running", "bootstrapping", "failed", "terminating")  # where an `up` leaves a record
+                    "stopping", "stopped", "resizing", "starting", "waiting"]
+# where an `up` leaves a record ("waiting": between two passes of `up --wait`, owning nothing)
+UP_STATES = ("launching", "running", "bootstrapping", "failed", "terminating", "waiting")
 # an image row has node None: images outlive the node they were baked from
 ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "placement-group",
-                       "address"]
+                       "address", "iam-role", "instance-profile"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -113,7 +114,8 @@ _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER
                        ("budget_price", "REAL"),
                        ("resize_from", "TEXT"), ("resize_to", "TEXT"), ("stopped_at", "REAL"),
                        ("cluster_size", "INTEGER"), ("members_json", "TEXT"), ("paid_usd_hour", "REAL"),
-                       ("billed_seconds", "REAL"), ("running_since", "REAL"))
+                       ("billed_seconds", "REAL"), ("running_since", "REAL"), ("reservation_id", "TEXT"),
+                       ("reservation_end", "REAL"))
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,8 @@ class Node:
     paid_usd_hour: float | None = None  # what it costs an hour: the spot price obtained at launch, or the list price
     billed_seconds: float | None = None  # its instance's running time before the current run (stops end a run)
     running_since: float | None = None  # when the current run began (None: stopped, or ended)
+    reservation_id: str | None = None  # the Capacity Reservation or Block it launched into (cr-…)
+    reservation_end: float | None = None  # a Capacity Block's end (epoch s): EC2 ends its instances 30 min before
 
     def cost_so_far(self, now: float) -> float | None:
         """Dollars its instance has cost: the price it got, for the time it ran (stopped time costs no compute).
