@@ -191,3 +191,29 @@ def test_shims_are_executable_bash_and_shellcheck_clean() -> None:
     proc = subprocess.run([shellcheck, "-x", "-S", "warning", *map(str, shims), str(SHIMS / "lib" / "common.sh")],
                           capture_output=True, text=True, cwd=SHIMS / "bin")
     assert proc.returncode == 0, proc.stdout[:3000]
+
+
+def test_a_probe_that_crashes_fails_verify_in_one_line(cuda_dev, tmp_path: Path) -> None:
+    """verify's one Python process (probe and judge together): an interpreter that dies fails the step with one
+    FAILED line naming it and its exit status, after its own words; a probe that raises says what it raised."""
+    host, *_ = cuda_dev
+    verify = make_plan(NodeRequest(gpu="A100", playbook="cuda-dev", pins=PINS)).bundle().scripts[-1]
+    broken = host.copy(tmp_path / "dead")
+    python = broken.sysroot / "opt/gpuprov/env/bin/python"
+    python.unlink()
+    python.write_text("#!/bin/sh\necho 'Fatal Python error: init_fs_encoding' >&2\nexit 3\n")
+    python.chmod(0o755)
+    run = broken.run_script(verify)
+    assert run.returncode == 1 and run.result is None and "GPUPROV_PROBE_BEGIN" not in run.stdout
+    assert "FAILED: the probe crashed" in run.last_stderr_line and "exited 3" in run.last_stderr_line, run.stderr
+    assert "Fatal Python error: init_fs_encoding" in run.stderr
+    raising = host.copy(tmp_path / "raising")
+    python = raising.sysroot / "opt/gpuprov/env/bin/python"
+    real = python.resolve()
+    python.unlink()
+    # the real interpreter running verify's program ($2) with json.dumps broken: the probe raises past its guards
+    python.write_text(f"#!/bin/sh\nshift\nexec {real} -c 'import json, sys; json.dumps = None; exec(sys.argv.pop(1))' "
+                      '"$@"\n')
+    python.chmod(0o755)
+    run = raising.run_script(verify)
+    assert run.returncode == 1 and "FAILED: the probe crashed: TypeError" in run.last_stderr_line, run.stderr
