@@ -2,7 +2,7 @@
 beside the same step scripts run by a bare `bash -s` on their own exec channels (what Fabric or `ssh host
 'bash -s' < script` costs a host).
 
-    sudo .venv/bin/python bench/hostside.py [--reps 20]
+    sudo .venv/bin/python bench/hostside.py [--reps 20] [--src OTHER_TREE/src]
 
 One SSH test host (netns, prefix "gpk", bridge "gpkbr0", subnet 10.233.0, shifted by GPUPROV_TEST_NET), one
 connection through gpuprov's own `Remote` (the same transport bootstrap uses) for every exec. CPU: everything
@@ -18,7 +18,7 @@ Parts:
   unpack           the tar on stdin into /var/lib/gpuprov/bundle (beside the old one, swapped in)
   runner           the rendered runner with the 5 steps, markers written, on an unpacked bundle
   runner, rerun    the same runner again: every step skipped by its marker
-  bootstrap exec   the whole first exec as `gpuprov bootstrap` sends it: facts, unpack, runner
+  bootstrap exec   the whole first exec as `gpuprov bootstrap` sends it: facts, unpack, runner; and its rerun
   bash -s (x5)     each step script on its own exec channel, `bash -s` with the script on stdin
 The runner's own cost is `runner` minus the five scripts run inside one session (`in-session scripts`).
 """
@@ -46,7 +46,10 @@ RESET = "rm -rf /var/lib/gpuprov/* /tmp/gpuprov-bench"
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=20, help="repetitions per part; the mean is printed")
+    parser.add_argument("--src", help="import gpuprov from this folder (another tree's src/: before and after)")
     args = parser.parse_args()
+    if args.src:
+        sys.path.insert(0, str(Path(args.src).resolve()))
     if os.geteuid() != 0:
         print("bench/hostside.py starts an SSH server in a network namespace and needs root; run it as root.")
         return 0
@@ -105,6 +108,12 @@ def main() -> int:
             run(runner.command(nonce, 1, False, None, unpack=False, client=client))
 
         runner_cmd = runner.command(nonce, 1, False, None, unpack=False, client=client)
+        first_exec = (runner.busy_check(client, False) + f"{FACTS_COMMAND}; echo {runner.facts_end(nonce)}; "
+                      + runner.command(nonce, 1, False, None, unpack=True, client=client))
+
+        def installed_by_bootstrap() -> None:
+            reset()
+            run(first_exec, tar)
         in_session = "; ".join(f"bash {runner.BUNDLE_DIR}/{s.filename} >/dev/null" for s in bundle.scripts)
         parts: list[tuple[str, Callable[[], None], Callable[[], None]]] = [
             ("exec channel (`true`)", reset, lambda: run("true")),
@@ -116,13 +125,15 @@ def main() -> int:
             ("runner, 5 steps, first install", unpacked, lambda: run(runner_cmd)),
             ("in-session scripts (5, no runner)", unpacked, lambda: run(in_session)),
             ("runner, rerun (5 skipped)", installed, lambda: run(runner_cmd)),
-            ("bootstrap exec (facts+unpack+runner)", reset, lambda: run(
-                runner.busy_check(client, False) + f"{FACTS_COMMAND}; echo {runner.facts_end(nonce)}; "
-                + runner.command(nonce, 1, False, None, unpack=True, client=client), tar)),
+            ("bootstrap exec (facts+unpack+runner)", reset, lambda: run(first_exec, tar)),
+            ("bootstrap exec, rerun (5 skipped)", installed_by_bootstrap, lambda: run(first_exec, tar)),
             ("bash -s, 5 scripts (5 execs)", reset, lambda: [run("bash -s", s) for s in scripts] and None),
         ]
         load = os.getloadavg()
-        print(f"one test host; {os.cpu_count()} CPUs; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+        import gpuprov
+
+        print(f"gpuprov from {Path(gpuprov.__file__).parent}; one test host; {os.cpu_count()} CPUs; "
+              f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
               f"host CPU from {'a cpuacct cgroup' if mode == 'cgroup' else '/proc/PID/stat (10 ms ticks)'}; mean of "
               f"{args.reps} repetitions; processes from one strace pass\n", flush=True)
         print(f"{'part':<38} {'processes':>9} {'programs':>9} {'CPU ms':>7}")

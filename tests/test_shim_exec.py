@@ -217,3 +217,30 @@ def test_a_probe_that_crashes_fails_verify_in_one_line(cuda_dev, tmp_path: Path)
     python.chmod(0o755)
     run = raising.run_script(verify)
     assert run.returncode == 1 and "FAILED: the probe crashed: TypeError" in run.last_stderr_line, run.stderr
+
+
+def test_a_playbook_command_runs_in_its_own_subshell_under_the_steps_strict_mode(tmp_path: Path) -> None:
+    """A user step's `run` (a subshell of the step script now, `bash -euo pipefail -c` before): its first failing
+    command, a failing pipeline or an unset variable fails the step with that status; `exit 0` ends the command,
+    not the step; its variables and cd leave the step's own state alone."""
+    playbook = tmp_path / "semantics.yml"
+    commands = {
+        "exit-early": "exit 0; echo never",
+        "first-failure": "false; echo never",
+        "status": "exit 3",
+        "pipeline": "false | true; echo never",
+        "unset": "echo \"$NOT_SET_ANYWHERE\"",
+        "own-state": "GP_CHANGED=0; GP_STEP=other; cd /; echo here=\"$PWD\"",
+    }
+    playbook.write_text("name: semantics\nstack: none\nenv: null\nsteps:\n" + "".join(
+        f"  - name: {name}\n    run: {json.dumps(run)}\n" for name, run in commands.items()))
+    host = ShimHost(tmp_path / "host", gpu="T4")
+    runs = {s.name: host.run_script(s) for s in make_host_plan(None, str(playbook), "ubuntu-24.04",
+                                                               StackPins()).bundle().scripts}
+    assert (runs["exit-early"].returncode, runs["exit-early"].result) == (0, "changed")
+    assert "never" not in runs["exit-early"].stderr + runs["first-failure"].stderr + runs["pipeline"].stderr
+    assert (runs["first-failure"].returncode, runs["first-failure"].result) == (1, None)
+    assert (runs["status"].returncode, runs["pipeline"].returncode, runs["unset"].returncode) == (3, 1, 1)
+    assert "NOT_SET_ANYWHERE: unbound variable" in runs["unset"].stderr
+    own = runs["own-state"]
+    assert own.result == "changed" and "here=/\n" in own.stderr and "[gpuprov own-state] changed: step done" in own.stderr
