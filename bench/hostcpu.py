@@ -71,10 +71,11 @@ class HostCPU:
             self.mode = "stat"
         return self.mode
 
-    def settle(self, n: int, timeout: float = 10.0) -> None:
-        """Wait until the first n hosts' logins have all ended (no per-connection sshd left)."""
+    def settle(self, n: int, timeout: float = 10.0, only_new: bool = False) -> None:
+        """Wait until the first n hosts' logins have all ended (no per-connection sshd left); with `only_new`,
+        all but the oldest one (a connection held open on purpose)."""
         deadline = time.monotonic() + timeout
-        while any(_children(pid) for pid in self.pids[:n]):
+        while any(len(_children(pid)) > int(only_new) for pid in self.pids[:n]):
             if time.monotonic() > deadline:
                 raise RuntimeError("SSH logins still open on the hosts after the client exited")
             time.sleep(0.02)

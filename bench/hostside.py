@@ -13,6 +13,7 @@ them executed a program (the others are bash's own forks: subshells, `$(...)`), 
 host's sshd in a separate pass (strace slows what it follows).
 
 Parts:
+  login            a second connection opened and closed (no exec): sshd's own work for every connection
   exec channel     `true` on its own exec channel: what any command costs sshd (session, the login shell's -c)
   facts            bootstrap's busy check and facts command, as its first exec prints them
   unpack           the tar on stdin into /var/lib/gpuprov/bundle (beside the old one, swapped in)
@@ -107,6 +108,13 @@ def main() -> int:
             unpacked()
             run(runner.command(nonce, 1, False, None, unpack=False, client=client))
 
+        def login() -> None:
+            other = Remote(Target(pool[0].address, user="root", key=str(pool.key_path)),
+                           HostSettings(known_hosts=known, key_filename=str(pool.key_path)))
+            other.open()
+            other.close()
+            cpu.settle(1, only_new=True)
+
         runner_cmd = runner.command(nonce, 1, False, None, unpack=False, client=client)
         first_exec = (runner.busy_check(client, False) + f"{FACTS_COMMAND}; echo {runner.facts_end(nonce)}; "
                       + runner.command(nonce, 1, False, None, unpack=True, client=client))
@@ -116,6 +124,7 @@ def main() -> int:
             run(first_exec, tar)
         in_session = "; ".join(f"bash {runner.BUNDLE_DIR}/{s.filename} >/dev/null" for s in bundle.scripts)
         parts: list[tuple[str, Callable[[], None], Callable[[], None]]] = [
+            ("login (connect, key exchange, auth)", reset, login),
             ("exec channel (`true`)", reset, lambda: run("true")),
             ("facts (busy check + facts command)", reset,
              lambda: run(runner.busy_check(client, False) + FACTS_COMMAND)),
