@@ -1,6 +1,6 @@
 """Fan-out: `gpuprov bootstrap` (whole CLI process) beside hand-written threaded Fabric on the same hosts.
 
-    sudo .venv/bin/python bench/fanout.py [--sizes 1,32] [--runs 3]
+    sudo .venv/bin/python bench/fanout.py [--sizes 1,32] [--runs 3] [--src OTHER_TREE/src]
 
 Hosts are real OpenSSH servers in network namespaces (tests/hosts/fixture.py, prefix "gpb", bridge
 "gpbbr0", subnet 10.230.0, each shifted by GPUPROV_TEST_NET as the tests' are). One pool of max(sizes)
@@ -108,12 +108,12 @@ def session_counts(pool, n: int) -> tuple[int, int]:
     return channels, connections
 
 
-def compile_sources() -> None:
+def compile_sources(src: Path) -> None:
     """Byte-compile gpuprov's sources first, as installing a wheel does (Fabric's modules in site-packages were
     compiled at install). Without it, under PYTHONDONTWRITEBYTECODE (set on the shared test machine) every
     process compiled all ~25 of gpuprov's modules from source again: 0.1-0.2 s of CPU a run, which no user
     pays."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "src" / "gpuprov")], check=True,
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(src / "gpuprov")], check=True,
                    stdout=subprocess.DEVNULL)
 
 
@@ -166,7 +166,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1,32", help="host counts, comma-separated (default 1,32)")
     parser.add_argument("--runs", type=int, default=3, help="timed runs per size and tool; the median is printed")
+    parser.add_argument("--src", type=Path, default=ROOT / "src",
+                        help="gpuprov's sources to time (another tree's src/, for before and after); default this tree's")
     args = parser.parse_args()
+    src = args.src.resolve()
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     if os.geteuid() != 0:
         print("bench/fanout.py starts SSH servers in network namespaces and needs root; run it as root.")
@@ -175,7 +178,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="gpuprov-fanout-"))
     home = work / "home"
     home.mkdir()
-    sys.path.insert(0, str(ROOT / "src"))
+    sys.path.insert(0, str(src))
     from tests import testnet
     from tests.hosts.fixture import HostPool
 
@@ -191,8 +194,8 @@ def main() -> int:
     tar = work / "bundle.tar"  # the bundle gpuprov sends: Fabric uploads the same file and runs the same scripts
     tar.write_bytes(bundle_tar(bundle))
     env = dict(os.environ, GPUPROV_HOME=str(home), HOME=str(home), COLUMNS="200", NO_COLOR="1")
-    env["PYTHONPATH"] = str(ROOT / "src")
-    compile_sources()
+    env["PYTHONPATH"] = str(src)
+    compile_sources(src)
 
     pool = HostPool(max(sizes), work / "hosts", offset=10, prefix=testnet.prefix("gpb"), bridge=testnet.bridge("gpbbr0"),
                     subnet=testnet.subnet("10.230.0"))
@@ -206,6 +209,7 @@ def main() -> int:
         cpu.hosts = pool.hosts
         mode = cpu.attach()
         load = os.getloadavg()
+        print(f"gpuprov from {src}")
         print(f"{len(pool)} test hosts up in {time.perf_counter() - t0:.1f}s; {os.cpu_count()} CPUs; load average "
               f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {STEPS} steps of `sleep {STEP_SLEEP}` each; "
               f"median of {args.runs} runs; hosts reset before every timed run; host CPU from "
