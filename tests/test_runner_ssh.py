@@ -359,3 +359,44 @@ def test_a_steps_log_travels_on_stdout_between_its_start_and_its_output(tmp_path
         assert out[output + 1:end] == ["GPUPROV_RESULT=changed"]  # then its stdout: the result line
     second = out[out.index("@gpuprov:n0 start second") + 1:out.index("@gpuprov:n0 output second")]
     assert "second-to-stderr" in second
+def test_the_busy_check_asks_the_lock_only_while_the_recorded_runner_lives(host_pool):
+    """The first exec's busy check (runner.busy_check), run in a host: another install's runner that is gone
+    (its pid dead, or a live pid that holds no lock) lets the run on; one that holds the lock stops it (exit 75,
+    naming it) unless --takeover; this install's own never does."""
+    from gpuprov.hosts import runner
+
+    pool = host_pool
+    reset(pool, [7])
+    lock = "/var/lib/gpuprov/runner.lock"
+
+    def check(client: str = "mine:me@here:1", takeover: bool = False) -> subprocess.CompletedProcess[str]:
+        return pool.exec_in(7, runner.busy_check(client, takeover) + "echo passed")
+
+    assert check().stdout == "passed\n"  # never bootstrapped: no lock file at all
+    pool.exec_in(7, f"mkdir -p /var/lib/gpuprov; echo '2147483646 1 other:them@there 1700000000' > {lock}.pid",
+                 check=True)
+    assert check().stdout == "passed\n"  # its runner's pid is dead: the lock is free
+    inside = ["nsenter", "-t", str(pool.supervisor_pid(7)), "-n", "-m", "-u", "--"] if pool.mode == "netns" else []
+    # its own process group: flock's child `sleep` holds the lock too, and goes with it
+    holder = subprocess.Popen([*inside, "flock", lock, "sleep", "60"], start_new_session=True)
+    try:
+        for _ in range(200):  # until it holds the lock
+            if pool.exec_in(7, f"flock -n {lock} true").returncode != 0:
+                break
+            time.sleep(0.02)
+        pool.exec_in(7, f"echo '{holder.pid} 1 other:them@there 1700000000' > {lock}.pid", check=True)
+        refused = check()
+        assert refused.returncode == runner.BUSY and refused.stdout == ""
+        assert "another gpuprov (other:them@there, its runner pid" in refused.stderr and "--takeover" in refused.stderr
+        assert check(takeover=True).stdout == "passed\n"
+        assert check(client="other:them@there:2").stdout == "passed\n"  # this install's own: its client lock decides
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+    idle = subprocess.Popen(["sleep", "60"])  # a live process that holds no lock (its pid reused, say)
+    try:
+        pool.exec_in(7, f"echo '{idle.pid} 1 other:them@there 1700000000' > {lock}.pid", check=True)
+        assert check().stdout == "passed\n"
+    finally:
+        idle.kill()
+        idle.wait()
