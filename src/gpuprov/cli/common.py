@@ -111,7 +111,8 @@ def pin_options(func: F) -> F:
                      help="Add JupyterLab to the playbook's env: a service on the node's 127.0.0.1:8888 with a token; "
                           "open it with `gpuprov jupyter NODE`."),
         click.option("--os", "os_name", default=None, shell_complete=complete_os,
-                     help="ubuntu-22.04 or ubuntu-24.04. Default: 24.04 for new nodes, the host's own for bootstrap."),
+                     help="ubuntu-22.04, ubuntu-24.04, ubuntu-26.04, debian-12, debian-13, rocky-9, rhel-9 or amzn-2023. "
+                          "Default: ubuntu-24.04 for new nodes, the host's own for bootstrap."),
         click.option("--driver", default=None, shell_complete=complete_driver,
                      help="Pin the NVIDIA driver branch (R570 or newer, e.g. 580) or an exact release NVIDIA "
                           "ships a pinning package for (e.g. 580.126.09)."),

@@ -19,7 +19,7 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
-from gpuprov.plan import catalog
+from gpuprov.plan import catalog, oses
 
 GPU_CLASSES = ("0300", "0302")  # VGA compatible controller, 3D controller (PCI class codes)
 NVSWITCH_CLASS = "0680"  # "Bridge" (other bridge device): how NVSwitches of HGX A100/H100 show up
@@ -60,6 +60,22 @@ NVSWITCH_SCAN = (
     "done"
 )
 
+# The package manager the host has (the family its steps need: apt or dnf), and any other Linux (`stack: none`
+# playbooks run on any Linux with bash).
+PACKAGE_MANAGER = (
+    'echo "## package-manager"; for pm in apt-get dnf yum zypper pacman apk; do '
+    'if command -v "$pm" >/dev/null 2>&1; then echo "$pm"; break; fi; done'
+)
+
+# The installed driver's version, for a host that keeps its driver (--keep-driver): nvidia-smi's, else the loaded
+# kernel module's (/proc/driver/nvidia/version: "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  ...").
+DRIVER_VERSION = (
+    'echo "## driver"; v=""; if command -v nvidia-smi >/dev/null 2>&1; then '
+    'v="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null)" || v=""; v="${v%%$\'\\n\'*}"; fi; '
+    'if [ -z "$v" ] && [ -r "${GPUPROV_SYSROOT:-}/proc/driver/nvidia/version" ]; then '
+    'read -r v < "${GPUPROV_SYSROOT:-}/proc/driver/nvidia/version"; v="nvrm $v"; fi; echo "$v"'
+)
+
 # Separated by marker lines so each part can be empty without confusing the parser. Run it as root:
 # a non-root nvidia-smi fails until the /dev/nvidia* nodes exist (a root nvidia-smi creates them).
 FACTS_COMMAND = (
@@ -70,7 +86,9 @@ FACTS_COMMAND = (
     "echo '## lspci'; "
     "if command -v lspci >/dev/null 2>&1; then lspci -nn -d 10de: 2>/dev/null; else echo '## lspci-missing'; fi; "
     "echo '## os'; "
-    "( . /etc/os-release 2>/dev/null && echo \"$ID-$VERSION_ID\" ); "
+    "( . /etc/os-release 2>/dev/null && echo \"$ID-$VERSION_ID\" && echo \"like ${ID_LIKE:-}\" ); "
+    + PACKAGE_MANAGER + "; "
+    + DRIVER_VERSION + "; "
     + NVSWITCH_SCAN + "; "
     + IMDS_INSTANCE_TYPE + "; "
     "echo '## end'"
@@ -136,6 +154,9 @@ class HostFacts(BaseModel):
     unknown_pci_ids: list[str] = Field(default_factory=list)  # "10de:xxxx" of GPUs the catalog does not name
     instance_type: str | None = None  # from IMDSv2 on EC2
     nvswitch_seen: list[str] = Field(default_factory=list)  # what showed it: "bridge c5:00.0", "proc 0", "ib mlx5_8", …
+    os_like: list[str] = Field(default_factory=list)  # /etc/os-release ID_LIKE: "rhel centos fedora"
+    package_manager: str | None = None  # apt-get, dnf, …: the first of those on PATH
+    driver_version: str | None = None  # the installed NVIDIA driver ("550.54.14"), from nvidia-smi or the module
 
     @property
     def gpu(self) -> str | None:
@@ -198,11 +219,16 @@ def parse_facts(output: str) -> HostFacts:
                 unknown_ids.append(d.id)
             gpus.append(name or "unknown")
         source = "lspci" if gpus else "none"
-    os_line = (sections.get("os") or [""])[0]
+    os_lines = sections.get("os") or [""]
     os_name = None
-    if m := re.fullmatch(r"(\w+)-\"?([\d.]+)\"?", os_line):
-        os_name = f"{m.group(1)}-{m.group(2)}"
+    if m := re.fullmatch(r"(\w+)-\"?([\d.]+)\"?", os_lines[0]):
+        os_name = oses.from_os_release(m.group(1), m.group(2))
+    like = next((line.split()[1:] for line in os_lines[1:] if line.startswith("like")), [])
+    driver_line = next(iter(sections.get("driver") or []), "")
+    driver = re.search(r"(?:^|\s)(\d{3}\.\d+(?:\.\d+)?)(?:\s|$)", driver_line)
     has_lspci = "lspci" in sections and (bool(pci) or "lspci-missing" not in sections)
     return HostFacts(gpus=gpus, nvswitch=nvswitch, os=os_name, source=source,
                      pci_gpu_count=len(pci_gpus) if has_lspci and pci_gpus else None,
-                     unknown_pci_ids=unknown_ids, instance_type=instance, nvswitch_seen=seen)
+                     unknown_pci_ids=unknown_ids, instance_type=instance, nvswitch_seen=seen, os_like=like,
+                     package_manager=next(iter(sections.get("package-manager") or []), None),
+                     driver_version=driver.group(1) if driver else None)

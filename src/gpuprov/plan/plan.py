@@ -15,11 +15,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from gpuprov.errors import UserInputError
 from gpuprov.plan import catalog, compat, facts
 from gpuprov.plan.catalog import Gpu, InstanceType
+from gpuprov.plan.kept import resolve_kept
 from gpuprov.plan.monitoring import Monitoring, monitoring_steps
 from gpuprov.plan.monitoring import summary as monitoring_summary
 from gpuprov.plan.render import Bundle, Script, StepPlan, render_steps
 from gpuprov.plan.spec import MAX_DURATION_S, MIN_DURATION_S, Playbook, format_duration, load_playbook
 from gpuprov.plan.stack import Stack, StackPins
+from gpuprov.plan.stack_steps import check_monitoring_os, driver_stack_steps
 
 DEFAULT_METADATA_URL = "http://169.254.169.254"
 
@@ -319,26 +321,8 @@ def steps_for(
 ) -> tuple[StepPlan, ...]:
     steps: list[StepPlan] = guard_steps(guards)
     if stack is not None:
-        steps += [
-            StepPlan("kernel-headers", "headers.sh.j2", "stack", "headers for the running kernel (DKMS builds against them)"),
-            StepPlan("nouveau-off", "nouveau.sh.j2", "stack", "blacklist nouveau so the NVIDIA module can load"),
-            StepPlan(
-                "nvidia-driver", "driver.sh.j2", "stack",
-                f"NVIDIA R{stack.driver_branch} {stack.kernel_module} driver from NVIDIA's CUDA repo, held; reboot if fresh",
-            ),
-        ]
-        if stack.fabric_manager != "no":
-            when = "" if stack.fabric_manager == "required" else " if the host has NVSwitch"
-            steps.append(StepPlan(
-                "fabric-manager", "fabricmanager.sh.j2", "stack",
-                f"{stack.fabric_manager_package} at the driver's exact version, held{when}"
-                + (f" (+ {', '.join(stack.fabric_extra_packages)}; {', '.join(stack.fabric_kernel_modules)} loaded "
-                   f"at every boot from {stack.fabric_modules_package})" if stack.nvlsm else ""),
-            ))
-        steps.append(StepPlan("persistence", "persistence.sh.j2", "stack",
-                               "nvidia-persistenced with --persistence-mode (systemd drop-in), enabled and running"))
-        if stack.cuda_toolkit_package:
-            steps.append(StepPlan("cuda-toolkit", "cuda_toolkit.sh.j2", "stack", f"{stack.cuda_toolkit_package} (nvcc)"))
+        steps += driver_stack_steps(stack)
+    check_monitoring_os(monitoring or Monitoring(), os_name)
     # after the driver (the exporters read it), before the env and the playbook's steps (a long `run:` is
     # what the watch is there for)
     steps += monitoring_steps(monitoring or Monitoring(), os_name, gpus)
@@ -369,8 +353,9 @@ def steps_for(
 
 
 def resolve_stack(
-    playbook: Playbook, gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None
+    playbook: Playbook, gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, kept_driver: str | None = None,
 ) -> Stack | None:
+    """:param kept_driver: the installed driver a host keeps (--keep-driver, `driver: keep`): plan/kept.py."""
     if playbook.stack == "none":
         if pins.model_copy(update={"python": None}) != StackPins():
             raise UserInputError("--playbook", f"playbook {playbook.name!r} installs no GPU stack, so driver, CUDA "
@@ -378,6 +363,12 @@ def resolve_stack(
         return None
     merged = _merge_pins(playbook.pins, pins)
     try:
+        if kept_driver is not None:
+            if playbook.cuda_toolkit:
+                raise UserInputError("--keep-driver", f"playbook {playbook.name!r} installs the CUDA toolkit, which comes "
+                                     "from NVIDIA's repository that only the driver step sets up",
+                                     "use a playbook without cuda_toolkit, or drop --keep-driver")
+            return resolve_kept(gpu, os_name, merged, kept_driver, playbook.installs_torch)
         stack = compat.resolve(gpu, os_name, merged, nvswitch=nvswitch, want_torch=playbook.installs_torch)
         if playbook.cuda_toolkit and not merged.cuda:
             # the toolkit that matches the wheel keeps nvcc-built extensions ABI-compatible with torch
@@ -446,6 +437,10 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
     candidates = choose_instances(gpu, count, request.instance_type, cat)
     instance = candidates[0]
     playbook = with_jupyter(load_playbook(request.playbook), request.jupyter)
+    if playbook.driver == "keep":
+        raise UserInputError(playbook.where("driver") or "--playbook", "`driver: keep` keeps a host's own driver; a "
+                             "node gpuprov launches has none to keep", "bootstrap the host with it, or use a "
+                             "playbook that installs the driver")
     request = request.model_copy(update={"monitoring": with_monitoring(request.monitoring, playbook)})
     stack = resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch)
     if request.budget_usd is not None and instance.price_usd_hour:
@@ -468,8 +463,10 @@ class GuardRequest:
 def make_host_plan(
     gpu_name: str | None, playbook_name: str, os_name: str, pins: StackPins, nvswitch: bool | None = None,
     guard: GuardRequest | None = None, jupyter: bool = False, monitoring: Monitoring | None = None,
+    kept_driver: str | None = None,
 ) -> Plan:
-    """The plan for an existing host: no instance type; Fabric Manager follows what the host has.
+    """The plan for an existing host: no instance type; Fabric Manager follows what the host has; `kept_driver`
+    the host's installed driver when it keeps it (--keep-driver, `driver: keep`).
 
     :param nvswitch: True when the host showed NVSwitch devices; None installs Fabric Manager only
         if the host turns out to have them.
@@ -484,7 +481,7 @@ def make_host_plan(
     if gpu is None and playbook.stack != "none":
         raise UserInputError("--gpu", "no NVIDIA GPU found on the host, and none given",
                              "pass --gpu, or use a `stack: none` playbook for CPU hosts")
-    stack = resolve_stack(playbook, gpu, os_name, pins, nvswitch) if gpu else None
+    stack = resolve_stack(playbook, gpu, os_name, pins, nvswitch, kept_driver) if gpu else None
     if gpu is None and pins.model_copy(update={"python": None}) != StackPins():
         raise UserInputError("--playbook", "driver, CUDA and torch pins need a GPU host")
     guard = guard or GuardRequest()

@@ -89,6 +89,9 @@ class Playbook(_Model):
     stack: Literal["gpu", "none"] = "gpu"
     torch: bool = True  # install PyTorch into the env (only with stack: gpu)
     cuda_toolkit: bool = False  # install the CUDA toolkit (nvcc) matching the torch wheel
+    # install: gpuprov installs and holds the driver; keep: the host's own driver is used as it is (a rented box,
+    # a shared server: `bootstrap --keep-driver`), torch chosen to run on it (plan/kept.py)
+    driver: Literal["install", "keep"] = "install"
     pins: StackPins = StackPins()
     env: EnvSpec | None = EnvSpec()
     steps: tuple[StepSpec, ...] = ()
@@ -106,8 +109,8 @@ class Playbook(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> Playbook:
-        if self.stack == "none" and (self.pins != StackPins() or self.cuda_toolkit):
-            raise ValueError("`pins` and `cuda_toolkit` need `stack: gpu`")
+        if self.stack == "none" and (self.pins != StackPins() or self.cuda_toolkit or self.driver == "keep"):
+            raise ValueError("`pins`, `cuda_toolkit` and `driver: keep` need `stack: gpu`")
         names = [s.name for s in self.steps]
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
