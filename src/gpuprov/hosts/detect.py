@@ -86,7 +86,9 @@ FACTS_COMMAND = (
     "echo '## lspci'; "
     "if command -v lspci >/dev/null 2>&1; then lspci -nn -d 10de: 2>/dev/null; else echo '## lspci-missing'; fi; "
     "echo '## os'; "
-    "( . /etc/os-release 2>/dev/null && echo \"$ID-$VERSION_ID\" && echo \"like ${ID_LIKE:-}\" ); "
+    # the sysroot's own os-release first, as doctor reads it (a test host presents its OS there)
+    "( f=\"${GPUPROV_SYSROOT:-}/etc/os-release\"; [ -r \"$f\" ] || f=/etc/os-release; "
+    ". \"$f\" 2>/dev/null && echo \"$ID-$VERSION_ID\" && echo \"like ${ID_LIKE:-}\" ); "
     + PACKAGE_MANAGER + "; "
     + DRIVER_VERSION + "; "
     + NVSWITCH_SCAN + "; "
