@@ -84,7 +84,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
     keep_driver = bool(kw.pop("keep_driver", False))
     if gpu and not keep_driver:  # an impossible stack is refused before any host is touched; warnings said once
         ahead = make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins, guard=guard,
-                               jupyter=kw["jupyter"], monitoring=monitoring)
+                               jupyter=kw["jupyter"], monitoring=monitoring, docker=kw["docker"])
         for note in ahead.warnings:
             warn(f"warning: {note}")
     elif pins.driver:
@@ -94,7 +94,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
             warn(f"warning: driver {ended}")
     targets = targets_from(kw)
     plan_for = Planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"], monitoring=monitoring,
-                       keep_driver=keep_driver)
+                       keep_driver=keep_driver, docker=kw["docker"])
     if as_json and not verbose:  # JSON for a script: no progress, and none of rich's import time
         console = None
         results = engine.bootstrap(targets, host_settings(kw), plan_for, _engine_options(engine, kw, None))

@@ -21,11 +21,11 @@ class Planner:
 
     def __init__(self, gpu: str | None, playbook: str, os_name: str | None, pins: StackPins,
                  guard: GuardRequest | None = None, jupyter: bool = False, monitoring: Monitoring | None = None,
-                 keep_driver: bool = False) -> None:
+                 keep_driver: bool = False, docker: bool = False) -> None:
         from gpuprov.plan.spec import load_playbook
 
         self.gpu, self.playbook, self.os_name, self.pins = gpu, playbook, os_name, pins
-        self.guard, self.jupyter, self.monitoring = guard, jupyter, monitoring
+        self.guard, self.jupyter, self.monitoring, self.docker = guard, jupyter, monitoring, docker
         book = load_playbook(playbook)
         self.stack_none = book.stack == "none"
         # --keep-driver, or the playbook's `driver: keep`: the host's installed driver is used as it is
@@ -94,5 +94,5 @@ class Planner:
             if key not in self._plans:
                 self._plans[key] = make_host_plan(gpu, self.playbook, os_used, self.pins, nvswitch=nvswitch,
                                                   guard=self.guard, jupyter=self.jupyter, monitoring=self.monitoring,
-                                                  kept_driver=kept)
+                                                  kept_driver=kept, docker=self.docker)
             return self._plans[key]

@@ -6,7 +6,6 @@ cannot say one thing and do another.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -14,12 +13,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuprov.errors import UserInputError
 from gpuprov.plan import catalog, compat, facts
+from gpuprov.plan.budget import budget_seconds, check_budget
 from gpuprov.plan.catalog import Gpu, InstanceType
+from gpuprov.plan.docker import container_image, docker_step, with_docker
 from gpuprov.plan.kept import resolve_kept
 from gpuprov.plan.monitoring import Monitoring, monitoring_steps
 from gpuprov.plan.monitoring import summary as monitoring_summary
 from gpuprov.plan.render import Bundle, Script, StepPlan, render_steps
-from gpuprov.plan.spec import MAX_DURATION_S, MIN_DURATION_S, Playbook, format_duration, load_playbook
+from gpuprov.plan.spec import Playbook, format_duration, load_playbook
 from gpuprov.plan.stack import Stack, StackPins
 from gpuprov.plan.stack_steps import check_monitoring_os, driver_stack_steps
 
@@ -87,6 +88,7 @@ class NodeRequest(BaseModel):
     def can_stop(self) -> bool:
         return not self.spot or self.persistent
     jupyter: bool = False  # --jupyter: JupyterLab too, whatever the playbook says
+    docker: bool = False  # --docker: Docker + NVIDIA's container toolkit too (plan/docker.py)
     monitoring: Monitoring = Monitoring()  # --metrics, --health and the alerts (the playbook's `metrics:` merged in)
 
 
@@ -211,30 +213,6 @@ def shutdown_action(request: NodeRequest) -> Literal["stop", "terminate"]:
     return request.autostop_action or ("stop" if request.can_stop else "terminate")
 
 
-def budget_seconds(budget_usd: float, price_usd_hour: float) -> int:
-    """How long a dollar budget lasts at a price ($/h), whole seconds, rounded down, within what a guard can
-    enforce (1m to 90d, as --ttl): at launch the price obtained may differ from the list price `plan`
-    checked the budget against."""
-    if budget_usd <= 0:
-        raise UserInputError("--budget", f"{budget_usd:g} is not a budget", "dollars above 0, e.g. 50")
-    return min(max(int(budget_usd / price_usd_hour * 3600), MIN_DURATION_S), MAX_DURATION_S)
-
-
-def check_budget(budget_usd: float, price_usd_hour: float) -> None:
-    """A budget that runs out within a guard's reach at the list price: at least a minute (the guards tick
-    once a minute) and at most 90 days (the longest --ttl); else a refusal with the budgets that would do."""
-    seconds = budget_usd / price_usd_hour * 3600
-    if seconds < MIN_DURATION_S:
-        least = math.ceil(price_usd_hour * MIN_DURATION_S / 3600 * 100) / 100
-        raise UserInputError("--budget", f"${budget_usd:g} lasts {seconds:.0f}s at ${price_usd_hour:.4g}/h, under the "
-                             "1m a guard can enforce", f"at least ${least:.2f} at this price, or --ttl for a deadline")
-    if seconds > MAX_DURATION_S:
-        most = math.floor(price_usd_hour * MAX_DURATION_S / 3600 * 100) / 100
-        raise UserInputError("--budget", f"${budget_usd:,.2f} lasts {seconds / 86400:,.0f} days at ${price_usd_hour:.4g}/h, "
-                             "past the 90-day cap (the longest --ttl)",
-                             f"at most ${most:,.2f} at this price; leave --budget out for no dollar cap")
-
-
 def budget_decides(guards: Guards) -> bool:
     """Whether the node's deadline is its budget's (else the --ttl given was sooner)."""
     if guards.budget_usd is None or not guards.budget_price or guards.ttl_seconds is None:
@@ -326,6 +304,9 @@ def steps_for(
     # after the driver (the exporters read it), before the env and the playbook's steps (a long `run:` is
     # what the watch is there for)
     steps += monitoring_steps(monitoring or Monitoring(), os_name, gpus)
+    image = container_image(playbook) if stack is not None else None
+    if image:
+        steps.append(docker_step(os_name, image))
     if playbook.env is not None:
         python = stack.python if stack else python
         steps.append(StepPlan(
@@ -347,8 +328,10 @@ def steps_for(
     if stack is not None:
         # as templates/verify.sh.j2 does: the torch probe and its matmul only where the stack installs torch
         steps.append(StepPlan("verify", "verify.sh.j2", "verify",
-                              "nvidia-smi + torch.cuda probe, a matmul on every GPU" if stack.torch else
-                              "nvidia-smi sees every GPU (this playbook installs no torch, so no matmul)"))
+                              ("nvidia-smi + torch.cuda probe, a matmul on every GPU" if stack.torch else
+                               "nvidia-smi sees every GPU (this playbook installs no torch, so no matmul)")
+                              + (", nvidia-smi -L in a container sees them all" if image else ""),
+                              (("container_image", image),)))
     return tuple(steps)
 
 
@@ -436,7 +419,7 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
                              f"give the count once: --gpu {name}:{count}, or --gpu {name} --count {count}")
     candidates = choose_instances(gpu, count, request.instance_type, cat)
     instance = candidates[0]
-    playbook = with_jupyter(load_playbook(request.playbook), request.jupyter)
+    playbook = with_docker(with_jupyter(load_playbook(request.playbook), request.jupyter), request.docker)
     if playbook.driver == "keep":
         raise UserInputError(playbook.where("driver") or "--playbook", "`driver: keep` keeps a host's own driver; a "
                              "node gpuprov launches has none to keep", "bootstrap the host with it, or use a "
@@ -463,7 +446,7 @@ class GuardRequest:
 def make_host_plan(
     gpu_name: str | None, playbook_name: str, os_name: str, pins: StackPins, nvswitch: bool | None = None,
     guard: GuardRequest | None = None, jupyter: bool = False, monitoring: Monitoring | None = None,
-    kept_driver: str | None = None,
+    kept_driver: str | None = None, docker: bool = False,
 ) -> Plan:
     """The plan for an existing host: no instance type; Fabric Manager follows what the host has; `kept_driver`
     the host's installed driver when it keeps it (--keep-driver, `driver: keep`).
@@ -473,7 +456,7 @@ def make_host_plan(
     :param guard: guardrails, as for a launched node (the interruption watcher only with a hook: an
         existing host is not a spot instance gpuprov asked for).
     """
-    playbook = with_jupyter(load_playbook(playbook_name), jupyter)
+    playbook = with_docker(with_jupyter(load_playbook(playbook_name), jupyter), docker)
     gpu, count = None, 0
     if gpu_name:
         name, count = catalog.parse_gpu_request(gpu_name)
@@ -488,7 +471,7 @@ def make_host_plan(
     wanted = with_monitoring(monitoring or Monitoring(), playbook)
     request = NodeRequest(gpu=gpu_name or "none", count=max(count, 1), playbook=playbook_name, os=os_name, pins=pins,
                           autostop_seconds=guard.autostop_seconds, ttl_seconds=guard.ttl_seconds,
-                          on_interrupt=guard.on_interrupt, jupyter=jupyter, monitoring=wanted)
+                          on_interrupt=guard.on_interrupt, jupyter=jupyter, monitoring=wanted, docker=docker)
     guards = guards_for(request, playbook)
     # the GPU count the watch expects: the one the command line or inventory says (`--gpu A100:8`), else the one
     # the watch sees at its first look on the node
