@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov.plan.stack import SUPPORTED_OS
+
 BIN = Path(sys.executable).parent
 
 
@@ -65,7 +67,7 @@ def test_bash_completes_commands_nodes_gpus_and_playbooks(with_node: Path) -> No
 
 
 def test_bash_completes_the_values_of_os_region_driver_torch_and_torch_cuda(with_node: Path) -> None:
-    assert bash_complete(with_node, "gpuprov plan --os ") == ["ubuntu-22.04", "ubuntu-24.04"]
+    assert bash_complete(with_node, "gpuprov plan --os ") == list(SUPPORTED_OS)
     assert bash_complete(with_node, "gpuprov plan --region us-w") == ["us-west-1", "us-west-2"]
     assert bash_complete(with_node, "gpuprov gc --region eu-west-") == ["eu-west-1", "eu-west-2", "eu-west-3"]
     assert "580" in bash_complete(with_node, "gpuprov up x --driver 5")

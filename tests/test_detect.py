@@ -135,7 +135,7 @@ def test_an_nvidia_bridge_is_named_where_it_was_seen() -> None:
 
 OS_RELEASES = [
     ('PRETTY_NAME="Ubuntu 22.04.5 LTS"\nNAME="Ubuntu"\nVERSION_ID="22.04"\nID=ubuntu\nID_LIKE=debian\n', "ubuntu-22.04"),
-    ("NAME='Red Hat Enterprise Linux'\nID='rhel'\nVERSION_ID='9.4'\n", "rhel-9.4"),
+    ("NAME='Red Hat Enterprise Linux'\nID='rhel'\nVERSION_ID='9.4'\n", "rhel-9"),
     ('NAME="Amazon Linux"\nVERSION="2023"\nID="amzn"\nVERSION_ID="2023"\n', "amzn-2023"),
     ('# a comment\n\nPRETTY_NAME="Debian GNU/Linux trixie/sid"\nID=debian\n', None),  # sid: no VERSION_ID
     ('ID=ubuntu\nVERSION_ID="24.04"', "ubuntu-24.04"),  # no newline after the last line
@@ -158,8 +158,8 @@ def test_the_os_is_read_by_the_shell_itself_as_sourcing_os_release_read_it(tmp_p
     release.write_text(text)
     ours = subprocess.run([shell, "-c", OS_RELEASE.replace("/etc/os-release", str(release))], capture_output=True,
                           text=True, check=True)
-    sourced = subprocess.run([shell, "-c", f'( . {release} && echo "$ID-$VERSION_ID" )'], capture_output=True,
-                             text=True, check=True)
+    sourcing = f'( . {release} && echo "$ID-$VERSION_ID" && echo "like ${{ID_LIKE:-}}" )'
+    sourced = subprocess.run([shell, "-c", sourcing], capture_output=True, text=True, check=True)
     assert ours.stdout == sourced.stdout and ours.stderr == ""
     assert parse_facts(f"## nvidia-smi\n## lspci\n## os\n{ours.stdout}## end\n").os == os_name
     missing = subprocess.run([shell, "-c", OS_RELEASE.replace("/etc/os-release", str(tmp_path / "none"))],

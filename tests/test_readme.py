@@ -195,6 +195,7 @@ SCENARIOS: dict[str, list[str]] = {
     ],
     "machines you already have": [
         "gpuprov bootstrap ubuntu@10.1.2.3 -p pytorch --accept-new-host-key",
+        "gpuprov bootstrap ubuntu@10.1.2.3 --keep-driver -p pytorch",
         "gpuprov bootstrap --inventory hosts.yml -p llm-finetune --parallel 64 --autostop 2h",
         "gpuprov check ubuntu@10.1.2.3",
         "gpuprov doctor ubuntu@10.1.2.3",

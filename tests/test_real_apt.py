@@ -142,7 +142,7 @@ def _toolkit_24_04_lacks() -> Script:
     plan = make_plan(NodeRequest(gpu="A100:8", os="ubuntu-22.04", playbook="cuda-dev",
                                  pins=StackPins(driver=BRANCH, cuda="12.4", torch="2.6", torch_cuda="cu124")))
     assert plan.stack is not None
-    stack = plan.stack.model_copy(update={"os": "ubuntu-24.04"})
+    stack = plan.stack.model_copy(update={"os": "ubuntu-24.04", "repo": "ubuntu2404"})
     steps = tuple(s for s in plan.steps if s.name == "nvidia-driver")
     (script,) = render_steps(steps, {"plan": plan, "stack": stack, "playbook": plan.playbook,
                                      "env": plan.playbook.env}, {}).scripts

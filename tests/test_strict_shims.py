@@ -24,12 +24,26 @@ RESOLVER_GAPS: dict[str, str] = {}  # none left: the resolver renders only names
 
 
 def _groups() -> dict[tuple[str, ...], str]:
-    """One representative render-matrix key per distinct set of package steps (identical scripts run once)."""
+    """One representative render-matrix key per distinct set of package steps (identical scripts run once), of the
+    apt family: the dnf family's steps run under a real dnf (tests/test_real_dnf.py). The other apt OSes (Debian,
+    Ubuntu 26.04) render the same steps with another repository directory, which the shims' rows do not tell apart:
+    one variant each, the one with the most package steps (Fabric Manager, nvlsm)."""
     out: dict[tuple[str, ...], str] = {}
+    others: dict[str, tuple[int, str, tuple[str, ...]]] = {}
     for key, bundle in BUNDLES.items():
+        stack = (bundle.manifest.get("gpuprov_plan") or {}).get("stack") or {}
         steps = tuple(s.sha256 for s in bundle.scripts if s.name in APT_STEPS)
-        if steps and steps not in out:
+        if stack.get("family") == "dnf" or not steps:
+            continue
+        if stack.get("os") not in (None, "ubuntu-22.04", "ubuntu-24.04"):
+            size = sum(len(s.text) for s in bundle.scripts if s.name in APT_STEPS)
+            if stack["os"] not in others or size > others[stack["os"]][0]:
+                others[stack["os"]] = (size, key, steps)
+            continue
+        if steps not in out:
             out[steps] = key
+    for _, key, steps in others.values():
+        out[steps] = key
     return out
 
 
@@ -89,7 +103,7 @@ def test_a_toolkit_nvidia_does_not_ship_for_24_04_fails_before_anything_is_insta
     ubuntu2404 repository starts at 12.5 (stack.yaml repo_toolkits), so the driver step stops before the driver."""
     plan = make_plan(NodeRequest(gpu="A10G", os="ubuntu-22.04", pins=StackPins(cuda="12.4", torch="2.6",
                                                                             torch_cuda="cu124")))
-    stack = plan.stack.model_copy(update={"os": "ubuntu-24.04"})
+    stack = plan.stack.model_copy(update={"os": "ubuntu-24.04", "repo": "ubuntu2404"})
     assert stack.cuda_toolkit_package == "cuda-toolkit-12-4"
     steps = tuple(s for s in plan.steps if s.name in ("nvidia-driver", "cuda-toolkit"))
     context = {"plan": plan, "stack": stack, "playbook": plan.playbook, "env": plan.playbook.env}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages the test-suite drives for real (sshd, sudo, ip, shellcheck, rsync, prometheus
 # and prometheus-node-exporter,
-# debootstrap and dpkg-dev for the real-apt chroot, systemd-analyze to verify the rendered units),
+# debootstrap and dpkg-dev for the real-apt chroot, dnf/rpm/createrepo-c for the real-dnf test, systemd-analyze to verify the rendered units),
 # when they are missing and we can: as root with apt-get. Otherwise says what is missing.
 set -euo pipefail
 missing=()
@@ -17,6 +17,12 @@ command -v systemd-analyze >/dev/null || missing+=(systemd)
 # the real-apt test (tests/test_real_apt.py): a debootstrapped chroot and a local repository
 command -v debootstrap >/dev/null || [[ -x /usr/sbin/debootstrap ]] || missing+=(debootstrap)
 command -v dpkg-scanpackages >/dev/null || missing+=(dpkg-dev)
+# the real-dnf test (tests/test_real_dnf.py): dnf (and its versionlock plugin) on an install root, rpmbuild and
+# createrepo_c for the imitation of NVIDIA's RPM repository
+command -v dnf >/dev/null || missing+=(dnf)
+[[ -e /usr/lib/python3/dist-packages/dnf-plugins/versionlock.py ]] || missing+=(dnf-plugins-core)
+command -v rpmbuild >/dev/null || missing+=(rpm)
+command -v createrepo_c >/dev/null || missing+=(createrepo-c)
 # tests/test_metrics_ssh.py: the distribution's node exporter runs inside the SSH test hosts, and a real
 # Prometheus (with promtool) scrapes it through `gpuprov metrics serve`
 [[ -x /usr/bin/prometheus-node-exporter ]] || missing+=(prometheus-node-exporter)

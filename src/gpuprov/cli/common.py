@@ -105,13 +105,18 @@ def pin_options(func: F) -> F:
         click.option(
             "-p", "--playbook", default="pytorch", show_default=True, envvar="GPUPROV_PLAYBOOK", show_envvar=True,
             shell_complete=complete_playbook,
-            help="Shipped playbook name (pytorch, minimal, llm-finetune, cuda-dev, inference, jupyter) or a path to a .yml.",
+            help="Shipped playbook name (pytorch, minimal, llm-finetune, cuda-dev, inference, jupyter, containers) or a "
+                 "path to a .yml.",
         ),
         click.option("--jupyter", is_flag=True,
                      help="Add JupyterLab to the playbook's env: a service on the node's 127.0.0.1:8888 with a token; "
                           "open it with `gpuprov jupyter NODE`."),
+        click.option("--docker", is_flag=True,
+                     help="Add Docker with NVIDIA's Container Toolkit (the nvidia runtime, CDI for Podman); verify runs "
+                          "nvidia-smi -L in a container."),
         click.option("--os", "os_name", default=None, shell_complete=complete_os,
-                     help="ubuntu-22.04 or ubuntu-24.04. Default: 24.04 for new nodes, the host's own for bootstrap."),
+                     help="ubuntu-22.04, ubuntu-24.04, ubuntu-26.04, debian-12, debian-13, rocky-9, rhel-9 or amzn-2023. "
+                          "Default: ubuntu-24.04 for new nodes, the host's own for bootstrap."),
         click.option("--driver", default=None, shell_complete=complete_driver,
                      help="Pin the NVIDIA driver branch (R570 or newer, e.g. 580) or an exact release NVIDIA "
                           "ships a pinning package for (e.g. 580.126.09)."),
@@ -251,7 +256,7 @@ def plan_from(kw: dict[str, Any], live: bool = False) -> Plan:
         os=kw["os_name"] or "ubuntu-24.04", pins=pins_from(kw), instance_type=kw["instance_type"],
         autostop_seconds=parse_duration(kw["autostop"], "--autostop"), ttl_seconds=parse_duration(kw["ttl"], "--ttl"),
         on_interrupt=kw["on_interrupt"] or None, persistent=kw["persistent"], autostop_action=kw["autostop_action"],
-        budget_usd=kw["budget"], jupyter=kw["jupyter"], monitoring=monitoring_from(kw),
+        budget_usd=kw["budget"], jupyter=kw["jupyter"], monitoring=monitoring_from(kw), docker=kw["docker"],
     )
     try:
         plan = make_plan(request)

@@ -32,6 +32,9 @@ from gpuprov.cli.params import Number
 @monitor_options
 @click.option("--gpu", default=None, help="The GPU the hosts carry; default: what each host reports. A mismatch stops that host.")
 @click.option("--force", is_flag=True, help="Rerun every step, even those whose marker says they are done.")
+@click.option("--keep-driver", is_flag=True,
+              help="Use the host's installed NVIDIA driver as it is (a rented box, a shared server): no kernel, "
+                   "driver, Fabric Manager or reboot steps; torch is the newest wheel that runs on that driver.")
 @click.option("--takeover", is_flag=True,
               help="Stop a bootstrap of the same host that another gpuprov is running and take over (without it, "
                    "that host is refused while the other run is alive).")
@@ -78,9 +81,10 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
     guard = GuardRequest(autostop_seconds=parse_duration(kw["autostop"], "--autostop"),
                          ttl_seconds=parse_duration(kw["ttl"], "--ttl"), on_interrupt=kw["on_interrupt"] or None)
     monitoring = with_monitoring(monitoring_from(kw), load_playbook(kw["playbook"]))
-    if gpu:  # an impossible stack is refused before any host is touched; what it allows but warns of, said once
+    keep_driver = bool(kw.pop("keep_driver", False))
+    if gpu and not keep_driver:  # an impossible stack is refused before any host is touched; warnings said once
         ahead = make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins, guard=guard,
-                               jupyter=kw["jupyter"], monitoring=monitoring)
+                               jupyter=kw["jupyter"], monitoring=monitoring, docker=kw["docker"])
         for note in ahead.warnings:
             warn(f"warning: {note}")
     elif pins.driver:
@@ -89,7 +93,8 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
         if ended := stack_facts().branch_ended(int(pins.driver.split(".")[0])):
             warn(f"warning: driver {ended}")
     targets = targets_from(kw)
-    plan_for = Planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"], monitoring=monitoring)
+    plan_for = Planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"], monitoring=monitoring,
+                       keep_driver=keep_driver, docker=kw["docker"])
     if as_json and not verbose:  # JSON for a script: no progress, and none of rich's import time
         console = None
         results = engine.bootstrap(targets, host_settings(kw), plan_for, _engine_options(engine, kw, None))

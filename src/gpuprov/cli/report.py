@@ -67,7 +67,7 @@ def plan_view(plan: Plan) -> Group:
         s = plan.stack
         stack = Table(title="Stack", show_header=False, title_justify="left", box=None, padding=(0, 2))
         stack.add_row("driver", f"R{s.driver_branch}{' = ' + s.driver_version if s.driver_version else ''} "
-                      f"{s.driver_package} ({s.kernel_module} kernel module), pinned with {s.driver_pinning_package}, held")
+                      + (f"{s.driver_package} ({s.kernel_module} kernel module), " if not s.kept_driver else "") + s.driver_lock)
         if s.fabric_manager != "no":
             stack.add_row("fabric manager", f"{s.fabric_manager_package} at the driver's exact version, held"
                           + (" (installed only if the host has NVSwitch)" if s.fabric_manager == "auto" else "")

@@ -430,5 +430,6 @@ def plan_json(plan: Plan) -> str:
     if given is not None:
         summary["playbook_text"] = given.read_text(encoding="utf-8-sig")
     summary["jupyter"] = plan.request.jupyter
+    summary["docker"] = plan.request.docker
     return json.dumps(summary)
 

@@ -360,7 +360,7 @@ def node_plan(node: Node) -> Plan:
     request = NodeRequest(
         gpu=node.gpu or recorded.get("gpu") or "", count=node.gpu_count or 1, spot=node.market == "spot",
         region=node.region, playbook=playbook, os=recorded.get("os") or "ubuntu-24.04", jupyter=bool(recorded.get("jupyter")),
-        pins=pins, instance_type=node.instance_type, autostop_seconds=node.autostop_seconds,
+        docker=bool(recorded.get("docker")), pins=pins, instance_type=node.instance_type, autostop_seconds=node.autostop_seconds,
         ttl_seconds=node.ttl_seconds, on_interrupt=node.on_interrupt or guards.get("on_interrupt"),
         persistent=node.spot_type == "persistent",
         autostop_action=node.shutdown_action if node.shutdown_action in ("stop", "terminate") else None,  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
-from gpuprov.plan import catalog
+from gpuprov.plan import catalog, oses
 
 GPU_CLASSES = ("0300", "0302")  # VGA compatible controller, 3D controller (PCI class codes)
 NVSWITCH_CLASS = "0680"  # "Bridge" (other bridge device): how NVSwitches of HGX A100/H100 show up
@@ -60,13 +60,31 @@ NVSWITCH_SCAN = (
     "done"
 )
 
-# ID-VERSION_ID of /etc/os-release (os-release(5): shell-compatible KEY=value lines, values optionally quoted), read
-# by the shell's own `read` and `case`: sourcing it in a subshell cost the host a fork for every facts read. A
-# missing file or key leaves its part empty, as sourcing did ("debian-" on sid has no VERSION_ID: no OS).
+# ID-VERSION_ID and ID_LIKE of os-release (os-release(5): shell-compatible KEY=value lines, values optionally
+# quoted), the sysroot's own first, as doctor reads it (a test host presents its OS there), read by the shell's own
+# `read` and `case`: sourcing it in a subshell cost the host a fork for every facts read. A missing file prints
+# nothing; a missing key leaves its part empty, as sourcing did ("debian-" on sid has no VERSION_ID: no OS).
 OS_RELEASE = (
-    "if [ -r /etc/os-release ]; then i= v=; while IFS== read -r k x || [ -n \"$k\" ]; do "
-    "x=${x#[\\\"\\']}; x=${x%[\\\"\\']}; case $k in ID) i=$x ;; VERSION_ID) v=$x ;; esac; "
-    'done < /etc/os-release; echo "$i-$v"; fi'
+    'f="${GPUPROV_SYSROOT:-}/etc/os-release"; [ -r "$f" ] || f=/etc/os-release; '
+    "if [ -r \"$f\" ]; then i= v= l=; while IFS== read -r k x || [ -n \"$k\" ]; do "
+    "x=${x#[\\\"\\']}; x=${x%[\\\"\\']}; case $k in ID) i=$x ;; VERSION_ID) v=$x ;; ID_LIKE) l=$x ;; esac; "
+    'done < "$f"; echo "$i-$v"; echo "like $l"; fi'
+)
+
+# The package manager the host has (the family its steps need: apt or dnf), and any other Linux (`stack: none`
+# playbooks run on any Linux with bash).
+PACKAGE_MANAGER = (
+    'echo "## package-manager"; for pm in apt-get dnf yum zypper pacman apk; do '
+    'if command -v "$pm" >/dev/null 2>&1; then echo "$pm"; break; fi; done'
+)
+
+# The installed driver's version, for a host that keeps its driver (--keep-driver): nvidia-smi's, else the loaded
+# kernel module's (/proc/driver/nvidia/version: "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  ...").
+DRIVER_VERSION = (
+    'echo "## driver"; v=""; if command -v nvidia-smi >/dev/null 2>&1; then '
+    'v="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null)" || v=""; v="${v%%$\'\\n\'*}"; fi; '
+    'if [ -z "$v" ] && [ -r "${GPUPROV_SYSROOT:-}/proc/driver/nvidia/version" ]; then '
+    'read -r v < "${GPUPROV_SYSROOT:-}/proc/driver/nvidia/version"; v="nvrm $v"; fi; echo "$v"'
 )
 
 # Separated by marker lines so each part can be empty without confusing the parser. Run it as root:
@@ -80,6 +98,8 @@ FACTS_COMMAND = (
     "if command -v lspci >/dev/null 2>&1; then lspci -nn -d 10de: 2>/dev/null; else echo '## lspci-missing'; fi; "
     "echo '## os'; "
     + OS_RELEASE + "; "
+    + PACKAGE_MANAGER + "; "
+    + DRIVER_VERSION + "; "
     + NVSWITCH_SCAN + "; "
     + IMDS_INSTANCE_TYPE + "; "
     "echo '## end'"
@@ -145,6 +165,9 @@ class HostFacts(BaseModel):
     unknown_pci_ids: list[str] = Field(default_factory=list)  # "10de:xxxx" of GPUs the catalog does not name
     instance_type: str | None = None  # from IMDSv2 on EC2
     nvswitch_seen: list[str] = Field(default_factory=list)  # what showed it: "bridge c5:00.0", "proc 0", "ib mlx5_8", …
+    os_like: list[str] = Field(default_factory=list)  # /etc/os-release ID_LIKE: "rhel centos fedora"
+    package_manager: str | None = None  # apt-get, dnf, …: the first of those on PATH
+    driver_version: str | None = None  # the installed NVIDIA driver ("550.54.14"), from nvidia-smi or the module
 
     @property
     def gpu(self) -> str | None:
@@ -207,11 +230,16 @@ def parse_facts(output: str) -> HostFacts:
                 unknown_ids.append(d.id)
             gpus.append(name or "unknown")
         source = "lspci" if gpus else "none"
-    os_line = (sections.get("os") or [""])[0]
+    os_lines = sections.get("os") or [""]
     os_name = None
-    if m := re.fullmatch(r"(\w+)-\"?([\d.]+)\"?", os_line):
-        os_name = f"{m.group(1)}-{m.group(2)}"
+    if m := re.fullmatch(r"(\w+)-\"?([\d.]+)\"?", os_lines[0]):
+        os_name = oses.from_os_release(m.group(1), m.group(2))
+    like = next((line.split()[1:] for line in os_lines[1:] if line.startswith("like")), [])
+    driver_line = next(iter(sections.get("driver") or []), "")
+    driver = re.search(r"(?:^|\s)(\d{3}\.\d+(?:\.\d+)?)(?:\s|$)", driver_line)
     has_lspci = "lspci" in sections and (bool(pci) or "lspci-missing" not in sections)
     return HostFacts(gpus=gpus, nvswitch=nvswitch, os=os_name, source=source,
                      pci_gpu_count=len(pci_gpus) if has_lspci and pci_gpus else None,
-                     unknown_pci_ids=unknown_ids, instance_type=instance, nvswitch_seen=seen)
+                     unknown_pci_ids=unknown_ids, instance_type=instance, nvswitch_seen=seen, os_like=like,
+                     package_manager=next(iter(sections.get("package-manager") or []), None),
+                     driver_version=driver.group(1) if driver else None)

@@ -19,6 +19,7 @@ from gpuprov.hosts.fanout import run_parallel
 from gpuprov.hosts.health import health_checks
 from gpuprov.hosts.remote import HostOutcome, HostSettings, Remote, on_host
 from gpuprov.hosts.verify import Check, failed, passed
+from gpuprov.plan import oses
 from gpuprov.plan.inventory import Target
 from gpuprov.plan.stack import SUPPORTED_OS, TorchWheel
 
@@ -48,12 +49,16 @@ def diagnose(facts: DoctorFacts, host: str = "HOST", min_free_gb: float = DEFAUL
     bootstrap = f"gpuprov bootstrap {host}"
 
     # the platform
-    if f.os in SUPPORTED_OS:
+    if f.os in SUPPORTED_OS and oses.family(f.os) == "apt":
         out.append(_ok("os", f"{f.os_pretty or f.os}"))
+    elif f.os in SUPPORTED_OS:  # bootstrap installs there (dnf), but doctor's package checks read dpkg
+        out.append(_fail("os", f"{f.os_pretty or f.os}: doctor's package checks are apt's (dpkg), this OS uses dnf",
+                         "read `rpm -qa 'nvidia*'` and `dnf module list --enabled nvidia-driver` yourself", "warn"))
     else:
         out.append(_fail("os", f"{f.os_pretty or f.os or 'unknown OS'} is not one gpuprov supports "
                          f"({', '.join(SUPPORTED_OS)})",
-                         "use an Ubuntu 22.04 or 24.04 image; elsewhere the apt-based checks and fixes may not apply",
+                         "use an Ubuntu or Debian image gpuprov supports; elsewhere the apt-based checks and fixes may "
+                         "not apply",
                          "warn"))
     gpus = f.pci_gpus
     if f.pci is None:

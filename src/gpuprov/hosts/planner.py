@@ -20,10 +20,17 @@ class Planner:
     share one plan object, and so one rendered bundle: 32 of them are planned once."""
 
     def __init__(self, gpu: str | None, playbook: str, os_name: str | None, pins: StackPins,
-                 guard: GuardRequest | None = None, jupyter: bool = False, monitoring: Monitoring | None = None) -> None:
+                 guard: GuardRequest | None = None, jupyter: bool = False, monitoring: Monitoring | None = None,
+                 keep_driver: bool = False, docker: bool = False) -> None:
+        from gpuprov.plan.spec import load_playbook
+
         self.gpu, self.playbook, self.os_name, self.pins = gpu, playbook, os_name, pins
-        self.guard, self.jupyter, self.monitoring = guard, jupyter, monitoring
-        self._plans: dict[tuple[str | None, str, bool | None], Plan] = {}
+        self.guard, self.jupyter, self.monitoring, self.docker = guard, jupyter, monitoring, docker
+        book = load_playbook(playbook)
+        self.stack_none = book.stack == "none"
+        # --keep-driver, or the playbook's `driver: keep`: the host's installed driver is used as it is
+        self.keep_driver = keep_driver or book.driver == "keep"
+        self._plans: dict[tuple[str | None, str, bool | None, str | None], Plan] = {}
         self._lock = threading.Lock()
 
     def __call__(self, target: Target, facts: HostFacts) -> Plan:
@@ -45,10 +52,20 @@ class Planner:
             raise UserInputError("--gpu", f"{target.name} has {facts.unknown_gpu_text}: pass --gpu",
                                  "name the GPU model (`gpuprov gpus` lists them); nothing was installed")
         os_used = target.os or self.os_name or facts.os
-        if os_used not in SUPPORTED_OS:
+        kept = self._kept_driver(target, facts) if self.keep_driver and not self.stack_none else None
+        # a `stack: none` playbook, or a kept driver, installs no system package: any Linux with bash will do
+        if os_used not in SUPPORTED_OS and not self.stack_none and kept is None:
             raise UserInputError("--os", f"{target.name} runs {facts.os or 'an unknown OS'}; gpuprov's scripts support "
                                  f"{', '.join(SUPPORTED_OS)}", "pass --os to run them anyway, at your own risk")
-        return self._plan(wanted or detected, os_used, True if facts.nvswitch else None)
+        return self._plan(wanted or detected, os_used or "linux", True if facts.nvswitch else None, kept)
+
+    @staticmethod
+    def _kept_driver(target: Target, facts: HostFacts) -> str:
+        if facts.driver_version is None:
+            raise UserInputError("--keep-driver", f"{target.name} has no NVIDIA driver that answers (nvidia-smi, "
+                                 "/proc/driver/nvidia/version), so there is none to keep; nothing was installed",
+                                 "drop --keep-driver (and `driver: keep`) to have gpuprov install one")
+        return facts.driver_version
 
     def ahead(self, target: Target) -> Plan | None:
         """The plan `target` gets unless its facts surprise (NVSwitch, or a GPU where none is named and the
@@ -58,6 +75,8 @@ class Planner:
         from gpuprov.plan.stack import SUPPORTED_OS
 
         wanted, os_used = target.gpu or self.gpu, target.os or self.os_name
+        if self.keep_driver and not self.stack_none:
+            return None  # the host's driver decides the wheel
         if os_used not in SUPPORTED_OS:
             return None
         try:
@@ -67,12 +86,13 @@ class Planner:
         except GpuprovError:  # the host's own planning says so, in its result
             return None
 
-    def _plan(self, gpu: str | None, os_used: str, nvswitch: bool | None) -> Plan:
+    def _plan(self, gpu: str | None, os_used: str, nvswitch: bool | None, kept: str | None = None) -> Plan:
         from gpuprov.plan.plan import make_host_plan
 
-        key = (gpu, os_used, nvswitch)
+        key = (gpu, os_used, nvswitch, kept)
         with self._lock:
             if key not in self._plans:
                 self._plans[key] = make_host_plan(gpu, self.playbook, os_used, self.pins, nvswitch=nvswitch,
-                                                  guard=self.guard, jupyter=self.jupyter, monitoring=self.monitoring)
+                                                  guard=self.guard, jupyter=self.jupyter, monitoring=self.monitoring,
+                                                  kept_driver=kept, docker=self.docker)
             return self._plans[key]

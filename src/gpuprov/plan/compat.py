@@ -23,6 +23,7 @@ from itertools import groupby
 from pydantic import BaseModel
 
 from gpuprov.errors import StackConflict, UserInputError
+from gpuprov.plan import oses
 from gpuprov.plan.catalog import Gpu
 from gpuprov.plan.pins import (
     check_driver_installable,
@@ -33,7 +34,6 @@ from gpuprov.plan.pins import (
     check_toolkit_os,
 )
 from gpuprov.plan.stack import (
-    SUPPORTED_OS,
     FabricManager,
     Stack,
     StackPins,
@@ -157,11 +157,13 @@ def variants_with_sass(release: str, compute_capability: str) -> list[str]:
     return sorted(fits, key=lambda v: v != info.pypi_default)
 
 
-def choose_torch_for_driver(gpu: Gpu, driver: str) -> TorchWheel:
+def choose_torch_for_driver(gpu: Gpu, driver: str, pins: StackPins | None = None) -> TorchWheel:
     """The newest torch wheel that runs on an already-installed driver (any branch, also ones gpuprov would not
-    install), minor-version compatibility included. For doctor/check fixes on existing hosts."""
-    release, variant, _ = _choose_torch(gpu, StackPins(driver=driver))
-    return TorchWheel(version=release, variant=variant, cuda=variant_cuda(variant),
+    install), minor-version compatibility included, within the torch/wheel/Python pins given. For doctor's fixes
+    and for hosts whose driver is kept (plan/kept.py); StackConflict when none runs."""
+    pins = (pins or StackPins()).model_copy(update={"driver": driver})
+    release, variant, _ = _choose_torch(gpu, pins)
+    return TorchWheel(version=pins.torch or release, variant=variant, cuda=variant_cuda(variant),
                       index_url=f"{facts().pytorch_index}/{variant}")
 
 
@@ -196,7 +198,7 @@ def newest_cuda(gpu: Gpu, branch: int, os_name: str | None = None) -> str:
     return max(usable, key=version_tuple)
 
 
-def _choose_python(pins: StackPins, release: str | None) -> str:
+def choose_python(pins: StackPins, release: str | None) -> str:
     f = facts()
     if pins.python:
         return pins.python
@@ -224,8 +226,7 @@ def resolve(
     """
     pins = pins or StackPins()
     check_pin_syntax(pins)
-    if os_name not in SUPPORTED_OS:
-        raise UserInputError("--os", f"unsupported OS {os_name!r}", f"choose one of: {', '.join(SUPPORTED_OS)}")
+    oses.info(os_name)  # an unknown name is refused, naming the ones there are
     try:
         return _resolve(gpu, os_name, pins, nvswitch, want_torch)
     except StackConflict as conflict:
@@ -282,6 +283,11 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
 
     check_driver_pin(gpu, pins)  # the GPU's own driver limits first: they are the cause when both refuse
     check_driver_installable(pins)
+    os_info = oses.info(os_name)
+    if os_info.family == "dnf" and pins.driver and "." in pins.driver:
+        raise StackConflict("--driver", f"on {os_name} gpuprov holds a driver branch with NVIDIA's module stream "
+                            f"(nvidia-driver:{pins.driver.split('.')[0]}-open), not an exact release",
+                            f"pin the branch: --driver {pins.driver.split('.')[0]}", rule="dnf-exact-driver")
     check_toolkit_arch(gpu, pins)
     check_toolkit_os(os_name, pins)
     torch: TorchWheel | None = None
@@ -349,6 +355,9 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
 
     fm: FabricManager = "required" if nvswitch else "no" if nvswitch is False else "auto"
     fm_package = f.fabric_manager_package(branch)
+    if os_info.family == "dnf" and branch < f.fabric_manager_unversioned_from.branch:
+        # NVIDIA/gpu-driver-container rhel9/install.sh @ 038c8b5: `nvidia-fabric-manager-${DRIVER_VERSION}` before R580
+        fm_package = "nvidia-fabric-manager"
     gen4 = f.nvswitch_gen4
     nvlsm = gpu.arch in gen4.archs and fm != "no"
     if nvlsm and gen4.unverified:
@@ -357,11 +366,20 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
         reasons.append(f"Fabric Manager ({fm_package}): NVSwitch instance; pinned to the driver's exact version, "
                        "both held" + ("; with nvlsm and the ib_umad/mlx5_ib modules (NVSwitch gen 4)" if nvlsm else ""))
 
+    if os_info.unverified:
+        unverified.append(f"{os_name}: {os_info.unverified}")
+    # NVIDIA's guide, Table 5: `dnf module enable nvidia-driver:<branch>-open` (the proprietary module's stream is
+    # `<branch>-dkms`, as NVIDIA's driver container enables it); data/os.yaml
+    stream = (f"nvidia-driver:{branch}-{'open' if kernel_module == 'open' else 'dkms'}"
+              if os_info.family == "dnf" else None)
     return Stack(
         gpu=gpu.name,
         arch=gpu.arch,
         compute_capability=gpu.compute_capability,
         os=os_name,
+        family=os_info.family,
+        repo=os_info.repo,
+        driver_stream=stream,
         driver_branch=branch,
         driver_version=exact,
         kernel_module=kernel_module,
@@ -377,7 +395,7 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
         cuda_toolkit=pins.cuda,
         cuda_toolkit_package=f"cuda-toolkit-{pins.cuda.replace('.', '-')}" if pins.cuda else None,
         torch=torch,
-        python=_choose_python(pins, release),
+        python=choose_python(pins, release),
         minor_version_compat=minor,
         unverified=tuple(dict.fromkeys(u for u in unverified if u)),
         reasons=tuple(reasons),

@@ -6,7 +6,6 @@ cannot say one thing and do another.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -14,15 +13,19 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuprov.errors import UserInputError
 from gpuprov.plan import catalog, compat, facts
+from gpuprov.plan.budget import budget_seconds, check_budget
 from gpuprov.plan.catalog import Gpu, InstanceType
+from gpuprov.plan.docker import container_image, docker_step, with_docker
 
 # the guards' model and the block-end warning live in plan/guards.py (this module passed 500 lines); named here too
 from gpuprov.plan.guards import BLOCK_WARN_SECONDS, DEFAULT_METADATA_URL, Guards  # noqa: F401
+from gpuprov.plan.kept import resolve_kept
 from gpuprov.plan.monitoring import Monitoring, monitoring_steps
 from gpuprov.plan.monitoring import summary as monitoring_summary
 from gpuprov.plan.render import Bundle, Script, StepPlan, render_steps
-from gpuprov.plan.spec import MAX_DURATION_S, MIN_DURATION_S, Playbook, format_duration, load_playbook
+from gpuprov.plan.spec import Playbook, format_duration, load_playbook
 from gpuprov.plan.stack import Stack, StackPins
+from gpuprov.plan.stack_steps import check_monitoring_os, driver_stack_steps
 
 NO_GUARDS = Guards()
 
@@ -51,6 +54,7 @@ class NodeRequest(BaseModel):
     def can_stop(self) -> bool:
         return not self.spot or self.persistent
     jupyter: bool = False  # --jupyter: JupyterLab too, whatever the playbook says
+    docker: bool = False  # --docker: Docker + NVIDIA's container toolkit too (plan/docker.py)
     monitoring: Monitoring = Monitoring()  # --metrics, --health and the alerts (the playbook's `metrics:` merged in)
 
 
@@ -175,30 +179,6 @@ def shutdown_action(request: NodeRequest) -> Literal["stop", "terminate"]:
     return request.autostop_action or ("stop" if request.can_stop else "terminate")
 
 
-def budget_seconds(budget_usd: float, price_usd_hour: float) -> int:
-    """How long a dollar budget lasts at a price ($/h), whole seconds, rounded down, within what a guard can
-    enforce (1m to 90d, as --ttl): at launch the price obtained may differ from the list price `plan`
-    checked the budget against."""
-    if budget_usd <= 0:
-        raise UserInputError("--budget", f"{budget_usd:g} is not a budget", "dollars above 0, e.g. 50")
-    return min(max(int(budget_usd / price_usd_hour * 3600), MIN_DURATION_S), MAX_DURATION_S)
-
-
-def check_budget(budget_usd: float, price_usd_hour: float) -> None:
-    """A budget that runs out within a guard's reach at the list price: at least a minute (the guards tick
-    once a minute) and at most 90 days (the longest --ttl); else a refusal with the budgets that would do."""
-    seconds = budget_usd / price_usd_hour * 3600
-    if seconds < MIN_DURATION_S:
-        least = math.ceil(price_usd_hour * MIN_DURATION_S / 3600 * 100) / 100
-        raise UserInputError("--budget", f"${budget_usd:g} lasts {seconds:.0f}s at ${price_usd_hour:.4g}/h, under the "
-                             "1m a guard can enforce", f"at least ${least:.2f} at this price, or --ttl for a deadline")
-    if seconds > MAX_DURATION_S:
-        most = math.floor(price_usd_hour * MAX_DURATION_S / 3600 * 100) / 100
-        raise UserInputError("--budget", f"${budget_usd:,.2f} lasts {seconds / 86400:,.0f} days at ${price_usd_hour:.4g}/h, "
-                             "past the 90-day cap (the longest --ttl)",
-                             f"at most ${most:,.2f} at this price; leave --budget out for no dollar cap")
-
-
 def budget_decides(guards: Guards) -> bool:
     """Whether the node's deadline is its budget's (else the --ttl given was sooner)."""
     if guards.budget_usd is None or not guards.budget_price or guards.ttl_seconds is None:
@@ -287,29 +267,14 @@ def steps_for(
 ) -> tuple[StepPlan, ...]:
     steps: list[StepPlan] = guard_steps(guards)
     if stack is not None:
-        steps += [
-            StepPlan("kernel-headers", "headers.sh.j2", "stack", "headers for the running kernel (DKMS builds against them)"),
-            StepPlan("nouveau-off", "nouveau.sh.j2", "stack", "blacklist nouveau so the NVIDIA module can load"),
-            StepPlan(
-                "nvidia-driver", "driver.sh.j2", "stack",
-                f"NVIDIA R{stack.driver_branch} {stack.kernel_module} driver from NVIDIA's CUDA repo, held; reboot if fresh",
-            ),
-        ]
-        if stack.fabric_manager != "no":
-            when = "" if stack.fabric_manager == "required" else " if the host has NVSwitch"
-            steps.append(StepPlan(
-                "fabric-manager", "fabricmanager.sh.j2", "stack",
-                f"{stack.fabric_manager_package} at the driver's exact version, held{when}"
-                + (f" (+ {', '.join(stack.fabric_extra_packages)}; {', '.join(stack.fabric_kernel_modules)} loaded "
-                   f"at every boot from {stack.fabric_modules_package})" if stack.nvlsm else ""),
-            ))
-        steps.append(StepPlan("persistence", "persistence.sh.j2", "stack",
-                               "nvidia-persistenced with --persistence-mode (systemd drop-in), enabled and running"))
-        if stack.cuda_toolkit_package:
-            steps.append(StepPlan("cuda-toolkit", "cuda_toolkit.sh.j2", "stack", f"{stack.cuda_toolkit_package} (nvcc)"))
+        steps += driver_stack_steps(stack)
+    check_monitoring_os(monitoring or Monitoring(), os_name)
     # after the driver (the exporters read it), before the env and the playbook's steps (a long `run:` is
     # what the watch is there for)
     steps += monitoring_steps(monitoring or Monitoring(), os_name, gpus)
+    image = container_image(playbook) if stack is not None else None
+    if image:
+        steps.append(docker_step(os_name, image))
     if playbook.env is not None:
         python = stack.python if stack else python
         steps.append(StepPlan(
@@ -331,14 +296,17 @@ def steps_for(
     if stack is not None:
         # as templates/verify.sh.j2 does: the torch probe and its matmul only where the stack installs torch
         steps.append(StepPlan("verify", "verify.sh.j2", "verify",
-                              "nvidia-smi + torch.cuda probe, a matmul on every GPU" if stack.torch else
-                              "nvidia-smi sees every GPU (this playbook installs no torch, so no matmul)"))
+                              ("nvidia-smi + torch.cuda probe, a matmul on every GPU" if stack.torch else
+                               "nvidia-smi sees every GPU (this playbook installs no torch, so no matmul)")
+                              + (", nvidia-smi -L in a container sees them all" if image else ""),
+                              (("container_image", image),)))
     return tuple(steps)
 
 
 def resolve_stack(
-    playbook: Playbook, gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None
+    playbook: Playbook, gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, kept_driver: str | None = None,
 ) -> Stack | None:
+    """:param kept_driver: the installed driver a host keeps (--keep-driver, `driver: keep`): plan/kept.py."""
     if playbook.stack == "none":
         if pins.model_copy(update={"python": None}) != StackPins():
             raise UserInputError("--playbook", f"playbook {playbook.name!r} installs no GPU stack, so driver, CUDA "
@@ -346,6 +314,12 @@ def resolve_stack(
         return None
     merged = _merge_pins(playbook.pins, pins)
     try:
+        if kept_driver is not None:
+            if playbook.cuda_toolkit:
+                raise UserInputError("--keep-driver", f"playbook {playbook.name!r} installs the CUDA toolkit, which comes "
+                                     "from NVIDIA's repository that only the driver step sets up",
+                                     "use a playbook without cuda_toolkit, or drop --keep-driver")
+            return resolve_kept(gpu, os_name, merged, kept_driver, playbook.installs_torch)
         stack = compat.resolve(gpu, os_name, merged, nvswitch=nvswitch, want_torch=playbook.installs_torch)
         if playbook.cuda_toolkit and not merged.cuda:
             # the toolkit that matches the wheel keeps nvcc-built extensions ABI-compatible with torch
@@ -413,7 +387,11 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
                              f"give the count once: --gpu {name}:{count}, or --gpu {name} --count {count}")
     candidates = choose_instances(gpu, count, request.instance_type, cat)
     instance = candidates[0]
-    playbook = with_jupyter(load_playbook(request.playbook), request.jupyter)
+    playbook = with_docker(with_jupyter(load_playbook(request.playbook), request.jupyter), request.docker)
+    if playbook.driver == "keep":
+        raise UserInputError(playbook.where("driver") or "--playbook", "`driver: keep` keeps a host's own driver; a "
+                             "node gpuprov launches has none to keep", "bootstrap the host with it, or use a "
+                             "playbook that installs the driver")
     request = request.model_copy(update={"monitoring": with_monitoring(request.monitoring, playbook)})
     stack = resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch)
     if request.budget_usd is not None and instance.price_usd_hour:
@@ -436,15 +414,17 @@ class GuardRequest:
 def make_host_plan(
     gpu_name: str | None, playbook_name: str, os_name: str, pins: StackPins, nvswitch: bool | None = None,
     guard: GuardRequest | None = None, jupyter: bool = False, monitoring: Monitoring | None = None,
+    kept_driver: str | None = None, docker: bool = False,
 ) -> Plan:
-    """The plan for an existing host: no instance type; Fabric Manager follows what the host has.
+    """The plan for an existing host: no instance type; Fabric Manager follows what the host has; `kept_driver`
+    the host's installed driver when it keeps it (--keep-driver, `driver: keep`).
 
     :param nvswitch: True when the host showed NVSwitch devices; None installs Fabric Manager only
         if the host turns out to have them.
     :param guard: guardrails, as for a launched node (the interruption watcher only with a hook: an
         existing host is not a spot instance gpuprov asked for).
     """
-    playbook = with_jupyter(load_playbook(playbook_name), jupyter)
+    playbook = with_docker(with_jupyter(load_playbook(playbook_name), jupyter), docker)
     gpu, count = None, 0
     if gpu_name:
         name, count = catalog.parse_gpu_request(gpu_name)
@@ -452,14 +432,14 @@ def make_host_plan(
     if gpu is None and playbook.stack != "none":
         raise UserInputError("--gpu", "no NVIDIA GPU found on the host, and none given",
                              "pass --gpu, or use a `stack: none` playbook for CPU hosts")
-    stack = resolve_stack(playbook, gpu, os_name, pins, nvswitch) if gpu else None
+    stack = resolve_stack(playbook, gpu, os_name, pins, nvswitch, kept_driver) if gpu else None
     if gpu is None and pins.model_copy(update={"python": None}) != StackPins():
         raise UserInputError("--playbook", "driver, CUDA and torch pins need a GPU host")
     guard = guard or GuardRequest()
     wanted = with_monitoring(monitoring or Monitoring(), playbook)
     request = NodeRequest(gpu=gpu_name or "none", count=max(count, 1), playbook=playbook_name, os=os_name, pins=pins,
                           autostop_seconds=guard.autostop_seconds, ttl_seconds=guard.ttl_seconds,
-                          on_interrupt=guard.on_interrupt, jupyter=jupyter, monitoring=wanted)
+                          on_interrupt=guard.on_interrupt, jupyter=jupyter, monitoring=wanted, docker=docker)
     guards = guards_for(request, playbook)
     # the GPU count the watch expects: the one the command line or inventory says (`--gpu A100:8`), else the one
     # the watch sees at its first look on the node

@@ -81,6 +81,10 @@ class EnvSpec(_Model):
         return value
 
 
+# NAME[:TAG]@sha256:<64 hex>: an image reference pinned by digest, as `docker run` takes it
+PINNED_IMAGE = re.compile(r"[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::\w[\w.-]{0,127})?@sha256:[0-9a-f]{64}")
+
+
 class Playbook(_Model):
     """A recipe: the GPU stack (or none), a Python env, and extra steps, in that order."""
 
@@ -89,6 +93,13 @@ class Playbook(_Model):
     stack: Literal["gpu", "none"] = "gpu"
     torch: bool = True  # install PyTorch into the env (only with stack: gpu)
     cuda_toolkit: bool = False  # install the CUDA toolkit (nvcc) matching the torch wheel
+    # install: gpuprov installs and holds the driver; keep: the host's own driver is used as it is (a rented box,
+    # a shared server: `bootstrap --keep-driver`), torch chosen to run on it (plan/kept.py)
+    driver: Literal["install", "keep"] = "install"
+    # Docker with NVIDIA's container toolkit (the docker step, plan/docker.py); verify runs nvidia-smi -L in
+    # container_image (NAME:TAG@sha256:…, pinned by digest; default: data/docker.yaml's)
+    docker: bool = False
+    container_image: Annotated[str | None, Field(min_length=1, max_length=512)] = None
     pins: StackPins = StackPins()
     env: EnvSpec | None = EnvSpec()
     steps: tuple[StepSpec, ...] = ()
@@ -106,8 +117,14 @@ class Playbook(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> Playbook:
-        if self.stack == "none" and (self.pins != StackPins() or self.cuda_toolkit):
-            raise ValueError("`pins` and `cuda_toolkit` need `stack: gpu`")
+        if self.stack == "none" and (self.pins != StackPins() or self.cuda_toolkit or self.driver == "keep" or self.docker):
+            raise ValueError("`pins`, `cuda_toolkit`, `driver: keep` and `docker` need `stack: gpu`")
+        if self.container_image is not None:
+            if not self.docker:
+                raise ValueError("`container_image` needs `docker: true`")
+            if not PINNED_IMAGE.fullmatch(self.container_image):
+                raise ValueError(f"container_image {self.container_image!r} is not pinned by digest "
+                                 "(NAME:TAG@sha256:<64 hex digits>)")
         names = [s.name for s in self.steps]
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:

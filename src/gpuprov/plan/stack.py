@@ -16,7 +16,10 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from gpuprov.plan import facts as families
 
-SUPPORTED_OS = ("ubuntu-22.04", "ubuntu-24.04")
+# Every OS a GPU stack installs on, as data/os.yaml lists them (plan/oses.py: family, NVIDIA's repository, the
+# branch lock); written out here so that importing the resolver reads no file. tests/test_oses.py holds them equal.
+SUPPORTED_OS = ("ubuntu-22.04", "ubuntu-24.04", "ubuntu-26.04", "debian-12", "debian-13", "rocky-9", "rhel-9",
+                "amzn-2023")
 
 
 # --- facts -------------------------------------------------------------------------------------
@@ -220,6 +223,10 @@ class Stack(BaseModel):
     arch: str
     compute_capability: str
     os: str
+    family: Literal["apt", "dnf"] = "apt"  # the OS's package manager (plan/oses.py)
+    repo: str = ""  # NVIDIA's repository directory for the OS: ubuntu2404, rhel9, amzn2023
+    driver_stream: str | None = None  # dnf: the module stream that holds the branch, nvidia-driver:580-open
+    kept_driver: bool = False  # --keep-driver: the host's installed driver (driver_version) is used as it is
     driver_branch: int
     driver_version: str | None  # exact version when pinned
     kernel_module: Literal["open", "proprietary"]
@@ -248,12 +255,22 @@ class Stack(BaseModel):
         repository this stack installs (Fabric Manager only where it is known to be needed)."""
         fabric = (self.fabric_manager_package, *(("nvlsm",) if self.nvlsm else ())) if self.fabric_manager == "required" else ()
         toolkit = (self.cuda_toolkit_package,) if self.cuda_toolkit_package else ()
-        return (self.driver_pinning_package, self.driver_package, *fabric, *toolkit)
+        pinning = (self.driver_pinning_package,) if self.family == "apt" else ()  # dnf: the module stream holds it
+        return (*pinning, self.driver_package, *fabric, *toolkit)
 
     @property
     def repo_label(self) -> str:
         """'ubuntu-24.04 (NVIDIA's ubuntu2404 repository)': where a missing package was looked for."""
-        return f"{self.os} (NVIDIA's {self.os.replace('-', '').replace('.', '')} repository)"
+        return f"{self.os} (NVIDIA's {self.repo or self.os.replace('-', '').replace('.', '')} repository)"
+
+    @property
+    def driver_lock(self) -> str:
+        """How the driver stays on its branch, in words (what `plan` prints)."""
+        if self.kept_driver:
+            return "the host's own, kept as installed (--keep-driver: no driver, kernel or reboot steps)"
+        if self.driver_stream:
+            return f"held on its branch by the module stream {self.driver_stream}"
+        return f"pinned with {self.driver_pinning_package}, held"
 
     @property
     def min_driver(self) -> str | None:

@@ -128,6 +128,15 @@ shim_nvidia_name() {
   esac
 }
 
+# Names NVIDIA's container toolkit repository carries (nvidia.github.io/libnvidia-container): there once its list file
+# is in the sysroot's sources.list.d and apt-get update read it (lists-ctk), from tests/shims/data/ctk-repo.tsv.
+shim_ctk_name() {
+  case "$1" in
+    nvidia-container-toolkit | nvidia-container-toolkit-base | libnvidia-container-tools | libnvidia-container1) return 0 ;;
+    *) return 1 ;;
+  esac
+}
+
 shim_nvidia_repo_url() {
   cat "$SHIM_STATE/nvidia-repo-url" 2>/dev/null || echo "(no NVIDIA repository configured)"
 }
@@ -142,7 +151,8 @@ shim_repo_rows() {
   repo="$(shim_nvidia_repo)"
   distro="${repo%/*}"
   arch="${repo#*/}"
-  cat "$SHIM_REPO_DATA" "$SHIM_STATE/nvidia-repo.extra.tsv" 2>/dev/null |
+  { cat "$SHIM_REPO_DATA" "$SHIM_STATE/nvidia-repo.extra.tsv" 2>/dev/null || true
+    if [ -e "$SHIM_STATE/lists-ctk" ]; then cat "$SHIM_HOME/data/ctk-repo.tsv"; fi; } |
     awk -F'\t' -v r="$repo" -v d="$distro" -v a="$arch" '
       /^#/ || /^@/ || NF < 5 {next}
       {

@@ -1,0 +1,124 @@
+"""An imitation of NVIDIA's amzn2023 CUDA repository and of the distribution's own, as RPM repositories for the real
+dnf (tests/test_real_dnf.py): built with rpmbuild from generated spec files (no payload, no scriptlets), indexed with
+createrepo_c, NVIDIA's with module metadata (modifyrepo_c --mdtype=modules).
+
+Shapes as NVIDIA publishes them (read 2026-12-01): the driver's packages carry epoch 3 ("kmod-nvidia-open-dkms-3:575.51-1
+.fc41", NVIDIA's version-locking page); each branch is a module stream `nvidia-driver:<branch>-open` whose default
+profile installs nvidia-open (Driver Installation Guide, Table 5); nvidia-open needs the driver's packages at its own
+version and kmod-nvidia-open-dkms needs dkms, which on Amazon Linux comes from the distribution (AWS's ECS AMI script
+installs kmod-nvidia-open-dkms, nvidia-driver and nvidia-driver-cuda at one version); Fabric Manager is
+nvidia-fabricmanager-<version> outside the stream (NVIDIA's driver container installs it after enabling the stream);
+toolkits are cuda-toolkit-X-Y. The release tag `1.amzn2023` and the dependency lists beyond those named are the
+imitation's (unverified: NVIDIA's amzn2023 repodata was not read).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+KERNEL = "6.1.115-126.197.amzn2023.x86_64"  # uname -r of an Amazon Linux 2023 kernel
+BRANCHES = {"580": "580.126.09", "595": "595.71.05", "610": "610.57.04"}  # each branch's release in the imitation
+TOOLKITS = ("12.8", "12.9", "13.0")
+
+
+@dataclass(frozen=True)
+class Rpm:
+    name: str
+    version: str
+    release: str = "1.amzn2023"
+    epoch: int | None = None
+    arch: str = "x86_64"
+    requires: tuple[str, ...] = ()
+
+    @property
+    def nevra(self) -> str:
+        return f"{self.name}-{self.epoch}:{self.version}-{self.release}.{self.arch}" if self.epoch else \
+            f"{self.name}-{self.version}-{self.release}.{self.arch}"
+
+    def spec(self) -> str:
+        lines = [f"Name: {self.name}", f"Version: {self.version}", f"Release: {self.release}", "Summary: imitation",
+                 "License: imitation", f"BuildArch: {self.arch}"]
+        if self.epoch:
+            lines.append(f"Epoch: {self.epoch}")
+        lines += [f"Requires: {r}" for r in self.requires]
+        return "\n".join(lines) + "\n%description\nimitation\n%files\n"
+
+
+def nvidia_rpms() -> tuple[list[Rpm], dict[str, list[Rpm]]]:
+    """(every package of NVIDIA's imitation repository, the modular ones per stream)."""
+    streams: dict[str, list[Rpm]] = {}
+    plain: list[Rpm] = []
+    for branch, v in BRANCHES.items():
+        at = f"3:{v}"
+        streams[f"{branch}-open"] = [
+            Rpm("nvidia-open", v, epoch=3, requires=(f"nvidia-driver = {at}", f"nvidia-driver-cuda = {at}",
+                                                     f"kmod-nvidia-open-dkms = {at}")),
+            Rpm("kmod-nvidia-open-dkms", v, epoch=3, requires=("dkms",)),
+            Rpm("nvidia-driver", v, epoch=3), Rpm("nvidia-driver-cuda", v, epoch=3),
+        ]
+        plain.append(Rpm("nvidia-fabricmanager", v))
+    plain += [Rpm(f"cuda-toolkit-{t.replace('.', '-')}", f"{t}.0") for t in TOOLKITS]
+    return plain + [r for rpms in streams.values() for r in rpms], streams
+
+
+def distro_rpms() -> list[Rpm]:
+    """The distribution's own packages the steps need (Amazon Linux's repositories)."""
+    version, release = KERNEL.rsplit(".", 1)[0].split("-", 1)
+    return [Rpm("kernel-devel", version, release=release), Rpm("kernel-headers", version, release=release),
+            Rpm("dkms", "3.0.13", arch="noarch"), Rpm("python3-dnf-plugin-versionlock", "4.3.1", arch="noarch")]
+
+
+def modules_yaml(streams: dict[str, list[Rpm]]) -> str:
+    docs = []
+    for stream, rpms in streams.items():
+        artifacts = "".join(f"    - {r.nevra}\n" for r in rpms)
+        docs.append(f"""---
+document: modulemd
+version: 2
+data:
+  name: nvidia-driver
+  stream: "{stream}"
+  version: 20261101000000
+  context: "00000000"
+  arch: x86_64
+  summary: Nvidia driver for {stream} branch (imitation)
+  description: imitation
+  license:
+    module: [MIT]
+  profiles:
+    default:
+      rpms: [nvidia-open]
+  artifacts:
+    rpms:
+{artifacts}...
+""")
+    return "".join(docs)
+
+
+def _build(rpms: list[Rpm], top: Path, out: Path) -> None:
+    (top / "SPECS").mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    specs = []
+    for r in rpms:
+        spec = top / "SPECS" / f"{r.name}-{r.version}.spec"
+        spec.write_text(r.spec())
+        specs.append(str(spec))
+    subprocess.run(["rpmbuild", "--quiet", "-bb", "--define", f"_topdir {top}", "--define", f"_rpmdir {out}",
+                    "--define", "_build_name_fmt %%{NAME}-%%{VERSION}-%%{RELEASE}.%%{ARCH}.rpm", *specs],
+                   check=True, capture_output=True)
+
+
+def build(where: Path) -> tuple[Path, Path]:
+    """(NVIDIA's imitation repository, the distribution's), indexed, under `where`."""
+    nvidia, streams = nvidia_rpms()
+    cuda, distro = where / "cuda-amzn2023", where / "amazonlinux"
+    _build(nvidia, where / "build-cuda", cuda)
+    _build(distro_rpms(), where / "build-distro", distro)
+    for repo in (cuda, distro):
+        subprocess.run(["createrepo_c", "-q", str(repo)], check=True)
+    (where / "modules.yaml").write_text(modules_yaml(streams))
+    subprocess.run(["modifyrepo_c", "--mdtype=modules", str(where / "modules.yaml"), str(cuda / "repodata")],
+                   check=True, capture_output=True)
+    return cuda, distro

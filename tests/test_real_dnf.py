@@ -1,0 +1,174 @@
+"""The rendered dnf-family steps (templates/el/) with the REAL dnf and rpm (Debian ships both), on an --installroot,
+against an imitation of NVIDIA's amzn2023 repository with its module streams and of the distribution's own
+(tests/realdnf/repo.py: built with rpmbuild, indexed with createrepo_c). Stand-ins only for what an install root cannot
+run: nvidia-smi, lsmod, modprobe, dracut, systemctl, uname and curl (tests/realdnf/stand-ins).
+
+What a user would notice: a plan naming a package NVIDIA's repository does not have fails in the driver step, before
+any NVIDIA package is installed, naming it and what the repository has; a fresh run installs the headers of the
+running kernel, the planned branch's driver through its module stream (though the repository also has a newer
+branch), Fabric Manager at the driver's exact version, version-locked, and the toolkit; a rerun changes nothing (no
+rpm transaction).
+
+Needs dnf, rpm, rpmbuild, createrepo_c and modifyrepo_c (tools/sysdeps.sh installs them); without them it skips,
+except under CI=true, where it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpuprov.plan.plan import NodeRequest, make_plan
+from gpuprov.plan.render import Bundle, Script, render_steps
+from gpuprov.plan.stack import StackPins
+from tests.conftest import skip_or_fail
+from tests.realdnf import repo
+
+STAND_INS = Path(__file__).parent / "realdnf" / "stand-ins"
+STEPS = ("kernel-headers", "nouveau-off", "nvidia-driver", "fabric-manager", "cuda-toolkit")
+TOOLS = ("dnf", "rpm", "rpmbuild", "createrepo_c", "modifyrepo_c")
+
+
+@dataclass
+class Run:
+    name: str
+    returncode: int
+    result: str | None
+    stderr: str
+
+    @property
+    def last(self) -> str:
+        return self.stderr.strip().splitlines()[-1] if self.stderr.strip() else ""
+
+
+class Host:
+    """An install root with the imitation's repositories: the distribution's configured, NVIDIA's added by the step."""
+
+    def __init__(self, where: Path, cuda: Path, distro: Path) -> None:
+        self.root = where / "root"
+        self.cuda = cuda
+        (self.root / "etc/yum.repos.d").mkdir(parents=True)
+        (self.root / "etc/yum.repos.d/amazonlinux.repo").write_text(
+            f"[amazonlinux]\nname=amazonlinux\nbaseurl=file://{distro}\nenabled=1\ngpgcheck=0\n")
+        plugins = self.root / "etc/dnf/plugins"
+        plugins.mkdir(parents=True)
+        # what python3-dnf-plugin-versionlock lays down (its conf and an empty list); the machine's dnf runs the plugin
+        (plugins / "versionlock.conf").write_text(f"[main]\nenabled = 1\nlocklist = {plugins}/versionlock.list\n")
+        (plugins / "versionlock.list").write_text("")
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "PATH": f"{STAND_INS}:{os.environ['PATH']}", "GPUPROV_SYSROOT": str(self.root),
+                "GPUPROV_RETRY_DELAY": "0", "REALDNF_KERNEL": repo.KERNEL, "REALDNF_CUDA_REPO": str(self.cuda)}
+
+    def run(self, script: Script) -> Run:
+        out = subprocess.run(["bash", "-c", script.text], capture_output=True, text=True, env=self.env(), timeout=120)
+        lines = [line for line in out.stdout.splitlines() if line.startswith("GPUPROV_RESULT=")]
+        return Run(script.name, out.returncode, lines[-1].split("=", 1)[1] if lines else None, out.stderr)
+
+    def run_all(self, scripts: list[Script]) -> list[Run]:
+        runs = []
+        for s in scripts:
+            runs.append(self.run(s))
+            if runs[-1].result == "reboot":
+                (self.root.parent / "module-loaded").touch()  # what the reboot does: the new module loads
+            if runs[-1].returncode != 0:
+                break
+        return runs
+
+    def installed(self) -> dict[str, str]:
+        out = subprocess.run(["rpm", "--root", str(self.root), "-qa", "--qf", "%{NAME} %{VERSION}\n"],
+                             capture_output=True, text=True, check=True).stdout
+        return dict(line.split() for line in out.splitlines())
+
+    def transactions(self) -> int:
+        out = subprocess.run(["rpm", "--root", str(self.root), "-qa", "--qf", "%{INSTALLTID}\n"],
+                             capture_output=True, text=True, check=True).stdout
+        return len(set(out.split()))
+
+
+def _plan_scripts(toolkit_package: str | None = None) -> list[Script]:
+    plan = make_plan(NodeRequest(gpu="H100:8", os="amzn-2023", playbook="cuda-dev",
+                                 pins=StackPins(cuda="13.0", torch_cuda="cu130")))
+    assert plan.stack and plan.stack.driver_stream == "nvidia-driver:595-open" and plan.stack.fabric_manager == "required"
+    stack = plan.stack if toolkit_package is None else plan.stack.model_copy(
+        update={"cuda_toolkit_package": toolkit_package})
+    steps = tuple(s for s in plan.steps if s.name in STEPS)
+    bundle: Bundle = render_steps(steps, {"plan": plan, "stack": stack, "playbook": plan.playbook,
+                                          "env": plan.playbook.env}, {})
+    return list(bundle.scripts)
+
+
+@dataclass
+class Story:
+    refused: list[Run]
+    refused_installed: dict[str, str]
+    first: list[Run]
+    installed: dict[str, str]
+    transactions: int
+    locks: str
+    second: list[Run]
+    installed_after: dict[str, str]
+    transactions_after: int
+
+
+@pytest.fixture(scope="module")
+def story(tmp_path_factory: pytest.TempPathFactory) -> Story:
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if missing:
+        skip_or_fail(f"the real-dnf test needs {', '.join(missing)} (tools/sysdeps.sh installs them)")
+    where = tmp_path_factory.mktemp("realdnf")
+    cuda, distro = repo.build(where / "repos")
+    refusing = Host(where / "refused", cuda, distro)
+    refused = refusing.run_all(_plan_scripts("cuda-toolkit-12-7"))  # there was no CUDA 12.7
+    host = Host(where / "host", cuda, distro)
+    scripts = _plan_scripts()
+    first = host.run_all(scripts)
+    installed, transactions = host.installed(), host.transactions()
+    locks = (host.root / "etc/dnf/plugins/versionlock.list").read_text() if (
+        host.root / "etc/dnf/plugins/versionlock.list").exists() else ""
+    second = host.run_all(scripts)
+    return Story(refused, refusing.installed(), first, installed, transactions, locks, second, host.installed(),
+                 host.transactions())
+
+
+def test_a_package_nvidia_does_not_ship_is_refused_before_anything_is_installed(story: Story) -> None:
+    driver = story.refused[-1]
+    assert driver.name == "nvidia-driver" and driver.returncode == 1, story.refused
+    assert "FAILED: the dnf repositories for amzn-2023 (NVIDIA's amzn2023 repository) have no cuda-toolkit-12-7 " \
+           "(there: cuda-toolkit-12-8 cuda-toolkit-12-9 cuda-toolkit-13-0); none of the plan's packages was " \
+           "installed" in driver.last
+    assert not [p for p in story.refused_installed if p.startswith(("nvidia", "kmod-nvidia", "cuda"))]
+
+
+def test_a_fresh_install_takes_the_planned_branch_through_its_module_stream(story: Story) -> None:
+    assert [(r.name, r.returncode, r.result) for r in story.first] == [
+        ("kernel-headers", 0, "changed"), ("nouveau-off", 0, "changed"), ("nvidia-driver", 0, "reboot"),
+        ("fabric-manager", 0, "changed"), ("cuda-toolkit", 0, "changed")], [r.stderr for r in story.first]
+    version, _ = repo.KERNEL.rsplit(".", 1)[0].split("-", 1)
+    assert story.installed["kernel-devel"] == version and story.installed["kernel-headers"] == version
+    # the repository also has R610 (stream 610-open): the stream holds the driver on R595
+    assert story.installed["nvidia-open"] == repo.BRANCHES["595"] == story.installed["kmod-nvidia-open-dkms"]
+    assert story.installed["dkms"] == "3.0.13"  # from the distribution's repository, no EPEL on Amazon Linux
+    assert story.installed["nvidia-fabricmanager"] == repo.BRANCHES["595"]  # the driver's exact version
+    assert f"nvidia-fabricmanager-0:{repo.BRANCHES['595']}-" in story.locks
+    assert story.installed["cuda-toolkit-13-0"] == "13.0.0"
+    assert "nvidia-open" in story.first[2].last and "stream nvidia-driver:595-open" in story.first[2].last
+
+
+def test_a_rerun_changes_nothing(story: Story) -> None:
+    assert [(r.name, r.result) for r in story.second] == [(n, "unchanged") for n in STEPS], \
+        [r.stderr for r in story.second]
+    assert story.installed_after == story.installed and story.transactions_after == story.transactions
+
+
+def test_stand_ins_are_bash_and_shellcheck_clean() -> None:
+    checker = shutil.which("shellcheck")
+    assert checker, "shellcheck is not installed"
+    files = sorted(str(p) for p in STAND_INS.iterdir())
+    out = subprocess.run([checker, "-S", "warning", *files], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
