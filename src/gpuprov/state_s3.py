@@ -228,7 +228,7 @@ class S3Store:
                 taken = self._node(got[0])
                 raise UserInputError("NAME", f"the name {name!r} is taken by {taken.owner or 'another member'} "
                                      f"({taken.state})", f"pick another name, or `gpuprov down {name}` first")
-            doc = {"node": {k: record.get(k) for k in _NODE_FIELDS if k in record},
+            doc = {"node": {k: record.get(k) for k in _NODE_FIELDS},
                    "resources": got[0].get("resources", []) if got else [],
                    "events": got[0].get("events", []) if got else []}
             try:
@@ -240,7 +240,8 @@ class S3Store:
 
     @staticmethod
     def _node(doc: dict[str, Any]) -> Node:
-        return Node(**{k: v for k, v in doc["node"].items() if k in _NODE_FIELDS})
+        record = doc["node"]
+        return Node(**{k: record.get(k) for k in _NODE_FIELDS})  # a newer gpuprov's extra fields are left
 
     def update_node(self, name: str, **fields: Any) -> None:
         if fields:

@@ -33,6 +33,10 @@ Kinds (the realism layer, class Ec2Realism; EC2 developer guide, "Eventual consi
            InvalidAMIName.Duplicate; its snapshot TagSpecification tags the image's snapshots (moto: NotImplemented).
   instant  moto as it is: everything passes through, nothing is learnt.
 
+S3 (tests/aws/s3_contracts.py): a request's action is botocore's `x-id` or the method on an object (form Bucket and
+Key for rules); one conditional PutObject/DeleteObject (If-None-Match / If-Match) per object reaches moto at a time,
+another arriving meanwhile is S3's 409 ConditionalRequestConflict (log outcome "s3-conflict").
+
 EC2 contracts moto lacks (tests/aws/ec2_contracts.py, which has the sources), before a request reaches moto and on
 its answer, in both kinds unless said: AssociateAddress by InstanceId of a multi-interface instance ->
 InvalidInstanceID; AllocateAddress past the Elastic IP quota (the canned L-0263D0A3 answer, else 5) ->
@@ -130,10 +134,12 @@ try:  # as a module (tests) or as a script (python fault_proxy.py): the sibling 
     from tests.aws.ec2_cluster import ClusterEc2, live_instances, terminate_form
     from tests.aws.ec2_contracts import Ec2Contracts
     from tests.aws.ec2_spot import SpotEc2
+    from tests.aws.s3_contracts import CONFLICT_BODY, S3Conditional, action as s3_action
 except ImportError:  # pragma: no cover - script mode
     from ec2_cluster import ClusterEc2, live_instances, terminate_form  # type: ignore[no-redef]
     from ec2_contracts import Ec2Contracts  # type: ignore[no-redef]
     from ec2_spot import SpotEc2  # type: ignore[no-redef]
+    from s3_contracts import CONFLICT_BODY, S3Conditional, action as s3_action  # type: ignore[no-redef]
 
 CONTROL = "/__faults__"
 # Opt-in regions the account has not enabled (moto 5.2's DescribeRegions marks these `not-opted-in`): a call signed
@@ -608,6 +614,7 @@ class _State:
         self.spot = SpotEc2()  # RunInstances's spot requests, relaunch, disabled, interruptions (tests/aws/ec2_spot.py)
         self.not_enabled: set[str] = set(NOT_ENABLED)
         self.contracts = Ec2Contracts()  # Elastic IPs, root volumes, IPv6, instance profiles, pages (ec2_contracts.py)
+        self.s3 = S3Conditional()  # conditional writes that race: S3's 409 (s3_contracts.py)
 
     def add(self, rules: list[dict[str, Any]]) -> list[int]:
         ids = []
@@ -798,7 +805,7 @@ class Handler(BaseHTTPRequestHandler):
             if body and ("x-www-form-urlencoded" in ctype or not ctype):
                 form.update(urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
             req["form"] = form
-            req["action"] = form.get("Action")
+            req["action"] = s3_action(self.command, self.path, form) if req["service"] == "s3" else form.get("Action")
         return req
 
     def _forward(self, body: bytes) -> tuple[int, bytes, list[tuple[str, str]]]:
@@ -939,6 +946,11 @@ class Handler(BaseHTTPRequestHandler):
             st.contracts.shape(req, lambda form: self._forward(urllib.parse.urlencode(form).encode()))
             if req.get("forward_form") is not None:  # Run/TerminateInstances as moto understands them (ec2_cluster.py)
                 body = urllib.parse.urlencode(req["forward_form"]).encode()
+            written = S3Conditional.conditional(req, self.headers)
+            if written is not None and not st.s3.begin(written):
+                with st.lock:
+                    entry.update(status=409, outcome="s3-conflict")
+                return self._reply(409, CONFLICT_BODY, [("Content-Type", "application/xml")], entry)
             try:
                 body, snapshot_tags = CreateImageTags.split(req, body)
                 out = self._forward(self.state.tokens.rewrite(req, body))
@@ -949,6 +961,9 @@ class Handler(BaseHTTPRequestHandler):
                     entry["status"] = 502
                     entry["outcome"] = f"upstream-error: {e}"
                 return self._send(502, str(e).encode(), {"Content-Type": "text/plain"})
+            finally:
+                if written is not None:
+                    st.s3.end(written)
             upstream = (self.upstream, dict(self.headers.items()))
             st.spot.after(req, out[0], upstream, st.lock)  # a persistent request relaunches (calls moto: no lock)
             with st.lock:
