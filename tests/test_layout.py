@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "gpuprov"
 MAX_LINES = 500
 GROUND = ("gpuprov.errors", "gpuprov.files", "gpuprov.locks", "gpuprov.paths", "gpuprov.resources",
           "gpuprov.state", "gpuprov.state_errors", "gpuprov.state_tolerant", "gpuprov.records", "gpuprov.store",
-          "gpuprov.state_url", "gpuprov.leases")
+          "gpuprov.state_url", "gpuprov.leases", "gpuprov.team")
 # team state's S3 backend is on the ground floor too (every part reads records) and the one floor module with boto3
 GROUND_S3 = ("gpuprov.state_s3",)
 CLOUD_SDKS = ("boto3", "botocore")

@@ -32,8 +32,11 @@ _guard = threading.Lock()
 
 
 def member() -> str:
-    """Who this is, as leases and tags name a member: user@host."""
-    return f"{getpass.getuser()}@{socket.gethostname()}"
+    """Who this is, as leases, tags and the team's keys name a member: the install's owner id, `user@host/ID`
+    (cloud/tags.py): two clones of one machine, or two CI runners, are two members."""
+    from gpuprov.paths import install_id
+
+    return f"{getpass.getuser()}@{socket.gethostname()}/{install_id()}"
 
 
 @dataclass(frozen=True)

@@ -146,6 +146,18 @@ def hold(key: str, what: str, *, wait: bool = True, subject: str | None = None,
                 os.close(fd)  # closing the last descriptor releases the flock
 
 
+def holder(key: str) -> Holder:
+    """Who holds `key` (for the messages): the lock file's words, or the lease's with team state."""
+    team = _team() if key.startswith("node-") else None
+    if team is not None:
+        from gpuprov import leases
+        from gpuprov.state_s3 import Bucket
+
+        found = leases.read(Bucket(team), key)
+        return _holder(found[0]) if found else Holder(None, "?", None)
+    return holder_of(_file(key))
+
+
 def _team() -> StateUrl | None:
     from gpuprov.state_url import configured
 
@@ -236,6 +248,9 @@ def claim(name: str, what: str) -> Iterator[None]:
     except Busy as busy:
         from gpuprov.errors import UserInputError
 
+        if busy.holder.by:  # team state: a teammate's `up` (or any operation) holds the name's lease
+            raise UserInputError("NAME", f"the name {name!r} is taken by {busy.holder}",
+                                 "pick another name, or wait for it to finish") from None
         raise UserInputError("NAME", str(busy), "wait for it to finish, or stop it: Ctrl-C where it runs, or "
                              f"`kill {busy.holder.pid}` (it takes back what it made)") from None
     with held:

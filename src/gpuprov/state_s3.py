@@ -141,13 +141,28 @@ class Bucket:
 
         return self._call(read)
 
+    def read_text(self, name: str) -> str | None:
+        """A plain text object (a member's public keys, a node's known_hosts), None when there is none."""
+        from botocore.exceptions import ClientError
+
+        def read() -> str | None:
+            try:
+                return str(self.s3.get_object(Bucket=self.url.bucket, Key=self.key(name))["Body"].read().decode())
+            except ClientError as exc:
+                if _code(exc)[0] in ("NoSuchKey", "404"):
+                    return None
+                raise
+
+        return self._call(read)
+
     def put(self, name: str, doc: dict[str, Any] | str, *, etag: str | None = None, create: bool = False) -> str:
         """Write `doc`: only if there is none (`create`), only over the version `etag` names, or unconditionally.
         Returns the new ETag; a lost condition is Conflict."""
         body = doc if isinstance(doc, str) else json.dumps(doc, separators=(",", ":"))
         extra: dict[str, str] = {"IfNoneMatch": "*"} if create else {"IfMatch": etag} if etag else {}
         answer = self._call(lambda: self.s3.put_object(Bucket=self.url.bucket, Key=self.key(name), Body=body.encode(),
-                                                       ContentType="application/json", **extra))
+                                                       ContentType="text/plain" if isinstance(doc, str)
+                                                       else "application/json", **extra))
         return str(answer["ETag"])
 
     def delete(self, name: str) -> None:
@@ -237,6 +252,17 @@ class S3Store:
             except Conflict:
                 continue  # someone wrote it first: look again (it is theirs now, or was a terminated one rewritten)
         raise BucketUnavailable(self.url, f"{key}: could not claim the name", "run the command again")
+
+    def put_whole(self, node: Node, resources: list[Resource], events: list[Event]) -> bool:
+        """Write a node with its rows as they are (`state push`, `state adopt`): only where the bucket has no node
+        of that name (If-None-Match). Rows get new ids: another member's rows must never share one."""
+        rows = [dict(asdict(r), id=_new_id()) for r in resources]
+        doc = {"node": asdict(node), "resources": rows, "events": [asdict(e) for e in events]}
+        try:
+            self.bucket.put(self._node_object(node.name), doc, create=True)
+        except Conflict:
+            return False
+        return True
 
     @staticmethod
     def _node(doc: dict[str, Any]) -> Node:

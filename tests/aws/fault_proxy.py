@@ -134,12 +134,14 @@ try:  # as a module (tests) or as a script (python fault_proxy.py): the sibling 
     from tests.aws.ec2_cluster import ClusterEc2, live_instances, terminate_form
     from tests.aws.ec2_contracts import Ec2Contracts
     from tests.aws.ec2_spot import SpotEc2
-    from tests.aws.s3_contracts import CONFLICT_BODY, S3Conditional, action as s3_action
+    from tests.aws.s3_contracts import CONFLICT_BODY, S3Conditional
+    from tests.aws.s3_contracts import action as s3_action
 except ImportError:  # pragma: no cover - script mode
     from ec2_cluster import ClusterEc2, live_instances, terminate_form  # type: ignore[no-redef]
     from ec2_contracts import Ec2Contracts  # type: ignore[no-redef]
     from ec2_spot import SpotEc2  # type: ignore[no-redef]
-    from s3_contracts import CONFLICT_BODY, S3Conditional, action as s3_action  # type: ignore[no-redef]
+    from s3_contracts import CONFLICT_BODY, S3Conditional  # type: ignore[no-redef]
+    from s3_contracts import action as s3_action
 
 CONTROL = "/__faults__"
 # Opt-in regions the account has not enabled (moto 5.2's DescribeRegions marks these `not-opted-in`): a call signed

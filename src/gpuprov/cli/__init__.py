@@ -11,7 +11,19 @@ import os
 import sys
 import threading
 
-from gpuprov.cli import access, cloud, clusters, facts, gc, hosts, images, metrics, offline, settings  # noqa: F401  (registers the commands)
+from gpuprov.cli import (  # noqa: F401  (registers the commands)
+    access,
+    cloud,
+    clusters,
+    facts,
+    gc,
+    hosts,
+    images,
+    metrics,
+    offline,
+    settings,
+    team,
+)
 from gpuprov.cli.common import main
 
 __all__ = ["main", "run"]
