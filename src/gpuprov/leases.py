@@ -84,7 +84,8 @@ class Lease:
         self.doc: dict[str, Any] = {"holder": member(), "host": socket.gethostname(), "pid": os.getpid(),
                                     "what": what, "since": time.time(), "expiry": expiry}
         self.etag = ""
-        self.lost: Holding | None = None  # set when someone broke it while it was held
+        self.lost = False  # someone broke it (`state unlock`) or took it over while it was held
+        self.taken_by: Holding | None = None  # ... and who holds it now, if anyone
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -96,11 +97,12 @@ class Lease:
 
     def _renew(self) -> None:
         while not self._stop.wait(self.expiry / 3):
+            self.doc["renewed"] = time.time()  # a new body: a new ETag per renewal (S3's ETag is the body's MD5)
             try:
                 self.etag = self.bucket.put(_name(self.key), self.doc, etag=self.etag)
             except Conflict:  # broken (`state unlock`) or taken over after it expired: it is not ours any more
                 found = read(self.bucket, self.key)
-                self.lost = found[0] if found else None
+                self.lost, self.taken_by = True, found[0] if found else None
                 return
             except Exception:
                 continue

@@ -96,7 +96,7 @@ class Bucket:
     def key(self, name: str) -> str:
         return self.url.prefix + name
 
-    def _call(self, fn: Callable[[], T]) -> T:
+    def _call(self, fn: Callable[[], T], *, conditional: bool = False) -> T:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
@@ -104,6 +104,8 @@ class Bucket:
         except ClientError as exc:
             code, status = _code(exc)
             if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+                raise Conflict(code) from None
+            if conditional and code == "NoSuchKey":  # If-Match on an object someone deleted meanwhile
                 raise Conflict(code) from None
             if code == "NoSuchBucket":
                 raise BucketUnavailable(self.url, f"no bucket {self.url.bucket!r}",
@@ -162,7 +164,8 @@ class Bucket:
         extra: dict[str, str] = {"IfNoneMatch": "*"} if create else {"IfMatch": etag} if etag else {}
         answer = self._call(lambda: self.s3.put_object(Bucket=self.url.bucket, Key=self.key(name), Body=body.encode(),
                                                        ContentType="text/plain" if isinstance(doc, str)
-                                                       else "application/json", **extra))
+                                                       else "application/json", **extra),
+                            conditional=etag is not None)
         return str(answer["ETag"])
 
     def delete(self, name: str) -> None:

@@ -804,7 +804,7 @@ class Handler(BaseHTTPRequestHandler):
                 req["json"] = None
         else:
             form: dict[str, str] = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
-            if body and ("x-www-form-urlencoded" in ctype or not ctype):
+            if body and ("x-www-form-urlencoded" in ctype or not ctype) and req["service"] != "s3":  # S3: an object
                 form.update(urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
             req["form"] = form
             req["action"] = s3_action(self.command, self.path, form) if req["service"] == "s3" else form.get("Action")
@@ -870,8 +870,31 @@ class Handler(BaseHTTPRequestHandler):
         body = self._read_body()
         if self.path.split("?")[0].rstrip("/").startswith(CONTROL):
             return self._control(body)
-        st = self.state
         req = self._describe(body)
+        # S3: one conditional write per object from arrival to answer (a rule's delay included), another meanwhile
+        # is S3's 409 (s3_contracts.py)
+        written = S3Conditional.conditional(req, self.headers)
+        if written is not None and not self.state.s3.begin(written):
+            with self.state.lock:
+                self.state.seq += 1
+                self.state.log.append({"seq": self.state.seq, **req, "status": 409, "rule": None, "held": False,
+                                       "outcome": "s3-conflict", "fresh": [], "hidden": []})
+            return self._reply(409, CONFLICT_BODY, [("Content-Type", "application/xml")], {})
+        self._written = written
+        try:
+            return self._proxy(body, req)
+        finally:
+            self._end_write()
+
+    def _end_write(self) -> None:
+        """S3 has written (or refused) the object: a conditional write arriving now meets it as it is (a held
+        answer's object is there already: the next writer's condition fails 412, as on S3)."""
+        written, self._written = getattr(self, "_written", None), None
+        if written is not None:
+            self.state.s3.end(written)
+
+    def _proxy(self, body: bytes, req: dict[str, Any]) -> None:
+        st = self.state
         with st.lock:
             st.seq += 1
             entry = {"seq": st.seq, **req, "status": None, "rule": None, "held": False, "outcome": None,
@@ -948,14 +971,10 @@ class Handler(BaseHTTPRequestHandler):
             st.contracts.shape(req, lambda form: self._forward(urllib.parse.urlencode(form).encode()))
             if req.get("forward_form") is not None:  # Run/TerminateInstances as moto understands them (ec2_cluster.py)
                 body = urllib.parse.urlencode(req["forward_form"]).encode()
-            written = S3Conditional.conditional(req, self.headers)
-            if written is not None and not st.s3.begin(written):
-                with st.lock:
-                    entry.update(status=409, outcome="s3-conflict")
-                return self._reply(409, CONFLICT_BODY, [("Content-Type", "application/xml")], entry)
             try:
                 body, snapshot_tags = CreateImageTags.split(req, body)
                 out = self._forward(self.state.tokens.rewrite(req, body))
+                self._end_write()
                 if snapshot_tags and out[0] == 200:
                     self._tag_image_snapshots(out[1], snapshot_tags)
             except OSError as e:
@@ -963,9 +982,6 @@ class Handler(BaseHTTPRequestHandler):
                     entry["status"] = 502
                     entry["outcome"] = f"upstream-error: {e}"
                 return self._send(502, str(e).encode(), {"Content-Type": "text/plain"})
-            finally:
-                if written is not None:
-                    st.s3.end(written)
             upstream = (self.upstream, dict(self.headers.items()))
             st.spot.after(req, out[0], upstream, st.lock)  # a persistent request relaunches (calls moto: no lock)
             with st.lock:
