@@ -100,7 +100,7 @@ def test_two_homes_times_twenty_concurrent_updates_lose_nothing(aws, url):
     def work(home: int, i: int) -> None:
         try:
             homes[home].event("busy", "update", f"{home}-{i}")
-        except BaseException as exc:  # noqa: BLE001 (reported below)
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(h, i)) for h in range(2) for i in range(20)]
@@ -131,9 +131,8 @@ def test_a_lease_is_renewed_while_held_refused_to_others_and_taken_over_once_exp
     dead = leases.Lease(bucket_lease.bucket, "node-d", "up", 2)
     dead.doc["pid"] = 999999
     dead.etag = dead.bucket.put("leases/node-d.json", dead.doc, create=True)
-    with pytest.raises(leases.Taken) as taken:
-        with leases.hold(url, "node-d", "down", expiry=2, wait=False):
-            pass
+    with pytest.raises(leases.Taken) as taken, leases.hold(url, "node-d", "down", expiry=2, wait=False):
+        pass
     assert taken.value.holding.pid == 999999
     told: list[str] = []
     with leases.hold(url, "node-d", "down", expiry=2, waiting=lambda h: told.append(str(h)),

@@ -125,7 +125,12 @@ def adopt(region: str | None, all_regions: bool) -> None:
     else:
         regions = [cat.check_region(region) if region else region_from(None).name]
     said = say_to(make_console())
-    found = adopting.adopt(regions, provider, store, said)
+    from gpuprov.cloud.providers.aws import AwsProvider
+    from gpuprov.cloud.tags import legacy_owner, owner
+
+    # the team's resources, and this member's own from before the team (tagged with the owner alone)
+    own = AwsProvider(owner(), poll=provider.poll, legacy=legacy_owner()) if provider.team else None
+    found = adopting.adopt(regions, [provider, *([own] if own else [])], store, said)
     click.echo(f"{len(found)} node(s) adopted" + (f": {', '.join(found)}" if found else ""))
 
 

@@ -23,11 +23,12 @@ _KINDS: tuple[ResourceKind, ...] = ("instance", "spot-request", "volume", "secur
                                     "address")
 
 
-def adopt(regions: Sequence[str], provider: Provider, store: Store, say: Say) -> list[str]:
-    """Record every tagged node of `regions` that the store lacks; returns the adopted names."""
+def adopt(regions: Sequence[str], providers: Sequence[Provider], store: Store, say: Say) -> list[str]:
+    """Record every tagged node of `regions` that the store lacks; returns the adopted names. `providers` list
+    the same cloud by different tags (a team's, and the member's own from before the team)."""
     adopted: list[str] = []
     for region in regions:
-        tagged = provider.tagged(region, everyone=True)
+        tagged = list({r.id: r for p in providers for r in p.tagged(region, everyone=True)}.values())
         known = {r.cloud_id for r in store.resources(None, region=region) if r.cloud_id}
         for res in tagged:  # key pairs and images outlive nodes: recorded apart, as `up` and `image bake` do
             if res.id not in known and (res.kind == "image" or (res.kind == "key-pair" and res.node == SHARED)):
@@ -37,7 +38,7 @@ def adopt(regions: Sequence[str], provider: Provider, store: Store, say: Say) ->
         for res in tagged:
             if res.node and res.node not in (SHARED, IMAGES) and res.kind in _KINDS:
                 by_node[res.node].append(res)
-        instances = {i.id: i for i in provider.instances(region, everyone=True)}
+        instances = {i.id: i for p in providers for i in p.instances(region, everyone=True)}
         for name, resources in sorted(by_node.items()):
             existing = store.find_node(name)
             if existing is not None and existing.live:

@@ -155,6 +155,8 @@ def _load(where: Path, stamp: float) -> ConfigFile:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        if field in ("state", "lease"):  # team state's keys: blamed on their line, as state_url.py blames them
+            raise UserInputError(_place(where, field), msg, hint) from None
         raise UserInputError("config", f"{where}: {field}: {msg}", hint) from None
 
 
@@ -181,7 +183,10 @@ def key_for(command: str, param: str) -> str | None:
 def where(key: str) -> str:
     """Where the config file sets `key`, as an error names it: `PATH:LINE: key` (`PATH: key` when the
     line is not found: a key in an inline table, say)."""
-    file = path()
+    return _place(path(), key)
+
+
+def _place(file: Path, key: str) -> str:
     try:
         lines = file.read_text().splitlines()
     except (OSError, UnicodeDecodeError):
