@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +180,61 @@ def test_a_bucket_without_versioning_warns_and_a_bad_url_is_one_line_naming_its_
     assert bad.returncode == 2, bad.stderr
     assert bad.stderr.startswith(f"error: {config}:2: state: ")
     assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) <= 2
+
+
+def test_every_members_key_reaches_a_teammates_node_and_a_real_sshd_lets_them_in(aws, homes, aws_hosts, tmp_path):
+    """bob joins; alice's `up` (SSH, no bootstrap) puts bob's key in the node's ~/.ssh/authorized_keys; carol joins
+    later and alice's `team sync` adds hers. An OpenSSH server on the node that reads ~/.ssh/authorized_keys (as
+    EC2's images do; the test host's own sshd reads the pool's file) lets bob and carol in, and nobody else."""
+    from tests.aws.cli import launch_site
+
+    alice, bob = homes
+    pool = aws_hosts
+    subnet = launch_site(aws, pool, Path(alice["GPUPROV_HOME"]))
+    carol = {**bob, "GPUPROV_HOME": str(tmp_path / "carol" / "gp")}
+    keys = {}
+    for who in ("bob", "carol", "mallory"):  # mallory's key is never joined
+        folder = tmp_path / who / "gp" / "keys" / "us-east-1"
+        folder.mkdir(parents=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", who, "-f", str(folder / "id_ed25519")],
+                       check=True)
+        keys[who] = folder / "id_ed25519"
+    joined = gp(bob, "team", "join")
+    assert joined.returncode == 0 and "1 public key(s)" in joined.stdout, joined.stderr
+    assert gp(bob, "team", "join", "--key", str(keys["bob"])).returncode == 2  # a private key is refused unread
+
+    up = gp(alice, *up_args("a", "--gpu", "T4", "--subnet", subnet, "--connect", "private", "--ssh-user", "root",
+                            "--no-bootstrap"))
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "a: the keys of 1 member(s) authorized (1 new)" in up.stdout + up.stderr
+    pinned = (tmp_path / "alice" / "gp" / "nodes" / "a" / "known_hosts").read_text()
+    shared = aws.client("s3").get_object(Bucket=BUCKET, Key="gp/known_hosts/a")["Body"].read().decode()
+    assert shared == pinned and pool[0].host_key_pub.split()[1] in shared
+    assert not [k for k in _objects(aws) if "id_ed25519" in k and not k.endswith(".pub")]
+
+    assert gp(carol, "team", "join").returncode == 0
+    synced = gp(alice, "team", "sync", "a")
+    assert synced.returncode == 0, synced.stderr
+    assert "the keys of 2 member(s) authorized (1 new)" in synced.stdout + synced.stderr
+    authorized = pool.exec_in(0, "cat /root/.ssh/authorized_keys; stat -c %a /root/.ssh /root/.ssh/authorized_keys",
+                              check=True).stdout
+    for who in ("bob", "carol"):
+        assert Path(f"{keys[who]}.pub").read_text().split()[1] in authorized
+    assert authorized.split()[-2:] == ["700", "600"]
+
+    pool.exec_in(0, "ssh-keygen -q -t ed25519 -N '' -f /tmp/gp-hk2 && /usr/sbin/sshd -f /dev/null -o Port=2222 "
+                    "-o HostKey=/tmp/gp-hk2 -o AuthorizedKeysFile=.ssh/authorized_keys -o PidFile=/tmp/gp-sshd2.pid "
+                    "-o UsePAM=no -o PasswordAuthentication=no -o PermitRootLogin=prohibit-password", check=True)
+    try:
+        def login(who: str) -> int:
+            return subprocess.run(["ssh", "-i", str(keys[who]), "-p", "2222", "-o", "BatchMode=yes",
+                                   "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                                   "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=10", f"root@{pool[0].address}",
+                                   "true"], capture_output=True, timeout=30).returncode
+
+        assert (login("bob"), login("carol")) == (0, 0)
+        assert login("mallory") != 0
+    finally:
+        pool.exec_in(0, "kill $(cat /tmp/gp-sshd2.pid); rm -f /tmp/gp-hk2* /tmp/gp-sshd2.pid")
+    assert gp(alice, "down", "a", "--yes").returncode == 0
+    assert aws.leftovers() == EMPTY
