@@ -111,9 +111,11 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        found = read(self.bucket, self.key)
-        if found is not None and found[1] == self.etag:  # still ours: a lease someone took over is theirs to end
-            with contextlib.suppress(Exception):
+        # still ours: a lease someone took over is theirs to end; a bucket that does not answer now leaves it to
+        # expire (the command's own result must not be lost to its clean-up)
+        with contextlib.suppress(Exception):
+            found = read(self.bucket, self.key)
+            if found is not None and found[1] == self.etag:
                 self.bucket.delete(_name(self.key))
 
 
