@@ -238,3 +238,19 @@ def test_every_members_key_reaches_a_teammates_node_and_a_real_sshd_lets_them_in
         pool.exec_in(0, "kill $(cat /tmp/gp-sshd2.pid); rm -f /tmp/gp-hk2* /tmp/gp-sshd2.pid")
     assert gp(alice, "down", "a", "--yes").returncode == 0
     assert aws.leftovers() == EMPTY
+
+
+def test_a_local_gc_never_takes_a_teams_node_made_from_the_same_install(aws, homes):
+    """The same install switched back to its local file (whose records never knew the team's nodes) runs `gc --yes`:
+    the team's node carries this install's owner tag, but its gpuprov:team says shared records own it: left."""
+    alice, _ = homes
+    assert gp(alice, *up_args("t", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
+    local = {k: v for k, v in alice.items() if k != "GPUPROV_STATE"}
+    swept = gp(local, "gc", "--yes")
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    (inst,) = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]]
+    assert inst["State"]["Name"] == "running"
+    assert [g["GroupName"] for g in aws.ec2().describe_security_groups(
+        Filters=[{"Name": "tag:gpuprov:node", "Values": ["t"]}])["SecurityGroups"]]
+    assert gp(alice, "down", "t", "--yes").returncode == 0
+    assert aws.leftovers() == EMPTY

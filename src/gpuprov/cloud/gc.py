@@ -69,6 +69,9 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store, all_instal
             sweep.errors.append(f"{region}: {exc}")
             continue
         for res in tagged:
+            if res.team and not team and res.id not in recorded and not all_installs:
+                sweep.others.append(res)  # a team's resource: its shared records own it, never this local file
+                continue
             if res.owner != tags.owner() and res.id not in recorded and not all_installs and not team:
                 sweep.others.append(res)
                 continue

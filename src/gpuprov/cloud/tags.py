@@ -20,7 +20,10 @@ from __future__ import annotations
 import getpass
 import socket
 
+from gpuprov.cloud.providers.base import TAG_TEAM  # team state: the bucket/prefix whose records own it
 from gpuprov.paths import install_id
+
+__all__ = ["TAG_MEMBER", "TAG_TEAM", "legacy_owner", "owner", "team_tags"]
 
 
 def legacy_owner() -> str:
@@ -31,7 +34,6 @@ def owner() -> str:
     return f"{legacy_owner()}/{install_id()}"
 
 
-TAG_TEAM = "gpuprov:team"  # team state: the bucket/prefix whose records own it
 TAG_MEMBER = "gpuprov:member"  # ... and the member (user@host) who made it
 
 
