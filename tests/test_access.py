@@ -300,8 +300,8 @@ def test_sync_makes_dst_a_copy_of_src_whatever_the_slashes(host_pool, gp_home, t
 def test_ssh_and_rsync_read_the_ssh_config_gpuprov_read(tmp_path, monkeypatch):
     """Whenever HOME is not the passwd home (sudo -E, containers, CI) the system ssh would read another
     ~/.ssh/config than gpuprov: it gets -F with gpuprov's."""
-    from gpuprov.hosts.access import ssh_argv
     from gpuprov.hosts.remote import HostSettings
+    from gpuprov.hosts.sshcli import ssh_argv
     from gpuprov.plan.inventory import Target
 
     monkeypatch.setenv("HOME", str(tmp_path))

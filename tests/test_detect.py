@@ -131,3 +131,37 @@ def test_an_nvidia_bridge_is_named_where_it_was_seen() -> None:
     lspci = "c5:00.0 Bridge [0680]: NVIDIA Corporation GH100 [H100 NVSwitch] [10de:22a3] (rev a1)"
     facts = parse_facts(f"## nvidia-smi\n## lspci\n{lspci}\n## os\nubuntu-24.04\n## nvswitch\n## instance-type\n## end\n")
     assert facts.nvswitch and facts.nvswitch_seen == ["bridge c5:00.0"]
+
+
+OS_RELEASES = [
+    ('PRETTY_NAME="Ubuntu 22.04.5 LTS"\nNAME="Ubuntu"\nVERSION_ID="22.04"\nID=ubuntu\nID_LIKE=debian\n', "ubuntu-22.04"),
+    ("NAME='Red Hat Enterprise Linux'\nID='rhel'\nVERSION_ID='9.4'\n", "rhel-9.4"),
+    ('NAME="Amazon Linux"\nVERSION="2023"\nID="amzn"\nVERSION_ID="2023"\n', "amzn-2023"),
+    ('# a comment\n\nPRETTY_NAME="Debian GNU/Linux trixie/sid"\nID=debian\n', None),  # sid: no VERSION_ID
+    ('ID=ubuntu\nVERSION_ID="24.04"', "ubuntu-24.04"),  # no newline after the last line
+]
+
+
+@pytest.mark.parametrize(("text", "os_name"), OS_RELEASES)
+@pytest.mark.parametrize("shell", ["bash", "dash"])
+def test_the_os_is_read_by_the_shell_itself_as_sourcing_os_release_read_it(tmp_path, shell, text, os_name):
+    """The facts' OS line, read with `read` and `case` (no subshell), prints what `. /etc/os-release` printed, in
+    bash and in a POSIX sh (the first exec runs in the login shell), and parses to the same OS."""
+    import shutil
+    import subprocess
+
+    from gpuprov.hosts.detect import OS_RELEASE
+
+    if shutil.which(shell) is None:
+        pytest.skip(f"no {shell} here")
+    release = tmp_path / "os-release"
+    release.write_text(text)
+    ours = subprocess.run([shell, "-c", OS_RELEASE.replace("/etc/os-release", str(release))], capture_output=True,
+                          text=True, check=True)
+    sourced = subprocess.run([shell, "-c", f'( . {release} && echo "$ID-$VERSION_ID" )'], capture_output=True,
+                             text=True, check=True)
+    assert ours.stdout == sourced.stdout and ours.stderr == ""
+    assert parse_facts(f"## nvidia-smi\n## lspci\n## os\n{ours.stdout}## end\n").os == os_name
+    missing = subprocess.run([shell, "-c", OS_RELEASE.replace("/etc/os-release", str(tmp_path / "none"))],
+                             capture_output=True, text=True, check=True)
+    assert missing.stdout == missing.stderr == ""  # no file: an empty section, as before

@@ -57,7 +57,8 @@ def test_a_bare_request_is_one_on_demand_gpu_in_us_east_1_with_the_pytorch_playb
     assert out["env_path"] == "/opt/gpuprov/env"
     assert out["guards"] == {"autostop_seconds": None, "idle_threshold_pct": 10, "ttl_seconds": None,
                              "interrupt_watch": False, "on_interrupt": None, "metadata_url": "http://169.254.169.254",
-                             "shutdown_action": "stop", "budget_usd": None, "budget_price": None}
+                             "shutdown_action": "stop", "budget_usd": None, "budget_price": None,
+                             "block_end": None}
     assert names(plan) == [*STACK_STEPS, *PYTORCH_TAIL]  # no guard asked for: no guard step
     assert plan.guards.any is False
     assert P.NodeRequest(gpu="T4").can_stop and P.NodeRequest(gpu="T4", spot=True, persistent=True).can_stop

@@ -164,8 +164,11 @@ SCENARIOS: dict[str, list[str]] = {
     ],
     "a day on a node": [
         "gpuprov plan --gpu L40S --spot --persistent --autostop 30m --budget 50 --hours 8",
-        "gpuprov up exp1 --gpu L40S --spot --persistent --jupyter --autostop 30m --budget 50 --on-interrupt "
-        "'aws s3 sync /work/ckpt s3://me/ckpt'",
+        # the README's instance profile, as a user's IAM admin would have made it (the sandbox's IAM is moto's)
+        SETUP + "python3 -c 'import boto3; boto3.client(\"iam\").create_instance_profile(InstanceProfileName="
+        "\"ckpt-writer\")'",
+        "gpuprov up exp1 --gpu L40S --spot --persistent --jupyter --autostop 30m --budget 50 --instance-profile "
+        "ckpt-writer --on-interrupt 'aws s3 sync /work/ckpt s3://me/ckpt'",
         "gpuprov jupyter exp1",
         "gpuprov sync ./code exp1:/work/code",
         SETUP + "gpuprov exec exp1 -- cat /work/code/train.py",
@@ -183,6 +186,12 @@ SCENARIOS: dict[str, list[str]] = {
         "gpuprov stop big && gpuprov start big --gpu L4",
         "gpuprov down exp1",
         SETUP + "gpuprov down big --yes",
+    ],
+    "when there is no capacity": [
+        "gpuprov up t4 --gpu T4 --wait 2h --no-bootstrap",
+        "gpuprov capacity list",
+        "gpuprov gc --stopped-for 14d",
+        SETUP + "gpuprov down t4 --yes",
     ],
     "machines you already have": [
         "gpuprov bootstrap ubuntu@10.1.2.3 -p pytorch --accept-new-host-key",
@@ -204,6 +213,13 @@ SCENARIOS: dict[str, list[str]] = {
         "gpuprov check train --cluster",
         "gpuprov cluster list",
         "gpuprov cluster rm train",
+    ],
+    "watching a node": [
+        "gpuprov up train --gpu H100:8 --metrics --alert-webhook https://hooks.slack.com/services/T0/B0/XXXX",
+        "gpuprov metrics serve --file-sd ~/prometheus/gpuprov.json",
+        "gpuprov metrics dashboard > gpu.json",
+        SETUP + "python3 -c 'import json; assert json.load(open(\"gpu.json\"))[\"panels\"]'",
+        SETUP + "gpuprov down train --yes",
     ],
     "a cluster on AWS": [
         "gpuprov plan --gpu H100:8 --nodes 2",
@@ -254,7 +270,8 @@ SAYS = {
     "gpuprov exec train -- 'echo $NODE_RANK of $NNODES'": "3 of 4",
 }
 # a terminal stays open until Ctrl-C: these run until they print this, then get SIGINT
-UNTIL = {"gpuprov jupyter exp1": "/lab?token=", "gpuprov monitor exp1": "L40S"}
+UNTIL = {"gpuprov jupyter exp1": "/lab?token=", "gpuprov monitor exp1": "L40S",
+         "gpuprov metrics serve --file-sd ~/prometheus/gpuprov.json": "train: serving"}
 TRAIN_PY = "import os, sys\nprint(f\"rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: {sys.argv[1:]}\")\n"
 
 

@@ -318,3 +318,85 @@ def test_a_second_bootstrap_of_a_host_is_refused_while_the_first_runs_and_takeov
             first.kill()
             first.wait()
     assert runners_left(pool, 1) == []
+
+
+def test_a_steps_log_travels_on_stdout_between_its_start_and_its_output(tmp_path):
+    """sshd forwards stdout and stderr apart, so the client cannot order lines of one against the other: a step's
+    first log line reached it before the step's `start` (into the last step's log section) under load. The runner
+    sends a step's log on its stdout, ordered with the events; run here without SSH, the two streams are seen
+    apart, as sshd sees them."""
+    import subprocess
+
+    from gpuprov.hosts import runner
+    from gpuprov.plan.plan import make_host_plan
+    from gpuprov.plan.render import environment
+    from gpuprov.plan.stack import StackPins
+
+    playbook = tmp_path / "two.yml"
+    playbook.write_text("name: two\nstack: none\nenv: null\nsteps:\n"
+                        "  - name: first\n    run: echo first-log-line\n"
+                        "  - name: second\n    run: echo second-log-line; echo second-to-stderr >&2\n")
+    bundle = make_host_plan(None, str(playbook), "ubuntu-22.04", StackPins(python="3.11")).bundle()
+    bundle_dir, state = tmp_path / "bundle", tmp_path / "state"
+    bundle.write(bundle_dir)
+    (state / "markers").mkdir(parents=True)
+    checks = [(name, check) for name, (check, _) in runner.AFTER_REBOOT.items()]
+    script = environment().get_template("runner.sh.j2").render(
+        steps=bundle.scripts, checks=checks, default_check=runner.AFTER_REBOOT[runner.DEFAULT_AFTER_REBOOT][0],
+        bundle_dir=str(bundle_dir), marker_dir=str(state / "markers"), state_dir=str(state))
+    (bundle_dir / runner.RUNNER_FILE).write_text(script)
+    run = subprocess.run(["bash", str(bundle_dir / runner.RUNNER_FILE), "n0", "1", "0", "-", "me:test:1", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "log-line" not in run.stderr and "second-to-stderr" not in run.stderr  # nothing of a step's log apart
+    out = run.stdout.splitlines()
+    for step in ("first", "second"):
+        start, output = out.index(f"@gpuprov:n0 start {step}"), out.index(f"@gpuprov:n0 output {step}")
+        end = next(i for i, line in enumerate(out) if line.startswith(f"@gpuprov:n0 end {step} 0 "))
+        assert start < output < end
+        log = out[start + 1:output]
+        assert any(line == f"{step}-log-line" for line in log), log  # the step's log, in its place
+        assert out[output + 1:end] == ["GPUPROV_RESULT=changed"]  # then its stdout: the result line
+    second = out[out.index("@gpuprov:n0 start second") + 1:out.index("@gpuprov:n0 output second")]
+    assert "second-to-stderr" in second
+def test_the_busy_check_asks_the_lock_only_while_the_recorded_runner_lives(host_pool):
+    """The first exec's busy check (runner.busy_check), run in a host: another install's runner that is gone
+    (its pid dead, or a live pid that holds no lock) lets the run on; one that holds the lock stops it (exit 75,
+    naming it) unless --takeover; this install's own never does."""
+    from gpuprov.hosts import runner
+
+    pool = host_pool
+    reset(pool, [7])
+    lock = "/var/lib/gpuprov/runner.lock"
+
+    def check(client: str = "mine:me@here:1", takeover: bool = False) -> subprocess.CompletedProcess[str]:
+        return pool.exec_in(7, runner.busy_check(client, takeover) + "echo passed")
+
+    assert check().stdout == "passed\n"  # never bootstrapped: no lock file at all
+    pool.exec_in(7, f"mkdir -p /var/lib/gpuprov; echo '2147483646 1 other:them@there 1700000000' > {lock}.pid",
+                 check=True)
+    assert check().stdout == "passed\n"  # its runner's pid is dead: the lock is free
+    inside = ["nsenter", "-t", str(pool.supervisor_pid(7)), "-n", "-m", "-u", "--"] if pool.mode == "netns" else []
+    # its own process group: flock's child `sleep` holds the lock too, and goes with it
+    holder = subprocess.Popen([*inside, "flock", lock, "sleep", "60"], start_new_session=True)
+    try:
+        for _ in range(200):  # until it holds the lock
+            if pool.exec_in(7, f"flock -n {lock} true").returncode != 0:
+                break
+            time.sleep(0.02)
+        pool.exec_in(7, f"echo '{holder.pid} 1 other:them@there 1700000000' > {lock}.pid", check=True)
+        refused = check()
+        assert refused.returncode == runner.BUSY and refused.stdout == ""
+        assert "another gpuprov (other:them@there, its runner pid" in refused.stderr and "--takeover" in refused.stderr
+        assert check(takeover=True).stdout == "passed\n"
+        assert check(client="other:them@there:2").stdout == "passed\n"  # this install's own: its client lock decides
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+    idle = subprocess.Popen(["sleep", "60"])  # a live process that holds no lock (its pid reused, say)
+    try:
+        pool.exec_in(7, f"echo '{idle.pid} 1 other:them@there 1700000000' > {lock}.pid", check=True)
+        assert check().stdout == "passed\n"
+    finally:
+        idle.kill()
+        idle.wait()

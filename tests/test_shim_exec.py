@@ -191,3 +191,56 @@ def test_shims_are_executable_bash_and_shellcheck_clean() -> None:
     proc = subprocess.run([shellcheck, "-x", "-S", "warning", *map(str, shims), str(SHIMS / "lib" / "common.sh")],
                           capture_output=True, text=True, cwd=SHIMS / "bin")
     assert proc.returncode == 0, proc.stdout[:3000]
+
+
+def test_a_probe_that_crashes_fails_verify_in_one_line(cuda_dev, tmp_path: Path) -> None:
+    """verify's one Python process (probe and judge together): an interpreter that dies fails the step with one
+    FAILED line naming it and its exit status, after its own words; a probe that raises says what it raised."""
+    host, *_ = cuda_dev
+    verify = make_plan(NodeRequest(gpu="A100", playbook="cuda-dev", pins=PINS)).bundle().scripts[-1]
+    broken = host.copy(tmp_path / "dead")
+    python = broken.sysroot / "opt/gpuprov/env/bin/python"
+    python.unlink()
+    python.write_text("#!/bin/sh\necho 'Fatal Python error: init_fs_encoding' >&2\nexit 3\n")
+    python.chmod(0o755)
+    run = broken.run_script(verify)
+    assert run.returncode == 1 and run.result is None and "GPUPROV_PROBE_BEGIN" not in run.stdout
+    assert "FAILED: the probe crashed" in run.last_stderr_line and "exited 3" in run.last_stderr_line, run.stderr
+    assert "Fatal Python error: init_fs_encoding" in run.stderr
+    raising = host.copy(tmp_path / "raising")
+    python = raising.sysroot / "opt/gpuprov/env/bin/python"
+    real = python.resolve()
+    python.unlink()
+    # the real interpreter running verify's program ($2) with json.dumps broken: the probe raises past its guards
+    python.write_text(f"#!/bin/sh\nshift\nexec {real} -c 'import json, sys; json.dumps = None; exec(sys.argv.pop(1))' "
+                      '"$@"\n')
+    python.chmod(0o755)
+    run = raising.run_script(verify)
+    assert run.returncode == 1 and "FAILED: the probe crashed: TypeError" in run.last_stderr_line, run.stderr
+
+
+def test_a_playbook_command_runs_in_its_own_subshell_under_the_steps_strict_mode(tmp_path: Path) -> None:
+    """A user step's `run` (a subshell of the step script now, `bash -euo pipefail -c` before): its first failing
+    command, a failing pipeline or an unset variable fails the step with that status; `exit 0` ends the command,
+    not the step; its variables and cd leave the step's own state alone."""
+    playbook = tmp_path / "semantics.yml"
+    commands = {
+        "exit-early": "exit 0; echo never",
+        "first-failure": "false; echo never",
+        "status": "exit 3",
+        "pipeline": "false | true; echo never",
+        "unset": "echo \"$NOT_SET_ANYWHERE\"",
+        "own-state": "GP_CHANGED=0; GP_STEP=other; cd /; echo here=\"$PWD\"",
+    }
+    playbook.write_text("name: semantics\nstack: none\nenv: null\nsteps:\n" + "".join(
+        f"  - name: {name}\n    run: {json.dumps(run)}\n" for name, run in commands.items()))
+    host = ShimHost(tmp_path / "host", gpu="T4")
+    runs = {s.name: host.run_script(s) for s in make_host_plan(None, str(playbook), "ubuntu-24.04",
+                                                               StackPins()).bundle().scripts}
+    assert (runs["exit-early"].returncode, runs["exit-early"].result) == (0, "changed")
+    assert "never" not in runs["exit-early"].stderr + runs["first-failure"].stderr + runs["pipeline"].stderr
+    assert (runs["first-failure"].returncode, runs["first-failure"].result) == (1, None)
+    assert (runs["status"].returncode, runs["pipeline"].returncode, runs["unset"].returncode) == (3, 1, 1)
+    assert "NOT_SET_ANYWHERE: unbound variable" in runs["unset"].stderr
+    own = runs["own-state"]
+    assert own.result == "changed" and "here=/\n" in own.stderr and "[gpuprov own-state] changed: step done" in own.stderr

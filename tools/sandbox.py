@@ -57,7 +57,11 @@ sys.path.insert(0, str(ROOT))
 DEFAULT_DIR = Path(os.environ.get("GPUPROV_SANDBOX_DIR") or f"/tmp/gpuprov-sandbox-{os.getuid()}")
 SYSROOT = "/var/lib/gpuprov-shim/root"
 SYSROOT_DIRS = ("", "/etc", "/opt", "/usr", "/usr/local", "/usr/local/bin", "/var", "/var/lib")
-HOST_ENV = {"GPUPROV_SYSROOT": SYSROOT, "GPUPROV_RETRY_DELAY": "0", "GPUPROV_APT_LOCK_POLL": "1"}
+# each host has its own network namespace, so the exporters of `--metrics` run for real there, as in the tests
+# (tests/conftest.py REAL_UNITS, tests/shims/lib/units.sh)
+REAL_UNITS = "prometheus-node-exporter,gpuprov-gpu-metrics,nvidia-dcgm,nvidia-dcgm-exporter"
+HOST_ENV = {"GPUPROV_SYSROOT": SYSROOT, "GPUPROV_RETRY_DELAY": "0", "GPUPROV_APT_LOCK_POLL": "1",
+            "GPUPROV_SHIM_REAL_UNITS": REAL_UNITS}
 DLAMI_PREFIX = "/sandbox/deeplearning"
 DLAMI_DRIVER = "595.91.07"  # what data/images.yaml says the seeded DLAMI's release ships
 LOGIN = "ubuntu"

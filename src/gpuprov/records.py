@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 NodeState = Literal["launching", "running", "bootstrapping", "ready", "failed", "terminating", "terminated",
-                    "stopping", "stopped", "resizing", "starting"]
-UP_STATES = ("launching", "running", "bootstrapping", "failed", "terminating")  # where an `up` leaves a record
+                    "stopping", "stopped", "resizing", "starting", "waiting"]
+# where an `up` leaves a record ("waiting": between two passes of `up --wait`, owning nothing)
+UP_STATES = ("launching", "running", "bootstrapping", "failed", "terminating", "waiting")
 # an image row has node None: images outlive the node they were baked from
 ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "placement-group",
-                       "address"]
+                       "address", "iam-role", "instance-profile"]
 
 
 
@@ -57,6 +58,8 @@ class Node:
     paid_usd_hour: float | None = None  # what it costs an hour: the spot price obtained at launch, or the list price
     billed_seconds: float | None = None  # its instance's running time before the current run (stops end a run)
     running_since: float | None = None  # when the current run began (None: stopped, or ended)
+    reservation_id: str | None = None  # the Capacity Reservation or Block it launched into (cr-…)
+    reservation_end: float | None = None  # a Capacity Block's end (epoch s): EC2 ends its instances 30 min before
 
     def cost_so_far(self, now: float) -> float | None:
         """Dollars its instance has cost: the price it got, for the time it ran (stopped time costs no compute).

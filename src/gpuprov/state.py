@@ -109,7 +109,8 @@ _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER
                        ("budget_price", "REAL"),
                        ("resize_from", "TEXT"), ("resize_to", "TEXT"), ("stopped_at", "REAL"),
                        ("cluster_size", "INTEGER"), ("members_json", "TEXT"), ("paid_usd_hour", "REAL"),
-                       ("billed_seconds", "REAL"), ("running_since", "REAL"))
+                       ("billed_seconds", "REAL"), ("running_since", "REAL"), ("reservation_id", "TEXT"),
+                       ("reservation_end", "REAL"))
 
 
 class SqliteStore:

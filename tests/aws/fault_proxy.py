@@ -65,6 +65,8 @@ Control API (same port, JSON):
   POST   /__faults__/regions  {"not_enabled": [...]}: the opt-in regions the account has not enabled (default
                               NOT_ENABLED): every call there answers AuthFailure 401; DescribeRegions leaves them out
                               unless AllRegions
+  GET    /__faults__/capacity  Capacity Reservations, Block offerings and the proxy's clock (ec2_capacity.py); POST
+                              {"reservations": [...], "offerings": [...], "advance": seconds} adds them, moves the clock
   GET    /__faults__/contracts  the EC2-contract settings (page_size, deregistered_listed, address_limit) and what was
                               learnt for them; POST one or more settings -> all of them (400 on an unknown one); DELETE
                               /__faults__ restores the defaults
@@ -131,12 +133,14 @@ from xml.etree import ElementTree as ET
 from xml.sax.saxutils import escape
 
 try:  # as a module (tests) or as a script (python fault_proxy.py): the sibling modules either way
+    from tests.aws.ec2_capacity import CapacityEc2
     from tests.aws.ec2_cluster import ClusterEc2, live_instances, terminate_form
     from tests.aws.ec2_contracts import Ec2Contracts
     from tests.aws.ec2_spot import SpotEc2
     from tests.aws.s3_contracts import CONFLICT_BODY, S3Conditional
     from tests.aws.s3_contracts import action as s3_action
 except ImportError:  # pragma: no cover - script mode
+    from ec2_capacity import CapacityEc2  # type: ignore[no-redef]
     from ec2_cluster import ClusterEc2, live_instances, terminate_form  # type: ignore[no-redef]
     from ec2_contracts import Ec2Contracts  # type: ignore[no-redef]
     from ec2_spot import SpotEc2  # type: ignore[no-redef]
@@ -617,6 +621,7 @@ class _State:
         self.not_enabled: set[str] = set(NOT_ENABLED)
         self.contracts = Ec2Contracts()  # Elastic IPs, root volumes, IPv6, instance profiles, pages (ec2_contracts.py)
         self.s3 = S3Conditional()  # conditional writes that race: S3's 409 (s3_contracts.py)
+        self.capacity = CapacityEc2()  # Capacity Reservations and Capacity Blocks (ec2_capacity.py)
 
     def add(self, rules: list[dict[str, Any]]) -> list[int]:
         ids = []
@@ -746,6 +751,7 @@ class Handler(BaseHTTPRequestHandler):
                 st.tokens.reset()
                 st.cluster.reset()
                 st.spot.reset()
+                st.capacity.reset()
             st.contracts.forget()
             return self._json(200, {"ok": True})
         if path == CONTROL + "/spot/interrupt" and self.command == "POST":
@@ -781,6 +787,13 @@ class Handler(BaseHTTPRequestHandler):
                     raise ValueError("expected a JSON object")
                 return self._json(200, st.contracts.configure(update))
             except ValueError as e:
+                return self._json(400, {"error": str(e)})
+        if path == CONTROL + "/capacity":  # GET: reservations, offerings, the clock; POST: add them, advance it
+            try:
+                ask = json.loads(body or b"{}") if self.command == "POST" else {}
+                with st.lock:
+                    return self._json(200, st.capacity.configure(ask))
+            except (ValueError, KeyError, TypeError) as e:
                 return self._json(400, {"error": str(e)})
         if path == CONTROL + "/log" and self.command == "DELETE":
             with st.lock:
@@ -955,6 +968,8 @@ class Handler(BaseHTTPRequestHandler):
             out = (400, ec2_error_body("InvalidAMIName.Duplicate",
                                        f"AMI name {req['form'].get('Name')} is already in use by AMI {taken}"),
                    [("Content-Type", "text/xml;charset=UTF-8")])
+        elif (capacity := self._capacity(req)) is not None:
+            out = capacity
         elif (contract := self._contract(req)) is not None:
             out = contract
         elif (answered := self._cluster(req, rule)) is not None or (answered := self._spot(req)) is not None:
@@ -998,6 +1013,9 @@ class Handler(BaseHTTPRequestHandler):
                 st.tokens.observe(req, out[0], body_out, st.realism.settings["token_lag"] if realistic else 0)
                 if req["action"] == "RunInstances" and out[0] == 200:
                     st.cluster.launched(req, body_out)
+                    st.capacity.launched(req, body_out)
+                elif req["action"] == "TerminateInstances" and out[0] == 200:
+                    st.capacity.terminated(req["form"])
                 status_out, body_out = st.contracts.after(req, out[0], body_out, st.realism.settings)
                 out = (status_out, body_out, out[2])
                 answer, hidden = st.realism.observe(req, out[0], body_out)
@@ -1041,6 +1059,27 @@ class Handler(BaseHTTPRequestHandler):
                 entry["status"] = out[0]
                 entry["outcome"] = "fault" if canned else "forwarded"
         self._reply(*out, entry)
+
+    def _capacity(self, req: dict[str, Any]) -> tuple[int, bytes, list[tuple[str, str]]] | None:
+        """Capacity Reservations and Blocks (ec2_capacity.py): an answer, or None to go on (a RunInstances into a
+        reservation goes on with the form moto reads: a new dict, so the log keeps what the client sent)."""
+        if req["target"] is not None or req["service"] not in (None, "ec2"):
+            return None
+        xml = [("Content-Type", "text/xml;charset=UTF-8")]
+        with self.state.lock:
+            if req["action"] == "RunInstances":
+                result = self.state.capacity.run_instances(req)
+                if isinstance(result, dict):
+                    req["form"] = result
+                    return None
+            else:
+                result = self.state.capacity.answer(req)
+        if result is None:
+            return None
+        if len(result) == 2:
+            return result[0], result[1], xml  # type: ignore[misc]
+        status, code, message = result  # type: ignore[misc]
+        return status, ec2_error_body(code, message), xml
 
     def _contract(self, req: dict[str, Any]) -> tuple[int, bytes, list[tuple[str, str]]] | None:
         """EC2's refusal of a request moto would take (ec2_contracts.py), or None to go on."""
@@ -1180,6 +1219,10 @@ def release(proxy_url: str) -> int:
 
 def set_regions(proxy_url: str, not_enabled: list[str]) -> list[str]:
     return _call(proxy_url, "POST", CONTROL + "/regions", {"not_enabled": not_enabled})["not_enabled"]
+
+
+def capacity(proxy_url: str, ask: dict[str, Any] | None = None) -> dict[str, Any]:
+    return _call(proxy_url, "POST" if ask else "GET", CONTROL + "/capacity", ask)
 
 
 def spot_requests(proxy_url: str) -> list[dict[str, Any]]:

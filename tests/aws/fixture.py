@@ -299,6 +299,11 @@ class AwsEndpoint:
         the settings and what the proxy learnt (interfaces per instance, fresh profiles, deregistered images)."""
         return fault_proxy.set_contracts(self.url, **settings) if settings else fault_proxy.get_contracts(self.url)
 
+    def capacity(self, **ask: Any) -> dict[str, Any]:
+        """Capacity Reservations and Capacity Block offerings the proxy keeps (tests/aws/ec2_capacity.py), until the
+        next reset(): ``reservations=[…]``, ``offerings=[…]``, ``advance=SECONDS`` (its clock); returns them all."""
+        return fault_proxy.capacity(self.url, ask or None)
+
     def realism_state(self) -> dict[str, Any]:
         """{"kind", "fresh_lookups", "tag_lag", "known": [{"region", "id", "kind", "fresh", "lag"}...]}"""
         return fault_proxy.get_state(self.url)["realism"]

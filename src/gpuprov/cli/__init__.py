@@ -13,6 +13,7 @@ import threading
 
 from gpuprov.cli import (  # noqa: F401  (registers the commands)
     access,
+    capacity,
     cloud,
     clusters,
     facts,

@@ -312,9 +312,9 @@ def sync(args: tuple[str, ...], delete: bool, progress: bool | None, **kw: Any) 
     for target in targets:
         done = subprocess.call(sshcli.rsync_argv(target, settings, plan, progress=show, delete=delete))
         if done == 255:  # rsync passes on ssh's own exit: the connection, not the copy, failed (ssh said why above)
-            warn(f"error: {target.name}: rsync exited 255: ssh could not reach it, or lost it", "red")
+            warn(f"error: rsync exited 255: ssh could not reach {target.name}, or lost it", "red")
         elif done != 0:
-            warn(f"error: {target.name}: rsync exited {done}", "red")
+            warn(f"error: rsync exited {done}" + (f" on {target.name}" if len(targets) > 1 else ""), "red")
         elif len(targets) > 1:
             click.echo(f"{target.name}: synced {plan.remote_path}", err=True)
         code = code or done

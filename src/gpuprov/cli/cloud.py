@@ -52,12 +52,23 @@ from gpuprov.errors import UserInputError
 @click.option("--instance-profile", default=None, metavar="NAME",
               help="The node's own AWS credentials: this IAM instance profile (e.g. for an S3 sync in --on-interrupt); "
                    "checked before anything is launched.")
+@click.option("--s3-access", multiple=True, metavar="s3://BUCKET/PREFIX[:ro]",
+              help="Give the node a role of its own for exactly these S3 prefixes (repeatable; :ro read-only): made "
+                   "at up, removed at down; nothing on the node holds your keys.")
+@click.option("--reservation", default=None, metavar="cr-…|open",
+              help="Launch into this On-Demand Capacity Reservation (its type and zone), or `open`: any open one "
+                   "that matches first (`gpuprov capacity list` shows them).")
+@click.option("--capacity-block", default=None, metavar="cr-…|cb-…",
+              help="Launch into this Capacity Block for ML (`gpuprov capacity buy`); with --wait, waits for its start.")
 @click.option("--ssh-user", default="ubuntu", show_default=True, help="Login user of the image.")
 @click.option("--no-bootstrap", is_flag=True,
               help="Launch, wait for SSH and pin the host key; install nothing (`ssh gpuprov-NAME` works after).")
 @click.option("--no-wait", is_flag=True,
               help="With --no-bootstrap: return as soon as the instance runs (no SSH wait, host key not pinned).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and stop (the same plan `gpuprov plan` prints).")
+@click.option("--wait", "wait_for", default=None, metavar="DURATION",
+              help="No capacity anywhere: ask again (every candidate, 30 s growing to 5 min between passes) for up "
+                   "to this long, e.g. 2h; nothing is left or billed between passes.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before launching (needed without a terminal).")
 @step_silence_option
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
@@ -70,8 +81,10 @@ from gpuprov.errors import UserInputError
               help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
 def up(name: str | None, fallback: str, max_price: float | None, max_hourly: float | None, disk_gb: int,
        image: str | None, ssh_cidr: str | None, connect: str, subnet: str | None, instance_profile: str | None,
-       ssh_user: str, no_bootstrap: bool, no_wait: bool, dry_run: bool, yes: bool, step_silence: float, verbose: bool,
-       nodes: int, min_nodes: int | None, as_json: bool, **kw: Any) -> None:
+       s3_access: tuple[str, ...], reservation: str | None, capacity_block: str | None, ssh_user: str,
+       no_bootstrap: bool, no_wait: bool,
+       dry_run: bool, wait_for: str | None, yes: bool, step_silence: float, verbose: bool, nodes: int,
+       min_nodes: int | None, as_json: bool, **kw: Any) -> None:
     """Launch a GPU node on AWS, bootstrap and verify it, and print how to connect.
 
     Tries every instance type that carries the GPUs in every zone that offers it, cheapest
@@ -87,6 +100,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     from gpuprov.cloud import node as one_node
 
     node_name = launch.check_name(name) if name else launch.new_name()
+    wait = _wait_of(wait_for)
     the_plan = plan_from(kw, live=not dry_run)  # a launch plans with EC2's own instance-type facts
     console = make_console(stderr=as_json)
     if not dry_run:  # the dry run prints the plan, warnings and all
@@ -97,14 +111,15 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         disk_gb=disk_gb, image=image, ssh_cidr=ssh_cidr, connect=connect, subnet=subnet, ssh_user=ssh_user,
         bootstrap=not no_bootstrap, wait=not no_wait, step_silence=step_silence or None,
         verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None,
-        instance_profile=instance_profile,
+        instance_profile=instance_profile, reservation=reservation, capacity_block=capacity_block,
+        patient=wait is not None, s3_access=s3_access,
     )
     launch.check_options(the_plan, opts)
     if launch.open_to_all(ssh_cidr):
         warn(f"warning: --ssh-cidr {ssh_cidr} opens SSH on {node_name} to the whole internet (every scanner will try "
              "it); leave --ssh-cidr out for your address /32" + ("" if yes else ", or confirm below"))
     if nodes > 1 or min_nodes is not None:
-        _up_cluster(the_plan, opts, nodes, min_nodes, dry_run, yes, console, as_json)
+        _up_cluster(the_plan, opts, nodes, min_nodes, dry_run, yes, console, as_json, wait)
         return
     if dry_run:
         console.print(plan_view(the_plan))
@@ -115,7 +130,8 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         confirm(f"Launch {node_name}: {the_plan.instance.name if the_plan.instance else '?'}"
                 f" ({'spot' if kw['spot'] else 'on-demand'}, list ${price or 0:.2f}/h{world})?", "launch")
     store, provider = store_and_provider()
-    result = one_node.up(the_plan, opts, provider, store, say_to(console))
+    result = _waiting(lambda say: one_node.up(the_plan, opts, provider, store, say), wait, node_name, store,
+                      say_to(console))
     node = result.node
     if as_json:
         _print_result_json(node, result.ssh_alias, result.timeline)
@@ -131,8 +147,27 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         console.print(f"  ssh {result.ssh_alias}        # or: gpuprov check / gpuprov down {node.name}")
 
 
+def _wait_of(text: str | None) -> Any:
+    """--wait DURATION as cloud/waiting.Wait (None: one pass), checked before anything is asked of AWS."""
+    if text is None:
+        return None
+    from gpuprov.cloud import waiting
+    from gpuprov.plan.spec import parse_duration
+
+    seconds = parse_duration(text, "--wait", allow_off=False)
+    return waiting.Wait(float(seconds or 0), waiting.first_delay())
+
+
+def _waiting(attempt: Any, wait: Any, name: str, store: Any, say: Any) -> Any:
+    if wait is None:
+        return attempt(say)
+    from gpuprov.cloud import waiting
+
+    return waiting.until_capacity(attempt, name, store, say, wait)
+
+
 def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry_run: bool, yes: bool,
-                console: Any, as_json: bool) -> None:
+                console: Any, as_json: bool, wait: Any = None) -> None:
     from gpuprov.cli.report import plan_view
     from gpuprov.cloud import cluster
     from gpuprov.cloud import cluster_network as net
@@ -154,7 +189,8 @@ def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry
         confirm(f"Launch {opts.name}: {nodes} × {instance} ({'spot' if the_plan.request.spot else 'on-demand'}, "
                 f"list ${price:.2f}/h for all{world})?", "launch")
     store, provider = store_and_provider()
-    result = cluster.up(the_plan, opts, copts, provider, store, say_to(console))
+    result = _waiting(lambda say: cluster.up(the_plan, opts, copts, provider, store, say), wait, opts.name, store,
+                      say_to(console))
     node = result.node
     if as_json:  # the node row (its members included), the ssh alias of node 0, nodes dropped, the timeline
         _print_result_json(node, result.ssh_alias, result.timeline, dropped=result.dropped)
@@ -213,6 +249,11 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
         console.print(status_table(nodes))
         for line in health_lines(nodes):  # the watch's last finding per node (`gpuprov doctor NODE` for all of them)
             console.print(line, markup=False, highlight=False, style="yellow")
+        from gpuprov.cli.capacity import block_lines
+        from gpuprov.cloud.capacity import bought
+
+        for line in block_lines(bought()):  # Capacity Blocks bought here: their window and cost
+            console.print(line, markup=False, highlight=False)
         _host_clusters(console)
 
 
@@ -377,13 +418,17 @@ def stop(names: tuple[str, ...]) -> None:
 @click.argument("name")
 @click.option("--gpu", default=None, help="Resize first: the cheapest type with this GPU (the node's GPU count).")
 @click.option("--instance-type", default=None, help="Resize first: this instance type.")
+@click.option("--move", is_flag=True,
+              help="Its zone has no capacity: copy its disk (an image of it) to another zone that has, launch there, "
+                   "and only then retire the old instance; on failure the node stays as it was.")
+@click.option("--zone", default=None, help="With --move: this zone [default: each other zone offering the type].")
 @click.option("--no-bootstrap", is_flag=True, help="Do not bootstrap and verify again after it runs.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
 @step_silence_option
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
-def start(name: str, gpu: str | None, instance_type: str | None, no_bootstrap: bool, verbose: bool,
-          step_silence: float, as_json: bool) -> None:
+def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zone: str | None, no_bootstrap: bool,
+          verbose: bool, step_silence: float, as_json: bool) -> None:
     """Start a stopped node (resized first with --gpu/--instance-type), wait for it, bootstrap and verify
     again, and print its new address and $/h. A resize the installed stack cannot serve is refused before
     anything changes; if AWS refuses the start, the node stays stopped, as it was."""
@@ -391,13 +436,22 @@ def start(name: str, gpu: str | None, instance_type: str | None, no_bootstrap: b
 
     if gpu and instance_type:
         raise click.UsageError("pass --gpu or --instance-type, not both")
+    if move and (gpu or instance_type):
+        raise UserInputError("--move", "moves the node as it is", "move it first, then resize: stop, start --gpu …")
+    if zone is not None and not move:
+        raise UserInputError("--zone", "applies to --move", f"gpuprov start {name} --move --zone {zone}")
     store, provider = store_and_provider()
     _no_clusters(store, (name,), "start")
     console = make_console(stderr=as_json)
     opts = stopstart.StartOptions(gpu=gpu, instance_type=instance_type, bootstrap=not no_bootstrap,
                                   step_silence=step_silence or None,
                                   verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None)
-    result = stopstart.start(name, opts, provider, store, say_to(console))
+    if move:
+        from gpuprov.cloud import move as moving
+
+        result = moving.move(name, moving.MoveOptions(zone=zone), opts, provider, store, say_to(console))
+    else:
+        result = stopstart.start(name, opts, provider, store, say_to(console))
     node = result.node
     if as_json:
         _print_result_json(node, result.ssh_alias, result.timeline, resized_from=result.resized_from,

@@ -212,8 +212,9 @@ def region_from(given: str | None, *, quiet: bool = False) -> Any:
     from gpuprov.plan import catalog
 
     region = resolve(given)
+    cat = catalog.load()  # its own errors (a facts file that does not read) name their file, not the region
     try:
-        catalog.load().check_region(region.name)
+        cat.check_region(region.name)
     except UserInputError as exc:  # blamed on where the name came from: AWS_REGION, the config file, a profile
         if region.source == "--region":
             raise

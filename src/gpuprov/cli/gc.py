@@ -22,8 +22,12 @@ from gpuprov.errors import GpuprovError
               help="Also take what other gpuprov installs with your user and host name tagged (a lost state "
                    "folder, an older gpuprov, a cloned machine, another CI runner): they may be another "
                    "machine's live nodes, so they are only listed otherwise.")
+@click.option("--stopped-for", "stopped_for", default=None, metavar="DURATION",
+              help="Also nodes stopped longer than this, e.g. 14d (their disks bill every month): listed with what "
+                   "each has cost while stopped, taken down with --yes [config: stopped_for; default: off].")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable: what was found (and, with --yes, what is left).")
-def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: bool, as_json: bool) -> None:
+def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: bool, stopped_for: str | None,
+       as_json: bool) -> None:
     """Find resources tagged as yours that no local node owns (left by a crash or another machine's
     lost state); list them, and delete them with --yes.
 
@@ -34,7 +38,10 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
     from gpuprov.cloud import gc as sweep
     from gpuprov.cloud.tags import owner
     from gpuprov.plan import catalog
+    from gpuprov.plan.spec import parse_duration
 
+    # checked before anything is read (a value from the config file is blamed on its line: params.Command)
+    stopped_seconds = parse_duration(stopped_for, "--stopped-for", allow_off=True)
     store, provider = store_and_provider()
     cat = catalog.load()
     console = make_console(stderr=as_json)
@@ -53,6 +60,7 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
     else:
         where = [cat.check_region(r) for r in regions] or \
             sorted({n.region for n in store.nodes(include_terminated=True)} | {region_from(None).name})
+    stopped_rows, stale_left = _stopped(stopped_seconds, where, yes, as_json, provider, store, console, say)
     found = sweep.orphans(where, provider, store, all_installs=all_installs)
     for line in found.busy:
         say(line)
@@ -67,6 +75,9 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
         if not found.found:
             console.print(f"nothing to collect in {', '.join(r for r in where if not _failed(r, found.errors))} "
                           f"(owner {owner()})", markup=False)
+            if stale_left:
+                raise GpuprovError("could not remove everything; still there:\n"
+                                   + "\n".join(f"  {w}" for w in stale_left) + "\n  rerun: gpuprov gc --yes")
             _region_errors(found.errors)
             return
         console.print(f"owner {owner()}:", markup=False)
@@ -78,15 +89,55 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
         def row(r: Any) -> dict[str, Any]:
             return {"region": r.region, "kind": r.kind, "id": r.id, "node": r.node, "state": r.state, "owner": r.owner}
 
-        click.echo(json.dumps({"regions": where, "owner": owner(), "deleted": yes, "left": left,
+        click.echo(json.dumps({"regions": where, "owner": owner(), "deleted": yes, "left": left + stale_left,
+                               "stopped": stopped_rows,
                                "found": [row(r) for r in found.found], "busy": found.busy,
                                "other_installs": [row(r) for r in found.others], "errors": found.errors}, indent=2))
+    left += stale_left
     if left:
         raise GpuprovError("could not remove everything; still there:\n" + "\n".join(f"  {w}" for w in left)
                            + "\n  rerun: gpuprov gc --yes")
     if found.found and not yes and not as_json:
         console.print(f"{len(found.found)} orphaned resource(s); rerun with --yes to delete them")
     _region_errors(found.errors)
+
+
+def _stopped(seconds_given: int | None, where: list[str], yes: bool, as_json: bool, provider: Any, store: Any, console: Any,
+             say: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """--stopped-for: the nodes stopped longer than that in the swept regions, each with what it has cost while
+    stopped; with --yes taken down. Returns them (--json's rows) and what could not be removed."""
+    if seconds_given is None:
+        return [], []
+    import time
+
+    from gpuprov.cloud import stale
+    from gpuprov.plan.spec import format_duration
+
+    seconds = float(seconds_given)
+    now = time.time()
+    found = stale.stopped_longer([n for n in store.nodes() if n.region in where], seconds, now)
+    rows = [{"name": s.node.name, "region": s.node.region, "stopped_at": s.node.stopped_at,
+                         "stopped_seconds": round(s.stopped_seconds), "disk_gb": s.node.disk_gb,
+                         "disk_usd_while_stopped": round(s.disk_usd, 2) if s.disk_usd is not None else None,
+                         "disk_usd_month": round(s.month_usd, 2) if s.month_usd is not None else None} for s in found]
+    if not as_json:
+        if not found:
+            console.print(f"no node stopped longer than {format_duration(seconds)}", markup=False)
+        for s in found:
+            cost = (f"its {s.node.disk_gb} GB disk cost ${s.disk_usd:.2f} while stopped (${s.month_usd:.2f}/month)"
+                    if s.disk_usd is not None and s.month_usd is not None else "its disk's size is not recorded")
+            console.print(f"{s.node.name} ({s.node.region}): stopped {format_duration(s.stopped_seconds)}; {cost}",
+                          markup=False)
+        if found and not yes:
+            console.print(f"{len(found)} node(s) stopped longer than {format_duration(seconds)}; rerun with --yes to "
+                          "take them down (their disks too)", markup=False)
+    if not (yes and found):
+        return rows, []
+    done = stale.take_stale(found, seconds, now, provider, store, say)
+    for name, result in done.items():
+        if result.complete and not as_json:
+            console.print(f"{name}: down (stopped {format_duration(seconds)}+)", markup=False)
+    return rows, [f"{name}: {what}" for name, result in done.items() for what in result.left]
 
 
 def _failed(region: str, errors: list[str]) -> bool:

@@ -19,7 +19,7 @@ from gpuprov.cli.common import (
 )
 from gpuprov.cli.complete import complete_gpu, complete_region
 from gpuprov.cli.params import Number
-from gpuprov.errors import UserInputError
+from gpuprov.errors import GpuprovError, UserInputError
 
 
 @main.command()
@@ -194,4 +194,14 @@ def _live_prices(cat: Any, region: str, as_json: bool) -> None:
             {"instance_type": p.instance_type, "zone": p.zone, "spot_usd_hour": p.price, "on_demand_usd_hour": od,
              "saving_pct": round((1 - p.price / od) * 100, 1) if od else None} for p, od in rows], indent=2))
         return
-    make_console().print(live_prices_table(rows, region))
+    console = make_console()
+    console.print(live_prices_table(rows, region))
+    from gpuprov.cli.capacity import reservation_lines
+    from gpuprov.cloud.reservations import live_rows
+
+    try:
+        held = reservation_lines(live_rows(provider, region), region)  # capacity held: `up --reservation`
+    except GpuprovError as exc:  # no ec2:DescribeCapacityReservations, say: the prices stand on their own
+        held = [f"could not list Capacity Reservations: {exc}"]
+    for line in held:
+        console.print(line, markup=False, highlight=False)

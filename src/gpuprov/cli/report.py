@@ -178,9 +178,34 @@ def _stop_fields(n: Node, now: float) -> dict[str, object]:
         "storage_price": {"usd_per_gb_month": storage.usd_per_gb_month, "volume_type": storage.volume_type,
                           "source": storage.source, "unverified": storage.unverified},
         "stopped_at": n.stopped_at,
+        **_stale_fields(n, now),
+        "reservation_id": n.reservation_id, "reservation_end": n.reservation_end,
         "budget_usd": n.budget_usd, "budget_price_usd_hour": n.budget_price,
         "budget_left_usd": round(left, 2) if left is not None else None,
     }
+
+
+def _stale_fields(n: Node, now: float) -> dict[str, object]:
+    """A stopped node: how long, what its disk has cost meanwhile, and whether that is past the config's
+    `stopped_for` (else 14 days): what `gc --stopped-for` takes."""
+    from gpuprov.cloud import stale
+
+    found = stale.of(n, now)
+    if found is None:
+        return {"stopped_seconds": None, "disk_usd_while_stopped": None, "stopped_too_long": False}
+    return {"stopped_seconds": round(found.stopped_seconds),
+            "disk_usd_while_stopped": round(found.disk_usd, 2) if found.disk_usd is not None else None,
+            "stopped_too_long": found.stopped_seconds > _flag_seconds()}
+
+
+def _flag_seconds() -> float:
+    from gpuprov.cloud import stale
+    from gpuprov.plan import config
+    from gpuprov.plan.spec import parse_duration
+
+    given = config.load().stopped_for
+    seconds = parse_duration(given, "stopped_for") if given else None
+    return float(seconds) if seconds else stale.FLAG_SECONDS
 
 
 def _stopped_note(nodes: list[Node]) -> str:
@@ -227,6 +252,13 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
         month = row["storage_usd_month"]
         if row["state"] == "stopped" and isinstance(month, float):
             state += f" (disk ${month:.2f}/month)"
+        ends = row["reservation_end"]
+        if isinstance(ends, float) and row["state"] not in ("stopped", "terminated"):
+            state += f", block ends {time.strftime('%m-%d %H:%M', time.localtime(ends))}"
+        stopped, spent = row["stopped_seconds"], row["disk_usd_while_stopped"]
+        if row["stopped_too_long"] and isinstance(stopped, int):
+            paid = f" (${spent:.2f})" if isinstance(spent, float) else ""
+            state += f", stopped {format_duration(stopped)}{paid}: gc --stopped-for"
         members = row.get("members")
         count = len(members) if isinstance(members, list) and members else 1
         gpus = f"{int(str(row['gpu_count'])) * count}× {row['gpu']}" + (f" ({count} nodes)" if count > 1 else "")

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from gpuprov import locks
-from gpuprov.cloud import addresses, launch
+from gpuprov.cloud import addresses, launch, reservations
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.cluster_network import ClusterNetwork, instance_of, network_for, with_efa_step
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
@@ -93,7 +93,8 @@ def up(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider: Prov
         pad = launch.launchpad(plan, opts, provider, store, say)
         name, region, network, cidr, order, image = pad.name, pad.region, pad.network, pad.cidr, pad.order, pad.image
         rec.image = pad.image_line
-        opts = replace(opts, disk_gb=pad.disk_gb, ssh_cidr=cidr)  # what the launch asks for: the root volume, SSH's CIDR
+        # what the launch asks for: the root volume, SSH's CIDR, the reservation by its own id
+        opts = replace(opts, disk_gb=pad.disk_gb, ssh_cidr=cidr, **reservations.resolved(opts, pad.held))
         addresses.check_quota(provider, region, copts.nodes, opts, order, lambda t: network_for(instance_of(plan, t)).elastic_ip)
 
         market = "spot" if plan.request.spot else "on-demand"
@@ -208,7 +209,8 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
                 image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price,
                 shutdown_behavior=launch.shutdown_behavior(plan, cand.market), count=copts.nodes,
                 min_count=copts.at_least, placement_group=group if layout.placement_group else None,
-                interfaces=layout.interfaces, instance_profile=opts.instance_profile), settle=SETTLE_SECONDS)
+                interfaces=layout.interfaces, instance_profile=opts.instance_profile,
+                **reservations.reservation_of(opts)), settle=SETTLE_SECONDS)
         except LaunchError as exc:  # a refusal launched none of them (MinCount)
             attempt = launch.note_refusal(exc, cand, rid, asked, f"{copts.nodes} × ", name, attempts, store, rec, say)
             launch.go_on_after(exc, attempt, opts, closed, provider, region, say, copts.nodes)
@@ -216,11 +218,12 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
         rec.attempt(cand.instance_type, cand.zone, cand.market, asked)
         _recorded(store, name, region, rid, token, instances)
         _landed(plan, store, name, cand)
+        store.update_node(name, **reservations.recorded(opts, provider, region))
         if len(instances) < copts.nodes:
             say(f"  EC2 launched {len(instances)} of {copts.nodes} (at least {copts.at_least} asked for)")
         return instances, layout, attempts
     tried = "; ".join(f"{a.candidate.instance_type}/{a.candidate.zone}/{a.candidate.market}: {a.code}" for a in attempts)
-    raise GpuprovError(f"no zone could hold all {copts.at_least} nodes of the cluster: {tried}")
+    raise launch.NoCapacity(f"no zone could hold all {copts.at_least} nodes of the cluster: {tried}", attempts)
 
 
 def _placement_group(name: str, region: str, provider: Provider, store: Store, say: Say) -> str:

@@ -53,6 +53,10 @@ class UpOptions:
     step_silence: float | None = 1200.0  # a step silent this long: the node is lost (bootstrap.Options)
     verbose_echo: Callable[[str], None] | None = None
     instance_profile: str | None = None  # an IAM instance profile: the node's own AWS credentials
+    reservation: str | None = None  # --reservation cr-…|open (cloud/reservations.py)
+    capacity_block: str | None = None  # --capacity-block cr-…|cb-…: a Capacity Block for ML bought beforehand
+    patient: bool = False  # `up --wait`: a Capacity Block that has not started yet is waited for, not refused
+    s3_access: tuple[str, ...] = ()  # --s3-access s3://bucket/prefix[:ro]: a role of the node's own (cloud/data.py)
 
     @property
     def ipv6(self) -> bool:
@@ -69,6 +73,25 @@ class Attempt:
 
 class QuotaExceeded(GpuprovError):
     pass
+
+
+class NoCapacity(GpuprovError):
+    """Every candidate was refused for a reason that may pass (capacity, a zone's refusal): what `up --wait`
+    asks again for (cloud/waiting.py); the launch took back everything before this was raised."""
+
+    def __init__(self, message: str, attempts: list[Attempt]) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+    @property
+    def summary(self) -> str:
+        """'5 refused: InsufficientInstanceCapacity ×5 (g4dn.xlarge)': one pass of `up --wait` in a few words."""
+        codes: dict[str, int] = {}
+        for a in self.attempts:
+            codes[a.code] = codes.get(a.code, 0) + 1
+        types = sorted({a.candidate.instance_type for a in self.attempts})
+        return (f"{len(self.attempts)} refused: " + ", ".join(f"{c} ×{n}" for c, n in codes.items())
+                + f" ({', '.join(types)})")
 
 
 def check_name(name: str) -> str:
@@ -126,6 +149,21 @@ def check_options(plan: Plan, opts: UpOptions) -> None:
     if opts.instance_profile is not None and not re.fullmatch(r"[\w+=,.@-]{1,128}", opts.instance_profile):
         raise UserInputError("--instance-profile", f"{opts.instance_profile!r} is not an instance profile name",
                              "IAM's names: up to 128 letters, digits and + = , . @ _ -")  # IAM API, InstanceProfileName
+    if opts.s3_access:
+        from gpuprov.cloud import data
+
+        for access in opts.s3_access:
+            data.parse(access)
+        if opts.instance_profile is not None:
+            raise UserInputError("--s3-access", "makes the node an instance profile of its own",
+                                 "--s3-access or --instance-profile, not both")
+    if opts.reservation and opts.capacity_block:
+        raise UserInputError("--reservation", "a launch goes into one reservation", "--reservation or --capacity-block")
+    shapes = {"--reservation": (r"open|cr-[0-9a-f]{8,17}", "cr-… or open"),
+              "--capacity-block": (r"(cr|cb)-[0-9a-f]{8,17}", "cr-… or cb-… (`gpuprov capacity list`)")}
+    for flag, given in (("--reservation", opts.reservation), ("--capacity-block", opts.capacity_block)):
+        if given is not None and not re.fullmatch(shapes[flag][0], given):
+            raise UserInputError(flag, f"{given!r} is not a Capacity Reservation id", shapes[flag][1])
     if opts.max_price is not None and opts.max_price <= 0:
         raise UserInputError("--max-price", f"{opts.max_price:g} is not a price", "a spot price in $/h above 0, or leave it out")
     if opts.max_hourly is not None and opts.max_hourly <= 0:
@@ -196,6 +234,7 @@ class Launchpad:
     image: str
     image_line: str  # "baked NAME ami-…", "ubuntu ami-…" (the timeline's words)
     disk_gb: int  # the root volume: --disk, or the image's root snapshot where that is bigger
+    held: str | None = None  # the Capacity Reservation or Block launched into (cr-…; cloud/reservations.py)
 
 
 def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> Launchpad:
@@ -218,6 +257,12 @@ def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say
         _check_instance_profile(provider, region, opts.instance_profile, say)
     cap = opts.max_hourly if opts.max_hourly is not None else default_cap(plan)
     order = candidates(plan, offerings, plan.request.spot, opts.fallback_on_demand, network.zone, cap)
+    if opts.reservation or opts.capacity_block:  # only what the reservation holds, or open ones first
+        from gpuprov.cloud import reservations
+
+        order, held = reservations.narrow(order, plan, opts, provider, region, say)
+    else:
+        held = None
     if order.skipped:  # one line: the user may never have given --max-hourly
         cap_from = "--max-hourly" if opts.max_hourly is not None else \
             "the price cap (twice the cheapest type that fits; --max-hourly to change it)"
@@ -242,7 +287,7 @@ def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say
     disk = max(opts.disk_gb, root.size_gb or 0)
     if disk > opts.disk_gb:  # EC2 refuses a smaller one (InvalidBlockDeviceMapping "... is smaller than snapshot")
         say(f"root volume: {disk} GB, not --disk {opts.disk_gb}: the image's root snapshot is {root.size_gb} GB")
-    return Launchpad(name, region, network, cidr, order, image, line, disk)
+    return Launchpad(name, region, network, cidr, order, image, line, disk, held)
 
 
 def _check_instance_profile(provider: Provider, region: str, name: str, say: Say) -> None:

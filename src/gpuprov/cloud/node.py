@@ -25,6 +25,7 @@ from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
 from gpuprov.cloud.failover import Order
 from gpuprov.cloud.launch import (
     Attempt,
+    NoCapacity,
     Say,
     UpOptions,
     check_name,
@@ -50,6 +51,7 @@ from gpuprov.cloud.providers.base import (
     NotFound,
     Provider,
 )
+from gpuprov.cloud.reservations import block_guards, recorded, reservation_of, resolved
 from gpuprov.cloud.settle import SETTLE_SECONDS, settle
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError
@@ -81,7 +83,8 @@ def _up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say)
     pad = launchpad(plan, opts, provider, store, say)
     name, region, network, cidr, order, image = pad.name, pad.region, pad.network, pad.cidr, pad.order, pad.image
     rec.image = pad.image_line
-    opts = replace(opts, disk_gb=pad.disk_gb, ssh_cidr=cidr)  # what the launch asks for: the root volume, SSH's CIDR
+    # what the launch asks for: the root volume, SSH's CIDR, the reservation by its own id
+    opts = replace(opts, disk_gb=pad.disk_gb, ssh_cidr=cidr, **resolved(opts, pad.held))
 
     market = "spot" if plan.request.spot else "on-demand"
     store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,
@@ -119,8 +122,8 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
                 node=name, region=region, zone=cand.zone, instance_type=cand.instance_type, market=cand.market,
                 image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price,
                 persistent=plan.request.persistent and cand.market == "spot",
-                shutdown_behavior=shutdown_behavior(plan, cand.market), instance_profile=opts.instance_profile),
-                settle=SETTLE_SECONDS)
+                shutdown_behavior=shutdown_behavior(plan, cand.market), instance_profile=opts.instance_profile,
+                **reservation_of(opts)), settle=SETTLE_SECONDS)
         except LaunchError as exc:
             attempt = note_refusal(exc, cand, rid, asked, "", name, attempts, store, rec, say)
             go_on_after(exc, attempt, opts, closed, provider, region, say)
@@ -145,11 +148,11 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
                           price_usd_hour=cand.price_usd_hour,
                           spot_type=("persistent" if plan.request.persistent else "one-time")
                           if cand.market == "spot" else None,
-                          shutdown_action=shutdown_behavior(plan, cand.market))
+                          shutdown_action=shutdown_behavior(plan, cand.market), **recorded(opts, provider, region))
         return instance, attempts
     tried = "; ".join(f"{a.candidate.instance_type}/{a.candidate.zone}/{a.candidate.market}: {a.code}" for a in attempts)
     hint = "" if opts.fallback_on_demand or not plan.request.spot else " (add --fallback on-demand to try on-demand too)"
-    raise GpuprovError(f"no capacity anywhere it was asked for{hint}: {tried}")
+    raise NoCapacity(f"no capacity anywhere it was asked for{hint}: {tried}", attempts)
 
 
 def _gone(name: str, region: str, rid: int, instance: Instance, provider: Provider, store: Store, say: Say) -> None:
@@ -174,6 +177,10 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
     say(f"key pair and security group (SSH from {cidr}" + (": anywhere on the internet)" if open_to_all(cidr) else " only)"))
     rec.phase(tl.ACCESS)
     access = prepare_access(name, region, provider, store, network, cidr, public_ip)
+    if opts.s3_access:  # the node's own role, scoped to those prefixes (recorded, removed at down)
+        from gpuprov.cloud import data
+
+        opts = replace(opts, instance_profile=data.ensure_role(name, region, opts.s3_access, provider, store, say))
     rec.phase(tl.CAPACITY)
     instance, attempts = _launch(plan, opts, provider, store, say, order, image, access, rec)
 
@@ -196,6 +203,7 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
         from gpuprov.plan.plan import replace_guards
 
         plan = replace_guards(plan, plan.guards.model_copy(update={"shutdown_action": action}))
+    plan = block_guards(plan, store.node(name), say)  # a Capacity Block's end: the node's watch knows it
     budget = plan.request.budget_usd
     if budget is not None:
         from gpuprov.plan.plan import replace_guards, with_budget

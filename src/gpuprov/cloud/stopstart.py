@@ -19,7 +19,7 @@ from gpuprov import locks
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import Say, bootstrap_node, wait_tcp
 from gpuprov.cloud.instance_store import say_what_stop_loses
-from gpuprov.cloud.providers.base import LaunchError, Provider
+from gpuprov.cloud.providers.base import Instance, LaunchError, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.plan.plan import Plan
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from gpuprov.plan.catalog import InstanceType
 
 RUNNING_STATES = ("ready", "running", "bootstrapping")
+# a zone's want of capacity: `start --move` (cloud/move.py) takes the disk to another zone
+MOVE_CODES = ("InsufficientInstanceCapacity", "InsufficientCapacity")
 
 
 def _instance_rows(node: Node, store: Store) -> list[Resource]:
@@ -290,10 +292,20 @@ def _run(name: str, node: Node, row: Resource, opts: StartOptions, now_type: str
                           gpu_count=orig.gpus, price_usd_hour=orig.price_usd_hour, resize_from=None, resize_to=None)
         store.event(name, "start-refused", f"{exc.code}: {exc.message}")
         fix = f"\n  fix: {exc.fix}" if exc.fix else ""
+        move = (f"\n  or move it to a zone with capacity (its disk is copied): gpuprov start {name} --move"
+                if exc.code in MOVE_CODES and node.market != "spot" and not node.cluster_size else "")
         raise GpuprovError(f"AWS refused to start {name}: {exc.code}: {exc.message}{fix}\n  {name} stays "
                            f"stopped{back}; try again later, or another type: gpuprov start {name} --instance-type …"
-                           ) from None
+                           f"{move}") from None
     instance = provider.wait_running(node.region, iid, timeout=opts.ssh_timeout, settle=settle(row))
+    return came_up(name, node, instance, opts, now_type, resized_from, store, say, rec)
+
+
+def came_up(name: str, node: Node, instance: Instance, opts: StartOptions, now_type: str, resized_from: str | None,
+            store: Store, say: Say, rec: tl.Recorder) -> StartResult:
+    """The node's instance runs (started, or launched elsewhere by `start --move`): its address in state and ssh
+    config (the host key kept pinned), bootstrap + verify again, ready."""
+    iid = instance.id
     # a node reached over IPv6 keeps its address across a stop (EC2 user guide, "IPv6 addresses": it "persists
     # when you stop and start"); a public IPv4 one changes
     v6 = node.address is not None and ":" in node.address

@@ -27,7 +27,7 @@ Say = Callable[[str], None]
 
 # Kinds EC2 refuses to delete while an instance uses them: a volume still attached (VolumeInUse), a security
 # group, a cluster placement group (InvalidPlacementGroup.InUse), an Elastic IP still associated.
-WAIT_FOR_INSTANCES = ("volume", "security-group", "address", "placement-group")
+WAIT_FOR_INSTANCES = ("volume", "security-group", "address", "placement-group", "instance-profile", "iam-role")
 
 
 @dataclass
@@ -103,7 +103,10 @@ def teardown(node: str, region: str, provider: Provider, store: Store, say: Say,
     result = Teardown(node)
     _instances(node, region, provider, store, say, result, poll)
     instances_left = bool(result.left)
-    for kind in ("spot-request", "volume", "security-group", "address", "placement-group"):
+    # "image": a `start --move` that ended mid-way (cloud/move.py) records its image under the node
+    # "instance-profile", "iam-role": `up --s3-access` (cloud/data.py); IAM wants the profile emptied and gone first
+    for kind in ("spot-request", "volume", "image", "security-group", "address", "placement-group", "instance-profile",
+                 "iam-role"):
         for row in store.resources(node, region=region, kind=kind):
             if kind in WAIT_FOR_INSTANCES and instances_left:  # EC2 refuses while an instance still uses it
                 result.left.append(f"{kind} {row.cloud_id or row.client_token}: waits for the instance")

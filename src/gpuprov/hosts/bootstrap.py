@@ -274,6 +274,7 @@ class _Runs:
         self.ending = ""  # how the current exec ended: done, reboot, same-boot, or "" (it stopped)
         self.boot = ""  # the boot id before the reboot a step asked for
         self.current: str | None = None  # the step started and not yet ended
+        self.replaying = False  # the current step's stdout is coming (its `output` event came); before, its log
         self.started = 0.0
         self.stdout: list[str] = []  # the current step's stdout
         self.stderr = ""  # the tail of the current step's stderr
@@ -329,9 +330,13 @@ class _Runs:
             self.result.steps.append(StepResult(event.step, "skipped", 0.0, "unchanged since the last run"))
         elif event.kind == "start":
             self.current, self.started, self.stdout, self.stderr = event.step, time.monotonic(), [], ""
+            self.replaying = False
             host.event(name, event.step, "running")
             log.note(f"step {event.step} ({self.scripts[event.step].sha256[:12]})")
+        elif event.kind == "output":
+            self.replaying = True
         elif event.kind == "end":
+            self.replaying = False
             self._end(event)
         elif event.kind == "reboot":
             host.event(name, event.step, "rebooting")
@@ -359,6 +364,9 @@ class _Runs:
             self._record(event.step, "changed" if event.result == "none" else event.result)  # type: ignore[arg-type]
 
     def _stdout(self, text: str) -> None:
+        if self.current is not None and not self.replaying:  # the step's log, sent on stdout to keep its order
+            self._stderr(text)
+            return
         self.host.log.write(text, "out")
         self.stdout.append(text)
 

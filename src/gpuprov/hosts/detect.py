@@ -60,6 +60,15 @@ NVSWITCH_SCAN = (
     "done"
 )
 
+# ID-VERSION_ID of /etc/os-release (os-release(5): shell-compatible KEY=value lines, values optionally quoted), read
+# by the shell's own `read` and `case`: sourcing it in a subshell cost the host a fork for every facts read. A
+# missing file or key leaves its part empty, as sourcing did ("debian-" on sid has no VERSION_ID: no OS).
+OS_RELEASE = (
+    "if [ -r /etc/os-release ]; then i= v=; while IFS== read -r k x || [ -n \"$k\" ]; do "
+    "x=${x#[\\\"\\']}; x=${x%[\\\"\\']}; case $k in ID) i=$x ;; VERSION_ID) v=$x ;; esac; "
+    'done < /etc/os-release; echo "$i-$v"; fi'
+)
+
 # Separated by marker lines so each part can be empty without confusing the parser. Run it as root:
 # a non-root nvidia-smi fails until the /dev/nvidia* nodes exist (a root nvidia-smi creates them).
 FACTS_COMMAND = (
@@ -70,7 +79,7 @@ FACTS_COMMAND = (
     "echo '## lspci'; "
     "if command -v lspci >/dev/null 2>&1; then lspci -nn -d 10de: 2>/dev/null; else echo '## lspci-missing'; fi; "
     "echo '## os'; "
-    "( . /etc/os-release 2>/dev/null && echo \"$ID-$VERSION_ID\" ); "
+    + OS_RELEASE + "; "
     + NVSWITCH_SCAN + "; "
     + IMDS_INSTANCE_TYPE + "; "
     "echo '## end'"

@@ -117,8 +117,10 @@ def file_sd(machines: Sequence[Machine], ports: dict[tuple[str, str], int]) -> l
 
 
 def write_file_sd(path: Path, groups: list[dict[str, object]]) -> None:
-    """Whole or not at all: Prometheus watches the file and must never read half of it."""
+    """Whole or not at all: Prometheus watches the file and must never read half of it. Its folder is made if
+    missing (the README's `--file-sd ~/prometheus/gpuprov.json`, before Prometheus was set up)."""
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(groups, indent=2) + "\n", mode=0o644)
     except OSError as exc:
         raise GpuprovError(f"cannot write {path}: {exc.strerror or exc}") from None

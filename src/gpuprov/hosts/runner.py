@@ -65,12 +65,16 @@ def client_id(install: str, who: str, pid: int) -> str:
 def busy_check(client: str, takeover: bool) -> str:
     """Shell that comes first in a host's first exec: a run of another install still holding the runner's lock
     ends this exec (exit BUSY, a line on stderr) before any fact is read or bundle unpacked, unless `takeover`.
-    The runner checks the same again under the lock (runner.sh.j2), for two runs that pass here together."""
+    The runner checks the same again under the lock (runner.sh.j2), for two runs that pass here together.
+
+    Only the runner holds its lock (its steps get the descriptor closed), so a lock whose recorded runner pid is
+    gone is free: `flock` is asked only while that process lives, and a rerun after a finished run starts no
+    process here."""
     lock = f"{STATE_DIR}/runner.lock"
     mine = client.rpartition(":")[0]
     return (
-        f"if [ -e {lock}.pid ] && [ {int(takeover)} != 1 ] && ! flock -n {lock} true 2>/dev/null; then "
-        f"read -r o _ c t < {lock}.pid || c=-; "
+        f"o=; if [ -e {lock}.pid ] && [ {int(takeover)} != 1 ]; then read -r o _ c t < {lock}.pid || o=; fi; "
+        f"if [ -n \"$o\" ] && [ -d \"/proc/$o\" ] && ! flock -n {lock} true 2>/dev/null; then "
         f"if [ \"${{c:--}}\" != - ] && [ \"$c\" != {shlex.quote(mine)} ]; then "
         f"echo \"another gpuprov ($c, its runner pid $o, since $(date -d \"@${{t:-0}}\" '+%F %T' 2>/dev/null)) is "
         f"bootstrapping this host; wait for it, or pass --takeover to stop it\" >&2; exit {BUSY}; fi; fi; "
@@ -85,17 +89,21 @@ def command(nonce: str, first: int, force: bool, boot_before: str | None, unpack
     if not unpack:
         return run
     # few processes: `install -d` makes (or fixes to 0700) the three folders at once; the new bundle is unpacked
-    # beside the old one and swapped in by a rename, so a half-unpacked bundle never runs
+    # beside the old one and swapped in by a rename, so a half-unpacked bundle never runs; `rm` only where there
+    # is an old one (a first install has none)
     return (
         f"set -e; umask 077; [ ! -e {BUNDLE_DIR}.new ] || rm -rf {BUNDLE_DIR}.new; "
         f"install -d -m 0700 {STATE_DIR} {MARKER_DIR} {BUNDLE_DIR}.new; "
-        f"tar -xf - -C {BUNDLE_DIR}.new --no-same-owner; rm -rf {BUNDLE_DIR}; mv {BUNDLE_DIR}.new {BUNDLE_DIR}; {run}"
+        f"tar -xf - -C {BUNDLE_DIR}.new --no-same-owner; [ ! -e {BUNDLE_DIR} ] || rm -rf {BUNDLE_DIR}; "
+        f"mv {BUNDLE_DIR}.new {BUNDLE_DIR}; {run}"
     )
 
 
 @dataclass(frozen=True)
 class Event:
-    """One protocol line: `kind` (skip, start, end, reboot, checked, same-boot, done) and its fields."""
+    """One protocol line: `kind` (skip, start, output, end, reboot, checked, same-boot, done) and its fields.
+    Between `start` and `output` the lines are the step's log (its stderr); between `output` and `end`, its
+    stdout (the result line, a probe's report)."""
 
     kind: str
     step: str = ""
@@ -117,7 +125,7 @@ def parse(line: str, nonce: str) -> Event | None:
         return Event("end", rest[0], int(rest[1]), rest[2], int(rest[3]) / 1000)
     if kind in ("reboot", "checked") and len(rest) == 2:
         return Event(kind, rest[0], result=rest[1])
-    if kind in ("skip", "start") and len(rest) == 1:
+    if kind in ("skip", "start", "output") and len(rest) == 1:
         return Event(kind, rest[0])
     if kind in ("same-boot", "done") and not rest:
         return Event(kind)

@@ -11,6 +11,7 @@ The region follows the AWS chain with the config file between the environment an
     ssh_cidr = "203.0.113.0/24"
     key = "~/.ssh/gpu.pem"
     autostop = "30m"
+    stopped_for = "14d"
     parallel = 64
 
 and where new nodes go and how they are reached (`make sandbox` writes these for its local endpoint):
@@ -51,6 +52,7 @@ class ConfigFile(BaseModel):
     ssh_cidr: str | None = None
     key: str | None = None
     autostop: str | None = None
+    stopped_for: str | None = None
     parallel: Annotated[int, Field(ge=1, le=1024)] | None = None
     subnet: Annotated[str, Field(pattern=r"^subnet-[0-9a-f]{8,17}$")] | None = None
     connect: Literal["public", "private"] | None = None
@@ -82,14 +84,14 @@ class ConfigFile(BaseModel):
             raise ValueError(f"{value!r} is not an OS gpuprov supports ({', '.join(SUPPORTED_OS)})")
         return value
 
-    @field_validator("autostop")
+    @field_validator("autostop", "stopped_for")
     @classmethod
     def _duration(cls, value: str | None) -> str | None:
         from gpuprov.plan.spec import parse_duration
 
         if value is not None:
             try:
-                parse_duration(value, "autostop")
+                parse_duration(value, "duration")
             except UserInputError as exc:
                 raise ValueError(f"{exc.problem} ({exc.hint})") from None
         return value
@@ -119,6 +121,8 @@ SETTINGS = (
     Setting("key", "private key for existing hosts (-i)", ("GPUPROV_KEY",), "~/.ssh/config, then ssh's defaults",
             {c: "identity" for c in _REACH}),
     Setting("autostop", "idle autostop", ("GPUPROV_AUTOSTOP",), "off", {c: "autostop" for c in (*_STACK, "bootstrap")}),
+    Setting("stopped_for", "how long stopped before gc takes a node", (), "off (status flags 14d)",
+            {"gc": "stopped_for"}),
     Setting("parallel", "hosts worked on at once", ("GPUPROV_PARALLEL",), 32,
             {c: "parallel" for c in ("bootstrap", "check", "doctor", "exec", "monitor")}),
     Setting("subnet", "subnet new nodes launch into", (), "the default VPC's", {"up": "subnet"}),

@@ -15,48 +15,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from gpuprov.errors import UserInputError
 from gpuprov.plan import catalog, compat, facts
 from gpuprov.plan.catalog import Gpu, InstanceType
+
+# the guards' model and the block-end warning live in plan/guards.py (this module passed 500 lines); named here too
+from gpuprov.plan.guards import BLOCK_WARN_SECONDS, DEFAULT_METADATA_URL, Guards  # noqa: F401
 from gpuprov.plan.monitoring import Monitoring, monitoring_steps
 from gpuprov.plan.monitoring import summary as monitoring_summary
 from gpuprov.plan.render import Bundle, Script, StepPlan, render_steps
 from gpuprov.plan.spec import MAX_DURATION_S, MIN_DURATION_S, Playbook, format_duration, load_playbook
 from gpuprov.plan.stack import Stack, StackPins
-
-DEFAULT_METADATA_URL = "http://169.254.169.254"
-
-
-class Guards(BaseModel):
-    """Guardrails installed on the node itself, so they hold when the client is gone.
-
-    autostop: shut down after this many seconds with every GPU below `idle_threshold_pct` and no
-    SSH session. ttl: shut down this many seconds after the guard step first ran. interrupt:
-    poll IMDSv2 for a spot interruption notice and run `on_interrupt` once per notice.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    autostop_seconds: int | None = None
-    idle_threshold_pct: int = 10
-    ttl_seconds: int | None = None
-    interrupt_watch: bool = False
-    on_interrupt: str | None = None
-    metadata_url: str = DEFAULT_METADATA_URL
-    # what a shutdown by a guard does to a node gpuprov launched (its InstanceInitiatedShutdownBehavior):
-    # "stop" keeps the disk, "terminate" ends everything; None: a host gpuprov did not launch (it powers off)
-    shutdown_action: Literal["stop", "terminate"] | None = None
-    budget_usd: float | None = None  # the TTL is this budget at `budget_price` $/h when that is the sooner
-    budget_price: float | None = None
-
-    @property
-    def any(self) -> bool:
-        return self.autostop_seconds is not None or self.ttl_seconds is not None or self.interrupt_watch
-
-    @property
-    def then(self) -> str:
-        """What the guards' shutdown does, in words."""
-        return {"stop": "the instance stops (its disk is kept)",
-                "terminate": "the instance terminates (its disk goes with it)"}.get(self.shutdown_action or "",
-                                                                                     "the machine powers off")
-
 
 NO_GUARDS = Guards()
 
@@ -262,11 +228,13 @@ def guard_steps(guards: Guards) -> list[StepPlan]:
         steps.append(autostop_step(guards))
     if guards.ttl_seconds is not None:
         steps.append(ttl_step(guards))
-    if guards.interrupt_watch:
+    if guards.interrupt_watch or guards.block_end is not None:
         hook = "runs the on-interrupt hook once" if guards.on_interrupt else "logs it (no on-interrupt hook)"
+        block = (f"; {BLOCK_WARN_SECONDS // 60} min before its Capacity Block ends (EC2 ends its instances 30 min "
+                 "before) it warns and does the same" if guards.block_end is not None else "")
         steps.append(StepPlan(
             "spot-interrupt", "guard_interrupt.sh.j2", "guard",
-            f"watch IMDSv2 spot/instance-action every 5s; on a notice {hook} (gpuprov-interrupt.service)",
+            f"watch IMDSv2 spot/instance-action every 5s; on a notice {hook}{block} (gpuprov-interrupt.service)",
             (("guards", guards),),
         ))
     return steps

@@ -18,6 +18,8 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpuprov.cloud.providers.aws_base import NOT_FOUND, AwsError, NoAnswer, tag_value
+from gpuprov.cloud.providers.aws_capacity import AwsCapacity
+from gpuprov.cloud.providers.aws_iam import AwsIam
 from gpuprov.cloud.providers.aws_images import AwsImages
 from gpuprov.cloud.providers.aws_instances import AwsInstances
 from gpuprov.cloud.providers.aws_refusals import classify
@@ -39,7 +41,7 @@ UBUNTU_SSM_PREFIX = "/aws/service/canonical/ubuntu/server"
 RETRY_CREATES = 4  # tries of a create without a ClientToken (AllocateAddress), each after a look for the last
 
 
-class AwsProvider(AwsInstances, AwsImages):
+class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
     name = "aws"
 
     # --- discovery -----------------------------------------------------------------------
@@ -293,6 +295,12 @@ class AwsProvider(AwsInstances, AwsImages):
         return found
 
     def delete(self, resource: CloudResource, settle: float = 0) -> None:
+        if resource.kind == "instance-profile":  # IAM (aws_iam.py): `up --s3-access`
+            self.delete_node_profile(resource.region, resource.id)
+            return
+        if resource.kind == "iam-role":
+            self.delete_node_role(resource.region, resource.id)
+            return
         ec2 = self._client("ec2", resource.region)
         if resource.kind == "image":
             self.delete_image(resource.region, resource.id, settle)

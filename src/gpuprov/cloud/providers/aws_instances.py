@@ -98,6 +98,13 @@ class AwsInstances(AwsBase):
                 spot["MaxPrice"] = f"{request.max_price:.4f}"
             kwargs["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
             specs.append({"ResourceType": "spot-instances-request", "Tags": self._tags(request.node)})
+        if request.reservation == "open":  # EC2's default, said out loud: any open reservation that matches
+            kwargs["CapacityReservationSpecification"] = {"CapacityReservationPreference": "open"}
+        elif request.reservation:  # targeted: the Target alone (a Preference beside it only as reservations-only)
+            kwargs["CapacityReservationSpecification"] = {
+                "CapacityReservationTarget": {"CapacityReservationId": request.reservation}}
+        if request.capacity_block:  # EC2 guide, "Launch instances into Capacity Blocks": this market type + the id
+            kwargs["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
         kwargs["TagSpecifications"] = specs
         return kwargs
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from gpuprov.errors import GpuprovError
 
@@ -143,6 +143,40 @@ class LaunchRequest:
     placement_group: str | None = None  # a cluster placement group's name
     interfaces: tuple[Nic, ...] = ()  # EFA interfaces; empty: one ENA interface as before
     instance_profile: str | None = None  # an IAM instance profile's name: the node's AWS credentials
+    reservation: str | None = None  # a Capacity Reservation: "cr-…" (targeted) or "open" (any open one that matches)
+    capacity_block: bool = False  # the reservation is a Capacity Block for ML (MarketType capacity-block)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A Capacity Reservation (DescribeCapacityReservations), a Capacity Block's included (kind "capacity-block")."""
+
+    id: str
+    instance_type: str
+    zone: str
+    total: int
+    available: int
+    state: str  # active | scheduled | expired | payment-pending | cancelled | … (EC2's CapacityReservationState)
+    start: datetime | None
+    end: datetime | None
+    match: str = "open"  # InstanceMatchCriteria: open | targeted
+    kind: str = "default"  # ReservationType: default | capacity-block
+    block_id: str | None = None  # CapacityBlockId (cb-…)
+
+
+@dataclass(frozen=True)
+class BlockOffering:
+    """A Capacity Block offering (DescribeCapacityBlockOfferings): what `capacity buy` purchases."""
+
+    id: str
+    instance_type: str
+    zone: str
+    count: int
+    start: datetime
+    end: datetime
+    hours: int
+    upfront_usd: float
+    currency: str = "USD"
 
 
 @dataclass(frozen=True)
@@ -368,6 +402,27 @@ class Provider(Protocol):
 
     def delete_image(self, region: str, image_id: str, settle: float = 0) -> list[str]:
         """DeregisterImage, then DeleteSnapshot of each of its snapshots; returns what was removed."""
+        ...
+
+    def reservations(self, region: str, ids: Sequence[str] = ()) -> list[Reservation]:
+        """The account's Capacity Reservations (every page; by id: an unknown one is a UserInputError naming it)."""
+        ...
+
+    def block_offerings(self, region: str, instance_type: str, count: int, hours: int, start_after: datetime | None,
+                        end_before: datetime | None) -> list[BlockOffering]:
+        """DescribeCapacityBlockOfferings, every page."""
+        ...
+
+    def purchase_block(self, region: str, offering_id: str, node: str) -> Reservation:
+        """PurchaseCapacityBlock (Linux/UNIX), tagged; it cannot be cancelled."""
+        ...
+
+    def create_node_role(self, region: str, node: str, name: str, policy: dict[str, Any]) -> None:
+        """IAM: a role EC2 may assume, with this inline policy (`up --s3-access`)."""
+        ...
+
+    def create_node_profile(self, region: str, node: str, name: str, role: str) -> None:
+        """IAM: an instance profile holding the role."""
         ...
 
     def quota(self, region: str, code: str) -> float | None: ...

@@ -1,0 +1,73 @@
+"""S3 on the node without the user's keys: `up --s3-access s3://bucket/prefix[:ro]` (repeatable).
+
+gpuprov makes the node a role and an instance profile of its own, scoped to exactly those prefixes, records both
+before it creates them, launches with the profile, and removes both at `down` (and in the take-back of a failed
+`up`). The policy follows AWS's pattern for one folder of a bucket (Amazon S3 user guide, "Example identity-based
+policies", allowing access to a folder: s3:ListBucket on the bucket with an `s3:prefix` condition, object actions
+on `arn:aws:s3:::BUCKET/PREFIX/*`; a role's policy names the prefix literally, `${aws:username}` "will not work when
+using IAM roles"; read 2026-12-01): read-only prefixes get s3:GetObject, the others also s3:PutObject,
+s3:DeleteObject and s3:AbortMultipartUpload (a multipart upload's parts are deleted when it fails).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuprov.cloud.providers.base import Provider
+from gpuprov.errors import UserInputError
+from gpuprov.state import Store
+
+Say = Callable[[str], None]
+# S3's bucket names: 3-63 lowercase letters, digits, dots and hyphens, starting and ending with a letter or digit
+BUCKET = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
+READ = ["s3:GetObject"]
+WRITE = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
+
+
+@dataclass(frozen=True)
+class Access:
+    bucket: str
+    prefix: str  # without slashes at either end; "" is the whole bucket
+    read_only: bool
+
+
+def parse(given: str, flag: str = "--s3-access") -> Access:
+    text = given.strip()
+    read_only = text.endswith(":ro")
+    if read_only:
+        text = text[:-3]
+    m = re.fullmatch(rf"s3://({BUCKET})(/[^\s*?]*)?", text)
+    if not m or ".." in m.group(1):
+        raise UserInputError(flag, f"{given!r} is not s3://BUCKET/PREFIX[:ro]", "e.g. s3://my-data/datasets:ro")
+    return Access(m.group(1), (m.group(2) or "").strip("/"), read_only)
+
+
+def policy(accesses: Sequence[Access]) -> dict[str, Any]:
+    """The role's one inline policy: exactly those prefixes."""
+    statements: list[dict[str, Any]] = []
+    for a in accesses:
+        objects = f"arn:aws:s3:::{a.bucket}/{a.prefix + '/' if a.prefix else ''}*"
+        listing: dict[str, Any] = {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"arn:aws:s3:::{a.bucket}"}
+        if a.prefix:
+            listing["Condition"] = {"StringLike": {"s3:prefix": [a.prefix, f"{a.prefix}/*"]}}
+        statements += [listing, {"Effect": "Allow", "Action": READ if a.read_only else WRITE, "Resource": objects}]
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def ensure_role(node: str, region: str, given: Sequence[str], provider: Provider, store: Store, say: Say) -> str:
+    """Role and instance profile for the node, each recorded before it is created; returns the profile's name."""
+    accesses = [parse(g) for g in given]
+    name = f"gpuprov-{node}-{uuid.uuid4().hex[:8]}"  # IAM names: up to 64 of [\\w+=,.@-]; node names are 39 at most
+    say(f"role and instance profile {name}: " + ", ".join(
+        f"s3://{a.bucket}/{a.prefix}{' (read-only)' if a.read_only else ''}" for a in accesses))
+    rid = store.intend(node, "iam-role", region, name)
+    provider.create_node_role(region, node, name, policy(accesses))
+    store.created(rid, name)
+    pid = store.intend(node, "instance-profile", region, name)
+    provider.create_node_profile(region, node, name, name)
+    store.created(pid, name)
+    return name

@@ -1,0 +1,214 @@
+"""`start --move`: a stopped node whose zone has no capacity for it, taken with its disk to a zone that has.
+
+An EBS volume attaches only to an instance in its own Availability Zone, and a volume made from a snapshot "begins
+as an exact replica of the volume that was used to create that snapshot" (Amazon EBS user guide, "Create an Amazon
+EBS volume", docs.aws.amazon.com/ebs/latest/userguide/ebs-creating-volume.html, read 2026-12-01). So: an image of
+the stopped instance (CreateImage snapshots its root volume; EC2 does not start a stopped instance for it) ->
+RunInstances from that image, same type, key pair and security group, in each other zone that offers the type
+until one has capacity -> the new instance runs -> only then the old instance is terminated (its volume with it)
+and the image and its snapshot deleted. The node keeps its name, records, disk contents, and so its host key
+(pinned, still valid) and bootstrap markers; `start`'s own tail (address, ssh config, bootstrap + verify) follows.
+
+Each resource is recorded under the node before it is asked for (the image by its name, each launch by its
+ClientToken). A refusal everywhere, a failure or a signal before the new instance runs removes what the move made
+(the new instance, the image, its snapshot) and touches nothing of the old node: it stays stopped where it was.
+A crash mid-way leaves rows that `down NAME` follows (teardown deletes a node's image rows too).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from gpuprov import locks
+from gpuprov.cloud import keys
+from gpuprov.cloud import timeline as tl
+from gpuprov.cloud.contact import Say
+from gpuprov.cloud.providers.base import (
+    Access,
+    CloudResource,
+    ImageRequest,
+    Instance,
+    LaunchError,
+    LaunchRequest,
+    NotFound,
+    Provider,
+)
+from gpuprov.cloud.settle import SETTLE_SECONDS, settle
+from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
+from gpuprov.cloud.tags import owner
+from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.state import Node, Resource, Store
+
+MOVE_STACK = "start-move"  # the image's stack tag: never a plan's stack hash, so `up` never picks it as a bake
+
+
+@dataclass(frozen=True)
+class MoveOptions:
+    zone: str | None = None  # where to: this zone only [default: every other zone that offers the type]
+    image_timeout: float = 3600.0
+
+
+def move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider, store: Store, say: Say) -> StartResult:
+    store.node(name)  # an unknown name is refused before the lock is waited for
+    with locks.nodes([name], "start --move", say):
+        return _move(name, mopts, opts, provider, store, say)
+
+
+def _checked(name: str, mopts: MoveOptions, provider: Provider, store: Store) -> tuple[Node, Resource, list[str]]:
+    node = store.node(name)
+    if node.cluster_size:
+        raise UserInputError("NAME", f"{name} is a cluster; `start --move` takes one node", f"`gpuprov down {name}`")
+    if node.state != "stopped":
+        raise UserInputError("NAME", f"{name} is {node.state}", "only a stopped node can move")
+    if node.market == "spot":
+        raise UserInputError("--move", f"{name} is a spot node, whose request EC2 keeps in its zone",
+                             f"`gpuprov down {name}`, or `gpuprov image bake` it first and `gpuprov up` elsewhere")
+    rows = [r for r in store.resources(name, region=node.region, kind="instance") if r.cloud_id]
+    if len(rows) != 1 or not node.instance_type:
+        raise GpuprovError(f"{name} has no single recorded instance (state {node.state}); `gpuprov down {name}`")
+    offered = [z for z in provider.offerings(node.region, [node.instance_type]).get(node.instance_type, [])
+               if z != node.zone]
+    if mopts.zone is not None:
+        if mopts.zone == node.zone:
+            raise UserInputError("--zone", f"{name} is already in {mopts.zone}", "another zone, or leave --zone out")
+        if mopts.zone not in offered:
+            raise UserInputError("--zone", f"{node.instance_type} is not offered in {mopts.zone}",
+                                 f"offered in: {', '.join(offered) or 'no other zone of ' + node.region}")
+        offered = [mopts.zone]
+    if not offered:
+        raise UserInputError("--move", f"no other zone of {node.region} offers {node.instance_type}",
+                             f"`gpuprov start {name} --instance-type …` in {node.zone}")
+    return node, rows[0], offered
+
+
+def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider, store: Store, say: Say) -> StartResult:
+    rec = tl.Recorder("start", name)
+    rec.phase(tl.CHECKS)
+    node, row, zones = _checked(name, mopts, provider, store)
+    old = row.cloud_id or ""
+    (current,) = provider.describe(node.region, [old], settle=settle(row))
+    if current.state != "stopped":
+        raise UserInputError("NAME", f"{name}'s instance {old} is {current.state}", "only a stopped node can move")
+    groups = [r.cloud_id for r in store.resources(name, region=node.region, kind="security-group") if r.cloud_id]
+    if not groups:
+        raise GpuprovError(f"{name} has no recorded security group; `gpuprov down {name}`")
+    made: list[int] = []  # the move's own rows: what a failure takes back
+    try:
+        image_id, image_row = _image(node, old, provider, store, say, made)
+        instance = _launch(node, image_id, groups[0], zones, provider, store, say, rec, made)
+    except BaseException:
+        _take_back(node, made, provider, store, say)
+        raise
+    # the new instance runs: from here the node lives there, and the old one is retired
+    old_volumes = [v for v in store.resources(name, region=node.region, kind="volume") if v.cloud_id]
+    for volume in instance.volume_ids:
+        store.add_resource(name, "volume", node.region, volume)
+    _retire(node, row, old_volumes, provider, store, say)
+    _forget_image(node, image_row, provider, store, say)
+    store.update_node(name, zone=instance.zone, state="starting")
+    store.event(name, "moved", f"{old} {node.zone} -> {instance.id} {instance.zone}")
+    say(f"{name}: moved to {instance.zone} ({instance.id}); the old instance {old} is terminated")
+    return came_up(name, store.node(name), instance, opts, node.instance_type or "", None, store, say, rec)
+
+
+def _image(node: Node, iid: str, provider: Provider, store: Store, say: Say, made: list[int]) -> tuple[str, int]:
+    image_name = f"gpuprov-move-{node.name}-{int(time.time())}"
+    say(f"{node.name}: imaging its disk ({iid}, stopped) to take it to another zone")
+    rid = store.intend(node.name, "image", node.region, image_name)
+    made.append(rid)
+    image_id = provider.create_image(ImageRequest(
+        region=node.region, instance_id=iid, name=image_name, description=f"gpuprov start --move of {node.name}",
+        source_node=node.name, stack=MOVE_STACK, os=str(node.plan.get("os") or "")))
+    store.created(rid, image_id)
+    provider.wait_image(node.region, image_id, timeout=3600, settle=SETTLE_SECONDS)
+    return image_id, rid
+
+
+def _launch(node: Node, image_id: str, group: str, zones: list[str], provider: Provider, store: Store, say: Say,
+            rec: tl.Recorder, made: list[int]) -> Instance:
+    access = Access(key_name=keys.key_name(owner()), security_group_id=group, subnet_id=None)
+    refused: list[str] = []
+    rec.phase(tl.CAPACITY)
+    for zone in zones:
+        token = f"gpuprov-{node.name}-move-{uuid.uuid4().hex[:12]}"
+        say(f"asking for {node.instance_type} in {zone} (on-demand, from the image of its disk)")
+        rid = store.intend(node.name, "instance", node.region, token)
+        made.append(rid)
+        asked = rec.now()
+        try:
+            instance = provider.launch(LaunchRequest(
+                node=node.name, region=node.region, zone=zone, instance_type=node.instance_type or "",
+                market="on-demand", image_id=image_id, access=access, disk_gb=node.disk_gb or 100, client_token=token,
+                shutdown_behavior=node.shutdown_action or "stop"), settle=SETTLE_SECONDS)
+        except LaunchError as exc:
+            rec.attempt(node.instance_type or "", zone, "on-demand", asked, exc.code, exc.message)
+            say(f"  {exc.code}: {exc.message}")
+            if exc.then != "retry":
+                store.deleted(rid)
+                made.remove(rid)
+            if exc.then not in ("next-candidate", "next-market", "retry"):
+                raise GpuprovError(f"AWS refused the move: {exc.code}: {exc.message}") from None
+            refused.append(f"{zone}: {exc.code}")
+            continue
+        store.created(rid, instance.id)
+        rec.attempt(node.instance_type or "", zone, "on-demand", asked)
+        rec.phase(tl.RUNNING)
+        return provider.wait_running(node.region, instance.id, timeout=900, settle=SETTLE_SECONDS)
+    raise GpuprovError(f"no other zone had capacity for {node.instance_type}: {'; '.join(refused)}")
+
+
+def _take_back(node: Node, made: list[int], provider: Provider, store: Store, say: Say) -> None:
+    """What the move made goes (its instance first, then the image and snapshot); the old node is not touched."""
+    rows = {r.id: r for r in store.resources(node.name, region=node.region)}
+    mine = [rows[i] for i in made if i in rows]
+    say(f"{node.name}: the move failed; removing what it made (the node stays stopped in {node.zone}, untouched)")
+    instances = [r for r in mine if r.kind == "instance" and r.cloud_id]
+    if instances:
+        ids = [r.cloud_id or "" for r in instances]
+        provider.terminate(node.region, ids, settle=max(settle(r) for r in instances))
+        provider.wait_terminated(node.region, ids)
+        for r in instances:
+            store.deleted(r.id)
+            say(f"  removed instance {r.cloud_id}")
+    for r in mine:
+        if r.kind == "instance" and r.cloud_id is None:
+            continue  # a launch whose answer never came: `down` looks for it by its ClientToken
+        if r.kind == "image" and r.cloud_id:
+            _forget_image(node, r.id, provider, store, say)
+        elif r.kind == "image":
+            store.deleted(r.id)  # CreateImage never answered: nothing to remove by id (gc finds a lost one by name)
+
+
+def _retire(node: Node, row: Resource, volumes: list[Resource], provider: Provider, store: Store, say: Say) -> None:
+    """The old instance, once the new one runs: terminated, then its volumes (the root one goes with it:
+    DeleteOnTermination; a NotFound is that)."""
+    old = row.cloud_id or ""
+    try:
+        provider.terminate(node.region, [old], settle=0)
+        provider.wait_terminated(node.region, [old])
+    except NotFound:
+        pass
+    store.deleted(row.id)
+    for vol in volumes:
+        try:
+            provider.delete(CloudResource("volume", vol.cloud_id or "", node.region, node.name), settle=settle(vol))
+        except NotFound:
+            pass
+        except GpuprovError as exc:  # still detaching, say: kept on the record, `down` removes it
+            say(f"  could not delete the old volume {vol.cloud_id} yet ({exc}); `gpuprov down {node.name}` will")
+            continue
+        store.deleted(vol.id)
+
+
+def _forget_image(node: Node, rid: int, provider: Provider, store: Store, say: Say) -> None:
+    row = next((r for r in store.resources(node.name, region=node.region, kind="image") if r.id == rid), None)
+    if row is None or not row.cloud_id:
+        return
+    try:
+        removed = provider.delete_image(node.region, row.cloud_id, settle=settle(row))
+    except NotFound:
+        removed = []
+    store.deleted(rid)
+    say(f"  removed the move's image {row.cloud_id}" + (f" and {', '.join(removed[1:])}" if len(removed) > 1 else ""))

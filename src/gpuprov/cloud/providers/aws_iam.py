@@ -1,0 +1,80 @@
+"""A node's own role and instance profile, scoped to S3 prefixes (`up --s3-access`): the IAM calls.
+
+Order from the EC2 user guide ("IAM roles for Amazon EC2", create a role and instance profile with the AWS CLI):
+CreateRole with EC2's trust policy -> PutRolePolicy (inline) -> CreateInstanceProfile -> AddRoleToInstanceProfile.
+Removal in the order IAM requires (botocore's IAM model, DeleteRole: "remove … Inline policies (DeleteRolePolicy) …
+Instance profile (RemoveRoleFromInstanceProfile)"; DeleteInstanceProfile: "must not have an associated role"):
+RemoveRoleFromInstanceProfile -> DeleteInstanceProfile, then DeleteRolePolicy -> DeleteRole, after the instance.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from gpuprov.cloud.providers.aws_base import AwsBase, AwsError
+from gpuprov.cloud.providers.base import NotFound
+
+TRUST = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
+                                                  "Action": "sts:AssumeRole"}]}
+POLICY_NAME = "gpuprov-s3-access"
+
+
+class AwsIam(AwsBase):
+    def create_node_role(self, region: str, node: str, name: str, policy: dict[str, Any]) -> None:
+        """The role (EC2 may assume it) with its one inline policy; an EntityAlreadyExists is this name's own
+        earlier create whose answer was lost (the name is the node's, made once)."""
+        iam = self._client("iam", region)
+        tags = [t for t in self._tags(node) if t["Key"] != "Name"]
+        try:
+            self._call("iam:CreateRole", lambda: iam.create_role(
+                RoleName=name, AssumeRolePolicyDocument=json.dumps(TRUST), Tags=tags,
+                Description=f"gpuprov node {node}: S3 access it was launched with"))
+        except AwsError as exc:
+            if exc.code != "EntityAlreadyExists":
+                raise
+        self._call("iam:PutRolePolicy", lambda: iam.put_role_policy(
+            RoleName=name, PolicyName=POLICY_NAME, PolicyDocument=json.dumps(policy)))
+
+    def create_node_profile(self, region: str, node: str, name: str, role: str) -> None:
+        iam = self._client("iam", region)
+        tags = [t for t in self._tags(node) if t["Key"] != "Name"]
+        try:
+            self._call("iam:CreateInstanceProfile", lambda: iam.create_instance_profile(
+                InstanceProfileName=name, Tags=tags))
+        except AwsError as exc:
+            if exc.code != "EntityAlreadyExists":
+                raise
+        try:
+            self._call("iam:AddRoleToInstanceProfile", lambda: iam.add_role_to_instance_profile(
+                InstanceProfileName=name, RoleName=role))
+        except AwsError as exc:
+            if exc.code != "LimitExceeded":  # "can contain only one role": it is in already
+                raise
+
+    def delete_node_profile(self, region: str, name: str) -> None:
+        iam = self._client("iam", region)
+        try:
+            roles = self._call("iam:GetInstanceProfile", lambda: iam.get_instance_profile(
+                InstanceProfileName=name))["InstanceProfile"]["Roles"]
+        except AwsError as exc:
+            if exc.code == "NoSuchEntity":
+                raise NotFound("instance-profile", name, exc.code) from None
+            raise
+        for role in roles:
+            self._call("iam:RemoveRoleFromInstanceProfile", functools.partial(
+                iam.remove_role_from_instance_profile, InstanceProfileName=name, RoleName=role["RoleName"]))
+        self._call("iam:DeleteInstanceProfile", lambda: iam.delete_instance_profile(InstanceProfileName=name))
+
+    def delete_node_role(self, region: str, name: str) -> None:
+        iam = self._client("iam", region)
+        try:
+            policies = self._call("iam:ListRolePolicies", lambda: iam.list_role_policies(RoleName=name))["PolicyNames"]
+        except AwsError as exc:
+            if exc.code == "NoSuchEntity":
+                raise NotFound("iam-role", name, exc.code) from None
+            raise
+        for policy in policies:
+            self._call("iam:DeleteRolePolicy", functools.partial(iam.delete_role_policy, RoleName=name, PolicyName=policy))
+        self._call("iam:DeleteRole", lambda: iam.delete_role(RoleName=name))

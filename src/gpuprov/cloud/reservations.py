@@ -1,0 +1,143 @@
+"""Launching into capacity held beforehand: On-Demand Capacity Reservations and Capacity Blocks for ML.
+
+`up --reservation cr-…` asks only for what the reservation holds (its instance type, in its zone, on-demand) and
+targets it (CapacityReservationSpecification.CapacityReservationTarget); `--reservation open` says EC2's default
+out loud and asks first where an active open reservation of the type has room. `up --capacity-block cr-…|cb-…`
+targets a Capacity Block with MarketType capacity-block (EC2 guide, "Launch instances into Capacity Blocks": "you
+must specify the Capacity Block reservation ID"; "Your instance can't launch in a subnet in a different Availability
+Zone"). A block that has not started is refused with its start time, or, with `up --wait`, waited for (each pass
+answers InsufficientInstanceCapacity until it starts). The node records the reservation and a block's end, which
+`status` shows and the node's interrupt watch acts on (plan.BLOCK_WARN_SECONDS before it).
+
+Checked before anything is recorded (launchpad): the reservation exists (InvalidCapacityReservationId.NotFound is
+bad input), is active (or a scheduled block, waited for), holds a type that carries the plan's GPUs, and is not for
+spot. States are EC2's CapacityReservationState (botocore's EC2 model: active, expired, cancelled, pending, failed,
+scheduled, payment-pending, payment-failed, …).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from gpuprov.cloud.failover import Candidate, Order
+from gpuprov.cloud.providers.base import Provider, Reservation
+from gpuprov.errors import UserInputError
+from gpuprov.plan.plan import Plan
+from gpuprov.state import Node
+
+Say = Callable[[str], None]
+USABLE = ("active",)
+
+
+def _when(t: datetime | None) -> str:
+    return t.strftime("%Y-%m-%d %H:%M UTC") if t is not None else "?"
+
+
+def find(provider: Provider, region: str, given: str, flag: str) -> Reservation:
+    """The reservation a cr-… (or a block's cb-…) names; bad input when the account has none such."""
+    if given.startswith("cb-"):
+        blocks = [r for r in provider.reservations(region) if r.block_id == given]
+        if not blocks:
+            raise UserInputError(flag, f"no Capacity Block {given} in {region}", "`gpuprov status` lists the blocks bought")
+        return blocks[0]
+    if not given.startswith("cr-"):
+        raise UserInputError(flag, f"{given!r} is not a Capacity Reservation id",
+                             "cr-… (or open)" if flag == "--reservation" else "cr-… or cb-…")
+    (found,) = provider.reservations(region, [given])
+    return found
+
+
+def narrow(order: Order, plan: Plan, opts: Any, provider: Provider, region: str, say: Say) -> tuple[Order, str | None]:
+    """The candidates a reservation allows (targeted), or open reservations' first (open); and the cr-… id the
+    launch targets (a block named by its cb-… resolved)."""
+    if plan.request.spot:
+        raise UserInputError("--reservation" if opts.reservation else "--capacity-block",
+                             "reserved capacity is on-demand", "drop --spot")
+    if opts.reservation == "open" and not opts.capacity_block:
+        return _open_first(order, provider, region, say), None
+    flag = "--capacity-block" if opts.capacity_block else "--reservation"
+    res = find(provider, region, str(opts.capacity_block or opts.reservation), flag)
+    if opts.capacity_block and res.kind != "capacity-block":
+        raise UserInputError(flag, f"{res.id} is an On-Demand Capacity Reservation, not a Capacity Block",
+                             f"--reservation {res.id}")
+    if not opts.capacity_block and res.kind == "capacity-block":
+        raise UserInputError(flag, f"{res.id} is a Capacity Block", f"--capacity-block {res.id}")
+    if res.state == "scheduled" and res.kind == "capacity-block" and not opts.patient:
+        raise UserInputError(flag, f"{res.id} starts at {_when(res.start)}",
+                             f"add --wait (e.g. --wait {_hours_to(res.start)}h) to launch when it starts")
+    if res.state not in USABLE and not (res.state == "scheduled" and opts.patient):
+        raise UserInputError(flag, f"{res.id} is {res.state}", "only an active reservation can be launched into")
+    types = {c.name: c.price_usd_hour for c in plan.candidates}
+    if res.instance_type not in types:
+        raise UserInputError(flag, f"{res.id} holds {res.instance_type}, which does not carry {plan.count}× "
+                             f"{plan.gpu.name if plan.gpu else '?'}",
+                             f"--gpu for what it holds, or one of: {', '.join(sorted(types))}")
+    if order.candidates and not any(c.zone == res.zone for c in order.candidates):
+        raise UserInputError("--subnet", f"{res.id} is in {res.zone}, and this launch can only go to "
+                             f"{', '.join(sorted({c.zone for c in order.candidates}))}", "a subnet in its zone")
+    say(f"reservation {res.id}: {res.instance_type} in {res.zone}, {res.available} of {res.total} free, {res.state}"
+        + (f", ends {_when(res.end)}" if res.end else ""))
+    return Order((Candidate(res.instance_type, res.zone, "on-demand", types[res.instance_type]),), order.skipped,
+                 order.max_hourly), res.id
+
+
+def _hours_to(t: datetime | None) -> int:
+    return max(1, int(((t.timestamp() if t else time.time()) - time.time()) // 3600) + 2)
+
+
+def _open_first(order: Order, provider: Provider, region: str, say: Say) -> Order:
+    room = {(r.instance_type, r.zone) for r in provider.reservations(region)
+            if r.state == "active" and r.match == "open" and r.available > 0}
+    first = [c for c in order.candidates if (c.instance_type, c.zone) in room]
+    say(f"open reservations with room: {len(first)} of the candidates" if first else
+        "no open reservation with room for these types: EC2 launches on-demand as usual")
+    return Order(tuple(first + [c for c in order.candidates if c not in first]), order.skipped, order.max_hourly)
+
+
+def reservation_of(opts: Any) -> dict[str, Any]:
+    """The LaunchRequest fields for the options: the reservation targeted (or open), and a block's market type."""
+    given = opts.capacity_block or opts.reservation
+    if not given:
+        return {}
+    return {"reservation": given, "capacity_block": bool(opts.capacity_block)}
+
+
+def resolved(opts: Any, reservation_id: str | None) -> dict[str, Any]:
+    """The options with the reservation's own id (a block named cb-… launches by its cr-…)."""
+    if reservation_id is None:
+        return {}
+    return {"capacity_block": reservation_id} if opts.capacity_block else {"reservation": reservation_id}
+
+
+def recorded(opts: Any, provider: Provider, region: str) -> dict[str, Any]:
+    """What the node records of the reservation it launched into: its id and, for a block, its end."""
+    given = opts.capacity_block or opts.reservation
+    if not given or given == "open":
+        return {}
+    res = find(provider, region, str(given), "--capacity-block" if opts.capacity_block else "--reservation")
+    end = res.end.timestamp() if res.end is not None and res.kind == "capacity-block" else None
+    return {"reservation_id": res.id, "reservation_end": end}
+
+
+def block_guards(plan: Plan, node: Node, say: Say) -> Plan:
+    """A node in a Capacity Block: its interrupt watch learns the block's end (and runs the hook before it)."""
+    if node.reservation_end is None:
+        return plan
+    from gpuprov.plan.plan import replace_guards
+
+    end = int(node.reservation_end)
+    say(f"Capacity Block ends {_when(datetime.fromtimestamp(end, timezone.utc))}: EC2 ends the instance 30 min "
+        "before; the node warns and runs its on-interrupt hook 40 min before")
+    return replace_guards(plan, plan.guards.model_copy(update={"block_end": end}))
+
+
+def live_rows(provider: Provider, region: str) -> list[Reservation]:
+    """`gpus --live`: the account's active (and scheduled) reservations for instance types that carry GPUs."""
+    from gpuprov.plan import catalog
+
+    gpu_types = {t.name for t in catalog.load().instance_types}
+    return [r for r in provider.reservations(region) if r.state in ("active", "scheduled")
+            and r.instance_type in gpu_types]

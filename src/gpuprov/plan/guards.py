@@ -1,0 +1,61 @@
+"""The guardrails installed on a node (or host) itself: what they are asked to do, as the Plan carries them.
+
+Split from plan/plan.py, which builds the guard steps from this (`guard_steps`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+DEFAULT_METADATA_URL = "http://169.254.169.254"
+
+
+# EC2 guide, "Capacity Blocks" (capacity-blocks-using): "Thirty minutes before the reservation expires, we begin to
+# terminate any instances that are still running in the Capacity Block"; its EventBridge warning comes 40 minutes
+# before the end (capacity-blocks-monitor). The node's watch warns and runs the hook then: ten minutes before EC2
+# begins (read 2026-12-01).
+BLOCK_WARN_SECONDS = 40 * 60
+
+
+class Guards(BaseModel):
+    """Guardrails installed on the node itself, so they hold when the client is gone.
+
+    autostop: shut down after this many seconds with every GPU below `idle_threshold_pct` and no
+    SSH session. ttl: shut down this many seconds after the guard step first ran. interrupt:
+    poll IMDSv2 for a spot interruption notice and run `on_interrupt` once per notice.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    autostop_seconds: int | None = None
+    idle_threshold_pct: int = 10
+    ttl_seconds: int | None = None
+    interrupt_watch: bool = False
+    on_interrupt: str | None = None
+    metadata_url: str = DEFAULT_METADATA_URL
+    # what a shutdown by a guard does to a node gpuprov launched (its InstanceInitiatedShutdownBehavior):
+    # "stop" keeps the disk, "terminate" ends everything; None: a host gpuprov did not launch (it powers off)
+    shutdown_action: Literal["stop", "terminate"] | None = None
+    budget_usd: float | None = None  # the TTL is this budget at `budget_price` $/h when that is the sooner
+    budget_price: float | None = None
+    # a Capacity Block's end (epoch seconds): the interrupt watch runs the hook BLOCK_WARN_SECONDS before it
+    block_end: int | None = None
+
+    @property
+    def any(self) -> bool:
+        return self.autostop_seconds is not None or self.ttl_seconds is not None or self.interrupt_watch \
+            or self.block_end is not None
+
+    @property
+    def block_warn(self) -> int:
+        """How long before a Capacity Block's end the watch warns and runs the hook (BLOCK_WARN_SECONDS)."""
+        return BLOCK_WARN_SECONDS
+
+    @property
+    def then(self) -> str:
+        """What the guards' shutdown does, in words."""
+        return {"stop": "the instance stops (its disk is kept)",
+                "terminate": "the instance terminates (its disk goes with it)"}.get(self.shutdown_action or "",
+                                                                                     "the machine powers off")

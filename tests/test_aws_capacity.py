@@ -1,0 +1,269 @@
+"""Getting capacity (issue 27) through the real CLI against moto behind the fault proxy: `up --wait` asking again
+until capacity appears (nothing left between passes), `status` while it waits, a SIGTERM mid-wait."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.aws.cli import gp, nothing_left, up_args
+
+NO_WAIT = ("--no-bootstrap", "--no-wait")
+ONE_TYPE = ("--gpu", "T4", "--max-hourly", "0.6")  # g4dn.xlarge ($0.526/h) alone: one candidate per zone
+ICE = {"action": "RunInstances", "code": "InsufficientInstanceCapacity",
+       "message": "We currently do not have sufficient g4dn.xlarge capacity in the Availability Zone you requested."}
+
+
+def _zones(aws, instance_type: str = "g4dn.xlarge") -> list[str]:
+    found = aws.ec2().describe_instance_type_offerings(
+        LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}])
+    return sorted(o["Location"] for o in found["InstanceTypeOfferings"])
+
+
+def _done(aws, action: str) -> list[dict]:
+    return [e for e in aws.log(action) if e["status"] == 200]
+
+
+def test_up_wait_asks_again_until_capacity_appears_and_leaves_nothing_between_passes(aws, env):
+    zones = _zones(aws)
+    aws.faults({**ICE, "times": 3 * len(zones)})  # three whole passes refused, the fourth's first ask granted
+    result = gp({**env, "GPUPROV_WAIT_BACKOFF_SECONDS": "0.05"},
+                *up_args("patient", *ONE_TYPE, "--wait", "10m", *NO_WAIT))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("pass ")]
+    assert [line.split(":")[0] for line in lines] == ["pass 1", "pass 2", "pass 3"]
+    assert all("InsufficientInstanceCapacity" in line and "next pass in" in line for line in lines), result.stdout
+    assert result.stdout.count("asking for") == len(zones) + 1  # pass 1 speaks; passes 2-3 keep to their line
+    runs = aws.log("RunInstances")
+    assert len([e for e in runs if e["outcome"] == "fault"]) == 3 * len(zones)
+    (inst,) = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]
+               if i["State"]["Name"] != "terminated"]
+    assert inst["InstanceType"] == "g4dn.xlarge"
+    # nothing between passes: each pass's security group was deleted before the next one was made
+    made = [(e["seq"], "+") for e in _done(aws, "CreateSecurityGroup")]
+    gone = [(e["seq"], "-") for e in _done(aws, "DeleteSecurityGroup")]
+    assert "".join(sign for _seq, sign in sorted(made + gone)) == "+-+-+-+"
+    (node,) = json.loads(gp(env, "status", "--json").stdout)
+    assert node["name"] == "patient" and node["state"] == "ready"
+    assert gp(env, "down", "patient", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_status_shows_a_waiting_up_and_sigterm_mid_wait_leaves_nothing(aws, env):
+    aws.faults(ICE)  # no capacity at all
+    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args("waits", *ONE_TYPE, "--wait", "2h", *NO_WAIT)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**env, "GPUPROV_WAIT_BACKOFF_SECONDS": "60"})
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the pass line is printed once the record says `waiting`
+            if line.startswith("pass 1:"):
+                break
+        else:
+            raise AssertionError(proc.stderr.read() if proc.stderr else "no pass line")
+        (node,) = json.loads(gp(env, "status", "--json").stdout)
+        assert node["name"] == "waits" and node["state"] == "waiting"
+        assert "next pass at" in node["state_reason"]
+        table = gp(env, "status").stdout
+        assert "waiting" in table and "pass 1" in table
+        assert gp(env, *up_args("waits", *ONE_TYPE, *NO_WAIT)).returncode == 2  # the name is held while it waits
+        held = gp(env, "gc")
+        assert "waits" in held.stdout + held.stderr and "up --wait" in held.stdout + held.stderr  # left alone, named
+        asked = len(aws.log("RunInstances"))
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    assert "stopped waiting for capacity: nothing of waits is left" in out + err
+    assert "Traceback" not in err
+    assert len(aws.log("RunInstances")) == asked  # no pass after the signal
+    assert json.loads(gp(env, "status", "--json").stdout) == []
+    nothing_left(aws)
+    again = gp(env, *up_args("waits", *ONE_TYPE, *NO_WAIT))  # the name is free again
+    assert again.returncode == 1 and "no capacity anywhere" in again.stderr
+    nothing_left(aws)
+
+
+def test_gc_stopped_for_lists_what_each_stopped_disk_cost_status_flags_it_and_yes_takes_it_down(aws, env, gp_home,
+                                                                                                 tmp_path):
+    import time as clock
+
+    from gpuprov.state import open_store
+
+    for name in ("old", "young"):
+        made = gp(env, *up_args(name, *ONE_TYPE, "--disk", "150", *NO_WAIT))
+        assert made.returncode == 0, made.stdout + made.stderr
+    stopped = gp(env, "stop", "old", "young")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    now = clock.time()
+    store = open_store()  # time passes: one was stopped 20 days ago, the other yesterday
+    store.update_node("old", stopped_at=now - 20 * 86400)
+    store.update_node("young", stopped_at=now - 86400)
+
+    listed = gp(env, "gc", "--stopped-for", "14d")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    # 150 GB of gp3 at $0.08/GB-month is $12/month; 20 of a 30-day month: $8.00
+    assert "old (us-east-1): stopped 20d; its 150 GB disk cost $8.00 while stopped ($12.00/month)" in listed.stdout
+    assert "young" not in listed.stdout and "rerun with --yes" in listed.stdout
+    live = [i["InstanceId"] for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]
+            if i["State"]["Name"] == "stopped"]
+    assert len(live) == 2  # listing takes nothing
+
+    rows = {n["name"]: n for n in json.loads(gp(env, "status", "--json").stdout)}
+    assert rows["old"]["stopped_too_long"] and not rows["young"]["stopped_too_long"]
+    assert rows["old"]["disk_usd_while_stopped"] == 8.0
+    table = {line.split()[0]: line for line in gp(env, "status").stdout.splitlines() if line.strip()}
+    assert "stopped 20d ($8.00): gc --stopped-for" in table["old"]
+    assert "gc --stopped-for" not in table["young"]
+
+    config = tmp_path / "config.toml"
+    config.write_text('stopped_for = "14d"\n')
+    taken = gp({**env, "GPUPROV_CONFIG": str(config)}, "gc", "--yes", "--json")  # the config's default
+    assert taken.returncode == 0, taken.stdout + taken.stderr
+    report = json.loads(taken.stdout)
+    assert [s["name"] for s in report["stopped"]] == ["old"] and report["left"] == []
+    assert [n["name"] for n in json.loads(gp(env, "status", "--json").stdout)] == ["young"]
+    states = {i["InstanceId"]: i["State"]["Name"] for r in aws.ec2().describe_instances()["Reservations"]
+              for i in r["Instances"]}
+    assert sorted(states.values()) == ["stopped", "terminated"]
+    bad = gp({**env, "GPUPROV_CONFIG": str(config)}, "gc", "--stopped-for", "soon")
+    assert bad.returncode == 2 and "error: --stopped-for: 'soon' is not a duration" in bad.stderr
+    assert gp(env, "down", "young", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def _instances(aws) -> dict[str, dict]:
+    return {i["InstanceId"]: i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]}
+
+
+def test_start_move_after_ice_takes_the_disk_to_another_zone_and_a_failed_move_touches_nothing(aws, env):
+    made = gp(env, *up_args("mover", *ONE_TYPE, "--disk", "120", *NO_WAIT))
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert gp(env, "stop", "mover").returncode == 0
+    (old,) = [i for i in _instances(aws).values() if i["State"]["Name"] == "stopped"]
+    home = old["Placement"]["AvailabilityZone"]
+    aws.faults({**ICE, "action": "StartInstances", "times": 1})
+    refused = gp(env, "start", "mover", "--no-bootstrap")
+    assert refused.returncode == 1 and "gpuprov start mover --move" in refused.stderr, refused.stderr
+
+    # every other zone full: the move takes back what it made; the old node is not touched
+    snapshots = {s["SnapshotId"] for s in aws.ec2().describe_snapshots(OwnerIds=["self"])["Snapshots"]}
+    aws.faults(ICE)
+    failed = gp(env, "start", "mover", "--move", "--no-bootstrap")
+    assert failed.returncode == 1 and "no other zone had capacity" in failed.stderr, failed.stdout + failed.stderr
+    assert f"stays stopped in {home}, untouched" in failed.stdout
+    assert _instances(aws)[old["InstanceId"]]["State"]["Name"] == "stopped"
+    touched = [e for e in aws.log() if e["action"] in ("TerminateInstances", "StopInstances", "StartInstances",
+                                                      "ModifyInstanceAttribute")
+               and old["InstanceId"] in json.dumps(e["form"]) and e["seq"] > aws.log("CreateImage")[0]["seq"]]
+    assert touched == []
+    assert aws.ec2().describe_images(Owners=["self"])["Images"] == []  # the image went, its snapshot too
+    assert {s["SnapshotId"] for s in aws.ec2().describe_snapshots(OwnerIds=["self"])["Snapshots"]} == snapshots
+    (node,) = json.loads(gp(env, "status", "--json").stdout)
+    assert node["state"] == "stopped" and node["zone"] == home
+
+    # one other zone full, the next has room: moved there, the old instance retired only after
+    aws.clear_faults()  # (the log too)
+    others = [z for z in _zones(aws) if z != home]
+    aws.faults({**ICE, "match": {"Placement.AvailabilityZone": others[0]}})
+    moved = gp(env, "start", "mover", "--move", "--no-bootstrap")
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    assert {e["form"]["InstanceId"] for e in aws.log("CreateImage")} == {old["InstanceId"]}  # its disk, imaged
+    ubuntu = old["ImageId"]  # what `up` launched from
+    launched = [e for e in aws.log("RunInstances") if e["form"].get("ImageId") != ubuntu]
+    assert len({e["form"]["ImageId"] for e in launched[-2:]}) == 1  # this move's image, in each zone it asked
+    assert [e["form"]["Placement.AvailabilityZone"] for e in launched][-2:] == others[:2]
+    ends = [e for e in aws.log("TerminateInstances") if old["InstanceId"] in json.dumps(e["form"])]
+    assert ends and ends[0]["seq"] > launched[-1]["seq"]  # the old one goes once the new one is there
+    now = _instances(aws)
+    assert now[old["InstanceId"]]["State"]["Name"] == "terminated"
+    (new,) = [i for i in now.values() if i["State"]["Name"] == "running"]
+    assert new["Placement"]["AvailabilityZone"] == others[1] and new["InstanceType"] == "g4dn.xlarge"
+    assert new["ImageId"] == launched[-1]["form"]["ImageId"]
+    (root,) = aws.ec2().describe_volumes(Filters=[{"Name": "attachment.instance-id", "Values": [new["InstanceId"]]}])[
+        "Volumes"]
+    assert root["Size"] == 120 and root["AvailabilityZone"] == others[1]
+    (node,) = json.loads(gp(env, "status", "--json").stdout)
+    assert (node["name"], node["state"], node["zone"], node["disk_gb"]) == ("mover", "ready", others[1], 120)
+    assert aws.ec2().describe_images(Owners=["self"])["Images"] == []
+    assert {s["SnapshotId"] for s in aws.ec2().describe_snapshots(OwnerIds=["self"])["Snapshots"]} == snapshots
+    assert gp(env, "down", "mover", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_reservations_and_a_capacity_block_bought_waited_for_and_launched_into(aws, env, gp_home):
+    from gpuprov.cloud import capacity as blocks
+
+    aws.capacity(reservations=[{"id": "cr-0a1b2c3d4e5f60718", "instance_type": "g4dn.xlarge", "zone": "us-east-1b",
+                                "count": 1, "match": "targeted"}])
+    held = gp(env, *up_args("held", *ONE_TYPE, "--reservation", "cr-0a1b2c3d4e5f60718", *NO_WAIT))
+    assert held.returncode == 0, held.stdout + held.stderr
+    (run,) = [e for e in aws.log("RunInstances") if e["status"] == 200]
+    assert run["form"]["CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"] == \
+        "cr-0a1b2c3d4e5f60718" and run["form"]["Placement.AvailabilityZone"] == "us-east-1b"
+    (node,) = json.loads(gp(env, "status", "--json").stdout)
+    assert (node["reservation_id"], node["zone"]) == ("cr-0a1b2c3d4e5f60718", "us-east-1b")
+    listed = json.loads(gp(env, "capacity", "list", "--json").stdout)
+    assert [(r["id"], r["available"]) for r in listed["reservations"]] == [("cr-0a1b2c3d4e5f60718", 0)]
+    assert "cr-0a1b2c3d4e5f60718  g4dn.xlarge  us-east-1b  0/1 free" in gp(env, "gpus", "T4", "--live").stdout
+    wrong = gp(env, *up_args("x", "--gpu", "A10G", "--reservation", "cr-0a1b2c3d4e5f60718", *NO_WAIT))
+    assert wrong.returncode == 2 and "holds g4dn.xlarge, which does not carry 1× A10G" in wrong.stderr
+    unknown = gp(env, *up_args("x", "--gpu", "T4", "--reservation", "cr-00000000000000000", *NO_WAIT))
+    assert unknown.returncode == 2 and "InvalidCapacityReservationId.NotFound" in unknown.stderr
+
+    start = time.time() + 3600
+    aws.capacity(offerings=[{"id": "cb-offer-h100", "instance_type": "p5.48xlarge", "zone": "us-east-1a",
+                             "count": 1, "start": start, "hours": 24, "fee": "786.24"}])
+    offers = json.loads(gp(env, "capacity", "offers", "--gpu", "H100:8", "--hours", "24", "--json").stdout)
+    assert [(o["offering"], o["upfront_usd"], o["zone"]) for o in offers] == [("cb-offer-h100", 786.24, "us-east-1a")]
+    asked = gp(env, "capacity", "buy", "cb-offer-h100")  # no terminal: told first, then refused without --yes
+    assert asked.returncode == 2 and "cannot be cancelled" in asked.stdout and "--yes" in asked.stderr
+    assert aws.log("PurchaseCapacityBlock") == []
+    aws.faults({"action": "PurchaseCapacityBlock", "hold": True})  # EC2 at work on the purchase ...
+    buying = subprocess.Popen([sys.executable, "-m", "gpuprov", "capacity", "buy", "cb-offer-h100", "--yes", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    aws.wait_held(1, timeout=60)
+    assert [(b.offering, b.state) for b in blocks._read(blocks._blocks_file())] == [("cb-offer-h100", "buying")]
+    aws.release()  # ... recorded before it was asked for
+    out, err = buying.communicate(timeout=60)
+    assert buying.returncode == 0, out + err
+    block = json.loads(out)
+    assert block["state"] == "bought" and block["reservation_id"].startswith("cr-")
+    assert [b.state for b in blocks._read(blocks._blocks_file())] == ["bought"]
+    aws.clear_faults()
+    table = gp(env, "status").stdout
+    assert f"block {block['reservation_id']}: 1 × p5.48xlarge us-east-1a" in table and "$786.24 (bought)" in table
+
+    early = gp(env, *up_args("blk", "--gpu", "H100:8", "--capacity-block", block["reservation_id"], *NO_WAIT))
+    assert early.returncode == 2 and "starts at" in early.stderr and "--wait" in early.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args(
+        "blk", "--gpu", "H100:8", "--capacity-block", block["reservation_id"], "--wait", "2h", *NO_WAIT)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env, "GPUPROV_WAIT_BACKOFF_SECONDS": "0.5"})
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("pass 1:"):
+                assert "InsufficientInstanceCapacity" in line
+                break
+        aws.capacity(advance=3600)  # the block starts
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out + err
+    into = [e for e in aws.log("RunInstances") if e["status"] == 200][-1]["form"]
+    assert into["InstanceMarketOptions.MarketType"] == "capacity-block"
+    assert into["CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"] == \
+        block["reservation_id"]
+    rows = {n["name"]: n for n in json.loads(gp(env, "status", "--json").stdout)}
+    assert rows["blk"]["reservation_end"] == pytest.approx(start + 24 * 3600, abs=1)
+    assert "block ends" in gp(env, "status").stdout
+    assert gp(env, "down", "held", "blk", "--yes").returncode == 0
+    nothing_left(aws)

@@ -1,0 +1,70 @@
+"""`up --s3-access`: the node's own role and instance profile, scoped to exactly the prefixes asked for, read back
+from IAM (moto's, behind the fault proxy), launched with, and removed by `down` and by a failed `up`'s take-back."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import unquote
+
+from tests.aws.cli import gp, nothing_left, up_args
+
+NO_WAIT = ("--no-bootstrap", "--no-wait")
+ONE_TYPE = ("--gpu", "T4", "--max-hourly", "0.6")
+
+
+def _iam_ours(aws) -> tuple[list[str], list[str]]:
+    iam = aws.client("iam")
+    roles = [r["RoleName"] for r in iam.list_roles()["Roles"] if r["RoleName"].startswith("gpuprov-")]
+    profiles = [p["InstanceProfileName"] for p in iam.list_instance_profiles()["InstanceProfiles"]
+                if p["InstanceProfileName"].startswith("gpuprov-")]
+    return roles, profiles
+
+
+def test_the_role_has_exactly_the_prefixes_the_node_launches_with_it_and_down_removes_it(aws, env):
+    made = gp(env, *up_args("s3n", *ONE_TYPE, "--s3-access", "s3://my-data/datasets/imagenet:ro",
+                            "--s3-access", "s3://my-ckpt/run1/", *NO_WAIT))
+    assert made.returncode == 0, made.stdout + made.stderr
+    iam = aws.client("iam")
+    (role,), (profile,) = _iam_ours(aws)
+    assert role == profile and role.startswith("gpuprov-s3n-")
+    trust = iam.get_role(RoleName=role)["Role"]["AssumeRolePolicyDocument"]
+    trust = json.loads(unquote(trust)) if isinstance(trust, str) else trust
+    assert trust["Statement"] == [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
+                                   "Action": "sts:AssumeRole"}]
+    (name,) = iam.list_role_policies(RoleName=role)["PolicyNames"]
+    doc = iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"]
+    doc = json.loads(unquote(doc)) if isinstance(doc, str) else doc
+    assert doc["Statement"] == [
+        {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": "arn:aws:s3:::my-data",
+         "Condition": {"StringLike": {"s3:prefix": ["datasets/imagenet", "datasets/imagenet/*"]}}},
+        {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": "arn:aws:s3:::my-data/datasets/imagenet/*"},
+        {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": "arn:aws:s3:::my-ckpt",
+         "Condition": {"StringLike": {"s3:prefix": ["run1", "run1/*"]}}},
+        {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+         "Resource": "arn:aws:s3:::my-ckpt/run1/*"}]
+    assert [r["RoleName"] for r in iam.get_instance_profile(InstanceProfileName=profile)["InstanceProfile"]["Roles"]] \
+        == [role]
+    (run,) = [e for e in aws.log("RunInstances") if e["status"] == 200]
+    assert run["form"]["IamInstanceProfile.Name"] == profile
+    # recorded before they were made: the node's rows name them
+    calls = [e["action"] for e in aws.log() if e["action"] in ("CreateRole", "CreateInstanceProfile", "RunInstances")]
+    assert calls.index("CreateRole") < calls.index("CreateInstanceProfile") < calls.index("RunInstances")
+    down = gp(env, "down", "s3n", "--yes")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert _iam_ours(aws) == ([], [])
+    nothing_left(aws)
+
+
+def test_a_failed_up_takes_the_role_back_and_bad_access_is_refused_before_anything(aws, env):
+    aws.faults({"action": "RunInstances", "code": "InsufficientInstanceCapacity", "message": "no capacity"})
+    failed = gp(env, *up_args("s3f", *ONE_TYPE, "--s3-access", "s3://my-data/x", *NO_WAIT))
+    assert failed.returncode == 1 and "no capacity anywhere" in failed.stderr
+    assert _iam_ours(aws) == ([], [])
+    nothing_left(aws)
+    bad = gp(env, *up_args("s3b", *ONE_TYPE, "--s3-access", "s3://No_Such/x", *NO_WAIT))
+    assert bad.returncode == 2 and "error: --s3-access: 's3://No_Such/x' is not s3://BUCKET/PREFIX[:ro]" in bad.stderr
+    both = gp(env, *up_args("s3b", *ONE_TYPE, "--s3-access", "s3://my-data/x", "--instance-profile", "p", *NO_WAIT))
+    assert both.returncode == 2 and "--s3-access or --instance-profile" in both.stderr
+    # the two refused `up`s made nothing: the failed one's role and group are the only ones ever asked for
+    assert [e["action"] for e in aws.log() if e["action"] in ("CreateRole", "CreateSecurityGroup")] == \
+        ["CreateSecurityGroup", "CreateRole"]
