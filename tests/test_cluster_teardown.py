@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuprov.errors import GpuprovError
-from gpuprov.state import Store
+from gpuprov.state import SqliteStore, Store
 from tests.test_teardown import FakeCloud, R, _live, _run
 
 
@@ -25,7 +25,7 @@ class ClusterCloud(FakeCloud):
 
 @pytest.fixture
 def store(tmp_path: Path) -> Store:
-    s = Store(tmp_path / "state.sqlite")
+    s = SqliteStore(tmp_path / "state.sqlite")
     s.create_node("n1", "aws", R, cluster_size=2)
     return s
 

@@ -15,7 +15,10 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpuprov"
 MAX_LINES = 500
 GROUND = ("gpuprov.errors", "gpuprov.files", "gpuprov.locks", "gpuprov.paths", "gpuprov.resources",
-          "gpuprov.state", "gpuprov.state_errors", "gpuprov.state_tolerant")
+          "gpuprov.state", "gpuprov.state_errors", "gpuprov.state_tolerant", "gpuprov.records", "gpuprov.store",
+          "gpuprov.state_url", "gpuprov.leases", "gpuprov.team")
+# team state's S3 backend is on the ground floor too (every part reads records) and the one floor module with boto3
+GROUND_S3 = ("gpuprov.state_s3",)
 CLOUD_SDKS = ("boto3", "botocore")
 SSH_SDKS = ("fabric", "paramiko", "invoke")
 # what reads a URL: sources/ only (cloud/ through boto3); urllib.parse only splits strings, so plan/ may use it
@@ -46,6 +49,8 @@ RULES = (
          "sources/ reads the public web; EC2 only through cloud/"),
     *(Rule(g, ("gpuprov.plan", "gpuprov.hosts", "gpuprov.cluster", "gpuprov.cloud", "gpuprov.cli",
                *CLOUD_SDKS, *SSH_SDKS), "the ground floor serves every part and uses none") for g in GROUND),
+    *(Rule(g, ("gpuprov.plan", "gpuprov.hosts", "gpuprov.cluster", "gpuprov.cloud", "gpuprov.cli", *SSH_SDKS),
+           "the ground floor serves every part and uses none (S3 through boto3 only)") for g in GROUND_S3),
 )
 # nothing outside cli/ imports cli/ (the entry point `python -m gpuprov` aside)
 CLI_USERS = ("gpuprov.cli", "gpuprov.__main__")

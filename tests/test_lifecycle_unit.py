@@ -10,7 +10,7 @@ from gpuprov.cloud.failover import candidates
 from gpuprov.cloud.launch import check_name, ssh_cidr
 from gpuprov.errors import UserInputError
 from gpuprov.plan.plan import NodeRequest, make_plan
-from gpuprov.state import Store
+from gpuprov.state import SqliteStore
 
 
 def test_candidates_spot_first_cheapest_type_first_then_on_demand_with_fallback():
@@ -50,7 +50,7 @@ def test_ssh_cidr_is_the_callers_address_unless_given():
 
 
 def test_store_records_intent_before_creation_and_survives_concurrent_writers(tmp_path):
-    store = Store(tmp_path / "state.sqlite")
+    store = SqliteStore(tmp_path / "state.sqlite")
     store.create_node("n1", "aws", "us-east-1")
     rid = store.intend("n1", "instance", "us-east-1", "tok-1")
     (row,) = store.resources("n1")
@@ -61,7 +61,7 @@ def test_store_records_intent_before_creation_and_survives_concurrent_writers(tm
         store.create_node("n1", "aws", "us-east-1")  # a live name is not reused
 
     def writer(k: int) -> None:
-        other = Store(tmp_path / "state.sqlite")
+        other = SqliteStore(tmp_path / "state.sqlite")
         for j in range(25):
             other.event("n1", "test", f"{k}-{j}")
 
@@ -122,7 +122,7 @@ def test_teardown_cancels_spot_requests_before_it_terminates_instances(tmp_path)
         def find_security_group(self, region, name):
             return None
 
-    store = Store(tmp_path / "state.sqlite")
+    store = SqliteStore(tmp_path / "state.sqlite")
     store.create_node("p", "fake", "us-east-1", market="spot", spot_type="persistent")
     store.created(store.intend("p", "instance", "us-east-1", "tok"), "i-1")
     store.add_resource("p", "spot-request", "us-east-1", "sir-1")

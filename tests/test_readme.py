@@ -230,9 +230,29 @@ SCENARIOS: dict[str, list[str]] = {
         "gpuprov check train --cluster",
         "gpuprov down train",
     ],
+    "working as a team": [  # last: it points the sandbox's config at a bucket, and takes that back at its end
+        SETUP + "python3 -c \"import boto3; s3 = boto3.client('s3'); s3.create_bucket(Bucket='acme-gpu-state'); "
+        "s3.put_bucket_versioning(Bucket='acme-gpu-state', VersioningConfiguration={'Status': 'Enabled'})\"",
+        SETUP + "gpuprov up train --gpu L4 --no-bootstrap --yes",
+        "gpuprov state push s3://acme-gpu-state/team",
+        SETUP + "echo 'state = \"s3://acme-gpu-state/team\"' >> \"$GPUPROV_CONFIG\"",
+        "gpuprov state",
+        "gpuprov team join",
+        "gpuprov team sync train",
+        "gpuprov state adopt --region us-east-1",
+        "gpuprov state unlock train",
+        SETUP + "gpuprov down train --yes",
+        # the local file pushed from still lists train (a backup now): kept aside, as after a real move
+        SETUP + "mv \"$GPUPROV_HOME/state.sqlite\" \"$GPUPROV_HOME/state.sqlite.pushed\" && "
+        "sed -i '/^state = /d' \"$GPUPROV_CONFIG\"",
+    ],
 }
 # what a line prints, where the README says or a user would look for it
 SAYS = {
+    "gpuprov state push s3://acme-gpu-state/team": "train: copied to s3://acme-gpu-state/team/",
+    "gpuprov state": "versioning: Enabled",
+    "gpuprov team sync train": "member(s) authorized",
+    "gpuprov state unlock train": "train: no lease held",
     "gpuprov up train --gpu A100:8 --spot --persistent --fallback on-demand": "train is ready: p4d.24xlarge",
     "gpuprov stop train": "train: stopped",
     "gpuprov up train2 --gpu A100:8": "a100-stack",
@@ -364,6 +384,7 @@ def test_readme_examples_run_as_printed_in_the_sandbox(scenario: str, sandbox: A
         assert left == {}, left  # every scenario takes down what it made
     finally:  # a failed scenario leaves nothing for the next one to trip on
         run_line(SETUP + "gpuprov down --all --yes", sandbox, cwd, home)
+        run_line(SETUP + "sed -i '/^state = /d' \"$GPUPROV_CONFIG\"", sandbox, cwd, home)  # a team scenario's
         run_line(SETUP + "for c in $(gpuprov cluster list --json | python3 -c 'import json, sys; "
                  "print(\" \".join(c[\"name\"] for c in json.load(sys.stdin)))'); do gpuprov cluster rm $c; done",
                  sandbox, cwd, home)

@@ -208,7 +208,7 @@ def test_an_empty_state_file_is_refused_not_taken_for_no_nodes(gp_home):
 def test_a_process_killed_while_it_makes_the_state_file_leaves_none_not_an_empty_one(tmp_path, monkeypatch):
     """SIGKILL between SQLite's open (which makes a 0-byte file) and its first page: forced here by stopping the
     layout step where a kill would land. The next run must not meet an empty file it refuses as damage."""
-    from gpuprov.state import Store
+    from gpuprov.state import SqliteStore as Store
 
     path = tmp_path / "state.sqlite"
 

@@ -13,7 +13,7 @@ from gpuprov.cloud import settle as st
 from gpuprov.cloud import teardown as td
 from gpuprov.cloud.providers.base import CloudResource, Instance, NotFound
 from gpuprov.errors import GpuprovError
-from gpuprov.state import Store
+from gpuprov.state import SqliteStore, Store
 
 R = "us-east-1"
 
@@ -85,7 +85,7 @@ class FakeCloud:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Store:
-    s = Store(tmp_path / "state.sqlite")
+    s = SqliteStore(tmp_path / "state.sqlite")
     s.create_node("n1", "aws", R)
     return s
 

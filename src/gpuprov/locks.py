@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING
 from gpuprov.errors import GpuprovError
 
 if TYPE_CHECKING:
-    from gpuprov.state import Node
+    from gpuprov.leases import Holding
+    from gpuprov.records import Node
+    from gpuprov.state_url import StateUrl
 
 
 @dataclass(frozen=True)
@@ -38,9 +40,12 @@ class Holder:
     pid: int | None
     what: str
     since: float | None
+    by: str | None = None  # team state: the member and host whose lease it is
 
     def __str__(self) -> str:
         when = time.strftime("%H:%M:%S", time.localtime(self.since)) if self.since else "?"
+        if self.by:
+            return f"gpuprov {self.what} of {self.by} (pid {self.pid or '?'}, since {when})"
         return f"gpuprov {self.what} (pid {self.pid or '?'}, since {when})"
 
 
@@ -95,7 +100,13 @@ def holder_of(path: Path) -> Holder:
 def hold(key: str, what: str, *, wait: bool = True, subject: str | None = None,
          waiting: Callable[[Holder], None] | None = None) -> Iterator[None]:
     """Hold the lock `key` ("node-train", "region-us-east-1") while `what` ("up", "down") runs. Held by
-    another process: raise Busy when `wait` is False, else call `waiting(holder)` once and wait."""
+    another process: raise Busy when `wait` is False, else call `waiting(holder)` once and wait. With team state
+    (records in S3) a node's lock is a lease in the bucket (leases.py), so a teammate's command waits too."""
+    team = _team() if key.startswith("node-") else None
+    if team is not None:
+        with _leased(team, key, what, wait=wait, subject=subject, waiting=waiting):
+            yield
+        return
     path = _file(key)
     with _guard:
         mine = _held.get(str(path))
@@ -135,8 +146,49 @@ def hold(key: str, what: str, *, wait: bool = True, subject: str | None = None,
                 os.close(fd)  # closing the last descriptor releases the flock
 
 
+def holder(key: str) -> Holder:
+    """Who holds `key` (for the messages): the lock file's words, or the lease's with team state."""
+    team = _team() if key.startswith("node-") else None
+    if team is not None:
+        from gpuprov import leases
+        from gpuprov.state_s3 import Bucket
+
+        found = leases.read(Bucket(team), key)
+        return _holder(found[0]) if found else Holder(None, "?", None)
+    return holder_of(_file(key))
+
+
+def _team() -> StateUrl | None:
+    from gpuprov.state_url import configured
+
+    return configured()
+
+
+def _holder(holding: Holding) -> Holder:
+    return Holder(holding.pid, holding.what, holding.since, by=f"{holding.holder} on {holding.host}")
+
+
+@contextlib.contextmanager
+def _leased(team: StateUrl, key: str, what: str, *, wait: bool, subject: str | None,
+            waiting: Callable[[Holder], None] | None) -> Iterator[None]:
+    from gpuprov import leases
+    from gpuprov.state_url import lease_seconds
+
+    try:
+        with leases.hold(team, key, what, wait=wait, expiry=lease_seconds(),
+                         waiting=(lambda h: waiting(_holder(h))) if waiting is not None else None):
+            yield
+    except leases.Taken as taken:
+        raise Busy(subject or key, _holder(taken.holding)) from None
+
+
 def is_free(key: str) -> bool:
     """Nobody holds `key` right now (this process counts as nobody: its own locks are re-entrant)."""
+    team = _team() if key.startswith("node-") else None
+    if team is not None:
+        from gpuprov import leases
+
+        return leases.is_free(team, key)
     path = _file(key)
     with _guard:
         if str(path) in _held:
@@ -196,6 +248,9 @@ def claim(name: str, what: str) -> Iterator[None]:
     except Busy as busy:
         from gpuprov.errors import UserInputError
 
+        if busy.holder.by:  # team state: a teammate's `up` (or any operation) holds the name's lease
+            raise UserInputError("NAME", f"the name {name!r} is taken by {busy.holder}",
+                                 "pick another name, or wait for it to finish") from None
         raise UserInputError("NAME", str(busy), "wait for it to finish, or stop it: Ctrl-C where it runs, or "
                              f"`kill {busy.holder.pid}` (it takes back what it made)") from None
     with held:

@@ -10,27 +10,22 @@ gpuprov processes never corrupt the file; writes are short transactions.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from gpuprov import __version__
 from gpuprov.errors import UserInputError
+from gpuprov.records import UP_STATES, Event, Member, Node, NodeState, Resource, ResourceKind, members_json
 from gpuprov.state_errors import StateError, StateTooNew, explain
+from gpuprov.store import Store
 
-NodeState = Literal["launching", "running", "bootstrapping", "ready", "failed", "terminating", "terminated",
-                    "stopping", "stopped", "resizing", "starting", "waiting"]
-# where an `up` leaves a record ("waiting": between two passes of `up --wait`, owning nothing)
-UP_STATES = ("launching", "running", "bootstrapping", "failed", "terminating", "waiting")
-# an image row has node None: images outlive the node they were baked from
-ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "placement-group",
-                       "address", "iam-role", "instance-profile"]
+__all__ = ["UP_STATES", "Event", "Member", "Node", "NodeState", "Resource", "ResourceKind", "SqliteStore", "Store",
+           "members_json", "open_store"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -118,137 +113,9 @@ _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER
                        ("reservation_end", "REAL"))
 
 
-@dataclass(frozen=True)
-class Node:
-    name: str
-    provider: str
-    region: str
-    zone: str | None
-    gpu: str | None
-    gpu_count: int | None
-    instance_type: str | None
-    market: str | None
-    state: str
-    state_reason: str | None
-    address: str | None
-    ssh_user: str | None
-    price_usd_hour: float | None
-    owner: str | None
-    plan_json: str | None
-    pid: int | None
-    host: str | None
-    created_at: float
-    ready_at: float | None
-    ended_at: float | None
-    autostop_seconds: int | None = None  # the node's autostop idle window; None: off
-    ttl_seconds: int | None = None
-    ttl_deadline: float | None = None  # epoch seconds (the node keeps its own, a few seconds later)
-    on_interrupt: str | None = None
-    spot_type: str | None = None  # spot: "one-time" (cannot stop) or "persistent" (interruption behaviour stop)
-    shutdown_action: str | None = None  # what a shutdown on the node does: "stop" (disk kept) or "terminate"
-    disk_gb: int | None = None
-    connect: str | None = None  # "public" or "private": which address reaches it
-    budget_usd: float | None = None
-    budget_deadline: float | None = None  # epoch seconds the budget runs out at the price obtained
-    budget_price: float | None = None  # $/h the budget was turned into a deadline with (spot price at launch)
-    resize_from: str | None = None  # a `start --instance-type` in progress: the type before ...
-    resize_to: str | None = None  # ... and the type asked for (recorded before ModifyInstanceAttribute)
-    stopped_at: float | None = None
-    cluster_size: int | None = None  # `up --nodes N`: the N asked for (None: a single node)
-    members_json: str | None = None  # a cluster's nodes, rank order (see `members`)
-    paid_usd_hour: float | None = None  # what it costs an hour: the spot price obtained at launch, or the list price
-    billed_seconds: float | None = None  # its instance's running time before the current run (stops end a run)
-    running_since: float | None = None  # when the current run began (None: stopped, or ended)
-    reservation_id: str | None = None  # the Capacity Reservation or Block it launched into (cr-…)
-    reservation_end: float | None = None  # a Capacity Block's end (epoch s): EC2 ends its instances 30 min before
+class SqliteStore:
+    """The default backend: a SQLite file in the state folder (store.Store is the interface)."""
 
-    def cost_so_far(self, now: float) -> float | None:
-        """Dollars its instance has cost: the price it got, for the time it ran (stopped time costs no compute).
-        A record from before those were kept: its age at the on-demand list price, as before."""
-        if self.paid_usd_hour is None:
-            if not self.price_usd_hour:
-                return None
-            return ((self.ended_at or now) - self.created_at) / 3600 * self.price_usd_hour
-        run = (self.billed_seconds or 0.0)
-        if self.running_since is not None:
-            run += max(0.0, min(now, self.ended_at or now) - self.running_since)
-        return run / 3600 * self.paid_usd_hour
-
-    def stopped_run(self, at: float) -> dict[str, float | None]:
-        """The fields that end its current run at `at` (a stop, an interruption, a teardown)."""
-        if self.running_since is None:
-            return {}
-        return {"billed_seconds": (self.billed_seconds or 0.0) + max(0.0, at - self.running_since),
-                "running_since": None}
-
-    @property
-    def members(self) -> tuple[Member, ...]:
-        """A cluster's nodes by rank (node 0 first; `address` is node 0's); empty for a single node."""
-        return tuple(Member(**m) for m in json.loads(self.members_json)) if self.members_json else ()
-
-    @property
-    def can_stop(self) -> bool:
-        """On-demand nodes and persistent spot requests can stop; one-time spot instances cannot (EC2 refuses)."""
-        return self.market != "spot" or self.spot_type == "persistent"
-
-    @property
-    def live(self) -> bool:
-        return self.state != "terminated"
-
-    @property
-    def up_unfinished(self) -> bool:
-        """Its `up` (one node or a cluster) never reached `ready`: a record that was launching, running,
-        bootstrapping, failed or being taken back when that `up` ended. Whether the `up` is still at work is
-        not in the record: its process holds the node's lock (gpuprov.locks) for as long as it lives. A node
-        stopped, started, resized or baked after it was ready never counts."""
-        return self.ready_at is None and self.state in UP_STATES
-
-    @property
-    def plan(self) -> dict[str, Any]:
-        return json.loads(self.plan_json) if self.plan_json else {}
-
-
-@dataclass(frozen=True)
-class Member:
-    """One node of a cluster: its rank, instance and addresses."""
-
-    rank: int
-    instance_id: str
-    private_ip: str | None
-    public_ip: str | None
-    address: str | None  # the one gpuprov connects to (public or private, as the cluster's --connect says)
-    state: str = "running"
-    allocation_id: str | None = None  # its Elastic IP, where the type launches with several interfaces
-
-
-def members_json(members: list[Member]) -> str:
-    from dataclasses import asdict
-
-    return json.dumps([asdict(m) for m in members])
-
-
-@dataclass(frozen=True)
-class Resource:
-    id: int
-    node: str | None
-    kind: str
-    region: str
-    client_token: str | None
-    cloud_id: str | None
-    status: str  # "intent" (asked for, id unknown), "created", "deleted"
-    created_at: float
-    deleted_at: float | None
-
-
-@dataclass(frozen=True)
-class Event:
-    node: str | None
-    at: float
-    kind: str
-    message: str
-
-
-class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -480,6 +347,14 @@ class Store:
 
 
 def open_store() -> Store:
+    """The store this install is configured for: an S3 bucket's (`state = "s3://…"` in config.toml, or
+    GPUPROV_STATE), else the local SQLite file."""
     from gpuprov.paths import state_dir
+    from gpuprov.state_url import configured
 
-    return Store(state_dir() / "state.sqlite")
+    url = configured()
+    if url is not None:
+        from gpuprov.state_s3 import S3Store
+
+        return S3Store(url)
+    return SqliteStore(state_dir() / "state.sqlite")

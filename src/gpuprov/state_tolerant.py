@@ -11,8 +11,9 @@ import time
 from typing import Any
 
 from gpuprov.errors import GpuprovError
-from gpuprov.state import Resource, ResourceKind, Store
+from gpuprov.records import Resource, ResourceKind
 from gpuprov.state_errors import StateUnavailable
+from gpuprov.store import Store
 
 
 class TolerantStore:

@@ -33,6 +33,10 @@ Kinds (the realism layer, class Ec2Realism; EC2 developer guide, "Eventual consi
            InvalidAMIName.Duplicate; its snapshot TagSpecification tags the image's snapshots (moto: NotImplemented).
   instant  moto as it is: everything passes through, nothing is learnt.
 
+S3 (tests/aws/s3_contracts.py): a request's action is botocore's `x-id` or the method on an object (form Bucket and
+Key for rules); one conditional PutObject/DeleteObject (If-None-Match / If-Match) per object reaches moto at a time,
+another arriving meanwhile is S3's 409 ConditionalRequestConflict (log outcome "s3-conflict").
+
 EC2 contracts moto lacks (tests/aws/ec2_contracts.py, which has the sources), before a request reaches moto and on
 its answer, in both kinds unless said: AssociateAddress by InstanceId of a multi-interface instance ->
 InvalidInstanceID; AllocateAddress past the Elastic IP quota (the canned L-0263D0A3 answer, else 5) ->
@@ -133,11 +137,15 @@ try:  # as a module (tests) or as a script (python fault_proxy.py): the sibling 
     from tests.aws.ec2_cluster import ClusterEc2, live_instances, terminate_form
     from tests.aws.ec2_contracts import Ec2Contracts
     from tests.aws.ec2_spot import SpotEc2
+    from tests.aws.s3_contracts import CONFLICT_BODY, S3Conditional
+    from tests.aws.s3_contracts import action as s3_action
 except ImportError:  # pragma: no cover - script mode
     from ec2_capacity import CapacityEc2  # type: ignore[no-redef]
     from ec2_cluster import ClusterEc2, live_instances, terminate_form  # type: ignore[no-redef]
     from ec2_contracts import Ec2Contracts  # type: ignore[no-redef]
     from ec2_spot import SpotEc2  # type: ignore[no-redef]
+    from s3_contracts import CONFLICT_BODY, S3Conditional  # type: ignore[no-redef]
+    from s3_contracts import action as s3_action
 
 CONTROL = "/__faults__"
 # Opt-in regions the account has not enabled (moto 5.2's DescribeRegions marks these `not-opted-in`): a call signed
@@ -612,6 +620,7 @@ class _State:
         self.spot = SpotEc2()  # RunInstances's spot requests, relaunch, disabled, interruptions (tests/aws/ec2_spot.py)
         self.not_enabled: set[str] = set(NOT_ENABLED)
         self.contracts = Ec2Contracts()  # Elastic IPs, root volumes, IPv6, instance profiles, pages (ec2_contracts.py)
+        self.s3 = S3Conditional()  # conditional writes that race: S3's 409 (s3_contracts.py)
         self.capacity = CapacityEc2()  # Capacity Reservations and Capacity Blocks (ec2_capacity.py)
 
     def add(self, rules: list[dict[str, Any]]) -> list[int]:
@@ -808,10 +817,10 @@ class Handler(BaseHTTPRequestHandler):
                 req["json"] = None
         else:
             form: dict[str, str] = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
-            if body and ("x-www-form-urlencoded" in ctype or not ctype):
+            if body and ("x-www-form-urlencoded" in ctype or not ctype) and req["service"] != "s3":  # S3: an object
                 form.update(urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
             req["form"] = form
-            req["action"] = form.get("Action")
+            req["action"] = s3_action(self.command, self.path, form) if req["service"] == "s3" else form.get("Action")
         return req
 
     def _forward(self, body: bytes) -> tuple[int, bytes, list[tuple[str, str]]]:
@@ -874,8 +883,31 @@ class Handler(BaseHTTPRequestHandler):
         body = self._read_body()
         if self.path.split("?")[0].rstrip("/").startswith(CONTROL):
             return self._control(body)
-        st = self.state
         req = self._describe(body)
+        # S3: one conditional write per object from arrival to answer (a rule's delay included), another meanwhile
+        # is S3's 409 (s3_contracts.py)
+        written = S3Conditional.conditional(req, self.headers)
+        if written is not None and not self.state.s3.begin(written):
+            with self.state.lock:
+                self.state.seq += 1
+                self.state.log.append({"seq": self.state.seq, **req, "status": 409, "rule": None, "held": False,
+                                       "outcome": "s3-conflict", "fresh": [], "hidden": []})
+            return self._reply(409, CONFLICT_BODY, [("Content-Type", "application/xml")], {})
+        self._written = written
+        try:
+            return self._proxy(body, req)
+        finally:
+            self._end_write()
+
+    def _end_write(self) -> None:
+        """S3 has written (or refused) the object: a conditional write arriving now meets it as it is (a held
+        answer's object is there already: the next writer's condition fails 412, as on S3)."""
+        written, self._written = getattr(self, "_written", None), None
+        if written is not None:
+            self.state.s3.end(written)
+
+    def _proxy(self, body: bytes, req: dict[str, Any]) -> None:
+        st = self.state
         with st.lock:
             st.seq += 1
             entry = {"seq": st.seq, **req, "status": None, "rule": None, "held": False, "outcome": None,
@@ -957,6 +989,7 @@ class Handler(BaseHTTPRequestHandler):
             try:
                 body, snapshot_tags = CreateImageTags.split(req, body)
                 out = self._forward(self.state.tokens.rewrite(req, body))
+                self._end_write()
                 if snapshot_tags and out[0] == 200:
                     self._tag_image_snapshots(out[1], snapshot_tags)
             except OSError as e:

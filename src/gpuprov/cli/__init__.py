@@ -23,6 +23,7 @@ from gpuprov.cli import (  # noqa: F401  (registers the commands)
     metrics,
     offline,
     settings,
+    team,
 )
 from gpuprov.cli.common import main
 

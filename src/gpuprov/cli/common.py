@@ -386,6 +386,7 @@ def main() -> None:
     Any SSH host:     bootstrap  check  doctor
     On a node:        ssh  exec  tunnel  jupyter  sync  monitor  torchrun
     Settings:         config  completion
+    Team:             state  team
     \b
     A day:   gpuprov plan --gpu A100 --spot                 # what it would launch and install
              gpuprov up train --gpu A100 --spot --jupyter --autostop 30m
@@ -403,8 +404,10 @@ def node_target(name: str) -> Any:
     import re
 
     from gpuprov.paths import keys_dir, region_key, state_dir
+    from gpuprov.state_url import configured
 
-    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name) or not (state_dir() / "state.sqlite").exists():
+    team = configured()
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name) or (team is None and not (state_dir() / "state.sqlite").exists()):
         return None
     from gpuprov.hosts.sshconfig import node_known_hosts
     from gpuprov.plan.inventory import Target
@@ -416,6 +419,10 @@ def node_target(name: str) -> Any:
     from gpuprov.cloud.contact import check_address
 
     check_address(node.address)  # a public address a local endpoint made up is nobody's to log in to
+    if team is not None:  # a teammate's node: the host key its launcher pinned, from the bucket
+        from gpuprov.cloud.team_keys import shared_known_hosts
+
+        shared_known_hosts(team, node)
     key = region_key(keys_dir(), node.region)
     return Target(host=node.address, user=node.ssh_user, key=str(key), label=node.name,
                   known_hosts=str(node_known_hosts(node.name)))
@@ -479,7 +486,9 @@ def store_and_provider() -> tuple[Any, Any]:
     except ValueError:
         raise UserInputError("GPUPROV_SETTLE_SECONDS", "expected seconds (a number >= 0), got "
                              f"{os.environ.get('GPUPROV_SETTLE_SECONDS')!r}") from None
-    return open_store(), AwsProvider(owner(), poll=poll, legacy=legacy_owner())
+    from gpuprov.cloud.tags import team_tags
+
+    return open_store(), AwsProvider(owner(), poll=poll, legacy=legacy_owner(), team=team_tags())
 
 
 def say_to(console: Any) -> Callable[[str], None]:

@@ -114,7 +114,7 @@ def status_rows(nodes: list[Node]) -> list[dict[str, object]]:
     for n in nodes:
         cost = n.cost_so_far(now)
         rows.append({
-            "name": n.name, "gpu": n.gpu, "gpu_count": n.gpu_count, "instance_type": n.instance_type,
+            "name": n.name, "owner": n.owner, "gpu": n.gpu, "gpu_count": n.gpu_count, "instance_type": n.instance_type,
             "market": n.market, "region": n.region, "zone": n.zone, "state": n.state, "state_reason": n.state_reason,
             "address": n.address, "price_usd_hour": n.price_usd_hour,
             "cost_so_far_usd": round(cost, 2) if cost is not None else None,
@@ -234,6 +234,9 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
                      title="nodes ($/h: on-demand list; $ so far: the price obtained, for the time run)"
                      + _stopped_note(nodes),
                      title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    from gpuprov.state_url import configured
+
+    team = configured() is not None  # a team's nodes: who made each (user@host), beside its name
     for row in status_rows(nodes):
         idle = row["autostop_seconds"]
         left = row["ttl_left_seconds"]
@@ -261,8 +264,11 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
         gpus = f"{int(str(row['gpu_count'])) * count}× {row['gpu']}" + (f" ({count} nodes)" if count > 1 else "")
         if row["state"] == "stopped":
             price = None  # compute is not billed while stopped: the disk is, per month (in the state)
+        name = str(row["name"])
+        if team and row["owner"]:
+            name += f" ({str(row['owner']).split('/')[0]})"
         table.add_row(
-            str(row["name"]), gpus, str(row["instance_type"] or "-"),
+            name, gpus, str(row["instance_type"] or "-"),
             str(row["market"]), str(row["zone"] or row["region"]), Text(state, style=STYLE.get(str(row["state"]), "")),
             str(row["address"] or "-"), f"${price * count:.2f}" if isinstance(price, float) else "-",
             f"${cost * count:.2f}" if isinstance(cost, float) else "-", _age(float(str(row["age_seconds"]))), guard,

@@ -73,6 +73,9 @@ def pin_host_key(opts: UpOptions, key_path: str, address: str, say: Say) -> None
             remote.open()
             remote.run("true")
             say(f"host key pinned for {opts.name}")
+            from gpuprov.cloud import team_keys
+
+            team_keys.after_contact(opts.name, target, settings, say)
             return
         except GpuprovError:
             raise
@@ -97,6 +100,9 @@ def bootstrap_launched(plan: Plan, opts: UpOptions, key_path: str, address: str,
     result = bootstrap_node(plan, target, settings, options, rec, say)
     if result.status not in ("ok", "changed"):
         raise GpuprovError(f"bootstrap {result.summary}: {result.error} (log: {result.log_path})")
+    from gpuprov.cloud import team_keys
+
+    team_keys.after_contact(opts.name, target, settings, say)  # team state: the pin shared, the members' keys in
     return result
 
 

@@ -45,6 +45,7 @@ class Sweep:
 
 def orphans(regions: Sequence[str], provider: Provider, store: Store, all_installs: bool = False) -> Sweep:
     sweep = Sweep(list(regions))
+    team = tags.team_tags() is not None  # team state: every resource listed is the team's (tagged so), records shared
     nodes = store.nodes()
     dead = {n.name for n in nodes if locks.abandoned(n)}
     claimed = {n.name for n in nodes} - dead
@@ -68,7 +69,10 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store, all_instal
             sweep.errors.append(f"{region}: {exc}")
             continue
         for res in tagged:
-            if res.owner != tags.owner() and res.id not in recorded and not all_installs:
+            if res.team and not team and res.id not in recorded and not all_installs:
+                sweep.others.append(res)  # a team's resource: its shared records own it, never this local file
+                continue
+            if res.owner != tags.owner() and res.id not in recorded and not all_installs and not team:
                 sweep.others.append(res)
                 continue
             if res.kind in ("image", "snapshot") or res.id in seen:  # images: cloud/images.py says which
@@ -86,13 +90,13 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store, all_instal
                     sweep.busy.append(line)
                 continue
             sweep.found.append(res)
-        sweep.found += images.orphans(region, [r for r in tagged if r.owner == tags.owner() or all_installs or
+        sweep.found += images.orphans(region, [r for r in tagged if r.owner == tags.owner() or all_installs or team or
                                                r.id in recorded], provider, store)
     return sweep
 
 
 def _busy_line(name: str) -> str:
-    return f"{name}: {locks.holder_of(locks._file(locks.node(name)))} is working on it; left alone"
+    return f"{name}: {locks.holder(locks.node(name))} is working on it; left alone"
 
 
 def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -> list[str]:

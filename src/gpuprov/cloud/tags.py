@@ -10,6 +10,9 @@ Resources tagged before this (`user@host`, the legacy owner) are still found by 
 records (`down`, a recorded node's teardown). `gc` lists every install of this user and host name, and sets
 the other installs' unrecorded resources apart (they may be another machine's live nodes): it takes them
 only with `--all-installs` (also the way back for this machine's own lost state folder).
+
+With team state (records in S3) every resource also carries `gpuprov:team` (the bucket/prefix) and `gpuprov:member`;
+the team's records are shared, so `gc` sweeps by the team tag: what no shared record owns, whoever made it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from __future__ import annotations
 import getpass
 import socket
 
+from gpuprov.cloud.providers.base import TAG_TEAM  # team state: the bucket/prefix whose records own it
 from gpuprov.paths import install_id
+
+__all__ = ["TAG_MEMBER", "TAG_TEAM", "legacy_owner", "owner", "team_tags"]
 
 
 def legacy_owner() -> str:
@@ -26,4 +32,17 @@ def legacy_owner() -> str:
 
 def owner() -> str:
     return f"{legacy_owner()}/{install_id()}"
+
+
+TAG_MEMBER = "gpuprov:member"  # ... and the member (user@host) who made it
+
+
+def team_tags() -> dict[str, str] | None:
+    """With team state, the tags that say whose team and which member made a resource; `gc` then sweeps the
+    team's resources (every member's) that no shared record owns. None with local state."""
+    from gpuprov.leases import member
+    from gpuprov.state_url import configured
+
+    url = configured()
+    return {TAG_TEAM: url.team, TAG_MEMBER: member()} if url is not None else None
 

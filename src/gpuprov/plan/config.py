@@ -60,6 +60,20 @@ class ConfigFile(BaseModel):
     os: str | None = None
     python: Annotated[str, Field(pattern=r"^3\.\d+$")] | None = None
     ssh_config: str | None = None
+    state: str | None = None  # where the records live: "s3://BUCKET/PREFIX" (team state) or "local"
+    lease: Annotated[float, Field(ge=1, le=3600)] | None = None  # seconds a node's lease outlives its last renewal
+
+    @field_validator("state")
+    @classmethod
+    def _state(cls, value: str | None) -> str | None:
+        from gpuprov.state_url import parse
+
+        if value is not None:
+            try:
+                parse(value, "state")
+            except UserInputError as exc:
+                raise ValueError(exc.problem) from None
+        return value
 
     @field_validator("os")
     @classmethod
@@ -119,6 +133,9 @@ SETTINGS = (
     Setting("python", "the env's Python", (), "3.12", {c: "python" for c in _PINNED}),
     Setting("ssh_config", "ssh config file for existing hosts", (), "~/.ssh/config",
             {c: "ssh_config" for c in _REACH}),
+    Setting("state", "where the records live (team state: s3://BUCKET/PREFIX)", ("GPUPROV_STATE",),
+            "the local file", {}),
+    Setting("lease", "seconds a node's lease outlives its holder (team state)", ("GPUPROV_LEASE_SECONDS",), 120, {}),
 )
 
 
@@ -142,6 +159,8 @@ def _load(where: Path, stamp: float) -> ConfigFile:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        if field in ("state", "lease"):  # team state's keys: blamed on their line, as state_url.py blames them
+            raise UserInputError(_place(where, field), msg, hint) from None
         raise UserInputError("config", f"{where}: {field}: {msg}", hint) from None
 
 
@@ -168,7 +187,10 @@ def key_for(command: str, param: str) -> str | None:
 def where(key: str) -> str:
     """Where the config file sets `key`, as an error names it: `PATH:LINE: key` (`PATH: key` when the
     line is not found: a key in an inline table, say)."""
-    file = path()
+    return _place(path(), key)
+
+
+def _place(file: Path, key: str) -> str:
     try:
         lines = file.read_text().splitlines()
     except (OSError, UnicodeDecodeError):
@@ -237,6 +259,10 @@ def _check_value(key: str, value: str) -> None:
         raise UserInputError(key, f"no such file: {value}", "an OpenSSH client config, e.g. ~/.ssh/config")
     elif key == "autostop":
         parse_duration(value, key)
+    elif key == "state":
+        from gpuprov.state_url import parse
+
+        parse(value, key)
     elif key == "parallel" and not (value.isdigit() and 1 <= int(value) <= 1024):
         raise UserInputError(key, f"{value!r} is not in the range 1 to 1024", "hosts worked on at once, e.g. 32")
 

@@ -28,6 +28,7 @@ from gpuprov.cloud.providers.base import (
     SHARED,
     TAG_IMAGE,
     TAG_OWNER,
+    TAG_TEAM,
     CloudResource,
     InstanceStore,
     InstanceTypeInfo,
@@ -261,29 +262,30 @@ class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
         found: list[CloudResource] = []
         for i in self.instances(region, everyone=everyone):
             if i.state != "terminated":
-                found.append(CloudResource("instance", i.id, region, i.node, i.state, i.owner))
+                found.append(CloudResource("instance", i.id, region, i.node, i.state, i.owner, i.team))
         for req in self._pages(ec2, "DescribeSpotInstanceRequests", "SpotInstanceRequests", Filters=owned):
             if req.get("State") in ("open", "active", "disabled"):  # disabled: its stopped instance's, still live
                 found.append(CloudResource("spot-request", req["SpotInstanceRequestId"], region, tag_value(req), req["State"],
-                                           tag_value(req, TAG_OWNER)))
+                                           tag_value(req, TAG_OWNER), tag_value(req, TAG_TEAM)))
         for group in self._call("DescribeSecurityGroups", lambda: ec2.describe_security_groups(
                 Filters=owned))["SecurityGroups"]:
             found.append(CloudResource("security-group", group["GroupId"], region, tag_value(group), "",
-                                       tag_value(group, TAG_OWNER)))
+                                       tag_value(group, TAG_OWNER), tag_value(group, TAG_TEAM)))
         for vol in self._pages(ec2, "DescribeVolumes", "Volumes", Filters=owned):
             if vol.get("State") not in ("deleting", "deleted"):
                 found.append(CloudResource("volume", vol["VolumeId"], region, tag_value(vol), vol.get("State", ""),
-                                           tag_value(vol, TAG_OWNER)))
+                                           tag_value(vol, TAG_OWNER), tag_value(vol, TAG_TEAM)))
         for key in self._call("DescribeKeyPairs", lambda: ec2.describe_key_pairs(Filters=owned))["KeyPairs"]:
-            found.append(CloudResource("key-pair", key["KeyName"], region, tag_value(key), "", tag_value(key, TAG_OWNER)))
+            found.append(CloudResource("key-pair", key["KeyName"], region, tag_value(key), "", tag_value(key, TAG_OWNER),
+                                       tag_value(key, TAG_TEAM)))
         for pg in self._call("DescribePlacementGroups", lambda: ec2.describe_placement_groups(
                 Filters=owned))["PlacementGroups"]:
             if pg.get("State") not in ("deleting", "deleted"):
                 found.append(CloudResource("placement-group", pg["GroupName"], region, tag_value(pg), pg.get("State", ""),
-                                           tag_value(pg, TAG_OWNER)))
+                                           tag_value(pg, TAG_OWNER), tag_value(pg, TAG_TEAM)))
         for eip in self._call("DescribeAddresses", lambda: ec2.describe_addresses(Filters=owned))["Addresses"]:
             found.append(CloudResource("address", eip["AllocationId"], region, tag_value(eip), eip.get("PublicIp", ""),
-                                       tag_value(eip, TAG_OWNER)))
+                                       tag_value(eip, TAG_OWNER), tag_value(eip, TAG_TEAM)))
         images = self.images(region, everyone=everyone)
         for image in images:
             found.append(CloudResource("image", image.id, region, IMAGES, f"{image.name} | {image.state}", image.owner))

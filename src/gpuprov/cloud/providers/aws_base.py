@@ -119,9 +119,11 @@ def retry_config(attempts: int | None = None) -> Config:
 class AwsBase:
     """What every AWS provider part builds on: the owner, the poll interval, the clients and the error path."""
 
-    def __init__(self, owner: str, *, poll: float = 2.0, legacy: str | None = None) -> None:
+    def __init__(self, owner: str, *, poll: float = 2.0, legacy: str | None = None,
+                 team: dict[str, str] | None = None) -> None:
         check_environment()
         self.owner = owner  # what new resources are tagged with
+        self.team = team  # team state: gpuprov:team and gpuprov:member on everything (cloud/tags.py team_tags)
         # what follows records as ours: the owner, and the legacy one (cloud/tags.py) of resources made before
         self.owners = (owner, legacy) if legacy else (owner,)
         # what gc lists (and sets apart): every install with this user and host name (EC2 filters take wildcards)
@@ -193,10 +195,12 @@ class AwsBase:
                 wait = min(wait * 2, self.poll * 8)
 
     def _tags(self, node: str, extra: dict[str, str] | None = None) -> list[dict[str, str]]:
-        tags = {TAG_NODE: node, TAG_OWNER: self.owner, "Name": f"gpuprov-{node}", **(extra or {})}
+        tags = {TAG_NODE: node, TAG_OWNER: self.owner, "Name": f"gpuprov-{node}", **(self.team or {}), **(extra or {})}
         return [{"Key": k, "Value": v} for k, v in tags.items()]
 
     def _owned(self, everyone: bool = False) -> list[dict[str, Any]]:
+        if self.team:  # team state: every member's, as the team's records are everyone's
+            return [{"Name": f"tag:{k}", "Values": [v]} for k, v in self.team.items() if k == "gpuprov:team"]
         return [{"Name": f"tag:{TAG_OWNER}", "Values": list(self.family if everyone else self.owners)}]
 
     def _while_in_use(self, fn: Callable[[], Any], timeout: float = 300) -> None:

@@ -18,6 +18,7 @@ from gpuprov.cloud.providers.aws_refusals import classify
 from gpuprov.cloud.providers.base import (
     TAG_NODE,
     TAG_OWNER,
+    TAG_TEAM,
     Access,
     ImageRoot,
     Instance,
@@ -259,5 +260,5 @@ def _instance(raw: dict[str, Any], region: str) -> Instance:
         state_code=(raw.get("StateReason") or {}).get("Code"),
         spot_request_id=raw.get("SpotInstanceRequestId"), volume_ids=volumes, owner=tag_value(raw, TAG_OWNER),
         ipv6=raw.get("Ipv6Address") or (v6[0].get("Ipv6Address") if v6 else None),
-        primary_interface=primary.get("NetworkInterfaceId") if primary else None,
+        primary_interface=primary.get("NetworkInterfaceId") if primary else None, team=tag_value(raw, TAG_TEAM),
     )

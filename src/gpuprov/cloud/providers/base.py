@@ -25,6 +25,7 @@ ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request",
 InterfaceType = Literal["interface", "efa", "efa-only"]
 TAG_NODE = "gpuprov:node"
 TAG_OWNER = "gpuprov:owner"
+TAG_TEAM = "gpuprov:team"  # team state: the bucket/prefix whose shared records own it (cloud/tags.py)
 SHARED = "(shared)"  # gpuprov:node value of resources several nodes use (the key pair)
 # Baked images outlive the node they were made from: their gpuprov:node is IMAGES (no node name can be it, so
 # `down NODE` never takes them); the node they came from is in gpuprov:source-node.
@@ -53,6 +54,7 @@ class Instance:
     owner: str | None = None  # its gpuprov:owner tag
     ipv6: str | None = None  # the primary interface's IPv6 address, when it has one
     primary_interface: str | None = None  # the interface at network card 0, device 0 (an Elastic IP goes there)
+    team: str | None = None  # its gpuprov:team tag: a team's records own it, not this install's file
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,7 @@ class CloudResource:
     node: str | None
     state: str = ""
     owner: str | None = None  # its gpuprov:owner tag (cloud/tags.py), where the listing read one
+    team: str | None = None  # its gpuprov:team tag (team state), where the listing read one
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,68 @@
+"""`gpuprov state adopt`: records rebuilt from the tags gpuprov puts on every resource (instances, volumes, security
+groups, spot requests, placement groups, Elastic IPs, key pairs, images), so a lost state file or a lost laptop
+loses nothing. An adopted node is recorded as it is in the cloud (its instances' state, type, zone, addresses) with
+every resource its tag names, so `status`, `stop` and `down` follow it by id like any other; a node's name that
+is already recorded (live) is left alone.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from gpuprov.cloud.providers.base import IMAGES, SHARED, CloudResource, Instance, Provider
+from gpuprov.records import ResourceKind
+from gpuprov.store import Store
+
+Say = Callable[[str], None]
+# an instance's EC2 state as a record's state: a running instance gpuprov tagged had finished its `up` or was
+# started since (so it is no orphan); one still pending is still in an `up`
+_STATES = {"running": "ready", "pending": "running", "stopping": "stopping", "stopped": "stopped",
+           "shutting-down": "terminating"}
+_KINDS: tuple[ResourceKind, ...] = ("instance", "spot-request", "volume", "security-group", "placement-group",
+                                    "address")
+
+
+def adopt(regions: Sequence[str], providers: Sequence[Provider], store: Store, say: Say) -> list[str]:
+    """Record every tagged node of `regions` that the store lacks; returns the adopted names. `providers` list
+    the same cloud by different tags (a team's, and the member's own from before the team)."""
+    adopted: list[str] = []
+    for region in regions:
+        tagged = list({r.id: r for p in providers for r in p.tagged(region, everyone=True)}.values())
+        known = {r.cloud_id for r in store.resources(None, region=region) if r.cloud_id}
+        for res in tagged:  # key pairs and images outlive nodes: recorded apart, as `up` and `image bake` do
+            if res.id not in known and (res.kind == "image" or (res.kind == "key-pair" and res.node == SHARED)):
+                store.add_resource(None, res.kind, region, res.id,  # type: ignore[arg-type]
+                                   res.id if res.kind == "key-pair" else None)
+        by_node: dict[str, list[CloudResource]] = defaultdict(list)
+        for res in tagged:
+            if res.node and res.node not in (SHARED, IMAGES) and res.kind in _KINDS:
+                by_node[res.node].append(res)
+        instances = {i.id: i for p in providers for i in p.instances(region, everyone=True)}
+        for name, resources in sorted(by_node.items()):
+            existing = store.find_node(name)
+            if existing is not None and existing.live:
+                continue
+            mine = [instances[r.id] for r in resources if r.kind == "instance" and r.id in instances]
+            store.create_node(name, "aws", region, **_fields(mine, resources))
+            for res in resources:
+                store.add_resource(name, res.kind, region, res.id)  # type: ignore[arg-type]
+            store.event(name, "adopted", f"rebuilt from {len(resources)} tagged resource(s) by `state adopt`")
+            say(f"{name}: adopted ({', '.join(f'{r.kind} {r.id}' for r in resources)})")
+            adopted.append(name)
+    return adopted
+
+
+def _fields(instances: list[Instance], resources: list[CloudResource]) -> dict[str, object]:
+    owner = next((r.owner for r in resources if r.owner), None)
+    if not instances:  # what an `up` that died before RunInstances left: an orphan `down` or `gc` takes
+        return {"state": "failed", "state_reason": "adopted without an instance", "owner": owner}
+    first = min(instances, key=lambda i: i.launched_at.timestamp() if i.launched_at else 0)
+    launched = first.launched_at.timestamp() if first.launched_at else None
+    state = _STATES.get(first.state, "failed")
+    return {"state": state, "zone": first.zone, "instance_type": first.instance_type, "market": first.market,
+            "address": first.public_ip or first.private_ip, "connect": "public" if first.public_ip else "private",
+            "ssh_user": "ubuntu", "owner": first.owner or owner, "ready_at": launched if state != "running" else None,
+            "created_at": launched or 0.0, "running_since": launched if first.state == "running" else None,
+            "cluster_size": len(instances) if len(instances) > 1 else None,
+            "spot_type": "one-time" if first.market == "spot" else None}

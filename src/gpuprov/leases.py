@@ -1,0 +1,200 @@
+"""Leases, not locks: who works on a node when the records are a team's (state in S3).
+
+A flock is dropped by the kernel when its holder dies, but only on one machine. With team state the node's lock
+(locks.py's `node-NAME`) is an object in the bucket, `leases/node-NAME.json` (holder, host, pid, what, since,
+expiry), made with `If-None-Match: *` (one holder at a time: a lost race is S3's 412) and renewed by a thread
+every third of its expiry while the operation runs. A holder that dies (kill -9, a lost laptop, a closed lid)
+stops renewing; once the bucket's clock says the lease is older than its expiry (Last-Modified against the
+answer's Date: no two members' clocks are compared), anyone may take it over, with `If-Match` on the stale one so
+two takers cannot both win. `gpuprov state unlock NAME` breaks one explicitly, saying whose it was.
+
+Terraform's S3 backend (1.10+) locks with the same conditional writes but never expires a lock: its classic pain
+is a stale lock after Ctrl-C. Here a Ctrl-C releases at once (the context's exit), and a death expires.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from gpuprov.state_s3 import Bucket, Conflict
+from gpuprov.state_url import StateUrl
+
+_held: dict[str, tuple[Lease, int]] = {}  # lease key -> (lease, depth): re-entrant within a process, as flock is
+_guard = threading.Lock()
+
+
+def member() -> str:
+    """Who this is, as leases, tags and the team's keys name a member: the install's owner id, `user@host/ID`
+    (cloud/tags.py): two clones of one machine, or two CI runners, are two members."""
+    from gpuprov.paths import install_id
+
+    return f"{getpass.getuser()}@{socket.gethostname()}/{install_id()}"
+
+
+@dataclass(frozen=True)
+class Holding:
+    """Whose a lease is, as the messages say it."""
+
+    holder: str
+    host: str
+    pid: int | None
+    what: str
+    since: float | None
+    expiry: float
+    age: float | None  # seconds since its last renewal (the bucket's clock)
+
+    @property
+    def expired(self) -> bool:
+        return self.age is not None and self.age > self.expiry
+
+    def __str__(self) -> str:
+        when = time.strftime("%H:%M:%S", time.localtime(self.since)) if self.since else "?"
+        return f"gpuprov {self.what} of {self.holder} (pid {self.pid or '?'} on {self.host}, since {when})"
+
+
+def _name(key: str) -> str:
+    return f"leases/{key}.json"
+
+
+def read(bucket: Bucket, key: str) -> tuple[Holding, str] | None:
+    """Who holds `key` now, and the lease's ETag; None when nobody does."""
+    got = bucket.read(_name(key))
+    if got is None:
+        return None
+    d = got.doc
+    return Holding(str(d.get("holder", "?")), str(d.get("host", "?")), d.get("pid"), str(d.get("what", "?")),
+                   d.get("since"), float(d.get("expiry", 120)), got.age), got.etag
+
+
+class Lease:
+    """One held lease and the thread that renews it."""
+
+    def __init__(self, bucket: Bucket, key: str, what: str, expiry: float) -> None:
+        self.bucket = bucket
+        self.key = key
+        self.expiry = expiry
+        self.doc: dict[str, Any] = {"holder": member(), "host": socket.gethostname(), "pid": os.getpid(),
+                                    "what": what, "since": time.time(), "expiry": expiry}
+        self.etag = ""
+        self.lost = False  # someone broke it (`state unlock`) or took it over while it was held
+        self.taken_by: Holding | None = None  # ... and who holds it now, if anyone
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def take(self, over: str | None = None) -> None:
+        """Write it: a new lease (If-None-Match), or over the stale one whose ETag is `over` (If-Match)."""
+        self.etag = self.bucket.put(_name(self.key), self.doc, etag=over, create=over is None)
+        self._thread = threading.Thread(target=self._renew, name=f"lease-{self.key}", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.expiry / 3):
+            self.doc["renewed"] = time.time()  # a new body: a new ETag per renewal (S3's ETag is the body's MD5)
+            try:
+                self.etag = self.bucket.put(_name(self.key), self.doc, etag=self.etag)
+            except Conflict:  # broken (`state unlock`) or taken over after it expired: it is not ours any more
+                found = read(self.bucket, self.key)
+                self.lost, self.taken_by = True, found[0] if found else None
+                return
+            except Exception:
+                continue
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        # still ours: a lease someone took over is theirs to end; a bucket that does not answer now leaves it to
+        # expire (the command's own result must not be lost to its clean-up)
+        with contextlib.suppress(Exception):
+            found = read(self.bucket, self.key)
+            if found is not None and found[1] == self.etag:
+                self.bucket.delete(_name(self.key))
+
+
+class Taken(Exception):
+    """The lease is held by someone else and the caller would not wait."""
+
+    def __init__(self, holding: Holding) -> None:
+        super().__init__(str(holding))
+        self.holding = holding
+
+
+@contextlib.contextmanager
+def hold(url: StateUrl, key: str, what: str, *, wait: bool = True, expiry: float,
+         waiting: Callable[[Holding], None] | None = None, took_over: Callable[[Holding], None] | None = None,
+         bucket: Bucket | None = None) -> Iterator[Lease]:
+    """Hold the lease `key` while `what` runs. Held by someone else: raise Taken when `wait` is False, else call
+    `waiting(holding)` once and wait until it is released or expires (then take it over, calling `took_over`)."""
+    with _guard:
+        mine = _held.get(key)
+        if mine is not None:
+            _held[key] = (mine[0], mine[1] + 1)
+    if mine is None:
+        lease = Lease(bucket or Bucket(url), key, what, expiry)
+        told = False
+        while True:
+            try:
+                lease.take()
+                break
+            except Conflict:
+                pass
+            found = read(lease.bucket, key)
+            if found is None:
+                continue  # released meanwhile
+            holding, etag = found
+            if holding.expired:
+                try:
+                    lease.take(over=etag)
+                except Conflict:
+                    continue  # another taker won, or the holder renewed at the last moment
+                if took_over is not None:
+                    took_over(holding)
+                break
+            if not wait:
+                raise Taken(holding)
+            if not told and waiting is not None:
+                waiting(holding)
+            told = True
+            time.sleep(min(1.0, expiry / 4))
+        with _guard:
+            _held[key] = (lease, 1)
+    else:
+        lease = mine[0]
+    try:
+        yield lease
+    finally:
+        with _guard:
+            held, depth = _held[key]
+            if depth > 1:
+                _held[key] = (held, depth - 1)
+            else:
+                del _held[key]
+        if depth == 1:
+            held.release()
+
+
+def is_free(url: StateUrl, key: str) -> bool:
+    """Nobody holds `key`, or its lease expired (this process counts as nobody)."""
+    with _guard:
+        if key in _held:
+            return True
+    found = read(Bucket(url), key)
+    return found is None or found[0].expired
+
+
+def unlock(url: StateUrl, key: str) -> Holding | None:
+    """Break the lease `key` (whoever holds it); returns whose it was, None when there was none."""
+    bucket = Bucket(url)
+    found = read(bucket, key)
+    if found is None:
+        return None
+    bucket.delete(_name(key))
+    return found[0]

@@ -1,0 +1,416 @@
+"""Team state: the records in an S3 bucket a team shares, one object per node, written with conditional writes.
+
+Layout under the prefix (`state = "s3://BUCKET/PREFIX"`, state_url.py):
+
+    nodes/NAME.json      the node's record, its resources and its events (one object: one conditional write
+                         changes all three together)
+    unowned.json         resources and events that belong to no node (images outlive the node they were baked from)
+    clusters/NAME.json   clusters of existing hosts
+    leases/KEY.json      who works on a node now (leases.py)
+    members/MEMBER.pub   the team's public keys (team.py); known_hosts/NAME: the nodes' pinned host keys
+
+No server and no lock table: S3's conditional writes (user guide, "How to prevent object overwrites with
+conditional writes"; PutObject's If-None-Match / If-Match) decide every race. A node is created with
+`If-None-Match: *` (two teammates' `up NAME` at once: exactly one write succeeds, the other gets 412 and the name
+is taken), and every change re-reads the object, applies itself and writes with `If-Match: <etag>`; a 412
+(someone wrote in between) or a 409 ConditionalRequestConflict (a conflicting write in flight) re-reads and
+re-applies, so concurrent `status --refresh`, `stop`, `autostop` lose nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, fields
+from typing import Any, TypeVar
+
+from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.records import Event, Node, Resource, ResourceKind
+from gpuprov.state_errors import StateUnavailable
+from gpuprov.state_url import StateUrl
+
+T = TypeVar("T")
+_NODE_FIELDS = {f.name for f in fields(Node)}
+_ATTEMPTS = 60  # conditional-write retries before giving up (40 writers at once settle in far fewer)
+UNOWNED = "unowned.json"
+
+
+@dataclass(frozen=True)
+class Stored:
+    doc: dict[str, Any]
+    etag: str
+    age: float | None  # seconds since it was last written, by the bucket's clock (None: the answer had no Date)
+
+
+class Conflict(Exception):
+    """A conditional write lost: 412 PreconditionFailed, 409 ConditionalRequestConflict, or the object went."""
+
+
+class BucketUnavailable(StateUnavailable):
+    """The bucket cannot be read or written now (no such bucket, access denied, the endpoint unreachable)."""
+
+    def __init__(self, url: StateUrl, detail: str, fix: str = "") -> None:
+        from pathlib import Path
+
+        self.path = Path(str(url))
+        self.reason = "io"
+        fix = fix or "check the bucket name, your AWS credentials and the permissions README.md lists (Working as a team)"
+        GpuprovError.__init__(self, f"state: {url}: {detail}\n  fix: {fix}")
+
+
+def client() -> Any:
+    """boto3's S3 client on the same credential and endpoint chain as EC2 (AWS_ENDPOINT_URL for a local one, where
+    buckets are addressed by path: a local endpoint has no per-bucket host names)."""
+    import boto3
+    from botocore.config import Config
+
+    local = bool(os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+    attempts = int(os.environ.get("AWS_MAX_ATTEMPTS") or 5)
+    config = Config(retries={"mode": os.environ.get("AWS_RETRY_MODE") or "standard",  # type: ignore[typeddict-item]
+                             "total_max_attempts": attempts},
+                    connect_timeout=10, read_timeout=60, max_pool_connections=32,
+                    s3={"addressing_style": "path"} if local else None)
+    return boto3.session.Session().client("s3", config=config)
+
+
+def _code(exc: Exception) -> tuple[str, int]:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", "")), int(response.get("ResponseMetadata", {})
+                                                                 .get("HTTPStatusCode", 0) or 0)
+
+
+class Bucket:
+    """The objects under one prefix, as JSON documents with their ETags; every botocore failure said as a
+    BucketUnavailable (or Conflict, for a conditional write that lost)."""
+
+    def __init__(self, url: StateUrl, s3: Any = None) -> None:
+        self.url = url
+        self.s3 = s3 if s3 is not None else client()
+
+    def key(self, name: str) -> str:
+        return self.url.prefix + name
+
+    def _call(self, fn: Callable[[], T], *, conditional: bool = False) -> T:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return fn()
+        except ClientError as exc:
+            code, status = _code(exc)
+            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+                raise Conflict(code) from None
+            if conditional and code == "NoSuchKey":  # If-Match on an object someone deleted meanwhile
+                raise Conflict(code) from None
+            if code == "NoSuchBucket":
+                raise BucketUnavailable(self.url, f"no bucket {self.url.bucket!r}",
+                                        "create it with versioning on (README.md, Working as a team), or fix "
+                                        "`state`") from None
+            raise BucketUnavailable(self.url, f"{code or status}: {exc}") from None
+        except BotoCoreError as exc:
+            raise BucketUnavailable(self.url, str(exc)) from None
+
+    def get(self, name: str) -> tuple[dict[str, Any], str] | None:
+        """The document and its ETag, None when there is none."""
+        got = self.read(name)
+        return (got.doc, got.etag) if got else None
+
+    def read(self, name: str) -> Stored | None:
+        """The document, its ETag, and how old S3 says it is (its Last-Modified against the answer's Date: the
+        bucket's clock, never two members' clocks compared)."""
+        from botocore.exceptions import ClientError
+
+        def read() -> Stored | None:
+            try:
+                got = self.s3.get_object(Bucket=self.url.bucket, Key=self.key(name))
+            except ClientError as exc:
+                if _code(exc)[0] in ("NoSuchKey", "404"):
+                    return None
+                raise
+            date = got.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+            modified = got.get("LastModified")
+            age = None
+            if date and modified is not None:
+                from email.utils import parsedate_to_datetime
+
+                age = (parsedate_to_datetime(date) - modified).total_seconds()
+            return Stored(json.loads(got["Body"].read()), str(got["ETag"]), age)
+
+        return self._call(read)
+
+    def read_text(self, name: str) -> str | None:
+        """A plain text object (a member's public keys, a node's known_hosts), None when there is none."""
+        from botocore.exceptions import ClientError
+
+        def read() -> str | None:
+            try:
+                return str(self.s3.get_object(Bucket=self.url.bucket, Key=self.key(name))["Body"].read().decode())
+            except ClientError as exc:
+                if _code(exc)[0] in ("NoSuchKey", "404"):
+                    return None
+                raise
+
+        return self._call(read)
+
+    def put(self, name: str, doc: dict[str, Any] | str, *, etag: str | None = None, create: bool = False) -> str:
+        """Write `doc`: only if there is none (`create`), only over the version `etag` names, or unconditionally.
+        Returns the new ETag; a lost condition is Conflict."""
+        body = doc if isinstance(doc, str) else json.dumps(doc, separators=(",", ":"))
+        extra: dict[str, str] = {"IfNoneMatch": "*"} if create else {"IfMatch": etag} if etag else {}
+        answer = self._call(lambda: self.s3.put_object(Bucket=self.url.bucket, Key=self.key(name), Body=body.encode(),
+                                                       ContentType="text/plain" if isinstance(doc, str)
+                                                       else "application/json", **extra),
+                            conditional=etag is not None)
+        return str(answer["ETag"])
+
+    def delete(self, name: str) -> None:
+        self._call(lambda: self.s3.delete_object(Bucket=self.url.bucket, Key=self.key(name)))
+
+    def names(self, folder: str) -> list[str]:
+        """The object names under `folder` ("nodes/"), every page read."""
+        out: list[str] = []
+
+        def listing() -> None:
+            for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.url.bucket,
+                                                                         Prefix=self.key(folder)):
+                out.extend(str(o["Key"])[len(self.url.prefix):] for o in page.get("Contents", []))
+
+        self._call(listing)
+        return out
+
+    def change(self, name: str, apply: Callable[[dict[str, Any]], T], *, missing: Callable[[], dict[str, Any]] | None
+               = None) -> T | None:
+        """Read, apply, write with If-Match; a lost race re-reads and re-applies. A missing object is made from
+        `missing()` (with If-None-Match), or the change is skipped (None) when there is no `missing`."""
+        for attempt in range(_ATTEMPTS):
+            got = self.get(name)
+            if got is None and missing is None:
+                return None
+            doc, etag = got if got is not None else (missing() if missing else {}, None)
+            result = apply(doc)
+            try:
+                self.put(name, doc, etag=etag, create=etag is None)
+                return result
+            except Conflict:
+                time.sleep(random.uniform(0, min(0.5, 0.01 * 2 ** min(attempt, 6))))  # jittered: writers spread out
+        raise BucketUnavailable(self.url, f"{name}: {_ATTEMPTS} conditional writes in a row lost to other writers",
+                                "run the command again")
+
+    def versioning(self) -> str:
+        """The bucket's versioning status: "Enabled", "Suspended" or "" (never enabled)."""
+        return str(self._call(lambda: self.s3.get_bucket_versioning(Bucket=self.url.bucket)).get("Status") or "")
+
+
+def _resource(row: dict[str, Any]) -> Resource:
+    return Resource(**row)
+
+
+def _new_id() -> int:
+    """A resource row's id, unique across every member's processes (microseconds, then randomness) and growing with
+    time, so rows read back in the order they were recorded as the SQLite backend's do."""
+    return time.time_ns() // 1000 * 1000 + secrets.randbelow(1000)
+
+
+class S3Store:
+    """store.Store on a bucket: the team's records."""
+
+    def __init__(self, url: StateUrl, s3: Any = None) -> None:
+        self.url = url
+        self.bucket = Bucket(url, s3)
+        self._where: dict[int, str] = {}  # resource id -> the object holding its row (learnt as rows are seen)
+        self._guard = threading.Lock()
+
+    def close(self) -> None:
+        """Nothing to let go of: every call is its own request."""
+
+    # --- nodes ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _node_object(name: str) -> str:
+        return f"nodes/{name}.json"
+
+    def create_node(self, name: str, provider: str, region: str, **fields: Any) -> Node:
+        """Claim `name` with If-None-Match: exactly one of two members' `up NAME` at once wins; the other is told
+        whose it is. A terminated node's name is taken over with If-Match (its rows stay with it, as in SQLite)."""
+        record = {"name": name, "provider": provider, "region": region, "state": "launching",
+                  "created_at": time.time(), **fields}
+        key = self._node_object(name)
+        for _ in range(_ATTEMPTS):
+            got = self.bucket.get(key)
+            if got is not None and got[0]["node"].get("state") != "terminated":
+                taken = self._node(got[0])
+                raise UserInputError("NAME", f"the name {name!r} is taken by {taken.owner or 'another member'} "
+                                     f"({taken.state})", f"pick another name, or `gpuprov down {name}` first")
+            doc = {"node": {k: record.get(k) for k in _NODE_FIELDS},
+                   "resources": got[0].get("resources", []) if got else [],
+                   "events": got[0].get("events", []) if got else []}
+            try:
+                self.bucket.put(key, doc, etag=got[1] if got else None, create=got is None)
+                return self._node(doc)
+            except Conflict:
+                continue  # someone wrote it first: look again (it is theirs now, or was a terminated one rewritten)
+        raise BucketUnavailable(self.url, f"{key}: could not claim the name", "run the command again")
+
+    def put_whole(self, node: Node, resources: list[Resource], events: list[Event]) -> bool:
+        """Write a node with its rows as they are (`state push`, `state adopt`): only where the bucket has no node
+        of that name (If-None-Match). Rows get new ids: another member's rows must never share one."""
+        rows = [dict(asdict(r), id=_new_id()) for r in resources]
+        doc = {"node": asdict(node), "resources": rows, "events": [asdict(e) for e in events]}
+        try:
+            self.bucket.put(self._node_object(node.name), doc, create=True)
+        except Conflict:
+            return False
+        return True
+
+    @staticmethod
+    def _node(doc: dict[str, Any]) -> Node:
+        record = doc["node"]
+        return Node(**{k: record.get(k) for k in _NODE_FIELDS})  # a newer gpuprov's extra fields are left
+
+    def update_node(self, name: str, **fields: Any) -> None:
+        if fields:
+            self.bucket.change(self._node_object(name), lambda doc: doc["node"].update(fields))
+
+    def node(self, name: str) -> Node:
+        found = self.find_node(name)
+        if found is None:
+            known = [n.name for n in self.nodes() if n.live]
+            raise UserInputError("NAME", f"no node called {name!r} in {self.url}",
+                                 f"known nodes: {', '.join(known)}" if known else "`gpuprov status` lists nodes")
+        return found
+
+    def find_node(self, name: str) -> Node | None:
+        got = self.bucket.get(self._node_object(name))
+        return self._node(got[0]) if got else None
+
+    def _documents(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every node's object (read at once: a status of 200 nodes is 200 GETs) and the unowned one."""
+        names = [n for n in self.bucket.names("nodes/") if n.endswith(".json")] + [UNOWNED]
+        with ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
+            got = list(pool.map(self.bucket.get, names))
+        return [(name, found[0]) for name, found in zip(names, got, strict=True) if found is not None]
+
+    def nodes(self, include_terminated: bool = False) -> list[Node]:
+        found = sorted((self._node(doc) for name, doc in self._documents() if name != UNOWNED),
+                       key=lambda n: n.created_at)
+        return found if include_terminated else [n for n in found if n.live]
+
+    # --- resources -----------------------------------------------------------------------
+
+    def _object_of(self, node: str | None) -> str:
+        return self._node_object(node) if node is not None else UNOWNED
+
+    def _rows(self, key: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = doc.setdefault("resources", [])
+        with self._guard:
+            self._where.update((int(r["id"]), key) for r in rows)
+        return rows
+
+    def _append(self, node: str | None, row: dict[str, Any]) -> int:
+        key = self._object_of(node)
+
+        def add(doc: dict[str, Any]) -> int:
+            rows = self._rows(key, doc)
+            if row["cloud_id"] is not None:  # a resource learnt twice is one row (add_resource)
+                same = [r for r in rows if (r["kind"], r["cloud_id"], r["region"]) ==
+                        (row["kind"], row["cloud_id"], row["region"])]
+                if same:
+                    return int(same[0]["id"])
+            rows.append(row)
+            return int(row["id"])
+
+        found = self.bucket.change(key, add, missing=(lambda: {"resources": [], "events": []}) if node is None else None)
+        if found is None:
+            raise UserInputError("NAME", f"no node called {node!r} in {self.url}", "`gpuprov status` lists nodes")
+        with self._guard:
+            self._where[found] = key
+        return found
+
+    def intend(self, node: str | None, kind: ResourceKind, region: str, client_token: str | None) -> int:
+        """Record a resource about to be requested; returns its row id."""
+        return self._append(node, {"id": _new_id(), "node": node, "kind": kind, "region": region,
+                                   "client_token": client_token, "cloud_id": None, "status": "intent",
+                                   "created_at": time.time(), "deleted_at": None})
+
+    def add_resource(self, node: str | None, kind: ResourceKind, region: str, cloud_id: str,
+                     client_token: str | None = None) -> int:
+        return self._append(node, {"id": _new_id(), "node": node, "kind": kind, "region": region,
+                                   "client_token": client_token, "cloud_id": cloud_id, "status": "created",
+                                   "created_at": time.time(), "deleted_at": None})
+
+    def _set(self, resource_id: int, **changes: Any) -> None:
+        with self._guard:
+            key = self._where.get(resource_id)
+        if key is None:
+            self.resources(live_only=False)  # learns where every row lives
+            with self._guard:
+                key = self._where.get(resource_id)
+        if key is None:
+            return  # as SQLite's UPDATE of no row: nothing to change
+
+        def apply(doc: dict[str, Any]) -> None:
+            for row in self._rows(key, doc):
+                if int(row["id"]) == resource_id:
+                    row.update(changes)
+
+        self.bucket.change(key, apply)
+
+    def created(self, resource_id: int, cloud_id: str) -> None:
+        self._set(resource_id, cloud_id=cloud_id, status="created")
+
+    def deleted(self, resource_id: int) -> None:
+        self._set(resource_id, status="deleted", deleted_at=time.time())
+
+    def resources(self, node: str | None = None, *, region: str | None = None, kind: str | None = None,
+                  live_only: bool = True) -> list[Resource]:
+        if node is not None:
+            got = self.bucket.get(self._node_object(node))
+            docs = [(self._node_object(node), got[0])] if got else []
+        else:
+            docs = self._documents()
+        rows = [_resource(r) for key, doc in docs for r in self._rows(key, doc)]
+        rows = [r for r in rows if (region is None or r.region == region) and (kind is None or r.kind == kind)
+                and (not live_only or r.status != "deleted")]
+        return sorted(rows, key=lambda r: r.id)
+
+    # --- clusters ------------------------------------------------------------------------
+
+    def save_cluster(self, name: str, spec_json: str) -> None:
+        now = time.time()
+
+        def apply(doc: dict[str, Any]) -> None:
+            doc.update(spec_json=spec_json, updated_at=now)
+            doc.setdefault("created_at", now)
+
+        self.bucket.change(f"clusters/{name}.json", apply, missing=dict)
+
+    def cluster_json(self, name: str) -> str | None:
+        got = self.bucket.get(f"clusters/{name}.json")
+        return str(got[0]["spec_json"]) if got else None
+
+    def delete_cluster(self, name: str) -> bool:
+        if self.bucket.get(f"clusters/{name}.json") is None:
+            return False
+        self.bucket.delete(f"clusters/{name}.json")
+        return True
+
+    def cluster_names(self) -> list[str]:
+        names = [n.removeprefix("clusters/").removesuffix(".json") for n in self.bucket.names("clusters/")]
+        docs = {n: self.bucket.get(f"clusters/{n}.json") for n in names}
+        return sorted((n for n in names if docs[n]), key=lambda n: docs[n][0].get("created_at", 0))  # type: ignore[index]
+
+    # --- events --------------------------------------------------------------------------
+
+    def event(self, node: str | None, kind: str, message: str) -> None:
+        entry = asdict(Event(node, time.time(), kind, message))
+        self.bucket.change(self._object_of(node), lambda doc: doc.setdefault("events", []).append(entry),
+                           missing=(lambda: {"resources": [], "events": []}) if node is None else None)
+
+    def events(self, node: str) -> list[Event]:
+        got = self.bucket.get(self._node_object(node))
+        return [Event(**e) for e in got[0].get("events", [])] if got else []

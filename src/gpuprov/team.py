@@ -1,0 +1,124 @@
+"""A team's bucket beyond the node records: what `gpuprov state` shows, `state push` (the local records into the
+bucket), the members' public keys (`team join`) and the nodes' pinned host keys, kept where every member reads
+them so each verifies the same key. No private key is ever written here: only `*.pub` lines and known_hosts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuprov.errors import UserInputError
+from gpuprov.leases import member
+from gpuprov.state_s3 import Bucket, S3Store
+from gpuprov.state_url import StateUrl
+from gpuprov.store import Store
+
+_PUBLIC = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh.com) [A-Za-z0-9+/=]+"
+                     r"( [^\n]*)?")
+
+
+@dataclass(frozen=True)
+class Info:
+    url: StateUrl
+    versioning: str  # "Enabled", "Suspended", "" (never enabled)
+    members: list[str]
+    nodes: int
+
+    @property
+    def warning(self) -> str | None:
+        if self.versioning == "Enabled":
+            return None
+        return (f"the bucket {self.url.bucket} has versioning {'suspended' if self.versioning else 'off'}: an "
+                f"overwritten or deleted record cannot be recovered (aws s3api put-bucket-versioning --bucket "
+                f"{self.url.bucket} --versioning-configuration Status=Enabled)")
+
+
+def info(url: StateUrl) -> Info:
+    bucket = Bucket(url)
+    members = sorted(n.removeprefix("members/").removesuffix(".pub") for n in bucket.names("members/"))
+    nodes = len([n for n in bucket.names("nodes/") if n.endswith(".json")])
+    return Info(url, bucket.versioning(), members, nodes)
+
+
+@dataclass
+class Pushed:
+    copied: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # a node of that name is already in the bucket
+    clusters: list[str] = field(default_factory=list)
+
+
+def push(local: Store, target: S3Store) -> Pushed:
+    """Copy every live local node (its rows and events), the unowned rows and the recorded clusters into the bucket;
+    a node the bucket already has is refused and left as it is there."""
+    out = Pushed()
+    for node in local.nodes():
+        rows = local.resources(node.name, live_only=False)
+        if target.put_whole(node, rows, local.events(node.name)):
+            out.copied.append(node.name)
+        else:
+            out.refused.append(node.name)
+    for row in local.resources(None, live_only=True):
+        if row.node is None and row.cloud_id is not None:  # images: they outlive nodes
+            target.add_resource(None, row.kind, row.region, row.cloud_id, row.client_token)  # type: ignore[arg-type]
+    for name in local.cluster_names():
+        spec = local.cluster_json(name)
+        if spec is not None and target.cluster_json(name) is None:
+            target.save_cluster(name, spec)
+            out.clusters.append(name)
+    return out
+
+
+# --- members' keys -------------------------------------------------------------------------------
+
+
+def public_keys(paths: list[Path]) -> list[str]:
+    """The public key lines of `paths` (each must be one: a private key given by mistake is refused unread)."""
+    lines: list[str] = []
+    for path in paths:
+        if not path.name.endswith(".pub"):
+            raise UserInputError("--key", f"{path} is not a public key file (*.pub)",
+                                 "only public keys go to the bucket, e.g. ~/.ssh/id_ed25519.pub")
+        try:
+            text = path.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserInputError("--key", f"cannot read {path}: {exc}") from None
+        for line in text.splitlines():
+            if not _PUBLIC.fullmatch(line.strip()):
+                raise UserInputError("--key", f"{path}: not an OpenSSH public key line",
+                                     "e.g. ssh-ed25519 AAAA... you@laptop")
+            lines.append(line.strip())
+    return lines
+
+
+def join(url: StateUrl, keys: list[str]) -> str:
+    """Put this member's public keys under the team prefix (replacing their earlier ones); returns the member."""
+    who = member()
+    Bucket(url).put(f"members/{who}.pub", "\n".join(dict.fromkeys(keys)) + "\n")
+    return who
+
+
+def member_keys(url: StateUrl) -> dict[str, list[str]]:
+    """Every member's public key lines, by member."""
+    bucket = Bucket(url)
+    out: dict[str, list[str]] = {}
+    for name in bucket.names("members/"):
+        got = bucket.read_text(name)
+        if got is not None:
+            out[name.removeprefix("members/").removesuffix(".pub")] = [
+                line for line in got.splitlines() if _PUBLIC.fullmatch(line.strip())]
+    return out
+
+
+# --- pinned host keys ----------------------------------------------------------------------------
+
+
+def share_host_keys(url: StateUrl, node: str, known_hosts: Path) -> None:
+    """The node's pinned host keys, for every member (written by whoever pinned them at launch)."""
+    if known_hosts.exists():
+        Bucket(url).put(f"known_hosts/{node}", known_hosts.read_text())
+
+
+def shared_host_keys(url: StateUrl, node: str) -> str | None:
+    return Bucket(url).read_text(f"known_hosts/{node}")

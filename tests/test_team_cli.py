@@ -1,0 +1,256 @@
+"""Team state end to end: two gpuprov homes (two members) sharing one bucket in moto's S3, nodes in moto's EC2, the
+real CLI in subprocesses. Races are forced with a held answer (the fault proxy), never with sleeps."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.aws.cli import EMPTY, gp, up_args
+
+BUCKET = "team-bucket"
+STATE = f"s3://{BUCKET}/gp"
+
+
+def _bucket(aws, name: str = BUCKET, versioning: bool = True) -> None:
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket=name)
+    if versioning:
+        s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+
+
+@pytest.fixture
+def homes(aws, env, tmp_path):
+    """Two members' environments: each its own gpuprov home (own install id: another member) and HOME."""
+    _bucket(aws)
+    out = []
+    for who in ("alice", "bob"):
+        (tmp_path / who / "home").mkdir(parents=True)
+        out.append({**env, "GPUPROV_HOME": str(tmp_path / who / "gp"), "HOME": str(tmp_path / who / "home"),
+                    "GPUPROV_STATE": STATE, "GPUPROV_LEASE_SECONDS": "3"})
+    return out
+
+
+def _status(env) -> list[dict]:
+    result = gp(env, "status", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _member(env) -> str:
+    return json.loads(gp(env, "state", "--json").stdout)["member"]
+
+
+def _objects(aws, prefix: str = "gp/") -> list[str]:
+    return [o["Key"] for o in aws.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])]
+
+
+def test_a_teammate_sees_stops_starts_and_downs_a_node_and_a_race_for_a_name_has_one_winner(aws, homes):
+    alice, bob = homes
+    shown = gp(bob, "state")
+    assert shown.returncode == 0 and f"{STATE}/" in shown.stdout and "versioning: Enabled" in shown.stdout
+    assert "warning" not in shown.stderr
+
+    up = gp(alice, *up_args("a", "--gpu", "T4", "--no-bootstrap", "--no-wait"))
+    assert up.returncode == 0, up.stdout + up.stderr
+    (row,) = _status(bob)
+    assert (row["name"], row["state"], row["owner"]) == ("a", "ready", _member(alice))
+    assert f"a ({_member(alice).split('/')[0]})" in gp(bob, "status").stdout  # who made it, in the table
+    (inst,) = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]]
+    tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
+    assert tags["gpuprov:team"] == f"{BUCKET}/gp" and tags["gpuprov:member"] == _member(alice)
+    assert _objects(aws, "gp/leases/") == []  # alice's `up` let go of the node's lease when it ended
+
+    assert gp(bob, "stop", "a").returncode == 0
+    assert [n["state"] for n in _status(alice)] == ["stopped"]
+    assert gp(bob, "start", "a", "--no-bootstrap").returncode == 0
+    assert [n["state"] for n in _status(alice)] == ["ready"]
+
+    # both members `up x` at once: alice's lease on the name is written, its answer held; bob's `up x` meets it
+    aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "gp/leases/node-x.json"}, "hold": True,
+                "times": 1})
+    first = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args("x", "--gpu", "T4", "--no-bootstrap",
+                                                                        "--no-wait")],
+                             env=alice, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        aws.wait_held(1, timeout=60)
+        second = gp(bob, *up_args("x", "--gpu", "T4", "--no-bootstrap", "--no-wait"))
+    finally:
+        aws.release()
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, out + err
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert f"error: NAME: the name 'x' is taken by gpuprov up of {_member(alice)} on " in second.stderr
+    runs = [e for e in aws.log("RunInstances") if e["status"] == 200]
+    assert len(runs) == 2  # a's and alice's x: bob's `up x` launched nothing
+
+    down = gp(bob, "down", "a", "x", "--yes")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert aws.leftovers() == EMPTY
+    assert [n["name"] for n in _status(alice)] == []
+
+
+def test_an_up_killed_mid_way_is_taken_down_by_the_teammate_once_its_lease_expires(aws, homes):
+    alice, bob = homes
+    aws.faults({"action": "RunInstances", "hold": True, "times": 1})
+    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args("k", "--gpu", "T4", "--no-bootstrap",
+                                                                       "--no-wait")],
+                            env=alice, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        aws.wait_held(1, timeout=60)  # EC2 launched it; the answer never reaches alice's `up`
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        aws.release()
+    assert "gp/leases/node-k.json" in _objects(aws)  # the dead `up` left its lease behind
+    started = time.monotonic()
+    down = gp(bob, "down", "k", "--yes")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "k: waiting for gpuprov up of " in down.stdout + down.stderr
+    assert time.monotonic() - started >= 2  # it waited for the lease (3 s after its last renewal) to expire
+    assert aws.leftovers() == EMPTY
+
+
+def test_state_unlock_breaks_a_lease_and_says_whose(aws, homes):
+    alice, bob = homes
+    aws.faults({"action": "RunInstances", "hold": True, "times": 1})
+    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args("u", "--gpu", "T4", "--no-bootstrap",
+                                                                       "--no-wait")],
+                            env=alice, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        aws.wait_held(1, timeout=60)
+        broke = gp(bob, "state", "unlock", "u")
+        assert broke.returncode == 0, broke.stderr
+        assert broke.stdout.startswith(f"u: broke the lease of gpuprov up of {_member(alice)}")
+        assert f"pid {proc.pid}" in broke.stdout
+        assert "gp/leases/node-u.json" not in _objects(aws)
+        again = gp(bob, "state", "unlock", "u")
+        assert again.stdout.strip() == "u: no lease held"
+    finally:
+        aws.release()
+        proc.communicate(timeout=120)
+    assert gp(bob, "down", "u", "--yes").returncode == 0
+    assert aws.leftovers() == EMPTY
+
+
+def test_push_a_local_state_then_adopt_after_every_record_is_deleted(aws, env, homes, tmp_path):
+    alice, bob = homes
+    aws.realism(tag_lag=0)  # adopt reads tags moments after the launches; EC2's lag is a rerun away, not tested here
+    local = {k: v for k, v in alice.items() if k != "GPUPROV_STATE"}  # alice before the team: the local file
+    assert gp(local, *up_args("p", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
+    pushed = gp(local, "state", "push", STATE)
+    assert pushed.returncode == 0, pushed.stderr
+    assert f"p: copied to {STATE}/" in pushed.stdout
+    refused = gp(local, "state", "push", STATE)
+    assert refused.returncode == 1 and "p: refused" in refused.stderr
+    assert [n["name"] for n in _status(bob)] == ["p"]
+
+    assert gp(bob, *up_args("q", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
+    s3 = aws.client("s3")
+    for key in _objects(aws):  # every record gone (a lost bucket prefix, or a lost laptop's file)
+        s3.delete_object(Bucket=BUCKET, Key=key)
+    assert _status(bob) == []
+    adopted = gp(bob, "state", "adopt", "--region", "us-east-1")
+    assert adopted.returncode == 0, adopted.stdout + adopted.stderr
+    assert "2 node(s) adopted: p, q" in adopted.stdout
+    back = {n["name"]: n for n in _status(alice)}
+    assert sorted(back) == ["p", "q"] and back["q"]["state"] == "ready" and back["q"]["instance_type"] == "g4dn.xlarge"
+    assert gp(alice, "stop", "q").returncode == 0
+    down = gp(alice, "down", "p", "q", "--yes")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert aws.leftovers() == EMPTY
+
+
+def test_a_bucket_without_versioning_warns_and_a_bad_url_is_one_line_naming_its_place(aws, env, tmp_path):
+    _bucket(aws, "plain-bucket", versioning=False)
+    shown = gp({**env, "GPUPROV_STATE": "s3://plain-bucket/t"}, "state")
+    assert shown.returncode == 0 and "versioning: Off" in shown.stdout
+    assert "warning: the bucket plain-bucket has versioning off" in shown.stderr
+    bad = gp({**env, "GPUPROV_STATE": "s3:/plain-bucket"}, "status")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: GPUPROV_STATE: 's3:/plain-bucket' is not an s3:// URL")
+    config = tmp_path / "config.toml"
+    config.write_text('region = "us-east-1"\nstate = "s3://No_Such/x"\n')
+    bad = gp({**env, "GPUPROV_CONFIG": str(config)}, "status")
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.startswith(f"error: {config}:2: state: ")
+    assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) <= 2
+
+
+def test_every_members_key_reaches_a_teammates_node_and_a_real_sshd_lets_them_in(aws, homes, aws_hosts, tmp_path):
+    """bob joins; alice's `up` (SSH, no bootstrap) puts bob's key in the node's ~/.ssh/authorized_keys; carol joins
+    later and alice's `team sync` adds hers. An OpenSSH server on the node that reads ~/.ssh/authorized_keys (as
+    EC2's images do; the test host's own sshd reads the pool's file) lets bob and carol in, and nobody else."""
+    from tests.aws.cli import launch_site
+
+    alice, bob = homes
+    pool = aws_hosts
+    subnet = launch_site(aws, pool, Path(alice["GPUPROV_HOME"]))
+    carol = {**bob, "GPUPROV_HOME": str(tmp_path / "carol" / "gp")}
+    keys = {}
+    for who in ("bob", "carol", "mallory"):  # mallory's key is never joined
+        folder = tmp_path / who / "gp" / "keys" / "us-east-1"
+        folder.mkdir(parents=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", who, "-f", str(folder / "id_ed25519")],
+                       check=True)
+        keys[who] = folder / "id_ed25519"
+    joined = gp(bob, "team", "join")
+    assert joined.returncode == 0 and "1 public key(s)" in joined.stdout, joined.stderr
+    assert gp(bob, "team", "join", "--key", str(keys["bob"])).returncode == 2  # a private key is refused unread
+
+    up = gp(alice, *up_args("a", "--gpu", "T4", "--subnet", subnet, "--connect", "private", "--ssh-user", "root",
+                            "--no-bootstrap"))
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "a: the keys of 1 member(s) authorized (1 new)" in up.stdout + up.stderr
+    pinned = (tmp_path / "alice" / "gp" / "nodes" / "a" / "known_hosts").read_text()
+    shared = aws.client("s3").get_object(Bucket=BUCKET, Key="gp/known_hosts/a")["Body"].read().decode()
+    assert shared == pinned and pool[0].host_key_pub.split()[1] in shared
+    assert not [k for k in _objects(aws) if "id_ed25519" in k and not k.endswith(".pub")]
+
+    assert gp(carol, "team", "join").returncode == 0
+    synced = gp(alice, "team", "sync", "a")
+    assert synced.returncode == 0, synced.stderr
+    assert "the keys of 2 member(s) authorized (1 new)" in synced.stdout + synced.stderr
+    authorized = pool.exec_in(0, "cat /root/.ssh/authorized_keys; stat -c %a /root/.ssh /root/.ssh/authorized_keys",
+                              check=True).stdout
+    for who in ("bob", "carol"):
+        assert Path(f"{keys[who]}.pub").read_text().split()[1] in authorized
+    assert authorized.split()[-2:] == ["700", "600"]
+
+    pool.exec_in(0, "ssh-keygen -q -t ed25519 -N '' -f /tmp/gp-hk2 && /usr/sbin/sshd -f /dev/null -o Port=2222 "
+                    "-o HostKey=/tmp/gp-hk2 -o AuthorizedKeysFile=.ssh/authorized_keys -o PidFile=/tmp/gp-sshd2.pid "
+                    "-o UsePAM=no -o PasswordAuthentication=no -o PermitRootLogin=prohibit-password", check=True)
+    try:
+        def login(who: str) -> int:
+            return subprocess.run(["ssh", "-i", str(keys[who]), "-p", "2222", "-o", "BatchMode=yes",
+                                   "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                                   "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=10", f"root@{pool[0].address}",
+                                   "true"], capture_output=True, timeout=30).returncode
+
+        assert (login("bob"), login("carol")) == (0, 0)
+        assert login("mallory") != 0
+    finally:
+        pool.exec_in(0, "kill $(cat /tmp/gp-sshd2.pid); rm -f /tmp/gp-hk2* /tmp/gp-sshd2.pid")
+    assert gp(alice, "down", "a", "--yes").returncode == 0
+    assert aws.leftovers() == EMPTY
+
+
+def test_a_local_gc_never_takes_a_teams_node_made_from_the_same_install(aws, homes):
+    """The same install switched back to its local file (whose records never knew the team's nodes) runs `gc --yes`:
+    the team's node carries this install's owner tag, but its gpuprov:team says shared records own it: left."""
+    alice, _ = homes
+    assert gp(alice, *up_args("t", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
+    local = {k: v for k, v in alice.items() if k != "GPUPROV_STATE"}
+    swept = gp(local, "gc", "--yes")
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    (inst,) = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]]
+    assert inst["State"]["Name"] == "running"
+    assert [g["GroupName"] for g in aws.ec2().describe_security_groups(
+        Filters=[{"Name": "tag:gpuprov:node", "Values": ["t"]}])["SecurityGroups"]]
+    assert gp(alice, "down", "t", "--yes").returncode == 0
+    assert aws.leftovers() == EMPTY

@@ -1,0 +1,157 @@
+"""Team state below the CLI: the imitation's S3 conditional writes, the S3 store's records and races, leases.
+
+Against moto's S3 behind the fault proxy (tests/aws): races are forced by a rule's delay between a writer's read
+and its write, or by an answer held, never by sleeping and hoping.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+from botocore.exceptions import ClientError
+
+from gpuprov import leases, locks
+from gpuprov.errors import UserInputError
+from gpuprov.state_s3 import S3Store
+from gpuprov.state_url import parse
+
+BUCKET = "team-bucket"
+
+
+@pytest.fixture
+def url(aws, gp_home, monkeypatch):
+    for key, value in aws.env().items():
+        monkeypatch.setenv(key, value)
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    monkeypatch.setenv("GPUPROV_STATE", f"s3://{BUCKET}/gp")
+    monkeypatch.setenv("GPUPROV_LEASE_SECONDS", "3")
+    return parse(f"s3://{BUCKET}/gp", "test")
+
+
+def _code(exc: ClientError) -> tuple[str, int]:
+    return exc.response["Error"]["Code"], exc.response["ResponseMetadata"]["HTTPStatusCode"]
+
+
+def test_the_imitation_keeps_s3s_conditional_write_contract(aws, url):
+    """412 for a lost condition (moto's own check), and 409 ConditionalRequestConflict for a conditional write to an
+    object while another is in flight (moto checks and writes in two unlocked steps; S3 does not)."""
+    s3 = aws.client("s3", via_proxy=True)
+    first = s3.put_object(Bucket=BUCKET, Key="k", Body=b"1", IfNoneMatch="*")
+    with pytest.raises(ClientError) as taken:
+        s3.put_object(Bucket=BUCKET, Key="k", Body=b"2", IfNoneMatch="*")
+    assert _code(taken.value) == ("PreconditionFailed", 412)
+    with pytest.raises(ClientError) as stale:
+        s3.put_object(Bucket=BUCKET, Key="k", Body=b"2", IfMatch='"0123456789abcdef0123456789abcdef"')
+    assert _code(stale.value) == ("PreconditionFailed", 412)
+    s3.put_object(Bucket=BUCKET, Key="k", Body=b"2", IfMatch=first["ETag"])
+
+    aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "gp/slow"}, "delay": 1.5, "times": 1})
+    done: list[object] = []
+    slow = threading.Thread(target=lambda: done.append(s3.put_object(Bucket=BUCKET, Key="gp/slow", Body=b"a",
+                                                                     IfNoneMatch="*")))
+    slow.start()
+    deadline = time.monotonic() + 10
+    while not [e for e in aws.log("PutObject") if e["form"].get("Key") == "gp/slow"]:  # the slow one is in flight
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    with pytest.raises(ClientError) as conflict:
+        s3.put_object(Bucket=BUCKET, Key="gp/slow", Body=b"b", IfNoneMatch="*")
+    assert _code(conflict.value) == ("ConditionalRequestConflict", 409)
+    s3.put_object(Bucket=BUCKET, Key="gp/other", Body=b"c", IfNoneMatch="*")  # another object is not held up
+    s3.put_object(Bucket=BUCKET, Key="gp/slow-plain", Body=b"d")  # nor an unconditional write
+    slow.join(10)
+    assert done and aws.client("s3").get_object(Bucket=BUCKET, Key="gp/slow")["Body"].read() == b"a"
+
+
+def test_records_round_trip_and_a_taken_name_says_whose(url):
+    store = S3Store(url)
+    store.create_node("a", "aws", "us-east-1", owner="alice@laptop/1", gpu="T4")
+    rid = store.intend("a", "instance", "us-east-1", "tok-1")
+    S3Store(url).created(rid, "i-0abc")  # another process learns where the row lives by reading
+    store.add_resource(None, "image", "us-east-1", "ami-1")
+    store.event("a", "note", "hello")
+    store.save_cluster("c", '{"x": 1}')
+    other = S3Store(url)
+    assert [(r.kind, r.cloud_id, r.status) for r in other.resources("a")] == [("instance", "i-0abc", "created")]
+    assert [r.cloud_id for r in other.resources(None, kind="image")] == ["ami-1"]
+    assert [e.message for e in other.events("a")] == ["hello"]
+    assert other.cluster_names() == ["c"] and other.cluster_json("c") == '{"x": 1}'
+    with pytest.raises(UserInputError, match="taken by alice@laptop/1 \\(launching\\)"):
+        other.create_node("a", "aws", "us-east-1")
+    other.deleted(rid)
+    other.update_node("a", state="terminated")
+    store.create_node("a", "aws", "us-west-2")  # a terminated node's name is free again
+    assert store.node("a").region == "us-west-2" and other.nodes()[0].state == "launching"
+
+
+def test_two_homes_times_twenty_concurrent_updates_lose_nothing(aws, url):
+    """40 writers (two homes' stores, 20 threads each) change one node's object at once; a delay between each
+    writer's read and its write (on every PutObject) makes them overlap, so most writes lose the race first."""
+    S3Store(url).create_node("busy", "aws", "us-east-1")
+    aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "gp/nodes/busy.json"}, "delay": 0.02})
+    homes = [S3Store(url), S3Store(url)]
+    errors: list[BaseException] = []
+
+    def work(home: int, i: int) -> None:
+        try:
+            homes[home].event("busy", "update", f"{home}-{i}")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(h, i)) for h in range(2) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    messages = sorted(e.message for e in S3Store(url).events("busy"))
+    assert messages == sorted(f"{h}-{i}" for h in range(2) for i in range(20))
+    lost = [e for e in aws.log("PutObject") if e["status"] in (409, 412)]
+    assert lost, "the writers never overlapped: the test proved nothing"
+
+
+def test_a_lease_is_renewed_while_held_refused_to_others_and_taken_over_once_expired(url):
+    bucket_lease = None
+    with leases.hold(url, "node-l", "up", expiry=3) as held:
+        bucket_lease = held
+        first = leases.read(held.bucket, "node-l")
+        assert first is not None and first[0].what == "up" and first[0].pid == os.getpid()
+        deadline = time.monotonic() + 10
+        while leases.read(held.bucket, "node-l")[1] == first[1]:  # the renewal thread rewrote it
+            assert time.monotonic() < deadline, "never renewed"
+            time.sleep(0.1)
+        assert not held.lost
+    assert leases.read(bucket_lease.bucket, "node-l") is None  # released on exit
+    # a dead holder: a lease written once and never renewed
+    dead = leases.Lease(bucket_lease.bucket, "node-d", "up", 2)
+    dead.doc["pid"] = 999999
+    dead.etag = dead.bucket.put("leases/node-d.json", dead.doc, create=True)
+    with pytest.raises(leases.Taken) as taken, leases.hold(url, "node-d", "down", expiry=2, wait=False):
+        pass
+    assert taken.value.holding.pid == 999999
+    told: list[str] = []
+    with leases.hold(url, "node-d", "down", expiry=2, waiting=lambda h: told.append(str(h)),
+                     took_over=lambda h: told.append("took over")):
+        holding = leases.read(dead.bucket, "node-d")
+        assert holding is not None and holding[0].what == "down"
+    assert told[0].startswith("gpuprov up of ") and "pid 999999" in told[0] and told[-1] == "took over"
+
+
+def test_locks_use_leases_with_team_state_and_unlock_says_whose(url):
+    with locks.hold(locks.node("u"), "up"):
+        assert leases.read(S3Store(url).bucket, "node-u") is not None
+        assert locks.is_free(locks.node("u"))  # this process counts as nobody, as with flock
+        holding = leases.unlock(url, "node-u")
+        assert holding is not None and holding.what == "up" and holding.holder == leases.member()
+        held = leases._held["node-u"][0]
+        deadline = time.monotonic() + 10
+        while not held.lost:  # the next renewal finds it gone, and says so rather than write it again
+            assert time.monotonic() < deadline, "the holder never noticed"
+            time.sleep(0.1)
+        assert leases.read(S3Store(url).bucket, "node-u") is None
+    assert leases.unlock(url, "node-u") is None
