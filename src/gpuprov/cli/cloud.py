@@ -10,6 +10,7 @@ import click
 from gpuprov.cli.common import (
     NODES,
     confirm,
+    line_echo,
     main,
     make_console,
     node_target,
@@ -110,7 +111,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         name=node_name, fallback_on_demand=fallback == "on-demand", max_price=max_price, max_hourly=max_hourly,
         disk_gb=disk_gb, image=image, ssh_cidr=ssh_cidr, connect=connect, subnet=subnet, ssh_user=ssh_user,
         bootstrap=not no_bootstrap, wait=not no_wait, step_silence=step_silence or None,
-        verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None,
+        verbose_echo=line_echo(console) if verbose else None,
         instance_profile=instance_profile, reservation=reservation, capacity_block=capacity_block,
         patient=wait is not None, s3_access=s3_access,
     )
@@ -445,7 +446,7 @@ def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zon
     console = make_console(stderr=as_json)
     opts = stopstart.StartOptions(gpu=gpu, instance_type=instance_type, bootstrap=not no_bootstrap,
                                   step_silence=step_silence or None,
-                                  verbose_echo=(lambda line: console.print(line, markup=False)) if verbose else None)
+                                  verbose_echo=line_echo(console) if verbose else None)
     if move:
         from gpuprov.cloud import move as moving
 

@@ -12,6 +12,7 @@ import click
 from gpuprov.cli.common import (
     guard_options,
     host_settings,
+    line_echo,
     main,
     make_console,
     pin_options,
@@ -102,7 +103,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
         from gpuprov.cli.report_hosts import LiveHosts, bootstrap_summary
 
         console = make_console()
-        options = _engine_options(engine, kw, (lambda line: console.print(line, markup=False)) if verbose else None)
+        options = _engine_options(engine, kw, line_echo(console) if verbose else None)
         with LiveHosts(console, [t.name for t in targets], enabled=not as_json and not verbose) as live:
             results = engine.bootstrap(targets, host_settings(kw), plan_for, options, reporter=live)
         if not as_json:
