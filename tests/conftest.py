@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +32,13 @@ REAL_UNITS = "prometheus-node-exporter,gpuprov-gpu-metrics,nvidia-dcgm,nvidia-dc
 HOST_ENV = {"GPUPROV_SYSROOT": "/var/lib/gpuprov-shim/root", "GPUPROV_RETRY_DELAY": "0", "GPUPROV_APT_LOCK_POLL": "1",
             # each host has its own network namespace, so the exporters can run for real there (tests/shims/lib/units.sh)
             "GPUPROV_SHIM_REAL_UNITS": REAL_UNITS}
+
+
+def sweep(cases: list[Any], first: int) -> list[Any]:
+    """A crash sweep's cases: the first `first` run in `make test`, the rest are marked `sweep` and run in
+    `make test-all` (the same code path at more instants; CI's suite must stay under 10 minutes on 2 cores)."""
+    return [c if i < first else pytest.param(*(c if isinstance(c, tuple) else (c,)), marks=pytest.mark.sweep)
+            for i, c in enumerate(cases)]
 
 
 def skip_or_fail(reason: str) -> None:

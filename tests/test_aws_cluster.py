@@ -14,6 +14,7 @@ import pytest
 
 from tests.aws.cli import EMPTY, gp, launch_site, nothing_left, up_args
 from tests.aws.fault_proxy import placement_groups
+from tests.conftest import sweep
 
 
 def _cluster(env, name: str = "train") -> dict:
@@ -210,9 +211,10 @@ def test_up_refuses_the_name_of_a_cluster_of_existing_hosts(aws, env):
 
 # --- crash safety -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("checkpoint", "gpu"), [("CreatePlacementGroup", "A10G:4"), ("RunInstances", "A10G:4"),
-                                                 ("AuthorizeSecurityGroupEgress", "A10G:4"),
-                                                 ("AllocateAddress", "H100:8"), ("AssociateAddress", "H100:8")])
+@pytest.mark.parametrize(("checkpoint", "gpu"), sweep([("RunInstances", "A10G:4"), ("AllocateAddress", "H100:8"),
+                                                       ("CreatePlacementGroup", "A10G:4"),
+                                                       ("AuthorizeSecurityGroupEgress", "A10G:4"),
+                                                       ("AssociateAddress", "H100:8")], 3))
 @pytest.mark.parametrize("cleanup", ["down", "gc"])
 def test_sigkill_during_a_cluster_up_then_down_or_gc_leaves_nothing(aws, env, checkpoint, gpu, cleanup):
     aws.faults({"action": checkpoint, "hold": True, "times": 1})
@@ -335,7 +337,8 @@ def test_min_nodes_drops_a_node_that_fails_bootstrap_and_rewires_the_rest(aws, e
     nothing_left(aws)
 
 
-@pytest.mark.parametrize("seed", range(1, 7))  # under the realistic proxy (fresh ids NotFound, lagging tags)
+@pytest.mark.parametrize("seed", sweep(list(range(1, 7)), 2))  # under the realistic proxy (fresh ids NotFound,
+# lagging tags)
 def test_sigkill_at_random_instants_of_an_efa_cluster_up_leaves_nothing(aws, env, seed):
     delay = random.Random(seed).uniform(0.5, 4.0)
     name = f"r{seed}"
