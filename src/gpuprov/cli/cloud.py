@@ -102,11 +102,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
 
     node_name = launch.check_name(name) if name else launch.new_name()
     wait = _wait_of(wait_for)
-    the_plan = plan_from(kw, live=not dry_run)  # a launch plans with EC2's own instance-type facts
     console = make_console(stderr=as_json)
-    if not dry_run:  # the dry run prints the plan, warnings and all
-        for note in the_plan.warnings:
-            warn(f"warning: {note}")
     opts = launch.UpOptions(
         name=node_name, fallback_on_demand=fallback == "on-demand", max_price=max_price, max_hourly=max_hourly,
         disk_gb=disk_gb, image=image, ssh_cidr=ssh_cidr, connect=connect, subnet=subnet, ssh_user=ssh_user,
@@ -115,6 +111,18 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         instance_profile=instance_profile, reservation=reservation, capacity_block=capacity_block,
         patient=wait is not None, s3_access=s3_access,
     )
+
+    def check(plan: Any) -> None:  # every option, before EC2 is asked anything (its instance-type facts)
+        launch.check_options(plan, opts)
+        if nodes > 1 or min_nodes is not None:
+            from gpuprov.cloud import cluster
+
+            cluster.check_cluster_options(plan, opts, cluster.ClusterOptions(nodes=nodes, min_nodes=min_nodes))
+
+    the_plan = plan_from(kw, live=not dry_run, check=check)  # a launch plans with EC2's own instance-type facts
+    if not dry_run:  # the dry run prints the plan, warnings and all
+        for note in the_plan.warnings:
+            warn(f"warning: {note}")
     launch.check_options(the_plan, opts)
     if launch.open_to_all(ssh_cidr):
         warn(f"warning: --ssh-cidr {ssh_cidr} opens SSH on {node_name} to the whole internet (every scanner will try "

@@ -29,6 +29,8 @@ from gpuprov.cli.complete import (
     complete_torch_cuda,
     node_names,
 )
+from gpuprov.cli.console import line_echo as line_echo  # re-exported: every command's module takes them here
+from gpuprov.cli.console import make_console as make_console
 from gpuprov.cli.monitoring_options import monitor_options, monitoring_from
 from gpuprov.cli.params import Command, Number, usage_field
 from gpuprov.errors import GpuprovError, UserInputError
@@ -38,47 +40,6 @@ if TYPE_CHECKING:
     from gpuprov.plan.stack import StackPins
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def make_console(*, stderr: bool = False) -> Any:
-    """rich's console (it honours NO_COLOR, and COLUMNS when not on a terminal); `stderr` for progress
-    lines while stdout carries JSON."""
-    import shutil
-
-    from rich.console import Console
-
-    columns = os.environ.get("COLUMNS")
-    width = None  # rich's own: the terminal's, else COLUMNS, else 80
-    if columns is not None and not (columns.strip().isdigit() and int(columns) > 0):
-        # COLUMNS=0 or junk (some CI runners, `docker exec` without -t): rich would print nothing at all
-        width = shutil.get_terminal_size((80, 24)).columns
-
-    class _Console(Console):
-        def on_broken_pipe(self) -> None:
-            """`gpuprov plan | head -1`: the reader left, which is no error (rich's own exits 1, silently)."""
-            self.quiet = True
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise SystemExit(0)
-
-    return _Console(highlight=False, emoji=False, stderr=stderr, width=width)  # no ':1234:' → emoji in an IPv6 address
-
-
-def line_echo(console: Any) -> Callable[[str], None]:
-    """`--verbose`'s echo of every remote line, written as it is to the console's file: rich's print of each line
-    cost ~100 µs (a 400,000-line build log took 40 s of CPU to echo); one lock keeps hosts' lines whole. Only
-    where no live display shares the console (--verbose turns it off)."""
-    import threading
-
-    lock = threading.Lock()
-
-    def echo(line: str) -> None:
-        with lock:
-            try:
-                console.file.write(line + "\n")
-            except BrokenPipeError:
-                console.on_broken_pipe()
-
-    return echo
 
 
 def quiet() -> bool:
@@ -261,9 +222,10 @@ def say_region(region: Any) -> None:
         click.echo(f"region {region}", err=True)
 
 
-def plan_from(kw: dict[str, Any], live: bool = False) -> Plan:
+def plan_from(kw: dict[str, Any], live: bool = False, check: Callable[[Plan], None] | None = None) -> Plan:
     """The plan the flags ask for; `live`: with EC2's own facts of the region's GPU instance types (cached a day),
-    asked only once the flags are known to be good (an instance type only EC2 knows aside)."""
+    asked only once the flags are known to be good (an instance type only EC2 knows aside): the plan on the shipped
+    catalog first, and `check` (the command's own option checks) on it, so bad input asks EC2 nothing."""
     from gpuprov.errors import UserInputError
     from gpuprov.plan.plan import NodeRequest, make_plan
     from gpuprov.plan.spec import parse_duration
@@ -281,6 +243,9 @@ def plan_from(kw: dict[str, Any], live: bool = False) -> Plan:
     except UserInputError as exc:
         if not (live and exc.field == "--instance-type"):
             raise
+    else:
+        if check is not None:
+            check(plan)
     if live:
         from gpuprov.cloud.instance_facts import live_catalog
         from gpuprov.plan import catalog
