@@ -104,8 +104,8 @@ class Lease:
                 found = read(self.bucket, self.key)
                 self.lost, self.taken_by = True, found[0] if found else None
                 return
-            except Exception:
-                continue
+            except Exception:  # a bucket that does not answer this once: the next renewal tries again
+                continue  # (a thread's exception would end the renewals silently and let the lease expire mid-work)
 
     def release(self) -> None:
         self._stop.set()
