@@ -23,6 +23,7 @@ import pytest
 from gpuprov.errors import UserInputError
 from gpuprov.hosts.access import parse_forward
 from gpuprov.hosts.sshcli import split_sync, sync_host
+from tests import forkcli
 from tests.conftest import skip_or_fail
 from tests.test_bootstrap_ssh import addrs, bootstrap, by_step, gpuprov, reset
 
@@ -41,7 +42,7 @@ def key(pool) -> list[str]:
 
 
 def start(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "gpuprov", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return forkcli.Popen([sys.executable, "-m", "gpuprov", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "COLUMNS": "200"})
 
 
@@ -284,7 +285,7 @@ def test_sync_makes_dst_a_copy_of_src_whatever_the_slashes(host_pool, gp_home, t
     pool.exec_in(5, "rm -rf /root/code /tmp/gp-deep", check=True)
     for src in ("./code", "./code/"):
         for dst in ("code", "code/"):
-            result = subprocess.run([sys.executable, "-m", "gpuprov", "sync", *key(pool), src, f"{host}:{dst}"],
+            result = forkcli.run([sys.executable, "-m", "gpuprov", "sync", *key(pool), src, f"{host}:{dst}"],
                                     capture_output=True, text=True, cwd=tmp_path, timeout=120)
             assert result.returncode == 0, result.stderr
             listed = pool.exec_in(5, "cd /root && find code -type f | sort", check=True).stdout.split()
@@ -329,7 +330,7 @@ def test_monitor_into_a_file_prints_a_table_per_sample(host_pool, gp_home, tmp_p
     pool.exec_in(7, "echo 'nvidia-open 580.95.05-0ubuntu1' > /var/lib/gpuprov-shim/installed", check=True)
     out = tmp_path / "monitor.txt"
     with out.open("w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "gpuprov", "monitor", *addrs(pool, [7]), *key(pool),
+        proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "monitor", *addrs(pool, [7]), *key(pool),
                                  "--accept-new-host-key", "--interval", "0.2"], stdout=f, stderr=subprocess.PIPE,
                                 text=True, env={**os.environ, "COLUMNS": "120"})
         try:

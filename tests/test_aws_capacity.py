@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests import forkcli
 from tests.aws.cli import gp, nothing_left, up_args
 
 NO_WAIT = ("--no-bootstrap", "--no-wait")
@@ -56,7 +57,7 @@ def test_up_wait_asks_again_until_capacity_appears_and_leaves_nothing_between_pa
 
 def test_status_shows_a_waiting_up_and_sigterm_mid_wait_leaves_nothing(aws, env):
     aws.faults(ICE)  # no capacity at all
-    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args("waits", *ONE_TYPE, "--wait", "2h", *NO_WAIT)],
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("waits", *ONE_TYPE, "--wait", "2h", *NO_WAIT)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**env, "GPUPROV_WAIT_BACKOFF_SECONDS": "60"})
     try:
@@ -227,7 +228,7 @@ def test_reservations_and_a_capacity_block_bought_waited_for_and_launched_into(a
     assert asked.returncode == 2 and "cannot be cancelled" in asked.stdout and "--yes" in asked.stderr
     assert aws.log("PurchaseCapacityBlock") == []
     aws.faults({"action": "PurchaseCapacityBlock", "hold": True})  # EC2 at work on the purchase ...
-    buying = subprocess.Popen([sys.executable, "-m", "gpuprov", "capacity", "buy", "cb-offer-h100", "--yes", "--json"],
+    buying = forkcli.Popen([sys.executable, "-m", "gpuprov", "capacity", "buy", "cb-offer-h100", "--yes", "--json"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     aws.wait_held(1, timeout=60)
     assert [(b.offering, b.state) for b in blocks._read(blocks._blocks_file())] == [("cb-offer-h100", "buying")]
@@ -243,7 +244,7 @@ def test_reservations_and_a_capacity_block_bought_waited_for_and_launched_into(a
 
     early = gp(env, *up_args("blk", "--gpu", "H100:8", "--capacity-block", block["reservation_id"], *NO_WAIT))
     assert early.returncode == 2 and "starts at" in early.stderr and "--wait" in early.stderr
-    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args(
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args(
         "blk", "--gpu", "H100:8", "--capacity-block", block["reservation_id"], "--wait", "2h", *NO_WAIT)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env, "GPUPROV_WAIT_BACKOFF_SECONDS": "0.5"})
     try:

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests import forkcli
 from tests.aws.cli import EMPTY, gp, launch_site, nothing_left, up_args
 from tests.aws.fault_proxy import placement_groups
 from tests.conftest import sweep
@@ -143,7 +144,7 @@ def test_no_zone_holds_the_cluster_nothing_is_left(aws, env):
 def _lose_node_while_starting(aws, env, name: str, *extra: str) -> subprocess.CompletedProcess[str]:
     """Node 1 is terminated by EC2 (say, spot capacity taken back) while `up` waits for the nodes to run."""
     aws.faults({"action": "DescribeInstances", "hold": True, "times": 1})
-    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args(name, "--gpu", "A10G:4", "--nodes", "3",
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args(name, "--gpu", "A10G:4", "--nodes", "3",
                                                                        "--no-bootstrap", "--no-wait", *extra)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -219,7 +220,7 @@ def test_up_refuses_the_name_of_a_cluster_of_existing_hosts(aws, env):
 def test_sigkill_during_a_cluster_up_then_down_or_gc_leaves_nothing(aws, env, checkpoint, gpu, cleanup):
     aws.faults({"action": checkpoint, "hold": True, "times": 1})
     name = f"k{checkpoint.lower()[:8]}"
-    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args(name, "--gpu", gpu, "--nodes", "2",
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args(name, "--gpu", gpu, "--nodes", "2",
                                                                        "--no-bootstrap", "--no-wait")],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -342,7 +343,7 @@ def test_min_nodes_drops_a_node_that_fails_bootstrap_and_rewires_the_rest(aws, e
 def test_sigkill_at_random_instants_of_an_efa_cluster_up_leaves_nothing(aws, env, seed):
     delay = random.Random(seed).uniform(0.5, 4.0)
     name = f"r{seed}"
-    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args(name, "--gpu", "H100:8", "--nodes", "2",
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args(name, "--gpu", "H100:8", "--nodes", "2",
                                                                        "--no-bootstrap", "--no-wait")],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

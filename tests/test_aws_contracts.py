@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests import forkcli
 from tests.aws import fault_proxy
 from tests.aws.cli import gp, launch_site, nothing_left, up_args
 
@@ -39,7 +40,7 @@ def node(env, name: str) -> dict:
 
 def test_gc_of_a_crashed_persistent_spot_up_cancels_the_request_first_so_nothing_is_launched_again(aws, env):
     aws.faults({"action": "DescribeInstances", "hold": True, "times": 1})  # after RunInstances: the up waits here
-    up = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args("psp", "--gpu", "T4", "--spot", "--persistent",
+    up = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("psp", "--gpu", "T4", "--spot", "--persistent",
                                                                        *QUICK)],
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     aws.wait_held(1, timeout=60)

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from tests import forkcli
 from tests.aws.cli import copy_disk, gp, launch_site, nothing_left, up_args
 from tests.aws.fixture import ubuntu_ami
 
@@ -70,7 +71,7 @@ def test_bake_cleans_the_node_tags_the_image_and_the_next_up_skips_every_install
 
     # a bake killed while CreateImage is under way: the clean-up has run by then; gc finds the image
     aws.faults({"action": "CreateImage", "hold": True, "times": 1})
-    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", "image", "bake", "base", "--name", "t4-stack", "--yes"],
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "image", "bake", "base", "--name", "t4-stack", "--yes"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         try:
@@ -302,7 +303,7 @@ def test_gc_during_a_bake_leaves_the_image_being_made(aws, env, aws_hosts, gp_ho
     pool = aws_hosts
     _baked_node(aws, env, pool, gp_home)
     aws.faults({"action": "CreateImage", "hold": True, "times": 1})
-    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", "image", "bake", "base", "--name", "t4-stack", "--yes"],
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "image", "bake", "base", "--name", "t4-stack", "--yes"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         aws.wait_held(1, timeout=120)

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests import forkcli
 from tests.aws.cli import gp, launch_site, nothing_left, up_args
 
 NO_WAIT = ("--no-bootstrap", "--no-wait")
@@ -190,7 +191,7 @@ def test_sigkill_during_start_with_a_resize_leaves_a_node_start_or_down_complete
     name = f"k-{checkpoint[:5].lower()}-{then}"
     _stopped(env, name)
     aws.faults({"action": checkpoint, "hold": True, "times": 1})
-    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", "start", name, "--instance-type", "g5.xlarge",
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "start", name, "--instance-type", "g5.xlarge",
                              "--no-bootstrap"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import forkcli
+
 BOMB = "\n".join(["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"] + [
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]" for i in range(9)]) + "\n"
 
@@ -188,7 +190,7 @@ def run_cli(line: str, d: Path, home: Path) -> tuple[subprocess.CompletedProcess
         key, _, value = words.pop(0).partition("=")
         env[key] = value
     start = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "gpuprov", *words], capture_output=True, text=True, env=env,
+    result = forkcli.run([sys.executable, "-m", "gpuprov", *words], capture_output=True, text=True, env=env,
                             stdin=subprocess.DEVNULL, timeout=60)
     return result, time.monotonic() - start
 

@@ -12,13 +12,14 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests import forkcli
 from tests.test_bootstrap_ssh import addrs, bootstrap, gpuprov, reset
 
 PYLIB = Path(__file__).resolve().parent / "shims" / "pylib"
 
 
 def bench(pool, hosts, *extra: str, columns: int = 200) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuprov", "bench", *addrs(pool, hosts), "-i", str(pool.key_path),
+    return forkcli.run([sys.executable, "-m", "gpuprov", "bench", *addrs(pool, hosts), "-i", str(pool.key_path),
                            "--accept-new-host-key", "--seconds", "5", *extra],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1"})

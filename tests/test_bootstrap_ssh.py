@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from tests import forkcli
 from tests.shimrun import DMI_DIR, ec2_dmi
 
 HOSTS = 8
 
 
 def gpuprov(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
+    return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "COLUMNS": "200"})
 
 

@@ -12,13 +12,14 @@ import pytest
 from click.testing import CliRunner
 
 from gpuprov.cli import main
+from tests import forkcli
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def gpuprov(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "140"}
-    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, cwd=cwd, env=env)
+    return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, cwd=cwd, env=env)
 
 
 def test_gpus_table_lists_every_gpu_with_instance_types_and_prices():

@@ -30,6 +30,7 @@ from gpuprov.cluster.check import (
 )
 from gpuprov.cluster.run import torchrun_command, torchrun_flags
 from gpuprov.errors import UserInputError
+from tests import forkcli
 
 FIXTURES = Path(__file__).parent / "fixtures" / "allreduce"
 SHELLCHECK = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
@@ -249,7 +250,7 @@ def test_message_sizes():
 ])
 def test_bad_cluster_input_is_one_line_exit_2_and_touches_nothing(args, field, tmp_path):
     env = {**os.environ, "GPUPROV_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, env=env,
+    result = forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, env=env,
                             timeout=60)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import testnet
+from tests import forkcli, testnet
 from tests.conftest import SHIMS, skip_or_fail
 
 NODES = 3
@@ -50,7 +50,7 @@ def cluster_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 
 def gpuprov(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
+    return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "COLUMNS": "200"})
 
 
@@ -198,7 +198,7 @@ def test_ctrl_c_stops_torchrun_and_its_workers_on_every_node(cluster_pool, clust
     put_script(pool, "/tmp/gp-sleep.py", SLEEPER)
     for i in range(NODES):
         pool.exec_in(i, "rm -rf /tmp/gp-sleep")
-    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", "torchrun", "train", "--grace", "5", "--",
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "torchrun", "train", "--grace", "5", "--",
                              "/tmp/gp-sleep.py"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pids: list[int] = []
     try:
@@ -320,7 +320,7 @@ def test_status_lists_clusters_of_hosts_and_cluster_rm_forgets_one(cluster_pool,
     """Runs after the --master-addr test, which leaves `alt` recorded beside `train`."""
     listed = json.loads(gpuprov("cluster", "list", "--json").stdout)
     assert [(c["name"], len(c["members"]), c["node"]) for c in listed] == [("train", 3, None), ("alt", 3, None)]
-    shown = subprocess.run([sys.executable, "-m", "gpuprov", "status"], capture_output=True, text=True,
+    shown = forkcli.run([sys.executable, "-m", "gpuprov", "status"], capture_output=True, text=True,
                            env={**os.environ, "COLUMNS": "80"}, timeout=60)
     assert shown.returncode == 0, shown.stderr
     cells = [[c.strip() for c in line.strip("│ ").split("│")] for line in shown.stdout.splitlines() if "│" in line]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuprov.plan.stack import SUPPORTED_OS
+from tests import forkcli
 
 BIN = Path(sys.executable).parent
 
@@ -36,7 +37,7 @@ def with_node(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(("shell", "marker"), [("bash", "complete -o nosort -F _gpuprov_completion gpuprov"),
                                                ("zsh", "#compdef gpuprov"), ("fish", "complete --no-files --command gpuprov")])
 def test_completion_scripts_are_printed(tmp_path: Path, shell: str, marker: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "gpuprov", "completion", shell], capture_output=True, text=True,
+    result = forkcli.run([sys.executable, "-m", "gpuprov", "completion", shell], capture_output=True, text=True,
                             env=env_for(tmp_path))
     assert result.returncode == 0 and marker in result.stdout and "_GPUPROV_COMPLETE" in result.stdout
 

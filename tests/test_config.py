@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from tests import forkcli
+
 
 def run(*args: str, tmp: Path, **env_extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("GPUPROV_", "AWS_")) and k not in ("XDG_CONFIG_HOME", "COLUMNS")}
     env.update({"HOME": str(tmp), "XDG_CONFIG_HOME": str(tmp / "xdg"), "GPUPROV_HOME": str(tmp / "state"),
                 "NO_COLOR": "1", "COLUMNS": "200", "AWS_CONFIG_FILE": str(tmp / "no-aws-config"), **env_extra})
-    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, env=env,
+    return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, env=env,
                           stdin=subprocess.DEVNULL, timeout=60)
 
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from gpuprov.sources import nvidia, torch
-from tests import indexsite
+from tests import forkcli, indexsite
 
 
 def gp(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, env=env, timeout=120)
+    return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, env=env, timeout=120)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from gpuprov.errors import UserInputError
 from gpuprov.plan.plan import Guards, NodeRequest, autostop_script, guard_steps, make_plan
 from gpuprov.plan.render import environment, render_steps
 from gpuprov.plan.spec import format_duration, parse_duration
+from tests import forkcli
 from tests.shimrun import ShimHost
 
 SHELLCHECK = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
@@ -45,7 +46,7 @@ AUTOSTOP_HOST, INTERRUPT_HOST = 6, 7
 
 
 def gpuprov(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, timeout=60,
+    return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "COLUMNS": "200"})
 
 

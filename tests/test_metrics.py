@@ -25,6 +25,7 @@ from gpuprov.plan.monitoring import Monitoring, exporter_for, facts, redacted, w
 from gpuprov.plan.plan import NodeRequest, make_host_plan, make_plan
 from gpuprov.plan.stack import StackPins
 from gpuprov.resources import data_file
+from tests import forkcli
 from tests.prometheus import promtool_check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +34,7 @@ SECRET = "https://hooks.slack.com/services/T000/B000/s3cr3t-t0ken"
 
 
 def gpuprov(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, timeout=120,
+    return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "COLUMNS": "200", **(env or {})})
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forkcli
 from tests.aws.cli import gp, launch_site, nothing_left, up_args
 from tests.prometheus import Prometheus, need
 from tests.test_bootstrap_ssh import addrs, bootstrap, by_step, gpuprov, reset
@@ -41,7 +42,7 @@ def _exporter_installed() -> None:
 
 
 def serve(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "gpuprov", "metrics", "serve", *args], env=env, text=True,
+    return forkcli.Popen([sys.executable, "-m", "gpuprov", "metrics", "serve", *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuprov.plan import catalog
+from tests import forkcli
 
 
 def run(*args: str, home: Path, columns: int | None = None, **env_extra: str) -> subprocess.CompletedProcess[str]:
@@ -21,7 +22,7 @@ def run(*args: str, home: Path, columns: int | None = None, **env_extra: str) ->
     env.update({"GPUPROV_HOME": str(home), "NO_COLOR": "1", **env_extra})
     if columns:
         env["COLUMNS"] = str(columns)
-    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, env=env,
+    return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, env=env,
                           stdin=subprocess.DEVNULL, timeout=60)
 
 
@@ -31,7 +32,7 @@ def in_pty(*args: str, home: Path, **env_extra: str) -> tuple[int, bytes]:
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS")}
     env.update({"GPUPROV_HOME": str(home), "TERM": "xterm-256color", **env_extra})
     leader, follower = pty.openpty()
-    proc = subprocess.run([sys.executable, "-m", "gpuprov", *args], stdin=follower, stdout=follower, stderr=follower,
+    proc = forkcli.run([sys.executable, "-m", "gpuprov", *args], stdin=follower, stdout=follower, stderr=follower,
                           env=env, timeout=60)
     os.close(follower)
     out = b""
@@ -150,7 +151,7 @@ def test_a_reader_that_leaves_early_is_no_error(tmp_path: Path) -> None:
     for args in (["plan", "--gpu", "h100:8", "--show-scripts"], ["gpus"], ["plan", "--gpu", "t4", "--json"]):
         env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "AWS_ENDPOINT_URL")}
         env.update({"GPUPROV_HOME": str(tmp_path), "NO_COLOR": "1"})
-        proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=env)
         assert proc.stdout is not None and proc.stderr is not None
         proc.stdout.readline()

@@ -19,6 +19,7 @@ import click
 import pytest
 
 from gpuprov.cli import main
+from tests import forkcli
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -68,7 +69,7 @@ def test_offline_examples_run_and_exit_as_the_readme_says(line: str, comment: st
     env = {**os.environ, "GPUPROV_HOME": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
            "HOME": str(tmp_path), "NO_COLOR": "1"}
     env.pop("AWS_REGION", None)
-    result = subprocess.run([sys.executable, "-m", "gpuprov", *shlex.split(line)[1:]], capture_output=True, text=True,
+    result = forkcli.run([sys.executable, "-m", "gpuprov", *shlex.split(line)[1:]], capture_output=True, text=True,
                             cwd=tmp_path, env=env, timeout=120)
     expected = 2 if "exit 2" in comment else 0
     assert result.returncode == expected, result.stdout + result.stderr
@@ -81,7 +82,7 @@ def test_readme_refusals_say_what_the_readme_shows(tmp_path: Path) -> None:
     shown = re.search(r"\$ gpuprov plan --gpu V100 --torch-cuda cu130 .*\n(error: .*)\n  (this works instead: .*)\n",
                       README)
     assert shown
-    result = subprocess.run([sys.executable, "-m", "gpuprov", "plan", "--gpu", "V100", "--torch-cuda", "cu130"],
+    result = forkcli.run([sys.executable, "-m", "gpuprov", "plan", "--gpu", "V100", "--torch-cuda", "cu130"],
                             capture_output=True, text=True, env={**os.environ, "GPUPROV_HOME": str(tmp_path)})
     assert shown.group(1).split(", …")[0] in result.stderr and shown.group(2) in result.stderr
 
@@ -105,7 +106,7 @@ def test_the_node_jupyter_opens_gets_jupyterlab(tmp_path: Path) -> None:
         value = next(it) if takes_value else None
         if word in plan_opts:
             plan_args += [word] + ([value] if value is not None else [])
-    result = subprocess.run([sys.executable, "-m", "gpuprov", "plan", "--json", *plan_args], capture_output=True,
+    result = forkcli.run([sys.executable, "-m", "gpuprov", "plan", "--json", *plan_args], capture_output=True,
                             text=True, env={**os.environ, "GPUPROV_HOME": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     assert "jupyter" in [s["name"] for s in __import__("json").loads(result.stdout)["steps"]]
@@ -337,6 +338,7 @@ def run_line(line: str, sb: Any, cwd: Path, home: Path) -> tuple[int, str]:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GPUPROV_"))}
     env.update(sb.env, HOME=str(home), NO_COLOR="1", COLUMNS="120", PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
+    env = forkcli.shell_env(env)
     leader, follower = pty.openpty()
     proc = subprocess.Popen(["bash", "-c", localised(line, sb)], stdin=follower, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)

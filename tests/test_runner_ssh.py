@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forkcli
 from tests.test_bootstrap_ssh import addrs, bootstrap, by_step, gpuprov, reset
 
 
@@ -287,7 +288,7 @@ def test_a_second_bootstrap_of_a_host_is_refused_while_the_first_runs_and_takeov
     playbook = slow_playbook(tmp_path, tick=True)
     args = ["bootstrap", *addrs(pool, [1]), "-i", str(pool.key_path), "--accept-new-host-key", "--os", "ubuntu-22.04",
             "--python", "3.11", "--json", "-p", str(playbook)]
-    first = subprocess.Popen([sys.executable, "-m", "gpuprov", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    first = forkcli.Popen([sys.executable, "-m", "gpuprov", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
     try:
         for _ in range(600):  # until the first run is in its long step
@@ -300,13 +301,13 @@ def test_a_second_bootstrap_of_a_host_is_refused_while_the_first_runs_and_takeov
         assert f"is being worked on by gpuprov bootstrap (pid {first.pid}" in host["error"], host["error"]
         assert "--takeover" in host["error"]
         other = {**os.environ, "GPUPROV_HOME": str(tmp_path / "other-machine"), "COLUMNS": "200"}
-        elsewhere = subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
+        elsewhere = forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
                                    env=other, timeout=120)  # another install: the host's runner lock says so
         assert elsewhere.returncode == 1
         (host,) = json.loads(elsewhere.stdout)
         assert "another gpuprov (" in host["error"] and "is bootstrapping this host" in host["error"], host["error"]
         assert first.poll() is None and len(runners_left(pool, 1)) == 1  # neither refusal touched the first run
-        taken = subprocess.run([sys.executable, "-m", "gpuprov", *args, "--takeover"], capture_output=True, text=True,
+        taken = forkcli.run([sys.executable, "-m", "gpuprov", *args, "--takeover"], capture_output=True, text=True,
                                env=other, timeout=180)
         assert taken.returncode == 0, taken.stdout + taken.stderr
         (host,) = json.loads(taken.stdout)

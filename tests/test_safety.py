@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forkcli
 from tests.aws.cli import EMPTY, gp, nothing_left, up_args
 from tests.conftest import skip_or_fail
 
@@ -24,7 +25,7 @@ QUICK = ("--gpu", "T4", "--no-bootstrap", "--no-wait")
 
 
 def start(env, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "gpuprov", *args], env=env, stdout=subprocess.PIPE,
+    return forkcli.Popen([sys.executable, "-m", "gpuprov", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 

@@ -24,13 +24,14 @@ from pathlib import Path
 
 import pytest
 
+from tests import forkcli
 from tests.conftest import skip_or_fail
 from tests.test_access import key, pin
 from tests.test_bootstrap_ssh import addrs, bootstrap, reset
 
 
 def gp(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
+    return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, timeout=timeout,
                           env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **env})
 
@@ -235,7 +236,7 @@ def test_a_step_that_prints_a_lot_keeps_its_head_and_tail_in_the_log(host_pool, 
 
     # --verbose still echoes every line live, whatever the log keeps
     reset(pool, [i])
-    result = subprocess.run([sys.executable, "-m", "gpuprov", "bootstrap", *addrs(pool, [i]), "-i", str(pool.key_path),
+    result = forkcli.run([sys.executable, "-m", "gpuprov", "bootstrap", *addrs(pool, [i]), "-i", str(pool.key_path),
                              "--os", "ubuntu-22.04", "--python", "3.11", "--connect-timeout", "3", "-p", str(playbook),
                              "--verbose"], capture_output=True, text=True, timeout=300,
                             env={**os.environ, "COLUMNS": "200"})

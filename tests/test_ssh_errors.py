@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from tests import forkcli
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def gp(*args: str, home: Path, **env_extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "GPUPROV_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "300", **env_extra}
-    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, env=env,
+    return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, env=env,
                           stdin=subprocess.DEVNULL, timeout=120)
 
 

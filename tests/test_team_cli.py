@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forkcli
 from tests.aws.cli import EMPTY, gp, up_args
 
 BUCKET = "team-bucket"
@@ -75,7 +76,7 @@ def test_a_teammate_sees_stops_starts_and_downs_a_node_and_a_race_for_a_name_has
     # both members `up x` at once: alice's lease on the name is written, its answer held; bob's `up x` meets it
     aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "gp/leases/node-x.json"}, "hold": True,
                 "times": 1})
-    first = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args("x", "--gpu", "T4", "--no-bootstrap",
+    first = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("x", "--gpu", "T4", "--no-bootstrap",
                                                                         "--no-wait")],
                              env=alice, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -99,7 +100,7 @@ def test_a_teammate_sees_stops_starts_and_downs_a_node_and_a_race_for_a_name_has
 def test_an_up_killed_mid_way_is_taken_down_by_the_teammate_once_its_lease_expires(aws, homes):
     alice, bob = homes
     aws.faults({"action": "RunInstances", "hold": True, "times": 1})
-    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args("k", "--gpu", "T4", "--no-bootstrap",
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("k", "--gpu", "T4", "--no-bootstrap",
                                                                        "--no-wait")],
                             env=alice, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -120,7 +121,7 @@ def test_an_up_killed_mid_way_is_taken_down_by_the_teammate_once_its_lease_expir
 def test_state_unlock_breaks_a_lease_and_says_whose(aws, homes):
     alice, bob = homes
     aws.faults({"action": "RunInstances", "hold": True, "times": 1})
-    proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args("u", "--gpu", "T4", "--no-bootstrap",
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("u", "--gpu", "T4", "--no-bootstrap",
                                                                        "--no-wait")],
                             env=alice, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

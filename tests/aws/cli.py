@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests import testnet
+from tests import forkcli, testnet
 
 EMPTY = {"instances": [], "security_groups": [], "key_pairs": [], "volumes": [], "spot_requests": [],
          "launch_templates": [], "placement_groups": [], "addresses": []}
@@ -25,7 +25,7 @@ def env(aws, gp_home):
 
 
 def gp(env, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
+    return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
 
