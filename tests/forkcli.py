@@ -40,6 +40,12 @@ def enabled() -> bool:
     return os.environ.get("GPUPROV_TEST_FORK", "1") != "0"
 
 
+def warm() -> None:
+    """Start this process's server now, so that a test timing a command does not time the server's start."""
+    if enabled():
+        _Server.get()
+
+
 def shell_env(env: dict[str, str]) -> dict[str, str]:
     """`env` for a shell whose `gpuprov` should come from the server: its client first on PATH."""
     if not enabled():

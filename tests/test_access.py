@@ -43,7 +43,7 @@ def key(pool) -> list[str]:
 
 def start(*args: str) -> subprocess.Popen[str]:
     return forkcli.Popen([sys.executable, "-m", "gpuprov", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "COLUMNS": "200"})
+                         text=True, env={**os.environ, "COLUMNS": "200"})
 
 
 def first_line(proc: subprocess.Popen[str]) -> str:
@@ -286,7 +286,7 @@ def test_sync_makes_dst_a_copy_of_src_whatever_the_slashes(host_pool, gp_home, t
     for src in ("./code", "./code/"):
         for dst in ("code", "code/"):
             result = forkcli.run([sys.executable, "-m", "gpuprov", "sync", *key(pool), src, f"{host}:{dst}"],
-                                    capture_output=True, text=True, cwd=tmp_path, timeout=120)
+                                 capture_output=True, text=True, cwd=tmp_path, timeout=120)
             assert result.returncode == 0, result.stderr
             listed = pool.exec_in(5, "cd /root && find code -type f | sort", check=True).stdout.split()
             assert listed == ["code/train.py"], (src, dst, listed)
@@ -332,7 +332,7 @@ def test_monitor_into_a_file_prints_a_table_per_sample(host_pool, gp_home, tmp_p
     with out.open("w") as f:
         proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "monitor", *addrs(pool, [7]), *key(pool),
                                  "--accept-new-host-key", "--interval", "0.2"], stdout=f, stderr=subprocess.PIPE,
-                                text=True, env={**os.environ, "COLUMNS": "120"})
+                             text=True, env={**os.environ, "COLUMNS": "120"})
         try:
             deadline = time.monotonic() + 30
             while out.read_text().count("Tesla T4") < 2 and time.monotonic() < deadline and proc.poll() is None:

@@ -58,8 +58,8 @@ def test_up_wait_asks_again_until_capacity_appears_and_leaves_nothing_between_pa
 def test_status_shows_a_waiting_up_and_sigterm_mid_wait_leaves_nothing(aws, env):
     aws.faults(ICE)  # no capacity at all
     proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("waits", *ONE_TYPE, "--wait", "2h", *NO_WAIT)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**env, "GPUPROV_WAIT_BACKOFF_SECONDS": "60"})
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**env, "GPUPROV_WAIT_BACKOFF_SECONDS": "60"})
     try:
         assert proc.stdout is not None
         for line in proc.stdout:  # the pass line is printed once the record says `waiting`
@@ -229,7 +229,7 @@ def test_reservations_and_a_capacity_block_bought_waited_for_and_launched_into(a
     assert aws.log("PurchaseCapacityBlock") == []
     aws.faults({"action": "PurchaseCapacityBlock", "hold": True})  # EC2 at work on the purchase ...
     buying = forkcli.Popen([sys.executable, "-m", "gpuprov", "capacity", "buy", "cb-offer-h100", "--yes", "--json"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     aws.wait_held(1, timeout=60)
     assert [(b.offering, b.state) for b in blocks._read(blocks._blocks_file())] == [("cb-offer-h100", "buying")]
     aws.release()  # ... recorded before it was asked for

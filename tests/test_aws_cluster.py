@@ -146,7 +146,7 @@ def _lose_node_while_starting(aws, env, name: str, *extra: str) -> subprocess.Co
     aws.faults({"action": "DescribeInstances", "hold": True, "times": 1})
     proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args(name, "--gpu", "A10G:4", "--nodes", "3",
                                                                        "--no-bootstrap", "--no-wait", *extra)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         aws.wait_held(1, timeout=120)
         (run,) = [e for e in aws.log("RunInstances") if e["status"] == 200]
@@ -222,7 +222,7 @@ def test_sigkill_during_a_cluster_up_then_down_or_gc_leaves_nothing(aws, env, ch
     name = f"k{checkpoint.lower()[:8]}"
     proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args(name, "--gpu", gpu, "--nodes", "2",
                                                                        "--no-bootstrap", "--no-wait")],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while not any(r["held"] for r in aws.rules()):  # the cloud did the work; the answer never arrives
@@ -345,7 +345,7 @@ def test_sigkill_at_random_instants_of_an_efa_cluster_up_leaves_nothing(aws, env
     name = f"r{seed}"
     proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args(name, "--gpu", "H100:8", "--nodes", "2",
                                                                        "--no-bootstrap", "--no-wait")],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)

@@ -42,7 +42,7 @@ def test_gc_of_a_crashed_persistent_spot_up_cancels_the_request_first_so_nothing
     aws.faults({"action": "DescribeInstances", "hold": True, "times": 1})  # after RunInstances: the up waits here
     up = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("psp", "--gpu", "T4", "--spot", "--persistent",
                                                                        *QUICK)],
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     aws.wait_held(1, timeout=60)
     up.send_signal(signal.SIGKILL)  # the request and its instance exist; the up is gone
     up.wait(10)

@@ -72,7 +72,7 @@ def test_bake_cleans_the_node_tags_the_image_and_the_next_up_skips_every_install
     # a bake killed while CreateImage is under way: the clean-up has run by then; gc finds the image
     aws.faults({"action": "CreateImage", "hold": True, "times": 1})
     proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "image", "bake", "base", "--name", "t4-stack", "--yes"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         try:
             aws.wait_held(1, timeout=120)
@@ -304,7 +304,7 @@ def test_gc_during_a_bake_leaves_the_image_being_made(aws, env, aws_hosts, gp_ho
     _baked_node(aws, env, pool, gp_home)
     aws.faults({"action": "CreateImage", "hold": True, "times": 1})
     proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "image", "bake", "base", "--name", "t4-stack", "--yes"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         aws.wait_held(1, timeout=120)
         sweep = gp(env, "gc", "--yes")

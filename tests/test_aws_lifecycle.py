@@ -174,7 +174,7 @@ CHECKPOINTS = ["ImportKeyPair", "CreateSecurityGroup", "AuthorizeSecurityGroupIn
 def _crash_then_clean(aws, env, name: str, kill: callable, cleanup: str) -> None:
     args = up_args(name, "--gpu", "T4", "--spot", "--no-bootstrap", "--no-wait")
     proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True)
     try:
         kill(proc)
     finally:
@@ -229,7 +229,7 @@ def test_sigkill_at_random_instants_leaves_nothing(aws, env, seed):
 
 def test_concurrent_ups_share_one_key_pair_and_both_land(aws, env):
     procs = [forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args(f"c{i}", "--gpu", "T4", "--no-bootstrap", "--no-wait")],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     assert len(aws.log("ImportKeyPair")) == 1

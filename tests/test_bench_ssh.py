@@ -21,8 +21,8 @@ PYLIB = Path(__file__).resolve().parent / "shims" / "pylib"
 def bench(pool, hosts, *extra: str, columns: int = 200) -> subprocess.CompletedProcess[str]:
     return forkcli.run([sys.executable, "-m", "gpuprov", "bench", *addrs(pool, hosts), "-i", str(pool.key_path),
                            "--accept-new-host-key", "--seconds", "5", *extra],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1"})
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1"})
 
 
 def figures(host: dict) -> dict[tuple[str, str], dict]:

@@ -251,7 +251,7 @@ def test_message_sizes():
 def test_bad_cluster_input_is_one_line_exit_2_and_touches_nothing(args, field, tmp_path):
     env = {**os.environ, "GPUPROV_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)}
     result = forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, env=env,
-                            timeout=60)
+                         timeout=60)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith(f"error: {field}"), result.stderr

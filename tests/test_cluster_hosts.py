@@ -51,7 +51,7 @@ def cluster_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 def gpuprov(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+                       timeout=timeout, env={**os.environ, "COLUMNS": "200"})
 
 
 @pytest.fixture(scope="module")
@@ -321,7 +321,7 @@ def test_status_lists_clusters_of_hosts_and_cluster_rm_forgets_one(cluster_pool,
     listed = json.loads(gpuprov("cluster", "list", "--json").stdout)
     assert [(c["name"], len(c["members"]), c["node"]) for c in listed] == [("train", 3, None), ("alt", 3, None)]
     shown = forkcli.run([sys.executable, "-m", "gpuprov", "status"], capture_output=True, text=True,
-                           env={**os.environ, "COLUMNS": "80"}, timeout=60)
+                        env={**os.environ, "COLUMNS": "80"}, timeout=60)
     assert shown.returncode == 0, shown.stderr
     cells = [[c.strip() for c in line.strip("│ ").split("│")] for line in shown.stdout.splitlines() if "│" in line]
     rows = {c[0]: c[1:4] for c in cells}

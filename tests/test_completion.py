@@ -38,7 +38,7 @@ def with_node(tmp_path: Path) -> Path:
                                                ("zsh", "#compdef gpuprov"), ("fish", "complete --no-files --command gpuprov")])
 def test_completion_scripts_are_printed(tmp_path: Path, shell: str, marker: str) -> None:
     result = forkcli.run([sys.executable, "-m", "gpuprov", "completion", shell], capture_output=True, text=True,
-                            env=env_for(tmp_path))
+                         env=env_for(tmp_path))
     assert result.returncode == 0 and marker in result.stdout and "_GPUPROV_COMPLETE" in result.stdout
 
 

@@ -20,7 +20,7 @@ def run(*args: str, tmp: Path, **env_extra: str) -> subprocess.CompletedProcess[
     env.update({"HOME": str(tmp), "XDG_CONFIG_HOME": str(tmp / "xdg"), "GPUPROV_HOME": str(tmp / "state"),
                 "NO_COLOR": "1", "COLUMNS": "200", "AWS_CONFIG_FILE": str(tmp / "no-aws-config"), **env_extra})
     return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, env=env,
-                          stdin=subprocess.DEVNULL, timeout=60)
+                       stdin=subprocess.DEVNULL, timeout=60)
 
 
 @pytest.fixture

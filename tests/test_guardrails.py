@@ -47,7 +47,7 @@ AUTOSTOP_HOST, INTERRUPT_HOST = 6, 7
 
 def gpuprov(*args: str) -> subprocess.CompletedProcess[str]:
     return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "COLUMNS": "200"})
+                       env={**os.environ, "COLUMNS": "200"})
 
 
 # --- durations, plan, render ---------------------------------------------------------------------

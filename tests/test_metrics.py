@@ -35,7 +35,7 @@ SECRET = "https://hooks.slack.com/services/T000/B000/s3cr3t-t0ken"
 
 def gpuprov(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+                       env={**os.environ, "COLUMNS": "200", **(env or {})})
 
 
 # --- the plan ------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def _exporter_installed() -> None:
 
 def serve(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
     return forkcli.Popen([sys.executable, "-m", "gpuprov", "metrics", "serve", *args], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def stop(proc: subprocess.Popen[str]) -> str:

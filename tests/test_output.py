@@ -23,7 +23,7 @@ def run(*args: str, home: Path, columns: int | None = None, **env_extra: str) ->
     if columns:
         env["COLUMNS"] = str(columns)
     return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, env=env,
-                          stdin=subprocess.DEVNULL, timeout=60)
+                       stdin=subprocess.DEVNULL, timeout=60)
 
 
 def in_pty(*args: str, home: Path, **env_extra: str) -> tuple[int, bytes]:
@@ -33,7 +33,7 @@ def in_pty(*args: str, home: Path, **env_extra: str) -> tuple[int, bytes]:
     env.update({"GPUPROV_HOME": str(home), "TERM": "xterm-256color", **env_extra})
     leader, follower = pty.openpty()
     proc = forkcli.run([sys.executable, "-m", "gpuprov", *args], stdin=follower, stdout=follower, stderr=follower,
-                          env=env, timeout=60)
+                       env=env, timeout=60)
     os.close(follower)
     out = b""
     while True:
@@ -152,7 +152,7 @@ def test_a_reader_that_leaves_early_is_no_error(tmp_path: Path) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "AWS_ENDPOINT_URL")}
         env.update({"GPUPROV_HOME": str(tmp_path), "NO_COLOR": "1"})
         proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env)
+                             env=env)
         assert proc.stdout is not None and proc.stderr is not None
         proc.stdout.readline()
         proc.stdout.close()  # the reader leaves after one line, as head -1 does

@@ -70,7 +70,7 @@ def test_offline_examples_run_and_exit_as_the_readme_says(line: str, comment: st
            "HOME": str(tmp_path), "NO_COLOR": "1"}
     env.pop("AWS_REGION", None)
     result = forkcli.run([sys.executable, "-m", "gpuprov", *shlex.split(line)[1:]], capture_output=True, text=True,
-                            cwd=tmp_path, env=env, timeout=120)
+                         cwd=tmp_path, env=env, timeout=120)
     expected = 2 if "exit 2" in comment else 0
     assert result.returncode == expected, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
@@ -83,7 +83,7 @@ def test_readme_refusals_say_what_the_readme_shows(tmp_path: Path) -> None:
                       README)
     assert shown
     result = forkcli.run([sys.executable, "-m", "gpuprov", "plan", "--gpu", "V100", "--torch-cuda", "cu130"],
-                            capture_output=True, text=True, env={**os.environ, "GPUPROV_HOME": str(tmp_path)})
+                         capture_output=True, text=True, env={**os.environ, "GPUPROV_HOME": str(tmp_path)})
     assert shown.group(1).split(", …")[0] in result.stderr and shown.group(2) in result.stderr
 
 
@@ -107,7 +107,7 @@ def test_the_node_jupyter_opens_gets_jupyterlab(tmp_path: Path) -> None:
         if word in plan_opts:
             plan_args += [word] + ([value] if value is not None else [])
     result = forkcli.run([sys.executable, "-m", "gpuprov", "plan", "--json", *plan_args], capture_output=True,
-                            text=True, env={**os.environ, "GPUPROV_HOME": str(tmp_path)})
+                         text=True, env={**os.environ, "GPUPROV_HOME": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     assert "jupyter" in [s["name"] for s in __import__("json").loads(result.stdout)["steps"]]
 

@@ -137,6 +137,7 @@ def test_a_host_that_vanishes_mid_step_is_lost_the_others_finish_and_a_rerun_res
     playbook = slow_host(pool, 4, tmp_path, "cuts a host's network link")
     hosts_used = [3, 4, 5]
     reset(pool, [3, 5])
+    forkcli.warm()  # the fork server's start is not the command's time
     cutter = when_started(pool, 4, lambda: link(pool, 4, "down"))
     try:
         start = time.monotonic()
@@ -289,7 +290,7 @@ def test_a_second_bootstrap_of_a_host_is_refused_while_the_first_runs_and_takeov
     args = ["bootstrap", *addrs(pool, [1]), "-i", str(pool.key_path), "--accept-new-host-key", "--os", "ubuntu-22.04",
             "--python", "3.11", "--json", "-p", str(playbook)]
     first = forkcli.Popen([sys.executable, "-m", "gpuprov", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                          text=True)
     try:
         for _ in range(600):  # until the first run is in its long step
             if pool.exec_in(1, "test -e /tmp/gp-started").returncode == 0:
@@ -302,13 +303,13 @@ def test_a_second_bootstrap_of_a_host_is_refused_while_the_first_runs_and_takeov
         assert "--takeover" in host["error"]
         other = {**os.environ, "GPUPROV_HOME": str(tmp_path / "other-machine"), "COLUMNS": "200"}
         elsewhere = forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
-                                   env=other, timeout=120)  # another install: the host's runner lock says so
+                                env=other, timeout=120)  # another install: the host's runner lock says so
         assert elsewhere.returncode == 1
         (host,) = json.loads(elsewhere.stdout)
         assert "another gpuprov (" in host["error"] and "is bootstrapping this host" in host["error"], host["error"]
         assert first.poll() is None and len(runners_left(pool, 1)) == 1  # neither refusal touched the first run
         taken = forkcli.run([sys.executable, "-m", "gpuprov", *args, "--takeover"], capture_output=True, text=True,
-                               env=other, timeout=180)
+                            env=other, timeout=180)
         assert taken.returncode == 0, taken.stdout + taken.stderr
         (host,) = json.loads(taken.stdout)
         assert by_step(host) == {"first": "skipped", "wait": "changed", "last": "changed"}

@@ -26,7 +26,7 @@ QUICK = ("--gpu", "T4", "--no-bootstrap", "--no-wait")
 
 def start(env, *args: str) -> subprocess.Popen[str]:
     return forkcli.Popen([sys.executable, "-m", "gpuprov", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True)
 
 
 def held(aws, proc: subprocess.Popen[str], n: int = 1, timeout: float = 60) -> None:

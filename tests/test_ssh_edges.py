@@ -32,8 +32,8 @@ from tests.test_bootstrap_ssh import addrs, bootstrap, reset
 
 def gp(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
     return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=timeout,
-                          env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **env})
+                       stdin=subprocess.DEVNULL, timeout=timeout,
+                       env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **env})
 
 
 # --- a banner, then silence -------------------------------------------------------------------
@@ -239,7 +239,7 @@ def test_a_step_that_prints_a_lot_keeps_its_head_and_tail_in_the_log(host_pool, 
     result = forkcli.run([sys.executable, "-m", "gpuprov", "bootstrap", *addrs(pool, [i]), "-i", str(pool.key_path),
                              "--os", "ubuntu-22.04", "--python", "3.11", "--connect-timeout", "3", "-p", str(playbook),
                              "--verbose"], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "COLUMNS": "200"})
+                         env={**os.environ, "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr[-2000:]
     echoed = [line.split("] ", 1)[-1] for line in result.stdout.splitlines() if "] line-" in line]
     assert echoed == [f"line-{n:06d}" for n in range(1, lines + 1)], [

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def gp(*args: str, home: Path, **env_extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "GPUPROV_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "300", **env_extra}
     return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, env=env,
-                          stdin=subprocess.DEVNULL, timeout=120)
+                       stdin=subprocess.DEVNULL, timeout=120)
 
 
 @pytest.fixture

@@ -78,7 +78,7 @@ def test_a_teammate_sees_stops_starts_and_downs_a_node_and_a_race_for_a_name_has
                 "times": 1})
     first = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("x", "--gpu", "T4", "--no-bootstrap",
                                                                         "--no-wait")],
-                             env=alice, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          env=alice, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         aws.wait_held(1, timeout=60)
         second = gp(bob, *up_args("x", "--gpu", "T4", "--no-bootstrap", "--no-wait"))
@@ -102,7 +102,7 @@ def test_an_up_killed_mid_way_is_taken_down_by_the_teammate_once_its_lease_expir
     aws.faults({"action": "RunInstances", "hold": True, "times": 1})
     proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("k", "--gpu", "T4", "--no-bootstrap",
                                                                        "--no-wait")],
-                            env=alice, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=alice, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         aws.wait_held(1, timeout=60)  # EC2 launched it; the answer never reaches alice's `up`
         proc.send_signal(signal.SIGKILL)
@@ -123,7 +123,7 @@ def test_state_unlock_breaks_a_lease_and_says_whose(aws, homes):
     aws.faults({"action": "RunInstances", "hold": True, "times": 1})
     proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("u", "--gpu", "T4", "--no-bootstrap",
                                                                        "--no-wait")],
-                            env=alice, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=alice, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         aws.wait_held(1, timeout=60)
         broke = gp(bob, "state", "unlock", "u")

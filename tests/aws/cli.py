@@ -26,7 +26,7 @@ def env(aws, gp_home):
 
 def gp(env, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+                       timeout=timeout, env=env)
 
 
 def up_args(name: str, *extra: str) -> list[str]:

@@ -11,6 +11,10 @@ import os
 import sys
 import threading
 
+# pydantic looks for plugins in the entry points of every installed distribution the first time it builds a
+# model (≈ 30-90 ms a command, more in a crowded venv); gpuprov uses none. A user who wants one sets it.
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
 from gpuprov.cli import (  # noqa: F401  (registers the commands)
     access,
     capacity,

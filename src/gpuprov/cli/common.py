@@ -412,20 +412,26 @@ def node_target(name: str) -> Any:
 
 
 def targets_from(kw: dict[str, Any]) -> list[Any]:
+    import re
+
     from gpuprov.plan.inventory import check_known_word, check_unique, load_inventory, parse_target, targets
 
+    # Only a word of this shape can be a cluster (NAME, NAME:K), a node or a bare host name: USER@HOST and
+    # addresses skip the records and the cluster module (a fleet's bootstrap pays no import for them)
+    words = [h for h in kw["hosts"] if re.fullmatch(r"[A-Za-z0-9_-]+(:[0-9]+)?", h)]
     clustered: dict[str, Any] = {}
-    if kw["hosts"]:
+    if words:
         from gpuprov.cluster import resolve
 
-        clustered = {h: found.targets() for h in kw["hosts"] if (found := resolve(h)) is not None}  # NAME, NAME:K
-    nodes = [t for t in (node_target(h) for h in kw["hosts"] if h not in clustered) if t is not None]
+        clustered = {h: found.targets() for h in words if (found := resolve(h)) is not None}
+    nodes = [t for t in (node_target(h) for h in words if h not in clustered) if t is not None]
     nodes += [t for h in kw["hosts"] if h in clustered for t in clustered[h]]
     named = {t.label for t in nodes} | set(clustered)
     entries = [parse_target(h) for h in kw["hosts"] if h not in named]
+    known = node_names() + cluster_names() if any(h not in named for h in words) else []
     for h in kw["hosts"]:
         if h not in named:
-            check_known_word(h, node_names() + cluster_names(), Path(kw["ssh_config"]) if kw.get("ssh_config") else None)
+            check_known_word(h, known, Path(kw["ssh_config"]) if kw.get("ssh_config") else None)
     listed = load_inventory(kw["inventory"]).targets() if kw["inventory"] else []
     if not entries and not nodes and not listed:
         raise UserInputError("HOST", "no host named", "name at least one node, [USER@]HOST[:PORT], or an --inventory file")
