@@ -15,7 +15,7 @@ from gpuprov.errors import UserInputError
 from gpuprov.plan import catalog, compat, facts, noroot
 from gpuprov.plan.budget import budget_seconds, check_budget
 from gpuprov.plan.catalog import Gpu, InstanceType
-from gpuprov.plan.docker import container_image, docker_step, with_docker
+from gpuprov.plan.docker import container_image, docker_step, docker_unverified, with_docker
 
 # the guards' model and the block-end warning live in plan/guards.py (this module passed 500 lines); named here too
 from gpuprov.plan.guards import BLOCK_WARN_SECONDS, DEFAULT_METADATA_URL, Guards  # noqa: F401
@@ -101,6 +101,8 @@ class Plan:
         notes = list(self.stack.unverified) if self.stack else []
         if self.instance and self.instance.unverified:
             notes.append(f"{self.instance.name}: {self.instance.unverified}")
+        if any(s.name == "docker" for s in self.steps) and (note := docker_unverified(self.request.os)):
+            notes.append(note)
         return tuple(notes)
 
     @property
