@@ -51,12 +51,14 @@ class Run:
 class Host:
     """An install root with the imitation's repositories: the distribution's configured, NVIDIA's added by the step."""
 
-    def __init__(self, where: Path, cuda: Path, distro: Path, ctk: Path) -> None:
+    def __init__(self, where: Path, cuda: Path, distro: Path, ctk: Path, release: str = "2023") -> None:
         self.root = where / "root"
-        self.cuda, self.ctk = cuda, ctk
+        self.cuda, self.ctk, self.release = cuda, ctk, release
         (self.root / "etc/yum.repos.d").mkdir(parents=True)
+        # the distribution's repositories; CodeReady Builder there, disabled, as on Rocky (EPEL's steps enable it)
         (self.root / "etc/yum.repos.d/amazonlinux.repo").write_text(
-            f"[amazonlinux]\nname=amazonlinux\nbaseurl=file://{distro}\nenabled=1\ngpgcheck=0\n")
+            f"[amazonlinux]\nname=amazonlinux\nbaseurl=file://{distro}\nenabled=1\ngpgcheck=0\n\n"
+            f"[crb]\nname=crb\nbaseurl=file://{distro}\nenabled=0\ngpgcheck=0\n")
         plugins = self.root / "etc/dnf/plugins"
         plugins.mkdir(parents=True)
         # what python3-dnf-plugin-versionlock lays down (its conf and an empty list); the machine's dnf runs the plugin
@@ -66,7 +68,7 @@ class Host:
     def env(self) -> dict[str, str]:
         return {**os.environ, "PATH": f"{STAND_INS}:{os.environ['PATH']}", "GPUPROV_SYSROOT": str(self.root),
                 "GPUPROV_RETRY_DELAY": "0", "REALDNF_KERNEL": repo.KERNEL, "REALDNF_CUDA_REPO": str(self.cuda),
-                "REALDNF_CTK_REPO": str(self.ctk)}
+                "REALDNF_CTK_REPO": str(self.ctk), "REALDNF_CUDA10_REPO": str(self.cuda), "REALDNF_RELEASEVER": self.release}
 
     def run(self, script: Script) -> Run:
         out = subprocess.run(["bash", "-c", script.text], capture_output=True, text=True, env=self.env(), timeout=120)
@@ -126,12 +128,17 @@ class Story:
 
 
 @pytest.fixture(scope="module")
-def story(tmp_path_factory: pytest.TempPathFactory) -> Story:
+def repos(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[Path, Path, Path, Path]]:
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if missing:
         skip_or_fail(f"the real-dnf test needs {', '.join(missing)} (tools/sysdeps.sh installs them)")
     where = tmp_path_factory.mktemp("realdnf")
-    cuda, distro, ctk = repo.build(where / "repos")
+    return where, repo.build(where / "repos")
+
+
+@pytest.fixture(scope="module")
+def story(repos: tuple[Path, tuple[Path, Path, Path, Path]]) -> Story:
+    where, (cuda, distro, ctk, _) = repos
     refusing = Host(where / "refused", cuda, distro, ctk)
     refused = refusing.run_all(_plan_scripts("cuda-toolkit-12-7"))  # there was no CUDA 12.7
     host = Host(where / "host", cuda, distro, ctk)
@@ -183,6 +190,35 @@ def test_a_rerun_changes_nothing(story: Story) -> None:
         [r.stderr for r in story.second]
     assert story.installed_after == story.installed and story.transactions_after == story.transactions
     assert story.restarts == (1, 1)
+
+
+EL10_STEPS = ("kernel-headers", "nouveau-off", "nvidia-driver", "fabric-manager")
+
+
+def test_el10_holds_the_branch_with_versionlock_before_the_install(repos) -> None:
+    """Rocky 10 (no modularity): NVIDIA's Table 5 for EL10, `dnf versionlock *nvidia*595*` then `dnf install
+    nvidia-open`, against the same packages without module metadata (NVIDIA's rhel10 repository): EPEL enabled through
+    CodeReady Builder first (DKMS), R595 installed though R610 is there, Fabric Manager at its version; a rerun changes
+    nothing."""
+    where, (_, distro, ctk, cuda10) = repos
+    plan = make_plan(NodeRequest(gpu="H100:8", os="rocky-10"))
+    assert plan.stack and plan.stack.driver_versionlock == "*nvidia*595*" and plan.stack.driver_stream is None
+    scripts = list(render_steps(tuple(s for s in plan.steps if s.name in EL10_STEPS),
+                                {"plan": plan, "stack": plan.stack, "playbook": plan.playbook, "env": plan.playbook.env},
+                                {}).scripts)
+    host = Host(where / "el10", cuda10, distro, ctk, release="10")
+    first = host.run_all(scripts)
+    assert [(r.name, r.returncode, r.result) for r in first] == [
+        ("kernel-headers", 0, "changed"), ("nouveau-off", 0, "changed"), ("nvidia-driver", 0, "reboot"),
+        ("fabric-manager", 0, "changed")], [r.stderr for r in first]
+    installed = host.installed()
+    assert installed["nvidia-open"] == repo.BRANCHES["595"] == installed["nvidia-fabricmanager"]
+    assert "epel-release" in installed and "dkms" in installed
+    locks = (host.root / "etc/dnf/plugins/versionlock.list").read_text()
+    assert f"nvidia-open-3:{repo.BRANCHES['595']}-" in locks and repo.BRANCHES["610"] not in locks
+    again = host.run_all(scripts)
+    assert [(r.name, r.result) for r in again] == [(n, "unchanged") for n in EL10_STEPS], [r.stderr for r in again]
+    assert host.installed() == installed
 
 
 def test_stand_ins_are_bash_and_shellcheck_clean() -> None:
