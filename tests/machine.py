@@ -45,17 +45,19 @@ def _alive(pid: int) -> bool:
 
 
 @contextmanager
-def shared_user(user: str) -> Iterator[None]:
+def shared_user(user: str, home: str | None = None) -> Iterator[None]:
     """A local login user (home, bash, password '*': no password, but not locked ('!'), which sshd without PAM
     would refuse even for key logins) that exists while any holder needs it. A test run creates it if missing;
     the last holder out deletes it, but only when a test run created it. Holders are process ids in
-    <LOCK_DIR>/gpuprov-tests-user-<user>.json; those of dead processes are dropped."""
+    <LOCK_DIR>/gpuprov-tests-user-<user>.json; those of dead processes are dropped. `home`: its home folder, not
+    made here (a path inside the test hosts' private mounts, which each test host makes for itself)."""
     record = LOCK_DIR / f"gpuprov-tests-user-{user}.json"
     me = os.getpid()
     with machine_lock(f"user-{user}"):
         state = json.loads(record.read_text()) if record.exists() else {"created": False, "holders": []}
         holders = [p for p in state["holders"] if _alive(p)]
-        added = subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", user],
+        where = ["--create-home"] if home is None else ["--no-create-home", "--home-dir", home]
+        added = subprocess.run(["useradd", *where, "--shell", "/bin/bash", user],
                                capture_output=True).returncode == 0  # 9: it exists already
         created = added or (bool(state["created"]) and _exists(user))  # made by an earlier run
         subprocess.run(["usermod", "--password", "*", user], check=True, capture_output=True)

@@ -14,7 +14,7 @@ import pytest
 
 from tests import forkcli
 from tests.aws.cli import copy_disk, gp, launch_site, nothing_left, up_args
-from tests.aws.fixture import ubuntu_ami
+from tests.aws.fixture import os_ami, ubuntu_ami
 
 SYSROOT = "/var/lib/gpuprov-shim/root"
 STACK_ARGS = ("--gpu", "T4", "--os", "ubuntu-22.04", "--python", "3.11")
@@ -184,6 +184,25 @@ def test_up_picks_the_baked_image_of_its_stack_in_its_region_only(aws, env):
     assert named.returncode == 0 and "steps whose scripts differ run again" in named.stdout
     assert gp(env, "down", "--all", "--yes").returncode == 0
     assert len(images_in(aws)) + len(images_in(aws, "us-west-2")) == 4  # down leaves images
+    nothing_left(aws)
+
+
+def test_up_os_finds_each_distributions_own_image_and_logs_in_as_its_user(aws, env):
+    """`up --os` beyond Ubuntu (data/os.yaml `aws`): Debian's public SSM parameter (Amazon Linux's is looked up the same
+    way), the newest x86_64 image of Rocky's and Red Hat's accounts by name (not an older release, not a newer aarch64
+    one), each OS's login user."""
+    seen = {}
+    for os_name in ("debian-12", "rocky-9"):
+        out = gp(env, "plan", "--gpu", "T4", "--os", os_name, "--live", "--json")
+        assert out.returncode == 0, out.stdout + out.stderr
+        image = json.loads(out.stdout)["image"]
+        seen[os_name] = (image["source"], image["id"], image["user"])
+    assert seen == {"debian-12": ("public", os_ami("debian-12"), "admin"), "rocky-9": ("public", os_ami("rocky-9"), "rocky")}
+    up = gp(env, *up_args("el", "--gpu", "T4", "--os", "rhel-9", "--no-bootstrap", "--no-wait"))
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert aws.log("RunInstances")[-1]["form"]["ImageId"] == os_ami("rhel-9")
+    assert "login user ec2-user" in up.stdout
+    assert gp(env, "down", "el", "--yes").returncode == 0
     nothing_left(aws)
 
 

@@ -185,11 +185,3 @@ def test_keep_driver_from_the_playbook_and_a_host_without_a_driver(tmp_path):
     with pytest.raises(UserInputError) as exc:
         planner(target, parse_facts(_facts("debian-12", pm="apt-get")))
     assert exc.value.field == "--keep-driver" and "no NVIDIA driver" in exc.value.problem
-
-
-def test_up_looks_up_only_ubuntu_images_and_says_what_to_pass_for_the_others():
-    from gpuprov.cloud.providers.aws import AwsProvider
-
-    with pytest.raises(UserInputError) as exc:  # before any AWS call: launchpad chooses the image before it records
-        AwsProvider("me").image("us-east-1", "debian-12")
-    assert exc.value.field == "--os" and "--image ami-" in exc.value.problem and "--ssh-user" in exc.value.hint

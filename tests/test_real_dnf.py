@@ -1,13 +1,14 @@
 """The rendered dnf-family steps (templates/el/) with the REAL dnf and rpm (Debian ships both), on an --installroot,
 against an imitation of NVIDIA's amzn2023 repository with its module streams and of the distribution's own
 (tests/realdnf/repo.py: built with rpmbuild, indexed with createrepo_c). Stand-ins only for what an install root cannot
-run: nvidia-smi, lsmod, modprobe, dracut, systemctl, uname and curl (tests/realdnf/stand-ins).
+run: nvidia-smi, lsmod, modprobe, dracut, systemctl, uname, curl and nvidia-ctk (tests/realdnf/stand-ins).
 
 What a user would notice: a plan naming a package NVIDIA's repository does not have fails in the driver step, before
 any NVIDIA package is installed, naming it and what the repository has; a fresh run installs the headers of the
 running kernel, the planned branch's driver through its module stream (though the repository also has a newer
 branch), Fabric Manager at the driver's exact version, version-locked, and the toolkit; a rerun changes nothing (no
-rpm transaction).
+rpm transaction). The docker step the same way (Amazon Linux's own `docker`, NVIDIA's container toolkit repository,
+the nvidia runtime in daemon.json, the daemon restarted only when that changed it).
 
 Needs dnf, rpm, rpmbuild, createrepo_c and modifyrepo_c (tools/sysdeps.sh installs them); without them it skips,
 except under CI=true, where it fails.
@@ -15,6 +16,7 @@ except under CI=true, where it fails.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -30,7 +32,7 @@ from tests.conftest import skip_or_fail
 from tests.realdnf import repo
 
 STAND_INS = Path(__file__).parent / "realdnf" / "stand-ins"
-STEPS = ("kernel-headers", "nouveau-off", "nvidia-driver", "fabric-manager", "cuda-toolkit")
+STEPS = ("kernel-headers", "nouveau-off", "nvidia-driver", "fabric-manager", "cuda-toolkit", "docker")
 TOOLS = ("dnf", "rpm", "rpmbuild", "createrepo_c", "modifyrepo_c")
 
 
@@ -49,12 +51,14 @@ class Run:
 class Host:
     """An install root with the imitation's repositories: the distribution's configured, NVIDIA's added by the step."""
 
-    def __init__(self, where: Path, cuda: Path, distro: Path) -> None:
+    def __init__(self, where: Path, cuda: Path, distro: Path, ctk: Path, release: str = "2023") -> None:
         self.root = where / "root"
-        self.cuda = cuda
+        self.cuda, self.ctk, self.release = cuda, ctk, release
         (self.root / "etc/yum.repos.d").mkdir(parents=True)
+        # the distribution's repositories; CodeReady Builder there, disabled, as on Rocky (EPEL's steps enable it)
         (self.root / "etc/yum.repos.d/amazonlinux.repo").write_text(
-            f"[amazonlinux]\nname=amazonlinux\nbaseurl=file://{distro}\nenabled=1\ngpgcheck=0\n")
+            f"[amazonlinux]\nname=amazonlinux\nbaseurl=file://{distro}\nenabled=1\ngpgcheck=0\n\n"
+            f"[crb]\nname=crb\nbaseurl=file://{distro}\nenabled=0\ngpgcheck=0\n")
         plugins = self.root / "etc/dnf/plugins"
         plugins.mkdir(parents=True)
         # what python3-dnf-plugin-versionlock lays down (its conf and an empty list); the machine's dnf runs the plugin
@@ -63,7 +67,8 @@ class Host:
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "PATH": f"{STAND_INS}:{os.environ['PATH']}", "GPUPROV_SYSROOT": str(self.root),
-                "GPUPROV_RETRY_DELAY": "0", "REALDNF_KERNEL": repo.KERNEL, "REALDNF_CUDA_REPO": str(self.cuda)}
+                "GPUPROV_RETRY_DELAY": "0", "REALDNF_KERNEL": repo.KERNEL, "REALDNF_CUDA_REPO": str(self.cuda),
+                "REALDNF_CTK_REPO": str(self.ctk), "REALDNF_CUDA10_REPO": str(self.cuda), "REALDNF_RELEASEVER": self.release}
 
     def run(self, script: Script) -> Run:
         out = subprocess.run(["bash", "-c", script.text], capture_output=True, text=True, env=self.env(), timeout=120)
@@ -85,6 +90,10 @@ class Host:
                              capture_output=True, text=True, check=True).stdout
         return dict(line.split() for line in out.splitlines())
 
+    def calls(self) -> list[str]:
+        log = self.root.parent / "calls.log"
+        return log.read_text().splitlines() if log.exists() else []
+
     def transactions(self) -> int:
         out = subprocess.run(["rpm", "--root", str(self.root), "-qa", "--qf", "%{INSTALLTID}\n"],
                              capture_output=True, text=True, check=True).stdout
@@ -92,7 +101,7 @@ class Host:
 
 
 def _plan_scripts(toolkit_package: str | None = None) -> list[Script]:
-    plan = make_plan(NodeRequest(gpu="H100:8", os="amzn-2023", playbook="cuda-dev",
+    plan = make_plan(NodeRequest(gpu="H100:8", os="amzn-2023", playbook="cuda-dev", docker=True,
                                  pins=StackPins(cuda="13.0", torch_cuda="cu130")))
     assert plan.stack and plan.stack.driver_stream == "nvidia-driver:595-open" and plan.stack.fabric_manager == "required"
     stack = plan.stack if toolkit_package is None else plan.stack.model_copy(
@@ -114,26 +123,35 @@ class Story:
     second: list[Run]
     installed_after: dict[str, str]
     transactions_after: int
+    daemon_json: str  # /etc/docker/daemon.json after the first run
+    restarts: tuple[int, int]  # `systemctl restart docker` calls after the first run, after the second
 
 
 @pytest.fixture(scope="module")
-def story(tmp_path_factory: pytest.TempPathFactory) -> Story:
+def repos(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[Path, Path, Path, Path]]:
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if missing:
         skip_or_fail(f"the real-dnf test needs {', '.join(missing)} (tools/sysdeps.sh installs them)")
     where = tmp_path_factory.mktemp("realdnf")
-    cuda, distro = repo.build(where / "repos")
-    refusing = Host(where / "refused", cuda, distro)
+    return where, repo.build(where / "repos")
+
+
+@pytest.fixture(scope="module")
+def story(repos: tuple[Path, tuple[Path, Path, Path, Path]]) -> Story:
+    where, (cuda, distro, ctk, _) = repos
+    refusing = Host(where / "refused", cuda, distro, ctk)
     refused = refusing.run_all(_plan_scripts("cuda-toolkit-12-7"))  # there was no CUDA 12.7
-    host = Host(where / "host", cuda, distro)
+    host = Host(where / "host", cuda, distro, ctk)
     scripts = _plan_scripts()
     first = host.run_all(scripts)
     installed, transactions = host.installed(), host.transactions()
     locks = (host.root / "etc/dnf/plugins/versionlock.list").read_text() if (
         host.root / "etc/dnf/plugins/versionlock.list").exists() else ""
+    daemon_json = (host.root / "etc/docker/daemon.json").read_text()
+    restarts = host.calls().count("systemctl restart docker")
     second = host.run_all(scripts)
     return Story(refused, refusing.installed(), first, installed, transactions, locks, second, host.installed(),
-                 host.transactions())
+                 host.transactions(), daemon_json, (restarts, host.calls().count("systemctl restart docker")))
 
 
 def test_a_package_nvidia_does_not_ship_is_refused_before_anything_is_installed(story: Story) -> None:
@@ -148,7 +166,8 @@ def test_a_package_nvidia_does_not_ship_is_refused_before_anything_is_installed(
 def test_a_fresh_install_takes_the_planned_branch_through_its_module_stream(story: Story) -> None:
     assert [(r.name, r.returncode, r.result) for r in story.first] == [
         ("kernel-headers", 0, "changed"), ("nouveau-off", 0, "changed"), ("nvidia-driver", 0, "reboot"),
-        ("fabric-manager", 0, "changed"), ("cuda-toolkit", 0, "changed")], [r.stderr for r in story.first]
+        ("fabric-manager", 0, "changed"), ("cuda-toolkit", 0, "changed"), ("docker", 0, "changed")], \
+        [r.stderr for r in story.first]
     version, _ = repo.KERNEL.rsplit(".", 1)[0].split("-", 1)
     assert story.installed["kernel-devel"] == version and story.installed["kernel-headers"] == version
     # the repository also has R610 (stream 610-open): the stream holds the driver on R595
@@ -158,12 +177,48 @@ def test_a_fresh_install_takes_the_planned_branch_through_its_module_stream(stor
     assert f"nvidia-fabricmanager-0:{repo.BRANCHES['595']}-" in story.locks
     assert story.installed["cuda-toolkit-13-0"] == "13.0.0"
     assert "nvidia-open" in story.first[2].last and "stream nvidia-driver:595-open" in story.first[2].last
+    # Docker: Amazon Linux's own engine, NVIDIA's toolkit from its dnf repository, the runtime in daemon.json, the
+    # daemon restarted once for it (and not again by the rerun: test_a_rerun_changes_nothing)
+    assert story.installed["docker"] == "25.0.8" and "docker-ce" not in story.installed
+    assert story.installed["nvidia-container-toolkit"] == repo.CTK == story.installed["libnvidia-container1"]
+    assert json.loads(story.daemon_json)["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
+    assert story.restarts[0] == 1
 
 
 def test_a_rerun_changes_nothing(story: Story) -> None:
     assert [(r.name, r.result) for r in story.second] == [(n, "unchanged") for n in STEPS], \
         [r.stderr for r in story.second]
     assert story.installed_after == story.installed and story.transactions_after == story.transactions
+    assert story.restarts == (1, 1)
+
+
+EL10_STEPS = ("kernel-headers", "nouveau-off", "nvidia-driver", "fabric-manager")
+
+
+def test_el10_holds_the_branch_with_versionlock_before_the_install(repos) -> None:
+    """Rocky 10 (no modularity): NVIDIA's Table 5 for EL10, `dnf versionlock *nvidia*595*` then `dnf install
+    nvidia-open`, against the same packages without module metadata (NVIDIA's rhel10 repository): EPEL enabled through
+    CodeReady Builder first (DKMS), R595 installed though R610 is there, Fabric Manager at its version; a rerun changes
+    nothing."""
+    where, (_, distro, ctk, cuda10) = repos
+    plan = make_plan(NodeRequest(gpu="H100:8", os="rocky-10"))
+    assert plan.stack and plan.stack.driver_versionlock == "*nvidia*595*" and plan.stack.driver_stream is None
+    scripts = list(render_steps(tuple(s for s in plan.steps if s.name in EL10_STEPS),
+                                {"plan": plan, "stack": plan.stack, "playbook": plan.playbook, "env": plan.playbook.env},
+                                {}).scripts)
+    host = Host(where / "el10", cuda10, distro, ctk, release="10")
+    first = host.run_all(scripts)
+    assert [(r.name, r.returncode, r.result) for r in first] == [
+        ("kernel-headers", 0, "changed"), ("nouveau-off", 0, "changed"), ("nvidia-driver", 0, "reboot"),
+        ("fabric-manager", 0, "changed")], [r.stderr for r in first]
+    installed = host.installed()
+    assert installed["nvidia-open"] == repo.BRANCHES["595"] == installed["nvidia-fabricmanager"]
+    assert "epel-release" in installed and "dkms" in installed
+    locks = (host.root / "etc/dnf/plugins/versionlock.list").read_text()
+    assert f"nvidia-open-3:{repo.BRANCHES['595']}-" in locks and repo.BRANCHES["610"] not in locks
+    again = host.run_all(scripts)
+    assert [(r.name, r.result) for r in again] == [(n, "unchanged") for n in EL10_STEPS], [r.stderr for r in again]
+    assert host.installed() == installed
 
 
 def test_stand_ins_are_bash_and_shellcheck_clean() -> None:

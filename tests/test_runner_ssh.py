@@ -331,7 +331,6 @@ def test_a_steps_log_travels_on_stdout_between_its_start_and_its_output(tmp_path
 
     from gpuprov.hosts import runner
     from gpuprov.plan.plan import make_host_plan
-    from gpuprov.plan.render import environment
     from gpuprov.plan.stack import StackPins
 
     playbook = tmp_path / "two.yml"
@@ -339,14 +338,11 @@ def test_a_steps_log_travels_on_stdout_between_its_start_and_its_output(tmp_path
                         "  - name: first\n    run: echo first-log-line\n"
                         "  - name: second\n    run: echo second-log-line; echo second-to-stderr >&2\n")
     bundle = make_host_plan(None, str(playbook), "ubuntu-22.04", StackPins(python="3.11")).bundle()
-    bundle_dir, state = tmp_path / "bundle", tmp_path / "state"
+    state = tmp_path / "state"
+    bundle_dir = state / "bundle"
     bundle.write(bundle_dir)
     (state / "markers").mkdir(parents=True)
-    checks = [(name, check) for name, (check, _) in runner.AFTER_REBOOT.items()]
-    script = environment().get_template("runner.sh.j2").render(
-        steps=bundle.scripts, checks=checks, default_check=runner.AFTER_REBOOT[runner.DEFAULT_AFTER_REBOOT][0],
-        bundle_dir=str(bundle_dir), marker_dir=str(state / "markers"), state_dir=str(state))
-    (bundle_dir / runner.RUNNER_FILE).write_text(script)
+    (bundle_dir / runner.RUNNER_FILE).write_text(runner.render_runner(bundle, str(state)))
     run = subprocess.run(["bash", str(bundle_dir / runner.RUNNER_FILE), "n0", "1", "0", "-", "me:test:1", "0"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr

@@ -79,6 +79,12 @@ def _render_matrix() -> dict[str, Bundle]:
     cpu = Playbook(name="cpu-only", stack="none", torch=False, env=EnvSpec(packages=("rich",)))
     ctx = {"plan": base, "stack": None, "playbook": cpu, "env": cpu.env}
     out["cpu/stack-none"] = render_steps(steps_for(cpu, None), ctx, {})
+    # a login without root (plan/noroot.py): a kept driver, the env in its home, uv's and Miniforge's paths there
+    out["L4/no-root"] = make_host_plan("L4", "pytorch", "ubuntu-24.04", StackPins(), kept_driver="550.54.14",
+                                       home="/home/me").bundle()
+    home = "/home/it's me"
+    ctx = {"plan": base, "stack": stack, "playbook": pb, "env": pb.env, "home": home, "state_dir": home + "/.state"}
+    out["L4/no-root-conda"] = render_steps(steps_for(pb, stack), ctx, {})
     return out
 
 
@@ -112,6 +118,7 @@ def test_variants_cover_the_interesting_paths() -> None:
     texts = "\n".join(s.text for b in BUNDLES.values() for s in b.scripts)
     assert "ubuntu2204" in texts and "ubuntu2404" in texts
     assert "nvlsm" in texts and "Miniforge3" in texts
+    assert "/home/me/.local/bin/uv" in texts and "'/home/it'\"'\"'s me/miniforge3'" in texts
 
 
 def _installed_scripts(tmp: Path) -> list[Path]:

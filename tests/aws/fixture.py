@@ -103,6 +103,37 @@ def ubuntu_images() -> list[dict[str, Any]]:
     return out
 
 
+# The other OSes' public images (data/os.yaml `aws`), as their publishers name them; the SSM parameters under
+# PUBLIC_SSM_ROOT, which stands for /aws/service (no one may write under /aws, moto included)
+PUBLIC_SSM_ROOT = "/test"
+OS_IMAGES = (  # (os, owner, name, creation date, SSM parameter under the root or None, AMI id)
+    ("debian-12", "136693071363", "debian-12-amd64-20261110-2290", "2026-11-10", "/debian/release/12/latest/amd64",
+     "ami-0de12a0000000000a"),
+    ("amzn-2023", "137112412989", "al2023-ami-2023.9.20261104.0-kernel-6.1-x86_64", "2026-11-04",
+     "/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64", "ami-0a12023000000000a"),
+    ("rocky-9", "792107900819", "Rocky-9-EC2-Base-9.5-20241118.0.x86_64", "2024-11-18", None, "ami-0ce9500000000000a"),
+    ("rocky-9", "792107900819", "Rocky-9-EC2-Base-9.7-20261020.0.x86_64", "2026-10-20", None, "ami-0ce9700000000000a"),
+    ("rocky-9", "792107900819", "Rocky-9-EC2-Base-9.7-20261020.0.aarch64", "2026-10-21", None, "ami-0ce9700000000000b"),
+    ("rhel-9", "309956199498", "RHEL-9.7.0_HVM-20261015-x86_64-0-Hourly2-GP3", "2026-10-15", None,
+     "ami-0e9700000000000aa"),
+)
+
+
+def os_images() -> list[dict[str, Any]]:
+    return [{"ami_id": ami, "state": "available", "public": True, "owner_id": owner,
+             "image_location": f"{owner}/{name}", "sriov": "simple", "root_device_type": "ebs",
+             "root_device_name": "/dev/xvda", "description": name, "image_type": "machine", "platform": None,
+             "architecture": "arm64" if name.endswith("aarch64") else "x86_64", "name": name,
+             "virtualization_type": "hvm", "hypervisor": "xen", "boot_mode": "uefi-preferred",
+             "creation_date": f"{day}T00:00:00.000Z"} for _, owner, name, day, _, ami in OS_IMAGES]
+
+
+def os_ami(os_name: str) -> str:
+    """The image `up --os` should pick: the parameter's, else the newest x86_64 one of the publisher's."""
+    rows = [r for r in OS_IMAGES if r[0] == os_name and not r[2].endswith("aarch64")]
+    return max(rows, key=lambda r: r[3])[5]
+
+
 def ubuntu_ami(release: str = "24.04", arch: str = "amd64", volume: str = "ebs-gp3", serial: str = CURRENT_SERIAL) -> str:
     """AMI id of a seeded image; ``release`` may be "22.04"/"24.04" or "jammy"/"noble"."""
     release = {v: k for k, v in RELEASES.items()}.get(release, release)
@@ -149,7 +180,7 @@ class AwsEndpoint:
         t0 = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
         amis = self.workdir / "amis.json"
-        amis.write_text(json.dumps(ubuntu_images(), indent=1))
+        amis.write_text(json.dumps(ubuntu_images() + os_images(), indent=1))
         port = free_port()
         self.moto_url = f"http://127.0.0.1:{port}"
         env = dict(os.environ, MOTO_ENABLE_AMI_VALIDATION="1", MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION="1",
@@ -233,6 +264,10 @@ class AwsEndpoint:
                         for rel in (release, codename):
                             ssm.put_parameter(Name=ssm_name(rel, arch, vol), Value=ami, Type="String",
                                               DataType="aws:ec2:image")
+            for _, _, _, _, parameter, ami in OS_IMAGES:
+                if parameter:
+                    ssm.put_parameter(Name=PUBLIC_SSM_ROOT + parameter, Value=ami, Type="String",
+                                      DataType="aws:ec2:image")
         self.last_reset_s = time.monotonic() - t0
 
     def env(self) -> dict[str, str]:
@@ -248,6 +283,7 @@ class AwsEndpoint:
             "AWS_CONFIG_FILE": str(self.workdir / "no-aws-config"),
             "AWS_SHARED_CREDENTIALS_FILE": str(self.workdir / "no-aws-credentials"),
             "GPUPROV_UBUNTU_SSM_PREFIX": SSM_PREFIX,
+            "GPUPROV_PUBLIC_SSM_ROOT": PUBLIC_SSM_ROOT,
         }
 
     def client(self, service: str, region: str = "us-east-1", via_proxy: bool = False, **kw: Any) -> Any:

@@ -67,7 +67,25 @@ def distro_rpms() -> list[Rpm]:
     """The distribution's own packages the steps need (Amazon Linux's repositories)."""
     version, release = KERNEL.rsplit(".", 1)[0].split("-", 1)
     return [Rpm("kernel-devel", version, release=release), Rpm("kernel-headers", version, release=release),
-            Rpm("dkms", "3.0.13", arch="noarch"), Rpm("python3-dnf-plugin-versionlock", "4.3.1", arch="noarch")]
+            Rpm("dkms", "3.0.13", arch="noarch"), Rpm("python3-dnf-plugin-versionlock", "4.3.1", arch="noarch"),
+            # Amazon Linux's own Docker engine (data/docker.yaml [al2023]; versions the imitation's)
+            Rpm("docker", "25.0.8", requires=("containerd", "runc")), Rpm("containerd", "1.7.27"), Rpm("runc", "1.2.6"),
+            # what an EL10 host's driver step takes from its own repositories and EPEL (Rocky's extras carry
+            # epel-release; versions the imitation's)
+            Rpm("dnf-plugins-core", "4.7.0", arch="noarch"), Rpm("epel-release", "10", arch="noarch")]
+
+
+CTK = "1.18.0"
+
+
+def ctk_rpms() -> list[Rpm]:
+    """NVIDIA's container toolkit repository (nvidia.github.io/libnvidia-container/stable/rpm): the four packages of
+    NVIDIA's install guide, the toolkit needing the others at its version (dependency shape the imitation's)."""
+    return [Rpm("nvidia-container-toolkit", CTK, release="1",
+                requires=(f"nvidia-container-toolkit-base = {CTK}-1", f"libnvidia-container-tools >= {CTK}-1")),
+            Rpm("nvidia-container-toolkit-base", CTK, release="1"),
+            Rpm("libnvidia-container-tools", CTK, release="1", requires=(f"libnvidia-container1 >= {CTK}-1",)),
+            Rpm("libnvidia-container1", CTK, release="1")]
 
 
 def modules_yaml(streams: dict[str, list[Rpm]]) -> str:
@@ -110,15 +128,24 @@ def _build(rpms: list[Rpm], top: Path, out: Path) -> None:
                    check=True, capture_output=True)
 
 
-def build(where: Path) -> tuple[Path, Path]:
-    """(NVIDIA's imitation repository, the distribution's), indexed, under `where`."""
+def build(where: Path) -> tuple[Path, Path, Path, Path]:
+    """(NVIDIA's imitation amzn2023 CUDA repository, the distribution's, NVIDIA's container toolkit's, NVIDIA's rhel10
+    one), indexed, under `where`."""
     nvidia, streams = nvidia_rpms()
-    cuda, distro = where / "cuda-amzn2023", where / "amazonlinux"
+    cuda, distro, ctk = where / "cuda-amzn2023", where / "amazonlinux", where / "libnvidia-container"
     _build(nvidia, where / "build-cuda", cuda)
     _build(distro_rpms(), where / "build-distro", distro)
-    for repo in (cuda, distro):
+    _build(ctk_rpms(), where / "build-ctk", ctk)
+    for repo in (cuda, distro, ctk):
         subprocess.run(["createrepo_c", "-q", str(repo)], check=True)
     (where / "modules.yaml").write_text(modules_yaml(streams))
     subprocess.run(["modifyrepo_c", "--mdtype=modules", str(where / "modules.yaml"), str(cuda / "repodata")],
                    check=True, capture_output=True)
-    return cuda, distro
+    # NVIDIA's rhel10 repository: the same packages without module metadata (EL10 has no modularity; NVIDIA's guide
+    # holds the branch with dnf versionlock there)
+    cuda10 = where / "cuda-rhel10"
+    cuda10.mkdir()
+    for rpm in cuda.glob("**/*.rpm"):
+        (cuda10 / rpm.name).hardlink_to(rpm)
+    subprocess.run(["createrepo_c", "-q", str(cuda10)], check=True)
+    return cuda, distro, ctk, cuda10

@@ -61,7 +61,9 @@ from gpuprov.errors import UserInputError
                    "that matches first (`gpuprov capacity list` shows them).")
 @click.option("--capacity-block", default=None, metavar="cr-…|cb-…",
               help="Launch into this Capacity Block for ML (`gpuprov capacity buy`); with --wait, waits for its start.")
-@click.option("--ssh-user", default="ubuntu", show_default=True, help="Login user of the image.")
+@click.option("--ssh-user", default=None,
+              help="Login user of the image [default: the --os image's: ubuntu, admin (Debian), ec2-user (Amazon "
+                   "Linux, RHEL), rocky].")
 @click.option("--no-bootstrap", is_flag=True,
               help="Launch, wait for SSH and pin the host key; install nothing (`ssh gpuprov-NAME` works after).")
 @click.option("--no-wait", is_flag=True,
@@ -82,7 +84,7 @@ from gpuprov.errors import UserInputError
               help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
 def up(name: str | None, fallback: str, max_price: float | None, max_hourly: float | None, disk_gb: int,
        image: str | None, ssh_cidr: str | None, connect: str, subnet: str | None, instance_profile: str | None,
-       s3_access: tuple[str, ...], reservation: str | None, capacity_block: str | None, ssh_user: str,
+       s3_access: tuple[str, ...], reservation: str | None, capacity_block: str | None, ssh_user: str | None,
        no_bootstrap: bool, no_wait: bool,
        dry_run: bool, wait_for: str | None, yes: bool, step_silence: float, verbose: bool, nodes: int,
        min_nodes: int | None, as_json: bool, **kw: Any) -> None:
@@ -105,7 +107,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     console = make_console(stderr=as_json)
     opts = launch.UpOptions(
         name=node_name, fallback_on_demand=fallback == "on-demand", max_price=max_price, max_hourly=max_hourly,
-        disk_gb=disk_gb, image=image, ssh_cidr=ssh_cidr, connect=connect, subnet=subnet, ssh_user=ssh_user,
+        disk_gb=disk_gb, image=image, ssh_cidr=ssh_cidr, connect=connect, subnet=subnet, ssh_user=ssh_user or "ubuntu",
         bootstrap=not no_bootstrap, wait=not no_wait, step_silence=step_silence or None,
         verbose_echo=line_echo(console) if verbose else None,
         instance_profile=instance_profile, reservation=reservation, capacity_block=capacity_block,
@@ -120,6 +122,12 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
             cluster.check_cluster_options(plan, opts, cluster.ClusterOptions(nodes=nodes, min_nodes=min_nodes))
 
     the_plan = plan_from(kw, live=not dry_run, check=check)  # a launch plans with EC2's own instance-type facts
+    if ssh_user is None:  # the login user of the image `up` looks up for the plan's OS (data/os.yaml)
+        import dataclasses
+
+        from gpuprov.plan.oses import login_user
+
+        opts = dataclasses.replace(opts, ssh_user=login_user(the_plan.request.os))
     if not dry_run:  # the dry run prints the plan, warnings and all
         for note in the_plan.warnings:
             warn(f"warning: {note}")

@@ -92,6 +92,11 @@ def bootstrap_summary(results: list[HostResult]) -> Group:
         table.add_row(r.target.name, Text(r.summary, style=STYLE.get(r.status, "")), steps,
                       f"{r.seconds:.1f}s", str(r.log_path or ""))
     parts: list[FitTable | Text] = [table]
+    from gpuprov.plan.noroot import NO_ROOT
+
+    for r in results:  # a step left out for want of root: one line each, saying so
+        parts += [Text(f"{r.target.name}: skipped {s.name}: {s.message}", style="yellow")
+                  for s in r.steps if s.outcome == "skipped" and s.message.startswith(NO_ROOT)]
     for r in results:
         if r.error:
             parts.append(Text(f"{r.target.name}: {r.error}", style="red"))

@@ -48,7 +48,7 @@ GUARD_UNITS = ("gpuprov-autostop.timer", "gpuprov-autostop.service", "gpuprov-tt
                "gpuprov-gpu-metrics.service")
 AWS_DLAMI_PREFIX = "/aws/service/deeplearning"
 _NAME = re.compile(r"[A-Za-z0-9()\[\] ./'@_-]{3,128}")  # EC2's rule for an image name (CreateImage, Name)
-Source = Literal["baked", "ubuntu", "dlami", "given"]
+Source = Literal["baked", "ubuntu", "public", "dlami", "given"]  # public: another OS's own (data/os.yaml `aws`)
 
 
 def stack_hash(steps: Iterable[tuple[str, str, str]]) -> str:
@@ -114,19 +114,21 @@ class ImageChoice:
     stack: str = ""
     on_image: tuple[str, ...] = ()  # install steps the image already holds (their markers match)
     note: str = ""
+    user: str | None = None  # an OS's public image: its login user (data/os.yaml), what `up` logs in as by default
 
     def line(self) -> str:
         what = {"baked": f"baked image {self.name} ({self.image_id}, stack {self.stack[:12]})",
                 "ubuntu": f"Canonical's Ubuntu ({self.image_id})",
+                "public": f"{self.name} ({self.image_id})",
                 "dlami": f"{self.name} ({self.image_id})",
                 "given": f"{self.image_id}"}[self.source]
-        return f"image: {what}" + (f"; {self.note}" if self.note else "")
+        return f"image: {what}" + (f", login user {self.user}" if self.user else "") + (f"; {self.note}" if self.note else "")
 
     def summary(self, plan: Plan) -> dict[str, object]:
         steps = install_steps(plan)
         return {"source": self.source, "id": self.image_id, "name": self.name, "stack": self.stack,
                 "steps_on_image": list(self.on_image), "steps_to_run": [s for s in steps if s not in self.on_image],
-                "note": self.note}
+                "note": self.note, **({"user": self.user} if self.user else {})}
 
 
 def check_image_name(name: str) -> str:
@@ -156,7 +158,7 @@ def choose(plan: Plan, spec: str | None, provider: Provider) -> ImageChoice:
     if spec == "dlami":
         return _dlami(plan, provider)
     if spec == "fresh":
-        return ImageChoice(provider.image(region, os_name), "ubuntu", stack=stack, note="--image fresh: every step runs")
+        return _public(provider, region, os_name, stack, "--image fresh: every step runs")
     if spec is not None and spec.startswith("ami-"):
         return ImageChoice(spec, "given", stack=stack)
     if spec is not None:
@@ -169,8 +171,18 @@ def choose(plan: Plan, spec: str | None, provider: Provider) -> ImageChoice:
              and i.architecture in (None, ARCH)]
     if baked:
         return _baked(baked[-1], plan, stack)
-    return ImageChoice(provider.image(region, os_name), "ubuntu", stack=stack,
-                       note=f"no baked image of stack {stack[:12]} here (`gpuprov image bake` after this `up`)")
+    return _public(provider, region, os_name, stack,
+                   f"no baked image of stack {stack[:12]} here (`gpuprov image bake` after this `up`)")
+
+
+def _public(provider: Provider, region: str, os_name: str, stack: str, note: str) -> ImageChoice:
+    """The OS's own public image: Canonical's for Ubuntu, else the one data/os.yaml says where to find."""
+    if os_name.startswith("ubuntu-"):
+        return ImageChoice(provider.image(region, os_name), "ubuntu", stack=stack, note=note)
+    from gpuprov.plan.oses import login_user
+
+    return ImageChoice(provider.image(region, os_name), "public", name=f"{os_name}'s public image", stack=stack,
+                       note=note, user=login_user(os_name))
 
 
 def _baked(image: Image, plan: Plan, stack: str) -> ImageChoice:

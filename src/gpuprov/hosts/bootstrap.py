@@ -217,10 +217,8 @@ class _HostRun:
         between the two, so a host costs one round trip more than its connection (plus one per reboot)."""
         self.result.failed_step = "facts"
         nonce = runner.new_nonce()
-        first = self.remote.session(
-            runner.busy_check(self.client, self.options.takeover) + f"{FACTS_COMMAND}; echo {runner.facts_end(nonce)}; "
-            + runner.command(nonce, 1, self.options.force, None, unpack=True, client=self.client,
-                             takeover=self.options.takeover), sudo=True)
+        first = self.remote.session(runner.first_exec(FACTS_COMMAND, nonce, self.options.force, self.client,
+                                                      self.options.takeover, self.remote.is_root))
         try:
             try:
                 facts = parse_facts(first.read_until(runner.facts_end(nonce), self._log_err, self.options.step_silence))
@@ -232,6 +230,9 @@ class _HostRun:
             self.result.failed_step = "plan"
             plan = self.plan_for(self.target, facts)  # a UserInputError stops this host before anything is installed
             bundle, tar = self.bundles.get(plan)
+            for step, why in plan.skipped:  # left out for want of root (plan/noroot.py): one line each
+                self.result.steps.append(StepResult(step, "skipped", 0.0, why))
+                self.log.note(f"step {step}: skipped: {why}")
             self.result.failed_step = "upload"
             self.reporter.event(self.target.name, "upload", "running")
             _Runs(self, plan, facts, bundle, tar, nonce).go(first)
@@ -306,7 +307,8 @@ class _Runs:
                 code = started.pump(lines.feed, self._stderr, silence)
             else:
                 command = runner.command(self.nonce, first, self.host.options.force, self.boot or None, unpack=False,
-                                         client=self.host.client)
+                                         client=self.host.client,
+                                         state=runner.USER_STATE if self.plan.home else runner.STATE_DIR)
                 code = self.host.remote.stream(command, sudo=True, on_out=lines.feed, on_err=self._stderr,
                                                silence=silence)
         except ConnectionLost as exc:

@@ -39,7 +39,9 @@ def bundle_for(plan: Plan) -> tuple[Bundle, str]:
     from gpuprov.hosts import runner
 
     bundle = plan.bundle()
-    runner_text = runner.render_runner(bundle)
+    from gpuprov.plan import noroot
+
+    runner_text = runner.render_runner(bundle, noroot.state_dir(plan.home) if plan.home else runner.STATE_DIR)
     if path is not None:
         _store(path, bundle, runner_text)
     return bundle, runner_text

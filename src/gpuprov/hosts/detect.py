@@ -168,6 +168,9 @@ class HostFacts(BaseModel):
     os_like: list[str] = Field(default_factory=list)  # /etc/os-release ID_LIKE: "rhel centos fedora"
     package_manager: str | None = None  # apt-get, dnf, …: the first of those on PATH
     driver_version: str | None = None  # the installed NVIDIA driver ("550.54.14"), from nvidia-smi or the module
+    # bootstrap's first exec (runner.first_exec): the login's home when it has no root there (not uid 0, `sudo -n
+    # true` fails); None: root, or not asked
+    home: str | None = None
 
     @property
     def gpu(self) -> str | None:
@@ -237,9 +240,11 @@ def parse_facts(output: str) -> HostFacts:
     like = next((line.split()[1:] for line in os_lines[1:] if line.startswith("like")), [])
     driver_line = next(iter(sections.get("driver") or []), "")
     driver = re.search(r"(?:^|\s)(\d{3}\.\d+(?:\.\d+)?)(?:\s|$)", driver_line)
+    login = next(iter(sections.get("login") or []), "root")
+    home = login.split(" ", 1)[1] if login.startswith("user ") else None
     has_lspci = "lspci" in sections and (bool(pci) or "lspci-missing" not in sections)
     return HostFacts(gpus=gpus, nvswitch=nvswitch, os=os_name, source=source,
                      pci_gpu_count=len(pci_gpus) if has_lspci and pci_gpus else None,
                      unknown_pci_ids=unknown_ids, instance_type=instance, nvswitch_seen=seen, os_like=like,
                      package_manager=next(iter(sections.get("package-manager") or []), None),
-                     driver_version=driver.group(1) if driver else None)
+                     driver_version=driver.group(1) if driver else None, home=home)

@@ -30,7 +30,7 @@ class Planner:
         self.stack_none = book.stack == "none"
         # --keep-driver, or the playbook's `driver: keep`: the host's installed driver is used as it is
         self.keep_driver = keep_driver or book.driver == "keep"
-        self._plans: dict[tuple[str | None, str, bool | None, str | None], Plan] = {}
+        self._plans: dict[tuple[str | None, str, bool | None, str | None, str | None], Plan] = {}
         self._lock = threading.Lock()
 
     def __call__(self, target: Target, facts: HostFacts) -> Plan:
@@ -57,7 +57,12 @@ class Planner:
         if os_used not in SUPPORTED_OS and not self.stack_none and kept is None:
             raise UserInputError("--os", f"{target.name} runs {facts.os or 'an unknown OS'}; gpuprov's scripts support "
                                  f"{', '.join(SUPPORTED_OS)}", "pass --os to run them anyway, at your own risk")
-        return self._plan(wanted or detected, os_used or "linux", True if facts.nvswitch else None, kept)
+        if facts.home is not None and kept is None and not self.stack_none:
+            raise UserInputError("--keep-driver", f"{target.name}: {target.user or 'this login'} has no root there (not "
+                                 "uid 0, and `sudo -n true` fails), which installing the NVIDIA driver needs; nothing "
+                                 "was installed", "pass --keep-driver to use the host's own driver, or log in as a "
+                                 "user with sudo")
+        return self._plan(wanted or detected, os_used or "linux", True if facts.nvswitch else None, kept, facts.home)
 
     @staticmethod
     def _kept_driver(target: Target, facts: HostFacts) -> str:
@@ -86,13 +91,14 @@ class Planner:
         except GpuprovError:  # the host's own planning says so, in its result
             return None
 
-    def _plan(self, gpu: str | None, os_used: str, nvswitch: bool | None, kept: str | None = None) -> Plan:
+    def _plan(self, gpu: str | None, os_used: str, nvswitch: bool | None, kept: str | None = None,
+              home: str | None = None) -> Plan:
         from gpuprov.plan.plan import make_host_plan
 
-        key = (gpu, os_used, nvswitch, kept)
+        key = (gpu, os_used, nvswitch, kept, home)
         with self._lock:
             if key not in self._plans:
                 self._plans[key] = make_host_plan(gpu, self.playbook, os_used, self.pins, nvswitch=nvswitch,
                                                   guard=self.guard, jupyter=self.jupyter, monitoring=self.monitoring,
-                                                  kept_driver=kept, docker=self.docker)
+                                                  kept_driver=kept, docker=self.docker, home=home)
             return self._plans[key]

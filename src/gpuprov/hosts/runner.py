@@ -15,11 +15,16 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuprov.plan.render import STATE_DIR, Bundle, environment
+from gpuprov.plan.noroot import USER_STATE_REL
+from gpuprov.plan.render import STATE_DIR as STATE_DIR  # re-exported: the root state folder beside USER_STATE
+from gpuprov.plan.render import Bundle, environment
 
 BUNDLE_DIR = f"{STATE_DIR}/bundle"
 MARKER_DIR = f"{STATE_DIR}/markers"
 RUNNER_FILE = "runner.sh"
+# A login without root (uid != 0 and `sudo -n true` fails: a rented box's user account) keeps the runner's state in
+# its own home; the first exec, which runs before any fact is read, names it by $HOME (plan/noroot.py the same)
+USER_STATE = '"$HOME"/' + USER_STATE_REL
 
 # What a reboot step asked the reboot to do, checked by the runner after the reboot before the step's
 # marker is written: (check, problem). A reboot step not named here gets the NVIDIA-module check.
@@ -37,11 +42,12 @@ def after_reboot_problem(step: str) -> str:
     return AFTER_REBOOT.get(step, AFTER_REBOOT[DEFAULT_AFTER_REBOOT])[1]
 
 
-def render_runner(bundle: Bundle) -> str:
+def render_runner(bundle: Bundle, state_dir: str = STATE_DIR) -> str:
+    """:param state_dir: where the runner keeps the bundle, markers and lock (a home's, on a login without root)."""
     checks = [(name, check) for name, (check, _) in AFTER_REBOOT.items()]
     return environment().get_template("runner.sh.j2").render(
         steps=bundle.scripts, checks=checks, default_check=AFTER_REBOOT[DEFAULT_AFTER_REBOOT][0],
-        bundle_dir=BUNDLE_DIR, marker_dir=MARKER_DIR, state_dir=STATE_DIR)
+        state_dir=state_dir)
 
 
 def new_nonce() -> str:
@@ -62,7 +68,7 @@ def client_id(install: str, who: str, pid: int) -> str:
     return re.sub(r"[^A-Za-z0-9@._-]", "-", install) + ":" + re.sub(r"[^A-Za-z0-9@._-]", "-", who) + f":{pid}"
 
 
-def busy_check(client: str, takeover: bool) -> str:
+def busy_check(client: str, takeover: bool, state: str = STATE_DIR) -> str:
     """Shell that comes first in a host's first exec: a run of another install still holding the runner's lock
     ends this exec (exit BUSY, a line on stderr) before any fact is read or bundle unpacked, unless `takeover`.
     The runner checks the same again under the lock (runner.sh.j2), for two runs that pass here together.
@@ -70,7 +76,7 @@ def busy_check(client: str, takeover: bool) -> str:
     Only the runner holds its lock (its steps get the descriptor closed), so a lock whose recorded runner pid is
     gone is free: `flock` is asked only while that process lives, and a rerun after a finished run starts no
     process here."""
-    lock = f"{STATE_DIR}/runner.lock"
+    lock = f"{state}/runner.lock"
     mine = client.rpartition(":")[0]
     return (
         f"o=; if [ -e {lock}.pid ] && [ {int(takeover)} != 1 ]; then read -r o _ c t < {lock}.pid || o=; fi; "
@@ -82,21 +88,44 @@ def busy_check(client: str, takeover: bool) -> str:
 
 
 def command(nonce: str, first: int, force: bool, boot_before: str | None, unpack: bool, client: str = "-",
-            takeover: bool = False) -> str:
-    """The exec's command line (run as root): unpack the tar on stdin when `unpack`, then the runner."""
-    run = (f"exec bash {BUNDLE_DIR}/{RUNNER_FILE} {nonce} {first} {int(force)} {boot_before or '-'} "
+            takeover: bool = False, state: str = STATE_DIR) -> str:
+    """The exec's command line (run as root; as the login on a host without root, `state` USER_STATE): unpack the tar
+    on stdin when `unpack`, then the runner."""
+    bundle, markers = f"{state}/bundle", f"{state}/markers"
+    run = (f"exec bash {bundle}/{RUNNER_FILE} {nonce} {first} {int(force)} {boot_before or '-'} "
            f"{shlex.quote(client)} {int(takeover)}")
     if not unpack:
         return run
     # few processes: `install -d` makes (or fixes to 0700) the three folders at once; the new bundle is unpacked
     # beside the old one and swapped in by a rename, so a half-unpacked bundle never runs; `rm` only where there
     # is an old one (a first install has none)
+    # a home's state folder may be new, and its parents with it (mkdir -p: `install -d` would make them 0755)
+    made = f"mkdir -p {state}; " if state != STATE_DIR else ""
     return (
-        f"set -e; umask 077; [ ! -e {BUNDLE_DIR}.new ] || rm -rf {BUNDLE_DIR}.new; "
-        f"install -d -m 0700 {STATE_DIR} {MARKER_DIR} {BUNDLE_DIR}.new; "
-        f"tar -xf - -C {BUNDLE_DIR}.new --no-same-owner; [ ! -e {BUNDLE_DIR} ] || rm -rf {BUNDLE_DIR}; "
-        f"mv {BUNDLE_DIR}.new {BUNDLE_DIR}; {run}"
+        f"set -e; umask 077; {made}[ ! -e {bundle}.new ] || rm -rf {bundle}.new; "
+        f"install -d -m 0700 {state} {markers} {bundle}.new; "
+        f"tar -xf - -C {bundle}.new --no-same-owner; [ ! -e {bundle} ] || rm -rf {bundle}; "
+        f"mv {bundle}.new {bundle}; {run}"
     )
+
+
+def first_exec(facts: str, nonce: str, force: bool, client: str, takeover: bool, login_is_root: bool) -> str:
+    """The host's first exec: the busy check, the facts, the line that ends them, then the bundle's unpack and the
+    runner. Run as root: directly for root's login, else through `sudo -n`; a login `sudo -n true` refuses (a
+    user account only) runs it as itself, with the runner's state in its home, and says so in the facts (`## login`:
+    `root`, or `user HOME`), so the plan leaves out what needs root."""
+    def part(state: str, login: str) -> str:
+        return (busy_check(client, takeover, state) + f"{facts}; echo '## login'; echo {login}; "
+                f"echo {facts_end(nonce)}; " + command(nonce, 1, force, None, unpack=True, client=client,
+                                                     takeover=takeover, state=state))
+
+    as_root = part(STATE_DIR, "root")
+    if login_is_root:
+        return as_root
+    as_user = part(USER_STATE, 'user "$HOME"')
+    return (f"if sudo -n true 2>/dev/null; then exec sudo -n -- bash -c {shlex.quote(as_root)}; fi; "
+            f"exec bash -c {shlex.quote(as_user)}")
+
 
 
 @dataclass(frozen=True)

@@ -371,7 +371,9 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
     # NVIDIA's guide, Table 5: `dnf module enable nvidia-driver:<branch>-open` (the proprietary module's stream is
     # `<branch>-dkms`, as NVIDIA's driver container enables it); data/os.yaml
     stream = (f"nvidia-driver:{branch}-{'open' if kernel_module == 'open' else 'dkms'}"
-              if os_info.family == "dnf" else None)
+              if os_info.family == "dnf" and os_info.lock == "module" else None)
+    # EL10 (no modularity), the same Table 5: `dnf versionlock \*nvidia\*<branch>\*` before `dnf install nvidia-open`
+    versionlock = f"*nvidia*{branch}*" if os_info.lock == "versionlock" else None
     return Stack(
         gpu=gpu.name,
         arch=gpu.arch,
@@ -380,6 +382,7 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
         family=os_info.family,
         repo=os_info.repo,
         driver_stream=stream,
+        driver_versionlock=versionlock,
         driver_branch=branch,
         driver_version=exact,
         kernel_module=kernel_module,

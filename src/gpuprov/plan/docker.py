@@ -29,10 +29,29 @@ class _AptFacts(BaseModel):
     engines_seen: tuple[str, ...]
 
 
+class _DnfEngine(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    packages: tuple[str, ...]
+    repo_url: str | None = None  # Docker's repository file, where the OS's own repositories lack the engine
+    repo: str | None = None
+    unverified: str | None = None
+
+
+class _DnfFacts(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    toolkit_repo_url: str
+    toolkit_repo: str
+    engines_seen: tuple[str, ...]
+    engines: dict[str, _DnfEngine]
+
+
 class DockerFacts(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     apt: _AptFacts
+    dnf: _DnfFacts
     toolkit: tuple[str, ...]
     daemon_json: str
     cdi_spec: str
@@ -71,14 +90,26 @@ def with_docker(playbook: Playbook, docker: bool) -> Playbook:
 
 
 def docker_step(os_name: str, image: str) -> StepPlan:
-    """The docker step for a host of `os_name` (apt family: Ubuntu, Debian)."""
+    """The docker step for a host of `os_name`: apt (Ubuntu, Debian: the distribution's docker.io) or dnf (Docker's
+    docker-ce repository on Rocky and RHEL, Amazon Linux's own `docker`), NVIDIA's toolkit repository for either."""
     info = oses.table().oses.get(os_name)
-    if info is not None and info.family == "dnf":
-        raise UserInputError("--docker", f"gpuprov's docker step installs with apt; {os_name} uses dnf",
-                             "leave --docker out on this OS, or use Ubuntu or Debian")
     f = facts()
+    family = info.family if info is not None else "apt"
+    engine = f.dnf.engines.get(os_name) if family == "dnf" else None
+    if family == "dnf" and engine is None:
+        raise UserInputError("--docker", f"gpuprov knows no Docker engine for {os_name}",
+                             f"leave --docker out on this OS; the docker step knows {', '.join(f.dnf.engines)} on dnf")
+    packages = engine.packages if engine else f.apt.engine
+    where = (" from Docker's repository" if engine and engine.repo_url else " from the OS's repository") if engine else ""
     return StepPlan("docker", "docker.sh.j2", "env",
-                    f"{'/'.join(f.apt.engine)} + NVIDIA Container Toolkit, nvidia runtime in {f.daemon_json} (the daemon "
-                    "restarted only when that changed it), the login user in the docker group, CDI spec "
+                    f"{'/'.join(packages)}{where} + NVIDIA Container Toolkit, nvidia runtime in {f.daemon_json} (the "
+                    "daemon restarted only when that changed it), the login user in the docker group, CDI spec "
                     f"{f.cdi_spec}; verify runs nvidia-smi -L in {image.split('@')[0]}",
-                    (("docker", f), ("image", image)))
+                    (("docker", f), ("image", image), ("family", family), ("engine", engine),
+                     ("os_name", os_name)))
+
+
+def docker_unverified(os_name: str) -> str | None:
+    """What no source read confirms about the engine the docker step installs on `os_name`."""
+    engine = facts().dnf.engines.get(os_name)
+    return f"docker on {os_name}: {engine.unverified}" if engine and engine.unverified else None

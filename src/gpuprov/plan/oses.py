@@ -16,17 +16,34 @@ from gpuprov.resources import data_file
 Family = Literal["apt", "dnf"]
 
 
+class AwsImage(BaseModel):
+    """Where `up --os` finds the OS's image on EC2 (data/os.yaml `aws`): Canonical's SSM parameters (Ubuntu), another
+    public SSM parameter, or its publisher's account and name pattern (DescribeImages, newest first)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    user: str  # the image's login user
+    canonical: bool = False
+    ssm: str | None = None
+    owner: str | None = None
+    name: str | None = None
+    source: str = ""
+    unverified: str | None = None
+
+
 class OsInfo(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     family: Family
     repo: str  # NVIDIA's CUDA repository directory: ubuntu2404, rhel9, amzn2023
     os_release: tuple[str, str]  # (ID, VERSION_ID as gpuprov names it)
-    # dnf: how the branch is held (NVIDIA's module streams on EL9 and AL2023; apt uses the pinning packages)
-    lock: Literal["pinning", "module"] = "pinning"
+    # how the branch is held: apt's pinning packages; dnf: NVIDIA's module streams (EL9, AL2023), or `dnf versionlock`
+    # where the OS has no modularity (EL10)
+    lock: Literal["pinning", "module", "versionlock"] = "pinning"
     epel: str | None = None  # dnf: "epel-release" (a package of the OS's own repositories) or the release RPM's URL
     # dnf: the shell command that enables CodeReady Builder (EPEL's dependencies); rendered as it is: data, no user's
     crb: str | None = None
+    aws: AwsImage | None = None
     source: str = ""
     unverified: str | None = None
 
@@ -53,6 +70,12 @@ def info(name: str) -> OsInfo:
         return table().oses[name]
     except KeyError:
         raise UserInputError("--os", f"unsupported OS {name!r}", f"choose one of: {', '.join(names())}") from None
+
+
+def login_user(name: str) -> str:
+    """The login user of the OS's EC2 image ("ubuntu" where gpuprov knows none)."""
+    image = table().oses[name].aws if name in table().oses else None
+    return image.user if image else "ubuntu"
 
 
 def family(name: str) -> Family:

@@ -12,17 +12,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuprov.errors import UserInputError
-from gpuprov.plan import catalog, compat, facts
+from gpuprov.plan import catalog, compat, facts, noroot
 from gpuprov.plan.budget import budget_seconds, check_budget
 from gpuprov.plan.catalog import Gpu, InstanceType
-from gpuprov.plan.docker import container_image, docker_step, with_docker
+from gpuprov.plan.docker import container_image, docker_step, docker_unverified, with_docker
 
 # the guards' model and the block-end warning live in plan/guards.py (this module passed 500 lines); named here too
 from gpuprov.plan.guards import BLOCK_WARN_SECONDS, DEFAULT_METADATA_URL, Guards  # noqa: F401
 from gpuprov.plan.kept import resolve_kept
 from gpuprov.plan.monitoring import Monitoring, monitoring_steps
 from gpuprov.plan.monitoring import summary as monitoring_summary
-from gpuprov.plan.render import Bundle, Script, StepPlan, render_steps
+from gpuprov.plan.render import STATE_DIR, Bundle, Script, StepPlan, render_steps
 from gpuprov.plan.spec import Playbook, format_duration, load_playbook
 from gpuprov.plan.stack import Stack, StackPins
 from gpuprov.plan.stack_steps import check_monitoring_os, driver_stack_steps
@@ -69,6 +69,8 @@ class Plan:
     stack: Stack | None
     steps: tuple[StepPlan, ...]
     guards: Guards = NO_GUARDS
+    home: str | None = None  # the login's home on a host where it has no root (plan/noroot.py); None: root
+    skipped: tuple[tuple[str, str], ...] = ()  # (step, why) of the steps left out for want of root
 
     @property
     def price_usd_hour(self) -> float | None:
@@ -99,6 +101,8 @@ class Plan:
         notes = list(self.stack.unverified) if self.stack else []
         if self.instance and self.instance.unverified:
             notes.append(f"{self.instance.name}: {self.instance.unverified}")
+        if any(s.name == "docker" for s in self.steps) and (note := docker_unverified(self.request.os)):
+            notes.append(note)
         return tuple(notes)
 
     @property
@@ -112,7 +116,8 @@ class Plan:
         return tuple(out)
 
     def bundle(self) -> Bundle:
-        context = {"plan": self, "stack": self.stack, "playbook": self.playbook, "env": self.playbook.env}
+        context = {"plan": self, "stack": self.stack, "playbook": self.playbook, "env": self.playbook.env,
+                   "home": self.home, "state_dir": noroot.state_dir(self.home) if self.home else STATE_DIR}
         return render_steps(self.steps, context, {"gpuprov_plan": self.summary()})
 
     def summary(self) -> dict[str, Any]:
@@ -135,6 +140,8 @@ class Plan:
             "guards": self.guards.model_dump(mode="json"),
             "monitoring": monitoring_summary(self.request.monitoring, self.request.os),
             "unverified": list(self.unverified),
+            **({"no_root": {"home": self.home, "skipped": [{"name": n, "why": w} for n, w in self.skipped]}}
+               if self.home else {}),
         }
 
 
@@ -414,7 +421,7 @@ class GuardRequest:
 def make_host_plan(
     gpu_name: str | None, playbook_name: str, os_name: str, pins: StackPins, nvswitch: bool | None = None,
     guard: GuardRequest | None = None, jupyter: bool = False, monitoring: Monitoring | None = None,
-    kept_driver: str | None = None, docker: bool = False,
+    kept_driver: str | None = None, docker: bool = False, home: str | None = None,
 ) -> Plan:
     """The plan for an existing host: no instance type; Fabric Manager follows what the host has; `kept_driver`
     the host's installed driver when it keeps it (--keep-driver, `driver: keep`).
@@ -423,6 +430,8 @@ def make_host_plan(
         if the host turns out to have them.
     :param guard: guardrails, as for a launched node (the interruption watcher only with a hook: an
         existing host is not a spot instance gpuprov asked for).
+    :param home: the login's home where it has no root (plan/noroot.py): what needs root is left out, the env goes
+        there.
     """
     playbook = with_docker(with_jupyter(load_playbook(playbook_name), jupyter), docker)
     gpu, count = None, 0
@@ -443,6 +452,12 @@ def make_host_plan(
     guards = guards_for(request, playbook)
     # the GPU count the watch expects: the one the command line or inventory says (`--gpu A100:8`), else the one
     # the watch sees at its first look on the node
+    if home is not None and playbook.env is not None:
+        playbook = playbook.model_copy(update={"env": playbook.env.model_copy(
+            update={"path": noroot.env_path(home, playbook.env.path)})})
     steps = steps_for(playbook, stack, pins.python or "3.12", guards, wanted, os_name,
                       count if gpu_name and ":" in gpu_name else 0)
-    return Plan(request, gpu, count, None, (), playbook, stack, steps, guards)
+    skipped: tuple[tuple[str, str], ...] = ()
+    if home is not None:
+        steps, skipped = noroot.without_root(steps)
+    return Plan(request, gpu, count, None, (), playbook, stack, steps, guards, home, skipped)

@@ -167,7 +167,7 @@ def render_steps(steps: tuple[StepPlan, ...], context: dict[str, Any], manifest:
     env = environment()
     scripts = []
     for index, step in enumerate(steps, start=1):
-        ctx = {**context, **dict(step.extra), "step_name": step.name, "state_dir": STATE_DIR}
+        ctx = {"state_dir": STATE_DIR, "home": None, **context, **dict(step.extra), "step_name": step.name}
         text = env.get_template(step.template).render(ctx)
         scripts.append(Script(step.name, f"{index:02d}-{step.name}.sh", step.kind, step.summary, text))
     manifest = {

@@ -19,7 +19,7 @@ from gpuprov.plan import facts as families
 # Every OS a GPU stack installs on, as data/os.yaml lists them (plan/oses.py: family, NVIDIA's repository, the
 # branch lock); written out here so that importing the resolver reads no file. tests/test_oses.py holds them equal.
 SUPPORTED_OS = ("ubuntu-22.04", "ubuntu-24.04", "ubuntu-26.04", "debian-12", "debian-13", "rocky-9", "rhel-9",
-                "amzn-2023")
+                "rocky-10", "rhel-10", "amzn-2023")
 
 
 # --- facts -------------------------------------------------------------------------------------
@@ -226,6 +226,7 @@ class Stack(BaseModel):
     family: Literal["apt", "dnf"] = "apt"  # the OS's package manager (plan/oses.py)
     repo: str = ""  # NVIDIA's repository directory for the OS: ubuntu2404, rhel9, amzn2023
     driver_stream: str | None = None  # dnf: the module stream that holds the branch, nvidia-driver:580-open
+    driver_versionlock: str | None = None  # dnf without modularity (EL10): `dnf versionlock` of *nvidia*580*
     kept_driver: bool = False  # --keep-driver: the host's installed driver (driver_version) is used as it is
     driver_branch: int
     driver_version: str | None  # exact version when pinned
@@ -270,6 +271,8 @@ class Stack(BaseModel):
             return "the host's own, kept as installed (--keep-driver: no driver, kernel or reboot steps)"
         if self.driver_stream:
             return f"held on its branch by the module stream {self.driver_stream}"
+        if self.driver_versionlock:
+            return f"held on its branch by dnf versionlock {self.driver_versionlock}"
         return f"pinned with {self.driver_pinning_package}, held"
 
     @property

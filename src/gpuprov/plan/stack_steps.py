@@ -18,7 +18,8 @@ def _template(stack: Stack, name: str) -> str:
 def driver_stack_steps(stack: Stack) -> list[StepPlan]:
     if stack.kept_driver:
         return []
-    lock = (f"held by the module stream {stack.driver_stream}" if stack.driver_stream else "held")
+    lock = (f"held by the module stream {stack.driver_stream}" if stack.driver_stream else
+            f"held by dnf versionlock {stack.driver_versionlock}" if stack.driver_versionlock else "held")
     steps = [
         StepPlan("kernel-headers", _template(stack, "headers.sh.j2"), "stack",
                  "headers for the running kernel (DKMS builds against them)"

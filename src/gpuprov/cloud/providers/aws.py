@@ -60,9 +60,7 @@ class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
 
     def image(self, region: str, os_name: str) -> str:
         if not os_name.startswith("ubuntu-"):
-            # issue 25: the other OSes bootstrap, but their public image parameters (and login users) are not wired in
-            raise UserInputError("--os", f"gpuprov looks up only Canonical's Ubuntu images; for {os_name} pass "
-                                 "--image ami-... of that OS", "and its login user with --ssh-user")
+            return self.os_image(region, os_name)
         release = os_name.removeprefix("ubuntu-")
         prefix = os.environ.get("GPUPROV_UBUNTU_SSM_PREFIX", UBUNTU_SSM_PREFIX)
         ssm = self._client("ssm", region)

@@ -4,6 +4,7 @@ waiting and removal (image and snapshots). cloud/images.py decides; this makes t
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,6 +36,33 @@ class AwsImages(AwsBase):
                 raise
             return None
         return str(reply["Parameter"]["Value"])
+
+    def os_image(self, region: str, os_name: str) -> str:
+        """The current x86_64 image of a non-Ubuntu OS (data/os.yaml `aws`): its public SSM parameter, else the newest
+        available image of its publisher's account whose name matches. GPUPROV_PUBLIC_SSM_ROOT stands in for
+        /aws/service (the tests' fake AWS, where no one may write under /aws)."""
+        from gpuprov.plan import oses
+
+        image = oses.info(os_name).aws
+        hint = "pass --image ami-... of that OS, and its login user with --ssh-user"
+        if image is None:
+            raise UserInputError("--os", f"gpuprov knows no EC2 image of {os_name}", hint)
+        if image.ssm:
+            root = os.environ.get("GPUPROV_PUBLIC_SSM_ROOT", "/aws/service")
+            name = root + image.ssm.removeprefix("/aws/service")
+            found = self.public_image(region, name)
+            if found is None:
+                raise UserInputError("--os", f"no {os_name} image published in {region} (looked up {name})", hint)
+            return found
+        ec2 = self._client("ec2", region)
+        filters = [{"Name": "name", "Values": [str(image.name)]}, {"Name": "architecture", "Values": ["x86_64"]},
+                   {"Name": "state", "Values": ["available"]}]
+        reply = self._call("DescribeImages", lambda: ec2.describe_images(Owners=[str(image.owner)], Filters=filters))
+        newest = sorted(reply["Images"], key=lambda i: str(i.get("CreationDate", "")))
+        if not newest:
+            raise UserInputError("--os", f"no {os_name} image in {region} (account {image.owner}, name {image.name})",
+                                 hint)
+        return str(newest[-1]["ImageId"])
 
     def image_architecture(self, region: str, image_id: str) -> str | None:
         ec2 = self._client("ec2", region)
