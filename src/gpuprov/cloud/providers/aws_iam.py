@@ -1,4 +1,5 @@
-"""A node's own role and instance profile, scoped to S3 prefixes (`up --s3-access`): the IAM calls.
+"""A node's own role and instance profile, scoped to S3 prefixes (`up --s3-access`): the IAM calls; and the size of an
+S3 prefix a playbook's `data:` entry fetches (`plan --live`: ListObjectsV2, read from here, never from the node).
 
 Order from the EC2 user guide ("IAM roles for Amazon EC2", create a role and instance profile with the AWS CLI):
 CreateRole with EC2's trust policy -> PutRolePolicy (inline) -> CreateInstanceProfile -> AddRoleToInstanceProfile.
@@ -78,3 +79,13 @@ class AwsIam(AwsBase):
         for policy in policies:
             self._call("iam:DeleteRolePolicy", functools.partial(iam.delete_role_policy, RoleName=name, PolicyName=policy))
         self._call("iam:DeleteRole", lambda: iam.delete_role(RoleName=name))
+
+    def prefix_size(self, region: str, bucket: str, prefix: str) -> tuple[int, int]:
+        """(objects, bytes) under s3://BUCKET/PREFIX/, every page of ListObjectsV2 (1,000 keys a page at most)."""
+        s3 = self._client("s3", region)
+        key_prefix = f"{prefix}/" if prefix else ""
+        # a page without keys has no Contents at all (S3 API reference, ListObjectsV2)
+        objects = self._call("s3:ListObjectsV2", lambda: [
+            o for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key_prefix)
+            for o in page.get("Contents", [])])
+        return len(objects), sum(int(o.get("Size", 0)) for o in objects)
