@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import boto3
 import pytest
 
-from tests.aws.cli import gp
+from tests.aws.cli import gp, launch_site, nothing_left, up_args
 from tests.test_guardrails import HOST_SYSROOT, WATCH, _Metadata
 
 HOST = 6
@@ -72,17 +72,32 @@ class _Forward:
                     s.shutdown(socket.SHUT_RDWR)
 
 
-@pytest.fixture
-def s3_on_hosts(host_pool, aws) -> Iterator[str]:
+@contextlib.contextmanager
+def _s3_for(pool, aws) -> Iterator[str]:
     """The S3 endpoint as the pool's hosts reach it."""
-    if host_pool.mode != "netns":
+    if pool.mode != "netns":
         yield aws.url
         return
-    forward = _Forward(f"{host_pool.subnet}.1", int(aws.url.rsplit(":", 1)[1]))
+    forward = _Forward(f"{pool.subnet}.1", int(aws.url.rsplit(":", 1)[1]))
     try:
         yield forward.url
     finally:
         forward.server.close()
+
+
+def _shim_env(s3_url: str, **more: str) -> str:
+    """The host's shim env lines: the host's python3 with this test's boto3 (the venv's own interpreter may live under
+    the hosts' private /root), the endpoint and credentials as the node's role would give them."""
+    env = {"GPUPROV_SHIM_BOTO3_PATH": os.path.dirname(os.path.dirname(boto3.__file__)), "AWS_ENDPOINT_URL_S3": s3_url,
+           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_EC2_METADATA_DISABLED": "true", **more}
+    return "".join(f"export {k}={v}\n" for k, v in env.items())
+
+
+@pytest.fixture
+def s3_on_hosts(host_pool, aws) -> Iterator[str]:
+    with _s3_for(host_pool, aws) as url:
+        yield url
 
 
 @pytest.fixture
@@ -116,11 +131,7 @@ def test_data_comes_down_before_the_steps_resumes_after_a_cut_and_the_checkpoint
 
     pool.exec_in(i, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/* /tmp/gp-*; "
                     "mkdir -p /var/lib/gpuprov-shim", check=True)
-    # the host's python3 with this test's boto3 (the venv's own interpreter may live under the hosts' private /root)
-    shim_env = {"GPUPROV_SHIM_BOTO3_PATH": os.path.dirname(os.path.dirname(boto3.__file__)), "AWS_ENDPOINT_URL_S3": s3_on_hosts,
-                "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                "AWS_EC2_METADATA_DISABLED": "true", "GPUPROV_SHIM_CURL_PASSTHROUGH": metadata.url}
-    lines = "".join(f"export {k}={v}\n" for k, v in shim_env.items())
+    lines = _shim_env(s3_on_hosts, GPUPROV_SHIM_CURL_PASSTHROUGH=metadata.url)
     pool.exec_in(i, f"printf %s '{lines}' > /var/lib/gpuprov-shim/env", check=True)
 
     def bootstrap() -> tuple[int, list[tuple[str, str]], str]:
@@ -175,3 +186,33 @@ def test_data_comes_down_before_the_steps_resumes_after_a_cut_and_the_checkpoint
     assert s3.get_object(Bucket="my-ckpt", Key="synced/r.txt")["Body"].read() == b"result\n"
     here = gp(env, "sync", str(tmp_path), "s3://my-ckpt/x")
     assert here.returncode == 2 and "between here and S3 copying is the AWS CLI's job (`aws s3 sync" in here.stderr
+
+
+def test_down_saves_the_checkpoint_first_and_a_failed_save_takes_nothing_down(aws, env, aws_hosts, gp_home, tmp_path):
+    pool = aws_hosts
+    subnet = launch_site(aws, pool, gp_home)
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket="my-ckpt")
+    playbook = tmp_path / "ckpt.yml"
+    playbook.write_text("name: ckpt\nstack: none\nenv: null\ndata:\n  - from: /work/ckpt\n    to: s3://my-ckpt/run1\n"
+                        "    when: down\nsteps:\n  - name: train\n    run: 'mkdir -p \"$GPUPROV_SYSROOT/work/ckpt\"; "
+                        "echo w > \"$GPUPROV_SYSROOT/work/ckpt/w.pt\"'\n")
+    with _s3_for(pool, aws) as url:
+        pool.exec_in(0, f"printf %s '{_shim_env(url)}' >> /var/lib/gpuprov-shim/env", check=True)
+        up = gp(env, *up_args("saver", "--gpu", "T4", "--subnet", subnet, "--connect", "private", "--ssh-user", "root",
+                              "--os", "ubuntu-22.04", "-p", str(playbook)))
+        assert up.returncode == 0, up.stdout + up.stderr
+        # the bucket refuses the upload once: down stops before it touches anything
+        aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "run1/w.pt"}, "status": 403,
+                    "code": "AccessDenied", "times": 1})
+        refused = gp(env, "down", "saver", "--yes")
+        assert refused.returncode == 1 and "its data was not saved (save-data exited 1: 1 upload(s) failed)" in \
+            refused.stderr, refused.stdout + refused.stderr
+        assert "nothing was taken down" in refused.stderr and "--no-save" in refused.stderr
+        (inst,) = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]]
+        assert inst["State"]["Name"] == "running"
+        down = gp(env, "down", "saver", "--yes")
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert "saver: saving its data first" in down.stdout + down.stderr
+    assert s3.get_object(Bucket="my-ckpt", Key="run1/w.pt")["Body"].read() == b"w\n"
+    nothing_left(aws)

@@ -5,6 +5,7 @@ unless the user says so (`down --no-save`)."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,9 +44,12 @@ def save_before_down(nodes: Sequence[Node], target_for: Callable[[str], Target |
                                "taken down)\n  " + (f"`gpuprov start {node.name}` first, or " if node.state == "stopped"
                                                     else "") + f"`gpuprov down {node.name} --no-save` to lose it")
         say(f"{node.name}: saving its data first ({SAVE_HELPER} down)")
-        result = exec_one(target, settings, f"{SAVE_HELPER} down", lambda t, stream, line: say(f"  {line}"),
-                          sudo=True, timeout=SAVE_TIMEOUT)
+        # GPUPROV_SYSROOT: the prefix of every gpuprov path on a test host (empty on a real one), as in the steps
+        result = exec_one(target, settings, f'"${{GPUPROV_SYSROOT:-}}"{shlex.quote(SAVE_HELPER)} down',
+                          lambda t, stream, line: say(f"  {line}"), sudo=True, timeout=SAVE_TIMEOUT)
         if result.exit_code != 0:
-            why = result.error or f"save-data exited {result.exit_code}: {result.exit_code} upload(s) failed"
+            why = result.error or (f"no {SAVE_HELPER} on it: was it bootstrapped with its playbook?"
+                                   if result.exit_code == 127 else
+                                   f"save-data exited {result.exit_code}: {result.exit_code} upload(s) failed")
             raise GpuprovError(f"{node.name}: its data was not saved ({why}); nothing was taken down\n  its log: "
                                f"/var/log/gpuprov/save-data.log; `gpuprov down {node.name} --no-save` to lose it")
