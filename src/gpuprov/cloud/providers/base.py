@@ -425,6 +425,10 @@ class Provider(Protocol):
         """IAM: an instance profile holding the role."""
         ...
 
+    def tagged_iam(self, region: str, everyone: bool = False) -> list[CloudResource]:
+        """IAM roles and instance profiles tagged as this owner's (`up --s3-access`), listed under `region`."""
+        ...
+
     def prefix_size(self, region: str, bucket: str, prefix: str) -> tuple[int, int]:
         """S3: (objects, bytes) under the prefix (`plan --live` sizes a playbook's `data:` downloads)."""
         ...
