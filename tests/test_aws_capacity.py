@@ -55,6 +55,27 @@ def test_up_wait_asks_again_until_capacity_appears_and_leaves_nothing_between_pa
     nothing_left(aws)
 
 
+def test_a_cluster_waits_for_a_zone_that_holds_it_whole_and_leaves_nothing_between_passes(aws, env):
+    zones = _zones(aws, "g5.12xlarge")
+    aws.faults({**ICE, "message": "no g5.12xlarge capacity", "times": len(zones)})  # pass 1 refused in every zone
+    result = gp({**env, "GPUPROV_WAIT_BACKOFF_SECONDS": "0.05"}, *up_args(
+        "crowd", "--gpu", "A10G:4", "--instance-type", "g5.12xlarge", "--nodes", "2", "--wait", "10m", *NO_WAIT))
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("pass ")]
+    assert line.startswith("pass 1:") and "InsufficientInstanceCapacity" in line and "next pass in" in line, line
+    (granted,) = _done(aws, "RunInstances")  # one launch of the whole cluster, in one zone
+    assert (granted["form"]["MinCount"], granted["form"]["MaxCount"]) == ("2", "2")
+    # the refused pass took back its security group and placement group before the next pass made its own
+    for create, delete in (("CreateSecurityGroup", "DeleteSecurityGroup"), ("CreatePlacementGroup", "DeletePlacementGroup")):
+        made = [(e["seq"], "+") for e in _done(aws, create)]
+        gone = [(e["seq"], "-") for e in _done(aws, delete)]
+        assert "".join(sign for _seq, sign in sorted(made + gone)) == "+-+", create
+    assert len([i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]
+                if i["State"]["Name"] != "terminated"]) == 2
+    assert gp(env, "down", "crowd", "--yes").returncode == 0
+    nothing_left(aws)
+
+
 def test_status_shows_a_waiting_up_and_sigterm_mid_wait_leaves_nothing(aws, env):
     aws.faults(ICE)  # no capacity at all
     proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("waits", *ONE_TYPE, "--wait", "2h", *NO_WAIT)],

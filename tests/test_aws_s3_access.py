@@ -4,8 +4,12 @@ from IAM (moto's, behind the fault proxy), launched with, and removed by `down` 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from urllib.parse import unquote
 
+from tests import forkcli
 from tests.aws.cli import gp, nothing_left, up_args
 
 NO_WAIT = ("--no-bootstrap", "--no-wait")
@@ -68,3 +72,35 @@ def test_a_failed_up_takes_the_role_back_and_bad_access_is_refused_before_anythi
     # the two refused `up`s made nothing: the failed one's role and group are the only ones ever asked for
     assert [e["action"] for e in aws.log() if e["action"] in ("CreateRole", "CreateSecurityGroup")] == \
         ["CreateSecurityGroup", "CreateRole"]
+
+
+def test_gc_takes_the_role_of_an_up_killed_mid_create_and_one_that_no_record_names(aws, env):
+    iam = aws.client("iam")
+    aws.faults({"action": "CreateRole", "hold": True, "times": 1})
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("s3k", *ONE_TYPE, "--s3-access", "s3://d-1/x",
+                                                                   *NO_WAIT)], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        aws.wait_held(timeout=120)
+        proc.kill()  # between CreateRole and its answer: the role is made, only the intent row recorded names it
+    finally:
+        proc.wait()
+    aws.release()
+    for _ in range(200):  # the held request reaches IAM once released
+        if _iam_ours(aws)[0]:
+            break
+        time.sleep(0.05)
+    (role,), _ = _iam_ours(aws)
+    tags = iam.list_role_tags(RoleName=role)["Tags"]
+    # a role and profile tagged as this install's that no record names (a state folder lost, say)
+    ghost = "gpuprov-ghost-0a1b2c3d"
+    ghost_tags = [{"Key": "gpuprov:node", "Value": "ghost"}, *[t for t in tags if t["Key"] == "gpuprov:owner"]]
+    iam.create_role(RoleName=ghost, AssumeRolePolicyDocument="{}", Tags=ghost_tags)
+    iam.create_instance_profile(InstanceProfileName=ghost, Tags=ghost_tags)
+    iam.add_role_to_instance_profile(InstanceProfileName=ghost, RoleName=ghost)
+    listed = gp(env, "gc")
+    assert listed.returncode == 0 and "s3k" in listed.stdout and listed.stdout.count(ghost) == 2, listed.stdout
+    swept = gp(env, "gc", "--yes")
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    assert _iam_ours(aws) == ([], [])
+    nothing_left(aws)

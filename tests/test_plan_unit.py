@@ -56,7 +56,8 @@ def test_a_bare_request_is_one_on_demand_gpu_in_us_east_1_with_the_pytorch_playb
         1, "on-demand", "us-east-1", "pytorch", "ubuntu-24.04")
     assert out["env_path"] == "/opt/gpuprov/env"
     assert out["guards"] == {"autostop_seconds": None, "idle_threshold_pct": 10, "ttl_seconds": None,
-                             "interrupt_watch": False, "on_interrupt": None, "metadata_url": "http://169.254.169.254",
+                             "interrupt_watch": False, "on_interrupt": None, "save_on_interrupt": False,
+                             "metadata_url": "http://169.254.169.254",
                              "shutdown_action": "stop", "budget_usd": None, "budget_price": None,
                              "block_end": None}
     assert names(plan) == [*STACK_STEPS, *PYTORCH_TAIL]  # no guard asked for: no guard step

@@ -135,3 +135,20 @@ def test_an_unknown_field_in_a_file_lists_the_files_fields(tmp_path: Path) -> No
 def test_a_missing_field_points_at_the_item_that_lacks_it(tmp_path: Path) -> None:
     problem = _load_error(tmp_path, "name: ok\nstack: none\nenv: null\nsteps:\n  - run: 'true'\n")
     assert problem.startswith(f"{tmp_path / 'p.yml'}:5: steps.0.name: Field required")
+
+
+@pytest.mark.parametrize(("entry", "line", "message"), [
+    ("  - from: s3://my-data/x\n    to: /data/x\n    when: down\n", 5, "data.0: `when` is for uploads"),
+    ("  - from: /work/ckpt\n    to: s3://my-ckpt/run\n", 5,
+     "data.0: an upload needs `when`: one or more of interrupt, stop, down"),
+    ("  - from: /work/ckpt\n    to: s3://my-ckpt/run\n    when: interrupt|later\n", 7,
+     "data.0.when.1: Input should be 'interrupt', 'stop' or 'down'"),
+    ("  - from: /a\n    to: /b\n", 5, "data.0: one side is s3://BUCKET/PREFIX and the other a path on the node"),
+    ("  - from: s3://My_Bucket/x\n    to: /data\n", 5, "data.0.from: 's3://My_Bucket/x' is not s3://"),
+    ("  - from: s3://b-1/x\n    to: /data/../etc\n", 6, "data.0.to: '/data/../etc': a path must not"),
+    ("  - from: s3://b-1/x\n    to: data\n", 6, "data.0.to: 'data' is neither s3://BUCKET/PREFIX nor"),
+    ("  - from: s3://b-1/x\n    to: /data\n    mode: sync\n", 7, "data.0.mode: unknown field 'mode'; allowed: from, to, when"),
+])
+def test_a_bad_data_entry_names_its_line_and_what_is_wrong(tmp_path: Path, entry: str, line: int, message: str) -> None:
+    problem = _load_error(tmp_path, f"name: ok\nstack: none\nenv: null\ndata:\n{entry}")
+    assert problem.startswith(f"{tmp_path / 'p.yml'}:{line}: {message}"), problem

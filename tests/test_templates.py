@@ -17,6 +17,7 @@ import pytest
 
 from gpuprov.errors import StackConflict, UserInputError
 from gpuprov.plan import catalog, render
+from gpuprov.plan.data import DataSpec
 from gpuprov.plan.monitoring import Monitoring
 from gpuprov.plan.plan import NodeRequest, make_host_plan, make_plan, steps_for
 from gpuprov.plan.render import Bundle, render_steps
@@ -67,6 +68,9 @@ def _render_matrix() -> dict[str, Bundle]:
     # conda env + user steps with files and run
     pb = Playbook(
         name="conda-case", env=EnvSpec(manager="conda", path="/opt/conda-env", packages=("numpy>=1.26", "scipy")),
+        # the data steps (issue 27): a download, and uploads with a space and a quote in their paths
+        data=(DataSpec(source="s3://my-data/sets/x", to="/data/x y"),
+              DataSpec(source="/work/it's ckpt", to="s3://my-ckpt/it's-run", when=("interrupt", "stop", "down"))),
         steps=(
             StepSpec(name="motd", files=(FileSpec(path="/etc/motd.d/gpu", content="hi 'there' $(x)\n", mode="0600"),)),
             StepSpec(name="tool", run="echo hi && touch /opt/x", creates="/opt/x"),

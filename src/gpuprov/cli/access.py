@@ -277,6 +277,7 @@ def sync(args: tuple[str, ...], delete: bool, progress: bool | None, **kw: Any) 
     gpuprov sync ./code train:code                # a cluster: every node gets ~/code
     gpuprov sync ./code train:1:code              # node 1 of the cluster only
     gpuprov sync my-node ./data :data             # the host named first, `:PATH` for its side
+    gpuprov sync s3://my-data/x my-node:/data/x   # S3 and a node: `aws s3 sync` runs on the node
     DST becomes a copy of SRC: a folder's contents land in DST, with or without a trailing / on either
     side (never in DST/SRC); a file lands at DST, or inside DST when DST ends in /. `HOST:PATH` marks
     the remote side; relative paths are in the login's home. A download from a cluster is node 0's.
@@ -290,6 +291,8 @@ def sync(args: tuple[str, ...], delete: bool, progress: bool | None, **kw: Any) 
 
     if len(args) not in (2, 3):
         raise UserInputError("SRC DST", f"{len(args)} paths", "e.g. gpuprov sync ./code exp1:/work/code")
+    if any(a.startswith("s3://") for a in args):
+        _s3_sync(sshcli.split_s3_sync(args), delete, kw)
     host, src, dst = args if len(args) == 3 else (sshcli.sync_host(*args), *args)
     host, src, dst = _cluster_node(host, src, dst)
     _need_tool("rsync", "rsync (here and on the host)")
@@ -319,6 +322,28 @@ def sync(args: tuple[str, ...], delete: bool, progress: bool | None, **kw: Any) 
             click.echo(f"{target.name}: synced {plan.remote_path}", err=True)
         code = code or done
     sys.exit(code)
+
+
+def _s3_sync(job: Any, delete: bool, kw: dict[str, Any]) -> None:
+    """A node's path to or from S3: `aws s3 sync` runs on the node, with its own credentials (`up --s3-access`); S3
+    into a cluster by name reaches every node."""
+    from gpuprov.cluster import resolve
+    from gpuprov.hosts import access
+
+    named = resolve(job.host)
+    targets, settings = _reach((job.host,), None, kw) if named is not None and named.rank is None and \
+        job.src.startswith("s3://") else ([(one := _one(job.host, kw))[0]], one[1])
+
+    def emit(target: Any, stream: str, line: str) -> None:
+        click.echo(f"{target.name} | {line}" if len(targets) > 1 else line, err=stream == "err")
+
+    results = access.exec_many(targets, settings, job.command(delete), emit)
+    for r in results:
+        if r.error:
+            warn(f"error: {r.target.name}: {r.error}", "red")
+        elif r.exit_code != 0:
+            warn(f"error: aws s3 sync exited {r.exit_code} on {r.target.name}", "red")
+    sys.exit(access.combined_exit_code(results))
 
 
 def _cluster_node(host: str, src: str, dst: str) -> tuple[str, str, str]:

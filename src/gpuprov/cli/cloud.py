@@ -305,10 +305,12 @@ def _print_timeline(store: Any, name: str, as_json: bool) -> None:
 @click.option("--all", "all_nodes", is_flag=True, help="Every node gpuprov manages.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask (needed without a terminal).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result: what was removed and what is left.")
-def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool) -> None:
+@click.option("--no-save", is_flag=True, help="Do not run the playbook's `data:` uploads for `down` first.")
+def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool, no_save: bool) -> None:
     """Terminate nodes and remove everything they own: instance, spot request, security group,
-    volumes, ssh config entry (and the key pair with the region's last node). Safe to repeat."""
-    from gpuprov.cloud import teardown
+    volumes, ssh config entry (and the key pair with the region's last node). Safe to repeat.
+    A node whose playbook saves data on `down` saves it first (and nothing goes when that fails)."""
+    from gpuprov.cloud import data_save, teardown
 
     store, provider = store_and_provider()
     targets = [n.name for n in store.nodes()] if all_nodes else list(names)
@@ -319,9 +321,17 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool) -> N
         raise UserInputError("NAME", "no node named", "name the nodes to take down, or pass --all")
     for n in targets:
         store.node(n)  # unknown names fail before anything is touched
+    saving = {} if no_save else {n: s for n in targets if (s := data_save.down_saves(store.node(n)))}
     if not yes:
-        confirm(f"Terminate {', '.join(targets)} and delete their resources?", "take them down")
+        confirm(f"Terminate {', '.join(targets)} and delete their resources?{data_save.question(saving)}",
+                "take them down")
     console = make_console(stderr=as_json)
+    if saving:
+        from gpuprov.hosts.remote import HostSettings
+        from gpuprov.paths import known_hosts_path
+
+        data_save.save_before_down([store.node(n) for n in saving], node_target,
+                                   HostSettings(known_hosts=known_hosts_path(), connect_timeout=15), say_to(console))
     results = teardown.down(targets, provider, store, say_to(console))
     if as_json:
         click.echo(json.dumps({name: {"complete": r.complete, "removed": r.removed, "left": r.left}

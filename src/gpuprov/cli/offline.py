@@ -80,6 +80,7 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
         the_plan = cluster.with_efa_step(the_plan, layout)
     estimate = the_plan.estimate(hours, _cheapest_spot(the_plan) if live and hours is not None else None)
     chosen = _image_choice(the_plan, image) if live else None
+    sizes = _data_sizes(the_plan) if live and the_plan.playbook.data else None
     if as_json:
         data = the_plan.summary()
         data["warnings"] = list(the_plan.warnings)  # not in summary(): it is recorded in the bundle, and ages
@@ -89,6 +90,8 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
             data["estimate"] = estimate
         if chosen is not None:
             data["image"] = chosen.summary(the_plan)
+        if sizes is not None:
+            data["data"] = sizes
         if show_scripts:
             data["scripts"] = {s.filename: s.text for s in the_plan.bundle().scripts}
         click.echo(json.dumps(data, indent=2))
@@ -105,6 +108,14 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
         console.print(f"  steps that will run: {', '.join(summary['steps_to_run']) or 'none'} (+ guards, verify)"  # type: ignore[arg-type]
                       + (f"; already on the image: {', '.join(chosen.on_image)}" if chosen.on_image else ""),
                       markup=False, highlight=False)
+    if sizes is not None:
+        from gpuprov.cloud.data import size_text
+
+        console.print("Data (S3 now)", style="bold")
+        for row in sizes:
+            held = f": {row['objects']} objects, {size_text(row['bytes'])}" if "bytes" in row else \
+                f" (on {', '.join(row['when'])})"
+            console.print(f"  {row['from']} → {row['to']}{held}", markup=False, highlight=False)
     if estimate:
         price = estimate["usd_hour_on_demand"]
         if hours:
@@ -170,6 +181,13 @@ def _image_choice(plan: Any, image: str | None) -> Any:
 
     _store, provider = store_and_provider()
     return choose(plan, image, provider)
+
+
+def _data_sizes(plan: Any) -> list[dict[str, Any]]:
+    from gpuprov.cloud.data import download_sizes
+
+    _store, provider = store_and_provider()
+    return download_sizes(plan, provider)
 
 
 def _cheapest_spot(plan: Any) -> tuple[str, float] | None:

@@ -71,3 +71,28 @@ def ensure_role(node: str, region: str, given: Sequence[str], provider: Provider
     provider.create_node_profile(region, node, name, name)
     store.created(pid, name)
     return name
+
+
+def download_sizes(plan: Any, provider: Provider) -> list[dict[str, Any]]:
+    """A playbook's `data:` downloads with what S3 holds under each prefix now (`plan --live`): objects and bytes,
+    from ListObjectsV2 here on the controller (the node is not there yet)."""
+    from gpuprov.plan.data import split_s3
+
+    out = []
+    for entry in plan.playbook.data:
+        row = entry.summary()
+        if entry.download:
+            bucket, prefix = split_s3(entry.source)
+            row["objects"], row["bytes"] = provider.prefix_size(plan.request.region, bucket, prefix)
+        out.append(row)
+    return out
+
+
+def size_text(n: int) -> str:
+    """1536 -> '1.5 KiB': binary units, as `aws s3 ls --human-readable` prints them."""
+    size = float(n)
+    for unit in ("Bytes", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} Bytes" if unit == "Bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} Bytes"

@@ -31,7 +31,7 @@ from gpuprov.state import Store
 Say = Callable[[str], None]
 # a spot request before its instance: a persistent one would launch the instance again
 ORDER = {"spot-request": 0, "instance": 1, "volume": 2, "security-group": 3, "address": 3, "placement-group": 3,
-         "key-pair": 4, "image": 5, "snapshot": 6}
+         "key-pair": 4, "image": 5, "snapshot": 6, "instance-profile": 7, "iam-role": 8}  # IAM: the profile empties first
 
 
 @dataclass
@@ -65,6 +65,8 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store, all_instal
     for region in regions:
         try:
             tagged = provider.tagged(region, everyone=True)
+            if region == regions[0]:  # IAM is global: its roles and profiles once, with the first region
+                tagged += provider.tagged_iam(region, everyone=True)
         except GpuprovError as exc:  # one region's refusal (credentials, a region not enabled) stops no other
             sweep.errors.append(f"{region}: {exc}")
             continue

@@ -244,7 +244,9 @@ def _lost(row: Resource, provider: Provider) -> str | None:
         return provider.find_security_group(row.region, name)
     if row.kind == "address":
         return provider.find_address(row.region, name)
-    if row.kind == "placement-group":  # its name is its id: deleting a group never made is a NotFound
+    # its name is its id: deleting one never made is a NotFound (a role's or profile's `up` killed after CreateRole
+    # but before the answer was recorded leaves an intent row naming it: without this the role was forgotten)
+    if row.kind in ("placement-group", "iam-role", "instance-profile"):
         return name
     return None
 

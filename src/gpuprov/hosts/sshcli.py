@@ -225,3 +225,38 @@ def rsync_argv(target: Target, settings: HostSettings, plan: SyncPlan, *, progre
         word = "~/" + shlex.quote(parent[2:]) if parent.startswith("~/") else shlex.quote(parent)
         argv.append(f"--rsync-path=mkdir -p {word} && rsync")
     return [*argv, plan.local, remote] if plan.upload else [*argv, remote, plan.local]
+
+
+@dataclass(frozen=True)
+class S3Sync:
+    """`gpuprov sync` with an s3:// side: the AWS CLI on the host copies between its path and S3."""
+
+    host: str
+    src: str
+    dst: str
+
+    def command(self, delete: bool) -> str:
+        # `aws s3 sync` copies what is missing, of another size or newer (AWS CLI reference, s3 sync)
+        words = ["aws", "s3", "sync", "--no-progress", *(["--delete"] if delete else []), self.src, self.dst]
+        return " ".join(shlex.quote(w) for w in words)
+
+
+def split_s3_sync(args: tuple[str, ...]) -> S3Sync:
+    """SRC DST (or HOST SRC DST) with one side s3://: the other must be on a host, where the copy runs; between this
+    machine and S3 (or two buckets) it is the AWS CLI's own job, here (UserInputError)."""
+    s3 = [a for a in args if a.startswith("s3://")]
+    paths = args[1:] if len(args) == 3 else args
+    if len(s3) != 1 or len(paths) != 2:
+        raise UserInputError("SRC DST", "both sides are in S3" if len(s3) > 1 else f"{len(args)} paths",
+                             "S3 to S3 is the AWS CLI's job: aws s3 sync s3://A s3://B")
+    other = next(p for p in paths if not p.startswith("s3://"))
+    match = _REMOTE_SIDE.match(other)
+    host = args[0] if len(args) == 3 and other.startswith(":") else match.group(1) if match else None
+    if host is None or (len(args) == 3 and host != args[0]):
+        aws = "aws s3 sync " + " ".join(shlex.quote(p) for p in paths)
+        raise UserInputError("SRC DST", f"{other!r} is on this machine: between here and S3 copying is the AWS CLI's "
+                             f"job (`{aws}`)", "gpuprov sync copies S3 to or from a node's path: NODE:PATH")
+    path = other[len(host) + 1:] if other.startswith(f"{host}:") else other[1:]
+    node_side = path or "."
+    src, dst = (paths[0], node_side) if paths[0].startswith("s3://") else (node_side, paths[1])
+    return S3Sync(host, src, dst)

@@ -34,6 +34,7 @@ class Guards(BaseModel):
     ttl_seconds: int | None = None
     interrupt_watch: bool = False
     on_interrupt: str | None = None
+    save_on_interrupt: bool = False  # the playbook's `data:` uploads for `interrupt` run after the hook (save-data)
     metadata_url: str = DEFAULT_METADATA_URL
     # what a shutdown by a guard does to a node gpuprov launched (its InstanceInitiatedShutdownBehavior):
     # "stop" keeps the disk, "terminate" ends everything; None: a host gpuprov did not launch (it powers off)

@@ -15,6 +15,7 @@ from gpuprov.errors import UserInputError
 from gpuprov.plan import catalog, compat, facts, noroot
 from gpuprov.plan.budget import budget_seconds, check_budget
 from gpuprov.plan.catalog import Gpu, InstanceType
+from gpuprov.plan.data import data_steps, saves_on
 from gpuprov.plan.docker import container_image, docker_step, docker_unverified, with_docker
 
 # the guards' model and the block-end warning live in plan/guards.py (this module passed 500 lines); named here too
@@ -137,6 +138,7 @@ class Plan:
             "os": self.request.os,
             "stack": self.stack.model_dump(mode="json") if self.stack else None,
             "steps": [{"name": s.name, "kind": s.kind, "summary": s.summary} for s in self.steps],
+            "data": [d.summary() for d in self.playbook.data],
             "guards": self.guards.model_dump(mode="json"),
             "monitoring": monitoring_summary(self.request.monitoring, self.request.os),
             "unverified": list(self.unverified),
@@ -169,8 +171,9 @@ def choose_instances(gpu: Gpu, count: int, instance_type: str | None = None,
 def guards_for(request: NodeRequest, playbook: Playbook, launched: bool = False) -> Guards:
     """The guard settings from flags and the playbook (the flag's hook wins over the playbook's)."""
     hook = request.on_interrupt or playbook.on_interrupt
+    save = bool(saves_on(playbook.data, "interrupt"))  # a checkpoint to save on the notice: the watch runs for it
     guards = Guards(autostop_seconds=request.autostop_seconds, ttl_seconds=request.ttl_seconds,
-                    interrupt_watch=bool(request.spot or hook), on_interrupt=hook,
+                    interrupt_watch=bool(request.spot or hook or save), on_interrupt=hook, save_on_interrupt=save,
                     shutdown_action=shutdown_action(request) if launched else None)
     return guards
 
@@ -217,6 +220,8 @@ def guard_steps(guards: Guards) -> list[StepPlan]:
         steps.append(ttl_step(guards))
     if guards.interrupt_watch or guards.block_end is not None:
         hook = "runs the on-interrupt hook once" if guards.on_interrupt else "logs it (no on-interrupt hook)"
+        if guards.save_on_interrupt:
+            hook += ", then saves the data: uploads (save-data interrupt)"
         block = (f"; {BLOCK_WARN_SECONDS // 60} min before its Capacity Block ends (EC2 ends its instances 30 min "
                  "before) it warns and does the same" if guards.block_end is not None else "")
         steps.append(StepPlan(
@@ -292,6 +297,7 @@ def steps_for(
             steps.append(StepPlan("pytorch", "torch.sh.j2", "env", f"{stack.torch.requirement} from {stack.torch.index_url}"))
         if playbook.env.packages:
             steps.append(StepPlan("packages", "packages.sh.j2", "env", ", ".join(playbook.env.packages)))
+    steps += data_steps(playbook.data)  # the data the playbook's own steps train on
     for user_step in playbook.steps:
         what = "run a command" if user_step.run else ""
         if user_step.files:

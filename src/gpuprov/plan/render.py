@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import jinja2
 
 STATE_DIR = "/var/lib/gpuprov"
-StepKind = Literal["stack", "env", "user", "verify", "guard", "monitor"]
+StepKind = Literal["stack", "env", "data", "user", "verify", "guard", "monitor"]
 
 
 @dataclass(frozen=True)

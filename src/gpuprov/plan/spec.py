@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from gpuprov.errors import UserInputError
+from gpuprov.plan.data import DataSpec
 from gpuprov.plan.stack import StackPins
 from gpuprov.resources import playbooks_dir
 
@@ -102,6 +103,8 @@ class Playbook(_Model):
     container_image: Annotated[str | None, Field(min_length=1, max_length=512)] = None
     pins: StackPins = StackPins()
     env: EnvSpec | None = EnvSpec()
+    # datasets fetched from S3 before `steps`, checkpoints saved to S3 at an interruption, a shutdown, `down`
+    data: tuple[DataSpec, ...] = ()
     steps: tuple[StepSpec, ...] = ()
     jupyter: bool = False  # JupyterLab from the env, on 127.0.0.1:8888 with a token, as a service
     # A command (like `run`) the node runs once when EC2 announces a spot interruption (2 minutes ahead).
@@ -337,7 +340,7 @@ def _allowed_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
             return []
         current = _model_in(info.annotation)
     if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
+        return [info.alias or name for name, info in current.model_fields.items()]  # as written: `from`, not `source`
     return []
 
 

@@ -1,4 +1,5 @@
-"""A node's own role and instance profile, scoped to S3 prefixes (`up --s3-access`): the IAM calls.
+"""A node's own role and instance profile, scoped to S3 prefixes (`up --s3-access`): the IAM calls; and the size of an
+S3 prefix a playbook's `data:` entry fetches (`plan --live`: ListObjectsV2, read from here, never from the node).
 
 Order from the EC2 user guide ("IAM roles for Amazon EC2", create a role and instance profile with the AWS CLI):
 CreateRole with EC2's trust policy -> PutRolePolicy (inline) -> CreateInstanceProfile -> AddRoleToInstanceProfile.
@@ -9,12 +10,13 @@ RemoveRoleFromInstanceProfile -> DeleteInstanceProfile, then DeleteRolePolicy ->
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import json
 from typing import Any
 
 from gpuprov.cloud.providers.aws_base import AwsBase, AwsError
-from gpuprov.cloud.providers.base import NotFound
+from gpuprov.cloud.providers.base import TAG_NODE, TAG_OWNER, TAG_TEAM, CloudResource, NotFound
 
 TRUST = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
                                                   "Action": "sts:AssumeRole"}]}
@@ -78,3 +80,44 @@ class AwsIam(AwsBase):
         for policy in policies:
             self._call("iam:DeleteRolePolicy", functools.partial(iam.delete_role_policy, RoleName=name, PolicyName=policy))
         self._call("iam:DeleteRole", lambda: iam.delete_role(RoleName=name))
+
+    def tagged_iam(self, region: str, everyone: bool = False) -> list[CloudResource]:
+        """gpuprov's instance profiles and roles (named `gpuprov-NODE-…`), by their tags, for `gc`: IAM is global, so
+        they are listed once, under `region`. IAM's listings carry no tags (IAM API reference, ListInstanceProfiles:
+        "does not return tags … see GetInstanceProfile"; ListRoles likewise; read 2026-12-02), so each `gpuprov-` name
+        is read on its own: GetInstanceProfile, ListRoleTags."""
+        iam = self._client("iam", region)
+        mine = self.family if everyone else self.owners  # EC2 filter patterns (`user@host/*`): fnmatch here
+        found: list[CloudResource] = []
+        for kind, listing, key, field in (("instance-profile", "ListInstanceProfiles", "InstanceProfiles",
+                                           "InstanceProfileName"), ("iam-role", "ListRoles", "Roles", "RoleName")):
+            for item in self._pages(iam, listing, key):
+                name = item[field]
+                if not name.startswith("gpuprov-"):
+                    continue
+                try:
+                    raw = self._call("iam:GetInstanceProfile", functools.partial(
+                        iam.get_instance_profile, InstanceProfileName=name))["InstanceProfile"] \
+                        if kind == "instance-profile" else \
+                        self._call("iam:ListRoleTags", functools.partial(iam.list_role_tags, RoleName=name))
+                except AwsError as exc:
+                    if exc.code == "NoSuchEntity":  # gone since the listing (a `down` meanwhile)
+                        continue
+                    raise
+                tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+                owner, team = tags.get(TAG_OWNER), tags.get(TAG_TEAM)
+                ours = team == self.team.get(TAG_TEAM) if self.team else \
+                    owner is not None and any(fnmatch.fnmatchcase(owner, m) for m in mine)
+                if ours:
+                    found.append(CloudResource(kind, name, region, tags.get(TAG_NODE), "", owner, team))
+        return found
+
+    def prefix_size(self, region: str, bucket: str, prefix: str) -> tuple[int, int]:
+        """(objects, bytes) under s3://BUCKET/PREFIX/, every page of ListObjectsV2 (1,000 keys a page at most)."""
+        s3 = self._client("s3", region)
+        key_prefix = f"{prefix}/" if prefix else ""
+        # a page without keys has no Contents at all (S3 API reference, ListObjectsV2)
+        objects = self._call("s3:ListObjectsV2", lambda: [
+            o for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key_prefix)
+            for o in page.get("Contents", [])])
+        return len(objects), sum(int(o.get("Size", 0)) for o in objects)
