@@ -22,7 +22,7 @@ from gpuprov import __version__
 from gpuprov.errors import UserInputError
 from gpuprov.records import UP_STATES, Event, Member, Node, NodeState, Resource, ResourceKind, members_json
 from gpuprov.state_errors import StateError, StateTooNew, explain
-from gpuprov.store import Store
+from gpuprov.store import Store, no_such_node
 
 __all__ = ["UP_STATES", "Event", "Member", "Node", "NodeState", "Resource", "ResourceKind", "SqliteStore", "Store",
            "members_json", "open_store"]
@@ -245,9 +245,7 @@ class SqliteStore:
     def node(self, name: str) -> Node:
         found = self.find_node(name)
         if found is None:
-            known = [n.name for n in self.nodes() if n.live]
-            raise UserInputError("NAME", f"no node called {name!r}",
-                                 f"known nodes: {', '.join(known)}" if known else "`gpuprov status` lists nodes")
+            raise no_such_node(name, self)
         return found
 
     def find_node(self, name: str) -> Node | None:

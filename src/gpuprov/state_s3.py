@@ -34,6 +34,7 @@ from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.records import Event, Node, Resource, ResourceKind
 from gpuprov.state_errors import StateUnavailable
 from gpuprov.state_url import StateUrl
+from gpuprov.store import no_such_node
 
 T = TypeVar("T")
 _NODE_FIELDS = {f.name for f in fields(Node)}
@@ -279,9 +280,7 @@ class S3Store:
     def node(self, name: str) -> Node:
         found = self.find_node(name)
         if found is None:
-            known = [n.name for n in self.nodes() if n.live]
-            raise UserInputError("NAME", f"no node called {name!r} in {self.url}",
-                                 f"known nodes: {', '.join(known)}" if known else "`gpuprov status` lists nodes")
+            raise no_such_node(name, self, f" in {self.url}")
         return found
 
     def find_node(self, name: str) -> Node | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from gpuprov.errors import UserInputError
 from gpuprov.records import Event, Node, Resource, ResourceKind
 
 
@@ -53,3 +54,10 @@ class Store(Protocol):
     def event(self, node: str | None, kind: str, message: str) -> None: ...
 
     def events(self, node: str) -> list[Event]: ...
+
+
+def no_such_node(name: str, store: Store, where: str = "") -> UserInputError:
+    """The refusal for a name no record has (both backends' `node`), listing the live nodes there are."""
+    known = [n.name for n in store.nodes() if n.live]
+    return UserInputError("NAME", f"no node called {name!r}{where}",
+                          f"known nodes: {', '.join(known)}" if known else "`gpuprov status` lists nodes")
