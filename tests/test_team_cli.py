@@ -236,6 +236,22 @@ def test_every_members_key_reaches_a_teammates_node_and_a_real_sshd_lets_them_in
         assert login("mallory") != 0
     finally:
         pool.exec_in(0, "kill $(cat /tmp/gp-sshd2.pid); rm -f /tmp/gp-hk2* /tmp/gp-sshd2.pid")
+
+    # a TTL locked by alice: bob can neither lift nor change it (nothing reaches the node), alice can
+    locked = gp(alice, "ttl", "a", "8h", "--locked")
+    assert locked.returncode == 0, locked.stdout + locked.stderr
+    for change in (("ttl", "a", "off"), ("autostop", "a", "2h"), ("ttl", "a", "9h", "--unlocked")):
+        refused = gp(bob, *change)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert refused.stderr.startswith(f"error: NAME: a's autostop, TTL and budget are locked by {_member(alice)}: "
+                                         f"only they can change or lift them ({change[0]} refused)")
+        assert "Traceback" not in refused.stderr
+    (row,) = _status(bob)
+    assert row["guards_locked_by"] == _member(alice) and row["ttl_seconds"] == 8 * 3600
+    assert "(locked)" in gp(bob, "status").stdout
+    lifted = gp(alice, "ttl", "a", "off", "--unlocked")
+    assert lifted.returncode == 0 and "TTL off" in lifted.stdout, lifted.stdout + lifted.stderr
+    assert _status(bob)[0]["guards_locked_by"] is None
     assert gp(alice, "down", "a", "--yes").returncode == 0
     assert aws.leftovers() == EMPTY
 

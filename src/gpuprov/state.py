@@ -101,7 +101,7 @@ CREATE TABLE IF NOT EXISTS clusters (
 """
 # The file's layout (PRAGMA user_version). A gpuprov refuses a file of a newer schema rather than misread it;
 # older files are brought up to this one on open. 0: files from before the schema had a number.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4  # 4: guards_locked_by (an older gpuprov would lift a locked TTL unknowingly)
 # Columns added after the first release: (name, type), added to an older state file on open.
 _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER"), ("ttl_deadline", "REAL"),
                        ("on_interrupt", "TEXT"), ("spot_type", "TEXT"), ("shutdown_action", "TEXT"),
@@ -110,7 +110,8 @@ _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER
                        ("resize_from", "TEXT"), ("resize_to", "TEXT"), ("stopped_at", "REAL"),
                        ("cluster_size", "INTEGER"), ("members_json", "TEXT"), ("paid_usd_hour", "REAL"),
                        ("billed_seconds", "REAL"), ("running_since", "REAL"), ("reservation_id", "TEXT"),
-                       ("reservation_end", "REAL"))
+                       ("reservation_end", "REAL"),
+                       ("guards_locked_by", "TEXT"))
 
 
 class SqliteStore:
