@@ -156,6 +156,11 @@ def test_push_a_local_state_then_adopt_after_every_record_is_deleted(aws, env, h
     for key in _objects(aws):  # every record gone (a lost bucket prefix, or a lost laptop's file)
         s3.delete_object(Bucket=BUCKET, Key=key)
     assert _status(bob) == []
+    swept = gp(alice, "gc", "--json")  # no record owns q now: the team's orphan, and gc says bob made it
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    made = {(r["kind"], r["member"]) for r in json.loads(swept.stdout)["found"] if r["node"] == "q"}
+    assert ("instance", _member(bob)) in made and {m for _, m in made} == {_member(bob)}
+    assert f"node=q running by {_member(bob).split('/')[0]}" in gp(alice, "gc").stdout
     adopted = gp(bob, "state", "adopt", "--region", "us-east-1")
     assert adopted.returncode == 0, adopted.stdout + adopted.stderr
     assert "2 node(s) adopted: p, q" in adopted.stdout

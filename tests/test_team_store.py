@@ -38,8 +38,9 @@ def _code(exc: ClientError) -> tuple[str, int]:
 
 
 def test_the_imitation_keeps_s3s_conditional_write_contract(aws, url):
-    """412 for a lost condition (moto's own check, PutObject's and DeleteObject's), and 409 ConditionalRequestConflict for a conditional write to an
-    object while another is in flight (moto checks and writes in two unlocked steps; S3 does not)."""
+    """412 for a lost condition (moto's own check, PutObject's and DeleteObject's), and 409
+    ConditionalRequestConflict for a conditional write to an object while another is in flight (moto checks and
+    writes in two unlocked steps; S3 does not)."""
     s3 = aws.client("s3", via_proxy=True)
     first = s3.put_object(Bucket=BUCKET, Key="k", Body=b"1", IfNoneMatch="*")
     with pytest.raises(ClientError) as taken:
