@@ -144,14 +144,30 @@ def test_push_a_local_state_then_adopt_after_every_record_is_deleted(aws, env, h
     aws.realism(tag_lag=0)  # adopt reads tags moments after the launches; EC2's lag is a rerun away, not tested here
     local = {k: v for k, v in alice.items() if k != "GPUPROV_STATE"}  # alice before the team: the local file
     assert gp(local, *up_args("p", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
-    pushed = gp(local, "state", "push", STATE)
-    assert pushed.returncode == 0, pushed.stderr
-    assert f"p: copied to {STATE}/" in pushed.stdout
-    refused = gp(local, "state", "push", STATE)
-    assert refused.returncode == 1 and "p: refused" in refused.stderr
-    assert [n["name"] for n in _status(bob)] == ["p"]
-
     assert gp(bob, *up_args("q", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
+    from gpuprov.state import SqliteStore
+
+    folder = Path(alice["GPUPROV_HOME"])
+    mine = SqliteStore(folder / "state.sqlite")  # alice's own q, a record only: the bucket has bob's q
+    mine.create_node("q", "aws", "us-east-1")
+    mine.update_node("q", state="ready", ready_at=time.time())
+    pushed = gp(local, "state", "push", STATE)
+    assert pushed.returncode == 1, pushed.stdout + pushed.stderr
+    assert f"p: moved to {STATE}/ (the local file no longer lists it)" in pushed.stdout
+    assert f"q: refused: {STATE}/ already has a node of that name" in pushed.stderr
+    (backup,) = folder.glob("state.sqlite.before-push-*")
+    assert f"the local file as it was: {backup}" in pushed.stdout
+    assert [n.name for n in SqliteStore(backup).nodes()] == ["p", "q"]
+    # one store per node: the local file no longer has p live (its `down` would race the team's), and its gc
+    # still counts p's resources as owned
+    assert [n["name"] for n in _status(local)] == ["q"]
+    moved = gp(local, "down", "p", "--yes")
+    assert moved.returncode == 2 and moved.stderr.startswith(
+        f"error: NAME: p was moved to {STATE}/ by `gpuprov state push`"), moved.stderr
+    swept = gp(local, "gc", "--json")
+    assert swept.returncode == 0 and json.loads(swept.stdout)["found"] == [], swept.stdout + swept.stderr
+    assert [n["name"] for n in _status(bob)] == ["p", "q"]
+
     s3 = aws.client("s3")
     for key in _objects(aws):  # every record gone (a lost bucket prefix, or a lost laptop's file)
         s3.delete_object(Bucket=BUCKET, Key=key)

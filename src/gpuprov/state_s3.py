@@ -306,6 +306,10 @@ class S3Store:
                        key=lambda n: n.created_at)
         return found if include_terminated else [n for n in found if n.live]
 
+    def moved(self) -> dict[str, str]:
+        """A bucket's records are never moved away (`state push` moves a local file's)."""
+        return {}
+
     # --- resources -----------------------------------------------------------------------
 
     def _object_of(self, node: str | None) -> str:

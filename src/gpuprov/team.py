@@ -6,7 +6,7 @@ them so each verifies the same key. No private key is ever written here: only `*
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpuprov.errors import UserInputError
@@ -46,19 +46,31 @@ def info(url: StateUrl) -> Info:
 class Pushed:
     copied: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # a node of that name is already in the bucket
+    unverified: list[str] = field(default_factory=list)  # written, but not read back the same: kept local too
     clusters: list[str] = field(default_factory=list)
 
 
 def push(local: Store, target: S3Store) -> Pushed:
-    """Copy every live local node (its rows and events), the unowned rows and the recorded clusters into the bucket;
-    a node the bucket already has is refused and left as it is there."""
+    """Move every live local node (its rows and events) into the bucket, and copy the unowned rows and the recorded
+    clusters; a node the bucket already has is refused and left as it is, in both places.
+
+    A moved node is one store's: once its object reads back as written, the local record is marked `moved_to`, so
+    local commands no longer see it (a local `down` racing the team's is then impossible), while a local `gc`
+    still counts its resources as owned. The unowned rows (images) and clusters stay in the local file too: both
+    stores knowing an image or a host list races nothing."""
     out = Pushed()
     for node in local.nodes():
         rows = local.resources(node.name, live_only=False)
-        if target.put_whole(node, rows, local.events(node.name)):
-            out.copied.append(node.name)
-        else:
+        if not target.put_whole(node, rows, local.events(node.name)):
             out.refused.append(node.name)
+            continue
+        back = target.find_node(node.name)
+        if back is None or asdict(back) != asdict(node) or \
+                len(target.resources(node.name, live_only=False)) != len(rows):
+            out.unverified.append(node.name)
+            continue
+        local.update_node(node.name, moved_to=str(target.url))
+        out.copied.append(node.name)
     for row in local.resources(None, live_only=True):
         if row.node is None and row.cloud_id is not None:  # images: they outlive nodes
             target.add_resource(None, row.kind, row.region, row.cloud_id, row.client_token)  # type: ignore[arg-type]
