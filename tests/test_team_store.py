@@ -161,6 +161,11 @@ def test_locks_use_leases_with_team_state_and_unlock_says_whose(url):
             time.sleep(0.1)
         assert leases.read(S3Store(url).bucket, "node-u") is None
     assert leases.unlock(url, "node-u") is None
+    # an image's lock too: a bake's intent row is in the shared records, and a teammate's gc must see the bake
+    with locks.hold(locks.image("gpuprov-u-1"), "image bake"):
+        holding = leases.read(S3Store(url).bucket, "image-gpuprov-u-1")
+        assert holding is not None and holding[0].what == "image bake"
+    assert leases.read(S3Store(url).bucket, "image-gpuprov-u-1") is None
 
 
 def test_a_release_never_deletes_a_lease_taken_over_after_it_expired(aws, url):
