@@ -261,11 +261,12 @@ def test_every_members_key_reaches_a_teammates_node_and_a_real_sshd_lets_them_in
     # a TTL locked by alice: bob can neither lift nor change it (nothing reaches the node), alice can
     locked = gp(alice, "ttl", "a", "8h", "--locked")
     assert locked.returncode == 0, locked.stdout + locked.stderr
-    for change in (("ttl", "a", "off"), ("autostop", "a", "2h"), ("ttl", "a", "9h", "--unlocked")):
+    for change in (("ttl", "a", "off"), ("autostop", "a", "2h"), ("ttl", "a", "9h", "--unlocked"),
+                   ("bootstrap", "a", "--ttl", "90d")):
         refused = gp(bob, *change)
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert refused.stderr.startswith(f"error: NAME: a's autostop, TTL and budget are locked by {_member(alice)}: "
-                                         f"only they can change or lift them ({change[0]} refused)")
+                                         f"only they can change or lift them ({change[0]}")
         assert "Traceback" not in refused.stderr
     (row,) = _status(bob)
     assert row["guards_locked_by"] == _member(alice) and row["ttl_seconds"] == 8 * 3600

@@ -53,7 +53,7 @@ def _live_node(name: str | None, store: Store | None, what: str) -> Node | None:
     return node
 
 
-def _check_lock(node: Node | None, what: str, lock: bool | None) -> dict[str, object]:
+def check_lock(node: Node | None, what: str, lock: bool | None = None) -> dict[str, object]:
     """Refuse a change to a node whose guardrails another member locked (one line, exit 2, nothing touched);
     returns the lock's field for the record: `lock` True locks them to this member, False unlocks, None keeps."""
     from gpuprov.cloud.tags import owner
@@ -91,7 +91,7 @@ def _set_autostop(name: str | None, seconds: int | None, store: Store | None, ta
     from gpuprov.plan.spec import format_duration
 
     node = _live_node(name, store, "autostop")
-    locked = _check_lock(node, "autostop", lock)
+    locked = check_lock(node, "autostop", lock)
     label = name or target.label or target.host
     script = autostop_script(seconds, shutdown_action=node.shutdown_action if node else None)
     result = _run_guard_step(label, "autostop", script.text, target, settings)
@@ -116,7 +116,7 @@ def _set_ttl(name: str | None, seconds: int | None, store: Store | None, target:
     from gpuprov.plan.spec import format_duration
 
     node = _live_node(name, store, "ttl")
-    locked = _check_lock(node, "ttl", lock)
+    locked = check_lock(node, "ttl", lock)
     label = name or target.label or target.host
     script = ttl_script(seconds, shutdown_action=node.shutdown_action if node else None)
     started = time.time()
