@@ -72,7 +72,10 @@ def test_a_teammate_sees_stops_starts_and_downs_a_node_and_a_race_for_a_name_has
     assert gp(bob, "start", "a", "--no-bootstrap").returncode == 0
     assert [n["state"] for n in _status(alice)] == ["ready"]
 
-    # both members `up x` at once: alice's lease on the name is written, its answer held; bob's `up x` meets it
+    # both members `up x` at once: alice's lease on the name is written, its answer held; bob's `up x` meets it.
+    # Her renewals start only once that answer comes: a lease long enough that bob never finds it expired, however
+    # slowly a loaded machine starts his command (the 3 s of the fixture did, at a load of 10 on 2 cores)
+    alice = {**alice, "GPUPROV_LEASE_SECONDS": "120"}
     aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "gp/leases/node-x.json"}, "hold": True,
                 "times": 1})
     first = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args("x", "--gpu", "T4", "--no-bootstrap",
@@ -98,6 +101,8 @@ def test_a_teammate_sees_stops_starts_and_downs_a_node_and_a_race_for_a_name_has
 
 def test_an_up_killed_mid_way_is_taken_down_by_the_teammate_once_its_lease_expires(aws, homes):
     alice, bob = homes
+    # a lease that outlives bob's command starting up on a busy machine (3 s did not, beside another worker)
+    alice = {**alice, "GPUPROV_LEASE_SECONDS": "8"}
     aws.faults({"action": "RunInstances", "hold": True, "times": 1})
     proc = subprocess.Popen([sys.executable, "-m", "gpuprov", *up_args("k", "--gpu", "T4", "--no-bootstrap",
                                                                        "--no-wait")],
@@ -113,7 +118,7 @@ def test_an_up_killed_mid_way_is_taken_down_by_the_teammate_once_its_lease_expir
     down = gp(bob, "down", "k", "--yes")
     assert down.returncode == 0, down.stdout + down.stderr
     assert "k: waiting for gpuprov up of " in down.stdout + down.stderr
-    assert time.monotonic() - started >= 2  # it waited for the lease (3 s after its last renewal) to expire
+    assert time.monotonic() - started >= 2  # it waited for the lease (8 s after its last renewal) to expire
     assert aws.leftovers() == EMPTY
 
 

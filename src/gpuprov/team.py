@@ -9,6 +9,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gpuprov import locks
 from gpuprov.errors import UserInputError
 from gpuprov.leases import member
 from gpuprov.state_s3 import Bucket, S3Store
@@ -47,6 +48,7 @@ class Pushed:
     copied: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # a node of that name is already in the bucket
     unverified: list[str] = field(default_factory=list)  # written, but not read back the same: kept local too
+    busy: list[str] = field(default_factory=list)  # "NAME: gpuprov up (pid …) is working on it": left local
     clusters: list[str] = field(default_factory=list)
 
 
@@ -59,18 +61,12 @@ def push(local: Store, target: S3Store) -> Pushed:
     still counts its resources as owned. The unowned rows (images) and clusters stay in the local file too: both
     stores knowing an image or a host list races nothing."""
     out = Pushed()
-    for node in local.nodes():
-        rows = local.resources(node.name, live_only=False)
-        if not target.put_whole(node, rows, local.events(node.name)):
-            out.refused.append(node.name)
-            continue
-        back = target.find_node(node.name)
-        if back is None or asdict(back) != asdict(node) or \
-                len(target.resources(node.name, live_only=False)) != len(rows):
-            out.unverified.append(node.name)
-            continue
-        local.update_node(node.name, moved_to=str(target.url))
-        out.copied.append(node.name)
+    for listed in local.nodes():
+        try:  # a command at work on it would go on writing the local record after the copy
+            with locks.hold(locks.node(listed.name), "state push", wait=False, subject=listed.name):
+                _move(listed.name, local, target, out)
+        except locks.Busy as busy:
+            out.busy.append(str(busy))
     for row in local.resources(None, live_only=True):
         if row.node is None and row.cloud_id is not None:  # images: they outlive nodes
             target.add_resource(None, row.kind, row.region, row.cloud_id, row.client_token)  # type: ignore[arg-type]
@@ -80,6 +76,22 @@ def push(local: Store, target: S3Store) -> Pushed:
             target.save_cluster(name, spec)
             out.clusters.append(name)
     return out
+
+
+def _move(name: str, local: Store, target: S3Store, out: Pushed) -> None:
+    node = local.find_node(name)  # read again under its lock
+    if node is None or not node.live:
+        return
+    rows = local.resources(name, live_only=False)
+    if not target.put_whole(node, rows, local.events(name)):
+        out.refused.append(name)
+        return
+    back = target.find_node(name)
+    if back is None or asdict(back) != asdict(node) or len(target.resources(name, live_only=False)) != len(rows):
+        out.unverified.append(name)
+        return
+    local.update_node(name, moved_to=str(target.url))
+    out.copied.append(name)
 
 
 # --- members' keys -------------------------------------------------------------------------------

@@ -87,6 +87,8 @@ def push(url_text: str) -> None:
     done = team.push(local, S3Store(url))
     for name in done.copied:
         click.echo(f"{name}: moved to {url} (the local file no longer lists it)")
+    for line in done.busy:
+        click.echo(f"{line}: left in the local file (push again once it is done)", err=True)
     for name in done.unverified:
         click.echo(f"{name}: written to {url} but not read back the same: kept in the local file too; check "
                    "`gpuprov state` and push again", err=True)
@@ -96,7 +98,7 @@ def push(url_text: str) -> None:
         click.echo(f"{name}: refused: {url} already has a node of that name (left as it is there)", err=True)
     click.echo(f"{len(done.copied)} node(s) pushed; the local file as it was: {backup}")
     click.echo(f"now set state = \"{url}\" in config.toml (or GPUPROV_STATE)")
-    if done.refused or done.unverified:
+    if done.refused or done.unverified or done.busy:
         raise SystemExit(1)
 
 
