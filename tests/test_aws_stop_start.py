@@ -34,14 +34,18 @@ def instance(aws) -> dict:
 def test_stop_status_start_check_and_an_autostop_that_stops(aws, env, aws_hosts, gp_home):
     pool = aws_hosts
     subnet = launch_site(aws, pool, gp_home)
-    up = gp(env, *up_args("day", "--gpu", "T4", "--subnet", subnet, *ON_HOST, "--autostop", "30m"))
+    up = gp(env, *up_args("day", "--gpu", "T4", "--subnet", subnet, *ON_HOST, "--autostop", "30m", "--locked"))
     assert up.returncode == 0, up.stdout + up.stderr
     run = aws.log("RunInstances")[-1]["form"]
     assert run["InstanceInitiatedShutdownBehavior"] == "stop"  # the guards' shutdown keeps the disk
     assert "the instance stops (its disk is kept)" in pool.exec_in(
         0, f"cat {SYSROOT}/etc/gpuprov/autostop.conf", check=True).stdout
     assert node(env, "day")["autostop_action"] == "stop"
-    assert "30m idle → stop" in gp(env, "status").stdout
+    assert "30m idle → stop (locked)" in gp(env, "status").stdout
+    # local state: the lock is this install's own (its owner id), so its own `ttl` below goes through
+    locked = node(env, "day")
+    assert locked["guards_locked_by"] == locked["owner"] and locked["owner"].endswith(
+        (gp_home / "install-id").read_text().strip())
     # the on-node check, with its clock injected, calls for a shutdown after the idle window
     check = f"{SYSROOT}/usr/local/lib/gpuprov/autostop-check"
     for now in (3_000_000, 3_001_800):

@@ -97,6 +97,7 @@ def test_render_writes_scripts_and_manifest(tmp_path):
     (["plan", "--gpu", "T4:0"], "--gpu", "e.g. A100:8"),
     (["plan", "--gpu", "B200:16"], "--gpu", "8"),
     (["render", "--gpu", "T4", "--torch", "9.9", "-o", "x"], "--torch", "2.13"),
+    (["up", "x", "--gpu", "T4", "--locked", "--yes"], "--locked", "give --ttl, --budget or --autostop"),
 ])
 def test_bad_input_is_a_short_error_with_exit_2_and_no_traceback(tmp_path, args, field, hint):
     result = gpuprov(*args, cwd=tmp_path)

@@ -243,14 +243,14 @@ SCENARIOS: dict[str, list[str]] = {
         "gpuprov state adopt --region us-east-1",
         "gpuprov state unlock train",
         SETUP + "gpuprov down train --yes",
-        # the local file pushed from still lists train (a backup now): kept aside, as after a real move
+        # the local file pushed from keeps train's row marked moved (for a local gc): put aside, as after a real move
         SETUP + "mv \"$GPUPROV_HOME/state.sqlite\" \"$GPUPROV_HOME/state.sqlite.pushed\" && "
         "sed -i '/^state = /d' \"$GPUPROV_CONFIG\"",
     ],
 }
 # what a line prints, where the README says or a user would look for it
 SAYS = {
-    "gpuprov state push s3://acme-gpu-state/team": "train: copied to s3://acme-gpu-state/team/",
+    "gpuprov state push s3://acme-gpu-state/team": "train: moved to s3://acme-gpu-state/team/",
     "gpuprov state": "versioning: Enabled",
     "gpuprov team sync train": "member(s) authorized",
     "gpuprov state unlock train": "train: no lease held",

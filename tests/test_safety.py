@@ -245,6 +245,27 @@ def test_a_state_file_of_a_newer_gpuprov_is_one_clear_line(gp_home):
     assert "upgrade gpuprov" in hint and "gc" not in result.stderr
 
 
+def test_a_schema_3_state_file_is_brought_up_to_date_and_keeps_its_nodes(tmp_path):
+    """Schema 4 added who locked a node's guardrails and where `state push` moved it: a file of schema 3 gets
+    both columns on open, its nodes read back unlocked and not moved, and a lock can be recorded."""
+    from gpuprov.state import SCHEMA_VERSION, SqliteStore
+
+    path = tmp_path / "state.sqlite"
+    SqliteStore(path).create_node("old", "aws", "us-east-1", owner="me@laptop/1")
+    db = sqlite3.connect(path)
+    for column in ("guards_locked_by", "moved_to"):
+        db.execute(f"ALTER TABLE nodes DROP COLUMN {column}")
+    db.execute("PRAGMA user_version = 3")
+    db.commit()
+    db.close()
+    store = SqliteStore(path)
+    (node,) = store.nodes()
+    assert (node.name, node.guards_locked_by, node.moved_to) == ("old", None, None) and store.moved() == {}
+    store.update_node("old", guards_locked_by="me@laptop/1")
+    assert store.node("old").guards_locked_by == "me@laptop/1"
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs (as root): a state folder whose disk can be filled, or made read-only."""

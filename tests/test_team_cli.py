@@ -73,7 +73,10 @@ def test_a_teammate_sees_stops_starts_and_downs_a_node_and_a_race_for_a_name_has
     assert gp(bob, "start", "a", "--no-bootstrap").returncode == 0
     assert [n["state"] for n in _status(alice)] == ["ready"]
 
-    # both members `up x` at once: alice's lease on the name is written, its answer held; bob's `up x` meets it
+    # both members `up x` at once: alice's lease on the name is written, its answer held; bob's `up x` meets it.
+    # Her renewals start only once that answer comes: a lease long enough that bob never finds it expired, however
+    # slowly a loaded machine starts his command (the 3 s of the fixture did, at a load of 10 on 2 cores)
+    alice = {**alice, "GPUPROV_LEASE_SECONDS": "120"}
     aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "gp/leases/node-x.json"}, "hold": True,
                 "times": 1})
     first = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("x", "--gpu", "T4", "--no-bootstrap",
@@ -99,6 +102,8 @@ def test_a_teammate_sees_stops_starts_and_downs_a_node_and_a_race_for_a_name_has
 
 def test_an_up_killed_mid_way_is_taken_down_by_the_teammate_once_its_lease_expires(aws, homes):
     alice, bob = homes
+    # a lease that outlives bob's command starting up on a busy machine (3 s did not, beside another worker)
+    alice = {**alice, "GPUPROV_LEASE_SECONDS": "8"}
     aws.faults({"action": "RunInstances", "hold": True, "times": 1})
     proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("k", "--gpu", "T4", "--no-bootstrap",
                                                                        "--no-wait")],
@@ -114,7 +119,7 @@ def test_an_up_killed_mid_way_is_taken_down_by_the_teammate_once_its_lease_expir
     down = gp(bob, "down", "k", "--yes")
     assert down.returncode == 0, down.stdout + down.stderr
     assert "k: waiting for gpuprov up of " in down.stdout + down.stderr
-    assert time.monotonic() - started >= 2  # it waited for the lease (3 s after its last renewal) to expire
+    assert time.monotonic() - started >= 2  # it waited for the lease (8 s after its last renewal) to expire
     assert aws.leftovers() == EMPTY
 
 
@@ -145,18 +150,39 @@ def test_push_a_local_state_then_adopt_after_every_record_is_deleted(aws, env, h
     aws.realism(tag_lag=0)  # adopt reads tags moments after the launches; EC2's lag is a rerun away, not tested here
     local = {k: v for k, v in alice.items() if k != "GPUPROV_STATE"}  # alice before the team: the local file
     assert gp(local, *up_args("p", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
-    pushed = gp(local, "state", "push", STATE)
-    assert pushed.returncode == 0, pushed.stderr
-    assert f"p: copied to {STATE}/" in pushed.stdout
-    refused = gp(local, "state", "push", STATE)
-    assert refused.returncode == 1 and "p: refused" in refused.stderr
-    assert [n["name"] for n in _status(bob)] == ["p"]
-
     assert gp(bob, *up_args("q", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
+    from gpuprov.state import SqliteStore
+
+    folder = Path(alice["GPUPROV_HOME"])
+    mine = SqliteStore(folder / "state.sqlite")  # alice's own q, a record only: the bucket has bob's q
+    mine.create_node("q", "aws", "us-east-1")
+    mine.update_node("q", state="ready", ready_at=time.time())
+    pushed = gp(local, "state", "push", STATE)
+    assert pushed.returncode == 1, pushed.stdout + pushed.stderr
+    assert f"p: moved to {STATE}/ (the local file no longer lists it)" in pushed.stdout
+    assert f"q: refused: {STATE}/ already has a node of that name" in pushed.stderr
+    (backup,) = folder.glob("state.sqlite.before-push-*")
+    assert f"the local file as it was: {backup}" in pushed.stdout
+    assert [n.name for n in SqliteStore(backup).nodes()] == ["p", "q"]
+    # one store per node: the local file no longer has p live (its `down` would race the team's), and its gc
+    # still counts p's resources as owned
+    assert [n["name"] for n in _status(local)] == ["q"]
+    moved = gp(local, "down", "p", "--yes")
+    assert moved.returncode == 2 and moved.stderr.startswith(
+        f"error: NAME: p was moved to {STATE}/ by `gpuprov state push`"), moved.stderr
+    swept = gp(local, "gc", "--json")
+    assert swept.returncode == 0 and json.loads(swept.stdout)["found"] == [], swept.stdout + swept.stderr
+    assert [n["name"] for n in _status(bob)] == ["p", "q"]
+
     s3 = aws.client("s3")
     for key in _objects(aws):  # every record gone (a lost bucket prefix, or a lost laptop's file)
         s3.delete_object(Bucket=BUCKET, Key=key)
     assert _status(bob) == []
+    swept = gp(alice, "gc", "--json")  # no record owns q now: the team's orphan, and gc says bob made it
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    made = {(r["kind"], r["member"]) for r in json.loads(swept.stdout)["found"] if r["node"] == "q"}
+    assert ("instance", _member(bob)) in made and {m for _, m in made} == {_member(bob)}
+    assert f"node=q running by {_member(bob).split('/')[0]}" in gp(alice, "gc").stdout
     adopted = gp(bob, "state", "adopt", "--region", "us-east-1")
     assert adopted.returncode == 0, adopted.stdout + adopted.stderr
     assert "2 node(s) adopted: p, q" in adopted.stdout
@@ -237,6 +263,23 @@ def test_every_members_key_reaches_a_teammates_node_and_a_real_sshd_lets_them_in
         assert login("mallory") != 0
     finally:
         pool.exec_in(0, "kill $(cat /tmp/gp-sshd2.pid); rm -f /tmp/gp-hk2* /tmp/gp-sshd2.pid")
+
+    # a TTL locked by alice: bob can neither lift nor change it (nothing reaches the node), alice can
+    locked = gp(alice, "ttl", "a", "8h", "--locked")
+    assert locked.returncode == 0, locked.stdout + locked.stderr
+    for change in (("ttl", "a", "off"), ("autostop", "a", "2h"), ("ttl", "a", "9h", "--unlocked"),
+                   ("bootstrap", "a", "--ttl", "90d")):
+        refused = gp(bob, *change)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert refused.stderr.startswith(f"error: NAME: a's autostop, TTL and budget are locked by {_member(alice)}: "
+                                         f"only they can change or lift them ({change[0]}")
+        assert "Traceback" not in refused.stderr
+    (row,) = _status(bob)
+    assert row["guards_locked_by"] == _member(alice) and row["ttl_seconds"] == 8 * 3600
+    assert "(locked)" in gp(bob, "status").stdout
+    lifted = gp(alice, "ttl", "a", "off", "--unlocked")
+    assert lifted.returncode == 0 and "TTL off" in lifted.stdout, lifted.stdout + lifted.stderr
+    assert _status(bob)[0]["guards_locked_by"] is None
     assert gp(alice, "down", "a", "--yes").returncode == 0
     assert aws.leftovers() == EMPTY
 

@@ -38,8 +38,9 @@ def _code(exc: ClientError) -> tuple[str, int]:
 
 
 def test_the_imitation_keeps_s3s_conditional_write_contract(aws, url):
-    """412 for a lost condition (moto's own check), and 409 ConditionalRequestConflict for a conditional write to an
-    object while another is in flight (moto checks and writes in two unlocked steps; S3 does not)."""
+    """412 for a lost condition (moto's own check, PutObject's and DeleteObject's), and 409
+    ConditionalRequestConflict for a conditional write to an object while another is in flight (moto checks and
+    writes in two unlocked steps; S3 does not)."""
     s3 = aws.client("s3", via_proxy=True)
     first = s3.put_object(Bucket=BUCKET, Key="k", Body=b"1", IfNoneMatch="*")
     with pytest.raises(ClientError) as taken:
@@ -48,7 +49,12 @@ def test_the_imitation_keeps_s3s_conditional_write_contract(aws, url):
     with pytest.raises(ClientError) as stale:
         s3.put_object(Bucket=BUCKET, Key="k", Body=b"2", IfMatch='"0123456789abcdef0123456789abcdef"')
     assert _code(stale.value) == ("PreconditionFailed", 412)
-    s3.put_object(Bucket=BUCKET, Key="k", Body=b"2", IfMatch=first["ETag"])
+    second = s3.put_object(Bucket=BUCKET, Key="k", Body=b"2", IfMatch=first["ETag"])
+    with pytest.raises(ClientError) as kept:  # a conditional delete of a version since rewritten (leases' release)
+        s3.delete_object(Bucket=BUCKET, Key="k", IfMatch=first["ETag"])
+    assert _code(kept.value) == ("PreconditionFailed", 412)
+    s3.delete_object(Bucket=BUCKET, Key="k", IfMatch=second["ETag"])
+    assert "Contents" not in aws.client("s3").list_objects_v2(Bucket=BUCKET, Prefix="k")
 
     aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "gp/slow"}, "delay": 1.5, "times": 1})
     done: list[object] = []
@@ -155,3 +161,31 @@ def test_locks_use_leases_with_team_state_and_unlock_says_whose(url):
             time.sleep(0.1)
         assert leases.read(S3Store(url).bucket, "node-u") is None
     assert leases.unlock(url, "node-u") is None
+    # an image's lock too: a bake's intent row is in the shared records, and a teammate's gc must see the bake
+    with locks.hold(locks.image("gpuprov-u-1"), "image bake"):
+        holding = leases.read(S3Store(url).bucket, "image-gpuprov-u-1")
+        assert holding is not None and holding[0].what == "image bake"
+    assert leases.read(S3Store(url).bucket, "image-gpuprov-u-1") is None
+
+
+def test_a_release_never_deletes_a_lease_taken_over_after_it_expired(aws, url):
+    """A holder frozen past its lease (a closed lid) wakes and lets go just as a teammate takes the expired lease
+    over: its delete is paused on the way (the proxy's `pause`: S3 has not seen it) until the takeover is written.
+    The release must be S3's to decide (DeleteObject If-Match: 412) and leave the teammate's lease alone."""
+    bucket = S3Store(url).bucket
+    frozen = leases.Lease(bucket, "node-o", "up", 1)
+    frozen.etag = bucket.put("leases/node-o.json", frozen.doc, create=True)  # written once, never renewed
+    aws.faults({"service": "s3", "action": "DeleteObject", "match": {"Key": "gp/leases/node-o.json"}, "pause": True,
+                "times": 1})
+    letting_go = threading.Thread(target=frozen.release)
+    letting_go.start()
+    aws.wait_held(1)
+    took: list[leases.Holding] = []
+    with leases.hold(url, "node-o", "down", expiry=30, took_over=took.append) as mine:
+        assert took and took[0].what == "up"  # the overlap: the frozen lease expired and was taken over
+        aws.release()
+        letting_go.join(10)
+        found = leases.read(bucket, "node-o")
+        assert found is not None and found[0].what == "down" and found[1] == mine.etag
+    deletes = [e["status"] for e in aws.log("DeleteObject") if e["form"].get("Key") == "gp/leases/node-o.json"]
+    assert deletes == [412, 204]  # the frozen holder's refused; the teammate's own release

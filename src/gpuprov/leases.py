@@ -111,12 +111,12 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        # still ours: a lease someone took over is theirs to end; a bucket that does not answer now leaves it to
-        # expire (the command's own result must not be lost to its clean-up)
+        # only if still ours, decided by S3 in the delete itself (If-Match on the last ETag written): a lease someone
+        # took over after it expired is theirs to end, even when they took it between any read of ours and the
+        # delete (Conflict: left as it is). A bucket that does not answer now leaves it to expire (the command's
+        # own result must not be lost to its clean-up)
         with contextlib.suppress(Exception):
-            found = read(self.bucket, self.key)
-            if found is not None and found[1] == self.etag:
-                self.bucket.delete(_name(self.key))
+            self.bucket.delete(_name(self.key), etag=self.etag)
 
 
 class Taken(Exception):
@@ -193,8 +193,12 @@ def is_free(url: StateUrl, key: str) -> bool:
 def unlock(url: StateUrl, key: str) -> Holding | None:
     """Break the lease `key` (whoever holds it); returns whose it was, None when there was none."""
     bucket = Bucket(url)
-    found = read(bucket, key)
-    if found is None:
-        return None
-    bucket.delete(_name(key))
-    return found[0]
+    while True:
+        found = read(bucket, key)
+        if found is None:
+            return None
+        try:  # the lease read, not one renewed or taken over since: whose it was is then said truly
+            bucket.delete(_name(key), etag=found[1])
+        except Conflict:
+            continue
+        return found[0]

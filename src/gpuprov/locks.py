@@ -59,6 +59,11 @@ class Busy(GpuprovError):
 
 
 _held: dict[str, tuple[int, int]] = {}  # lock path -> (fd, depth), this process's locks
+# with team state these are leases in the bucket: what they guard is the team's (a node's record and resources;
+# an image being baked, whose intent row every member's gc reads). A region's lock stays flock: it guards this
+# member's own key pair (named by the owner id, so only this install's processes, on this machine, touch it); a
+# host's too: the host's runner refuses another install's run by itself (hosts/runner.py)
+_LEASED = ("node-", "image-")
 _guard = threading.Lock()
 
 
@@ -101,8 +106,9 @@ def hold(key: str, what: str, *, wait: bool = True, subject: str | None = None,
          waiting: Callable[[Holder], None] | None = None) -> Iterator[None]:
     """Hold the lock `key` ("node-train", "region-us-east-1") while `what` ("up", "down") runs. Held by
     another process: raise Busy when `wait` is False, else call `waiting(holder)` once and wait. With team state
-    (records in S3) a node's lock is a lease in the bucket (leases.py), so a teammate's command waits too."""
-    team = _team() if key.startswith("node-") else None
+    (records in S3) a node's or an image's lock is a lease in the bucket (leases.py), so a teammate's command waits
+    too."""
+    team = _team() if key.startswith(_LEASED) else None
     if team is not None:
         with _leased(team, key, what, wait=wait, subject=subject, waiting=waiting):
             yield
@@ -148,7 +154,7 @@ def hold(key: str, what: str, *, wait: bool = True, subject: str | None = None,
 
 def holder(key: str) -> Holder:
     """Who holds `key` (for the messages): the lock file's words, or the lease's with team state."""
-    team = _team() if key.startswith("node-") else None
+    team = _team() if key.startswith(_LEASED) else None
     if team is not None:
         from gpuprov import leases
         from gpuprov.state_s3 import Bucket
@@ -184,7 +190,7 @@ def _leased(team: StateUrl, key: str, what: str, *, wait: bool, subject: str | N
 
 def is_free(key: str) -> bool:
     """Nobody holds `key` right now (this process counts as nobody: its own locks are re-entrant)."""
-    team = _team() if key.startswith("node-") else None
+    team = _team() if key.startswith(_LEASED) else None
     if team is not None:
         from gpuprov import leases
 

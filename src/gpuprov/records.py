@@ -60,6 +60,12 @@ class Node:
     running_since: float | None = None  # when the current run began (None: stopped, or ended)
     reservation_id: str | None = None  # the Capacity Reservation or Block it launched into (cr-…)
     reservation_end: float | None = None  # a Capacity Block's end (epoch s): EC2 ends its instances 30 min before
+    # `--locked`: the member (leases.member, the owner id) who locked its autostop, TTL and budget; only they may
+    # change or lift them (team state: another member's `ttl off` is refused, cloud/guards.py). None: unlocked
+    guards_locked_by: str | None = None
+    # `state push`: the bucket this local record was moved to (the local file only). Local commands no longer see
+    # the node; the row stays so a local `gc` never takes the node's resources for orphans
+    moved_to: str | None = None
 
     def cost_so_far(self, now: float) -> float | None:
         """Dollars its instance has cost: the price it got, for the time it ran (stopped time costs no compute).

@@ -101,7 +101,7 @@ CREATE TABLE IF NOT EXISTS clusters (
 """
 # The file's layout (PRAGMA user_version). A gpuprov refuses a file of a newer schema rather than misread it;
 # older files are brought up to this one on open. 0: files from before the schema had a number.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4  # 4: guards_locked_by (an older gpuprov would lift a locked TTL unknowingly), moved_to
 # Columns added after the first release: (name, type), added to an older state file on open.
 _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER"), ("ttl_deadline", "REAL"),
                        ("on_interrupt", "TEXT"), ("spot_type", "TEXT"), ("shutdown_action", "TEXT"),
@@ -110,7 +110,8 @@ _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER
                        ("resize_from", "TEXT"), ("resize_to", "TEXT"), ("stopped_at", "REAL"),
                        ("cluster_size", "INTEGER"), ("members_json", "TEXT"), ("paid_usd_hour", "REAL"),
                        ("billed_seconds", "REAL"), ("running_since", "REAL"), ("reservation_id", "TEXT"),
-                       ("reservation_end", "REAL"))
+                       ("reservation_end", "REAL"),
+                       ("guards_locked_by", "TEXT"), ("moved_to", "TEXT"))
 
 
 class SqliteStore:
@@ -224,7 +225,9 @@ class SqliteStore:
     def create_node(self, name: str, provider: str, region: str, **fields: Any) -> Node:
         """Claim `name` for a new node; refused while a live node has that name."""
         with self._tx() as db:
-            row = db.execute("SELECT state FROM nodes WHERE name = ?", (name,)).fetchone()
+            row = db.execute("SELECT state, moved_to FROM nodes WHERE name = ?", (name,)).fetchone()
+            if row and row["moved_to"]:
+                raise _moved(name, row["moved_to"])
             if row and row["state"] != "terminated":
                 raise UserInputError("NAME", f"a node called {name!r} already exists ({row['state']})",
                                      f"pick another name, or `gpuprov down {name}` first")
@@ -245,19 +248,43 @@ class SqliteStore:
     def node(self, name: str) -> Node:
         found = self.find_node(name)
         if found is None:
+            moved = self.moved().get(name)
+            if moved is not None:
+                raise _moved(name, moved)
             raise no_such_node(name, self)
         return found
 
     def find_node(self, name: str) -> Node | None:
         with self._tx(write=False) as db:
-            row = db.execute("SELECT * FROM nodes WHERE name = ?", (name,)).fetchone()
+            row = db.execute("SELECT * FROM nodes WHERE name = ? AND moved_to IS NULL", (name,)).fetchone()
         return Node(**dict(row)) if row else None
 
     def nodes(self, include_terminated: bool = False) -> list[Node]:
         with self._tx(write=False) as db:
-            rows = db.execute("SELECT * FROM nodes ORDER BY created_at").fetchall()
+            rows = db.execute("SELECT * FROM nodes WHERE moved_to IS NULL ORDER BY created_at").fetchall()
         found = [Node(**dict(r)) for r in rows]
         return found if include_terminated else [n for n in found if n.live]
+
+    def moved(self) -> dict[str, str]:
+        """The nodes `state push` moved to a bucket, and where: no local command sees them any more, and a local
+        `gc` counts their resources as owned (the bucket's records own them now)."""
+        with self._tx(write=False) as db:
+            rows = db.execute("SELECT name, moved_to FROM nodes WHERE moved_to IS NOT NULL").fetchall()
+        return {str(r["name"]): str(r["moved_to"]) for r in rows}
+
+    def backup(self, to: Path) -> None:
+        """A consistent copy of the whole file at `to` (SQLite's online backup: the WAL's pages included), 0600."""
+        try:
+            src = sqlite3.connect(self.path, timeout=30)
+            dst = sqlite3.connect(to)
+            try:
+                src.backup(dst)
+            finally:
+                dst.close()
+                src.close()
+            to.chmod(0o600)
+        except sqlite3.Error as exc:
+            raise explain(exc, to) from None
 
     # --- resources -----------------------------------------------------------------------
 
@@ -342,6 +369,11 @@ class SqliteStore:
         with self._tx(write=False) as db:
             rows = db.execute("SELECT node, at, kind, message FROM events WHERE node = ? ORDER BY id", (node,)).fetchall()
         return [Event(**dict(r)) for r in rows]
+
+
+def _moved(name: str, url: str) -> UserInputError:
+    return UserInputError("NAME", f"{name} was moved to {url} by `gpuprov state push`: its record lives there now",
+                          f'set state = "{url}" in config.toml (or GPUPROV_STATE={url}) to work on it')
 
 
 def open_store() -> Store:

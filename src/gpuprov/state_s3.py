@@ -169,8 +169,14 @@ class Bucket:
                             conditional=etag is not None)
         return str(answer["ETag"])
 
-    def delete(self, name: str) -> None:
-        self._call(lambda: self.s3.delete_object(Bucket=self.url.bucket, Key=self.key(name)))
+    def delete(self, name: str, *, etag: str | None = None) -> None:
+        """Delete `name`; with `etag`, only that version of it (If-Match): one someone rewrote since is left, and the
+        lost condition is Conflict (S3's 412, or NoSuchKey when it is gone). S3 general purpose buckets take
+        If-Match on DeleteObject since 2025-09-16 (AWS What's New; user guide, "How to perform conditional
+        deletes": 204 on a match, 412 otherwise; it needs s3:GetObject besides s3:DeleteObject)."""
+        extra = {"IfMatch": etag} if etag else {}
+        self._call(lambda: self.s3.delete_object(Bucket=self.url.bucket, Key=self.key(name), **extra),
+                   conditional=etag is not None)
 
     def names(self, folder: str) -> list[str]:
         """The object names under `folder` ("nodes/"), every page read."""
@@ -298,6 +304,10 @@ class S3Store:
         found = sorted((self._node(doc) for name, doc in self._documents() if name != UNOWNED),
                        key=lambda n: n.created_at)
         return found if include_terminated else [n for n in found if n.live]
+
+    def moved(self) -> dict[str, str]:
+        """A bucket's records are never moved away (`state push` moves a local file's)."""
+        return {}
 
     # --- resources -----------------------------------------------------------------------
 

@@ -6,9 +6,10 @@ them so each verifies the same key. No private key is ever written here: only `*
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gpuprov import locks
 from gpuprov.errors import UserInputError
 from gpuprov.leases import member
 from gpuprov.state_s3 import Bucket, S3Store
@@ -46,19 +47,26 @@ def info(url: StateUrl) -> Info:
 class Pushed:
     copied: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # a node of that name is already in the bucket
+    unverified: list[str] = field(default_factory=list)  # written, but not read back the same: kept local too
+    busy: list[str] = field(default_factory=list)  # "NAME: gpuprov up (pid …) is working on it": left local
     clusters: list[str] = field(default_factory=list)
 
 
 def push(local: Store, target: S3Store) -> Pushed:
-    """Copy every live local node (its rows and events), the unowned rows and the recorded clusters into the bucket;
-    a node the bucket already has is refused and left as it is there."""
+    """Move every live local node (its rows and events) into the bucket, and copy the unowned rows and the recorded
+    clusters; a node the bucket already has is refused and left as it is, in both places.
+
+    A moved node is one store's: once its object reads back as written, the local record is marked `moved_to`, so
+    local commands no longer see it (a local `down` racing the team's is then impossible), while a local `gc`
+    still counts its resources as owned. The unowned rows (images) and clusters stay in the local file too: both
+    stores knowing an image or a host list races nothing."""
     out = Pushed()
-    for node in local.nodes():
-        rows = local.resources(node.name, live_only=False)
-        if target.put_whole(node, rows, local.events(node.name)):
-            out.copied.append(node.name)
-        else:
-            out.refused.append(node.name)
+    for listed in local.nodes():
+        try:  # a command at work on it would go on writing the local record after the copy
+            with locks.hold(locks.node(listed.name), "state push", wait=False, subject=listed.name):
+                _move(listed.name, local, target, out)
+        except locks.Busy as busy:
+            out.busy.append(str(busy))
     for row in local.resources(None, live_only=True):
         if row.node is None and row.cloud_id is not None:  # images: they outlive nodes
             target.add_resource(None, row.kind, row.region, row.cloud_id, row.client_token)  # type: ignore[arg-type]
@@ -68,6 +76,22 @@ def push(local: Store, target: S3Store) -> Pushed:
             target.save_cluster(name, spec)
             out.clusters.append(name)
     return out
+
+
+def _move(name: str, local: Store, target: S3Store, out: Pushed) -> None:
+    node = local.find_node(name)  # read again under its lock
+    if node is None or not node.live:
+        return
+    rows = local.resources(name, live_only=False)
+    if not target.put_whole(node, rows, local.events(name)):
+        out.refused.append(name)
+        return
+    back = target.find_node(name)
+    if back is None or asdict(back) != asdict(node) or len(target.resources(name, live_only=False)) != len(rows):
+        out.unverified.append(name)
+        return
+    local.update_node(name, moved_to=str(target.url))
+    out.copied.append(name)
 
 
 # --- members' keys -------------------------------------------------------------------------------

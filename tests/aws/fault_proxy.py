@@ -94,6 +94,9 @@ Rule fields:
            AvailabilityZone / Filter.N (instance-type, availability-zone, product-description), timestamp now
   capacity: N (RunInstances) -> EC2's capacity for the whole request: MinCount above N is refused with
            InsufficientInstanceCapacity (500) and nothing launches; otherwise min(MaxCount, N) instances launch
+  pause: true  -> the request waits on its way, before the cloud (or the S3 imitation's one-conditional-write-in-
+           flight rule) sees it, until POST /__faults__/release; then it goes on as any other (counted in "holding").
+           A request slow on the network: another client's requests meanwhile meet the object as it is.
   hold: true  -> forward upstream, read the answer, count it (rule "held", log "held": true), then answer
            only after POST /__faults__/release; if the client goes away meanwhile the answer is dropped
            (log "outcome": "client-gone").
@@ -638,9 +641,12 @@ class _State:
                     self.rules.append(r)
         return ids
 
-    def pick(self, req: dict[str, Any]) -> dict[str, Any] | None:
-        """First matching rule (hit counted), under the lock."""
+    def pick(self, req: dict[str, Any], pause: bool = False) -> dict[str, Any] | None:
+        """First matching rule (hit counted), under the lock: a `pause` one (before anything sees the request), or
+        any other."""
         for r in self.rules:
+            if bool(r.get("pause")) != pause:
+                continue
             if r.get("action") is not None and r["action"] != req["action"]:
                 continue
             if r.get("target") is not None and r["target"] != req["target"]:
@@ -884,6 +890,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path.split("?")[0].rstrip("/").startswith(CONTROL):
             return self._control(body)
         req = self._describe(body)
+        self._pause(req)
         # S3: one conditional write per object from arrival to answer (a rule's delay included), another meanwhile
         # is S3's 409 (s3_contracts.py)
         written = S3Conditional.conditional(req, self.headers)
@@ -898,6 +905,20 @@ class Handler(BaseHTTPRequestHandler):
             return self._proxy(body, req)
         finally:
             self._end_write()
+
+    def _pause(self, req: dict[str, Any]) -> None:
+        """A `pause` rule: the request waits here, seen by nothing yet, until the next release."""
+        st = self.state
+        with st.cond:
+            if st.pick(req, pause=True) is None:
+                return
+            st.holding += 1
+            gen = st.release_gen
+            try:
+                while st.release_gen == gen:
+                    st.cond.wait(0.05)
+            finally:
+                st.holding -= 1
 
     def _end_write(self) -> None:
         """S3 has written (or refused) the object: a conditional write arriving now meets it as it is (a held

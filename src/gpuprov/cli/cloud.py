@@ -80,6 +80,9 @@ from gpuprov.errors import UserInputError
                    "where the type has it); all of them or none.")
 @click.option("--min-nodes", type=NODES, default=None,
               help="With --nodes: keep the cluster with at least this many healthy nodes [default: all].")
+@click.option("--locked", is_flag=True,
+              help="Only you may change or lift this node's --ttl, --budget and --autostop afterwards (with team "
+                   "state, another member's `gpuprov ttl NAME off` is refused).")
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
 def up(name: str | None, fallback: str, max_price: float | None, max_hourly: float | None, disk_gb: int,
@@ -87,7 +90,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
        s3_access: tuple[str, ...], reservation: str | None, capacity_block: str | None, ssh_user: str | None,
        no_bootstrap: bool, no_wait: bool,
        dry_run: bool, wait_for: str | None, yes: bool, step_silence: float, verbose: bool, nodes: int,
-       min_nodes: int | None, as_json: bool, **kw: Any) -> None:
+       min_nodes: int | None, locked: bool, as_json: bool, **kw: Any) -> None:
     """Launch a GPU node on AWS, bootstrap and verify it, and print how to connect.
 
     Tries every instance type that carries the GPUs in every zone that offers it, cheapest
@@ -111,7 +114,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         bootstrap=not no_bootstrap, wait=not no_wait, step_silence=step_silence or None,
         verbose_echo=line_echo(console) if verbose else None,
         instance_profile=instance_profile, reservation=reservation, capacity_block=capacity_block,
-        patient=wait is not None, s3_access=s3_access,
+        patient=wait is not None, s3_access=s3_access, locked=locked,
     )
 
     def check(plan: Any) -> None:  # every option, before EC2 is asked anything (its instance-type facts)
@@ -349,6 +352,12 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool, no_s
 # --- guardrails -------------------------------------------------------------------------------
 
 
+lock_option = click.option(
+    "--locked/--unlocked", "lock", default=None,
+    help="Lock the node's autostop, TTL and budget to you (only you may change or lift them), or unlock them "
+         "[default: as they are]. A node another member locked refuses any change but theirs.")
+
+
 def _guard_target(name: str, identity: str | None) -> tuple[str | None, Any, Any, Any]:
     """A node gpuprov launched (by name), or a host it bootstrapped ([USER@]HOST[:PORT], host key pinned)."""
     from gpuprov.hosts.remote import HostSettings
@@ -380,7 +389,8 @@ def _guard_target(name: str, identity: str | None) -> tuple[str | None, Any, Any
 @click.argument("name", metavar="NODE|[USER@]HOST[:PORT]", shell_complete=complete_node)
 @click.argument("duration", metavar="DURATION|off")
 @click.option("-i", "--identity", default=None, help="Private key for a host (nodes use their own).")
-def autostop(name: str, duration: str, identity: str | None) -> None:
+@lock_option
+def autostop(name: str, duration: str, identity: str | None, lock: bool | None) -> None:
     """Change the idle autostop of a running node or a bootstrapped host: `gpuprov autostop NAME 2h`, or `off`.
 
     Rewrites /etc/gpuprov/autostop.conf over SSH (the machine shuts down after that long with every
@@ -391,14 +401,15 @@ def autostop(name: str, duration: str, identity: str | None) -> None:
 
     seconds = parse_duration(duration, "DURATION")
     node, store, target, settings = _guard_target(name, identity)
-    guards.set_autostop(node, seconds, store, target, settings, say_to(make_console()))
+    guards.set_autostop(node, seconds, store, target, settings, say_to(make_console()), lock)
 
 
 @main.command()
 @click.argument("name", metavar="NODE|[USER@]HOST[:PORT]", shell_complete=complete_node)
 @click.argument("duration", metavar="DURATION|off")
 @click.option("-i", "--identity", default=None, help="Private key for a host (nodes use their own).")
-def ttl(name: str, duration: str, identity: str | None) -> None:
+@lock_option
+def ttl(name: str, duration: str, identity: str | None, lock: bool | None) -> None:
     """Give a running node or a host bootstrapped with --ttl a new deadline: `gpuprov ttl NAME 4h` (from
     now), or `off`. Rewrites /var/lib/gpuprov/ttl-deadline over SSH; `off` also lifts a --budget cap."""
     from gpuprov.cloud import guards
@@ -406,7 +417,7 @@ def ttl(name: str, duration: str, identity: str | None) -> None:
 
     seconds = parse_duration(duration, "DURATION")
     node, store, target, settings = _guard_target(name, identity)
-    guards.set_ttl(node, seconds, store, target, settings, say_to(make_console()))
+    guards.set_ttl(node, seconds, store, target, settings, say_to(make_console()), lock)
 
 
 # --- stop / start ---------------------------------------------------------------------------------

@@ -82,12 +82,15 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
             return
         console.print(f"owner {owner()}:", markup=False)
         for res in found.found:
-            mark = f" (owner {res.owner})" if res.owner and res.owner != owner() else ""
-            console.print(f"{res.region}  {res.kind:<15} {res.id:<24} node={res.node} {res.state}{mark}", markup=False)
+            mark = f" (owner {res.owner})" if res.owner and res.owner != owner() and not res.member else ""
+            made = f" by {res.member.split('/')[0]}" if res.member else ""  # team state: who of the team made it
+            console.print(f"{res.region}  {res.kind:<15} {res.id:<24} node={res.node} {res.state}{made}{mark}",
+                          markup=False)
     left = sweep.gc(found.found, provider, store, say) if yes and found.found else []
     if as_json:
         def row(r: Any) -> dict[str, Any]:
-            return {"region": r.region, "kind": r.kind, "id": r.id, "node": r.node, "state": r.state, "owner": r.owner}
+            return {"region": r.region, "kind": r.kind, "id": r.id, "node": r.node, "state": r.state, "owner": r.owner,
+                    "member": r.member}  # gpuprov:member: who of the team made it (None: no team tag)
 
         click.echo(json.dumps({"regions": where, "owner": owner(), "deleted": yes, "left": left + stale_left,
                                "stopped": stopped_rows,

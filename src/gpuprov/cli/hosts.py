@@ -94,6 +94,8 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
         if ended := stack_facts().branch_ended(int(pins.driver.split(".")[0])):
             warn(f"warning: driver {ended}")
     targets = targets_from(kw)
+    if guard.autostop_seconds is not None or guard.ttl_seconds is not None:
+        _refuse_locked(targets)
     plan_for = Planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"], monitoring=monitoring,
                        keep_driver=keep_driver, docker=kw["docker"])
     if as_json and not verbose:  # JSON for a script: no progress, and none of rich's import time
@@ -120,6 +122,24 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
         wired = wire(cluster_name, targets, host_settings(kw), master_addr=master_addr, port=master_port,
                      parallel=kw["parallel"])
     _cluster_out(cluster_name, results, wired, as_json, console)
+
+
+def _refuse_locked(targets: list[Any]) -> None:
+    """`bootstrap NODE --ttl/--autostop` rewrites a launched node's guardrails: refused, before any host is
+    touched, where another member locked them (`up --locked`), as `gpuprov ttl` is."""
+    from gpuprov.paths import state_dir
+    from gpuprov.state_url import configured
+
+    if configured() is None and not (state_dir() / "state.sqlite").exists():
+        return  # no records: no launched node among them (and none made by asking)
+    from gpuprov.cloud.guards import check_lock
+    from gpuprov.state import open_store
+
+    store = open_store()
+    for target in targets:
+        node = store.find_node(target.label) if target.label else None
+        if node is not None and node.live and node.address == target.host:
+            check_lock(node, "bootstrap --ttl/--autostop")
 
 
 def _engine_options(engine: Any, kw: dict[str, Any], echo: Callable[[str], None] | None) -> Any:

@@ -182,6 +182,7 @@ def _stop_fields(n: Node, now: float) -> dict[str, object]:
         "reservation_id": n.reservation_id, "reservation_end": n.reservation_end,
         "budget_usd": n.budget_usd, "budget_price_usd_hour": n.budget_price,
         "budget_left_usd": round(left, 2) if left is not None else None,
+        "guards_locked_by": n.guards_locked_by,  # `--locked`: only this member may change or lift them
     }
 
 
@@ -246,6 +247,8 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
                   f"${budget:.2f} of ${row['budget_usd']:g} left" if isinstance(budget, float) else ""]
         guard = ", ".join(g for g in guards if g)
         guard = f"{guard} → {row['autostop_action']}" if guard else "off"
+        if guard != "off" and row["guards_locked_by"]:
+            guard += " (locked)"
         price = row["price_usd_hour"]
         cost = row["cost_so_far_usd"]
         state = str(row["state"]) + (f" ({row['state_reason']})" if row["state_reason"] else "")

@@ -64,8 +64,9 @@ def state(ctx: click.Context, as_json: bool) -> None:
 @state.command("push")
 @click.argument("url_text", metavar="s3://BUCKET/PREFIX")
 def push(url_text: str) -> None:
-    """Copy the local records into a bucket (a node the bucket already has is refused and left there). Then set
-    state = "s3://…" in config.toml so every command uses the bucket."""
+    """Move the local records into a bucket (a node the bucket already has is refused and left in both places).
+    Each node moved is marked so in the local file (kept, with a backup of the file as it was), so local commands
+    no longer see it; then set state = "s3://…" in config.toml so every command uses the bucket."""
     from gpuprov import team
     from gpuprov.paths import state_dir
     from gpuprov.state import SqliteStore
@@ -78,15 +79,26 @@ def push(url_text: str) -> None:
     path = state_dir() / "state.sqlite"
     if not path.exists():
         raise UserInputError("state", f"no local state file at {path}: nothing to push")
-    done = team.push(SqliteStore(path), S3Store(url))
+    import time
+
+    local = SqliteStore(path)
+    backup = path.with_name(f"{path.name}.before-push-{time.strftime('%Y%m%dT%H%M%S')}")
+    local.backup(backup)  # the file as it was, before any record is marked moved
+    done = team.push(local, S3Store(url))
     for name in done.copied:
-        click.echo(f"{name}: copied to {url}")
+        click.echo(f"{name}: moved to {url} (the local file no longer lists it)")
+    for line in done.busy:
+        click.echo(f"{line}: left in the local file (push again once it is done)", err=True)
+    for name in done.unverified:
+        click.echo(f"{name}: written to {url} but not read back the same: kept in the local file too; check "
+                   "`gpuprov state` and push again", err=True)
     for name in done.clusters:
         click.echo(f"cluster {name}: copied to {url}")
     for name in done.refused:
         click.echo(f"{name}: refused: {url} already has a node of that name (left as it is there)", err=True)
-    click.echo(f"{len(done.copied)} node(s) pushed; now set state = \"{url}\" in config.toml (or GPUPROV_STATE)")
-    if done.refused:
+    click.echo(f"{len(done.copied)} node(s) pushed; the local file as it was: {backup}")
+    click.echo(f"now set state = \"{url}\" in config.toml (or GPUPROV_STATE)")
+    if done.refused or done.unverified or done.busy:
         raise SystemExit(1)
 
 

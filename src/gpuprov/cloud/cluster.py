@@ -104,7 +104,7 @@ def up(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider: Prov
                           autostop_seconds=plan.guards.autostop_seconds, ttl_seconds=plan.request.ttl_seconds,
                           on_interrupt=plan.guards.on_interrupt, spot_type="one-time" if plan.request.spot else None,
                           shutdown_action=plan.guards.shutdown_action, disk_gb=opts.disk_gb, connect=opts.connect,
-                          cluster_size=copts.nodes)
+                          cluster_size=copts.nodes, guards_locked_by=owner() if opts.locked else None)
         store.event(name, "up", f"launching {copts.nodes} nodes of {plan.count}× {plan.gpu.name if plan.gpu else ''} "
                     f"in {region}")
         try:

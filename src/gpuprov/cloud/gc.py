@@ -48,7 +48,7 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store, all_instal
     team = tags.team_tags() is not None  # team state: every resource listed is the team's (tagged so), records shared
     nodes = store.nodes()
     dead = {n.name for n in nodes if locks.abandoned(n)}
-    claimed = {n.name for n in nodes} - dead
+    claimed = ({n.name for n in nodes} - dead) | set(store.moved())  # moved: a bucket's records own them
     for node in nodes:
         if node.region not in regions:
             continue

@@ -1,7 +1,11 @@
 """Guardrails changed on a live node (or a bootstrapped host): its idle autostop and its TTL deadline.
 
 Each change runs the same guard step the bootstrap runs, rendered with the new value, over SSH (sudo),
-then records it for a node. `ttl off` also lifts a --budget cap (the deadline is the user's then)."""
+then records it for a node. `ttl off` also lifts a --budget cap (the deadline is the user's then).
+
+A node launched (or changed) with `--locked` records who locked its guardrails (Node.guards_locked_by): any
+other member's change is refused before the node is reached, so a teammate cannot lift the TTL or budget a
+node was given (stopping it or taking it down stays anyone's: those only save money)."""
 
 from __future__ import annotations
 
@@ -49,14 +53,34 @@ def _live_node(name: str | None, store: Store | None, what: str) -> Node | None:
     return node
 
 
+def check_lock(node: Node | None, what: str, lock: bool | None = None) -> dict[str, object]:
+    """Refuse a change to a node whose guardrails another member locked (one line, exit 2, nothing touched);
+    returns the lock's field for the record: `lock` True locks them to this member, False unlocks, None keeps."""
+    from gpuprov.cloud.tags import owner
+
+    if node is None:
+        if lock is not None:
+            raise UserInputError("--locked" if lock else "--unlocked", "only a node's guardrails can be locked",
+                                 "a host bootstrapped by hand has no shared record")
+        return {}
+    me = owner()
+    if node.guards_locked_by is not None and node.guards_locked_by != me:
+        raise UserInputError("NAME", f"{node.name}'s autostop, TTL and budget are locked by {node.guards_locked_by}: "
+                             f"only they can change or lift them ({what} refused)",
+                             f"ask them, or `gpuprov stop {node.name}` / `gpuprov down {node.name}`")
+    if lock is None:
+        return {}
+    return {"guards_locked_by": me if lock else None}
+
+
 def set_autostop(name: str | None, seconds: int | None, store: Store | None, target: Target, settings: HostSettings,
-                 say: Say) -> str:
+                 say: Say, lock: bool | None = None) -> str:
     with locks.nodes([name] if name else [], "autostop", say):  # one change to a node at a time
-        return _set_autostop(name, seconds, store, target, settings, say)
+        return _set_autostop(name, seconds, store, target, settings, say, lock)
 
 
 def _set_autostop(name: str | None, seconds: int | None, store: Store | None, target: Target,
-                  settings: HostSettings, say: Say) -> str:
+                  settings: HostSettings, say: Say, lock: bool | None = None) -> str:
     """Change a running node's (or a bootstrapped host's: name None) autostop window (None: off) over SSH,
     then record it for a node.
 
@@ -67,37 +91,39 @@ def _set_autostop(name: str | None, seconds: int | None, store: Store | None, ta
     from gpuprov.plan.spec import format_duration
 
     node = _live_node(name, store, "autostop")
+    locked = check_lock(node, "autostop", lock)
     label = name or target.label or target.host
     script = autostop_script(seconds, shutdown_action=node.shutdown_action if node else None)
     result = _run_guard_step(label, "autostop", script.text, target, settings)
     if node is not None and store is not None:
-        store.update_node(node.name, autostop_seconds=seconds)
+        store.update_node(node.name, autostop_seconds=seconds, **locked)
         store.event(node.name, "autostop", f"autostop {format_duration(seconds)}")
     say(f"{label}: autostop {'off' if seconds is None else 'after ' + format_duration(seconds) + ' idle'}")
     return result
 
 
 def set_ttl(name: str | None, seconds: int | None, store: Store | None, target: Target, settings: HostSettings,
-            say: Say) -> str:
+            say: Say, lock: bool | None = None) -> str:
     with locks.nodes([name] if name else [], "ttl", say):  # one change to a node at a time
-        return _set_ttl(name, seconds, store, target, settings, say)
+        return _set_ttl(name, seconds, store, target, settings, say, lock)
 
 
 def _set_ttl(name: str | None, seconds: int | None, store: Store | None, target: Target, settings: HostSettings,
-             say: Say) -> str:
+             say: Say, lock: bool | None = None) -> str:
     """Give a running node (or a bootstrapped host: name None) a new deadline, `seconds` from now, or none
     (None), over SSH: the `ttl` step rendered to start a new deadline. `off` also lifts a --budget cap."""
     from gpuprov.plan.plan import ttl_script
     from gpuprov.plan.spec import format_duration
 
     node = _live_node(name, store, "ttl")
+    locked = check_lock(node, "ttl", lock)
     label = name or target.label or target.host
     script = ttl_script(seconds, shutdown_action=node.shutdown_action if node else None)
     started = time.time()
     result = _run_guard_step(label, "ttl", script.text, target, settings)
     if node is not None and store is not None:
         fields: dict[str, object] = {"ttl_seconds": seconds,
-                                     "ttl_deadline": started + seconds if seconds is not None else None}
+                                     "ttl_deadline": started + seconds if seconds is not None else None, **locked}
         if node.budget_usd is not None:  # the deadline is the user's now, not the budget's
             fields.update(budget_usd=None, budget_deadline=None, budget_price=None)
             say(f"{label}: the ${node.budget_usd:g} budget no longer applies (the deadline is set by hand)")

@@ -57,6 +57,7 @@ class UpOptions:
     capacity_block: str | None = None  # --capacity-block cr-…|cb-…: a Capacity Block for ML bought beforehand
     patient: bool = False  # `up --wait`: a Capacity Block that has not started yet is waited for, not refused
     s3_access: tuple[str, ...] = ()  # --s3-access s3://bucket/prefix[:ro]: a role of the node's own (cloud/data.py)
+    locked: bool = False  # --locked: its autostop, TTL and budget are changed or lifted only by whoever launched it
 
     @property
     def ipv6(self) -> bool:
@@ -157,6 +158,9 @@ def check_options(plan: Plan, opts: UpOptions) -> None:
         if opts.instance_profile is not None:
             raise UserInputError("--s3-access", "makes the node an instance profile of its own",
                                  "--s3-access or --instance-profile, not both")
+    if opts.locked and plan.guards.autostop_seconds is None and plan.request.ttl_seconds is None \
+            and plan.request.budget_usd is None:
+        raise UserInputError("--locked", "there is no guardrail to lock", "give --ttl, --budget or --autostop with it")
     if opts.reservation and opts.capacity_block:
         raise UserInputError("--reservation", "a launch goes into one reservation", "--reservation or --capacity-block")
     shapes = {"--reservation": (r"open|cr-[0-9a-f]{8,17}", "cr-… or open"),

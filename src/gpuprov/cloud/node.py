@@ -93,7 +93,7 @@ def _up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say)
                       ttl_seconds=plan.request.ttl_seconds, on_interrupt=plan.guards.on_interrupt,
                       spot_type=("persistent" if plan.request.persistent else "one-time") if plan.request.spot else None,
                       shutdown_action=plan.guards.shutdown_action, disk_gb=opts.disk_gb, connect=opts.connect,
-                      budget_usd=plan.request.budget_usd)
+                      budget_usd=plan.request.budget_usd, guards_locked_by=owner() if opts.locked else None)
     store.event(name, "up", f"launching {plan.count}× {plan.gpu.name if plan.gpu else ''} in {region}")
     try:
         done = _launch_and_bootstrap(plan, opts, provider, store, say, order, image, network, cidr, rec)

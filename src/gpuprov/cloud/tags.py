@@ -20,7 +20,7 @@ from __future__ import annotations
 import getpass
 import socket
 
-from gpuprov.cloud.providers.base import TAG_TEAM  # team state: the bucket/prefix whose records own it
+from gpuprov.cloud.providers.base import TAG_MEMBER, TAG_TEAM  # team state: whose records own it, who made it
 from gpuprov.paths import install_id
 
 __all__ = ["TAG_MEMBER", "TAG_TEAM", "legacy_owner", "owner", "team_tags"]
@@ -34,7 +34,6 @@ def owner() -> str:
     return f"{legacy_owner()}/{install_id()}"
 
 
-TAG_MEMBER = "gpuprov:member"  # ... and the member (user@host) who made it
 
 
 def team_tags() -> dict[str, str] | None:

@@ -27,6 +27,7 @@ from gpuprov.cloud.providers.base import (
     IMAGES,
     SHARED,
     TAG_IMAGE,
+    TAG_MEMBER,
     TAG_OWNER,
     TAG_TEAM,
     CloudResource,
@@ -260,40 +261,48 @@ class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
         found: list[CloudResource] = []
         for i in self.instances(region, everyone=everyone):
             if i.state != "terminated":
-                found.append(CloudResource("instance", i.id, region, i.node, i.state, i.owner, i.team))
+                found.append(CloudResource("instance", i.id, region, i.node, i.state, i.owner, i.team, i.member))
         for req in self._pages(ec2, "DescribeSpotInstanceRequests", "SpotInstanceRequests", Filters=owned):
             if req.get("State") in ("open", "active", "disabled"):  # disabled: its stopped instance's, still live
                 found.append(CloudResource("spot-request", req["SpotInstanceRequestId"], region, tag_value(req), req["State"],
-                                           tag_value(req, TAG_OWNER), tag_value(req, TAG_TEAM)))
+                                           tag_value(req, TAG_OWNER), tag_value(req, TAG_TEAM),
+                                           tag_value(req, TAG_MEMBER)))
         for group in self._call("DescribeSecurityGroups", lambda: ec2.describe_security_groups(
                 Filters=owned))["SecurityGroups"]:
             found.append(CloudResource("security-group", group["GroupId"], region, tag_value(group), "",
-                                       tag_value(group, TAG_OWNER), tag_value(group, TAG_TEAM)))
+                                       tag_value(group, TAG_OWNER), tag_value(group, TAG_TEAM),
+                                           tag_value(group, TAG_MEMBER)))
         for vol in self._pages(ec2, "DescribeVolumes", "Volumes", Filters=owned):
             if vol.get("State") not in ("deleting", "deleted"):
                 found.append(CloudResource("volume", vol["VolumeId"], region, tag_value(vol), vol.get("State", ""),
-                                           tag_value(vol, TAG_OWNER), tag_value(vol, TAG_TEAM)))
+                                           tag_value(vol, TAG_OWNER), tag_value(vol, TAG_TEAM),
+                                           tag_value(vol, TAG_MEMBER)))
         for key in self._call("DescribeKeyPairs", lambda: ec2.describe_key_pairs(Filters=owned))["KeyPairs"]:
             found.append(CloudResource("key-pair", key["KeyName"], region, tag_value(key), "", tag_value(key, TAG_OWNER),
-                                       tag_value(key, TAG_TEAM)))
+                                       tag_value(key, TAG_TEAM),
+                                           tag_value(key, TAG_MEMBER)))
         for pg in self._call("DescribePlacementGroups", lambda: ec2.describe_placement_groups(
                 Filters=owned))["PlacementGroups"]:
             if pg.get("State") not in ("deleting", "deleted"):
                 found.append(CloudResource("placement-group", pg["GroupName"], region, tag_value(pg), pg.get("State", ""),
-                                           tag_value(pg, TAG_OWNER), tag_value(pg, TAG_TEAM)))
+                                           tag_value(pg, TAG_OWNER), tag_value(pg, TAG_TEAM),
+                                           tag_value(pg, TAG_MEMBER)))
         for eip in self._call("DescribeAddresses", lambda: ec2.describe_addresses(Filters=owned))["Addresses"]:
             found.append(CloudResource("address", eip["AllocationId"], region, tag_value(eip), eip.get("PublicIp", ""),
-                                       tag_value(eip, TAG_OWNER), tag_value(eip, TAG_TEAM)))
+                                       tag_value(eip, TAG_OWNER), tag_value(eip, TAG_TEAM),
+                                           tag_value(eip, TAG_MEMBER)))
         images = self.images(region, everyone=everyone)
         for image in images:
-            found.append(CloudResource("image", image.id, region, IMAGES, f"{image.name} | {image.state}", image.owner))
+            found.append(CloudResource("image", image.id, region, IMAGES, f"{image.name} | {image.state}", image.owner,
+                                       member=image.member))
         # a snapshot whose image is gone (a DeregisterImage whose DeleteSnapshot never came); its image's
         # name is its tag, since CreateImage tags the snapshots before the image id is known
         names = {i.name for i in images}
         for snap in self._pages(ec2, "DescribeSnapshots", "Snapshots", OwnerIds=["self"], Filters=owned):
             if tag_value(snap, TAG_IMAGE) not in names:
                 found.append(CloudResource("snapshot", snap["SnapshotId"], region, IMAGES,
-                                           f"of image {tag_value(snap, TAG_IMAGE)} (gone)", tag_value(snap, TAG_OWNER)))
+                                           f"of image {tag_value(snap, TAG_IMAGE)} (gone)", tag_value(snap, TAG_OWNER),
+                                           member=tag_value(snap, TAG_MEMBER)))
         return found
 
     def delete(self, resource: CloudResource, settle: float = 0) -> None:

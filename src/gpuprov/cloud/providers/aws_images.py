@@ -13,6 +13,7 @@ from gpuprov.cloud.providers.aws_base import NOT_FOUND, AwsBase, AwsError, tag_v
 from gpuprov.cloud.providers.base import (
     IMAGES,
     TAG_IMAGE,
+    TAG_MEMBER,
     TAG_OS,
     TAG_OWNER,
     TAG_SOURCE,
@@ -161,6 +162,6 @@ def _image(raw: dict[str, Any], region: str) -> Image:
         architecture=raw.get("Architecture"), created=raw.get("CreationDate"),
         snapshot_ids=tuple(e["SnapshotId"] for e in ebs if e.get("SnapshotId")), size_gb=sum(sizes) if sizes else None,
         stack=tag_value(raw, TAG_STACK), os=tag_value(raw, TAG_OS), source_node=tag_value(raw, TAG_SOURCE),
-        owner=tag_value(raw, TAG_OWNER),
+        owner=tag_value(raw, TAG_OWNER), member=tag_value(raw, TAG_MEMBER),
         state_reason=(raw.get("StateReason") or {}).get("Message"),
     )

@@ -16,6 +16,7 @@ from typing import Any
 from gpuprov.cloud.providers.aws_base import AwsBase, AwsError, NoAnswer, tag_value
 from gpuprov.cloud.providers.aws_refusals import classify
 from gpuprov.cloud.providers.base import (
+    TAG_MEMBER,
     TAG_NODE,
     TAG_OWNER,
     TAG_TEAM,
@@ -261,4 +262,5 @@ def _instance(raw: dict[str, Any], region: str) -> Instance:
         spot_request_id=raw.get("SpotInstanceRequestId"), volume_ids=volumes, owner=tag_value(raw, TAG_OWNER),
         ipv6=raw.get("Ipv6Address") or (v6[0].get("Ipv6Address") if v6 else None),
         primary_interface=primary.get("NetworkInterfaceId") if primary else None, team=tag_value(raw, TAG_TEAM),
+        member=tag_value(raw, TAG_MEMBER),
     )

@@ -26,6 +26,7 @@ InterfaceType = Literal["interface", "efa", "efa-only"]
 TAG_NODE = "gpuprov:node"
 TAG_OWNER = "gpuprov:owner"
 TAG_TEAM = "gpuprov:team"  # team state: the bucket/prefix whose shared records own it (cloud/tags.py)
+TAG_MEMBER = "gpuprov:member"  # ... and the member (user@host/ID) who made it
 SHARED = "(shared)"  # gpuprov:node value of resources several nodes use (the key pair)
 # Baked images outlive the node they were made from: their gpuprov:node is IMAGES (no node name can be it, so
 # `down NODE` never takes them); the node they came from is in gpuprov:source-node.
@@ -55,6 +56,7 @@ class Instance:
     ipv6: str | None = None  # the primary interface's IPv6 address, when it has one
     primary_interface: str | None = None  # the interface at network card 0, device 0 (an Elastic IP goes there)
     team: str | None = None  # its gpuprov:team tag: a team's records own it, not this install's file
+    member: str | None = None  # its gpuprov:member tag: who of the team made it
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,7 @@ class CloudResource:
     state: str = ""
     owner: str | None = None  # its gpuprov:owner tag (cloud/tags.py), where the listing read one
     team: str | None = None  # its gpuprov:team tag (team state), where the listing read one
+    member: str | None = None  # its gpuprov:member tag (team state): who made it, as `gc` shows
 
 
 @dataclass(frozen=True)
@@ -217,6 +220,7 @@ class Image:
     source_node: str | None = None
     owner: str | None = None
     state_reason: str | None = None
+    member: str | None = None  # its gpuprov:member tag (team state)
 
 
 @dataclass(frozen=True)
