@@ -22,6 +22,7 @@ from gpuprov.cli import (  # noqa: F401  (registers the commands)
     clusters,
     facts,
     gc,
+    guardrails,
     hosts,
     images,
     metrics,
