@@ -131,7 +131,8 @@ def test_data_comes_down_before_the_steps_resumes_after_a_cut_and_the_checkpoint
 
     pool.exec_in(i, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/* /tmp/gp-*; "
                     "mkdir -p /var/lib/gpuprov-shim", check=True)
-    lines = _shim_env(s3_on_hosts, GPUPROV_SHIM_CURL_PASSTHROUGH=metadata.url)
+    # an image without the AWS CLI (Canonical's Ubuntu): the data steps install it with snap, once
+    lines = _shim_env(s3_on_hosts, GPUPROV_SHIM_CURL_PASSTHROUGH=metadata.url, GPUPROV_SHIM_AWS="absent")
     pool.exec_in(i, f"printf %s '{lines}' > /var/lib/gpuprov-shim/env", check=True)
 
     def bootstrap() -> tuple[int, list[tuple[str, str]], str]:
@@ -152,6 +153,10 @@ def test_data_comes_down_before_the_steps_resumes_after_a_cut_and_the_checkpoint
     assert steps[-3:] == [("data-save", "skipped"), ("data-fetch", "changed"), ("train", "changed")], steps
     gets = [e["form"].get("Key") for e in aws.log() if e.get("action") == "GetObject" and e["status"] == 200]
     assert sorted(gets) == sorted(OBJECTS), gets
+    calls = pool.exec_in(i, "cat /var/lib/gpuprov-shim/calls.log").stdout.splitlines()
+    assert [c for c in calls if c.startswith("snap ")] == ["snap install aws-cli --classic"], calls
+    refused = pool.exec_in(i, "snap install aws-cli --classic; snap install s5cmd")  # as snapd answers them
+    assert "already installed" in refused.stdout and 'snap "s5cmd" not found' in refused.stderr
     got = pool.exec_in(i, f"cd {HOST_SYSROOT}/data/x && sha256sum a.txt sub/b.bin c.txt", check=True).stdout
     assert [line.split()[0] for line in got.splitlines()] == [hashlib.sha256(b).hexdigest() for b in OBJECTS.values()]
 
