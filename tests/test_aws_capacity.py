@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -307,6 +308,13 @@ def test_start_move_region_takes_the_disk_to_another_region_and_leaves_nothing_b
     (node,) = json.loads(gp(env, "status", "--json").stdout)
     assert (node["name"], node["state"], node["region"], node["zone"], node["disk_gb"]) == \
         ("far", "ready", "us-west-2", new["Placement"]["AvailabilityZone"], 120)
+    # `ssh gpuprov-far` reaches it with us-west-2's key, the one its key pair there holds
+    home = Path(env["GPUPROV_HOME"])
+    (pair,) = aws.ec2("us-west-2").describe_key_pairs(IncludePublicKey=True)["KeyPairs"]
+    assert new["KeyName"] == pair["KeyName"]
+    assert pair["PublicKey"].split()[1] == (home / "keys/us-west-2/id_ed25519.pub").read_text().split()[1]
+    entry = (home / "ssh_config").read_text().split("Host gpuprov-far\n")[1].split("Host ")[0]
+    assert f"HostName {new['PublicIpAddress']}" in entry and f"IdentityFile {home}/keys/us-west-2/id_ed25519" in entry
     assert gp(env, "down", "far", "--yes").returncode == 0
     nothing_left(aws)
 
