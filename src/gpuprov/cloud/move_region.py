@@ -21,7 +21,7 @@ from gpuprov.cloud import keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import Say
 from gpuprov.cloud.move import MoveOptions, forget_image, image_disk, launch, retire
-from gpuprov.cloud.providers.base import Access, CloudResource, ImageCopy, NotFound, Provider
+from gpuprov.cloud.providers.base import Access, CloudResource, ImageCopy, Network, NotFound, Provider
 from gpuprov.cloud.settle import SETTLE_SECONDS, settle
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.errors import GpuprovError, UserInputError
@@ -89,11 +89,16 @@ def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider,
     cidrs = provider.ssh_cidrs(node.region, groups[0].cloud_id or "")
     if not cidrs:
         raise GpuprovError(f"{name}'s security group {groups[0].cloud_id} opens no SSH; `gpuprov down {name}`")
+    network = provider.network(to, None)  # R's default VPC, as `up` without --subnet
+    if any(":" in c for c in cidrs) and not network.ipv6:
+        raise UserInputError("--region", f"{name} is reached over IPv6, and the default VPC's subnets in {to} have no "
+                             "IPv6 CIDR block", f"`gpuprov image bake {name}`, then `gpuprov up --subnet …` in {to}")
     made: list[int] = []  # the move's rows in its own region (the image); R's rows are all the move's (checked)
     try:
         image_id, image_row = image_disk(node, old, provider, store, say, made, where=to)
         copy_id, copy_row = _copy(node, to, image_id, provider, store, say)
-        access = _access(node, to, cidrs, provider, store)
+        rec.phase(tl.ACCESS)
+        access = _access(node, to, network, cidrs, provider, store)
         instance = launch(node, to, copy_id, access, zones, provider, store, say, rec, made)
     except BaseException:
         _take_back(node, to, made, provider, store, say)
@@ -127,11 +132,10 @@ def _copy(node: Node, to: str, image_id: str, provider: Provider, store: Store, 
     return copy_id, rid
 
 
-def _access(node: Node, to: str, cidrs: list[str], provider: Provider, store: Store) -> Access:
+def _access(node: Node, to: str, network: Network, cidrs: list[str], provider: Provider, store: Store) -> Access:
     """R's key pair and a security group as `up` makes them (cloud/launch.py), SSH open as the old group had it."""
     from gpuprov.cloud.launch import prepare_access
 
-    network = provider.network(to, None)
     access = prepare_access(node.name, to, provider, store, network, cidrs[0], public_ip=False)
     for cidr in cidrs[1:]:
         provider.authorize_ssh(to, access.security_group_id, cidr, settle=SETTLE_SECONDS)
