@@ -8,11 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests import forkcli
-from tests.aws.cli import gp, nothing_left, up_args
+from tests.aws.cli import EMPTY, gp, nothing_left, up_args
 
 NO_WAIT = ("--no-bootstrap", "--no-wait")
 ONE_TYPE = ("--gpu", "T4", "--max-hourly", "0.6")  # g4dn.xlarge ($0.526/h) alone: one candidate per zone
@@ -217,6 +218,104 @@ def test_start_move_after_ice_takes_the_disk_to_another_zone_and_a_failed_move_t
     assert aws.ec2().describe_images(Owners=["self"])["Images"] == []
     assert {s["SnapshotId"] for s in aws.ec2().describe_snapshots(OwnerIds=["self"])["Snapshots"]} == snapshots
     assert gp(env, "down", "mover", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+NOT_OFFERED = ('<DescribeInstanceTypeOfferingsResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+               '<requestId>r</requestId><instanceTypeOfferingSet/></DescribeInstanceTypeOfferingsResponse>')
+
+
+def _images_and_snapshots(aws, region: str) -> tuple[list[str], set[str]]:
+    ec2 = aws.ec2(region)
+    return ([i["ImageId"] for i in ec2.describe_images(Owners=["self"])["Images"]],
+            {s["SnapshotId"] for s in ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]})
+
+
+def test_start_move_region_takes_the_disk_to_another_region_and_leaves_nothing_behind(aws, env):
+    made = gp(env, *up_args("far", *ONE_TYPE, "--disk", "120", *NO_WAIT))
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert gp(env, "stop", "far").returncode == 0
+    (old,) = [i for i in _instances(aws).values() if i["State"]["Name"] == "stopped"]
+    east = _images_and_snapshots(aws, "us-east-1")
+    west = _images_and_snapshots(aws, "us-west-2")
+
+    # refused with one error line, nothing made: its own region; a type the region does not offer
+    aws.faults({"action": "DescribeInstanceTypeOfferings", "region": "us-west-2", "body": NOT_OFFERED})
+    for region, says in (("us-east-1", "far is already in us-east-1"),
+                         ("us-west-2", "g4dn.xlarge is not offered in us-west-2")):
+        refused = gp(env, "start", "far", "--move", "--region", region, "--no-bootstrap")
+        assert refused.returncode == 2 and refused.stderr.startswith(f"error: --region: {says}"), refused.stderr
+        assert refused.stderr.count("error:") == 1 and "Traceback" not in refused.stderr, refused.stderr
+    assert aws.log("CreateImage") == [] and aws.log("CreateSecurityGroup")[-1]["seq"] < aws.log("StopInstances")[0]["seq"]
+    aws.clear_faults()
+
+    # no zone of us-west-2 has room: what the move made goes in both regions; the old node is not touched
+    aws.faults({**ICE, "region": "us-west-2"})
+    failed = gp(env, "start", "far", "--move", "--region", "us-west-2", "--no-bootstrap")
+    assert failed.returncode == 1 and "no zone of us-west-2 had capacity" in failed.stderr, failed.stdout + failed.stderr
+    assert "stays stopped in" in failed.stdout and aws.log("CopyImage") and aws.log("CreateSecurityGroup")[-1]["region"] \
+        == "us-west-2"
+    assert aws.leftovers(regions=("us-west-2",)) == EMPTY  # its instance (none ran), group and key pair there: gone
+    assert (_images_and_snapshots(aws, "us-east-1"), _images_and_snapshots(aws, "us-west-2")) == (east, west)
+    assert _instances(aws)[old["InstanceId"]]["State"]["Name"] == "stopped"
+    assert [e for e in aws.log() if e["action"] in ("TerminateInstances", "StartInstances", "ModifyInstanceAttribute",
+                                                    "DeleteSecurityGroup") and e["region"] == "us-east-1"] == []
+    (node,) = json.loads(gp(env, "status", "--json").stdout)
+    assert (node["state"], node["region"]) == ("stopped", "us-east-1")
+
+    # SIGTERM while CopyImage's answer is on its way: the copy (found by its recorded name) and the image go
+    aws.clear_faults()
+    aws.faults({"action": "CopyImage", "hold": True, "times": 1})
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "start", "far", "--move", "--region", "us-west-2",
+                          "--no-bootstrap"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        aws.wait_held(1, timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        aws.release()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, out + err
+    assert aws.leftovers(regions=("us-west-2",)) == EMPTY
+    assert (_images_and_snapshots(aws, "us-east-1"), _images_and_snapshots(aws, "us-west-2")) == (east, west)
+    assert _instances(aws)[old["InstanceId"]]["State"]["Name"] == "stopped"
+    aws.clear_faults()
+
+    moved = gp(env, "start", "far", "--move", "--region", "us-west-2", "--no-bootstrap")
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    (created,) = [e for e in aws.log("CreateImage") if e["status"] == 200]
+    (copied,) = [e for e in aws.log("CopyImage") if e["status"] == 200]
+    assert (created["region"], created["form"]["InstanceId"]) == ("us-east-1", old["InstanceId"])  # its disk
+    assert (copied["region"], copied["form"]["SourceRegion"]) == ("us-west-2", "us-east-1")
+    assert copied["form"]["ClientToken"]
+    (run,) = [e for e in aws.log("RunInstances") if e["status"] == 200 and e["region"] == "us-west-2"]
+    ends = [e for e in aws.log("TerminateInstances") if old["InstanceId"] in json.dumps(e["form"])]
+    assert ends and ends[0]["seq"] > run["seq"]  # the old one goes once the new one is there
+    (new,) = [i for r in aws.ec2("us-west-2").describe_instances()["Reservations"] for i in r["Instances"]]
+    assert new["State"]["Name"] == "running" and new["InstanceType"] == "g4dn.xlarge"
+    assert new["ImageId"] == run["form"]["ImageId"] != old["ImageId"]  # launched from the copy of its disk
+    (root,) = aws.ec2("us-west-2").describe_volumes(
+        Filters=[{"Name": "attachment.instance-id", "Values": [new["InstanceId"]]}])["Volumes"]
+    assert root["Size"] == 120
+    (group,) = new["SecurityGroups"]
+    (rule,) = aws.ec2("us-west-2").describe_security_groups(GroupIds=[group["GroupId"]])["SecurityGroups"][0][
+        "IpPermissions"]
+    assert (rule["FromPort"], [r["CidrIp"] for r in rule["IpRanges"]]) == (22, ["198.51.100.7/32"])  # as it was
+    # nothing of it left in its old region, nor the images (or their snapshots) in either
+    assert aws.leftovers(regions=("us-east-1",)) == EMPTY
+    assert (_images_and_snapshots(aws, "us-east-1"), _images_and_snapshots(aws, "us-west-2")) == (east, west)
+    (node,) = json.loads(gp(env, "status", "--json").stdout)
+    assert (node["name"], node["state"], node["region"], node["zone"], node["disk_gb"]) == \
+        ("far", "ready", "us-west-2", new["Placement"]["AvailabilityZone"], 120)
+    # `ssh gpuprov-far` reaches it with us-west-2's key, the one its key pair there holds
+    home = Path(env["GPUPROV_HOME"])
+    (pair,) = aws.ec2("us-west-2").describe_key_pairs(IncludePublicKey=True)["KeyPairs"]
+    assert new["KeyName"] == pair["KeyName"]
+    assert pair["PublicKey"].split()[1] == (home / "keys/us-west-2/id_ed25519.pub").read_text().split()[1]
+    entry = (home / "ssh_config").read_text().split("Host gpuprov-far\n")[1].split("Host ")[0]
+    assert f"HostName {new['PublicIpAddress']}" in entry and f"IdentityFile {home}/keys/us-west-2/id_ed25519" in entry
+    assert gp(env, "down", "far", "--yes").returncode == 0
     nothing_left(aws)
 
 

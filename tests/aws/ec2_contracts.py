@@ -216,6 +216,10 @@ class Ec2Contracts:
             return self._root_volume(region, form, ask) or self._ipv6(form, ask) or self._profile(form, realistic)
         elif action in ("CreateImage", "RegisterImage"):
             req["image_root"] = self._root_of_new_image(form, ask)
+        elif action == "CopyImage":  # the copy's root snapshot is the source's size (its id: the copy's own)
+            with self.lock:
+                source = self.roots.get((form.get("SourceRegion"), form.get("SourceImageId", "")))
+            req["image_root"] = (source[0], source[1], None) if source else None
         elif action == "DeregisterImage" and realistic:
             status, body, _ = ask({"Action": "DescribeImages", "Version": "2016-11-15", "ImageId.1": form.get("ImageId", "")})
             root = _parse(body) if status == 200 else None
@@ -374,7 +378,7 @@ class Ec2Contracts:
             return status, body
         if status != 200:
             return status, body
-        if action in ("CreateImage", "RegisterImage") and req.get("image_root"):
+        if action in ("CreateImage", "RegisterImage", "CopyImage") and req.get("image_root"):
             root = _parse(body)
             image_id = _text(root, "imageId") if root is not None else ""
             if image_id:

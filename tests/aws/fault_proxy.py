@@ -23,14 +23,16 @@ Kinds (the realism layer, class Ec2Realism; EC2 developer guide, "Eventual consi
            * tag lag: the first ``tag_lag`` (default 1) Describe{Instances,SecurityGroups,KeyPairs,Volumes,
              SpotInstanceRequests} answers filtered by tag (Filter.N.Name "tag:..." or "tag-key") that would show a
              fresh resource leave its item out (an emptied reservation goes too); one look-up per resource hidden.
-           * images: a CreateImage id is fresh like the others (DescribeImages ImageId.N, DeregisterImage, RunInstances
-             ImageId -> InvalidAMIID.NotFound) and `pending` in its first ``image_pending`` (default 2) DescribeImages
-             answers before moto's `available`.
+           * images: a CreateImage (or CopyImage) id is fresh like the others (DescribeImages ImageId.N,
+             DeregisterImage, RunInstances ImageId -> InvalidAMIID.NotFound) and `pending` in its first
+             ``image_pending`` (default 2) DescribeImages answers before moto's `available`.
            * client tokens: the first ``token_lag`` (default 1) DescribeInstances filtered by a launch's `client-token`
              find nothing yet (a filtered Describe is eventually consistent like the tag filters).
            Budgets are fixed when the create reply passes. Ids created straight in moto are never fresh.
            In both kinds (EC2's contract, not timing): CreateImage of a name the account already has is
            InvalidAMIName.Duplicate; its snapshot TagSpecification tags the image's snapshots (moto: NotImplemented).
+           CopyImage (moto reads neither): its ClientToken answers a repeat with the first copy, and its
+           TagSpecification.N tag the copy and its snapshots; the copy's root snapshot has the source's size.
   instant  moto as it is: everything passes through, nothing is learnt.
 
 S3 (tests/aws/s3_contracts.py): a request's action is botocore's `x-id` or the method on an object (form Bucket and
@@ -399,7 +401,7 @@ class Ec2Realism:
         if action == "DescribeImages":
             return self._pending(req["region"], body), []
         if action in ("RunInstances", "CreateSecurityGroup", "ImportKeyPair", "CreateKeyPair", "CreateVolume",
-                      "RequestSpotInstances", "CreateImage"):
+                      "RequestSpotInstances", "CreateImage", "CopyImage"):
             parsed = _xml(body)
             if parsed is not None:
                 self._learn(req["region"], action, *parsed)
@@ -433,7 +435,7 @@ class Ec2Realism:
             self._remember(region, "group", [text(root, "groupId")])
         elif action == "CreateVolume":
             self._remember(region, "volume", [text(root, "volumeId")])
-        elif action == "CreateImage":
+        elif action in ("CreateImage", "CopyImage"):  # a copy is `pending` until its snapshots are copied
             self._remember(region, "image", [text(root, "imageId")])
             self.known[(region, text(root, "imageId"))]["pending"] = self.settings["image_pending"]
         else:
@@ -509,6 +511,9 @@ class ClientTokens:
     The filter is rewritten into an `instance-id` filter on the ids the token launched (moto knows that one)."""
 
     NONE = "i-00000000000000000"  # an id no instance has: the filter then matches nothing
+    # CopyImage's ClientToken too ("Unique, case-sensitive identifier you provide to ensure idempotency of the
+    # request", EC2 API reference, CopyImage); moto ignores it and would copy again
+    ACTIONS = ("RunInstances", "CopyImage")
 
     def __init__(self) -> None:
         self.answers: dict[tuple[str | None, str], bytes] = {}
@@ -521,13 +526,13 @@ class ClientTokens:
         self.lag.clear()
 
     def replay(self, req: dict[str, Any]) -> bytes | None:
-        token = req["form"].get("ClientToken") if req["action"] == "RunInstances" else None
+        token = req["form"].get("ClientToken") if req["action"] in self.ACTIONS else None
         return self.answers.get((req["region"], token)) if token else None
 
     def observe(self, req: dict[str, Any], status: int, body: bytes, lag: int = 0) -> None:
         """Remember a launch's answer; its ids lag `lag` client-token look-ups behind (the filter is eventually
         consistent like every filtered Describe: realistic kind's ``token_lag``)."""
-        token = req["form"].get("ClientToken") if req["action"] == "RunInstances" else None
+        token = req["form"].get("ClientToken") if req["action"] in self.ACTIONS else None
         parsed = _xml(body) if token and status == 200 else None
         if parsed is None:
             return
@@ -573,7 +578,9 @@ class CreateImageTags:
     @staticmethod
     def split(req: dict[str, Any], body: bytes) -> tuple[bytes, list[tuple[str, str]]]:
         form = req["form"]
-        if req["action"] != "CreateImage":
+        if req["action"] not in ("CreateImage", "CopyImage"):
+            return body, []
+        if req["action"] == "CopyImage":  # moto's CopyImage reads no TagSpecification: the proxy tags both
             return body, []
         specs = {m.group(1) for k in form if (m := re.fullmatch(r"TagSpecification\.(\d+)\.ResourceType", k))
                  and form[k] == "snapshot"}
@@ -854,6 +861,26 @@ class Handler(BaseHTTPRequestHandler):
         ids = [e.text for e in root.iter(f"{{{ns}}}imageId" if ns else "imageId") if e.text]
         return ids[0] if ids else None
 
+    def _tag_copy(self, form: dict[str, str], reply: bytes) -> None:
+        """What CopyImage's TagSpecification.N does in EC2 ("The tags to apply to the new AMI and new snapshots",
+        API reference, CopyImage): moto's CopyImage reads none, so the proxy tags the copy and its snapshots."""
+        by_type: dict[str, list[tuple[str, str]]] = {}
+        for k, v in form.items():
+            m = re.fullmatch(r"TagSpecification\.(\d+)\.Tag\.(\d+)\.Key", k)
+            if m:
+                kind = form.get(f"TagSpecification.{m.group(1)}.ResourceType", "")
+                by_type.setdefault(kind, []).append((v, form.get(k.removesuffix("Key") + "Value", "")))
+        parsed = _xml(reply)
+        image_id = "" if parsed is None else (parsed[0].findtext(f"{{{parsed[1]}}}imageId" if parsed[1] else "imageId")
+                                              or "").strip()
+        if image_id and by_type.get("image"):
+            tags = {"Action": "CreateTags", "Version": "2016-11-15", "ResourceId.1": image_id}
+            for i, (k, v) in enumerate(by_type["image"], 1):
+                tags[f"Tag.{i}.Key"], tags[f"Tag.{i}.Value"] = k, v
+            self._forward(urllib.parse.urlencode(tags).encode())
+        if by_type.get("snapshot"):
+            self._tag_image_snapshots(reply, by_type["snapshot"])
+
     def _tag_image_snapshots(self, reply: bytes, tags: list[tuple[str, str]]) -> None:
         """What CreateImage's TagSpecification of ResourceType snapshot does in EC2 (moto raises NotImplemented)."""
         parsed = _xml(reply)
@@ -1013,6 +1040,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._end_write()
                 if snapshot_tags and out[0] == 200:
                     self._tag_image_snapshots(out[1], snapshot_tags)
+                if req["action"] == "CopyImage" and out[0] == 200:
+                    self._tag_copy(req["form"], out[1])
             except OSError as e:
                 with st.lock:
                     entry["status"] = 502

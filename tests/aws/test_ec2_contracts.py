@@ -135,6 +135,31 @@ def test_a_root_volume_smaller_than_the_image_snapshot_is_refused(aws):
 
 
 @pytest.mark.instant_aws
+def test_copy_image_to_another_region_as_ec2_does_it(aws):
+    """CopyImage (asked in the destination region): the copy's root snapshot is the source's size, its
+    TagSpecifications tag the copy and its snapshots, and a repeated ClientToken answers the first copy."""
+    (inst,) = aws.ec2().run_instances(ImageId=UBUNTU, InstanceType="g5.xlarge", MinCount=1, MaxCount=1, BlockDeviceMappings=[
+        {"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 200}}])["Instances"]
+    source = _ec2().create_image(InstanceId=inst["InstanceId"], Name="to-copy")["ImageId"]
+    west = boto3.client("ec2", region_name="us-west-2")
+
+    def copy():
+        return west.copy_image(SourceRegion="us-east-1", SourceImageId=source, Name="to-copy", ClientToken="tok-1",
+                               TagSpecifications=[{"ResourceType": "image", "Tags": [{"Key": "k", "Value": "image"}]},
+                                                  {"ResourceType": "snapshot", "Tags": [{"Key": "k", "Value": "snap"}]}])
+
+    first = copy()["ImageId"]
+    assert copy()["ImageId"] == first  # the same token: the first copy, no second one
+    assert [i["ImageId"] for i in west.describe_images(Owners=["self"])["Images"]] == [first]
+    (image,) = west.describe_images(ImageIds=[first])["Images"]
+    assert image["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 200
+    assert {t["Key"]: t["Value"] for t in image["Tags"]} == {"k": "image"}
+    snap = image["BlockDeviceMappings"][0]["Ebs"]["SnapshotId"]
+    (listed,) = west.describe_snapshots(SnapshotIds=[snap])["Snapshots"]
+    assert {t["Key"]: t["Value"] for t in listed["Tags"]} == {"k": "snap"}
+
+
+@pytest.mark.instant_aws
 def test_ipv6_at_launch_as_ec2_assigns_it(aws):
     ec2 = _ec2()
     subnet = ipv6_subnet(aws)

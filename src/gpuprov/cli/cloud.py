@@ -392,13 +392,14 @@ def stop(names: tuple[str, ...]) -> None:
               help="Its zone has no capacity: copy its disk (an image of it) to another zone that has, launch there, "
                    "and only then retire the old instance; on failure the node stays as it was.")
 @click.option("--zone", default=None, help="With --move: this zone [default: each other zone offering the type].")
+@click.option("--region", default=None, help="With --move: to this region (its image, key pair and group made there).")
 @click.option("--no-bootstrap", is_flag=True, help="Do not bootstrap and verify again after it runs.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
 @step_silence_option
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
-def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zone: str | None, no_bootstrap: bool,
-          verbose: bool, step_silence: float, as_json: bool) -> None:
+def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zone: str | None, region: str | None,
+          no_bootstrap: bool, verbose: bool, step_silence: float, as_json: bool) -> None:
     """Start a stopped node (resized first with --gpu/--instance-type), wait for it, bootstrap and verify
     again, and print its new address and $/h. A resize the installed stack cannot serve is refused before
     anything changes; if AWS refuses the start, the node stays stopped, as it was."""
@@ -410,6 +411,8 @@ def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zon
         raise UserInputError("--move", "moves the node as it is", "move it first, then resize: stop, start --gpu …")
     if zone is not None and not move:
         raise UserInputError("--zone", "applies to --move", f"gpuprov start {name} --move --zone {zone}")
+    if region is not None and not move:
+        raise UserInputError("--region", "applies to --move", f"gpuprov start {name} --move --region {region}")
     store, provider = store_and_provider()
     _no_clusters(store, (name,), "start")
     console = make_console(stderr=as_json)
@@ -418,8 +421,9 @@ def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zon
                                   verbose_echo=line_echo(console) if verbose else None)
     if move:
         from gpuprov.cloud import move as moving
-
-        result = moving.move(name, moving.MoveOptions(zone=zone), opts, provider, store, say_to(console))
+        from gpuprov.cloud import move_region
+        mover = move_region.move if region is not None else moving.move  # another region, or a zone of its own
+        result = mover(name, moving.MoveOptions(zone=zone, region=region), opts, provider, store, say_to(console))
     else:
         result = stopstart.start(name, opts, provider, store, say_to(console))
     node = result.node

@@ -47,6 +47,7 @@ MOVE_STACK = "start-move"  # the image's stack tag: never a plan's stack hash, s
 @dataclass(frozen=True)
 class MoveOptions:
     zone: str | None = None  # where to: this zone only [default: every other zone that offers the type]
+    region: str | None = None  # another region: cloud/move_region.py, which the CLI calls instead
     image_timeout: float = 3600.0
 
 
@@ -96,8 +97,9 @@ def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider,
         raise GpuprovError(f"{name} has no recorded security group; `gpuprov down {name}`")
     made: list[int] = []  # the move's own rows: what a failure takes back
     try:
-        image_id, image_row = _image(node, old, provider, store, say, made)
-        instance = _launch(node, image_id, groups[0], zones, provider, store, say, rec, made)
+        image_id, image_row = image_disk(node, old, provider, store, say, made)
+        access = Access(key_name=keys.key_name(owner()), security_group_id=groups[0], subnet_id=None)
+        instance = launch(node, node.region, image_id, access, zones, provider, store, say, rec, made)
     except BaseException:
         _take_back(node, made, provider, store, say)
         raise
@@ -105,17 +107,18 @@ def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider,
     old_volumes = [v for v in store.resources(name, region=node.region, kind="volume") if v.cloud_id]
     for volume in instance.volume_ids:
         store.add_resource(name, "volume", node.region, volume)
-    _retire(node, row, old_volumes, provider, store, say)
-    _forget_image(node, image_row, provider, store, say)
+    retire(node, row, old_volumes, provider, store, say)
+    forget_image(node, node.region, image_row, provider, store, say)
     store.update_node(name, zone=instance.zone, state="starting")
     store.event(name, "moved", f"{old} {node.zone} -> {instance.id} {instance.zone}")
     say(f"{name}: moved to {instance.zone} ({instance.id}); the old instance {old} is terminated")
     return came_up(name, store.node(name), instance, opts, node.instance_type or "", None, store, say, rec)
 
 
-def _image(node: Node, iid: str, provider: Provider, store: Store, say: Say, made: list[int]) -> tuple[str, int]:
+def image_disk(node: Node, iid: str, provider: Provider, store: Store, say: Say, made: list[int],
+          where: str = "another zone") -> tuple[str, int]:
     image_name = f"gpuprov-move-{node.name}-{int(time.time())}"
-    say(f"{node.name}: imaging its disk ({iid}, stopped) to take it to another zone")
+    say(f"{node.name}: imaging its disk ({iid}, stopped) to take it to {where}")
     rid = store.intend(node.name, "image", node.region, image_name)
     made.append(rid)
     image_id = provider.create_image(ImageRequest(
@@ -126,20 +129,20 @@ def _image(node: Node, iid: str, provider: Provider, store: Store, say: Say, mad
     return image_id, rid
 
 
-def _launch(node: Node, image_id: str, group: str, zones: list[str], provider: Provider, store: Store, say: Say,
-            rec: tl.Recorder, made: list[int]) -> Instance:
-    access = Access(key_name=keys.key_name(owner()), security_group_id=group, subnet_id=None)
+def launch(node: Node, region: str, image_id: str, access: Access, zones: list[str], provider: Provider, store: Store,
+           say: Say, rec: tl.Recorder, made: list[int]) -> Instance:
+    """RunInstances from the move's image in each zone until one has capacity; each launch recorded first."""
     refused: list[str] = []
     rec.phase(tl.CAPACITY)
     for zone in zones:
         token = f"gpuprov-{node.name}-move-{uuid.uuid4().hex[:12]}"
         say(f"asking for {node.instance_type} in {zone} (on-demand, from the image of its disk)")
-        rid = store.intend(node.name, "instance", node.region, token)
+        rid = store.intend(node.name, "instance", region, token)
         made.append(rid)
         asked = rec.now()
         try:
             instance = provider.launch(LaunchRequest(
-                node=node.name, region=node.region, zone=zone, instance_type=node.instance_type or "",
+                node=node.name, region=region, zone=zone, instance_type=node.instance_type or "",
                 market="on-demand", image_id=image_id, access=access, disk_gb=node.disk_gb or 100, client_token=token,
                 shutdown_behavior=node.shutdown_action or "stop"), settle=SETTLE_SECONDS)
         except LaunchError as exc:
@@ -155,7 +158,9 @@ def _launch(node: Node, image_id: str, group: str, zones: list[str], provider: P
         store.created(rid, instance.id)
         rec.attempt(node.instance_type or "", zone, "on-demand", asked)
         rec.phase(tl.RUNNING)
-        return provider.wait_running(node.region, instance.id, timeout=900, settle=SETTLE_SECONDS)
+        return provider.wait_running(region, instance.id, timeout=900, settle=SETTLE_SECONDS)
+    if region != node.region:
+        raise GpuprovError(f"no zone of {region} had capacity for {node.instance_type}: {'; '.join(refused)}")
     raise GpuprovError(f"no other zone had capacity for {node.instance_type}: {'; '.join(refused)}")
 
 
@@ -176,12 +181,12 @@ def _take_back(node: Node, made: list[int], provider: Provider, store: Store, sa
         if r.kind == "instance" and r.cloud_id is None:
             continue  # a launch whose answer never came: `down` looks for it by its ClientToken
         if r.kind == "image" and r.cloud_id:
-            _forget_image(node, r.id, provider, store, say)
+            forget_image(node, node.region, r.id, provider, store, say)
         elif r.kind == "image":
             store.deleted(r.id)  # CreateImage never answered: nothing to remove by id (gc finds a lost one by name)
 
 
-def _retire(node: Node, row: Resource, volumes: list[Resource], provider: Provider, store: Store, say: Say) -> None:
+def retire(node: Node, row: Resource, volumes: list[Resource], provider: Provider, store: Store, say: Say) -> None:
     """The old instance, once the new one runs: terminated, then its volumes (the root one goes with it:
     DeleteOnTermination; a NotFound is that)."""
     old = row.cloud_id or ""
@@ -202,12 +207,12 @@ def _retire(node: Node, row: Resource, volumes: list[Resource], provider: Provid
         store.deleted(vol.id)
 
 
-def _forget_image(node: Node, rid: int, provider: Provider, store: Store, say: Say) -> None:
-    row = next((r for r in store.resources(node.name, region=node.region, kind="image") if r.id == rid), None)
+def forget_image(node: Node, region: str, rid: int, provider: Provider, store: Store, say: Say) -> None:
+    row = next((r for r in store.resources(node.name, region=region, kind="image") if r.id == rid), None)
     if row is None or not row.cloud_id:
         return
     try:
-        removed = provider.delete_image(node.region, row.cloud_id, settle=settle(row))
+        removed = provider.delete_image(region, row.cloud_id, settle=settle(row))
     except NotFound:
         removed = []
     store.deleted(rid)

@@ -70,13 +70,20 @@ def take_down(name: str, region: str, provider: Provider, store: Store, say: Say
     if no node needs it any more, its ssh config entry and cluster record, and `terminated`."""
     store.update_node(name, state="terminating")
     result = teardown(name, region, provider, store, say, poll=poll_of(provider))
+    # a `start --move --region` that ended mid-way (cloud/move_region.py) left rows in the other region too
+    others = sorted({r.region for r in store.resources(name)} - {region})
+    for other in others:
+        more = teardown(name, other, provider, store, say, poll=poll_of(provider))
+        result.removed += more.removed
+        result.left += more.left
     if not result.complete:
         store.update_node(name, state_reason="teardown incomplete: " + "; ".join(result.left)[:500])
         store.event(name, "down-incomplete", "; ".join(result.left))
         return result
     from gpuprov.cloud.keys import release_key_if_unused
 
-    release_key_if_unused(region, provider, store, say)
+    for each in [region, *others]:
+        release_key_if_unused(each, provider, store, say)
     from gpuprov.hosts import findings, sshconfig
 
     try:
@@ -248,6 +255,9 @@ def _lost(row: Resource, provider: Provider) -> str | None:
     # but before the answer was recorded leaves an intent row naming it: without this the role was forgotten)
     if row.kind in ("placement-group", "iam-role", "instance-profile"):
         return name
+    if row.kind == "image":  # CreateImage or CopyImage whose answer was lost: the name is unique in its region
+        found = provider.images(row.region, name=name)
+        return found[0].id if found else None
     return None
 
 

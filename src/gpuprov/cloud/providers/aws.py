@@ -153,6 +153,16 @@ class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
             Filters=[{"Name": "group-name", "Values": [name]}]))["SecurityGroups"]
         return str(groups[0]["GroupId"]) if groups else None
 
+    def ssh_cidrs(self, region: str, group_id: str) -> list[str]:
+        """The CIDRs the group opens TCP 22 to (IPv4 and IPv6), as DescribeSecurityGroups lists them."""
+        ec2 = self._client("ec2", region)
+        groups = self._call("DescribeSecurityGroups", lambda: ec2.describe_security_groups(
+            GroupIds=[group_id]))["SecurityGroups"]
+        perms = [p for g in groups for p in g.get("IpPermissions") or []
+                 if p.get("IpProtocol") == "tcp" and p.get("FromPort") == 22]
+        return [str(r.get("CidrIp") or r.get("CidrIpv6")) for p in perms
+                for r in [*(p.get("IpRanges") or []), *(p.get("Ipv6Ranges") or [])]]
+
     def authorize_ssh(self, region: str, group_id: str, cidr: str, settle: float) -> None:
         ec2 = self._client("ec2", region)
         ranges: dict[str, Any] = ({"Ipv6Ranges": [{"CidrIpv6": cidr, "Description": "gpuprov: SSH"}]} if ":" in cidr

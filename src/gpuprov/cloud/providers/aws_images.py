@@ -19,6 +19,7 @@ from gpuprov.cloud.providers.base import (
     TAG_SOURCE,
     TAG_STACK,
     Image,
+    ImageCopy,
     ImageRequest,
     NotFound,
 )
@@ -94,6 +95,20 @@ class AwsImages(AwsBase):
                 raise UserInputError("--name", f"an image called {request.name!r} already exists in {request.region} "
                                      "and is not one of yours", "pick another --name") from None
             return mine[0].id
+        return str(reply["ImageId"])
+
+    def copy_image(self, request: ImageCopy) -> str:
+        """CopyImage, asked in the destination region ("The copy operation must be initiated in the destination
+        Region"), with TagSpecifications for the new AMI and its new snapshots (user tags are not copied unless
+        CopyImageTags) and a ClientToken: a retry whose first answer was lost gets the first copy's id (EC2 API
+        reference, CopyImage, and SDK docs of CopyImageRequest, read 2026-12-02)."""
+        ec2 = self._client("ec2", request.region)
+        extra = {TAG_STACK: "start-move", TAG_SOURCE: request.source_node}
+        specs = [{"ResourceType": "image", "Tags": self._tags(IMAGES, {**extra, "Name": request.name})},
+                 {"ResourceType": "snapshot", "Tags": self._tags(IMAGES, {TAG_IMAGE: request.name, "Name": request.name})}]
+        reply = self._call("CopyImage", lambda: ec2.copy_image(
+            SourceRegion=request.source_region, SourceImageId=request.source_image_id, Name=request.name,
+            Description=request.description, ClientToken=request.client_token, TagSpecifications=specs))
         return str(reply["ImageId"])
 
     def images(self, region: str, *, ids: Sequence[str] = (), name: str | None = None,

@@ -237,6 +237,20 @@ class ImageRequest:
     no_reboot: bool = False
 
 
+@dataclass(frozen=True)
+class ImageCopy:
+    """One CopyImage, asked in the destination region (EC2 API reference, CopyImage); the ClientToken makes a
+    retry return the first copy, not a second one."""
+
+    region: str  # where the copy goes
+    source_region: str
+    source_image_id: str
+    name: str
+    description: str
+    source_node: str
+    client_token: str
+
+
 class LaunchError(GpuprovError):
     """A refused launch: the cloud's own error code and message, and what the failover does next."""
 
@@ -286,6 +300,10 @@ class Provider(Protocol):
 
     def find_security_group(self, region: str, name: str) -> str | None:
         """A group's id by its name (for a create whose answer was lost)."""
+        ...
+
+    def ssh_cidrs(self, region: str, group_id: str) -> list[str]:
+        """The CIDRs a security group opens SSH (TCP 22) to."""
         ...
 
     def authorize_ssh(self, region: str, group_id: str, cidr: str, settle: float) -> None:
@@ -392,6 +410,10 @@ class Provider(Protocol):
     def create_image(self, request: ImageRequest) -> str:
         """CreateImage, the image and its snapshots tagged; returns the image id (a duplicate name: the
         existing image of that name, when it is this owner's)."""
+        ...
+
+    def copy_image(self, request: ImageCopy) -> str:
+        """CopyImage into request.region, the copy and its snapshots tagged as create_image tags; the new id."""
         ...
 
     def images(self, region: str, *, ids: Sequence[str] = (), name: str | None = None,

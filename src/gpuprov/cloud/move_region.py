@@ -1,0 +1,198 @@
+"""`start --move --region R`: a stopped node taken with its disk to another region.
+
+An AMI is regional: CopyImage, asked in the destination region, copies it and its snapshots there ("The copy
+operation must be initiated in the destination Region", EC2 API reference, CopyImage, read 2026-12-02). So: an
+image of the stopped instance in its region (as a zone move makes, cloud/move.py) -> CopyImage to R, recorded under
+the node before it is asked for, its name as the ClientToken (a retry gets the first copy) -> the copy available ->
+in R the user's key pair and a security group as `up` makes them (recorded, tagged, SSH open to what the old group
+opened it to) -> RunInstances in each zone of R that offers the type until one has capacity -> running -> only then
+the old instance, its volumes and its security group go, and both images with their snapshots. The node's record
+gets R and the new zone; `status`, `ssh` and `down` then work on it there.
+
+A refusal everywhere, a failure or a signal before the new instance runs removes what the move made in both regions
+(the new instance, group, the copy, the image, their snapshots; R's key pair if no node needs it) and touches
+nothing of the old node. A crash mid-way leaves rows that `down NAME` follows in each region (cloud/teardown.py).
+"""
+
+from __future__ import annotations
+
+from gpuprov import locks
+from gpuprov.cloud import keys
+from gpuprov.cloud import timeline as tl
+from gpuprov.cloud.contact import Say
+from gpuprov.cloud.move import MoveOptions, forget_image, image_disk, launch, retire
+from gpuprov.cloud.providers.base import Access, CloudResource, ImageCopy, Network, NotFound, Provider
+from gpuprov.cloud.settle import SETTLE_SECONDS, settle
+from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
+from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.state import Node, Resource, Store
+
+MOVES_WITH = {"instance", "volume", "security-group"}  # what a plain node has in its region; others stay: refused
+
+
+def _checked(name: str, mopts: MoveOptions, provider: Provider, store: Store) -> tuple[Node, Resource, list[str]]:
+    node = store.node(name)
+    to = mopts.region or ""
+    if to == node.region:  # as --zone of its own zone: nothing would move
+        raise UserInputError("--region", f"{name} is already in {to}", "another region, or --zone in this one")
+    if node.cluster_size:
+        raise UserInputError("NAME", f"{name} is a cluster; `start --move` takes one node", f"`gpuprov down {name}`")
+    if node.state != "stopped":
+        raise UserInputError("NAME", f"{name} is {node.state}", "only a stopped node can move")
+    if node.market == "spot":
+        raise UserInputError("--move", f"{name} is a spot node, whose request EC2 keeps in its zone",
+                             f"`gpuprov down {name}`, or `gpuprov image bake` it first and `gpuprov up` elsewhere")
+    if node.connect == "private":
+        raise UserInputError("--region", f"{name} is reached on its private address, in a VPC of {node.region}",
+                             f"`gpuprov image bake {name}`, then `gpuprov up` in {to} with its network")
+    staying = sorted({r.kind for r in store.resources(name, region=node.region)} - MOVES_WITH - {"image"})
+    already = any(r.region == to for r in store.resources(name))
+    if staying or already:
+        what = ", ".join(staying) or f"resources already in {to} (a move that ended mid-way: `gpuprov down {name}`)"
+        raise UserInputError("--region", f"{name} has {what}, which a move to another region does not take along",
+                             f"`gpuprov down {name}` and `gpuprov up` in {to}")
+    if to not in provider.enabled_regions(node.region):
+        raise UserInputError("--region", f"{to} is not a region enabled for this account",
+                             "one `aws ec2 describe-regions` lists")
+    rows = [r for r in store.resources(name, region=node.region, kind="instance") if r.cloud_id]
+    if len(rows) != 1 or not node.instance_type:
+        raise GpuprovError(f"{name} has no single recorded instance (state {node.state}); `gpuprov down {name}`")
+    offered = sorted(provider.offerings(to, [node.instance_type]).get(node.instance_type, []))
+    if not offered:
+        raise UserInputError("--region", f"{node.instance_type} is not offered in {to} (DescribeInstanceTypeOfferings)",
+                             f"another region, or `gpuprov start {name} --move` to another zone of {node.region}")
+    if mopts.zone is not None:
+        if mopts.zone not in offered:
+            raise UserInputError("--zone", f"{node.instance_type} is not offered in {mopts.zone}",
+                                 f"offered in {to}: {', '.join(offered)}")
+        offered = [mopts.zone]
+    return node, rows[0], offered
+
+
+def move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider, store: Store, say: Say) -> StartResult:
+    store.node(name)  # an unknown name is refused before the lock is waited for
+    with locks.nodes([name], "start --move", say):
+        return _move(name, mopts, opts, provider, store, say)
+
+
+def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider, store: Store, say: Say) -> StartResult:
+    rec = tl.Recorder("start", name)
+    rec.phase(tl.CHECKS)
+    node, row, zones = _checked(name, mopts, provider, store)
+    to, old = mopts.region or "", row.cloud_id or ""
+    (current,) = provider.describe(node.region, [old], settle=settle(row))
+    if current.state != "stopped":
+        raise UserInputError("NAME", f"{name}'s instance {old} is {current.state}", "only a stopped node can move")
+    groups = [r for r in store.resources(name, region=node.region, kind="security-group") if r.cloud_id]
+    if not groups:
+        raise GpuprovError(f"{name} has no recorded security group; `gpuprov down {name}`")
+    cidrs = provider.ssh_cidrs(node.region, groups[0].cloud_id or "")
+    if not cidrs:
+        raise GpuprovError(f"{name}'s security group {groups[0].cloud_id} opens no SSH; `gpuprov down {name}`")
+    network = provider.network(to, None)  # R's default VPC, as `up` without --subnet
+    if any(":" in c for c in cidrs) and not network.ipv6:
+        raise UserInputError("--region", f"{name} is reached over IPv6, and the default VPC's subnets in {to} have no "
+                             "IPv6 CIDR block", f"`gpuprov image bake {name}`, then `gpuprov up --subnet …` in {to}")
+    made: list[int] = []  # the move's rows in its own region (the image); R's rows are all the move's (checked)
+    try:
+        image_id, image_row = image_disk(node, old, provider, store, say, made, where=to)
+        copy_id, copy_row = _copy(node, to, image_id, provider, store, say)
+        rec.phase(tl.ACCESS)
+        access = _access(node, to, network, cidrs, provider, store)
+        instance = launch(node, to, copy_id, access, zones, provider, store, say, rec, made)
+    except BaseException:
+        _take_back(node, to, made, provider, store, say)
+        raise
+    # the new instance runs in R: from here the node lives there, and the old one is retired
+    old_volumes = [v for v in store.resources(name, region=node.region, kind="volume") if v.cloud_id]
+    for volume in instance.volume_ids:
+        store.add_resource(name, "volume", to, volume)
+    retire(node, row, old_volumes, provider, store, say)
+    for group in groups:
+        _delete_group(node, group, provider, store, say)
+    forget_image(node, node.region, image_row, provider, store, say)
+    forget_image(node, to, copy_row, provider, store, say)
+    store.update_node(name, region=to, zone=instance.zone, state="starting")
+    keys.release_key_if_unused(node.region, provider, store, say)  # the old region's, if no other node there needs it
+    store.event(name, "moved", f"{old} {node.zone} -> {instance.id} {instance.zone}")
+    say(f"{name}: moved to {instance.zone} ({instance.id}); the old instance {old} in {node.region} is terminated")
+    return came_up(name, store.node(name), instance, opts, node.instance_type or "", None, store, say, rec)
+
+
+def _copy(node: Node, to: str, image_id: str, provider: Provider, store: Store, say: Say) -> tuple[str, int]:
+    image_row = next(r for r in store.resources(node.name, region=node.region, kind="image") if r.cloud_id == image_id)
+    name = image_row.client_token or f"gpuprov-move-{node.name}"
+    say(f"{node.name}: copying the image {image_id} to {to}")
+    rid = store.intend(node.name, "image", to, name)  # recorded first: `down` finds a lost copy by its name
+    copy_id = provider.copy_image(ImageCopy(region=to, source_region=node.region, source_image_id=image_id, name=name,
+                                            description=f"gpuprov start --move of {node.name} from {node.region}",
+                                            source_node=node.name, client_token=name))
+    store.created(rid, copy_id)
+    provider.wait_image(to, copy_id, timeout=3600, settle=SETTLE_SECONDS)
+    return copy_id, rid
+
+
+def _access(node: Node, to: str, network: Network, cidrs: list[str], provider: Provider, store: Store) -> Access:
+    """R's key pair and a security group as `up` makes them (cloud/launch.py), SSH open as the old group had it."""
+    from gpuprov.cloud.launch import prepare_access
+
+    access = prepare_access(node.name, to, provider, store, network, cidrs[0], public_ip=False)
+    for cidr in cidrs[1:]:
+        provider.authorize_ssh(to, access.security_group_id, cidr, settle=SETTLE_SECONDS)
+    return access
+
+
+def _delete_group(node: Node, group: Resource, provider: Provider, store: Store, say: Say) -> None:
+    users = [r for r in store.resources(None, region=group.region, kind="security-group")
+             if r.cloud_id == group.cloud_id and r.node != node.name]
+    if users:  # another node's too: it stays (and its record with that node)
+        store.deleted(group.id)
+        return
+    try:
+        provider.delete(CloudResource("security-group", group.cloud_id or "", group.region, node.name),
+                        settle=settle(group))
+    except NotFound:
+        pass
+    except GpuprovError as exc:  # EC2 may still count the terminated instance a while: `down` removes it
+        say(f"  could not delete the old security group {group.cloud_id} yet ({exc}); `gpuprov down {node.name}` will")
+        return
+    store.deleted(group.id)
+
+
+def _take_back(node: Node, to: str, made: list[int], provider: Provider, store: Store, say: Say) -> None:
+    """What the move made goes, in both regions: R's instances first, then its group, the copy, the image; the old
+    node is not touched. R's key pair goes too if no node there needs it."""
+    say(f"{node.name}: the move failed; removing what it made in {to} and {node.region} "
+        f"(the node stays stopped in {node.zone}, untouched)")
+    instances = [r for r in store.resources(node.name, region=to, kind="instance") if r.cloud_id]
+    if instances:
+        ids = [r.cloud_id or "" for r in instances]
+        provider.terminate(to, ids, settle=max(settle(r) for r in instances))
+        provider.wait_terminated(to, ids)
+        for r in instances:
+            store.deleted(r.id)
+            say(f"  removed instance {r.cloud_id}")
+    for r in store.resources(node.name, region=to):
+        if r.kind == "instance":
+            continue  # a launch whose answer never came: `down` looks for it by its ClientToken
+        if r.kind == "image":
+            if r.cloud_id:
+                forget_image(node, to, r.id, provider, store, say)
+            else:  # CopyImage never answered: its name finds it
+                found = provider.images(to, name=r.client_token or "")
+                if found:
+                    store.created(r.id, found[0].id)
+                    forget_image(node, to, r.id, provider, store, say)
+                else:
+                    store.deleted(r.id)
+        elif r.kind == "security-group":
+            _delete_group(node, r, provider, store, say)
+        elif r.kind == "volume":
+            store.deleted(r.id)  # a new instance's root: DeleteOnTermination took it with it
+    here = {r.id: r for r in store.resources(node.name, region=node.region, kind="image")}
+    for rid in made:
+        if rid in here and here[rid].cloud_id:
+            forget_image(node, node.region, rid, provider, store, say)
+        elif rid in here:
+            store.deleted(rid)
+    keys.release_key_if_unused(to, provider, store, say)
