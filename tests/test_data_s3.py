@@ -18,6 +18,7 @@ import boto3
 import pytest
 
 from tests.aws.cli import gp, launch_site, nothing_left, up_args
+from tests.hosts.fixture import SITE_IN_HOST
 from tests.test_guardrails import HOST_SYSROOT, WATCH, _Metadata
 
 HOST = 6
@@ -85,10 +86,12 @@ def _s3_for(pool, aws) -> Iterator[str]:
         forward.server.close()
 
 
-def _shim_env(s3_url: str, **more: str) -> str:
+def _shim_env(pool, s3_url: str, **more: str) -> str:
     """The host's shim env lines: the host's python3 with this test's boto3 (the venv's own interpreter may live under
-    the hosts' private /root), the endpoint and credentials as the node's role would give them."""
-    env = {"GPUPROV_SHIM_BOTO3_PATH": os.path.dirname(os.path.dirname(boto3.__file__)), "AWS_ENDPOINT_URL_S3": s3_url,
+    the hosts' private /root; its site-packages are mounted at SITE_IN_HOST in a netns host), the endpoint and
+    credentials as the node's role would give them."""
+    site = SITE_IN_HOST if pool.mode == "netns" else os.path.dirname(os.path.dirname(boto3.__file__))
+    env = {"GPUPROV_SHIM_BOTO3_PATH": site, "AWS_ENDPOINT_URL_S3": s3_url,
            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_EC2_METADATA_DISABLED": "true", **more}
     return "".join(f"export {k}={v}\n" for k, v in env.items())
@@ -132,7 +135,7 @@ def test_data_comes_down_before_the_steps_resumes_after_a_cut_and_the_checkpoint
     pool.exec_in(i, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/* /tmp/gp-*; "
                     "mkdir -p /var/lib/gpuprov-shim", check=True)
     # an image without the AWS CLI (Canonical's Ubuntu): the data steps install it with snap, once
-    lines = _shim_env(s3_on_hosts, GPUPROV_SHIM_CURL_PASSTHROUGH=metadata.url, GPUPROV_SHIM_AWS="absent")
+    lines = _shim_env(pool, s3_on_hosts, GPUPROV_SHIM_CURL_PASSTHROUGH=metadata.url, GPUPROV_SHIM_AWS="absent")
     pool.exec_in(i, f"printf %s '{lines}' > /var/lib/gpuprov-shim/env", check=True)
 
     def bootstrap() -> tuple[int, list[tuple[str, str]], str]:
@@ -203,7 +206,7 @@ def test_down_saves_the_checkpoint_first_and_a_failed_save_takes_nothing_down(aw
                         "    when: down\nsteps:\n  - name: train\n    run: 'mkdir -p \"$GPUPROV_SYSROOT/work/ckpt\"; "
                         "echo w > \"$GPUPROV_SYSROOT/work/ckpt/w.pt\"'\n")
     with _s3_for(pool, aws) as url:
-        pool.exec_in(0, f"printf %s '{_shim_env(url)}' >> /var/lib/gpuprov-shim/env", check=True)
+        pool.exec_in(0, f"printf %s '{_shim_env(pool, url)}' >> /var/lib/gpuprov-shim/env", check=True)
         up = gp(env, *up_args("saver", "--gpu", "T4", "--subnet", subnet, "--connect", "private", "--ssh-user", "root",
                               "--os", "ubuntu-22.04", "-p", str(playbook)))
         assert up.returncode == 0, up.stdout + up.stderr

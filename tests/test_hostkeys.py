@@ -206,3 +206,57 @@ def test_a_pin_is_a_whole_new_file(keys, tmp_path) -> None:
     assert known.read_text().splitlines() == [f"10.0.0.4 ssh-ed25519 {other.get_base64()}",
                                               f"10.0.0.5 ssh-ed25519 {key.get_base64()}"]
     assert known.stat().st_ino != inode and known.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_moved_node_is_a_new_instance_whose_new_host_key_is_pinned_on_first_contact(host_pool, gp_home,
+                                                                                     tmp_path) -> None:
+    """`start --move` launches a new instance from an image of the node's disk, and cloud-init deletes an image's
+    host keys on a new instance's first boot and makes new ones (cc_ssh, ssh_deletekeys, default true): the key
+    pinned for the old instance is void, and the new one is pinned on first contact, as `up` pins a new node's.
+    Here the new instance is a real sshd whose key is not the pinned one."""
+    from gpuprov.cloud import timeline as tl
+    from gpuprov.cloud.providers.base import Instance
+    from gpuprov.cloud.stopstart import StartOptions, came_up
+    from gpuprov.errors import GpuprovError
+    from gpuprov.hosts import sshconfig
+    from gpuprov.hosts.remote import HostSettings, Remote
+    from gpuprov.paths import keys_dir, region_key
+    from gpuprov.plan.inventory import Target
+    from gpuprov.state import open_store
+
+    pool = host_pool
+    address = pool[7].address
+    key = region_key(keys_dir(), "us-east-1")
+    key.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(pool.key_path, key)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "old")], check=True)
+    old_key = (tmp_path / "old.pub").read_text().split()[:2]
+    pin = sshconfig.node_known_hosts("mv")
+    pin.parent.mkdir(parents=True, exist_ok=True)
+    pin.write_text(f"{address} {' '.join(old_key)}\n")  # the old instance's key
+    store = open_store()
+    store.create_node("mv", "aws", "us-east-1", state="starting", address="203.0.113.9", ssh_user="root",
+                      instance_type="g4dn.xlarge", market="on-demand", connect="public")
+    target = Target(host=address, user="root", key=str(key), label="mv")
+    pinned = HostSettings(known_hosts=pin, accept_new_host_key=False, connect_timeout=10)
+
+    def logs_in() -> bool:
+        remote = Remote(target, pinned)
+        try:
+            remote.open()
+            return remote.run("true").ok
+        except GpuprovError:
+            return False
+        finally:
+            remote.close()
+
+    assert not logs_in()  # the new machine's key is not the pinned one: refused, as a changed key must be
+    instance = Instance(id="i-new", region="us-east-1", zone="us-east-1b", instance_type="g4dn.xlarge",
+                        state="running", market="on-demand", public_ip=address, private_ip=None, launched_at=None)
+    said: list[str] = []
+    came_up("mv", store.node("mv"), instance, StartOptions(bootstrap=False, ssh_timeout=30), "g4dn.xlarge", None,
+            store, said.append, tl.Recorder("start", "mv"), new_instance=True)
+    assert " ".join(old_key) not in pin.read_text() and logs_in()  # the new key pinned, and only it
+    assert oct(pin.stat().st_mode & 0o777) == "0o600"
+    assert any("new host key is pinned on first contact" in line for line in said), said
+    assert store.node("mv").address == address and store.node("mv").zone == "us-east-1b"

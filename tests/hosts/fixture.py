@@ -25,6 +25,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ SCRIPT = Path(__file__).with_name("testhosts.sh")
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SHIM_BIN_IN_HOST = "/usr/local/gpuprov-shims/bin"
+SITE_IN_HOST = "/usr/local/gpuprov-site"
 
 
 def wait_tcp(host: str, port: int, timeout: float = 10.0) -> None:
@@ -204,6 +206,8 @@ class HostPool:
             REBOOT_DELAY=str(self.reboot_delay),
         )
         env["SHIMS"] = str(self.shims_dir) if self.shims_dir else ""
+        # the tests' site-packages at SITE_IN_HOST: the aws shim's boto3 (the checkout may lie under /tmp or /root)
+        env["SITE"] = sysconfig.get_paths()["purelib"] if self.shims_dir else ""
         env["HOST_ENV"] = " ".join(f"{k}={v}" for k, v in self.host_env.items())
         env["SUDO_USERS"] = " ".join(self.sudo_users)
         return env

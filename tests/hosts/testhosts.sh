@@ -51,6 +51,8 @@ SUBNET=${SUBNET:-10.200.0}
 REBOOT_DELAY=${REBOOT_DELAY:-1}
 SHIMS=${SHIMS:-}
 SHIM_MNT=/usr/local/gpuprov-shims
+SITE=${SITE:-}  # optional: the tests' Python site-packages, bind-mounted read-only at $SITE_MNT (shims that use boto3)
+SITE_MNT=/usr/local/gpuprov-site
 CTL_IN=/run/gpuprov-host
 VOLATILE=/run/gpuprov-shim
 STD_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -95,7 +97,7 @@ up() {
   BASE=$(readlink -f "$BASE"); mkdir -p "$BASE"; chmod 755 "$BASE"
   [[ -z $SHIMS ]] || SHIMS=$(readlink -f "$SHIMS")
   mkdir -p /run/sshd && chmod 0755 /run/sshd     # root sshd refuses to start without it
-  mkdir -p /var/lib/gpuprov /var/lib/gpuprov-shim "$VOLATILE" "$CTL_IN" "$SHIM_MNT"   # mount points
+  mkdir -p /var/lib/gpuprov /var/lib/gpuprov-shim "$VOLATILE" "$CTL_IN" "$SHIM_MNT" "$SITE_MNT"   # mount points
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
     ip link add "$BRIDGE" type bridge
     ip addr add "$SUBNET.1/24" dev "$BRIDGE"
@@ -153,7 +155,7 @@ LogLevel VERBOSE
 $setenv
 CFG
     # ip netns exec and unshare exec, so $! is the supervisor's own PID
-    BASE=$BASE SHIMS=$SHIMS REBOOT_DELAY=$REBOOT_DELAY \
+    BASE=$BASE SHIMS=$SHIMS SITE=$SITE REBOOT_DELAY=$REBOOT_DELAY \
       ip netns exec "$ns" unshare --uts --mount --propagation private \
       "$SELF" _host "$ns" "$d" </dev/null >"$d/supervisor.log" 2>&1 &
     echo $! > "$d/supervisor.pid"
@@ -201,6 +203,9 @@ _host() {
   mkdir -p "$stage" && mount --bind "$d" "$stage" || exit 1
   if [[ -n $SHIMS ]]; then  # before /tmp gets its own tmpfs: the checkout itself may lie under /tmp
     mount --bind "$SHIMS" "$SHIM_MNT" && mount -o remount,bind,ro "$SHIM_MNT" || exit 1
+  fi
+  if [[ -n $SITE ]]; then  # the same: a virtualenv may lie under /tmp or /root
+    mount --bind "$SITE" "$SITE_MNT" && mount -o remount,bind,ro "$SITE_MNT" || exit 1
   fi
   mount -t tmpfs -o mode=1777,size=256m tmpfs /tmp || exit 1
   mount -t tmpfs -o mode=700,size=64m tmpfs /root || exit 1

@@ -50,32 +50,43 @@ def check_address(address: str) -> None:
 def first_contact(opts: UpOptions, key_path: str, address: str, say: Say) -> tuple[Target, HostSettings]:
     """Wait for SSH; the new machine's key is trusted on first use and pinned per node (we launched it
     moments ago and cannot learn its key first)."""
+    return new_machine(opts.name, opts.ssh_user, key_path, address, opts.ssh_timeout, say)
+
+
+def new_machine(name: str, user: str, key_path: str, address: str, timeout: float,
+                say: Say) -> tuple[Target, HostSettings]:
+    """How to reach a machine gpuprov has just launched for node `name` (by `up`, or a moved node's new
+    instance): SSH waited for, any key pinned for the node before voided, the new key trusted on first use."""
     from gpuprov.hosts import sshconfig
     from gpuprov.hosts.remote import HostSettings
     from gpuprov.plan.inventory import Target
 
     say(f"waiting for SSH on {address}")
-    wait_tcp(address, 22, opts.ssh_timeout)
-    known_hosts = sshconfig.node_known_hosts(opts.name)
+    wait_tcp(address, 22, timeout)
+    known_hosts = sshconfig.node_known_hosts(name)
     known_hosts.unlink(missing_ok=True)  # a new machine: a key pinned for an old one at this address is void
     settings = HostSettings(known_hosts=known_hosts, accept_new_host_key=True, connect_timeout=15)
-    return Target(host=address, user=opts.ssh_user, key=key_path, label=opts.name), settings
+    return Target(host=address, user=user, key=key_path, label=name), settings
 
 
 def pin_host_key(opts: UpOptions, key_path: str, address: str, say: Say) -> None:
+    pin_new_host_key(opts.name, opts.ssh_user, key_path, address, opts.ssh_timeout, say)
+
+
+def pin_new_host_key(name: str, user: str, key_path: str, address: str, timeout: float, say: Say) -> None:
     from gpuprov.hosts.remote import Remote
 
-    target, settings = first_contact(opts, key_path, address, say)
-    deadline = time.monotonic() + opts.ssh_timeout
+    target, settings = new_machine(name, user, key_path, address, timeout, say)
+    deadline = time.monotonic() + timeout
     while True:  # sshd can answer before cloud-init has installed the key: retry the login, bounded
         remote = Remote(target, settings)
         try:
             remote.open()
             remote.run("true")
-            say(f"host key pinned for {opts.name}")
+            say(f"host key pinned for {name}")
             from gpuprov.cloud import team_keys
 
-            team_keys.after_contact(opts.name, target, settings, say)
+            team_keys.after_contact(name, target, settings, say)
             return
         except GpuprovError:
             raise

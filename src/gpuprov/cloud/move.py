@@ -6,8 +6,10 @@ EBS volume", docs.aws.amazon.com/ebs/latest/userguide/ebs-creating-volume.html, 
 the stopped instance (CreateImage snapshots its root volume; EC2 does not start a stopped instance for it) ->
 RunInstances from that image, same type, key pair and security group, in each other zone that offers the type
 until one has capacity -> the new instance runs -> only then the old instance is terminated (its volume with it)
-and the image and its snapshot deleted. The node keeps its name, records, disk contents, and so its host key
-(pinned, still valid) and bootstrap markers; `start`'s own tail (address, ssh config, bootstrap + verify) follows.
+and the image and its snapshot deleted. The node keeps its name, records, disk contents and bootstrap markers;
+`start`'s own tail (address, ssh config, bootstrap + verify) follows. Not its host key: cloud-init deletes an
+image's host keys on a new instance's first boot and makes new ones (cc_ssh, `ssh_deletekeys`, default true), so
+the new key is pinned on first contact, as `up` pins a new node's (stopstart.came_up `new_instance`).
 
 Each resource is recorded under the node before it is asked for (the image by its name, each launch by its
 ClientToken). A refusal everywhere, a failure or a signal before the new instance runs removes what the move made
@@ -112,7 +114,8 @@ def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider,
     store.update_node(name, zone=instance.zone, state="starting")
     store.event(name, "moved", f"{old} {node.zone} -> {instance.id} {instance.zone}")
     say(f"{name}: moved to {instance.zone} ({instance.id}); the old instance {old} is terminated")
-    return came_up(name, store.node(name), instance, opts, node.instance_type or "", None, store, say, rec)
+    return came_up(name, store.node(name), instance, opts, node.instance_type or "", None, store, say, rec,
+                   new_instance=True)
 
 
 def image_disk(node: Node, iid: str, provider: Provider, store: Store, say: Say, made: list[int],

@@ -116,7 +116,8 @@ def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider,
     keys.release_key_if_unused(node.region, provider, store, say)  # the old region's, if no other node there needs it
     store.event(name, "moved", f"{old} {node.zone} -> {instance.id} {instance.zone}")
     say(f"{name}: moved to {instance.zone} ({instance.id}); the old instance {old} in {node.region} is terminated")
-    return came_up(name, store.node(name), instance, opts, node.instance_type or "", None, store, say, rec)
+    return came_up(name, store.node(name), instance, opts, node.instance_type or "", None, store, say, rec,
+                   new_instance=True)
 
 
 def _copy(node: Node, to: str, image_id: str, provider: Provider, store: Store, say: Say) -> tuple[str, int]:

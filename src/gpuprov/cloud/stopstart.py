@@ -302,9 +302,12 @@ def _run(name: str, node: Node, row: Resource, opts: StartOptions, now_type: str
 
 
 def came_up(name: str, node: Node, instance: Instance, opts: StartOptions, now_type: str, resized_from: str | None,
-            store: Store, say: Say, rec: tl.Recorder) -> StartResult:
+            store: Store, say: Say, rec: tl.Recorder, *, new_instance: bool = False) -> StartResult:
     """The node's instance runs (started, or launched elsewhere by `start --move`): its address in state and ssh
-    config (the host key kept pinned), bootstrap + verify again, ready."""
+    config, bootstrap + verify again, ready. A started instance keeps its pinned host key. A moved node's is a new
+    instance from an image of its disk, and cloud-init deletes the image's host keys and makes new ones on an
+    instance's first boot (cc_ssh, `ssh_deletekeys`, default true; it runs once per instance id): its key is
+    pinned on first contact, as `up` pins a new node's."""
     iid = instance.id
     # a node reached over IPv6 keeps its address across a stop (EC2 user guide, "IPv6 addresses": it "persists
     # when you stop and start"); a public IPv4 one changes
@@ -315,7 +318,10 @@ def came_up(name: str, node: Node, instance: Instance, opts: StartOptions, now_t
     from gpuprov.hosts import sshconfig
     from gpuprov.paths import keys_dir, region_key
 
-    if address != node.address:
+    if new_instance:
+        sshconfig.node_known_hosts(name).unlink(missing_ok=True)
+        say(f"{name}: a new instance at {address}: its new host key is pinned on first contact")
+    elif address != node.address:
         sshconfig.move_node_key(name, address)
         say(f"{name}: new address {address} (was {node.address}); host key kept pinned")
     listed = store.node(name).price_usd_hour  # the list price of the type it starts as (a resize changes it)
@@ -327,7 +333,14 @@ def came_up(name: str, node: Node, instance: Instance, opts: StartOptions, now_t
     store.event(name, "started", f"{now_type} {address}")
     result = StartResult(store.node(name), address, resized_from, ssh_alias=alias)
     if opts.bootstrap:
-        result.verified = _rebootstrap(store.node(name), opts, key_path, store, say, rec)
+        result.verified = _rebootstrap(store.node(name), opts, key_path, store, say, rec, new_instance=new_instance)
+    elif new_instance:  # no bootstrap, but `ssh NAME` needs the new key pinned
+        from gpuprov.cloud.contact import made_up_address, pin_new_host_key
+
+        if made_up_address(address):  # a local endpoint's: never logged in to (contact.check_address)
+            say(f"{name}: {address} comes from the local AWS endpoint: its host key is not pinned")
+        else:
+            pin_new_host_key(name, node.ssh_user or "ubuntu", key_path, address, opts.ssh_timeout, say)
     store.update_node(name, state="ready", ready_at=time.time())
     result.node = store.node(name)
     result.timeline = rec.finish()
@@ -369,9 +382,11 @@ def node_plan(node: Node) -> Plan:
     return make_plan(request)
 
 
-def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, say: Say, rec: tl.Recorder) -> bool:
+def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, say: Say, rec: tl.Recorder, *,
+                 new_instance: bool = False) -> bool:
     """Bootstrap + verify again on the started node (markers make finished steps quick), with its pinned
-    host key; False when SSH does not answer in time (the node runs; `gpuprov check` later)."""
+    host key, or a moved node's new one pinned on first contact; False when SSH does not answer in time (the node
+    runs; `gpuprov check` later)."""
     from gpuprov.hosts import bootstrap as engine
     from gpuprov.hosts import sshconfig
     from gpuprov.hosts.remote import HostSettings
@@ -394,7 +409,7 @@ def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, sa
         if left and price:
             store.update_node(node.name, budget_price=price, budget_deadline=time.time() + left / price * 3600)
     target = Target(host=address, user=node.ssh_user or "ubuntu", key=key_path, label=node.name)
-    settings = HostSettings(known_hosts=sshconfig.node_known_hosts(node.name), accept_new_host_key=False,
+    settings = HostSettings(known_hosts=sshconfig.node_known_hosts(node.name), accept_new_host_key=new_instance,
                             connect_timeout=15)
     say("bootstrapping again (finished steps are skipped) and verifying")
     options = engine.Options(reboot_timeout=opts.reboot_timeout, step_silence=opts.step_silence, echo=opts.verbose_echo)
@@ -402,4 +417,8 @@ def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, sa
     if result.status not in ("ok", "changed"):
         raise GpuprovError(f"{node.name} runs, but its bootstrap {result.summary}: {result.error} "
                            f"(log: {result.log_path}); `gpuprov check {node.name}` says more")
+    if new_instance:  # the key just pinned, shared with the team (nothing to do on local state)
+        from gpuprov.cloud import team_keys
+
+        team_keys.after_contact(node.name, target, settings, say)
     return True
