@@ -141,7 +141,11 @@ def timed(pool, cpu, n: int, argv: list[str], env: dict[str, str]) -> tuple[Run,
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     own = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
     if r.returncode != 0:
-        tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-12:])
+        try:  # the hosts that did not end ok, not the last host's steps
+            bad = [h for h in json.loads(r.stdout) if h.get("status") not in ("ok", "changed")]
+            tail = "\n".join(f"{h.get('host')}: {h.get('status')}: {h.get('error')}" for h in bad) + "\n" + r.stderr[-2000:]
+        except (ValueError, AttributeError):
+            tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-12:])
         raise RuntimeError(f"{' '.join(argv[:4])} exit {r.returncode}:\n{tail}")
     host = (sum(cpu.read(n)) - host_before) / n  # read once every login has ended: sshd's log is complete too
     after = session_counts(pool, n)
