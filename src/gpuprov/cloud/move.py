@@ -59,8 +59,9 @@ def move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider, 
         return _move(name, mopts, opts, provider, store, say)
 
 
-def _checked(name: str, mopts: MoveOptions, provider: Provider, store: Store) -> tuple[Node, Resource, list[str]]:
-    node = store.node(name)
+def check_movable(node: Node) -> None:
+    """What no move can take (to another zone or region): a cluster, a node that is not stopped, a spot node."""
+    name = node.name
     if node.cluster_size:
         raise UserInputError("NAME", f"{name} is a cluster; `start --move` takes one node", f"`gpuprov down {name}`")
     if node.state != "stopped":
@@ -68,6 +69,11 @@ def _checked(name: str, mopts: MoveOptions, provider: Provider, store: Store) ->
     if node.market == "spot":
         raise UserInputError("--move", f"{name} is a spot node, whose request EC2 keeps in its zone",
                              f"`gpuprov down {name}`, or `gpuprov image bake` it first and `gpuprov up` elsewhere")
+
+
+def _checked(name: str, mopts: MoveOptions, provider: Provider, store: Store) -> tuple[Node, Resource, list[str]]:
+    node = store.node(name)
+    check_movable(node)
     rows = [r for r in store.resources(name, region=node.region, kind="instance") if r.cloud_id]
     if len(rows) != 1 or not node.instance_type:
         raise GpuprovError(f"{name} has no single recorded instance (state {node.state}); `gpuprov down {name}`")

@@ -20,7 +20,7 @@ from gpuprov import locks
 from gpuprov.cloud import keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import Say
-from gpuprov.cloud.move import MoveOptions, forget_image, image_disk, launch, retire
+from gpuprov.cloud.move import MoveOptions, check_movable, forget_image, image_disk, launch, retire
 from gpuprov.cloud.providers.base import Access, CloudResource, ImageCopy, Network, NotFound, Provider
 from gpuprov.cloud.settle import SETTLE_SECONDS, settle
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
@@ -35,13 +35,7 @@ def _checked(name: str, mopts: MoveOptions, provider: Provider, store: Store) ->
     to = mopts.region or ""
     if to == node.region:  # as --zone of its own zone: nothing would move
         raise UserInputError("--region", f"{name} is already in {to}", "another region, or --zone in this one")
-    if node.cluster_size:
-        raise UserInputError("NAME", f"{name} is a cluster; `start --move` takes one node", f"`gpuprov down {name}`")
-    if node.state != "stopped":
-        raise UserInputError("NAME", f"{name} is {node.state}", "only a stopped node can move")
-    if node.market == "spot":
-        raise UserInputError("--move", f"{name} is a spot node, whose request EC2 keeps in its zone",
-                             f"`gpuprov down {name}`, or `gpuprov image bake` it first and `gpuprov up` elsewhere")
+    check_movable(node)
     if node.connect == "private":
         raise UserInputError("--region", f"{name} is reached on its private address, in a VPC of {node.region}",
                              f"`gpuprov image bake {name}`, then `gpuprov up` in {to} with its network")
