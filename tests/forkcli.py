@@ -199,16 +199,49 @@ def run(*popenargs: Any, input: Any = None, capture_output: bool = False, timeou
 
 # --- the server's side ---------------------------------------------------------------------------------
 
+# gpuprov's own reads of the environment while its modules are imported, allowed because the child sees the
+# same: the CLI sets this variable for pydantic, which has read it by then in the server as in a fresh process
+IMPORT_TIME_READS_ALLOWED = {("gpuprov.cli", "PYDANTIC_DISABLE_PLUGINS")}
+
+
+def import_gpuprov() -> list[tuple[str, str]]:
+    """Import every gpuprov module; return each (module, variable) its import read from the environment.
+    A value read at import would be the server's in every child (whose environment is the test's), so a
+    test that sets the variable would not reach the command: GPUPROV_SETTLE_SECONDS read at import once made
+    every forked `down` after a lost launch wait EC2's three minutes instead of the test's fifteen seconds."""
+    import pkgutil
+
+    reads: list[tuple[str, str]] = []
+    getitem = os._Environ.__getitem__
+
+    def recorded(self: Any, key: Any) -> Any:
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_globals.get("__name__") in ("os", "_collections_abc", "collections.abc"):
+            frame = frame.f_back  # os.getenv, Mapping.get: the reader is their caller
+        name = frame.f_globals.get("__name__", "") if frame is not None else ""
+        if self is os.environ and (name == "gpuprov" or name.startswith("gpuprov.")):
+            reads.append((name, os.fsdecode(key)))  # gpuprov's own read (a library's, say click's, is not)
+        return getitem(self, key)
+
+    os._Environ.__getitem__ = recorded  # type: ignore[method-assign]
+    try:
+        import gpuprov
+        import gpuprov.cli
+        for mod in pkgutil.walk_packages(gpuprov.__path__, "gpuprov."):
+            if mod.name != "gpuprov.__main__":  # which would run the CLI
+                __import__(mod.name)
+    finally:
+        os._Environ.__getitem__ = getitem  # type: ignore[method-assign]
+    return reads
+
+
 def _preload() -> None:
     """What a command may import, imported once here; nothing is called (no session, no client), so
     every child starts from the state a fresh interpreter would reach by importing."""
-    import pkgutil
-
-    import gpuprov
-    import gpuprov.cli
-    for mod in pkgutil.walk_packages(gpuprov.__path__, "gpuprov."):
-        if mod.name != "gpuprov.__main__":  # which would run the CLI
-            __import__(mod.name)
+    frozen = sorted(set(import_gpuprov()) - IMPORT_TIME_READS_ALLOWED)
+    if frozen:  # each child would see the server's value: refuse to serve rather than run tests on it
+        raise RuntimeError("gpuprov reads the environment at import, which a forked command would not see: "
+                           + ", ".join(f"{var} in {mod}" for mod, var in frozen))
     import boto3
     import botocore.loaders
     import fabric  # noqa: F401

@@ -18,6 +18,12 @@ from gpuprov.state import SqliteStore, Store
 R = "us-east-1"
 
 
+@pytest.fixture(autouse=True)
+def _ec2s_own_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests count EC2's own settle window; a shell's GPUPROV_SETTLE_SECONDS would change it."""
+    monkeypatch.delenv("GPUPROV_SETTLE_SECONDS", raising=False)
+
+
 def _instance(iid: str, state: str = "running", node: str = "n1") -> Instance:
     return Instance(iid, R, "us-east-1a", "g4dn.xlarge", state, "on-demand", None, None, None, node=node)
 
@@ -123,7 +129,7 @@ def test_a_fresh_resources_notfound_is_looked_at_again_an_old_ones_means_gone(st
     cloud = FakeCloud(live={"i-1"})
     _run(cloud, store)
     (terminate,) = [c for c in cloud.calls if c[0] == "terminate"]
-    assert 170 < terminate[2] <= st.SETTLE_SECONDS  # created a moment ago: look again for ~3 minutes
+    assert 170 < terminate[2] <= st.DEFAULT_SETTLE_SECONDS  # created a moment ago: look again for ~3 minutes
     (delete,) = [c for c in cloud.calls if c[0] == "delete"]
     assert delete[3] == 0.0  # learned from EC2's answer: its NotFound is believed at once
     assert learned not in [r.id for r in store.resources("n1")]  # NotFound on delete: gone
@@ -133,9 +139,9 @@ def test_settle_counts_down_from_the_create() -> None:
     from gpuprov.state import Resource
 
     row = Resource(1, "n1", "instance", R, "tok", "i-1", "created", 1000.0, None)
-    assert st.settle(row, now=1000.0) == st.SETTLE_SECONDS
-    assert st.settle(row, now=1100.0) == st.SETTLE_SECONDS - 100
-    assert st.settle(row, now=1000.0 + st.SETTLE_SECONDS + 5) == 0.0
+    assert st.settle(row, now=1000.0) == st.DEFAULT_SETTLE_SECONDS
+    assert st.settle(row, now=1100.0) == st.DEFAULT_SETTLE_SECONDS - 100
+    assert st.settle(row, now=1000.0 + st.DEFAULT_SETTLE_SECONDS + 5) == 0.0
     assert st.settle(Resource(2, "n1", "volume", R, None, "vol-1", "created", 1000.0, None), now=1000.0) == 0.0
 
 
@@ -143,7 +149,7 @@ def test_a_lost_launch_is_found_by_its_client_token_and_terminated(store: Store)
     store.intend("n1", "instance", R, "tok-lost")  # the answer never came: no id recorded
     cloud = FakeCloud(live={"i-9", "i-10"}, launched={"tok-lost": ["i-9", "i-10"]})
     result = _run(cloud, store)
-    assert result.complete and ("terminate", ("i-9",), pytest.approx(st.SETTLE_SECONDS, abs=10)) in cloud.calls
+    assert result.complete and ("terminate", ("i-9",), pytest.approx(st.DEFAULT_SETTLE_SECONDS, abs=10)) in cloud.calls
     assert {"instance i-9", "instance i-10"} <= set(result.removed)
 
 
@@ -156,7 +162,7 @@ def test_a_launch_that_made_nothing_is_looked_for_until_ec2s_settle_time_is_spen
     result = _run(cloud, store)
     looks = [c for c in cloud.calls if c[0] == "find_launched"]
     assert looks == [("find_launched", "tok-none")] * (len(slept) + 1)
-    assert st.SETTLE_SECONDS - 10 < sum(slept) <= st.SETTLE_SECONDS  # the whole window, not a few seconds
+    assert st.DEFAULT_SETTLE_SECONDS - 10 < sum(slept) <= st.DEFAULT_SETTLE_SECONDS  # the whole window, not a few seconds
     assert result.complete and _live(store) == [] and not any(c[0] == "terminate" for c in cloud.calls)
 
 
@@ -251,7 +257,7 @@ def test_every_problem_is_kept_a_refused_terminate_and_an_unconfirmed_one(store:
 
 
 def test_an_old_records_notfound_on_terminate_means_gone(store: Store, monkeypatch) -> None:
-    monkeypatch.setattr(st, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setenv("GPUPROV_SETTLE_SECONDS", "0")
     store.created(store.intend("n1", "instance", R, "tok-1"), "i-gone")
     cloud = FakeCloud()
     result = _run(cloud, store)
@@ -261,7 +267,7 @@ def test_an_old_records_notfound_on_terminate_means_gone(store: Store, monkeypat
 
 def test_an_old_lost_launch_is_looked_for_once_and_every_instance_of_its_token_is_recorded(
         store: Store, monkeypatch) -> None:
-    monkeypatch.setattr(st, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setenv("GPUPROV_SETTLE_SECONDS", "0")
     store.intend("n1", "instance", R, "tok-old")
     old = FakeCloud()
     _run(old, store)
@@ -281,7 +287,7 @@ def test_lost_launch_look_ups_back_off_doubling_from_poll(store: Store, monkeypa
     store.intend("n1", "instance", R, "tok-none")
     td.teardown("n1", R, FakeCloud(), store, [].append, poll=1.5)  # type: ignore[arg-type]
     assert slept[:5] == [1.5, 3.0, 6.0, 12.0, 12.0]  # doubling from poll, capped at 8 polls
-    assert sum(slept) <= st.SETTLE_SECONDS < sum(slept) + 12.0  # no sleep after the last look
+    assert sum(slept) <= st.DEFAULT_SETTLE_SECONDS < sum(slept) + 12.0  # no sleep after the last look
 
 
 def test_groups_wait_for_the_instance_each_one_and_a_fresh_groups_notfound_is_looked_at_again(store: Store) -> None:
@@ -292,7 +298,7 @@ def test_groups_wait_for_the_instance_each_one_and_a_fresh_groups_notfound_is_lo
     assert waiting.left[1:] == ["security-group sg-a: waits for the instance", "security-group sg-b: waits for the instance"]
     cloud = FakeCloud(live={"sg-a", "sg-b"})
     assert _run(cloud, store).complete
-    assert [c[3] for c in cloud.calls if c[0] == "delete"] == [pytest.approx(st.SETTLE_SECONDS, abs=10)] * 2
+    assert [c[3] for c in cloud.calls if c[0] == "delete"] == [pytest.approx(st.DEFAULT_SETTLE_SECONDS, abs=10)] * 2
 
 
 def test_a_group_never_made_is_dropped_and_leftovers_known_to_the_records_are_not_deleted_twice(store: Store) -> None:
@@ -314,3 +320,13 @@ def test_only_a_security_group_is_looked_up_by_its_recorded_name(store: Store) -
     cloud = FakeCloud(live={"sg-9"}, groups={"gpuprov-n1": "sg-9"})
     result = _run(cloud, store)
     assert result.removed == [] and "sg-9" in cloud.live and _live(store) == []
+
+
+def test_a_settle_window_of_zero_believes_every_notfound_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuprov.state import Resource
+
+    row = Resource(1, "n1", "instance", R, "tok", "i-1", "created", 1000.0, None)
+    monkeypatch.setenv("GPUPROV_SETTLE_SECONDS", "0")  # 0 once read as unset: EC2's three minutes
+    assert st.settle(row, now=1000.0) == 0.0
+    monkeypatch.setenv("GPUPROV_SETTLE_SECONDS", "15")  # read when asked, not when the module was imported
+    assert st.settle(row, now=1000.0) == 15.0

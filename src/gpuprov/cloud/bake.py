@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from gpuprov import locks
 from gpuprov.cloud.images import GUARD_STEPS, GUARD_UNITS, INSTALL_KINDS, check_image_name, stack_hash
 from gpuprov.cloud.providers.base import Image, ImageRequest, Provider
-from gpuprov.cloud.settle import SETTLE_SECONDS
+from gpuprov.cloud.settle import settle_window
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def _bake(node_name: str, image_name: str, store: Store, provider: Provider, tar
     store.created(rid, image_id)
     say(f"CreateImage {image_id} ({image_name}): EC2 stops {node_name}, snapshots its disk and starts it again")
     try:
-        image = provider.wait_image(node.region, image_id, timeout=wait, settle=SETTLE_SECONDS,
+        image = provider.wait_image(node.region, image_id, timeout=wait, settle=settle_window(),
                                     progress=_progress(say, image_id))
     except Interrupted as exc:  # nothing to take back: EC2 makes the image; the record finds it
         exc.note = f"EC2 goes on making {image_id} ({image_name}); `gpuprov image list` shows when it is ready"

@@ -34,7 +34,7 @@ from gpuprov.cloud.cluster_network import ClusterNetwork, instance_of, network_f
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
 from gpuprov.cloud.failover import Candidate, Order
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, LaunchRequest, Market, Network, NotFound, Provider
-from gpuprov.cloud.settle import SETTLE_SECONDS
+from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.plan.plan import Plan
@@ -135,7 +135,7 @@ def _launch_and_bootstrap(plan: Plan, opts: launch.UpOptions, copts: ClusterOpti
     anywhere = ", anywhere on the internet" if launch.open_to_all(cidr) else ""
     say(f"key pair and security group (SSH from {cidr}{anywhere}; all traffic between the cluster's nodes)")
     access = launch.prepare_access(name, region, provider, store, network, cidr, public_ip)
-    provider.authorize_self(region, access.security_group_id, settle=SETTLE_SECONDS)
+    provider.authorize_self(region, access.security_group_id, settle=settle_window())
     rec.phase(tl.CAPACITY)
     instances, layout, attempts = _launch(plan, opts, copts, provider, store, say, order, image, access, rec)
 
@@ -145,7 +145,7 @@ def _launch_and_bootstrap(plan: Plan, opts: launch.UpOptions, copts: ClusterOpti
     running: list[Instance] = []
     for rank, inst in enumerate(instances):
         try:
-            running.append(provider.wait_running(region, inst.id, timeout=opts.ssh_timeout, settle=SETTLE_SECONDS))
+            running.append(provider.wait_running(region, inst.id, timeout=opts.ssh_timeout, settle=settle_window()))
         except GpuprovError as exc:
             _drop_or_fail(copts, len(instances), [rank], {rank: f"{inst.id}: {exc}"}, result, say)
             _terminate(name, region, [inst.id], provider, store, say)
@@ -210,7 +210,7 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
                 shutdown_behavior=launch.shutdown_behavior(plan, cand.market), count=copts.nodes,
                 min_count=copts.at_least, placement_group=group if layout.placement_group else None,
                 interfaces=layout.interfaces, instance_profile=opts.instance_profile,
-                **reservations.reservation_of(opts)), settle=SETTLE_SECONDS)
+                **reservations.reservation_of(opts)), settle=settle_window())
         except LaunchError as exc:  # a refusal launched none of them (MinCount)
             attempt = launch.note_refusal(exc, cand, rid, asked, f"{copts.nodes} × ", name, attempts, store, rec, say)
             launch.go_on_after(exc, attempt, opts, closed, provider, region, say, copts.nodes)
@@ -259,7 +259,7 @@ def _member(name: str, region: str, rank: int, inst: Instance, opts: launch.UpOp
         rid = store.intend(name, "address", region, label)
         allocation = provider.allocate_address(region, name, label)
         store.created(rid, allocation)
-        public = provider.associate_address(region, allocation, inst.id, settle=SETTLE_SECONDS)
+        public = provider.associate_address(region, allocation, inst.id, settle=settle_window())
         say(f"  node {rank}: Elastic IP {public}")
     address = inst.private_ip if opts.connect == "private" else public
     if not address:
@@ -292,7 +292,7 @@ def _terminate(name: str, region: str, ids: list[str], provider: Provider, store
     gone = []
     for iid in ids:
         try:
-            provider.terminate(region, [iid], settle=SETTLE_SECONDS)
+            provider.terminate(region, [iid], settle=settle_window())
             provider.wait_terminated(region, [iid])
         except NotFound:
             pass  # past the settle time: it is gone
@@ -314,7 +314,7 @@ def _release(name: str, region: str, members: list[Member], provider: Provider, 
     for row in store.resources(name, region=region, kind="address"):
         if row.cloud_id in allocations:
             with contextlib.suppress(NotFound):  # already gone
-                provider.delete(CloudResource("address", row.cloud_id or "", region, name), settle=SETTLE_SECONDS)
+                provider.delete(CloudResource("address", row.cloud_id or "", region, name), settle=settle_window())
             store.deleted(row.id)
 
 

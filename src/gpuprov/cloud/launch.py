@@ -23,7 +23,7 @@ from gpuprov.cloud import images, keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, Market, Network, Provider
-from gpuprov.cloud.settle import SETTLE_SECONDS
+from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.cloud.teardown import take_down
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
@@ -313,7 +313,7 @@ def prepare_access(node: str, region: str, provider: Provider, store: Store, net
     rid = store.intend(node, "security-group", region, group_name)
     group = provider.create_security_group(region, node, network.vpc_id, group_name, f"gpuprov node {node}: SSH from {cidr}")
     store.created(rid, group)
-    provider.authorize_ssh(region, group, cidr, settle=SETTLE_SECONDS)
+    provider.authorize_ssh(region, group, cidr, settle=settle_window())
     return Access(key_name=keys.key_name(owner()), security_group_id=group, subnet_id=network.subnet_id,
                   public_ip=public_ip, ipv6=":" in cidr)
 

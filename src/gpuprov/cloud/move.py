@@ -37,7 +37,7 @@ from gpuprov.cloud.providers.base import (
     NotFound,
     Provider,
 )
-from gpuprov.cloud.settle import SETTLE_SECONDS, settle
+from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError, UserInputError
@@ -134,7 +134,7 @@ def image_disk(node: Node, iid: str, provider: Provider, store: Store, say: Say,
         region=node.region, instance_id=iid, name=image_name, description=f"gpuprov start --move of {node.name}",
         source_node=node.name, stack=MOVE_STACK, os=str(node.plan.get("os") or "")))
     store.created(rid, image_id)
-    provider.wait_image(node.region, image_id, timeout=3600, settle=SETTLE_SECONDS)
+    provider.wait_image(node.region, image_id, timeout=3600, settle=settle_window())
     return image_id, rid
 
 
@@ -153,7 +153,7 @@ def launch(node: Node, region: str, image_id: str, access: Access, zones: list[s
             instance = provider.launch(LaunchRequest(
                 node=node.name, region=region, zone=zone, instance_type=node.instance_type or "",
                 market="on-demand", image_id=image_id, access=access, disk_gb=node.disk_gb or 100, client_token=token,
-                shutdown_behavior=node.shutdown_action or "stop"), settle=SETTLE_SECONDS)
+                shutdown_behavior=node.shutdown_action or "stop"), settle=settle_window())
         except LaunchError as exc:
             rec.attempt(node.instance_type or "", zone, "on-demand", asked, exc.code, exc.message)
             say(f"  {exc.code}: {exc.message}")
@@ -167,7 +167,7 @@ def launch(node: Node, region: str, image_id: str, access: Access, zones: list[s
         store.created(rid, instance.id)
         rec.attempt(node.instance_type or "", zone, "on-demand", asked)
         rec.phase(tl.RUNNING)
-        return provider.wait_running(region, instance.id, timeout=900, settle=SETTLE_SECONDS)
+        return provider.wait_running(region, instance.id, timeout=900, settle=settle_window())
     if region != node.region:
         raise GpuprovError(f"no zone of {region} had capacity for {node.instance_type}: {'; '.join(refused)}")
     raise GpuprovError(f"no other zone had capacity for {node.instance_type}: {'; '.join(refused)}")

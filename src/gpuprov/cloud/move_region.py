@@ -22,7 +22,7 @@ from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import Say
 from gpuprov.cloud.move import MoveOptions, check_movable, forget_image, image_disk, launch, retire
 from gpuprov.cloud.providers.base import Access, CloudResource, ImageCopy, Network, NotFound, Provider
-from gpuprov.cloud.settle import SETTLE_SECONDS, settle
+from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state import Node, Resource, Store
@@ -123,7 +123,7 @@ def _copy(node: Node, to: str, image_id: str, provider: Provider, store: Store, 
                                             description=f"gpuprov start --move of {node.name} from {node.region}",
                                             source_node=node.name, client_token=name))
     store.created(rid, copy_id)
-    provider.wait_image(to, copy_id, timeout=3600, settle=SETTLE_SECONDS)
+    provider.wait_image(to, copy_id, timeout=3600, settle=settle_window())
     return copy_id, rid
 
 
@@ -133,7 +133,7 @@ def _access(node: Node, to: str, network: Network, cidrs: list[str], provider: P
 
     access = prepare_access(node.name, to, provider, store, network, cidrs[0], public_ip=False)
     for cidr in cidrs[1:]:
-        provider.authorize_ssh(to, access.security_group_id, cidr, settle=SETTLE_SECONDS)
+        provider.authorize_ssh(to, access.security_group_id, cidr, settle=settle_window())
     return access
 
 

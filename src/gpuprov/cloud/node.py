@@ -52,7 +52,7 @@ from gpuprov.cloud.providers.base import (
     Provider,
 )
 from gpuprov.cloud.reservations import block_guards, recorded, reservation_of, resolved
-from gpuprov.cloud.settle import SETTLE_SECONDS, settle
+from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError
 from gpuprov.plan.plan import Plan
@@ -123,7 +123,7 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
                 image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price,
                 persistent=plan.request.persistent and cand.market == "spot",
                 shutdown_behavior=shutdown_behavior(plan, cand.market), instance_profile=opts.instance_profile,
-                **reservation_of(opts)), settle=SETTLE_SECONDS)
+                **reservation_of(opts)), settle=settle_window())
         except LaunchError as exc:
             attempt = note_refusal(exc, cand, rid, asked, "", name, attempts, store, rec, say)
             go_on_after(exc, attempt, opts, closed, provider, region, say)
@@ -135,7 +135,7 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
         say(f"{instance.id} launched; waiting for it to run")
         rec.phase(tl.RUNNING)
         try:
-            instance = provider.wait_running(region, instance.id, timeout=opts.ssh_timeout, settle=SETTLE_SECONDS)
+            instance = provider.wait_running(region, instance.id, timeout=opts.ssh_timeout, settle=settle_window())
         except LaunchError as exc:  # pending -> terminated for want of capacity (a spot instance, mostly): this
             # candidate is refused after all; its request goes (a persistent one would try again), and so does it;
             # the timeline shows the search going on after the launch that did not last

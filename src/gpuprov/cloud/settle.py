@@ -30,14 +30,14 @@ def window_from_env() -> float | None:
     return value
 
 
-def _window() -> float:
+def settle_window() -> float:
+    """The window, read when it is needed: a value read once at import would be the importing process's,
+    and a process forked after the import (the tests' fork server) would keep it."""
     try:
-        return window_from_env() or DEFAULT_SETTLE_SECONDS
+        value = window_from_env()
     except ValueError:
         return DEFAULT_SETTLE_SECONDS  # refused with its name by the CLI before any cloud call
-
-
-SETTLE_SECONDS = _window()
+    return DEFAULT_SETTLE_SECONDS if value is None else value  # 0 is a window too: believe every NotFound
 
 
 def settle(row: Resource, now: float | None = None) -> float:
@@ -46,4 +46,4 @@ def settle(row: Resource, now: float | None = None) -> float:
     described instance): EC2 knew it then, so its NotFound now is believed at once."""
     if row.client_token is None:
         return 0.0
-    return max(0.0, row.created_at + SETTLE_SECONDS - (now or time.time()))
+    return max(0.0, row.created_at + settle_window() - (now or time.time()))
