@@ -1,5 +1,7 @@
 """Getting capacity (issue 27) through the real CLI against moto behind the fault proxy: `up --wait` asking again
-until capacity appears (nothing left between passes), `status` while it waits, a SIGTERM mid-wait."""
+until capacity appears (nothing left between passes), `status` while it waits, a SIGTERM mid-wait; `start --move`
+to another zone or region, of a node in the default VPC and of one in a subnet of its own (real SSH hosts at the
+new instance's address: its disk's marker file is there)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import forkcli
-from tests.aws.cli import EMPTY, gp, nothing_left, up_args
+from tests import forkcli, testnet
+from tests.aws.cli import EMPTY, copy_disk, gp, launch_site, nothing_left, up_args
 
 NO_WAIT = ("--no-bootstrap", "--no-wait")
 ONE_TYPE = ("--gpu", "T4", "--max-hourly", "0.6")  # g4dn.xlarge ($0.526/h) alone: one candidate per zone
@@ -22,7 +24,11 @@ ICE = {"action": "RunInstances", "code": "InsufficientInstanceCapacity",
 
 
 def _zones(aws, instance_type: str = "g4dn.xlarge") -> list[str]:
-    found = aws.ec2().describe_instance_type_offerings(
+    return _zones_in(aws, "us-east-1", instance_type)
+
+
+def _zones_in(aws, region: str, instance_type: str = "g4dn.xlarge") -> list[str]:
+    found = aws.ec2(region).describe_instance_type_offerings(
         LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}])
     return sorted(o["Location"] for o in found["InstanceTypeOfferings"])
 
@@ -195,14 +201,17 @@ def test_start_move_after_ice_takes_the_disk_to_another_zone_and_a_failed_move_t
     # one other zone full, the next has room: moved there, the old instance retired only after
     aws.clear_faults()  # (the log too)
     others = [z for z in _zones(aws) if z != home]
-    aws.faults({**ICE, "match": {"Placement.AvailabilityZone": others[0]}})
+    defaults = {s["AvailabilityZone"]: s["SubnetId"] for s in aws.ec2().describe_subnets(
+        Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]}
+    aws.faults({**ICE, "match": {"SubnetId": defaults[others[0]]}})
     moved = gp(env, "start", "mover", "--move", "--no-bootstrap")
     assert moved.returncode == 0, moved.stdout + moved.stderr
     assert {e["form"]["InstanceId"] for e in aws.log("CreateImage")} == {old["InstanceId"]}  # its disk, imaged
     ubuntu = old["ImageId"]  # what `up` launched from
     launched = [e for e in aws.log("RunInstances") if e["form"].get("ImageId") != ubuntu]
     assert len({e["form"]["ImageId"] for e in launched[-2:]}) == 1  # this move's image, in each zone it asked
-    assert [e["form"]["Placement.AvailabilityZone"] for e in launched][-2:] == others[:2]
+    # each zone's default subnet: of its VPC, as `up` without --subnet got its own
+    assert [e["form"]["SubnetId"] for e in launched][-2:] == [defaults[z] for z in others[:2]]
     ends = [e for e in aws.log("TerminateInstances") if old["InstanceId"] in json.dumps(e["form"])]
     assert ends and ends[0]["seq"] > launched[-1]["seq"]  # the old one goes once the new one is there
     now = _instances(aws)
@@ -315,6 +324,105 @@ def test_start_move_region_takes_the_disk_to_another_region_and_leaves_nothing_b
     assert pair["PublicKey"].split()[1] == (home / "keys/us-west-2/id_ed25519.pub").read_text().split()[1]
     entry = (home / "ssh_config").read_text().split("Host gpuprov-far\n")[1].split("Host ")[0]
     assert f"HostName {new['PublicIpAddress']}" in entry and f"IdentityFile {home}/keys/us-west-2/id_ed25519" in entry
+    assert gp(env, "down", "far", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+NET = testnet.subnet("10.220.0")  # the aws_hosts' /24: a /25 at .0 gives its first instance .4 (pool[0]), at .128 .132
+MARKER = "/var/lib/gpuprov-shim/root/work/marker"  # on the node's disk (the shims' sysroot stands for its /)
+PRIVATE = ("--connect", "private", "--ssh-user", "root", "--no-bootstrap")
+
+
+def _subnet_node(aws, env, pool, gp_home, name: str, *up: str, regions: tuple[str, ...] = ("us-east-1",)) -> str:
+    """A node `up` put in a pinned subnet (NET.0/25 of a VPC of its own, us-east-1a: pool[0]) and reaches on its
+    private address, a marker written on its disk, stopped; returns the subnet."""
+    first = launch_site(aws, pool, gp_home, ".0/25", regions)
+    made = gp(env, *(up or up_args(name)), *ONE_TYPE, "--subnet", first, *PRIVATE)
+    assert made.returncode == 0, made.stdout + made.stderr
+    pool.exec_in(0, f"mkdir -p {MARKER.rsplit('/', 1)[0]} && echo 'written before the move' > {MARKER}", check=True)
+    assert gp(env, "stop", name).returncode == 0
+    return first
+
+
+def _reaches_the_disk(env, gp_home, pool, name: str) -> None:
+    """`gpuprov exec NAME` reaches the new instance's host (pool[1] at NET.132) with its new host key pinned, and
+    the disk's marker file is there."""
+    ran = gp(env, "exec", name, "--", "cat", MARKER)
+    assert ran.returncode == 0 and "written before the move" in ran.stdout, ran.stdout + ran.stderr
+    pinned = (gp_home / "nodes" / name / "known_hosts").read_text()
+    assert f"{NET}.132 " in pinned and pool[1].host_key_pub.split()[1] in pinned, pinned
+    assert pool[0].host_key_pub.split()[1] not in pinned  # the old instance's key went with it
+    entry = (gp_home / "ssh_config").read_text().split(f"Host gpuprov-{name}\n")[1].split("Host ")[0]
+    assert f"HostName {NET}.132" in entry
+
+
+def test_start_move_of_a_subnet_node_goes_to_its_vpcs_subnet_in_another_zone_and_its_disk_is_there(
+        aws, env, aws_hosts, gp_home):
+    pool = aws_hosts
+    first = _subnet_node(aws, env, pool, gp_home, "sub")
+    vpc = aws.ec2().describe_subnets(SubnetIds=[first])["Subnets"][0]["VpcId"]
+    aws.faults({**ICE, "action": "StartInstances", "times": 1})
+    refused = gp(env, "start", "sub", "--no-bootstrap")
+    assert refused.returncode == 1 and "gpuprov start sub --move" in refused.stderr, refused.stderr
+
+    # its VPC has no subnet in another zone: refused before anything is made, naming --subnet
+    lonely = gp(env, "start", "sub", "--move", "--no-bootstrap")
+    assert lonely.returncode == 2 and lonely.stderr.startswith(f"error: --subnet: sub's VPC {vpc} has no subnet in"), \
+        lonely.stdout + lonely.stderr
+    other = next(z for z in _zones(aws) if z != "us-east-1a")
+    default = aws.ec2().describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}, {
+        "Name": "availability-zone", "Values": [other]}])["Subnets"][0]["SubnetId"]
+    for subnet, says in ((first, f"{first} is in us-east-1a, where sub already is"),
+                         (default, f"{default} is in vpc-")):  # the default VPC's: not its group's
+        wrong = gp(env, "start", "sub", "--move", "--subnet", subnet, "--no-bootstrap")
+        assert wrong.returncode == 2 and wrong.stderr.startswith(f"error: --subnet: {says}"), wrong.stderr
+    assert aws.log("CreateImage") == []
+
+    second = aws.subnet_for_hosts(f"{NET}.128/25", other)  # the same VPC: its first instance gets .132
+    copy_disk(pool, 0, 1)  # what an instance launched from the image of its disk sees
+    with pool.also_at(1, f"{NET}.132"):
+        moved = gp(env, "start", "sub", "--move", "--no-bootstrap")
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        skipped = [z for z in _zones(aws) if z not in ("us-east-1a", other)]
+        assert all(f"{z}: skipped: {vpc} has no subnet there" in moved.stdout for z in skipped), moved.stdout
+        assert "disk image" in moved.stdout  # the timeline's phase for imaging it
+        up, run = [e for e in aws.log("RunInstances") if e["status"] == 200]
+        assert run["form"]["SubnetId"] == second and run["form"]["ImageId"] != up["form"]["ImageId"]
+        assert run["form"]["SecurityGroupId.1"] == up["form"]["SecurityGroupId.1"]  # its own group, of its VPC
+        _reaches_the_disk(env, gp_home, pool, "sub")
+    (node,) = json.loads(gp(env, "status", "--json").stdout)
+    assert (node["state"], node["zone"], node["address"]) == ("ready", other, f"{NET}.132")
+    timeline = json.loads(gp(env, "status", "sub", "--timeline", "--json").stdout)
+    assert [p["name"] for p in timeline["phases"]][:3] == ["checks", "disk image", "capacity search"]
+    assert gp(env, "down", "sub", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_start_move_region_of_a_subnet_node_needs_a_subnet_there_and_its_disk_is_there(aws, env, aws_hosts, gp_home):
+    pool = aws_hosts
+    # without --ssh-cidr: SSH open to its VPC's CIDR (10.220.0.0/16), which the move makes the new VPC's
+    _subnet_node(aws, env, pool, gp_home, "far", "up", "far", "--yes", regions=("us-east-1", "us-west-2"))
+    refused = gp(env, "start", "far", "--move", "--region", "us-west-2", "--no-bootstrap")
+    assert refused.returncode == 2 and refused.stderr.startswith(
+        "error: --subnet: far is reached on its private address"), refused.stderr
+    assert refused.stderr.count("error:") == 1 and aws.log("CreateImage") == []
+
+    west = aws.ec2("us-west-2")
+    zone = _zones_in(aws, "us-west-2")[0]
+    vpc = west.create_vpc(CidrBlock=f"{NET}.0/24")["Vpc"]["VpcId"]
+    subnet = west.create_subnet(VpcId=vpc, CidrBlock=f"{NET}.128/25", AvailabilityZone=zone)["Subnet"]["SubnetId"]
+    copy_disk(pool, 0, 1)
+    with pool.also_at(1, f"{NET}.132"):
+        moved = gp(env, "start", "far", "--move", "--region", "us-west-2", "--subnet", subnet, "--no-bootstrap")
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        (run,) = [e for e in aws.log("RunInstances") if e["status"] == 200 and e["region"] == "us-west-2"]
+        assert run["form"]["SubnetId"] == subnet
+        _reaches_the_disk(env, gp_home, pool, "far")
+    (new,) = [i for r in west.describe_instances()["Reservations"] for i in r["Instances"]]
+    (group,) = west.describe_security_groups(GroupIds=[new["SecurityGroups"][0]["GroupId"]])["SecurityGroups"]
+    assert group["VpcId"] == vpc and [r["CidrIp"] for r in group["IpPermissions"][0]["IpRanges"]] == [f"{NET}.0/24"]
+    (node,) = json.loads(gp(env, "status", "--json").stdout)
+    assert (node["state"], node["region"], node["zone"]) == ("ready", "us-west-2", zone)
     assert gp(env, "down", "far", "--yes").returncode == 0
     nothing_left(aws)
 

@@ -6,6 +6,7 @@ store at `stop`, deregistered images, the instance profile and IMDS hop limit. E
 
 from __future__ import annotations
 
+import ipaddress
 import json
 
 from tests.aws.cli import gp, nothing_left, up_args
@@ -118,6 +119,28 @@ def test_an_ipv6_ssh_cidr_on_an_ipv6_subnet_asks_for_an_ipv6_address_and_connect
     started = gp(env, "start", "v6", "--no-bootstrap")
     assert started.returncode == 0, started.stdout + started.stderr
     assert node(env, "v6")["address"] == address
+
+    # `start --move`: into its VPC's subnet with an IPv6 block in another zone (one without is skipped), asking for
+    # an IPv6 address again, and reached on it
+    vpc = aws.ec2().describe_vpcs(VpcIds=[found["VpcId"]])["Vpcs"][0]
+    blocks = ipaddress.ip_network(vpc["Ipv6CidrBlockAssociationSet"][0]["Ipv6CidrBlock"]).subnets(new_prefix=64)
+    next(blocks)  # the first subnet's
+    zones = [o["Location"] for o in aws.ec2().describe_instance_type_offerings(
+        LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": ["g4dn.xlarge"]}],
+    )["InstanceTypeOfferings"] if o["Location"] != found["AvailabilityZone"]]
+    plain, dual = sorted(zones)[:2]
+    aws.ec2().create_subnet(VpcId=vpc["VpcId"], CidrBlock="10.77.2.0/24", AvailabilityZone=plain)
+    there = aws.ec2().create_subnet(VpcId=vpc["VpcId"], CidrBlock="10.77.3.0/24", AvailabilityZone=dual,
+                                    Ipv6CidrBlock=str(next(blocks)))["Subnet"]["SubnetId"]
+    assert gp(env, "stop", "v6").returncode == 0
+    moved = gp(env, "start", "v6", "--move", "--no-bootstrap")
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    assert f"{plain}: skipped: {vpc['VpcId']} has no subnet there with an IPv6 CIDR block" in moved.stdout
+    form = launched(aws)
+    assert form["NetworkInterface.1.SubnetId"] == there and form["NetworkInterface.1.Ipv6AddressCount"] == "1"
+    (now,) = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]
+              if i["State"]["Name"] == "running"]
+    assert node(env, "v6")["address"] == now["NetworkInterfaces"][0]["Ipv6Addresses"][0]["Ipv6Address"] != address
     assert gp(env, "down", "v6", "--yes").returncode == 0
     nothing_left(aws)
 

@@ -37,17 +37,18 @@ def nothing_left(aws) -> None:
     assert aws.leftovers() == EMPTY
 
 
-def launch_site(aws, pool, gp_home) -> str:
-    """The first instance moto launches into the returned subnet lands on pool[0]'s address, a fresh
-    T4 host that trusts gpuprov's key (as cloud-init would on EC2)."""
+def launch_site(aws, pool, gp_home, block: str = ".0/24", regions: tuple[str, ...] = ("us-east-1",)) -> str:
+    """The first instance moto launches into the returned subnet (10.220.N`block` in us-east-1a) lands on pool[0]'s
+    address, a fresh T4 host that trusts gpuprov's key in each of `regions` (as cloud-init would on EC2)."""
     pool.exec_in(0, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/*; "
                     "install -d -m 0755 /var/lib/gpuprov-shim/root; "  # the host's `/`, 0755 as a real root is
                     "echo 'export GPUPROV_SHIM_GPU=T4' > /var/lib/gpuprov-shim/env", check=True)
-    keys = gp_home / "keys" / "us-east-1"
-    keys.mkdir(parents=True)
-    shutil.copy(pool.key_path, keys / "id_ed25519")
-    shutil.copy(f"{pool.key_path}.pub", keys / "id_ed25519.pub")
-    return aws.subnet_for_hosts(testnet.subnet("10.220.0") + ".0/24", "us-east-1a")
+    for region in regions:
+        keys = gp_home / "keys" / region
+        keys.mkdir(parents=True)
+        shutil.copy(pool.key_path, keys / "id_ed25519")
+        shutil.copy(f"{pool.key_path}.pub", keys / "id_ed25519.pub")
+    return aws.subnet_for_hosts(testnet.subnet("10.220.0") + block, "us-east-1a")
 
 
 def copy_disk(pool, src: int, dst: int) -> None:

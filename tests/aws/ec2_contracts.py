@@ -25,6 +25,11 @@ In both kinds (EC2's contract, not timing):
   unverified: moto silently assigns nothing). moto honours only the instance-level count, so a primary interface's
   Ipv6AddressCount is forwarded as that. moto's DescribeSubnets writes an IPv6 block's state as
   "{'State': 'associated'}"; the proxy answers "associated", as EC2 does.
+* RunInstances with a security group of another VPC than the subnet it launches into (the one named, or, with none
+  named, the default subnet of the zone asked for): InvalidParameter (400, observed: QT-DevOps/DevOpsIssues#256 for a
+  launch that named no subnet, kubernetes-sigs/cluster-api-provider-aws#3399, ansible/ansible-modules-core#347; read
+  2026-12-02)
+  "Security group {sg} and subnet {subnet} belong to different networks."; moto launches it.
 * An unknown IamInstanceProfile at RunInstances: EC2 answers InvalidParameterValue (400, observed: aws/aws-sdk-js-v3#5253,
   hashicorp/terraform#9474) "Value ({name}) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance
   Profile name"; moto answers IAM's NoSuchEntity (404). The proxy answers EC2's.
@@ -213,7 +218,8 @@ class Ec2Contracts:
         elif action == "AllocateAddress":
             return self._address_limit(region, ask, rules)
         elif action == "RunInstances":
-            return self._root_volume(region, form, ask) or self._ipv6(form, ask) or self._profile(form, realistic)
+            return (self._root_volume(region, form, ask) or self._ipv6(form, ask) or self._networks(form, ask)
+                    or self._profile(form, realistic))
         elif action in ("CreateImage", "RegisterImage"):
             req["image_root"] = self._root_of_new_image(form, ask)
         elif action == "CopyImage":  # the copy's root snapshot is the source's size (its id: the copy's own)
@@ -316,6 +322,40 @@ class Ec2Contracts:
         named = subnet or (_text(subnets[0], "subnetId") if subnets else "?")
         return 400, "InvalidParameterValue", (f"The subnet '{named}' has no IPv6 CIDR block: no IPv6 address can be "
                                               "assigned")  # code and text unverified
+
+    def _networks(self, form: dict[str, str], ask: Ask) -> Refusal | None:
+        """Each interface's groups (the instance-level ones go on the primary) against its subnet's VPC."""
+        nics = sorted({m.group(1) for k in form if (m := re.fullmatch(r"NetworkInterface\.(\d+)\..+", k))})
+        pairs = [(form.get(f"NetworkInterface.{n}.SubnetId"), _listed(form, f"NetworkInterface.{n}.SecurityGroupId"))
+                 for n in nics]
+        if not nics:
+            pairs = [(form.get("SubnetId"), _listed(form, "SecurityGroupId"))]
+        for subnet, groups in pairs:
+            if not groups:
+                continue  # the VPC's default group
+            query = {"Action": "DescribeSubnets", "Version": "2016-11-15"}
+            if subnet:
+                query["SubnetId.1"] = subnet
+            else:  # EC2 picks the default subnet of the zone asked for (of any zone: all are the default VPC's)
+                query.update({"Filter.1.Name": "default-for-az", "Filter.1.Value.1": "true"})
+                if form.get("Placement.AvailabilityZone"):
+                    query.update({"Filter.2.Name": "availability-zone",
+                                  "Filter.2.Value.1": form["Placement.AvailabilityZone"]})
+            status, body, _ = ask(query)
+            root = _parse(body) if status == 200 else None
+            subnets = [] if root is None else [i for s in root if _local(s.tag) == "subnetSet" for i in s]
+            if not subnets:
+                continue  # moto answers an unknown subnet (or a region without a default one) itself
+            vpc, named = _text(subnets[0], "vpcId"), _text(subnets[0], "subnetId")
+            status, body, _ = ask({"Action": "DescribeSecurityGroups", "Version": "2016-11-15",
+                                   **{f"GroupId.{i}": g for i, g in enumerate(groups, 1)}})
+            root = _parse(body) if status == 200 else None
+            found = [] if root is None else [i for s in root if _local(s.tag) == "securityGroupInfo" for i in s]
+            for group in found:
+                if _text(group, "vpcId") and _text(group, "vpcId") != vpc:
+                    return 400, "InvalidParameter", (f"Security group {_text(group, 'groupId')} and subnet {named} "
+                                                     "belong to different networks.")
+        return None
 
     def _profile(self, form: dict[str, str], realistic: bool) -> Refusal | None:
         name = form.get("IamInstanceProfile.Name")

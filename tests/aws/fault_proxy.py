@@ -43,7 +43,8 @@ EC2 contracts moto lacks (tests/aws/ec2_contracts.py, which has the sources), be
 its answer, in both kinds unless said: AssociateAddress by InstanceId of a multi-interface instance ->
 InvalidInstanceID; AllocateAddress past the Elastic IP quota (the canned L-0263D0A3 answer, else 5) ->
 AddressLimitExceeded; RunInstances with a root volume below the image's snapshot -> InvalidBlockDeviceMapping (and
-images' root snapshots sized as EC2 sizes them); IPv6 counts as EC2 takes them; an unknown instance profile ->
+images' root snapshots sized as EC2 sizes them); IPv6 counts as EC2 takes them; a security group of another VPC than
+the launch's subnet (named, or the zone's default one) -> InvalidParameter; an unknown instance profile ->
 InvalidParameterValue (realistic: a profile created through the proxy too, for its first ``fresh_lookups``
 launches); MaxResults/NextToken on DescribeSpotPriceHistory/SpotInstanceRequests/Volumes/Images/Snapshots, and
 ``page_size``; realistic: a deregistered image still listed for ``deregistered_listed`` answers.

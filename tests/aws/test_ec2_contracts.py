@@ -1,7 +1,7 @@
 """The fault proxy keeps EC2's contracts that moto 5.2 does not (tests/aws/ec2_contracts.py): AssociateAddress on
 multi-interface instances, the Elastic IP quota, the root volume against the image's snapshot, IPv6 at launch,
-instance profiles, pages of N and deregistered images still listed. Driven with real boto3 clients through the
-proxy, each contract checked against what moto alone says."""
+a security group and a subnet of different VPCs, instance profiles, pages of N and deregistered images still
+listed. Driven with real boto3 clients through the proxy, each contract checked against what moto alone says."""
 
 from __future__ import annotations
 
@@ -180,6 +180,28 @@ def test_ipv6_at_launch_as_ec2_assigns_it(aws):
     (alone,) = aws.ec2().run_instances(ImageId=UBUNTU, InstanceType="g5.xlarge", MinCount=1, MaxCount=1, NetworkInterfaces=[
         {"DeviceIndex": 0, "SubnetId": subnet, "Ipv6AddressCount": 1}])["Instances"]
     assert alone["NetworkInterfaces"][0]["Ipv6Addresses"] == []  # moto alone ignores the interface's count
+
+
+@pytest.mark.instant_aws
+def test_a_security_group_of_another_vpc_than_the_subnet_is_refused_as_ec2_does(aws):
+    ec2 = _ec2()
+    subnet = aws.subnet_for_hosts("10.78.1.0/24", "us-east-1b")  # a VPC of its own
+    vpc = aws.ec2().describe_subnets(SubnetIds=[subnet])["Subnets"][0]["VpcId"]
+    mine = aws.ec2().create_security_group(GroupName="in-vpc", Description="x", VpcId=vpc)["GroupId"]
+    default = aws.ec2().create_security_group(GroupName="in-default", Description="x")["GroupId"]
+    launch = {"ImageId": UBUNTU, "InstanceType": "g5.xlarge", "MinCount": 1, "MaxCount": 1}
+    # no subnet named: EC2 takes the zone's default subnet, of the default VPC
+    code, message, status = _error(lambda: ec2.run_instances(
+        **launch, SecurityGroupIds=[mine], Placement={"AvailabilityZone": "us-east-1b"}))
+    assert (code, status) == ("InvalidParameter", 400)
+    assert message == f"Security group {mine} and subnet {_subnet(ec2, 'us-east-1b')} belong to different networks."
+    assert _error(lambda: ec2.run_instances(**launch, SecurityGroupIds=[default], SubnetId=subnet))[:2] == (
+        "InvalidParameter", f"Security group {default} and subnet {subnet} belong to different networks.")
+    assert _error(lambda: ec2.run_instances(**launch, NetworkInterfaces=[
+        {"DeviceIndex": 0, "SubnetId": subnet, "Groups": [default]}]))[0] == "InvalidParameter"
+    ec2.run_instances(**launch, SecurityGroupIds=[mine], SubnetId=subnet)  # each of its own VPC: launched
+    ec2.run_instances(**launch, SecurityGroupIds=[default], Placement={"AvailabilityZone": "us-east-1b"})
+    aws.ec2().run_instances(**launch, SecurityGroupIds=[default], SubnetId=subnet)  # moto alone takes it
 
 
 def test_an_unknown_or_fresh_instance_profile_is_refused_as_ec2_does(aws):

@@ -19,6 +19,7 @@ Host indexes given to the pool's methods are 0-based positions in ``pool.hosts``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ import socket
 import subprocess
 import sysconfig
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -465,6 +467,28 @@ class HostPool:
         h.host_key_pub = Path(f"{key}.pub").read_text().strip()
         self.restart(h)
         return h.host_key_pub
+
+    @contextlib.contextmanager
+    def also_at(self, i: int | TestHost, address: str) -> Iterator[None]:
+        """Host i answers SSH at `address` too (on its eth0, on-link with the bridge's /24), as the host a second
+        instance's address stands for; its sshd config and interface are as before on exit (netns mode only)."""
+        h = self._h(i)
+        if self.mode != "netns":
+            raise NotImplementedError("a second address needs netns mode")
+        config = Path(h.base) / "sshd_config"
+        kept = config.read_text()
+        subprocess.run(["ip", "-n", h.name, "addr", "add", f"{address}/24", "dev", "eth0"], check=True)
+        try:
+            config.write_text(kept.replace(f"ListenAddress {h.address}\n",
+                                           f"ListenAddress {h.address}\nListenAddress {address}\n"))
+            self.restart(h)
+            wait_tcp(address, 22)
+            yield
+        finally:
+            config.write_text(kept)
+            self.restart(h)
+            subprocess.run(["ip", "-n", h.name, "addr", "del", f"{address}/24", "dev", "eth0"], check=False,
+                           capture_output=True)
 
     def write_known_hosts(self, path: str | os.PathLike[str] | None = None) -> Path:
         """An OpenSSH known_hosts file with every host's current key (default: <base>/known_hosts)."""

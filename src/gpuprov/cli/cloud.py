@@ -393,13 +393,17 @@ def stop(names: tuple[str, ...]) -> None:
                    "and only then retire the old instance; on failure the node stays as it was.")
 @click.option("--zone", default=None, help="With --move: this zone [default: each other zone offering the type].")
 @click.option("--region", default=None, help="With --move: to this region (its image, key pair and group made there).")
+@click.option("--subnet", default=None,
+              help="With --move: launch into this subnet, whose zone is where the node goes: one of the node's VPC "
+                   "[default: its VPC's subnet in each zone tried]; with --region, one of that region "
+                   "(needed for a node reached on its private address).")
 @click.option("--no-bootstrap", is_flag=True, help="Do not bootstrap and verify again after it runs.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
 @step_silence_option
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
 def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zone: str | None, region: str | None,
-          no_bootstrap: bool, verbose: bool, step_silence: float, as_json: bool) -> None:
+          subnet: str | None, no_bootstrap: bool, verbose: bool, step_silence: float, as_json: bool) -> None:
     """Start a stopped node (resized first with --gpu/--instance-type), wait for it, bootstrap and verify
     again, and print its new address and $/h. A resize the installed stack cannot serve is refused before
     anything changes; if AWS refuses the start, the node stays stopped, as it was."""
@@ -413,6 +417,8 @@ def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zon
         raise UserInputError("--zone", "applies to --move", f"gpuprov start {name} --move --zone {zone}")
     if region is not None and not move:
         raise UserInputError("--region", "applies to --move", f"gpuprov start {name} --move --region {region}")
+    if subnet is not None and not move:
+        raise UserInputError("--subnet", "applies to --move", f"gpuprov start {name} --move --subnet {subnet}")
     store, provider = store_and_provider()
     _no_clusters(store, (name,), "start")
     console = make_console(stderr=as_json)
@@ -423,7 +429,7 @@ def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zon
         from gpuprov.cloud import move as moving
         from gpuprov.cloud import move_region
         mover = move_region.move if region is not None else moving.move  # another region, or a zone of its own
-        result = mover(name, moving.MoveOptions(zone=zone, region=region), opts, provider, store, say_to(console))
+        result = mover(name, moving.MoveOptions(zone=zone, region=region, subnet=subnet), opts, provider, store, say_to(console))
     else:
         result = stopstart.start(name, opts, provider, store, say_to(console))
     node = result.node

@@ -11,6 +11,13 @@ and the image and its snapshot deleted. The node keeps its name, records, disk c
 image's host keys on a new instance's first boot and makes new ones (cc_ssh, `ssh_deletekeys`, default true), so
 the new key is pinned on first contact, as `up` pins a new node's (stopstart.came_up `new_instance`).
 
+Each launch goes into a subnet of the node's own VPC in its zone (`--subnet` names one): a security group belongs to
+one VPC, and EC2 refuses a launch into a subnet of another (InvalidParameter "Security group sg-… and subnet
+subnet-… belong to different networks", quoted in QT-DevOps/DevOpsIssues#256 (2018) for a launch that named no
+subnet and got the default VPC's, and in kubernetes-sigs/cluster-api-provider-aws#3399 (2022); read 2026-12-02).
+A zone where the VPC has no subnet is skipped and said so; with none in any, the move is refused before anything is
+made.
+
 Each resource is recorded under the node before it is asked for (the image by its name, each launch by its
 ClientToken). A refusal everywhere, a failure or a signal before the new instance runs removes what the move made
 (the new instance, the image, its snapshot) and touches nothing of the old node: it stays stopped where it was.
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuprov import locks
@@ -34,6 +42,7 @@ from gpuprov.cloud.providers.base import (
     Instance,
     LaunchError,
     LaunchRequest,
+    Network,
     NotFound,
     Provider,
 )
@@ -50,7 +59,16 @@ MOVE_STACK = "start-move"  # the image's stack tag: never a plan's stack hash, s
 class MoveOptions:
     zone: str | None = None  # where to: this zone only [default: every other zone that offers the type]
     region: str | None = None  # another region: cloud/move_region.py, which the CLI calls instead
+    subnet: str | None = None  # into this subnet (its zone is where to); in --region's region for a region move
     image_timeout: float = 3600.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """One place a move asks for its instance: a zone, and the key pair, group and subnet the launch names."""
+
+    zone: str
+    access: Access
 
 
 def move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider, store: Store, say: Say) -> StartResult:
@@ -71,7 +89,8 @@ def check_movable(node: Node) -> None:
                              f"`gpuprov down {name}`, or `gpuprov image bake` it first and `gpuprov up` elsewhere")
 
 
-def _checked(name: str, mopts: MoveOptions, provider: Provider, store: Store) -> tuple[Node, Resource, list[str]]:
+def _checked(name: str, mopts: MoveOptions, provider: Provider,
+             store: Store) -> tuple[Node, Resource, list[str], Network | None]:
     node = store.node(name)
     check_movable(node)
     rows = [r for r in store.resources(name, region=node.region, kind="instance") if r.cloud_id]
@@ -79,6 +98,18 @@ def _checked(name: str, mopts: MoveOptions, provider: Provider, store: Store) ->
         raise GpuprovError(f"{name} has no single recorded instance (state {node.state}); `gpuprov down {name}`")
     offered = [z for z in provider.offerings(node.region, [node.instance_type]).get(node.instance_type, [])
                if z != node.zone]
+    pinned = provider.network(node.region, mopts.subnet) if mopts.subnet else None
+    if pinned is not None:  # the subnet says where to; --zone may only agree
+        if pinned.zone == node.zone:
+            raise UserInputError("--subnet", f"{mopts.subnet} is in {node.zone}, where {name} already is",
+                                 "a subnet in another zone, or leave --subnet out")
+        if mopts.zone is not None and mopts.zone != pinned.zone:
+            raise UserInputError("--zone", f"{mopts.subnet} is in {pinned.zone}, not {mopts.zone}",
+                                 "leave --zone out: the subnet's zone is where the node goes")
+        if pinned.zone not in offered:
+            raise UserInputError("--subnet", f"{node.instance_type} is not offered in {pinned.zone}, "
+                                 f"{mopts.subnet}'s zone", f"offered in: {', '.join(offered) or 'no other zone'}")
+        offered = [pinned.zone or ""]
     if mopts.zone is not None:
         if mopts.zone == node.zone:
             raise UserInputError("--zone", f"{name} is already in {mopts.zone}", "another zone, or leave --zone out")
@@ -89,13 +120,47 @@ def _checked(name: str, mopts: MoveOptions, provider: Provider, store: Store) ->
     if not offered:
         raise UserInputError("--move", f"no other zone of {node.region} offers {node.instance_type}",
                              f"`gpuprov start {name} --instance-type …` in {node.zone}")
-    return node, rows[0], offered
+    return node, rows[0], offered, pinned
+
+
+def _targets(node: Node, current: Instance, zones: Sequence[str], pinned: Network | None, group: str,
+             provider: Provider, say: Say) -> list[Target]:
+    """A subnet of the node's own VPC in each zone (its group is that VPC's), reached as the node was: its private
+    address, a public one (asked for where the subnet gives none, as `up` does), or IPv6 (a subnet with an IPv6
+    CIDR block). Zones without one are skipped and said so; none anywhere is refused: nothing is made yet."""
+    name = node.name
+    # EC2 has had no instance outside a VPC since EC2-Classic retired; `up` without --subnet uses the default one
+    vpc = current.vpc_id or provider.network(node.region, None).vpc_id
+    v6 = node.address is not None and ":" in node.address
+    if pinned is not None and pinned.vpc_id != vpc:
+        raise UserInputError("--subnet", f"{pinned.subnet_id} is in {pinned.vpc_id}, not in {vpc}, the VPC of {name} "
+                             "and its security group", f"a subnet of {vpc} in another zone, or leave --subnet out")
+    found = [pinned] if pinned is not None else provider.subnets(node.region, vpc, zones)
+    targets: list[Target] = []
+    for zone in zones:
+        here = [n for n in found if n.zone == zone and (n.ipv6 or not v6)]
+        if not here:
+            why = " with an IPv6 CIDR block (it is reached over IPv6)" if v6 and any(n.zone == zone for n in found) else ""
+            say(f"  {zone}: skipped: {vpc} has no subnet there{why}")
+            continue
+        # a zone's default subnet where the VPC has one (as `up` without --subnet gets), else the one with most room
+        best = min(here, key=lambda n: (not n.default_for_az, -n.free_addresses, n.subnet_id or ""))
+        targets.append(Target(zone, Access(
+            key_name=keys.key_name(owner()), security_group_id=group, subnet_id=best.subnet_id,
+            public_ip=node.connect != "private" and not best.maps_public_ip, ipv6=v6)))
+    if not targets:
+        subnet = "a subnet with an IPv6 CIDR block" if v6 else "a subnet"
+        raise UserInputError("--subnet", f"{name}'s VPC {vpc} has no {subnet.removeprefix('a ')} in "
+                             f"{', '.join(zones)}, where the move would go",
+                             f"add {subnet} to {vpc} in one of them, then `gpuprov start {name} --move --subnet "
+                             "subnet-…`")
+    return targets
 
 
 def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider, store: Store, say: Say) -> StartResult:
     rec = tl.Recorder("start", name)
     rec.phase(tl.CHECKS)
-    node, row, zones = _checked(name, mopts, provider, store)
+    node, row, zones, pinned = _checked(name, mopts, provider, store)
     old = row.cloud_id or ""
     (current,) = provider.describe(node.region, [old], settle=settle(row))
     if current.state != "stopped":
@@ -103,11 +168,12 @@ def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider,
     groups = [r.cloud_id for r in store.resources(name, region=node.region, kind="security-group") if r.cloud_id]
     if not groups:
         raise GpuprovError(f"{name} has no recorded security group; `gpuprov down {name}`")
+    targets = _targets(node, current, zones, pinned, groups[0], provider, say)
     made: list[int] = []  # the move's own rows: what a failure takes back
     try:
+        rec.phase(tl.IMAGE)
         image_id, image_row = image_disk(node, old, provider, store, say, made)
-        access = Access(key_name=keys.key_name(owner()), security_group_id=groups[0], subnet_id=None)
-        instance = launch(node, node.region, image_id, access, zones, provider, store, say, rec, made)
+        instance = launch(node, node.region, image_id, targets, provider, store, say, rec, made)
     except BaseException:
         _take_back(node, made, provider, store, say)
         raise
@@ -138,14 +204,16 @@ def image_disk(node: Node, iid: str, provider: Provider, store: Store, say: Say,
     return image_id, rid
 
 
-def launch(node: Node, region: str, image_id: str, access: Access, zones: list[str], provider: Provider, store: Store,
+def launch(node: Node, region: str, image_id: str, targets: Sequence[Target], provider: Provider, store: Store,
            say: Say, rec: tl.Recorder, made: list[int]) -> Instance:
-    """RunInstances from the move's image in each zone until one has capacity; each launch recorded first."""
+    """RunInstances from the move's image in each target until one has capacity; each launch recorded first."""
     refused: list[str] = []
     rec.phase(tl.CAPACITY)
-    for zone in zones:
+    for target in targets:
+        zone, access = target.zone, target.access
         token = f"gpuprov-{node.name}-move-{uuid.uuid4().hex[:12]}"
-        say(f"asking for {node.instance_type} in {zone} (on-demand, from the image of its disk)")
+        into = f", subnet {access.subnet_id}" if access.subnet_id else ""
+        say(f"asking for {node.instance_type} in {zone}{into} (on-demand, from the image of its disk)")
         rid = store.intend(node.name, "instance", region, token)
         made.append(rid)
         asked = rec.now()

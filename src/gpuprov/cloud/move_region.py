@@ -9,6 +9,11 @@ opened it to) -> RunInstances in each zone of R that offers the type until one h
 the old instance, its volumes and its security group go, and both images with their snapshots. The node's record
 gets R and the new zone; `status`, `ssh` and `down` then work on it there.
 
+A node reached on its private address (`up --connect private --subnet …`) moves only with `--subnet` in R: its VPC
+is of its own region, and only the user knows which subnet of R they reach (over a VPN, a bastion). The group is
+made in that subnet's VPC, and SSH that was open to the old VPC's CIDR (`--connect private` without --ssh-cidr) is
+open to the new VPC's.
+
 A refusal everywhere, a failure or a signal before the new instance runs removes what the move made in both regions
 (the new instance, group, the copy, the image, their snapshots; R's key pair if no node needs it) and touches
 nothing of the old node. A crash mid-way leaves rows that `down NAME` follows in each region (cloud/teardown.py).
@@ -20,8 +25,8 @@ from gpuprov import locks
 from gpuprov.cloud import keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import Say
-from gpuprov.cloud.move import MoveOptions, check_movable, forget_image, image_disk, launch, retire
-from gpuprov.cloud.providers.base import Access, CloudResource, ImageCopy, Network, NotFound, Provider
+from gpuprov.cloud.move import MoveOptions, Target, check_movable, forget_image, image_disk, launch, retire
+from gpuprov.cloud.providers.base import Access, CloudResource, ImageCopy, Instance, Network, NotFound, Provider
 from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.errors import GpuprovError, UserInputError
@@ -30,15 +35,17 @@ from gpuprov.state import Node, Resource, Store
 MOVES_WITH = {"instance", "volume", "security-group"}  # what a plain node has in its region; others stay: refused
 
 
-def _checked(name: str, mopts: MoveOptions, provider: Provider, store: Store) -> tuple[Node, Resource, list[str]]:
+def _checked(name: str, mopts: MoveOptions, provider: Provider,
+             store: Store) -> tuple[Node, Resource, list[str], Network]:
     node = store.node(name)
     to = mopts.region or ""
     if to == node.region:  # as --zone of its own zone: nothing would move
         raise UserInputError("--region", f"{name} is already in {to}", "another region, or --zone in this one")
     check_movable(node)
-    if node.connect == "private":
-        raise UserInputError("--region", f"{name} is reached on its private address, in a VPC of {node.region}",
-                             f"`gpuprov image bake {name}`, then `gpuprov up` in {to} with its network")
+    if node.connect == "private" and not mopts.subnet:
+        raise UserInputError("--subnet", f"{name} is reached on its private address, in a VPC of {node.region}: in "
+                             f"{to} it needs a subnet you reach", f"`gpuprov start {name} --move --region {to} "
+                             "--subnet subnet-…` (one of that region's, reached over your VPN or bastion)")
     staying = sorted({r.kind for r in store.resources(name, region=node.region)} - MOVES_WITH - {"image"})
     already = any(r.region == to for r in store.resources(name))
     if staying or already:
@@ -55,12 +62,21 @@ def _checked(name: str, mopts: MoveOptions, provider: Provider, store: Store) ->
     if not offered:
         raise UserInputError("--region", f"{node.instance_type} is not offered in {to} (DescribeInstanceTypeOfferings)",
                              f"another region, or `gpuprov start {name} --move` to another zone of {node.region}")
+    network = provider.network(to, mopts.subnet)  # the subnet's VPC in R, or R's default VPC as `up` without --subnet
+    if network.zone is not None:  # the subnet says where to; --zone may only agree
+        if mopts.zone is not None and mopts.zone != network.zone:
+            raise UserInputError("--zone", f"{mopts.subnet} is in {network.zone}, not {mopts.zone}",
+                                 "leave --zone out: the subnet's zone is where the node goes")
+        if network.zone not in offered:
+            raise UserInputError("--subnet", f"{node.instance_type} is not offered in {network.zone}, "
+                                 f"{mopts.subnet}'s zone", f"offered in {to}: {', '.join(offered)}")
+        offered = [network.zone]
     if mopts.zone is not None:
         if mopts.zone not in offered:
             raise UserInputError("--zone", f"{node.instance_type} is not offered in {mopts.zone}",
                                  f"offered in {to}: {', '.join(offered)}")
         offered = [mopts.zone]
-    return node, rows[0], offered
+    return node, rows[0], offered, network
 
 
 def move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider, store: Store, say: Say) -> StartResult:
@@ -72,7 +88,7 @@ def move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider, 
 def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider, store: Store, say: Say) -> StartResult:
     rec = tl.Recorder("start", name)
     rec.phase(tl.CHECKS)
-    node, row, zones = _checked(name, mopts, provider, store)
+    node, row, zones, network = _checked(name, mopts, provider, store)
     to, old = mopts.region or "", row.cloud_id or ""
     (current,) = provider.describe(node.region, [old], settle=settle(row))
     if current.state != "stopped":
@@ -83,17 +99,19 @@ def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider,
     cidrs = provider.ssh_cidrs(node.region, groups[0].cloud_id or "")
     if not cidrs:
         raise GpuprovError(f"{name}'s security group {groups[0].cloud_id} opens no SSH; `gpuprov down {name}`")
-    network = provider.network(to, None)  # R's default VPC, as `up` without --subnet
     if any(":" in c for c in cidrs) and not network.ipv6:
-        raise UserInputError("--region", f"{name} is reached over IPv6, and the default VPC's subnets in {to} have no "
-                             "IPv6 CIDR block", f"`gpuprov image bake {name}`, then `gpuprov up --subnet …` in {to}")
+        where = f"subnet {network.subnet_id} has" if network.subnet_id else f"the default VPC's subnets in {to} have"
+        raise UserInputError("--subnet" if network.subnet_id else "--region", f"{name} is reached over IPv6, and "
+                             f"{where} no IPv6 CIDR block", f"--subnet with one in {to}")
+    cidrs = _vpc_cidrs(node, to, current, cidrs, network, provider, say)
     made: list[int] = []  # the move's rows in its own region (the image); R's rows are all the move's (checked)
     try:
+        rec.phase(tl.IMAGE)
         image_id, image_row = image_disk(node, old, provider, store, say, made, where=to)
         copy_id, copy_row = _copy(node, to, image_id, provider, store, say)
         rec.phase(tl.ACCESS)
         access = _access(node, to, network, cidrs, provider, store)
-        instance = launch(node, to, copy_id, access, zones, provider, store, say, rec, made)
+        instance = launch(node, to, copy_id, [Target(z, access) for z in zones], provider, store, say, rec, made)
     except BaseException:
         _take_back(node, to, made, provider, store, say)
         raise
@@ -127,11 +145,28 @@ def _copy(node: Node, to: str, image_id: str, provider: Provider, store: Store, 
     return copy_id, rid
 
 
+def _vpc_cidrs(node: Node, to: str, current: Instance, cidrs: list[str], network: Network, provider: Provider,
+               say: Say) -> list[str]:
+    """The old group's SSH CIDRs for the new one: the old VPC's own CIDR (what `up --connect private` opens SSH to
+    without --ssh-cidr: whatever is inside the VPC, a bastion, a VPN endpoint) becomes the new VPC's; a CIDR the user
+    gave stays as it was."""
+    if node.connect != "private" or not current.subnet_id:
+        return cidrs
+    was = provider.network(node.region, current.subnet_id).vpc_cidr
+    if was not in cidrs or was == network.vpc_cidr:
+        return cidrs
+    say(f"SSH will be open to the VPC's CIDR {network.vpc_cidr} in {to} (it was open to "
+        f"its VPC's CIDR {was} in {node.region})")
+    return [network.vpc_cidr if c == was else c for c in cidrs]
+
+
 def _access(node: Node, to: str, network: Network, cidrs: list[str], provider: Provider, store: Store) -> Access:
-    """R's key pair and a security group as `up` makes them (cloud/launch.py), SSH open as the old group had it."""
+    """R's key pair and a security group as `up` makes them (cloud/launch.py), SSH open as the old group had it;
+    a public address asked for where the subnet gives none, as `up` asks (cloud/node.py)."""
     from gpuprov.cloud.launch import prepare_access
 
-    access = prepare_access(node.name, to, provider, store, network, cidrs[0], public_ip=False)
+    public_ip = node.connect != "private" and network.subnet_id is not None and not network.maps_public_ip
+    access = prepare_access(node.name, to, provider, store, network, cidrs[0], public_ip=public_ip)
     for cidr in cidrs[1:]:
         provider.authorize_ssh(to, access.security_group_id, cidr, settle=settle_window())
     return access

@@ -78,8 +78,9 @@ class Timeline(BaseModel):
         return next((p for p in self.phases if p.name == name), None)
 
 
-# Phase names, in the order `up` goes through them (start uses a subset, plus RESIZE).
+# Phase names, in the order `up` goes through them (start uses a subset, plus RESIZE; start --move adds IMAGE).
 CHECKS = "checks"
+IMAGE = "disk image"  # start --move: the image of its disk made (and copied to another region)
 ACCESS = "key pair + security group"
 CAPACITY = "capacity search"
 RESIZE = "resize"

@@ -96,9 +96,7 @@ class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
                 raise UserInputError("--subnet", f"{subnet}: {exc.code}: {exc.message}",
                                      "list subnets with `aws ec2 describe-subnets`") from None
             vpc = self._call("DescribeVpcs", lambda: ec2.describe_vpcs(VpcIds=[found["VpcId"]]))["Vpcs"][0]
-            return Network(vpc_id=str(vpc["VpcId"]), vpc_cidr=str(vpc["CidrBlock"]), subnet_id=subnet,
-                           zone=str(found["AvailabilityZone"]), maps_public_ip=bool(found.get("MapPublicIpOnLaunch")),
-                           ipv6=_has_ipv6(found))
+            return _subnet_network(found, str(vpc["CidrBlock"]))
         vpcs = self._call("DescribeVpcs", lambda: ec2.describe_vpcs(
             Filters=[{"Name": "is-default", "Values": ["true"]}]))["Vpcs"]
         if not vpcs:
@@ -109,6 +107,21 @@ class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
         # default subnets give instances a public address (EC2 guide, "Default VPCs")
         return Network(vpc_id=str(vpcs[0]["VpcId"]), vpc_cidr=str(vpcs[0]["CidrBlock"]),
                        ipv6=bool(defaults) and all(_has_ipv6(s) for s in defaults))
+
+    def subnets(self, region: str, vpc_id: str, zones: Sequence[str]) -> list[Network]:
+        """The VPC's subnets in these zones: DescribeSubnets filtered by vpc-id and availability-zone (where a move
+        launches: the node's security group belongs to its VPC, and EC2 refuses a subnet of another, InvalidParameter
+        "Security group … and subnet … belong to different networks")."""
+        if not zones:
+            return []
+        ec2 = self._client("ec2", region)
+        found = self._call("DescribeSubnets", lambda: [s for page in ec2.get_paginator("describe_subnets").paginate(
+            Filters=[{"Name": "vpc-id", "Values": [vpc_id]}, {"Name": "availability-zone", "Values": list(zones)}])
+            for s in page["Subnets"]])
+        if not found:
+            return []
+        vpc = self._call("DescribeVpcs", lambda: ec2.describe_vpcs(VpcIds=[vpc_id]))["Vpcs"][0]
+        return [_subnet_network(s, str(vpc["CidrBlock"])) for s in found]
 
     # --- key pair, security group, placement group, Elastic IPs ------------------------------
 
@@ -406,6 +419,14 @@ def _gpu_type(row: dict[str, Any]) -> InstanceTypeInfo | None:
         network_cards=int(net.get("MaximumNetworkCards") or 1),
         efa_card_indexes=tuple(sorted(int(c["NetworkCardIndex"]) for c in cards if "efa" in (c.get("InterfaceTypes") or []))),
         network_performance=str(net.get("NetworkPerformance", "")))
+
+
+def _subnet_network(found: dict[str, Any], vpc_cidr: str) -> Network:
+    """One subnet of DescribeSubnets as where a node launches."""
+    return Network(vpc_id=str(found["VpcId"]), vpc_cidr=vpc_cidr, subnet_id=str(found["SubnetId"]),
+                   zone=str(found["AvailabilityZone"]), maps_public_ip=bool(found.get("MapPublicIpOnLaunch")),
+                   ipv6=_has_ipv6(found), default_for_az=bool(found.get("DefaultForAz")),
+                   free_addresses=int(found.get("AvailableIpAddressCount") or 0))
 
 
 def _has_ipv6(subnet: dict[str, Any]) -> bool:

@@ -262,5 +262,5 @@ def _instance(raw: dict[str, Any], region: str) -> Instance:
         spot_request_id=raw.get("SpotInstanceRequestId"), volume_ids=volumes, owner=tag_value(raw, TAG_OWNER),
         ipv6=raw.get("Ipv6Address") or (v6[0].get("Ipv6Address") if v6 else None),
         primary_interface=primary.get("NetworkInterfaceId") if primary else None, team=tag_value(raw, TAG_TEAM),
-        member=tag_value(raw, TAG_MEMBER),
+        member=tag_value(raw, TAG_MEMBER), subnet_id=raw.get("SubnetId"), vpc_id=raw.get("VpcId"),
     )

@@ -57,6 +57,8 @@ class Instance:
     primary_interface: str | None = None  # the interface at network card 0, device 0 (an Elastic IP goes there)
     team: str | None = None  # its gpuprov:team tag: a team's records own it, not this install's file
     member: str | None = None  # its gpuprov:member tag: who of the team made it
+    subnet_id: str | None = None  # where it was launched: a move goes to a subnet of the same VPC (cloud/move.py)
+    vpc_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class Network:
     zone: str | None = None
     maps_public_ip: bool = True  # the subnet gives new instances a public address by itself
     ipv6: bool = False  # the subnet (without one pinned: every default subnet) has an IPv6 CIDR block
+    default_for_az: bool = False  # the subnet is its zone's default one (of the default VPC)
+    free_addresses: int = 0  # the subnet's AvailableIpAddressCount
 
 
 @dataclass(frozen=True)
@@ -287,6 +291,10 @@ class Provider(Protocol):
         ...
 
     def network(self, region: str, subnet: str | None) -> Network: ...
+
+    def subnets(self, region: str, vpc_id: str, zones: Sequence[str]) -> list[Network]:
+        """The VPC's subnets in these zones, one Network each (subnet_id and zone set)."""
+        ...
 
     def key_pair_exists(self, region: str, name: str) -> bool: ...
 
