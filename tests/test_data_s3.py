@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 
@@ -224,3 +225,25 @@ def test_down_saves_the_checkpoint_first_and_a_failed_save_takes_nothing_down(aw
         assert "saver: saving its data first" in down.stdout + down.stderr
     assert s3.get_object(Bucket="my-ckpt", Key="run1/w.pt")["Body"].read() == b"w\n"
     nothing_left(aws)
+
+
+def test_the_aws_shim_fails_as_the_cli_does_without_credentials_and_on_a_refused_listing(aws, tmp_path):
+    """What the data steps see from `aws s3 sync` when the node has no role, or its role is refused: the CLI's own
+    lines, exit 1 for both (an s3 command's fatal error, not the 253/254 of other commands)."""
+    aws.client("s3").create_bucket(Bucket="shim-bucket")
+    site = os.path.dirname(os.path.dirname(boto3.__file__))
+    base = {"PATH": os.environ["PATH"], "GPUPROV_SHIM_STATE": str(tmp_path / "state"),
+            "GPUPROV_SHIM_RUN": str(tmp_path / "run"), "GPUPROV_SHIM_BOTO3_PATH": site,
+            "AWS_ENDPOINT_URL_S3": aws.env()["AWS_ENDPOINT_URL"], "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": "/nonexistent",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+    shim = os.path.join(os.path.dirname(__file__), "shims", "bin", "aws")
+    sync = [shim, "s3", "sync", "--no-progress", "s3://shim-bucket/x", str(tmp_path / "d")]
+    bare = subprocess.run(sync, env=base, capture_output=True, text=True, timeout=60)
+    assert (bare.returncode, bare.stderr.strip()) == (1, "fatal error: Unable to locate credentials")
+    aws.faults({"service": "s3", "action": "ListObjectsV2", "status": 403, "code": "AccessDenied", "message": "Access Denied"})
+    keyed = {**base, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    refused = subprocess.run(sync, env=keyed, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == ("fatal error: An error occurred (AccessDenied) when calling the ListObjectsV2 "
+                                      "operation: Access Denied")

@@ -171,6 +171,12 @@ def ec2_error_body(code: str, message: str) -> bytes:
             f"<Message>{escape(message)}</Message></Error></Errors><RequestID>fault-proxy</RequestID></Response>").encode()
 
 
+def s3_error_body(code: str, message: str) -> bytes:
+    """S3's REST error document (S3 API reference, "Error responses"): <Error> at the root, not EC2's <Response>."""
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{escape(code)}</Code><Message>{escape(message)}'
+            "</Message><RequestId>fault-proxy</RequestId></Error>").encode()
+
+
 def json_error_body(code: str, message: str) -> bytes:
     return json.dumps({"__type": code, "message": message}).encode()
 
@@ -1001,6 +1007,8 @@ class Handler(BaseHTTPRequestHandler):
                 out = (status, json_error_body(rule["code"], msg),
                        [("Content-Type", "application/x-amz-json-1.1"), ("x-amzn-ErrorType", rule["code"]),
                         ("x-amzn-RequestId", "fault-proxy")])
+            elif req["service"] == "s3":
+                out = (status, s3_error_body(rule["code"], msg), [("Content-Type", "application/xml")])
             else:
                 out = (status, ec2_error_body(rule["code"], msg), [("Content-Type", "text/xml;charset=UTF-8")])
         elif rule and rule.get("spot_prices") is not None:

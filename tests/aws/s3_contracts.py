@@ -34,6 +34,8 @@ def action(method: str, path: str, form: dict[str, str]) -> str | None:
         return form["x-id"]
     if len(parts) == 2 and parts[1] and not (set(form) - {"Bucket", "Key", "versionId"}):
         return _OBJECT_ACTIONS.get(method)
+    if len(parts) == 1 and method == "GET" and form.get("list-type") == "2":
+        return "ListObjectsV2"  # GET /bucket?list-type=2 (S3 API reference, ListObjectsV2), sent without x-id
     return None
 
 

@@ -10,6 +10,10 @@ What it models, from the AWS CLI reference (s3 sync) and its return codes topic 
   (`delete: X`). Exit 0, 1 when a transfer failed, 252 for an unknown option or a bad argument (with `Unknown
   options: …`), and a service error as `fatal error: An error occurred (Code) when calling the Op operation: …`
   (exit 1). Any other command or option the real CLI has is refused as not modelled (exit 2), never ignored.
+  Missing credentials are `fatal error: Unable to locate credentials`, exit 1, not the 253 of the return codes
+  topic: an s3 transfer command resolves credentials at its first request, inside its CommandResultRecorder, whose
+  __exit__ records any exception as an ErrorResult, and a failed task makes the command's return code 1
+  (aws/aws-cli awscli/customizations/s3/results.py and subcommands.py, read 2026-12-02).
 Credentials, region and endpoint come from the environment as botocore reads them (AWS_ENDPOINT_URL_S3 included).
 """
 
@@ -68,8 +72,8 @@ def main(argv: list[str]) -> None:
     quiet = bool(flags & {"--only-show-errors", "--quiet"})
     try:
         failed = download(s3, src, dst, flags, quiet) if src.startswith("s3://") else upload(s3, src, dst, flags, quiet)
-    except NoCredentialsError:
-        die(253, "\nUnable to locate credentials. You can configure credentials by running \"aws configure\".")
+    except NoCredentialsError:  # found at the first request, inside the transfer: a fatal error like any other
+        die(1, "fatal error: Unable to locate credentials")
     except ClientError as exc:
         err = exc.response.get("Error", {})
         die(1, f"fatal error: An error occurred ({err.get('Code')}) when calling the {exc.operation_name} operation: "
