@@ -202,6 +202,8 @@ def run(*popenargs: Any, input: Any = None, capture_output: bool = False, timeou
 # gpuprov's own reads of the environment while its modules are imported, allowed because the child sees the
 # same: the CLI sets this variable for pydantic, which has read it by then in the server as in a fresh process
 IMPORT_TIME_READS_ALLOWED = {("gpuprov.cli", "PYDANTIC_DISABLE_PLUGINS")}
+# modules that read the environment on their caller's behalf (collections.abc is _collections_abc's __name__)
+_READ_FOR_THE_CALLER = {"os", "_collections_abc", "collections", "posixpath", "genericpath", "pathlib", "platformdirs"}
 
 
 def import_gpuprov() -> list[tuple[str, str]]:
@@ -216,8 +218,8 @@ def import_gpuprov() -> list[tuple[str, str]]:
 
     def recorded(self: Any, key: Any) -> Any:
         frame = sys._getframe(1)
-        while frame is not None and frame.f_globals.get("__name__") in ("os", "_collections_abc", "collections.abc"):
-            frame = frame.f_back  # os.getenv, Mapping.get: the reader is their caller
+        while frame is not None and str(frame.f_globals.get("__name__")).partition(".")[0] in _READ_FOR_THE_CALLER:
+            frame = frame.f_back  # os.getenv, Mapping.get, Path.home, platformdirs: the reader is their caller
         name = frame.f_globals.get("__name__", "") if frame is not None else ""
         if self is os.environ and (name == "gpuprov" or name.startswith("gpuprov.")):
             reads.append((name, os.fsdecode(key)))  # gpuprov's own read (a library's, say click's, is not)
