@@ -1,6 +1,7 @@
 """The `gpuprov` command line: parse, call the library, print. Decisions live in the library.
 
-One module per group of commands; importing them registers their commands on `main`.
+One module per group of commands; importing one registers its commands on `main`, which imports it when one
+of them is asked for (cli/lazy.py).
 """
 
 from __future__ import annotations
@@ -15,21 +16,6 @@ import threading
 # model (≈ 30-90 ms a command, more in a crowded venv); gpuprov uses none. A user who wants one sets it.
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
-from gpuprov.cli import (  # noqa: F401  (registers the commands)
-    access,
-    capacity,
-    cloud,
-    clusters,
-    facts,
-    gc,
-    guardrails,
-    hosts,
-    images,
-    metrics,
-    offline,
-    settings,
-    team,
-)
 from gpuprov.cli.common import main
 
 __all__ = ["main", "run"]
