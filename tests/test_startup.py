@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import os
 import pkgutil
 import shlex
 import subprocess
@@ -48,7 +49,7 @@ def test_the_executable_skips_teardown_but_not_its_output_or_exit_code():
     assert "Traceback" not in piped.stderr and "Exception ignored" not in piped.stderr, piped.stderr
 
 
-def _run_reporting(argv: list[str], report: str) -> str:
+def _run_reporting(argv: list[str], report: str, exit_code: int = 0, env: dict[str, str] | None = None) -> str:
     """`gpuprov ARGV` as the executable runs it; `report` (an expression) is printed at exit, the last line."""
     code = (
         "import atexit, gc, runpy, sys\n"
@@ -58,8 +59,9 @@ def _run_reporting(argv: list[str], report: str) -> str:
         f"sys.argv = ['gpuprov', *{argv!r}]\n"
         "runpy.run_module('gpuprov', run_name='__main__')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    return out.strip().splitlines()[-1].removeprefix("REPORT ")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == exit_code, run.stderr
+    return run.stdout.strip().splitlines()[-1].removeprefix("REPORT ")
 
 
 def test_a_command_imports_its_own_module_and_no_other_commands():
@@ -70,6 +72,21 @@ def test_a_command_imports_its_own_module_and_no_other_commands():
     modules = ast.literal_eval(loaded)
     assert {m.removeprefix("gpuprov.cli.") for m in modules} & set(lazy.COMMANDS.values()) == {"hosts"}, loaded
     assert not [m for m in modules if not m.startswith("gpuprov.cli.")], loaded
+
+
+def test_bootstrap_of_a_stack_none_playbook_imports_no_catalog_solver_or_docker(tmp_path):
+    """A host's plan with no GPU named and no Docker needs neither the catalog, the stack solver nor Docker's facts:
+    `bootstrap` to its first connection (a host that refuses it) does not import them."""
+    playbook = tmp_path / "none.yml"
+    playbook.write_text("name: none\ndescription: d\nstack: none\nenv: null\nsteps:\n  - name: one\n    run: 'true'\n")
+    inventory = tmp_path / "inv.yml"
+    inventory.write_text("defaults: {user: root}\nhosts:\n  - host: 127.0.0.1\n    port: 1\n")
+    env = {**os.environ, "GPUPROV_HOME": str(tmp_path / "home")}
+    loaded = ast.literal_eval(_run_reporting(
+        ["bootstrap", "--inventory", str(inventory), "-p", str(playbook), "--os", "ubuntu-24.04", "--json"],
+        "sorted(m for m in sys.modules if m.startswith('gpuprov.plan.'))", exit_code=1, env=env))
+    assert "gpuprov.plan.plan" in loaded  # it did plan
+    assert not {"gpuprov.plan.catalog", "gpuprov.plan.compat", "gpuprov.plan.kept", "gpuprov.plan.docker"} & set(loaded)
 
 
 def test_every_command_is_in_the_lazy_table_under_its_own_module():
