@@ -95,7 +95,7 @@ with ThreadPoolExecutor(max_workers=64) as pool:
 GPUPROV = [str(Path(sys.executable).with_name("gpuprov"))] if Path(sys.executable).with_name("gpuprov").exists() \
     else [sys.executable, "-m", "gpuprov"]
 
-IMPORTS = {"gpuprov": "import gpuprov.cli, gpuprov.hosts.bootstrap", "Fabric": "import fabric"}
+IMPORTS = {"gpuprov": "import gpuprov.cli.hosts, gpuprov.hosts.bootstrap", "Fabric": "import fabric"}
 
 
 def session_counts(pool, n: int) -> tuple[int, int]:

@@ -416,9 +416,13 @@ def test_exact_driver_versions_are_checked_against_the_data(driver, rule):
 def test_help_example_driver_version_exists_in_the_data():
     import re
 
+    import click
+
     from gpuprov.cli import main
 
-    (driver,) = [p for p in main.commands["plan"].params if p.name == "driver"]
+    plan = main.get_command(click.Context(main), "plan")
+    assert plan is not None
+    (driver,) = [p for p in plan.params if p.name == "driver"]
     examples = re.findall(r"\b(\d{3}\.\d+\.\d+)\b", driver.help or "")
     assert examples  # the --driver help shows an exact release
     for version in examples:

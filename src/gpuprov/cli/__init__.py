@@ -1,6 +1,7 @@
 """The `gpuprov` command line: parse, call the library, print. Decisions live in the library.
 
-One module per group of commands; importing them registers their commands on `main`.
+One module per group of commands; importing one registers its commands on `main`, which imports it when one
+of them is asked for (cli/lazy.py).
 """
 
 from __future__ import annotations
@@ -15,24 +16,17 @@ import threading
 # model (≈ 30-90 ms a command, more in a crowded venv); gpuprov uses none. A user who wants one sets it.
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
-from gpuprov.cli import (  # noqa: F401  (registers the commands)
-    access,
-    capacity,
-    cloud,
-    clusters,
-    facts,
-    gc,
-    guardrails,
-    hosts,
-    images,
-    metrics,
-    offline,
-    settings,
-    team,
-)
 from gpuprov.cli.common import main
 
 __all__ = ["main", "run"]
+
+# The cyclic collector's young collection every this many net new container objects, not the interpreter's
+# default (700 on the Python 3.11 measured here). A command's start-up makes ~70-85k objects that live as long
+# as the process (modules, classes, pydantic's validators) and little garbage: with the default, `bootstrap`
+# collected ~120 times before its first host, each older-generation pass scanning those survivors again and one
+# full pass ~20 ms, ~40 ms of a ~0.27 s start-up (bench/README.md "cli_startup.py"). Cycles are still
+# collected, at most this many allocations later: a few MB at worst, in a process that lives minutes.
+YOUNG_COLLECTION_EVERY = 100_000
 
 
 def run() -> None:
@@ -40,6 +34,10 @@ def run() -> None:
     interpreter's teardown. Freeing every module of paramiko, pydantic, rich and Jinja one by one takes
     ~50-70 ms a command that nobody waits for on purpose; what must happen at exit still does (stdout and
     stderr flushed, atexit handlers run). Tests call `main` and keep their process."""
+    import gc  # here: at the top it would be this package's `gc`, the `gc` command's module, once that is imported
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(max(threshold[0], YOUNG_COLLECTION_EVERY), *threshold[1:])
     try:
         main(prog_name="gpuprov")  # `python -m gpuprov` too: the name the hints tell users to type
         code: int = 0

@@ -31,6 +31,7 @@ from gpuprov.cli.complete import (
 )
 from gpuprov.cli.console import line_echo as line_echo  # re-exported: every command's module takes them here
 from gpuprov.cli.console import make_console as make_console
+from gpuprov.cli.lazy import LazyGroup
 from gpuprov.cli.monitoring_options import monitor_options, monitoring_from
 from gpuprov.cli.params import Command, Number, usage_field
 from gpuprov.errors import GpuprovError, UserInputError
@@ -294,10 +295,10 @@ def _save_traceback() -> str:
     return path
 
 
-class Group(click.Group):
+class Group(LazyGroup):
     """gpuprov's top-level group: every error, wherever it is raised (option parsing included), is one
     `error: ...` line on stderr with its exit code, never a traceback or Click's usage block. Every
-    command gets -q/--quiet."""
+    command gets -q/--quiet. Each command's module is imported when the command is asked for (cli/lazy.py)."""
 
     command_class = Command
 

@@ -95,12 +95,9 @@ class Dlami(BaseModel):
 
 
 def dlami() -> Dlami:
-    import yaml
+    from gpuprov.resources import load_data
 
-    from gpuprov.resources import data_file
-
-    with data_file("images.yaml").open() as f:
-        return Dlami.model_validate(yaml.safe_load(f)["dlami"])
+    return Dlami.model_validate(load_data("images.yaml")["dlami"])
 
 
 # --- which image `up` launches -------------------------------------------------------------------

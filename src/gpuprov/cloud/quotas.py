@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from functools import cache
 
-import yaml
 from pydantic import BaseModel, ConfigDict
 
 from gpuprov.cloud.providers.base import Market
-from gpuprov.resources import data_file
+from gpuprov.resources import load_data
 
 
 class Quota(BaseModel):
@@ -23,7 +22,7 @@ class Quota(BaseModel):
 
 @cache
 def quotas() -> tuple[Quota, ...]:
-    raw = yaml.safe_load(data_file("quotas.yaml").read_text())
+    raw = load_data("quotas.yaml")
     return tuple(Quota.model_validate(q) for q in raw["quotas"])
 
 

@@ -19,7 +19,7 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
-from gpuprov.plan import catalog, oses
+from gpuprov.plan import oses
 
 GPU_CLASSES = ("0300", "0302")  # VGA compatible controller, 3D controller (PCI class codes)
 NVSWITCH_CLASS = "0680"  # "Bridge" (other bridge device): how NVSwitches of HGX A100/H100 show up
@@ -153,6 +153,8 @@ def nvidia_switches(devices: list[PciDevice]) -> list[PciDevice]:
 def instance_has_nvswitch(instance_type: str | None) -> bool:
     if not instance_type:
         return False
+    from gpuprov.plan import catalog  # here: a host off EC2 with no unknown GPU never reads the catalog
+
     return any(it.name == instance_type and it.nvswitch for it in catalog.load().instance_types)
 
 
@@ -196,6 +198,8 @@ def gpu_from_name(name: str) -> str | None:
 
 
 def gpu_from_pci(device_id: str) -> str | None:
+    from gpuprov.plan import catalog
+
     for gpu in catalog.load().gpus:
         if device_id.lower() in gpu.pci_device_ids:
             return gpu.name

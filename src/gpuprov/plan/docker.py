@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from functools import cache
 
-import yaml
 from pydantic import BaseModel, ConfigDict
 
 from gpuprov.errors import UserInputError
@@ -15,7 +14,7 @@ from gpuprov.plan import oses
 from gpuprov.plan.render import StepPlan
 from gpuprov.plan.spec import PINNED_IMAGE as PINNED
 from gpuprov.plan.spec import Playbook
-from gpuprov.resources import data_file
+from gpuprov.resources import load_data
 
 
 class _AptFacts(BaseModel):
@@ -62,7 +61,7 @@ class DockerFacts(BaseModel):
 
 @cache
 def facts() -> DockerFacts:
-    return DockerFacts.model_validate(yaml.safe_load(data_file("docker.yaml").read_text()))
+    return DockerFacts.model_validate(load_data("docker.yaml"))
 
 
 def check_image(image: str, where: str) -> str:

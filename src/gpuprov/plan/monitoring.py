@@ -19,12 +19,11 @@ from functools import cache
 from typing import Literal
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import BaseModel, ConfigDict
 
 from gpuprov.errors import UserInputError
 from gpuprov.plan.render import StepPlan
-from gpuprov.resources import data_file
+from gpuprov.resources import load_data
 
 MetricsMode = Literal["off", "auto", "dcgm", "textfile"]
 COLLECT_SECONDS = 15  # the textfile collector's timer; Prometheus' own default scrape interval is 1m
@@ -109,12 +108,12 @@ class XidTable(_Fact):
 
 @cache
 def facts() -> MonitoringFacts:
-    return MonitoringFacts.model_validate(yaml.safe_load(data_file("monitoring.yaml").read_text()))
+    return MonitoringFacts.model_validate(load_data("monitoring.yaml"))
 
 
 @cache
 def xid_table() -> XidTable:
-    table = XidTable.model_validate(yaml.safe_load(data_file("xid.yaml").read_text()))
+    table = XidTable.model_validate(load_data("xid.yaml"))
     unknown = {x.action for x in table.xids.values()} - set(table.actions)
     if unknown:
         raise ValueError(f"data/xid.yaml: actions {sorted(unknown)} have no words")

@@ -7,11 +7,10 @@ from __future__ import annotations
 from functools import cache
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict
 
 from gpuprov.errors import UserInputError
-from gpuprov.resources import data_file
+from gpuprov.resources import load_data
 
 Family = Literal["apt", "dnf"]
 
@@ -57,7 +56,7 @@ class _Table(BaseModel):
 
 @cache
 def table() -> _Table:
-    return _Table.model_validate(yaml.safe_load(data_file("os.yaml").read_text()))
+    return _Table.model_validate(load_data("os.yaml"))
 
 
 def names() -> tuple[str, ...]:

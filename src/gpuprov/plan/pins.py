@@ -4,10 +4,13 @@ and a pinned driver or toolkit against the GPU's own limits. Each refusal names 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from gpuprov.errors import StackConflict, UserInputError
-from gpuprov.plan.catalog import Gpu
 from gpuprov.plan.stack import StackPins, driver_satisfies, facts, min_branch_for, release_family, version_tuple
+
+if TYPE_CHECKING:  # the type only: `bootstrap` checks pins before any GPU is known, and need not import the catalog
+    from gpuprov.plan.catalog import Gpu
 
 
 def check_pins(pins: StackPins) -> None:

@@ -7,26 +7,30 @@ cannot say one thing and do another.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuprov.errors import UserInputError
-from gpuprov.plan import catalog, compat, facts, noroot
+from gpuprov.plan import facts, noroot
 from gpuprov.plan.budget import budget_seconds, check_budget
-from gpuprov.plan.catalog import Gpu, InstanceType
 from gpuprov.plan.data import data_steps, saves_on
-from gpuprov.plan.docker import container_image, docker_step, docker_unverified, with_docker
 
 # the guards' model and the block-end warning live in plan/guards.py (this module passed 500 lines); named here too
 from gpuprov.plan.guards import BLOCK_WARN_SECONDS, DEFAULT_METADATA_URL, Guards  # noqa: F401
-from gpuprov.plan.kept import resolve_kept
 from gpuprov.plan.monitoring import Monitoring, monitoring_steps
 from gpuprov.plan.monitoring import summary as monitoring_summary
 from gpuprov.plan.render import STATE_DIR, Bundle, Script, StepPlan, render_steps
 from gpuprov.plan.spec import Playbook, format_duration, load_playbook
 from gpuprov.plan.stack import Stack, StackPins
 from gpuprov.plan.stack_steps import check_monitoring_os, driver_stack_steps
+
+# The catalog, the stack solver (compat, kept) and Docker's facts are imported where a plan needs them: a host's
+# plan with no GPU named and no Docker (bootstrap of a `stack: none` playbook) uses none of them, and importing
+# them cost ~6 ms of its start-up (bench/README.md "cli_startup.py").
+if TYPE_CHECKING:
+    from gpuprov.plan import catalog
+    from gpuprov.plan.catalog import Gpu, InstanceType
 
 NO_GUARDS = Guards()
 
@@ -102,8 +106,11 @@ class Plan:
         notes = list(self.stack.unverified) if self.stack else []
         if self.instance and self.instance.unverified:
             notes.append(f"{self.instance.name}: {self.instance.unverified}")
-        if any(s.name == "docker" for s in self.steps) and (note := docker_unverified(self.request.os)):
-            notes.append(note)
+        if any(s.name == "docker" for s in self.steps):
+            from gpuprov.plan.docker import docker_unverified
+
+            if note := docker_unverified(self.request.os):
+                notes.append(note)
         return tuple(notes)
 
     @property
@@ -155,6 +162,8 @@ def _merge_pins(playbook: StackPins, flags: StackPins) -> StackPins:
 def choose_instances(gpu: Gpu, count: int, instance_type: str | None = None,
                      cat: catalog.Catalog | None = None) -> tuple[InstanceType, ...]:
     """Instance types carrying at least `count` of this GPU, cheapest first (unpriced last)."""
+    from gpuprov.plan import catalog
+
     cat = cat or catalog.load()
     if instance_type:
         it = cat.instance_type(instance_type)
@@ -284,9 +293,13 @@ def steps_for(
     # after the driver (the exporters read it), before the env and the playbook's steps (a long `run:` is
     # what the watch is there for)
     steps += monitoring_steps(monitoring or Monitoring(), os_name, gpus)
-    image = container_image(playbook) if stack is not None else None
-    if image:
-        steps.append(docker_step(os_name, image))
+    image = None
+    if stack is not None and playbook.docker:
+        from gpuprov.plan.docker import container_image, docker_step
+
+        image = container_image(playbook)
+        if image:
+            steps.append(docker_step(os_name, image))
     if playbook.env is not None:
         python = stack.python if stack else python
         steps.append(StepPlan(
@@ -320,6 +333,8 @@ def resolve_stack(
     playbook: Playbook, gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, kept_driver: str | None = None,
 ) -> Stack | None:
     """:param kept_driver: the installed driver a host keeps (--keep-driver, `driver: keep`): plan/kept.py."""
+    from gpuprov.plan import compat
+
     if playbook.stack == "none":
         if pins.model_copy(update={"python": None}) != StackPins():
             raise UserInputError("--playbook", f"playbook {playbook.name!r} installs no GPU stack, so driver, CUDA "
@@ -332,6 +347,8 @@ def resolve_stack(
                 raise UserInputError("--keep-driver", f"playbook {playbook.name!r} installs the CUDA toolkit, which comes "
                                      "from NVIDIA's repository that only the driver step sets up",
                                      "use a playbook without cuda_toolkit, or drop --keep-driver")
+            from gpuprov.plan.kept import resolve_kept
+
             return resolve_kept(gpu, os_name, merged, kept_driver, playbook.installs_torch)
         stack = compat.resolve(gpu, os_name, merged, nvswitch=nvswitch, want_torch=playbook.installs_torch)
         if playbook.cuda_toolkit and not merged.cuda:
@@ -381,11 +398,21 @@ def with_jupyter(playbook: Playbook, jupyter: bool) -> Playbook:
                              "use a playbook with an env, e.g. -p pytorch or -p jupyter") from None
 
 
+def _with_docker(playbook: Playbook, docker: bool) -> Playbook:
+    if not docker:
+        return playbook
+    from gpuprov.plan.docker import with_docker
+
+    return with_docker(playbook, docker)
+
+
 def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
     """The plan for a node gpuprov launches: instance choice + stack + steps.
 
     :param cat: the catalog with EC2's own instance-type facts laid over it (`plan --live`, `up`); else the
         catalog as shipped and refreshed."""
+    from gpuprov.plan import catalog
+
     cat = cat or catalog.load()
     cat.check_region(request.region)
     if request.budget_usd is not None and request.budget_usd <= 0:
@@ -400,7 +427,7 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
                              f"give the count once: --gpu {name}:{count}, or --gpu {name} --count {count}")
     candidates = choose_instances(gpu, count, request.instance_type, cat)
     instance = candidates[0]
-    playbook = with_docker(with_jupyter(load_playbook(request.playbook), request.jupyter), request.docker)
+    playbook = _with_docker(with_jupyter(load_playbook(request.playbook), request.jupyter), request.docker)
     if playbook.driver == "keep":
         raise UserInputError(playbook.where("driver") or "--playbook", "`driver: keep` keeps a host's own driver; a "
                              "node gpuprov launches has none to keep", "bootstrap the host with it, or use a "
@@ -439,9 +466,11 @@ def make_host_plan(
     :param home: the login's home where it has no root (plan/noroot.py): what needs root is left out, the env goes
         there.
     """
-    playbook = with_docker(with_jupyter(load_playbook(playbook_name), jupyter), docker)
+    playbook = _with_docker(with_jupyter(load_playbook(playbook_name), jupyter), docker)
     gpu, count = None, 0
     if gpu_name:
+        from gpuprov.plan import catalog
+
         name, count = catalog.parse_gpu_request(gpu_name)
         gpu = catalog.load().gpu(name)
     if gpu is None and playbook.stack != "none":
