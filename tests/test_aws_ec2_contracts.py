@@ -110,7 +110,7 @@ def test_an_ipv6_ssh_cidr_on_an_ipv6_subnet_asks_for_an_ipv6_address_and_connect
     (inst,) = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]]
     (v6,) = inst["NetworkInterfaces"][0]["Ipv6Addresses"]
     address = node(env, "v6")["address"]
-    assert address == v6["Ipv6Address"] and address.startswith(block.split("::")[0])
+    assert address == v6["Ipv6Address"] and ipaddress.ip_address(address) in ipaddress.ip_network(block)
     (group,) = aws.ec2().describe_security_groups(Filters=[{"Name": "tag:gpuprov:node", "Values": ["v6"]}])[
         "SecurityGroups"]
     (rule,) = group["IpPermissions"]
@@ -168,9 +168,9 @@ def test_an_ipv6_ssh_cidr_in_a_default_vpc_with_ipv6_asks_at_the_instance_level(
     (vpc,) = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
     block = ec2.associate_vpc_cidr_block(VpcId=vpc["VpcId"], AmazonProvidedIpv6CidrBlock=True)[
         "Ipv6CidrBlockAssociation"]["Ipv6CidrBlock"]
-    prefix = block.split("::")[0][:-2]  # a /56: its /64s differ in the last byte of the fourth group
-    for i, sub in enumerate(ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]):
-        ec2.associate_subnet_cidr_block(SubnetId=sub["SubnetId"], Ipv6CidrBlock=f"{prefix}{i:02x}::/64")
+    blocks = ipaddress.ip_network(block).subnets(new_prefix=64)
+    for sub in ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]:
+        ec2.associate_subnet_cidr_block(SubnetId=sub["SubnetId"], Ipv6CidrBlock=str(next(blocks)))
     result = gp(env, "up", "v6", "--gpu", "T4", "--ssh-cidr", "2001:db8::7/128", "--yes", *NO_WAIT)
     assert result.returncode == 0, result.stdout + result.stderr
     form = launched(aws)

@@ -5,6 +5,8 @@ listed. Driven with real boto3 clients through the proxy, each contract checked 
 
 from __future__ import annotations
 
+import ipaddress
+
 import boto3
 import pytest
 from botocore.exceptions import ClientError
@@ -42,8 +44,9 @@ def ipv6_subnet(aws: AwsEndpoint, zone: str = "us-east-1b") -> str:
     ec2 = aws.ec2(zone[:-1])
     vpc = ec2.create_vpc(CidrBlock="10.77.0.0/16", AmazonProvidedIpv6CidrBlock=True)["Vpc"]
     block = vpc["Ipv6CidrBlockAssociationSet"][0]["Ipv6CidrBlock"]
+    first = next(ipaddress.ip_network(block).subnets(new_prefix=64))
     return ec2.create_subnet(VpcId=vpc["VpcId"], CidrBlock="10.77.1.0/24", AvailabilityZone=zone,
-                             Ipv6CidrBlock=block.replace("/56", "/64"))["Subnet"]["SubnetId"]
+                             Ipv6CidrBlock=str(first))["Subnet"]["SubnetId"]
 
 
 def big_image(aws: AwsEndpoint, size: int, name: str = "big", tags: list[dict] | None = None) -> tuple[str, str]:
@@ -176,7 +179,8 @@ def test_ipv6_at_launch_as_ec2_assigns_it(aws):
         {"DeviceIndex": 0, "SubnetId": subnet, "Ipv6AddressCount": 1, "AssociatePublicIpAddress": True}])["Instances"]
     (described,) = ec2.describe_instances(InstanceIds=[inst["InstanceId"]])["Reservations"][0]["Instances"]
     (address,) = described["NetworkInterfaces"][0]["Ipv6Addresses"]
-    assert address["Ipv6Address"].startswith(found["Ipv6CidrBlockAssociationSet"][0]["Ipv6CidrBlock"].split("::")[0])
+    block = ipaddress.ip_network(found["Ipv6CidrBlockAssociationSet"][0]["Ipv6CidrBlock"])
+    assert ipaddress.ip_address(address["Ipv6Address"]) in block
     (alone,) = aws.ec2().run_instances(ImageId=UBUNTU, InstanceType="g5.xlarge", MinCount=1, MaxCount=1, NetworkInterfaces=[
         {"DeviceIndex": 0, "SubnetId": subnet, "Ipv6AddressCount": 1}])["Instances"]
     assert alone["NetworkInterfaces"][0]["Ipv6Addresses"] == []  # moto alone ignores the interface's count
