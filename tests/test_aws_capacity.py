@@ -379,6 +379,11 @@ def test_start_move_of_a_subnet_node_goes_to_its_vpcs_subnet_in_another_zone_and
     assert aws.log("CreateImage") == []
 
     second = aws.subnet_for_hosts(f"{NET}.128/25", other)  # the same VPC: its first instance gets .132
+    for flags, says in ((("--subnet", second, "--zone", "us-east-1a"), f"{second} is in {other}, not us-east-1a"),
+                        (("--zone", "us-east-1a"), "sub is already in us-east-1a")):
+        wrong = gp(env, "start", "sub", "--move", *flags, "--no-bootstrap")
+        assert wrong.returncode == 2 and wrong.stderr.startswith(f"error: --zone: {says}"), wrong.stderr
+    assert aws.log("CreateImage") == []
     copy_disk(pool, 0, 1)  # what an instance launched from the image of its disk sees
     with pool.also_at(1, f"{NET}.132"):
         moved = gp(env, "start", "sub", "--move", "--no-bootstrap")

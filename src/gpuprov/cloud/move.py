@@ -71,6 +71,25 @@ class Target:
     access: Access
 
 
+def narrowed(offered: list[str], mopts: MoveOptions, subnet_zone: str | None, instance_type: str,
+             where: str) -> list[str]:
+    """The zones a move may try: `--subnet`'s zone, then `--zone`, each refused in one line when the type is not
+    offered there (`where` names the zones it is) or when the two disagree."""
+    if subnet_zone is not None:  # the subnet says where to; --zone may only agree
+        if mopts.zone is not None and mopts.zone != subnet_zone:
+            raise UserInputError("--zone", f"{mopts.subnet} is in {subnet_zone}, not {mopts.zone}",
+                                 "leave --zone out: the subnet's zone is where the node goes")
+        if subnet_zone not in offered:
+            raise UserInputError("--subnet", f"{instance_type} is not offered in {subnet_zone}, "
+                                 f"{mopts.subnet}'s zone", where)
+        return [subnet_zone]
+    if mopts.zone is not None:
+        if mopts.zone not in offered:
+            raise UserInputError("--zone", f"{instance_type} is not offered in {mopts.zone}", where)
+        return [mopts.zone]
+    return offered
+
+
 def move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider, store: Store, say: Say) -> StartResult:
     store.node(name)  # an unknown name is refused before the lock is waited for
     with locks.nodes([name], "start --move", say):
@@ -99,24 +118,13 @@ def _checked(name: str, mopts: MoveOptions, provider: Provider,
     offered = [z for z in provider.offerings(node.region, [node.instance_type]).get(node.instance_type, [])
                if z != node.zone]
     pinned = provider.network(node.region, mopts.subnet) if mopts.subnet else None
-    if pinned is not None:  # the subnet says where to; --zone may only agree
-        if pinned.zone == node.zone:
-            raise UserInputError("--subnet", f"{mopts.subnet} is in {node.zone}, where {name} already is",
-                                 "a subnet in another zone, or leave --subnet out")
-        if mopts.zone is not None and mopts.zone != pinned.zone:
-            raise UserInputError("--zone", f"{mopts.subnet} is in {pinned.zone}, not {mopts.zone}",
-                                 "leave --zone out: the subnet's zone is where the node goes")
-        if pinned.zone not in offered:
-            raise UserInputError("--subnet", f"{node.instance_type} is not offered in {pinned.zone}, "
-                                 f"{mopts.subnet}'s zone", f"offered in: {', '.join(offered) or 'no other zone'}")
-        offered = [pinned.zone or ""]
-    if mopts.zone is not None:
-        if mopts.zone == node.zone:
-            raise UserInputError("--zone", f"{name} is already in {mopts.zone}", "another zone, or leave --zone out")
-        if mopts.zone not in offered:
-            raise UserInputError("--zone", f"{node.instance_type} is not offered in {mopts.zone}",
-                                 f"offered in: {', '.join(offered) or 'no other zone of ' + node.region}")
-        offered = [mopts.zone]
+    if pinned is not None and pinned.zone == node.zone:
+        raise UserInputError("--subnet", f"{mopts.subnet} is in {node.zone}, where {name} already is",
+                             "a subnet in another zone, or leave --subnet out")
+    if pinned is None and mopts.zone == node.zone:  # with --subnet, narrowed() says the two disagree
+        raise UserInputError("--zone", f"{name} is already in {mopts.zone}", "another zone, or leave --zone out")
+    offered = narrowed(offered, mopts, pinned.zone if pinned else None, node.instance_type,
+                       f"offered in: {', '.join(offered) or 'no other zone of ' + node.region}")
     if not offered:
         raise UserInputError("--move", f"no other zone of {node.region} offers {node.instance_type}",
                              f"`gpuprov start {name} --instance-type …` in {node.zone}")

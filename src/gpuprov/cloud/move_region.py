@@ -25,7 +25,16 @@ from gpuprov import locks
 from gpuprov.cloud import keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import Say
-from gpuprov.cloud.move import MoveOptions, Target, check_movable, forget_image, image_disk, launch, retire
+from gpuprov.cloud.move import (
+    MoveOptions,
+    Target,
+    check_movable,
+    forget_image,
+    image_disk,
+    launch,
+    narrowed,
+    retire,
+)
 from gpuprov.cloud.providers.base import Access, CloudResource, ImageCopy, Instance, Network, NotFound, Provider
 from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
@@ -63,19 +72,7 @@ def _checked(name: str, mopts: MoveOptions, provider: Provider,
         raise UserInputError("--region", f"{node.instance_type} is not offered in {to} (DescribeInstanceTypeOfferings)",
                              f"another region, or `gpuprov start {name} --move` to another zone of {node.region}")
     network = provider.network(to, mopts.subnet)  # the subnet's VPC in R, or R's default VPC as `up` without --subnet
-    if network.zone is not None:  # the subnet says where to; --zone may only agree
-        if mopts.zone is not None and mopts.zone != network.zone:
-            raise UserInputError("--zone", f"{mopts.subnet} is in {network.zone}, not {mopts.zone}",
-                                 "leave --zone out: the subnet's zone is where the node goes")
-        if network.zone not in offered:
-            raise UserInputError("--subnet", f"{node.instance_type} is not offered in {network.zone}, "
-                                 f"{mopts.subnet}'s zone", f"offered in {to}: {', '.join(offered)}")
-        offered = [network.zone]
-    if mopts.zone is not None:
-        if mopts.zone not in offered:
-            raise UserInputError("--zone", f"{node.instance_type} is not offered in {mopts.zone}",
-                                 f"offered in {to}: {', '.join(offered)}")
-        offered = [mopts.zone]
+    offered = narrowed(offered, mopts, network.zone, node.instance_type, f"offered in {to}: {', '.join(offered)}")
     return node, rows[0], offered, network
 
 
