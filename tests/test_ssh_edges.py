@@ -259,3 +259,30 @@ def test_a_failing_step_past_the_cap_still_names_its_last_stderr_line(host_pool,
     assert code == 1
     assert hosts[0]["result"] == "failed at loud" and "exit 4: the real reason" in hosts[0]["error"], hosts
     assert "the real reason" in _step_section(Path(hosts[0]["log"]).read_text(), "loud")  # in the kept tail
+
+
+def test_making_connections_only_reads_the_fabric_config_every_host_shares(tmp_path, monkeypatch):
+    """Every host's Connection shares one Fabric Config. Making one must only read it: any write merges it
+    again, which empties it first, and a thread reading it meanwhile failed with "No attribute or config key
+    found for 'port'" (bench/fanout.py, 64 hosts). And a host with no key of gpuprov's (the user's own) must
+    not share its connect_kwargs with the Config, where `Remote.open` puts that host's socket."""
+    import invoke.config
+
+    from gpuprov.hosts.remote import HostSettings, connection
+    from gpuprov.plan.inventory import Target
+
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text("Host 10.9.*\n  IdentityFile ~/.ssh/id_fleet\n")
+    settings = HostSettings(known_hosts=tmp_path / "known_hosts", connect_timeout=5, ssh_config=ssh_config)
+    first, _ = connection(Target(host="10.9.0.1", user="root", key=str(tmp_path / "k")), settings)
+    merged: list[object] = []
+    real_merge = invoke.config.Config.merge
+    monkeypatch.setattr(invoke.config.Config, "merge", lambda self: (merged.append(self), real_merge(self))[1])
+    made = [connection(Target(host=f"10.9.0.{i}", user="root", key=str(tmp_path / "k") if i % 2 else None),
+                       settings)[0] for i in range(2, 6)]
+    assert all(c.config is first.config for c in made)  # shared, as meant
+    assert merged == [] and dict(first.config.connect_kwargs) == {}
+    mine, other = made[0], made[2]  # no key of gpuprov's: the ssh config's IdentityFile applies, to each alone
+    assert mine.connect_kwargs["key_filename"] == [str(Path.home() / ".ssh" / "id_fleet")]  # paramiko expands ~
+    mine.connect_kwargs["sock"] = "this host's socket"
+    assert "sock" not in other.connect_kwargs and "sock" not in first.config.connect_kwargs

@@ -174,17 +174,31 @@ def _secure(conn: Connection, settings: HostSettings) -> tuple[hostkeys.Revoked,
     return revoked
 
 
+class _Connection(Connection):
+    """Fabric's Connection, made from many threads over one shared Config. Fabric 3.2's __init__ assigns
+    `self.inline_ssh_env`, an attribute no class declares, so invoke's DataProxy takes it for a config change
+    and merges the shared Config again (Config._modify -> merge(), which empties `_config` and rebuilds it). A
+    thread reading that Config meanwhile failed with "No attribute or config key found for 'port'" and
+    "Valid keys: []" (seen in bench/fanout.py at 64 hosts; scylladb/scylla-cluster-tests#2187 reports the same
+    words from threads). Declared here, the assignment sets a plain attribute and the Config is only read."""
+
+    inline_ssh_env = None
+
+
 def connection(target: Target, settings: HostSettings) -> tuple[Connection, tuple[hostkeys.Revoked, ...]]:
     """A not-yet-open Fabric Connection to `target` (opens lazily, on first use), and the revoked keys that
     apply to its hops."""
-    connect_kwargs: dict[str, Any] = {}
+    # never empty: for an empty dict Fabric uses the shared Config's own connect_kwargs, and then the socket
+    # `Remote.open` puts there (and an IdentityFile of the ssh config) would be every host's at once
+    connect_kwargs: dict[str, Any] = {"key_filename": []}
     key = target.key or settings.key_filename
     if key:
         connect_kwargs.update(key_filename=[str(Path(key).expanduser())], look_for_keys=False)
     gateway = None
     if target.proxy_jump:
-        gateway = Connection(target.proxy_jump, config=_config(settings), connect_timeout=int(settings.connect_timeout))
-    conn = Connection(
+        gateway = _Connection(target.proxy_jump, config=_config(settings), connect_timeout=int(settings.connect_timeout),
+                              connect_kwargs={"key_filename": []})
+    conn = _Connection(
         target.host, user=target.user, port=target.port, config=_config(settings),
         connect_timeout=int(settings.connect_timeout), connect_kwargs=connect_kwargs, gateway=gateway,
     )
