@@ -260,3 +260,69 @@ def test_a_moved_node_is_a_new_instance_whose_new_host_key_is_pinned_on_first_co
     assert oct(pin.stat().st_mode & 0o777) == "0o600"
     assert any("new host key is pinned on first contact" in line for line in said), said
     assert store.node("mv").address == address and store.node("mv").zone == "us-east-1b"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """gpuprov as the user runs it, on the state dir and HOME of gp_home (set in the environment)."""
+    import sys
+
+    from tests import forkcli
+
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    return forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True, env=env,
+                       stdin=subprocess.DEVNULL, timeout=120)
+
+
+def test_a_moved_node_whose_ssh_did_not_answer_is_pinned_by_the_first_command_that_reaches_it(host_pool, gp_home,
+                                                                                                tmp_path) -> None:
+    """`start --move` whose new instance does not answer SSH in time leaves no key pinned: the first gpuprov
+    command (or `gpuprov ssh`, through OpenSSH's accept-new) that reaches it later pins its key, and then no
+    other key is taken, as for any pinned node."""
+    from gpuprov.cloud import timeline as tl
+    from gpuprov.cloud.providers.base import Instance
+    from gpuprov.cloud.stopstart import StartOptions, came_up
+    from gpuprov.errors import GpuprovError
+    from gpuprov.hosts import sshconfig
+    from gpuprov.paths import keys_dir, region_key
+    from gpuprov.state import open_store
+
+    pool = host_pool
+    h = pool[6]
+    key = region_key(keys_dir(), "us-east-1")
+    key.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(pool.key_path, key)
+    key.chmod(0o600)
+    pin = sshconfig.node_known_hosts("mv")
+    pin.write_text(f"{h.address} ssh-ed25519 {_key(tmp_path, 'old')[0].get_base64()}\n")  # the old instance's
+    store = open_store()
+    store.create_node("mv", "aws", "us-east-1", state="starting", address="203.0.113.9", ssh_user="root",
+                      instance_type="g4dn.xlarge", market="on-demand", connect="public")
+    instance = Instance(id="i-new", region="us-east-1", zone="us-east-1b", instance_type="g4dn.xlarge",
+                        state="running", market="on-demand", public_ip=h.address, private_ip=None, launched_at=None)
+    pool.kill_host(h)  # the new instance's SSH does not answer in time
+    try:
+        with pytest.raises(GpuprovError, match="`gpuprov check mv` pins its new host key when SSH answers"):
+            came_up("mv", store.node("mv"), instance, StartOptions(bootstrap=False, ssh_timeout=2), "g4dn.xlarge",
+                    None, store, lambda line: None, tl.Recorder("start", "mv"), new_instance=True)
+    finally:
+        pool.restart(h)
+    assert not pin.exists()  # the old instance's key is void, and no new one was seen
+    assert "StrictHostKeyChecking accept-new" in (gp_home / "ssh_config").read_text()
+
+    # gpuprov's own first contact pins the key the host presents
+    ran = _cli("exec", "mv", "--", "true")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert pin.read_text().split() == [h.address, *h.host_key_pub.split()[:2]]
+
+    # OpenSSH's first contact, through `gpuprov ssh`, pins it as well
+    sshconfig.await_new_key("mv")  # as another move would leave it
+    ran = _cli("ssh", "mv", "--", "true")
+    assert ran.returncode == 0 and "not pinned" not in ran.stderr, ran.stdout + ran.stderr
+    assert h.host_key_pub.split()[1] in pin.read_text()
+
+    # the key is pinned: a host presenting another one is refused, by either path
+    pool.change_host_key(h)
+    for refused in (_cli("exec", "mv", "--", "true"), _cli("ssh", "mv", "--", "true")):
+        assert refused.returncode != 0 and "HOST KEY" in refused.stdout + refused.stderr.upper(), refused.stderr
+    sshconfig.add_node("mv", h.address, "root", str(key))  # the next `start` writes its block with `yes`
+    assert "StrictHostKeyChecking yes" in (gp_home / "ssh_config").read_text()

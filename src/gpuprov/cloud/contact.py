@@ -64,7 +64,7 @@ def new_machine(name: str, user: str, key_path: str, address: str, timeout: floa
     say(f"waiting for SSH on {address}")
     wait_tcp(address, 22, timeout)
     known_hosts = sshconfig.node_known_hosts(name)
-    known_hosts.unlink(missing_ok=True)  # a new machine: a key pinned for an old one at this address is void
+    sshconfig.await_new_key(name)  # a new machine: a key pinned for an old one at this address is void
     settings = HostSettings(known_hosts=known_hosts, accept_new_host_key=True, connect_timeout=15)
     return Target(host=address, user=user, key=key_path, label=name), settings
 

@@ -231,7 +231,11 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
 
         result.ssh_alias = sshconfig.add_node(name, address, opts.ssh_user, key_path)
     else:
-        say("not waiting for SSH (--no-wait): the host key is not pinned, so `ssh gpuprov-NAME` is not set up")
+        from gpuprov.hosts import sshconfig
+
+        sshconfig.await_new_key(name)  # whichever gpuprov command reaches it first pins its key
+        say("not waiting for SSH (--no-wait): `ssh gpuprov-NAME` is not set up; the first gpuprov command to "
+            f"reach it (`gpuprov check {name}`) pins its host key")
     result.node = store.node(name)
     store.event(name, "ready", f"{instance.instance_type} {instance.zone} {address}")
     return result

@@ -319,7 +319,7 @@ def came_up(name: str, node: Node, instance: Instance, opts: StartOptions, now_t
     from gpuprov.paths import keys_dir, region_key
 
     if new_instance:
-        sshconfig.node_known_hosts(name).unlink(missing_ok=True)
+        sshconfig.await_new_key(name)
         say(f"{name}: a new instance at {address}: its new host key is pinned on first contact")
     elif address != node.address:
         sshconfig.move_node_key(name, address)
@@ -340,7 +340,11 @@ def came_up(name: str, node: Node, instance: Instance, opts: StartOptions, now_t
         if made_up_address(address):  # a local endpoint's: never logged in to (contact.check_address)
             say(f"{name}: {address} comes from the local AWS endpoint: its host key is not pinned")
         else:
-            pin_new_host_key(name, node.ssh_user or "ubuntu", key_path, address, opts.ssh_timeout, say)
+            try:
+                pin_new_host_key(name, node.ssh_user or "ubuntu", key_path, address, opts.ssh_timeout, say)
+            except GpuprovError as exc:
+                raise GpuprovError(f"{exc}; {name} runs, and `gpuprov check {name}` pins its new host key "
+                                   "when SSH answers") from None
     store.update_node(name, state="ready", ready_at=time.time())
     result.node = store.node(name)
     result.timeline = rec.finish()
@@ -398,7 +402,8 @@ def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, sa
     try:
         wait_tcp(address, 22, opts.ssh_timeout)
     except GpuprovError as exc:
-        say(f"  {exc}; not bootstrapped again (`gpuprov check {node.name}` when it answers)")
+        pins = ", which pins its new host key" if new_instance else ""
+        say(f"  {exc}; not bootstrapped again (`gpuprov check {node.name}` when it answers{pins})")
         rec.failed(str(exc))
         return False
     plan = node_plan(node)

@@ -6,8 +6,10 @@
   pinned for existing hosts; a different key from such a host is refused the same way. A launched
   node is checked against its own file only.
 - An unknown host is refused (UnknownHostKey, with its fingerprint) unless the caller passed
-  accept_new (the user's --accept-new-host-key, or a provider that learned the key out of band).
-  An accepted key is pinned at once.
+  accept_new (the user's --accept-new-host-key, or a provider that learned the key out of band), or the
+  file awaits its first key (`await_first_key`: a machine gpuprov has just made, whose key nobody has seen
+  yet, pinned by whichever command reaches it first, as `up` pins a new node's). An accepted key is pinned
+  at once, and the file awaits no more.
 - known_hosts files are read as OpenSSH reads them (sshd(8), "SSH_KNOWN_HOSTS FILE FORMAT"): a key on an
   `@revoked` line "must not ever be accepted", so a host presenting it is refused (RevokedHostKey), with
   --accept-new-host-key too and for launched nodes too (the user's ~/.ssh/known_hosts revokes it for every
@@ -115,7 +117,7 @@ class PinPolicy(paramiko.MissingHostKeyPolicy):
         found = revocation(self.revoked, key, hostname)
         if found is not None:
             raise RevokedHostKey(hostname, key, found)
-        if not self.accept_new:
+        if not self.accept_new and not awaits_first_key(self.known_hosts):
             raise UnknownHostKey(hostname, key)
         pin(self.known_hosts, hostname, key)
         client.get_host_keys().add(hostname, key.get_name(), key)
@@ -145,6 +147,31 @@ def pin(known_hosts: Path, hostname: str, key: paramiko.PKey) -> None:
             except OSError as exc:
                 raise GpuprovError(f"cannot pin the host key of {hostname} in {known_hosts}: "
                                    f"{exc.strerror or exc}; the file is unchanged") from None
+            _awaiting(known_hosts).unlink(missing_ok=True)  # one first key: any other is an unknown host's
+
+
+def _awaiting(known_hosts: Path) -> Path:
+    return known_hosts.with_name(known_hosts.name + ".awaiting-first-key")
+
+
+def await_first_key(known_hosts: Path, why: str) -> None:
+    """`known_hosts` is a machine's that gpuprov has just made and whose key nobody has seen (a new instance,
+    its SSH not reached yet): its old pins are void, and the first key it presents is pinned by whichever
+    command reaches it first, then no other. `why` is kept in the marker for whoever reads the folder."""
+    with _LOCK, locked(lock_beside(known_hosts)):
+        known_hosts.unlink(missing_ok=True)
+        write_atomic(_awaiting(known_hosts), why + "\n")
+
+
+def awaits_first_key(known_hosts: Path) -> bool:
+    """The file was marked by await_first_key and holds no key yet (OpenSSH's accept-new may have written one)."""
+    if not _awaiting(known_hosts).exists():
+        return False
+    try:
+        text = known_hosts.read_text()
+    except FileNotFoundError:
+        return True
+    return not any(line.split() and not line.startswith(("#", "@")) for line in text.splitlines())
 
 
 def user_known_hosts() -> tuple[Path, ...]:

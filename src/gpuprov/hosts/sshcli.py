@@ -30,12 +30,17 @@ def known_hosts_for(target: Target, settings: HostSettings) -> Path:
 
 def ssh_options(target: Target, settings: HostSettings) -> list[str]:
     """OpenSSH client options for `target` (no host, no command): pinned host key, key, user, port."""
+    from gpuprov.hosts.hostkeys import awaits_first_key
+
     known = known_hosts_for(target, settings)
     files = [known, *([] if target.known_hosts else settings.trusted)]  # a launched node: its own file only
+    # a node gpuprov has just launched whose key nobody has seen: ssh pins the first one (ssh_config(5)
+    # accept-new: a new key is added, a changed one refused), as gpuprov's own first contact would
+    checking = "accept-new" if target.known_hosts and awaits_first_key(known) else "yes"
     opts = [
         "-o", "UserKnownHostsFile=" + " ".join(f'"{f}"' if " " in str(f) else str(f) for f in files),
         "-o", "GlobalKnownHostsFile=/dev/null",
-        "-o", "StrictHostKeyChecking=yes",
+        "-o", f"StrictHostKeyChecking={checking}",
         "-o", "UpdateHostKeys=no",
         "-o", f"ConnectTimeout={max(1, math.ceil(settings.connect_timeout))}",
     ]

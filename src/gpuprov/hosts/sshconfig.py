@@ -32,6 +32,21 @@ def node_known_hosts(name: str) -> Path:
     return folder / "known_hosts"
 
 
+def await_new_key(name: str) -> None:
+    """Node `name` is a machine gpuprov has just launched (`up`, a moved node's new instance), whose host key
+    nobody has seen: what was pinned for it is void, and the first gpuprov command or `ssh gpuprov-NAME` that
+    reaches it pins its key (hostkeys.await_first_key), as `up` does when it waits for SSH."""
+    from gpuprov.hosts.hostkeys import await_first_key
+
+    await_first_key(node_known_hosts(name), f"node {name}: a new machine, its host key not seen yet")
+
+
+def _awaits_new_key(name: str) -> bool:
+    from gpuprov.hosts.hostkeys import awaits_first_key
+
+    return awaits_first_key(node_known_hosts(name))
+
+
 @contextlib.contextmanager
 def edit() -> Iterator[None]:
     """Hold the lock of ssh_config and the Include for one read-modify-write (the lock file stays in the state dir,
@@ -64,14 +79,17 @@ def _write_blocks(path: Path, blocks: dict[str, str]) -> None:
 
 
 def add_node(name: str, address: str, user: str, key: str) -> str:
-    """Write the node's Host block (replacing an old one); returns the alias."""
+    """Write the node's Host block (replacing an old one); returns the alias. A node whose key is awaited
+    gets OpenSSH's accept-new (ssh_config(5): new keys are added, changed ones refused), so its first
+    `ssh gpuprov-NAME` pins it too; every later block is written with `yes`."""
     path = config_path()
     known_hosts = node_known_hosts(name)
+    checking = "accept-new" if _awaits_new_key(name) else "yes"
     with edit():
         blocks = _blocks(path.read_text() if path.exists() else "")
         blocks[name] = (
             f"Host gpuprov-{name}\n  HostName {address}\n  User {user}\n  IdentityFile {key}\n  IdentitiesOnly yes\n"
-            f"  UserKnownHostsFile {known_hosts}\n  StrictHostKeyChecking yes\n"
+            f"  UserKnownHostsFile {known_hosts}\n  StrictHostKeyChecking {checking}\n"
         )
         _write_blocks(path, blocks)
         _ensure_include(path)
