@@ -174,7 +174,7 @@ def _secure(conn: Connection, settings: HostSettings) -> tuple[hostkeys.Revoked,
     return revoked
 
 
-class _Connection(Connection):
+class _Connection(Connection):  # type: ignore[misc]  # fabric ships no type hints
     """Fabric's Connection, made from many threads over one shared Config. Fabric 3.2's __init__ assigns
     `self.inline_ssh_env`, an attribute no class declares, so invoke's DataProxy takes it for a config change
     and merges the shared Config again (Config._modify -> merge(), which empties `_config` and rebuilds it). A
