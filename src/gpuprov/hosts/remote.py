@@ -175,12 +175,10 @@ def _secure(conn: Connection, settings: HostSettings) -> tuple[hostkeys.Revoked,
 
 
 class _Connection(Connection):  # type: ignore[misc]  # fabric ships no type hints
-    """Fabric's Connection, made from many threads over one shared Config. Fabric 3.2's __init__ assigns
-    `self.inline_ssh_env`, an attribute no class declares, so invoke's DataProxy takes it for a config change
-    and merges the shared Config again (Config._modify -> merge(), which empties `_config` and rebuilds it). A
-    thread reading that Config meanwhile failed with "No attribute or config key found for 'port'" and
-    "Valid keys: []" (seen in bench/fanout.py at 64 hosts; scylladb/scylla-cluster-tests#2187 reports the same
-    words from threads). Declared here, the assignment sets a plain attribute and the Config is only read."""
+    """Fabric's Connection, made by many threads over one shared Config. Fabric 3.2 assigns `inline_ssh_env`,
+    which no class declares, so invoke took it for a config change and merged the shared Config again, emptying
+    it first: a thread reading it then failed with "No attribute or config key found for 'port'" (bench/fanout.py,
+    64 hosts; scylladb/scylla-cluster-tests#2187 has the same words). Declared, it is a plain attribute."""
 
     inline_ssh_env = None
 
@@ -188,16 +186,13 @@ class _Connection(Connection):  # type: ignore[misc]  # fabric ships no type hin
 def connection(target: Target, settings: HostSettings) -> tuple[Connection, tuple[hostkeys.Revoked, ...]]:
     """A not-yet-open Fabric Connection to `target` (opens lazily, on first use), and the revoked keys that
     apply to its hops."""
-    # never empty: for an empty dict Fabric uses the shared Config's own connect_kwargs, and then the socket
-    # `Remote.open` puts there (and an IdentityFile of the ssh config) would be every host's at once
+    # never empty: for {} Fabric uses the shared Config's own, and the socket `Remote.open` puts there is every host's
     connect_kwargs: dict[str, Any] = {"key_filename": []}
     key = target.key or settings.key_filename
     if key:
         connect_kwargs.update(key_filename=[str(Path(key).expanduser())], look_for_keys=False)
-    gateway = None
-    if target.proxy_jump:
-        gateway = _Connection(target.proxy_jump, config=_config(settings), connect_timeout=int(settings.connect_timeout),
-                              connect_kwargs={"key_filename": []})
+    gateway = _Connection(target.proxy_jump, config=_config(settings), connect_timeout=int(settings.connect_timeout),
+                          connect_kwargs={"key_filename": []}) if target.proxy_jump else None
     conn = _Connection(
         target.host, user=target.user, port=target.port, config=_config(settings),
         connect_timeout=int(settings.connect_timeout), connect_kwargs=connect_kwargs, gateway=gateway,
