@@ -75,12 +75,11 @@ def _one(host: str, kw: dict[str, Any]) -> tuple[Any, Any]:
 
 def _warn_unpinned(target: Any, settings: Any) -> None:
     from gpuprov.hosts import sshcli
-
-    # only for a host that answers: for a closed port or a dead address ssh's own words say what is wrong
     from gpuprov.hosts.hostkeys import awaits_first_key
 
     if target.known_hosts and awaits_first_key(sshcli.known_hosts_for(target, settings)):
         return  # a node just launched: ssh pins its first key (sshcli.ssh_options)
+    # only for a host that answers: for a closed port or a dead address ssh's own words say what is wrong
     if sshcli.is_pinned(target, settings) is False and sshcli.answers(target, settings):
         warn(sshcli.pin_hint(target, sshcli.known_hosts_for(target, settings)), "yellow")
 
