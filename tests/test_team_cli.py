@@ -63,6 +63,8 @@ def test_a_teammate_sees_stops_starts_and_downs_a_node_and_a_race_for_a_name_has
     (row,) = _status(bob)
     assert (row["name"], row["state"], row["owner"]) == ("a", "ready", _member(alice))
     assert f"a ({_member(alice).split('/')[0]})" in gp(bob, "status").stdout  # who made it, in the table
+    typo = gp(bob, "exec", "aa", "--", "true")  # bob has no local state file: the names are the bucket's
+    assert typo.returncode == 2 and "did you mean 'a'?" in typo.stderr and "nodes: a;" in typo.stderr, typo.stderr
     (inst,) = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]]
     tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
     assert tags["gpuprov:team"] == f"{BUCKET}/gp" and tags["gpuprov:member"] == _member(alice)

@@ -71,10 +71,12 @@ def complete_node(_ctx: click.Context, _param: click.Parameter, incomplete: str)
 
 
 def node_names() -> list[str]:
-    """The names of the nodes gpuprov manages (none without a state file)."""
+    """The names of the nodes gpuprov manages: the team bucket's under team state (read each time), else the
+    local file's (none without one, which is not made for asking)."""
     from gpuprov.paths import state_dir
+    from gpuprov.state_url import configured
 
-    if not (state_dir() / "state.sqlite").exists():
+    if configured() is None and not (state_dir() / "state.sqlite").exists():
         return []
     from gpuprov.state import open_store
 
