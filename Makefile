@@ -32,6 +32,8 @@ test-all: install sysdeps
 lint: install
 	$(VENV)/bin/ruff check src tests bench tools
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+	@$(PY) tools/smells.py
 
 demo: install
 	@bash tools/demo.sh

@@ -60,9 +60,9 @@ def main() -> None:
         aws.instant()
         os.environ.update(aws.env())
         aws.client("s3").create_bucket(Bucket="bench-team")
-        from gpuprov.state import SqliteStore
-        from gpuprov.state_s3 import S3Store
-        from gpuprov.state_url import parse
+        from gpuprov.state.s3 import S3Store
+        from gpuprov.state.sqlite import SqliteStore
+        from gpuprov.state.url import parse
 
         url = parse("s3://bench-team/gp", "bench")
         assert url is not None

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpuprov.errors import GpuprovError
-from gpuprov.state import SqliteStore, Store
+from gpuprov.state import Store
+from gpuprov.state.sqlite import SqliteStore
 from tests.test_teardown import FakeCloud, R, _live, _run
 
 

@@ -1,4 +1,4 @@
-"""gpuprov.files (whole-or-nothing writes, serialised writers) and gpuprov.locks (one operation per node),
+"""gpuprov.files (whole-or-nothing writes, serialised writers) and gpuprov.state.locks (one operation per node),
 with real processes holding the locks: the overlap is forced by a held lock, never by sleeping."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import files, locks
+from gpuprov import files
+from gpuprov.state import locks
 
 
 def test_write_atomic_replaces_the_whole_file_and_keeps_a_users_mode_and_link(tmp_path: Path) -> None:
@@ -47,7 +48,7 @@ def test_a_write_that_fails_leaves_the_old_file_as_it_was(tmp_path: Path, monkey
 _HOLDER = textwrap.dedent("""
     import os, sys, time
     os.environ["GPUPROV_HOME"] = sys.argv[1]
-    from gpuprov import locks
+    from gpuprov.state import locks
     with locks.hold(sys.argv[2], "up"):
         print("held", flush=True)
         sys.stdin.readline()  # until the test says so (or kills us)

@@ -10,7 +10,7 @@ from gpuprov.cloud.failover import candidates
 from gpuprov.cloud.launch import check_name, ssh_cidr
 from gpuprov.errors import UserInputError
 from gpuprov.plan.plan import NodeRequest, make_plan
-from gpuprov.state import SqliteStore
+from gpuprov.state.sqlite import SqliteStore
 
 
 def test_candidates_spot_first_cheapest_type_first_then_on_demand_with_fallback():

@@ -209,7 +209,7 @@ def test_an_empty_state_file_is_refused_not_taken_for_no_nodes(gp_home):
 def test_a_process_killed_while_it_makes_the_state_file_leaves_none_not_an_empty_one(tmp_path, monkeypatch):
     """SIGKILL between SQLite's open (which makes a 0-byte file) and its first page: forced here by stopping the
     layout step where a kill would land. The next run must not meet an empty file it refuses as damage."""
-    from gpuprov.state import SqliteStore as Store
+    from gpuprov.state.sqlite import SqliteStore as Store
 
     path = tmp_path / "state.sqlite"
 
@@ -238,7 +238,7 @@ def test_a_state_file_of_a_newer_gpuprov_is_one_clear_line(gp_home):
     result = gp(env, "status")
     assert result.returncode == 2
     (line, hint) = result.stderr.strip().splitlines()
-    from gpuprov.state import SCHEMA_VERSION
+    from gpuprov.state.sqlite import SCHEMA_VERSION
 
     assert "was written by gpuprov 9.9.0 (state schema 99); this is gpuprov" in line
     assert f"schema {SCHEMA_VERSION} and older" in line
@@ -248,7 +248,7 @@ def test_a_state_file_of_a_newer_gpuprov_is_one_clear_line(gp_home):
 def test_a_schema_3_state_file_is_brought_up_to_date_and_keeps_its_nodes(tmp_path):
     """Schema 4 added who locked a node's guardrails and where `state push` moved it: a file of schema 3 gets
     both columns on open, its nodes read back unlocked and not moved, and a lock can be recorded."""
-    from gpuprov.state import SCHEMA_VERSION, SqliteStore
+    from gpuprov.state.sqlite import SCHEMA_VERSION, SqliteStore
 
     path = tmp_path / "state.sqlite"
     SqliteStore(path).create_node("old", "aws", "us-east-1", owner="me@laptop/1")

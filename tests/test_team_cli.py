@@ -153,7 +153,7 @@ def test_push_a_local_state_then_adopt_after_every_record_is_deleted(aws, env, h
     local = {k: v for k, v in alice.items() if k != "GPUPROV_STATE"}  # alice before the team: the local file
     assert gp(local, *up_args("p", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
     assert gp(bob, *up_args("q", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
-    from gpuprov.state import SqliteStore
+    from gpuprov.state.sqlite import SqliteStore
 
     folder = Path(alice["GPUPROV_HOME"])
     mine = SqliteStore(folder / "state.sqlite")  # alice's own q, a record only: the bucket has bob's q

@@ -13,10 +13,10 @@ import time
 import pytest
 from botocore.exceptions import ClientError
 
-from gpuprov import leases, locks
 from gpuprov.errors import UserInputError
-from gpuprov.state_s3 import S3Store
-from gpuprov.state_url import parse
+from gpuprov.state import leases, locks
+from gpuprov.state.s3 import S3Store
+from gpuprov.state.url import parse
 
 BUCKET = "team-bucket"
 

@@ -13,7 +13,8 @@ from gpuprov.cloud import settle as st
 from gpuprov.cloud import teardown as td
 from gpuprov.cloud.providers.base import CloudResource, Instance, NotFound
 from gpuprov.errors import GpuprovError
-from gpuprov.state import SqliteStore, Store
+from gpuprov.state import Store
+from gpuprov.state.sqlite import SqliteStore
 
 R = "us-east-1"
 

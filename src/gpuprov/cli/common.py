@@ -388,7 +388,7 @@ def node_target(name: str) -> Any:
     import re
 
     from gpuprov.paths import keys_dir, region_key, state_dir
-    from gpuprov.state_url import configured
+    from gpuprov.state.url import configured
 
     team = configured()
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name) or (team is None and not (state_dir() / "state.sqlite").exists()):

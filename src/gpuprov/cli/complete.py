@@ -74,7 +74,7 @@ def node_names() -> list[str]:
     """The names of the nodes gpuprov manages: the team bucket's under team state (read each time), else the
     local file's (none without one, which is not made for asking)."""
     from gpuprov.paths import state_dir
-    from gpuprov.state_url import configured
+    from gpuprov.state.url import configured
 
     if configured() is None and not (state_dir() / "state.sqlite").exists():
         return []

@@ -128,7 +128,7 @@ def _refuse_locked(targets: list[Any]) -> None:
     """`bootstrap NODE --ttl/--autostop` rewrites a launched node's guardrails: refused, before any host is
     touched, where another member locked them (`up --locked`), as `gpuprov ttl` is."""
     from gpuprov.paths import state_dir
-    from gpuprov.state_url import configured
+    from gpuprov.state.url import configured
 
     if configured() is None and not (state_dir() / "state.sqlite").exists():
         return  # no records: no launched node among them (and none made by asking)

@@ -235,7 +235,7 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
                      title="nodes ($/h: on-demand list; $ so far: the price obtained, for the time run)"
                      + _stopped_note(nodes),
                      title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    from gpuprov.state_url import configured
+    from gpuprov.state.url import configured
 
     team = configured() is not None  # a team's nodes: who made each (user@host), beside its name
     for row in status_rows(nodes):

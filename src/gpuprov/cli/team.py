@@ -13,7 +13,7 @@ from gpuprov.errors import UserInputError
 
 
 def _team(field: str = "state") -> Any:
-    from gpuprov.state_url import configured
+    from gpuprov.state.url import configured
 
     url = configured()
     if url is None:
@@ -31,7 +31,7 @@ def state(ctx: click.Context, as_json: bool) -> None:
     if ctx.invoked_subcommand is not None:
         return
     from gpuprov.paths import state_dir
-    from gpuprov.state_url import configured, lease_seconds
+    from gpuprov.state.url import configured, lease_seconds
 
     url = configured()
     if url is None:
@@ -42,8 +42,8 @@ def state(ctx: click.Context, as_json: bool) -> None:
             click.echo(f"state: local file {path}")
             click.echo('team:  none (state = "s3://BUCKET/PREFIX" in config.toml shares it with a team)')
         return
-    from gpuprov import team
-    from gpuprov.leases import member
+    from gpuprov.cloud import team
+    from gpuprov.state.leases import member
 
     found = team.info(url)
     if as_json:
@@ -67,11 +67,11 @@ def push(url_text: str) -> None:
     """Move the local records into a bucket (a node the bucket already has is refused and left in both places).
     Each node moved is marked so in the local file (kept, with a backup of the file as it was), so local commands
     no longer see it; then set state = "s3://…" in config.toml so every command uses the bucket."""
-    from gpuprov import team
+    from gpuprov.cloud import team
     from gpuprov.paths import state_dir
-    from gpuprov.state import SqliteStore
-    from gpuprov.state_s3 import S3Store
-    from gpuprov.state_url import parse
+    from gpuprov.state.s3 import S3Store
+    from gpuprov.state.sqlite import SqliteStore
+    from gpuprov.state.url import parse
 
     url = parse(url_text, "URL")
     if url is None:
@@ -106,7 +106,7 @@ def push(url_text: str) -> None:
 @click.argument("name")
 def unlock(name: str) -> None:
     """Break a node's lease (a holder that will not come back), saying whose it was."""
-    from gpuprov import leases, locks
+    from gpuprov.state import leases, locks
 
     url = _team()
     holding = leases.unlock(url, locks.node(name))
@@ -156,7 +156,7 @@ def team() -> None:
               help="Public key file(s) to upload (default: your gpuprov region keys' *.pub).")
 def join(keys: tuple[Path, ...]) -> None:
     """Upload your public key(s) under the team prefix: nodes launched with team state authorize every member."""
-    from gpuprov import team as teams
+    from gpuprov.cloud import team as teams
     from gpuprov.paths import keys_dir
 
     url = _team()

@@ -11,8 +11,8 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from gpuprov.cloud.providers.base import IMAGES, SHARED, CloudResource, Instance, Provider
-from gpuprov.records import ResourceKind
-from gpuprov.store import Store
+from gpuprov.state.records import ResourceKind
+from gpuprov.state.store import Store
 
 Say = Callable[[str], None]
 # an instance's EC2 state as a record's state: a running instance gpuprov tagged had finished its `up` or was

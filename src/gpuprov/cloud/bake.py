@@ -23,11 +23,11 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gpuprov import locks
 from gpuprov.cloud.images import GUARD_STEPS, GUARD_UNITS, INSTALL_KINDS, check_image_name, stack_hash
 from gpuprov.cloud.providers.base import Image, ImageRequest, Provider
 from gpuprov.cloud.settle import settle_window
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
+from gpuprov.state import locks
 
 if TYPE_CHECKING:
     from gpuprov.hosts.remote import HostSettings, Remote

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from gpuprov import locks
 from gpuprov.cloud import addresses, launch, reservations
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.cluster_network import ClusterNetwork, instance_of, network_for, with_efa_step
@@ -38,7 +37,7 @@ from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.plan.plan import Plan
-from gpuprov.state import Member, Node, Store, members_json
+from gpuprov.state import Member, Node, Store, locks, members_json
 
 if TYPE_CHECKING:
     from gpuprov import cluster as wiring

@@ -21,12 +21,11 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gpuprov import locks
 from gpuprov.cloud import images, keys, tags
 from gpuprov.cloud.providers.base import IMAGES, SHARED, CloudResource, NotFound, Provider
 from gpuprov.cloud.teardown import take_down
 from gpuprov.errors import GpuprovError
-from gpuprov.state import Store
+from gpuprov.state import Store, locks
 
 Say = Callable[[str], None]
 # a spot request before its instance: a persistent one would launch the instance again

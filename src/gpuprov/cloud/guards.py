@@ -13,11 +13,10 @@ import time
 import uuid
 from collections.abc import Callable
 
-from gpuprov import locks
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.hosts.remote import HostSettings
 from gpuprov.plan.inventory import Target
-from gpuprov.state import Node, Store
+from gpuprov.state import Node, Store, locks
 
 Say = Callable[[str], None]
 

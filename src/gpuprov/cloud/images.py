@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from gpuprov import locks
 from gpuprov.cloud.providers.base import IMAGES, CloudResource, Image, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import UserInputError
+from gpuprov.state import locks
 
 if TYPE_CHECKING:
     from gpuprov.plan.plan import Plan

@@ -1,6 +1,6 @@
 """This user's SSH key for a cloud region: made once on this machine, 0600; its key pair in the cloud,
 imported with the region's first node and deleted with its last; and the lock that serialises both
-across threads and processes (gpuprov.locks: the region's lock)."""
+across threads and processes (gpuprov.state.locks: the region's lock)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuprov import locks, paths
+from gpuprov import paths
 from gpuprov.cloud import tags
 from gpuprov.cloud.providers.base import SHARED, CloudResource, NotFound, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError
 from gpuprov.paths import region_key
-from gpuprov.state import Node, Store
+from gpuprov.state import Node, Store, locks
 
 Say = Callable[[str], None]
 

@@ -29,7 +29,7 @@ from gpuprov.cloud.teardown import take_down
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.plan.plan import Plan
 from gpuprov.state import Store
-from gpuprov.state_tolerant import TolerantStore
+from gpuprov.state.tolerant import TolerantStore
 
 Say = Callable[[str], None]
 

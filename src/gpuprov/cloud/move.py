@@ -31,7 +31,6 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuprov import locks
 from gpuprov.cloud import keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import Say
@@ -50,7 +49,7 @@ from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.state import Node, Resource, Store
+from gpuprov.state import Node, Resource, Store, locks
 
 MOVE_STACK = "start-move"  # the image's stack tag: never a plan's stack hash, so `up` never picks it as a bake
 

@@ -21,7 +21,6 @@ nothing of the old node. A crash mid-way leaves rows that `down NAME` follows in
 
 from __future__ import annotations
 
-from gpuprov import locks
 from gpuprov.cloud import keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import Say
@@ -39,7 +38,7 @@ from gpuprov.cloud.providers.base import Access, CloudResource, ImageCopy, Insta
 from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.state import Node, Resource, Store
+from gpuprov.state import Node, Resource, Store, locks
 
 MOVES_WITH = {"instance", "volume", "security-group"}  # what a plain node has in its region; others stay: refused
 

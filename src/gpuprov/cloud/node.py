@@ -19,7 +19,6 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 
-from gpuprov import locks
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
 from gpuprov.cloud.failover import Order
@@ -56,7 +55,7 @@ from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError
 from gpuprov.plan.plan import Plan
-from gpuprov.state import Node, Resource, Store
+from gpuprov.state import Node, Resource, Store, locks
 
 
 @dataclass

@@ -19,10 +19,9 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpuprov import locks
 from gpuprov.cloud.providers.base import Provider
 from gpuprov.cloud.teardown import Teardown, take_down
-from gpuprov.state import Node, Store
+from gpuprov.state import Node, Store, locks
 
 Say = Callable[[str], None]
 MONTH_SECONDS = 30 * 86400  # a GB-month's month (see above)

@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from gpuprov import locks
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import Say, bootstrap_node, wait_tcp
 from gpuprov.cloud.instance_store import say_what_stop_loses
@@ -23,8 +22,8 @@ from gpuprov.cloud.providers.base import Instance, LaunchError, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.plan.plan import Plan
-from gpuprov.state import Node, Resource, Store
-from gpuprov.state_tolerant import TolerantStore
+from gpuprov.state import Node, Resource, Store, locks
+from gpuprov.state.tolerant import TolerantStore
 
 if TYPE_CHECKING:
     from gpuprov.plan.catalog import InstanceType

@@ -39,8 +39,8 @@ def owner() -> str:
 def team_tags() -> dict[str, str] | None:
     """With team state, the tags that say whose team and which member made a resource; `gc` then sweeps the
     team's resources (every member's) that no shared record owns. None with local state."""
-    from gpuprov.leases import member
-    from gpuprov.state_url import configured
+    from gpuprov.state.leases import member
+    from gpuprov.state.url import configured
 
     url = configured()
     return {TAG_TEAM: url.team, TAG_MEMBER: member()} if url is not None else None

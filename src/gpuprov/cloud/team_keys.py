@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gpuprov.state_url import StateUrl, configured
+from gpuprov.state.url import StateUrl, configured
 
 if TYPE_CHECKING:
     from gpuprov.hosts.remote import HostSettings
     from gpuprov.plan.inventory import Target
-    from gpuprov.records import Node
+    from gpuprov.state.records import Node
 
 Say = Callable[[str], None]
 
@@ -21,7 +21,7 @@ def after_contact(name: str, target: Target, settings: HostSettings, say: Say) -
     url = configured()
     if url is None:
         return
-    from gpuprov import team
+    from gpuprov.cloud import team
     from gpuprov.hosts import sshconfig
 
     team.share_host_keys(url, name, sshconfig.node_known_hosts(name))
@@ -29,7 +29,7 @@ def after_contact(name: str, target: Target, settings: HostSettings, say: Say) -
 
 
 def push_keys(url: StateUrl, name: str, target: Target, settings: HostSettings, say: Say) -> int:
-    from gpuprov import team
+    from gpuprov.cloud import team
     from gpuprov.hosts.authorized import add_keys
 
     members = team.member_keys(url)
@@ -42,7 +42,7 @@ def push_keys(url: StateUrl, name: str, target: Target, settings: HostSettings, 
 def shared_known_hosts(url: StateUrl, node: Node) -> None:
     """The node's host keys as the member who launched it pinned them, written where this member's SSH reads them
     (the local pin file of a node this member did not launch, or launched before)."""
-    from gpuprov import team
+    from gpuprov.cloud import team
     from gpuprov.files import write_atomic
     from gpuprov.hosts import sshconfig
 

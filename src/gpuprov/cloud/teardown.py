@@ -17,11 +17,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gpuprov import locks
 from gpuprov.cloud.providers.base import CloudResource, NotFound, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError
-from gpuprov.state import Resource, Store
+from gpuprov.state import Resource, Store, locks
 
 Say = Callable[[str], None]
 

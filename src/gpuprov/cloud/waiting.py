@@ -24,10 +24,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-from gpuprov import locks
 from gpuprov.cloud.launch import NoCapacity, Say
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
-from gpuprov.state import Store
+from gpuprov.state import Store, locks
 
 T = TypeVar("T")
 FIRST_SECONDS = 30.0

@@ -13,7 +13,7 @@ runs `wire()` as a separate pass, because every node's files depend on facts fro
   write      one rendered step per node (templates/cluster_wiring.sh.j2): /etc/gpuprov/cluster.env and
              /etc/gpuprov/hostfile under ${GPUPROV_SYSROOT:-}, replaced only when they differ
 
-The record (state.py's clusters table, this module's JSON) is written before the files, so a
+The record (state/sqlite.py's clusters table, this module's JSON) is written before the files, so a
 failed write can be rerun and `ssh NAME:k`, `exec NAME`, `torchrun NAME`, `check NAME --cluster`
 all name the same nodes in the same order.
 """

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from gpuprov import locks
 from gpuprov.errors import GpuprovError
 from gpuprov.hosts import hostkeys, runner
 from gpuprov.hosts.detect import FACTS_COMMAND, HostFacts, parse_facts
@@ -41,6 +40,7 @@ from gpuprov.hosts.runner import BUNDLE_DIR as BUNDLE_DIR  # re-exported: gpuben
 from gpuprov.plan.inventory import Target
 from gpuprov.plan.plan import Plan
 from gpuprov.plan.render import Bundle
+from gpuprov.state import locks
 
 if TYPE_CHECKING:
     from gpuprov.hosts.verify import CheckReport, Expectation

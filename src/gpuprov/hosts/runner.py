@@ -64,7 +64,7 @@ BUSY = 75  # the exit status of a first exec that found another client's run at 
 
 def client_id(install: str, who: str, pid: int) -> str:
     """One word naming the client to the host's runner: INSTALL:user@host:pid. Two runs of one install are
-    told apart by the client's own lock (gpuprov.locks.host), two installs' runs by this."""
+    told apart by the client's own lock (gpuprov.state.locks.host), two installs' runs by this."""
     return re.sub(r"[^A-Za-z0-9@._-]", "-", install) + ":" + re.sub(r"[^A-Za-z0-9@._-]", "-", who) + f":{pid}"
 
 

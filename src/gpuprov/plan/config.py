@@ -66,7 +66,7 @@ class ConfigFile(BaseModel):
     @field_validator("state")
     @classmethod
     def _state(cls, value: str | None) -> str | None:
-        from gpuprov.state_url import parse
+        from gpuprov.state.url import parse
 
         if value is not None:
             try:
@@ -160,7 +160,7 @@ def _load(where: Path, stamp: float) -> ConfigFile:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-        if field in ("state", "lease"):  # team state's keys: blamed on their line, as state_url.py blames them
+        if field in ("state", "lease"):  # team state's keys: blamed on their line, as state/url.py blames them
             raise UserInputError(_place(where, field), msg, hint) from None
         raise UserInputError("config", f"{where}: {field}: {msg}", hint) from None
 
@@ -261,7 +261,7 @@ def _check_value(key: str, value: str) -> None:
     elif key == "autostop":
         parse_duration(value, key)
     elif key == "state":
-        from gpuprov.state_url import parse
+        from gpuprov.state.url import parse
 
         parse(value, key)
     elif key == "parallel" and not (value.isdigit() and 1 <= int(value) <= 1024):

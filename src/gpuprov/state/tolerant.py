@@ -11,9 +11,9 @@ import time
 from typing import Any
 
 from gpuprov.errors import GpuprovError
-from gpuprov.records import Resource, ResourceKind
-from gpuprov.state_errors import StateUnavailable
-from gpuprov.store import Store
+from gpuprov.state.errors import StateUnavailable
+from gpuprov.state.records import Resource, ResourceKind
+from gpuprov.state.store import Store
 
 
 class TolerantStore:

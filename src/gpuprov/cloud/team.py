@@ -9,12 +9,12 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpuprov import locks
 from gpuprov.errors import UserInputError
-from gpuprov.leases import member
-from gpuprov.state_s3 import Bucket, S3Store
-from gpuprov.state_url import StateUrl
-from gpuprov.store import Store
+from gpuprov.state import locks
+from gpuprov.state.leases import member
+from gpuprov.state.s3 import Bucket, S3Store
+from gpuprov.state.store import Store
+from gpuprov.state.url import StateUrl
 
 _PUBLIC = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh.com) [A-Za-z0-9+/=]+"
                      r"( [^\n]*)?")

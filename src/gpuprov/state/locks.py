@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 from gpuprov.errors import GpuprovError
 
 if TYPE_CHECKING:
-    from gpuprov.leases import Holding
-    from gpuprov.records import Node
-    from gpuprov.state_url import StateUrl
+    from gpuprov.state.leases import Holding
+    from gpuprov.state.records import Node
+    from gpuprov.state.url import StateUrl
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def _open(path: Path) -> int:
     try:
         return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as exc:
-        from gpuprov.state_errors import StateUnavailable
+        from gpuprov.state.errors import StateUnavailable
 
         reason = {errno.EROFS: "read-only", errno.EACCES: "read-only", errno.EPERM: "read-only",
                   errno.ENOSPC: "full", errno.EDQUOT: "full"}.get(exc.errno or 0, "io")
@@ -156,8 +156,8 @@ def holder(key: str) -> Holder:
     """Who holds `key` (for the messages): the lock file's words, or the lease's with team state."""
     team = _team() if key.startswith(_LEASED) else None
     if team is not None:
-        from gpuprov import leases
-        from gpuprov.state_s3 import Bucket
+        from gpuprov.state import leases
+        from gpuprov.state.s3 import Bucket
 
         found = leases.read(Bucket(team), key)
         return _holder(found[0]) if found else Holder(None, "?", None)
@@ -165,7 +165,7 @@ def holder(key: str) -> Holder:
 
 
 def _team() -> StateUrl | None:
-    from gpuprov.state_url import configured
+    from gpuprov.state.url import configured
 
     return configured()
 
@@ -177,8 +177,8 @@ def _holder(holding: Holding) -> Holder:
 @contextlib.contextmanager
 def _leased(team: StateUrl, key: str, what: str, *, wait: bool, subject: str | None,
             waiting: Callable[[Holder], None] | None) -> Iterator[None]:
-    from gpuprov import leases
-    from gpuprov.state_url import lease_seconds
+    from gpuprov.state import leases
+    from gpuprov.state.url import lease_seconds
 
     try:
         with leases.hold(team, key, what, wait=wait, expiry=lease_seconds(),
@@ -192,7 +192,7 @@ def is_free(key: str) -> bool:
     """Nobody holds `key` right now (this process counts as nobody: its own locks are re-entrant)."""
     team = _team() if key.startswith(_LEASED) else None
     if team is not None:
-        from gpuprov import leases
+        from gpuprov.state import leases
 
         return leases.is_free(team, key)
     path = _file(key)

@@ -20,12 +20,11 @@ from typing import Any
 
 from gpuprov import __version__
 from gpuprov.errors import UserInputError
-from gpuprov.records import UP_STATES, Event, Member, Node, NodeState, Resource, ResourceKind, members_json
-from gpuprov.state_errors import StateError, StateTooNew, explain
-from gpuprov.store import Store, no_such_node
+from gpuprov.state.errors import StateError, StateTooNew, explain
+from gpuprov.state.records import Event, Node, Resource, ResourceKind
+from gpuprov.state.store import no_such_node
 
-__all__ = ["UP_STATES", "Event", "Member", "Node", "NodeState", "Resource", "ResourceKind", "SqliteStore", "Store",
-           "members_json", "open_store"]
+__all__ = ["SCHEMA_VERSION", "SqliteStore"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -200,7 +199,7 @@ class SqliteStore:
     def _tx(self, write: bool = True) -> Iterator[sqlite3.Connection]:
         """One short transaction. A write takes the file's write lock at once (BEGIN IMMEDIATE: no upgrade
         deadlock); a read is a plain one, which in WAL mode never waits for a writer. Any SQLite failure is
-        said as what it is (state_errors.explain): a full or read-only disk, a lock held too long."""
+        said as what it is (errors.explain): a full or read-only disk, a lock held too long."""
         try:
             db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         except sqlite3.Error as exc:
@@ -374,17 +373,3 @@ class SqliteStore:
 def _moved(name: str, url: str) -> UserInputError:
     return UserInputError("NAME", f"{name} was moved to {url} by `gpuprov state push`: its record lives there now",
                           f'set state = "{url}" in config.toml (or GPUPROV_STATE={url}) to work on it')
-
-
-def open_store() -> Store:
-    """The store this install is configured for: an S3 bucket's (`state = "s3://…"` in config.toml, or
-    GPUPROV_STATE), else the local SQLite file."""
-    from gpuprov.paths import state_dir
-    from gpuprov.state_url import configured
-
-    url = configured()
-    if url is not None:
-        from gpuprov.state_s3 import S3Store
-
-        return S3Store(url)
-    return SqliteStore(state_dir() / "state.sqlite")

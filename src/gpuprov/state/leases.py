@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from gpuprov.state_s3 import Bucket, Conflict
-from gpuprov.state_url import StateUrl
+from gpuprov.state.s3 import Bucket, Conflict
+from gpuprov.state.url import StateUrl
 
 _held: dict[str, tuple[Lease, int]] = {}  # lease key -> (lease, depth): re-entrant within a process, as flock is
 _guard = threading.Lock()

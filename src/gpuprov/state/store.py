@@ -1,9 +1,9 @@
 """The one interface every command keeps its records through, whichever backend holds them.
 
-Two backends implement it: `state.SqliteStore` (the default: a SQLite file in the state folder, one person on
-one machine) and `state_s3.S3Store` (one object per node in an S3 bucket a team shares, written with
-conditional writes). `state.open_store()` picks the one configured (`state` in config.toml, `GPUPROV_STATE`;
-state_url.py). The money rule holds on both: a resource is recorded *before* the call that creates it.
+Two backends implement it: `sqlite.SqliteStore` (the default: a SQLite file in the state folder, one person on
+one machine) and `s3.S3Store` (one object per node in an S3 bucket a team shares, written with
+conditional writes). `gpuprov.state.open_store()` picks the one configured (`state` in config.toml, `GPUPROV_STATE`;
+url.py). The money rule holds on both: a resource is recorded *before* the call that creates it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from gpuprov.errors import UserInputError
-from gpuprov.records import Event, Node, Resource, ResourceKind
+from gpuprov.state.records import Event, Node, Resource, ResourceKind
 
 
 class Store(Protocol):

@@ -1,4 +1,4 @@
-"""The records gpuprov keeps, whichever store keeps them (state.py's SQLite file, state_s3.py's bucket): a node,
+"""The records gpuprov keeps, whichever store keeps them (sqlite.py's local file, s3.py's bucket): a node,
 a cluster's member, a cloud resource, an event."""
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class Node:
     def up_unfinished(self) -> bool:
         """Its `up` (one node or a cluster) never reached `ready`: a record that was launching, running,
         bootstrapping, failed or being taken back when that `up` ended. Whether the `up` is still at work is
-        not in the record: its process holds the node's lock (gpuprov.locks) for as long as it lives. A node
+        not in the record: its process holds the node's lock (gpuprov.state.locks) for as long as it lives. A node
         stopped, started, resized or baked after it was ready never counts."""
         return self.ready_at is None and self.state in UP_STATES
 

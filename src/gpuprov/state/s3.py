@@ -1,6 +1,6 @@
 """Team state: the records in an S3 bucket a team shares, one object per node, written with conditional writes.
 
-Layout under the prefix (`state = "s3://BUCKET/PREFIX"`, state_url.py):
+Layout under the prefix (`state = "s3://BUCKET/PREFIX"`, url.py):
 
     nodes/NAME.json      the node's record, its resources and its events (one object: one conditional write
                          changes all three together)
@@ -31,10 +31,10 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, TypeVar
 
 from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.records import Event, Node, Resource, ResourceKind
-from gpuprov.state_errors import StateUnavailable
-from gpuprov.state_url import StateUrl
-from gpuprov.store import no_such_node
+from gpuprov.state.errors import StateUnavailable
+from gpuprov.state.records import Event, Node, Resource, ResourceKind
+from gpuprov.state.store import no_such_node
+from gpuprov.state.url import StateUrl
 
 T = TypeVar("T")
 _NODE_FIELDS = {f.name for f in fields(Node)}

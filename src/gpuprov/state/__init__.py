@@ -1,0 +1,35 @@
+"""The ground floor: the records gpuprov keeps and who may touch them.
+
+`records` (a node, a cluster's member, a cloud resource, an event), `store` (the one interface every command
+keeps them through), its two backends (`sqlite`: the local file; `s3`: a bucket a team shares), `tolerant` (a
+take-back's store that survives a failing disk), `url` (where the records live), `errors` (what a store's
+failures mean to the user), and the coordination of who works on what: `locks` (a file lock per node, region,
+image and host) and `leases` (the same across a team, in the bucket).
+
+`open_store()` is the door every command uses. Nothing here imports a part above it (plan, hosts, cluster, cloud,
+cli); boto3 is reached by the bucket's backend only.
+"""
+
+from __future__ import annotations
+
+from gpuprov.state.records import UP_STATES, Event, Member, Node, NodeState, Resource, ResourceKind, members_json
+from gpuprov.state.store import Store
+
+__all__ = ["UP_STATES", "Event", "Member", "Node", "NodeState", "Resource", "ResourceKind", "Store", "members_json",
+           "open_store"]
+
+
+def open_store() -> Store:
+    """The store this install is configured for: an S3 bucket's (`state = "s3://…"` in config.toml, or
+    GPUPROV_STATE), else the local SQLite file."""
+    from gpuprov.paths import state_dir
+    from gpuprov.state.url import configured
+
+    url = configured()
+    if url is not None:
+        from gpuprov.state.s3 import S3Store
+
+        return S3Store(url)
+    from gpuprov.state.sqlite import SqliteStore
+
+    return SqliteStore(state_dir() / "state.sqlite")
