@@ -1,4 +1,7 @@
-"""`gpuprov cluster list|rm`: the clusters gpuprov has recorded (bootstrap --cluster, up --nodes)."""
+"""`gpuprov cluster list|rm`: the clusters gpuprov has recorded (bootstrap --cluster, up --nodes).
+
+`status` also lists the clusters of existing hosts, beneath the nodes.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """The console every command prints through: rich's, made to read at 80 columns and in a pipe, and the plain
-line echo of `--verbose`."""
+line echo of `--verbose`.
+
+`make_console` falls back to the terminal's width, else 80, when COLUMNS is 0 or junk; `line_echo` writes each
+remote line in one write.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,12 @@
 """Tables that fit: a rich Table that never splits a name, address, instance type or price mid-word, at any
-width and when piped, leaving optional columns out instead; and the colours every view shares."""
+width and when piped, leaving optional columns out instead; and the colours every view shares.
+
+`FitTable` keeps every non-prose cell whole (`no_wrap` with a `min_width` of its longest cell); when that does not
+fit the width (the terminal, COLUMNS, or rich's 80 when piped) it leaves out optional columns in the order each
+`Column.drop` gives, naming them in the caption, and a `Column.beneath` column goes on a line of its own under its
+row instead (status's autostop and TTL at 80 columns). A prose cell folds between words and never splits a word of
+up to `PROSE_MIN` characters.
+"""
 
 from __future__ import annotations
 

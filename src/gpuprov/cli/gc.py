@@ -1,4 +1,8 @@
-"""`gpuprov gc`: resources tagged as yours that no local node owns, listed, and deleted with --yes."""
+"""`gpuprov gc`: resources tagged as yours that no local node owns, listed, and deleted with --yes.
+
+The listing says who of a team made each resource (its `gpuprov:member` tag); `--all-regions` sweeps every
+region DescribeRegions says is enabled and names the regions it could not read.
+"""
 
 from __future__ import annotations
 

@@ -7,6 +7,8 @@
 
 Which machines: every live node whose plan has --metrics and every recorded cluster's nodes, or the NODE,
 CLUSTER, CLUSTER:K or [USER@]HOST[:PORT] words given (hosts bootstrapped with --metrics).
+
+`status` prints each node's last health finding beneath its table and in `--json`'s `health`.
 """
 
 from __future__ import annotations

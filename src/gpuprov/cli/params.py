@@ -5,6 +5,10 @@ option's help states, whole where it counts things. `origin` names where a value
 environment variable, or the config file's key (`~/.config/gpuprov/config.toml:3: gpu`) — from Click's own
 record of it (`ctx.get_parameter_source`), so an error about a value the user never typed on the command line
 blames the place they did write it. `Command` refuses an option given twice and is every command's class.
+
+`Command` also re-blames a `UserInputError` about a flag on where the value really came from (the environment
+variable, or the config file's `PATH:LINE: key` from plan/config.where), as `usage_field` does for Click's
+own usage errors; a mistyped command gets Click's suggestion.
 """
 
 from __future__ import annotations
