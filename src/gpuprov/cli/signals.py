@@ -8,6 +8,12 @@ signal during the take-back stops it, which then says exactly what is left.
 
 A SIGHUP usually means the terminal is gone: writing to it would fail (EIO) in the middle of the take-back,
 so its output is sent to /dev/null from then on (the state's events and the node's log still record it).
+
+The take-backs each signal runs: `up`/`up --nodes` (cloud/launch.take_back: everything recorded comes down), `start`
+(stopstart.stop_again: the instance stops again), `image bake` (before EC2 took CreateImage: the node is put back).
+The take-back's summary is the command's last line (`Interrupted.note`) and the exit is 128 + the signal's number.
+hosts/fanout.run_parallel leaves at once on an interrupt (the take-back must not wait for every host's step), and
+`cli.run` does not wait for abandoned workers after a signal.
 """
 
 from __future__ import annotations
