@@ -1,4 +1,17 @@
-"""GPU facts and the AWS instance types that carry each GPU, read from data/catalog.yaml."""
+"""GPU facts and the AWS instance types that carry each GPU, read from data/catalog.yaml.
+
+GPUs: architecture, compute capability, memory, PCI ids, and `published` (NVIDIA's dense TFLOP/s per precision,
+memory and NVLink bandwidth, PCIe generation, each with its source and read date). Instance types: GPUs, vCPUs,
+memory, $/h, NVSwitch, EFA. Also regions, `storage` (gp3 $/GB-month: what a stopped node's disk costs),
+`bench` (what `gpuprov bench` calls ok, and why; PCIe per-direction rates), `interconnect` (EFA Gbit/s per type and
+the all-reduce floor `check --cluster` judges against) and `cluster_network` (which families take a cluster
+placement group, AWS's interface layout, where RDMA read per type comes from). Rows marked `unverified` say why.
+
+Each instance type's GPUs, vCPUs, memory and network (EFA, its interfaces, the network cards that carry it) are
+EC2's own DescribeInstanceTypes facts (tests/test_instance_facts.py compares them with moto's copy); price,
+NVSwitch and `efa_rdma` (the EFA device does RDMA read) are gpuprov's. `with_instance_facts` lays EC2's answer
+over the catalog (`plan --live`, `up`).
+"""
 
 from __future__ import annotations
 

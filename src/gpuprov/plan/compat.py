@@ -13,6 +13,14 @@ Rules come from data/stack.yaml (facts, with sources); this module only reasons 
   from R580 (and NVLSM + the InfiniBand modules on Blackwell).
 When pins conflict, the StackConflict carries the rule's id (`rule`), and the error names what would
 work instead, found by re-solving with each pin relaxed in turn.
+
+A GPU's own driver limits (`gpu-max-driver-branch`, `gpu-min-driver-branch`) are checked before whether the branch
+is installable, so a B200 on R550 hears about its R570 floor. Minor-version compatibility: 12.x on >= 525, 13.x on
+>= 580, and no PTX JIT of newer code. The driver's own packages drop the branch from their names at R590, a
+cut-off separate from Fabric Manager's R580. Limits the data already implies (an architecture's CUDA range against
+the wheels' arch lists, the proprietary module's removal after Volta's last branch) are checks on stack.yaml in
+tests/test_compat.py, not rules here. `choose_torch_for_driver` answers "the newest wheel for an installed
+driver" for fixes on existing hosts (doctor, a kept driver).
 """
 
 from __future__ import annotations

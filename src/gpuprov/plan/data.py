@@ -12,6 +12,15 @@ Both directions run on the node with the AWS CLI (`aws s3 sync`: a file is copie
 is newer, so a rerun after a cut fetches only what is missing), with the node's own credentials (`up --s3-access`
 gives it a role scoped to the buckets). Pure: the entries, their checks and the two steps; the uploads' helper on the
 node is rendered from templates/data_save.sh.j2.
+
+`DataSpec` (`from`/`to`: exactly one side `s3://BUCKET/PREFIX`, the other an absolute path without `..`; `when`
+for uploads only, and required there) is checked at load like every field (file:line). `data_steps` puts two
+steps before the playbook's own: `data-save` installs `/usr/local/lib/gpuprov/save-data WHEN` (each upload for
+that moment, `aws s3 sync PATH URI`, every entry tried, the exit the number that failed) and `data-fetch` runs
+`aws s3 sync URI PATH` per download (changed when the CLI printed a `download:` line). The interrupt watch runs
+`save-data interrupt` after the on-interrupt hook within HOOK_TIMEOUT (an interrupt upload alone turns the watch
+on: `Guards.save_on_interrupt`), the autostop and TTL checks `save-data stop` before `shutdown`, and `down`
+`save-data down` (cloud/data_save.py).
 """
 
 from __future__ import annotations

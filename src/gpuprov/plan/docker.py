@@ -1,7 +1,14 @@
 """Docker with the NVIDIA Container Toolkit (`docker: true` in a playbook, `--docker`): the `docker` step that installs
 the engine and NVIDIA's toolkit, points Docker at NVIDIA's runtime (restarting the daemon only when that changed its
 config), adds the login user to the docker group and generates the CDI spec (Podman); verify then runs `nvidia-smi -L`
-in a container (`docker run --rm --gpus all IMAGE`). Facts in data/docker.yaml with their sources. Pure."""
+in a container (`docker run --rm --gpus all IMAGE`). Facts in data/docker.yaml with their sources. Pure.
+
+Per family: apt's docker.io, or on dnf Docker's docker-ce repository for Rocky/RHEL 9 and Amazon Linux's own
+`docker`, each only where no engine is installed; NVIDIA's toolkit from its apt list or dnf `.repo`;
+`nvidia-ctk runtime configure --runtime=docker`; the login user is `SUDO_USER`. The verify's container image is
+pinned by digest (`container_image`, `with_docker`), and the probe fails unless the container sees as many GPUs as
+the host.
+"""
 
 from __future__ import annotations
 

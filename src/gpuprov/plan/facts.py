@@ -7,6 +7,12 @@ the snapshot's (for instance types: field by field, per type). This module reads
 reads the network, so plan/ stays pure.
 
 A plan whose facts are older than STALE_DAYS says so once (`stale_note`), naming `gpuprov facts refresh`.
+
+The families: torch, cuda, drivers, driver-lifecycle, instance-types. The overlay folder is `$GPUPROV_FACTS_DIR`,
+else `$GPUPROV_HOME/facts`, else the user's data dir; an overlay that does not read is bad input naming it.
+`merged` is the snapshot with the overlays (replaced keys; for instance types field by field, and types EC2 has
+that the catalog lacks), `states` each family's origin, age and unverified notes. GPUPROV_TODAY sets the day
+(tests).
 """
 
 from __future__ import annotations

@@ -1,6 +1,17 @@
 """The guardrails installed on a node (or host) itself: what they are asked to do, as the Plan carries them.
 
 Split from plan/plan.py, which builds the guard steps from this (`guard_steps`).
+
+On the node, templates/guard_*.sh.j2 install systemd timers and small scripts under /usr/local/lib/gpuprov/:
+`autostop-check` (every minute; idle = every GPU under the threshold, no `who` session, no established connection
+to :22; its config in /etc/gpuprov/autostop.conf), `ttl-check` (the deadline is fixed on the node the first time
+the step runs, in /var/lib/gpuprov/ttl-deadline, so scripts render deterministically; `gpuprov ttl` renders the
+step with `reset` for a new deadline, or without a TTL to remove it; a machine booted after its deadline passed
+gets a new one, one TTL after that boot, instead of shutting down at once) and `interrupt-watch` (IMDSv2 token +
+`spot/instance-action` every 5 s; the hook runs once per notice; with a Capacity Block, BLOCK_WARN_SECONDS before its end
+it `wall`s and runs the hook once). Each reads GPUPROV_NOW as its clock, so tests never sleep. The guards call
+`shutdown`; what that does to a launched node is its InstanceInitiatedShutdownBehavior, set at launch to the
+node's shutdown action (the rendered steps say which).
 """
 
 from __future__ import annotations

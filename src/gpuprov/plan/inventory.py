@@ -9,6 +9,9 @@ An inventory is YAML, validated like playbooks:
         gpu: A100-80GB          # checked against what the host reports
       - host: gpu-box           # an alias from ~/.ssh/config works too
         proxy_jump: bastion
+
+Host names are unique and `gpu:` is a known GPU. `check_known_word`: a bare word that is no node, no `Host` of
+the ssh config (Includes followed) and no /etc/hosts name is refused with a did-you-mean instead of going to DNS.
 """
 
 from __future__ import annotations

@@ -2,7 +2,12 @@
 provider owns the driver, a shared lab server. Nothing touches the kernel, the driver, Fabric Manager or
 persistence, and nothing reboots; the stack is the newest torch wheel whose CUDA runs on the installed driver and
 GPU (CUDA minor-version compatibility included: the resolver doctor uses, compat.choose_torch_for_driver), or a
-refusal naming the driver branch a wheel would need. Pure, like the rest of plan/."""
+refusal naming the driver branch a wheel would need. Pure, like the rest of plan/.
+
+`resolve_kept` checks the GPU's own driver limits against the installed version before the resolver picks a
+wheel, and a refusal names the oldest branch a wheel runs on (`oldest_branch_for`). `--driver` and `--cuda` are
+refused with a kept driver; a launched node has no driver to keep.
+"""
 
 from __future__ import annotations
 

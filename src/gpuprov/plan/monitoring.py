@@ -10,6 +10,32 @@ group; `gpuprov metrics serve` reaches them through SSH tunnels.
 Health: a watch (gpuprov-health.service) for Xid lines in the kernel log, ECC errors, GPUs gone from the bus,
 temperatures past the slowdown point and, optionally, a process that exited; each finding runs a hook and/or
 posts to a webhook at most once an hour, and is recorded for `status` and `doctor`.
+
+`Monitoring` is what `--metrics`/`--health`/`--watch-process`/`--on-alert`/`--alert-webhook` ask for, checked with
+the playbook's `metrics:`; `exporter_for` picks DCGM's exporter or the textfile collector; the `metrics` and
+`health` steps go after the driver stack, before the env. `webhook_target`: Slack JSON to the URL, or `ntfy+URL`
+(ntfy's JSON to the server's root, the topic from the path); plans and records show a webhook's scheme and host
+only. data/xid.yaml is the one Xid table (NVIDIA's meaning, what to do, fatal or not): doctor reads it and the
+watch renders it.
+
+On the node. templates/metrics.sh.j2 writes gpuprov's ARGS (`--web.listen-address=127.0.0.1:9100`, the textfile
+directory) and a drop-in pointing the packaged unit at them *before* installing the package, whose postinst starts
+it. DCGM's path installs `datacenter-gpu-manager-4-core`, `-cuda<major>` (the driver's CUDA major, as NVIDIA's own
+images choose it) and `datacenter-gpu-manager-exporter`, with gpuprov's counters CSV (the dashboard's fields, ECC
+on) and `-a 127.0.0.1:9400` (the packaged default is every interface); nv-hostengine binds 127.0.0.1:5555 by
+default. The textfile path's `gpu-metrics` (on a 15 s timer) queries only the fields this nvidia-smi lists in
+`--help-query-gpu` (an unknown field fails the whole query), writes them under dcgm-exporter's names and labels
+with the last Xid per GPU and Xid counts from `journalctl -k` since a cursor, by temp file + rename. Each
+exporter's step fails unless every listener of its port is on loopback (`ss -Hltn`).
+
+The health watch (templates/health_watch.sh.j2, every 15 s): the kernel log since its cursor, one nvidia-smi query
+(GPU count against EXPECTED_GPUS or the first count seen, uncorrected ECC going up, temperature against "GPU
+Slowdown Temp" or T.Limit against "GPU Slowdown T.Limit Temp", thermal slowdown reasons) and `pgrep -f` for a
+watched process. A finding (kind, key) alerts at most once per REPEAT_SECONDS per key: the hook (0700) with the
+finding in GPUPROV_ALERT_*, and the webhook's message into an outbox each pass flushes (a failed POST is retried,
+never lost); the URL (a 0600 file) reaches curl on stdin (`-K -`), never a command line. Alerted findings go to
+/var/lib/gpuprov/health/findings.jsonl and last.json, every finding's time to the node exporter. The clock is
+GPUPROV_NOW when set, as for the guards.
 """
 
 from __future__ import annotations

@@ -9,7 +9,12 @@ line each saying why, and puts what it installs into the login's home:
 
 Nothing there is under a test host's sysroot (GPUPROV_SYSROOT): that stands for the system's folders, which this
 login cannot write; its home is its own. Only a kept driver (`--keep-driver`) or a `stack: none` playbook can run
-without root: installing a driver needs it. Pure, like the rest of plan/."""
+without root: installing a driver needs it. Pure, like the rest of plan/.
+
+`without_root` leaves steps out by name (docker, jupyter) and by kind (stack, guard, monitor) as `Plan.skipped`
+(step, why), which bootstrap reports as `skipped` steps; templates/lib.sh.j2 then sets no sysroot (`GP_ROOT`
+empty). A driver install is refused by the planner (hosts/planner.py).
+"""
 
 from __future__ import annotations
 

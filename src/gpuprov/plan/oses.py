@@ -1,6 +1,15 @@
 """The host operating systems gpuprov installs a GPU stack on (data/os.yaml): each name's package family (apt or
 dnf), NVIDIA's repository directory for it and how the driver branch is held, and how a host's /etc/os-release
-names it. Pure: the facts are data with their sources; this module only looks them up."""
+names it. Pure: the facts are data with their sources; this module only looks them up.
+
+The table: Ubuntu 22.04/24.04/26.04, Debian 12/13, Rocky/RHEL 9 and 10, Amazon Linux 2023. The branch is held with
+apt's pinning packages, or on dnf with the module stream (on EL10 `dnf versionlock *nvidia*<branch>*`); each OS also
+says where `up --os` finds its EC2 image and its login user (`aws`), and where DKMS needs EPEL and the CodeReady
+Builder command. `from_os_release` names a host's OS from ID and VERSION_ID (EL and Debian by major).
+`stack.SUPPORTED_OS` is the same list written out, so no file is read at import; tests/test_oses.py holds them equal.
+The planner refuses an OS outside the table only for a GPU stack: a `stack: none` playbook or a kept driver installs
+no system package and plans on any Linux.
+"""
 
 from __future__ import annotations
 

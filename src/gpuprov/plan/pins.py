@@ -1,5 +1,9 @@
 """Pins checked before the solver runs: malformed or unknown values, drivers gpuprov cannot hold apt at,
-and a pinned driver or toolkit against the GPU's own limits. Each refusal names the flag and the rule."""
+and a pinned driver or toolkit against the GPU's own limits. Each refusal names the flag and the rule.
+
+Rule ids: `driver-no-pinning-package`, `driver-version-unknown`, `gpu-max-driver-branch`, `gpu-min-driver-branch`,
+`toolkit-max-cuda`, …, and against the OS's repository `toolkit-not-for-os` (`--cuda 12.4 --os ubuntu-24.04`).
+"""
 
 from __future__ import annotations
 

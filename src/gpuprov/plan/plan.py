@@ -2,6 +2,13 @@
 
 The Plan is what `gpuprov plan` prints and what `up` and `bootstrap` execute, so a dry run
 cannot say one thing and do another.
+
+A `NodeRequest` becomes the instance choice (cheapest first), the stack, `Guards` and the ordered `StepPlan`s:
+guards first, then the driver stack, the env, the playbook's steps, jupyter, verify. `Guards.shutdown_action` is
+what the guards' `shutdown` does to a launched node (stop, unless it is a one-time spot node or `--autostop-action
+terminate`; `--autostop-action stop` on one-time spot is refused). `with_budget` turns `--budget` into the TTL at
+a price (the plan's list price, or in `up` the price obtained at launch); `replace_guards` swaps the guard steps;
+`autostop_script` / `ttl_script` render one guard step alone for `gpuprov autostop` / `gpuprov ttl`.
 """
 
 from __future__ import annotations

@@ -11,6 +11,18 @@ Result protocol (read by the bootstrap runner): a step prints exactly one line
 `GPUPROV_RESULT=unchanged|changed|reboot` as its last act and exits 0; any non-zero exit is a
 failure. `reboot` means the step changed the host and the change takes effect after a reboot
 (a fresh driver install); the runner reboots, waits, and goes on with the next step.
+
+Every step script starts `set -euo pipefail` and is idempotent: it reads the state first and acts only on the
+difference. Everything but the result line goes to stderr, so a user's `run:` cannot fake a result. Paths a
+script writes are prefixed with `${GPUPROV_SYSROOT:-}` (empty in production; the test hosts set it so scripts
+never touch the test machine's /etc). Jinja also gets `b64`; compiled templates are kept on disk (Jinja's
+bytecode cache, `environment`).
+
+`Bundle.write` takes a new or empty folder, or one an earlier render wrote (only the `NN-name.sh` files its
+manifest lists are removed first); a file, a path under a file, an unwritable place, a non-empty folder without a
+manifest, or a symbolic link at any name the render writes is bad input, before anything changes. Each file is a
+new one renamed into place (`files.write_atomic(follow=False)`), so a link planted after that check is replaced,
+never written through.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ validation error turned into one short message naming the file, line and field.
 A playbook is data, not code. The only fields whose text reaches a shell as a command are the
 ones named `run` and `on_interrupt` (the spot-interruption hook); everything else is quoted by the
 renderer or rejected here.
+
+User files (playbooks, inventories) are read by `read_text_file`: at most 1 MiB, UTF-8 (BOM or not) or UTF-16
+with a BOM, no NULs. Parsing composes the YAML node graph first and refuses alias loops, more than 100,000 values
+after alias expansion ("billion laughs") and nesting past 64, before anything is constructed.
 """
 
 from __future__ import annotations

@@ -3,6 +3,11 @@ what a user may pin (StackPins), and what the resolver produces (Stack, TorchWhe
 arithmetic every rule shares (which driver runs which CUDA, which SASS runs on which GPU).
 
 plan/compat.py reasons over these; plan/pins.py checks pins on their own and against a GPU.
+
+The facts: torch releases with their release dates, NVIDIA's branch lifecycle (`branch_ended`,
+`supported_branch_from`: the default branch moves on when its branch ends), the toolkits per OS in NVIDIA's
+repository (`repo_toolkits`), the pinning packages seen per branch. The arithmetic: `driver_runs`,
+`minor_compat_runs`, `sm_runs`, `wheel_archs`, `min_branch_for`.
 """
 
 from __future__ import annotations

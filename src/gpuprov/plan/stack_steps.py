@@ -1,6 +1,36 @@
 """The driver stack's steps for one OS family: headers, nouveau off, the driver, Fabric Manager, persistence and
 the toolkit, from templates/ (apt: Ubuntu, Debian) or templates/el/ (dnf: Rocky, RHEL, Amazon Linux). A kept
-driver (--keep-driver) gets none of them. Pure."""
+driver (--keep-driver) gets none of them. Pure.
+
+dnf's steps: the repository file, EPEL + CRB, `dnf module enable nvidia-driver:<branch>-open`,
+`kernel-devel-$(uname -r)`, dracut, Fabric Manager at the driver's version with `dnf versionlock`, the toolkit
+(templates/el/lib_dnf.sh.j2: `gp_rpm_installed`, `gp_dnf_install`, `gp_dnf_require`). `--metrics` is refused on
+dnf (its steps install with apt).
+
+What the steps hold to. The driver step first looks for a driver that came with the image (nvidia-smi answers,
+NVIDIA's pinning package is not installed: a Deep Learning AMI's): of the planned branch it is kept
+(`unchanged`); of another it fails naming `--driver` and `--image fresh`, never installing a second driver over it.
+The Fabric Manager step installs the package compat.py names for the branch at the driver's exact version (where
+the plan does not know whether the host has NVSwitch, it looks itself, as hosts/detect.NVSWITCH_SCAN does); on HGX
+B200 it also installs nvlsm, infiniband-diags and linux-modules-extra-$(uname -r), loads ib_umad and mlx5_ib and
+lists them in /etc/modules-load.d/gpuprov-nvswitch.conf. The persistence step's drop-in runs the daemon with
+`--persistence-mode` (the packaged unit says `--no-persistence-mode`) and fails if nvidia-smi still reports it
+Disabled.
+
+apt and dpkg. Every call that takes their locks (`apt-get update`/`install`, `dpkg -i`, `apt-mark hold`) goes
+through `gp_locked` (templates/lib.sh.j2): they lock with fcntl(2) record locks, which flock(1) neither sees nor
+takes, and only `apt-get install` waits for them itself; so `gp_locked` reruns the command while it fails with a
+lock message, up to GPUPROV_APT_LOCK_TIMEOUT (900 s), then fails naming the holder. "Installed" is
+`${db:Status-Status}` = `installed` (a held package's `${Status}` is `hold ok installed`). A step acts only on what
+is missing, so once NVIDIA publishes a newer point release a rerun keeps the installed, held version (a plain
+`apt-get install` of a held package would fail). The branch's pinning package (`nvidia-driver-pinning-<branch>`,
+whose preferences file keeps every driver package in the branch) is installed in its own call before the driver:
+in one call the pin is not in effect yet and apt picks the newest branch. A package or version the repositories
+lack fails before anything is installed: right after NVIDIA's repository is set up the driver step asks
+`apt-cache policy` for every package of the plan, the Fabric Manager and toolkit steps for their own
+(`gp_apt_require`), naming the package, the OS and what the repository has of its kind. The dnf steps ask
+`dnf repoquery --available` the same way.
+"""
 
 from __future__ import annotations
 
