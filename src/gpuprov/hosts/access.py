@@ -4,6 +4,10 @@ token, and GPU samples for `monitor` (the system ssh and rsync command lines: ss
 Every way in checks the host key against a pinned file, never trust-on-first-use behind the
 user's back: these paramiko paths go through `Remote`, which pins as the system `ssh` does
 with StrictHostKeyChecking=yes. Library only: nothing here prints.
+
+`exec` runs on many hosts at once with per-line prefixes and combined exit codes: `LineSink` hands on whole lines,
+then a `flush` hook once per read, so the CLI prints a read's lines in one call. Port forwarding is paramiko's
+direct-tcpip.
 """
 
 from __future__ import annotations

@@ -10,6 +10,14 @@ Per host (pyinfra's fact -> diff -> commands), in one SSH exec after the connect
 A host that stops answering (keepalives, --step-silence) is reported `lost`; the next run resumes it.
 Hosts run in a bounded thread pool; one host's failure is recorded in its own HostResult and
 never stops or hides the others (Fabric's Group semantics, with a bound).
+
+The bundle and its tar are made once per plan (`_Bundles`); a plan the command line already decides (GPU and OS
+named, or no stack) is rendered before any host is contacted (`Planner.ahead`). Each host's `Remote` is made in
+its own thread. The runner's events become the progress events, the per-host log (hostlog.py), the `--verbose`
+echo and `StepResult`s. A host that vanishes without closing the connection (network gone, machine frozen) is
+found by keepalives or by `--step-silence` (no output for that long; a DKMS build prints often enough for the
+default 20 min) and reported `lost at STEP`; the other hosts finish, and a rerun takes over from the old runner and
+resumes there.
 """
 
 from __future__ import annotations

@@ -10,6 +10,14 @@ bridges on the PCI bus (class 0680: HGX A100/H100/H200, as aws-parallelcluster-c
 by vendor + class) and, with the driver in, the devices under /proc/driver/nvidia-nvswitch; on HGX B200/B300
 (NVLink 5) the NVSwitches are no PCI devices of the host but are managed through ConnectX-7 bridge functions
 whose VPD carries SW_MNG; else the EC2 instance type (IMDSv2) when the catalog marks it `nvswitch`.
+
+os-release is read by the shell's own `read` (no subshell). The EC2 instance type comes from IMDSv2, asked only
+where DMI says EC2 (AWS's own test: Nitro's board_asset_tag is the instance id, the system UUID starts with ec2), so
+a host elsewhere never waits on 169.254.169.254. An unknown GPU makes bootstrap ask for `--gpu`; `nvswitch_seen`
+says which evidence found NVSwitch. The facts also carry `ID_LIKE`, the first package manager on PATH, the
+installed driver's version (nvidia-smi, else /proc/driver/nvidia/version) and the `## login` line (root, sudo, or
+neither: plan/noroot.py). GPU names come from nvidia-smi only when it exits 0 (a failing one prints its error on
+stdout), else from lspci.
 """
 
 from __future__ import annotations

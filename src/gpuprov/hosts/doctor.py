@@ -4,6 +4,13 @@ Built like pyinfra facts: hosts/doctor_facts.py's one shell command prints the f
 turns them into typed `DoctorFacts`; `diagnose` here turns facts into findings (`verify.Check`), ordered
 from root cause to symptom. Parsing and rules are pure, so they are tested on recorded outputs
 (tests/fixtures/doctor/). Findings that pass are kept, so the user sees what was checked.
+
+The rules, root cause first: nouveau, headers, apt lock, driver, driver hold and pin, Secure Boot, module; then
+the symptoms: nvidia-smi, Fabric Manager (with the package name of the driver's branch), HGX B200's InfiniBand
+modules loaded and listed in /etc/modules-load.d, the persistence daemon and persistence mode as nvidia-smi
+reports it, device nodes, torch against the driver (minor-version compatibility included), disk; then the health
+findings (health.py). "driver pin" warns when NVIDIA's driver is held but its pinning package is missing: the
+hold keeps the meta-package only, and its `>=` dependencies follow a newer branch.
 """
 
 from __future__ import annotations

@@ -13,6 +13,23 @@ Rates:
   all-reduce bus bandwidth as nccl-tests defines it (doc/PERFORMANCE.md): algbw = bytes / time per
             all-reduce, busbw = algbw × 2(n−1)/n, comparable with the per-direction hardware peak;
             the best over the message sizes is judged, since the largest messages reach it
+
+The probe measures each GPU in turn, so no two share PCIe or host memory while measured: n x n matmuls (n = 8192,
+halved until three matrices fit in half the free memory) in fp16, bf16 (only where
+`torch.cuda.is_bf16_supported(including_emulation=False)`, i.e. compute capability 8.0+: torch's default counts
+emulation and says yes on a T4), tf32 (8.0+, `allow_tf32` on) and fp32 (`allow_tf32` off); a 1 GiB
+device-to-device copy; 256 MiB pinned host->device and device->host copies. Each: a first call, one timed call to
+size the loop, warm-up, then as many calls as fit in its share of `--seconds`, between two CUDA events; past 1.5 x
+the budget the rest is skipped. With two or more GPUs it starts one process per GPU (itself, `--allreduce-worker`)
+joining an NCCL group over tcp://127.0.0.1:<free port>, checks one all-reduce whose answer is known, then times
+8, 64 and 256 MiB float32 all-reduces, 5 warm-up and 20 timed (nccl-tests' defaults).
+
+The published figures (catalog.yaml `gpus[].published`) are NVIDIA's per GPU variant AWS sells: dense TFLOP/s
+(datasheets print tensor rates with 2:4 sparsity; the dense figure, half, is stored), memory bandwidth, NVLink
+(both directions, as NVIDIA quotes it), PCIe generation, each with its datasheet and read date, `unverified` where
+only a reproduction was read; the A10G has no datasheet, so no TFLOP/s. Verdicts: ok at >= 70 % (matmul), 60 %
+(memory, host copies), 50 % (all-reduce busbw, against NVLink or the PCIe link per direction); the why is in
+catalog.yaml `bench:`. The GPU's figures are found from torch's device name (`detect.gpu_from_name`) or `--gpu`.
 """
 
 from __future__ import annotations

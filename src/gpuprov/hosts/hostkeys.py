@@ -14,6 +14,14 @@
   `@revoked` line "must not ever be accepted", so a host presenting it is refused (RevokedHostKey), with
   --accept-new-host-key too and for launched nodes too (the user's ~/.ssh/known_hosts revokes it for every
   connection); `@cert-authority` lines are skipped (gpuprov asks for no host certificates).
+
+`await_first_key` is for a machine gpuprov has just launched whose SSH was not reached yet (`up --no-wait`, a failed
+first login, a move whose SSH did not answer): the first gpuprov command to reach it pins that key. Keys the user
+trusts (`HostSettings.trusted`) are read only and checked first: a host they know is checked against them alone.
+A broken line in gpuprov's file is bad input naming the line (bootstrap checks it once, before any host); in the
+user's, it is skipped. Each file is parsed once per change (`known_hosts_file`, by mtime and size) and each host's
+client gets only its own host's pins. `pin` rewrites the file whole (files.write_atomic) under the lock beside it
+(files.lock_beside), so a full disk leaves the old file, not a cut line.
 """
 
 from __future__ import annotations

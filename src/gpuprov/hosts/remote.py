@@ -3,6 +3,28 @@
 One `Remote` per host per thread. Fabric honours ~/.ssh/config (Host aliases, HostName, User,
 Port, IdentityFile, ProxyJump); every hop, ProxyJump gateways included, checks its host key
 against gpuprov's known_hosts (see hostkeys.py) instead of Fabric's default, which trusts any new key.
+
+Every host's Connection shares one Fabric Config per ssh config file (as a Group's do), which making a Connection
+only reads: `_Connection` declares the attribute Fabric 3.2 assigns undeclared, whose write re-merged the shared
+Config under other threads, and every host's `connect_kwargs` is its own dict.
+
+`run` is one paramiko exec channel of its own (stdin at EOF, the timeout a deadline in `Session.pump`), its output
+streamed to a sink and returned whole, kept in pieces and joined once (invoke's Runner joined all the output so
+far on every read: the capture took the square of the output, and decoded each read apart, cutting UTF-8
+characters; bench/exec_output.py). `stream` sends bytes on stdin and hands stdout/stderr to callbacks, with a
+silence bound (`HostLost`); `session` drives the same channel in parts (`read_until` a marker line, `send` stdin
+then EOF, `pump` the rest). A command ends at its exit status *and* its EOF, since sshd may report the exit before
+the last output. A read takes all paramiko holds (up to 4 MiB), and before a stdout read the stderr already
+buffered is handed on, so a step's last stderr lines come before the runner's `end` event. `wait_gone` sees a
+reboot drop the connection.
+
+Keepalives are OpenSSH's ServerAliveInterval x ServerAliveCountMax (from the ssh config, else 15 s x 4): paramiko's
+transport keepalive plus TCP_USER_TIMEOUT = their product, so a link whose keepalive goes unacknowledged dies
+instead of waiting on TCP's ~15 minutes of retries. A dropped connection to a host that then takes no new TCP
+connection within 3 s is `HostLost`; one that does is `ConnectionLost` (it closed ours). `why_unreachable` puts a
+failed connect in words (refused, no route, timed out, name not resolved, not an SSH server, a banner without a
+finished handshake, authentication failed with the keys tried); a command past its timeout is `CommandTimeout`
+(`exec` exits 124).
 """
 
 from __future__ import annotations

@@ -5,6 +5,35 @@ shipped inside it, unpacks nothing itself (the exec's first words do) but runs t
 skips those whose marker matches, writes each marker once its step succeeded (a reboot step's under a
 pending name), and prints `@gpuprov:NONCE EVENT ...` lines on stdout. This module renders the runner,
 builds the exec command and turns the stream back into events; bootstrap.py decides what they mean.
+
+The first exec (`first_exec`) runs as root directly, else through `sudo -n`; a login that `sudo -n true` refuses
+runs it as itself (plan/noroot.py). It prints the facts, then `@gpuprov:NONCE facts-end`, and waits; the tar on
+its stdin (`command`) is unpacked into /var/lib/gpuprov/bundle/ (beside the old one, swapped in by a rename) and
+runner.sh is exec'ed. The runner is bash only (it runs before anything is installed; shellcheck-clean). Its events,
+tagged with a per-run nonce so no step output passes for one: `skip|start STEP`, `end STEP RC RESULT MS`,
+`reboot STEP BOOT_ID`, `checked STEP ok|failed`, `same-boot`, `done`. A step's log comes on the runner's stdout
+between its `start` and `output` events, its stdout between `output` and `end` (the result is read from it, never
+from stderr): one stream keeps a step's lines in its own log section, which sshd's two did not.
+
+Markers: /var/lib/gpuprov/markers/<step>.sha256 holds the hash of the script that last succeeded, written right
+after the step's `end` line and only when it exited 0; the old marker is emptied before the step starts, so a step
+that fails (under `--force` too) has none and the next run retries it. A rerun skips matching steps, reruns
+changed ones, `--force` reruns all; `verify` never gets a marker.
+
+Reboot: a step that prints GPUPROV_RESULT=reboot gets its marker under a pending name (`.after-reboot`); the runner
+prints `reboot STEP BOOT_ID`, starts `reboot` a second later and exits. The client sees SSH go, waits (bounded by
+`--reboot-timeout`) for a new connection and starts the runner again with the old boot id and the next step's
+index: on the same boot it says `same-boot` and the client waits again; otherwise it checks what the step rebooted
+for (`AFTER_REBOOT`: the nvidia module loaded after `nvidia-driver`, nouveau gone after `nouveau-off`) and only then
+renames the pending marker; a failed check fails the step and the next run runs it again. So a host costs one exec
+for its facts and the run, and one per reboot (tests/test_runner_ssh.py counts them in sshd's logs).
+
+One runner per host: it holds flock on /var/lib/gpuprov/runner.lock and keeps its client's id
+(`INSTALL:user@host`) in runner.lock.pid. A run of another install holding it is refused (`busy_check`, before any
+fact is read or bundle unpacked, and again under the lock); one of this install is taken over (its client is
+gone, e.g. a host lost mid-step). Only the runner holds that lock (its steps get the descriptor closed), so the
+busy check asks flock only while the recorded runner pid lives. A runner whose client is gone dies at its next
+protocol line (SIGPIPE), before the next marker write.
 """
 
 from __future__ import annotations

@@ -2,6 +2,16 @@
 (`StrictHostKeyChecking=yes` with the node's own known_hosts or gpuprov's, never trust-on-first-use behind
 the user's back) and a bound on a server that stops answering (the handshake included). Library only:
 nothing here prints or runs the connection itself.
+
+ssh's ConnectTimeout covers the connect and the banner only (a server that sent its banner and stalled held `ssh`
+and `sync` forever), so ServerAliveInterval x ServerAliveCountMax (OpenSSH's bound on each wait for the server
+from the handshake on) is set to about `--connect-timeout` (ceil(t/3) x 3), unless the user's ssh config sets an
+interval for the host (read with `ssh -G`); the same bound ends a session whose server stops answering. A node
+whose first key is awaited gets `accept-new`. `-F` names the ssh config gpuprov read, so a HOME other than the
+passwd home changes nothing. Also here: whether a host is pinned and the hint to pin it, rsync's `HOST:PATH`
+shape, `sync`'s one rule, `as_copy` (DST becomes a copy of SRC whatever the slashes, folders above DST made), and
+`split_s3_sync`: a `sync` with an `s3://` side runs `aws s3 sync` on the node (a cluster by name: every node);
+between this machine and S3 it is refused with the `aws s3 sync` line to run instead.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ folder, renamed over the old one), so a full disk or a kill mid-write leaves the
 every read-modify-write of them holds a flock: `edit()` (a file in the state dir) for ssh_config and the
 Include in ~/.ssh/config, so several `up`s finishing at once each keep their block; a known_hosts file's own
 lock beside it (files.lock_beside, the one hostkeys.pin takes) for a node's pinned keys.
+
+A launched cluster's per-node known_hosts are merged into one (`merge_known_hosts`). A failed write is a
+`GpuprovError` naming the file and saying it is unchanged; the user's ~/.ssh/config keeps its own mode, and a
+symlink to it stays one. The lock for ssh_config is `.ssh_files.lock` in the state dir, never in ~/.ssh.
 """
 
 from __future__ import annotations

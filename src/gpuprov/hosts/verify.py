@@ -4,6 +4,13 @@ The probe (templates/probe.py.j2) runs on the host and prints one JSON object be
 GPUPROV_PROBE_BEGIN / GPUPROV_PROBE_END: raw nvidia-smi outputs plus what torch reports. The
 raw text is parsed here, so parsers are tested on recorded real outputs (tests/fixtures/).
 Each failed check carries the reason and the fix, in one line each.
+
+The probe (standard library + optional torch) prints the raw `nvidia-smi --query-gpu=... --format=csv,noheader,
+nounits` output, the plain `nvidia-smi` header (for "CUDA Version"), /dev/nvidia* and torch's facts with a 256x256
+matmul per GPU checked against the CPU. The verify step runs it and the step's own verdict in one Python process
+(templates/verify.sh.j2: the sources read into variables by bash, no temporary file), the probe's JSON on stdout,
+the verdict on a descriptor of its own. A matmul that fails with "no kernel image is available" names the
+`--torch-cuda` build of the same release that carries the GPU's arch (plan/compat.variants_with_sass).
 """
 
 from __future__ import annotations
