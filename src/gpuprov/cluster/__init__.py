@@ -16,6 +16,22 @@ runs `wire()` as a separate pass, because every node's files depend on facts fro
 The record (state/sqlite.py's clusters table, this module's JSON) is written before the files, so a
 failed write can be rerun and `ssh NAME:k`, `exec NAME`, `torchrun NAME`, `check NAME --cluster`
 all name the same nodes in the same order.
+
+The part works on hosts, whoever made them, so `bootstrap --cluster` and `up --nodes` share it; it sits on hosts/
+and never calls a cloud. Here: the pydantic `Cluster` (name, MASTER_ADDR/PORT, ordered `Member`s: how gpuprov
+reaches each, its address on the cluster's network, GPUs, EC2 type) and its record (`node` names the launched node
+of an `up --nodes` cluster, None for existing hosts; `forget` removes it); `resolve` (`NAME` = every node, `NAME:K`
+= node K; a recorded cluster name wins over `HOST:PORT`); `env_command` (a command with the node's cluster.env
+exported, and /etc/gpuprov/efa.env where the `efa` step wrote it: cluster.env cannot include it, systemd reads it
+as an EnvironmentFile); `install`, the record and files for a cluster whose addresses are already known (`up
+--nodes`). run.py is `gpuprov torchrun`, check.py `check --cluster`.
+
+The files: cluster.env holds GPUPROV_CLUSTER, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, NPROC_PER_NODE (values
+shell-quoted and validated before rendering: a name `[a-z0-9-]`, IP addresses, integers); hostfile holds
+`ADDRESS slots=GPUS` per node (DeepSpeed's and Open MPI's format); both 0644, so the login user can source them.
+`exec NAME`/`NAME:K` sources cluster.env (and efa.env) before the command; `torchrun` passes the flags explicitly
+from the record and sources both too. A launched cluster gets the same files: MASTER_ADDR and the hostfile carry
+EC2's private addresses, NPROC_PER_NODE the instance type's GPUs. No file is written unless every node answered.
 """
 
 from __future__ import annotations

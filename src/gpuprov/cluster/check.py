@@ -11,6 +11,13 @@
    NCCL with NCCL_DEBUG=INFO): algorithm and bus bandwidth per message size, judged by `judge_allreduce`
    against the interconnect the catalog expects (EFA types) or the NIC's line rate, with the usual
    causes named (EFA not used, the wrong interface, placement).
+
+`judge_connectivity` names per blocked port the node, its sources, timeout or refused, and the security-group or
+firewall fix (and MASTER_PORT in use). The all-reduce probe runs from `$(mktemp -d /tmp/gpuprov-allreduce.XXXXXXXXXX)/
+probe.py` on each node, never a guessable /tmp name; `parse_allreduce` reads NCCL's output, `expectation` is the
+catalog's `interconnect.efa_gbps` for the EC2 type, else the NIC's speed from /sys/class/net, and `judge_allreduce`
+names sums that are wrong, EFA not used, NCCL on another interface, bus bandwidth under the floor.
+cli/cluster_report.py draws the tables.
 """
 
 from __future__ import annotations
