@@ -1,3 +1,15 @@
 """Machines from a cloud: what every launch shares (launch.py), one node (node.py), a cluster (cluster.py),
 reaching a launched node (contact.py), stop/start (stopstart.py), images, teardown and gc, guard changes on
-a live node, EC2's consistency rules (settle.py); providers/ holds the small provider protocol and AWS."""
+a live node, EC2's consistency rules (settle.py); providers/ holds the small provider protocol and AWS.
+
+Also: bake.py (`image bake`), keys.py (the user's key and the region's key pair), addresses.py (a cluster's Elastic
+IP quota), instance_store.py (what `stop` loses), tags.py (the owner), timeline.py, failover.py, waiting.py (`up
+--wait`), reservations.py and capacity.py, move.py and move_region.py (`start --move`), stale.py (`gc
+--stopped-for`), data.py and data_save.py (a node's S3 access, `down` saving a playbook's data first), quotas.py,
+region.py, instance_facts.py (EC2's instance types), and team state's use cases (team.py, team_keys.py, adopt.py).
+
+The part sits above cluster/ and hosts/, which it reaches hosts through (no fabric or paramiko here), and below
+sources/, which it never imports: the EC2 reads stay here, and `plan --live` and `up` use them on their own.
+providers/ knows nothing of the records or SSH; everything above it records each resource before asking a
+provider to create it (state/: the money rule).
+"""

@@ -3,6 +3,9 @@ groups, spot requests, placement groups, Elastic IPs, key pairs, images), so a l
 loses nothing. An adopted node is recorded as it is in the cloud (its instances' state, type, zone, addresses) with
 every resource its tag names, so `status`, `stop` and `down` follow it by id like any other; a node's name that
 is already recorded (live) is left alone.
+
+An adopted node gets `ready_at`, so it is no orphan; unrecorded key pairs and images are recorded too. With team
+state, adopt also reads the member's own pre-team tags.
 """
 
 from __future__ import annotations

@@ -14,6 +14,23 @@ In order (validation first, so bad input creates nothing):
 Any failure or Ctrl-C before `ready` tears the whole cluster down (cloud/teardown.py: instances, then
 volumes, the security group, the Elastic IPs and the placement group). The network layout per type (placement
 group, EFA interfaces, transport) is `network_for`, pure, and `gpuprov plan --nodes N` prints the same one.
+
+The security group gets a self-referencing all-traffic rule both ways; no `--persistent` spot (EC2 refuses a
+stop-on-interruption spot instance in a placement group). Each Elastic IP is recorded, tagged, and associated with
+the primary interface (card 0, device 0: EC2 refuses an instance id with several interfaces). After the bootstrap
+the known_hosts are merged, the survivors re-ranked 0..M-1, and the cluster is wired as `bootstrap --cluster` wires
+one (`as_cluster`: reached at the connect address with the cluster's pinned keys, known by its PRIVATE address,
+MASTER_ADDR node 0's, GPUs per node the type's; cluster.install; a node that cannot be wired fails the `up`); then
+`members_json` (rank, instance, private/public/connect address, Elastic IP) with node 0's address as the node's.
+One notion of cluster: `NAME`/`NAME:K`, `exec`, `torchrun`, `check --cluster` read the same record for both kinds;
+`up` refuses a name recorded for existing hosts; teardown forgets a launched cluster's record once everything is
+gone. Its timeline has a node's phases, each RunInstances of the whole cluster as an attempt, one row per node in
+the bootstrap phase and a `cluster wiring` phase; `--json` returns it with the node row and the nodes dropped.
+
+The `efa` step (templates/efa.sh.j2, on EFA types): AWS's EFA installer at the version in
+cluster_network.EFA_INSTALLER (source: AWS's EFA release notes) and /etc/gpuprov/efa.env (`FI_PROVIDER=efa`, the
+plugin's and libfabric's library path, and `FI_EFA_USE_DEVICE_RDMA=1` only where the type's EFA device does RDMA
+read).
 """
 
 from __future__ import annotations

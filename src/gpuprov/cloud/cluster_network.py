@@ -1,7 +1,12 @@
 """The network of a cluster per instance type, from its facts: a cluster placement group where the family takes
 one, the EFA interfaces AWS's layout asks for on the cards that carry EFA, and the transport NCCL gets (EFA,
 with device RDMA only where the EFA device does RDMA read, or TCP). Pure: `gpuprov plan --nodes N` prints the
-same layout `up --nodes N` launches with."""
+same layout `up --nodes N` launches with.
+
+The interfaces: ENA primary at card 0/device 0, EFA-only at card 0/device 1 when card 0 carries EFA (p6-b300's
+does not) and device 0 of every other EFA card; one card: one `efa` interface. Device RDMA (`efa_rdma`) is the P
+types' from p4d. `describe` is what `plan --nodes N` prints; `with_efa_step` adds the `efa` step.
+"""
 
 from __future__ import annotations
 

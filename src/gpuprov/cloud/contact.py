@@ -1,5 +1,10 @@
 """Reaching a launched node: wait for SSH, pin its host key (trusted on first use: gpuprov launched it
-moments ago and cannot learn its key first), and bootstrap it with its steps on the timeline."""
+moments ago and cannot learn its key first), and bootstrap it with its steps on the timeline.
+
+`pin_host_key` is `--no-bootstrap`'s; `bootstrap_node` is shared with `start`; `StepLines` prints one progress line
+per finished step. With team state, the first contact also shares the pinned key and installs the members' keys
+(team_keys.after_contact).
+"""
 
 from __future__ import annotations
 

@@ -7,6 +7,11 @@ policies", allowing access to a folder: s3:ListBucket on the bucket with an `s3:
 on `arn:aws:s3:::BUCKET/PREFIX/*`; a role's policy names the prefix literally, `${aws:username}` "will not work when
 using IAM roles"; read 2026-12-01): read-only prefixes get s3:GetObject, the others also s3:PutObject,
 s3:DeleteObject and s3:AbortMultipartUpload (a multipart upload's parts are deleted when it fails).
+
+An `up` killed before CreateRole's answer was recorded leaves an intent row, found by its recorded name. `gc` also
+lists `gpuprov-` roles and profiles by their tags (providers/aws_iam.tagged_iam, once, with the first region: IAM is
+global; GetInstanceProfile and ListRoleTags, since IAM's listings carry no tags) under the same orphan rules as the
+rest, profiles before roles.
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ before it records or creates anything) is never collected; a node whose lock is 
 named. Resources of another install with this user and host name (another CI runner, a cloned VM, this
 machine's own lost state folder, or an older gpuprov that tagged `user@host` alone) may be live nodes of
 another machine: they are listed apart and taken only with `--all-installs`.
+
+A stopped persistent node's `disabled` spot request counts as claimed, and so do nodes `state push` moved to the
+bucket (their resources carry this owner's tag and no team tag: without the row a local `gc` would take them).
+A region's refusal is collected in `Sweep.errors` (`gc --all-regions`: the regions DescribeRegions says are
+enabled). Spot requests go before instances.
 """
 
 from __future__ import annotations

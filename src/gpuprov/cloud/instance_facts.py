@@ -1,7 +1,12 @@
 """Instance types from EC2 itself: DescribeInstanceTypes in the catalog's terms (GPUs, vCPUs, memory, EFA and the
 network cards that carry it), for `gpuprov facts refresh` (the instance-types overlay) and for `plan --live` and
 `up`, which lay them over the catalog so a new or changed type is right without a release of gpuprov. What `up`
-read is kept a day per region in the facts folder, beside the overlays."""
+read is kept a day per region in the facts folder, beside the overlays.
+
+`rows` maps EC2's GPUs to catalog names (the A100's by its memory); `live_catalog` lays the region's GPU types over
+the catalog, read at most once a day (`facts_dir()/ec2-REGION.yaml`). EC2 not answering leaves the catalog as it
+is, said in one line.
+"""
 
 from __future__ import annotations
 

@@ -7,6 +7,13 @@ needs (`launchpad`). Then the node's access (`prepare_access`: the region's key 
 each recorded before it is created). Each AWS refusal of a candidate is noted once (`note_refusal`) and
 decides what comes next (`go_on_after`: the next candidate, on-demand after spot, or a stop with the fix).
 A failed or interrupted launch takes back everything the node got (`take_back`), so it costs nothing.
+
+SSH's CIDR is the caller's address /32, never the world by default; an IPv6 one only where the subnet (every
+default subnet when none is named) has an IPv6 block. A missing instance profile is exit 2. The root volume is
+`--disk`, or the image's root snapshot where that is bigger, said so. `note_refusal` records a refused candidate's
+intent row, attempt, timeline entry, line and event, once; a stop for a quota prints the increase command. Also
+here: `shutdown_behavior`, `price_obtained` (the spot price in the node's zone, else the list price) and
+`kept_timeline` (a take-back's timeline keeps the failure, and the rerun is named with what is left).
 """
 
 from __future__ import annotations

@@ -22,6 +22,11 @@ Each resource is recorded under the node before it is asked for (the image by it
 ClientToken). A refusal everywhere, a failure or a signal before the new instance runs removes what the move made
 (the new instance, the image, its snapshot) and touches nothing of the old node: it stays stopped where it was.
 A crash mid-way leaves rows that `down NAME` follows (teardown deletes a node's image rows too).
+
+The subnet in each zone (`_targets`: DescribeSubnets by vpc-id and zone) is the zone's default subnet, else the one
+with most free addresses; `--subnet` names one of the node's VPC, its zone the target. A public address is asked
+for where the subnet gives none, an IPv6 one for a node reached over IPv6. The move's timeline has a `disk image`
+phase (CreateImage, and CopyImage for a region move) before the capacity search.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ up, in order (validation first, so bad input creates nothing):
 Every resource is recorded in the state store before the provider is asked to create it. Any failure or
 Ctrl-C before `ready` tears down everything the node got (`take_back`), so a failed `up` costs nothing.
 A crash (SIGKILL) leaves rows and tags that `down NAME` and `gc` follow.
+
+With `--budget`, the price obtained at launch becomes the TTL when that is sooner. `refresh` updates the live
+nodes by their recorded instance ids, one batched call per region (never by name), and notices nodes their guards
+stopped.
 """
 
 from __future__ import annotations

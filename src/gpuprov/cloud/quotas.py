@@ -1,4 +1,8 @@
-"""Which EC2 vCPU quota an instance type counts against, and the increase to ask for."""
+"""Which EC2 vCPU quota an instance type counts against, and the increase to ask for.
+
+The quota per family and market is data/quotas.yaml (from AWS's quota table); the increase command asks for the
+current value plus what is needed.
+"""
 
 from __future__ import annotations
 

@@ -13,6 +13,12 @@ Checked before anything is recorded (launchpad): the reservation exists (Invalid
 bad input), is active (or a scheduled block, waited for), holds a type that carries the plan's GPUs, and is not for
 spot. States are EC2's CapacityReservationState (botocore's EC2 model: active, expired, cancelled, pending, failed,
 scheduled, payment-pending, payment-failed, …).
+
+`narrow` (called by launch.launchpad, so before anything is recorded) leaves the reservation's one candidate, or
+puts open reservations' candidates first; the launch carries the target (and MarketType capacity-block,
+providers/aws_instances.py). The node records `reservation_id` and a block's `reservation_end`; the interrupt
+watch (templates/guard_interrupt_watch.sh.j2) warns with `wall` and runs the hook once BLOCK_WARN_SECONDS before the
+end, ahead of EC2's own termination, which begins 30 minutes before it. The calls are providers/aws_capacity.py.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 EC2 guide, "Eventual consistency in the Amazon EC2 API": right after a create, a NotFound "does not mean
 the resource does not exist". Every operation on a resource gpuprov recorded moments ago looks again
 (with backoff) for what is left of this window before it counts a NotFound.
+
+`SETTLE_SECONDS` is the window; `settle(row)` the seconds left of it for a recorded resource. A row learnt from
+EC2's own answer (not made by gpuprov moments ago) settles at once.
 """
 
 from __future__ import annotations

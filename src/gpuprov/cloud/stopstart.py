@@ -6,6 +6,14 @@ store, where the type has one, is lost: `stop` says so, cloud/instance_store.py)
 serve the new GPU), waits for it to run, follows a new address in state and ssh config with the
 host key still pinned, and re-runs the bootstrap and verify. Each change is recorded before it is
 asked of the cloud, so a crash mid-way leaves a node that `start` or `down` completes.
+
+stop checks every node first (one-time spot is refused, with `down` and `--persistent` offered), then `stopping`
+-> StopInstances -> `stopped`. start refuses, before anything changes, a state it cannot start from, a new type
+for a spot node (EC2 cannot change it), a stack plan/compat.resolve cannot re-solve for the new GPU, a kernel
+module that differs, a type not offered in the node's zone; then the resize is recorded (`resize_from`/`resize_to`),
+ModifyInstanceAttribute, StartInstances (a refusal puts the old type back), the address, the pinned host key moved,
+and bootstrap + verify again with the node's plan and what is left of a budget. `resizing` and `starting` are not
+"crashed": gc leaves them, and `start` or `down` completes them.
 """
 
 from __future__ import annotations

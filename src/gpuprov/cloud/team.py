@@ -1,6 +1,16 @@
 """A team's bucket beyond the node records: what `gpuprov state` shows, `state push` (the local records into the
 bucket), the members' public keys (`team join`) and the nodes' pinned host keys, kept where every member reads
 them so each verifies the same key. No private key is ever written here: only `*.pub` lines and known_hosts.
+
+`state push`: each live local node is written whole with If-None-Match (a name the bucket has is refused and stays
+local), read back and compared, with its resource rows (new ids) and events; only then does the local row get
+`moved_to`. The local store then leaves moved rows out of `nodes()`/`find_node` and refuses their name in
+`node()`/`create_node`, saying where it went, so exactly one store owns each node (`Store.moved()` names them). The
+CLI first copies the file with SQLite's online backup (`state.sqlite.before-push-TIME`).
+
+A member is the install's owner id (`user@host/ID`, cloud/tags.py); `team join` uploads `*.pub` lines only.
+Resources get `gpuprov:team` and `gpuprov:member` (tags.team_tags); the provider lists by the team tag, and `gc`
+treats every listed resource as the team's (no "other installs" apart).
 """
 
 from __future__ import annotations

@@ -1,5 +1,11 @@
 """Teammates reach each other's nodes: every member's public key onto a node launched with team state, and the
-node's pinned host keys shared in the bucket, so every member verifies the same key (team.py keeps both)."""
+node's pinned host keys shared in the bucket, so every member verifies the same key (team.py keeps both).
+
+At a launched node's first contact (contact.pin_host_key, contact.bootstrap_launched) `after_contact` puts the
+pinned known_hosts in the bucket and every member's key into the login user's ~/.ssh/authorized_keys
+(hosts/authorized.py); `team sync NODE` does it again; cli/common.node_target writes the shared pin where a
+teammate's SSH reads it.
+"""
 
 from __future__ import annotations
 

@@ -9,6 +9,13 @@ group (EC2 refuses both while an instance uses them), then whatever else carries
 A NotFound on a resource created moments ago is looked at again (EC2 is eventually consistent); on
 an older one it means gone. A row is marked deleted only once the cloud confirmed it. What could
 not be removed is returned, not raised, so the other resources still go.
+
+TerminateInstances goes one recorded id per call. Lost launches are looked for by ClientToken with backoff for the
+whole settle window, since the token filter lags too, and one token may have launched a whole cluster. A lost
+create of the security group, an Elastic IP or a placement group is followed by its recorded name. `take_down` runs
+this for one node with its record (`terminating`; once complete, the region's key pair if no node needs it, the
+ssh config entry, a cluster's record, `terminated`); `down` runs it for several and raises `TeardownIncomplete`
+naming what is left. A node's `image` rows are followed too, so `down` finishes a move that crashed.
 """
 
 from __future__ import annotations

@@ -8,6 +8,12 @@ it produces: printed at the end of the command, put in its `--json`, and stored 
 Offsets are seconds since the command began, from a monotonic clock, so they only grow. Step start
 times come from the bootstrap's progress events (each step announces itself when it starts or is
 skipped); their durations from its `StepResult`s.
+
+The phases: `up` checks -> key pair + security group -> capacity search -> instance running -> SSH reachable ->
+bootstrap -> verify; `start` checks -> resize -> instance running -> SSH reachable -> bootstrap -> verify. A failed
+`up` closes the open phase as failed, then teardown. Step rows begin with the engine's `connect` and `upload`; the
+verify step becomes the `verify` phase. `up`'s timeline also names the image it launched (`baked NAME ami-…`,
+`ubuntu ami-…`, `dlami …`, `given ami-…`); cli/report.timeline_table prints it (not with `-q`).
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ Backoff: 30 s, doubling, at most 5 minutes, each delay jittered (x 0.5 to 1.0, "
 zero) so many waiting `up`s do not ask in step. GPUPROV_WAIT_BACKOFF_SECONDS sets the first delay (the cap stays
 ten times it): the suite's passes come in a fraction of a second. A signal (Ctrl-C, SIGTERM: errors.Interrupted)
 during the wait ends it with the record closed; during a pass, the pass's own take-back runs first.
+
+The `waiting` record is in `UP_STATES`, so gc collects an abandoned one; it is closed before the next pass records
+the node again. A later pass's progress lines are kept back until one of its asks is granted; one line per refused
+pass.
 """
 
 from __future__ import annotations

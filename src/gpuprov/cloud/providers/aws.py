@@ -4,6 +4,14 @@
 the error path, eventual consistency), aws_instances.py (launch and the instance lifecycle), aws_images.py
 (AMIs); this module adds discovery (offerings, Ubuntu's image, the network), access (key pair, security
 group, placement group, Elastic IPs), what is tagged as ours and its removal (gc, teardown), and prices.
+
+The network read is the VPC's CIDR, whether the subnet maps public IPs and whether it has an IPv6 block. The
+security group opens SSH from one IPv4 or IPv6 CIDR; an IPv6 one asks for an IPv6 address at launch
+(`Ipv6AddressCount` on the primary interface or the instance) and the node is reached on it. Placement groups and
+Elastic IPs are created with TagSpecifications; a cluster's group gets a self-referencing rule. Every paginated
+Describe is read through botocore's paginator (`_pages`: spot price history, spot requests, volumes, images,
+snapshots). Each removal is NotFound-tolerant within `settle`; the tagged-resource listing for gc includes images
+and snapshots.
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """Baked images and public ones: the SSM parameters that name AMIs, CreateImage with its tags, listing,
-waiting and removal (image and snapshots). cloud/images.py decides; this makes the calls."""
+waiting and removal (image and snapshots). cloud/images.py decides; this makes the calls.
+
+`create_image` tags the image and its snapshots; `images` by id or name (a `deregistered` one EC2 still lists is
+left out); `wait_image` through pending; `delete_image` is DeregisterImage then DeleteSnapshot; `public_image` and
+`os_image` read SSM parameters or the publisher's account and name pattern.
+"""
 
 from __future__ import annotations
 

@@ -5,7 +5,17 @@ same ClientToken, which EC2 answers with the same instances instead of more.
 
 Every instance gets IMDSv2 only, with a PUT response hop limit of 2: with the default 1 a container on the node
 (the DLAMI ships Docker) gets no token, since the container's network is one more hop (EC2 user guide, "Retrieve
-instance metadata": "in a container environment we recommend that you set the hop limit to 2")."""
+instance metadata": "in a container environment we recommend that you set the hop limit to 2").
+
+RunInstances: spot one-time/terminate, or persistent/stop with `--persistent`, with a ClientToken; for a cluster
+`launch_group` (MinCount/MaxCount, Placement.GroupName, the EFA NetworkInterfaces with NetworkCardIndex and
+InterfaceType, and no public-IP request when there are several); tags on the instance, its volume and its spot
+request; encrypted gp3 at least the image's root snapshot; InstanceInitiatedShutdownBehavior = the node's shutdown
+action; a public IP on the interface when the subnet gives none; an instance profile looked up in IAM and passed
+as IamInstanceProfile (InvalidParameterValue "Invalid IAM Instance Profile name" within the settle time is IAM's
+propagation: sent again). Instances are also found by ClientToken. StartInstances has retries off like
+RunInstances (capacity is a 500; a refusal is a `LaunchError` with AWS's code); resize is ModifyInstanceAttribute.
+"""
 
 from __future__ import annotations
 

@@ -7,6 +7,9 @@ Every resource is tagged `gpuprov:node` / `gpuprov:owner`, so nothing it makes c
 Clouds are eventually consistent: a resource created a moment ago can answer "not found".
 Operations that take an id therefore accept `settle`, the seconds during which a NotFound is
 looked at again (with backoff) before it counts; they raise `NotFound` after that.
+
+The typed records: `Instance`, `Network`, `Access`, `LaunchRequest`, `SpotPrice`, `CloudResource`, `LaunchError`
+(with what the failover does next) and `NotFound`.
 """
 
 from __future__ import annotations
