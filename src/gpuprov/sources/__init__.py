@@ -2,4 +2,7 @@
 NVIDIA's CUDA repository (the Packages index per OS), and, through cloud/, EC2 (instance types). `refresh.py`
 turns what they say into the overlays plan/facts.py lays over the shipped snapshot. This is the one part that
 reads the public web; plan/ stays pure, cloud/ keeps the AWS calls.
+
+It sits above cloud/ (for EC2's instance types) and below cli/ only: nothing below reads the web, so `plan` stays
+offline and cloud/ needs nothing of sources/. tools/refresh_facts.py writes the same facts into data/*.yaml.
 """

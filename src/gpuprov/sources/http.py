@@ -1,6 +1,10 @@
 """GET a public URL, with the few things the sources need: an Accept header (PEP 691 content negotiation), a
 timeout, and errors that name the URL. Each source's base URL can be pointed elsewhere by an environment
-variable (a mirror, or the tests' local server on 127.0.0.1)."""
+variable (a mirror, or the tests' local server on 127.0.0.1).
+
+The variables: GPUPROV_PYPI_URL, GPUPROV_PYTORCH_INDEX_URL, GPUPROV_NVIDIA_REPOS_URL, each checked (http(s) with a
+host, else bad input naming the variable). `described` writes a public URL by name, so no host lands in a data file.
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,10 @@
 (`<repos>/ubuntu2404/x86_64/Packages.gz`, as apt reads it): which CUDA toolkits each OS's repository carries
 (`cuda-toolkit-X-Y`), which driver releases it has (`nvidia-open` and `cuda-drivers` versions), and which
 pinning packages (`nvidia-driver-pinning-<branch>` and `-<version>`) exist. These become stack.yaml's
-`repo_toolkits`, `driver_versions`, `driver_pinning` and `driver_branches` (family drivers)."""
+`repo_toolkits`, `driver_versions`, `driver_pinning` and `driver_branches` (family drivers).
+
+Packages.gz is read, else Packages.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,10 @@
 now, and written to the user's facts folder as an overlay on the shipped snapshot (plan/facts.py). A family
 whose source does not answer keeps what it had; the others still refresh. tools/refresh_facts.py runs the same
 code and writes the result into data/*.yaml instead.
+
+`read_all` (each family from its sources; one failing leaves the others), `changes` (what a user would notice, one
+line each), `write` (each overlay replaced whole, files.write_atomic, under a lock), `forget` (the cached facts
+dropped).
 """
 
 from __future__ import annotations

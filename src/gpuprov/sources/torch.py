@@ -9,6 +9,8 @@ variants per release (`torch-2.15.0+cu130-...whl`); it is asked for PEP 691 JSON
 when it answers that, as the PyTorch index does.
 
 What a source cannot say is kept from the snapshot, and a row with something kept says so (`unverified`).
+
+A new release's SASS list is carried from the previous release and marked.
 """
 
 from __future__ import annotations
