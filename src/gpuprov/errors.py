@@ -1,4 +1,10 @@
-"""Errors a user can act on. The CLI prints them without a traceback."""
+"""Errors a user can act on. The CLI prints them without a traceback.
+
+The lowest floor, with files.py, paths.py and resources.py: every part may import these, and they import no part.
+`GpuprovError` is exit 1; `UserInputError` and `StackConflict` are exit 2 (field, problem, a valid alternative). A
+`StackConflict` carries `rule`, the stable id of the compatibility rule that refused it (`driver-no-pinning-package`,
+`wheel-needs-newer-driver`, `nvcc-torch-major-mismatch`, `wheel-no-sass`, …): tests assert the id, not the wording.
+"""
 
 from __future__ import annotations
 

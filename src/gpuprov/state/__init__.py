@@ -8,6 +8,13 @@ image and host) and `leases` (the same across a team, in the bucket).
 
 `open_store()` is the door every command uses. Nothing here imports a part above it (plan, hosts, cluster, cloud,
 cli); boto3 is reached by the bucket's backend only.
+
+What the floor holds to, whichever backend: the money rule (a resource is recorded, with its ClientToken or name,
+before the call that creates it, and is tagged `gpuprov:node` and `gpuprov:owner` at creation: a crash at any
+instant leaves a row and tags that `down NAME` and `gc` follow), one operation per node at a time (locks.py,
+leases.py), and a state file that never lies (sqlite.py, errors.py, tolerant.py: it is never re-created, and a
+failure says what failed, never with advice that leads to `gc` while the records are intact). Every store is
+reached through `Store` (store.py), so a command does not know which backend it has.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ Only a damaged (or empty) file is a reason to think the records are gone, and on
 and sweeping the cloud by tag (`gc --all-regions`) the advice. An intact file on a read-only or full disk,
 or one another process holds, still lists every node: advice that leads to `gc --yes` there would delete
 live, billed machines, so it is never given for those.
+
+A file held by another process past 30 s is `StateUnavailable`, naming what failed.
 """
 
 from __future__ import annotations

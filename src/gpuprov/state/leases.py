@@ -10,6 +10,12 @@ two takers cannot both win. `gpuprov state unlock NAME` breaks one explicitly, s
 
 Terraform's S3 backend (1.10+) locks with the same conditional writes but never expires a lock: its classic pain
 is a stale lock after Ctrl-C. Here a Ctrl-C releases at once (the context's exit), and a death expires.
+
+Each renewal writes a new body (S3's ETag is the body's MD5). Release is DeleteObject with If-Match on the last
+ETag this holder wrote: S3 itself refuses (412) to delete a lease a teammate took over after it expired, however
+the two interleave; `state unlock` deletes with If-Match on the ETag it read, so the holder it names is the one it
+broke. A renewal that loses its condition marks the lease `lost` and stops. Re-entrant within a process, as a
+flock is.
 """
 
 from __future__ import annotations

@@ -10,6 +10,27 @@ guards one bootstrap of it from this machine at a time.
 
 Locks are re-entrant within a process (a `down` inside an `up`'s take-back holds the node once more);
 the lock file names the holder (pid, command, since) for the messages.
+
+The locks (files in STATE/locks/):
+  node-NAME      `up` and `up --nodes` (from before the record exists until ready or taken back), `down`, `start`,
+                 `stop`, `image bake`, `autostop`, `ttl`, for the whole operation. `up` of a held name refuses;
+                 `down`, `start`, `stop`, `autostop`, `ttl` wait, saying for whom; `gc` and `status --refresh`
+                 leave the node alone and name the holder.
+  region-REGION  keys.ensure_key_pair (import) and keys.release_key_if_unused (count users, delete); others wait.
+  image-NAME     `image bake`: its record, CreateImage, the wait; `gc` leaves the image and its intent row alone.
+  host-HOST:PORT one bootstrap of a host from this install (each host's thread); refused unless `--takeover`.
+Across machines the host's own runner refuses a run of another install (hosts/runner.py, `busy_check`).
+
+`abandoned`: a node whose `up` ended before `ready` (`Node.up_unfinished`) and whose lock is free; only such a
+node is an orphan (cloud/gc.py), and the region's key pair's users are the region's live records that are not
+abandoned.
+
+With team state the node's and the image's locks are leases (leases.py) behind the same calls (`hold`, `is_free`,
+`holder`, `claim`), so commands did not change. An image's must be: a bake's intent row lives in the shared
+records, and a teammate's `gc` judges an intent row whose lock is free an interrupted bake. The region's lock stays
+a flock, safely: it guards this member's own key pair (named by the install's owner id), which only this
+machine's processes import or delete; counting its users over the team's records counts every member's nodes, so
+it is kept longer than needed, never deleted under a node. The host's lock stays a flock too.
 """
 
 from __future__ import annotations

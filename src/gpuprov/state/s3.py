@@ -15,6 +15,11 @@ conditional writes"; PutObject's If-None-Match / If-Match) decide every race. A 
 is taken), and every change re-reads the object, applies itself and writes with `If-Match: <etag>`; a 412
 (someone wrote in between) or a 409 ConditionalRequestConflict (a conflicting write in flight) re-reads and
 re-applies, so concurrent `status --refresh`, `stop`, `autostop` lose nothing.
+
+`Bucket.change` is read, apply, PutObject If-Match; a 412 or 409 (or a 404 on an object deleted meanwhile) re-reads
+and re-applies, jittered, up to 60 times. A terminated node's name is taken over with If-Match. Resource ids are
+microseconds plus randomness (unique across members, growing with time, so rows read back in order); the store
+learns which object holds a row as it reads. `nodes()` is one ListObjectsV2 and a GET per node, 16 at a time.
 """
 
 from __future__ import annotations

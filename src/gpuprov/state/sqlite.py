@@ -6,6 +6,17 @@ a row that `down`/`gc` can follow to the resource, by id or by tag.
 
 Every call opens its own connection (WAL mode, busy timeout), so threads and concurrent
 gpuprov processes never corrupt the file; writes are short transactions.
+
+A node records its spot type (one-time or persistent: `can_stop`), shutdown action, disk size, connect mode,
+budget (dollars, the price it was turned into a deadline with, the deadline), a launched cluster's size and members
+(`members_json`, rank order), a resize in progress (`resize_from`/`resize_to`, written before
+ModifyInstanceAttribute), who locked its guardrails, and `moved_to` once `state push` moved it to a bucket. The
+clusters table keeps clusters of existing hosts (gpuprov.cluster's JSON).
+
+The file is never re-created: opening runs `PRAGMA quick_check`, and an empty or unreadable file is `StateError`
+naming the file and the way out; one of a newer schema (`PRAGMA user_version`, the gpuprov that wrote it in
+`meta`) is `StateTooNew` (errors.py). Reads are plain transactions, never waiting for a writer, and the store keeps
+one idle connection open, so the WAL and shared-memory files live and the records stay readable on a full disk.
 """
 
 from __future__ import annotations

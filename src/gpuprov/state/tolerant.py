@@ -3,6 +3,9 @@
 Taking back a failed `up` (or stopping an interrupted `start` again) must not depend on writing the state:
 the disk that filled during the `up` is still full, the file another process locked is still locked. The
 records stay readable (state.Store keeps their WAL alive), so the teardown can follow them.
+
+The first failed write is remembered and later ones skipped, the resource rows kept in memory, so the cloud
+resources still come down; the message says what the state file could not be told.
 """
 
 from __future__ import annotations
