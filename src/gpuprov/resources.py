@@ -4,8 +4,7 @@ In a wheel they are inside the package (pyproject force-includes them); in a sou
 they stay at the repository's top level, where people read and edit them.
 
 The package's data/ (catalog, stack, OSes, Docker, quotas, images, monitoring, Xids, the Grafana dashboard) holds
-facts several parts read through `data_file`;
-`load_data` parses a shipped data file with libyaml's C parser where PyYAML has it.
+facts several parts read through `data_file`; `load_data` parses a shipped data file with libyaml's C parser where PyYAML has it.
 """
 
 from __future__ import annotations
