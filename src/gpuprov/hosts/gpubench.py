@@ -30,6 +30,9 @@ The published figures (catalog.yaml `gpus[].published`) are NVIDIA's per GPU var
 only a reproduction was read; the A10G has no datasheet, so no TFLOP/s. Verdicts: ok at >= 70 % (matmul), 60 %
 (memory, host copies), 50 % (all-reduce busbw, against NVLink or the PCIe link per direction); the why is in
 catalog.yaml `bench:`. The GPU's figures are found from torch's device name (`detect.gpu_from_name`) or `--gpu`.
+
+The probe is pushed and run as `check` runs its own, with the env from the host's manifest, else `--env`, else
+`python3`; cli/report_hosts.bench_tables prints the figures at 80 columns.
 """
 
 from __future__ import annotations
