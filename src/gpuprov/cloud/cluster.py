@@ -23,7 +23,6 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -41,8 +40,8 @@ from gpuprov.state import Member, Node, Store, locks, members_json
 
 if TYPE_CHECKING:
     from gpuprov import cluster as wiring
+    from gpuprov.say import Say
 
-Say = Callable[[str], None]
 MAX_NODES = 64  # a sanity bound on --nodes; EC2's own limit is the account's vCPU quota
 
 @dataclass(frozen=True)

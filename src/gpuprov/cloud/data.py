@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuprov.cloud.providers.base import Provider
 from gpuprov.errors import UserInputError
 from gpuprov.state import Store
 
-Say = Callable[[str], None]
+if TYPE_CHECKING:
+    from gpuprov.say import Say
+
 # S3's bucket names: 3-63 lowercase letters, digits, dots and hyphens, starting and ending with a letter or digit
 BUCKET = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
 READ = ["s3:GetObject"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -34,9 +34,9 @@ from gpuprov.state import locks
 
 if TYPE_CHECKING:
     from gpuprov.plan.plan import Plan
+    from gpuprov.say import Say
     from gpuprov.state import Store
 
-Say = Callable[[str], None]
 ARCH = "x86_64"  # gpuprov launches amd64 Ubuntu only (providers/aws.py `image`); an image must match it
 INSTALL_KINDS = ("stack", "env", "user")
 # what belongs to one node and not to an image of it: the guards (plan.guard_steps' names) and the monitoring

@@ -30,10 +30,10 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuprov.cloud import keys
 from gpuprov.cloud import timeline as tl
-from gpuprov.cloud.contact import Say
 from gpuprov.cloud.providers.base import (
     Access,
     CloudResource,
@@ -50,6 +50,9 @@ from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state import Node, Resource, Store, locks
+
+if TYPE_CHECKING:
+    from gpuprov.say import Say
 
 MOVE_STACK = "start-move"  # the image's stack tag: never a plan's stack hash, so `up` never picks it as a bake
 

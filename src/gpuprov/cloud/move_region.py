@@ -21,9 +21,10 @@ nothing of the old node. A crash mid-way leaves rows that `down NAME` follows in
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gpuprov.cloud import keys
 from gpuprov.cloud import timeline as tl
-from gpuprov.cloud.contact import Say
 from gpuprov.cloud.move import (
     MoveOptions,
     Target,
@@ -39,6 +40,9 @@ from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state import Node, Resource, Store, locks
+
+if TYPE_CHECKING:
+    from gpuprov.say import Say
 
 MOVES_WITH = {"instance", "volume", "security-group"}  # what a plain node has in its region; others stay: refused
 

@@ -18,9 +18,8 @@ scheduled, payment-pending, payment-failed, …).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuprov.cloud.failover import Candidate, Order
 from gpuprov.cloud.providers.base import Provider, Reservation
@@ -28,7 +27,9 @@ from gpuprov.errors import UserInputError
 from gpuprov.plan.plan import Plan
 from gpuprov.state import Node
 
-Say = Callable[[str], None]
+if TYPE_CHECKING:
+    from gpuprov.say import Say
+
 USABLE = ("active",)
 
 

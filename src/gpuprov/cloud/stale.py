@@ -16,14 +16,17 @@ on (a `start` meanwhile) is left alone and named.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuprov.cloud.providers.base import Provider
 from gpuprov.cloud.teardown import Teardown, take_down
 from gpuprov.state import Node, Store, locks
 
-Say = Callable[[str], None]
+if TYPE_CHECKING:
+    from gpuprov.say import Say
+
 MONTH_SECONDS = 30 * 86400  # a GB-month's month (see above)
 FLAG_SECONDS = 14 * 86400  # what `status` flags when the config sets no `stopped_for`
 

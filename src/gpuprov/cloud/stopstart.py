@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from gpuprov.cloud import timeline as tl
-from gpuprov.cloud.contact import Say, bootstrap_node, wait_tcp
+from gpuprov.cloud.contact import bootstrap_node, wait_tcp
 from gpuprov.cloud.instance_store import say_what_stop_loses
 from gpuprov.cloud.providers.base import Instance, LaunchError, Provider
 from gpuprov.cloud.settle import settle
@@ -27,6 +27,7 @@ from gpuprov.state.tolerant import TolerantStore
 
 if TYPE_CHECKING:
     from gpuprov.plan.catalog import InstanceType
+    from gpuprov.say import Say
 
 RUNNING_STATES = ("ready", "running", "bootstrapping")
 # a zone's want of capacity: `start --move` (cloud/move.py) takes the disk to another zone

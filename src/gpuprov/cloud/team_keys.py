@@ -3,7 +3,6 @@ node's pinned host keys shared in the bucket, so every member verifies the same 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gpuprov.state.url import StateUrl, configured
@@ -11,9 +10,9 @@ from gpuprov.state.url import StateUrl, configured
 if TYPE_CHECKING:
     from gpuprov.hosts.remote import HostSettings
     from gpuprov.plan.inventory import Target
+    from gpuprov.say import Say
     from gpuprov.state.records import Node
 
-Say = Callable[[str], None]
 
 
 def after_contact(name: str, target: Target, settings: HostSettings, say: Say) -> None:
