@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 DEFAULT_PORT = 29500  # torch.distributed's default MASTER_PORT (torchrun --master-port)
 ENV_PATH = "/etc/gpuprov/cluster.env"
 HOSTFILE_PATH = "/etc/gpuprov/hostfile"
-EFA_ENV_PATH = "/etc/gpuprov/efa.env"  # written by the `efa` step on EFA instance types (cloud/cluster.py)
+EFA_ENV_PATH = "/etc/gpuprov/efa.env"  # written by the `efa` step on EFA instance types (cloud/cluster_network.py)
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _WORD = re.compile(r"(?P<name>[a-z0-9][a-z0-9-]{0,62})(?::(?P<rank>[0-9]+))?")
 

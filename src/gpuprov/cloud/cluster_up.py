@@ -39,7 +39,7 @@ from gpuprov.plan.plan import Plan
 from gpuprov.state import Member, Node, Store, locks, members_json
 
 if TYPE_CHECKING:
-    from gpuprov import cluster as wiring
+    from gpuprov import cluster
     from gpuprov.say import Say
 
 MAX_NODES = 64  # a sanity bound on --nodes; EC2's own limit is the account's vCPU quota
@@ -116,9 +116,9 @@ def up(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider: Prov
 
 def _not_a_host_cluster(name: str) -> None:
     """One name, one cluster: a recorded cluster of existing hosts keeps its name (`ssh NAME:K` would be ambiguous)."""
-    from gpuprov import cluster as wiring
+    from gpuprov import cluster
 
-    found = wiring.load(name)
+    found = cluster.load(name)
     if found is not None and found.node is None:
         raise UserInputError("NAME", f"{name!r} is already a cluster of existing hosts (bootstrap --cluster)",
                              f"pick another name, or forget that one: gpuprov cluster rm {name}")
@@ -358,39 +358,39 @@ def _contact_all(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, memb
     return members
 
 
-def as_cluster(name: str, node: Node, members: list[Member], user: str, key_path: str) -> wiring.Cluster:
-    """The launched cluster in the form `bootstrap --cluster` records (cluster.py): the same `NAME`/`NAME:K`,
+def as_cluster(name: str, node: Node, members: list[Member], user: str, key_path: str) -> cluster.Cluster:
+    """The launched cluster in the form `bootstrap --cluster` records (gpuprov/cluster/): the same `NAME`/`NAME:K`,
     `exec`, `torchrun` and `check --cluster` then work on it. Each node is reached at its connect address with
     the cluster's pinned keys; the others know it by its private address (MASTER_ADDR = node 0's, the hostfile);
     GPUs per node are the instance type's, from the catalog."""
-    from gpuprov import cluster as wiring
+    from gpuprov import cluster
     from gpuprov.hosts import sshconfig
     from gpuprov.plan import catalog
 
     gpus = catalog.load().instance_type(node.instance_type).gpus if node.instance_type else node.gpu_count or 0
     known = str(sshconfig.node_known_hosts(name))
-    nodes = [wiring.Member(host=m.address or "", user=user, key=key_path, known_hosts=known,
-                           address=m.private_ip or m.address or "", gpus=gpus, instance_type=node.instance_type)
+    nodes = [cluster.Member(host=m.address or "", user=user, key=key_path, known_hosts=known,
+                            address=m.private_ip or m.address or "", gpus=gpus, instance_type=node.instance_type)
              for m in members]
-    return wiring.Cluster(name=name, master_addr=nodes[0].address, master_port=wiring.DEFAULT_PORT, members=nodes,
-                          node=name)
+    return cluster.Cluster(name=name, master_addr=nodes[0].address, master_port=cluster.DEFAULT_PORT, members=nodes,
+                           node=name)
 
 
-def wire(name: str, node: Node, members: list[Member], user: str, key_path: str, say: Say) -> wiring.Cluster:
+def wire(name: str, node: Node, members: list[Member], user: str, key_path: str, say: Say) -> cluster.Cluster:
     """Record the cluster and write /etc/gpuprov/cluster.env and hostfile on every node (ranks as they are
     after any drop); a node that cannot be wired fails the `up`, as a failed bootstrap does."""
-    from gpuprov import cluster as wiring
+    from gpuprov import cluster
     from gpuprov.hosts.remote import HostSettings
     from gpuprov.hosts.sshconfig import node_known_hosts
 
-    cluster = as_cluster(name, node, members, user, key_path)
-    say(f"wiring {cluster.nnodes} nodes as cluster {name}: MASTER_ADDR={cluster.master_addr}, "
-        f"{cluster.nproc_per_node()} process(es) a node")
+    wired = as_cluster(name, node, members, user, key_path)
+    say(f"wiring {wired.nnodes} nodes as cluster {name}: MASTER_ADDR={wired.master_addr}, "
+        f"{wired.nproc_per_node()} process(es) a node")
     settings = HostSettings(known_hosts=node_known_hosts(name), connect_timeout=15)
-    failed = [r for r in wiring.install(cluster, settings, parallel=len(members)) if r.outcome == "failed"]
+    failed = [r for r in cluster.install(wired, settings, parallel=len(members)) if r.outcome == "failed"]
     if failed:
         raise GpuprovError("wiring the cluster failed: " + "; ".join(f"{r.target.name}: {r.error}" for r in failed))
-    return cluster
+    return wired
 
 
 def _merge_known_hosts(name: str, members: list[Member]) -> None:
