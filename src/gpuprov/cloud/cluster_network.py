@@ -36,7 +36,7 @@ DEVICE_RDMA_ENV = ("FI_EFA_USE_DEVICE_RDMA", "1")
 
 
 @dataclass(frozen=True)
-class ClusterNetwork:
+class ClusterLayout:
     """How one instance type is laid out as a cluster: placement group, network interfaces, transport."""
 
     instance_type: str
@@ -62,7 +62,7 @@ def efa_interfaces(cards: tuple[int, ...]) -> tuple[Nic, ...]:
             *(Nic(card, 0, "efa-only") for card in cards if card != 0))
 
 
-def network_for(it: InstanceType) -> ClusterNetwork:
+def network_for(it: InstanceType) -> ClusterLayout:
     """The cluster layout of one instance type, from its facts (the catalog's, or EC2's with `plan --live`/`up`)."""
     from gpuprov.plan import catalog
 
@@ -73,11 +73,11 @@ def network_for(it: InstanceType) -> ClusterNetwork:
     if placement and family in net.cluster_placement_unverified:
         notes.append(f"unverified: cluster placement for {family}: {net.cluster_placement_unverified[family]}")
     if not it.efa:
-        return ClusterNetwork(it.name, placement, (), "tcp", tuple(notes))
+        return ClusterLayout(it.name, placement, (), "tcp", tuple(notes))
     if not it.efa_rdma:
         notes.append(f"EFA on {it.name} without RDMA read: NCCL uses EFA send/receive, no FI_EFA_USE_DEVICE_RDMA"
                      + (f" (unverified: {net.rdma_unverified})" if net.rdma_unverified else ""))
-    return ClusterNetwork(it.name, placement, efa_interfaces(it.efa_card_indexes()), "efa", tuple(notes),
+    return ClusterLayout(it.name, placement, efa_interfaces(it.efa_card_indexes()), "efa", tuple(notes),
                           device_rdma=it.efa_rdma)
 
 
@@ -86,7 +86,7 @@ def instance_of(plan: Plan, name: str) -> InstanceType:
     return next(c for c in plan.candidates if c.name == name)
 
 
-def describe(layout: ClusterNetwork, nodes: int) -> list[str]:
+def describe(layout: ClusterLayout, nodes: int) -> list[str]:
     """The plan's lines for the cluster's network (what `plan --nodes N` and `up --nodes N` print)."""
     family = layout.instance_type.split(".")[0]
     lines = [f"{nodes} × {layout.instance_type} in one zone, asked for in one launch",
@@ -106,7 +106,7 @@ def describe(layout: ClusterNetwork, nodes: int) -> list[str]:
     return lines + [f"  {note}" for note in layout.notes]
 
 
-def layout_summary(layout: ClusterNetwork, nodes: int) -> dict[str, object]:
+def layout_summary(layout: ClusterLayout, nodes: int) -> dict[str, object]:
     """The cluster part of `plan --json`."""
     return {"nodes": nodes, "instance_type": layout.instance_type, "placement_group": layout.placement_group,
             "transport": layout.transport, "elastic_ip": layout.elastic_ip, "device_rdma": layout.device_rdma,
@@ -114,7 +114,7 @@ def layout_summary(layout: ClusterNetwork, nodes: int) -> dict[str, object]:
             "notes": list(layout.notes)}
 
 
-def with_efa_step(plan: Plan, layout: ClusterNetwork) -> Plan:
+def with_efa_step(plan: Plan, layout: ClusterLayout) -> Plan:
     """The plan with the `efa` step (EFA software, AWS OFI NCCL plugin, NCCL/libfabric environment) before
     `verify`, on EFA types; unchanged for TCP."""
     if layout.transport != "efa" or any(s.name == "efa" for s in plan.steps):

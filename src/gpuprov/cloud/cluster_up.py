@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from gpuprov.cloud import addresses, launch, reservations
 from gpuprov.cloud import timeline as tl
-from gpuprov.cloud.cluster_network import ClusterNetwork, instance_of, network_for, with_efa_step
+from gpuprov.cloud.cluster_network import ClusterLayout, instance_of, network_for, with_efa_step
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
 from gpuprov.cloud.failover import Candidate, Order
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, LaunchRequest, Market, Network, NotFound, Provider
@@ -58,7 +58,7 @@ class ClusterOptions:
 class ClusterResult:
     node: Node
     members: list[Member]
-    network: ClusterNetwork
+    network: ClusterLayout
     attempts: list[launch.Attempt] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)  # "node 2 (i-…): why"
     ssh_alias: str | None = None
@@ -183,7 +183,7 @@ def _launch_and_bootstrap(plan: Plan, opts: launch.UpOptions, copts: ClusterOpti
 
 def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider: Provider, store: Store, say: Say,
             order: Order, image: str, access: Access,
-            rec: tl.Recorder) -> tuple[list[Instance], ClusterNetwork, list[launch.Attempt]]:
+            rec: tl.Recorder) -> tuple[list[Instance], ClusterLayout, list[launch.Attempt]]:
     """Ask each candidate for the whole cluster in one request; a refusal moves the whole cluster on."""
     name, region = opts.name, plan.request.region
     attempts: list[launch.Attempt] = []
@@ -248,7 +248,7 @@ def _landed(plan: Plan, store: Store, name: str, cand: Candidate) -> None:
                       shutdown_action=launch.shutdown_behavior(plan, cand.market))
 
 
-def _member(name: str, region: str, rank: int, inst: Instance, opts: launch.UpOptions, layout: ClusterNetwork,
+def _member(name: str, region: str, rank: int, inst: Instance, opts: launch.UpOptions, layout: ClusterLayout,
             provider: Provider, store: Store, say: Say) -> Member:
     public = inst.ipv6 if opts.ipv6 else inst.public_ip  # an IPv6 address is public: no Elastic IP needed
     allocation = None
@@ -318,7 +318,7 @@ def _release(name: str, region: str, members: list[Member], provider: Provider, 
 
 def _contact_all(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, members: list[Member], key_path: str,
                  provider: Provider, store: Store, say: Say, result: ClusterResult,
-                 layout: ClusterNetwork, rec: tl.Recorder) -> list[Member]:
+                 layout: ClusterLayout, rec: tl.Recorder) -> list[Member]:
     """SSH to every node (host key pinned per node) and bootstrap it, all at once; failed nodes are dropped
     when --min-nodes allows, else the cluster fails. Each node is a row of the timeline's phase."""
     from gpuprov.hosts.fanout import run_parallel
@@ -369,8 +369,8 @@ def as_cluster(name: str, node: Node, members: list[Member], user: str, key_path
 
     gpus = catalog.load().instance_type(node.instance_type).gpus if node.instance_type else node.gpu_count or 0
     known = str(sshconfig.node_known_hosts(name))
-    nodes = [cluster.Member(host=m.address or "", user=user, key=key_path, known_hosts=known,
-                            address=m.private_ip or m.address or "", gpus=gpus, instance_type=node.instance_type)
+    nodes = [cluster.ClusterHost(host=m.address or "", user=user, key=key_path, known_hosts=known,
+                                 address=m.private_ip or m.address or "", gpus=gpus, instance_type=node.instance_type)
              for m in members]
     return cluster.Cluster(name=name, master_addr=nodes[0].address, master_port=cluster.DEFAULT_PORT, members=nodes,
                            node=name)

@@ -31,13 +31,13 @@ WRITE = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUp
 
 
 @dataclass(frozen=True)
-class Access:
+class BucketAccess:
     bucket: str
     prefix: str  # without slashes at either end; "" is the whole bucket
     read_only: bool
 
 
-def parse(given: str, flag: str = "--s3-access") -> Access:
+def parse(given: str, flag: str = "--s3-access") -> BucketAccess:
     text = given.strip()
     read_only = text.endswith(":ro")
     if read_only:
@@ -45,10 +45,10 @@ def parse(given: str, flag: str = "--s3-access") -> Access:
     m = re.fullmatch(rf"s3://({BUCKET})(/[^\s*?]*)?", text)
     if not m or ".." in m.group(1):
         raise UserInputError(flag, f"{given!r} is not s3://BUCKET/PREFIX[:ro]", "e.g. s3://my-data/datasets:ro")
-    return Access(m.group(1), (m.group(2) or "").strip("/"), read_only)
+    return BucketAccess(m.group(1), (m.group(2) or "").strip("/"), read_only)
 
 
-def policy(accesses: Sequence[Access]) -> dict[str, Any]:
+def policy(accesses: Sequence[BucketAccess]) -> dict[str, Any]:
     """The role's one inline policy: exactly those prefixes."""
     statements: list[dict[str, Any]] = []
     for a in accesses:

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 from gpuprov.cloud import keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.move import (
+    Destination,
     MoveOptions,
-    Target,
     check_movable,
     forget_image,
     image_disk,
@@ -111,7 +111,7 @@ def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider,
         copy_id, copy_row = _copy(node, to, image_id, provider, store, say)
         rec.phase(tl.ACCESS)
         access = _access(node, to, network, cidrs, provider, store)
-        instance = launch(node, to, copy_id, [Target(z, access) for z in zones], provider, store, say, rec, made)
+        instance = launch(node, to, copy_id, [Destination(z, access) for z in zones], provider, store, say, rec, made)
     except BaseException:
         _take_back(node, to, made, provider, store, say)
         raise

@@ -45,7 +45,7 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _WORD = re.compile(r"(?P<name>[a-z0-9][a-z0-9-]{0,62})(?::(?P<rank>[0-9]+))?")
 
 
-class Member(BaseModel):
+class ClusterHost(BaseModel):
     """One node of a cluster: how gpuprov reaches it, and what the others know it by."""
 
     host: str
@@ -67,7 +67,7 @@ class Cluster(BaseModel):
     name: str
     master_addr: str
     master_port: int = Field(ge=1, le=65535)
-    members: list[Member]
+    members: list[ClusterHost]
     node: str | None = None  # the launched node (`up NAME --nodes N`) this cluster is; None: existing hosts
 
     @property
@@ -238,7 +238,7 @@ def plan_cluster(name: str, targets: Sequence[Target], facts: Sequence[NodeFacts
     from pathlib import Path
 
     key = str(Path(key).expanduser().resolve()) if key else None
-    members = [Member(host=t.host, user=t.user, port=t.port, key=t.key or key, proxy_jump=t.proxy_jump,
+    members = [ClusterHost(host=t.host, user=t.user, port=t.port, key=t.key or key, proxy_jump=t.proxy_jump,
                       known_hosts=t.known_hosts, address=a, gpus=f.gpus, instance_type=f.instance_type)
                for t, f, a in zip(targets, facts, addresses, strict=True)]
     return Cluster(name=name, master_addr=master_addr, master_port=port, members=members)

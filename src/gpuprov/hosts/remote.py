@@ -29,7 +29,7 @@ from gpuprov.hosts.wire import aead_transport, connect_tcp
 from gpuprov.plan.inventory import Target
 
 # paramiko logs transport errors (a banner read while sshd restarts, say) with tracebacks; we report
-# them ourselves, once, as Unreachable or ConnectionLost
+# them ourselves, once, as HostUnreachable or ConnectionLost
 logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 
@@ -42,7 +42,7 @@ class Ended(GpuprovError):
         super().__init__(f"the command ended (exit {code}) before it printed {marker!r}" + (f": {last}" if last else ""))
 
 
-class Unreachable(GpuprovError):
+class HostUnreachable(GpuprovError):
     """The host did not answer SSH (refused, timed out, auth failed)."""
 
 
@@ -250,7 +250,7 @@ class Remote:
             raise
         except (TimeoutError, OSError, paramiko.SSHException, EOFError) as exc:
             where = f"{self.conn.user}@{self.conn.host}:{self.conn.port}"
-            raise Unreachable(f"{where}: {why_unreachable(exc, self)}") from None
+            raise HostUnreachable(f"{where}: {why_unreachable(exc, self)}") from None
 
     def close(self) -> None:
         self.conn.close()
@@ -485,7 +485,7 @@ def on_host(target: Target, settings: HostSettings, work: Callable[[Remote], R])
     try:
         remote.open()
         return HostOutcome(target, work(remote), seconds=time.monotonic() - start)
-    except Unreachable as exc:
+    except HostUnreachable as exc:
         return HostOutcome(target, None, str(exc), unreachable=True, seconds=time.monotonic() - start)
     except GpuprovError as exc:
         return HostOutcome(target, None, str(exc), seconds=time.monotonic() - start)

@@ -20,8 +20,6 @@ from gpuprov.errors import GpuprovError
 
 Market = Literal["spot", "on-demand"]
 Then = Literal["next-candidate", "next-market", "stop", "retry"]
-ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "snapshot",
-                       "placement-group", "address"]
 InterfaceType = Literal["interface", "efa", "efa-only"]
 TAG_NODE = "gpuprov:node"
 TAG_OWNER = "gpuprov:owner"
