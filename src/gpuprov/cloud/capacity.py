@@ -6,11 +6,11 @@ answer is an error, or empty) is simply absent. The offers listed are kept (STAT
 EC2 has no look-up of one offering by its id: `buy` reads the offering's price and window from there.
 
 Buy: a Capacity Block cannot be cancelled ("You can't modify or cancel a Capacity Block", EC2 user guide, "Cancel a
-Capacity Reservation", docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-release.html, read
-2026-12-01); the CLI says so before asking. The purchase is
-recorded before PurchaseCapacityBlock is called (STATE/capacity-blocks.json, state `buying`: there is no
-ClientToken, so a purchase whose answer was lost stays `buying`, shown by `status`, and is found among the account's
-reservations: `gpus --live` lists them), then `bought` with its reservation id, or `failed` with EC2's words.
+Capacity Reservation", docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-release.html); the CLI says
+so before asking. The purchase is recorded before PurchaseCapacityBlock is called (STATE/capacity-blocks.json, state
+`buying`: there is no ClientToken, so a purchase whose answer was lost stays `buying`, shown by `status`, and is
+found among the account's reservations: `gpus --live` lists them), then `bought` with its reservation id, or `failed`
+with EC2's words.
 `status` lists the blocks with their window and what they cost.
 """
 

@@ -17,7 +17,7 @@ Transport = Literal["efa", "tcp"]
 # The EFA software (EFA driver, libfabric, rdma-core, Open MPI and the AWS OFI NCCL plugin in one installer).
 # Source: AWS EC2 User Guide, "Elastic Fabric Adapter release notes" (efa-changelog): 1.51.0, October 22, 2026,
 # "Upgrade to Amazon OFI NCCL Plugin 1.22.0"; URL form efa-installer.amazonaws.com/aws-efa-installer-<version>.tar.gz
-# (AWS's "Get started with EFA and NCCL", and aws-parallelcluster-cookbook's installer_url); read 2026-12-01.
+# (AWS's "Get started with EFA and NCCL", and aws-parallelcluster-cookbook's installer_url).
 # Environment: FI_PROVIDER=efa selects libfabric's EFA provider; the plugin and libfabric on LD_LIBRARY_PATH, without
 # which NCCL falls back to sockets (NVIDIA-NeMo/RL PR #2359); FI_EFA_USE_DEVICE_RDMA=1 only on the types whose EFA
 # device does RDMA read (catalog `efa_rdma`, p4d and later P types: libfabric refuses the setting on a device without

@@ -5,7 +5,7 @@ before it creates them, launches with the profile, and removes both at `down` (a
 `up`). The policy follows AWS's pattern for one folder of a bucket (Amazon S3 user guide, "Example identity-based
 policies", allowing access to a folder: s3:ListBucket on the bucket with an `s3:prefix` condition, object actions
 on `arn:aws:s3:::BUCKET/PREFIX/*`; a role's policy names the prefix literally, `${aws:username}` "will not work when
-using IAM roles"; read 2026-12-01): read-only prefixes get s3:GetObject, the others also s3:PutObject,
+using IAM roles"): read-only prefixes get s3:GetObject, the others also s3:PutObject,
 s3:DeleteObject and s3:AbortMultipartUpload (a multipart upload's parts are deleted when it fails).
 """
 

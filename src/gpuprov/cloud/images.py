@@ -1,4 +1,4 @@
-"""Baked images and Deep Learning AMIs: skip on a new node what an image already holds (issue 12).
+"""Baked images and Deep Learning AMIs: skip on a new node what an image already holds.
 
 The stack hash names what a node's install steps are: the sha256 of the (name, sha256) of every
 install step script (kinds stack, env, user) of its bundle, in order. Guard steps (per node: TTL,

@@ -2,7 +2,7 @@
 
 An EBS volume attaches only to an instance in its own Availability Zone, and a volume made from a snapshot "begins
 as an exact replica of the volume that was used to create that snapshot" (Amazon EBS user guide, "Create an Amazon
-EBS volume", docs.aws.amazon.com/ebs/latest/userguide/ebs-creating-volume.html, read 2026-12-01). So: an image of
+EBS volume", docs.aws.amazon.com/ebs/latest/userguide/ebs-creating-volume.html). So: an image of
 the stopped instance (CreateImage snapshots its root volume; EC2 does not start a stopped instance for it) ->
 RunInstances from that image, same type, key pair and security group, in each other zone that offers the type
 until one has capacity -> the new instance runs -> only then the old instance is terminated (its volume with it)
@@ -14,7 +14,7 @@ the new key is pinned on first contact, as `up` pins a new node's (stopstart.cam
 Each launch goes into a subnet of the node's own VPC in its zone (`--subnet` names one): a security group belongs to
 one VPC, and EC2 refuses a launch into a subnet of another (InvalidParameter "Security group sg-… and subnet
 subnet-… belong to different networks", quoted in QT-DevOps/DevOpsIssues#256 (2018) for a launch that named no
-subnet and got the default VPC's, and in kubernetes-sigs/cluster-api-provider-aws#3399 (2022); read 2026-12-02).
+subnet and got the default VPC's, and in kubernetes-sigs/cluster-api-provider-aws#3399 (2022)).
 A zone where the VPC has no subnet is skipped and said so; with none in any, the move is refused before anything is
 made.
 

@@ -1,7 +1,7 @@
 """`start --move --region R`: a stopped node taken with its disk to another region.
 
 An AMI is regional: CopyImage, asked in the destination region, copies it and its snapshots there ("The copy
-operation must be initiated in the destination Region", EC2 API reference, CopyImage, read 2026-12-02). So: an
+operation must be initiated in the destination Region", EC2 API reference, CopyImage). So: an
 image of the stopped instance in its region (as a zone move makes, cloud/move.py) -> CopyImage to R, recorded under
 the node before it is asked for, its name as the ClientToken (a retry gets the first copy) -> the copy available ->
 in R the user's key pair and a security group as `up` makes them (recorded, tagged, SSH open to what the old group

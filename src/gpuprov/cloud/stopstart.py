@@ -1,4 +1,4 @@
-"""stop / start / resize: keep a node's disk and stop its bill, and bring it back (issue 11).
+"""stop / start / resize: keep a node's disk and stop its bill, and bring it back.
 
 A node that can stop (on-demand, or a persistent spot request) stops with its EBS volume kept (its instance
 store, where the type has one, is lost: `stop` says so, cloud/instance_store.py);

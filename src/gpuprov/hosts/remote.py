@@ -177,8 +177,8 @@ def _secure(conn: Connection, settings: HostSettings) -> tuple[hostkeys.Revoked,
 class _Connection(Connection):  # type: ignore[misc]  # fabric ships no type hints
     """Fabric's Connection, made by many threads over one shared Config. Fabric 3.2 assigns `inline_ssh_env`,
     which no class declares, so invoke took it for a config change and merged the shared Config again, emptying
-    it first: a thread reading it then failed with "No attribute or config key found for 'port'" (bench/fanout.py,
-    64 hosts; scylladb/scylla-cluster-tests#2187 has the same words). Declared, it is a plain attribute."""
+    it first: a thread reading it then failed with "No attribute or config key found for 'port'" (with many hosts
+    at once; scylladb/scylla-cluster-tests#2187 has the same words). Declared, it is a plain attribute."""
 
     inline_ssh_env = None
 
@@ -262,9 +262,9 @@ class Remote:
 
         Output streams to `out` (stderr too, unless `err` is given) and is returned whole in the result. It is
         kept in pieces and joined once: invoke's Runner, which ran this before, joined all the output so far on
-        every 1000-byte read (for its stream watchers, which gpuprov has none of), so 8 MB took 7 s and 64 MB
-        did not end in 300 s (issue 20; pyinvoke/invoke#1079); and it decoded each read on its own, so a UTF-8
-        character cut between two reads became two U+FFFD."""
+        every 1000-byte read (for its stream watchers, which gpuprov has none of), so the time grew with the square
+        of the output (pyinvoke/invoke#1079); and it decoded each read on its own, so a UTF-8 character cut between
+        two reads became two U+FFFD."""
         outs: list[str] = []
         errs: list[str] = []
 

@@ -173,7 +173,7 @@ class Lines:
 
     def feed(self, text: str) -> None:
         """A step's output goes on in runs of whole lines, one call a run (a chatty step's log comes here line on
-        line: a call each cost a 400,000-line build log ~40 s of the controller's CPU)."""
+        line, and a call per line made a long build log a real load on the controller's CPU)."""
         if "\n" not in text:
             self._partial.append(text)
             return
