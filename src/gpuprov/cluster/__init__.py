@@ -46,7 +46,8 @@ _WORD = re.compile(r"(?P<name>[a-z0-9][a-z0-9-]{0,62})(?::(?P<rank>[0-9]+))?")
 
 
 class ClusterHost(BaseModel):
-    """One node of a cluster: how gpuprov reaches it, and what the others know it by."""
+    """One host of a recorded cluster: how gpuprov reaches it, and what the others know it by (a launched
+    cluster's instances are state's `Member` records; cloud/cluster_up.as_cluster makes these of them)."""
 
     host: str
     user: str | None = None
