@@ -31,8 +31,8 @@ YOUNG_COLLECTION_EVERY = 100_000
 
 def run() -> None:
     """The `gpuprov` executable (console script and `python -m gpuprov`): `main`, then leave without the
-    interpreter's teardown. Freeing every module of paramiko, pydantic, rich and Jinja one by one is time
-    every command spent that nobody waits for on purpose; what must happen at exit still does (stdout and
+    interpreter's teardown. Freeing every module of paramiko, pydantic, rich and Jinja one by one costs every
+    command time that nobody waits for on purpose; what must happen at exit still does (stdout and
     stderr flushed, atexit handlers run). Tests call `main` and keep their process."""
     import gc  # here: at the top it would be this package's `gc`, the `gc` command's module, once that is imported
 
