@@ -200,7 +200,7 @@ def test_cluster_bad_input_creates_nothing(aws, env):
 def test_up_refuses_the_name_of_a_cluster_of_existing_hosts(aws, env):
     """One name, one cluster: `ssh pair:1` must not change meaning under the user's feet."""
     record = ("from gpuprov import cluster as c; c.save(c.Cluster(name='pair', master_addr='10.9.0.1', master_port=29500,"
-              " members=[c.Member(host=h, address=h, gpus=1) for h in ('10.9.0.1', '10.9.0.2')]))")
+              " members=[c.ClusterHost(host=h, address=h, gpus=1) for h in ('10.9.0.1', '10.9.0.2')]))")
     subprocess.run([sys.executable, "-c", record], env=env, check=True)
     result = gp(env, *up_args("pair", "--gpu", "A10G:4", "--nodes", "2"))
     assert result.returncode == 2 and "\nerror: NAME: " in result.stderr, result.stderr

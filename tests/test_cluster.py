@@ -17,7 +17,7 @@ import pytest
 
 from gpuprov import cluster as cl
 from gpuprov.cluster.check import (
-    Expectation,
+    FabricExpectation,
     Listener,
     NetReport,
     PortResult,
@@ -37,7 +37,7 @@ SHELLCHECK = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(P
 
 
 def make(n: int = 3, gpus: tuple[int, ...] = (8, 8, 8), port: int = 29500, kind: str | None = None) -> cl.Cluster:
-    members = [cl.Member(host=f"box{k}", user="ubuntu", address=f"10.0.0.{10 + k}", gpus=gpus[k], instance_type=kind)
+    members = [cl.ClusterHost(host=f"box{k}", user="ubuntu", address=f"10.0.0.{10 + k}", gpus=gpus[k], instance_type=kind)
                for k in range(n)]
     return cl.Cluster(name="train", master_addr="10.0.0.10", master_port=port, members=members)
 
@@ -158,7 +158,7 @@ def test_the_test_hosts_recording_is_correct_and_judged_slow_against_the_nics_li
     report = parse_allreduce(fixture("testhosts-3x2-fake-torch.txt"))
     assert (report.world, report.nnodes, report.nproc_per_node, report.correct) == (6, 3, 2, True)
     assert transport(report) == "Socket"
-    checks = by_name(judge_allreduce("train", report, Expectation(  # as if on a 100 Gb/s NIC
+    checks = by_name(judge_allreduce("train", report, FabricExpectation(  # as if on a 100 Gb/s NIC
         fabric="tcp", line_rate_gbs=12.5, source="veth", unverified="rule of thumb", interface="eth0")))
     assert checks["all-reduce sums"].ok
     assert "NCCL interface" not in checks  # NCCL used eth0, the cluster's interface
@@ -187,8 +187,8 @@ def test_an_efa_type_on_nccls_socket_transport_is_named_with_the_fix():
 
 def test_nccl_on_another_interface_than_the_clusters_is_named():
     report = parse_allreduce(fixture("wrong-interface.txt"))
-    checks = by_name(judge_allreduce("train", report, Expectation(fabric="tcp", line_rate_gbs=None, source="-",
-                                                                  interface="enp5s0")))
+    checks = by_name(judge_allreduce("train", report, FabricExpectation(fabric="tcp", line_rate_gbs=None, source="-",
+                                                                        interface="enp5s0")))
     wrong = checks["NCCL interface"]
     assert not wrong.ok and "docker0" in wrong.detail and "NCCL_SOCKET_IFNAME==enp5s0" in (wrong.fix or "")
     assert "bus bandwidth" not in checks  # no line rate known: not judged
@@ -197,8 +197,8 @@ def test_nccl_on_another_interface_than_the_clusters_is_named():
 def test_a_wrong_sum_fails_and_a_missing_result_says_what_the_nodes_printed():
     text = (FIXTURES / "p5-2nodes-efa.txt").read_text().replace('"correct": true', '"correct": false')
     report = parse_allreduce([line.partition(" | ")[2] for line in text.splitlines()])
-    assert not by_name(judge_allreduce("train", report, Expectation(fabric="tcp", line_rate_gbs=None,
-                                                                    source="-")))["all-reduce sums"].ok
+    assert not by_name(judge_allreduce("train", report, FabricExpectation(fabric="tcp", line_rate_gbs=None,
+                                                                          source="-")))["all-reduce sums"].ok
     from gpuprov.errors import GpuprovError
 
     with pytest.raises(GpuprovError, match="ProcessGroupNCCL is only supported"):
@@ -266,7 +266,7 @@ def test_the_tables_keep_a_findings_brackets_as_text():
     from gpuprov.cluster.check import ClusterCheck
 
     report = parse_allreduce(fixture("testhosts-3x2-fake-torch.txt"))
-    expect = Expectation(fabric="tcp", line_rate_gbs=12.5, source="veth", unverified="rule of thumb", interface="eth0")
+    expect = FabricExpectation(fabric="tcp", line_rate_gbs=12.5, source="veth", unverified="rule of thumb", interface="eth0")
     result = ClusterCheck(make(), net(all_ok()), judge_connectivity(make(), net(all_ok())), report,
                           allreduce_checks=judge_allreduce("train", report, expect))
     console = Console(width=200, record=True, no_color=True)

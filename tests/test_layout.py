@@ -58,3 +58,41 @@ def test_a_broken_contract_is_named(tmp_path, module, line, contract):
     assert done.returncode != 0, done.stdout
     broken = done.stdout.split("Broken contracts")[-1]
     assert contract in broken, done.stdout
+
+
+def _exception_classes() -> list[tuple[str, str]]:
+    """Every exception class defined in src/gpuprov (nested ones too) and its module's path under it: a class whose
+    base is a builtin exception or one of these, by name, until nothing more is found."""
+    import ast
+    import builtins
+
+    found: list[tuple[str, str, list[str]]] = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(b).rpartition(".")[2] for b in node.bases]
+                found.append((node.name, path.relative_to(SRC).as_posix(), bases))
+    known = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
+    classes: list[tuple[str, str]] = []
+    while True:
+        names = known | {name for name, _ in classes}
+        more = [(name, where) for name, where, bases in found if (name, where) not in classes and set(bases) & names]
+        if not more:
+            return classes
+        classes += more
+
+
+def test_every_exception_class_is_in_the_tree_errors_py_draws():
+    """errors.py's docstring names each exception class with the module it lives in, and names no class that is gone;
+    no two exception classes share a name."""
+    import re
+
+    import gpuprov.errors
+
+    drawn = {m[1]: m[2] for m in re.finditer(r"^ +(\w+) +([\w/]+\.py) ", gpuprov.errors.__doc__ or "", re.M)}
+    classes = _exception_classes()
+    assert len(classes) > 20  # the search found them
+    names = [name for name, _ in classes]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+    assert {name: where for name, where in classes if drawn.get(name) != where} == {}
+    assert set(drawn) - set(names) == set()

@@ -260,22 +260,22 @@ def test_the_rendered_runner_is_bash_and_shellcheck_clean(tmp_path):
 
 
 def test_only_lines_with_the_runs_nonce_are_events_and_output_passes_through_whole():
-    from gpuprov.hosts.runner import Event, Lines, parse
+    from gpuprov.hosts.runner import Lines, RunnerEvent, parse
 
-    assert parse("@gpuprov:abc end driver 0 reboot 1500", "abc") == Event("end", "driver", 0, "reboot", 1.5)
-    assert parse("@gpuprov:abc checked driver failed", "abc") == Event("checked", "driver", result="failed")
-    assert parse("@gpuprov:abc done", "abc") == Event("done")
+    assert parse("@gpuprov:abc end driver 0 reboot 1500", "abc") == RunnerEvent("end", "driver", 0, "reboot", 1.5)
+    assert parse("@gpuprov:abc checked driver failed", "abc") == RunnerEvent("checked", "driver", result="failed")
+    assert parse("@gpuprov:abc done", "abc") == RunnerEvent("done")
     assert parse("@gpuprov:xyz done", "abc") is None  # another run's nonce: a step printed it
     assert parse("@gpuprov:abc end driver 0", "abc") is None  # malformed: output, not an event
     assert parse("GPUPROV_RESULT=changed", "abc") is None
 
-    events: list[Event] = []
+    events: list[RunnerEvent] = []
     output: list[str] = []
     lines = Lines("abc", events.append, output.append)
     for chunk in ("@gpuprov:abc sta", "rt one\nhello ", "world\n@gpuprov:abc end one 0 changed 7\n", "tail"):
         lines.feed(chunk)
     lines.close()
-    assert events == [Event("start", "one"), Event("end", "one", 0, "changed", 0.007)]
+    assert events == [RunnerEvent("start", "one"), RunnerEvent("end", "one", 0, "changed", 0.007)]
     assert output == ["hello world\n", "tail"]
 
 

@@ -4,6 +4,45 @@ The lowest floor, with files.py, paths.py and resources.py: every part may impor
 `GpuprovError` is exit 1; `UserInputError` and `StackConflict` are exit 2 (field, problem, a valid alternative). A
 `StackConflict` carries `rule`, the stable id of the compatibility rule that refused it (`driver-no-pinning-package`,
 `wheel-needs-newer-driver`, `nvcc-torch-major-mismatch`, `wheel-no-sass`, …): tests assert the id, not the wording.
+
+Every exception class in src/gpuprov, drawn once (tests/test_layout.py fails when one is left out here). The CLI's
+group (cli/common.Group) prints a GpuprovError as one `error: <message>` line on stderr and exits with its
+`exit_code`; a command over many hosts puts a host's error on that host's row instead. Any other exception that
+reaches the CLI is a bug: one `gpuprov hit a bug` line, the traceback saved to a file, exit 1.
+
+  class                     module                       what it means to the user
+  Exception
+    GpuprovError            errors.py                    exit 1: something went wrong that the user should read about
+      UserInputError        errors.py                    exit 2: bad input, named where it came from; nothing made yet
+        StackConflict       errors.py                    exit 2: a GPU x driver x CUDA x torch that cannot work (`rule`)
+        StateError          state/errors.py              exit 2: the state file cannot be read; it is never replaced
+        StateTooNew         state/errors.py              exit 2: a newer gpuprov wrote the state file
+      StateUnavailable      state/errors.py              exit 1: the records are intact but cannot be written now
+        BucketUnavailable   state/s3.py                  exit 1: team state's bucket cannot be read or written now
+      Busy                  state/locks.py               exit 1: another process holds the lock, and the caller would not wait
+      SourceUnreachable     sources/http.py              `facts refresh`: that family's refresh fails, the rest go on
+      HostUnreachable       hosts/remote.py              SSH did not answer: the host's failed row (exec: 255)
+      ConnectionLost        hosts/remote.py              the connection dropped mid-command: the host's failed row
+        HostLost            hosts/remote.py              keepalives unanswered, or no output for too long: the same
+      CommandTimeout        hosts/remote.py              a command ran past its time: the host's failed row (exec: 124)
+      Ended                 hosts/remote.py              a command ended before its marker line: bootstrap says why
+      UnknownHostKey        hosts/hostkeys.py            no pinned key: not connecting (--accept-new-host-key pins it)
+      HostKeyChanged        hosts/hostkeys.py            another key than the pinned one: not connecting
+      RevokedHostKey        hosts/hostkeys.py            a key @revoked in a known_hosts file: not connecting
+      ProbeError            hosts/verify.py              verify's probe printed nothing readable: the check fails
+      DoctorError           hosts/doctor_facts.py        the doctor's facts were cut off: that host's doctor fails
+      BenchProbeError       hosts/gpubench.py            the bench probe printed nothing readable, or hung
+      AwsError              cloud/providers/aws_base.py  exit 1: AWS refused a call: its code, message, a fix
+      NoAnswer              cloud/providers/aws_base.py  AWS did not answer: asked again where safe, else exit 1
+      LaunchError           cloud/providers/base.py      one refused launch: the failover tries the next candidate
+      NotFound              cloud/providers/base.py      no such resource, settled: gone to teardown and gc
+      QuotaExceeded         cloud/launch.py              exit 1: the account's quota is too small, and by how much
+      NoCapacity            cloud/launch.py              exit 1: every candidate refused for now (`up --wait` asks again)
+      TeardownIncomplete    cloud/teardown.py            exit 1: some resources are left; `down` again finishes
+    Taken                   state/leases.py              never: locks.py turns a lease held elsewhere into Busy
+    Conflict                state/s3.py                  never: a conditional write that lost is read again and retried
+  KeyboardInterrupt
+    Interrupted             errors.py                    a signal: `interrupted by SIGTERM`, exit 128 + its number
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ def data_file(name: str) -> Path:
 
 def load_data(name: str) -> Any:
     """A shipped data file (data/NAME.yaml) parsed, by libyaml's C parser where PyYAML was built with it (the
-    wheels are): the same safe subset of YAML at ~10x the pure-Python parser's speed (os.yaml 6.7 → 0.6 ms,
-    monitoring.yaml 5.7 → 0.6 ms), which every plan reads (bench/README.md "cli_startup.py")."""
+    wheels are): the same safe subset of YAML, read many times faster than by the pure-Python parser, and every
+    plan reads several of these files."""
     import yaml
 
     return yaml.load(data_file(name).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))

@@ -28,7 +28,7 @@ import sys
 import threading
 
 # pydantic looks for plugins in the entry points of every installed distribution the first time it builds a
-# model (≈ 30-90 ms a command, more in a crowded venv); gpuprov uses none. A user who wants one sets it.
+# model (a cost every command paid, growing with the venv); gpuprov uses none. A user who wants one sets it.
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 from gpuprov.cli.common import main
@@ -36,18 +36,18 @@ from gpuprov.cli.common import main
 __all__ = ["main", "run"]
 
 # The cyclic collector's young collection every this many net new container objects, not the interpreter's
-# default (700 on the Python 3.11 measured here). A command's start-up makes ~70-85k objects that live as long
-# as the process (modules, classes, pydantic's validators) and little garbage: with the default, `bootstrap`
-# collected ~120 times before its first host, each older-generation pass scanning those survivors again and one
-# full pass ~20 ms, ~40 ms of a ~0.27 s start-up (bench/README.md "cli_startup.py"). Cycles are still
-# collected, at most this many allocations later: a few MB at worst, in a process that lives minutes.
+# default (700). A command's start-up makes tens of thousands of objects that live as long as the process
+# (modules, classes, pydantic's validators) and little garbage: with the default, `bootstrap` collected over a
+# hundred times before its first host, each older-generation pass scanning those survivors again, a sizeable
+# share of its start-up. Cycles are still collected, at most this many allocations later: a few MB at worst, in
+# a process that lives minutes.
 YOUNG_COLLECTION_EVERY = 100_000
 
 
 def run() -> None:
     """The `gpuprov` executable (console script and `python -m gpuprov`): `main`, then leave without the
-    interpreter's teardown. Freeing every module of paramiko, pydantic, rich and Jinja one by one takes
-    ~50-70 ms a command that nobody waits for on purpose; what must happen at exit still does (stdout and
+    interpreter's teardown. Freeing every module of paramiko, pydantic, rich and Jinja one by one costs every
+    command time that nobody waits for on purpose; what must happen at exit still does (stdout and
     stderr flushed, atexit handlers run). Tests call `main` and keep their process."""
     import gc  # here: at the top it would be this package's `gc`, the `gc` command's module, once that is imported
 

@@ -125,9 +125,9 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     def check(plan: Any) -> None:  # every option, before EC2 is asked anything (its instance-type facts)
         launch.check_options(plan, opts)
         if nodes > 1 or min_nodes is not None:
-            from gpuprov.cloud import cluster
+            from gpuprov.cloud import cluster_up
 
-            cluster.check_cluster_options(plan, opts, cluster.ClusterOptions(nodes=nodes, min_nodes=min_nodes))
+            cluster_up.check_cluster_options(plan, opts, cluster_up.ClusterOptions(nodes=nodes, min_nodes=min_nodes))
 
     the_plan = plan_from(kw, live=not dry_run, check=check)  # a launch plans with EC2's own instance-type facts
     if ssh_user is None:  # the login user of the image `up` looks up for the plan's OS (data/os.yaml)
@@ -194,11 +194,11 @@ def _waiting(attempt: Any, wait: Any, name: str, store: Any, say: Any) -> Any:
 def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry_run: bool, yes: bool,
                 console: Any, as_json: bool, wait: Any = None) -> None:
     from gpuprov.cli.report import plan_view
-    from gpuprov.cloud import cluster
     from gpuprov.cloud import cluster_network as net
+    from gpuprov.cloud import cluster_up
 
-    copts = cluster.ClusterOptions(nodes=nodes, min_nodes=min_nodes)
-    cluster.check_cluster_options(the_plan, opts, copts)
+    copts = cluster_up.ClusterOptions(nodes=nodes, min_nodes=min_nodes)
+    cluster_up.check_cluster_options(the_plan, opts, copts)
     instance = the_plan.instance.name if the_plan.instance else "?"
     if dry_run:
         layout = net.network_for(the_plan.instance)
@@ -214,7 +214,7 @@ def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry
         confirm(f"Launch {opts.name}: {nodes} × {instance} ({'spot' if the_plan.request.spot else 'on-demand'}, "
                 f"list ${price:.2f}/h for all{world})?", "launch")
     store, provider = store_and_provider()
-    result = _waiting(lambda say: cluster.up(the_plan, opts, copts, provider, store, say), wait, opts.name, store,
+    result = _waiting(lambda say: cluster_up.up(the_plan, opts, copts, provider, store, say), wait, opts.name, store,
                       say_to(console))
     node = result.node
     if as_json:  # the node row (its members included), the ssh alias of node 0, nodes dropped, the timeline

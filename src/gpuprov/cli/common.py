@@ -175,7 +175,7 @@ def ssh_options(func: F) -> F:
 
 CONNECT_TIMEOUT = Number(0, 3600, low_open=True)
 PARALLEL = Number(1, 1024, whole=True)
-NODES = Number(1, 64, whole=True)  # cloud/cluster.py's MAX_NODES: a cluster placement group's sensible size
+NODES = Number(1, 64, whole=True)  # cloud/cluster_up.py's MAX_NODES: a cluster placement group's sensible size
 step_silence_option = click.option(
     "--step-silence", type=Number(0, 604_800), default=1200.0, show_default=True, metavar="SECONDS",
     help="A step that prints nothing for this long means its host is lost (gone, or frozen): it is reported "

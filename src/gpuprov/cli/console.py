@@ -38,8 +38,8 @@ def make_console(*, stderr: bool = False) -> Any:
 
 def line_echo(console: Any) -> Callable[[str], None]:
     """`--verbose`'s echo of every remote line, written as it is to the console's file: rich's print of each line
-    cost ~100 µs (a 400,000-line build log took 40 s of CPU to echo); one lock keeps hosts' lines whole. Only
-    where no live display shares the console (--verbose turns it off)."""
+    made echoing a long build log a real load on the CPU; one lock keeps hosts' lines whole. Only where no live
+    display shares the console (--verbose turns it off)."""
     import threading
 
     lock = threading.Lock()

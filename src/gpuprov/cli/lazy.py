@@ -1,7 +1,7 @@
 """`gpuprov`'s commands, each module imported when one of its commands is asked for.
 
 Importing every command module at start made each command pay for all the others' imports and option
-decorators (~8 ms of CPU a command on this machine, bench/README.md "cli_startup.py"): `gpuprov bootstrap`
+decorators: `gpuprov bootstrap`
 needs `gpuprov.cli.hosts` only. This is Click's documented lazy loading (a group whose `get_command` imports
 on demand and whose `list_commands` names commands not yet imported); the modules still register their
 commands with `@main.command()` as they did.

@@ -1,4 +1,4 @@
-"""The monitoring options of up, bootstrap, plan and render (issue 26), apart from common.py's others so that
+"""The monitoring options of up, bootstrap, plan and render, apart from common.py's others so that
 module stays one idea: `--metrics`, `--health/--no-health`, `--watch-process`, `--on-alert`, `--alert-webhook`."""
 
 from __future__ import annotations

@@ -70,14 +70,14 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
     the bootstrap steps in order.
     """
     from gpuprov.cli.report import plan_view
-    from gpuprov.cloud import cluster_network as cluster
+    from gpuprov.cloud import cluster_network as net
 
     if image is not None and not live:
         raise click.UsageError("--image is looked up in AWS: add --live")
     the_plan = plan_from(kw, live=live)
     layout = _cluster_layout(the_plan, nodes)
     if layout is not None:
-        the_plan = cluster.with_efa_step(the_plan, layout)
+        the_plan = net.with_efa_step(the_plan, layout)
     estimate = the_plan.estimate(hours, _cheapest_spot(the_plan) if live and hours is not None else None)
     chosen = _image_choice(the_plan, image) if live else None
     sizes = _data_sizes(the_plan) if live and the_plan.playbook.data else None
@@ -85,7 +85,7 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
         data = the_plan.summary()
         data["warnings"] = list(the_plan.warnings)  # not in summary(): it is recorded in the bundle, and ages
         if layout is not None:
-            data["cluster"] = cluster.layout_summary(layout, nodes)
+            data["cluster"] = net.layout_summary(layout, nodes)
         if estimate:
             data["estimate"] = estimate
         if chosen is not None:
@@ -100,7 +100,7 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
     console.print(plan_view(the_plan))
     if layout is not None:
         console.print("Cluster", style="bold")
-        for line in cluster.describe(layout, nodes):
+        for line in net.describe(layout, nodes):
             console.print(f"  {line}", markup=False)
     if chosen is not None:
         summary = chosen.summary(the_plan)
@@ -147,8 +147,8 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
 
 def _cluster_layout(the_plan: Any, nodes: int) -> Any:
     """The cluster's network for the plan's instance type (None for one node); bad --nodes is refused here."""
-    from gpuprov.cloud.cluster import MAX_NODES
     from gpuprov.cloud.cluster_network import network_for
+    from gpuprov.cloud.cluster_up import MAX_NODES
 
     if nodes == 1:
         return None

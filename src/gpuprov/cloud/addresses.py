@@ -1,7 +1,7 @@
 """Elastic IPs for a cluster's nodes: enough of them, checked before anything is made.
 
 EC2 gives no public address to an instance launched with more than one network interface, so each node of a public
-EFA cluster (p4d, p5, p5en, p6: several network cards) gets an Elastic IP after it runs (cloud/cluster.py). The
+EFA cluster (p4d, p5, p5en, p6: several network cards) gets an Elastic IP after it runs (cloud/cluster_up.py). The
 account may hold 5 per region by default (EC2 user guide, "Elastic IP addresses", as of awsdocs/amazon-ec2-user-
 guide 2023: "By default, all AWS accounts are limited to five (5) Elastic IP addresses per Region"), the quota
 "EC2-VPC Elastic IPs" (Service Quotas code L-0263D0A3, as public code pairs it with that name; not in the AWS pages

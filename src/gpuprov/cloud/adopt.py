@@ -11,13 +11,16 @@ state, adopt also reads the member's own pre-team tags.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gpuprov.cloud.providers.base import IMAGES, SHARED, CloudResource, Instance, Provider
 from gpuprov.state.records import ResourceKind
 from gpuprov.state.store import Store
 
-Say = Callable[[str], None]
+if TYPE_CHECKING:
+    from gpuprov.say import Say
+
 # an instance's EC2 state as a record's state: a running instance gpuprov tagged had finished its `up` or was
 # started since (so it is no orphan); one still pending is still in an `up`
 _STATES = {"running": "ready", "pending": "running", "stopping": "stopping", "stopped": "stopped",

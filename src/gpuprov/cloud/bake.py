@@ -32,9 +32,9 @@ from gpuprov.state import locks
 if TYPE_CHECKING:
     from gpuprov.hosts.remote import HostSettings, Remote
     from gpuprov.plan.inventory import Target
+    from gpuprov.say import Say
     from gpuprov.state import Store
 
-Say = Callable[[str], None]
 BUNDLE_DIR = "/var/lib/gpuprov/bundle"
 MARKER_DIR = "/var/lib/gpuprov/markers"
 BACKUP_DIR = "/run/gpuprov-bake"  # tmpfs on the node: never in a snapshot, gone at the next boot

@@ -6,11 +6,11 @@ answer is an error, or empty) is simply absent. The offers listed are kept (STAT
 EC2 has no look-up of one offering by its id: `buy` reads the offering's price and window from there.
 
 Buy: a Capacity Block cannot be cancelled ("You can't modify or cancel a Capacity Block", EC2 user guide, "Cancel a
-Capacity Reservation", docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-release.html, read
-2026-12-01); the CLI says so before asking. The purchase is
-recorded before PurchaseCapacityBlock is called (STATE/capacity-blocks.json, state `buying`: there is no
-ClientToken, so a purchase whose answer was lost stays `buying`, shown by `status`, and is found among the account's
-reservations: `gpus --live` lists them), then `bought` with its reservation id, or `failed` with EC2's words.
+Capacity Reservation", docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-release.html); the CLI says
+so before asking. The purchase is recorded before PurchaseCapacityBlock is called (STATE/capacity-blocks.json, state
+`buying`: there is no ClientToken, so a purchase whose answer was lost stays `buying`, shown by `status`, and is
+found among the account's reservations: `gpus --live` lists them), then `bought` with its reservation id, or `failed`
+with EC2's words.
 `status` lists the blocks with their window and what they cost.
 """
 
@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuprov.cloud.providers.base import BlockOffering, Provider
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.files import lock_beside, locked, write_atomic
 from gpuprov.paths import state_dir
 
-Say = Callable[[str], None]
+if TYPE_CHECKING:
+    from gpuprov.say import Say
+
 
 
 @dataclass(frozen=True)

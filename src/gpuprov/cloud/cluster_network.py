@@ -22,7 +22,7 @@ Transport = Literal["efa", "tcp"]
 # The EFA software (EFA driver, libfabric, rdma-core, Open MPI and the AWS OFI NCCL plugin in one installer).
 # Source: AWS EC2 User Guide, "Elastic Fabric Adapter release notes" (efa-changelog): 1.51.0, October 22, 2026,
 # "Upgrade to Amazon OFI NCCL Plugin 1.22.0"; URL form efa-installer.amazonaws.com/aws-efa-installer-<version>.tar.gz
-# (AWS's "Get started with EFA and NCCL", and aws-parallelcluster-cookbook's installer_url); read 2026-12-01.
+# (AWS's "Get started with EFA and NCCL", and aws-parallelcluster-cookbook's installer_url).
 # Environment: FI_PROVIDER=efa selects libfabric's EFA provider; the plugin and libfabric on LD_LIBRARY_PATH, without
 # which NCCL falls back to sockets (NVIDIA-NeMo/RL PR #2359); FI_EFA_USE_DEVICE_RDMA=1 only on the types whose EFA
 # device does RDMA read (catalog `efa_rdma`, p4d and later P types: libfabric refuses the setting on a device without
@@ -41,7 +41,7 @@ DEVICE_RDMA_ENV = ("FI_EFA_USE_DEVICE_RDMA", "1")
 
 
 @dataclass(frozen=True)
-class ClusterNetwork:
+class ClusterLayout:
     """How one instance type is laid out as a cluster: placement group, network interfaces, transport."""
 
     instance_type: str
@@ -67,7 +67,7 @@ def efa_interfaces(cards: tuple[int, ...]) -> tuple[Nic, ...]:
             *(Nic(card, 0, "efa-only") for card in cards if card != 0))
 
 
-def network_for(it: InstanceType) -> ClusterNetwork:
+def network_for(it: InstanceType) -> ClusterLayout:
     """The cluster layout of one instance type, from its facts (the catalog's, or EC2's with `plan --live`/`up`)."""
     from gpuprov.plan import catalog
 
@@ -78,11 +78,11 @@ def network_for(it: InstanceType) -> ClusterNetwork:
     if placement and family in net.cluster_placement_unverified:
         notes.append(f"unverified: cluster placement for {family}: {net.cluster_placement_unverified[family]}")
     if not it.efa:
-        return ClusterNetwork(it.name, placement, (), "tcp", tuple(notes))
+        return ClusterLayout(it.name, placement, (), "tcp", tuple(notes))
     if not it.efa_rdma:
         notes.append(f"EFA on {it.name} without RDMA read: NCCL uses EFA send/receive, no FI_EFA_USE_DEVICE_RDMA"
                      + (f" (unverified: {net.rdma_unverified})" if net.rdma_unverified else ""))
-    return ClusterNetwork(it.name, placement, efa_interfaces(it.efa_card_indexes()), "efa", tuple(notes),
+    return ClusterLayout(it.name, placement, efa_interfaces(it.efa_card_indexes()), "efa", tuple(notes),
                           device_rdma=it.efa_rdma)
 
 
@@ -91,7 +91,7 @@ def instance_of(plan: Plan, name: str) -> InstanceType:
     return next(c for c in plan.candidates if c.name == name)
 
 
-def describe(layout: ClusterNetwork, nodes: int) -> list[str]:
+def describe(layout: ClusterLayout, nodes: int) -> list[str]:
     """The plan's lines for the cluster's network (what `plan --nodes N` and `up --nodes N` print)."""
     family = layout.instance_type.split(".")[0]
     lines = [f"{nodes} × {layout.instance_type} in one zone, asked for in one launch",
@@ -111,7 +111,7 @@ def describe(layout: ClusterNetwork, nodes: int) -> list[str]:
     return lines + [f"  {note}" for note in layout.notes]
 
 
-def layout_summary(layout: ClusterNetwork, nodes: int) -> dict[str, object]:
+def layout_summary(layout: ClusterLayout, nodes: int) -> dict[str, object]:
     """The cluster part of `plan --json`."""
     return {"nodes": nodes, "instance_type": layout.instance_type, "placement_group": layout.placement_group,
             "transport": layout.transport, "elastic_ip": layout.elastic_ip, "device_rdma": layout.device_rdma,
@@ -119,7 +119,7 @@ def layout_summary(layout: ClusterNetwork, nodes: int) -> dict[str, object]:
             "notes": list(layout.notes)}
 
 
-def with_efa_step(plan: Plan, layout: ClusterNetwork) -> Plan:
+def with_efa_step(plan: Plan, layout: ClusterLayout) -> Plan:
     """The plan with the `efa` step (EFA software, AWS OFI NCCL plugin, NCCL/libfabric environment) before
     `verify`, on EFA types; unchanged for TCP."""
     if layout.transport != "efa" or any(s.name == "efa" for s in plan.steps):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gpuprov.cloud import timeline as tl
@@ -22,8 +21,8 @@ if TYPE_CHECKING:
     from gpuprov.hosts import bootstrap as engine
     from gpuprov.hosts.remote import HostSettings
     from gpuprov.plan.inventory import Target
+    from gpuprov.say import Say
 
-Say = Callable[[str], None]
 
 
 def made_up_address(address: str) -> bool:

@@ -5,7 +5,7 @@ before it creates them, launches with the profile, and removes both at `down` (a
 `up`). The policy follows AWS's pattern for one folder of a bucket (Amazon S3 user guide, "Example identity-based
 policies", allowing access to a folder: s3:ListBucket on the bucket with an `s3:prefix` condition, object actions
 on `arn:aws:s3:::BUCKET/PREFIX/*`; a role's policy names the prefix literally, `${aws:username}` "will not work when
-using IAM roles"; read 2026-12-01): read-only prefixes get s3:GetObject, the others also s3:PutObject,
+using IAM roles"): read-only prefixes get s3:GetObject, the others also s3:PutObject,
 s3:DeleteObject and s3:AbortMultipartUpload (a multipart upload's parts are deleted when it fails).
 
 An `up` killed before CreateRole's answer was recorded leaves an intent row, found by its recorded name. `gc` also
@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuprov.cloud.providers.base import Provider
 from gpuprov.errors import UserInputError
 from gpuprov.state import Store
 
-Say = Callable[[str], None]
+if TYPE_CHECKING:
+    from gpuprov.say import Say
+
 # S3's bucket names: 3-63 lowercase letters, digits, dots and hyphens, starting and ending with a letter or digit
 BUCKET = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
 READ = ["s3:GetObject"]
@@ -34,13 +36,13 @@ WRITE = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUp
 
 
 @dataclass(frozen=True)
-class Access:
+class BucketAccess:
     bucket: str
     prefix: str  # without slashes at either end; "" is the whole bucket
     read_only: bool
 
 
-def parse(given: str, flag: str = "--s3-access") -> Access:
+def parse(given: str, flag: str = "--s3-access") -> BucketAccess:
     text = given.strip()
     read_only = text.endswith(":ro")
     if read_only:
@@ -48,10 +50,10 @@ def parse(given: str, flag: str = "--s3-access") -> Access:
     m = re.fullmatch(rf"s3://({BUCKET})(/[^\s*?]*)?", text)
     if not m or ".." in m.group(1):
         raise UserInputError(flag, f"{given!r} is not s3://BUCKET/PREFIX[:ro]", "e.g. s3://my-data/datasets:ro")
-    return Access(m.group(1), (m.group(2) or "").strip("/"), read_only)
+    return BucketAccess(m.group(1), (m.group(2) or "").strip("/"), read_only)
 
 
-def policy(accesses: Sequence[Access]) -> dict[str, Any]:
+def policy(accesses: Sequence[BucketAccess]) -> dict[str, Any]:
     """The role's one inline policy: exactly those prefixes."""
     statements: list[dict[str, Any]] = []
     for a in accesses:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuprov.errors import GpuprovError
 from gpuprov.hosts.remote import HostSettings
@@ -15,7 +15,9 @@ from gpuprov.plan.data import SAVE_HELPER
 from gpuprov.plan.inventory import Target
 from gpuprov.state import Node
 
-Say = Callable[[str], None]
+if TYPE_CHECKING:
+    from gpuprov.say import Say
+
 SAVE_TIMEOUT = 3600.0  # an hour for a checkpoint to go up; past that the user decides (--no-save)
 
 

@@ -23,8 +23,9 @@ enabled). Spot requests go before instances.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpuprov.cloud import images, keys, tags
 from gpuprov.cloud.providers.base import IMAGES, SHARED, CloudResource, NotFound, Provider
@@ -32,7 +33,9 @@ from gpuprov.cloud.teardown import take_down
 from gpuprov.errors import GpuprovError
 from gpuprov.state import Store, locks
 
-Say = Callable[[str], None]
+if TYPE_CHECKING:
+    from gpuprov.say import Say
+
 # a spot request before its instance: a persistent one would launch the instance again
 ORDER = {"spot-request": 0, "instance": 1, "volume": 2, "security-group": 3, "address": 3, "placement-group": 3,
          "key-pair": 4, "image": 5, "snapshot": 6, "instance-profile": 7, "iam-role": 8}  # IAM: the profile empties first

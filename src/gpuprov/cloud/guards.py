@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.hosts.remote import HostSettings
 from gpuprov.plan.inventory import Target
 from gpuprov.state import Node, Store, locks
 
-Say = Callable[[str], None]
+if TYPE_CHECKING:
+    from gpuprov.say import Say
+
 
 
 def _run_guard_step(label: str, what: str, script_text: str, target: Target, settings: HostSettings) -> str:

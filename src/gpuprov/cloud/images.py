@@ -1,4 +1,4 @@
-"""Baked images and Deep Learning AMIs: skip on a new node what an image already holds (issue 12).
+"""Baked images and Deep Learning AMIs: skip on a new node what an image already holds.
 
 The stack hash names what a node's install steps are: the sha256 of the (name, sha256) of every
 install step script (kinds stack, env, user) of its bundle, in order. Guard steps (per node: TTL,
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -42,9 +42,9 @@ from gpuprov.state import locks
 
 if TYPE_CHECKING:
     from gpuprov.plan.plan import Plan
+    from gpuprov.say import Say
     from gpuprov.state import Store
 
-Say = Callable[[str], None]
 ARCH = "x86_64"  # gpuprov launches amd64 Ubuntu only (providers/aws.py `image`); an image must match it
 INSTALL_KINDS = ("stack", "env", "user")
 # what belongs to one node and not to an image of it: the guards (plan.guard_steps' names) and the monitoring

@@ -11,9 +11,8 @@ is, said in one line.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -22,6 +21,9 @@ from gpuprov.errors import GpuprovError
 from gpuprov.files import write_atomic
 from gpuprov.paths import facts_dir
 from gpuprov.plan.catalog import Catalog, normalise_name
+
+if TYPE_CHECKING:
+    from gpuprov.say import Say
 
 CACHE_SECONDS = 24 * 3600
 
@@ -59,7 +61,7 @@ def _cache_path(region: str) -> Any:
     return facts_dir() / f"ec2-{region}.yaml"
 
 
-def live_catalog(cat: Catalog, provider: Provider, region: str, say: Callable[[str], None]) -> Catalog:
+def live_catalog(cat: Catalog, provider: Provider, region: str, say: Say) -> Catalog:
     """The catalog with EC2's own facts of every GPU type in `region` (read at most once a day, kept in the facts
     folder). EC2 not answering leaves the catalog as it is, and says so."""
     path = _cache_path(region)

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -20,6 +19,9 @@ from gpuprov.cloud.providers.base import InstanceStore, Provider
 from gpuprov.errors import GpuprovError
 from gpuprov.files import locked, write_atomic
 from gpuprov.paths import cache_dir
+
+if TYPE_CHECKING:
+    from gpuprov.say import Say
 
 CACHE = "instance-store.json"  # {type: Kept}
 DLAMI_MOUNT = "/opt/dlami/nvme"
@@ -66,7 +68,7 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def say_what_stop_loses(provider: Provider, name: str, region: str, instance_type: str | None,
-                        say: Callable[[str], None]) -> None:
+                        say: Say) -> None:
     """One line before a stop: the type's instance store and that its data goes (nothing for a type without)."""
     if not instance_type:
         return

@@ -5,9 +5,10 @@ across threads and processes (gpuprov.state.locks: the region's lock)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuprov import paths
 from gpuprov.cloud import tags
@@ -17,7 +18,9 @@ from gpuprov.errors import GpuprovError
 from gpuprov.paths import region_key
 from gpuprov.state import Node, Store, locks
 
-Say = Callable[[str], None]
+if TYPE_CHECKING:
+    from gpuprov.say import Say
+
 
 
 @dataclass(frozen=True)

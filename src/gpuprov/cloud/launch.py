@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from gpuprov.cloud import images, keys
 from gpuprov.cloud import timeline as tl
@@ -38,7 +38,9 @@ from gpuprov.plan.plan import Plan
 from gpuprov.state import Store
 from gpuprov.state.tolerant import TolerantStore
 
-Say = Callable[[str], None]
+if TYPE_CHECKING:
+    from gpuprov.say import Say
+
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 An EBS volume attaches only to an instance in its own Availability Zone, and a volume made from a snapshot "begins
 as an exact replica of the volume that was used to create that snapshot" (Amazon EBS user guide, "Create an Amazon
-EBS volume", docs.aws.amazon.com/ebs/latest/userguide/ebs-creating-volume.html, read 2026-12-01). So: an image of
+EBS volume", docs.aws.amazon.com/ebs/latest/userguide/ebs-creating-volume.html). So: an image of
 the stopped instance (CreateImage snapshots its root volume; EC2 does not start a stopped instance for it) ->
 RunInstances from that image, same type, key pair and security group, in each other zone that offers the type
 until one has capacity -> the new instance runs -> only then the old instance is terminated (its volume with it)
@@ -14,7 +14,7 @@ the new key is pinned on first contact, as `up` pins a new node's (stopstart.cam
 Each launch goes into a subnet of the node's own VPC in its zone (`--subnet` names one): a security group belongs to
 one VPC, and EC2 refuses a launch into a subnet of another (InvalidParameter "Security group sg-… and subnet
 subnet-… belong to different networks", quoted in QT-DevOps/DevOpsIssues#256 (2018) for a launch that named no
-subnet and got the default VPC's, and in kubernetes-sigs/cluster-api-provider-aws#3399 (2022); read 2026-12-02).
+subnet and got the default VPC's, and in kubernetes-sigs/cluster-api-provider-aws#3399 (2022)).
 A zone where the VPC has no subnet is skipped and said so; with none in any, the move is refused before anything is
 made.
 
@@ -35,10 +35,10 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuprov.cloud import keys
 from gpuprov.cloud import timeline as tl
-from gpuprov.cloud.contact import Say
 from gpuprov.cloud.providers.base import (
     Access,
     CloudResource,
@@ -56,6 +56,9 @@ from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state import Node, Resource, Store, locks
 
+if TYPE_CHECKING:
+    from gpuprov.say import Say
+
 MOVE_STACK = "start-move"  # the image's stack tag: never a plan's stack hash, so `up` never picks it as a bake
 
 
@@ -68,7 +71,7 @@ class MoveOptions:
 
 
 @dataclass(frozen=True)
-class Target:
+class Destination:
     """One place a move asks for its instance: a zone, and the key pair, group and subnet the launch names."""
 
     zone: str
@@ -135,8 +138,8 @@ def _checked(name: str, mopts: MoveOptions, provider: Provider,
     return node, rows[0], offered, pinned
 
 
-def _targets(node: Node, current: Instance, zones: Sequence[str], pinned: Network | None, group: str,
-             provider: Provider, say: Say) -> list[Target]:
+def _destinations(node: Node, current: Instance, zones: Sequence[str], pinned: Network | None, group: str,
+                  provider: Provider, say: Say) -> list[Destination]:
     """A subnet of the node's own VPC in each zone (its group is that VPC's), reached as the node was: its private
     address, a public one (asked for where the subnet gives none, as `up` does), or IPv6 (a subnet with an IPv6
     CIDR block). Zones without one are skipped and said so; none anywhere is refused: nothing is made yet."""
@@ -148,7 +151,7 @@ def _targets(node: Node, current: Instance, zones: Sequence[str], pinned: Networ
         raise UserInputError("--subnet", f"{pinned.subnet_id} is in {pinned.vpc_id}, not in {vpc}, the VPC of {name} "
                              "and its security group", f"a subnet of {vpc} in another zone, or leave --subnet out")
     found = [pinned] if pinned is not None else provider.subnets(node.region, vpc, zones)
-    targets: list[Target] = []
+    destinations: list[Destination] = []
     for zone in zones:
         here = [n for n in found if n.zone == zone and (n.ipv6 or not v6)]
         if not here:
@@ -157,16 +160,16 @@ def _targets(node: Node, current: Instance, zones: Sequence[str], pinned: Networ
             continue
         # a zone's default subnet where the VPC has one (as `up` without --subnet gets), else the one with most room
         best = min(here, key=lambda n: (not n.default_for_az, -n.free_addresses, n.subnet_id or ""))
-        targets.append(Target(zone, Access(
+        destinations.append(Destination(zone, Access(
             key_name=keys.key_name(owner()), security_group_id=group, subnet_id=best.subnet_id,
             public_ip=node.connect != "private" and not best.maps_public_ip, ipv6=v6)))
-    if not targets:
+    if not destinations:
         subnet = "a subnet with an IPv6 CIDR block" if v6 else "a subnet"
         raise UserInputError("--subnet", f"{name}'s VPC {vpc} has no {subnet.removeprefix('a ')} in "
                              f"{', '.join(zones)}, where the move would go",
                              f"add {subnet} to {vpc} in one of them, then `gpuprov start {name} --move --subnet "
                              "subnet-…`")
-    return targets
+    return destinations
 
 
 def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider, store: Store, say: Say) -> StartResult:
@@ -180,12 +183,12 @@ def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider,
     groups = [r.cloud_id for r in store.resources(name, region=node.region, kind="security-group") if r.cloud_id]
     if not groups:
         raise GpuprovError(f"{name} has no recorded security group; `gpuprov down {name}`")
-    targets = _targets(node, current, zones, pinned, groups[0], provider, say)
+    destinations = _destinations(node, current, zones, pinned, groups[0], provider, say)
     made: list[int] = []  # the move's own rows: what a failure takes back
     try:
         rec.phase(tl.IMAGE)
         image_id, image_row = image_disk(node, old, provider, store, say, made)
-        instance = launch(node, node.region, image_id, targets, provider, store, say, rec, made)
+        instance = launch(node, node.region, image_id, destinations, provider, store, say, rec, made)
     except BaseException:
         _take_back(node, made, provider, store, say)
         raise
@@ -216,13 +219,13 @@ def image_disk(node: Node, iid: str, provider: Provider, store: Store, say: Say,
     return image_id, rid
 
 
-def launch(node: Node, region: str, image_id: str, targets: Sequence[Target], provider: Provider, store: Store,
+def launch(node: Node, region: str, image_id: str, destinations: Sequence[Destination], provider: Provider, store: Store,
            say: Say, rec: tl.Recorder, made: list[int]) -> Instance:
-    """RunInstances from the move's image in each target until one has capacity; each launch recorded first."""
+    """RunInstances from the move's image in each destination until one has capacity; each launch recorded first."""
     refused: list[str] = []
     rec.phase(tl.CAPACITY)
-    for target in targets:
-        zone, access = target.zone, target.access
+    for dest in destinations:
+        zone, access = dest.zone, dest.access
         token = f"gpuprov-{node.name}-move-{uuid.uuid4().hex[:12]}"
         into = f", subnet {access.subnet_id}" if access.subnet_id else ""
         say(f"asking for {node.instance_type} in {zone}{into} (on-demand, from the image of its disk)")

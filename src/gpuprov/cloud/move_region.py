@@ -1,7 +1,7 @@
 """`start --move --region R`: a stopped node taken with its disk to another region.
 
 An AMI is regional: CopyImage, asked in the destination region, copies it and its snapshots there ("The copy
-operation must be initiated in the destination Region", EC2 API reference, CopyImage, read 2026-12-02). So: an
+operation must be initiated in the destination Region", EC2 API reference, CopyImage). So: an
 image of the stopped instance in its region (as a zone move makes, cloud/move.py) -> CopyImage to R, recorded under
 the node before it is asked for, its name as the ClientToken (a retry gets the first copy) -> the copy available ->
 in R the user's key pair and a security group as `up` makes them (recorded, tagged, SSH open to what the old group
@@ -21,12 +21,13 @@ nothing of the old node. A crash mid-way leaves rows that `down NAME` follows in
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gpuprov.cloud import keys
 from gpuprov.cloud import timeline as tl
-from gpuprov.cloud.contact import Say
 from gpuprov.cloud.move import (
+    Destination,
     MoveOptions,
-    Target,
     check_movable,
     forget_image,
     image_disk,
@@ -39,6 +40,9 @@ from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state import Node, Resource, Store, locks
+
+if TYPE_CHECKING:
+    from gpuprov.say import Say
 
 MOVES_WITH = {"instance", "volume", "security-group"}  # what a plain node has in its region; others stay: refused
 
@@ -107,7 +111,7 @@ def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider,
         copy_id, copy_row = _copy(node, to, image_id, provider, store, say)
         rec.phase(tl.ACCESS)
         access = _access(node, to, network, cidrs, provider, store)
-        instance = launch(node, to, copy_id, [Target(z, access) for z in zones], provider, store, say, rec, made)
+        instance = launch(node, to, copy_id, [Destination(z, access) for z in zones], provider, store, say, rec, made)
     except BaseException:
         _take_back(node, to, made, provider, store, say)
         raise

@@ -22,6 +22,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
@@ -29,7 +30,6 @@ from gpuprov.cloud.failover import Order
 from gpuprov.cloud.launch import (
     Attempt,
     NoCapacity,
-    Say,
     UpOptions,
     check_name,
     go_on_after,
@@ -60,6 +60,9 @@ from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError
 from gpuprov.plan.plan import Plan
 from gpuprov.state import Node, Resource, Store, locks
+
+if TYPE_CHECKING:
+    from gpuprov.say import Say
 
 
 @dataclass

@@ -24,9 +24,8 @@ end, ahead of EC2's own termination, which begins 30 minutes before it. The call
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuprov.cloud.failover import Candidate, Order
 from gpuprov.cloud.providers.base import Provider, Reservation
@@ -34,7 +33,9 @@ from gpuprov.errors import UserInputError
 from gpuprov.plan.plan import Plan
 from gpuprov.state import Node
 
-Say = Callable[[str], None]
+if TYPE_CHECKING:
+    from gpuprov.say import Say
+
 USABLE = ("active",)
 
 

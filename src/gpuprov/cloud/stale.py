@@ -5,7 +5,7 @@ them (past the config's `stopped_for`, else 14 days).
 What a stopped disk costs: the catalog's gp3 price per GB-month (catalog.yaml `storage`, with its source) for the
 time stopped. EBS bills "by the gigabyte-month … how many gigabytes … and how long" (AWS re:Post knowledge
 center, "How are charges for Amazon EBS volumes calculated on my bill?", repost.aws/knowledge-center/
-ebs-volume-charges, read 2026-12-01: "In a 30-day month … a 1-GB volume for 720 hours"); the month is taken
+ebs-volume-charges: "In a 30-day month … a 1-GB volume for 720 hours"); the month is taken
 as 30 days here, so a 31-day month's figure is about 3 % high, a February's 7 % low.
 
 A stopped node is never an orphan (cloud/gc.py): this is a separate choice the user makes with a duration.
@@ -16,14 +16,17 @@ on (a `start` meanwhile) is left alone and named.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuprov.cloud.providers.base import Provider
 from gpuprov.cloud.teardown import Teardown, take_down
 from gpuprov.state import Node, Store, locks
 
-Say = Callable[[str], None]
+if TYPE_CHECKING:
+    from gpuprov.say import Say
+
 MONTH_SECONDS = 30 * 86400  # a GB-month's month (see above)
 FLAG_SECONDS = 14 * 86400  # what `status` flags when the config sets no `stopped_for`
 

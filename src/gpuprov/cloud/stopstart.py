@@ -1,4 +1,4 @@
-"""stop / start / resize: keep a node's disk and stop its bill, and bring it back (issue 11).
+"""stop / start / resize: keep a node's disk and stop its bill, and bring it back.
 
 A node that can stop (on-demand, or a persistent spot request) stops with its EBS volume kept (its instance
 store, where the type has one, is lost: `stop` says so, cloud/instance_store.py);
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from gpuprov.cloud import timeline as tl
-from gpuprov.cloud.contact import Say, bootstrap_node, wait_tcp
+from gpuprov.cloud.contact import bootstrap_node, wait_tcp
 from gpuprov.cloud.instance_store import say_what_stop_loses
 from gpuprov.cloud.providers.base import Instance, LaunchError, Provider
 from gpuprov.cloud.settle import settle
@@ -35,6 +35,7 @@ from gpuprov.state.tolerant import TolerantStore
 
 if TYPE_CHECKING:
     from gpuprov.plan.catalog import InstanceType
+    from gpuprov.say import Say
 
 RUNNING_STATES = ("ready", "running", "bootstrapping")
 # a zone's want of capacity: `start --move` (cloud/move.py) takes the disk to another zone

@@ -9,7 +9,6 @@ teammate's SSH reads it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gpuprov.state.url import StateUrl, configured
@@ -17,9 +16,9 @@ from gpuprov.state.url import StateUrl, configured
 if TYPE_CHECKING:
     from gpuprov.hosts.remote import HostSettings
     from gpuprov.plan.inventory import Target
+    from gpuprov.say import Say
     from gpuprov.state.records import Node
 
-Say = Callable[[str], None]
 
 
 def after_contact(name: str, target: Target, settings: HostSettings, say: Say) -> None:

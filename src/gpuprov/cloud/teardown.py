@@ -21,15 +21,18 @@ naming what is left. A node's `image` rows are followed too, so `down` finishes 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpuprov.cloud.providers.base import CloudResource, NotFound, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError
 from gpuprov.state import Resource, Store, locks
 
-Say = Callable[[str], None]
+if TYPE_CHECKING:
+    from gpuprov.say import Say
+
 
 # Kinds EC2 refuses to delete while an instance uses them: a volume still attached (VolumeInUse), a security
 # group, a cluster placement group (InvalidPlacementGroup.InUse), an Elastic IP still associated.

@@ -1,7 +1,7 @@
 """Where an `up` (or `start`) spent its time: phases in order, the launch attempts inside the capacity
 search (AWS's code for each refusal), and each bootstrap step with its outcome.
 
-`Recorder` is fed by cloud/node.py, cluster.py and stopstart.py as they go (one call where a phase begins); `Timeline` is what
+`Recorder` is fed by cloud/node.py, cluster_up.py and stopstart.py as they go (one call where a phase begins); `Timeline` is what
 it produces: printed at the end of the command, put in its `--json`, and stored as the node's last
 `timeline` event in state, so `gpuprov status NODE --timeline` shows it later (a failed `up` too).
 

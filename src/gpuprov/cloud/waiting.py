@@ -26,11 +26,14 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from gpuprov.cloud.launch import NoCapacity, Say
+from gpuprov.cloud.launch import NoCapacity
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.state import Store, locks
+
+if TYPE_CHECKING:
+    from gpuprov.say import Say
 
 T = TypeVar("T")
 FIRST_SECONDS = 30.0

@@ -56,13 +56,14 @@ if TYPE_CHECKING:
 DEFAULT_PORT = 29500  # torch.distributed's default MASTER_PORT (torchrun --master-port)
 ENV_PATH = "/etc/gpuprov/cluster.env"
 HOSTFILE_PATH = "/etc/gpuprov/hostfile"
-EFA_ENV_PATH = "/etc/gpuprov/efa.env"  # written by the `efa` step on EFA instance types (cloud/cluster.py)
+EFA_ENV_PATH = "/etc/gpuprov/efa.env"  # written by the `efa` step on EFA instance types (cloud/cluster_network.py)
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _WORD = re.compile(r"(?P<name>[a-z0-9][a-z0-9-]{0,62})(?::(?P<rank>[0-9]+))?")
 
 
-class Member(BaseModel):
-    """One node of a cluster: how gpuprov reaches it, and what the others know it by."""
+class ClusterHost(BaseModel):
+    """One host of a recorded cluster: how gpuprov reaches it, and what the others know it by (a launched
+    cluster's instances are state's `Member` records; cloud/cluster_up.as_cluster makes these of them)."""
 
     host: str
     user: str | None = None
@@ -83,7 +84,7 @@ class Cluster(BaseModel):
     name: str
     master_addr: str
     master_port: int = Field(ge=1, le=65535)
-    members: list[Member]
+    members: list[ClusterHost]
     node: str | None = None  # the launched node (`up NAME --nodes N`) this cluster is; None: existing hosts
 
     @property
@@ -254,7 +255,7 @@ def plan_cluster(name: str, targets: Sequence[Target], facts: Sequence[NodeFacts
     from pathlib import Path
 
     key = str(Path(key).expanduser().resolve()) if key else None
-    members = [Member(host=t.host, user=t.user, port=t.port, key=t.key or key, proxy_jump=t.proxy_jump,
+    members = [ClusterHost(host=t.host, user=t.user, port=t.port, key=t.key or key, proxy_jump=t.proxy_jump,
                       known_hosts=t.known_hosts, address=a, gpus=f.gpus, instance_type=f.instance_type)
                for t, f, a in zip(targets, facts, addresses, strict=True)]
     return Cluster(name=name, master_addr=master_addr, master_port=port, members=members)

@@ -252,7 +252,7 @@ class AllReduce(BaseModel):
     nccl_lines: list[str] = []
 
 
-class Expectation(BaseModel):
+class FabricExpectation(BaseModel):
     """What the interconnect between nodes should carry (the judge's yardstick)."""
 
     fabric: str  # "efa" or "tcp"
@@ -306,7 +306,7 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def judge_allreduce(cluster_name: str, report: AllReduce, expect: Expectation) -> list[Check]:
+def judge_allreduce(cluster_name: str, report: AllReduce, expect: FabricExpectation) -> list[Check]:
     checks: list[Check] = []
     largest = max(report.results, key=lambda r: r.bytes) if report.results else None
     checks.append(Check(
@@ -348,7 +348,7 @@ def judge_allreduce(cluster_name: str, report: AllReduce, expect: Expectation) -
     return checks
 
 
-def expectation(cluster: Cluster, net: NetReport | None) -> Expectation:
+def expectation(cluster: Cluster, net: NetReport | None) -> FabricExpectation:
     """EFA's rate from the catalog for an EC2 type the catalog lists there; else the NIC's line rate as
     the nodes report it (/sys/class/net/IFACE/speed, the slowest node); else unknown (not judged)."""
     from gpuprov.plan import catalog
@@ -359,12 +359,12 @@ def expectation(cluster: Cluster, net: NetReport | None) -> Expectation:
     types = {m.instance_type for m in cluster.members}
     kind = next(iter(types)) if len(types) == 1 else None
     if kind and kind in fabric.efa_gbps:
-        return Expectation(fabric="efa", line_rate_gbs=fabric.efa_gbps[kind] / 8, source=fabric.efa_source,
-                           unverified=fabric.efa_unverified, min_fraction=fabric.min_fraction, interface=interface)
+        return FabricExpectation(fabric="efa", line_rate_gbs=fabric.efa_gbps[kind] / 8, source=fabric.efa_source,
+                                 unverified=fabric.efa_unverified, min_fraction=fabric.min_fraction, interface=interface)
     speeds = [x.speed_mbps for x in listeners if x.speed_mbps]
-    return Expectation(fabric="tcp", line_rate_gbs=min(speeds) / 8000 if speeds else None,
-                       source="the NIC's link speed, /sys/class/net/IFACE/speed",
-                       unverified=fabric.min_fraction_unverified, min_fraction=fabric.min_fraction, interface=interface)
+    return FabricExpectation(fabric="tcp", line_rate_gbs=min(speeds) / 8000 if speeds else None,
+                             source="the NIC's link speed, /sys/class/net/IFACE/speed",
+                             unverified=fabric.min_fraction_unverified, min_fraction=fabric.min_fraction, interface=interface)
 
 
 def allreduce(cluster: Cluster, settings: HostSettings, *, sizes: Sequence[int], iterations: int = 10,
@@ -429,7 +429,7 @@ class ClusterCheck:
     allreduce: AllReduce | None = None
     allreduce_error: str | None = None
     allreduce_checks: list[Check] = field(default_factory=list)
-    expectation: Expectation | None = None
+    expectation: FabricExpectation | None = None
 
     @property
     def checks(self) -> list[Check]:

@@ -20,18 +20,17 @@ import select
 import shlex
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuprov.cluster import Cluster, env_command
 from gpuprov.errors import GpuprovError
-from gpuprov.hosts.access import UNREACHABLE, ExecResult, LineSink
+from gpuprov.hosts.access import UNREACHABLE, Emit, ExecResult, LineSink
 from gpuprov.hosts.remote import HostSettings, Remote
 from gpuprov.plan.inventory import Target
 from gpuprov.plan.render import host_path
 
 INTERRUPTED = 130  # a shell's code for a command stopped by SIGINT
-Emit = Callable[[Target, str, str], None]
 
 
 def torchrun_flags(cluster: Cluster, rank: int, nproc_per_node: int | None = None) -> list[str]:

@@ -23,7 +23,7 @@ import paramiko
 
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.hosts.fanout import run_parallel
-from gpuprov.hosts.remote import CommandTimeout, ConnectionLost, HostSettings, Remote, Unreachable
+from gpuprov.hosts.remote import CommandTimeout, ConnectionLost, HostSettings, HostUnreachable, Remote
 from gpuprov.hosts.verify import QUERY_FIELDS, GpuInfo, parse_query_csv
 from gpuprov.plan.inventory import Target
 from gpuprov.plan.render import host_path
@@ -101,7 +101,7 @@ def exec_one(target: Target, settings: HostSettings, command: str, emit: Emit, *
         return ExecResult(target, result.exited, seconds=time.monotonic() - start)
     except CommandTimeout as exc:
         return ExecResult(target, TIMED_OUT, str(exc), seconds=time.monotonic() - start)
-    except (Unreachable, ConnectionLost, GpuprovError) as exc:
+    except (HostUnreachable, ConnectionLost, GpuprovError) as exc:
         return ExecResult(target, UNREACHABLE, str(exc), seconds=time.monotonic() - start)
     except Exception as exc:  # invoke's CommandTimedOut and the like: one host never stops the others
         return ExecResult(target, UNREACHABLE, f"{type(exc).__name__}: {exc}", seconds=time.monotonic() - start)

@@ -43,7 +43,7 @@ from gpuprov.hosts.detect import FACTS_COMMAND, HostFacts, parse_facts
 from gpuprov.hosts.fanout import run_parallel
 from gpuprov.hosts.hostlog import HostLog
 from gpuprov.hosts.planner import Planner
-from gpuprov.hosts.remote import ConnectionLost, Ended, HostLost, HostSettings, Remote, Session, Unreachable
+from gpuprov.hosts.remote import ConnectionLost, Ended, HostLost, HostSettings, HostUnreachable, Remote, Session
 from gpuprov.hosts.runner import BUNDLE_DIR as BUNDLE_DIR  # re-exported: gpubench.py reads it here
 from gpuprov.plan.inventory import Target
 from gpuprov.plan.plan import Plan
@@ -179,7 +179,7 @@ class _HostRun:
         start = time.monotonic()
         try:
             self._run()
-        except Unreachable as exc:
+        except HostUnreachable as exc:
             self._fail("unreachable", None, str(exc))
         except GpuprovError as exc:
             self._fail("failed", self.result.failed_step, str(exc))
@@ -287,7 +287,7 @@ class _Runs:
         self.started = 0.0
         self.stdout: list[str] = []  # the current step's stdout
         self.stderr = ""  # the tail of the current step's stderr
-        self.failed_end: runner.Event | None = None  # a failed step's end line, judged once its stderr is in
+        self.failed_end: runner.RunnerEvent | None = None  # a failed step's end line, judged once its stderr is in
         self.awaiting: str | None = None  # a step that asked for a reboot, until its post-reboot check
 
     def go(self, started: Session) -> None:
@@ -330,7 +330,7 @@ class _Runs:
             self._record(self.failed_end.step, "failed", _last_line(self.stderr, self.failed_end.rc))
         return code
 
-    def _event(self, event: runner.Event) -> None:
+    def _event(self, event: runner.RunnerEvent) -> None:
         if self.result.failed_step == "upload":
             self.result.failed_step = None
         host, log, name = self.host.reporter, self.host.log, self.host.target.name
@@ -362,7 +362,7 @@ class _Runs:
         elif event.kind in ("same-boot", "done"):
             self.ending = event.kind
 
-    def _end(self, event: runner.Event) -> None:
+    def _end(self, event: runner.RunnerEvent) -> None:
         script = self.scripts[event.step]
         self.current = None
         if script.kind == "verify":
@@ -422,12 +422,12 @@ class _Runs:
             probe = Remote(self.host.target, self.host.settings)
             try:
                 probe.open()
-            except (Unreachable, ConnectionLost):
+            except (HostUnreachable, ConnectionLost):
                 self.host.reporter.event(self.host.target.name, step, "waiting for the host to come back")
                 continue
             self.host.remote = probe
             return
-        raise Unreachable(f"{self.host.target.name}: did not come back within {timeout:.0f}s of the reboot")
+        raise HostUnreachable(f"{self.host.target.name}: did not come back within {timeout:.0f}s of the reboot")
 
 
 def _reboot_poll() -> float:

@@ -1,7 +1,7 @@
 """Rendered bundles kept on disk, so a rerun of the same plan sends the same bytes without Jinja.
 
-Rendering a bundle costs Jinja's import and a pass over the templates: ~35 ms alone, and ~0.2 s when the
-first host's facts arrive while 31 other connections are still being set up (every host alike waits for
+Rendering a bundle costs Jinja's import and a pass over the templates, several times more when the first
+host's facts arrive while dozens of other connections are still being set up (every host alike waits for
 that one bundle). Reruns are the common case (a resume after a failure, a verify, the next node of a fleet),
 and they ask for the same plan.
 

@@ -34,7 +34,7 @@ NVSWITCH_CLASS = "0680"  # "Bridge" (other bridge device): how NVSwitches of HGX
 
 # IMDSv2, best effort (1 s timeouts), asked only where DMI says EC2: off EC2 a router may drop packets to
 # 169.254.169.254, and every facts read would wait out the timeout. AWS's "Detect whether a host is an EC2
-# instance" (EC2 User Guide, read 2026-12-01): a Nitro instance's board_asset_tag is its instance id, and the
+# instance" (EC2 User Guide): a Nitro instance's board_asset_tag is its instance id, and the
 # system UUID starts with ec2/EC2; a Xen-based one says Xen (its UUID may be little-endian). No DMI at all (a
 # microVM, a container without /sys): no EC2 GPU instance. Bash builtins only; the test hosts' DMI sits under
 # their GPUPROV_SYSROOT, like every path the scripts read.

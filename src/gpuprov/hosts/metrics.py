@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuprov.errors import GpuprovError
 from gpuprov.files import locked, write_atomic
@@ -34,6 +35,9 @@ from gpuprov.paths import state_dir
 from gpuprov.plan.inventory import Target
 from gpuprov.plan.monitoring import facts
 from gpuprov.plan.render import host_path
+
+if TYPE_CHECKING:
+    from gpuprov.say import Say
 
 BASE_PORT = 19100
 MANIFEST = "/var/lib/gpuprov/bundle/manifest.json"
@@ -127,9 +131,6 @@ def write_file_sd(path: Path, groups: list[dict[str, object]]) -> None:
 
 
 # --- serve ---------------------------------------------------------------------------------------
-
-
-Say = Callable[[str], None]
 
 
 class Serve:

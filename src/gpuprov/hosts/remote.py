@@ -51,7 +51,7 @@ from gpuprov.hosts.wire import aead_transport, connect_tcp
 from gpuprov.plan.inventory import Target
 
 # paramiko logs transport errors (a banner read while sshd restarts, say) with tracebacks; we report
-# them ourselves, once, as Unreachable or ConnectionLost
+# them ourselves, once, as HostUnreachable or ConnectionLost
 logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 
@@ -64,7 +64,7 @@ class Ended(GpuprovError):
         super().__init__(f"the command ended (exit {code}) before it printed {marker!r}" + (f": {last}" if last else ""))
 
 
-class Unreachable(GpuprovError):
+class HostUnreachable(GpuprovError):
     """The host did not answer SSH (refused, timed out, auth failed)."""
 
 
@@ -199,8 +199,8 @@ def _secure(conn: Connection, settings: HostSettings) -> tuple[hostkeys.Revoked,
 class _Connection(Connection):  # type: ignore[misc]  # fabric ships no type hints
     """Fabric's Connection, made by many threads over one shared Config. Fabric 3.2 assigns `inline_ssh_env`,
     which no class declares, so invoke took it for a config change and merged the shared Config again, emptying
-    it first: a thread reading it then failed with "No attribute or config key found for 'port'" (bench/fanout.py,
-    64 hosts; scylladb/scylla-cluster-tests#2187 has the same words). Declared, it is a plain attribute."""
+    it first: a thread reading it then failed with "No attribute or config key found for 'port'" (with many hosts
+    at once; scylladb/scylla-cluster-tests#2187 has the same words). Declared, it is a plain attribute."""
 
     inline_ssh_env = None
 
@@ -272,7 +272,7 @@ class Remote:
             raise
         except (TimeoutError, OSError, paramiko.SSHException, EOFError) as exc:
             where = f"{self.conn.user}@{self.conn.host}:{self.conn.port}"
-            raise Unreachable(f"{where}: {why_unreachable(exc, self)}") from None
+            raise HostUnreachable(f"{where}: {why_unreachable(exc, self)}") from None
 
     def close(self) -> None:
         self.conn.close()
@@ -284,9 +284,9 @@ class Remote:
 
         Output streams to `out` (stderr too, unless `err` is given) and is returned whole in the result. It is
         kept in pieces and joined once: invoke's Runner, which ran this before, joined all the output so far on
-        every 1000-byte read (for its stream watchers, which gpuprov has none of), so 8 MB took 7 s and 64 MB
-        did not end in 300 s (issue 20; pyinvoke/invoke#1079); and it decoded each read on its own, so a UTF-8
-        character cut between two reads became two U+FFFD."""
+        every 1000-byte read (for its stream watchers, which gpuprov has none of), so the time grew with the square
+        of the output (pyinvoke/invoke#1079); and it decoded each read on its own, so a UTF-8 character cut between
+        two reads became two U+FFFD."""
         outs: list[str] = []
         errs: list[str] = []
 
@@ -507,7 +507,7 @@ def on_host(target: Target, settings: HostSettings, work: Callable[[Remote], R])
     try:
         remote.open()
         return HostOutcome(target, work(remote), seconds=time.monotonic() - start)
-    except Unreachable as exc:
+    except HostUnreachable as exc:
         return HostOutcome(target, None, str(exc), unreachable=True, seconds=time.monotonic() - start)
     except GpuprovError as exc:
         return HostOutcome(target, None, str(exc), seconds=time.monotonic() - start)

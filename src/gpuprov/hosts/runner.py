@@ -158,7 +158,7 @@ def first_exec(facts: str, nonce: str, force: bool, client: str, takeover: bool,
 
 
 @dataclass(frozen=True)
-class Event:
+class RunnerEvent:
     """One protocol line: `kind` (skip, start, output, end, reboot, checked, same-boot, done) and its fields.
     Between `start` and `output` the lines are the step's log (its stderr); between `output` and `end`, its
     stdout (the result line, a probe's report)."""
@@ -170,7 +170,7 @@ class Event:
     seconds: float = 0.0
 
 
-def parse(line: str, nonce: str) -> Event | None:
+def parse(line: str, nonce: str) -> RunnerEvent | None:
     """The event a line of the runner's stdout carries, or None for a line of step output."""
     prefix = f"@gpuprov:{nonce} "
     if not line.startswith(prefix):
@@ -180,13 +180,13 @@ def parse(line: str, nonce: str) -> Event | None:
         return None
     kind, rest = words[0], words[1:]
     if kind == "end" and len(rest) == 4:
-        return Event("end", rest[0], int(rest[1]), rest[2], int(rest[3]) / 1000)
+        return RunnerEvent("end", rest[0], int(rest[1]), rest[2], int(rest[3]) / 1000)
     if kind in ("reboot", "checked") and len(rest) == 2:
-        return Event(kind, rest[0], result=rest[1])
+        return RunnerEvent(kind, rest[0], result=rest[1])
     if kind in ("skip", "start", "output") and len(rest) == 1:
-        return Event(kind, rest[0])
+        return RunnerEvent(kind, rest[0])
     if kind in ("same-boot", "done") and not rest:
-        return Event(kind)
+        return RunnerEvent(kind)
     return None
 
 
@@ -194,7 +194,7 @@ class Lines:
     """Cuts streamed text into lines: protocol events to `on_event`, everything else to `on_output`
     (whole lines, newline included), so step output never reaches the event parser half-way."""
 
-    def __init__(self, nonce: str, on_event: Callable[[Event], None], on_output: Callable[[str], None]) -> None:
+    def __init__(self, nonce: str, on_event: Callable[[RunnerEvent], None], on_output: Callable[[str], None]) -> None:
         self.nonce = nonce
         self.on_event = on_event
         self.on_output = on_output
@@ -202,7 +202,7 @@ class Lines:
 
     def feed(self, text: str) -> None:
         """A step's output goes on in runs of whole lines, one call a run (a chatty step's log comes here line on
-        line: a call each cost a 400,000-line build log ~40 s of the controller's CPU)."""
+        line, and a call per line made a long build log a real load on the controller's CPU)."""
         if "\n" not in text:
             self._partial.append(text)
             return

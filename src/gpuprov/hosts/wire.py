@@ -13,9 +13,9 @@ import paramiko
 def connect_tcp(host: str, port: int, timeout: float) -> socket.socket:
     """The TCP connection SSH runs over, made here rather than by paramiko so that both of the kernel's small-packet
     delays are off from the first byte. The key exchange, authentication and a channel's opening are exchanges of
-    small packets, sent two in a row at times, and each such pair waited ~40 ms for a delayed ACK: with Nagle on
-    ours (paramiko turns it off nowhere) and on sshd's side, a connection and its first command took ~105 ms on a
-    local host instead of ~22 ms (bench/README.md)."""
+    small packets, sent two in a row at times, and each such pair waited for a delayed ACK: with Nagle on ours
+    (paramiko turns it off nowhere) and on sshd's side, a connection and its first command took several times
+    as long on a local host."""
     sock = socket.create_connection((host, port), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if hasattr(socket, "TCP_QUICKACK"):

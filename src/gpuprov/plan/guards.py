@@ -26,7 +26,7 @@ DEFAULT_METADATA_URL = "http://169.254.169.254"
 # EC2 guide, "Capacity Blocks" (capacity-blocks-using): "Thirty minutes before the reservation expires, we begin to
 # terminate any instances that are still running in the Capacity Block"; its EventBridge warning comes 40 minutes
 # before the end (capacity-blocks-monitor). The node's watch warns and runs the hook then: ten minutes before EC2
-# begins (read 2026-12-01).
+# begins.
 BLOCK_WARN_SECONDS = 40 * 60
 
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from gpuprov.errors import UserInputError
 from gpuprov.resources import load_data
 
-Family = Literal["apt", "dnf"]
+PackageFamily = Literal["apt", "dnf"]
 
 
 class AwsImage(BaseModel):
@@ -42,7 +42,7 @@ class AwsImage(BaseModel):
 class OsInfo(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    family: Family
+    family: PackageFamily
     repo: str  # NVIDIA's CUDA repository directory: ubuntu2404, rhel9, amzn2023
     os_release: tuple[str, str]  # (ID, VERSION_ID as gpuprov names it)
     # how the branch is held: apt's pinning packages; dnf: NVIDIA's module streams (EL9, AL2023), or `dnf versionlock`
@@ -86,7 +86,7 @@ def login_user(name: str) -> str:
     return image.user if image else "ubuntu"
 
 
-def family(name: str) -> Family:
+def family(name: str) -> PackageFamily:
     """apt or dnf: which package manager the stack's steps use on this OS."""
     return info(name).family
 

@@ -34,7 +34,7 @@ from gpuprov.plan.stack_steps import check_monitoring_os, driver_stack_steps
 
 # The catalog, the stack solver (compat, kept) and Docker's facts are imported where a plan needs them: a host's
 # plan with no GPU named and no Docker (bootstrap of a `stack: none` playbook) uses none of them, and importing
-# them cost ~6 ms of its start-up (bench/README.md "cli_startup.py").
+# them was a measurable share of its start-up.
 if TYPE_CHECKING:
     from gpuprov.plan import catalog
     from gpuprov.plan.catalog import Gpu, InstanceType

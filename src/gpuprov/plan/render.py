@@ -154,7 +154,7 @@ def environment() -> jinja2.Environment:
     """One per process: Jinja keeps each compiled template, so 32 hosts' bundles do not compile them 32 times
     (and, templates being fixed for the process, does not stat their files on every use either). Compiled
     templates are also kept on disk (Jinja's bytecode cache, keyed by each template's source checksum), so a
-    command does not spend ~20-50 ms compiling what the last one compiled."""
+    command does not compile again what the last one compiled."""
     import jinja2  # here, not at the top: `exec` and `ssh` use this module's paths and never render
 
     from gpuprov.paths import cache_dir

@@ -82,7 +82,7 @@ class _Pinning(_Fact):
 
 class _Lifecycle(_Fact):
     type: Literal["LTSB", "PB", "NFB"] | None = None
-    end_of_life: str | None = None  # "2026-08": the month NVIDIA names
+    end_of_life: str | None = None  # "YYYY-MM": the month NVIDIA names
     ended: bool = False  # NVIDIA lists the branch as ended, without a date
     unverified: str | None = None
 
@@ -155,7 +155,7 @@ class StackFacts(_Fact):
         return tuple(b for b in self.driver_branches if b >= self.driver_pinning.from_branch)
 
     def branch_ended(self, branch: int, on: date | None = None) -> str | None:
-        """'R610 (a New Feature Branch) reached its end of life in 2026-08' when NVIDIA has ended the branch."""
+        """'R610 (a New Feature Branch) reached its end of life in YYYY-MM' when NVIDIA has ended the branch."""
         life = self.driver_lifecycle.get(branch)
         if life is None or not life.ended_on(on or families.today()):
             return None

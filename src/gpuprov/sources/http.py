@@ -26,7 +26,7 @@ PYTORCH_INDEX = ("GPUPROV_PYTORCH_INDEX_URL", "https://download.pytorch.org/whl"
 NVIDIA_REPOS = ("GPUPROV_NVIDIA_REPOS_URL", "https://developer.download.nvidia.com/compute/cuda/repos")
 
 
-class Unreachable(GpuprovError):
+class SourceUnreachable(GpuprovError):
     """A source that did not answer (or answered an error): the refresh of its family fails, the rest go on."""
 
     def __init__(self, url: str, why: str, status: int | None = None) -> None:
@@ -74,21 +74,21 @@ def _agent() -> str:
 
 
 def get(url: str, accept: str = "*/*", timeout: float = TIMEOUT) -> Response:
-    """The body of `url` (a .gz one unpacked), or Unreachable naming it and why."""
+    """The body of `url` (a .gz one unpacked), or SourceUnreachable naming it and why."""
     request = urllib.request.Request(url, headers={"Accept": accept, "User-Agent": _agent()})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             body = answer.read()
             content_type = answer.headers.get("Content-Type", "")
     except urllib.error.HTTPError as exc:
-        raise Unreachable(url, f"HTTP {exc.code} {exc.reason}", exc.code) from None
+        raise SourceUnreachable(url, f"HTTP {exc.code} {exc.reason}", exc.code) from None
     except urllib.error.URLError as exc:
-        raise Unreachable(url, str(exc.reason)) from None
+        raise SourceUnreachable(url, str(exc.reason)) from None
     except (OSError, ValueError) as exc:
-        raise Unreachable(url, str(exc) or type(exc).__name__) from None
+        raise SourceUnreachable(url, str(exc) or type(exc).__name__) from None
     if url.endswith(".gz"):
         try:
             body = gzip.decompress(body)
         except (OSError, EOFError) as exc:
-            raise Unreachable(url, f"not gzip: {exc}") from None
+            raise SourceUnreachable(url, f"not gzip: {exc}") from None
     return Response(url, content_type.split(";")[0].strip().lower(), body)

@@ -47,7 +47,7 @@ def read_repo(base: str, folder: str) -> tuple[list[Stanza], str]:
     try:
         url = f"{base}/{folder}/Packages.gz"
         return parse_packages(http.get(url).text()), url
-    except http.Unreachable as first:
+    except http.SourceUnreachable as first:
         if first.status != 404:
             raise
     url = f"{base}/{folder}/Packages"
@@ -64,7 +64,7 @@ def _v(text: str) -> tuple[int, ...]:
 
 
 def values(base: str, snapshot: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The drivers family's values from every repository's index, and the URLs read; Unreachable if one is not."""
+    """The drivers family's values from every repository's index, and the URLs read; SourceUnreachable if one is not."""
     toolkits: dict[str, list[str]] = {}
     releases: dict[int, set[str]] = defaultdict(set)
     pin_branches: set[int] = set()

@@ -106,7 +106,7 @@ def read_pypi(base: str) -> tuple[dict[str, FamilyRead], list[str], list[str]]:
         release_url = f"{base}/pypi/torch/{fam.newest}/json"
         try:
             release = json.loads(http.get(release_url, "application/json").body)
-        except http.Unreachable as exc:
+        except http.SourceUnreachable as exc:
             notes.append(f"torch {name}: its PyPI wheel's Requires-Dist was not read ({exc.why} from "
                          f"{http.described(release_url)})")
             continue
@@ -151,7 +151,7 @@ def read(pypi: str, index: str) -> TorchRead:
     try:
         by_index = read_index(index)
         urls.append(f"{index}/torch/")
-    except http.Unreachable as exc:
+    except http.SourceUnreachable as exc:
         by_index, index_read = {}, False
         notes.append(f"the PyTorch wheel index was not read ({http.described(exc.url)}: {exc.why}): CUDA variants "
                      "kept from the snapshot")

@@ -84,7 +84,7 @@ class AwsIam(AwsBase):
     def tagged_iam(self, region: str, everyone: bool = False) -> list[CloudResource]:
         """gpuprov's instance profiles and roles (named `gpuprov-NODE-…`), by their tags, for `gc`: IAM is global, so
         they are listed once, under `region`. IAM's listings carry no tags (IAM API reference, ListInstanceProfiles:
-        "does not return tags … see GetInstanceProfile"; ListRoles likewise; read 2026-12-02), so each `gpuprov-` name
+        "does not return tags … see GetInstanceProfile"; ListRoles likewise), so each `gpuprov-` name
         is read on its own: GetInstanceProfile, ListRoleTags."""
         iam = self._client("iam", region)
         mine = self.family if everyone else self.owners  # EC2 filter patterns (`user@host/*`): fnmatch here

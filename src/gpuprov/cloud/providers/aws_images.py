@@ -106,7 +106,7 @@ class AwsImages(AwsBase):
         """CopyImage, asked in the destination region ("The copy operation must be initiated in the destination
         Region"), with TagSpecifications for the new AMI and its new snapshots (user tags are not copied unless
         CopyImageTags) and a ClientToken: a retry whose first answer was lost gets the first copy's id (EC2 API
-        reference, CopyImage, and SDK docs of CopyImageRequest, read 2026-12-02)."""
+        reference, CopyImage, and SDK docs of CopyImageRequest)."""
         ec2 = self._client("ec2", request.region)
         extra = {TAG_STACK: "start-move", TAG_SOURCE: request.source_node}
         specs = [{"ResourceType": "image", "Tags": self._tags(IMAGES, {**extra, "Name": request.name})},

@@ -3,7 +3,7 @@
 Each row names AWS's error code (and, where one code means several things, a pattern of its
 message), what the failover does next, and the fix printed when it stops. Codes and meanings:
 EC2 API reference "Error codes for the Amazon EC2 API" and the EC2 user guide's
-"Troubleshoot Amazon EC2 instance launch issues" (both read 2026-12-01).
+"Troubleshoot Amazon EC2 instance launch issues".
 
   next-candidate  this zone/type cannot serve now: try the next zone or instance type
   next-market     spot as a whole is closed to this account: go on with on-demand when

@@ -1,7 +1,7 @@
 """The provider protocol: the handful of typed operations cloud/ needs from a cloud.
 
 A provider makes and removes machines and knows nothing of local state or SSH: cloud/ (launch.py,
-node.py, cluster.py) records each resource (with its ClientToken or name) before it asks the provider to create it.
+node.py, cluster_up.py) records each resource (with its ClientToken or name) before it asks the provider to create it.
 Every resource is tagged `gpuprov:node` / `gpuprov:owner`, so nothing it makes can be lost.
 
 Clouds are eventually consistent: a resource created a moment ago can answer "not found".
@@ -23,8 +23,6 @@ from gpuprov.errors import GpuprovError
 
 Market = Literal["spot", "on-demand"]
 Then = Literal["next-candidate", "next-market", "stop", "retry"]
-ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "snapshot",
-                       "placement-group", "address"]
 InterfaceType = Literal["interface", "efa", "efa-only"]
 TAG_NODE = "gpuprov:node"
 TAG_OWNER = "gpuprov:owner"

@@ -40,13 +40,12 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from gpuprov.cloud import addresses, launch, reservations
 from gpuprov.cloud import timeline as tl
-from gpuprov.cloud.cluster_network import ClusterNetwork, instance_of, network_for, with_efa_step
+from gpuprov.cloud.cluster_network import ClusterLayout, instance_of, network_for, with_efa_step
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
 from gpuprov.cloud.failover import Candidate, Order
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, LaunchRequest, Market, Network, NotFound, Provider
@@ -57,9 +56,9 @@ from gpuprov.plan.plan import Plan
 from gpuprov.state import Member, Node, Store, locks, members_json
 
 if TYPE_CHECKING:
-    from gpuprov import cluster as wiring
+    from gpuprov import cluster
+    from gpuprov.say import Say
 
-Say = Callable[[str], None]
 MAX_NODES = 64  # a sanity bound on --nodes; EC2's own limit is the account's vCPU quota
 
 @dataclass(frozen=True)
@@ -76,7 +75,7 @@ class ClusterOptions:
 class ClusterResult:
     node: Node
     members: list[Member]
-    network: ClusterNetwork
+    network: ClusterLayout
     attempts: list[launch.Attempt] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)  # "node 2 (i-…): why"
     ssh_alias: str | None = None
@@ -134,9 +133,9 @@ def up(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider: Prov
 
 def _not_a_host_cluster(name: str) -> None:
     """One name, one cluster: a recorded cluster of existing hosts keeps its name (`ssh NAME:K` would be ambiguous)."""
-    from gpuprov import cluster as wiring
+    from gpuprov import cluster
 
-    found = wiring.load(name)
+    found = cluster.load(name)
     if found is not None and found.node is None:
         raise UserInputError("NAME", f"{name!r} is already a cluster of existing hosts (bootstrap --cluster)",
                              f"pick another name, or forget that one: gpuprov cluster rm {name}")
@@ -201,7 +200,7 @@ def _launch_and_bootstrap(plan: Plan, opts: launch.UpOptions, copts: ClusterOpti
 
 def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider: Provider, store: Store, say: Say,
             order: Order, image: str, access: Access,
-            rec: tl.Recorder) -> tuple[list[Instance], ClusterNetwork, list[launch.Attempt]]:
+            rec: tl.Recorder) -> tuple[list[Instance], ClusterLayout, list[launch.Attempt]]:
     """Ask each candidate for the whole cluster in one request; a refusal moves the whole cluster on."""
     name, region = opts.name, plan.request.region
     attempts: list[launch.Attempt] = []
@@ -266,7 +265,7 @@ def _landed(plan: Plan, store: Store, name: str, cand: Candidate) -> None:
                       shutdown_action=launch.shutdown_behavior(plan, cand.market))
 
 
-def _member(name: str, region: str, rank: int, inst: Instance, opts: launch.UpOptions, layout: ClusterNetwork,
+def _member(name: str, region: str, rank: int, inst: Instance, opts: launch.UpOptions, layout: ClusterLayout,
             provider: Provider, store: Store, say: Say) -> Member:
     public = inst.ipv6 if opts.ipv6 else inst.public_ip  # an IPv6 address is public: no Elastic IP needed
     allocation = None
@@ -336,7 +335,7 @@ def _release(name: str, region: str, members: list[Member], provider: Provider, 
 
 def _contact_all(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, members: list[Member], key_path: str,
                  provider: Provider, store: Store, say: Say, result: ClusterResult,
-                 layout: ClusterNetwork, rec: tl.Recorder) -> list[Member]:
+                 layout: ClusterLayout, rec: tl.Recorder) -> list[Member]:
     """SSH to every node (host key pinned per node) and bootstrap it, all at once; failed nodes are dropped
     when --min-nodes allows, else the cluster fails. Each node is a row of the timeline's phase."""
     from gpuprov.hosts.fanout import run_parallel
@@ -376,39 +375,39 @@ def _contact_all(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, memb
     return members
 
 
-def as_cluster(name: str, node: Node, members: list[Member], user: str, key_path: str) -> wiring.Cluster:
-    """The launched cluster in the form `bootstrap --cluster` records (cluster.py): the same `NAME`/`NAME:K`,
+def as_cluster(name: str, node: Node, members: list[Member], user: str, key_path: str) -> cluster.Cluster:
+    """The launched cluster in the form `bootstrap --cluster` records (gpuprov/cluster/): the same `NAME`/`NAME:K`,
     `exec`, `torchrun` and `check --cluster` then work on it. Each node is reached at its connect address with
     the cluster's pinned keys; the others know it by its private address (MASTER_ADDR = node 0's, the hostfile);
     GPUs per node are the instance type's, from the catalog."""
-    from gpuprov import cluster as wiring
+    from gpuprov import cluster
     from gpuprov.hosts import sshconfig
     from gpuprov.plan import catalog
 
     gpus = catalog.load().instance_type(node.instance_type).gpus if node.instance_type else node.gpu_count or 0
     known = str(sshconfig.node_known_hosts(name))
-    nodes = [wiring.Member(host=m.address or "", user=user, key=key_path, known_hosts=known,
-                           address=m.private_ip or m.address or "", gpus=gpus, instance_type=node.instance_type)
+    nodes = [cluster.ClusterHost(host=m.address or "", user=user, key=key_path, known_hosts=known,
+                                 address=m.private_ip or m.address or "", gpus=gpus, instance_type=node.instance_type)
              for m in members]
-    return wiring.Cluster(name=name, master_addr=nodes[0].address, master_port=wiring.DEFAULT_PORT, members=nodes,
-                          node=name)
+    return cluster.Cluster(name=name, master_addr=nodes[0].address, master_port=cluster.DEFAULT_PORT, members=nodes,
+                           node=name)
 
 
-def wire(name: str, node: Node, members: list[Member], user: str, key_path: str, say: Say) -> wiring.Cluster:
+def wire(name: str, node: Node, members: list[Member], user: str, key_path: str, say: Say) -> cluster.Cluster:
     """Record the cluster and write /etc/gpuprov/cluster.env and hostfile on every node (ranks as they are
     after any drop); a node that cannot be wired fails the `up`, as a failed bootstrap does."""
-    from gpuprov import cluster as wiring
+    from gpuprov import cluster
     from gpuprov.hosts.remote import HostSettings
     from gpuprov.hosts.sshconfig import node_known_hosts
 
-    cluster = as_cluster(name, node, members, user, key_path)
-    say(f"wiring {cluster.nnodes} nodes as cluster {name}: MASTER_ADDR={cluster.master_addr}, "
-        f"{cluster.nproc_per_node()} process(es) a node")
+    wired = as_cluster(name, node, members, user, key_path)
+    say(f"wiring {wired.nnodes} nodes as cluster {name}: MASTER_ADDR={wired.master_addr}, "
+        f"{wired.nproc_per_node()} process(es) a node")
     settings = HostSettings(known_hosts=node_known_hosts(name), connect_timeout=15)
-    failed = [r for r in wiring.install(cluster, settings, parallel=len(members)) if r.outcome == "failed"]
+    failed = [r for r in cluster.install(wired, settings, parallel=len(members)) if r.outcome == "failed"]
     if failed:
         raise GpuprovError("wiring the cluster failed: " + "; ".join(f"{r.target.name}: {r.error}" for r in failed))
-    return cluster
+    return wired
 
 
 def _merge_known_hosts(name: str, members: list[Member]) -> None:
