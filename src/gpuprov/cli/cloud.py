@@ -1,6 +1,6 @@
 """The cloud lifecycle: up, status, stop, start, down (autostop, ttl: cli/guardrails.py; gc: cli/gc.py).
 
-`up --nodes N` goes to cloud/cluster.py. `up --json` (a cluster's too) and `start --json` print the node, its ssh
+`up --nodes N` goes to cloud/cluster_up.py. `up --json` (a cluster's too) and `start --json` print the node, its ssh
 alias and the timeline, with the progress on stderr; `status NODE` shows one node, `--timeline` its last up/start
 timeline.
 """
