@@ -16,7 +16,7 @@ from tests import testnet
 from tests.machine import shared_user
 
 # the test hosts reboot in about a second, not a minute: look for them coming back more often than a user's run
-os.environ.setdefault("GPUPROV_REBOOT_POLL_SECONDS", "0.25")
+os.environ.setdefault("GPUPROV_TEST_REBOOT_POLL_SECONDS", "0.25")
 # every test plans with the shipped facts, whatever `gpuprov facts refresh` left in this machine's data folder;
 # the tests of the overlay point GPUPROV_FACTS_DIR at their own folder
 _FACTS_DIR = tempfile.mkdtemp(prefix="gpuprov-test-facts-")
@@ -47,6 +47,17 @@ def skip_or_fail(reason: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true and {reason}: this test must run in CI, not skip", pytrace=False)
     pytest.skip(reason)
+
+
+@pytest.fixture(autouse=True)
+def fresh_settings() -> Iterator[None]:
+    """gpuprov reads its settings (the GPUPROV_* environment, config.toml) once per process and keeps them: each
+    test starts from what its own environment and files say, not from an earlier test's."""
+    from gpuprov.settings import reset
+
+    reset()
+    yield
+    reset()
 
 
 @pytest.fixture

@@ -234,8 +234,8 @@ key = "{self.key}"
 ssh_config = "{ssh_config}"
 """)
         self.env = {**self.aws.env(), "GPUPROV_HOME": str(state), "GPUPROV_CONFIG": str(config),
-                    "GPUPROV_DLAMI_SSM_PREFIX": DLAMI_PREFIX, "GPUPROV_POLL_SECONDS": "0.2",
-                    "GPUPROV_REBOOT_POLL_SECONDS": "0.25"}
+                    "GPUPROV_TEST_DLAMI_SSM_PREFIX": DLAMI_PREFIX, "GPUPROV_TEST_POLL_SECONDS": "0.2",
+                    "GPUPROV_TEST_REBOOT_POLL_SECONDS": "0.25"}
         (self.workdir / "env.sh").write_text(self.exports())
         (self.workdir / "sandbox.json").write_text(json.dumps({
             "pid": os.getpid(), "env": self.env, "nodes": [x.address for x in self.pool.hosts], "hosts": h}, indent=1))

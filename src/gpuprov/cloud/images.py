@@ -87,10 +87,10 @@ class Dlami(BaseModel):
     driver: dict[str, DlamiDriver]
 
     def parameter_for(self, os_name: str, arch: str = ARCH) -> str:
-        import os
+        from gpuprov.settings import settings
 
         name = self.parameter.format(arch=arch, os=os_name)
-        prefix = os.environ.get("GPUPROV_DLAMI_SSM_PREFIX")  # tests: moto refuses names under /aws/
+        prefix = settings().test_dlami_ssm_prefix  # tests: moto refuses names under /aws/
         return prefix + name.removeprefix(AWS_DLAMI_PREFIX) if prefix else name
 
 

@@ -4,7 +4,6 @@ waiting and removal (image and snapshots). cloud/images.py decides; this makes t
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +23,7 @@ from gpuprov.cloud.providers.base import (
     NotFound,
 )
 from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.settings import settings
 
 IMAGE_SETTLE = 60.0  # seconds an image seen in a listing may still answer NotFound by id
 
@@ -41,7 +41,7 @@ class AwsImages(AwsBase):
 
     def os_image(self, region: str, os_name: str) -> str:
         """The current x86_64 image of a non-Ubuntu OS (data/os.yaml `aws`): its public SSM parameter, else the newest
-        available image of its publisher's account whose name matches. GPUPROV_PUBLIC_SSM_ROOT stands in for
+        available image of its publisher's account whose name matches. GPUPROV_TEST_PUBLIC_SSM_ROOT stands in for
         /aws/service (the tests' fake AWS, where no one may write under /aws)."""
         from gpuprov.plan import oses
 
@@ -50,7 +50,7 @@ class AwsImages(AwsBase):
         if image is None:
             raise UserInputError("--os", f"gpuprov knows no EC2 image of {os_name}", hint)
         if image.ssm:
-            root = os.environ.get("GPUPROV_PUBLIC_SSM_ROOT", "/aws/service")
+            root = settings().test_public_ssm_root or "/aws/service"
             name = root + image.ssm.removeprefix("/aws/service")
             found = self.public_image(region, name)
             if found is None:
