@@ -77,7 +77,7 @@ def host_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     Every ssh session on them gets GPUPROV_SYSROOT, so the rendered scripts write their config
     files into the host's private state instead of the real machine's /etc.
     """
-    if os.environ.get("GPUPROV_MUTATE"):
+    if os.environ.get("GPUPROV_TEST_MUTATE"):
         pytest.skip("mutation runs (tools/mutate.py) use no SSH test hosts")
     if os.geteuid() != 0:
         skip_or_fail("the SSH test hosts need root (network namespaces, sshd on port 22)")
@@ -103,7 +103,7 @@ from tests.aws.fixture import aws, aws_endpoint  # noqa: E402,F401  (pytest fixt
 @pytest.fixture(scope="session")
 def aws_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """2 SSH test hosts on the addresses moto hands out in a 10.220.0.0/24 subnet (.4, .5, …)."""
-    if os.environ.get("GPUPROV_MUTATE"):
+    if os.environ.get("GPUPROV_TEST_MUTATE"):
         pytest.skip("mutation runs (tools/mutate.py) use no SSH test hosts")
     if os.geteuid() != 0:
         skip_or_fail("the SSH test hosts need root (network namespaces, sshd on port 22)")

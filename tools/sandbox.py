@@ -54,7 +54,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-DEFAULT_DIR = Path(os.environ.get("GPUPROV_SANDBOX_DIR") or f"/tmp/gpuprov-sandbox-{os.getuid()}")
+DEFAULT_DIR = Path(os.environ.get("GPUPROV_TEST_SANDBOX_DIR") or f"/tmp/gpuprov-sandbox-{os.getuid()}")
 SYSROOT = "/var/lib/gpuprov-shim/root"
 SYSROOT_DIRS = ("", "/etc", "/opt", "/usr", "/usr/local", "/usr/local/bin", "/var", "/var/lib")
 # each host has its own network namespace, so the exporters of `--metrics` run for real there, as in the tests
