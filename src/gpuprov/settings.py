@@ -105,7 +105,7 @@ class Settings:
     test_public_ssm_root: str | None
 
     def variable(self, name: str) -> Sourced | None:
-        """The variable `name` when it is set and not empty."""
+        """gpuprov's own variable `name` (GPUPROV_*) when it is set and not empty."""
         value = self.env.get(name)
         return Sourced(value, name) if value else None
 

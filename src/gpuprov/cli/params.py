@@ -10,7 +10,6 @@ blames the place they did write it. `Command` refuses an option given twice and 
 from __future__ import annotations
 
 import math
-import os
 import re
 from typing import Any
 
@@ -72,8 +71,10 @@ def origin(ctx: click.Context | None, param: click.Parameter) -> str | None:
         return None
     source = ctx.get_parameter_source(param.name)
     if source == ParameterSource.ENVIRONMENT:
+        from gpuprov.settings import settings
+
         names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or [])
-        return next((str(n) for n in names if n and os.environ.get(str(n)) is not None), None)
+        return next((str(n) for n in names if n and settings().variable(str(n)) is not None), None)
     if source == ParameterSource.DEFAULT_MAP:
         from gpuprov.plan import config
 
