@@ -10,10 +10,6 @@ guards one bootstrap of it from this machine at a time.
 
 Locks are re-entrant within a process (a `down` inside an `up`'s take-back holds the node once more);
 the lock file names the holder (pid, command, since) for the messages.
-
-With team state a node's and an image's lock is a lease in the bucket instead (leases.py). Which kind a process
-uses is chosen once (`coordinator()`, the same one `open_store()` gives its store), not at every lock: the
-functions here (`hold`, `is_free`, `holder`, `claim`, …) ask it.
 """
 
 from __future__ import annotations
@@ -201,7 +197,8 @@ _chosen: tuple[Settings, Coordinator] | None = None  # the settings it was chose
 
 def coordinator() -> Coordinator:
     """This process's coordinator, chosen once from where its records live: a team's leases with state in S3,
-    else this machine's file locks. `open_store()` gives its store this one."""
+    else this machine's file locks. `open_store()` gives its store this one; `hold`, `is_free`, `holder`, `claim`
+    and `nodes` below ask it (not where the records live, at every lock)."""
     global _chosen
     from gpuprov.settings import settings
     from gpuprov.state.url import configured
