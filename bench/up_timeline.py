@@ -58,7 +58,7 @@ class Site:
 
     def env(self, home: Path) -> dict[str, str]:
         return {**os.environ, **self.aws.env(), "GPUPROV_HOME": str(home),  # type: ignore[attr-defined]
-                "HOME": str(home / "user"), "GPUPROV_POLL_SECONDS": "0.1", "COLUMNS": "100"}
+                "HOME": str(home / "user"), "GPUPROV_TEST_POLL_SECONDS": "0.1", "COLUMNS": "100"}
 
     def fresh_host(self) -> None:
         """The host as a new instance of Canonical's image would be: nothing installed, no markers."""

@@ -16,7 +16,7 @@ from tests import testnet
 from tests.machine import shared_user
 
 # the test hosts reboot in about a second, not a minute: look for them coming back more often than a user's run
-os.environ.setdefault("GPUPROV_REBOOT_POLL_SECONDS", "0.25")
+os.environ.setdefault("GPUPROV_TEST_REBOOT_POLL_SECONDS", "0.25")
 # every test plans with the shipped facts, whatever `gpuprov facts refresh` left in this machine's data folder;
 # the tests of the overlay point GPUPROV_FACTS_DIR at their own folder
 _FACTS_DIR = tempfile.mkdtemp(prefix="gpuprov-test-facts-")
@@ -49,6 +49,17 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
+@pytest.fixture(autouse=True)
+def fresh_settings() -> Iterator[None]:
+    """gpuprov reads its settings (the GPUPROV_* environment, config.toml) once per process and keeps them: each
+    test starts from what its own environment and files say, not from an earlier test's."""
+    from gpuprov.settings import reset
+
+    reset()
+    yield
+    reset()
+
+
 @pytest.fixture
 def gp_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """gpuprov's state dir, and a HOME of its own (gpuprov adds an Include to ~/.ssh/config)."""
@@ -66,7 +77,7 @@ def host_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     Every ssh session on them gets GPUPROV_SYSROOT, so the rendered scripts write their config
     files into the host's private state instead of the real machine's /etc.
     """
-    if os.environ.get("GPUPROV_MUTATE"):
+    if os.environ.get("GPUPROV_TEST_MUTATE"):
         pytest.skip("mutation runs (tools/mutate.py) use no SSH test hosts")
     if os.geteuid() != 0:
         skip_or_fail("the SSH test hosts need root (network namespaces, sshd on port 22)")
@@ -92,7 +103,7 @@ from tests.aws.fixture import aws, aws_endpoint  # noqa: E402,F401  (pytest fixt
 @pytest.fixture(scope="session")
 def aws_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """2 SSH test hosts on the addresses moto hands out in a 10.220.0.0/24 subnet (.4, .5, …)."""
-    if os.environ.get("GPUPROV_MUTATE"):
+    if os.environ.get("GPUPROV_TEST_MUTATE"):
         pytest.skip("mutation runs (tools/mutate.py) use no SSH test hosts")
     if os.geteuid() != 0:
         skip_or_fail("the SSH test hosts need root (network namespaces, sshd on port 22)")

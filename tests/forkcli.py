@@ -209,7 +209,7 @@ _READ_FOR_THE_CALLER = {"os", "_collections_abc", "collections", "posixpath", "g
 def import_gpuprov() -> list[tuple[str, str]]:
     """Import every gpuprov module; return each (module, variable) its import read from the environment.
     A value read at import would be the server's in every child (whose environment is the test's), so a
-    test that sets the variable would not reach the command: GPUPROV_SETTLE_SECONDS read at import once made
+    test that sets the variable would not reach the command: GPUPROV_TEST_SETTLE_SECONDS read at import once made
     every forked `down` after a lost launch wait EC2's three minutes instead of the test's fifteen seconds."""
     import pkgutil
 

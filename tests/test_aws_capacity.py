@@ -40,7 +40,7 @@ def _done(aws, action: str) -> list[dict]:
 def test_up_wait_asks_again_until_capacity_appears_and_leaves_nothing_between_passes(aws, env):
     zones = _zones(aws)
     aws.faults({**ICE, "times": 3 * len(zones)})  # three whole passes refused, the fourth's first ask granted
-    result = gp({**env, "GPUPROV_WAIT_BACKOFF_SECONDS": "0.05"},
+    result = gp({**env, "GPUPROV_TEST_WAIT_BACKOFF_SECONDS": "0.05"},
                 *up_args("patient", *ONE_TYPE, "--wait", "10m", *NO_WAIT))
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("pass ")]
@@ -65,7 +65,7 @@ def test_up_wait_asks_again_until_capacity_appears_and_leaves_nothing_between_pa
 def test_a_cluster_waits_for_a_zone_that_holds_it_whole_and_leaves_nothing_between_passes(aws, env):
     zones = _zones(aws, "g5.12xlarge")
     aws.faults({**ICE, "message": "no g5.12xlarge capacity", "times": len(zones)})  # pass 1 refused in every zone
-    result = gp({**env, "GPUPROV_WAIT_BACKOFF_SECONDS": "0.05"}, *up_args(
+    result = gp({**env, "GPUPROV_TEST_WAIT_BACKOFF_SECONDS": "0.05"}, *up_args(
         "crowd", "--gpu", "A10G:4", "--instance-type", "g5.12xlarge", "--nodes", "2", "--wait", "10m", *NO_WAIT))
     assert result.returncode == 0, result.stdout + result.stderr
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("pass ")]
@@ -87,7 +87,7 @@ def test_status_shows_a_waiting_up_and_sigterm_mid_wait_leaves_nothing(aws, env)
     aws.faults(ICE)  # no capacity at all
     proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("waits", *ONE_TYPE, "--wait", "2h", *NO_WAIT)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**env, "GPUPROV_WAIT_BACKOFF_SECONDS": "60"})
+                         env={**env, "GPUPROV_TEST_WAIT_BACKOFF_SECONDS": "60"})
     try:
         assert proc.stdout is not None
         for line in proc.stdout:  # the pass line is printed once the record says `waiting`
@@ -479,7 +479,7 @@ def test_reservations_and_a_capacity_block_bought_waited_for_and_launched_into(a
     assert early.returncode == 2 and "starts at" in early.stderr and "--wait" in early.stderr
     proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args(
         "blk", "--gpu", "H100:8", "--capacity-block", block["reservation_id"], "--wait", "2h", *NO_WAIT)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env, "GPUPROV_WAIT_BACKOFF_SECONDS": "0.5"})
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env, "GPUPROV_TEST_WAIT_BACKOFF_SECONDS": "0.5"})
     try:
         assert proc.stdout is not None
         for line in proc.stdout:

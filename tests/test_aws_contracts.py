@@ -256,7 +256,7 @@ def test_start_of_a_node_brought_up_with_a_playbook_file_uses_the_playbook_it_ha
     nothing_left(aws)
 
 
-@pytest.mark.parametrize("var", ["GPUPROV_SETTLE_SECONDS", "GPUPROV_POLL_SECONDS"])
+@pytest.mark.parametrize("var", ["GPUPROV_TEST_SETTLE_SECONDS", "GPUPROV_TEST_POLL_SECONDS"])
 def test_a_bad_timing_variable_is_named_before_any_cloud_call(aws, env, var):
     result = gp({**env, var: "soon"}, "gc")
     assert result.returncode == 2 and "Traceback" not in result.stderr

@@ -245,7 +245,7 @@ def test_dlami_with_its_driver_preinstalled_the_driver_step_is_unchanged(aws, en
     ami = _seed_dlami(aws)
     # the DLAMI's driver (R595, its release notes) is loaded; dpkg lists no NVIDIA driver or pinning package
     pool.exec_in(0, "echo 'export GPUPROV_SHIM_DRIVER_PREINSTALLED=595.91.07' >> /var/lib/gpuprov-shim/env", check=True)
-    env = {**env, "GPUPROV_DLAMI_SSM_PREFIX": DLAMI_PREFIX}
+    env = {**env, "GPUPROV_TEST_DLAMI_SSM_PREFIX": DLAMI_PREFIX}
     result = gp(env, *up_args("dl", *STACK_ARGS, "--subnet", subnet, "--connect", "private", "--ssh-user", "root",
                               "--image", "dlami"))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -260,7 +260,7 @@ def test_dlami_with_its_driver_preinstalled_the_driver_step_is_unchanged(aws, en
 
 def test_dlami_of_another_driver_branch_is_refused_before_launch(aws, env):
     _seed_dlami(aws, "ubuntu-24.04")
-    env = {**env, "GPUPROV_DLAMI_SSM_PREFIX": DLAMI_PREFIX}
+    env = {**env, "GPUPROV_TEST_DLAMI_SSM_PREFIX": DLAMI_PREFIX}
     result = gp(env, *up_args("dl", "--gpu", "T4", "--driver", "580", "--image", "dlami", "--no-bootstrap", "--no-wait"))
     assert result.returncode == 2, result.stdout + result.stderr
     assert "error: --image:" in result.stderr and "R595" in result.stderr and "--driver 595" in result.stderr

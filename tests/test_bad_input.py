@@ -152,7 +152,7 @@ CASES = [
     ("plan --gpu h100 -p {d}/pins.yml", "{d}/pins.yml:3: pins.driver", "R550 cannot be installed"),
     ("up --gpu t4 --min-nodes 1 --dry-run", "--min-nodes", "applies to a cluster"),
     ("up --gpu t4 --wait soon --dry-run", "--wait", "'soon' is not a duration"),
-    ("GPUPROV_WAIT_BACKOFF_SECONDS=nan up --gpu t4 --wait 1h --dry-run", "GPUPROV_WAIT_BACKOFF_SECONDS",
+    ("GPUPROV_TEST_WAIT_BACKOFF_SECONDS=nan up --gpu t4 --wait 1h --dry-run", "GPUPROV_TEST_WAIT_BACKOFF_SECONDS",
      "expected seconds (a number > 0), got 'nan'"),
     # checked before any connection
     ("check --inventory {d}/inv-key.yml", "{d}/inv-key.yml: trainer-b.key", "no such key file"),

@@ -27,7 +27,7 @@ SYSROOT = "/var/lib/gpuprov-shim/root"
 @pytest.fixture(scope="module")
 def cluster_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """3 hosts with 2 fake GPUs each, on their own bridge (so a firewall rule here touches no other test)."""
-    if os.environ.get("GPUPROV_MUTATE"):
+    if os.environ.get("GPUPROV_TEST_MUTATE"):
         pytest.skip("mutation runs use no SSH test hosts")
     if os.geteuid() != 0:
         skip_or_fail("the SSH test hosts need root (network namespaces, sshd on port 22)")

@@ -45,7 +45,7 @@ def test_ended_branches_and_the_default_that_moves_on(monkeypatch: pytest.Monkey
     assert not f.branch_ended(595, on) and not f.branch_ended(580, on) and not f.branch_ended(620, on)
     assert not f.branch_ended(595, date(2027, 3, 31)) and f.branch_ended(595, date(2027, 4, 1))  # "March 2027"
     gpu = catalog.load().gpu("H100")
-    monkeypatch.setenv("GPUPROV_TODAY", "2027-04-01")  # R595, the default (a production branch), has ended
+    monkeypatch.setenv("GPUPROV_TEST_TODAY", "2027-04-01")  # R595, the default (a production branch), has ended
     assert st.supported_branch_from(595) == 620  # the next long-term/production branch, not the NFB 615
     stack = compat.resolve(gpu)
     assert stack.driver_branch == 620 and not stack.warnings

@@ -71,14 +71,14 @@ def test_with_the_sources_gone_the_snapshot_is_used_and_an_old_one_says_so_once(
     assert not (Path(base_env["GPUPROV_FACTS_DIR"]) / "torch.yaml").exists()
     fresh = gp(env, "plan", "--gpu", "H100")
     assert fresh.returncode == 0 and "torch==2.15.*" in fresh.stdout and "facts refresh" not in fresh.stdout + fresh.stderr
-    old = gp({**env, "GPUPROV_TODAY": "2027-03-15"}, "plan", "--gpu", "H100")  # 104 days after the snapshot was read
+    old = gp({**env, "GPUPROV_TEST_TODAY": "2027-03-15"}, "plan", "--gpu", "H100")  # 104 days after the snapshot was read
     assert old.returncode == 0 and "torch==2.15.*" in old.stdout
     said = " ".join((old.stdout + old.stderr).split())
     assert said.count("gpuprov facts refresh") == 1  # once, whatever the families past 90 days
     warning = ("the facts are 104 days old (5 of 5 families past 90 days, the oldest read 2026-12-01 from the shipped "
                "snapshot): `gpuprov facts refresh` reads them again")
     assert f"warning: {warning}" in said
-    data = json.loads(gp({**env, "GPUPROV_TODAY": "2027-03-15"}, "plan", "--gpu", "H100", "--json").stdout)
+    data = json.loads(gp({**env, "GPUPROV_TEST_TODAY": "2027-03-15"}, "plan", "--gpu", "H100", "--json").stdout)
     assert [w for w in data["warnings"] if "facts refresh" in w] == [warning]
 
 
@@ -117,19 +117,19 @@ def test_a_facts_file_that_does_not_read_names_itself(base_env: dict[str, str]) 
 
 
 def test_facts_shows_each_family_its_age_and_the_ended_branches(base_env: dict[str, str]) -> None:
-    shown = json.loads(gp({**base_env, "GPUPROV_TODAY": "2026-12-01"}, "facts", "--json").stdout)
+    shown = json.loads(gp({**base_env, "GPUPROV_TEST_TODAY": "2026-12-01"}, "facts", "--json").stdout)
     assert [f["name"] for f in shown["families"]] == ["torch", "cuda", "drivers", "driver-lifecycle", "instance-types"]
     assert all(f["origin"] == "snapshot" and f["read"] == "2026-12-01" and f["age_days"] == 0 for f in shown["families"])
     branches = {b["branch"]: b for b in shown["driver_branches"]}
     assert branches[610]["ended"] and branches[610]["end_of_life"] == "2026-08"  # an NFB that ended in August 2026
     assert branches[570]["ended"] and not branches[595]["ended"] and not branches[620]["ended"]
-    human = gp({**base_env, "GPUPROV_TODAY": "2026-12-01", "COLUMNS": "80"}, "facts")
+    human = gp({**base_env, "GPUPROV_TEST_TODAY": "2026-12-01", "COLUMNS": "80"}, "facts")
     assert human.returncode == 0 and max(len(line) for line in human.stdout.splitlines()) <= 80
     assert "R610   │ NFB  │ 2026-08     │ ended" in human.stdout
 
 
 def test_pinning_an_ended_branch_is_allowed_with_a_warning(base_env: dict[str, str]) -> None:
-    run = gp({**base_env, "GPUPROV_TODAY": "2026-12-01"}, "plan", "--gpu", "H100", "--driver", "610")
+    run = gp({**base_env, "GPUPROV_TEST_TODAY": "2026-12-01"}, "plan", "--gpu", "H100", "--driver", "610")
     assert run.returncode == 0, run.stderr
     assert ("warning: driver R610 (a New Feature Branch) reached its end of life in 2026-08: NVIDIA no longer fixes it; "
             "--driver 620 is supported") in run.stdout

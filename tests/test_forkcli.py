@@ -41,12 +41,12 @@ def test_a_forked_command_prints_and_exits_as_a_fresh_one(tmp_path: Path) -> Non
 
 def test_no_gpuprov_module_reads_the_environment_at_import() -> None:
     """A value read at import is the server's in every forked child: the test's variable never reaches the
-    command (GPUPROV_SETTLE_SECONDS once did that, and each forked `down` after a lost launch waited three
+    command (GPUPROV_TEST_SETTLE_SECONDS once did that, and each forked `down` after a lost launch waited three
     minutes). The server refuses to start on such a read; this names it on its own."""
     code = "import json, tests.forkcli as f; print(json.dumps(sorted(set(f.import_gpuprov()))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1],
-                         env={**os.environ, "GPUPROV_SETTLE_SECONDS": "7", "GPUPROV_HOME": "/nonexistent"}).stdout
+                         env={**os.environ, "GPUPROV_TEST_SETTLE_SECONDS": "7", "GPUPROV_HOME": "/nonexistent"}).stdout
     reads = {(mod, var) for mod, var in json.loads(out)}
     assert reads <= forkcli.IMPORT_TIME_READS_ALLOWED, reads - forkcli.IMPORT_TIME_READS_ALLOWED
 

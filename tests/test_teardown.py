@@ -21,8 +21,8 @@ R = "us-east-1"
 
 @pytest.fixture(autouse=True)
 def _ec2s_own_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests count EC2's own settle window; a shell's GPUPROV_SETTLE_SECONDS would change it."""
-    monkeypatch.delenv("GPUPROV_SETTLE_SECONDS", raising=False)
+    """These tests count EC2's own settle window; a shell's GPUPROV_TEST_SETTLE_SECONDS would change it."""
+    monkeypatch.delenv("GPUPROV_TEST_SETTLE_SECONDS", raising=False)
 
 
 def _instance(iid: str, state: str = "running", node: str = "n1") -> Instance:
@@ -258,7 +258,7 @@ def test_every_problem_is_kept_a_refused_terminate_and_an_unconfirmed_one(store:
 
 
 def test_an_old_records_notfound_on_terminate_means_gone(store: Store, monkeypatch) -> None:
-    monkeypatch.setenv("GPUPROV_SETTLE_SECONDS", "0")
+    monkeypatch.setenv("GPUPROV_TEST_SETTLE_SECONDS", "0")
     store.created(store.intend("n1", "instance", R, "tok-1"), "i-gone")
     cloud = FakeCloud()
     result = _run(cloud, store)
@@ -268,7 +268,7 @@ def test_an_old_records_notfound_on_terminate_means_gone(store: Store, monkeypat
 
 def test_an_old_lost_launch_is_looked_for_once_and_every_instance_of_its_token_is_recorded(
         store: Store, monkeypatch) -> None:
-    monkeypatch.setenv("GPUPROV_SETTLE_SECONDS", "0")
+    monkeypatch.setenv("GPUPROV_TEST_SETTLE_SECONDS", "0")
     store.intend("n1", "instance", R, "tok-old")
     old = FakeCloud()
     _run(old, store)
@@ -327,7 +327,7 @@ def test_a_settle_window_of_zero_believes_every_notfound_at_once(monkeypatch: py
     from gpuprov.state import Resource
 
     row = Resource(1, "n1", "instance", R, "tok", "i-1", "created", 1000.0, None)
-    monkeypatch.setenv("GPUPROV_SETTLE_SECONDS", "0")  # 0 once read as unset: EC2's three minutes
+    monkeypatch.setenv("GPUPROV_TEST_SETTLE_SECONDS", "0")  # 0 once read as unset: EC2's three minutes
     assert st.settle(row, now=1000.0) == 0.0
-    monkeypatch.setenv("GPUPROV_SETTLE_SECONDS", "15")  # read when asked, not when the module was imported
+    monkeypatch.setenv("GPUPROV_TEST_SETTLE_SECONDS", "15")  # read when asked, not when the module was imported
     assert st.settle(row, now=1000.0) == 15.0

@@ -98,7 +98,7 @@ def host_cluster(env: dict[str, str], sb: object) -> None:
 
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gpuprov-demo-"))
-    env = {**os.environ, "GPUPROV_HOME": str(work / "home"), "HOME": str(work / "user"), "GPUPROV_POLL_SECONDS": "0.2",
+    env = {**os.environ, "GPUPROV_HOME": str(work / "home"), "HOME": str(work / "user"), "GPUPROV_TEST_POLL_SECONDS": "0.2",
            "COLUMNS": os.environ.get("COLUMNS", "120")}
     (work / "user").mkdir()
     try:

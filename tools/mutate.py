@@ -2,7 +2,7 @@
 
 Each module runs in its own scratch copy of the checkout (.mutate/<module>/, gitignored), because mutmut reads
 its settings from ./pyproject.toml and copies the tree into ./mutants. Surviving mutants (the diff of each) and the
-score per module go to .mutate/report.md. Tests that need the SSH test hosts skip there (GPUPROV_MUTATE=1): mutmut
+score per module go to .mutate/report.md. Tests that need the SSH test hosts skip there (GPUPROV_TEST_MUTATE=1): mutmut
 maps tests to functions in-process, and those tests drive the CLI in subprocesses, which it cannot see.
 
     python tools/mutate.py                       # every module below
@@ -83,7 +83,7 @@ def run(module: str, jobs: int) -> str:
     where = WORK / module.replace("/", "-")
     if not (os.environ.get("MUTATE_REPORT_ONLY") and (where / "mutants").is_dir()):
         _tree(where, module)
-        env = {**os.environ, "GPUPROV_MUTATE": "1"}
+        env = {**os.environ, "GPUPROV_TEST_MUTATE": "1"}
         print(f"== {module}: mutmut run in {where}", flush=True)
         only = os.environ.get("MUTATE_ONLY", "").split()
         subprocess.run([MUTMUT, "run", "--max-children", str(jobs), *only], cwd=where, env=env,

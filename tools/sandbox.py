@@ -54,7 +54,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-DEFAULT_DIR = Path(os.environ.get("GPUPROV_SANDBOX_DIR") or f"/tmp/gpuprov-sandbox-{os.getuid()}")
+DEFAULT_DIR = Path(os.environ.get("GPUPROV_TEST_SANDBOX_DIR") or f"/tmp/gpuprov-sandbox-{os.getuid()}")
 SYSROOT = "/var/lib/gpuprov-shim/root"
 SYSROOT_DIRS = ("", "/etc", "/opt", "/usr", "/usr/local", "/usr/local/bin", "/var", "/var/lib")
 # each host has its own network namespace, so the exporters of `--metrics` run for real there, as in the tests
@@ -234,8 +234,8 @@ key = "{self.key}"
 ssh_config = "{ssh_config}"
 """)
         self.env = {**self.aws.env(), "GPUPROV_HOME": str(state), "GPUPROV_CONFIG": str(config),
-                    "GPUPROV_DLAMI_SSM_PREFIX": DLAMI_PREFIX, "GPUPROV_POLL_SECONDS": "0.2",
-                    "GPUPROV_REBOOT_POLL_SECONDS": "0.25"}
+                    "GPUPROV_TEST_DLAMI_SSM_PREFIX": DLAMI_PREFIX, "GPUPROV_TEST_POLL_SECONDS": "0.2",
+                    "GPUPROV_TEST_REBOOT_POLL_SECONDS": "0.25"}
         (self.workdir / "env.sh").write_text(self.exports())
         (self.workdir / "sandbox.json").write_text(json.dumps({
             "pid": os.getpid(), "env": self.env, "nodes": [x.address for x in self.pool.hosts], "hosts": h}, indent=1))

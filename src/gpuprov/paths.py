@@ -15,14 +15,15 @@ from functools import cache
 from pathlib import Path
 
 from gpuprov.errors import UserInputError
+from gpuprov.settings import settings
 
 
 def state_dir() -> Path:
     """The state folder, created (0700) if missing; one that cannot be is a UserInputError naming
     GPUPROV_HOME (or the default's path), before anything else happens."""
-    override = os.environ.get("GPUPROV_HOME")
+    override = settings().home
     if override:
-        path = Path(override).expanduser()
+        path = override
     else:
         from platformdirs import user_state_dir
 
@@ -56,9 +57,9 @@ def region_key(keys: Path, region: str) -> Path:
 def cache_dir() -> Path | None:
     """Files gpuprov can rebuild (compiled templates): $GPUPROV_HOME/cache, else the user's cache dir
     (~/.cache/gpuprov). None when it cannot be created: a cache is never worth an error."""
-    override = os.environ.get("GPUPROV_HOME")
+    override = settings().home
     if override:
-        path = Path(override).expanduser() / "cache"
+        path = override / "cache"
     else:
         from platformdirs import user_cache_dir
 
@@ -74,12 +75,11 @@ def facts_dir() -> Path:
     """Where `gpuprov facts refresh` keeps the facts it read (an overlay on the shipped data/*.yaml):
     $GPUPROV_FACTS_DIR, else $GPUPROV_HOME/facts, else facts/ in the user's data dir (~/.local/share/gpuprov).
     Not created here: reading finds nothing there until a refresh writes it."""
-    override = os.environ.get("GPUPROV_FACTS_DIR")
-    if override:
-        return Path(override).expanduser()
-    home = os.environ.get("GPUPROV_HOME")
-    if home:
-        return Path(home).expanduser() / "facts"
+    found = settings()
+    if found.facts_dir:
+        return found.facts_dir
+    if found.home:
+        return found.home / "facts"
     from platformdirs import user_data_dir
 
     return Path(user_data_dir("gpuprov", appauthor=False)) / "facts"
@@ -91,12 +91,7 @@ def known_hosts_path() -> Path:
 
 def config_path() -> Path:
     """The user's config file: $GPUPROV_CONFIG, else config.toml in the XDG config dir (~/.config/gpuprov)."""
-    override = os.environ.get("GPUPROV_CONFIG")
-    if override:
-        return Path(override).expanduser()
-    from platformdirs import user_config_dir
-
-    return Path(user_config_dir("gpuprov", appauthor=False)) / "config.toml"
+    return settings().config.path
 
 
 def install_id() -> str:

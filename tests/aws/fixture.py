@@ -2,7 +2,7 @@
 
     with AwsEndpoint() as aws:                 # or the pytest fixtures `aws_endpoint` (session) / `aws` (per test)
         aws.reset()                            # fresh moto + proxy, Ubuntu SSM parameters seeded
-        env = aws.env()                        # AWS_ENDPOINT_URL=<proxy>, creds, region, retries, GPUPROV_UBUNTU_SSM_PREFIX
+        env = aws.env()                        # AWS_ENDPOINT_URL=<proxy>, creds, region, retries, GPUPROV_TEST_UBUNTU_SSM_PREFIX
         aws.faults([{"action": "RunInstances", "match": {"Placement.AvailabilityZone": "us-east-1a"},
                      "status": 500, "code": "InsufficientInstanceCapacity"}])
         aws.realism(fresh_lookups=3)           # the proxy plays EC2's eventual consistency (see "Kinds" below)
@@ -282,8 +282,8 @@ class AwsEndpoint:
             "AWS_EC2_METADATA_DISABLED": "true",
             "AWS_CONFIG_FILE": str(self.workdir / "no-aws-config"),
             "AWS_SHARED_CREDENTIALS_FILE": str(self.workdir / "no-aws-credentials"),
-            "GPUPROV_UBUNTU_SSM_PREFIX": SSM_PREFIX,
-            "GPUPROV_PUBLIC_SSM_ROOT": PUBLIC_SSM_ROOT,
+            "GPUPROV_TEST_UBUNTU_SSM_PREFIX": SSM_PREFIX,
+            "GPUPROV_TEST_PUBLIC_SSM_ROOT": PUBLIC_SSM_ROOT,
         }
 
     def client(self, service: str, region: str = "us-east-1", via_proxy: bool = False, **kw: Any) -> Any:

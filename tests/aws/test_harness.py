@@ -40,7 +40,7 @@ def test_env_points_at_proxy(aws: AwsEndpoint) -> None:
     env = aws.env()
     assert env["AWS_ENDPOINT_URL"] == aws.url != aws.moto_url
     assert env["AWS_MAX_ATTEMPTS"] == "2" and env["AWS_RETRY_MODE"] == "standard"
-    assert env["GPUPROV_UBUNTU_SSM_PREFIX"] == SSM_PREFIX
+    assert env["GPUPROV_TEST_UBUNTU_SSM_PREFIX"] == SSM_PREFIX
     r = _run(_ec2(), spot=True)
     iid = r["Instances"][0]["InstanceId"]
     got = aws.ec2().describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]

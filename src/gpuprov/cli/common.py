@@ -7,7 +7,6 @@ Heavy modules (boto3, fabric, the library itself) are imported inside functions,
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 from collections.abc import Callable
@@ -306,9 +305,10 @@ class Group(LazyGroup):
                      **extra: Any) -> click.Context:
         """Defaults from the user's config file (flag > environment > config file > built-in), read only
         when there is one."""
-        from gpuprov.paths import config_path
+        from gpuprov.settings import settings
 
-        if "default_map" not in extra and (config_path().exists() or os.environ.get("GPUPROV_CONFIG")):
+        found = settings().config
+        if "default_map" not in extra and (found.kind != "missing" or found.named):
             from gpuprov.plan import config
 
             try:
@@ -349,7 +349,9 @@ class Group(LazyGroup):
                 sys.stdout = None  # type: ignore[assignment]
             os._exit(0)
         except Exception as exc:  # a bug: one line for the user, the traceback in a file (GPUPROV_DEBUG=1 raises)
-            if os.environ.get("GPUPROV_DEBUG"):
+            from gpuprov.settings import settings
+
+            if settings().debug:
                 raise
             say_error(f"gpuprov hit a bug: {type(exc).__name__}: {exc}\n  the traceback is in {_save_traceback()}; "
                       "please report it (GPUPROV_DEBUG=1 prints it here)", 1)
@@ -462,20 +464,12 @@ def store_and_provider() -> tuple[Any, Any]:
     from gpuprov.cloud.providers.aws import AwsProvider
     from gpuprov.cloud.settle import window_from_env
     from gpuprov.cloud.tags import legacy_owner, owner
+    from gpuprov.settings import settings
     from gpuprov.state import open_store
 
-    try:
-        poll = float(os.environ.get("GPUPROV_POLL_SECONDS") or "2")
-        if not math.isfinite(poll) or poll < 0:
-            raise ValueError
-    except ValueError:
-        raise UserInputError("GPUPROV_POLL_SECONDS", "expected seconds (a number >= 0), got "
-                             f"{os.environ.get('GPUPROV_POLL_SECONDS')!r}") from None
-    try:
-        window_from_env()
-    except ValueError:
-        raise UserInputError("GPUPROV_SETTLE_SECONDS", "expected seconds (a number >= 0), got "
-                             f"{os.environ.get('GPUPROV_SETTLE_SECONDS')!r}") from None
+    found = settings()
+    poll = found.test_poll_seconds.seconds() if found.test_poll_seconds else 2.0
+    window_from_env()  # refused here, by name, before any cloud call
     from gpuprov.cloud.tags import team_tags
 
     return open_store(), AwsProvider(owner(), poll=poll, legacy=legacy_owner(), team=team_tags())

@@ -14,7 +14,6 @@ own usage errors; a mistyped command gets Click's suggestion.
 from __future__ import annotations
 
 import math
-import os
 import re
 from typing import Any
 
@@ -76,8 +75,10 @@ def origin(ctx: click.Context | None, param: click.Parameter) -> str | None:
         return None
     source = ctx.get_parameter_source(param.name)
     if source == ParameterSource.ENVIRONMENT:
+        from gpuprov.settings import settings
+
         names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or [])
-        return next((str(n) for n in names if n and os.environ.get(str(n)) is not None), None)
+        return next((str(n) for n in names if n and settings().variable(str(n)) is not None), None)
     if source == ParameterSource.DEFAULT_MAP:
         from gpuprov.plan import config
 

@@ -19,7 +19,7 @@ snapshots whose image is gone.
 `choose` (launch.launchpad, and `plan --live`): without `--image`, this owner's newest available image in the
 region with the plan's stack hash, OS and x86_64, else the OS's public image (Canonical's Ubuntu; for the other
 OSes the SSM parameter or the publisher's account and name pattern in data/os.yaml's `aws`, with its login user,
-what `up` logs in as without `--ssh-user`; GPUPROV_PUBLIC_SSM_ROOT stands for /aws/service in the tests' moto);
+what `up` logs in as without `--ssh-user`; GPUPROV_TEST_PUBLIC_SSM_ROOT stands for /aws/service in the tests' moto);
 `fresh`; `dlami` (the public SSM parameter from data/images.yaml, refused before launch when its recorded driver
 branch is not the plan's); an AMI id; a baked image's name. Snapshots are tagged `gpuprov:image=NAME`, so one whose
 image is gone is found.
@@ -95,10 +95,10 @@ class Dlami(BaseModel):
     driver: dict[str, DlamiDriver]
 
     def parameter_for(self, os_name: str, arch: str = ARCH) -> str:
-        import os
+        from gpuprov.settings import settings
 
         name = self.parameter.format(arch=arch, os=os_name)
-        prefix = os.environ.get("GPUPROV_DLAMI_SSM_PREFIX")  # tests: moto refuses names under /aws/
+        prefix = settings().test_dlami_ssm_prefix  # tests: moto refuses names under /aws/
         return prefix + name.removeprefix(AWS_DLAMI_PREFIX) if prefix else name
 
 

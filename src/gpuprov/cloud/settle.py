@@ -10,27 +10,23 @@ EC2's own answer (not made by gpuprov moments ago) settles at once.
 
 from __future__ import annotations
 
-import math
-import os
 import time
 
+from gpuprov.errors import UserInputError
+from gpuprov.settings import settings
 from gpuprov.state import Resource
 
-# Three minutes covers what EC2's guide describes (seconds, at most a few minutes). GPUPROV_SETTLE_SECONDS
+# Three minutes covers what EC2's guide describes (seconds, at most a few minutes). GPUPROV_TEST_SETTLE_SECONDS
 # shortens it where the cloud is an imitation whose lag is counted in look-ups, not minutes (the test suite);
 # cli/common.py refuses a value that is not a number of seconds.
 DEFAULT_SETTLE_SECONDS = 180.0
 
 
 def window_from_env() -> float | None:
-    """GPUPROV_SETTLE_SECONDS as seconds, None when unset; ValueError when it is not a finite number >= 0."""
-    raw = os.environ.get("GPUPROV_SETTLE_SECONDS")
-    if raw is None or raw == "":
-        return None
-    value = float(raw)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(raw)
-    return value
+    """GPUPROV_TEST_SETTLE_SECONDS as seconds, None when unset; a UserInputError naming it when it is not a finite
+    number >= 0."""
+    given = settings().test_settle_seconds
+    return given.seconds() if given is not None else None
 
 
 def settle_window() -> float:
@@ -38,7 +34,7 @@ def settle_window() -> float:
     and a process forked after the import (the tests' fork server) would keep it."""
     try:
         value = window_from_env()
-    except ValueError:
+    except UserInputError:
         return DEFAULT_SETTLE_SECONDS  # refused with its name by the CLI before any cloud call
     return DEFAULT_SETTLE_SECONDS if value is None else value  # 0 is a window too: believe every NotFound
 

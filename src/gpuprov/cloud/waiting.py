@@ -8,7 +8,7 @@ name is refused) and its record says `waiting`, with the next pass's time, for `
 for capacity (`launch.NoCapacity`) is repeated: a quota, a permission, bad input stop the wait at once.
 
 Backoff: 30 s, doubling, at most 5 minutes, each delay jittered (x 0.5 to 1.0, "full jitter" kept from going to
-zero) so many waiting `up`s do not ask in step. GPUPROV_WAIT_BACKOFF_SECONDS sets the first delay (the cap stays
+zero) so many waiting `up`s do not ask in step. GPUPROV_TEST_WAIT_BACKOFF_SECONDS sets the first delay (the cap stays
 ten times it): the suite's passes come in a fraction of a second. A signal (Ctrl-C, SIGTERM: errors.Interrupted)
 during the wait ends it with the record closed; during a pass, the pass's own take-back runs first.
 
@@ -20,7 +20,6 @@ pass.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import random
 import time
@@ -29,7 +28,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from gpuprov.cloud.launch import NoCapacity
-from gpuprov.errors import GpuprovError, Interrupted, UserInputError
+from gpuprov.errors import GpuprovError, Interrupted
+from gpuprov.settings import settings
 from gpuprov.state import Store, locks
 
 if TYPE_CHECKING:
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 FIRST_SECONDS = 30.0
 CAP_FACTOR = 10.0  # 30 s growing to 5 min
-ENV = "GPUPROV_WAIT_BACKOFF_SECONDS"
 
 
 @dataclass(frozen=True)
@@ -52,17 +51,10 @@ class Wait:
 
 
 def first_delay() -> float:
-    """GPUPROV_WAIT_BACKOFF_SECONDS (seconds > 0, finite), else 30 s; anything else is bad input naming it."""
-    raw = os.environ.get(ENV)
-    if raw is None or raw == "":
-        return FIRST_SECONDS
-    try:
-        value = float(raw)
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(raw)
-    except ValueError:
-        raise UserInputError(ENV, f"expected seconds (a number > 0), got {raw!r}") from None
-    return value
+    """GPUPROV_TEST_WAIT_BACKOFF_SECONDS (seconds > 0, finite: the tests' fake capacity returns in moments), else
+    30 s; anything else is bad input naming it."""
+    given = settings().test_wait_backoff_seconds
+    return given.seconds(positive=True) if given is not None else FIRST_SECONDS
 
 
 def delays(wait: Wait, rng: Callable[[], float] = random.random) -> Iterator[float]:

@@ -48,6 +48,7 @@ from gpuprov.hosts.runner import BUNDLE_DIR as BUNDLE_DIR  # re-exported: gpuben
 from gpuprov.plan.inventory import Target
 from gpuprov.plan.plan import Plan
 from gpuprov.plan.render import Bundle
+from gpuprov.settings import settings
 from gpuprov.state import locks
 
 if TYPE_CHECKING:
@@ -431,9 +432,10 @@ class _Runs:
 
 
 def _reboot_poll() -> float:
-    """Seconds between looks for a rebooting host: 1, or GPUPROV_REBOOT_POLL_SECONDS (the tests' hosts
+    """Seconds between looks for a rebooting host: 1, or GPUPROV_TEST_REBOOT_POLL_SECONDS (the tests' hosts
     reboot in about a second, not a minute)."""
-    return float(os.environ.get("GPUPROV_REBOOT_POLL_SECONDS") or 1.0)
+    given = settings().test_reboot_poll_seconds
+    return given.seconds() if given is not None else 1.0
 
 
 def _last_line(stderr: str, code: int) -> str:

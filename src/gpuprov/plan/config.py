@@ -1,5 +1,6 @@
 """The user's defaults: `config.toml` in the XDG config dir (~/.config/gpuprov/config.toml, or
-$GPUPROV_CONFIG), and where each effective value comes from.
+$GPUPROV_CONFIG), and where each effective value comes from. The file is read by gpuprov/settings.py, once per
+process; here its keys are checked as the commands' defaults.
 
 Precedence, highest first: the flag, its environment variable, the config file, the built-in default.
 The region follows the AWS chain with the config file between the environment and the AWS profile:
@@ -36,10 +37,8 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -47,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gpuprov.errors import UserInputError
 from gpuprov.paths import config_path as path
+from gpuprov.settings import Sourced, settings
 
 
 class ConfigFile(BaseModel):
@@ -146,44 +146,31 @@ SETTINGS = (
 )
 
 
-@cache
-def _load(where: Path, stamp: float) -> ConfigFile:
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib  # type: ignore[import-not-found,no-redef,unused-ignore]
-
+def load() -> ConfigFile:
+    """The config file's values (none when there is no file); a broken file is a UserInputError, and so is
+    a GPUPROV_CONFIG naming a file that is not there (the user meant one: running without it would
+    launch with other defaults than theirs). The file was read once, with the process's settings."""
+    config = settings().config
+    where = config.path
+    if config.kind == "other":
+        raise UserInputError("config", f"{where} is not a file", "a config file is TOML, e.g. gpu = \"L4\"")
+    if config.kind == "missing":
+        if config.named:
+            raise UserInputError("GPUPROV_CONFIG", f"no such file: {where}",
+                                 "create it (TOML, e.g. gpu = \"L4\"), or unset GPUPROV_CONFIG for the default one")
+        return ConfigFile()
     hint = f"keys: {', '.join(s.key for s in SETTINGS)}; `gpuprov config` shows what is in effect"
+    if config.problem is not None:
+        raise UserInputError("config", f"{where}: {config.problem}", hint)
     try:
-        data = tomllib.loads(where.read_text())
-    except OSError as exc:
-        raise UserInputError("config", f"{where}: cannot read it ({exc.strerror or exc})", hint) from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UserInputError("config", f"{where}: not valid TOML ({exc})", hint) from None
-    try:
-        return ConfigFile.model_validate(data)
+        return ConfigFile.model_validate(config.data)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
         if field in ("state", "lease"):  # team state's keys: blamed on their line, as state/url.py blames them
-            raise UserInputError(_place(where, field), msg, hint) from None
+            raise UserInputError(config.where(field), msg, hint) from None
         raise UserInputError("config", f"{where}: {field}: {msg}", hint) from None
-
-
-def load() -> ConfigFile:
-    """The config file's values (none when there is no file); a broken file is a UserInputError, and so is
-    a GPUPROV_CONFIG naming a file that is not there (the user meant one: running without it would
-    launch with other defaults than theirs)."""
-    where = path()
-    if where.is_dir() or (where.exists() and not where.is_file()):
-        raise UserInputError("config", f"{where} is not a file", "a config file is TOML, e.g. gpu = \"L4\"")
-    if not where.exists():
-        if os.environ.get("GPUPROV_CONFIG"):
-            raise UserInputError("GPUPROV_CONFIG", f"no such file: {where}",
-                                 "create it (TOML, e.g. gpu = \"L4\"), or unset GPUPROV_CONFIG for the default one")
-        return ConfigFile()
-    return _load(where, where.stat().st_mtime)
 
 
 def key_for(command: str, param: str) -> str | None:
@@ -194,16 +181,7 @@ def key_for(command: str, param: str) -> str | None:
 def where(key: str) -> str:
     """Where the config file sets `key`, as an error names it: `PATH:LINE: key` (`PATH: key` when the
     line is not found: a key in an inline table, say)."""
-    return _place(path(), key)
-
-
-def _place(file: Path, key: str) -> str:
-    try:
-        lines = file.read_text().splitlines()
-    except (OSError, UnicodeDecodeError):
-        lines = []
-    line = next((n for n, text in enumerate(lines, 1) if re.match(rf"\s*{re.escape(key)}\s*=", text)), None)
-    return f"{file}:{line}: {key}" if line else f"{file}: {key}"
+    return settings().config.where(key)
 
 
 def default_map() -> dict[str, dict[str, Any]]:
@@ -229,9 +207,9 @@ def effective(region: Callable[[], tuple[str, str]]) -> list[tuple[str, Any, str
     values = load()
     rows = []
     for setting in SETTINGS:
-        env = next((v for v in setting.env if os.environ.get(v)), None)
+        env = next((found for v in setting.env if (found := _variable(v)) is not None), None)
         if env:
-            rows.append((setting.key, os.environ[env], f"environment ({env})", setting.what))
+            rows.append((setting.key, env.text, f"environment ({env.where})", setting.what))
         elif getattr(values, setting.key) is not None:
             rows.append((setting.key, getattr(values, setting.key), f"config file ({path()})", setting.what))
         elif setting.key == "region":
@@ -240,6 +218,15 @@ def effective(region: Callable[[], tuple[str, str]]) -> list[tuple[str, Any, str
         else:
             rows.append((setting.key, setting.builtin, "built-in", setting.what))
     return rows
+
+
+def _variable(name: str) -> Sourced | None:
+    """A setting's variable when set and not empty: gpuprov's own from its settings; the region's (AWS_REGION,
+    AWS_DEFAULT_REGION) from the environment, as the AWS chain reads them."""
+    if name.startswith("GPUPROV_"):
+        return settings().variable(name)
+    value = os.environ.get(name)
+    return Sourced(value, name) if value else None
 
 
 def _check_value(key: str, value: str) -> None:

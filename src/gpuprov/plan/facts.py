@@ -11,13 +11,12 @@ A plan whose facts are older than STALE_DAYS says so once (`stale_note`), naming
 The families: torch, cuda, drivers, driver-lifecycle, instance-types. The overlay folder is `$GPUPROV_FACTS_DIR`,
 else `$GPUPROV_HOME/facts`, else the user's data dir; an overlay that does not read is bad input naming it.
 `merged` is the snapshot with the overlays (replaced keys; for instance types field by field, and types EC2 has
-that the catalog lacks), `states` each family's origin, age and unverified notes. GPUPROV_TODAY sets the day
+that the catalog lacks), `states` each family's origin, age and unverified notes. GPUPROV_TEST_TODAY sets the day
 (tests).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from functools import cache
@@ -30,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from gpuprov.errors import UserInputError
 from gpuprov.paths import facts_dir
 from gpuprov.resources import data_file
+from gpuprov.settings import settings
 
 STALE_DAYS = 90
 DataFile = Literal["stack.yaml", "catalog.yaml"]
@@ -104,14 +104,14 @@ class FamilyState:
 
 
 def today() -> date:
-    """The date ages are counted to: $GPUPROV_TODAY (YYYY-MM-DD, the tests' clock) or the system's."""
-    text = os.environ.get("GPUPROV_TODAY")
-    if not text:
+    """The date ages are counted to: $GPUPROV_TEST_TODAY (YYYY-MM-DD, the tests' clock) or the system's."""
+    given = settings().test_today
+    if given is None:
         return date.today()
     try:
-        return date.fromisoformat(text)
+        return date.fromisoformat(given.text)
     except ValueError:
-        raise UserInputError("GPUPROV_TODAY", f"{text!r} is not a date", "YYYY-MM-DD, or unset it") from None
+        raise UserInputError(given.where, f"{given.text!r} is not a date", "YYYY-MM-DD, or unset it") from None
 
 
 def _load_yaml(path: Path) -> Any:

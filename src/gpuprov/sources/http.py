@@ -9,7 +9,6 @@ host, else bad input naming the variable). `described` writes a public URL by na
 from __future__ import annotations
 
 import gzip
-import os
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -46,10 +45,13 @@ class Response:
 
 def base_url(source: tuple[str, str]) -> str:
     """A source's base URL: its environment variable when set (checked: http or https with a host), else the public one."""
+    from gpuprov.settings import settings
+
     variable, default = source
-    value = os.environ.get(variable)
-    if not value:
+    given = settings().variable(variable)
+    if given is None:
         return default
+    value = given.text
     parsed = urlparse(value)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise UserInputError(variable, f"{value!r} is not an http(s) URL", f"e.g. {default}, or unset it")

@@ -28,15 +28,21 @@ __all__ = ["UP_STATES", "Event", "Member", "Node", "NodeState", "Resource", "Res
 
 def open_store() -> Store:
     """The store this install is configured for: an S3 bucket's (`state = "s3://…"` in config.toml, or
-    GPUPROV_STATE), else the local SQLite file."""
+    GPUPROV_STATE), else the local SQLite file; its `coordinator` is who may work on what (leases in that bucket,
+    else this machine's file locks)."""
     from gpuprov.paths import state_dir
+    from gpuprov.state.locks import coordinator
     from gpuprov.state.url import configured
 
     url = configured()
+    store: Store
     if url is not None:
         from gpuprov.state.s3 import S3Store
 
-        return S3Store(url)
-    from gpuprov.state.sqlite import SqliteStore
+        store = S3Store(url)
+    else:
+        from gpuprov.state.sqlite import SqliteStore
 
-    return SqliteStore(state_dir() / "state.sqlite")
+        store = SqliteStore(state_dir() / "state.sqlite")
+    store.coordinator = coordinator()  # chosen by the same settings: leases with the bucket, file locks with the file
+    return store

@@ -44,39 +44,20 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuprov.errors import GpuprovError
+from gpuprov.state.coordinator import Busy, Coordinator, Holder
 
 if TYPE_CHECKING:
+    from gpuprov.settings import Settings
     from gpuprov.state.leases import Holding
     from gpuprov.state.records import Node
     from gpuprov.state.url import StateUrl
 
-
-@dataclass(frozen=True)
-class Holder:
-    pid: int | None
-    what: str
-    since: float | None
-    by: str | None = None  # team state: the member and host whose lease it is
-
-    def __str__(self) -> str:
-        when = time.strftime("%H:%M:%S", time.localtime(self.since)) if self.since else "?"
-        if self.by:
-            return f"gpuprov {self.what} of {self.by} (pid {self.pid or '?'}, since {when})"
-        return f"gpuprov {self.what} (pid {self.pid or '?'}, since {when})"
-
-
-class Busy(GpuprovError):
-    """The lock is held by another process, and the caller would not wait."""
-
-    def __init__(self, subject: str, holder: Holder) -> None:
-        self.subject = subject
-        self.holder = holder
-        super().__init__(f"{subject} is being worked on by {holder}")
+__all__ = ["Busy", "Coordinator", "FileLocks", "Holder", "TeamLeases", "abandoned", "claim", "coordinator", "hold",
+           "holder", "image", "is_free", "node", "nodes", "region"]
 
 
 _held: dict[str, tuple[int, int]] = {}  # lock path -> (fd, depth), this process's locks
@@ -122,112 +103,159 @@ def holder_of(path: Path) -> Holder:
         return Holder(None, "?", None)
 
 
-@contextlib.contextmanager
-def hold(key: str, what: str, *, wait: bool = True, subject: str | None = None,
-         waiting: Callable[[Holder], None] | None = None) -> Iterator[None]:
-    """Hold the lock `key` ("node-train", "region-us-east-1") while `what` ("up", "down") runs. Held by
-    another process: raise Busy when `wait` is False, else call `waiting(holder)` once and wait. With team state
-    (records in S3) a node's or an image's lock is a lease in the bucket (leases.py), so a teammate's command waits
-    too."""
-    team = _team() if key.startswith(_LEASED) else None
-    if team is not None:
-        with _leased(team, key, what, wait=wait, subject=subject, waiting=waiting):
+class FileLocks:
+    """This machine's locks: a file per key in the state folder, flock(2)ed by the process at work."""
+
+    @contextlib.contextmanager
+    def hold(self, key: str, what: str, *, wait: bool = True, subject: str | None = None,
+             waiting: Callable[[Holder], None] | None = None) -> Iterator[None]:
+        path = _file(key)
+        with _guard:
+            mine = _held.get(str(path))
+            if mine is not None:
+                _held[str(path)] = (mine[0], mine[1] + 1)
+        if mine is None:
+            fd = _open(path)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = holder_of(path)
+                    if not wait:
+                        raise Busy(subject or key, holder) from None
+                    if waiting is not None:
+                        waiting(holder)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                with contextlib.suppress(OSError):  # who holds it is for the messages only: a full disk may refuse it
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"{os.getpid()} {time.time():.3f} {what}\n".encode(), 0)
+            except BaseException:
+                os.close(fd)
+                raise
+            with _guard:
+                _held[str(path)] = (fd, 1)
+        try:
             yield
-        return
-    path = _file(key)
-    with _guard:
-        mine = _held.get(str(path))
-        if mine is not None:
-            _held[str(path)] = (mine[0], mine[1] + 1)
-    if mine is None:
+        finally:
+            with _guard:
+                fd, depth = _held[str(path)]
+                if depth > 1:
+                    _held[str(path)] = (fd, depth - 1)
+                else:
+                    del _held[str(path)]
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, 0)
+                    os.close(fd)  # closing the last descriptor releases the flock
+
+    def is_free(self, key: str) -> bool:
+        path = _file(key)
+        with _guard:
+            if str(path) in _held:
+                return True
         fd = _open(path)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = holder_of(path)
-                if not wait:
-                    raise Busy(subject or key, holder) from None
-                if waiting is not None:
-                    waiting(holder)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            with contextlib.suppress(OSError):  # who holds it is for the messages only: a full disk may refuse it
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()} {time.time():.3f} {what}\n".encode(), 0)
-        except BaseException:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
             os.close(fd)
-            raise
-        with _guard:
-            _held[str(path)] = (fd, 1)
-    try:
-        yield
-    finally:
-        with _guard:
-            fd, depth = _held[str(path)]
-            if depth > 1:
-                _held[str(path)] = (fd, depth - 1)
-            else:
-                del _held[str(path)]
-                with contextlib.suppress(OSError):
-                    os.ftruncate(fd, 0)
-                os.close(fd)  # closing the last descriptor releases the flock
+        return True
+
+    def holder(self, key: str) -> Holder:
+        return holder_of(_file(key))
 
 
-def holder(key: str) -> Holder:
-    """Who holds `key` (for the messages): the lock file's words, or the lease's with team state."""
-    team = _team() if key.startswith(_LEASED) else None
-    if team is not None:
+class TeamLeases:
+    """A team's (records in S3): a node's or an image's lock is a lease in the bucket (leases.py), so a teammate's
+    command waits too; a region's and a host's stay this machine's file locks."""
+
+    def __init__(self, url: StateUrl) -> None:
+        self.url = url
+
+    def hold(self, key: str, what: str, *, wait: bool = True, subject: str | None = None,
+             waiting: Callable[[Holder], None] | None = None) -> AbstractContextManager[None]:
+        if not key.startswith(_LEASED):
+            return FILE_LOCKS.hold(key, what, wait=wait, subject=subject, waiting=waiting)
+        return self._leased(key, what, wait=wait, subject=subject, waiting=waiting)
+
+    @contextlib.contextmanager
+    def _leased(self, key: str, what: str, *, wait: bool, subject: str | None,
+                waiting: Callable[[Holder], None] | None) -> Iterator[None]:
+        from gpuprov.state import leases
+        from gpuprov.state.url import lease_seconds
+
+        try:
+            with leases.hold(self.url, key, what, wait=wait, expiry=lease_seconds(),
+                             waiting=(lambda h: waiting(_holder(h))) if waiting is not None else None):
+                yield
+        except leases.Taken as taken:
+            raise Busy(subject or key, _holder(taken.holding)) from None
+
+    def is_free(self, key: str) -> bool:
+        if not key.startswith(_LEASED):
+            return FILE_LOCKS.is_free(key)
+        from gpuprov.state import leases
+
+        return leases.is_free(self.url, key)
+
+    def holder(self, key: str) -> Holder:
+        if not key.startswith(_LEASED):
+            return FILE_LOCKS.holder(key)
         from gpuprov.state import leases
         from gpuprov.state.s3 import Bucket
 
-        found = leases.read(Bucket(team), key)
+        found = leases.read(Bucket(self.url), key)
         return _holder(found[0]) if found else Holder(None, "?", None)
-    return holder_of(_file(key))
-
-
-def _team() -> StateUrl | None:
-    from gpuprov.state.url import configured
-
-    return configured()
 
 
 def _holder(holding: Holding) -> Holder:
     return Holder(holding.pid, holding.what, holding.since, by=f"{holding.holder} on {holding.host}")
 
 
-@contextlib.contextmanager
-def _leased(team: StateUrl, key: str, what: str, *, wait: bool, subject: str | None,
-            waiting: Callable[[Holder], None] | None) -> Iterator[None]:
-    from gpuprov.state import leases
-    from gpuprov.state.url import lease_seconds
+FILE_LOCKS = FileLocks()
+_chosen: tuple[Settings, Coordinator] | None = None  # the settings it was chosen by, and the choice
 
-    try:
-        with leases.hold(team, key, what, wait=wait, expiry=lease_seconds(),
-                         waiting=(lambda h: waiting(_holder(h))) if waiting is not None else None):
-            yield
-    except leases.Taken as taken:
-        raise Busy(subject or key, _holder(taken.holding)) from None
+
+def coordinator() -> Coordinator:
+    """This process's coordinator, chosen once from where its records live: a team's leases with state in S3,
+    else this machine's file locks. `open_store()` gives its store this one; `hold`, `is_free`, `holder`, `claim`
+    and `nodes` below ask it (not where the records live, at every lock)."""
+    global _chosen
+    from gpuprov.settings import settings
+    from gpuprov.state.url import configured
+
+    current = settings()
+    chosen = _chosen
+    if chosen is None or chosen[0] is not current:
+        url = configured()
+        chosen = current, (TeamLeases(url) if url is not None else FILE_LOCKS)
+        _chosen = chosen
+    return chosen[1]
+
+
+def _for(key: str) -> Coordinator:
+    """A region's or a host's lock is this machine's whatever the state: only a node's or an image's asks where the
+    records live (a command that holds neither is not refused for a bad `state`)."""
+    return coordinator() if key.startswith(_LEASED) else FILE_LOCKS
+
+
+def hold(key: str, what: str, *, wait: bool = True, subject: str | None = None,
+         waiting: Callable[[Holder], None] | None = None) -> AbstractContextManager[None]:
+    """Hold the lock `key` ("node-train", "region-us-east-1") while `what` ("up", "down") runs. Held by
+    another process: raise Busy when `wait` is False, else call `waiting(holder)` once and wait. With team state
+    (records in S3) a node's or an image's lock is a lease in the bucket (leases.py), so a teammate's command waits
+    too."""
+    return _for(key).hold(key, what, wait=wait, subject=subject, waiting=waiting)
+
+
+def holder(key: str) -> Holder:
+    """Who holds `key` (for the messages): the lock file's words, or the lease's with team state."""
+    return _for(key).holder(key)
 
 
 def is_free(key: str) -> bool:
     """Nobody holds `key` right now (this process counts as nobody: its own locks are re-entrant)."""
-    team = _team() if key.startswith(_LEASED) else None
-    if team is not None:
-        from gpuprov.state import leases
-
-        return leases.is_free(team, key)
-    path = _file(key)
-    with _guard:
-        if str(path) in _held:
-            return True
-    fd = _open(path)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
+    return _for(key).is_free(key)
 
 
 def abandoned(record: Node) -> bool:

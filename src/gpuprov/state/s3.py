@@ -33,13 +33,16 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state.errors import StateUnavailable
 from gpuprov.state.records import Event, Node, Resource, ResourceKind
 from gpuprov.state.store import no_such_node
 from gpuprov.state.url import StateUrl
+
+if TYPE_CHECKING:
+    from gpuprov.state.coordinator import Coordinator
 
 T = TypeVar("T")
 _NODE_FIELDS = {f.name for f in fields(Node)}
@@ -230,6 +233,8 @@ def _new_id() -> int:
 
 class S3Store:
     """store.Store on a bucket: the team's records."""
+
+    coordinator: Coordinator  # the team's leases in this bucket (open_store gives it)
 
     def __init__(self, url: StateUrl, s3: Any = None) -> None:
         self.url = url

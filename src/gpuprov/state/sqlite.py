@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuprov import __version__
 from gpuprov.errors import UserInputError
@@ -124,8 +124,14 @@ _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER
                        ("guards_locked_by", "TEXT"), ("moved_to", "TEXT"))
 
 
+if TYPE_CHECKING:
+    from gpuprov.state.coordinator import Coordinator
+
+
 class SqliteStore:
     """The default backend: a SQLite file in the state folder (store.Store is the interface)."""
+
+    coordinator: Coordinator  # this machine's file locks (open_store gives it)
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -8,14 +8,19 @@ url.py). The money rule holds on both: a resource is recorded *before* the call 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuprov.errors import UserInputError
 from gpuprov.state.records import Event, Node, Resource, ResourceKind
 
+if TYPE_CHECKING:
+    from gpuprov.state.coordinator import Coordinator
+
 
 class Store(Protocol):
     """Nodes, the cloud resources each owns, events, clusters of existing hosts."""
+
+    coordinator: Coordinator  # who may work on what beside these records: chosen with them (open_store)
 
     def close(self) -> None: ...
 

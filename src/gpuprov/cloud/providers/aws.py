@@ -17,7 +17,6 @@ and snapshots.
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -45,6 +44,7 @@ from gpuprov.cloud.providers.base import (
     SpotPrice,
 )
 from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.settings import settings
 
 UBUNTU_SSM_PREFIX = "/aws/service/canonical/ubuntu/server"
 RETRY_CREATES = 4  # tries of a create without a ClientToken (AllocateAddress), each after a look for the last
@@ -71,7 +71,7 @@ class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
         if not os_name.startswith("ubuntu-"):
             return self.os_image(region, os_name)
         release = os_name.removeprefix("ubuntu-")
-        prefix = os.environ.get("GPUPROV_UBUNTU_SSM_PREFIX", UBUNTU_SSM_PREFIX)
+        prefix = settings().test_ubuntu_ssm_prefix or UBUNTU_SSM_PREFIX
         ssm = self._client("ssm", region)
         tried = []
         for volume in ("ebs-gp3", "ebs-gp2"):

@@ -9,7 +9,6 @@ left out); `wait_image` through pending; `delete_image` is DeregisterImage then 
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,6 +28,7 @@ from gpuprov.cloud.providers.base import (
     NotFound,
 )
 from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.settings import settings
 
 IMAGE_SETTLE = 60.0  # seconds an image seen in a listing may still answer NotFound by id
 
@@ -46,7 +46,7 @@ class AwsImages(AwsBase):
 
     def os_image(self, region: str, os_name: str) -> str:
         """The current x86_64 image of a non-Ubuntu OS (data/os.yaml `aws`): its public SSM parameter, else the newest
-        available image of its publisher's account whose name matches. GPUPROV_PUBLIC_SSM_ROOT stands in for
+        available image of its publisher's account whose name matches. GPUPROV_TEST_PUBLIC_SSM_ROOT stands in for
         /aws/service (the tests' fake AWS, where no one may write under /aws)."""
         from gpuprov.plan import oses
 
@@ -55,7 +55,7 @@ class AwsImages(AwsBase):
         if image is None:
             raise UserInputError("--os", f"gpuprov knows no EC2 image of {os_name}", hint)
         if image.ssm:
-            root = os.environ.get("GPUPROV_PUBLIC_SSM_ROOT", "/aws/service")
+            root = settings().test_public_ssm_root or "/aws/service"
             name = root + image.ssm.removeprefix("/aws/service")
             found = self.public_image(region, name)
             if found is None:
