@@ -6,10 +6,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
-def make_console(*, stderr: bool = False) -> Any:
+def make_console(*, stderr: bool = False) -> Console:
     """rich's console (it honours NO_COLOR, and COLUMNS when not on a terminal); `stderr` for progress
     lines while stdout carries JSON."""
     import shutil
@@ -32,7 +35,7 @@ def make_console(*, stderr: bool = False) -> Any:
     return _Console(highlight=False, emoji=False, stderr=stderr, width=width)  # no ':1234:' → emoji in an IPv6 address
 
 
-def line_echo(console: Any) -> Callable[[str], None]:
+def line_echo(console: Console) -> Callable[[str], None]:
     """`--verbose`'s echo of every remote line, written as it is to the console's file: rich's print of each line
     cost ~100 µs (a 400,000-line build log took 40 s of CPU to echo); one lock keeps hosts' lines whole. Only
     where no live display shares the console (--verbose turns it off)."""
