@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from gpuprov.cli.common import main, make_console, quiet, region_from, store_and_provider, warn
+
+if TYPE_CHECKING:
+    from gpuprov.sources.refresh import Result
 
 
 @main.group(invoke_without_command=True)
@@ -87,7 +90,7 @@ def refresh(only: tuple[str, ...], regions: tuple[str, ...], as_json: bool) -> N
         raise SystemExit(1)
 
 
-def _result_json(r: Any) -> dict[str, Any]:
+def _result_json(r: Result) -> dict[str, object]:
     return {"family": r.family, "refreshed": r.ok, "error": r.error, "changes": r.changes,
             "sources": list(r.overlay.sources) if r.overlay else [],
             "unverified": list(r.overlay.unverified) if r.overlay else []}
