@@ -13,10 +13,13 @@ from rich.text import Text
 from gpuprov.cli.fittable import Column, FitTable
 
 if TYPE_CHECKING:
+    from rich.console import RenderableType
+
     from gpuprov.plan.facts import FamilyState
 
 
 def facts_view(states: list[FamilyState], branches: list[dict[str, Any]], today: date) -> Group:
+    """`branches`: the driver branches as `facts --json` prints them (JSON rows, any value per key)."""
     from gpuprov.plan.facts import STALE_DAYS, stale_note
 
     table = FitTable([Column("family"), Column("read"), Column("age", "right"), Column("from"),
@@ -33,7 +36,7 @@ def facts_view(states: list[FamilyState], branches: list[dict[str, Any]], today:
         lifecycle.add_row(f"R{b['branch']}", b["type"] or "?", b["end_of_life"] or ("ended" if b["ended"] else "-"),
                           Text(status, style="yellow" if b["ended"] else ""),
                           "seen" if b["pinning_package_seen"] else ("not seen" if b["installable"] else "-"))
-    parts: list[Any] = [table, lifecycle]
+    parts: list[RenderableType] = [table, lifecycle]
     for s in states:
         parts.append(Text(f"{s.family.name}: {s.family.what}", style="bold"))
         parts.append(Padding(Text(f"source: {s.source}"), (0, 0, 0, 2)))
