@@ -310,6 +310,8 @@ class Group(LazyGroup):
 
     command_class = Command
 
+    # make_context and main keep Click's own signatures: `extra` is any of Context's settings, passed on, and
+    # main returns whatever the command's callback did (without standalone_mode)
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
                      **extra: Any) -> click.Context:
         """Defaults from the user's config file (flag > environment > config file > built-in), read only
