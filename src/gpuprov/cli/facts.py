@@ -11,6 +11,7 @@ import click
 from gpuprov.cli.common import main, make_console, quiet, region_from, store_and_provider, warn
 
 if TYPE_CHECKING:
+    from gpuprov.cli.report_facts import DriverBranch
     from gpuprov.sources.refresh import Result
 
 
@@ -31,10 +32,10 @@ def facts(ctx: click.Context, as_json: bool) -> None:
     states = families.states()
     today = families.today()
     f = stack_facts()
-    branches = [{"branch": b, "type": life.type if (life := f.driver_lifecycle.get(b)) else None,
-                 "end_of_life": life.end_of_life if life else None, "ended": f.branch_ended(b) is not None,
-                 "installable": b in f.installable_branches(),
-                 "pinning_package_seen": b in f.driver_pinning.branches} for b in f.driver_branches]
+    branches: list[DriverBranch] = [{"branch": b, "type": life.type if (life := f.driver_lifecycle.get(b)) else None,
+                                    "end_of_life": life.end_of_life if life else None, "ended": f.branch_ended(b) is not None,
+                                    "installable": b in f.installable_branches(),
+                                    "pinning_package_seen": b in f.driver_pinning.branches} for b in f.driver_branches]
     if as_json:
         click.echo(json.dumps({
             "today": today.isoformat(), "stale_after_days": families.STALE_DAYS,

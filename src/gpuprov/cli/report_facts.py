@@ -4,7 +4,7 @@ then each family's source and unverified notes. Presentation only."""
 from __future__ import annotations
 
 from datetime import date
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from rich.console import Group
 from rich.padding import Padding
@@ -18,8 +18,18 @@ if TYPE_CHECKING:
     from gpuprov.plan.facts import FamilyState
 
 
-def facts_view(states: list[FamilyState], branches: list[dict[str, Any]], today: date) -> Group:
-    """`branches`: the driver branches as `facts --json` prints them (JSON rows, any value per key)."""
+class DriverBranch(TypedDict):
+    """A driver branch and its lifecycle, as `facts --json` prints it and the view shows it."""
+
+    branch: int
+    type: Literal["LTSB", "PB", "NFB"] | None
+    end_of_life: str | None
+    ended: bool
+    installable: bool
+    pinning_package_seen: bool
+
+
+def facts_view(states: list[FamilyState], branches: list[DriverBranch], today: date) -> Group:
     from gpuprov.plan.facts import STALE_DAYS, stale_note
 
     table = FitTable([Column("family"), Column("read"), Column("age", "right"), Column("from"),
