@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
@@ -23,6 +24,15 @@ from gpuprov.cli.common import (
 from gpuprov.cli.complete import complete_node
 from gpuprov.cli.params import Command, Number
 from gpuprov.errors import GpuprovError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from gpuprov.cli.option_sets import ReachOptions
+    from gpuprov.hosts.access import ForwardSpec, GpuSample
+    from gpuprov.hosts.remote import HostSettings, Remote
+    from gpuprov.hosts.sshcli import S3Sync
+    from gpuprov.plan.inventory import Target
 
 # --- access: ssh, exec, tunnel, jupyter, sync, monitor ----------------------------------------
 
@@ -57,13 +67,11 @@ def _reach_options(accept_new: bool) -> Callable[[F], F]:
     return lambda func: apply_options(func, opts)
 
 
-def _reach(hosts: tuple[str, ...], inventory: str | None, kw: dict[str, Any]) -> tuple[list[Any], Any]:
-    targets = targets_from({"hosts": hosts, "inventory": inventory, "ssh_config": kw.get("ssh_config")})
-    settings = host_settings({"accept_new_host_key": kw.get("accept_new_host_key", False), **kw})
-    return targets, settings
+def _reach(hosts: tuple[str, ...], inventory: str | None, kw: ReachOptions) -> tuple[list[Target], HostSettings]:
+    return targets_from(hosts, inventory, kw["ssh_config"]), host_settings(kw)
 
 
-def _one(host: str, kw: dict[str, Any]) -> tuple[Any, Any]:
+def _one(host: str, kw: ReachOptions) -> tuple[Target, HostSettings]:
     from gpuprov.cluster import resolve
 
     named = resolve(host)
@@ -73,7 +81,7 @@ def _one(host: str, kw: dict[str, Any]) -> tuple[Any, Any]:
     return targets[0], settings
 
 
-def _warn_unpinned(target: Any, settings: Any) -> None:
+def _warn_unpinned(target: Target, settings: HostSettings) -> None:
     from gpuprov.hosts import sshcli
     from gpuprov.hosts.hostkeys import awaits_first_key
 
@@ -94,7 +102,7 @@ def _need_tool(name: str, package: str) -> None:
 @main.command("ssh", cls=_DashDashCommand)
 @click.argument("host", metavar="NODE|[USER@]HOST[:PORT] [-- CMD...]", shell_complete=complete_node)
 @_reach_options(accept_new=False)
-def ssh_cmd(host: str, **kw: Any) -> None:
+def ssh_cmd(host: str, **kw: Unpack[ReachOptions]) -> None:
     """A shell on a node or host through the system ssh, its host key pinned (`-- CMD` runs CMD).
 
     \b
@@ -127,7 +135,7 @@ def ssh_cmd(host: str, **kw: Any) -> None:
               help="Seconds before the command is given up on each host (at most 604_800, a week).")
 @click.option("--no-prefix", is_flag=True, help="Print the hosts' lines as they are, without `HOST | `.")
 def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo: bool, timeout: float | None,
-             no_prefix: bool, **kw: Any) -> None:
+             no_prefix: bool, **kw: Unpack[ReachOptions]) -> None:
     """Run a command on one or many hosts at once, streaming each line prefixed by its host.
 
     \b
@@ -148,7 +156,7 @@ def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo:
     lock = threading.Lock()
     pending: dict[bool, list[str]] = {False: [], True: []}  # stdout's and stderr's lines not yet printed
 
-    def emit(target: Any, stream: str, line: str) -> None:
+    def emit(target: Target, stream: str, line: str) -> None:
         text = line if no_prefix else f"{target.name:<{width}} | {line}"
         with lock:
             pending[stream == "err"].append(text)
@@ -174,7 +182,7 @@ def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo:
     sys.exit(access.combined_exit_code(results))
 
 
-def _with_cluster_env(hosts: tuple[str, ...], command: str) -> Callable[[Any], str]:
+def _with_cluster_env(hosts: tuple[str, ...], command: str) -> Callable[[Target], str]:
     """The command per host: a cluster's nodes (named as NAME or NAME:K) run it with their cluster.env exported."""
     from gpuprov.cluster import env_command, resolve
 
@@ -182,14 +190,14 @@ def _with_cluster_env(hosts: tuple[str, ...], command: str) -> Callable[[Any], s
     return lambda target: env_command(command) if target.label in members else command
 
 
-def _forward_until_stopped(remote: Any, spec: Any, announce: Callable[[int], str]) -> None:
+def _forward_until_stopped(remote: Remote, spec: ForwardSpec, announce: Callable[[int], str]) -> None:
     """Forward until Ctrl-C or SIGTERM (exit 0), or until the SSH connection drops (exit 255)."""
     import signal
     import time
 
     from gpuprov.hosts import access
 
-    def interrupt(signum: int, frame: Any) -> None:
+    def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
@@ -211,7 +219,7 @@ def _forward_until_stopped(remote: Any, spec: Any, announce: Callable[[int], str
     sys.exit(code)
 
 
-def _open(target: Any, settings: Any) -> Any:
+def _open(target: Target, settings: HostSettings) -> Remote:
     from gpuprov.hosts.remote import Remote
 
     remote = Remote(target, settings)
@@ -223,7 +231,7 @@ def _open(target: Any, settings: Any) -> Any:
 @click.argument("host", metavar="NODE|[USER@]HOST[:PORT]", shell_complete=complete_node)
 @click.argument("ports", metavar="LOCAL[:REMOTE]")
 @_reach_options(accept_new=True)
-def tunnel(host: str, ports: str, **kw: Any) -> None:
+def tunnel(host: str, ports: str, **kw: Unpack[ReachOptions]) -> None:
     """Forward a local port to a port on the host (SSH local forwarding) until Ctrl-C.
 
     \b
@@ -246,7 +254,7 @@ def tunnel(host: str, ports: str, **kw: Any) -> None:
 @click.option("--remote-port", type=Number(1, 65535, whole=True), default=8888, show_default=True,
               help="JupyterLab's port on the host.")
 @_reach_options(accept_new=True)
-def jupyter(host: str, port: int, remote_port: int, **kw: Any) -> None:
+def jupyter(host: str, port: int, remote_port: int, **kw: Unpack[ReachOptions]) -> None:
     """Open a node's JupyterLab through an SSH tunnel and print its URL with the token.
 
     For hosts set up with a `jupyter: true` playbook (e.g. bootstrap -p jupyter): reads the token
@@ -271,7 +279,7 @@ def jupyter(host: str, port: int, remote_port: int, **kw: Any) -> None:
 @_reach_options(accept_new=False)
 @click.option("--delete", is_flag=True, help="Delete files on the receiving side that the sending side lacks.")
 @click.option("--progress/--no-progress", default=None, help="Show transfer progress [default: on a terminal].")
-def sync(args: tuple[str, ...], delete: bool, progress: bool | None, **kw: Any) -> None:
+def sync(args: tuple[str, ...], delete: bool, progress: bool | None, **kw: Unpack[ReachOptions]) -> None:
     """Copy files to or from a host with rsync over the same pinned SSH settings.
 
     \b
@@ -327,7 +335,7 @@ def sync(args: tuple[str, ...], delete: bool, progress: bool | None, **kw: Any) 
     sys.exit(code)
 
 
-def _s3_sync(job: Any, delete: bool, kw: dict[str, Any]) -> None:
+def _s3_sync(job: S3Sync, delete: bool, kw: ReachOptions) -> None:
     """A node's path to or from S3: `aws s3 sync` runs on the node, with its own credentials (`up --s3-access`); S3
     into a cluster by name reaches every node."""
     from gpuprov.cluster import resolve
@@ -337,7 +345,7 @@ def _s3_sync(job: Any, delete: bool, kw: dict[str, Any]) -> None:
     targets, settings = _reach((job.host,), None, kw) if named is not None and named.rank is None and \
         job.src.startswith("s3://") else ([(one := _one(job.host, kw))[0]], one[1])
 
-    def emit(target: Any, stream: str, line: str) -> None:
+    def emit(target: Target, stream: str, line: str) -> None:
         click.echo(f"{target.name} | {line}" if len(targets) > 1 else line, err=stream == "err")
 
     results = access.exec_many(targets, settings, job.command(delete), emit)
@@ -376,7 +384,7 @@ def _cluster_node(host: str, src: str, dst: str) -> tuple[str, str, str]:
 @click.option("--once", is_flag=True, help="One sample, then exit (exit 1 when a host could not be sampled).")
 @click.option("--json", "as_json", is_flag=True, help="JSON: one array per sample (with --once, one document).")
 def monitor(hosts: tuple[str, ...], inventory: str | None, parallel: int, interval: float, once: bool, as_json: bool,
-            **kw: Any) -> None:
+            **kw: Unpack[ReachOptions]) -> None:
     """Live GPU utilisation, memory, temperature and power of several hosts (like `watch nvidia-smi`)."""
     import time
 
@@ -386,7 +394,7 @@ def monitor(hosts: tuple[str, ...], inventory: str | None, parallel: int, interv
     targets, settings = _reach(hosts, inventory, kw)
     mon = access.Monitor(targets, settings, parallel=parallel)
 
-    def as_data(samples: list[Any]) -> list[dict[str, Any]]:
+    def as_data(samples: list[GpuSample]) -> list[dict[str, object]]:
         return [{"host": s.target.name, "ok": s.ok, "error": s.error, "time": round(s.at, 3),
                  "gpus": [g.model_dump(mode="json") for g in s.gpus]} for s in samples]
 
@@ -431,7 +439,8 @@ def monitor(hosts: tuple[str, ...], inventory: str | None, parallel: int, interv
               help="Processes per node, 1 to 1024 [the cluster's GPUs per node].")
 @click.option("--grace", type=Number(0, 3600), default=10.0, show_default=True,
               help="Seconds a node gets after ^C before its terminal is hung up (0 to 3600).")
-def torchrun_cmd(name: str, env_path: str, nproc_per_node: int | None, grace: float, **kw: Any) -> None:
+def torchrun_cmd(name: str, env_path: str, nproc_per_node: int | None, grace: float,
+                 **kw: Unpack[ReachOptions]) -> None:
     """Run torchrun on every node of a cluster, wired for it; output prefixed by node.
 
     \b
@@ -458,19 +467,19 @@ def torchrun_cmd(name: str, env_path: str, nproc_per_node: int | None, grace: fl
         raise UserInputError("CLUSTER", f"no cluster called {name!r}",
                              f"clusters: {', '.join(known)}" if known else
                              "make one with gpuprov bootstrap --cluster NAME HOST1 HOST2 ...")
-    settings = host_settings({"accept_new_host_key": False, **kw})
+    settings = host_settings(kw)  # no --accept-new-host-key here: a first key is not pinned
     targets = cluster.targets()
     commands = [cluster_run.torchrun_command(cluster, k, words, env_path, nproc_per_node) for k in range(len(targets))]
     width = max(len(t.name) for t in targets)
     lock = threading.Lock()
 
-    def emit(target: Any, stream: str, line: str) -> None:
+    def emit(target: Target, stream: str, line: str) -> None:
         with lock:
             click.echo(f"{target.name:<{width}} | {line}", err=stream == "err")
 
     stop = threading.Event()
 
-    def interrupt(signum: int, frame: Any) -> None:
+    def interrupt(signum: int, frame: FrameType | None) -> None:
         if not stop.is_set():
             warn(f"stopping torchrun on {len(targets)} nodes (^C to each; hang-up after {grace:g}s)", "yellow")
         stop.set()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,6 +12,10 @@ from gpuprov.cli.common import NODES, confirm, main, make_console, region_from, 
 from gpuprov.cli.complete import complete_gpu, complete_region
 from gpuprov.cli.params import Number
 from gpuprov.errors import UserInputError
+
+if TYPE_CHECKING:
+    from gpuprov.cloud.capacity import Block
+    from gpuprov.cloud.providers.base import Reservation
 
 REGION_OPT = click.option("--region", default=None, metavar="REGION", shell_complete=complete_region,
                           help="AWS region [default: the AWS chain's].")
@@ -33,7 +37,7 @@ def _moment(text: str | None, flag: str) -> datetime | None:
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
-def _block_row(b: Any) -> dict[str, Any]:
+def _block_row(b: Block) -> dict[str, object]:
     return {"offering": b.offering, "region": b.region, "instance_type": b.instance_type, "zone": b.zone,
             "count": b.count, "start": b.start, "end": b.end, "hours": b.hours, "upfront_usd": b.upfront_usd,
             "state": b.state, "reservation_id": b.reservation_id}
@@ -122,13 +126,13 @@ def list_(region: str | None, as_json: bool) -> None:
         console.print(line, markup=False, highlight=False)
 
 
-def reservation_row(r: Any) -> dict[str, Any]:
+def reservation_row(r: Reservation) -> dict[str, object]:
     return {"id": r.id, "instance_type": r.instance_type, "zone": r.zone, "total": r.total, "available": r.available,
             "state": r.state, "start": r.start.isoformat() if r.start else None,
             "end": r.end.isoformat() if r.end else None, "match": r.match, "kind": r.kind, "block_id": r.block_id}
 
 
-def reservation_lines(rows: list[Any], region: str) -> list[str]:
+def reservation_lines(rows: list[Reservation], region: str) -> list[str]:
     if not rows:
         return [f"no active Capacity Reservations for GPU types in {region}"]
     out = [f"Capacity Reservations in {region} (`up --reservation ID`, or `--capacity-block ID` for a block):"]
@@ -139,6 +143,6 @@ def reservation_lines(rows: list[Any], region: str) -> list[str]:
     return out
 
 
-def block_lines(mine: list[Any]) -> list[str]:
+def block_lines(mine: list[Block]) -> list[str]:
     return [f"block {b.reservation_id or '(buying ' + b.offering + ')'}: {b.count} × {b.instance_type} {b.zone}, "
             f"{b.window}, ${b.upfront_usd:,.2f} ({b.state})" for b in mine]

@@ -8,7 +8,8 @@ timeline.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
@@ -30,6 +31,19 @@ from gpuprov.cli.common import (
 from gpuprov.cli.complete import complete_node
 from gpuprov.cli.params import Number
 from gpuprov.errors import UserInputError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from typing_extensions import Unpack
+
+    from gpuprov.cli.option_sets import StackOptions
+    from gpuprov.cloud.launch import UpOptions
+    from gpuprov.cloud.timeline import Timeline
+    from gpuprov.cloud.waiting import Wait
+    from gpuprov.plan.plan import Plan
+    from gpuprov.state import Node, Store
+
+T = TypeVar("T")  # what an `up` pass returns: one node's result or a cluster's
 
 
 @main.command()
@@ -95,7 +109,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
        s3_access: tuple[str, ...], reservation: str | None, capacity_block: str | None, ssh_user: str | None,
        no_bootstrap: bool, no_wait: bool,
        dry_run: bool, wait_for: str | None, yes: bool, step_silence: float, verbose: bool, nodes: int,
-       min_nodes: int | None, locked: bool, as_json: bool, **kw: Any) -> None:
+       min_nodes: int | None, locked: bool, as_json: bool, **kw: Unpack[StackOptions]) -> None:
     """Launch a GPU node on AWS, bootstrap and verify it, and print how to connect.
 
     Tries every instance type that carries the GPUs in every zone that offers it, cheapest
@@ -122,7 +136,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         patient=wait is not None, s3_access=s3_access, locked=locked,
     )
 
-    def check(plan: Any) -> None:  # every option, before EC2 is asked anything (its instance-type facts)
+    def check(plan: Plan) -> None:  # every option, before EC2 is asked anything (its instance-type facts)
         launch.check_options(plan, opts)
         if nodes > 1 or min_nodes is not None:
             from gpuprov.cloud import cluster_up
@@ -172,7 +186,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         console.print(f"  ssh {result.ssh_alias}        # or: gpuprov check / gpuprov down {node.name}")
 
 
-def _wait_of(text: str | None) -> Any:
+def _wait_of(text: str | None) -> Wait | None:
     """--wait DURATION as cloud/waiting.Wait (None: one pass), checked before anything is asked of AWS."""
     if text is None:
         return None
@@ -183,7 +197,8 @@ def _wait_of(text: str | None) -> Any:
     return waiting.Wait(float(seconds or 0), waiting.first_delay())
 
 
-def _waiting(attempt: Any, wait: Any, name: str, store: Any, say: Any) -> Any:
+def _waiting(attempt: Callable[[Callable[[str], None]], T], wait: Wait | None, name: str, store: Store,
+             say: Callable[[str], None]) -> T:
     if wait is None:
         return attempt(say)
     from gpuprov.cloud import waiting
@@ -191,8 +206,8 @@ def _waiting(attempt: Any, wait: Any, name: str, store: Any, say: Any) -> Any:
     return waiting.until_capacity(attempt, name, store, say, wait)
 
 
-def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry_run: bool, yes: bool,
-                console: Any, as_json: bool, wait: Any = None) -> None:
+def _up_cluster(the_plan: Plan, opts: UpOptions, nodes: int, min_nodes: int | None, dry_run: bool, yes: bool,
+                console: Console, as_json: bool, wait: Wait | None = None) -> None:
     from gpuprov.cli.report import plan_view
     from gpuprov.cloud import cluster_network as net
     from gpuprov.cloud import cluster_up
@@ -201,6 +216,7 @@ def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry
     cluster_up.check_cluster_options(the_plan, opts, copts)
     instance = the_plan.instance.name if the_plan.instance else "?"
     if dry_run:
+        assert the_plan.instance is not None  # a launched node's plan always has one (plan.make_plan)
         layout = net.network_for(the_plan.instance)
         console.print(plan_view(net.with_efa_step(the_plan, layout)))
         for line in net.describe(layout, nodes):
@@ -238,7 +254,7 @@ def _up_cluster(the_plan: Any, opts: Any, nodes: int, min_nodes: int | None, dry
                       markup=False)
 
 
-def _print_result_json(node: Any, ssh_alias: str | None, timeline: Any, **more: object) -> None:
+def _print_result_json(node: Node, ssh_alias: str | None, timeline: Timeline | None, **more: object) -> None:
     """`up`/`start --json`: the node as `status --json` shows it, its ssh alias and the timeline."""
     from gpuprov.cli.report import status_rows
 
@@ -282,7 +298,7 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
         _host_clusters(console)
 
 
-def _host_clusters(console: Any) -> None:
+def _host_clusters(console: Console) -> None:
     """Clusters of existing hosts beneath the nodes (a launched cluster is already a node row)."""
     from gpuprov import cluster
     from gpuprov.cli.cluster_report import clusters_table
@@ -293,7 +309,7 @@ def _host_clusters(console: Any) -> None:
         console.print("(`gpuprov cluster list --json`; forget one: `gpuprov cluster rm NAME`)", markup=False)
 
 
-def _print_timeline(store: Any, name: str, as_json: bool) -> None:
+def _print_timeline(store: Store, name: str, as_json: bool) -> None:
     from gpuprov.cli.report import timeline_table
     from gpuprov.cloud import timeline as tl
 
@@ -360,7 +376,7 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool, no_s
 # --- stop / start ---------------------------------------------------------------------------------
 
 
-def _no_clusters(store: Any, names: tuple[str, ...], what: str) -> None:
+def _no_clusters(store: Store, names: tuple[str, ...], what: str) -> None:
     """stop/start follow one instance; a cluster's nodes, placement group and Elastic IPs are not theirs to move."""
     for name in names:
         node = store.find_node(name)

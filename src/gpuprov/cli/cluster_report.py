@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 
@@ -58,10 +58,10 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def cluster_check_tables(result: ClusterCheck) -> list[Any]:
+def cluster_check_tables(result: ClusterCheck) -> list[FitTable]:
     """Connectivity findings; the all-reduce per message size; its judgement."""
     name = result.cluster.name
-    out: list[Any] = [_checks(f"cluster {name}: node to node ({result.cluster.nnodes} nodes)", result.net_checks)]
+    out = [_checks(f"cluster {name}: node to node ({result.cluster.nnodes} nodes)", result.net_checks)]
     report = result.allreduce
     if report is not None:
         table = FitTable([Column("size", "right"), Column("time", "right"), Column("algbw GB/s", "right"),
@@ -76,7 +76,7 @@ def cluster_check_tables(result: ClusterCheck) -> list[Any]:
     return out
 
 
-def cluster_check_json(result: ClusterCheck) -> dict[str, Any]:
+def cluster_check_json(result: ClusterCheck) -> dict[str, object]:
     return {
         "cluster": result.cluster.name, "ok": result.ok,
         "connectivity": {"checks": [c.model_dump(mode="json") for c in result.net_checks],

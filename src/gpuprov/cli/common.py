@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -36,10 +36,18 @@ from gpuprov.cli.params import Command, Number, usage_field
 from gpuprov.errors import GpuprovError, UserInputError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
+    from gpuprov.cli.option_sets import PinOptions, ReachOptions, StackOptions
+    from gpuprov.cloud.providers.base import Provider
+    from gpuprov.cloud.region import Region
+    from gpuprov.hosts.remote import HostSettings
+    from gpuprov.plan.inventory import Target
     from gpuprov.plan.plan import Plan
     from gpuprov.plan.stack import StackPins
+    from gpuprov.state import Store
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 
 def quiet() -> bool:
@@ -181,7 +189,7 @@ step_silence_option = click.option(
          "so, the other hosts go on, and the next run resumes it; 0: wait forever (at most 604_800, a week).")
 
 
-def pins_from(kw: dict[str, Any]) -> StackPins:
+def pins_from(kw: PinOptions) -> StackPins:
     from gpuprov.plan.stack import StackPins
 
     return StackPins(
@@ -189,7 +197,7 @@ def pins_from(kw: dict[str, Any]) -> StackPins:
     )
 
 
-def region_from(given: str | None, *, quiet: bool = False) -> Any:
+def region_from(given: str | None, *, quiet: bool = False) -> Region:
     """The region a command works in (the AWS chain). Where it did not come from --region it is said,
     on stderr so piped output stays clean (`quiet`: the caller says it once its other input is valid)."""
     from gpuprov.cloud.region import resolve
@@ -217,12 +225,12 @@ def region_field(source: str) -> str:
     return f"AWS {source}" if source.startswith("profile ") else source
 
 
-def say_region(region: Any) -> None:
+def say_region(region: Region) -> None:
     if region.source != "--region" and not quiet():
         click.echo(f"region {region}", err=True)
 
 
-def plan_from(kw: dict[str, Any], live: bool = False, check: Callable[[Plan], None] | None = None) -> Plan:
+def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None] | None = None) -> Plan:
     """The plan the flags ask for; `live`: with EC2's own facts of the region's GPU instance types (cached a day),
     asked only once the flags are known to be good (an instance type only EC2 knows aside): the plan on the shipped
     catalog first, and `check` (the command's own option checks) on it, so bad input asks EC2 nothing."""
@@ -301,6 +309,8 @@ class Group(LazyGroup):
 
     command_class = Command
 
+    # make_context and main keep Click's own signatures: `extra` is any of Context's settings, passed on, and
+    # main returns whatever the command's callback did (without standalone_mode)
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
                      **extra: Any) -> click.Context:
         """Defaults from the user's config file (flag > environment > config file > built-in), read only
@@ -324,8 +334,8 @@ class Group(LazyGroup):
             cmd.command_class = Command
         super().add_command(cmd, name)
 
-    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
-             standalone_mode: bool = True, **extra: Any) -> Any:
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         from gpuprov.cli import signals
@@ -385,7 +395,7 @@ def main() -> None:
 # --- existing hosts ---------------------------------------------------------------------------
 
 
-def node_target(name: str) -> Any:
+def node_target(name: str) -> Target | None:
     """A node gpuprov launched, by name: its address, login, key and pinned host key."""
     import re
 
@@ -414,44 +424,46 @@ def node_target(name: str) -> Any:
                   known_hosts=str(node_known_hosts(node.name)))
 
 
-def targets_from(kw: dict[str, Any]) -> list[Any]:
+def targets_from(hosts: tuple[str, ...], inventory: str | None, ssh_config: str | None) -> list[Target]:
+    """The hosts the words name (nodes, clusters, NAME:K, [USER@]HOST[:PORT]) and the inventory file lists."""
     import re
 
     from gpuprov.plan.inventory import check_known_word, check_unique, load_inventory, parse_target, targets
 
     # Only a word of this shape can be a cluster (NAME, NAME:K), a node or a bare host name: USER@HOST and
     # addresses skip the records and the cluster module (a fleet's bootstrap pays no import for them)
-    words = [h for h in kw["hosts"] if re.fullmatch(r"[A-Za-z0-9_-]+(:[0-9]+)?", h)]
-    clustered: dict[str, Any] = {}
+    words = [h for h in hosts if re.fullmatch(r"[A-Za-z0-9_-]+(:[0-9]+)?", h)]
+    clustered: dict[str, list[Target]] = {}
     if words:
         from gpuprov.cluster import resolve
 
         clustered = {h: found.targets() for h in words if (found := resolve(h)) is not None}
     nodes = [t for t in (node_target(h) for h in words if h not in clustered) if t is not None]
-    nodes += [t for h in kw["hosts"] if h in clustered for t in clustered[h]]
+    nodes += [t for h in hosts if h in clustered for t in clustered[h]]
     named = {t.label for t in nodes} | set(clustered)
-    entries = [parse_target(h) for h in kw["hosts"] if h not in named]
+    entries = [parse_target(h) for h in hosts if h not in named]
     known = node_names() + cluster_names() if any(h not in named for h in words) else []
-    for h in kw["hosts"]:
+    for h in hosts:
         if h not in named:
-            check_known_word(h, known, Path(kw["ssh_config"]) if kw.get("ssh_config") else None)
-    listed = load_inventory(kw["inventory"]).targets() if kw["inventory"] else []
+            check_known_word(h, known, Path(ssh_config) if ssh_config else None)
+    listed = load_inventory(inventory).targets() if inventory else []
     if not entries and not nodes and not listed:
         raise UserInputError("HOST", "no host named", "name at least one node, [USER@]HOST[:PORT], or an --inventory file")
     chosen = check_unique(nodes + targets(entries) + listed)
     from gpuprov.hosts.precheck import check_targets
 
-    check_targets(chosen, Path(kw["ssh_config"]) if kw.get("ssh_config") else None)
+    check_targets(chosen, Path(ssh_config) if ssh_config else None)
     return chosen
 
 
-def host_settings(kw: dict[str, Any]) -> Any:
+def host_settings(kw: ReachOptions) -> HostSettings:
+    """How to reach the hosts; a first host key is pinned only where the command has --accept-new-host-key."""
     from gpuprov.hosts.hostkeys import user_known_hosts
     from gpuprov.hosts.remote import HostSettings
     from gpuprov.paths import known_hosts_path
 
     return HostSettings(
-        known_hosts=known_hosts_path(), accept_new_host_key=kw["accept_new_host_key"], trusted=user_known_hosts(),
+        known_hosts=known_hosts_path(), accept_new_host_key=kw.get("accept_new_host_key", False), trusted=user_known_hosts(),
         connect_timeout=kw["connect_timeout"], ssh_config=Path(kw["ssh_config"]) if kw["ssh_config"] else None,
         key_filename=kw["identity"],
     )
@@ -460,7 +472,7 @@ def host_settings(kw: dict[str, Any]) -> Any:
 # --- cloud lifecycle --------------------------------------------------------------------------
 
 
-def store_and_provider() -> tuple[Any, Any]:
+def store_and_provider() -> tuple[Store, Provider]:
     from gpuprov.cloud.providers.aws import AwsProvider
     from gpuprov.cloud.settle import window_from_env
     from gpuprov.cloud.tags import legacy_owner, owner
@@ -475,7 +487,7 @@ def store_and_provider() -> tuple[Any, Any]:
     return open_store(), AwsProvider(owner(), poll=poll, legacy=legacy_owner(), team=team_tags())
 
 
-def say_to(console: Any) -> Callable[[str], None]:
+def say_to(console: Console) -> Callable[[str], None]:
     """Progress lines (what is being created or removed); none with -q."""
     if quiet():
         return lambda text: None

@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
-def make_console(*, stderr: bool = False) -> Any:
+def make_console(*, stderr: bool = False) -> Console:
     """rich's console (it honours NO_COLOR, and COLUMNS when not on a terminal); `stderr` for progress
     lines while stdout carries JSON."""
     import shutil
@@ -36,7 +39,7 @@ def make_console(*, stderr: bool = False) -> Any:
     return _Console(highlight=False, emoji=False, stderr=stderr, width=width)  # no ':1234:' → emoji in an IPv6 address
 
 
-def line_echo(console: Any) -> Callable[[str], None]:
+def line_echo(console: Console) -> Callable[[str], None]:
     """`--verbose`'s echo of every remote line, written as it is to the console's file: rich's print of each line
     made echoing a long build log a real load on the CPU; one lock keeps hosts' lines whole. Only where no live
     display shares the console (--verbose turns it off)."""

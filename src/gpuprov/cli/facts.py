@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from gpuprov.cli.common import main, make_console, quiet, region_from, store_and_provider, warn
+
+if TYPE_CHECKING:
+    from gpuprov.cli.report_facts import DriverBranch
+    from gpuprov.sources.refresh import Result
 
 
 @main.group(invoke_without_command=True)
@@ -28,10 +32,10 @@ def facts(ctx: click.Context, as_json: bool) -> None:
     states = families.states()
     today = families.today()
     f = stack_facts()
-    branches = [{"branch": b, "type": life.type if (life := f.driver_lifecycle.get(b)) else None,
-                 "end_of_life": life.end_of_life if life else None, "ended": f.branch_ended(b) is not None,
-                 "installable": b in f.installable_branches(),
-                 "pinning_package_seen": b in f.driver_pinning.branches} for b in f.driver_branches]
+    branches: list[DriverBranch] = [{"branch": b, "type": life.type if (life := f.driver_lifecycle.get(b)) else None,
+                                    "end_of_life": life.end_of_life if life else None, "ended": f.branch_ended(b) is not None,
+                                    "installable": b in f.installable_branches(),
+                                    "pinning_package_seen": b in f.driver_pinning.branches} for b in f.driver_branches]
     if as_json:
         click.echo(json.dumps({
             "today": today.isoformat(), "stale_after_days": families.STALE_DAYS,
@@ -87,7 +91,7 @@ def refresh(only: tuple[str, ...], regions: tuple[str, ...], as_json: bool) -> N
         raise SystemExit(1)
 
 
-def _result_json(r: Any) -> dict[str, Any]:
+def _result_json(r: Result) -> dict[str, object]:
     return {"family": r.family, "refreshed": r.ok, "error": r.error, "changes": r.changes,
             "sources": list(r.overlay.sources) if r.overlay else [],
             "unverified": list(r.overlay.unverified) if r.overlay else []}

@@ -11,7 +11,7 @@ up to `PROSE_MIN` characters.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
@@ -20,7 +20,13 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    pass
+    from rich.box import Box
+    from rich.console import JustifyMethod
+    from rich.padding import PaddingDimensions
+    from rich.style import StyleType
+    from typing_extensions import Unpack
+
+Cell = str | Text  # a table's cell: plain text, or rich Text with its styles
 
 
 STYLE = {"ok": "green", "ready": "green", "interrupted": "yellow",
@@ -44,20 +50,32 @@ class Column:
 PROSE_MIN = 16  # a prose word up to this long is never split; longer ones (paths, URLs, reasons) fold
 
 
+class TableOptions(TypedDict, total=False):
+    """What a FitTable passes on to rich's Table (the views use these)."""
+
+    title_justify: JustifyMethod
+    title_style: StyleType
+    box: Box | None
+    collapse_padding: bool
+    pad_edge: bool
+    padding: PaddingDimensions
+    show_edge: bool
+
+
 class FitTable:
     """A rich Table that never splits a name, address, instance type or price mid-word, at any width
     and when piped (`gpuprov gpus | grep p4d.24xlarge` finds the row): those cells are kept whole, and
     when they do not fit, optional columns are left out (highest `drop` first), as the caption says."""
 
 
-    def __init__(self, columns: list[Column], title: str | None = None, **table_kw: Any) -> None:
+    def __init__(self, columns: list[Column], title: str | None = None, **table_kw: Unpack[TableOptions]) -> None:
         self.columns = columns
         self.title = title
         self.table_kw = table_kw
-        self.rows: list[tuple[tuple[Any, ...], bool]] = []
+        self.rows: list[tuple[tuple[Cell, ...], bool]] = []
 
 
-    def add_row(self, *cells: Any, end_section: bool = False) -> None:
+    def add_row(self, *cells: Cell, end_section: bool = False) -> None:
         self.rows.append((cells, end_section))
 
 
@@ -113,14 +131,14 @@ class FitTable:
         return Measurement.get(console, options, self.fitted(console, options))
 
 
-def rjust(cell: Any, width: int) -> Any:
+def rjust(cell: Cell, width: int) -> Cell:
     pad = width - cell_len(plain(cell))
     if pad <= 0:
         return cell
     return Text(" " * pad) + cell if isinstance(cell, Text) else " " * pad + str(cell)
 
 
-def plain(cell: Any) -> str:
+def plain(cell: Cell) -> str:
     return cell.plain if isinstance(cell, Text) else str(cell)
 
 

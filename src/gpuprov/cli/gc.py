@@ -7,13 +7,20 @@ region DescribeRegions says is enabled and names the regions it could not read.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import click
 
 from gpuprov.cli.common import main, make_console, region_from, say_to, store_and_provider
 from gpuprov.cli.complete import complete_region
 from gpuprov.errors import GpuprovError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from gpuprov.cloud.providers.base import CloudResource, Provider
+    from gpuprov.state import Store
 
 
 @main.command()
@@ -92,7 +99,7 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
                           markup=False)
     left = sweep.gc(found.found, provider, store, say) if yes and found.found else []
     if as_json:
-        def row(r: Any) -> dict[str, Any]:
+        def row(r: CloudResource) -> dict[str, object]:
             return {"region": r.region, "kind": r.kind, "id": r.id, "node": r.node, "state": r.state, "owner": r.owner,
                     "member": r.member}  # gpuprov:member: who of the team made it (None: no team tag)
 
@@ -109,8 +116,8 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
     _region_errors(found.errors)
 
 
-def _stopped(seconds_given: int | None, where: list[str], yes: bool, as_json: bool, provider: Any, store: Any, console: Any,
-             say: Any) -> tuple[list[dict[str, Any]], list[str]]:
+def _stopped(seconds_given: int | None, where: list[str], yes: bool, as_json: bool, provider: Provider, store: Store,
+             console: Console, say: Callable[[str], None]) -> tuple[list[dict[str, object]], list[str]]:
     """--stopped-for: the nodes stopped longer than that in the swept regions, each with what it has cost while
     stopped; with --yes taken down. Returns them (--json's rows) and what could not be removed."""
     if seconds_given is None:
@@ -123,7 +130,7 @@ def _stopped(seconds_given: int | None, where: list[str], yes: bool, as_json: bo
     seconds = float(seconds_given)
     now = time.time()
     found = stale.stopped_longer([n for n in store.nodes() if n.region in where], seconds, now)
-    rows = [{"name": s.node.name, "region": s.node.region, "stopped_at": s.node.stopped_at,
+    rows: list[dict[str, object]] = [{"name": s.node.name, "region": s.node.region, "stopped_at": s.node.stopped_at,
                          "stopped_seconds": round(s.stopped_seconds), "disk_gb": s.node.disk_gb,
                          "disk_usd_while_stopped": round(s.disk_usd, 2) if s.disk_usd is not None else None,
                          "disk_usd_month": round(s.month_usd, 2) if s.month_usd is not None else None} for s in found]

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from gpuprov.cli.common import main, make_console, node_target, say_to, store_and_provider
 from gpuprov.cli.complete import cluster_names, complete_node, node_names
+
+if TYPE_CHECKING:
+    from gpuprov.hosts.remote import HostSettings
+    from gpuprov.plan.inventory import Target
+    from gpuprov.state import Store
 
 lock_option = click.option(
     "--locked/--unlocked", "lock", default=None,
@@ -15,7 +20,7 @@ lock_option = click.option(
          "[default: as they are]. A node another member locked refuses any change but theirs.")
 
 
-def _guard_target(name: str, identity: str | None) -> tuple[str | None, Any, Any, Any]:
+def _guard_target(name: str, identity: str | None) -> tuple[str | None, Store | None, Target, HostSettings]:
     """A node gpuprov launched (by name), or a host it bootstrapped ([USER@]HOST[:PORT], host key pinned)."""
     from gpuprov.hosts.remote import HostSettings
     from gpuprov.paths import known_hosts_path

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
@@ -24,6 +25,18 @@ from gpuprov.cli.common import (
 )
 from gpuprov.cli.monitoring_options import monitor_options, monitoring_from
 from gpuprov.cli.params import Number
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+    from typing_extensions import Unpack
+
+    from gpuprov.cli.option_sets import BootstrapOptions, SshOptions
+    from gpuprov.cluster import Cluster, WireResult
+    from gpuprov.hosts.bootstrap import HostResult
+    from gpuprov.hosts.remote import HostOutcome, Judged
+    from gpuprov.plan.inventory import Target
+
+R = TypeVar("R", bound="Judged")  # what a host's outcome reports: check's, bench's or doctor's
 
 
 @main.command()
@@ -52,8 +65,9 @@ from gpuprov.cli.params import Number
                    "toward node 1, from `ip route get`].")
 @click.option("--master-port", type=Number(1, 65535, whole=True), default=29500, show_default=True,
               help="With --cluster: the rendezvous port (MASTER_PORT).")
-def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str | None, master_addr: str | None,
-              master_port: int, **kw: Any) -> None:
+def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_driver: bool, takeover: bool,
+              reboot_timeout: float, step_silence: float, cluster_name: str | None, master_addr: str | None,
+              master_port: int, **kw: Unpack[BootstrapOptions]) -> None:
     """Install the playbook's stack on existing hosts over SSH, then verify it.
 
     Runs on all hosts at once (bounded by --parallel). Each step leaves a marker with its
@@ -82,7 +96,6 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
     guard = GuardRequest(autostop_seconds=parse_duration(kw["autostop"], "--autostop"),
                          ttl_seconds=parse_duration(kw["ttl"], "--ttl"), on_interrupt=kw["on_interrupt"] or None)
     monitoring = with_monitoring(monitoring_from(kw), load_playbook(kw["playbook"]))
-    keep_driver = bool(kw.pop("keep_driver", False))
     if gpu and not keep_driver:  # an impossible stack is refused before any host is touched; warnings said once
         ahead = make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins, guard=guard,
                                jupyter=kw["jupyter"], monitoring=monitoring, docker=kw["docker"])
@@ -93,19 +106,21 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
 
         if ended := stack_facts().branch_ended(int(pins.driver.split(".")[0])):
             warn(f"warning: driver {ended}")
-    targets = targets_from(kw)
+    targets = targets_from(kw["hosts"], kw["inventory"], kw["ssh_config"])
     if guard.autostop_seconds is not None or guard.ttl_seconds is not None:
         _refuse_locked(targets)
     plan_for = Planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"], monitoring=monitoring,
                        keep_driver=keep_driver, docker=kw["docker"])
+    options = engine.Options(force=force, parallel=kw["parallel"], reboot_timeout=reboot_timeout,
+                             step_silence=step_silence or None, takeover=takeover)
+    console: Console | None = None
     if as_json and not verbose:  # JSON for a script: no progress, and none of rich's import time
-        console = None
-        results = engine.bootstrap(targets, host_settings(kw), plan_for, _engine_options(engine, kw, None))
+        results = engine.bootstrap(targets, host_settings(kw), plan_for, options)
     else:
         from gpuprov.cli.report_hosts import LiveHosts, bootstrap_summary
 
         console = make_console()
-        options = _engine_options(engine, kw, line_echo(console) if verbose else None)
+        options = dataclasses.replace(options, echo=line_echo(console) if verbose else None)
         with LiveHosts(console, [t.name for t in targets], enabled=not as_json and not verbose) as live:
             results = engine.bootstrap(targets, host_settings(kw), plan_for, options, reporter=live)
         if not as_json:
@@ -115,7 +130,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
         if as_json:
             click.echo(json.dumps([_host_json(r) for r in results], indent=2))
         sys.exit(0 if ok else 1)
-    wired: Any = None
+    wired: tuple[Cluster | None, list[WireResult]] | None = None
     if ok:
         from gpuprov.cluster import wire
 
@@ -124,7 +139,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, cluster_name: str |
     _cluster_out(cluster_name, results, wired, as_json, console)
 
 
-def _refuse_locked(targets: list[Any]) -> None:
+def _refuse_locked(targets: list[Target]) -> None:
     """`bootstrap NODE --ttl/--autostop` rewrites a launched node's guardrails: refused, before any host is
     touched, where another member locked them (`up --locked`), as `gpuprov ttl` is."""
     from gpuprov.paths import state_dir
@@ -142,12 +157,8 @@ def _refuse_locked(targets: list[Any]) -> None:
             check_lock(node, "bootstrap --ttl/--autostop")
 
 
-def _engine_options(engine: Any, kw: dict[str, Any], echo: Callable[[str], None] | None) -> Any:
-    return engine.Options(force=kw["force"], parallel=kw["parallel"], reboot_timeout=kw["reboot_timeout"],
-                          step_silence=kw["step_silence"] or None, echo=echo, takeover=kw.get("takeover", False))
-
-
-def _cluster_out(name: str, results: list[Any], wired: Any, as_json: bool, console: Any) -> None:
+def _cluster_out(name: str, results: list[HostResult], wired: tuple[Cluster | None, list[WireResult]] | None,
+                 as_json: bool, console: Console | None) -> None:
     """The cluster's nodes after bootstrap --cluster, and the exit code (0 when every node is wired)."""
     cluster, nodes = wired if wired else (None, [])
     ok = bool(nodes) and all(n.outcome != "failed" for n in nodes)
@@ -160,6 +171,7 @@ def _cluster_out(name: str, results: list[Any], wired: Any, as_json: bool, conso
         sys.exit(0 if ok else 1)
     from gpuprov.cli.cluster_report import cluster_table
 
+    assert console is not None  # made whenever the output is not JSON
     if wired is None:
         console.print(f"cluster {name}: not wired, since not every host was bootstrapped")
     elif cluster is None:
@@ -170,7 +182,7 @@ def _cluster_out(name: str, results: list[Any], wired: Any, as_json: bool, conso
     sys.exit(0 if ok else 1)
 
 
-def _host_json(r: Any) -> dict[str, Any]:
+def _host_json(r: HostResult) -> dict[str, object]:
     return {
         "host": r.target.name, "result": r.summary, "status": r.status, "failed_step": r.failed_step, "error": r.error,
         "seconds": round(r.seconds, 2), "log": str(r.log_path),
@@ -196,7 +208,7 @@ def _host_json(r: Any) -> dict[str, Any]:
               help="With --cluster: seconds (0.1 to 600) a connection may take before the port counts as dropped.")
 @click.option("--no-allreduce", is_flag=True, help="With --cluster: only the connectivity part.")
 def check(gpu: str | None, env_path: str, as_json: bool, as_cluster: bool, sizes: str, sample_ports: int,
-          port_timeout: float, no_allreduce: bool, **kw: Any) -> None:
+          port_timeout: float, no_allreduce: bool, **kw: Unpack[SshOptions]) -> None:
     """Verify hosts: nvidia-smi, /dev/nvidia*, torch.cuda and a matmul on every GPU, judged.
 
     The expected stack comes from what gpuprov installed there (its manifest), else from --gpu
@@ -210,11 +222,12 @@ def check(gpu: str | None, env_path: str, as_json: bool, as_cluster: bool, sizes
     from gpuprov.cli.report_hosts import check_tables
     from gpuprov.hosts.check import check as run_check
 
-    results = run_check(targets_from(kw), host_settings(kw), gpu=gpu, env_path=env_path, parallel=kw["parallel"])
+    targets = targets_from(kw["hosts"], kw["inventory"], kw["ssh_config"])
+    results = run_check(targets, host_settings(kw), gpu=gpu, env_path=env_path, parallel=kw["parallel"])
     _finish(results, as_json, lambda r: {"report": r.report.model_dump(mode="json") if r.report else None}, check_tables)
 
 
-def _check_cluster(kw: dict[str, Any], env_path: str, as_json: bool, sizes: str, sample: int, timeout: float,
+def _check_cluster(kw: SshOptions, env_path: str, as_json: bool, sizes: str, sample: int, timeout: float,
                    run_allreduce: bool) -> None:
     from gpuprov.cli.cluster_report import cluster_check_json, cluster_check_tables
     from gpuprov.cluster import load, names
@@ -241,8 +254,8 @@ def _check_cluster(kw: dict[str, Any], env_path: str, as_json: bool, sizes: str,
     sys.exit(0 if result.ok else 1)
 
 
-def _finish(results: list[Any], as_json: bool, fields: Callable[[Any], dict[str, Any]],
-            tables: Callable[[list[Any]], list[Any]]) -> None:
+def _finish(results: list[HostOutcome[R]], as_json: bool, fields: Callable[[HostOutcome[R]], dict[str, object]],
+            tables: Callable[[list[HostOutcome[R]]], Sequence[RenderableType]]) -> None:
     """Print per-host outcomes (JSON or tables) and exit 0 only when every host passed."""
     if as_json:
         click.echo(json.dumps([{"host": r.target.name, "ok": r.ok, "unreachable": r.unreachable, "error": r.error,
@@ -261,7 +274,7 @@ def _finish(results: list[Any], as_json: bool, fields: Callable[[Any], dict[str,
               help="Time budget per host for the measurements (the all-reduce adds a few seconds).")
 @click.option("--env", "env_path", default="/opt/gpuprov/env", show_default=True, help="Python env whose torch to use.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures (and where the published ones come from) as JSON.")
-def bench(gpu: str | None, seconds: float, env_path: str, as_json: bool, **kw: Any) -> None:
+def bench(gpu: str | None, seconds: float, env_path: str, as_json: bool, **kw: Unpack[SshOptions]) -> None:
     """Did I get what I pay for: measure each GPU and judge it against NVIDIA's published figures.
 
     Per GPU: dense matmul TFLOP/s in fp16, bf16, tf32 and fp32 (those the GPU runs natively),
@@ -274,8 +287,8 @@ def bench(gpu: str | None, seconds: float, env_path: str, as_json: bool, **kw: A
     from gpuprov.hosts.gpubench import bench as run_bench
     from gpuprov.hosts.gpubench import to_json
 
-    results = run_bench(targets_from(kw), host_settings(kw), gpu=gpu, env_path=env_path, seconds=seconds,
-                        parallel=kw["parallel"])
+    targets = targets_from(kw["hosts"], kw["inventory"], kw["ssh_config"])
+    results = run_bench(targets, host_settings(kw), gpu=gpu, env_path=env_path, seconds=seconds, parallel=kw["parallel"])
     _finish(results, as_json, lambda r: {"report": to_json(r.report) if r.report else None}, bench_tables)
 
 
@@ -288,7 +301,7 @@ def bench(gpu: str | None, seconds: float, env_path: str, as_json: bool, **kw: A
 @click.option("--min-free-gb", type=Number(0, 1_000_000), default=10.0, show_default=True,
               help="Warn when / or the env's filesystem has less free space than this (0 to 1_000_000).")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings (and the facts behind them) as JSON.")
-def doctor(env_path: str, min_free_gb: float, as_json: bool, **kw: Any) -> None:
+def doctor(env_path: str, min_free_gb: float, as_json: bool, **kw: Unpack[SshOptions]) -> None:
     """Find why a host's GPU stack is broken: each finding names the cause and the fix.
 
     One command per host (as root) gathers the facts: OS, GPUs on the PCI bus, nouveau, kernel
@@ -300,7 +313,8 @@ def doctor(env_path: str, min_free_gb: float, as_json: bool, **kw: Any) -> None:
     from gpuprov.cli.report_hosts import doctor_tables
     from gpuprov.hosts.doctor import doctor as run_doctor
 
-    results = run_doctor(targets_from(kw), host_settings(kw), env_path=env_path, min_free_gb=min_free_gb, parallel=kw["parallel"])
+    targets = targets_from(kw["hosts"], kw["inventory"], kw["ssh_config"])
+    results = run_doctor(targets, host_settings(kw), env_path=env_path, min_free_gb=min_free_gb, parallel=kw["parallel"])
     _finish(results, as_json, lambda r: {
         "findings": [c.model_dump(mode="json") for c in r.report.findings] if r.report else None,
         "facts": r.report.facts.model_dump(mode="json") if r.report else None,

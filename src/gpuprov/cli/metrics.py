@@ -15,14 +15,25 @@ from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from gpuprov.cli.common import host_settings, main, make_console, quiet, targets_from, warn
 from gpuprov.cli.complete import complete_node
 from gpuprov.errors import UserInputError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from gpuprov.cli.option_sets import ReachOptions
+    from gpuprov.hosts.metrics import Machine
+    from gpuprov.state import Node
+
+F = TypeVar("F", bound=Callable[..., object])
 
 
 @main.group()
@@ -33,7 +44,7 @@ def metrics() -> None:
     reaches them through SSH, so no port but SSH is ever open."""
 
 
-def _where(func: Any) -> Any:
+def _where(func: F) -> F:
     for option in reversed([
         click.argument("names", nargs=-1, metavar="[NODE|CLUSTER|[USER@]HOST[:PORT]]...", shell_complete=complete_node),
         click.option("--base-port", type=click.IntRange(1024, 65000), default=19100, show_default=True,
@@ -72,7 +83,8 @@ def targets(names: tuple[str, ...], base_port: int, file_sd: str | None) -> None
 @click.option("--ssh-config", default=None, type=click.Path(dir_okay=False), help="ssh config file [~/.ssh/config].")
 @click.option("--connect-timeout", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
               help="Seconds to wait for SSH.")
-def serve(names: tuple[str, ...], base_port: int, file_sd: str | None, poll: float, **kw: Any) -> None:
+def serve(names: tuple[str, ...], base_port: int, file_sd: str | None, poll: float,
+          **kw: Unpack[ReachOptions]) -> None:
     """Hold an SSH tunnel to every machine's exporters until Ctrl-C, reconnecting when one drops.
 
     Point Prometheus at the list `--file-sd PATH` writes (or `gpuprov metrics targets` prints):
@@ -112,10 +124,10 @@ def serve(names: tuple[str, ...], base_port: int, file_sd: str | None, poll: flo
     write()
     if file_sd:
         say(f"file_sd list: {file_sd} ({len(machines)} machines)")
-    server = m.Serve(machines, host_settings({**kw, "accept_new_host_key": False}), ports, say, poll=poll,
+    server = m.Serve(machines, host_settings(kw), ports, say, poll=poll,
                      on_learned=learned)
 
-    def interrupt(signum: int, frame: Any) -> None:
+    def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
@@ -137,7 +149,7 @@ def dashboard() -> None:
     click.echo(data_file("grafana-gpu-dashboard.json").read_text(), nl=False)
 
 
-def _machines(names: tuple[str, ...]) -> list[Any]:
+def _machines(names: tuple[str, ...]) -> list[Machine]:
     """The machines to scrape: the named ones, else every live node with metrics and every recorded cluster."""
     from gpuprov import cluster
     from gpuprov.hosts.metrics import Machine
@@ -150,7 +162,7 @@ def _machines(names: tuple[str, ...]) -> list[Any]:
         nodes = {n.name: n for n in open_store().nodes() if n.live}
     clusters = {c.name: c for c in (cluster.load(name) for name in cluster.names()) if c is not None}
     wanted = set(names)
-    out: list[Any] = []
+    out: list[Machine] = []
     for name, node in sorted(nodes.items()):
         if node.cluster_size is not None or (wanted and name not in wanted):
             continue  # a launched cluster is served through its cluster record, node by node
@@ -177,20 +189,19 @@ def _machines(names: tuple[str, ...]) -> list[Any]:
     named = {m.name for m in out} | set(clusters) | set(nodes)
     others = [w for w in names if w not in named and w.split(":")[0] not in clusters]
     if others:
-        kw = {"hosts": tuple(others), "inventory": None, "ssh_config": None}
-        out += [Machine(t.name, t, None, {}) for t in targets_from(kw)]
+        out += [Machine(t.name, t, None, {}) for t in targets_from(tuple(others), None, None)]
     if not names and not out:
         warn("no node has metrics: `gpuprov up NAME --metrics` (or name hosts bootstrapped with --metrics)")
     return out
 
 
 def _exporters(plan: dict[str, Any]) -> tuple[str, ...] | None:
-    """The exporters a recorded plan installed; None when it asked for no metrics."""
+    """The exporters a recorded plan (its summary as JSON, arbitrary) installed; None when it asked for no metrics."""
     exporter = (plan.get("monitoring") or {}).get("exporter")
     return ("node", "dcgm") if exporter == "dcgm" else ("node",) if exporter == "textfile" else None
 
 
-def _labels(node: Any, cluster_name: str | None) -> dict[str, str]:
+def _labels(node: Node | None, cluster_name: str | None) -> dict[str, str]:
     if node is None:
         return {"cluster": cluster_name or ""}
     return {"cluster": cluster_name or "", "instance_type": node.instance_type or "", "gpu_model": node.gpu or "",

@@ -4,11 +4,15 @@ module stays one idea: `--metrics`, `--health/--no-health`, `--watch-process`, `
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-F = TypeVar("F", bound=Callable[..., Any])
+if TYPE_CHECKING:
+    from gpuprov.cli.option_sets import MonitorOptions
+    from gpuprov.plan.monitoring import Monitoring
+
+F = TypeVar("F", bound=Callable[..., object])
 
 
 def monitor_options(func: F) -> F:
@@ -35,7 +39,7 @@ def monitor_options(func: F) -> F:
     return func
 
 
-def monitoring_from(kw: dict[str, Any]) -> Any:
+def monitoring_from(kw: MonitorOptions) -> Monitoring:
     """The Monitoring the monitor options ask for (checked with the playbook in plan/plan.with_monitoring)."""
     from gpuprov.plan.monitoring import Monitoring
 

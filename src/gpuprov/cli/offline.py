@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -20,6 +20,15 @@ from gpuprov.cli.common import (
 from gpuprov.cli.complete import complete_gpu, complete_region
 from gpuprov.cli.params import Number
 from gpuprov.errors import GpuprovError, UserInputError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from gpuprov.cli.option_sets import StackOptions
+    from gpuprov.cloud.cluster_network import ClusterNetwork
+    from gpuprov.cloud.images import ImageChoice
+    from gpuprov.plan.catalog import Catalog
+    from gpuprov.plan.plan import Plan
 
 
 @main.command()
@@ -62,7 +71,7 @@ def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None
 @click.option("--nodes", type=NODES, default=1, show_default=True,
               help="A cluster of this many nodes: also print its placement group, EFA interfaces and network.")
 def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, image: str | None, nodes: int,
-         **kw: Any) -> None:
+         **kw: Unpack[StackOptions]) -> None:
     """Show what `up` would launch and install, without touching the network.
 
     Picks the cheapest instance type that carries the GPUs, resolves one consistent
@@ -145,7 +154,7 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
             console.print(Syntax(script.text, "bash", line_numbers=False))
 
 
-def _cluster_layout(the_plan: Any, nodes: int) -> Any:
+def _cluster_layout(the_plan: Plan, nodes: int) -> ClusterNetwork | None:
     """The cluster's network for the plan's instance type (None for one node); bad --nodes is refused here."""
     from gpuprov.cloud.cluster_network import network_for
     from gpuprov.cloud.cluster_up import MAX_NODES
@@ -164,7 +173,7 @@ def _cluster_layout(the_plan: Any, nodes: int) -> Any:
 @click.option("-o", "--output", "out", required=True, metavar="FOLDER",
               help="Folder to write the scripts and manifest.json into: new, empty, or one an earlier render "
                    "wrote (the scripts its manifest lists are replaced).")
-def render(out: str, **kw: Any) -> None:
+def render(out: str, **kw: Unpack[StackOptions]) -> None:
     """Write the bootstrap bundle: one script per step plus manifest.json (sha256 + resolved stack).
 
     Each script is self-contained bash; run them in order as root on the GPU host.
@@ -176,21 +185,22 @@ def render(out: str, **kw: Any) -> None:
         click.echo(f"  {path.name}")
 
 
-def _image_choice(plan: Any, image: str | None) -> Any:
+def _image_choice(plan: Plan, image: str | None) -> ImageChoice:
     from gpuprov.cloud.images import choose
 
     _store, provider = store_and_provider()
     return choose(plan, image, provider)
 
 
-def _data_sizes(plan: Any) -> list[dict[str, Any]]:
+def _data_sizes(plan: Plan) -> list[dict[str, Any]]:
+    """Each download's S3 prefix and what it holds: cloud/data.py's rows as --json prints them (arbitrary JSON)."""
     from gpuprov.cloud.data import download_sizes
 
     _store, provider = store_and_provider()
     return download_sizes(plan, provider)
 
 
-def _cheapest_spot(plan: Any) -> tuple[str, float] | None:
+def _cheapest_spot(plan: Plan) -> tuple[str, float] | None:
     """Today's cheapest spot offer for the plan's instance type in its region: (zone, $/h)."""
     if plan.instance is None:
         return None
@@ -199,7 +209,7 @@ def _cheapest_spot(plan: Any) -> tuple[str, float] | None:
     return (prices[0].zone, prices[0].price) if prices else None
 
 
-def _live_prices(cat: Any, region: str, as_json: bool) -> None:
+def _live_prices(cat: Catalog, region: str, as_json: bool) -> None:
     from gpuprov.cli.report import live_prices_table
 
     _store, provider = store_and_provider()

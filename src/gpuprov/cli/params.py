@@ -38,7 +38,7 @@ class Number(click.ParamType):  # type: ignore[type-arg]  # (generic in some Cli
     def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str | None:
         return None
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int | float:
         if isinstance(value, bool):  # a TOML `true` is no number
             self.fail(f"{value!r} is not a number; give one in the range {self.range_text}", param, ctx)
         if isinstance(value, (int, float)):
@@ -137,7 +137,7 @@ class Command(click.Command):
                 raise click.BadParameter(f"given more than once; give {flag} once", ctx=ctx, param=param)
             seen.add(name)
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: click.Context) -> Any:  # Click's: whatever the callback returns
         try:
             return super().invoke(ctx)
         except UserInputError as exc:

@@ -4,7 +4,7 @@ then each family's source and unverified notes. Presentation only."""
 from __future__ import annotations
 
 from datetime import date
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from rich.console import Group
 from rich.padding import Padding
@@ -13,10 +13,23 @@ from rich.text import Text
 from gpuprov.cli.fittable import Column, FitTable
 
 if TYPE_CHECKING:
+    from rich.console import RenderableType
+
     from gpuprov.plan.facts import FamilyState
 
 
-def facts_view(states: list[FamilyState], branches: list[dict[str, Any]], today: date) -> Group:
+class DriverBranch(TypedDict):
+    """A driver branch and its lifecycle, as `facts --json` prints it and the view shows it."""
+
+    branch: int
+    type: Literal["LTSB", "PB", "NFB"] | None
+    end_of_life: str | None
+    ended: bool
+    installable: bool
+    pinning_package_seen: bool
+
+
+def facts_view(states: list[FamilyState], branches: list[DriverBranch], today: date) -> Group:
     from gpuprov.plan.facts import STALE_DAYS, stale_note
 
     table = FitTable([Column("family"), Column("read"), Column("age", "right"), Column("from"),
@@ -33,7 +46,7 @@ def facts_view(states: list[FamilyState], branches: list[dict[str, Any]], today:
         lifecycle.add_row(f"R{b['branch']}", b["type"] or "?", b["end_of_life"] or ("ended" if b["ended"] else "-"),
                           Text(status, style="yellow" if b["ended"] else ""),
                           "seen" if b["pinning_package_seen"] else ("not seen" if b["installable"] else "-"))
-    parts: list[Any] = [table, lifecycle]
+    parts: list[RenderableType] = [table, lifecycle]
     for s in states:
         parts.append(Text(f"{s.family.name}: {s.family.what}", style="bold"))
         parts.append(Padding(Text(f"source: {s.source}"), (0, 0, 0, 2)))

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from gpuprov.hosts.check import CheckResult
     from gpuprov.hosts.doctor import DoctorReport, DoctorResult
     from gpuprov.hosts.gpubench import BenchResult
+    from gpuprov.hosts.remote import HostOutcome, Judged
     from gpuprov.hosts.verify import Check, CheckReport
 
 
@@ -119,7 +120,10 @@ def _checks_table(title: str, style: str, first: str, checks: list[Check]) -> Ta
     return table
 
 
-def _per_host(results: list[CheckResult] | list[DoctorResult], table: Callable[[str, Any], Table]) -> list[Table | Text]:
+R = TypeVar("R", bound="Judged")  # a host's report: check's or doctor's
+
+
+def _per_host(results: list[HostOutcome[R]], table: Callable[[str, R], Table]) -> list[Table | Text]:
     """One table per host that answered; one red line for each that did not."""
     out: list[Table | Text] = []
     for r in results:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from gpuprov.cli.common import main, make_console, say_to
 from gpuprov.errors import UserInputError
 
+if TYPE_CHECKING:
+    from gpuprov.state.url import StateUrl
 
-def _team(field: str = "state") -> Any:
+
+def _team(field: str = "state") -> StateUrl:
     from gpuprov.state.url import configured
 
     url = configured()
@@ -140,6 +143,7 @@ def adopt(region: str | None, all_regions: bool) -> None:
     from gpuprov.cloud.providers.aws import AwsProvider
     from gpuprov.cloud.tags import legacy_owner, owner
 
+    assert isinstance(provider, AwsProvider)  # store_and_provider's: its poll and team tags are copied here
     # the team's resources, and this member's own from before the team (tagged with the owner alone)
     own = AwsProvider(owner(), poll=provider.poll, legacy=legacy_owner()) if provider.team else None
     found = adopting.adopt(regions, [provider, *([own] if own else [])], store, said)
