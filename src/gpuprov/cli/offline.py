@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from gpuprov.cli.option_sets import StackOptions
-    from gpuprov.cloud.cluster_network import ClusterNetwork
+    from gpuprov.cloud.cluster_network import ClusterLayout
     from gpuprov.cloud.images import ImageChoice
     from gpuprov.plan.catalog import Catalog
     from gpuprov.plan.plan import Plan
@@ -154,7 +154,7 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
             console.print(Syntax(script.text, "bash", line_numbers=False))
 
 
-def _cluster_layout(the_plan: Plan, nodes: int) -> ClusterNetwork | None:
+def _cluster_layout(the_plan: Plan, nodes: int) -> ClusterLayout | None:
     """The cluster's network for the plan's instance type (None for one node); bad --nodes is refused here."""
     from gpuprov.cloud.cluster_network import network_for
     from gpuprov.cloud.cluster_up import MAX_NODES
