@@ -102,6 +102,23 @@ def test_every_command_is_in_the_lazy_table_under_its_own_module():
     assert main.list_commands(ctx) == sorted(lazy.COMMANDS)
 
 
+def test_help_lists_every_command_from_the_table_importing_none():
+    """`gpuprov --help` lists each command by lazy.SUMMARIES without importing a command module; the listing is
+    the one the commands' own docstrings make, at any width, and each summary is its command's first sentence."""
+    loaded = ast.literal_eval(_run_reporting(["--help"], "sorted(m for m in sys.modules if m.startswith('gpuprov.cli.'))"))
+    assert not {m.removeprefix("gpuprov.cli.") for m in loaded} & set(lazy.COMMANDS.values()), loaded
+    lazy.load_all()
+    assert {name: main.commands[name].get_short_help_str(limit=10**6) for name in lazy.COMMANDS} == lazy.SUMMARIES
+    for width in (50, 80, 200):
+        fresh = [sys.executable, "-m", "gpuprov", "--help"]
+        env = {**os.environ, "COLUMNS": str(width)}
+        lazily = subprocess.run(fresh, capture_output=True, text=True, env=env, check=True).stdout
+        whole = subprocess.run([sys.executable, "-c", "import runpy, sys; from gpuprov.cli import lazy; lazy.load_all(); "
+                                "sys.argv = ['gpuprov', '--help']; runpy.run_module('gpuprov', run_name='__main__')"],
+                               capture_output=True, text=True, env=env, check=True).stdout
+        assert lazily == whole
+
+
 def test_start_up_is_not_rescanned_by_the_garbage_collector():
     """A command's start-up makes tens of thousands of objects that live as long as the process; the
     executable collects young objects every 100k allocations, so `plan` does not scan them again and again

@@ -314,7 +314,9 @@ class Group(LazyGroup):
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
                      **extra: Any) -> click.Context:
         """Defaults from the user's config file (flag > environment > config file > built-in), read only
-        when there is one."""
+        when there is one, and not for `gpuprov --help` alone, which runs no command and so takes no default."""
+        if set(args) <= {"--help", "-h", "--version"}:
+            return super().make_context(info_name, args, parent, **extra)
         from gpuprov.settings import settings
 
         found = settings().config
