@@ -7,13 +7,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gpuprov.kinds import ResourceKind as ResourceKind  # named once, for the providers too
+
 NodeState = Literal["launching", "running", "bootstrapping", "ready", "failed", "terminating", "terminated",
                     "stopping", "stopped", "resizing", "starting", "waiting"]
 # where an `up` leaves a record ("waiting": between two passes of `up --wait`, owning nothing)
 UP_STATES = ("launching", "running", "bootstrapping", "failed", "terminating", "waiting")
-# an image row has node None: images outlive the node they were baked from
-ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "placement-group",
-                       "address", "iam-role", "instance-profile"]
 
 
 

@@ -17,11 +17,10 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from gpuprov.errors import GpuprovError
+from gpuprov.kinds import ResourceKind as ResourceKind  # the records' kinds too: named once, on the ground floor
 
 Market = Literal["spot", "on-demand"]
 Then = Literal["next-candidate", "next-market", "stop", "retry"]
-ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "snapshot",
-                       "placement-group", "address"]
 InterfaceType = Literal["interface", "efa", "efa-only"]
 TAG_NODE = "gpuprov:node"
 TAG_OWNER = "gpuprov:owner"
