@@ -50,3 +50,9 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
         self.name = name
         self.note: str | None = None
+
+
+class GpuprovBug(Exception):
+    """A mistake in gpuprov's own code, never the user's input nor the machine's state: deliberately no
+    GpuprovError, so the CLI says "gpuprov hit a bug" and keeps the traceback, and no `except GpuprovError` that
+    carries on past a failing cloud or disk swallows it."""
