@@ -70,7 +70,7 @@ class StateBug(GpuprovBug):
 _DAMAGED = ("is not a database", "database disk image is malformed")
 # ... and for a statement it could not run on an intact file: gpuprov's own mistake
 _MISTAKES = ("no such column", "has no column named", "no such table", "syntax error", "no such function",
-             "unrecognized token", "incomplete input", "bindings", "values for", "ambiguous column")
+             "unrecognized token", "incomplete input", "bindings", "values for", "values were supplied", "ambiguous column")
 
 
 def explain(exc: sqlite3.Error, path: Path) -> GpuprovError | StateBug:
