@@ -44,6 +44,7 @@ def test_the_parts_are_folders():
     ("cloud/providers/aws.py", "from gpuprov.state import Store\n", "a provider makes and removes machines"),
     ("state/records.py", "from gpuprov.plan import spec\n", "a lower part never imports a higher one"),
     ("state/locks.py", "import paramiko\n", "the ground floor uses no SSH"),
+    ("kinds.py", "from gpuprov.state import records\n", "a lower part never imports a higher one"),
     ("cloud/node.py", "from ..cli import report\n", "a lower part never imports a higher one"),
     ("cloud/node.py", "from gpuprov.sources import refresh\n", "a lower part never imports a higher one"),
     ("hosts/check.py", "import boto3\n", "hosts/ and cluster/ reach hosts over SSH"),

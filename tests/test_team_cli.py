@@ -157,8 +157,7 @@ def test_push_a_local_state_then_adopt_after_every_record_is_deleted(aws, env, h
 
     folder = Path(alice["GPUPROV_HOME"])
     mine = SqliteStore(folder / "state.sqlite")  # alice's own q, a record only: the bucket has bob's q
-    mine.create_node("q", "aws", "us-east-1")
-    mine.update_node("q", state="ready", ready_at=time.time())
+    mine.create_node("q", "aws", "us-east-1", state="ready", ready_at=time.time())
     pushed = gp(local, "state", "push", STATE)
     assert pushed.returncode == 1, pushed.stdout + pushed.stderr
     assert f"p: moved to {STATE}/ (the local file no longer lists it)" in pushed.stdout

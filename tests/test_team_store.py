@@ -14,7 +14,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from gpuprov.errors import UserInputError
-from gpuprov.state import leases, locks
+from gpuprov.state import NodeState, leases, locks
+from gpuprov.state.machine import IllegalTransition
 from gpuprov.state.s3 import S3Store
 from gpuprov.state.url import parse
 
@@ -93,6 +94,26 @@ def test_records_round_trip_and_a_taken_name_says_whose(url):
     other.update_node("a", state="terminated")
     store.create_node("a", "aws", "us-west-2")  # a terminated node's name is free again
     assert store.node("a").region == "us-west-2" and other.nodes()[0].state == "launching"
+
+
+def test_the_buckets_store_reads_the_enum_and_refuses_a_misspelt_field_or_a_move_the_table_lacks(aws, url):
+    """As the local store (test_node_states.py): a field Node lacks is a TypeError naming it, and a move the table
+    lacks a bug, both before the object is written (its ETag unchanged)."""
+    store = S3Store(url)
+    assert store.create_node("a", "aws", "us-east-1").state is NodeState.LAUNCHING
+    before = store.bucket.get("nodes/a.json")
+    with pytest.raises(TypeError, match="'stat'"):
+        store.update_node("a", stat="ready")
+    with pytest.raises(TypeError, match="'adress'"):
+        store.create_node("b", "aws", "us-east-1", adress="203.0.113.9")
+    with pytest.raises(IllegalTransition, match="'a': no move from launching to stopped"):
+        store.update_node("a", state=NodeState.STOPPED, address="203.0.113.9")
+    assert store.bucket.get("nodes/a.json") == before and store.find_node("b") is None
+    store.update_node("a", state=NodeState.RUNNING, address="203.0.113.9")
+    assert S3Store(url).node("a").state is NodeState.RUNNING and S3Store(url).nodes()[0].state is NodeState.RUNNING
+    assert store.bucket.get("nodes/a.json")[0]["node"]["state"] == "running"  # the plain word in the JSON
+    store.update_node("a", state=NodeState.FAILED)  # a take-back: never refused
+    store.update_node("a", state=NodeState.TERMINATING)
 
 
 def test_two_homes_times_twenty_concurrent_updates_lose_nothing(aws, url):

@@ -19,7 +19,7 @@ reaches the CLI is a bug: one `gpuprov hit a bug` line, the traceback saved to a
         StateTooNew         state/errors.py              exit 2: a newer gpuprov wrote the state file
       StateUnavailable      state/errors.py              exit 1: the records are intact but cannot be written now
         BucketUnavailable   state/s3.py                  exit 1: team state's bucket cannot be read or written now
-      Busy                  state/locks.py               exit 1: another process holds the lock, and the caller would not wait
+      Busy                  state/coordinator.py         exit 1: another process holds the lock, and the caller would not wait
       SourceUnreachable     sources/http.py              `facts refresh`: that family's refresh fails, the rest go on
       HostUnreachable       hosts/remote.py              SSH did not answer: the host's failed row (exec: 255)
       ConnectionLost        hosts/remote.py              the connection dropped mid-command: the host's failed row
@@ -41,6 +41,9 @@ reaches the CLI is a bug: one `gpuprov hit a bug` line, the traceback saved to a
       TeardownIncomplete    cloud/teardown.py            exit 1: some resources are left; `down` again finishes
     Taken                   state/leases.py              never: locks.py turns a lease held elsewhere into Busy
     Conflict                state/s3.py                  never: a conditional write that lost is read again and retried
+    GpuprovBug              errors.py                    a bug, never bad input: `gpuprov hit a bug`, the traceback saved
+      IllegalTransition     state/machine.py             a node state change the table does not allow; nothing written
+      StateBug              state/errors.py              SQLite refused a statement gpuprov got wrong; the file is intact
   KeyboardInterrupt
     Interrupted             errors.py                    a signal: `interrupted by SIGTERM`, exit 128 + its number
 """
@@ -95,3 +98,9 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
         self.name = name
         self.note: str | None = None
+
+
+class GpuprovBug(Exception):
+    """A mistake in gpuprov's own code, never the user's input nor the machine's state: deliberately no
+    GpuprovError, so the CLI says "gpuprov hit a bug" and keeps the traceback, and no `except GpuprovError` that
+    carries on past a failing cloud or disk swallows it."""

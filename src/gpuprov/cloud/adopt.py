@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gpuprov.cloud.providers.base import IMAGES, SHARED, CloudResource, Instance, Provider
-from gpuprov.state.records import ResourceKind
+from gpuprov.state.machine import NodeState
+from gpuprov.state.records import NodeFields, ResourceKind
 from gpuprov.state.store import Store
 
 if TYPE_CHECKING:
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
 
 # an instance's EC2 state as a record's state: a running instance gpuprov tagged had finished its `up` or was
 # started since (so it is no orphan); one still pending is still in an `up`
-_STATES = {"running": "ready", "pending": "running", "stopping": "stopping", "stopped": "stopped",
-           "shutting-down": "terminating"}
+_STATES = {"running": NodeState.READY, "pending": NodeState.RUNNING, "stopping": NodeState.STOPPING,
+           "stopped": NodeState.STOPPED, "shutting-down": NodeState.TERMINATING}
 _KINDS: tuple[ResourceKind, ...] = ("instance", "spot-request", "volume", "security-group", "placement-group",
                                     "address")
 
@@ -59,13 +60,13 @@ def adopt(regions: Sequence[str], providers: Sequence[Provider], store: Store, s
     return adopted
 
 
-def _fields(instances: list[Instance], resources: list[CloudResource]) -> dict[str, object]:
+def _fields(instances: list[Instance], resources: list[CloudResource]) -> NodeFields:
     owner = next((r.owner for r in resources if r.owner), None)
     if not instances:  # what an `up` that died before RunInstances left: an orphan `down` or `gc` takes
-        return {"state": "failed", "state_reason": "adopted without an instance", "owner": owner}
+        return {"state": NodeState.FAILED, "state_reason": "adopted without an instance", "owner": owner}
     first = min(instances, key=lambda i: i.launched_at.timestamp() if i.launched_at else 0)
     launched = first.launched_at.timestamp() if first.launched_at else None
-    state = _STATES.get(first.state, "failed")
+    state = _STATES.get(first.state, NodeState.FAILED)
     return {"state": state, "zone": first.zone, "instance_type": first.instance_type, "market": first.market,
             "address": first.public_ip or first.private_ip, "connect": "public" if first.public_ip else "private",
             "ssh_user": "ubuntu", "owner": first.owner or owner, "ready_at": launched if state != "running" else None,

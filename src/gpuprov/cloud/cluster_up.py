@@ -53,7 +53,7 @@ from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.plan.plan import Plan
-from gpuprov.state import Member, Node, Store, locks, members_json
+from gpuprov.state import Member, Node, NodeState, Store, locks, members_json
 
 if TYPE_CHECKING:
     from gpuprov import cluster
@@ -169,7 +169,7 @@ def _launch_and_bootstrap(plan: Plan, opts: launch.UpOptions, copts: ClusterOpti
             store.add_resource(name, "volume", region, volume)
     members = [_member(name, region, rank, inst, opts, layout, provider, store, say)
                for rank, inst in enumerate(running)]
-    _record(store, name, members, state="running")
+    _record(store, name, members, state=NodeState.RUNNING)
     result.members = members
 
     from gpuprov.paths import keys_dir, region_key
@@ -185,12 +185,12 @@ def _launch_and_bootstrap(plan: Plan, opts: launch.UpOptions, copts: ClusterOpti
         members = [replace(m, rank=rank, state="ready") for rank, m in enumerate(members)]  # ranks 0..n-1 after a drop
         rec.phase(tl.WIRE)
         wire(name, store.node(name), members, opts.ssh_user, key_path, say)
-        store.update_node(name, state="ready", ready_at=time.time())
-        _record(store, name, members, state="ready")
+        store.update_node(name, state=NodeState.READY, ready_at=time.time())
+        _record(store, name, members, state=NodeState.READY)
         result.members = members
         result.ssh_alias = sshconfig.add_node(name, members[0].address or "", opts.ssh_user, key_path)
     else:
-        store.update_node(name, state="ready", ready_at=time.time())
+        store.update_node(name, state=NodeState.READY, ready_at=time.time())
         say("not waiting for SSH (--no-wait): host keys are not pinned and the nodes are not wired as a cluster "
             "(no cluster.env), so `ssh gpuprov-NAME`, `exec NAME` and `torchrun NAME` are not set up")
     result.node = store.node(name)
@@ -283,7 +283,7 @@ def _member(name: str, region: str, rank: int, inst: Instance, opts: launch.UpOp
     return Member(rank, inst.id, inst.private_ip, public, address, "running", allocation)
 
 
-def _record(store: Store, name: str, members: list[Member], state: str) -> None:
+def _record(store: Store, name: str, members: list[Member], state: NodeState) -> None:
     store.update_node(name, state=state, members_json=members_json(members),
                       address=members[0].address if members else None)
 
@@ -342,7 +342,7 @@ def _contact_all(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, memb
 
     name, region = opts.name, plan.request.region
     if opts.bootstrap:
-        store.update_node(name, state="bootstrapping")
+        store.update_node(name, state=NodeState.BOOTSTRAPPING)
         plan = with_efa_step(plan, layout)
 
     def one(m: Member) -> str | None:
@@ -371,7 +371,7 @@ def _contact_all(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, memb
         _terminate(name, region, [m.instance_id for m in failed], provider, store, say)
         _release(name, region, failed, provider, store)
         members = [m for m in members if m not in failed]
-        _record(store, name, members, state="bootstrapping" if opts.bootstrap else "running")
+        _record(store, name, members, state=NodeState.BOOTSTRAPPING if opts.bootstrap else NodeState.RUNNING)
     return members
 
 

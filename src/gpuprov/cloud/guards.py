@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.hosts.remote import HostSettings
 from gpuprov.plan.inventory import Target
-from gpuprov.state import Node, Store, locks
+from gpuprov.state import Node, NodeUpdate, Store, locks
 
 if TYPE_CHECKING:
     from gpuprov.say import Say
@@ -54,7 +54,13 @@ def _live_node(name: str | None, store: Store | None, what: str) -> Node | None:
     return node
 
 
-def check_lock(node: Node | None, what: str, lock: bool | None = None) -> dict[str, object]:
+class GuardsLock(TypedDict, total=False):
+    """The lock's field of a node's record, as `check_lock` returns it to be written."""
+
+    guards_locked_by: str | None
+
+
+def check_lock(node: Node | None, what: str, lock: bool | None = None) -> GuardsLock:
     """Refuse a change to a node whose guardrails another member locked (one line, exit 2, nothing touched);
     returns the lock's field for the record: `lock` True locks them to this member, False unlocks, None keeps."""
     from gpuprov.cloud.tags import owner
@@ -123,10 +129,11 @@ def _set_ttl(name: str | None, seconds: int | None, store: Store | None, target:
     started = time.time()
     result = _run_guard_step(label, "ttl", script.text, target, settings)
     if node is not None and store is not None:
-        fields: dict[str, object] = {"ttl_seconds": seconds,
-                                     "ttl_deadline": started + seconds if seconds is not None else None, **locked}
+        fields: NodeUpdate = {"ttl_seconds": seconds, "ttl_deadline": started + seconds if seconds is not None else None}
+        if "guards_locked_by" in locked:
+            fields["guards_locked_by"] = locked["guards_locked_by"]
         if node.budget_usd is not None:  # the deadline is the user's now, not the budget's
-            fields.update(budget_usd=None, budget_deadline=None, budget_price=None)
+            fields["budget_usd"] = fields["budget_deadline"] = fields["budget_price"] = None
             say(f"{label}: the ${node.budget_usd:g} budget no longer applies (the deadline is set by hand)")
         store.update_node(node.name, **fields)
         store.event(node.name, "ttl", f"ttl {format_duration(seconds)}")

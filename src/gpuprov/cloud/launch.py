@@ -35,7 +35,7 @@ from gpuprov.cloud.tags import owner
 from gpuprov.cloud.teardown import take_down
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.plan.plan import Plan
-from gpuprov.state import Store
+from gpuprov.state import NodeState, Store
 from gpuprov.state.tolerant import TolerantStore
 
 if TYPE_CHECKING:
@@ -397,7 +397,7 @@ def take_back(exc: BaseException, name: str, region: str, provider: Provider, st
     tolerant = TolerantStore(store)
     kept = cast(Store, tolerant)
     say(f"{type(exc).__name__ if isinstance(exc, KeyboardInterrupt) else 'failed'}: removing what {name} got{what}")
-    kept.update_node(name, state="failed", state_reason=str(exc)[:500])
+    kept.update_node(name, state=NodeState.FAILED, state_reason=str(exc)[:500])
     rec.failed(str(exc) or type(exc).__name__)
     rec.phase(tl.TEARDOWN)
     try:

@@ -54,7 +54,7 @@ from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.state import Node, Resource, Store, locks
+from gpuprov.state import Node, NodeState, Resource, Store, locks
 
 if TYPE_CHECKING:
     from gpuprov.say import Say
@@ -198,7 +198,7 @@ def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider,
         store.add_resource(name, "volume", node.region, volume)
     retire(node, row, old_volumes, provider, store, say)
     forget_image(node, node.region, image_row, provider, store, say)
-    store.update_node(name, zone=instance.zone, state="starting")
+    store.update_node(name, zone=instance.zone, state=NodeState.STARTING)
     store.event(name, "moved", f"{old} {node.zone} -> {instance.id} {instance.zone}")
     say(f"{name}: moved to {instance.zone} ({instance.id}); the old instance {old} is terminated")
     return came_up(name, store.node(name), instance, opts, node.instance_type or "", None, store, say, rec,

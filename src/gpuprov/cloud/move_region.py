@@ -39,7 +39,7 @@ from gpuprov.cloud.providers.base import Access, CloudResource, ImageCopy, Insta
 from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.state import Node, Resource, Store, locks
+from gpuprov.state import Node, NodeState, Resource, Store, locks
 
 if TYPE_CHECKING:
     from gpuprov.say import Say
@@ -124,7 +124,7 @@ def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider,
         _delete_group(node, group, provider, store, say)
     forget_image(node, node.region, image_row, provider, store, say)
     forget_image(node, to, copy_row, provider, store, say)
-    store.update_node(name, region=to, zone=instance.zone, state="starting")
+    store.update_node(name, region=to, zone=instance.zone, state=NodeState.STARTING)
     keys.release_key_if_unused(node.region, provider, store, say)  # the old region's, if no other node there needs it
     store.event(name, "moved", f"{old} {node.zone} -> {instance.id} {instance.zone}")
     say(f"{name}: moved to {instance.zone} ({instance.id}); the old instance {old} in {node.region} is terminated")

@@ -59,7 +59,7 @@ from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError
 from gpuprov.plan.plan import Plan
-from gpuprov.state import Node, Resource, Store, locks
+from gpuprov.state import Node, NodeState, Resource, Store, locks
 
 if TYPE_CHECKING:
     from gpuprov.say import Say
@@ -198,7 +198,7 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
                            "or a subnet that assigns public IPs")
     # what it costs from now: the spot price obtained in its zone (or the list price), for the time it runs
     paid = price_obtained(plan, provider, instance, store.node(name).price_usd_hour, say)
-    store.update_node(name, state="running", address=address, zone=instance.zone, paid_usd_hour=paid,
+    store.update_node(name, state=NodeState.RUNNING, address=address, zone=instance.zone, paid_usd_hour=paid,
                       running_since=time.time(), billed_seconds=0.0)
     result = UpResult(store.node(name), instance, address, attempts)
     from gpuprov.paths import keys_dir, region_key
@@ -226,12 +226,12 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
     if opts.bootstrap:
         # the guard steps run first, so the node's TTL deadline is a few seconds after this one
         ttl = plan.guards.ttl_seconds
-        store.update_node(name, state="bootstrapping", ttl_deadline=time.time() + ttl if ttl is not None else None)
+        store.update_node(name, state=NodeState.BOOTSTRAPPING, ttl_deadline=time.time() + ttl if ttl is not None else None)
         result.bootstrap = bootstrap_launched(plan, opts, key_path, address, say, rec)
     elif opts.wait:
         rec.phase(tl.SSH)
         pin_host_key(opts, key_path, address, say)
-    store.update_node(name, state="ready", ready_at=time.time())
+    store.update_node(name, state=NodeState.READY, ready_at=time.time())
     if opts.wait:
         from gpuprov.hosts import sshconfig
 
@@ -286,17 +286,17 @@ def _refreshed(n: Node, rows: list[Resource], found: dict[str, Instance], store:
         # when capacity returns ("Only Amazon EC2 can restart an interrupted stopped Spot Instance")
         if n.state != "interrupted":
             now = time.time()
-            store.update_node(n.name, state="interrupted", stopped_at=now, state_reason=INTERRUPTED,
+            store.update_node(n.name, state=NodeState.INTERRUPTED, stopped_at=now, state_reason=INTERRUPTED,
                               **n.stopped_run(now))
             store.event(n.name, "interrupted", f"{SPOT_STOPPED}: stopped by EC2")
         return
     if n.state == "interrupted" and states == {"running"}:  # EC2 started it again
-        store.update_node(n.name, state="ready", stopped_at=None, state_reason=None, running_since=time.time())
+        store.update_node(n.name, state=NodeState.READY, stopped_at=None, state_reason=None, running_since=time.time())
         store.event(n.name, "restarted", "EC2 started the interrupted spot instance again")
         return
     if n.state not in ("stopped", "interrupted") and states and states <= {"stopping", "stopped"}:  # guards stopped it
         now = time.time()
-        store.update_node(n.name, state="stopped", stopped_at=now, **n.stopped_run(now),
+        store.update_node(n.name, state=NodeState.STOPPED, stopped_at=now, **n.stopped_run(now),
                           state_reason=next((i.state_reason for _r, i in mine if i and i.state_reason), None))
         return
     if not mine or any(i is not None and i.state != "terminated" for _r, i in mine):
@@ -304,5 +304,5 @@ def _refreshed(n: Node, rows: list[Resource], found: dict[str, Instance], store:
     if any(i is None and settle(r) > 0 for r, i in mine):
         return  # launched moments ago: EC2 may not list it yet
     reason = next((i.state_reason for _r, i in mine if i is not None and i.state_reason), None)
-    store.update_node(n.name, state="interrupted" if n.market == "spot" else "gone",
+    store.update_node(n.name, state=NodeState.INTERRUPTED if n.market == "spot" else NodeState.GONE,
                       state_reason=reason or "instance no longer exists")

@@ -30,7 +30,7 @@ from gpuprov.cloud.providers.base import Instance, LaunchError, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.plan.plan import Plan
-from gpuprov.state import Node, Resource, Store, locks
+from gpuprov.state import Node, NodeState, Resource, Store, locks
 from gpuprov.state.tolerant import TolerantStore
 
 if TYPE_CHECKING:
@@ -88,13 +88,13 @@ def _stop(names: Sequence[str], provider: Provider, store: Store, say: Say, time
         rows = _instance_rows(node, store)
         ids = [r.cloud_id for r in rows if r.cloud_id]
         say_what_stop_loses(provider, node.name, node.region, node.instance_type, say)
-        store.update_node(node.name, state="stopping")
+        store.update_node(node.name, state=NodeState.STOPPING)
         store.event(node.name, "stop", f"stopping {', '.join(ids)}")
         say(f"{node.name}: stopping {', '.join(ids)}")
         provider.stop(node.region, ids, settle=max(settle(r) for r in rows))
         provider.wait_stopped(node.region, ids, timeout=timeout)
         now = time.time()
-        store.update_node(node.name, state="stopped", stopped_at=now, state_reason=None, **node.stopped_run(now))
+        store.update_node(node.name, state=NodeState.STOPPED, stopped_at=now, state_reason=None, **node.stopped_run(now))
         store.event(node.name, "stopped", ", ".join(ids))
     return [store.node(n.name) for n in nodes]
 
@@ -215,7 +215,7 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
         target = catalog.load().instance_type(node.resize_to)
     (current,) = provider.describe(node.region, [iid], settle=settle(row))
     if current.state in ("terminated", "shutting-down"):
-        store.update_node(name, state="gone", state_reason=current.state_reason or "instance terminated")
+        store.update_node(name, state=NodeState.GONE, state_reason=current.state_reason or "instance terminated")
         raise GpuprovError(f"{name}'s instance {iid} is {current.state}; `gpuprov down {name}` removes what is left")
     original = node.resize_from or current.instance_type
     resized_from = None
@@ -232,14 +232,14 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
         if node.zone and node.zone not in zones:
             raise UserInputError("--instance-type", f"{target.name} is not offered in {node.zone}, where {name}'s "
                                  "disk is", f"offered in: {', '.join(zones) or 'no zone of ' + node.region}")
-        store.update_node(name, state="resizing", resize_from=original, resize_to=target.name)
+        store.update_node(name, state=NodeState.RESIZING, resize_from=original, resize_to=target.name)
         store.event(name, "resize", f"{current.instance_type} -> {target.name}")
         say(f"{name}: {current.instance_type} -> {target.name}")
         rec.phase(tl.RESIZE)
         try:
             provider.set_instance_type(node.region, iid, target.name, settle=settle(row))
         except GpuprovError as exc:  # EC2 refused the type: the node is as it was, stopped, its old type kept
-            store.update_node(name, state="stopped", resize_from=None, resize_to=None)
+            store.update_node(name, state=NodeState.STOPPED, resize_from=None, resize_to=None)
             store.event(name, "resize-refused", str(exc)[:300])
             raise GpuprovError(f"{exc}\n  {name} stays stopped as {current.instance_type}; `gpuprov start {name}` "
                                "starts it as it is") from None
@@ -248,7 +248,7 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
         resized_from = node.resize_from if node.resize_from != target.name else None
     now_type = target.name if target is not None else current.instance_type
     it = catalog.load().instance_type(now_type)
-    store.update_node(name, state="starting", instance_type=now_type, gpu=it.gpu or node.gpu, gpu_count=it.gpus,
+    store.update_node(name, state=NodeState.STARTING, instance_type=now_type, gpu=it.gpu or node.gpu, gpu_count=it.gpus,
                       price_usd_hour=it.price_usd_hour)
     say(f"{name}: starting {iid} ({now_type})")
     rec.phase(tl.RUNNING)
@@ -275,7 +275,7 @@ def stop_again(name: str, region: str, row: Resource, exc: KeyboardInterrupt, pr
             exc.note = f"{name}'s instance {iid} may still run; run: gpuprov stop {name} (or gpuprov down {name})"
         return
     now = time.time()
-    kept.update_node(name, state="stopped", stopped_at=now, resize_from=None, resize_to=None,
+    kept.update_node(name, state=NodeState.STOPPED, stopped_at=now, resize_from=None, resize_to=None,
                      state_reason="its start was interrupted", **store.node(name).stopped_run(now))
     kept.event(name, "stopped", f"{iid} (start interrupted)")
     if isinstance(exc, Interrupted):
@@ -296,7 +296,7 @@ def _run(name: str, node: Node, row: Resource, opts: StartOptions, now_type: str
             provider.set_instance_type(node.region, iid, original, settle=0)
             back = f" as {original} (the resize to {now_type} was undone)"
         orig = catalog.load().instance_type(original)
-        store.update_node(name, state="stopped", instance_type=original, gpu=orig.gpu or node.gpu,
+        store.update_node(name, state=NodeState.STOPPED, instance_type=original, gpu=orig.gpu or node.gpu,
                           gpu_count=orig.gpus, price_usd_hour=orig.price_usd_hour, resize_from=None, resize_to=None)
         store.event(name, "start-refused", f"{exc.code}: {exc.message}")
         fix = f"\n  fix: {exc.fix}" if exc.fix else ""
@@ -334,7 +334,7 @@ def came_up(name: str, node: Node, instance: Instance, opts: StartOptions, now_t
         say(f"{name}: new address {address} (was {node.address}); host key kept pinned")
     listed = store.node(name).price_usd_hour  # the list price of the type it starts as (a resize changes it)
     price = listed if node.market != "spot" else (node.paid_usd_hour or listed)
-    store.update_node(name, state="running", address=address, zone=instance.zone, resize_from=None, resize_to=None,
+    store.update_node(name, state=NodeState.RUNNING, address=address, zone=instance.zone, resize_from=None, resize_to=None,
                       stopped_at=None, state_reason=None, running_since=time.time(), paid_usd_hour=price)
     key_path = str(region_key(keys_dir(), node.region))
     alias = sshconfig.add_node(name, address, node.ssh_user or "ubuntu", key_path)
@@ -353,7 +353,7 @@ def came_up(name: str, node: Node, instance: Instance, opts: StartOptions, now_t
             except GpuprovError as exc:
                 raise GpuprovError(f"{exc}; {name} runs, and `gpuprov check {name}` pins its new host key "
                                    "when SSH answers") from None
-    store.update_node(name, state="ready", ready_at=time.time())
+    store.update_node(name, state=NodeState.READY, ready_at=time.time())
     result.node = store.node(name)
     result.timeline = rec.finish()
     store.event(name, tl.EVENT_KIND, result.timeline.model_dump_json())

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from gpuprov.cloud.providers.base import CloudResource, NotFound, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError
-from gpuprov.state import Resource, Store, locks
+from gpuprov.state import NodeState, Resource, Store, locks
 
 if TYPE_CHECKING:
     from gpuprov.say import Say
@@ -77,7 +77,7 @@ def down(names: Sequence[str], provider: Provider, store: Store, say: Say) -> di
 def take_down(name: str, region: str, provider: Provider, store: Store, say: Say) -> Teardown:
     """One node's teardown with its record: `terminating` while it runs; once complete, the region's key pair
     if no node needs it any more, its ssh config entry and cluster record, and `terminated`."""
-    store.update_node(name, state="terminating")
+    store.update_node(name, state=NodeState.TERMINATING)
     result = teardown(name, region, provider, store, say, poll=poll_of(provider))
     # a `start --move --region` that ended mid-way (cloud/move_region.py) left rows in the other region too
     others = sorted({r.region for r in store.resources(name)} - {region})
@@ -105,7 +105,7 @@ def take_down(name: str, region: str, provider: Provider, store: Store, say: Say
 
         cluster.forget(name)
     now = time.time()
-    store.update_node(name, state="terminated", ended_at=now, **store.node(name).stopped_run(now))
+    store.update_node(name, state=NodeState.TERMINATED, ended_at=now, **store.node(name).stopped_run(now))
     store.event(name, "down", ", ".join(result.removed) or "nothing left to remove")
     return result
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, TypeVar
 from gpuprov.cloud.launch import NoCapacity
 from gpuprov.errors import GpuprovError, Interrupted
 from gpuprov.settings import settings
-from gpuprov.state import Store, locks
+from gpuprov.state import NodeState, NodeUpdate, Store, locks
 
 if TYPE_CHECKING:
     from gpuprov.say import Say
@@ -116,7 +116,7 @@ def until_capacity(attempt: Callable[[Say], T], name: str, store: Store, say: Sa
                                  f"({passes} pass{'es' if passes > 1 else ''}); the last: {last}", last.attempts)
             nxt = now + pause
             reason = f"no capacity in pass {passes}; next pass at {_clock(nxt)}, until {_clock(deadline)}"
-            store.update_node(name, state="waiting", state_reason=reason, pid=os.getpid(), ended_at=None)
+            store.update_node(name, state=NodeState.WAITING, state_reason=reason, pid=os.getpid(), ended_at=None)
             store.event(name, "waiting", f"pass {passes}: {last.summary}")
             say(f"pass {passes}: {last.summary}; next pass in {_span(pause)} at {_clock(nxt)}, until {_clock(deadline)}")
             try:
@@ -157,5 +157,8 @@ class _Pass:
 def _close(store: Store, name: str, reason: str | None) -> None:
     """The waiting record, ended: it owns nothing (the refused pass took everything back)."""
     # a state file that cannot be written: the record says `waiting`, and gc closes it (nothing to remove)
+    ended: NodeUpdate = {"state": NodeState.TERMINATED, "ended_at": time.time()}
+    if reason:
+        ended["state_reason"] = reason
     with contextlib.suppress(GpuprovError):
-        store.update_node(name, state="terminated", ended_at=time.time(), **({"state_reason": reason} if reason else {}))
+        store.update_node(name, **ended)

@@ -1,5 +1,5 @@
-"""Why the state file cannot be used, said as it is: damaged, empty, from a newer gpuprov, or intact on a
-disk that is read-only, full or held by another process.
+"""Why the state file cannot be used, said as it is: damaged, empty, from a newer gpuprov, intact on a disk that
+is read-only, full or held by another process, or refusing a statement gpuprov got wrong (a bug).
 
 Only a damaged (or empty) file is a reason to think the records are gone, and only then is moving it aside
 and sweeping the cloud by tag (`gc --all-regions`) the advice. An intact file on a read-only or full disk,
@@ -15,7 +15,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.errors import GpuprovBug, GpuprovError, UserInputError
 
 
 class StateError(UserInputError):
@@ -58,14 +58,35 @@ class StateUnavailable(GpuprovError):
                          f"  fix: {fix}")
 
 
-def explain(exc: sqlite3.Error, path: Path) -> GpuprovError:
+class StateBug(GpuprovBug):
+    """SQLite refused a statement gpuprov made (an unknown column, bad SQL): a mistake in gpuprov, not the file's.
+    The records are as they were; nothing about it is advice to move the file aside."""
+
+    def __init__(self, path: Path, exc: sqlite3.Error) -> None:
+        super().__init__(f"state: {path}: SQLite refused gpuprov's own statement ({type(exc).__name__}: {exc}); "
+                         "the file is intact and was not changed")
+
+
+# SQLite's words for a file that holds no database, or one whose pages are damaged: the only failures that say the
+# records may be lost, and so the only ones that get the move-aside advice
+_DAMAGED = ("is not a database", "database disk image is malformed")
+# ... and for a statement it could not run on an intact file: gpuprov's own mistake
+_MISTAKES = ("no such column", "has no column named", "no such table", "syntax error", "no such function",
+             "unrecognized token", "incomplete input", "bindings", "values for", "values were supplied", "ambiguous column")
+
+
+def explain(exc: sqlite3.Error, path: Path) -> GpuprovError | StateBug:
     """What went wrong for an SQLite error on the state file, from the disk's own state where SQLite's words
-    are vague ("unable to open database file" is a read-only folder as often as a missing one)."""
+    are vague ("unable to open database file" is a read-only folder as often as a missing one). Only SQLite's own
+    word for damage makes it StateError; a statement gpuprov got wrong is a bug (StateBug), never damage."""
     text = str(exc)
     if "locked" in text or "busy" in text:
         return StateUnavailable(path, "locked", text)
     if "full" in text:
         return StateUnavailable(path, "full", text)
+    if isinstance(exc, (sqlite3.ProgrammingError, sqlite3.InterfaceError, sqlite3.IntegrityError)) \
+            or any(words in text for words in _MISTAKES):
+        return StateBug(path, exc)
     try:
         disk = os.statvfs(path.parent)
     except OSError:
@@ -75,6 +96,8 @@ def explain(exc: sqlite3.Error, path: Path) -> GpuprovError:
         return StateUnavailable(path, "read-only", text)
     if disk is not None and disk.f_bavail * disk.f_frsize < 64 * 1024:
         return StateUnavailable(path, "full", text)
+    if any(words in text for words in _DAMAGED):
+        return StateError(path, f"is not a readable SQLite database ({text})")
     if isinstance(exc, sqlite3.OperationalError) and ("unable to open" in text or "disk I/O" in text):
         return StateUnavailable(path, "io", text)
-    return StateError(path, f"is not a readable SQLite database ({text})")
+    return StateBug(path, exc)  # words gpuprov does not know: said as they are, never as damage

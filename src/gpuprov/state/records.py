@@ -4,17 +4,15 @@ a cluster's member, a cloud resource, an event."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, fields
+from typing import Any, TypedDict
 
-NodeState = Literal["launching", "running", "bootstrapping", "ready", "failed", "terminating", "terminated",
-                    "stopping", "stopped", "resizing", "starting", "waiting"]
+from gpuprov.kinds import ResourceKind as ResourceKind  # named once, for the providers too
+from gpuprov.state.machine import NodeState
+
 # where an `up` leaves a record ("waiting": between two passes of `up --wait`, owning nothing)
-UP_STATES = ("launching", "running", "bootstrapping", "failed", "terminating", "waiting")
-# an image row has node None: images outlive the node they were baked from
-ResourceKind = Literal["key-pair", "security-group", "instance", "spot-request", "volume", "image", "placement-group",
-                       "address", "iam-role", "instance-profile"]
-
+UP_STATES = (NodeState.LAUNCHING, NodeState.RUNNING, NodeState.BOOTSTRAPPING, NodeState.FAILED,
+             NodeState.TERMINATING, NodeState.WAITING)
 
 
 @dataclass(frozen=True)
@@ -27,7 +25,7 @@ class Node:
     gpu_count: int | None
     instance_type: str | None
     market: str | None
-    state: str
+    state: NodeState
     state_reason: str | None
     address: str | None
     ssh_user: str | None
@@ -67,6 +65,9 @@ class Node:
     # the node; the row stays so a local `gc` never takes the node's resources for orphans
     moved_to: str | None = None
 
+    def __post_init__(self) -> None:  # a store reads its state back as a word: the enum, whichever store read it
+        object.__setattr__(self, "state", NodeState(self.state))
+
     def cost_so_far(self, now: float) -> float | None:
         """Dollars its instance has cost: the price it got, for the time it ran (stopped time costs no compute).
         A record from before those were kept: its age at the on-demand list price, as before."""
@@ -79,7 +80,7 @@ class Node:
             run += max(0.0, min(now, self.ended_at or now) - self.running_since)
         return run / 3600 * self.paid_usd_hour
 
-    def stopped_run(self, at: float) -> dict[str, float | None]:
+    def stopped_run(self, at: float) -> RunEnded:
         """The fields that end its current run at `at` (a stop, an interruption, a teardown)."""
         if self.running_since is None:
             return {}
@@ -98,7 +99,7 @@ class Node:
 
     @property
     def live(self) -> bool:
-        return self.state != "terminated"
+        return self.state != NodeState.TERMINATED
 
     @property
     def up_unfinished(self) -> bool:
@@ -111,6 +112,83 @@ class Node:
     @property
     def plan(self) -> dict[str, Any]:
         return json.loads(self.plan_json) if self.plan_json else {}
+
+
+class NodeFields(TypedDict, total=False):
+    """The fields `create_node` takes besides the name, provider and region it is claimed with: every field of
+    Node, typed as Node has it (a misspelt one is a type error, and a TypeError at run time, in either store)."""
+
+    zone: str | None
+    gpu: str | None
+    gpu_count: int | None
+    instance_type: str | None
+    market: str | None
+    state: NodeState
+    state_reason: str | None
+    address: str | None
+    ssh_user: str | None
+    price_usd_hour: float | None
+    owner: str | None
+    plan_json: str | None
+    pid: int | None
+    host: str | None
+    created_at: float
+    ready_at: float | None
+    ended_at: float | None
+    autostop_seconds: int | None
+    ttl_seconds: int | None
+    ttl_deadline: float | None
+    on_interrupt: str | None
+    spot_type: str | None
+    shutdown_action: str | None
+    disk_gb: int | None
+    connect: str | None
+    budget_usd: float | None
+    budget_deadline: float | None
+    budget_price: float | None
+    resize_from: str | None
+    resize_to: str | None
+    stopped_at: float | None
+    cluster_size: int | None
+    members_json: str | None
+    paid_usd_hour: float | None
+    billed_seconds: float | None
+    running_since: float | None
+    reservation_id: str | None
+    reservation_end: float | None
+    guards_locked_by: str | None
+    moved_to: str | None
+
+
+class RunEnded(TypedDict, total=False):
+    """The fields that end a node's current run (Node.stopped_run)."""
+
+    billed_seconds: float
+    running_since: None
+
+
+class NodeUpdate(NodeFields, total=False):
+    """The fields `update_node` changes: a node's own fields, its region too (`start --move --region`)."""
+
+    region: str
+
+
+def node_fields(call: str, given: NodeUpdate | NodeFields, *, region: bool) -> dict[str, Any]:
+    """`given` as a store writes it, checked before anything is: a field Node lacks is a TypeError naming it (as
+    Python's own for an unknown keyword), and a state is the enum (ValueError for a word that is none)."""
+    allowed = _UPDATABLE if region else _CREATABLE
+    unknown = sorted(set(given) - allowed)
+    if unknown:
+        raise TypeError(f"{call}() got an unexpected keyword argument {unknown[0]!r}"
+                        + (f" (and {', '.join(map(repr, unknown[1:]))})" if unknown[1:] else ""))
+    out: dict[str, Any] = dict(given)
+    if "state" in out:
+        out["state"] = NodeState(out["state"])
+    return out
+
+
+_UPDATABLE = frozenset(f.name for f in fields(Node)) - {"name", "provider"}
+_CREATABLE = _UPDATABLE - {"region"}
 
 
 @dataclass(frozen=True)

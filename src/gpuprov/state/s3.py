@@ -37,12 +37,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state.errors import StateUnavailable
-from gpuprov.state.records import Event, Node, Resource, ResourceKind
+from gpuprov.state.machine import NodeState, check_move
+from gpuprov.state.records import Event, Node, Resource, ResourceKind, node_fields
 from gpuprov.state.store import no_such_node
 from gpuprov.state.url import StateUrl
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from gpuprov.state.coordinator import Coordinator
+    from gpuprov.state.records import NodeFields, NodeUpdate
 
 T = TypeVar("T")
 _NODE_FIELDS = {f.name for f in fields(Node)}
@@ -251,11 +255,11 @@ class S3Store:
     def _node_object(name: str) -> str:
         return f"nodes/{name}.json"
 
-    def create_node(self, name: str, provider: str, region: str, **fields: Any) -> Node:
+    def create_node(self, name: str, provider: str, region: str, **fields: Unpack[NodeFields]) -> Node:
         """Claim `name` with If-None-Match: exactly one of two members' `up NAME` at once wins; the other is told
         whose it is. A terminated node's name is taken over with If-Match (its rows stay with it, as in SQLite)."""
-        record = {"name": name, "provider": provider, "region": region, "state": "launching",
-                  "created_at": time.time(), **fields}
+        record = {"name": name, "provider": provider, "region": region, "state": NodeState.LAUNCHING,
+                  "created_at": time.time(), **node_fields("create_node", fields, region=False)}
         key = self._node_object(name)
         for _ in range(_ATTEMPTS):
             got = self.bucket.get(key)
@@ -289,9 +293,18 @@ class S3Store:
         record = doc["node"]
         return Node(**{k: record.get(k) for k in _NODE_FIELDS})  # a newer gpuprov's extra fields are left
 
-    def update_node(self, name: str, **fields: Any) -> None:
-        if fields:
-            self.bucket.change(self._node_object(name), lambda doc: doc["node"].update(fields))
+    def update_node(self, name: str, **fields: Unpack[NodeUpdate]) -> None:
+        """Change a node's fields; a change of state the table lacks (machine.py) is refused, nothing written."""
+        changes = node_fields("update_node", fields, region=True)
+        if not changes:
+            return
+
+        def apply(doc: dict[str, Any]) -> None:  # on the node as this write finds it (re-read on a lost race)
+            if "state" in changes and doc["node"].get("state") is not None:
+                check_move(name, doc["node"]["state"], changes["state"])
+            doc["node"].update(changes)
+
+        self.bucket.change(self._node_object(name), apply)
 
     def node(self, name: str) -> Node:
         found = self.find_node(name)

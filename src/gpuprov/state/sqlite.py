@@ -27,13 +27,19 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpuprov import __version__
 from gpuprov.errors import UserInputError
 from gpuprov.state.errors import StateError, StateTooNew, explain
-from gpuprov.state.records import Event, Node, Resource, ResourceKind
+from gpuprov.state.machine import NodeState, check_move
+from gpuprov.state.records import Event, Node, Resource, ResourceKind, node_fields
 from gpuprov.state.store import no_such_node
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from gpuprov.state.records import NodeFields, NodeUpdate
 
 __all__ = ["SCHEMA_VERSION", "SqliteStore"]
 
@@ -238,8 +244,9 @@ class SqliteStore:
 
     # --- nodes ---------------------------------------------------------------------------
 
-    def create_node(self, name: str, provider: str, region: str, **fields: Any) -> Node:
+    def create_node(self, name: str, provider: str, region: str, **fields: Unpack[NodeFields]) -> Node:
         """Claim `name` for a new node; refused while a live node has that name."""
+        given = node_fields("create_node", fields, region=False)
         with self._tx() as db:
             row = db.execute("SELECT state, moved_to FROM nodes WHERE name = ?", (name,)).fetchone()
             if row and row["moved_to"]:
@@ -248,18 +255,24 @@ class SqliteStore:
                 raise UserInputError("NAME", f"a node called {name!r} already exists ({row['state']})",
                                      f"pick another name, or `gpuprov down {name}` first")
             db.execute("DELETE FROM nodes WHERE name = ?", (name,))
-            columns = {"name": name, "provider": provider, "region": region, "state": "launching",
-                       "created_at": time.time(), **fields}
+            columns = {"name": name, "provider": provider, "region": region, "state": NodeState.LAUNCHING,
+                       "created_at": time.time(), **given}
             db.execute(f"INSERT INTO nodes ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
                        tuple(columns.values()))
         return self.node(name)
 
-    def update_node(self, name: str, **fields: Any) -> None:
-        if not fields:
+    def update_node(self, name: str, **fields: Unpack[NodeUpdate]) -> None:
+        """Change a node's fields; a change of state the table lacks (machine.py) is refused, nothing written."""
+        changes = node_fields("update_node", fields, region=True)
+        if not changes:
             return
-        sets = ", ".join(f"{k} = ?" for k in fields)
-        with self._tx() as db:
-            db.execute(f"UPDATE nodes SET {sets} WHERE name = ?", (*fields.values(), name))
+        sets = ", ".join(f"{k} = ?" for k in changes)
+        with self._tx() as db:  # the state read and the change made in one write transaction: no change between
+            if "state" in changes:
+                row = db.execute("SELECT state FROM nodes WHERE name = ?", (name,)).fetchone()
+                if row is not None:
+                    check_move(name, row["state"], changes["state"])
+            db.execute(f"UPDATE nodes SET {sets} WHERE name = ?", (*changes.values(), name))
 
     def node(self, name: str) -> Node:
         found = self.find_node(name)

@@ -8,13 +8,16 @@ url.py). The money rule holds on both: a resource is recorded *before* the call 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpuprov.errors import UserInputError
 from gpuprov.state.records import Event, Node, Resource, ResourceKind
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from gpuprov.state.coordinator import Coordinator
+    from gpuprov.state.records import NodeFields, NodeUpdate
 
 
 class Store(Protocol):
@@ -24,11 +27,15 @@ class Store(Protocol):
 
     def close(self) -> None: ...
 
-    def create_node(self, name: str, provider: str, region: str, **fields: Any) -> Node:
-        """Claim `name` for a new node; refused (UserInputError, exit 2) while a live node has that name."""
+    def create_node(self, name: str, provider: str, region: str, **fields: Unpack[NodeFields]) -> Node:
+        """Claim `name` for a new node; refused (UserInputError, exit 2) while a live node has that name. A field
+        Node lacks is a TypeError, before anything is written."""
         ...
 
-    def update_node(self, name: str, **fields: Any) -> None: ...
+    def update_node(self, name: str, **fields: Unpack[NodeUpdate]) -> None:
+        """Change a node's fields. A field Node lacks is a TypeError, and a change of state the table lacks
+        (machine.py) a machine.IllegalTransition (a bug, not the user's), both before anything is written."""
+        ...
 
     def node(self, name: str) -> Node: ...
 

@@ -11,12 +11,17 @@ resources still come down; the message says what the state file could not be tol
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuprov.errors import GpuprovError
 from gpuprov.state.errors import StateUnavailable
 from gpuprov.state.records import Resource, ResourceKind
 from gpuprov.state.store import Store
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from gpuprov.state.records import Node, NodeFields, NodeUpdate
 
 
 class TolerantStore:
@@ -46,7 +51,10 @@ class TolerantStore:
             self.failure = exc
             return False
 
-    def update_node(self, name: str, **fields: Any) -> None:
+    def create_node(self, name: str, provider: str, region: str, **fields: Unpack[NodeFields]) -> Node:
+        return self._store.create_node(name, provider, region, **fields)  # a take-back makes no node: no tolerance
+
+    def update_node(self, name: str, **fields: Unpack[NodeUpdate]) -> None:
         self._write(self._store.update_node, name, **fields)
 
     def event(self, node: str | None, kind: str, message: str) -> None:

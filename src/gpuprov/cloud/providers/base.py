@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from gpuprov.errors import GpuprovError
+from gpuprov.kinds import ResourceKind as ResourceKind  # the records' kinds too: named once, on the ground floor
 
 Market = Literal["spot", "on-demand"]
 Then = Literal["next-candidate", "next-market", "stop", "retry"]
