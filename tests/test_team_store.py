@@ -154,16 +154,23 @@ def test_a_lease_is_renewed_while_held_refused_to_others_and_taken_over_once_exp
             time.sleep(0.1)
         assert not held.lost
     assert leases.read(bucket_lease.bucket, "node-l") is None  # released on exit
-    # a dead holder: a lease written once and never renewed
-    dead = leases.Lease(bucket_lease.bucket, "node-d", "up", 2)
+    # a dead holder: a lease written once and never renewed. It is written to outlive any load on the machine
+    # while it is refused and waited for; once the waiter has said whose it is, the dead holder's lease is written
+    # again with a short expiry (as if it were old), and the waiter takes it over when that passes
+    dead = leases.Lease(bucket_lease.bucket, "node-d", "up", 120)
     dead.doc["pid"] = 999999
     dead.etag = dead.bucket.put("leases/node-d.json", dead.doc, create=True)
     with pytest.raises(leases.Taken) as taken, leases.hold(url, "node-d", "down", expiry=2, wait=False):
         pass
     assert taken.value.holding.pid == 999999
     told: list[str] = []
-    with leases.hold(url, "node-d", "down", expiry=2, waiting=lambda h: told.append(str(h)),
-                     took_over=lambda h: told.append("took over")):
+
+    def waiting(holding: leases.Holding) -> None:
+        told.append(str(holding))
+        dead.doc["expiry"] = 1
+        dead.etag = dead.bucket.put("leases/node-d.json", dead.doc, etag=dead.etag)
+
+    with leases.hold(url, "node-d", "down", expiry=2, waiting=waiting, took_over=lambda h: told.append("took over")):
         holding = leases.read(dead.bucket, "node-d")
         assert holding is not None and holding[0].what == "down"
     assert told[0].startswith("gpuprov up of ") and "pid 999999" in told[0] and told[-1] == "took over"
