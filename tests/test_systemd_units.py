@@ -93,6 +93,7 @@ def test_the_plan_renders_every_unit_and_timer(verify_root: tuple[Path, set[str]
     assert units == EXPECTED  # a new unit joins the list below by being rendered; a lost one fails here
 
 
+@pytest.mark.heavy  # systemd-analyze (the systemd package)
 def test_systemd_accepts_every_rendered_unit_and_timer(verify_root: tuple[Path, set[str]]) -> None:
     tool = _systemd_analyze()
     root, units = verify_root
