@@ -133,16 +133,23 @@ def test_a_lease_is_renewed_while_held_refused_to_others_and_taken_over_once_exp
             time.sleep(0.1)
         assert not held.lost
     assert leases.read(bucket_lease.bucket, "node-l") is None  # released on exit
-    # a dead holder: a lease written once and never renewed
-    dead = leases.Lease(bucket_lease.bucket, "node-d", "up", 2)
+    # a dead holder: a lease written once and never renewed. Its expiry is long while the test needs it alive
+    # (a refusal, then a taker that waits), and cut short once the taker is waiting: a loaded machine could
+    # otherwise let a short one expire before the refusal was asked for, and the refused taker took it over
+    dead = leases.Lease(bucket_lease.bucket, "node-d", "up", 60)
     dead.doc["pid"] = 999999
     dead.etag = dead.bucket.put("leases/node-d.json", dead.doc, create=True)
     with pytest.raises(leases.Taken) as taken, leases.hold(url, "node-d", "down", expiry=2, wait=False):
         pass
     assert taken.value.holding.pid == 999999
     told: list[str] = []
-    with leases.hold(url, "node-d", "down", expiry=2, waiting=lambda h: told.append(str(h)),
-                     took_over=lambda h: told.append("took over")):
+
+    def waiting(holding: leases.Holding) -> None:
+        told.append(str(holding))
+        dead.doc["expiry"] = 0.5  # expired once the bucket's clock has moved on a second
+        dead.etag = dead.bucket.put("leases/node-d.json", dead.doc, etag=dead.etag)
+
+    with leases.hold(url, "node-d", "down", expiry=2, waiting=waiting, took_over=lambda h: told.append("took over")):
         holding = leases.read(dead.bucket, "node-d")
         assert holding is not None and holding[0].what == "down"
     assert told[0].startswith("gpuprov up of ") and "pid 999999" in told[0] and told[-1] == "took over"
