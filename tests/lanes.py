@@ -1,17 +1,21 @@
 """The suite's two lanes: `make test` runs every test; `make test-fast` (`pytest --fast`) only those that need no
-root, no SSH test hosts, no moto server and no system package, in-process where they can be.
+root, no SSH test hosts, no moto server and no system package, in-process where they can be, and not the `slow`
+ones (seconds each, mostly rendered steps run under the shims).
 
 A test is `heavy` when it asks for a fixture that builds those (HEAVY_FIXTURES, followed through the fixtures it
 asks for: conftest marks it at collection), or when its module says so (`pytestmark = pytest.mark.heavy`) because
 it builds them another way. `--fast` deselects the heavy tests and arms a guard in every worker: a test left in
 the lane that still reaches for one of them (starts a program only tools/sysdeps.sh installs, the moto server,
 the test hosts, a login user, or calls `skip_or_fail` for a missing environment) fails, naming it, rather than
-skipping quietly on a machine without it. The mark is then what the test lacks.
+skipping quietly on a machine without it. The mark is then what the test lacks. `shutil.which` finds none of
+those programs there either, as on a machine without them: a test that looks before it runs one (or runs one
+through a gpuprov it started) meets skip_or_fail, and fails.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any, NoReturn
@@ -67,10 +71,17 @@ def _wanted(args: Any) -> str | None:
 
 
 def arm() -> None:
-    """In a fast-lane worker: every subprocess a test starts is checked first (forkcli.Popen is one)."""
+    """In a fast-lane worker: every subprocess a test starts is checked first (forkcli.Popen is one), and
+    shutil.which answers None for the programs the lane has not got."""
     original = subprocess.Popen.__init__
     if getattr(original, "_lane_guard", False):
         return
+    which = shutil.which
+
+    def lane_which(cmd: Any, *args: Any, **kw: Any) -> Any:
+        return None if Path(os.fsdecode(cmd)).name in SYSTEM_ONLY else which(cmd, *args, **kw)
+
+    shutil.which = lane_which
 
     def guarded(self: subprocess.Popen[Any], args: Any, *rest: Any, **kw: Any) -> None:
         wanted = _wanted(args)
@@ -83,7 +94,8 @@ def arm() -> None:
 
 
 def mark_and_select(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test that asks for a heavy fixture; under --fast, deselect the heavy ones and the sweeps."""
+    """Mark every test that asks for a heavy fixture; under --fast, deselect the heavy ones, the sweeps, and those
+    marked `slow` (seconds each: the rendered steps run under the shims; `make test` runs them)."""
     for item in items:
         if HEAVY_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(MARK)
@@ -91,7 +103,8 @@ def mark_and_select(config: pytest.Config, items: list[pytest.Item]) -> None:
         return
     kept, dropped = [], []
     for item in items:
-        (dropped if item.get_closest_marker(MARK) or item.get_closest_marker("sweep") else kept).append(item)
+        left_out = any(item.get_closest_marker(m) for m in (MARK, "sweep", "slow"))
+        (dropped if left_out else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

@@ -65,6 +65,7 @@ def banner_then_silence() -> Iterator[int]:
     server.close()
 
 
+@pytest.mark.heavy  # the OpenSSH client and rsync
 def test_every_command_gives_up_on_a_server_that_stalls_after_its_banner(banner_then_silence, gp_home, tmp_path):
     """The bound is --connect-timeout (2 s here); a subprocess timeout of 40 s stands for "forever": before,
     `ssh` and `sync` were still waiting when it struck."""
