@@ -33,6 +33,48 @@ def url(aws, gp_home, monkeypatch):
     return parse(f"s3://{BUCKET}/gp", "test")
 
 
+@pytest.fixture(params=[pytest.param("moto-server", marks=pytest.mark.heavy), "in-process"])
+def team_url(request, gp_home, monkeypatch):
+    """The tests that need no fault or log of the proxy's run twice: against the moto server behind the proxy
+    (`url`), and against moto's in-process mock (the fast lane's S3: `make test-fast`)."""
+    if request.param == "moto-server":
+        return request.getfixturevalue("url")
+    from email.utils import formatdate
+
+    from moto import mock_aws
+
+    from gpuprov.state import s3 as s3_state
+
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(gp_home.parent / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(gp_home.parent / "no-aws-credentials"))
+    real_client = s3_state.client
+
+    def dated(**kwargs):  # S3 dates every answer, and a lease's age is read against it; the mock's have no Date
+        kwargs["parsed"].setdefault("ResponseMetadata", {}).setdefault("HTTPHeaders", {}).setdefault(
+            "date", formatdate(usegmt=True))
+
+    def client():
+        made = real_client()
+        made.meta.events.register("after-call.s3.GetObject", dated)
+        return made
+
+    monkeypatch.setattr(s3_state, "client", client)
+    mock = mock_aws()
+    mock.start()
+    request.addfinalizer(mock.stop)
+    s3 = client()
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    monkeypatch.setenv("GPUPROV_STATE", f"s3://{BUCKET}/gp")
+    monkeypatch.setenv("GPUPROV_LEASE_SECONDS", "3")
+    return parse(f"s3://{BUCKET}/gp", "test")
+
+
 def _code(exc: ClientError) -> tuple[str, int]:
     return exc.response["Error"]["Code"], exc.response["ResponseMetadata"]["HTTPStatusCode"]
 
@@ -74,15 +116,15 @@ def test_the_imitation_keeps_s3s_conditional_write_contract(aws, url):
     assert done and aws.client("s3").get_object(Bucket=BUCKET, Key="gp/slow")["Body"].read() == b"a"
 
 
-def test_records_round_trip_and_a_taken_name_says_whose(url):
-    store = S3Store(url)
+def test_records_round_trip_and_a_taken_name_says_whose(team_url):
+    store = S3Store(team_url)
     store.create_node("a", "aws", "us-east-1", owner="alice@laptop/1", gpu="T4")
     rid = store.intend("a", "instance", "us-east-1", "tok-1")
-    S3Store(url).created(rid, "i-0abc")  # another process learns where the row lives by reading
+    S3Store(team_url).created(rid, "i-0abc")  # another process learns where the row lives by reading
     store.add_resource(None, "image", "us-east-1", "ami-1")
     store.event("a", "note", "hello")
     store.save_cluster("c", '{"x": 1}')
-    other = S3Store(url)
+    other = S3Store(team_url)
     assert [(r.kind, r.cloud_id, r.status) for r in other.resources("a")] == [("instance", "i-0abc", "created")]
     assert [r.cloud_id for r in other.resources(None, kind="image")] == ["ami-1"]
     assert [e.message for e in other.events("a")] == ["hello"]
@@ -121,9 +163,9 @@ def test_two_homes_times_twenty_concurrent_updates_lose_nothing(aws, url):
     assert lost, "the writers never overlapped: the test proved nothing"
 
 
-def test_a_lease_is_renewed_while_held_refused_to_others_and_taken_over_once_expired(url):
+def test_a_lease_is_renewed_while_held_refused_to_others_and_taken_over_once_expired(team_url):
     bucket_lease = None
-    with leases.hold(url, "node-l", "up", expiry=3) as held:
+    with leases.hold(team_url, "node-l", "up", expiry=3) as held:
         bucket_lease = held
         first = leases.read(held.bucket, "node-l")
         assert first is not None and first[0].what == "up" and first[0].pid == os.getpid()
@@ -139,7 +181,7 @@ def test_a_lease_is_renewed_while_held_refused_to_others_and_taken_over_once_exp
     dead = leases.Lease(bucket_lease.bucket, "node-d", "up", 60)
     dead.doc["pid"] = 999999
     dead.etag = dead.bucket.put("leases/node-d.json", dead.doc, create=True)
-    with pytest.raises(leases.Taken) as taken, leases.hold(url, "node-d", "down", expiry=2, wait=False):
+    with pytest.raises(leases.Taken) as taken, leases.hold(team_url, "node-d", "down", expiry=2, wait=False):
         pass
     assert taken.value.holding.pid == 999999
     told: list[str] = []
@@ -149,30 +191,30 @@ def test_a_lease_is_renewed_while_held_refused_to_others_and_taken_over_once_exp
         dead.doc["expiry"] = 0.5  # expired once the bucket's clock has moved on a second
         dead.etag = dead.bucket.put("leases/node-d.json", dead.doc, etag=dead.etag)
 
-    with leases.hold(url, "node-d", "down", expiry=2, waiting=waiting, took_over=lambda h: told.append("took over")):
+    with leases.hold(team_url, "node-d", "down", expiry=2, waiting=waiting, took_over=lambda h: told.append("took over")):
         holding = leases.read(dead.bucket, "node-d")
         assert holding is not None and holding[0].what == "down"
     assert told[0].startswith("gpuprov up of ") and "pid 999999" in told[0] and told[-1] == "took over"
 
 
-def test_locks_use_leases_with_team_state_and_unlock_says_whose(url):
+def test_locks_use_leases_with_team_state_and_unlock_says_whose(team_url):
     with locks.hold(locks.node("u"), "up"):
-        assert leases.read(S3Store(url).bucket, "node-u") is not None
+        assert leases.read(S3Store(team_url).bucket, "node-u") is not None
         assert locks.is_free(locks.node("u"))  # this process counts as nobody, as with flock
-        holding = leases.unlock(url, "node-u")
+        holding = leases.unlock(team_url, "node-u")
         assert holding is not None and holding.what == "up" and holding.holder == leases.member()
         held = leases._held["node-u"][0]
         deadline = time.monotonic() + 10
         while not held.lost:  # the next renewal finds it gone, and says so rather than write it again
             assert time.monotonic() < deadline, "the holder never noticed"
             time.sleep(0.1)
-        assert leases.read(S3Store(url).bucket, "node-u") is None
-    assert leases.unlock(url, "node-u") is None
+        assert leases.read(S3Store(team_url).bucket, "node-u") is None
+    assert leases.unlock(team_url, "node-u") is None
     # an image's lock too: a bake's intent row is in the shared records, and a teammate's gc must see the bake
     with locks.hold(locks.image("gpuprov-u-1"), "image bake"):
-        holding = leases.read(S3Store(url).bucket, "image-gpuprov-u-1")
+        holding = leases.read(S3Store(team_url).bucket, "image-gpuprov-u-1")
         assert holding is not None and holding[0].what == "image bake"
-    assert leases.read(S3Store(url).bucket, "image-gpuprov-u-1") is None
+    assert leases.read(S3Store(team_url).bucket, "image-gpuprov-u-1") is None
 
 
 def test_a_release_never_deletes_a_lease_taken_over_after_it_expired(aws, url):
