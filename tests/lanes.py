@@ -65,7 +65,7 @@ def _wanted(args: Any) -> str | None:
         name = Path(line.split()[0]).name if line.split() else ""
     if name in SYSTEM_ONLY:
         return name
-    if "moto.server" in words:
+    if "moto.server" in words or any(Path(w).name == "moto_seeded.py" for w in words):
         return "the moto server"
     return None
 
