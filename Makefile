@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install sysdeps test lint demo sandbox bench mutate clean
+.PHONY: install sysdeps test test-fast lint demo sandbox bench mutate clean
 
 install: $(STAMP)
 
@@ -24,6 +24,11 @@ TEST_JOBS ?= 3
 # CI's suite (under 10 minutes on 2 cores): every test, but only the first cases of the crash sweeps
 test: install sysdeps
 	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not sweep"
+
+# The fast lane (tests/lanes.py): the tests that need no root, no SSH test hosts, no moto server and no system
+# package, and not the slow ones; a test left in that reaches for them fails. No sysdeps: any user, under 3 minutes.
+test-fast: install
+	$(PY) -m pytest -q -n $(TEST_JOBS) --fast
 
 # every case of every sweep too (tests/conftest.py `sweep`)
 test-all: install sysdeps

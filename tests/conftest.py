@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests import testnet
+from tests import lanes, testnet
 from tests.machine import shared_user
 
 # the test hosts reboot in about a second, not a minute: look for them coming back more often than a user's run
@@ -43,7 +43,10 @@ def sweep(cases: list[Any], first: int) -> list[Any]:
 
 def skip_or_fail(reason: str) -> None:
     """Skip a test whose environment is missing, except under CI=true, where the suite must prove the
-    real-sshd paths: there it fails, so a CI runner without root or network namespaces cannot go green."""
+    real-sshd paths: there it fails, so a CI runner without root or network namespaces cannot go green. In the
+    fast lane it fails too: a test there must need none of it (tests/lanes.py)."""
+    if lanes.fast():
+        lanes.refuse(reason)
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true and {reason}: this test must run in CI, not skip", pytrace=False)
     pytest.skip(reason)
@@ -120,6 +123,23 @@ def aws_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield pool
     finally:
         pool.stop()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fast", action="store_true",
+                     help="the fast lane (make test-fast): only tests that need no root, SSH test hosts, moto server "
+                          "or system package, and a guard that fails one that reaches for them (tests/lanes.py)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", lanes.MARK_HELP)
+    if config.getoption("fast"):
+        os.environ[lanes.ENV] = "fast"  # xdist's workers, and what the tests start, inherit it
+        lanes.arm()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    lanes.mark_and_select(config, items)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:

@@ -298,6 +298,7 @@ def test_sync_makes_dst_a_copy_of_src_whatever_the_slashes(host_pool, gp_home, t
     assert pool.exec_in(5, "cat /tmp/gp-deep/a/b/train.py", check=True).stdout == "print('hi')\n"
 
 
+@pytest.mark.heavy  # the OpenSSH client and rsync
 def test_ssh_and_rsync_read_the_ssh_config_gpuprov_read(tmp_path, monkeypatch):
     """Whenever HOME is not the passwd home (sudo -E, containers, CI) the system ssh would read another
     ~/.ssh/config than gpuprov: it gets -F with gpuprov's."""

@@ -170,6 +170,11 @@ CASES = [
 ]
 
 
+# rows whose command looks for a system package's program before it reads the value (tests/lanes.py)
+NEEDS_RSYNC = {"sync {d}/no-such-folder exp1:code"}
+ROWS = [pytest.param(*c, id=c[0], marks=[pytest.mark.heavy] if c[0] in NEEDS_RSYNC else []) for c in CASES]
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("bad-input")
@@ -178,11 +183,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def run_cli(line: str, d: Path, home: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+def _split(line: str, d: Path, home: Path) -> tuple[list[str], dict[str, str]]:
+    """The command's words and its environment: no AWS settings of the machine's, and none that could reach AWS
+    (the rows that ask for it are refused first); a row's leading NAME=value words go into it."""
     import shlex
 
     words = shlex.split(line.format(d=d))
-    # no AWS settings of the machine's, and none that could reach AWS: the rows that ask for it are refused first
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GPUPROV_"))}
     env.update({"GPUPROV_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "100", "XDG_CONFIG_HOME": str(d / "xdg"),
                 "AWS_CONFIG_FILE": str(d / "no-aws-config"), "AWS_SHARED_CREDENTIALS_FILE": str(d / "no-aws-creds"),
@@ -190,26 +196,57 @@ def run_cli(line: str, d: Path, home: Path) -> tuple[subprocess.CompletedProcess
     while words and "=" in words[0]:
         key, _, value = words.pop(0).partition("=")
         env[key] = value
+    return words, env
+
+
+def run_cli(line: str, d: Path, home: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    words, env = _split(line, d, home)
     start = time.monotonic()
     result = forkcli.run([sys.executable, "-m", "gpuprov", *words], capture_output=True, text=True, env=env,
                          stdin=subprocess.DEVNULL, timeout=60)
     return result, time.monotonic() - start
 
 
-@pytest.mark.parametrize(("line", "field", "words"), CASES, ids=[c[0] for c in CASES])
-def test_bad_input_is_exit_2_with_one_line_naming_the_field(line: str, field: str, words: str, files: Path,
-                                                            tmp_path: Path) -> None:
-    result, seconds = run_cli(line, files, tmp_path / "home")
+def run_in_process(line: str, d: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    """The same command through Click's CliRunner in this process: the environment is the row's alone (CliRunner
+    sets it for the call and puts the test's back), standard input empty."""
+    from click.testing import CliRunner
+
+    from gpuprov.cli import main
+
+    words, env = _split(line, d, home)
+    unset: dict[str, str | None] = {k: None for k in os.environ if k not in env}
+    result = CliRunner().invoke(main, words, env={**unset, **env}, prog_name="gpuprov", input="")
+    return subprocess.CompletedProcess(["gpuprov", *words], result.exit_code, result.stdout, result.stderr)
+
+
+def judge(result: subprocess.CompletedProcess[str], field: str, words: str, d: Path) -> None:
+    """Exit 2, one `error: <field>: ` line holding `words`, at most a hint line after it, no traceback."""
     err = result.stderr
     assert "Traceback" not in err + result.stdout
     assert result.returncode == 2, err
     errors = [x for x in err.splitlines() if x.startswith("error: ")]
     assert len(errors) == 1, err
-    assert errors[0].startswith(f"error: {field.format(d=files)}: "), err
+    assert errors[0].startswith(f"error: {field.format(d=d)}: "), err
     assert words in err, err
     lines = [x for x in err.splitlines() if not x.startswith("region ")]
     assert len(lines) <= 2 and all(x.startswith("  ") for x in lines[1:]), err  # the line, then at most a hint
+
+
+@pytest.mark.parametrize(("line", "field", "words"), ROWS)
+def test_bad_input_is_exit_2_with_one_line_naming_the_field(line: str, field: str, words: str, files: Path,
+                                                            tmp_path: Path) -> None:
+    result, seconds = run_cli(line, files, tmp_path / "home")
+    judge(result, field, words, files)
     assert seconds < 10  # alias bombs and huge files are refused before they are expanded (≈ 0.5 s each)
+
+
+@pytest.mark.parametrize(("line", "field", "words"), ROWS)
+def test_bad_input_in_process_is_the_same_one_line(line: str, field: str, words: str, files: Path,
+                                                   tmp_path: Path) -> None:
+    """Each row again through `main` in this process (the fast lane's way to every `error:` path): what the
+    message says must not depend on the executable's own exit (cli.run) or on a fresh interpreter."""
+    judge(run_in_process(line, files, tmp_path / "home"), field, words, files)
 
 
 def test_alias_bomb_and_huge_file_are_refused_in_well_under_a_second(files: Path) -> None:

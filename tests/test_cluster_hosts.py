@@ -20,6 +20,8 @@ import pytest
 from tests import forkcli, testnet
 from tests.conftest import SHIMS, skip_or_fail
 
+pytestmark = pytest.mark.heavy  # its own SSH test hosts
+
 NODES = 3
 SYSROOT = "/var/lib/gpuprov-shim/root"
 

@@ -89,6 +89,7 @@ def _efa_script(installer: cluster.EfaInstaller | None = None):
     return script
 
 
+@pytest.mark.heavy  # root: the EFA installer refuses anyone else, and so does its shim
 def test_efa_step_installs_once_and_writes_the_nccl_environment(tmp_path):
     host = ShimHost(tmp_path, gpu="H100", count=8)
     first = host.run_script(_efa_script())

@@ -18,6 +18,9 @@ from tests.shimdata import WHEEL_ARCHS, wheel_archs_tsv
 from tests.shimrun import LOCAL_PYTHON, SHIMS, ShimHost, summary
 
 PINS = StackPins(python=LOCAL_PYTHON)
+# uv builds an env and installs the fake torch, seconds a test: `make test`, not `make test-fast` (tests/lanes.py)
+pytestmark = pytest.mark.slow
+
 UV = str(SHIMS / "libexec" / "uv")
 WHEELS = [(r, v) for r, info in stack.facts().torch_releases.items() for v in info.variants]
 

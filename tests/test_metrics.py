@@ -305,6 +305,7 @@ def _samples(text: str, name: str) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in re.finditer(rf"^{name}\{{gpu=\"(\d+)\".*\}} (\S+)$", text, re.M)}
 
 
+@pytest.mark.heavy  # promtool (the prometheus package)
 def test_the_collector_writes_dcgms_names_per_gpu_in_a_format_promtool_parses(tmp_path):
     text, _ = _collector(tmp_path, GPUPROV_SHIM_UTIL="37,81", GPUPROV_SHIM_TEMP="61,64", GPUPROV_SHIM_MEM_USED="1000,2000")
     assert _samples(text, "DCGM_FI_DEV_GPU_UTIL") == {"0": "37", "1": "81"}

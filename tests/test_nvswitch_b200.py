@@ -30,6 +30,9 @@ from tests import hgxb200
 from tests.shimrun import DMI_DIR, ShimHost, summary
 
 B200_ENV = {"GPUPROV_SHIM_INSTANCE_TYPE": "p6-b200.48xlarge"}
+# the rendered steps run under the shims, seconds a test: `make test`, not `make test-fast` (tests/lanes.py)
+pytestmark = pytest.mark.slow
+
 KERNEL = os.uname().release  # what `uname -r` says in the shim host (the shims run on this machine)
 
 

@@ -364,6 +364,7 @@ def run_line(line: str, sb: Any, cwd: Path, home: Path) -> tuple[int, str]:
     return code, "".join(out)
 
 
+@pytest.mark.heavy  # the sandbox: root, SSH test hosts, the moto server
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_readme_examples_run_as_printed_in_the_sandbox(scenario: str, sandbox: Any, tmp_path: Path) -> None:
     cwd, home = tmp_path / "here", tmp_path / "home"

@@ -34,7 +34,7 @@ from gpuprov.plan.render import Script
 from gpuprov.plan.stack import StackPins
 from tests.realapt import chroot, repo
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # a debootstrapped chroot: root and system packages
 
 STAND_INS = Path(__file__).resolve().parent / "realapt" / "stand-ins"
 BRANCH = "595"

@@ -154,6 +154,7 @@ def story(repos: tuple[Path, tuple[Path, Path, Path, Path]]) -> Story:
                  host.transactions(), daemon_json, (restarts, host.calls().count("systemctl restart docker")))
 
 
+@pytest.mark.heavy  # dnf, rpm and createrepo_c (system packages)
 def test_a_package_nvidia_does_not_ship_is_refused_before_anything_is_installed(story: Story) -> None:
     driver = story.refused[-1]
     assert driver.name == "nvidia-driver" and driver.returncode == 1, story.refused
@@ -163,6 +164,7 @@ def test_a_package_nvidia_does_not_ship_is_refused_before_anything_is_installed(
     assert not [p for p in story.refused_installed if p.startswith(("nvidia", "kmod-nvidia", "cuda"))]
 
 
+@pytest.mark.heavy  # dnf, rpm and createrepo_c (system packages)
 def test_a_fresh_install_takes_the_planned_branch_through_its_module_stream(story: Story) -> None:
     assert [(r.name, r.returncode, r.result) for r in story.first] == [
         ("kernel-headers", 0, "changed"), ("nouveau-off", 0, "changed"), ("nvidia-driver", 0, "reboot"),
@@ -185,6 +187,7 @@ def test_a_fresh_install_takes_the_planned_branch_through_its_module_stream(stor
     assert story.restarts[0] == 1
 
 
+@pytest.mark.heavy  # dnf, rpm and createrepo_c (system packages)
 def test_a_rerun_changes_nothing(story: Story) -> None:
     assert [(r.name, r.result) for r in story.second] == [(n, "unchanged") for n in STEPS], \
         [r.stderr for r in story.second]
@@ -195,6 +198,7 @@ def test_a_rerun_changes_nothing(story: Story) -> None:
 EL10_STEPS = ("kernel-headers", "nouveau-off", "nvidia-driver", "fabric-manager")
 
 
+@pytest.mark.heavy  # dnf, rpm and createrepo_c (system packages)
 def test_el10_holds_the_branch_with_versionlock_before_the_install(repos) -> None:
     """Rocky 10 (no modularity): NVIDIA's Table 5 for EL10, `dnf versionlock *nvidia*595*` then `dnf install
     nvidia-open`, against the same packages without module metadata (NVIDIA's rhel10 repository): EPEL enabled through

@@ -285,6 +285,7 @@ def _plain_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
 
 
+@pytest.mark.heavy  # a tmpfs mounted read-only: root
 def test_an_intact_state_on_a_read_only_disk_says_so_and_never_suggests_gc(small_disk, monkeypatch):
     env = {**_plain_env(), "GPUPROV_HOME": str(small_disk)}
     monkeypatch.setenv("GPUPROV_HOME", str(small_disk))

@@ -14,6 +14,9 @@ from gpuprov.plan.plan import NodeRequest, make_host_plan, make_plan
 from gpuprov.plan.stack import StackPins
 from tests.shimrun import LOCAL_PYTHON, ShimHost, StepRun, summary
 
+# the rendered steps run under the shims, seconds a test: `make test`, not `make test-fast` (tests/lanes.py)
+pytestmark = pytest.mark.slow
+
 PINS = StackPins(python=LOCAL_PYTHON)  # the uv shim builds envs from the Pythons this machine has
 
 

@@ -65,6 +65,7 @@ def banner_then_silence() -> Iterator[int]:
     server.close()
 
 
+@pytest.mark.heavy  # the OpenSSH client and rsync
 def test_every_command_gives_up_on_a_server_that_stalls_after_its_banner(banner_then_silence, gp_home, tmp_path):
     """The bound is --connect-timeout (2 s here); a subprocess timeout of 40 s stands for "forever": before,
     `ssh` and `sync` were still waiting when it struck."""
@@ -92,6 +93,7 @@ def test_every_command_gives_up_on_a_server_that_stalls_after_its_banner(banner_
     assert checked.returncode == 1 and words in checked.stdout, checked.stdout + checked.stderr
 
 
+@pytest.mark.heavy  # the OpenSSH client
 def test_the_bound_is_the_connect_timeout_unless_the_users_ssh_config_sets_its_own(tmp_path):
     """ssh and sync get ServerAliveInterval x ServerAliveCountMax ~ --connect-timeout (OpenSSH's bound on each
     wait for the server, from the handshake on); a host whose ssh config sets an interval keeps the user's."""

@@ -109,6 +109,7 @@ def fill(folder: Path) -> None:
     assert os.statvfs(folder).f_bavail == 0
 
 
+@pytest.mark.heavy  # a small tmpfs: root
 def test_a_full_disk_as_ssh_leaves_the_users_config_whole(gp_home: Path) -> None:
     from gpuprov.errors import GpuprovError
     from gpuprov.hosts import sshconfig
@@ -130,6 +131,7 @@ def test_a_full_disk_as_ssh_leaves_the_users_config_whole(gp_home: Path) -> None
         assert sorted(p.name for p in ssh.iterdir()) == ["config", "filler"]  # no temp file left behind
 
 
+@pytest.mark.heavy  # a small tmpfs: root
 def test_a_full_state_disk_leaves_gpuprovs_ssh_config_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpuprov.errors import GpuprovError
     from gpuprov.hosts import sshconfig

@@ -16,6 +16,9 @@ from gpuprov.plan.stack import StackPins
 from tests.shimrun import ShimHost, summary
 from tests.test_templates import BUNDLES
 
+# the rendered steps run under the shims, seconds a test: `make test`, not `make test-fast` (tests/lanes.py)
+pytestmark = pytest.mark.slow
+
 APT_STEPS = ("kernel-headers", "nvidia-driver", "fabric-manager", "cuda-toolkit")
 
 # Rendered package names NVIDIA's repository does not have, which the resolver still gets wrong: each

@@ -88,11 +88,13 @@ def verify_root(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, set[str
     return root, units
 
 
+@pytest.mark.slow  # a whole plan run under the shims (verify_root)
 def test_the_plan_renders_every_unit_and_timer(verify_root: tuple[Path, set[str]]) -> None:
     _, units = verify_root
     assert units == EXPECTED  # a new unit joins the list below by being rendered; a lost one fails here
 
 
+@pytest.mark.heavy  # systemd-analyze (the systemd package)
 def test_systemd_accepts_every_rendered_unit_and_timer(verify_root: tuple[Path, set[str]]) -> None:
     tool = _systemd_analyze()
     root, units = verify_root

@@ -1,7 +1,7 @@
 """Fake AWS for tests: moto_server (with validation on and Canonical Ubuntu images) behind the fault proxy.
 
     with AwsEndpoint() as aws:                 # or the pytest fixtures `aws_endpoint` (session) / `aws` (per test)
-        aws.reset()                            # fresh moto + proxy, Ubuntu SSM parameters seeded
+        aws.reset()                            # fresh moto + proxy, the images' SSM parameters seeded (moto_seeded.py)
         env = aws.env()                        # AWS_ENDPOINT_URL=<proxy>, creds, region, retries, GPUPROV_TEST_UBUNTU_SSM_PREFIX
         aws.faults([{"action": "RunInstances", "match": {"Placement.AvailabilityZone": "us-east-1a"},
                      "status": 500, "code": "InsufficientInstanceCapacity"}])
@@ -144,6 +144,19 @@ def ssm_name(release: str = "24.04", arch: str = "amd64", volume: str = "ebs-gp3
     return f"{prefix}/{release}/stable/current/{arch}/hvm/{volume}/ami-id"
 
 
+def ssm_parameters() -> list[list[str]]:
+    """The SSM parameters every reset leaves in each region (moto_seeded.py puts them): Ubuntu's by release
+    number and by codename, and the other OSes' public ones, each naming its image."""
+    out = []
+    for release, codename in RELEASES.items():
+        for arch in ARCHES:
+            for vol in VOLUMES:
+                ami = ubuntu_ami(release, arch, vol)
+                out += [[ssm_name(rel, arch, vol), ami] for rel in (release, codename)]
+    out += [[PUBLIC_SSM_ROOT + parameter, ami] for _, _, _, _, parameter, ami in OS_IMAGES if parameter]
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -185,8 +198,9 @@ class AwsEndpoint:
         self.moto_url = f"http://127.0.0.1:{port}"
         env = dict(os.environ, MOTO_ENABLE_AMI_VALIDATION="1", MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION="1",
                    MOTO_ENABLE_KEYPAIR_VALIDATION="1", MOTO_AMIS_PATH=str(amis))
-        moto_bin = Path(sys.executable).with_name("moto_server")
-        cmd = [str(moto_bin)] if moto_bin.exists() else [sys.executable, "-m", "moto.server"]
+        seed = self.workdir / "ssm-seed.json"
+        seed.write_text(json.dumps({region: ssm_parameters() for region in self.regions}))
+        cmd = [sys.executable, str(HERE / "moto_seeded.py"), str(seed)]  # reset() puts them back (moto_seeded.py)
         self._moto_log = open(self.workdir / "moto.log", "wb")  # noqa: SIM115 (closed in stop())
         try:
             self.moto_proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], env=env,
@@ -255,19 +269,6 @@ class AwsEndpoint:
         fault_proxy.forget_tokens(self.url)
         self.clear_faults()
         self._vpcs.clear()
-        for region in self.regions:
-            ssm = self.client("ssm", region)
-            for release, codename in RELEASES.items():
-                for arch in ARCHES:
-                    for vol in VOLUMES:
-                        ami = ubuntu_ami(release, arch, vol)
-                        for rel in (release, codename):
-                            ssm.put_parameter(Name=ssm_name(rel, arch, vol), Value=ami, Type="String",
-                                              DataType="aws:ec2:image")
-            for _, _, _, _, parameter, ami in OS_IMAGES:
-                if parameter:
-                    ssm.put_parameter(Name=PUBLIC_SSM_ROOT + parameter, Value=ami, Type="String",
-                                      DataType="aws:ec2:image")
         self.last_reset_s = time.monotonic() - t0
 
     def env(self) -> dict[str, str]:

@@ -20,6 +20,7 @@ from .fixture import SCRIPT, HostPool, TestHost
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="fake hosts need root (netns, sshd root login)"),
     pytest.mark.slow,
+    pytest.mark.heavy,  # its own pool of SSH test hosts
 ]
 
 SHIMS = Path(__file__).resolve().parents[1] / "shims"

@@ -236,13 +236,20 @@ _host() {
     echo "up $boots $sshd_pid" > "$ctl/state"
   }
   kill_all() {   # every process of this host except the supervisor: sshd, sessions, background jobs
-    local p pid me=/proc/$$/ns/mnt
-    for p in /proc/[0-9]*; do
-      pid=${p#/proc/}
-      [[ $pid == "$$" ]] && continue
-      [[ $p/ns/mnt -ef $me ]] && kill -KILL "$pid" 2>/dev/null
+    local p pid me=/proc/$$/ns/mnt killed=1 passes=0
+    # sshd's listener first. A client whose session drops reconnects at once (gpuprov after a reboot step, every
+    # 0.25 s); while the scan below was still going (slow on a loaded machine; /proc in name order, not pid
+    # order), the listener accepted it and forked a session the scan had already passed, which outlived the
+    # "reboot" and saw its emptied /run and new boot id before the new sshd was up
+    if (( sshd_pid )); then kill -KILL "$sshd_pid" 2>/dev/null; wait "$sshd_pid" 2>/dev/null; fi
+    while (( killed && passes < 50 )); do   # again until a scan finds none left: a session may fork meanwhile
+      killed=0; passes=$((passes + 1))
+      for p in /proc/[0-9]*; do
+        pid=${p#/proc/}
+        [[ $pid == "$$" ]] && continue
+        [[ $p/ns/mnt -ef $me ]] && kill -KILL "$pid" 2>/dev/null && killed=1
+      done
     done
-    (( sshd_pid )) && wait "$sshd_pid" 2>/dev/null
     sshd_pid=0
     rm -f "$ctl/sshd.pid"
   }
