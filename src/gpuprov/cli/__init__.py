@@ -4,8 +4,9 @@ The top floor: it may import every part, and nothing but `python -m gpuprov` imp
 commands (offline.py: gpus, plan, render; hosts.py: bootstrap, check, doctor; cloud.py: up, status, stop, start,
 down; guardrails.py, gc.py, images.py, access.py, clusters.py, settings.py, team.py, facts.py, metrics.py,
 capacity.py); importing one registers its commands on `main`, which imports it when one of them is asked for
-(cli/lazy.py, whose table of command -> module a test checks), so `bootstrap` loads hosts.py and no other;
-`--help` and the completion of command names import them all. The library is imported inside each command, so
+(cli/lazy.py, whose tables of command -> module and command -> summary a test checks), so `bootstrap` loads
+hosts.py and no other, and `--help` lists every command from the summaries without importing one; the completion
+of command names imports them all. The library is imported inside each command, so
 `gpuprov --help` loads neither boto3 nor Fabric (a test checks `sys.modules`), and `bootstrap --json` imports no
 rich.
 
@@ -14,7 +15,8 @@ reworded as `error: --flag: problem`, Ctrl-C, a broken pipe, and as a last resor
 the traceback saved to a temp file, `GPUPROV_DEBUG=1` re-raises), the config file as Click's `default_map` (so
 precedence is Click's own: flag > envvar > config file > default), `confirm()` (asks on a terminal, says "pass
 --yes" without one), and how a NODE or `[USER@]HOST[:PORT]` becomes a `Target`. params.py is what every option
-takes and where its value came from; signals.py the one signal path. The rich views (report.py, report_hosts.py,
+takes and where its value came from; option_sets.py types the option sets several commands share (TypedDicts a
+command's `**options` is unpacked as, imported only for type checking); signals.py the one signal path. The rich views (report.py, report_hosts.py,
 cluster_report.py, report_facts.py, on fittable.py) only present: a reader that leaves early (`| head -1`) is
 exit 0.
 """
