@@ -251,3 +251,75 @@ def test_team_state_from_config_toml_gives_the_store_leases_and_the_file_is_read
             assert locks.is_free(locks.node("u"))
         assert leases.read(store.bucket, "node-u") is None
     assert len(reads) == 1
+
+
+def _renewed(bucket, key: str, etag: str, timeout: float = 10) -> str:
+    """The lease's ETag once a renewal has rewritten it (its thread writes every third of the expiry)."""
+    deadline = time.monotonic() + timeout
+    while (found := leases.read(bucket, key)) is not None and found[1] == etag:
+        assert time.monotonic() < deadline, "never renewed"
+        time.sleep(0.05)
+    assert found is not None, "the lease went"
+    return found[1]
+
+
+def test_a_renewal_that_meets_a_409_sends_it_again_and_the_lease_stays_held(aws, url):
+    """S3 answers 409 ConditionalRequestConflict to a conditional write while another to the same key is in flight:
+    nothing was decided, and the renewal is sent again (it once marked the lease lost and stopped renewing)."""
+    with leases.hold(url, "node-r", "up", expiry=3) as held:
+        aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "gp/leases/node-r.json"},
+                    "code": "ConditionalRequestConflict", "status": 409, "times": 2})
+        etag = _renewed(held.bucket, "node-r", held.etag)
+        assert [e["status"] for e in aws.log("PutObject") if e["form"].get("Key") == "gp/leases/node-r.json"][-3:] \
+            == [409, 409, 200]
+        assert not held.lost and held.etag == etag
+        _renewed(held.bucket, "node-r", etag)  # and the renewals go on
+        assert not held.lost
+    assert leases.read(held.bucket, "node-r") is None  # released: the ETag it kept was the bucket's
+
+
+@pytest.mark.parametrize("lose", ["drop", "500"])
+def test_a_renewal_whose_answer_was_lost_reads_the_lease_back_and_keeps_it(aws, url, lose):
+    """The renewal lands but its answer is lost (the connection dropped, or S3's 500 InternalError after the write);
+    botocore sends it again and the repeat's If-Match names the ETag the first one replaced: 412. The lease read
+    back is still this holder's (holder, pid, start): its ETag adopted."""
+    with leases.hold(url, "node-a", "up", expiry=3) as held:
+        aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "gp/leases/node-a.json"},
+                    "lose": lose, "times": 1})
+        etag = _renewed(held.bucket, "node-a", held.etag)
+        deadline = time.monotonic() + 10
+        while 412 not in [e["status"] for e in aws.log("PutObject")]:
+            assert time.monotonic() < deadline, "the lost answer was never followed by a 412"
+            time.sleep(0.05)
+        _renewed(held.bucket, "node-a", etag)  # the renewals go on from the adopted ETag
+        assert not held.lost
+    assert leases.read(held.bucket, "node-a") is None
+    assert [e["outcome"] for e in aws.log("PutObject")].count(f"lost-{lose}") == 1
+
+
+def test_a_lease_created_behind_a_lost_answer_is_its_own_not_a_teammates(aws, url):
+    """A creation (If-None-Match) that landed with its answer lost: the repeat's 412 is this holder's own lease, read
+    back and kept (it once waited for itself, or refused itself as `Taken`)."""
+    aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "gp/leases/node-c.json"}, "lose": "drop",
+                "times": 1})
+    with leases.hold(url, "node-c", "up", expiry=3, wait=False) as held:
+        found = leases.read(held.bucket, "node-c")
+        assert found is not None and held.owns(found[0]) and found[1] == held.etag
+        _renewed(held.bucket, "node-c", held.etag)
+        assert not held.lost
+    assert leases.read(held.bucket, "node-c") is None
+
+
+def test_a_node_created_or_changed_behind_a_lost_answer_is_written_once(aws, url):
+    """What is stored is compared with what was sent before calling it someone else's: a node record whose
+    creation landed with its answer lost is ours (not 'taken'), and a change is not applied twice."""
+    store = S3Store(url)
+    aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "gp/nodes/n.json"}, "lose": "drop",
+                "times": 1})
+    node = store.create_node("n", "aws", "us-east-1", owner="alice@laptop/1")
+    assert node.name == "n" and S3Store(url).node("n").owner == "alice@laptop/1"
+    aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "gp/nodes/n.json"}, "lose": "drop",
+                "times": 1})
+    store.event("n", "note", "once")
+    assert [e.message for e in S3Store(url).events("n")] == ["once"]
+    assert [e["outcome"] for e in aws.log("PutObject")].count("lost-drop") == 2

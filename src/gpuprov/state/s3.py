@@ -17,9 +17,12 @@ is taken), and every change re-reads the object, applies itself and writes with 
 re-applies, so concurrent `status --refresh`, `stop`, `autostop` lose nothing.
 
 `Bucket.change` is read, apply, PutObject If-Match; a 412 or 409 (or a 404 on an object deleted meanwhile) re-reads
-and re-applies, jittered, up to 60 times. A terminated node's name is taken over with If-Match. Resource ids are
-microseconds plus randomness (unique across members, growing with time, so rows read back in order); the store
-learns which object holds a row as it reads. `nodes()` is one ListObjectsV2 and a GET per node, 16 at a time.
+and re-applies, jittered, up to 60 times. A conditional write whose answer was lost may have landed (botocore
+sends it again, and the repeat meets its own write: 412): before calling the object someone else's, what is stored
+is compared with what was sent, so a node's creation is not "taken" by itself and a change is not applied twice.
+A terminated node's name is taken over with If-Match. Resource ids are microseconds plus randomness (unique across
+members, growing with time, so rows read back in order); the store learns which object holds a row as it reads.
+`nodes()` is one ListObjectsV2 and a GET per node, 16 at a time.
 """
 
 from __future__ import annotations
@@ -63,6 +66,16 @@ class Stored:
 
 class Conflict(Exception):
     """A conditional write lost: 412 PreconditionFailed, 409 ConditionalRequestConflict, or the object went."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+    @property
+    def in_flight(self) -> bool:
+        """S3's 409: another conditional write to the object was in flight. Nothing was decided: this one may be
+        sent again as it is (a 412 says the condition itself failed)."""
+        return self.code == "ConditionalRequestConflict"
 
 
 class BucketUnavailable(StateUnavailable):
@@ -117,7 +130,8 @@ class Bucket:
         except ClientError as exc:
             code, status = _code(exc)
             if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
-                raise Conflict(code) from None
+                raise Conflict(code or ("ConditionalRequestConflict" if status == 409 else "PreconditionFailed")) \
+                    from None
             if conditional and code == "NoSuchKey":  # If-Match on an object someone deleted meanwhile
                 raise Conflict(code) from None
             if code == "NoSuchBucket":
@@ -206,8 +220,12 @@ class Bucket:
                = None) -> T | None:
         """Read, apply, write with If-Match; a lost race re-reads and re-applies. A missing object is made from
         `missing()` (with If-None-Match), or the change is skipped (None) when there is no `missing`."""
+        sent: tuple[dict[str, Any], T] | None = None  # the document last written and its result, on a Conflict
         for attempt in range(_ATTEMPTS):
             got = self.get(name)
+            if got is not None and sent is not None and got[0] == sent[0]:
+                return sent[1]  # our write landed behind a lost answer (its repeat got the 412): applying it again
+                # would apply it twice (an event, an intent row)
             if got is None and missing is None:
                 return None
             doc, etag = got if got is not None else (missing() if missing else {}, None)
@@ -216,6 +234,7 @@ class Bucket:
                 self.put(name, doc, etag=etag, create=etag is None)
                 return result
             except Conflict:
+                sent = _as_stored(doc), result
                 time.sleep(random.uniform(0, min(0.5, 0.01 * 2 ** min(attempt, 6))))  # jittered: writers spread out
         raise BucketUnavailable(self.url, f"{name}: {_ATTEMPTS} conditional writes in a row lost to other writers",
                                 "run the command again")
@@ -223,6 +242,12 @@ class Bucket:
     def versioning(self) -> str:
         """The bucket's versioning status: "Enabled", "Suspended" or "" (never enabled)."""
         return str(self._call(lambda: self.s3.get_bucket_versioning(Bucket=self.url.bucket)).get("Status") or "")
+
+
+def _as_stored(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` as the bucket gives it back (JSON's types): what a read-back compares with what was sent."""
+    loaded: dict[str, Any] = json.loads(json.dumps(doc, separators=(",", ":")))
+    return loaded
 
 
 def _resource(row: dict[str, Any]) -> Resource:
@@ -261,8 +286,11 @@ class S3Store:
         record = {"name": name, "provider": provider, "region": region, "state": NodeState.LAUNCHING,
                   "created_at": time.time(), **node_fields("create_node", fields, region=False)}
         key = self._node_object(name)
+        sent: dict[str, Any] | None = None  # the record last written, whose answer was a Conflict
         for _ in range(_ATTEMPTS):
             got = self.bucket.get(key)
+            if got is not None and sent is not None and got[0] == sent:
+                return self._node(sent)  # our write landed behind a lost answer (its repeat got the 412): ours
             if got is not None and got[0]["node"].get("state") != "terminated":
                 taken = self._node(got[0])
                 raise UserInputError("NAME", f"the name {name!r} is taken by {taken.owner or 'another member'} "
@@ -273,8 +301,8 @@ class S3Store:
             try:
                 self.bucket.put(key, doc, etag=got[1] if got else None, create=got is None)
                 return self._node(doc)
-            except Conflict:
-                continue  # someone wrote it first: look again (it is theirs now, or was a terminated one rewritten)
+            except Conflict:  # someone wrote it first, or we did behind a lost answer: look again
+                sent = _as_stored(doc)
         raise BucketUnavailable(self.url, f"{key}: could not claim the name", "run the command again")
 
     def put_whole(self, node: Node, resources: list[Resource], events: list[Event]) -> bool:
@@ -284,8 +312,9 @@ class S3Store:
         doc = {"node": asdict(node), "resources": rows, "events": [asdict(e) for e in events]}
         try:
             self.bucket.put(self._node_object(node.name), doc, create=True)
-        except Conflict:
-            return False
+        except Conflict:  # the name is another's, unless what is there is what we sent (an answer lost)
+            got = self.bucket.get(self._node_object(node.name))
+            return got is not None and got[0] == _as_stored(doc)
         return True
 
     @staticmethod
