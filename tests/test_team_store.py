@@ -323,3 +323,35 @@ def test_a_node_created_or_changed_behind_a_lost_answer_is_written_once(aws, url
     store.event("n", "note", "once")
     assert [e.message for e in S3Store(url).events("n")] == ["once"]
     assert [e["outcome"] for e in aws.log("PutObject")].count("lost-drop") == 2
+
+
+def test_a_lost_lease_stops_its_holder_before_its_next_cloud_call(aws, url):
+    """A teammate takes the lease over (here: broken, then taken): the holder's next renewal finds it, and every
+    cloud call after that is refused by the provider's fence (`locks.fence`) with a LeaseLost naming the node and the
+    teammate, before it reaches AWS."""
+    from gpuprov.cloud.providers.aws import AwsProvider
+
+    provider = AwsProvider("alice@laptop/1")
+    provider.fence = locks.fence
+    with locks.hold(locks.node("f"), "up"):
+        provider.key_pair_exists("us-east-1", "k")  # a whole lease: the call goes through
+        held = leases._held["node-f"][0]
+        bucket = held.bucket
+        leases.unlock(url, "node-f")
+        teammate = leases.Lease(bucket, "node-f", "down", 30)
+        teammate.doc.update(holder="bob@desk/2", host="desk", pid=4242)
+        teammate.etag = bucket.put("leases/node-f.json", teammate.doc, create=True)
+        deadline = time.monotonic() + 10
+        while not held.lost:
+            assert time.monotonic() < deadline, "the holder never noticed"
+            time.sleep(0.05)
+        calls = len(aws.log())
+        with pytest.raises(leases.LeaseLost) as lost:
+            provider.key_pair_exists("us-east-1", "k")
+        assert len(aws.log()) == calls  # stopped before the call
+        message = str(lost.value)
+        assert message.startswith("f: this gpuprov up lost its lease on it: gpuprov down of bob@desk/2 (pid 4242")
+        assert "stopped before its next cloud call" in message
+    found = leases.read(bucket, "node-f")
+    assert found is not None and found[0].holder == "bob@desk/2"  # the holder's release left the teammate's lease
+    provider.key_pair_exists("us-east-1", "k")  # nothing lost is held any more

@@ -20,6 +20,7 @@ reaches the CLI is a bug: one `gpuprov hit a bug` line, the traceback saved to a
       StateUnavailable      state/errors.py              exit 1: the records are intact but cannot be written now
         BucketUnavailable   state/s3.py                  exit 1: team state's bucket cannot be read or written now
       Busy                  state/coordinator.py         exit 1: another process holds the lock, and the caller would not wait
+      LeaseLost             state/leases.py              exit 1: a teammate broke or took this command's lease: it stopped
       SourceUnreachable     sources/http.py              `facts refresh`: that family's refresh fails, the rest go on
       HostUnreachable       hosts/remote.py              SSH did not answer: the host's failed row (exec: 255)
       ConnectionLost        hosts/remote.py              the connection dropped mid-command: the host's failed row

@@ -23,6 +23,12 @@ landing behind a lost answer (botocore sent it again, and the repeat's If-Match 
 replaced): the lease is read back and, when it still names this holder, pid and start, its ETag is adopted and
 the renewals go on. The same read-back decides a creation (`If-None-Match`) or a takeover that got a 412: the
 lease found may be the one just written.
+
+A lost lease fences its holder: `check()` raises LeaseLost, naming the node and whoever holds it now, for any
+lease this process holds that was lost. Every cloud call of a command goes through the provider's one call path
+(cloud/providers/aws_base.py, `AwsBase._call`), which calls its `fence` first; the CLI gives the provider
+`locks.fence`, which calls `check()`. So a holder whose lease a teammate broke or took over stops before its next
+cloud call and says so, instead of working on a node a teammate's `down` or `gc` now owns.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from gpuprov.errors import GpuprovError
 from gpuprov.state.s3 import Bucket, Conflict
 from gpuprov.state.url import StateUrl
 
@@ -166,6 +173,27 @@ class Lease:
         # own result must not be lost to its clean-up)
         with contextlib.suppress(Exception):
             self.bucket.delete(_name(self.key), etag=self.etag)
+
+
+class LeaseLost(GpuprovError):
+    """A lease this process held was broken or taken over while it worked: it stops before its next cloud call."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.key = lease.key
+        self.taken_by = lease.taken_by
+        subject = lease.key.split("-", 1)[1] if "-" in lease.key else lease.key
+        whose = f"{lease.taken_by} holds it now" if lease.taken_by else "it was broken (`gpuprov state unlock`)"
+        super().__init__(f"{subject}: this gpuprov {lease.doc['what']} lost its lease on it: {whose}; stopped "
+                         "before its next cloud call\n  fix: `gpuprov status` says what became of it; run the command "
+                         "again if it is still wanted")
+
+
+def check() -> None:
+    """Raise LeaseLost for a lease this process holds that someone broke or took over; nothing when all are whole."""
+    with _guard:
+        lost = [lease for lease, _ in _held.values() if lease.lost]
+    if lost:
+        raise LeaseLost(lost[0])
 
 
 class Taken(Exception):
