@@ -6,6 +6,7 @@ and its write, or by an answer held, never by sleeping and hoping.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -355,3 +356,40 @@ def test_a_lost_lease_stops_its_holder_before_its_next_cloud_call(aws, url):
     found = leases.read(bucket, "node-f")
     assert found is not None and found[0].holder == "bob@desk/2"  # the holder's release left the teammate's lease
     provider.key_pair_exists("us-east-1", "k")  # nothing lost is held any more
+
+
+def test_the_buckets_objects_are_input_named_and_skipped_not_a_crash(aws, url, capsys):
+    """An object that does not parse, a record named otherwise than its object or against the name rule, and one in
+    a state this gpuprov does not know (a newer gpuprov's) are named and left out; the rest is read."""
+    from gpuprov.state.s3 import BadObject
+
+    store = S3Store(url)
+    store.create_node("good", "aws", "us-east-1")
+    store.add_resource("good", "instance", "us-east-1", "i-0good")
+    s3 = aws.client("s3")
+    good = json.loads(s3.get_object(Bucket=BUCKET, Key="gp/nodes/good.json")["Body"].read())
+
+    def put(key: str, body: object) -> None:
+        s3.put_object(Bucket=BUCKET, Key=f"gp/nodes/{key}", Body=body if isinstance(body, bytes) else
+                      json.dumps(body).encode())
+
+    put("torn.json", b'{"node": {"name": "torn"')
+    put("list.json", [1, 2])
+    put("other.json", {**good, "node": {**good["node"], "name": "good"}})
+    put("up.json", {**good, "node": {**good["node"], "name": "../../up"}})
+    put("newer.json", {**good, "node": {**good["node"], "name": "newer", "state": "hibernating"}})
+    fresh = S3Store(url)
+    assert [n.name for n in fresh.nodes(include_terminated=True)] == ["good"]
+    assert [r.cloud_id for r in fresh.resources()] == ["i-0good"]
+    warned = capsys.readouterr().err.splitlines()
+    assert len(warned) == 5 and all(line.startswith(f"warning: s3://{BUCKET}/gp/nodes/") for line in warned)
+    said = "\n".join(warned)
+    assert "torn.json: is not JSON" in said and "list.json: holds a JSON list, not a record" in said
+    assert "other.json: its record is named 'good': another node's" in said
+    assert "up.json: its record's name '../../up' is not a node name" in said
+    assert "newer.json: its state 'hibernating' is not one this gpuprov knows" in said
+    fresh.nodes()
+    assert capsys.readouterr().err == ""  # said once per store
+    with pytest.raises(BadObject, match=r"newer\.json: its state 'hibernating'") as bad:
+        fresh.find_node("newer")  # asked for by name: said, exit 2
+    assert bad.value.exit_code == 2
