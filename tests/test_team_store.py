@@ -390,6 +390,8 @@ def test_the_buckets_objects_are_input_named_and_skipped_not_a_crash(aws, url, c
     assert "newer.json: its state 'hibernating' is not one this gpuprov knows" in said
     fresh.nodes()
     assert capsys.readouterr().err == ""  # said once per store
+    # gc takes none of their resources for orphans: each may be a teammate's live node (a newer gpuprov's)
+    assert sorted(fresh.moved()) == ["list", "newer", "other", "torn", "up"]
     with pytest.raises(BadObject, match=r"newer\.json: its state 'hibernating'") as bad:
         fresh.find_node("newer")  # asked for by name: said, exit 2
     assert bad.value.exit_code == 2

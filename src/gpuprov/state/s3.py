@@ -436,8 +436,13 @@ class S3Store:
         return found if include_terminated else [n for n in found if n.live]
 
     def moved(self) -> dict[str, str]:
-        """A bucket's records are never moved away (`state push` moves a local file's)."""
-        return {}
+        """A bucket's records are never moved away (`state push` moves a local file's), but a node whose object this
+        gpuprov cannot read (BadObject: a newer gpuprov's, a torn write) is not listed either: named here, by its
+        object's name, so its resources are never taken for orphans (gc) while it may be a teammate's live node."""
+        keys = [n for n in self.bucket.names("nodes/") if n.endswith(".json")]
+        read = {key for key, _ in self._documents()}
+        return {key.removeprefix("nodes/").removesuffix(".json"): f"{self.url}{key}, which this gpuprov cannot read"
+                for key in keys if key not in read}
 
     # --- resources -----------------------------------------------------------------------
 
