@@ -140,11 +140,29 @@ def test_state_unlock_breaks_a_lease_and_says_whose(aws, homes):
         assert "gp/leases/node-u.json" not in _objects(aws)
         again = gp(bob, "state", "unlock", "u")
         assert again.stdout.strip() == "u: no lease held"
+        # alice's next renewal meets the lease gone and reads it back: none, so hers is lost
+        deadline = time.monotonic() + 30
+        while not _read_back_gone(aws, "gp/leases/node-u.json"):
+            assert time.monotonic() < deadline, "alice's `up` never noticed"
+            time.sleep(0.05)
     finally:
         aws.release()
-        proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=120)
+    # the lost lease stops her `up` before its next cloud call, saying so (bob's `down` owns the node now)
+    assert proc.returncode == 1 and "Traceback" not in err, out + err
+    assert "error: u: this gpuprov up lost its lease on it: it was broken (`gpuprov state unlock`); stopped before " \
+        "its next cloud call" in err, out + err
     assert gp(bob, "down", "u", "--yes").returncode == 0
     assert aws.leftovers() == EMPTY
+
+
+def _read_back_gone(aws, key: str) -> bool:
+    """A renewal of `key` refused (412, or 404: If-Match on an object that is gone), and the lease read back after it
+    found none."""
+    log = [e for e in aws.log() if e["form"].get("Key") == key]
+    refused = [e["seq"] for e in log if e["action"] == "PutObject" and e["status"] in (404, 412)]
+    return bool(refused) and any(e["action"] == "GetObject" and e["status"] == 404 and e["seq"] > refused[0]
+                                 for e in log)
 
 
 def test_push_a_local_state_then_adopt_after_every_record_is_deleted(aws, env, homes, tmp_path):
