@@ -266,8 +266,11 @@ def _renewed(bucket, key: str, etag: str, timeout: float = 10) -> str:
 
 def test_a_renewal_that_meets_a_409_sends_it_again_and_the_lease_stays_held(aws, url):
     """S3 answers 409 ConditionalRequestConflict to a conditional write while another to the same key is in flight:
-    nothing was decided, and the renewal is sent again (it once marked the lease lost and stopped renewing)."""
-    with leases.hold(url, "node-r", "up", expiry=3) as held:
+    nothing was decided, and the renewal is sent again (it once marked the lease lost and stopped renewing). A
+    creation that meets one is sent again too."""
+    aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "gp/leases/node-r.json"},
+                "code": "ConditionalRequestConflict", "status": 409, "times": 2})
+    with leases.hold(url, "node-r", "up", expiry=3, wait=False) as held:
         aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "gp/leases/node-r.json"},
                     "code": "ConditionalRequestConflict", "status": 409, "times": 2})
         etag = _renewed(held.bucket, "node-r", held.etag)

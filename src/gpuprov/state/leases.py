@@ -221,8 +221,9 @@ def hold(url: StateUrl, key: str, what: str, *, wait: bool = True, expiry: float
             try:
                 lease.take()
                 break
-            except Conflict:
-                pass
+            except Conflict as conflict:
+                if conflict.in_flight:  # another write to it in flight (a teammate's): decided in a moment
+                    time.sleep(random.uniform(0.01, 0.1))
             found = read(lease.bucket, key)
             if found is None:
                 continue  # released meanwhile
