@@ -361,6 +361,25 @@ def test_a_lost_lease_stops_its_holder_before_its_next_cloud_call(aws, url):
     provider.key_pair_exists("us-east-1", "k")  # nothing lost is held any more
 
 
+def test_a_lease_unrenewed_past_its_expiry_stops_its_holder_too(aws, url):
+    """The bucket refuses every renewal (or the laptop slept through them): once the last write the bucket took is
+    older than the expiry, a teammate may have taken the lease over, and the holder stops before its next cloud call
+    rather than wait for a renewal to tell."""
+    with leases.hold(url, "node-s", "up", expiry=3) as held:
+        leases.check()  # just written: whole
+        aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "gp/leases/node-s.json"},
+                    "code": "AccessDenied", "status": 403})
+        deadline = time.monotonic() + 10
+        while not held.unsure:
+            assert time.monotonic() < deadline, "never unsure"
+            time.sleep(0.05)
+        assert not held.lost  # nobody took it: the bucket only did not answer
+        with pytest.raises(leases.LeaseLost, match=r"s: this gpuprov up could not renew its lease on it for \d+ s, "
+                                                   r"past its 3 s: a teammate may hold it now; stopped before"):
+            locks.fence()
+    locks.fence()  # released: nothing held
+
+
 def test_the_buckets_objects_are_input_named_and_skipped_not_a_crash(aws, url, capsys):
     """An object that does not parse, a record named otherwise than its object or against the name rule, and one in
     a state this gpuprov does not know (a newer gpuprov's) are named and left out; the rest is read."""

@@ -25,10 +25,12 @@ the renewals go on. The same read-back decides a creation (`If-None-Match`) or a
 lease found may be the one just written.
 
 A lost lease fences its holder: `check()` raises LeaseLost, naming the node and whoever holds it now, for any
-lease this process holds that was lost. Every cloud call of a command goes through the provider's one call path
-(cloud/providers/aws_base.py, `AwsBase._call`), which calls its `fence` first; the CLI gives the provider
-`locks.fence`, which calls `check()`. So a holder whose lease a teammate broke or took over stops before its next
-cloud call and says so, instead of working on a node a teammate's `down` or `gc` now owns.
+lease this process holds that was lost, or that went unrenewed past its expiry (the bucket did not answer, the
+laptop slept: a teammate may have taken it over meanwhile, and its next renewal would only then tell). Every cloud
+call of a command goes through the provider's one call path (cloud/providers/aws_base.py, `AwsBase._call`), which
+calls its `fence` first; the CLI gives the provider `locks.fence`, which calls `check()`. So a holder whose lease a
+teammate broke or took over stops before its next cloud call and says so, instead of working on a node a
+teammate's `down` or `gc` now owns.
 """
 
 from __future__ import annotations
@@ -105,6 +107,9 @@ class Lease:
         self.doc: dict[str, Any] = {"holder": member(), "host": socket.gethostname(), "pid": os.getpid(),
                                     "what": what, "since": time.time(), "expiry": expiry}
         self.etag = ""
+        # when the last write the bucket took (or the first, until one is) was sent: the wall clock, which counts a
+        # suspended laptop's sleep as the bucket's clock does (a monotonic clock stops while the lid is closed)
+        self.written_at = time.time()
         self.lost = False  # someone broke it (`state unlock`) or took it over while it was held
         self.taken_by: Holding | None = None  # ... and who holds it now, if anyone
         self._stop = threading.Event()
@@ -112,6 +117,7 @@ class Lease:
 
     def take(self, over: str | None = None) -> None:
         """Write it: a new lease (If-None-Match), or over the stale one whose ETag is `over` (If-Match)."""
+        self.written_at = time.time()
         self.adopt(self.bucket.put(_name(self.key), self.doc, etag=over, create=over is None))
 
     def adopt(self, etag: str) -> None:
@@ -133,14 +139,16 @@ class Lease:
     def _renew_once(self) -> bool:
         """One renewal; False when the lease is lost (someone else holds it, or nobody: broken by `state unlock`)."""
         deadline = time.monotonic() + self.expiry / 3
+        sent = time.time()
         attempt = 0
         while True:
             try:
                 self.etag = self.bucket.put(_name(self.key), self.doc, etag=self.etag)
+                self.written_at = sent
                 return True
             except Conflict as conflict:
                 if not conflict.in_flight:
-                    return self._read_back()
+                    return self._read_back(sent)
                 # 409: another conditional write to the lease is in flight; nothing was decided, so again (until the
                 # next renewal's time: a lease is renewed three times per expiry, so one slow round is no loss)
                 attempt += 1
@@ -150,7 +158,7 @@ class Lease:
             except Exception:  # a bucket that does not answer this once: the next renewal tries again
                 return True  # (a thread's exception would end the renewals silently and let the lease expire mid-work)
 
-    def _read_back(self) -> bool:
+    def _read_back(self, sent: float) -> bool:
         """After a 412 (or the lease gone): still ours when the bucket's lease names this holder, process and start
         (this holder's own write landed behind a lost answer): adopt its ETag. Anyone else's, or none, is lost."""
         try:
@@ -158,10 +166,16 @@ class Lease:
         except Exception:  # cannot tell now: the next renewal's write fails the same way and reads again
             return True
         if found is not None and self.owns(found[0]):
-            self.etag = found[1]
+            self.etag, self.written_at = found[1], sent
             return True
         self.lost, self.taken_by = True, found[0] if found else None
         return False
+
+    @property
+    def unsure(self) -> bool:
+        """Not renewed for longer than its expiry (a bucket that did not answer, a laptop asleep): the bucket may have
+        let a teammate take it over, whatever this holder saw."""
+        return time.time() - self.written_at > self.expiry
 
     def release(self) -> None:
         self._stop.set()
@@ -182,16 +196,21 @@ class LeaseLost(GpuprovError):
         self.key = lease.key
         self.taken_by = lease.taken_by
         subject = lease.key.split("-", 1)[1] if "-" in lease.key else lease.key
-        whose = f"{lease.taken_by} holds it now" if lease.taken_by else "it was broken (`gpuprov state unlock`)"
-        super().__init__(f"{subject}: this gpuprov {lease.doc['what']} lost its lease on it: {whose}; stopped "
-                         "before its next cloud call\n  fix: `gpuprov status` says what became of it; run the command "
-                         "again if it is still wanted")
+        if lease.lost:
+            whose = f"{lease.taken_by} holds it now" if lease.taken_by else "it was broken (`gpuprov state unlock`)"
+            what = f"lost its lease on it: {whose}"
+        else:
+            what = (f"could not renew its lease on it for {time.time() - lease.written_at:.0f} s, past its "
+                    f"{lease.expiry:g} s: a teammate may hold it now")
+        super().__init__(f"{subject}: this gpuprov {lease.doc['what']} {what}; stopped before its next cloud call\n"
+                         "  fix: `gpuprov status` says what became of it; run the command again if it is still wanted")
 
 
 def check() -> None:
-    """Raise LeaseLost for a lease this process holds that someone broke or took over; nothing when all are whole."""
+    """Raise LeaseLost for a lease this process holds that someone broke or took over, or that went unrenewed past
+    its expiry (it may have been); nothing when all are whole."""
     with _guard:
-        lost = [lease for lease, _ in _held.values() if lease.lost]
+        lost = [lease for lease, _ in _held.values() if lease.lost or lease.unsure]
     if lost:
         raise LeaseLost(lost[0])
 
