@@ -140,11 +140,29 @@ def test_state_unlock_breaks_a_lease_and_says_whose(aws, homes):
         assert "gp/leases/node-u.json" not in _objects(aws)
         again = gp(bob, "state", "unlock", "u")
         assert again.stdout.strip() == "u: no lease held"
+        # alice's next renewal meets the lease gone and reads it back: none, so hers is lost
+        deadline = time.monotonic() + 30
+        while not _read_back_gone(aws, "gp/leases/node-u.json"):
+            assert time.monotonic() < deadline, "alice's `up` never noticed"
+            time.sleep(0.05)
     finally:
         aws.release()
-        proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=120)
+    # the lost lease stops her `up` before its next cloud call, saying so (bob's `down` owns the node now)
+    assert proc.returncode == 1 and "Traceback" not in err, out + err
+    assert "error: u: this gpuprov up lost its lease on it: it was broken (`gpuprov state unlock`); stopped before " \
+        "its next cloud call" in err, out + err
     assert gp(bob, "down", "u", "--yes").returncode == 0
     assert aws.leftovers() == EMPTY
+
+
+def _read_back_gone(aws, key: str) -> bool:
+    """A renewal of `key` refused (412, or 404: If-Match on an object that is gone), and the lease read back after it
+    found none."""
+    log = [e for e in aws.log() if e["form"].get("Key") == key]
+    refused = [e["seq"] for e in log if e["action"] == "PutObject" and e["status"] in (404, 412)]
+    return bool(refused) and any(e["action"] == "GetObject" and e["status"] == 404 and e["seq"] > refused[0]
+                                 for e in log)
 
 
 def test_push_a_local_state_then_adopt_after_every_record_is_deleted(aws, env, homes, tmp_path):
@@ -298,4 +316,31 @@ def test_a_local_gc_never_takes_a_teams_node_made_from_the_same_install(aws, hom
     assert [g["GroupName"] for g in aws.ec2().describe_security_groups(
         Filters=[{"Name": "tag:gpuprov:node", "Values": ["t"]}])["SecurityGroups"]]
     assert gp(alice, "down", "t", "--yes").returncode == 0
+    assert aws.leftovers() == EMPTY
+
+
+def test_a_record_this_gpuprov_cannot_read_is_named_status_and_gc_go_on_and_its_node_is_no_orphan(aws, homes):
+    """A teammate's newer gpuprov wrote a state word this one does not know, and another object is torn: `status`
+    lists the rest with a warning naming each; `gc --yes` goes on and takes none of the unread node's resources
+    (it may be live); `down` of it names the object, exit 2, no traceback."""
+    alice, bob = homes
+    assert gp(alice, *up_args("n", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
+    s3 = aws.client("s3")
+    record = json.loads(s3.get_object(Bucket=BUCKET, Key="gp/nodes/n.json")["Body"].read())
+    newer = {**record, "node": {**record["node"], "state": "hibernating"}}
+    s3.put_object(Bucket=BUCKET, Key="gp/nodes/n.json", Body=json.dumps(newer).encode())
+    s3.put_object(Bucket=BUCKET, Key="gp/nodes/torn.json", Body=b'{"node": {"na')
+    shown = gp(bob, "status", "--json")
+    assert shown.returncode == 0 and json.loads(shown.stdout) == [], shown.stderr
+    assert f"warning: {STATE}/nodes/n.json: its state 'hibernating' is not one this gpuprov knows" in shown.stderr
+    assert f"warning: {STATE}/nodes/torn.json: is not JSON" in shown.stderr
+    swept = gp(bob, "gc", "--yes")
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    (inst,) = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]]
+    assert inst["State"]["Name"] == "running"
+    down = gp(bob, "down", "n", "--yes")
+    assert down.returncode == 2 and "Traceback" not in down.stderr
+    assert down.stderr.startswith(f"error: {STATE}/nodes/n.json: its state 'hibernating'"), down.stderr
+    s3.put_object(Bucket=BUCKET, Key="gp/nodes/n.json", Body=json.dumps(record).encode())  # the newer gpuprov's own
+    assert gp(alice, "down", "n", "--yes").returncode == 0
     assert aws.leftovers() == EMPTY

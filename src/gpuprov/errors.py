@@ -17,9 +17,11 @@ reaches the CLI is a bug: one `gpuprov hit a bug` line, the traceback saved to a
         StackConflict       errors.py                    exit 2: a GPU x driver x CUDA x torch that cannot work (`rule`)
         StateError          state/errors.py              exit 2: the state file cannot be read; it is never replaced
         StateTooNew         state/errors.py              exit 2: a newer gpuprov wrote the state file
+        BadObject           state/s3.py                  exit 2: an object in the team's bucket is no record this reads
       StateUnavailable      state/errors.py              exit 1: the records are intact but cannot be written now
         BucketUnavailable   state/s3.py                  exit 1: team state's bucket cannot be read or written now
       Busy                  state/coordinator.py         exit 1: another process holds the lock, and the caller would not wait
+      LeaseLost             state/leases.py              exit 1: a teammate broke or took this command's lease: it stopped
       SourceUnreachable     sources/http.py              `facts refresh`: that family's refresh fails, the rest go on
       HostUnreachable       hosts/remote.py              SSH did not answer: the host's failed row (exec: 255)
       ConnectionLost        hosts/remote.py              the connection dropped mid-command: the host's failed row

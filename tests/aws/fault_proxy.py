@@ -104,7 +104,8 @@ Rule fields:
            only after POST /__faults__/release; if the client goes away meanwhile the answer is dropped
            (log "outcome": "client-gone").
   lose: "drop" | "500"  -> forward upstream (the work is done), then drop the connection without an answer, or answer
-           500 InternalError: a lost answer (EC2 API reference, "Ensure idempotency": repeat with the same token)
+           500 InternalError (S3's error document for S3): a lost answer (EC2 API reference, "Ensure idempotency":
+           repeat with the same token; on S3 a conditional write's repeat meets its own write: 412)
   spot_dies: CODE (RunInstances) -> the launched instances go pending -> terminated at once with StateReason CODE
   (no effect but delay) -> forwarded after the delay
 
@@ -1091,6 +1092,9 @@ class Handler(BaseHTTPRequestHandler):
                 with contextlib.suppress(OSError):
                     self.connection.shutdown(socket.SHUT_RDWR)
                 return None
+            if req["service"] == "s3":  # S3's own error document (S3 API reference, "Error responses")
+                return self._reply(500, s3_error_body("InternalError", "We encountered an internal error. Please "
+                                                      "try again."), [("Content-Type", "application/xml")], entry)
             return self._reply(500, ec2_error_body("InternalError", "An internal error has occurred"),
                                [("Content-Type", "text/xml;charset=UTF-8")], entry)
         if rule and rule.get("hold"):

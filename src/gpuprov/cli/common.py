@@ -485,8 +485,12 @@ def store_and_provider() -> tuple[Store, Provider]:
     poll = found.test_poll_seconds.seconds() if found.test_poll_seconds else 2.0
     window_from_env()  # refused here, by name, before any cloud call
     from gpuprov.cloud.tags import team_tags
+    from gpuprov.state.locks import fence
 
-    return open_store(), AwsProvider(owner(), poll=poll, legacy=legacy_owner(), team=team_tags())
+    store = open_store()  # first: a state it cannot use is said before anything else (the install id is in it)
+    provider = AwsProvider(owner(), poll=poll, legacy=legacy_owner(), team=team_tags())
+    provider.fence = fence  # a command whose node lease a teammate took stops before its next cloud call
+    return store, provider
 
 
 def say_to(console: Console) -> Callable[[str], None]:

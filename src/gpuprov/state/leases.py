@@ -14,8 +14,23 @@ is a stale lock after Ctrl-C. Here a Ctrl-C releases at once (the context's exit
 Each renewal writes a new body (S3's ETag is the body's MD5). Release is DeleteObject with If-Match on the last
 ETag this holder wrote: S3 itself refuses (412) to delete a lease a teammate took over after it expired, however
 the two interleave; `state unlock` deletes with If-Match on the ETag it read, so the holder it names is the one it
-broke. A renewal that loses its condition marks the lease `lost` and stops. Re-entrant within a process, as a
-flock is.
+broke. Re-entrant within a process, as a flock is.
+
+Only a lease another holder really took is lost. S3 answers 409 ConditionalRequestConflict while another
+conditional write to the key is in flight (a teammate's takeover attempt, or this holder's own write whose answer
+was lost): nothing was decided, so a renewal sends it again, with backoff. A 412 may be this holder's own write
+landing behind a lost answer (botocore sent it again, and the repeat's If-Match named the ETag the first one
+replaced): the lease is read back and, when it still names this holder, pid and start, its ETag is adopted and
+the renewals go on. The same read-back decides a creation (`If-None-Match`) or a takeover that got a 412: the
+lease found may be the one just written.
+
+A lost lease fences its holder: `check()` raises LeaseLost, naming the node and whoever holds it now, for any
+lease this process holds that was lost, or that went unrenewed past its expiry (the bucket did not answer, the
+laptop slept: a teammate may have taken it over meanwhile, and its next renewal would only then tell). Every cloud
+call of a command goes through the provider's one call path (cloud/providers/aws_base.py, `AwsBase._call`), which
+calls its `fence` first; the CLI gives the provider `locks.fence`, which calls `check()`. So a holder whose lease a
+teammate broke or took over stops before its next cloud call and says so, instead of working on a node a
+teammate's `down` or `gc` now owns.
 """
 
 from __future__ import annotations
@@ -23,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
+import random
 import socket
 import threading
 import time
@@ -30,6 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from gpuprov.errors import GpuprovError
 from gpuprov.state.s3 import Bucket, Conflict
 from gpuprov.state.url import StateUrl
 
@@ -90,6 +107,9 @@ class Lease:
         self.doc: dict[str, Any] = {"holder": member(), "host": socket.gethostname(), "pid": os.getpid(),
                                     "what": what, "since": time.time(), "expiry": expiry}
         self.etag = ""
+        # when the last write the bucket took (or the first, until one is) was sent: the wall clock, which counts a
+        # suspended laptop's sleep as the bucket's clock does (a monotonic clock stops while the lid is closed)
+        self.written_at = time.time()
         self.lost = False  # someone broke it (`state unlock`) or took it over while it was held
         self.taken_by: Holding | None = None  # ... and who holds it now, if anyone
         self._stop = threading.Event()
@@ -97,21 +117,65 @@ class Lease:
 
     def take(self, over: str | None = None) -> None:
         """Write it: a new lease (If-None-Match), or over the stale one whose ETag is `over` (If-Match)."""
-        self.etag = self.bucket.put(_name(self.key), self.doc, etag=over, create=over is None)
+        self.written_at = time.time()
+        self.adopt(self.bucket.put(_name(self.key), self.doc, etag=over, create=over is None))
+
+    def adopt(self, etag: str) -> None:
+        """It is ours as the bucket holds it (ETag `etag`): renew it from there."""
+        self.etag = etag
         self._thread = threading.Thread(target=self._renew, name=f"lease-{self.key}", daemon=True)
         self._thread.start()
+
+    def owns(self, holding: Holding) -> bool:
+        """`holding` is this lease: the same holder, process and start (written by this holder, whatever its ETag)."""
+        return (holding.holder, holding.pid, holding.since) == (self.doc["holder"], self.doc["pid"], self.doc["since"])
 
     def _renew(self) -> None:
         while not self._stop.wait(self.expiry / 3):
             self.doc["renewed"] = time.time()  # a new body: a new ETag per renewal (S3's ETag is the body's MD5)
+            if not self._renew_once():
+                return
+
+    def _renew_once(self) -> bool:
+        """One renewal; False when the lease is lost (someone else holds it, or nobody: broken by `state unlock`)."""
+        deadline = time.monotonic() + self.expiry / 3
+        sent = time.time()
+        attempt = 0
+        while True:
             try:
                 self.etag = self.bucket.put(_name(self.key), self.doc, etag=self.etag)
-            except Conflict:  # broken (`state unlock`) or taken over after it expired: it is not ours any more
-                found = read(self.bucket, self.key)
-                self.lost, self.taken_by = True, found[0] if found else None
-                return
+                self.written_at = sent
+                return True
+            except Conflict as conflict:
+                if not conflict.in_flight:
+                    return self._read_back(sent)
+                # 409: another conditional write to the lease is in flight; nothing was decided, so again (until the
+                # next renewal's time: a lease is renewed three times per expiry, so one slow round is no loss)
+                attempt += 1
+                pause = random.uniform(0, min(1.0, 0.05 * 2 ** min(attempt, 5)))
+                if time.monotonic() + pause > deadline or self._stop.wait(pause):
+                    return True
             except Exception:  # a bucket that does not answer this once: the next renewal tries again
-                continue  # (a thread's exception would end the renewals silently and let the lease expire mid-work)
+                return True  # (a thread's exception would end the renewals silently and let the lease expire mid-work)
+
+    def _read_back(self, sent: float) -> bool:
+        """After a 412 (or the lease gone): still ours when the bucket's lease names this holder, process and start
+        (this holder's own write landed behind a lost answer): adopt its ETag. Anyone else's, or none, is lost."""
+        try:
+            found = read(self.bucket, self.key)
+        except Exception:  # cannot tell now: the next renewal's write fails the same way and reads again
+            return True
+        if found is not None and self.owns(found[0]):
+            self.etag, self.written_at = found[1], sent
+            return True
+        self.lost, self.taken_by = True, found[0] if found else None
+        return False
+
+    @property
+    def unsure(self) -> bool:
+        """Not renewed for longer than its expiry (a bucket that did not answer, a laptop asleep): the bucket may have
+        let a teammate take it over, whatever this holder saw."""
+        return time.time() - self.written_at > self.expiry
 
     def release(self) -> None:
         self._stop.set()
@@ -123,6 +187,32 @@ class Lease:
         # own result must not be lost to its clean-up)
         with contextlib.suppress(Exception):
             self.bucket.delete(_name(self.key), etag=self.etag)
+
+
+class LeaseLost(GpuprovError):
+    """A lease this process held was broken or taken over while it worked: it stops before its next cloud call."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.key = lease.key
+        self.taken_by = lease.taken_by
+        subject = lease.key.split("-", 1)[1] if "-" in lease.key else lease.key
+        if lease.lost:
+            whose = f"{lease.taken_by} holds it now" if lease.taken_by else "it was broken (`gpuprov state unlock`)"
+            what = f"lost its lease on it: {whose}"
+        else:
+            what = (f"could not renew its lease on it for {time.time() - lease.written_at:.0f} s, past its "
+                    f"{lease.expiry:g} s: a teammate may hold it now")
+        super().__init__(f"{subject}: this gpuprov {lease.doc['what']} {what}; stopped before its next cloud call\n"
+                         "  fix: `gpuprov status` says what became of it; run the command again if it is still wanted")
+
+
+def check() -> None:
+    """Raise LeaseLost for a lease this process holds that someone broke or took over, or that went unrenewed past
+    its expiry (it may have been); nothing when all are whole."""
+    with _guard:
+        lost = [lease for lease, _ in _held.values() if lease.lost or lease.unsure]
+    if lost:
+        raise LeaseLost(lost[0])
 
 
 class Taken(Exception):
@@ -150,12 +240,16 @@ def hold(url: StateUrl, key: str, what: str, *, wait: bool = True, expiry: float
             try:
                 lease.take()
                 break
-            except Conflict:
-                pass
+            except Conflict as conflict:
+                if conflict.in_flight:  # another write to it in flight (a teammate's): decided in a moment
+                    time.sleep(random.uniform(0.01, 0.1))
             found = read(lease.bucket, key)
             if found is None:
                 continue  # released meanwhile
             holding, etag = found
+            if lease.owns(holding):  # our own write landed behind a lost answer (its repeat got the 412)
+                lease.adopt(etag)
+                break
             if holding.expired:
                 try:
                     lease.take(over=etag)

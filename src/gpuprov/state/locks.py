@@ -56,8 +56,8 @@ if TYPE_CHECKING:
     from gpuprov.state.records import Node
     from gpuprov.state.url import StateUrl
 
-__all__ = ["Busy", "Coordinator", "FileLocks", "Holder", "TeamLeases", "abandoned", "claim", "coordinator", "hold",
-           "holder", "image", "is_free", "node", "nodes", "region"]
+__all__ = ["Busy", "Coordinator", "FileLocks", "Holder", "TeamLeases", "abandoned", "claim", "coordinator", "fence",
+           "hold", "holder", "image", "is_free", "node", "nodes", "region"]
 
 
 _held: dict[str, tuple[int, int]] = {}  # lock path -> (fd, depth), this process's locks
@@ -256,6 +256,15 @@ def holder(key: str) -> Holder:
 def is_free(key: str) -> bool:
     """Nobody holds `key` right now (this process counts as nobody: its own locks are re-entrant)."""
     return _for(key).is_free(key)
+
+
+def fence() -> None:
+    """Stop here if a lease this process holds was lost (leases.py, `check`: LeaseLost names the node and who took
+    it); the provider calls it before every cloud call. A flock cannot be lost: with local state no lease is held
+    and this passes."""
+    from gpuprov.state import leases
+
+    leases.check()
 
 
 def abandoned(record: Node) -> bool:

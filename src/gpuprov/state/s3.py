@@ -17,9 +17,17 @@ is taken), and every change re-reads the object, applies itself and writes with 
 re-applies, so concurrent `status --refresh`, `stop`, `autostop` lose nothing.
 
 `Bucket.change` is read, apply, PutObject If-Match; a 412 or 409 (or a 404 on an object deleted meanwhile) re-reads
-and re-applies, jittered, up to 60 times. A terminated node's name is taken over with If-Match. Resource ids are
-microseconds plus randomness (unique across members, growing with time, so rows read back in order); the store
-learns which object holds a row as it reads. `nodes()` is one ListObjectsV2 and a GET per node, 16 at a time.
+and re-applies, jittered, up to 60 times. A conditional write whose answer was lost may have landed (botocore
+sends it again, and the repeat meets its own write: 412): before calling the object someone else's, what is stored
+is compared with what was sent, so a node's creation is not "taken" by itself and a change is not applied twice.
+A terminated node's name is taken over with If-Match. Resource ids are microseconds plus randomness (unique across
+members, growing with time, so rows read back in order); the store learns which object holds a row as it reads.
+`nodes()` is one ListObjectsV2 and a GET per node, 16 at a time.
+
+What the bucket holds is input, written by any member's gpuprov, of any version, or by hand: a record whose name
+is not its object's, or breaks the name rule, is refused by name (BadObject), as is an object that does not parse
+or a state word this gpuprov does not know. A listing (`status`, `gc`) names it in a warning and goes on with the
+rest; a name read from the bucket passes the name rule before it names a lock or a local file.
 """
 
 from __future__ import annotations
@@ -27,7 +35,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -52,6 +62,10 @@ T = TypeVar("T")
 _NODE_FIELDS = {f.name for f in fields(Node)}
 _ATTEMPTS = 60  # conditional-write retries before giving up (40 writers at once settle in far fewer)
 UNOWNED = "unowned.json"
+# a node's name as `up` takes it (cloud/launch.py, check_name): a name read from the bucket is held to it before it
+# names an object, a lock or a local file
+NAME_RULE = re.compile(r"[a-z0-9][a-z0-9-]{0,38}")
+_CLUSTER_RULE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # a cluster's (cluster/__init__.py, check_name)
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,26 @@ class Stored:
 
 class Conflict(Exception):
     """A conditional write lost: 412 PreconditionFailed, 409 ConditionalRequestConflict, or the object went."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+    @property
+    def in_flight(self) -> bool:
+        """S3's 409: another conditional write to the object was in flight. Nothing was decided: this one may be
+        sent again as it is (a 412 says the condition itself failed)."""
+        return self.code == "ConditionalRequestConflict"
+
+
+class BadObject(UserInputError):
+    """An object in the bucket that is not a record this gpuprov reads: it does not parse, its record names another
+    object or breaks the name rule, or its state is a word this gpuprov does not know (a newer gpuprov's). What the
+    bucket holds is input: the object is named, and where many are read (`status`, `gc`) skipped."""
+
+    def __init__(self, url: StateUrl, name: str, problem: str) -> None:
+        super().__init__(f"{url}{name}", problem, "fix or remove that object (the bucket keeps its versions), or use "
+                         "the gpuprov that wrote it")
 
 
 class BucketUnavailable(StateUnavailable):
@@ -117,7 +151,8 @@ class Bucket:
         except ClientError as exc:
             code, status = _code(exc)
             if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
-                raise Conflict(code) from None
+                raise Conflict(code or ("ConditionalRequestConflict" if status == 409 else "PreconditionFailed")) \
+                    from None
             if conditional and code == "NoSuchKey":  # If-Match on an object someone deleted meanwhile
                 raise Conflict(code) from None
             if code == "NoSuchBucket":
@@ -152,7 +187,14 @@ class Bucket:
                 from email.utils import parsedate_to_datetime
 
                 age = (parsedate_to_datetime(date) - modified).total_seconds()
-            return Stored(json.loads(got["Body"].read()), str(got["ETag"]), age)
+            body = got["Body"].read()
+            try:
+                doc = json.loads(body)
+            except ValueError as exc:  # UnicodeDecodeError is one too
+                raise BadObject(self.url, name, f"is not JSON ({exc})") from None
+            if not isinstance(doc, dict):
+                raise BadObject(self.url, name, f"holds a JSON {type(doc).__name__}, not a record")
+            return Stored(doc, str(got["ETag"]), age)
 
         return self._call(read)
 
@@ -206,8 +248,12 @@ class Bucket:
                = None) -> T | None:
         """Read, apply, write with If-Match; a lost race re-reads and re-applies. A missing object is made from
         `missing()` (with If-None-Match), or the change is skipped (None) when there is no `missing`."""
+        sent: tuple[dict[str, Any], T] | None = None  # the document last written and its result, on a Conflict
         for attempt in range(_ATTEMPTS):
             got = self.get(name)
+            if got is not None and sent is not None and got[0] == sent[0]:
+                return sent[1]  # our write landed behind a lost answer (its repeat got the 412): applying it again
+                # would apply it twice (an event, an intent row)
             if got is None and missing is None:
                 return None
             doc, etag = got if got is not None else (missing() if missing else {}, None)
@@ -216,6 +262,7 @@ class Bucket:
                 self.put(name, doc, etag=etag, create=etag is None)
                 return result
             except Conflict:
+                sent = _as_stored(doc), result
                 time.sleep(random.uniform(0, min(0.5, 0.01 * 2 ** min(attempt, 6))))  # jittered: writers spread out
         raise BucketUnavailable(self.url, f"{name}: {_ATTEMPTS} conditional writes in a row lost to other writers",
                                 "run the command again")
@@ -223,6 +270,12 @@ class Bucket:
     def versioning(self) -> str:
         """The bucket's versioning status: "Enabled", "Suspended" or "" (never enabled)."""
         return str(self._call(lambda: self.s3.get_bucket_versioning(Bucket=self.url.bucket)).get("Status") or "")
+
+
+def _as_stored(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` as the bucket gives it back (JSON's types): what a read-back compares with what was sent."""
+    loaded: dict[str, Any] = json.loads(json.dumps(doc, separators=(",", ":")))
+    return loaded
 
 
 def _resource(row: dict[str, Any]) -> Resource:
@@ -244,6 +297,7 @@ class S3Store:
         self.url = url
         self.bucket = Bucket(url, s3)
         self._where: dict[int, str] = {}  # resource id -> the object holding its row (learnt as rows are seen)
+        self._skipped: set[str] = set()  # the objects a listing left out, said once each
         self._guard = threading.Lock()
 
     def close(self) -> None:
@@ -261,10 +315,13 @@ class S3Store:
         record = {"name": name, "provider": provider, "region": region, "state": NodeState.LAUNCHING,
                   "created_at": time.time(), **node_fields("create_node", fields, region=False)}
         key = self._node_object(name)
+        sent: dict[str, Any] | None = None  # the record last written, whose answer was a Conflict
         for _ in range(_ATTEMPTS):
             got = self.bucket.get(key)
-            if got is not None and got[0]["node"].get("state") != "terminated":
-                taken = self._node(got[0])
+            if got is not None and sent is not None and got[0] == sent:
+                return self._node(sent)  # our write landed behind a lost answer (its repeat got the 412): ours
+            if got is not None and self._record(key, got[0]).state != NodeState.TERMINATED:
+                taken = self._record(key, got[0])
                 raise UserInputError("NAME", f"the name {name!r} is taken by {taken.owner or 'another member'} "
                                      f"({taken.state})", f"pick another name, or `gpuprov down {name}` first")
             doc = {"node": {k: record.get(k) for k in _NODE_FIELDS},
@@ -273,8 +330,8 @@ class S3Store:
             try:
                 self.bucket.put(key, doc, etag=got[1] if got else None, create=got is None)
                 return self._node(doc)
-            except Conflict:
-                continue  # someone wrote it first: look again (it is theirs now, or was a terminated one rewritten)
+            except Conflict:  # someone wrote it first, or we did behind a lost answer: look again
+                sent = _as_stored(doc)
         raise BucketUnavailable(self.url, f"{key}: could not claim the name", "run the command again")
 
     def put_whole(self, node: Node, resources: list[Resource], events: list[Event]) -> bool:
@@ -284,14 +341,63 @@ class S3Store:
         doc = {"node": asdict(node), "resources": rows, "events": [asdict(e) for e in events]}
         try:
             self.bucket.put(self._node_object(node.name), doc, create=True)
-        except Conflict:
-            return False
+        except Conflict:  # the name is another's, unless what is there is what we sent (an answer lost)
+            got = self.bucket.get(self._node_object(node.name))
+            return got is not None and got[0] == _as_stored(doc)
         return True
 
     @staticmethod
     def _node(doc: dict[str, Any]) -> Node:
         record = doc["node"]
         return Node(**{k: record.get(k) for k in _NODE_FIELDS})  # a newer gpuprov's extra fields are left
+
+    def _record(self, key: str, doc: dict[str, Any]) -> Node:
+        """The node the object `key` holds, read as input: its record must be named as its object and by the name
+        rule, and be in a state this gpuprov knows; else BadObject names the object."""
+        record = doc.get("node")
+        if not isinstance(record, dict):
+            raise BadObject(self.url, key, "holds no node record")
+        name = record.get("name")
+        if not isinstance(name, str) or not NAME_RULE.fullmatch(name):
+            raise BadObject(self.url, key, f"its record's name {name!r} is not a node name (lowercase letters, "
+                            "digits and '-', up to 39)")
+        if key != self._node_object(name):
+            raise BadObject(self.url, key, f"its record is named {name!r}: another node's, not this object's")
+        if record.get("state") not in {state.value for state in NodeState}:
+            raise BadObject(self.url, key, f"its state {record.get('state')!r} is not one this gpuprov knows (a "
+                            "newer gpuprov's?)")
+        try:
+            return self._node(doc)
+        except (TypeError, ValueError) as exc:
+            raise BadObject(self.url, key, f"its record does not read ({exc})") from None
+
+    def _checked(self, key: str) -> dict[str, Any] | None:
+        """The object `key` read for a listing: one that is not a record this gpuprov reads is named in a warning
+        and left out (None), so `status` and `gc` go on for the rest."""
+        try:
+            got = self.bucket.get(key)
+            if got is None:
+                return None
+            if key != UNOWNED:
+                self._record(key, got[0])
+            try:
+                for row in got[0].get("resources", []):
+                    _resource(row)
+            except (TypeError, ValueError, AttributeError) as exc:
+                raise BadObject(self.url, key, f"a resource row does not read ({exc})") from None
+        except BadObject as bad:
+            self._skip(bad)
+            return None
+        return got[0]
+
+    def _skip(self, bad: BadObject) -> None:
+        """Say once per store that an object is left out (stderr: the floor has no console, and a --json on stdout
+        stays whole)."""
+        with self._guard:
+            if bad.field in self._skipped:
+                return
+            self._skipped.add(bad.field)
+        print(f"warning: {bad.field}: {bad.problem}; skipped, the other records are read", file=sys.stderr)
 
     def update_node(self, name: str, **fields: Unpack[NodeUpdate]) -> None:
         """Change a node's fields; a change of state the table lacks (machine.py) is refused, nothing written."""
@@ -314,14 +420,15 @@ class S3Store:
 
     def find_node(self, name: str) -> Node | None:
         got = self.bucket.get(self._node_object(name))
-        return self._node(got[0]) if got else None
+        return self._record(self._node_object(name), got[0]) if got else None
 
     def _documents(self) -> list[tuple[str, dict[str, Any]]]:
-        """Every node's object (read at once: a status of 200 nodes is 200 GETs) and the unowned one."""
+        """Every node's object (read at once: a status of 200 nodes is 200 GETs) and the unowned one; an object
+        that is not a record this gpuprov reads is named and left out."""
         names = [n for n in self.bucket.names("nodes/") if n.endswith(".json")] + [UNOWNED]
         with ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
-            got = list(pool.map(self.bucket.get, names))
-        return [(name, found[0]) for name, found in zip(names, got, strict=True) if found is not None]
+            got = list(pool.map(self._checked, names))
+        return [(name, found) for name, found in zip(names, got, strict=True) if found is not None]
 
     def nodes(self, include_terminated: bool = False) -> list[Node]:
         found = sorted((self._node(doc) for name, doc in self._documents() if name != UNOWNED),
@@ -329,8 +436,13 @@ class S3Store:
         return found if include_terminated else [n for n in found if n.live]
 
     def moved(self) -> dict[str, str]:
-        """A bucket's records are never moved away (`state push` moves a local file's)."""
-        return {}
+        """A bucket's records are never moved away (`state push` moves a local file's), but a node whose object this
+        gpuprov cannot read (BadObject: a newer gpuprov's, a torn write) is not listed either: named here, by its
+        object's name, so its resources are never taken for orphans (gc) while it may be a teammate's live node."""
+        keys = [n for n in self.bucket.names("nodes/") if n.endswith(".json")]
+        read = {key for key, _ in self._documents()}
+        return {key.removeprefix("nodes/").removesuffix(".json"): f"{self.url}{key}, which this gpuprov cannot read"
+                for key in keys if key not in read}
 
     # --- resources -----------------------------------------------------------------------
 
@@ -433,6 +545,9 @@ class S3Store:
 
     def cluster_names(self) -> list[str]:
         names = [n.removeprefix("clusters/").removesuffix(".json") for n in self.bucket.names("clusters/")]
+        for bad in [n for n in names if not _CLUSTER_RULE.fullmatch(n)]:  # a name from the bucket is input
+            self._skip(BadObject(self.url, f"clusters/{bad}.json", "is not named by the cluster name rule"))
+            names.remove(bad)
         docs = {n: self.bucket.get(f"clusters/{n}.json") for n in names}
         return sorted((n for n in names if docs[n]), key=lambda n: docs[n][0].get("created_at", 0))  # type: ignore[index]
 

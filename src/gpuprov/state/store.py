@@ -44,8 +44,8 @@ class Store(Protocol):
     def nodes(self, include_terminated: bool = False) -> list[Node]: ...
 
     def moved(self) -> dict[str, str]:
-        """Nodes whose records `state push` moved elsewhere (name -> where; the local file only): never listed,
-        and their resources never orphans."""
+        """Nodes whose records this store does not list (name -> where): `state push` moved them elsewhere (the
+        local file), or their object cannot be read (the bucket's): their resources are never orphans."""
         ...
 
     def intend(self, node: str | None, kind: ResourceKind, region: str, client_token: str | None) -> int: ...

@@ -116,6 +116,10 @@ def retry_config(attempts: int | None = None) -> Config:
     return Config(retries=retries, connect_timeout=10, read_timeout=60)  # type: ignore[arg-type]
 
 
+def _unfenced() -> None:
+    """No fence: a provider used on its own (tests, tools) holds no lease."""
+
+
 class AwsBase:
     """What every AWS provider part builds on: the owner, the poll interval, the clients and the error path."""
 
@@ -129,6 +133,9 @@ class AwsBase:
         # what gc lists (and sets apart): every install with this user and host name (EC2 filters take wildcards)
         self.family = (legacy, f"{legacy}/*") if legacy else (owner,)
         self.poll = poll
+        # called before every AWS call: the CLI gives it `state.locks.fence`, which stops a command whose node lease
+        # a teammate took (a provider knows nothing of the records, so the check is handed in)
+        self.fence: Callable[[], None] = _unfenced
         self._lock = threading.Lock()
         self._session: Any = None
         self._clients: dict[tuple[str, str, bool], Any] = {}
@@ -150,7 +157,9 @@ class AwsBase:
             return self._clients[key]
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
-        """Run one AWS call; every failure becomes a GpuprovError that says what to do."""
+        """Run one AWS call, unless the fence stops it first; every failure becomes a GpuprovError that says what to
+        do."""
+        self.fence()
         try:
             return fn()
         except NoCredentialsError:
