@@ -28,13 +28,15 @@ def _bucket(aws, name: str = BUCKET, versioning: bool = True) -> None:
 
 @pytest.fixture
 def homes(aws, env, tmp_path):
-    """Two members' environments: each its own gpuprov home (own install id: another member) and HOME."""
+    """Two members' environments: each its own gpuprov home (own install id: another member) and HOME. Their
+    leases outlive a loaded machine's stalls (a lease unrenewed past its expiry stops its holder); a test of an
+    expiry sets its own."""
     _bucket(aws)
     out = []
     for who in ("alice", "bob"):
         (tmp_path / who / "home").mkdir(parents=True)
         out.append({**env, "GPUPROV_HOME": str(tmp_path / who / "gp"), "HOME": str(tmp_path / who / "home"),
-                    "GPUPROV_STATE": STATE, "GPUPROV_LEASE_SECONDS": "3"})
+                    "GPUPROV_STATE": STATE, "GPUPROV_LEASE_SECONDS": "15"})
     return out
 
 
