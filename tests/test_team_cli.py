@@ -346,3 +346,33 @@ def test_a_record_this_gpuprov_cannot_read_is_named_status_and_gc_go_on_and_its_
     s3.put_object(Bucket=BUCKET, Key="gp/nodes/n.json", Body=json.dumps(record).encode())  # the newer gpuprov's own
     assert gp(alice, "down", "n", "--yes").returncode == 0
     assert aws.leftovers() == EMPTY
+
+
+_HOLD = ("import sys\nfrom gpuprov.state import locks\n"
+         "with locks.FILE_LOCKS.hold(locks.node('p'), 'start'):\n    print('held', flush=True)\n    sys.stdin.read()\n")
+
+
+def test_state_push_leaves_a_node_whose_local_lock_is_held_with_team_state_configured(aws, homes):
+    """The README's order: set `state`, then push. The push still asks the local file's lock of each node (a local
+    `start` at work on it would go on writing the local record, and its instance be left running), not the lease."""
+    alice, _ = homes
+    local = {k: v for k, v in alice.items() if k != "GPUPROV_STATE"}
+    assert gp(local, *up_args("p", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD], env=local, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        pushed = gp(alice, "state", "push", STATE)
+        assert pushed.returncode == 1, pushed.stdout + pushed.stderr
+        assert f"p is being worked on by gpuprov start (pid {holder.pid}, since " in pushed.stderr
+        assert "left in the local file (push again once it is done)" in pushed.stderr
+        assert _objects(aws, "gp/nodes/") == [] and _status(alice) == []
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(30)
+    again = gp(alice, "state", "push", STATE)
+    assert again.returncode == 0 and f"p: moved to {STATE}/" in again.stdout, again.stdout + again.stderr
+    assert [n["name"] for n in _status(alice)] == ["p"]
+    assert gp(alice, "down", "p", "--yes").returncode == 0
+    assert aws.leftovers() == EMPTY

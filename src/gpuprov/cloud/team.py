@@ -66,14 +66,19 @@ def push(local: Store, target: S3Store) -> Pushed:
     """Move every live local node (its rows and events) into the bucket, and copy the unowned rows and the recorded
     clusters; a node the bucket already has is refused and left as it is, in both places.
 
+    Each node is moved under the local file's lock (this machine's flock, even with team state configured, as
+    the README's order has it: set `state`, then push), so a local command at work on it leaves it local.
+
     A moved node is one store's: once its object reads back as written, the local record is marked `moved_to`, so
     local commands no longer see it (a local `down` racing the team's is then impossible), while a local `gc`
     still counts its resources as owned. The unowned rows (images) and clusters stay in the local file too: both
     stores knowing an image or a host list races nothing."""
     out = Pushed()
     for listed in local.nodes():
-        try:  # a command at work on it would go on writing the local record after the copy
-            with locks.hold(locks.node(listed.name), "state push", wait=False, subject=listed.name):
+        try:  # a command at work on it would go on writing the local record after the copy. The local file's own
+            # lock whatever state is configured: a local command holds that one, and with team state configured
+            # `locks.hold` is a lease in the bucket, which no command on the local file ever holds
+            with locks.FILE_LOCKS.hold(locks.node(listed.name), "state push", wait=False, subject=listed.name):
                 _move(listed.name, local, target, out)
         except locks.Busy as busy:
             out.busy.append(str(busy))
