@@ -348,6 +348,45 @@ def test_a_record_this_gpuprov_cannot_read_is_named_status_and_gc_go_on_and_its_
     assert aws.leftovers() == EMPTY
 
 
+def _running(aws) -> list[str]:
+    """The nodes whose instance is running (their gpuprov:node tag)."""
+    return sorted({t["Value"] for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]
+                   if i["State"]["Name"] == "running" for t in i["Tags"] if t["Key"] == "gpuprov:node"})
+
+
+def test_down_all_takes_this_members_nodes_and_with_team_everyones_naming_each_member(aws, env, homes):
+    """A CI job's clean-up (`down --all --yes`) with team state takes its own nodes only, and says whose it left;
+    `--team` takes every member's, naming each node's member (and `member` in --json)."""
+    alice, bob = homes
+    for who, name in ((alice, "a"), (bob, "b")):
+        made = gp(who, *up_args(name, "--gpu", "T4", "--no-bootstrap", "--no-wait"))
+        assert made.returncode == 0, made.stdout + made.stderr
+    short = _member(bob).split("/")[0]  # user@host: the same for both members here (one machine, two installs)
+    down = gp(bob, "down", "--all", "--yes")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert f"left a ({short}): a teammate's node (`down --all --team` takes every member's)" in down.stdout
+    assert f"b ({short}): down (" in down.stdout
+    assert _running(aws) == ["a"] and [n["name"] for n in _status(alice)] == ["a"]
+    again = gp(bob, "down", "--all", "--yes")
+    assert again.returncode == 0 and "nothing to do: gpuprov manages no nodes of yours" in again.stdout
+
+    assert gp(bob, *up_args("b", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
+    everyone = gp(bob, "down", "--all", "--team", "--yes", "--json")
+    assert everyone.returncode == 0, everyone.stdout + everyone.stderr
+    result = json.loads(everyone.stdout)
+    assert {name: r["member"] for name, r in result.items()} == {"a": _member(alice), "b": _member(bob)}
+    assert all(r["complete"] for r in result.values()) and "left a" not in everyone.stderr
+    assert _running(aws) == [] and _status(alice) == []
+    assert aws.leftovers() == EMPTY
+
+    for wrong, says in (((bob, "down", "a", "--team", "--yes"), "error: --team: goes with --all"),
+                        ((env, "down", "--all", "--team", "--yes"), "error: --team: the records are in the local "
+                                                                       "state file, not a team's bucket")):
+        refused = gp(*wrong)
+        assert refused.returncode == 2 and refused.stderr.startswith(says), refused.stderr
+        assert "Traceback" not in refused.stderr
+
+
 _HOLD = ("import sys\nfrom gpuprov.state import locks\n"
          "with locks.FILE_LOCKS.hold(locks.node('p'), 'start'):\n    print('held', flush=True)\n    sys.stdin.read()\n")
 

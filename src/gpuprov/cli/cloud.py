@@ -330,44 +330,74 @@ def _print_timeline(store: Store, name: str, as_json: bool) -> None:
 @click.option("-y", "--yes", is_flag=True, help="Do not ask (needed without a terminal).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result: what was removed and what is left.")
 @click.option("--no-save", is_flag=True, help="Do not run the playbook's `data:` uploads for `down` first.")
-def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool, no_save: bool) -> None:
+@click.option("--team", "everyone", is_flag=True,
+              help="With team state: --all takes every member's nodes, not only yours (those your install launched).")
+def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool, no_save: bool, everyone: bool) -> None:
     """Terminate nodes and remove everything they own: instance, spot request, security group,
     volumes, ssh config entry (and the key pair with the region's last node). Safe to repeat.
-    A node whose playbook saves data on `down` saves it first (and nothing goes when that fails)."""
+    A node whose playbook saves data on `down` saves it first (and nothing goes when that fails).
+    With team state, --all takes your own nodes and names the teammates' it leaves; --all --team takes everyone's."""
     from gpuprov.cloud import data_save, teardown
+    from gpuprov.state.url import configured
 
+    team = configured() is not None
+    if everyone and not all_nodes:
+        raise UserInputError("--team", "goes with --all", "a named node is taken down whoever launched it")
+    if everyone and not team:
+        raise UserInputError("--team", "the records are in the local state file, not a team's bucket",
+                             "--all alone takes every node gpuprov manages here")
     store, provider = store_and_provider()
-    targets = [n.name for n in store.nodes()] if all_nodes else list(names)
+    listed = store.nodes() if all_nodes else []
+    console = make_console(stderr=as_json)
+    if team and not everyone:
+        from gpuprov.cloud.team import by_member
+
+        listed, others = by_member(listed)
+        for node in others:
+            console.print(f"left {node.name} ({_whose(node)}): a teammate's node (`down --all --team` takes every "
+                          "member's)", markup=False)
+    targets = [n.name for n in listed] if all_nodes else list(names)
     if all_nodes and not targets:
-        click.echo(json.dumps({}) if as_json else "nothing to do: gpuprov manages no nodes")
+        click.echo(json.dumps({}) if as_json else "nothing to do: gpuprov manages no nodes"
+                   + (" of yours" if team and not everyone else ""))
         return
     if not targets:
         raise UserInputError("NAME", "no node named", "name the nodes to take down, or pass --all")
     for n in targets:
         store.node(n)  # unknown names fail before anything is touched
+    # with team state each node is named with its member, here and in what follows
+    label = {n: f"{n} ({_whose(store.node(n))})" if team else n for n in targets}
     saving = {} if no_save else {n: s for n in targets if (s := data_save.down_saves(store.node(n)))}
     if not yes:
-        confirm(f"Terminate {', '.join(targets)} and delete their resources?{data_save.question(saving)}",
+        confirm(f"Terminate {', '.join(label.values())} and delete their resources?{data_save.question(saving)}",
                 "take them down")
-    console = make_console(stderr=as_json)
     if saving:
         from gpuprov.hosts.remote import HostSettings
         from gpuprov.paths import known_hosts_path
 
         data_save.save_before_down([store.node(n) for n in saving], node_target,
                                    HostSettings(known_hosts=known_hosts_path(), connect_timeout=15), say_to(console))
+    members = {n: store.node(n).owner for n in targets} if team else {}
     results = teardown.down(targets, provider, store, say_to(console))
     if as_json:
-        click.echo(json.dumps({name: {"complete": r.complete, "removed": r.removed, "left": r.left}
+        click.echo(json.dumps({name: {"complete": r.complete, "removed": r.removed, "left": r.left,
+                                      **({"member": members.get(name)} if team else {})}
                                for name, r in results.items()}, indent=2))
     from gpuprov.cli.fittable import plural  # rich: not at import time (`gpuprov --help`)
 
     for name, result in results.items():
         if result.complete and not as_json:
-            console.print(f"{name}: down ({plural(len(result.removed), 'resource')} removed)")
+            console.print(f"{label.get(name, name)}: down ({plural(len(result.removed), 'resource')} removed)",
+                          markup=False)
     incomplete = [r for r in results.values() if not r.complete]
     if incomplete:
         raise teardown.TeardownIncomplete(incomplete)
+
+
+def _whose(node: Node) -> str:
+    from gpuprov.cloud.team import member_name
+
+    return member_name(node)
 
 
 # --- guardrails -------------------------------------------------------------------------------

@@ -10,14 +10,17 @@ CLI first copies the file with SQLite's online backup (`state.sqlite.before-push
 
 A member is the install's owner id (`user@host/ID`, cloud/tags.py); `team join` uploads `*.pub` lines only.
 Resources get `gpuprov:team` and `gpuprov:member` (tags.team_tags); the provider lists by the team tag, and `gc`
-treats every listed resource as the team's (no "other installs" apart).
+treats every listed resource as the team's (no "other installs" apart). A node's member is its record's owner:
+`down --all` and `gc --stopped-for` take only this member's unless given `--team` (`by_member`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuprov.errors import UserInputError
 from gpuprov.state import locks
@@ -25,6 +28,9 @@ from gpuprov.state.leases import member
 from gpuprov.state.s3 import Bucket, S3Store
 from gpuprov.state.store import Store
 from gpuprov.state.url import StateUrl
+
+if TYPE_CHECKING:
+    from gpuprov.state.records import Node
 
 _PUBLIC = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh.com) [A-Za-z0-9+/=]+"
                      r"( [^\n]*)?")
@@ -107,6 +113,26 @@ def _move(name: str, local: Store, target: S3Store, out: Pushed) -> None:
         return
     local.update_node(name, moved_to=str(target.url))
     out.copied.append(name)
+
+
+# --- whose nodes -----------------------------------------------------------------------------------
+
+
+def by_member(nodes: Iterable[Node]) -> tuple[list[Node], list[Node]]:
+    """This member's nodes (the record's owner is this install's member id) and everyone else's: with team state,
+    `down --all` and `gc --stopped-for` take only the first unless given `--team`, so a CI job's clean-up never
+    takes a teammate's node. A record with no owner is nobody's here, so it is left with the others."""
+    me = member()
+    mine: list[Node] = []
+    others: list[Node] = []
+    for node in nodes:
+        (mine if node.owner == me else others).append(node)
+    return mine, others
+
+
+def member_name(node: Node) -> str:
+    """Who of the team launched the node, as the messages say it (`user@host`, the owner id less its install id)."""
+    return node.owner.split("/")[0] if node.owner else "an unknown member"
 
 
 # --- members' keys -------------------------------------------------------------------------------
