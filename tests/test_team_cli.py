@@ -387,6 +387,34 @@ def test_down_all_takes_this_members_nodes_and_with_team_everyones_naming_each_m
         assert "Traceback" not in refused.stderr
 
 
+def test_gc_stopped_for_takes_this_members_stopped_nodes_and_with_team_everyones(aws, homes):
+    alice, bob = homes
+    s3 = aws.client("s3")
+    for who, name in ((alice, "a"), (bob, "b")):
+        assert gp(who, *up_args(name, "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
+        assert gp(who, "stop", name).returncode == 0
+        key = f"gp/nodes/{name}.json"  # time passes: stopped 20 days ago
+        record = json.loads(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+        record["node"]["stopped_at"] = time.time() - 20 * 86400
+        s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(record).encode())
+    short = _member(bob).split("/")[0]
+    swept = gp(bob, "gc", "--stopped-for", "14d", "--yes")
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    out = swept.stdout + swept.stderr
+    assert f"left a ({short}), stopped 20d: a teammate's node (`gc --stopped-for … --team` takes every " \
+        "member's)" in out
+    assert f"b (us-east-1) by {short}: stopped 20d" in out and f"b ({short}): down (stopped 14d+)" in out
+    assert [(n["name"], n["state"]) for n in _status(alice)] == [("a", "stopped")]
+
+    listed = gp(alice, "gc", "--stopped-for", "14d", "--team", "--json")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert [(r["name"], r["member"]) for r in json.loads(listed.stdout)["stopped"]] == [("a", _member(alice))]
+    refused = gp(bob, "gc", "--team")
+    assert refused.returncode == 2 and refused.stderr.startswith("error: --team: goes with --stopped-for")
+    assert gp(bob, "gc", "--stopped-for", "14d", "--team", "--yes").returncode == 0
+    assert _status(alice) == [] and aws.leftovers() == EMPTY
+
+
 _HOLD = ("import sys\nfrom gpuprov.state import locks\n"
          "with locks.FILE_LOCKS.hold(locks.node('p'), 'start'):\n    print('held', flush=True)\n    sys.stdin.read()\n")
 

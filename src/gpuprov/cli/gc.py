@@ -14,7 +14,7 @@ import click
 
 from gpuprov.cli.common import main, make_console, region_from, say_to, store_and_provider
 from gpuprov.cli.complete import complete_region
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, UserInputError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -36,15 +36,20 @@ if TYPE_CHECKING:
 @click.option("--stopped-for", "stopped_for", default=None, metavar="DURATION",
               help="Also nodes stopped longer than this, e.g. 14d (their disks bill every month): listed with what "
                    "each has cost while stopped, taken down with --yes [config: stopped_for; default: off].")
+@click.option("--team", "everyone", is_flag=True,
+              help="With team state: --stopped-for takes every member's stopped nodes, not only yours (those your "
+                   "install launched).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable: what was found (and, with --yes, what is left).")
 def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: bool, stopped_for: str | None,
-       as_json: bool) -> None:
+       everyone: bool, as_json: bool) -> None:
     """Find resources tagged as yours that no local node owns (left by a crash or another machine's
     lost state); list them, and delete them with --yes.
 
     An orphan is a node whose `up` ended before it was ready, or a resource tagged with your owner id
     that no node of yours claims. A node another gpuprov is working on (an `up`, `down`, `start`,
     `image bake`: its lock is held) is left alone and named; a stopped node is never an orphan.
+    With team state, --stopped-for takes your own stopped nodes and names the teammates' it leaves;
+    --team takes everyone's.
     """
     from gpuprov.cloud import gc as sweep
     from gpuprov.cloud.tags import owner
@@ -53,6 +58,15 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
 
     # checked before anything is read (a value from the config file is blamed on its line: params.Command)
     stopped_seconds = parse_duration(stopped_for, "--stopped-for", allow_off=True)
+    from gpuprov.state.url import configured
+
+    team = configured() is not None
+    if everyone and stopped_seconds is None:
+        raise UserInputError("--team", "goes with --stopped-for",
+                             "the orphans gc finds are the team's already, whoever made them")
+    if everyone and not team:
+        raise UserInputError("--team", "the records are in the local state file, not a team's bucket",
+                             "--stopped-for alone takes every stopped node gpuprov manages here")
     store, provider = store_and_provider()
     cat = catalog.load()
     console = make_console(stderr=as_json)
@@ -71,7 +85,8 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
     else:
         where = [cat.check_region(r) for r in regions] or \
             sorted({n.region for n in store.nodes(include_terminated=True)} | {region_from(None).name})
-    stopped_rows, stale_left = _stopped(stopped_seconds, where, yes, as_json, provider, store, console, say)
+    scope = "yours" if team and not everyone else ("team" if team else None)
+    stopped_rows, stale_left = _stopped(stopped_seconds, where, yes, as_json, provider, store, console, say, scope)
     found = sweep.orphans(where, provider, store, all_installs=all_installs)
     for line in found.busy:
         say(line)
@@ -117,40 +132,55 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
 
 
 def _stopped(seconds_given: int | None, where: list[str], yes: bool, as_json: bool, provider: Provider, store: Store,
-             console: Console, say: Callable[[str], None]) -> tuple[list[dict[str, object]], list[str]]:
+             console: Console, say: Callable[[str], None],
+             scope: str | None) -> tuple[list[dict[str, object]], list[str]]:
     """--stopped-for: the nodes stopped longer than that in the swept regions, each with what it has cost while
-    stopped; with --yes taken down. Returns them (--json's rows) and what could not be removed."""
+    stopped; with --yes taken down. Returns them (--json's rows) and what could not be removed. `scope` with team
+    state: "yours" (a teammate's stopped node is named and left) or "team" (everyone's); None without."""
     if seconds_given is None:
         return [], []
     import time
 
     from gpuprov.cloud import stale
+    from gpuprov.cloud.team import by_member, member_name
     from gpuprov.plan.spec import format_duration
 
     seconds = float(seconds_given)
     now = time.time()
-    found = stale.stopped_longer([n for n in store.nodes() if n.region in where], seconds, now)
+    nodes = [n for n in store.nodes() if n.region in where]
+    if scope == "yours":
+        nodes, others = by_member(nodes)
+        for s in stale.stopped_longer(others, seconds, now):
+            say(f"left {s.node.name} ({member_name(s.node)}), stopped {format_duration(s.stopped_seconds)}: a "
+                "teammate's node (`gc --stopped-for … --team` takes every member's)")
+    found = stale.stopped_longer(nodes, seconds, now)
     rows: list[dict[str, object]] = [{"name": s.node.name, "region": s.node.region, "stopped_at": s.node.stopped_at,
                          "stopped_seconds": round(s.stopped_seconds), "disk_gb": s.node.disk_gb,
                          "disk_usd_while_stopped": round(s.disk_usd, 2) if s.disk_usd is not None else None,
-                         "disk_usd_month": round(s.month_usd, 2) if s.month_usd is not None else None} for s in found]
+                         "disk_usd_month": round(s.month_usd, 2) if s.month_usd is not None else None,
+                         # team state: who of the team launched it (its record's owner)
+                         **({"member": s.node.owner} if scope else {})} for s in found]
     if not as_json:
         if not found:
-            console.print(f"no node stopped longer than {format_duration(seconds)}", markup=False)
+            console.print(f"no node{' of yours' if scope == 'yours' else ''} stopped longer than "
+                          f"{format_duration(seconds)}", markup=False)
         for s in found:
             cost = (f"its {s.node.disk_gb} GB disk cost ${s.disk_usd:.2f} while stopped (${s.month_usd:.2f}/month)"
                     if s.disk_usd is not None and s.month_usd is not None else "its disk's size is not recorded")
-            console.print(f"{s.node.name} ({s.node.region}): stopped {format_duration(s.stopped_seconds)}; {cost}",
-                          markup=False)
+            whose = f" by {member_name(s.node)}" if scope else ""
+            console.print(f"{s.node.name} ({s.node.region}){whose}: stopped {format_duration(s.stopped_seconds)}; "
+                          f"{cost}", markup=False)
         if found and not yes:
             console.print(f"{len(found)} node(s) stopped longer than {format_duration(seconds)}; rerun with --yes to "
                           "take them down (their disks too)", markup=False)
     if not (yes and found):
         return rows, []
     done = stale.take_stale(found, seconds, now, provider, store, say)
+    by_name = {s.node.name: s.node for s in found}
     for name, result in done.items():
         if result.complete and not as_json:
-            console.print(f"{name}: down (stopped {format_duration(seconds)}+)", markup=False)
+            whose = f" ({member_name(by_name[name])})" if scope else ""
+            console.print(f"{name}{whose}: down (stopped {format_duration(seconds)}+)", markup=False)
     return rows, [f"{name}: {what}" for name, result in done.items() for what in result.left]
 
 
