@@ -277,13 +277,13 @@ def test_bad_image_names_are_refused_before_any_aws_call(aws, env):
     nothing_left(aws)
 
 
-def _baked_node(aws, env, pool, gp_home) -> tuple[tuple[str, ...], str]:
-    """A ready node `base` on pool[0] with its host identity and an 8h TTL: what a bake cleans."""
+def _baked_node(aws, env, pool, gp_home, *extra: str) -> tuple[tuple[str, ...], str]:
+    """A ready node `base` on pool[0] with its host identity and an 8h TTL (and `extra`): what a bake cleans."""
     subnet = launch_site(aws, pool, gp_home)
     public_key = (gp_home / "keys" / "us-east-1" / "id_ed25519.pub").read_text().strip()
     seed_node_identity(pool, 0, public_key)
     where = ("--subnet", subnet, "--connect", "private", "--ssh-user", "root")
-    first = gp(env, *up_args("base", *STACK_ARGS, *where, "--ttl", "8h"))
+    first = gp(env, *up_args("base", *STACK_ARGS, *where, "--ttl", "8h", *extra))
     assert first.returncode == 0, first.stdout + first.stderr
     return where, public_key
 
@@ -314,6 +314,28 @@ def test_a_refused_create_image_puts_the_node_back_as_it_was(aws, env, aws_hosts
     assert json.loads(gp(env, "status", "base", "--json").stdout)[0]["state"] == "ready"
     assert gp(env, "exec", "base", "--", "true").returncode == 0  # still reachable with its pinned key
     assert images_in(aws) == [] and json.loads(gp(env, "image", "list", "--json").stdout) == []
+    assert gp(env, "down", "base", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_a_bake_of_a_node_another_member_locked_is_refused_before_anything_is_made(aws, env, aws_hosts, gp_home):
+    from gpuprov.state import open_store
+
+    pool = aws_hosts
+    _baked_node(aws, env, pool, gp_home, "--locked")
+    open_store().update_node("base", guards_locked_by="alice-0000")  # as alice's `up --locked` records it
+    before = _identity(pool)
+    calls = pool.exec_in(0, "cat /var/lib/gpuprov-shim/calls.log", check=True).stdout
+    baked = gp(env, "image", "bake", "base", "--name", "t4-stack", "--yes")
+    assert baked.returncode == 2, baked.stdout + baked.stderr
+    line, hint = baked.stderr.splitlines()  # the error and what to do, no traceback
+    assert line.startswith("error: NAME: base's autostop, TTL and budget are locked by alice-0000") and \
+        "image bake refused" in line, line
+    assert hint == "  ask them, or `gpuprov stop base` / `gpuprov down base`"
+    assert _identity(pool) == before  # not reached: its guards and host keys where they were
+    assert pool.exec_in(0, "cat /var/lib/gpuprov-shim/calls.log", check=True).stdout == calls
+    assert not aws.log("CreateImage") and images_in(aws) == []
+    assert json.loads(gp(env, "image", "list", "--json").stdout) == []
     assert gp(env, "down", "base", "--yes").returncode == 0
     nothing_left(aws)
 

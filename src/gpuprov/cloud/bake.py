@@ -12,6 +12,8 @@ was (`templates/image_restore.sh.j2`: host keys, gpuprov's key, the guards with 
 over the connection the clean-up ran on (sshd, which re-reads its host keys per connection, would refuse a
 new one meanwhile). A CreateImage whose answer was lost is looked up by name before anything is restored:
 EC2 may have taken it, and then the node must stay clean for the snapshot.
+
+A node whose guards another member locked (`--locked`) is not baked at all: the bake lifts them.
 """
 
 from __future__ import annotations
@@ -52,11 +54,13 @@ def bake(node_name: str, store: Store, provider: Provider, target: Target, setti
 
 def _bake(node_name: str, image_name: str, store: Store, provider: Provider, target: Target,
           settings: HostSettings, say: Say, wait: float) -> Image:
+    from gpuprov.cloud.guards import check_lock
     from gpuprov.hosts.remote import Remote
 
     node = store.node(node_name)
     if node.state != "ready":
         raise UserInputError("NODE", f"{node_name} is {node.state}", "bake a node that is ready (`gpuprov status`)")
+    check_lock(node, "image bake")  # the clean-up lifts its guards until the image is made
     instances = [r.cloud_id for r in store.resources(node_name, region=node.region, kind="instance") if r.cloud_id]
     if not instances:
         raise GpuprovError(f"{node_name} has no recorded instance")
