@@ -318,6 +318,33 @@ def test_a_refused_create_image_puts_the_node_back_as_it_was(aws, env, aws_hosts
     nothing_left(aws)
 
 
+def test_a_bake_puts_the_guards_back_as_the_record_shows_them(aws, env, aws_hosts, gp_home):
+    pool = aws_hosts
+    _baked_node(aws, env, pool, gp_home, "--autostop", "2h")
+    deadline_file = f"{SYSROOT}/var/lib/gpuprov/ttl-deadline"
+    before = pool.exec_in(0, f"cat {deadline_file}", check=True).stdout.split()
+    baked = gp(env, "image", "bake", "base", "--name", "t4-stack", "--yes")
+    assert baked.returncode == 0, baked.stdout + baked.stderr
+    assert "base: its guards are back (autostop, ttl)" in baked.stdout
+    units = pool.exec_in(0, f"ls {SYSROOT}/etc/systemd/system", check=True).stdout.split()
+    assert {"gpuprov-ttl.timer", "gpuprov-autostop.timer"} <= set(units)
+    # the recorded deadline (the node's own clock may have set it a second apart), not a new 8h one
+    after = pool.exec_in(0, f"cat {deadline_file}", check=True).stdout.split()
+    assert after[0] == before[0] and abs(int(after[1]) - int(before[1])) <= 5
+    assert "7200" in pool.exec_in(0, f"cat {SYSROOT}/etc/gpuprov/autostop.conf", check=True).stdout
+    calls = pool.exec_in(0, "cat /var/lib/gpuprov-shim/calls.log", check=True).stdout.splitlines()
+    for timer in ("gpuprov-ttl.timer", "gpuprov-autostop.timer"):  # disabled by the clean-up, enabled again
+        last = [c for c in calls if c.startswith("systemctl") and timer in c][-1]
+        assert last == f"systemctl enable --now {timer}", last
+    (row,) = json.loads(gp(env, "status", "base", "--json").stdout)
+    assert (row["state"], row["autostop_seconds"], row["ttl_seconds"]) == ("ready", 7200, 8 * 3600)
+    assert round(row["ttl_deadline"]) == int(after[1])
+    assert gp(env, "exec", "base", "--", "true").returncode == 0  # its host key pinned again
+    assert gp(env, "down", "base", "--yes").returncode == 0
+    assert gp(env, "image", "rm", "t4-stack", "--yes").returncode == 0
+    nothing_left(aws)
+
+
 def test_a_bake_of_a_node_another_member_locked_is_refused_before_anything_is_made(aws, env, aws_hosts, gp_home):
     from gpuprov.state import open_store
 
