@@ -345,6 +345,24 @@ def test_a_bake_puts_the_guards_back_as_the_record_shows_them(aws, env, aws_host
     nothing_left(aws)
 
 
+def test_a_bake_keeps_a_budget_deadline_sooner_than_the_ttl(aws, env, aws_hosts, gp_home):
+    pool = aws_hosts
+    _baked_node(aws, env, pool, gp_home, "--budget", "2")  # about 4h at the on-demand price: sooner than 8h
+    deadline_file = f"{SYSROOT}/var/lib/gpuprov/ttl-deadline"
+    before = pool.exec_in(0, f"cat {deadline_file}", check=True).stdout.split()
+    assert int(before[0]) < 8 * 3600
+    baked = gp(env, "image", "bake", "base", "--name", "t4-stack", "--yes")
+    assert baked.returncode == 0, baked.stdout + baked.stderr
+    assert "base: its guards are back (ttl)" in baked.stdout
+    after = pool.exec_in(0, f"cat {deadline_file}", check=True).stdout.split()
+    assert abs(int(after[1]) - int(before[1])) <= 5  # the budget's deadline, not a new one
+    (row,) = json.loads(gp(env, "status", "base", "--json").stdout)
+    assert row["budget_usd"] == 2 and 1.9 < row["budget_left_usd"] <= 2.0
+    assert gp(env, "down", "base", "--yes").returncode == 0
+    assert gp(env, "image", "rm", "t4-stack", "--yes").returncode == 0
+    nothing_left(aws)
+
+
 def test_a_bake_of_a_node_another_member_locked_is_refused_before_anything_is_made(aws, env, aws_hosts, gp_home):
     from gpuprov.state import open_store
 
