@@ -363,6 +363,29 @@ def test_a_bake_keeps_a_budget_deadline_sooner_than_the_ttl(aws, env, aws_hosts,
     nothing_left(aws)
 
 
+def test_guards_that_cannot_be_put_back_after_a_bake_are_recorded_off(aws, env, aws_hosts, gp_home):
+    pool = aws_hosts
+    _baked_node(aws, env, pool, gp_home, "--autostop", "2h")
+    aws.faults({"action": "CreateImage", "hold": True, "times": 1})
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "image", "bake", "base", "--name", "t4-stack", "--yes"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        aws.wait_held(1, timeout=120)
+        # the clean-up has run: a file where the guards' scripts go makes every guard step fail
+        pool.exec_in(0, f"touch {SYSROOT}/usr/local/lib/gpuprov", check=True)
+    finally:
+        aws.release()
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out + err  # the image is made
+    assert "base: its guards could not be put back" in out and "no autostop, TTL or budget" in out
+    (row,) = json.loads(gp(env, "status", "base", "--json").stdout)
+    assert (row["autostop_seconds"], row["ttl_seconds"], row["ttl_deadline"]) == (None, None, None)
+    pool.exec_in(0, f"rm -f {SYSROOT}/usr/local/lib/gpuprov", check=True)
+    assert gp(env, "down", "base", "--yes").returncode == 0
+    assert gp(env, "image", "rm", "t4-stack", "--yes").returncode == 0
+    nothing_left(aws)
+
+
 def test_a_bake_of_a_node_another_member_locked_is_refused_before_anything_is_made(aws, env, aws_hosts, gp_home):
     from gpuprov.state import open_store
 
