@@ -155,12 +155,17 @@ def _guards_back(node_name: str, store: Store, target: Target, settings: HostSet
                             clock)
         finally:
             remote.close()
-    except GpuprovError as exc:
+    except (GpuprovError, KeyboardInterrupt) as exc:  # a step failed, or interrupted (any signal)
         store.update_node(node_name, autostop_seconds=None, ttl_seconds=None, ttl_deadline=None, budget_usd=None,
                           budget_deadline=None, budget_price=None)
-        store.event(node_name, "guards", f"not put back after the bake: {exc}")
-        say(f"{node_name}: its guards could not be put back ({exc}): it runs with no autostop, TTL or budget; "
-            f"`gpuprov ttl {node_name} 4h` or `gpuprov down {node_name}`")
+        store.event(node_name, "guards", f"not put back after the bake: {exc or 'interrupted'}")
+        lost = (f"{node_name} runs with no autostop, TTL or budget; `gpuprov ttl {node_name} 4h` or "
+                f"`gpuprov down {node_name}`")
+        if isinstance(exc, Interrupted):
+            exc.note = f"the image is made; {lost}"
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        say(f"{node_name}: its guards could not be put back ({exc}): {lost}")
         return
     team_keys.after_contact(node_name, target, settings, say)
     say(f"{node_name}: its guards are back ({', '.join(s.name for s in steps)}), as its record shows them")
