@@ -277,13 +277,13 @@ def test_bad_image_names_are_refused_before_any_aws_call(aws, env):
     nothing_left(aws)
 
 
-def _baked_node(aws, env, pool, gp_home) -> tuple[tuple[str, ...], str]:
-    """A ready node `base` on pool[0] with its host identity and an 8h TTL: what a bake cleans."""
+def _baked_node(aws, env, pool, gp_home, *extra: str) -> tuple[tuple[str, ...], str]:
+    """A ready node `base` on pool[0] with its host identity and an 8h TTL (and `extra`): what a bake cleans."""
     subnet = launch_site(aws, pool, gp_home)
     public_key = (gp_home / "keys" / "us-east-1" / "id_ed25519.pub").read_text().strip()
     seed_node_identity(pool, 0, public_key)
     where = ("--subnet", subnet, "--connect", "private", "--ssh-user", "root")
-    first = gp(env, *up_args("base", *STACK_ARGS, *where, "--ttl", "8h"))
+    first = gp(env, *up_args("base", *STACK_ARGS, *where, "--ttl", "8h", *extra))
     assert first.returncode == 0, first.stdout + first.stderr
     return where, public_key
 
@@ -314,6 +314,96 @@ def test_a_refused_create_image_puts_the_node_back_as_it_was(aws, env, aws_hosts
     assert json.loads(gp(env, "status", "base", "--json").stdout)[0]["state"] == "ready"
     assert gp(env, "exec", "base", "--", "true").returncode == 0  # still reachable with its pinned key
     assert images_in(aws) == [] and json.loads(gp(env, "image", "list", "--json").stdout) == []
+    assert gp(env, "down", "base", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_a_bake_puts_the_guards_back_as_the_record_shows_them(aws, env, aws_hosts, gp_home):
+    pool = aws_hosts
+    _baked_node(aws, env, pool, gp_home, "--autostop", "2h")
+    deadline_file = f"{SYSROOT}/var/lib/gpuprov/ttl-deadline"
+    before = pool.exec_in(0, f"cat {deadline_file}", check=True).stdout.split()
+    baked = gp(env, "image", "bake", "base", "--name", "t4-stack", "--yes")
+    assert baked.returncode == 0, baked.stdout + baked.stderr
+    assert "base: its guards are back (autostop, ttl)" in baked.stdout
+    units = pool.exec_in(0, f"ls {SYSROOT}/etc/systemd/system", check=True).stdout.split()
+    assert {"gpuprov-ttl.timer", "gpuprov-autostop.timer"} <= set(units)
+    # the recorded deadline (the node's own clock may have set it a second apart), not a new 8h one
+    after = pool.exec_in(0, f"cat {deadline_file}", check=True).stdout.split()
+    assert after[0] == before[0] and abs(int(after[1]) - int(before[1])) <= 5
+    assert "7200" in pool.exec_in(0, f"cat {SYSROOT}/etc/gpuprov/autostop.conf", check=True).stdout
+    calls = pool.exec_in(0, "cat /var/lib/gpuprov-shim/calls.log", check=True).stdout.splitlines()
+    for timer in ("gpuprov-ttl.timer", "gpuprov-autostop.timer"):  # disabled by the clean-up, enabled again
+        last = [c for c in calls if c.startswith("systemctl") and timer in c][-1]
+        assert last == f"systemctl enable --now {timer}", last
+    (row,) = json.loads(gp(env, "status", "base", "--json").stdout)
+    assert (row["state"], row["autostop_seconds"], row["ttl_seconds"]) == ("ready", 7200, 8 * 3600)
+    assert round(row["ttl_deadline"]) == int(after[1])
+    assert gp(env, "exec", "base", "--", "true").returncode == 0  # its host key pinned again
+    assert gp(env, "down", "base", "--yes").returncode == 0
+    assert gp(env, "image", "rm", "t4-stack", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_a_bake_keeps_a_budget_deadline_sooner_than_the_ttl(aws, env, aws_hosts, gp_home):
+    pool = aws_hosts
+    _baked_node(aws, env, pool, gp_home, "--budget", "2")  # about 4h at the on-demand price: sooner than 8h
+    deadline_file = f"{SYSROOT}/var/lib/gpuprov/ttl-deadline"
+    before = pool.exec_in(0, f"cat {deadline_file}", check=True).stdout.split()
+    assert int(before[0]) < 8 * 3600
+    baked = gp(env, "image", "bake", "base", "--name", "t4-stack", "--yes")
+    assert baked.returncode == 0, baked.stdout + baked.stderr
+    assert "base: its guards are back (ttl)" in baked.stdout
+    after = pool.exec_in(0, f"cat {deadline_file}", check=True).stdout.split()
+    assert abs(int(after[1]) - int(before[1])) <= 5  # the budget's deadline, not a new one
+    (row,) = json.loads(gp(env, "status", "base", "--json").stdout)
+    assert row["budget_usd"] == 2 and 1.9 < row["budget_left_usd"] <= 2.0
+    assert gp(env, "down", "base", "--yes").returncode == 0
+    assert gp(env, "image", "rm", "t4-stack", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_guards_that_cannot_be_put_back_after_a_bake_are_recorded_off(aws, env, aws_hosts, gp_home):
+    pool = aws_hosts
+    _baked_node(aws, env, pool, gp_home, "--autostop", "2h")
+    aws.faults({"action": "CreateImage", "hold": True, "times": 1})
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "image", "bake", "base", "--name", "t4-stack", "--yes"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        aws.wait_held(1, timeout=120)
+        # the clean-up has run: a file where the guards' scripts go makes every guard step fail
+        pool.exec_in(0, f"touch {SYSROOT}/usr/local/lib/gpuprov", check=True)
+    finally:
+        aws.release()
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out + err  # the image is made
+    assert "base: its guards could not be put back" in out and "no autostop, TTL or budget" in out
+    (row,) = json.loads(gp(env, "status", "base", "--json").stdout)
+    assert (row["autostop_seconds"], row["ttl_seconds"], row["ttl_deadline"]) == (None, None, None)
+    pool.exec_in(0, f"rm -f {SYSROOT}/usr/local/lib/gpuprov", check=True)
+    assert gp(env, "down", "base", "--yes").returncode == 0
+    assert gp(env, "image", "rm", "t4-stack", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_a_bake_of_a_node_another_member_locked_is_refused_before_anything_is_made(aws, env, aws_hosts, gp_home):
+    from gpuprov.state import open_store
+
+    pool = aws_hosts
+    _baked_node(aws, env, pool, gp_home, "--locked")
+    open_store().update_node("base", guards_locked_by="alice-0000")  # as alice's `up --locked` records it
+    before = _identity(pool)
+    calls = pool.exec_in(0, "cat /var/lib/gpuprov-shim/calls.log", check=True).stdout
+    baked = gp(env, "image", "bake", "base", "--name", "t4-stack", "--yes")
+    assert baked.returncode == 2, baked.stdout + baked.stderr
+    line, hint = baked.stderr.splitlines()  # the error and what to do, no traceback
+    assert line.startswith("error: NAME: base's autostop, TTL and budget are locked by alice-0000") and \
+        "image bake refused" in line, line
+    assert hint == "  ask them, or `gpuprov stop base` / `gpuprov down base`"
+    assert _identity(pool) == before  # not reached: its guards and host keys where they were
+    assert pool.exec_in(0, "cat /var/lib/gpuprov-shim/calls.log", check=True).stdout == calls
+    assert not aws.log("CreateImage") and images_in(aws) == []
+    assert json.loads(gp(env, "image", "list", "--json").stdout) == []
     assert gp(env, "down", "base", "--yes").returncode == 0
     nothing_left(aws)
 

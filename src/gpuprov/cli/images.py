@@ -41,8 +41,9 @@ def bake(node: str, name: str | None, yes: bool, as_json: bool) -> None:
     the guards (TTL deadline, autostop, spot watch), gpuprov's logs and cloud-init's instance data
     (`cloud-init clean --logs`), moved aside to a tmpfs that no snapshot holds. Then CreateImage reboots
     it (a consistent disk; NoReboot could copy a half-written file) and the image is tagged with the stack
-    hash. The node comes back with new host keys, which gpuprov does not trust: take it down (`gpuprov down
-    NODE`) once the image is available. If EC2 refuses the image, the node is put back as it was.
+    hash. The node comes back with new host keys, pinned when gpuprov reaches it again once the image is
+    available, and gets its guards back as its record shows them (the same TTL or budget deadline). If EC2
+    refuses the image, the node is put back as it was. A node whose guards another member locked is refused.
     """
     from gpuprov.cloud import bake as baking
     from gpuprov.cloud import images
@@ -66,8 +67,8 @@ def bake(node: str, name: str | None, yes: bool, as_json: bool) -> None:
         return
     console.print(f"\n[bold green]{made.name}[/] ({made.id}) is available in {made.region}: "
                   f"`gpuprov up` with the same stack uses it", highlight=False)
-    console.print(f"  {node} rebooted with new host keys: `gpuprov down {node}` when you are done with it",
-                  markup=False)
+    console.print(f"  {node} rebooted with new host keys (pinned again): `gpuprov down {node}` when you are done "
+                  "with it", markup=False)
 
 
 @image.command(name="list")

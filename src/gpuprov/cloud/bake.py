@@ -4,7 +4,7 @@ In order, holding the node's lock and the image name's (gc never collects a bake
   the node's bundle manifest and markers (every install step must have its marker) -> the clean-up step over
   SSH (`templates/image_clean.sh.j2`: host keys, gpuprov's authorized key, guards, logs, cloud-init instance
   data; the markers stay) -> the image recorded by name -> CreateImage (tagged: stack, OS, owner, the source
-  node) -> wait until available.
+  node) -> wait until available -> the node's guards put back over SSH.
 
 The clean-up does not delete what it removes: it moves it to /run/gpuprov-bake, a tmpfs, which no snapshot
 holds and the reboot CreateImage makes empties. So when EC2 refuses CreateImage the node is put back as it
@@ -12,6 +12,11 @@ was (`templates/image_restore.sh.j2`: host keys, gpuprov's key, the guards with 
 over the connection the clean-up ran on (sshd, which re-reads its host keys per connection, would refuse a
 new one meanwhile). A CreateImage whose answer was lost is looked up by name before anything is restored:
 EC2 may have taken it, and then the node must stay clean for the snapshot.
+
+Once the image is made, the node, rebooted by CreateImage as a first boot (new host keys, its launch key back,
+the tmpfs emptied), gets its guards back as its record shows them: the autostop, the spot watch, and the TTL
+or budget deadline recorded, not a new one. Its new host key is pinned on first contact, as `up` pins a new
+node's. A node whose guards another member locked (`--locked`) is not baked at all: the bake lifts them.
 """
 
 from __future__ import annotations
@@ -52,11 +57,13 @@ def bake(node_name: str, store: Store, provider: Provider, target: Target, setti
 
 def _bake(node_name: str, image_name: str, store: Store, provider: Provider, target: Target,
           settings: HostSettings, say: Say, wait: float) -> Image:
+    from gpuprov.cloud.guards import check_lock
     from gpuprov.hosts.remote import Remote
 
     node = store.node(node_name)
     if node.state != "ready":
         raise UserInputError("NODE", f"{node_name} is {node.state}", "bake a node that is ready (`gpuprov status`)")
+    check_lock(node, "image bake")  # the clean-up lifts its guards until the image is made
     instances = [r.cloud_id for r in store.resources(node_name, region=node.region, kind="instance") if r.cloud_id]
     if not instances:
         raise GpuprovError(f"{node_name} has no recorded instance")
@@ -103,7 +110,65 @@ def _bake(node_name: str, image_name: str, store: Store, provider: Provider, tar
         exc.note = f"EC2 goes on making {image_id} ({image_name}); `gpuprov image list` shows when it is ready"
         raise
     store.event(node_name, "baked", f"{image_id} {image_name} available")
+    _guards_back(node_name, store, target, settings, say)
     return image
+
+
+def _guards_back(node_name: str, store: Store, target: Target, settings: HostSettings, say: Say) -> None:
+    """The node's guards, as its record shows them, put back on it after the image was made. A TTL or budget
+    keeps its recorded deadline: the TTL step is run with its clock at the deadline's start. If the node cannot
+    be reached, or a step fails, the record says its guards are off, so `status` shows no deadline it lacks."""
+    from pathlib import Path
+
+    from gpuprov.cloud import team_keys
+    from gpuprov.cloud.contact import wait_tcp
+    from gpuprov.cloud.stopstart import node_plan
+    from gpuprov.hosts.hostkeys import await_first_key
+    from gpuprov.hosts.remote import Remote
+    from gpuprov.plan.plan import guard_steps, ttl_step
+    from gpuprov.plan.render import render_steps
+
+    node = store.node(node_name)
+    guards = node_plan(node).guards
+    deadlines = [d for d in (node.ttl_deadline, node.budget_deadline if node.budget_usd is not None else None)
+                 if d is not None]
+    started: int | None = None
+    if deadlines:
+        deadline = round(min(deadlines))
+        ttl = node.ttl_seconds if node.ttl_deadline == min(deadlines) and node.ttl_seconds else \
+            max(1, deadline - int(time.time()))
+        started = deadline - ttl
+        guards = guards.model_copy(update={"ttl_seconds": ttl})
+    steps = tuple(ttl_step(guards, reset=True) if s.name == "ttl" else s for s in guard_steps(guards))
+    if not steps:
+        return
+    try:
+        if target.known_hosts:  # cloud-init's first boot made new host keys: the clean-up removed the old ones
+            await_first_key(Path(target.known_hosts), f"node {node_name}: rebooted by `image bake`, new host keys")
+        wait_tcp(target.host, target.port or 22, 300)
+        remote = Remote(target, settings)
+        remote.open()
+        try:
+            for script in render_steps(steps, {}, {}).scripts:
+                clock = f"GPUPROV_NOW={started} " if script.name == "ttl" and started is not None else ""
+                _run_script(remote, node_name, script.name, script.text, f"putting its {script.name} guard back",
+                            clock)
+        finally:
+            remote.close()
+    except (GpuprovError, KeyboardInterrupt) as exc:  # a step failed, or interrupted (any signal)
+        store.update_node(node_name, autostop_seconds=None, ttl_seconds=None, ttl_deadline=None, budget_usd=None,
+                          budget_deadline=None, budget_price=None)
+        store.event(node_name, "guards", f"not put back after the bake: {exc or 'interrupted'}")
+        lost = (f"{node_name} runs with no autostop, TTL or budget; `gpuprov ttl {node_name} 4h` or "
+                f"`gpuprov down {node_name}`")
+        if isinstance(exc, Interrupted):
+            exc.note = f"the image is made; {lost}"
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        say(f"{node_name}: its guards could not be put back ({exc}): {lost}")
+        return
+    team_keys.after_contact(node_name, target, settings, say)
+    say(f"{node_name}: its guards are back ({', '.join(s.name for s in steps)}), as its record shows them")
 
 
 def _put_back(remote: Remote, node_name: str, exc: BaseException, say: Say) -> None:
@@ -157,9 +222,14 @@ def _run_step(remote: Remote, node_name: str, step_name: str, template: str, wha
 
     step = StepPlan(step_name, template, "guard", what, values)
     (script,) = render_steps((step,), {}, {}).scripts
+    _run_script(remote, node_name, step_name, script.text, what)
+
+
+def _run_script(remote: Remote, node_name: str, step_name: str, text: str, what: str, env: str = "") -> None:
+    """A rendered script over the open connection, as root, `env` (assignments) before it."""
     path = f"/tmp/gpuprov-{step_name}-{uuid.uuid4().hex[:12]}.sh"
-    remote.put_bytes(script.text.encode(), path)
-    result = remote.run(f"bash {shlex.quote(path)}; rc=$?; rm -f {shlex.quote(path)}; exit $rc", sudo=True)
+    remote.put_bytes(text.encode(), path)
+    result = remote.run(f"{env}bash {shlex.quote(path)}; rc=$?; rm -f {shlex.quote(path)}; exit $rc", sudo=True)
     if not result.ok or "GPUPROV_RESULT=" not in result.stdout:
         tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise GpuprovError(f"{node_name}: {what} failed (exit {result.exited}): {tail}")
