@@ -6,7 +6,7 @@ import atexit
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,26 @@ def fresh_settings() -> Iterator[None]:
     reset()
     yield
     reset()
+
+
+@pytest.fixture
+def reads_of(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], list[Path]]:
+    """`reads_of(path)`: a list that gets an entry at each read of `path`'s text from then on (the settings read
+    config.toml once: the tests count)."""
+
+    def counting(path: Path) -> list[Path]:
+        reads: list[Path] = []
+        read_text = Path.read_text
+
+        def counted(self: Path, *args: Any, **kwargs: Any) -> str:
+            if self == path:
+                reads.append(self)
+            return read_text(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "read_text", counted)
+        return reads
+
+    return counting
 
 
 @pytest.fixture

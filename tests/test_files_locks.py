@@ -109,21 +109,8 @@ def test_locks_are_reentrant_within_a_process_and_odd_keys_get_safe_file_names(t
     assert os.listdir(tmp_path / "locks")
 
 
-def _counting_reads(monkeypatch, config: Path) -> list[Path]:
-    """Each read of `config`'s text, from now on."""
-    reads: list[Path] = []
-    read_text = Path.read_text
-
-    def counted(self: Path, *args, **kwargs) -> str:
-        if self == config:
-            reads.append(self)
-        return read_text(self, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", counted)
-    return reads
-
-
-def test_the_locks_are_chosen_once_with_the_store_and_config_toml_is_read_once(tmp_path: Path, monkeypatch) -> None:
+def test_the_locks_are_chosen_once_with_the_store_and_config_toml_is_read_once(tmp_path: Path, monkeypatch,
+                                                                                reads_of) -> None:
     """Which kind of lock a process holds is decided once, as its store is opened, not at every lock: the config
     file is read by the first look at the settings and never again, however many locks are held and asked about."""
     from gpuprov.state import open_store
@@ -133,7 +120,7 @@ def test_the_locks_are_chosen_once_with_the_store_and_config_toml_is_read_once(t
     monkeypatch.setenv("GPUPROV_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("GPUPROV_CONFIG", str(config))
     monkeypatch.delenv("GPUPROV_STATE", raising=False)
-    reads = _counting_reads(monkeypatch, config)
+    reads = reads_of(config)
     store = open_store()
     assert store.coordinator is locks.coordinator() is locks.FILE_LOCKS
     for n in range(20):

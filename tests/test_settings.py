@@ -33,16 +33,8 @@ def test_each_value_says_where_it_came_from_and_the_environment_wins(config: Pat
     assert found.state.where == f"{config}:3: state"
 
 
-def test_the_file_is_read_once_until_the_environment_changes_or_a_reset(config: Path, monkeypatch) -> None:
-    reads: list[Path] = []
-    read_text = Path.read_text
-
-    def counted(self: Path, *args, **kwargs) -> str:
-        if self == config:
-            reads.append(self)
-        return read_text(self, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", counted)
+def test_the_file_is_read_once_until_the_environment_changes_or_a_reset(config: Path, monkeypatch, reads_of) -> None:
+    reads = reads_of(config)
     first = settings()
     config.write_text('gpu = "T4"\n')  # the process keeps what it read
     assert all(settings() is first for _ in range(50))

@@ -262,10 +262,10 @@ def test_a_release_never_deletes_a_lease_taken_over_after_it_expired(aws, url):
     assert deletes == [412, 204]  # the frozen holder's refused; the teammate's own release
 
 
-def test_team_state_from_config_toml_gives_the_store_leases_and_the_file_is_read_once(url, tmp_path, monkeypatch):
+def test_team_state_from_config_toml_gives_the_store_leases_and_the_file_is_read_once(url, tmp_path, monkeypatch,
+                                                                                     reads_of):
     """`state = "s3://…"` in config.toml: the store opened and every lock after it agree on the team's leases,
     chosen once; the file is not read again at each hold (it once was, at every hold, is_free and holder)."""
-    from pathlib import Path
 
     from gpuprov.state import open_store
 
@@ -274,15 +274,7 @@ def test_team_state_from_config_toml_gives_the_store_leases_and_the_file_is_read
     monkeypatch.delenv("GPUPROV_STATE")
     monkeypatch.delenv("GPUPROV_LEASE_SECONDS")
     monkeypatch.setenv("GPUPROV_CONFIG", str(config))
-    reads: list[Path] = []
-    read_text = Path.read_text
-
-    def counted(self: Path, *args, **kwargs) -> str:
-        if self == config:
-            reads.append(self)
-        return read_text(self, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", counted)
+    reads = reads_of(config)
     store = open_store()
     assert isinstance(store, S3Store) and isinstance(store.coordinator, locks.TeamLeases)
     assert store.coordinator is locks.coordinator() and store.coordinator.url == url
