@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -398,3 +399,44 @@ def test_a_bug_is_one_line_and_a_saved_traceback(tmp_path: Path) -> None:
     saved = result.stderr.split("the traceback is in ")[1].split(";")[0]
     assert "RuntimeError: simulated bug" in Path(saved).read_text()
     Path(saved).unlink()
+
+
+@pytest.fixture
+def not_aws() -> Iterator[str]:
+    """A web server on loopback that is not AWS: every request gets a 200 and an HTML page (a captive portal's
+    way, or a typo'd port that reaches some other service)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Page(BaseHTTPRequestHandler):
+        def _page(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = b"<!DOCTYPE HTML>\n<html><head><title>Welcome</title></head><body><p>Sign in<br></body></html>\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = do_HEAD = _page
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize("run", ["executable", "in-process"])
+def test_an_endpoint_that_is_not_aws_is_named_by_its_variable(not_aws: str, files: Path, tmp_path: Path,
+                                                                run: str) -> None:
+    """AWS_ENDPOINT_URL at a web server that is not AWS: botocore cannot parse its answer, which is the user's
+    variable to fix (exit 2, naming it), not a bug."""
+    line = (f"AWS_ENDPOINT_URL={not_aws} AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=y AWS_MAX_ATTEMPTS=1 "
+            "gpus --live --region us-east-1")
+    result = run_cli(line, files, tmp_path / "home")[0] if run == "executable" else \
+        run_in_process(line, files, tmp_path / "home")
+    judge(result, "AWS_ENDPOINT_URL", f"{not_aws} answered DescribeInstanceTypeOfferings with something that is not "
+                                      "AWS's", files)

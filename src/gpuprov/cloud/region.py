@@ -64,10 +64,11 @@ def local_endpoint() -> str | None:
     """The EC2 endpoint when it is on this machine (AWS_ENDPOINT_URL_EC2 or AWS_ENDPOINT_URL on 127.0.0.0/8,
     ::1 or localhost: moto, `make sandbox`); None for AWS itself."""
     import ipaddress
-    import os
     from urllib.parse import urlsplit
 
-    url = os.environ.get("AWS_ENDPOINT_URL_EC2") or os.environ.get("AWS_ENDPOINT_URL")
+    from gpuprov.endpoints import endpoint_url
+
+    url = endpoint_url("EC2")
     host = urlsplit(url).hostname if url else None
     if not host:
         return None

@@ -45,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from gpuprov.endpoints import endpoint_url, unreadable_answer
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state.errors import StateUnavailable
 from gpuprov.state.machine import NodeState, check_move
@@ -117,7 +118,7 @@ def client() -> Any:
     import boto3
     from botocore.config import Config
 
-    local = bool(os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+    local = endpoint_url("S3") is not None
     attempts = int(os.environ.get("AWS_MAX_ATTEMPTS") or 5)
     config = Config(retries={"mode": os.environ.get("AWS_RETRY_MODE") or "standard",  # type: ignore[typeddict-item]
                              "total_max_attempts": attempts},
@@ -145,6 +146,7 @@ class Bucket:
 
     def _call(self, fn: Callable[[], T], *, conditional: bool = False) -> T:
         from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.parsers import ResponseParserError
 
         try:
             return fn()
@@ -160,6 +162,8 @@ class Bucket:
                                         "create it with versioning on (README.md, Working as a team), or fix "
                                         "`state`") from None
             raise BucketUnavailable(self.url, f"{code or status}: {exc}") from None
+        except ResponseParserError as exc:  # not S3's answer: the endpoint set is something else
+            raise unreadable_answer(f"S3 for {self.url}", str(exc), "S3") from None
         except BotoCoreError as exc:
             raise BucketUnavailable(self.url, str(exc)) from None
 

@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
+from botocore.parsers import ResponseParserError
 
 from gpuprov.cloud.providers.aws_base import NOT_FOUND, AwsError, NoAnswer, tag_value
 from gpuprov.cloud.providers.aws_capacity import AwsCapacity
@@ -397,7 +398,8 @@ class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
         try:
             reply = self._client("service-quotas", region).get_service_quota(ServiceCode="ec2", QuotaCode=code)
             return float(reply["Quota"]["Value"])
-        except (ClientError, BotoCoreError, KeyError):  # reading the quota is a courtesy; the refusal said enough
+        # reading the quota is a courtesy; the refusal said enough
+        except (ClientError, BotoCoreError, ResponseParserError, KeyError):
             return None
 
 
