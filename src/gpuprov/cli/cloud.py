@@ -26,6 +26,7 @@ from gpuprov.cli.common import (
     stack_options,
     step_silence_option,
     store_and_provider,
+    team_scope,
     warn,
 )
 from gpuprov.cli.complete import complete_node
@@ -338,14 +339,9 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool, no_s
     A node whose playbook saves data on `down` saves it first (and nothing goes when that fails).
     With team state, --all takes your own nodes and names the teammates' it leaves; --all --team takes everyone's."""
     from gpuprov.cloud import data_save, teardown
-    from gpuprov.state.url import configured
 
-    team = configured() is not None
-    if everyone and not all_nodes:
-        raise UserInputError("--team", "goes with --all", "a named node is taken down whoever launched it")
-    if everyone and not team:
-        raise UserInputError("--team", "the records are in the local state file, not a team's bucket",
-                             "--all alone takes every node gpuprov manages here")
+    team = team_scope(everyone, goes_with="--all", given=all_nodes, why="a named node is taken down whoever launched it",
+                      alone="--all alone takes every node gpuprov manages here")
     store, provider = store_and_provider()
     listed = store.nodes() if all_nodes else []
     console = make_console(stderr=as_json)

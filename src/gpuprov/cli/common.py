@@ -65,6 +65,20 @@ QUIET_OPTION = click.Option(["-q", "--quiet"], is_flag=True, expose_value=False,
                             help="Only results and errors: no progress lines.")
 
 
+def team_scope(everyone: bool, *, goes_with: str, given: bool, why: str, alone: str) -> bool:
+    """Whether the records are a team's (state in a bucket), `--team` checked on the way: it widens `goes_with`
+    from this member's nodes to every member's, so it is refused without it (`why`) and with a local state file
+    (`alone`: what the command takes then)."""
+    from gpuprov.state.url import configured
+
+    team = configured() is not None
+    if everyone and not given:
+        raise UserInputError("--team", f"goes with {goes_with}", why)
+    if everyone and not team:
+        raise UserInputError("--team", "the records are in the local state file, not a team's bucket", alone)
+    return team
+
+
 def confirm(question: str, action: str) -> None:
     """Ask `question` on the terminal; without one, say to pass --yes (exit 2); a "no" stops here (exit 1)."""
     if not sys.stdin.isatty():

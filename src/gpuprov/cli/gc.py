@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from gpuprov.cli.common import main, make_console, region_from, say_to, store_and_provider
+from gpuprov.cli.common import main, make_console, region_from, say_to, store_and_provider, team_scope
 from gpuprov.cli.complete import complete_region
-from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.errors import GpuprovError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -58,15 +58,9 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
 
     # checked before anything is read (a value from the config file is blamed on its line: params.Command)
     stopped_seconds = parse_duration(stopped_for, "--stopped-for", allow_off=True)
-    from gpuprov.state.url import configured
-
-    team = configured() is not None
-    if everyone and stopped_seconds is None:
-        raise UserInputError("--team", "goes with --stopped-for",
-                             "the orphans gc finds are the team's already, whoever made them")
-    if everyone and not team:
-        raise UserInputError("--team", "the records are in the local state file, not a team's bucket",
-                             "--stopped-for alone takes every stopped node gpuprov manages here")
+    team = team_scope(everyone, goes_with="--stopped-for", given=stopped_seconds is not None,
+                      why="the orphans gc finds are the team's already, whoever made them",
+                      alone="--stopped-for alone takes every stopped node gpuprov manages here")
     store, provider = store_and_provider()
     cat = catalog.load()
     console = make_console(stderr=as_json)
