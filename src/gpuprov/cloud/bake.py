@@ -22,9 +22,7 @@ node's. A node whose guards another member locked (`--locked`) is not baked at a
 from __future__ import annotations
 
 import json
-import shlex
 import time
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -122,6 +120,7 @@ def _guards_back(node_name: str, store: Store, target: Target, settings: HostSet
 
     from gpuprov.cloud import team_keys
     from gpuprov.cloud.contact import wait_tcp
+    from gpuprov.cloud.guards import run_step
     from gpuprov.cloud.stopstart import node_plan
     from gpuprov.hosts.hostkeys import await_first_key
     from gpuprov.hosts.remote import Remote
@@ -151,8 +150,7 @@ def _guards_back(node_name: str, store: Store, target: Target, settings: HostSet
         try:
             for script in render_steps(steps, {}, {}).scripts:
                 clock = f"GPUPROV_NOW={started} " if script.name == "ttl" and started is not None else ""
-                _run_script(remote, node_name, script.name, script.text, f"putting its {script.name} guard back",
-                            clock)
+                run_step(remote, node_name, script.name, script.text, f"putting its {script.name} guard back", clock)
         finally:
             remote.close()
     except (GpuprovError, KeyboardInterrupt) as exc:  # a step failed, or interrupted (any signal)
@@ -218,21 +216,12 @@ def _clean_values(region: str, ssh_user: str) -> tuple[tuple[str, object], ...]:
 def _run_step(remote: Remote, node_name: str, step_name: str, template: str, what: str,
               values: tuple[tuple[str, object], ...]) -> None:
     """One rendered step over the open connection, as root; it must print its GPUPROV_RESULT line."""
+    from gpuprov.cloud.guards import run_step
     from gpuprov.plan.render import StepPlan, render_steps
 
     step = StepPlan(step_name, template, "guard", what, values)
     (script,) = render_steps((step,), {}, {}).scripts
-    _run_script(remote, node_name, step_name, script.text, what)
-
-
-def _run_script(remote: Remote, node_name: str, step_name: str, text: str, what: str, env: str = "") -> None:
-    """A rendered script over the open connection, as root, `env` (assignments) before it."""
-    path = f"/tmp/gpuprov-{step_name}-{uuid.uuid4().hex[:12]}.sh"
-    remote.put_bytes(text.encode(), path)
-    result = remote.run(f"{env}bash {shlex.quote(path)}; rc=$?; rm -f {shlex.quote(path)}; exit $rc", sudo=True)
-    if not result.ok or "GPUPROV_RESULT=" not in result.stdout:
-        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise GpuprovError(f"{node_name}: {what} failed (exit {result.exited}): {tail}")
+    run_step(remote, node_name, step_name, script.text, what)
 
 
 def _progress(say: Say, image_id: str) -> Callable[[Image, float], None]:

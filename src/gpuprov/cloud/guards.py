@@ -19,29 +19,36 @@ from gpuprov.plan.inventory import Target
 from gpuprov.state import Node, NodeUpdate, Store, locks
 
 if TYPE_CHECKING:
+    from gpuprov.hosts.remote import Remote
     from gpuprov.say import Say
 
 
 
-def _run_guard_step(label: str, what: str, script_text: str, target: Target, settings: HostSettings) -> str:
-    """Run one rendered guard step on a live machine over SSH (sudo); returns its GPUPROV_RESULT."""
+def run_step(remote: Remote, label: str, name: str, text: str, failed: str, env: str = "") -> str:
+    """One rendered step's script over an open connection, as root, `env` (assignments, quoted) before it; returns
+    its GPUPROV_RESULT. One that exits non-zero or ends without that line is `{label}: {failed} failed`."""
     import shlex
 
-    from gpuprov.hosts.remote import Remote
-
-    path = f"/tmp/gpuprov-{what}-{uuid.uuid4().hex[:12]}.sh"
-    remote = Remote(target, settings)
-    remote.open()
-    try:
-        remote.put_bytes(script_text.encode(), path)
-        result = remote.run(f"bash {shlex.quote(path)}; rc=$?; rm -f {shlex.quote(path)}; exit $rc", sudo=True)
-    finally:
-        remote.close()
+    path = f"/tmp/gpuprov-{name}-{uuid.uuid4().hex[:12]}.sh"
+    remote.put_bytes(text.encode(), path)
+    result = remote.run(f"{env}bash {shlex.quote(path)}; rc=$?; rm -f {shlex.quote(path)}; exit $rc", sudo=True)
     lines = result.stdout.strip().splitlines()
     if not result.ok or not lines or not lines[-1].startswith("GPUPROV_RESULT="):
         tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise GpuprovError(f"{label}: the {what} step failed (exit {result.exited}): {tail}")
+        raise GpuprovError(f"{label}: {failed} failed (exit {result.exited}): {tail}")
     return lines[-1].split("=", 1)[1]
+
+
+def _run_guard_step(label: str, what: str, script_text: str, target: Target, settings: HostSettings) -> str:
+    """Run one rendered guard step on a live machine over SSH (sudo); returns its GPUPROV_RESULT."""
+    from gpuprov.hosts.remote import Remote
+
+    remote = Remote(target, settings)
+    remote.open()
+    try:
+        return run_step(remote, label, what, script_text, f"the {what} step")
+    finally:
+        remote.close()
 
 
 def _live_node(name: str | None, store: Store | None, what: str) -> Node | None:
