@@ -432,6 +432,41 @@ def test_start_move_region_of_a_subnet_node_needs_a_subnet_there_and_its_disk_is
     nothing_left(aws)
 
 
+def test_a_capacity_block_purchase_is_sent_once_and_after_a_lost_answer_looked_for(aws, env, gp_home):
+    """PurchaseCapacityBlock has no ClientToken and cannot be undone (mutations.py ONCE): botocore used to send it
+    again after a lost answer, which met the sold offering, and the bought block was recorded `failed`."""
+    from gpuprov.cloud import capacity as blocks
+
+    start = time.time() + 3600
+    aws.capacity(offerings=[{"id": f"cb-offer-{x}", "instance_type": "p5.48xlarge", "zone": "us-east-1a", "count": 1,
+                             "start": start, "hours": 24, "fee": "786.24"} for x in ("a", "b")])
+    assert gp(env, "capacity", "offers", "--gpu", "H100:8", "--hours", "24").returncode == 0
+    aws.faults({"action": "PurchaseCapacityBlock", "lose": "500", "times": 1})  # bought; the answer lost
+    lost = gp(env, "capacity", "buy", "cb-offer-a", "--yes", "--json")
+    assert lost.returncode == 0, lost.stdout + lost.stderr
+    block = json.loads(lost.stdout)
+    assert block["state"] == "bought" and block["reservation_id"].startswith("cr-")
+    assert "the purchase's answer was lost (InternalError" in lost.stderr and block["reservation_id"] in lost.stderr
+    assert len(aws.log("PurchaseCapacityBlock")) == 1  # asked for once
+    held = [r for r in aws.capacity()["reservations"] if r["kind"] == "capacity-block"]
+    assert [r["id"] for r in held] == [block["reservation_id"]]
+
+    # a 500 for a purchase EC2 did not make: looked for, not found, not asked again; the record stays `buying`
+    aws.faults({"action": "PurchaseCapacityBlock", "code": "InternalError", "times": 1})
+    unsure = gp({**env, "GPUPROV_TEST_SETTLE_SECONDS": "1"}, "capacity", "buy", "cb-offer-b", "--yes")
+    assert unsure.returncode == 1, unsure.stdout + unsure.stderr
+    assert "no block it bought is listed" in unsure.stderr and "it is not asked for again" in unsure.stderr
+    assert len(aws.log("PurchaseCapacityBlock")) == 2
+    assert [b.state for b in blocks._read(blocks._blocks_file()) if b.offering == "cb-offer-b"] == ["buying"]
+    again = gp(env, "capacity", "buy", "cb-offer-b", "--yes", "--json")  # looks first; not there: asks again
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "looking for it among the account's reservations first" in again.stderr and "asking for it again" in \
+        again.stderr
+    assert json.loads(again.stdout)["state"] == "bought" and len(aws.log("PurchaseCapacityBlock")) == 3
+    assert gp(env, "capacity", "buy", "cb-offer-b", "--yes").returncode == 2  # bought: refused, nothing asked
+    assert len(aws.log("PurchaseCapacityBlock")) == 3
+
+
 def test_reservations_and_a_capacity_block_bought_waited_for_and_launched_into(aws, env, gp_home):
     from gpuprov.cloud import capacity as blocks
 

@@ -194,6 +194,30 @@ def test_a_create_botocore_sends_again_after_an_answer_lost_past_the_work_is_tak
     nothing_left(aws)
 
 
+@pytest.mark.parametrize("lose", ["500", "drop"])
+def test_an_import_key_pair_whose_answer_is_lost_is_looked_for_not_sent_again_blindly(aws, env, lose):
+    """ImportKeyPair has no ClientToken (mutations.py LOOK): botocore used to send it again after a lost answer and
+    the region's first `up` failed on InvalidKeyPair.Duplicate of its own key pair."""
+    aws.faults({"action": "ImportKeyPair", "lose": lose, "times": 1})
+    up = gp(env, *up_args("kp", "--gpu", "T4", *QUICK))
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert len(aws.ec2().describe_key_pairs()["KeyPairs"]) == 1
+    imports = aws.log("ImportKeyPair")
+    # sent once; at most once more after the look, whose Duplicate is read as the first one made after all
+    assert imports[0]["outcome"] == f"lost-{lose}" and len([e for e in imports if e["status"] == 200]) == 1
+    assert gp(env, "down", "kp", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_a_terminate_whose_answer_is_lost_is_harmless_to_send_again(aws, env):
+    assert gp(env, *up_args("term", "--gpu", "T4", *QUICK)).returncode == 0
+    aws.faults({"action": "TerminateInstances", "lose": "drop", "times": 1})
+    down = gp(env, "down", "term", "--yes")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert len(aws.log("TerminateInstances")) >= 2
+    nothing_left(aws)
+
+
 def test_cluster_creates_sent_twice_and_a_fresh_placement_group_end_in_one_of_each(aws, env):
     aws.faults([{"action": "CreatePlacementGroup", "lose": "500", "times": 1},
                 {"action": "AllocateAddress", "lose": "drop", "times": 1}])

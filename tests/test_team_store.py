@@ -11,6 +11,7 @@ import os
 import threading
 import time
 
+import boto3
 import pytest
 from botocore.exceptions import ClientError
 
@@ -69,7 +70,7 @@ def team_url(request, gp_home, monkeypatch):
     mock = mock_aws()
     mock.start()
     request.addfinalizer(mock.stop)
-    s3 = client()
+    s3 = boto3.client("s3", region_name="us-east-1")  # the test's own setup: not a call gpuprov makes
     s3.create_bucket(Bucket=BUCKET)
     s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
     monkeypatch.setenv("GPUPROV_STATE", f"s3://{BUCKET}/gp")

@@ -37,6 +37,7 @@ reaches the CLI is a bug: one `gpuprov hit a bug` line, the traceback saved to a
       AwsError              cloud/providers/aws_base.py  exit 1: AWS refused a call: its code, message, a fix
       NoAnswer              cloud/providers/aws_base.py  AWS did not answer: asked again where safe, else exit 1
       LaunchError           cloud/providers/base.py      one refused launch: the failover tries the next candidate
+      BlockUnknown          cloud/providers/base.py      exit 1: a block purchase's answer was lost, no block listed yet
       NotFound              cloud/providers/base.py      no such resource, settled: gone to teardown and gc
       QuotaExceeded         cloud/launch.py              exit 1: the account's quota is too small, and by how much
       NoCapacity            cloud/launch.py              exit 1: every candidate refused for now (`up --wait` asks again)

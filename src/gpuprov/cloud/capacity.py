@@ -8,9 +8,10 @@ EC2 has no look-up of one offering by its id: `buy` reads the offering's price a
 Buy: a Capacity Block cannot be cancelled ("You can't modify or cancel a Capacity Block", EC2 user guide, "Cancel a
 Capacity Reservation", docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-release.html); the CLI says
 so before asking. The purchase is recorded before PurchaseCapacityBlock is called (STATE/capacity-blocks.json, state
-`buying`: there is no ClientToken, so a purchase whose answer was lost stays `buying`, shown by `status`, and is
-found among the account's reservations: `gpus --live` lists them), then `bought` with its reservation id, or `failed`
-with EC2's words.
+`buying`), sent once (no ClientToken: gpuprov/mutations.py ONCE), then `bought` with its reservation id, or `failed`
+with EC2's words. A purchase whose answer was lost is looked for by its tags among the account's reservations (the
+provider, for the settle window): found, it is `bought` and the user is told the answer was lost; not found, it
+stays `buying` and the error says so; a later `buy` of it looks again before it asks.
 `status` lists the blocks with their window and what they cost.
 """
 
@@ -23,7 +24,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuprov.cloud.providers.base import BlockOffering, Provider
+from gpuprov.cloud.providers.base import BlockOffering, BlockUnknown, Provider
+from gpuprov.cloud.settle import settle_window
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.files import lock_beside, locked, write_atomic
 from gpuprov.paths import state_dir
@@ -108,24 +110,46 @@ def offered(offering: str) -> Block:
 
 
 def buy(provider: Provider, offering: str, say: Say) -> Block:
-    """Record, then PurchaseCapacityBlock; the record says what came of it."""
+    """Record, then PurchaseCapacityBlock, sent once; the record says what came of it. An offering whose last
+    purchase's answer was lost (still `buying`) is looked for among the account's reservations first, and asked for
+    again only when none of it is there."""
     offer = offered(offering)
     if offer.start + offer.hours * 3600 <= time.time():
         raise UserInputError("OFFERING", f"{offering} ended {offer.window}", "gpuprov capacity offers lists new ones")
     with locked(lock_beside(_blocks_file())):
         rows = _read(_blocks_file())
-        if any(b.offering == offering and b.state in ("buying", "bought") for b in rows):
-            raise UserInputError("OFFERING", f"{offering} is already bought (or being bought)", "`gpuprov status`")
-        rows.append(_with(offer, state="buying"))
-        _write(_blocks_file(), rows)
+        if any(b.offering == offering and b.state == "bought" for b in rows):
+            raise UserInputError("OFFERING", f"{offering} is already bought", "`gpuprov status`")
+        unsure = any(b.offering == offering and b.state == "buying" for b in rows)
+        if not unsure:
+            rows.append(_with(offer, state="buying"))
+            _write(_blocks_file(), rows)
+    if unsure:
+        say(f"{offering}: its last purchase got no answer; looking for it among the account's reservations first")
+        found = provider.find_block(offer.region, _tag(offering))
+        if found is not None:
+            say(f"  found {found.id} ({found.state}): it was bought then; not buying again")
+            return _set(offering, state="bought", reservation_id=found.id, note=found.state)
+        say("  not there: asking for it again")
     say(f"buying {offering}: {offer.count} × {offer.instance_type} in {offer.zone}, {offer.window}, "
         f"${offer.upfront_usd:,.2f} up front")
     try:
-        res = provider.purchase_block(offer.region, offering, f"block-{offering}")
+        bought = provider.purchase_block(offer.region, offering, _tag(offering), settle=settle_window())
+    except BlockUnknown as exc:
+        _set(offering, note=str(exc).split("\n")[0][:300])  # stays `buying`: it may have been bought
+        raise
     except GpuprovError as exc:
         _set(offering, state="failed", note=str(exc)[:300])
         raise
-    return _set(offering, state="bought", reservation_id=res.id, note=res.state)
+    if bought.lost:
+        say(f"  the purchase's answer was lost ({bought.lost}); EC2 lists the block it bought: "
+            f"{bought.reservation.id} ({bought.reservation.state}); it was asked for once")
+    return _set(offering, state="bought", reservation_id=bought.reservation.id, note=bought.reservation.state)
+
+
+def _tag(offering: str) -> str:
+    """What a purchase is tagged with (the node tag), which finds it after a lost answer."""
+    return f"block-{offering}"
 
 
 def _with(b: Block, **change: object) -> Block:

@@ -45,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from gpuprov import mutations
 from gpuprov.endpoints import endpoint_url, unreadable_answer
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state.errors import StateUnavailable
@@ -124,7 +125,9 @@ def client() -> Any:
                              "total_max_attempts": attempts},
                     connect_timeout=10, read_timeout=60, max_pool_connections=32,
                     s3={"addressing_style": "path"} if local else None)
-    return boto3.session.Session().client("s3", config=config)
+    made = boto3.session.Session().client("s3", config=config)
+    mutations.guard(made, "s3", retries=attempts > 1)
+    return made
 
 
 def _code(exc: Exception) -> tuple[str, int]:

@@ -17,7 +17,6 @@ and snapshots.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -25,12 +24,11 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.parsers import ResponseParserError
 
-from gpuprov.cloud.providers.aws_base import NOT_FOUND, AwsError, NoAnswer, tag_value
+from gpuprov.cloud.providers.aws_base import NOT_FOUND, AwsError, tag_value
 from gpuprov.cloud.providers.aws_capacity import AwsCapacity
 from gpuprov.cloud.providers.aws_iam import AwsIam
 from gpuprov.cloud.providers.aws_images import AwsImages
 from gpuprov.cloud.providers.aws_instances import AwsInstances
-from gpuprov.cloud.providers.aws_refusals import classify
 from gpuprov.cloud.providers.base import (
     IMAGES,
     SHARED,
@@ -48,7 +46,6 @@ from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.settings import settings
 
 UBUNTU_SSM_PREFIX = "/aws/service/canonical/ubuntu/server"
-RETRY_CREATES = 4  # tries of a create without a ClientToken (AllocateAddress), each after a look for the last
 
 
 class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
@@ -144,11 +141,24 @@ class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
             return False
 
     def import_key_pair(self, region: str, name: str, public_key: str) -> str:
-        ec2 = self._client("ec2", region)
-        result = self._call("ImportKeyPair", lambda: ec2.import_key_pair(
+        """ImportKeyPair has no ClientToken (mutations.py: LOOK): sent with retries off; after a lost answer the key
+        pair is looked for by its name before it is asked again, and a Duplicate then is the first one, made after
+        all. The name is this owner's (keys.key_name) and is asked for under the region's lock."""
+        ec2 = self._client("ec2", region, retries=False)
+        return self._create_once("ImportKeyPair", lambda: str(ec2.import_key_pair(
             KeyName=name, PublicKeyMaterial=public_key.encode(),
-            TagSpecifications=[{"ResourceType": "key-pair", "Tags": self._tags(SHARED)}]))
-        return str(result.get("KeyPairId") or name)
+            TagSpecifications=[{"ResourceType": "key-pair", "Tags": self._tags(SHARED)}]).get("KeyPairId") or name),
+            lambda: self._key_pair_id(region, name), duplicate="InvalidKeyPair.Duplicate")
+
+    def _key_pair_id(self, region: str, name: str) -> str | None:
+        ec2 = self._client("ec2", region)
+        try:
+            found = self._call("DescribeKeyPairs", lambda: ec2.describe_key_pairs(KeyNames=[name]))["KeyPairs"]
+        except AwsError as exc:
+            if exc.code != NOT_FOUND["key-pair"]:
+                raise
+            return None
+        return str(found[0].get("KeyPairId") or name) if found else None
 
     def delete_key_pair(self, region: str, name: str, settle: float = 0) -> None:
         ec2 = self._client("ec2", region)
@@ -218,25 +228,12 @@ class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
         return name
 
     def allocate_address(self, region: str, node: str, name: str) -> str:
-        """An Elastic IP tagged with `name`. AllocateAddress has no ClientToken, and botocore would send it again
-        after a 5xx or a dropped answer that came after EC2 allocated one: so a client with retries off sends it,
-        and before each new try the tag `name` is looked for (the address a lost answer made)."""
+        """An Elastic IP tagged with `name`. AllocateAddress has no ClientToken (mutations.py: LOOK): sent with
+        retries off, and after a lost answer the tag `name` is looked for before it is asked again."""
         ec2 = self._client("ec2", region, retries=False)
-        tries = 0
-        while True:
-            tries += 1
-            try:
-                return str(self._call("AllocateAddress", lambda: ec2.allocate_address(
-                    Domain="vpc", TagSpecifications=[{"ResourceType": "elastic-ip", "Tags": self._tags(
-                        node, {"Name": name})}]))["AllocationId"])
-            except (NoAnswer, AwsError) as exc:
-                transient = isinstance(exc, NoAnswer) or classify(exc.code, exc.message, "on-demand").then == "retry"
-                if not transient or tries >= RETRY_CREATES:
-                    raise
-            time.sleep(self.poll * tries)
-            made = self.find_address(region, name)
-            if made is not None:
-                return made
+        return self._create_once("AllocateAddress", lambda: str(ec2.allocate_address(
+            Domain="vpc", TagSpecifications=[{"ResourceType": "elastic-ip", "Tags": self._tags(
+                node, {"Name": name})}])["AllocationId"]), lambda: self.find_address(region, name))
 
     def find_address(self, region: str, name: str) -> str | None:
         ec2 = self._client("ec2", region)

@@ -34,6 +34,7 @@ from botocore.exceptions import (
 )
 from botocore.parsers import ResponseParserError
 
+from gpuprov import mutations
 from gpuprov.cloud.providers.aws_refusals import classify
 from gpuprov.cloud.providers.base import TAG_NODE, TAG_OWNER, NotFound
 from gpuprov.endpoints import unreadable_answer
@@ -81,6 +82,7 @@ def _message(exc: ClientError) -> str:
 
 
 RETRY_MODES = ("standard", "adaptive", "legacy")  # botocore's, as the AWS CLI documents AWS_RETRY_MODE
+RETRY_CREATES = 4  # sends of a create without a ClientToken, each after a look for what the last one made
 MAX_ATTEMPTS = 100  # a sanity bound on AWS_MAX_ATTEMPTS: every attempt waits a backoff of up to 20 s
 
 
@@ -155,7 +157,9 @@ class AwsBase:
 
                         raise profile_not_found(str(exc.kwargs.get("profile", "?"))) from None
                 config = retry_config() if retries else retry_config(attempts=1)
-                self._clients[key] = self._session.client(service, region_name=region, config=config)
+                made = self._session.client(service, region_name=region, config=config)
+                mutations.guard(made, service, retries=retries)
+                self._clients[key] = made
             return self._clients[key]
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
@@ -184,6 +188,44 @@ class AwsBase:
             raise unreadable_answer(what, str(exc)) from None
         except BotoCoreError as exc:  # bad config, and the like
             raise GpuprovError(f"AWS call {what} failed: {exc}") from None
+
+    def _create_once(self, what: str, send: Callable[[], T], look: Callable[[], T | None], *,
+                     duplicate: str | None = None, settle: float = 60.0) -> T:
+        """A create without a ClientToken (Repeat.LOOK in gpuprov/mutations.py), `send` on a client with retries
+        off. After an answer that may have been lost (none came, a 5xx, throttling), `look` for what it made
+        before asking again. `duplicate`: the refusal a second send meets when the first was made after all; EC2
+        may not show it yet, so it is then looked for until it does (within `settle` seconds)."""
+        lost = False
+        for attempt in range(1, RETRY_CREATES + 1):
+            try:
+                return self._call(what, send)
+            except NoAnswer:
+                if attempt == RETRY_CREATES:
+                    raise
+            except AwsError as exc:
+                if lost and duplicate is not None and exc.code == duplicate:
+                    return self._look_until(what, look, settle)
+                if classify(exc.code, exc.message, "on-demand").then != "retry" or attempt == RETRY_CREATES:
+                    raise
+            lost = True
+            time.sleep(self.poll * attempt)
+            made = look()
+            if made is not None:
+                return made
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _look_until(self, what: str, look: Callable[[], T | None], settle: float) -> T:
+        """`look` with backoff until it finds something, for at most `settle` seconds (EC2 is eventually
+        consistent: what a lost answer made may not be listed yet)."""
+        deadline, wait = time.monotonic() + settle, self.poll
+        while True:
+            found = look()
+            if found is not None:
+                return found
+            if time.monotonic() + wait > deadline:
+                raise GpuprovError(f"{what}: its answer was lost and what it made is not listed after {settle:.0f}s")
+            time.sleep(wait)
+            wait = min(wait * 2, self.poll * 8)
 
     def _pages(self, client: Any, what: str, key: str, **kwargs: Any) -> list[Any]:
         """Every page of a paginated Describe call's `key` items (EC2 answers at most MaxResults, or its own page

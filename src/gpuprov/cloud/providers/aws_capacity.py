@@ -4,7 +4,8 @@ Shapes from botocore's EC2 service model (2016-11-15, the venv's botocore): Desc
 (CapacityReservationId, InstanceType, AvailabilityZone, TotalInstanceCount, AvailableInstanceCount, State, StartDate,
 EndDate, InstanceMatchCriteria, ReservationType, CapacityBlockId), DescribeCapacityBlockOfferings (CapacityDurationHours
 the one required member; InstanceType, InstanceCount, StartDateRange, EndDateRange), PurchaseCapacityBlock
-(CapacityBlockOfferingId and InstancePlatform required, TagSpecifications; no ClientToken).
+(CapacityBlockOfferingId and InstancePlatform required, TagSpecifications; no ClientToken), DescribeCapacityReservations'
+Tags (its Filters, as EC2's reference lists them, name no tag: a purchase is found by its tags in the listing).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from gpuprov.cloud.providers.aws_base import AwsBase, AwsError
-from gpuprov.cloud.providers.base import BlockOffering, Reservation
-from gpuprov.errors import UserInputError
+from gpuprov.cloud.providers.aws_base import AwsBase, AwsError, NoAnswer, tag_value
+from gpuprov.cloud.providers.aws_refusals import classify
+from gpuprov.cloud.providers.base import TAG_OWNER, BlockOffering, BlockUnknown, Purchase, Reservation
+from gpuprov.errors import GpuprovError, UserInputError
 
 
 def _reservation(raw: dict[str, Any]) -> Reservation:
@@ -55,9 +57,30 @@ class AwsCapacity(AwsBase):
             hours=int(r.get("CapacityBlockDurationHours") or hours), upfront_usd=float(r.get("UpfrontFee") or 0),
             currency=str(r.get("CurrencyCode") or "USD")) for r in raws]
 
-    def purchase_block(self, region: str, offering_id: str, node: str) -> Reservation:
+    def purchase_block(self, region: str, offering_id: str, node: str, settle: float) -> Purchase:
+        """Sent once on a client with retries off (mutations.py: ONCE): a second send could buy a second block.
+        After an answer that may have been lost, the block is looked for by its tags (TagSpecifications are applied
+        with the purchase) until EC2 lists it; not found, the error says so and that it may still appear."""
+        ec2 = self._client("ec2", region, retries=False)
+        try:
+            reply = self._call("PurchaseCapacityBlock", lambda: ec2.purchase_capacity_block(
+                CapacityBlockOfferingId=offering_id, InstancePlatform="Linux/UNIX",
+                TagSpecifications=[{"ResourceType": "capacity-reservation", "Tags": self._tags(node)}]))
+        except (NoAnswer, AwsError) as exc:
+            if isinstance(exc, AwsError) and classify(exc.code, exc.message, "on-demand").then != "retry":
+                raise  # refused: nothing was bought
+            lost = f"{exc.code}: {exc.message}" if isinstance(exc, AwsError) else "no answer"
+            try:
+                found = self._look_until("PurchaseCapacityBlock", lambda: self.find_block(region, node), settle)
+            except GpuprovError:
+                raise BlockUnknown(offering_id, lost, settle) from None
+            return Purchase(found, lost)
+        return Purchase(_reservation(reply["CapacityReservation"]))
+
+    def find_block(self, region: str, node: str) -> Reservation | None:
         ec2 = self._client("ec2", region)
-        reply = self._call("PurchaseCapacityBlock", lambda: ec2.purchase_capacity_block(
-            CapacityBlockOfferingId=offering_id, InstancePlatform="Linux/UNIX",
-            TagSpecifications=[{"ResourceType": "capacity-reservation", "Tags": self._tags(node)}]))
-        return _reservation(reply["CapacityReservation"])
+        # matched by its tags here: the filters EC2's reference documents for this call name no tag
+        raws = self._pages(ec2, "DescribeCapacityReservations", "CapacityReservations")
+        mine = [r for r in raws if tag_value(r) == node and tag_value(r, TAG_OWNER) in self.owners]
+        return _reservation(mine[0]) if mine else None
+

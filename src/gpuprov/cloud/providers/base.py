@@ -172,6 +172,24 @@ class Reservation:
     block_id: str | None = None  # CapacityBlockId (cb-…)
 
 
+class BlockUnknown(GpuprovError):
+    """A Capacity Block purchase whose answer was lost, and no block of it listed yet: it may have been bought."""
+
+    def __init__(self, offering: str, lost: str, settle: float) -> None:
+        super().__init__(f"PurchaseCapacityBlock of {offering} got {lost}, and no block it bought is listed after "
+                         f"{settle:.0f}s: it may not have been bought, or EC2 may list it later; it is not asked for "
+                         "again\n  look: `gpuprov capacity list`; `gpuprov capacity buy` of it again looks first")
+
+
+@dataclass(frozen=True)
+class Purchase:
+    """What PurchaseCapacityBlock bought; `lost` is set when its answer was lost and the block was found by its
+    tags among the account's reservations (what was lost, said to the user)."""
+
+    reservation: Reservation
+    lost: str | None = None
+
+
 @dataclass(frozen=True)
 class BlockOffering:
     """A Capacity Block offering (DescribeCapacityBlockOfferings): what `capacity buy` purchases."""
@@ -449,8 +467,13 @@ class Provider(Protocol):
         """DescribeCapacityBlockOfferings, every page."""
         ...
 
-    def purchase_block(self, region: str, offering_id: str, node: str) -> Reservation:
-        """PurchaseCapacityBlock (Linux/UNIX), tagged; it cannot be cancelled."""
+    def purchase_block(self, region: str, offering_id: str, node: str, settle: float) -> Purchase:
+        """PurchaseCapacityBlock (Linux/UNIX), tagged with `node`; it cannot be cancelled, so it is sent once: after a
+        lost answer the block is looked for by its tags for up to `settle` seconds, and never asked for again here."""
+        ...
+
+    def find_block(self, region: str, node: str) -> Reservation | None:
+        """The Capacity Block a purchase tagged `node` bought, if the account has it."""
         ...
 
     def create_node_role(self, region: str, node: str, name: str, policy: dict[str, Any]) -> None:
