@@ -231,6 +231,39 @@ def test_every_listing_reads_every_page(aws, env):
     nothing_left(aws)
 
 
+def test_status_refresh_of_more_instances_than_one_call_may_filter_asks_in_several_calls(aws, env, gp_home):
+    """EC2 refuses a call whose filters carry more than 200 values (FilterLimitExceeded); `status --refresh` put
+    every instance id of a region in one filter."""
+    from gpuprov.state import NodeState, open_store
+
+    image = aws.ec2().describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    ids = [i["InstanceId"] for i in aws.ec2().run_instances(ImageId=image, InstanceType="g4dn.xlarge", MinCount=201,
+                                                            MaxCount=201)["Instances"]]
+    store = open_store()
+    for n, iid in enumerate(ids):
+        store.create_node(f"n{n}", "aws", "us-east-1", state=NodeState.READY, instance_type="g4dn.xlarge")
+        store.add_resource(f"n{n}", "instance", "us-east-1", iid)
+    aws.ec2().stop_instances(InstanceIds=ids[-1:])
+    refreshed = gp(env, "status", "--refresh", "--json")
+    assert refreshed.returncode == 0, refreshed.stderr
+    states = {row["name"]: row["state"] for row in json.loads(refreshed.stdout)}
+    assert len(states) == 201 and states["n200"] == "stopped" and states["n0"] == "ready"
+    asked = [e for e in aws.log("DescribeInstances") if any(k.startswith("Filter.") for k in e["form"])]
+    assert asked and all(e["status"] == 200 for e in asked)  # none refused: no call carried more than 200 values
+
+
+def test_filters_are_split_so_no_call_carries_more_than_200_values():
+    from gpuprov.cloud.providers.aws_base import chunked
+
+    owner = {"Name": "tag:gpuprov:owner", "Values": ["a", "b"]}
+    ids = {"Name": "instance-id", "Values": [f"i-{n}" for n in range(450)]}
+    calls = chunked([owner, ids])
+    assert [sum(len(f["Values"]) for f in c["Filters"]) for c in calls] == [200, 200, 56]
+    assert [v for c in calls for v in c["Filters"][1]["Values"]] == ids["Values"]
+    assert all(c["Filters"][0] == owner for c in calls)
+    assert chunked(None) == [{}] and chunked([owner]) == [{"Filters": [owner]}]
+
+
 def test_live_prices_read_every_page_of_the_spot_price_history(aws, env):
     aws.contracts(page_size=2)
     aws.set_spot_prices({("g4dn.xlarge", "us-east-1a"): 0.30, ("g4dn.xlarge", "us-east-1b"): 0.25,

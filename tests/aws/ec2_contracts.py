@@ -33,6 +33,9 @@ In both kinds (EC2's contract, not timing):
 * An unknown IamInstanceProfile at RunInstances: EC2 answers InvalidParameterValue (400, observed: aws/aws-sdk-js-v3#5253,
   hashicorp/terraform#9474) "Value ({name}) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance
   Profile name"; moto answers IAM's NoSuchEntity (404). The proxy answers EC2's.
+* A Describe call whose filters carry more than 200 values in all: FilterLimitExceeded (400, observed:
+  gjbae1212/gossm#47 and convox/rack#2205, DescribeInstances) "The maximum number of filter values specified on a
+  single call is 200"; moto answers it.
 * Pages: DescribeSpotPriceHistory, DescribeSpotInstanceRequests, DescribeVolumes, DescribeImages and DescribeSnapshots
   answer at most MaxResults items and a NextToken for the rest (botocore's paginators-1.json has a paginator for each;
   moto ignores both). The `page_size` setting (0: off) caps every page as EC2's own page limit would, so a caller
@@ -73,6 +76,9 @@ CONTRACT_DEFAULTS: dict[str, Any] = {"page_size": 0, "deregistered_listed": 3, "
 PAGED = {"DescribeSpotPriceHistory": "spotPriceHistorySet", "DescribeSpotInstanceRequests": "spotInstanceRequestSet",
          "DescribeVolumes": "volumeSet", "DescribeImages": "imagesSet", "DescribeSnapshots": "snapshotSet"}
 TOKEN = "fault-proxy-page-"
+
+
+FILTER_VALUES = 200  # values in all of one call's filters (FilterLimitExceeded beyond)
 
 
 def _local(tag: str) -> str:
@@ -206,6 +212,8 @@ class Ec2Contracts:
         if req["target"] is not None or req["service"] not in (None, "ec2"):
             return None
         action, form, region = req["action"], req["form"], req["region"]
+        if sum(len(values) for values in _filters(form).values()) > FILTER_VALUES:
+            return 400, "FilterLimitExceeded", "The maximum number of filter values specified on a single call is 200"
         if action == "AssociateAddress" and form.get("InstanceId") and form.get("NetworkInterfaceId"):
             return 400, "InvalidParameterCombination", ("Specify either an instance ID or a network interface ID, "
                                                         "not both")  # botocore: "but not both"; text unverified

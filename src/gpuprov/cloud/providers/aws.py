@@ -56,13 +56,10 @@ class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
     def offerings(self, region: str, instance_types: Sequence[str]) -> dict[str, list[str]]:
         ec2 = self._client("ec2", region)
         found: dict[str, list[str]] = {}
-        pages = self._call("DescribeInstanceTypeOfferings", lambda: list(
-            ec2.get_paginator("describe_instance_type_offerings").paginate(
-                LocationType="availability-zone",
-                Filters=[{"Name": "instance-type", "Values": list(instance_types)}])))
-        for page in pages:
-            for offer in page["InstanceTypeOfferings"]:
-                found.setdefault(offer["InstanceType"], []).append(offer["Location"])
+        for offer in self._pages(ec2, "DescribeInstanceTypeOfferings", "InstanceTypeOfferings",
+                                 LocationType="availability-zone",
+                                 Filters=[{"Name": "instance-type", "Values": list(instance_types)}]):
+            found.setdefault(offer["InstanceType"], []).append(offer["Location"])
         return {t: sorted(zones) for t, zones in found.items()}
 
     def image(self, region: str, os_name: str) -> str:

@@ -82,6 +82,7 @@ def _message(exc: ClientError) -> str:
 
 
 RETRY_MODES = ("standard", "adaptive", "legacy")  # botocore's, as the AWS CLI documents AWS_RETRY_MODE
+FILTER_VALUES = 200  # EC2: "The maximum number of filter values specified on a single call is 200"
 RETRY_CREATES = 4  # sends of a create without a ClientToken, each after a look for what the last one made
 MAX_ATTEMPTS = 100  # a sanity bound on AWS_MAX_ATTEMPTS: every attempt waits a backoff of up to 20 s
 
@@ -118,6 +119,24 @@ def retry_config(attempts: int | None = None) -> Config:
     total = attempts if attempts is not None else int(os.environ.get("AWS_MAX_ATTEMPTS") or 5)
     retries = {"mode": os.environ.get("AWS_RETRY_MODE") or "standard", "total_max_attempts": total}
     return Config(retries=retries, connect_timeout=10, read_timeout=60)  # type: ignore[arg-type]
+
+
+def chunked(filters: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """`Filters` keyword arguments for as many calls as it takes: EC2 refuses a call whose filters carry more than
+    FILTER_VALUES values in all (FilterLimitExceeded), so the longest filter is split; the calls' answers together
+    are the one call's (each value is one filter's alternative)."""
+    if not filters:
+        return [{}]
+    values = sum(len(f["Values"]) for f in filters)
+    if values <= FILTER_VALUES:
+        return [{"Filters": filters}]
+    longest = max(range(len(filters)), key=lambda i: len(filters[i]["Values"]))
+    room = FILTER_VALUES - (values - len(filters[longest]["Values"]))
+    if room < 1:
+        raise AssertionError(f"filters with {values} values cannot be split into calls of {FILTER_VALUES}")
+    long = list(filters[longest]["Values"])
+    return [{"Filters": [*filters[:longest], {**filters[longest], "Values": long[at:at + room]}, *filters[longest + 1:]]}
+            for at in range(0, len(long), room)]
 
 
 def _unfenced() -> None:
@@ -229,8 +248,11 @@ class AwsBase:
 
     def _pages(self, client: Any, what: str, key: str, **kwargs: Any) -> list[Any]:
         """Every page of a paginated Describe call's `key` items (EC2 answers at most MaxResults, or its own page
-        limit, and a NextToken for the rest: page 1 alone misses them)."""
-        return self._call(what, lambda: [item for page in client.get_paginator(xform_name(what)).paginate(**kwargs)
+        limit, and a NextToken for the rest: page 1 alone misses them); filters with more values than one call may
+        carry are asked in several calls."""
+        paginator = client.get_paginator(xform_name(what))
+        return self._call(what, lambda: [item for filters in chunked(kwargs.get("Filters"))
+                                         for page in paginator.paginate(**{**kwargs, **filters})
                                          for item in page[key]])
 
     def _settle(self, what: str, fn: Callable[[], T], kind: str, cloud_id: str, settle: float) -> T:

@@ -167,9 +167,8 @@ class AwsInstances(AwsBase):
             filters = [{"Name": "instance-id", "Values": list(ids)}]
         else:
             filters = self._owned(everyone) + ([{"Name": f"tag:{TAG_NODE}", "Values": [node]}] if node else [])
-        pages = self._call("DescribeInstances", lambda: list(ec2.get_paginator("describe_instances").paginate(
-            Filters=filters)))
-        return [_instance(raw, region) for page in pages for res in page["Reservations"] for raw in res["Instances"]]
+        reservations = self._pages(ec2, "DescribeInstances", "Reservations", Filters=filters)
+        return [_instance(raw, region) for res in reservations for raw in res["Instances"]]
 
     def wait_running(self, region: str, instance_id: str, timeout: float, settle: float) -> Instance:
         deadline = time.monotonic() + timeout
