@@ -165,6 +165,9 @@ CASES = [
     ("sync {d}/no-such-folder exp1:code", "SRC", "no such file or folder here"),
     ("autostop trian 2h", "HOST", "no node called 'trian'"),
     ("ttl trian 4h", "HOST", "no node called 'trian'"),
+    ("gc --all-regions --region us-east-1", "--region", "cannot be given with --all-regions"),
+    ("AWS_PROFILE=no-such-profile gc --all-regions", "AWS_PROFILE", "no AWS profile called 'no-such-profile'"),
+    ("AWS_PROFILE=no-such-profile gc", "AWS_PROFILE", "no AWS profile called 'no-such-profile'"),
     # messages
     ("stauts", "stauts", "no such command (did you mean status"),
     ("plan --gpu t4 --gpu a100", "--gpu", "given more than once"),

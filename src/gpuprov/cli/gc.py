@@ -14,7 +14,7 @@ import click
 
 from gpuprov.cli.common import main, make_console, region_from, say_to, store_and_provider, team_scope
 from gpuprov.cli.complete import complete_region
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, UserInputError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -61,6 +61,9 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
     team = team_scope(everyone, goes_with="--stopped-for", given=stopped_seconds is not None,
                       why="the orphans gc finds are the team's already, whoever made them",
                       alone="--stopped-for alone takes every stopped node gpuprov manages here")
+    if all_regions and regions:
+        raise UserInputError("--region", "cannot be given with --all-regions, which sweeps every enabled region",
+                             "drop one of them")
     store, provider = store_and_provider()
     cat = catalog.load()
     console = make_console(stderr=as_json)
@@ -69,6 +72,8 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
         where = list(cat.regions)
         try:
             enabled = set(provider.enabled_regions(region_from(None).name))
+        except UserInputError:  # no credentials, no such profile: no region could be swept either
+            raise
         except GpuprovError as exc:
             say(f"could not list the account's regions ({exc}); sweeping every region gpuprov knows")
         else:

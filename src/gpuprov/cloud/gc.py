@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from gpuprov.cloud import images, keys, tags
 from gpuprov.cloud.providers.base import IMAGES, SHARED, CloudResource, NotFound, Provider
 from gpuprov.cloud.teardown import take_down
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state import Store, locks
 
 if TYPE_CHECKING:
@@ -74,7 +74,9 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store, all_instal
             tagged = provider.tagged(region, everyone=True)
             if region == regions[0]:  # IAM is global: its roles and profiles once, with the first region
                 tagged += provider.tagged_iam(region, everyone=True)
-        except GpuprovError as exc:  # one region's refusal (credentials, a region not enabled) stops no other
+        except UserInputError:  # no credentials, a profile that does not exist: every region's, said once
+            raise
+        except GpuprovError as exc:  # one region's refusal (a region not enabled, a denied call) stops no other
             sweep.errors.append(f"{region}: {exc}")
             continue
         for res in tagged:
