@@ -166,6 +166,8 @@ CASES = [
     ("autostop trian 2h", "HOST", "no node called 'trian'"),
     ("ttl trian 4h", "HOST", "no node called 'trian'"),
     ("gc --all-regions --region us-east-1", "--region", "cannot be given with --all-regions"),
+    ("plan --gpu T4 --spot --persistent --autostop-action terminate", "--autostop-action",
+     "EC2 would open the request again and launch a replacement"),
     ("AWS_PROFILE=no-such-profile gc --all-regions", "AWS_PROFILE", "no AWS profile called 'no-such-profile'"),
     ("AWS_PROFILE=no-such-profile gc", "AWS_PROFILE", "no AWS profile called 'no-such-profile'"),
     # messages

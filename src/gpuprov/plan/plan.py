@@ -202,6 +202,13 @@ def shutdown_action(request: NodeRequest) -> Literal["stop", "terminate"]:
         raise UserInputError("--autostop-action", "a one-time spot instance cannot stop (EC2 refuses to stop it)",
                              "add --persistent (a persistent spot request that stops instead of terminating), "
                              "or --autostop-action terminate")
+    if request.autostop_action == "terminate" and request.spot and request.persistent:
+        # EC2 user guide, "State changes for a Spot request": terminating an instance of a persistent request opens the
+        # request again, and EC2 launches a replacement, one gpuprov never bootstrapped and whose guards are off
+        raise UserInputError("--autostop-action", "terminate on a persistent spot request: EC2 would open the request "
+                             "again and launch a replacement, with no guards, billing until `gpuprov down`",
+                             "--autostop-action stop (the default with --persistent), or drop --persistent for a "
+                             "one-time spot node that terminates")
     return request.autostop_action or ("stop" if request.can_stop else "terminate")
 
 
