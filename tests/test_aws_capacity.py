@@ -5,6 +5,7 @@ new instance's address: its disk's marker file is there)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -429,6 +430,35 @@ def test_start_move_region_of_a_subnet_node_needs_a_subnet_there_and_its_disk_is
     (node,) = json.loads(gp(env, "status", "--json").stdout)
     assert (node["state"], node["region"], node["zone"]) == ("ready", "us-west-2", zone)
     assert gp(env, "down", "far", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_a_cluster_launched_into_a_reservation_makes_no_placement_group_of_its_own(aws, env):
+    """A reservation made outside a placement group cannot be used from one (and a block needs none): the cluster
+    goes into the reservation's own group, or none."""
+    aws.capacity(reservations=[{"id": "cr-0c1b2c3d4e5f60718", "instance_type": "p5.48xlarge", "zone": "us-east-1a",
+                                "count": 2, "match": "targeted"}])
+    up = gp(env, *up_args("pair", "--gpu", "H100:8", "--nodes", "2", "--reservation", "cr-0c1b2c3d4e5f60718", *NO_WAIT))
+    assert up.returncode == 0, up.stdout + up.stderr
+    (run,) = [e["form"] for e in aws.log("RunInstances") if e["status"] == 200]
+    assert "Placement.GroupName" not in run and not aws.log("CreatePlacementGroup")
+    assert gp(env, "down", "pair", "--yes").returncode == 0
+
+    proxied = aws.client("ec2", via_proxy=True)  # placement groups live in the proxy (moto has none)
+    proxied.create_placement_group(GroupName="pg-held", Strategy="cluster")
+    for _ in range(3):  # known to EC2 everywhere before the launch names it
+        with contextlib.suppress(Exception):
+            proxied.describe_placement_groups(GroupNames=["pg-held"])
+    aws.capacity(reservations=[{"id": "cr-0d1b2c3d4e5f60718", "instance_type": "p5.48xlarge", "zone": "us-east-1a",
+                                "count": 2, "match": "targeted", "placement_group": "pg-held"}])
+    held = gp(env, *up_args("held", "--gpu", "H100:8", "--nodes", "2", "--reservation", "cr-0d1b2c3d4e5f60718",
+                            *NO_WAIT))
+    assert held.returncode == 0, held.stdout + held.stderr
+    into = [e["form"] for e in aws.log("RunInstances") if e["status"] == 200][-1]
+    assert into["Placement.GroupName"] == "pg-held"
+    assert [e["form"]["GroupName"] for e in aws.log("CreatePlacementGroup")] == ["pg-held"]  # the test's, alone
+    assert gp(env, "down", "held", "--yes").returncode == 0
+    proxied.delete_placement_group(GroupName="pg-held")  # the account's own, not gpuprov's
     nothing_left(aws)
 
 

@@ -86,7 +86,8 @@ class CapacityEc2:
                 "id": rid, "region": r.get("region", "us-east-1"), "type": r["instance_type"], "zone": r["zone"],
                 "total": int(r.get("count", 1)), "used": 0, "start": float(r.get("start", self.now() - 3600)),
                 "end": r.get("end"), "match": r.get("match", "open"), "kind": r.get("kind", "default"),
-                "block_id": r.get("block_id"), "state": r.get("state"), "tags": r.get("tags", [])}
+                "block_id": r.get("block_id"), "state": r.get("state"), "tags": r.get("tags", []),
+                "placement_group": r.get("placement_group")}
         for o in ask.get("offerings", []):
             oid = o.get("id") or f"cb-offering-{next(_ids):08x}"
             self.offerings[oid] = {"id": oid, "region": o.get("region", "us-east-1"), "type": o["instance_type"],
@@ -116,6 +117,9 @@ class CapacityEc2:
         end = f"<endDate>{_iso(float(r['end']))}</endDate><endDateType>limited</endDateType>" if r["end"] else \
             "<endDateType>unlimited</endDateType>"
         block = f"<capacityBlockId>{r['block_id']}</capacityBlockId>" if r["block_id"] else ""
+        if r.get("placement_group"):  # a reservation made in a cluster placement group (botocore: PlacementGroupArn)
+            block += (f"<placementGroupArn>arn:aws:ec2:{r['region']}:123456789012:placement-group/"
+                      f"{r['placement_group']}</placementGroupArn>")
         tags = "".join(f"<item><key>{escape(t['Key'])}</key><value>{escape(t['Value'])}</value></item>"
                        for t in r["tags"])
         return (f"<item><capacityReservationId>{r['id']}</capacityReservationId><ownerId>123456789012</ownerId>"

@@ -206,12 +206,15 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
     attempts: list[launch.Attempt] = []
     closed: set[Market] = set()
     group: str | None = None
+    targeted, reserved_group = reservations.held_group(opts, provider, region)
     for i, cand in enumerate(order.candidates):
         if cand.market in closed:
             continue
         layout = network_for(instance_of(plan, cand.instance_type))
-        if layout.placement_group and group is None:
+        if layout.placement_group and group is None and not targeted:
             group = _placement_group(name, region, provider, store, say)
+        elif targeted:  # into the reservation's own group, if it was made in one; never a new one
+            group = reserved_group
         token = f"gpuprov-{name}-{i}-{uuid.uuid4().hex[:12]}"
         say(f"asking for {copts.nodes} × {cand.instance_type} in {cand.zone} ({cand.market}"
             + (f", at least {copts.at_least}" if copts.at_least < copts.nodes else "")
@@ -223,7 +226,7 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
                 node=name, region=region, zone=cand.zone, instance_type=cand.instance_type, market=cand.market,
                 image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price,
                 shutdown_behavior=launch.shutdown_behavior(plan, cand.market), count=copts.nodes,
-                min_count=copts.at_least, placement_group=group if layout.placement_group else None,
+                min_count=copts.at_least, placement_group=group if layout.placement_group or targeted else None,
                 interfaces=layout.interfaces, instance_profile=opts.instance_profile,
                 **reservations.reservation_of(opts)), settle=settle_window())
         except LaunchError as exc:  # a refusal launched none of them (MinCount)

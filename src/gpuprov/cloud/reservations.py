@@ -112,6 +112,19 @@ def reservation_of(opts: Any) -> dict[str, Any]:
     return {"reservation": given, "capacity_block": bool(opts.capacity_block)}
 
 
+def held_group(opts: Any, provider: Provider, region: str) -> tuple[bool, str | None]:
+    """Whether a launch targets one reservation, and the cluster placement group that reservation was made in.
+    A cluster launched into one makes no placement group of its own: "there is no need to use a cluster placement
+    group with a Capacity Block", and a reservation made outside a placement group cannot be moved into one (EC2
+    user guide, Capacity Blocks and Capacity Reservations in cluster placement groups); AWS ParallelCluster refuses
+    that combination too."""
+    given = opts.capacity_block or opts.reservation
+    if not given or given == "open":
+        return False, None
+    found = find(provider, region, str(given), "--capacity-block" if opts.capacity_block else "--reservation")
+    return True, found.placement_group
+
+
 def resolved(opts: Any, reservation_id: str | None) -> dict[str, Any]:
     """The options with the reservation's own id (a block named cb-… launches by its cr-…)."""
     if reservation_id is None:

@@ -2,7 +2,7 @@
 
 Shapes from botocore's EC2 service model (2016-11-15, the venv's botocore): DescribeCapacityReservations
 (CapacityReservationId, InstanceType, AvailabilityZone, TotalInstanceCount, AvailableInstanceCount, State, StartDate,
-EndDate, InstanceMatchCriteria, ReservationType, CapacityBlockId), DescribeCapacityBlockOfferings (CapacityDurationHours
+EndDate, InstanceMatchCriteria, ReservationType, CapacityBlockId, PlacementGroupArn), DescribeCapacityBlockOfferings (CapacityDurationHours
 the one required member; InstanceType, InstanceCount, StartDateRange, EndDateRange), PurchaseCapacityBlock
 (CapacityBlockOfferingId and InstancePlatform required, TagSpecifications; no ClientToken), DescribeCapacityReservations'
 Tags (its Filters, as EC2's reference lists them, name no tag: a purchase is found by its tags in the listing).
@@ -26,7 +26,9 @@ def _reservation(raw: dict[str, Any]) -> Reservation:
         zone=str(raw.get("AvailabilityZone") or ""), total=int(raw.get("TotalInstanceCount") or 0),
         available=int(raw.get("AvailableInstanceCount") or 0), state=str(raw.get("State") or ""),
         start=raw.get("StartDate"), end=raw.get("EndDate"), match=str(raw.get("InstanceMatchCriteria") or "open"),
-        kind=str(raw.get("ReservationType") or "default"), block_id=raw.get("CapacityBlockId"))
+        kind=str(raw.get("ReservationType") or "default"), block_id=raw.get("CapacityBlockId"),
+        placement_group=str(raw["PlacementGroupArn"]).rpartition("placement-group/")[2] if raw.get("PlacementGroupArn")
+        else None)
 
 
 class AwsCapacity(AwsBase):

@@ -170,6 +170,7 @@ class Reservation:
     match: str = "open"  # InstanceMatchCriteria: open | targeted
     kind: str = "default"  # ReservationType: default | capacity-block
     block_id: str | None = None  # CapacityBlockId (cb-…)
+    placement_group: str | None = None  # the cluster placement group it was made in (PlacementGroupArn's name)
 
 
 class BlockUnknown(GpuprovError):
