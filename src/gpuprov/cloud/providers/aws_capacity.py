@@ -2,10 +2,10 @@
 
 Shapes from botocore's EC2 service model (2016-11-15, the venv's botocore): DescribeCapacityReservations
 (CapacityReservationId, InstanceType, AvailabilityZone, TotalInstanceCount, AvailableInstanceCount, State, StartDate,
-EndDate, InstanceMatchCriteria, ReservationType, CapacityBlockId, PlacementGroupArn), DescribeCapacityBlockOfferings (CapacityDurationHours
-the one required member; InstanceType, InstanceCount, StartDateRange, EndDateRange), PurchaseCapacityBlock
-(CapacityBlockOfferingId and InstancePlatform required, TagSpecifications; no ClientToken), DescribeCapacityReservations'
-Tags (its Filters, as EC2's reference lists them, name no tag: a purchase is found by its tags in the listing).
+EndDate, InstanceMatchCriteria, ReservationType, CapacityBlockId, PlacementGroupArn, Tags; its Filters, as EC2's
+reference lists them, name no tag, so a purchase is found by its tags in the listing), DescribeCapacityBlockOfferings
+(CapacityDurationHours the one required member; InstanceType, InstanceCount, StartDateRange, EndDateRange),
+PurchaseCapacityBlock (CapacityBlockOfferingId and InstancePlatform required, TagSpecifications; no ClientToken).
 """
 
 from __future__ import annotations
