@@ -462,6 +462,37 @@ def test_a_cluster_launched_into_a_reservation_makes_no_placement_group_of_its_o
     nothing_left(aws)
 
 
+def test_up_wait_into_a_block_waits_through_the_clean_up_of_its_last_instance(aws, env):
+    """A Capacity Block answers ReservationCapacityExceeded for several minutes after its instance ended; `up --wait`
+    gave up on the first one."""
+    aws.capacity(reservations=[{"id": "cr-0e1b2c3d4e5f60718", "instance_type": "p5.48xlarge", "zone": "us-east-1a",
+                                "count": 1, "match": "targeted", "kind": "capacity-block",
+                                "block_id": "cb-0e1b2c3d4e5f60718", "end": time.time() + 86400}])
+    block = ("--gpu", "H100:8", "--capacity-block", "cr-0e1b2c3d4e5f60718", *NO_WAIT)
+    assert gp(env, *up_args("first", *block)).returncode == 0
+    assert gp(env, "down", "first", "--yes").returncode == 0
+    now = gp(env, *up_args("second", *block))  # without --wait: told why, nothing left
+    assert now.returncode == 1 and "ReservationCapacityExceeded" in now.stderr + now.stdout
+    assert "still being cleaned up" in now.stdout + now.stderr
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("second", *block, "--wait", "2h")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**env, "GPUPROV_TEST_WAIT_BACKOFF_SECONDS": "0.5"})
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("pass 1:"):
+                assert "ReservationCapacityExceeded" in line
+                break
+        aws.capacity(advance=301)  # the clean-up is over
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out + err
+    assert gp(env, "down", "second", "--yes").returncode == 0
+    nothing_left(aws)
+
+
 def test_a_capacity_block_purchase_is_sent_once_and_after_a_lost_answer_looked_for(aws, env, gp_home):
     """PurchaseCapacityBlock has no ClientToken and cannot be undone (mutations.py ONCE): botocore used to send it
     again after a lost answer, which met the sold offering, and the bought block was recorded `failed`."""

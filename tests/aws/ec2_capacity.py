@@ -30,7 +30,9 @@ launched with MarketType capacity-block a spot one (/tmp/research/ec2-contracts.
   ReservationCapacityExceeded (400, "The requested reservation does not have sufficient compatible and available
   capacity for this request.", observed in terraform-provider-aws#35745). What passes goes to moto without the two
   fields (so moto does not make it spot), and the reservation's available count drops; TerminateInstances gives
-  it back. `open` takes an active open reservation of the type and zone with room, when there is one.
+  it back, for a Capacity Block only once its clean-up is over (CLEANUP_SECONDS of the proxy's clock; until then a
+  launch into it is ReservationCapacityExceeded). `open` takes an active open reservation of the type and zone with
+  room, when there is one.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ TARGET = "CapacityReservationSpecification.CapacityReservationTarget.CapacityRes
 PREFERENCE = "CapacityReservationSpecification.CapacityReservationPreference"
 MARKET = "InstanceMarketOptions.MarketType"
 END_TERMINATES = 30 * 60  # EC2 begins terminating a block's instances this long before its end
+# "it takes several minutes to clean up your instance before you can launch another instance to replace it" (EC2
+# user guide, "Launch instances using Capacity Blocks"): the minutes are not given; five here (POST {"cleanup": s})
+CLEANUP_SECONDS = 300.0
 _ids = itertools.count(1)
 
 Answer = tuple[int, bytes] | tuple[int, str, str]
@@ -73,6 +78,8 @@ class CapacityEc2:
         self.reservations: dict[str, dict[str, Any]] = {}
         self.offerings: dict[str, dict[str, Any]] = {}
         self.instances: dict[str, str] = {}  # instance id -> the reservation it runs in
+        self.cleaning: list[tuple[float, str]] = []  # (when it is free again, reservation): a block's ended instance
+        self.cleanup = CLEANUP_SECONDS
         self.offset = 0.0  # the proxy's clock: time.time() + offset (POST {"advance": s})
 
     def now(self) -> float:
@@ -93,6 +100,8 @@ class CapacityEc2:
             self.offerings[oid] = {"id": oid, "region": o.get("region", "us-east-1"), "type": o["instance_type"],
                                    "zone": o["zone"], "count": int(o.get("count", 1)), "start": float(o["start"]),
                                    "hours": int(o["hours"]), "fee": str(o["fee"])}
+        if "cleanup" in ask:
+            self.cleanup = float(ask["cleanup"])
         if "advance" in ask:
             self.offset += float(ask["advance"])
         return self.state()
@@ -134,6 +143,7 @@ class CapacityEc2:
     # -- EC2 calls the proxy answers itself (None: not ours)
     def answer(self, req: dict[str, Any]) -> Answer | None:
         action, form, region = req["action"], req["form"], req["region"] or "us-east-1"
+        self._cleaned()
         if action == "DescribeCapacityReservations":
             ids = [v for k, v in sorted(form.items()) if k.startswith("CapacityReservationId.")]
             unknown = [i for i in ids if i not in self.reservations]
@@ -202,6 +212,7 @@ class CapacityEc2:
             return None
         want = int(form.get("MinCount") or 1)
         zone, itype = form.get("Placement.AvailabilityZone"), form.get("InstanceType")
+        self._cleaned()
         if target is not None:
             r = self.reservations.get(target)
             if r is None:
@@ -243,4 +254,15 @@ class CapacityEc2:
     def terminated(self, form: dict[str, str]) -> None:
         for k, v in form.items():
             if k.startswith("InstanceId.") and v in self.instances:
-                self.reservations[self.instances.pop(v)]["used"] -= 1
+                rid = self.instances.pop(v)
+                if self.reservations[rid]["kind"] == "capacity-block":  # free once EC2 has cleaned the instance up
+                    self.cleaning.append((self.now() + self.cleanup, rid))
+                else:
+                    self.reservations[rid]["used"] -= 1
+
+    def _cleaned(self) -> None:
+        """A block's ended instances whose clean-up is over give their capacity back."""
+        now = self.now()
+        for at, rid in [c for c in self.cleaning if c[0] <= now]:
+            self.cleaning.remove((at, rid))
+            self.reservations[rid]["used"] -= 1

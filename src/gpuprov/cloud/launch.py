@@ -337,7 +337,7 @@ def note_refusal(exc: LaunchError, cand: Candidate, rid: int, asked: float, what
     attempt = Attempt(cand, exc.code, exc.message)
     attempts.append(attempt)
     rec.attempt(cand.instance_type, cand.zone, cand.market, asked, exc.code, exc.message)
-    say(f"  {exc.code}: {exc.message}")
+    say(f"  {exc.code}: {exc.message}" + (f"\n  why: {exc.fix}" if exc.fix and exc.then == "next-candidate" else ""))
     store.event(name, "launch-refused", f"{what}{cand.instance_type} {cand.zone} {cand.market}: {exc.code}")
     return attempt
 

@@ -40,6 +40,12 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal("InsufficientHostCapacity", "next-candidate"),
     Refusal("InsufficientReservedInstanceCapacity", "next-candidate"),
     Refusal("UnfulfillableCapacity", "next-candidate"),
+    # a reservation or Capacity Block with no free instance now: in use, or still being cleaned up after one of its
+    # instances stopped or ended ("it takes several minutes to clean up your instance before you can launch another
+    # instance to replace it", EC2 user guide, "Launch instances using Capacity Blocks"); `up --wait` waits for it
+    Refusal("ReservationCapacityExceeded", "next-candidate",
+            fix="the reservation's instances are in use, or one that ended is still being cleaned up (EC2 takes "
+                "several minutes); `up --wait DURATION` asks again until it is free"),
     # `Unsupported` is a zone or type that cannot serve the request ("Your requested instance type (X) is not
     # supported in your requested Availability Zone (Y)...") or a configuration no zone would take ("The requested
     # configuration is currently not supported. Please check the documentation..."): only the first moves on
