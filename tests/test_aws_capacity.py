@@ -493,6 +493,31 @@ def test_up_wait_into_a_block_waits_through_the_clean_up_of_its_last_instance(aw
     nothing_left(aws)
 
 
+def test_a_block_bought_moments_ago_is_waited_for_and_a_stopped_node_of_an_ended_block_is_not_started(aws, env):
+    """payment-pending is waited through; a node stopped in a block that ended (or resized away from its type) is
+    refused before StartInstances, with the move offered."""
+    aws.capacity(offerings=[{"id": "cb-offer-now", "instance_type": "p5.48xlarge", "zone": "us-east-1a", "count": 1,
+                             "start": time.time() - 60, "hours": 24, "fee": "786.24"}], payment_looks=2)
+    assert gp(env, "capacity", "offers", "--gpu", "H100:8", "--hours", "24").returncode == 0
+    block = json.loads(gp(env, "capacity", "buy", "cb-offer-now", "--yes", "--json").stdout)["reservation_id"]
+    up = gp(env, *up_args("blk", "--gpu", "H100:8", "--capacity-block", block, *NO_WAIT))
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "payment-pending (bought moments ago): waiting for EC2 to take the payment" in up.stdout
+    assert gp(env, "stop", "blk").returncode == 0
+    resized = gp(env, "start", "blk", "--instance-type", "p4d.24xlarge", "--no-bootstrap")
+    assert resized.returncode == 2 and f"its Capacity Block {block} holds p5.48xlarge, not p4d.24xlarge" in \
+        resized.stderr
+    aws.capacity(advance=25 * 3600)  # the block is over
+    ended = gp(env, "start", "blk", "--no-bootstrap")
+    assert ended.returncode == 2, ended.stdout + ended.stderr
+    assert f"blk cannot start: its Capacity Block {block} has ended" in ended.stderr
+    assert "bills while it stays stopped" in ended.stderr and "`gpuprov start blk --move`" in ended.stderr
+    assert "CapacityReservationPreference=open" in ended.stderr
+    assert not aws.log("StartInstances") and not aws.log("ModifyInstanceAttribute")  # refused before asking
+    assert gp(env, "down", "blk", "--yes").returncode == 0
+    nothing_left(aws)
+
+
 def test_a_capacity_block_purchase_is_sent_once_and_after_a_lost_answer_looked_for(aws, env, gp_home):
     """PurchaseCapacityBlock has no ClientToken and cannot be undone (mutations.py ONCE): botocore used to send it
     again after a lost answer, which met the sold offering, and the bought block was recorded `failed`."""

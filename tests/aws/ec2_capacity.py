@@ -14,8 +14,9 @@ launched with MarketType capacity-block a spot one (/tmp/research/ec2-contracts.
   days, and in 7-day increments up to 182 days" — InvalidParameterValue otherwise), the offerings whose type, count,
   duration and window (StartDateRange <= start, end <= EndDateRange) match;
 * PurchaseCapacityBlock (CapacityBlockOfferingId and InstancePlatform required; no ClientToken): the offering becomes
-  a capacity-block reservation, targeted, `scheduled` before its start (the EC2 guide's state for a future-dated one),
-  `active` from its start, `expired` at its end ("When a Capacity Block expires, all instances in the Capacity Block
+  a capacity-block reservation, targeted (`payment-pending` for its first `payment_looks` listings, 0 unless a test
+  asks: "payment-pending" is one of botocore's CapacityReservationState values), `scheduled` before its start (the
+  EC2 guide's state for a future-dated one), `active` from its start, `expired` at its end ("When a Capacity Block expires, all instances in the Capacity Block
   are terminated"; "Thirty minutes before the reservation expires, we begin to terminate any instances that are still
   running in the Capacity Block", EC2 guide, capacity-blocks-using: a launch in those last 30 minutes is refused here;
   the termination itself is not imitated). The proxy's clock moves with POST {"advance": seconds}. An unknown
@@ -31,7 +32,8 @@ launched with MarketType capacity-block a spot one (/tmp/research/ec2-contracts.
   capacity for this request.", observed in terraform-provider-aws#35745). What passes goes to moto without the two
   fields (so moto does not make it spot), and the reservation's available count drops; TerminateInstances gives
   it back, for a Capacity Block only once its clean-up is over (CLEANUP_SECONDS of the proxy's clock; until then a
-  launch into it is ReservationCapacityExceeded). `open` takes an active open reservation of the type and zone with
+  launch into it is ReservationCapacityExceeded). StartInstances of a stopped instance of a block no longer
+  active is refused. `open` takes an active open reservation of the type and zone with
   room, when there is one.
 """
 
@@ -80,6 +82,7 @@ class CapacityEc2:
         self.instances: dict[str, str] = {}  # instance id -> the reservation it runs in
         self.cleaning: list[tuple[float, str]] = []  # (when it is free again, reservation): a block's ended instance
         self.cleanup = CLEANUP_SECONDS
+        self.payment_looks = 0  # listings a bought block answers payment-pending (POST {"payment_looks": n})
         self.offset = 0.0  # the proxy's clock: time.time() + offset (POST {"advance": s})
 
     def now(self) -> float:
@@ -100,6 +103,8 @@ class CapacityEc2:
             self.offerings[oid] = {"id": oid, "region": o.get("region", "us-east-1"), "type": o["instance_type"],
                                    "zone": o["zone"], "count": int(o.get("count", 1)), "start": float(o["start"]),
                                    "hours": int(o["hours"]), "fee": str(o["fee"])}
+        if "payment_looks" in ask:
+            self.payment_looks = int(ask["payment_looks"])
         if "cleanup" in ask:
             self.cleanup = float(ask["cleanup"])
         if "advance" in ask:
@@ -115,6 +120,8 @@ class CapacityEc2:
     def _state(self, r: dict[str, Any]) -> str:
         if r.get("state"):  # a test's fixed state (cancelled, payment-pending …)
             return str(r["state"])
+        if r.get("pending"):  # bought moments ago: EC2 has not taken the payment yet
+            return "payment-pending"
         now = self.now()
         if now < r["start"]:
             return "scheduled"
@@ -151,12 +158,28 @@ class CapacityEc2:
                 return 400, "InvalidCapacityReservationId.NotFound", f"The capacity reservation ID '{unknown[0]}' " \
                                                                      "does not exist"
             mine = [r for r in self.reservations.values() if r["region"] == region and (not ids or r["id"] in ids)]
-            return 200, _body(action, "<capacityReservationSet>" + "".join(self._item(r) for r in mine)
-                              + "</capacityReservationSet>")
+            answer = _body(action, "<capacityReservationSet>" + "".join(self._item(r) for r in mine)
+                           + "</capacityReservationSet>")
+            for r in mine:  # payment-pending for its first `payment_looks` listings
+                r["pending"] = max(0, r.get("pending", 0) - 1)
+            return 200, answer
         if action == "DescribeCapacityBlockOfferings":
             return self._offerings(form, region)
         if action == "PurchaseCapacityBlock":
             return self._purchase(form, region)
+        if action == "StartInstances":
+            return self._start(form)
+        return None
+
+    def _start(self, form: dict[str, str]) -> Answer | None:
+        """A stopped instance of a Capacity Block that is no longer active cannot start ("you can't restart them
+        until you target another Capacity Block in the active state", EC2 user guide; the code is unverified: the
+        one this imitation gives a launch into an ended block)."""
+        for k, iid in form.items():
+            rid = self.instances.get(iid) if k.startswith("InstanceId.") else None
+            r = self.reservations.get(rid) if rid else None
+            if r is not None and r["kind"] == "capacity-block" and self._state(r) != "active":
+                return 500, "InsufficientInstanceCapacity", f"Insufficient capacity: {rid} is {self._state(r)}"
         return None
 
     def _offerings(self, form: dict[str, str], region: str) -> Answer:
@@ -199,7 +222,7 @@ class CapacityEc2:
                                   "total": offer["count"], "used": 0, "start": offer["start"],
                                   "end": offer["start"] + offer["hours"] * 3600, "match": "targeted",
                                   "kind": "capacity-block", "block_id": f"cb-{next(_ids):017x}", "state": None,
-                                  "tags": tags}
+                                  "tags": tags, "pending": self.payment_looks}
         return 200, _body("PurchaseCapacityBlock", f"<capacityReservation>{self._item(self.reservations[rid])[6:-7]}"
                           "</capacityReservation>")
 

@@ -67,6 +67,8 @@ def narrow(order: Order, plan: Plan, opts: Any, provider: Provider, region: str,
         return _open_first(order, provider, region, say), None
     flag = "--capacity-block" if opts.capacity_block else "--reservation"
     res = find(provider, region, str(opts.capacity_block or opts.reservation), flag)
+    if res.state == "payment-pending":
+        res = _paid(res, provider, region, flag, say)
     if opts.capacity_block and res.kind != "capacity-block":
         raise UserInputError(flag, f"{res.id} is an On-Demand Capacity Reservation, not a Capacity Block",
                              f"--reservation {res.id}")
@@ -89,6 +91,52 @@ def narrow(order: Order, plan: Plan, opts: Any, provider: Provider, region: str,
         + (f", ends {_when(res.end)}" if res.end else ""))
     return Order((Candidate(res.instance_type, res.zone, "on-demand", types[res.instance_type]),), order.skipped,
                  order.max_hourly), res.id
+
+
+PAYMENT_WAIT = 300.0  # seconds a freshly bought block may stay payment-pending before `up` gives up on it
+
+
+def _paid(res: Reservation, provider: Provider, region: str, flag: str, say: Say) -> Reservation:
+    """A block bought moments ago is `payment-pending` until EC2 has taken the payment: waited for, not refused."""
+    say(f"{res.id} is payment-pending (bought moments ago): waiting for EC2 to take the payment")
+    deadline, wait = time.monotonic() + PAYMENT_WAIT, float(getattr(provider, "poll", 2.0))
+    while res.state == "payment-pending":
+        if time.monotonic() + wait > deadline:
+            raise UserInputError(flag, f"{res.id} is still payment-pending after {PAYMENT_WAIT:.0f}s",
+                                 "`gpuprov capacity list` shows its state; launch into it once it is scheduled or "
+                                 "active")
+        time.sleep(wait)
+        wait = min(wait * 2, 30.0)
+        (res,) = provider.reservations(region, [res.id])
+    say(f"  {res.id} is {res.state}")
+    return res
+
+
+def startable(node: Node, instance_type: str, instance_id: str, provider: Provider) -> None:
+    """A stopped node launched into a reservation starts only in it: refused before StartInstances when the
+    reservation is over or holds another type (a resize): "you can't restart them until you target another
+    Capacity Block in the active state" (EC2 user guide, Capacity Blocks). Its disk bills meanwhile."""
+    if not node.reservation_id:
+        return
+    found = [r for r in provider.reservations(node.region) if r.id == node.reservation_id]
+    res = found[0] if found else None
+    ended = res is None or res.state in ("expired", "cancelled", "failed", "payment-failed") or (
+        res.end is not None and res.end.timestamp() <= time.time())
+    other = res is not None and res.instance_type != instance_type
+    if not (ended or other):
+        return
+    what = "Capacity Block" if (res is not None and res.kind == "capacity-block") or node.reservation_end else \
+        "Capacity Reservation"
+    why = (f"its {what} {node.reservation_id} " + ("has ended" if ended else f"holds {res.instance_type if res else '?'}"
+                                                   f", not {instance_type}"))
+    disk = f"its {node.disk_gb} GB disk" if node.disk_gb else "its disk"
+    raise UserInputError("NAME", f"{node.name} cannot start: {why}, and EC2 starts it only there; {disk} bills "
+                         "while it stays stopped",
+                         f"`gpuprov start {node.name} --move` takes it (image, disk and all) to on-demand capacity "
+                         f"in another zone; or make it start outside the reservation: aws ec2 "
+                         f"modify-instance-capacity-reservation-attributes --region {node.region} --instance-id "
+                         f"{instance_id} --capacity-reservation-specification CapacityReservationPreference=open, then "
+                         f"`gpuprov start {node.name}`; or `gpuprov down {node.name}` (its disk too)")
 
 
 def _hours_to(t: datetime | None) -> int:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from gpuprov.cloud import reservations
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import bootstrap_node, wait_tcp
 from gpuprov.cloud.instance_store import say_what_stop_loses
@@ -217,6 +218,8 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
     if current.state in ("terminated", "shutting-down"):
         store.update_node(name, state=NodeState.GONE, state_reason=current.state_reason or "instance terminated")
         raise GpuprovError(f"{name}'s instance {iid} is {current.state}; `gpuprov down {name}` removes what is left")
+    # a node launched into a reservation starts only there: refused before a resize or StartInstances is asked
+    reservations.startable(node, target.name if target is not None else current.instance_type, iid, provider)
     original = node.resize_from or current.instance_type
     resized_from = None
     if target is not None and target.name != current.instance_type:
