@@ -15,6 +15,7 @@ import pytest
 from tests import forkcli
 from tests.aws.cli import copy_disk, gp, launch_site, nothing_left, up_args
 from tests.aws.fixture import os_ami, ubuntu_ami
+from tests.test_guards_survive import on_node
 
 SYSROOT = "/var/lib/gpuprov-shim/root"
 STACK_ARGS = ("--gpu", "T4", "--os", "ubuntu-22.04", "--python", "3.11")
@@ -332,6 +333,8 @@ def test_a_bake_puts_the_guards_back_as_the_record_shows_them(aws, env, aws_host
     after = pool.exec_in(0, f"cat {deadline_file}", check=True).stdout.split()
     assert after[0] == before[0] and abs(int(after[1]) - int(before[1])) <= 5
     assert "7200" in pool.exec_in(0, f"cat {SYSROOT}/etc/gpuprov/autostop.conf", check=True).stdout
+    back = on_node(pool, 0)  # those two and nothing else: no metrics or health watch it never had
+    assert back.steps == {"autostop", "ttl"} and not back.exporter
     calls = pool.exec_in(0, "cat /var/lib/gpuprov-shim/calls.log", check=True).stdout.splitlines()
     for timer in ("gpuprov-ttl.timer", "gpuprov-autostop.timer"):  # disabled by the clean-up, enabled again
         last = [c for c in calls if c.startswith("systemctl") and timer in c][-1]
