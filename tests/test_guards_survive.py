@@ -1,8 +1,9 @@
 """A running node has exactly the guards its record shows after every operation that touches them (issue 35 §4):
 `image bake` (whose clean-up moves the guards and the monitoring aside), `start`, a resize (`start
 --instance-type`) and a zone move (`start --move`: a new instance from an image of the disk). One node is taken
-through all four, with a look at the host after each: the real CLI against moto behind the fault proxy, the node on
-the SSH test hosts (`aws_hosts`), whose fake systemd keeps each enabled unit as a file.
+through all four, with a look at the host after each, and a persistent spot node (its spot watch, a health watch
+without metrics) through a bake and a start: the real CLI against moto behind the fault proxy, the nodes on the SSH
+test hosts (`aws_hosts`), whose fake systemd keeps each enabled unit as a file.
 
 What the record implies is `cloud/guards.recorded_guards`, the same function bake's put-back runs; the look at the
 host checks it against what the test asked for, the deadline the node keeps against the record's (what `status`
@@ -57,7 +58,7 @@ def as_recorded(env, pool, i: int, name: str, asked: set[str]) -> OnNode:
     found = on_node(pool, i)
     assert found.steps == asked, (found, asked)
     (row,) = json.loads(gp(env, "status", name, "--json").stdout)
-    assert row["state"] == "ready" and row["autostop_seconds"] == found.idle_seconds == node.autostop_seconds
+    assert row["state"] == "ready" and row["autostop_seconds"] == found.idle_seconds == node.autostop_seconds, row
     assert recorded.deadline is not None and found.deadline is not None
     # the node's own clock set it a second or so after the record's
     assert abs(found.deadline - recorded.deadline) <= 5, (found.deadline, recorded.deadline)
@@ -108,4 +109,30 @@ def test_bake_start_resize_and_a_move_leave_the_node_exactly_the_guards_its_reco
         assert (row["zone"], row["address"]) == (other, f"{NET}.132")
         assert gp(env, "down", "g", "--yes").returncode == 0
     assert gp(env, "image", "rm", "g-stack", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_a_persistent_spot_nodes_watch_and_health_survive_a_bake_and_a_start(aws, env, aws_hosts, gp_home):
+    """The spot watch and a health watch without metrics (so no exporter) come back after a bake and a start."""
+    pool = aws_hosts
+    subnet = launch_site(aws, pool, gp_home)
+    aws.set_spot_prices({("g4dn.xlarge", "us-east-1a"): 0.25})
+    up = gp(env, *up_args("s", "--gpu", "T4", "--spot", "--persistent", "--subnet", subnet, *ON_HOST, "--ttl", "6h",
+                          "--on-interrupt", "touch /tmp/interrupted", "--health"))
+    assert up.returncode == 0, up.stdout + up.stderr
+    asked = {"ttl", "spot-interrupt", "health"}
+    made = as_recorded(env, pool, 0, "s", asked)
+    assert not made.exporter and made.idle_seconds is None
+    baked = gp(env, "image", "bake", "s", "--name", "s-stack", "--yes")
+    assert baked.returncode == 0, baked.stdout + baked.stderr
+    assert "s: its guards are back (ttl, spot-interrupt, health)" in baked.stdout
+    after_bake = as_recorded(env, pool, 0, "s", asked)
+    assert abs(after_bake.deadline - made.deadline) <= 5  # the record's deadline again (its whole seconds)
+    assert "touch /tmp/interrupted" in pool.exec_in(0, f"cat {SYSROOT}/etc/gpuprov/on-interrupt", check=True).stdout
+    assert gp(env, "stop", "s").returncode == 0
+    started = gp(env, "start", "s")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert as_recorded(env, pool, 0, "s", asked).deadline == after_bake.deadline  # a TTL alone keeps its deadline
+    assert gp(env, "down", "s", "--yes").returncode == 0
+    assert gp(env, "image", "rm", "s-stack", "--yes").returncode == 0
     nothing_left(aws)
