@@ -15,7 +15,7 @@ import pytest
 from tests import forkcli
 from tests.aws.cli import copy_disk, gp, launch_site, nothing_left, up_args
 from tests.aws.fixture import os_ami, ubuntu_ami
-from tests.test_guards_survive import on_node
+from tests.node_guards import on_node
 
 SYSROOT = "/var/lib/gpuprov-shim/root"
 STACK_ARGS = ("--gpu", "T4", "--os", "ubuntu-22.04", "--python", "3.11")

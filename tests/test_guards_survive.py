@@ -13,38 +13,13 @@ shows), the autostop window, and the metrics exporter there if and only if the r
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from tests import testnet
 from tests.aws.cli import copy_disk, gp, launch_site, nothing_left, up_args
+from tests.node_guards import SYSROOT, OnNode, on_node
 
-SYSROOT = "/var/lib/gpuprov-shim/root"  # the node's `/` for the shims (tests/conftest.py HOST_ENV)
 ON_HOST = ("--connect", "private", "--ssh-user", "root", "--os", "ubuntu-22.04", "--python", "3.11")
 NET = testnet.subnet("10.220.0")  # a /25 at .0 gives the first instance .4 (pool[0]), one at .128 gives .132 (pool[1])
-# each guard step, by the unit it leaves enabled (the shim's systemctl drops `.service`)
-UNITS = {"autostop": "gpuprov-autostop.timer", "ttl": "gpuprov-ttl.timer", "spot-interrupt": "gpuprov-interrupt",
-         "metrics": "gpuprov-gpu-metrics.timer", "health": "gpuprov-health"}
-
-
-@dataclass(frozen=True)
-class OnNode:
-    steps: frozenset[str]  # the guard steps whose unit file is there and enabled
-    deadline: int | None  # the TTL deadline the node keeps (ttl-deadline), epoch seconds
-    idle_seconds: int | None  # autostop.conf's window
-    exporter: bool  # the node exporter enabled with gpuprov's settings (metrics.sh.j2)
-
-
-def on_node(pool, i: int) -> OnNode:
-    """What host i has in place: each guard's unit (its file and enabled), the TTL deadline, the autostop window."""
-    out = pool.exec_in(i, f"""cd /var/lib/gpuprov-shim && ls enabled; echo ---; ls {SYSROOT}/etc/systemd/system
-        echo ---; cat {SYSROOT}/var/lib/gpuprov/ttl-deadline 2>/dev/null; echo ---
-        sed -n 's/^IDLE_SECONDS=//p' {SYSROOT}/etc/gpuprov/autostop.conf 2>/dev/null; echo ---
-        ls {SYSROOT}/etc/gpuprov/node-exporter.env 2>/dev/null; true""", check=True).stdout
-    enabled, files, deadline, idle, env_file = (part.split() for part in out.split("---"))
-    steps = frozenset(step for step, unit in UNITS.items()
-                      if unit in enabled and (unit if "." in unit else f"{unit}.service") in files)
-    return OnNode(steps, int(deadline[1]) if deadline else None, int(idle[0]) if idle else None,
-                  bool(env_file) and "prometheus-node-exporter" in enabled)
 
 
 def as_recorded(env, pool, i: int, name: str, asked: set[str]) -> OnNode:
