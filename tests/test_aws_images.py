@@ -389,6 +389,31 @@ def test_guards_that_cannot_be_put_back_after_a_bake_are_recorded_off(aws, env, 
     nothing_left(aws)
 
 
+def test_monitoring_that_cannot_be_put_back_after_a_bake_leaves_the_guards_back_and_recorded(aws, env, aws_hosts,
+                                                                                            gp_home):
+    pool = aws_hosts
+    _baked_node(aws, env, pool, gp_home, "--autostop", "2h", "--health")
+    aws.faults({"action": "CreateImage", "hold": True, "times": 1})
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "image", "bake", "base", "--name", "t4-stack", "--yes"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        aws.wait_held(1, timeout=120)
+        # the clean-up has run: a file where the health watch keeps its findings makes its step fail, and it alone
+        pool.exec_in(0, f"touch {SYSROOT}/var/lib/gpuprov/health", check=True)
+    finally:
+        aws.release()
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out + err
+    assert "base: its guards are back, its monitoring is not" in out and "`gpuprov start base`" in out, out
+    assert on_node(pool, 0).steps == {"autostop", "ttl"}
+    (row,) = json.loads(gp(env, "status", "base", "--json").stdout)
+    assert (row["autostop_seconds"], row["ttl_seconds"]) == (7200, 8 * 3600) and row["ttl_deadline"]
+    pool.exec_in(0, f"rm -f {SYSROOT}/var/lib/gpuprov/health", check=True)
+    assert gp(env, "down", "base", "--yes").returncode == 0
+    assert gp(env, "image", "rm", "t4-stack", "--yes").returncode == 0
+    nothing_left(aws)
+
+
 def test_a_bake_of_a_node_another_member_locked_is_refused_before_anything_is_made(aws, env, aws_hosts, gp_home):
     from gpuprov.state import open_store
 
