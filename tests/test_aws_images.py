@@ -15,6 +15,7 @@ import pytest
 from tests import forkcli
 from tests.aws.cli import copy_disk, gp, launch_site, nothing_left, up_args
 from tests.aws.fixture import os_ami, ubuntu_ami
+from tests.node_guards import on_node
 
 SYSROOT = "/var/lib/gpuprov-shim/root"
 STACK_ARGS = ("--gpu", "T4", "--os", "ubuntu-22.04", "--python", "3.11")
@@ -332,6 +333,8 @@ def test_a_bake_puts_the_guards_back_as_the_record_shows_them(aws, env, aws_host
     after = pool.exec_in(0, f"cat {deadline_file}", check=True).stdout.split()
     assert after[0] == before[0] and abs(int(after[1]) - int(before[1])) <= 5
     assert "7200" in pool.exec_in(0, f"cat {SYSROOT}/etc/gpuprov/autostop.conf", check=True).stdout
+    back = on_node(pool, 0)  # those two and nothing else: no metrics or health watch it never had
+    assert back.steps == {"autostop", "ttl"} and not back.exporter
     calls = pool.exec_in(0, "cat /var/lib/gpuprov-shim/calls.log", check=True).stdout.splitlines()
     for timer in ("gpuprov-ttl.timer", "gpuprov-autostop.timer"):  # disabled by the clean-up, enabled again
         last = [c for c in calls if c.startswith("systemctl") and timer in c][-1]
@@ -381,6 +384,31 @@ def test_guards_that_cannot_be_put_back_after_a_bake_are_recorded_off(aws, env, 
     (row,) = json.loads(gp(env, "status", "base", "--json").stdout)
     assert (row["autostop_seconds"], row["ttl_seconds"], row["ttl_deadline"]) == (None, None, None)
     pool.exec_in(0, f"rm -f {SYSROOT}/usr/local/lib/gpuprov", check=True)
+    assert gp(env, "down", "base", "--yes").returncode == 0
+    assert gp(env, "image", "rm", "t4-stack", "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_monitoring_that_cannot_be_put_back_after_a_bake_leaves_the_guards_back_and_recorded(aws, env, aws_hosts,
+                                                                                            gp_home):
+    pool = aws_hosts
+    _baked_node(aws, env, pool, gp_home, "--autostop", "2h", "--health")
+    aws.faults({"action": "CreateImage", "hold": True, "times": 1})
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "image", "bake", "base", "--name", "t4-stack", "--yes"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        aws.wait_held(1, timeout=120)
+        # the clean-up has run: a file where the health watch keeps its findings makes its step fail, and it alone
+        pool.exec_in(0, f"touch {SYSROOT}/var/lib/gpuprov/health", check=True)
+    finally:
+        aws.release()
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out + err
+    assert "base: its guards are back, its monitoring is not" in out and "`gpuprov start base`" in out, out
+    assert on_node(pool, 0).steps == {"autostop", "ttl"}
+    (row,) = json.loads(gp(env, "status", "base", "--json").stdout)
+    assert (row["autostop_seconds"], row["ttl_seconds"]) == (7200, 8 * 3600) and row["ttl_deadline"]
+    pool.exec_in(0, f"rm -f {SYSROOT}/var/lib/gpuprov/health", check=True)
     assert gp(env, "down", "base", "--yes").returncode == 0
     assert gp(env, "image", "rm", "t4-stack", "--yes").returncode == 0
     nothing_left(aws)

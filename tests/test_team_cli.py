@@ -324,8 +324,9 @@ def test_a_local_gc_never_takes_a_teams_node_made_from_the_same_install(aws, hom
 def test_a_record_this_gpuprov_cannot_read_is_named_status_and_gc_go_on_and_its_node_is_no_orphan(aws, homes):
     """A teammate's newer gpuprov wrote a state word this one does not know, and another object is torn: `status`
     lists the rest with a warning naming each; `gc --yes` goes on and takes none of the unread node's resources
-    (it may be live); `down` of it names the object, exit 2, no traceback."""
+    (it may be live), nor the region's shared key pair; `down` of it names the object, exit 2, no traceback."""
     alice, bob = homes
+    aws.realism(tag_lag=0)  # gc's listing by tag sees n's resources and the key pair at once, as after EC2's lag
     assert gp(alice, *up_args("n", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
     s3 = aws.client("s3")
     record = json.loads(s3.get_object(Bucket=BUCKET, Key="gp/nodes/n.json")["Body"].read())
@@ -336,14 +337,19 @@ def test_a_record_this_gpuprov_cannot_read_is_named_status_and_gc_go_on_and_its_
     assert shown.returncode == 0 and json.loads(shown.stdout) == [], shown.stderr
     assert f"warning: {STATE}/nodes/n.json: its state 'hibernating' is not one this gpuprov knows" in shown.stderr
     assert f"warning: {STATE}/nodes/torn.json: is not JSON" in shown.stderr
+    pairs = [p["KeyName"] for p in aws.ec2().describe_key_pairs()["KeyPairs"]]
+    assert len(pairs) == 1, pairs  # alice's, which n was launched with
     swept = gp(bob, "gc", "--yes")
     assert swept.returncode == 0, swept.stdout + swept.stderr
     (inst,) = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]]
     assert inst["State"]["Name"] == "running"
+    # the unread node may use the region's key pair: it is kept (a `start --move` of n launches with it)
+    assert [p["KeyName"] for p in aws.ec2().describe_key_pairs()["KeyPairs"]] == pairs, swept.stdout
     down = gp(bob, "down", "n", "--yes")
     assert down.returncode == 2 and "Traceback" not in down.stderr
     assert down.stderr.startswith(f"error: {STATE}/nodes/n.json: its state 'hibernating'"), down.stderr
     s3.put_object(Bucket=BUCKET, Key="gp/nodes/n.json", Body=json.dumps(record).encode())  # the newer gpuprov's own
+    s3.delete_object(Bucket=BUCKET, Key="gp/nodes/torn.json")  # else it may be a node that needs the key pair
     assert gp(alice, "down", "n", "--yes").returncode == 0
     assert aws.leftovers() == EMPTY
 

@@ -14,9 +14,10 @@ new one meanwhile). A CreateImage whose answer was lost is looked up by name bef
 EC2 may have taken it, and then the node must stay clean for the snapshot.
 
 Once the image is made, the node, rebooted by CreateImage as a first boot (new host keys, its launch key back,
-the tmpfs emptied), gets its guards back as its record shows them: the autostop, the spot watch, and the TTL
-or budget deadline recorded, not a new one. Its new host key is pinned on first contact, as `up` pins a new
-node's. A node whose guards another member locked (`--locked`) is not baked at all: the bake lifts them.
+the tmpfs emptied), gets its guards back as its record shows them (cloud/guards.recorded_guards): the autostop,
+the spot watch, the TTL or budget deadline recorded (not a new one), and its monitoring (metrics, health watch).
+Its new host key is pinned on first contact, as `up` pins a new node's. A node whose guards another member
+locked (`--locked`) is not baked at all: the bake lifts them.
 """
 
 from __future__ import annotations
@@ -113,34 +114,23 @@ def _bake(node_name: str, image_name: str, store: Store, provider: Provider, tar
 
 
 def _guards_back(node_name: str, store: Store, target: Target, settings: HostSettings, say: Say) -> None:
-    """The node's guards, as its record shows them, put back on it after the image was made. A TTL or budget
-    keeps its recorded deadline: the TTL step is run with its clock at the deadline's start. If the node cannot
-    be reached, or a step fails, the record says its guards are off, so `status` shows no deadline it lacks."""
+    """The node's guards and monitoring, as its record shows them (cloud/guards.recorded_guards), put back on it
+    after the image was made. A TTL or budget keeps its recorded deadline: the TTL step is run with its clock at
+    the deadline's start. If the node cannot be reached, or a guard step fails, the record says its guards are off,
+    so `status` shows no deadline it lacks; a monitoring step that fails after them leaves the guards recorded."""
     from pathlib import Path
 
     from gpuprov.cloud import team_keys
     from gpuprov.cloud.contact import wait_tcp
-    from gpuprov.cloud.guards import run_step
-    from gpuprov.cloud.stopstart import node_plan
+    from gpuprov.cloud.guards import recorded_guards, run_step
     from gpuprov.hosts.hostkeys import await_first_key
     from gpuprov.hosts.remote import Remote
-    from gpuprov.plan.plan import guard_steps, ttl_step
     from gpuprov.plan.render import render_steps
 
-    node = store.node(node_name)
-    guards = node_plan(node).guards
-    deadlines = [d for d in (node.ttl_deadline, node.budget_deadline if node.budget_usd is not None else None)
-                 if d is not None]
-    started: int | None = None
-    if deadlines:
-        deadline = round(min(deadlines))
-        ttl = node.ttl_seconds if node.ttl_deadline == min(deadlines) and node.ttl_seconds else \
-            max(1, deadline - int(time.time()))
-        started = deadline - ttl
-        guards = guards.model_copy(update={"ttl_seconds": ttl})
-    steps = tuple(ttl_step(guards, reset=True) if s.name == "ttl" else s for s in guard_steps(guards))
-    if not steps:
+    recorded = recorded_guards(store.node(node_name))
+    if not recorded.steps:
         return
+    at_monitoring = False  # every guard step is back: what fails from here is monitoring
     try:
         if target.known_hosts:  # cloud-init's first boot made new host keys: the clean-up removed the old ones
             await_first_key(Path(target.known_hosts), f"node {node_name}: rebooted by `image bake`, new host keys")
@@ -148,25 +138,47 @@ def _guards_back(node_name: str, store: Store, target: Target, settings: HostSet
         remote = Remote(target, settings)
         remote.open()
         try:
-            for script in render_steps(steps, {}, {}).scripts:
-                clock = f"GPUPROV_NOW={started} " if script.name == "ttl" and started is not None else ""
-                run_step(remote, node_name, script.name, script.text, f"putting its {script.name} guard back", clock)
+            for script in render_steps(recorded.steps, {}, {}).scripts:
+                at_monitoring = script.kind != "guard"
+                run_step(remote, node_name, script.name, script.text, f"putting its {script.name} step back",
+                         recorded.clock(script.name))
         finally:
             remote.close()
     except (GpuprovError, KeyboardInterrupt) as exc:  # a step failed, or interrupted (any signal)
-        store.update_node(node_name, autostop_seconds=None, ttl_seconds=None, ttl_deadline=None, budget_usd=None,
-                          budget_deadline=None, budget_price=None)
-        store.event(node_name, "guards", f"not put back after the bake: {exc or 'interrupted'}")
-        lost = (f"{node_name} runs with no autostop, TTL or budget; `gpuprov ttl {node_name} 4h` or "
-                f"`gpuprov down {node_name}`")
-        if isinstance(exc, Interrupted):
-            exc.note = f"the image is made; {lost}"
+        if not at_monitoring:
+            _guards_lost(node_name, store, exc, say)
+        else:
+            _monitoring_lost(node_name, store, exc, say)
         if isinstance(exc, KeyboardInterrupt):
             raise
-        say(f"{node_name}: its guards could not be put back ({exc}): {lost}")
+        if at_monitoring:  # it was reached: its new host key goes to the team as on success
+            team_keys.after_contact(node_name, target, settings, say)
         return
     team_keys.after_contact(node_name, target, settings, say)
-    say(f"{node_name}: its guards are back ({', '.join(s.name for s in steps)}), as its record shows them")
+    say(f"{node_name}: its guards are back ({', '.join(recorded.names)}), as its record shows them")
+
+
+def _guards_lost(node_name: str, store: Store, exc: BaseException, say: Say) -> None:
+    """The guards could not all be put back: the record says they are off, and the user hears what to do."""
+    store.update_node(node_name, autostop_seconds=None, ttl_seconds=None, ttl_deadline=None, budget_usd=None,
+                      budget_deadline=None, budget_price=None)
+    store.event(node_name, "guards", f"not put back after the bake: {exc or 'interrupted'}")
+    lost = (f"{node_name} runs with no autostop, TTL or budget; `gpuprov ttl {node_name} 4h` or "
+            f"`gpuprov down {node_name}`")
+    if isinstance(exc, Interrupted):
+        exc.note = f"the image is made; {lost}"
+    if not isinstance(exc, KeyboardInterrupt):
+        say(f"{node_name}: its guards could not be put back ({exc}): {lost}")
+
+
+def _monitoring_lost(node_name: str, store: Store, exc: BaseException, say: Say) -> None:
+    """Its guards are back, a monitoring step is not: the guards stay recorded, and the user hears what to do."""
+    store.event(node_name, "guards", f"monitoring not put back after the bake: {exc or 'interrupted'}")
+    again = f"`gpuprov stop {node_name}` and `gpuprov start {node_name}` install it again"
+    if isinstance(exc, Interrupted):
+        exc.note = f"the image is made; {node_name} has its guards back, not its monitoring: {again}"
+    if not isinstance(exc, KeyboardInterrupt):
+        say(f"{node_name}: its guards are back, its monitoring is not ({exc}): {again}")
 
 
 def _put_back(remote: Remote, node_name: str, exc: BaseException, say: Say) -> None:

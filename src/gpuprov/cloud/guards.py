@@ -5,12 +5,16 @@ then records it for a node. `ttl off` also lifts a --budget cap (the deadline is
 
 A node launched (or changed) with `--locked` records who locked its guardrails (Node.guards_locked_by): any
 other member's change is refused before the node is reached, so a teammate cannot lift the TTL or budget a
-node was given (stopping it or taking it down stays anyone's: those only save money)."""
+node was given (stopping it or taking it down stays anyone's: those only save money).
+
+`recorded_guards` says which guard steps a node's record implies, monitoring included: what `image bake` puts back
+once the image is made, and what a check of a running node expects to find on it."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
 from gpuprov.errors import GpuprovError, UserInputError
@@ -20,7 +24,52 @@ from gpuprov.state import Node, NodeUpdate, Store, locks
 
 if TYPE_CHECKING:
     from gpuprov.hosts.remote import Remote
+    from gpuprov.plan.render import StepPlan
     from gpuprov.say import Say
+
+
+@dataclass(frozen=True)
+class RecordedGuards:
+    """The steps a node's record says run on it, in the plan's order: its guards (autostop, ttl, spot-interrupt)
+    and its monitoring (metrics, health). The ttl step starts a deadline (`reset`); run with its clock
+    (GPUPROV_NOW) at `ttl_started`, that deadline is the one recorded (the TTL's, or the budget's when sooner)."""
+
+    steps: tuple[StepPlan, ...]
+    ttl_started: int | None = None
+    deadline: int | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.steps)
+
+    def clock(self, step: str) -> str:
+        """What goes before a step's script so that it keeps the recorded deadline (the ttl step's clock)."""
+        return f"GPUPROV_NOW={self.ttl_started} " if step == "ttl" and self.ttl_started is not None else ""
+
+
+def recorded_guards(node: Node) -> RecordedGuards:
+    """The guard and monitoring steps a node's record implies: the plan it was bootstrapped with (its autostop,
+    TTL, spot watch, the Capacity Block's end its watch warns before, its --metrics/--health), with the TTL or
+    budget deadline it records, not a new one."""
+    from gpuprov.cloud.stopstart import node_plan
+    from gpuprov.plan.plan import guard_steps, ttl_step
+
+    plan = node_plan(node)
+    guards = plan.guards
+    if node.reservation_end is not None:
+        guards = guards.model_copy(update={"block_end": int(node.reservation_end)})
+    deadlines = [d for d in (node.ttl_deadline, node.budget_deadline if node.budget_usd is not None else None)
+                 if d is not None]
+    started = deadline = None
+    if deadlines:
+        deadline = round(min(deadlines))
+        ttl = node.ttl_seconds if node.ttl_deadline == min(deadlines) and node.ttl_seconds else \
+            max(1, deadline - int(time.time()))
+        started = deadline - ttl
+        guards = guards.model_copy(update={"ttl_seconds": ttl})
+    steps = [ttl_step(guards, reset=True) if s.name == "ttl" else s for s in guard_steps(guards)]
+    steps += [s for s in plan.steps if s.kind == "monitor"]
+    return RecordedGuards(tuple(steps), started, deadline)
 
 
 

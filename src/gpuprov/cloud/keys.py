@@ -16,7 +16,7 @@ from gpuprov.cloud.providers.base import SHARED, CloudResource, NotFound, Provid
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError
 from gpuprov.paths import region_key
-from gpuprov.state import Node, Store, locks
+from gpuprov.state import Store, locks
 
 if TYPE_CHECKING:
     from gpuprov.say import Say
@@ -75,10 +75,15 @@ def ensure_key_pair(provider: Provider, store: Store, region: str) -> LocalKey:
         return key
 
 
-def key_users(region: str, store: Store) -> list[Node]:
-    """The region's nodes that need its key pair: every live record but one being taken down and one whose
-    `up` died (locks.abandoned: its record says it never got ready, and nobody holds its lock)."""
-    return [n for n in store.nodes() if n.region == region and n.state != "terminating" and not locks.abandoned(n)]
+def key_users(region: str, store: Store) -> list[str]:
+    """The nodes that need the region's key pair, by name: every live record of the region but one being taken
+    down and one whose `up` died (locks.abandoned: its record says it never got ready, and nobody holds its lock),
+    and every node the store names but does not list (`store.moved()`: an object this gpuprov cannot read, a record
+    `state push` moved to a bucket), whatever its region: it may be a live node of this one, and a key pair kept
+    too long costs nothing where one deleted under a live node fails its next launch from the disk (a move)."""
+    live = [n.name for n in store.nodes() if n.region == region and n.state != "terminating"
+            and not locks.abandoned(n)]
+    return live + sorted(set(store.moved()) - set(live))
 
 
 def release_key_if_unused(region: str, provider: Provider, store: Store, say: Say,

@@ -31,7 +31,7 @@ from gpuprov.cloud.providers.base import Instance, LaunchError, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.plan.plan import Plan
-from gpuprov.state import Node, NodeState, Resource, Store, locks
+from gpuprov.state import Node, NodeState, NodeUpdate, Resource, Store, locks
 from gpuprov.state.tolerant import TolerantStore
 
 if TYPE_CHECKING:
@@ -423,7 +423,11 @@ def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, sa
         price = node.price_usd_hour if node.market != "spot" else node.budget_price
         plan = replace_guards(plan, with_budget(plan.guards, left, price))
         if left and price:
-            store.update_node(node.name, budget_price=price, budget_deadline=time.time() + left / price * 3600)
+            deadline = time.time() + left / price * 3600
+            fields: NodeUpdate = {"budget_price": price, "budget_deadline": deadline}
+            if plan.guards.ttl_seconds != node.ttl_seconds:  # the budget decides: the TTL step starts its deadline
+                fields["ttl_deadline"] = deadline
+            store.update_node(node.name, **fields)
     target = Target(host=address, user=node.ssh_user or "ubuntu", key=key_path, label=node.name)
     settings = HostSettings(known_hosts=sshconfig.node_known_hosts(node.name), accept_new_host_key=new_instance,
                             connect_timeout=15)
