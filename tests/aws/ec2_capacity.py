@@ -15,12 +15,13 @@ launched with MarketType capacity-block a spot one (/tmp/research/ec2-contracts.
   duration and window (StartDateRange <= start, end <= EndDateRange) match;
 * PurchaseCapacityBlock (CapacityBlockOfferingId and InstancePlatform required; no ClientToken): the offering becomes
   a capacity-block reservation, targeted (`payment-pending` for its first `payment_looks` listings, 0 unless a test
-  asks: "payment-pending" is one of botocore's CapacityReservationState values), `scheduled` before its start (the
-  EC2 guide's state for a future-dated one), `active` from its start, `expired` at its end ("When a Capacity Block expires, all instances in the Capacity Block
-  are terminated"; "Thirty minutes before the reservation expires, we begin to terminate any instances that are still
-  running in the Capacity Block", EC2 guide, capacity-blocks-using: a launch in those last 30 minutes is refused here;
-  the termination itself is not imitated). The proxy's clock moves with POST {"advance": seconds}. An unknown
-  offering is InvalidParameterValue (unverified: EC2's exact code for it is not published);
+  asks: "payment-pending" is one of botocore's CapacityReservationState values), `scheduled` before its start (the EC2
+  guide's state for a future-dated one), `active` from its start, `expired` at its end ("When a Capacity Block
+  expires, all instances in the Capacity Block are terminated"; "Thirty minutes before the reservation expires, we
+  begin to terminate any instances that are still running in the Capacity Block", EC2 guide, capacity-blocks-using: a
+  launch in those last 30 minutes is refused here; the termination itself is not imitated). The proxy's clock moves
+  with POST {"advance": seconds}. An unknown offering is InvalidParameterValue (unverified: EC2's exact code for it is
+  not published);
 * RunInstances targeting (CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId, or
   CapacityReservationPreference open): an unknown id is InvalidCapacityReservationId.NotFound (the code
   terraform-provider-aws and steampipe handle for it), another type or zone than the reservation's is
