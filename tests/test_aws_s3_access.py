@@ -59,6 +59,35 @@ def test_the_role_has_exactly_the_prefixes_the_node_launches_with_it_and_down_re
     nothing_left(aws)
 
 
+def test_a_bucket_encrypted_with_its_own_kms_key_gets_that_keys_use_in_the_role(aws, env):
+    """A customer-managed KMS key as a bucket's default encryption: readers need kms:Decrypt, writers
+    kms:GenerateDataKey too; without them the node failed after launch. A key that cannot be read is refused first."""
+    kms, s3 = aws.client("kms"), aws.client("s3")
+    by_id = kms.create_key(Description="datasets")["KeyMetadata"]
+    by_arn = kms.create_key(Description="checkpoints")["KeyMetadata"]
+    for bucket, key in (("enc-data", by_id["KeyId"]), ("enc-ckpt", by_arn["Arn"]), ("enc-gone", "alias/no-such-key")):
+        s3.create_bucket(Bucket=bucket)
+        s3.put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration={"Rules": [
+            {"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": key}}]})
+    made = gp(env, *up_args("kms", *ONE_TYPE, "--s3-access", "s3://enc-data/ds:ro", "--s3-access", "s3://enc-ckpt/run",
+                            *NO_WAIT))
+    assert made.returncode == 0, made.stdout + made.stderr
+    (role,), _ = _iam_ours(aws)
+    doc = aws.client("iam").get_role_policy(RoleName=role, PolicyName="gpuprov-s3-access")["PolicyDocument"]
+    doc = json.loads(unquote(doc)) if isinstance(doc, str) else doc
+    kms_rows = [(st["Action"], st["Resource"]) for st in doc["Statement"] if st["Action"][0].startswith("kms:")]
+    assert kms_rows == [(["kms:Decrypt"], by_id["Arn"]), (["kms:Decrypt", "kms:GenerateDataKey"], by_arn["Arn"])]
+    assert gp(env, "down", "kms", "--yes").returncode == 0
+    refused = gp(env, *up_args("gone", *ONE_TYPE, "--s3-access", "s3://enc-gone/x", *NO_WAIT))
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "error: --s3-access: s3://enc-gone encrypts its objects with the KMS key alias/no-such-key" in refused.stderr
+    made_by = [e["action"] for e in aws.log() if e["status"] == 200]
+    assert made_by.count("RunInstances") == 1 and made_by.count("CreateRole") == 1  # the first node's: nothing more
+    assert made_by.count("CreateSecurityGroup") == 1
+    assert _iam_ours(aws) == ([], [])
+    nothing_left(aws)
+
+
 def test_a_failed_up_takes_the_role_back_and_bad_access_is_refused_before_anything(aws, env):
     aws.faults({"action": "RunInstances", "code": "InsufficientInstanceCapacity", "message": "no capacity"})
     failed = gp(env, *up_args("s3f", *ONE_TYPE, "--s3-access", "s3://my-data/x", *NO_WAIT))
@@ -71,7 +100,7 @@ def test_a_failed_up_takes_the_role_back_and_bad_access_is_refused_before_anythi
     assert both.returncode == 2 and "--s3-access or --instance-profile" in both.stderr
     # the two refused `up`s made nothing: the failed one's role and group are the only ones ever asked for
     assert [e["action"] for e in aws.log() if e["action"] in ("CreateRole", "CreateSecurityGroup")] == \
-        ["CreateSecurityGroup", "CreateRole"]
+        ["CreateRole", "CreateSecurityGroup"]
 
 
 def test_gc_takes_the_role_of_an_up_killed_mid_create_and_one_that_no_record_names(aws, env):

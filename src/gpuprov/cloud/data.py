@@ -6,7 +6,9 @@ before it creates them, launches with the profile, and removes both at `down` (a
 policies", allowing access to a folder: s3:ListBucket on the bucket with an `s3:prefix` condition, object actions
 on `arn:aws:s3:::BUCKET/PREFIX/*`; a role's policy names the prefix literally, `${aws:username}` "will not work when
 using IAM roles"): read-only prefixes get s3:GetObject, the others also s3:PutObject,
-s3:DeleteObject and s3:AbortMultipartUpload (a multipart upload's parts are deleted when it fails).
+s3:DeleteObject and s3:AbortMultipartUpload (a multipart upload's parts are deleted when it fails). A bucket whose
+default encryption is a customer-managed KMS key (GetBucketEncryption, read at `up` before anything is made) gets that
+key's kms:Decrypt, and kms:GenerateDataKey for a writer; a key that cannot be read is refused by name.
 
 An `up` killed before CreateRole's answer was recorded leaves an intent row, found by its recorded name. `gc` also
 lists `gpuprov-` roles and profiles by their tags (providers/aws_iam.tagged_iam, once, with the first region: IAM is
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuprov.cloud.providers.base import Provider
-from gpuprov.errors import UserInputError
+from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state import Store
 
 if TYPE_CHECKING:
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
 BUCKET = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
 READ = ["s3:GetObject"]
 WRITE = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
+KMS_READ = ["kms:Decrypt"]
+KMS_WRITE = ["kms:Decrypt", "kms:GenerateDataKey"]
 
 
 @dataclass(frozen=True)
@@ -53,8 +57,11 @@ def parse(given: str, flag: str = "--s3-access") -> BucketAccess:
     return BucketAccess(m.group(1), (m.group(2) or "").strip("/"), read_only)
 
 
-def policy(accesses: Sequence[BucketAccess]) -> dict[str, Any]:
-    """The role's one inline policy: exactly those prefixes."""
+def policy(accesses: Sequence[BucketAccess], keys: dict[str, str] | None = None) -> dict[str, Any]:
+    """The role's one inline policy: exactly those prefixes, and the use of each bucket's own KMS key (`keys`:
+    bucket -> key ARN) its objects are encrypted with: kms:Decrypt to read, kms:GenerateDataKey too to write
+    (Amazon S3 user guide, "Using server-side encryption with AWS KMS keys": an upload needs kms:GenerateDataKey, a
+    download kms:Decrypt, and a multipart upload both)."""
     statements: list[dict[str, Any]] = []
     for a in accesses:
         objects = f"arn:aws:s3:::{a.bucket}/{a.prefix + '/' if a.prefix else ''}*"
@@ -62,7 +69,30 @@ def policy(accesses: Sequence[BucketAccess]) -> dict[str, Any]:
         if a.prefix:
             listing["Condition"] = {"StringLike": {"s3:prefix": [a.prefix, f"{a.prefix}/*"]}}
         statements += [listing, {"Effect": "Allow", "Action": READ if a.read_only else WRITE, "Resource": objects}]
+        key = (keys or {}).get(a.bucket)
+        if key:
+            statements.append({"Effect": "Allow", "Action": KMS_READ if a.read_only else KMS_WRITE, "Resource": key})
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+def bucket_keys(accesses: Sequence[BucketAccess], region: str, provider: Provider, say: Say) -> dict[str, str]:
+    """Each bucket's customer-managed KMS key, read before anything is made. A key that cannot be read is refused by
+    name (the node would fail on its first object); a bucket whose encryption cannot be read is said, not refused
+    (it may not exist yet, or the caller may lack s3:GetEncryptionConfiguration)."""
+    keys: dict[str, str] = {}
+    for bucket in dict.fromkeys(a.bucket for a in accesses):
+        try:
+            key = provider.bucket_key(region, bucket)
+        except UserInputError:  # the key named, and unreadable
+            raise
+        except GpuprovError as exc:
+            say(f"  could not read s3://{bucket}'s default encryption ({exc}): if it uses a customer-managed KMS key, "
+                "the node also needs kms:Decrypt on it")
+            continue
+        if key:
+            keys[bucket] = key
+            say(f"  s3://{bucket} encrypts with the KMS key {key}: the role may use it")
+    return keys
 
 
 def ensure_role(node: str, region: str, given: Sequence[str], provider: Provider, store: Store, say: Say) -> str:
@@ -71,8 +101,9 @@ def ensure_role(node: str, region: str, given: Sequence[str], provider: Provider
     name = f"gpuprov-{node}-{uuid.uuid4().hex[:8]}"  # IAM names: up to 64 of [\\w+=,.@-]; node names are 39 at most
     say(f"role and instance profile {name}: " + ", ".join(
         f"s3://{a.bucket}/{a.prefix}{' (read-only)' if a.read_only else ''}" for a in accesses))
+    keys = bucket_keys(accesses, region, provider, say)
     rid = store.intend(node, "iam-role", region, name)
-    provider.create_node_role(region, node, name, policy(accesses))
+    provider.create_node_role(region, node, name, policy(accesses, keys))
     store.created(rid, name)
     pid = store.intend(node, "instance-profile", region, name)
     provider.create_node_profile(region, node, name, name)

@@ -180,13 +180,13 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
                           order: Order, image: str, network: Network, cidr: str, rec: tl.Recorder) -> UpResult:
     name, region = opts.name, plan.request.region
     public_ip = opts.connect == "public" and network.subnet_id is not None and not network.maps_public_ip
-    say(f"key pair and security group (SSH from {cidr}" + (": anywhere on the internet)" if open_to_all(cidr) else " only)"))
     rec.phase(tl.ACCESS)
-    access = prepare_access(name, region, provider, store, network, cidr, public_ip)
-    if opts.s3_access:  # the node's own role, scoped to those prefixes (recorded, removed at down)
-        from gpuprov.cloud import data
+    if opts.s3_access:  # the node's own role, scoped to those prefixes (recorded, removed at down); its buckets'
+        from gpuprov.cloud import data  # KMS keys are read first, so an unusable one is refused before anything
 
         opts = replace(opts, instance_profile=data.ensure_role(name, region, opts.s3_access, provider, store, say))
+    say(f"key pair and security group (SSH from {cidr}" + (": anywhere on the internet)" if open_to_all(cidr) else " only)"))
+    access = prepare_access(name, region, provider, store, network, cidr, public_ip)
     rec.phase(tl.CAPACITY)
     instance, attempts = _launch(plan, opts, provider, store, say, order, image, access, rec)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from gpuprov.cloud.providers.aws_base import AwsBase, AwsError
 from gpuprov.cloud.providers.base import TAG_NODE, TAG_OWNER, TAG_TEAM, CloudResource, NotFound
+from gpuprov.errors import UserInputError
 
 TRUST = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
                                                   "Action": "sts:AssumeRole"}]}
@@ -121,3 +122,33 @@ class AwsIam(AwsBase):
             o for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key_prefix)
             for o in page.get("Contents", [])])
         return len(objects), sum(int(o.get("Size", 0)) for o in objects)
+
+    def bucket_key(self, region: str, bucket: str) -> str | None:
+        """GetBucketEncryption's default rule (S3 API reference): SSE-KMS (aws:kms, aws:kms:dsse) with a
+        KMSMasterKeyID names the key; an alias or a bare key id is turned into the key's ARN with KMS DescribeKey
+        (a role's policy names keys by ARN), and an AWS managed key (KeyManager AWS, alias/aws/s3) needs no grant."""
+        s3 = self._client("s3", region)
+        try:
+            rules = self._call("s3:GetBucketEncryption", lambda: s3.get_bucket_encryption(Bucket=bucket))[
+                "ServerSideEncryptionConfiguration"]["Rules"]
+        except AwsError as exc:
+            if exc.code == "ServerSideEncryptionConfigurationNotFoundError":
+                return None
+            raise
+        defaults = [rule.get("ApplyServerSideEncryptionByDefault") or {} for rule in rules]
+        keys = [str(d["KMSMasterKeyID"]) for d in defaults
+                if str(d.get("SSEAlgorithm", "")).startswith("aws:kms") and d.get("KMSMasterKeyID")]
+        if not keys or keys[0] == "alias/aws/s3":
+            return None
+        key = keys[0]
+        if ":key/" in key:
+            return key
+        kms = self._client("kms", region)
+        try:
+            meta = self._call("kms:DescribeKey", lambda: kms.describe_key(KeyId=key))["KeyMetadata"]
+        except AwsError as exc:  # the node could not use the key either: refused before anything is made
+            raise UserInputError("--s3-access", f"s3://{bucket} encrypts its objects with the KMS key {key}, which "
+                                 f"could not be read ({exc.code}: {exc.message})",
+                                 "the node needs kms:Decrypt (and kms:GenerateDataKey to write) on it: allow "
+                                 "kms:DescribeKey on it to the caller, or give the bucket a key it can use") from None
+        return None if meta.get("KeyManager") == "AWS" else str(meta["Arn"])

@@ -493,4 +493,9 @@ class Provider(Protocol):
         """S3: (objects, bytes) under the prefix (`plan --live` sizes a playbook's `data:` downloads)."""
         ...
 
+    def bucket_key(self, region: str, bucket: str) -> str | None:
+        """S3 and KMS: the ARN of the customer-managed KMS key the bucket encrypts new objects with by default; None
+        for none, SSE-S3 or the AWS managed key (which needs no grant in the role's policy)."""
+        ...
+
     def quota(self, region: str, code: str) -> float | None: ...
