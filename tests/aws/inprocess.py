@@ -56,6 +56,10 @@ from tests.aws.moto_seeded import seed
 ENDPOINT = "http://127.0.0.1:9"
 _SCOPE = re.compile(r"Credential=[^/]+/\d{8}/([^/]+)/([^/]+)/aws4_request")
 _PLACEMENT = ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup")
+# answered from moto's fixed tables of AWS's data (the same for every account, whatever a test did), each a large
+# answer to build: once per process
+_STATIC = ("DescribeInstanceTypeOfferings", "DescribeInstanceTypes")
+_ANSWERS: dict[tuple[str, str], tuple[int, dict[str, str], bytes]] = {}
 
 
 class _ToMoto:
@@ -179,6 +183,8 @@ class FakeCloud:
         req = {"action": form.get("Action", ""), "form": form, "region": region}
         if req["action"] in _PLACEMENT:
             return self._answer(request, self._placement(req))
+        if req["action"] in _STATIC:
+            return self._static(region, request, kwargs)
         if req["action"] != "RunInstances":
             return self.moto(request, kwargs)
         with self._lock:
@@ -192,6 +198,18 @@ class FakeCloud:
             with self._lock:
                 self.cluster.launched(req, response.content)
         return response
+
+    def _static(self, region: str, request: Any, kwargs: dict[str, Any]) -> Any:
+        """moto's answer from its fixed tables, built once per process for each region and request."""
+        from botocore.awsrequest import AWSResponse
+        from moto.core.botocore_stubber import MockRawResponse
+
+        key = (region, str(request.body))
+        if key not in _ANSWERS:
+            response = self.moto(request, kwargs)
+            _ANSWERS[key] = (response.status_code, dict(response.headers.items()), response.content)
+        status, headers, body = _ANSWERS[key]
+        return AWSResponse(request.url, status, headers, MockRawResponse(body))  # type: ignore[arg-type]
 
     def _placement(self, req: dict[str, Any]) -> tuple[int, bytes] | tuple[int, str, str]:
         with self._lock:
