@@ -29,6 +29,10 @@ day (cloud/instance_facts.py) already in it, made from moto's own table of types
 moto's answer, all 1,395 types as XML, takes 10 s and more to build on a busy 2-core machine. The heavy lane reads
 it through the API (tests/test_instance_facts.py).
 
+Each command makes its botocore sessions afresh, as each run of the executable does; their loader of botocore's
+model files is shared (`_shared_loader`): the files do not change, and reading EC2's model again for every client
+was most of these tests' time.
+
 mock_aws keeps its backends in this process: `fake_cloud` starts it per test (a reset; the backends are built again
 as the test first reaches them) and stops it after, so no other test meets it.
 """
@@ -243,6 +247,14 @@ class FakeCloud:
 
 
 @functools.cache
+def _shared_loader(search_path: str | None = None) -> Any:
+    """One botocore loader per data path for every session of this process (it caches each model it reads)."""
+    from botocore.loaders import create_loader
+
+    return create_loader(search_path)
+
+
+@functools.cache
 def _instance_types() -> list[Any]:
     """moto's DescribeInstanceTypes rows with GPUs, as the provider reads them."""
     from moto.ec2.models.instance_types import INSTANCE_TYPES
@@ -278,6 +290,7 @@ def fake_cloud(gp_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
         monkeypatch.setenv(key, value)
     use_env(monkeypatch, cloud.env())
     monkeypatch.setenv("GPUPROV_FACTS_DIR", str(cloud.workdir / "facts"))
+    monkeypatch.setattr("botocore.session.create_loader", _shared_loader)
     _instance_facts(cloud.regions)
     cloud.start()
     try:
