@@ -148,3 +148,16 @@ def test_up_that_would_reach_a_made_up_public_address_is_refused_before_anything
     one_error_line(fake_cloud.gp("up", "x", "--gpu", "T4", "--ssh-cidr", CIDR, "--yes", "--no-bootstrap"),
                    "--connect")
     assert instances(fake_cloud) == [] and fake_cloud.leftovers() == EMPTY
+
+
+def test_a_two_node_cluster_goes_into_its_placement_group_and_down_takes_the_group_too(fake_cloud):
+    result = fake_cloud.gp("up", "train", "--gpu", "A10G:4", "--nodes", "2", *NO_SSH)
+    assert result.exit_code == 0, result.output
+    (group,) = fake_cloud.cluster.groups.values()  # moto has none: the proxy's ClusterEc2 keeps them, in-process
+    members = instances(fake_cloud, "train")
+    assert sorted(group["instances"]) == sorted(i["InstanceId"] for i in members) and len(members) == 2
+    assert group["tags"]["gpuprov:node"] == "train"
+    one_error_line(fake_cloud.gp("stop", "train"), "train")
+    down = fake_cloud.gp("down", "train", "--yes")
+    assert down.exit_code == 0, down.output
+    assert fake_cloud.leftovers() == EMPTY
