@@ -30,9 +30,9 @@ moto's answer, all 1,395 types as XML, takes 10 s and more to build on a busy 2-
 it through the API (tests/test_instance_facts.py).
 
 DescribeInstanceTypeOfferings and DescribeInstanceTypes, moto's answers from its fixed tables of AWS's data (the
-same whatever a test did), are built once per process (`_STATIC`). Each command makes its botocore sessions afresh, as each run of the executable does; their loader of botocore's
-model files is shared (`_shared_loader`): the files do not change, and reading EC2's model again for every client
-was most of these tests' time.
+same whatever a test did), are built once per process (`_STATIC`). Each command makes its botocore sessions
+afresh, as each run of the executable does; their loader of botocore's model files is shared (`_shared_loader`):
+the files do not change, and reading EC2's model again for every client was most of these tests' time.
 
 mock_aws keeps its backends in this process: `fake_cloud` starts it per test (a reset; the backends are built again
 as the test first reaches them, a fraction of a second) and stops it after, so no other test meets it. The first
