@@ -15,13 +15,16 @@ EMPTY = {"instances": [], "security_groups": [], "key_pairs": [], "volumes": [],
          "launch_templates": [], "placement_groups": [], "addresses": []}
 
 
+# the CLI's test settings against either imitation (this one, tests/aws/inprocess.py). GPUPROV_TEST_SETTLE_SECONDS:
+# the imitation's eventual consistency is counted in look-ups (2 per fresh id, 1 per tag or token filter unless a
+# test asks for more), which backoff from 0.1 s covers in seconds; EC2's three minutes would make every `down` after
+# a launch that never happened wait them out
+CLI_SETTINGS = {"GPUPROV_TEST_POLL_SECONDS": "0.1", "GPUPROV_TEST_SETTLE_SECONDS": "15", "COLUMNS": "200"}
+
+
 @pytest.fixture
 def env(aws, gp_home):
-    # GPUPROV_TEST_SETTLE_SECONDS: the imitation's eventual consistency is counted in look-ups (2 per fresh id, 1 per
-    # tag or token filter unless a test asks for more), which backoff from 0.1 s covers in seconds; EC2's three
-    # minutes would make every `down` after a launch that never happened wait them out
-    return {**os.environ, **aws.env(), "GPUPROV_HOME": str(gp_home), "GPUPROV_TEST_POLL_SECONDS": "0.1",
-            "GPUPROV_TEST_SETTLE_SECONDS": "15", "COLUMNS": "200"}
+    return {**os.environ, **aws.env(), "GPUPROV_HOME": str(gp_home), **CLI_SETTINGS}
 
 
 def gp(env, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

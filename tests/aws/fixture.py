@@ -157,6 +157,34 @@ def ssm_parameters() -> list[list[str]]:
     return out
 
 
+def moto_settings(workdir: Path) -> dict[str, str]:
+    """moto's settings for this imitation (validation on, the images above in every region instead of moto's
+    canned ones), its images file written into `workdir`: for moto_server's environment, or os.environ before the
+    in-process mock starts (tests/aws/inprocess.py)."""
+    amis = workdir / "amis.json"
+    amis.write_text(json.dumps(ubuntu_images() + os_images(), indent=1))
+    return {"MOTO_ENABLE_AMI_VALIDATION": "1", "MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION": "1",
+            "MOTO_ENABLE_KEYPAIR_VALIDATION": "1", "MOTO_AMIS_PATH": str(amis)}
+
+
+def tool_env(url: str, workdir: Path) -> dict[str, str]:
+    """The AWS environment the tool runs with against an imitation at `url` (the proxy, or the in-process one's
+    loopback address), whatever AWS settings the machine has: no profile or config file of the user's is read."""
+    return {
+        "AWS_ENDPOINT_URL": url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_RETRY_MODE": "standard",
+        "AWS_MAX_ATTEMPTS": "2",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": str(workdir / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(workdir / "no-aws-credentials"),
+        "GPUPROV_TEST_UBUNTU_SSM_PREFIX": SSM_PREFIX,
+        "GPUPROV_TEST_PUBLIC_SSM_ROOT": PUBLIC_SSM_ROOT,
+    }
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -192,12 +220,9 @@ class AwsEndpoint:
     def start(self) -> AwsEndpoint:
         t0 = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        amis = self.workdir / "amis.json"
-        amis.write_text(json.dumps(ubuntu_images() + os_images(), indent=1))
         port = free_port()
         self.moto_url = f"http://127.0.0.1:{port}"
-        env = dict(os.environ, MOTO_ENABLE_AMI_VALIDATION="1", MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION="1",
-                   MOTO_ENABLE_KEYPAIR_VALIDATION="1", MOTO_AMIS_PATH=str(amis))
+        env = dict(os.environ, **moto_settings(self.workdir))
         seed = self.workdir / "ssm-seed.json"
         seed.write_text(json.dumps({region: ssm_parameters() for region in self.regions}))
         cmd = [sys.executable, str(HERE / "moto_seeded.py"), str(seed)]  # reset() puts them back (moto_seeded.py)
@@ -273,19 +298,7 @@ class AwsEndpoint:
 
     def env(self) -> dict[str, str]:
         """Environment for the tool (subprocess or monkeypatched os.environ)."""
-        return {
-            "AWS_ENDPOINT_URL": self.url,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_RETRY_MODE": "standard",
-            "AWS_MAX_ATTEMPTS": "2",
-            "AWS_EC2_METADATA_DISABLED": "true",
-            "AWS_CONFIG_FILE": str(self.workdir / "no-aws-config"),
-            "AWS_SHARED_CREDENTIALS_FILE": str(self.workdir / "no-aws-credentials"),
-            "GPUPROV_TEST_UBUNTU_SSM_PREFIX": SSM_PREFIX,
-            "GPUPROV_TEST_PUBLIC_SSM_ROOT": PUBLIC_SSM_ROOT,
-        }
+        return tool_env(self.url, self.workdir)
 
     def client(self, service: str, region: str = "us-east-1", via_proxy: bool = False, **kw: Any) -> Any:
         """boto3 client to moto (or to the proxy with ``via_proxy``); one attempt, no retries. Cached unless ``kw``."""
@@ -419,25 +432,44 @@ class AwsEndpoint:
         out: dict[str, list[str]] = {"instances": [], "security_groups": [], "key_pairs": [], "volumes": [],
                                      "spot_requests": [], "launch_templates": [], "placement_groups": [],
                                      "addresses": []}
-        f = [{"Name": "tag-key", "Values": [tag_key]}]
         for region in regions or self.regions:
-            ec2 = self.ec2(region)
-            for res in ec2.describe_instances(Filters=f)["Reservations"]:
-                out["instances"] += [i["InstanceId"] for i in res["Instances"] if i["State"]["Name"] != "terminated"]
-            out["security_groups"] += [g["GroupId"] for g in ec2.describe_security_groups(Filters=f)["SecurityGroups"]]
-            out["key_pairs"] += [k["KeyName"] for k in ec2.describe_key_pairs(Filters=f)["KeyPairs"]]
-            out["volumes"] += [v["VolumeId"] for v in ec2.describe_volumes(Filters=f)["Volumes"]]
+            for kind, found in tagged_in_moto(self.ec2(region), tag_key).items():
+                out[kind] += found
             # moto makes no spot request for RunInstances: the proxy keeps them (tests/aws/ec2_spot.py); a disabled one
             # (its instance stopped) is as live as an open or active one: it would start its instance again
             out["spot_requests"] += [r["id"] for r in fault_proxy.spot_requests(self.url) if r["region"] == region
                                      and tag_key in r["tags"] and r["state"] in ("open", "active", "disabled")]
-            out["launch_templates"] += [t["LaunchTemplateId"] for t in
-                                        ec2.describe_launch_templates(Filters=f)["LaunchTemplates"]]
-            out["addresses"] += [a["AllocationId"] for a in ec2.describe_addresses(Filters=f)["Addresses"]]
             # moto has no placement groups: the proxy keeps them (tests/aws/ec2_cluster.py), read without a log entry
             out["placement_groups"] += [g["name"] for g in fault_proxy.placement_groups(self.url)
                                         if g["region"] == region and tag_key in g["tags"]]
         return out
+
+
+def tagged_in_moto(ec2: Any, tag_key: str = "gpuprov:node") -> dict[str, list[str]]:
+    """The live resources moto itself keeps that carry `tag_key`, by kind (ids; key pairs by name), in `ec2`'s
+    region: what `leftovers` reads besides the proxy's own spot requests and placement groups."""
+    f = [{"Name": "tag-key", "Values": [tag_key]}]
+    return {
+        "instances": [i["InstanceId"] for res in ec2.describe_instances(Filters=f)["Reservations"]
+                      for i in res["Instances"] if i["State"]["Name"] != "terminated"],
+        "security_groups": [g["GroupId"] for g in ec2.describe_security_groups(Filters=f)["SecurityGroups"]],
+        "key_pairs": [k["KeyName"] for k in ec2.describe_key_pairs(Filters=f)["KeyPairs"]],
+        "volumes": [v["VolumeId"] for v in ec2.describe_volumes(Filters=f)["Volumes"]],
+        "launch_templates": [t["LaunchTemplateId"] for t in ec2.describe_launch_templates(Filters=f)["LaunchTemplates"]],
+        "addresses": [a["AllocationId"] for a in ec2.describe_addresses(Filters=f)["Addresses"]],
+    }
+
+
+def use_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    """os.environ as `env` sets it, without the AWS settings of the machine's own that would take precedence
+    (a profile, a session token, a service's own endpoint)."""
+    for k in ENDPOINT_ENV_CLEAR:
+        monkeypatch.delenv(k, raising=False)
+    for k in list(os.environ):
+        if k.startswith("AWS_ENDPOINT_URL_"):
+            monkeypatch.delenv(k)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
 
 
 # ---------------------------------------------------------------------- pytest fixtures
@@ -467,11 +499,5 @@ def aws(aws_endpoint: AwsEndpoint, monkeypatch: pytest.MonkeyPatch, request: pyt
     aws_endpoint.reset()
     if request.node.get_closest_marker("instant_aws") is not None:
         aws_endpoint.instant()
-    for k in ENDPOINT_ENV_CLEAR:
-        monkeypatch.delenv(k, raising=False)
-    for k in list(os.environ):
-        if k.startswith("AWS_ENDPOINT_URL_"):
-            monkeypatch.delenv(k)
-    for k, v in aws_endpoint.env().items():
-        monkeypatch.setenv(k, v)
+    use_env(monkeypatch, aws_endpoint.env())
     return aws_endpoint

@@ -1,0 +1,163 @@
+"""The cloud commands through the CLI in the fast lane: `up`, `status`, `stop`/`start`, `down`, `gc` and their
+refusals, in-process on the fake cloud (tests/aws/inprocess.py: the real AwsProvider against moto's in-process
+mock), with moto's own records as the ground truth. The same commands against the moto server behind the fault
+proxy (eventual consistency, faults, lost answers, spot requests) and on SSH hosts are the heavy lane's
+(test_aws_lifecycle.py, test_aws_stop_start.py)."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+from tests.aws.cli import EMPTY
+from tests.aws.fixture import ubuntu_ami
+
+CIDR = "198.51.100.7/32"
+NO_SSH = ("--ssh-cidr", CIDR, "--yes", "--no-bootstrap", "--no-wait")
+
+
+def up(cloud, name: str, *extra: str) -> None:
+    result = cloud.gp("up", name, "--gpu", "T4", *NO_SSH, *extra)
+    assert result.exit_code == 0, result.output
+
+
+def instances(cloud, node: str | None = None) -> list[dict]:
+    """moto's instances (a node's, by its tag), terminated ones included."""
+    filters = [{"Name": "tag:gpuprov:node", "Values": [node]}] if node else []
+    return [i for r in cloud.ec2().describe_instances(Filters=filters)["Reservations"] for i in r["Instances"]]
+
+
+def status(cloud, *extra: str) -> list[dict]:
+    result = cloud.gp("status", "--json", *extra)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def one_error_line(result, needle: str) -> None:
+    """Bad input: exit 2, one `error: <where>: …` line naming it, no traceback."""
+    assert result.exit_code == 2, result.output
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert needle in line, result.stderr
+    assert "Traceback" not in result.output and "hit a bug" not in result.output
+
+
+def test_up_records_the_node_and_tags_a_running_instance(fake_cloud, gp_home):
+    up(fake_cloud, "n1")
+    (inst,) = instances(fake_cloud)
+    tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
+    assert inst["State"]["Name"] == "running" and inst["InstanceType"] == "g4dn.xlarge"
+    assert tags["gpuprov:node"] == "n1" and tags["gpuprov:owner"]
+    (group,) = fake_cloud.ec2().describe_security_groups(
+        Filters=[{"Name": "tag:gpuprov:node", "Values": ["n1"]}])["SecurityGroups"]
+    (rule,) = group["IpPermissions"]
+    assert (rule["FromPort"], [r["CidrIp"] for r in rule["IpRanges"]]) == (22, [CIDR])
+    assert stat.S_IMODE((gp_home / "keys" / "us-east-1" / "id_ed25519").stat().st_mode) == 0o600
+    (node,) = status(fake_cloud)
+    assert (node["name"], node["state"], node["instance_type"], node["market"], node["zone"]) == (
+        "n1", "ready", "g4dn.xlarge", "on-demand", inst["Placement"]["AvailabilityZone"])
+    assert node["address"] == inst["PublicIpAddress"]
+
+
+def test_status_lists_the_node_and_refresh_reads_what_ec2_did_behind_its_back(fake_cloud):
+    up(fake_cloud, "sp", "--spot")
+    table = fake_cloud.gp("status")
+    assert table.exit_code == 0 and "sp" in table.stdout and "g4dn.xlarge" in table.stdout and "ready" in table.stdout
+    (inst,) = instances(fake_cloud, "sp")
+    fake_cloud.ec2().terminate_instances(InstanceIds=[inst["InstanceId"]])  # stands in for a spot interruption
+    assert status(fake_cloud)[0]["state"] == "ready"  # the record, until asked to look
+    (node,) = status(fake_cloud, "--refresh")
+    assert node["state"] == "interrupted" and node["state_reason"]
+    assert "interrupted" in fake_cloud.gp("status").stdout
+
+
+def test_stop_then_start_keeps_the_instance_and_its_disk(fake_cloud):
+    up(fake_cloud, "n1")
+    (before,) = instances(fake_cloud, "n1")
+    stopped = fake_cloud.gp("stop", "n1")
+    assert stopped.exit_code == 0, stopped.output
+    (inst,) = instances(fake_cloud, "n1")
+    assert inst["State"]["Name"] == "stopped"
+    assert status(fake_cloud)[0]["state"] == "stopped"
+    started = fake_cloud.gp("start", "n1", "--no-bootstrap")
+    assert started.exit_code == 0, started.output
+    (inst,) = instances(fake_cloud, "n1")
+    assert inst["InstanceId"] == before["InstanceId"] and inst["State"]["Name"] == "running"
+    (node,) = status(fake_cloud)
+    assert node["state"] == "ready" and node["address"] == inst["PublicIpAddress"]
+
+
+def test_down_leaves_nothing_in_the_cloud(fake_cloud):
+    up(fake_cloud, "n1")
+    (inst,) = instances(fake_cloud, "n1")
+    group_ids = [g["GroupId"] for g in inst["SecurityGroups"]]
+    down = fake_cloud.gp("down", "n1", "--yes")
+    assert down.exit_code == 0, down.output
+    ec2 = fake_cloud.ec2()
+    assert [i["State"]["Name"] for i in instances(fake_cloud)] == ["terminated"]
+    assert ec2.describe_volumes()["Volumes"] == []
+    assert not [g for g in ec2.describe_security_groups()["SecurityGroups"] if g["GroupId"] in group_ids]
+    assert fake_cloud.leftovers() == EMPTY
+    assert status(fake_cloud) == []
+
+
+def test_gc_finds_an_instance_tagged_as_ours_that_no_record_owns_and_removes_it_with_yes(fake_cloud):
+    up(fake_cloud, "keep")
+    ec2 = fake_cloud.ec2()
+    owner = next(t["Value"] for t in instances(fake_cloud, "keep")[0]["Tags"] if t["Key"] == "gpuprov:owner")
+    (ghost,) = ec2.run_instances(ImageId=ubuntu_ami(), InstanceType="t3.micro", MinCount=1, MaxCount=1,
+                                 TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                                     {"Key": "gpuprov:node", "Value": "ghost"},
+                                     {"Key": "gpuprov:owner", "Value": owner}]}])["Instances"]
+    listed = fake_cloud.gp("gc")
+    assert listed.exit_code == 0, listed.output
+    assert ghost["InstanceId"] in listed.stdout and "--yes" in listed.stdout
+    assert instances(fake_cloud, "ghost")[0]["State"]["Name"] == "running"  # listed only
+    removed = fake_cloud.gp("gc", "--yes")
+    assert removed.exit_code == 0, removed.output
+    assert instances(fake_cloud, "ghost")[0]["State"]["Name"] == "terminated"
+    assert instances(fake_cloud, "keep")[0]["State"]["Name"] == "running"  # a recorded node is no orphan
+    assert status(fake_cloud)[0]["state"] == "ready"
+
+
+def test_down_all_takes_every_node(fake_cloud):
+    up(fake_cloud, "a")
+    up(fake_cloud, "b", "--spot")
+    down = fake_cloud.gp("down", "--all", "--yes")
+    assert down.exit_code == 0, down.output
+    assert fake_cloud.leftovers() == EMPTY
+    assert status(fake_cloud) == []
+
+
+def test_an_unknown_node_is_one_error_line(fake_cloud):
+    up(fake_cloud, "n1")
+    for command in (("down", "nosuch", "--yes"), ("stop", "nosuch"), ("start", "nosuch", "--no-bootstrap")):
+        one_error_line(fake_cloud.gp(*command), "no node called 'nosuch'")
+    assert instances(fake_cloud, "n1")[0]["State"]["Name"] == "running"
+
+
+def test_stop_refuses_a_one_time_spot_node_and_leaves_it_running(fake_cloud):
+    up(fake_cloud, "sp", "--spot")
+    one_error_line(fake_cloud.gp("stop", "sp"), "one-time spot instance")
+    assert instances(fake_cloud, "sp")[0]["State"]["Name"] == "running"
+    assert status(fake_cloud)[0]["state"] == "ready"
+
+
+def test_up_that_would_reach_a_made_up_public_address_is_refused_before_anything_is_made(fake_cloud):
+    """The fake cloud's endpoint is a loopback one, as the moto server's is: moto's public addresses are made up
+    (real machines on the internet), so an `up` that would connect to one is refused, and nothing is created."""
+    one_error_line(fake_cloud.gp("up", "x", "--gpu", "T4", "--ssh-cidr", CIDR, "--yes", "--no-bootstrap"),
+                   "--connect")
+    assert instances(fake_cloud) == [] and fake_cloud.leftovers() == EMPTY
+
+
+def test_a_two_node_cluster_goes_into_its_placement_group_and_down_takes_the_group_too(fake_cloud):
+    result = fake_cloud.gp("up", "train", "--gpu", "A10G:4", "--nodes", "2", *NO_SSH)
+    assert result.exit_code == 0, result.output
+    (group,) = fake_cloud.cluster.groups.values()  # moto has none: the proxy's ClusterEc2 keeps them, in-process
+    members = instances(fake_cloud, "train")
+    assert sorted(group["instances"]) == sorted(i["InstanceId"] for i in members) and len(members) == 2
+    assert group["tags"]["gpuprov:node"] == "train"
+    one_error_line(fake_cloud.gp("stop", "train"), "train")
+    down = fake_cloud.gp("down", "train", "--yes")
+    assert down.exit_code == 0, down.output
+    assert fake_cloud.leftovers() == EMPTY
