@@ -305,6 +305,22 @@ def test_every_members_key_reaches_a_teammates_node_and_a_real_sshd_lets_them_in
     assert aws.leftovers() == EMPTY
 
 
+@pytest.mark.parametrize("lose", ["500", "drop"])
+def test_an_up_whose_record_was_written_with_its_answer_lost_is_not_told_the_name_is_taken(aws, homes, lose):
+    """S3's conditional PutObject (mutations.py CONDITIONAL): botocore sends it again after a lost answer, S3
+    answers the second 412 (the first one's object is there), and `up` used to say the name was taken by its own
+    member and leave the record behind."""
+    alice, _ = homes
+    aws.faults({"service": "s3", "action": "PutObject", "match": {"Key": "gp/nodes/train.json"}, "lose": lose,
+                "times": 1})
+    up = gp(alice, *up_args("train", "--gpu", "T4", "--no-bootstrap", "--no-wait"))
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "is taken" not in up.stderr
+    assert [e["outcome"] for e in aws.log("PutObject")].count(f"lost-{lose}") == 1
+    assert gp(alice, "down", "train", "--yes").returncode == 0
+    assert aws.leftovers() == EMPTY
+
+
 def test_a_local_gc_never_takes_a_teams_node_made_from_the_same_install(aws, homes):
     """The same install switched back to its local file (whose records never knew the team's nodes) runs `gc --yes`:
     the team's node carries this install's owner tag, but its gpuprov:team says shared records own it: left."""
