@@ -169,7 +169,7 @@ def _stopped(seconds_given: int | None, where: list[str], yes: bool, as_json: bo
                           "take them down (their disks too)", markup=False)
     if not (yes and found):
         return rows, []
-    done = stale.take_stale(found, seconds, now, provider, store, say)
+    done = stale.take_stale(found, seconds, now, provider, store, say, anyone=scope != "yours")
     by_name = {s.node.name: s.node for s in found}
     for name, result in done.items():
         if result.complete and not as_json:

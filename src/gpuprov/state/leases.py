@@ -215,6 +215,14 @@ def check() -> None:
         raise LeaseLost(lost[0])
 
 
+def holds(key: str) -> bool:
+    """This process holds the lease `key`, and it is whole: not broken, taken over or unrenewed past its expiry
+    (the destroy gate, cloud/destroy.py, asks before anything of a node goes)."""
+    with _guard:
+        mine = _held.get(key)
+    return mine is not None and not (mine[0].lost or mine[0].unsure)
+
+
 class Taken(Exception):
     """The lease is held by someone else and the caller would not wait."""
 
