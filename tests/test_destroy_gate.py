@@ -127,6 +127,24 @@ def test_the_gate_refuses_a_destroy_without_the_lock(store: Store) -> None:
     assert cloud.calls == [] and said == []
 
 
+def test_with_team_state_the_gate_wants_the_nodes_lease_whole(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lease this process holds but lost (a teammate broke or took it), or left unrenewed past its expiry, is no
+    lease: the gate refuses as it refuses a missing one."""
+    from types import SimpleNamespace
+
+    from gpuprov.state import leases, url
+
+    monkeypatch.setattr(url, "configured", lambda: object())  # the records are a team's: node locks are leases
+    assert isinstance(locks.coordinator(), locks.TeamLeases)
+    for lost, unsure in ((True, False), (False, True)):
+        monkeypatch.setitem(leases._held, "node-n1", (SimpleNamespace(lost=lost, unsure=unsure), 1))
+        with pytest.raises(destroy.Unguarded, match="without holding node-n1"), destroy.take_back("n1", "up"):
+            pass
+    monkeypatch.setitem(leases._held, "node-n1", (SimpleNamespace(lost=False, unsure=False), 1))
+    with destroy.take_back("n1", "up"):
+        pass
+
+
 def test_inside_the_gate_the_destroys_go_and_it_closes_behind_them(store: Store) -> None:
     cloud = Cloud()
     with locks.hold(locks.node("n1"), "down"):
