@@ -128,19 +128,24 @@ def test_the_gate_refuses_a_destroy_without_the_lock(store: Store) -> None:
 
 
 def test_with_team_state_the_gate_wants_the_nodes_lease_whole(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A lease this process holds but lost (a teammate broke or took it), or left unrenewed past its expiry, is no
-    lease: the gate refuses as it refuses a missing one."""
+    """A lease this process holds but lost (a teammate broke or took it), or left unrenewed past its expiry, stops
+    its holder at the gate, as before its next cloud call (LeaseLost, not a bug); no lease at all is a bug."""
     from types import SimpleNamespace
 
     from gpuprov.state import leases, url
 
     monkeypatch.setattr(url, "configured", lambda: object())  # the records are a team's: node locks are leases
     assert isinstance(locks.coordinator(), locks.TeamLeases)
+    with pytest.raises(destroy.Unguarded, match="without holding node-n1"), destroy.take_back("n1", "up"):
+        pass
     for lost, unsure in ((True, False), (False, True)):
-        monkeypatch.setitem(leases._held, "node-n1", (SimpleNamespace(lost=lost, unsure=unsure), 1))
-        with pytest.raises(destroy.Unguarded, match="without holding node-n1"), destroy.take_back("n1", "up"):
+        lease = SimpleNamespace(key="node-n1", lost=lost, unsure=unsure, taken_by=None, doc={"what": "up"},
+                                written_at=time.time() - 60, expiry=30.0)
+        monkeypatch.setitem(leases._held, "node-n1", (lease, 1))
+        with pytest.raises(leases.LeaseLost, match="n1: this gpuprov up"), destroy.take_back("n1", "up"):
             pass
-    monkeypatch.setitem(leases._held, "node-n1", (SimpleNamespace(lost=False, unsure=False), 1))
+    whole = SimpleNamespace(key="node-n1", lost=False, unsure=False)
+    monkeypatch.setitem(leases._held, "node-n1", (whole, 1))
     with destroy.take_back("n1", "up"):
         pass
 

@@ -2,8 +2,9 @@
 anything (tests/test_layout.py fails when another does).
 
 Before anything of a node goes, in this order:
-- the caller holds the node's lock, or with team state its lease, whole (`locks.held`): a destroy without it is a
-  path that forgot to lock, a GpuprovBug (`Unguarded`), never a user's error;
+- the caller holds the node's lock, or with team state its lease (`locks.held`): a destroy without it is a path
+  that forgot to lock, a GpuprovBug (`Unguarded`), never a user's error; a lease must be whole (`locks.fence`: one
+  lost or unrenewed past its expiry stops its holder, LeaseLost, as before any cloud call);
 - the node is this member's, or the caller chose every member's (`--team`, or the node named on the command line);
   with local state every node is this member's;
 - the data rule: every `when: down` upload of the node's playbook (data_save.down_saves) ran on every member of it
@@ -68,6 +69,9 @@ def _check_held(key: str, what: str) -> None:
     if not locks.held(key):
         raise Unguarded(f"{what} without holding {key}: a destroy must hold the lock (or a whole lease) of what "
                         "it destroys")
+    # a lease held but lost (a teammate broke or took it) or unrenewed past its expiry stops its holder here, as
+    # before its next cloud call: LeaseLost, naming the node and who holds it now
+    locks.fence()
 
 
 @contextlib.contextmanager

@@ -259,9 +259,9 @@ def is_free(key: str) -> bool:
 
 
 def held(key: str) -> bool:
-    """This process holds `key` now: its flock, or with team state a node's or an image's lease, which must be whole
-    (leases.py `holds`: not lost, not unrenewed past its expiry). The destroy gate (cloud/destroy.py) asks it: a
-    destroy without it is a path that forgot to lock."""
+    """This process holds `key` now: its flock, or with team state a node's or an image's lease (whether that lease
+    is still whole is `fence`'s to say). The destroy gate (cloud/destroy.py) asks it: a destroy without it is a path
+    that forgot to lock."""
     coordinator = _for(key)
     if isinstance(coordinator, TeamLeases):
         from gpuprov.state import leases
