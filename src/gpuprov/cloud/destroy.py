@@ -1,5 +1,5 @@
 """The one gate for destruction: the only module of cloud/ that asks a provider to terminate, delete or cancel
-anything (tests/test_layout.py fails when another does).
+anything (tests/test_destroy_gate.py fails when another does).
 
 Before anything of a node goes, in this order:
 - the caller holds the node's lock, or with team state its lease (`locks.held`): a destroy without it is a path
@@ -14,11 +14,12 @@ Before anything of a node goes, in this order:
 - the node's disk is not the only copy of an operation in flight (`_in_flight`).
 
 `node` opens that gate for one node's whole take-down (`down`, `gc --stopped-for`, and `gc` with `stopped_for` in
-the config: cloud/teardown.py's `down` and `take_down`, cloud/stale.py); `down` of several saves every node's data
-first (`save_all`: a failed save takes nothing down). What an operation itself just made (a failed `up`'s or move's
-instance, the move's image) or replaced (the instance a finished move leaves) holds no user data: `take_back` opens
-the node to the destroys below on the lock alone. An orphan (`orphan`), the region's shared key pair (`key_pair`) and
-an image removed by name (`image`) have no node: each is checked against the lock that guards it.
+the config: cloud/teardown.py's `down` and `take_down`, cloud/stale.py); `down` of several checks every node and
+saves its data first (`before_all`: a refusal or a failed save takes nothing down). What an operation itself just
+made (a failed `up`'s or move's instance, the move's image) or replaced (the instance a finished move leaves) holds no
+user data: `take_back` opens the node to the destroys below on the lock alone. An orphan (`orphan`), the region's
+shared key pair (`key_pair`) and an image removed by name (`image`) have no node: each is checked against the lock
+that guards it.
 
 Inside an open gate, cloud/teardown.py, the take-backs and the moves call `end` (instances), `remove` (any
 resource) and `remove_image` here instead of the provider: each asks again that the node is open and its lock
@@ -99,12 +100,14 @@ def _check_open(key: str, what: str) -> None:
 # --- the gate's entries ----------------------------------------------------------------------------
 
 
-def save_all(records: Sequence[Node], *, no_save: bool, reach: Reach | None, settings: HostSettings | None,
-             say: Say) -> None:
-    """`down` of several nodes: every node's data saved (`save`) before any is taken down, so the first save that
-    fails, or cannot run, stops it with nothing touched. The caller holds every node's lock."""
+def before_all(records: Sequence[Node], *, anyone: bool, no_save: bool, reach: Reach | None,
+               settings: HostSettings | None, say: Say) -> None:
+    """`down` of several nodes: every node checked (its lock, its member) and its data saved (`save`) before any is
+    taken down, so the first refusal, or a save that fails or cannot run, stops it with nothing touched."""
     for record in records:
         _check_held(locks.node(record.name), f"saving {record.name}'s data before its take-down")
+        _check(record, anyone=anyone)
+    for record in records:
         save(record, no_save=no_save, reach=reach, settings=settings, say=say)
 
 

@@ -70,7 +70,7 @@ def stopped_longer(nodes: Sequence[Node], seconds: float, now: float) -> list[St
 
 
 def take_stale(stale: Sequence[Stale], seconds: float, now: float, provider: Provider, store: Store,
-               say: Say, anyone: bool = True) -> dict[str, Teardown]:
+               say: Say, *, anyone: bool) -> dict[str, Teardown]:
     """Take down each node found, if under its lock it is still stopped since before the cut-off (a `start` that
     ran meanwhile saves it); a node whose lock is held is named and left, and so is one the destroy gate refuses (its
     `when: down` data cannot be saved while it is stopped: its Teardown names why). `anyone`: with team state, the

@@ -14,9 +14,9 @@ TerminateInstances goes one recorded id per call. Lost launches are looked for b
 whole settle window, since the token filter lags too, and one token may have launched a whole cluster. A lost
 create of the security group, an Elastic IP or a placement group is followed by its recorded name. `take_down` runs
 this for one node with its record (`terminating`; once complete, the region's key pair if no node needs it, the
-ssh config entry, a cluster's record, `terminated`), and only inside the destroy gate (cloud/destroy.py: `node`,
-`take_back`), whose `end` and `remove` it asks instead of the provider; `TeardownIncomplete` names
-what is left. A node's `image` rows are followed too, so `down` finishes a move that crashed.
+ssh config entry, a cluster's record, `terminated`), only inside the destroy gate (cloud/destroy.py: `node`,
+`take_back`), whose `end` and `remove` it asks instead of the provider; `down` runs it for several and raises
+`TeardownIncomplete` naming what is left. A node's `image` rows are followed too, so `down` finishes a move that crashed.
 """
 
 from __future__ import annotations
@@ -70,13 +70,13 @@ class TeardownIncomplete(GpuprovError):
 def down(names: Sequence[str], provider: Provider, store: Store, say: Say, *, anyone: bool, no_save: bool,
          reach: destroy.Reach | None, settings: HostSettings | None) -> dict[str, Teardown]:
     """Terminate each node and remove everything it owns; idempotent (an already-gone node is fine). Every node's
-    data is saved first (destroy.save_all), then each node goes through the destroy gate. Every node is tried;
+    data is saved first (destroy.before_all), then each node goes through the destroy gate. Every node is tried;
     TeardownIncomplete afterwards names what is left of which. `anyone`: a teammate's node may go."""
     for n in names:
         store.node(n)  # an unknown name is refused before any lock is waited for
     with locks.nodes(list(names), "down", say):  # an `up`, `start` or `gc` at work on one finishes first
         records = [store.node(n) for n in names]
-        destroy.save_all(records, no_save=no_save, reach=reach, settings=settings, say=say)
+        destroy.before_all(records, anyone=anyone, no_save=no_save, reach=reach, settings=settings, say=say)
         results = {}
         for record in records:
             with destroy.node(record.name, store, say, anyone=anyone, no_save=no_save, reach=reach, settings=settings):
@@ -86,8 +86,8 @@ def down(names: Sequence[str], provider: Provider, store: Store, say: Say, *, an
 
 def take_down(name: str, region: str, provider: Provider, store: Store, say: Say) -> Teardown:
     """One node's teardown with its record, the destroy gate open for it (destroy.node, destroy.take_back):
-    `terminating` while it runs; once complete, the region's key pair
-    if no node needs it any more, its ssh config entry and cluster record, and `terminated`."""
+    `terminating` while it runs; once complete, the region's key pair if no node needs it any more, its ssh config
+    entry and cluster record, and `terminated`."""
     store.update_node(name, state=NodeState.TERMINATING)
     result = teardown(name, region, provider, store, say, poll=poll_of(provider))
     # a `start --move --region` that ended mid-way (cloud/move_region.py) left rows in the other region too
