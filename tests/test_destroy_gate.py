@@ -191,7 +191,7 @@ def test_with_team_state_a_teammates_node_goes_only_when_the_caller_chose_everyo
         with destroy.node("n1", store, [].append, anyone=True, no_save=False):
             pass
         with pytest.raises(destroy.Refused, match="n1 is alice@laptop's node"):  # `down`: before any node goes
-            destroy.before_all([store.node("n1")], anyone=False, no_save=False, reach=None, settings=None,
+            destroy.before_all([store.node("n1")], store, anyone=False, no_save=False, reach=None, settings=None,
                                say=[].append)
 
 

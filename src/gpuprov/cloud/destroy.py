@@ -100,7 +100,7 @@ def _check_open(key: str, what: str) -> None:
 # --- the gate's entries ----------------------------------------------------------------------------
 
 
-def before_all(records: Sequence[Node], *, anyone: bool, no_save: bool, reach: Reach | None,
+def before_all(records: Sequence[Node], store: Store, *, anyone: bool, no_save: bool, reach: Reach | None,
                settings: HostSettings | None, say: Say) -> None:
     """`down` of several nodes: every node checked (its lock, its member) and its data saved (`save`) before any is
     taken down, so the first refusal, or a save that fails or cannot run, stops it with nothing touched."""
@@ -108,7 +108,7 @@ def before_all(records: Sequence[Node], *, anyone: bool, no_save: bool, reach: R
         _check_held(locks.node(record.name), f"saving {record.name}'s data before its take-down")
         _check(record, anyone=anyone)
     for record in records:
-        save(record, no_save=no_save, reach=reach, settings=settings, say=say)
+        save(record, store, no_save=no_save, reach=reach, settings=settings, say=say)
 
 
 @contextlib.contextmanager
@@ -120,7 +120,7 @@ def node(name: str, store: Store, say: Say, *, anyone: bool, no_save: bool, reac
     _check_held(key, f"taking {name} down")
     record = store.node(name)
     _check(record, anyone=anyone)
-    save(record, no_save=no_save, reach=reach, settings=settings, say=say)
+    save(record, store, no_save=no_save, reach=reach, settings=settings, say=say)
     why = _in_flight(record)
     if why is not None:
         raise Refused(f"{name}: {why}; nothing was taken down")
@@ -216,14 +216,15 @@ def _check(record: Node, *, anyone: bool) -> None:
                       "every member's)")
 
 
-def save(record: Node, *, no_save: bool, reach: Reach | None, settings: HostSettings | None, say: Say) -> None:
+def save(record: Node, store: Store, *, no_save: bool, reach: Reach | None, settings: HostSettings | None,
+         say: Say) -> None:
     """The data rule: the node's `when: down` uploads run on every member of it, once per process; Refused when
     they cannot run or fail. Nothing to save (or `--no-save`) returns at once."""
     from gpuprov.cloud import data_save
 
     if no_save or record.name in _saved or not data_save.down_saves(record):
         return
-    targets = _targets(record, reach)
+    targets = _targets(record, store, reach)
     from gpuprov.hosts.remote import HostSettings
     from gpuprov.paths import known_hosts_path
 
@@ -235,15 +236,15 @@ def save(record: Node, *, no_save: bool, reach: Reach | None, settings: HostSett
     _saved.add(record.name)
 
 
-def _targets(record: Node, reach: Reach | None) -> list[Target]:
-    """Every member of the node as SSH reaches it: a launched cluster's from its record (each rank), one node's by
-    `reach`; [] when it cannot be reached (not running, no way given)."""
+def _targets(record: Node, store: Store, reach: Reach | None) -> list[Target]:
+    """Every member of the node as SSH reaches it: a launched cluster's from its record in the store (each rank,
+    local or a team's), one node's by `reach`; [] when it cannot be reached (not running, no way given)."""
     if record.state not in ("ready", "running", "bootstrapping") or reach is None:
         return []
     if record.cluster_size:
-        from gpuprov import cluster
+        from gpuprov.cluster import Cluster
 
-        found = cluster.load(record.name)
-        return found.targets() if found is not None else []
+        text = store.cluster_json(record.name)
+        return Cluster.model_validate_json(text).targets() if text else []
     target = reach(record.name)
     return [target] if target is not None else []

@@ -76,7 +76,7 @@ def down(names: Sequence[str], provider: Provider, store: Store, say: Say, *, an
         store.node(n)  # an unknown name is refused before any lock is waited for
     with locks.nodes(list(names), "down", say):  # an `up`, `start` or `gc` at work on one finishes first
         records = [store.node(n) for n in names]
-        destroy.before_all(records, anyone=anyone, no_save=no_save, reach=reach, settings=settings, say=say)
+        destroy.before_all(records, store, anyone=anyone, no_save=no_save, reach=reach, settings=settings, say=say)
         results = {}
         for record in records:
             with destroy.node(record.name, store, say, anyone=anyone, no_save=no_save, reach=reach, settings=settings):
