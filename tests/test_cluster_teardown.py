@@ -12,7 +12,13 @@ import pytest
 from gpuprov.errors import GpuprovError
 from gpuprov.state import Store
 from gpuprov.state.sqlite import SqliteStore
-from tests.test_teardown import FakeCloud, R, _live, _run
+from tests.test_teardown import (
+    FakeCloud,
+    R,
+    _gate_open,  # noqa: F401 (autouse: the destroy gate open for n1)
+    _live,
+    _run,
+)
 
 
 @dataclass

@@ -92,7 +92,7 @@ def test_ssh_cidr_refuses_empty_and_takes_ipv6():
     assert ssh_cidr(None, lookup=lambda: "2001:db8::7") == "2001:db8::7/128"
 
 
-def test_teardown_cancels_spot_requests_before_it_terminates_instances(tmp_path):
+def test_teardown_cancels_spot_requests_before_it_terminates_instances(tmp_path, monkeypatch):
     """A persistent spot request relaunches a terminated instance: its request is cancelled first."""
     from gpuprov.cloud.teardown import teardown
 
@@ -127,7 +127,12 @@ def test_teardown_cancels_spot_requests_before_it_terminates_instances(tmp_path)
     store.created(store.intend("p", "instance", "us-east-1", "tok"), "i-1")
     store.add_resource("p", "spot-request", "us-east-1", "sir-1")
     store.add_resource("p", "volume", "us-east-1", "vol-1")
-    result = teardown("p", "us-east-1", Fake(), store, lambda _line: None)  # type: ignore[arg-type]
+    from gpuprov.cloud import destroy
+    from gpuprov.state import locks
+
+    monkeypatch.setenv("GPUPROV_HOME", str(tmp_path))
+    with locks.hold(locks.node("p"), "test"), destroy.take_back("p", "test"):  # teardown runs inside the gate
+        result = teardown("p", "us-east-1", Fake(), store, lambda _line: None)  # type: ignore[arg-type]
     assert result.complete
     assert calls == ["delete spot-request sir-1", "terminate i-1", "delete volume vol-1"]
 

@@ -3,17 +3,18 @@ CLI; these pin each rule where mutation testing can see it): order, settle, lost
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from gpuprov.cloud import destroy
 from gpuprov.cloud import settle as st
 from gpuprov.cloud import teardown as td
 from gpuprov.cloud.providers.base import CloudResource, Instance, NotFound
 from gpuprov.errors import GpuprovError
-from gpuprov.state import Store
+from gpuprov.state import Store, locks
 from gpuprov.state.sqlite import SqliteStore
 
 R = "us-east-1"
@@ -23,6 +24,13 @@ R = "us-east-1"
 def _ec2s_own_window(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests count EC2's own settle window; a shell's GPUPROV_TEST_SETTLE_SECONDS would change it."""
     monkeypatch.delenv("GPUPROV_TEST_SETTLE_SECONDS", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _gate_open(gp_home: Path) -> Iterator[None]:
+    """teardown destroys only inside the destroy gate (cloud/destroy.py): the node's lock held, the gate open."""
+    with locks.hold(locks.node("n1"), "test"), destroy.take_back("n1", "test"):
+        yield
 
 
 def _instance(iid: str, state: str = "running", node: str = "n1") -> Instance:

@@ -42,11 +42,14 @@ reaches the CLI is a bug: one `gpuprov hit a bug` line, the traceback saved to a
       QuotaExceeded         cloud/launch.py              exit 1: the account's quota is too small, and by how much
       NoCapacity            cloud/launch.py              exit 1: every candidate refused for now (`up --wait` asks again)
       TeardownIncomplete    cloud/teardown.py            exit 1: some resources are left; `down` again finishes
+      Refused               cloud/destroy.py             exit 1: the destroy gate left a node: a teammate's, its data unsaved
+      NotSaved              cloud/data_save.py           a `when: down` save failed or cannot run: the gate's Refused says it
     Taken                   state/leases.py              never: locks.py turns a lease held elsewhere into Busy
     Conflict                state/s3.py                  never: a conditional write that lost is read again and retried
     GpuprovBug              errors.py                    a bug, never bad input: `gpuprov hit a bug`, the traceback saved
       IllegalTransition     state/machine.py             a node state change the table does not allow; nothing written
       StateBug              state/errors.py              SQLite refused a statement gpuprov got wrong; the file is intact
+      Unguarded             cloud/destroy.py             a destroy without the lock of what it destroys, or outside the gate
   KeyboardInterrupt
     Interrupted             errors.py                    a signal: `interrupted by SIGTERM`, exit 128 + its number
 """

@@ -367,14 +367,15 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool, no_s
     if not yes:
         confirm(f"Terminate {', '.join(label.values())} and delete their resources?{data_save.question(saving)}",
                 "take them down")
-    if saving:
-        from gpuprov.hosts.remote import HostSettings
-        from gpuprov.paths import known_hosts_path
-
-        data_save.save_before_down([store.node(n) for n in saving], node_target,
-                                   HostSettings(known_hosts=known_hosts_path(), connect_timeout=15), say_to(console))
     members = {n: store.node(n).owner for n in targets} if team else {}
-    results = teardown.down(targets, provider, store, say_to(console))
+    from gpuprov.hosts.remote import HostSettings
+    from gpuprov.paths import known_hosts_path
+
+    # the gate saves each node's data (every node of a cluster) before any is taken down; a named node is taken
+    # down whoever launched it, --all's are this member's unless --team
+    results = teardown.down(targets, provider, store, say_to(console), anyone=everyone or not all_nodes,
+                            no_save=no_save, reach=node_target,
+                            settings=HostSettings(known_hosts=known_hosts_path(), connect_timeout=15))
     if as_json:
         click.echo(json.dumps({name: {"complete": r.complete, "removed": r.removed, "left": r.left,
                                       **({"member": members.get(name)} if team else {})}

@@ -49,7 +49,8 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
     that no node of yours claims. A node another gpuprov is working on (an `up`, `down`, `start`,
     `image bake`: its lock is held) is left alone and named; a stopped node is never an orphan.
     With team state, --stopped-for takes your own stopped nodes and names the teammates' it leaves;
-    --team takes everyone's.
+    --team takes everyone's. A stopped node whose playbook saves data on `down` is left and named: it
+    cannot save while stopped (`gpuprov start` it first, or `gpuprov down NAME --no-save`).
     """
     from gpuprov.cloud import gc as sweep
     from gpuprov.cloud.tags import owner
@@ -174,7 +175,7 @@ def _stopped(seconds_given: int | None, where: list[str], yes: bool, as_json: bo
                           "take them down (their disks too)", markup=False)
     if not (yes and found):
         return rows, []
-    done = stale.take_stale(found, seconds, now, provider, store, say)
+    done = stale.take_stale(found, seconds, now, provider, store, say, anyone=scope != "yours")
     by_name = {s.node.name: s.node for s in found}
     for name, result in done.items():
         if result.complete and not as_json:

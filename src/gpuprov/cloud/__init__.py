@@ -1,6 +1,7 @@
 """Machines from a cloud: what every launch shares (launch.py), one node (node.py), a cluster (cluster_up.py),
-reaching a launched node (contact.py), stop/start (stopstart.py), images, teardown and gc, guard changes on
-a live node, EC2's consistency rules (settle.py); providers/ holds the small provider protocol and AWS.
+reaching a launched node (contact.py), stop/start (stopstart.py), images, the one destroy gate (destroy.py),
+teardown and gc, guard changes on a live node, EC2's consistency rules (settle.py); providers/ holds the small
+provider protocol and AWS.
 
 Also: bake.py (`image bake`), keys.py (the user's key and the region's key pair), addresses.py (a cluster's Elastic
 IP quota), instance_store.py (what `stop` loses), tags.py (the owner), timeline.py, failover.py, waiting.py (`up

@@ -43,7 +43,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from gpuprov.cloud import addresses, launch, reservations
+from gpuprov.cloud import addresses, destroy, launch, reservations
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.cluster_network import ClusterLayout, instance_of, network_for, with_efa_step
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
@@ -310,7 +310,8 @@ def _terminate(name: str, region: str, ids: list[str], provider: Provider, store
     gone = []
     for iid in ids:
         try:
-            provider.terminate(region, [iid], settle=settle_window())
+            with destroy.take_back(name, "up --nodes"):  # instances this launch made, dropped before any user data
+                destroy.end(provider, name, region, [iid], settle=settle_window())
             provider.wait_terminated(region, [iid])
         except NotFound:
             pass  # past the settle time: it is gone
@@ -331,8 +332,9 @@ def _release(name: str, region: str, members: list[Member], provider: Provider, 
     allocations = {m.allocation_id for m in members if m.allocation_id}
     for row in store.resources(name, region=region, kind="address"):
         if row.cloud_id in allocations:
-            with contextlib.suppress(NotFound):  # already gone
-                provider.delete(CloudResource("address", row.cloud_id or "", region, name), settle=settle_window())
+            with contextlib.suppress(NotFound), destroy.take_back(name, "up --nodes"):  # already gone
+                destroy.remove(provider, CloudResource("address", row.cloud_id or "", region, name),
+                               settle=settle_window())
             store.deleted(row.id)
 
 

@@ -1,12 +1,13 @@
-"""`gpuprov down` of a node whose playbook saves data on `down` (`data:` entries with `when: down`): the node runs
-its save-data helper (templates/data_save.sh.j2) over SSH before anything is taken down; a save that fails, or a node
-that cannot run it (stopped, unreachable), stops the `down` with nothing touched, so no checkpoint goes with the disk
-unless the user says so (`down --no-save`)."""
+"""A node whose playbook saves data on `down` (`data:` entries with `when: down`): every member of it (each node of a
+cluster) runs its save-data helper (templates/data_save.sh.j2) over SSH before anything is taken down; a save that
+fails, or a node that cannot run it (stopped, unreachable), stops the take-down with nothing touched, so no
+checkpoint goes with the disk unless the user says so (`down --no-save`). The destroy gate (cloud/destroy.py) runs
+it, for `down` and `gc --stopped-for` alike."""
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuprov.errors import GpuprovError
@@ -34,18 +35,22 @@ def question(saving: dict[str, list[dict[str, Any]]]) -> str:
                    + " (--no-save: do not)" for name, saves in saving.items())
 
 
-def save_before_down(nodes: Sequence[Node], target_for: Callable[[str], Target | None], settings: HostSettings,
-                     say: Say) -> None:
-    """Run `save-data down` on each node (sudo); the first that cannot is a GpuprovError, before any teardown."""
+class NotSaved(GpuprovError):
+    """A node's `when: down` uploads did not run, or failed: nothing of it is taken down."""
+
+
+def save_before_down(node: Node, targets: Sequence[Target], settings: HostSettings, say: Say) -> None:
+    """Run `save-data down` (sudo) on each of the node's members (`targets`: every node of a cluster); NotSaved at
+    the first that cannot, before anything is taken down. No targets: the node cannot be reached to save."""
     from gpuprov.hosts.access import exec_one
 
-    for node in nodes:
-        target = target_for(node.name) if node.state in ("ready", "running", "bootstrapping") else None
-        if target is None:
-            raise GpuprovError(f"{node.name} is {node.state}: it cannot save its data before `down` (nothing was "
-                               "taken down)\n  " + (f"`gpuprov start {node.name}` first, or " if node.state == "stopped"
-                                                    else "") + f"`gpuprov down {node.name} --no-save` to lose it")
-        say(f"{node.name}: saving its data first ({SAVE_HELPER} down)")
+    if not targets:
+        raise NotSaved(f"{node.name} is {node.state}: it cannot save its data before `down` (nothing was "
+                       "taken down)\n  " + (f"`gpuprov start {node.name}` first, or " if node.state == "stopped"
+                                            else "") + f"`gpuprov down {node.name} --no-save` to lose it")
+    for target in targets:
+        label = target.label or node.name
+        say(f"{label}: saving its data first ({SAVE_HELPER} down)")
         # GPUPROV_SYSROOT: the prefix of every gpuprov path on a test host (empty on a real one), as in the steps
         result = exec_one(target, settings, f'"${{GPUPROV_SYSROOT:-}}"{shlex.quote(SAVE_HELPER)} down',
                           lambda t, stream, line: say(f"  {line}"), sudo=True, timeout=SAVE_TIMEOUT)
@@ -53,5 +58,5 @@ def save_before_down(nodes: Sequence[Node], target_for: Callable[[str], Target |
             why = result.error or (f"no {SAVE_HELPER} on it: was it bootstrapped with its playbook?"
                                    if result.exit_code == 127 else
                                    f"save-data exited {result.exit_code}: {result.exit_code} upload(s) failed")
-            raise GpuprovError(f"{node.name}: its data was not saved ({why}); nothing was taken down\n  its log: "
-                               f"/var/log/gpuprov/save-data.log; `gpuprov down {node.name} --no-save` to lose it")
+            raise NotSaved(f"{label}: its data was not saved ({why}); nothing was taken down\n  its log: "
+                           f"/var/log/gpuprov/save-data.log; `gpuprov down {node.name} --no-save` to lose it")

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpuprov.cloud import images, keys, tags
+from gpuprov.cloud import destroy, images, keys, tags
 from gpuprov.cloud.providers.base import IMAGES, SHARED, CloudResource, NotFound, Provider
 from gpuprov.cloud.teardown import take_down
 from gpuprov.errors import GpuprovError, UserInputError
@@ -121,7 +121,8 @@ def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -
             node = store.find_node(name)
             if node is None or not locks.abandoned(node):
                 continue
-            result = take_down(name, node.region, provider, store, say)
+            with destroy.take_back(name, "gc"):  # an `up` that died before ready: what it made, no user data yet
+                result = take_down(name, node.region, provider, store, say)
             left += [f"{name}: {what}" for what in result.left]
             if result.complete:
                 store.update_node(name, state_reason="its `up` ended before it was ready; collected by gc")
@@ -137,8 +138,10 @@ def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -
             if res.kind == "image" and not _image_free(res, held):
                 say(f"left image {res.id}: a bake of it is in progress")
                 continue
+            if res.node == IMAGES and res.kind != "image":  # a snapshot whose image is gone: the region's lock
+                held.enter_context(locks.hold(locks.region(res.region), "gc"))
             try:
-                provider.delete(res)
+                destroy.orphan(provider, res)
             except NotFound:
                 continue
             except GpuprovError as exc:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from gpuprov.cloud import destroy
 from gpuprov.cloud.providers.base import IMAGES, CloudResource, Image, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import UserInputError
@@ -245,8 +246,10 @@ def find(spec: str, regions: Sequence[str], provider: Provider) -> Image:
 
 
 def remove(image: Image, provider: Provider, store: Store, say: Say) -> list[str]:
-    """Deregister the image and delete its snapshots; its record goes once EC2 accepted both."""
-    removed = provider.delete_image(image.region, image.id)
+    """Deregister the image and delete its snapshots; its record goes once EC2 accepted both. Under the image's
+    lock: a bake of it at work is refused, naming who holds it."""
+    with locks.hold(locks.image(image.name), "image rm", wait=False, subject=f"image {image.name!r}"):
+        removed = destroy.image(provider, image.region, image.id, image.name)
     forget(store, image.region, image.id, image.name)
     for what in removed:
         say(f"  removed {what}")

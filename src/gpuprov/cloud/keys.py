@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuprov import paths
-from gpuprov.cloud import tags
-from gpuprov.cloud.providers.base import SHARED, CloudResource, NotFound, Provider
+from gpuprov.cloud import destroy, tags
+from gpuprov.cloud.providers.base import NotFound, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError
 from gpuprov.paths import region_key
@@ -67,7 +67,7 @@ def ensure_key_pair(provider: Provider, store: Store, region: str) -> LocalKey:
         if any(r.status == "created" and settle(r) > 0 for r in rows) or provider.key_pair_exists(region, name):
             if rows:
                 return key
-            provider.delete_key_pair(region, name)  # ours by name, from a lost local state: replace it with ours
+            destroy.key_pair(provider, region, name, replace=True)  # ours by name, from a lost local state: replaced
         for r in rows:
             store.deleted(r.id)
         rid = store.intend(None, "key-pair", region, name)
@@ -98,7 +98,7 @@ def release_key_if_unused(region: str, provider: Provider, store: Store, say: Sa
         for row in store.resources(None, region=region, kind="key-pair"):
             name = row.client_token or row.cloud_id or ""
             try:
-                provider.delete(CloudResource("key-pair", name, region, SHARED), settle=settle(row))
+                destroy.key_pair(provider, region, name, settle=settle(row))
             except NotFound:
                 pass
             except GpuprovError as exc:
@@ -110,7 +110,7 @@ def release_key_if_unused(region: str, provider: Provider, store: Store, say: Sa
             if name in gone:
                 continue
             try:
-                provider.delete(CloudResource("key-pair", name, region, SHARED))
+                destroy.key_pair(provider, region, name)
             except NotFound:
                 continue
             gone.append(name)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from gpuprov.cloud import images, keys
+from gpuprov.cloud import destroy, images, keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, Market, Network, Provider
@@ -401,7 +401,8 @@ def take_back(exc: BaseException, name: str, region: str, provider: Provider, st
     rec.failed(str(exc) or type(exc).__name__)
     rec.phase(tl.TEARDOWN)
     try:
-        left = take_down(name, region, provider, kept, say).left
+        with destroy.take_back(name, "up"):
+            left = take_down(name, region, provider, kept, say).left
     except KeyboardInterrupt as again:  # a second signal: stop here and say what the records still hold
         left = [f"{r.kind} {r.cloud_id or '(asked for, token ' + str(r.client_token) + ')'}"
                 for r in store.resources(name, region=region)] or [f"the record of {name}"]

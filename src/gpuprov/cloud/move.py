@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpuprov.cloud import keys
+from gpuprov.cloud import destroy, keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.providers.base import (
     Access,
@@ -264,7 +264,8 @@ def _take_back(node: Node, made: list[int], provider: Provider, store: Store, sa
     instances = [r for r in mine if r.kind == "instance" and r.cloud_id]
     if instances:
         ids = [r.cloud_id or "" for r in instances]
-        provider.terminate(node.region, ids, settle=max(settle(r) for r in instances))
+        with destroy.take_back(node.name, "start --move"):
+            destroy.end(provider, node.name, node.region, ids, settle=max(settle(r) for r in instances))
         provider.wait_terminated(node.region, ids)
         for r in instances:
             store.deleted(r.id)
@@ -283,14 +284,17 @@ def retire(node: Node, row: Resource, volumes: list[Resource], provider: Provide
     DeleteOnTermination; a NotFound is that)."""
     old = row.cloud_id or ""
     try:
-        provider.terminate(node.region, [old], settle=0)
+        with destroy.take_back(node.name, "start --move"):  # the new instance runs from the image of its disk
+            destroy.end(provider, node.name, node.region, [old], settle=0)
         provider.wait_terminated(node.region, [old])
     except NotFound:
         pass
     store.deleted(row.id)
     for vol in volumes:
         try:
-            provider.delete(CloudResource("volume", vol.cloud_id or "", node.region, node.name), settle=settle(vol))
+            with destroy.take_back(node.name, "start --move"):
+                destroy.remove(provider, CloudResource("volume", vol.cloud_id or "", node.region, node.name),
+                               settle=settle(vol))
         except NotFound:
             pass
         except GpuprovError as exc:  # still detaching, say: kept on the record, `down` removes it
@@ -304,7 +308,8 @@ def forget_image(node: Node, region: str, rid: int, provider: Provider, store: S
     if row is None or not row.cloud_id:
         return
     try:
-        removed = provider.delete_image(region, row.cloud_id, settle=settle(row))
+        with destroy.take_back(node.name, "start --move"):  # the move's own image, made and used by it
+            removed = destroy.remove_image(provider, node.name, region, row.cloud_id, settle=settle(row))
     except NotFound:
         removed = []
     store.deleted(rid)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpuprov.cloud import keys
+from gpuprov.cloud import destroy, keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.move import (
     Destination,
@@ -179,8 +179,9 @@ def _delete_group(node: Node, group: Resource, provider: Provider, store: Store,
         store.deleted(group.id)
         return
     try:
-        provider.delete(CloudResource("security-group", group.cloud_id or "", group.region, node.name),
-                        settle=settle(group))
+        with destroy.take_back(node.name, "start --move --region"):  # the old region's group, or the move's own
+            destroy.remove(provider, CloudResource("security-group", group.cloud_id or "", group.region, node.name),
+                           settle=settle(group))
     except NotFound:
         pass
     except GpuprovError as exc:  # EC2 may still count the terminated instance a while: `down` removes it
@@ -197,7 +198,8 @@ def _take_back(node: Node, to: str, made: list[int], provider: Provider, store: 
     instances = [r for r in store.resources(node.name, region=to, kind="instance") if r.cloud_id]
     if instances:
         ids = [r.cloud_id or "" for r in instances]
-        provider.terminate(to, ids, settle=max(settle(r) for r in instances))
+        with destroy.take_back(node.name, "start --move --region"):
+            destroy.end(provider, node.name, to, ids, settle=max(settle(r) for r in instances))
         provider.wait_terminated(to, ids)
         for r in instances:
             store.deleted(r.id)

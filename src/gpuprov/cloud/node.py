@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from gpuprov.cloud import destroy
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
 from gpuprov.cloud.failover import Order
@@ -166,7 +167,8 @@ def _gone(name: str, region: str, rid: int, instance: Instance, provider: Provid
     for row in store.resources(name, region=region, kind="spot-request"):
         if row.cloud_id == instance.spot_request_id:
             try:
-                provider.delete(CloudResource("spot-request", row.cloud_id or "", region, name))
+                with destroy.take_back(name, "up"):  # the request of an instance EC2 ended on its way up
+                    destroy.remove(provider, CloudResource("spot-request", row.cloud_id or "", region, name))
             except NotFound:
                 pass
             except GpuprovError as exc:

@@ -9,8 +9,9 @@ ebs-volume-charges: "In a 30-day month … a 1-GB volume for 720 hours"); the mo
 as 30 days here, so a 31-day month's figure is about 3 % high, a February's 7 % low.
 
 A stopped node is never an orphan (cloud/gc.py): this is a separate choice the user makes with a duration.
-Each decision is made again under the node's lock just before its teardown; a node another gpuprov is working
-on (a `start` meanwhile) is left alone and named.
+Each decision is made again under the node's lock just before its teardown, which goes through the destroy gate
+(cloud/destroy.py); a node another gpuprov is working on (a `start` meanwhile) is left alone and named, and so is
+one whose playbook saves data on `down`: stopped, it cannot run the save.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpuprov.cloud import destroy
 from gpuprov.cloud.providers.base import Provider
 from gpuprov.cloud.teardown import Teardown, take_down
 from gpuprov.state import Node, Store, locks
@@ -68,9 +70,11 @@ def stopped_longer(nodes: Sequence[Node], seconds: float, now: float) -> list[St
 
 
 def take_stale(stale: Sequence[Stale], seconds: float, now: float, provider: Provider, store: Store,
-               say: Say) -> dict[str, Teardown]:
+               say: Say, *, anyone: bool) -> dict[str, Teardown]:
     """Take down each node found, if under its lock it is still stopped since before the cut-off (a `start` that
-    ran meanwhile saves it); a node whose lock is held is named and left."""
+    ran meanwhile saves it); a node whose lock is held is named and left, and so is one the destroy gate refuses (its
+    `when: down` data cannot be saved while it is stopped: its Teardown names why). `anyone`: with team state, the
+    caller chose every member's nodes (`--team`)."""
     done: dict[str, Teardown] = {}
     for found in stale:
         name = found.node.name
@@ -85,7 +89,13 @@ def take_stale(stale: Sequence[Stale], seconds: float, now: float, provider: Pro
             if again is None or again.stopped_seconds <= seconds:
                 say(f"left {name}: no longer stopped since before the cut-off")
                 continue
-            done[name] = take_down(name, found.node.region, provider, store, say)
+            try:  # the gate: a node whose `when: down` data cannot be saved (it is stopped) is refused by name
+                with destroy.node(name, store, say, anyone=anyone, no_save=False):
+                    done[name] = take_down(name, found.node.region, provider, store, say)
+            except destroy.Refused as refused:
+                say(f"left {name}: {refused}")
+                done[name] = Teardown(name, left=[str(refused).splitlines()[0]])
+                continue
             if done[name].complete:
                 store.update_node(name, state_reason="stopped too long; collected by gc --stopped-for")
     return done

@@ -14,8 +14,9 @@ TerminateInstances goes one recorded id per call. Lost launches are looked for b
 whole settle window, since the token filter lags too, and one token may have launched a whole cluster. A lost
 create of the security group, an Elastic IP or a placement group is followed by its recorded name. `take_down` runs
 this for one node with its record (`terminating`; once complete, the region's key pair if no node needs it, the
-ssh config entry, a cluster's record, `terminated`); `down` runs it for several and raises `TeardownIncomplete`
-naming what is left. A node's `image` rows are followed too, so `down` finishes a move that crashed.
+ssh config entry, a cluster's record, `terminated`), only inside the destroy gate (cloud/destroy.py: `node`,
+`take_back`), whose `end` and `remove` it asks instead of the provider; `down` runs it for several and raises
+`TeardownIncomplete` naming what is left. A node's `image` rows are followed too, so `down` finishes a move that crashed.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gpuprov.cloud import destroy
 from gpuprov.cloud.providers.base import CloudResource, NotFound, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError
 from gpuprov.state import NodeState, Resource, Store, locks
 
 if TYPE_CHECKING:
+    from gpuprov.hosts.remote import HostSettings
     from gpuprov.say import Say
 
 
@@ -64,19 +67,27 @@ class TeardownIncomplete(GpuprovError):
                          f"\n  the nodes stay listed; rerun: gpuprov down {names}")
 
 
-def down(names: Sequence[str], provider: Provider, store: Store, say: Say) -> dict[str, Teardown]:
-    """Terminate each node and remove everything it owns; idempotent (an already-gone node is fine).
-    Every node is tried; TeardownIncomplete afterwards names what is left of which."""
+def down(names: Sequence[str], provider: Provider, store: Store, say: Say, *, anyone: bool, no_save: bool,
+         reach: destroy.Reach | None, settings: HostSettings | None) -> dict[str, Teardown]:
+    """Terminate each node and remove everything it owns; idempotent (an already-gone node is fine). Every node's
+    data is saved first (destroy.before_all), then each node goes through the destroy gate. Every node is tried;
+    TeardownIncomplete afterwards names what is left of which. `anyone`: a teammate's node may go."""
     for n in names:
         store.node(n)  # an unknown name is refused before any lock is waited for
     with locks.nodes(list(names), "down", say):  # an `up`, `start` or `gc` at work on one finishes first
-        nodes = [store.node(n) for n in names]
-        return {n.name: take_down(n.name, n.region, provider, store, say) for n in nodes}
+        records = [store.node(n) for n in names]
+        destroy.before_all(records, store, anyone=anyone, no_save=no_save, reach=reach, settings=settings, say=say)
+        results = {}
+        for record in records:
+            with destroy.node(record.name, store, say, anyone=anyone, no_save=no_save, reach=reach, settings=settings):
+                results[record.name] = take_down(record.name, record.region, provider, store, say)
+        return results
 
 
 def take_down(name: str, region: str, provider: Provider, store: Store, say: Say) -> Teardown:
-    """One node's teardown with its record: `terminating` while it runs; once complete, the region's key pair
-    if no node needs it any more, its ssh config entry and cluster record, and `terminated`."""
+    """One node's teardown with its record, the destroy gate open for it (destroy.node, destroy.take_back):
+    `terminating` while it runs; once complete, the region's key pair if no node needs it any more, its ssh config
+    entry and cluster record, and `terminated`."""
     store.update_node(name, state=NodeState.TERMINATING)
     result = teardown(name, region, provider, store, say, poll=poll_of(provider))
     # a `start --move --region` that ended mid-way (cloud/move_region.py) left rows in the other region too
@@ -180,7 +191,7 @@ def _instances(node: str, region: str, provider: Provider, store: Store, say: Sa
                                f"({kept[row.cloud_id].partition(': ')[2]}), and EC2 would launch it again")
             continue
         try:
-            provider.terminate(region, [row.cloud_id], settle=settle(row, result.started))
+            destroy.end(provider, node, region, [row.cloud_id], settle=settle(row, result.started))
             asked.append(row)
         except NotFound:
             store.deleted(row.id)  # old enough to believe: it is gone
@@ -273,7 +284,7 @@ def _lost(row: Resource, provider: Provider) -> str | None:
 def _delete(res: CloudResource, row: Resource | None, provider: Provider, store: Store, say: Say,
             result: Teardown) -> None:
     try:
-        provider.delete(res, settle=settle(row, result.started) if row else 0.0)
+        destroy.remove(provider, res, settle=settle(row, result.started) if row else 0.0)
     except NotFound:
         pass  # already gone (a volume that went with its instance, a closed spot request)
     except GpuprovError as exc:

@@ -215,6 +215,13 @@ def check() -> None:
         raise LeaseLost(lost[0])
 
 
+def holds(key: str) -> bool:
+    """This process holds the lease `key` (whole or not: `check` says that); the destroy gate (cloud/destroy.py)
+    asks before anything of a node goes."""
+    with _guard:
+        return key in _held
+
+
 class Taken(Exception):
     """The lease is held by someone else and the caller would not wait."""
 

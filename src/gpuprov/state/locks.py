@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from gpuprov.state.url import StateUrl
 
 __all__ = ["Busy", "Coordinator", "FileLocks", "Holder", "TeamLeases", "abandoned", "claim", "coordinator", "fence",
-           "hold", "holder", "image", "is_free", "node", "nodes", "region"]
+           "held", "hold", "holder", "image", "is_free", "node", "nodes", "region"]
 
 
 _held: dict[str, tuple[int, int]] = {}  # lock path -> (fd, depth), this process's locks
@@ -256,6 +256,19 @@ def holder(key: str) -> Holder:
 def is_free(key: str) -> bool:
     """Nobody holds `key` right now (this process counts as nobody: its own locks are re-entrant)."""
     return _for(key).is_free(key)
+
+
+def held(key: str) -> bool:
+    """This process holds `key` now: its flock, or with team state a node's or an image's lease (whether that lease
+    is still whole is `fence`'s to say). The destroy gate (cloud/destroy.py) asks it: a destroy without it is a path
+    that forgot to lock."""
+    coordinator = _for(key)
+    if isinstance(coordinator, TeamLeases):
+        from gpuprov.state import leases
+
+        return leases.holds(key)
+    with _guard:
+        return str(_file(key)) in _held
 
 
 def fence() -> None:
