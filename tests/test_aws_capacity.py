@@ -462,6 +462,25 @@ def test_a_cluster_launched_into_a_reservation_makes_no_placement_group_of_its_o
     nothing_left(aws)
 
 
+def _waits_then_launches(aws, env, args: list[str], refused: str, advance: float) -> None:
+    """`up --wait` in the background: its first pass refused with `refused`, then the proxy's clock moved on by
+    `advance` seconds, and the next pass launches."""
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**env, "GPUPROV_TEST_WAIT_BACKOFF_SECONDS": "0.5"})
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("pass 1:"):
+                assert refused in line
+                break
+        aws.capacity(advance=advance)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out + err
+
+
 def test_up_wait_into_a_block_waits_through_the_clean_up_of_its_last_instance(aws, env):
     """A Capacity Block answers ReservationCapacityExceeded for several minutes after its instance ended; `up --wait`
     gave up on the first one."""
@@ -474,21 +493,8 @@ def test_up_wait_into_a_block_waits_through_the_clean_up_of_its_last_instance(aw
     now = gp(env, *up_args("second", *block))  # without --wait: told why, nothing left
     assert now.returncode == 1 and "ReservationCapacityExceeded" in now.stderr + now.stdout
     assert "still being cleaned up" in now.stdout + now.stderr
-    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("second", *block, "--wait", "2h")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**env, "GPUPROV_TEST_WAIT_BACKOFF_SECONDS": "0.5"})
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("pass 1:"):
-                assert "ReservationCapacityExceeded" in line
-                break
-        aws.capacity(advance=301)  # the clean-up is over
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out + err
+    _waits_then_launches(aws, env, up_args("second", *block, "--wait", "2h"), "ReservationCapacityExceeded",
+                         advance=301)  # the clean-up is over
     assert gp(env, "down", "second", "--yes").returncode == 0
     nothing_left(aws)
 
@@ -598,21 +604,9 @@ def test_reservations_and_a_capacity_block_bought_waited_for_and_launched_into(a
 
     early = gp(env, *up_args("blk", "--gpu", "H100:8", "--capacity-block", block["reservation_id"], *NO_WAIT))
     assert early.returncode == 2 and "starts at" in early.stderr and "--wait" in early.stderr
-    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args(
-        "blk", "--gpu", "H100:8", "--capacity-block", block["reservation_id"], "--wait", "2h", *NO_WAIT)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env, "GPUPROV_TEST_WAIT_BACKOFF_SECONDS": "0.5"})
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("pass 1:"):
-                assert "InsufficientInstanceCapacity" in line
-                break
-        aws.capacity(advance=3600)  # the block starts
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out + err
+    _waits_then_launches(aws, env, up_args("blk", "--gpu", "H100:8", "--capacity-block", block["reservation_id"],
+                                           "--wait", "2h", *NO_WAIT), "InsufficientInstanceCapacity",
+                         advance=3600)  # the block starts
     into = [e for e in aws.log("RunInstances") if e["status"] == 200][-1]["form"]
     assert into["InstanceMarketOptions.MarketType"] == "capacity-block"
     assert into["CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"] == \
