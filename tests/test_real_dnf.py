@@ -8,7 +8,9 @@ any NVIDIA package is installed, naming it and what the repository has; a fresh 
 running kernel, the planned branch's driver through its module stream (though the repository also has a newer
 branch), Fabric Manager at the driver's exact version, version-locked, and the toolkit; a rerun changes nothing (no
 rpm transaction). The docker step the same way (Amazon Linux's own `docker`, NVIDIA's container toolkit repository,
-the nvidia runtime in daemon.json, the daemon restarted only when that changed it).
+the nvidia runtime in daemon.json, the daemon restarted only when that changed it). HGX B200 on Amazon Linux 2023's
+6.12 kernel (namespaced kernel6.12-devel, kernel6.12-modules-extra) and on Rocky 10: the running kernel's own devel
+package, and its modules-extra installed before ib_umad/mlx5_ib are loaded.
 
 Needs dnf, rpm, rpmbuild, createrepo_c and modifyrepo_c (tools/sysdeps.sh installs them); without them it skips,
 except under CI=true, where it fails.
