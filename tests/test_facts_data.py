@@ -24,6 +24,18 @@ def test_every_family_records_its_source_and_read_date() -> None:
         assert all(key in facts.snapshot(family.file) for key in family.keys if not key.endswith("_unverified"))
 
 
+def test_a_gpus_memory_is_what_ec2_says_for_its_instance_types() -> None:
+    """`gpus` shows EC2's GpuInfo MemoryInfo SizeInMiB (T4 16,384 MiB on g4dn), not nvidia-smi's usable figure
+    (15,360), wherever its instance types all give one (p3's V100 rows do not: p3dn carries the 32 GB V100)."""
+    cat = catalog.load()
+    for gpu in cat.gpus:
+        given = {it.gpu_memory_mib for it in cat.instance_types_for(gpu)}
+        if None not in given:
+            assert given == {gpu.memory_mib}, gpu.name
+    assert cat.gpu("T4").memory_mib == 16384
+    assert cat.prices_as_of.startswith("2026-07-20 (AWS Pricing API)")
+
+
 def test_the_toolkits_per_os_are_the_imitation_repositorys() -> None:
     """stack.yaml's repo_toolkits (what `plan` refuses by) and nvidia-repo.tsv (what the host's apt answers in the
     tests) say the same per OS, so a plan the resolver allows installs under the strict shims."""

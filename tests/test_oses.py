@@ -70,7 +70,8 @@ def test_dnf_family_steps(os_name):
     assert 'dnf -y -q module enable "$stream"' in driver and "stream=nvidia-driver:595-open" in driver
     own = driver.split("# NVIDIA driver from NVIDIA's CUDA repository for", 1)[1]  # the step, after the libraries
     assert "apt-get" not in own and "dpkg" not in own
-    assert "kernel-devel-${kernel}" in text["kernel-headers"]
+    # the running kernel's devel package by the name dnf has for it (kernel6.12-devel on Amazon Linux's 6.12 kernel)
+    assert 'devel="$(gp_dnf_kernel_package devel)"' in text["kernel-headers"]
     assert "dracut --force" in text["nouveau-off"] and "update-initramfs" not in text["nouveau-off"]
     assert '"${fm}-${drv}"' in text["fabric-manager"] and "versionlock add" in text["fabric-manager"]
     # EPEL (for DKMS) and CodeReady Builder where the OS needs them; none on Amazon Linux (dkms is Amazon's own)

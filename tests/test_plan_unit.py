@@ -149,6 +149,9 @@ def test_fabric_manager_follows_the_instance_and_its_nvswitch_generation():
     assert summary_of(b200, "fabric-manager") == (
         "nvidia-fabricmanager at the driver's exact version, held (+ nvlsm, infiniband-diags; ib_umad, mlx5_ib "
         "loaded at every boot from linux-modules-extra-$(uname -r))")
+    for dnf_os in ("amzn-2023", "rocky-9", "rocky-10"):  # the kernel's own modules-extra package, not Ubuntu's
+        assert summary_of(P.make_plan(P.NodeRequest(gpu="B200:8", os=dnf_os)), "fabric-manager").endswith(
+            "loaded at every boot from kernel-modules-extra-$(uname -r))")
     single = P.make_plan(P.NodeRequest(gpu="H100"))  # p5.4xlarge: no NVSwitch, no Fabric Manager step
     assert "fabric-manager" not in names(single)
     host = P.make_host_plan("H100", "pytorch", "ubuntu-24.04", StackPins())  # unknown: only if the host has it

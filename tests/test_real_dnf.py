@@ -8,7 +8,9 @@ any NVIDIA package is installed, naming it and what the repository has; a fresh 
 running kernel, the planned branch's driver through its module stream (though the repository also has a newer
 branch), Fabric Manager at the driver's exact version, version-locked, and the toolkit; a rerun changes nothing (no
 rpm transaction). The docker step the same way (Amazon Linux's own `docker`, NVIDIA's container toolkit repository,
-the nvidia runtime in daemon.json, the daemon restarted only when that changed it).
+the nvidia runtime in daemon.json, the daemon restarted only when that changed it). HGX B200 on Amazon Linux 2023's
+6.12 kernel (namespaced kernel6.12-devel, kernel6.12-modules-extra) and on Rocky 10: the running kernel's own devel
+package, and its modules-extra installed before ib_umad/mlx5_ib are loaded.
 
 Needs dnf, rpm, rpmbuild, createrepo_c and modifyrepo_c (tools/sysdeps.sh installs them); without them it skips,
 except under CI=true, where it fails.
@@ -51,9 +53,10 @@ class Run:
 class Host:
     """An install root with the imitation's repositories: the distribution's configured, NVIDIA's added by the step."""
 
-    def __init__(self, where: Path, cuda: Path, distro: Path, ctk: Path, release: str = "2023") -> None:
+    def __init__(self, where: Path, cuda: Path, distro: Path, ctk: Path, release: str = "2023",
+                 kernel: str = repo.KERNEL) -> None:
         self.root = where / "root"
-        self.cuda, self.ctk, self.release = cuda, ctk, release
+        self.cuda, self.ctk, self.release, self.kernel = cuda, ctk, release, kernel
         (self.root / "etc/yum.repos.d").mkdir(parents=True)
         # the distribution's repositories; CodeReady Builder there, disabled, as on Rocky (EPEL's steps enable it)
         (self.root / "etc/yum.repos.d/amazonlinux.repo").write_text(
@@ -67,7 +70,7 @@ class Host:
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "PATH": f"{STAND_INS}:{os.environ['PATH']}", "GPUPROV_SYSROOT": str(self.root),
-                "GPUPROV_RETRY_DELAY": "0", "REALDNF_KERNEL": repo.KERNEL, "REALDNF_CUDA_REPO": str(self.cuda),
+                "GPUPROV_RETRY_DELAY": "0", "REALDNF_KERNEL": self.kernel, "REALDNF_CUDA_REPO": str(self.cuda),
                 "REALDNF_CTK_REPO": str(self.ctk), "REALDNF_CUDA10_REPO": str(self.cuda), "REALDNF_RELEASEVER": self.release}
 
     def run(self, script: Script) -> Run:
@@ -222,6 +225,49 @@ def test_el10_holds_the_branch_with_versionlock_before_the_install(repos) -> Non
     assert f"nvidia-open-3:{repo.BRANCHES['595']}-" in locks and repo.BRANCHES["610"] not in locks
     again = host.run_all(scripts)
     assert [(r.name, r.result) for r in again] == [(n, "unchanged") for n in EL10_STEPS], [r.stderr for r in again]
+    assert host.installed() == installed
+
+
+B200_STEPS = ("kernel-headers", "nouveau-off", "nvidia-driver", "fabric-manager")
+
+
+@pytest.mark.heavy  # dnf, rpm and createrepo_c (system packages)
+@pytest.mark.parametrize(("os_name", "kernel", "devel", "extra"), [
+    # Amazon Linux 2023's 6.12 kernel: namespaced packages, no kernel-devel-$(uname -r) to match
+    ("amzn-2023", repo.KERNEL612, "kernel6.12-devel", "kernel6.12-modules-extra"),
+    # EL (and Amazon Linux's 6.1 kernel): the plain names
+    ("rocky-10", repo.KERNEL, "kernel-devel", "kernel-modules-extra")])
+def test_b200_takes_the_running_kernels_devel_and_modules_extra_packages(repos, os_name: str, kernel: str, devel: str,
+                                                                         extra: str) -> None:
+    """HGX B200 on a dnf host: the headers step installs the devel package dnf has for the running kernel (on Amazon
+    Linux's 6.12 kernel kernel6.12-devel, as `kernel-devel-$(uname -r)` answers "No match" there), and the fabric step
+    installs the running kernel's modules-extra package (which holds ib_umad and mlx5_ib: the modprobe stand-in
+    loads them only once it is installed) before loading them, with nvlsm and infiniband-diags; a rerun changes
+    nothing."""
+    where, (cuda, distro, ctk, cuda10) = repos
+    plan = make_plan(NodeRequest(gpu="B200:8", os=os_name))
+    assert plan.stack and plan.stack.nvlsm and plan.stack.fabric_modules_package == "kernel-modules-extra-$(uname -r)"
+    scripts = list(render_steps(tuple(s for s in plan.steps if s.name in B200_STEPS),
+                                {"plan": plan, "stack": plan.stack, "playbook": plan.playbook, "env": plan.playbook.env},
+                                {}).scripts)
+    host = Host(where / f"b200-{os_name}", cuda if os_name == "amzn-2023" else cuda10, distro, ctk,
+                release="2023" if os_name == "amzn-2023" else "10", kernel=kernel)
+    first = host.run_all(scripts)
+    assert [(r.name, r.returncode, r.result) for r in first] == [
+        ("kernel-headers", 0, "changed"), ("nouveau-off", 0, "changed"), ("nvidia-driver", 0, "reboot"),
+        ("fabric-manager", 0, "changed")], [r.stderr for r in first]
+    installed = host.installed()
+    version = kernel.split("-", 1)[0]
+    assert installed[devel] == version and installed[extra] == version
+    assert {p for p in installed if p.endswith(("-devel", "-modules-extra"))} == {devel, extra}  # not the 6.1 kernel's
+    assert {"nvlsm", "infiniband-diags"} <= set(installed)
+    calls = host.calls()
+    installs = [i for i, c in enumerate(calls) if c.startswith("dnf") and " install " in c and extra in c]
+    assert installs and installs[0] < calls.index("modprobe ib_umad") < calls.index("modprobe mlx5_ib"), calls
+    conf = (host.root / "etc/modules-load.d/gpuprov-nvswitch.conf").read_text()
+    assert "ib_umad" in conf and "mlx5_ib" in conf
+    again = host.run_all(scripts)
+    assert [(r.name, r.result) for r in again] == [(n, "unchanged") for n in B200_STEPS], [r.stderr for r in again]
     assert host.installed() == installed
 
 

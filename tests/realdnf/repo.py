@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KERNEL = "6.1.115-126.197.amzn2023.x86_64"  # uname -r of an Amazon Linux 2023 kernel
+# uname -r of Amazon Linux 2023's 6.12 kernel, whose packages are namespaced: kernel6.12-devel-<this>,
+# kernel6.12-modules-extra-<this> (AWS's install commands; the version the imitation's)
+KERNEL612 = "6.12.58-82.121.amzn2023.x86_64"
 BRANCHES = {"580": "580.126.09", "595": "595.71.05", "610": "610.57.04"}  # each branch's release in the imitation
 TOOLKITS = ("12.8", "12.9", "13.0")
 
@@ -59,6 +62,7 @@ def nvidia_rpms() -> tuple[list[Rpm], dict[str, list[Rpm]]]:
             Rpm("nvidia-driver", v, epoch=3), Rpm("nvidia-driver-cuda", v, epoch=3),
         ]
         plain.append(Rpm("nvidia-fabricmanager", v))
+    plain.append(Rpm("nvlsm", "2025.06.6"))  # NVSwitch gen 4 (HGX B200): from NVIDIA's repository (version the imitation's)
     plain += [Rpm(f"cuda-toolkit-{t.replace('.', '-')}", f"{t}.0") for t in TOOLKITS]
     return plain + [r for rpms in streams.values() for r in rpms], streams
 
@@ -66,7 +70,12 @@ def nvidia_rpms() -> tuple[list[Rpm], dict[str, list[Rpm]]]:
 def distro_rpms() -> list[Rpm]:
     """The distribution's own packages the steps need (Amazon Linux's repositories)."""
     version, release = KERNEL.rsplit(".", 1)[0].split("-", 1)
+    v612, r612 = KERNEL612.rsplit(".", 1)[0].split("-", 1)
     return [Rpm("kernel-devel", version, release=release), Rpm("kernel-headers", version, release=release),
+            Rpm("kernel-modules-extra", version, release=release),
+            # the 6.12 kernel's namespaced packages: no kernel-devel-6.12.* for `kernel-devel-$(uname -r)` to match
+            Rpm("kernel6.12-devel", v612, release=r612), Rpm("kernel6.12-modules-extra", v612, release=r612),
+            Rpm("infiniband-diags", "48.0"),
             Rpm("dkms", "3.0.13", arch="noarch"), Rpm("python3-dnf-plugin-versionlock", "4.3.1", arch="noarch"),
             # Amazon Linux's own Docker engine (data/docker.yaml [al2023]; versions the imitation's)
             Rpm("docker", "25.0.8", requires=("containerd", "runc")), Rpm("containerd", "1.7.27"), Rpm("runc", "1.2.6"),

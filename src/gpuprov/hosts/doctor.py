@@ -329,7 +329,7 @@ def _nvswitch_gen4_checks(f: DoctorFacts, bootstrap: str, symptom: str) -> list[
         return []
     missing = [m for m in gen4.modules if m not in f.modules]
     unpersisted = [m for m in gen4.modules if m not in f.modules_load]
-    pkg = gen4.kernel_modules_package.replace("$(uname -r)", f.kernel or "$(uname -r)")
+    pkg = gen4.kernel_modules_package["apt"].replace("$(uname -r)", f.kernel or "$(uname -r)")
     if missing:
         return [_fail("infiniband modules", f"{', '.join(missing)} not loaded: on HGX B200 Fabric Manager's pre-check "
                       f"and nvlsm need them, so the GPUs' fabric stays \"In Progress\" and {symptom}",

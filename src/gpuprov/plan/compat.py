@@ -401,7 +401,7 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
         nvlsm=nvlsm,
         fabric_extra_packages=gen4.packages if nvlsm else (),
         fabric_kernel_modules=gen4.modules if nvlsm else (),
-        fabric_modules_package=gen4.kernel_modules_package if nvlsm else None,
+        fabric_modules_package=gen4.kernel_modules_package[os_info.family] if nvlsm else None,
         fabric_modules_load_file=gen4.modules_load_file if nvlsm else None,
         cuda_toolkit=pins.cuda,
         cuda_toolkit_package=f"cuda-toolkit-{pins.cuda.replace('.', '-')}" if pins.cuda else None,

@@ -110,7 +110,7 @@ class _MinorCompat(_Fact):
 class _NvswitchGen4(_Fact):
     archs: tuple[str, ...]
     packages: tuple[str, ...]
-    kernel_modules_package: str
+    kernel_modules_package: dict[Literal["apt", "dnf"], str]  # per package manager (the OS family)
     modules: tuple[str, ...]
     modules_load_file: str
     unverified: str | None = None

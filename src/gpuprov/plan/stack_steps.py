@@ -3,8 +3,10 @@ the toolkit, from templates/ (apt: Ubuntu, Debian) or templates/el/ (dnf: Rocky,
 driver (--keep-driver) gets none of them. Pure.
 
 dnf's steps: the repository file, EPEL + CRB, `dnf module enable nvidia-driver:<branch>-open`,
-`kernel-devel-$(uname -r)`, dracut, Fabric Manager at the driver's version with `dnf versionlock`, the toolkit
-(templates/el/lib_dnf.sh.j2: `gp_rpm_installed`, `gp_dnf_install`, `gp_dnf_require`). `--metrics` is refused on
+the running kernel's devel package (`kernel-devel-$(uname -r)`, or `kernel6.12-devel-$(uname -r)` where Amazon
+Linux 2023 namespaces its 6.12/6.18 kernels), dracut, Fabric Manager at the driver's version with `dnf versionlock`,
+the toolkit (templates/el/lib_dnf.sh.j2: `gp_rpm_installed`, `gp_dnf_install`, `gp_dnf_require`,
+`gp_dnf_kernel_package`). `--metrics` is refused on
 dnf (its steps install with apt).
 
 What the steps hold to. The driver step first looks for a driver that came with the image (nvidia-smi answers,
@@ -12,8 +14,9 @@ NVIDIA's pinning package is not installed: a Deep Learning AMI's): of the planne
 (`unchanged`); of another it fails naming `--driver` and `--image fresh`, never installing a second driver over it.
 The Fabric Manager step installs the package compat.py names for the branch at the driver's exact version (where
 the plan does not know whether the host has NVSwitch, it looks itself, as hosts/detect.NVSWITCH_SCAN does); on HGX
-B200 it also installs nvlsm, infiniband-diags and linux-modules-extra-$(uname -r), loads ib_umad and mlx5_ib and
-lists them in /etc/modules-load.d/gpuprov-nvswitch.conf. The persistence step's drop-in runs the daemon with
+B200 it also installs nvlsm, infiniband-diags and the running kernel's modules-extra package
+(linux-modules-extra-$(uname -r) on apt, kernel-modules-extra or kernel6.12-modules-extra on dnf), loads ib_umad
+and mlx5_ib and lists them in /etc/modules-load.d/gpuprov-nvswitch.conf. The persistence step's drop-in runs the daemon with
 `--persistence-mode` (the packaged unit says `--no-persistence-mode`) and fails if nvidia-smi still reports it
 Disabled.
 
@@ -53,7 +56,7 @@ def driver_stack_steps(stack: Stack) -> list[StepPlan]:
     steps = [
         StepPlan("kernel-headers", _template(stack, "headers.sh.j2"), "stack",
                  "headers for the running kernel (DKMS builds against them)"
-                 + (": kernel-devel and kernel-headers of uname -r" if stack.family == "dnf" else "")),
+                 + (": the running kernel's devel package and kernel-headers" if stack.family == "dnf" else "")),
         StepPlan("nouveau-off", _template(stack, "nouveau.sh.j2"), "stack",
                  "blacklist nouveau so the NVIDIA module can load"
                  + (" (initramfs rebuilt with dracut)" if stack.family == "dnf" else "")),
