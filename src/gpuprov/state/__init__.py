@@ -21,11 +21,22 @@ reached through `Store` (store.py), so a command does not know which backend it 
 from __future__ import annotations
 
 from gpuprov.state.machine import NodeState
-from gpuprov.state.records import UP_STATES, Event, Member, Node, NodeFields, NodeUpdate, Resource, ResourceKind, members_json
+from gpuprov.state.records import (
+    UP_STATES,
+    Event,
+    Journal,
+    Member,
+    Node,
+    NodeFields,
+    NodeUpdate,
+    Resource,
+    ResourceKind,
+    members_json,
+)
 from gpuprov.state.store import Store
 
-__all__ = ["UP_STATES", "Event", "Member", "Node", "NodeFields", "NodeState", "NodeUpdate", "Resource", "ResourceKind",
-           "Store", "members_json", "open_store"]
+__all__ = ["UP_STATES", "Event", "Journal", "Member", "Node", "NodeFields", "NodeState", "NodeUpdate", "Resource",
+           "ResourceKind", "Store", "members_json", "open_store"]
 
 
 def open_store() -> Store:

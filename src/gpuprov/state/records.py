@@ -64,6 +64,8 @@ class Node:
     # `state push`: the bucket this local record was moved to (the local file only). Local commands no longer see
     # the node; the row stays so a local `gc` never takes the node's resources for orphans
     moved_to: str | None = None
+    # a multi-step operation in flight (a move, a resize): its journal, written before each step (see `journal`)
+    journal_json: str | None = None
 
     def __post_init__(self) -> None:  # a store reads its state back as a word: the enum, whichever store read it
         object.__setattr__(self, "state", NodeState(self.state))
@@ -91,6 +93,11 @@ class Node:
     def members(self) -> tuple[Member, ...]:
         """A cluster's nodes by rank (node 0 first; `address` is node 0's); empty for a single node."""
         return tuple(Member(**m) for m in json.loads(self.members_json)) if self.members_json else ()
+
+    @property
+    def journal(self) -> Journal | None:
+        """The operation in flight on it, as its last step recorded it; None when none is."""
+        return Journal.from_json(self.journal_json) if self.journal_json else None
 
     @property
     def can_stop(self) -> bool:
@@ -158,6 +165,7 @@ class NodeFields(TypedDict, total=False):
     reservation_end: float | None
     guards_locked_by: str | None
     moved_to: str | None
+    journal_json: str | None
 
 
 class RunEnded(TypedDict, total=False):
@@ -189,6 +197,58 @@ def node_fields(call: str, given: NodeUpdate | NodeFields, *, region: bool) -> d
 
 _UPDATABLE = frozenset(f.name for f in fields(Node)) - {"name", "provider"}
 _CREATABLE = _UPDATABLE - {"region"}
+
+
+@dataclass(frozen=True)
+class Journal:
+    """One multi-step operation in flight on a node: what it is, the step it is about to take (written before the
+    step is), and the ids it has made so far. The next command that touches the node reads it to finish the
+    operation or undo it (cloud/journal.py); a node with none has nothing in flight."""
+
+    op: str  # "move" (another zone of its region) or "move-region"
+    node: str
+    step: str  # the step recorded last: "image", "copy", "access", "launch", "retire"
+    region: str  # where the node was when the operation began
+    zone: str | None
+    old_instance: str  # the instance the node had: stopped, its disk the one being copied
+    image: str | None = None  # the image of its disk (in `region`)
+    target_region: str | None = None  # a region move's destination
+    copy: str | None = None  # the image's copy there
+    new_instance: str | None = None  # the instance launched from it, once its id is known
+    new_zone: str | None = None
+    new_state: str | None = None  # what EC2 last said of the new instance
+    began_at: float = 0.0
+
+    def to_json(self) -> str:
+        from dataclasses import asdict
+
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Journal:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in json.loads(text).items() if k in known})  # a newer gpuprov's extras left
+
+    @property
+    def to(self) -> str:
+        """The region the new instance is launched in."""
+        return self.target_region or self.region
+
+    @property
+    def copy_in_flight(self) -> bool:
+        """The disk's only copy may be in the operation's hands: its old instance's disk is not yet retired while
+        a new instance from its image exists or may (a launch asked for), or has been retired and the new one is
+        the node's only disk."""
+        return self.step in ("launch", "retire")
+
+    def describe(self) -> str:
+        """The operation as the node's state column says it: what runs, what is not done yet, the next step."""
+        where = self.new_zone or self.target_region or "another zone"
+        if self.new_instance and self.new_state in ("pending", "running", "stopping", "stopped"):
+            return (f"{self.op}: new instance {self.new_instance} {self.new_state} in {where}, old one "
+                    f"{self.old_instance} not yet retired; `gpuprov start {self.node}` finishes it")
+        return (f"{self.op}: its disk is being copied ({self.step}), no new instance runs yet; "
+                f"`gpuprov stop {self.node}` takes the copy back")
 
 
 @dataclass(frozen=True)
