@@ -1,0 +1,141 @@
+"""A `start --move` killed mid-way (issue 35 §2): its journal tells the next command whether to finish the move or
+undo it. The real CLI against moto behind the fault proxy, killed (SIGKILL, SIGTERM) at a chosen request: once the
+new instance runs, it is kept and the move finished (`status --refresh` names it, `stop` stops it, `start`
+finishes), `down` never advised; before, what the move made is taken back and the node stays stopped where it was."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests import forkcli
+from tests.aws.cli import gp, nothing_left, up_args
+
+NO_WAIT = ("--no-bootstrap", "--no-wait")
+ONE_TYPE = ("--gpu", "T4", "--max-hourly", "0.6")  # g4dn.xlarge alone
+
+
+def _instances(aws, region: str = "us-east-1") -> dict[str, dict]:
+    return {i["InstanceId"]: i for r in aws.ec2(region).describe_instances()["Reservations"] for i in r["Instances"]}
+
+
+def _images(aws, region: str) -> list[str]:
+    return [i["ImageId"] for i in aws.ec2(region).describe_images(Owners=["self"])["Images"]]
+
+
+def _row(env, name: str) -> dict:
+    (found,) = [n for n in json.loads(gp(env, "status", "--refresh", "--json").stdout) if n["name"] == name]
+    return found
+
+
+def _stopped_node(aws, env, name: str) -> dict:
+    made = gp(env, *up_args(name, *ONE_TYPE, *NO_WAIT))
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert gp(env, "stop", name).returncode == 0
+    (old,) = [i for i in _instances(aws).values() if i["State"]["Name"] == "stopped"]
+    return old
+
+
+def _killed(aws, env, sig: signal.Signals, *move: str) -> tuple[int, str]:
+    """`start NAME --move …` run until the paused request is on its way, then sent `sig`; its exit code and
+    output."""
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "start", *move, "--no-bootstrap"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        aws.wait_held(1, timeout=180)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode, out + err
+
+
+@pytest.mark.parametrize(("sig", "region"), [(signal.SIGKILL, None), (signal.SIGTERM, None),
+                                             (signal.SIGKILL, "us-west-2")])
+def test_a_move_killed_once_its_new_instance_runs_is_finished_never_undone(aws, env, sig, region):
+    name = "mv"
+    old = _stopped_node(aws, env, name)
+    home = old["Placement"]["AvailabilityZone"]
+    to = region or "us-east-1"
+    # the old instance's retirement is paused on its way: the new one runs, the old one is not yet terminated
+    aws.faults({"action": "TerminateInstances", "pause": True, "times": 1, "match": {"InstanceId.1": old["InstanceId"]}})
+    flags = ("--region", region) if region else ()
+    code, said = _killed(aws, env, sig, name, "--move", *flags)
+    assert code == -signal.SIGKILL if sig == signal.SIGKILL else code == 128 + signal.SIGTERM, said
+    assert "Traceback" not in said, said
+    if sig == signal.SIGTERM:  # the last line says the move is half done, and how to go on
+        assert f"run: gpuprov start {name} (finishes the move)" in said, said
+    (new,) = [i for i in _instances(aws, to).values() if i["State"]["Name"] == "running"]
+    assert _instances(aws)[old["InstanceId"]]["State"]["Name"] == "stopped"  # not yet retired
+
+    # status --refresh names the move and the running instance (not `stopped`, nor `gone`)
+    row = _row(env, name)
+    assert row["state"] == "moving", row
+    assert f"new instance {new['InstanceId']} running in {new['Placement']['AvailabilityZone']}" in row["state_reason"]
+    assert f"old one {old['InstanceId']} not yet retired" in row["state_reason"]
+    assert row["journal"]["new_instance"] == new["InstanceId"] and row["journal"]["old_instance"] == old["InstanceId"]
+    table = gp(env, "status", "--refresh")
+    assert "moving" in table.stdout and "gpuprov down" not in table.stdout + table.stderr
+
+    # stop stops the instance that runs: the new one, kept; nothing is said to be stopped that runs
+    stopped = gp(env, "stop", name)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "already stopped" not in stopped.stdout and f"gpuprov start {name}" in stopped.stdout
+    assert "gpuprov down" not in stopped.stdout + stopped.stderr
+    assert _instances(aws, to)[new["InstanceId"]]["State"]["Name"] == "stopped"
+    assert _instances(aws)[old["InstanceId"]]["State"]["Name"] == "stopped"
+    row = _row(env, name)
+    assert row["state"] == "moving" and f"{new['InstanceId']} stopped" in row["state_reason"], row
+
+    # start finishes the move: the new instance (its disk the copy) started and kept, the old one retired
+    started = gp(env, "start", name, "--no-bootstrap")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "gpuprov down" not in started.stdout + started.stderr
+    now = _instances(aws, to)
+    assert now[new["InstanceId"]]["State"]["Name"] == "running"
+    assert [i for i in now.values() if i["State"]["Name"] != "terminated"] == [now[new["InstanceId"]]]
+    assert _instances(aws)[old["InstanceId"]]["State"]["Name"] == "terminated"
+    assert _images(aws, "us-east-1") == [] and _images(aws, to) == []  # the move's image (and copy) gone
+    row = _row(env, name)
+    assert (row["state"], row["region"], row["zone"], row["journal"]) == \
+        ("ready", to, new["Placement"]["AvailabilityZone"], None)
+    assert row["zone"] != home or region
+    aws.clear_faults()  # the paused request goes on: its instance is terminated already
+    assert gp(env, "down", name, "--yes").returncode == 0
+    nothing_left(aws)
+    assert aws.leftovers(regions=("us-west-2",))["instances"] == []
+
+
+def test_a_move_killed_before_its_new_instance_runs_is_undone_and_the_node_stays_where_it_was(aws, env):
+    name = "mv"
+    old = _stopped_node(aws, env, name)
+    home = old["Placement"]["AvailabilityZone"]
+    images = _images(aws, "us-east-1")
+    aws.faults({"action": "CreateImage", "pause": True, "times": 1})  # the image of its disk, on its way
+    code, said = _killed(aws, env, signal.SIGKILL, name, "--move")
+    assert code == -signal.SIGKILL, said
+    aws.release()  # the request reaches EC2 after all: an image nobody recorded the id of, named as the journal knows
+    aws.clear_faults()
+    row = _row(env, name)
+    assert row["state"] == "moving" and "no new instance runs yet" in row["state_reason"], row
+    assert f"`gpuprov stop {name}` takes the copy back" in row["state_reason"]
+    assert "down" not in row["state_reason"]
+
+    stopped = gp(env, "stop", name)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert f"{name}: stopped in {home}, as it was" in stopped.stdout, stopped.stdout
+    assert _images(aws, "us-east-1") == images  # the image found by its name and deleted
+    assert [i["State"]["Name"] for i in _instances(aws).values()] == ["stopped"]  # nothing left billing
+    row = _row(env, name)
+    assert (row["state"], row["zone"], row["journal"]) == ("stopped", home, None)
+    started = gp(env, "start", name, "--no-bootstrap")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert _instances(aws)[old["InstanceId"]]["State"]["Name"] == "running"
+    assert gp(env, "down", name, "--yes").returncode == 0
+    nothing_left(aws)
