@@ -57,7 +57,8 @@ def _killed(aws, env, sig: signal.Signals, *move: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize(("sig", "region"), [(signal.SIGKILL, None), (signal.SIGTERM, None),
-                                             (signal.SIGKILL, "us-west-2")])
+                                             (signal.SIGKILL, "us-west-2")],
+                         ids=["sigkill-zone", "sigterm-zone", "sigkill-region"])
 def test_a_move_killed_once_its_new_instance_runs_is_finished_never_undone(aws, env, sig, region):
     name = "mv"
     old = _stopped_node(aws, env, name)
