@@ -70,8 +70,13 @@ def new_instance(node: Node, journal: Journal, provider: Provider, store: Store,
             if row.cloud_id is None:
                 find_lost_launch(row, provider, store, poll_of(provider))
     ids = launched()
-    found = [i for i in provider.instances(journal.to, ids=ids) if i.state in FORWARD] if ids else []
-    return found[0] if found else None
+    found = provider.instances(journal.to, ids=ids) if ids else []
+    return next((i for i in found if i.state in FORWARD), found[0] if found else None)
+
+
+def _kept(journal: Journal, new: Instance | None) -> Instance | None:
+    """The new instance when the move goes forward with it (next_step), else None: the move is undone."""
+    return new if next_step(journal, new) == "finish" else None
 
 
 def _finish(node: Node, journal: Journal, new: Instance, provider: Provider, store: Store, say: Say) -> None:
@@ -105,8 +110,8 @@ def resume(name: str, provider: Provider, store: Store, say: Say) -> Node:
         journal = node.journal
         if journal is None:
             return node
-        new = new_instance(node, journal, provider, store)
-        if new is not None and next_step(journal, new) == "finish":
+        new = _kept(journal, new_instance(node, journal, provider, store))
+        if new is not None:
             _finish(node, journal, new, provider, store, say)
         else:
             _undo(node, journal, provider, store, say)
@@ -124,7 +129,7 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
             return None
         rec = tl.Recorder("start", name)
         rec.phase(tl.CHECKS)
-        new = new_instance(node, journal, provider, store)
+        new = _kept(journal, new_instance(node, journal, provider, store))
         if new is None:
             _undo(node, journal, provider, store, say)
             return None
@@ -147,7 +152,7 @@ def stop(name: str, provider: Provider, store: Store, say: Say) -> Node:
         journal = node.journal
         if journal is None:
             return node
-        new = new_instance(node, journal, provider, store)
+        new = _kept(journal, new_instance(node, journal, provider, store))
         if new is None:
             _undo(node, journal, provider, store, say)
             return store.node(name)
@@ -172,7 +177,7 @@ def look(nodes: list[Node], provider: Provider, store: Store, say: Say) -> None:
                 journal = node.journal
                 if journal is None:
                     continue
-                new = new_instance(node, journal, provider, store, look_lost=False)
+                new = _kept(journal, new_instance(node, journal, provider, store, look_lost=False))
                 if new is not None:
                     move.note(store, replace(journal, new_instance=new.id, new_zone=new.zone, new_state=new.state))
                 else:

@@ -247,6 +247,9 @@ class Journal:
         if self.new_instance and self.new_state in ("pending", "running", "stopping", "stopped"):
             return (f"{self.op}: new instance {self.new_instance} {self.new_state} in {where}, old one "
                     f"{self.old_instance} not yet retired; `gpuprov start {self.node}` finishes it")
+        if self.new_instance:
+            return (f"{self.op}: new instance {self.new_instance} {self.new_state or 'not found'}; "
+                    f"`gpuprov stop {self.node}` takes back what the move made")
         return (f"{self.op}: its disk is being copied ({self.step}), no new instance runs yet; "
                 f"`gpuprov stop {self.node}` takes the copy back")
 
