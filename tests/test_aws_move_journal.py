@@ -79,7 +79,7 @@ def test_a_move_killed_once_its_new_instance_runs_is_finished_never_undone(aws, 
     row = _row(env, name)
     assert row["state"] == "moving", row
     assert f"new instance {new['InstanceId']} running in {new['Placement']['AvailabilityZone']}" in row["state_reason"]
-    assert f"old one {old['InstanceId']} not yet retired" in row["state_reason"]
+    assert "old one not yet retired" in row["state_reason"]
     assert row["journal"]["new_instance"] == new["InstanceId"] and row["journal"]["old_instance"] == old["InstanceId"]
     table = gp(env, "status", "--refresh")
     assert "moving" in table.stdout and "gpuprov down" not in table.stdout + table.stderr
@@ -139,4 +139,32 @@ def test_a_move_killed_before_its_new_instance_runs_is_undone_and_the_node_stays
     assert started.returncode == 0, started.stdout + started.stderr
     assert _instances(aws)[old["InstanceId"]]["State"]["Name"] == "running"
     assert gp(env, "down", name, "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_gc_names_a_killed_move_and_down_settles_it_before_taking_all_of_it(aws, env):
+    name = "mv"
+    old = _stopped_node(aws, env, name)
+    aws.faults({"action": "TerminateInstances", "pause": True, "times": 1, "match": {"InstanceId.1": old["InstanceId"]}})
+    code, said = _killed(aws, env, signal.SIGKILL, name, "--move")
+    assert code == -signal.SIGKILL, said
+    (new,) = [i for i in _instances(aws).values() if i["State"]["Name"] == "running"]
+
+    # status in 80 columns: the state column says the move, wrapped, nothing cut
+    table = gp({**env, "COLUMNS": "80"}, "status")
+    assert table.returncode == 0 and "moving" in table.stdout, table.stdout + table.stderr
+    assert max(len(line) for line in table.stdout.splitlines()) <= 80, table.stdout
+    assert new["InstanceId"] in table.stdout.replace("\n", " ").replace("│", " ").replace(" ", ""), table.stdout
+
+    # gc leaves it (its new instance is the node's, no orphan) and names it with the next step
+    listed = gp(env, "gc")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert f"{name} is moving" in listed.stdout and f"`gpuprov start {name}` finishes the move first" in listed.stdout
+    assert _instances(aws)[new["InstanceId"]]["State"]["Name"] == "running"
+
+    # down settles the move first (the old instance retired, the image gone), then takes the node down whole
+    down = gp(env, "down", name, "--yes")
+    assert down.returncode == 0, down.stdout + down.stderr
+    aws.clear_faults()
+    assert _images(aws, "us-east-1") == []
     nothing_left(aws)

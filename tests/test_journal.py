@@ -29,8 +29,8 @@ def test_a_journal_is_written_with_the_node_and_read_back_typed(tmp_path: Path) 
     store.update_node("mv", state=NodeState.MOVING, journal_json=running.to_json(), state_reason=running.describe())
     node = store.node("mv")
     assert node.journal == running and node.state == "moving"
-    assert node.state_reason == ("move: new instance i-new running in us-east-1b, old one i-old not yet retired; "
-                                 "`gpuprov start mv` finishes it")
+    assert node.state_reason == ("new instance i-new running in us-east-1b, old one not yet retired; "
+                                 "`gpuprov start mv` finishes the move")
     store.update_node("mv", state=NodeState.STARTING, journal_json=None)
     assert store.node("mv").journal is None
 
@@ -69,9 +69,9 @@ def test_the_destroy_gate_hears_why_the_disk_must_stay_and_the_next_step() -> No
                 ready_at=None, ended_at=None)
     assert blocking(node) is None
     imaging = replace(node, journal_json=MOVE.to_json())
-    assert "`gpuprov stop mv` takes the copy back first" in (blocking(imaging) or "")
+    assert "`gpuprov stop mv` takes it back first" in (blocking(imaging) or "")
     launched = replace(node, journal_json=replace(MOVE, step="retire", new_instance="i-new", new_state="running")
                        .to_json())
     said = blocking(launched) or ""
-    assert "may be only on the new instance" in said and "`gpuprov start mv` finishes the move first" in said
+    assert "may be only on its new instance i-new" in said and "`gpuprov start mv` finishes the move first" in said
     assert "gpuprov down" not in said

@@ -51,10 +51,11 @@ def blocking(node: Node) -> str | None:
     if journal is None:
         return None
     if journal.copy_in_flight:
-        return (f"{node.name} is moving ({journal.describe()}): its disk's data may be only on the new instance; "
+        on = f" {journal.new_instance}" if journal.new_instance else ""
+        return (f"{node.name} is moving: its disk's data may be only on its new instance{on}; "
                 f"`gpuprov start {node.name}` finishes the move first")
-    return (f"{node.name} is moving ({journal.describe()}): its disk is being copied; "
-            f"`gpuprov stop {node.name}` takes the copy back first")
+    return (f"{node.name} is moving: an image of its disk is being made; "
+            f"`gpuprov stop {node.name}` takes it back first")
 
 
 def new_instance(node: Node, journal: Journal, provider: Provider, store: Store, *, look_lost: bool = True
@@ -197,6 +198,6 @@ def settle_all(provider: Provider, store: Store, say: Say, *, act: bool) -> None
                 if act:
                     resume(node.name, provider, store, say)
                 else:
-                    say(f"{node.name}: {blocking(store.node(node.name))}")
+                    say(f"{blocking(store.node(node.name))}")
         except locks.Busy as busy:
             say(f"{node.name}: its move is at work ({busy.holder}); left to it")

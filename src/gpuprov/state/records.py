@@ -242,15 +242,16 @@ class Journal:
         return self.step in ("launch", "retire")
 
     def describe(self) -> str:
-        """The operation as the node's state column says it: what runs, what is not done yet, the next step."""
+        """The operation as the node's state column says it (beside `moving`): what runs, what is not done yet, and
+        the next step."""
         where = self.new_zone or self.target_region or "another zone"
         if self.new_instance and self.new_state in ("pending", "running", "stopping", "stopped"):
-            return (f"{self.op}: new instance {self.new_instance} {self.new_state} in {where}, old one "
-                    f"{self.old_instance} not yet retired; `gpuprov start {self.node}` finishes it")
+            return (f"new instance {self.new_instance} {self.new_state} in {where}, old one not yet retired; "
+                    f"`gpuprov start {self.node}` finishes the move")
         if self.new_instance:
-            return (f"{self.op}: new instance {self.new_instance} {self.new_state or 'not found'}; "
+            return (f"new instance {self.new_instance} {self.new_state or 'not found'}; "
                     f"`gpuprov stop {self.node}` takes back what the move made")
-        return (f"{self.op}: its disk is being copied ({self.step}), no new instance runs yet; "
+        return (f"its disk is being copied ({self.step}), no new instance runs yet; "
                 f"`gpuprov stop {self.node}` takes the copy back")
 
 
