@@ -1,7 +1,8 @@
 """A `start --move` killed mid-way (issue 35 §2): its journal tells the next command whether to finish the move or
 undo it. The real CLI against moto behind the fault proxy, killed (SIGKILL, SIGTERM) at a chosen request: once the
 new instance runs, it is kept and the move finished (`status --refresh` names it, `stop` stops it, `start`
-finishes), `down` never advised; before, what the move made is taken back and the node stays stopped where it was."""
+finishes), `down` never advised; before, what the move made is taken back and the node stays stopped where it was.
+A `start` (resized first) killed once EC2 started the instance: `stop` stops it."""
 
 from __future__ import annotations
 
@@ -40,10 +41,10 @@ def _stopped_node(aws, env, name: str) -> dict:
     return old
 
 
-def _killed(aws, env, sig: signal.Signals, *move: str) -> tuple[int, str]:
-    """`start NAME --move …` run until the paused request is on its way, then sent `sig`; its exit code and
+def _killed(aws, env, sig: signal.Signals, *start: str) -> tuple[int, str]:
+    """`start NAME …` run until the paused (or held) request is on its way, then sent `sig`; its exit code and
     output."""
-    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "start", *move, "--no-bootstrap"], env=env,
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "start", *start, "--no-bootstrap"], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         aws.wait_held(1, timeout=180)
@@ -167,4 +168,32 @@ def test_gc_names_a_killed_move_and_down_settles_it_before_taking_all_of_it(aws,
     assert down.returncode == 0, down.stdout + down.stderr
     aws.clear_faults()
     assert _images(aws, "us-east-1") == []
+    nothing_left(aws)
+
+
+def test_stop_stops_the_instance_a_killed_resize_and_start_left_running(aws, env):
+    name = "rs"
+    old = _stopped_node(aws, env, name)
+    aws.faults({"action": "StartInstances", "hold": True, "times": 1})  # EC2 starts it; the answer never arrives
+    code, said = _killed(aws, env, signal.SIGKILL, name, "--instance-type", "g5.xlarge")
+    assert code == -signal.SIGKILL, said
+    aws.release()
+    aws.clear_faults()
+    assert _instances(aws)[old["InstanceId"]]["State"]["Name"] in ("pending", "running")
+    row = _row(env, name)
+    assert row["state"] == "starting" and row["journal"]["op"] == "resize", row
+    assert f"resize g4dn.xlarge -> g5.xlarge interrupted at start, its instance {old['InstanceId']} running" in \
+        row["state_reason"] and f"`gpuprov stop {name}` stops it" in row["state_reason"], row
+
+    # stop stops whatever instance of the node runs (it refused a `starting` node before)
+    stopped = gp(env, "stop", name)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    now = _instances(aws)[old["InstanceId"]]
+    assert (now["State"]["Name"], now["InstanceType"]) == ("stopped", "g5.xlarge")
+    row = _row(env, name)
+    assert (row["state"], row["instance_type"], row["journal"]) == ("stopped", "g5.xlarge", None), row
+    started = gp(env, "start", name, "--no-bootstrap")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert _row(env, name)["state"] == "ready"
+    assert gp(env, "down", name, "--yes").returncode == 0
     nothing_left(aws)

@@ -1,4 +1,4 @@
-"""A move's journal, read by the next command that touches the node: finish the move, or undo it.
+"""A multi-step operation's journal, read by the next command that touches the node: finish it, or undo it.
 
 A `start --move` (cloud/move.py to another zone, cloud/move_region.py to another region) writes its journal
 (state/records.py `Journal`: the step it is about to take, the ids it made) before each step, with the node
@@ -17,10 +17,15 @@ instance launched from the disk's image exist?
 (`start`), starting the new instance first if `stop` stopped it; `stop` stops whichever instance of the node runs
 (`stop`); `down` settles it before taking the node down and `gc` before it looks (`resume`). A node whose move is
 still at work (its lock is held) is left to it. `blocking` says why deleting the node's disk now would lose data.
+
+A `start` (resized first, or not: cloud/stopstart.py) journals its two steps too, with the node `resizing` or
+`starting`: a rerun `start` finishes it as it always has (the resize asked for is done first), `status --refresh`
+says what EC2 says of its instance, and `stop` stops that instance, recording the type EC2 says it has.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -30,7 +35,7 @@ from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.cloud.teardown import _find_lost_launch as find_lost_launch
 from gpuprov.cloud.teardown import poll_of
-from gpuprov.state import Journal, Node, Store, locks
+from gpuprov.state import Journal, Node, NodeState, Store, locks
 
 if TYPE_CHECKING:
     from gpuprov.cloud.providers.base import Instance, Provider
@@ -48,7 +53,7 @@ def blocking(node: Node) -> str | None:
     """Why deleting `node`'s disk now would lose data (None: nothing in flight): a move holds a copy of it, or the
     new instance does while the old one waits to be retired. The next step is named."""
     journal = node.journal
-    if journal is None:
+    if journal is None or not journal.is_move:  # a start or resize copies no disk
         return None
     if journal.copy_in_flight:
         on = f" {journal.new_instance}" if journal.new_instance else ""
@@ -109,7 +114,7 @@ def resume(name: str, provider: Provider, store: Store, say: Say) -> Node:
     with locks.nodes([name], "resume a move", say):  # a move still at work finishes first
         node = store.node(name)
         journal = node.journal
-        if journal is None:
+        if journal is None or not journal.is_move:  # a start's: its records are the node's own, `down` follows them
             return node
         new = _kept(journal, new_instance(node, journal, provider, store))
         if new is not None:
@@ -126,7 +131,7 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
     with locks.nodes([name], "start", say):
         node = store.node(name)
         journal = node.journal
-        if journal is None:
+        if journal is None or not journal.is_move:  # a killed start or resize: stopstart.start resumes it
             return None
         rec = tl.Recorder("start", name)
         rec.phase(tl.CHECKS)
@@ -153,6 +158,8 @@ def stop(name: str, provider: Provider, store: Store, say: Say) -> Node:
         journal = node.journal
         if journal is None:
             return node
+        if not journal.is_move:
+            return _stop_start(node, journal, provider, store, say)
         new = _kept(journal, new_instance(node, journal, provider, store))
         if new is None:
             _undo(node, journal, provider, store, say)
@@ -166,6 +173,30 @@ def stop(name: str, provider: Provider, store: Store, say: Say) -> Node:
         return store.node(name)
 
 
+def _stop_start(node: Node, journal: Journal, provider: Provider, store: Store, say: Say) -> Node:
+    """A killed `start` (resized first, or not): its instance, running or not, is stopped, and the node recorded
+    stopped as the type EC2 says it is (the resize done or not), nothing in flight."""
+    from gpuprov.plan import catalog
+
+    name, region, iid = node.name, node.region, journal.old_instance
+    (current,) = provider.describe(region, [iid], settle=settle_window())
+    if current.state in ("terminated", "shutting-down"):
+        store.update_node(name, state=NodeState.GONE, journal_json=None, resize_from=None, resize_to=None,
+                          state_reason=current.state_reason or "instance terminated")
+        return store.node(name)
+    if current.state in ("pending", "running"):
+        say(f"{name}: stopping {iid} (its {journal.op} was interrupted; its disk is kept)")
+        provider.stop(region, [iid], settle=settle_window())
+    provider.wait_stopped(region, [iid])
+    it = catalog.load().instance_type(current.instance_type)
+    now = time.time()
+    store.update_node(name, state=NodeState.STOPPED, instance_type=it.name, gpu=it.gpu or node.gpu, gpu_count=it.gpus,
+                      price_usd_hour=it.price_usd_hour, resize_from=None, resize_to=None, journal_json=None,
+                      stopped_at=now, state_reason=f"its {journal.op} was interrupted", **node.stopped_run(now))
+    store.event(name, "stopped", f"{iid} ({journal.op} interrupted)")
+    return store.node(name)
+
+
 def look(nodes: list[Node], provider: Provider, store: Store, say: Say) -> None:
     """`status --refresh`: each moving node's state says what EC2 says of its new instance, and the next step. A
     move at work (its lock held) is left as its record says."""
@@ -177,6 +208,11 @@ def look(nodes: list[Node], provider: Provider, store: Store, say: Say) -> None:
                 node = store.node(node.name)
                 journal = node.journal
                 if journal is None:
+                    continue
+                if not journal.is_move:  # a killed start: what EC2 says of its instance
+                    (current,) = provider.instances(node.region, ids=[journal.old_instance]) or (None,)
+                    seen = replace(journal, new_state=current.state if current else "not found")
+                    store.update_node(node.name, journal_json=seen.to_json(), state_reason=seen.describe())
                     continue
                 new = _kept(journal, new_instance(node, journal, provider, store, look_lost=False))
                 if new is not None:
@@ -194,6 +230,8 @@ def settle_all(provider: Provider, store: Store, say: Say, *, act: bool) -> None
         if node.journal is None:
             continue
         try:
+            if not node.journal.is_move:
+                continue  # a killed start's records are the node's own: nothing to collect
             with locks.hold(locks.node(node.name), "gc", wait=False, subject=node.name):
                 if act:
                     resume(node.name, provider, store, say)

@@ -205,19 +205,21 @@ class Journal:
     step is), and the ids it has made so far. The next command that touches the node reads it to finish the
     operation or undo it (cloud/journal.py); a node with none has nothing in flight."""
 
-    op: str  # "move" (another zone of its region) or "move-region"
+    op: str  # "move" (another zone of its region), "move-region", "resize" or "start" (cloud/stopstart.py)
     node: str
-    step: str  # the step recorded last: "image", "copy", "access", "launch", "retire"
+    step: str  # the step recorded last: a move's "image", "copy", "access", "launch", "retire"; "resize", "start"
     region: str  # where the node was when the operation began
     zone: str | None
-    old_instance: str  # the instance the node had: stopped, its disk the one being copied
+    old_instance: str  # the instance the node had (a move: stopped, its disk the one being copied; a start: its own)
     image: str | None = None  # the image of its disk (in `region`)
     target_region: str | None = None  # a region move's destination
     copy: str | None = None  # the image's copy there
     new_instance: str | None = None  # the instance launched from it, once its id is known
     new_zone: str | None = None
-    new_state: str | None = None  # what EC2 last said of the new instance
+    new_state: str | None = None  # what EC2 last said of the new instance (a start's: of its instance)
     began_at: float = 0.0
+    from_type: str | None = None  # a resize: the type before ...
+    to_type: str | None = None  # ... and the type asked for
 
     def to_json(self) -> str:
         from dataclasses import asdict
@@ -235,15 +237,24 @@ class Journal:
         return self.target_region or self.region
 
     @property
+    def is_move(self) -> bool:
+        return self.op in ("move", "move-region")
+
+    @property
     def copy_in_flight(self) -> bool:
         """The disk's only copy may be in the operation's hands: its old instance's disk is not yet retired while
         a new instance from its image exists or may (a launch asked for), or has been retired and the new one is
         the node's only disk."""
-        return self.step in ("launch", "retire")
+        return self.is_move and self.step in ("launch", "retire")
 
     def describe(self) -> str:
         """The operation as the node's state column says it (beside `moving`): what runs, what is not done yet, and
         the next step."""
+        if not self.is_move:
+            what = f"resize {self.from_type} -> {self.to_type}" if self.op == "resize" else "start"
+            now = f"its instance {self.old_instance} {self.new_state}" if self.new_state else self.old_instance
+            return (f"{what} interrupted at {self.step}, {now}; `gpuprov start {self.node}` finishes it, "
+                    f"`gpuprov stop {self.node}` stops it")
         where = self.new_zone or self.target_region or "another zone"
         if self.new_instance and self.new_state in ("pending", "running", "stopping", "stopped"):
             return (f"new instance {self.new_instance} {self.new_state} in {where}, old one not yet retired; "
