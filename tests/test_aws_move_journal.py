@@ -95,6 +95,16 @@ def test_a_move_killed_once_its_new_instance_runs_is_finished_never_undone(aws, 
     row = _row(env, name)
     assert row["state"] == "moving" and f"{new['InstanceId']} stopped" in row["state_reason"], row
 
+    # its new zone is full when it starts again: refused, the new instance kept, stopped; never `down`
+    aws.faults({"action": "StartInstances", "code": "InsufficientInstanceCapacity", "times": 1,
+                "message": "We currently do not have sufficient g4dn.xlarge capacity in the Availability Zone you "
+                           "requested."})
+    refused = gp(env, "start", name, "--no-bootstrap")
+    assert refused.returncode == 1 and f"{name} stays moving, its new instance stopped and kept" in refused.stderr, \
+        refused.stdout + refused.stderr
+    assert "gpuprov down" not in refused.stdout + refused.stderr and "Traceback" not in refused.stderr
+    assert _instances(aws, to)[new["InstanceId"]]["State"]["Name"] == "stopped"
+
     # start finishes the move: the new instance (its disk the copy) started and kept, the old one retired
     started = gp(env, "start", name, "--no-bootstrap")
     assert started.returncode == 0, started.stdout + started.stderr

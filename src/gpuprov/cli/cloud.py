@@ -496,7 +496,8 @@ def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zon
     from gpuprov.cloud import journal
 
     # a move a killed command left is finished (its new instance kept), or undone before anything else
-    resumed = journal.start(name, opts, provider, store, say_to(console)) if store.node(name).journal else None
+    found = store.find_node(name)  # an unknown name is refused below, as before
+    resumed = journal.start(name, opts, provider, store, say_to(console)) if found and found.journal else None
     if resumed is not None:
         result = resumed
     elif move:

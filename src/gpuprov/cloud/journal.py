@@ -31,10 +31,12 @@ from typing import TYPE_CHECKING
 
 from gpuprov.cloud import move, move_region
 from gpuprov.cloud import timeline as tl
+from gpuprov.cloud.providers.base import LaunchError
 from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.cloud.teardown import _find_lost_launch as find_lost_launch
 from gpuprov.cloud.teardown import poll_of
+from gpuprov.errors import GpuprovError
 from gpuprov.state import Journal, Node, NodeState, Store, locks
 
 if TYPE_CHECKING:
@@ -142,7 +144,12 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
         if new.state in ("stopping", "stopped"):
             provider.wait_stopped(journal.to, [new.id])
             say(f"{name}: starting its new instance {new.id} in {new.zone}")
-            provider.start(journal.to, [new.id], settle=settle_window())
+            try:
+                provider.start(journal.to, [new.id], settle=settle_window())
+            except LaunchError as exc:  # its new zone is full now: the instance is kept, stopped, for a later start
+                raise GpuprovError(f"AWS refused to start {name}'s new instance {new.id}: {exc.code}: {exc.message}\n"
+                                   f"  {name} stays moving, its new instance stopped and kept; try again later: "
+                                   f"gpuprov start {name}") from None
         rec.phase(tl.RUNNING)
         new = provider.wait_running(journal.to, new.id, timeout=opts.ssh_timeout, settle=settle_window())
         _finish(node, journal, new, provider, store, say)
