@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -205,5 +206,32 @@ def test_stop_stops_the_instance_a_killed_resize_and_start_left_running(aws, env
     started = gp(env, "start", name, "--no-bootstrap")
     assert started.returncode == 0, started.stdout + started.stderr
     assert _row(env, name)["state"] == "ready"
+    assert gp(env, "down", name, "--yes").returncode == 0
+    nothing_left(aws)
+
+
+def test_a_move_killed_while_its_launch_is_on_its_way_keeps_the_instance_ec2_made_of_it(aws, env):
+    name = "mv"
+    old = _stopped_node(aws, env, name)
+    aws.faults({"action": "RunInstances", "pause": True, "times": 1})  # the move's launch, on its way
+    code, said = _killed(aws, env, signal.SIGKILL, name, "--move")
+    assert code == -signal.SIGKILL, said
+    aws.release()  # it reaches EC2 after all: an instance nobody recorded the id of, its ClientToken recorded first
+    deadline = time.monotonic() + 30
+    while len([e for e in aws.log("RunInstances") if e["status"] == 200]) < 2:  # `up`'s, then the move's
+        assert time.monotonic() < deadline, aws.log("RunInstances")
+        time.sleep(0.05)
+    aws.clear_faults()
+    (new,) = [i for i in _instances(aws).values() if i["InstanceId"] != old["InstanceId"]]
+
+    # status --refresh finds it by its ClientToken and names it; it is never taken for nothing
+    row = _row(env, name)
+    assert row["state"] == "moving" and f"new instance {new['InstanceId']} running" in row["state_reason"], row
+    started = gp(env, "start", name, "--no-bootstrap")
+    assert started.returncode == 0, started.stdout + started.stderr
+    now = _instances(aws)
+    assert now[new["InstanceId"]]["State"]["Name"] == "running"
+    assert now[old["InstanceId"]]["State"]["Name"] == "terminated" and _images(aws, "us-east-1") == []
+    assert (_row(env, name)["state"], _row(env, name)["zone"]) == ("ready", new["Placement"]["AvailabilityZone"])
     assert gp(env, "down", name, "--yes").returncode == 0
     nothing_left(aws)

@@ -65,19 +65,14 @@ def blocking(node: Node) -> str | None:
             f"`gpuprov stop {node.name}` takes it back first")
 
 
-def new_instance(node: Node, journal: Journal, provider: Provider, store: Store, *, look_lost: bool = True
-                 ) -> Instance | None:
-    """The instance the move launched, if one exists: by its recorded id, or (look_lost) by the ClientToken of a
-    launch whose answer never came (EC2's filter lags: looked for as long as it may)."""
-    def launched() -> list[str]:
-        rows = store.resources(node.name, region=journal.to, kind="instance")
-        return [r.cloud_id for r in rows if r.cloud_id and r.cloud_id != journal.old_instance]
-
-    if look_lost:
-        for row in store.resources(node.name, region=journal.to, kind="instance"):
-            if row.cloud_id is None:
-                find_lost_launch(row, provider, store, poll_of(provider))
-    ids = launched()
+def new_instance(node: Node, journal: Journal, provider: Provider, store: Store) -> Instance | None:
+    """The instance the move launched, if one exists: by its recorded id, or by the ClientToken of a launch whose
+    answer never came (EC2's filter lags: looked for as long as it may, then its row is closed)."""
+    for row in store.resources(node.name, region=journal.to, kind="instance"):
+        if row.cloud_id is None:
+            find_lost_launch(row, provider, store, poll_of(provider))
+    ids = [r.cloud_id for r in store.resources(node.name, region=journal.to, kind="instance")
+           if r.cloud_id and r.cloud_id != journal.old_instance]
     found = provider.instances(journal.to, ids=ids) if ids else []
     return next((i for i in found if i.state in FORWARD), found[0] if found else None)
 
@@ -221,7 +216,7 @@ def look(nodes: list[Node], provider: Provider, store: Store, say: Say) -> None:
                     seen = replace(journal, new_state=current.state if current else "not found")
                     store.update_node(node.name, journal_json=seen.to_json(), state_reason=seen.describe())
                     continue
-                new = _kept(journal, new_instance(node, journal, provider, store, look_lost=False))
+                new = _kept(journal, new_instance(node, journal, provider, store))
                 if new is not None:
                     move.note(store, replace(journal, new_instance=new.id, new_zone=new.zone, new_state=new.state))
                 else:
