@@ -235,3 +235,33 @@ def test_a_move_killed_while_its_launch_is_on_its_way_keeps_the_instance_ec2_mad
     assert (_row(env, name)["state"], _row(env, name)["zone"]) == ("ready", new["Placement"]["AvailabilityZone"])
     assert gp(env, "down", name, "--yes").returncode == 0
     nothing_left(aws)
+
+
+@pytest.mark.parametrize("settled_by", ["stop", "gc"])
+def test_a_killed_move_that_start_finishes_reaches_the_disk_on_the_new_instance(aws, env, aws_hosts, gp_home,
+                                                                                settled_by):
+    """Real SSH hosts at the instances' addresses: the disk's marker, written before the move, is on the new
+    instance kept (stopped by `stop`, or the move finished by `gc --yes`) and started by `start`, reached with its
+    new host key pinned."""
+    from tests.aws.cli import copy_disk
+    from tests.test_aws_capacity import NET, _reaches_the_disk, _subnet_node, _zones
+
+    pool = aws_hosts
+    _subnet_node(aws, env, pool, gp_home, "sub")
+    (old,) = [i for i in _instances(aws).values() if i["State"]["Name"] == "stopped"]
+    other = next(z for z in _zones(aws) if z != "us-east-1a")
+    aws.subnet_for_hosts(f"{NET}.128/25", other)  # the same VPC: its first instance gets .132
+    copy_disk(pool, 0, 1)  # what an instance launched from the image of its disk sees
+    aws.faults({"action": "TerminateInstances", "pause": True, "times": 1, "match": {"InstanceId.1": old["InstanceId"]}})
+    with pool.also_at(1, f"{NET}.132"):
+        code, said = _killed(aws, env, signal.SIGKILL, "sub", "--move")
+        assert code == -signal.SIGKILL, said
+        settled = gp(env, *(("stop", "sub") if settled_by == "stop" else ("gc", "--yes")))
+        assert settled.returncode == 0, settled.stdout + settled.stderr
+        started = gp(env, "start", "sub", "--no-bootstrap")
+        assert started.returncode == 0, started.stdout + started.stderr
+        _reaches_the_disk(env, gp_home, pool, "sub")
+    assert _instances(aws)[old["InstanceId"]]["State"]["Name"] == "terminated"
+    aws.clear_faults()
+    assert gp(env, "down", "sub", "--yes").returncode == 0
+    nothing_left(aws)

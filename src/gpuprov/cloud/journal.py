@@ -15,7 +15,8 @@ instance launched from the disk's image exist?
 
 `status --refresh` says which, on the node's state (`look`); `start` finishes the move and brings the node up
 (`start`), starting the new instance first if `stop` stopped it; `stop` stops whichever instance of the node runs
-(`stop`); `down` settles it before taking the node down and `gc` before it looks (`resume`). A node whose move is
+(`stop`); `down` settles it before taking the node down, `gc --yes` before it sweeps (`resume`; without --yes
+it names the move and its next step). A node whose move is
 still at work (its lock is held) is left to it. `blocking` says why deleting the node's disk now would lose data.
 
 A `start` (resized first, or not: cloud/stopstart.py) journals its two steps too, with the node `resizing` or
@@ -89,6 +90,10 @@ def _finish(node: Node, journal: Journal, new: Instance, provider: Provider, sto
         f"{journal.old_instance} retired")
     with move.half_done(node.name):
         (move_region.finish if journal.target_region else move.finish)(node, journal, new, provider, store, say)
+    from gpuprov.hosts import sshconfig
+
+    # a new instance: cloud-init made it new host keys; whichever command reaches it first pins its key, as after `up`
+    sshconfig.await_new_key(node.name)
 
 
 def _undo(node: Node, journal: Journal, provider: Provider, store: Store, say: Say) -> None:
