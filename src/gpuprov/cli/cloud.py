@@ -280,6 +280,11 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
         _print_timeline(store, str(name), as_json)
         return
     nodes = one_node.refresh(store, provider, say_to(make_console(stderr=True))) if refresh else store.nodes()
+    if refresh:
+        from gpuprov.cloud import journal
+
+        journal.look(nodes, provider, store, say_to(make_console(stderr=True)))  # a move's new instance, as EC2 says
+        nodes = store.nodes()
     if name:
         nodes = [n for n in nodes if n.name == name] or [store.node(name)]
     if as_json:
@@ -368,9 +373,12 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool, no_s
         confirm(f"Terminate {', '.join(label.values())} and delete their resources?{data_save.question(saving)}",
                 "take them down")
     members = {n: store.node(n).owner for n in targets} if team else {}
+    from gpuprov.cloud import journal
     from gpuprov.hosts.remote import HostSettings
     from gpuprov.paths import known_hosts_path
 
+    for n in targets:  # a move a killed command left is finished or undone first: its disk's data is in one place
+        journal.resume(n, provider, store, say_to(console))
     # the gate saves each node's data (every node of a cluster) before any is taken down; a named node is taken
     # down whoever launched it, --all's are this member's unless --team
     results = teardown.down(targets, provider, store, say_to(console), anyone=everyone or not all_nodes,
@@ -420,12 +428,24 @@ def stop(names: tuple[str, ...]) -> None:
     One-time spot nodes cannot stop (EC2 only terminates them): use `gpuprov down`, or launch spot
     nodes with `up --spot --persistent`.
     """
-    from gpuprov.cloud import stopstart
+    from gpuprov.cloud import journal, stopstart
 
     store, provider = store_and_provider()
     _no_clusters(store, names, "stop")
     console = make_console()
-    for node in stopstart.stop(list(names), provider, store, say_to(console)):
+    for name in names:
+        store.node(name)  # an unknown name is refused before anything is touched
+    moving = [n for n in names if store.node(n).journal is not None]
+    for name in moving:  # a move a killed command left: whichever of its instances runs is stopped
+        node = journal.stop(name, provider, store, say_to(console))
+        if node.journal is not None:
+            console.print(f"{name}: its new instance is stopped; the move is not finished", markup=False)
+            console.print(f"  gpuprov start {name}   # finishes the move and starts it", markup=False)
+        else:
+            console.print(f"{name}: stopped in {node.zone}, as it was (its interrupted move was taken back)",
+                          markup=False)
+    rest = [n for n in names if n not in moving]
+    for node in stopstart.stop(rest, provider, store, say_to(console)) if rest else []:
         month = stopstart.storage_month(node)
         cost = f"; its {node.disk_gb} GB disk costs ${month[0]:.2f}/month while stopped" if month else ""
         console.print(f"{node.name}: stopped{cost}", markup=False)
@@ -473,7 +493,14 @@ def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zon
     opts = stopstart.StartOptions(gpu=gpu, instance_type=instance_type, bootstrap=not no_bootstrap,
                                   step_silence=step_silence or None,
                                   verbose_echo=line_echo(console) if verbose else None)
-    if move:
+    from gpuprov.cloud import journal
+
+    # a move a killed command left is finished (its new instance kept), or undone before anything else
+    found = store.find_node(name)  # an unknown name is refused below, as before
+    resumed = journal.start(name, opts, provider, store, say_to(console)) if found and found.journal else None
+    if resumed is not None:
+        result = resumed
+    elif move:
         from gpuprov.cloud import move as moving
         from gpuprov.cloud import move_region
         mover = move_region.move if region is not None else moving.move  # another region, or a zone of its own

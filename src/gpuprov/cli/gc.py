@@ -86,6 +86,9 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
         where = [cat.check_region(r) for r in regions] or \
             sorted({n.region for n in store.nodes(include_terminated=True)} | {region_from(None).name})
     scope = "yours" if team and not everyone else ("team" if team else None)
+    from gpuprov.cloud import journal
+
+    journal.settle_all(provider, store, say, act=yes)  # a move a killed command left: finished or undone first
     stopped_rows, stale_left = _stopped(stopped_seconds, where, yes, as_json, provider, store, console, say, scope)
     found = sweep.orphans(where, provider, store, all_installs=all_installs)
     for line in found.busy:

@@ -4,6 +4,7 @@ images. Presentation only: no decisions here (hosts' views are in report_hosts.p
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from rich import box
@@ -126,6 +127,8 @@ def status_rows(nodes: list[Node]) -> list[dict[str, object]]:
             "ttl_deadline": n.ttl_deadline,
             "ttl_left_seconds": max(round(n.ttl_deadline - now), 0) if n.ttl_deadline and n.live else None,
             "on_interrupt": n.on_interrupt,
+            # a move in flight: its step and the ids it made (state_reason says it in words, with the next step)
+            "journal": asdict(n.journal) if n.journal is not None else None,
             **_stop_fields(n, now),
             **_cluster_fields(n),
             "health": _health(n.name),

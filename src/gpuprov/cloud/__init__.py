@@ -5,9 +5,10 @@ provider protocol and AWS.
 
 Also: bake.py (`image bake`), keys.py (the user's key and the region's key pair), addresses.py (a cluster's Elastic
 IP quota), instance_store.py (what `stop` loses), tags.py (the owner), timeline.py, failover.py, waiting.py (`up
---wait`), reservations.py and capacity.py, move.py and move_region.py (`start --move`), stale.py (`gc
---stopped-for`), data.py and data_save.py (a node's S3 access, `down` saving a playbook's data first), quotas.py,
-region.py, instance_facts.py (EC2's instance types), and team state's use cases (team.py, team_keys.py, adopt.py).
+--wait`), reservations.py and capacity.py, move.py and move_region.py (`start --move`) with journal.py (the
+next command finishing or undoing a killed move), stale.py (`gc --stopped-for`), data.py and data_save.py (a
+node's S3 access, `down` saving a playbook's data first), quotas.py, region.py, instance_facts.py (EC2's instance
+types), and team state's use cases (team.py, team_keys.py, adopt.py).
 
 The part sits above cluster/ and hosts/, which it reaches hosts through (no fabric or paramiko here), and below
 sources/, which it never imports: the EC2 reads stay here, and `plan --live` and `up` use them on their own.

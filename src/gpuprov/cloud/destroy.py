@@ -11,7 +11,7 @@ Before anything of a node goes, in this order:
   (each node of a cluster, by the cluster's record) in this process, or the user said `--no-save`. The save runs
   here, under the lock, where the node can be reached; a stopped one, or one that cannot be reached, is refused by
   name. A node with nothing to save costs nothing: no SSH, no look-up;
-- the node's disk is not the only copy of an operation in flight (`_in_flight`).
+- the node's disk is not the only copy of an operation in flight (`in_flight`, from the node's journal).
 
 `node` opens that gate for one node's whole take-down (`down`, `gc --stopped-for`, and `gc` with `stopped_for` in
 the config: cloud/teardown.py's `down` and `take_down`, cloud/stale.py); `down` of several checks every node and
@@ -60,10 +60,19 @@ _saved: set[str] = set()  # nodes whose `when: down` uploads ran on every member
 _guard = threading.Lock()
 
 
-def _in_flight(node: Node) -> str | None:
-    """Why the node's disk is the only copy of an operation in flight (a move between its image and its new
-    instance, a resize, a bake), read from the node's journal (state/); None when nothing is in flight."""
-    return None
+def in_flight(node: Node) -> str | None:
+    """Why deleting the node's disk now would lose data, read from its journal (state/records.py `Journal`, written by
+    the moves: cloud/journal.py settles it): a move holds a copy of it, or its new instance does while the old one
+    waits to be retired; the next step is named. None when nothing is in flight (a start or resize copies no disk)."""
+    journal = node.journal
+    if journal is None or not journal.is_move:
+        return None
+    if journal.copy_in_flight:
+        on = f" {journal.new_instance}" if journal.new_instance else ""
+        return (f"{node.name} is moving: its disk's data may be only on its new instance{on}; "
+                f"`gpuprov start {node.name}` finishes the move first")
+    return (f"{node.name} is moving: an image of its disk is being made; "
+            f"`gpuprov stop {node.name}` takes it back first")
 
 
 def _check_held(key: str, what: str) -> None:
@@ -121,7 +130,7 @@ def node(name: str, store: Store, say: Say, *, anyone: bool, no_save: bool, reac
     record = store.node(name)
     _check(record, anyone=anyone)
     save(record, store, no_save=no_save, reach=reach, settings=settings, say=say)
-    why = _in_flight(record)
+    why = in_flight(record)
     if why is not None:
         raise Refused(f"{name}: {why}; nothing was taken down")
     try:

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from gpuprov.cloud import destroy, keys
@@ -53,12 +54,15 @@ from gpuprov.cloud.providers.base import (
 from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.cloud.tags import owner
-from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.state import Node, NodeState, Resource, Store, locks
+from gpuprov.cloud.teardown import _find_lost_launch as find_lost_launch
+from gpuprov.cloud.teardown import poll_of
+from gpuprov.errors import GpuprovError, Interrupted, UserInputError
+from gpuprov.state import Journal, Node, NodeState, Resource, Store, locks
 
 if TYPE_CHECKING:
     from gpuprov.say import Say
 
+IMAGE_PREFIX = "gpuprov-move-"  # a move's image is named IMAGE_PREFIX + node + "-" + when: its journal finds it
 MOVE_STACK = "start-move"  # the image's stack tag: never a plan's stack hash, so `up` never picks it as a bake
 
 
@@ -185,29 +189,80 @@ def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider,
         raise GpuprovError(f"{name} has no recorded security group; `gpuprov down {name}`")
     destinations = _destinations(node, current, zones, pinned, groups[0], provider, say)
     made: list[int] = []  # the move's own rows: what a failure takes back
+    journal = Journal(op="move", node=name, step="image", region=node.region, zone=node.zone, old_instance=old,
+                      began_at=time.time())
     try:
+        note(store, journal)
         rec.phase(tl.IMAGE)
-        image_id, image_row = image_disk(node, old, provider, store, say, made)
+        image_id, _image_row = image_disk(node, old, provider, store, say, made)
+        journal = note(store, replace(journal, step="launch", image=image_id))
         instance = launch(node, node.region, image_id, destinations, provider, store, say, rec, made)
     except BaseException:
         _take_back(node, made, provider, store, say)
+        undone(store, name)
         raise
     # the new instance runs: from here the node lives there, and the old one is retired
-    old_volumes = [v for v in store.resources(name, region=node.region, kind="volume") if v.cloud_id]
-    for volume in instance.volume_ids:
-        store.add_resource(name, "volume", node.region, volume)
-    retire(node, row, old_volumes, provider, store, say)
-    forget_image(node, node.region, image_row, provider, store, say)
-    store.update_node(name, zone=instance.zone, state=NodeState.STARTING)
-    store.event(name, "moved", f"{old} {node.zone} -> {instance.id} {instance.zone}")
-    say(f"{name}: moved to {instance.zone} ({instance.id}); the old instance {old} is terminated")
+    journal = note(store, replace(journal, step="retire", new_instance=instance.id, new_zone=instance.zone,
+                                  new_state=instance.state))
+    with half_done(name):
+        finish(node, journal, instance, provider, store, say)
     return came_up(name, store.node(name), instance, opts, node.instance_type or "", None, store, say, rec,
                    new_instance=True)
 
 
+def note(store: Store, journal: Journal) -> Journal:
+    """The move's next step, recorded before it is taken: the node is `moving` and its state says how far."""
+    store.update_node(journal.node, state=NodeState.MOVING, journal_json=journal.to_json(),
+                      state_reason=journal.describe())
+    return journal
+
+
+def undone(store: Store, name: str) -> None:
+    """The move was taken back: the node is stopped where it was, nothing in flight."""
+    store.update_node(name, state=NodeState.STOPPED, journal_json=None, state_reason=None)
+
+
+@contextmanager
+def half_done(name: str) -> Iterator[None]:
+    """A signal once the new instance runs leaves the move to be finished, never undone: the last line says how."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Interrupted):
+            exc.note = (f"{name} is moving: its new instance runs and the old one is not yet retired; "
+                        f"run: gpuprov start {name} (finishes the move) or gpuprov stop {name}")
+        raise
+
+
+def move_images(name: str, region: str, store: Store) -> list[Resource]:
+    """The images (and copies) a move of `name` made in `region`: their names begin as image_disk names them."""
+    return [r for r in store.resources(name, region=region, kind="image")
+            if (r.client_token or "").startswith(f"{IMAGE_PREFIX}{name}-")]
+
+
+def finish(node: Node, journal: Journal, instance: Instance, provider: Provider, store: Store, say: Say) -> None:
+    """The new instance runs (or ran): its volumes recorded, the old instance retired with its volumes, the move's
+    image gone, and the node recorded in its new zone, `starting`, nothing in flight."""
+    name = node.name
+    kept = {r.cloud_id for r in store.resources(name, region=journal.to, kind="volume")}
+    old_volumes = [v for v in store.resources(name, region=journal.region, kind="volume")
+                   if v.cloud_id and v.cloud_id not in instance.volume_ids]
+    for volume in instance.volume_ids:
+        if volume not in kept:
+            store.add_resource(name, "volume", journal.to, volume)
+    olds = [r for r in store.resources(name, region=journal.region, kind="instance") if r.cloud_id == journal.old_instance]
+    if olds:
+        retire(node, olds[0], old_volumes, provider, store, say)
+    for image in move_images(name, journal.region, store):
+        forget_image(node, journal.region, image.id, provider, store, say)
+    store.update_node(name, zone=instance.zone, state=NodeState.STARTING, journal_json=None, state_reason=None)
+    store.event(name, "moved", f"{journal.old_instance} {journal.zone} -> {instance.id} {instance.zone}")
+    say(f"{name}: moved to {instance.zone} ({instance.id}); the old instance {journal.old_instance} is terminated")
+
+
 def image_disk(node: Node, iid: str, provider: Provider, store: Store, say: Say, made: list[int],
           where: str = "another zone") -> tuple[str, int]:
-    image_name = f"gpuprov-move-{node.name}-{int(time.time())}"
+    image_name = f"{IMAGE_PREFIX}{node.name}-{int(time.time())}"
     say(f"{node.name}: imaging its disk ({iid}, stopped) to take it to {where}")
     rid = store.intend(node.name, "image", node.region, image_name)
     made.append(rid)
@@ -261,6 +316,11 @@ def _take_back(node: Node, made: list[int], provider: Provider, store: Store, sa
     rows = {r.id: r for r in store.resources(node.name, region=node.region)}
     mine = [rows[i] for i in made if i in rows]
     say(f"{node.name}: the move failed; removing what it made (the node stays stopped in {node.zone}, untouched)")
+    for r in mine:
+        if r.kind == "instance" and r.cloud_id is None:  # a launch whose answer never came: its ClientToken finds it
+            find_lost_launch(r, provider, store, poll_of(provider))
+    rows = {r.id: r for r in store.resources(node.name, region=node.region)}
+    mine = [rows[i] for i in made if i in rows]
     instances = [r for r in mine if r.kind == "instance" and r.cloud_id]
     if instances:
         ids = [r.cloud_id or "" for r in instances]
@@ -271,12 +331,14 @@ def _take_back(node: Node, made: list[int], provider: Provider, store: Store, sa
             store.deleted(r.id)
             say(f"  removed instance {r.cloud_id}")
     for r in mine:
-        if r.kind == "instance" and r.cloud_id is None:
-            continue  # a launch whose answer never came: `down` looks for it by its ClientToken
-        if r.kind == "image" and r.cloud_id:
+        if r.kind == "image" and r.cloud_id is None:  # CreateImage never answered: its unique name finds it
+            found = provider.images(node.region, name=r.client_token or "")
+            if not found:
+                store.deleted(r.id)
+                continue
+            store.created(r.id, found[0].id)
+        if r.kind == "image":
             forget_image(node, node.region, r.id, provider, store, say)
-        elif r.kind == "image":
-            store.deleted(r.id)  # CreateImage never answered: nothing to remove by id (gc finds a lost one by name)
 
 
 def retire(node: Node, row: Resource, volumes: list[Resource], provider: Provider, store: Store, say: Say) -> None:

@@ -21,6 +21,8 @@ nothing of the old node. A crash mid-way leaves rows that `down NAME` follows in
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gpuprov.cloud import destroy, keys
@@ -30,16 +32,22 @@ from gpuprov.cloud.move import (
     MoveOptions,
     check_movable,
     forget_image,
+    half_done,
     image_disk,
     launch,
+    move_images,
     narrowed,
+    note,
     retire,
+    undone,
 )
 from gpuprov.cloud.providers.base import Access, CloudResource, ImageCopy, Instance, Network, NotFound, Provider
 from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
+from gpuprov.cloud.teardown import _find_lost_launch as find_lost_launch
+from gpuprov.cloud.teardown import poll_of
 from gpuprov.errors import GpuprovError, UserInputError
-from gpuprov.state import Node, NodeState, Resource, Store, locks
+from gpuprov.state import Journal, Node, NodeState, Resource, Store, locks
 
 if TYPE_CHECKING:
     from gpuprov.say import Say
@@ -105,31 +113,55 @@ def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider,
                              f"{where} no IPv6 CIDR block", f"--subnet with one in {to}")
     cidrs = _vpc_cidrs(node, to, current, cidrs, network, provider, say)
     made: list[int] = []  # the move's rows in its own region (the image); R's rows are all the move's (checked)
+    journal = Journal(op="move-region", node=name, step="image", region=node.region, zone=node.zone,
+                      old_instance=old, target_region=to, began_at=time.time())
     try:
+        note(store, journal)
         rec.phase(tl.IMAGE)
-        image_id, image_row = image_disk(node, old, provider, store, say, made, where=to)
-        copy_id, copy_row = _copy(node, to, image_id, provider, store, say)
+        image_id, _image_row = image_disk(node, old, provider, store, say, made, where=to)
+        journal = note(store, replace(journal, step="copy", image=image_id))
+        copy_id, _copy_row = _copy(node, to, image_id, provider, store, say)
+        journal = note(store, replace(journal, step="access", copy=copy_id))
         rec.phase(tl.ACCESS)
         access = _access(node, to, network, cidrs, provider, store)
+        journal = note(store, replace(journal, step="launch"))
         instance = launch(node, to, copy_id, [Destination(z, access) for z in zones], provider, store, say, rec, made)
     except BaseException:
         _take_back(node, to, made, provider, store, say)
+        undone(store, name)
         raise
     # the new instance runs in R: from here the node lives there, and the old one is retired
-    old_volumes = [v for v in store.resources(name, region=node.region, kind="volume") if v.cloud_id]
-    for volume in instance.volume_ids:
-        store.add_resource(name, "volume", to, volume)
-    retire(node, row, old_volumes, provider, store, say)
-    for group in groups:
-        _delete_group(node, group, provider, store, say)
-    forget_image(node, node.region, image_row, provider, store, say)
-    forget_image(node, to, copy_row, provider, store, say)
-    store.update_node(name, region=to, zone=instance.zone, state=NodeState.STARTING)
-    keys.release_key_if_unused(node.region, provider, store, say)  # the old region's, if no other node there needs it
-    store.event(name, "moved", f"{old} {node.zone} -> {instance.id} {instance.zone}")
-    say(f"{name}: moved to {instance.zone} ({instance.id}); the old instance {old} in {node.region} is terminated")
+    journal = note(store, replace(journal, step="retire", new_instance=instance.id, new_zone=instance.zone,
+                                  new_state=instance.state))
+    with half_done(name):
+        finish(node, journal, instance, provider, store, say)
     return came_up(name, store.node(name), instance, opts, node.instance_type or "", None, store, say, rec,
                    new_instance=True)
+
+
+def finish(node: Node, journal: Journal, instance: Instance, provider: Provider, store: Store, say: Say) -> None:
+    """As a zone move finishes (cloud/move.py `finish`), and in the old region its security group, the image's
+    copy in R and the old region's key pair if no other node there needs it; the node's record gets R."""
+    name, to = node.name, journal.to
+    kept = {r.cloud_id for r in store.resources(name, region=to, kind="volume")}
+    old_volumes = [v for v in store.resources(name, region=node.region, kind="volume") if v.cloud_id]
+    for volume in instance.volume_ids:
+        if volume not in kept:
+            store.add_resource(name, "volume", to, volume)
+    olds = [r for r in store.resources(name, region=node.region, kind="instance") if r.cloud_id == journal.old_instance]
+    if olds:
+        retire(node, olds[0], old_volumes, provider, store, say)
+    for group in [r for r in store.resources(name, region=node.region, kind="security-group") if r.cloud_id]:
+        _delete_group(node, group, provider, store, say)
+    for region in (node.region, to):
+        for image in move_images(name, region, store):
+            forget_image(node, region, image.id, provider, store, say)
+    store.update_node(name, region=to, zone=instance.zone, state=NodeState.STARTING, journal_json=None,
+                      state_reason=None)
+    keys.release_key_if_unused(node.region, provider, store, say)  # the old region's, if no other node there needs it
+    store.event(name, "moved", f"{journal.old_instance} {node.zone} -> {instance.id} {instance.zone}")
+    say(f"{name}: moved to {instance.zone} ({instance.id}); the old instance {journal.old_instance} in {node.region} "
+        "is terminated")
 
 
 def _copy(node: Node, to: str, image_id: str, provider: Provider, store: Store, say: Say) -> tuple[str, int]:
@@ -195,6 +227,9 @@ def _take_back(node: Node, to: str, made: list[int], provider: Provider, store: 
     node is not touched. R's key pair goes too if no node there needs it."""
     say(f"{node.name}: the move failed; removing what it made in {to} and {node.region} "
         f"(the node stays stopped in {node.zone}, untouched)")
+    for r in store.resources(node.name, region=to, kind="instance"):
+        if r.cloud_id is None:  # a launch whose answer never came: its ClientToken finds it
+            find_lost_launch(r, provider, store, poll_of(provider))
     instances = [r for r in store.resources(node.name, region=to, kind="instance") if r.cloud_id]
     if instances:
         ids = [r.cloud_id or "" for r in instances]
@@ -205,8 +240,6 @@ def _take_back(node: Node, to: str, made: list[int], provider: Provider, store: 
             store.deleted(r.id)
             say(f"  removed instance {r.cloud_id}")
     for r in store.resources(node.name, region=to):
-        if r.kind == "instance":
-            continue  # a launch whose answer never came: `down` looks for it by its ClientToken
         if r.kind == "image":
             if r.cloud_id:
                 forget_image(node, to, r.id, provider, store, say)
@@ -223,8 +256,12 @@ def _take_back(node: Node, to: str, made: list[int], provider: Provider, store: 
             store.deleted(r.id)  # a new instance's root: DeleteOnTermination took it with it
     here = {r.id: r for r in store.resources(node.name, region=node.region, kind="image")}
     for rid in made:
-        if rid in here and here[rid].cloud_id:
+        if rid in here and not here[rid].cloud_id:  # CreateImage never answered: its unique name finds it
+            found = provider.images(node.region, name=here[rid].client_token or "")
+            if not found:
+                store.deleted(rid)
+                continue
+            store.created(rid, found[0].id)
+        if rid in here:
             forget_image(node, node.region, rid, provider, store, say)
-        elif rid in here:
-            store.deleted(rid)
     keys.release_key_if_unused(to, provider, store, say)

@@ -11,7 +11,9 @@ stop checks every node first (one-time spot is refused, with `down` and `--persi
 -> StopInstances -> `stopped`. start refuses, before anything changes, a state it cannot start from, a new type
 for a spot node (EC2 cannot change it), a stack plan/compat.resolve cannot re-solve for the new GPU, a kernel
 module that differs, a type not offered in the node's zone; then the resize is recorded (`resize_from`/`resize_to`),
-ModifyInstanceAttribute, StartInstances (a refusal puts the old type back), the address, the pinned host key moved,
+ModifyInstanceAttribute, StartInstances (a refusal puts the old type back), each of the two recorded in the node's
+journal first (state/records.py `Journal`, op "resize" or "start": `stop` of a node a killed start left stops its
+instance, cloud/journal.py), the address, the pinned host key moved,
 and bootstrap + verify again with the node's plan and what is left of a budget. `resizing` and `starting` are not
 "crashed": gc leaves them, and `start` or `down` completes them.
 """
@@ -31,7 +33,7 @@ from gpuprov.cloud.providers.base import Instance, LaunchError, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.plan.plan import Plan
-from gpuprov.state import Node, NodeState, NodeUpdate, Resource, Store, locks
+from gpuprov.state import Journal, Node, NodeState, NodeUpdate, Resource, Store, locks
 from gpuprov.state.tolerant import TolerantStore
 
 if TYPE_CHECKING:
@@ -216,7 +218,8 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
         target = catalog.load().instance_type(node.resize_to)
     (current,) = provider.describe(node.region, [iid], settle=settle(row))
     if current.state in ("terminated", "shutting-down"):
-        store.update_node(name, state=NodeState.GONE, state_reason=current.state_reason or "instance terminated")
+        store.update_node(name, state=NodeState.GONE, state_reason=current.state_reason or "instance terminated",
+                          journal_json=None)
         raise GpuprovError(f"{name}'s instance {iid} is {current.state}; `gpuprov down {name}` removes what is left")
     # a node launched into a reservation starts only there: refused before a resize or StartInstances is asked
     reservations.startable(node, target.name if target is not None else current.instance_type, iid, provider)
@@ -235,14 +238,17 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
         if node.zone and node.zone not in zones:
             raise UserInputError("--instance-type", f"{target.name} is not offered in {node.zone}, where {name}'s "
                                  "disk is", f"offered in: {', '.join(zones) or 'no zone of ' + node.region}")
-        store.update_node(name, state=NodeState.RESIZING, resize_from=original, resize_to=target.name)
+        journal = Journal(op="resize", node=name, step="resize", region=node.region, zone=node.zone, old_instance=iid,
+                          from_type=original, to_type=target.name, began_at=time.time())
+        store.update_node(name, state=NodeState.RESIZING, resize_from=original, resize_to=target.name,
+                          journal_json=journal.to_json())
         store.event(name, "resize", f"{current.instance_type} -> {target.name}")
         say(f"{name}: {current.instance_type} -> {target.name}")
         rec.phase(tl.RESIZE)
         try:
             provider.set_instance_type(node.region, iid, target.name, settle=settle(row))
         except GpuprovError as exc:  # EC2 refused the type: the node is as it was, stopped, its old type kept
-            store.update_node(name, state=NodeState.STOPPED, resize_from=None, resize_to=None)
+            store.update_node(name, state=NodeState.STOPPED, resize_from=None, resize_to=None, journal_json=None)
             store.event(name, "resize-refused", str(exc)[:300])
             raise GpuprovError(f"{exc}\n  {name} stays stopped as {current.instance_type}; `gpuprov start {name}` "
                                "starts it as it is") from None
@@ -251,8 +257,12 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
         resized_from = node.resize_from if node.resize_from != target.name else None
     now_type = target.name if target is not None else current.instance_type
     it = catalog.load().instance_type(now_type)
+    resizing = now_type != original
+    journal = Journal(op="resize" if resizing else "start", node=name, step="start", region=node.region, zone=node.zone,
+                      old_instance=iid, from_type=original if resizing else None, to_type=now_type if resizing else None,
+                      began_at=time.time())
     store.update_node(name, state=NodeState.STARTING, instance_type=now_type, gpu=it.gpu or node.gpu, gpu_count=it.gpus,
-                      price_usd_hour=it.price_usd_hour)
+                      price_usd_hour=it.price_usd_hour, journal_json=journal.to_json())
     say(f"{name}: starting {iid} ({now_type})")
     rec.phase(tl.RUNNING)
     try:
@@ -278,7 +288,7 @@ def stop_again(name: str, region: str, row: Resource, exc: KeyboardInterrupt, pr
             exc.note = f"{name}'s instance {iid} may still run; run: gpuprov stop {name} (or gpuprov down {name})"
         return
     now = time.time()
-    kept.update_node(name, state=NodeState.STOPPED, stopped_at=now, resize_from=None, resize_to=None,
+    kept.update_node(name, state=NodeState.STOPPED, stopped_at=now, resize_from=None, resize_to=None, journal_json=None,
                      state_reason="its start was interrupted", **store.node(name).stopped_run(now))
     kept.event(name, "stopped", f"{iid} (start interrupted)")
     if isinstance(exc, Interrupted):
@@ -300,7 +310,8 @@ def _run(name: str, node: Node, row: Resource, opts: StartOptions, now_type: str
             back = f" as {original} (the resize to {now_type} was undone)"
         orig = catalog.load().instance_type(original)
         store.update_node(name, state=NodeState.STOPPED, instance_type=original, gpu=orig.gpu or node.gpu,
-                          gpu_count=orig.gpus, price_usd_hour=orig.price_usd_hour, resize_from=None, resize_to=None)
+                          gpu_count=orig.gpus, price_usd_hour=orig.price_usd_hour, resize_from=None, resize_to=None,
+                          journal_json=None)
         store.event(name, "start-refused", f"{exc.code}: {exc.message}")
         fix = f"\n  fix: {exc.fix}" if exc.fix else ""
         move = (f"\n  or move it to a zone with capacity (its disk is copied): gpuprov start {name} --move"
@@ -338,7 +349,7 @@ def came_up(name: str, node: Node, instance: Instance, opts: StartOptions, now_t
     listed = store.node(name).price_usd_hour  # the list price of the type it starts as (a resize changes it)
     price = listed if node.market != "spot" else (node.paid_usd_hour or listed)
     store.update_node(name, state=NodeState.RUNNING, address=address, zone=instance.zone, resize_from=None, resize_to=None,
-                      stopped_at=None, state_reason=None, running_since=time.time(), paid_usd_hour=price)
+                      journal_json=None, stopped_at=None, state_reason=None, running_since=time.time(), paid_usd_hour=price)
     key_path = str(region_key(keys_dir(), node.region))
     alias = sshconfig.add_node(name, address, node.ssh_user or "ubuntu", key_path)
     store.event(name, "started", f"{now_type} {address}")

@@ -1,7 +1,7 @@
 """The ground floor: the records gpuprov keeps and who may touch them.
 
-`records` (a node, a cluster's member, a cloud resource, an event), `machine` (a node's states and the
-moves between them, which every store checks), `store` (the one interface every command
+`records` (a node, a cluster's member, a cloud resource, an event, the journal of a move in flight), `machine` (a
+node's states and the moves between them, which every store checks), `store` (the one interface every command
 keeps them through), its two backends (`sqlite`: the local file; `s3`: a bucket a team shares), `tolerant` (a
 take-back's store that survives a failing disk), `url` (where the records live), `errors` (what a store's
 failures mean to the user), and the coordination of who works on what: `locks` (a file lock per node, region,
@@ -21,11 +21,22 @@ reached through `Store` (store.py), so a command does not know which backend it 
 from __future__ import annotations
 
 from gpuprov.state.machine import NodeState
-from gpuprov.state.records import UP_STATES, Event, Member, Node, NodeFields, NodeUpdate, Resource, ResourceKind, members_json
+from gpuprov.state.records import (
+    UP_STATES,
+    Event,
+    Journal,
+    Member,
+    Node,
+    NodeFields,
+    NodeUpdate,
+    Resource,
+    ResourceKind,
+    members_json,
+)
 from gpuprov.state.store import Store
 
-__all__ = ["UP_STATES", "Event", "Member", "Node", "NodeFields", "NodeState", "NodeUpdate", "Resource", "ResourceKind",
-           "Store", "members_json", "open_store"]
+__all__ = ["UP_STATES", "Event", "Journal", "Member", "Node", "NodeFields", "NodeState", "NodeUpdate", "Resource",
+           "ResourceKind", "Store", "members_json", "open_store"]
 
 
 def open_store() -> Store:

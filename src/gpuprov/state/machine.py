@@ -1,10 +1,10 @@
 """A node's states and the moves between them: one table, which both stores check every state change against.
 
 The table is what the commands do (cloud/): `up` goes launching -> running -> bootstrapping -> ready, `stop` and
-`start` go round through stopping, stopped, resizing and starting, `status --refresh` follows what EC2 did
-(stopped, interrupted, gone), `up --wait` parks a name as waiting between its passes. A move the table lacks is a
-mistake in gpuprov (a command wrote a state its node cannot be in), so it is refused as a bug, before anything is
-written. A teardown is never refused: `down`, a take-back and `gc` must reach every node, whatever it says.
+`start` go round through stopping, stopped, resizing and starting (moving, for `start --move`), `status --refresh`
+follows what EC2 did (stopped, interrupted, gone), `up --wait` parks a name as waiting between its passes. A move
+the table lacks is a mistake in gpuprov (a command wrote a state its node cannot be in), so it is refused as a bug,
+before anything is written. A teardown is never refused: `down`, a take-back and `gc` must reach every node, whatever it says.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class NodeState(str, Enum):
     STOPPED = "stopped"  # its disk kept, its compute not billed
     RESIZING = "resizing"  # a `start --instance-type`: the type is being changed, the node stopped
     STARTING = "starting"
+    MOVING = "moving"  # a `start --move`: its journal (records.Journal) says how far; the next command finishes it
     WAITING = "waiting"  # `up --wait`, between two passes: owning nothing
     INTERRUPTED = "interrupted"  # a spot node EC2 took back (a persistent one EC2 alone starts again)
     GONE = "gone"  # an on-demand node whose instance was terminated outside gpuprov
@@ -61,7 +62,9 @@ TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
     S.READY: _then(S.STOPPING, S.STOPPED, S.INTERRUPTED),
     S.STOPPING: _then(S.STOPPED),
     # start (resized first, or as it is; start --move), refresh: EC2 stopped a persistent spot node
-    S.STOPPED: _then(S.RESIZING, S.STARTING, S.INTERRUPTED),
+    S.STOPPED: _then(S.RESIZING, S.STARTING, S.INTERRUPTED, S.MOVING),
+    # a move: finished (the new instance runs, the old one retired), or undone (stopped where it was)
+    S.MOVING: _then(S.STARTING, S.STOPPED),
     # EC2 refused the type: stopped as it was; or the start goes on
     S.RESIZING: _then(S.STOPPED, S.STARTING),
     # came up; refused or interrupted: stopped again; a killed `start` rerun with --instance-type

@@ -64,6 +64,8 @@ class Node:
     # `state push`: the bucket this local record was moved to (the local file only). Local commands no longer see
     # the node; the row stays so a local `gc` never takes the node's resources for orphans
     moved_to: str | None = None
+    # a multi-step operation in flight (a move, a resize): its journal, written before each step (see `journal`)
+    journal_json: str | None = None
 
     def __post_init__(self) -> None:  # a store reads its state back as a word: the enum, whichever store read it
         object.__setattr__(self, "state", NodeState(self.state))
@@ -91,6 +93,11 @@ class Node:
     def members(self) -> tuple[Member, ...]:
         """A cluster's nodes by rank (node 0 first; `address` is node 0's); empty for a single node."""
         return tuple(Member(**m) for m in json.loads(self.members_json)) if self.members_json else ()
+
+    @property
+    def journal(self) -> Journal | None:
+        """The operation in flight on it, as its last step recorded it; None when none is."""
+        return Journal.from_json(self.journal_json) if self.journal_json else None
 
     @property
     def can_stop(self) -> bool:
@@ -158,6 +165,7 @@ class NodeFields(TypedDict, total=False):
     reservation_end: float | None
     guards_locked_by: str | None
     moved_to: str | None
+    journal_json: str | None
 
 
 class RunEnded(TypedDict, total=False):
@@ -189,6 +197,73 @@ def node_fields(call: str, given: NodeUpdate | NodeFields, *, region: bool) -> d
 
 _UPDATABLE = frozenset(f.name for f in fields(Node)) - {"name", "provider"}
 _CREATABLE = _UPDATABLE - {"region"}
+
+
+@dataclass(frozen=True)
+class Journal:
+    """One multi-step operation in flight on a node: what it is, the step it is about to take (written before the
+    step is), and the ids it has made so far. The next command that touches the node reads it to finish the
+    operation or undo it (cloud/journal.py); a node with none has nothing in flight."""
+
+    op: str  # "move" (another zone of its region), "move-region", "resize" or "start" (cloud/stopstart.py)
+    node: str
+    step: str  # the step recorded last: a move's "image", "copy", "access", "launch", "retire"; "resize", "start"
+    region: str  # where the node was when the operation began
+    zone: str | None
+    old_instance: str  # the instance the node had (a move: stopped, its disk the one being copied; a start: its own)
+    image: str | None = None  # the image of its disk (in `region`)
+    target_region: str | None = None  # a region move's destination
+    copy: str | None = None  # the image's copy there
+    new_instance: str | None = None  # the instance launched from it, once its id is known
+    new_zone: str | None = None
+    new_state: str | None = None  # what EC2 last said of the new instance (a start's: of its instance)
+    began_at: float = 0.0
+    from_type: str | None = None  # a resize: the type before ...
+    to_type: str | None = None  # ... and the type asked for
+
+    def to_json(self) -> str:
+        from dataclasses import asdict
+
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Journal:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in json.loads(text).items() if k in known})  # a newer gpuprov's extras left
+
+    @property
+    def to(self) -> str:
+        """The region the new instance is launched in."""
+        return self.target_region or self.region
+
+    @property
+    def is_move(self) -> bool:
+        return self.op in ("move", "move-region")
+
+    @property
+    def copy_in_flight(self) -> bool:
+        """The disk's only copy may be in the operation's hands: its old instance's disk is not yet retired while
+        a new instance from its image exists or may (a launch asked for), or has been retired and the new one is
+        the node's only disk."""
+        return self.is_move and self.step in ("launch", "retire")
+
+    def describe(self) -> str:
+        """The operation as the node's state column says it (beside `moving`): what runs, what is not done yet, and
+        the next step."""
+        if not self.is_move:
+            what = f"resize {self.from_type} -> {self.to_type}" if self.op == "resize" else "start"
+            now = f"its instance {self.old_instance} {self.new_state}" if self.new_state else self.old_instance
+            return (f"{what} interrupted at {self.step}, {now}; `gpuprov start {self.node}` finishes it, "
+                    f"`gpuprov stop {self.node}` stops it")
+        where = self.new_zone or self.target_region or "another zone"
+        if self.new_instance and self.new_state in ("pending", "running", "stopping", "stopped"):
+            return (f"new instance {self.new_instance} {self.new_state} in {where}, old one not yet retired; "
+                    f"`gpuprov start {self.node}` finishes the move")
+        if self.new_instance:
+            return (f"new instance {self.new_instance} {self.new_state or 'not found'}; "
+                    f"`gpuprov stop {self.node}` takes back what the move made")
+        return (f"its disk is being copied ({self.step}), no new instance runs yet; "
+                f"`gpuprov stop {self.node}` takes the copy back")
 
 
 @dataclass(frozen=True)
