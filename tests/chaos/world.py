@@ -39,6 +39,7 @@ And one more, the CLI's own contract: a command that was not signalled ends with
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -135,7 +136,7 @@ class World:
         self.counts: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ commands
-    def gp(self, who: str, *args: str, timeout: float = 240) -> Ran:
+    def gp(self, who: str, *args: str, timeout: float = 150) -> Ran:
         """Run one command to its end; a crash (a traceback, an exit status the CLI never gives) is broken."""
         self.counts["commands"] += 1
         try:
@@ -144,7 +145,7 @@ class World:
             ran = Ran(who, args, done.returncode, done.stdout, done.stderr)
         except subprocess.TimeoutExpired as exc:
             ran = Ran(who, args, None, str(exc.stdout or ""), str(exc.stderr or ""), f"hung past {timeout:.0f} s")
-        self.ran.append(ran)
+        self._ran(ran)
         self._sane(ran)
         return ran
 
@@ -154,7 +155,7 @@ class World:
                              stderr=subprocess.PIPE, text=True)
 
     def finish(self, proc: forkcli.Popen, who: str, args: tuple[str, ...], signalled: str | None = None,
-               timeout: float = 240) -> Ran:
+               timeout: float = 150) -> Ran:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -162,7 +163,7 @@ class World:
             out, err = proc.communicate(timeout=30)
             signalled = (signalled or "") + f" hung past {timeout:.0f} s"
         ran = Ran(who, args, proc.returncode, out, err, signalled)
-        self.ran.append(ran)
+        self._ran(ran)
         if signalled is None:
             self._sane(ran)
         return ran
@@ -181,6 +182,13 @@ class World:
         if ran.signalled is not None and "hung" in ran.signalled:
             raise Broken(f"`gpuprov {' '.join(args)}` ({who}) did not end within 120 s of {ran.signalled}")
         return ran
+
+    def _ran(self, ran: Ran) -> None:
+        self.ran.append(ran)
+        progress = os.environ.get("GPUPROV_TEST_CHAOS_LOG")  # a long walk's commands as they end
+        if progress:
+            with open(progress, "a") as f:
+                f.write(f"{time.strftime('%H:%M:%S')} {self.root.name} {ran.line()}\n")
 
     def _sane(self, ran: Ran) -> None:
         if ran.signalled is not None:
