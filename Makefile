@@ -35,13 +35,15 @@ test-all: install sysdeps
 	$(PY) -m pytest -q -n $(TEST_JOBS)
 
 # The randomized walk (tests/chaos), long: WALKS walks of up to STEPS steps from Hypothesis seed SEED, every rule on
-# (the KNOWN ones too); a failure prints its seed and the shrunk steps. `make test` runs a bounded walk.
+# (KNOWN=1: the KNOWN ones too; or a comma list of them); a failure prints its seed and the shrunk steps.
+# `make test` runs a bounded walk. CHAOS_LOG=FILE: every command as it ends.
 SEED  ?= 0
 STEPS ?= 50
 WALKS ?= 3
+KNOWN ?= 1
 chaos: install sysdeps
 	GPUPROV_TEST_CHAOS_SEED=$(SEED) GPUPROV_TEST_CHAOS_STEPS=$(STEPS) GPUPROV_TEST_CHAOS_WALKS=$(WALKS) \
-	GPUPROV_TEST_CHAOS_KNOWN=1 $(PY) -m pytest -q -s -n 0 -p no:cacheprovider \
+	GPUPROV_TEST_CHAOS_KNOWN=$(KNOWN) GPUPROV_TEST_CHAOS_LOG=$(CHAOS_LOG) $(PY) -m pytest -q -s -n 0 -p no:cacheprovider \
 		tests/chaos/test_chaos.py::test_a_long_walk_keeps_every_invariant
 
 lint: install

@@ -85,12 +85,14 @@ DESTROYERS: dict[str, Command] = {
 }
 
 
-def _known_on() -> bool:
-    return os.environ.get("GPUPROV_TEST_CHAOS_KNOWN") == "1"
+def _on(rule: str) -> bool:
+    """A KNOWN rule is on where its switch is, or GPUPROV_TEST_CHAOS_KNOWN says so: `1` (all), or a comma list."""
+    asked = os.environ.get("GPUPROV_TEST_CHAOS_KNOWN", "")
+    return KNOWN[rule] or asked == "1" or rule in asked.split(",")
 
 
 def _midway(kinds: tuple[str, ...] | None = None) -> list[str]:
-    return [k for k in MIDWAY if (kinds is None or k in kinds) and (KNOWN.get(k, True) or _known_on())]
+    return [k for k in MIDWAY if (kinds is None or k in kinds) and (k not in KNOWN or _on(k))]
 
 
 class Walk(RuleBasedStateMachine):
@@ -133,14 +135,14 @@ class Walk(RuleBasedStateMachine):
         who, name = self._target(data)
         self.world.gp(who, "start", name, "--no-bootstrap")
 
-    @precondition(lambda self: KNOWN["resize"] or _known_on())
+    @precondition(lambda self: _on("resize"))
     @precondition(_some)
     @rule(data=st.data())
     def resize(self, data: st.DataObject) -> None:
         who, name = self._target(data)
         self.world.gp(who, "start", name, "--instance-type", BIGGER, "--no-bootstrap")
 
-    @precondition(lambda self: KNOWN["move"] or _known_on())
+    @precondition(lambda self: _on("move"))
     @precondition(_some)
     @rule(data=st.data())
     def move(self, data: st.DataObject) -> None:
@@ -165,7 +167,7 @@ class Walk(RuleBasedStateMachine):
     def refresh(self, who: str) -> None:
         self.world.gp(who, "status", "--refresh")
 
-    @precondition(lambda self: KNOWN["adopt"] or _known_on())
+    @precondition(lambda self: _on("adopt"))
     @rule(who=st.sampled_from(USERS))
     def adopt(self, who: str) -> None:
         self.world.gp(who, "state", "adopt")
