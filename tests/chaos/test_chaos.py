@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, invariant, precondition, rule
 
 from tests.aws.fixture import AwsEndpoint
-from tests.chaos.world import LOCAL, STATE, TEAM, USERS, Broken, World
+from tests.chaos.world import LOCAL, STATE, TEAM, USERS, World
 
 NAMES = ("n1", "n2", "n3")
 UP = ("--gpu", "T4", "--ssh-cidr", "198.51.100.7/32", "--yes", "--no-bootstrap", "--no-wait")
@@ -104,23 +104,28 @@ class Walk(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.world = type(self).make_world()
-        self.live: dict[str, list[str]] = {"team": [], "local": []}  # the nodes the records hold, after each step
+        # the names each side has asked `up` for, whatever came of it: the steps aim mostly at those. What is drawn
+        # depends only on Hypothesis's choices, never on what a command did, so a replay draws the same steps
+        self.asked: dict[str, list[str]] = {"team": [], "local": []}
 
     def _target(self, data: st.DataObject) -> tuple[str, str]:
-        """A user and a node their records hold (the walk's steps mostly aim at something that exists)."""
-        where = data.draw(st.sampled_from([k for k, v in self.live.items() if v]), label="records")
+        """A user and a node name their side has asked `up` for."""
+        where = data.draw(st.sampled_from([k for k, v in self.asked.items() if v]), label="side")
         who = data.draw(st.sampled_from(TEAM if where == "team" else LOCAL), label="who")
-        return who, data.draw(st.sampled_from(self.live[where]), label="name")
+        return who, data.draw(st.sampled_from(self.asked[where]), label="name")
 
     def _some(self) -> bool:
-        return any(self.live.values())
+        return any(self.asked.values())
 
-    def teardown(self) -> None:
-        self.world.aws.release()
+    def _asked(self, who: str, name: str) -> None:
+        names = self.asked["team" if who in TEAM else "local"]
+        if name not in names:
+            names.append(name)
 
     # --- one command each -----------------------------------------------------------------
     @rule(who=st.sampled_from(USERS), name=st.sampled_from(NAMES))
     def up(self, who: str, name: str) -> None:
+        self._asked(who, name)
         self.world.gp(who, "up", name, *UP)
 
     @precondition(_some)
@@ -172,11 +177,14 @@ class Walk(RuleBasedStateMachine):
     def adopt(self, who: str) -> None:
         self.world.gp(who, "state", "adopt")
 
-    @precondition(lambda self: self.live["local"])
+    @precondition(lambda self: self.asked["local"])
     @rule()
     def push(self) -> None:
         """carol moves her local nodes to the team's bucket (they become alice's and bob's to see)."""
         self.world.gp(LOCAL[0], "state", "push", STATE)
+        for name in self.asked["local"]:  # carol's nodes are the team's now, as far as the steps aim
+            if name not in self.asked["team"]:
+                self.asked["team"].append(name)
 
     # --- faults, signals, two at once -----------------------------------------------------
     @rule(fault=st.sampled_from(FAULTS))
@@ -191,6 +199,7 @@ class Walk(RuleBasedStateMachine):
         kind = data.draw(st.sampled_from(_midway() if self._some() else ["up"]), label="command")
         if kind == "up":
             who, name = data.draw(st.sampled_from(USERS), label="who"), data.draw(st.sampled_from(NAMES), label="name")
+            self._asked(who, name)
         else:
             who, name = self._target(data)
         self.world.signalled(who, MIDWAY[kind][0](name), sig, delay)
@@ -209,33 +218,33 @@ class Walk(RuleBasedStateMachine):
         destroyer = data.draw(st.sampled_from(sorted(DESTROYERS)), label="destroyer")
         args, action = MIDWAY[kind][0](name), MIDWAY[kind][1]
         (rule_id,) = world.aws.faults({"action": action, "hold": True, "times": 1, "name": "chaos-overlap"})
-        first = world.start(first_who, *args)
-        second, second_args = None, ()
+        first, began = world.start(first_who, *args), time.monotonic()
+        second, second_args, second_began = None, (), 0.0
         try:
             if world.held(rule_id, first):
                 world.counts["overlaps"] += 1
                 before = world.node_resources(name, team)
                 second_args = DESTROYERS[destroyer](name)
-                second = world.start(second_who, *second_args)
+                second, second_began = world.start(second_who, *second_args), time.monotonic()
                 with contextlib.suppress(subprocess.TimeoutExpired):  # waiting for the first one's lease or lock
                     second.wait(4)
                 gone = sorted(set(before) - set(world.node_resources(name, team)))
                 if gone:
-                    raise Broken(f"(c) while `gpuprov {' '.join(args)}` ({first_who}) held {name}, "
+                    raise world.broken(f"(c) while `gpuprov {' '.join(args)}` ({first_who}) held {name}, "
                                  f"`gpuprov {' '.join(second_args)}` ({second_who}) destroyed "
                                  + ", ".join(f"{before[g]} {g}" for g in gone))
         finally:
             world.aws.release()
             # the hold rule, spent whether or not it was met: a rule of the same name replaces it, matching nothing
             world.aws.faults({"name": "chaos-overlap", "action": "ChaosNothing", "times": 0})
-            world.finish(first, first_who, args)
+            world.finish(first, first_who, args, began=began)
             if second is not None:
-                world.finish(second, second_who, second_args)
+                world.finish(second, second_who, second_args, began=second_began)
 
     # --- after every step -----------------------------------------------------------------
     @invariant()
     def holds(self) -> None:
-        self.live = self.world.check()
+        self.world.check()
 
 
 def walk(aws: AwsEndpoint, root: Path, walk_seed: int, steps: int, walks: int = 1) -> None:

@@ -76,9 +76,11 @@ class Ran:
     out: str
     err: str
     signalled: str | None = None  # "SIGTERM after 0.40 s"
+    seconds: float = 0.0
 
     def line(self) -> str:
         how = f" [{self.signalled}]" if self.signalled else ""
+        how += f" ({self.seconds:.1f} s)"
         last = (self.err.strip().splitlines() or self.out.strip().splitlines() or [""])[-1][:160]
         return f"{self.who}$ gpuprov {' '.join(self.args)}{how} -> {self.rc}: {last}"
 
@@ -134,35 +136,40 @@ class World:
             self.envs[who] = env
         self.ran: list[Ran] = []
         self.counts: Counter[str] = Counter()
+        self._began = time.monotonic()  # when the last command `start` started began
 
     # ------------------------------------------------------------------ commands
     def gp(self, who: str, *args: str, timeout: float = 150) -> Ran:
         """Run one command to its end; a crash (a traceback, an exit status the CLI never gives) is broken."""
         self.counts["commands"] += 1
+        began = time.monotonic()
         try:
             done = forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
                                timeout=timeout, env=self.envs[who])
             ran = Ran(who, args, done.returncode, done.stdout, done.stderr)
         except subprocess.TimeoutExpired as exc:
             ran = Ran(who, args, None, str(exc.stdout or ""), str(exc.stderr or ""), f"hung past {timeout:.0f} s")
+        ran.seconds = time.monotonic() - began
         self._ran(ran)
         self._sane(ran)
         return ran
 
     def start(self, who: str, *args: str) -> forkcli.Popen:
         self.counts["commands"] += 1
+        self._began = time.monotonic()
         return forkcli.Popen([sys.executable, "-m", "gpuprov", *args], env=self.envs[who], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
 
     def finish(self, proc: forkcli.Popen, who: str, args: tuple[str, ...], signalled: str | None = None,
-               timeout: float = 150) -> Ran:
+               timeout: float = 150, began: float | None = None) -> Ran:
+        began = began if began is not None else self._began
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate(timeout=30)
             signalled = (signalled or "") + f" hung past {timeout:.0f} s"
-        ran = Ran(who, args, proc.returncode, out, err, signalled)
+        ran = Ran(who, args, proc.returncode, out, err, signalled, time.monotonic() - began)
         self._ran(ran)
         if signalled is None:
             self._sane(ran)
@@ -180,7 +187,7 @@ class World:
             sent = f"{sig.name} after {delay:.2f} s"
         ran = self.finish(proc, who, args, sent, timeout=120)
         if ran.signalled is not None and "hung" in ran.signalled:
-            raise Broken(f"`gpuprov {' '.join(args)}` ({who}) did not end within 120 s of {ran.signalled}")
+            raise self.broken(f"`gpuprov {' '.join(args)}` ({who}) did not end within 120 s of {ran.signalled}")
         return ran
 
     def _ran(self, ran: Ran) -> None:
@@ -190,11 +197,22 @@ class World:
             with open(progress, "a") as f:
                 f.write(f"{time.strftime('%H:%M:%S')} {self.root.name} {ran.line()}\n")
 
+    def broken(self, what: str) -> Broken:
+        """The invariant broken, with the walk that broke it, said at once (Hypothesis's shrinking replays the walk,
+        and a replay that does not break it again leaves only this) and returned to be raised."""
+        said = f"BROKEN in walk {self.root.name}: {what}\nthe walk's commands:\n{self.describe()}\n"
+        print(said, flush=True)
+        progress = os.environ.get("GPUPROV_TEST_CHAOS_LOG")
+        if progress:
+            with open(progress, "a") as f:
+                f.write(said)
+        return Broken(what)
+
     def _sane(self, ran: Ran) -> None:
         if ran.signalled is not None:
-            raise Broken(f"`gpuprov {' '.join(ran.args)}` ({ran.who}) {ran.signalled}:\n{ran.out[-2000:]}{ran.err[-2000:]}")
+            raise self.broken(f"`gpuprov {' '.join(ran.args)}` ({ran.who}) {ran.signalled}:\n{ran.out[-2000:]}{ran.err[-2000:]}")
         if ran.rc not in (0, 1, 2) or "Traceback (most recent call last)" in ran.err or "hit a bug" in ran.err:
-            raise Broken(f"`gpuprov {' '.join(ran.args)}` ({ran.who}) crashed, exit {ran.rc}:\n"
+            raise self.broken(f"`gpuprov {' '.join(ran.args)}` ({ran.who}) crashed, exit {ran.rc}:\n"
                          f"{ran.out[-2000:]}{ran.err[-3000:]}")
 
     def held(self, rule_id: int, proc: forkcli.Popen, timeout: float = 60) -> bool:
@@ -268,18 +286,12 @@ class World:
         return [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{PREFIX}leases/").get("Contents", [])]
 
     # ------------------------------------------------------------------ invariants
-    def check(self) -> dict[str, list[str]]:
-        """(a) and (d), as the module docstring says them; raises Broken naming each breach. Returns the nodes the
-        records hold, not terminated: the team's (the bucket) and carol's (her file, those not moved)."""
+    def check(self) -> None:
+        """(a) and (d), as the module docstring says them; raises Broken naming each breach."""
         cloud, records = self.cloud(), self.records()
         problems = self.untracked(cloud, records) + self.stopped_but_running(cloud, records)
         if problems:
-            raise Broken("\n".join(problems))
-        live: dict[str, list[str]] = {"team": [], "local": []}
-        for store, node in records.nodes:
-            if node.get("state") != "terminated" and not node.get("moved_to"):
-                live["team" if store == "the bucket" else "local"].append(node["name"])
-        return {k: sorted(set(v)) for k, v in live.items()}
+            raise self.broken("\n".join(problems))
 
     @staticmethod
     def untracked(cloud: Cloud, records: Records) -> list[str]:
