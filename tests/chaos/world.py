@@ -14,11 +14,11 @@ The invariants (design.md "Hard rules of the domain"), checked after every step 
 (a) nothing billed is untracked: every live resource in moto that carries `gpuprov:owner` (an instance not
     terminated, a volume, a security group, a key pair, an image, a snapshot, an Elastic IP) is named by a record:
     a resource row not marked deleted, in any of the stores (a local file or the bucket), whose `cloud_id` is its id
-    (a key pair: its name; an image: its id or, for the row a bake or move writes before CreateImage, its name as the
-    row's client token). An instance whose id no row has learnt yet is named by an intent row whose client token is
-    the instance's ClientToken (the row written before RunInstances). A volume attached to a named instance is
-    named by it (a root volume goes with its instance); a snapshot is named by a named image whose block device
-    mapping holds it or whose name its `gpuprov:image` tag carries.
+    (a key pair: its name; an image or a security group: its id or, for the row written before CreateImage or
+    CreateSecurityGroup, its name as the row's client token). An instance whose id no row has learnt yet is named
+    by an intent row whose client token is the instance's ClientToken (the row written before RunInstances). A
+    volume attached to a named instance is named by it (a root volume goes with its instance); a snapshot is named
+    by a named image whose block device mapping holds it or whose name its `gpuprov:image` tag carries.
     What is allowed: nothing else. A command that was killed (SIGKILL, SIGTERM) is allowed no grace: the records
     are written before every request (the money rule), so a dead command's resources are named by the rows it
     left, whoever finishes the work later. A command still running is only ever one of an `overlap` step's two,
@@ -200,13 +200,25 @@ class World:
     def broken(self, what: str) -> Broken:
         """The invariant broken, with the walk that broke it, said at once (Hypothesis's shrinking replays the walk,
         and a replay that does not break it again leaves only this) and returned to be raised."""
-        said = f"BROKEN in walk {self.root.name}: {what}\nthe walk's commands:\n{self.describe()}\n"
+        said = (f"BROKEN in walk {self.root.name}: {what}\nthe walk's commands:\n{self.describe()}\n"
+                f"the last command's output:\n{self.ran[-1].out[-3000:] if self.ran else ''}"
+                f"{self.ran[-1].err[-3000:] if self.ran else ''}\nthe records now:\n{self.said_records()}\n")
         print(said, flush=True)
         progress = os.environ.get("GPUPROV_TEST_CHAOS_LOG")
         if progress:
             with open(progress, "a") as f:
                 f.write(said)
         return Broken(what)
+
+    def said_records(self) -> str:
+        try:
+            records = self.records()
+        except Exception as exc:  # a failure's message must not fail
+            return f"  (could not read them: {exc})"
+        lines = [f"  {store}: node {n['name']} {n.get('state')} ({n.get('state_reason')})" for store, n in records.nodes]
+        lines += [f"  {store}: row {r.get('node')} {r.get('kind')} {r.get('cloud_id')} {r.get('client_token')} "
+                  f"{r.get('status')}" for store, r in records.rows]
+        return "\n".join(lines)
 
     def _sane(self, ran: Ran) -> None:
         if ran.signalled is not None:
@@ -313,8 +325,8 @@ class World:
         for vid, vol in cloud.volumes.items():
             if vid not in ids and not any(a.get("InstanceId") in named_instances for a in vol.get("Attachments", [])):
                 say("volume", vid, vol, f", {vol['State']}")
-        for gid, group in cloud.groups.items():
-            if gid not in ids:
+        for gid, group in cloud.groups.items():  # an intent row has its name, recorded before CreateSecurityGroup
+            if gid not in ids and group.get("GroupName") not in tokens:
                 say("security group", gid, group)
         for name, key in cloud.keys.items():
             if name not in ids and key.get("KeyPairId") not in ids:
