@@ -66,15 +66,17 @@ FAULTS: tuple[dict[str, Any], ...] = (
     {"service": "s3", "action": "GetObject", "code": "SlowDown", "status": 503, "times": 1},
 )
 
-# the commands a signal or an overlap may catch mid-way, and the EC2 call an overlap holds its answer at
+# the commands a signal or an overlap may catch mid-way, the EC2 call an overlap holds its answer at, and the state
+# the node is brought to first (World.prepare)
 Command = Callable[[str], tuple[str, ...]]
-MIDWAY: dict[str, tuple[Command, str]] = {
-    "up": (lambda n: ("up", n, *UP), "RunInstances"),
-    "stop": (lambda n: ("stop", n), "StopInstances"),
-    "start": (lambda n: ("start", n, "--no-bootstrap"), "StartInstances"),
-    "resize": (lambda n: ("start", n, "--instance-type", BIGGER, "--no-bootstrap"), "ModifyInstanceAttribute"),
-    "move": (lambda n: ("start", n, "--move", "--no-bootstrap"), "CreateImage"),
-    "down": (lambda n: ("down", n, "--yes"), "TerminateInstances"),
+MIDWAY: dict[str, tuple[Command, str, str | None]] = {
+    "up": (lambda n: ("up", n, *UP), "RunInstances", None),
+    "stop": (lambda n: ("stop", n), "StopInstances", "running"),
+    "start": (lambda n: ("start", n, "--no-bootstrap"), "StartInstances", "stopped"),
+    "resize": (lambda n: ("start", n, "--instance-type", BIGGER, "--no-bootstrap"), "ModifyInstanceAttribute",
+               "stopped"),
+    "move": (lambda n: ("start", n, "--move", "--no-bootstrap"), "CreateImage", "stopped"),
+    "down": (lambda n: ("down", n, "--yes"), "TerminateInstances", "running"),
 }
 # what the second command of an overlap tries: to take the node (or every node) the first one holds
 DESTROYERS: dict[str, Command] = {
@@ -202,6 +204,7 @@ class Walk(RuleBasedStateMachine):
             self._asked(who, name)
         else:
             who, name = self._target(data)
+            self.world.prepare(who, name, MIDWAY[kind][2], UP)
         self.world.signalled(who, MIDWAY[kind][0](name), sig, delay)
 
     @precondition(_some)
@@ -217,6 +220,7 @@ class Walk(RuleBasedStateMachine):
         kind = data.draw(st.sampled_from(_midway(("stop", "start", "resize", "down"))), label="command")
         destroyer = data.draw(st.sampled_from(sorted(DESTROYERS)), label="destroyer")
         args, action = MIDWAY[kind][0](name), MIDWAY[kind][1]
+        world.prepare(first_who, name, MIDWAY[kind][2], UP)
         (rule_id,) = world.aws.faults({"action": action, "hold": True, "times": 1, "name": "chaos-overlap"})
         first, began = world.start(first_who, *args), time.monotonic()
         second, second_args, second_began = None, (), 0.0

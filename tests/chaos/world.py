@@ -227,6 +227,30 @@ class World:
             raise self.broken(f"`gpuprov {' '.join(ran.args)}` ({ran.who}) crashed, exit {ran.rc}:\n"
                          f"{ran.out[-2000:]}{ran.err[-3000:]}")
 
+    def state_of(self, who: str, name: str) -> str | None:
+        """The node's state as `who`'s `status --json` says it (None: no such node)."""
+        shown = self.gp(who, "status", "--json")
+        try:
+            rows = json.loads(shown.out) if shown.rc == 0 else []
+        except ValueError:
+            rows = []
+        return next((str(r.get("state")) for r in rows if r.get("name") == name), None)
+
+    def prepare(self, who: str, name: str, want: str | None, up: tuple[str, ...]) -> None:
+        """Bring node `name` to `want` ("running" or "stopped") with ordinary commands, as far as they go: a step
+        that kills or overlaps a command then catches it at work, not refusing at once. Whatever they do is checked
+        like any step's."""
+        if want is None:
+            return
+        state = self.state_of(who, name)
+        if state in (None, "terminated"):
+            self.gp(who, "up", name, *up)
+            state = self.state_of(who, name)
+        if want == "stopped" and state == "ready":
+            self.gp(who, "stop", name)
+        elif want == "running" and state == "stopped":
+            self.gp(who, "start", name, "--no-bootstrap")
+
     def held(self, rule_id: int, proc: forkcli.Popen, timeout: float = 60) -> bool:
         """Wait until the proxy holds the answer rule `rule_id` matched (True), or the process ended first (False)."""
         end = time.monotonic() + timeout
