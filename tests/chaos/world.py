@@ -106,6 +106,10 @@ class Records:
     rows: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
+def _text(out: str | bytes | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+
+
 def _tags(item: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in item.get("Tags", []) or []}
 
@@ -136,7 +140,7 @@ class World:
             self.envs[who] = env
         self.ran: list[Ran] = []
         self.counts: Counter[str] = Counter()
-        self._began = time.monotonic()  # when the last command `start` started began
+        self._began = time.monotonic()  # when the command `start` started last began
 
     # ------------------------------------------------------------------ commands
     def gp(self, who: str, *args: str, timeout: float = 150) -> Ran:
@@ -148,7 +152,7 @@ class World:
                                timeout=timeout, env=self.envs[who])
             ran = Ran(who, args, done.returncode, done.stdout, done.stderr)
         except subprocess.TimeoutExpired as exc:
-            ran = Ran(who, args, None, str(exc.stdout or ""), str(exc.stderr or ""), f"hung past {timeout:.0f} s")
+            ran = Ran(who, args, None, _text(exc.stdout), _text(exc.stderr), f"hung past {timeout:.0f} s")
         ran.seconds = time.monotonic() - began
         self._ran(ran)
         self._sane(ran)
@@ -163,15 +167,16 @@ class World:
     def finish(self, proc: forkcli.Popen, who: str, args: tuple[str, ...], signalled: str | None = None,
                timeout: float = 150, began: float | None = None) -> Ran:
         began = began if began is not None else self._began
+        sent = signalled
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate(timeout=30)
-            signalled = (signalled or "") + f" hung past {timeout:.0f} s"
+            signalled = (signalled + ", then " if signalled else "") + f"hung past {timeout:.0f} s"
         ran = Ran(who, args, proc.returncode, out, err, signalled, time.monotonic() - began)
         self._ran(ran)
-        if signalled is None:
+        if sent is None:  # a command no one signalled: it must end, and as the CLI ends
             self._sane(ran)
         return ran
 
