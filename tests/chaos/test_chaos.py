@@ -194,7 +194,7 @@ class Walk(RuleBasedStateMachine):
     @rule(data=st.data(), sig=st.sampled_from((signal.SIGTERM, signal.SIGKILL)), delay=st.floats(0.05, 2.5))
     def killed(self, data: st.DataObject, sig: signal.Signals, delay: float) -> None:
         """A command killed at a random instant (or run to its end, if it ends before the delay): an `up` of a
-        new name, or a command on a node the records hold."""
+        new name, or a command on a name its side asked `up` for, brought first to the state it acts on."""
         kind = data.draw(st.sampled_from(_midway() if self._some() else ["up"]), label="command")
         if kind == "up":
             who, name = data.draw(st.sampled_from(USERS), label="who"), data.draw(st.sampled_from(NAMES), label="name")

@@ -33,7 +33,8 @@ The invariants (design.md "Hard rules of the domain"), checked after every step 
     cluster member's instance) is not `pending` or `running` in moto.
 (e) a running node has the guards its record shows: NOT CHECKED yet (guards live on the node: SSH hosts).
 
-And one more, the CLI's own contract: a command that was not signalled ends with 0, 1 or 2 and no traceback.
+And one more, the CLI's own contract: a command that was not signalled ends within 150 s, with 0, 1 or 2 and no
+traceback (one signalled ends within 120 s of its signal).
 """
 
 from __future__ import annotations
