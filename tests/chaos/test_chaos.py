@@ -232,8 +232,8 @@ class Walk(RuleBasedStateMachine):
                 gone = sorted(set(before) - set(world.node_resources(name, team)))
                 if gone:
                     raise world.broken(f"(c) while `gpuprov {' '.join(args)}` ({first_who}) held {name}, "
-                                 f"`gpuprov {' '.join(second_args)}` ({second_who}) destroyed "
-                                 + ", ".join(f"{before[g]} {g}" for g in gone))
+                                       f"`gpuprov {' '.join(second_args)}` ({second_who}) destroyed "
+                                       + ", ".join(f"{before[g]} {g}" for g in gone))
         finally:
             world.aws.release()
             # the hold rule, spent whether or not it was met: a rule of the same name replaces it, matching nothing
@@ -265,8 +265,9 @@ def walk(aws: AwsEndpoint, root: Path, walk_seed: int, steps: int, walks: int = 
     try:
         seed(walk_seed)(test)()
     except BaseException as exc:
-        exc.add_note(f"chaos walk seed {walk_seed}, {steps} steps: `make chaos SEED={walk_seed} STEPS={steps}` "
-                     f"replays it (GPUPROV_TEST_NET as this run)")
+        known = os.environ.get("GPUPROV_TEST_CHAOS_KNOWN") or "0"
+        exc.add_note(f"chaos walk seed {walk_seed}, {steps} steps: `make chaos SEED={walk_seed} STEPS={steps} "
+                     f"WALKS={walks} KNOWN={known}` replays it (the steps, not a signal's instant)")
         raise
     finally:
         counts = sum((w.counts for w in worlds), Counter())
