@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install sysdeps test test-fast lint demo sandbox bench mutate clean
+.PHONY: install sysdeps test test-fast lint demo sandbox bench mutate chaos clean
 
 install: $(STAMP)
 
@@ -33,6 +33,18 @@ test-fast: install
 # every case of every sweep too (tests/conftest.py `sweep`)
 test-all: install sysdeps
 	$(PY) -m pytest -q -n $(TEST_JOBS)
+
+# The randomized walk (tests/chaos), long: WALKS walks of up to STEPS steps from Hypothesis seed SEED, every rule on
+# (KNOWN=1: the KNOWN ones too; or a comma list of them); a failure prints its seed and the shrunk steps.
+# `make test` runs a bounded walk. CHAOS_LOG=FILE: every command as it ends.
+SEED  ?= 0
+STEPS ?= 50
+WALKS ?= 3
+KNOWN ?= 1
+chaos: install sysdeps
+	GPUPROV_TEST_CHAOS_SEED=$(SEED) GPUPROV_TEST_CHAOS_STEPS=$(STEPS) GPUPROV_TEST_CHAOS_WALKS=$(WALKS) \
+	GPUPROV_TEST_CHAOS_KNOWN=$(KNOWN) GPUPROV_TEST_CHAOS_LOG=$(CHAOS_LOG) $(PY) -m pytest -q -s -n 0 -p no:cacheprovider \
+		tests/chaos/test_chaos.py
 
 lint: install
 	$(VENV)/bin/ruff check src tests bench tools

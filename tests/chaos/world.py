@@ -1,0 +1,412 @@
+"""The randomized walk's world: three gpuprov users against one fake AWS, the commands they run, and the invariants.
+
+Who: `alice` and `bob` share a team bucket (`GPUPROV_STATE=s3://chaos-team/gp`, each their own gpuprov home, so
+their own member id); `carol` keeps a local state file. Every command is the real CLI, forked by the fork server
+(tests/forkcli.py), against moto behind the fault proxy (tests/aws/fixture.py), in the proxy's realistic kind.
+Nodes are launched with `--no-bootstrap --no-wait`: no step of the walk needs SSH yet (see "Not yet" below).
+
+Ground truth is the endpoint's own: a boto3 client straight to moto (`aws.ec2()`, `aws.client("s3")`), never
+through gpuprov. The records are read straight too: each home's `state.sqlite` (read-only, as sqlite3 opens it)
+and the bucket's `gp/nodes/*.json` and `gp/unowned.json` objects.
+
+The invariants (design.md "Hard rules of the domain"), checked after every step once no command of the walk runs:
+
+(a) nothing billed is untracked: every live resource in moto that carries `gpuprov:owner` (an instance not
+    terminated, a volume, a security group, a key pair, an image, a snapshot, an Elastic IP) is named by a record:
+    a resource row not marked deleted, in any of the stores (a local file or the bucket), whose `cloud_id` is its id
+    (a key pair: its name; an image or a security group: its id or, for the row written before CreateImage or
+    CreateSecurityGroup, its name as the row's client token). An instance whose id no row has learnt yet is named
+    by an intent row whose client token is the instance's ClientToken (the row written before RunInstances). A
+    volume attached to a named instance is named by it (a root volume goes with its instance); a snapshot is named
+    by a named image whose block device mapping holds it or whose name its `gpuprov:image` tag carries.
+    What is allowed: nothing else. A command that was killed (SIGKILL, SIGTERM) is allowed no grace: the records
+    are written before every request (the money rule), so a dead command's resources are named by the rows it
+    left, whoever finishes the work later. A command still running is only ever one of an `overlap` step's two,
+    and the invariants are checked after both have ended.
+(b) no volume of a node with unsaved `when: down` data is deleted unless `--no-save` was given: NOT CHECKED yet. It
+    needs the data ledger on SSH hosts (a host per node, what each wrote); the walk has no SSH step yet.
+(c) nothing of a node is destroyed while a live process holds its lock or lease: the `overlap` step holds one
+    command's request at the proxy (its process alive, holding the node's lock or lease), runs a second one that
+    would destroy the node (`down`, `down --all`, `gc --yes`, another member's or the same user's), and checks
+    while the first is still held that every instance and volume of that node that was live before is live still.
+(d) a node its record calls stopped has no running instance: every instance row of a `stopped` record (and every
+    cluster member's instance) is not `pending` or `running` in moto.
+(e) a running node has the guards its record shows: NOT CHECKED yet (guards live on the node: SSH hosts).
+
+And one more, the CLI's own contract: a command that was not signalled ends within 150 s, with 0, 1 or 2 and no
+traceback (one signalled ends within 120 s of its signal).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests import forkcli
+from tests.aws.fixture import AwsEndpoint
+
+BUCKET = "chaos-team"
+PREFIX = "gp/"
+STATE = f"s3://{BUCKET}/{PREFIX.rstrip('/')}"
+TEAM = ("alice", "bob")
+LOCAL = ("carol",)
+USERS = TEAM + LOCAL
+OWNER_TAG = "gpuprov:owner"
+NODE_TAG = "gpuprov:node"
+IMAGE_TAG = "gpuprov:image"
+REGIONS = ("us-east-1",)
+LIVE = ("pending", "running", "stopping", "stopped", "shutting-down")
+
+
+@dataclass
+class Ran:
+    """One command the walk ran, and how it ended."""
+
+    who: str
+    args: tuple[str, ...]
+    rc: int | None
+    out: str
+    err: str
+    signalled: str | None = None  # "SIGTERM after 0.40 s"
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        how = f" [{self.signalled}]" if self.signalled else ""
+        how += f" ({self.seconds:.1f} s)"
+        last = (self.err.strip().splitlines() or self.out.strip().splitlines() or [""])[-1][:160]
+        return f"{self.who}$ gpuprov {' '.join(self.args)}{how} -> {self.rc}: {last}"
+
+
+@dataclass
+class Cloud:
+    """What moto holds that gpuprov made (a `gpuprov:owner` tag), by kind: id -> the resource as EC2 describes it."""
+
+    instances: dict[str, dict[str, Any]] = field(default_factory=dict)
+    volumes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    keys: dict[str, dict[str, Any]] = field(default_factory=dict)
+    images: dict[str, dict[str, Any]] = field(default_factory=dict)
+    snapshots: dict[str, dict[str, Any]] = field(default_factory=dict)
+    addresses: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class Records:
+    """Every store's records: (store, node record as a dict), and the resource rows not marked deleted."""
+
+    nodes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    rows: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+
+def _text(out: str | bytes | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+
+
+def _tags(item: dict[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in item.get("Tags", []) or []}
+
+
+class Broken(AssertionError):
+    """An invariant the walk found broken: which, and what shows it."""
+
+
+class World:
+    """One walk's users, endpoint and ledger. Fresh per Hypothesis example: the endpoint is reset, the homes new."""
+
+    def __init__(self, aws: AwsEndpoint, root: Path, base_env: dict[str, str], lease_seconds: int = 10) -> None:
+        aws.reset()
+        self.aws = aws
+        self.root = root
+        s3 = aws.client("s3")
+        s3.create_bucket(Bucket=BUCKET)
+        s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+        self.envs: dict[str, dict[str, str]] = {}
+        for who in USERS:
+            (root / who / "home").mkdir(parents=True, exist_ok=True)
+            env = {**base_env, **aws.env(), "GPUPROV_HOME": str(root / who / "gp"), "HOME": str(root / who / "home"),
+                   "GPUPROV_TEST_POLL_SECONDS": "0.1", "GPUPROV_TEST_SETTLE_SECONDS": "15", "COLUMNS": "200",
+                   "GPUPROV_LEASE_SECONDS": str(lease_seconds)}
+            env.pop("GPUPROV_STATE", None)
+            if who in TEAM:
+                env["GPUPROV_STATE"] = STATE
+            self.envs[who] = env
+        self.ran: list[Ran] = []
+        self.counts: Counter[str] = Counter()
+        self._began = time.monotonic()  # when the command `start` started last began
+
+    # ------------------------------------------------------------------ commands
+    def gp(self, who: str, *args: str, timeout: float = 150) -> Ran:
+        """Run one command to its end; a crash (a traceback, an exit status the CLI never gives) is broken."""
+        self.counts["commands"] += 1
+        began = time.monotonic()
+        try:
+            done = forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
+                               timeout=timeout, env=self.envs[who])
+            ran = Ran(who, args, done.returncode, done.stdout, done.stderr)
+        except subprocess.TimeoutExpired as exc:
+            ran = Ran(who, args, None, _text(exc.stdout), _text(exc.stderr), f"hung past {timeout:.0f} s")
+        ran.seconds = time.monotonic() - began
+        self._ran(ran)
+        self._sane(ran)
+        return ran
+
+    def start(self, who: str, *args: str) -> forkcli.Popen:
+        self.counts["commands"] += 1
+        self._began = time.monotonic()
+        return forkcli.Popen([sys.executable, "-m", "gpuprov", *args], env=self.envs[who], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+
+    def finish(self, proc: forkcli.Popen, who: str, args: tuple[str, ...], signalled: str | None = None,
+               timeout: float = 150, began: float | None = None) -> Ran:
+        began = began if began is not None else self._began
+        sent = signalled
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate(timeout=30)
+            signalled = (signalled + ", then " if signalled else "") + f"hung past {timeout:.0f} s"
+        ran = Ran(who, args, proc.returncode, out, err, signalled, time.monotonic() - began)
+        self._ran(ran)
+        if sent is None:  # a command no one signalled: it must end, and as the CLI ends
+            self._sane(ran)
+        return ran
+
+    def signalled(self, who: str, args: tuple[str, ...], sig: signal.Signals, delay: float) -> Ran:
+        """Start a command, send it `sig` after `delay` seconds (unless it ended first), and wait for its end."""
+        proc = self.start(who, *args)
+        try:
+            proc.wait(delay)
+            sent = None  # it ended before the signal
+        except subprocess.TimeoutExpired:
+            proc.send_signal(sig)
+            self.counts[sig.name] += 1
+            sent = f"{sig.name} after {delay:.2f} s"
+        ran = self.finish(proc, who, args, sent, timeout=120)
+        if ran.signalled is not None and "hung" in ran.signalled:
+            raise self.broken(f"`gpuprov {' '.join(args)}` ({who}) did not end within 120 s of {ran.signalled}")
+        return ran
+
+    def _ran(self, ran: Ran) -> None:
+        self.ran.append(ran)
+        progress = os.environ.get("GPUPROV_TEST_CHAOS_LOG")  # a long walk's commands as they end
+        if progress:
+            with open(progress, "a") as f:
+                f.write(f"{time.strftime('%H:%M:%S')} {self.root.name} {ran.line()}\n")
+
+    def broken(self, what: str) -> Broken:
+        """The invariant broken, with the walk that broke it, said at once (Hypothesis's shrinking replays the walk,
+        and a replay that does not break it again leaves only this) and returned to be raised."""
+        said = (f"BROKEN in walk {self.root.name}: {what}\nthe walk's commands:\n{self.describe()}\n"
+                f"the last command's output:\n{self.ran[-1].out[-3000:] if self.ran else ''}"
+                f"{self.ran[-1].err[-3000:] if self.ran else ''}\nthe records now:\n{self.said_records()}\n")
+        print(said, flush=True)
+        progress = os.environ.get("GPUPROV_TEST_CHAOS_LOG")
+        if progress:
+            with open(progress, "a") as f:
+                f.write(said)
+        return Broken(what)
+
+    def said_records(self) -> str:
+        try:
+            records = self.records()
+        except Exception as exc:  # a failure's message must not fail
+            return f"  (could not read them: {exc})"
+        lines = [f"  {store}: node {n['name']} {n.get('state')} ({n.get('state_reason')})" for store, n in records.nodes]
+        lines += [f"  {store}: row {r.get('node')} {r.get('kind')} {r.get('cloud_id')} {r.get('client_token')} "
+                  f"{r.get('status')}" for store, r in records.rows]
+        return "\n".join(lines)
+
+    def _sane(self, ran: Ran) -> None:
+        if ran.signalled is not None:
+            raise self.broken(f"`gpuprov {' '.join(ran.args)}` ({ran.who}) {ran.signalled}:\n{ran.out[-2000:]}{ran.err[-2000:]}")
+        if ran.rc not in (0, 1, 2) or "Traceback (most recent call last)" in ran.err or "hit a bug" in ran.err:
+            raise self.broken(f"`gpuprov {' '.join(ran.args)}` ({ran.who}) crashed, exit {ran.rc}:\n"
+                         f"{ran.out[-2000:]}{ran.err[-3000:]}")
+
+    def state_of(self, who: str, name: str) -> str | None:
+        """The node's state as `who`'s `status --json` says it (None: no such node)."""
+        shown = self.gp(who, "status", "--json")
+        try:
+            rows = json.loads(shown.out) if shown.rc == 0 else []
+        except ValueError:
+            rows = []
+        return next((str(r.get("state")) for r in rows if r.get("name") == name), None)
+
+    def prepare(self, who: str, name: str, want: str | None, up: tuple[str, ...]) -> None:
+        """Bring node `name` to `want` ("running" or "stopped") with ordinary commands, as far as they go: a step
+        that kills or overlaps a command then catches it at work, not refusing at once. Whatever they do is checked
+        like any step's."""
+        if want is None:
+            return
+        state = self.state_of(who, name)
+        if state in (None, "terminated"):
+            self.gp(who, "up", name, *up)
+            state = self.state_of(who, name)
+        if want == "stopped" and state == "ready":
+            self.gp(who, "stop", name)
+        elif want == "running" and state == "stopped":
+            self.gp(who, "start", name, "--no-bootstrap")
+
+    def held(self, rule_id: int, proc: forkcli.Popen, timeout: float = 60) -> bool:
+        """Wait until the proxy holds the answer rule `rule_id` matched (True), or the process ended first (False)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if any(r["id"] == rule_id and r.get("held") for r in self.aws.rules()):
+                return True
+            if proc.poll() is not None:
+                return False
+            time.sleep(0.05)
+        return False
+
+    def fault(self, rule: dict[str, Any]) -> None:
+        self.aws.faults(rule)
+        self.counts["faults"] += 1
+
+    # ------------------------------------------------------------------ ground truth
+    def cloud(self) -> Cloud:
+        out = Cloud()
+        owned = [{"Name": "tag-key", "Values": [OWNER_TAG]}]
+        for region in REGIONS:
+            ec2 = self.aws.ec2(region)
+            for res in ec2.describe_instances(Filters=owned)["Reservations"]:
+                for i in res["Instances"]:
+                    if i["State"]["Name"] in LIVE:
+                        out.instances[i["InstanceId"]] = i
+            out.volumes.update((v["VolumeId"], v) for v in ec2.describe_volumes()["Volumes"]
+                               if OWNER_TAG in _tags(v) or self._attached_to(v, out.instances))
+            out.groups.update((g["GroupId"], g) for g in ec2.describe_security_groups(Filters=owned)["SecurityGroups"])
+            out.keys.update((k["KeyName"], k) for k in ec2.describe_key_pairs(Filters=owned)["KeyPairs"])
+            out.images.update((i["ImageId"], i) for i in ec2.describe_images(Owners=["self"])["Images"]
+                              if OWNER_TAG in _tags(i))
+            out.snapshots.update((s["SnapshotId"], s) for s in ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]
+                                 if OWNER_TAG in _tags(s))
+            out.addresses.update((a["AllocationId"], a) for a in ec2.describe_addresses(Filters=owned)["Addresses"])
+        return out
+
+    @staticmethod
+    def _attached_to(volume: dict[str, Any], instances: dict[str, dict[str, Any]]) -> bool:
+        return any(a.get("InstanceId") in instances for a in volume.get("Attachments", []))
+
+    def records(self) -> Records:
+        out = Records()
+        for who in USERS:
+            path = self.root / who / "gp" / "state.sqlite"
+            if not path.exists():
+                continue
+            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+            db.row_factory = sqlite3.Row
+            try:
+                out.nodes += [(f"{who}'s file", dict(r)) for r in db.execute("SELECT * FROM nodes")]
+                out.rows += [(f"{who}'s file", dict(r)) for r in
+                             db.execute("SELECT * FROM resources WHERE status != 'deleted'")]
+            finally:
+                db.close()
+        s3 = self.aws.client("s3")
+        listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=PREFIX).get("Contents", [])
+        for obj in listed:
+            key = obj["Key"]
+            if not (key.startswith(f"{PREFIX}nodes/") or key == f"{PREFIX}unowned.json") or not key.endswith(".json"):
+                continue
+            doc = json.loads(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+            if "node" in doc:
+                out.nodes.append(("the bucket", doc["node"]))
+            out.rows += [("the bucket", r) for r in doc.get("resources", []) if r.get("status") != "deleted"]
+        return out
+
+    def leases(self) -> list[str]:
+        s3 = self.aws.client("s3")
+        return [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{PREFIX}leases/").get("Contents", [])]
+
+    # ------------------------------------------------------------------ invariants
+    def check(self) -> None:
+        """(a) and (d), as the module docstring says them; raises Broken naming each breach."""
+        cloud, records = self.cloud(), self.records()
+        problems = self.untracked(cloud, records) + self.stopped_but_running(cloud, records)
+        if problems:
+            raise self.broken("\n".join(problems))
+
+    @staticmethod
+    def untracked(cloud: Cloud, records: Records) -> list[str]:
+        ids = {str(r["cloud_id"]) for _, r in records.rows if r.get("cloud_id")}
+        tokens = {str(r["client_token"]) for _, r in records.rows if r.get("client_token")}
+        problems = []
+
+        def say(kind: str, rid: str, item: dict[str, Any], extra: str = "") -> None:
+            tags = _tags(item)
+            problems.append(f"(a) untracked {kind} {rid} (gpuprov:node={tags.get(NODE_TAG)}, "
+                            f"owner={tags.get(OWNER_TAG)}{extra}): no record names it")
+
+        named_instances = set()
+        for iid, inst in cloud.instances.items():
+            if iid in ids or inst.get("ClientToken") in tokens:
+                named_instances.add(iid)
+            else:
+                say("instance", iid, inst, f", {inst['State']['Name']}")
+        for vid, vol in cloud.volumes.items():
+            if vid not in ids and not any(a.get("InstanceId") in named_instances for a in vol.get("Attachments", [])):
+                say("volume", vid, vol, f", {vol['State']}")
+        for gid, group in cloud.groups.items():  # an intent row has its name, recorded before CreateSecurityGroup
+            if gid not in ids and group.get("GroupName") not in tokens:
+                say("security group", gid, group)
+        for name, key in cloud.keys.items():
+            if name not in ids and key.get("KeyPairId") not in ids:
+                say("key pair", name, key)
+        named_images = {}
+        for aid, image in cloud.images.items():
+            if aid in ids or image.get("Name") in tokens or image.get("Name") in ids:
+                named_images[aid] = image
+            else:
+                say("image", aid, image, f", {image.get('Name')}")
+        held = {m["Ebs"]["SnapshotId"] for i in named_images.values() for m in i.get("BlockDeviceMappings", [])
+                if m.get("Ebs", {}).get("SnapshotId")}
+        image_names = {i.get("Name") for i in named_images.values()}
+        for sid, snap in cloud.snapshots.items():
+            if sid not in ids and sid not in held and _tags(snap).get(IMAGE_TAG) not in image_names:
+                say("snapshot", sid, snap)
+        for aid, address in cloud.addresses.items():
+            if aid not in ids and address.get("PublicIp") not in ids:
+                say("address", aid, address)
+        return problems
+
+    @staticmethod
+    def stopped_but_running(cloud: Cloud, records: Records) -> list[str]:
+        problems = []
+        for store, node in records.nodes:
+            if node.get("state") != "stopped":
+                continue
+            mine = {str(r["cloud_id"]) for s, r in records.rows if s == store and r.get("node") == node["name"]
+                    and r.get("kind") == "instance" and r.get("cloud_id")}
+            mine |= {m["instance_id"] for m in json.loads(node.get("members_json") or "[]")}
+            for iid in sorted(mine):
+                state = cloud.instances.get(iid, {}).get("State", {}).get("Name")
+                if state in ("pending", "running"):
+                    problems.append(f"(d) {store} calls {node['name']} stopped, and its instance {iid} is {state}")
+        return problems
+
+    def node_resources(self, name: str, team: bool) -> dict[str, str]:
+        """What of node `name` (the team's, else carol's) is live in moto now: id -> kind (instances, volumes)."""
+        cloud = self.cloud()
+        out: dict[str, str] = {}
+        for iid, inst in cloud.instances.items():
+            tags = _tags(inst)
+            if tags.get(NODE_TAG) == name and ("gpuprov:team" in tags) == team \
+                    and inst["State"]["Name"] != "shutting-down":
+                out[iid] = "instance"
+                out.update((a["VolumeId"], "volume") for a in
+                           (v for vol in cloud.volumes.values() for v in vol.get("Attachments", []))
+                           if a.get("InstanceId") == iid)
+        return out
+
+    def describe(self) -> str:
+        """The walk so far, for a failure's message: every command and how it ended."""
+        return "\n".join(f"  {i + 1:3d}. {r.line()}" for i, r in enumerate(self.ran))
