@@ -204,7 +204,9 @@ def test_push_a_local_state_then_adopt_after_every_record_is_deleted(aws, env, h
     made = {(r["kind"], r["member"]) for r in json.loads(swept.stdout)["found"] if r["node"] == "q"}
     assert ("instance", _member(bob)) in made and {m for _, m in made} == {_member(bob)}
     assert f"node=q running by {_member(bob).split('/')[0]}" in gp(alice, "gc").stdout
-    adopted = gp(bob, "state", "adopt", "--region", "us-east-1")
+    # alice: the team's q, and her own p from before the team (its tags name her install, not the team); bob, whose
+    # install never tagged p, would name it another install's and leave it
+    adopted = gp(alice, "state", "adopt", "--region", "us-east-1")
     assert adopted.returncode == 0, adopted.stdout + adopted.stderr
     assert "2 node(s) adopted: p, q" in adopted.stdout
     back = {n["name"]: n for n in _status(alice)}
@@ -318,6 +320,28 @@ def test_an_up_whose_record_was_written_with_its_answer_lost_is_not_told_the_nam
     assert "is taken" not in up.stderr
     assert [e["outcome"] for e in aws.log("PutObject")].count(f"lost-{lose}") == 1
     assert gp(alice, "down", "train", "--yes").returncode == 0
+    assert aws.leftovers() == EMPTY
+
+
+def test_state_adopt_takes_this_installs_nodes_and_names_another_installs_of_the_same_user_and_host(aws, env, homes,
+                                                                                                   tmp_path):
+    """Found by the randomized walk: a team member's `state adopt` adopted the root volume of a node another install
+    on the same machine (same user@host, its own local file) was running, and `down` of it looped on VolumeInUse."""
+    alice, _ = homes
+    carol = {**env, "GPUPROV_HOME": str(tmp_path / "carol" / "gp"), "HOME": str(tmp_path / "carol" / "home")}
+    (tmp_path / "carol" / "home").mkdir(parents=True)
+    assert gp(carol, *up_args("n2", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
+    aws.realism(tag_lag=0)
+    adopted = gp(alice, "state", "adopt", "--region", "us-east-1")
+    assert adopted.returncode == 0, adopted.stdout + adopted.stderr
+    assert "0 node(s) adopted" in adopted.stdout and "left n2 (us-east-1): another gpuprov install" in adopted.stdout
+    assert _status(alice) == []
+    lost = {**carol, "GPUPROV_HOME": str(tmp_path / "carol" / "lost")}  # carol's state folder lost: a new install
+    assert "0 node(s) adopted" in gp(lost, "state", "adopt", "--region", "us-east-1").stdout
+    back = gp(lost, "state", "adopt", "--region", "us-east-1", "--all-installs")
+    assert back.returncode == 0 and "1 node(s) adopted: n2" in back.stdout, back.stdout + back.stderr
+    down = gp(lost, "down", "n2", "--yes")
+    assert down.returncode == 0, down.stdout + down.stderr
     assert aws.leftovers() == EMPTY
 
 

@@ -123,9 +123,14 @@ def unlock(name: str) -> None:
 @state.command("adopt")
 @click.option("--region", help="The region to rebuild records from (default: the configured one).")
 @click.option("--all-regions", is_flag=True, help="Every region the account has enabled.")
-def adopt(region: str | None, all_regions: bool) -> None:
+@click.option("--all-installs", is_flag=True,
+              help="Also what other gpuprov installs with your user and host name tagged (this machine's own lost "
+                   "state folder, an older gpuprov): they may be another install's live nodes, so they are only "
+                   "named otherwise.")
+def adopt(region: str | None, all_regions: bool, all_installs: bool) -> None:
     """Rebuild records from the tags gpuprov puts on every resource (a lost state file or laptop): adopted nodes
-    can be `status`ed, `stop`ped and `down`ed."""
+    can be `status`ed, `stop`ped and `down`ed. Only this install's (and, with team state, the team's) unless
+    --all-installs."""
     from gpuprov.cli.common import region_from, store_and_provider
     from gpuprov.cloud import adopt as adopting
     from gpuprov.plan import catalog
@@ -146,7 +151,7 @@ def adopt(region: str | None, all_regions: bool) -> None:
     assert isinstance(provider, AwsProvider)  # store_and_provider's: its poll and team tags are copied here
     # the team's resources, and this member's own from before the team (tagged with the owner alone)
     own = AwsProvider(owner(), poll=provider.poll, legacy=legacy_owner()) if provider.team else None
-    found = adopting.adopt(regions, [provider, *([own] if own else [])], store, said)
+    found = adopting.adopt(regions, [provider, *([own] if own else [])], store, said, all_installs=all_installs)
     click.echo(f"{len(found)} node(s) adopted" + (f": {', '.join(found)}" if found else ""))
 
 

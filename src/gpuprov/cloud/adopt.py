@@ -30,12 +30,22 @@ _KINDS: tuple[ResourceKind, ...] = ("instance", "spot-request", "volume", "secur
                                     "address")
 
 
-def adopt(regions: Sequence[str], providers: Sequence[Provider], store: Store, say: Say) -> list[str]:
+def adopt(regions: Sequence[str], providers: Sequence[Provider], store: Store, say: Say, *,
+          all_installs: bool = False) -> list[str]:
     """Record every tagged node of `regions` that the store lacks; returns the adopted names. `providers` list
-    the same cloud by different tags (a team's, and the member's own from before the team)."""
+    the same cloud by different tags (a team's, and the member's own from before the team). Another install's
+    resources with this user and host name (`user@host/ID`, cloud/tags.py) may be its live nodes: named and left,
+    unless `all_installs` (a lost state folder's own); the team's are the team's, whoever made them."""
     adopted: list[str] = []
     for region in regions:
-        tagged = list({r.id: r for p in providers for r in p.tagged(region, everyone=True)}.values())
+        tagged = list({r.id: r for p in providers for r in p.tagged(region, everyone=all_installs)}.values())
+        if not all_installs:
+            seen = {r.id for r in tagged}
+            others = sorted({r.node for p in providers for r in p.tagged(region, everyone=True)
+                             if r.id not in seen and r.node and r.node not in (SHARED, IMAGES)})
+            for name in others:
+                say(f"left {name} ({region}): another gpuprov install with your user and host name tagged it; "
+                    "`gpuprov state adopt --all-installs` takes it if it is yours (a lost state folder)")
         known = {r.cloud_id for r in store.resources(None, region=region) if r.cloud_id}
         for res in tagged:  # key pairs and images outlive nodes: recorded apart, as `up` and `image bake` do
             if res.id not in known and (res.kind == "image" or (res.kind == "key-pair" and res.node == SHARED)):
@@ -45,7 +55,7 @@ def adopt(regions: Sequence[str], providers: Sequence[Provider], store: Store, s
         for res in tagged:
             if res.node and res.node not in (SHARED, IMAGES) and res.kind in _KINDS:
                 by_node[res.node].append(res)
-        instances = {i.id: i for p in providers for i in p.instances(region, everyone=True)}
+        instances = {i.id: i for p in providers for i in p.instances(region, everyone=all_installs)}
         for name, resources in sorted(by_node.items()):
             existing = store.find_node(name)
             if existing is not None and existing.live:
