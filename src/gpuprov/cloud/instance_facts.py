@@ -3,9 +3,10 @@ network cards that carry it), for `gpuprov facts refresh` (the instance-types ov
 `up`, which lay them over the catalog so a new or changed type is right without a release of gpuprov. What `up`
 read is kept a day per region in the facts folder, beside the overlays.
 
-`rows` maps EC2's GPUs to catalog names (the A100's by its memory); `live_catalog` lays the region's GPU types over
-the catalog, read at most once a day (`facts_dir()/ec2-REGION.yaml`). EC2 not answering leaves the catalog as it
-is, said in one line.
+`rows` maps EC2's GPUs to catalog names (the A100's by its memory; a GPU the catalog lacks keeps EC2's name, for
+plan/gpu_names.py's table); `live_catalog` lays the region's GPU types over the catalog (a type EC2 no longer
+describes there is retired), read at most once a day (`facts_dir()/ec2-REGION.yaml`). EC2 not answering leaves
+the catalog as it is (the snapshot is the fallback), said in one line.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def row(cat: Catalog, info: InstanceTypeInfo) -> dict[str, Any]:
                            "efa_card0": not cards or cards[0] == 0}
     if gpu := catalog_gpu(cat, info):
         out["gpu"] = gpu
+    elif info.gpu_manufacturer.upper() in ("NVIDIA", ""):
+        out["ec2_gpu"] = info.gpu  # planned with gpu_names' table when it has it, else refused by name
     return out
 
 
@@ -80,4 +83,4 @@ def live_catalog(cat: Catalog, provider: Provider, region: str, say: Say) -> Cat
         cached = {"at": time.time(), "region": region, "rows": read}
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_atomic(path, yaml.safe_dump(cached, sort_keys=True))
-    return cat.with_instance_facts(cached["rows"], datetime.fromtimestamp(float(cached["at"]), timezone.utc))
+    return cat.with_instance_facts(cached["rows"], datetime.fromtimestamp(float(cached["at"]), timezone.utc), region)
