@@ -92,3 +92,22 @@ def test_what_ec2_describes_decides_retired_both_ways() -> None:
     assert back.instance_type("p3.2xlarge").retired is None  # EC2 describes it again: it may be chosen
     # no region named (an answer of unknown reach) or nothing read: nothing is retired by absence
     assert not CAT.with_instance_facts(no_g4, WHEN, "").instance_type("g4dn.xlarge").retired
+
+
+def test_the_efa_cards_are_the_ones_ec2_lists_never_a_count_from_card_0_or_1() -> None:
+    from gpuprov.cloud.cluster_network import network_for
+
+    b300 = ec2_row("B300", 8, 275_040, efa=True, efa_interfaces=16, network_cards=17, efa_cards=16, efa_card0=False,
+                   efa_card_list=list(range(1, 17)))
+    odd = ec2_row("RTX PRO 6000", 8, efa=True, efa_interfaces=2, network_cards=4, efa_cards=2, efa_card0=False,
+                  efa_card_list=[1, 3])
+    cat = CAT.with_instance_facts(described(**{"p6-b300.48xlarge": b300, "g7e.48xlarge": odd}), WHEN, "us-east-1")
+    plan = P.make_plan(P.NodeRequest(gpu="B300", count=8), cat)
+    assert plan.instance is not None and plan.instance.name == "p6-b300.48xlarge" and plan.gpu is not None
+    assert plan.gpu.sm == "sm_103"
+    layout = network_for(plan.instance)
+    assert [(n.card, n.device, n.kind) for n in layout.interfaces][:2] == [(0, 0, "interface"), (1, 0, "efa-only")]
+    assert len(layout.interfaces) == 17  # card 0 ENA only: no EFA interface on it
+    assert network_for(cat.instance_type("g7e.48xlarge")).interfaces[1:] == tuple(
+        n for n in network_for(cat.instance_type("g7e.48xlarge")).interfaces if n.card in (1, 3))
+    assert [n.card for n in network_for(cat.instance_type("g7e.48xlarge")).interfaces] == [0, 1, 3]

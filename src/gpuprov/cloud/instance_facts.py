@@ -48,7 +48,7 @@ def row(cat: Catalog, info: InstanceTypeInfo) -> dict[str, Any]:
                            "gpu_memory_mib": info.gpu_memory_mib, "efa": info.efa,
                            "efa_interfaces": info.efa_interfaces if info.efa else None,
                            "network_cards": info.network_cards, "efa_cards": len(cards) or 1,
-                           "efa_card0": not cards or cards[0] == 0}
+                           "efa_card0": not cards or cards[0] == 0, "efa_card_list": list(cards) if info.efa else []}
     if gpu := catalog_gpu(cat, info):
         out["gpu"] = gpu
     elif info.gpu_manufacturer.upper() in ("NVIDIA", ""):

@@ -97,14 +97,18 @@ class InstanceType(BaseModel):
     network_cards: int = 1
     efa_cards: int = 1
     efa_card0: bool = True
+    efa_card_list: tuple[int, ...] | None = None  # EC2's own list of the cards with EFA (None: the count above)
     efa_rdma: bool = False  # the EFA device does RDMA read (catalog.yaml cluster_network.rdma_source)
     retired: str | None = None  # EC2 no longer describes it (why, with the source and date): never chosen
     unverified: str | None = None
 
     def efa_card_indexes(self) -> tuple[int, ...]:
-        """The network cards that carry an EFA interface, in order (none without EFA)."""
+        """The network cards that carry an EFA interface, in order (none without EFA): EC2's list when it was read,
+        else the snapshot's count from card 0 or 1."""
         if not self.efa:
             return ()
+        if self.efa_card_list is not None:
+            return tuple(sorted(self.efa_card_list))
         first = 0 if self.efa_card0 else 1
         return tuple(range(first, first + self.efa_cards))
 

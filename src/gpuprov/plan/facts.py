@@ -38,6 +38,8 @@ DataFile = Literal["stack.yaml", "catalog.yaml"]
 # price, NVSwitch, whether the EFA device does RDMA read)
 EC2_FIELDS = ("gpus", "vcpu", "ram_gib", "gpu_memory_mib", "efa", "efa_interfaces", "efa_cards", "efa_card0",
               "network_cards")
+# and the network cards that carry EFA, by index, as EC2 lists them (no layout is assumed from a count)
+LAYOUT_FIELDS = ("efa_card_list",)
 
 
 @dataclass(frozen=True)
@@ -211,13 +213,14 @@ def merge_instance_types(rows: list[dict[str, Any]], read: dict[str, dict[str, A
     out = []
     for row in rows:
         fresh = read.get(row["name"])  # a type EC2 describes is not retired, whatever the snapshot said
-        out.append({**row, **{k: fresh[k] for k in EC2_FIELDS if k in fresh}, "retired": None} if fresh else row)
+        out.append({**row, **{k: fresh[k] for k in EC2_FIELDS + LAYOUT_FIELDS if k in fresh}, "retired": None}
+                   if fresh else row)
     known = {row["name"] for row in rows}
     for name, fresh in sorted(read.items()):
         if name in known or not fresh.get("gpu"):
             continue
         out.append({"name": name, "gpu": fresh["gpu"], "price_usd_hour": None, "nvswitch": None,
-                    **{k: fresh[k] for k in EC2_FIELDS if k in fresh},
+                    **{k: fresh[k] for k in EC2_FIELDS + LAYOUT_FIELDS if k in fresh},
                     "unverified": f"read from EC2 DescribeInstanceTypes on {when.date().isoformat()}; not in gpuprov's "
                                   "catalog: no list price, NVSwitch not known (Fabric Manager follows the host)"})
     return out
