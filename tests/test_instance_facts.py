@@ -101,3 +101,27 @@ def test_bad_input_asks_ec2_nothing_and_a_type_only_ec2_knows_is_planned_live(aw
     live = json.loads(gp(env, "plan", "--gpu", "L4", "--instance-type", "gr6.4xlarge", "--live", "--json").stdout)
     assert live["instance_type"] == "gr6.4xlarge"
     assert any("gr6.4xlarge: read from EC2 DescribeInstanceTypes" in u for u in live["unverified"])
+
+
+def test_what_ec2_describes_today_decides_new_gpus_and_retired_types(aws: Any, env: dict[str, str],
+                                                                     tmp_path: Path) -> None:
+    """The local endpoint describes g7e.2xlarge (one RTX PRO 6000, a GPU the snapshot lacks) and no longer P3
+    (tests/aws/ec2_types.py): EC2's answer decides, the snapshot is the fallback."""
+    env = {**env, "GPUPROV_FACTS_DIR": str(tmp_path / "facts")}
+    offline = gp(env, "plan", "--gpu", "RTX PRO 6000")
+    assert offline.returncode == 2 and "unknown GPU 'RTX PRO 6000'" in offline.stderr
+    live = json.loads(gp(env, "plan", "--gpu", "RTX PRO 6000", "--live", "--json").stdout)
+    assert (live["gpu"], live["instance_type"], live["stack"]["compute_capability"]) == ("RTX-PRO-6000", "g7e.2xlarge", "12.0")
+    assert any("developer.nvidia.com/cuda-gpus" in u for u in live["unverified"])
+    b300 = json.loads(gp(env, "plan", "--gpu", "B300", "--live", "--json").stdout)  # in moto's data, not the snapshot
+    assert b300["instance_type"] == "p6-b300.48xlarge"
+    for args in ((), ("--live",)):  # P3 retired: the snapshot says so, and EC2 does not describe it
+        v100 = json.loads(gp(env, "plan", "--gpu", "v100", "--json", *args).stdout)
+        assert v100["instance_type"] == "p3dn.24xlarge"
+        assert not [c for c in v100["candidates"] if c["instance_type"].startswith("p3.")]
+    listed = gp(env, "gpus", "--live", "--region", "us-east-1")
+    assert listed.returncode == 0, listed.stderr
+    assert "g7e.2xlarge: 1× RTX-PRO-6000, from EC2 (not in the shipped catalog)" in listed.stdout
+    assert "p3.2xlarge: gone, never chosen (" in listed.stdout
+    offered = aws.log("DescribeInstanceTypeOfferings")
+    assert offered and not any("p3.2xlarge" in str(e["form"]) for e in offered)  # a retired type is not priced
