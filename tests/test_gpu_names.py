@@ -111,3 +111,10 @@ def test_the_efa_cards_are_the_ones_ec2_lists_never_a_count_from_card_0_or_1() -
     assert network_for(cat.instance_type("g7e.48xlarge")).interfaces[1:] == tuple(
         n for n in network_for(cat.instance_type("g7e.48xlarge")).interfaces if n.card in (1, 3))
     assert [n.card for n in network_for(cat.instance_type("g7e.48xlarge")).interfaces] == [0, 1, 3]
+
+
+def test_a_new_type_that_runs_no_x86_64_is_not_planned() -> None:
+    arm = ec2_row("L4", cpu_archs=["arm64"])
+    cat = CAT.with_instance_facts(described(**{"gr7g.xlarge": {**arm, "ec2_gpu": "L40"}}), WHEN, "us-east-1")
+    assert "gr7g.xlarge" not in {it.name for it in cat.instance_types} and not cat.unplannable
+    assert gpu_names.named("T4g") is None  # g5g's arm64 GPU: not in the table

@@ -65,12 +65,16 @@ def test_facts_refresh_keeps_ec2s_instance_types_and_the_regions_offerings(env: 
     assert run.returncode == 0, run.stderr
     assert "instance-types: read from EC2 DescribeInstanceTypes and DescribeInstanceTypeOfferings in us-east-1" in run.stdout
     assert "gr6.4xlarge: new (1× L4, EFA no)" in run.stdout
+    assert "p6-b300.48xlarge: new (8× B300, EFA yes)" in run.stdout  # a GPU of the NVIDIA names table
+    assert "g7e.2xlarge: new (1× RTX PRO 6000, EFA no)" in run.stdout and "p3.2xlarge: gone" in run.stdout
     overlay = facts.Overlay.model_validate(__import__("yaml").safe_load((tmp_path / "facts/instance-types.yaml").read_text()))
     assert "g4dn.xlarge" in overlay.offerings["us-east-1"]
     shown = json.loads(gp(env, "facts", "--json").stdout)
     assert next(f for f in shown["families"] if f["name"] == "instance-types")["origin"] == "refreshed"
     planned = json.loads(gp(env, "plan", "--gpu", "L4", "--json").stdout)  # offline, on the refreshed overlay
     assert "gr6.4xlarge" in [c["instance_type"] for c in planned["candidates"]]
+    b300 = json.loads(gp(env, "plan", "--gpu", "B300", "--json").stdout)  # offline too, once refreshed
+    assert b300["instance_type"] == "p6-b300.48xlarge" and b300["stack"]["compute_capability"] == "10.3"
 
 
 def test_plan_live_reads_ec2s_types_once_a_day(aws: Any, env: dict[str, str], tmp_path: Path) -> None:

@@ -49,6 +49,8 @@ def row(cat: Catalog, info: InstanceTypeInfo) -> dict[str, Any]:
                            "efa_interfaces": info.efa_interfaces if info.efa else None,
                            "network_cards": info.network_cards, "efa_cards": len(cards) or 1,
                            "efa_card0": not cards or cards[0] == 0, "efa_card_list": list(cards) if info.efa else []}
+    if info.cpu_archs:
+        out["cpu_archs"] = list(info.cpu_archs)
     if gpu := catalog_gpu(cat, info):
         out["gpu"] = gpu
     elif info.gpu_manufacturer.upper() in ("NVIDIA", ""):

@@ -191,6 +191,8 @@ def merge_ec2(data: dict[str, Any], read: dict[str, dict[str, Any]], when: datet
     for name, fresh in sorted(read.items()):
         if fresh.get("gpu") or not fresh.get("ec2_gpu"):
             continue
+        if "x86_64" not in fresh.get("cpu_archs", ["x86_64"]):  # gpuprov's images and wheels are x86_64's
+            continue
         found = gpu_names.named(str(fresh["ec2_gpu"]))
         if found is None:
             unplannable[name] = str(fresh["ec2_gpu"])

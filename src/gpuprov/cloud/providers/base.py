@@ -120,6 +120,7 @@ class InstanceTypeInfo:
     network_cards: int
     efa_card_indexes: tuple[int, ...]  # the cards whose InterfaceTypes include "efa"
     network_performance: str
+    cpu_archs: tuple[str, ...] = ()  # ProcessorInfo.SupportedArchitectures: x86_64, arm64
 
 
 @dataclass(frozen=True)
