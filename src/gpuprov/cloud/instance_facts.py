@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from gpuprov.cloud.providers.base import InstanceTypeInfo, Provider
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.files import write_atomic
 from gpuprov.paths import facts_dir
 from gpuprov.plan.catalog import Catalog, normalise_name
@@ -79,6 +79,8 @@ def live_catalog(cat: Catalog, provider: Provider, region: str, say: Say) -> Cat
     if not (isinstance(cached, dict) and time.time() - float(cached.get("at", 0)) < CACHE_SECONDS):
         try:
             read = rows(cat, provider.gpu_instance_types(region))
+        except UserInputError:  # the user's settings to fix (an endpoint that is not AWS), not EC2 out of reach
+            raise
         except GpuprovError as exc:
             say(f"instance types from the catalog: EC2's DescribeInstanceTypes did not answer ({exc})")
             return cat
