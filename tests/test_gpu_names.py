@@ -45,6 +45,9 @@ def test_every_row_names_an_architecture_the_stack_knows_and_agrees_with_the_cat
 def test_ec2s_names_in_any_spelling(spelled: str, cc: str) -> None:
     found = gpu_names.named(spelled)
     assert found is not None and found.compute_capability == cc and found.source.startswith("developer.nvidia.com")
+    # g7e's GPU as AWS's data names it, planned under the name people use
+    server = gpu_names.named("RTX PRO Server 6000")
+    assert server is not None and server.catalog_name == "RTX-PRO-6000"
 
 
 def test_a_type_whose_gpu_the_snapshot_lacks_is_planned_from_the_table() -> None:

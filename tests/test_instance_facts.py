@@ -66,7 +66,7 @@ def test_facts_refresh_keeps_ec2s_instance_types_and_the_regions_offerings(env: 
     assert "instance-types: read from EC2 DescribeInstanceTypes and DescribeInstanceTypeOfferings in us-east-1" in run.stdout
     assert "gr6.4xlarge: new (1× L4, EFA no)" in run.stdout
     assert "p6-b300.48xlarge: new (8× B300, EFA yes)" in run.stdout  # a GPU of the NVIDIA names table
-    assert "g7e.2xlarge: new (1× RTX PRO 6000, EFA no)" in run.stdout and "p3.2xlarge: gone" in run.stdout
+    assert "g7e.2xlarge: new (1× RTX PRO Server 6000, EFA no)" in run.stdout and "p3.2xlarge: gone" in run.stdout
     overlay = facts.Overlay.model_validate(__import__("yaml").safe_load((tmp_path / "facts/instance-types.yaml").read_text()))
     assert "g4dn.xlarge" in overlay.offerings["us-east-1"]
     shown = json.loads(gp(env, "facts", "--json").stdout)

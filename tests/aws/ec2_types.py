@@ -1,11 +1,12 @@
 """EC2's instance types as the imitation describes them: moto ships AWS's DescribeInstanceTypes data as it was
 when moto 5.2.5 was cut; the proxy lays today's differences over moto's answers, as EC2 would give them.
 
-* `NEW`: types EC2 describes that moto's data lacks and the shipped snapshot lacks too (g7e.2xlarge: one NVIDIA
-  RTX PRO 6000 Blackwell Server Edition, issue 37). DescribeInstanceTypes lists them after moto's own, and
-  DescribeInstanceTypeOfferings offers them in `ZONES` of their region. Their shape is botocore's EC2 model's
-  (InstanceTypeInfo, its XML names from the model's locationName, as `xml_item` renders any value of a shape),
-  so gpuprov reads them through its own parser; the figures are marked where they were not read in EC2's answer.
+* `NEW`: types EC2 describes that the shipped snapshot lacks, pinned here so the tests do not hang on which
+  moto's data has them (g7e.2xlarge: one NVIDIA RTX PRO 6000 Blackwell Server Edition, issue 37; moto 5.2.5 has
+  it too, as AWS's data gave it, and the proxy's item takes the place of moto's). DescribeInstanceTypes lists
+  them, and DescribeInstanceTypeOfferings offers them in `ZONES` of their region. Their shape is botocore's EC2
+  model's (InstanceTypeInfo, its XML names from the model's locationName, as `xml_item` renders any value of a
+  shape), so gpuprov reads them through its own parser.
 * `GONE`: types EC2 no longer describes (P3: p3.2xlarge, p3.8xlarge, p3.16xlarge). moto 5.2.5's data lacks them
   already; the proxy drops them from both answers anyway, so a later moto that has them still leaves them out.
 
@@ -22,9 +23,8 @@ from xml.etree import ElementTree as ET
 from xml.sax.saxutils import escape
 
 NEW: dict[str, dict[str, Any]] = {
-    # issue 37: "g7e (RTX PRO 6000 Blackwell Server Edition, 96 GiB, compute capability 12.0; EFA from 8xlarge)".
-    # GPU name as issue 37 gives it; vCPUs, memory and network performance unverified (not read in an EC2 answer):
-    # the 2xlarge size's usual 8 vCPU / 64 GiB, and 96 GiB of GPU memory.
+    # AWS's own figures for g7e.2xlarge as moto 5.2.5 ships them (GpuInfo name "RTX PRO Server 6000", 98,304 MiB,
+    # 8 vCPU, 64 GiB, no EFA: issue 37 gives "EFA from 8xlarge"); the fields gpuprov does not read are abridged.
     "g7e.2xlarge": {
         "InstanceType": "g7e.2xlarge", "CurrentGeneration": True, "FreeTierEligible": False,
         "SupportedUsageClasses": ["on-demand", "spot"], "SupportedRootDeviceTypes": ["ebs"],
@@ -40,7 +40,7 @@ NEW: dict[str, dict[str, Any]] = {
                                           "MaximumNetworkInterfaces": 4}],
                         "Ipv4AddressesPerInterface": 15, "Ipv6AddressesPerInterface": 15, "Ipv6Supported": True,
                         "EnaSupport": "required", "EfaSupported": False, "EncryptionInTransitSupported": True},
-        "GpuInfo": {"Gpus": [{"Name": "RTX PRO 6000", "Manufacturer": "NVIDIA", "Count": 1,
+        "GpuInfo": {"Gpus": [{"Name": "RTX PRO Server 6000", "Manufacturer": "NVIDIA", "Count": 1,
                               "MemoryInfo": {"SizeInMiB": 98304}}],
                     "TotalGpuMemoryInMiB": 98304},
         "PlacementGroupInfo": {"SupportedStrategies": ["cluster", "partition", "spread"]},
@@ -99,7 +99,8 @@ def _rewrite(body: bytes, set_tag: str, shape: Any, new: list[dict[str, Any]]) -
     found = root.find(q(set_tag))
     if found is None:
         return body
-    gone = [item for item in found if (item.findtext(q("instanceType")) or "").strip() in GONE]
+    replaced = GONE | {str(v.get("InstanceType") or "") for v in new} - {""}  # a pinned type's item is ours
+    gone = [item for item in found if (item.findtext(q("instanceType")) or "").strip() in replaced]
     for item in gone:
         found.remove(item)
     for value in new:

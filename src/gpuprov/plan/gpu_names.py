@@ -28,11 +28,12 @@ class NamedGpu:
     compute_capability: str
     source: str
     unverified: str | None = None
+    name: str | None = None  # the catalog's name when EC2's is not the one people use ("RTX PRO Server 6000")
 
     @property
     def catalog_name(self) -> str:
-        """The name `--gpu` and the catalog use: EC2's, spaces as dashes ("RTX PRO 6000" -> "RTX-PRO-6000")."""
-        return "-".join(self.ec2_name.split())
+        """The name `--gpu` and the catalog use, spaces as dashes ("RTX PRO 4500" -> "RTX-PRO-4500")."""
+        return "-".join((self.name or self.ec2_name).split())
 
 
 NAMES: tuple[NamedGpu, ...] = (
@@ -53,12 +54,11 @@ NAMES: tuple[NamedGpu, ...] = (
     NamedGpu("GB200", "blackwell", "10.0", CUDA_GPUS),
     NamedGpu("B300", "blackwell", "10.3", CUDA_GPUS),
     NamedGpu("GB300", "blackwell", "10.3", CUDA_GPUS),
-    NamedGpu("RTX PRO 6000", "blackwell", "12.0", CUDA_GPUS,
-             "NVIDIA lists the RTX PRO 6000 Blackwell Server Edition at 12.0; that EC2 names g7e's GPU "
-             "'RTX PRO 6000' is issue 37's report, not read in a DescribeInstanceTypes answer"),
-    NamedGpu("RTX PRO 4500", "blackwell", "12.0", CUDA_GPUS,
-             "NVIDIA lists the RTX PRO 4500 Blackwell (Server Edition) at 12.0; EC2's name for g7's GPU is assumed "
-             "'RTX PRO 4500', not read in a DescribeInstanceTypes answer"),
+    # g7e's GPU, the RTX PRO 6000 Blackwell Server Edition: EC2 names it "RTX PRO Server 6000" (AWS's
+    # DescribeInstanceTypes data as moto 5.2.5 ships it); issue 37 calls it "RTX PRO 6000", which is taken too
+    NamedGpu("RTX PRO Server 6000", "blackwell", "12.0", CUDA_GPUS, name="RTX PRO 6000"),
+    NamedGpu("RTX PRO 6000", "blackwell", "12.0", CUDA_GPUS),
+    NamedGpu("RTX PRO 4500", "blackwell", "12.0", CUDA_GPUS),  # g7's, the RTX PRO 4500 Blackwell Server Edition
 )
 
 
@@ -78,7 +78,7 @@ def catalog_row(gpu: NamedGpu, memory_mib: int, instance_type: str, on: str) -> 
     """A catalog `gpus` row for a GPU EC2 described and the snapshot lacks: NVIDIA's figures, EC2's memory."""
     note = (f"not in gpuprov's catalog: read from EC2 DescribeInstanceTypes ({instance_type}) on {on}, compute "
             f"capability from {gpu.source}; no published figures for `gpuprov bench`")
-    return {"name": gpu.catalog_name, "aliases": [_key(gpu.ec2_name)], "arch": gpu.arch,
+    return {"name": gpu.catalog_name, "aliases": sorted({_key(gpu.ec2_name), _key(gpu.catalog_name)}), "arch": gpu.arch,
             "compute_capability": gpu.compute_capability, "memory_mib": memory_mib,
             "good_for": f"{gpu.ec2_name} as EC2 describes it (no notes of gpuprov's own)",
             "unverified": note + (f"; {gpu.unverified}" if gpu.unverified else "")}
