@@ -211,13 +211,13 @@ def _cheapest_spot(plan: Plan) -> tuple[str, float] | None:
 
 
 def _live_gpus(names: tuple[str, ...], region: str, as_json: bool) -> None:
-    """`gpus --live`: the region's GPU types as EC2 describes them now (the snapshot when EC2 does not answer),
+    """`gpus --live`: the region's GPU types as EC2 describes them now (its error when it does not answer),
     what the snapshot has that EC2 no longer describes, and today's spot prices."""
     from gpuprov.cloud.instance_facts import live_catalog
     from gpuprov.plan import catalog
 
     shipped = catalog.load()
-    cat = live_catalog(shipped, store_and_provider()[1], region, lambda line: warn(line)).only(names)
+    cat = live_catalog(shipped, store_and_provider()[1], region, lambda line: warn(line), fallback=False).only(names)
     if not as_json:
         known = {it.name for it in shipped.instance_types}
         console = make_console()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from gpuprov.cloud.providers.base import InstanceTypeInfo, Provider
-from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.errors import GpuprovError
 from gpuprov.files import write_atomic
 from gpuprov.paths import facts_dir
 from gpuprov.plan.catalog import Catalog, normalise_name
@@ -66,9 +66,10 @@ def _cache_path(region: str) -> Any:
     return facts_dir() / f"ec2-{region}.yaml"
 
 
-def live_catalog(cat: Catalog, provider: Provider, region: str, say: Say) -> Catalog:
+def live_catalog(cat: Catalog, provider: Provider, region: str, say: Say, fallback: bool = True) -> Catalog:
     """The catalog with EC2's own facts of every GPU type in `region` (read at most once a day, kept in the facts
-    folder). EC2 not answering leaves the catalog as it is, and says so."""
+    folder). EC2 not answering leaves the catalog as it is, and says so; without `fallback` its error is raised
+    (`gpus --live`, which shows what EC2 says and nothing else)."""
     path = _cache_path(region)
     cached: dict[str, Any] | None = None
     if path.is_file():
@@ -79,9 +80,9 @@ def live_catalog(cat: Catalog, provider: Provider, region: str, say: Say) -> Cat
     if not (isinstance(cached, dict) and time.time() - float(cached.get("at", 0)) < CACHE_SECONDS):
         try:
             read = rows(cat, provider.gpu_instance_types(region))
-        except UserInputError:  # the user's settings to fix (an endpoint that is not AWS), not EC2 out of reach
-            raise
         except GpuprovError as exc:
+            if not fallback:
+                raise
             say(f"instance types from the catalog: EC2's DescribeInstanceTypes did not answer ({exc})")
             return cat
         cached = {"at": time.time(), "region": region, "rows": read}
