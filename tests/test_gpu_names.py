@@ -35,7 +35,7 @@ def test_every_row_names_an_architecture_the_stack_knows_and_agrees_with_the_cat
     archs = facts().architectures
     assert all(n.arch in archs for n in gpu_names.NAMES)
     for gpu in CAT.gpus:
-        found = gpu_names.named(gpu.name.split("-")[0])
+        found = gpu_names.named(gpu.name) or gpu_names.named(gpu.name.split("-")[0])  # A100-40GB: EC2's A100
         assert found is not None, gpu.name
         assert (found.arch, found.compute_capability) == (gpu.arch, gpu.compute_capability), gpu.name
 
@@ -51,13 +51,15 @@ def test_ec2s_names_in_any_spelling(spelled: str, cc: str) -> None:
 
 
 def test_a_type_whose_gpu_the_snapshot_lacks_is_planned_from_the_table() -> None:
-    cat = CAT.with_instance_facts(described(**{"g7e.2xlarge": ec2_row("RTX PRO 6000")}), WHEN, "us-east-1")
-    plan = P.make_plan(P.NodeRequest(gpu="rtx-pro-6000"), cat)
-    assert plan.instance is not None and plan.instance.name == "g7e.2xlarge"
-    assert plan.gpu is not None and (plan.gpu.name, plan.gpu.arch, plan.gpu.sm) == ("RTX-PRO-6000", "blackwell", "sm_120")
-    assert plan.gpu.memory_mib == 97_887  # EC2's GpuInfo figure
-    assert "g7e.2xlarge" in (plan.gpu.unverified or "") and "cuda-gpus" in (plan.gpu.unverified or "")
+    # a stand-in: EC2 describing a type with the GB300, a GPU of the table the snapshot lacks
+    cat = CAT.with_instance_facts(described(**{"p7.4xlarge": ec2_row("GB300", memory=284_000)}), WHEN, "us-east-1")
+    plan = P.make_plan(P.NodeRequest(gpu="gb300"), cat)
+    assert plan.instance is not None and plan.instance.name == "p7.4xlarge"
+    assert plan.gpu is not None and (plan.gpu.name, plan.gpu.arch, plan.gpu.sm) == ("GB300", "blackwell", "sm_103")
+    assert plan.gpu.memory_mib == 284_000  # EC2's GpuInfo figure
+    assert "p7.4xlarge" in (plan.gpu.unverified or "") and "cuda-gpus" in (plan.gpu.unverified or "")
     assert plan.instance.price_usd_hour is None and plan.instance.nvswitch is None
+    assert P.make_plan(P.NodeRequest(gpu="RTX PRO 4500")).instance.name == "g7.2xlarge"  # type: ignore[union-attr]
 
 
 def test_a_gpu_the_table_lacks_is_refused_naming_the_type_the_gpu_and_refresh() -> None:
