@@ -123,3 +123,12 @@ def test_a_new_type_that_runs_no_x86_64_is_not_planned() -> None:
     cat = CAT.with_instance_facts(described(**{"gr7g.xlarge": {**arm, "ec2_gpu": "L40"}}), WHEN, "us-east-1")
     assert "gr7g.xlarge" not in {it.name for it in cat.instance_types} and not cat.unplannable
     assert gpu_names.named("T4g") is None  # g5g's arm64 GPU: not in the table
+
+
+def test_a_fraction_of_one_gpu_is_named_and_never_planned() -> None:
+    g6f = {**ec2_row("L4", 0, 2861), "gpu_fraction": 0.125}
+    cat = CAT.with_instance_facts(described(**{"g6f.large": g6f}), WHEN, "us-east-1")
+    assert cat.fractional == {"g6f.large": "0.125 of one L4"} and "g6f.large" not in {i.name for i in cat.instance_types}
+    with pytest.raises(UserInputError) as refused:
+        P.make_plan(P.NodeRequest(gpu="L4", instance_type="g6f.large"), cat)
+    assert "vGPU (GRID) driver" in refused.value.problem

@@ -66,6 +66,7 @@ def test_facts_refresh_keeps_ec2s_instance_types_and_the_regions_offerings(env: 
     assert run.returncode == 0, run.stderr
     assert "instance-types: read from EC2 DescribeInstanceTypes and DescribeInstanceTypeOfferings in us-east-1" in run.stdout
     assert "g7e.2xlarge: new (1× RTX PRO Server 6000, EFA no)" in run.stdout and "p3.2xlarge: gone" in run.stdout
+    assert "gr6f.4xlarge: new (0.5 of one L4, not planned)" in run.stdout
     overlay = facts.Overlay.model_validate(__import__("yaml").safe_load((tmp_path / "facts/instance-types.yaml").read_text()))
     assert "g4dn.xlarge" in overlay.offerings["us-east-1"]
     shown = json.loads(gp(env, "facts", "--json").stdout)
@@ -125,5 +126,6 @@ def test_what_ec2_describes_today_decides_new_gpus_and_retired_types(aws: Any, e
     assert listed.returncode == 0, listed.stderr
     assert "g7e.2xlarge: 1× RTX-PRO-6000, from EC2 (not in the shipped catalog)" in listed.stdout
     assert "p3.2xlarge: gone, never chosen (" in listed.stdout
+    assert "g6f.large: 0.125 of one L4, not planned (a fractional GPU" in listed.stdout  # not silently absent
     offered = aws.log("DescribeInstanceTypeOfferings")
     assert offered and not any("p3.2xlarge" in str(e["form"]) for e in offered)  # a retired type is not priced

@@ -227,10 +227,12 @@ def _live_gpus(names: tuple[str, ...], region: str, as_json: bool) -> None:
             elif it.name not in known:
                 console.print(f"{it.name}: {it.gpus}× {it.gpu}, from EC2 (not in the shipped catalog)",
                               markup=False, highlight=False)
-        for name, gpu in sorted(cat.unplannable.items()):
-            if not names:
-                console.print(f"{name}: {gpu}, not planned (a GPU gpuprov has no compute capability for)",
-                              markup=False, highlight=False)
+        for name, gpu in sorted(cat.unplannable.items()) if not names else ():
+            console.print(f"{name}: {gpu}, not planned (a GPU gpuprov has no compute capability for)",
+                          markup=False, highlight=False)
+        for name, part in sorted(cat.fractional.items()) if not names else ():
+            console.print(f"{name}: {part}, not planned (a fractional GPU: NVIDIA's vGPU driver)",
+                          markup=False, highlight=False)
     _live_prices(cat, region, as_json)
 
 

@@ -51,6 +51,8 @@ def row(cat: Catalog, info: InstanceTypeInfo) -> dict[str, Any]:
                            "efa_card0": not cards or cards[0] == 0, "efa_card_list": list(cards) if info.efa else []}
     if info.cpu_archs:
         out["cpu_archs"] = list(info.cpu_archs)
+    if info.gpu_partition < 1:  # a fraction of one GPU: named, never planned (plan/facts.py merge_ec2)
+        return {**out, "ec2_gpu": info.gpu, "gpu_fraction": info.gpu_partition}
     if gpu := catalog_gpu(cat, info):
         out["gpu"] = gpu
     elif info.gpu_manufacturer.upper() in ("NVIDIA", ""):
@@ -59,7 +61,7 @@ def row(cat: Catalog, info: InstanceTypeInfo) -> dict[str, Any]:
 
 
 def rows(cat: Catalog, infos: list[InstanceTypeInfo]) -> dict[str, dict[str, Any]]:
-    return {info.name: row(cat, info) for info in infos if info.gpus > 0}
+    return {info.name: row(cat, info) for info in infos if info.gpus > 0 or info.gpu_partition < 1}
 
 
 def _cache_path(region: str) -> Any:

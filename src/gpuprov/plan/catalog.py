@@ -175,6 +175,8 @@ class Catalog(BaseModel):
     cluster_network: ClusterNetwork
     # types EC2 describes whose GPU is in neither the catalog nor gpu_names' table: type -> EC2's GPU name
     unplannable: dict[str, str] = {}
+    # types EC2 describes with a fraction of one GPU (g6f, gr6f): type -> what it carries; never planned
+    fractional: dict[str, str] = {}
 
     @model_validator(mode="after")
     def _known_gpus(self) -> Catalog:
@@ -190,7 +192,7 @@ class Catalog(BaseModel):
         return self.model_copy(update={
             "gpus": tuple(Gpu.model_validate(g) for g in data["gpus"]),
             "instance_types": tuple(InstanceType.model_validate(r) for r in data["instance_types"]),
-            "unplannable": data["unplannable"]})
+            "unplannable": data["unplannable"], "fractional": data["fractional"]})
 
     def check_region(self, region: str) -> str:
         if region in self.regions:
@@ -237,6 +239,9 @@ class Catalog(BaseModel):
                 return it
         if name in self.unplannable:
             raise UserInputError("--instance-type", gpu_names.refusal(name, self.unplannable[name]))
+        if name in self.fractional:
+            raise UserInputError("--instance-type", f"{name} carries {self.fractional[name]}: a fractional GPU needs "
+                                 "NVIDIA's vGPU (GRID) driver, which gpuprov does not install", "a type with whole GPUs")
         close = difflib.get_close_matches(name, [it.name for it in self.instance_types], n=3)
         raise UserInputError(
             "--instance-type", f"unknown instance type {name!r}", f"close: {', '.join(close) or 'none'}"

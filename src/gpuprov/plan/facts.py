@@ -187,8 +187,12 @@ def merge_ec2(data: dict[str, Any], read: dict[str, dict[str, Any]], when: datet
     gpus = list(data["gpus"])
     have = {g["name"] for g in gpus}
     unplannable = dict(data.get("unplannable") or {})
+    fractional = dict(data.get("fractional") or {})
     named_rows: dict[str, dict[str, Any]] = {}
     for name, fresh in sorted(read.items()):
+        if fresh.get("gpu_fraction"):  # part of one GPU (g6f, gr6f): NVIDIA's vGPU driver, which gpuprov does not install
+            fractional[name] = f"{fresh['gpu_fraction']:g} of one {fresh.get('ec2_gpu') or 'GPU'}"
+            continue
         if fresh.get("gpu") or not fresh.get("ec2_gpu"):
             continue
         if "x86_64" not in fresh.get("cpu_archs", ["x86_64"]):  # gpuprov's images and wheels are x86_64's
@@ -201,11 +205,12 @@ def merge_ec2(data: dict[str, Any], read: dict[str, dict[str, Any]], when: datet
             have.add(found.catalog_name)
             gpus.append(gpu_names.catalog_row(found, int(fresh.get("gpu_memory_mib") or 0), name, on))
         named_rows[name] = {**fresh, "gpu": found.catalog_name}
-    rows = merge_instance_types(data["instance_types"], {**read, **named_rows}, when)
+    whole = {name: fresh for name, fresh in read.items() if not fresh.get("gpu_fraction")}
+    rows = merge_instance_types(data["instance_types"], {**whole, **named_rows}, when)
     if where and read:
         gone = f"EC2 DescribeInstanceTypes in {where} did not describe it on {on}"
         rows = [r if r["name"] in read else {**r, "retired": r.get("retired") or gone} for r in rows]
-    return {**data, "gpus": gpus, "instance_types": rows, "unplannable": unplannable}
+    return {**data, "gpus": gpus, "instance_types": rows, "unplannable": unplannable, "fractional": fractional}
 
 
 def merge_instance_types(rows: list[dict[str, Any]], read: dict[str, dict[str, Any]], when: datetime) -> list[dict[str, Any]]:

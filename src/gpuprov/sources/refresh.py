@@ -85,7 +85,9 @@ def changes(family: str, old: dict[str, Any], new: facts.Overlay) -> list[str]:
             rows = {r["name"]: r for r in before or []}
             for name, row in sorted(value.items()):
                 if name not in rows:
-                    if gpu := row.get("gpu") or row.get("ec2_gpu"):
+                    if row.get("gpu_fraction"):
+                        out.append(f"{name}: new ({row['gpu_fraction']:g} of one {row.get('ec2_gpu')}, not planned)")
+                    elif gpu := row.get("gpu") or row.get("ec2_gpu"):
                         out.append(f"{name}: new ({row['gpus']}× {gpu}, EFA {'yes' if row['efa'] else 'no'})")
                     continue
                 diff = [f"{k} {rows[name].get(k, _DEFAULTS.get(k))} -> {row[k]}" for k in facts.EC2_FIELDS
