@@ -147,7 +147,10 @@ def test_every_published_figure_is_dense_with_a_source() -> None:
     cat = catalog.load()
     for gpu in cat.gpus:
         pub = gpu.published
-        assert pub is not None and pub.source and pub.read, gpu.name
+        if pub is None:  # a GPU added without NVIDIA's figures (B300, RTX PRO 4500) says so
+            assert "published figures not read" in (gpu.unverified or ""), gpu.name
+            continue
+        assert pub.source and pub.read, gpu.name
         # tensor rates are at least the fp32 rate; a sparse figure would be twice a dense one of its generation
         for p in ("fp16", "bf16", "tf32"):
             if p in pub.dense_tflops and "fp32" in pub.dense_tflops:

@@ -53,8 +53,9 @@ def test_ec2s_instance_types_agree_with_the_shipped_catalog(ec2_rows: dict[str, 
 
 def test_ec2_knows_gpu_types_the_catalog_does_not_and_maps_its_gpu_names(ec2_rows: dict[str, dict[str, Any]]) -> None:
     assert ec2_rows["p4d.24xlarge"]["gpu"] == "A100-40GB" and ec2_rows["p4de.24xlarge"]["gpu"] == "A100-80GB"
-    assert ec2_rows["gr6.4xlarge"]["gpu"] == "L4"  # in EC2, not in the catalog: planned from EC2's facts
-    assert "gpu" not in ec2_rows["p6-b300.48xlarge"]  # B300: a GPU the catalog does not know, so not planned
+    assert ec2_rows["gr6.4xlarge"]["gpu"] == "L4" and ec2_rows["p6-b300.48xlarge"]["gpu"] == "B300"
+    g7e = ec2_rows["g7e.2xlarge"]  # not in the catalog: EC2's GPU name kept, for plan/gpu_names.py's table
+    assert "gpu" not in g7e and g7e["ec2_gpu"] == "RTX PRO Server 6000"
     b300 = ec2_rows["p6-b300.48xlarge"]  # its card 0 carries no EFA (DescribeInstanceTypes NetworkCards)
     assert (b300["network_cards"], b300["efa_cards"], b300["efa_card0"]) == (17, 16, False)
 
@@ -64,23 +65,24 @@ def test_facts_refresh_keeps_ec2s_instance_types_and_the_regions_offerings(env: 
     run = gp(env, "facts", "refresh", "--only", "instance-types", "--region", "us-east-1")
     assert run.returncode == 0, run.stderr
     assert "instance-types: read from EC2 DescribeInstanceTypes and DescribeInstanceTypeOfferings in us-east-1" in run.stdout
-    assert "gr6.4xlarge: new (1× L4, EFA no)" in run.stdout
+    assert "g7e.2xlarge: new (1× RTX PRO Server 6000, EFA no)" in run.stdout and "p3.2xlarge: gone" in run.stdout
+    assert "gr6f.4xlarge: new (0.5 of one L4, not planned)" in run.stdout
     overlay = facts.Overlay.model_validate(__import__("yaml").safe_load((tmp_path / "facts/instance-types.yaml").read_text()))
     assert "g4dn.xlarge" in overlay.offerings["us-east-1"]
     shown = json.loads(gp(env, "facts", "--json").stdout)
     assert next(f for f in shown["families"] if f["name"] == "instance-types")["origin"] == "refreshed"
-    planned = json.loads(gp(env, "plan", "--gpu", "L4", "--json").stdout)  # offline, on the refreshed overlay
-    assert "gr6.4xlarge" in [c["instance_type"] for c in planned["candidates"]]
+    planned = json.loads(gp(env, "plan", "--gpu", "RTX PRO 6000", "--json").stdout)  # offline, on the overlay
+    assert planned["instance_type"] == "g7e.2xlarge" and planned["stack"]["compute_capability"] == "12.0"
 
 
 def test_plan_live_reads_ec2s_types_once_a_day(aws: Any, env: dict[str, str], tmp_path: Path) -> None:
     env = {**env, "GPUPROV_FACTS_DIR": str(tmp_path / "facts")}
     offline = json.loads(gp(env, "plan", "--gpu", "L4", "--json").stdout)
-    assert "gr6.4xlarge" not in [c["instance_type"] for c in offline["candidates"]]
+    assert "g7e.2xlarge" not in [c["instance_type"] for c in offline["candidates"]]
     before = len(aws.log("DescribeInstanceTypes"))
     live = json.loads(gp(env, "plan", "--gpu", "L4", "--live", "--json").stdout)
     kinds = {c["instance_type"]: c for c in live["candidates"]}
-    assert kinds["gr6.4xlarge"]["price_usd_hour"] is None  # EC2's own type; no list price known
+    assert kinds["gr6.4xlarge"]["price_usd_hour"] is None  # no list price known
     assert live["instance_type"] == "g6.xlarge"  # the cheapest priced type still wins
     assert len(aws.log("DescribeInstanceTypes")) > before
     again = len(aws.log("DescribeInstanceTypes"))
@@ -96,8 +98,34 @@ def test_bad_input_asks_ec2_nothing_and_a_type_only_ec2_knows_is_planned_live(aw
     bad = gp(env, "up", "x", "--gpu", "A1000", "--yes")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --gpu: unknown GPU 'A1000'")
     assert len(aws.log("DescribeInstanceTypes")) == before
-    offline = gp(env, "plan", "--gpu", "L4", "--instance-type", "gr6.4xlarge")
-    assert offline.returncode == 2 and "unknown instance type 'gr6.4xlarge'" in offline.stderr
-    live = json.loads(gp(env, "plan", "--gpu", "L4", "--instance-type", "gr6.4xlarge", "--live", "--json").stdout)
-    assert live["instance_type"] == "gr6.4xlarge"
-    assert any("gr6.4xlarge: read from EC2 DescribeInstanceTypes" in u for u in live["unverified"])
+    offline = gp(env, "plan", "--gpu", "L4", "--instance-type", "g7e.2xlarge")
+    assert offline.returncode == 2 and "unknown instance type 'g7e.2xlarge'" in offline.stderr
+    live = json.loads(gp(env, "plan", "--gpu", "RTX PRO 6000", "--instance-type", "g7e.2xlarge", "--live",
+                         "--json").stdout)
+    assert live["instance_type"] == "g7e.2xlarge"
+    assert any("g7e.2xlarge: read from EC2 DescribeInstanceTypes" in u for u in live["unverified"])
+
+
+def test_what_ec2_describes_today_decides_new_gpus_and_retired_types(aws: Any, env: dict[str, str],
+                                                                     tmp_path: Path) -> None:
+    """The local endpoint describes g7e.2xlarge (one RTX PRO 6000, a GPU the snapshot lacks) and no longer P3
+    (tests/aws/ec2_types.py): EC2's answer decides, the snapshot is the fallback."""
+    env = {**env, "GPUPROV_FACTS_DIR": str(tmp_path / "facts")}
+    offline = gp(env, "plan", "--gpu", "RTX PRO 6000")
+    assert offline.returncode == 2 and "unknown GPU 'RTX PRO 6000'" in offline.stderr
+    live = json.loads(gp(env, "plan", "--gpu", "RTX PRO 6000", "--live", "--json").stdout)
+    assert (live["gpu"], live["instance_type"], live["stack"]["compute_capability"]) == ("RTX-PRO-6000", "g7e.2xlarge", "12.0")
+    assert any("developer.nvidia.com/cuda-gpus" in u for u in live["unverified"])
+    b300 = json.loads(gp(env, "plan", "--gpu", "B300", "--live", "--json").stdout)
+    assert (b300["instance_type"], b300["stack"]["compute_capability"]) == ("p6-b300.48xlarge", "10.3")
+    for args in ((), ("--live",)):  # P3 retired: the snapshot says so, and EC2 does not describe it
+        v100 = json.loads(gp(env, "plan", "--gpu", "v100", "--json", *args).stdout)
+        assert v100["instance_type"] == "p3dn.24xlarge"
+        assert not [c for c in v100["candidates"] if c["instance_type"].startswith("p3.")]
+    listed = gp(env, "gpus", "--live", "--region", "us-east-1")
+    assert listed.returncode == 0, listed.stderr
+    assert "g7e.2xlarge: 1× RTX-PRO-6000, from EC2 (not in the shipped catalog)" in listed.stdout
+    assert "p3.2xlarge: gone, never chosen (" in listed.stdout
+    assert "g6f.large: 0.125 of one L4, not planned (a fractional GPU" in listed.stdout  # not silently absent
+    offered = aws.log("DescribeInstanceTypeOfferings")
+    assert offered and not any("p3.2xlarge" in str(e["form"]) for e in offered)  # a retired type is not priced

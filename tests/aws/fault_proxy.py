@@ -49,6 +49,9 @@ InvalidParameterValue (realistic: a profile created through the proxy too, for i
 launches); MaxResults/NextToken on DescribeSpotPriceHistory/SpotInstanceRequests/Volumes/Images/Snapshots, and
 ``page_size``; realistic: a deregistered image still listed for ``deregistered_listed`` answers.
 
+EC2's instance types today (tests/aws/ec2_types.py): DescribeInstanceTypes and DescribeInstanceTypeOfferings answer
+moto's data with a type moto lacks (g7e.2xlarge, in botocore's EC2 model's shape) and without retired ones (P3).
+
 Control API (same port, JSON):
   POST   /__faults__          body: one rule or a list of rules -> appended (a rule whose ``name`` equals an
                               existing rule's name replaces it in place, counters reset). Answers the ids.
@@ -144,6 +147,7 @@ try:  # as a module (tests) or as a script (python fault_proxy.py): the sibling 
     from tests.aws.ec2_cluster import ClusterEc2, live_instances, terminate_form
     from tests.aws.ec2_contracts import Ec2Contracts
     from tests.aws.ec2_spot import SpotEc2
+    from tests.aws.ec2_types import answer as types_answer
     from tests.aws.s3_contracts import CONFLICT_BODY, S3Conditional
     from tests.aws.s3_contracts import action as s3_action
 except ImportError:  # pragma: no cover - script mode
@@ -151,6 +155,7 @@ except ImportError:  # pragma: no cover - script mode
     from ec2_cluster import ClusterEc2, live_instances, terminate_form  # type: ignore[no-redef]
     from ec2_contracts import Ec2Contracts  # type: ignore[no-redef]
     from ec2_spot import SpotEc2  # type: ignore[no-redef]
+    from ec2_types import answer as types_answer  # type: ignore[no-redef]
     from s3_contracts import CONFLICT_BODY, S3Conditional  # type: ignore[no-redef]
     from s3_contracts import action as s3_action
 
@@ -1069,6 +1074,8 @@ class Handler(BaseHTTPRequestHandler):
                     body_out = st.spot.merge(req, body_out)
                 elif req["action"] == "DescribeRegions" and out[0] == 200:
                     body_out = regions_answer(body_out, st.not_enabled, req["form"].get("AllRegions") == "true")
+                elif req["action"] in ("DescribeInstanceTypes", "DescribeInstanceTypeOfferings") and out[0] == 200:
+                    body_out = types_answer(req["action"], req["region"], req["form"], body_out)  # ec2_types.py
                 realistic = st.realism.settings["kind"] == "realistic"
                 st.tokens.observe(req, out[0], body_out, st.realism.settings["token_lag"] if realistic else 0)
                 if req["action"] == "RunInstances" and out[0] == 200:

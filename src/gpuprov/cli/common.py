@@ -246,9 +246,12 @@ def say_region(region: Region) -> None:
 
 def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None] | None = None) -> Plan:
     """The plan the flags ask for; `live`: with EC2's own facts of the region's GPU instance types (cached a day),
-    asked only once the flags are known to be good (an instance type only EC2 knows aside): the plan on the shipped
-    catalog first, and `check` (the command's own option checks) on it, so bad input asks EC2 nothing."""
+    asked only once the flags are known to be good (an instance type, or a GPU of plan/gpu_names.py, only EC2 may
+    know aside): the plan on the shipped catalog first, and `check` (the command's own option checks) on it, so bad
+    input asks EC2 nothing."""
     from gpuprov.errors import UserInputError
+    from gpuprov.plan import gpu_names
+    from gpuprov.plan.catalog import parse_gpu_request
     from gpuprov.plan.plan import NodeRequest, make_plan
     from gpuprov.plan.spec import parse_duration
 
@@ -263,7 +266,9 @@ def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None
     try:
         plan = make_plan(request)
     except UserInputError as exc:
-        if not (live and exc.field == "--instance-type"):
+        # a type, or a GPU of the table of NVIDIA names, that only EC2 may describe: asked for live (a typo is not)
+        if not (live and (exc.field == "--instance-type" or (exc.field == "--gpu" and gpu_names.named(
+                parse_gpu_request(request.gpu or "")[0])))):
             raise
     else:
         if check is not None:

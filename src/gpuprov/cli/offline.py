@@ -16,6 +16,7 @@ from gpuprov.cli.common import (
     region_from,
     stack_options,
     store_and_provider,
+    warn,
 )
 from gpuprov.cli.complete import complete_gpu, complete_region
 from gpuprov.cli.params import Number
@@ -45,10 +46,10 @@ def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None
     from gpuprov.cli.report import gpus_table
     from gpuprov.plan import catalog
 
-    cat = catalog.load().only(names)
     if live:
-        _live_prices(cat, region_from(region).name, as_json)
+        _live_gpus(names, region_from(region).name, as_json)
         return
+    cat = catalog.load().only(names)
     if as_json:
         rows = [
             {**gpu.model_dump(), "instance_types": [it.model_dump() for it in cat.instance_types_for(gpu)]}
@@ -209,11 +210,37 @@ def _cheapest_spot(plan: Plan) -> tuple[str, float] | None:
     return (prices[0].zone, prices[0].price) if prices else None
 
 
+def _live_gpus(names: tuple[str, ...], region: str, as_json: bool) -> None:
+    """`gpus --live`: the region's GPU types as EC2 describes them now (its error when it does not answer),
+    what the snapshot has that EC2 no longer describes, and today's spot prices."""
+    from gpuprov.cloud.instance_facts import live_catalog
+    from gpuprov.plan import catalog
+
+    shipped = catalog.load()
+    cat = live_catalog(shipped, store_and_provider()[1], region, lambda line: warn(line), fallback=False).only(names)
+    if not as_json:
+        known = {it.name for it in shipped.instance_types}
+        console = make_console()
+        for it in cat.instance_types:
+            if it.retired:
+                console.print(f"{it.name}: gone, never chosen ({it.retired})", markup=False, highlight=False)
+            elif it.name not in known:
+                console.print(f"{it.name}: {it.gpus}× {it.gpu}, from EC2 (not in the shipped catalog)",
+                              markup=False, highlight=False)
+        for name, gpu in sorted(cat.unplannable.items()) if not names else ():
+            console.print(f"{name}: {gpu}, not planned (a GPU gpuprov has no compute capability for)",
+                          markup=False, highlight=False)
+        for name, part in sorted(cat.fractional.items()) if not names else ():
+            console.print(f"{name}: {part}, not planned (a fractional GPU: NVIDIA's vGPU driver)",
+                          markup=False, highlight=False)
+    _live_prices(cat, region, as_json)
+
+
 def _live_prices(cat: Catalog, region: str, as_json: bool) -> None:
     from gpuprov.cli.report import live_prices_table
 
     _store, provider = store_and_provider()
-    on_demand = {it.name: it.price_usd_hour for it in cat.instance_types}
+    on_demand = {it.name: it.price_usd_hour for it in cat.instance_types if not it.retired}
     offered = provider.offerings(region, list(on_demand))
     prices = provider.prices(region, sorted(offered))
     rows = [(p, on_demand.get(p.instance_type)) for p in prices]

@@ -37,7 +37,8 @@ def gpus_table(cat: Catalog) -> FitTable:
             table.add_row(
                 gpu.name if first else "", gpu.arch.title() if first else "", gpu.compute_capability if first else "",
                 f"{(it.gpu_memory_mib or gpu.memory_mib) / 1024:.0f} GiB", it.name, str(it.gpus), str(it.vcpu),
-                price_text(it.price_usd_hour).removesuffix("/h"), gpu.good_for if first else "",
+                "retired" if it.retired else price_text(it.price_usd_hour).removesuffix("/h"),
+                gpu.good_for if first else "",
                 end_section=i == len(types) - 1,
             )
     return table

@@ -3,9 +3,10 @@ network cards that carry it), for `gpuprov facts refresh` (the instance-types ov
 `up`, which lay them over the catalog so a new or changed type is right without a release of gpuprov. What `up`
 read is kept a day per region in the facts folder, beside the overlays.
 
-`rows` maps EC2's GPUs to catalog names (the A100's by its memory); `live_catalog` lays the region's GPU types over
-the catalog, read at most once a day (`facts_dir()/ec2-REGION.yaml`). EC2 not answering leaves the catalog as it
-is, said in one line.
+`rows` maps EC2's GPUs to catalog names (the A100's by its memory; a GPU the catalog lacks keeps EC2's name, for
+plan/gpu_names.py's table); `live_catalog` lays the region's GPU types over the catalog (a type EC2 no longer
+describes there is retired), read at most once a day (`facts_dir()/ec2-REGION.yaml`). EC2 not answering leaves
+the catalog as it is (the snapshot is the fallback), said in one line.
 """
 
 from __future__ import annotations
@@ -47,23 +48,30 @@ def row(cat: Catalog, info: InstanceTypeInfo) -> dict[str, Any]:
                            "gpu_memory_mib": info.gpu_memory_mib, "efa": info.efa,
                            "efa_interfaces": info.efa_interfaces if info.efa else None,
                            "network_cards": info.network_cards, "efa_cards": len(cards) or 1,
-                           "efa_card0": not cards or cards[0] == 0}
+                           "efa_card0": not cards or cards[0] == 0, "efa_card_list": list(cards) if info.efa else []}
+    if info.cpu_archs:
+        out["cpu_archs"] = list(info.cpu_archs)
+    if info.gpu_partition < 1:  # a fraction of one GPU: named, never planned (plan/facts.py merge_ec2)
+        return {**out, "ec2_gpu": info.gpu, "gpu_fraction": info.gpu_partition}
     if gpu := catalog_gpu(cat, info):
         out["gpu"] = gpu
+    elif info.gpu_manufacturer.upper() in ("NVIDIA", ""):
+        out["ec2_gpu"] = info.gpu  # planned with gpu_names' table when it has it, else refused by name
     return out
 
 
 def rows(cat: Catalog, infos: list[InstanceTypeInfo]) -> dict[str, dict[str, Any]]:
-    return {info.name: row(cat, info) for info in infos if info.gpus > 0}
+    return {info.name: row(cat, info) for info in infos if info.gpus > 0 or info.gpu_partition < 1}
 
 
 def _cache_path(region: str) -> Any:
     return facts_dir() / f"ec2-{region}.yaml"
 
 
-def live_catalog(cat: Catalog, provider: Provider, region: str, say: Say) -> Catalog:
+def live_catalog(cat: Catalog, provider: Provider, region: str, say: Say, fallback: bool = True) -> Catalog:
     """The catalog with EC2's own facts of every GPU type in `region` (read at most once a day, kept in the facts
-    folder). EC2 not answering leaves the catalog as it is, and says so."""
+    folder). EC2 not answering leaves the catalog as it is, and says so; without `fallback` its error is raised
+    (`gpus --live`, which shows what EC2 says and nothing else)."""
     path = _cache_path(region)
     cached: dict[str, Any] | None = None
     if path.is_file():
@@ -75,9 +83,11 @@ def live_catalog(cat: Catalog, provider: Provider, region: str, say: Say) -> Cat
         try:
             read = rows(cat, provider.gpu_instance_types(region))
         except GpuprovError as exc:
+            if not fallback:
+                raise
             say(f"instance types from the catalog: EC2's DescribeInstanceTypes did not answer ({exc})")
             return cat
         cached = {"at": time.time(), "region": region, "rows": read}
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_atomic(path, yaml.safe_dump(cached, sort_keys=True))
-    return cat.with_instance_facts(cached["rows"], datetime.fromtimestamp(float(cached["at"]), timezone.utc))
+    return cat.with_instance_facts(cached["rows"], datetime.fromtimestamp(float(cached["at"]), timezone.utc), region)

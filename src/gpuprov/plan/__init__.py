@@ -1,11 +1,13 @@
 """The plan, pure: specs and playbooks, the catalog and stack facts, the resolver, the Plan and its
 rendered scripts. No network, no SSH, no cloud SDK (import-linter's `plan-is-pure` contract in pyproject.toml).
 
-A request (flags, playbook YAML, config file) becomes a validated `NodeRequest` (spec.py, inventory.py,
-config.py); the catalog (catalog.py) and the stack's facts (stack.py, read from data/*.yaml with their sources,
-facts.py laying the refreshed overlays over them) feed the resolver (pins.py refuses bad pins, compat.py solves
-GPU x OS x driver x CUDA x torch x Python); plan.py turns it all into the `Plan`, whose steps render.py renders
-into a `Bundle` of scripts. The plan `gpuprov plan` prints is the object `up` and `bootstrap` execute.
+A request (flags, playbook YAML, config file) becomes a validated `NodeRequest` (spec.py, inventory.py, config.py);
+the catalog (catalog.py, with EC2's answer laid over it when read: a GPU it lacks named by gpu_names.py's table of
+NVIDIA names, a type EC2 no longer describes retired) and the stack's facts (stack.py, read from data/*.yaml with
+their sources, facts.py laying the refreshed overlays over them) feed the resolver (pins.py refuses bad pins,
+compat.py solves GPU x OS x driver x CUDA x torch x Python); plan.py turns it all into the `Plan`, whose steps
+render.py renders into a `Bundle` of scripts. The plan `gpuprov plan` prints is the object `up` and `bootstrap`
+execute.
 
 Facts are data, each with its source and read date (or `unverified: why`, which reaches the plan: `gpuprov plan`
 lists every unverified fact the plan relies on); the modules only reason over them. plan/ sits on the records'

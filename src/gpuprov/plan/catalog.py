@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from gpuprov.errors import UserInputError
-from gpuprov.plan import facts
+from gpuprov.plan import facts, gpu_names
 
 Precision = Literal["fp16", "bf16", "tf32", "fp32"]
 
@@ -97,13 +97,18 @@ class InstanceType(BaseModel):
     network_cards: int = 1
     efa_cards: int = 1
     efa_card0: bool = True
+    efa_card_list: tuple[int, ...] | None = None  # EC2's own list of the cards with EFA (None: the count above)
     efa_rdma: bool = False  # the EFA device does RDMA read (catalog.yaml cluster_network.rdma_source)
+    retired: str | None = None  # EC2 no longer describes it (why, with the source and date): never chosen
     unverified: str | None = None
 
     def efa_card_indexes(self) -> tuple[int, ...]:
-        """The network cards that carry an EFA interface, in order (none without EFA)."""
+        """The network cards that carry an EFA interface, in order (none without EFA): EC2's list when it was read,
+        else the snapshot's count from card 0 or 1."""
         if not self.efa:
             return ()
+        if self.efa_card_list is not None:
+            return tuple(sorted(self.efa_card_list))
         first = 0 if self.efa_card0 else 1
         return tuple(range(first, first + self.efa_cards))
 
@@ -168,6 +173,10 @@ class Catalog(BaseModel):
     interconnect: Interconnect
     bench: BenchRules
     cluster_network: ClusterNetwork
+    # types EC2 describes whose GPU is in neither the catalog nor gpu_names' table: type -> EC2's GPU name
+    unplannable: dict[str, str] = {}
+    # types EC2 describes with a fraction of one GPU (g6f, gr6f): type -> what it carries; never planned
+    fractional: dict[str, str] = {}
 
     @model_validator(mode="after")
     def _known_gpus(self) -> Catalog:
@@ -176,11 +185,14 @@ class Catalog(BaseModel):
             raise ValueError(f"instance types name GPUs the catalog lacks: {', '.join(unknown)}")
         return self
 
-    def with_instance_facts(self, read: dict[str, dict[str, Any]], when: datetime) -> Catalog:
-        """This catalog with EC2's own facts per type laid over it (what `plan --live` and `up` read from EC2)."""
-        rows = [it.model_dump() for it in self.instance_types]
-        merged = facts.merge_instance_types(rows, read, when)
-        return self.model_copy(update={"instance_types": tuple(InstanceType.model_validate(r) for r in merged)})
+    def with_instance_facts(self, read: dict[str, dict[str, Any]], when: datetime, where: str = "") -> Catalog:
+        """This catalog with EC2's own facts per type laid over it (what `plan --live` and `up` read from EC2 in
+        the region `where`): new GPUs from gpu_names' table, and the types EC2 did not describe there retired."""
+        data = facts.merge_ec2(self.model_dump(), read, when, where)
+        return self.model_copy(update={
+            "gpus": tuple(Gpu.model_validate(g) for g in data["gpus"]),
+            "instance_types": tuple(InstanceType.model_validate(r) for r in data["instance_types"]),
+            "unplannable": data["unplannable"], "fractional": data["fractional"]})
 
     def check_region(self, region: str) -> str:
         if region in self.regions:
@@ -195,6 +207,8 @@ class Catalog(BaseModel):
         for gpu in self.gpus:
             if key == normalise_name(gpu.name) or key in (normalise_name(a) for a in gpu.aliases):
                 return gpu
+        if carried := sorted(t for t, g in self.unplannable.items() if normalise_name(g) == key):
+            raise UserInputError("--gpu", gpu_names.refusal(", ".join(carried), self.unplannable[carried[0]]))
         known = [g.name for g in self.gpus]
         close = difflib.get_close_matches(name.upper(), known, n=3, cutoff=0.4)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
@@ -215,10 +229,19 @@ class Catalog(BaseModel):
     def instance_types_for(self, gpu: Gpu) -> list[InstanceType]:
         return [it for it in self.instance_types if it.gpu == gpu.name]
 
+    def launchable_for(self, gpu: Gpu) -> list[InstanceType]:
+        """The types carrying this GPU that EC2 still describes: a retired type is never chosen."""
+        return [it for it in self.instance_types_for(gpu) if not it.retired]
+
     def instance_type(self, name: str) -> InstanceType:
         for it in self.instance_types:
             if it.name == name:
                 return it
+        if name in self.unplannable:
+            raise UserInputError("--instance-type", gpu_names.refusal(name, self.unplannable[name]))
+        if name in self.fractional:
+            raise UserInputError("--instance-type", f"{name} carries {self.fractional[name]}: a fractional GPU needs "
+                                 "NVIDIA's vGPU (GRID) driver, which gpuprov does not install", "a type with whole GPUs")
         close = difflib.get_close_matches(name, [it.name for it in self.instance_types], n=3)
         raise UserInputError(
             "--instance-type", f"unknown instance type {name!r}", f"close: {', '.join(close) or 'none'}"

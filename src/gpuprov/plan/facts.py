@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuprov.errors import UserInputError
 from gpuprov.paths import facts_dir
+from gpuprov.plan import gpu_names
 from gpuprov.resources import data_file
 from gpuprov.settings import settings
 
@@ -37,6 +38,8 @@ DataFile = Literal["stack.yaml", "catalog.yaml"]
 # price, NVSwitch, whether the EFA device does RDMA read)
 EC2_FIELDS = ("gpus", "vcpu", "ram_gib", "gpu_memory_mib", "efa", "efa_interfaces", "efa_cards", "efa_card0",
               "network_cards")
+# and the network cards that carry EFA, by index, as EC2 lists them (no layout is assumed from a count)
+LAYOUT_FIELDS = ("efa_card_list",)
 
 
 @dataclass(frozen=True)
@@ -169,8 +172,45 @@ def merged(file: DataFile) -> dict[str, Any]:
         if BY_NAME[name].file != file:
             continue
         for key, value in overlay.values.items():
-            data[key] = merge_instance_types(data[key], value, overlay.read) if key == "instance_types" else value
+            if key == "instance_types":
+                data = merge_ec2(data, value, overlay.read, " or ".join(sorted(overlay.offerings)))
+            else:
+                data[key] = value
     return data
+
+
+def merge_ec2(data: dict[str, Any], read: dict[str, dict[str, Any]], when: datetime, where: str) -> dict[str, Any]:
+    """catalog.yaml's data with EC2's answer laid over it: each type's own fields; a type EC2 describes whose GPU
+    the catalog lacks planned with the GPU from gpu_names' table (or kept in `unplannable`, to be refused by name);
+    a type EC2 did not describe in `where` (its regions; "" when not known) marked `retired` there."""
+    on = when.date().isoformat()
+    gpus = list(data["gpus"])
+    have = {g["name"] for g in gpus}
+    unplannable = dict(data.get("unplannable") or {})
+    fractional = dict(data.get("fractional") or {})
+    named_rows: dict[str, dict[str, Any]] = {}
+    for name, fresh in sorted(read.items()):
+        if fresh.get("gpu_fraction"):  # part of one GPU (g6f, gr6f): NVIDIA's vGPU driver, which gpuprov does not install
+            fractional[name] = f"{fresh['gpu_fraction']:g} of one {fresh.get('ec2_gpu') or 'GPU'}"
+            continue
+        if fresh.get("gpu") or not fresh.get("ec2_gpu"):
+            continue
+        if "x86_64" not in fresh.get("cpu_archs", ["x86_64"]):  # gpuprov's images and wheels are x86_64's
+            continue
+        found = gpu_names.named(str(fresh["ec2_gpu"]))
+        if found is None:
+            unplannable[name] = str(fresh["ec2_gpu"])
+            continue
+        if found.catalog_name not in have:
+            have.add(found.catalog_name)
+            gpus.append(gpu_names.catalog_row(found, int(fresh.get("gpu_memory_mib") or 0), name, on))
+        named_rows[name] = {**fresh, "gpu": found.catalog_name}
+    whole = {name: fresh for name, fresh in read.items() if not fresh.get("gpu_fraction")}
+    rows = merge_instance_types(data["instance_types"], {**whole, **named_rows}, when)
+    if where and read:
+        gone = f"EC2 DescribeInstanceTypes in {where} did not describe it on {on}"
+        rows = [r if r["name"] in read else {**r, "retired": r.get("retired") or gone} for r in rows]
+    return {**data, "gpus": gpus, "instance_types": rows, "unplannable": unplannable, "fractional": fractional}
 
 
 def merge_instance_types(rows: list[dict[str, Any]], read: dict[str, dict[str, Any]], when: datetime) -> list[dict[str, Any]]:
@@ -179,14 +219,15 @@ def merge_instance_types(rows: list[dict[str, Any]], read: dict[str, dict[str, A
     catalog knows."""
     out = []
     for row in rows:
-        fresh = read.get(row["name"])
-        out.append({**row, **{k: fresh[k] for k in EC2_FIELDS if k in fresh}} if fresh else row)
+        fresh = read.get(row["name"])  # a type EC2 describes is not retired, whatever the snapshot said
+        out.append({**row, **{k: fresh[k] for k in EC2_FIELDS + LAYOUT_FIELDS if k in fresh}, "retired": None}
+                   if fresh else row)
     known = {row["name"] for row in rows}
     for name, fresh in sorted(read.items()):
         if name in known or not fresh.get("gpu"):
             continue
         out.append({"name": name, "gpu": fresh["gpu"], "price_usd_hour": None, "nvswitch": None,
-                    **{k: fresh[k] for k in EC2_FIELDS if k in fresh},
+                    **{k: fresh[k] for k in EC2_FIELDS + LAYOUT_FIELDS if k in fresh},
                     "unverified": f"read from EC2 DescribeInstanceTypes on {when.date().isoformat()}; not in gpuprov's "
                                   "catalog: no list price, NVSwitch not known (Fabric Manager follows the host)"})
     return out

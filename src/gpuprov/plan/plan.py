@@ -176,10 +176,18 @@ def choose_instances(gpu: Gpu, count: int, instance_type: str | None = None,
         it = cat.instance_type(instance_type)
         if it.gpu != gpu.name or it.gpus < count:
             raise UserInputError("--instance-type", f"{it.name} carries {it.gpus}× {it.gpu}, not {count}× {gpu.name}")
+        if it.retired:
+            others = ", ".join(t.name for t in cat.launchable_for(gpu)) or "none"
+            raise UserInputError("--instance-type", f"{it.name} is retired: {it.retired}",
+                                 f"other types with {gpu.name}: {others}")
         return (it,)
-    fits = [it for it in cat.instance_types_for(gpu) if it.gpus >= count]
+    fits = [it for it in cat.launchable_for(gpu) if it.gpus >= count]
     if not fits:
-        most = max((it.gpus for it in cat.instance_types_for(gpu)), default=0)
+        most = max((it.gpus for it in cat.launchable_for(gpu)), default=0)
+        gone = [it.name for it in cat.instance_types_for(gpu) if it.retired and it.gpus >= count]
+        if gone:
+            raise UserInputError("--gpu", f"no instance type EC2 still describes carries {count}× {gpu.name}",
+                                 f"retired: {', '.join(gone)}; the most on one launchable instance is {most}")
         raise UserInputError("--gpu", f"no instance type carries {count}× {gpu.name}", f"the most on one instance is {most}")
     return tuple(sorted(fits, key=lambda it: (it.price_usd_hour is None, it.price_usd_hour or 0.0, it.gpus)))
 

@@ -85,13 +85,16 @@ def changes(family: str, old: dict[str, Any], new: facts.Overlay) -> list[str]:
             rows = {r["name"]: r for r in before or []}
             for name, row in sorted(value.items()):
                 if name not in rows:
-                    if row.get("gpu"):
-                        out.append(f"{name}: new ({row['gpus']}× {row['gpu']}, EFA {'yes' if row['efa'] else 'no'})")
+                    if row.get("gpu_fraction"):
+                        out.append(f"{name}: new ({row['gpu_fraction']:g} of one {row.get('ec2_gpu')}, not planned)")
+                    elif gpu := row.get("gpu") or row.get("ec2_gpu"):
+                        out.append(f"{name}: new ({row['gpus']}× {gpu}, EFA {'yes' if row['efa'] else 'no'})")
                     continue
                 diff = [f"{k} {rows[name].get(k, _DEFAULTS.get(k))} -> {row[k]}" for k in facts.EC2_FIELDS
                         if k in row and rows[name].get(k, _DEFAULTS.get(k)) != row[k]]
                 if diff:
                     out.append(f"{name}: {', '.join(diff)}")
+            out += [f"{name}: gone (EC2 did not describe it)" for name in sorted(rows) if name not in value]
         elif isinstance(value, list) and isinstance(before, list):
             known = [_plain(_facts_only(b)) for b in before]
             out += [f"{key}: + {_short(v)}" for v in value if _plain(_facts_only(v)) not in known]

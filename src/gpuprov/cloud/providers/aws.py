@@ -422,7 +422,9 @@ def _gpu_type(row: dict[str, Any]) -> InstanceTypeInfo | None:
         efa=bool(net.get("EfaSupported")), efa_interfaces=(net.get("EfaInfo") or {}).get("MaximumEfaInterfaces"),
         network_cards=int(net.get("MaximumNetworkCards") or 1),
         efa_card_indexes=tuple(sorted(int(c["NetworkCardIndex"]) for c in cards if "efa" in (c.get("InterfaceTypes") or []))),
-        network_performance=str(net.get("NetworkPerformance", "")))
+        network_performance=str(net.get("NetworkPerformance", "")),
+        cpu_archs=tuple(str(a) for a in (row.get("ProcessorInfo") or {}).get("SupportedArchitectures") or ()),
+        gpu_partition=float(gpu.get("GpuPartitionSize") or 1.0))
 
 
 def _subnet_network(found: dict[str, Any], vpc_cidr: str) -> Network:

@@ -120,6 +120,8 @@ class InstanceTypeInfo:
     network_cards: int
     efa_card_indexes: tuple[int, ...]  # the cards whose InterfaceTypes include "efa"
     network_performance: str
+    cpu_archs: tuple[str, ...] = ()  # ProcessorInfo.SupportedArchitectures: x86_64, arm64
+    gpu_partition: float = 1.0  # GpuPartitionSize: below 1 a fraction of one GPU (g6f, gr6f), Count 0
 
 
 @dataclass(frozen=True)
