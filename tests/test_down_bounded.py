@@ -1,0 +1,37 @@
+"""A `down` ends within bounded time whatever else of this install is alive (docs/testing.md, the walk's finding 5):
+the region's key pair is released under the region's lock, and a holder stopped mid-call (its request held, its
+shell suspended) must not keep the `down`, and the node's lock or lease, waiting with it."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+
+from tests.aws.cli import EMPTY, gp, up_args
+
+
+def test_down_leaves_the_key_pair_and_ends_when_another_process_holds_the_regions_lock(aws, env, gp_home):
+    assert gp(env, *up_args("k1", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
+    # another gpuprov of this install at work on the key pair, stopped there (as an `up` held at ImportKeyPair)
+    path = gp_home / "locks" / "region-us-east-1.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.pwrite(fd, f"{os.getpid()} {time.time():.3f} up\n".encode(), 0)
+        began = time.monotonic()
+        result = gp(env, "down", "k1", "--yes", timeout=90)
+        took = time.monotonic() - began
+    finally:
+        os.close(fd)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert took < 60, out
+    assert f"left the key pair of us-east-1: gpuprov up (pid {os.getpid()}" in out, out
+    assert "k1: down" in out, out
+    assert json.loads(gp(env, "status", "--json").stdout) == []
+    assert aws.leftovers()["key_pairs"] and not aws.leftovers()["instances"]
+    # kept, not forgotten: once the lock is free the next gc deletes it
+    assert gp(env, "gc", "--yes").returncode == 0
+    assert aws.leftovers() == EMPTY
