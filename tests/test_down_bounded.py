@@ -7,8 +7,11 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import subprocess
+import sys
 import time
 
+from tests import forkcli
 from tests.aws.cli import EMPTY, gp, up_args
 
 
@@ -34,4 +37,34 @@ def test_down_leaves_the_key_pair_and_ends_when_another_process_holds_the_region
     assert aws.leftovers()["key_pairs"] and not aws.leftovers()["instances"]
     # kept, not forgotten: once the lock is free the next gc deletes it
     assert gp(env, "gc", "--yes").returncode == 0
+    assert aws.leftovers() == EMPTY
+
+
+def test_a_team_down_ends_while_the_same_members_up_is_held_importing_its_key_pair(aws, env, tmp_path):
+    """The walk's case: alice's `down` of bob's node, while an `up` of alice's own is stopped at ImportKeyPair (its
+    answer held: the process alive, holding alice's region lock)."""
+    aws.client("s3").create_bucket(Bucket="team-bucket")
+    alice, bob = ({**env, "GPUPROV_HOME": str(tmp_path / who / "gp"), "HOME": str(tmp_path / who / "home"),
+                   "GPUPROV_STATE": "s3://team-bucket/gp", "GPUPROV_LEASE_SECONDS": "30"} for who in ("alice", "bob"))
+    for who in ("alice", "bob"):
+        (tmp_path / who / "home").mkdir(parents=True)
+    assert gp(bob, *up_args("n3", "--gpu", "T4", "--no-bootstrap", "--no-wait")).returncode == 0
+    aws.faults({"action": "ImportKeyPair", "hold": True, "times": 1})
+    held = forkcli.Popen([sys.executable, "-m", "gpuprov", *up_args("n2", "--gpu", "T4", "--no-bootstrap",
+                                                                       "--no-wait")],
+                         env=alice, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        aws.wait_held(1, timeout=60)
+        began = time.monotonic()
+        result = gp(alice, "down", "n3", "--yes", timeout=90)
+        took = time.monotonic() - began
+    finally:
+        aws.release()
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert took < 60, out
+    assert f"left the key pair of us-east-1: gpuprov key pair (pid {held.pid}" in out, out
+    assert held.wait(120) == 0, held.communicate()
+    aws.clear_faults()
+    assert gp(alice, "down", "--all", "--team", "--yes").returncode == 0
     assert aws.leftovers() == EMPTY
