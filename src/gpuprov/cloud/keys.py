@@ -130,7 +130,7 @@ def release_key_if_unused(region: str, provider: Provider, store: Store, say: Sa
 
 
 def _region_lock(region: str, patience: float) -> contextlib.ExitStack:
-    """The region's lock, held once the returned stack is entered; waited for at most `patience` seconds, then Busy,
+    """The region's lock, held until the returned stack closes; waited for at most `patience` seconds, then Busy,
     naming its holder (a plain wait would block for as long as a stopped holder lives)."""
     deadline = time.monotonic() + patience
     held = contextlib.ExitStack()
