@@ -4,7 +4,9 @@ across threads and processes (gpuprov.state.locks: the region's lock)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,10 @@ from gpuprov.state import Store, locks
 if TYPE_CHECKING:
     from gpuprov.say import Say
 
+# how long a release waits for the region's lock: its holder imports or counts the key pair (a few calls), unless
+# its process is stopped mid-call (a request held, a suspended shell); a `down` or `gc` must end all the same, and a
+# key pair kept past its last node costs nothing (the next `down` or `gc` of the region deletes it)
+RELEASE_PATIENCE = 20.0
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,13 @@ def release_key_if_unused(region: str, provider: Provider, store: Store, say: Sa
     `unrecorded`: key pairs of this owner that gc found by tag with no record (a lost state); they go too.
     Returns what was deleted."""
     gone: list[str] = []
-    with locks.hold(locks.region(region), "key pair"):
+    try:
+        held = _region_lock(region, RELEASE_PATIENCE)
+    except locks.Busy as busy:
+        say(f"  left the key pair of {region}: {busy.holder} holds the region's lock (the next `gpuprov down` or "
+            "`gpuprov gc` deletes it once no node needs it)")
+        return gone
+    with held:
         if key_users(region, store):
             return gone
         for row in store.resources(None, region=region, kind="key-pair"):
@@ -115,3 +127,18 @@ def release_key_if_unused(region: str, provider: Provider, store: Store, say: Sa
                 continue
             gone.append(name)
     return gone
+
+
+def _region_lock(region: str, patience: float) -> contextlib.ExitStack:
+    """The region's lock, held until the returned stack closes; waited for at most `patience` seconds, then Busy,
+    naming its holder (a plain wait would block for as long as a stopped holder lives)."""
+    deadline = time.monotonic() + patience
+    held = contextlib.ExitStack()
+    while True:
+        try:
+            held.enter_context(locks.hold(locks.region(region), "key pair", wait=False, subject=f"{region}'s key pair"))
+            return held
+        except locks.Busy:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
