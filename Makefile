@@ -21,7 +21,7 @@ sysdeps:
 # (docs/testing.md, "Parallel runs"). TEST_JOBS=0 runs in one process.
 TEST_JOBS ?= 3
 
-# CI's suite (under 10 minutes on 2 cores): every test, but only the first cases of the crash sweeps
+# CI's suite (under 12 minutes on 2 cores): every test, but only the first cases of the crash sweeps
 test: install sysdeps
 	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not sweep"
 
