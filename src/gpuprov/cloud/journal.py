@@ -17,7 +17,8 @@ instance launched from the disk's image exist?
 (`start`), starting the new instance first if `stop` stopped it; `stop` stops whichever instance of the node runs
 (`stop`); `down` settles it before taking the node down, `gc --yes` before it sweeps (`resume`; without --yes
 it names the move and its next step). A node whose move is
-still at work (its lock is held) is left to it. `blocking` says why deleting the node's disk now would lose data.
+still at work (its lock is held) is left to it. The destroy gate (cloud/destroy.py `in_flight`) reads the same
+journal to refuse deleting a disk a move still needs.
 
 A `start` (resized first, or not: cloud/stopstart.py) journals its two steps too, with the node `resizing` or
 `starting`: a rerun `start` finishes it as it always has (the resize asked for is done first), `status --refresh`
@@ -36,8 +37,7 @@ from gpuprov.cloud.destroy import in_flight
 from gpuprov.cloud.providers.base import LaunchError
 from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
-from gpuprov.cloud.teardown import _find_lost_launch as find_lost_launch
-from gpuprov.cloud.teardown import poll_of
+from gpuprov.cloud.teardown import find_lost_launch, poll_of
 from gpuprov.errors import GpuprovError
 from gpuprov.state import Journal, Node, NodeState, Store, locks
 
@@ -87,11 +87,11 @@ def _undo(node: Node, journal: Journal, provider: Provider, store: Store, say: S
     """No new instance exists: what the move made goes, and the node is stopped where it was."""
     mine = move.move_images(node.name, journal.region, store)
     if journal.target_region:
-        move_region._take_back(node, journal.to, [r.id for r in mine], provider, store, say)
+        move_region.take_back(node, journal.to, [r.id for r in mine], provider, store, say)
     else:
         launched = [r for r in store.resources(node.name, region=journal.region, kind="instance")
                     if r.cloud_id != journal.old_instance]
-        move._take_back(node, [r.id for r in (*mine, *launched)], provider, store, say)
+        move.take_back(node, [r.id for r in (*mine, *launched)], provider, store, say)
     move.undone(store, node.name)
     store.event(node.name, "move-undone", f"{journal.op} from {journal.zone} taken back at step {journal.step}")
 

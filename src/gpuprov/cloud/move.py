@@ -54,8 +54,7 @@ from gpuprov.cloud.providers.base import (
 from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.cloud.tags import owner
-from gpuprov.cloud.teardown import _find_lost_launch as find_lost_launch
-from gpuprov.cloud.teardown import poll_of
+from gpuprov.cloud.teardown import find_lost_launch, poll_of
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.state import Journal, Node, NodeState, Resource, Store, locks
 
@@ -198,7 +197,7 @@ def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider,
         journal = note(store, replace(journal, step="launch", image=image_id))
         instance = launch(node, node.region, image_id, destinations, provider, store, say, rec, made)
     except BaseException:
-        _take_back(node, made, provider, store, say)
+        take_back(node, made, provider, store, say)
         undone(store, name)
         raise
     # the new instance runs: from here the node lives there, and the old one is retired
@@ -311,7 +310,7 @@ def launch(node: Node, region: str, image_id: str, destinations: Sequence[Destin
     raise GpuprovError(f"no other zone had capacity for {node.instance_type}: {'; '.join(refused)}")
 
 
-def _take_back(node: Node, made: list[int], provider: Provider, store: Store, say: Say) -> None:
+def take_back(node: Node, made: list[int], provider: Provider, store: Store, say: Say) -> None:
     """What the move made goes (its instance first, then the image and snapshot); the old node is not touched."""
     rows = {r.id: r for r in store.resources(node.name, region=node.region)}
     mine = [rows[i] for i in made if i in rows]

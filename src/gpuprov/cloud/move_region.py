@@ -44,8 +44,7 @@ from gpuprov.cloud.move import (
 from gpuprov.cloud.providers.base import Access, CloudResource, ImageCopy, Instance, Network, NotFound, Provider
 from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
-from gpuprov.cloud.teardown import _find_lost_launch as find_lost_launch
-from gpuprov.cloud.teardown import poll_of
+from gpuprov.cloud.teardown import find_lost_launch, poll_of
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state import Journal, Node, NodeState, Resource, Store, locks
 
@@ -127,7 +126,7 @@ def _move(name: str, mopts: MoveOptions, opts: StartOptions, provider: Provider,
         journal = note(store, replace(journal, step="launch"))
         instance = launch(node, to, copy_id, [Destination(z, access) for z in zones], provider, store, say, rec, made)
     except BaseException:
-        _take_back(node, to, made, provider, store, say)
+        take_back(node, to, made, provider, store, say)
         undone(store, name)
         raise
     # the new instance runs in R: from here the node lives there, and the old one is retired
@@ -222,7 +221,7 @@ def _delete_group(node: Node, group: Resource, provider: Provider, store: Store,
     store.deleted(group.id)
 
 
-def _take_back(node: Node, to: str, made: list[int], provider: Provider, store: Store, say: Say) -> None:
+def take_back(node: Node, to: str, made: list[int], provider: Provider, store: Store, say: Say) -> None:
     """What the move made goes, in both regions: R's instances first, then its group, the copy, the image; the old
     node is not touched. R's key pair goes too if no node there needs it."""
     say(f"{node.name}: the move failed; removing what it made in {to} and {node.region} "

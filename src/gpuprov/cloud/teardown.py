@@ -157,7 +157,7 @@ def _instances(node: str, region: str, provider: Provider, store: Store, say: Sa
     rows = store.resources(node, region=region, kind="instance")
     for row in rows:
         if row.cloud_id is None and row.client_token:
-            _find_lost_launch(row, provider, store, poll)
+            find_lost_launch(row, provider, store, poll)
     try:  # launches recorded nowhere (a row lost with an old state file) but tagged with the node
         for inst in provider.instances(region, node=node):
             if inst.state != "terminated":
@@ -228,7 +228,7 @@ def _spot_requests_of(node: str, region: str, provider: Provider, store: Store, 
     return out
 
 
-def _find_lost_launch(row: Resource, provider: Provider, store: Store, poll: float) -> None:
+def find_lost_launch(row: Resource, provider: Provider, store: Store, poll: float) -> None:
     """A launch whose answer never arrived: the ClientToken finds what it made, or nothing was made. The
     client-token filter is eventually consistent too, so a fresh launch is looked for, with backoff, for as long
     as EC2 may not show it (the settle time after the request); an old one once."""
