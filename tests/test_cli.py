@@ -178,3 +178,14 @@ def test_start_bounds_a_silent_step_as_up_and_bootstrap_do(given, silence, gp_ho
     monkeypatch.setattr(cli_cloud, "store_and_provider", lambda: (open_store(), None))
     result = CliRunner().invoke(main, ["start", "day", *given])
     assert seen == [silence], result.output
+
+
+def test_a_confirmation_with_stdin_closed_asks_for_yes_instead_of_crashing(tmp_path):
+    """`up` without --yes run with its stdin closed (`<&-`, a service manager, a CI step): Python's sys.stdin is None,
+    and gpuprov used to report its own bug (AttributeError on isatty)."""
+    env = {**os.environ, "GPUPROV_HOME": str(tmp_path / "gp"), "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+           "AWS_REGION": "us-east-1"}
+    line = f"{sys.executable} -m gpuprov up x --gpu T4 --ssh-cidr 198.51.100.7/32 <&-"
+    result = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "error: --yes: no terminal to confirm on" in result.stderr and "hit a bug" not in result.stderr

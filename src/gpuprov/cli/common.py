@@ -81,7 +81,7 @@ def team_scope(everyone: bool, *, goes_with: str, given: bool, why: str, alone: 
 
 def confirm(question: str, action: str) -> None:
     """Ask `question` on the terminal; without one, say to pass --yes (exit 2); a "no" stops here (exit 1)."""
-    if not sys.stdin.isatty():
+    if sys.stdin is None or sys.stdin.closed or not sys.stdin.isatty():  # stdin closed (`<&-`): None to Python
         raise UserInputError("--yes", "no terminal to confirm on", f"pass --yes (or -y) to {action}")
     if not click.confirm(question, default=False, err=True):
         say_error("not confirmed; nothing was done", 1)
