@@ -157,6 +157,8 @@ def test_resize_is_refused_before_anything_changes_when_the_stack_cannot_serve(a
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "rs has driver R595 (open kernel module)" in refused.stderr and "V100" in refused.stderr
     assert "gpuprov up NAME --gpu V100" in refused.stderr
+    by_gpu = gp(env, "start", "rs", "--gpu", "V100")  # the refusal blames the flag given
+    assert by_gpu.returncode == 2 and by_gpu.stderr.startswith("error: --gpu: rs has driver R595"), by_gpu.stderr
     assert not aws.log("ModifyInstanceAttribute") and not aws.log("StartInstances")
     assert (node(env, "rs")["state"], instance(aws)["InstanceType"]) == ("stopped", "g4dn.xlarge")
     # A10G on g5: the same driver branch, module and wheel serve it

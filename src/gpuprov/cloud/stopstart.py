@@ -133,9 +133,10 @@ def resize_target(node: Node, gpu: str | None, instance_type: str | None,
     return None
 
 
-def check_resize(node: Node, target: InstanceType) -> None:
+def check_resize(node: Node, target: InstanceType, flag: str = "--instance-type") -> None:
     """Refuse, before anything changes, a type whose GPU the stack installed on the node cannot serve:
-    the same driver branch, kernel module, torch wheel and toolkit must resolve for the new GPU."""
+    the same driver branch, kernel module, torch wheel and toolkit must resolve for the new GPU. `flag`: the one
+    that asked for it (--gpu or --instance-type), which the refusal names."""
     from gpuprov.errors import StackConflict
     from gpuprov.plan import catalog, compat
     from gpuprov.plan.stack import StackPins
@@ -155,10 +156,10 @@ def check_resize(node: Node, target: InstanceType) -> None:
     try:
         new = compat.resolve(gpu, stack["os"], pins, nvswitch=target.nvswitch, want_torch=torch is not None)
     except StackConflict as exc:
-        raise StackConflict("--instance-type", f"{node.name} has {installed}, which cannot serve {gpu.name} on "
+        raise StackConflict(flag, f"{node.name} has {installed}, which cannot serve {gpu.name} on "
                             f"{target.name}: {exc.problem}", fix, rule=exc.rule) from None
     if new.kernel_module != stack["kernel_module"]:
-        raise StackConflict("--instance-type", f"{node.name} has {installed}; {gpu.name} on {target.name} needs the "
+        raise StackConflict(flag, f"{node.name} has {installed}; {gpu.name} on {target.name} needs the "
                             f"{new.kernel_module} kernel module", fix, rule="kernel-module-differs")
 
 
@@ -225,18 +226,19 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
     reservations.startable(node, target.name if target is not None else current.instance_type, iid, provider)
     original = node.resize_from or current.instance_type
     resized_from = None
+    flag = "--gpu" if opts.gpu and not opts.instance_type else "--instance-type"  # what the user typed is blamed
     if target is not None and target.name != current.instance_type:
         if current.state not in ("stopped",):
-            raise UserInputError("--instance-type", f"{name} is {current.state}; a resize needs it stopped",
+            raise UserInputError(flag, f"{name} is {current.state}; a resize needs it stopped",
                                  f"`gpuprov stop {name}` first")
         if node.market == "spot":  # EC2 guide, "Change the instance type": not for Spot Instances
-            raise UserInputError("--instance-type", f"{name} is a spot instance, whose type EC2 cannot change",
+            raise UserInputError(flag, f"{name} is a spot instance, whose type EC2 cannot change",
                                  f"start it as it is (`gpuprov start {name}`), or `gpuprov up` a new node with "
                                  f"--instance-type {target.name}")
-        check_resize(node, target)
+        check_resize(node, target, flag)
         zones = provider.offerings(node.region, [target.name]).get(target.name, [])
         if node.zone and node.zone not in zones:
-            raise UserInputError("--instance-type", f"{target.name} is not offered in {node.zone}, where {name}'s "
+            raise UserInputError(flag, f"{target.name} is not offered in {node.zone}, where {name}'s "
                                  "disk is", f"offered in: {', '.join(zones) or 'no zone of ' + node.region}")
         journal = Journal(op="resize", node=name, step="resize", region=node.region, zone=node.zone, old_instance=iid,
                           from_type=original, to_type=target.name, began_at=time.time())
