@@ -578,6 +578,9 @@ def test_reservations_and_a_capacity_block_bought_waited_for_and_launched_into(a
     assert wrong.returncode == 2 and "holds g4dn.xlarge, which does not carry 1× A10G" in wrong.stderr
     unknown = gp(env, *up_args("x", "--gpu", "T4", "--reservation", "cr-00000000000000000", *NO_WAIT))
     assert unknown.returncode == 2 and "InvalidCapacityReservationId.NotFound" in unknown.stderr
+    block_typo = gp(env, *up_args("x", "--gpu", "T4", "--capacity-block", "cr-00000000000000000", *NO_WAIT))
+    assert block_typo.returncode == 2 and "\nerror: --capacity-block: cr-00000000000000000: Invalid" in block_typo.stderr, \
+        block_typo.stderr
 
     start = time.time() + 3600
     aws.capacity(offerings=[{"id": "cb-offer-h100", "instance_type": "p5.48xlarge", "zone": "us-east-1a",

@@ -53,7 +53,10 @@ def find(provider: Provider, region: str, given: str, flag: str) -> Reservation:
     if not given.startswith("cr-"):
         raise UserInputError(flag, f"{given!r} is not a Capacity Reservation id",
                              "cr-… (or open)" if flag == "--reservation" else "cr-… or cb-…")
-    (found,) = provider.reservations(region, [given])
+    try:
+        (found,) = provider.reservations(region, [given])
+    except UserInputError as exc:  # the provider's refusal of an unknown id, blamed on the flag that gave it
+        raise UserInputError(flag, exc.problem, exc.hint) from None
     return found
 
 
