@@ -412,6 +412,9 @@ def test_start_move_region_of_a_subnet_node_needs_a_subnet_there_and_its_disk_is
     assert refused.returncode == 2 and refused.stderr.startswith(
         "error: --subnet: far is reached on its private address"), refused.stderr
     assert refused.stderr.count("error:") == 1 and aws.log("CreateImage") == []
+    nowhere = gp(env, "start", "far", "--move", "--region", "mars-1", "--no-bootstrap")  # the region, named first
+    assert nowhere.returncode == 2 and nowhere.stderr.startswith("error: --region: unknown AWS region 'mars-1'"), \
+        nowhere.stderr
 
     west = aws.ec2("us-west-2")
     zone = _zones_in(aws, "us-west-2")[0]

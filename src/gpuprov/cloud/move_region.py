@@ -56,8 +56,10 @@ MOVES_WITH = {"instance", "volume", "security-group"}  # what a plain node has i
 
 def _checked(name: str, mopts: MoveOptions, provider: Provider,
              store: Store) -> tuple[Node, Resource, list[str], Network]:
+    from gpuprov.plan import catalog
+
     node = store.node(name)
-    to = mopts.region or ""
+    to = catalog.load().check_region(mopts.region) if mopts.region else ""  # a region that does not exist, first
     if to == node.region:  # as --zone of its own zone: nothing would move
         raise UserInputError("--region", f"{name} is already in {to}", "another region, or --zone in this one")
     check_movable(node)
