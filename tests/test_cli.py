@@ -189,3 +189,19 @@ def test_a_confirmation_with_stdin_closed_asks_for_yes_instead_of_crashing(tmp_p
     result = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "error: --yes: no terminal to confirm on" in result.stderr and "hit a bug" not in result.stderr
+
+
+def test_name_k_of_a_single_node_is_refused_not_sent_to_dns(tmp_path):
+    """`exec train:9` where train is one node: NAME:K names a cluster's node K; it went to DNS as host `train`."""
+    from gpuprov.state import NodeState
+    from gpuprov.state.sqlite import SqliteStore
+
+    home = tmp_path / "gp"
+    home.mkdir()
+    SqliteStore(home / "state.sqlite").create_node("train", "aws", "us-east-1", state=NodeState.READY,
+                                                   address="203.0.113.9", ssh_user="ubuntu")
+    env = {**os.environ, "GPUPROV_HOME": str(home)}
+    result = forkcli.run([sys.executable, "-m", "gpuprov", "exec", "train:9", "--", "true"], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("error: HOST: train:9: train is a single node, not a cluster"), result.stderr

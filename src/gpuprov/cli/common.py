@@ -459,6 +459,14 @@ def targets_from(hosts: tuple[str, ...], inventory: str | None, ssh_config: str 
         from gpuprov.cluster import resolve
 
         clustered = {h: found.targets() for h in words if (found := resolve(h)) is not None}
+    ranked = [h for h in words if ":" in h and h not in clustered]
+    if ranked:  # NAME:K of a single node would go to DNS as a host `NAME`, port K: a node's name never does
+        singles = set(node_names())
+        for h in ranked:
+            base = h.partition(":")[0]
+            if base in singles:
+                raise UserInputError("HOST", f"{h}: {base} is a single node, not a cluster; NAME:K names node K of a "
+                                     "cluster", f"`{base}` alone reaches it")
     nodes = [t for t in (node_target(h) for h in words if h not in clustered) if t is not None]
     nodes += [t for h in hosts if h in clustered for t in clustered[h]]
     named = {t.label for t in nodes} | set(clustered)
