@@ -166,6 +166,7 @@ CASES = [
     ("autostop trian 2h", "HOST", "no node called 'trian'"),
     ("ttl trian 4h", "HOST", "no node called 'trian'"),
     ("gc --all-regions --region us-east-1", "--region", "cannot be given with --all-regions"),
+    ("up x --gpu T4 --ssh-user 'root;ls' --yes", "--ssh-user", "'root;ls' is not a login name"),
     ("plan --gpu T4 --spot --persistent --autostop-action terminate", "--autostop-action",
      "EC2 would open the request again and launch a replacement"),
     ("AWS_PROFILE=no-such-profile gc --all-regions", "AWS_PROFILE", "no AWS profile called 'no-such-profile'"),

@@ -30,7 +30,7 @@ from gpuprov.cli.common import (
     warn,
 )
 from gpuprov.cli.complete import complete_node
-from gpuprov.cli.params import Number
+from gpuprov.cli.params import LoginName, Number
 from gpuprov.errors import UserInputError
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ T = TypeVar("T")  # what an `up` pass returns: one node's result or a cluster's
                    "that matches first (`gpuprov capacity list` shows them).")
 @click.option("--capacity-block", default=None, metavar="cr-…|cb-…",
               help="Launch into this Capacity Block for ML (`gpuprov capacity buy`); with --wait, waits for its start.")
-@click.option("--ssh-user", default=None,
+@click.option("--ssh-user", type=LoginName(), default=None,
               help="Login user of the image [default: the --os image's: ubuntu, admin (Debian), ec2-user (Amazon "
                    "Linux, RHEL), rocky].")
 @click.option("--no-bootstrap", is_flag=True,

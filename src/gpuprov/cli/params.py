@@ -61,6 +61,22 @@ class Number(click.ParamType):  # type: ignore[type-arg]  # (generic in some Cli
         return int(number) if self.whole else float(number)
 
 
+class LoginName(click.ParamType):  # type: ignore[type-arg]
+    """A login name (plan/config.py LOGIN_NAME): checked before anything is asked of the cloud, since it reaches
+    ssh and the node's shell."""
+
+    name = "login name"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from gpuprov.plan.config import LOGIN_NAME
+
+        text = str(value)
+        if not re.fullmatch(LOGIN_NAME, text):
+            self.fail(f"{text!r} is not a login name (lowercase letters, digits, '.', '_', '-'; at most 32; not "
+                      "starting with a digit, '.' or '-')", param, ctx)
+        return text
+
+
 def _plain(number: float) -> str:
     return f"{number:,.0f}".replace(",", "_") if number == int(number) and abs(number) >= 100_000 else f"{number:g}"
 

@@ -48,6 +48,9 @@ from gpuprov.errors import UserInputError
 from gpuprov.paths import config_path as path
 from gpuprov.settings import Sourced, settings
 
+# a login name as useradd's default NAME_REGEX takes one: what `--ssh-user` and the config's ssh_user accept
+LOGIN_NAME = r"^[a-z_][a-z0-9_.-]{0,31}$"
+
 
 class ConfigFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -62,7 +65,7 @@ class ConfigFile(BaseModel):
     parallel: Annotated[int, Field(ge=1, le=1024)] | None = None
     subnet: Annotated[str, Field(pattern=r"^subnet-[0-9a-f]{8,17}$")] | None = None
     connect: Literal["public", "private"] | None = None
-    ssh_user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")] | None = None
+    ssh_user: Annotated[str, Field(pattern=LOGIN_NAME)] | None = None
     os: str | None = None
     python: Annotated[str, Field(pattern=r"^3\.\d+$")] | None = None
     ssh_config: str | None = None
