@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuprov.cloud.providers.base import BlockOffering, BlockUnknown, Provider
+from gpuprov.cloud.providers.base import BlockOffering, BlockUnknown, Provider, Reservation
 from gpuprov.cloud.settle import settle_window
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.files import lock_beside, locked, write_atomic
@@ -129,22 +129,27 @@ def buy(provider: Provider, offering: str, say: Say) -> Block:
         found = provider.find_block(offer.region, _tag(offering))
         if found is not None:
             say(f"  found {found.id} ({found.state}): it was bought then; not buying again")
-            return _set(offering, state="bought", reservation_id=found.id, note=found.state)
+            return _bought(offering, found)
         say("  not there: asking for it again")
     say(f"buying {offering}: {offer.count} × {offer.instance_type} in {offer.zone}, {offer.window}, "
         f"${offer.upfront_usd:,.2f} up front")
     try:
-        bought = provider.purchase_block(offer.region, offering, _tag(offering), settle=settle_window())
+        purchase = provider.purchase_block(offer.region, offering, _tag(offering), settle=settle_window())
     except BlockUnknown as exc:
         _set(offering, note=str(exc).split("\n")[0][:300])  # stays `buying`: it may have been bought
         raise
     except GpuprovError as exc:
         _set(offering, state="failed", note=str(exc)[:300])
         raise
-    if bought.lost:
-        say(f"  the purchase's answer was lost ({bought.lost}); EC2 lists the block it bought: "
-            f"{bought.reservation.id} ({bought.reservation.state}); it was asked for once")
-    return _set(offering, state="bought", reservation_id=bought.reservation.id, note=bought.reservation.state)
+    if purchase.lost:
+        say(f"  the purchase's answer was lost ({purchase.lost}); EC2 lists the block it bought: "
+            f"{purchase.reservation.id} ({purchase.reservation.state}); it was asked for once")
+    return _bought(offering, purchase.reservation)
+
+
+def _bought(offering: str, reservation: Reservation) -> Block:
+    """The record of a purchase EC2 made, whether its answer came or the block was found after."""
+    return _set(offering, state="bought", reservation_id=reservation.id, note=reservation.state)
 
 
 def _tag(offering: str) -> str:
