@@ -543,6 +543,28 @@ def test_newest_cuda_a_branch_runs_on_a_gpu(gpu, branch, cuda):
     assert compat.newest_cuda(CAT.gpu(gpu), branch) == cuda
 
 
+@pytest.mark.parametrize(("cuda", "branch", "minimum"), [("13.4", 615, "615.71.09"), ("13.5", 620, "620.70.06")])
+def test_cuda_13_4_and_13_5_are_known_and_take_the_branch_that_runs_them(cuda, branch, minimum):
+    stack = resolve("H100", cuda=cuda)
+    assert (stack.cuda_toolkit, stack.driver_branch, stack.min_driver) == (cuda, branch, minimum)
+    assert stack.torch and stack.torch.cuda.split(".")[0] == "13"  # nvcc and the wheel share CUDA's major
+    assert any(f"CUDA {cuda}'s minimum driver" in u for u in stack.unverified)  # not read in Table 3: said so
+    with pytest.raises(StackConflict) as exc:  # an older branch is refused by the toolkit's minimum
+        resolve("H100", cuda=cuda, driver="595")
+    assert exc.value.rule == "toolkit-needs-newer-driver" and f"CUDA {cuda} needs driver ≥ {minimum}" in exc.value.problem
+    with pytest.raises(StackConflict) as volta:  # Volta stops at CUDA 12.9 whatever the branch
+        resolve("V100", cuda=cuda)
+    assert volta.value.rule == "toolkit-max-cuda"
+
+
+def test_unverified_toolkit_minimums_change_no_default():
+    """A minimum driver marked unverified (13.2 to 13.5) is used when asked for (--cuda), never chosen by itself:
+    the default stack and the toolkit a driver-only plan gets stay where they were."""
+    stack = resolve("H100")
+    assert (stack.driver_branch, stack.torch.version, stack.torch.variant, stack.cuda_toolkit) == (595, "2.15", "cu132", None)
+    assert compat.newest_cuda(CAT.gpu("H100"), 620) == compat.newest_cuda(CAT.gpu("H100"), 615) == "13.1"
+
+
 @pytest.mark.parametrize(("release", "cc", "variants"), [
     ("2.14", "10.0", ["cu132", "cu130"]),  # the PyPI default first
     ("2.14", "7.0", ["cu126"]),
