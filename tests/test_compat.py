@@ -329,18 +329,26 @@ def test_fabric_manager_and_driver_package_cut_offs_are_separate_facts():
     assert "gpu-driver-container" in f.fabric_manager_unversioned_from.source
 
 
-# torch 2.14: cu126/cu130/cu132, PyPI default cu132 (pytorch/pytorch#190355); Python 3.10–3.14
-# (pytorch/test-infra generate_binary_build_matrix.py PYTHON_ARCHES_DICT["release"] @ 61a77570).
+# torch 2.14: cu126/cu130/cu132, PyPI default cu130 (its PyPI wheels require cuda-toolkit==13.0.3, not the RFC's
+# cu132); Python 3.10–3.14 (pytorch/test-infra generate_binary_build_matrix.py PYTHON_ARCHES_DICT["release"] @ 61a77570).
 @pytest.mark.parametrize(("pins", "variant", "python"), [
-    ({"torch": "2.14"}, "cu132", "3.12"),
+    ({"torch": "2.14"}, "cu130", "3.12"),
     ({"torch": "2.14", "torch_cuda": "cu126"}, "cu126", "3.12"),
-    ({"torch": "2.14", "torch_cuda": "cu130"}, "cu130", "3.12"),
-    ({"torch": "2.14", "python": "3.10"}, "cu132", "3.10"),
-    ({"torch": "2.14", "python": "3.14"}, "cu132", "3.14"),
+    ({"torch": "2.14", "torch_cuda": "cu132"}, "cu132", "3.12"),
+    ({"torch": "2.14", "python": "3.10"}, "cu130", "3.10"),
+    ({"torch": "2.14", "python": "3.14"}, "cu130", "3.14"),
 ])
 def test_torch_2_14_variants_default_and_python(pins, variant, python):
     stack = resolve("H100", **pins)
     assert stack.torch and (stack.torch.version, stack.torch.variant, stack.python) == ("2.14", variant, python)
+
+
+def test_torch_2_14s_pypi_default_runs_on_r580_natively():
+    """What a plain `pip install torch==2.14.*` gets (cu130) needs R580, not R595: on a pinned R580 it is chosen
+    without CUDA minor-version compatibility, and the floor the plan states is CUDA 13.0's."""
+    stack = resolve("H100", torch="2.14", driver="580")
+    assert stack.torch and (stack.torch.variant, stack.min_driver, stack.minor_version_compat) == ("cu130", "580.65.06", False)
+    assert compat.variants_with_sass("2.14.1", "9.0") == ["cu130", "cu126", "cu132"]  # the PyPI default first
 
 
 @pytest.mark.parametrize(("pins", "rule"), [
@@ -566,9 +574,9 @@ def test_unverified_toolkit_minimums_change_no_default():
 
 
 @pytest.mark.parametrize(("release", "cc", "variants"), [
-    ("2.14", "10.0", ["cu132", "cu130"]),  # the PyPI default first
+    ("2.14", "10.0", ["cu130", "cu132"]),  # the PyPI default first
     ("2.14", "7.0", ["cu126"]),
-    ("2.14.0+cu126", "8.9", ["cu132", "cu126", "cu130"]),  # a full version works too; sm_89 runs sm_86 code
+    ("2.14.0+cu126", "8.9", ["cu130", "cu126", "cu132"]),  # a full version works too; sm_89 runs sm_86 code
     ("2.11", "12.0", ["cu130", "cu128"]),
     ("1.9", "8.0", []),  # a release the data does not know
 ])

@@ -16,7 +16,7 @@ from gpuprov.plan import stack as st
 from gpuprov.sources import refresh
 from tests import indexsite
 
-READ = {"torch": date(2026, 12, 1), "cuda": date(2026, 12, 3), "drivers": date(2026, 12, 1),
+READ = {"torch": date(2026, 12, 3), "cuda": date(2026, 12, 3), "drivers": date(2026, 12, 1),
         "driver-lifecycle": date(2026, 12, 1), "instance-types": date(2026, 12, 1)}
 
 

@@ -121,7 +121,7 @@ def test_facts_shows_each_family_its_age_and_the_ended_branches(base_env: dict[s
     assert [f["name"] for f in shown["families"]] == ["torch", "cuda", "drivers", "driver-lifecycle", "instance-types"]
     assert all(f["origin"] == "snapshot" for f in shown["families"])
     assert {f["name"]: (f["read"], f["age_days"]) for f in shown["families"]} == {
-        "torch": ("2026-12-01", 2), "cuda": ("2026-12-03", 0), "drivers": ("2026-12-01", 2),
+        "torch": ("2026-12-03", 0), "cuda": ("2026-12-03", 0), "drivers": ("2026-12-01", 2),
         "driver-lifecycle": ("2026-12-01", 2), "instance-types": ("2026-12-01", 2)}
     branches = {b["branch"]: b for b in shown["driver_branches"]}
     assert branches[610]["ended"] and branches[610]["end_of_life"] == "2026-08"  # an NFB that ended in August 2026
@@ -143,6 +143,9 @@ def test_pinning_an_ended_branch_is_allowed_with_a_warning(base_env: dict[str, s
 def test_the_pypi_default_variant_comes_from_the_wheels_cuda_dependency() -> None:
     excerpt = json.loads((indexsite.RECORDED / "pypi-torch-json.excerpt.json").read_text())
     assert torch.cuda_of(excerpt["info"]["requires_dist"]) == "cu132"  # torch 2.15.0: cuda-toolkit[...]==13.2.2
+    # torch 2.14's PyPI wheels, as public install logs quote their Requires-Dist: cu130, whatever the RFC planned
+    assert torch.cuda_of(['cuda-toolkit[cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3; '
+                          'platform_system == "Linux"']) == "cu130"
     assert torch.cuda_of(['nvidia-cuda-runtime-cu12==12.8.90; platform_system == "Linux"']) == "cu128"
     assert torch.cuda_of(['nvidia-cuda-runtime-cu12==12.8.90; platform_system == "Windows"']) is None
     assert torch.cuda_of(["filelock", "sympy>=1.13.3"]) is None

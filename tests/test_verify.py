@@ -276,7 +276,7 @@ def test_a_wheel_without_code_for_the_gpu_is_answered_with_the_build_that_has_it
     assert matmul.detail == ("NVIDIA B200 sm_100: RuntimeError: CUDA error: no kernel image is available for execution "
                              "on the device")  # the first line only
     assert matmul.fix == ("torch 2.14.0+cu126 has no code for NVIDIA B200's sm_100 (it carries sm_80, sm_90): install "
-                          "its cu132 build (`gpuprov bootstrap --torch-cuda cu132 --force`)")
+                          "its cu130 build (`gpuprov bootstrap --torch-cuda cu130 --force`)")  # 2.14's PyPI default
     _, checks = verdict(probe(torch={**torch, "version": "1.9.0+cu111", "arch_list": []}))
     assert checks["matmul gpu0"].fix == ("torch 1.9.0+cu111 has no code for NVIDIA B200's sm_100: install a torch "
                                          "release whose wheels carry sm_100 (`gpuprov plan --gpu ...` names one)")
