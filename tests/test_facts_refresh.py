@@ -39,6 +39,8 @@ def base_env(tmp_path: Path) -> dict[str, str]:
 def test_a_refresh_picks_up_a_newer_release_and_the_plan_installs_it(site: Path, base_env: dict[str, str]) -> None:
     before = json.loads(gp(base_env, "plan", "--gpu", "H100", "--json").stdout)
     assert before["stack"]["torch"]["version"] == "2.15"  # the shipped snapshot's newest
+    asked = gp(base_env, "plan", "--gpu", "H100", "--torch", "2.16.0")  # 2.16 is due 2026-12-22: not known yet
+    assert asked.returncode == 2 and asked.stderr.startswith("error: --torch: unknown torch release '2.16.0'")
     with indexsite.serve(site) as (base, requests):
         env = {**base_env, **indexsite.env(base)}
         run = gp(env, "facts", "refresh", "--only", "torch", "--only", "drivers")
@@ -53,6 +55,12 @@ def test_a_refresh_picks_up_a_newer_release_and_the_plan_installs_it(site: Path,
                                        "index_url": "https://download.pytorch.org/whl/cu132"}
     # what no source says is marked: 2.16's SASS list, carried from 2.15's
     assert "torch 2.16+cu132's arch list was not read: torch 2.15's carried forward" in after["unverified"]
+    # asked for by name, with the index's other variant: the refreshed row's cu130 wheels, on R580
+    pinned = json.loads(gp(base_env, "plan", "--gpu", "H100", "--torch", "2.16.0", "--torch-cuda", "cu130",
+                           "--driver", "580", "--json").stdout)
+    assert (pinned["stack"]["torch"]["version"], pinned["stack"]["torch"]["variant"], pinned["stack"]["python"]) == (
+        "2.16.0", "cu130", "3.12")
+    assert "torch 2.16+cu130's arch list was not read: torch 2.15's carried forward" in pinned["unverified"]
     shown = json.loads(gp(base_env, "facts", "--json").stdout)
     torch_family = next(f for f in shown["families"] if f["name"] == "torch")
     assert torch_family["origin"] == "refreshed" and torch_family["source"].startswith(f"{base}/pypi/torch/json")
