@@ -153,7 +153,7 @@ def _stopped(env, name: str) -> None:
 def test_resize_is_refused_before_anything_changes_when_the_stack_cannot_serve(aws, env):
     _stopped(env, "rs")
     # the node has driver R595 (open module); V100 is capped at R580 and has no open module
-    refused = gp(env, "start", "rs", "--instance-type", "p3.2xlarge")
+    refused = gp(env, "start", "rs", "--instance-type", "p3dn.24xlarge")  # P3 itself is retired: refused for that
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "rs has driver R595 (open kernel module)" in refused.stderr and "V100" in refused.stderr
     assert "gpuprov up NAME --gpu V100" in refused.stderr

@@ -161,3 +161,18 @@ def test_a_two_node_cluster_goes_into_its_placement_group_and_down_takes_the_gro
     down = fake_cloud.gp("down", "train", "--yes")
     assert down.exit_code == 0, down.output
     assert fake_cloud.leftovers() == EMPTY
+
+
+def test_a_resize_to_a_retired_type_is_refused_before_anything_changes(fake_cloud):
+    """`start NODE --instance-type p3.2xlarge`: EC2 no longer describes P3, so the resize is refused by name, with
+    the V100 type that replaces it, while the node is still stopped as it was (nothing modified, nothing started)."""
+    up(fake_cloud, "n1")
+    assert fake_cloud.gp("stop", "n1").exit_code == 0
+    (inst,) = instances(fake_cloud, "n1")
+    refused = fake_cloud.gp("start", "n1", "--instance-type", "p3.2xlarge", "--no-bootstrap")
+    one_error_line(refused, "--instance-type: p3.2xlarge is retired: EC2 DescribeInstanceTypes no longer describes it")
+    assert "other types with V100: p3dn.24xlarge" in refused.stderr
+    (after,) = instances(fake_cloud, "n1")
+    assert (after["State"]["Name"], after["InstanceType"]) == ("stopped", inst["InstanceType"]) == ("stopped", "g4dn.xlarge")
+    (node,) = status(fake_cloud)
+    assert (node["state"], node["instance_type"]) == ("stopped", "g4dn.xlarge")

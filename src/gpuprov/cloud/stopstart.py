@@ -119,11 +119,14 @@ def resize_target(node: Node, gpu: str | None, instance_type: str | None,
     """The instance type `start --gpu/--instance-type` asks for (None: keep the type); for --gpu the
     cheapest that carries it and is offered in the node's zone, where its disk is."""
     from gpuprov.plan import catalog
-    from gpuprov.plan.plan import choose_instances
+    from gpuprov.plan.plan import choose_instances, refuse_retired
 
     cat = catalog.load()
     if instance_type:
-        return cat.instance_type(instance_type)
+        it = cat.instance_type(instance_type)
+        if it.name != node.instance_type:  # the node's own type, however old, is what it has: no resize
+            refuse_retired(it, cat)
+        return it
     if gpu:
         name, count = catalog.parse_gpu_request(gpu)
         count = count if ":" in gpu else (node.gpu_count or 1)

@@ -176,10 +176,7 @@ def choose_instances(gpu: Gpu, count: int, instance_type: str | None = None,
         it = cat.instance_type(instance_type)
         if it.gpu != gpu.name or it.gpus < count:
             raise UserInputError("--instance-type", f"{it.name} carries {it.gpus}× {it.gpu}, not {count}× {gpu.name}")
-        if it.retired:
-            others = ", ".join(t.name for t in cat.launchable_for(gpu)) or "none"
-            raise UserInputError("--instance-type", f"{it.name} is retired: {it.retired}",
-                                 f"other types with {gpu.name}: {others}")
+        refuse_retired(it, cat)
         return (it,)
     fits = [it for it in cat.launchable_for(gpu) if it.gpus >= count]
     if not fits:
@@ -190,6 +187,14 @@ def choose_instances(gpu: Gpu, count: int, instance_type: str | None = None,
                                  f"retired: {', '.join(gone)}; the most on one launchable instance is {most}")
         raise UserInputError("--gpu", f"no instance type carries {count}× {gpu.name}", f"the most on one instance is {most}")
     return tuple(sorted(fits, key=lambda it: (it.price_usd_hour is None, it.price_usd_hour or 0.0, it.gpus)))
+
+
+def refuse_retired(it: InstanceType, cat: catalog.Catalog, flag: str = "--instance-type") -> None:
+    """A type EC2 no longer describes is refused by name, before anything is asked of the cloud, with the types of
+    its GPU that EC2 still describes (what replaces it)."""
+    if it.retired:
+        others = ", ".join(t.name for t in cat.launchable_for(cat.gpu(it.gpu))) if it.gpu else ""
+        raise UserInputError(flag, f"{it.name} is retired: {it.retired}", f"other types with {it.gpu}: {others or 'none'}")
 
 
 def guards_for(request: NodeRequest, playbook: Playbook, launched: bool = False) -> Guards:
