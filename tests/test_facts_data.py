@@ -17,7 +17,7 @@ from gpuprov.sources import refresh
 from tests import indexsite
 
 READ = {"torch": date(2026, 12, 3), "cuda": date(2026, 12, 3), "drivers": date(2026, 12, 1),
-        "driver-lifecycle": date(2026, 12, 1), "instance-types": date(2026, 12, 1)}
+        "driver-lifecycle": date(2026, 12, 1), "instance-types": date(2026, 12, 3)}
 
 
 def test_every_family_records_its_source_and_read_date() -> None:
@@ -92,3 +92,22 @@ def test_an_overlay_replaces_what_it_read_and_keeps_the_rest(tmp_path: Path, mon
         assert yaml.safe_load((tmp_path / "instance-types.yaml").read_text())["family"] == "instance-types"
     finally:
         refresh.forget()
+
+
+def test_the_2026_families_have_their_sizes_and_the_prices_a_source_gives() -> None:
+    """g7e's sizes as EC2 states them (GPUs, EFA from 8xlarge, network cards) with us-east-1 prices read in public
+    copies of AWS's, p6-b300's us-west-2 price said to be that, gr6 unpriced; `plan` picks g7e offline."""
+    from gpuprov.plan.plan import NodeRequest, make_plan
+
+    cat = catalog.load()
+    g7e = {it.name: it for it in cat.instance_types_for(cat.gpu("RTX PRO 6000"))}
+    assert {n: (it.gpus, it.efa, it.network_cards) for n, it in g7e.items()} == {
+        "g7e.2xlarge": (1, False, 1), "g7e.4xlarge": (1, False, 1), "g7e.8xlarge": (1, True, 1),
+        "g7e.12xlarge": (2, True, 1), "g7e.24xlarge": (4, True, 2), "g7e.48xlarge": (8, True, 4)}
+    assert g7e["g7e.2xlarge"].price_usd_hour == 3.3631 and "public code" in (g7e["g7e.2xlarge"].unverified or "")
+    b300 = cat.instance_type("p6-b300.48xlarge")
+    assert b300.price_usd_hour == 142.416 and "us-west-2" in (b300.unverified or "")
+    assert cat.instance_type("gr6.4xlarge").price_usd_hour is None  # no public source gave one
+    assert "2026-12-03" in cat.prices_as_of
+    plan = make_plan(NodeRequest(gpu="RTX PRO 6000"))
+    assert plan.instance is not None and plan.instance.name == "g7e.2xlarge"

@@ -130,7 +130,7 @@ def test_facts_shows_each_family_its_age_and_the_ended_branches(base_env: dict[s
     assert all(f["origin"] == "snapshot" for f in shown["families"])
     assert {f["name"]: (f["read"], f["age_days"]) for f in shown["families"]} == {
         "torch": ("2026-12-03", 0), "cuda": ("2026-12-03", 0), "drivers": ("2026-12-01", 2),
-        "driver-lifecycle": ("2026-12-01", 2), "instance-types": ("2026-12-01", 2)}
+        "driver-lifecycle": ("2026-12-01", 2), "instance-types": ("2026-12-03", 0)}
     branches = {b["branch"]: b for b in shown["driver_branches"]}
     assert branches[610]["ended"] and branches[610]["end_of_life"] == "2026-08"  # an NFB that ended in August 2026
     assert branches[570]["ended"] and not branches[595]["ended"] and not branches[620]["ended"]

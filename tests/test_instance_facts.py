@@ -54,8 +54,9 @@ def test_ec2s_instance_types_agree_with_the_shipped_catalog(ec2_rows: dict[str, 
 def test_ec2_knows_gpu_types_the_catalog_does_not_and_maps_its_gpu_names(ec2_rows: dict[str, dict[str, Any]]) -> None:
     assert ec2_rows["p4d.24xlarge"]["gpu"] == "A100-40GB" and ec2_rows["p4de.24xlarge"]["gpu"] == "A100-80GB"
     assert ec2_rows["gr6.4xlarge"]["gpu"] == "L4" and ec2_rows["p6-b300.48xlarge"]["gpu"] == "B300"
-    g7e = ec2_rows["g7e.2xlarge"]  # not in the catalog: EC2's GPU name kept, for plan/gpu_names.py's table
-    assert "gpu" not in g7e and g7e["ec2_gpu"] == "RTX PRO Server 6000"
+    assert ec2_rows["g7e.2xlarge"]["gpu"] == "RTX-PRO-6000"  # EC2's "RTX PRO Server 6000", the catalog's alias
+    g9 = ec2_rows["g9.2xlarge"]  # invented, not in the catalog: EC2's GPU name kept, for plan/gpu_names.py's table
+    assert "gpu" not in g9 and g9["ec2_gpu"] == "L40"
     b300 = ec2_rows["p6-b300.48xlarge"]  # its card 0 carries no EFA (DescribeInstanceTypes NetworkCards)
     assert (b300["network_cards"], b300["efa_cards"], b300["efa_card0"]) == (17, 16, False)
 
@@ -65,14 +66,15 @@ def test_facts_refresh_keeps_ec2s_instance_types_and_the_regions_offerings(env: 
     run = gp(env, "facts", "refresh", "--only", "instance-types", "--region", "us-east-1")
     assert run.returncode == 0, run.stderr
     assert "instance-types: read from EC2 DescribeInstanceTypes and DescribeInstanceTypeOfferings in us-east-1" in run.stdout
-    assert "g7e.2xlarge: new (1× RTX PRO Server 6000, EFA no)" in run.stdout and "p3.2xlarge: gone" in run.stdout
+    assert "g9.2xlarge: new (1× L40, EFA no)" in run.stdout and "p3.2xlarge: gone" in run.stdout
+    assert "g7e.2xlarge" not in run.stdout  # the snapshot's row is EC2's
     assert "gr6f.4xlarge: new (0.5 of one L4, not planned)" in run.stdout
     overlay = facts.Overlay.model_validate(__import__("yaml").safe_load((tmp_path / "facts/instance-types.yaml").read_text()))
     assert "g4dn.xlarge" in overlay.offerings["us-east-1"]
     shown = json.loads(gp(env, "facts", "--json").stdout)
     assert next(f for f in shown["families"] if f["name"] == "instance-types")["origin"] == "refreshed"
-    planned = json.loads(gp(env, "plan", "--gpu", "RTX PRO 6000", "--json").stdout)  # offline, on the overlay
-    assert planned["instance_type"] == "g7e.2xlarge" and planned["stack"]["compute_capability"] == "12.0"
+    planned = json.loads(gp(env, "plan", "--gpu", "L40", "--json").stdout)  # offline, on the overlay
+    assert planned["instance_type"] == "g9.2xlarge" and planned["stack"]["compute_capability"] == "8.9"
 
 
 def test_plan_live_reads_ec2s_types_once_a_day(aws: Any, env: dict[str, str], tmp_path: Path) -> None:
@@ -98,23 +100,22 @@ def test_bad_input_asks_ec2_nothing_and_a_type_only_ec2_knows_is_planned_live(aw
     bad = gp(env, "up", "x", "--gpu", "A1000", "--yes")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --gpu: unknown GPU 'A1000'")
     assert len(aws.log("DescribeInstanceTypes")) == before
-    offline = gp(env, "plan", "--gpu", "L4", "--instance-type", "g7e.2xlarge")
-    assert offline.returncode == 2 and "unknown instance type 'g7e.2xlarge'" in offline.stderr
-    live = json.loads(gp(env, "plan", "--gpu", "RTX PRO 6000", "--instance-type", "g7e.2xlarge", "--live",
-                         "--json").stdout)
-    assert live["instance_type"] == "g7e.2xlarge"
-    assert any("g7e.2xlarge: read from EC2 DescribeInstanceTypes" in u for u in live["unverified"])
+    offline = gp(env, "plan", "--gpu", "L4", "--instance-type", "g9.2xlarge")
+    assert offline.returncode == 2 and "unknown instance type 'g9.2xlarge'" in offline.stderr
+    live = json.loads(gp(env, "plan", "--gpu", "L40", "--instance-type", "g9.2xlarge", "--live", "--json").stdout)
+    assert live["instance_type"] == "g9.2xlarge"
+    assert any("g9.2xlarge: read from EC2 DescribeInstanceTypes" in u for u in live["unverified"])
 
 
 def test_what_ec2_describes_today_decides_new_gpus_and_retired_types(aws: Any, env: dict[str, str],
                                                                      tmp_path: Path) -> None:
-    """The local endpoint describes g7e.2xlarge (one RTX PRO 6000, a GPU the snapshot lacks) and no longer P3
+    """The local endpoint describes the invented g9.2xlarge (one L40, a GPU the snapshot lacks) and no longer P3
     (tests/aws/ec2_types.py): EC2's answer decides, the snapshot is the fallback."""
     env = {**env, "GPUPROV_FACTS_DIR": str(tmp_path / "facts")}
-    offline = gp(env, "plan", "--gpu", "RTX PRO 6000")
-    assert offline.returncode == 2 and "unknown GPU 'RTX PRO 6000'" in offline.stderr
-    live = json.loads(gp(env, "plan", "--gpu", "RTX PRO 6000", "--live", "--json").stdout)
-    assert (live["gpu"], live["instance_type"], live["stack"]["compute_capability"]) == ("RTX-PRO-6000", "g7e.2xlarge", "12.0")
+    offline = gp(env, "plan", "--gpu", "L40")
+    assert offline.returncode == 2 and "unknown GPU 'L40'" in offline.stderr
+    live = json.loads(gp(env, "plan", "--gpu", "L40", "--live", "--json").stdout)
+    assert (live["gpu"], live["instance_type"], live["stack"]["compute_capability"]) == ("L40", "g9.2xlarge", "8.9")
     assert any("developer.nvidia.com/cuda-gpus" in u for u in live["unverified"])
     b300 = json.loads(gp(env, "plan", "--gpu", "B300", "--live", "--json").stdout)
     assert (b300["instance_type"], b300["stack"]["compute_capability"]) == ("p6-b300.48xlarge", "10.3")
@@ -124,7 +125,7 @@ def test_what_ec2_describes_today_decides_new_gpus_and_retired_types(aws: Any, e
         assert not [c for c in v100["candidates"] if c["instance_type"].startswith("p3.")]
     listed = gp(env, "gpus", "--live", "--region", "us-east-1")
     assert listed.returncode == 0, listed.stderr
-    assert "g7e.2xlarge: 1× RTX-PRO-6000, from EC2 (not in the shipped catalog)" in listed.stdout
+    assert "g9.2xlarge: 1× L40, from EC2 (not in the shipped catalog)" in listed.stdout
     assert "p3.2xlarge: gone, never chosen (" in listed.stdout
     assert "g6f.large: 0.125 of one L4, not planned (a fractional GPU" in listed.stdout  # not silently absent
     offered = aws.log("DescribeInstanceTypeOfferings")

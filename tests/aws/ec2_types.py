@@ -1,9 +1,11 @@
 """EC2's instance types as the imitation describes them: moto ships AWS's DescribeInstanceTypes data as it was
 when moto 5.2.5 was cut; the proxy lays today's differences over moto's answers, as EC2 would give them.
 
-* `NEW`: types EC2 describes that the shipped snapshot lacks, pinned here so the tests do not hang on which
-  moto's data has them (g7e.2xlarge: one NVIDIA RTX PRO 6000 Blackwell Server Edition, issue 37; moto 5.2.5 has
-  it too, as AWS's data gave it, and the proxy's item takes the place of moto's). DescribeInstanceTypes lists
+* `NEW`: types pinned here so the tests do not hang on which moto's data has them: g7e.2xlarge (one NVIDIA RTX PRO
+  6000 Blackwell Server Edition, issue 37; moto 5.2.5 has it too, as AWS's data gave it, and the proxy's item takes
+  the place of moto's; the shipped snapshot has it since 2026-12-03), and g9.2xlarge, an INVENTED type with an L40
+  (a GPU of plan/gpu_names.py's table the snapshot lacks), standing for the next type EC2 adds: every real GPU type
+  EC2 describes on x86_64 is in the snapshot now. DescribeInstanceTypes lists
   them, and DescribeInstanceTypeOfferings offers them in `ZONES` of their region. Their shape is botocore's EC2
   model's (InstanceTypeInfo, its XML names from the model's locationName, as `xml_item` renders any value of a
   shape), so gpuprov reads them through its own parser.
@@ -48,6 +50,10 @@ NEW: dict[str, dict[str, Any]] = {
         "AutoRecoverySupported": True, "SupportedBootModes": ["legacy-bios", "uefi"],
     },
 }
+# INVENTED (no such type): g7e.2xlarge's shape with one L40 (48 GB, EC2-style 46,068 MiB), a type the snapshot lacks
+NEW["g9.2xlarge"] = {**NEW["g7e.2xlarge"], "InstanceType": "g9.2xlarge",
+                     "GpuInfo": {"Gpus": [{"Name": "L40", "Manufacturer": "NVIDIA", "Count": 1,
+                                           "MemoryInfo": {"SizeInMiB": 46068}}], "TotalGpuMemoryInMiB": 46068}}
 REGION = "us-east-1"
 ZONES = ("us-east-1a", "us-east-1b", "us-east-1c")
 GONE = frozenset({"p3.2xlarge", "p3.8xlarge", "p3.16xlarge"})

@@ -50,7 +50,8 @@ launches); MaxResults/NextToken on DescribeSpotPriceHistory/SpotInstanceRequests
 ``page_size``; realistic: a deregistered image still listed for ``deregistered_listed`` answers.
 
 EC2's instance types today (tests/aws/ec2_types.py): DescribeInstanceTypes and DescribeInstanceTypeOfferings answer
-moto's data with a type moto lacks (g7e.2xlarge, in botocore's EC2 model's shape) and without retired ones (P3).
+moto's data with g7e.2xlarge and an invented g9.2xlarge pinned (in botocore's EC2 model's shape) and without retired
+ones (P3).
 
 Control API (same port, JSON):
   POST   /__faults__          body: one rule or a list of rules -> appended (a rule whose ``name`` equals an
