@@ -555,6 +555,7 @@ def test_newest_cuda_a_branch_runs_on_a_gpu(gpu, branch, cuda):
 def test_cuda_13_4_and_13_5_are_known_and_take_the_branch_that_runs_them(cuda, branch, minimum):
     stack = resolve("H100", cuda=cuda)
     assert (stack.cuda_toolkit, stack.driver_branch, stack.min_driver) == (cuda, branch, minimum)
+    assert minimum in st.facts().driver_versions[branch]  # a release that exists, so `--driver {minimum}` installs it
     assert stack.torch and stack.torch.cuda.split(".")[0] == "13"  # nvcc and the wheel share CUDA's major
     assert any(f"CUDA {cuda}'s minimum driver" in u for u in stack.unverified)  # not read in Table 3: said so
     with pytest.raises(StackConflict) as exc:  # an older branch is refused by the toolkit's minimum
