@@ -165,10 +165,11 @@ def _done(store: Store, node_name: str) -> None:
     store.update_node(node_name, state=NodeState.READY, journal_json=None, state_reason=None)
 
 
-def made_image(node_name: str, journal: Journal, provider: Provider, store: Store) -> Image | None:
+def made_image(node_name: str, journal: Journal, provider: Provider, store: Store, *, drop: bool = False) -> Image | None:
     """The image a bake's CreateImage made, if EC2 has it: by the id its answer gave, else by its name (the answer
     may be lost), recorded either way so that nothing of ours is left unrecorded; a bake that never sent CreateImage,
-    or whose image EC2 does not have (or failed), has none, and a record intended for it is dropped."""
+    or whose image EC2 does not have (or failed), has none. Its intended record is dropped then only when `drop`
+    (the bake is being settled): a look leaves it, for an image EC2 may still list late."""
     if journal.step == "clean" or not journal.image_name:
         return None
     found = provider.images(journal.region, ids=[journal.image]) if journal.image else []
@@ -176,7 +177,7 @@ def made_image(node_name: str, journal: Journal, provider: Provider, store: Stor
     image = next((i for i in found if i.state != "failed"), None)
     rows = [r for r in store.resources(None, region=journal.region, kind="image") if r.client_token == journal.image_name]
     for row in rows:
-        if image is None and row.cloud_id is None:
+        if image is None and row.cloud_id is None and drop:
             store.deleted(row.id)
         elif image is not None and row.cloud_id is None:
             store.created(row.id, image.id)
@@ -223,7 +224,7 @@ def settle(node_name: str, provider: Provider, store: Store, say: Say, wait: flo
     if not node.can_stop:
         raise UserInputError("NAME", f"{node_name} is a one-time spot node, which EC2 cannot stop, and its "
                              f"{journal.describe()}", f"`gpuprov down {node_name}` (its image, if made, is kept)")
-    image = made_image(node_name, journal, provider, store)
+    image = made_image(node_name, journal, provider, store, drop=True)
     if image is not None:
         say(f"{node_name}: its interrupted bake made {image.id} ({image.name}); waiting until it is available")
         image = provider.wait_image(journal.region, image.id, timeout=wait, settle=settle_window(),
