@@ -232,6 +232,11 @@ def settle(node_name: str, provider: Provider, store: Store, say: Say, wait: flo
         store.event(node_name, "baked", f"{image.id} {image.name} available (its bake settled)")
     else:
         say(f"{node_name}: its interrupted bake made no image; the node is stopped and started again to come back")
+    (current,) = provider.describe(journal.region, [journal.old_instance], settle=settle_window())
+    if current.state in ("terminated", "shutting-down"):  # nothing to bring back: `down` removes what is left
+        store.update_node(node_name, state=NodeState.GONE, journal_json=None,
+                          state_reason=current.state_reason or "instance terminated")
+        return
     say(f"{node_name}: stopping {journal.old_instance}: its next boot is a first boot (new host keys, gpuprov's key "
         "back), and `start` puts its guards back")
     provider.stop(journal.region, [journal.old_instance], settle=settle_window())
