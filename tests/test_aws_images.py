@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -70,7 +71,7 @@ def test_bake_cleans_the_node_tags_the_image_and_the_next_up_skips_every_install
     assert first.returncode == 0, first.stdout + first.stderr
     assert "image: Canonical's Ubuntu" in first.stdout and "no baked image of stack" in first.stdout
 
-    # a bake killed while CreateImage is under way: the clean-up has run by then; gc finds the image
+    # a bake killed once CreateImage was sent (its answer held, then lost): the clean-up has run by then
     aws.faults({"action": "CreateImage", "hold": True, "times": 1})
     proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "image", "bake", "base", "--name", "t4-stack", "--yes"],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -104,10 +105,47 @@ def test_bake_cleans_the_node_tags_the_image_and_the_next_up_skips_every_install
     (snap,) = aws.ec2().describe_snapshots(SnapshotIds=[image["BlockDeviceMappings"][0]["Ebs"]["SnapshotId"]])[
         "Snapshots"]
     assert tags(snap)["gpuprov:image"] == "t4-stack" and tags(snap)["gpuprov:owner"] == owner()
-    listed = gp(env, "gc")
-    assert image["ImageId"] in listed.stdout and "bake was interrupted" in listed.stdout
-    assert gp(env, "gc", "--yes").returncode == 0
+    # the node says a bake is in flight, the image EC2 has, and what settles it; gc records the image, never sweeps it
+    row = _refreshed(env, "base")
+    assert row["state"] == "baking" and image["ImageId"] in row["state_reason"], row
+    assert "`gpuprov start base` settles it" in row["state_reason"], row
+    swept = gp(env, "gc", "--yes")
+    assert swept.returncode == 0 and "base: image bake interrupted at CreateImage" in swept.stdout + swept.stderr
+    assert [i["ImageId"] for i in images_in(aws)] == [image["ImageId"]]
+    _all_recorded(aws, env)
+    again = gp(env, "image", "bake", "base", "--name", "t4-other", "--yes")
+    assert again.returncode == 2 and "`gpuprov start base` first" in again.stderr, again.stderr
+    settled = gp(env, "start", "base")  # waits for the image, then a stop and a start: a first boot, guards back
+    assert settled.returncode == 0, settled.stdout + settled.stderr
+    assert f"its interrupted bake made {image['ImageId']}" in settled.stdout
+    _reachable_with_its_guards(env, pool)
+    (listed,) = json.loads(gp(env, "image", "list", "--json").stdout)
+    assert (listed["id"], listed["state"], listed["recorded"]) == (image["ImageId"], "available", True)
+    assert gp(env, "image", "rm", "t4-stack", "--yes").returncode == 0
     assert images_in(aws) == [] and snap["SnapshotId"] not in snapshots_in(aws)
+
+    # killed right after the clean-up, before EC2 saw CreateImage (then refused): stop undoes the bake, start ends it
+    aws.faults({"action": "CreateImage", "pause": True, "times": 1})
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "image", "bake", "base", "--name", "t4-stack", "--yes"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        aws.wait_held(1, timeout=120)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    sent = len(aws.log("CreateImage"))
+    aws.faults({"action": "CreateImage", "code": "InvalidInstanceID.NotFound", "message": "gone", "times": 1})
+    aws.release()
+    while len(aws.log("CreateImage")) == sent:  # the paused request, refused
+        time.sleep(0.05)
+    row = _refreshed(env, "base")
+    assert row["state"] == "baking" and "image t4-stack not found" in row["state_reason"], row
+    stopped = gp(env, "stop", "base")
+    assert stopped.returncode == 0 and "base: stopped (its interrupted bake settled)" in stopped.stdout, stopped.stdout
+    assert images_in(aws) == [] and json.loads(gp(env, "image", "list", "--json").stdout) == []
+    assert gp(env, "start", "base").returncode == 0
+    _reachable_with_its_guards(env, pool)
 
     baked = gp(env, "image", "bake", "base", "--name", "t4-stack", "--yes")
     assert baked.returncode == 0, baked.stdout + baked.stderr
@@ -276,6 +314,26 @@ def test_bad_image_names_are_refused_before_any_aws_call(aws, env):
     assert bake.returncode == 2 and bake.stderr.startswith("error: --name")
     assert aws.log() == []
     nothing_left(aws)
+
+
+def _refreshed(env, name: str) -> dict:
+    (row,) = [n for n in json.loads(gp(env, "status", "--refresh", "--json").stdout) if n["name"] == name]
+    return row
+
+
+def _all_recorded(aws, env) -> None:
+    """Every image of ours EC2 has (and so its snapshots, which name it) is one a record names."""
+    recorded = {r["id"] for r in json.loads(gp(env, "image", "list", "--json").stdout) if r["recorded"]}
+    assert {i["ImageId"] for i in images_in(aws)} <= recorded
+
+
+def _reachable_with_its_guards(env, pool) -> None:
+    """A settled bake: the node ready, nothing in flight, reached over SSH, and on it exactly the guards its record
+    shows (its 8h TTL)."""
+    (row,) = json.loads(gp(env, "status", "base", "--json").stdout)
+    assert (row["state"], row["journal"], row["ttl_seconds"]) == ("ready", None, 8 * 3600), row
+    assert on_node(pool, 0).steps == {"ttl"}
+    assert gp(env, "exec", "base", "--", "true").returncode == 0
 
 
 def _baked_node(aws, env, pool, gp_home, *extra: str) -> tuple[tuple[str, ...], str]:

@@ -176,3 +176,49 @@ def test_a_resize_to_a_retired_type_is_refused_before_anything_changes(fake_clou
     assert (after["State"]["Name"], after["InstanceType"]) == ("stopped", inst["InstanceType"]) == ("stopped", "g4dn.xlarge")
     (node,) = status(fake_cloud)
     assert (node["state"], node["instance_type"]) == ("stopped", "g4dn.xlarge")
+
+
+def _killed_bake(cloud, name: str, step: str) -> str:
+    """What an `image bake` of `name` killed at `step` leaves: its journal and, once CreateImage was sent, an image
+    whose answer was lost (EC2 made it, no record names it yet). Returns the image id, or "" when none."""
+    from gpuprov.state import Journal, NodeState, open_store
+
+    store = open_store()
+    (inst,) = instances(cloud, name)
+    journal = Journal(op="bake", node=name, step=step, region="us-east-1", zone=inst["Placement"]["AvailabilityZone"],
+                      old_instance=inst["InstanceId"], image_name=f"{name}-stack")
+    store.update_node(name, state=NodeState.BAKING, journal_json=journal.to_json(), state_reason=journal.describe())
+    if step == "clean":
+        return ""
+    store.intend(None, "image", "us-east-1", f"{name}-stack")
+    ours = [t for t in inst["Tags"] if t["Key"] == "gpuprov:owner"]  # tagged as CreateImage's ImageRequest tags it
+    return cloud.ec2().create_image(InstanceId=inst["InstanceId"], Name=f"{name}-stack", TagSpecifications=[
+        {"ResourceType": "image", "Tags": [*ours, {"Key": "gpuprov:node", "Value": "(image)"},
+                                           {"Key": "gpuprov:image", "Value": f"{name}-stack"},
+                                           {"Key": "gpuprov:source-node", "Value": name}]}])["ImageId"]
+
+
+def test_a_killed_bake_is_shown_and_down_records_its_image_or_stop_settles_it(fake_cloud):
+    up(fake_cloud, "bk")
+    up(fake_cloud, "cl")
+    image_id = _killed_bake(fake_cloud, "bk", "image")
+    _killed_bake(fake_cloud, "cl", "clean")
+    rows = {n["name"]: n for n in status(fake_cloud, "--refresh")}
+    assert rows["bk"]["state"] == "baking" and f"image bk-stack {image_id}" in rows["bk"]["state_reason"]
+    assert rows["cl"]["state"] == "baking" and "at its clean-up" in rows["cl"]["state_reason"]
+    assert "`gpuprov start cl` settles it" in rows["cl"]["state_reason"]
+    down = fake_cloud.gp("down", "bk", "--yes")
+    assert down.exit_code == 0, down.output
+    assert f"its interrupted bake made {image_id} (bk-stack), kept and recorded" in down.output
+    (image,) = json.loads(fake_cloud.gp("image", "list", "--json").stdout)
+    assert (image["id"], image["recorded"]) == (image_id, True)  # images outlive nodes, and are never unrecorded
+    stopped = fake_cloud.gp("stop", "cl")
+    assert stopped.exit_code == 0 and "cl: stopped (its interrupted bake settled)" in stopped.output, stopped.output
+    (inst,) = instances(fake_cloud, "cl")
+    (row,) = status(fake_cloud)
+    assert inst["State"]["Name"] == "stopped" and (row["state"], row["journal"]) == ("stopped", None)
+    assert fake_cloud.gp("start", "cl", "--no-bootstrap").exit_code == 0
+    assert status(fake_cloud)[0]["state"] == "ready"
+    assert fake_cloud.gp("down", "cl", "--yes").exit_code == 0
+    assert fake_cloud.gp("image", "rm", "bk-stack", "--yes").exit_code == 0
+    assert fake_cloud.leftovers() == EMPTY

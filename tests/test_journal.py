@@ -76,3 +76,22 @@ def test_the_destroy_gate_hears_why_the_disk_must_stay_and_the_next_step() -> No
     said = blocking(launched) or ""
     assert "may be only on its new instance i-new" in said and "`gpuprov start mv` finishes the move first" in said
     assert "gpuprov down" not in said
+
+
+def test_a_bakes_journal_says_how_far_it_got_and_what_settles_it(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "state.sqlite")
+    store.create_node("bk", "aws", "us-east-1", state=NodeState.READY)
+    clean = Journal(op="bake", node="bk", step="clean", region="us-east-1", zone="us-east-1a", old_instance="i-0",
+                    image_name="bk-stack")
+    store.update_node("bk", state=NodeState.BAKING, journal_json=clean.to_json(), state_reason=clean.describe())
+    node = store.node("bk")
+    assert node.journal == clean and node.journal.is_bake and not node.journal.is_move and node.state == "baking"
+    assert blocking(node) is None  # a bake copies no disk: the destroy gate lets `down` go on
+    settles = "`gpuprov start bk` settles it (a stop and a start: new host keys, its guards back)"
+    assert clean.describe().startswith("image bake interrupted at its clean-up") and settles in clean.describe()
+    sent = replace(clean, step="image", image="ami-1", new_state="pending")
+    assert "at CreateImage (image bk-stack ami-1 pending)" in sent.describe() and settles in sent.describe()
+    assert "(image bk-stack not found)" in replace(clean, step="image", new_state="not found").describe()
+    assert "putting its guards back (image bk-stack ami-1 made)" in replace(sent, step="guards").describe()
+    store.update_node("bk", state=NodeState.READY, journal_json=None, state_reason=None)
+    assert store.node("bk").journal is None

@@ -34,6 +34,7 @@ WRITTEN = [
     (S.STARTING, S.RUNNING), (S.RUNNING, S.READY), (S.STARTING, S.STOPPED), (S.RUNNING, S.STOPPED),  # came up; refused
     (S.STARTING, S.GONE),  # start: its instance was terminated
     (S.STOPPED, S.MOVING), (S.MOVING, S.STARTING), (S.MOVING, S.STOPPED),  # start --move: finished, or undone
+    (S.READY, S.BAKING), (S.BAKING, S.READY), (S.BAKING, S.STOPPED),  # image bake: done or put back; settled
     (S.TERMINATED, S.WAITING), (S.WAITING, S.TERMINATED),  # up --wait between passes
     (S.FAILED, S.TERMINATING), (S.TERMINATING, S.TERMINATED), (S.TERMINATED, S.TERMINATING),  # take-back; down again
 ]

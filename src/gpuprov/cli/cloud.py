@@ -437,8 +437,12 @@ def stop(names: tuple[str, ...]) -> None:
         store.node(name)  # an unknown name is refused before anything is touched
     moving = [n for n in names if store.node(n).journal is not None]
     for name in moving:  # a move a killed command left: whichever of its instances runs is stopped
+        baking = store.node(name).state == "baking"
         node = journal.stop(name, provider, store, say_to(console))
-        if node.journal is not None:
+        if baking:  # an interrupted bake, settled
+            console.print(f"{name}: stopped (its interrupted bake settled)", markup=False)
+            console.print(f"  gpuprov start {name}   # new host keys, its guards back", markup=False)
+        elif node.journal is not None:
             console.print(f"{name}: its new instance is stopped; the move is not finished", markup=False)
             console.print(f"  gpuprov start {name}   # finishes the move and starts it", markup=False)
         else:

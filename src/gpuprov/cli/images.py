@@ -44,6 +44,8 @@ def bake(node: str, name: str | None, yes: bool, as_json: bool) -> None:
     hash. The node comes back with new host keys, pinned when gpuprov reaches it again once the image is
     available, and gets its guards back as its record shows them (the same TTL or budget deadline). If EC2
     refuses the image, the node is put back as it was. A node whose guards another member locked is refused.
+    A bake killed mid-way leaves the node `baking` (`status --refresh` says how far); `gpuprov start NODE`
+    settles it: its image recorded if EC2 made it, then a stop and a start (new host keys, its guards back).
     """
     from gpuprov.cloud import bake as baking
     from gpuprov.cloud import images

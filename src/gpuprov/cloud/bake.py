@@ -18,6 +18,34 @@ the tmpfs emptied), gets its guards back as its record shows them (cloud/guards.
 the spot watch, the TTL or budget deadline recorded (not a new one), and its monitoring (metrics, health watch).
 Its new host key is pinned on first contact, as `up` pins a new node's. A node whose guards another member
 locked (`--locked`) is not baked at all: the bake lifts them.
+
+A bake is journaled (state/records.py `Journal`, op "bake"), the node `baking`, each step recorded before it is
+taken: "clean" before the clean-up, "image" before CreateImage (its id added once answered), "guards" once the
+image is available; the journal is cleared, the node `ready`, when the bake ends either way. A bake killed
+mid-way (SIGKILL, a lost connection, a second signal) leaves it for the next command (`settle`):
+`status --refresh` names the image as EC2 has it and the next step; `start` and `stop` settle it; `down` and `gc`
+record the image if EC2 made it (so no image or snapshot of ours is left unrecorded) and `down` goes on; a second
+`image bake` is refused naming the step.
+
+Settling never needs the node's SSH, which a killed clean-up may have left refusing every connection (its host
+keys and gpuprov's key moved aside, the backup in a tmpfs). Three ways were weighed:
+  - keep sshd answering: leave the host keys in place (cloud-init's cc_ssh deletes them and makes new ones on an
+    instance's first boot, `ssh_deletekeys` being true by default, once per instance id). But gpuprov's own key
+    must leave authorized_keys before the snapshot, or every image would let the baker into its teammates' nodes;
+    once it is gone gpuprov cannot log in whatever the host keys, so this alone does not keep the node reachable.
+  - RebootInstances: the clean-up ran `cloud-init clean` first, so the next boot is a first boot (new host keys,
+    the launch key, gpuprov's, back in authorized_keys). But EC2 answers a reboot at once and the instance stays
+    `running` throughout: nothing says when the old sshd is gone, so the next contact could reach it still
+    refusing, or pin nothing.
+  - StopInstances then StartInstances (chosen): both are seen in EC2's answer (`stopped`, then `running` with its
+    address), the start is the path that already follows a new address and puts back every guard and monitoring
+    step as the record shows them (stopstart.start's bootstrap), and the boot is the same first boot. So settling a
+    bake is: the image looked up (by id, or by name: its answer may be lost) and recorded if EC2 made it, waited
+    for until available; else its intended record dropped; then the instance stopped, the node `stopped` with its
+    host key awaited anew (sshconfig.await_new_key). `start` then starts it as any stopped node; `stop` leaves it
+    stopped. A node that cannot stop (one-time spot) is refused with `gpuprov down` as its next step.
+The clean-up runs `cloud-init clean` before it moves anything, so a clean-up killed at any point leaves a node whose
+next boot is a first boot.
 """
 
 from __future__ import annotations
@@ -25,13 +53,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gpuprov.cloud.images import GUARD_STEPS, GUARD_UNITS, INSTALL_KINDS, check_image_name, stack_hash
 from gpuprov.cloud.providers.base import Image, ImageRequest, Provider
 from gpuprov.cloud.settle import settle_window
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
-from gpuprov.state import locks
+from gpuprov.state import Journal, NodeState, locks
 
 if TYPE_CHECKING:
     from gpuprov.hosts.remote import HostSettings, Remote
@@ -60,6 +89,9 @@ def _bake(node_name: str, image_name: str, store: Store, provider: Provider, tar
     from gpuprov.hosts.remote import Remote
 
     node = store.node(node_name)
+    if node.journal is not None and node.journal.is_bake:
+        raise UserInputError("NODE", f"{node_name}'s last {node.journal.describe()}",
+                             f"`gpuprov start {node_name}` first, then bake it again")
     if node.state != "ready":
         raise UserInputError("NODE", f"{node_name} is {node.state}", "bake a node that is ready (`gpuprov status`)")
     check_lock(node, "image bake")  # the clean-up lifts its guards until the image is made
@@ -77,11 +109,14 @@ def _bake(node_name: str, image_name: str, store: Store, provider: Provider, tar
         stack, steps = _installed(remote, node_name)
         say(f"{node_name}: {len(steps)} install steps on it ({', '.join(steps)}), stack {stack[:12]}")
         rid: int | None = None
+        journal = _note(store, Journal(op="bake", node=node_name, step="clean", region=node.region, zone=node.zone,
+                                       old_instance=instances[-1], image_name=image_name, began_at=time.time()))
         try:
             _run_step(remote, node_name, "image-clean", "image_clean.sh.j2", "the clean-up before the image",
                       _clean_values(node.region, node.ssh_user or "ubuntu"))
             say(f"{node_name}: host keys, gpuprov's authorized key, guards, logs and cloud-init data moved aside "
                 "(put back if EC2 refuses the image); markers kept")
+            journal = _note(store, replace(journal, step="image"))
             rid = store.intend(None, "image", node.region, image_name)
             store.event(node_name, "bake", f"CreateImage {image_name} (stack {stack[:12]})")
             image_id = provider.create_image(ImageRequest(
@@ -93,6 +128,7 @@ def _bake(node_name: str, image_name: str, store: Store, provider: Provider, tar
                 if rid is not None:
                     store.deleted(rid)
                 _put_back(remote, node_name, exc, say)
+                _done(store, node_name)
                 if isinstance(exc, Interrupted):
                     exc.note = f"no image was made; {node_name} is as it was before the bake"
                 raise
@@ -101,16 +137,116 @@ def _bake(node_name: str, image_name: str, store: Store, provider: Provider, tar
         remote.close()
     assert rid is not None  # create_image ran, so the record was written first
     store.created(rid, image_id)
+    journal = _note(store, replace(journal, image=image_id))
     say(f"CreateImage {image_id} ({image_name}): EC2 stops {node_name}, snapshots its disk and starts it again")
     try:
         image = provider.wait_image(node.region, image_id, timeout=wait, settle=settle_window(),
                                     progress=_progress(say, image_id))
     except Interrupted as exc:  # nothing to take back: EC2 makes the image; the record finds it
-        exc.note = f"EC2 goes on making {image_id} ({image_name}); `gpuprov image list` shows when it is ready"
+        exc.note = (f"EC2 goes on making {image_id} ({image_name}); {node_name} is baking, its guards not back: "
+                    f"`gpuprov start {node_name}` settles it once the image is available")
         raise
     store.event(node_name, "baked", f"{image_id} {image_name} available")
+    _note(store, replace(journal, step="guards", new_state=image.state))
     _guards_back(node_name, store, target, settings, say)
+    _done(store, node_name)
     return image
+
+
+def _note(store: Store, journal: Journal) -> Journal:
+    """The bake's step, recorded before it is taken: the node `baking`, its state saying how far and what next."""
+    store.update_node(journal.node, state=NodeState.BAKING, journal_json=journal.to_json(),
+                      state_reason=journal.describe())
+    return journal
+
+
+def _done(store: Store, node_name: str) -> None:
+    """The bake ended (the image made and the guards back, or the node put back as it was): nothing in flight."""
+    store.update_node(node_name, state=NodeState.READY, journal_json=None, state_reason=None)
+
+
+def made_image(node_name: str, journal: Journal, provider: Provider, store: Store, *, drop: bool = False) -> Image | None:
+    """The image a bake's CreateImage made, if EC2 has it: by the id its answer gave, else by its name (the answer
+    may be lost), recorded either way so that nothing of ours is left unrecorded; a bake that never sent CreateImage,
+    or whose image EC2 does not have (or failed), has none. Its intended record is dropped then only when `drop`
+    (the bake is being settled): a look leaves it, for an image EC2 may still list late."""
+    if journal.step == "clean" or not journal.image_name:
+        return None
+    found = provider.images(journal.region, ids=[journal.image]) if journal.image else []
+    found = found or provider.images(journal.region, name=journal.image_name)
+    image = next((i for i in found if i.state != "failed"), None)
+    rows = [r for r in store.resources(None, region=journal.region, kind="image") if r.client_token == journal.image_name]
+    for row in rows:
+        if image is None and row.cloud_id is None and drop:
+            store.deleted(row.id)
+        elif image is not None and row.cloud_id is None:
+            store.created(row.id, image.id)
+    if image is not None and not rows:
+        store.created(store.intend(None, "image", journal.region, journal.image_name), image.id)
+    return image
+
+
+def look(node_name: str, provider: Provider, store: Store) -> None:
+    """`status --refresh` of a node a killed bake left: the image as EC2 has it, in the node's state."""
+    journal = store.node(node_name).journal
+    if journal is None or not journal.is_bake:
+        return
+    image = made_image(node_name, journal, provider, store)
+    seen = replace(journal, image=image.id if image else journal.image,
+                   new_state=image.state if image else (None if journal.step == "clean" else "not found"))
+    _note(store, seen)
+
+
+def forget(node_name: str, provider: Provider, store: Store, say: Say) -> None:
+    """`down` of a node a killed bake left: its image recorded if EC2 made it (images outlive nodes), the journal
+    cleared; the node's own teardown follows."""
+    journal = store.node(node_name).journal
+    if journal is None or not journal.is_bake:
+        return
+    image = made_image(node_name, journal, provider, store)
+    if image is not None:
+        say(f"{node_name}: its interrupted bake made {image.id} ({image.name}), kept and recorded")
+    store.update_node(node_name, journal_json=None, state_reason=None)
+    store.event(node_name, "bake-settled", f"at {journal.step}, for a down")
+
+
+def settle(node_name: str, provider: Provider, store: Store, say: Say, wait: float = WAIT_SECONDS) -> None:
+    """`start`/`stop` of a node a killed bake left (the caller holds its lock): the image found and recorded, and
+    waited for, or its record dropped; then the instance stopped, the node `stopped`, its next boot a first boot
+    whose new host key is pinned on first contact. `start` then starts it as any stopped node, which puts its
+    guards back as its record shows them."""
+    from gpuprov.hosts import sshconfig
+
+    node = store.node(node_name)
+    journal = node.journal
+    if journal is None or not journal.is_bake:
+        return
+    if not node.can_stop:
+        raise UserInputError("NAME", f"{node_name} is a one-time spot node, which EC2 cannot stop, and its "
+                             f"{journal.describe()}", f"`gpuprov down {node_name}` (its image, if made, is kept)")
+    image = made_image(node_name, journal, provider, store, drop=True)
+    if image is not None:
+        say(f"{node_name}: its interrupted bake made {image.id} ({image.name}); waiting until it is available")
+        image = provider.wait_image(journal.region, image.id, timeout=wait, settle=settle_window(),
+                                    progress=_progress(say, image.id))
+        store.event(node_name, "baked", f"{image.id} {image.name} available (its bake settled)")
+    else:
+        say(f"{node_name}: its interrupted bake made no image; the node is stopped and started again to come back")
+    (current,) = provider.describe(journal.region, [journal.old_instance], settle=settle_window())
+    if current.state in ("terminated", "shutting-down"):  # nothing to bring back: `down` removes what is left
+        store.update_node(node_name, state=NodeState.GONE, journal_json=None,
+                          state_reason=current.state_reason or "instance terminated")
+        return
+    say(f"{node_name}: stopping {journal.old_instance}: its next boot is a first boot (new host keys, gpuprov's key "
+        "back), and `start` puts its guards back")
+    provider.stop(journal.region, [journal.old_instance], settle=settle_window())
+    (stopped,) = provider.wait_stopped(journal.region, [journal.old_instance])
+    now = time.time()
+    sshconfig.await_new_key(node_name)
+    store.update_node(node_name, state=NodeState.STOPPED, journal_json=None, stopped_at=now,
+                      state_reason=f"its image bake was interrupted at {journal.step}; settled by a stop",
+                      **node.stopped_run(now))
+    store.event(node_name, "stopped", f"{stopped.id} (an interrupted bake settled)")
 
 
 def _guards_back(node_name: str, store: Store, target: Target, settings: HostSettings, say: Say) -> None:
@@ -145,6 +281,11 @@ def _guards_back(node_name: str, store: Store, target: Target, settings: HostSet
         finally:
             remote.close()
     except (GpuprovError, KeyboardInterrupt) as exc:  # a step failed, or interrupted (any signal)
+        if isinstance(exc, KeyboardInterrupt) and not at_monitoring:  # the journal stays at "guards": the record
+            if isinstance(exc, Interrupted):  # keeps them, and `start` puts them back
+                exc.note = (f"the image is made; {node_name}'s guards are not back yet: `gpuprov start {node_name}` "
+                            "puts them back (a stop and a start)")
+            raise
         if not at_monitoring:
             _guards_lost(node_name, store, exc, say)
         else:

@@ -23,6 +23,11 @@ journal to refuse deleting a disk a move still needs.
 A `start` (resized first, or not: cloud/stopstart.py) journals its two steps too, with the node `resizing` or
 `starting`: a rerun `start` finishes it as it always has (the resize asked for is done first), `status --refresh`
 says what EC2 says of its instance, and `stop` stops that instance, recording the type EC2 says it has.
+
+An `image bake` journals its steps too, with the node `baking` (cloud/bake.py says why it is settled the way it
+is): `status --refresh` says what EC2 has of its image; `start` and `stop` record the image if EC2 made it (waiting
+until available) and stop the node, `start` then starting it as any stopped node, its guards put back; `down`
+and `gc` record the image, `gc` naming the next step.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from gpuprov.cloud import move, move_region
+from gpuprov.cloud import bake, move, move_region
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.destroy import in_flight
 from gpuprov.cloud.providers.base import LaunchError
@@ -103,6 +108,9 @@ def resume(name: str, provider: Provider, store: Store, say: Say) -> Node:
     with locks.nodes([name], "resume a move", say):  # a move still at work finishes first
         node = store.node(name)
         journal = node.journal
+        if journal is not None and journal.is_bake:  # its image recorded if made; the node's teardown follows
+            bake.forget(name, provider, store, say)
+            return store.node(name)
         if journal is None or not journal.is_move:  # a start's: its records are the node's own, `down` follows them
             return node
         new = _kept(journal, new_instance(node, journal, provider, store))
@@ -120,6 +128,9 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
     with locks.nodes([name], "start", say):
         node = store.node(name)
         journal = node.journal
+        if journal is not None and journal.is_bake:  # stopped, its image recorded; then started as any stopped node
+            bake.settle(name, provider, store, say)
+            return None
         if journal is None or not journal.is_move:  # a killed start or resize: stopstart.start resumes it
             return None
         rec = tl.Recorder("start", name)
@@ -152,6 +163,9 @@ def stop(name: str, provider: Provider, store: Store, say: Say) -> Node:
         journal = node.journal
         if journal is None:
             return node
+        if journal.is_bake:
+            bake.settle(name, provider, store, say)
+            return store.node(name)
         if not journal.is_move:
             return _stop_start(node, journal, provider, store, say)
         new = _kept(journal, new_instance(node, journal, provider, store))
@@ -203,6 +217,9 @@ def look(nodes: list[Node], provider: Provider, store: Store, say: Say) -> None:
                 journal = node.journal
                 if journal is None:
                     continue
+                if journal.is_bake:  # what EC2 has of its image
+                    bake.look(node.name, provider, store)
+                    continue
                 if not journal.is_move:  # a killed start: what EC2 says of its instance
                     (current,) = provider.instances(node.region, ids=[journal.old_instance]) or (None,)
                     seen = replace(journal, new_state=current.state if current else "not found")
@@ -224,6 +241,11 @@ def settle_all(provider: Provider, store: Store, say: Say, *, act: bool) -> None
         if node.journal is None:
             continue
         try:
+            if node.journal.is_bake:  # its image recorded if EC2 made it, never swept; the next step named
+                with locks.hold(locks.node(node.name), "gc", wait=False, subject=node.name):
+                    bake.look(node.name, provider, store)
+                    say(f"{node.name}: {store.node(node.name).state_reason}")
+                continue
             if not node.journal.is_move:
                 continue  # a killed start's records are the node's own: nothing to collect
             with locks.hold(locks.node(node.name), "gc", wait=False, subject=node.name):
@@ -232,4 +254,4 @@ def settle_all(provider: Provider, store: Store, say: Say, *, act: bool) -> None
                 else:
                     say(f"{in_flight(store.node(node.name))}")
         except locks.Busy as busy:
-            say(f"{node.name}: its move is at work ({busy.holder}); left to it")
+            say(f"{node.name}: its {node.journal.op} is at work ({busy.holder}); left to it")

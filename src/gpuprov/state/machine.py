@@ -1,7 +1,8 @@
 """A node's states and the moves between them: one table, which both stores check every state change against.
 
 The table is what the commands do (cloud/): `up` goes launching -> running -> bootstrapping -> ready, `stop` and
-`start` go round through stopping, stopped, resizing and starting (moving, for `start --move`), `status --refresh`
+`start` go round through stopping, stopped, resizing and starting (moving, for `start --move`), `image bake`
+goes ready -> baking -> ready (a killed one: stopped), `status --refresh`
 follows what EC2 did (stopped, interrupted, gone), `up --wait` parks a name as waiting between its passes. A move
 the table lacks is a mistake in gpuprov (a command wrote a state its node cannot be in), so it is refused as a bug,
 before anything is written. A teardown is never refused: `down`, a take-back and `gc` must reach every node, whatever it says.
@@ -30,6 +31,7 @@ class NodeState(str, Enum):
     RESIZING = "resizing"  # a `start --instance-type`: the type is being changed, the node stopped
     STARTING = "starting"
     MOVING = "moving"  # a `start --move`: its journal (records.Journal) says how far; the next command finishes it
+    BAKING = "baking"  # an `image bake`: its journal says how far; a bake killed mid-way is settled by `start`/`stop`
     WAITING = "waiting"  # `up --wait`, between two passes: owning nothing
     INTERRUPTED = "interrupted"  # a spot node EC2 took back (a persistent one EC2 alone starts again)
     GONE = "gone"  # an on-demand node whose instance was terminated outside gpuprov
@@ -59,7 +61,9 @@ TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
     # a `start` killed after its instance ran: stopped again
     S.RUNNING: _then(S.BOOTSTRAPPING, S.READY, S.STOPPING, S.STOPPED, S.INTERRUPTED),
     S.BOOTSTRAPPING: _then(S.READY, S.STOPPING, S.STOPPED, S.INTERRUPTED),
-    S.READY: _then(S.STOPPING, S.STOPPED, S.INTERRUPTED),
+    S.READY: _then(S.STOPPING, S.STOPPED, S.INTERRUPTED, S.BAKING),
+    # a bake: done or put back (ready again); a killed one settled by stopping it; refresh: EC2 took a spot node back
+    S.BAKING: _then(S.READY, S.STOPPED, S.INTERRUPTED),
     S.STOPPING: _then(S.STOPPED),
     # start (resized first, or as it is; start --move), refresh: EC2 stopped a persistent spot node
     S.STOPPED: _then(S.RESIZING, S.STARTING, S.INTERRUPTED, S.MOVING),

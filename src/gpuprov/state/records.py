@@ -205,9 +205,10 @@ class Journal:
     step is), and the ids it has made so far. The next command that touches the node reads it to finish the
     operation or undo it (cloud/journal.py); a node with none has nothing in flight."""
 
-    op: str  # "move" (another zone of its region), "move-region", "resize" or "start" (cloud/stopstart.py)
+    op: str  # "move" (another zone of its region), "move-region", "resize" or "start" (cloud/stopstart.py), "bake"
     node: str
-    step: str  # the step recorded last: a move's "image", "copy", "access", "launch", "retire"; "resize", "start"
+    step: str  # the step recorded last: a move's "image", "copy", "access", "launch", "retire"; "resize", "start";
+    # a bake's "clean" (its clean-up), "image" (CreateImage), "guards" (the image made, its guards being put back)
     region: str  # where the node was when the operation began
     zone: str | None
     old_instance: str  # the instance the node had (a move: stopped, its disk the one being copied; a start: its own)
@@ -220,6 +221,7 @@ class Journal:
     began_at: float = 0.0
     from_type: str | None = None  # a resize: the type before ...
     to_type: str | None = None  # ... and the type asked for
+    image_name: str | None = None  # a bake: the image's name, which finds it when CreateImage's answer was lost
 
     def to_json(self) -> str:
         from dataclasses import asdict
@@ -241,6 +243,10 @@ class Journal:
         return self.op in ("move", "move-region")
 
     @property
+    def is_bake(self) -> bool:
+        return self.op == "bake"
+
+    @property
     def copy_in_flight(self) -> bool:
         """The disk's only copy may be in the operation's hands: its old instance's disk is not yet retired while
         a new instance from its image exists or may (a launch asked for), or has been retired and the new one is
@@ -250,6 +256,8 @@ class Journal:
     def describe(self) -> str:
         """The operation as the node's state column says it (beside `moving`): what runs, what is not done yet, and
         the next step."""
+        if self.is_bake:
+            return self._bake_said()
         if not self.is_move:
             what = f"resize {self.from_type} -> {self.to_type}" if self.op == "resize" else "start"
             now = f"its instance {self.old_instance} {self.new_state}" if self.new_state else self.old_instance
@@ -264,6 +272,18 @@ class Journal:
                     f"`gpuprov stop {self.node}` takes back what the move made")
         return (f"its disk is being copied ({self.step}), no new instance runs yet; "
                 f"`gpuprov stop {self.node}` takes the copy back")
+
+    def _bake_said(self) -> str:
+        """A bake's: how far it got, and that `start` or `stop` settles it (cloud/bake.py `settle`)."""
+        then = (f"`gpuprov start {self.node}` settles it (a stop and a start: new host keys, its guards back), "
+                f"`gpuprov stop {self.node}` stops it")
+        if self.step == "clean":
+            return f"image bake interrupted at its clean-up (host keys, gpuprov's key and guards moved aside); {then}"
+        made = f"image {self.image_name}" + (f" {self.image}" if self.image else "")
+        seen = f" {self.new_state}" if self.new_state else ""
+        if self.step == "guards":
+            return f"image bake interrupted putting its guards back ({made} made); {then}"
+        return f"image bake interrupted at CreateImage ({made}{seen}); {then}"
 
 
 @dataclass(frozen=True)
