@@ -161,3 +161,16 @@ def test_a_two_node_cluster_goes_into_its_placement_group_and_down_takes_the_gro
     down = fake_cloud.gp("down", "train", "--yes")
     assert down.exit_code == 0, down.output
     assert fake_cloud.leftovers() == EMPTY
+
+
+def test_up_says_a_name_taken_and_a_missing_instance_profile_before_it_asks(fake_cloud):
+    """The cheap checks come before `Launch …? [y/N]`: without --yes (and no terminal) the name taken or the
+    missing profile is the error, not `--yes: no terminal to confirm on` (nor, on a terminal, the question)."""
+    up(fake_cloud, "n1")
+    asks = ("--ssh-cidr", CIDR, "--no-bootstrap", "--no-wait")
+    one_error_line(fake_cloud.gp("up", "n1", "--gpu", "T4", *asks), "a node called 'n1' already exists")
+    one_error_line(fake_cloud.gp("up", "n2", "--gpu", "T4", "--instance-profile", "nope", *asks),
+                   "error: --instance-profile: no instance profile 'nope'")
+    one_error_line(fake_cloud.gp("up", "n2", "--gpu", "T4", *asks), "error: --yes: no terminal to confirm on")
+    assert len(instances(fake_cloud)) == 1
+

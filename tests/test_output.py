@@ -26,12 +26,14 @@ def run(*args: str, home: Path, columns: int | None = None, **env_extra: str) ->
                        stdin=subprocess.DEVNULL, timeout=60)
 
 
-def in_pty(*args: str, home: Path, **env_extra: str) -> tuple[int, bytes]:
+def in_pty(*args: str, home: Path, answer: bytes = b"", **env_extra: str) -> tuple[int, bytes]:
+    """`gpuprov ARGS` on a terminal; `answer`: what is typed there (read by a question, if one is asked)."""
     import pty
 
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS")}
     env.update({"GPUPROV_HOME": str(home), "TERM": "xterm-256color", **env_extra})
     leader, follower = pty.openpty()
+    os.write(leader, answer)
     proc = forkcli.run([sys.executable, "-m", "gpuprov", *args], stdin=follower, stdout=follower, stderr=follower,
                        env=env, timeout=60)
     os.close(follower)
@@ -206,6 +208,12 @@ def test_up_and_down_without_a_terminal_say_pass_yes(nodes: Path, args: list[str
     assert result.returncode == 2
     assert "error: --yes: no terminal to confirm on" in result.stderr and "pass --yes (or -y)" in result.stderr
     assert "Aborted" not in result.stderr
+
+
+def test_up_on_a_terminal_says_the_name_is_taken_before_it_asks(nodes: Path) -> None:
+    code, out = in_pty("up", "train-llama-70b", "--gpu", "t4", home=nodes, answer=b"n\n", NO_COLOR="1")
+    assert code == 2 and b"error: NAME: a node called 'train-llama-70b' already exists" in out
+    assert b"Launch" not in out and b"[y/N]" not in out
 
 
 @pytest.mark.parametrize("command", ["gpus", "plan", "up", "start", "status", "down", "gc", "bootstrap", "check", "doctor",

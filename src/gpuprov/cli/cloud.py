@@ -164,12 +164,13 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     if dry_run:
         console.print(plan_view(the_plan))
         return
+    store, provider = store_and_provider()
     if not yes:
+        launch.precheck(the_plan, opts, provider, store, say_to(console))  # a name taken is said before the question
         price = the_plan.price_usd_hour
         world = ", SSH open to the whole internet" if launch.open_to_all(ssh_cidr) else ""
         confirm(f"Launch {node_name}: {the_plan.instance.name if the_plan.instance else '?'}"
                 f" ({'spot' if kw['spot'] else 'on-demand'}, list ${price or 0:.2f}/h{world})?", "launch")
-    store, provider = store_and_provider()
     result = _waiting(lambda say: one_node.up(the_plan, opts, provider, store, say), wait, node_name, store,
                       say_to(console))
     node = result.node
@@ -223,14 +224,15 @@ def _up_cluster(the_plan: Plan, opts: UpOptions, nodes: int, min_nodes: int | No
         for line in net.describe(layout, nodes):
             console.print(f"  {line}", markup=False)
         return
+    store, provider = store_and_provider()
     if not yes:
         price = (the_plan.price_usd_hour or 0) * nodes
-        from gpuprov.cloud.launch import open_to_all
+        from gpuprov.cloud.launch import open_to_all, precheck
 
+        precheck(the_plan, opts, provider, store, say_to(console))  # a name taken is said before the question
         world = ", SSH open to the whole internet" if open_to_all(opts.ssh_cidr) else ""
         confirm(f"Launch {opts.name}: {nodes} × {instance} ({'spot' if the_plan.request.spot else 'on-demand'}, "
                 f"list ${price:.2f}/h for all{world})?", "launch")
-    store, provider = store_and_provider()
     result = _waiting(lambda say: cluster_up.up(the_plan, opts, copts, provider, store, say), wait, opts.name, store,
                       say_to(console))
     node = result.node
