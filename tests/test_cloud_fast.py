@@ -174,3 +174,15 @@ def test_up_says_a_name_taken_and_a_missing_instance_profile_before_it_asks(fake
     one_error_line(fake_cloud.gp("up", "n2", "--gpu", "T4", *asks), "error: --yes: no terminal to confirm on")
     assert len(instances(fake_cloud)) == 1
 
+
+def test_nodes_and_clusters_of_hosts_share_one_namespace(fake_cloud):
+    """`exec/ssh/check NAME` reach a cluster of that name and `down NAME` the node: neither takes the other's."""
+    from gpuprov import cluster
+
+    up(fake_cloud, "n1")
+    cluster.save(cluster.Cluster(name="train", master_addr="10.0.0.1", master_port=29500, members=[
+        cluster.ClusterHost(host="10.0.0.1", address="10.0.0.1", gpus=1)]))
+    one_error_line(fake_cloud.gp("up", "train", "--gpu", "T4", *NO_SSH), "'train' is already a cluster of existing hosts")
+    one_error_line(fake_cloud.gp("bootstrap", "root@10.0.0.1", "--cluster", "n1"),
+                   "error: --cluster: 'n1' is already a node's name")
+    assert [i["Tags"] for i in instances(fake_cloud) if {"Key": "gpuprov:node", "Value": "train"} in i["Tags"]] == []

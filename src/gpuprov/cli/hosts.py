@@ -83,9 +83,9 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
     from gpuprov.plan.spec import load_playbook, parse_duration
 
     if cluster_name is not None:
-        from gpuprov.cluster import check_master_addr, check_name
+        from gpuprov.cluster import check_master_addr, check_name, check_not_a_node
 
-        check_name(cluster_name)
+        check_not_a_node(check_name(cluster_name))
         master_addr = check_master_addr(master_addr) if master_addr else None
     elif master_addr:
         raise click.UsageError("--master-addr needs --cluster NAME")

@@ -128,6 +128,21 @@ def check_name(name: str) -> str:
     return name
 
 
+def check_not_a_node(name: str) -> str:
+    """Nodes and clusters share one namespace: with a node and a cluster both called NAME, `exec/ssh/check NAME`
+    would reach the cluster and `down NAME` the node. A node's name is refused for a cluster, naming the node."""
+    from gpuprov.paths import state_dir
+    from gpuprov.state.url import configured
+
+    if configured() is None and not (state_dir() / "state.sqlite").exists():
+        return name
+    node = _store().find_node(name)
+    if node is not None and node.live:
+        raise UserInputError("--cluster", f"{name!r} is already a node's name (gpuprov status {name})",
+                             "pick another cluster name: nodes and clusters share one namespace")
+    return name
+
+
 def _store() -> Store:
     from gpuprov.state import open_store
 
