@@ -175,6 +175,23 @@ def test_up_says_a_name_taken_and_a_missing_instance_profile_before_it_asks(fake
     assert len(instances(fake_cloud)) == 1
 
 
+def test_a_resize_that_raises_the_price_asks_as_up_does(fake_cloud):
+    up(fake_cloud, "n1")  # g4dn.xlarge
+    assert fake_cloud.gp("stop", "n1").exit_code == 0
+    dearer = ("start", "n1", "--instance-type", "g4dn.2xlarge", "--no-bootstrap")
+    one_error_line(fake_cloud.gp(*dearer), "error: --yes: no terminal to confirm on")
+    (inst,) = instances(fake_cloud, "n1")
+    assert inst["InstanceType"] == "g4dn.xlarge" and inst["State"]["Name"] == "stopped"
+    assert status(fake_cloud)[0]["state"] == "stopped"  # nothing recorded either: no resize to finish
+    resized = fake_cloud.gp(*dearer, "--yes")
+    assert resized.exit_code == 0, resized.output
+    assert instances(fake_cloud, "n1")[0]["InstanceType"] == "g4dn.2xlarge"
+    assert fake_cloud.gp("stop", "n1").exit_code == 0
+    cheaper = fake_cloud.gp("start", "n1", "--instance-type", "g4dn.xlarge", "--no-bootstrap")  # asks nothing
+    assert cheaper.exit_code == 0, cheaper.output
+    assert instances(fake_cloud, "n1")[0]["InstanceType"] == "g4dn.xlarge"
+
+
 def test_nodes_and_clusters_of_hosts_share_one_namespace(fake_cloud):
     """`exec/ssh/check NAME` reach a cluster of that name and `down NAME` the node: neither takes the other's."""
     from gpuprov import cluster

@@ -468,12 +468,14 @@ def stop(names: tuple[str, ...]) -> None:
                    "[default: its VPC's subnet in each zone tried]; with --region, one of that region "
                    "(needed for a node reached on its private address).")
 @click.option("--no-bootstrap", is_flag=True, help="Do not bootstrap and verify again after it runs.")
+@click.option("-y", "--yes", is_flag=True,
+              help="Do not ask before a resize that raises the price (needed for one without a terminal).")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
 @step_silence_option
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
 def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zone: str | None, region: str | None,
-          subnet: str | None, no_bootstrap: bool, verbose: bool, step_silence: float, as_json: bool) -> None:
+          subnet: str | None, no_bootstrap: bool, yes: bool, verbose: bool, step_silence: float, as_json: bool) -> None:
     """Start a stopped node (resized first with --gpu/--instance-type), wait for it, bootstrap and verify
     again, and print its new address and $/h. A resize the installed stack cannot serve is refused before
     anything changes; if AWS refuses the start, the node stays stopped, as it was."""
@@ -494,7 +496,8 @@ def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zon
     console = make_console(stderr=as_json)
     opts = stopstart.StartOptions(gpu=gpu, instance_type=instance_type, bootstrap=not no_bootstrap,
                                   step_silence=step_silence or None,
-                                  verbose_echo=line_echo(console) if verbose else None)
+                                  verbose_echo=line_echo(console) if verbose else None,
+                                  confirm=None if yes else lambda question: confirm(question, "resize it"))
     from gpuprov.cloud import journal
 
     # a move a killed command left is finished (its new instance kept), or undone before anything else
