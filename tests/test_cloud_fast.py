@@ -203,3 +203,22 @@ def test_nodes_and_clusters_of_hosts_share_one_namespace(fake_cloud):
     one_error_line(fake_cloud.gp("bootstrap", "root@10.0.0.1", "--cluster", "n1"),
                    "error: --cluster: 'n1' is already a node's name")
     assert [i["Tags"] for i in instances(fake_cloud) if {"Key": "gpuprov:node", "Value": "train"} in i["Tags"]] == []
+
+
+def test_status_of_an_empty_team_bucket_names_it_and_the_local_files_nodes(fake_cloud, monkeypatch):
+    """`no nodes` names the state it read; the bucket read while the local file has nodes says so."""
+    import boto3
+
+    from gpuprov.state import open_store
+    from tests.aws.inprocess import ENDPOINT
+
+    open_store().create_node("n1", "aws", "us-east-1", gpu="T4", gpu_count=1, instance_type="g4dn.xlarge",
+                             market="on-demand", state="ready", address="10.0.0.5", ssh_user="ubuntu")
+    s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=ENDPOINT)
+    s3.create_bucket(Bucket="team-bucket")
+    s3.put_bucket_versioning(Bucket="team-bucket", VersioningConfiguration={"Status": "Enabled"})
+    monkeypatch.setenv("GPUPROV_STATE", "s3://team-bucket/gp")
+    result = fake_cloud.gp("status")
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())
+    assert "no nodes in team state s3://team-bucket/gp/; the local file" in out and "has 1 node of its own" in out

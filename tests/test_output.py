@@ -347,3 +347,38 @@ def test_status_piped_shows_every_state(four_nodes: Path) -> None:
     out = run("status", home=four_nodes).stdout  # piped, no COLUMNS: rich's 80
     assert max(len(line) for line in out.splitlines()) <= 80
     _shown_or_named(out)
+
+
+def test_a_mistyped_home_is_no_fresh_state_and_status_names_where_it_looked(tmp_path: Path) -> None:
+    """A read-only command makes no state where it looks: a typo in GPUPROV_HOME, or a HOME that does not exist,
+    answered `no nodes` while the nodes billed, and left a fresh state tree there."""
+    typo = tmp_path / "gpuporv"
+    for args in (["status"], ["status", "--json"], ["cluster", "list"], ["state"]):
+        assert run(*args, home=typo).returncode == 0, args
+        assert not typo.exists(), args
+    out = run("status", home=typo).stdout
+    assert f"no nodes: there is no state file at {typo / 'state.sqlite'}" in out and "GPUPROV_HOME" in out
+    assert run("status", "exp1", home=typo).stderr.startswith(
+        f"error: NAME: no node called 'exp1': there is no state file at {typo / 'state.sqlite'}")
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUPROV_HOME", "XDG_STATE_HOME", "COLUMNS")}
+    nohome = tmp_path / "nohome"
+    env.update({"HOME": str(nohome), "NO_COLOR": "1"})
+    result = forkcli.run([sys.executable, "-m", "gpuprov", "status"], capture_output=True, text=True, env=env,
+                         stdin=subprocess.DEVNULL, timeout=60)
+    assert f"there is no state file at {nohome}/" in result.stdout and "HOME" in result.stdout
+    assert not nohome.exists()
+
+
+def test_status_of_a_file_whose_nodes_were_pushed_says_where_they_went(nodes: Path) -> None:
+    os.environ["GPUPROV_HOME"] = str(nodes)
+    try:
+        from gpuprov.state import open_store
+
+        store = open_store()
+        for name in ("train-llama-70b", "exp1"):
+            store.update_node(name, moved_to="s3://team-bucket/gp/")
+    finally:
+        del os.environ["GPUPROV_HOME"]
+    out = " ".join(run("status", home=nodes, columns=200).stdout.split())
+    assert f"no nodes in {nodes / 'state.sqlite'}; 2 nodes of this file moved to s3://team-bucket/gp/" in out
+    assert 'set state = "s3://team-bucket/gp/" in config.toml' in out

@@ -21,6 +21,24 @@ from gpuprov.settings import settings
 def state_dir() -> Path:
     """The state folder, created (0700) if missing; one that cannot be is a UserInputError naming
     GPUPROV_HOME (or the default's path), before anything else happens."""
+    path, field = _state_folder()
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise UserInputError(field, f"cannot create {path}: {exc.strerror or exc}", _HOME_HINT) from None
+    return path
+
+
+def state_folder() -> Path:
+    """The state folder as `state_dir` finds it, not created: what a command that only reads looks in (a typo in
+    GPUPROV_HOME, or a HOME that does not exist, must not become a fresh, empty state there)."""
+    return _state_folder()[0]
+
+
+_HOME_HINT = "point GPUPROV_HOME at a folder you can write (it is created if missing)"
+
+
+def _state_folder() -> tuple[Path, str]:
     override = settings().home
     if override:
         path = override
@@ -29,14 +47,12 @@ def state_dir() -> Path:
 
         path = Path(user_state_dir("gpuprov", appauthor=False))
     field = "GPUPROV_HOME" if override else "state folder"
-    hint = "point GPUPROV_HOME at a folder you can write (it is created if missing)"
     if path.exists() and not path.is_dir():
-        raise UserInputError(field, f"{path} is a file, not a folder", hint)
-    try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
-        raise UserInputError(field, f"cannot create {path}: {exc.strerror or exc}", hint) from None
-    return path
+        raise UserInputError(field, f"{path} is a file, not a folder", _HOME_HINT)
+    above = next((p for p in path.parents if p.exists()), None)  # a folder that could never be made there
+    if above is not None and not above.is_dir():
+        raise UserInputError(field, f"cannot create {path}: {above} is a file", _HOME_HINT)
+    return path, field
 
 
 def logs_dir() -> Path:

@@ -277,6 +277,20 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
 
     if timeline and not name:
         raise UserInputError("--timeline", "shows one node's timeline", "name it: gpuprov status NAME --timeline")
+    from gpuprov.state import unrecorded
+
+    missing = unrecorded()
+    if missing is not None:  # nothing to read, and a look makes no state there
+        if refresh:  # nothing to ask the cloud about, but a bad AWS setting is still said
+            from gpuprov.cloud.providers.aws_base import check_environment
+
+            check_environment()
+        if name:
+            raise UserInputError("NAME", f"no node called {name!r}: there is no state file at {missing}",
+                                 _no_state_hint())
+        click.echo("[]" if as_json else f"no nodes: there is no state file at {missing} ({_no_state_hint()}); "
+                   "`gpuprov up --gpu L4 --spot` launches one")
+        return
     store, provider = store_and_provider()
     if timeline:
         _print_timeline(store, str(name), as_json)
@@ -295,7 +309,14 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
         from gpuprov.cli.report import health_lines
 
         console = make_console()
-        console.print(status_table(nodes))
+        if not nodes:
+            from gpuprov.state import described, elsewhere
+
+            also = elsewhere(store)
+            console.print(f"no nodes in {described()}" + (f"; {also}" if also else "")
+                          + "; `gpuprov up --gpu L4 --spot` launches one", markup=False, highlight=False)
+        else:
+            console.print(status_table(nodes))
         for line in health_lines(nodes):  # the watch's last finding per node (`gpuprov doctor NODE` for all of them)
             console.print(line, markup=False, highlight=False, style="yellow")
         from gpuprov.cli.capacity import block_lines
@@ -304,6 +325,15 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
         for line in block_lines(bought()):  # Capacity Blocks bought here: their window and cost
             console.print(line, markup=False, highlight=False)
         _host_clusters(console)
+
+
+def _no_state_hint() -> str:
+    """Where the state folder came from, for a user whose nodes may be recorded in another."""
+    from gpuprov.settings import settings
+
+    if settings().home:
+        return "GPUPROV_HOME names that folder: is it the one your nodes were launched with?"
+    return "the default state folder, under your HOME: is HOME the one your nodes were launched with?"
 
 
 def _host_clusters(console: Console) -> None:

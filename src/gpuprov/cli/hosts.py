@@ -142,10 +142,10 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
 def _refuse_locked(targets: list[Target]) -> None:
     """`bootstrap NODE --ttl/--autostop` rewrites a launched node's guardrails: refused, before any host is
     touched, where another member locked them (`up --locked`), as `gpuprov ttl` is."""
-    from gpuprov.paths import state_dir
+    from gpuprov.paths import state_folder
     from gpuprov.state.url import configured
 
-    if configured() is None and not (state_dir() / "state.sqlite").exists():
+    if configured() is None and not (state_folder() / "state.sqlite").exists():
         return  # no records: no launched node among them (and none made by asking)
     from gpuprov.cloud.guards import check_lock
     from gpuprov.state import open_store

@@ -20,6 +20,8 @@ reached through `Store` (store.py), so a command does not know which backend it 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gpuprov.state.machine import NodeState
 from gpuprov.state.records import (
     UP_STATES,
@@ -36,7 +38,7 @@ from gpuprov.state.records import (
 from gpuprov.state.store import Store
 
 __all__ = ["UP_STATES", "Event", "Journal", "Member", "Node", "NodeFields", "NodeState", "NodeUpdate", "Resource",
-           "ResourceKind", "Store", "members_json", "open_store"]
+           "ResourceKind", "Store", "described", "elsewhere", "members_json", "open_store", "unrecorded"]
 
 
 def open_store() -> Store:
@@ -59,3 +61,49 @@ def open_store() -> Store:
         store = SqliteStore(state_dir() / "state.sqlite")
     store.coordinator = coordinator()  # chosen by the same settings: leases with the bucket, file locks with the file
     return store
+
+
+def unrecorded() -> Path | None:
+    """The local state file's path when there is none and no team state is configured: a command that only reads
+    has nothing to read, and must say where it looked rather than make a fresh, empty state there (a typo in
+    GPUPROV_HOME, a HOME that does not exist). None when there is a state to open."""
+    from gpuprov.paths import state_folder
+    from gpuprov.state.url import configured
+
+    path = state_folder() / "state.sqlite"
+    return path if configured() is None and not path.exists() else None
+
+
+def elsewhere(store: Store) -> str:
+    """Where else this install keeps nodes when `store` lists none, in words ("" when nowhere): the bucket the local
+    file's nodes were pushed to (`state push`, the config not yet pointed at it), or the local file's own nodes
+    while the team bucket is read."""
+    from gpuprov.paths import state_folder
+    from gpuprov.state.url import configured
+
+    if configured() is None:
+        moved = sorted(set(store.moved().values()))
+        if not moved:
+            return ""
+        count = len(store.moved())
+        return (f"{count} node{'s' if count > 1 else ''} of this file moved to {', '.join(moved)} by `gpuprov state "
+                f"push`: set state = \"{moved[0]}\" in config.toml (or GPUPROV_STATE) to see them")
+    path = state_folder() / "state.sqlite"
+    if not path.exists():
+        return ""
+    from gpuprov.state.sqlite import SqliteStore
+
+    count = len(SqliteStore(path).nodes())
+    if not count:
+        return ""
+    return (f"the local file {path} has {count} node{'s' if count > 1 else ''} of its own (GPUPROV_STATE=local "
+            "gpuprov status lists them; `gpuprov state push` moves them to the team)")
+
+
+def described() -> str:
+    """The state this install reads, in words: the team bucket's URL, or the local file's path."""
+    from gpuprov.paths import state_folder
+    from gpuprov.state.url import configured
+
+    url = configured()
+    return f"team state {url}" if url is not None else str(state_folder() / "state.sqlite")
