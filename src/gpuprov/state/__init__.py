@@ -91,9 +91,15 @@ def elsewhere(store: Store) -> str:
     path = state_folder() / "state.sqlite"
     if not path.exists():
         return ""
+    from gpuprov.errors import GpuprovError
     from gpuprov.state.sqlite import SqliteStore
 
-    count = len(SqliteStore(path).nodes())
+    try:
+        local = SqliteStore(path)
+        count = len(local.nodes())
+        local.close()
+    except GpuprovError:  # a damaged local file is its own commands' to report, not the team status's
+        return ""
     if not count:
         return ""
     return (f"the local file {path} has {count} node{'s' if count > 1 else ''} of its own (GPUPROV_STATE=local "
