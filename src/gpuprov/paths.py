@@ -1,6 +1,7 @@
 """Where gpuprov keeps its own files: the user's state dir (platformdirs), or $GPUPROV_HOME.
 
-A state dir that is a file or cannot be made is bad input. Also here: the config file's path (`$GPUPROV_CONFIG`,
+A state dir that is a file or cannot be made is bad input; `state_folder` is its path for a command that only
+reads, checked the same way and not made. Also here: the config file's path (`$GPUPROV_CONFIG`,
 else the XDG config dir; plan/config.py reads it), the facts and cache folders, gpuprov's known_hosts, and
 `install_id`, made once per install and kept in STATE/install-id (the owner tag's ID, cloud/tags.py).
 """

@@ -7,7 +7,9 @@ take-back's store that survives a failing disk), `url` (where the records live),
 failures mean to the user), and the coordination of who works on what: `locks` (a file lock per node, region,
 image and host) and `leases` (the same across a team, in the bucket).
 
-`open_store()` is the door every command uses. Nothing here imports a part above it (plan, hosts, cluster, cloud,
+`open_store()` is the door every command uses; a command that only reads asks `unrecorded()` first, so a look into
+a state folder that has no state makes none there, and says what it read (`described()`) and where else this install
+keeps nodes (`elsewhere()`) when it lists none. Nothing here imports a part above it (plan, hosts, cluster, cloud,
 cli); boto3 is reached by the bucket's backend only.
 
 What the floor holds to, whichever backend: the money rule (a resource is recorded, with its ClientToken or name,
