@@ -253,7 +253,7 @@ def test_a_resize_ec2_refuses_leaves_the_node_stopped_as_it_was(aws, env):
     assert gp(env, "stop", "rs").returncode == 0
     aws.faults({"action": "ModifyInstanceAttribute", "code": "InvalidParameterValue",
                 "message": "The instance type is not supported for this instance."})
-    resize = gp(env, "start", "rs", "--instance-type", "g4dn.2xlarge", "--no-bootstrap")
+    resize = gp(env, "start", "rs", "--instance-type", "g4dn.2xlarge", "--no-bootstrap", "--yes")
     assert resize.returncode == 1 and "rs stays stopped as g4dn.xlarge" in resize.stderr
     row = node(env, "rs")
     assert row["state"] == "stopped" and row["instance_type"] == "g4dn.xlarge"

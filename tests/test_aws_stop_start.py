@@ -162,7 +162,7 @@ def test_resize_is_refused_before_anything_changes_when_the_stack_cannot_serve(a
     assert not aws.log("ModifyInstanceAttribute") and not aws.log("StartInstances")
     assert (node(env, "rs")["state"], instance(aws)["InstanceType"]) == ("stopped", "g4dn.xlarge")
     # A10G on g5: the same driver branch, module and wheel serve it
-    resized = gp(env, "start", "rs", "--gpu", "A10G", "--no-bootstrap")
+    resized = gp(env, "start", "rs", "--gpu", "A10G", "--no-bootstrap", "--yes")
     assert resized.returncode == 0, resized.stdout + resized.stderr
     assert "rs is ready: g5.xlarge (was g4dn.xlarge)" in resized.stdout and "$1.01/h" in resized.stdout
     assert aws.log("ModifyInstanceAttribute")[-1]["form"]["InstanceType.Value"] == "g5.xlarge"
@@ -197,7 +197,7 @@ def test_sigkill_during_start_with_a_resize_leaves_a_node_start_or_down_complete
     name = f"k-{checkpoint[:5].lower()}-{then}"
     _stopped(env, name)
     aws.faults({"action": checkpoint, "hold": True, "times": 1})
-    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "start", name, "--instance-type", "g5.xlarge",
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "start", name, "--instance-type", "g5.xlarge", "--yes",
                              "--no-bootstrap"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60

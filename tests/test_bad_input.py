@@ -365,7 +365,9 @@ def test_a_corrupt_state_file_is_left_as_it_was(files: Path, tmp_path: Path) -> 
 
 def test_a_damaged_page_in_a_real_state_file_is_reported(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    assert run_cli("status", tmp_path, home)[0].returncode == 0
+    from gpuprov.state.sqlite import SqliteStore
+
+    SqliteStore(home / "state.sqlite").close()  # a real state file (`status` makes none where there is none)
     db = home / "state.sqlite"
     con = sqlite3.connect(db)
     con.execute("PRAGMA journal_mode=DELETE")

@@ -222,3 +222,64 @@ def test_a_killed_bake_is_shown_and_down_records_its_image_or_stop_settles_it(fa
     assert fake_cloud.gp("down", "cl", "--yes").exit_code == 0
     assert fake_cloud.gp("image", "rm", "bk-stack", "--yes").exit_code == 0
     assert fake_cloud.leftovers() == EMPTY
+
+
+def test_up_says_a_name_taken_and_a_missing_instance_profile_before_it_asks(fake_cloud):
+    """The cheap checks come before `Launch …? [y/N]`: without --yes (and no terminal) the name taken or the
+    missing profile is the error, not `--yes: no terminal to confirm on` (nor, on a terminal, the question)."""
+    up(fake_cloud, "n1")
+    asks = ("--ssh-cidr", CIDR, "--no-bootstrap", "--no-wait")
+    one_error_line(fake_cloud.gp("up", "n1", "--gpu", "T4", *asks), "a node called 'n1' already exists")
+    one_error_line(fake_cloud.gp("up", "n2", "--gpu", "T4", "--instance-profile", "nope", *asks),
+                   "error: --instance-profile: no instance profile 'nope'")
+    one_error_line(fake_cloud.gp("up", "n2", "--gpu", "T4", *asks), "error: --yes: no terminal to confirm on")
+    assert len(instances(fake_cloud)) == 1
+
+
+def test_a_resize_that_raises_the_price_asks_as_up_does(fake_cloud):
+    up(fake_cloud, "n1")  # g4dn.xlarge
+    assert fake_cloud.gp("stop", "n1").exit_code == 0
+    dearer = ("start", "n1", "--instance-type", "g4dn.2xlarge", "--no-bootstrap")
+    one_error_line(fake_cloud.gp(*dearer), "error: --yes: no terminal to confirm on")
+    (inst,) = instances(fake_cloud, "n1")
+    assert inst["InstanceType"] == "g4dn.xlarge" and inst["State"]["Name"] == "stopped"
+    assert status(fake_cloud)[0]["state"] == "stopped"  # nothing recorded either: no resize to finish
+    resized = fake_cloud.gp(*dearer, "--yes")
+    assert resized.exit_code == 0, resized.output
+    assert instances(fake_cloud, "n1")[0]["InstanceType"] == "g4dn.2xlarge"
+    assert fake_cloud.gp("stop", "n1").exit_code == 0
+    cheaper = fake_cloud.gp("start", "n1", "--instance-type", "g4dn.xlarge", "--no-bootstrap")  # asks nothing
+    assert cheaper.exit_code == 0, cheaper.output
+    assert instances(fake_cloud, "n1")[0]["InstanceType"] == "g4dn.xlarge"
+
+
+def test_nodes_and_clusters_of_hosts_share_one_namespace(fake_cloud):
+    """`exec/ssh/check NAME` reach a cluster of that name and `down NAME` the node: neither takes the other's."""
+    from gpuprov import cluster
+
+    up(fake_cloud, "n1")
+    cluster.save(cluster.Cluster(name="train", master_addr="10.0.0.1", master_port=29500, members=[
+        cluster.ClusterHost(host="10.0.0.1", address="10.0.0.1", gpus=1)]))
+    one_error_line(fake_cloud.gp("up", "train", "--gpu", "T4", *NO_SSH), "'train' is already a cluster of existing hosts")
+    one_error_line(fake_cloud.gp("bootstrap", "root@10.0.0.1", "--cluster", "n1"),
+                   "error: --cluster: 'n1' is already a node's name")
+    assert [i["Tags"] for i in instances(fake_cloud) if {"Key": "gpuprov:node", "Value": "train"} in i["Tags"]] == []
+
+
+def test_status_of_an_empty_team_bucket_names_it_and_the_local_files_nodes(fake_cloud, monkeypatch):
+    """`no nodes` names the state it read; the bucket read while the local file has nodes says so."""
+    import boto3
+
+    from gpuprov.state import open_store
+    from tests.aws.inprocess import ENDPOINT
+
+    open_store().create_node("n1", "aws", "us-east-1", gpu="T4", gpu_count=1, instance_type="g4dn.xlarge",
+                             market="on-demand", state="ready", address="10.0.0.5", ssh_user="ubuntu")
+    s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=ENDPOINT)
+    s3.create_bucket(Bucket="team-bucket")
+    s3.put_bucket_versioning(Bucket="team-bucket", VersioningConfiguration={"Status": "Enabled"})
+    monkeypatch.setenv("GPUPROV_STATE", "s3://team-bucket/gp")
+    result = fake_cloud.gp("status")
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())
+    assert "no nodes in team state s3://team-bucket/gp/; the local file" in out and "has 1 node of its own" in out

@@ -60,7 +60,7 @@ def test_bake_start_resize_and_a_move_leave_the_node_exactly_the_guards_its_reco
     after_bake = as_recorded(env, pool, 0, "g", asked)
     assert abs(after_bake.deadline - made.deadline) <= 5  # the recorded deadline, not a new one
 
-    for step, start in (("start", ()), ("resize", ("--instance-type", "g4dn.2xlarge"))):
+    for step, start in (("start", ()), ("resize", ("--instance-type", "g4dn.2xlarge", "--yes"))):
         stop = gp(env, "stop", "g")
         assert stop.returncode == 0, stop.stdout + stop.stderr
         started = gp(env, "start", "g", *start)

@@ -26,12 +26,14 @@ def run(*args: str, home: Path, columns: int | None = None, **env_extra: str) ->
                        stdin=subprocess.DEVNULL, timeout=60)
 
 
-def in_pty(*args: str, home: Path, **env_extra: str) -> tuple[int, bytes]:
+def in_pty(*args: str, home: Path, answer: bytes = b"", **env_extra: str) -> tuple[int, bytes]:
+    """`gpuprov ARGS` on a terminal; `answer`: what is typed there (read by a question, if one is asked)."""
     import pty
 
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS")}
     env.update({"GPUPROV_HOME": str(home), "TERM": "xterm-256color", **env_extra})
     leader, follower = pty.openpty()
+    os.write(leader, answer)
     proc = forkcli.run([sys.executable, "-m", "gpuprov", *args], stdin=follower, stdout=follower, stderr=follower,
                        env=env, timeout=60)
     os.close(follower)
@@ -208,6 +210,12 @@ def test_up_and_down_without_a_terminal_say_pass_yes(nodes: Path, args: list[str
     assert "Aborted" not in result.stderr
 
 
+def test_up_on_a_terminal_says_the_name_is_taken_before_it_asks(nodes: Path) -> None:
+    code, out = in_pty("up", "train-llama-70b", "--gpu", "t4", home=nodes, answer=b"n\n", NO_COLOR="1")
+    assert code == 2 and b"error: NAME: a node called 'train-llama-70b' already exists" in out
+    assert b"Launch" not in out and b"[y/N]" not in out
+
+
 @pytest.mark.parametrize("command", ["gpus", "plan", "up", "start", "status", "down", "gc", "bootstrap", "check", "doctor",
                                      "monitor", "bench"])
 def test_every_command_that_prints_a_table_has_json(tmp_path: Path, command: str) -> None:
@@ -267,3 +275,110 @@ def test_prose_cells_keep_their_words_whole_and_a_left_out_column_can_go_beneath
     words = [w for line in out.splitlines() for w in line.replace("│", " ").split()]
     assert "$8.00/month," in words and "2001:db8::1234:5678" in words  # never split mid-word
     assert "guards:" in words and "idle" in words  # left out at 60 columns, shown beneath its row
+
+
+@pytest.fixture
+def four_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Four nodes in four states: ready with guardrails, stopped with its disk's cost, interrupted with a long
+    reason, bootstrapping."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("GPUPROV_HOME", str(home))
+    from gpuprov.state import open_store
+
+    store = open_store()
+    store.create_node("train-llama-70b", "aws", "us-east-1", zone="us-east-1b", gpu="A100-80GB", gpu_count=8,
+                      instance_type="p4de.24xlarge", market="spot", state="ready", address="203.0.113.254",
+                      ssh_user="ubuntu", price_usd_hour=40.97, autostop_seconds=1800, ttl_seconds=36000,
+                      ttl_deadline=time.time() + 30000)
+    store.create_node("exp1", "aws", "eu-west-1", zone="eu-west-1a", gpu="L40S", gpu_count=1,
+                      instance_type="g6e.xlarge", market="on-demand", state="stopped", address="2001:db8::1234:5678",
+                      ssh_user="ubuntu", price_usd_hour=1.86, disk_gb=100, stopped_at=time.time(),
+                      autostop_seconds=3600, shutdown_action="stop")
+    store.create_node("exp2", "aws", "eu-west-1", zone="eu-west-1a", gpu="L40S", gpu_count=1,
+                      instance_type="g6e.xlarge", market="spot", state="interrupted",
+                      state_reason="Server.SpotInstanceTermination: Spot instance termination",
+                      address="10.1.2.3", ssh_user="ubuntu", price_usd_hour=1.86)
+    store.create_node("dev", "aws", "us-west-2", zone="us-west-2a", gpu="T4", gpu_count=1,
+                      instance_type="g4dn.xlarge", market="on-demand", state="bootstrapping",
+                      address="198.51.100.7", ssh_user="ubuntu", price_usd_hour=0.526, autostop_seconds=1800)
+    return home
+
+
+STATUS_HEADERS = ["name", "GPU", "type", "market", "zone", "state", "address", "$/h", "$ so far", "age",
+                  "autostop, TTL"]
+STATES = {"train-llama-70b": "ready", "exp1": "stopped", "exp2": "interrupted", "dev": "bootstrapping"}
+
+
+def _shown_or_named(out: str) -> None:
+    """Every node's state is on its row (or in its block), and every column is shown, beneath its row, or named
+    in the caption: none is left out unsaid."""
+    words = out.split()
+    for name, state in STATES.items():
+        after = out[out.index(name):]
+        assert state in after.split("\n\n")[0] or state in after.splitlines()[0], (name, out)
+    header = next((line for line in out.splitlines() if line.lstrip().startswith("name ")), None)
+    caption = " ".join(out.split("left out at this width:")[1].split()) if "left out" in out else ""
+    for column in STATUS_HEADERS[1:]:
+        named = f"{column}:" in " ".join(words) or column in caption.split(" (")[0].split(", ")
+        assert named or (header is not None and f" {column} " in f" {header} "), (column, out)
+
+
+@pytest.mark.parametrize("columns", [40, 60, 66, 80, 106, 120, 124])
+def test_status_never_leaves_a_column_out_unsaid(four_nodes: Path, columns: int) -> None:
+    """The state column stays at every width (rich's last resort narrowed it to nothing at 66 and 124 columns,
+    with the guardrails beside it and no caption); too narrow for a row, each node is a block of its own."""
+    import io
+
+    from rich.console import Console
+
+    from gpuprov.cli.report import status_table
+    from gpuprov.state import open_store
+
+    console = Console(file=io.StringIO(), width=columns, record=True, emoji=False, highlight=False)
+    console.print(status_table(open_store().nodes()))
+    out = console.export_text()
+    assert max(len(line.rstrip()) for line in out.splitlines()) <= columns
+    _shown_or_named(out)
+    assert ("train-llama-70b\n" in out) == (columns < 80)  # a block per node below the narrowest table
+    assert "203.0.113.254" in out and "2001:db8::1234:5678" in out  # kept whole, either way
+
+
+def test_status_piped_shows_every_state(four_nodes: Path) -> None:
+    out = run("status", home=four_nodes).stdout  # piped, no COLUMNS: rich's 80
+    assert max(len(line) for line in out.splitlines()) <= 80
+    _shown_or_named(out)
+
+
+def test_a_mistyped_home_is_no_fresh_state_and_status_names_where_it_looked(tmp_path: Path) -> None:
+    """A read-only command makes no state where it looks: a typo in GPUPROV_HOME, or a HOME that does not exist,
+    answered `no nodes` while the nodes billed, and left a fresh state tree there."""
+    typo = tmp_path / "gpuporv"
+    for args in (["status"], ["status", "--json"], ["cluster", "list"], ["state"]):
+        assert run(*args, home=typo).returncode == 0, args
+        assert not typo.exists(), args
+    out = run("status", home=typo).stdout
+    assert f"no nodes: there is no state file at {typo / 'state.sqlite'}" in out and "GPUPROV_HOME" in out
+    assert run("status", "exp1", home=typo).stderr.startswith(
+        f"error: NAME: no node called 'exp1': there is no state file at {typo / 'state.sqlite'}")
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUPROV_HOME", "XDG_STATE_HOME", "COLUMNS")}
+    nohome = tmp_path / "nohome"
+    env.update({"HOME": str(nohome), "NO_COLOR": "1"})
+    result = forkcli.run([sys.executable, "-m", "gpuprov", "status"], capture_output=True, text=True, env=env,
+                         stdin=subprocess.DEVNULL, timeout=60)
+    assert f"there is no state file at {nohome}/" in result.stdout and "HOME" in result.stdout
+    assert not nohome.exists()
+
+
+def test_status_of_a_file_whose_nodes_were_pushed_says_where_they_went(nodes: Path) -> None:
+    os.environ["GPUPROV_HOME"] = str(nodes)
+    try:
+        from gpuprov.state import open_store
+
+        store = open_store()
+        for name in ("train-llama-70b", "exp1"):
+            store.update_node(name, moved_to="s3://team-bucket/gp/")
+    finally:
+        del os.environ["GPUPROV_HOME"]
+    out = " ".join(run("status", home=nodes, columns=200).stdout.split())
+    assert f"no nodes in {nodes / 'state.sqlite'}; 2 nodes of this file moved to s3://team-bucket/gp/" in out
+    assert 'set state = "s3://team-bucket/gp/" in config.toml' in out

@@ -1,6 +1,7 @@
 """Where gpuprov keeps its own files: the user's state dir (platformdirs), or $GPUPROV_HOME.
 
-A state dir that is a file or cannot be made is bad input. Also here: the config file's path (`$GPUPROV_CONFIG`,
+A state dir that is a file or cannot be made is bad input; `state_folder` is its path for a command that only
+reads, checked the same way and not made. Also here: the config file's path (`$GPUPROV_CONFIG`,
 else the XDG config dir; plan/config.py reads it), the facts and cache folders, gpuprov's known_hosts, and
 `install_id`, made once per install and kept in STATE/install-id (the owner tag's ID, cloud/tags.py).
 """
@@ -21,6 +22,24 @@ from gpuprov.settings import settings
 def state_dir() -> Path:
     """The state folder, created (0700) if missing; one that cannot be is a UserInputError naming
     GPUPROV_HOME (or the default's path), before anything else happens."""
+    path, field = _state_folder()
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise UserInputError(field, f"cannot create {path}: {exc.strerror or exc}", _HOME_HINT) from None
+    return path
+
+
+def state_folder() -> Path:
+    """The state folder as `state_dir` finds it, not created: what a command that only reads looks in (a typo in
+    GPUPROV_HOME, or a HOME that does not exist, must not become a fresh, empty state there)."""
+    return _state_folder()[0]
+
+
+_HOME_HINT = "point GPUPROV_HOME at a folder you can write (it is created if missing)"
+
+
+def _state_folder() -> tuple[Path, str]:
     override = settings().home
     if override:
         path = override
@@ -29,14 +48,12 @@ def state_dir() -> Path:
 
         path = Path(user_state_dir("gpuprov", appauthor=False))
     field = "GPUPROV_HOME" if override else "state folder"
-    hint = "point GPUPROV_HOME at a folder you can write (it is created if missing)"
     if path.exists() and not path.is_dir():
-        raise UserInputError(field, f"{path} is a file, not a folder", hint)
-    try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
-        raise UserInputError(field, f"cannot create {path}: {exc.strerror or exc}", hint) from None
-    return path
+        raise UserInputError(field, f"{path} is a file, not a folder", _HOME_HINT)
+    above = next((p for p in path.parents if p.exists()), None)  # a folder that could never be made there
+    if above is not None and not above.is_dir():
+        raise UserInputError(field, f"cannot create {path}: {above} is a file", _HOME_HINT)
+    return path, field
 
 
 def logs_dir() -> Path:

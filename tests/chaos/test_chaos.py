@@ -74,7 +74,7 @@ MIDWAY: dict[str, tuple[Command, str, str | None]] = {
     "up": (lambda n: ("up", n, *UP), "RunInstances", None),
     "stop": (lambda n: ("stop", n), "StopInstances", "running"),
     "start": (lambda n: ("start", n, "--no-bootstrap"), "StartInstances", "stopped"),
-    "resize": (lambda n: ("start", n, "--instance-type", BIGGER, "--no-bootstrap"), "ModifyInstanceAttribute",
+    "resize": (lambda n: ("start", n, "--instance-type", BIGGER, "--no-bootstrap", "--yes"), "ModifyInstanceAttribute",
                "stopped"),
     "move": (lambda n: ("start", n, "--move", "--no-bootstrap"), "CreateImage", "stopped"),
     "down": (lambda n: ("down", n, "--yes"), "TerminateInstances", "running"),
@@ -147,7 +147,7 @@ class Walk(RuleBasedStateMachine):
     @rule(data=st.data())
     def resize(self, data: st.DataObject) -> None:
         who, name = self._target(data)
-        self.world.gp(who, "start", name, "--instance-type", BIGGER, "--no-bootstrap")
+        self.world.gp(who, "start", name, "--instance-type", BIGGER, "--no-bootstrap", "--yes")
 
     @precondition(lambda self: _on("move"))
     @precondition(_some)

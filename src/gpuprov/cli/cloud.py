@@ -164,12 +164,13 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     if dry_run:
         console.print(plan_view(the_plan))
         return
+    store, provider = store_and_provider()
     if not yes:
+        launch.precheck(the_plan, opts, provider, store, say_to(console))  # a name taken is said before the question
         price = the_plan.price_usd_hour
         world = ", SSH open to the whole internet" if launch.open_to_all(ssh_cidr) else ""
         confirm(f"Launch {node_name}: {the_plan.instance.name if the_plan.instance else '?'}"
                 f" ({'spot' if kw['spot'] else 'on-demand'}, list ${price or 0:.2f}/h{world})?", "launch")
-    store, provider = store_and_provider()
     result = _waiting(lambda say: one_node.up(the_plan, opts, provider, store, say), wait, node_name, store,
                       say_to(console))
     node = result.node
@@ -223,14 +224,15 @@ def _up_cluster(the_plan: Plan, opts: UpOptions, nodes: int, min_nodes: int | No
         for line in net.describe(layout, nodes):
             console.print(f"  {line}", markup=False)
         return
+    store, provider = store_and_provider()
     if not yes:
         price = (the_plan.price_usd_hour or 0) * nodes
-        from gpuprov.cloud.launch import open_to_all
+        from gpuprov.cloud.launch import open_to_all, precheck
 
+        precheck(the_plan, opts, provider, store, say_to(console))  # a name taken is said before the question
         world = ", SSH open to the whole internet" if open_to_all(opts.ssh_cidr) else ""
         confirm(f"Launch {opts.name}: {nodes} × {instance} ({'spot' if the_plan.request.spot else 'on-demand'}, "
                 f"list ${price:.2f}/h for all{world})?", "launch")
-    store, provider = store_and_provider()
     result = _waiting(lambda say: cluster_up.up(the_plan, opts, copts, provider, store, say), wait, opts.name, store,
                       say_to(console))
     node = result.node
@@ -275,6 +277,20 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
 
     if timeline and not name:
         raise UserInputError("--timeline", "shows one node's timeline", "name it: gpuprov status NAME --timeline")
+    from gpuprov.state import unrecorded
+
+    missing = unrecorded()
+    if missing is not None:  # nothing to read, and a look makes no state there
+        if refresh:  # nothing to ask the cloud about, but a bad AWS setting is still said
+            from gpuprov.cloud.providers.aws_base import check_environment
+
+            check_environment()
+        if name:
+            raise UserInputError("NAME", f"no node called {name!r}: there is no state file at {missing}",
+                                 _no_state_hint())
+        click.echo("[]" if as_json else f"no nodes: there is no state file at {missing} ({_no_state_hint()}); "
+                   "`gpuprov up --gpu L4 --spot` launches one")
+        return
     store, provider = store_and_provider()
     if timeline:
         _print_timeline(store, str(name), as_json)
@@ -293,7 +309,14 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
         from gpuprov.cli.report import health_lines
 
         console = make_console()
-        console.print(status_table(nodes))
+        if not nodes:
+            from gpuprov.state import described, elsewhere
+
+            also = elsewhere(store)
+            console.print(f"no nodes in {described()}" + (f"; {also}" if also else "")
+                          + "; `gpuprov up --gpu L4 --spot` launches one", markup=False, highlight=False)
+        else:
+            console.print(status_table(nodes))
         for line in health_lines(nodes):  # the watch's last finding per node (`gpuprov doctor NODE` for all of them)
             console.print(line, markup=False, highlight=False, style="yellow")
         from gpuprov.cli.capacity import block_lines
@@ -302,6 +325,15 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
         for line in block_lines(bought()):  # Capacity Blocks bought here: their window and cost
             console.print(line, markup=False, highlight=False)
         _host_clusters(console)
+
+
+def _no_state_hint() -> str:
+    """Where the state folder came from, for a user whose nodes may be recorded in another."""
+    from gpuprov.settings import settings
+
+    if settings().home:
+        return "GPUPROV_HOME names that folder: is it the one your nodes were launched with?"
+    return "the default state folder, under your HOME: is HOME the one your nodes were launched with?"
 
 
 def _host_clusters(console: Console) -> None:
@@ -470,12 +502,14 @@ def stop(names: tuple[str, ...]) -> None:
                    "[default: its VPC's subnet in each zone tried]; with --region, one of that region "
                    "(needed for a node reached on its private address).")
 @click.option("--no-bootstrap", is_flag=True, help="Do not bootstrap and verify again after it runs.")
+@click.option("-y", "--yes", is_flag=True,
+              help="Do not ask before a resize that raises the price (needed for one without a terminal).")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the node's bootstrap output.")
 @step_silence_option
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable result on stdout (the node, its ssh alias, the timeline); progress on stderr.")
 def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zone: str | None, region: str | None,
-          subnet: str | None, no_bootstrap: bool, verbose: bool, step_silence: float, as_json: bool) -> None:
+          subnet: str | None, no_bootstrap: bool, yes: bool, verbose: bool, step_silence: float, as_json: bool) -> None:
     """Start a stopped node (resized first with --gpu/--instance-type), wait for it, bootstrap and verify
     again, and print its new address and $/h. A resize the installed stack cannot serve is refused before
     anything changes; if AWS refuses the start, the node stays stopped, as it was."""
@@ -496,7 +530,8 @@ def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zon
     console = make_console(stderr=as_json)
     opts = stopstart.StartOptions(gpu=gpu, instance_type=instance_type, bootstrap=not no_bootstrap,
                                   step_silence=step_silence or None,
-                                  verbose_echo=line_echo(console) if verbose else None)
+                                  verbose_echo=line_echo(console) if verbose else None,
+                                  confirm=None if yes else lambda question: confirm(question, "resize it"))
     from gpuprov.cloud import journal
 
     # a move a killed command left is finished (its new instance kept), or undone before anything else

@@ -420,11 +420,11 @@ def node_target(name: str) -> Target | None:
     """A node gpuprov launched, by name: its address, login, key and pinned host key."""
     import re
 
-    from gpuprov.paths import keys_dir, region_key, state_dir
+    from gpuprov.paths import keys_dir, region_key, state_folder
     from gpuprov.state.url import configured
 
     team = configured()
-    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name) or (team is None and not (state_dir() / "state.sqlite").exists()):
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name) or (team is None and not (state_folder() / "state.sqlite").exists()):
         return None
     from gpuprov.hosts.sshconfig import node_known_hosts
     from gpuprov.plan.inventory import Target

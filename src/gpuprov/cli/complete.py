@@ -76,10 +76,10 @@ def complete_node(_ctx: click.Context, _param: click.Parameter, incomplete: str)
 def node_names() -> list[str]:
     """The names of the nodes gpuprov manages: the team bucket's under team state (read each time), else the
     local file's (none without one, which is not made for asking)."""
-    from gpuprov.paths import state_dir
+    from gpuprov.paths import state_folder
     from gpuprov.state.url import configured
 
-    if configured() is None and not (state_dir() / "state.sqlite").exists():
+    if configured() is None and not (state_folder() / "state.sqlite").exists():
         return []
     from gpuprov.state import open_store
 

@@ -5,7 +5,9 @@ width and when piped, leaving optional columns out instead; and the colours ever
 fit the width (the terminal, COLUMNS, or rich's 80 when piped) it leaves out optional columns in the order each
 `Column.drop` gives, naming them in the caption, and a `Column.beneath` column goes on a line of its own under its
 row instead (status's autostop and TTL at 80 columns). A prose cell folds between words and never splits a word of
-up to `PROSE_MIN` characters.
+up to `PROSE_MIN` characters. A column is never narrowed below that (rich's own last resort would narrow one to
+nothing and leave it out unsaid); when even the columns that always stay do not fit, each row becomes a block of its
+own, a cell a line, so every column is shown, beneath its row, or named in the caption.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
 from rich.cells import cell_len
-from rich.console import Console, ConsoleOptions, RenderResult
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -110,17 +112,44 @@ class FitTable:
         return table
 
 
-    def fitted(self, console: Console, options: ConsoleOptions) -> Table:
+    def fitted(self, console: Console, options: ConsoleOptions) -> Table | Group:
         shown = list(range(len(self.columns)))
         while True:
             table = self.table(shown)
-            # the width rich will render it at (its column arithmetic can overshoot the narrowest by a cell or two)
-            need = sum(table._calculate_column_widths(console, options.update_width(options.max_width - table._extra_width))) \
-                + table._extra_width
-            optional = [i for i in shown if self.columns[i].drop]
-            if need <= options.max_width or not optional:
+            if self._fits(table, shown, console, options):
                 return table
+            optional = [i for i in shown if self.columns[i].drop]
+            if not optional:
+                return self.blocks()
             shown.remove(max(optional, key=lambda i: self.columns[i].drop))
+
+
+    def _fits(self, table: Table, shown: list[int], console: Console, options: ConsoleOptions) -> bool:
+        """Every shown column at least its narrowest (a whole cell; a prose column's longest word) within the width.
+        rich's own arithmetic does not say so: as a last resort it narrows every column evenly, and a column it
+        narrows to nothing is left out of the table without a word."""
+        narrowest = [self._width(i) + table._get_padding_width(k) for k, i in enumerate(shown)]
+        if sum(narrowest) + table._extra_width > options.max_width:
+            return False
+        # the widths rich will render it at (its column arithmetic can overshoot the narrowest by a cell or two)
+        widths = table._calculate_column_widths(console, options.update_width(options.max_width - table._extra_width))
+        return sum(widths) + table._extra_width <= options.max_width and all(
+            width >= least for width, least in zip(widths, narrowest, strict=True))
+
+
+    def blocks(self) -> Group:
+        """Too narrow for even the columns that always stay: one row per block, its first cell on a line and each
+        other cell beneath it as `header: cell`, so no column is ever left out unsaid."""
+        parts: list[Text | Table] = [Text(self.title, style=self.table_kw.get("title_style") or "")] if self.title else []
+        for cells, _ in self.rows:
+            block = Table.grid(padding=(0, 1, 0, 0))
+            block.add_column(no_wrap=True)
+            block.add_column(overflow="fold")  # a long reason wraps beside its header, not under it
+            for column, cell in zip(self.columns[1:], cells[1:], strict=True):
+                if plain(cell).strip():
+                    block.add_row(f"  {column.header}:", cell)
+            parts.extend([Text(), Text.assemble(cells[0]), block])
+        return Group(*parts)
 
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:

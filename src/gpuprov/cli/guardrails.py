@@ -31,10 +31,10 @@ def _guard_target(name: str, identity: str | None) -> tuple[str | None, Store | 
     if target is not None:
         store, _provider = store_and_provider()
         return name, store, target, settings
-    from gpuprov.paths import state_dir
+    from gpuprov.paths import state_folder
     from gpuprov.state import open_store
 
-    if (state_dir() / "state.sqlite").exists():
+    if (state_folder() / "state.sqlite").exists():
         node = open_store().find_node(name)
         if node is not None and node.live:
             raise click.UsageError(f"{name} is {node.state} and has no address to reach"

@@ -83,9 +83,9 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
     from gpuprov.plan.spec import load_playbook, parse_duration
 
     if cluster_name is not None:
-        from gpuprov.cluster import check_master_addr, check_name
+        from gpuprov.cluster import check_master_addr, check_name, check_not_a_node
 
-        check_name(cluster_name)
+        check_not_a_node(check_name(cluster_name))
         master_addr = check_master_addr(master_addr) if master_addr else None
     elif master_addr:
         raise click.UsageError("--master-addr needs --cluster NAME")
@@ -142,10 +142,10 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
 def _refuse_locked(targets: list[Target]) -> None:
     """`bootstrap NODE --ttl/--autostop` rewrites a launched node's guardrails: refused, before any host is
     touched, where another member locked them (`up --locked`), as `gpuprov ttl` is."""
-    from gpuprov.paths import state_dir
+    from gpuprov.paths import state_folder
     from gpuprov.state.url import configured
 
-    if configured() is None and not (state_dir() / "state.sqlite").exists():
+    if configured() is None and not (state_folder() / "state.sqlite").exists():
         return  # no records: no launched node among them (and none made by asking)
     from gpuprov.cloud.guards import check_lock
     from gpuprov.state import open_store

@@ -153,10 +153,10 @@ def _machines(names: tuple[str, ...]) -> list[Machine]:
     """The machines to scrape: the named ones, else every live node with metrics and every recorded cluster."""
     from gpuprov import cluster
     from gpuprov.hosts.metrics import Machine
-    from gpuprov.paths import state_dir
+    from gpuprov.paths import state_folder
 
     nodes = {}
-    if (state_dir() / "state.sqlite").exists():
+    if (state_folder() / "state.sqlite").exists():
         from gpuprov.state import open_store
 
         nodes = {n.name: n for n in open_store().nodes() if n.live}

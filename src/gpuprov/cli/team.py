@@ -33,12 +33,12 @@ def state(ctx: click.Context, as_json: bool) -> None:
     """Where the records live: the local file, or a team's S3 bucket (config `state`, GPUPROV_STATE)."""
     if ctx.invoked_subcommand is not None:
         return
-    from gpuprov.paths import state_dir
+    from gpuprov.paths import state_folder
     from gpuprov.state.url import configured, lease_seconds
 
     url = configured()
     if url is None:
-        path = state_dir() / "state.sqlite"
+        path = state_folder() / "state.sqlite"
         if as_json:
             click.echo(json.dumps({"backend": "local", "path": str(path)}))
         else:

@@ -250,14 +250,35 @@ class Launchpad:
     held: str | None = None  # the Capacity Reservation or Block launched into (cr-…; cloud/reservations.py)
 
 
+def precheck(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> str:
+    """The checks that cost nothing, the name taken among them: what `up` runs before it asks to launch (and
+    launchpad again, under the name's lock). The checked name."""
+    name = check_name(opts.name)
+    check_options(plan, opts)
+    check_name_free(name, store)
+    check_reachable(opts)
+    if opts.instance_profile is not None:
+        _check_instance_profile(provider, plan.request.region, opts.instance_profile, say)
+    return name
+
+
+def check_name_free(name: str, store: Store) -> None:
+    """Nodes and clusters of existing hosts share one namespace: `exec/ssh/check NAME` go to a cluster of that name,
+    `down NAME` to the node, so a name taken by either is refused, naming the other."""
+    if store.find_node(name) and store.node(name).live:
+        raise UserInputError("NAME", f"a node called {name!r} already exists", f"pick another name, or `gpuprov down {name}`")
+    from gpuprov import cluster
+
+    found = cluster.load(name)
+    if found is not None and found.node is None:
+        raise UserInputError("NAME", f"{name!r} is already a cluster of existing hosts (bootstrap --cluster)",
+                             f"pick another name, or forget that one: gpuprov cluster rm {name}")
+
+
 def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> Launchpad:
     """Checks and look-ups shared by `up` and `up --nodes`; nothing is created or recorded here."""
     region = plan.request.region
-    name = check_name(opts.name)
-    check_options(plan, opts)
-    if store.find_node(name) and store.node(name).live:
-        raise UserInputError("NAME", f"a node called {name!r} already exists", f"pick another name, or `gpuprov down {name}`")
-    check_reachable(opts)
+    name = precheck(plan, opts, provider, store, say)
     cidr = None if opts.ssh_cidr is None and opts.connect == "private" else ssh_cidr(opts.ssh_cidr)
     offerings = provider.offerings(region, [c.name for c in plan.candidates])
     network = provider.network(region, opts.subnet)
@@ -266,8 +287,6 @@ def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say
         raise UserInputError("--ssh-cidr", f"{cidr} is IPv6, and {where} no IPv6 CIDR block: the node would get no IPv6 "
                              "address, and SSH would never answer", "an IPv4 CIDR, or --subnet with an IPv6 CIDR block "
                              "(gpuprov then asks for an IPv6 address at launch and connects over IPv6)")
-    if opts.instance_profile is not None:
-        _check_instance_profile(provider, region, opts.instance_profile, say)
     cap = opts.max_hourly if opts.max_hourly is not None else default_cap(plan)
     order = candidates(plan, offerings, plan.request.spot, opts.fallback_on_demand, network.zone, cap)
     if opts.reservation or opts.capacity_block:  # only what the reservation holds, or open ones first

@@ -166,6 +166,19 @@ def check_resize(node: Node, target: InstanceType, flag: str = "--instance-type"
                             f"{new.kernel_module} kernel module", fix, rule="kernel-module-differs")
 
 
+def _ask_if_dearer(name: str, node: Node, now_type: str, target: InstanceType, confirm: Callable[[str], None]) -> None:
+    """A resize that raises the list price asks first, as `up` does: it is a new hourly bill."""
+    from gpuprov.plan import catalog
+
+    known = next((t for t in catalog.load().instance_types if t.name == now_type), None)
+    now = known.price_usd_hour if known is not None and known.price_usd_hour is not None else node.price_usd_hour
+    new = target.price_usd_hour
+    if new is None or (now is not None and new <= now):
+        return
+    was = f" (list ${now:.2f}/h)" if now is not None else ""
+    confirm(f"Resize {name} from {now_type}{was} to {target.name} (list ${new:.2f}/h) and start it?")
+
+
 @dataclass
 class StartResult:
     node: Node
@@ -185,6 +198,8 @@ class StartOptions:
     reboot_timeout: float = 600.0
     step_silence: float | None = 1200.0  # a step silent this long: the node is lost (bootstrap.Options)
     verbose_echo: Callable[[str], None] | None = None
+    # asked before a resize that raises the list price, once it is known to be possible (raises to stop); None: --yes
+    confirm: Callable[[str], None] | None = None
 
 
 def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: Say) -> StartResult:
@@ -243,6 +258,8 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
         if node.zone and node.zone not in zones:
             raise UserInputError(flag, f"{target.name} is not offered in {node.zone}, where {name}'s "
                                  "disk is", f"offered in: {', '.join(zones) or 'no zone of ' + node.region}")
+        if opts.confirm is not None and (opts.gpu or opts.instance_type):
+            _ask_if_dearer(name, node, current.instance_type, target, opts.confirm)
         journal = Journal(op="resize", node=name, step="resize", region=node.region, zone=node.zone, old_instance=iid,
                           from_type=original, to_type=target.name, began_at=time.time())
         store.update_node(name, state=NodeState.RESIZING, resize_from=original, resize_to=target.name,

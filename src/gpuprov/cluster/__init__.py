@@ -128,6 +128,21 @@ def check_name(name: str) -> str:
     return name
 
 
+def check_not_a_node(name: str) -> str:
+    """Nodes and clusters share one namespace: with a node and a cluster both called NAME, `exec/ssh/check NAME`
+    would reach the cluster and `down NAME` the node. A node's name is refused for a cluster, naming the node."""
+    from gpuprov.paths import state_folder
+    from gpuprov.state.url import configured
+
+    if configured() is None and not (state_folder() / "state.sqlite").exists():
+        return name
+    node = _store().find_node(name)
+    if node is not None and node.live:
+        raise UserInputError("--cluster", f"{name!r} is already a node's name (gpuprov status {name})",
+                             "pick another cluster name: nodes and clusters share one namespace")
+    return name
+
+
 def _store() -> Store:
     from gpuprov.state import open_store
 
@@ -136,9 +151,9 @@ def _store() -> Store:
 
 def load(name: str) -> Cluster | None:
     """The recorded cluster called `name`, or None (no state file, or no such cluster)."""
-    from gpuprov.paths import state_dir
+    from gpuprov.paths import state_folder
 
-    if not _NAME.fullmatch(name) or not (state_dir() / "state.sqlite").exists():
+    if not _NAME.fullmatch(name) or not (state_folder() / "state.sqlite").exists():
         return None
     text = _store().cluster_json(name)
     return Cluster.model_validate_json(text) if text else None
@@ -150,17 +165,17 @@ def save(cluster: Cluster) -> None:
 
 def forget(name: str) -> bool:
     """Remove the record of cluster `name` (its nodes' files stay); False when there was none."""
-    from gpuprov.paths import state_dir
+    from gpuprov.paths import state_folder
 
-    if not (state_dir() / "state.sqlite").exists():
+    if not (state_folder() / "state.sqlite").exists():
         return False
     return _store().delete_cluster(name)
 
 
 def names() -> list[str]:
-    from gpuprov.paths import state_dir
+    from gpuprov.paths import state_folder
 
-    if not (state_dir() / "state.sqlite").exists():
+    if not (state_folder() / "state.sqlite").exists():
         return []
     return list(_store().cluster_names())
 
