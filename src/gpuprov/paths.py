@@ -19,8 +19,8 @@ from gpuprov.settings import settings
 
 
 def state_dir() -> Path:
-    """The state folder, created (0700) if missing; one that cannot be is a UserInputError naming
-    GPUPROV_HOME (or the default's path), before anything else happens."""
+    """The state folder, created (0700) if missing; one that cannot be made or written is a UserInputError naming
+    GPUPROV_HOME (or, for the default's path, HOME or XDG_STATE_HOME), before anything else happens."""
     override = settings().home
     if override:
         path = override
@@ -28,20 +28,33 @@ def state_dir() -> Path:
         from platformdirs import user_state_dir
 
         path = Path(user_state_dir("gpuprov", appauthor=False))
-    field = "GPUPROV_HOME" if override else "state folder"
+    field = "GPUPROV_HOME" if override else _home_field()
     hint = "point GPUPROV_HOME at a folder you can write (it is created if missing)"
-    if path.exists() and not path.is_dir():
-        raise UserInputError(field, f"{path} is a file, not a folder", hint)
-    try:
+    try:  # a folder above it this user may not enter (EACCES) is the environment's, not a bug
+        if path.exists() and not path.is_dir():
+            raise UserInputError(field, f"{path} is a file, not a folder", hint)
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise UserInputError(field, f"cannot create {path}: {exc.strerror or exc}", hint) from None
+    # a read-only mount is left to the records' own words (state/errors.py: "on a read-only disk")
+    if not os.access(path, os.W_OK | os.X_OK) and not os.statvfs(path).f_flag & os.ST_RDONLY:
+        raise UserInputError(field, f"{path} is not writable by this user", hint)
     return path
+
+
+def _home_field() -> str:
+    """What a default state folder that cannot be made is blamed on: the variable its path came from."""
+    return "XDG_STATE_HOME" if os.environ.get("XDG_STATE_HOME") else "HOME"
 
 
 def logs_dir() -> Path:
     path = state_dir() / "logs"
-    path.mkdir(exist_ok=True, mode=0o700)
+    try:
+        path.mkdir(exist_ok=True, mode=0o700)
+    except OSError as exc:  # a read-only mount: state_dir leaves it to the records' words, which a log never reaches
+        raise UserInputError("GPUPROV_HOME" if settings().home else _home_field(),
+                             f"cannot create {path}: {exc.strerror or exc}",
+                             "point GPUPROV_HOME at a folder you can write (it is created if missing)") from None
     return path
 
 

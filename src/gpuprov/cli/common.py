@@ -7,7 +7,9 @@ Heavy modules (boto3, fabric, the library itself) are imported inside functions,
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -311,6 +313,42 @@ def usage_error_text(exc: click.UsageError) -> str:
     return f"{message}\n  see `{command} --help`"
 
 
+def environment_error(exc: BaseException) -> UserInputError | None:
+    """An OSError that is the user's machine, not gpuprov's mistake, said by what to fix: standard output on a
+    full disk (`> file`, `> /dev/full`), a file under HOME or GPUPROV_HOME this user may not read. None for
+    anything else (a bug)."""
+    if not isinstance(exc, OSError):
+        return None
+    if exc.filename is None and exc.errno == errno.ENOSPC and _stdout_full():
+        return UserInputError("stdout", exc.strerror or str(exc), "write the output where there is room")
+    if isinstance(exc, PermissionError) and exc.filename:
+        from gpuprov.settings import settings
+
+        path = Path(os.path.abspath(os.fsdecode(exc.filename)))
+        for name, folder in (("GPUPROV_HOME", settings().home), ("HOME", Path.home())):
+            if folder is not None and path.is_relative_to(Path(os.path.abspath(folder))):
+                return UserInputError(name, f"{folder} cannot be read ({exc.strerror}: {path})",
+                                      f"give {name} a folder this user can read and write")
+    return None
+
+
+def _stdout_full() -> bool:
+    """Whether standard output is on a disk with no room left (or is /dev/full)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no stdout, or none with a file (CliRunner)
+        fd = sys.stdout.fileno()
+        found = os.fstat(fd)
+        if stat.S_ISCHR(found.st_mode):
+            return found.st_rdev == os.stat("/dev/full").st_rdev
+        return os.fstatvfs(fd).f_bavail == 0
+    return False
+
+
+def _flush_stdout() -> None:
+    """What is still buffered for stdout, written while an error can still be said (the exit's flush is silent)."""
+    if sys.stdout is not None:
+        sys.stdout.flush()
+
+
 def _save_traceback() -> str:
     import tempfile
     import traceback
@@ -364,6 +402,7 @@ class Group(LazyGroup):
         try:
             with signals.handled():
                 code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+                _flush_stdout()
         except GpuprovError as exc:
             say_error(str(exc), exc.exit_code)
         except click.UsageError as exc:
@@ -380,6 +419,9 @@ class Group(LazyGroup):
                 sys.stdout = None  # type: ignore[assignment]
             os._exit(0)
         except Exception as exc:  # a bug: one line for the user, the traceback in a file (GPUPROV_DEBUG=1 raises)
+            said = environment_error(exc)
+            if said is not None:
+                say_error(str(said), said.exit_code)
             from gpuprov.settings import settings
 
             if settings().debug:

@@ -1,0 +1,88 @@
+"""The user's machine is never "a bug": a HOME or GPUPROV_HOME this user cannot read or write, standard output on a
+full disk, an endpoint that is not AWS. Each is one `error: <where>: …` line naming what to fix, exit 2, no
+traceback and no "gpuprov hit a bug"."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import forkcli
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GPUPROV_", "XDG_"))}
+    env.update({"HOME": str(tmp_path / "user"), "GPUPROV_HOME": str(tmp_path / "state"), "NO_COLOR": "1",
+                "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"), "AWS_EC2_METADATA_DISABLED": "true",
+                "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-creds")})
+    env.update(extra)
+    return {k: v for k, v in env.items() if v}
+
+
+def _as_a_user(words: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`gpuprov WORDS` subject to file permissions as any user is: root reads every folder, so as root it runs
+    without the capabilities that let it (setpriv, util-linux). A fresh interpreter: the fork server's children
+    keep the server's."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("as root, setpriv is needed to run without the capabilities that read any folder")
+        prefix = [setpriv, "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all"]
+    return subprocess.run([*prefix, sys.executable, "-m", "gpuprov", *words], capture_output=True, text=True,
+                          env=env, stdin=subprocess.DEVNULL, timeout=60)
+
+
+def _one_line(result: subprocess.CompletedProcess[str], field: str, words: str) -> None:
+    err = result.stderr
+    assert result.returncode == 2, err
+    assert "Traceback" not in err and "hit a bug" not in err, err
+    errors = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {field}: "), err
+    assert words in errors[0], err
+
+
+@pytest.fixture
+def locked(tmp_path: Path) -> Iterator[Path]:
+    """A folder nobody but root may enter."""
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0)
+    yield folder
+    folder.chmod(0o700)
+
+
+def test_a_home_this_user_cannot_read_is_named_even_by_plan_and_config(tmp_path: Path, locked: Path) -> None:
+    for words in (["plan", "--gpu", "L4"], ["config"]):
+        _one_line(_as_a_user(words, _env(tmp_path, HOME=str(locked))), "HOME", f"{locked} cannot be read")
+    # with the config file elsewhere, the first read under HOME is another file (AWS's ~/.aws/config)
+    config = tmp_path / "config.toml"
+    config.write_text('gpu = "L4"\n')
+    result = _as_a_user(["plan"], _env(tmp_path, HOME=str(locked), GPUPROV_CONFIG=str(config), AWS_CONFIG_FILE=""))
+    _one_line(result, "HOME", f"{locked} cannot be read (Permission denied: {locked}/")
+
+
+def test_a_gpuprov_home_this_user_cannot_write_is_named(tmp_path: Path, locked: Path) -> None:
+    read_only = tmp_path / "read-only"
+    read_only.mkdir(mode=0o500)
+    _one_line(_as_a_user(["bootstrap", "ubuntu@192.0.2.1"], _env(tmp_path, GPUPROV_HOME=str(read_only))),
+              "GPUPROV_HOME", f"{read_only} is not writable by this user")
+    _one_line(_as_a_user(["status"], _env(tmp_path, GPUPROV_HOME=str(locked / "state"))),
+              "GPUPROV_HOME", f"cannot create {locked}/state: Permission denied")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+@pytest.mark.parametrize("words", [["status"], ["gpus"]], ids=["short", "long"])
+def test_stdout_on_a_full_disk_is_said_as_such(tmp_path: Path, words: list[str]) -> None:
+    """`> /dev/full`: a short output fails only at the exit's flush, a long one in the middle of the table."""
+    with open("/dev/full", "w") as full:
+        result = forkcli.run([sys.executable, "-m", "gpuprov", *words], stdout=full, stderr=subprocess.PIPE,
+                             text=True, env=_env(tmp_path), stdin=subprocess.DEVNULL, timeout=60)
+    _one_line(result, "stdout", "No space left on device")
+
