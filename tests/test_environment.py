@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,3 +87,69 @@ def test_stdout_on_a_full_disk_is_said_as_such(tmp_path: Path, words: list[str])
                              text=True, env=_env(tmp_path), stdin=subprocess.DEVNULL, timeout=60)
     _one_line(result, "stdout", "No space left on device")
 
+
+@pytest.fixture
+def web_page() -> Iterator[str]:
+    """A web server that is not AWS, answering every request with a well-formed HTML page (status 200): botocore
+    parses it as XML, to an answer with nothing in it."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Page(BaseHTTPRequestHandler):
+        def _page(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = b"<!DOCTYPE html>\n<html><head><title>Welcome to nginx!</title></head><body>It works</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _page
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+NO_SSH = ("--ssh-cidr", "198.51.100.7/32", "--yes", "--no-bootstrap", "--no-wait")
+
+
+def _said(result: Any, field: str, words: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "hit a bug" not in result.output, result.output
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
+    assert line.startswith(f"error: {field}: ") and words in line, result.stderr
+
+
+def test_an_endpoint_that_answers_with_a_web_page_is_named(fake_cloud: Any, web_page: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    launched = fake_cloud.gp("up", "n1", "--gpu", "T4", *NO_SSH)
+    assert launched.exit_code == 0, launched.output
+    monkeypatch.setenv("AWS_ENDPOINT_URL", web_page)
+    for words in (["gpus", "--live", "--region", "us-east-1"], ["status", "--refresh"], ["up", "n2", "--gpu", "T4",
+                                                                                         *NO_SSH]):
+        result = fake_cloud.gp(*words)
+        _said(result, "AWS_ENDPOINT_URL", f"{web_page} did not answer Describe")
+        assert "as AWS does (an HTML page)" in result.stderr, result.stderr
+        assert len(result.stderr.splitlines()) <= 3, result.stderr  # region, the line, its hint
+
+
+def test_up_without_credentials_offline_says_the_credentials(fake_cloud: Any, monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
+    """No credentials, and no internet (a proxy that is not there: the public address cannot be learnt): the
+    credentials are what to fix first, whether EC2's instance types are read now or were kept today."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    words = ("up", "n1", "--gpu", "T4", "--yes", "--no-bootstrap", "--no-wait")
+    _said(fake_cloud.gp(*words), "AWS credentials", "none found")  # the instance types kept today
+    monkeypatch.setenv("GPUPROV_FACTS_DIR", str(tmp_path / "no-facts-yet"))
+    result = fake_cloud.gp(*words)
+    _said(result, "AWS credentials", "none found")
+    assert "--ssh-cidr" not in result.stderr and "instance types from the catalog" not in result.stderr

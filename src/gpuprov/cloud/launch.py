@@ -258,8 +258,9 @@ def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say
     if store.find_node(name) and store.node(name).live:
         raise UserInputError("NAME", f"a node called {name!r} already exists", f"pick another name, or `gpuprov down {name}`")
     check_reachable(opts)
-    cidr = None if opts.ssh_cidr is None and opts.connect == "private" else ssh_cidr(opts.ssh_cidr)
+    # AWS first: its credentials missing are the error to fix, not the public address a machine offline lacks
     offerings = provider.offerings(region, [c.name for c in plan.candidates])
+    cidr = None if opts.ssh_cidr is None and opts.connect == "private" else ssh_cidr(opts.ssh_cidr)
     network = provider.network(region, opts.subnet)
     if cidr is not None and ":" in cidr and not network.ipv6:
         where = f"subnet {network.subnet_id} has" if network.subnet_id else f"the default VPC's subnets in {region} have"
