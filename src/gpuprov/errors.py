@@ -27,6 +27,7 @@ reaches the CLI is a bug: one `gpuprov hit a bug` line, the traceback saved to a
       ConnectionLost        hosts/remote.py              the connection dropped mid-command: the host's failed row
         HostLost            hosts/remote.py              keepalives unanswered, or no output for too long: the same
       CommandTimeout        hosts/remote.py              a command ran past its time: the host's failed row (exec: 124)
+      ShellRefused          hosts/remote.py              the login's shell runs no command (nologin): the host's failed row
       Ended                 hosts/remote.py              a command ended before its marker line: bootstrap says why
       UnknownHostKey        hosts/hostkeys.py            no pinned key: not connecting (--accept-new-host-key pins it)
       HostKeyChanged        hosts/hostkeys.py            another key than the pinned one: not connecting
