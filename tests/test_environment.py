@@ -153,3 +153,77 @@ def test_up_without_credentials_offline_says_the_credentials(fake_cloud: Any, mo
     result = fake_cloud.gp(*words)
     _said(result, "AWS credentials", "none found")
     assert "--ssh-cidr" not in result.stderr and "instance types from the catalog" not in result.stderr
+
+
+def _at_the_prompt(tmp_path: Path, then: Any) -> tuple[int | None, str]:
+    """`up` on a terminal (a pty) up to its `Launch …? [y/N]` prompt, then `then(process, leader)`; its exit code
+    (None: still running 10 s later, killed) and all it printed. EC2 is an endpoint that refuses connections: the
+    plan falls back to the shipped catalog, and nothing is launched."""
+    import pty
+    import select
+    import time
+
+    env = _env(tmp_path, AWS_ENDPOINT_URL="http://127.0.0.1:9", AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y",
+               AWS_MAX_ATTEMPTS="1", AWS_REGION="us-east-1")
+    leader, follower = pty.openpty()
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "up", "n1", "--gpu", "T4", *NO_SSH[:2], "--no-bootstrap",
+                          "--no-wait"], stdin=follower, stdout=follower, stderr=follower, env=env)
+    os.close(follower)
+    out, deadline, acted, closed = b"", time.monotonic() + 30, False, False
+    try:
+        while time.monotonic() < deadline:
+            if not acted and b"[y/N]" in out:
+                acted, deadline = True, time.monotonic() + 10
+                closed = then(proc, leader)  # True: it closed the terminal
+                if closed:
+                    break
+            if not select.select([leader], [], [], 0.2)[0]:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the process and its terminal are gone
+                break
+            if not chunk:
+                break
+            out += chunk
+        try:
+            code: int | None = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = None
+    finally:
+        if not closed:
+            os.close(leader)
+    return code, out.decode(errors="replace")
+
+
+def test_each_signal_at_the_prompt_says_its_name_and_code_and_never_hangs(tmp_path: Path) -> None:
+    """SIGINT, SIGTERM and SIGHUP at `Launch …? [y/N]`, each a few times and at a few instants after the prompt is
+    shown (a signal landing just before the read waited for a key): 130, 143, 129, and the line naming it."""
+    import signal
+    import time
+
+    for sig, name in ((signal.SIGINT, "SIGINT (Ctrl-C)"), (signal.SIGTERM, "SIGTERM"), (signal.SIGHUP, "SIGHUP")):
+        for delay in (0.0, 0.02):
+            def send(proc: Any, _leader: int, sig: int = sig, delay: float = delay) -> bool:
+                time.sleep(delay)
+                proc.send_signal(sig)
+                return False
+
+            code, out = _at_the_prompt(tmp_path, send)
+            assert code == 128 + sig, (name, delay, out)
+            assert out.rstrip().splitlines()[-1] == f"error: interrupted by {name}", (name, delay, out)
+
+
+def test_a_terminal_that_hangs_up_at_the_prompt_ends_as_sighup(tmp_path: Path) -> None:
+    """The terminal closes under the prompt (its reads end, its writes fail): 129 as for its SIGHUP, whichever
+    comes first, not a "no" (exit 1), a bug or a death by the signal's default action."""
+    def hang_up(_proc: Any, leader: int) -> bool:
+        os.close(leader)
+        return True
+
+    code, _ = _at_the_prompt(tmp_path, hang_up)
+    assert code == 129

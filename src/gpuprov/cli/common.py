@@ -85,7 +85,18 @@ def confirm(question: str, action: str) -> None:
     """Ask `question` on the terminal; without one, say to pass --yes (exit 2); a "no" stops here (exit 1)."""
     if sys.stdin is None or sys.stdin.closed or not sys.stdin.isatty():  # stdin closed (`<&-`): None to Python
         raise UserInputError("--yes", "no terminal to confirm on", f"pass --yes (or -y) to {action}")
-    if not click.confirm(question, default=False, err=True):
+    from gpuprov.cli import signals
+
+    click.echo(f"{question} [y/N]: ", nl=False, err=True)
+    try:  # not click.confirm: its blocking read() missed a signal landing just before it (cli/signals.py)
+        answer = signals.read_line()
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError):  # a terminal gone (SIGHUP)
+            click.echo(err=True)  # the last line on a line of its own, not after the question
+        raise
+    if answer.strip().lower() not in ("y", "yes"):
+        if not answer:
+            click.echo(err=True)
         say_error("not confirmed; nothing was done", 1)
 
 
@@ -291,8 +302,10 @@ def warn(text: str, colour: str = "yellow") -> None:
 
 
 def say_error(text: str, exit_code: int) -> NoReturn:
-    """`error: <text>` on stderr (red on a terminal unless NO_COLOR is set), then exit."""
-    warn(f"error: {text}", "red")
+    """`error: <text>` on stderr (red on a terminal unless NO_COLOR is set), then exit; with the exit code alone
+    where stderr cannot be written (a terminal gone, a closed stream)."""
+    with contextlib.suppress(OSError):
+        warn(f"error: {text}", "red")
     sys.exit(exit_code)
 
 
@@ -410,7 +423,7 @@ class Group(LazyGroup):
         except click.ClickException as exc:
             say_error(exc.format_message(), exc.exit_code)
         except (click.Abort, KeyboardInterrupt) as exc:  # Ctrl-C, SIGTERM, SIGHUP (cli/signals.py)
-            cause = exc.__cause__ if isinstance(exc, click.Abort) and exc.__cause__ is not None else exc  # Click's
+            cause = signals.behind(exc)  # Click's Abort, from a prompt: the interrupt is its context
             how = getattr(cause, "name", "SIGINT (Ctrl-C)")
             note = getattr(cause, "note", None)  # what a take-back left (cloud/launch.take_back)
             say_error(f"interrupted by {how}" + (f": {note}" if note else ""), signals.exit_code(cause))
