@@ -227,3 +227,59 @@ def test_a_terminal_that_hangs_up_at_the_prompt_ends_as_sighup(tmp_path: Path) -
 
     code, _ = _at_the_prompt(tmp_path, hang_up)
     assert code == 129
+
+
+def test_an_interrupted_down_ends_with_what_is_left_and_the_command_that_finishes_it(
+        fake_cloud: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM (its Interrupted, raised where the signal lands) as `down` reaches the node's security group: the
+    last line names what the records still hold and `gpuprov down NODE`, which then finishes it."""
+    import signal
+
+    from gpuprov.cloud import destroy
+    from gpuprov.errors import Interrupted
+    from tests.aws.cli import EMPTY
+
+    assert fake_cloud.gp("up", "n1", "--gpu", "T4", *NO_SSH).exit_code == 0
+    real = destroy.remove
+
+    def remove(provider: Any, res: Any, settle: float = 0.0) -> None:
+        if res.kind == "security-group":
+            raise Interrupted(signal.SIGTERM, "SIGTERM")
+        real(provider, res, settle=settle)
+
+    monkeypatch.setattr(destroy, "remove", remove)
+    result = fake_cloud.gp("down", "n1", "--yes")
+    assert result.exit_code == 143, result.output
+    last = result.stderr.rstrip().splitlines()[-1]
+    assert last.startswith("error: interrupted by SIGTERM: still there: n1: ") and "security-group sg-" in last, last
+    assert last.endswith("; run: gpuprov down n1"), last
+    monkeypatch.setattr(destroy, "remove", real)
+    again = fake_cloud.gp("down", "n1", "--yes")
+    assert again.exit_code == 0, again.output
+    assert fake_cloud.leftovers() == EMPTY
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_an_interrupted_bootstrap_ends_with_the_command_that_finishes_it(gp_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                         as_json: bool) -> None:
+    """SIGTERM (its Interrupted, raised where the signal lands) while the hosts' steps run: the last line says the
+    steps done are kept and which command resumes the rest."""
+    import signal
+
+    from click.testing import CliRunner
+
+    from gpuprov.cli import main
+    from gpuprov.errors import Interrupted
+    from gpuprov.hosts import bootstrap as engine
+
+    def stopped(*_args: Any, **_kwargs: Any) -> None:
+        raise Interrupted(signal.SIGTERM, "SIGTERM")
+
+    monkeypatch.setattr(engine, "bootstrap", stopped)
+    words = ["bootstrap", "ubuntu@192.0.2.7", "root@192.0.2.8:2222", "--gpu", "T4", *(["--json"] if as_json else [])]
+    result = CliRunner().invoke(main, words, prog_name="gpuprov")
+    assert result.exit_code == 143, result.output
+    assert result.stderr.rstrip().splitlines()[-1] == (
+        "error: interrupted by SIGTERM: the bootstrap of 192.0.2.7, 192.0.2.8:2222 stopped where it was; "
+        "the steps done are kept: run `gpuprov bootstrap ubuntu@192.0.2.7 root@192.0.2.8:2222` again, with the "
+        "same options, to finish"), result.stderr
