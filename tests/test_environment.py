@@ -126,14 +126,23 @@ def _said(result: Any, field: str, words: str) -> None:
     assert line.startswith(f"error: {field}: ") and words in line, result.stderr
 
 
-def test_an_endpoint_that_answers_with_a_web_page_is_named(fake_cloud: Any, web_page: str,
+def test_an_endpoint_that_answers_with_a_web_page_is_named(gp_home: Path, web_page: str,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    launched = fake_cloud.gp("up", "n1", "--gpu", "T4", *NO_SSH)
-    assert launched.exit_code == 0, launched.output
-    monkeypatch.setenv("AWS_ENDPOINT_URL", web_page)
-    for words in (["gpus", "--live", "--region", "us-east-1"], ["status", "--refresh"], ["up", "n2", "--gpu", "T4",
-                                                                                         *NO_SSH]):
-        result = fake_cloud.gp(*words)
+    from click.testing import CliRunner
+
+    from gpuprov.cli import main
+    from gpuprov.state import open_store
+
+    for key, value in _env(gp_home.parent, GPUPROV_HOME=str(gp_home), AWS_ENDPOINT_URL=web_page,
+                           AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y", AWS_MAX_ATTEMPTS="1",
+                           AWS_REGION="us-east-1", GPUPROV_FACTS_DIR=str(gp_home / "facts")).items():
+        monkeypatch.setenv(key, value)
+    store = open_store()  # a node for `status --refresh` to ask EC2 about
+    store.create_node("n1", "aws", "us-east-1", zone="us-east-1a", gpu="T4", gpu_count=1, instance_type="g4dn.xlarge",
+                      market="on-demand", state="ready", address="203.0.113.9", ssh_user="ubuntu")
+    store.add_resource("n1", "instance", "us-east-1", "i-0123456789abcdef0")
+    for words in (["gpus", "--live"], ["status", "--refresh"], ["up", "n2", "--gpu", "T4", *NO_SSH]):
+        result = CliRunner().invoke(main, words, prog_name="gpuprov")
         _said(result, "AWS_ENDPOINT_URL", f"{web_page} did not answer Describe")
         assert "as AWS does (an HTML page)" in result.stderr, result.stderr
         assert len(result.stderr.splitlines()) <= 3, result.stderr  # region, the line, its hint
@@ -227,36 +236,6 @@ def test_a_terminal_that_hangs_up_at_the_prompt_ends_as_sighup(tmp_path: Path) -
 
     code, _ = _at_the_prompt(tmp_path, hang_up)
     assert code == 129
-
-
-def test_an_interrupted_down_ends_with_what_is_left_and_the_command_that_finishes_it(
-        fake_cloud: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """SIGTERM (its Interrupted, raised where the signal lands) as `down` reaches the node's security group: the
-    last line names what the records still hold and `gpuprov down NODE`, which then finishes it."""
-    import signal
-
-    from gpuprov.cloud import destroy
-    from gpuprov.errors import Interrupted
-    from tests.aws.cli import EMPTY
-
-    assert fake_cloud.gp("up", "n1", "--gpu", "T4", *NO_SSH).exit_code == 0
-    real = destroy.remove
-
-    def remove(provider: Any, res: Any, settle: float = 0.0) -> None:
-        if res.kind == "security-group":
-            raise Interrupted(signal.SIGTERM, "SIGTERM")
-        real(provider, res, settle=settle)
-
-    monkeypatch.setattr(destroy, "remove", remove)
-    result = fake_cloud.gp("down", "n1", "--yes")
-    assert result.exit_code == 143, result.output
-    last = result.stderr.rstrip().splitlines()[-1]
-    assert last.startswith("error: interrupted by SIGTERM: still there: n1: ") and "security-group sg-" in last, last
-    assert last.endswith("; run: gpuprov down n1"), last
-    monkeypatch.setattr(destroy, "remove", real)
-    again = fake_cloud.gp("down", "n1", "--yes")
-    assert again.exit_code == 0, again.output
-    assert fake_cloud.leftovers() == EMPTY
 
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
