@@ -260,6 +260,11 @@ def test_sync_round_trips_a_folder(host_pool, gp_home, tmp_path):
     bad = gpuprov("sync", host, *key(pool), str(src), str(back))
     assert bad.returncode == 2 and "exactly one" in bad.stderr
 
+    # a path the host lacks: rsync's own 23 (a partial copy) is gpuprov's 1, said with rsync's code
+    partial = gpuprov("sync", host, *key(pool), ":/tmp/gp-no-such-file", f"{back}/")
+    assert partial.returncode == 1, partial.stderr
+    assert "error: rsync exited 23: some files were not copied: the copy is partial" in partial.stderr
+
     # rsync's shape: the host only in the remote side's HOST:PATH
     again = tmp_path / "again"
     assert gpuprov("sync", *key(pool), f"{src}/", f"{host}:/tmp/gp-sync2/").returncode == 0

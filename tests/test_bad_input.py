@@ -446,5 +446,4 @@ def test_an_endpoint_that_is_not_aws_is_named_by_its_variable(not_aws: str, file
             "gpus --live --region us-east-1")
     result = run_cli(line, files, tmp_path / "home")[0] if run == "executable" else \
         run_in_process(line, files, tmp_path / "home")
-    judge(result, "AWS_ENDPOINT_URL", f"{not_aws} answered DescribeInstanceTypes with something that is not "
-                                      "AWS's", files)
+    judge(result, "AWS_ENDPOINT_URL", f"{not_aws} did not answer DescribeInstanceTypes as AWS does", files)

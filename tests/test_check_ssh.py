@@ -104,3 +104,16 @@ def test_bad_inventory_is_exit_2_naming_line_and_field(gp_home, tmp_path):
 def test_bad_target_is_exit_2(gp_home):
     result = gpuprov("check", "root@bad;host")
     assert result.returncode == 2 and "[USER@]HOST[:PORT]" in result.stderr
+
+
+def test_a_login_whose_shell_runs_no_command_is_named_on_its_row(host_pool, gp_home):
+    """`nobody` (shell /usr/sbin/nologin) logs in with the pool's key and runs nothing: its row says so, naming the
+    user and host, instead of a bug reading the shell's refusal as the host's facts."""
+    pool = host_pool
+    address = pool[3].address + (f":{pool[3].port}" if pool[3].port != 22 else "")
+    result = gpuprov("check", f"nobody@{address}", "-i", str(pool.key_path), "--accept-new-host-key", "--json")
+    assert "hit a bug" not in result.stderr and result.stdout.strip(), result.stderr
+    (refused,) = json.loads(result.stdout)
+    assert result.returncode == 1 and not refused["ok"] and refused["report"] is None
+    assert refused["error"].startswith(f"nobody@{pool[3].address}: the login shell of nobody did not run the "
+                                       "command (it said: This account is currently not available.)"), refused

@@ -86,10 +86,31 @@ def test_stop_then_start_keeps_the_instance_and_its_disk(fake_cloud):
     assert node["state"] == "ready" and node["address"] == inst["PublicIpAddress"]
 
 
-def test_down_leaves_nothing_in_the_cloud(fake_cloud):
+def test_down_leaves_nothing_in_the_cloud(fake_cloud, monkeypatch):
+    """... also after a first `down` a SIGTERM stopped (its Interrupted, raised where the signal lands) as it reached
+    the security group: its last line names what is left and the `down` that finishes it."""
+    import signal
+
+    from gpuprov.cloud import destroy
+    from gpuprov.errors import Interrupted
+
     up(fake_cloud, "n1")
     (inst,) = instances(fake_cloud, "n1")
     group_ids = [g["GroupId"] for g in inst["SecurityGroups"]]
+    real = destroy.remove
+
+    def remove(provider, res, settle=0.0):
+        if res.kind == "security-group":
+            raise Interrupted(signal.SIGTERM, "SIGTERM")
+        real(provider, res, settle=settle)
+
+    monkeypatch.setattr(destroy, "remove", remove)
+    stopped = fake_cloud.gp("down", "n1", "--yes")
+    assert stopped.exit_code == 143, stopped.output
+    last = stopped.stderr.rstrip().splitlines()[-1]
+    assert last.startswith("error: interrupted by SIGTERM: still there: n1: ") and f"security-group {group_ids[0]}" in last
+    assert last.endswith("; run: gpuprov down n1"), last
+    monkeypatch.setattr(destroy, "remove", real)
     down = fake_cloud.gp("down", "n1", "--yes")
     assert down.exit_code == 0, down.output
     ec2 = fake_cloud.ec2()

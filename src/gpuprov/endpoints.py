@@ -41,8 +41,8 @@ def unreadable_answer(what: str, detail: str, service: str | None = None) -> Gpu
     why = detail.split("\n", 1)[0].split(", invalid XML received")[0]
     names = endpoint_variables(service)
     if names:
-        return UserInputError(" or ".join(names), f"{os.environ[names[0]]} answered {what} with something that is not "
-                              f"AWS's ({why})", "point it at AWS or a local imitation of it (moto, `make sandbox`), "
-                              "or unset it for AWS itself")
+        return UserInputError(" or ".join(names), f"{os.environ[names[0]]} did not answer {what} as AWS does ({why})",
+                              "point it at AWS or a local imitation of it (moto, `make sandbox`), or unset it for AWS "
+                              "itself")
     return GpuprovError(f"AWS call {what}: its answer could not be read ({why}); is a proxy or captive portal "
                         "between this machine and AWS?")

@@ -5,6 +5,17 @@ The lowest floor, with files.py, paths.py and resources.py: every part may impor
 `StackConflict` carries `rule`, the stable id of the compatibility rule that refused it (`driver-no-pinning-package`,
 `wheel-needs-newer-driver`, `nvcc-torch-major-mismatch`, `wheel-no-sass`, …): tests assert the id, not the wording.
 
+The `gpuprov` command's exit codes, whatever it runs (other programs' own codes are mapped onto these: rsync's 23,
+a partial copy, is `sync`'s 1):
+
+  0              done (check, doctor, bootstrap: every host passed)
+  1              something failed: a host's check or step, AWS refused, a copy, a `down` that left resources, a bug
+  2              bad input or a broken environment, named where it came from: a flag, a file, HOME, stdout
+  124            `exec --timeout`: the command was still running when the time was up
+  130, 143, 129  interrupted by SIGINT (Ctrl-C), SIGTERM, SIGHUP (cli/signals.py): 128 + the signal's number
+  255            `ssh`, `exec`, `sync`: the host could not be reached (ssh's own code); otherwise `ssh` and `exec`
+                 pass the remote command's own code through
+
 Every exception class in src/gpuprov, drawn once (tests/test_layout.py fails when one is left out here). The CLI's
 group (cli/common.Group) prints a GpuprovError as one `error: <message>` line on stderr and exits with its
 `exit_code`; a command over many hosts puts a host's error on that host's row instead. Any other exception that
@@ -27,6 +38,7 @@ reaches the CLI is a bug: one `gpuprov hit a bug` line, the traceback saved to a
       ConnectionLost        hosts/remote.py              the connection dropped mid-command: the host's failed row
         HostLost            hosts/remote.py              keepalives unanswered, or no output for too long: the same
       CommandTimeout        hosts/remote.py              a command ran past its time: the host's failed row (exec: 124)
+      ShellRefused          hosts/remote.py              the login's shell runs no command (nologin): the host's failed row
       Ended                 hosts/remote.py              a command ended before its marker line: bootstrap says why
       UnknownHostKey        hosts/hostkeys.py            no pinned key: not connecting (--accept-new-host-key pins it)
       HostKeyChanged        hosts/hostkeys.py            another key than the pinned one: not connecting

@@ -20,13 +20,16 @@ from gpuprov.settings import settings
 
 
 def state_dir() -> Path:
-    """The state folder, created (0700) if missing; one that cannot be is a UserInputError naming
-    GPUPROV_HOME (or the default's path), before anything else happens."""
+    """The state folder, created (0700) if missing; one that cannot be made or written is a UserInputError naming
+    GPUPROV_HOME (or, for the default's path, HOME or XDG_STATE_HOME), before anything else happens."""
     path, field = _state_folder()
     try:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise UserInputError(field, f"cannot create {path}: {exc.strerror or exc}", _HOME_HINT) from None
+    # a read-only mount is left to the records' own words (state/errors.py: "on a read-only disk")
+    if not os.access(path, os.W_OK | os.X_OK) and not os.statvfs(path).f_flag & os.ST_RDONLY:
+        raise UserInputError(field, f"{path} is not writable by this user", _HOME_HINT)
     return path
 
 
@@ -47,18 +50,31 @@ def _state_folder() -> tuple[Path, str]:
         from platformdirs import user_state_dir
 
         path = Path(user_state_dir("gpuprov", appauthor=False))
-    field = "GPUPROV_HOME" if override else "state folder"
-    if path.exists() and not path.is_dir():
-        raise UserInputError(field, f"{path} is a file, not a folder", _HOME_HINT)
-    above = next((p for p in path.parents if p.exists()), None)  # a folder that could never be made there
+    field = "GPUPROV_HOME" if override else _home_field()
+    try:  # a folder above it this user may not enter (EACCES) is the environment's, not a bug
+        if path.exists() and not path.is_dir():
+            raise UserInputError(field, f"{path} is a file, not a folder", _HOME_HINT)
+        above = next((p for p in path.parents if p.exists()), None)  # a folder that could never be made there
+    except OSError as exc:
+        raise UserInputError(field, f"cannot read {path}: {exc.strerror or exc}", _HOME_HINT) from None
     if above is not None and not above.is_dir():
         raise UserInputError(field, f"cannot create {path}: {above} is a file", _HOME_HINT)
     return path, field
 
 
+def _home_field() -> str:
+    """What a default state folder that cannot be made is blamed on: the variable its path came from."""
+    return "XDG_STATE_HOME" if os.environ.get("XDG_STATE_HOME") else "HOME"
+
+
 def logs_dir() -> Path:
     path = state_dir() / "logs"
-    path.mkdir(exist_ok=True, mode=0o700)
+    try:
+        path.mkdir(exist_ok=True, mode=0o700)
+    except OSError as exc:  # a read-only mount: state_dir leaves it to the records' words, which a log never reaches
+        raise UserInputError("GPUPROV_HOME" if settings().home else _home_field(),
+                             f"cannot create {path}: {exc.strerror or exc}",
+                             "point GPUPROV_HOME at a folder you can write (it is created if missing)") from None
     return path
 
 

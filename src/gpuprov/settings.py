@@ -65,6 +65,8 @@ class ConfigText:
     data: Mapping[str, Any]
     lines: tuple[str, ...]
     problem: str | None = None  # "cannot read it (…)" or "not valid TOML (…)"
+    # what the problem is blamed on: the file, or the variable naming a folder on its path this user cannot enter
+    field: str = "config"
 
     def where(self, key: str) -> str:
         """Where the file sets `key`, as an error names it: `PATH:LINE: key` (`PATH: key` when the line is not
@@ -177,10 +179,15 @@ def _config(env: dict[str, str]) -> ConfigText:
         from platformdirs import user_config_dir
 
         where = Path(user_config_dir("gpuprov", appauthor=False)) / "config.toml"
-    if not where.exists():
-        return ConfigText(where, bool(named), "missing", {}, ())
-    if not where.is_file():
-        return ConfigText(where, bool(named), "other", {}, ())
+    try:
+        kind = "file" if where.is_file() else "other" if where.exists() else "missing"
+    except OSError as exc:  # a folder on its path this user may not enter: the environment's, said by its variable
+        field = "GPUPROV_CONFIG" if named else "XDG_CONFIG_HOME" if os.environ.get("XDG_CONFIG_HOME") else "HOME"
+        folder = where if named else os.environ.get(field) or Path.home()
+        return ConfigText(where, bool(named), "file", {}, (), f"{folder} cannot be read ({exc.strerror}: "
+                          f"{exc.filename})", field)
+    if kind != "file":
+        return ConfigText(where, bool(named), kind, {}, ())
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover

@@ -53,8 +53,11 @@ def run() -> None:
     stderr flushed, atexit handlers run). Tests call `main` and keep their process."""
     import gc  # here: at the top it would be this package's `gc`, the `gc` command's module, once that is imported
 
+    from gpuprov.cli import signals
+
     threshold = gc.get_threshold()
     gc.set_threshold(max(threshold[0], YOUNG_COLLECTION_EVERY), *threshold[1:])
+    signals.last_command()
     try:
         main(prog_name="gpuprov")  # `python -m gpuprov` too: the name the hints tell users to type
         code: int = 0
@@ -64,6 +67,8 @@ def run() -> None:
         else:
             print(exc.code, file=sys.stderr)
             code = 1
+    except KeyboardInterrupt as exc:  # a signal outside the command's handling (cli/signals.py): its code, and
+        code = signals.exit_code(exc)  # no wait below for workers it left
     if code < 128 and any(t.is_alive() and not t.daemon for t in threading.enumerate()
                           if t is not threading.main_thread()):
         sys.exit(code)  # a worker still running: let the interpreter wait for it as usual

@@ -327,12 +327,23 @@ def sync(args: tuple[str, ...], delete: bool, progress: bool | None, **kw: Unpac
         done = subprocess.call(sshcli.rsync_argv(target, settings, plan, progress=show, delete=delete))
         if done == 255:  # rsync passes on ssh's own exit: the connection, not the copy, failed (ssh said why above)
             warn(f"error: rsync exited 255: ssh could not reach {target.name}, or lost it", "red")
-        elif done != 0:
-            warn(f"error: rsync exited {done}" + (f" on {target.name}" if len(targets) > 1 else ""), "red")
+        elif done != 0:  # rsync's own codes are not gpuprov's (errors.py's table): the copy failed, exit 1
+            why = RSYNC_EXITS.get(done, "the copy failed")
+            warn(f"error: rsync exited {done}" + (f" on {target.name}" if len(targets) > 1 else "")
+                 + f": {why}; rsync said why above", "red")
+            done = 1
         elif len(targets) > 1:
             click.echo(f"{target.name}: synced {plan.remote_path}", err=True)
         code = code or done
     sys.exit(code)
+
+
+# rsync's exit codes (its manual's EXIT VALUES) that a sync meets, in words
+RSYNC_EXITS = {
+    3: "a path could not be used", 10: "its connection failed", 11: "a file could not be read or written",
+    12: "its data stream broke off", 23: "some files were not copied: the copy is partial",
+    24: "some source files vanished while it copied them", 30: "it timed out sending or receiving",
+}
 
 
 def _s3_sync(job: S3Sync, delete: bool, kw: ReachOptions) -> None:

@@ -31,7 +31,7 @@ from gpuprov.cli.common import (
 )
 from gpuprov.cli.complete import complete_node
 from gpuprov.cli.params import LoginName, Number
-from gpuprov.errors import UserInputError
+from gpuprov.errors import Interrupted, UserInputError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -186,6 +186,18 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
                   f"{node.address}, list price ${node.price_usd_hour or 0:.2f}/h on-demand")
     if result.ssh_alias:
         console.print(f"  ssh {result.ssh_alias}        # or: gpuprov check / gpuprov down {node.name}")
+
+
+def _left_by_down(names: list[str], store: Store) -> str:
+    """What an interrupted `down` leaves of `names`, as its records hold it."""
+    from gpuprov.state.machine import NodeState
+
+    unfinished = [n for n in names if (found := store.find_node(n)) is not None and found.state != NodeState.TERMINATED]
+    if not unfinished:
+        return "every node is down"
+    held = {n: [f"{r.kind} {r.cloud_id or r.client_token}" for r in store.resources(n)] for n in unfinished}
+    return ("still there: " + "; ".join(f"{n}: {', '.join(what) or 'its record only'}" for n, what in held.items())
+            + f"; run: gpuprov down {' '.join(unfinished)}")
 
 
 def _wait_of(text: str | None) -> Wait | None:
@@ -413,9 +425,13 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool, no_s
         journal.resume(n, provider, store, say_to(console))
     # the gate saves each node's data (every node of a cluster) before any is taken down; a named node is taken
     # down whoever launched it, --all's are this member's unless --team
-    results = teardown.down(targets, provider, store, say_to(console), anyone=everyone or not all_nodes,
-                            no_save=no_save, reach=node_target,
-                            settings=HostSettings(known_hosts=known_hosts_path(), connect_timeout=15))
+    try:
+        results = teardown.down(targets, provider, store, say_to(console), anyone=everyone or not all_nodes,
+                                no_save=no_save, reach=node_target,
+                                settings=HostSettings(known_hosts=known_hosts_path(), connect_timeout=15))
+    except Interrupted as exc:  # the last line: what each node still has, and the command that finishes it
+        exc.note = _left_by_down(targets, store)
+        raise
     if as_json:
         click.echo(json.dumps({name: {"complete": r.complete, "removed": r.removed, "left": r.left,
                                       **({"member": members.get(name)} if team else {})}

@@ -7,7 +7,9 @@ Heavy modules (boto3, fabric, the library itself) are imported inside functions,
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -83,7 +85,18 @@ def confirm(question: str, action: str) -> None:
     """Ask `question` on the terminal; without one, say to pass --yes (exit 2); a "no" stops here (exit 1)."""
     if sys.stdin is None or sys.stdin.closed or not sys.stdin.isatty():  # stdin closed (`<&-`): None to Python
         raise UserInputError("--yes", "no terminal to confirm on", f"pass --yes (or -y) to {action}")
-    if not click.confirm(question, default=False, err=True):
+    from gpuprov.cli import signals
+
+    click.echo(f"{question} [y/N]: ", nl=False, err=True)
+    try:  # not click.confirm: its blocking read() missed a signal landing just before it (cli/signals.py)
+        answer = signals.read_line()
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError):  # a terminal gone (SIGHUP)
+            click.echo(err=True)  # the last line on a line of its own, not after the question
+        raise
+    if answer.strip().lower() not in ("y", "yes"):
+        if not answer:
+            click.echo(err=True)
         say_error("not confirmed; nothing was done", 1)
 
 
@@ -289,8 +302,10 @@ def warn(text: str, colour: str = "yellow") -> None:
 
 
 def say_error(text: str, exit_code: int) -> NoReturn:
-    """`error: <text>` on stderr (red on a terminal unless NO_COLOR is set), then exit."""
-    warn(f"error: {text}", "red")
+    """`error: <text>` on stderr (red on a terminal unless NO_COLOR is set), then exit; with the exit code alone
+    where stderr cannot be written (a terminal gone, a closed stream)."""
+    with contextlib.suppress(OSError):
+        warn(f"error: {text}", "red")
     sys.exit(exit_code)
 
 
@@ -309,6 +324,42 @@ def usage_error_text(exc: click.UsageError) -> str:
         return f"{exc.option_name}: no such option{close}\n  see `{command} --help`"
     message = exc.message
     return f"{message}\n  see `{command} --help`"
+
+
+def environment_error(exc: BaseException) -> UserInputError | None:
+    """An OSError that is the user's machine, not gpuprov's mistake, said by what to fix: standard output on a
+    full disk (`> file`, `> /dev/full`), a file under HOME or GPUPROV_HOME this user may not read. None for
+    anything else (a bug)."""
+    if not isinstance(exc, OSError):
+        return None
+    if exc.filename is None and exc.errno == errno.ENOSPC and _stdout_full():
+        return UserInputError("stdout", exc.strerror or str(exc), "write the output where there is room")
+    if isinstance(exc, PermissionError) and exc.filename:
+        from gpuprov.settings import settings
+
+        path = Path(os.path.abspath(os.fsdecode(exc.filename)))
+        for name, folder in (("GPUPROV_HOME", settings().home), ("HOME", Path.home())):
+            if folder is not None and path.is_relative_to(Path(os.path.abspath(folder))):
+                return UserInputError(name, f"{folder} cannot be read ({exc.strerror}: {path})",
+                                      f"give {name} a folder this user can read and write")
+    return None
+
+
+def _stdout_full() -> bool:
+    """Whether standard output is on a disk with no room left (or is /dev/full)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no stdout, or none with a file (CliRunner)
+        fd = sys.stdout.fileno()
+        found = os.fstat(fd)
+        if stat.S_ISCHR(found.st_mode):
+            return found.st_rdev == os.stat("/dev/full").st_rdev
+        return os.fstatvfs(fd).f_bavail == 0
+    return False
+
+
+def _flush_stdout() -> None:
+    """What is still buffered for stdout, written while an error can still be said (the exit's flush is silent)."""
+    if sys.stdout is not None:
+        sys.stdout.flush()
 
 
 def _save_traceback() -> str:
@@ -364,6 +415,7 @@ class Group(LazyGroup):
         try:
             with signals.handled():
                 code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+                _flush_stdout()
         except GpuprovError as exc:
             say_error(str(exc), exc.exit_code)
         except click.UsageError as exc:
@@ -371,7 +423,7 @@ class Group(LazyGroup):
         except click.ClickException as exc:
             say_error(exc.format_message(), exc.exit_code)
         except (click.Abort, KeyboardInterrupt) as exc:  # Ctrl-C, SIGTERM, SIGHUP (cli/signals.py)
-            cause = exc.__cause__ if isinstance(exc, click.Abort) and exc.__cause__ is not None else exc  # Click's
+            cause = signals.behind(exc)  # Click's Abort, from a prompt: the interrupt is its context
             how = getattr(cause, "name", "SIGINT (Ctrl-C)")
             note = getattr(cause, "note", None)  # what a take-back left (cloud/launch.take_back)
             say_error(f"interrupted by {how}" + (f": {note}" if note else ""), signals.exit_code(cause))
@@ -380,6 +432,9 @@ class Group(LazyGroup):
                 sys.stdout = None  # type: ignore[assignment]
             os._exit(0)
         except Exception as exc:  # a bug: one line for the user, the traceback in a file (GPUPROV_DEBUG=1 raises)
+            said = environment_error(exc)
+            if said is not None:
+                say_error(str(said), said.exit_code)
             from gpuprov.settings import settings
 
             if settings().debug:

@@ -25,6 +25,7 @@ from gpuprov.cli.common import (
 )
 from gpuprov.cli.monitoring_options import monitor_options, monitoring_from
 from gpuprov.cli.params import Number
+from gpuprov.errors import Interrupted
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -114,17 +115,23 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
     options = engine.Options(force=force, parallel=kw["parallel"], reboot_timeout=reboot_timeout,
                              step_silence=step_silence or None, takeover=takeover)
     console: Console | None = None
-    if as_json and not verbose:  # JSON for a script: no progress, and none of rich's import time
-        results = engine.bootstrap(targets, host_settings(kw), plan_for, options)
-    else:
-        from gpuprov.cli.report_hosts import LiveHosts, bootstrap_summary
+    try:
+        if as_json and not verbose:  # JSON for a script: no progress, and none of rich's import time
+            results = engine.bootstrap(targets, host_settings(kw), plan_for, options)
+        else:
+            from gpuprov.cli.report_hosts import LiveHosts, bootstrap_summary
 
-        console = make_console()
-        options = dataclasses.replace(options, echo=line_echo(console) if verbose else None)
-        with LiveHosts(console, [t.name for t in targets], enabled=not as_json and not verbose) as live:
-            results = engine.bootstrap(targets, host_settings(kw), plan_for, options, reporter=live)
-        if not as_json:
-            console.print(bootstrap_summary(results))
+            console = make_console()
+            options = dataclasses.replace(options, echo=line_echo(console) if verbose else None)
+            with LiveHosts(console, [t.name for t in targets], enabled=not as_json and not verbose) as live:
+                results = engine.bootstrap(targets, host_settings(kw), plan_for, options, reporter=live)
+            if not as_json:
+                console.print(bootstrap_summary(results))
+    except Interrupted as exc:  # the last line: what is left, and the command that finishes it
+        named = " ".join(kw["hosts"]) + (f" --inventory {kw['inventory']}" if kw["inventory"] else "")
+        exc.note = (f"the bootstrap of {', '.join(t.name for t in targets)} stopped where it was; the steps done "
+                    f"are kept: run `gpuprov bootstrap {named.strip()}` again, with the same options, to finish")
+        raise
     ok = all(r.status in ("ok", "changed") for r in results)
     if cluster_name is None:
         if as_json:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from gpuprov.cloud.providers.base import InstanceTypeInfo, Provider
-from gpuprov.errors import GpuprovError
+from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.files import write_atomic
 from gpuprov.paths import facts_dir
 from gpuprov.plan.catalog import Catalog, normalise_name
@@ -83,7 +83,7 @@ def live_catalog(cat: Catalog, provider: Provider, region: str, say: Say, fallba
         try:
             read = rows(cat, provider.gpu_instance_types(region))
         except GpuprovError as exc:
-            if not fallback:
+            if not fallback or isinstance(exc, UserInputError):  # the user's to fix (credentials, an endpoint)
                 raise
             say(f"instance types from the catalog: EC2's DescribeInstanceTypes did not answer ({exc})")
             return cat

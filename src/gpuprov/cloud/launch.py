@@ -279,8 +279,9 @@ def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say
     """Checks and look-ups shared by `up` and `up --nodes`; nothing is created or recorded here."""
     region = plan.request.region
     name = precheck(plan, opts, provider, store, say)
-    cidr = None if opts.ssh_cidr is None and opts.connect == "private" else ssh_cidr(opts.ssh_cidr)
+    # AWS first: its credentials missing are the error to fix, not the public address a machine offline lacks
     offerings = provider.offerings(region, [c.name for c in plan.candidates])
+    cidr = None if opts.ssh_cidr is None and opts.connect == "private" else ssh_cidr(opts.ssh_cidr)
     network = provider.network(region, opts.subnet)
     if cidr is not None and ":" in cidr and not network.ipv6:
         where = f"subnet {network.subnet_id} has" if network.subnet_id else f"the default VPC's subnets in {region} have"

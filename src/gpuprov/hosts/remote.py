@@ -80,6 +80,10 @@ class CommandTimeout(GpuprovError):
     """A command ran past the time it was given."""
 
 
+class ShellRefused(GpuprovError):
+    """The login's shell runs no command (nologin, /bin/false): every command fails alike, whatever it was."""
+
+
 def why_unreachable(exc: BaseException, remote: Remote) -> str:
     """What a failed connect means, in words: refused, timed out, no route, name not resolved, not an
     SSH server, a handshake that stalled after the banner, authentication failed (naming the keys tried)."""
@@ -231,6 +235,7 @@ class Remote:
             settings = dataclasses.replace(settings, known_hosts=Path(target.known_hosts), trusted=())
         self.settings = settings
         self.conn, self.revoked = connection(target, settings)
+        self._shell_runs = False  # known once a command succeeded, or `exit 0` did after one failed
 
     @property
     def is_root(self) -> bool:
@@ -311,7 +316,23 @@ class Remote:
             raise CommandTimeout(f"still running after {timeout:g}s (--timeout); gave up on it") from None
         finally:
             session.close()
-        return RunResult(session.command, code, "".join(outs), "".join(errs))
+        result = RunResult(session.command, code, "".join(outs), "".join(errs))
+        if code == 0:
+            self._shell_runs = True
+        elif not self._shell_runs:  # a first failure: the command's own, or a shell that runs none
+            self._check_shell(result)
+        return result
+
+    def _check_shell(self, failed: RunResult) -> None:
+        """After a failed command on a connection where none has succeeded yet: does the login's shell run commands
+        at all? Asked only then, so a host whose commands succeed pays nothing for it."""
+        self._shell_runs = True  # asked once, and not again by the probe's own run
+        if self.run("exit 0").ok:
+            return
+        said = (failed.stdout.strip() or failed.stderr.strip()).splitlines()
+        raise ShellRefused(f"{self.conn.user}@{self.conn.host}: the login shell of {self.conn.user} did not run the "
+                           f"command" + (f" (it said: {said[0][:200]})" if said else "")
+                           + f"; log in as a user whose shell runs commands, or give {self.conn.user} one")
 
     def stream(self, command: str, *, sudo: bool = False, stdin: bytes = b"", on_out: Callable[[str], None],
                on_err: Callable[[str], None], silence: float | None = None) -> int:

@@ -163,6 +163,9 @@ def load() -> ConfigFile:
                                  "create it (TOML, e.g. gpu = \"L4\"), or unset GPUPROV_CONFIG for the default one")
         return ConfigFile()
     hint = f"keys: {', '.join(s.key for s in SETTINGS)}; `gpuprov config` shows what is in effect"
+    if config.problem is not None and config.field != "config":  # HOME (or the like) this user cannot read
+        raise UserInputError(config.field, config.problem, f"give {config.field} a folder this user can read, or "
+                             "point GPUPROV_CONFIG and GPUPROV_HOME at ones it can")
     if config.problem is not None:
         raise UserInputError("config", f"{where}: {config.problem}", hint)
     try:
