@@ -202,12 +202,19 @@ def test_down_all_with_nothing_is_nothing_to_do(tmp_path: Path) -> None:
     assert as_json.returncode == 0 and json.loads(as_json.stdout) == {}
 
 
-@pytest.mark.parametrize("args", [["down", "exp1"], ["down", "--all"], ["up", "x", "--gpu", "t4"]])
+@pytest.mark.parametrize("args", [["down", "exp1"], ["down", "--all"]])
 def test_up_and_down_without_a_terminal_say_pass_yes(nodes: Path, args: list[str]) -> None:
     result = run(*args, home=nodes)
     assert result.returncode == 2
     assert "error: --yes: no terminal to confirm on" in result.stderr and "pass --yes (or -y)" in result.stderr
     assert "Aborted" not in result.stderr
+
+
+def test_up_without_credentials_says_so_before_it_asks(nodes: Path) -> None:
+    """With no AWS credentials the plan's instance types cannot be read: that is the error, before the question
+    (tests/test_cloud_fast.py: with credentials and no terminal, `--yes: no terminal to confirm on`)."""
+    result = run("up", "x", "--gpu", "t4", home=nodes)
+    assert result.returncode == 2 and result.stderr.startswith("error: AWS credentials: none found"), result.stderr
 
 
 def test_up_on_a_terminal_says_the_name_is_taken_before_it_asks(nodes: Path) -> None:

@@ -56,7 +56,7 @@ def _state_folder() -> tuple[Path, str]:
             raise UserInputError(field, f"{path} is a file, not a folder", _HOME_HINT)
         above = next((p for p in path.parents if p.exists()), None)  # a folder that could never be made there
     except OSError as exc:
-        raise UserInputError(field, f"cannot read {path}: {exc.strerror or exc}", _HOME_HINT) from None
+        raise UserInputError(field, f"cannot create {path}: {exc.strerror or exc}", _HOME_HINT) from None
     if above is not None and not above.is_dir():
         raise UserInputError(field, f"cannot create {path}: {above} is a file", _HOME_HINT)
     return path, field

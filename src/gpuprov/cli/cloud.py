@@ -137,8 +137,14 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         patient=wait is not None, s3_access=s3_access, locked=locked,
     )
 
+    one = nodes == 1 and min_nodes is None
+    # the state first (a node of that name is said before EC2 is asked anything, its credentials included)
+    store, provider = store_and_provider() if one and not dry_run else (None, None)
+
     def check(plan: Plan) -> None:  # every option, before EC2 is asked anything (its instance-type facts)
         launch.check_options(plan, opts)
+        if store is not None:
+            launch.check_name_free(node_name, store)
         if nodes > 1 or min_nodes is not None:
             from gpuprov.cloud import cluster_up
 
@@ -158,13 +164,12 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     if launch.open_to_all(ssh_cidr):
         warn(f"warning: --ssh-cidr {ssh_cidr} opens SSH on {node_name} to the whole internet (every scanner will try "
              "it); leave --ssh-cidr out for your address /32" + ("" if yes else ", or confirm below"))
-    if nodes > 1 or min_nodes is not None:
+    if not one:
         _up_cluster(the_plan, opts, nodes, min_nodes, dry_run, yes, console, as_json, wait)
         return
-    if dry_run:
+    if store is None or provider is None:  # the dry run
         console.print(plan_view(the_plan))
         return
-    store, provider = store_and_provider()
     if not yes:
         launch.precheck(the_plan, opts, provider, store, say_to(console))  # a name taken is said before the question
         price = the_plan.price_usd_hour
