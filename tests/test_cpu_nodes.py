@@ -1,0 +1,107 @@
+"""CPU-only nodes (plan/cpu.py), in the fast lane: `plan --cpu N --memory GIB` chooses the cheapest CPU-only type and
+plans no GPU steps, torch's CPU wheel and the check on the CPU; the refusals of requests that mix GPU and CPU-only;
+`up --cpu 4 --memory 8` on the in-process fake cloud (moto's DescribeInstanceTypes has no GpuInfo for c7i), then
+`status`, `stop`/`start` and `down` as for any node. The rendered steps are in tests/test_templates.py's matrix
+(bash -n and shellcheck)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from gpuprov.plan import catalog
+from gpuprov.plan.cpu import GPU_STEPS_SKIPPED
+from gpuprov.plan.plan import NodeRequest, make_plan
+from tests.test_cloud_fast import NO_SSH, instances, one_error_line, status
+
+GPU_STEPS = {"kernel-headers", "nouveau-off", "nvidia-driver", "fabric-manager", "persistence", "cuda-toolkit", "verify"}
+
+
+def gp(*args: str) -> Any:
+    from gpuprov.cli import main
+    from gpuprov.settings import reset
+
+    reset()
+    return CliRunner().invoke(main, [*args, "--region", "us-east-1"], prog_name="gpuprov", env={"COLUMNS": "200"})
+
+
+def test_plan_chooses_the_cheapest_cpu_type_that_fits_and_says_the_gpu_steps_are_skipped(gp_home: Any) -> None:
+    shown = gp("plan", "--cpu", "4", "--memory", "8")
+    assert shown.exit_code == 0, shown.output
+    assert "CPU-only, no GPU on c7i.xlarge (4 vCPU, 8 GiB)" in shown.stdout
+    assert "no GPU stack (c7i.xlarge is a CPU-only type): skipped kernel-headers" in shown.stdout
+    assert "CPU wheel from https://download.pytorch.org/whl/cpu" in shown.stdout
+    planned = json.loads(gp("plan", "--cpu", "4", "--memory", "8", "--ttl", "2h", "--autostop", "30m",
+                            "--budget", "5", "--json").stdout)
+    assert (planned["gpu"], planned["instance_type"], planned["stack"]) == (None, "c7i.xlarge", None)
+    prices = [c["price_usd_hour"] for c in planned["candidates"]]
+    assert prices == sorted(prices) and planned["candidates"][1]["instance_type"] == "m7i.xlarge"  # the failover's
+    steps = [s["name"] for s in planned["steps"]]
+    assert steps == ["autostop", "ttl", "python-env", "pytorch", "verify-cpu"] and not GPU_STEPS & set(steps)
+    torch = planned["cpu_only"]["torch"]
+    assert torch["variant"] == "cpu" and torch["index_url"].endswith("/whl/cpu")
+    assert planned["cpu_only"]["skipped"] == list(GPU_STEPS_SKIPPED)
+    assert planned["guards"]["budget_usd"] == 5 and planned["guards"]["ttl_seconds"] == 7200  # $5 lasts past 2h
+    # more memory per vCPU: the memory-optimised family is then the cheapest that fits
+    assert make_plan(NodeRequest(cpu=2, memory_gib=16)).instance.name == "r7i.large"  # type: ignore[union-attr]
+    named = make_plan(NodeRequest(instance_type="c7i.8xlarge", pins=catalog_pins()))
+    assert named.cpu_only and named.candidates == (named.instance,) and named.cpu_torch
+    assert named.cpu_torch.requirement == "torch==2.9.*" and named.steps[-1].name == "verify-cpu"
+
+
+def catalog_pins() -> Any:
+    from gpuprov.plan.stack import StackPins
+
+    return StackPins(torch="2.9")
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("--gpu", "A100", "--cpu", "4"), "error: --cpu: --gpu A100 with --cpu"),
+    (("--cpu", "4", "--instance-type", "g5.xlarge"), "error: --cpu: g5.xlarge carries 1× A10G"),
+    (("--gpu", "T4", "--instance-type", "c7i.large"), "error: --instance-type: c7i.large is a CPU-only type"),
+    (("--instance-type", "c7i.huge"), "error: --instance-type: unknown instance type 'c7i.huge'"),
+    (("--cpu", "4", "--count", "2"), "error: --count: --count 2 counts GPUs"),
+    (("--cpu", "4", "--driver", "580"), "error: --driver: c7i.xlarge is a CPU-only type"),
+    (("--cpu", "4", "--docker"), "error: --docker: c7i.xlarge is a CPU-only type"),
+    (("--cpu", "4", "--metrics", "textfile"), "error: --metrics: c7i.xlarge is a CPU-only type"),
+    (("--cpu", "4", "-p", "cuda-dev"), "cuda-dev.yml:"),
+    (("--cpu", "512"), "error: --cpu: no CPU-only type gpuprov knows has 512 vCPUs"),
+    (("--cpu", "0"), "error: --cpu: 0 is not in the range 1 to 896"),
+    ((), "error: --gpu: no GPU, CPU size or instance type given"),
+])
+def test_bad_combinations_are_one_error_line(gp_home: Any, args: tuple[str, ...], needle: str) -> None:
+    one_error_line(gp("plan", *args), needle)
+
+
+def test_a_gpu_from_the_environment_gives_way_to_cpu_on_the_command_line(gp_home: Any,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUPROV_GPU", "A100")
+    planned = json.loads(gp("plan", "--instance-type", "c7i.large", "--json").stdout)
+    assert (planned["gpu"], planned["instance_type"]) == (None, "c7i.large")
+    assert json.loads(gp("plan", "--json").stdout)["gpu"] == "A100-40GB"
+
+
+def test_up_a_cpu_node_then_status_stop_start_and_down_as_any_node(fake_cloud: Any) -> None:
+    up = fake_cloud.gp("up", "prep", "--cpu", "4", "--memory", "8", *NO_SSH)
+    assert up.exit_code == 0, up.output
+    (inst,) = instances(fake_cloud, "prep")
+    assert inst["InstanceType"] == "c7i.xlarge" and inst["State"]["Name"] == "running"
+    (node,) = status(fake_cloud)
+    assert (node["state"], node["instance_type"], node["gpu"], node["price_usd_hour"]) == (
+        "ready", "c7i.xlarge", None, pytest.approx(0.1785))
+    assert fake_cloud.gp("stop", "prep").exit_code == 0
+    assert instances(fake_cloud, "prep")[0]["State"]["Name"] == "stopped"
+    started = fake_cloud.gp("start", "prep", "--no-bootstrap")
+    assert started.exit_code == 0, started.output
+    assert instances(fake_cloud, "prep")[0]["State"]["Name"] == "running"
+    down = fake_cloud.gp("down", "prep", "--yes")
+    assert down.exit_code == 0, down.output
+    assert status(fake_cloud) == [] and fake_cloud.leftovers()["instances"] == []
+    # the live read (DescribeInstanceTypes, no GpuInfo for c7i) knows the CPU-only sizes the snapshot lacks
+    big = fake_cloud.gp("up", "big", "--instance-type", "c7i.24xlarge", *NO_SSH)
+    assert big.exit_code == 0, big.output
+    assert instances(fake_cloud, "big")[0]["InstanceType"] == "c7i.24xlarge"
+    assert fake_cloud.gp("down", "big", "--yes").exit_code == 0
