@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from gpuprov.plan import catalog
 from gpuprov.plan.cpu import GPU_STEPS_SKIPPED
 from gpuprov.plan.plan import NodeRequest, make_plan
+from gpuprov.plan.stack import StackPins
 from tests.test_cloud_fast import NO_SSH, instances, one_error_line, status
 
 GPU_STEPS = {"kernel-headers", "nouveau-off", "nvidia-driver", "fabric-manager", "persistence", "cuda-toolkit", "verify"}
@@ -47,15 +47,9 @@ def test_plan_chooses_the_cheapest_cpu_type_that_fits_and_says_the_gpu_steps_are
     assert planned["guards"]["budget_usd"] == 5 and planned["guards"]["ttl_seconds"] == 7200  # $5 lasts past 2h
     # more memory per vCPU: the memory-optimised family is then the cheapest that fits
     assert make_plan(NodeRequest(cpu=2, memory_gib=16)).instance.name == "r7i.large"  # type: ignore[union-attr]
-    named = make_plan(NodeRequest(instance_type="c7i.8xlarge", pins=catalog_pins()))
+    named = make_plan(NodeRequest(instance_type="c7i.8xlarge", pins=StackPins(torch="2.9")))
     assert named.cpu_only and named.candidates == (named.instance,) and named.cpu_torch
     assert named.cpu_torch.requirement == "torch==2.9.*" and named.steps[-1].name == "verify-cpu"
-
-
-def catalog_pins() -> Any:
-    from gpuprov.plan.stack import StackPins
-
-    return StackPins(torch="2.9")
 
 
 @pytest.mark.parametrize(("args", "needle"), [
