@@ -224,13 +224,13 @@ def quota_error(attempt: Attempt, provider: Provider, region: str, also: str = "
     else:
         needs = f"{count} × {name} need {count * it.vcpu}" if count > 1 else f"{name} needs {it.vcpu}"
     if q is None:
-        return QuotaExceeded(f"{head}\n  AWS counts GPU quotas in vCPUs: {needs}{also}")
+        return QuotaExceeded(f"{head}\n  AWS counts its quotas in vCPUs: {needs}{also}")
     current = provider.quota(region, q.code)
     now = f"; its current value is {current:g} vCPUs" if current is not None else ""
     unverified = f"\n  (unverified: {q.unverified})" if q.unverified else ""
     raise_it = f":\n  {increase_command(q, region, current, count * it.vcpu)}" if it else ""
     return QuotaExceeded(
-        f"{head}\n  AWS counts GPU quotas in vCPUs: {needs}. Raise '{q.name}' ({q.code}) in "
+        f"{head}\n  AWS counts its quotas in vCPUs: {needs}. Raise '{q.name}' ({q.code}) in "
         f"{region}{now}{raise_it}{unverified}{also}")
 
 
