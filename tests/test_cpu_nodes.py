@@ -7,6 +7,9 @@ plans no GPU steps, torch's CPU wheel and the check on the CPU; the refusals of 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +18,7 @@ from click.testing import CliRunner
 from gpuprov.plan.cpu import GPU_STEPS_SKIPPED
 from gpuprov.plan.plan import NodeRequest, make_plan
 from gpuprov.plan.stack import StackPins
+from tests.shimrun import ShimHost
 from tests.test_cloud_fast import NO_SSH, instances, one_error_line, status
 
 GPU_STEPS = {"kernel-headers", "nouveau-off", "nvidia-driver", "fabric-manager", "persistence", "cuda-toolkit", "verify"}
@@ -99,3 +103,25 @@ def test_up_a_cpu_node_then_status_stop_start_and_down_as_any_node(fake_cloud: A
     assert big.exit_code == 0, big.output
     assert instances(fake_cloud, "big")[0]["InstanceType"] == "c7i.24xlarge"
     assert fake_cloud.gp("down", "big", "--yes").exit_code == 0
+
+
+def test_autostop_on_a_cpu_node_judges_the_cpus_load(tmp_path: Path) -> None:
+    """No GPU answers nvidia-smi there: a job busy on the CPUs with nobody logged in keeps the node up."""
+    plan = make_plan(NodeRequest(cpu=4, memory_gib=8, autostop_seconds=1800))
+    assert "idle: the 1-minute load under 10% of the CPUs (no GPU) and no SSH session" in plan.steps[0].summary
+    (step,) = [s for s in plan.bundle().scripts if s.name == "autostop"]
+    host = ShimHost(tmp_path, extra_env={"GPUPROV_NOW": "1000000"})  # no driver installed: nvidia-smi fails
+    assert host.run_script(step).result == "changed"
+    check = host.sysroot / "usr/local/lib/gpuprov/autostop-check"
+    (host.sysroot / "proc").mkdir()
+    cpus = len(os.sched_getaffinity(0))  # what nproc counts
+
+    def tick(now: int, load: float) -> list[str]:
+        (host.sysroot / "proc/loadavg").write_text(f"{load:.2f} 0.50 0.40 1/100 999\n")
+        subprocess.run(["bash", str(check)], env={**host.env(), "GPUPROV_NOW": str(now)}, check=True, timeout=10)
+        return [c for c in host.calls() if c.startswith("shutdown")]
+
+    t = 1_000_000
+    assert tick(t, 0.2 * cpus) == [] and tick(t + 2000, 0.2 * cpus) == []  # 20% of the CPUs: busy
+    assert tick(t + 3000, 0.0) == [] and tick(t + 4799, 0.0) == []
+    assert tick(t + 4800, 0.0) == ["shutdown -h now gpuprov autostop: idle for 1800s"]

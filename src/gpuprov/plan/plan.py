@@ -254,14 +254,14 @@ def with_budget(guards: Guards, budget_usd: float | None, price_usd_hour: float 
 def replace_guards(plan: Plan, guards: Guards) -> Plan:
     """The same plan with other guard settings (the guard steps first, as always)."""
     rest = tuple(s for s in plan.steps if s.kind != "guard")
-    return replace(plan, guards=guards, steps=(*guard_steps(guards), *rest))
+    return replace(plan, guards=guards, steps=(*guard_steps(guards, plan.cpu_only), *rest))
 
 
-def guard_steps(guards: Guards) -> list[StepPlan]:
+def guard_steps(guards: Guards, cpu_only: bool = False) -> list[StepPlan]:
     """The guard steps, first in the plan: they protect the bill even while the bootstrap runs."""
     steps = []
     if guards.autostop_seconds is not None:
-        steps.append(autostop_step(guards))
+        steps.append(autostop_step(guards, cpu_only))
     if guards.ttl_seconds is not None:
         steps.append(ttl_step(guards))
     if guards.interrupt_watch or guards.block_end is not None:
@@ -278,13 +278,15 @@ def guard_steps(guards: Guards) -> list[StepPlan]:
     return steps
 
 
-def autostop_step(guards: Guards) -> StepPlan:
+def autostop_step(guards: Guards, cpu_only: bool = False) -> StepPlan:
+    """:param cpu_only: a node with no GPU, whose check judges the CPUs' load instead (same script, same step)."""
     if guards.autostop_seconds is None:
         what = "autostop off (gpuprov-autostop.timer disabled)"
     else:
-        what = (f"shut down after {format_duration(guards.autostop_seconds)} idle: every GPU under "
-                f"{guards.idle_threshold_pct}% and no SSH session (gpuprov-autostop.timer, every minute); "
-                f"then {guards.then}")
+        busy = ("the 1-minute load under " if cpu_only else "every GPU under ") + f"{guards.idle_threshold_pct}%" + \
+            (" of the CPUs (no GPU)" if cpu_only else "")
+        what = (f"shut down after {format_duration(guards.autostop_seconds)} idle: {busy} and no SSH session "
+                f"(gpuprov-autostop.timer, every minute); then {guards.then}")
     return StepPlan("autostop", "guard_autostop.sh.j2", "guard", what, (("guards", guards),))
 
 
@@ -322,11 +324,12 @@ def ttl_script(seconds: int | None, shutdown_action: str | None = None) -> Scrip
 def steps_for(
     playbook: Playbook, stack: Stack | None, python: str = "3.12", guards: Guards = NO_GUARDS,
     monitoring: Monitoring | None = None, os_name: str = "ubuntu-24.04", gpus: int = 0,
-    cpu_torch: TorchWheel | None = None,
+    cpu_torch: TorchWheel | None = None, cpu_only: bool = False,
 ) -> tuple[StepPlan, ...]:
     """:param cpu_torch: a CPU-only node's torch wheel (plan/cpu.py): installed like the GPU stack's, checked on the
-        CPU instead of the GPU verify."""
-    steps: list[StepPlan] = guard_steps(guards)
+        CPU instead of the GPU verify.
+    :param cpu_only: a node on a CPU-only type (its autostop judges the CPUs)."""
+    steps: list[StepPlan] = guard_steps(guards, cpu_only)
     if stack is not None:
         steps += driver_stack_steps(stack)
     check_monitoring_os(monitoring or Monitoring(), os_name)
@@ -502,7 +505,7 @@ def _make_cpu_plan(request: NodeRequest, cat: catalog.Catalog) -> Plan:
     if request.budget_usd is not None and instance.price_usd_hour:
         check_budget(request.budget_usd, instance.price_usd_hour)
     guards = with_budget(guards_for(request, playbook, launched=True), request.budget_usd, instance.price_usd_hour)
-    steps = steps_for(playbook, None, python, guards, request.monitoring, request.os, 0, wheel)
+    steps = steps_for(playbook, None, python, guards, request.monitoring, request.os, 0, wheel, cpu_only=True)
     return Plan(request, None, 0, instance, candidates, playbook, None, steps, guards, cpu_torch=wheel)
 
 
