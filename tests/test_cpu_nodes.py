@@ -125,3 +125,30 @@ def test_autostop_on_a_cpu_node_judges_the_cpus_load(tmp_path: Path) -> None:
     assert tick(t, 0.2 * cpus) == [] and tick(t + 2000, 0.2 * cpus) == []  # 20% of the CPUs: busy
     assert tick(t + 3000, 0.0) == [] and tick(t + 4799, 0.0) == []
     assert tick(t + 4800, 0.0) == ["shutdown -h now gpuprov autostop: idle for 1800s"]
+
+
+def test_up_bootstraps_a_cpu_node_on_an_ssh_host_and_check_judges_it_without_a_gpu(aws, env, aws_hosts, gp_home):
+    """The heavy lane's one CPU-only bootstrap: the test host's shims install no driver, so nvidia-smi fails there,
+    as on a c7i; the steps are the guards, the env, the CPU wheel and its check."""
+    from tests.aws.cli import gp as gp_sub
+    from tests.aws.cli import launch_site, nothing_left, up_args
+
+    pool = aws_hosts
+    subnet = launch_site(aws, pool, gp_home)
+    result = gp_sub(env, *up_args("prep", "--cpu", "4", "--memory", "8", "--subnet", subnet, "--connect", "private",
+                                  "--ssh-user", "root", "--os", "ubuntu-22.04", "--python", "3.11", "--ttl", "8h"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "prep is ready" in result.stdout
+    (inst,) = [i for r in aws.ec2().describe_instances()["Reservations"] for i in r["Instances"]]
+    assert inst["InstanceType"] == "c7i.xlarge"
+    sysroot = "/var/lib/gpuprov-shim/root"
+    assert pool.exec_in(0, f"test -s {sysroot}/var/lib/gpuprov/ttl-deadline").returncode == 0
+    installed = pool.exec_in(0, "cat /var/lib/gpuprov-shim/installed 2>/dev/null || true").stdout
+    assert "nvidia" not in installed  # no driver, toolkit or Fabric Manager package
+    checked = gp_sub(env, "check", "prep", "--json")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    checks = {c["name"]: c for c in json.loads(checked.stdout)[0]["report"]["checks"]}
+    assert list(checks) == ["gpu", "torch"] and all(c["ok"] for c in checks.values())
+    assert "no CUDA (the CPU wheel)" in checks["torch"]["detail"] and "+cpu" in checks["torch"]["detail"]
+    assert gp_sub(env, "down", "prep", "--yes").returncode == 0
+    nothing_left(aws)
