@@ -103,6 +103,9 @@ def test_up_a_cpu_node_then_status_stop_start_and_down_as_any_node(fake_cloud: A
     assert big.exit_code == 0, big.output
     assert instances(fake_cloud, "big")[0]["InstanceType"] == "c7i.24xlarge"
     assert fake_cloud.gp("down", "big", "--yes").exit_code == 0
+    one_error_line(fake_cloud.gp("up", "crowd", "--cpu", "4", "--nodes", "2", *NO_SSH), "error: --nodes: c7i.xlarge is a "
+                   "CPU-only type")
+    assert instances(fake_cloud, "crowd") == []
 
 
 def test_autostop_on_a_cpu_node_judges_the_cpus_load(tmp_path: Path) -> None:

@@ -283,12 +283,13 @@ def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say
             f"${cap:.2f}/h: {', '.join(s.instance_type for s in order.skipped)}")
     if not order.candidates:
         where = f"zone {network.zone}" if network.zone else region
+        fits = "CPU-only type that fits" if plan.cpu_only else \
+            f"type with {plan.count}× {plan.gpu.name if plan.gpu else '?'}"
         if order.skipped:
-            raise UserInputError("--max-hourly", f"every instance type with {plan.count}× "
-                                 f"{plan.gpu.name if plan.gpu else '?'} offered in {where} is over the price cap",
+            raise UserInputError("--max-hourly", f"every instance {fits} offered in {where} is over the price cap",
                                  f"raise --max-hourly (now ${cap:.2f}/h)")
-        raise UserInputError("--region", f"no instance type with {plan.count}× {plan.gpu.name if plan.gpu else '?'} "
-                             f"is offered in {where}", "try us-east-1 or us-west-2, or another --gpu")
+        raise UserInputError("--region", f"no instance {fits} is offered in {where}",
+                             "try us-east-1 or us-west-2, or another " + ("--cpu" if plan.cpu_only else "--gpu"))
     if cidr is None:
         cidr = network.vpc_cidr
         say(f"SSH will be open to the VPC's CIDR {cidr} (--connect private without --ssh-cidr)")
