@@ -90,8 +90,16 @@ def test_up_a_cpu_node_then_status_stop_start_and_down_as_any_node(fake_cloud: A
     (node,) = status(fake_cloud)
     assert (node["state"], node["instance_type"], node["gpu"], node["price_usd_hour"]) == (
         "ready", "c7i.xlarge", None, pytest.approx(0.1785))
+    from gpuprov.cloud.stopstart import node_plan
+    from gpuprov.state import open_store
+
+    again = node_plan(open_store().node("prep"))  # what `start` bootstraps it with again: the same CPU wheel
+    assert again.cpu_only and again.instance and again.instance.name == "c7i.xlarge"
+    assert again.cpu_torch == make_plan(NodeRequest(cpu=4, memory_gib=8)).cpu_torch
     assert fake_cloud.gp("stop", "prep").exit_code == 0
     assert instances(fake_cloud, "prep")[0]["State"]["Name"] == "stopped"
+    one_error_line(fake_cloud.gp("start", "prep", "--instance-type", "g5.xlarge", "--no-bootstrap"),
+                   "error: --instance-type: prep was launched as a CPU-only node and g5.xlarge is a GPU type")
     started = fake_cloud.gp("start", "prep", "--no-bootstrap")
     assert started.exit_code == 0, started.output
     assert instances(fake_cloud, "prep")[0]["State"]["Name"] == "running"

@@ -157,6 +157,8 @@ class Plan:
             ],
             **({"cpu_only": {"vcpu": self.instance.vcpu, "ram_gib": self.instance.ram_gib,
                              "torch": self.cpu_torch.model_dump(mode="json") if self.cpu_torch else None,
+                             "python": next((dict(s.extra).get("python") for s in self.steps if s.name == "python-env"),
+                                            None),
                              "skipped": list(cpu.GPU_STEPS_SKIPPED)}}
                if self.cpu_only and self.instance else {}),
             "playbook": self.playbook.name,
