@@ -50,6 +50,9 @@ class NodeRequest(Protocol):
 GPU_STEPS_SKIPPED = ("kernel-headers", "nouveau-off", "nvidia-driver", "fabric-manager", "persistence", "cuda-toolkit",
                      "verify (nvidia-smi, torch.cuda)")
 CPU_VARIANT = "cpu"  # the PyTorch index's CPU-only wheels: <index>/cpu, torch-X.Y.Z+cpu
+CPU_WHEEL_UNVERIFIED = ("torch's CPU wheels: the PyTorch wheel index's `cpu` variant (versions X.Y.Z+cpu), as PyTorch's "
+                        "install instructions give it for CPU-only machines; read in quotations of them "
+                        "(docs/cpu-nodes.md), not on the index for each release")
 
 
 def _size_flag(request: NodeRequest) -> str:

@@ -119,6 +119,8 @@ class Plan:
     @property
     def unverified(self) -> tuple[str, ...]:
         notes = list(self.stack.unverified) if self.stack else []
+        if self.cpu_torch is not None:
+            notes.append(cpu.CPU_WHEEL_UNVERIFIED)
         if self.instance and self.instance.unverified:
             notes.append(f"{self.instance.name}: {self.instance.unverified}")
         if any(s.name == "docker" for s in self.steps):
