@@ -68,7 +68,7 @@ def test_plan_chooses_the_cheapest_cpu_type_that_fits_and_says_the_gpu_steps_are
     (("--cpu", "4", "-p", "cuda-dev"), "cuda-dev.yml:"),
     (("--cpu", "512"), "error: --cpu: no CPU-only type gpuprov knows has 512 vCPUs"),
     (("--cpu", "0"), "error: --cpu: 0 is not in the range 1 to 896"),
-    ((), "error: --gpu: no GPU, CPU size or instance type given"),
+    ((), "error: --gpu: required (or --cpu/--memory for a CPU-only node, or --instance-type)"),
 ])
 def test_bad_combinations_are_one_error_line(gp_home: Any, args: tuple[str, ...], needle: str) -> None:
     one_error_line(gp("plan", *args), needle)

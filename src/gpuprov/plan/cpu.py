@@ -79,7 +79,7 @@ def wanted(request: NodeRequest, cat: Catalog) -> bool:
             _no_count(request)
             return True
         return False
-    raise UserInputError("--gpu", "no GPU, CPU size or instance type given",
+    raise UserInputError("--gpu", "required (or --cpu/--memory for a CPU-only node, or --instance-type)",
                          "e.g. --gpu A100, --cpu 32 --memory 64 (a CPU-only node), or --instance-type c7i.8xlarge")
 
 
