@@ -107,7 +107,7 @@ def test_up_a_cpu_node_then_status_stop_start_and_down_as_any_node(fake_cloud: A
     assert down.exit_code == 0, down.output
     assert status(fake_cloud) == [] and fake_cloud.leftovers()["instances"] == []
     # the live read (DescribeInstanceTypes, no GpuInfo for c7i) knows the CPU-only sizes the snapshot lacks
-    big = fake_cloud.gp("up", "big", "--instance-type", "c7i.24xlarge", *NO_SSH)
+    big = fake_cloud.gp("up", "big", "--cpu", "96", *NO_SSH)  # 96 vCPUs: c7i.24xlarge, not in the snapshot
     assert big.exit_code == 0, big.output
     assert instances(fake_cloud, "big")[0]["InstanceType"] == "c7i.24xlarge"
     assert fake_cloud.gp("down", "big", "--yes").exit_code == 0

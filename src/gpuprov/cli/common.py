@@ -276,7 +276,7 @@ def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None
     know aside): the plan on the shipped catalog first, and `check` (the command's own option checks) on it, so bad
     input asks EC2 nothing."""
     from gpuprov.errors import UserInputError
-    from gpuprov.plan import gpu_names
+    from gpuprov.plan import cpu, gpu_names
     from gpuprov.plan.catalog import parse_gpu_request
     from gpuprov.plan.plan import NodeRequest, make_plan
     from gpuprov.plan.spec import parse_duration
@@ -293,9 +293,10 @@ def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None
     try:
         plan = make_plan(request)
     except UserInputError as exc:
-        # a type, or a GPU of the table of NVIDIA names, that only EC2 may describe: asked for live (a typo is not)
+        # a type, a GPU of the table of NVIDIA names, or a CPU-only size, that only EC2 may describe: asked for live
+        # (a typo is not)
         if not (live and (exc.field == "--instance-type" or (exc.field == "--gpu" and gpu_names.named(
-                parse_gpu_request(request.gpu or "")[0])))):
+                parse_gpu_request(request.gpu or "")[0])) or exc.problem.startswith(cpu.NO_FIT))):
             raise
     else:
         if check is not None:

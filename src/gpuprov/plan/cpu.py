@@ -49,6 +49,7 @@ class NodeRequest(Protocol):
 # The GPU stack's steps a CPU-only node goes without, as `plan` lists them
 GPU_STEPS_SKIPPED = ("kernel-headers", "nouveau-off", "nvidia-driver", "fabric-manager", "persistence", "cuda-toolkit",
                      "verify (nvidia-smi, torch.cuda)")
+NO_FIT = "no CPU-only type gpuprov knows has"  # a size EC2's answer may have: `plan --live` and `up` ask it
 CPU_VARIANT = "cpu"  # the PyTorch index's CPU-only wheels: <index>/cpu, torch-X.Y.Z+cpu
 CPU_WHEEL_UNVERIFIED = ("torch's CPU wheels: the PyTorch wheel index's `cpu` variant (versions X.Y.Z+cpu), as PyTorch's "
                         "install instructions give it for CPU-only machines; read in quotations of them "
@@ -110,7 +111,7 @@ def choose_types(request: NodeRequest, cat: Catalog) -> tuple[InstanceType, ...]
     fits = [it for it in cat.cpu_types() if it.fits(vcpu, ram)]
     if not fits:
         biggest = sorted(cat.cpu_types(), key=lambda it: (it.vcpu, it.ram_gib))[-3:]
-        raise UserInputError(_size_flag(request), f"no CPU-only type gpuprov knows has {vcpu} vCPUs and {ram:g} GiB",
+        raise UserInputError(_size_flag(request), f"{NO_FIT} {vcpu} vCPUs and {ram:g} GiB",
                              "the largest: " + ", ".join(f"{it.name} ({it.vcpu} vCPUs, {it.ram_gib} GiB)" for it in biggest))
     return tuple(sorted(fits, key=lambda it: (it.price_usd_hour is None, it.price_usd_hour or 0.0, it.vcpu, it.ram_gib)))
 
