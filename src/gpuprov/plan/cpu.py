@@ -46,6 +46,7 @@ class NodeRequest(Protocol):
     @property
     def monitoring(self) -> Monitoring: ...
 
+
 # The GPU stack's steps a CPU-only node goes without, as `plan` lists them
 GPU_STEPS_SKIPPED = ("kernel-headers", "nouveau-off", "nvidia-driver", "fabric-manager", "persistence", "cuda-toolkit",
                      "verify (nvidia-smi, torch.cuda)")
