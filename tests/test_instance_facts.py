@@ -37,7 +37,8 @@ def test_ec2s_instance_types_agree_with_the_shipped_catalog(ec2_rows: dict[str, 
             continue
         ours = it.model_dump()
         for field in facts.EC2_FIELDS:
-            mine = ours[field] if ours[field] is not None or field != "gpu_memory_mib" else cat.gpu(it.gpu).memory_mib
+            mine = ours[field] if ours[field] is not None or field != "gpu_memory_mib" or it.cpu_only else \
+                cat.gpu(it.gpu or "").memory_mib
             if mine != row.get(field, DEFAULTS.get(field)):
                 differences.append(f"{it.name}.{field}: catalog.yaml {mine!r}, EC2 {row.get(field)!r}")
         if row.get("gpu") != it.gpu:
@@ -47,6 +48,7 @@ def test_ec2s_instance_types_agree_with_the_shipped_catalog(ec2_rows: dict[str, 
     assert differences == []
     # what moto's data lacks is said in the snapshot, not silently trusted
     assert absent == ["p3.2xlarge", "p3.8xlarge", "p3.16xlarge"]
+    assert {it.name for it in cat.instance_types if it.cpu_only} >= {"c7i.large", "m7i.16xlarge", "r7i.8xlarge"}
     note = facts.snapshot_families("catalog.yaml")["instance-types"].unverified or ""
     assert all(name in note for name in absent)
 
@@ -59,6 +61,10 @@ def test_ec2_knows_gpu_types_the_catalog_does_not_and_maps_its_gpu_names(ec2_row
     assert "gpu" not in g9 and g9["ec2_gpu"] == "L40"
     b300 = ec2_rows["p6-b300.48xlarge"]  # its card 0 carries no EFA (DescribeInstanceTypes NetworkCards)
     assert (b300["network_cards"], b300["efa_cards"], b300["efa_card0"]) == (17, 16, False)
+    # CPU-only types (no GpuInfo) of the catalog's cpu_families only: what `--cpu` chooses among
+    c7i = ec2_rows["c7i.24xlarge"]
+    assert (c7i["gpus"], c7i["vcpu"], c7i["ram_gib"], "gpu" in c7i, "ec2_gpu" in c7i) == (0, 96, 192, False, False)
+    assert "m5.large" not in ec2_rows and "c7g.large" not in ec2_rows
 
 
 def test_facts_refresh_keeps_ec2s_instance_types_and_the_regions_offerings(env: dict[str, str], tmp_path: Path) -> None:

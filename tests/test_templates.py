@@ -83,6 +83,8 @@ def _render_matrix() -> dict[str, Bundle]:
     cpu = Playbook(name="cpu-only", stack="none", torch=False, env=EnvSpec(packages=("rich",)))
     ctx = {"plan": base, "stack": None, "playbook": cpu, "env": cpu.env}
     out["cpu/stack-none"] = render_steps(steps_for(cpu, None), ctx, {})
+    # a CPU-only type (plan/cpu.py): the guards, the env, torch's CPU wheel and the check on the CPU; no GPU steps
+    out["c7i/cpu-only"] = make_plan(NodeRequest(cpu=4, memory_gib=8, autostop_seconds=1800, ttl_seconds=7200)).bundle()
     # a login without root (plan/noroot.py): a kept driver, the env in its home, uv's and Miniforge's paths there
     out["L4/no-root"] = make_host_plan("L4", "pytorch", "ubuntu-24.04", StackPins(), kept_driver="550.54.14",
                                        home="/home/me").bundle()
@@ -118,7 +120,7 @@ def test_variants_cover_the_interesting_paths() -> None:
     assert {"required", "auto", "no"} <= fm
     names = {s.name for b in BUNDLES.values() for s in b.scripts}
     assert {"kernel-headers", "nouveau-off", "nvidia-driver", "fabric-manager", "persistence", "cuda-toolkit",
-            "python-env", "pytorch", "packages", "verify", "metrics", "health"} <= names
+            "python-env", "pytorch", "packages", "verify", "verify-cpu", "metrics", "health"} <= names
     texts = "\n".join(s.text for b in BUNDLES.values() for s in b.scripts)
     assert "ubuntu2204" in texts and "ubuntu2404" in texts
     assert "nvlsm" in texts and "Miniforge3" in texts

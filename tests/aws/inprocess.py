@@ -259,12 +259,12 @@ def _shared_loader(search_path: str | None = None) -> Any:
 
 @functools.cache
 def _instance_types() -> list[Any]:
-    """moto's DescribeInstanceTypes rows with GPUs, as the provider reads them."""
+    """moto's DescribeInstanceTypes rows, as the provider reads them."""
     from moto.ec2.models.instance_types import INSTANCE_TYPES
 
-    from gpuprov.cloud.providers.aws import _gpu_type
+    from gpuprov.cloud.providers.aws import _type_info
 
-    return sorted((info for row in INSTANCE_TYPES.values() if (info := _gpu_type(row))), key=lambda i: i.name)
+    return sorted((_type_info(row) for row in INSTANCE_TYPES.values()), key=lambda i: i.name)
 
 
 class _TypesRead:

@@ -120,6 +120,11 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     before it is requested; if the launch or bootstrap fails (or you press Ctrl-C), it all
     comes down again. At the end it prints where the time went (phases, launch attempts, steps);
     `gpuprov status NAME --timeline` shows it again later.
+
+    A CPU-only node for the work around the GPU (preparing data): --cpu N --memory GIB (the
+    cheapest CPU-only type that fits, the others its fallbacks) or --instance-type c7i.8xlarge.
+    It gets the same guards, env, data and steps, torch's CPU wheel and a check on the CPU, and
+    no driver, toolkit or Fabric Manager.
     """
     from gpuprov.cli.report import plan_view
     from gpuprov.cloud import launch

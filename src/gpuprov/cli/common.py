@@ -146,10 +146,16 @@ def pin_options(func: F) -> F:
 def stack_options(func: F) -> F:
     """What to launch and install (plan, render, up)."""
     return apply_options(func, [
-        click.option("--gpu", required=True, envvar="GPUPROV_GPU", show_envvar=True, shell_complete=complete_gpu,
-                     help="GPU name, optionally with a count: A100, h100, a100:8, l40s."),
+        click.option("--gpu", default=None, envvar="GPUPROV_GPU", show_envvar=True, shell_complete=complete_gpu,
+                     help="GPU name, optionally with a count: A100, h100, a100:8, l40s (or --cpu for a CPU-only node)."),
         click.option("--count", type=Number(1, 64, whole=True), default=None,
                      help="Number of GPUs, 1 to 64 [default: 1] (or use --gpu NAME:N)."),
+        click.option("--cpu", type=CPUS, default=None, metavar="N",
+                     help="A CPU-only node instead of a GPU one (preparing data, say): the cheapest CPU-only type with "
+                          "at least N vCPUs (1 to 896), and --memory GiB; no driver, toolkit or Fabric Manager, "
+                          "torch's CPU wheel, the same guards. Or name one: --instance-type c7i.8xlarge."),
+        click.option("--memory", "memory_gib", type=MEMORY_GIB, default=None, metavar="GIB",
+                     help="With --cpu (or alone, for a CPU-only node): at least this much memory, in GiB."),
         click.option("--spot", is_flag=True, help="Ask for spot capacity (cheaper, can be interrupted)."),
         click.option("--persistent", is_flag=True,
                      help="With --spot: a persistent spot request whose interruption behaviour is stop, so the "
@@ -208,6 +214,8 @@ def ssh_options(func: F) -> F:
 
 
 CONNECT_TIMEOUT = Number(0, 3600, low_open=True)
+CPUS = Number(1, 896, whole=True)  # EC2's largest CPU-only types have 896 vCPUs (u7in)
+MEMORY_GIB = Number(0, 32768, low_open=True)  # and 32 TiB of memory
 PARALLEL = Number(1, 1024, whole=True)
 NODES = Number(1, 64, whole=True)  # cloud/cluster_up.py's MAX_NODES: a cluster placement group's sensible size
 step_silence_option = click.option(
@@ -257,20 +265,39 @@ def say_region(region: Region) -> None:
         click.echo(f"region {region}", err=True)
 
 
+def _gpu_asked(kw: StackOptions) -> str | None:
+    """--gpu; one from GPUPROV_GPU or the config file gives way to a CPU-only node asked for on the command line
+    (--cpu, --memory, or a CPU-only --instance-type), which a --gpu typed beside them is refused with."""
+    from click.core import ParameterSource
+
+    from gpuprov.plan import catalog
+
+    ctx = click.get_current_context(silent=True)
+    typed = ctx is None or ctx.get_parameter_source("gpu") in (ParameterSource.COMMANDLINE, None)
+    if not kw["gpu"] or typed:
+        return kw["gpu"] or None
+    if kw["cpu"] is not None or kw["memory_gib"] is not None:
+        return None
+    cpu_type = kw["instance_type"] and any(it.name == kw["instance_type"] and it.cpu_only
+                                           for it in catalog.load().instance_types)
+    return None if cpu_type else kw["gpu"]
+
+
 def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None] | None = None) -> Plan:
     """The plan the flags ask for; `live`: with EC2's own facts of the region's GPU instance types (cached a day),
     asked only once the flags are known to be good (an instance type, or a GPU of plan/gpu_names.py, only EC2 may
     know aside): the plan on the shipped catalog first, and `check` (the command's own option checks) on it, so bad
     input asks EC2 nothing."""
     from gpuprov.errors import UserInputError
-    from gpuprov.plan import gpu_names
+    from gpuprov.plan import cpu, gpu_names
     from gpuprov.plan.catalog import parse_gpu_request
     from gpuprov.plan.plan import NodeRequest, make_plan
     from gpuprov.plan.spec import parse_duration
 
     region = region_from(kw["region"], quiet=True)
     request = NodeRequest(
-        gpu=kw["gpu"], count=kw["count"], spot=kw["spot"], region=region.name, playbook=kw["playbook"],
+        gpu=_gpu_asked(kw), count=kw["count"], spot=kw["spot"], region=region.name, playbook=kw["playbook"],
+        cpu=kw["cpu"], memory_gib=kw["memory_gib"],
         os=kw["os_name"] or "ubuntu-24.04", pins=pins_from(kw), instance_type=kw["instance_type"],
         autostop_seconds=parse_duration(kw["autostop"], "--autostop"), ttl_seconds=parse_duration(kw["ttl"], "--ttl"),
         on_interrupt=kw["on_interrupt"] or None, persistent=kw["persistent"], autostop_action=kw["autostop_action"],
@@ -279,9 +306,10 @@ def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None
     try:
         plan = make_plan(request)
     except UserInputError as exc:
-        # a type, or a GPU of the table of NVIDIA names, that only EC2 may describe: asked for live (a typo is not)
+        # a type, a GPU of the table of NVIDIA names, or a CPU-only size, that only EC2 may describe: asked for live
+        # (a typo is not)
         if not (live and (exc.field == "--instance-type" or (exc.field == "--gpu" and gpu_names.named(
-                parse_gpu_request(request.gpu or "")[0])))):
+                parse_gpu_request(request.gpu or "")[0])) or exc.problem.startswith(cpu.NO_FIT))):
             raise
     else:
         if check is not None:

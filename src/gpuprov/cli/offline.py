@@ -218,6 +218,7 @@ def _live_gpus(names: tuple[str, ...], region: str, as_json: bool) -> None:
 
     shipped = catalog.load()
     cat = live_catalog(shipped, store_and_provider()[1], region, lambda line: warn(line), fallback=False).only(names)
+    cat = cat.model_copy(update={"instance_types": tuple(it for it in cat.instance_types if not it.cpu_only)})  # GPUs
     if not as_json:
         known = {it.name for it in shipped.instance_types}
         console = make_console()

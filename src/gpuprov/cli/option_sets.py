@@ -52,8 +52,10 @@ class MonitorOptions(TypedDict):
 class StackOptions(PinOptions, GuardOptions, NodeGuardOptions, MonitorOptions):
     """common.stack_options: what to launch and install (plan, render, up)."""
 
-    gpu: str
+    gpu: str | None
     count: int | None
+    cpu: int | None
+    memory_gib: float | None
     spot: bool
     persistent: bool
     region: str | None

@@ -12,6 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from gpuprov.plan import cpu
 from gpuprov.plan.catalog import Catalog
 from gpuprov.plan.plan import Plan
 
@@ -47,9 +48,11 @@ def gpus_table(cat: Catalog) -> FitTable:
 def plan_view(plan: Plan) -> Group:
     parts: list[Table | Text] = []
     market = "spot" if plan.request.spot else "on-demand"
-    head = Text.assemble(("Plan: ", "bold"), f"{plan.count}× {plan.gpu.name}" if plan.gpu else "no GPU")
+    head = Text.assemble(("Plan: ", "bold"), f"{plan.count}× {plan.gpu.name}" if plan.gpu else
+                         "CPU-only, no GPU" if plan.cpu_only else "no GPU")
     if plan.instance:
-        head.append(f" on {plan.instance.name} ({plural(plan.instance.gpus, 'GPU')}, {plan.instance.vcpu} vCPU, "
+        gpus = "" if plan.cpu_only else f"{plural(plan.instance.gpus, 'GPU')}, "
+        head.append(f" on {plan.instance.name} ({gpus}{plan.instance.vcpu} vCPU, "
                     f"{plan.instance.ram_gib} GiB) · {market} · {plan.request.region}")
     parts.append(head)
     if plan.instance and plan.gpu and plan.instance.gpus > plan.count:
@@ -84,6 +87,11 @@ def plan_view(plan: Plan) -> Group:
         if s.min_driver:
             stack.add_row("needs driver", f"≥ {s.min_driver}")
         parts.append(stack)
+    elif plan.cpu_only and plan.instance:
+        parts.append(Text(f"Stack: no GPU stack ({plan.instance.name} is a CPU-only type): skipped "
+                          + ", ".join(cpu.GPU_STEPS_SKIPPED)))
+        if plan.cpu_torch:
+            parts.append(Text(f"  torch {plan.cpu_torch.requirement} CPU wheel from {plan.cpu_torch.index_url}"))
     else:
         parts.append(Text(f"Stack: none (playbook {plan.playbook.name!r} installs no GPU stack)"))
 

@@ -90,6 +90,10 @@ def check_cluster_options(plan: Plan, opts: launch.UpOptions, copts: ClusterOpti
     if copts.min_nodes is not None and not 1 <= copts.min_nodes <= copts.nodes:
         raise UserInputError("--min-nodes", f"{copts.min_nodes} is not between 1 and --nodes {copts.nodes}",
                              f"e.g. --min-nodes {max(1, copts.nodes - 1)}")
+    if plan.cpu_only:  # a cluster is for training across GPUs: NCCL's all-reduce, EFA, the cluster check
+        raise UserInputError("--nodes", f"{plan.instance.name if plan.instance else 'a CPU-only type'} is a CPU-only "
+                             "type; a cluster is GPU nodes training together", "launch each CPU-only node with its "
+                             "own `gpuprov up NAME --cpu N`")
     if plan.request.budget_usd is not None:  # each node would turn it into its own deadline at its own price
         raise UserInputError("--budget", "a budget is per node; a cluster's is not supported yet",
                              "use --ttl for the cluster's deadline (every node gets it)")

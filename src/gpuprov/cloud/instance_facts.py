@@ -3,7 +3,8 @@ network cards that carry it), for `gpuprov facts refresh` (the instance-types ov
 `up`, which lay them over the catalog so a new or changed type is right without a release of gpuprov. What `up`
 read is kept a day per region in the facts folder, beside the overlays.
 
-`rows` maps EC2's GPUs to catalog names (the A100's by its memory; a GPU the catalog lacks keeps EC2's name, for
+`rows` keeps the CPU-only types of the catalog's `cpu_families` beside the GPU types, and maps EC2's GPUs to
+catalog names (the A100's by its memory; a GPU the catalog lacks keeps EC2's name, for
 plan/gpu_names.py's table); `live_catalog` lays the region's GPU types over the catalog (a type EC2 no longer
 describes there is retired), read at most once a day (`facts_dir()/ec2-REGION.yaml`). EC2 not answering leaves
 the catalog as it is (the snapshot is the fallback), said in one line.
@@ -51,6 +52,8 @@ def row(cat: Catalog, info: InstanceTypeInfo) -> dict[str, Any]:
                            "efa_card0": not cards or cards[0] == 0, "efa_card_list": list(cards) if info.efa else []}
     if info.cpu_archs:
         out["cpu_archs"] = list(info.cpu_archs)
+    if cpu_only(info):  # no GPU fields: what a CPU-only node plans with is its vCPUs and memory
+        return {**out, "gpus": 0, "gpu_memory_mib": None}
     if info.gpu_partition < 1:  # a fraction of one GPU: named, never planned (plan/facts.py merge_ec2)
         return {**out, "ec2_gpu": info.gpu, "gpu_fraction": info.gpu_partition}
     if gpu := catalog_gpu(cat, info):
@@ -60,8 +63,15 @@ def row(cat: Catalog, info: InstanceTypeInfo) -> dict[str, Any]:
     return out
 
 
+def cpu_only(info: InstanceTypeInfo) -> bool:
+    return info.gpus == 0 and info.gpu_partition >= 1
+
+
 def rows(cat: Catalog, infos: list[InstanceTypeInfo]) -> dict[str, dict[str, Any]]:
-    return {info.name: row(cat, info) for info in infos if info.gpus > 0 or info.gpu_partition < 1}
+    """The GPU types, and the CPU-only x86_64 types of the families the catalog names (`cpu_families`)."""
+    return {info.name: row(cat, info) for info in infos
+            if info.gpus > 0 or info.gpu_partition < 1
+            or (cpu_only(info) and info.name.split(".")[0] in cat.cpu_families and "x86_64" in info.cpu_archs)}
 
 
 def _cache_path(region: str) -> Any:

@@ -224,13 +224,13 @@ def quota_error(attempt: Attempt, provider: Provider, region: str, also: str = "
     else:
         needs = f"{count} × {name} need {count * it.vcpu}" if count > 1 else f"{name} needs {it.vcpu}"
     if q is None:
-        return QuotaExceeded(f"{head}\n  AWS counts GPU quotas in vCPUs: {needs}{also}")
+        return QuotaExceeded(f"{head}\n  AWS counts its quotas in vCPUs: {needs}{also}")
     current = provider.quota(region, q.code)
     now = f"; its current value is {current:g} vCPUs" if current is not None else ""
     unverified = f"\n  (unverified: {q.unverified})" if q.unverified else ""
     raise_it = f":\n  {increase_command(q, region, current, count * it.vcpu)}" if it else ""
     return QuotaExceeded(
-        f"{head}\n  AWS counts GPU quotas in vCPUs: {needs}. Raise '{q.name}' ({q.code}) in "
+        f"{head}\n  AWS counts its quotas in vCPUs: {needs}. Raise '{q.name}' ({q.code}) in "
         f"{region}{now}{raise_it}{unverified}{also}")
 
 
@@ -303,12 +303,13 @@ def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say
             f"${cap:.2f}/h: {', '.join(s.instance_type for s in order.skipped)}")
     if not order.candidates:
         where = f"zone {network.zone}" if network.zone else region
+        fits = "CPU-only type that fits" if plan.cpu_only else \
+            f"type with {plan.count}× {plan.gpu.name if plan.gpu else '?'}"
         if order.skipped:
-            raise UserInputError("--max-hourly", f"every instance type with {plan.count}× "
-                                 f"{plan.gpu.name if plan.gpu else '?'} offered in {where} is over the price cap",
+            raise UserInputError("--max-hourly", f"every instance {fits} offered in {where} is over the price cap",
                                  f"raise --max-hourly (now ${cap:.2f}/h)")
-        raise UserInputError("--region", f"no instance type with {plan.count}× {plan.gpu.name if plan.gpu else '?'} "
-                             f"is offered in {where}", "try us-east-1 or us-west-2, or another --gpu")
+        raise UserInputError("--region", f"no instance {fits} is offered in {where}",
+                             "try us-east-1 or us-west-2, or another " + ("--cpu" if plan.cpu_only else "--gpu"))
     if cidr is None:
         cidr = network.vpc_cidr
         say(f"SSH will be open to the VPC's CIDR {cidr} (--connect private without --ssh-cidr)")

@@ -101,7 +101,8 @@ def _up(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say)
                       spot_type=("persistent" if plan.request.persistent else "one-time") if plan.request.spot else None,
                       shutdown_action=plan.guards.shutdown_action, disk_gb=opts.disk_gb, connect=opts.connect,
                       budget_usd=plan.request.budget_usd, guards_locked_by=owner() if opts.locked else None)
-    store.event(name, "up", f"launching {plan.count}× {plan.gpu.name if plan.gpu else ''} in {region}")
+    store.event(name, "up", f"launching {'a CPU-only node' if plan.cpu_only else f'{plan.count}× '}"
+                            f"{plan.gpu.name if plan.gpu else ''} in {region}")
     try:
         done = _launch_and_bootstrap(plan, opts, provider, store, say, order, image, network, cidr, rec)
     except BaseException as exc:  # failure or Ctrl-C before `ready`: take back everything, then re-raise

@@ -209,6 +209,6 @@ def live_rows(provider: Provider, region: str) -> list[Reservation]:
     """`gpus --live`: the account's active (and scheduled) reservations for instance types that carry GPUs."""
     from gpuprov.plan import catalog
 
-    gpu_types = {t.name for t in catalog.load().instance_types}
+    gpu_types = {t.name for t in catalog.load().instance_types if not t.cpu_only}
     return [r for r in provider.reservations(region) if r.state in ("active", "scheduled")
             and r.instance_type in gpu_types]

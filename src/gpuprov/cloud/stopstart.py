@@ -145,6 +145,13 @@ def check_resize(node: Node, target: InstanceType, flag: str = "--instance-type"
     from gpuprov.plan.stack import StackPins
 
     stack = node.plan.get("stack")
+    was_cpu = bool(node.plan.get("cpu_only"))
+    if was_cpu != target.cpu_only:  # its plan, and what its disk holds, is for one kind of machine
+        kinds = ("a CPU-only", "a GPU") if was_cpu else ("a GPU", "a CPU-only")
+        raise UserInputError(flag, f"{node.name} was launched as {kinds[0]} node and {target.name} is {kinds[1]} "
+                             "type: its plan and what its disk holds are for the first kind",
+                             "keep a type of the same kind, or launch a new node: `gpuprov up NAME "
+                             + ("--gpu G`" if was_cpu else "--cpu N`"))
     if not stack or not target.gpu:
         return
     gpu = catalog.load().gpu(target.gpu)
@@ -409,6 +416,9 @@ def node_plan(node: Node) -> Plan:
     pins = StackPins(driver=(stack.get("driver_version") or str(stack["driver_branch"])) if stack else None,
                      cuda=stack.get("cuda_toolkit"), torch=torch["version"] if torch else None,
                      torch_cuda=torch["variant"] if torch else None, python=stack.get("python"))
+    cpu_only = recorded.get("cpu_only") or None  # a CPU-only node (plan/cpu.py): its CPU wheel and Python, pinned
+    if cpu_only:
+        pins = StackPins(torch=(cpu_only.get("torch") or {}).get("version"), python=cpu_only.get("python"))
     guards = recorded.get("guards") or {}
     playbook = recorded.get("playbook") or "pytorch"
     if recorded.get("playbook_text"):  # a file of the user's: the text it had at `up`, kept beside the node
@@ -419,7 +429,8 @@ def node_plan(node: Node) -> Plan:
         write_atomic(kept, recorded["playbook_text"])
         playbook = str(kept)
     request = NodeRequest(
-        gpu=node.gpu or recorded.get("gpu") or "", count=node.gpu_count or 1, spot=node.market == "spot",
+        gpu=node.gpu or recorded.get("gpu") or "", count=node.gpu_count or (None if cpu_only else 1),
+        spot=node.market == "spot",
         region=node.region, playbook=playbook, os=recorded.get("os") or "ubuntu-24.04", jupyter=bool(recorded.get("jupyter")),
         docker=bool(recorded.get("docker")), pins=pins, instance_type=node.instance_type, autostop_seconds=node.autostop_seconds,
         ttl_seconds=node.ttl_seconds, on_interrupt=node.on_interrupt or guards.get("on_interrupt"),

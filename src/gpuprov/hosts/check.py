@@ -2,7 +2,8 @@
 
 The expectation comes from the host itself where gpuprov bootstrapped it (the plan recorded in
 /var/lib/gpuprov/bundle/manifest.json: GPU, torch's CUDA build), else from the flags and from the
-GPUs the PCI bus shows, so a GPU that fell off the bus is noticed even when nvidia-smi hides it.
+GPUs the PCI bus shows, so a GPU that fell off the bus is noticed even when nvidia-smi hides it. A node launched
+on a CPU-only type (its plan says `cpu_only`) is judged without GPU checks: torch imports, on the CPU.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def _expectation(target: Target, gpu: str | None, manifest: dict[str, object] | 
     wanted = target.gpu or gpu or (plan.get("gpu") if isinstance(plan, dict) else None)
     name = catalog.load().gpu(catalog.parse_gpu_request(str(wanted))[0]).name if wanted else None
     instance_type = plan.get("instance_type") if isinstance(plan, dict) else None
+    cpu_only = plan.get("cpu_only") if isinstance(plan, dict) else None
+    if isinstance(cpu_only, dict) and not target.gpu and not gpu:  # launched on a CPU-only type (plan/cpu.py)
+        return Expectation(gpu_count=0, torch=isinstance(cpu_only.get("torch"), dict), cpu_only=True)
     # a launched node should show every GPU its instance type has; elsewhere, every GPU on the PCI bus
     count = catalog.load().instance_type(str(instance_type)).gpus if instance_type else pci_count
     return Expectation(

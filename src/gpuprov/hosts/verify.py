@@ -105,6 +105,7 @@ class Expectation(_Probed):
     gpu_count: int | None = None
     torch: bool = False
     torch_cuda: str | None = None  # "12.8"
+    cpu_only: bool = False  # a node on a CPU-only type (plan/cpu.py): no GPU checks; torch checked without CUDA
 
 
 class CheckReport(_Probed):
@@ -225,6 +226,8 @@ def _smi_failure(error: str) -> Check:
 
 def judge(report: CheckReport, expect: Expectation) -> CheckReport:
     """Fill report.checks: each expectation met or not, with the fix when not."""
+    if expect.cpu_only:
+        return _judge_cpu_only(report, expect)
     checks: list[Check] = []
     if report.nvidia_smi_error:
         checks.append(_smi_failure(report.nvidia_smi_error))
@@ -266,6 +269,24 @@ def judge(report: CheckReport, expect: Expectation) -> CheckReport:
                             fix="run `sudo nvidia-smi` once, or enable nvidia-persistenced"))
     if expect.torch or report.torch is not None:
         checks.extend(_torch_checks(report, expect))
+    report.checks = checks
+    return report
+
+
+def _judge_cpu_only(report: CheckReport, expect: Expectation) -> CheckReport:
+    """A CPU-only node has no GPU to fail: no nvidia-smi, driver or matmul on a GPU; torch (its CPU wheel) imports."""
+    checks = [Check(name="gpu", ok=True, detail="none: a CPU-only node, so no nvidia-smi, driver or GPU checks")]
+    t = report.torch
+    if t is None:
+        if expect.torch:
+            checks.append(Check(name="torch", ok=False, detail="torch is not importable in the env",
+                                fix="rerun `gpuprov bootstrap` (pytorch step)"))
+    else:
+        ok = t.version is not None and t.error is None
+        checks.append(Check(name="torch", ok=ok, detail=f"torch {t.version} on the CPU, "
+                            + (f"built for CUDA {t.cuda}" if t.cuda else "no CUDA (the CPU wheel)")
+                            + (f"; {t.error}" if t.error else ""),
+                            fix=None if ok else "rerun `gpuprov bootstrap` (pytorch step)"))
     report.checks = checks
     return report
 

@@ -7,6 +7,9 @@ memory, $/h, NVSwitch, EFA. Also regions, `storage` (gp3 $/GB-month: what a stop
 the all-reduce floor `check --cluster` judges against) and `cluster_network` (which families take a cluster
 placement group, AWS's interface layout, where RDMA read per type comes from). Rows marked `unverified` say why.
 
+A few CPU-only types (no `gpu`, `gpus` 0: c7i, m7i, r7i sizes, for the data preparation around GPU work) are
+rows like the others; `cpu_families` names the families whose CPU types `plan --live` and `up` read from EC2.
+
 Each instance type's GPUs, vCPUs, memory and network (EFA, its interfaces, the network cards that carry it) are
 EC2's own DescribeInstanceTypes facts (tests/test_instance_facts.py compares them with moto's copy); price,
 NVSwitch and `efa_rdma` (the EFA device does RDMA read) are gpuprov's. `with_instance_facts` lays EC2's answer
@@ -83,8 +86,8 @@ class InstanceType(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     name: str
-    gpu: str
-    gpus: int
+    gpu: str | None = None  # None: a CPU-only type (EC2 describes no GpuInfo for it)
+    gpus: int = 0
     vcpu: int
     ram_gib: int
     price_usd_hour: float | None
@@ -101,6 +104,14 @@ class InstanceType(BaseModel):
     efa_rdma: bool = False  # the EFA device does RDMA read (catalog.yaml cluster_network.rdma_source)
     retired: str | None = None  # EC2 no longer describes it (why, with the source and date): never chosen
     unverified: str | None = None
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.gpu is None
+
+    def fits(self, vcpu: int, ram_gib: float) -> bool:
+        """At least this many vCPUs and GiB of memory (what `--cpu N --memory GIB` asks for)."""
+        return self.vcpu >= vcpu and self.ram_gib >= ram_gib
 
     def efa_card_indexes(self) -> tuple[int, ...]:
         """The network cards that carry an EFA interface, in order (none without EFA): EC2's list when it was read,
@@ -177,11 +188,13 @@ class Catalog(BaseModel):
     unplannable: dict[str, str] = {}
     # types EC2 describes with a fraction of one GPU (g6f, gr6f): type -> what it carries; never planned
     fractional: dict[str, str] = {}
+    # CPU-only families whose types EC2's answer brings in (`--cpu`, `--instance-type c7i.8xlarge`)
+    cpu_families: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _known_gpus(self) -> Catalog:
         names = {g.name for g in self.gpus}
-        if unknown := sorted({it.gpu for it in self.instance_types} - names):
+        if unknown := sorted({it.gpu for it in self.instance_types if it.gpu is not None} - names):
             raise ValueError(f"instance types name GPUs the catalog lacks: {', '.join(unknown)}")
         return self
 
@@ -232,6 +245,10 @@ class Catalog(BaseModel):
     def launchable_for(self, gpu: Gpu) -> list[InstanceType]:
         """The types carrying this GPU that EC2 still describes: a retired type is never chosen."""
         return [it for it in self.instance_types_for(gpu) if not it.retired]
+
+    def cpu_types(self) -> list[InstanceType]:
+        """The CPU-only types EC2 still describes (`up --cpu N --memory GIB` chooses among them)."""
+        return [it for it in self.instance_types if it.cpu_only and not it.retired]
 
     def instance_type(self, name: str) -> InstanceType:
         for it in self.instance_types:

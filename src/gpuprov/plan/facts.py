@@ -209,12 +209,16 @@ def merge_ec2(data: dict[str, Any], read: dict[str, dict[str, Any]], when: datet
     rows = merge_instance_types(data["instance_types"], {**whole, **named_rows}, when)
     if where and read:
         gone = f"EC2 DescribeInstanceTypes in {where} did not describe it on {on}"
-        rows = [r if r["name"] in read else {**r, "retired": r.get("retired") or gone} for r in rows]
+        # a CPU-only row only by an answer that holds CPU-only types (one cached before they were read holds none)
+        cpu_read = any(r.get("gpus") == 0 for r in read.values())
+        rows = [r if r["name"] in read or not (r.get("gpu") or cpu_read) else
+                {**r, "retired": r.get("retired") or gone} for r in rows]
     return {**data, "gpus": gpus, "instance_types": rows, "unplannable": unplannable, "fractional": fractional}
 
 
 def merge_instance_types(rows: list[dict[str, Any]], read: dict[str, dict[str, Any]], when: datetime) -> list[dict[str, Any]]:
-    """The catalog's rows with EC2's own fields per type; a GPU type EC2 has and the catalog lacks is added
+    """The catalog's rows with EC2's own fields per type; a GPU type EC2 has and the catalog lacks is added (and a
+    CPU-only one of the families read)
     (no price, NVSwitch unknown: Fabric Manager then follows what the host shows), when its GPU is one the
     catalog knows."""
     out = []
@@ -224,9 +228,9 @@ def merge_instance_types(rows: list[dict[str, Any]], read: dict[str, dict[str, A
                    if fresh else row)
     known = {row["name"] for row in rows}
     for name, fresh in sorted(read.items()):
-        if name in known or not fresh.get("gpu"):
+        if name in known or not (fresh.get("gpu") or fresh.get("gpus") == 0):  # a GPU the catalog knows, or none
             continue
-        out.append({"name": name, "gpu": fresh["gpu"], "price_usd_hour": None, "nvswitch": None,
+        out.append({"name": name, "gpu": fresh.get("gpu"), "price_usd_hour": None, "nvswitch": None,
                     **{k: fresh[k] for k in EC2_FIELDS + LAYOUT_FIELDS if k in fresh},
                     "unverified": f"read from EC2 DescribeInstanceTypes on {when.date().isoformat()}; not in gpuprov's "
                                   "catalog: no list price, NVSwitch not known (Fabric Manager follows the host)"})

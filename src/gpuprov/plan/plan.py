@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuprov.errors import UserInputError
-from gpuprov.plan import facts, noroot
+from gpuprov.plan import cpu, facts, noroot
 from gpuprov.plan.budget import budget_seconds, check_budget
 from gpuprov.plan.data import data_steps, saves_on
 
@@ -29,7 +29,7 @@ from gpuprov.plan.monitoring import Monitoring, monitoring_steps
 from gpuprov.plan.monitoring import summary as monitoring_summary
 from gpuprov.plan.render import STATE_DIR, Bundle, Script, StepPlan, render_steps
 from gpuprov.plan.spec import Playbook, format_duration, load_playbook
-from gpuprov.plan.stack import Stack, StackPins
+from gpuprov.plan.stack import Stack, StackPins, TorchWheel
 from gpuprov.plan.stack_steps import check_monitoring_os, driver_stack_steps
 
 # The catalog, the stack solver (compat, kept) and Docker's facts are imported where a plan needs them: a host's
@@ -47,8 +47,10 @@ class NodeRequest(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    gpu: str
+    gpu: str | None = None  # None: a CPU-only node (`cpu`/`memory_gib`, or a CPU-only `instance_type`)
     count: int | None = None  # --count; None: the count in `gpu` (A100:8), else 1
+    cpu: int | None = None  # --cpu: at least this many vCPUs on a CPU-only type
+    memory_gib: float | None = None  # --memory: at least this much memory (GiB) on a CPU-only type
     spot: bool = False
     region: str = "us-east-1"
     playbook: str = "pytorch"
@@ -83,6 +85,12 @@ class Plan:
     guards: Guards = NO_GUARDS
     home: str | None = None  # the login's home on a host where it has no root (plan/noroot.py); None: root
     skipped: tuple[tuple[str, str], ...] = ()  # (step, why) of the steps left out for want of root
+    cpu_torch: TorchWheel | None = None  # a CPU-only node's torch: the CPU wheel (plan/cpu.py); no GPU stack
+
+    @property
+    def cpu_only(self) -> bool:
+        """A node launched on a CPU-only type: no driver, toolkit or Fabric Manager; torch's CPU wheel."""
+        return self.instance is not None and self.instance.cpu_only
 
     @property
     def price_usd_hour(self) -> float | None:
@@ -111,6 +119,8 @@ class Plan:
     @property
     def unverified(self) -> tuple[str, ...]:
         notes = list(self.stack.unverified) if self.stack else []
+        if self.cpu_torch is not None:
+            notes.append(cpu.CPU_WHEEL_UNVERIFIED)
         if self.instance and self.instance.unverified:
             notes.append(f"{self.instance.name}: {self.instance.unverified}")
         if any(s.name == "docker" for s in self.steps):
@@ -147,6 +157,12 @@ class Plan:
             "candidates": [
                 {"instance_type": c.name, "gpus": c.gpus, "price_usd_hour": c.price_usd_hour} for c in self.candidates
             ],
+            **({"cpu_only": {"vcpu": self.instance.vcpu, "ram_gib": self.instance.ram_gib,
+                             "torch": self.cpu_torch.model_dump(mode="json") if self.cpu_torch else None,
+                             "python": next((dict(s.extra).get("python") for s in self.steps if s.name == "python-env"),
+                                            None),
+                             "skipped": list(cpu.GPU_STEPS_SKIPPED)}}
+               if self.cpu_only and self.instance else {}),
             "playbook": self.playbook.name,
             "env_path": self.playbook.env.path if self.playbook.env else None,
             "os": self.request.os,
@@ -174,6 +190,9 @@ def choose_instances(gpu: Gpu, count: int, instance_type: str | None = None,
     cat = cat or catalog.load()
     if instance_type:
         it = cat.instance_type(instance_type)
+        if it.cpu_only:
+            raise UserInputError("--instance-type", f"{it.name} is a CPU-only type: it carries no {gpu.name}",
+                                 f"drop --gpu for a CPU-only node on {it.name}, or name a type with {gpu.name}")
         if it.gpu != gpu.name or it.gpus < count:
             raise UserInputError("--instance-type", f"{it.name} carries {it.gpus}× {it.gpu}, not {count}× {gpu.name}")
         refuse_retired(it, cat)
@@ -244,14 +263,14 @@ def with_budget(guards: Guards, budget_usd: float | None, price_usd_hour: float 
 def replace_guards(plan: Plan, guards: Guards) -> Plan:
     """The same plan with other guard settings (the guard steps first, as always)."""
     rest = tuple(s for s in plan.steps if s.kind != "guard")
-    return replace(plan, guards=guards, steps=(*guard_steps(guards), *rest))
+    return replace(plan, guards=guards, steps=(*guard_steps(guards, plan.cpu_only), *rest))
 
 
-def guard_steps(guards: Guards) -> list[StepPlan]:
+def guard_steps(guards: Guards, cpu_only: bool = False) -> list[StepPlan]:
     """The guard steps, first in the plan: they protect the bill even while the bootstrap runs."""
     steps = []
     if guards.autostop_seconds is not None:
-        steps.append(autostop_step(guards))
+        steps.append(autostop_step(guards, cpu_only))
     if guards.ttl_seconds is not None:
         steps.append(ttl_step(guards))
     if guards.interrupt_watch or guards.block_end is not None:
@@ -268,13 +287,15 @@ def guard_steps(guards: Guards) -> list[StepPlan]:
     return steps
 
 
-def autostop_step(guards: Guards) -> StepPlan:
+def autostop_step(guards: Guards, cpu_only: bool = False) -> StepPlan:
+    """:param cpu_only: a node with no GPU, whose check judges the CPUs' load instead (same script, same step)."""
     if guards.autostop_seconds is None:
         what = "autostop off (gpuprov-autostop.timer disabled)"
     else:
-        what = (f"shut down after {format_duration(guards.autostop_seconds)} idle: every GPU under "
-                f"{guards.idle_threshold_pct}% and no SSH session (gpuprov-autostop.timer, every minute); "
-                f"then {guards.then}")
+        busy = ("the 1-minute load under " if cpu_only else "every GPU under ") + f"{guards.idle_threshold_pct}%" + \
+            (" of the CPUs (no GPU)" if cpu_only else "")
+        what = (f"shut down after {format_duration(guards.autostop_seconds)} idle: {busy} and no SSH session "
+                f"(gpuprov-autostop.timer, every minute); then {guards.then}")
     return StepPlan("autostop", "guard_autostop.sh.j2", "guard", what, (("guards", guards),))
 
 
@@ -312,8 +333,12 @@ def ttl_script(seconds: int | None, shutdown_action: str | None = None) -> Scrip
 def steps_for(
     playbook: Playbook, stack: Stack | None, python: str = "3.12", guards: Guards = NO_GUARDS,
     monitoring: Monitoring | None = None, os_name: str = "ubuntu-24.04", gpus: int = 0,
+    cpu_torch: TorchWheel | None = None, cpu_only: bool = False,
 ) -> tuple[StepPlan, ...]:
-    steps: list[StepPlan] = guard_steps(guards)
+    """:param cpu_torch: a CPU-only node's torch wheel (plan/cpu.py): installed like the GPU stack's, checked on the
+        CPU instead of the GPU verify.
+    :param cpu_only: a node on a CPU-only type (its autostop judges the CPUs)."""
+    steps: list[StepPlan] = guard_steps(guards, cpu_only)
     if stack is not None:
         steps += driver_stack_steps(stack)
     check_monitoring_os(monitoring or Monitoring(), os_name)
@@ -335,6 +360,8 @@ def steps_for(
         ))
         if stack is not None and stack.torch is not None:
             steps.append(StepPlan("pytorch", "torch.sh.j2", "env", f"{stack.torch.requirement} from {stack.torch.index_url}"))
+        elif cpu_torch is not None:
+            steps.append(cpu.torch_step(cpu_torch))
         if playbook.env.packages:
             steps.append(StepPlan("packages", "packages.sh.j2", "env", ", ".join(playbook.env.packages)))
     steps += data_steps(playbook.data)  # the data the playbook's own steps train on
@@ -353,6 +380,8 @@ def steps_for(
                                "nvidia-smi sees every GPU (this playbook installs no torch, so no matmul)")
                               + (", nvidia-smi -L in a container sees them all" if image else ""),
                               (("container_image", image),)))
+    elif cpu_torch is not None and playbook.env is not None:
+        steps.append(cpu.verify_step())
     return tuple(steps)
 
 
@@ -444,12 +473,14 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
     cat.check_region(request.region)
     if request.budget_usd is not None and request.budget_usd <= 0:
         raise UserInputError("--budget", f"{request.budget_usd:g} is not a budget", "dollars above 0, e.g. 50")
-    name, count_in_name = catalog.parse_gpu_request(request.gpu)
+    if cpu.wanted(request, cat):
+        return _make_cpu_plan(request, cat)
+    name, count_in_name = catalog.parse_gpu_request(request.gpu or cpu.gpu_of_type(request, cat))
     gpu = cat.gpu(name)
     count = request.count if request.count is not None else count_in_name
     if count < 1:
         raise UserInputError("--count", f"{count} GPUs", "at least 1, e.g. --count 8")
-    if ":" in request.gpu and count != count_in_name:
+    if ":" in (request.gpu or "") and count != count_in_name:
         raise UserInputError("--count", f"--count {count} conflicts with --gpu {request.gpu}",
                              f"give the count once: --gpu {name}:{count}, or --gpu {name} --count {count}")
     candidates = choose_instances(gpu, count, request.instance_type, cat)
@@ -467,6 +498,24 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
     steps = steps_for(playbook, stack, request.pins.python or "3.12", guards, request.monitoring, request.os,
                       instance.gpus)
     return Plan(request, gpu, count, instance, candidates, playbook, stack, steps, guards)
+
+
+def _make_cpu_plan(request: NodeRequest, cat: catalog.Catalog) -> Plan:
+    """The plan for a node on a CPU-only type: the cheapest type with the vCPUs and memory asked (or the type named),
+    the same guards, env, data and steps as any node, torch's CPU wheel, and no GPU steps (plan/cpu.py)."""
+    candidates = cpu.choose_types(request, cat)
+    instance = candidates[0]
+    playbook = _with_docker(with_jupyter(load_playbook(request.playbook), request.jupyter), request.docker)
+    request = request.model_copy(update={"monitoring": with_monitoring(request.monitoring, playbook)})
+    cpu.check_playbook(playbook, request, instance.name)
+    pins = _merge_pins(playbook.pins, request.pins)
+    wheel = cpu.torch_wheel(pins) if playbook.installs_torch else None
+    python = cpu.python_for(pins, wheel)
+    if request.budget_usd is not None and instance.price_usd_hour:
+        check_budget(request.budget_usd, instance.price_usd_hour)
+    guards = with_budget(guards_for(request, playbook, launched=True), request.budget_usd, instance.price_usd_hour)
+    steps = steps_for(playbook, None, python, guards, request.monitoring, request.os, 0, wheel, cpu_only=True)
+    return Plan(request, None, 0, instance, candidates, playbook, None, steps, guards, cpu_torch=wheel)
 
 
 @dataclass(frozen=True)

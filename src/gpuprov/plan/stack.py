@@ -207,7 +207,7 @@ class TorchWheel(BaseModel):
 
     version: str  # as pinned ("2.9.1") or a release family ("2.13")
     variant: str  # cu128
-    cuda: str  # 12.8
+    cuda: str  # 12.8; "" for the CPU wheel (variant cpu, plan/cpu.py)
     index_url: str
 
     @property

@@ -385,8 +385,7 @@ class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
     def gpu_instance_types(self, region: str) -> list[InstanceTypeInfo]:
         ec2 = self._client("ec2", region)
         pages = self._call("DescribeInstanceTypes", lambda: list(ec2.get_paginator("describe_instance_types").paginate()))
-        return sorted((info for page in pages for row in page["InstanceTypes"] if (info := _gpu_type(row))),
-                      key=lambda info: info.name)
+        return sorted((_type_info(row) for page in pages for row in page["InstanceTypes"]), key=lambda info: info.name)
 
     def quota(self, region: str, code: str) -> float | None:
         try:
@@ -407,12 +406,11 @@ def _granted(call: Any) -> None:
             raise
 
 
-def _gpu_type(row: dict[str, Any]) -> InstanceTypeInfo | None:
-    """One DescribeInstanceTypes row with GPUs (the first GPU entry: no EC2 type mixes models), else None."""
-    gpus = (row.get("GpuInfo") or {}).get("Gpus") or []
-    if not gpus:
-        return None
-    gpu, net = gpus[0], row.get("NetworkInfo") or {}
+def _type_info(row: dict[str, Any]) -> InstanceTypeInfo:
+    """One DescribeInstanceTypes row: its GPUs are the first GPU entry (no EC2 type mixes models); a CPU-only type has
+    no GpuInfo, so no GPU name and 0 GPUs."""
+    gpu = ((row.get("GpuInfo") or {}).get("Gpus") or [{}])[0]
+    net = row.get("NetworkInfo") or {}
     cards = net.get("NetworkCards") or []
     return InstanceTypeInfo(
         name=str(row["InstanceType"]), gpu=str(gpu.get("Name", "")), gpu_manufacturer=str(gpu.get("Manufacturer", "")),

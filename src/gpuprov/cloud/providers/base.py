@@ -106,10 +106,10 @@ class Access:
 
 @dataclass(frozen=True)
 class InstanceTypeInfo:
-    """What EC2's DescribeInstanceTypes says of one GPU instance type (the fields gpuprov plans with)."""
+    """What EC2's DescribeInstanceTypes says of one instance type (the fields gpuprov plans with)."""
 
     name: str
-    gpu: str  # EC2's GPU name ("H100", "A100", "B200")
+    gpu: str  # EC2's GPU name ("H100", "A100", "B200"); "" for a CPU-only type (gpus 0)
     gpu_manufacturer: str
     gpus: int
     gpu_memory_mib: int
@@ -431,7 +431,9 @@ class Provider(Protocol):
     def prices(self, region: str, instance_types: Sequence[str]) -> list[SpotPrice]: ...
 
     def gpu_instance_types(self, region: str) -> list[InstanceTypeInfo]:
-        """Every instance type with GPUs in the region, as DescribeInstanceTypes describes it."""
+        """Every instance type in the region, as DescribeInstanceTypes describes it: those with GPUs, and the CPU-only
+        ones (no GPU name, 0 GPUs) that CPU-only nodes choose among (cloud/instance_facts.py keeps the families the
+        catalog names)."""
         ...
 
     def public_image(self, region: str, parameter: str) -> str | None:
