@@ -58,7 +58,7 @@ def test_every_stop_without_a_quota_says_the_fix(code):
     ("p6-b200.48xlarge", "on-demand", "L-417A185B"),
     ("g6e.xlarge", "on-demand", "L-DB2E81BA"),
     ("g4dn.xlarge", "spot", "L-3819A6DF"),
-    ("c7i.8xlarge", "on-demand", "L-1216C47A"),  # CPU-only: the Standard quotas (recalled, marked unverified)
+    ("c7i.8xlarge", "on-demand", "L-1216C47A"),  # CPU-only: the Standard quotas
     ("r7i.large", "spot", "L-34B43A08"),
 ])
 def test_quota_per_family_and_market(instance_type, market, code):
@@ -69,9 +69,8 @@ def test_every_catalog_type_has_a_quota_in_both_markets():
     missing = [(it.name, m) for it in catalog.load().instance_types for m in ("spot", "on-demand")
                if quota_for(it.name, m) is None]
     assert missing == []
-    # what AWS's table does not settle, and the Standard quotas of CPU-only types, not read in it again
-    assert [q.families for q in quotas() if q.unverified] == [("p6-b200", "p6-b300"), ("c7i", "m7i", "r7i"),
-                                                             ("c7i", "m7i", "r7i")]
+    # what AWS's table does not settle
+    assert [q.families for q in quotas() if q.unverified] == [("p6-b200", "p6-b300")]
 
 
 def test_increase_asks_for_more_than_the_current_value():
