@@ -227,8 +227,10 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
                               budget_deadline=time.time() + hours * 3600)
     if opts.bootstrap:
         # the guard steps run first, so the node's TTL deadline is a few seconds after this one
-        ttl = plan.guards.ttl_seconds
-        store.update_node(name, state=NodeState.BOOTSTRAPPING, ttl_deadline=time.time() + ttl if ttl is not None else None)
+        ttl, own = plan.guards.ttl_seconds, plan.request.ttl_seconds
+        now = time.time()
+        store.update_node(name, state=NodeState.BOOTSTRAPPING, ttl_deadline=now + ttl if ttl is not None else None,
+                          ttl_end=now + own if own is not None else None)
         result.bootstrap = bootstrap_launched(plan, opts, key_path, address, say, rec)
     elif opts.wait:
         rec.phase(tl.SSH)
