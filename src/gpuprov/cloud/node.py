@@ -260,7 +260,9 @@ def refresh(store: Store, provider: Provider, say: Say | None = None) -> list[No
     """Update live nodes from the cloud by their recorded instance ids (never by name: a terminated
     namesake stays visible for an hour), one batched call per region. A node another gpuprov is working on
     (its lock is held: a `down`, an `up`, a `start`) is left as its record says, and named; every other
-    node's record is read again and written under its lock, so a `down` that starts meanwhile waits."""
+    node's record is read again and written under its lock, so a `down` that starts meanwhile waits. A node a
+    killed move or start left (its journal) says what EC2 says of its new instance, and the next step
+    (cloud/journal.py, `look`)."""
     nodes = store.nodes()
     for region in sorted({n.region for n in nodes}):
         here = [n for n in nodes if n.region == region and n.state in REFRESHED]
@@ -276,7 +278,14 @@ def refresh(store: Store, provider: Provider, say: Say | None = None) -> list[No
             except locks.Busy as busy:
                 if say is not None:
                     say(f"{n.name}: not refreshed, {busy.holder} is working on it")
+    from gpuprov.cloud import journal
+
+    journal.look(store.nodes(), provider, store, say if say is not None else _quiet)
     return store.nodes()
+
+
+def _quiet(_line: str) -> None:
+    pass
 
 
 def _refreshed(n: Node, rows: list[Resource], found: dict[str, Instance], store: Store) -> None:
