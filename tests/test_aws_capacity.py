@@ -445,6 +445,7 @@ def test_a_cluster_launched_into_a_reservation_makes_no_placement_group_of_its_o
     assert up.returncode == 0, up.stdout + up.stderr
     (run,) = [e["form"] for e in aws.log("RunInstances") if e["status"] == 200]
     assert "Placement.GroupName" not in run and not aws.log("CreatePlacementGroup")
+    assert len(aws.log("DescribeCapacityReservations")) == 1  # read once: narrowed to, launched into, recorded
     assert gp(env, "down", "pair", "--yes").returncode == 0
 
     proxied = aws.client("ec2", via_proxy=True)  # placement groups live in the proxy (moto has none)

@@ -8,11 +8,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from gpuprov import files
+from gpuprov.errors import UserInputError
+from gpuprov.hosts import sshconfig
 from gpuprov.state import locks
 
 
@@ -96,6 +100,56 @@ def test_a_waiting_holder_is_told_who_it_waits_for_and_gets_the_lock_when_it_is_
         assert [h.pid for h in told] == [proc.pid]
         assert locks.holder_of(locks._file(locks.node("n1"))).what == "down"
     proc.wait()
+
+
+def test_a_bounded_wait_ends_after_its_patience_naming_what_it_waited_for_and_who_holds_it(tmp_path: Path,
+                                                                                          monkeypatch) -> None:
+    monkeypatch.setenv("GPUPROV_HOME", str(tmp_path))
+    proc = _holder(tmp_path, locks.region("us-east-1"))
+    try:
+        began = time.monotonic()
+        with pytest.raises(locks.Overdue) as late, locks.hold(locks.region("us-east-1"), "key pair",
+                                                              subject="us-east-1's key pair", patience=0.3):
+            pass
+        assert 0.3 <= time.monotonic() - began < 5
+        assert late.value.holder.pid == proc.pid and late.value.waited == 0.3
+        assert str(late.value).startswith(f"us-east-1's key pair is still being worked on by gpuprov up (pid {proc.pid}")
+        assert str(late.value).endswith("after 0.3 s of waiting")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with locks.hold(locks.region("us-east-1"), "key pair", patience=0.3):  # free: taken at once
+        pass
+    monkeypatch.setenv("GPUPROV_TEST_PATIENCE_SECONDS", "soon")
+    with pytest.raises(UserInputError, match="GPUPROV_TEST_PATIENCE_SECONDS"):
+        locks.patience(20)
+
+
+def test_the_ssh_config_files_lock_is_one_writer_at_a_time_across_threads_and_its_wait_is_bounded(
+        tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("GPUPROV_HOME", str(tmp_path))
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GPUPROV_TEST_PATIENCE_SECONDS", "0.3")
+    holding, done = threading.Event(), threading.Event()
+
+    def stopped_writer() -> None:  # a writer of this process stopped mid-edit
+        with sshconfig.edit():
+            holding.set()
+            done.wait(30)
+
+    writer = threading.Thread(target=stopped_writer)
+    writer.start()
+    try:
+        assert holding.wait(30)
+        with pytest.raises(locks.Overdue) as late:
+            sshconfig.add_node("n1", "192.0.2.1", "ubuntu", "/k")
+        assert str(late.value).startswith(f"gpuprov's ssh config file is still being worked on by gpuprov ssh config "
+                                          f"(pid {os.getpid()}")
+    finally:
+        done.set()
+        writer.join()
+    assert sshconfig.add_node("n1", "192.0.2.1", "ubuntu", "/k") == "gpuprov-n1"
 
 
 def test_locks_are_reentrant_within_a_process_and_odd_keys_get_safe_file_names(tmp_path: Path, monkeypatch) -> None:

@@ -13,6 +13,7 @@ shows), the autostop window, and the metrics exporter there if and only if the r
 from __future__ import annotations
 
 import json
+import time
 
 from tests import testnet
 from tests.aws.cli import copy_disk, gp, launch_site, nothing_left, up_args
@@ -45,11 +46,13 @@ def as_recorded(env, pool, i: int, name: str, asked: set[str]) -> OnNode:
 def test_bake_start_resize_and_a_move_leave_the_node_exactly_the_guards_its_record_shows(aws, env, aws_hosts, gp_home):
     pool = aws_hosts
     first = launch_site(aws, pool, gp_home, ".0/25")
-    # a $3 budget lasts about 5.7h at g4dn.xlarge's $0.526/h: sooner than the 8h TTL, so the node's deadline is the
-    # budget's, and each start and the resize (a new price) move it
-    up = gp(env, *up_args("g", "--gpu", "T4", "--max-hourly", "0.6", "--subnet", first, *ON_HOST, "--ttl", "8h",
+    # a $3 budget lasts about 4h at g4dn.2xlarge's $0.752/h: sooner than the 5h TTL, so the node's deadline is the
+    # budget's, and a start keeps what is left of it; the resize to g4dn.xlarge ($0.526/h) makes the rest last about
+    # 5.7h, past the TTL's own deadline, which then decides (it is never moved past the --ttl given)
+    up = gp(env, *up_args("g", "--gpu", "T4", "--instance-type", "g4dn.2xlarge", "--subnet", first, *ON_HOST, "--ttl", "5h",
                           "--budget", "3", "--autostop", "2h", "--metrics", "textfile"))
     assert up.returncode == 0, up.stdout + up.stderr
+    ttl_end = time.time() + 5 * 3600  # the --ttl's own deadline is no later than this
     asked = {"autostop", "ttl", "metrics", "health"}
     made = as_recorded(env, pool, 0, "g", asked)
     assert made.idle_seconds == 7200
@@ -60,19 +63,21 @@ def test_bake_start_resize_and_a_move_leave_the_node_exactly_the_guards_its_reco
     after_bake = as_recorded(env, pool, 0, "g", asked)
     assert abs(after_bake.deadline - made.deadline) <= 5  # the recorded deadline, not a new one
 
-    for step, start in (("start", ()), ("resize", ("--instance-type", "g4dn.2xlarge", "--yes"))):
+    for step, start in (("start", ()), ("resize", ("--instance-type", "g4dn.xlarge", "--yes"))):
         stop = gp(env, "stop", "g")
         assert stop.returncode == 0, stop.stdout + stop.stderr
         started = gp(env, "start", "g", *start)
         assert started.returncode == 0, step + started.stdout + started.stderr
         as_recorded(env, pool, 0, "g", asked)
-    (row,) = json.loads(gp(env, "status", "g", "--json").stdout)
-    assert row["instance_type"] == "g4dn.2xlarge" and row["budget_usd"] == 3
+        (row,) = json.loads(gp(env, "status", "g", "--json").stdout)
+        assert row["ttl_deadline"] <= ttl_end + 5, (step, row["ttl_deadline"] - ttl_end)  # never past the --ttl
+    assert row["instance_type"] == "g4dn.xlarge" and row["budget_usd"] == 3
+    assert row["ttl_deadline"] >= ttl_end - 600  # the TTL's own deadline decides now, not the budget's
 
     # a zone move: the new instance (pool[1], at .132 in the VPC's subnet of another zone) boots from the disk's image
     assert gp(env, "stop", "g").returncode == 0
     offered = aws.ec2().describe_instance_type_offerings(
-        LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": ["g4dn.2xlarge"]}])
+        LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": ["g4dn.xlarge"]}])
     other = sorted(o["Location"] for o in offered["InstanceTypeOfferings"] if o["Location"] != "us-east-1a")[0]
     aws.subnet_for_hosts(f"{NET}.128/25", other)
     copy_disk(pool, 0, 1)

@@ -206,7 +206,10 @@ def test_a_lease_is_renewed_while_held_refused_to_others_and_taken_over_once_exp
     dead.etag = dead.bucket.put("leases/node-d.json", dead.doc, create=True)
     with pytest.raises(leases.Taken) as taken, leases.hold(team_url, "node-d", "down", expiry=2, wait=False):
         pass
-    assert taken.value.holding.pid == 999999
+    assert taken.value.holding.pid == 999999 and taken.value.waited is None
+    with pytest.raises(leases.Taken) as taken, leases.hold(team_url, "node-d", "down", expiry=2, patience=0.3):
+        pass  # a bounded wait: refused once its patience is spent, naming the holder
+    assert taken.value.holding.pid == 999999 and taken.value.waited == 0.3
     told: list[str] = []
 
     def waiting(holding: leases.Holding) -> None:

@@ -102,6 +102,7 @@ class Settings:
     test_settle_seconds: Sourced | None  # EC2's eventual-consistency window
     test_wait_backoff_seconds: Sourced | None  # `up --wait`'s first pause
     test_reboot_poll_seconds: Sourced | None  # between looks for a rebooting host
+    test_patience_seconds: Sourced | None  # a bounded wait for a lock (state/coordinator.py)
     test_dlami_ssm_prefix: str | None  # the fake cloud's stand-ins for AWS's public SSM names
     test_ubuntu_ssm_prefix: str | None
     test_public_ssm_root: str | None
@@ -164,6 +165,7 @@ def _read(env: dict[str, str]) -> Settings:
         test_settle_seconds=var("GPUPROV_TEST_SETTLE_SECONDS"),
         test_wait_backoff_seconds=var("GPUPROV_TEST_WAIT_BACKOFF_SECONDS"),
         test_reboot_poll_seconds=var("GPUPROV_TEST_REBOOT_POLL_SECONDS"),
+        test_patience_seconds=var("GPUPROV_TEST_PATIENCE_SECONDS"),
         test_dlami_ssm_prefix=env.get("GPUPROV_TEST_DLAMI_SSM_PREFIX") or None,
         test_ubuntu_ssm_prefix=env.get("GPUPROV_TEST_UBUNTU_SSM_PREFIX") or None,
         test_public_ssm_root=env.get("GPUPROV_TEST_PUBLIC_SSM_ROOT") or None,

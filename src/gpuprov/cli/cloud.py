@@ -317,12 +317,8 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
     if timeline:
         _print_timeline(store, str(name), as_json)
         return
+    # a refresh also says what EC2 says of a move's new instance (cloud/journal.py)
     nodes = one_node.refresh(store, provider, say_to(make_console(stderr=True))) if refresh else store.nodes()
-    if refresh:
-        from gpuprov.cloud import journal
-
-        journal.look(nodes, provider, store, say_to(make_console(stderr=True)))  # a move's new instance, as EC2 says
-        nodes = store.nodes()
     if name:
         nodes = [n for n in nodes if n.name == name] or [store.node(name)]
     if as_json:

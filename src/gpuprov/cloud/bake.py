@@ -301,8 +301,8 @@ def _guards_back(node_name: str, store: Store, target: Target, settings: HostSet
 
 def _guards_lost(node_name: str, store: Store, exc: BaseException, say: Say) -> None:
     """The guards could not all be put back: the record says they are off, and the user hears what to do."""
-    store.update_node(node_name, autostop_seconds=None, ttl_seconds=None, ttl_deadline=None, budget_usd=None,
-                      budget_deadline=None, budget_price=None)
+    store.update_node(node_name, autostop_seconds=None, ttl_seconds=None, ttl_deadline=None, ttl_end=None,
+                      budget_usd=None, budget_deadline=None, budget_price=None)
     store.event(node_name, "guards", f"not put back after the bake: {exc or 'interrupted'}")
     lost = (f"{node_name} runs with no autostop, TTL or budget; `gpuprov ttl {node_name} 4h` or "
             f"`gpuprov down {node_name}`")

@@ -127,6 +127,7 @@ def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -
             if result.complete:
                 store.update_node(name, state_reason="its `up` ended before it was ready; collected by gc")
         shared: dict[str, list[str]] = {}
+        overdue: dict[str, locks.Overdue] = {}  # regions whose lock gc waited for in vain: not waited for again
         for res in sorted(found, key=lambda r: ORDER.get(r.kind, 9)):
             if res.kind == "node" or res.node in {r.id for r in found if r.kind == "node"}:
                 continue
@@ -139,7 +140,16 @@ def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -
                 say(f"left image {res.id}: a bake of it is in progress")
                 continue
             if res.node == IMAGES and res.kind != "image":  # a snapshot whose image is gone: the region's lock
-                held.enter_context(locks.hold(locks.region(res.region), "gc"))
+                if res.region in overdue:
+                    left.append(f"{res.kind} {res.id}: {overdue[res.region]}")
+                    continue
+                try:  # bounded as a key pair's release is (a stopped holder must not keep gc waiting)
+                    held.enter_context(locks.hold(locks.region(res.region), "gc", subject=f"the region {res.region}",
+                                                  patience=locks.patience(keys.RELEASE_PATIENCE)))
+                except locks.Overdue as late:
+                    overdue[res.region] = late
+                    left.append(f"{res.kind} {res.id}: {late}")
+                    continue
             try:
                 destroy.orphan(provider, res)
             except NotFound:

@@ -185,7 +185,8 @@ def _set_ttl(name: str | None, seconds: int | None, store: Store | None, target:
     started = time.time()
     result = _run_guard_step(label, "ttl", script.text, target, settings)
     if node is not None and store is not None:
-        fields: NodeUpdate = {"ttl_seconds": seconds, "ttl_deadline": started + seconds if seconds is not None else None}
+        deadline = started + seconds if seconds is not None else None
+        fields: NodeUpdate = {"ttl_seconds": seconds, "ttl_deadline": deadline, "ttl_end": deadline}
         if "guards_locked_by" in locked:
             fields["guards_locked_by"] = locked["guards_locked_by"]
         if node.budget_usd is not None:  # the deadline is the user's now, not the budget's

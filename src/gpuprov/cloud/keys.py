@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,11 +97,13 @@ def release_key_if_unused(region: str, provider: Provider, store: Store, say: Sa
     `unrecorded`: key pairs of this owner that gc found by tag with no record (a lost state); they go too.
     Returns what was deleted."""
     gone: list[str] = []
+    held = contextlib.ExitStack()
     try:
-        held = _region_lock(region, RELEASE_PATIENCE)
-    except locks.Busy as busy:
-        say(f"  left the key pair of {region}: {busy.holder} holds the region's lock (the next `gpuprov down` or "
-            "`gpuprov gc` deletes it once no node needs it)")
+        held.enter_context(locks.hold(locks.region(region), "key pair", subject=f"{region}'s key pair",
+                                      patience=locks.patience(RELEASE_PATIENCE)))
+    except locks.Overdue as overdue:
+        say(f"  left the key pair of {region}: {overdue.holder} held the region's lock for all of {overdue.waited:g} s "
+            "(the next `gpuprov down` or `gpuprov gc` deletes it once no node needs it)")
         return gone
     with held:
         if key_users(region, store):
@@ -128,17 +129,3 @@ def release_key_if_unused(region: str, provider: Provider, store: Store, say: Sa
             gone.append(name)
     return gone
 
-
-def _region_lock(region: str, patience: float) -> contextlib.ExitStack:
-    """The region's lock, held until the returned stack closes; waited for at most `patience` seconds, then Busy,
-    naming its holder (a plain wait would block for as long as a stopped holder lives)."""
-    deadline = time.monotonic() + patience
-    held = contextlib.ExitStack()
-    while True:
-        try:
-            held.enter_context(locks.hold(locks.region(region), "key pair", wait=False, subject=f"{region}'s key pair"))
-            return held
-        except locks.Busy:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.2)

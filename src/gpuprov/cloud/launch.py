@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, cast
 from gpuprov.cloud import destroy, images, keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
-from gpuprov.cloud.providers.base import Access, Instance, LaunchError, Market, Network, Provider
+from gpuprov.cloud.providers.base import Access, Instance, LaunchError, Market, Network, Provider, Reservation
 from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.cloud.teardown import take_down
@@ -64,6 +64,7 @@ class UpOptions:
     instance_profile: str | None = None  # an IAM instance profile: the node's own AWS credentials
     reservation: str | None = None  # --reservation cr-…|open (cloud/reservations.py)
     capacity_block: str | None = None  # --capacity-block cr-…|cb-…: a Capacity Block for ML bought beforehand
+    held: Reservation | None = None  # the one those name, as the launchpad read it: the launch and the record reuse it
     patient: bool = False  # `up --wait`: a Capacity Block that has not started yet is waited for, not refused
     s3_access: tuple[str, ...] = ()  # --s3-access s3://bucket/prefix[:ro]: a role of the node's own (cloud/data.py)
     locked: bool = False  # --locked: its autostop, TTL and budget are changed or lifted only by whoever launched it
@@ -247,7 +248,7 @@ class Launchpad:
     image: str
     image_line: str  # "baked NAME ami-…", "ubuntu ami-…" (the timeline's words)
     disk_gb: int  # the root volume: --disk, or the image's root snapshot where that is bigger
-    held: str | None = None  # the Capacity Reservation or Block launched into (cr-…; cloud/reservations.py)
+    held: Reservation | None = None  # the Capacity Reservation or Block launched into (cloud/reservations.py)
 
 
 def precheck(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> str:

@@ -228,8 +228,10 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
                               budget_deadline=time.time() + hours * 3600)
     if opts.bootstrap:
         # the guard steps run first, so the node's TTL deadline is a few seconds after this one
-        ttl = plan.guards.ttl_seconds
-        store.update_node(name, state=NodeState.BOOTSTRAPPING, ttl_deadline=time.time() + ttl if ttl is not None else None)
+        ttl, own = plan.guards.ttl_seconds, plan.request.ttl_seconds
+        now = time.time()
+        store.update_node(name, state=NodeState.BOOTSTRAPPING, ttl_deadline=now + ttl if ttl is not None else None,
+                          ttl_end=now + own if own is not None else None)
         result.bootstrap = bootstrap_launched(plan, opts, key_path, address, say, rec)
     elif opts.wait:
         rec.phase(tl.SSH)
@@ -259,7 +261,9 @@ def refresh(store: Store, provider: Provider, say: Say | None = None) -> list[No
     """Update live nodes from the cloud by their recorded instance ids (never by name: a terminated
     namesake stays visible for an hour), one batched call per region. A node another gpuprov is working on
     (its lock is held: a `down`, an `up`, a `start`) is left as its record says, and named; every other
-    node's record is read again and written under its lock, so a `down` that starts meanwhile waits."""
+    node's record is read again and written under its lock, so a `down` that starts meanwhile waits. A node a
+    killed move or start left (its journal) says what EC2 says of its new instance, and the next step
+    (cloud/journal.py, `look`)."""
     nodes = store.nodes()
     for region in sorted({n.region for n in nodes}):
         here = [n for n in nodes if n.region == region and n.state in REFRESHED]
@@ -275,7 +279,14 @@ def refresh(store: Store, provider: Provider, say: Say | None = None) -> list[No
             except locks.Busy as busy:
                 if say is not None:
                     say(f"{n.name}: not refreshed, {busy.holder} is working on it")
+    from gpuprov.cloud import journal
+
+    journal.look(store.nodes(), provider, store, say if say is not None else _quiet)
     return store.nodes()
+
+
+def _quiet(_line: str) -> None:
+    pass
 
 
 def _refreshed(n: Node, rows: list[Resource], found: dict[str, Instance], store: Store) -> None:

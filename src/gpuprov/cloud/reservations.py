@@ -60,9 +60,10 @@ def find(provider: Provider, region: str, given: str, flag: str) -> Reservation:
     return found
 
 
-def narrow(order: Order, plan: Plan, opts: Any, provider: Provider, region: str, say: Say) -> tuple[Order, str | None]:
-    """The candidates a reservation allows (targeted), or open reservations' first (open); and the cr-… id the
-    launch targets (a block named by its cb-… resolved)."""
+def narrow(order: Order, plan: Plan, opts: Any, provider: Provider, region: str,
+           say: Say) -> tuple[Order, Reservation | None]:
+    """The candidates a reservation allows (targeted), or open reservations' first (open); and the reservation the
+    launch targets (a block named by its cb-… resolved), read once for the launch and the record."""
     if plan.request.spot:
         raise UserInputError("--reservation" if opts.reservation else "--capacity-block",
                              "reserved capacity is on-demand", "drop --spot")
@@ -93,7 +94,7 @@ def narrow(order: Order, plan: Plan, opts: Any, provider: Provider, region: str,
     say(f"reservation {res.id}: {res.instance_type} in {res.zone}, {res.available} of {res.total} free, {res.state}"
         + (f", ends {_when(res.end)}" if res.end else ""))
     return Order((Candidate(res.instance_type, res.zone, "on-demand", types[res.instance_type]),), order.skipped,
-                 order.max_hourly), res.id
+                 order.max_hourly), res
 
 
 PAYMENT_WAIT = 300.0  # seconds a freshly bought block may stay payment-pending before `up` gives up on it
@@ -172,15 +173,16 @@ def held_group(opts: Any, provider: Provider, region: str) -> tuple[bool, str | 
     given = opts.capacity_block or opts.reservation
     if not given or given == "open":
         return False, None
-    found = find(provider, region, str(given), "--capacity-block" if opts.capacity_block else "--reservation")
+    found = opts.held or find(provider, region, str(given), "--capacity-block" if opts.capacity_block else "--reservation")
     return True, found.placement_group
 
 
-def resolved(opts: Any, reservation_id: str | None) -> dict[str, Any]:
-    """The options with the reservation's own id (a block named cb-… launches by its cr-…)."""
-    if reservation_id is None:
+def resolved(opts: Any, held: Reservation | None) -> dict[str, Any]:
+    """The options with the reservation's own id (a block named cb-… launches by its cr-…), and the reservation
+    itself, as `narrow` read it."""
+    if held is None:
         return {}
-    return {"capacity_block": reservation_id} if opts.capacity_block else {"reservation": reservation_id}
+    return {"capacity_block" if opts.capacity_block else "reservation": held.id, "held": held}
 
 
 def recorded(opts: Any, provider: Provider, region: str) -> dict[str, Any]:
@@ -188,7 +190,7 @@ def recorded(opts: Any, provider: Provider, region: str) -> dict[str, Any]:
     given = opts.capacity_block or opts.reservation
     if not given or given == "open":
         return {}
-    res = find(provider, region, str(given), "--capacity-block" if opts.capacity_block else "--reservation")
+    res = opts.held or find(provider, region, str(given), "--capacity-block" if opts.capacity_block else "--reservation")
     end = res.end.timestamp() if res.end is not None and res.kind == "capacity-block" else None
     return {"reservation_id": res.id, "reservation_end": end}
 

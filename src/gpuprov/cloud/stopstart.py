@@ -33,7 +33,7 @@ from gpuprov.cloud.providers.base import Instance, LaunchError, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.plan.plan import Plan
-from gpuprov.state import Journal, Node, NodeState, NodeUpdate, Resource, Store, locks
+from gpuprov.state import Journal, Node, NodeState, Resource, Store, locks
 from gpuprov.state.tolerant import TolerantStore
 
 if TYPE_CHECKING:
@@ -51,6 +51,15 @@ def _instance_rows(node: Node, store: Store) -> list[Resource]:
         raise GpuprovError(f"{node.name} has no recorded instance (state {node.state}); `gpuprov down {node.name}` "
                            "removes what is left")
     return rows
+
+
+def own_ttl_end(node: Node, now: float) -> float | None:
+    """The node's TTL's own deadline as it starts `now`: the one recorded; one TTL from now once that has passed
+    (the node's ttl step gives a machine booted after its deadline a new one so) or for a record that kept none apart
+    from the budget's; None without a TTL."""
+    if node.ttl_seconds is None:
+        return None
+    return node.ttl_end if node.ttl_end is not None and node.ttl_end > now else now + node.ttl_seconds
 
 
 def budget_left(node: Node, at: float | None = None) -> float | None:
@@ -384,7 +393,8 @@ def came_up(name: str, node: Node, instance: Instance, opts: StartOptions, now_t
     store.event(name, "started", f"{now_type} {address}")
     result = StartResult(store.node(name), address, resized_from, ssh_alias=alias)
     if opts.bootstrap:
-        result.verified = _rebootstrap(store.node(name), opts, key_path, store, say, rec, new_instance=new_instance)
+        result.verified = _rebootstrap(store.node(name), opts, key_path, store, say, rec, new_instance=new_instance,
+                                       budget=budget_left(node, at=node.stopped_at))
     elif new_instance:  # no bootstrap, but `ssh NAME` needs the new key pinned
         from gpuprov.cloud.contact import made_up_address, pin_new_host_key
 
@@ -442,10 +452,11 @@ def node_plan(node: Node) -> Plan:
 
 
 def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, say: Say, rec: tl.Recorder, *,
-                 new_instance: bool = False) -> bool:
+                 new_instance: bool = False, budget: float | None = None) -> bool:
     """Bootstrap + verify again on the started node (markers make finished steps quick), with its pinned
     host key, or a moved node's new one pinned on first contact; False when SSH does not answer in time (the node
-    runs; `gpuprov check` later)."""
+    runs; `gpuprov check` later). `budget`: the dollars left of its --budget when it stopped, which the guards'
+    deadline is made of again at its price now, and never past its TTL's own deadline."""
     from gpuprov.hosts import bootstrap as engine
     from gpuprov.hosts import sshconfig
     from gpuprov.hosts.remote import HostSettings
@@ -463,15 +474,18 @@ def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, sa
         return False
     plan = node_plan(node)
     if node.budget_usd is not None and node.budget_price:  # what is left of the budget, at the new price
-        left = budget_left(node, at=node.stopped_at)
+        left = budget  # counted to the stop: a stopped node spends none of it
         price = node.price_usd_hour if node.market != "spot" else node.budget_price
-        plan = replace_guards(plan, with_budget(plan.guards, left, price))
+        guards = plan.guards
         if left and price:
-            deadline = time.time() + left / price * 3600
-            fields: NodeUpdate = {"budget_price": price, "budget_deadline": deadline}
-            if plan.guards.ttl_seconds != node.ttl_seconds:  # the budget decides: the TTL step starts its deadline
-                fields["ttl_deadline"] = deadline
-            store.update_node(node.name, **fields)
+            now = time.time()
+            spent_by = now + left / price * 3600
+            own = own_ttl_end(node, now)
+            deadline = spent_by if own is None else min(spent_by, own)
+            # as the seconds to it from now: the node's ttl step sets it a few seconds later, as at `up`
+            guards = guards.model_copy(update={"ttl_seconds": max(1, round(deadline - now))})
+            store.update_node(node.name, budget_price=price, budget_deadline=spent_by, ttl_end=own, ttl_deadline=deadline)
+        plan = replace_guards(plan, with_budget(guards, left, price))
     target = Target(host=address, user=node.ssh_user or "ubuntu", key=key_path, label=node.name)
     settings = HostSettings(known_hosts=sshconfig.node_known_hosts(node.name), accept_new_host_key=new_instance,
                             connect_timeout=15)

@@ -9,7 +9,9 @@ lock beside it (files.lock_beside, the one hostkeys.pin takes) for a node's pinn
 
 A launched cluster's per-node known_hosts are merged into one (`merge_known_hosts`). A failed write is a
 `GpuprovError` naming the file and saying it is unchanged; the user's ~/.ssh/config keeps its own mode, and a
-symlink to it stays one. The lock for ssh_config is `.ssh_files.lock` in the state dir, never in ~/.ssh.
+symlink to it stays one. The lock for ssh_config is `.ssh_files.lock` in the state dir, never in ~/.ssh; its
+wait is bounded (`EDIT_PATIENCE`), so a holder stopped mid-write cannot keep an `up` or a `down` waiting: the write
+fails, naming the holder, as a write the disk refused does.
 """
 
 from __future__ import annotations
@@ -22,8 +24,12 @@ from pathlib import Path
 from gpuprov.errors import GpuprovError
 from gpuprov.files import lock_beside, locked, write_atomic
 from gpuprov.paths import state_dir
+from gpuprov.state import locks
 
 MARK = "# added by gpuprov"
+# how long an edit waits for another's: a read-modify-write of two small files takes moments, unless its process was
+# stopped mid-write (a suspended shell)
+EDIT_PATIENCE = 20.0
 
 
 def config_path() -> Path:
@@ -55,7 +61,8 @@ def _awaits_new_key(name: str) -> bool:
 def edit() -> Iterator[None]:
     """Hold the lock of ssh_config and the Include for one read-modify-write (the lock file stays in the state dir,
     never in ~/.ssh). Re-entered by the same process it would deadlock: callers take it once, at the top."""
-    with locked(state_dir() / ".ssh_files.lock"):
+    with locks.exclusive(state_dir() / ".ssh_files.lock", "ssh config", subject="gpuprov's ssh config file",
+                         patience=locks.patience(EDIT_PATIENCE)):
         yield
 
 

@@ -223,19 +223,22 @@ def holds(key: str) -> bool:
 
 
 class Taken(Exception):
-    """The lease is held by someone else and the caller would not wait."""
+    """The lease is held by someone else and the caller would not wait, or (`waited`: its patience, in seconds)
+    would not wait any longer."""
 
-    def __init__(self, holding: Holding) -> None:
+    def __init__(self, holding: Holding, waited: float | None = None) -> None:
         super().__init__(str(holding))
         self.holding = holding
+        self.waited = waited
 
 
 @contextlib.contextmanager
 def hold(url: StateUrl, key: str, what: str, *, wait: bool = True, expiry: float,
          waiting: Callable[[Holding], None] | None = None, took_over: Callable[[Holding], None] | None = None,
-         bucket: Bucket | None = None) -> Iterator[Lease]:
+         bucket: Bucket | None = None, patience: float | None = None) -> Iterator[Lease]:
     """Hold the lease `key` while `what` runs. Held by someone else: raise Taken when `wait` is False, else call
-    `waiting(holding)` once and wait until it is released or expires (then take it over, calling `took_over`)."""
+    `waiting(holding)` once and wait until it is released or expires (then take it over, calling `took_over`), or,
+    with `patience`, at most that many seconds (then raise Taken, its `waited` set)."""
     with _guard:
         mine = _held.get(key)
         if mine is not None:
@@ -243,6 +246,7 @@ def hold(url: StateUrl, key: str, what: str, *, wait: bool = True, expiry: float
     if mine is None:
         lease = Lease(bucket or Bucket(url), key, what, expiry)
         told = False
+        deadline = None if patience is None else time.monotonic() + patience
         while True:
             try:
                 lease.take()
@@ -267,10 +271,13 @@ def hold(url: StateUrl, key: str, what: str, *, wait: bool = True, expiry: float
                 break
             if not wait:
                 raise Taken(holding)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise Taken(holding, waited=patience)
             if not told and waiting is not None:
                 waiting(holding)
             told = True
-            time.sleep(min(1.0, expiry / 4))
+            pause = min(1.0, expiry / 4)
+            time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
         with _guard:
             _held[key] = (lease, 1)
     else:

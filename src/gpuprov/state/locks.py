@@ -48,7 +48,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuprov.state.coordinator import Busy, Coordinator, Holder
+from gpuprov.state.coordinator import Busy, Coordinator, Holder, Overdue, patience
 
 if TYPE_CHECKING:
     from gpuprov.settings import Settings
@@ -56,8 +56,8 @@ if TYPE_CHECKING:
     from gpuprov.state.records import Node
     from gpuprov.state.url import StateUrl
 
-__all__ = ["Busy", "Coordinator", "FileLocks", "Holder", "TeamLeases", "abandoned", "claim", "coordinator", "fence",
-           "held", "hold", "holder", "image", "is_free", "node", "nodes", "region"]
+__all__ = ["Busy", "Coordinator", "FileLocks", "Holder", "Overdue", "TeamLeases", "abandoned", "claim", "coordinator",
+           "exclusive", "fence", "held", "hold", "holder", "image", "is_free", "node", "nodes", "patience", "region"]
 
 
 _held: dict[str, tuple[int, int]] = {}  # lock path -> (fd, depth), this process's locks
@@ -108,30 +108,14 @@ class FileLocks:
 
     @contextlib.contextmanager
     def hold(self, key: str, what: str, *, wait: bool = True, subject: str | None = None,
-             waiting: Callable[[Holder], None] | None = None) -> Iterator[None]:
+             waiting: Callable[[Holder], None] | None = None, patience: float | None = None) -> Iterator[None]:
         path = _file(key)
         with _guard:
             mine = _held.get(str(path))
             if mine is not None:
                 _held[str(path)] = (mine[0], mine[1] + 1)
         if mine is None:
-            fd = _open(path)
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    holder = holder_of(path)
-                    if not wait:
-                        raise Busy(subject or key, holder) from None
-                    if waiting is not None:
-                        waiting(holder)
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                with contextlib.suppress(OSError):  # who holds it is for the messages only: a full disk may refuse it
-                    os.ftruncate(fd, 0)
-                    os.pwrite(fd, f"{os.getpid()} {time.time():.3f} {what}\n".encode(), 0)
-            except BaseException:
-                os.close(fd)
-                raise
+            fd = _take(path, what, wait=wait, subject=subject or key, waiting=waiting, patience=patience)
             with _guard:
                 _held[str(path)] = (fd, 1)
         try:
@@ -143,9 +127,7 @@ class FileLocks:
                     _held[str(path)] = (fd, depth - 1)
                 else:
                     del _held[str(path)]
-                    with contextlib.suppress(OSError):
-                        os.ftruncate(fd, 0)
-                    os.close(fd)  # closing the last descriptor releases the flock
+                    _let_go(fd)
 
     def is_free(self, key: str) -> bool:
         path = _file(key)
@@ -165,6 +147,65 @@ class FileLocks:
         return holder_of(_file(key))
 
 
+def _take(path: Path, what: str, *, wait: bool, subject: str, waiting: Callable[[Holder], None] | None,
+          patience: float | None) -> int:
+    """The flock of `path`, taken by a descriptor of its own, the holder's words written in it. Held by another:
+    Busy when not `wait`; else `waiting(holder)` once, then the wait: unbounded, or `patience` seconds (looking
+    again every moment, as flock(2) has no timeout) and then Overdue."""
+    fd = _open(path)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                raise Busy(subject, holder_of(path)) from None
+            if waiting is not None:
+                waiting(holder_of(path))
+            if patience is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            else:
+                _wait_bounded(fd, path, subject, patience)
+        with contextlib.suppress(OSError):  # who holds it is for the messages only: a full disk may refuse it
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {time.time():.3f} {what}\n".encode(), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _wait_bounded(fd: int, path: Path, subject: str, patience: float) -> None:
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Overdue(subject, holder_of(path), patience) from None
+            time.sleep(min(0.2, left))
+
+
+def _let_go(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+    os.close(fd)  # closing the last descriptor releases the flock
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, what: str, *, subject: str, patience: float | None = None) -> Iterator[None]:
+    """A lock file outside the locks folder (the ssh config file's), one holder at a time across threads too: each
+    call takes it by its own descriptor, so it is not re-entrant. The wait as `hold`'s, the holder named the same
+    way."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = _take(path, what, wait=True, subject=subject, waiting=None, patience=patience)
+    try:
+        yield
+    finally:
+        _let_go(fd)
+
+
 class TeamLeases:
     """A team's (records in S3): a node's or an image's lock is a lease in the bucket (leases.py), so a teammate's
     command waits too; a region's and a host's stay this machine's file locks."""
@@ -173,22 +214,25 @@ class TeamLeases:
         self.url = url
 
     def hold(self, key: str, what: str, *, wait: bool = True, subject: str | None = None,
-             waiting: Callable[[Holder], None] | None = None) -> AbstractContextManager[None]:
+             waiting: Callable[[Holder], None] | None = None,
+             patience: float | None = None) -> AbstractContextManager[None]:
         if not key.startswith(_LEASED):
-            return FILE_LOCKS.hold(key, what, wait=wait, subject=subject, waiting=waiting)
-        return self._leased(key, what, wait=wait, subject=subject, waiting=waiting)
+            return FILE_LOCKS.hold(key, what, wait=wait, subject=subject, waiting=waiting, patience=patience)
+        return self._leased(key, what, wait=wait, subject=subject, waiting=waiting, patience=patience)
 
     @contextlib.contextmanager
     def _leased(self, key: str, what: str, *, wait: bool, subject: str | None,
-                waiting: Callable[[Holder], None] | None) -> Iterator[None]:
+                waiting: Callable[[Holder], None] | None, patience: float | None) -> Iterator[None]:
         from gpuprov.state import leases
         from gpuprov.state.url import lease_seconds
 
         try:
-            with leases.hold(self.url, key, what, wait=wait, expiry=lease_seconds(),
+            with leases.hold(self.url, key, what, wait=wait, expiry=lease_seconds(), patience=patience,
                              waiting=(lambda h: waiting(_holder(h))) if waiting is not None else None):
                 yield
         except leases.Taken as taken:
+            if taken.waited is not None:
+                raise Overdue(subject or key, _holder(taken.holding), taken.waited) from None
             raise Busy(subject or key, _holder(taken.holding)) from None
 
     def is_free(self, key: str) -> bool:
@@ -240,12 +284,12 @@ def _for(key: str) -> Coordinator:
 
 
 def hold(key: str, what: str, *, wait: bool = True, subject: str | None = None,
-         waiting: Callable[[Holder], None] | None = None) -> AbstractContextManager[None]:
+         waiting: Callable[[Holder], None] | None = None, patience: float | None = None) -> AbstractContextManager[None]:
     """Hold the lock `key` ("node-train", "region-us-east-1") while `what` ("up", "down") runs. Held by
-    another process: raise Busy when `wait` is False, else call `waiting(holder)` once and wait. With team state
-    (records in S3) a node's or an image's lock is a lease in the bucket (leases.py), so a teammate's command waits
-    too."""
-    return _for(key).hold(key, what, wait=wait, subject=subject, waiting=waiting)
+    another process: raise Busy when `wait` is False, else call `waiting(holder)` once and wait (at most `patience`
+    seconds when given, then raise Overdue). With team state (records in S3) a node's or an image's lock is a lease in
+    the bucket (leases.py), so a teammate's command waits too."""
+    return _for(key).hold(key, what, wait=wait, subject=subject, waiting=waiting, patience=patience)
 
 
 def holder(key: str) -> Holder:

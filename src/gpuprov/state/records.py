@@ -39,7 +39,9 @@ class Node:
     ended_at: float | None
     autostop_seconds: int | None = None  # the node's autostop idle window; None: off
     ttl_seconds: int | None = None
-    ttl_deadline: float | None = None  # epoch seconds (the node keeps its own, a few seconds later)
+    ttl_deadline: float | None = None  # epoch seconds (the node keeps its own, a few seconds later): the sooner of
+    # the TTL's own deadline and the budget's
+    ttl_end: float | None = None  # epoch seconds the --ttl itself runs out, whatever a budget says (None: no TTL)
     on_interrupt: str | None = None
     spot_type: str | None = None  # spot: "one-time" (cannot stop) or "persistent" (interruption behaviour stop)
     shutdown_action: str | None = None  # what a shutdown on the node does: "stop" (disk kept) or "terminate"
@@ -145,6 +147,7 @@ class NodeFields(TypedDict, total=False):
     autostop_seconds: int | None
     ttl_seconds: int | None
     ttl_deadline: float | None
+    ttl_end: float | None
     on_interrupt: str | None
     spot_type: str | None
     shutdown_action: str | None

@@ -8,7 +8,8 @@ Every call opens its own connection (WAL mode, busy timeout), so threads and con
 gpuprov processes never corrupt the file; writes are short transactions.
 
 A node records its spot type (one-time or persistent: `can_stop`), shutdown action, disk size, connect mode,
-budget (dollars, the price it was turned into a deadline with, the deadline), a launched cluster's size and members
+budget (dollars, the price it was turned into a deadline with, the deadline) and its TTL's own deadline apart from
+the sooner of the two (`ttl_end`, `ttl_deadline`), a launched cluster's size and members
 (`members_json`, rank order), a resize in progress (`resize_from`/`resize_to`, written before
 ModifyInstanceAttribute), a move's journal (`journal_json`), who locked its guardrails, and `moved_to` once `state
 push` moved it to a bucket. The clusters table keeps clusters of existing hosts (gpuprov.cluster's JSON).
@@ -117,8 +118,9 @@ CREATE TABLE IF NOT EXISTS clusters (
 """
 # The file's layout (PRAGMA user_version). A gpuprov refuses a file of a newer schema rather than misread it;
 # older files are brought up to this one on open. 0: files from before the schema had a number.
-SCHEMA_VERSION = 5  # 4: guards_locked_by (an older gpuprov would lift a locked TTL unknowingly), moved_to
+SCHEMA_VERSION = 6  # 4: guards_locked_by (an older gpuprov would lift a locked TTL unknowingly), moved_to
 # 5: journal_json (an older gpuprov would take a moving node's new instance for nothing)
+# 6: ttl_end (an older gpuprov's `ttl` would leave it stale, and a `start` would keep a deadline no longer asked for)
 # Columns added after the first release: (name, type), added to an older state file on open.
 _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER"), ("ttl_deadline", "REAL"),
                        ("on_interrupt", "TEXT"), ("spot_type", "TEXT"), ("shutdown_action", "TEXT"),
@@ -128,7 +130,8 @@ _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER
                        ("cluster_size", "INTEGER"), ("members_json", "TEXT"), ("paid_usd_hour", "REAL"),
                        ("billed_seconds", "REAL"), ("running_since", "REAL"), ("reservation_id", "TEXT"),
                        ("reservation_end", "REAL"),
-                       ("guards_locked_by", "TEXT"), ("moved_to", "TEXT"), ("journal_json", "TEXT"))
+                       ("guards_locked_by", "TEXT"), ("moved_to", "TEXT"), ("journal_json", "TEXT"),
+                       ("ttl_end", "REAL"))
 
 
 if TYPE_CHECKING:
