@@ -229,7 +229,10 @@ def test_a_process_killed_while_it_makes_the_state_file_leaves_none_not_an_empty
 
 def test_a_state_file_of_a_newer_gpuprov_is_one_clear_line(gp_home):
     env = {**_plain_env(), "GPUPROV_HOME": str(gp_home)}
-    assert gp(env, "status").returncode == 0  # made by this gpuprov
+    from gpuprov.state.sqlite import SqliteStore
+
+    gp_home.mkdir(parents=True, exist_ok=True)
+    SqliteStore(gp_home / "state.sqlite").close()  # made by this gpuprov (`status` reads, and makes nothing)
     db = sqlite3.connect(gp_home / "state.sqlite")
     db.execute("UPDATE meta SET value = '9.9.0' WHERE key = 'schema_written_by'")
     db.execute("PRAGMA user_version = 99")

@@ -35,7 +35,7 @@ from gpuprov.cloud.tags import owner
 from gpuprov.cloud.teardown import take_down
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.plan.plan import Plan
-from gpuprov.state import NodeState, Store
+from gpuprov.state import NodeState, Store, locks
 from gpuprov.state.tolerant import TolerantStore
 
 if TYPE_CHECKING:
@@ -267,6 +267,8 @@ def check_name_free(name: str, store: Store) -> None:
     """Nodes and clusters of existing hosts share one namespace: `exec/ssh/check NAME` go to a cluster of that name,
     `down NAME` to the node, so a name taken by either is refused, naming the other."""
     if store.find_node(name) and store.node(name).live:
+        with locks.claim(name, "up"):  # another command at work on it (its launch) is said by who, not "exists"
+            pass
         raise UserInputError("NAME", f"a node called {name!r} already exists", f"pick another name, or `gpuprov down {name}`")
     from gpuprov import cluster
 
