@@ -299,7 +299,40 @@ def up(args: argparse.Namespace) -> None:
             pass
         print("\nstopping the sandbox ...", file=sys.stderr, flush=True)
     shutil.rmtree(args.dir, ignore_errors=True)
+    for config in forget_includes(args.dir, homes()):
+        print(f"removed the Include line gpuprov's `up` added to {config} for the sandbox's nodes", file=sys.stderr)
     print("sandbox stopped; nothing is left", file=sys.stderr)
+
+
+def homes() -> list[Path]:
+    """Where a gpuprov pointed at the sandbox may have added its Include: this user's home, and the home of
+    the user who ran `sudo make sandbox` (whose other shell ran the README's commands)."""
+    import pwd
+
+    found = [Path.home()]
+    with contextlib.suppress(KeyError):
+        found.append(Path(pwd.getpwnam(os.environ.get("SUDO_USER") or "").pw_dir))
+    return list(dict.fromkeys(found))
+
+
+def forget_includes(workdir: Path, homes: list[Path]) -> list[Path]:
+    """Take out of each home's ~/.ssh/config the line gpuprov added naming a file under the sandbox's folder
+    (`up` adds `Include STATE/ssh_config` for its nodes' `ssh gpuprov-NAME`); the user's own lines stay."""
+    from gpuprov.hosts.sshconfig import MARK
+
+    changed = []
+    for home in homes:
+        config = home / ".ssh" / "config"
+        try:
+            text = config.read_text()
+        except OSError:
+            continue
+        ours = (f"Include {workdir}/", f"Include {workdir.resolve()}/")
+        kept = [line for line in text.splitlines(keepends=True) if not (line.startswith(ours) and MARK in line)]
+        if len(kept) != len(text.splitlines()):
+            config.write_text("".join(kept))
+            changed.append(config)
+    return changed
 
 
 def env(args: argparse.Namespace) -> None:
