@@ -103,6 +103,7 @@ class Sandbox:
             self.aws = aws
             self.subnet_id = aws.subnet_for_hosts(f"{self.aws_subnet}.0/24", "us-east-1a")
             self.dlami = _seed_dlami(aws)
+            _seed_spot_prices(aws)
             self._stack.enter_context(shared_user(LOGIN))
             shims = ROOT / "tests" / "shims"
             self.pool = self._stack.enter_context(HostPool(
@@ -254,6 +255,22 @@ def _seed_dlami(aws: Any) -> str:
     aws.client("ssm").put_parameter(Name=f"{DLAMI_PREFIX}/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
                                     Value=ami, Type="String", DataType="aws:ec2:image")
     return ami
+
+
+# a spot price is this share of the on-demand list price, by zone (moto answers $0, which no market does);
+# us-east-1a, where the sandbox's subnet is, the cheapest
+SPOT_SHARE = (0.31, 0.36, 0.42, 0.38, 0.45, 0.40)
+
+
+def _seed_spot_prices(aws: Any) -> None:
+    """DescribeSpotPriceHistory answers a plausible price for every catalog type with a list price, in every
+    zone: a fraction of on-demand, as the spot market's usually is for GPU types."""
+    from gpuprov.plan.catalog import load
+
+    zones = sorted(aws.zone_ids("us-east-1"))
+    aws.set_spot_prices({(it.name, zone): round(it.price_usd_hour * SPOT_SHARE[i % len(SPOT_SHARE)], 4)
+                         for it in load().instance_types if it.price_usd_hour
+                         for i, zone in enumerate(zones)})
 
 
 def _refuse_a_subnet_in_use(prefix: str) -> None:
