@@ -1,9 +1,11 @@
-"""tools/sandbox.py's own promises, in-process: what it leaves outside its folder once stopped (the Include line a
-gpuprov `up` pointed at it added to ~/.ssh/config). The sandbox itself runs in test_readme.py's scenarios."""
+"""tools/sandbox.py and tools/demo.py, in-process: what the sandbox leaves outside its folder once stopped (the
+Include line a gpuprov `up` pointed at it added to ~/.ssh/config), and one demo at a time on a machine. The sandbox
+itself runs in test_readme.py's scenarios."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from types import ModuleType
 
@@ -30,3 +32,20 @@ def test_stopping_takes_the_include_its_nodes_added_out_of_ssh_config(tmp_path: 
     assert changed == [home / ".ssh" / "config"]
     assert (home / ".ssh" / "config").read_text() == elsewhere + mine
     assert sandbox().forget_includes(workdir, [home]) == []  # nothing more to take
+
+
+def test_a_second_demo_ends_with_one_line_naming_the_first(tmp_path: Path) -> None:
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "tools" / "demo.py")
+    assert spec and spec.loader
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    lock = tmp_path / "demo.lock"
+    with demo.only_one(lock):
+        with pytest.raises(SystemExit) as second, demo.only_one(lock):
+            pass
+        assert str(second.value) == (f"demo: another `make demo` runs on this machine (pid {os.getpid()}); run it "
+                                     "again once that one ends")
+    with demo.only_one(lock):  # the first one ended: the next runs
+        pass
