@@ -134,9 +134,9 @@ def test_the_inventory_and_config_examples_load(tmp_path: Path) -> None:
 #
 # Each README line runs as printed, through bash in a folder holding ./code and the README's hosts.yml, against
 # the sandbox's environment (a local AWS endpoint, hosts with shimmed GPUs, gpuprov's config file setting the
-# subnet, connect mode, login and OS). Two substitutions, both the sandbox's, not gpuprov's: the hosts "you
-# already have" stand at 10.1.NET.3-.5 (NET: this run's test net; 10.1.2 in `make sandbox`), and /work on a node
-# is /tmp/work (the sandbox's hosts share this machine's file system outside /tmp, /root and /var/lib/gpuprov).
+# subnet, connect mode, login and OS). One substitution, the sandbox's, not gpuprov's: the hosts "you already
+# have" stand at 10.1.NET.3-.5 (NET: this run's test net; 10.1.2 in `make sandbox`). Each host's /tmp, /root,
+# /var/lib/gpuprov and /work are its own (the rest of the file system is this machine's).
 # Lines marked SETUP are not the README's: what a scenario needs first (a node the README's block assumes) or a
 # look at what a line did. stdin is a terminal that answers the confirmation (`y`) or, for `ssh`, `exit 0`.
 
@@ -168,14 +168,13 @@ SCENARIOS: dict[str, list[str]] = {
     ],
     "a day on a node": [
         "gpuprov plan --gpu L40S --spot --persistent --autostop 30m --budget 50 --hours 8",
-        # the README's instance profile, as a user's IAM admin would have made it (the sandbox's IAM is moto's)
-        SETUP + "python3 -c 'import boto3; boto3.client(\"iam\").create_instance_profile(InstanceProfileName="
-        "\"ckpt-writer\")'",
         "gpuprov up exp1 --gpu L40S --spot --persistent --jupyter --autostop 30m --budget 50 --instance-profile "
         "ckpt-writer --on-interrupt 'aws s3 sync /work/ckpt s3://me/ckpt'",
         "gpuprov jupyter exp1",
         "gpuprov sync ./code exp1:/work/code",
-        SETUP + "gpuprov exec exp1 -- cat /work/code/train.py",
+        # the node's /work is its own: the copy is there, and not in this machine's /work (/proc/1/root: its /)
+        SETUP + "gpuprov exec exp1 -- 'cat /work/code/train.py && test ! -e /proc/1/root/work/code/train.py && echo "
+        "only on the node'",
         "gpuprov exec exp1 -- nvidia-smi -L",
         "gpuprov monitor exp1",
         "gpuprov ssh exp1",
@@ -235,8 +234,6 @@ SCENARIOS: dict[str, list[str]] = {
         "gpuprov down multi",
     ],
     "working as a team": [  # last: it points the sandbox's config at a bucket, and takes that back at its end
-        SETUP + "python3 -c \"import boto3; s3 = boto3.client('s3'); s3.create_bucket(Bucket='acme-gpu-state'); "
-        "s3.put_bucket_versioning(Bucket='acme-gpu-state', VersioningConfiguration={'Status': 'Enabled'})\"",
         SETUP + "gpuprov up shared --gpu L4 --no-bootstrap --yes",
         "gpuprov state push s3://acme-gpu-state/team",
         SETUP + "echo 'state = \"s3://acme-gpu-state/team\"' >> \"$GPUPROV_CONFIG\"",
@@ -262,7 +259,8 @@ SAYS = {
     "gpuprov up base2 --gpu A100:8": "a100-stack",
     "gpuprov up dl --gpu L4 --image dlami": "nvidia-driver: unchanged",
     "gpuprov jupyter exp1": "/lab?token=",
-    SETUP + "gpuprov exec exp1 -- cat /work/code/train.py": "print(",
+    SETUP + "gpuprov exec exp1 -- 'cat /work/code/train.py && test ! -e /proc/1/root/work/code/train.py && echo "
+    "only on the node'": "only on the node",
     "gpuprov exec exp1 -- nvidia-smi -L": "NVIDIA L40S",
     "gpuprov monitor exp1": "L40S",
     "gpuprov stop exp1": "exp1: stopped; its 100 GB disk costs $8.00/month while stopped",
@@ -276,7 +274,7 @@ SAYS = {
 }
 # a terminal stays open until Ctrl-C: these run until they print this, then get SIGINT
 UNTIL = {"gpuprov jupyter exp1": "/lab?token=", "gpuprov monitor exp1": "L40S",
-         "gpuprov metrics serve --file-sd ~/prometheus/gpuprov.json": "train: serving"}
+         "gpuprov metrics serve --file-sd ~/prometheus/gpuprov.json": "mon: serving"}
 TRAIN_PY = "import os, sys\nprint(f\"rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: {sys.argv[1:]}\")\n"
 
 
@@ -322,13 +320,13 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    with module.Sandbox(tmp_path_factory.mktemp("sandbox") / "sb", nodes=12, net=testnet.NET,
+    with module.Sandbox(tmp_path_factory.mktemp("sandbox") / "sb", nodes=14, net=testnet.NET,
                         hosts_subnet=testnet.subnet("10.1.2"), prefix=testnet.prefix("gps")) as sb:
         yield sb
 
 
 def localised(line: str, sb: Any) -> str:
-    return line.removeprefix(SETUP).replace("10.1.2.", f"{sb.hosts_subnet}.").replace("/work/", "/tmp/work/")
+    return line.removeprefix(SETUP).replace("10.1.2.", f"{sb.hosts_subnet}.")
 
 
 def run_line(line: str, sb: Any, cwd: Path, home: Path) -> tuple[int, str]:
