@@ -56,7 +56,9 @@ demo: install
 	@bash tools/demo.sh
 
 # A local AWS endpoint + SSH hosts with shimmed GPUs, until Ctrl-C (as root; tools/sandbox.py says what runs).
-sandbox: install sysdeps
+# Only the system packages the sandbox runs (tools/sysdeps.sh sandbox), not the whole test toolchain.
+sandbox: install
+	@bash tools/sysdeps.sh sandbox
 	@$(PY) tools/sandbox.py up
 
 bench: install

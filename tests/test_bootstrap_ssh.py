@@ -95,9 +95,14 @@ def test_parallel_bootstrap_reboots_verifies_and_a_rerun_changes_nothing(host_po
         assert all(d["matmul_ok"] for d in host["report"]["torch"]["devices"])
         assert sum("apt-get" in c and " install" in c for c in calls(pool, i)) == installs_before[i]
         assert pool.boots(i) == boots[i] + 1  # no second reboot
-    human = gpuprov("bootstrap", *addrs(pool, range(2)), "-i", str(pool.key_path), "--os", "ubuntu-22.04",
-                    "--python", "3.11")
+    # -q at 60 columns: the summary alone (no line per step), and the log column kept (folded) for a failed host
+    human = forkcli.run([sys.executable, "-m", "gpuprov", "bootstrap", *addrs(pool, range(2)), "-i", str(pool.key_path),
+                         "--os", "ubuntu-22.04", "--python", "3.11", "-q"], capture_output=True, text=True,
+                        timeout=180, env={**os.environ, "COLUMNS": "60"})
     assert human.returncode == 0 and "nothing to do" in human.stdout
+    assert "verify" not in human.stderr, human.stderr
+    assert [line for line in human.stdout.splitlines() if "host" in line and "log" in line], human.stdout
+    assert not [line for line in human.stdout.splitlines() if "left out" in line and "log" in line], human.stdout
 
 
 def test_force_reruns_every_step(host_pool, gp_home):

@@ -7,6 +7,7 @@ proxy (eventual consistency, faults, lost answers, spot requests) and on SSH hos
 from __future__ import annotations
 
 import json
+import re
 import stat
 
 from tests.aws.cli import EMPTY
@@ -161,6 +162,18 @@ def test_stop_refuses_a_one_time_spot_node_and_leaves_it_running(fake_cloud):
     one_error_line(fake_cloud.gp("stop", "sp"), "one-time spot instance")
     assert instances(fake_cloud, "sp")[0]["State"]["Name"] == "running"
     assert status(fake_cloud)[0]["state"] == "ready"
+
+
+def test_a_spot_price_of_0_0000_is_no_price_never_an_estimate(fake_cloud):
+    """moto answers $0.00001/h for every spot offer: shown as $0.0000, "saving 100%", a $50 budget lasting
+    5,000,000 h. No such price is listed, and a plan's estimate says there is none."""
+    live = fake_cloud.gp("gpus", "--live", "--region", "us-east-1", "--json")
+    assert live.exit_code == 0, live.output
+    assert json.loads(live.stdout) == []
+    plan = fake_cloud.gp("plan", "--gpu", "T4", "--spot", "--hours", "10", "--budget", "50", "--live")
+    assert plan.exit_code == 0, plan.output
+    assert "no spot price for g4dn.xlarge in us-east-1 right now" in plan.output and "$0.0000" not in plan.output
+    assert re.search(r"budget \$50 lasts \d+\.\dh at \$0\.\d+/h", plan.output), plan.output  # on-demand's
 
 
 def test_up_that_would_reach_a_made_up_public_address_is_refused_before_anything_is_made(fake_cloud):

@@ -404,6 +404,9 @@ def test_a_budget_becomes_the_deadline_when_it_runs_out_before_the_ttl():
     assert P.budget_seconds(0.01, 7.0) == 60 and P.budget_seconds(1e6, 0.5) == 90 * 86400
     err = refusal(P.budget_seconds, 0.0, 2.0)
     assert (err.field, err.problem, err.hint) == ("--budget", "0 is not a budget", "dollars above 0, e.g. 50")
+    for free in (0.0, -1.0, float("nan")):  # no price known: never a budget that lasts for ever
+        err = refusal(P.budget_seconds, 50.0, free)
+        assert err.field == "--budget" and "no price" in err.problem
 
 
 def test_a_budget_on_a_launched_node_uses_the_chosen_types_price_and_the_ttl_step_says_so():

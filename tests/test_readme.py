@@ -134,15 +134,18 @@ def test_the_inventory_and_config_examples_load(tmp_path: Path) -> None:
 #
 # Each README line runs as printed, through bash in a folder holding ./code and the README's hosts.yml, against
 # the sandbox's environment (a local AWS endpoint, hosts with shimmed GPUs, gpuprov's config file setting the
-# subnet, connect mode, login and OS). Two substitutions, both the sandbox's, not gpuprov's: the hosts "you
-# already have" stand at 10.1.NET.3-.5 (NET: this run's test net; 10.1.2 in `make sandbox`), and /work on a node
-# is /tmp/work (the sandbox's hosts share this machine's file system outside /tmp, /root and /var/lib/gpuprov).
+# subnet, connect mode, login and OS). One substitution, the sandbox's, not gpuprov's: the hosts "you already
+# have" stand at 10.1.NET.3-.5 (NET: this run's test net; 10.1.2 in `make sandbox`). Each host's /tmp, /root,
+# /var/lib/gpuprov and /work are its own (the rest of the file system is this machine's).
 # Lines marked SETUP are not the README's: what a scenario needs first (a node the README's block assumes) or a
 # look at what a line did. stdin is a terminal that answers the confirmation (`y`) or, for `ssh`, `exit 0`.
 
 SETUP = "setup: "
 SCENARIOS: dict[str, list[str]] = {
-    "a node on AWS": [
+    "a node on AWS": [  # the sandbox's first five minutes, then AWS's
+        "gpuprov up try --gpu T4",
+        "gpuprov ssh try",
+        "gpuprov down try",
         "gpuprov gpus --live --region us-east-1",
         "gpuprov plan --gpu A100:8 --spot --hours 10 --live",
         "gpuprov up train --gpu A100:8 --spot --persistent --fallback on-demand",
@@ -154,25 +157,24 @@ SCENARIOS: dict[str, list[str]] = {
         "gpuprov gc --yes",
     ],
     "baked images": [
-        SETUP + "gpuprov up train --gpu A100:8 --yes",
-        "gpuprov image bake train --name a100-stack --yes",
+        SETUP + "gpuprov up base --gpu A100:8 --yes",
+        "gpuprov image bake base --name a100-stack --yes",
         "gpuprov plan --gpu A100:8 --live",
-        "gpuprov up train2 --gpu A100:8",
+        "gpuprov up base2 --gpu A100:8",
         "gpuprov up dl --gpu L4 --image dlami",
         "gpuprov image list",
         "gpuprov image rm a100-stack --yes",
-        SETUP + "gpuprov down train train2 dl --yes",
+        SETUP + "gpuprov down base base2 dl --yes",
     ],
     "a day on a node": [
         "gpuprov plan --gpu L40S --spot --persistent --autostop 30m --budget 50 --hours 8",
-        # the README's instance profile, as a user's IAM admin would have made it (the sandbox's IAM is moto's)
-        SETUP + "python3 -c 'import boto3; boto3.client(\"iam\").create_instance_profile(InstanceProfileName="
-        "\"ckpt-writer\")'",
         "gpuprov up exp1 --gpu L40S --spot --persistent --jupyter --autostop 30m --budget 50 --instance-profile "
         "ckpt-writer --on-interrupt 'aws s3 sync /work/ckpt s3://me/ckpt'",
         "gpuprov jupyter exp1",
         "gpuprov sync ./code exp1:/work/code",
-        SETUP + "gpuprov exec exp1 -- cat /work/code/train.py",
+        # the node's /work is its own: the copy is there, and not in this machine's /work (/proc/1/root: its /)
+        SETUP + "gpuprov exec exp1 -- 'cat /work/code/train.py && test ! -e /proc/1/root/work/code/train.py && echo "
+        "only on the node'",
         "gpuprov exec exp1 -- nvidia-smi -L",
         "gpuprov monitor exp1",
         "gpuprov ssh exp1",
@@ -204,76 +206,75 @@ SCENARIOS: dict[str, list[str]] = {
         "gpuprov bench gpu-box --gpu H100",
     ],
     "a cluster of your hosts": [
-        "gpuprov bootstrap --cluster train ubuntu@10.1.2.3 ubuntu@10.1.2.4 ubuntu@10.1.2.5 -p pytorch",
-        "gpuprov exec train -- 'echo $NODE_RANK of $NNODES via $MASTER_ADDR:$MASTER_PORT'",
-        "gpuprov ssh train:2",
-        "gpuprov sync ./code train:code",
-        SETUP + "gpuprov exec train -- cat code/train.py",
-        SETUP + "gpuprov sync ./code train:1:/tmp/only-node-1",  # NAME:K:PATH: node K alone (/tmp: each host's own)
-        SETUP + "gpuprov exec train -- 'test -e /tmp/only-node-1/train.py && echo has it || echo lacks it'",
-        "gpuprov torchrun train -- code/train.py --epochs 3",
-        "gpuprov check train --cluster",
+        "gpuprov bootstrap --cluster rack ubuntu@10.1.2.3 ubuntu@10.1.2.4 ubuntu@10.1.2.5 -p pytorch",
+        "gpuprov exec rack -- 'echo $NODE_RANK of $NNODES via $MASTER_ADDR:$MASTER_PORT'",
+        "gpuprov ssh rack:2",
+        "gpuprov sync ./code rack:code",
+        SETUP + "gpuprov exec rack -- cat code/train.py",
+        SETUP + "gpuprov sync ./code rack:1:/tmp/only-node-1",  # NAME:K:PATH: node K alone (/tmp: each host's own)
+        SETUP + "gpuprov exec rack -- 'test -e /tmp/only-node-1/train.py && echo has it || echo lacks it'",
+        "gpuprov torchrun rack -- code/train.py --epochs 3",
+        "gpuprov check rack --cluster",
         "gpuprov cluster list",
-        "gpuprov cluster rm train",
+        "gpuprov cluster rm rack",
     ],
     "watching a node": [
-        "gpuprov up train --gpu H100:8 --metrics --alert-webhook https://hooks.slack.com/services/T0/B0/XXXX",
+        "gpuprov up mon --gpu H100:8 --metrics --alert-webhook https://hooks.slack.com/services/T0/B0/XXXX",
         "gpuprov metrics serve --file-sd ~/prometheus/gpuprov.json",
         "gpuprov metrics dashboard > gpu.json",
         SETUP + "python3 -c 'import json; assert json.load(open(\"gpu.json\"))[\"panels\"]'",
-        SETUP + "gpuprov down train --yes",
+        SETUP + "gpuprov down mon --yes",
     ],
     "a cluster on AWS": [
         "gpuprov plan --gpu H100:8 --nodes 2",
-        "gpuprov up train --gpu H100:8 --nodes 4 --min-nodes 3",
+        "gpuprov up multi --gpu H100:8 --nodes 4 --min-nodes 3",
         "gpuprov status",
-        "gpuprov exec train -- 'echo $NODE_RANK of $NNODES'",
-        "gpuprov check train --cluster",
-        "gpuprov down train",
+        "gpuprov exec multi -- 'echo $NODE_RANK of $NNODES'",
+        "gpuprov check multi --cluster",
+        "gpuprov down multi",
     ],
     "working as a team": [  # last: it points the sandbox's config at a bucket, and takes that back at its end
-        SETUP + "python3 -c \"import boto3; s3 = boto3.client('s3'); s3.create_bucket(Bucket='acme-gpu-state'); "
-        "s3.put_bucket_versioning(Bucket='acme-gpu-state', VersioningConfiguration={'Status': 'Enabled'})\"",
-        SETUP + "gpuprov up train --gpu L4 --no-bootstrap --yes",
+        SETUP + "gpuprov up shared --gpu L4 --no-bootstrap --yes",
         "gpuprov state push s3://acme-gpu-state/team",
         SETUP + "echo 'state = \"s3://acme-gpu-state/team\"' >> \"$GPUPROV_CONFIG\"",
         "gpuprov state",
         "gpuprov team join",
-        "gpuprov team sync train",
+        "gpuprov team sync shared",
         "gpuprov state adopt --region us-east-1",
-        "gpuprov state unlock train",
-        SETUP + "gpuprov down train --yes",
-        # the local file pushed from keeps train's row marked moved (for a local gc): put aside, as after a real move
+        "gpuprov state unlock shared",
+        SETUP + "gpuprov down shared --yes",
+        # the local file pushed from keeps shared's row marked moved (for a local gc): put aside, as after a real move
         SETUP + "mv \"$GPUPROV_HOME/state.sqlite\" \"$GPUPROV_HOME/state.sqlite.pushed\" && "
         "sed -i '/^state = /d' \"$GPUPROV_CONFIG\"",
     ],
 }
 # what a line prints, where the README says or a user would look for it
 SAYS = {
-    "gpuprov state push s3://acme-gpu-state/team": "train: moved to s3://acme-gpu-state/team/",
+    "gpuprov state push s3://acme-gpu-state/team": "shared: moved to s3://acme-gpu-state/team/",
     "gpuprov state": "versioning: Enabled",
-    "gpuprov team sync train": "member(s) authorized",
-    "gpuprov state unlock train": "train: no lease held",
+    "gpuprov team sync shared": "member(s) authorized",
+    "gpuprov state unlock shared": "shared: no lease held",
     "gpuprov up train --gpu A100:8 --spot --persistent --fallback on-demand": "train is ready: p4d.24xlarge",
     "gpuprov stop train": "train: stopped",
-    "gpuprov up train2 --gpu A100:8": "a100-stack",
+    "gpuprov up base2 --gpu A100:8": "a100-stack",
     "gpuprov up dl --gpu L4 --image dlami": "nvidia-driver: unchanged",
     "gpuprov jupyter exp1": "/lab?token=",
-    SETUP + "gpuprov exec exp1 -- cat /work/code/train.py": "print(",
+    SETUP + "gpuprov exec exp1 -- 'cat /work/code/train.py && test ! -e /proc/1/root/work/code/train.py && echo "
+    "only on the node'": "only on the node",
     "gpuprov exec exp1 -- nvidia-smi -L": "NVIDIA L40S",
     "gpuprov monitor exp1": "L40S",
     "gpuprov stop exp1": "exp1: stopped; its 100 GB disk costs $8.00/month while stopped",
     "gpuprov stop big && gpuprov start big --gpu L4": "g6.xlarge (was g6e.xlarge)",
     "gpuprov bootstrap --inventory hosts.yml -p llm-finetune --parallel 64 --autostop 2h": "trainer-a",
-    SETUP + "gpuprov exec train -- cat code/train.py": "3/3 hosts ok",
-    SETUP + "gpuprov exec train -- 'test -e /tmp/only-node-1/train.py && echo has it || echo lacks it'":
-        "train:0 | lacks it",
-    "gpuprov torchrun train -- code/train.py --epochs 3": "3/3 nodes ok",
-    "gpuprov exec train -- 'echo $NODE_RANK of $NNODES'": "3 of 4",
+    SETUP + "gpuprov exec rack -- cat code/train.py": "3/3 hosts ok",
+    SETUP + "gpuprov exec rack -- 'test -e /tmp/only-node-1/train.py && echo has it || echo lacks it'":
+        "rack:0 | lacks it",
+    "gpuprov torchrun rack -- code/train.py --epochs 3": "3/3 nodes ok",
+    "gpuprov exec multi -- 'echo $NODE_RANK of $NNODES'": "3 of 4",
 }
 # a terminal stays open until Ctrl-C: these run until they print this, then get SIGINT
 UNTIL = {"gpuprov jupyter exp1": "/lab?token=", "gpuprov monitor exp1": "L40S",
-         "gpuprov metrics serve --file-sd ~/prometheus/gpuprov.json": "train: serving"}
+         "gpuprov metrics serve --file-sd ~/prometheus/gpuprov.json": "mon: serving"}
 TRAIN_PY = "import os, sys\nprint(f\"rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: {sys.argv[1:]}\")\n"
 
 
@@ -319,13 +320,13 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    with module.Sandbox(tmp_path_factory.mktemp("sandbox") / "sb", nodes=12, net=testnet.NET,
+    with module.Sandbox(tmp_path_factory.mktemp("sandbox") / "sb", nodes=14, net=testnet.NET,
                         hosts_subnet=testnet.subnet("10.1.2"), prefix=testnet.prefix("gps")) as sb:
         yield sb
 
 
 def localised(line: str, sb: Any) -> str:
-    return line.removeprefix(SETUP).replace("10.1.2.", f"{sb.hosts_subnet}.").replace("/work/", "/tmp/work/")
+    return line.removeprefix(SETUP).replace("10.1.2.", f"{sb.hosts_subnet}.")
 
 
 def run_line(line: str, sb: Any, cwd: Path, home: Path) -> tuple[int, str]:
@@ -382,7 +383,7 @@ def test_readme_examples_run_as_printed_in_the_sandbox(scenario: str, sandbox: A
             assert "Traceback" not in out and "gpuprov hit a bug" not in out, f"$ {line}\n{out}"
             assert SAYS.get(line, "") in out, f"$ {line}\n{out}"
             if "only-node-1" in line and "exec" in line:
-                assert "train:1 | has it" in out and "train:2 | lacks it" in out, out
+                assert "rack:1 | has it" in out and "rack:2 | lacks it" in out, out
         left = {k: v for k, v in sandbox.aws.leftovers().items() if v and k != "key_pairs"}
         assert left == {}, left  # every scenario takes down what it made
     finally:  # a failed scenario leaves nothing for the next one to trip on

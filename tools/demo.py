@@ -11,16 +11,38 @@ With AWS credentials and no AWS_ENDPOINT_URL, the same commands talk to real AWS
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# one launched-node part at a time on a machine: its namespaces, bridges and subnets have fixed names
+LOCK = Path(tempfile.gettempdir()) / "gpuprov-demo.lock"
+
+
+@contextlib.contextmanager
+def only_one(lock: Path = LOCK) -> Iterator[None]:
+    """Hold the machine's demo lock, or end with one line naming the demo that holds it."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            sys.exit(f"demo: another `make demo` runs on this machine (pid {holder}); run it again once that one ends")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def show(env: dict[str, str], *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
@@ -104,7 +126,8 @@ def main() -> None:
     try:
         offline(env)
         if os.geteuid() == 0:
-            lifecycle(env, work)
+            with only_one():
+                lifecycle(env, work)
         else:
             print("\n(the launched-node part needs root for its local SSH host: run `sudo make demo`)")
     finally:

@@ -2,15 +2,16 @@
 
     sudo make sandbox                       # starts it, prints the environment, runs until Ctrl-C
     eval "$(.venv/bin/python tools/sandbox.py env)"    # in another shell: point gpuprov at it
-    gpuprov up train --gpu A100:8 --spot    # the README's commands, as printed
+    gpuprov up try --gpu T4                 # the README's commands, as printed
     .venv/bin/python tools/sandbox.py down  # or Ctrl-C where it runs: everything stops, nothing is left
 
 What runs (the test harness's own pieces, tests/aws and tests/hosts):
   * moto behind the fault proxy, with Canonical's Ubuntu images and AWS's Deep Learning AMI parameter seeded,
     and a subnet without public addresses in us-east-1a;
-  * N hosts (--nodes, default 10) in network namespaces on that subnet's addresses (.4, .5, ... as moto hands
-    them out in launch order), reached as root. Each stands for the instance moto has at its address: its
-    GPUs are that instance type's (the shims ask the sandbox, which asks moto), as an EC2 instance's are;
+  * N hosts (--nodes, default 16: one per instance the README's examples launch, in order) in network
+    namespaces on that subnet's addresses (.4, .5, ... as moto hands them out in launch order), reached as root.
+    Each stands for the instance moto has at its address: its GPUs are that instance type's (the shims ask the
+    sandbox, which asks moto), as an EC2 instance's are;
   * 3 hosts "you already have" at 10.1.2.3, .4 and .5 (the README's addresses; --hosts-subnet for others),
     with 2 A100-80GB (.3, .4) or 2 H100 (.5) each, login `ubuntu` with passwordless sudo as on EC2 (the user is created on this
     machine while the sandbox runs, if missing), `gpu-box` and `bastion` as Host aliases in the sandbox's ssh
@@ -23,9 +24,8 @@ nodes and the sandbox's never mix. The hosts' keys are pinned in that state's kn
 already ssh into would be in ~/.ssh/known_hosts. With AWS_ENDPOINT_URL local, gpuprov never connects to a
 public address (moto makes them up; they are real machines on the internet).
 
-The hosts are namespaces on this machine: /tmp, /root, /var/lib/gpuprov are their own, the rest of the
-file system (/home, /work, /opt, ...) is this machine's. Copy files to a node's /tmp or home (`sync ./code
-node:code`), not to /work.
+The hosts are namespaces on this machine: /tmp, /root, /var/lib/gpuprov and /work (made empty for the while if
+this machine has none) are each host's own, the rest of the file system (/home, /opt, ...) is this machine's.
 
 Why tools/ and not `gpuprov sandbox`: the sandbox is the test harness (moto, the fault proxy, the host
 namespaces, the GPU shims), which lives in tests/ and is not part of an installed wheel; a command inside the
@@ -103,15 +103,18 @@ class Sandbox:
             self.aws = aws
             self.subnet_id = aws.subnet_for_hosts(f"{self.aws_subnet}.0/24", "us-east-1a")
             self.dlami = _seed_dlami(aws)
+            _seed_spot_prices(aws)
+            _seed_what_the_readme_assumes(aws)
             self._stack.enter_context(shared_user(LOGIN))
+            self._stack.enter_context(mount_points(PRIVATE))
             shims = ROOT / "tests" / "shims"
             self.pool = self._stack.enter_context(HostPool(
                 self.nodes, self.workdir / "nodes", shims_dir=shims, offset=3, prefix=f"{self.prefix}n",
-                bridge=f"{self.prefix}nbr0", subnet=self.aws_subnet, host_env=HOST_ENV, mode="netns"))
+                bridge=f"{self.prefix}nbr0", subnet=self.aws_subnet, host_env=HOST_ENV, mode="netns", private=PRIVATE))
             self.hosts = self._stack.enter_context(HostPool(
                 3, self.workdir / "hosts", shims_dir=shims, offset=2, prefix=f"{self.prefix}h",
                 bridge=f"{self.prefix}hbr0", subnet=self.hosts_subnet, host_env=HOST_ENV, sudo_users=(LOGIN,),
-                mode="netns"))
+                mode="netns", private=PRIVATE))
             self._serve_instances()
             self._write_files()
             self._stack.callback(self._stop_server)
@@ -256,6 +259,51 @@ def _seed_dlami(aws: Any) -> str:
     return ami
 
 
+# folders the README's examples write on a node (`sync ./code exp1:/work/code`): each host gets an empty one of its
+# own, so nothing lands in this machine's
+PRIVATE = ("/work",)
+
+
+@contextlib.contextmanager
+def mount_points(folders: tuple[str, ...]) -> Iterator[None]:
+    """The folders each host mounts its own over: one this machine lacks is made (empty) for as long as the
+    sandbox runs, and removed after."""
+    made = [Path(f) for f in folders if not Path(f).exists()]
+    for folder in made:
+        folder.mkdir(mode=0o755)
+    try:
+        yield
+    finally:
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+# a spot price is this share of the on-demand list price, by zone (moto answers $0, which no market does);
+# us-east-1a, where the sandbox's subnet is, the cheapest
+SPOT_SHARE = (0.31, 0.36, 0.42, 0.38, 0.45, 0.40)
+
+
+def _seed_spot_prices(aws: Any) -> None:
+    """DescribeSpotPriceHistory answers a plausible price for every catalog type with a list price, in every
+    zone: a fraction of on-demand, as the spot market's usually is for GPU types."""
+    from gpuprov.plan.catalog import load
+
+    zones = sorted(aws.zone_ids("us-east-1"))
+    aws.set_spot_prices({(it.name, zone): round(it.price_usd_hour * SPOT_SHARE[i % len(SPOT_SHARE)], 4)
+                         for it in load().instance_types if it.price_usd_hour
+                         for i, zone in enumerate(zones)})
+
+
+def _seed_what_the_readme_assumes(aws: Any) -> None:
+    """What the README's examples take as made by the user beforehand: the instance profile `ckpt-writer` (an IAM
+    admin's, for `up --instance-profile`) and the team's versioned bucket `acme-gpu-state`."""
+    aws.client("iam").create_instance_profile(InstanceProfileName="ckpt-writer")
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket="acme-gpu-state")
+    s3.put_bucket_versioning(Bucket="acme-gpu-state", VersioningConfiguration={"Status": "Enabled"})
+
+
 def _refuse_a_subnet_in_use(prefix: str) -> None:
     """A /24 this machine already routes (a LAN, a VPN) is not the sandbox's to shadow."""
     out = subprocess.run(["ip", "-4", "route", "show", "to", "match", f"{prefix}.3"], capture_output=True,
@@ -292,14 +340,47 @@ def up(args: argparse.Namespace) -> None:
         print(sandbox.exports(), end="", flush=True)
         print(f"\nthe sandbox runs (Ctrl-C, or `tools/sandbox.py down`, stops it and removes everything). In another "
               f"shell:\n  eval \"$(.venv/bin/python tools/sandbox.py env)\"   # or: . {args.dir}/env.sh\n"
-              "  gpuprov up train --gpu A100:8 --spot   # then the README's commands, as printed\n"
+              "  gpuprov up try --gpu T4   # then the README's commands, as printed\n"
               f"hosts you already have: {LOGIN}@{sandbox.hosts_subnet}.3, .4, .5 (gpu-box = .5, bastion = .3); "
               f"their key: {sandbox.key}", file=sys.stderr, flush=True)
         while not stop.wait(0.5):
             pass
         print("\nstopping the sandbox ...", file=sys.stderr, flush=True)
     shutil.rmtree(args.dir, ignore_errors=True)
+    for config in forget_includes(args.dir, homes()):
+        print(f"removed the Include line gpuprov's `up` added to {config} for the sandbox's nodes", file=sys.stderr)
     print("sandbox stopped; nothing is left", file=sys.stderr)
+
+
+def homes() -> list[Path]:
+    """Where a gpuprov pointed at the sandbox may have added its Include: this user's home, and the home of
+    the user who ran `sudo make sandbox` (whose other shell ran the README's commands)."""
+    import pwd
+
+    found = [Path.home()]
+    with contextlib.suppress(KeyError):
+        found.append(Path(pwd.getpwnam(os.environ.get("SUDO_USER") or "").pw_dir))
+    return list(dict.fromkeys(found))
+
+
+def forget_includes(workdir: Path, homes: list[Path]) -> list[Path]:
+    """Take out of each home's ~/.ssh/config the line gpuprov added naming a file under the sandbox's folder
+    (`up` adds `Include STATE/ssh_config` for its nodes' `ssh gpuprov-NAME`); the user's own lines stay."""
+    from gpuprov.hosts.sshconfig import MARK
+
+    changed = []
+    for home in homes:
+        config = home / ".ssh" / "config"
+        try:
+            text = config.read_text()
+        except OSError:
+            continue
+        ours = (f"Include {workdir}/", f"Include {workdir.resolve()}/")
+        kept = [line for line in text.splitlines(keepends=True) if not (line.startswith(ours) and MARK in line)]
+        if len(kept) != len(text.splitlines()):
+            config.write_text("".join(kept))
+            changed.append(config)
+    return changed
 
 
 def env(args: argparse.Namespace) -> None:
@@ -328,8 +409,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"the sandbox's folder [{DEFAULT_DIR}]")
     sub = parser.add_subparsers(dest="what", required=True)
     start = sub.add_parser("up", help="start it and run until Ctrl-C (what `make sandbox` runs)")
-    start.add_argument("--nodes", type=int, choices=range(1, 64), default=10, metavar="N",
-                       help="SSH hosts standing for launched instances, 1 to 63 [10]")
+    start.add_argument("--nodes", type=int, choices=range(1, 64), default=16, metavar="N",
+                       help="SSH hosts standing for launched instances, 1 to 63 [16]")
     start.add_argument("--hosts-subnet", default="10.1.2", help="the hosts you already have: PREFIX.3-.5 [10.1.2]")
     sub.add_parser("env", help="print the environment of the sandbox that runs, for eval")
     sub.add_parser("down", help="stop the sandbox that runs")

@@ -3,13 +3,17 @@
 # and prometheus-node-exporter,
 # debootstrap and dpkg-dev for the real-apt chroot, dnf/rpm/createrepo-c for the real-dnf test, systemd-analyze to verify the rendered units),
 # when they are missing and we can: as root with apt-get. Otherwise says what is missing.
+# `sysdeps.sh sandbox` (make sandbox): only what the sandbox runs (tools/sandbox.py): sshd in the hosts' namespaces,
+# sudo for their login user, ip for the namespaces, rsync for `gpuprov sync`, the node exporter for `--metrics`.
 set -euo pipefail
 missing=()
 [[ -x /usr/sbin/sshd ]] || missing+=(openssh-server)
 command -v sudo >/dev/null || missing+=(sudo)
 command -v ip >/dev/null || missing+=(iproute2)
-command -v shellcheck >/dev/null || missing+=(shellcheck)
 command -v rsync >/dev/null || missing+=(rsync)
+[[ -x /usr/bin/prometheus-node-exporter ]] || missing+=(prometheus-node-exporter)
+if [[ ${1:-} != sandbox ]]; then
+command -v shellcheck >/dev/null || missing+=(shellcheck)
 # tests/test_cluster_hosts.py: a firewall rule (DROP) inside one test host's namespace
 command -v iptables >/dev/null || [[ -x /usr/sbin/iptables ]] || missing+=(iptables)
 # tests/test_systemd_units.py: `systemd-analyze verify` on every rendered unit and timer
@@ -23,10 +27,10 @@ command -v dnf >/dev/null || missing+=(dnf)
 [[ -e /usr/lib/python3/dist-packages/dnf-plugins/versionlock.py ]] || missing+=(dnf-plugins-core)
 command -v rpmbuild >/dev/null || missing+=(rpm)
 command -v createrepo_c >/dev/null || missing+=(createrepo-c)
-# tests/test_metrics_ssh.py: the distribution's node exporter runs inside the SSH test hosts, and a real
+# tests/test_metrics_ssh.py: the distribution's node exporter (above) runs inside the SSH test hosts, and a real
 # Prometheus (with promtool) scrapes it through `gpuprov metrics serve`
-[[ -x /usr/bin/prometheus-node-exporter ]] || missing+=(prometheus-node-exporter)
 [[ -x /usr/bin/prometheus && -x /usr/bin/promtool ]] || missing+=(prometheus)
+fi
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
   echo "installing system packages: ${missing[*]}"

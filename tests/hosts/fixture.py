@@ -147,6 +147,7 @@ class HostPool:
         host_env: dict[str, str] | None = None,
         sudo_users: tuple[str, ...] = (),
         loop_net: int = 0,
+        private: tuple[str, ...] = (),
     ) -> None:
         if mode not in ("auto", "netns", "loopback"):
             raise ValueError(f"mode must be auto, netns or loopback, not {mode!r}")
@@ -161,6 +162,7 @@ class HostPool:
         self.startup_timeout = startup_timeout
         self.host_env = dict(host_env or {})
         self.sudo_users = tuple(sudo_users)
+        self.private = tuple(private)  # existing folders each host (netns mode) gets an empty one of its own
         self.loop_net = loop_net  # loopback mode: third octet of the hosts' 127.x addresses (one per test net)
         self._want = mode
         self.mode = ""
@@ -212,6 +214,7 @@ class HostPool:
         env["SITE"] = sysconfig.get_paths()["purelib"] if self.shims_dir else ""
         env["HOST_ENV"] = " ".join(f"{k}={v}" for k, v in self.host_env.items())
         env["SUDO_USERS"] = " ".join(self.sudo_users)
+        env["PRIVATE"] = " ".join(self.private)
         return env
 
     def start(self) -> None:

@@ -53,6 +53,7 @@ SHIMS=${SHIMS:-}
 SHIM_MNT=/usr/local/gpuprov-shims
 SITE=${SITE:-}  # optional: the tests' Python site-packages, bind-mounted read-only at $SITE_MNT (shims that use boto3)
 SITE_MNT=/usr/local/gpuprov-site
+PRIVATE=${PRIVATE:-}  # optional: more existing folders each host gets an empty one of its own (the sandbox's /work)
 CTL_IN=/run/gpuprov-host
 VOLATILE=/run/gpuprov-shim
 STD_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -155,7 +156,7 @@ LogLevel VERBOSE
 $setenv
 CFG
     # ip netns exec and unshare exec, so $! is the supervisor's own PID
-    BASE=$BASE SHIMS=$SHIMS SITE=$SITE REBOOT_DELAY=$REBOOT_DELAY \
+    BASE=$BASE SHIMS=$SHIMS SITE=$SITE PRIVATE=$PRIVATE REBOOT_DELAY=$REBOOT_DELAY \
       ip netns exec "$ns" unshare --uts --mount --propagation private \
       "$SELF" _host "$ns" "$d" </dev/null >"$d/supervisor.log" 2>&1 &
     echo $! > "$d/supervisor.pid"
@@ -212,6 +213,9 @@ _host() {
   mount -t tmpfs -o mode=755,size=256m tmpfs /var/lib/gpuprov || exit 1
   mount -t tmpfs -o mode=755,size=64m tmpfs /var/lib/gpuprov-shim || exit 1
   mount -t tmpfs -o mode=755,size=16m tmpfs "$VOLATILE" || exit 1
+  for p in $PRIVATE; do
+    mount -t tmpfs -o mode=755,size=256m tmpfs "$p" || exit 1
+  done
   mkdir -p "$d" && mount --move "$stage" "$d" || exit 1
   rmdir "$stage" 2>/dev/null
   mount --bind "$ctl" "$CTL_IN" || exit 1

@@ -16,7 +16,8 @@ the traceback saved to a temp file, `GPUPROV_DEBUG=1` re-raises), the config fil
 precedence is Click's own: flag > envvar > config file > default), `confirm()` (asks on a terminal, says "pass
 --yes" without one), and how a NODE or `[USER@]HOST[:PORT]` becomes a `Target`. params.py is what every option
 takes and where its value came from; option_sets.py types the option sets several commands share (TypedDicts a
-command's `**options` is unpacked as, imported only for type checking); signals.py the one signal path. The
+command's `**options` is unpacked as, imported only for type checking); signals.py the one signal path.
+help.py puts `up`'s options under headings; examples.py is the examples every command's help ends with. The
 rich views (report.py, report_hosts.py, cluster_report.py, report_facts.py, on fittable.py) only present: a reader
 that leaves early (`| head -1`) is exit 0.
 """

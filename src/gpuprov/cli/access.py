@@ -105,9 +105,6 @@ def _need_tool(name: str, package: str) -> None:
 def ssh_cmd(host: str, **kw: Unpack[ReachOptions]) -> None:
     """A shell on a node or host through the system ssh, its host key pinned (`-- CMD` runs CMD).
 
-    \b
-    gpuprov ssh my-node                 # interactive shell
-    gpuprov ssh my-node -- nvidia-smi   # run a command; exits with its exit code
     Keys are checked against the node's (or gpuprov's) known_hosts with StrictHostKeyChecking=yes;
     pin a new host once with `gpuprov exec --accept-new-host-key HOST -- true`.
     """
@@ -138,8 +135,6 @@ def exec_cmd(hosts: tuple[str, ...], inventory: str | None, parallel: int, sudo:
              no_prefix: bool, **kw: Unpack[ReachOptions]) -> None:
     """Run a command on one or many hosts at once, streaming each line prefixed by its host.
 
-    \b
-    gpuprov exec node-a node-b -- nvidia-smi -L
     Like ssh, the words after -- are joined by spaces for the remote shell. Exit code: the host's
     own for one host; for several, 0 when all succeeded, else the first failure's; 255 when a
     host cannot be reached (or its key is not pinned); 124 when the command ran past --timeout.
@@ -234,11 +229,8 @@ def _open(target: Target, settings: HostSettings) -> Remote:
 def tunnel(host: str, ports: str, **kw: Unpack[ReachOptions]) -> None:
     """Forward a local port to a port on the host (SSH local forwarding) until Ctrl-C.
 
-    \b
-    gpuprov tunnel my-node 8000          # 127.0.0.1:8000 -> the node's 127.0.0.1:8000
-    gpuprov tunnel my-node 9000:8000     # a different local port
-    gpuprov tunnel my-node 0:6006        # any free local port (printed)
-    Listens on 127.0.0.1 only; prints the local URL.
+    LOCAL:REMOTE forwards 127.0.0.1:LOCAL to the host's 127.0.0.1:REMOTE (one port: the same on both sides; a
+    LOCAL of 0: any free port). Listens on 127.0.0.1 only; prints the local URL.
     """
     from gpuprov.hosts import access
 
@@ -282,16 +274,12 @@ def jupyter(host: str, port: int, remote_port: int, **kw: Unpack[ReachOptions]) 
 def sync(args: tuple[str, ...], delete: bool, progress: bool | None, **kw: Unpack[ReachOptions]) -> None:
     """Copy files to or from a host with rsync over the same pinned SSH settings.
 
-    \b
-    gpuprov sync ./code my-node:code              # upload: ~/code is a copy of ./code
-    gpuprov sync my-node:runs ./runs              # download: ./runs is a copy of the node's ~/runs
-    gpuprov sync ./code train:code                # a cluster: every node gets ~/code
-    gpuprov sync ./code train:1:code              # node 1 of the cluster only
-    gpuprov sync my-node ./data :data             # the host named first, `:PATH` for its side
-    gpuprov sync s3://my-data/x my-node:/data/x   # S3 and a node: `aws s3 sync` runs on the node
     DST becomes a copy of SRC: a folder's contents land in DST, with or without a trailing / on either
     side (never in DST/SRC); a file lands at DST, or inside DST when DST ends in /. `HOST:PATH` marks
     the remote side; relative paths are in the login's home. A download from a cluster is node 0's.
+
+    A cluster's NAME:PATH is every node (an upload), NAME:K:PATH node K alone. `HOST SRC :DST` names the host
+    first, `:PATH` for its side. s3://… and a node: `aws s3 sync` runs on the node.
     """
     import subprocess
     from pathlib import Path
@@ -454,8 +442,6 @@ def torchrun_cmd(name: str, env_path: str, nproc_per_node: int | None, grace: fl
                  **kw: Unpack[ReachOptions]) -> None:
     """Run torchrun on every node of a cluster, wired for it; output prefixed by node.
 
-    \b
-    gpuprov torchrun train -- train.py --epochs 3
     Each node gets --nnodes, --nproc-per-node, --node-rank, --master-addr and --master-port from
     the cluster's record, with its /etc/gpuprov/cluster.env exported. Exit code: 0 when every node
     succeeded, else the first node's failure. Ctrl-C (or one node failing) stops it on every node.

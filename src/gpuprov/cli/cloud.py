@@ -30,6 +30,7 @@ from gpuprov.cli.common import (
     warn,
 )
 from gpuprov.cli.complete import complete_node
+from gpuprov.cli.help import SectionedCommand
 from gpuprov.cli.params import LoginName, Number
 from gpuprov.errors import Interrupted, UserInputError
 
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")  # what an `up` pass returns: one node's result or a cluster's
 
 
-@main.command()
+@main.command(cls=SectionedCommand)
 @click.argument("name", required=False)
 @stack_options
 @click.option("--fallback", type=click.Choice(["none", "on-demand"]), default="none", show_default=True,

@@ -34,7 +34,7 @@ from gpuprov.cli.console import line_echo as line_echo  # re-exported: every com
 from gpuprov.cli.console import make_console as make_console
 from gpuprov.cli.lazy import LazyGroup
 from gpuprov.cli.monitoring_options import monitor_options, monitoring_from
-from gpuprov.cli.params import Command, Number, usage_field
+from gpuprov.cli.params import Command, Number, Subgroup, usage_field
 from gpuprov.errors import GpuprovError, UserInputError
 
 if TYPE_CHECKING:
@@ -406,6 +406,7 @@ class Group(LazyGroup):
     command gets -q/--quiet. Each command's module is imported when the command is asked for (cli/lazy.py)."""
 
     command_class = Command
+    group_class = Subgroup
 
     # make_context and main keep Click's own signatures: `extra` is any of Context's settings, passed on, and
     # main returns whatever the command's callback did (without standalone_mode)
@@ -475,24 +476,31 @@ class Group(LazyGroup):
 # --- commands ---------------------------------------------------------------------------------
 
 
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80})
 @click.version_option(__version__, prog_name="gpuprov")
 def main() -> None:
     """GPU machines with a working, verified PyTorch, and back to zero spend.
 
     \b
-    Plan (offline):   gpus  plan  render
-    AWS nodes:        up  status  stop  start  down  gc  autostop  ttl
-    Any SSH host:     bootstrap  check  doctor
-    On a node:        ssh  exec  tunnel  jupyter  sync  monitor  torchrun
-    Settings:         config  completion
-    Team:             state  team
+    Plan (offline):  gpus  plan  render  facts
+    AWS nodes:       up  status  stop  start  down  gc  autostop  ttl
+                     image  capacity
+    Any SSH host:    bootstrap  check  doctor  bench
+    On a node:       ssh  exec  tunnel  jupyter  sync  monitor  torchrun
+    Clusters:        cluster  (up --nodes, bootstrap --cluster)
+    Watching:        metrics  monitor
+    Settings:        config  completion
+    Team:            state  team
+
     \b
-    A day:   gpuprov plan --gpu A100 --spot                 # what it would launch and install
-             gpuprov up train --gpu A100 --spot --jupyter --autostop 30m
-             gpuprov jupyter train ; gpuprov sync ./code train:/work ; gpuprov monitor train
-             gpuprov down train
-    Hosts you already have: gpuprov bootstrap ubuntu@10.1.2.3 -p pytorch ; gpuprov check ubuntu@10.1.2.3
+    A day:
+      gpuprov plan --gpu A100 --spot      # what it would launch and install
+      gpuprov up exp1 --gpu A100 --spot --jupyter --autostop 30m
+      gpuprov jupyter exp1 ; gpuprov sync ./code exp1:code
+      gpuprov down exp1
+    Hosts you already have:
+      gpuprov bootstrap ubuntu@10.1.2.3 -p pytorch
+      gpuprov check ubuntu@10.1.2.3
     """
 
 

@@ -18,6 +18,7 @@ from gpuprov.cli.common import (
     make_console,
     pin_options,
     pins_from,
+    quiet,
     ssh_options,
     step_silence_option,
     targets_from,
@@ -123,7 +124,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
 
             console = make_console()
             options = dataclasses.replace(options, echo=line_echo(console) if verbose else None)
-            with LiveHosts(console, [t.name for t in targets], enabled=not as_json and not verbose) as live:
+            with LiveHosts(console, [t.name for t in targets], enabled=not as_json and not verbose and not quiet()) as live:
                 results = engine.bootstrap(targets, host_settings(kw), plan_for, options, reporter=live)
             if not as_json:
                 console.print(bootstrap_summary(results))

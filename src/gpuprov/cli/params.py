@@ -159,3 +159,22 @@ class Command(click.Command):
         except UserInputError as exc:
             raise blamed(exc, ctx) from None
 
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_epilog(ctx, formatter)
+        from gpuprov.cli.examples import write_examples
+
+        write_examples(ctx, formatter)
+
+
+class Subgroup(click.Group):
+    """A group under `gpuprov` (`image`, `state`, …): its subcommands are gpuprov Commands, and its help ends with
+    examples as theirs do."""
+
+    command_class = Command
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_epilog(ctx, formatter)
+        from gpuprov.cli.examples import write_examples
+
+        write_examples(ctx, formatter)
+

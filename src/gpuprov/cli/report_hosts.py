@@ -84,7 +84,7 @@ class LiveHosts:
 
 def bootstrap_summary(results: list[HostResult]) -> Group:
     table = FitTable([Column("host"), Column("result"), Column("steps", prose=True, drop=2), Column("duration", "right"),
-                      Column("log", drop=1)], title="bootstrap", title_justify="left")
+                      Column("log", prose=True)], title="bootstrap", title_justify="left")
     for r in results:
         counts: dict[str, int] = {}
         for step in r.steps:

@@ -15,12 +15,15 @@ from gpuprov.cli.common import main, make_console
 def config_cmd(as_json: bool, show_path: bool) -> None:
     """Show the defaults in effect and where each comes from: environment, config file, built-in.
 
+    The file is TOML at the path `gpuprov config --path` prints (~/.config/gpuprov/config.toml, or
+    $GPUPROV_CONFIG):
+
     \b
-    The file is TOML at the path `gpuprov config --path` prints (~/.config/gpuprov/config.toml,
-    or $GPUPROV_CONFIG):
-      region = "us-west-2"      gpu = "L40S"        playbook = "llm-finetune"
-      ssh_cidr = "203.0.113.0/24"   key = "~/.ssh/gpu.pem"   autostop = "30m"   parallel = 64
-      subnet = "subnet-…"   connect = "private"   ssh_user = "root"   os = "ubuntu-22.04"   python = "3.11"
+      region = "us-west-2"         gpu = "L40S"          playbook = "llm-finetune"
+      ssh_cidr = "203.0.113.0/24"  key = "~/.ssh/gpu.pem"  autostop = "30m"
+      parallel = 64                subnet = "subnet-…"   connect = "private"
+      ssh_user = "root"            os = "ubuntu-22.04"   python = "3.11"
+
     A flag wins over its environment variable (GPUPROV_GPU, GPUPROV_PLAYBOOK, GPUPROV_SSH_CIDR,
     GPUPROV_KEY, GPUPROV_AUTOSTOP, GPUPROV_PARALLEL; AWS_REGION for the region), which wins over the
     file, which wins over the built-in default.

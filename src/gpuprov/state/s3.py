@@ -109,7 +109,7 @@ class BucketUnavailable(StateUnavailable):
 
         self.path = Path(str(url))
         self.reason = "io"
-        fix = fix or "check the bucket name, your AWS credentials and the permissions README.md lists (Working as a team)"
+        fix = fix or "check the bucket name, your AWS credentials and the permissions docs/team.md lists"
         GpuprovError.__init__(self, f"state: {url}: {detail}\n  fix: {fix}")
 
 
@@ -162,7 +162,7 @@ class Bucket:
                 raise Conflict(code) from None
             if code == "NoSuchBucket":
                 raise BucketUnavailable(self.url, f"no bucket {self.url.bucket!r}",
-                                        "create it with versioning on (README.md, Working as a team), or fix "
+                                        "create it with versioning on (docs/team.md), or fix "
                                         "`state`") from None
             raise BucketUnavailable(self.url, f"{code or status}: {exc}") from None
         except ResponseParserError as exc:  # not S3's answer: the endpoint set is something else

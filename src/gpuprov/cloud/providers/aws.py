@@ -43,6 +43,7 @@ from gpuprov.cloud.providers.base import (
     SpotPrice,
 )
 from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.plan.budget import priced
 from gpuprov.settings import settings
 
 UBUNTU_SSM_PREFIX = "/aws/service/canonical/ubuntu/server"
@@ -377,6 +378,8 @@ class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
         latest: dict[tuple[str, str], SpotPrice] = {}
         for row in rows:
             price = SpotPrice(row["InstanceType"], row["AvailabilityZone"], float(row["SpotPrice"]), row.get("Timestamp"))
+            if not priced(price.price):  # $0.0000 (a local endpoint's answer) is no price, never an estimate's
+                continue
             key = (price.instance_type, price.zone)
             if key not in latest or (price.at and latest[key].at and price.at > latest[key].at):  # type: ignore[operator]
                 latest[key] = price

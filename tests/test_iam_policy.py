@@ -1,0 +1,79 @@
+"""docs/iam-policy.json, the policy the README tells a new AWS user to attach, names every AWS action gpuprov's
+code calls: the mutating ones (gpuprov/mutations.py's table, which test_mutations.py holds to the source) and the
+reads, found here by scanning src/ for client calls as test_mutations.py does (client methods, paginators, and the
+operation names handed to the providers' `_call`/`_pages`), matched with botocore's own service models. An action
+the policy names that no call needs must be one IAM asks for beside a call (IMPLIED), so the policy grants no
+more than gpuprov uses."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import botocore.session
+from botocore import xform_name
+
+from gpuprov import mutations
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src" / "gpuprov"
+POLICY = ROOT / "docs" / "iam-policy.json"
+SERVICES = ("ec2", "iam", "s3", "ssm", "kms", "service-quotas")
+CLIENTS = {"ec2": "ec2", "iam": "iam", "s3": "s3", "self.s3": "s3", "ssm": "ssm", "kms": "kms"}  # src/'s names
+CALL = re.compile(r"\b(self\.s3|ec2|iam|s3|ssm|kms)\.(?:get_paginator\(\")?([a-z_0-9]+)\b")
+CLIENT_CALL = re.compile(r"_client\(\"([a-z-]+)\"[^)]*\)\.([a-z_0-9]+)\(")  # service-quotas, asked in one line
+NAMED = re.compile(r"_(?:call|pages|settle)\(\s*(?:[a-z0-9_]+,\s*)?\"(?:([a-z-]+):)?([A-Z][A-Za-z0-9]+)\"")
+# the IAM service prefix of an API's service, and the actions whose IAM name is not the operation's
+PREFIX = {"service-quotas": "servicequotas"}
+ACTION = {("s3", "ListObjectsV2"): "s3:ListBucket", ("s3", "HeadObject"): "s3:GetObject",
+          ("s3", "GetBucketEncryption"): "s3:GetEncryptionConfiguration"}
+# asked for by IAM beside a call, never called themselves
+IMPLIED = {
+    "ec2:CreateTags": "RunInstances, CreateSecurityGroup, ... with TagSpecifications (tag on create)",
+    "iam:PassRole": "RunInstances with an instance profile (--instance-profile, --s3-access)",
+    "iam:TagRole": "CreateRole with Tags",
+    "iam:TagInstanceProfile": "CreateInstanceProfile with Tags",
+}
+
+
+def called() -> set[str]:
+    session = botocore.session.get_session()
+    ops = {s: {xform_name(o): o for o in session.get_service_model(s).operation_names} for s in SERVICES}
+    found: set[tuple[str, str]] = set(mutations.MUTATIONS)
+    for path in SRC.rglob("*.py"):
+        text = path.read_text()
+        for var, method in CALL.findall(text):
+            if method in ops[CLIENTS[var]]:
+                found.add((CLIENTS[var], ops[CLIENTS[var]][method]))
+        for service, method in CLIENT_CALL.findall(text):
+            if method in ops.get(service, {}):
+                found.add((service, ops[service][method]))
+        for service, name in NAMED.findall(text):
+            owner = next((s for s in ([service] if service else ["ec2", "iam", "s3"]) if name in ops[s].values()), None)
+            if owner is not None:
+                found.add((owner, name))
+    return {ACTION.get((s, op), f"{PREFIX.get(s, s)}:{op}") for s, op in found}
+
+
+def granted() -> set[str]:
+    policy = json.loads(POLICY.read_text())
+    assert policy["Version"] == "2012-10-17"
+    actions: set[str] = set()
+    for statement in policy["Statement"]:
+        assert statement["Effect"] == "Allow"
+        actions |= set(statement["Action"])
+    return actions
+
+
+def test_the_policy_names_every_action_gpuprov_calls() -> None:
+    needed = called()
+    assert {"ec2:RunInstances", "ec2:DescribeSpotPriceHistory", "servicequotas:GetServiceQuota",
+            "ssm:GetParameter", "s3:ListBucket"} <= needed  # the scan sees the reads, not only the table
+    missing = sorted(needed - granted())
+    assert missing == [], f"docs/iam-policy.json lacks {missing}"
+
+
+def test_the_policy_names_nothing_gpuprov_does_not_call() -> None:
+    extra = sorted(granted() - called() - set(IMPLIED))
+    assert extra == [], f"docs/iam-policy.json grants {extra}, which no call in src/ needs"
