@@ -31,10 +31,9 @@ from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, i
 
 from tests.aws.fixture import AwsEndpoint
 from tests.chaos.hosted import HOSTED, Hosts
-from tests.chaos.world import LOCAL, STATE, TEAM, USERS, World
+from tests.chaos.world import CLUSTER, LOCAL, STATE, TEAM, USERS, World
 
 NAMES = ("n1", "n2", "n3")
-CLUSTER = "c"  # `up --nodes 2`, no host either
 UP = ("--gpu", "T4", "--ssh-cidr", "198.51.100.7/32", "--yes", "--no-bootstrap", "--no-wait")
 BIGGER = "g4dn.2xlarge"
 
@@ -49,8 +48,11 @@ KNOWN = {
     # install's resources, and a `down` of the adopted record looped on DeleteVolume of a running instance's disk
     # (adopt now takes this install's alone, the others with --all-installs)
     "adopt": True,
-    # `image bake` of the hosted node (a real SSH host): on while its runs are being looked at
+    # `image bake` of the hosted node (a real SSH host) run to its end
     "bake": True,
+    # `image bake` killed at a random instant: killed between its clean-up (guards, keys and the data helper moved
+    # aside) and CreateImage, the node stays `ready` and unreachable with no guards: (e) (helper A journals bake)
+    "bake-killed": False,
 }
 
 # one-shot faults the proxy plays on the next matching request (tests/aws/fault_proxy.py's rules)
@@ -208,10 +210,20 @@ class Walk(RuleBasedStateMachine):
         self.bakes += 1
         self.world.gp(who, "image", "bake", HOSTED, "--name", f"chaos-{self.bakes}", "--yes", timeout=240)
 
+    @precondition(lambda self: _on("bake-killed"))
+    @precondition(_hosted)
+    @rule(data=st.data(), sig=st.sampled_from((signal.SIGTERM, signal.SIGKILL)), delay=st.floats(0.2, 4.0))
+    def bake_killed(self, data: st.DataObject, sig: signal.Signals, delay: float) -> None:
+        """`image bake h` (brought to running first) killed at a random instant, or run to its end."""
+        who, _side = self._target_hosted(data)
+        self.bakes += 1
+        self.world.prepare(who, HOSTED, "running", UP)
+        self.world.signalled(who, ("image", "bake", HOSTED, "--name", f"chaos-{self.bakes}", "--yes"), sig, delay)
+
     @rule(who=st.sampled_from(USERS))
     def cluster(self, who: str) -> None:
         self._asked(who, CLUSTER)
-        self.world.gp(who, "up", CLUSTER, "--nodes", "2", *UP)
+        self.world.up(who, CLUSTER, UP)
 
     @rule(who=st.sampled_from(USERS), team=st.booleans())
     def down_all(self, who: str, team: bool) -> None:

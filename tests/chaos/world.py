@@ -67,6 +67,7 @@ OWNER_TAG = "gpuprov:owner"
 NODE_TAG = "gpuprov:node"
 IMAGE_TAG = "gpuprov:image"
 REGIONS = ("us-east-1",)
+CLUSTER = "c"  # `up --nodes 2`, no host either
 LIVE = ("pending", "running", "stopping", "stopped", "shutting-down")
 
 
@@ -271,9 +272,10 @@ class World:
             self.gp(who, "start", name, "--no-bootstrap")
 
     def up(self, who: str, name: str, up: tuple[str, ...]) -> Ran:
-        """`up` of a name: node `h` bootstrapped on its side's host (wiped first unless an instance stands on it)."""
+        """`up` of a name: node `c` a cluster of two, node `h` bootstrapped on its side's host (wiped first unless an
+        instance stands on it)."""
         if name != HOSTED:
-            return self.gp(who, "up", name, *up)
+            return self.gp(who, "up", name, *(("--nodes", "2") if name == CLUSTER else ()), *up)
         side = "team" if who in TEAM else "local"
         if not any(self.hosts.host_of(i.get("PrivateIpAddress")) == (self.hosts.side_host(side), side)
                    for i in self.cloud().instances.values()):
