@@ -141,10 +141,11 @@ class Walk(RuleBasedStateMachine):
             names.append(name)
 
     # --- one command each -----------------------------------------------------------------
-    @rule(who=st.sampled_from(USERS), name=st.sampled_from(NAMES))
+    @rule(who=st.sampled_from(USERS), name=st.sampled_from((*NAMES, HOSTED)))
     def up(self, who: str, name: str) -> None:
+        """`up` of a name: `h` is the hosted node (bootstrapped on its side's SSH host, hosted.py)."""
         self._asked(who, name)
-        self.world.gp(who, "up", name, *UP)
+        self.world.up(who, name, UP)
 
     @precondition(_some)
     @rule(data=st.data())
@@ -178,11 +179,6 @@ class Walk(RuleBasedStateMachine):
         self.world.gp(who, "down", name, "--yes", *(("--no-save",) if no_save else ()))
 
     # --- the hosted node `h` (hosted.py): a real SSH host, its data and guards -----------------
-    @rule(who=st.sampled_from(USERS))
-    def up_hosted(self, who: str) -> None:
-        self._asked(who, HOSTED)
-        self.world.up(who, HOSTED, UP)
-
     @precondition(_hosted)
     @rule(data=st.data())
     def write(self, data: st.DataObject) -> None:
