@@ -112,6 +112,8 @@ class Hosts:
             (Path(h.base) / "sshd_config").write_text(self._kept[i])
             batch = "".join(f"addr del {a}/24 dev eth0\n" for a in self.addresses(side))
             self.pool.exec_in(i, f"ip -force -batch - <<'EOF'\n{batch}EOF")
+            # empty, as the pool started it: the next test on it sets it up as it needs
+            self.pool.exec_in(i, "rm -rf /var/lib/gpuprov/* /var/lib/gpuprov-shim/* /run/gpuprov-shim/*")
             self.pool.restart(i)
 
     def homes(self, homes: list[Path]) -> None:
