@@ -374,7 +374,9 @@ class World:
         """(b) against the ledger (then the ledger learns the instances now on a host and what each host holds),
         and (e) for each running node on a host."""
         live = {n["name"] for _, n in records.nodes if n.get("state") not in ("terminated", None)}
+        open_before = sum(not d.closed for d in self.ledger.disks.values())
         problems = data_lost(self.ledger, self.aws.ec2(), self.aws.client("s3"), live)
+        self.counts["disks gone"] += open_before - sum(not d.closed for d in self.ledger.disks.values())
         self.ledger.no_save = False
         on_host: dict[str, int] = {}
         for iid, inst in cloud.instances.items():
