@@ -3,7 +3,8 @@
 Who: `alice` and `bob` share a team bucket (`GPUPROV_STATE=s3://chaos-team/gp`, each their own gpuprov home, so
 their own member id); `carol` keeps a local state file. Every command is the real CLI, forked by the fork server
 (tests/forkcli.py), against moto behind the fault proxy (tests/aws/fixture.py), in the proxy's realistic kind.
-Nodes are launched with `--no-bootstrap --no-wait`: no step of the walk needs SSH yet (see "Not yet" below).
+Nodes are launched with `--no-bootstrap --no-wait`, but node `h`: it is bootstrapped on a real SSH host of the
+`aws_hosts` pool, with a `when: down` data entry and guards (hosted.py says how its address reaches the host).
 
 Ground truth is the endpoint's own: a boto3 client straight to moto (`aws.ec2()`, `aws.client("s3")`), never
 through gpuprov. The records are read straight too: each home's `state.sqlite` (read-only, as sqlite3 opens it)
@@ -23,15 +24,16 @@ The invariants (design.md "Hard rules of the domain"), checked after every step 
     are written before every request (the money rule), so a dead command's resources are named by the rows it
     left, whoever finishes the work later. A command still running is only ever one of an `overlap` step's two,
     and the invariants are checked after both have ended.
-(b) no volume of a node with unsaved `when: down` data is deleted unless `--no-save` was given: NOT CHECKED yet. It
-    needs the data ledger on SSH hosts (a host per node, what each wrote); the walk has no SSH step yet.
+(b) no volume of a node with unsaved `when: down` data is deleted unless `--no-save` was given: for the hosted
+    nodes, against a ledger of what each host wrote and the bucket the data goes to (hosted.py `data_lost`).
 (c) nothing of a node is destroyed while a live process holds its lock or lease: the `overlap` step holds one
     command's request at the proxy (its process alive, holding the node's lock or lease), runs a second one that
     would destroy the node (`down`, `down --all`, `gc --yes`, another member's or the same user's), and checks
     while the first is still held that every instance and volume of that node that was live before is live still.
 (d) a node its record calls stopped has no running instance: every instance row of a `stopped` record (and every
     cluster member's instance) is not `pending` or `running` in moto.
-(e) a running node has the guards its record shows: NOT CHECKED yet (guards live on the node: SSH hosts).
+(e) a running node has the guards its record shows: for the hosted nodes, read off the host (tests/node_guards.py)
+    against `cloud/guards.recorded_guards` of the record (hosted.py `guards_differ`).
 
 And one more, the CLI's own contract: a command that was not signalled ends within 150 s, with 0, 1 or 2 and no
 traceback (one signalled ends within 120 s of its signal).
@@ -53,6 +55,7 @@ from typing import Any
 
 from tests import forkcli
 from tests.aws.fixture import AwsEndpoint
+from tests.chaos.hosted import CKPT_BUCKET, HOSTED, HOSTED_UP, Disk, Hosts, Ledger, data_lost, guards_differ, playbook
 
 BUCKET = "chaos-team"
 PREFIX = "gp/"
@@ -64,6 +67,7 @@ OWNER_TAG = "gpuprov:owner"
 NODE_TAG = "gpuprov:node"
 IMAGE_TAG = "gpuprov:image"
 REGIONS = ("us-east-1",)
+CLUSTER = "c"  # `up --nodes 2`, no host either
 LIVE = ("pending", "running", "stopping", "stopped", "shutting-down")
 
 
@@ -122,12 +126,20 @@ class Broken(AssertionError):
 class World:
     """One walk's users, endpoint and ledger. Fresh per Hypothesis example: the endpoint is reset, the homes new."""
 
-    def __init__(self, aws: AwsEndpoint, root: Path, base_env: dict[str, str], lease_seconds: int = 10) -> None:
+    def __init__(self, aws: AwsEndpoint, root: Path, base_env: dict[str, str], hosts: Hosts,
+                 lease_seconds: int = 10) -> None:
         aws.reset()
         self.aws = aws
         self.root = root
+        self.hosts = hosts
+        self.ledger = Ledger()
         s3 = aws.client("s3")
         s3.create_bucket(Bucket=BUCKET)
+        s3.create_bucket(Bucket=CKPT_BUCKET)
+        self.subnets = {side: aws.subnet_for_hosts(hosts.block(side), "us-east-1a") for side in ("team", "local")}
+        hosts.homes([root / who / "gp" for who in USERS])
+        for side in self.subnets:
+            (root / f"{side}.yml").write_text(playbook(side))
         s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
         self.envs: dict[str, dict[str, str]] = {}
         for who in USERS:
@@ -147,6 +159,7 @@ class World:
     def gp(self, who: str, *args: str, timeout: float = 150) -> Ran:
         """Run one command to its end; a crash (a traceback, an exit status the CLI never gives) is broken."""
         self.counts["commands"] += 1
+        self.ledger.no_save |= "--no-save" in args
         began = time.monotonic()
         try:
             done = forkcli.run([sys.executable, "-m", "gpuprov", *args], capture_output=True, text=True,
@@ -161,6 +174,7 @@ class World:
 
     def start(self, who: str, *args: str) -> forkcli.Popen:
         self.counts["commands"] += 1
+        self.ledger.no_save |= "--no-save" in args
         self._began = time.monotonic()
         return forkcli.Popen([sys.executable, "-m", "gpuprov", *args], env=self.envs[who], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
@@ -250,12 +264,32 @@ class World:
             return
         state = self.state_of(who, name)
         if state in (None, "terminated"):
-            self.gp(who, "up", name, *up)
+            self.up(who, name, up)
             state = self.state_of(who, name)
         if want == "stopped" and state == "ready":
             self.gp(who, "stop", name)
         elif want == "running" and state == "stopped":
             self.gp(who, "start", name, "--no-bootstrap")
+
+    def up(self, who: str, name: str, up: tuple[str, ...]) -> Ran:
+        """`up` of a name: node `c` a cluster of two, node `h` bootstrapped on its side's host (wiped first unless an
+        instance stands on it)."""
+        if name != HOSTED:
+            return self.gp(who, "up", name, *(("--nodes", "2") if name == CLUSTER else ()), *up)
+        side = "team" if who in TEAM else "local"
+        if not any(self.hosts.host_of(i.get("PrivateIpAddress")) == (self.hosts.side_host(side), side)
+                   for i in self.cloud().instances.values()):
+            self.hosts.fresh(side)
+        return self.gp(who, "up", name, *HOSTED_UP, "--subnet", self.subnets[side], "-p",
+                       str(self.root / f"{side}.yml"), timeout=240)
+
+    def write(self, side: str) -> None:
+        """The host of `side` writes a new checkpoint, if a live instance of a hosted node stands on it."""
+        host = self.hosts.side_host(side)
+        if any(d.host == host and not d.closed for d in self.ledger.disks.values()):
+            self.ledger.writes += 1
+            if self.hosts.write(host, f"w{self.ledger.writes}-{self.root.name}"):
+                self.counts["writes"] += 1
 
     def held(self, rule_id: int, proc: forkcli.Popen, timeout: float = 60) -> bool:
         """Wait until the proxy holds the answer rule `rule_id` matched (True), or the process ended first (False)."""
@@ -329,11 +363,41 @@ class World:
 
     # ------------------------------------------------------------------ invariants
     def check(self) -> None:
-        """(a) and (d), as the module docstring says them; raises Broken naming each breach."""
+        """(a), (b), (d) and (e), as the module docstring says them; raises Broken naming each breach."""
         cloud, records = self.cloud(), self.records()
         problems = self.untracked(cloud, records) + self.stopped_but_running(cloud, records)
+        problems += self.data_and_guards(cloud, records)
         if problems:
             raise self.broken("\n".join(problems))
+
+    def data_and_guards(self, cloud: Cloud, records: Records) -> list[str]:
+        """(b) against the ledger (then the ledger learns the instances now on a host and what each host holds),
+        and (e) for each running node on a host."""
+        live = {n["name"] for _, n in records.nodes if n.get("state") not in ("terminated", None)}
+        open_before = sum(not d.closed for d in self.ledger.disks.values())
+        problems = data_lost(self.ledger, self.aws.ec2(), self.aws.client("s3"), live)
+        self.counts["disks gone"] += open_before - sum(not d.closed for d in self.ledger.disks.values())
+        self.ledger.no_save = False
+        on_host: dict[str, int] = {}
+        for iid, inst in cloud.instances.items():
+            found = self.hosts.host_of(inst.get("PrivateIpAddress"))
+            if found is None or inst["State"]["Name"] == "shutting-down":
+                continue
+            on_host[iid] = found[0]
+            if iid not in self.ledger.disks:
+                volumes = tuple(m["Ebs"]["VolumeId"] for m in inst.get("BlockDeviceMappings", []) if "Ebs" in m)
+                self.ledger.disks[iid] = Disk(found[0], found[1], _tags(inst).get(NODE_TAG, "?"), volumes)
+            self.ledger.disks[iid].written = self.hosts.written(found[0]) or self.ledger.disks[iid].written
+        for store, node in records.nodes:
+            if node.get("state") not in ("ready", "running") or not node.get("ready_at"):
+                continue
+            mine = [str(r["cloud_id"]) for s, r in records.rows if s == store and r.get("node") == node["name"]
+                    and r.get("kind") == "instance" and r.get("cloud_id")]
+            for iid in mine:
+                if iid in on_host and cloud.instances[iid]["State"]["Name"] == "running":
+                    self.counts["guard checks"] += 1
+                    problems += guards_differ(self.hosts, store, node, on_host[iid])
+        return problems
 
     @staticmethod
     def untracked(cloud: Cloud, records: Records) -> list[str]:
