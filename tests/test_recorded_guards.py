@@ -76,3 +76,20 @@ def test_a_spot_node_keeps_its_watch_and_a_capacity_blocks_node_its_end() -> Non
     end = int(time.time()) + 86400
     (step,) = recorded_guards(record(reservation_end=float(end))).steps
     assert step.name == "spot-interrupt" and dict(step.extra)["guards"].block_end == end
+
+
+def test_every_step_whose_files_the_bake_clean_up_moves_aside_loses_its_marker_with_them() -> None:
+    """A step that writes under /etc/gpuprov or /usr/local/lib/gpuprov (what `image bake`'s clean-up moves aside)
+    must lose its marker too, or a node from the image, or the baked node itself, skips the step while its files
+    are gone (after a bake, `down` could not save a node's data: its save-data helper was gone, its marker kept)."""
+    import re
+    from pathlib import Path
+
+    from gpuprov.cloud.images import GUARD_STEPS
+
+    root = Path(__file__).resolve().parents[1]
+    made = {template: name for source in (root / "src" / "gpuprov").rglob("*.py")
+            for name, template in re.findall(r'StepPlan\(\s*"([a-z-]+)",\s*"([a-z_]+\.sh\.j2)"', source.read_text())}
+    writes = {t for t in made if re.search(r"(etc|usr/local/lib)/gpuprov", (root / "templates" / t).read_text())}
+    assert writes >= {"data_save.sh.j2", "guard_ttl.sh.j2"}  # the scan finds what it is for
+    assert sorted(made[t] for t in writes if made[t] not in GUARD_STEPS) == []

@@ -259,12 +259,18 @@ def _guards_back(node_name: str, store: Store, target: Target, settings: HostSet
     from gpuprov.cloud import team_keys
     from gpuprov.cloud.contact import wait_tcp
     from gpuprov.cloud.guards import recorded_guards, run_step
+    from gpuprov.cloud.stopstart import node_plan
     from gpuprov.hosts.hostkeys import await_first_key
     from gpuprov.hosts.remote import Remote
     from gpuprov.plan.render import render_steps
 
-    recorded = recorded_guards(store.node(node_name))
-    if not recorded.steps:
+    node = store.node(node_name)
+    recorded = recorded_guards(node)
+    # the other steps whose files went with the clean-up (the data-save helper, which the TTL's and autostop's
+    # stops run; EFA's settings) go back first
+    kept = [s for s in node_plan(node).steps if s.name in GUARD_STEPS and s.name not in recorded.names]
+    steps = (*kept, *recorded.steps)
+    if not steps:
         return
     at_monitoring = False  # every guard step is back: what fails from here is monitoring
     try:
@@ -274,8 +280,8 @@ def _guards_back(node_name: str, store: Store, target: Target, settings: HostSet
         remote = Remote(target, settings)
         remote.open()
         try:
-            for script in render_steps(recorded.steps, {}, {}).scripts:
-                at_monitoring = script.kind != "guard"
+            for script in render_steps(steps, {}, {}).scripts:
+                at_monitoring = script.kind == "monitor"
                 run_step(remote, node_name, script.name, script.text, f"putting its {script.name} step back",
                          recorded.clock(script.name))
         finally:
@@ -296,7 +302,7 @@ def _guards_back(node_name: str, store: Store, target: Target, settings: HostSet
             team_keys.after_contact(node_name, target, settings, say)
         return
     team_keys.after_contact(node_name, target, settings, say)
-    say(f"{node_name}: its guards are back ({', '.join(recorded.names)}), as its record shows them")
+    say(f"{node_name}: its guards are back ({', '.join(s.name for s in steps)}), as its record shows them")
 
 
 def _guards_lost(node_name: str, store: Store, exc: BaseException, say: Say) -> None:

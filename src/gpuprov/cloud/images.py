@@ -48,10 +48,11 @@ if TYPE_CHECKING:
 
 ARCH = "x86_64"  # gpuprov launches amd64 Ubuntu only (providers/aws.py `image`); an image must match it
 INSTALL_KINDS = ("stack", "env", "user")
-# what belongs to one node and not to an image of it: the guards (plan.guard_steps' names) and the monitoring
-# (plan/monitoring's steps: their settings, the watch's findings, the collector's cursor), with their units; the
-# next node's own `up` installs its own
-GUARD_STEPS = ("autostop", "ttl", "spot-interrupt", "metrics", "health")
+# what belongs to one node and not to an image of it, whose files the clean-up moves aside with their markers: the
+# guards (plan.guard_steps' names), the monitoring (plan/monitoring's steps: their settings, the watch's findings,
+# the collector's cursor), with their units, the data-save helper (its buckets are the node's) and EFA's settings
+# (the instance type's own; the installer stays, so its step is quick); the next node's own `up` installs its own
+GUARD_STEPS = ("autostop", "ttl", "spot-interrupt", "metrics", "health", "data-save", "efa")
 GUARD_UNITS = ("gpuprov-autostop.timer", "gpuprov-autostop.service", "gpuprov-ttl.timer", "gpuprov-ttl.service",
                "gpuprov-interrupt.service", "gpuprov-health.service", "gpuprov-gpu-metrics.timer",
                "gpuprov-gpu-metrics.service")
