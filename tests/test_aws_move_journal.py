@@ -186,7 +186,7 @@ def test_stop_stops_the_instance_a_killed_resize_and_start_left_running(aws, env
     name = "rs"
     old = _stopped_node(aws, env, name)
     aws.faults({"action": "StartInstances", "hold": True, "times": 1})  # EC2 starts it; the answer never arrives
-    code, said = _killed(aws, env, signal.SIGKILL, name, "--instance-type", "g5.xlarge")
+    code, said = _killed(aws, env, signal.SIGKILL, name, "--instance-type", "g5.xlarge", "--yes")
     assert code == -signal.SIGKILL, said
     aws.release()
     aws.clear_faults()

@@ -177,7 +177,7 @@ def test_capacity_refusal_on_start_leaves_the_node_stopped_as_it_was(aws, env):
     _stopped(env, "cap")
     aws.faults({"action": "StartInstances", "code": "InsufficientInstanceCapacity",
                 "message": "We currently do not have sufficient g5.xlarge capacity in the Availability Zone you requested"})
-    refused = gp(env, "start", "cap", "--instance-type", "g5.xlarge", "--no-bootstrap")
+    refused = gp(env, "start", "cap", "--instance-type", "g5.xlarge", "--no-bootstrap", "--yes")
     assert refused.returncode == 1
     assert "InsufficientInstanceCapacity: We currently do not have sufficient g5.xlarge capacity" in refused.stderr
     assert "cap stays stopped as g4dn.xlarge" in refused.stderr and "Traceback" not in refused.stderr
