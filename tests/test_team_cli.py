@@ -178,8 +178,14 @@ def test_push_a_local_state_then_adopt_after_every_record_is_deleted(aws, env, h
     folder = Path(alice["GPUPROV_HOME"])
     mine = SqliteStore(folder / "state.sqlite")  # alice's own q, a record only: the bucket has bob's q
     mine.create_node("q", "aws", "us-east-1", state="ready", ready_at=time.time())
+    pinned = folder / "nodes" / "p" / "known_hosts"  # as p's first contact pins it (hosts/sshconfig.py)
+    pinned.parent.mkdir(parents=True, exist_ok=True)
+    pinned.write_text("10.0.0.9 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinnedKeyOfP\n")
     pushed = gp(local, "state", "push", STATE)
     assert pushed.returncode == 1, pushed.stdout + pushed.stderr
+    # p's pinned host key goes with it, so a teammate's SSH to p verifies the same key
+    shared = aws.client("s3").get_object(Bucket=BUCKET, Key="gp/known_hosts/p")["Body"].read().decode()
+    assert shared == pinned.read_text() and "gpuprov team sync p" in pushed.stdout
     assert f"p: moved to {STATE}/ (the local file no longer lists it)" in pushed.stdout
     assert f"q: refused: {STATE}/ already has a node of that name" in pushed.stderr
     (backup,) = folder.glob("state.sqlite.before-push-*")

@@ -101,6 +101,8 @@ def push(url_text: str) -> None:
         click.echo(f"{name}: refused: {url} already has a node of that name (left as it is there)", err=True)
     click.echo(f"{len(done.copied)} node(s) pushed; the local file as it was: {backup}")
     click.echo(f"now set state = \"{url}\" in config.toml (or GPUPROV_STATE)")
+    if done.copied:  # their host keys went with them; the teammates' own keys need a connection to each node
+        click.echo(f"then, for your teammates' SSH keys on them: gpuprov team sync {' '.join(done.copied)}")
     if done.refused or done.unverified or done.busy:
         raise SystemExit(1)
 

@@ -113,6 +113,10 @@ def _move(name: str, local: Store, target: S3Store, out: Pushed) -> None:
         return
     local.update_node(name, moved_to=str(target.url))
     out.copied.append(name)
+    from gpuprov.hosts import sshconfig
+
+    # its pinned host key too, or a teammate's SSH to it refuses an unknown key (`team sync` adds their keys)
+    share_host_keys(target.url, name, sshconfig.node_known_hosts(name))
 
 
 # --- whose nodes -----------------------------------------------------------------------------------
