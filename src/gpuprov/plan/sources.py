@@ -33,7 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gpuprov.errors import UserInputError
 from gpuprov.resources import load_data
 
-# a URL base a shell word can carry: http(s), a host, a path, and nothing a shell or sed (`#`) would read
+# a URL base a shell word can carry, bare or in double quotes: http(s), a host, a path, and nothing a shell or sed
+# (`#`) would read
 Url = Annotated[str, Field(pattern=r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%+,=@/-]*)?$",
                            max_length=2048)]
 
