@@ -23,16 +23,15 @@ from tests.test_config import plan, run
 SHELLCHECK = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
 # every key on a host of its own, so a script's URL says which key it came from
 MIRROR = sources.Sources(**{k: f"https://{k.replace('_', '-')}.mirror.test/base" for k in sources.KEYS})
-# what a rendered step may name besides the map: EC2's metadata address (guards), the sed that adds signed-by
-# to the toolkit's list (`s#deb https://#deb [signed-by=…] https://#g`); and EPEL's release package on EL (data/os.yaml),
-# the OS archive's, which the map does not carry yet
-NOT_DOWNLOADS = {"169.254.169.254", "#deb", "#g", "dl.fedoraproject.org"}
+# what a rendered step may name besides the map: EC2's metadata address (guards), and EPEL's release package on EL
+# (data/os.yaml), the OS archive's, which the map does not carry yet
+NOT_DOWNLOADS = {"169.254.169.254", "dl.fedoraproject.org"}
 
 
 def _hosts(text: str) -> set[str]:
     # a repository file's origin, named only to be swapped for its mirror, is no download
     text = "\n".join(line for line in text.splitlines() if "gp_rebase_list " not in line)
-    return {m.split("/")[0].split(":")[0] for m in re.findall(r"https?://([^\s\"'/)]+)", text)} - NOT_DOWNLOADS
+    return {m for m in re.findall(r"https?://([A-Za-z0-9.-]+)", text)} - NOT_DOWNLOADS
 
 
 def test_every_preset_validates_and_says_where_each_url_was_confirmed() -> None:
@@ -137,3 +136,37 @@ def test_with_no_map_set_the_scripts_are_the_origins_as_before() -> None:
     hosts = set().union(*(_hosts(s.text) for s in default.scripts))
     assert hosts <= sources.ORIGIN.hosts()
     assert not any("gp_rebase_list" in s.text or "PIP_INDEX_URL" in s.text for s in default.scripts)
+
+
+def _function(script: str, name: str) -> str:
+    start = script.index(f"{name}() {{")
+    return script[start:script.index("\n}\n", start) + 3]
+
+
+def test_a_mirror_that_serves_another_signing_key_is_refused_naming_it(tmp_path: Path) -> None:
+    """gp_pinned_key with the real gpg: NVIDIA's pinned fingerprint refuses a key a mirror made, naming the source."""
+    gpg = shutil.which("gpg")
+    assert gpg, "gpg is not installed"
+    home = tmp_path / "gnupg"
+    home.mkdir(mode=0o700)
+    env = {"GNUPGHOME": str(home), "PATH": "/usr/bin:/bin"}
+    subprocess.run([gpg, "--batch", "--passphrase", "", "--quick-gen-key", "mirror <m@mirror.test>", "ed25519",
+                    "sign", "never"], env=env, check=True, capture_output=True)
+    (tmp_path / "key.asc").write_bytes(subprocess.run([gpg, "--armor", "--export"], env=env, check=True,
+                                                      capture_output=True).stdout)
+    listed = subprocess.run([gpg, "--with-colons", "--list-keys"], env=env, check=True, capture_output=True, text=True)
+    own = next(line.split(":")[9] for line in listed.stdout.splitlines() if line.startswith("fpr:"))
+    driver = next(s.text for s in make_plan(NodeRequest(gpu="L4", sources=MIRROR)).bundle().scripts
+                  if s.name == "nvidia-driver")
+    nvidia = " ".join(sources.pinned_keys()["nvidia"])
+    assert f'gp_pinned_key "$key" "$keyring_url" {nvidia}' in driver
+    lib = 'gp_die() { echo "DIED: $*"; exit 1; }\n' + _function(driver, "gp_pinned_key")
+
+    def check(*fingerprints: str) -> subprocess.CompletedProcess[str]:
+        call = f'gp_pinned_key {tmp_path / "key.asc"} https://nvidia.mirror.test/base/key.deb {" ".join(fingerprints)}'
+        return subprocess.run(["bash", "-c", lib + call], env=env, capture_output=True, text=True)
+
+    refused = check(*sources.pinned_keys()["nvidia"])
+    assert refused.returncode == 1
+    assert f"DIED: https://nvidia.mirror.test/base/key.deb served the signing key {own}, not the origin's" in refused.stdout
+    assert check(own, *sources.pinned_keys()["nvidia"]).returncode == 0

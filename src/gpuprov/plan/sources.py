@@ -112,6 +112,11 @@ class Effective:
         return str(getattr(DEFAULTS, key))
 
     @property
+    def keys(self) -> dict[str, tuple[str, ...]]:
+        """The signing keys a mirror's copy must carry (the origins'), per key of the map."""
+        return pinned_keys()
+
+    @property
     def mirrored(self) -> tuple[str, ...]:
         """The keys that are not their origin."""
         return tuple(k for k in KEYS if self.urls[k] != getattr(DEFAULTS, k))
@@ -165,6 +170,13 @@ def presets() -> dict[str, _Preset]:
         if unsourced:  # shipped data: a bug, caught by the tests
             raise ValueError(f"sources.yaml: {name}: no `verified` for {', '.join(unsourced)}")
     return out
+
+
+@cache
+def pinned_keys() -> dict[str, tuple[str, ...]]:
+    """The origins' signing keys (primary key fingerprints) per key of the map, as data/sources.yaml pins them."""
+    data: dict[str, Any] = load_data("sources.yaml")
+    return {key: tuple(str(f).upper() for f in entry["fingerprints"]) for key, entry in data["keys"].items()}
 
 
 def check(data: Any, where: str) -> Sources:
