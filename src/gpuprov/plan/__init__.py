@@ -7,7 +7,8 @@ NVIDIA names, a type EC2 no longer describes retired) and the stack's facts (sta
 their sources, facts.py laying the refreshed overlays over them) feed the resolver (pins.py refuses bad pins,
 compat.py solves GPU x OS x driver x CUDA x torch x Python); plan.py turns it all into the `Plan`, whose steps
 render.py renders into a `Bundle` of scripts. The plan `gpuprov plan` prints is the object `up` and `bootstrap`
-execute.
+execute. Where every step downloads from is sources.py's map (config, playbook, --sources, presets), which the
+templates read for every URL they fetch.
 
 Facts are data, each with its source and read date (or `unverified: why`, which reaches the plan: `gpuprov plan`
 lists every unverified fact the plan relies on); the modules only reason over them. plan/ sits on the records'
