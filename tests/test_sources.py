@@ -170,3 +170,23 @@ def test_a_mirror_that_serves_another_signing_key_is_refused_naming_it(tmp_path:
     assert refused.returncode == 1
     assert f"DIED: https://nvidia.mirror.test/base/key.deb served the signing key {own}, not the origin's" in refused.stdout
     assert check(own, *sources.pinned_keys()["nvidia"]).returncode == 0
+
+
+def test_a_changed_installer_is_refused_naming_the_source(tmp_path: Path) -> None:
+    """Miniforge comes pinned by release and sha256: the python-env step downloads that release from the map's
+    `miniforge`, and a file of another sha256 is refused, naming where it came from, and never run."""
+    pb = tmp_path / "conda.yml"
+    pb.write_text("name: conda\nenv:\n  manager: conda\n")
+    step = next(s.text for s in make_plan(NodeRequest(gpu="L4", playbook=str(pb), sources=MIRROR)).bundle().scripts
+                if s.name == "python-env")
+    pinned = sources.installers()["miniforge"]
+    assert f'url="https://miniforge.mirror.test/base/{pinned.version}/$installer"' in step
+    assert f"x86_64) want_sha={pinned.sha256['x86_64']} ;;" in step
+    (tmp_path / "installer.sh").write_text("echo a mirror's own installer\n")
+    lib = 'gp_die() { echo "DIED: $*"; exit 1; }\n' + _function(step, "gp_sha256")
+    source = f"https://miniforge.mirror.test/base/{pinned.version}/Miniforge3-{pinned.version}-Linux-x86_64.sh"
+    refused = subprocess.run(["bash", "-c", lib + f'gp_sha256 {tmp_path / "installer.sh"} {source} '
+                              f'{pinned.sha256["x86_64"]}'], capture_output=True, text=True)
+    assert refused.returncode == 1
+    assert f"DIED: {source} served a file of sha256 " in refused.stdout
+    assert f"not the pinned {pinned.sha256['x86_64']}: refused, not run" in refused.stdout

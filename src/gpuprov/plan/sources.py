@@ -6,7 +6,7 @@ stand in for. Pure.
     pypi               a simple index (PEP 503) the env's packages and JupyterLab come from
     torch              the PyTorch wheel index; {base}/{variant}/ (cu128) is the simple index of one build
     uv                 the uv installer script
-    miniforge          where Miniforge's release installers are, {base}/Miniforge3-Linux-{arch}.sh
+    miniforge          Miniforge's releases, {base}/{version}/Miniforge3-{version}-Linux-{arch}.sh (the pinned release)
     docker             Docker's repositories ({base}/centos/docker-ce.repo, {base}/rhel/...)
     container_toolkit  NVIDIA's container toolkit repository ({base}/gpgkey, {base}/stable/deb/..., .../rpm/...)
 
@@ -66,7 +66,7 @@ DEFAULTS = Sources(
     pypi="https://pypi.org/simple",
     torch="https://download.pytorch.org/whl",
     uv="https://astral.sh/uv/install.sh",
-    miniforge="https://github.com/conda-forge/miniforge/releases/latest/download",
+    miniforge="https://github.com/conda-forge/miniforge/releases/download",
     docker="https://download.docker.com/linux",
     container_toolkit="https://nvidia.github.io/libnvidia-container",
 )
@@ -115,6 +115,11 @@ class Effective:
     def keys(self) -> dict[str, tuple[str, ...]]:
         """The signing keys a mirror's copy must carry (the origins'), per key of the map."""
         return pinned_keys()
+
+    @property
+    def installers(self) -> dict[str, Installer]:
+        """The installers pinned by release and sha256 (data/sources.yaml)."""
+        return installers()
 
     @property
     def mirrored(self) -> tuple[str, ...]:
@@ -177,6 +182,22 @@ def pinned_keys() -> dict[str, tuple[str, ...]]:
     """The origins' signing keys (primary key fingerprints) per key of the map, as data/sources.yaml pins them."""
     data: dict[str, Any] = load_data("sources.yaml")
     return {key: tuple(str(f).upper() for f in entry["fingerprints"]) for key, entry in data["keys"].items()}
+
+
+class Installer(BaseModel):
+    """An installer pinned by release and sha256 per CPU architecture (`uname -m`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: str
+    sha256: dict[str, Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]]
+    source: str
+
+
+@cache
+def installers() -> dict[str, Installer]:
+    data: dict[str, Any] = load_data("sources.yaml")
+    return {key: Installer.model_validate(entry) for key, entry in data["installers"].items()}
 
 
 def check(data: Any, where: str) -> Sources:
