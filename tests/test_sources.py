@@ -78,6 +78,7 @@ def test_through_the_cli_flag_over_playbook_over_config(tmp_path: Path) -> None:
     assert got[("packages", "pypi")] == ("https://pypi.tuna.tsinghua.edu.cn/simple", "--sources cn-tuna")
     assert got[("python-env", "uv")] == ("https://playbook.test/uv.sh", f"{pb}:4: sources")
     assert got[("pytorch", "torch")][1] == "default"
+    assert got[("nvidia-driver", "nvidia")] == ("https://developer.download.nvidia.com/compute/cuda/repos", "default")
     shown = run("plan", "--gpu", "L4", "-p", str(pb), tmp=tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert re.search(r"packages\s+pypi\s+https://config\.test/simple", shown.stdout) and "[sources]" in shown.stdout
@@ -120,9 +121,11 @@ def test_no_rendered_script_names_a_host_outside_the_map(tmp_path: Path) -> None
     # test_templates); the repository files a mirror copies are read from it
     assert seen == allowed - {"miniforge.mirror.test"}
     assert any("gp_rebase_list \"$list\"" in s.text for b in bundles.values() for s in b.scripts)
-    # the mirrored renders are shellcheck-clean (one of each distinct script)
+    # the mirrored renders are shellcheck-clean: the steps that download, once per package family and Amazon Linux
+    # (test_templates checks the rest, which a mirror leaves as they are)
     assert SHELLCHECK
-    unique = {s.sha256: s for b in bundles.values() for s in b.scripts if _hosts(s.text)}
+    unique = {s.sha256: s for key, b in bundles.items() for s in b.scripts
+              if s.name in sources.STEP_KEYS and key.split("/")[1] in ("ubuntu-24.04", "rocky-9")}
     paths = []
     for i, s in enumerate(unique.values()):
         paths.append(tmp_path / f"{i}-{s.filename}")
@@ -190,3 +193,15 @@ def test_a_changed_installer_is_refused_naming_the_source(tmp_path: Path) -> Non
     assert refused.returncode == 1
     assert f"DIED: {source} served a file of sha256 " in refused.stdout
     assert f"not the pinned {pinned.sha256['x86_64']}: refused, not run" in refused.stdout
+
+
+def test_a_node_replanned_after_up_keeps_the_sources_up_was_given() -> None:
+    """start and a resize plan a node again from its record: the --sources given to `up` still decides, as the plan
+    recorded each step's source."""
+    from gpuprov.cloud.stopstart import _sources_flag
+
+    recorded = make_plan(NodeRequest(gpu="L4", sources=sources.Sources(torch="https://t.test/whl"),
+                                     sources_from="--sources t.yml")).summary()
+    again = _sources_flag(recorded)
+    assert again["sources"] == sources.Sources(torch="https://t.test/whl")
+    assert _sources_flag(make_plan(NodeRequest(gpu="L4")).summary()) == {}

@@ -71,10 +71,11 @@ DEFAULTS = Sources(
     container_toolkit="https://nvidia.github.io/libnvidia-container",
 )
 
-# which keys each step's downloads come from (plan shows them)
+# which keys each step's downloads come from (plan shows them): fabric-manager and cuda-toolkit install from the
+# repository the driver step sets up
 STEP_KEYS: dict[str, tuple[str, ...]] = {
-    "driver": ("nvidia",),
-    "fabricmanager": ("nvidia",),
+    "nvidia-driver": ("nvidia",),
+    "fabric-manager": ("nvidia",),
     "cuda-toolkit": ("nvidia",),
     "python-env": ("uv", "miniforge"),
     "pytorch": ("torch",),
