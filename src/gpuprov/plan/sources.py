@@ -20,6 +20,11 @@ rendered script holds no host that is not in the effective map (tests/test_sourc
 every OS and looks). A mirror's copy of a repository file (NVIDIA's cuda-keyring list, a dnf `.repo`, the toolkit's
 list) names the origin inside it; the steps rewrite that file's origin to the mirror, so apt and dnf read the
 mirror, while the packages are still checked against the origin's signing keys.
+
+A mirror cannot change what is installed: when a key is not its origin, a signing key it serves (the cuda-keyring's,
+a `.repo` file's `gpgkey`, the toolkit's) is used only when its fingerprint is one data/sources.yaml pins for that
+origin (`pinned_keys`, the steps' gp_pinned_key), and Miniforge is a pinned release checked by sha256 (`installers`).
+`--sources FILE|PRESET` is read by spec.load_sources (a file goes through the playbooks' YAML loader).
 """
 
 from __future__ import annotations
