@@ -205,3 +205,17 @@ def test_a_node_replanned_after_up_keeps_the_sources_up_was_given() -> None:
     again = _sources_flag(recorded)
     assert again["sources"] == sources.Sources(torch="https://t.test/whl")
     assert _sources_flag(make_plan(NodeRequest(gpu="L4")).summary()) == {}
+
+
+def test_a_repository_file_that_names_the_origin_is_read_from_the_mirror(tmp_path: Path) -> None:
+    driver = next(s.text for s in make_plan(NodeRequest(gpu="L4", sources=MIRROR)).bundle().scripts
+                  if s.name == "nvidia-driver")
+    lib = "gp_log() { :; }\n" + _function(driver, "gp_rebase_list")
+    listed = tmp_path / "cuda-ubuntu2404-x86_64.list"
+    origin = sources.DEFAULTS.nvidia
+    listed.write_text(f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] {origin}/ubuntu2404/x86_64/ /\n")
+    run = subprocess.run(["bash", "-c", lib + f'gp_rebase_list {listed} {origin} {MIRROR.nvidia}; echo "$GP_CHANGED"'],
+                         capture_output=True, text=True, check=True)
+    assert listed.read_text() == ("deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+                                  f"{MIRROR.nvidia}/ubuntu2404/x86_64/ /\n")
+    assert run.stdout == "1\n"
