@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from gpuprov.hosts.remote import HostSettings
     from gpuprov.plan.inventory import Target
     from gpuprov.plan.plan import Plan
+    from gpuprov.plan.sources import Sources
     from gpuprov.plan.stack import StackPins
     from gpuprov.state import Store
 
@@ -128,6 +129,10 @@ def pin_options(func: F) -> F:
         click.option("--docker", is_flag=True,
                      help="Add Docker with NVIDIA's Container Toolkit (the nvidia runtime, CDI for Podman); verify runs "
                           "nvidia-smi -L in a container."),
+        click.option("--sources", default=None, metavar="FILE|PRESET",
+                     help="Where the node downloads from: a preset (cn-aliyun, cn-aliyun-vpc, cn-aliyun-classic, "
+                          "cn-tuna, cn-ustc) or a YAML file of sources (docs/mirrors.md); over the playbook's "
+                          "`sources:` and config.toml's [sources]."),
         click.option("--os", "os_name", default=None, shell_complete=complete_os,
                      help="ubuntu-22.04, ubuntu-24.04, ubuntu-26.04, debian-12, debian-13, rocky-9, rhel-9 or amzn-2023. "
                           "Default: ubuntu-24.04 for new nodes, the host's own for bootstrap."),
@@ -260,6 +265,19 @@ def region_field(source: str) -> str:
     return f"AWS {source}" if source.startswith("profile ") else source
 
 
+def sources_flag(kw: PinOptions) -> tuple[Sources, str] | None:
+    """--sources as one layer of the map, with how it was named (a bad name or file is refused here)."""
+    from gpuprov.plan.spec import load_sources
+
+    return load_sources(kw["sources"]) if kw["sources"] else None
+
+
+def sources_from(kw: PinOptions) -> dict[str, Any]:
+    """--sources as NodeRequest's fields."""
+    flag = sources_flag(kw)
+    return {"sources": flag[0], "sources_from": flag[1]} if flag else {}
+
+
 def say_region(region: Region) -> None:
     if region.source != "--region" and not quiet():
         click.echo(f"region {region}", err=True)
@@ -302,6 +320,7 @@ def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None
         autostop_seconds=parse_duration(kw["autostop"], "--autostop"), ttl_seconds=parse_duration(kw["ttl"], "--ttl"),
         on_interrupt=kw["on_interrupt"] or None, persistent=kw["persistent"], autostop_action=kw["autostop_action"],
         budget_usd=kw["budget"], jupyter=kw["jupyter"], monitoring=monitoring_from(kw), docker=kw["docker"],
+        **sources_from(kw),
     )
     try:
         plan = make_plan(request)

@@ -19,6 +19,7 @@ from gpuprov.cli.common import (
     pin_options,
     pins_from,
     quiet,
+    sources_flag,
     ssh_options,
     step_silence_option,
     targets_from,
@@ -92,6 +93,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
     elif master_addr:
         raise click.UsageError("--master-addr needs --cluster NAME")
     pins = pins_from(kw)
+    sources = sources_flag(kw)
     if not gpu:  # with --gpu, make_host_plan below checks them against the GPU, whose own limits come first
         check_pins(pins)
     with_jupyter(load_playbook(kw["playbook"]), kw["jupyter"])
@@ -100,7 +102,8 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
     monitoring = with_monitoring(monitoring_from(kw), load_playbook(kw["playbook"]))
     if gpu and not keep_driver:  # an impossible stack is refused before any host is touched; warnings said once
         ahead = make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins, guard=guard,
-                               jupyter=kw["jupyter"], monitoring=monitoring, docker=kw["docker"])
+                               jupyter=kw["jupyter"], monitoring=monitoring, docker=kw["docker"],
+                               sources_flag=sources)
         for note in ahead.warnings:
             warn(f"warning: {note}")
     elif pins.driver:
@@ -112,7 +115,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
     if guard.autostop_seconds is not None or guard.ttl_seconds is not None:
         _refuse_locked(targets)
     plan_for = Planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"], monitoring=monitoring,
-                       keep_driver=keep_driver, docker=kw["docker"])
+                       keep_driver=keep_driver, docker=kw["docker"], sources=sources)
     options = engine.Options(force=force, parallel=kw["parallel"], reboot_timeout=reboot_timeout,
                              step_silence=step_silence or None, takeover=takeover)
     console: Console | None = None

@@ -16,6 +16,7 @@ class PinOptions(TypedDict):
     playbook: str
     jupyter: bool
     docker: bool
+    sources: str | None
     os_name: str | None
     driver: str | None
     cuda: str | None

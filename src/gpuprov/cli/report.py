@@ -103,6 +103,16 @@ def plan_view(plan: Plan) -> Group:
     for i, step in enumerate(plan.steps, 1):
         steps.add_row(str(i), step.name, step.summary)
     parts.append(steps)
+    if downloads := plan.step_sources():
+        from rich.markup import escape
+
+        fetched = Table(title="Sources (--sources, a playbook's sources:, config [sources]; docs/mirrors.md)",
+                        title_justify="left", box=None, padding=(0, 2))
+        for column in ("step", "source", "from", "set by"):
+            fetched.add_column(column)
+        for row in downloads:
+            fetched.add_row(row["step"], row["key"], escape(row["url"]), escape(row["from"]))
+        parts.append(fetched)
     if plan.stack and plan.stack.reasons:
         parts.append(Text("Why: " + "; ".join(plan.stack.reasons), style="dim"))
     if plan.unverified:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from gpuprov.cloud import reservations
 from gpuprov.cloud import timeline as tl
@@ -447,8 +447,18 @@ def node_plan(node: Node) -> Plan:
         persistent=node.spot_type == "persistent",
         autostop_action=node.shutdown_action if node.shutdown_action in ("stop", "terminate") else None,  # type: ignore[arg-type]
         monitoring=Monitoring.model_validate(recorded.get("monitoring_request") or {}),
+        **_sources_flag(recorded),
     )
     return make_plan(request)
+
+
+def _sources_flag(recorded: dict[str, Any]) -> dict[str, Any]:
+    """The --sources `up` was given, as the plan recorded each step's source: the node keeps downloading from there."""
+    from gpuprov.plan.sources import Sources
+
+    flag = {row["key"]: row["url"] for row in recorded.get("sources") or []
+            if str(row.get("from", "")).startswith("--sources")}
+    return {"sources": Sources(**flag), "sources_from": "--sources (given to up)"} if flag else {}
 
 
 def _rebootstrap(node: Node, opts: StartOptions, key_path: str, store: Store, say: Say, rec: tl.Recorder, *,

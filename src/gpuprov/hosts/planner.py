@@ -12,6 +12,7 @@ from gpuprov.hosts.detect import HostFacts
 from gpuprov.plan.inventory import Target
 from gpuprov.plan.monitoring import Monitoring
 from gpuprov.plan.plan import GuardRequest, Plan
+from gpuprov.plan.sources import Sources
 from gpuprov.plan.stack import StackPins
 
 
@@ -21,11 +22,13 @@ class Planner:
 
     def __init__(self, gpu: str | None, playbook: str, os_name: str | None, pins: StackPins,
                  guard: GuardRequest | None = None, jupyter: bool = False, monitoring: Monitoring | None = None,
-                 keep_driver: bool = False, docker: bool = False) -> None:
+                 keep_driver: bool = False, docker: bool = False,
+                 sources: tuple[Sources, str] | None = None) -> None:
         from gpuprov.plan.spec import load_playbook
 
         self.gpu, self.playbook, self.os_name, self.pins = gpu, playbook, os_name, pins
         self.guard, self.jupyter, self.monitoring, self.docker = guard, jupyter, monitoring, docker
+        self.sources = sources  # --sources, with how it was named
         book = load_playbook(playbook)
         self.stack_none = book.stack == "none"
         # --keep-driver, or the playbook's `driver: keep`: the host's installed driver is used as it is
@@ -100,5 +103,6 @@ class Planner:
             if key not in self._plans:
                 self._plans[key] = make_host_plan(gpu, self.playbook, os_used, self.pins, nvswitch=nvswitch,
                                                   guard=self.guard, jupyter=self.jupyter, monitoring=self.monitoring,
-                                                  kept_driver=kept, docker=self.docker, home=home)
+                                                  kept_driver=kept, docker=self.docker, home=home,
+                                                  sources_flag=self.sources)
             return self._plans[key]

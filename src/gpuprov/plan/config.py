@@ -24,6 +24,11 @@ and where new nodes go and how they are reached (`make sandbox` writes these for
     os = "ubuntu-22.04"
     python = "3.11"
 
+and where nodes download from (plan/sources.py; a playbook's `sources:` and `--sources` go over it):
+
+    [sources]
+    pypi = "https://mirror.example.org/pypi/simple"
+
 A value that came from here and is refused is blamed on its key and line (`where`), not on a flag.
 
 `default_map()` is what Click reads; `effective()` is `gpuprov config`'s value and source per key (the region
@@ -46,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gpuprov.errors import UserInputError
 from gpuprov.paths import config_path as path
+from gpuprov.plan.sources import Sources
 from gpuprov.settings import Sourced, settings
 
 # a login name as useradd's default NAME_REGEX takes one: what `--ssh-user` and the config's ssh_user accept
@@ -71,6 +77,7 @@ class ConfigFile(BaseModel):
     ssh_config: str | None = None
     state: str | None = None  # where the records live: "s3://BUCKET/PREFIX" (team state) or "local"
     lease: Annotated[float, Field(ge=1, le=3600)] | None = None  # seconds a node's lease outlives its last renewal
+    sources: Sources | None = None  # [sources]: where nodes download from (plan/sources.py)
 
     @field_validator("state")
     @classmethod

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuprov.errors import UserInputError
-from gpuprov.plan import cpu, facts, noroot
+from gpuprov.plan import cpu, facts, noroot, sources
 from gpuprov.plan.budget import budget_seconds, check_budget
 from gpuprov.plan.data import data_steps, saves_on
 
@@ -28,6 +28,7 @@ from gpuprov.plan.guards import BLOCK_WARN_SECONDS, DEFAULT_METADATA_URL, Guards
 from gpuprov.plan.monitoring import Monitoring, monitoring_steps
 from gpuprov.plan.monitoring import summary as monitoring_summary
 from gpuprov.plan.render import STATE_DIR, Bundle, Script, StepPlan, render_steps
+from gpuprov.plan.sources import ORIGIN, Effective, Sources
 from gpuprov.plan.spec import Playbook, format_duration, load_playbook
 from gpuprov.plan.stack import Stack, StackPins, TorchWheel
 from gpuprov.plan.stack_steps import check_monitoring_os, driver_stack_steps
@@ -70,6 +71,8 @@ class NodeRequest(BaseModel):
     jupyter: bool = False  # --jupyter: JupyterLab too, whatever the playbook says
     docker: bool = False  # --docker: Docker + NVIDIA's container toolkit too (plan/docker.py)
     monitoring: Monitoring = Monitoring()  # --metrics, --health and the alerts (the playbook's `metrics:` merged in)
+    sources: Sources | None = None  # --sources: over the playbook's and the config's (plan/sources.py)
+    sources_from: str = "--sources"  # how --sources named it: `--sources cn-tuna`, `--sources FILE`
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ class Plan:
     guards: Guards = NO_GUARDS
     home: str | None = None  # the login's home on a host where it has no root (plan/noroot.py); None: root
     skipped: tuple[tuple[str, str], ...] = ()  # (step, why) of the steps left out for want of root
+    sources: Effective = ORIGIN  # where every step downloads from
     cpu_torch: TorchWheel | None = None  # a CPU-only node's torch: the CPU wheel (plan/cpu.py); no GPU stack
 
     @property
@@ -142,8 +146,16 @@ class Plan:
 
     def bundle(self) -> Bundle:
         context = {"plan": self, "stack": self.stack, "playbook": self.playbook, "env": self.playbook.env,
+                   "sources": self.sources,
                    "home": self.home, "state_dir": noroot.state_dir(self.home) if self.home else STATE_DIR}
         return render_steps(self.steps, context, {"gpuprov_plan": self.summary()})
+
+    def step_sources(self) -> list[dict[str, str]]:
+        """Each download of each step: the step, the sources key, its URL and where that was set."""
+        return [{"step": s.name, "key": key, "url": url, "from": where}
+                for s in self.steps for key, url, where in self.sources.for_step(s.name)
+                if not (s.name == "python-env" and self.playbook.env
+                        and key != ("uv" if self.playbook.env.manager == "uv" else "miniforge"))]
 
     def summary(self) -> dict[str, Any]:
         """The plan as JSON-ready data (what `plan --json` prints and manifest.json records)."""
@@ -168,6 +180,7 @@ class Plan:
             "os": self.request.os,
             "stack": self.stack.model_dump(mode="json") if self.stack else None,
             "steps": [{"name": s.name, "kind": s.kind, "summary": s.summary} for s in self.steps],
+            "sources": self.step_sources(),
             "data": [d.summary() for d in self.playbook.data],
             "guards": self.guards.model_dump(mode="json"),
             "monitoring": monitoring_summary(self.request.monitoring, self.request.os),
@@ -491,13 +504,32 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
                              "node gpuprov launches has none to keep", "bootstrap the host with it, or use a "
                              "playbook that installs the driver")
     request = request.model_copy(update={"monitoring": with_monitoring(request.monitoring, playbook)})
-    stack = resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch)
+    where_from = effective_sources(request, playbook)
+    stack = with_sources(resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch), where_from)
     if request.budget_usd is not None and instance.price_usd_hour:
         check_budget(request.budget_usd, instance.price_usd_hour)
     guards = with_budget(guards_for(request, playbook, launched=True), request.budget_usd, instance.price_usd_hour)
     steps = steps_for(playbook, stack, request.pins.python or "3.12", guards, request.monitoring, request.os,
                       instance.gpus)
-    return Plan(request, gpu, count, instance, candidates, playbook, stack, steps, guards)
+    return Plan(request, gpu, count, instance, candidates, playbook, stack, steps, guards, sources=where_from)
+
+
+def effective_sources(request: NodeRequest, playbook: Playbook) -> Effective:
+    """Where the node downloads from: --sources over the playbook's `sources:` over config.toml's [sources]."""
+    from gpuprov.paths import config_path
+    from gpuprov.plan import config
+
+    return sources.effective((config.load().sources, f"{config_path()}: [sources]"),
+                             (playbook.sources, playbook.where("sources") or f"playbook {playbook.name}: sources"),
+                             (request.sources, request.sources_from))
+
+
+def with_sources(stack: Stack | None, where_from: Effective) -> Stack | None:
+    """The stack with its torch index on the map's `torch` source."""
+    if stack is None or stack.torch is None:
+        return stack
+    return stack.model_copy(update={"torch": stack.torch.model_copy(
+        update={"index_url": where_from.rebase(stack.torch.index_url)})})
 
 
 def _make_cpu_plan(request: NodeRequest, cat: catalog.Catalog) -> Plan:
@@ -509,13 +541,17 @@ def _make_cpu_plan(request: NodeRequest, cat: catalog.Catalog) -> Plan:
     request = request.model_copy(update={"monitoring": with_monitoring(request.monitoring, playbook)})
     cpu.check_playbook(playbook, request, instance.name)
     pins = _merge_pins(playbook.pins, request.pins)
+    where_from = effective_sources(request, playbook)
     wheel = cpu.torch_wheel(pins) if playbook.installs_torch else None
+    if wheel is not None:  # the CPU wheel's index on the map's `torch` source, as a GPU node's
+        wheel = wheel.model_copy(update={"index_url": where_from.rebase(wheel.index_url)})
     python = cpu.python_for(pins, wheel)
     if request.budget_usd is not None and instance.price_usd_hour:
         check_budget(request.budget_usd, instance.price_usd_hour)
     guards = with_budget(guards_for(request, playbook, launched=True), request.budget_usd, instance.price_usd_hour)
     steps = steps_for(playbook, None, python, guards, request.monitoring, request.os, 0, wheel, cpu_only=True)
-    return Plan(request, None, 0, instance, candidates, playbook, None, steps, guards, cpu_torch=wheel)
+    return Plan(request, None, 0, instance, candidates, playbook, None, steps, guards, sources=where_from,
+                cpu_torch=wheel)
 
 
 @dataclass(frozen=True)
@@ -531,6 +567,7 @@ def make_host_plan(
     gpu_name: str | None, playbook_name: str, os_name: str, pins: StackPins, nvswitch: bool | None = None,
     guard: GuardRequest | None = None, jupyter: bool = False, monitoring: Monitoring | None = None,
     kept_driver: str | None = None, docker: bool = False, home: str | None = None,
+    sources_flag: tuple[Sources, str] | None = None,
 ) -> Plan:
     """The plan for an existing host: no instance type; Fabric Manager follows what the host has; `kept_driver`
     the host's installed driver when it keeps it (--keep-driver, `driver: keep`).
@@ -559,7 +596,11 @@ def make_host_plan(
     wanted = with_monitoring(monitoring or Monitoring(), playbook)
     request = NodeRequest(gpu=gpu_name or "none", count=max(count, 1), playbook=playbook_name, os=os_name, pins=pins,
                           autostop_seconds=guard.autostop_seconds, ttl_seconds=guard.ttl_seconds,
-                          on_interrupt=guard.on_interrupt, jupyter=jupyter, monitoring=wanted, docker=docker)
+                          on_interrupt=guard.on_interrupt, jupyter=jupyter, monitoring=wanted, docker=docker,
+                          sources=sources_flag[0] if sources_flag else None,
+                          sources_from=sources_flag[1] if sources_flag else "--sources")
+    where_from = effective_sources(request, playbook)
+    stack = with_sources(stack, where_from)
     guards = guards_for(request, playbook)
     # the GPU count the watch expects: the one the command line or inventory says (`--gpu A100:8`), else the one
     # the watch sees at its first look on the node
@@ -571,4 +612,4 @@ def make_host_plan(
     skipped: tuple[tuple[str, str], ...] = ()
     if home is not None:
         steps, skipped = noroot.without_root(steps)
-    return Plan(request, gpu, count, None, (), playbook, stack, steps, guards, home, skipped)
+    return Plan(request, gpu, count, None, (), playbook, stack, steps, guards, home, skipped, where_from)

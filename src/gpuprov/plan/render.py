@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gpuprov.errors import UserInputError
 from gpuprov.files import write_atomic
+from gpuprov.plan.sources import ORIGIN
 from gpuprov.resources import templates_dir
 
 if TYPE_CHECKING:
@@ -179,7 +180,8 @@ def render_steps(steps: tuple[StepPlan, ...], context: dict[str, Any], manifest:
     env = environment()
     scripts = []
     for index, step in enumerate(steps, start=1):
-        ctx = {"state_dir": STATE_DIR, "home": None, **context, **dict(step.extra), "step_name": step.name}
+        # a step rendered without a plan's map (a guard's script) downloads from the origins
+        ctx = {"state_dir": STATE_DIR, "home": None, "sources": ORIGIN, **context, **dict(step.extra), "step_name": step.name}
         text = env.get_template(step.template).render(ctx)
         scripts.append(Script(step.name, f"{index:02d}-{step.name}.sh", step.kind, step.summary, text))
     manifest = {

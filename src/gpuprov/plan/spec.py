@@ -20,7 +20,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from gpuprov.errors import UserInputError
+from gpuprov.plan import sources
 from gpuprov.plan.data import DataSpec
+from gpuprov.plan.sources import Sources
 from gpuprov.plan.stack import StackPins
 from gpuprov.resources import playbooks_dir
 
@@ -116,6 +118,8 @@ class Playbook(_Model):
     # GPU and node metrics for Prometheus (`--metrics`): true (DCGM's exporter where NVIDIA packages DCGM for
     # the OS, else nvidia-smi into a textfile), dcgm, textfile, or false; the health watch comes with them
     metrics: Literal["off", "auto", "dcgm", "textfile"] = "off"
+    # where the node downloads from (plan/sources.py): over config.toml's [sources], under --sources
+    sources: Sources | None = None
 
     @field_validator("metrics", mode="before")
     @classmethod
@@ -358,6 +362,18 @@ def _model_in(annotation: Any) -> Any:
     return None
 
 
+def load_sources(value: str, field: str = "--sources") -> tuple[Sources, str]:
+    """`--sources FILE|PRESET`: a preset's name, or a YAML file of the map's keys; with where to blame it."""
+    if value in sources.presets():
+        return sources.presets()[value].urls, f"{field} {value}"
+    path = Path(value)
+    if not path.is_file():
+        raise UserInputError(field, f"{value!r} is neither a preset nor a file",
+                             f"presets: {', '.join(sources.presets())}; or a YAML file with keys {', '.join(sources.KEYS)}")
+    return load_model(read_text_file(path, field, "sources file"), Sources, str(path), field), f"{field} {path}"
+
+
+
 def shipped_playbooks() -> list[str]:
     return sorted(p.stem for p in playbooks_dir().glob("*.yml"))
 
@@ -381,4 +397,3 @@ def load_playbook(name_or_path: str) -> Playbook:
     if not path.exists():
         raise UserInputError("--playbook", f"no such file: {path}", f"shipped playbooks: {', '.join(shipped_playbooks())}")
     return load_model(read_text_file(path, "--playbook", "playbook"), Playbook, str(path), "--playbook")
-
