@@ -148,6 +148,22 @@ def test_an_endpoint_that_answers_with_a_web_page_is_named(gp_home: Path, web_pa
         assert len(result.stderr.splitlines()) <= 3, result.stderr  # region, the line, its hint
 
 
+def test_a_team_bucket_behind_an_endpoint_that_answers_with_a_web_page_is_named(
+        gp_home: Path, web_page: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The team bucket's client refuses an HTML page as EC2's does: `status` of team state names the variable."""
+    from click.testing import CliRunner
+
+    from gpuprov.cli import main
+
+    for key, value in _env(gp_home.parent, GPUPROV_HOME=str(gp_home), AWS_ENDPOINT_URL=web_page,
+                           AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y", AWS_MAX_ATTEMPTS="1",
+                           AWS_REGION="us-east-1", GPUPROV_STATE="s3://team-bucket/gp").items():
+        monkeypatch.setenv(key, value)
+    result = CliRunner().invoke(main, ["status"], prog_name="gpuprov")
+    _said(result, "AWS_ENDPOINT_URL", f"{web_page} did not answer S3 for s3://team-bucket/gp")
+    assert "as AWS does (an HTML page)" in result.stderr, result.stderr
+
+
 def test_up_without_credentials_offline_says_the_credentials(fake_cloud: Any, monkeypatch: pytest.MonkeyPatch,
                                                              tmp_path: Path) -> None:
     """No credentials, and no internet (a proxy that is not there: the public address cannot be learnt): the

@@ -12,6 +12,7 @@ those variables is set: bad input, named by the variable, exit 2. Without one it
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from gpuprov.errors import GpuprovError, UserInputError
 
@@ -46,3 +47,15 @@ def unreadable_answer(what: str, detail: str, service: str | None = None) -> Gpu
                               "itself")
     return GpuprovError(f"AWS call {what}: its answer could not be read ({why}); is a proxy or captive portal "
                         "between this machine and AWS?")
+
+
+def no_web_page(response_dict: dict[str, Any], **_: Any) -> None:
+    """botocore's `before-parse` hook on every client gpuprov makes (EC2's, the team bucket's): an HTML page is no
+    answer of AWS's, whatever its status; one that is well-formed XML would parse as an empty answer and fail later,
+    in whatever read it (a web server at AWS_ENDPOINT_URL, a captive portal). A streamed body (an object read) is
+    left to its reader."""
+    body = response_dict.get("body")
+    if isinstance(body, bytes) and body[:512].lstrip().lower().startswith((b"<!doctype html", b"<html")):
+        from botocore.parsers import ResponseParserError
+
+        raise ResponseParserError("an HTML page")

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuprov import mutations
-from gpuprov.endpoints import endpoint_url, unreadable_answer
+from gpuprov.endpoints import endpoint_url, no_web_page, unreadable_answer
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state.errors import StateUnavailable
 from gpuprov.state.machine import NodeState, check_move
@@ -126,6 +126,7 @@ def client() -> Any:
                     connect_timeout=10, read_timeout=60, max_pool_connections=32,
                     s3={"addressing_style": "path"} if local else None)
     made = boto3.session.Session().client("s3", config=config)
+    made.meta.events.register("before-parse", no_web_page)
     mutations.guard(made, "s3", retries=attempts > 1)
     return made
 

@@ -37,7 +37,7 @@ from botocore.parsers import ResponseParserError
 from gpuprov import mutations
 from gpuprov.cloud.providers.aws_refusals import classify
 from gpuprov.cloud.providers.base import TAG_NODE, TAG_OWNER, NotFound
-from gpuprov.endpoints import unreadable_answer
+from gpuprov.endpoints import no_web_page, unreadable_answer
 from gpuprov.errors import GpuprovError, UserInputError
 
 T = TypeVar("T")
@@ -139,14 +139,6 @@ def chunked(filters: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
             for at in range(0, len(long), room)]
 
 
-def _no_web_page(response_dict: dict[str, Any], **_: Any) -> None:
-    """An HTML page is no answer of AWS's, whatever its status: one that is well-formed XML would parse as an empty
-    answer and fail later, in whatever read it (a web server at AWS_ENDPOINT_URL, a captive portal)."""
-    body = response_dict.get("body")
-    if isinstance(body, bytes) and body[:512].lstrip().lower().startswith((b"<!doctype html", b"<html")):
-        raise ResponseParserError("an HTML page")
-
-
 def _unfenced() -> None:
     """No fence: a provider used on its own (tests, tools) holds no lease."""
 
@@ -185,7 +177,7 @@ class AwsBase:
                         raise profile_not_found(str(exc.kwargs.get("profile", "?"))) from None
                 config = retry_config() if retries else retry_config(attempts=1)
                 made = self._session.client(service, region_name=region, config=config)
-                made.meta.events.register("before-parse", _no_web_page)
+                made.meta.events.register("before-parse", no_web_page)
                 mutations.guard(made, service, retries=retries)
                 self._clients[key] = made
             return self._clients[key]
