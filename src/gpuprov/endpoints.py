@@ -49,6 +49,11 @@ def unreadable_answer(what: str, detail: str, service: str | None = None) -> Gpu
                         "between this machine and AWS?")
 
 
+class WebPage(Exception):
+    """An answer that is a web page: raised by `no_web_page` inside botocore's call, read as an unreadable answer
+    (`unreadable_answer`) by whoever made the call, like botocore's own ResponseParserError."""
+
+
 def no_web_page(response_dict: dict[str, Any], **_: Any) -> None:
     """botocore's `before-parse` hook on every client gpuprov makes (EC2's, the team bucket's): an HTML page is no
     answer of AWS's, whatever its status; one that is well-formed XML would parse as an empty answer and fail later,
@@ -56,6 +61,4 @@ def no_web_page(response_dict: dict[str, Any], **_: Any) -> None:
     left to its reader."""
     body = response_dict.get("body")
     if isinstance(body, bytes) and body[:512].lstrip().lower().startswith((b"<!doctype html", b"<html")):
-        from botocore.parsers import ResponseParserError
-
-        raise ResponseParserError("an HTML page")
+        raise WebPage("an HTML page")

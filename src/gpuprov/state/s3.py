@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuprov import mutations
-from gpuprov.endpoints import endpoint_url, no_web_page, unreadable_answer
+from gpuprov.endpoints import WebPage, endpoint_url, no_web_page, unreadable_answer
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state.errors import StateUnavailable
 from gpuprov.state.machine import NodeState, check_move
@@ -166,7 +166,7 @@ class Bucket:
                                         "create it with versioning on (docs/team.md), or fix "
                                         "`state`") from None
             raise BucketUnavailable(self.url, f"{code or status}: {exc}") from None
-        except ResponseParserError as exc:  # not S3's answer: the endpoint set is something else
+        except (ResponseParserError, WebPage) as exc:  # not S3's answer: the endpoint set is something else
             raise unreadable_answer(f"S3 for {self.url}", str(exc), "S3") from None
         except BotoCoreError as exc:
             raise BucketUnavailable(self.url, str(exc)) from None

@@ -37,7 +37,7 @@ from botocore.parsers import ResponseParserError
 from gpuprov import mutations
 from gpuprov.cloud.providers.aws_refusals import classify
 from gpuprov.cloud.providers.base import TAG_NODE, TAG_OWNER, NotFound
-from gpuprov.endpoints import no_web_page, unreadable_answer
+from gpuprov.endpoints import WebPage, no_web_page, unreadable_answer
 from gpuprov.errors import GpuprovError, UserInputError
 
 T = TypeVar("T")
@@ -204,7 +204,7 @@ class AwsBase:
             raise AwsError(what, code, message, fix) from None
         except (ConnectionClosedError, ReadTimeoutError, EndpointConnectionError, ConnectTimeoutError) as exc:
             raise NoAnswer(f"AWS call {what} got no answer: {exc}") from None
-        except ResponseParserError as exc:  # not AWS's answer: an HTML page, a web server that is not AWS
+        except (ResponseParserError, WebPage) as exc:  # not AWS's answer: an HTML page, a web server that is not AWS
             raise unreadable_answer(what, str(exc)) from None
         except BotoCoreError as exc:  # bad config, and the like
             raise GpuprovError(f"AWS call {what} failed: {exc}") from None
