@@ -411,30 +411,11 @@ def test_a_bug_is_one_line_and_a_saved_traceback(tmp_path: Path) -> None:
 
 @pytest.fixture
 def not_aws() -> Iterator[str]:
-    """A web server on loopback that is not AWS: every request gets a 200 and an HTML page (a captive portal's
-    way, or a typo'd port that reaches some other service)."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    """A page that is not even well-formed XML (botocore's parser refuses it)."""
+    from tests.webpage import serving
 
-    class Page(BaseHTTPRequestHandler):
-        def _page(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            body = b"<!DOCTYPE HTML>\n<html><head><title>Welcome</title></head><body><p>Sign in<br></body></html>\n"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        do_GET = do_POST = do_PUT = do_HEAD = _page
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(b"<!DOCTYPE HTML>\n<html><head><title>Welcome</title></head><body><p>Sign in<br></body></html>\n") as url:
+        yield url
 
 
 @pytest.mark.parametrize("run", ["executable", "in-process"])

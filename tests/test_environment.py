@@ -92,28 +92,10 @@ def test_stdout_on_a_full_disk_is_said_as_such(tmp_path: Path, words: list[str])
 def web_page() -> Iterator[str]:
     """A web server that is not AWS, answering every request with a well-formed HTML page (status 200): botocore
     parses it as XML, to an answer with nothing in it."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from tests.webpage import serving
 
-    class Page(BaseHTTPRequestHandler):
-        def _page(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            body = b"<!DOCTYPE html>\n<html><head><title>Welcome to nginx!</title></head><body>It works</body></html>"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        do_GET = do_POST = _page
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(b"<!DOCTYPE html>\n<html><head><title>Welcome to nginx!</title></head><body>It works</body></html>") as url:
+        yield url
 
 
 NO_SSH = ("--ssh-cidr", "198.51.100.7/32", "--yes", "--no-bootstrap", "--no-wait")
