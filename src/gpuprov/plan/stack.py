@@ -219,6 +219,9 @@ class TorchWheel(BaseModel):
 FabricManager = Literal["required", "auto", "no"]
 
 
+CpuArch = Literal["x86_64", "aarch64"]  # a host's CPU as `uname -m` says it (EC2 says arm64 for aarch64)
+
+
 class Stack(BaseModel):
     """One consistent GPU software stack, as the templates install it."""
 
@@ -230,6 +233,7 @@ class Stack(BaseModel):
     os: str
     family: Literal["apt", "dnf"] = "apt"  # the OS's package manager (plan/oses.py)
     repo: str = ""  # NVIDIA's repository directory for the OS: ubuntu2404, rhel9, amzn2023
+    cpu_arch: CpuArch = "x86_64"  # the host's `uname -m`, which the steps check
     driver_stream: str | None = None  # dnf: the module stream that holds the branch, nvidia-driver:580-open
     driver_versionlock: str | None = None  # dnf without modularity (EL10): `dnf versionlock` of *nvidia*580*
     kept_driver: bool = False  # --keep-driver: the host's installed driver (driver_version) is used as it is
@@ -254,6 +258,11 @@ class Stack(BaseModel):
     unverified: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # allowed but worth knowing: a branch NVIDIA has ended
+
+    @property
+    def repo_arch(self) -> str:
+        """The architecture folder of NVIDIA's repositories (.../repos/ubuntu2404/sbsa/): Arm servers are sbsa's."""
+        return "sbsa" if self.cpu_arch == "aarch64" else self.cpu_arch
 
     @property
     def repo_packages(self) -> tuple[str, ...]:
