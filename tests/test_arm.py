@@ -92,7 +92,7 @@ def _plan(*args: str) -> dict[str, object]:
 
 
 def test_plan_takes_the_arch_of_the_type_or_the_gpu_and_refuses_one_that_cannot_be() -> None:
-    t4g = _plan("--gpu", "T4G")
+    t4g = _plan("--gpu", "T4G", "-p", "minimal")  # no torch: none is built for aarch64 with sm_75 (below)
     assert (t4g["instance_type"], t4g["arch"]) == ("g5g.xlarge", "aarch64")
     assert t4g["stack"]["cpu_arch"] == "aarch64"  # type: ignore[index]
     assert _plan("--gpu", "T4")["arch"] == "x86_64"
@@ -100,7 +100,7 @@ def test_plan_takes_the_arch_of_the_type_or_the_gpu_and_refuses_one_that_cannot_
     assert (gh200["instance_type"], gh200["arch"]) == (None, "aarch64")
     for args, words in ((["--gpu", "H100", "--arch", "aarch64"], "every instance type with H100 is x86_64, not aarch64"),
                         (["--gpu", "GH200", "--arch", "x86_64"], "GH200 comes only with aarch64 hosts, not x86_64"),
-                        (["--gpu", "T4G", "--arch", "x86_64"], "T4G comes only with aarch64 hosts")):
+                        (["--gpu", "T4G", "-p", "minimal", "--arch", "x86_64"], "T4G comes only with aarch64 hosts")):
         result = CliRunner().invoke(main, ["plan", *args])
         assert result.exit_code == 2 and f"error: --arch: {words}" in result.output, result.output
 
@@ -150,3 +150,29 @@ def test_a_driver_step_planned_for_aarch64_stops_on_an_x86_64_host(tmp_path: Pat
     run = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     assert run.returncode != 0
     assert "this plan is for aarch64 hosts and this one is x86_64: plan it with --arch x86_64" in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize(("args", "field", "problem", "hint"), [
+    # PyTorch's aarch64 CUDA wheels start at sm_80: g5g's T4G gets none, and no pin changes that
+    (["--gpu", "T4G"], "--gpu", "torch 2.15+cu132 Linux aarch64 wheels carry code for sm_80, sm_90, sm_100, sm_110, "
+     "sm_120, not T4G's sm_75", "no Linux aarch64 torch wheel carries sm_75: a playbook without torch (-p minimal)"),
+    (["--gpu", "GH200", "--torch", "2.5"], "--torch", "torch 2.5+cu124 has no Linux aarch64 wheel",
+     "this works instead: --torch 2.15 (torch 2.15+cu132"),
+    (["--gpu", "GB200:4", "--torch-cuda", "cu126"], "--torch-cuda",
+     "torch 2.14+cu126 Linux aarch64 wheels carry code for sm_80, sm_90, not GB200's sm_100",
+     "this works instead: --torch-cuda cu132 (torch 2.15+cu132"),
+])
+def test_the_resolver_refuses_a_torch_without_an_aarch64_wheel_and_names_one_that_has(
+        args: list[str], field: str, problem: str, hint: str) -> None:
+    result = CliRunner().invoke(main, ["plan", *args], env={"COLUMNS": "400"})
+    assert result.exit_code == 2 and f"error: {field}: {problem}" in result.output and hint in result.output, \
+        result.output
+
+
+def test_an_aarch64_plan_takes_its_wheel_from_the_aarch64_rows_and_says_they_are_unverified() -> None:
+    gh200 = _plan("--gpu", "GH200", "--torch", "2.6")
+    torch = gh200["stack"]["torch"]  # type: ignore[index]
+    assert (torch["version"], torch["variant"]) == ("2.6", "cu126")  # 2.6's only aarch64 CUDA wheel
+    assert any("PyTorch index's aarch64 file listings" in note for note in gh200["unverified"])  # type: ignore[union-attr]
+    x86 = _plan("--gpu", "H100", "--torch", "2.6")["stack"]["torch"]  # type: ignore[index]
+    assert x86["variant"] == "cu124"  # 2.6's PyPI default on x86_64, which has no aarch64 wheel

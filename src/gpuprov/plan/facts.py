@@ -54,7 +54,7 @@ class Family:
 
 FAMILIES = (
     Family("torch", "torch releases: CUDA variants, PyPI default, Python range, SASS per wheel", "stack.yaml",
-           ("torch_releases", "wheel_archs", "torch_plans", "python_ranges_unverified"),
+           ("torch_releases", "wheel_archs", "aarch64_wheel_archs", "torch_plans", "python_ranges_unverified"),
            "PyPI's JSON API and the PyTorch wheel index", ("python_ranges_unverified",)),
     Family("cuda", "CUDA toolkit -> minimum driver, minor-version compatibility", "stack.yaml",
            ("cuda_min_driver", "minor_version_compat"), ""),

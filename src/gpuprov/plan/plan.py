@@ -380,12 +380,13 @@ def resolve_stack(
 ) -> Stack | None:
     """:param kept_driver: the installed driver a host keeps (--keep-driver, `driver: keep`): plan/kept.py.
     :param cpu_arch: the host's CPU (`uname -m`): the repositories' folder and the wheels depend on it."""
-    stack = _resolve_stack(playbook, gpu, os_name, pins, nvswitch, kept_driver)
+    stack = _resolve_stack(playbook, gpu, os_name, pins, nvswitch, kept_driver, cpu_arch)
     return stack.model_copy(update={"cpu_arch": cpu_arch}) if stack is not None else None
 
 
 def _resolve_stack(
     playbook: Playbook, gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, kept_driver: str | None,
+    cpu_arch: CpuArch,
 ) -> Stack | None:
     from gpuprov.plan import compat
 
@@ -404,13 +405,14 @@ def _resolve_stack(
             from gpuprov.plan.kept import resolve_kept
 
             return resolve_kept(gpu, os_name, merged, kept_driver, playbook.installs_torch)
-        stack = compat.resolve(gpu, os_name, merged, nvswitch=nvswitch, want_torch=playbook.installs_torch)
+        stack = compat.resolve(gpu, os_name, merged, nvswitch=nvswitch, want_torch=playbook.installs_torch,
+                               cpu_arch=cpu_arch)
         if playbook.cuda_toolkit and not merged.cuda:
             # the toolkit that matches the wheel keeps nvcc-built extensions ABI-compatible with torch
             cuda = stack.torch.cuda if stack.torch else compat.newest_cuda(gpu, stack.driver_branch, os_name)
             stack = compat.resolve(
                 gpu, os_name, merged.model_copy(update={"cuda": cuda}),
-                nvswitch=nvswitch, want_torch=playbook.installs_torch,
+                nvswitch=nvswitch, want_torch=playbook.installs_torch, cpu_arch=cpu_arch,
             )
     except UserInputError as exc:
         raise _blame_playbook(exc, playbook, pins) from None

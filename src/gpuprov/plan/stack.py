@@ -143,6 +143,7 @@ class StackFacts(_Fact):
     minor_version_compat: dict[str, _MinorCompat]
     minor_version_compat_limits: str
     wheel_archs: tuple[_WheelArchs, ...]
+    aarch64_wheel_archs: tuple[_WheelArchs, ...] = ()  # the Linux aarch64 wheels: a release/variant without a row has none
     architectures: dict[str, _Arch]
     nvswitch_gen4: _NvswitchGen4
     nvcc_must_match_torch: Literal["major"]
@@ -372,8 +373,9 @@ def driver_runs(cuda: str, driver: str) -> tuple[bool, bool]:
     return (True, True) if minor_compat_runs(cuda, driver) else (False, False)
 
 
-def wheel_archs(release: str, variant: str) -> _WheelArchs | None:
-    for row in facts().wheel_archs:
+def wheel_archs(release: str, variant: str, cpu_arch: str = "x86_64") -> _WheelArchs | None:
+    """The SASS a torch wheel carries; None: not known, or (aarch64) no such wheel."""
+    for row in facts().aarch64_wheel_archs if cpu_arch == "aarch64" else facts().wheel_archs:
         lo, hi = (version_tuple(v) for v in row.torch)
         if lo <= version_tuple(release) <= hi and variant in row.variants:
             return row
