@@ -176,3 +176,41 @@ def test_an_aarch64_plan_takes_its_wheel_from_the_aarch64_rows_and_says_they_are
     assert any("PyTorch index's aarch64 file listings" in note for note in gh200["unverified"])  # type: ignore[union-attr]
     x86 = _plan("--gpu", "H100", "--torch", "2.6")["stack"]["torch"]  # type: ignore[index]
     assert x86["variant"] == "cu124"  # 2.6's PyPI default on x86_64, which has no aarch64 wheel
+
+
+# --- AWS: the arm64 image of the OS for an Arm type, and an image of the other architecture refused -----------------
+
+NO_SSH = ("--ssh-cidr", "198.51.100.7/32", "--yes", "--no-bootstrap", "--no-wait")
+
+
+def _instance(cloud, node: str) -> dict:  # type: ignore[no-untyped-def]
+    (inst,) = [i for r in cloud.ec2().describe_instances(
+        Filters=[{"Name": "tag:gpuprov:node", "Values": [node]}])["Reservations"] for i in r["Instances"]]
+    return inst  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("os_name", "image"), [("ubuntu-24.04", "ubuntu"), ("amzn-2023", "amzn-2023")])
+def test_up_gpu_t4g_launches_g5g_with_the_arm64_image_of_the_os(fake_cloud, os_name: str, image: str) -> None:  # type: ignore[no-untyped-def]
+    from tests.aws.fixture import os_ami, ubuntu_ami
+
+    result = fake_cloud.gp("up", "arm", "--gpu", "T4G", "-p", "minimal", "--os", os_name, *NO_SSH)
+    assert result.exit_code == 0, result.output
+    inst = _instance(fake_cloud, "arm")
+    wanted = ubuntu_ami("24.04", "arm64") if image == "ubuntu" else os_ami(image, "arm64")
+    assert (inst["InstanceType"], inst["ImageId"]) == ("g5g.xlarge", wanted)
+    assert fake_cloud.ec2().describe_images(ImageIds=[wanted])["Images"][0]["Architecture"] == "arm64"
+
+
+def test_an_image_of_the_other_architecture_is_refused_before_anything_is_made(fake_cloud) -> None:  # type: ignore[no-untyped-def]
+    from tests.aws.cli import EMPTY
+    from tests.aws.fixture import ubuntu_ami
+
+    x86, arm = ubuntu_ami("24.04", "amd64"), ubuntu_ami("24.04", "arm64")
+    for args, words in (
+            (["--gpu", "T4G", "-p", "minimal", "--image", x86], f"{x86} is an x86_64 image and g5g.xlarge runs arm64"),
+            (["--gpu", "T4", "--image", arm], f"{arm} is an arm64 image and g4dn.xlarge runs x86_64")):
+        result = fake_cloud.gp("up", "wrong", *args, *NO_SSH)
+        assert result.exit_code == 2, result.output
+        (line,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+        assert f"error: --image: {words}" in line, result.stderr
+    assert fake_cloud.leftovers() == EMPTY
