@@ -16,13 +16,14 @@ Images outlive nodes: `down` leaves them (their gpuprov:node is IMAGES, never a 
 owner's that no local record names, images of a bake that died before it learnt the id, and
 snapshots whose image is gone.
 
-`choose` (launch.launchpad, and `plan --live`): without `--image`, this owner's newest available image in the
-region with the plan's stack hash, OS and x86_64, else the OS's public image (Canonical's Ubuntu; for the other
-OSes the SSM parameter or the publisher's account and name pattern in data/os.yaml's `aws`, with its login user,
-what `up` logs in as without `--ssh-user`; GPUPROV_TEST_PUBLIC_SSM_ROOT stands for /aws/service in the tests' moto);
-`fresh`; `dlami` (the public SSM parameter from data/images.yaml, refused before launch when its recorded driver
-branch is not the plan's); an AMI id; a baked image's name. Snapshots are tagged `gpuprov:image=NAME`, so one whose
-image is gone is found.
+`choose` (launch.launchpad, and `plan --live`): without `--image`, this owner's newest available image in the region
+with the plan's stack hash, OS and architecture (its instance type's, as EC2 spells it: x86_64, arm64), else the
+OS's public image of that architecture (Canonical's Ubuntu; for the other OSes the SSM parameter or the publisher's
+account and name pattern in data/os.yaml's `aws`, with its login user, what `up` logs in as without `--ssh-user`;
+GPUPROV_TEST_PUBLIC_SSM_ROOT stands for /aws/service in the tests' moto); `fresh`; `dlami` (the public SSM parameter
+from data/images.yaml, refused before launch when its recorded driver branch is not the plan's); an AMI id; a baked
+image's name. `check_architecture` refuses an image of another architecture than the type's before anything is made.
+Snapshots are tagged `gpuprov:image=NAME`, so one whose image is gone is found.
 """
 
 from __future__ import annotations

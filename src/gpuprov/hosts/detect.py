@@ -17,7 +17,8 @@ a host elsewhere never waits on 169.254.169.254. An unknown GPU makes bootstrap 
 says which evidence found NVSwitch. The facts also carry `ID_LIKE`, the first package manager on PATH, the
 installed driver's version (nvidia-smi, else /proc/driver/nvidia/version) and the `## login` line (root, sudo, or
 neither: plan/noroot.py). GPU names come from nvidia-smi only when it exits 0 (a failing one prints its error on
-stdout), else from lspci.
+stdout), else from lspci. The architecture (`uname -m`) and the CPU (Grace, Graviton, or x86's model name) decide
+which NVIDIA repositories and torch wheels the host's plan takes (sbsa and aarch64 ones on an Arm host).
 """
 
 from __future__ import annotations
