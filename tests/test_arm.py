@@ -214,3 +214,16 @@ def test_an_image_of_the_other_architecture_is_refused_before_anything_is_made(f
         (line,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
         assert f"error: --image: {words}" in line, result.stderr
     assert fake_cloud.leftovers() == EMPTY
+
+
+def test_a_kept_driver_on_an_aarch64_host_gets_an_aarch64_wheel() -> None:
+    from gpuprov.errors import GpuprovError
+    from gpuprov.plan import compat
+    from gpuprov.plan.stack import StackPins
+
+    gh200 = catalog.load().gpu("GH200")
+    wheel = compat.choose_torch_for_driver(gh200, "570.195.03", StackPins(torch="2.6"), "aarch64")
+    assert wheel.variant == "cu126"  # x86_64's choice on R570 is 2.6's PyPI default cu124, which has no aarch64 wheel
+    assert compat.choose_torch_for_driver(gh200, "570.195.03", StackPins(torch="2.6")).variant == "cu124"
+    with pytest.raises(GpuprovError):
+        compat.choose_torch_for_driver(gh200, "570.195.03", StackPins(torch="2.5"), "aarch64")

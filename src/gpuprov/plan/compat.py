@@ -178,12 +178,13 @@ def variants_with_sass(release: str, compute_capability: str) -> list[str]:
     return sorted(fits, key=lambda v: v != info.pypi_default)
 
 
-def choose_torch_for_driver(gpu: Gpu, driver: str, pins: StackPins | None = None) -> TorchWheel:
+def choose_torch_for_driver(gpu: Gpu, driver: str, pins: StackPins | None = None,
+                            cpu_arch: str = "x86_64") -> TorchWheel:
     """The newest torch wheel that runs on an already-installed driver (any branch, also ones gpuprov would not
     install), minor-version compatibility included, within the torch/wheel/Python pins given. For doctor's fixes
     and for hosts whose driver is kept (plan/kept.py); StackConflict when none runs."""
     pins = (pins or StackPins()).model_copy(update={"driver": driver})
-    release, variant, _ = _choose_torch(gpu, pins)
+    release, variant, _ = _choose_torch(gpu, pins, cpu_arch)
     return TorchWheel(version=pins.torch or release, variant=variant, cuda=variant_cuda(variant),
                       index_url=f"{facts().pytorch_index}/{variant}")
 

@@ -404,7 +404,7 @@ def _resolve_stack(
                                      "use a playbook without cuda_toolkit, or drop --keep-driver")
             from gpuprov.plan.kept import resolve_kept
 
-            return resolve_kept(gpu, os_name, merged, kept_driver, playbook.installs_torch)
+            return resolve_kept(gpu, os_name, merged, kept_driver, playbook.installs_torch, cpu_arch)
         stack = compat.resolve(gpu, os_name, merged, nvswitch=nvswitch, want_torch=playbook.installs_torch,
                                cpu_arch=cpu_arch)
         if playbook.cuda_toolkit and not merged.cuda:
