@@ -51,12 +51,12 @@ def test_ec2s_names_in_any_spelling(spelled: str, cc: str) -> None:
 
 
 def test_a_type_whose_gpu_the_snapshot_lacks_is_planned_from_the_table() -> None:
-    # a stand-in: EC2 describing a type with the GB300, a GPU of the table the snapshot lacks
-    cat = CAT.with_instance_facts(described(**{"p7.4xlarge": ec2_row("GB300", memory=284_000)}), WHEN, "us-east-1")
-    plan = P.make_plan(P.NodeRequest(gpu="gb300"), cat)
+    # a stand-in: EC2 describing a type with the L40, a GPU of the table the snapshot lacks
+    cat = CAT.with_instance_facts(described(**{"p7.4xlarge": ec2_row("L40", memory=46_068)}), WHEN, "us-east-1")
+    plan = P.make_plan(P.NodeRequest(gpu="l40"), cat)
     assert plan.instance is not None and plan.instance.name == "p7.4xlarge"
-    assert plan.gpu is not None and (plan.gpu.name, plan.gpu.arch, plan.gpu.sm) == ("GB300", "blackwell", "sm_103")
-    assert plan.gpu.memory_mib == 284_000  # EC2's GpuInfo figure
+    assert plan.gpu is not None and (plan.gpu.name, plan.gpu.arch, plan.gpu.sm) == ("L40", "ada", "sm_89")
+    assert plan.gpu.memory_mib == 46_068  # EC2's GpuInfo figure
     assert "p7.4xlarge" in (plan.gpu.unverified or "") and "cuda-gpus" in (plan.gpu.unverified or "")
     assert plan.instance.price_usd_hour is None and plan.instance.nvswitch is None
     assert P.make_plan(P.NodeRequest(gpu="RTX PRO 4500")).instance.name == "g7.2xlarge"  # type: ignore[union-attr]
@@ -118,11 +118,15 @@ def test_the_efa_cards_are_the_ones_ec2_lists_never_a_count_from_card_0_or_1() -
     assert [n.card for n in network_for(cat.instance_type("g7e.48xlarge")).interfaces] == [0, 1, 3]
 
 
-def test_a_new_type_that_runs_no_x86_64_is_not_planned() -> None:
-    arm = ec2_row("L4", cpu_archs=["arm64"])
-    cat = CAT.with_instance_facts(described(**{"gr7g.xlarge": {**arm, "ec2_gpu": "L40"}}), WHEN, "us-east-1")
-    assert "gr7g.xlarge" not in {it.name for it in cat.instance_types} and not cat.unplannable
-    assert gpu_names.named("T4g") is None  # g5g's arm64 GPU: not in the table
+def test_a_new_type_that_runs_only_arm64_is_planned_for_aarch64_hosts() -> None:
+    arm = ec2_row("L40", cpu_archs=["arm64"], arch="arm64")
+    cat = CAT.with_instance_facts(described(**{"gr7g.xlarge": arm}), WHEN, "us-east-1")
+    it = cat.instance_type("gr7g.xlarge")
+    assert (it.gpu, it.arch, it.host_arch) == ("L40", "arm64", "aarch64") and not cat.unplannable
+    plan = P.make_plan(P.NodeRequest(gpu="L40"), cat)
+    assert plan.instance is not None and plan.instance.name == "gr7g.xlarge" and plan.arch == "aarch64"
+    t4g = gpu_names.named("T4g")  # g5g's GPU as EC2 names it
+    assert t4g is not None and (t4g.catalog_name, t4g.compute_capability) == ("T4G", "7.5")
 
 
 def test_a_fraction_of_one_gpu_is_named_and_never_planned() -> None:

@@ -47,7 +47,7 @@ def test_ec2s_instance_types_agree_with_the_shipped_catalog(ec2_rows: dict[str, 
                     ["catalog.yaml agrees with EC2 on every type both know"]))
     assert differences == []
     # what moto's data lacks is said in the snapshot, not silently trusted
-    assert absent == ["p3.2xlarge", "p3.8xlarge", "p3.16xlarge"]
+    assert absent == ["p3.2xlarge", "p3.8xlarge", "p3.16xlarge", "p6e-gb200.36xlarge", "p6e-gb300.36xlarge"]
     assert {it.name for it in cat.instance_types if it.cpu_only} >= {"c7i.large", "m7i.16xlarge", "r7i.8xlarge"}
     note = facts.snapshot_families("catalog.yaml")["instance-types"].unverified or ""
     assert all(name in note for name in absent)
@@ -56,7 +56,9 @@ def test_ec2s_instance_types_agree_with_the_shipped_catalog(ec2_rows: dict[str, 
 def test_ec2_knows_gpu_types_the_catalog_does_not_and_maps_its_gpu_names(ec2_rows: dict[str, dict[str, Any]]) -> None:
     assert ec2_rows["p4d.24xlarge"]["gpu"] == "A100-40GB" and ec2_rows["p4de.24xlarge"]["gpu"] == "A100-80GB"
     assert ec2_rows["gr6.4xlarge"]["gpu"] == "L4" and ec2_rows["p6-b300.48xlarge"]["gpu"] == "B300"
-    assert ec2_rows["g7e.2xlarge"]["gpu"] == "RTX-PRO-6000"  # EC2's "RTX PRO Server 6000", the catalog's alias
+    assert ec2_rows["g7e.2xlarge"]["gpu"] == "RTX-PRO-6000"
+    assert (ec2_rows["g5g.xlarge"]["gpu"], ec2_rows["g5g.xlarge"]["arch"]) == ("T4G", "arm64")  # EC2's "T4g", arm64 only
+    assert ec2_rows["g4dn.xlarge"]["arch"] == "x86_64"  # EC2's "RTX PRO Server 6000", the catalog's alias
     g9 = ec2_rows["g9.2xlarge"]  # invented, not in the catalog: EC2's GPU name kept, for plan/gpu_names.py's table
     assert "gpu" not in g9 and g9["ec2_gpu"] == "L40"
     b300 = ec2_rows["p6-b300.48xlarge"]  # its card 0 carries no EFA (DescribeInstanceTypes NetworkCards)

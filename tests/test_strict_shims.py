@@ -30,7 +30,8 @@ def _groups() -> dict[tuple[str, ...], str]:
     """One representative render-matrix key per distinct set of package steps (identical scripts run once), of the
     apt family: the dnf family's steps run under a real dnf (tests/test_real_dnf.py). The other apt OSes (Debian,
     Ubuntu 26.04) render the same steps with another repository directory, which the shims' rows do not tell apart:
-    one variant each, the one with the most package steps (Fabric Manager, nvlsm)."""
+    one variant each, the one with the most package steps (Fabric Manager, nvlsm); so do the aarch64 plans of each
+    OS, on a host whose `uname -m` says aarch64."""
     out: dict[tuple[str, ...], str] = {}
     others: dict[str, tuple[int, str, tuple[str, ...]]] = {}
     for key, bundle in BUNDLES.items():
@@ -38,10 +39,13 @@ def _groups() -> dict[tuple[str, ...], str]:
         steps = tuple(s.sha256 for s in bundle.scripts if s.name in APT_STEPS)
         if stack.get("family") == "dnf" or not steps:
             continue
-        if stack.get("os") not in (None, "ubuntu-22.04", "ubuntu-24.04"):
+        # aarch64 (issue 40): the same steps with NVIDIA's sbsa folder, one variant per OS as for the other OSes
+        arm = stack.get("cpu_arch") == "aarch64"
+        if stack.get("os") not in (None, "ubuntu-22.04", "ubuntu-24.04") or arm:
             size = sum(len(s.text) for s in bundle.scripts if s.name in APT_STEPS)
-            if stack["os"] not in others or size > others[stack["os"]][0]:
-                others[stack["os"]] = (size, key, steps)
+            where = f"{stack['os']}/aarch64" if arm else stack["os"]
+            if where not in others or size > others[where][0]:
+                others[where] = (size, key, steps)
             continue
         if steps not in out:
             out[steps] = key
@@ -65,7 +69,8 @@ def _run_package_steps(host: ShimHost, bundle: Bundle) -> list:
 @pytest.mark.parametrize("key", VARIANTS)
 def test_every_rendered_variant_installs_what_nvidia_ships(tmp_path: Path, key: str) -> None:
     bundle = BUNDLES[key]
-    host = ShimHost(tmp_path, gpu="H100", count=8, extra_env={"GPUPROV_SHIM_NVSWITCH": "1"})
+    arch = ((bundle.manifest.get("gpuprov_plan") or {}).get("stack") or {}).get("cpu_arch") or "x86_64"
+    host = ShimHost(tmp_path, gpu="H100", count=8, extra_env={"GPUPROV_SHIM_NVSWITCH": "1", "GPUPROV_SHIM_ARCH": arch})
     runs = _run_package_steps(host, bundle)
     gaps = _gaps(bundle)
     if gaps:  # a known resolver-side name: it must fail, and because of that name
@@ -74,6 +79,8 @@ def test_every_rendered_variant_installs_what_nvidia_ships(tmp_path: Path, key: 
         pytest.xfail(f"{key}: {failed.last_stderr_line} -- " + "; ".join(RESOLVER_GAPS[g] for g in gaps))
     assert [r.name for r in runs] == [s.name for s in bundle.scripts if s.name in APT_STEPS], summary(runs)
     assert all(r.ok for r in runs), f"{key}:\n{summary(runs)}"
+    if "nvidia-driver" in [r.name for r in runs]:  # the keyring came from the plan's architecture folder
+        assert (host.state / "nvidia-repo").read_text().strip().endswith("/sbsa" if arch == "aarch64" else "/x86_64")
     again = _run_package_steps(host, bundle)
     assert {r.result for r in again} == {"unchanged"}, f"{key} (rerun):\n{summary(again)}"
 

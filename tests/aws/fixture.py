@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -111,6 +112,11 @@ OS_IMAGES = (  # (os, owner, name, creation date, SSM parameter under the root o
      "ami-0de12a0000000000a"),
     ("amzn-2023", "137112412989", "al2023-ami-2023.9.20261104.0-kernel-6.1-x86_64", "2026-11-04",
      "/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64", "ami-0a12023000000000a"),
+    # the arm64 images of the OSes whose publishers name an arm64 parameter beside the x86_64 one (issue 40)
+    ("debian-12", "136693071363", "debian-12-arm64-20261110-2290", "2026-11-10", "/debian/release/12/latest/arm64",
+     "ami-0de12b0000000000b"),
+    ("amzn-2023", "137112412989", "al2023-ami-2023.9.20261104.0-kernel-6.1-arm64", "2026-11-04",
+     "/ami-amazon-linux-latest/al2023-ami-kernel-default-arm64", "ami-0a12023000000000b"),
     ("rocky-9", "792107900819", "Rocky-9-EC2-Base-9.5-20241118.0.x86_64", "2024-11-18", None, "ami-0ce9500000000000a"),
     ("rocky-9", "792107900819", "Rocky-9-EC2-Base-9.7-20261020.0.x86_64", "2026-10-20", None, "ami-0ce9700000000000a"),
     ("rocky-9", "792107900819", "Rocky-9-EC2-Base-9.7-20261020.0.aarch64", "2026-10-21", None, "ami-0ce9700000000000b"),
@@ -119,18 +125,23 @@ OS_IMAGES = (  # (os, owner, name, creation date, SSM parameter under the root o
 )
 
 
+def _arm(name: str) -> bool:
+    """An arm64 image by its name, as its publisher names it (…-arm64-…, ….aarch64)."""
+    return bool(re.search(r"(?:^|[-.])(?:arm64|aarch64)(?:$|[-.])", name))
+
+
 def os_images() -> list[dict[str, Any]]:
     return [{"ami_id": ami, "state": "available", "public": True, "owner_id": owner,
              "image_location": f"{owner}/{name}", "sriov": "simple", "root_device_type": "ebs",
              "root_device_name": "/dev/xvda", "description": name, "image_type": "machine", "platform": None,
-             "architecture": "arm64" if name.endswith("aarch64") else "x86_64", "name": name,
+             "architecture": "arm64" if _arm(name) else "x86_64", "name": name,
              "virtualization_type": "hvm", "hypervisor": "xen", "boot_mode": "uefi-preferred",
              "creation_date": f"{day}T00:00:00.000Z"} for _, owner, name, day, _, ami in OS_IMAGES]
 
 
-def os_ami(os_name: str) -> str:
-    """The image `up --os` should pick: the parameter's, else the newest x86_64 one of the publisher's."""
-    rows = [r for r in OS_IMAGES if r[0] == os_name and not r[2].endswith("aarch64")]
+def os_ami(os_name: str, arch: str = "x86_64") -> str:
+    """The image `up --os` should pick: the parameter's, else the newest one of the publisher's of that architecture."""
+    rows = [r for r in OS_IMAGES if r[0] == os_name and _arm(r[2]) == (arch == "arm64")]
     return max(rows, key=lambda r: r[3])[5]
 
 

@@ -167,6 +167,9 @@ def stack_options(func: F) -> F:
                           "node can stop (`gpuprov stop`, autostop) and keep its disk."),
         click.option("--region", default=None, metavar="REGION", shell_complete=complete_region, help=REGION_HELP),
         click.option("--instance-type", default=None, help="Force an instance type instead of the cheapest that fits."),
+        click.option("--arch", type=click.Choice(["x86_64", "aarch64"]), default=None,
+                     help="The hosts' CPU (`uname -m`) [default: the instance type's; x86_64 for a GPU AWS does not "
+                          "sell]: NVIDIA's repositories (sbsa for aarch64) and the torch wheels follow it."),
         pin_options,
         guard_options,
         node_guard_options,
@@ -321,6 +324,7 @@ def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None
         on_interrupt=kw["on_interrupt"] or None, persistent=kw["persistent"], autostop_action=kw["autostop_action"],
         budget_usd=kw["budget"], jupyter=kw["jupyter"], monitoring=monitoring_from(kw), docker=kw["docker"],
         **sources_from(kw),
+        arch=kw["arch"],
     )
     try:
         plan = make_plan(request)

@@ -61,6 +61,7 @@ class StackOptions(PinOptions, GuardOptions, NodeGuardOptions, MonitorOptions):
     persistent: bool
     region: str | None
     instance_type: str | None
+    arch: Literal["x86_64", "aarch64"] | None
 
 
 class _Reach(TypedDict):

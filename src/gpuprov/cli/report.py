@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from gpuprov.cloud.images import Listed
     from gpuprov.cloud.providers.base import SpotPrice
     from gpuprov.cloud.timeline import Timeline
+    from gpuprov.plan.catalog import InstanceType
     from gpuprov.state import Node
 
 
@@ -33,6 +34,9 @@ def gpus_table(cat: Catalog) -> FitTable:
                      title=f"GPUs on AWS — on-demand list prices, {cat.price_region}, {cat.prices_as_of}")
     for gpu in cat.gpus:
         types = cat.instance_types_for(gpu)
+        if not types:  # GH200: hosts of one's own only (render, bootstrap)
+            table.add_row(gpu.name, gpu.arch.title(), gpu.compute_capability, f"{gpu.memory_mib / 1024:.0f} GiB",
+                          "none on AWS", "", "", "", gpu.good_for, end_section=True)
         for i, it in enumerate(types):
             first = i == 0
             table.add_row(
@@ -43,6 +47,17 @@ def gpus_table(cat: Catalog) -> FitTable:
                 end_section=i == len(types) - 1,
             )
     return table
+
+
+def ultraserver_lines(it: InstanceType, region: str) -> list[str]:
+    """What buying a type sold only inside an UltraServer takes: a Capacity Block of the UltraServer, with the AWS
+    CLI's commands (DescribeCapacityBlockOfferings takes the UltraServer's type and count, then PurchaseCapacityBlock)."""
+    return [f"{it.name} is sold only as part of the UltraServer {it.ultraserver}, through Capacity Blocks (no "
+            "on-demand or spot): buy a block, then `gpuprov up --capacity-block cr-…` launches into it",
+            f"  aws ec2 describe-capacity-block-offerings --region {region} --ultraserver-type {it.ultraserver} "
+            "--ultraserver-count 1 --capacity-duration-hours 24",
+            f"  aws ec2 purchase-capacity-block --region {region} --capacity-block-offering-id cb-… "
+            "--instance-platform Linux/UNIX"]
 
 
 def plan_view(plan: Plan) -> Group:
@@ -58,6 +73,16 @@ def plan_view(plan: Plan) -> Group:
     if plan.instance and plan.gpu and plan.instance.gpus > plan.count:
         parts.append(Text(f"  ({plan.count} requested; the smallest instance type with {plan.gpu.name} "
                           f"has {plan.instance.gpus})"))
+    if plan.arch != "x86_64" or (plan.instance is None and plan.request.arch):
+        parts.append(Text(f"  hosts: {plan.arch} (NVIDIA's {plan.stack.repo_arch if plan.stack else plan.arch} "
+                          "repositories" + (f", {plan.instance.name}'s CPU as EC2 describes it: {plan.instance.arch})"
+                                            if plan.instance else ")")))
+    if plan.instance and plan.instance.ultraserver:
+        for line in ultraserver_lines(plan.instance, plan.request.region):
+            parts.append(Text(f"  {line}"))
+    if plan.instance is None and plan.gpu and plan.stack:
+        parts.append(Text(f"  no AWS instance type carries {plan.gpu.name}: these steps are for a host of your own "
+                          "(`gpuprov render`, `gpuprov bootstrap HOST`)"))
     if plan.instance:
         cost = Text(f"  on-demand list price {price_text(plan.instance.price_usd_hour)} (us-east-1 catalog)")
         if plan.request.spot:

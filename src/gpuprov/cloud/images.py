@@ -16,13 +16,14 @@ Images outlive nodes: `down` leaves them (their gpuprov:node is IMAGES, never a 
 owner's that no local record names, images of a bake that died before it learnt the id, and
 snapshots whose image is gone.
 
-`choose` (launch.launchpad, and `plan --live`): without `--image`, this owner's newest available image in the
-region with the plan's stack hash, OS and x86_64, else the OS's public image (Canonical's Ubuntu; for the other
-OSes the SSM parameter or the publisher's account and name pattern in data/os.yaml's `aws`, with its login user,
-what `up` logs in as without `--ssh-user`; GPUPROV_TEST_PUBLIC_SSM_ROOT stands for /aws/service in the tests' moto);
-`fresh`; `dlami` (the public SSM parameter from data/images.yaml, refused before launch when its recorded driver
-branch is not the plan's); an AMI id; a baked image's name. Snapshots are tagged `gpuprov:image=NAME`, so one whose
-image is gone is found.
+`choose` (launch.launchpad, and `plan --live`): without `--image`, this owner's newest available image in the region
+with the plan's stack hash, OS and architecture (its instance type's, as EC2 spells it: x86_64, arm64), else the
+OS's public image of that architecture (Canonical's Ubuntu; for the other OSes the SSM parameter or the publisher's
+account and name pattern in data/os.yaml's `aws`, with its login user, what `up` logs in as without `--ssh-user`;
+GPUPROV_TEST_PUBLIC_SSM_ROOT stands for /aws/service in the tests' moto); `fresh`; `dlami` (the public SSM parameter
+from data/images.yaml, refused before launch when its recorded driver branch is not the plan's); an AMI id; a baked
+image's name. `check_architecture` refuses an image of another architecture than the type's before anything is made.
+Snapshots are tagged `gpuprov:image=NAME`, so one whose image is gone is found.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from gpuprov.say import Say
     from gpuprov.state import Store
 
-ARCH = "x86_64"  # gpuprov launches amd64 Ubuntu only (providers/aws.py `image`); an image must match it
+ARCH = "x86_64"  # EC2's spelling of a plan's architecture when it names no instance type (ec2_arch)
 INSTALL_KINDS = ("stack", "env", "user")
 # what belongs to one node and not to an image of it, whose files the clean-up moves aside with their markers: the
 # guards (plan.guard_steps' names), the monitoring (plan/monitoring's steps: their settings, the watch's findings,
@@ -154,18 +155,36 @@ def check_spec(spec: str | None) -> None:
                              "of an image you baked (`gpuprov image list`)")
 
 
+def ec2_arch(plan: Plan) -> str:
+    """The plan's CPU as EC2 spells an image's Architecture (x86_64, arm64): its instance type's."""
+    if plan.instance is not None:
+        return plan.instance.arch
+    return "arm64" if plan.arch == "aarch64" else ARCH
+
+
+def check_architecture(plan: Plan, image_id: str, architecture: str | None) -> None:
+    """An image of another architecture than the instance type's is refused before anything is made (EC2 would
+    answer InvalidParameterValue at RunInstances, after the security group)."""
+    wanted = ec2_arch(plan)
+    if architecture is not None and architecture != wanted:
+        it = plan.instance.name if plan.instance else "the plan"
+        raise UserInputError("--image", f"{image_id} is an {architecture} image and {it} runs {wanted} "
+                             "(EC2's ProcessorInfo.SupportedArchitectures)",
+                             f"an {wanted} image of the OS (leave --image out: gpuprov picks it), or another --gpu")
+
+
 def choose(plan: Plan, spec: str | None, provider: Provider) -> ImageChoice:
     """The image for this plan. None: the newest available baked image of this owner in the region whose stack
     hash and OS match the plan, else Canonical's Ubuntu. "fresh": Ubuntu. "dlami": AWS's Deep Learning Base AMI
     (refused when its driver branch is known and differs from the plan's). An AMI id as given; a name: that
     baked image of this owner."""
-    region, os_name = plan.request.region, plan.request.os
+    region, os_name, arch = plan.request.region, plan.request.os, ec2_arch(plan)
     check_spec(spec)
     stack = plan_stack(plan)
     if spec == "dlami":
         return _dlami(plan, provider)
     if spec == "fresh":
-        return _public(provider, region, os_name, stack, "--image fresh: every step runs")
+        return _public(provider, region, os_name, stack, "--image fresh: every step runs", arch)
     if spec is not None and spec.startswith("ami-"):
         return ImageChoice(spec, "given", stack=stack)
     if spec is not None:
@@ -175,20 +194,20 @@ def choose(plan: Plan, spec: str | None, provider: Provider) -> ImageChoice:
                                  "`gpuprov image list` shows your images; or --image fresh")
         return _baked(named[-1], plan, stack)
     baked = [i for i in provider.images(region) if i.stack == stack and i.os == os_name and i.state == "available"
-             and i.architecture in (None, ARCH)]
+             and i.architecture in (None, arch)]
     if baked:
         return _baked(baked[-1], plan, stack)
     return _public(provider, region, os_name, stack,
-                   f"no baked image of stack {stack[:12]} here (`gpuprov image bake` after this `up`)")
+                   f"no baked image of stack {stack[:12]} here (`gpuprov image bake` after this `up`)", arch)
 
 
-def _public(provider: Provider, region: str, os_name: str, stack: str, note: str) -> ImageChoice:
-    """The OS's own public image: Canonical's for Ubuntu, else the one data/os.yaml says where to find."""
+def _public(provider: Provider, region: str, os_name: str, stack: str, note: str, arch: str = ARCH) -> ImageChoice:
+    """The OS's own public image for `arch`: Canonical's for Ubuntu, else the one data/os.yaml says where to find."""
     if os_name.startswith("ubuntu-"):
-        return ImageChoice(provider.image(region, os_name), "ubuntu", stack=stack, note=note)
+        return ImageChoice(provider.image(region, os_name, arch), "ubuntu", stack=stack, note=note)
     from gpuprov.plan.oses import login_user
 
-    return ImageChoice(provider.image(region, os_name), "public", name=f"{os_name}'s public image", stack=stack,
+    return ImageChoice(provider.image(region, os_name, arch), "public", name=f"{os_name}'s public image", stack=stack,
                        note=note, user=login_user(os_name))
 
 
@@ -203,7 +222,7 @@ def _baked(image: Image, plan: Plan, stack: str) -> ImageChoice:
 def _dlami(plan: Plan, provider: Provider) -> ImageChoice:
     facts = dlami()
     os_name, region = plan.request.os, plan.request.region
-    parameter = facts.parameter_for(os_name)
+    parameter = facts.parameter_for(os_name, ec2_arch(plan))
     image_id = provider.public_image(region, parameter)
     if image_id is None:
         raise UserInputError("--image", f"no {facts.name} for {os_name} in {region} (SSM {parameter})",

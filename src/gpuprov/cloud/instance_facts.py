@@ -52,6 +52,7 @@ def row(cat: Catalog, info: InstanceTypeInfo) -> dict[str, Any]:
                            "efa_card0": not cards or cards[0] == 0, "efa_card_list": list(cards) if info.efa else []}
     if info.cpu_archs:
         out["cpu_archs"] = list(info.cpu_archs)
+        out["arch"] = "x86_64" if "x86_64" in info.cpu_archs else "arm64"  # the catalog's `arch`: what gpuprov plans for
     if cpu_only(info):  # no GPU fields: what a CPU-only node plans with is its vCPUs and memory
         return {**out, "gpus": 0, "gpu_memory_mib": None}
     if info.gpu_partition < 1:  # a fraction of one GPU: named, never planned (plan/facts.py merge_ec2)

@@ -151,6 +151,17 @@ def _public_ip() -> str:
 def check_options(plan: Plan, opts: UpOptions) -> None:
     """Refuse option combinations that cannot mean what the user wants, before anything is asked of AWS."""
     spot = plan.request.spot
+    if plan.instance is None and plan.gpu is not None:
+        raise UserInputError("--gpu", f"no AWS instance type carries {plan.gpu.name}",
+                             f"bootstrap a {plan.gpu.name} host of your own: gpuprov bootstrap HOST")
+    if plan.instance is not None and plan.instance.ultraserver and not opts.capacity_block:
+        it, region = plan.instance, plan.request.region
+        raise UserInputError("--capacity-block", f"{it.name} is sold only as part of the UltraServer {it.ultraserver}, "
+                             "through Capacity Blocks (no on-demand or spot)",
+                             f"buy one: aws ec2 describe-capacity-block-offerings --region {region} --ultraserver-type "
+                             f"{it.ultraserver} --ultraserver-count 1 --capacity-duration-hours 24, then aws ec2 "
+                             f"purchase-capacity-block --region {region} --capacity-block-offering-id cb-… "
+                             "--instance-platform Linux/UNIX; then up --capacity-block cr-…")
     images.check_spec(opts.image)
     if opts.ssh_cidr is not None:
         ssh_cidr(opts.ssh_cidr)  # a malformed CIDR is refused before anything else
@@ -318,9 +329,10 @@ def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say
         say(f"SSH will be open to the VPC's CIDR {cidr} (--connect private without --ssh-cidr)")
     chosen = images.choose(plan, opts.image, provider)  # a baked image of this stack, else Ubuntu (or --image)
     say(chosen.line())
-    image = chosen.image_id or provider.image(region, plan.request.os)
+    image = chosen.image_id or provider.image(region, plan.request.os, images.ec2_arch(plan))
     line = " ".join(w for w in (chosen.source, chosen.name, image) if w)
     root = provider.image_root(region, image)
+    images.check_architecture(plan, image, root.architecture)
     disk = max(opts.disk_gb, root.size_gb or 0)
     if disk > opts.disk_gb:  # EC2 refuses a smaller one (InvalidBlockDeviceMapping "... is smaller than snapshot")
         say(f"root volume: {disk} GB, not --disk {opts.disk_gb}: the image's root snapshot is {root.size_gb} GB")

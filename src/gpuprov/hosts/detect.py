@@ -17,7 +17,8 @@ a host elsewhere never waits on 169.254.169.254. An unknown GPU makes bootstrap 
 says which evidence found NVSwitch. The facts also carry `ID_LIKE`, the first package manager on PATH, the
 installed driver's version (nvidia-smi, else /proc/driver/nvidia/version) and the `## login` line (root, sudo, or
 neither: plan/noroot.py). GPU names come from nvidia-smi only when it exits 0 (a failing one prints its error on
-stdout), else from lspci.
+stdout), else from lspci. The architecture (`uname -m`) and the CPU (Grace, Graviton, or x86's model name) decide
+which NVIDIA repositories and torch wheels the host's plan takes (sbsa and aarch64 ones on an Arm host).
 """
 
 from __future__ import annotations
@@ -95,6 +96,19 @@ DRIVER_VERSION = (
     'read -r v < "${GPUPROV_SYSROOT:-}/proc/driver/nvidia/version"; v="nvrm $v"; fi; echo "$v"'
 )
 
+# The CPU architecture (`uname -m`: x86_64, aarch64) and what names the CPU: on Arm, /proc/cpuinfo's implementer and
+# part (the kernel's arm64 cpuinfo; 0x41 is Arm Ltd, whose Neoverse cores Grace and Graviton both use) and the SoC's
+# JEP106 id (/sys/devices/soc0/soc_id, the SMCCC SoC id arm64 kernels publish: NVIDIA's code, bank 4 0x6b, prints
+# as jep106:036b); on x86 the first "model name". Read by the shell's own `read`, under the sysroot as the rest.
+CPU = (
+    'echo "## cpu"; uname -m 2>/dev/null || echo unknown; r="${GPUPROV_SYSROOT:-}"; '
+    'if [ -r "$r/proc/cpuinfo" ]; then m= i= p=; while IFS=: read -r k v; do k="${k%"${k##*[![:space:]]}"}"; '
+    'v="${v#"${v%%[![:space:]]*}"}"; case $k in "model name") [ -n "$m" ] || m=$v ;; "CPU implementer") '
+    '[ -n "$i" ] || i=$v ;; "CPU part") [ -n "$p" ] || p=$v ;; esac; done < "$r/proc/cpuinfo"; '
+    'echo "model $m"; echo "implementer $i"; echo "part $p"; fi; '
+    'if [ -r "$r/sys/devices/soc0/soc_id" ]; then read -r s < "$r/sys/devices/soc0/soc_id"; echo "soc $s"; fi'
+)
+
 # Separated by marker lines so each part can be empty without confusing the parser. Run it as root:
 # a non-root nvidia-smi fails until the /dev/nvidia* nodes exist (a root nvidia-smi creates them).
 FACTS_COMMAND = (
@@ -110,10 +124,15 @@ FACTS_COMMAND = (
     + DRIVER_VERSION + "; "
     + NVSWITCH_SCAN + "; "
     + IMDS_INSTANCE_TYPE + "; "
+    + CPU + "; "
     "echo '## end'"
 )
 
 _NAME_RULES: tuple[tuple[str, str], ...] = (
+    (r"\bGB300\b", "GB300"),
+    (r"\bGB200\b", "GB200"),
+    (r"\bGH200\b", "GH200"),
+    (r"\bT4G\b", "T4G"),
     (r"\bB200\b", "B200"),
     (r"\bH200\b", "H200"),
     (r"\bH100\b", "H100"),
@@ -181,6 +200,8 @@ class HostFacts(BaseModel):
     # bootstrap's first exec (runner.first_exec): the login's home when it has no root there (not uid 0, `sudo -n
     # true` fails); None: root, or not asked
     home: str | None = None
+    arch: str | None = None  # `uname -m`: "x86_64", "aarch64"; None: not read (facts of an older gpuprov)
+    cpu: str | None = None  # "Grace", "Graviton2", "Neoverse-V2", or x86's model name; None: not known
 
     @property
     def gpu(self) -> str | None:
@@ -195,6 +216,28 @@ class HostFacts(BaseModel):
             return None
         ids = ", ".join(dict.fromkeys(self.unknown_pci_ids)) or "GPU"
         return f"NVIDIA {ids}, unknown model"
+
+
+# Arm Ltd's core part numbers (the kernel's arch/arm64/include/asm/cputype.h ARM_CPU_PART_*), and which Graviton each
+# is on EC2: Graviton2 is Neoverse N1, Graviton3 V1, Graviton4 V2 (AWS's Graviton pages); Grace is Neoverse V2 too,
+# told apart by the SoC's maker (NVIDIA's JEP106 code) or by EC2.
+_ARM_PARTS = {"0xd0c": "Neoverse-N1", "0xd40": "Neoverse-V1", "0xd49": "Neoverse-N2", "0xd4f": "Neoverse-V2"}
+_GRAVITON = {"0xd0c": "Graviton2", "0xd40": "Graviton3", "0xd4f": "Graviton4"}
+NVIDIA_JEP106 = "jep106:036b"
+
+
+def cpu_name(lines: list[str], on_ec2: bool) -> tuple[str | None, str | None]:
+    """(architecture, CPU) of the `## cpu` section: the architecture as `uname -m` says it, the CPU by name."""
+    arch = lines[0] if lines and lines[0] != "unknown" else None
+    found = {key: value for key, _, value in (line.partition(" ") for line in lines[1:])}
+    part, soc = found.get("part", "").lower(), found.get("soc", "").lower()
+    if arch != "aarch64":
+        return arch, found.get("model") or None
+    if soc.startswith(NVIDIA_JEP106):
+        return arch, "Grace"
+    if on_ec2 and part in _GRAVITON:
+        return arch, _GRAVITON[part]
+    return arch, _ARM_PARTS.get(part) or (f"Arm part {part}" if part else None)
 
 
 def gpu_from_name(name: str) -> str | None:
@@ -252,6 +295,7 @@ def parse_facts(output: str) -> HostFacts:
     like = next((line.split()[1:] for line in os_lines[1:] if line.startswith("like")), [])
     driver_line = next(iter(sections.get("driver") or []), "")
     driver = re.search(r"(?:^|\s)(\d{3}\.\d+(?:\.\d+)?)(?:\s|$)", driver_line)
+    arch, cpu = cpu_name(sections.get("cpu", []), on_ec2=instance is not None)
     login = next(iter(sections.get("login") or []), "root")
     home = login.split(" ", 1)[1] if login.startswith("user ") else None
     has_lspci = "lspci" in sections and (bool(pci) or "lspci-missing" not in sections)
@@ -259,4 +303,4 @@ def parse_facts(output: str) -> HostFacts:
                      pci_gpu_count=len(pci_gpus) if has_lspci and pci_gpus else None,
                      unknown_pci_ids=unknown_ids, instance_type=instance, nvswitch_seen=seen, os_like=like,
                      package_manager=next(iter(sections.get("package-manager") or []), None),
-                     driver_version=driver.group(1) if driver else None, home=home)
+                     driver_version=driver.group(1) if driver else None, home=home, arch=arch, cpu=cpu)

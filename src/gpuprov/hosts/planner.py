@@ -13,7 +13,7 @@ from gpuprov.plan.inventory import Target
 from gpuprov.plan.monitoring import Monitoring
 from gpuprov.plan.plan import GuardRequest, Plan
 from gpuprov.plan.sources import Sources
-from gpuprov.plan.stack import StackPins
+from gpuprov.plan.stack import CpuArch, StackPins
 
 
 class Planner:
@@ -33,7 +33,7 @@ class Planner:
         self.stack_none = book.stack == "none"
         # --keep-driver, or the playbook's `driver: keep`: the host's installed driver is used as it is
         self.keep_driver = keep_driver or book.driver == "keep"
-        self._plans: dict[tuple[str | None, str, bool | None, str | None, str | None], Plan] = {}
+        self._plans: dict[tuple[str | None, str, bool | None, str | None, str | None, CpuArch], Plan] = {}
         self._lock = threading.Lock()
 
     def __call__(self, target: Target, facts: HostFacts) -> Plan:
@@ -65,7 +65,12 @@ class Planner:
                                  "uid 0, and `sudo -n true` fails), which installing the NVIDIA driver needs; nothing "
                                  "was installed", "pass --keep-driver to use the host's own driver, or log in as a "
                                  "user with sudo")
-        return self._plan(wanted or detected, os_used or "linux", True if facts.nvswitch else None, kept, facts.home)
+        if facts.arch not in (None, "x86_64", "aarch64"):
+            raise UserInputError(target.name, f"an {facts.arch} host; NVIDIA's repositories and gpuprov's "
+                                 "steps are for x86_64 and aarch64 hosts; nothing was installed", "pick another host")
+        arch: CpuArch | None = "aarch64" if facts.arch == "aarch64" else "x86_64" if facts.arch else None
+        return self._plan(wanted or detected, os_used or "linux", True if facts.nvswitch else None, kept, facts.home,
+                          arch)
 
     @staticmethod
     def _kept_driver(target: Target, facts: HostFacts) -> str:
@@ -95,14 +100,29 @@ class Planner:
             return None
 
     def _plan(self, gpu: str | None, os_used: str, nvswitch: bool | None, kept: str | None = None,
-              home: str | None = None) -> Plan:
+              home: str | None = None, arch: CpuArch | None = None) -> Plan:
+        """`arch`: the host's own (its facts); None: the GPU's only one (GH200: aarch64), else x86_64."""
         from gpuprov.plan.plan import make_host_plan
 
-        key = (gpu, os_used, nvswitch, kept, home)
+        if arch is None:
+            arch = _gpu_arch(gpu)
+        key = (gpu, os_used, nvswitch, kept, home, arch)
         with self._lock:
             if key not in self._plans:
                 self._plans[key] = make_host_plan(gpu, self.playbook, os_used, self.pins, nvswitch=nvswitch,
                                                   guard=self.guard, jupyter=self.jupyter, monitoring=self.monitoring,
                                                   kept_driver=kept, docker=self.docker, home=home,
-                                                  sources_flag=self.sources)
+                                                  sources_flag=self.sources, arch=arch)
             return self._plans[key]
+
+
+def _gpu_arch(gpu: str | None) -> CpuArch:
+    """The CPU a GPU comes with where it has only one (GH200: aarch64), else x86_64."""
+    if not gpu:
+        return "x86_64"
+    from gpuprov.plan import catalog
+
+    try:
+        return catalog.load().gpu(catalog.parse_gpu_request(gpu)[0]).cpu_arch or "x86_64"
+    except GpuprovError:  # the GPU's own planning names it
+        return "x86_64"

@@ -23,12 +23,15 @@ import re
 from collections.abc import Sequence
 from datetime import datetime
 from functools import cache
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from gpuprov.errors import UserInputError
 from gpuprov.plan import facts, gpu_names
+
+if TYPE_CHECKING:
+    from gpuprov.plan.stack import CpuArch
 
 Precision = Literal["fp16", "bf16", "tf32", "fp32"]
 
@@ -76,6 +79,7 @@ class Gpu(BaseModel):
     good_for: str
     unverified: str | None = None
     published: Published | None = None
+    cpu_arch: Literal["x86_64", "aarch64"] | None = None  # the only CPU it comes with (GH200: Grace's aarch64)
 
     @property
     def sm(self) -> str:
@@ -103,6 +107,9 @@ class InstanceType(BaseModel):
     efa_card_list: tuple[int, ...] | None = None  # EC2's own list of the cards with EFA (None: the count above)
     efa_rdma: bool = False  # the EFA device does RDMA read (catalog.yaml cluster_network.rdma_source)
     retired: str | None = None  # EC2 no longer describes it (why, with the source and date): never chosen
+    arch: Literal["x86_64", "arm64"] = "x86_64"  # EC2's ProcessorInfo.SupportedArchitectures, as EC2 spells it
+    # sold only inside this UltraServer, through Capacity Blocks (p6e-gb200: u-p6e-gb200x72): never on demand or spot
+    ultraserver: str | None = None
     unverified: str | None = None
 
     @property
@@ -112,6 +119,11 @@ class InstanceType(BaseModel):
     def fits(self, vcpu: int, ram_gib: float) -> bool:
         """At least this many vCPUs and GiB of memory (what `--cpu N --memory GIB` asks for)."""
         return self.vcpu >= vcpu and self.ram_gib >= ram_gib
+
+    @property
+    def host_arch(self) -> CpuArch:
+        """The architecture as the host's `uname -m` says it (aarch64 where EC2 says arm64)."""
+        return "aarch64" if self.arch == "arm64" else self.arch
 
     def efa_card_indexes(self) -> tuple[int, ...]:
         """The network cards that carry an EFA interface, in order (none without EFA): EC2's list when it was read,

@@ -84,11 +84,13 @@ class _Problem(BaseModel):
     hint: str = ""
 
 
-def _torch_problem(gpu: Gpu, release: str, variant: str, pins: StackPins, allow_minor: bool = True) -> _Problem | None:
+def _torch_problem(gpu: Gpu, release: str, variant: str, pins: StackPins, allow_minor: bool = True,
+                   cpu_arch: str = "x86_64") -> _Problem | None:
     """Why this wheel cannot serve this GPU with these pins, or None when it can.
 
     :param allow_minor: accept a driver older than the wheel's CUDA minimum when CUDA minor-version
         compatibility covers it (the wheel then runs with a limited feature set).
+    :param cpu_arch: the host's CPU: an aarch64 host takes only the wheels PyTorch builds for Linux aarch64.
     """
     f = facts()
     arch = f.architectures[gpu.arch]
@@ -98,11 +100,14 @@ def _torch_problem(gpu: Gpu, release: str, variant: str, pins: StackPins, allow_
                         text=f"torch {release} has no {variant} wheels (it ships {', '.join(info.variants)})")
     if arch.min_torch and version_tuple(release) < version_tuple(arch.min_torch):
         return _Problem(rule="arch-min-torch", text=f"{gpu.name} ({gpu.sm}) needs torch ≥ {arch.min_torch}")
-    archs = wheel_archs(release, variant)
+    archs = wheel_archs(release, variant, cpu_arch)
+    if archs is None and cpu_arch == "aarch64":
+        return _Problem(rule="wheel-no-aarch64", text=f"torch {release}+{variant} has no Linux aarch64 wheel")
     if archs is None or not sm_runs(archs.sm, gpu.compute_capability):
         built = ", ".join("sm_" + s.replace(".", "") for s in archs.sm) if archs else "unknown archs"
+        which = "Linux aarch64 wheels" if cpu_arch == "aarch64" else "wheels"
         return _Problem(rule="wheel-no-sass",
-                        text=f"torch {release}+{variant} wheels carry code for {built}, not {gpu.name}'s {gpu.sm}")
+                        text=f"torch {release}+{variant} {which} carry code for {built}, not {gpu.name}'s {gpu.sm}")
     # A wheel with code for the GPU is also within the architecture's CUDA range (max_cuda/min_cuda): no toolkit
     # outside it builds that code. stack.yaml keeps to this (test_compat.py checks it), so the arch list decides.
     cuda = variant_cuda(variant)
@@ -133,7 +138,7 @@ def _torch_problem(gpu: Gpu, release: str, variant: str, pins: StackPins, allow_
     return None
 
 
-def _choose_torch(gpu: Gpu, pins: StackPins) -> tuple[str, str, bool]:
+def _choose_torch(gpu: Gpu, pins: StackPins, cpu_arch: str = "x86_64") -> tuple[str, str, bool]:
     """(release, variant, needs minor-version compatibility): the newest release that fits; within it, a
     wheel the driver runs natively before one that runs only through minor-version compatibility."""
     problems: list[_Problem] = []
@@ -141,7 +146,7 @@ def _choose_torch(gpu: Gpu, pins: StackPins) -> tuple[str, str, bool]:
         variants = [v for _, v in group]
         for allow_minor in (False, True):
             for variant in variants:
-                problem = _torch_problem(gpu, release, variant, pins, allow_minor)
+                problem = _torch_problem(gpu, release, variant, pins, allow_minor, cpu_arch)
                 if problem is None:
                     return release, variant, allow_minor
                 if allow_minor:
@@ -151,7 +156,15 @@ def _choose_torch(gpu: Gpu, pins: StackPins) -> tuple[str, str, bool]:
     if problems and problems[0].rule == "nvcc-torch-major-mismatch":
         field = "--cuda"
     first = problems[0]  # never empty: pins that pass check_pins leave at least one candidate wheel
+    if cpu_arch == "aarch64" and not first.hint and not _any_aarch64_wheel(gpu):  # no pin could help: the GPU
+        field = "--gpu"
+        first = first.model_copy(update={"hint": f"no Linux aarch64 torch wheel carries {gpu.sm}: a playbook without "
+                                                 "torch (-p minimal) installs the driver alone"})
     raise StackConflict(field, first.text, first.hint, rule=first.rule)
+
+
+def _any_aarch64_wheel(gpu: Gpu) -> bool:
+    return any(sm_runs(row.sm, gpu.compute_capability) for row in facts().aarch64_wheel_archs)
 
 
 def variants_with_sass(release: str, compute_capability: str) -> list[str]:
@@ -165,12 +178,13 @@ def variants_with_sass(release: str, compute_capability: str) -> list[str]:
     return sorted(fits, key=lambda v: v != info.pypi_default)
 
 
-def choose_torch_for_driver(gpu: Gpu, driver: str, pins: StackPins | None = None) -> TorchWheel:
+def choose_torch_for_driver(gpu: Gpu, driver: str, pins: StackPins | None = None,
+                            cpu_arch: str = "x86_64") -> TorchWheel:
     """The newest torch wheel that runs on an already-installed driver (any branch, also ones gpuprov would not
     install), minor-version compatibility included, within the torch/wheel/Python pins given. For doctor's fixes
     and for hosts whose driver is kept (plan/kept.py); StackConflict when none runs."""
     pins = (pins or StackPins()).model_copy(update={"driver": driver})
-    release, variant, _ = _choose_torch(gpu, pins)
+    release, variant, _ = _choose_torch(gpu, pins, cpu_arch)
     return TorchWheel(version=pins.torch or release, variant=variant, cuda=variant_cuda(variant),
                       index_url=f"{facts().pytorch_index}/{variant}")
 
@@ -225,24 +239,27 @@ def resolve(
     *,
     nvswitch: bool | None = None,
     want_torch: bool = True,
+    cpu_arch: str = "x86_64",
 ) -> Stack:
     """Resolve one stack, or raise StackConflict naming the rule and a combination that works.
 
     :param nvswitch: True for an NVSwitch instance type, False for one without, None when the
         host is not known in advance (Fabric Manager is then installed only if the host has NVSwitch).
     :param want_torch: False for playbooks that install the driver but no PyTorch.
+    :param cpu_arch: the host's CPU (`uname -m`): an aarch64 host's wheel must be one PyTorch builds for it.
     """
     pins = pins or StackPins()
     check_pin_syntax(pins)
     oses.info(os_name)  # an unknown name is refused, naming the ones there are
     try:
-        return _resolve(gpu, os_name, pins, nvswitch, want_torch)
+        return _resolve(gpu, os_name, pins, nvswitch, want_torch, cpu_arch)
     except StackConflict as conflict:
-        raise _with_alternative(conflict, gpu, os_name, pins, nvswitch, want_torch) from None
+        raise _with_alternative(conflict, gpu, os_name, pins, nvswitch, want_torch, cpu_arch) from None
 
 
 def _with_alternative(
-    conflict: StackConflict, gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, want_torch: bool
+    conflict: StackConflict, gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, want_torch: bool,
+    cpu_arch: str = "x86_64",
 ) -> StackConflict:
     """Append what would work: the same request with one pin dropped, the failing field first.
 
@@ -257,7 +274,7 @@ def _with_alternative(
         if getattr(pins, name) is None:
             continue
         try:
-            alt = _resolve(gpu, os_name, pins.without(name), nvswitch, want_torch)
+            alt = _resolve(gpu, os_name, pins.without(name), nvswitch, want_torch, cpu_arch)
         except StackConflict:
             continue
         options.append(_describe_change(name, alt))
@@ -281,7 +298,8 @@ def _describe_change(name: str, alt: Stack) -> str:
     return f"{change} ({stack})"
 
 
-def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, want_torch: bool) -> Stack:
+def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, want_torch: bool,
+             cpu_arch: str = "x86_64") -> Stack:
     f = facts()
     arch = f.architectures[gpu.arch]
     unverified: list[str] = []
@@ -302,12 +320,12 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
     release: str | None = None
     minor = False
     if want_torch:
-        release, variant, minor = _choose_torch(gpu, pins)
+        release, variant, minor = _choose_torch(gpu, pins, cpu_arch)
         cuda = variant_cuda(variant)
         torch = TorchWheel(
             version=pins.torch or release, variant=variant, cuda=cuda, index_url=f"{f.pytorch_index}/{variant}"
         )
-        archs = wheel_archs(release, variant)
+        archs = wheel_archs(release, variant, cpu_arch)
         if archs and archs.unverified:
             unverified.append(archs.unverified)
         if f.torch_releases[release].unverified:

@@ -37,7 +37,7 @@ DataFile = Literal["stack.yaml", "catalog.yaml"]
 # the fields of a catalog instance type that EC2's DescribeInstanceTypes states (the rest is gpuprov's own:
 # price, NVSwitch, whether the EFA device does RDMA read)
 EC2_FIELDS = ("gpus", "vcpu", "ram_gib", "gpu_memory_mib", "efa", "efa_interfaces", "efa_cards", "efa_card0",
-              "network_cards")
+              "network_cards", "arch")
 # and the network cards that carry EFA, by index, as EC2 lists them (no layout is assumed from a count)
 LAYOUT_FIELDS = ("efa_card_list",)
 
@@ -54,7 +54,7 @@ class Family:
 
 FAMILIES = (
     Family("torch", "torch releases: CUDA variants, PyPI default, Python range, SASS per wheel", "stack.yaml",
-           ("torch_releases", "wheel_archs", "torch_plans", "python_ranges_unverified"),
+           ("torch_releases", "wheel_archs", "aarch64_wheel_archs", "torch_plans", "python_ranges_unverified"),
            "PyPI's JSON API and the PyTorch wheel index", ("python_ranges_unverified",)),
     Family("cuda", "CUDA toolkit -> minimum driver, minor-version compatibility", "stack.yaml",
            ("cuda_min_driver", "minor_version_compat"), ""),
@@ -194,8 +194,6 @@ def merge_ec2(data: dict[str, Any], read: dict[str, dict[str, Any]], when: datet
             fractional[name] = f"{fresh['gpu_fraction']:g} of one {fresh.get('ec2_gpu') or 'GPU'}"
             continue
         if fresh.get("gpu") or not fresh.get("ec2_gpu"):
-            continue
-        if "x86_64" not in fresh.get("cpu_archs", ["x86_64"]):  # gpuprov's images and wheels are x86_64's
             continue
         found = gpu_names.named(str(fresh["ec2_gpu"]))
         if found is None:

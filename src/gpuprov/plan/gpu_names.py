@@ -5,8 +5,7 @@ was not read there says why in `unverified`.
 
 Only the architectures the stack's facts know (stack.yaml `architectures`) are here: an older GPU (K80, M60) has
 no driver, toolkit or wheel gpuprov could plan, and is refused like any GPU the table lacks, by its type's name.
-Nor is g5g's T4G: its hosts are arm64 (Graviton), and gpuprov plans x86_64 hosts; a new type EC2 says runs no
-x86_64 (ProcessorInfo.SupportedArchitectures) is not planned whatever its GPU (plan/facts.py `merge_ec2`).
+A type's architecture is EC2's own (ProcessorInfo.SupportedArchitectures): an arm64 type is planned for aarch64 hosts.
 """
 
 from __future__ import annotations
@@ -40,6 +39,8 @@ NAMES: tuple[NamedGpu, ...] = (
     NamedGpu("V100", "volta", "7.0", LEGACY_GPUS),
     NamedGpu("T4", "turing", "7.5", CUDA_GPUS,
              "the page as stored was cut above 8.6; NVIDIA's earlier copies of the table list the T4 at 7.5"),
+    NamedGpu("T4g", "turing", "7.5", CUDA_GPUS, "g5g's T4 for Arm servers; NVIDIA's page lists the T4 at 7.5",
+             name="T4G"),
     NamedGpu("A10G", "ampere", "8.6", CUDA_GPUS, "AWS's variant of the A10 (g5); NVIDIA's page lists the A10 at 8.6"),
     NamedGpu("A10", "ampere", "8.6", CUDA_GPUS),
     NamedGpu("A100", "ampere", "8.0", CUDA_GPUS,

@@ -63,7 +63,8 @@ def oldest_branch_for(gpu: Gpu, pins: StackPins) -> tuple[int, str] | None:
     return version_tuple(lowest)[0], lowest
 
 
-def resolve_kept(gpu: Gpu, os_name: str, pins: StackPins, installed: str, want_torch: bool) -> Stack:
+def resolve_kept(gpu: Gpu, os_name: str, pins: StackPins, installed: str, want_torch: bool,
+                 cpu_arch: str = "x86_64") -> Stack:
     """The stack for a host that keeps its driver `installed` ("550.54.14", from nvidia-smi)."""
     if not re.fullmatch(r"\d{3}\.\d+(\.\d+)?", installed):
         raise UserInputError(FLAG, f"the host's driver version {installed!r} is not one gpuprov can read",
@@ -85,7 +86,7 @@ def resolve_kept(gpu: Gpu, os_name: str, pins: StackPins, installed: str, want_t
     minor = False
     if want_torch:
         try:
-            torch = compat.choose_torch_for_driver(gpu, installed, kept)
+            torch = compat.choose_torch_for_driver(gpu, installed, kept, cpu_arch)
         except StackConflict as exc:
             need = oldest_branch_for(gpu, pins)
             hint = (f"upgrade the host's driver to R{need[0]} (≥ {need[1]}) or newer, the oldest a torch wheel for "

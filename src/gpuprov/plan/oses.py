@@ -95,3 +95,16 @@ def from_os_release(os_id: str, version_id: str) -> str:
     """`rocky` + `9.4` -> `rocky-9`; `ubuntu` + `24.04` -> `ubuntu-24.04`; an unknown ID keeps its full version."""
     version = version_id.split(".")[0] if os_id in table().version_major else version_id
     return f"{os_id}-{version}"
+
+
+def ssm_for_arch(parameter: str, arch: str) -> str:
+    """An OS's public SSM parameter (data/os.yaml `aws.ssm`, the x86_64 image's) for `arch`: its publishers name the
+    arm64 image's parameter with the architecture in the same place (Amazon Linux's al2023-ami-kernel-default-arm64,
+    Debian's release/12/latest/arm64)."""
+    if arch != "arm64":
+        return parameter
+    for x86 in ("-x86_64", "/amd64"):
+        if parameter.endswith(x86):
+            return parameter.removesuffix(x86) + x86[0] + "arm64"
+    raise UserInputError("--os", f"the public image parameter {parameter} names no architecture to swap for arm64",
+                         "pass --image ami-... of an arm64 image of that OS")

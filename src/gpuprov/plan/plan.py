@@ -30,7 +30,7 @@ from gpuprov.plan.monitoring import summary as monitoring_summary
 from gpuprov.plan.render import STATE_DIR, Bundle, Script, StepPlan, render_steps
 from gpuprov.plan.sources import ORIGIN, Effective, Sources
 from gpuprov.plan.spec import Playbook, format_duration, load_playbook
-from gpuprov.plan.stack import Stack, StackPins, TorchWheel
+from gpuprov.plan.stack import CpuArch, Stack, StackPins, TorchWheel
 from gpuprov.plan.stack_steps import check_monitoring_os, driver_stack_steps
 
 # The catalog, the stack solver (compat, kept) and Docker's facts are imported where a plan needs them: a host's
@@ -64,6 +64,7 @@ class NodeRequest(BaseModel):
     persistent: bool = False  # --persistent: a persistent spot request (interruption behaviour stop), so it can stop
     autostop_action: Literal["stop", "terminate"] | None = None  # --autostop-action; None: stop when it can
     budget_usd: float | None = None  # --budget: a dollar cap, enforced on the node as a deadline
+    arch: CpuArch | None = None  # --arch: the hosts' CPU; None: the instance type's
 
     @property
     def can_stop(self) -> bool:
@@ -99,6 +100,13 @@ class Plan:
     @property
     def price_usd_hour(self) -> float | None:
         return self.instance.price_usd_hour if self.instance else None
+
+    @property
+    def arch(self) -> CpuArch:
+        """The hosts' CPU (`uname -m`): --arch, else the instance type's, else x86_64."""
+        if self.stack is not None:
+            return self.stack.cpu_arch
+        return self.request.arch or (self.instance.host_arch if self.instance else "x86_64")
 
     def estimate(self, hours: float | None, spot: tuple[str, float] | None = None) -> dict[str, Any] | None:
         """What `hours` of this plan's instance cost, and how long its --budget lasts, at the on-demand list
@@ -178,6 +186,8 @@ class Plan:
             "playbook": self.playbook.name,
             "env_path": self.playbook.env.path if self.playbook.env else None,
             "os": self.request.os,
+            "arch": self.arch,
+            **({"ultraserver": self.instance.ultraserver} if self.instance and self.instance.ultraserver else {}),
             "stack": self.stack.model_dump(mode="json") if self.stack else None,
             "steps": [{"name": s.name, "kind": s.kind, "summary": s.summary} for s in self.steps],
             "sources": self.step_sources(),
@@ -196,8 +206,9 @@ def _merge_pins(playbook: StackPins, flags: StackPins) -> StackPins:
 
 
 def choose_instances(gpu: Gpu, count: int, instance_type: str | None = None,
-                     cat: catalog.Catalog | None = None) -> tuple[InstanceType, ...]:
-    """Instance types carrying at least `count` of this GPU, cheapest first (unpriced last)."""
+                     cat: catalog.Catalog | None = None, arch: CpuArch | None = None) -> tuple[InstanceType, ...]:
+    """Instance types carrying at least `count` of this GPU, cheapest first (unpriced last); with `arch` (`uname -m`
+    spelling), only those whose CPU is of it."""
     from gpuprov.plan import catalog
 
     cat = cat or catalog.load()
@@ -209,8 +220,15 @@ def choose_instances(gpu: Gpu, count: int, instance_type: str | None = None,
         if it.gpu != gpu.name or it.gpus < count:
             raise UserInputError("--instance-type", f"{it.name} carries {it.gpus}× {it.gpu}, not {count}× {gpu.name}")
         refuse_retired(it, cat)
+        if arch and it.host_arch != arch:
+            raise UserInputError("--arch", f"{it.name} is an {it.host_arch} type (EC2: {it.arch}), not {arch}",
+                                 f"--arch {it.host_arch}, or another --instance-type")
         return (it,)
-    fits = [it for it in cat.launchable_for(gpu) if it.gpus >= count]
+    if arch and cat.launchable_for(gpu) and not any(it.host_arch == arch for it in cat.launchable_for(gpu)):
+        others = sorted({it.host_arch for it in cat.launchable_for(gpu)})
+        raise UserInputError("--arch", f"every instance type with {gpu.name} is {' or '.join(others)}, not {arch}",
+                             f"--arch {others[0]}, or a GPU AWS sells with {arch} hosts")
+    fits = [it for it in cat.launchable_for(gpu) if it.gpus >= count and (not arch or it.host_arch == arch)]
     if not fits:
         most = max((it.gpus for it in cat.launchable_for(gpu)), default=0)
         gone = [it.name for it in cat.instance_types_for(gpu) if it.retired and it.gpus >= count]
@@ -400,8 +418,18 @@ def steps_for(
 
 def resolve_stack(
     playbook: Playbook, gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, kept_driver: str | None = None,
+    cpu_arch: CpuArch = "x86_64",
 ) -> Stack | None:
-    """:param kept_driver: the installed driver a host keeps (--keep-driver, `driver: keep`): plan/kept.py."""
+    """:param kept_driver: the installed driver a host keeps (--keep-driver, `driver: keep`): plan/kept.py.
+    :param cpu_arch: the host's CPU (`uname -m`): the repositories' folder and the wheels depend on it."""
+    stack = _resolve_stack(playbook, gpu, os_name, pins, nvswitch, kept_driver, cpu_arch)
+    return stack.model_copy(update={"cpu_arch": cpu_arch}) if stack is not None else None
+
+
+def _resolve_stack(
+    playbook: Playbook, gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, kept_driver: str | None,
+    cpu_arch: CpuArch,
+) -> Stack | None:
     from gpuprov.plan import compat
 
     if playbook.stack == "none":
@@ -418,14 +446,15 @@ def resolve_stack(
                                      "use a playbook without cuda_toolkit, or drop --keep-driver")
             from gpuprov.plan.kept import resolve_kept
 
-            return resolve_kept(gpu, os_name, merged, kept_driver, playbook.installs_torch)
-        stack = compat.resolve(gpu, os_name, merged, nvswitch=nvswitch, want_torch=playbook.installs_torch)
+            return resolve_kept(gpu, os_name, merged, kept_driver, playbook.installs_torch, cpu_arch)
+        stack = compat.resolve(gpu, os_name, merged, nvswitch=nvswitch, want_torch=playbook.installs_torch,
+                               cpu_arch=cpu_arch)
         if playbook.cuda_toolkit and not merged.cuda:
             # the toolkit that matches the wheel keeps nvcc-built extensions ABI-compatible with torch
             cuda = stack.torch.cuda if stack.torch else compat.newest_cuda(gpu, stack.driver_branch, os_name)
             stack = compat.resolve(
                 gpu, os_name, merged.model_copy(update={"cuda": cuda}),
-                nvswitch=nvswitch, want_torch=playbook.installs_torch,
+                nvswitch=nvswitch, want_torch=playbook.installs_torch, cpu_arch=cpu_arch,
             )
     except UserInputError as exc:
         raise _blame_playbook(exc, playbook, pins) from None
@@ -496,8 +525,15 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
     if ":" in (request.gpu or "") and count != count_in_name:
         raise UserInputError("--count", f"--count {count} conflicts with --gpu {request.gpu}",
                              f"give the count once: --gpu {name}:{count}, or --gpu {name} --count {count}")
-    candidates = choose_instances(gpu, count, request.instance_type, cat)
+    if gpu.cpu_arch and request.arch and request.arch != gpu.cpu_arch:
+        raise UserInputError("--arch", f"{gpu.name} comes only with {gpu.cpu_arch} hosts, not {request.arch}",
+                             f"--arch {gpu.cpu_arch}, or leave --arch out")
+    request = request.model_copy(update={"arch": request.arch or gpu.cpu_arch})
+    if not cat.instance_types_for(gpu) and not request.instance_type:
+        return _plan_without_instance(request, gpu, count)
+    candidates = choose_instances(gpu, count, request.instance_type, cat, request.arch)
     instance = candidates[0]
+    arch = request.arch or instance.host_arch
     playbook = _with_docker(with_jupyter(load_playbook(request.playbook), request.jupyter), request.docker)
     if playbook.driver == "keep":
         raise UserInputError(playbook.where("driver") or "--playbook", "`driver: keep` keeps a host's own driver; a "
@@ -505,7 +541,8 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
                              "playbook that installs the driver")
     request = request.model_copy(update={"monitoring": with_monitoring(request.monitoring, playbook)})
     where_from = effective_sources(request, playbook)
-    stack = with_sources(resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch), where_from)
+    stack = with_sources(resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch, cpu_arch=arch),
+                         where_from)
     if request.budget_usd is not None and instance.price_usd_hour:
         check_budget(request.budget_usd, instance.price_usd_hour)
     guards = with_budget(guards_for(request, playbook, launched=True), request.budget_usd, instance.price_usd_hour)
@@ -554,6 +591,17 @@ def _make_cpu_plan(request: NodeRequest, cat: catalog.Catalog) -> Plan:
                 cpu_torch=wheel)
 
 
+def _plan_without_instance(request: NodeRequest, gpu: Gpu, count: int) -> Plan:
+    """The offline plan for a GPU no AWS type carries (GH200): what `render` writes for a host of it; `up` refuses it
+    (cloud/launch.check_options)."""
+    plan = make_host_plan(request.gpu, request.playbook, request.os, request.pins, None,
+                          GuardRequest(request.autostop_seconds, request.ttl_seconds, request.on_interrupt),
+                          request.jupyter, request.monitoring, docker=request.docker, arch=request.arch or "x86_64",
+                          sources_flag=(request.sources, request.sources_from) if request.sources else None)
+    return replace(plan, request=plan.request.model_copy(update={"region": request.region, "spot": request.spot}),
+                   count=count)
+
+
 @dataclass(frozen=True)
 class GuardRequest:
     """Guardrails asked for by flags: idle autostop and TTL in seconds, an interruption hook."""
@@ -566,7 +614,7 @@ class GuardRequest:
 def make_host_plan(
     gpu_name: str | None, playbook_name: str, os_name: str, pins: StackPins, nvswitch: bool | None = None,
     guard: GuardRequest | None = None, jupyter: bool = False, monitoring: Monitoring | None = None,
-    kept_driver: str | None = None, docker: bool = False, home: str | None = None,
+    kept_driver: str | None = None, docker: bool = False, home: str | None = None, arch: CpuArch = "x86_64",
     sources_flag: tuple[Sources, str] | None = None,
 ) -> Plan:
     """The plan for an existing host: no instance type; Fabric Manager follows what the host has; `kept_driver`
@@ -589,13 +637,13 @@ def make_host_plan(
     if gpu is None and playbook.stack != "none":
         raise UserInputError("--gpu", "no NVIDIA GPU found on the host, and none given",
                              "pass --gpu, or use a `stack: none` playbook for CPU hosts")
-    stack = resolve_stack(playbook, gpu, os_name, pins, nvswitch, kept_driver) if gpu else None
+    stack = resolve_stack(playbook, gpu, os_name, pins, nvswitch, kept_driver, arch) if gpu else None
     if gpu is None and pins.model_copy(update={"python": None}) != StackPins():
         raise UserInputError("--playbook", "driver, CUDA and torch pins need a GPU host")
     guard = guard or GuardRequest()
     wanted = with_monitoring(monitoring or Monitoring(), playbook)
     request = NodeRequest(gpu=gpu_name or "none", count=max(count, 1), playbook=playbook_name, os=os_name, pins=pins,
-                          autostop_seconds=guard.autostop_seconds, ttl_seconds=guard.ttl_seconds,
+                          arch=arch, autostop_seconds=guard.autostop_seconds, ttl_seconds=guard.ttl_seconds,
                           on_interrupt=guard.on_interrupt, jupyter=jupyter, monitoring=wanted, docker=docker,
                           sources=sources_flag[0] if sources_flag else None,
                           sources_from=sources_flag[1] if sources_flag else "--sources")

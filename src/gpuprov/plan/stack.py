@@ -143,6 +143,7 @@ class StackFacts(_Fact):
     minor_version_compat: dict[str, _MinorCompat]
     minor_version_compat_limits: str
     wheel_archs: tuple[_WheelArchs, ...]
+    aarch64_wheel_archs: tuple[_WheelArchs, ...] = ()  # the Linux aarch64 wheels: a release/variant without a row has none
     architectures: dict[str, _Arch]
     nvswitch_gen4: _NvswitchGen4
     nvcc_must_match_torch: Literal["major"]
@@ -219,6 +220,9 @@ class TorchWheel(BaseModel):
 FabricManager = Literal["required", "auto", "no"]
 
 
+CpuArch = Literal["x86_64", "aarch64"]  # a host's CPU as `uname -m` says it (EC2 says arm64 for aarch64)
+
+
 class Stack(BaseModel):
     """One consistent GPU software stack, as the templates install it."""
 
@@ -230,6 +234,7 @@ class Stack(BaseModel):
     os: str
     family: Literal["apt", "dnf"] = "apt"  # the OS's package manager (plan/oses.py)
     repo: str = ""  # NVIDIA's repository directory for the OS: ubuntu2404, rhel9, amzn2023
+    cpu_arch: CpuArch = "x86_64"  # the host's `uname -m`, which the steps check
     driver_stream: str | None = None  # dnf: the module stream that holds the branch, nvidia-driver:580-open
     driver_versionlock: str | None = None  # dnf without modularity (EL10): `dnf versionlock` of *nvidia*580*
     kept_driver: bool = False  # --keep-driver: the host's installed driver (driver_version) is used as it is
@@ -254,6 +259,11 @@ class Stack(BaseModel):
     unverified: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # allowed but worth knowing: a branch NVIDIA has ended
+
+    @property
+    def repo_arch(self) -> str:
+        """The architecture folder of NVIDIA's repositories (.../repos/ubuntu2404/sbsa/): Arm servers are sbsa's."""
+        return "sbsa" if self.cpu_arch == "aarch64" else self.cpu_arch
 
     @property
     def repo_packages(self) -> tuple[str, ...]:
@@ -363,8 +373,9 @@ def driver_runs(cuda: str, driver: str) -> tuple[bool, bool]:
     return (True, True) if minor_compat_runs(cuda, driver) else (False, False)
 
 
-def wheel_archs(release: str, variant: str) -> _WheelArchs | None:
-    for row in facts().wheel_archs:
+def wheel_archs(release: str, variant: str, cpu_arch: str = "x86_64") -> _WheelArchs | None:
+    """The SASS a torch wheel carries; None: not known, or (aarch64) no such wheel."""
+    for row in facts().aarch64_wheel_archs if cpu_arch == "aarch64" else facts().wheel_archs:
         lo, hi = (version_tuple(v) for v in row.torch)
         if lo <= version_tuple(release) <= hi and variant in row.variants:
             return row

@@ -115,7 +115,8 @@ def changes(family: str, old: dict[str, Any], new: facts.Overlay) -> list[str]:
     return out
 
 
-_DEFAULTS = {"efa": False, "network_cards": 1, "efa_cards": 1, "efa_card0": True, "efa_interfaces": None}
+_DEFAULTS = {"efa": False, "network_cards": 1, "efa_cards": 1, "efa_card0": True, "efa_interfaces": None,
+             "arch": "x86_64"}
 
 
 def _facts_only(value: Any) -> Any:

@@ -252,10 +252,13 @@ if [ -n "${GPUPROV_SHIM_INSTANCE_URL:-}" ]; then
   eval "$(shim_instance_settings "$GPUPROV_SHIM_INSTANCE_URL" 2>/dev/null || true)"
 fi
 
-# GPU model from GPUPROV_SHIM_GPU (T4, L4, L40S, A100, A100-80GB, H100, B200; catalog names accepted).
+# GPU model from GPUPROV_SHIM_GPU (T4, L4, L40S, A100, A100-80GB, H100, B200, and the Arm hosts' GH200 and T4G;
+# catalog names accepted).
 shim_gpu_model() {
   case "${GPUPROV_SHIM_GPU:-A100}" in
     T4) echo T4 ;;
+    T4G) echo T4G ;;
+    GH200) echo GH200 ;;
     A100 | A100-40GB | A100-SXM4-40GB) echo A100 ;;
     A100-80GB | A100-SXM4-80GB) echo A100-80GB ;;
     L40S) echo L40S ;;
@@ -263,6 +266,19 @@ shim_gpu_model() {
     H100 | H100-80GB) echo H100 ;;
     B200) echo B200 ;;
     *) echo "gpuprov shim: unknown GPUPROV_SHIM_GPU=${GPUPROV_SHIM_GPU}" >&2; return 1 ;;
+  esac
+}
+
+# The CPU architecture `uname -m` says (tests/shims/bin/uname): GPUPROV_SHIM_ARCH, else aarch64 for the GPUs that
+# come only with Arm hosts (GH200 beside Grace, g5g's T4G beside Graviton2), else the machine's own.
+shim_arch() {
+  if [ -n "${GPUPROV_SHIM_ARCH:-}" ]; then
+    echo "$GPUPROV_SHIM_ARCH"
+    return
+  fi
+  case "${GPUPROV_SHIM_GPU:-}" in
+    GH200 | T4G) echo aarch64 ;;
+    *) command -p uname -m ;;
   esac
 }
 

@@ -63,15 +63,16 @@ class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
             found.setdefault(offer["InstanceType"], []).append(offer["Location"])
         return {t: sorted(zones) for t, zones in found.items()}
 
-    def image(self, region: str, os_name: str) -> str:
+    def image(self, region: str, os_name: str, arch: str = "x86_64") -> str:
         if not os_name.startswith("ubuntu-"):
-            return self.os_image(region, os_name)
+            return self.os_image(region, os_name, arch)
         release = os_name.removeprefix("ubuntu-")
+        canonical = "arm64" if arch == "arm64" else "amd64"  # Canonical's names: amd64 for x86_64
         prefix = settings().test_ubuntu_ssm_prefix or UBUNTU_SSM_PREFIX
         ssm = self._client("ssm", region)
         tried = []
         for volume in ("ebs-gp3", "ebs-gp2"):
-            name = f"{prefix}/{release}/stable/current/amd64/hvm/{volume}/ami-id"
+            name = f"{prefix}/{release}/stable/current/{canonical}/hvm/{volume}/ami-id"
             tried.append(name)
             try:
                 reply = self._call("ssm:GetParameter", functools.partial(ssm.get_parameter, Name=name))
@@ -79,7 +80,7 @@ class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
             except AwsError as exc:
                 if exc.code != "ParameterNotFound":
                     raise
-        raise UserInputError("--image", f"no Ubuntu {release} image published in {region} (looked up {tried[0]})",
+        raise UserInputError("--image", f"no Ubuntu {release} {arch} image published in {region} (looked up {tried[0]})",
                              "pass --image ami-... explicitly")
 
     def enabled_regions(self, region: str) -> list[str]:

@@ -44,9 +44,10 @@ class AwsImages(AwsBase):
             return None
         return str(reply["Parameter"]["Value"])
 
-    def os_image(self, region: str, os_name: str) -> str:
-        """The current x86_64 image of a non-Ubuntu OS (data/os.yaml `aws`): its public SSM parameter, else the newest
-        available image of its publisher's account whose name matches. GPUPROV_TEST_PUBLIC_SSM_ROOT stands in for
+    def os_image(self, region: str, os_name: str, arch: str = "x86_64") -> str:
+        """The current image of a non-Ubuntu OS (data/os.yaml `aws`) for `arch` (x86_64, arm64): its public SSM
+        parameter (the arm64 one named as its publisher names it: oses.ssm_for_arch), else the newest available image
+        of that architecture of its publisher's account whose name matches. GPUPROV_TEST_PUBLIC_SSM_ROOT stands in for
         /aws/service (the tests' fake AWS, where no one may write under /aws)."""
         from gpuprov.plan import oses
 
@@ -56,18 +57,18 @@ class AwsImages(AwsBase):
             raise UserInputError("--os", f"gpuprov knows no EC2 image of {os_name}", hint)
         if image.ssm:
             root = settings().test_public_ssm_root or "/aws/service"
-            name = root + image.ssm.removeprefix("/aws/service")
+            name = root + oses.ssm_for_arch(image.ssm, arch).removeprefix("/aws/service")
             found = self.public_image(region, name)
             if found is None:
-                raise UserInputError("--os", f"no {os_name} image published in {region} (looked up {name})", hint)
+                raise UserInputError("--os", f"no {os_name} {arch} image published in {region} (looked up {name})", hint)
             return found
         ec2 = self._client("ec2", region)
-        filters = [{"Name": "name", "Values": [str(image.name)]}, {"Name": "architecture", "Values": ["x86_64"]},
+        filters = [{"Name": "name", "Values": [str(image.name)]}, {"Name": "architecture", "Values": [arch]},
                    {"Name": "state", "Values": ["available"]}]
         reply = self._call("DescribeImages", lambda: ec2.describe_images(Owners=[str(image.owner)], Filters=filters))
         newest = sorted(reply["Images"], key=lambda i: str(i.get("CreationDate", "")))
         if not newest:
-            raise UserInputError("--os", f"no {os_name} image in {region} (account {image.owner}, name {image.name})",
+            raise UserInputError("--os", f"no {os_name} {arch} image in {region} (account {image.owner}, name {image.name})",
                                  hint)
         return str(newest[-1]["ImageId"])
 

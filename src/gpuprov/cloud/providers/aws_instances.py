@@ -61,7 +61,8 @@ class AwsInstances(AwsBase):
         device = str(images[0].get("RootDeviceName") or "/dev/sda1")
         sizes = [m["Ebs"].get("VolumeSize") for m in images[0].get("BlockDeviceMappings") or []
                  if m.get("DeviceName") == device and "Ebs" in m]
-        return ImageRoot(device, int(sizes[0]) if sizes and sizes[0] is not None else None)
+        return ImageRoot(device, int(sizes[0]) if sizes and sizes[0] is not None else None,
+                         str(images[0]["Architecture"]) if images[0].get("Architecture") else None)
 
     def _run_kwargs(self, request: LaunchRequest) -> dict[str, Any]:
         specs = [

@@ -83,6 +83,7 @@ class ImageRoot:
 
     device: str
     size_gb: int | None
+    architecture: str | None = None  # EC2's Architecture: x86_64, arm64 (None: not said)
 
 
 @dataclass(frozen=True)
@@ -307,7 +308,9 @@ class Provider(Protocol):
         """Zones that offer each instance type (types offered nowhere are absent)."""
         ...
 
-    def image(self, region: str, os_name: str) -> str: ...
+    def image(self, region: str, os_name: str, arch: str = "x86_64") -> str:
+        """The current public image of an OS for instances of this architecture (EC2's spelling: x86_64, arm64)."""
+        ...
 
     def enabled_regions(self, region: str) -> list[str]:
         """The regions enabled for the account (opt-in regions it has not enabled left out), asked in `region`."""
