@@ -70,7 +70,7 @@ def test_every_catalog_type_has_a_quota_in_both_markets():
                if quota_for(it.name, m) is None]
     assert missing == []
     # what AWS's table does not settle
-    assert [q.families for q in quotas() if q.unverified] == [("p6-b200", "p6-b300")]
+    assert [q.families for q in quotas() if q.unverified] == [("p6-b200", "p6-b300", "p6e-gb200", "p6e-gb300")]
 
 
 def test_increase_asks_for_more_than_the_current_value():

@@ -32,6 +32,7 @@ reaches the CLI is a bug: one `gpuprov hit a bug` line, the traceback saved to a
       StateUnavailable      state/errors.py              exit 1: the records are intact but cannot be written now
         BucketUnavailable   state/s3.py                  exit 1: team state's bucket cannot be read or written now
       Busy                  state/coordinator.py         exit 1: another process holds the lock, and the caller would not wait
+        Overdue             state/coordinator.py         exit 1: still held when the caller's patience ran out: names who
       LeaseLost             state/leases.py              exit 1: a teammate broke or took this command's lease: it stopped
       SourceUnreachable     sources/http.py              `facts refresh`: that family's refresh fails, the rest go on
       HostUnreachable       hosts/remote.py              SSH did not answer: the host's failed row (exec: 255)
@@ -56,6 +57,7 @@ reaches the CLI is a bug: one `gpuprov hit a bug` line, the traceback saved to a
       TeardownIncomplete    cloud/teardown.py            exit 1: some resources are left; `down` again finishes
       Refused               cloud/destroy.py             exit 1: the destroy gate left a node: a teammate's, its data unsaved
       NotSaved              cloud/data_save.py           a `when: down` save failed or cannot run: the gate's Refused says it
+    WebPage                 endpoints.py                 never: an HTML answer; the call reads it as an unreadable answer
     Taken                   state/leases.py              never: locks.py turns a lease held elsewhere into Busy
     Conflict                state/s3.py                  never: a conditional write that lost is read again and retried
     GpuprovBug              errors.py                    a bug, never bad input: `gpuprov hit a bug`, the traceback saved
