@@ -177,7 +177,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         console.print(plan_view(the_plan))
         return
     if not yes:
-        launch.precheck(the_plan, opts, provider, store, say_to(console))  # a name taken is said before the question
+        launch.precheck(the_plan, opts, provider, store, say_to(console), ask=True)  # said before the question
         price = the_plan.price_usd_hour
         world = ", SSH open to the whole internet" if launch.open_to_all(ssh_cidr) else ""
         confirm(f"Launch {node_name}: {the_plan.instance.name if the_plan.instance else '?'}"
@@ -252,7 +252,7 @@ def _up_cluster(the_plan: Plan, opts: UpOptions, nodes: int, min_nodes: int | No
         price = (the_plan.price_usd_hour or 0) * nodes
         from gpuprov.cloud.launch import open_to_all, precheck
 
-        precheck(the_plan, opts, provider, store, say_to(console))  # a name taken is said before the question
+        precheck(the_plan, opts, provider, store, say_to(console), ask=True)  # said before the question
         world = ", SSH open to the whole internet" if open_to_all(opts.ssh_cidr) else ""
         confirm(f"Launch {opts.name}: {nodes} × {instance} ({'spot' if the_plan.request.spot else 'on-demand'}, "
                 f"list ${price:.2f}/h for all{world})?", "launch")

@@ -262,13 +262,23 @@ class Launchpad:
     held: Reservation | None = None  # the Capacity Reservation or Block launched into (cloud/reservations.py)
 
 
-def precheck(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say) -> str:
+def precheck(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: Say, *, ask: bool = False) -> str:
     """The checks that cost nothing, the name taken among them: what `up` runs before it asks to launch (and
-    launchpad again, under the name's lock). The checked name."""
+    launchpad again, under the name's lock). Before the question (`ask`) EC2 is read once too, so that what the
+    user must fix in their own setup (no credentials, a profile or endpoint that is wrong) is said before anyone is
+    asked to confirm a launch that cannot happen; anything else EC2 says there, launchpad meets and says again.
+    The checked name."""
     name = check_name(opts.name)
     check_options(plan, opts)
     check_name_free(name, store)
     check_reachable(opts)
+    if ask:
+        try:
+            provider.offerings(plan.request.region, [c.name for c in plan.candidates])
+        except UserInputError:
+            raise
+        except GpuprovError:  # EC2 did not answer, or refused: the launch says so with its own context
+            pass
     if opts.instance_profile is not None:
         _check_instance_profile(provider, plan.request.region, opts.instance_profile, say)
     return name
