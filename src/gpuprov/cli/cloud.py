@@ -151,7 +151,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         launch.check_options(plan, opts)
         if store is not None:
             launch.check_name_free(node_name, store)
-        if nodes > 1 or min_nodes is not None:
+        if not one:
             from gpuprov.cloud import cluster_up
 
             cluster_up.check_cluster_options(plan, opts, cluster_up.ClusterOptions(nodes=nodes, min_nodes=min_nodes))
