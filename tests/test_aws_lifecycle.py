@@ -215,7 +215,7 @@ def test_sigkill_at_every_checkpoint_leaves_nothing_after_down_or_gc(aws, env, c
     _crash_then_clean(aws, env, f"crash-{checkpoint.lower()[:12]}", kill, cleanup)
 
 
-@pytest.mark.parametrize("seed", sweep(list(range(1, 24)), 4))  # under the realistic proxy (fresh ids NotFound,
+@pytest.mark.parametrize("seed", sweep(list(range(1, 24)), 2))  # under the realistic proxy (fresh ids NotFound,
 # lagging tags); the checkpoint test above stops at every call, these between them
 def test_sigkill_at_random_instants_leaves_nothing(aws, env, seed):
     delay = random.Random(seed).uniform(0.3, 2.5)

@@ -217,7 +217,8 @@ def test_up_without_credentials_says_so_before_it_asks(nodes: Path) -> None:
     """With no AWS credentials the plan's instance types cannot be read: that is the error, before the question
     (tests/test_cloud_fast.py: with credentials and no terminal, `--yes: no terminal to confirm on`)."""
     result = run("up", "x", "--gpu", "t4", home=nodes)
-    assert result.returncode == 2 and result.stderr.startswith("error: AWS credentials: none found"), result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
+    assert result.returncode == 2 and line == "error: AWS credentials: none found", result.stderr
 
 
 def test_up_on_a_terminal_says_the_name_is_taken_before_it_asks(nodes: Path) -> None:
