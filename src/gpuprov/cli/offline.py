@@ -251,7 +251,12 @@ def _live_prices(cat: Catalog, region: str, as_json: bool) -> None:
              "saving_pct": round((1 - p.price / od) * 100, 1) if od else None} for p, od in rows], indent=2))
         return
     console = make_console()
-    console.print(live_prices_table(rows, region))
+    if rows:
+        console.print(live_prices_table(rows, region))
+    else:  # an empty table reads as "nothing is offered"; say which it is
+        console.print(f"no spot price in {region} right now for the {len(offered)} GPU type(s) it offers"
+                      + (" (EC2 answered none, or only $0.0000, which is no price)" if offered else ""),
+                      markup=False, highlight=False)
     from gpuprov.cli.capacity import reservation_lines
     from gpuprov.cloud.reservations import live_rows
 
