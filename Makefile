@@ -21,9 +21,10 @@ sysdeps:
 # (docs/testing.md, "Parallel runs"). TEST_JOBS=0 runs in one process.
 TEST_JOBS ?= 3
 
-# CI's suite (under 12 minutes on 2 cores): every test, but only the first cases of the crash sweeps
+# CI's suite (under 12 minutes on 2 cores): every test, but only the first cases of the crash sweeps. worksteal:
+# an idle worker takes tests queued on a busy one, so the 10-30 s scenarios do not pile up on one worker at the end
 test: install sysdeps
-	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not sweep"
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m "not sweep"
 
 # The fast lane (tests/lanes.py): the tests that need no root, no SSH test hosts, no moto server and no system
 # package, and not the slow ones; a test left in that reaches for them fails. No sysdeps: any user, under 3 minutes.
