@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from gpuprov.cluster import Cluster, WireResult
     from gpuprov.hosts.bootstrap import HostResult
     from gpuprov.hosts.remote import HostOutcome, Judged
+    from gpuprov.hosts.site_cache import Running
     from gpuprov.plan.inventory import Target
+    from gpuprov.plan.sources import Sources
 
 R = TypeVar("R", bound="Judged")  # what a host's outcome reports: check's, bench's or doctor's
 
@@ -68,9 +70,17 @@ R = TypeVar("R", bound="Judged")  # what a host's outcome reports: check's, benc
                    "toward node 1, from `ip route get`].")
 @click.option("--master-port", type=Number(1, 65535, whole=True), default=29500, show_default=True,
               help="With --cluster: the rendezvous port (MASTER_PORT).")
+@click.option("--cache-host", default=None, metavar="HOST",
+              help="Run a caching proxy (apt-cacher-ng) on HOST, a host of the site the others reach, for this "
+                   "bootstrap: apt, dnf and the wheels come from upstream once (docs/mirrors.md). Removed after, "
+                   "unless --keep-cache.")
+@click.option("--cache-port", type=Number(1, 65535, whole=True), default=3142, show_default=True,
+              help="With --cache-host: the proxy's port on HOST.")
+@click.option("--keep-cache", is_flag=True, help="With --cache-host: leave the proxy and its cache running on HOST.")
 def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_driver: bool, takeover: bool,
               reboot_timeout: float, step_silence: float, cluster_name: str | None, master_addr: str | None,
-              master_port: int, **kw: Unpack[BootstrapOptions]) -> None:
+              master_port: int, cache_host: str | None, cache_port: int, keep_cache: bool,
+              **kw: Unpack[BootstrapOptions]) -> None:
     """Install the playbook's stack on existing hosts over SSH, then verify it.
 
     Runs on all hosts at once (bounded by --parallel). Each step leaves a marker with its
@@ -114,6 +124,9 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
     targets = targets_from(kw["hosts"], kw["inventory"], kw["ssh_config"])
     if guard.autostop_seconds is not None or guard.ttl_seconds is not None:
         _refuse_locked(targets)
+    cache = _start_cache(cache_host, cache_port, keep_cache, kw, sources)
+    if cache is not None:  # every key of the map through the proxy, as a mirror
+        sources = cache.layer
     plan_for = Planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"], monitoring=monitoring,
                        keep_driver=keep_driver, docker=kw["docker"], sources=sources)
     options = engine.Options(force=force, parallel=kw["parallel"], reboot_timeout=reboot_timeout,
@@ -136,6 +149,11 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
         exc.note = (f"the bootstrap of {', '.join(t.name for t in targets)} stopped where it was; the steps done "
                     f"are kept: run `gpuprov bootstrap {named.strip()}` again, with the same options, to finish")
         raise
+    finally:
+        if cache is not None:
+            from gpuprov.hosts import site_cache
+
+            site_cache.stop(cache, keep=keep_cache)
     ok = all(r.status in ("ok", "changed") for r in results)
     if cluster_name is None:
         if as_json:
@@ -148,6 +166,23 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
         wired = wire(cluster_name, targets, host_settings(kw), master_addr=master_addr, port=master_port,
                      parallel=kw["parallel"])
     _cluster_out(cluster_name, results, wired, as_json, console)
+
+
+def _start_cache(host: str | None, port: int, keep: bool, kw: BootstrapOptions,
+                 sources: tuple[Sources, str] | None) -> Running | None:
+    """--cache-host: the site's proxy started on its host, for the map the bootstrap would use without it."""
+    if host is None:
+        if keep:
+            raise click.UsageError("--keep-cache needs --cache-host HOST")
+        return None
+    from gpuprov.hosts import site_cache
+    from gpuprov.plan.site_cache import effective_for
+
+    target = targets_from((host,), None, kw["ssh_config"])[0]
+    running = site_cache.start(target, host_settings(kw), effective_for(kw["playbook"], sources), port)
+    if not quiet():
+        click.echo(f"cache {running.cache.base} on {target.name}: the hosts download through it", err=True)
+    return running
 
 
 def _refuse_locked(targets: list[Target]) -> None:

@@ -1,0 +1,51 @@
+"""One download per site (issue 39 §3): the proxy's configuration and the map the hosts get through it
+(plan/site_cache.py), pure; the proxy itself is run by bench/site_cache.py and test_site_cache_ssh.py."""
+
+from __future__ import annotations
+
+import re
+
+from gpuprov.plan import sources
+from gpuprov.plan.plan import make_host_plan
+from gpuprov.plan.site_cache import SiteCache
+from gpuprov.plan.stack import StackPins
+
+CACHE = SiteCache("10.9.0.2")
+
+
+def test_each_key_is_mounted_at_its_own_path_so_the_torch_indexs_absolute_links_stay_on_the_proxy() -> None:
+    mounts = {m.key: m for m in CACHE.mounts(sources.ORIGIN)}
+    assert mounts["torch"].path == "/whl" and mounts["torch"].backend == "https://download.pytorch.org/whl"
+    assert mounts["torch"].url == "http://10.9.0.2:3142/whl"
+    assert mounts["uv"].path == "/uv" and mounts["uv"].url == "http://10.9.0.2:3142/uv/install.sh"
+    assert mounts["nvidia"].url == "http://10.9.0.2:3142/compute/cuda/repos"
+    config = CACHE.config(sources.ORIGIN)
+    assert "Remap-gp_torch: /whl ; https://download.pytorch.org/whl\n" in config
+    keep = re.search(r"^PfilePatternEx: (.*)$", config, re.M)
+    assert keep and re.search(keep.group(1), "/whl/cu128/torch-2.9.0%2Bcu128-cp312-cp312-manylinux_2_28_x86_64.whl")
+
+
+def test_a_key_without_a_path_or_inside_another_keys_mount_gets_one_of_its_own() -> None:
+    layer = sources.Sources(pypi="https://mirror.test", torch="https://mirror.test/simple/torch-wheels",
+                            docker="https://other.test/simple")
+    got = {m.key: m for m in CACHE.mounts(sources.effective((layer, "--sources s.yml")))}
+    assert got["pypi"].path == "/gpuprov-pypi" and got["pypi"].backend == "https://mirror.test"
+    assert got["torch"].path == "/simple/torch-wheels"
+    assert got["docker"].path == "/gpuprov-docker/simple"
+    paths = [m.path for m in got.values()]
+    assert len(set(paths)) == len(paths)
+
+
+def test_the_plan_through_the_cache_fetches_every_key_from_it_and_says_so() -> None:
+    upstream = sources.effective((sources.presets()["cn-tuna"].urls, "--sources cn-tuna"))
+    layer = CACHE.layer(upstream)
+    plan = make_host_plan("L4", "pytorch", "ubuntu-24.04", StackPins(), sources_flag=layer)
+    assert set(plan.sources.mirrored) == set(sources.KEYS)
+    rows = plan.step_sources()
+    assert rows and all(r["url"].startswith("http://10.9.0.2:3142/") for r in rows)
+    assert {r["from"] for r in rows} == {"--cache-host 10.9.0.2"}
+    # the mirror keeps its own place behind the proxy: pypi from TUNA, torch from its origin
+    assert "Remap-gp_pypi: /simple ; https://pypi.tuna.tsinghua.edu.cn/simple" in CACHE.config(upstream)
+    # pip is told to trust the proxy's plain http, and the torch wheel's index is on it
+    assert plan.sources.plain_http_hosts == ("10.9.0.2",)
+    assert plan.stack and plan.stack.torch and plan.stack.torch.index_url.startswith("http://10.9.0.2:3142/whl/")
