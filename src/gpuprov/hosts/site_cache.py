@@ -27,6 +27,8 @@ _START = r"""set -eu
 d={folder}
 if [ -f "$d/pid" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then kill "$(cat "$d/pid")"; sleep 0.5; fi
 mkdir -p "$d/conf" "$d/cache" "$d/log"
+# a kept cache (--keep-cache) keeps its packages; its index files and pages are fetched anew
+find "$d/cache" -type f | grep -Ev '(\.deb|\.rpm|\.whl|/Miniforge3-[^/]*\.sh)(\.head)?$' | tr '\n' '\0' | xargs -0r rm -f
 if ! command -v apt-cacher-ng >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1; then
     # the package's own service is not wanted: gpuprov runs its own instance

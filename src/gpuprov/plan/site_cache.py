@@ -75,7 +75,11 @@ class SiteCache:
         """apt-cacher-ng's configuration file for `sources`: a Remap per key, the patterns for wheels and pages."""
         lines = ["# written by gpuprov for one bootstrap (plan/site_cache.py)"]
         lines += [f"Remap-gp_{m.key}: {m.path} ; {m.backend}" for m in self.mounts(sources)]
-        lines += [f"PfilePatternEx: {KEEP}", f"VfilePatternEx: {FRESH}"]
+        lines += [f"PfilePatternEx: {KEEP}", f"VfilePatternEx: {FRESH}",
+                  # within one bootstrap every file is fetched once, index files too (start() drops them from a
+                  # kept cache): apt-cacher-ng checks an index file upstream on each request, and hosts asking for
+                  # the same one in the same second then got 503s and cut transfers while it replaced the file
+                  "SPfilePatternEx: .*"]
         return "\n".join(lines) + "\n"
 
     def layer(self, sources: Effective) -> tuple[Sources, str]:
