@@ -169,15 +169,15 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve(site: Path) -> Iterator[tuple[str, list[tuple[str, str]]]]:
-    """The site on 127.0.0.1 (a free port): (base URL, the requests it answered)."""
+def serve(site: Path, host: str = "127.0.0.1") -> Iterator[tuple[str, list[tuple[str, str]]]]:
+    """The site on `host` (a free port): (base URL, the requests it answered)."""
     requests: list[tuple[str, str]] = []
     handler = type("Handler", (_Handler,), {"site": site, "requests": requests})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = ThreadingHTTPServer((host, 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", requests
+        yield f"http://{host}:{server.server_address[1]}", requests
     finally:
         server.shutdown()
         server.server_close()

@@ -307,3 +307,57 @@ def test_doctor_on_ssh_hosts_healthy_fresh_mismatch_and_unreachable(host_pool, g
     assert by_name(mismatch)["kernel module"]["ok"]
 
     assert gone["unreachable"] and gone["findings"] is None and gone["error"]
+
+
+# --- doctor --sources ---------------------------------------------------------------------------
+
+
+def test_sources_judge_reads_curls_line_in_either_order_and_names_the_fastest_working():
+    from gpuprov.hosts.doctor_sources import MARK, Probe, judge
+
+    batch = [Probe("pypi", "configured", "https://pypi.org/simple/pip/"),
+             Probe("pypi", "cn-tuna", "https://pypi.tuna.tsinghua.edu.cn/simple/pip/"),
+             Probe("pypi", "cn-ustc", "https://mirrors.ustc.edu.cn/pypi/web/simple/pip/"),
+             Probe("nvidia", "configured", "https://developer.download.nvidia.com/compute/cuda/repos/x/InRelease")]
+    output = "\n".join([f"{MARK} 1 200 0.120", f"{MARK} 0 200 0.480",
+                        f"{MARK} 2 curl: (6) Could not resolve host: mirrors.ustc.edu.cn 000 0.002",
+                        f"{MARK} 3 404 0.300"])
+    report = judge("h", batch, output)
+    best = report.fastest("pypi")
+    assert best is not None and best.source == "cn-tuna" and best.seconds == 0.12
+    ustc = report.timed[2]
+    assert not ustc.ok and ustc.problem == "unreachable: (6) Could not resolve host: mirrors.ustc.edu.cn"
+    assert report.timed[3].problem == "HTTP 404" and report.fastest("nvidia") is None and not report.ok
+
+
+def test_doctor_sources_times_each_source_from_the_host_itself(host_pool, gp_home, tmp_path: Path, monkeypatch):
+    """The configured sources on a web server the host reaches (the test hosts' bridge), the presets' public hosts
+    unreachable from it (no route out): each said as such, the fastest working one named per key."""
+    from tests import indexsite
+
+    pool = host_pool
+    reset(pool, [0])
+    site = indexsite.build(tmp_path / "site")
+    (site / "repos/ubuntu2404/x86_64/InRelease").write_text("Origin: imitation\n")
+    (site / "whl/filelock").mkdir(parents=True)
+    (site / "whl/filelock/index.html").write_text("<html></html>\n")
+    with indexsite.serve(site, host=f"{pool.subnet}.1") as (base, requests):
+        # the hosts' curl is a shim without network; the site's URLs go to the real one
+        pool.exec_in(0, f"echo 'export GPUPROV_SHIM_CURL_PASSTHROUGH={base}' > /var/lib/gpuprov-shim/env", check=True)
+        config = tmp_path / "config.toml"
+        config.write_text(f'[sources]\nnvidia = "{base}/repos"\ntorch = "{base}/whl"\npypi = "{base}/pypi"\n')
+        monkeypatch.setenv("GPUPROV_CONFIG", str(config))
+        try:
+            code, hosts = doctor(pool, [0], "--sources", "--timeout", "1")
+            human = gpuprov("doctor", *addrs(pool, [0]), "-i", str(pool.key_path), "--sources", "--timeout", "1")
+        finally:
+            pool.exec_in(0, "rm -f /var/lib/gpuprov-shim/env", check=True)
+    assert code == 1, hosts  # no source of uv, miniforge, docker or the toolkit answers from a host with no route out
+    rows = {(t["key"], t["source"]): t for t in hosts[0]["sources"]}
+    assert rows[("nvidia", "configured")]["ok"] and rows[("nvidia", "configured")]["seconds"] >= 0
+    assert rows[("torch", "configured")]["ok"]
+    assert rows[("pypi", "configured")]["problem"] == "HTTP 404"  # the site has no pip page
+    assert not rows[("pypi", "cn-tuna")]["ok"] and rows[("pypi", "cn-tuna")]["problem"].startswith("unreachable")
+    assert hosts[0]["fastest"] == {"nvidia": "configured", "torch": "configured"}
+    assert "/repos/ubuntu2404/x86_64/InRelease" in [p for p, _ in requests]
+    assert human.returncode == 1 and "fastest" in human.stdout and "no source works for" in human.stdout

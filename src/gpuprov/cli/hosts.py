@@ -185,6 +185,21 @@ def _start_cache(host: str | None, port: int, keep: bool, kw: BootstrapOptions,
     return running
 
 
+def _doctor_sources(targets: list[Target], kw: SshOptions, timeout: float, as_json: bool) -> None:
+    """doctor --sources: each source timed from each host; exit 0 when every key has one that works."""
+    from gpuprov.cli.report_hosts import sources_tables
+    from gpuprov.hosts.doctor_sources import time_sources
+    from gpuprov.paths import config_path
+    from gpuprov.plan import config, sources
+
+    configured = sources.effective((config.load().sources, f"{config_path()}: [sources]"))
+    results = time_sources(targets, host_settings(kw), configured, timeout, kw["parallel"])
+    _finish(results, as_json, lambda r: {
+        "sources": [t.model_dump(mode="json") for t in r.report.timed] if r.report else None,
+        "fastest": {k: f.source for k in sources.KEYS if r.report and (f := r.report.fastest(k))},
+    }, sources_tables)
+
+
 def _refuse_locked(targets: list[Target]) -> None:
     """`bootstrap NODE --ttl/--autostop` rewrites a launched node's guardrails: refused, before any host is
     touched, where another member locked them (`up --locked`), as `gpuprov ttl` is."""
@@ -347,7 +362,13 @@ def bench(gpu: str | None, seconds: float, env_path: str, as_json: bool, **kw: U
 @click.option("--min-free-gb", type=Number(0, 1_000_000), default=10.0, show_default=True,
               help="Warn when / or the env's filesystem has less free space than this (0 to 1_000_000).")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings (and the facts behind them) as JSON.")
-def doctor(env_path: str, min_free_gb: float, as_json: bool, **kw: Unpack[SshOptions]) -> None:
+@click.option("--sources", "time_sources", is_flag=True,
+              help="Instead: from each host, time a small fetch from each configured source and each preset's "
+                   "(docs/mirrors.md), and name the fastest that works for each key.")
+@click.option("--timeout", type=Number(0.5, 120), default=5.0, show_default=True,
+              help="With --sources: seconds (0.5 to 120) a fetch may take before its source counts as unreachable.")
+def doctor(env_path: str, min_free_gb: float, as_json: bool, time_sources: bool, timeout: float,
+           **kw: Unpack[SshOptions]) -> None:
     """Find why a host's GPU stack is broken: each finding names the cause and the fix.
 
     One command per host (as root) gathers the facts: OS, GPUs on the PCI bus, nouveau, kernel
@@ -360,6 +381,9 @@ def doctor(env_path: str, min_free_gb: float, as_json: bool, **kw: Unpack[SshOpt
     from gpuprov.hosts.doctor import doctor as run_doctor
 
     targets = targets_from(kw["hosts"], kw["inventory"], kw["ssh_config"])
+    if time_sources:
+        _doctor_sources(targets, kw, timeout, as_json)
+        return
     results = run_doctor(targets, host_settings(kw), env_path=env_path, min_free_gb=min_free_gb, parallel=kw["parallel"])
     _finish(results, as_json, lambda r: {
         "findings": [c.model_dump(mode="json") for c in r.report.findings] if r.report else None,

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from gpuprov.hosts.bootstrap import HostResult
     from gpuprov.hosts.check import CheckResult
     from gpuprov.hosts.doctor import DoctorReport, DoctorResult
+    from gpuprov.hosts.doctor_sources import SourcesReport
     from gpuprov.hosts.gpubench import BenchResult
     from gpuprov.hosts.remote import HostOutcome, Judged
     from gpuprov.hosts.verify import Check, CheckReport
@@ -224,3 +225,27 @@ def bench_tables(results: list[BenchResult]) -> list[FitTable | Text]:
             note = f" (unverified: {y.unverified})" if y.unverified else ""
             out.append(Text(f"published {y.gpu} = {y.variant}: {y.source}; read {y.read}{note}", style="dim"))
     return out
+
+
+def sources_tables(results: list[HostOutcome[SourcesReport]]) -> list[Table | Text]:
+    """doctor --sources: per host, each source of each key with its time or why it failed, the fastest marked."""
+    from gpuprov.plan.sources import KEYS
+
+    def table(host: str, rep: SourcesReport) -> Table:
+        keys = list(dict.fromkeys(t.key for t in rep.timed))
+        missing = [k for k in keys if rep.fastest(k) is None]
+        out = Table(title=f"{host}: " + (f"no source works for {', '.join(missing)}" if missing
+                                         else "a source works for every key"),
+                    title_justify="left", title_style="red" if missing else "green")
+        for name in ("key", "source", "seconds", "result", "url"):
+            out.add_column(name, justify="right" if name == "seconds" else "left",
+                           overflow="fold" if name == "url" else "ellipsis")
+        for key in sorted(keys, key=lambda k: KEYS.index(k) if k in KEYS else len(KEYS)):
+            best = rep.fastest(key)
+            for t in sorted((t for t in rep.timed if t.key == key), key=lambda t: (not t.ok, t.seconds or 0.0)):
+                result = Text("fastest", style="green") if t is best else Text("ok") if t.ok else \
+                    Text(t.problem, style="red")
+                out.add_row(key, t.source, f"{t.seconds:.3f}" if t.seconds is not None else "-", result, t.url)
+        return out
+
+    return _per_host(results, table)
