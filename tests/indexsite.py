@@ -169,11 +169,11 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve(site: Path, host: str = "127.0.0.1") -> Iterator[tuple[str, list[tuple[str, str]]]]:
-    """The site on `host` (a free port): (base URL, the requests it answered)."""
+def serve(site: Path, host: str = "127.0.0.1", port: int = 0) -> Iterator[tuple[str, list[tuple[str, str]]]]:
+    """The site on `host`, at `port` (0: a free one): (base URL, the requests it answered)."""
     requests: list[tuple[str, str]] = []
     handler = type("Handler", (_Handler,), {"site": site, "requests": requests})
-    server = ThreadingHTTPServer((host, 0), handler)
+    server = ThreadingHTTPServer((host, port), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

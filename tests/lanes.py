@@ -36,7 +36,7 @@ SYSTEM_ONLY = frozenset({
     "sshd", "ssh", "scp", "sudo", "ip", "iptables", "rsync", "systemd-analyze", "debootstrap", "dpkg-scanpackages",
     "dnf", "rpm", "rpmbuild", "createrepo_c", "modifyrepo_c", "prometheus", "promtool", "prometheus-node-exporter",
     "useradd", "usermod", "userdel", "mount", "umount", "unshare", "nsenter", "chroot", "testhosts.sh",
-    "moto_server",
+    "moto_server", "apt-cacher-ng",
 })
 
 

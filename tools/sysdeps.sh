@@ -30,6 +30,8 @@ command -v createrepo_c >/dev/null || missing+=(createrepo-c)
 # tests/test_metrics_ssh.py: the distribution's node exporter (above) runs inside the SSH test hosts, and a real
 # Prometheus (with promtool) scrapes it through `gpuprov metrics serve`
 [[ -x /usr/bin/prometheus && -x /usr/bin/promtool ]] || missing+=(prometheus)
+# tests/test_site_cache_ssh.py: `bootstrap --cache-host` runs apt-cacher-ng inside a test host (bench/site_cache.py too)
+command -v apt-cacher-ng >/dev/null || [[ -x /usr/sbin/apt-cacher-ng ]] || missing+=(apt-cacher-ng)
 fi
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
@@ -39,7 +41,7 @@ if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # the tests start their own exporter and Prometheus on loopback; the packages' services stay off here
   if [[ -d /run/systemd/system ]]; then
-    for unit in prometheus prometheus-node-exporter; do
+    for unit in prometheus prometheus-node-exporter apt-cacher-ng; do
       systemctl disable --now "$unit.service" >/dev/null 2>&1 || true
     done
   fi
