@@ -14,7 +14,6 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "bench": ("gpuprov bench exp1              # every GPU against NVIDIA's figures",
               "gpuprov bench gpu-box --gpu H100 --json"),
     "bootstrap": ("gpuprov bootstrap ubuntu@10.1.2.3 -p pytorch --accept-new-host-key",
-                  "gpuprov bootstrap --inventory hosts.yml --parallel 64",
                   "gpuprov bootstrap --inventory hosts.yml --cache-host 10.1.2.10"),
     "capacity": ("gpuprov capacity list", "gpuprov capacity offers --gpu H100:8 --hours 24"),
     "capacity offers": ("gpuprov capacity offers --gpu H100:8 --nodes 2 --hours 24",),
