@@ -49,3 +49,16 @@ def test_the_plan_through_the_cache_fetches_every_key_from_it_and_says_so() -> N
     # pip is told to trust the proxy's plain http, and the torch wheel's index is on it
     assert plan.sources.plain_http_hosts == ("10.9.0.2",)
     assert plan.stack and plan.stack.torch and plan.stack.torch.index_url.startswith("http://10.9.0.2:3142/whl/")
+
+
+def test_a_cache_host_that_a_driver_install_would_reboot_is_refused_before_anything_is_done(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from gpuprov.cli import main
+
+    args = ["bootstrap", "10.9.0.2", "10.9.0.3", "--cache-host", "10.9.0.2", "--gpu", "L4"]
+    result = CliRunner().invoke(main, args, env={"GPUPROV_HOME": str(tmp_path)})
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: --cache-host: 10.9.0.2 is bootstrapped too, and its driver install ")
+    kept = CliRunner().invoke(main, ["bootstrap", "10.9.0.3", "--keep-cache"], env={"GPUPROV_HOME": str(tmp_path)})
+    assert kept.exit_code == 2 and "--keep-cache needs --cache-host HOST" in kept.output

@@ -124,7 +124,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
     targets = targets_from(kw["hosts"], kw["inventory"], kw["ssh_config"])
     if guard.autostop_seconds is not None or guard.ttl_seconds is not None:
         _refuse_locked(targets)
-    cache = _start_cache(cache_host, cache_port, keep_cache, kw, sources)
+    cache = _start_cache(cache_host, cache_port, keep_cache, kw, sources, targets, keep_driver)
     if cache is not None:  # every key of the map through the proxy, as a mirror
         sources = cache.layer
     plan_for = Planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"], monitoring=monitoring,
@@ -168,17 +168,25 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
     _cluster_out(cluster_name, results, wired, as_json, console)
 
 
-def _start_cache(host: str | None, port: int, keep: bool, kw: BootstrapOptions,
-                 sources: tuple[Sources, str] | None) -> Running | None:
+def _start_cache(host: str | None, port: int, keep: bool, kw: BootstrapOptions, sources: tuple[Sources, str] | None,
+                 targets: list[Target], keep_driver: bool) -> Running | None:
     """--cache-host: the site's proxy started on its host, for the map the bootstrap would use without it."""
     if host is None:
         if keep:
             raise click.UsageError("--keep-cache needs --cache-host HOST")
         return None
+    from gpuprov.errors import UserInputError
     from gpuprov.hosts import site_cache
     from gpuprov.plan.site_cache import effective_for
+    from gpuprov.plan.spec import load_playbook
 
     target = targets_from((host,), None, kw["ssh_config"])[0]
+    book = load_playbook(kw["playbook"])
+    rebooted = not (keep_driver or book.driver == "keep") and book.stack != "none"
+    if rebooted and any((t.host, t.port or 22) == (target.host, target.port or 22) for t in targets):
+        raise UserInputError("--cache-host", f"{target.name} is bootstrapped too, and its driver install reboots it, "
+                             "taking the cache away from the other hosts; nothing was done",
+                             "run the cache on a host outside the list, or bootstrap it apart first")
     running = site_cache.start(target, host_settings(kw), effective_for(kw["playbook"], sources), port)
     if not quiet():
         click.echo(f"cache {running.cache.base} on {target.name}: the hosts download through it", err=True)
