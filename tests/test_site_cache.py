@@ -62,3 +62,33 @@ def test_a_cache_host_that_a_driver_install_would_reboot_is_refused_before_anyth
     assert result.output.startswith("error: --cache-host: 10.9.0.2 is bootstrapped too, and its driver install ")
     kept = CliRunner().invoke(main, ["bootstrap", "10.9.0.3", "--keep-cache"], env={"GPUPROV_HOME": str(tmp_path)})
     assert kept.exit_code == 2 and "--keep-cache needs --cache-host HOST" in kept.output
+
+
+def test_bootstrap_plans_every_host_with_the_caches_map_and_stops_the_cache_after(tmp_path, monkeypatch) -> None:
+    """The CLI's wiring, the SSH parts stood in for (tests/test_site_cache_ssh.py runs them for real): the hosts'
+    planner gets the cache's layer of the map, and the cache is stopped when the bootstrap ends."""
+    from click.testing import CliRunner
+
+    from gpuprov.cli import main
+    from gpuprov.hosts import bootstrap as engine
+    from gpuprov.hosts import site_cache as hosts_cache
+
+    seen: dict[str, object] = {}
+
+    def start(target, settings, upstream, port):
+        seen["upstream"] = upstream
+        return hosts_cache.Running(target, CACHE, None, CACHE.layer(upstream))
+
+    def run(targets, settings, plan_for, options, reporter=None):
+        seen["planned_with"] = plan_for.sources
+        return []
+
+    monkeypatch.setattr(hosts_cache, "start", start)
+    monkeypatch.setattr(hosts_cache, "stop", lambda running, keep=False: seen.setdefault("stopped", keep))
+    monkeypatch.setattr(engine, "bootstrap", run)
+    result = CliRunner().invoke(main, ["bootstrap", "10.9.0.3", "--cache-host", "10.9.0.2", "--sources", "cn-tuna",
+                                       "--json"], env={"GPUPROV_HOME": str(tmp_path)})
+    assert result.exit_code == 0, result.output
+    upstream = seen["upstream"]
+    assert isinstance(upstream, sources.Effective) and upstream.pypi == "https://pypi.tuna.tsinghua.edu.cn/simple"
+    assert seen["planned_with"] == CACHE.layer(upstream) and seen["stopped"] is False
