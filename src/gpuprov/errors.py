@@ -47,6 +47,7 @@ reaches the CLI is a bug: one `gpuprov hit a bug` line, the traceback saved to a
       ProbeError            hosts/verify.py              verify's probe printed nothing readable: the check fails
       DoctorError           hosts/doctor_facts.py        the doctor's facts were cut off: that host's doctor fails
       BenchProbeError       hosts/gpubench.py            the bench probe printed nothing readable, or hung
+      CacheFailed           hosts/site_cache.py          exit 1: --cache-host's proxy did not start: no host was touched
       AwsError              cloud/providers/aws_base.py  exit 1: AWS refused a call: its code, message, a fix
       NoAnswer              cloud/providers/aws_base.py  AWS did not answer: asked again where safe, else exit 1
       LaunchError           cloud/providers/base.py      one refused launch: the failover tries the next candidate
