@@ -129,6 +129,8 @@ class Upstream:
                     start = 0
                     self.send_response(200)
                 self.send_header("Content-Length", str(size - start))
+                if path.name == "index.html":  # a simple-index page, as pip needs it said
+                    self.send_header("Content-Type", "text/html")
                 self.send_header("Last-Modified", self.date_time_string(modified))
                 self.end_headers()
                 with path.open("rb") as body:
