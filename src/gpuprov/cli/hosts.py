@@ -153,7 +153,8 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
         if cache is not None:
             from gpuprov.hosts import site_cache
 
-            site_cache.stop(cache, keep=keep_cache)
+            if problem := site_cache.stop(cache, keep=keep_cache):
+                warn(f"warning: {problem}")
     ok = all(r.status in ("ok", "changed") for r in results)
     if cluster_name is None:
         if as_json:

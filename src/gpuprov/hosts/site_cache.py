@@ -95,21 +95,49 @@ def start(target: Target, settings: HostSettings, sources: Effective, port: int)
         raise CacheFailed(f"--cache-host {target.name}: {exc}") from None
     cache = SiteCache(str(remote.conn.host), port, where="--cache-host")
     script = _START.format(folder=FOLDER, port=port, conf=_q(cache.config(sources)))
-    result = remote.run(f"bash -c {_q(script)}", sudo=True, timeout=600)
+    try:
+        result = remote.run(f"bash -c {_q(script)}", sudo=True, timeout=600)
+    except BaseException:
+        remote.close()
+        raise
     if not result.ok:
         remote.close()
-        raise CacheFailed(f"--cache-host {target.name}: apt-cacher-ng did not start: "
-                          f"{(result.stderr or result.stdout).strip().splitlines()[-1:] or ['no output']}"[:400])
+        said = (result.stderr or result.stdout).strip().splitlines() or ["no output"]
+        raise CacheFailed(f"--cache-host {target.name}: apt-cacher-ng did not start (exit {result.exited}): "
+                          f"{said[-1][:300]}")
     return Running(target, cache, remote, cache.layer(sources))
 
 
-def stop(running: Running, keep: bool = False) -> None:
-    """End the proxy and remove what `start` put there, unless `keep`."""
+def stop(running: Running, keep: bool = False) -> str | None:
+    """End the proxy and remove what `start` put there, unless `keep`. Never raises for the host: the bootstrap's
+    own outcome stands; what went wrong is returned, for the caller to say (the connection held since `start` is
+    tried, then a new one)."""
+    from gpuprov.hosts.remote import Remote
+
+    command = f"bash -c {_q(_STOP.format(folder=FOLDER))}"
+    problem = None
     try:
         if not keep:
-            running.remote.run(f"bash -c {_q(_STOP.format(folder=FOLDER))}", sudo=True, timeout=120)
+            for remote in (running.remote, None):
+                try:
+                    if remote is None:
+                        remote = Remote(running.target, running.remote.settings)
+                        remote.open()
+                    result = remote.run(command, sudo=True, timeout=120)
+                    if result.ok:
+                        return None
+                    problem = (result.stderr or result.stdout).strip()[-300:] or f"exit {result.exited}"
+                    break  # it answered: another connection would not do better
+                except GpuprovError as exc:
+                    problem = str(exc)
+                finally:
+                    if remote is not running.remote and remote is not None:
+                        remote.close()
     finally:
         running.remote.close()
+    return problem and (f"the cache on {running.target.name} was not removed: {problem}; remove it with "
+                        f"`gpuprov exec {running.target.name} --sudo -- sh -c 'pkill -F {FOLDER}/pid; "
+                        f"rm -rf {FOLDER}'`")
 
 
 def _q(text: str) -> str:
