@@ -48,7 +48,7 @@ if ! command -v apt-cacher-ng >/dev/null 2>&1; then
 fi
 printf '%s' {conf} > "$d/conf/acng.conf"
 setsid apt-cacher-ng -c "$d/conf" ForeGround=1 Port={port} CacheDir="$d/cache" LogDir="$d/log" \
-  SocketPath="$d/socket" PidFile="$d/pid" </dev/null >"$d/log/out" 2>&1 &
+  SocketPath="$d/socket" </dev/null >"$d/log/out" 2>&1 &
 echo $! > "$d/pid"
 for _ in $(seq 100); do
   if (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null; then echo started; exit 0; fi
