@@ -25,7 +25,7 @@ FOLDER = "/var/lib/gpuprov/site-cache"
 
 _START = r"""set -eu
 d={folder}
-if [ -f "$d/pid" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then kill "$(cat "$d/pid")"; sleep 0.5; fi
+if [ -f "$d/pid" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then kill -KILL "$(cat "$d/pid")"; sleep 0.2; fi
 mkdir -p "$d/conf" "$d/cache" "$d/log"
 # a kept cache (--keep-cache) keeps its packages; its index files and pages are fetched anew
 find "$d/cache" -type f | grep -Ev '(\.deb|\.rpm|\.whl|/Miniforge3-[^/]*\.sh)(\.head)?$' | tr '\n' '\0' | xargs -0r rm -f
@@ -59,7 +59,11 @@ tail -3 "$d/log/out" >&2; exit 4
 """
 
 _STOP = r"""d={folder}
-if [ -f "$d/pid" ]; then kill "$(cat "$d/pid")" 2>/dev/null; fi
+# apt-cacher-ng does not always end on SIGTERM while a transfer is open: KILL after 5 s
+if [ -f "$d/pid" ] && pid=$(cat "$d/pid") && kill "$pid" 2>/dev/null; then
+  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null
+fi
 case "$(cat "$d/installed" 2>/dev/null)" in
   apt) DEBIAN_FRONTEND=noninteractive apt-get purge -y -q apt-cacher-ng >/dev/null 2>&1 ;;
   dnf) dnf remove -y -q apt-cacher-ng >/dev/null 2>&1 ;;
