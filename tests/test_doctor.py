@@ -313,7 +313,12 @@ def test_doctor_on_ssh_hosts_healthy_fresh_mismatch_and_unreachable(host_pool, g
 
 
 def test_sources_judge_reads_curls_line_in_either_order_and_names_the_fastest_working():
-    from gpuprov.hosts.doctor_sources import MARK, Probe, judge
+    from gpuprov.hosts.doctor_sources import MARK, Probe, judge, nvidia_index
+
+    # NVIDIA's index file of the host's OS and architecture: a dnf repository's repomd, an apt one's InRelease
+    assert nvidia_index("rocky-9", "aarch64") == "rhel9/sbsa/repodata/repomd.xml"
+    assert nvidia_index("ubuntu-22.04", "x86_64") == "ubuntu2204/x86_64/InRelease"
+    assert nvidia_index("gentoo-2", "x86_64") == "ubuntu2404/x86_64/InRelease"
 
     batch = [Probe("pypi", "configured", "https://pypi.org/simple/pip/"),
              Probe("pypi", "cn-tuna", "https://pypi.tuna.tsinghua.edu.cn/simple/pip/"),
@@ -347,11 +352,17 @@ def test_sources_judge_reads_curls_line_in_either_order_and_names_the_fastest_wo
 def test_doctor_sources_times_each_source_from_the_host_itself(host_pool, gp_home, tmp_path: Path, monkeypatch):
     """The configured sources on a web server the host reaches (the test hosts' bridge), the presets' public hosts
     unreachable from it (no route out): each said as such, the fastest working one named per key."""
+    from gpuprov.hosts.doctor_sources import nvidia_index
+    from gpuprov.plan.oses import from_os_release
     from tests import indexsite
 
     pool = host_pool
     site = indexsite.build(tmp_path / "site")
-    (site / "repos/ubuntu2404/x86_64/InRelease").write_text("Origin: imitation\n")
+    # NVIDIA's index file for the host's own OS (the build machine's, in the test hosts) and architecture
+    said = pool.exec_in(0, '. /etc/os-release; echo "$ID $VERSION_ID $(uname -m)"', check=True).stdout.split()
+    index = nvidia_index(from_os_release(said[0], said[1]), said[2])
+    (site / "repos" / index).parent.mkdir(parents=True, exist_ok=True)
+    (site / "repos" / index).write_text("Origin: imitation\n")
     (site / "whl/filelock").mkdir(parents=True)
     (site / "whl/filelock/index.html").write_text("<html></html>\n")
     with indexsite.serve(site, host=f"{pool.subnet}.1") as (base, requests):
@@ -371,4 +382,4 @@ def test_doctor_sources_times_each_source_from_the_host_itself(host_pool, gp_hom
     assert rows[("pypi", "configured")]["problem"] == "HTTP 404"  # the site has no pip page
     assert not rows[("pypi", "cn-tuna")]["ok"] and rows[("pypi", "cn-tuna")]["problem"].startswith("unreachable")
     assert hosts[0]["fastest"] == {"nvidia": "configured", "torch": "configured"}
-    assert "/repos/ubuntu2404/x86_64/InRelease" in [p for p, _ in requests]
+    assert f"/repos/{index}" in [p for p, _ in requests]

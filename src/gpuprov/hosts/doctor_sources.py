@@ -1,7 +1,8 @@
 """`gpuprov doctor HOST --sources`: from the host itself, time a small fetch from each configured source and from
 each preset's, and name, per key of the sources map, the fastest that works.
 
-A small file per kind (PROBES): an apt repository's InRelease (NVIDIA's, in the host's architecture's folder), a
+A small file per kind (PROBES): NVIDIA's repository index for the host's OS and architecture (an apt repository's
+InRelease, a dnf one's repodata/repomd.xml; Ubuntu 24.04's on an OS gpuprov does not know), a
 simple-index page (PyPI's, PyTorch's), the uv installer, the pinned Miniforge release's .sha256, Docker's .repo
 file, the container toolkit's gpgkey. One shell command on the host fetches them all at once (curl, each bounded
 by --timeout); a source that does not answer, or answers an HTTP error, is said as such with what curl said.
@@ -21,9 +22,10 @@ from gpuprov.hosts.remote import HostOutcome, HostSettings, Remote, on_host
 from gpuprov.plan import sources
 from gpuprov.plan.inventory import Target
 
-# key -> the small file under its base URL that stands for it ("" : the URL itself); {arch}: NVIDIA's folder
+# key -> the small file under its base URL that stands for it ("" : the URL itself); {repo}: NVIDIA's repository
+# folder and its index file for the host's OS and architecture
 PROBES: dict[str, str] = {
-    "nvidia": "/ubuntu2404/{arch}/InRelease",
+    "nvidia": "/{repo}",
     "pypi": "/pip/",
     "torch": "/filelock/",
     "uv": "",
@@ -64,13 +66,23 @@ class SourcesReport(BaseModel):
         return min(working, key=lambda t: t.seconds or 0.0) if working else None
 
 
-def probes(configured: sources.Effective, arch: str = "x86_64") -> list[Probe]:
-    """What to fetch: each key of the configured map, then each preset's keys (a URL fetched once)."""
+def nvidia_index(os_name: str | None, arch: str) -> str:
+    """NVIDIA's repository index file for the OS (`ubuntu-24.04`, `rocky-9`) and `uname -m`, under its base."""
+    from gpuprov.plan import oses
+
+    known = os_name in oses.names()
+    repo, family = (oses.info(os_name).repo, oses.family(os_name)) if known and os_name else ("ubuntu2404", "apt")
     folder = "sbsa" if arch == "aarch64" else "x86_64"
+    return f"{repo}/{folder}/" + ("InRelease" if family == "apt" else "repodata/repomd.xml")
+
+
+def probes(configured: sources.Effective, arch: str = "x86_64", os_name: str | None = None) -> list[Probe]:
+    """What to fetch: each key of the configured map, then each preset's keys (a URL fetched once)."""
+    index = nvidia_index(os_name, arch)
     version = sources.installers()["miniforge"].version
 
     def url(key: str, base: str) -> str:
-        return base + PROBES.get(key, "/").format(arch=folder, miniforge=version)
+        return base + PROBES.get(key, "/").format(repo=index, miniforge=version)
 
     out = [Probe(k, "configured", url(k, configured.urls[k])) for k in sources.KEYS]
     seen = {p.url for p in out}
@@ -118,8 +130,12 @@ def judge(host: str, batch: list[Probe], output: str) -> SourcesReport:
 
 
 def _time_sources(remote: Remote, target: Target, configured: sources.Effective, timeout: float) -> SourcesReport:
-    arch = remote.run("uname -m", timeout=30).stdout.strip()
-    batch = probes(configured, arch)
+    from gpuprov.plan import oses
+
+    said = remote.run('uname -m; . /etc/os-release 2>/dev/null; echo "${ID:-} ${VERSION_ID:-}"', timeout=30)
+    arch, _, release = said.stdout.strip().partition("\n")
+    os_id, _, version = release.strip().partition(" ")
+    batch = probes(configured, arch.strip(), oses.from_os_release(os_id, version) if os_id else None)
     out = remote.run(command(batch, timeout), timeout=timeout + 60)
     if MARK not in out.stdout:
         from gpuprov.hosts.doctor_facts import DoctorError
