@@ -307,3 +307,17 @@ def test_the_imex_wiring_is_shellcheck_clean(tmp_path: Path) -> None:
     path.write_text(render(_trays(2, gpu="GB200"), 1))
     proc = subprocess.run([checker, "-S", "warning", "-f", "gcc", str(path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.parametrize("columns", ["80", "200"])
+def test_the_gpus_table_says_each_types_cpu_architecture_at_80_columns_too(columns: str) -> None:
+    result = CliRunner().invoke(main, ["gpus"], env={"COLUMNS": columns})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= int(columns) and any("┃ CPU " in line for line in lines)
+    for it in catalog.load().instance_types:
+        if not it.cpu_only:
+            (row,) = [line for line in lines if f" {it.name} " in line]
+            assert f"│ {'aarch64' if it.arch == 'arm64' else 'x86_64'} " in row, row
+    (gh200,) = [line for line in lines if "│ GH200 " in line]
+    assert "none on AWS" in gh200 and "│ aarch64 " in gh200  # Grace: the GPU's own CPU
