@@ -251,10 +251,20 @@ def _wire(tmp_path: Path, c: Cluster, rank: int = 0) -> subprocess.CompletedProc
         (state / "nvidia-repo").write_text("ubuntu2404/sbsa\n")
     script = tmp_path / "wire.sh"
     script.write_text(render(c, rank))
-    env = {**os.environ, "PATH": f"{SHIMS / 'bin'}:{os.environ['PATH']}", "GPUPROV_SYSROOT": str(tmp_path / "root"),
-           "GPUPROV_SHIM_GPU": "GH200", "GPUPROV_SHIM_STATE": str(state), "GPUPROV_SHIM_RUN": str(tmp_path / "run"),
-           "GPUPROV_SHIM_ARCH": "aarch64", "GPUPROV_RETRY_DELAY": "0"}
-    return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    return subprocess.run(["bash", str(script)], env=_tray_env(tmp_path), capture_output=True, text=True)
+
+
+def _tray_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "PATH": f"{SHIMS / 'bin'}:{os.environ['PATH']}", "GPUPROV_SYSROOT": str(tmp_path / "root"),
+            "GPUPROV_SHIM_GPU": "GH200", "GPUPROV_SHIM_STATE": str(tmp_path / "state"),
+            "GPUPROV_SHIM_RUN": str(tmp_path / "run"), "GPUPROV_SHIM_ARCH": "aarch64", "GPUPROV_RETRY_DELAY": "0",
+            **extra}
+
+
+def _imex_query(tmp_path: Path) -> str:
+    from gpuprov.cluster.check import IMEX_QUERY
+
+    return subprocess.run(["bash", "-c", IMEX_QUERY], env=_tray_env(tmp_path), capture_output=True, text=True).stdout
 
 
 def _result(proc: subprocess.CompletedProcess[str]) -> str:
@@ -281,6 +291,20 @@ def test_the_trays_of_an_nvl72_get_imex_at_the_drivers_version_with_every_nodes_
     assert _result(_wire(tmp_path, _trays(3, instance_type="p6e-gb200.36xlarge"))) == "GPUPROV_RESULT=changed"
     assert nodes.read_text() == "10.0.0.10\n10.0.0.11\n10.0.0.12\n"
     assert (state / "calls.log").read_text().splitlines().count("systemctl restart nvidia-imex") == 2
+    assert _imex_query(tmp_path) == "READY\n"  # what `check --cluster` asks each node (the shim: unit up, a list)
+
+
+def test_check_cluster_names_each_tray_whose_imex_is_not_ready() -> None:
+    from gpuprov.cluster.check import judge_imex
+
+    trays = _trays(3, instance_type="p6e-gb200.36xlarge")
+    (ok,) = judge_imex(trays, ["READY"] * 3)
+    assert ok.ok and ok.detail == "IMEX READY on all 3 nodes (nvidia-imex-ctl -q)"
+    bad = judge_imex(trays, ["READY", "WAITING_FOR_PEERS", "nvidia-imex-ctl: command not found"])
+    assert [(c.name, c.ok) for c in bad] == [("nvl72:1 IMEX", False), ("nvl72:2 IMEX", False)]
+    assert bad[0].detail == "nvl72:1 IMEX daemon: WAITING_FOR_PEERS"
+    assert bad[1].detail.endswith("(not a state `nvidia-imex-ctl -q` reports)")
+    assert bad[0].fix and "nodes_config.cfg must list the same addresses" in bad[0].fix
 
 
 def test_imex_without_a_loaded_driver_fails_naming_it_and_other_clusters_get_no_imex(tmp_path: Path) -> None:
@@ -289,6 +313,8 @@ def test_imex_without_a_loaded_driver_fails_naming_it_and_other_clusters_get_no_
     proc = _wire(tmp_path, _trays(2, gpu="GB200"))
     assert proc.returncode == 1 and "IMEX needs the NVIDIA driver loaded" in proc.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "root/etc/nvidia-imex").exists()
+    assert "command not found" in subprocess.run(["bash", "-c", "nvidia-imex-ctl -q"], env=_tray_env(tmp_path),
+                                                 capture_output=True, text=True).stderr  # no package, no app
     other = tmp_path / "p5"
     other.mkdir()
     assert _result(_wire(other, _trays(2, instance_type="p5.48xlarge"))) == "GPUPROV_RESULT=changed"
