@@ -106,9 +106,11 @@ class Chroot:
         return path.read_text().splitlines() if path.exists() else []
 
 
-def _hold_locks(root: Path, seconds: float) -> threading.Thread:
-    """Hold dpkg's and apt's locks the way apt does (fcntl write locks), from this process, for `seconds`."""
+def _hold_locks(root: Path, seconds: float, release: threading.Event | None = None) -> threading.Thread:
+    """Hold dpkg's and apt's locks the way apt does (fcntl write locks), from this process, for `seconds` (or until
+    `release` is set)."""
     ready = threading.Event()
+    release = release or threading.Event()
 
     def hold() -> None:
         files = []
@@ -117,7 +119,7 @@ def _hold_locks(root: Path, seconds: float) -> threading.Thread:
             fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             files.append(f)
         ready.set()
-        time.sleep(seconds)
+        release.wait(seconds)
         for f in files:
             f.close()
 
@@ -301,8 +303,10 @@ def test_a_held_lock_is_waited_for(story: Story) -> None:
 def test_a_lock_that_stays_held_fails_clearly(story: Story) -> None:
     host = story.host
     host.sh("apt-get -q -y remove cuda-toolkit-13-0")
-    locker = _hold_locks(host.root, 4)
+    done = threading.Event()
+    locker = _hold_locks(host.root, 30, done)  # held past the step's 2 s, then let go as soon as the step gave up
     run = host.step(_scripts()["cuda-toolkit"], GPUPROV_APT_LOCK_TIMEOUT="2")
+    done.set()
     locker.join()
     assert run.rc == 1 and run.result is None
     assert "FAILED: the apt/dpkg lock is still held by process" in run.last and "after 2s" in run.last, run.stderr
