@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from click.testing import CliRunner
@@ -14,6 +15,9 @@ from click.testing import CliRunner
 from gpuprov.cli import main
 from gpuprov.hosts.detect import CPU, cpu_name, gpu_from_name, parse_facts
 from gpuprov.plan import catalog
+
+if TYPE_CHECKING:
+    from gpuprov.cluster import Cluster
 
 SHIMS = Path(__file__).parent / "shims"
 
@@ -227,3 +231,119 @@ def test_a_kept_driver_on_an_aarch64_host_gets_an_aarch64_wheel() -> None:
     assert compat.choose_torch_for_driver(gh200, "570.195.03", StackPins(torch="2.6")).variant == "cu124"
     with pytest.raises(GpuprovError):
         compat.choose_torch_for_driver(gh200, "570.195.03", StackPins(torch="2.5"), "aarch64")
+
+
+def _trays(n: int, **member: str) -> Cluster:
+    from gpuprov.cluster import Cluster, ClusterHost
+
+    return Cluster(name="nvl72", master_addr="10.0.0.10", master_port=29500, members=[
+        ClusterHost(host=f"tray{k}", address=f"10.0.0.{10 + k}", gpus=4, **member) for k in range(n)])  # type: ignore[arg-type]
+
+
+def _wire(tmp_path: Path, c: Cluster, rank: int = 0) -> subprocess.CompletedProcess[str]:
+    """The cluster wiring step on a tray of the shims (apt, nvidia-smi, systemctl), its driver R595 installed."""
+    from gpuprov.cluster import render
+
+    state = tmp_path / "state"
+    if not state.exists():
+        state.mkdir()
+        (state / "installed").write_text("cuda-keyring 1.1-1\nnvidia-open 595.58.03-0ubuntu1\n")
+        (state / "nvidia-repo").write_text("ubuntu2404/sbsa\n")
+    script = tmp_path / "wire.sh"
+    script.write_text(render(c, rank))
+    return subprocess.run(["bash", str(script)], env=_tray_env(tmp_path), capture_output=True, text=True)
+
+
+def _tray_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "PATH": f"{SHIMS / 'bin'}:{os.environ['PATH']}", "GPUPROV_SYSROOT": str(tmp_path / "root"),
+            "GPUPROV_SHIM_GPU": "GH200", "GPUPROV_SHIM_STATE": str(tmp_path / "state"),
+            "GPUPROV_SHIM_RUN": str(tmp_path / "run"), "GPUPROV_SHIM_ARCH": "aarch64", "GPUPROV_RETRY_DELAY": "0",
+            **extra}
+
+
+def _imex_query(tmp_path: Path) -> str:
+    from gpuprov.cluster.check import IMEX_QUERY
+
+    return subprocess.run(["bash", "-c", IMEX_QUERY], env=_tray_env(tmp_path), capture_output=True, text=True).stdout
+
+
+def _result(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_the_trays_of_an_nvl72_get_imex_at_the_drivers_version_with_every_nodes_address(tmp_path: Path) -> None:
+    """`up --nodes` of p6e-gb200 (or `bootstrap --cluster` of GB200 hosts): the wiring step installs nvidia-imex at the
+    loaded driver's exact version from NVIDIA's repository, holds it, writes the node list, and (re)starts the service;
+    a rerun changes nothing and restarts nothing; a node more restarts it with the longer list."""
+    trays = _trays(2, instance_type="p6e-gb200.36xlarge")
+    assert trays.imex and _trays(2, gpu="GB300").imex and not _trays(2, instance_type="p5.48xlarge").imex
+    assert _result(_wire(tmp_path, trays)) == "GPUPROV_RESULT=changed"
+    nodes = tmp_path / "root/etc/nvidia-imex/nodes_config.cfg"
+    assert nodes.read_text() == "10.0.0.10\n10.0.0.11\n"
+    state = tmp_path / "state"
+    assert "nvidia-imex 595.58.03-1" in (state / "installed").read_text().splitlines()
+    assert "nvidia-imex" in (state / "held").read_text().split()
+    calls = (state / "calls.log").read_text().splitlines()
+    assert "systemctl restart nvidia-imex" in calls
+    assert _result(_wire(tmp_path, trays)) == "GPUPROV_RESULT=unchanged"
+    assert (state / "calls.log").read_text().splitlines().count("systemctl restart nvidia-imex") == 1
+    assert _result(_wire(tmp_path, _trays(3, instance_type="p6e-gb200.36xlarge"))) == "GPUPROV_RESULT=changed"
+    assert nodes.read_text() == "10.0.0.10\n10.0.0.11\n10.0.0.12\n"
+    assert (state / "calls.log").read_text().splitlines().count("systemctl restart nvidia-imex") == 2
+    assert _imex_query(tmp_path) == "READY\n"  # what `check --cluster` asks each node (the shim: unit up, a list)
+
+
+def test_check_cluster_names_each_tray_whose_imex_is_not_ready() -> None:
+    from gpuprov.cluster.check import judge_imex
+
+    trays = _trays(3, instance_type="p6e-gb200.36xlarge")
+    (ok,) = judge_imex(trays, ["READY"] * 3)
+    assert ok.ok and ok.detail == "IMEX READY on all 3 nodes (nvidia-imex-ctl -q)"
+    bad = judge_imex(trays, ["READY", "WAITING_FOR_PEERS", "nvidia-imex-ctl: command not found"])
+    assert [(c.name, c.ok) for c in bad] == [("nvl72:1 IMEX", False), ("nvl72:2 IMEX", False)]
+    assert bad[0].detail == "nvl72:1 IMEX daemon: WAITING_FOR_PEERS"
+    assert bad[1].detail.endswith("(not a state `nvidia-imex-ctl -q` reports)")
+    assert bad[0].fix and "nodes_config.cfg must list the same addresses" in bad[0].fix
+
+
+def test_imex_without_a_loaded_driver_fails_naming_it_and_other_clusters_get_no_imex(tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state/installed").write_text("")
+    proc = _wire(tmp_path, _trays(2, gpu="GB200"))
+    assert proc.returncode == 1 and "IMEX needs the NVIDIA driver loaded" in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "root/etc/nvidia-imex").exists()
+    assert "command not found" in subprocess.run(["bash", "-c", "nvidia-imex-ctl -q"], env=_tray_env(tmp_path),
+                                                 capture_output=True, text=True).stderr  # no package, no app
+    other = tmp_path / "p5"
+    other.mkdir()
+    assert _result(_wire(other, _trays(2, instance_type="p5.48xlarge"))) == "GPUPROV_RESULT=changed"
+    assert (other / "root/etc/gpuprov/hostfile").exists() and not (other / "root/etc/nvidia-imex").exists()
+
+
+def test_the_imex_wiring_is_shellcheck_clean(tmp_path: Path) -> None:
+    import shutil
+    import sys
+
+    from gpuprov.cluster import render
+
+    checker = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
+    assert checker
+    path = tmp_path / "wire.sh"
+    path.write_text(render(_trays(2, gpu="GB200"), 1))
+    proc = subprocess.run([checker, "-S", "warning", "-f", "gcc", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.parametrize("columns", ["80", "200"])
+def test_the_gpus_table_says_each_types_cpu_architecture_at_80_columns_too(columns: str) -> None:
+    result = CliRunner().invoke(main, ["gpus"], env={"COLUMNS": columns})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= int(columns) and any("┃ CPU " in line for line in lines)
+    for it in catalog.load().instance_types:
+        if not it.cpu_only:
+            (row,) = [line for line in lines if f" {it.name} " in line]
+            assert f"│ {'aarch64' if it.arch == 'arm64' else 'x86_64'} " in row, row
+    (gh200,) = [line for line in lines if "│ GH200 " in line]
+    assert "none on AWS" in gh200 and "│ aarch64 " in gh200  # Grace: the GPU's own CPU

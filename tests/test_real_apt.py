@@ -106,9 +106,11 @@ class Chroot:
         return path.read_text().splitlines() if path.exists() else []
 
 
-def _hold_locks(root: Path, seconds: float) -> threading.Thread:
-    """Hold dpkg's and apt's locks the way apt does (fcntl write locks), from this process, for `seconds`."""
+def _hold_locks(root: Path, seconds: float, release: threading.Event | None = None) -> threading.Thread:
+    """Hold dpkg's and apt's locks the way apt does (fcntl write locks), from this process, for `seconds` (or until
+    `release` is set)."""
     ready = threading.Event()
+    release = release or threading.Event()
 
     def hold() -> None:
         files = []
@@ -117,7 +119,7 @@ def _hold_locks(root: Path, seconds: float) -> threading.Thread:
             fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             files.append(f)
         ready.set()
-        time.sleep(seconds)
+        release.wait(seconds)
         for f in files:
             f.close()
 
@@ -301,8 +303,10 @@ def test_a_held_lock_is_waited_for(story: Story) -> None:
 def test_a_lock_that_stays_held_fails_clearly(story: Story) -> None:
     host = story.host
     host.sh("apt-get -q -y remove cuda-toolkit-13-0")
-    locker = _hold_locks(host.root, 4)
+    done = threading.Event()
+    locker = _hold_locks(host.root, 30, done)  # held past the step's 2 s, then let go as soon as the step gave up
     run = host.step(_scripts()["cuda-toolkit"], GPUPROV_APT_LOCK_TIMEOUT="2")
+    done.set()
     locker.join()
     assert run.rc == 1 and run.result is None
     assert "FAILED: the apt/dpkg lock is still held by process" in run.last and "after 2s" in run.last, run.stderr
@@ -317,6 +321,80 @@ def test_a_package_the_repository_lacks_fails_before_apt_installs_it(story: Stor
     assert "apt-get install" not in run.stderr
 
 
+@dataclass
+class ArmStory:
+    host: Chroot
+    other_cpu: Run
+    first: list[Run]
+    second: list[Run]
+    fetched: list[str]
+    installed: dict[str, str]
+    lists: list[str]
+    seconds: float
+
+
+SBSA = "ubuntu2404/sbsa"
+
+
+@pytest.fixture(scope="module")
+def arm(story: Story) -> ArmStory:
+    """The same chroot, after the x86 story, made a fresh aarch64 host (a GH200 box on Ubuntu 24.04): the x86 story's
+    NVIDIA packages purged, apt and dpkg made arm64, and an imitation of NVIDIA's ubuntu2404/sbsa repository with arm64
+    packages beside the x86 one (the newer branch there too)."""
+    start = time.monotonic()
+    host = story.host
+    host.sh("held=\"$(apt-mark showhold)\"; [ -z \"$held\" ] || apt-mark unhold $held >/dev/null; "
+            "dpkg --purge $(dpkg-query -W -f='${Package}\\n' 'nvidia-*' 'libnvidia-*' 'cuda-*') >/dev/null; "
+            "rm -rf /etc/systemd/system/nvidia-persistenced.service.d /run/gpuprov-module-not-loaded")
+    chroot.as_arm64(host.root)
+    repo.build(host.root, [repo.keyring(SBSA), *repo.driver_release(FIRST, arch="arm64"),
+                           *repo.driver_release(NEWER_BRANCH, arch="arm64"), repo.toolkit("13.0", "13.0.2-1", "arm64")],
+               folder=SBSA)
+    plan = make_plan(NodeRequest(gpu="GH200:1", os="ubuntu-24.04", playbook="cuda-dev", arch="aarch64",
+                                 pins=StackPins(driver=BRANCH, cuda="13.0")))
+    assert plan.stack and plan.stack.repo_arch == "sbsa"
+    steps = {s.name: s for s in plan.bundle().scripts}
+    logged = len(host.log())
+    other_cpu = host.step(steps["nvidia-driver"])  # uname -m says x86_64: the plan is not for this host
+    first = []
+    for name in STEPS:
+        run = host.step(steps[name], GPUPROV_TEST_MACHINE="aarch64")
+        first.append(run)
+        if run.result == "reboot":
+            host.reboot()
+    listed = host.sh("dpkg-query -W -f='${db:Status-Status} ${Package} ${Architecture} ${Version}\\n' "
+                     "'nvidia-*' 'libnvidia-*' 'cuda-*'").stdout.split("\n")
+    installed = {f[1]: f"{f[2]} {f[3]}" for f in (line.split() for line in listed) if f and f[0] == "installed"}
+    second = [host.step(steps[name], GPUPROV_TEST_MACHINE="aarch64") for name in STEPS]
+    return ArmStory(host, other_cpu, first, second, [line for line in host.log()[logged:] if line.startswith("curl")],
+                    installed, sorted(p.name for p in (host.root / "etc/apt/sources.list.d").iterdir()),
+                    time.monotonic() - start)
+
+
+def test_an_aarch64_plan_stops_on_an_x86_64_host_before_anything(arm: ArmStory) -> None:
+    run = arm.other_cpu
+    assert run.rc == 1 and run.last.endswith(
+        "FAILED: this plan is for aarch64 hosts and this one is x86_64: plan it with --arch x86_64"), run.stderr[-2000:]
+
+
+def test_an_aarch64_host_takes_the_pinned_branch_from_the_sbsa_repository(arm: ArmStory) -> None:
+    assert [r.result for r in arm.first] == ["reboot", "unchanged", "changed", "changed"], _summary(arm.first)
+    assert arm.fetched == [f"curl https://developer.download.nvidia.com/compute/cuda/repos/{SBSA}/"
+                           "cuda-keyring_1.1-1_all.deb"]
+    assert arm.lists == ["cuda-ubuntu2404-sbsa.list"]
+    # arm64 packages, resolved within arm64, at the pinned branch though the sbsa repository has a newer one
+    assert arm.installed["nvidia-open"] == f"arm64 {FIRST}-0ubuntu1"
+    assert arm.installed["nvidia-driver-open"] == arm.installed["libnvidia-compute"] == f"arm64 {FIRST}-0ubuntu1"
+    assert arm.installed["cuda-toolkit-13-0"] == "arm64 13.0.2-1"
+    assert arm.installed[f"nvidia-driver-pinning-{BRANCH}"] == f"all {FIRST}-0ubuntu1"
+    assert "nvidia-fabricmanager" not in arm.installed  # one GH200: no NVSwitch, no Fabric Manager
+    assert {"nvidia-open", f"nvidia-driver-pinning-{BRANCH}"} <= arm.host.held()
+
+
+def test_an_aarch64_rerun_changes_nothing(arm: ArmStory) -> None:
+    assert [r.result for r in arm.second] == ["unchanged"] * 4, _summary(arm.second)
+
+
 def test_report_times(story: Story) -> None:
     print(f"\nreal-apt chroot ready in {story.cold_seconds:.1f}s; first run "
           f"{sum(r.seconds for r in story.first):.1f}s, second {sum(r.seconds for r in story.second):.1f}s")
@@ -328,7 +406,7 @@ def test_stand_ins_are_bash_and_shellcheck_clean() -> None:
     shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
     assert shellcheck
     tools = sorted(STAND_INS.iterdir())
-    assert {t.name for t in tools} == {"curl", "modinfo", "modprobe", "nvidia-smi", "reboot", "systemctl"}
+    assert {t.name for t in tools} == {"curl", "modinfo", "modprobe", "nvidia-smi", "reboot", "systemctl", "uname"}
     for tool in tools:
         assert os.access(tool, os.X_OK) and tool.read_text().startswith("#!/usr/bin/env bash\n"), tool
     proc = subprocess.run([shellcheck, "-S", "warning", *map(str, tools)], capture_output=True, text=True)

@@ -54,9 +54,9 @@ class Host:
     """An install root with the imitation's repositories: the distribution's configured, NVIDIA's added by the step."""
 
     def __init__(self, where: Path, cuda: Path, distro: Path, ctk: Path, release: str = "2023",
-                 kernel: str = repo.KERNEL) -> None:
+                 kernel: str = repo.KERNEL, arch: str = "") -> None:
         self.root = where / "root"
-        self.cuda, self.ctk, self.release, self.kernel = cuda, ctk, release, kernel
+        self.cuda, self.ctk, self.release, self.kernel, self.arch = cuda, ctk, release, kernel, arch
         (self.root / "etc/yum.repos.d").mkdir(parents=True)
         # the distribution's repositories; CodeReady Builder there, disabled, as on Rocky (EPEL's steps enable it)
         (self.root / "etc/yum.repos.d/amazonlinux.repo").write_text(
@@ -71,7 +71,9 @@ class Host:
     def env(self) -> dict[str, str]:
         return {**os.environ, "PATH": f"{STAND_INS}:{os.environ['PATH']}", "GPUPROV_SYSROOT": str(self.root),
                 "GPUPROV_RETRY_DELAY": "0", "REALDNF_KERNEL": self.kernel, "REALDNF_CUDA_REPO": str(self.cuda),
-                "REALDNF_CTK_REPO": str(self.ctk), "REALDNF_CUDA10_REPO": str(self.cuda), "REALDNF_RELEASEVER": self.release}
+                "REALDNF_CTK_REPO": str(self.ctk), "REALDNF_CUDA10_REPO": str(self.cuda), "REALDNF_RELEASEVER": self.release,
+                # an aarch64 host (uname -m, dnf --forcearch) whose NVIDIA repository is the sbsa folder's
+                "REALDNF_ARCH": self.arch, "REALDNF_CUDA_SBSA_REPO": str(self.cuda) if self.arch else ""}
 
     def run(self, script: Script) -> Run:
         out = subprocess.run(["bash", "-c", script.text], capture_output=True, text=True, env=self.env(), timeout=120)
@@ -269,6 +271,38 @@ def test_b200_takes_the_running_kernels_devel_and_modules_extra_packages(repos, 
     again = host.run_all(scripts)
     assert [(r.name, r.result) for r in again] == [(n, "unchanged") for n in B200_STEPS], [r.stderr for r in again]
     assert host.installed() == installed
+
+
+ARM_STEPS = ("nvidia-driver", "cuda-toolkit")
+
+
+@pytest.mark.heavy  # dnf, rpm and createrepo_c (system packages)
+def test_an_aarch64_host_takes_the_branch_from_the_sbsa_repository(repos) -> None:
+    """GB200 trays on Amazon Linux 2023 (aarch64): the driver step adds NVIDIA's amzn2023/sbsa repository (not the
+    x86_64 one), and dnf, resolving as an aarch64 host (--forcearch), installs the aarch64 packages of the R595 stream
+    though R610's are there too, and the toolkit; a rerun changes nothing."""
+    where, (_, distro, ctk, _) = repos
+    sbsa = repo.build_sbsa(where / "repos")
+    plan = make_plan(NodeRequest(gpu="GB200:4", os="amzn-2023", playbook="minimal", arch="aarch64",
+                                 pins=StackPins(cuda="13.0")))
+    assert plan.stack and plan.stack.repo_arch == "sbsa" and plan.stack.driver_stream == "nvidia-driver:595-open"
+    scripts = list(render_steps(tuple(s for s in plan.steps if s.name in ARM_STEPS),
+                                {"plan": plan, "stack": plan.stack, "playbook": plan.playbook, "env": plan.playbook.env},
+                                {}).scripts)
+    assert [s.name for s in scripts] == list(ARM_STEPS)
+    host = Host(where / "gb200", sbsa, distro, ctk, arch="aarch64")
+    first = host.run_all(scripts)
+    assert [(r.name, r.returncode, r.result) for r in first] == [
+        ("nvidia-driver", 0, "reboot"), ("cuda-toolkit", 0, "changed")], [r.stderr for r in first]
+    assert "[cuda-amzn2023-sbsa]" in (host.root / "etc/yum.repos.d/cuda-amzn2023.repo").read_text()
+    out = subprocess.run(["rpm", "--root", str(host.root), "-qa", "--qf", "%{NAME} %{ARCH} %{VERSION}\n"],
+                         capture_output=True, text=True, check=True).stdout
+    installed = {name: f"{arch} {version}" for name, arch, version in (line.split() for line in out.splitlines())}
+    for name in ("nvidia-open", "kmod-nvidia-open-dkms", "nvidia-driver", "nvidia-driver-cuda"):
+        assert installed[name] == f"aarch64 {repo.BRANCHES['595']}", installed
+    assert installed["cuda-toolkit-13-0"] == "aarch64 13.0.0" and installed["dkms"] == "noarch 3.0.13"
+    again = host.run_all(scripts)
+    assert [(r.name, r.result) for r in again] == [(n, "unchanged") for n in ARM_STEPS], [r.stderr for r in again]
 
 
 def test_stand_ins_are_bash_and_shellcheck_clean() -> None:

@@ -128,3 +128,17 @@ def unpack(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-xf", str(tarball()), "-C", str(dest)], check=True)
     return dest
+
+
+def as_arm64(root: Path) -> None:
+    """Make the unpacked chroot an arm64 host as far as apt and dpkg can tell (its binaries stay this machine's):
+    every installed package recorded as arm64, apt's architecture arm64 and no other, arm64 one of dpkg's. apt then
+    reads only the arm64 (and `all`) entries of a repository's index and resolves each dependency within arm64, as on
+    a Grace or Graviton host; dpkg installs the arm64 packages it is given."""
+    status = root / "var/lib/dpkg/status"
+    status.write_text(re.sub(r"^Architecture: amd64$", "Architecture: arm64", status.read_text(), flags=re.M))
+    for info in (root / "var/lib/dpkg/info").glob("*:amd64.*"):  # Multi-Arch: same packages' file lists
+        info.rename(info.with_name(info.name.replace(":amd64.", ":arm64.")))
+    (root / "etc/apt/apt.conf.d/00gpuprov-arm64").write_text(
+        'APT::Architecture "arm64";\nAPT::Architectures { "arm64"; };\n')
+    subprocess.run(["chroot", str(root), "dpkg", "--add-architecture", "arm64"], check=True)

@@ -42,7 +42,9 @@ class Rpm:
 
     def spec(self) -> str:
         lines = [f"Name: {self.name}", f"Version: {self.version}", f"Release: {self.release}", "Summary: imitation",
-                 "License: imitation", f"BuildArch: {self.arch}"]
+                 "License: imitation"]
+        if self.arch != "aarch64":  # an aarch64 package is built with --target (rpmbuild has no BuildArch for it here)
+            lines.append(f"BuildArch: {self.arch}")
         if self.epoch:
             lines.append(f"Epoch: {self.epoch}")
         lines += [f"Requires: {r}" for r in self.requires]
@@ -51,20 +53,27 @@ class Rpm:
 
 def nvidia_rpms() -> tuple[list[Rpm], dict[str, list[Rpm]]]:
     """(every package of NVIDIA's imitation repository, the modular ones per stream)."""
-    streams: dict[str, list[Rpm]] = {}
+    streams = driver_streams(BRANCHES)
     plain: list[Rpm] = []
-    for branch, v in BRANCHES.items():
-        at = f"3:{v}"
-        streams[f"{branch}-open"] = [
-            Rpm("nvidia-open", v, epoch=3, requires=(f"nvidia-driver = {at}", f"nvidia-driver-cuda = {at}",
-                                                     f"kmod-nvidia-open-dkms = {at}")),
-            Rpm("kmod-nvidia-open-dkms", v, epoch=3, requires=("dkms",)),
-            Rpm("nvidia-driver", v, epoch=3), Rpm("nvidia-driver-cuda", v, epoch=3),
-        ]
+    for v in BRANCHES.values():
         plain.append(Rpm("nvidia-fabricmanager", v))
     plain.append(Rpm("nvlsm", "2025.06.6"))  # NVSwitch gen 4 (HGX B200): from NVIDIA's repository (version the imitation's)
     plain += [Rpm(f"cuda-toolkit-{t.replace('.', '-')}", f"{t}.0") for t in TOOLKITS]
     return plain + [r for rpms in streams.values() for r in rpms], streams
+
+
+def driver_streams(branches: dict[str, str], arch: str = "x86_64") -> dict[str, list[Rpm]]:
+    """Each branch's module stream `nvidia-driver:<branch>-open` and its packages, of one architecture."""
+    streams: dict[str, list[Rpm]] = {}
+    for branch, v in branches.items():
+        at = f"3:{v}"
+        streams[f"{branch}-open"] = [
+            Rpm("nvidia-open", v, epoch=3, arch=arch, requires=(
+                f"nvidia-driver = {at}", f"nvidia-driver-cuda = {at}", f"kmod-nvidia-open-dkms = {at}")),
+            Rpm("kmod-nvidia-open-dkms", v, epoch=3, arch=arch, requires=("dkms",)),
+            Rpm("nvidia-driver", v, epoch=3, arch=arch), Rpm("nvidia-driver-cuda", v, epoch=3, arch=arch),
+        ]
+    return streams
 
 
 def distro_rpms() -> list[Rpm]:
@@ -97,7 +106,7 @@ def ctk_rpms() -> list[Rpm]:
             Rpm("libnvidia-container1", CTK, release="1")]
 
 
-def modules_yaml(streams: dict[str, list[Rpm]]) -> str:
+def modules_yaml(streams: dict[str, list[Rpm]], arch: str = "x86_64") -> str:
     docs = []
     for stream, rpms in streams.items():
         artifacts = "".join(f"    - {r.nevra}\n" for r in rpms)
@@ -109,7 +118,7 @@ data:
   stream: "{stream}"
   version: 20261101000000
   context: "00000000"
-  arch: x86_64
+  arch: {arch}
   summary: Nvidia driver for {stream} branch (imitation)
   description: imitation
   license:
@@ -124,7 +133,7 @@ data:
     return "".join(docs)
 
 
-def _build(rpms: list[Rpm], top: Path, out: Path) -> None:
+def _build(rpms: list[Rpm], top: Path, out: Path, target: str = "") -> None:
     (top / "SPECS").mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     specs = []
@@ -132,7 +141,8 @@ def _build(rpms: list[Rpm], top: Path, out: Path) -> None:
         spec = top / "SPECS" / f"{r.name}-{r.version}.spec"
         spec.write_text(r.spec())
         specs.append(str(spec))
-    subprocess.run(["rpmbuild", "--quiet", "-bb", "--define", f"_topdir {top}", "--define", f"_rpmdir {out}",
+    subprocess.run(["rpmbuild", "--quiet", "-bb", *(["--target", target] if target else []),
+                    "--define", f"_topdir {top}", "--define", f"_rpmdir {out}",
                     "--define", "_build_name_fmt %%{NAME}-%%{VERSION}-%%{RELEASE}.%%{ARCH}.rpm", *specs],
                    check=True, capture_output=True)
 
@@ -158,3 +168,18 @@ def build(where: Path) -> tuple[Path, Path, Path, Path]:
         (cuda10 / rpm.name).hardlink_to(rpm)
     subprocess.run(["createrepo_c", "-q", str(cuda10)], check=True)
     return cuda, distro, ctk, cuda10
+
+
+def build_sbsa(where: Path) -> Path:
+    """NVIDIA's amzn2023/sbsa repository, imitated: the R595 and R610 streams and one toolkit as aarch64 packages (built
+    with `rpmbuild --target aarch64`), with their module metadata. dnf reads it on an x86_64 machine only under
+    --forcearch=aarch64 (the dnf stand-in's REALDNF_ARCH), which makes it resolve as an aarch64 host would."""
+    streams = driver_streams({b: BRANCHES[b] for b in ("595", "610")}, arch="aarch64")
+    rpms = [r for s in streams.values() for r in s] + [Rpm("cuda-toolkit-13-0", "13.0.0", arch="aarch64")]
+    repo = where / "cuda-amzn2023-sbsa"
+    _build(rpms, where / "build-sbsa", repo, target="aarch64")
+    subprocess.run(["createrepo_c", "-q", str(repo)], check=True)
+    (where / "modules-sbsa.yaml").write_text(modules_yaml(streams, arch="aarch64"))
+    subprocess.run(["modifyrepo_c", "--mdtype=modules", str(where / "modules-sbsa.yaml"), str(repo / "repodata")],
+                   check=True, capture_output=True)
+    return repo

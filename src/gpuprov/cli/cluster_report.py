@@ -62,6 +62,8 @@ def cluster_check_tables(result: ClusterCheck) -> list[FitTable]:
     """Connectivity findings; the all-reduce per message size; its judgement."""
     name = result.cluster.name
     out = [_checks(f"cluster {name}: node to node ({result.cluster.nnodes} nodes)", result.net_checks)]
+    if result.imex_checks:
+        out.append(_checks(f"cluster {name}: IMEX", result.imex_checks))
     report = result.allreduce
     if report is not None:
         table = FitTable([Column("size", "right"), Column("time", "right"), Column("algbw GB/s", "right"),
@@ -77,7 +79,7 @@ def cluster_check_tables(result: ClusterCheck) -> list[FitTable]:
 
 
 def cluster_check_json(result: ClusterCheck) -> dict[str, object]:
-    return {
+    out: dict[str, object] = {
         "cluster": result.cluster.name, "ok": result.ok,
         "connectivity": {"checks": [c.model_dump(mode="json") for c in result.net_checks],
                          **result.net.model_dump(mode="json")},
@@ -86,3 +88,6 @@ def cluster_check_json(result: ClusterCheck) -> dict[str, object]:
                       "expectation": result.expectation.model_dump(mode="json") if result.expectation else None,
                       "error": result.allreduce_error},
     }
+    if result.cluster.imex:
+        out["imex"] = {"checks": [c.model_dump(mode="json") for c in result.imex_checks]}
+    return out

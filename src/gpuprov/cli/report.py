@@ -27,21 +27,30 @@ if TYPE_CHECKING:
 from gpuprov.cli.fittable import STYLE, Column, FitTable, plural, price_text
 
 
+def _cpu_arch(ec2_arch: str) -> str:
+    """The CPU column in `--arch`'s words (uname -m): EC2 calls aarch64 arm64."""
+    return "aarch64" if ec2_arch == "arm64" else ec2_arch
+
+
 def gpus_table(cat: Catalog) -> FitTable:
+    """GPUs and their types; CPU is the type's architecture (the GPU's own CPU where no type has it), kept at 80
+    columns before CC and vCPU: it decides the image, the repository folder and the wheels."""
     table = FitTable([Column("GPU"), Column("arch", drop=8), Column("CC", drop=7), Column("mem/GPU", "right", drop=5),
-                      Column("instance type"), Column("GPUs", "right"), Column("vCPU", "right", drop=6),
+                      Column("instance type"), Column("CPU", drop=4), Column("GPUs", "right"),
+                      Column("vCPU", "right", drop=6),
                       Column("$/h", "right"), Column("good for", prose=True, drop=9)],
                      title=f"GPUs on AWS — on-demand list prices, {cat.price_region}, {cat.prices_as_of}")
     for gpu in cat.gpus:
         types = cat.instance_types_for(gpu)
         if not types:  # GH200: hosts of one's own only (render, bootstrap)
             table.add_row(gpu.name, gpu.arch.title(), gpu.compute_capability, f"{gpu.memory_mib / 1024:.0f} GiB",
-                          "none on AWS", "", "", "", gpu.good_for, end_section=True)
+                          "none on AWS", gpu.cpu_arch or "", "", "", "", gpu.good_for, end_section=True)
         for i, it in enumerate(types):
             first = i == 0
             table.add_row(
                 gpu.name if first else "", gpu.arch.title() if first else "", gpu.compute_capability if first else "",
-                f"{(it.gpu_memory_mib or gpu.memory_mib) / 1024:.0f} GiB", it.name, str(it.gpus), str(it.vcpu),
+                f"{(it.gpu_memory_mib or gpu.memory_mib) / 1024:.0f} GiB", it.name, _cpu_arch(it.arch), str(it.gpus),
+                str(it.vcpu),
                 "retired" if it.retired else price_text(it.price_usd_hour).removesuffix("/h"),
                 gpu.good_for if first else "",
                 end_section=i == len(types) - 1,

@@ -11,7 +11,9 @@ runs `wire()` as a separate pass, because every node's files depend on facts fro
              a one-node cluster uses the address SSH reached it at.
   addresses  node k > 0 appears in the hostfile under the source address it uses toward MASTER_ADDR
   write      one rendered step per node (templates/cluster_wiring.sh.j2): /etc/gpuprov/cluster.env and
-             /etc/gpuprov/hostfile under ${GPUPROV_SYSROOT:-}, replaced only when they differ
+             /etc/gpuprov/hostfile under ${GPUPROV_SYSROOT:-}, replaced only when they differ; on the
+             trays of a GB200/GB300 NVL72 (`Cluster.imex`) also NVIDIA's IMEX service at the driver's
+             version, its node list (/etc/nvidia-imex/nodes_config.cfg: every node's address), started
 
 The record (state/sqlite.py's clusters table, this module's JSON) is written before the files, so a
 failed write can be rerun and `ssh NAME:k`, `exec NAME`, `torchrun NAME`, `check NAME --cluster`
@@ -57,6 +59,11 @@ DEFAULT_PORT = 29500  # torch.distributed's default MASTER_PORT (torchrun --mast
 ENV_PATH = "/etc/gpuprov/cluster.env"
 HOSTFILE_PATH = "/etc/gpuprov/hostfile"
 EFA_ENV_PATH = "/etc/gpuprov/efa.env"  # written by the `efa` step on EFA instance types (cloud/cluster_network.py)
+# NVLink across compute trays (GB200/GB300 NVL72) needs IMEX (NVIDIA's IMEX guide, Deployment Models; AWS
+# ParallelCluster's cookbook starts nvidia-imex on p6e-gb200 only): its node list, one address a line
+IMEX_GPUS = ("GB200", "GB300")
+IMEX_TYPES = ("p6e-gb200.", "p6e-gb300.")
+IMEX_NODES_PATH = "/etc/nvidia-imex/nodes_config.cfg"
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _WORD = re.compile(r"(?P<name>[a-z0-9][a-z0-9-]{0,62})(?::(?P<rank>[0-9]+))?")
 
@@ -74,6 +81,7 @@ class ClusterHost(BaseModel):
     address: str  # the node's address on the cluster's network (hostfile, MASTER_ADDR for node 0)
     gpus: int = Field(ge=0)
     instance_type: str | None = None  # on EC2, from IMDSv2 (the all-reduce judge's EFA expectation)
+    gpu: str | None = None  # the GPU's model from the node's facts (GB200: the trays of an NVL72 need IMEX)
 
     def target(self, cluster: str, rank: int) -> Target:
         return Target(host=self.host, user=self.user, port=self.port, key=self.key, proxy_jump=self.proxy_jump,
@@ -90,6 +98,12 @@ class Cluster(BaseModel):
     @property
     def nnodes(self) -> int:
         return len(self.members)
+
+    @property
+    def imex(self) -> bool:
+        """The nodes are compute trays of a GB200/GB300 NVL72 (by their GPU, or EC2's p6e UltraServer types): NVLink
+        between trays goes through NVIDIA's IMEX service, which needs every node's address (nodes_config.cfg)."""
+        return any((m.gpu or "") in IMEX_GPUS or (m.instance_type or "").startswith(IMEX_TYPES) for m in self.members)
 
     def nproc_per_node(self) -> int:
         """GPUs per node: torchrun starts the same number of processes on every node, so the smallest
@@ -226,6 +240,7 @@ class NodeFacts:
     ssh_address: str  # the node's own address that SSH reached (server half of $SSH_CONNECTION)
     gpus: int
     instance_type: str | None = None
+    gpu: str | None = None  # the first GPU's model (gpuprov's name: GB200)
 
 
 def _ip(text: str, what: str) -> str:
@@ -251,7 +266,8 @@ def discover(remote: Remote) -> NodeFacts:
         raise GpuprovError(f"{remote.target.name}: the SSH server did not say which address it was reached at "
                            "($SSH_CONNECTION is empty); pass --master-addr")
     facts = parse_facts(remote.run(FACTS_COMMAND, sudo=True).stdout)
-    return NodeFacts(_ip(conn[2], f"{remote.target.name}: $SSH_CONNECTION"), len(facts.gpus), facts.instance_type)
+    return NodeFacts(_ip(conn[2], f"{remote.target.name}: $SSH_CONNECTION"), len(facts.gpus), facts.instance_type,
+                     facts.gpus[0] if facts.gpus else None)
 
 
 _SRC = re.compile(r"\bsrc\s+(\S+)")
@@ -271,7 +287,7 @@ def plan_cluster(name: str, targets: Sequence[Target], facts: Sequence[NodeFacts
 
     key = str(Path(key).expanduser().resolve()) if key else None
     members = [ClusterHost(host=t.host, user=t.user, port=t.port, key=t.key or key, proxy_jump=t.proxy_jump,
-                      known_hosts=t.known_hosts, address=a, gpus=f.gpus, instance_type=f.instance_type)
+                      known_hosts=t.known_hosts, address=a, gpus=f.gpus, instance_type=f.instance_type, gpu=f.gpu)
                for t, f, a in zip(targets, facts, addresses, strict=True)]
     return Cluster(name=name, master_addr=master_addr, master_port=port, members=members)
 
@@ -282,6 +298,7 @@ def render(cluster: Cluster, rank: int) -> str:
 
     return environment().get_template("cluster_wiring.sh.j2").render(
         cluster=cluster, rank=rank, env=cluster.env(rank), hostfile=cluster.hostfile(),
+        imex_nodes=[m.address for m in cluster.members] if cluster.imex else [], imex_path=IMEX_NODES_PATH,
         step_name="cluster-wiring", state_dir=STATE_DIR)
 
 

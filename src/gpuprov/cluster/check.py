@@ -17,6 +17,8 @@ firewall fix (and MASTER_PORT in use). The all-reduce probe runs from `$(mktemp 
 probe.py` on each node, never a guessable /tmp name; `parse_allreduce` reads NCCL's output, `expectation` is the
 catalog's `interconnect.efa_gbps` for the EC2 type, else the NIC's speed from /sys/class/net, and `judge_allreduce`
 names sums that are wrong, EFA not used, NCCL on another interface, bus bandwidth under the floor.
+3. On the trays of a GB200/GB300 NVL72 (`Cluster.imex`), IMEX: each node's daemon state as `nvidia-imex-ctl -q`
+   prints it (READY when the node has joined the domain), judged by `judge_imex`.
 cli/cluster_report.py draws the tables.
 """
 
@@ -421,6 +423,45 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
+# --- 3. IMEX (GB200/GB300 NVL72 trays) --------------------------------------------------------------
+
+# The IMEX daemon's states, as DCGM reads them from `nvidia-imex-ctl -q` (dcgm_fields.h, DCGM_FI_IMEX_DAEMON_STATUS,
+# read 2026-12-03); READY is the one a job needs (the DRA driver and public health checks compare with it).
+IMEX_STATES = ("INITIALIZING", "STARTING_AUTH_SERVER", "WAITING_FOR_PEERS", "WAITING_FOR_RECOVERY", "INIT_GPU",
+               "READY", "SHUTTING_DOWN", "UNAVAILABLE")
+IMEX_QUERY = "nvidia-imex-ctl -q"
+
+
+def imex_states(cluster: Cluster, settings: HostSettings, parallel: int = 32) -> list[str]:
+    """Each node's answer to `nvidia-imex-ctl -q` (its last line), or why there was none."""
+    def ask(target: Target) -> str:
+        remote = Remote(target, settings)
+        try:
+            remote.open()
+            result = remote.run(IMEX_QUERY, sudo=True)
+        except GpuprovError as exc:
+            return f"unreachable: {exc}"
+        finally:
+            remote.close()
+        lines = (result.stdout.strip() or result.stderr.strip() or f"exit {result.exited}").splitlines()
+        return lines[-1].strip()
+
+    return run_parallel(cluster.targets(), ask, parallel)
+
+
+def judge_imex(cluster: Cluster, states: Sequence[str]) -> list[Check]:
+    """One finding per node whose IMEX daemon is not READY; one passing line when all are."""
+    name = cluster.name
+    fix = (f"on that node: `sudo systemctl status nvidia-imex`, `sudo journalctl -u nvidia-imex`; every node's "
+           f"/etc/nvidia-imex/nodes_config.cfg must list the same addresses (`gpuprov bootstrap --cluster {name} …` "
+           "rewrites them), and the nodes must reach each other on TCP 50000 (IMEX's SERVER_PORT)")
+    checks = [Check(name=f"{name}:{rank} IMEX", ok=False,
+                    detail=f"{name}:{rank} IMEX daemon: {state}" + (
+                        "" if state in IMEX_STATES else f" (not a state `{IMEX_QUERY}` reports)"), fix=fix)
+              for rank, state in enumerate(states) if state != "READY"]
+    return checks or [Check(name="IMEX", ok=True, detail=f"IMEX READY on all {len(states)} nodes ({IMEX_QUERY})")]
+
+
 @dataclass
 class ClusterCheck:
     cluster: Cluster
@@ -430,10 +471,11 @@ class ClusterCheck:
     allreduce_error: str | None = None
     allreduce_checks: list[Check] = field(default_factory=list)
     expectation: FabricExpectation | None = None
+    imex_checks: list[Check] = field(default_factory=list)  # on NVL72 trays only
 
     @property
     def checks(self) -> list[Check]:
-        return self.net_checks + self.allreduce_checks
+        return self.net_checks + self.imex_checks + self.allreduce_checks
 
     @property
     def ok(self) -> bool:
@@ -447,6 +489,8 @@ def check_cluster(cluster: Cluster, settings: HostSettings, *, sizes: Sequence[i
                   allreduce_timeout: float = 120.0) -> ClusterCheck:
     net = connectivity(cluster, settings, sample=sample, timeout=timeout)
     result = ClusterCheck(cluster, net, judge_connectivity(cluster, net))
+    if cluster.imex:
+        result.imex_checks = judge_imex(cluster, imex_states(cluster, settings))
     if not run_allreduce:
         return result
     if not all(c.ok for c in result.net_checks):
