@@ -1,0 +1,739 @@
+"""Alibaba Cloud ECS behind the provider protocol, through Alibaba's own SDK (alibabacloud-ecs20140526).
+
+ECS's vocabulary stays in here: a VPC's vSwitch is a Network's subnet, SpotStrategy is the market, a ClientToken
+makes RunInstances idempotent, economical mode (StoppedMode=StopCharging) is how a node stops.
+
+Credentials come from Alibaba's documented chain (alibabacloud-credentials' default client): the
+ALIBABA_CLOUD_ACCESS_KEY_ID/_SECRET variables, the aliyun CLI's ~/.aliyun/config.json profile that
+ALIBABA_CLOUD_PROFILE names, a RAM role on an ECS instance. GPUPROV_ALIBABA_ENDPOINT (a URL: http://127.0.0.1:8000)
+points every call at one endpoint instead of ecs.<region>.aliyuncs.com; the tests point it at their imitation.
+
+Every request is built from the SDK's own `<Action>Request` model and every answer read through its
+`<Action>ResponseBody`; `_Ecs.call_api` checks each action against gpuprov/mutations.py before it is sent, and the
+SDK's own retries stay off (gpuprov resends only what the table allows).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from gpuprov import mutations
+from gpuprov.cloud.providers.alibaba_refusals import classify
+from gpuprov.cloud.providers.base import (
+    SHARED,
+    TAG_NODE,
+    TAG_OWNER,
+    TAG_TEAM,
+    CloudResource,
+    Image,
+    ImageRequest,
+    ImageRoot,
+    Instance,
+    InstanceStore,
+    InstanceTypeInfo,
+    LaunchError,
+    LaunchRequest,
+    Market,
+    Network,
+    NotFound,
+    SpotPrice,
+)
+from gpuprov.errors import GpuprovError, UserInputError
+
+T = TypeVar("T")
+
+ENDPOINT_VAR = "GPUPROV_ALIBABA_ENDPOINT"
+TAG_TOKEN = "gpuprov:token"  # the launch's ClientToken: a lost RunInstances answer is found by it
+PAGE = 100  # ECS's largest PageSize / MaxResults
+BANDWIDTH_MBPS = 100  # InternetMaxBandwidthOut: a public address, paid by traffic (PayByTraffic), not by this cap
+DISK = "cloud_essd"  # the system disk's category
+RETRIES = 4  # sends of a request that got no answer or was throttled
+NOT_FOUND = {"instance": ("InvalidInstanceId.NotFound",), "security-group": ("InvalidSecurityGroupId.NotFound",),
+             "key-pair": ("InvalidKeyPairName.NotFound",), "image": ("InvalidImageId.NotFound",),
+             "snapshot": ("InvalidSnapshotId.NotFound",)}
+# ECS's Status, in the protocol's words (DescribeInstances, "Status": Pending, Running, Starting, Stopping, Stopped)
+STATES = {"Pending": "pending", "Starting": "pending", "Running": "running", "Stopping": "stopping",
+          "Stopped": "stopped"}
+# ListTagResources' ResourceType, in the records' kinds
+TAGGED_KINDS = {"instance": "instance", "securitygroup": "security-group", "keypair": "key-pair", "image": "image",
+                "snapshot": "snapshot"}
+UBUNTU = {"ubuntu-22.04": "ubuntu_22_04", "ubuntu-24.04": "ubuntu_24_04"}  # ECS's public image names start so
+
+
+class EcsError(GpuprovError):
+    """ECS refused a call: Alibaba Cloud's code and message, and a fix where one is known."""
+
+    def __init__(self, what: str, code: str, message: str, fix: str = "") -> None:
+        self.what = what
+        self.code = code
+        self.message = message
+        super().__init__(f"Alibaba Cloud refused {what}: {code}: {message}" + (f"\n  fix: {fix}" if fix else ""))
+
+
+class NoAnswer(GpuprovError):
+    """The request may have reached ECS and no answer came back: what it asked may be done."""
+
+
+def credentials_hint() -> str:
+    return ("configure Alibaba Cloud credentials: ALIBABA_CLOUD_ACCESS_KEY_ID/ALIBABA_CLOUD_ACCESS_KEY_SECRET, or "
+            "`aliyun configure` and ALIBABA_CLOUD_PROFILE=<profile>, or a RAM role on the ECS instance")
+
+
+def endpoint() -> tuple[str, str] | None:
+    """(protocol, host[:port]) from GPUPROV_ALIBABA_ENDPOINT, refused by name when it is no URL."""
+    raw = os.environ.get(ENDPOINT_VAR)
+    if not raw:
+        return None
+    url = urlsplit(raw)
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise UserInputError(ENDPOINT_VAR, f"{raw!r} is not an endpoint URL",
+                             "e.g. http://127.0.0.1:8000 (a local endpoint), or unset it for Alibaba Cloud itself")
+    return url.scheme, url.netloc
+
+
+def _stamp(raw: str | None) -> datetime | None:
+    """ECS's times: 2026-01-02T03:04Z or 2026-01-02T03:04:05Z (UTC)."""
+    if not raw:
+        return None
+    for form in ("%Y-%m-%dT%H:%MZ", "%Y-%m-%dT%H:%M:%SZ"):
+        try:
+            return datetime.strptime(raw, form).replace(tzinfo=timezone.utc)
+        except ValueError:
+            continue
+    return None
+
+
+def _tags(raw: dict[str, Any]) -> dict[str, str]:
+    return {str(t.get("TagKey")): str(t.get("TagValue")) for t in (raw.get("Tags") or {}).get("Tag") or []}
+
+
+def _method(action: str) -> str:
+    """The SDK client's method for an action (DescribeVSwitches: describe_vswitches)."""
+    from alibabacloud_ecs20140526.client import Client
+
+    names = {name.replace("_", ""): name for name in dir(Client) if not name.startswith("_")}
+    return names[action.lower()]
+
+
+class AlibabaProvider:
+    """Alibaba Cloud ECS: the core of the provider protocol (see base.py)."""
+
+    name = "alibaba"
+
+    def __init__(self, owner: str, *, poll: float = 2.0, legacy: str | None = None,
+                 team: dict[str, str] | None = None) -> None:
+        endpoint()  # a bad endpoint is said before any call
+        self.owner = owner
+        self.team = team
+        self.owners = (owner, legacy) if legacy else (owner,)
+        self.family = legacy or owner  # gc's everyone: every install with this user and host name
+        self.poll = poll
+        self.fence: Callable[[], None] = lambda: None  # the CLI hands in state.locks.fence, as for AWS
+        self._clients: dict[str, Any] = {}
+        self._credential: Any = None
+
+    # --- the one path every call takes ---------------------------------------------------------
+
+    def _client(self, region: str) -> Any:
+        if region not in self._clients:
+            from alibabacloud_credentials.client import Client as Credentials
+            from alibabacloud_ecs20140526.client import Client
+            from alibabacloud_tea_openapi.utils_models import Config
+
+            class _Ecs(Client):  # type: ignore[misc]
+                def call_api(self, params: Any, request: Any, runtime: Any) -> Any:
+                    mutations.check("ecs", str(params.action), retries=False)
+                    return super().call_api(params, request, runtime)
+
+            if self._credential is None:
+                self._credential = Credentials()
+            config = Config(credential=self._credential, region_id=region, connect_timeout=10_000,
+                            read_timeout=60_000)
+            where = endpoint()
+            if where:
+                config.protocol, config.endpoint = where
+            self._clients[region] = _Ecs(config)
+        return self._clients[region]
+
+    def _send(self, region: str, action: str, params: dict[str, Any]) -> dict[str, Any]:
+        """One ECS call: the request built by the SDK's `<Action>Request` model, the answer as its body's map."""
+        from alibabacloud_credentials.exceptions import CredentialException
+        from alibabacloud_ecs20140526 import models
+        from Tea.exceptions import TeaException, UnretryableException
+
+        self.fence()
+        request = getattr(models, f"{action}Request")().from_map(
+            {"RegionId": region, **params} if "RegionId" in _fields(action) else params)
+        client = self._client(region)
+        try:
+            reply = getattr(client, _method(action))(request)
+        except CredentialException as exc:
+            raise UserInputError("Alibaba Cloud credentials", str(exc).splitlines()[0], credentials_hint()) from None
+        except TeaException as exc:
+            code = str(exc.code or "Unknown")
+            data = getattr(exc, "data", None) or {}
+            message = str(data.get("Message") or getattr(exc, "message", "") or exc)
+            raise EcsError(action, code, message, classify(code, "on-demand").fix) from None
+        except UnretryableException as exc:
+            raise NoAnswer(f"Alibaba Cloud call {action} got no answer: {exc}") from None
+        except (OSError, ValueError) as exc:
+            raise NoAnswer(f"Alibaba Cloud call {action} got no answer: {exc}") from None
+        body = reply.body.to_map() if reply.body is not None else {}
+        return dict(body)
+
+    def _call(self, region: str, action: str, **params: Any) -> dict[str, Any]:
+        """A call that is safe to send again (a read, a ClientToken, a harmless change): resent after no answer
+        or throttling, with backoff."""
+        for attempt in range(1, RETRIES + 1):
+            try:
+                return self._send(region, action, params)
+            except NoAnswer:
+                if attempt == RETRIES or mutations.MUTATIONS.get(("ecs", action)) in mutations.NEVER_RESENT:
+                    raise
+            except EcsError as exc:
+                if classify(exc.code, "on-demand").then != "retry" or attempt == RETRIES:
+                    raise
+            time.sleep(self.poll * attempt)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _pages(self, region: str, action: str, key: tuple[str, str], **params: Any) -> list[dict[str, Any]]:
+        """Every page of a Describe call (PageNumber/PageSize, or NextToken/MaxResults where the model has it)."""
+        items: list[dict[str, Any]] = []
+        fields = _fields(action)
+        if "NextToken" in fields and "PageNumber" not in fields:
+            token: str | None = None
+            while True:
+                page = self._call(region, action, **params, MaxResults=PAGE, **({"NextToken": token} if token else {}))
+                items += (page.get(key[0]) or {}).get(key[1]) or []
+                token = page.get("NextToken") or None
+                if not token:
+                    return items
+        number = 1
+        while True:
+            page = self._call(region, action, **params, PageNumber=number, PageSize=PAGE)
+            got = (page.get(key[0]) or {}).get(key[1]) or []
+            items += got
+            if not got or len(items) >= int(page.get("TotalCount") or 0):
+                return items
+            number += 1
+
+    def _settle(self, kind: str, cloud_id: str, settle: float, fn: Callable[[], T]) -> T:
+        """`fn`, again with backoff while ECS answers NotFound within `settle` seconds: a resource made a moment
+        ago may not be known yet."""
+        deadline, wait = time.monotonic() + settle, self.poll
+        while True:
+            try:
+                return fn()
+            except EcsError as exc:
+                if exc.code not in NOT_FOUND.get(kind, ()):
+                    raise
+                if time.monotonic() + wait > deadline:
+                    raise NotFound(kind, cloud_id, exc.code) from None
+                time.sleep(wait)
+                wait = min(wait * 2, self.poll * 8)
+
+    def _tag_list(self, node: str, extra: dict[str, str] | None = None) -> list[dict[str, str]]:
+        tags = {TAG_NODE: node, TAG_OWNER: self.owner, **(self.team or {}), **(extra or {})}
+        return [{"Key": k, "Value": v} for k, v in tags.items()]
+
+    def _mine(self, tags: dict[str, str], everyone: bool = False) -> bool:
+        if self.team:
+            return tags.get(TAG_TEAM) == self.team.get(TAG_TEAM)
+        owner = tags.get(TAG_OWNER)
+        if owner is None:
+            return False
+        return owner == self.family or owner.startswith(self.family + "/") if everyone else owner in self.owners
+
+    # --- where to launch ---------------------------------------------------------------------
+
+    def offerings(self, region: str, instance_types: Sequence[str]) -> dict[str, list[str]]:
+        """Zones whose stock (DescribeAvailableResource) holds each type now: WithStock, or ClosedWithStock."""
+        wanted, found = set(instance_types), {}
+        reply = self._call(region, "DescribeAvailableResource", DestinationResource="InstanceType",
+                           InstanceChargeType="PostPaid")
+        for zone in (reply.get("AvailableZones") or {}).get("AvailableZone") or []:
+            for resource in (zone.get("AvailableResources") or {}).get("AvailableResource") or []:
+                for item in (resource.get("SupportedResources") or {}).get("SupportedResource") or []:
+                    name = str(item.get("Value"))
+                    if name in wanted and item.get("Status") == "Available":
+                        found.setdefault(name, []).append(str(zone.get("ZoneId")))
+        return {name: sorted(zones) for name, zones in found.items()}
+
+    def image(self, region: str, os_name: str, arch: str = "x86_64") -> str:
+        prefix = UBUNTU.get(os_name)
+        if prefix is None:
+            raise UserInputError("--os", f"{os_name!r} has no Alibaba Cloud public image gpuprov knows",
+                                 f"one of {', '.join(UBUNTU)}, or pass --image m-... explicitly")
+        name = f"{prefix}_{'arm64' if arch == 'arm64' else 'x64'}"
+        images = [i for i in self._pages(region, "DescribeImages", ("Images", "Image"), ImageOwnerAlias="system",
+                                         OSType="linux", Status="Available")
+                  if str(i.get("ImageName", "")).startswith(name)]
+        if not images:
+            raise UserInputError("--image", f"no public {name}* image in {region}", "pass --image m-... explicitly")
+        return str(max(images, key=lambda i: str(i.get("CreationTime", "")))["ImageId"])
+
+    def enabled_regions(self, region: str) -> list[str]:
+        reply = self._call(region, "DescribeRegions")
+        return sorted(str(r["RegionId"]) for r in (reply.get("Regions") or {}).get("Region") or [])
+
+    def network(self, region: str, subnet: str | None) -> Network:
+        """The named vSwitch's VPC, or the region's default VPC (refused, naming it, when the region has none)."""
+        if subnet:
+            switches = self._pages(region, "DescribeVSwitches", ("VSwitches", "VSwitch"), VSwitchId=subnet)
+            if not switches:
+                raise UserInputError("--subnet", f"no vSwitch {subnet} in {region}", "a vSwitch id (vsw-...)")
+            vpc = self._vpc(region, str(switches[0]["VpcId"]))
+            return self._switch(switches[0], vpc)
+        vpcs = self._pages(region, "DescribeVpcs", ("Vpcs", "Vpc"), IsDefault=True)
+        if not vpcs:
+            raise GpuprovError(f"{region} has no default VPC: create one (VPC console > Create default VPC) or pass "
+                               "--subnet vsw-... of a VPC of yours")
+        return Network(vpc_id=str(vpcs[0]["VpcId"]), vpc_cidr=str(vpcs[0].get("CidrBlock", "")), maps_public_ip=False)
+
+    def _vpc(self, region: str, vpc_id: str) -> dict[str, Any]:
+        vpcs = self._pages(region, "DescribeVpcs", ("Vpcs", "Vpc"), VpcId=vpc_id)
+        if not vpcs:
+            raise GpuprovError(f"VPC {vpc_id} is not listed in {region}")
+        return vpcs[0]
+
+    @staticmethod
+    def _switch(raw: dict[str, Any], vpc: dict[str, Any]) -> Network:
+        return Network(vpc_id=str(raw["VpcId"]), vpc_cidr=str(vpc.get("CidrBlock", "")), subnet_id=str(raw["VSwitchId"]),
+                       zone=str(raw.get("ZoneId")), maps_public_ip=False, default_for_az=bool(raw.get("IsDefault")),
+                       free_addresses=int(raw.get("AvailableIpAddressCount") or 0))
+
+    def subnets(self, region: str, vpc_id: str, zones: Sequence[str]) -> list[Network]:
+        vpc = self._vpc(region, vpc_id)
+        return [self._switch(raw, vpc) for zone in zones
+                for raw in self._pages(region, "DescribeVSwitches", ("VSwitches", "VSwitch"), VpcId=vpc_id,
+                                       ZoneId=zone)]
+
+    # --- SSH access ------------------------------------------------------------------------
+
+    def key_pair_exists(self, region: str, name: str) -> bool:
+        return bool(self._pages(region, "DescribeKeyPairs", ("KeyPairs", "KeyPair"), KeyPairName=name))
+
+    def import_key_pair(self, region: str, name: str, public_key: str) -> str:
+        """ImportKeyPair, tagged as shared; a name already there (a lost first answer) is that key pair."""
+        try:
+            self._call(region, "ImportKeyPair", KeyPairName=name, PublicKeyBody=public_key,
+                       Tag=self._tag_list(SHARED))
+        except EcsError as exc:
+            if exc.code != "KeyPair.AlreadyExist":
+                raise
+        return name
+
+    def delete_key_pair(self, region: str, name: str, settle: float = 0) -> None:
+        self._call(region, "DeleteKeyPairs", KeyPairNames=f'["{name}"]')
+
+    def create_security_group(self, region: str, node: str, vpc: str, name: str, description: str) -> str:
+        """CreateSecurityGroup with a ClientToken made of its name: a resend returns the first group."""
+        reply = self._call(region, "CreateSecurityGroup", VpcId=vpc, SecurityGroupName=name, Description=description,
+                           ClientToken=f"sg-{name}"[:64], Tag=self._tag_list(node))
+        return str(reply["SecurityGroupId"])
+
+    def find_security_group(self, region: str, name: str) -> str | None:
+        groups = self._pages(region, "DescribeSecurityGroups", ("SecurityGroups", "SecurityGroup"),
+                             SecurityGroupName=name)
+        return str(groups[0]["SecurityGroupId"]) if groups else None
+
+    def ssh_cidrs(self, region: str, group_id: str) -> list[str]:
+        reply = self._settle("security-group", group_id, 0, lambda: self._call(
+            region, "DescribeSecurityGroupAttribute", SecurityGroupId=group_id, Direction="ingress"))
+        cidrs = []
+        for rule in (reply.get("Permissions") or {}).get("Permission") or []:
+            if str(rule.get("IpProtocol", "")).upper() in ("TCP", "ALL") and rule.get("PortRange") in ("22/22",
+                                                                                                     "-1/-1"):
+                cidrs += [c for c in (rule.get("SourceCidrIp"), rule.get("Ipv6SourceCidrIp")) if c]
+        return cidrs
+
+    def authorize_ssh(self, region: str, group_id: str, cidr: str, settle: float) -> None:
+        where = {"Ipv6SourceCidrIp": cidr} if ":" in cidr else {"SourceCidrIp": cidr}
+        self._settle("security-group", group_id, settle, lambda: self._call(
+            region, "AuthorizeSecurityGroup", SecurityGroupId=group_id, IpProtocol="tcp", PortRange="22/22",
+            ClientToken=f"ssh-{group_id}-{cidr}"[:64], **where))
+
+    # --- launch ----------------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest, settle: float) -> Instance:
+        return self.launch_group(request, settle)[0]
+
+    def launch_group(self, request: LaunchRequest, settle: float) -> list[Instance]:
+        """RunInstances with the request's ClientToken, its tags on the instance and its disk. After an answer that
+        never came, the instances are looked for by the token's tag before the same request is sent again."""
+        market = request.market
+        params = self._run_params(request)
+        lost = False
+        for attempt in range(1, RETRIES + 1):
+            try:
+                reply = self._send(request.region, "RunInstances", params)
+                ids = [str(i) for i in (reply.get("InstanceIdSets") or {}).get("InstanceIdSet") or []]
+                return self.describe(request.region, ids, settle)
+            except NoAnswer:
+                if attempt == RETRIES:
+                    raise
+                lost = True
+            except EcsError as exc:
+                row = classify(exc.code, market)
+                if row.then != "retry" or attempt == RETRIES:
+                    raise LaunchError(row.then, exc.code, exc.message, row.fix, row.quota) from None
+            time.sleep(self.poll * attempt)
+            if lost:
+                made = self.find_launched(request.region, request.client_token)
+                if made:
+                    return made
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _run_params(self, request: LaunchRequest) -> dict[str, Any]:
+        switch = request.access.subnet_id or self._default_switch(request.region, request.zone)
+        tags = self._tag_list(request.node, {**request.tags, TAG_TOKEN: request.client_token})
+        params: dict[str, Any] = {
+            "ZoneId": request.zone, "InstanceType": request.instance_type, "ImageId": request.image_id,
+            "SecurityGroupId": request.access.security_group_id, "VSwitchId": switch,
+            "KeyPairName": request.access.key_name, "InstanceName": f"gpuprov-{request.node}",
+            "Amount": request.count, "MinAmount": request.min_count, "ClientToken": request.client_token,
+            "InstanceChargeType": "PostPaid", "InternetChargeType": "PayByTraffic",
+            "InternetMaxBandwidthOut": BANDWIDTH_MBPS,
+            "SystemDisk": {"Size": str(request.disk_gb), "Category": DISK},
+            "Tag": tags,
+        }
+        if request.market == "spot":
+            params["SpotStrategy"] = "SpotWithPriceLimit" if request.max_price else "SpotAsPriceGo"
+            if request.max_price:
+                params["SpotPriceLimit"] = request.max_price
+            params["SpotInterruptionBehavior"] = "Stop" if request.persistent else "Terminate"
+        else:
+            params["SpotStrategy"] = "NoSpot"
+        return params
+
+    def _default_switch(self, region: str, zone: str) -> str:
+        switches = self._pages(region, "DescribeVSwitches", ("VSwitches", "VSwitch"), ZoneId=zone, IsDefault=True)
+        if not switches:
+            raise LaunchError("next-candidate", "InvalidVSwitchId.NotFound",
+                              f"zone {zone} has no default vSwitch (of the default VPC)",
+                              "create a default vSwitch in the zone, or pass --subnet vsw-...")
+        return str(switches[0]["VSwitchId"])
+
+    def find_launched(self, region: str, client_token: str) -> list[Instance]:
+        raws = self._pages(region, "DescribeInstances", ("Instances", "Instance"),
+                           Tag=[{"Key": TAG_TOKEN, "Value": client_token}])
+        return [self._instance(region, raw) for raw in raws]
+
+    # --- instances -------------------------------------------------------------------------
+
+    def _instance(self, region: str, raw: dict[str, Any]) -> Instance:
+        tags = _tags(raw)
+        public = ((raw.get("PublicIpAddress") or {}).get("IpAddress") or [None])[0] \
+            or (raw.get("EipAddress") or {}).get("IpAddress") or None
+        vpc = raw.get("VpcAttributes") or {}
+        private = ((vpc.get("PrivateIpAddress") or {}).get("IpAddress") or [None])[0]
+        locks = (raw.get("OperationLocks") or {}).get("LockReason") or []
+        market: Market = "on-demand" if raw.get("SpotStrategy") in (None, "", "NoSpot") else "spot"
+        return Instance(
+            id=str(raw["InstanceId"]), region=region, zone=raw.get("ZoneId"), instance_type=str(raw["InstanceType"]),
+            state=STATES.get(str(raw.get("Status")), str(raw.get("Status", "")).lower()), market=market,
+            public_ip=public, private_ip=private, launched_at=_stamp(raw.get("CreationTime")),
+            state_reason=str(locks[0].get("LockMsg") or "") if locks else None,
+            state_code=str(locks[0].get("LockReason")) if locks else None,
+            node=tags.get(TAG_NODE), owner=tags.get(TAG_OWNER), team=tags.get(TAG_TEAM),
+            member=tags.get("gpuprov:member"), subnet_id=vpc.get("VSwitchId"), vpc_id=vpc.get("VpcId"))
+
+    def describe(self, region: str, ids: Sequence[str], settle: float = 0) -> list[Instance]:
+        """By id, looked at again within `settle` while an id is not listed yet (ECS lists a new instance a moment
+        after RunInstances answers)."""
+        if not ids:
+            return []
+
+        def look() -> list[Instance]:
+            found = self.instances(region, ids=ids)
+            missing = sorted(set(ids) - {i.id for i in found})
+            if missing:
+                raise EcsError("DescribeInstances", "InvalidInstanceId.NotFound", f"{', '.join(missing)} not listed")
+            return sorted(found, key=lambda i: list(ids).index(i.id))
+
+        return self._settle("instance", ",".join(ids), settle, look)
+
+    def instances(self, region: str, *, ids: Sequence[str] = (), node: str | None = None,
+                  everyone: bool = False) -> list[Instance]:
+        params: dict[str, Any] = {}
+        if ids:
+            params["InstanceIds"] = "[" + ",".join(f'"{i}"' for i in ids) + "]"
+        if node:
+            params["Tag"] = [{"Key": TAG_NODE, "Value": node}]
+        raws = self._pages(region, "DescribeInstances", ("Instances", "Instance"), **params)
+        found = [self._instance(region, raw) for raw in raws]
+        if ids:
+            return found
+        return [i for i in found if self._mine({TAG_OWNER: i.owner or "", TAG_TEAM: i.team or ""}, everyone)]
+
+    def _wait(self, region: str, ids: Sequence[str], done: Callable[[Instance | None], bool], timeout: float,
+              what: str) -> list[Instance]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = {i.id: i for i in self.instances(region, ids=ids)}
+            if all(done(found.get(i)) for i in ids):
+                return [found[i] for i in ids if i in found]
+            if time.monotonic() > deadline:
+                raise GpuprovError(f"{', '.join(ids)} not {what} after {timeout:.0f}s")
+            time.sleep(self.poll)
+
+    def wait_running(self, region: str, instance_id: str, timeout: float, settle: float) -> Instance:
+        self.describe(region, [instance_id], settle)
+        return self._wait(region, [instance_id], lambda i: i is not None and i.state == "running", timeout,
+                          "running")[0]
+
+    def _each(self, region: str, action: str, ids: Sequence[str], settle: float, **params: Any) -> None:
+        self._settle("instance", ",".join(ids), settle, lambda: self._call(
+            region, action, InstanceId=list(ids), **params))
+
+    def terminate(self, region: str, ids: Sequence[str], settle: float) -> None:
+        """DeleteInstances with Force: a running instance is stopped and released at once."""
+        self._each(region, "DeleteInstances", ids, settle, Force=True)
+
+    def wait_terminated(self, region: str, ids: Sequence[str], timeout: float = 900) -> None:
+        self._wait(region, ids, lambda i: i is None, timeout, "released")
+
+    def stop(self, region: str, ids: Sequence[str], settle: float) -> None:
+        """StopInstances in economical mode: compute is not billed while stopped, the disks are kept."""
+        self._each(region, "StopInstances", ids, settle, StoppedMode="StopCharging")
+
+    def wait_stopped(self, region: str, ids: Sequence[str], timeout: float = 900) -> list[Instance]:
+        return self._wait(region, ids, lambda i: i is not None and i.state == "stopped", timeout, "stopped")
+
+    def start(self, region: str, ids: Sequence[str], settle: float) -> None:
+        """StartInstances; economical mode gave the compute back, so no stock now is a LaunchError."""
+        try:
+            self._each(region, "StartInstances", ids, settle)
+        except EcsError as exc:
+            row = classify(exc.code, "on-demand")
+            raise LaunchError(row.then, exc.code, exc.message, row.fix, row.quota) from None
+
+    def set_instance_type(self, region: str, instance_id: str, instance_type: str, settle: float) -> None:
+        self._settle("instance", instance_id, settle, lambda: self._call(
+            region, "ModifyInstanceSpec", InstanceId=instance_id, InstanceType=instance_type))
+
+    def delete(self, resource: CloudResource, settle: float = 0) -> None:
+        kind, rid, region = resource.kind, resource.id, resource.region
+        try:
+            if kind == "instance":
+                self.terminate(region, [rid], settle)
+                self.wait_terminated(region, [rid])
+            elif kind == "security-group":
+                self._settle(kind, rid, settle, lambda: self._in_use(lambda: self._call(
+                    region, "DeleteSecurityGroup", SecurityGroupId=rid)))
+            elif kind == "key-pair":
+                self.delete_key_pair(region, rid, settle)
+            elif kind == "image":
+                self.delete_image(region, rid, settle)
+            elif kind == "snapshot":
+                self._settle(kind, rid, settle, lambda: self._call(region, "DeleteSnapshot", SnapshotId=rid))
+            else:
+                raise GpuprovError(f"Alibaba Cloud has no {kind} of gpuprov's to delete ({rid})")
+        except NotFound:
+            raise
+        except EcsError as exc:
+            if exc.code in NOT_FOUND.get(kind, ()):
+                raise NotFound(kind, rid, exc.code) from None
+            raise
+
+    def _in_use(self, fn: Callable[[], Any], timeout: float = 300) -> None:
+        """ECS keeps a group in use for a while after its instance is released (DependencyViolation): bounded."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fn()
+                return
+            except EcsError as exc:
+                if not exc.code.startswith("DependencyViolation") or time.monotonic() > deadline:
+                    raise
+                time.sleep(self.poll)
+
+    def tagged(self, region: str, everyone: bool = False) -> list[CloudResource]:
+        """Every resource of the region that carries a gpuprov:owner tag of this install (ListTagResources, each
+        resource type gpuprov makes)."""
+        out = []
+        for kind, ours in TAGGED_KINDS.items():
+            rows = self._tag_rows(region, kind)
+            for rid, tags in rows.items():
+                if self._mine(tags, everyone):
+                    out.append(CloudResource(kind=ours, id=rid, region=region, node=tags.get(TAG_NODE),
+                                             owner=tags.get(TAG_OWNER), team=tags.get(TAG_TEAM),
+                                             member=tags.get("gpuprov:member")))
+        return out
+
+    def _tag_rows(self, region: str, kind: str) -> dict[str, dict[str, str]]:
+        rows: dict[str, dict[str, str]] = {}
+        token: str | None = None
+        key = TAG_TEAM if self.team else TAG_OWNER
+        while True:
+            page = self._call(region, "ListTagResources", ResourceType=kind, TagFilter=[{"TagKey": key}],
+                              **({"NextToken": token} if token else {}))
+            for row in (page.get("TagResources") or {}).get("TagResource") or []:
+                rows.setdefault(str(row["ResourceId"]), {})[str(row["TagKey"])] = str(row["TagValue"])
+            token = page.get("NextToken") or None
+            if not token:
+                return rows
+
+    # --- facts: prices, types, quotas --------------------------------------------------------
+
+    def prices(self, region: str, instance_types: Sequence[str]) -> list[SpotPrice]:
+        """The latest spot price of each type in each zone (DescribeSpotPriceHistory, $/h)."""
+        out = []
+        for name in instance_types:
+            reply = self._call(region, "DescribeSpotPriceHistory", InstanceType=name, NetworkType="vpc",
+                               OSType="linux")
+            latest: dict[str, dict[str, Any]] = {}
+            for row in (reply.get("SpotPrices") or {}).get("SpotPriceType") or []:
+                zone = str(row.get("ZoneId"))
+                if zone not in latest or str(row.get("Timestamp")) > str(latest[zone].get("Timestamp")):
+                    latest[zone] = row
+            out += [SpotPrice(instance_type=name, zone=zone, price=float(row.get("SpotPrice") or 0),
+                              at=_stamp(row.get("Timestamp"))) for zone, row in sorted(latest.items())]
+        return out
+
+    def gpu_instance_types(self, region: str) -> list[InstanceTypeInfo]:
+        """DescribeInstanceTypes of the GPU families (InstanceCategory GPU-accelerated, GPUAmount > 0)."""
+        raws = self._pages(region, "DescribeInstanceTypes", ("InstanceTypes", "InstanceType"))
+        out = []
+        for raw in raws:
+            gpus = int(raw.get("GPUAmount") or 0)
+            if gpus <= 0:
+                continue
+            out.append(InstanceTypeInfo(
+                name=str(raw["InstanceTypeId"]), gpu=_gpu_name(str(raw.get("GPUSpec") or "")), gpu_manufacturer="NVIDIA",
+                gpus=gpus, gpu_memory_mib=int(float(raw.get("GPUMemorySize") or 0) * 1024), vcpu=int(raw.get("CpuCoreCount") or 0),
+                memory_mib=int(float(raw.get("MemorySize") or 0) * 1024), efa=False, efa_interfaces=None,
+                network_cards=1, efa_card_indexes=(), network_performance=str(raw.get("InstanceBandwidthRx") or ""),
+                cpu_archs=(("arm64",) if raw.get("CpuArchitecture") == "ARM" else ("x86_64",))))
+        return out
+
+    def quota(self, region: str, code: str) -> float | None:
+        """An account attribute (DescribeAccountAttributes: max-postpaid-instance-vcpu-count,
+        max-spot-instance-vcpu-count …); None when ECS does not answer it."""
+        reply = self._call(region, "DescribeAccountAttributes", AttributeName=[code])
+        for item in (reply.get("AccountAttributeItems") or {}).get("AccountAttributeItem") or []:
+            for value in (item.get("AttributeValues") or {}).get("ValueItem") or []:
+                if value.get("Value") is not None:
+                    return float(value["Value"])
+        return None
+
+    def image_root(self, region: str, image_id: str) -> ImageRoot:
+        images = self._pages(region, "DescribeImages", ("Images", "Image"), ImageId=image_id)
+        if not images:
+            raise UserInputError("--image", f"no image {image_id} in {region}", "an image id (m-... or a public one)")
+        raw = images[0]
+        arch = {"x86_64": "x86_64", "arm64": "arm64"}.get(str(raw.get("Architecture")))
+        return ImageRoot(device="/dev/xvda", size_gb=int(raw.get("Size") or 0) or None, architecture=arch)
+
+    def instance_store(self, instance_type: str, region: str) -> InstanceStore | None:
+        raws = self._pages(region, "DescribeInstanceTypes", ("InstanceTypes", "InstanceType"),
+                           InstanceTypes=[instance_type])
+        for raw in raws:
+            count, size = int(raw.get("LocalStorageAmount") or 0), int(raw.get("LocalStorageCapacity") or 0)
+            if count and size:
+                return InstanceStore(total_gb=count * size, disks=((count, size),))
+        return None
+
+    def public_image(self, region: str, parameter: str) -> str | None:
+        """ECS has no public parameter store: a public image's name (prefix) is looked up instead."""
+        images = [i for i in self._pages(region, "DescribeImages", ("Images", "Image"), ImageOwnerAlias="system",
+                                         Status="Available") if str(i.get("ImageName", "")).startswith(parameter)]
+        return str(max(images, key=lambda i: str(i.get("CreationTime", "")))["ImageId"]) if images else None
+
+    # --- images ---------------------------------------------------------------------------
+
+    def create_image(self, request: ImageRequest) -> str:
+        """CreateImage with a ClientToken made of its name (unique per account and region): a resend returns it."""
+        from gpuprov.cloud.providers.base import IMAGES, TAG_IMAGE, TAG_OS, TAG_SOURCE, TAG_STACK
+
+        tags = self._tag_list(IMAGES, {TAG_STACK: request.stack, TAG_OS: request.os, TAG_SOURCE: request.source_node,
+                                       TAG_IMAGE: request.name})
+        reply = self._settle("instance", request.instance_id, 60, lambda: self._call(
+            request.region, "CreateImage", InstanceId=request.instance_id, ImageName=request.name,
+            Description=request.description, ClientToken=f"img-{request.name}"[:64], Tag=tags))
+        return str(reply["ImageId"])
+
+    def _image(self, region: str, raw: dict[str, Any]) -> Image:
+        from gpuprov.cloud.providers.base import TAG_OS, TAG_SOURCE, TAG_STACK
+
+        tags = _tags(raw)
+        disks = (raw.get("DiskDeviceMappings") or {}).get("DiskDeviceMapping") or []
+        states = {"Available": "available", "Creating": "pending", "Waiting": "pending", "CreateFailed": "failed",
+                  "UnAvailable": "failed", "Deprecated": "deregistered"}
+        return Image(id=str(raw["ImageId"]), name=str(raw.get("ImageName", "")), region=region,
+                     state=states.get(str(raw.get("Status")), str(raw.get("Status", "")).lower()),
+                     architecture=raw.get("Architecture"), created=raw.get("CreationTime"),
+                     snapshot_ids=tuple(str(d["SnapshotId"]) for d in disks if d.get("SnapshotId")),
+                     size_gb=int(raw.get("Size") or 0) or None, stack=tags.get(TAG_STACK), os=tags.get(TAG_OS),
+                     source_node=tags.get(TAG_SOURCE), owner=tags.get(TAG_OWNER), member=tags.get("gpuprov:member"))
+
+    def images(self, region: str, *, ids: Sequence[str] = (), name: str | None = None,
+               everyone: bool = False) -> list[Image]:
+        params: dict[str, Any] = {"ImageOwnerAlias": "self", "Status": "Creating,Waiting,Available,CreateFailed"}
+        if ids:
+            params["ImageId"] = ",".join(ids)
+        if name:
+            params["ImageName"] = name
+        found = [self._image(region, raw) for raw in self._pages(region, "DescribeImages", ("Images", "Image"),
+                                                                    **params)]
+        return [i for i in found if ids or self._mine({TAG_OWNER: i.owner or ""}, everyone)]
+
+    def wait_image(self, region: str, image_id: str, timeout: float, settle: float,
+                   progress: Callable[[Image, float], None] | None = None) -> Image:
+        start = time.monotonic()
+        while True:
+            found = self.images(region, ids=[image_id])
+            if not found and time.monotonic() - start > settle:
+                raise NotFound("image", image_id, "InvalidImageId.NotFound")
+            if found:
+                if progress:
+                    progress(found[0], time.monotonic() - start)
+                if found[0].state == "available":
+                    return found[0]
+                if found[0].state == "failed":
+                    raise GpuprovError(f"image {image_id} failed: {found[0].state_reason or 'ECS gave no reason'}")
+            if time.monotonic() - start > timeout:
+                raise GpuprovError(f"image {image_id} not available after {timeout:.0f}s")
+            time.sleep(self.poll)
+
+    def delete_image(self, region: str, image_id: str, settle: float = 0) -> list[str]:
+        """DeleteImage, then DeleteSnapshot of each of its snapshots (ECS keeps them otherwise)."""
+        found = self.images(region, ids=[image_id])
+        if not found:
+            raise NotFound("image", image_id, "InvalidImageId.NotFound")
+        self._call(region, "DeleteImage", ImageId=image_id, Force=True)
+        removed = [image_id]
+        for snapshot in found[0].snapshot_ids:
+            try:
+                self._call(region, "DeleteSnapshot", SnapshotId=snapshot)
+                removed.append(snapshot)
+            except EcsError as exc:
+                if exc.code not in NOT_FOUND["snapshot"]:
+                    raise
+        return removed
+
+
+def _fields(action: str) -> set[str]:
+    """The parameter names the SDK's `<Action>Request` model sends (its map keys)."""
+    import inspect
+
+    from alibabacloud_ecs20140526 import models
+
+    model = getattr(models, f"{action}Request")
+    return {_camel(name) for name in inspect.signature(model.__init__).parameters if name != "self"}
+
+
+def _camel(name: str) -> str:
+    """The SDK's snake_case field as ECS spells the parameter (region_id: RegionId); close enough for the lookups
+    here (RegionId, NextToken, PageNumber)."""
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+
+
+def _gpu_name(spec: str) -> str:
+    """ECS's GPUSpec ("NVIDIA A10", "NVIDIA V100", "NVIDIA T4") as the catalog names it ("A10")."""
+    return spec.removeprefix("NVIDIA").strip().split(" ")[0] if spec else ""
