@@ -79,19 +79,19 @@ MUTATIONS: dict[tuple[str, str], Repeat] = {
     ("s3", "DeleteObject"): Repeat.HARMLESS,
     # Alibaba Cloud ECS (cloud/providers/alibaba.py): its SDK client is built with its own retries off, and gpuprov
     # resends only what this table allows (ECS API reference, "How to ensure idempotence": ClientToken)
-    ("ecs", "RunInstances"): Repeat.TOKEN,
-    ("ecs", "CreateSecurityGroup"): Repeat.TOKEN,
-    ("ecs", "AuthorizeSecurityGroup"): Repeat.TOKEN,
-    ("ecs", "CreateImage"): Repeat.TOKEN,
-    ("ecs", "ImportKeyPair"): Repeat.NAME,  # a second import of the name: KeyPair.AlreadyExist
-    ("ecs", "StartInstances"): Repeat.HARMLESS,
-    ("ecs", "StopInstances"): Repeat.HARMLESS,
-    ("ecs", "DeleteInstances"): Repeat.HARMLESS,
-    ("ecs", "ModifyInstanceSpec"): Repeat.HARMLESS,  # the same type again: the instance already has it
-    ("ecs", "DeleteKeyPairs"): Repeat.HARMLESS,
-    ("ecs", "DeleteSecurityGroup"): Repeat.HARMLESS,
-    ("ecs", "DeleteImage"): Repeat.HARMLESS,
-    ("ecs", "DeleteSnapshot"): Repeat.HARMLESS,
+    ("alibaba-ecs", "RunInstances"): Repeat.TOKEN,
+    ("alibaba-ecs", "CreateSecurityGroup"): Repeat.TOKEN,
+    ("alibaba-ecs", "AuthorizeSecurityGroup"): Repeat.TOKEN,
+    ("alibaba-ecs", "CreateImage"): Repeat.TOKEN,
+    ("alibaba-ecs", "ImportKeyPair"): Repeat.NAME,  # a second import of the name: KeyPair.AlreadyExist
+    ("alibaba-ecs", "StartInstances"): Repeat.HARMLESS,
+    ("alibaba-ecs", "StopInstances"): Repeat.HARMLESS,
+    ("alibaba-ecs", "DeleteInstances"): Repeat.HARMLESS,
+    ("alibaba-ecs", "ModifyInstanceSpec"): Repeat.HARMLESS,  # the same type again: the instance already has it
+    ("alibaba-ecs", "DeleteKeyPairs"): Repeat.HARMLESS,
+    ("alibaba-ecs", "DeleteSecurityGroup"): Repeat.HARMLESS,
+    ("alibaba-ecs", "DeleteImage"): Repeat.HARMLESS,
+    ("alibaba-ecs", "DeleteSnapshot"): Repeat.HARMLESS,
 }
 
 NEVER_RESENT = (Repeat.LOOK, Repeat.ONCE)

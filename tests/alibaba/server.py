@@ -133,7 +133,7 @@ def check_request(action: str, flat: dict[str, str]) -> Any:
     one is refused."""
     model = getattr(models, f"{action}Request", None)
     if model is None:
-        raise Refused(400, "InvalidAction.NotFound", f"Specified api is not found, please check your url and method.")
+        raise Refused(400, "InvalidAction.NotFound", "Specified api is not found, please check your url and method.")
     request = model().from_map(fold(flat))
     kept = flatten(request.to_map())
     unknown = sorted(set(flat) - kept)
@@ -470,7 +470,7 @@ class Ecs:
             raise Refused(403, "IncorrectInstanceStatus", "The current status of the resource does not support "
                           "this operation.")
         row.raw["InstanceType"] = p.get("InstanceType", row.raw["InstanceType"])
-        return {"OrderId": ""}
+        return {}
 
     def reclaim(self, iid: str) -> None:
         """A spot instance taken back: released (SpotInterruptionBehavior Terminate) or stopped (Stop)."""
@@ -581,7 +581,7 @@ def serve(ecs: Ecs | None = None) -> Iterator[tuple[Ecs, str]]:
     cloud = ecs or Ecs()
     handler = type("BoundHandler", (Handler,), {"ecs": cloud})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield cloud, f"http://127.0.0.1:{server.server_port}"

@@ -75,7 +75,7 @@ class EcsError(GpuprovError):
         super().__init__(f"Alibaba Cloud refused {what}: {code}: {message}" + (f"\n  fix: {fix}" if fix else ""))
 
 
-class NoAnswer(GpuprovError):
+class EcsNoAnswer(GpuprovError):
     """The request may have reached ECS and no answer came back: what it asked may be done."""
 
 
@@ -147,7 +147,7 @@ class AlibabaProvider:
 
             class _Ecs(Client):  # type: ignore[misc]
                 def call_api(self, params: Any, request: Any, runtime: Any) -> Any:
-                    mutations.check("ecs", str(params.action), retries=False)
+                    mutations.check("alibaba-ecs", str(params.action), retries=False)
                     return super().call_api(params, request, runtime)
 
             if self._credential is None:
@@ -172,17 +172,23 @@ class AlibabaProvider:
         client = self._client(region)
         try:
             reply = getattr(client, _method(action))(request)
-        except CredentialException as exc:
-            raise UserInputError("Alibaba Cloud credentials", str(exc).splitlines()[0], credentials_hint()) from None
+        except UnretryableException as exc:  # the SDK's wrapper of what went wrong before an answer was read
+            inner = getattr(exc, "inner_exception", None)
+            if isinstance(inner, CredentialException):
+                raise UserInputError("Alibaba Cloud credentials", "none found in the chain",
+                                     credentials_hint()) from None
+            # the connection dropped or the read timed out (the SDK hands the cause over as a map): done, maybe
+            detail = inner.get("message") if isinstance(inner, dict) else inner
+            raise EcsNoAnswer(f"Alibaba Cloud call {action} got no answer: {detail or exc}") from None
         except TeaException as exc:
             code = str(exc.code or "Unknown")
             data = getattr(exc, "data", None) or {}
             message = str(data.get("Message") or getattr(exc, "message", "") or exc)
             raise EcsError(action, code, message, classify(code, "on-demand").fix) from None
-        except UnretryableException as exc:
-            raise NoAnswer(f"Alibaba Cloud call {action} got no answer: {exc}") from None
-        except (OSError, ValueError) as exc:
-            raise NoAnswer(f"Alibaba Cloud call {action} got no answer: {exc}") from None
+        except CredentialException:
+            raise UserInputError("Alibaba Cloud credentials", "none found in the chain", credentials_hint()) from None
+        except OSError as exc:
+            raise EcsNoAnswer(f"Alibaba Cloud call {action} got no answer: {exc}") from None
         body = reply.body.to_map() if reply.body is not None else {}
         return dict(body)
 
@@ -192,8 +198,8 @@ class AlibabaProvider:
         for attempt in range(1, RETRIES + 1):
             try:
                 return self._send(region, action, params)
-            except NoAnswer:
-                if attempt == RETRIES or mutations.MUTATIONS.get(("ecs", action)) in mutations.NEVER_RESENT:
+            except EcsNoAnswer:
+                if attempt == RETRIES or mutations.MUTATIONS.get(("alibaba-ecs", action)) in mutations.NEVER_RESENT:
                     raise
             except EcsError as exc:
                 if classify(exc.code, "on-demand").then != "retry" or attempt == RETRIES:
@@ -253,7 +259,7 @@ class AlibabaProvider:
 
     def offerings(self, region: str, instance_types: Sequence[str]) -> dict[str, list[str]]:
         """Zones whose stock (DescribeAvailableResource) holds each type now: WithStock, or ClosedWithStock."""
-        wanted, found = set(instance_types), {}
+        wanted, found = set(instance_types), dict[str, list[str]]()
         reply = self._call(region, "DescribeAvailableResource", DestinationResource="InstanceType",
                            InstanceChargeType="PostPaid")
         for zone in (reply.get("AvailableZones") or {}).get("AvailableZone") or []:
@@ -374,7 +380,7 @@ class AlibabaProvider:
                 reply = self._send(request.region, "RunInstances", params)
                 ids = [str(i) for i in (reply.get("InstanceIdSets") or {}).get("InstanceIdSet") or []]
                 return self.describe(request.region, ids, settle)
-            except NoAnswer:
+            except EcsNoAnswer:
                 if attempt == RETRIES:
                     raise
                 lost = True
@@ -605,8 +611,9 @@ class AlibabaProvider:
             if gpus <= 0:
                 continue
             out.append(InstanceTypeInfo(
-                name=str(raw["InstanceTypeId"]), gpu=_gpu_name(str(raw.get("GPUSpec") or "")), gpu_manufacturer="NVIDIA",
-                gpus=gpus, gpu_memory_mib=int(float(raw.get("GPUMemorySize") or 0) * 1024), vcpu=int(raw.get("CpuCoreCount") or 0),
+                name=str(raw["InstanceTypeId"]), gpu=_gpu_name(str(raw.get("GPUSpec") or "")),
+                gpu_manufacturer="NVIDIA", gpus=gpus, gpu_memory_mib=int(float(raw.get("GPUMemorySize") or 0) * 1024),
+                vcpu=int(raw.get("CpuCoreCount") or 0),
                 memory_mib=int(float(raw.get("MemorySize") or 0) * 1024), efa=False, efa_interfaces=None,
                 network_cards=1, efa_card_indexes=(), network_performance=str(raw.get("InstanceBandwidthRx") or ""),
                 cpu_archs=(("arm64",) if raw.get("CpuArchitecture") == "ARM" else ("x86_64",))))
