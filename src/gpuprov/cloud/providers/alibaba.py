@@ -1,28 +1,19 @@
 """Alibaba Cloud ECS behind the provider protocol, through Alibaba's own SDK (alibabacloud-ecs20140526).
 
 ECS's vocabulary stays in here: a VPC's vSwitch is a Network's subnet, SpotStrategy is the market, a ClientToken
-makes RunInstances idempotent, economical mode (StoppedMode=StopCharging) is how a node stops.
-
-Credentials come from Alibaba's documented chain (alibabacloud-credentials' default client): the
-ALIBABA_CLOUD_ACCESS_KEY_ID/_SECRET variables, the aliyun CLI's ~/.aliyun/config.json profile that
-ALIBABA_CLOUD_PROFILE names, a RAM role on an ECS instance. GPUPROV_ALIBABA_ENDPOINT (a URL: http://127.0.0.1:8000)
-points every call at one endpoint instead of ecs.<region>.aliyuncs.com; the tests point it at their imitation.
-
-Every request is built from the SDK's own `<Action>Request` model and every answer read through its
-`<Action>ResponseBody`; `_Ecs.call_api` checks each action against gpuprov/mutations.py before it is sent, and the
-SDK's own retries stay off (gpuprov resends only what the table allows).
+makes RunInstances idempotent, economical mode (StoppedMode=StopCharging) is how a node stops. alibaba_base.py is the
+client and the one error path, alibaba_images.py the images, alibaba_refusals.py what each launch refusal means,
+alibaba_catalog.py the GPU families' documented facts.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
-from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from typing import Any
 
-from gpuprov import mutations
+from gpuprov.cloud.providers.alibaba_base import NOT_FOUND, RETRIES, EcsError, EcsNoAnswer, stamp, tags_of
+from gpuprov.cloud.providers.alibaba_images import EcsImages
 from gpuprov.cloud.providers.alibaba_refusals import classify
 from gpuprov.cloud.providers.base import (
     SHARED,
@@ -30,9 +21,6 @@ from gpuprov.cloud.providers.base import (
     TAG_OWNER,
     TAG_TEAM,
     CloudResource,
-    Image,
-    ImageRequest,
-    ImageRoot,
     Instance,
     InstanceStore,
     InstanceTypeInfo,
@@ -45,215 +33,21 @@ from gpuprov.cloud.providers.base import (
 )
 from gpuprov.errors import GpuprovError, UserInputError
 
-T = TypeVar("T")
-
-ENDPOINT_VAR = "GPUPROV_ALIBABA_ENDPOINT"
 TAG_TOKEN = "gpuprov:token"  # the launch's ClientToken: a lost RunInstances answer is found by it
-PAGE = 100  # ECS's largest PageSize / MaxResults
 BANDWIDTH_MBPS = 100  # InternetMaxBandwidthOut: a public address, paid by traffic (PayByTraffic), not by this cap
 DISK = "cloud_essd"  # the system disk's category
-RETRIES = 4  # sends of a request that got no answer or was throttled
-NOT_FOUND = {"instance": ("InvalidInstanceId.NotFound",), "security-group": ("InvalidSecurityGroupId.NotFound",),
-             "key-pair": ("InvalidKeyPairName.NotFound",), "image": ("InvalidImageId.NotFound",),
-             "snapshot": ("InvalidSnapshotId.NotFound",)}
 # ECS's Status, in the protocol's words (DescribeInstances, "Status": Pending, Running, Starting, Stopping, Stopped)
 STATES = {"Pending": "pending", "Starting": "pending", "Running": "running", "Stopping": "stopping",
           "Stopped": "stopped"}
 # ListTagResources' ResourceType, in the records' kinds
 TAGGED_KINDS = {"instance": "instance", "securitygroup": "security-group", "keypair": "key-pair", "image": "image",
                 "snapshot": "snapshot"}
-UBUNTU = {"ubuntu-22.04": "ubuntu_22_04", "ubuntu-24.04": "ubuntu_24_04"}  # ECS's public image names start so
 
 
-class EcsError(GpuprovError):
-    """ECS refused a call: Alibaba Cloud's code and message, and a fix where one is known."""
-
-    def __init__(self, what: str, code: str, message: str, fix: str = "") -> None:
-        self.what = what
-        self.code = code
-        self.message = message
-        super().__init__(f"Alibaba Cloud refused {what}: {code}: {message}" + (f"\n  fix: {fix}" if fix else ""))
-
-
-class EcsNoAnswer(GpuprovError):
-    """The request may have reached ECS and no answer came back: what it asked may be done."""
-
-
-def credentials_hint() -> str:
-    return ("configure Alibaba Cloud credentials: ALIBABA_CLOUD_ACCESS_KEY_ID/ALIBABA_CLOUD_ACCESS_KEY_SECRET, or "
-            "`aliyun configure` and ALIBABA_CLOUD_PROFILE=<profile>, or a RAM role on the ECS instance")
-
-
-def endpoint() -> tuple[str, str] | None:
-    """(protocol, host[:port]) from GPUPROV_ALIBABA_ENDPOINT, refused by name when it is no URL."""
-    raw = os.environ.get(ENDPOINT_VAR)
-    if not raw:
-        return None
-    url = urlsplit(raw)
-    if url.scheme not in ("http", "https") or not url.netloc:
-        raise UserInputError(ENDPOINT_VAR, f"{raw!r} is not an endpoint URL",
-                             "e.g. http://127.0.0.1:8000 (a local endpoint), or unset it for Alibaba Cloud itself")
-    return url.scheme, url.netloc
-
-
-def _stamp(raw: str | None) -> datetime | None:
-    """ECS's times: 2026-01-02T03:04Z or 2026-01-02T03:04:05Z (UTC)."""
-    if not raw:
-        return None
-    for form in ("%Y-%m-%dT%H:%MZ", "%Y-%m-%dT%H:%M:%SZ"):
-        try:
-            return datetime.strptime(raw, form).replace(tzinfo=timezone.utc)
-        except ValueError:
-            continue
-    return None
-
-
-def _tags(raw: dict[str, Any]) -> dict[str, str]:
-    return {str(t.get("TagKey")): str(t.get("TagValue")) for t in (raw.get("Tags") or {}).get("Tag") or []}
-
-
-def _method(action: str) -> str:
-    """The SDK client's method for an action (DescribeVSwitches: describe_vswitches)."""
-    from alibabacloud_ecs20140526.client import Client
-
-    names = {name.replace("_", ""): name for name in dir(Client) if not name.startswith("_")}
-    return names[action.lower()]
-
-
-class AlibabaProvider:
+class AlibabaProvider(EcsImages):
     """Alibaba Cloud ECS: the core of the provider protocol (see base.py)."""
 
     name = "alibaba"
-
-    def __init__(self, owner: str, *, poll: float = 2.0, legacy: str | None = None,
-                 team: dict[str, str] | None = None) -> None:
-        endpoint()  # a bad endpoint is said before any call
-        self.owner = owner
-        self.team = team
-        self.owners = (owner, legacy) if legacy else (owner,)
-        self.family = legacy or owner  # gc's everyone: every install with this user and host name
-        self.poll = poll
-        self.fence: Callable[[], None] = lambda: None  # the CLI hands in state.locks.fence, as for AWS
-        self._clients: dict[str, Any] = {}
-        self._credential: Any = None
-
-    # --- the one path every call takes ---------------------------------------------------------
-
-    def _client(self, region: str) -> Any:
-        if region not in self._clients:
-            from alibabacloud_credentials.client import Client as Credentials
-            from alibabacloud_ecs20140526.client import Client
-            from alibabacloud_tea_openapi.utils_models import Config
-
-            class _Ecs(Client):  # type: ignore[misc]
-                def call_api(self, params: Any, request: Any, runtime: Any) -> Any:
-                    mutations.check("alibaba-ecs", str(params.action), retries=False)
-                    return super().call_api(params, request, runtime)
-
-            if self._credential is None:
-                self._credential = Credentials()
-            config = Config(credential=self._credential, region_id=region, connect_timeout=10_000,
-                            read_timeout=60_000)
-            where = endpoint()
-            if where:
-                config.protocol, config.endpoint = where
-            self._clients[region] = _Ecs(config)
-        return self._clients[region]
-
-    def _send(self, region: str, action: str, params: dict[str, Any]) -> dict[str, Any]:
-        """One ECS call: the request built by the SDK's `<Action>Request` model, the answer as its body's map."""
-        from alibabacloud_credentials.exceptions import CredentialException
-        from alibabacloud_ecs20140526 import models
-        from Tea.exceptions import TeaException, UnretryableException
-
-        self.fence()
-        request = getattr(models, f"{action}Request")().from_map(
-            {"RegionId": region, **params} if "RegionId" in _fields(action) else params)
-        client = self._client(region)
-        try:
-            reply = getattr(client, _method(action))(request)
-        except UnretryableException as exc:  # the SDK's wrapper of what went wrong before an answer was read
-            inner = getattr(exc, "inner_exception", None)
-            if isinstance(inner, CredentialException):
-                raise UserInputError("Alibaba Cloud credentials", "none found in the chain",
-                                     credentials_hint()) from None
-            # the connection dropped or the read timed out (the SDK hands the cause over as a map): done, maybe
-            detail = inner.get("message") if isinstance(inner, dict) else inner
-            raise EcsNoAnswer(f"Alibaba Cloud call {action} got no answer: {detail or exc}") from None
-        except TeaException as exc:
-            code = str(exc.code or "Unknown")
-            data = getattr(exc, "data", None) or {}
-            message = str(data.get("Message") or getattr(exc, "message", "") or exc)
-            raise EcsError(action, code, message, classify(code, "on-demand").fix) from None
-        except CredentialException:
-            raise UserInputError("Alibaba Cloud credentials", "none found in the chain", credentials_hint()) from None
-        except OSError as exc:
-            raise EcsNoAnswer(f"Alibaba Cloud call {action} got no answer: {exc}") from None
-        body = reply.body.to_map() if reply.body is not None else {}
-        return dict(body)
-
-    def _call(self, region: str, action: str, **params: Any) -> dict[str, Any]:
-        """A call that is safe to send again (a read, a ClientToken, a harmless change): resent after no answer
-        or throttling, with backoff."""
-        for attempt in range(1, RETRIES + 1):
-            try:
-                return self._send(region, action, params)
-            except EcsNoAnswer:
-                if attempt == RETRIES or mutations.MUTATIONS.get(("alibaba-ecs", action)) in mutations.NEVER_RESENT:
-                    raise
-            except EcsError as exc:
-                if classify(exc.code, "on-demand").then != "retry" or attempt == RETRIES:
-                    raise
-            time.sleep(self.poll * attempt)
-        raise AssertionError("unreachable: the last attempt returns or raises")
-
-    def _pages(self, region: str, action: str, key: tuple[str, str], **params: Any) -> list[dict[str, Any]]:
-        """Every page of a Describe call (PageNumber/PageSize, or NextToken/MaxResults where the model has it)."""
-        items: list[dict[str, Any]] = []
-        fields = _fields(action)
-        if "NextToken" in fields and "PageNumber" not in fields:
-            token: str | None = None
-            while True:
-                page = self._call(region, action, **params, MaxResults=PAGE, **({"NextToken": token} if token else {}))
-                items += (page.get(key[0]) or {}).get(key[1]) or []
-                token = page.get("NextToken") or None
-                if not token:
-                    return items
-        number = 1
-        while True:
-            page = self._call(region, action, **params, PageNumber=number, PageSize=PAGE)
-            got = (page.get(key[0]) or {}).get(key[1]) or []
-            items += got
-            if not got or len(items) >= int(page.get("TotalCount") or 0):
-                return items
-            number += 1
-
-    def _settle(self, kind: str, cloud_id: str, settle: float, fn: Callable[[], T]) -> T:
-        """`fn`, again with backoff while ECS answers NotFound within `settle` seconds: a resource made a moment
-        ago may not be known yet."""
-        deadline, wait = time.monotonic() + settle, self.poll
-        while True:
-            try:
-                return fn()
-            except EcsError as exc:
-                if exc.code not in NOT_FOUND.get(kind, ()):
-                    raise
-                if time.monotonic() + wait > deadline:
-                    raise NotFound(kind, cloud_id, exc.code) from None
-                time.sleep(wait)
-                wait = min(wait * 2, self.poll * 8)
-
-    def _tag_list(self, node: str, extra: dict[str, str] | None = None) -> list[dict[str, str]]:
-        tags = {TAG_NODE: node, TAG_OWNER: self.owner, **(self.team or {}), **(extra or {})}
-        return [{"Key": k, "Value": v} for k, v in tags.items()]
-
-    def _mine(self, tags: dict[str, str], everyone: bool = False) -> bool:
-        if self.team:
-            return tags.get(TAG_TEAM) == self.team.get(TAG_TEAM)
-        owner = tags.get(TAG_OWNER)
-        if owner is None:
-            return False
-        return owner == self.family or owner.startswith(self.family + "/") if everyone else owner in self.owners
 
     # --- where to launch ---------------------------------------------------------------------
 
@@ -269,19 +63,6 @@ class AlibabaProvider:
                     if name in wanted and item.get("Status") == "Available":
                         found.setdefault(name, []).append(str(zone.get("ZoneId")))
         return {name: sorted(zones) for name, zones in found.items()}
-
-    def image(self, region: str, os_name: str, arch: str = "x86_64") -> str:
-        prefix = UBUNTU.get(os_name)
-        if prefix is None:
-            raise UserInputError("--os", f"{os_name!r} has no Alibaba Cloud public image gpuprov knows",
-                                 f"one of {', '.join(UBUNTU)}, or pass --image m-... explicitly")
-        name = f"{prefix}_{'arm64' if arch == 'arm64' else 'x64'}"
-        images = [i for i in self._pages(region, "DescribeImages", ("Images", "Image"), ImageOwnerAlias="system",
-                                         OSType="linux", Status="Available")
-                  if str(i.get("ImageName", "")).startswith(name)]
-        if not images:
-            raise UserInputError("--image", f"no public {name}* image in {region}", "pass --image m-... explicitly")
-        return str(max(images, key=lambda i: str(i.get("CreationTime", "")))["ImageId"])
 
     def enabled_regions(self, region: str) -> list[str]:
         reply = self._call(region, "DescribeRegions")
@@ -433,7 +214,7 @@ class AlibabaProvider:
     # --- instances -------------------------------------------------------------------------
 
     def _instance(self, region: str, raw: dict[str, Any]) -> Instance:
-        tags = _tags(raw)
+        tags = tags_of(raw)
         public = ((raw.get("PublicIpAddress") or {}).get("IpAddress") or [None])[0] \
             or (raw.get("EipAddress") or {}).get("IpAddress") or None
         vpc = raw.get("VpcAttributes") or {}
@@ -443,7 +224,7 @@ class AlibabaProvider:
         return Instance(
             id=str(raw["InstanceId"]), region=region, zone=raw.get("ZoneId"), instance_type=str(raw["InstanceType"]),
             state=STATES.get(str(raw.get("Status")), str(raw.get("Status", "")).lower()), market=market,
-            public_ip=public, private_ip=private, launched_at=_stamp(raw.get("CreationTime")),
+            public_ip=public, private_ip=private, launched_at=stamp(raw.get("CreationTime")),
             state_reason=str(locks[0].get("LockMsg") or "") if locks else None,
             state_code=str(locks[0].get("LockReason")) if locks else None,
             node=tags.get(TAG_NODE), owner=tags.get(TAG_OWNER), team=tags.get(TAG_TEAM),
@@ -599,7 +380,7 @@ class AlibabaProvider:
                 if zone not in latest or str(row.get("Timestamp")) > str(latest[zone].get("Timestamp")):
                     latest[zone] = row
             out += [SpotPrice(instance_type=name, zone=zone, price=float(row.get("SpotPrice") or 0),
-                              at=_stamp(row.get("Timestamp"))) for zone, row in sorted(latest.items())]
+                              at=stamp(row.get("Timestamp"))) for zone, row in sorted(latest.items())]
         return out
 
     def gpu_instance_types(self, region: str) -> list[InstanceTypeInfo]:
@@ -629,14 +410,6 @@ class AlibabaProvider:
                     return float(value["Value"])
         return None
 
-    def image_root(self, region: str, image_id: str) -> ImageRoot:
-        images = self._pages(region, "DescribeImages", ("Images", "Image"), ImageId=image_id)
-        if not images:
-            raise UserInputError("--image", f"no image {image_id} in {region}", "an image id (m-... or a public one)")
-        raw = images[0]
-        arch = {"x86_64": "x86_64", "arm64": "arm64"}.get(str(raw.get("Architecture")))
-        return ImageRoot(device="/dev/xvda", size_gb=int(raw.get("Size") or 0) or None, architecture=arch)
-
     def instance_store(self, instance_type: str, region: str) -> InstanceStore | None:
         raws = self._pages(region, "DescribeInstanceTypes", ("InstanceTypes", "InstanceType"),
                            InstanceTypes=[instance_type])
@@ -645,100 +418,6 @@ class AlibabaProvider:
             if count and size:
                 return InstanceStore(total_gb=count * size, disks=((count, size),))
         return None
-
-    def public_image(self, region: str, parameter: str) -> str | None:
-        """ECS has no public parameter store: a public image's name (prefix) is looked up instead."""
-        images = [i for i in self._pages(region, "DescribeImages", ("Images", "Image"), ImageOwnerAlias="system",
-                                         Status="Available") if str(i.get("ImageName", "")).startswith(parameter)]
-        return str(max(images, key=lambda i: str(i.get("CreationTime", "")))["ImageId"]) if images else None
-
-    # --- images ---------------------------------------------------------------------------
-
-    def create_image(self, request: ImageRequest) -> str:
-        """CreateImage with a ClientToken made of its name (unique per account and region): a resend returns it."""
-        from gpuprov.cloud.providers.base import IMAGES, TAG_IMAGE, TAG_OS, TAG_SOURCE, TAG_STACK
-
-        tags = self._tag_list(IMAGES, {TAG_STACK: request.stack, TAG_OS: request.os, TAG_SOURCE: request.source_node,
-                                       TAG_IMAGE: request.name})
-        reply = self._settle("instance", request.instance_id, 60, lambda: self._call(
-            request.region, "CreateImage", InstanceId=request.instance_id, ImageName=request.name,
-            Description=request.description, ClientToken=f"img-{request.name}"[:64], Tag=tags))
-        return str(reply["ImageId"])
-
-    def _image(self, region: str, raw: dict[str, Any]) -> Image:
-        from gpuprov.cloud.providers.base import TAG_OS, TAG_SOURCE, TAG_STACK
-
-        tags = _tags(raw)
-        disks = (raw.get("DiskDeviceMappings") or {}).get("DiskDeviceMapping") or []
-        states = {"Available": "available", "Creating": "pending", "Waiting": "pending", "CreateFailed": "failed",
-                  "UnAvailable": "failed", "Deprecated": "deregistered"}
-        return Image(id=str(raw["ImageId"]), name=str(raw.get("ImageName", "")), region=region,
-                     state=states.get(str(raw.get("Status")), str(raw.get("Status", "")).lower()),
-                     architecture=raw.get("Architecture"), created=raw.get("CreationTime"),
-                     snapshot_ids=tuple(str(d["SnapshotId"]) for d in disks if d.get("SnapshotId")),
-                     size_gb=int(raw.get("Size") or 0) or None, stack=tags.get(TAG_STACK), os=tags.get(TAG_OS),
-                     source_node=tags.get(TAG_SOURCE), owner=tags.get(TAG_OWNER), member=tags.get("gpuprov:member"))
-
-    def images(self, region: str, *, ids: Sequence[str] = (), name: str | None = None,
-               everyone: bool = False) -> list[Image]:
-        params: dict[str, Any] = {"ImageOwnerAlias": "self", "Status": "Creating,Waiting,Available,CreateFailed"}
-        if ids:
-            params["ImageId"] = ",".join(ids)
-        if name:
-            params["ImageName"] = name
-        found = [self._image(region, raw) for raw in self._pages(region, "DescribeImages", ("Images", "Image"),
-                                                                    **params)]
-        return [i for i in found if ids or self._mine({TAG_OWNER: i.owner or ""}, everyone)]
-
-    def wait_image(self, region: str, image_id: str, timeout: float, settle: float,
-                   progress: Callable[[Image, float], None] | None = None) -> Image:
-        start = time.monotonic()
-        while True:
-            found = self.images(region, ids=[image_id])
-            if not found and time.monotonic() - start > settle:
-                raise NotFound("image", image_id, "InvalidImageId.NotFound")
-            if found:
-                if progress:
-                    progress(found[0], time.monotonic() - start)
-                if found[0].state == "available":
-                    return found[0]
-                if found[0].state == "failed":
-                    raise GpuprovError(f"image {image_id} failed: {found[0].state_reason or 'ECS gave no reason'}")
-            if time.monotonic() - start > timeout:
-                raise GpuprovError(f"image {image_id} not available after {timeout:.0f}s")
-            time.sleep(self.poll)
-
-    def delete_image(self, region: str, image_id: str, settle: float = 0) -> list[str]:
-        """DeleteImage, then DeleteSnapshot of each of its snapshots (ECS keeps them otherwise)."""
-        found = self.images(region, ids=[image_id])
-        if not found:
-            raise NotFound("image", image_id, "InvalidImageId.NotFound")
-        self._call(region, "DeleteImage", ImageId=image_id, Force=True)
-        removed = [image_id]
-        for snapshot in found[0].snapshot_ids:
-            try:
-                self._call(region, "DeleteSnapshot", SnapshotId=snapshot)
-                removed.append(snapshot)
-            except EcsError as exc:
-                if exc.code not in NOT_FOUND["snapshot"]:
-                    raise
-        return removed
-
-
-def _fields(action: str) -> set[str]:
-    """The parameter names the SDK's `<Action>Request` model sends (its map keys)."""
-    import inspect
-
-    from alibabacloud_ecs20140526 import models
-
-    model = getattr(models, f"{action}Request")
-    return {_camel(name) for name in inspect.signature(model.__init__).parameters if name != "self"}
-
-
-def _camel(name: str) -> str:
-    """The SDK's snake_case field as ECS spells the parameter (region_id: RegionId); close enough for the lookups
-    here (RegionId, NextToken, PageNumber)."""
-    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
 def _gpu_name(spec: str) -> str:
