@@ -230,3 +230,12 @@ def test_a_bad_endpoint_is_refused_by_name(monkeypatch):
     monkeypatch.setenv("GPUPROV_ALIBABA_ENDPOINT", "127.0.0.1:8000")
     with pytest.raises(UserInputError, match="GPUPROV_ALIBABA_ENDPOINT"):
         AlibabaProvider("me@host/abc")
+
+
+def test_a_client_token_sent_again_with_other_parameters_is_refused(ecs_cloud, alibaba):
+    access = _access(alibaba)
+    alibaba.launch(_request(access), settle=5)
+    with pytest.raises(LaunchError) as refused:
+        alibaba.launch(_request(access, zone=ZONE_I), settle=5)  # the same token, another zone
+    assert (refused.value.code, refused.value.then) == ("IdempotentParameterMismatch", "stop")
+    assert len(ecs_cloud.instances) == 1

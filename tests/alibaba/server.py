@@ -20,7 +20,9 @@ Rules and their sources (read 2026-12-03):
   - Throttling.User 400 "Request was denied due to user flow control." (Alibaba Cloud common error codes;
     unverified wording);
   - MissingParameter 400, UnsupportedParameter 400 (public error codes as other Alibaba products list them);
-  - RunInstances' ClientToken: the same token answers the first call's instances ("How to ensure idempotence");
+  - RunInstances' ClientToken: the same token and parameters answer the first call's instances, the same token with
+    other parameters is IdempotentParameterMismatch ("How to ensure idempotence",
+    alibabacloud.com/help/en/doc-detail/25693.html);
   - stock per zone: DescribeAvailableResource's Status Available / SoldOut and StatusCategory WithStock /
     WithoutStock (DescribeAvailableResource API reference);
   - a new instance is Pending, then Running; DescribeInstances may not list it for a moment after RunInstances
@@ -343,6 +345,11 @@ class Ecs:
     def RunInstances(self, p: dict[str, Any]) -> dict[str, Any]:
         token = p.get("ClientToken")
         if token and ("run", token) in self.tokens:
+            # "How to ensure idempotence": the same token and parameters answer the first call's result; the same
+            # token with other parameters is refused
+            if self.tokens[("run-params", token)] != p:
+                raise Refused(400, "IdempotentParameterMismatch", "Request uses a client token in a previous request "
+                              "but is not identical to that request.")
             return dict(self.tokens[("run", token)])
         zone, kind = p.get("ZoneId"), p.get("InstanceType", "")
         amount, least = int(p.get("Amount") or 1), int(p.get("MinAmount") or p.get("Amount") or 1)
@@ -394,7 +401,7 @@ class Ecs:
             ids.append(iid)
         answer = {"InstanceIdSets": {"InstanceIdSet": ids}, "OrderId": "", "TradePrice": 0.0}
         if token:
-            self.tokens[("run", token)] = answer
+            self.tokens[("run", token)], self.tokens[("run-params", token)] = answer, p
         return dict(answer)
 
     def _advance(self) -> None:

@@ -4,6 +4,8 @@ Each row names Alibaba Cloud's error code, what the failover does next (the same
 providers/aws_refusals.py), and the fix printed when it stops. Sources, as read:
   RunInstances API reference, error codes (alibabacloud.com/help/en/ecs/developer-reference/api-runinstances);
   "Troubleshoot API error codes" (alibabacloud.com/help/en/ecs/developer-reference/error-code-error-code-troubleshooting-ideas);
+  "How to ensure idempotence" (alibabacloud.com/help/en/doc-detail/25693.html): retry only after 500 InternalError,
+  503 ServiceUnavailable or no answer, with the same ClientToken;
   the codes' messages as gardener/machine-controller-manager-provider-alicloud pkg/alicloud/errors lists them
   (OperationDenied.NoStock, Zone.NotOnSale, QuotaExceed.ElasticQuota, OperationDenied.ZoneNotAllowed).
 """
@@ -56,6 +58,9 @@ REFUSALS: tuple[Refusal, ...] = (
             "policy allowing the action"),
     Refusal("InvalidAccessKeyId.NotFound", "stop", fix="check ALIBABA_CLOUD_ACCESS_KEY_ID or the profile"),
     Refusal("SignatureDoesNotMatch", "stop", fix="check ALIBABA_CLOUD_ACCESS_KEY_SECRET or the profile"),
+    # the token of an earlier request with other parameters ("How to ensure idempotence"): a gpuprov bug, never
+    # a reason to launch again under another token
+    Refusal("IdempotentParameterMismatch", "stop", fix="a ClientToken was reused for another request: report this"),
     # transient: the same request again (same ClientToken, so never twice launched)
     Refusal("Throttling", "retry", prefix=True),  # Throttling, Throttling.User, Throttling.Api
     Refusal("ServiceUnavailable", "retry"),
