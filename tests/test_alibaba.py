@@ -3,6 +3,7 @@ sends every call over HTTP to a loopback server in a thread (the fast lane: no r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.error
 import urllib.request
@@ -239,3 +240,25 @@ def test_a_client_token_sent_again_with_other_parameters_is_refused(ecs_cloud, a
         alibaba.launch(_request(access, zone=ZONE_I), settle=5)  # the same token, another zone
     assert (refused.value.code, refused.value.then) == ("IdempotentParameterMismatch", "stop")
     assert len(ecs_cloud.instances) == 1
+
+
+def test_a_group_launch_asks_amount_and_min_amount(ecs_cloud, alibaba):
+    access = _access(alibaba)
+    ecs_cloud.stock[(ZONE_H, A10)] = 1
+    group = dataclasses.replace(_request(access), count=2, min_count=2)
+    with pytest.raises(LaunchError) as refused:
+        alibaba.launch_group(group, settle=5)
+    assert refused.value.code == "OperationDenied.NoStock"
+    made = alibaba.launch_group(dataclasses.replace(group, min_count=1, client_token="t2"), settle=5)
+    assert len(made) == 1 and (_sent(ecs_cloud, "RunInstances")[-1]["Amount"],
+                               _sent(ecs_cloud, "RunInstances")[-1]["MinAmount"]) == ("2", "1")
+
+
+def test_a_reclaimed_spot_instance_is_gone_or_stopped_as_its_interruption_behaviour_says(ecs_cloud, alibaba):
+    access = _access(alibaba)
+    gone = alibaba.launch(_request(access), settle=5)
+    kept = alibaba.launch(dataclasses.replace(_request(access, token="p"), persistent=True), settle=5)
+    ecs_cloud.reclaim(gone.id)
+    ecs_cloud.reclaim(kept.id)
+    assert [(i.id, i.state) for i in alibaba.instances(REGION)] == [(kept.id, "stopped")]
+    assert _sent(ecs_cloud, "RunInstances")[1]["SpotInterruptionBehavior"] == "Stop"

@@ -15,6 +15,8 @@ FAMILIES_DOC = ("https://www.alibabacloud.com/help/en/ecs/user-guide/"
 # the family names (gn5 … gn8is) as the Elastic Container Instance guide lists the GPU-accelerated
 # compute-optimized families: read at this address on READ
 FAMILY_LIST_DOC = "https://help.aliyun.com/en/eci/user-guide/create-an-instance-by-specifying-the-gpu-type"
+# gn: NVIDIA GPU-accelerated compute-optimized; a `v` suffix is V100 16 GB each, `6e` the V100 32 GB: read on READ
+NAMING_DOC = "https://help.aliyun.com/en/egs/instance-naming-conventions"
 
 
 @dataclass(frozen=True)
