@@ -17,6 +17,7 @@ own retries stay off (gpuprov resends only what the table allows).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -103,12 +104,17 @@ class EcsBase:
         self.family = legacy or owner  # gc's everyone: every install with this user and host name
         self.poll = poll
         self.fence: Callable[[], None] = lambda: None  # the CLI hands in state.locks.fence, as for AWS
+        self._lock = threading.Lock()  # clients are built once, under the lock, then shared by threads
         self._clients: dict[str, Any] = {}
         self._credential: Any = None
 
     # --- the one path every call takes ---------------------------------------------------------
 
     def _client(self, region: str) -> Any:
+        with self._lock:
+            return self._built(region)
+
+    def _built(self, region: str) -> Any:
         if region not in self._clients:
             from alibabacloud_credentials.client import Client as Credentials
             from alibabacloud_ecs20140526.client import Client
@@ -133,6 +139,7 @@ class EcsBase:
         """One ECS call: the request built by the SDK's `<Action>Request` model, the answer as its body's map."""
         from alibabacloud_credentials.exceptions import CredentialException
         from alibabacloud_ecs20140526 import models
+        from darabonba.runtime import RuntimeOptions
         from Tea.exceptions import TeaException, UnretryableException
 
         self.fence()
@@ -140,7 +147,9 @@ class EcsBase:
             {"RegionId": region, **params} if "RegionId" in _fields(action) else params)
         client = self._client(region)
         try:
-            reply = getattr(client, _method(action))(request)
+            # the SDK's own retries off: a resend is gpuprov's choice, by the mutations table (_call)
+            once = RuntimeOptions(autoretry=False, max_attempts=1)
+            reply = getattr(client, f"{_method(action)}_with_options")(request, once)
         except UnretryableException as exc:  # the SDK's wrapper of what went wrong before an answer was read
             inner = getattr(exc, "inner_exception", None)
             if isinstance(inner, CredentialException):
