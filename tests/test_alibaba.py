@@ -262,3 +262,24 @@ def test_a_reclaimed_spot_instance_is_gone_or_stopped_as_its_interruption_behavi
     ecs_cloud.reclaim(kept.id)
     assert [(i.id, i.state) for i in alibaba.instances(REGION)] == [(kept.id, "stopped")]
     assert _sent(ecs_cloud, "RunInstances")[1]["SpotInterruptionBehavior"] == "Stop"
+
+
+def test_a_lost_answer_to_a_token_or_harmless_call_is_sent_again_and_makes_nothing_twice(ecs_cloud, alibaba):
+    vpc = alibaba.network(REGION, None).vpc_id
+    ecs_cloud.faults += [Fault("CreateSecurityGroup", lose=True), Fault("ImportKeyPair", lose=True)]
+    group = alibaba.create_security_group(REGION, "n1", vpc, "gpuprov-n1", "gpuprov node")
+    assert list(ecs_cloud.groups) == [group] and len(_sent(ecs_cloud, "CreateSecurityGroup")) == 2
+    alibaba.import_key_pair(REGION, "gpuprov-me", "ssh-ed25519 AAAA me")  # the second meets KeyPair.AlreadyExist
+    assert list(ecs_cloud.keys) == ["gpuprov-me"] and len(_sent(ecs_cloud, "ImportKeyPair")) == 2
+    instance = alibaba.launch(_request(Access("gpuprov-me", group, None, public_ip=True), market="on-demand"), 5)
+    ecs_cloud.faults.append(Fault("StopInstances", lose=True))
+    alibaba.stop(REGION, [instance.id], settle=1)
+    assert alibaba.wait_stopped(REGION, [instance.id], timeout=5)[0].state == "stopped"
+    assert len(_sent(ecs_cloud, "StopInstances")) == 2
+
+
+def test_gpu_types_come_from_the_documented_families_where_ecs_lists_none(ecs_cloud, alibaba):
+    ecs_cloud.types = {}
+    types = {t.name: t for t in alibaba.gpu_instance_types(REGION)}
+    assert (types["ecs.gn7e-c16g1.32xlarge"].gpu, types["ecs.gn7e-c16g1.32xlarge"].gpus) == ("A100", 8)
+    assert types["ecs.gn6i-c4g1.xlarge"].gpu_memory_mib == 16 * 1024

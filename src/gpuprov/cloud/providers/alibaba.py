@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuprov.cloud.providers.alibaba_base import NOT_FOUND, RETRIES, EcsError, EcsNoAnswer, stamp, tags_of
+from gpuprov.cloud.providers.alibaba_catalog import GPU_TYPES
 from gpuprov.cloud.providers.alibaba_images import EcsImages
 from gpuprov.cloud.providers.alibaba_refusals import classify
 from gpuprov.cloud.providers.base import (
@@ -384,21 +385,20 @@ class AlibabaProvider(EcsImages):
         return out
 
     def gpu_instance_types(self, region: str) -> list[InstanceTypeInfo]:
-        """DescribeInstanceTypes of the GPU families (InstanceCategory GPU-accelerated, GPUAmount > 0)."""
+        """DescribeInstanceTypes' GPU types (GPUAmount > 0: GPUSpec "NVIDIA A10", CpuCoreCount, MemorySize GiB;
+        GPUMemorySize read as each GPU's GiB); where it lists none, the documented families (alibaba_catalog.py)."""
         raws = self._pages(region, "DescribeInstanceTypes", ("InstanceTypes", "InstanceType"))
         out = []
         for raw in raws:
             gpus = int(raw.get("GPUAmount") or 0)
             if gpus <= 0:
                 continue
-            out.append(InstanceTypeInfo(
-                name=str(raw["InstanceTypeId"]), gpu=_gpu_name(str(raw.get("GPUSpec") or "")),
-                gpu_manufacturer="NVIDIA", gpus=gpus, gpu_memory_mib=int(float(raw.get("GPUMemorySize") or 0) * 1024),
-                vcpu=int(raw.get("CpuCoreCount") or 0),
-                memory_mib=int(float(raw.get("MemorySize") or 0) * 1024), efa=False, efa_interfaces=None,
-                network_cards=1, efa_card_indexes=(), network_performance=str(raw.get("InstanceBandwidthRx") or ""),
-                cpu_archs=(("arm64",) if raw.get("CpuArchitecture") == "ARM" else ("x86_64",))))
-        return out
+            out.append(_type_info(str(raw["InstanceTypeId"]), _gpu_name(str(raw.get("GPUSpec") or "")), gpus,
+                                  float(raw.get("GPUMemorySize") or 0), int(raw.get("CpuCoreCount") or 0),
+                                  float(raw.get("MemorySize") or 0), raw.get("CpuArchitecture") == "ARM",
+                                  f"{raw.get('InstanceBandwidthRx') or 0} Kbit/s"))
+        return out or [_type_info(t.instance_type, t.gpu, t.gpus, t.gpu_memory_gib, t.vcpu, t.memory_gib, False, "")
+                       for t in GPU_TYPES]
 
     def quota(self, region: str, code: str) -> float | None:
         """An account attribute (DescribeAccountAttributes: max-postpaid-instance-vcpu-count,
@@ -418,6 +418,14 @@ class AlibabaProvider(EcsImages):
             if count and size:
                 return InstanceStore(total_gb=count * size, disks=((count, size),))
         return None
+
+
+def _type_info(name: str, gpu: str, gpus: int, gpu_gib: float, vcpu: int, memory_gib: float, arm: bool,
+               network: str) -> InstanceTypeInfo:
+    return InstanceTypeInfo(name=name, gpu=gpu, gpu_manufacturer="NVIDIA", gpus=gpus,
+                            gpu_memory_mib=int(gpu_gib * 1024), vcpu=vcpu, memory_mib=int(memory_gib * 1024),
+                            efa=False, efa_interfaces=None, network_cards=1, efa_card_indexes=(),
+                            network_performance=network, cpu_archs=("arm64",) if arm else ("x86_64",))
 
 
 def _gpu_name(spec: str) -> str:
