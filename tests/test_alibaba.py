@@ -207,6 +207,8 @@ def test_the_imitation_refuses_an_unknown_or_missing_parameter_as_ecs_does(ecs_c
 
     status, body = ask("RegionId=cn-hangzhou&InstanceId.1=i-1&StopMode=x")
     assert (status, body["Code"]) == (400, "UnsupportedParameter") and "StopMode" in body["Message"]
+    status, body = ask("RegionId=cn-hangzhou&InstanceId.1=i-1&ForceStop=maybe")
+    assert (status, body["Code"]) == (400, "InvalidParameter") and "ForceStop" in body["Message"]
     status, body = ask("InstanceId.1=i-1")
     assert (status, body["Code"]) == (400, "MissingParameter") and "RegionId" in body["Message"]
     status, body = ask("RegionId=cn-hangzhou&InstanceId.1=i-nope")

@@ -19,7 +19,8 @@ Rules and their sources (read 2026-12-03):
     error codes; unverified: the page's error table could not be read whole, the codes as the SDK's users report);
   - Throttling.User 400 "Request was denied due to user flow control." (Alibaba Cloud common error codes;
     unverified wording);
-  - MissingParameter 400, UnsupportedParameter 400 (public error codes as other Alibaba products list them);
+  - MissingParameter 400, UnsupportedParameter 400, InvalidParameter 400 for a value that is not of its field's
+    type (public error codes as other Alibaba products list them);
   - RunInstances' ClientToken: the same token and parameters answer the first call's instances, the same token with
     other parameters is IdempotentParameterMismatch ("How to ensure idempotence",
     alibabacloud.com/help/en/doc-detail/25693.html);
@@ -35,6 +36,7 @@ the default hands out documentation addresses, a test can hand out a real sshd h
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import threading
@@ -130,6 +132,23 @@ def fold(flat: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+def _typed(model: Any, key: str, value: str) -> bool:
+    """Whether a top-level value reads as the type the model's field has (int, float, bool; str takes anything)."""
+    made = model().from_map({key: value})
+    field_name = next((name for name, got in vars(made).items() if got is not None), None)
+    kind = inspect.signature(model.__init__).parameters[field_name].annotation if field_name else "str"
+    try:
+        if kind == "int":
+            int(value)
+        elif kind == "float":
+            float(value)
+        elif kind == "bool":
+            return value.lower() in ("true", "false")
+    except ValueError:
+        return False
+    return True
+
+
 def check_request(action: str, flat: dict[str, str]) -> Any:
     """The request as the SDK's model reads it; an unknown parameter (one the model loses) or a missing required
     one is refused."""
@@ -141,6 +160,9 @@ def check_request(action: str, flat: dict[str, str]) -> Any:
     unknown = sorted(set(flat) - kept)
     if unknown:
         raise Refused(400, "UnsupportedParameter", f"The parameter {unknown[0]} is not supported by {action}.")
+    for key, value in flat.items():
+        if "." not in key and not _typed(model, key, value):
+            raise Refused(400, "InvalidParameter", f"The specified parameter \"{key}\" is not valid.")
     has_region = "region_id" in model.__init__.__code__.co_varnames
     for name in (("RegionId",) if has_region else ()) + REQUIRED.get(action, ()):
         if name not in flat:
