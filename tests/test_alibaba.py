@@ -61,9 +61,9 @@ def test_pay_as_you_go_is_no_spot_and_a_max_price_is_a_price_limit(ecs_cloud, al
     access = _access(alibaba)
     assert alibaba.launch(_request(access, market="on-demand", token="od"), settle=5).market == "on-demand"
     assert _sent(ecs_cloud, "RunInstances")[0]["SpotStrategy"] == "NoSpot"
-    alibaba.launch(_request(access, token="limit", max_price=0.9), settle=5)
+    alibaba.launch(_request(access, token="limit", max_price=0.91666), settle=5)  # ECS takes 3 decimals
     run = _sent(ecs_cloud, "RunInstances")[1]
-    assert run["SpotStrategy"] == "SpotWithPriceLimit" and float(run["SpotPriceLimit"]) == 0.9
+    assert run["SpotStrategy"] == "SpotWithPriceLimit" and run["SpotPriceLimit"] == "0.917"
 
 
 @pytest.mark.parametrize(("arrange", "market", "code", "then"), [

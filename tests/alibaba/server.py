@@ -11,12 +11,12 @@ contract test reads each through `<Action>ResponseBody().from_map`.
 Rules and their sources (read 2026-12-03):
   - errors are JSON {RequestId, HostId, Code, Message, Recommend} with the HTTP status ("Troubleshoot API error
     codes", alibabacloud.com/help/en/ecs/developer-reference/error-code-error-code-troubleshooting-ideas);
-  - OperationDenied.NoStock 403 "The requested resource is sold out in the specified zone; try other types of
-    resources or other regions and zones."; Zone.NotOnSale; QuotaExceed.ElasticQuota "The number of vCPUs assigned
-    to the ECS instances has exceeded the quota in the zone" (RunInstances error codes, as
-    gardener/machine-controller-manager-provider-alicloud pkg/alicloud/errors lists them);
-  - InvalidSpotPriceLimit.LowerThanPublicPrice, InvalidAccountStatus.NotEnoughBalance (RunInstances API reference,
-    error codes; unverified: the page's error table could not be read whole, the codes as the SDK's users report);
+  - RunInstances' error table (API reference; read whole in a copy of Alibaba's English API documents kept in a
+    public repository): 403 OperationDenied.NoStock, 403 Zone.NotOnSale, 403 InvalidInstanceType.ZoneNotSupported,
+    403 InvalidAccountStatus.NotEnoughBalance, 400 InvalidSpotPriceLimit.LowerThanPublicPrice, 403
+    IncorrectInstanceStatus, with their messages; NoStock's newer wording ("The requested resource is sold out in
+    the specified zone; try other types of resources or other regions and zones.") and QuotaExceed.ElasticQuota's
+    as gardener/machine-controller-manager-provider-alicloud pkg/alicloud/errors lists them;
   - Throttling.User 400 "Request was denied due to user flow control." (Alibaba Cloud common error codes;
     unverified wording);
   - MissingParameter 400, UnsupportedParameter 400, InvalidParameter 400 for a value that is not of its field's
@@ -377,14 +377,18 @@ class Ecs:
         amount, least = int(p.get("Amount") or 1), int(p.get("MinAmount") or p.get("Amount") or 1)
         strategy = p.get("SpotStrategy") or "NoSpot"
         if zone in self.not_on_sale:
-            raise Refused(403, "Zone.NotOnSale", "The specified zone is not available for purchase.")
-        if kind not in self.types or zone not in self.zones:
-            raise Refused(403, "InvalidInstanceType.NotSupported", "The specified InstanceType is not supported.")
+            raise Refused(403, "Zone.NotOnSale", "The resource in the specified zone is no longer available for sale. "
+                          "Please try other regions and zones.")
+        if kind not in self.types or zone not in self.zones or (zone, kind) not in self.stock:
+            raise Refused(403, "InvalidInstanceType.ZoneNotSupported",
+                          "The specified zone does not support this instancetype.")
         if not self.balance_ok:
             raise Refused(403, "InvalidAccountStatus.NotEnoughBalance", "Your account does not have enough balance.")
+        if len(str(p.get("SpotPriceLimit") or "").partition(".")[2]) > 3:  # "precise up to three decimal places"
+            raise Refused(400, "InvalidSpotPriceLimit", "The specified SpotPriceLimitis not valid.")
         if strategy == "SpotWithPriceLimit" and float(p.get("SpotPriceLimit") or 0) < self.spot_price[(zone, kind)]:
             raise Refused(400, "InvalidSpotPriceLimit.LowerThanPublicPrice",
-                          "The specified parameter spotPriceLimit can't be lower than current public price.")
+                          "The specified parameter \"spotPriceLimit\" can't be lower than current public price.")
         market = "PostPaid" if strategy == "NoSpot" else "Spot"
         used = sum(self.types[r.raw["InstanceType"]][3] for r in self.instances.values()
                    if (r.raw["SpotStrategy"] == "NoSpot") == (market == "PostPaid"))

@@ -192,8 +192,8 @@ class AlibabaProvider(EcsImages):
         }
         if request.market == "spot":
             params["SpotStrategy"] = "SpotWithPriceLimit" if request.max_price else "SpotAsPriceGo"
-            if request.max_price:
-                params["SpotPriceLimit"] = request.max_price
+            if request.max_price:  # "precise up to three decimal places" (RunInstances, SpotPriceLimit)
+                params["SpotPriceLimit"] = round(request.max_price, 3)
             params["SpotInterruptionBehavior"] = "Stop" if request.persistent else "Terminate"
         else:
             params["SpotStrategy"] = "NoSpot"

@@ -2,7 +2,10 @@
 
 Each row names Alibaba Cloud's error code, what the failover does next (the same four answers as
 providers/aws_refusals.py), and the fix printed when it stops. Sources, as read:
-  RunInstances API reference, error codes (alibabacloud.com/help/en/ecs/developer-reference/api-runinstances);
+  RunInstances API reference, error codes (alibabacloud.com/help/en/ecs/developer-reference/api-runinstances; its
+  table read whole in a copy of Alibaba's English API documents kept in a public repository: the HTTP status,
+  code and message of NoStock, Zone.NotOnSale, InvalidInstanceType.ZoneNotSupported, NotEnoughBalance,
+  LowerThanPublicPrice, Account.Arrearage);
   "Troubleshoot API error codes" (alibabacloud.com/help/en/ecs/developer-reference/error-code-error-code-troubleshooting-ideas);
   "How to ensure idempotence" (alibabacloud.com/help/en/doc-detail/25693.html): retry only after 500 InternalError,
   503 ServiceUnavailable or no answer, with the same ClientToken;
@@ -34,7 +37,10 @@ REFUSALS: tuple[Refusal, ...] = (
     # this zone or type, now: "The requested resource is sold out in the specified zone; try other types of
     # resources or other regions and zones." (RunInstances, 403)
     Refusal("OperationDenied.NoStock", "next-candidate"),
-    Refusal("Zone.NotOnSale", "next-candidate"),  # "The specified zone is not available for purchase."
+    # "The resource in the specified zone is no longer available for sale. Please try other regions and zones."
+    Refusal("Zone.NotOnSale", "next-candidate"),
+    Refusal("InvalidInstanceType.ZoneNotSupported", "next-candidate"),  # "...zone does not support this instancetype"
+    Refusal("InstanceType.Offline", "next-candidate"),
     Refusal("OperationDenied.ZoneNotAllowed", "next-candidate"),
     Refusal("OperationDenied.ZoneSystemCategoryNotMatch", "next-candidate"),
     Refusal("InvalidInstanceType.NotSupported", "next-candidate"),
@@ -52,6 +58,9 @@ REFUSALS: tuple[Refusal, ...] = (
     # stop: nothing else would fare better
     Refusal("InvalidAccountStatus.NotEnoughBalance", "stop",
             fix="the account's balance is too low for pay-as-you-go resources: top it up in the Billing console"),
+    Refusal("Account.Arrearage", "stop", fix="the account is in arrears: settle it in the Billing console"),
+    Refusal("RealNameAuthenticationError", "stop", fix="the account has not passed real-name verification: "
+            "complete it in the Alibaba Cloud console"),
     Refusal("InvalidAccountStatus", "stop", prefix=True,
             fix="the account's status forbids new resources: see Alibaba Cloud's words above"),
     Refusal("Forbidden.RAM", "stop", fix="the RAM identity may not do this: grant it AliyunECSFullAccess or a "
