@@ -621,3 +621,23 @@ def serve(ecs: Ecs | None = None) -> Iterator[tuple[Ecs, str]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def main() -> None:
+    """`python -m tests.alibaba.server [PORT]`: the imitation in the foreground (a sandbox points
+    GPUPROV_ALIBABA_ENDPOINT at the URL it prints)."""
+    import sys
+
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    server = ThreadingHTTPServer(("127.0.0.1", port), type("BoundHandler", (Handler,), {"ecs": Ecs()}))
+    print(f"http://127.0.0.1:{server.server_port}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()
