@@ -53,7 +53,8 @@ class AlibabaProvider(EcsImages):
     # --- where to launch ---------------------------------------------------------------------
 
     def offerings(self, region: str, instance_types: Sequence[str]) -> dict[str, list[str]]:
-        """Zones whose stock (DescribeAvailableResource) holds each type now: WithStock, or ClosedWithStock."""
+        """Zones whose stock (DescribeAvailableResource, pay-as-you-go) offers each type now: Status Available (SoldOut
+        is left out)."""
         wanted, found = set(instance_types), dict[str, list[str]]()
         reply = self._call(region, "DescribeAvailableResource", DestinationResource="InstanceType",
                            InstanceChargeType="PostPaid")

@@ -38,6 +38,7 @@ NOT_FOUND = {"instance": ("InvalidInstanceId.NotFound",), "security-group": ("In
              "key-pair": ("InvalidKeyPairName.NotFound",), "image": ("InvalidImageId.NotFound",),
              "snapshot": ("InvalidSnapshotId.NotFound",)}
 
+
 class EcsError(GpuprovError):
     """ECS refused a call: Alibaba Cloud's code and message, and a fix where one is known."""
 
