@@ -50,6 +50,8 @@ reaches the CLI is a bug: one `gpuprov hit a bug` line, the traceback saved to a
       CacheFailed           hosts/site_cache.py          exit 1: --cache-host's proxy did not start: no host was touched
       AwsError              cloud/providers/aws_base.py  exit 1: AWS refused a call: its code, message, a fix
       NoAnswer              cloud/providers/aws_base.py  AWS did not answer: asked again where safe, else exit 1
+      EcsError              cloud/providers/alibaba_base.py exit 1: Alibaba Cloud ECS refused a call: code, message, fix
+      EcsNoAnswer           cloud/providers/alibaba_base.py ECS did not answer: asked again where safe, else exit 1
       LaunchError           cloud/providers/base.py      one refused launch: the failover tries the next candidate
       BlockUnknown          cloud/providers/base.py      exit 1: a block purchase's answer was lost, no block listed yet
       NotFound              cloud/providers/base.py      no such resource, settled: gone to teardown and gc

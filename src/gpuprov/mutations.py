@@ -4,7 +4,8 @@ A request whose answer is lost (the connection dropped, a 500 after the work was
 botocore's standard retry mode sends it again after a 5xx or a dropped connection (botocore/retries/standard.py,
 `TransientRetryableChecker`), which is safe only for a call whose second send meets the first one's result. So each
 mutating call is in `MUTATIONS` with one of these classes, and `guard`, registered on every boto3 client gpuprov
-builds (the EC2 and IAM providers', the team bucket's), refuses to send one that is not listed, or one of the two
+builds (the EC2 and IAM providers', the team bucket's) and `check` called by the Alibaba Cloud ECS client before
+every call (cloud/providers/alibaba.py), refuses to send one that is not listed, or one of the two
 classes that must never be sent again blindly on a client that retries. The refusal is a `GpuprovBug`: the code
 that sends such a call has to say first how a lost answer is settled.
 
@@ -76,6 +77,21 @@ MUTATIONS: dict[tuple[str, str], Repeat] = {
     ("iam", "DeleteInstanceProfile"): Repeat.HARMLESS,
     ("s3", "PutObject"): Repeat.CONDITIONAL,
     ("s3", "DeleteObject"): Repeat.HARMLESS,
+    # Alibaba Cloud ECS (cloud/providers/alibaba.py): its SDK client is built with its own retries off, and gpuprov
+    # resends only what this table allows (ECS API reference, "How to ensure idempotence": ClientToken)
+    ("alibaba-ecs", "RunInstances"): Repeat.TOKEN,
+    ("alibaba-ecs", "CreateSecurityGroup"): Repeat.TOKEN,
+    ("alibaba-ecs", "AuthorizeSecurityGroup"): Repeat.TOKEN,
+    ("alibaba-ecs", "CreateImage"): Repeat.TOKEN,
+    ("alibaba-ecs", "ImportKeyPair"): Repeat.NAME,  # a second import of the name: KeyPair.AlreadyExist
+    ("alibaba-ecs", "StartInstances"): Repeat.HARMLESS,
+    ("alibaba-ecs", "StopInstances"): Repeat.HARMLESS,
+    ("alibaba-ecs", "DeleteInstances"): Repeat.HARMLESS,
+    ("alibaba-ecs", "ModifyInstanceSpec"): Repeat.HARMLESS,  # the same type again: the instance already has it
+    ("alibaba-ecs", "DeleteKeyPairs"): Repeat.HARMLESS,
+    ("alibaba-ecs", "DeleteSecurityGroup"): Repeat.HARMLESS,
+    ("alibaba-ecs", "DeleteImage"): Repeat.HARMLESS,
+    ("alibaba-ecs", "DeleteSnapshot"): Repeat.HARMLESS,
 }
 
 NEVER_RESENT = (Repeat.LOOK, Repeat.ONCE)

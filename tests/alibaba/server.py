@@ -1,0 +1,643 @@
+"""An imitation of Alibaba Cloud ECS's API (2014-05-26) as the official SDK sends it, as strict as tests/aws.
+
+The SDK (alibabacloud-ecs20140526 over alibabacloud-tea-openapi) sends each call as an ACS3-signed request: the
+action in the `x-acs-action` header, the parameters flattened into the query string (Tag.1.Key, SystemDisk.Size).
+Each request is checked against the SDK's own `<Action>Request` model: the parameters are folded back into the
+model's map, read by `from_map`, written out again by `to_map` and flattened as the SDK flattens them; a parameter
+that does not survive is one the model does not have, refused as ECS refuses a parameter it does not take. A
+missing required parameter is refused as MissingParameter. Every answer is recorded (`answers`) so that the
+contract test reads each through `<Action>ResponseBody().from_map`.
+
+Rules and their sources (read 2026-12-03):
+  - errors are JSON {RequestId, HostId, Code, Message, Recommend} with the HTTP status ("Troubleshoot API error
+    codes", alibabacloud.com/help/en/ecs/developer-reference/error-code-error-code-troubleshooting-ideas);
+  - RunInstances' error table (API reference; read whole in a copy of Alibaba's English API documents kept in a
+    public repository): 403 OperationDenied.NoStock, 403 Zone.NotOnSale, 403 InvalidInstanceType.ZoneNotSupported,
+    403 InvalidAccountStatus.NotEnoughBalance, 400 InvalidSpotPriceLimit.LowerThanPublicPrice, 403
+    IncorrectInstanceStatus, with their messages; NoStock's newer wording ("The requested resource is sold out in
+    the specified zone; try other types of resources or other regions and zones.") and QuotaExceed.ElasticQuota's
+    as gardener/machine-controller-manager-provider-alicloud pkg/alicloud/errors lists them;
+  - Throttling.User 400 "Request was denied due to user flow control." (Alibaba Cloud common error codes;
+    unverified wording);
+  - MissingParameter 400, UnsupportedParameter 400, InvalidParameter 400 for a value that is not of its field's
+    type (public error codes as other Alibaba products list them);
+  - RunInstances' ClientToken: the same token and parameters answer the first call's instances, the same token with
+    other parameters is IdempotentParameterMismatch ("How to ensure idempotence",
+    alibabacloud.com/help/en/doc-detail/25693.html);
+  - stock per zone: DescribeAvailableResource's Status Available / SoldOut and StatusCategory WithStock /
+    WithoutStock (DescribeAvailableResource API reference);
+  - a new instance is Pending, then Running; DescribeInstances may not list it for a moment after RunInstances
+    answers (`listing_delay`); StopInstances' StoppedMode=StopCharging keeps the disks and stops the billing of
+    compute ("economical mode", StopInstances API reference).
+
+A seam for real SSH hosts: `address_for(instance) -> (public_ip, private_ip)` picks each new instance's addresses;
+the default hands out documentation addresses, a test can hand out a real sshd host's.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from alibabacloud_ecs20140526 import models
+from alibabacloud_tea_openapi.utils import Utils
+
+HOST_ID = "ecs.imitation.local"
+# RegionId is required by every action whose model has it (each action's API reference marks it so); the rest:
+REQUIRED = {
+    "ImportKeyPair": ("KeyPairName", "PublicKeyBody"),
+    "AuthorizeSecurityGroup": ("SecurityGroupId",),
+    "DescribeSecurityGroupAttribute": ("SecurityGroupId",),
+    "DeleteSecurityGroup": ("SecurityGroupId",),
+    "StopInstances": ("InstanceId.1",),
+    "StartInstances": ("InstanceId.1",),
+    "DeleteInstances": ("InstanceId.1",),
+    "ModifyInstanceSpec": ("InstanceId",),
+    "ListTagResources": ("ResourceType",),
+    "DescribeAvailableResource": ("DestinationResource",),
+    "DeleteImage": ("ImageId",),
+    "DeleteSnapshot": ("SnapshotId",),
+    "DeleteKeyPairs": ("KeyPairNames",),
+    "CreateImage": ("RegionId",),
+}
+UBUNTU_IMAGES = (("ubuntu_22_04_x64_20G_alibase_20240130.vhd", "x86_64", "2024-01-30T00:00:00Z"),
+                 ("ubuntu_22_04_x64_20G_alibase_20250101.vhd", "x86_64", "2025-01-01T00:00:00Z"),
+                 ("ubuntu_24_04_x64_20G_alibase_20250101.vhd", "x86_64", "2025-01-01T00:00:00Z"),
+                 ("ubuntu_22_04_arm64_20G_alibase_20250101.vhd", "arm64", "2025-01-01T00:00:00Z"))
+
+
+class Refused(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.status, self.code, self.message = status, code, message
+
+
+@dataclass
+class Fault:
+    """What the next matching call meets: `code` (a refusal), or `lose` (the work is done, the answer dropped)."""
+
+    action: str
+    code: str | None = None
+    message: str = ""
+    status: int = 400
+    lose: bool = False
+    times: int = 1
+
+
+@dataclass
+class InstanceRow:
+    raw: dict[str, Any]
+    listed_at: float
+    changes_at: float = 0.0
+    next_status: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def flatten(value: Any) -> set[str]:
+    return set(Utils.query(value).keys()) if value else set()
+
+
+def fold(flat: dict[str, str]) -> dict[str, Any]:
+    """Tag.1.Key=a, SystemDisk.Size=40 back into {"Tag": [{"Key": "a"}], "SystemDisk": {"Size": "40"}}."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        parts = key.split(".")
+        node: Any = out
+        for at, part in enumerate(parts):
+            last = at == len(parts) - 1
+            nxt = parts[at + 1] if not last else None
+            if isinstance(node, list):
+                index = int(part) - 1
+                while len(node) <= index:
+                    node.append({} if nxt is not None and not nxt.isdigit() else [])
+                if last:
+                    node[index] = value
+                else:
+                    node = node[index]
+                continue
+            if last:
+                node[part] = value
+            else:
+                node = node.setdefault(part, [] if nxt is not None and nxt.isdigit() else {})
+    return out
+
+
+def _typed(model: Any, key: str, value: str) -> bool:
+    """Whether a top-level value reads as the type the model's field has (int, float, bool; str takes anything)."""
+    made = model().from_map({key: value})
+    field_name = next((name for name, got in vars(made).items() if got is not None), None)
+    kind = inspect.signature(model.__init__).parameters[field_name].annotation if field_name else "str"
+    try:
+        if kind == "int":
+            int(value)
+        elif kind == "float":
+            float(value)
+        elif kind == "bool":
+            return value.lower() in ("true", "false")
+    except ValueError:
+        return False
+    return True
+
+
+def check_request(action: str, flat: dict[str, str]) -> Any:
+    """The request as the SDK's model reads it; an unknown parameter (one the model loses) or a missing required
+    one is refused."""
+    model = getattr(models, f"{action}Request", None)
+    if model is None:
+        raise Refused(400, "InvalidAction.NotFound", "Specified api is not found, please check your url and method.")
+    request = model().from_map(fold(flat))
+    kept = flatten(request.to_map())
+    unknown = sorted(set(flat) - kept)
+    if unknown:
+        raise Refused(400, "UnsupportedParameter", f"The parameter {unknown[0]} is not supported by {action}.")
+    for key, value in flat.items():
+        if "." not in key and not _typed(model, key, value):
+            raise Refused(400, "InvalidParameter", f"The specified parameter \"{key}\" is not valid.")
+    has_region = "region_id" in model.__init__.__code__.co_varnames
+    for name in (("RegionId",) if has_region else ()) + REQUIRED.get(action, ()):
+        if name not in flat:
+            raise Refused(400, "MissingParameter",
+                          f"The input parameter \"{name.split('.')[0]}\" that is mandatory for processing this "
+                          "request is not supplied.")
+    return request
+
+
+def _flag(p: dict[str, Any], name: str, matches: bool, default: bool | None = None) -> bool:
+    """A boolean parameter (the SDK sends True as "True"): absent matches anything unless `default` is given."""
+    if name not in p or p[name] is None:
+        return default is None or default == matches
+    return (str(p[name]).lower() == "true") == matches
+
+
+class Ecs:
+    """The cloud's state: one account, its regions, zones, stock, and what it made."""
+
+    def __init__(self, region: str = "cn-hangzhou", zones: tuple[str, ...] = ("cn-hangzhou-h", "cn-hangzhou-i"),
+                 types: dict[str, tuple[str, int, float, int, int]] | None = None) -> None:
+        self.region = region
+        self.zones = list(zones)
+        # InstanceTypeId -> (GPUSpec, GPUAmount, GPUMemorySize GiB, CpuCoreCount, MemorySize GiB)
+        self.types = types or {"ecs.gn7i-c8g1.2xlarge": ("NVIDIA A10", 1, 24.0, 8, 30),
+                               "ecs.gn6i-c4g1.xlarge": ("NVIDIA T4", 1, 16.0, 4, 15),
+                               "ecs.g7.large": ("", 0, 0.0, 2, 8)}
+        self.stock: dict[tuple[str, str], int] = {(z, t): 10 for z in zones for t in self.types}
+        self.not_on_sale: set[str] = set()
+        self.spot_price: dict[tuple[str, str], float] = {(z, t): 0.5 for z in zones for t in self.types}
+        self.vcpu_quota = {"PostPaid": 1000, "Spot": 1000}
+        self.balance_ok = True
+        self.listing_delay = 0.0
+        self.boot = 0.0
+        self.faults: list[Fault] = []
+        self.answers: list[tuple[str, dict[str, Any]]] = []
+        self.calls: list[tuple[str, dict[str, str]]] = []
+        self.address_for: Callable[[dict[str, Any]], tuple[str, str]] = self._addresses
+        self.lock = threading.RLock()
+        self.ids = itertools.count(1)
+        self.instances: dict[str, InstanceRow] = {}
+        self.tokens: dict[tuple[str, str], dict[str, Any]] = {}
+        self.groups: dict[str, dict[str, Any]] = {}
+        self.keys: dict[str, dict[str, Any]] = {}
+        self.images: dict[str, dict[str, Any]] = {}
+        self.snapshots: dict[str, dict[str, Any]] = {}
+        self.tags: dict[tuple[str, str], dict[str, str]] = {}  # (ResourceType, id) -> tags
+        self.vpc = {"VpcId": "vpc-default", "CidrBlock": "172.16.0.0/12", "IsDefault": True, "Status": "Available",
+                    "RegionId": region, "VpcName": "default"}
+        self.switches = [{"VSwitchId": f"vsw-{z}", "VpcId": "vpc-default", "ZoneId": z, "IsDefault": True,
+                          "CidrBlock": f"172.16.{n * 16}.0/20", "AvailableIpAddressCount": 4000, "Status": "Available"}
+                         for n, z in enumerate(zones)]
+        for n, (name, arch, created) in enumerate(UBUNTU_IMAGES):
+            self.images[f"ubuntu-{n}"] = {"ImageId": name, "ImageName": name, "ImageOwnerAlias": "system",
+                                          "Architecture": arch, "CreationTime": created, "Status": "Available",
+                                          "Size": 20, "OSType": "linux"}
+
+    def _id(self, prefix: str) -> str:
+        return f"{prefix}-{next(self.ids):08x}"
+
+    def _addresses(self, raw: dict[str, Any]) -> tuple[str, str]:
+        n = next(self.ids) % 250 + 1
+        return f"203.0.113.{n}", f"172.16.0.{n}"
+
+    # --- the server side of every call --------------------------------------------------------
+
+    def handle(self, action: str, flat: dict[str, str]) -> tuple[dict[str, Any], bool]:
+        """The answer, and whether it is lost after the work is done."""
+        with self.lock:
+            self.calls.append((action, flat))
+            request = check_request(action, flat)
+            lose = False
+            for fault in self.faults:
+                if fault.action == action and fault.times > 0:
+                    fault.times -= 1
+                    if fault.code:
+                        raise Refused(fault.status, fault.code, fault.message or fault.code)
+                    lose = fault.lose
+                    break
+            body = getattr(self, action)(request.to_map())
+            body["RequestId"] = str(uuid.uuid4()).upper()
+            self.answers.append((action, body))
+            return body, lose
+
+    def _tag(self, kind: str, rid: str, tags: list[dict[str, str]] | None) -> None:
+        self.tags[(kind, rid)] = {t["Key"]: t["Value"] for t in tags or []}
+
+    # regions, zones, network
+    def DescribeRegions(self, p: dict[str, Any]) -> dict[str, Any]:
+        return {"Regions": {"Region": [{"RegionId": self.region, "LocalName": self.region,
+                                        "RegionEndpoint": f"ecs.{self.region}.aliyuncs.com", "Status": "available"}]}}
+
+    def DescribeVpcs(self, p: dict[str, Any]) -> dict[str, Any]:
+        vpcs = [self.vpc] if p.get("VpcId") in (None, self.vpc["VpcId"]) and _flag(p, "IsDefault", True) else []
+        return {"Vpcs": {"Vpc": vpcs}, "TotalCount": len(vpcs), "PageNumber": 1, "PageSize": 100}
+
+    def DescribeVSwitches(self, p: dict[str, Any]) -> dict[str, Any]:
+        found = [s for s in self.switches
+                 if p.get("VSwitchId") in (None, s["VSwitchId"]) and p.get("ZoneId") in (None, s["ZoneId"])
+                 and p.get("VpcId") in (None, s["VpcId"]) and _flag(p, "IsDefault", s["IsDefault"])]
+        return {"VSwitches": {"VSwitch": found}, "TotalCount": len(found), "PageNumber": 1, "PageSize": 100}
+
+    def DescribeAvailableResource(self, p: dict[str, Any]) -> dict[str, Any]:
+        zones = []
+        for zone in self.zones:
+            supported = [{"Value": t, "Status": "Available" if self.stock[(zone, t)] > 0 and zone not in
+                          self.not_on_sale else "SoldOut",
+                          "StatusCategory": "WithStock" if self.stock[(zone, t)] > 0 else "WithoutStock"}
+                         for t in self.types]
+            zones.append({"ZoneId": zone, "RegionId": self.region, "Status": "Available",
+                          "StatusCategory": "WithStock", "AvailableResources": {"AvailableResource": [
+                              {"Type": "InstanceType", "SupportedResources": {"SupportedResource": supported}}]}})
+        return {"AvailableZones": {"AvailableZone": zones}}
+
+    def DescribeInstanceTypes(self, p: dict[str, Any]) -> dict[str, Any]:
+        wanted = set(p.get("InstanceTypes") or self.types)
+        rows = [{"InstanceTypeId": t, "GPUSpec": spec, "GPUAmount": n, "GPUMemorySize": mem, "CpuCoreCount": cpu,
+                 "MemorySize": ram, "CpuArchitecture": "X86", "InstanceTypeFamily": t.split(".")[1].split("-")[0]}
+                for t, (spec, n, mem, cpu, ram) in self.types.items() if t in wanted]
+        return {"InstanceTypes": {"InstanceType": rows}}
+
+    def DescribeSpotPriceHistory(self, p: dict[str, Any]) -> dict[str, Any]:
+        rows = [{"ZoneId": z, "InstanceType": t, "SpotPrice": price, "OriginPrice": price * 3,
+                 "Timestamp": "2026-12-03T00:00:00Z", "NetworkType": "vpc", "IoOptimized": "optimized"}
+                for (z, t), price in self.spot_price.items() if t == p.get("InstanceType")]
+        return {"SpotPrices": {"SpotPriceType": rows}, "Currency": "USD", "NextOffset": 0}
+
+    def DescribeAccountAttributes(self, p: dict[str, Any]) -> dict[str, Any]:
+        names = {"max-postpaid-instance-vcpu-count": self.vcpu_quota["PostPaid"],
+                 "max-spot-instance-vcpu-count": self.vcpu_quota["Spot"]}
+        items = [{"AttributeName": n, "AttributeValues": {"ValueItem": [{"Value": str(v), "Count": 1}]}}
+                 for n, v in names.items() if n in (p.get("AttributeName") or names)]
+        return {"AccountAttributeItems": {"AccountAttributeItem": items}}
+
+    # SSH access
+    def ImportKeyPair(self, p: dict[str, Any]) -> dict[str, Any]:
+        name = p["KeyPairName"]
+        if name in self.keys:
+            raise Refused(400, "KeyPair.AlreadyExist", "The key pair already exist.")
+        self.keys[name] = {"KeyPairName": name, "KeyPairFingerPrint": "00:" * 15 + "00"}
+        self._tag("keypair", name, p.get("Tag"))
+        return {"KeyPairName": name, "KeyPairFingerPrint": self.keys[name]["KeyPairFingerPrint"]}
+
+    def DescribeKeyPairs(self, p: dict[str, Any]) -> dict[str, Any]:
+        found = [k for n, k in self.keys.items() if p.get("KeyPairName") in (None, n)]
+        return {"KeyPairs": {"KeyPair": found}, "TotalCount": len(found), "PageNumber": 1, "PageSize": 100}
+
+    def DeleteKeyPairs(self, p: dict[str, Any]) -> dict[str, Any]:
+        for name in json.loads(p["KeyPairNames"]):
+            self.keys.pop(name, None)
+            self.tags.pop(("keypair", name), None)
+        return {}
+
+    def CreateSecurityGroup(self, p: dict[str, Any]) -> dict[str, Any]:
+        token = p.get("ClientToken")
+        if token and ("sg", token) in self.tokens:
+            return dict(self.tokens[("sg", token)])
+        gid = self._id("sg")
+        self.groups[gid] = {"SecurityGroupId": gid, "SecurityGroupName": p.get("SecurityGroupName", ""),
+                            "VpcId": p.get("VpcId", ""), "Description": p.get("Description", ""), "rules": []}
+        self._tag("securitygroup", gid, p.get("Tag"))
+        answer = {"SecurityGroupId": gid}
+        if token:
+            self.tokens[("sg", token)] = answer
+        return dict(answer)
+
+    def _group(self, gid: str) -> dict[str, Any]:
+        if gid not in self.groups:
+            raise Refused(404, "InvalidSecurityGroupId.NotFound", "The specified SecurityGroupId does not exist.")
+        return self.groups[gid]
+
+    def DescribeSecurityGroups(self, p: dict[str, Any]) -> dict[str, Any]:
+        found = [{k: v for k, v in g.items() if k != "rules"} for g in self.groups.values()
+                 if p.get("SecurityGroupName") in (None, g["SecurityGroupName"])]
+        return {"SecurityGroups": {"SecurityGroup": found}, "TotalCount": len(found), "PageNumber": 1,
+                "PageSize": 100}
+
+    def AuthorizeSecurityGroup(self, p: dict[str, Any]) -> dict[str, Any]:
+        rule = {"IpProtocol": str(p.get("IpProtocol", "")).upper(), "PortRange": p.get("PortRange"),
+                "SourceCidrIp": p.get("SourceCidrIp", ""), "Ipv6SourceCidrIp": p.get("Ipv6SourceCidrIp", ""),
+                "Direction": "ingress", "Policy": "Accept"}
+        rules = self._group(p["SecurityGroupId"])["rules"]
+        if rule not in rules:
+            rules.append(rule)
+        return {}
+
+    def DescribeSecurityGroupAttribute(self, p: dict[str, Any]) -> dict[str, Any]:
+        group = self._group(p["SecurityGroupId"])
+        return {"SecurityGroupId": group["SecurityGroupId"], "VpcId": group["VpcId"],
+                "Permissions": {"Permission": list(group["rules"])}}
+
+    def DeleteSecurityGroup(self, p: dict[str, Any]) -> dict[str, Any]:
+        gid = p["SecurityGroupId"]
+        self._group(gid)
+        if any(gid in (r.raw.get("SecurityGroupIds") or {}).get("SecurityGroupId", []) for r in self.instances.values()):
+            raise Refused(403, "DependencyViolation", "There is still instance(s) in the specified security group.")
+        del self.groups[gid]
+        self.tags.pop(("securitygroup", gid), None)
+        return {}
+
+    # instances
+    def RunInstances(self, p: dict[str, Any]) -> dict[str, Any]:
+        token = p.get("ClientToken")
+        if token and ("run", token) in self.tokens:
+            # "How to ensure idempotence": the same token and parameters answer the first call's result; the same
+            # token with other parameters is refused
+            if self.tokens[("run-params", token)] != p:
+                raise Refused(400, "IdempotentParameterMismatch", "Request uses a client token in a previous request "
+                              "but is not identical to that request.")
+            return dict(self.tokens[("run", token)])
+        zone, kind = p.get("ZoneId"), p.get("InstanceType", "")
+        amount, least = int(p.get("Amount") or 1), int(p.get("MinAmount") or p.get("Amount") or 1)
+        strategy = p.get("SpotStrategy") or "NoSpot"
+        if zone in self.not_on_sale:
+            raise Refused(403, "Zone.NotOnSale", "The resource in the specified zone is no longer available for sale. "
+                          "Please try other regions and zones.")
+        if kind not in self.types or zone not in self.zones or (zone, kind) not in self.stock:
+            raise Refused(403, "InvalidInstanceType.ZoneNotSupported",
+                          "The specified zone does not support this instancetype.")
+        if not self.balance_ok:
+            raise Refused(403, "InvalidAccountStatus.NotEnoughBalance", "Your account does not have enough balance.")
+        if len(str(p.get("SpotPriceLimit") or "").partition(".")[2]) > 3:  # "precise up to three decimal places"
+            raise Refused(400, "InvalidSpotPriceLimit", "The specified SpotPriceLimitis not valid.")
+        if strategy == "SpotWithPriceLimit" and float(p.get("SpotPriceLimit") or 0) < self.spot_price[(zone, kind)]:
+            raise Refused(400, "InvalidSpotPriceLimit.LowerThanPublicPrice",
+                          "The specified parameter \"spotPriceLimit\" can't be lower than current public price.")
+        market = "PostPaid" if strategy == "NoSpot" else "Spot"
+        used = sum(self.types[r.raw["InstanceType"]][3] for r in self.instances.values()
+                   if (r.raw["SpotStrategy"] == "NoSpot") == (market == "PostPaid"))
+        if used + self.types[kind][3] * least > self.vcpu_quota[market]:
+            raise Refused(403, "QuotaExceed.ElasticQuota", "The number of vCPUs assigned to the ECS instances has "
+                          "exceeded the quota in the zone. Please sign-on to Alibaba Cloud Console, and submit a "
+                          "quota increase application.")
+        count = min(amount, self.stock[(zone, kind)])
+        if count < least:
+            raise Refused(403, "OperationDenied.NoStock", "The requested resource is sold out in the specified zone; "
+                          "try other types of resources or other regions and zones.")
+        self.stock[(zone, kind)] -= count
+        now, ids = time.monotonic(), []
+        for _ in range(count):
+            iid = self._id("i")
+            raw = {"InstanceId": iid, "InstanceName": p.get("InstanceName", iid), "InstanceType": kind,
+                   "ZoneId": zone, "RegionId": self.region, "ImageId": p.get("ImageId"), "Status": "Pending",
+                   "InstanceChargeType": "PostPaid", "SpotStrategy": strategy,
+                   "SpotPriceLimit": float(p.get("SpotPriceLimit") or 0),
+                   "SpotInterruptionBehavior": p.get("SpotInterruptionBehavior") or "Terminate",
+                   "KeyPairName": p.get("KeyPairName", ""), "CreationTime": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+                   "InternetMaxBandwidthOut": int(p.get("InternetMaxBandwidthOut") or 0),
+                   "SecurityGroupIds": {"SecurityGroupId": [p.get("SecurityGroupId", "")]},
+                   "Cpu": self.types[kind][3], "Memory": self.types[kind][4] * 1024,
+                   "GPUAmount": self.types[kind][1], "GPUSpec": self.types[kind][0],
+                   "StoppedMode": "Not-applicable", "OperationLocks": {"LockReason": []}}
+            public, private = self.address_for(raw)
+            raw["PublicIpAddress"] = {"IpAddress": [public] if raw["InternetMaxBandwidthOut"] > 0 else []}
+            raw["VpcAttributes"] = {"VpcId": self.vpc["VpcId"], "VSwitchId": p.get("VSwitchId", ""),
+                                    "PrivateIpAddress": {"IpAddress": [private]}}
+            tags = {t["Key"]: t["Value"] for t in p.get("Tag") or []}
+            raw["Tags"] = {"Tag": [{"TagKey": k, "TagValue": v} for k, v in tags.items()]}
+            self.instances[iid] = InstanceRow(raw, listed_at=now + self.listing_delay, changes_at=now + self.boot,
+                                              next_status="Running", tags=tags)
+            self.tags[("instance", iid)] = tags
+            ids.append(iid)
+        answer = {"InstanceIdSets": {"InstanceIdSet": ids}, "OrderId": "", "TradePrice": 0.0}
+        if token:
+            self.tokens[("run", token)], self.tokens[("run-params", token)] = answer, p
+        return dict(answer)
+
+    def _advance(self) -> None:
+        now = time.monotonic()
+        for row in self.instances.values():
+            if row.next_status and now >= row.changes_at:
+                row.raw["Status"], row.next_status = row.next_status, None
+
+    def _row(self, iid: str) -> InstanceRow:
+        row = self.instances.get(iid)
+        if row is None or row.listed_at > time.monotonic():
+            raise Refused(404, "InvalidInstanceId.NotFound", "The specified InstanceId does not exist.")
+        return row
+
+    def DescribeInstances(self, p: dict[str, Any]) -> dict[str, Any]:
+        self._advance()
+        now = time.monotonic()
+        ids = json.loads(p["InstanceIds"]) if p.get("InstanceIds") else None
+        want = {t["Key"]: t["Value"] for t in p.get("Tag") or []}
+        found = [r.raw for iid, r in self.instances.items() if r.listed_at <= now and (ids is None or iid in ids)
+                 and all(r.tags.get(k) == v for k, v in want.items())]
+        size, number = int(p.get("PageSize") or 10), int(p.get("PageNumber") or 1)
+        page = found[(number - 1) * size:number * size]
+        return {"Instances": {"Instance": [json.loads(json.dumps(r)) for r in page]}, "TotalCount": len(found),
+                "PageNumber": number, "PageSize": size}
+
+    def _change(self, p: dict[str, Any], ok: tuple[str, ...], between: str, to: str,
+                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        self._advance()
+        rows = [self._row(iid) for iid in p["InstanceId"]]
+        for row in rows:
+            if row.raw["Status"] == to:
+                continue
+            if row.raw["Status"] not in ok:
+                raise Refused(403, "IncorrectInstanceStatus", "The current status of the resource does not support "
+                              "this operation.")
+            row.raw["Status"], row.next_status, row.changes_at = between, to, time.monotonic() + self.boot
+            row.raw.update(extra or {})
+        return {"InstanceResponses": {"InstanceResponse": [
+            {"InstanceId": r.raw["InstanceId"], "Code": "200", "Message": "success", "PreviousStatus": between,
+             "CurrentStatus": r.raw["Status"]} for r in rows]}}
+
+    def StopInstances(self, p: dict[str, Any]) -> dict[str, Any]:
+        mode = p.get("StoppedMode") or "KeepCharging"
+        return self._change(p, ("Running",), "Stopping", "Stopped", {"StoppedMode": mode})
+
+    def StartInstances(self, p: dict[str, Any]) -> dict[str, Any]:
+        for iid in p["InstanceId"]:
+            row = self._row(iid)
+            key = (row.raw["ZoneId"], row.raw["InstanceType"])
+            if row.raw.get("StoppedMode") == "StopCharging" and self.stock[key] <= 0:
+                raise Refused(403, "OperationDenied.NoStock", "The requested resource is sold out in the specified "
+                              "zone; try other types of resources or other regions and zones.")
+        return self._change(p, ("Stopped",), "Starting", "Running", {"StoppedMode": "Not-applicable"})
+
+    def DeleteInstances(self, p: dict[str, Any]) -> dict[str, Any]:
+        self._advance()
+        rows = [self._row(iid) for iid in p["InstanceId"]]
+        for row in rows:
+            if row.raw["Status"] != "Stopped" and not _flag(p, "Force", True, default=False):
+                raise Refused(403, "IncorrectInstanceStatus", "The current status of the resource does not support "
+                              "this operation.")
+        for row in rows:
+            iid = row.raw["InstanceId"]
+            self.stock[(row.raw["ZoneId"], row.raw["InstanceType"])] += 1
+            del self.instances[iid]
+            self.tags.pop(("instance", iid), None)
+        return {}
+
+    def ModifyInstanceSpec(self, p: dict[str, Any]) -> dict[str, Any]:
+        row = self._row(p["InstanceId"])
+        if row.raw["Status"] != "Stopped":
+            raise Refused(403, "IncorrectInstanceStatus", "The current status of the resource does not support "
+                          "this operation.")
+        row.raw["InstanceType"] = p.get("InstanceType", row.raw["InstanceType"])
+        return {}
+
+    def reclaim(self, iid: str) -> None:
+        """A spot instance taken back: released (SpotInterruptionBehavior Terminate) or stopped (Stop)."""
+        with self.lock:
+            row = self.instances[iid]
+            if row.raw["SpotInterruptionBehavior"] == "Stop":
+                row.raw["Status"], row.raw["StoppedMode"] = "Stopped", "StopCharging"
+            else:
+                del self.instances[iid]
+
+    # images
+    def CreateImage(self, p: dict[str, Any]) -> dict[str, Any]:
+        token = p.get("ClientToken")
+        if token and ("image", token) in self.tokens:
+            return dict(self.tokens[("image", token)])
+        row = self._row(p["InstanceId"])
+        if any(i["ImageName"] == p.get("ImageName") for i in self.images.values()):
+            raise Refused(400, "InvalidImageName.Duplicated", "The specified Image name has already been used.")
+        image, snapshot = self._id("m"), self._id("s")
+        self.snapshots[snapshot] = {"SnapshotId": snapshot}
+        self.images[image] = {"ImageId": image, "ImageName": p.get("ImageName", image), "ImageOwnerAlias": "self",
+                              "Architecture": "x86_64", "CreationTime": time.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                              "Status": "Available", "Size": 40, "OSType": "linux",
+                              "Description": p.get("Description", ""), "SourceInstance": row.raw["InstanceId"],
+                              "DiskDeviceMappings": {"DiskDeviceMapping": [{"SnapshotId": snapshot, "Size": "40",
+                                                                            "Type": "system"}]}}
+        self._tag("image", image, p.get("Tag"))
+        self._tag("snapshot", snapshot, p.get("Tag"))
+        answer = {"ImageId": image}
+        if token:
+            self.tokens[("image", token)] = answer
+        return dict(answer)
+
+    def DescribeImages(self, p: dict[str, Any]) -> dict[str, Any]:
+        ids = str(p["ImageId"]).split(",") if p.get("ImageId") else None
+        found = []
+        for image in self.images.values():
+            if ids is not None and image["ImageId"] not in ids:
+                continue
+            if ids is None and p.get("ImageOwnerAlias") not in (None, image["ImageOwnerAlias"]):
+                continue
+            if p.get("ImageName") not in (None, image["ImageName"]):
+                continue
+            tags = self.tags.get(("image", image["ImageId"]), {})
+            found.append({**{k: v for k, v in image.items() if k != "SourceInstance"},
+                          "Tags": {"Tag": [{"TagKey": k, "TagValue": v} for k, v in tags.items()]}})
+        return {"Images": {"Image": found}, "TotalCount": len(found), "PageNumber": 1, "PageSize": 100}
+
+    def DeleteImage(self, p: dict[str, Any]) -> dict[str, Any]:
+        if p["ImageId"] not in self.images:
+            raise Refused(404, "InvalidImageId.NotFound", "The specified ImageId does not exist.")
+        del self.images[p["ImageId"]]
+        self.tags.pop(("image", p["ImageId"]), None)
+        return {}
+
+    def DeleteSnapshot(self, p: dict[str, Any]) -> dict[str, Any]:
+        if p["SnapshotId"] not in self.snapshots:
+            raise Refused(404, "InvalidSnapshotId.NotFound", "The specified SnapshotId does not exist.")
+        del self.snapshots[p["SnapshotId"]]
+        self.tags.pop(("snapshot", p["SnapshotId"]), None)
+        return {}
+
+    # tags
+    def ListTagResources(self, p: dict[str, Any]) -> dict[str, Any]:
+        keys = [f["TagKey"] for f in p.get("TagFilter") or []]
+        rows = [{"ResourceId": rid, "ResourceType": kind, "TagKey": k, "TagValue": v}
+                for (kind, rid), tags in self.tags.items() if kind == p["ResourceType"]
+                and all(key in tags for key in keys) for k, v in tags.items()]
+        return {"TagResources": {"TagResource": rows}, "NextToken": ""}
+
+
+class Handler(BaseHTTPRequestHandler):
+    ecs: Ecs
+
+    def _serve(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length).decode() if length else ""
+        flat = dict(parse_qsl(urlsplit(self.path).query, keep_blank_values=True))
+        flat.update(parse_qsl(body, keep_blank_values=True))
+        action = self.headers.get("x-acs-action") or flat.pop("Action", "")
+        try:
+            answer, lose = self.ecs.handle(action, flat)
+            status = 200
+        except Refused as exc:
+            answer, lose, status = {"RequestId": str(uuid.uuid4()).upper(), "HostId": HOST_ID, "Code": exc.code,
+                                    "Message": exc.message,
+                                    "Recommend": f"https://api.aliyun.com/troubleshoot?q={exc.code}"}, False, exc.status
+        if lose:  # the work is done, the answer never arrives
+            self.close_connection = True
+            self.connection.close()
+            return
+        out = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json;charset=utf-8")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_GET = do_POST = _serve
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def serve(ecs: Ecs | None = None) -> Iterator[tuple[Ecs, str]]:
+    """The imitation on a loopback port, in a thread: (its state, its endpoint URL)."""
+    cloud = ecs or Ecs()
+    handler = type("BoundHandler", (Handler,), {"ecs": cloud})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    try:
+        yield cloud, f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def main() -> None:
+    """`python -m tests.alibaba.server [PORT]`: the imitation in the foreground (a sandbox points
+    GPUPROV_ALIBABA_ENDPOINT at the URL it prints)."""
+    import sys
+
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    server = ThreadingHTTPServer(("127.0.0.1", port), type("BoundHandler", (Handler,), {"ecs": Ecs()}))
+    print(f"http://127.0.0.1:{server.server_port}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()
