@@ -23,9 +23,8 @@ from tests.test_config import plan, run
 SHELLCHECK = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
 # every key on a host of its own, so a script's URL says which key it came from
 MIRROR = sources.Sources(**{k: f"https://{k.replace('_', '-')}.mirror.test/base" for k in sources.KEYS})
-# what a rendered step may name besides the map: EC2's metadata address (guards), and EPEL's release package on EL
-# (data/os.yaml), the OS archive's, which the map does not carry yet
-NOT_DOWNLOADS = {"169.254.169.254", "dl.fedoraproject.org"}
+# what a rendered step may name besides the map: EC2's metadata address (guards)
+NOT_DOWNLOADS = {"169.254.169.254"}
 
 
 def _hosts(text: str) -> set[str]:
@@ -117,9 +116,10 @@ def test_no_rendered_script_names_a_host_outside_the_map(tmp_path: Path) -> None
             hosts = _hosts(script.text)
             assert hosts <= allowed, (key, script.name, hosts - allowed)
             seen |= hosts
-    # every key is fetched by some step (no shipped playbook takes conda: Miniforge's is the conda render's, in
-    # test_templates); the repository files a mirror copies are read from it
-    assert seen == allowed - {"miniforge.mirror.test"}
+    # every key is fetched by some step (no shipped playbook takes conda: Miniforge's and the conda channels' are the
+    # conda render's, test_a_conda_env_reads_its_channels_from_the_map); the repository files a mirror copies are read
+    # from it
+    assert seen == allowed - {"miniforge.mirror.test", "conda.mirror.test"}
     assert any("gp_rebase_list \"$list\"" in s.text for b in bundles.values() for s in b.scripts)
     # the mirrored renders are shellcheck-clean: the steps that download, once per package family and Amazon Linux
     # (test_templates checks the rest, which a mirror leaves as they are)
@@ -219,3 +219,66 @@ def test_a_repository_file_that_names_the_origin_is_read_from_the_mirror(tmp_pat
     assert listed.read_text() == ("deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
                                   f"{MIRROR.nvidia}/ubuntu2404/x86_64/ /\n")
     assert run.stdout == "1\n"
+
+
+def test_a_conda_env_reads_its_channels_from_the_map(tmp_path: Path) -> None:
+    pb = tmp_path / "conda.yml"
+    pb.write_text("name: conda\nenv:\n  manager: conda\n")
+    step = next(s.text for s in make_plan(NodeRequest(gpu="L4", playbook=str(pb), sources=MIRROR)).bundle().scripts
+                if s.name == "python-env")
+    assert "--override-channels -c https://conda.mirror.test/base/conda-forge" in step
+    assert _hosts(step) == {"miniforge.mirror.test", "conda.mirror.test", "pypi.mirror.test"}  # pip's index
+    origin = next(s.text for s in make_plan(NodeRequest(gpu="L4", playbook=str(pb))).bundle().scripts
+                  if s.name == "python-env")
+    assert "--override-channels" not in origin  # Miniforge's own channels, as before
+    shown = {(r["step"], r["key"]) for r in make_plan(NodeRequest(gpu="L4", playbook=str(pb))).step_sources()}
+    assert {("python-env", "miniforge"), ("python-env", "conda")} <= shown and ("python-env", "uv") not in shown
+
+
+# EPEL 9's epel.repo as epel-release lays it down (its first and testing sections; the debug and source ones alike)
+EPEL_REPO = """[epel]
+name=Extra Packages for Enterprise Linux $releasever - $basearch
+# It is much more secure to use the metalink, but if you wish to use a local mirror
+# place its address here.
+#baseurl=https://download.example/pub/epel/$releasever/Everything/$basearch/
+metalink=https://mirrors.fedoraproject.org/metalink?repo=epel-$releasever&arch=$basearch&infra=$infra&content=$contentdir
+enabled=1
+gpgcheck=1
+gpgkey=file:///etc/pki/rpm-gpg/RPM-GPG-KEY-EPEL-$releasever
+
+[epel-debuginfo]
+#baseurl=https://download.example/pub/epel/$releasever/Everything/$basearch/debug/
+metalink=https://mirrors.fedoraproject.org/metalink?repo=epel-debug-$releasever&arch=$basearch
+enabled=0
+"""
+
+
+def test_epel_is_read_from_the_map_and_its_release_package_checked_against_epels_key(tmp_path: Path) -> None:
+    """On Rocky the driver step's EPEL repository files are pointed at the map's `epel` (Fedora's layout under it);
+    on RHEL the release package comes from there too, installed only signed by EPEL's pinned key."""
+    scripts = {os_name: next(s.text for s in make_plan(NodeRequest(gpu="L4", os=os_name, sources=MIRROR)).bundle()
+                             .scripts if s.name == "nvidia-driver") for os_name in ("rocky-9", "rhel-9")}
+    epel = sources.pinned_keys()["epel"]
+    assert "gp_dnf_install epel-release" in scripts["rocky-9"] and "RPM-GPG-KEY-EPEL" not in scripts["rocky-9"]
+    rhel = scripts["rhel-9"]
+    assert 'epel_key_url="https://epel.mirror.test/base/RPM-GPG-KEY-EPEL-$(rpm -E %rhel)"' in rhel
+    assert f'gp_pinned_key "$epel_key.gpuprov-tmp" "$epel_key_url" {" ".join(epel)}' in rhel
+    assert ("gp_dnf_install --setopt=localpkg_gpgcheck=1 https://epel.mirror.test/base/epel-release-latest-9.noarch.rpm"
+            in rhel)
+    repo = tmp_path / "epel.repo"
+    repo.write_text(EPEL_REPO)
+    lib = "gp_log() { echo \"LOG: $*\"; }\n" + _function(scripts["rocky-9"], "gp_epel_baseurl")
+    call = f'gp_epel_baseurl {repo} https://epel.mirror.test/base; echo "changed=${{GP_CHANGED:-0}}"'
+    first = subprocess.run(["bash", "-c", lib + call], capture_output=True, text=True, check=True)
+    text = repo.read_text()
+    assert "baseurl=https://epel.mirror.test/base/$releasever/Everything/$basearch/\n" in text
+    assert "baseurl=https://epel.mirror.test/base/$releasever/Everything/$basearch/debug/\n" in text
+    assert "\nmetalink=" not in text and "#metalink=https://mirrors.fedoraproject.org/" in text
+    assert "gpgkey=file:///etc/pki/rpm-gpg/RPM-GPG-KEY-EPEL-$releasever" in text  # EPEL's key, as it was
+    assert first.stdout.endswith("changed=1\n")
+    again = subprocess.run(["bash", "-c", lib + call], capture_output=True, text=True, check=True)
+    assert again.stdout == "changed=0\n" and repo.read_text() == text
+    shown = {(r["step"], r["key"]) for r in make_plan(NodeRequest(gpu="L4", os="rocky-9")).step_sources()}
+    assert ("nvidia-driver", "epel") in shown
+    shown = {(r["step"], r["key"]) for r in make_plan(NodeRequest(gpu="L4", os="ubuntu-24.04")).step_sources()}
+    assert ("nvidia-driver", "epel") not in shown

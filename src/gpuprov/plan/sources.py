@@ -9,6 +9,9 @@ stand in for. Pure.
     miniforge          Miniforge's releases, {base}/{version}/Miniforge3-{version}-Linux-{arch}.sh (the pinned release)
     docker             Docker's repositories ({base}/centos/docker-ce.repo, {base}/rhel/...)
     container_toolkit  NVIDIA's container toolkit repository ({base}/gpgkey, {base}/stable/deb/..., .../rpm/...)
+    epel               EPEL, Fedora's layout ({base}/9/Everything/x86_64/, {base}/epel-release-latest-9.noarch.rpm,
+                       {base}/RPM-GPG-KEY-EPEL-9): the driver step's DKMS on Rocky and RHEL
+    conda              the conda channels' host ({base}/conda-forge): what `conda create` reads for a conda env
 
 Set, lowest first: the built-in origins (DEFAULTS), config.toml's `[sources]`, a playbook's `sources:`, then
 `--sources FILE|PRESET`. Each layer sets only the keys it names: a preset without a `pypi` keeps whatever the
@@ -56,6 +59,8 @@ class Sources(BaseModel):
     miniforge: Url | None = None
     docker: Url | None = None
     container_toolkit: Url | None = None
+    epel: Url | None = None
+    conda: Url | None = None
 
     @field_validator("*")
     @classmethod
@@ -74,15 +79,17 @@ DEFAULTS = Sources(
     miniforge="https://github.com/conda-forge/miniforge/releases/download",
     docker="https://download.docker.com/linux",
     container_toolkit="https://nvidia.github.io/libnvidia-container",
+    epel="https://dl.fedoraproject.org/pub/epel",
+    conda="https://conda.anaconda.org",
 )
 
 # which keys each step's downloads come from (plan shows them): fabric-manager and cuda-toolkit install from the
-# repository the driver step sets up
+# repository the driver step sets up; EPEL only where the OS takes DKMS from it, conda only for a conda env
 STEP_KEYS: dict[str, tuple[str, ...]] = {
-    "nvidia-driver": ("nvidia",),
+    "nvidia-driver": ("nvidia", "epel"),
     "fabric-manager": ("nvidia",),
     "cuda-toolkit": ("nvidia",),
-    "python-env": ("uv", "miniforge"),
+    "python-env": ("uv", "miniforge", "conda"),
     "pytorch": ("torch",),
     "packages": ("pypi",),
     "jupyter": ("pypi",),
