@@ -116,10 +116,11 @@ def test_no_rendered_script_names_a_host_outside_the_map(tmp_path: Path) -> None
             hosts = _hosts(script.text)
             assert hosts <= allowed, (key, script.name, hosts - allowed)
             seen |= hosts
-    # every key is fetched by some step (no shipped playbook takes conda: Miniforge's and the conda channels' are the
-    # conda render's, test_a_conda_env_reads_its_channels_from_the_map); the repository files a mirror copies are read
-    # from it
-    assert seen == allowed - {"miniforge.mirror.test", "conda.mirror.test"}
+    # every key is fetched by some step (no shipped playbook takes conda or data: entries: Miniforge's, the conda
+    # channels' and the AWS CLI's are test_a_conda_env_reads_its_channels_from_the_map's and
+    # test_behind_a_mirror_the_aws_cli_is_the_pinned_release_from_the_map's); the repository files a mirror copies are
+    # read from it
+    assert seen == allowed - {"miniforge.mirror.test", "conda.mirror.test", "awscli.mirror.test"}
     assert any("gp_rebase_list \"$list\"" in s.text for b in bundles.values() for s in b.scripts)
     # the mirrored renders are shellcheck-clean: the steps that download, once per package family and Amazon Linux
     # (test_templates checks the rest, which a mirror leaves as they are)
@@ -282,3 +283,34 @@ def test_epel_is_read_from_the_map_and_its_release_package_checked_against_epels
     assert ("nvidia-driver", "epel") in shown
     shown = {(r["step"], r["key"]) for r in make_plan(NodeRequest(gpu="L4", os="ubuntu-24.04")).step_sources()}
     assert ("nvidia-driver", "epel") not in shown
+
+
+def test_behind_a_mirror_the_aws_cli_is_the_pinned_release_from_the_map(tmp_path: Path) -> None:
+    """The data steps' AWS CLI: the snap store at the origin (as before), the pinned release from the map's `awscli`
+    behind a mirror; a file of another sha256 is refused, naming the source, and never run."""
+    pb = tmp_path / "data.yml"
+    pb.write_text("name: data\nstack: none\nenv: null\ndata:\n  - from: s3://my-data/datasets/x\n    to: /data/x\n"
+                  "  - from: /work/ckpt\n    to: s3://my-ckpt/run1\n    when: stop\n")
+    mirrored = make_plan(NodeRequest(gpu="L4", playbook=str(pb), sources=MIRROR))
+    fetch = next(s.text for s in mirrored.bundle().scripts if s.name == "data-fetch")
+    pinned = sources.installers()["awscli"]
+    assert _hosts(fetch) == {"awscli.mirror.test", "pypi.mirror.test"}  # lib.sh's pip index
+    assert f'url="https://awscli.mirror.test/base/awscli-exe-linux-$(uname -m)-{pinned.version}.zip"' in fetch
+    assert {("data-fetch", "awscli"), ("data-save", "awscli")} <= {(r["step"], r["key"]) for r in mirrored.step_sources()}
+    origin = make_plan(NodeRequest(gpu="L4", playbook=str(pb)))
+    assert "awscli-exe" not in next(s.text for s in origin.bundle().scripts if s.name == "data-fetch")
+    assert not [r for r in origin.step_sources() if r["key"] == "awscli"]  # the snap store, not the map
+    # the host: no aws anywhere, and a mirror serving its own zip
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "curl").write_text('#!/bin/sh\nwhile [ "$1" != -o ]; do shift; done\necho not-aws > "$2"\n')
+    (bin_dir / "curl").chmod(0o755)
+    lib = ('gp_die() { echo "DIED: $*"; exit 1; }\ngp_log() { :; }\ngp_retry() { shift; "$@"; }\n'
+           + _function(fetch, "gp_need_aws") + "gp_need_aws\n")
+    run = subprocess.run(["bash", "-c", lib], capture_output=True, text=True,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    arch = subprocess.run(["uname", "-m"], capture_output=True, text=True, check=True).stdout.strip()
+    source = f"https://awscli.mirror.test/base/awscli-exe-linux-{arch}-{pinned.version}.zip"
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"DIED: {source} served a file of sha256 " in run.stdout
+    assert f"not the pinned {pinned.sha256[arch]}: refused, not run" in run.stdout

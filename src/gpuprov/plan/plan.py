@@ -164,7 +164,9 @@ class Plan:
                 for s in self.steps for key, url, where in self.sources.for_step(s.name)
                 if not (s.name == "python-env" and self.playbook.env
                         and key not in (("uv",) if self.playbook.env.manager == "uv" else ("miniforge", "conda")))
-                and not (key == "epel" and not (self.stack and oses.info(self.stack.os).epel))]
+                and not (key == "epel" and not (self.stack and oses.info(self.stack.os).epel))
+                # at its origin the AWS CLI comes from the snap store, not from the map
+                and not (key == "awscli" and key not in self.sources.mirrored)]
 
     def summary(self) -> dict[str, Any]:
         """The plan as JSON-ready data (what `plan --json` prints and manifest.json records)."""

@@ -12,6 +12,8 @@ stand in for. Pure.
     epel               EPEL, Fedora's layout ({base}/9/Everything/x86_64/, {base}/epel-release-latest-9.noarch.rpm,
                        {base}/RPM-GPG-KEY-EPEL-9): the driver step's DKMS on Rocky and RHEL
     conda              the conda channels' host ({base}/conda-forge): what `conda create` reads for a conda env
+    awscli             the AWS CLI's installers, {base}/awscli-exe-linux-{arch}-{version}.zip (the pinned release): the
+                       data steps' CLI when a host lacks one; at its origin the snap store installs it instead
 
 Set, lowest first: the built-in origins (DEFAULTS), config.toml's `[sources]`, a playbook's `sources:`, then
 `--sources FILE|PRESET`. Each layer sets only the keys it names: a preset without a `pypi` keeps whatever the
@@ -61,6 +63,7 @@ class Sources(BaseModel):
     container_toolkit: Url | None = None
     epel: Url | None = None
     conda: Url | None = None
+    awscli: Url | None = None
 
     @field_validator("*")
     @classmethod
@@ -81,6 +84,7 @@ DEFAULTS = Sources(
     container_toolkit="https://nvidia.github.io/libnvidia-container",
     epel="https://dl.fedoraproject.org/pub/epel",
     conda="https://conda.anaconda.org",
+    awscli="https://awscli.amazonaws.com",
 )
 
 # which keys each step's downloads come from (plan shows them): fabric-manager and cuda-toolkit install from the
@@ -94,6 +98,8 @@ STEP_KEYS: dict[str, tuple[str, ...]] = {
     "packages": ("pypi",),
     "jupyter": ("pypi",),
     "docker": ("docker", "container_toolkit"),
+    "data-fetch": ("awscli",),
+    "data-save": ("awscli",),
 }
 
 
