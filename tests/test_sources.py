@@ -314,3 +314,37 @@ def test_behind_a_mirror_the_aws_cli_is_the_pinned_release_from_the_map(tmp_path
     assert run.returncode == 1, run.stdout + run.stderr
     assert f"DIED: {source} served a file of sha256 " in run.stdout
     assert f"not the pinned {pinned.sha256[arch]}: refused, not run" in run.stdout
+
+
+def test_uv_is_its_pinned_release_and_a_changed_archive_is_refused(tmp_path: Path) -> None:
+    """uv comes as its release archive from the map's `uv`, pinned by sha256 (data/sources.yaml; the tests' facts
+    folder pins the test hosts' stand-in the way a newer release would be: installers.yaml); a file of another sha256
+    is refused, naming the source, and never unpacked."""
+    step = next(s.text for s in make_plan(NodeRequest(gpu="L4", sources=MIRROR)).bundle().scripts
+                if s.name == "python-env")
+    pinned = sources.installers()["uv"]
+    assert f'url="https://uv.mirror.test/base/{pinned.version}/$uv_release.tar.gz"' in step
+    assert f"aarch64) want_sha={pinned.sha256['aarch64']} ;;" in step
+    assert step.index('gp_sha256 "$tmp/$uv_release.tar.gz" "$url" "$want_sha"') < step.index("tar -xzf")
+    shipped = sources._shipped_installers()["uv"]
+    assert shipped.version == pinned.version and set(shipped.sha256) == {"x86_64", "aarch64"}
+    (tmp_path / "uv.tar.gz").write_bytes(b"a mirror's own uv\n")
+    lib = 'gp_die() { echo "DIED: $*"; exit 1; }\n' + _function(step, "gp_sha256")
+    source = f"https://uv.mirror.test/base/{pinned.version}/uv-x86_64-unknown-linux-musl.tar.gz"
+    refused = subprocess.run(["bash", "-c", lib + f'gp_sha256 {tmp_path / "uv.tar.gz"} {source} '
+                              f'{shipped.sha256["x86_64"]}'], capture_output=True, text=True)
+    assert refused.returncode == 1
+    assert f"DIED: {source} served a file of sha256 " in refused.stdout
+    assert f"not the pinned {shipped.sha256['x86_64']}: refused, not run" in refused.stdout
+
+
+def test_a_bad_installers_overlay_is_blamed_on_its_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUPROV_FACTS_DIR", str(tmp_path))
+    assert sources.installers() == sources._shipped_installers()  # none: the shipped pins
+    (tmp_path / "installers.yaml").write_text("uv:\n  version: 0.13.0\n  sha256: {x86_64: nothex}\n  source: me\n")
+    with pytest.raises(UserInputError) as exc:
+        sources.installers()
+    assert exc.value.field == f"{tmp_path / 'installers.yaml'}: uv.sha256.x86_64"
+    (tmp_path / "installers.yaml").write_text("pip: {}\n")
+    with pytest.raises(UserInputError, match="pip is not a pinned installer"):
+        sources.installers()

@@ -5,7 +5,7 @@ stand in for. Pure.
                        {base}/{distro}/{arch}/ (ubuntu2404/x86_64, rhel9/sbsa), as every mirror of it keeps it
     pypi               a simple index (PEP 503) the env's packages and JupyterLab come from
     torch              the PyTorch wheel index; {base}/{variant}/ (cu128) is the simple index of one build
-    uv                 the uv installer script
+    uv                 uv's releases, {base}/{version}/uv-{arch}-unknown-linux-musl.tar.gz (the pinned release)
     miniforge          Miniforge's releases, {base}/{version}/Miniforge3-{version}-Linux-{arch}.sh (the pinned release)
     docker             Docker's repositories ({base}/centos/docker-ce.repo, {base}/rhel/...)
     container_toolkit  NVIDIA's container toolkit repository ({base}/gpgkey, {base}/stable/deb/..., .../rpm/...)
@@ -28,7 +28,8 @@ mirror, while the packages are still checked against the origin's signing keys.
 
 A mirror cannot change what is installed: when a key is not its origin, a signing key it serves (the cuda-keyring's,
 a `.repo` file's `gpgkey`, the toolkit's) is used only when its fingerprint is one data/sources.yaml pins for that
-origin (`pinned_keys`, the steps' gp_pinned_key), and Miniforge is a pinned release checked by sha256 (`installers`).
+origin (`pinned_keys`, the steps' gp_pinned_key), and uv, Miniforge and (behind a mirror) the AWS CLI are pinned
+releases checked by sha256 (`installers`; an `installers.yaml` in the facts folder replaces an entry whole).
 `--sources FILE|PRESET` is read by spec.load_sources (a file goes through the playbooks' YAML loader).
 """
 
@@ -38,9 +39,11 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Annotated, Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpuprov.errors import UserInputError
+from gpuprov.paths import facts_dir
 from gpuprov.resources import load_data
 
 # a URL base a shell word can carry, bare or in double quotes: http(s), a host, a path, and nothing a shell or sed
@@ -78,7 +81,7 @@ DEFAULTS = Sources(
     nvidia="https://developer.download.nvidia.com/compute/cuda/repos",
     pypi="https://pypi.org/simple",
     torch="https://download.pytorch.org/whl",
-    uv="https://astral.sh/uv/install.sh",
+    uv="https://github.com/astral-sh/uv/releases/download",
     miniforge="https://github.com/conda-forge/miniforge/releases/download",
     docker="https://download.docker.com/linux",
     container_toolkit="https://nvidia.github.io/libnvidia-container",
@@ -214,9 +217,37 @@ class Installer(BaseModel):
 
 
 @cache
-def installers() -> dict[str, Installer]:
+def _shipped_installers() -> dict[str, Installer]:
     data: dict[str, Any] = load_data("sources.yaml")
     return {key: Installer.model_validate(entry) for key, entry in data["installers"].items()}
+
+
+def installers() -> dict[str, Installer]:
+    """The pinned installers: the shipped ones, each replaced whole by the facts folder's `installers.yaml` when it
+    names it (a newer release with its sums; a bad file is bad input naming it)."""
+    shipped = _shipped_installers()
+    path = facts_dir() / "installers.yaml"
+    if not path.is_file():
+        return shipped
+    hint = "keys: " + ", ".join(shipped) + "; each with version, sha256 (per `uname -m`) and source; or delete the file"
+    try:
+        data = yaml.safe_load(path.read_text())
+        if not isinstance(data, dict):
+            raise UserInputError(str(path), "is not a mapping of installers", hint)
+        unknown = sorted(set(data) - set(shipped))
+        if unknown:
+            raise UserInputError(str(path), f"{', '.join(unknown)} is not a pinned installer", hint)
+    except (OSError, yaml.YAMLError) as exc:
+        raise UserInputError(str(path), f"cannot read it: {exc}", hint) from None
+    out = dict(shipped)
+    for key, entry in data.items():
+        try:
+            out[key] = Installer.model_validate(entry)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in (key, *err["loc"]))
+            raise UserInputError(f"{path}: {where}", err["msg"], hint) from None
+    return out
 
 
 def check(data: Any, where: str) -> Sources:
