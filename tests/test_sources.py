@@ -25,6 +25,8 @@ SHELLCHECK = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(P
 MIRROR = sources.Sources(**{k: f"https://{k.replace('_', '-')}.mirror.test/base" for k in sources.KEYS})
 # what a rendered step may name besides the map: EC2's metadata address (guards)
 NOT_DOWNLOADS = {"169.254.169.254"}
+# what lib.sh names in every step behind MIRROR: pip's index, Ubuntu's archive (read before apt's first update)
+IN_EVERY_STEP = {"pypi.mirror.test", "ubuntu.mirror.test", "ubuntu-ports.mirror.test"}
 
 
 def _hosts(text: str) -> set[str]:
@@ -228,7 +230,7 @@ def test_a_conda_env_reads_its_channels_from_the_map(tmp_path: Path) -> None:
     step = next(s.text for s in make_plan(NodeRequest(gpu="L4", playbook=str(pb), sources=MIRROR)).bundle().scripts
                 if s.name == "python-env")
     assert "--override-channels -c https://conda.mirror.test/base/conda-forge" in step
-    assert _hosts(step) == {"miniforge.mirror.test", "conda.mirror.test", "pypi.mirror.test"}  # pip's index
+    assert _hosts(step) - IN_EVERY_STEP == {"miniforge.mirror.test", "conda.mirror.test"}
     origin = next(s.text for s in make_plan(NodeRequest(gpu="L4", playbook=str(pb))).bundle().scripts
                   if s.name == "python-env")
     assert "--override-channels" not in origin  # Miniforge's own channels, as before
@@ -268,8 +270,8 @@ def test_epel_is_read_from_the_map_and_its_release_package_checked_against_epels
             in rhel)
     repo = tmp_path / "epel.repo"
     repo.write_text(EPEL_REPO)
-    lib = "gp_log() { echo \"LOG: $*\"; }\n" + _function(scripts["rocky-9"], "gp_epel_baseurl")
-    call = f'gp_epel_baseurl {repo} https://epel.mirror.test/base; echo "changed=${{GP_CHANGED:-0}}"'
+    lib = "gp_log() { echo \"LOG: $*\"; }\n" + _function(scripts["rocky-9"], "gp_repo_baseurl")
+    call = f'gp_repo_baseurl {repo} https://epel.mirror.test/base; echo "changed=${{GP_CHANGED:-0}}"'
     first = subprocess.run(["bash", "-c", lib + call], capture_output=True, text=True, check=True)
     text = repo.read_text()
     assert "baseurl=https://epel.mirror.test/base/$releasever/Everything/$basearch/\n" in text
@@ -294,7 +296,7 @@ def test_behind_a_mirror_the_aws_cli_is_the_pinned_release_from_the_map(tmp_path
     mirrored = make_plan(NodeRequest(gpu="L4", playbook=str(pb), sources=MIRROR))
     fetch = next(s.text for s in mirrored.bundle().scripts if s.name == "data-fetch")
     pinned = sources.installers()["awscli"]
-    assert _hosts(fetch) == {"awscli.mirror.test", "pypi.mirror.test"}  # lib.sh's pip index
+    assert _hosts(fetch) - IN_EVERY_STEP == {"awscli.mirror.test"}
     assert f'url="https://awscli.mirror.test/base/awscli-exe-linux-$(uname -m)-{pinned.version}.zip"' in fetch
     assert {("data-fetch", "awscli"), ("data-save", "awscli")} <= {(r["step"], r["key"]) for r in mirrored.step_sources()}
     origin = make_plan(NodeRequest(gpu="L4", playbook=str(pb)))
@@ -348,3 +350,68 @@ def test_a_bad_installers_overlay_is_blamed_on_its_file(tmp_path: Path, monkeypa
     (tmp_path / "installers.yaml").write_text("pip: {}\n")
     with pytest.raises(UserInputError, match="pip is not a pinned installer"):
         sources.installers()
+
+
+UBUNTU_2404 = """Types: deb
+URIs: http://us-east-1.ec2.archive.ubuntu.com/ubuntu/
+Suites: noble noble-updates noble-backports
+Components: main restricted universe multiverse
+Signed-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg
+
+Types: deb
+URIs: http://security.ubuntu.com/ubuntu/
+Suites: noble-security
+Components: main restricted universe multiverse
+Signed-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg
+"""
+UBUNTU_2204_ARM = "deb http://ports.ubuntu.com/ubuntu-ports/ jammy main restricted\n"
+ROCKY_REPO = """[baseos]
+name=Rocky Linux $releasever - BaseOS
+mirrorlist=https://mirrors.rockylinux.org/mirrorlist?arch=$basearch&repo=BaseOS-$releasever$rltype
+#baseurl=http://dl.rockylinux.org/$contentdir/$releasever/BaseOS/$basearch/os/
+gpgcheck=1
+gpgkey=file:///etc/pki/rpm-gpg/RPM-GPG-KEY-Rocky-9
+"""
+
+
+def test_the_os_archive_is_read_from_the_map_only_when_set(tmp_path: Path) -> None:
+    """Ubuntu's archive (EC2's regional copy and security alike, the deb822 and one-line files) and Rocky's own
+    repositories are read from the map's ubuntu, ubuntu_ports and rocky; left as the image has them when unset."""
+    ubuntu = next(s.text for s in make_plan(NodeRequest(gpu="L4", os="ubuntu-24.04", sources=MIRROR)).bundle().scripts
+                  if s.name == "nvidia-driver")
+    root = tmp_path / "root"
+    (root / "etc/apt/sources.list.d").mkdir(parents=True)
+    (root / "etc/apt/sources.list.d/ubuntu.sources").write_text(UBUNTU_2404)
+    (root / "etc/apt/sources.list").write_text(UBUNTU_2204_ARM)
+    (root / "etc/apt/sources.list.d/cuda.list").write_text("deb https://nvidia.mirror.test/base/ubuntu2404/x86_64/ /\n")
+    lib = "gp_log() { :; }\n" + _function(ubuntu, "gp_os_archive")
+    run = subprocess.run(["bash", "-c", lib + f'GP_ROOT={root}; gp_os_archive; echo "changed=${{GP_CHANGED:-0}}"'],
+                         capture_output=True, text=True, check=True)
+    assert run.stdout == "changed=1\n"
+    text = (root / "etc/apt/sources.list.d/ubuntu.sources").read_text()
+    assert text == UBUNTU_2404.replace("http://us-east-1.ec2.archive.ubuntu.com/ubuntu/", "https://ubuntu.mirror.test/base/") \
+        .replace("http://security.ubuntu.com/ubuntu/", "https://ubuntu.mirror.test/base/")  # Ubuntu's keyring kept
+    assert (root / "etc/apt/sources.list").read_text() == "deb https://ubuntu-ports.mirror.test/base/ jammy main restricted\n"
+    assert "nvidia.mirror.test" in (root / "etc/apt/sources.list.d/cuda.list").read_text()  # not Ubuntu's: left
+    again = subprocess.run(["bash", "-c", lib + f'GP_ROOT={root}; gp_os_archive; echo "changed=${{GP_CHANGED:-0}}"'],
+                           capture_output=True, text=True, check=True)
+    assert again.stdout == "changed=0\n"
+    assert ubuntu.index("  gp_os_archive\n") < ubuntu.index("gp_retry 5 gp_locked apt-get -q update")
+    rocky = next(s.text for s in make_plan(NodeRequest(gpu="L4", os="rocky-9", sources=MIRROR)).bundle().scripts
+                 if s.name == "kernel-headers")
+    assert 'for repo_file in "${GP_ROOT}"/etc/yum.repos.d/[Rr]ocky*.repo; do\n  gp_repo_baseurl "$repo_file" ' \
+           "https://rocky.mirror.test/base\n" in rocky
+    repo = tmp_path / "rocky.repo"
+    repo.write_text(ROCKY_REPO)
+    lib = "gp_log() { :; }\n" + _function(rocky, "gp_repo_baseurl")
+    subprocess.run(["bash", "-c", lib + f"gp_repo_baseurl {repo} https://rocky.mirror.test/base"], check=True)
+    assert "baseurl=https://rocky.mirror.test/base/$releasever/BaseOS/$basearch/os/\n" in repo.read_text()
+    assert "\n#mirrorlist=" in repo.read_text() and "gpgkey=file:///etc/pki/rpm-gpg/RPM-GPG-KEY-Rocky-9" in repo.read_text()
+    # shown where they apply, and only when set
+    rows = {(r["step"], r["key"]) for r in make_plan(NodeRequest(gpu="L4", os="rocky-9", sources=MIRROR)).step_sources()}
+    assert ("kernel-headers", "rocky") in rows and not {k for _, k in rows} & {"ubuntu", "ubuntu_ports"}
+    rows = {(r["step"], r["key"]) for r in make_plan(NodeRequest(gpu="L4", os="ubuntu-24.04", sources=MIRROR)).step_sources()}
+    assert ("nvidia-driver", "ubuntu") in rows and not {k for _, k in rows} & {"rocky", "ubuntu_ports"}
+    plain = make_plan(NodeRequest(gpu="L4", os="ubuntu-24.04")).bundle().scripts
+    assert not any("gp_os_archive" in s.text for s in plain)
+    assert not {k for r in make_plan(NodeRequest(gpu="L4")).step_sources() for k in [r["key"]]} & set(sources.OS_KEYS)

@@ -166,7 +166,9 @@ class Plan:
                         and key not in (("uv",) if self.playbook.env.manager == "uv" else ("miniforge", "conda")))
                 and not (key == "epel" and not (self.stack and oses.info(self.stack.os).epel))
                 # at its origin the AWS CLI comes from the snap store, not from the map
-                and not (key == "awscli" and key not in self.sources.mirrored)]
+                and not (key == "awscli" and key not in self.sources.mirrored)
+                and not (key in sources.OS_KEYS and not (self.stack and self.sources.os_key_applies(
+                    key, self.stack.os, self.stack.cpu_arch)))]
 
     def summary(self) -> dict[str, Any]:
         """The plan as JSON-ready data (what `plan --json` prints and manifest.json records)."""

@@ -12,6 +12,10 @@ stand in for. Pure.
     epel               EPEL, Fedora's layout ({base}/9/Everything/x86_64/, {base}/epel-release-latest-9.noarch.rpm,
                        {base}/RPM-GPG-KEY-EPEL-9): the driver step's DKMS on Rocky and RHEL
     conda              the conda channels' host ({base}/conda-forge): what `conda create` reads for a conda env
+    ubuntu             Ubuntu's own archive (archive, security and EC2's regional copies of it), {base}/dists/...;
+    ubuntu_ports       its arm64 counterpart (ports.ubuntu.com/ubuntu-ports); both optional: at their origins the
+                       host's apt sources are left as the image has them
+    rocky              Rocky Linux's own repositories, {base}/{release}/BaseOS/{arch}/os/ (optional, as above)
     awscli             the AWS CLI's installers, {base}/awscli-exe-linux-{arch}-{version}.zip (the pinned release): the
                        data steps' CLI when a host lacks one; at its origin the snap store installs it instead
 
@@ -67,6 +71,9 @@ class Sources(BaseModel):
     epel: Url | None = None
     conda: Url | None = None
     awscli: Url | None = None
+    ubuntu: Url | None = None
+    ubuntu_ports: Url | None = None
+    rocky: Url | None = None
 
     @field_validator("*")
     @classmethod
@@ -88,19 +95,25 @@ DEFAULTS = Sources(
     epel="https://dl.fedoraproject.org/pub/epel",
     conda="https://conda.anaconda.org",
     awscli="https://awscli.amazonaws.com",
+    ubuntu="http://archive.ubuntu.com/ubuntu",
+    ubuntu_ports="http://ports.ubuntu.com/ubuntu-ports",
+    rocky="https://dl.rockylinux.org/pub/rocky",
 )
 
 # which keys each step's downloads come from (plan shows them): fabric-manager and cuda-toolkit install from the
 # repository the driver step sets up; EPEL only where the OS takes DKMS from it, conda only for a conda env
+# the OS's own archive keys (optional) for the steps that install the OS's packages, shown when set and the OS's
+OS_KEYS = ("ubuntu", "ubuntu_ports", "rocky")
 STEP_KEYS: dict[str, tuple[str, ...]] = {
-    "nvidia-driver": ("nvidia", "epel"),
+    "kernel-headers": OS_KEYS,
+    "nvidia-driver": ("nvidia", "epel", *OS_KEYS),
     "fabric-manager": ("nvidia",),
     "cuda-toolkit": ("nvidia",),
     "python-env": ("uv", "miniforge", "conda"),
     "pytorch": ("torch",),
     "packages": ("pypi",),
     "jupyter": ("pypi",),
-    "docker": ("docker", "container_toolkit"),
+    "docker": ("docker", "container_toolkit", *OS_KEYS),
     "data-fetch": ("awscli",),
     "data-save": ("awscli",),
 }
@@ -156,6 +169,14 @@ class Effective:
 
     def hosts(self) -> set[str]:
         return {u.split("/")[2].split(":")[0] for u in self.urls.values()}
+
+    def os_key_applies(self, key: str, os_name: str, cpu_arch: str) -> bool:
+        """An OS archive key (OS_KEYS) is read only when set and only on its distribution (ports: arm64 Ubuntu)."""
+        if key not in self.mirrored:
+            return False
+        if key == "rocky":
+            return os_name.startswith("rocky-")
+        return os_name.startswith("ubuntu-") and (key == "ubuntu_ports") == (cpu_arch == "aarch64")
 
     def for_step(self, step: str) -> tuple[tuple[str, str, str], ...]:
         """(key, URL, where set) of each source the step `step` downloads from."""
