@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import atexit
-import hashlib
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests import lanes, testnet
+from tests import lanes, shimdata, testnet
 from tests.machine import shared_user
 
 # the test hosts reboot in about a second, not a minute: look for them coming back more often than a user's run
@@ -28,19 +25,8 @@ atexit.register(shutil.rmtree, _FACTS_DIR, True)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIMS = ROOT / "tests" / "shims"
-
-
-def _pin_the_uv_stand_in() -> None:
-    """uv comes as its release archive pinned by sha256 (data/sources.yaml); the test hosts' curl serves a stand-in
-    (tests/shims/libexec/uv_release.sh), pinned here as a newer release would be: the facts folder's installers.yaml."""
-    sums = {arch: hashlib.sha256(subprocess.run([str(SHIMS / "libexec" / "uv_release.sh"), arch], check=True,
-                                                capture_output=True).stdout).hexdigest()
-            for arch in ("x86_64", "aarch64")}
-    (Path(_FACTS_DIR) / "installers.yaml").write_text(yaml.safe_dump({"uv": {
-        "version": "0.12.21", "sha256": sums, "source": "tests/shims/libexec/uv_release.sh (the test hosts' stand-in)"}}))
-
-
-_pin_the_uv_stand_in()
+# uv's release archive as the shimmed hosts serve it, pinned in the session's facts folder
+shimdata.pin_uv_stand_in(Path(_FACTS_DIR))
 SUDO_USER = "gpuprov-sudoer"  # a login user that becomes root through `sudo -n`, like `ubuntu` on EC2
 REAL_UNITS = "prometheus-node-exporter,gpuprov-gpu-metrics,nvidia-dcgm,nvidia-dcgm-exporter"
 # every ssh session on the test hosts: the fake root the steps write into, and the test time scale of the
