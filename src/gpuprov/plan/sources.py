@@ -101,8 +101,8 @@ DEFAULTS = Sources(
 )
 
 # which keys each step's downloads come from (plan shows them): fabric-manager and cuda-toolkit install from the
-# repository the driver step sets up; EPEL only where the OS takes DKMS from it, conda only for a conda env
-# the OS's own archive keys (optional) for the steps that install the OS's packages, shown when set and the OS's
+# repository the driver step sets up; EPEL only where the OS takes DKMS from it, conda only for a conda env, the OS's
+# own archive (optional) on the steps that install the OS's packages, only when set and on its distribution
 OS_KEYS = ("ubuntu", "ubuntu_ports", "rocky")
 STEP_KEYS: dict[str, tuple[str, ...]] = {
     "kernel-headers": OS_KEYS,
