@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests import lanes, testnet
+from tests import lanes, shimdata, testnet
 from tests.machine import shared_user
 
 # the test hosts reboot in about a second, not a minute: look for them coming back more often than a user's run
@@ -25,6 +25,8 @@ atexit.register(shutil.rmtree, _FACTS_DIR, True)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIMS = ROOT / "tests" / "shims"
+# uv's release archive as the shimmed hosts serve it, pinned in the session's facts folder
+shimdata.pin_uv_stand_in(Path(_FACTS_DIR))
 SUDO_USER = "gpuprov-sudoer"  # a login user that becomes root through `sudo -n`, like `ubuntu` on EC2
 REAL_UNITS = "prometheus-node-exporter,gpuprov-gpu-metrics,nvidia-dcgm,nvidia-dcgm-exporter"
 # every ssh session on the test hosts: the fake root the steps write into, and the test time scale of the

@@ -6,9 +6,28 @@ tests/shims, and in bash, so they read a flat copy; tests/test_fake_torch.py fai
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
 from pathlib import Path
 
+import yaml
+
 WHEEL_ARCHS = Path(__file__).resolve().parent / "shims" / "data" / "wheel-archs.tsv"
+UV_RELEASE = Path(__file__).resolve().parent / "shims" / "libexec" / "uv_release.sh"
+
+
+def pin_uv_stand_in(facts_dir: Path) -> None:
+    """uv comes as its release archive pinned by sha256 (data/sources.yaml); the shimmed hosts' curl serves a
+    stand-in (tests/shims/libexec/uv_release.sh, byte-stable), pinned here as a newer release would be: the facts
+    folder's installers.yaml. For the tests' facts folder (tests/conftest.py) and the sandbox's (tools/sandbox.py)."""
+    from gpuprov.plan import sources
+
+    shipped = sources._shipped_installers()["uv"]
+    sums = {arch: hashlib.sha256(subprocess.run([str(UV_RELEASE), arch], check=True, capture_output=True).stdout)
+            .hexdigest() for arch in shipped.sha256}
+    facts_dir.mkdir(parents=True, exist_ok=True)
+    (facts_dir / "installers.yaml").write_text(yaml.safe_dump({"uv": {
+        "version": shipped.version, "sha256": sums, "source": f"{UV_RELEASE.name} (the shimmed hosts' stand-in)"}}))
 
 
 def wheel_archs_tsv() -> str:

@@ -9,7 +9,10 @@ before anything else is installed, naming the package and what the repository ha
 the pinned branch and holds it; a rerun changes nothing and asks for no reboot; a newer point release in
 the repository leaves the host as it is; a dpkg lock held by another process is waited for (and a lock
 that stays held fails clearly); a package the repository lacks fails before apt-get installs anything,
-naming what the repository has.
+naming what the repository has. Through a mirror (tests/realapt/mirror.py: the same repository signed, at a second
+URL over HTTP): the keyring's key is checked against the pinned fingerprint, the list that names NVIDIA's host is read
+from the mirror, and apt installs from it; a mirror whose keyring holds another key is refused, nothing of it
+installed.
 
 Needs root (chroot) and, the first time, the distribution's mirror (debootstrap). Without them it
 skips, except under CI=true, where it fails.
@@ -29,10 +32,12 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov.plan import sources
 from gpuprov.plan.plan import NodeRequest, make_plan
 from gpuprov.plan.render import Script
 from gpuprov.plan.stack import StackPins
-from tests.realapt import chroot, repo
+from tests import indexsite
+from tests.realapt import chroot, mirror, repo
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # a debootstrapped chroot: root and system packages
 
@@ -164,6 +169,7 @@ class Story:
     cold_seconds: float
     no_toolkit: Run
     no_toolkit_installed: list[str]
+    mirrored: Mirrored
 
 
 @pytest.fixture(scope="module")
@@ -229,8 +235,56 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
     locker = _hold_locks(root, 3)
     lock_wait = host.step(steps["cuda-toolkit"])
     locker.join()
+    mirrored = _through_a_mirror(host, tmp_path_factory.mktemp("real-apt-mirror"))
     yield Story(host, first, second, newer, one_call, upgrade, held_install, lock_wait, cold, no_toolkit,
-                no_toolkit_installed)
+                no_toolkit_installed, mirrored)
+
+
+@dataclass
+class Mirrored:
+    runs: list[Run]  # the driver and toolkit steps
+    listed: str
+    toolkit: str  # the version installed from the mirror
+    requests: list[str]
+    other_key: Run
+    other_key_installed: str
+    seconds: float
+
+
+def _through_a_mirror(host: Chroot, where: Path) -> Mirrored:
+    """The driver step again on the installed host, its cuda-keyring gone, with `nvidia` at a mirror on this machine
+    (a second URL serving the same repository, signed as the origin is); then at a mirror whose keyring holds
+    another key. The pinned fingerprint is the test key standing for NVIDIA's."""
+    start = time.monotonic()
+    nvidia, own = mirror.new_key(where / "nvidia-key", "nvidia"), mirror.new_key(where / "own-key", "mirror")
+    mirror.give_gpg(host.root)
+    repo_dir = host.root / repo.REPO_IN_CHROOT.lstrip("/")
+    mirror.build(where / "site", repo_dir, signed_by=nvidia, keyring_key=nvidia)
+    mirror.build(where / "site-own", repo_dir, signed_by=own, keyring_key=own)
+    pins = {**sources.pinned_keys(), "nvidia": (nvidia.fingerprint,)}
+
+    def planned(base: str) -> dict[str, Script]:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sources, "pinned_keys", lambda: pins)
+            plan = make_plan(NodeRequest(gpu="A100:8", os="ubuntu-24.04", playbook="cuda-dev",
+                                         pins=StackPins(driver=BRANCH, cuda="13.0"),
+                                         sources=sources.Sources(nvidia=f"{base}/nvidia")))
+            return {s.name: s for s in plan.bundle().scripts}
+
+    # the toolkit removed, so that apt reads the mirror's index and installs from it
+    host.sh("dpkg --purge cuda-keyring && apt-get -q -y remove cuda-toolkit-13-0")
+    with indexsite.serve(where / "site") as (base, requests):
+        steps = planned(base)
+        runs = [host.step(steps["nvidia-driver"]), host.step(steps["cuda-toolkit"])]
+    listed = (host.root / "etc/apt/sources.list.d/cuda-ubuntu2404-x86_64.list").read_text()
+    toolkit = host.version("cuda-toolkit-13-0")
+    host.sh("dpkg --purge cuda-keyring")
+    with indexsite.serve(where / "site-own") as (base, _):
+        other = host.step(planned(base)["nvidia-driver"])
+    other_installed = host.sh("dpkg-query -W -f='${Status}' cuda-keyring 2>/dev/null || true", check=False).stdout
+    # the host as the other tests expect it: NVIDIA's repository from the chroot's folder
+    host.sh(f"dpkg -i {repo.REPO_IN_CHROOT}/cuda-keyring_1.1-1_all.deb && apt-get -q update")
+    return Mirrored(runs, listed, toolkit, [path for path, _ in requests], other, other_installed, time.monotonic() - start)
 
 
 def _summary(runs: list[Run]) -> str:
@@ -321,6 +375,28 @@ def test_a_package_the_repository_lacks_fails_before_apt_installs_it(story: Stor
     assert "apt-get install" not in run.stderr
 
 
+def test_through_a_mirror_the_driver_step_reads_the_mirror_and_checks_its_key(story: Story) -> None:
+    """The keyring from the mirror, its key the pinned one; its list (which names NVIDIA's host) read from the mirror;
+    apt checks the mirror's InRelease against that key and installs the toolkit from there."""
+    assert [r.result for r in story.mirrored.runs] == ["changed", "changed"], _summary(story.mirrored.runs)
+    run = story.mirrored.runs[1]
+    assert story.mirrored.listed.startswith("deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+                                            "http://127.0.0.1:") and "/nvidia/ubuntu2404/x86_64/ /" in story.mirrored.listed
+    assert "/nvidia/ubuntu2404/x86_64/cuda-keyring_1.1-1_all.deb" in story.mirrored.requests
+    assert "/nvidia/ubuntu2404/x86_64/InRelease" in story.mirrored.requests, run.stderr  # apt read the mirror, signed
+    assert "/nvidia/ubuntu2404/x86_64/./cuda-toolkit-13-0_13.0.2-1_amd64.deb" in story.mirrored.requests
+    assert story.mirrored.toolkit == "13.0.2-1"
+    assert "developer.download.nvidia.com" not in "".join(story.mirrored.requests)
+
+
+def test_a_mirror_serving_another_signing_key_is_refused(story: Story) -> None:
+    run = story.mirrored.other_key
+    assert run.rc == 1 and run.result is None
+    assert "/nvidia/ubuntu2404/x86_64/cuda-keyring_1.1-1_all.deb served the signing key " in run.last, run.stderr[-2000:]
+    assert "not the origin's" in run.last and "refused, nothing from it is installed" in run.last
+    assert "install ok installed" not in story.mirrored.other_key_installed  # nothing of it installed
+
+
 @dataclass
 class ArmStory:
     host: Chroot
@@ -397,7 +473,8 @@ def test_an_aarch64_rerun_changes_nothing(arm: ArmStory) -> None:
 
 def test_report_times(story: Story) -> None:
     print(f"\nreal-apt chroot ready in {story.cold_seconds:.1f}s; first run "
-          f"{sum(r.seconds for r in story.first):.1f}s, second {sum(r.seconds for r in story.second):.1f}s")
+          f"{sum(r.seconds for r in story.first):.1f}s, second {sum(r.seconds for r in story.second):.1f}s; "
+          f"through the mirrors {story.mirrored.seconds:.1f}s")
 
 
 def test_stand_ins_are_bash_and_shellcheck_clean() -> None:

@@ -10,7 +10,10 @@ branch), Fabric Manager at the driver's exact version, version-locked, and the t
 rpm transaction). The docker step the same way (Amazon Linux's own `docker`, NVIDIA's container toolkit repository,
 the nvidia runtime in daemon.json, the daemon restarted only when that changed it). HGX B200 on Amazon Linux 2023's
 6.12 kernel (namespaced kernel6.12-devel, kernel6.12-modules-extra) and on Rocky 10: the running kernel's own devel
-package, and its modules-extra installed before ib_umad/mlx5_ib are loaded.
+package, and its modules-extra installed before ib_umad/mlx5_ib are loaded. Through a mirror (the same repository
+at a second URL over HTTP, its `.repo` file naming NVIDIA's host and key): the file read from the mirror, the key
+checked against the pinned fingerprint and kept, the toolkit installed from the mirror; a mirror serving another key
+is refused.
 
 Needs dnf, rpm, rpmbuild, createrepo_c and modifyrepo_c (tools/sysdeps.sh installs them); without them it skips,
 except under CI=true, where it fails.
@@ -22,15 +25,20 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gpuprov.plan import sources
 from gpuprov.plan.plan import NodeRequest, make_plan
 from gpuprov.plan.render import Bundle, Script, render_steps
 from gpuprov.plan.stack import StackPins
+from tests import indexsite
 from tests.conftest import skip_or_fail
+from tests.realapt import mirror
 from tests.realdnf import repo
 
 STAND_INS = Path(__file__).parent / "realdnf" / "stand-ins"
@@ -130,6 +138,7 @@ class Story:
     transactions_after: int
     daemon_json: str  # /etc/docker/daemon.json after the first run
     restarts: tuple[int, int]  # `systemctl restart docker` calls after the first run, after the second
+    mirrored: Mirrored
 
 
 @pytest.fixture(scope="module")
@@ -155,8 +164,68 @@ def story(repos: tuple[Path, tuple[Path, Path, Path, Path]]) -> Story:
     daemon_json = (host.root / "etc/docker/daemon.json").read_text()
     restarts = host.calls().count("systemctl restart docker")
     second = host.run_all(scripts)
-    return Story(refused, refusing.installed(), first, installed, transactions, locks, second, host.installed(),
-                 host.transactions(), daemon_json, (restarts, host.calls().count("systemctl restart docker")))
+    after = host.installed(), host.transactions()
+    return Story(refused, refusing.installed(), first, installed, transactions, locks, second, *after,
+                 daemon_json, (restarts, host.calls().count("systemctl restart docker")),
+                 _through_a_mirror(host, cuda, where / "mirror"))
+
+
+@dataclass
+class Mirrored:
+    runs: list[Run]  # the driver and toolkit steps
+    repo_file: str
+    kept_key: bool
+    requests: list[str]
+    toolkit: str | None  # the version installed from the mirror
+    other_key: Run
+
+
+def _through_a_mirror(host: Host, cuda: Path, where: Path) -> Mirrored:
+    """The driver and toolkit steps again on the installed host, NVIDIA's repository file and the toolkit gone, with
+    `nvidia` at a mirror on this machine serving the same repository, its `.repo` file as NVIDIA's names its own host
+    and key; then at a mirror that serves another key. A test key stands for NVIDIA's pinned one. The imitation's
+    packages are unsigned (gpgcheck=0 in its file), so dnf's own signature check is test_real_apt's part (apt's
+    InRelease); here the key check and where dnf reads from."""
+    origin = "https://developer.download.nvidia.com/compute/cuda/repos/amzn2023/x86_64"
+    keys = {name: mirror.new_key(where / f"{name}-key", name) for name in ("nvidia", "own")}
+    for name in keys:
+        site = where / f"site-{name}" / "nvidia/amzn2023/x86_64"
+        site.parent.mkdir(parents=True)
+        site.symlink_to(cuda, target_is_directory=True)
+    pins = {**sources.pinned_keys(), "nvidia": (keys["nvidia"].fingerprint,)}
+
+    def planned(base: str) -> dict[str, Script]:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sources, "pinned_keys", lambda: pins)
+            plan = make_plan(NodeRequest(gpu="H100:8", os="amzn-2023", playbook="cuda-dev",
+                                         pins=StackPins(cuda="13.0", torch_cuda="cu130"),
+                                         sources=sources.Sources(nvidia=f"{base}/nvidia")))
+            return {s.name: s for s in plan.bundle().scripts}
+
+    def serve(name: str) -> Any:
+        # NVIDIA's repository file and key at the mirror (the imitation's folder is shared, so written per run)
+        (cuda / "cuda-amzn2023.repo").write_text(
+            f"[cuda-amzn2023-x86_64]\nname=cuda-amzn2023-x86_64\nbaseurl={origin}\nenabled=1\ngpgcheck=0\n"
+            f"gpgkey={origin}/D42D0685.pub\n")
+        (cuda / "D42D0685.pub").write_bytes(keys[name].export())
+        return indexsite.serve(where / f"site-{name}")
+
+    start = time.monotonic()
+    repo_file = host.root / "etc/yum.repos.d/cuda-amzn2023.repo"
+    repo_file.unlink()
+    subprocess.run(["rpm", "--root", str(host.root), "-e", "cuda-toolkit-13-0"], check=True, capture_output=True)
+    with serve("nvidia") as (base, requests):
+        steps = planned(base)
+        runs = host.run_all([steps["nvidia-driver"], steps["cuda-toolkit"]])
+    text = repo_file.read_text()
+    kept = (host.root / "etc/pki/rpm-gpg/gpuprov-D42D0685.pub").exists()
+    repo_file.unlink()
+    with serve("own") as (base, _):
+        other = host.run(planned(base)["nvidia-driver"])
+    for name in ("cuda-amzn2023.repo", "D42D0685.pub"):
+        (cuda / name).unlink()
+    print(f"\nreal-dnf through the mirrors: {time.monotonic() - start:.1f}s")
+    return Mirrored(runs, text, kept, [path for path, _ in requests], host.installed().get("cuda-toolkit-13-0"), other)
 
 
 @pytest.mark.heavy  # dnf, rpm and createrepo_c (system packages)
@@ -311,3 +380,28 @@ def test_stand_ins_are_bash_and_shellcheck_clean() -> None:
     files = sorted(str(p) for p in STAND_INS.iterdir())
     out = subprocess.run([checker, "-S", "warning", *files], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
+
+
+@pytest.mark.heavy  # dnf, rpm and createrepo_c (system packages)
+def test_through_a_mirror_dnf_reads_the_mirror_with_the_origins_key_checked(story: Story) -> None:
+    """NVIDIA's repository file from the mirror, read from the mirror (it names NVIDIA's host); the key it names
+    fetched from the mirror, checked against the pinned fingerprint and kept, the file naming that copy; the toolkit
+    installed from the mirror."""
+    m = story.mirrored
+    assert [(r.name, r.result) for r in m.runs] == [("nvidia-driver", "changed"), ("cuda-toolkit", "changed")], \
+        [r.stderr for r in m.runs]
+    assert "baseurl=http://127.0.0.1:" in m.repo_file and "/nvidia/amzn2023/x86_64\n" in m.repo_file
+    assert "gpgkey=file:///etc/pki/rpm-gpg/gpuprov-D42D0685.pub\n" in m.repo_file and m.kept_key
+    assert "developer.download.nvidia.com" not in m.repo_file
+    assert "/nvidia/amzn2023/x86_64/D42D0685.pub" in m.requests
+    assert "/nvidia/amzn2023/x86_64/repodata/repomd.xml" in m.requests
+    assert any(p.endswith(".rpm") and "cuda-toolkit-13-0" in p for p in m.requests), m.requests
+    assert m.toolkit == "13.0.0"
+
+
+@pytest.mark.heavy  # dnf, rpm and createrepo_c (system packages)
+def test_a_mirror_serving_another_signing_key_is_refused(story: Story) -> None:
+    run = story.mirrored.other_key
+    assert run.returncode == 1 and run.result is None
+    assert "NVIDIA's CUDA repository (http://127.0.0.1:" in run.last and "served the signing key " in run.last, run.stderr
+    assert "not the origin's" in run.last and "refused, nothing from it is installed" in run.last

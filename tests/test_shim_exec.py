@@ -95,7 +95,7 @@ def test_files_written_into_the_sysroot(cuda_dev) -> None:
     assert "export PATH=/usr/local/cuda/bin:$PATH" in profile.read_text()
     assert oct(profile.stat().st_mode & 0o7777) == "0o644"
     assert "blacklist nouveau" in (host.sysroot / "etc/modprobe.d/blacklist-nouveau.conf").read_text()
-    assert (host.sysroot / "usr/local/bin/uv").exists()  # installed by the (shimmed) astral.sh installer
+    assert (host.sysroot / "usr/local/bin/uv").exists()  # installed from the (stand-in) uv release archive
     assert (host.sysroot / "opt/gpuprov/env/bin/python").exists()
 
 

@@ -236,6 +236,9 @@ ssh_cidr = "{self.aws_subnet}.1/32"
 key = "{self.key}"
 ssh_config = "{ssh_config}"
 """)
+        from tests.shimdata import pin_uv_stand_in
+
+        pin_uv_stand_in(state / "facts")  # the hosts' uv is the shims' stand-in of its pinned release archive
         self.env = {**self.aws.env(), "GPUPROV_HOME": str(state), "GPUPROV_CONFIG": str(config),
                     "GPUPROV_TEST_DLAMI_SSM_PREFIX": DLAMI_PREFIX, "GPUPROV_TEST_POLL_SECONDS": "0.2",
                     "GPUPROV_TEST_REBOOT_POLL_SECONDS": "0.25"}

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuprov.errors import UserInputError
-from gpuprov.plan import cpu, facts, noroot, sources
+from gpuprov.plan import cpu, facts, noroot, oses, sources
 from gpuprov.plan.budget import budget_seconds, check_budget
 from gpuprov.plan.data import data_steps, saves_on
 
@@ -163,7 +163,12 @@ class Plan:
         return [{"step": s.name, "key": key, "url": url, "from": where}
                 for s in self.steps for key, url, where in self.sources.for_step(s.name)
                 if not (s.name == "python-env" and self.playbook.env
-                        and key != ("uv" if self.playbook.env.manager == "uv" else "miniforge"))]
+                        and key not in (("uv",) if self.playbook.env.manager == "uv" else ("miniforge", "conda")))
+                and not (key == "epel" and not (self.stack and oses.info(self.stack.os).epel))
+                # at its origin the AWS CLI comes from the snap store, not from the map
+                and not (key == "awscli" and key not in self.sources.mirrored)
+                and not (key in sources.OS_KEYS and not (self.stack and self.sources.os_key_applies(
+                    key, self.stack.os, self.stack.cpu_arch)))]
 
     def summary(self) -> dict[str, Any]:
         """The plan as JSON-ready data (what `plan --json` prints and manifest.json records)."""

@@ -5,10 +5,19 @@ stand in for. Pure.
                        {base}/{distro}/{arch}/ (ubuntu2404/x86_64, rhel9/sbsa), as every mirror of it keeps it
     pypi               a simple index (PEP 503) the env's packages and JupyterLab come from
     torch              the PyTorch wheel index; {base}/{variant}/ (cu128) is the simple index of one build
-    uv                 the uv installer script
+    uv                 uv's releases, {base}/{version}/uv-{arch}-unknown-linux-musl.tar.gz (the pinned release)
     miniforge          Miniforge's releases, {base}/{version}/Miniforge3-{version}-Linux-{arch}.sh (the pinned release)
     docker             Docker's repositories ({base}/centos/docker-ce.repo, {base}/rhel/...)
     container_toolkit  NVIDIA's container toolkit repository ({base}/gpgkey, {base}/stable/deb/..., .../rpm/...)
+    epel               EPEL, Fedora's layout ({base}/9/Everything/x86_64/, {base}/epel-release-latest-9.noarch.rpm,
+                       {base}/RPM-GPG-KEY-EPEL-9): the driver step's DKMS on Rocky and RHEL
+    conda              the conda channels' host ({base}/conda-forge): what `conda create` reads for a conda env
+    ubuntu             Ubuntu's own archive (archive, security and EC2's regional copies of it), {base}/dists/...;
+    ubuntu_ports       its arm64 counterpart (ports.ubuntu.com/ubuntu-ports); both optional: at their origins the
+                       host's apt sources are left as the image has them
+    rocky              Rocky Linux's own repositories, {base}/{release}/BaseOS/{arch}/os/ (optional, as above)
+    awscli             the AWS CLI's installers, {base}/awscli-exe-linux-{arch}-{version}.zip (the pinned release): the
+                       data steps' CLI when a host lacks one; at its origin the snap store installs it instead
 
 Set, lowest first: the built-in origins (DEFAULTS), config.toml's `[sources]`, a playbook's `sources:`, then
 `--sources FILE|PRESET`. Each layer sets only the keys it names: a preset without a `pypi` keeps whatever the
@@ -23,7 +32,8 @@ mirror, while the packages are still checked against the origin's signing keys.
 
 A mirror cannot change what is installed: when a key is not its origin, a signing key it serves (the cuda-keyring's,
 a `.repo` file's `gpgkey`, the toolkit's) is used only when its fingerprint is one data/sources.yaml pins for that
-origin (`pinned_keys`, the steps' gp_pinned_key), and Miniforge is a pinned release checked by sha256 (`installers`).
+origin (`pinned_keys`, the steps' gp_pinned_key), and uv, Miniforge and (behind a mirror) the AWS CLI are pinned
+releases checked by sha256 (`installers`; an `installers.yaml` in the facts folder replaces an entry whole).
 `--sources FILE|PRESET` is read by spec.load_sources (a file goes through the playbooks' YAML loader).
 """
 
@@ -33,9 +43,11 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Annotated, Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpuprov.errors import UserInputError
+from gpuprov.paths import facts_dir
 from gpuprov.resources import load_data
 
 # a URL base a shell word can carry, bare or in double quotes: http(s), a host, a path, and nothing a shell or sed
@@ -56,6 +68,12 @@ class Sources(BaseModel):
     miniforge: Url | None = None
     docker: Url | None = None
     container_toolkit: Url | None = None
+    epel: Url | None = None
+    conda: Url | None = None
+    awscli: Url | None = None
+    ubuntu: Url | None = None
+    ubuntu_ports: Url | None = None
+    rocky: Url | None = None
 
     @field_validator("*")
     @classmethod
@@ -70,23 +88,34 @@ DEFAULTS = Sources(
     nvidia="https://developer.download.nvidia.com/compute/cuda/repos",
     pypi="https://pypi.org/simple",
     torch="https://download.pytorch.org/whl",
-    uv="https://astral.sh/uv/install.sh",
+    uv="https://github.com/astral-sh/uv/releases/download",
     miniforge="https://github.com/conda-forge/miniforge/releases/download",
     docker="https://download.docker.com/linux",
     container_toolkit="https://nvidia.github.io/libnvidia-container",
+    epel="https://dl.fedoraproject.org/pub/epel",
+    conda="https://conda.anaconda.org",
+    awscli="https://awscli.amazonaws.com",
+    ubuntu="http://archive.ubuntu.com/ubuntu",
+    ubuntu_ports="http://ports.ubuntu.com/ubuntu-ports",
+    rocky="https://dl.rockylinux.org/pub/rocky",
 )
 
 # which keys each step's downloads come from (plan shows them): fabric-manager and cuda-toolkit install from the
-# repository the driver step sets up
+# repository the driver step sets up; EPEL only where the OS takes DKMS from it, conda only for a conda env, the OS's
+# own archive (optional) on the steps that install the OS's packages, only when set and on its distribution
+OS_KEYS = ("ubuntu", "ubuntu_ports", "rocky")
 STEP_KEYS: dict[str, tuple[str, ...]] = {
-    "nvidia-driver": ("nvidia",),
+    "kernel-headers": OS_KEYS,
+    "nvidia-driver": ("nvidia", "epel", *OS_KEYS),
     "fabric-manager": ("nvidia",),
     "cuda-toolkit": ("nvidia",),
-    "python-env": ("uv", "miniforge"),
+    "python-env": ("uv", "miniforge", "conda"),
     "pytorch": ("torch",),
     "packages": ("pypi",),
     "jupyter": ("pypi",),
-    "docker": ("docker", "container_toolkit"),
+    "docker": ("docker", "container_toolkit", *OS_KEYS),
+    "data-fetch": ("awscli",),
+    "data-save": ("awscli",),
 }
 
 
@@ -140,6 +169,14 @@ class Effective:
 
     def hosts(self) -> set[str]:
         return {u.split("/")[2].split(":")[0] for u in self.urls.values()}
+
+    def os_key_applies(self, key: str, os_name: str, cpu_arch: str) -> bool:
+        """An OS archive key (OS_KEYS) is read only when set and only on its distribution (ports: arm64 Ubuntu)."""
+        if key not in self.mirrored:
+            return False
+        if key == "rocky":
+            return os_name.startswith("rocky-")
+        return os_name.startswith("ubuntu-") and (key == "ubuntu_ports") == (cpu_arch == "aarch64")
 
     def for_step(self, step: str) -> tuple[tuple[str, str, str], ...]:
         """(key, URL, where set) of each source the step `step` downloads from."""
@@ -201,9 +238,37 @@ class Installer(BaseModel):
 
 
 @cache
-def installers() -> dict[str, Installer]:
+def _shipped_installers() -> dict[str, Installer]:
     data: dict[str, Any] = load_data("sources.yaml")
     return {key: Installer.model_validate(entry) for key, entry in data["installers"].items()}
+
+
+def installers() -> dict[str, Installer]:
+    """The pinned installers: the shipped ones, each replaced whole by the facts folder's `installers.yaml` when it
+    names it (a newer release with its sums; a bad file is bad input naming it)."""
+    shipped = _shipped_installers()
+    path = facts_dir() / "installers.yaml"
+    if not path.is_file():
+        return shipped
+    hint = "keys: " + ", ".join(shipped) + "; each with version, sha256 (per `uname -m`) and source; or delete the file"
+    try:
+        data = yaml.safe_load(path.read_text())
+        if not isinstance(data, dict):
+            raise UserInputError(str(path), "is not a mapping of installers", hint)
+        unknown = sorted(set(data) - set(shipped))
+        if unknown:
+            raise UserInputError(str(path), f"{', '.join(unknown)} is not a pinned installer", hint)
+    except (OSError, yaml.YAMLError) as exc:
+        raise UserInputError(str(path), f"cannot read it: {exc}", hint) from None
+    out = dict(shipped)
+    for key, entry in data.items():
+        try:
+            out[key] = Installer.model_validate(entry)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in (key, *err["loc"]))
+            raise UserInputError(f"{path}: {where}", err["msg"], hint) from None
+    return out
 
 
 def check(data: Any, where: str) -> Sources:
