@@ -17,12 +17,14 @@ def test_each_key_is_mounted_at_its_own_path_so_the_torch_indexs_absolute_links_
     mounts = {m.key: m for m in CACHE.mounts(sources.ORIGIN)}
     assert mounts["torch"].path == "/whl" and mounts["torch"].backend == "https://download.pytorch.org/whl"
     assert mounts["torch"].url == "http://10.9.0.2:3142/whl"
-    assert mounts["uv"].path == "/uv" and mounts["uv"].url == "http://10.9.0.2:3142/uv/install.sh"
+    assert mounts["uv"].url == "http://10.9.0.2:3142/astral-sh/uv/releases/download"  # uv's pinned releases
+    assert not set(sources.OS_KEYS) & set(mounts)  # the host's own OS archive only when the map sets it
     assert mounts["nvidia"].url == "http://10.9.0.2:3142/compute/cuda/repos"
     config = CACHE.config(sources.ORIGIN)
     assert "Remap-gp_torch: /whl ; https://download.pytorch.org/whl\n" in config
     keep = re.search(r"^PfilePatternEx: (.*)$", config, re.M)
     assert keep and re.search(keep.group(1), "/whl/cu128/torch-2.9.0%2Bcu128-cp312-cp312-manylinux_2_28_x86_64.whl")
+    assert re.search(keep.group(1), "/astral-sh/uv/releases/download/0.12.21/uv-x86_64-unknown-linux-musl.tar.gz")
 
 
 def test_a_key_without_a_path_or_inside_another_keys_mount_gets_one_of_its_own() -> None:

@@ -28,10 +28,16 @@ PROBES: dict[str, str] = {
     "nvidia": "/{repo}",
     "pypi": "/pip/",
     "torch": "/filelock/",
-    "uv": "",
+    "uv": "/{uv}/uv-x86_64-unknown-linux-musl.tar.gz.sha256",
     "miniforge": "/{miniforge}/Miniforge3-{miniforge}-Linux-x86_64.sh.sha256",
     "docker": "/centos/docker-ce.repo",
     "container_toolkit": "/gpgkey",
+    "epel": "/RPM-GPG-KEY-EPEL-9",
+    "conda": "/conda-forge/",
+    "awscli": "/awscli-exe-linux-x86_64.zip.sig",
+    "ubuntu": "/dists/noble/Release.gpg",
+    "ubuntu_ports": "/dists/noble/Release.gpg",
+    "rocky": "/RPM-GPG-KEY-Rocky-9",
 }
 MARK = "GPUPROV_SOURCE"
 
@@ -80,9 +86,10 @@ def probes(configured: sources.Effective, arch: str = "x86_64", os_name: str | N
     """What to fetch: each key of the configured map, then each preset's keys (a URL fetched once)."""
     index = nvidia_index(os_name, arch)
     version = sources.installers()["miniforge"].version
+    uv = sources.installers()["uv"].version
 
     def url(key: str, base: str) -> str:
-        return base + PROBES.get(key, "/").format(repo=index, miniforge=version)
+        return base + PROBES.get(key, "/").format(repo=index, miniforge=version, uv=uv)
 
     out = [Probe(k, "configured", url(k, configured.urls[k])) for k in sources.KEYS]
     seen = {p.url for p in out}

@@ -20,15 +20,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from gpuprov.plan.sources import KEYS, Effective, Sources
+from gpuprov.plan.sources import KEYS, OS_KEYS, Effective, Sources
 
 PORT = 3142  # apt-cacher-ng's own
-# kept as packages are (never fetched again once whole): wheels, and the Miniforge installer (a pinned release)
-KEEP = r"(\.whl|Miniforge3-[^/]*\.sh)$"
-# fetched again when stale, as apt's index files are: simple-index pages, the uv installer, repo files, keys
+# kept as packages are (never fetched again once whole): wheels, and the pinned releases (Miniforge's installer,
+# uv's archive, the AWS CLI's)
+KEEP = r"(\.whl|Miniforge3-[^/]*\.sh|uv-[^/]*\.tar\.gz|awscli-exe-[^/]*\.zip)$"
+# fetched again when stale, as apt's index files are: simple-index pages, repo files, keys
 FRESH = r"(/|\.sh|\.repo|\.list|/gpgkey|\.pub|\.gpg)$"
-# keys whose URL is one file (the uv installer): mounted at its folder
-FILE_KEYS = ("uv",)
+# keys whose URL is one file: mounted at its folder (none now: uv is a release folder, no longer a script)
+FILE_KEYS: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,10 @@ class SiteCache:
         out: list[Mount] = []
         taken: list[str] = []
         for key in KEYS:
+            # the OS's own archive goes through the proxy only when the map sets it: its rewrite of the host's own
+            # source files outlives the proxy
+            if key in OS_KEYS and key not in sources.mirrored:
+                continue
             url = sources.urls[key]
             parts = urlsplit(url)
             origin_base = f"{parts.scheme}://{parts.netloc}"
