@@ -1,4 +1,4 @@
-"""Offline commands: gpus (and live spot prices), plan, render."""
+"""Offline commands: gpus (and live spot prices), plan, render, bundle --offline."""
 
 from __future__ import annotations
 
@@ -184,6 +184,47 @@ def render(out: str, **kw: Unpack[StackOptions]) -> None:
     click.echo(f"wrote {len(written) - 1} scripts and manifest.json to {written[-1].parent}")
     for path in written:
         click.echo(f"  {path.name}")
+
+
+@main.command()
+@stack_options
+@click.option("--offline", is_flag=True, help="Gather everything the plan downloads, for a host with no route out "
+                                               "(required: the one kind of bundle there is).")
+@click.option("-o", "--output", "out", required=True, metavar="DIR",
+              help="Folder to download into (made if missing; what an earlier bundle left there is kept and "
+                   "checked again).")
+@click.option("--json", "as_json", is_flag=True, help="Print a summary as JSON instead of progress lines.")
+def bundle(offline: bool, out: str, as_json: bool, **kw: Unpack[StackOptions]) -> None:
+    """Download what a plan installs into DIR, for `bootstrap HOST --offline DIR` on a host with no network.
+
+    On a connected machine: NVIDIA's driver, Fabric Manager and toolkit packages with their dependencies (checked
+    against the repository's signed index, which is copied with them), the wheels for the target's Python and CPU
+    (pip download), the installers, and DIR/manifest.json (each file, its sha256, where it came from, the plan).
+    """
+    from pathlib import Path
+
+    from gpuprov.sources import offline as download
+    from gpuprov.sources.http import SourceUnreachable
+
+    if not offline:
+        raise click.UsageError("bundle makes offline bundles only: add --offline")
+    the_plan = plan_from(kw)
+    say = (lambda _line: None) if as_json else (lambda line: click.echo(line, err=True))
+    try:
+        result = download.make(the_plan, Path(out), say)
+    except SourceUnreachable as exc:
+        raise GpuprovError(f"{exc}; nothing more was downloaded (run it again to resume)") from None
+    manifest = result.manifest
+    total = sum(i.size for i in manifest.items)
+    kinds = {k: sum(1 for i in manifest.items if i.kind == k) for k in ("package", "index", "wheel", "installer")}
+    if as_json:
+        click.echo(json.dumps({"folder": str(Path(out).resolve()), "plan": manifest.plan.model_dump(mode="json"),
+                               "files": kinds, "bytes": total, "from_os": result.from_os}, indent=2))
+        return
+    click.echo(f"wrote {len(manifest.items)} files ({total / 2**20:,.1f} MiB: {kinds['package']} packages, "
+               f"{kinds['wheel']} wheels, {kinds['installer']} installers) and manifest.json to {Path(out).resolve()}")
+    if result.from_os:
+        click.echo(f"from the OS's own repositories (not bundled): {', '.join(result.from_os)}")
 
 
 def _image_choice(plan: Plan, image: str | None) -> ImageChoice:
