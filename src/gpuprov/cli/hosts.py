@@ -112,9 +112,10 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
     monitoring = with_monitoring(monitoring_from(kw), load_playbook(kw["playbook"]))
     bundle = _offline_bundle(offline_dir, keep_driver)
     if gpu and not keep_driver:  # an impossible stack is refused before any host is touched; warnings said once
+        served = {"arch": bundle[1].plan.arch} if bundle else {}  # the bundle's OS and CPU, unless told otherwise
         ahead = make_host_plan(gpu, kw["playbook"], kw["os_name"] or (bundle[1].plan.os if bundle else "ubuntu-24.04"),
                                pins, guard=guard, jupyter=kw["jupyter"], monitoring=monitoring, docker=kw["docker"],
-                               sources_flag=sources, arch=bundle[1].plan.arch if bundle else None)  # type: ignore[arg-type]
+                               sources_flag=sources, **served)  # type: ignore[arg-type]
         if bundle is not None:  # a bundle that lacks what the plan needs: refused before any host is touched
             from gpuprov.plan.offline import check
 

@@ -166,33 +166,38 @@ def load(folder: Path, where: str = "--offline") -> Manifest:
     return manifest
 
 
+def mismatch(plan: Plan, manifest: Manifest) -> str | None:
+    """How the bundle's hosts differ from the plan's (OS, CPU), in words; None when they are the same."""
+    want, have = served(plan), manifest.plan
+    if (want.os, want.arch) == (have.os, have.arch):
+        return None
+    return f"the bundle is for {have.os} {have.arch} hosts, the plan for {want.os} {want.arch}"
+
+
 def missing(plan: Plan, manifest: Manifest) -> list[str]:
-    """What `plan` needs that the bundle lacks, in words, each naming the item and the step; empty: it serves."""
+    """What `plan` needs that the bundle lacks, each naming the item and the step; empty: it serves the plan."""
     out: list[str] = []
-    want = served(plan)
-    for field in ("os", "arch"):
-        if getattr(want, field) != getattr(manifest.plan, field):
-            out.append(f"the bundle is for {field} {getattr(manifest.plan, field)}, the plan is for "
-                       f"{getattr(want, field)}")
-    if out:
-        return out
     for need in needs(plan):
         have = manifest.names(need.kind)
         if (normal(need.name) if need.kind == "wheel" else need.name) not in have:
             out.append(f"{need.kind} {need.spec} (step {need.step})")
-    if want.repo and any(n.kind == "package" for n in needs(plan)):
-        indexes = {i.path for i in manifest.items if i.kind == "index"}
-        if not any(p.startswith(want.repo + "/") for p in indexes):
-            out.append(f"NVIDIA's signed repository index {want.repo}/ (step nvidia-driver)")
+    repo = served(plan).repo
+    indexed = any(i.kind == "index" and i.path.startswith(f"{repo}/") for i in manifest.items)
+    if repo and any(n.kind == "package" for n in needs(plan)) and not indexed:
+        out.append(f"NVIDIA's signed repository index {repo}/ (step nvidia-driver)")
     return out
 
 
 def check(plan: Plan, manifest: Manifest, where: str) -> None:
-    """Refuse `plan` when the bundle lacks anything it needs, naming each missing item; nothing is pushed."""
+    """Refuse `plan` when the bundle is for other hosts or lacks anything it needs, naming each missing item;
+    nothing is pushed."""
+    fix = ("make the bundle for this plan (`gpuprov bundle --offline` with the same --gpu, --os, --arch, -p and "
+           "pins)")
+    if other := mismatch(plan, manifest):
+        raise UserInputError(where, f"{other}; nothing was pushed", fix)
     if gone := missing(plan, manifest):
         raise UserInputError(where, f"the bundle lacks what the plan needs: {'; '.join(gone)}; nothing was pushed",
-                             "make the bundle for this plan (`gpuprov bundle --offline` with the same --gpu, --os, "
-                             "--arch, -p and pins)")
+                             fix)
 
 
 def offline_sources(effective: Effective, folder: str = OFFLINE_DIR) -> Effective:

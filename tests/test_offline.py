@@ -1,0 +1,200 @@
+"""Offline bundles (issue 39 §4): `bundle --offline` against a local imitation of NVIDIA's apt repository, served
+over HTTP in this process (its Release lists the Packages file's sha256, the Packages file each .deb's), and the
+refusals `bootstrap --offline` makes before any host is contacted.
+
+What a user would notice: the bundle holds the plan's packages with their dependencies from NVIDIA's repository
+and the repository's signed index copied whole, and names the dependencies left to the OS; a repository that
+serves a package other than its index says is refused naming the file, and nothing of it is kept; a bundle that
+lacks what the plan needs is refused naming each missing item, exit 2, with no host touched; a folder that is not
+a bundle is refused naming --offline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gzip
+import hashlib
+import json
+import threading
+from collections.abc import Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpuprov.cli import main
+from gpuprov.plan import offline
+from gpuprov.plan.plan import Plan, make_host_plan
+from gpuprov.plan.stack import StackPins
+
+REPO = "ubuntu2404/x86_64"
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _served(root: Path) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Quiet, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _plan(playbook: str = "minimal") -> Plan:
+    return make_host_plan("L4", playbook, "ubuntu-24.04", StackPins())
+
+
+def _repo(root: Path, *, changed: str | None = None) -> dict[str, str]:
+    """NVIDIA's repository for ubuntu2404/x86_64 as the L4's minimal plan reads it: the driver shaped like NVIDIA's
+    (meta package -> driver -> library, kernel module; the pinning package), an older branch beside it, a package
+    no plan needs, and an OS dependency (libc6) NVIDIA's repository does not carry. `changed`: a package whose
+    .deb is served with other bytes than the index's sha256. The name -> version of what the plan needs."""
+    stack = _plan().stack
+    assert stack is not None
+    branch = stack.driver_branch
+    version = f"{branch}.71.05-0ubuntu1"
+    rows = [
+        ("cuda-keyring", "1.1-1", ""),
+        (stack.driver_pinning_package, version, ""),
+        (stack.driver_package, version, f"nvidia-driver-open (>= {branch}.71.05), nvidia-kernel-open | nvidia-kernel"),
+        (stack.driver_package, f"{branch - 10}.40.01-0ubuntu1", ""),  # an older branch: not bundled
+        ("nvidia-driver-open", version, "libnvidia-compute (>= 1), libc6 (>= 2.34)"),
+        ("nvidia-driver-open", f"{branch + 15}.10.01-0ubuntu1", ""),  # a newer branch the pin keeps out
+        ("nvidia-kernel-open", version, ""),
+        ("libnvidia-compute", version, ""),
+        # the fabric-manager step installs it where the host turns out to have NVSwitch
+        (stack.fabric_manager_package, f"{branch}.71.05-1", ""),
+        ("cuda-toolkit-12-8", "12.8.1-1", ""),  # no minimal plan needs it
+    ]
+    folder = root / "repos" / REPO
+    folder.mkdir(parents=True)
+    stanzas, wanted = [], {}
+    for name, ver, depends in rows:
+        filename = f"{name}_{ver}_amd64.deb"
+        body = f"{name} {ver}".encode()
+        (folder / filename).write_bytes(b"changed" if name == changed else body)
+        stanzas.append(f"Package: {name}\nVersion: {ver}\nArchitecture: amd64\n"
+                       + (f"Depends: {depends}\n" if depends else "")
+                       + f"Filename: ./{filename}\nSize: {len(body)}\nSHA256: {hashlib.sha256(body).hexdigest()}\n")
+        if name != "cuda-toolkit-12-8" and not ver.startswith((f"{branch - 10}.", f"{branch + 15}.")):
+            wanted[name] = ver
+    packages = gzip.compress("\n".join(stanzas).encode())
+    (folder / "Packages.gz").write_bytes(packages)
+    release = (f"Origin: NVIDIA\nSHA256:\n {hashlib.sha256(packages).hexdigest()} {len(packages)} Packages.gz\n")
+    (folder / "Release").write_text(release)
+    (folder / "Release.gpg").write_text("-----BEGIN PGP SIGNATURE-----\n(apt checks it on the host)\n")
+    return wanted
+
+
+def _bundle(tmp_path: Path, base: str, *args: str) -> tuple[int, str, str, Path]:
+    """bundle --offline of the L4's minimal plan from the site at `base`: its exit code, stdout, stderr, folder."""
+    sources = tmp_path / "sources.yml"
+    sources.write_text(f"nvidia: {base}/repos\n")
+    out = tmp_path / "bundle"
+    result = CliRunner().invoke(main, ["bundle", "--offline", "--gpu", "L4", "--os", "ubuntu-24.04", "-p", "minimal",
+                                       "--sources", str(sources), "-o", str(out), *args])
+    return result.exit_code, result.stdout, result.stderr, out
+
+
+def test_bundle_holds_the_plans_packages_with_their_dependencies_and_the_signed_index(tmp_path: Path) -> None:
+    wanted = _repo(tmp_path / "site")
+    with _served(tmp_path / "site") as base:
+        code, output, err, out = _bundle(tmp_path, base, "--json")
+    assert code == 0, err
+    summary = json.loads(output)
+    assert summary["from_os"] == ["libc6"] and summary["files"]["package"] == len(wanted)
+    manifest = offline.load(out)
+    got = {i.name: i.version for i in manifest.items if i.kind == "package"}
+    assert got == wanted  # the branch's versions, the dependencies, neither the toolkit nor the other branches
+    for item in manifest.items:  # each file is there, with the sha256 the manifest says, from the local site
+        assert hashlib.sha256((out / item.path).read_bytes()).hexdigest() == item.sha256
+        assert item.source.startswith(base)
+    assert {i.name for i in manifest.items if i.kind == "index"} == {"Release", "Release.gpg", "Packages.gz"}
+    assert manifest.plan.repo == f"nvidia/{REPO}" and not offline.missing(_plan(), manifest)
+
+
+def test_a_package_other_than_the_index_says_is_refused_naming_it_and_nothing_is_kept(tmp_path: Path) -> None:
+    _repo(tmp_path / "site", changed="libnvidia-compute")
+    with _served(tmp_path / "site") as base:
+        code, _, output, out = _bundle(tmp_path, base)
+    assert code == 1 and "libnvidia-compute_" in output and "serves a changed file" in output, output
+    assert not (out / offline.MANIFEST).exists() and not list(out.rglob("*.deb"))
+
+
+def test_an_unsigned_repository_is_refused(tmp_path: Path) -> None:
+    _repo(tmp_path / "site")
+    (tmp_path / "site" / "repos" / REPO / "Release.gpg").unlink()
+    with _served(tmp_path / "site") as base:
+        code, _, output, out = _bundle(tmp_path, base)
+    assert code == 1 and "not signed" in output and not (out / offline.MANIFEST).exists(), output
+
+
+def _manifest_for(tmp_path: Path, playbook: str, drop: str | None = None) -> Path:
+    """A bundle's folder whose manifest serves `playbook`'s plan, less the items named `drop`."""
+    plan = _plan(playbook)
+    items = [offline.Item(kind=n.kind, name=n.name, path=f"x/{n.name}", sha256="0" * 64, source="test")
+             for n in offline.needs(plan) if n.name != drop]
+    items.append(offline.Item(kind="index", name="Release", path=f"nvidia/{REPO}/Release", sha256="0" * 64,
+                              source="test"))
+    folder = tmp_path / f"bundle-{playbook}"
+    folder.mkdir()
+    (folder / offline.MANIFEST).write_text(offline.Manifest(plan=offline.served(plan), items=tuple(items))
+                                           .model_dump_json())
+    return folder
+
+
+def _bootstrap(folder: Path, *args: str, os_name: str = "ubuntu-24.04") -> tuple[int, str]:
+    # 127.0.0.1:1 answers nothing: a refusal that reached for the host would say it is unreachable instead
+    result = CliRunner().invoke(main, ["bootstrap", "root@127.0.0.1:1", "--gpu", "L4", "--os", os_name,
+                                       "--offline", str(folder), *args])
+    return result.exit_code, result.output
+
+
+def test_bootstrap_offline_refuses_a_plan_the_bundle_lacks_naming_each_item_before_any_host(tmp_path: Path) -> None:
+    stack = _plan("cuda-dev").stack
+    assert stack is not None and stack.cuda_toolkit_package
+    code, output = _bootstrap(_manifest_for(tmp_path, "minimal"), "-p", "cuda-dev")
+    assert code == 2, output
+    assert output.startswith("error: --offline: the bundle lacks what the plan needs: ")
+    assert f"package {stack.cuda_toolkit_package} (step cuda-toolkit)" in output and "nothing was pushed" in output
+    assert "unreachable" not in output.lower()
+
+
+def test_bootstrap_offline_refuses_a_bundle_for_another_os_or_a_folder_that_is_not_one(tmp_path: Path) -> None:
+    code, output = _bootstrap(_manifest_for(tmp_path, "minimal"), "-p", "minimal", os_name="ubuntu-22.04")
+    assert code == 2, output
+    assert output.startswith("error: --offline: the bundle is for ubuntu-24.04 x86_64 hosts, the plan for "
+                             "ubuntu-22.04 x86_64; nothing was pushed")
+    code, output = _bootstrap(tmp_path)
+    assert code == 2 and output.startswith(f"error: --offline: {tmp_path}: no manifest.json there"), output
+
+
+@pytest.mark.parametrize("playbook", ["minimal", "cuda-dev", "pytorch"])
+def test_a_bundle_that_holds_every_need_serves_the_plan_and_one_item_less_does_not(tmp_path: Path,
+                                                                                   playbook: str) -> None:
+    plan = _plan(playbook)
+    assert not offline.missing(plan, offline.load(_manifest_for(tmp_path, playbook)))
+    for need in offline.needs(plan):
+        (tmp_path / need.name).mkdir()
+        gone = offline.missing(plan, offline.load(_manifest_for(tmp_path / need.name, playbook, drop=need.name)))
+        assert gone == [f"{need.kind} {need.spec} (step {need.step})"]
+
+
+def test_the_offline_map_reads_the_bundle_on_the_host_and_no_index() -> None:
+    plan = _plan("pytorch")
+    mapped = offline.offline_sources(plan.sources)
+    assert mapped.nvidia == f"file://{offline.OFFLINE_DIR}/nvidia" and "nvidia" in mapped.mirrored
+    scripts = {s.name: s.text for s in dataclasses.replace(plan, sources=mapped).bundle().scripts}
+    assert f"PIP_NO_INDEX=1 PIP_FIND_LINKS={offline.OFFLINE_DIR}/wheels" in scripts["pytorch"]
+    assert f'keyring_url="file://{offline.OFFLINE_DIR}/nvidia/${{distro}}' in scripts["nvidia-driver"]
+    assert "PIP_NO_INDEX" not in plan.bundle().scripts[0].text
