@@ -11,50 +11,39 @@ a bundle is refused naming --offline.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gzip
 import hashlib
 import json
-import threading
-from collections.abc import Iterator
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from gpuprov.cli import main
-from gpuprov.plan import offline
+from gpuprov.plan import offline, sources
 from gpuprov.plan.plan import Plan, make_host_plan
 from gpuprov.plan.stack import StackPins
-
-REPO = "ubuntu2404/x86_64"
-
-
-class _Quiet(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+from tests.offlinerepo import REPO, Deb, Signer, keyring_deb, served, write
 
 
-@contextlib.contextmanager
-def _served(root: Path) -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Quiet, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+@pytest.fixture(scope="module")
+def signer(tmp_path_factory: pytest.TempPathFactory) -> Signer:
+    return Signer.make(tmp_path_factory.mktemp("offline") / "gnupg")
+
+
+@pytest.fixture
+def pinned(signer: Signer, monkeypatch: pytest.MonkeyPatch) -> Signer:
+    """The test's key pinned as NVIDIA's, as a mirror's must be."""
+    keys = {**sources.pinned_keys(), "nvidia": (*sources.pinned_keys()["nvidia"], signer.fingerprint)}
+    monkeypatch.setattr(sources, "pinned_keys", lambda: keys)
+    return signer
 
 
 def _plan(playbook: str = "minimal") -> Plan:
     return make_host_plan("L4", playbook, "ubuntu-24.04", StackPins())
 
 
-def _repo(root: Path, *, changed: str | None = None) -> dict[str, str]:
+def _repo(root: Path, signer: Signer, *, changed: str | None = None, signed: bool = True) -> dict[str, str]:
     """NVIDIA's repository for ubuntu2404/x86_64 as the L4's minimal plan reads it: the driver shaped like NVIDIA's
     (meta package -> driver -> library, kernel module; the pinning package), an older branch beside it, a package
     no plan needs, and an OS dependency (libc6) NVIDIA's repository does not carry. `changed`: a package whose
@@ -63,37 +52,23 @@ def _repo(root: Path, *, changed: str | None = None) -> dict[str, str]:
     assert stack is not None
     branch = stack.driver_branch
     version = f"{branch}.71.05-0ubuntu1"
-    rows = [
-        ("cuda-keyring", "1.1-1", ""),
-        (stack.driver_pinning_package, version, ""),
-        (stack.driver_package, version, f"nvidia-driver-open (>= {branch}.71.05), nvidia-kernel-open | nvidia-kernel"),
-        (stack.driver_package, f"{branch - 10}.40.01-0ubuntu1", ""),  # an older branch: not bundled
-        ("nvidia-driver-open", version, "libnvidia-compute (>= 1), libc6 (>= 2.34)"),
-        ("nvidia-driver-open", f"{branch + 15}.10.01-0ubuntu1", ""),  # a newer branch the pin keeps out
-        ("nvidia-kernel-open", version, ""),
-        ("libnvidia-compute", version, ""),
+    debs = [
+        Deb("cuda-keyring", "1.1-1", keyring_deb(signer.public), arch="all"),
+        Deb(stack.driver_pinning_package, version, b"pin", arch="all"),
+        Deb(stack.driver_package, version, b"meta",
+            depends=f"nvidia-driver-open (>= {branch}.71.05), nvidia-kernel-open | nvidia-kernel"),
+        Deb(stack.driver_package, f"{branch - 10}.40.01-0ubuntu1", b"older"),  # an older branch: not bundled
+        Deb("nvidia-driver-open", version, b"driver", depends="libnvidia-compute (>= 1), libc6 (>= 2.34)"),
+        Deb("nvidia-driver-open", f"{branch + 15}.10.01-0ubuntu1", b"newer"),  # a newer branch the pin keeps out
+        Deb("nvidia-kernel-open", version, b"module"),
+        Deb("libnvidia-compute", version, b"library"),
         # the fabric-manager step installs it where the host turns out to have NVSwitch
-        (stack.fabric_manager_package, f"{branch}.71.05-1", ""),
-        ("cuda-toolkit-12-8", "12.8.1-1", ""),  # no minimal plan needs it
+        Deb(stack.fabric_manager_package, f"{branch}.71.05-1", b"fm"),
+        Deb("cuda-toolkit-12-8", "12.8.1-1", b"toolkit"),  # no minimal plan needs it
     ]
-    folder = root / "repos" / REPO
-    folder.mkdir(parents=True)
-    stanzas, wanted = [], {}
-    for name, ver, depends in rows:
-        filename = f"{name}_{ver}_amd64.deb"
-        body = f"{name} {ver}".encode()
-        (folder / filename).write_bytes(b"changed" if name == changed else body)
-        stanzas.append(f"Package: {name}\nVersion: {ver}\nArchitecture: amd64\n"
-                       + (f"Depends: {depends}\n" if depends else "")
-                       + f"Filename: ./{filename}\nSize: {len(body)}\nSHA256: {hashlib.sha256(body).hexdigest()}\n")
-        if name != "cuda-toolkit-12-8" and not ver.startswith((f"{branch - 10}.", f"{branch + 15}.")):
-            wanted[name] = ver
-    packages = gzip.compress("\n".join(stanzas).encode())
-    (folder / "Packages.gz").write_bytes(packages)
-    release = (f"Origin: NVIDIA\nSHA256:\n {hashlib.sha256(packages).hexdigest()} {len(packages)} Packages.gz\n")
-    (folder / "Release").write_text(release)
-    (folder / "Release.gpg").write_text("-----BEGIN PGP SIGNATURE-----\n(apt checks it on the host)\n")
-    return wanted
+    write(root / "repos" / REPO, debs, signer if signed else None,
+          served_as={changed: b"changed"} if changed else None)
+    return {d.name: d.version for d in debs if d.body not in (b"older", b"newer", b"toolkit")}
 
 
 def _bundle(tmp_path: Path, base: str, *args: str) -> tuple[int, str, str, Path]:
@@ -106,9 +81,10 @@ def _bundle(tmp_path: Path, base: str, *args: str) -> tuple[int, str, str, Path]
     return result.exit_code, result.stdout, result.stderr, out
 
 
-def test_bundle_holds_the_plans_packages_with_their_dependencies_and_the_signed_index(tmp_path: Path) -> None:
-    wanted = _repo(tmp_path / "site")
-    with _served(tmp_path / "site") as base:
+def test_bundle_holds_the_plans_packages_with_their_dependencies_and_the_signed_index(tmp_path: Path,
+                                                                                       pinned: Signer) -> None:
+    wanted = _repo(tmp_path / "site", pinned)
+    with served(tmp_path / "site") as base:
         code, output, err, out = _bundle(tmp_path, base, "--json")
     assert code == 0, err
     summary = json.loads(output)
@@ -119,24 +95,30 @@ def test_bundle_holds_the_plans_packages_with_their_dependencies_and_the_signed_
     for item in manifest.items:  # each file is there, with the sha256 the manifest says, from the local site
         assert hashlib.sha256((out / item.path).read_bytes()).hexdigest() == item.sha256
         assert item.source.startswith(base)
-    assert {i.name for i in manifest.items if i.kind == "index"} == {"Release", "Release.gpg", "Packages.gz"}
+    assert {i.name for i in manifest.items if i.kind == "index"} == {"InRelease", "Release", "Packages.gz"}
     assert manifest.plan.repo == f"nvidia/{REPO}" and not offline.missing(_plan(), manifest)
 
 
-def test_a_package_other_than_the_index_says_is_refused_naming_it_and_nothing_is_kept(tmp_path: Path) -> None:
-    _repo(tmp_path / "site", changed="libnvidia-compute")
-    with _served(tmp_path / "site") as base:
+def test_a_package_other_than_the_index_says_is_refused_naming_it_and_nothing_is_kept(tmp_path: Path,
+                                                                                      pinned: Signer) -> None:
+    _repo(tmp_path / "site", pinned, changed="libnvidia-compute")
+    with served(tmp_path / "site") as base:
         code, _, output, out = _bundle(tmp_path, base)
     assert code == 1 and "libnvidia-compute_" in output and "serves a changed file" in output, output
     assert not (out / offline.MANIFEST).exists() and not list(out.rglob("*.deb"))
 
 
-def test_an_unsigned_repository_is_refused(tmp_path: Path) -> None:
-    _repo(tmp_path / "site")
-    (tmp_path / "site" / "repos" / REPO / "Release.gpg").unlink()
-    with _served(tmp_path / "site") as base:
+def test_an_unsigned_repository_or_a_keyring_of_another_key_is_refused(tmp_path: Path, signer: Signer) -> None:
+    _repo(tmp_path / "unsigned", signer, signed=False)
+    with served(tmp_path / "unsigned") as base:
         code, _, output, out = _bundle(tmp_path, base)
     assert code == 1 and "not signed" in output and not (out / offline.MANIFEST).exists(), output
+    _repo(tmp_path / "site", signer)  # its key is not NVIDIA's (not pinned here)
+    with served(tmp_path / "site") as base:
+        code, _, output, out = _bundle(tmp_path, base)
+    assert code == 1, output
+    assert f"cuda-keyring_1.1-1_all.deb served the signing key {signer.fingerprint}, not NVIDIA's" in output
+    assert not (out / offline.MANIFEST).exists() and not list(out.rglob("*.deb"))
 
 
 def _manifest_for(tmp_path: Path, playbook: str, drop: str | None = None) -> Path:

@@ -89,6 +89,61 @@ def _optional(url: str, dest: Path) -> tuple[str, int] | None:
         raise
 
 
+# ---- NVIDIA's signing key: the one thing a repository's index cannot vouch for, checked here against the pins
+
+def fingerprints(key: bytes) -> list[str]:
+    """The primary keys' fingerprints of an OpenPGP key file, as gpg reads them (the steps' gp_pinned_key)."""
+    if shutil.which("gpg") is None:
+        raise GpuprovError("gpg is needed here to check NVIDIA's signing key before it goes into a bundle; install "
+                           "it (gnupg)")
+    with tempfile.TemporaryDirectory() as home:
+        path = Path(home) / "key"
+        path.write_bytes(key)
+        shown = subprocess.run(["gpg", "--homedir", home, "--batch", "--show-keys", "--with-colons", str(path)],
+                               capture_output=True, text=True, check=False)
+    out, primary = [], False
+    for line in shown.stdout.splitlines():
+        fields = line.split(":")
+        if fields[0] == "fpr" and primary:
+            out.append(fields[9].upper())
+        primary = fields[0] == "pub"
+    return out
+
+
+def check_key(key: bytes, source: str, pinned: tuple[str, ...]) -> None:
+    got = fingerprints(key)
+    if not got:
+        raise Changed(f"{source} served no signing key gpg can read: refused (NVIDIA's are {' '.join(pinned)})")
+    for fpr in got:
+        if fpr not in pinned:
+            raise Changed(f"{source} served the signing key {fpr}, not NVIDIA's ({' '.join(pinned)}): refused, "
+                          "nothing was bundled")
+
+
+def keyring_keys(deb: Path) -> list[bytes]:
+    """The key files a keyring .deb installs under usr/share/keyrings (an ar archive holding data.tar.*)."""
+    import io
+    import tarfile
+
+    blob = deb.read_bytes()
+    if not blob.startswith(b"!<arch>\n"):
+        raise Changed(f"{deb.name} is not a .deb")
+    pos, keys = 8, []
+    while pos + 60 <= len(blob):
+        name, size = blob[pos:pos + 16].decode().strip().rstrip("/"), int(blob[pos + 48:pos + 58].decode().strip())
+        body = blob[pos + 60:pos + 60 + size]
+        pos += 60 + size + (size % 2)
+        if name.startswith("data.tar"):
+            try:
+                with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+                    for member in tar.getmembers():
+                        if member.isfile() and re.fullmatch(r"(\./)?usr/share/keyrings/[^/]+\.gpg", member.name):
+                            keys.append(tar.extractfile(member).read())  # type: ignore[union-attr]
+            except tarfile.TarError as exc:
+                raise Changed(f"{deb.name}: cannot read its {name}: {exc}") from None
+    return keys
+
+
 # ---- apt: a flat repository (NVIDIA's: `deb … {base}/{repo}/{arch}/ /`)
 
 @dataclass(frozen=True)
@@ -185,8 +240,8 @@ def resolve_debs(debs: list[Deb], wanted: Iterable[str], branch: int | None) -> 
     return list(chosen.values()), lacking, sorted(from_os)
 
 
-def _apt(base: str, folder: Path, rel: str, wanted: list[str], branch: int | None, say: Say,
-         items: list[Item]) -> list[str]:
+def _apt(base: str, folder: Path, rel: str, wanted: list[str], branch: int | None, pinned: tuple[str, ...],
+         say: Say, items: list[Item]) -> list[str]:
     signed = [name for name in ("InRelease", "Release.gpg") if _optional(f"{base}/{name}", folder / name)]
     release = _optional(f"{base}/Release", folder / "Release")
     if not signed:
@@ -213,6 +268,12 @@ def _apt(base: str, folder: Path, rel: str, wanted: list[str], branch: int | Non
         path = deb.filename.removeprefix("./")
         say(f"  {deb.name} {deb.version}")
         sha, size = _download(f"{base}/{path}", folder / path, deb.sha256)
+        if deb.name == "cuda-keyring":  # the key apt will check the index against must be NVIDIA's own
+            keys = keyring_keys(folder / path)
+            if not keys:
+                raise Changed(f"{base}/{path} holds no key under usr/share/keyrings: refused, nothing was bundled")
+            for key in keys:
+                check_key(key, f"{base}/{path}", pinned)
         items.append(Item(kind="package", name=deb.name, version=deb.version, path=f"{rel}/{path}", sha256=sha,
                           size=size, source=f"{base}/{path}"))
     return from_os
@@ -224,8 +285,8 @@ _NS = {"repo": "http://linux.duke.edu/metadata/repo", "common": "http://linux.du
        "rpm": "http://linux.duke.edu/metadata/rpm"}
 
 
-def _dnf(base: str, folder: Path, rel: str, repo: str, wanted: list[str], branch: int | None, say: Say,
-         items: list[Item]) -> list[str]:
+def _dnf(base: str, folder: Path, rel: str, repo: str, wanted: list[str], branch: int | None,
+         pinned: tuple[str, ...], say: Say, items: list[Item]) -> list[str]:
     def keep(name: str, sha: str, size: int, kind: offline.Kind = "index", version: str = "") -> None:
         items.append(Item(kind=kind, name=name.rsplit("/", 1)[-1], version=version, path=f"{rel}/{name}",
                           sha256=sha, size=size, source=f"{base}/{name}"))
@@ -243,6 +304,7 @@ def _dnf(base: str, folder: Path, rel: str, repo: str, wanted: list[str], branch
         for key_url in parser[section].get("gpgkey", "").split():
             key_name = key_url.rsplit("/", 1)[-1]
             keep(key_name, *_download(f"{base}/{key_name}", folder / key_name))
+            check_key((folder / key_name).read_bytes(), f"{base}/{key_name}", pinned)
     root = ET.parse(folder / "repodata/repomd.xml").getroot()
     primary: Path | None = None
     for data in root.findall("repo:data", _NS):
@@ -344,12 +406,13 @@ def make(plan: Plan, out: Path, say: Say) -> Result:
         base = f"{plan.sources.nvidia}/{stack.repo}/{stack.repo_arch}"
         say(f"NVIDIA's {stack.repo}/{stack.repo_arch} repository ({base}): {' '.join(packages)} and their dependencies")
         branch = stack.driver_branch
+        pinned = plan.sources.keys["nvidia"]
         with tempfile.TemporaryDirectory(dir=out) as work:  # a failed download leaves the folder as it was
             staged: list[Item] = []
             if stack.family == "apt":
-                from_os = _apt(base, Path(work), served.repo, packages, branch, say, staged)
+                from_os = _apt(base, Path(work), served.repo, packages, branch, pinned, say, staged)
             else:
-                from_os = _dnf(base, Path(work), served.repo, stack.repo, packages, branch, say, staged)
+                from_os = _dnf(base, Path(work), served.repo, stack.repo, packages, branch, pinned, say, staged)
             target = out / served.repo
             if target.exists():
                 shutil.rmtree(target)
