@@ -89,6 +89,7 @@ class Deb:
     body: bytes
     depends: str = ""
     arch: str = "amd64"
+    provides: str = ""
 
     @property
     def filename(self) -> str:
@@ -104,12 +105,17 @@ def write(folder: Path, debs: list[Deb], signer: Signer | None, *, served_as: di
         (folder / deb.filename).write_bytes((served_as or {}).get(deb.name, deb.body))
         stanzas.append(f"Package: {deb.name}\nVersion: {deb.version}\nArchitecture: {deb.arch}\n"
                        + (f"Depends: {deb.depends}\n" if deb.depends else "")
+                       + (f"Provides: {deb.provides}\n" if deb.provides else "")
                        + f"Filename: ./{deb.filename}\nSize: {len(deb.body)}\n"
                        f"SHA256: {hashlib.sha256(deb.body).hexdigest()}\n")
-    packages = gzip.compress("\n".join(stanzas).encode(), mtime=0)
+    text = "\n".join(stanzas).encode()
+    packages = gzip.compress(text, mtime=0)
     (folder / "Packages.gz").write_bytes(packages)
-    release = (f"Origin: NVIDIA\nLabel: NVIDIA CUDA\nSuite: ./\nCodename: ./\n"
-               f"SHA256:\n {hashlib.sha256(packages).hexdigest()} {len(packages)} Packages.gz\n")
+    # as NVIDIA's: the plain index listed too (apt looks for its name), served compressed only
+    release = (f"Origin: NVIDIA\nLabel: NVIDIA CUDA\nArchitecture: amd64\n"
+               "Date: Thu, 03 Dec 2026 00:00:00 UTC\n"
+               f"SHA256:\n {hashlib.sha256(text).hexdigest()} {len(text)} Packages\n"
+               f" {hashlib.sha256(packages).hexdigest()} {len(packages)} Packages.gz\n")
     (folder / "Release").write_text(release)
     if signer is not None:
         (folder / "InRelease").write_text(signer.clearsign(release))

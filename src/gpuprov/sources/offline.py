@@ -417,6 +417,7 @@ def make(plan: Plan, out: Path, say: Say) -> Result:
             if target.exists():
                 shutil.rmtree(target)
             target.parent.mkdir(parents=True, exist_ok=True)
+            Path(work).chmod(0o755)  # a temporary folder is its owner's only; apt reads the copy as its own user
             Path(work).rename(target)
             Path(work).mkdir()  # for TemporaryDirectory's own clean-up
             items += staged
