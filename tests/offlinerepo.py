@@ -137,3 +137,33 @@ def served(root: Path) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def wheel(name: str, version: str, tag: str = "cp312-cp312-manylinux_2_28_x86_64", requires: tuple[str, ...] = ()) -> \
+        tuple[str, bytes]:
+    """A wheel pip can read (metadata only: nothing in it runs): its file name and bytes."""
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": "",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                 + "".join(f"Requires-Dist: {r}\n" for r in requires),
+             f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: {tag}\n"}
+    files[f"{info}/RECORD"] = "".join(f"{path},,\n" for path in files) + f"{info}/RECORD,,\n"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+    return f"{name}-{version}-{tag}.whl", buf.getvalue()
+
+
+def simple_index(root: Path, wheels: dict[str, list[tuple[str, bytes]]]) -> None:
+    """A PEP 503 simple index in `root`: one page per project, each file with its sha256 (as pip checks it)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for project, files in wheels.items():
+        (root / project).mkdir(exist_ok=True)
+        links = []
+        for filename, body in files:
+            (root / project / filename).write_bytes(body)
+            links.append(f'<a href="{filename}#sha256={hashlib.sha256(body).hexdigest()}">{filename}</a>')
+        (root / project / "index.html").write_text("<html><body>\n" + "\n".join(links) + "\n</body></html>\n")

@@ -23,7 +23,7 @@ from gpuprov.cli import main
 from gpuprov.plan import offline, sources
 from gpuprov.plan.plan import Plan, make_host_plan
 from gpuprov.plan.stack import StackPins
-from tests.offlinerepo import REPO, Deb, Signer, keyring_deb, served, write
+from tests.offlinerepo import REPO, Deb, Signer, keyring_deb, served, simple_index, wheel, write
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +119,34 @@ def test_an_unsigned_repository_or_a_keyring_of_another_key_is_refused(tmp_path:
     assert code == 1, output
     assert f"cuda-keyring_1.1-1_all.deb served the signing key {signer.fingerprint}, not NVIDIA's" in output
     assert not (out / offline.MANIFEST).exists() and not list(out.rglob("*.deb"))
+
+
+def test_a_pytorch_bundle_holds_the_wheels_for_the_targets_python_and_the_installer(tmp_path: Path,
+                                                                                      pinned: Signer) -> None:
+    """pip download picks the plan's torch build (the PyTorch index's local version, over PyPI's) and its
+    dependencies for the target's Python and platform, whatever this machine runs; the uv installer comes too."""
+    plan = _plan("pytorch")
+    assert plan.stack is not None and plan.stack.torch is not None
+    version, variant = plan.stack.torch.version, plan.stack.torch.variant
+    full = version if version.count(".") == 2 else f"{version}.0"
+    site = tmp_path / "site"
+    _repo(site, pinned)
+    simple_index(site / "whl" / variant, {"torch": [wheel("torch", f"{full}+{variant}", requires=("filelock",))]})
+    simple_index(site / "simple", {"torch": [wheel("torch", full)], "filelock": [
+        wheel("filelock", "3.20.0", tag="py3-none-any"), wheel("filelock", "3.21.0", tag="cp39-cp39-win_amd64")]})
+    (site / "uv").mkdir()
+    (site / "uv" / "install.sh").write_text("#!/bin/sh\necho uv\n")
+    with served(site) as base:
+        (tmp_path / "sources.yml").write_text(f"nvidia: {base}/repos\ntorch: {base}/whl\npypi: {base}/simple\n"
+                                              f"uv: {base}/uv/install.sh\n")
+        result = CliRunner().invoke(main, ["bundle", "--offline", "--gpu", "L4", "--sources", str(tmp_path / "sources.yml"),
+                                           "-o", str(tmp_path / "bundle")])
+    assert result.exit_code == 0, result.output
+    manifest = offline.load(tmp_path / "bundle")
+    got = {i.name: (i.version, i.source) for i in manifest.items if i.kind in ("wheel", "installer")}
+    assert got == {"torch": (f"{full}+{variant}", f"{base}/whl/{variant}"), "filelock": ("3.20.0", f"{base}/simple"),
+                   "uv": ("", f"{base}/uv/install.sh")}
+    assert not offline.missing(plan, manifest) and manifest.plan.python == plan.stack.python
 
 
 def _manifest_for(tmp_path: Path, playbook: str, drop: str | None = None) -> Path:

@@ -15,6 +15,7 @@ from gpuprov.cli.common import (
     pin_options,
     pins_from,
     plan_from,
+    quiet,
     region_from,
     sources_flag,
     stack_options,
@@ -198,7 +199,7 @@ def render(out: str, **kw: Unpack[StackOptions]) -> None:
 @click.option("--offline", is_flag=True, help="Gather everything the plan downloads, for hosts with no route out "
                                                "(required: the one kind of bundle there is).")
 @click.option("-o", "--output", "out", required=True, metavar="DIR",
-              help="Folder to download into (made if missing; a rerun downloads what changed).")
+              help="Folder to download into (made if missing; a rerun downloads it all again).")
 @click.option("--json", "as_json", is_flag=True, help="Print a summary as JSON instead of progress lines.")
 def bundle(gpu: str, arch: str | None, offline: bool, out: str, as_json: bool, **kw: Unpack[PinOptions]) -> None:
     """Download what a plan installs into DIR, for `bootstrap HOST --offline DIR` on a host with no network.
@@ -220,7 +221,7 @@ def bundle(gpu: str, arch: str | None, offline: bool, out: str, as_json: bool, *
     the_plan = make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins_from(kw),
                               jupyter=kw["jupyter"], docker=kw["docker"], sources_flag=sources_flag(kw),
                               arch=arch or gpu_arch(gpu))  # type: ignore[arg-type]  # click's Choice
-    say = (lambda _line: None) if as_json else (lambda line: click.echo(line, err=True))
+    say = (lambda _line: None) if as_json or quiet() else (lambda line: click.echo(line, err=True))
     try:
         result = download.make(the_plan, Path(out), say)
     except SourceUnreachable as exc:

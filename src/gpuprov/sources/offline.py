@@ -342,37 +342,47 @@ def _dnf(base: str, folder: Path, rel: str, repo: str, wanted: list[str], branch
 
 # ---- wheels and installers
 
+# what pip is told from outside that would change which wheels a bundle holds: the sources map decides that
+PIP_CHOICES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX", "PIP_CONSTRAINT",
+               "PIP_REQUIREMENT", "PIP_ONLY_BINARY", "PIP_NO_BINARY", "PIP_PRE", "PIP_PLATFORM", "PIP_PYTHON_VERSION")
+
+
+def _pip_env() -> dict[str, str]:
+    """This process's environment for pip, less what chooses wheels (PIP_CHOICES, and the configuration files,
+    which can set the same); how it reaches an index (a proxy, PIP_CERT, timeouts) stays."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in PIP_CHOICES}
+    env["PIP_CONFIG_FILE"] = os.devnull  # pip then reads no configuration file at all
+    return env
+
+
 def _wheels(plan: Plan, specs: list[Need], out: Path, say: Say, items: list[Item]) -> None:
+    """One `pip download` for every wheel, so the torch the other packages depend on is the plan's build: the
+    PyTorch index first (its local versions, +cu132, rank above PyPI's), PyPI for the rest."""
     python = offline.served(plan).python or "3.12"
-    torch = next((n for n in specs if n.name == "torch"), None)
-    groups: list[tuple[list[Need], list[str]]] = []
-    if torch is not None:
-        wheel = plan.stack.torch if plan.stack else plan.cpu_torch
-        assert wheel is not None  # a torch need comes from a wheel
-        groups.append(([torch], ["--index-url", plan.sources.rebase(wheel.index_url),
-                                 "--extra-index-url", plan.sources.pypi]))
-    rest = [n for n in specs if n is not torch]
-    if rest:
-        groups.append((rest, ["--index-url", plan.sources.pypi]))
+    wheel = plan.stack.torch if plan.stack else plan.cpu_torch
+    torch_index = plan.sources.rebase(wheel.index_url) if wheel is not None and any(
+        n.name == "torch" for n in specs) else None
+    indexes = ["--index-url", torch_index, "--extra-index-url", plan.sources.pypi] if torch_index else \
+        ["--index-url", plan.sources.pypi]
     dest = out / "wheels"
     dest.mkdir(parents=True, exist_ok=True)
-    for needs, indexes in groups:
-        say(f"wheels for Python {python} on {plan.arch}: {' '.join(n.spec for n in needs)}")
-        argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-input",
-                "--dest", str(dest), "--only-binary=:all:", "--implementation", "cp", "--python-version", python,
-                *(a for tag in PLATFORMS[plan.arch] for a in ("--platform", tag)), *indexes,
-                *(n.spec for n in needs)]
-        for host in plan.sources.plain_http_hosts:
-            argv += ["--trusted-host", host]
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise GpuprovError(f"pip download ({' '.join(indexes)}) failed: {last}")
+    say(f"wheels for Python {python} on {plan.arch}: {' '.join(n.spec for n in specs)}")
+    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-input",
+            "--dest", str(dest), "--only-binary=:all:", "--implementation", "cp", "--python-version", python,
+            *(a for tag in PLATFORMS[plan.arch] for a in ("--platform", tag)), *indexes, *(n.spec for n in specs)]
+    for host in plan.sources.plain_http_hosts:
+        argv += ["--trusted-host", host]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=_pip_env())
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise GpuprovError(f"pip download ({' '.join(indexes)}) failed: {last}")
     for wheel_path in sorted(dest.glob("*.whl")):
         name, version = wheel_path.name.split("-")[:2]
         items.append(Item(kind="wheel", name=offline.normal(name), version=version, path=f"wheels/{wheel_path.name}",
                           sha256=hashlib.sha256(wheel_path.read_bytes()).hexdigest(), size=wheel_path.stat().st_size,
-                          source=plan.sources.pypi if torch is None or name != "torch" else plan.sources.torch))
+                          source=torch_index if torch_index and "+" in version else plan.sources.pypi))
 
 
 def _installer(plan: Plan, key: str, out: Path, say: Say, items: list[Item]) -> None:
