@@ -180,6 +180,11 @@ def test_bootstrap_offline_refuses_a_plan_the_bundle_lacks_naming_each_item_befo
     assert "unreachable" not in output.lower()
 
 
+def test_a_step_no_bundle_holds_is_refused_offline(tmp_path: Path) -> None:
+    code, output = _bootstrap(_manifest_for(tmp_path, "minimal"), "-p", "minimal", "--docker")
+    assert code == 2 and "step docker: Docker's and NVIDIA's container toolkit repositories are not bundled" in output
+
+
 def test_bootstrap_offline_refuses_a_bundle_for_another_os_or_a_folder_that_is_not_one(tmp_path: Path) -> None:
     code, output = _bootstrap(_manifest_for(tmp_path, "minimal"), "-p", "minimal", os_name="ubuntu-22.04")
     assert code == 2, output

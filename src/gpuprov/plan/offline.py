@@ -174,9 +174,18 @@ def mismatch(plan: Plan, manifest: Manifest) -> str | None:
     return f"the bundle is for {have.os} {have.arch} hosts, the plan for {want.os} {want.arch}"
 
 
+# steps whose downloads no bundle holds yet: a plan with one of them is refused offline rather than failing there
+NOT_BUNDLED = {
+    "docker": "Docker's and NVIDIA's container toolkit repositories are not bundled yet (drop --docker)",
+    "metrics": "the exporters' packages are not bundled yet (drop --metrics)",
+    "data-fetch": "it reads S3, which a host with no network cannot reach",
+    "data-save": "it writes to S3, which a host with no network cannot reach",
+}
+
+
 def missing(plan: Plan, manifest: Manifest) -> list[str]:
     """What `plan` needs that the bundle lacks, each naming the item and the step; empty: it serves the plan."""
-    out: list[str] = []
+    out = [f"step {s.name}: {NOT_BUNDLED[s.name]}" for s in plan.steps if s.name in NOT_BUNDLED]
     for need in needs(plan):
         have = manifest.names(need.kind)
         if (normal(need.name) if need.kind == "wheel" else need.name) not in have:
