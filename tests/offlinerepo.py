@@ -167,3 +167,38 @@ def simple_index(root: Path, wheels: dict[str, list[tuple[str, bytes]]]) -> None
             (root / project / filename).write_bytes(body)
             links.append(f'<a href="{filename}#sha256={hashlib.sha256(body).hexdigest()}">{filename}</a>')
         (root / project / "index.html").write_text("<html><body>\n" + "\n".join(links) + "\n</body></html>\n")
+
+
+def write_dnf(folder: Path, repo: str, rpms: list[tuple[str, str, tuple[str, ...], bytes]], signer: Signer) -> None:
+    """An imitation of NVIDIA's dnf repository in `folder`, as createrepo_c lays it out: repodata/repomd.xml (with
+    its detached signature) listing primary.xml.gz by sha256, each package's sha256 and requires in primary, the
+    `.repo` file naming the signing key at the origin, and the key. `rpms`: (name, version-release, requires, bytes)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    packages = []
+    for name, evr, requires, body in rpms:
+        ver, rel = evr.rsplit("-", 1)
+        filename = f"{name}-{evr}.x86_64.rpm"
+        (folder / filename).write_bytes(body)
+        entries = "".join(f'<rpm:entry name="{r}"/>' for r in requires)
+        packages.append(
+            f'<package type="rpm"><name>{name}</name><arch>x86_64</arch><version epoch="3" ver="{ver}" rel="{rel}"/>'
+            f'<checksum type="sha256" pkgid="YES">{hashlib.sha256(body).hexdigest()}</checksum>'
+            f'<location href="{filename}"/><format><rpm:provides><rpm:entry name="{name}"/></rpm:provides>'
+            f"<rpm:requires>{entries}</rpm:requires></format></package>")
+    primary = gzip.compress(('<?xml version="1.0" encoding="UTF-8"?>\n<metadata xmlns="http://linux.duke.edu/metadata/'
+                             'common" xmlns:rpm="http://linux.duke.edu/metadata/rpm" '
+                             f'packages="{len(packages)}">{"".join(packages)}</metadata>\n').encode(), mtime=0)
+    (folder / "repodata").mkdir(exist_ok=True)
+    name = f"repodata/{hashlib.sha256(primary).hexdigest()}-primary.xml.gz"
+    (folder / name).write_bytes(primary)
+    repomd = ('<?xml version="1.0" encoding="UTF-8"?>\n<repomd xmlns="http://linux.duke.edu/metadata/repo">'
+              f'<data type="primary"><checksum type="sha256">{hashlib.sha256(primary).hexdigest()}</checksum>'
+              f'<location href="{name}"/></data></repomd>\n')
+    (folder / "repodata/repomd.xml").write_text(repomd)
+    (folder / "repodata/repomd.xml.asc").write_text(subprocess.run(
+        ["gpg", "--batch", "--armor", "--detach-sign"], input=repomd, text=True, check=True, capture_output=True,
+        env={"GNUPGHOME": str(signer.home), "PATH": "/usr/bin:/bin"}).stdout)
+    base = f"{DEFAULTS.nvidia}/{repo}/x86_64"
+    (folder / f"cuda-{repo}.repo").write_text(f"[cuda-{repo}-x86_64]\nname=cuda-{repo}-x86_64\nbaseurl={base}\n"
+                                              f"enabled=1\ngpgcheck=1\ngpgkey={base}/D42D0685.pub\n")
+    (folder / "D42D0685.pub").write_bytes(signer.public)

@@ -23,7 +23,7 @@ from gpuprov.cli import main
 from gpuprov.plan import offline, sources
 from gpuprov.plan.plan import Plan, make_host_plan
 from gpuprov.plan.stack import StackPins
-from tests.offlinerepo import REPO, Deb, Signer, keyring_deb, served, simple_index, wheel, write
+from tests.offlinerepo import REPO, Deb, Signer, keyring_deb, served, simple_index, wheel, write, write_dnf
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +147,32 @@ def test_a_pytorch_bundle_holds_the_wheels_for_the_targets_python_and_the_instal
     assert got == {"torch": (f"{full}+{variant}", f"{base}/whl/{variant}"), "filelock": ("3.20.0", f"{base}/simple"),
                    "uv": ("", f"{base}/uv/install.sh")}
     assert not offline.missing(plan, manifest) and manifest.plan.python == plan.stack.python
+
+
+def test_a_dnf_bundle_copies_the_signed_repodata_and_resolves_the_packages_from_primary(tmp_path: Path,
+                                                                                          pinned: Signer) -> None:
+    plan = make_host_plan("L4", "minimal", "rocky-9", StackPins())
+    assert plan.stack is not None and plan.stack.repo == "rhel9"
+    branch = plan.stack.driver_branch
+    rpms = [("nvidia-open", f"{branch}.71.05-1.el9", ("nvidia-driver", "kmod-nvidia-open-dkms"), b"meta"),
+            ("nvidia-open", f"{branch + 15}.10.01-1.el9", (), b"newer"),
+            ("nvidia-driver", f"{branch}.71.05-1.el9", ("glibc",), b"driver"),
+            ("kmod-nvidia-open-dkms", f"{branch}.71.05-1.el9", ("dkms",), b"kmod"),
+            ("nvidia-fabricmanager", f"{branch}.71.05-1", (), b"fm")]
+    write_dnf(tmp_path / "site" / "repos" / "rhel9" / "x86_64", "rhel9", rpms, pinned)
+    with served(tmp_path / "site") as base:
+        (tmp_path / "sources.yml").write_text(f"nvidia: {base}/repos\n")
+        result = CliRunner().invoke(main, ["bundle", "--offline", "--gpu", "L4", "--os", "rocky-9", "-p", "minimal",
+                                           "--sources", str(tmp_path / "sources.yml"), "-o", str(tmp_path / "b"),
+                                           "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["from_os"] == ["dkms", "glibc"]
+    manifest = offline.load(tmp_path / "b")
+    assert {i.name: i.version for i in manifest.items if i.kind == "package"} == {
+        name: evr for name, evr, _, body in rpms if body != b"newer"}
+    assert {i.name for i in manifest.items if i.kind == "index"} >= {"repomd.xml", "repomd.xml.asc", "cuda-rhel9.repo",
+                                                                     "D42D0685.pub"}
+    assert not offline.missing(plan, manifest)
 
 
 def _manifest_for(tmp_path: Path, playbook: str, drop: str | None = None) -> Path:
