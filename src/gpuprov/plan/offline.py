@@ -9,7 +9,7 @@ A bundle is a folder:
                                   Release + Release.gpg, Packages) copied whole, and the packages the plan installs
                                   with their dependencies (dnf: repodata/ and the rpms)
     wheels/                       the wheels for the target's Python and platform (pip download)
-    installers/                   the uv installer, the pinned Miniforge release
+    installers/                   the pinned Miniforge release (uv comes as its wheel)
 
 On the host the folder is OFFLINE_DIR, and the plan's sources map points `nvidia` at it (`file://`): the driver step
 installs NVIDIA's cuda-keyring from it, and apt or dnf read the repository there as they read NVIDIA's own, checking
@@ -122,9 +122,9 @@ def needs(plan: Plan) -> tuple[Need, ...]:
     if stack is not None and "cuda-toolkit" in names and stack.cuda_toolkit_package:
         out.append(Need("package", stack.cuda_toolkit_package, stack.cuda_toolkit_package, "cuda-toolkit"))
     env = plan.playbook.env
-    if "python-env" in names and env is not None:
-        out.append(Need("installer", env.manager if env.manager == "uv" else "miniforge",
-                        env.manager if env.manager == "uv" else "miniforge", "python-env"))
+    if "python-env" in names and env is not None:  # uv comes as its wheel (its installer script downloads it)
+        out.append(Need("wheel", "uv", "uv", "python-env") if env.manager == "uv" else
+                   Need("installer", "miniforge", "miniforge", "python-env"))
     torch = stack.torch if stack is not None else plan.cpu_torch
     if "pytorch" in names and torch is not None:
         out.append(Need("wheel", "torch", torch.requirement, "pytorch"))
@@ -210,9 +210,8 @@ def check(plan: Plan, manifest: Manifest, where: str) -> None:
 
 
 def offline_sources(effective: Effective, folder: str = OFFLINE_DIR) -> Effective:
-    """The map a host with the bundle at `folder` reads: NVIDIA's repository from the bundle's copy (`file://`),
-    the installers from the bundle, and no Python index at all (`offline`: the steps install from wheels/)."""
-    urls = {**effective.urls, "nvidia": f"file://{folder}/nvidia", "uv": f"file://{folder}/installers/uv-install.sh",
-            "miniforge": f"file://{folder}/installers"}
-    origins = {**effective.origins, **dict.fromkeys(("nvidia", "uv", "miniforge"), "--offline")}
+    """The map a host with the bundle at `folder` reads: NVIDIA's repository and Miniforge from the bundle's copy
+    (`file://`), and no Python index at all (`offline`: the steps install from wheels/, uv included)."""
+    urls = {**effective.urls, "nvidia": f"file://{folder}/nvidia", "miniforge": f"file://{folder}/installers"}
+    origins = {**effective.origins, **dict.fromkeys(("nvidia", "miniforge"), "--offline")}
     return replace(effective, urls=urls, origins=origins, offline=folder)

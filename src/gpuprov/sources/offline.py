@@ -9,7 +9,8 @@ route out (plan/offline.py says what a plan needs and what the folder holds).
   signature against NVIDIA's key, so neither a mirror nor the bundle can change what is installed.
 - The wheels: `pip download` with the target's platform and Python (`--platform`, `--python-version`,
   `--only-binary=:all:`), from the map's torch and pypi indexes; pip checks each wheel against the index's sha256.
-- The installers: Miniforge's pinned release, checked against its pinned sha256; the uv installer script.
+- Miniforge's pinned release, checked against its pinned sha256; uv comes as its own wheel (its installer script
+  would download it from GitHub), with the others.
 """
 
 from __future__ import annotations
@@ -385,14 +386,7 @@ def _wheels(plan: Plan, specs: list[Need], out: Path, say: Say, items: list[Item
                           source=torch_index if torch_index and "+" in version else plan.sources.pypi))
 
 
-def _installer(plan: Plan, key: str, out: Path, say: Say, items: list[Item]) -> None:
-    if key == "uv":
-        url = plan.sources.uv
-        say(f"the uv installer ({url})")
-        sha, size = _download(url, out / "installers" / "uv-install.sh")
-        items.append(Item(kind="installer", name="uv", path="installers/uv-install.sh", sha256=sha, size=size,
-                          source=url))
-        return
+def _miniforge(plan: Plan, out: Path, say: Say, items: list[Item]) -> None:
     pin = plan.sources.installers["miniforge"]
     name = f"Miniforge3-{pin.version}-Linux-{plan.arch}.sh"
     url = f"{plan.sources.miniforge}/{pin.version}/{name}"
@@ -431,9 +425,8 @@ def make(plan: Plan, out: Path, say: Say) -> Result:
             Path(work).rename(target)
             Path(work).mkdir()  # for TemporaryDirectory's own clean-up
             items += staged
-    for need in needs:
-        if need.kind == "installer":
-            _installer(plan, need.name, out, say, items)
+    if any(need.kind == "installer" for need in needs):
+        _miniforge(plan, out, say, items)
     wheels = [n for n in needs if n.kind == "wheel"]
     if wheels:
         _wheels(plan, wheels, out, say, items)
