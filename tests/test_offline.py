@@ -209,6 +209,10 @@ def test_bootstrap_offline_refuses_a_plan_the_bundle_lacks_naming_each_item_befo
 def test_a_step_no_bundle_holds_is_refused_offline(tmp_path: Path) -> None:
     code, output = _bootstrap(_manifest_for(tmp_path, "minimal"), "-p", "minimal", "--docker")
     assert code == 2 and "step docker: Docker's and NVIDIA's container toolkit repositories are not bundled" in output
+    made = CliRunner().invoke(main, ["bundle", "--offline", "--gpu", "L4", "-p", "minimal", "--docker", "-o",
+                                     str(tmp_path / "b")])
+    assert made.exit_code == 2 and made.output.startswith("error: bundle --offline: step docker: "), made.output
+    assert not (tmp_path / "b").exists()
 
 
 def test_bootstrap_offline_refuses_a_bundle_for_another_os_or_a_folder_that_is_not_one(tmp_path: Path) -> None:
