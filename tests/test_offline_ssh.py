@@ -2,7 +2,9 @@
 files the host lacks or holds changed, and the host's copy read back against the manifest.
 
 What a user would notice: a rerun sends nothing it sent before (a cut transfer resumes); a file damaged on the host
-is sent again, and only it; the host's /var/lib/gpuprov/offline ends holding the bundle file for file.
+is sent again, and only it; the host's /var/lib/gpuprov/offline ends holding the bundle file for file; through the
+command, a host whose plan the bundle serves gets it and its steps run, and one whose plan it does not (another OS)
+fails at its plan, naming why, with nothing sent.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from gpuprov.hosts.offline import push
 from gpuprov.hosts.remote import HostSettings, Remote
 from gpuprov.plan import offline
 from gpuprov.plan.inventory import Target
+from tests.test_bootstrap_ssh import bootstrap, reset
 
 
-def _bundle(folder: Path) -> offline.Manifest:
+def _bundle(folder: Path, os_name: str = "ubuntu-24.04", playbook: str = "minimal") -> offline.Manifest:
     files = {"nvidia/ubuntu2404/x86_64/InRelease": b"signed index", "nvidia/ubuntu2404/x86_64/a_1_amd64.deb": b"a" * 70_000,
              "wheels/torch-2.15.0+cu132-cp312-cp312-manylinux_2_28_x86_64.whl": b"wheel", "installers/uv-install.sh": b"uv"}
     items = []
@@ -25,7 +28,7 @@ def _bundle(folder: Path) -> offline.Manifest:
         (folder / path).write_bytes(body)
         items.append(offline.Item(kind="index", name=Path(path).name, path=path, size=len(body), source="test",
                                   sha256=hashlib.sha256(body).hexdigest()))
-    manifest = offline.Manifest(plan=offline.Served(os="ubuntu-24.04", arch="x86_64", gpu="L4", playbook="minimal",
+    manifest = offline.Manifest(plan=offline.Served(os=os_name, arch="x86_64", gpu="L4", playbook=playbook,
                                                     python=None, family="apt", repo="nvidia/ubuntu2404/x86_64"),
                                 items=tuple(items))
     (folder / offline.MANIFEST).write_text(manifest.model_dump_json())
@@ -52,4 +55,23 @@ def test_the_bundle_is_sent_once_resumed_file_by_file_and_read_back(host_pool, g
         remote.close()
         held = pool.exec_in(0, f"cd {offline.OFFLINE_DIR} && sha256sum {' '.join(i.path for i in manifest.items)}; "
                                f"rm -rf {offline.OFFLINE_DIR}").stdout
+    assert {line.split()[1]: line.split()[0] for line in held.splitlines()} == {i.path: i.sha256 for i in manifest.items}
+
+
+def test_bootstrap_offline_sends_the_bundle_before_the_steps_and_refuses_a_host_it_does_not_serve(
+        host_pool, gp_home, tmp_path: Path) -> None:
+    pool = host_pool
+    reset(pool, [0])
+    playbook = tmp_path / "bare.yml"  # no GPU stack, no env: what the bundle serves is its OS and CPU
+    playbook.write_text("name: bare\nstack: none\nenv: null\n")
+    _bundle(tmp_path / "other", os_name="ubuntu-24.04", playbook="bare")
+    code, hosts = bootstrap(pool, [0], "-p", str(playbook), "--offline", str(tmp_path / "other"))
+    assert code == 1 and hosts[0]["failed_step"] == "plan", hosts
+    assert "the bundle is for ubuntu-24.04 x86_64 hosts, the plan for ubuntu-22.04 x86_64" in hosts[0]["error"]
+    assert pool.exec_in(0, f"test -e {offline.OFFLINE_DIR}").returncode != 0  # nothing was sent
+    manifest = _bundle(tmp_path / "bundle", os_name="ubuntu-22.04", playbook="bare")
+    code, hosts = bootstrap(pool, [0], "-p", str(playbook), "--offline", str(tmp_path / "bundle"))
+    assert code == 0, hosts
+    held = pool.exec_in(0, f"cd {offline.OFFLINE_DIR} && sha256sum {' '.join(i.path for i in manifest.items)}; "
+                           f"rm -rf {offline.OFFLINE_DIR}").stdout
     assert {line.split()[1]: line.split()[0] for line in held.splitlines()} == {i.path: i.sha256 for i in manifest.items}
