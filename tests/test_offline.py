@@ -173,6 +173,13 @@ def test_a_dnf_bundle_copies_the_signed_repodata_and_resolves_the_packages_from_
     assert {i.name for i in manifest.items if i.kind == "index"} >= {"repomd.xml", "repomd.xml.asc", "cuda-rhel9.repo",
                                                                      "D42D0685.pub"}
     assert not offline.missing(plan, manifest)
+    repo_file = tmp_path / "site" / "repos" / "rhel9" / "x86_64" / "cuda-rhel9.repo"
+    repo_file.write_text(repo_file.read_text().replace("gpgcheck=1", "gpgcheck=0"))
+    with served(tmp_path / "site") as base:
+        (tmp_path / "sources.yml").write_text(f"nvidia: {base}/repos\n")
+        result = CliRunner().invoke(main, ["bundle", "--offline", "--gpu", "L4", "--os", "rocky-9", "-p", "minimal",
+                                           "--sources", str(tmp_path / "sources.yml"), "-o", str(tmp_path / "b2")])
+    assert result.exit_code == 1 and "has no gpgcheck=1 with a gpgkey" in result.output, result.output
 
 
 def _manifest_for(tmp_path: Path, playbook: str, drop: str | None = None) -> Path:

@@ -2,8 +2,9 @@
 route out (plan/offline.py says what a plan needs and what the folder holds).
 
 - NVIDIA's packages: the repository's signed index is copied whole (apt: InRelease, Release, Release.gpg and the
-  Packages file the Release lists; dnf: repomd.xml, its signature and every file it lists), each file checked
-  against the sha256 the index above it gives. The plan's packages and their dependencies are resolved against that
+  Packages file the Release lists; dnf: repomd.xml, its signature where there is one, and every file it lists; the
+  `.repo` must say gpgcheck=1, as dnf then checks each package's own signature), each file checked against the
+  sha256 the index above it gives. The plan's packages and their dependencies are resolved against that
   index (a dependency NVIDIA's repository does not carry is the OS's: named in the summary, not bundled), and each
   package is downloaded and checked against the index's sha256. On the host, apt or dnf check the index's
   signature against NVIDIA's key, so neither a mirror nor the bundle can change what is installed.
@@ -293,14 +294,19 @@ def _dnf(base: str, folder: Path, rel: str, repo: str, wanted: list[str], branch
                           sha256=sha, size=size, source=f"{base}/{name}"))
 
     keep("repodata/repomd.xml", *_download(f"{base}/repodata/repomd.xml", folder / "repodata/repomd.xml"))
-    signature = _optional(f"{base}/repodata/repomd.xml.asc", folder / "repodata/repomd.xml.asc")
-    if signature is None:
-        raise Changed(f"{base}: no repodata/repomd.xml.asc: the repository's index is not signed; nothing was bundled")
-    keep("repodata/repomd.xml.asc", *signature)
+    # dnf checks each package's own signature against the .repo's gpgkey (gpgcheck=1): that is what keeps a bundle
+    # from changing what is installed; the index's signature, where the repository publishes one, comes too
+    if signature := _optional(f"{base}/repodata/repomd.xml.asc", folder / "repodata/repomd.xml.asc"):
+        keep("repodata/repomd.xml.asc", *signature)
     repo_file = f"cuda-{repo}.repo"
     keep(repo_file, *_download(f"{base}/{repo_file}", folder / repo_file))
     parser = configparser.ConfigParser(interpolation=None)
     parser.read_string((folder / repo_file).read_text())
+    unchecked = [s for s in parser.sections() if parser[s].get("gpgcheck", "0").strip() != "1"
+                 or not parser[s].get("gpgkey", "").strip()]
+    if unchecked:
+        raise Changed(f"{base}/{repo_file}: {', '.join(unchecked)} has no gpgcheck=1 with a gpgkey, so dnf would "
+                      "install its packages unchecked: refused, nothing was bundled")
     for section in parser.sections():
         for key_url in parser[section].get("gpgkey", "").split():
             key_name = key_url.rsplit("/", 1)[-1]
