@@ -4,9 +4,11 @@ access (ssh/exec/tunnel/sync/monitor), bench. Never calls the cloud or the comma
 Any host, launched or not: remote.py (Fabric/paramiko connections with pinned host keys, hostkeys.py, over the TCP
 connection wire.py makes), the facts (detect.py), the per-host plan (planner.py), the runner's protocol (runner.py)
 and the rendered bundles kept on disk (bundle_cache.py), bootstrap.py (one exec per host: facts, plan, bundle,
-steps, reboots; an offline bundle sent first, offline.py) and its per-host log (hostlog.py), the probes and their
-judges (verify.py, check.py, gpubench.py), doctor.py on doctor_facts.py, living on a node (access.py; the system
-ssh and rsync: sshcli.py), gpuprov's ssh config (sshconfig.py) and the bounded thread pool (fanout.py). It sits
-above plan/ (it plans each host it reaches) and below cluster/ and cloud/, which reach hosts through it only; boto3
-never (import-linter's `hosts-no-cloud`).
+steps, reboots) and its per-host log (hostlog.py), the probes and their judges (verify.py, check.py, gpubench.py),
+doctor.py on doctor_facts.py, living on a node (access.py; the system ssh and rsync: sshcli.py), gpuprov's ssh
+config (sshconfig.py) and the bounded thread pool (fanout.py). It sits above plan/ (it plans each host it
+reaches) and below cluster/ and cloud/, which reach hosts through it only; boto3 never (import-linter's
+`hosts-no-cloud`).
+
+offline.py sends an offline bundle to a host before bootstrap's steps (`bootstrap --offline DIR`).
 """
