@@ -121,9 +121,16 @@ def write(folder: Path, debs: list[Deb], signer: Signer | None, *, served_as: di
         (folder / "InRelease").write_text(signer.clearsign(release))
 
 
+REQUESTS: list[str] = []  # every path the served sites were asked for, in order (tests clear it)
+
+
 class _Quiet(SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         pass
+
+    def do_GET(self) -> None:
+        REQUESTS.append(self.path)
+        super().do_GET()
 
 
 @contextlib.contextmanager

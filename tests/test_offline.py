@@ -23,7 +23,7 @@ from gpuprov.cli import main
 from gpuprov.plan import offline, sources
 from gpuprov.plan.plan import Plan, make_host_plan
 from gpuprov.plan.stack import StackPins
-from tests.offlinerepo import REPO, Deb, Signer, keyring_deb, served, simple_index, wheel, write, write_dnf
+from tests.offlinerepo import REPO, REQUESTS, Deb, Signer, keyring_deb, served, simple_index, wheel, write, write_dnf
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,11 @@ def test_bundle_holds_the_plans_packages_with_their_dependencies_and_the_signed_
     wanted = _repo(tmp_path / "site", pinned)
     with served(tmp_path / "site") as base:
         code, output, err, out = _bundle(tmp_path, base, "--json")
-    assert code == 0, err
+        assert code == 0, err
+        REQUESTS.clear()
+        again = _bundle(tmp_path, base, "--json")  # a rerun: the index read again, no package downloaded again
+    assert again[0] == 0 and json.loads(again[1])["files"] == json.loads(output)["files"], again
+    assert REQUESTS and not [path for path in REQUESTS if path.endswith(".deb")], REQUESTS
     summary = json.loads(output)
     assert summary["from_os"] == ["libc6"] and summary["files"]["package"] == len(wanted)
     manifest = offline.load(out)

@@ -199,7 +199,7 @@ def render(out: str, **kw: Unpack[StackOptions]) -> None:
 @click.option("--offline", is_flag=True, help="Gather everything the plan downloads, for hosts with no route out "
                                                "(required: the one kind of bundle there is).")
 @click.option("-o", "--output", "out", required=True, metavar="DIR",
-              help="Folder to download into (made if missing; a rerun downloads it all again).")
+              help="Folder to download into (made if missing; a rerun downloads only what changed).")
 @click.option("--json", "as_json", is_flag=True, help="Print a summary as JSON instead of progress lines.")
 def bundle(gpu: str, arch: str | None, offline: bool, out: str, as_json: bool, **kw: Unpack[PinOptions]) -> None:
     """Download what a plan installs into DIR, for `bootstrap HOST --offline DIR` on a host with no network.

@@ -55,9 +55,23 @@ class Result:
     from_os: list[str] = field(default_factory=list)  # dependencies NVIDIA's repository does not carry
 
 
-def _download(url: str, dest: Path, want: str | None = None) -> tuple[str, int]:
-    """`url` into `dest` (written whole or not at all); its sha256 and size. `want`: the sha256 it must have."""
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as held:
+        while chunk := held.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _download(url: str, dest: Path, want: str | None = None, previous: Path | None = None) -> tuple[str, int]:
+    """`url` into `dest` (written whole or not at all); its sha256 and size. `want`: the sha256 it must have;
+    `previous`: where an earlier bundle kept it, used instead when it has that sha256 (a rerun downloads only what
+    changed)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if want is not None and previous is not None and previous.is_file() and _sha256(previous) == want.lower():
+        if previous != dest:
+            shutil.copy2(previous, dest)
+        return want.lower(), dest.stat().st_size
     digest, size = hashlib.sha256(), 0
     tmp = dest.with_name(dest.name + ".part")
     try:
@@ -242,8 +256,8 @@ def resolve_debs(debs: list[Deb], wanted: Iterable[str], branch: int | None) -> 
     return list(chosen.values()), lacking, sorted(from_os)
 
 
-def _apt(base: str, folder: Path, rel: str, wanted: list[str], branch: int | None, pinned: tuple[str, ...],
-         say: Say, items: list[Item]) -> list[str]:
+def _apt(base: str, folder: Path, kept: Path, rel: str, wanted: list[str], branch: int | None,
+         pinned: tuple[str, ...], say: Say, items: list[Item]) -> list[str]:
     signed = [name for name in ("InRelease", "Release.gpg") if _optional(f"{base}/{name}", folder / name)]
     release = _optional(f"{base}/Release", folder / "Release")
     if not signed:
@@ -258,7 +272,7 @@ def _apt(base: str, folder: Path, rel: str, wanted: list[str], branch: int | Non
     sha, size = _download(f"{base}/{name}", folder / name, sums[packages_path][0])
     for index in (*signed, *(("Release",) if release else ()), name):
         items.append(Item(kind="index", name=index, path=f"{rel}/{index}", source=f"{base}/{index}",
-                          sha256=hashlib.sha256((folder / index).read_bytes()).hexdigest(),
+                          sha256=_sha256(folder / index),
                           size=(folder / index).stat().st_size))
     body = (folder / name).read_bytes()
     debs = parse_debs((gzip.decompress(body) if name.endswith(".gz") else body).decode("utf-8", "replace"))
@@ -269,7 +283,7 @@ def _apt(base: str, folder: Path, rel: str, wanted: list[str], branch: int | Non
     for deb in chosen:
         path = deb.filename.removeprefix("./")
         say(f"  {deb.name} {deb.version}")
-        sha, size = _download(f"{base}/{path}", folder / path, deb.sha256)
+        sha, size = _download(f"{base}/{path}", folder / path, deb.sha256, kept / path)
         if deb.name == "cuda-keyring":  # the key apt will check the index against must be NVIDIA's own
             keys = keyring_keys(folder / path)
             if not keys:
@@ -287,7 +301,7 @@ _NS = {"repo": "http://linux.duke.edu/metadata/repo", "common": "http://linux.du
        "rpm": "http://linux.duke.edu/metadata/rpm"}
 
 
-def _dnf(base: str, folder: Path, rel: str, repo: str, wanted: list[str], branch: int | None,
+def _dnf(base: str, folder: Path, kept: Path, rel: str, repo: str, wanted: list[str], branch: int | None,
          pinned: tuple[str, ...], say: Say, items: list[Item]) -> list[str]:
     def keep(name: str, sha: str, size: int, kind: offline.Kind = "index", version: str = "") -> None:
         items.append(Item(kind=kind, name=name.rsplit("/", 1)[-1], version=version, path=f"{rel}/{name}",
@@ -341,7 +355,8 @@ def _dnf(base: str, folder: Path, rel: str, repo: str, wanted: list[str], branch
                              "installs; nothing was bundled", "pick a driver or toolkit that repository carries")
     for rpm in chosen:
         say(f"  {rpm.name} {rpm.version}")
-        keep(rpm.filename, *_download(f"{base}/{rpm.filename}", folder / rpm.filename, rpm.sha256), kind="package",
+        keep(rpm.filename, *_download(f"{base}/{rpm.filename}", folder / rpm.filename, rpm.sha256,
+                                      kept / rpm.filename), kind="package",
              version=rpm.version)
         items[-1] = items[-1].model_copy(update={"name": rpm.name})
     return from_os
@@ -388,7 +403,7 @@ def _wheels(plan: Plan, specs: list[Need], out: Path, say: Say, items: list[Item
     for wheel_path in sorted(dest.glob("*.whl")):
         name, version = wheel_path.name.split("-")[:2]
         items.append(Item(kind="wheel", name=offline.normal(name), version=version, path=f"wheels/{wheel_path.name}",
-                          sha256=hashlib.sha256(wheel_path.read_bytes()).hexdigest(), size=wheel_path.stat().st_size,
+                          sha256=_sha256(wheel_path), size=wheel_path.stat().st_size,
                           source=torch_index if torch_index and "+" in version else plan.sources.pypi))
 
 
@@ -397,7 +412,8 @@ def _miniforge(plan: Plan, out: Path, say: Say, items: list[Item]) -> None:
     name = f"Miniforge3-{pin.version}-Linux-{plan.arch}.sh"
     url = f"{plan.sources.miniforge}/{pin.version}/{name}"
     say(f"Miniforge {pin.version} ({url})")
-    sha, size = _download(url, out / "installers" / pin.version / name, pin.sha256[plan.arch])
+    dest = out / "installers" / pin.version / name
+    sha, size = _download(url, dest, pin.sha256[plan.arch], dest)
     items.append(Item(kind="installer", name="miniforge", version=pin.version,
                       path=f"installers/{pin.version}/{name}", sha256=sha, size=size, source=url))
 
@@ -422,11 +438,12 @@ def make(plan: Plan, out: Path, say: Say) -> Result:
         pinned = plan.sources.keys["nvidia"]
         with tempfile.TemporaryDirectory(dir=out) as work:  # a failed download leaves the folder as it was
             staged: list[Item] = []
-            if stack.family == "apt":
-                from_os = _apt(base, Path(work), served.repo, packages, branch, pinned, say, staged)
-            else:
-                from_os = _dnf(base, Path(work), served.repo, stack.repo, packages, branch, pinned, say, staged)
             target = out / served.repo
+            if stack.family == "apt":
+                from_os = _apt(base, Path(work), target, served.repo, packages, branch, pinned, say, staged)
+            else:
+                from_os = _dnf(base, Path(work), target, served.repo, stack.repo, packages, branch, pinned, say,
+                               staged)
             if target.exists():
                 shutil.rmtree(target)
             target.parent.mkdir(parents=True, exist_ok=True)
