@@ -10,13 +10,14 @@ fails at its plan, naming why, with nothing sent.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 from gpuprov.hosts.offline import push
 from gpuprov.hosts.remote import HostSettings, Remote
 from gpuprov.plan import offline
 from gpuprov.plan.inventory import Target
-from tests.test_bootstrap_ssh import bootstrap, reset
+from tests.test_bootstrap_ssh import gpuprov, reset
 
 
 def _bundle(folder: Path, os_name: str = "ubuntu-24.04", playbook: str = "minimal") -> offline.Manifest:
@@ -60,18 +61,24 @@ def test_the_bundle_is_sent_once_resumed_file_by_file_and_read_back(host_pool, g
 
 def test_bootstrap_offline_sends_the_bundle_before_the_steps_and_refuses_a_host_it_does_not_serve(
         host_pool, gp_home, tmp_path: Path) -> None:
+    """One run over two hosts: the one whose plan the bundle serves gets it and its steps; the other (its inventory
+    says another OS) fails at its plan, naming why, with nothing sent to it."""
     pool = host_pool
-    reset(pool, [0])
+    reset(pool, [0, 1])
     playbook = tmp_path / "bare.yml"  # no GPU stack, no env: what the bundle serves is its OS and CPU
     playbook.write_text("name: bare\nstack: none\nenv: null\n")
-    _bundle(tmp_path / "other", os_name="ubuntu-24.04", playbook="bare")
-    code, hosts = bootstrap(pool, [0], "-p", str(playbook), "--offline", str(tmp_path / "other"))
-    assert code == 1 and hosts[0]["failed_step"] == "plan", hosts
-    assert "the bundle is for ubuntu-24.04 x86_64 hosts, the plan for ubuntu-22.04 x86_64" in hosts[0]["error"]
-    assert pool.exec_in(0, f"test -e {offline.OFFLINE_DIR}").returncode != 0  # nothing was sent
     manifest = _bundle(tmp_path / "bundle", os_name="ubuntu-22.04", playbook="bare")
-    code, hosts = bootstrap(pool, [0], "-p", str(playbook), "--offline", str(tmp_path / "bundle"))
-    assert code == 0, hosts
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(f"defaults: {{user: root, key: {pool.key_path}}}\nhosts:\n"
+                         f"  - {{host: {pool[0].address}, port: {pool[0].port}, name: served}}\n"
+                         f"  - {{host: {pool[1].address}, port: {pool[1].port}, name: other, os: ubuntu-24.04}}\n")
+    result = gpuprov("bootstrap", "--inventory", str(inventory), "--accept-new-host-key", "--os", "ubuntu-22.04",
+                     "--connect-timeout", "3", "-p", str(playbook), "--offline", str(tmp_path / "bundle"), "--json")
+    served, other = json.loads(result.stdout)
+    assert result.returncode == 1 and served["status"] in ("ok", "changed"), result.stdout + result.stderr
+    assert other["failed_step"] == "plan", other
+    assert "the bundle is for ubuntu-22.04 x86_64 hosts, the plan for ubuntu-24.04 x86_64" in other["error"]
+    assert pool.exec_in(1, f"test -e {offline.OFFLINE_DIR}").returncode != 0  # nothing was sent there
     held = pool.exec_in(0, f"cd {offline.OFFLINE_DIR} && sha256sum {' '.join(i.path for i in manifest.items)}; "
                            f"rm -rf {offline.OFFLINE_DIR}").stdout
     assert {line.split()[1]: line.split()[0] for line in held.splitlines()} == {i.path: i.sha256 for i in manifest.items}
