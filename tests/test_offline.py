@@ -125,6 +125,18 @@ def test_an_unsigned_repository_or_a_keyring_of_another_key_is_refused(tmp_path:
     assert not (out / offline.MANIFEST).exists() and not list(out.rglob("*.deb"))
 
 
+def test_an_index_signed_by_another_key_than_the_keyrings_is_refused(tmp_path: Path, pinned: Signer) -> None:
+    """A mirror that serves NVIDIA's keyring (pinned) with an index it signed itself."""
+    _repo(tmp_path / "site", pinned)
+    other = Signer.make(tmp_path / "other-gnupg")
+    folder = tmp_path / "site" / "repos" / REPO
+    (folder / "InRelease").write_text(other.clearsign((folder / "Release").read_text()))
+    with served(tmp_path / "site") as base:
+        code, _, output, out = _bundle(tmp_path, base)
+    assert code == 1 and f"{REPO}/InRelease: not signed by the cuda-keyring's key (NVIDIA's): refused" in output, output
+    assert not (out / offline.MANIFEST).exists() and not list(out.rglob("*.deb"))
+
+
 def test_a_pytorch_bundle_holds_the_wheels_for_the_targets_python_and_uv(tmp_path: Path,
                                                                                       pinned: Signer) -> None:
     """pip download picks the plan's torch build (the PyTorch index's local version, over PyPI's) and its

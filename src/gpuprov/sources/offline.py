@@ -263,7 +263,8 @@ def _apt(base: str, folder: Path, kept: Path, rel: str, wanted: list[str], branc
     if not signed:
         raise Changed(f"{base}: no InRelease or Release.gpg: the repository's index is not signed, so apt on the "
                       "host could not check it; nothing was bundled")
-    text = (folder / ("Release" if release else "InRelease")).read_text(errors="replace")
+    # the signed text, as apt on the host reads it: InRelease where there is one
+    text = (folder / ("InRelease" if "InRelease" in signed or not release else "Release")).read_text(errors="replace")
     sums = release_sums(text)
     packages_path = next((p for p in ("Packages.gz", "Packages", "./Packages.gz", "./Packages") if p in sums), None)
     if packages_path is None:
@@ -280,6 +281,7 @@ def _apt(base: str, folder: Path, kept: Path, rel: str, wanted: list[str], branc
     if lacking:
         raise UserInputError("--gpu", f"NVIDIA's repository at {base} has no {', '.join(lacking)}, which the plan "
                              "installs; nothing was bundled", "pick a driver or toolkit that repository carries")
+    keys: list[bytes] = []
     for deb in chosen:
         path = deb.filename.removeprefix("./")
         say(f"  {deb.name} {deb.version}")
@@ -292,7 +294,25 @@ def _apt(base: str, folder: Path, kept: Path, rel: str, wanted: list[str], branc
                 check_key(key, f"{base}/{path}", pinned)
         items.append(Item(kind="package", name=deb.name, version=deb.version, path=f"{rel}/{path}", sha256=sha,
                           size=size, source=f"{base}/{path}"))
+    if keys:  # the index's signature now, as apt will check it on the host: a forged one is refused here
+        _verify_index(folder, "InRelease" if "InRelease" in signed else "Release.gpg", keys, base)
     return from_os
+
+
+def _verify_index(folder: Path, signature: str, keys: list[bytes], base: str) -> None:
+    """gpgv of the copied index (InRelease, or Release.gpg over Release) against the keyring's checked keys."""
+    if shutil.which("gpgv") is None:
+        raise GpuprovError("gpgv is needed here to check NVIDIA's signed index before it goes into a bundle; install "
+                           "it (gnupg)")
+    with tempfile.TemporaryDirectory() as home:
+        keyring = Path(home) / "keyring.gpg"
+        keyring.write_bytes(b"".join(keys))
+        files = [folder / "InRelease"] if signature == "InRelease" else [folder / "Release.gpg", folder / "Release"]
+        done = subprocess.run(["gpgv", "--homedir", home, "--keyring", str(keyring), *map(str, files)],
+                              capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise Changed(f"{base}/{signature}: not signed by the cuda-keyring's key (NVIDIA's): refused, nothing was "
+                      f"bundled ({(done.stderr.strip().splitlines() or ['gpgv failed'])[-1]})")
 
 
 # ---- dnf: repodata/repomd.xml and the files it lists
