@@ -84,11 +84,13 @@ class Chroot:
                "GPUPROV_RETRY_DELAY": "0", "GPUPROV_APT_LOCK_POLL": "1", **extra}
         return [f"{k}={v}" for k, v in env.items()]
 
-    def step(self, script: Script, **env: str) -> Run:
+    def step(self, script: Script, net: bool = True, **env: str) -> Run:
+        """Run a rendered step; `net=False`: in a network namespace of its own (no route at all)."""
         (self.root / "root" / script.filename).write_text(script.text)
         start = time.monotonic()
-        proc = subprocess.run(["chroot", str(self.root), "/usr/bin/env", "-i", *self._env(**env), "bash",
-                               f"/root/{script.filename}"], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([*(() if net else ("unshare", "--net")), "chroot", str(self.root), "/usr/bin/env", "-i",
+                               *self._env(**env), "bash", f"/root/{script.filename}"],
+                              capture_output=True, text=True, timeout=300)
         lines = proc.stdout.splitlines()
         result = lines[-1].split("=", 1)[1] if proc.returncode == 0 and lines and lines[-1].startswith(
             "GPUPROV_RESULT=") else None
@@ -395,6 +397,73 @@ def test_a_mirror_serving_another_signing_key_is_refused(story: Story) -> None:
     assert "/nvidia/ubuntu2404/x86_64/cuda-keyring_1.1-1_all.deb served the signing key " in run.last, run.stderr[-2000:]
     assert "not the origin's" in run.last and "refused, nothing from it is installed" in run.last
     assert "install ok installed" not in story.mirrored.other_key_installed  # nothing of it installed
+
+
+@pytest.fixture
+def overlay(story: Story, tmp_path: Path) -> Iterator[Chroot]:
+    """The story's chroot, copied on write (overlayfs): a test that changes it leaves the story's as it was."""
+    for name in ("upper", "work", "merged"):
+        (tmp_path / name).mkdir()
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={story.host.root},upperdir={tmp_path}/upper,"
+                    f"workdir={tmp_path}/work", str(tmp_path / "merged")], check=True, capture_output=True)
+    try:
+        yield Chroot(tmp_path / "merged")
+    finally:
+        subprocess.run(["umount", str(tmp_path / "merged")], check=False)
+
+
+def test_an_offline_bundle_installs_the_driver_on_a_host_with_no_network_and_apt_still_checks_it(
+        overlay: Chroot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bundle --offline against a signed imitation of NVIDIA's repository (the story's packages), then the plan's
+    driver step in a network namespace of its own (no route at all), from the bundle's copy on the host: the pinned
+    branch is installed and held, Fabric Manager at the driver's version is apt's candidate there, and apt checks
+    the copied signed index against the keyring's key, so a package changed in the bundle is refused."""
+    import dataclasses
+
+    from click.testing import CliRunner
+
+    from gpuprov.cli import main
+    from gpuprov.plan import offline, sources
+    from gpuprov.plan.plan import make_host_plan
+    from tests import offlinerepo
+
+    host = overlay
+    host.sh("dpkg --purge nvidia-open nvidia-driver-open nvidia-kernel-open libnvidia-compute nvidia-fabricmanager "
+            f"nvidia-driver-pinning-{BRANCH} cuda-keyring && rm -f /run/gpuprov-module-not-loaded")
+    signer = offlinerepo.Signer.make(tmp_path / "gnupg")
+    keys = {**sources.pinned_keys(), "nvidia": (*sources.pinned_keys()["nvidia"], signer.fingerprint)}
+    monkeypatch.setattr(sources, "pinned_keys", lambda: keys)
+    built = host.root / repo.REPO_IN_CHROOT.lstrip("/")
+    debs = [offlinerepo.Deb("cuda-keyring", "1.1-1", offlinerepo.keyring_deb(signer.public), arch="all")] + [
+        offlinerepo.Deb(d.name, d.version, (built / f"{d.name}_{d.version}_{d.arch}.deb").read_bytes(),
+                        depends=d.depends, arch=d.arch, provides=d.provides)
+        for d in [*repo.driver_release(FIRST), *repo.driver_release(NEWER_BRANCH)]]
+    offlinerepo.write(tmp_path / "site" / "repos" / offlinerepo.REPO, debs, signer)
+    with offlinerepo.served(tmp_path / "site") as base:
+        (tmp_path / "sources.yml").write_text(f"nvidia: {base}/repos\n")
+        made = CliRunner().invoke(main, ["bundle", "--offline", "--gpu", "A100:8", "--os", "ubuntu-24.04", "-p",
+                                         "minimal", "--driver", BRANCH, "--sources", str(tmp_path / "sources.yml"),
+                                         "-o", str(tmp_path / "bundle")])
+    assert made.exit_code == 0, made.output
+    on_host = host.root / offline.OFFLINE_DIR.lstrip("/")
+    shutil.copytree(tmp_path / "bundle", on_host)
+    plan = make_host_plan("A100:8", "minimal", "ubuntu-24.04", StackPins(driver=BRANCH))
+    offline.check(plan, offline.load(tmp_path / "bundle"), "--offline")
+    driver = next(s for s in dataclasses.replace(plan, sources=offline.offline_sources(plan.sources)).bundle().scripts
+                  if s.name == "nvidia-driver")
+
+    run = host.step(driver, net=False)
+    assert run.result == "reboot", run.stderr[-3000:]
+    assert host.version("nvidia-open") == f"{FIRST}-0ubuntu1"  # the branch's, not the newer one the index lists
+    assert {"nvidia-open", f"nvidia-driver-pinning-{BRANCH}"} <= host.held()
+    listed = (host.root / "etc/apt/sources.list.d/cuda-ubuntu2404-x86_64.list").read_text()
+    assert f"file://{offline.OFFLINE_DIR}/nvidia/{offlinerepo.REPO}/" in listed and "signed-by=" in listed
+    assert f"Candidate: {FIRST}-1" in host.sh("apt-cache policy nvidia-fabricmanager").stdout
+
+    library = on_host / "nvidia" / offlinerepo.REPO / f"libnvidia-compute_{FIRST}-0ubuntu1_amd64.deb"
+    library.write_bytes(library.read_bytes() + b"changed")
+    changed = host.sh("unshare --net apt-get -q -y install --reinstall libnvidia-compute", check=False)
+    assert changed.returncode != 0 and "Hash Sum mismatch" in changed.stdout + changed.stderr, changed
 
 
 @dataclass

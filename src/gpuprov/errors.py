@@ -35,6 +35,7 @@ reaches the CLI is a bug: one `gpuprov hit a bug` line, the traceback saved to a
         Overdue             state/coordinator.py         exit 1: still held when the caller's patience ran out: names who
       LeaseLost             state/leases.py              exit 1: a teammate broke or took this command's lease: it stopped
       SourceUnreachable     sources/http.py              `facts refresh`: that family's refresh fails, the rest go on
+      Changed               sources/offline.py           exit 1: a bundle's download is not what its index says: refused
       HostUnreachable       hosts/remote.py              SSH did not answer: the host's failed row (exec: 255)
       ConnectionLost        hosts/remote.py              the connection dropped mid-command: the host's failed row
         HostLost            hosts/remote.py              keepalives unanswered, or no output for too long: the same

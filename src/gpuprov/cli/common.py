@@ -505,7 +505,7 @@ def main() -> None:
     """GPU machines with a working, verified PyTorch, and back to zero spend.
 
     \b
-    Plan (offline):  gpus  plan  render  facts
+    Plan (offline):  gpus  plan  render  bundle  facts
     AWS nodes:       up  status  stop  start  down  gc  autostop  ttl
                      image  capacity
     Any SSH host:    bootstrap  check  doctor  bench

@@ -15,6 +15,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
               "gpuprov bench gpu-box --gpu H100 --json"),
     "bootstrap": ("gpuprov bootstrap ubuntu@10.1.2.3 -p pytorch --accept-new-host-key",
                   "gpuprov bootstrap --inventory hosts.yml --cache-host 10.1.2.10"),
+    "bundle": ("gpuprov bundle --offline --gpu H100 --os ubuntu-24.04 -o ./h100",
+               "gpuprov bootstrap root@10.1.2.3 --gpu H100 --offline ./h100   # then"),
     "capacity": ("gpuprov capacity list", "gpuprov capacity offers --gpu H100:8 --hours 24"),
     "capacity offers": ("gpuprov capacity offers --gpu H100:8 --nodes 2 --hours 24",),
     "capacity buy": ("gpuprov capacity buy cb-0123456789abcdef0   # asks first: paid up front",),

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import click
@@ -36,9 +38,12 @@ if TYPE_CHECKING:
     from gpuprov.cli.option_sets import BootstrapOptions, SshOptions
     from gpuprov.cluster import Cluster, WireResult
     from gpuprov.hosts.bootstrap import HostResult
+    from gpuprov.hosts.detect import HostFacts
     from gpuprov.hosts.remote import HostOutcome, Judged
     from gpuprov.hosts.site_cache import Running
     from gpuprov.plan.inventory import Target
+    from gpuprov.plan.offline import Manifest
+    from gpuprov.plan.plan import Plan
     from gpuprov.plan.sources import Sources
 
 R = TypeVar("R", bound="Judged")  # what a host's outcome reports: check's, bench's or doctor's
@@ -77,9 +82,13 @@ R = TypeVar("R", bound="Judged")  # what a host's outcome reports: check's, benc
 @click.option("--cache-port", type=Number(1, 65535, whole=True), default=3142, show_default=True,
               help="With --cache-host: the proxy's port on HOST.")
 @click.option("--keep-cache", is_flag=True, help="With --cache-host: leave the proxy and its cache running on HOST.")
+@click.option("--offline", "offline_dir", default=None, metavar="DIR",
+              help="Install from a bundle made by `gpuprov bundle --offline` (for hosts with no route out): the "
+                   "plan is checked against DIR/manifest.json first, DIR is sent over SSH, and apt/dnf and pip "
+                   "read only it.")
 def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_driver: bool, takeover: bool,
               reboot_timeout: float, step_silence: float, cluster_name: str | None, master_addr: str | None,
-              master_port: int, cache_host: str | None, cache_port: int, keep_cache: bool,
+              master_port: int, cache_host: str | None, cache_port: int, keep_cache: bool, offline_dir: str | None,
               **kw: Unpack[BootstrapOptions]) -> None:
     """Install the playbook's stack on existing hosts over SSH, then verify it.
 
@@ -87,7 +96,8 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
     script's sha256 on the host, so a rerun skips what is done and resumes where a failure
     or a dropped connection stopped it. A fresh driver install reboots the host and waits.
     A host that stops answering (SSH keepalives, --step-silence) is reported lost; the others
-    go on. Exit code 0 only when every host ended ok.
+    go on. Exit code 0 only when every host ended ok. With --offline DIR, a plan the bundle
+    does not serve is refused before anything is sent, naming what the bundle lacks.
     """
     from gpuprov.hosts import bootstrap as engine
     from gpuprov.hosts.planner import Planner
@@ -110,10 +120,18 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
     guard = GuardRequest(autostop_seconds=parse_duration(kw["autostop"], "--autostop"),
                          ttl_seconds=parse_duration(kw["ttl"], "--ttl"), on_interrupt=kw["on_interrupt"] or None)
     monitoring = with_monitoring(monitoring_from(kw), load_playbook(kw["playbook"]))
+    if offline_dir and cache_host:
+        raise click.UsageError("--cache-host with --offline: an offline bundle downloads nothing")
+    bundle = _offline_bundle(offline_dir, keep_driver)
     if gpu and not keep_driver:  # an impossible stack is refused before any host is touched; warnings said once
-        ahead = make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins, guard=guard,
-                               jupyter=kw["jupyter"], monitoring=monitoring, docker=kw["docker"],
-                               sources_flag=sources)
+        served = {"arch": bundle[1].plan.arch} if bundle else {}  # the bundle's OS and CPU, unless told otherwise
+        ahead = make_host_plan(gpu, kw["playbook"], kw["os_name"] or (bundle[1].plan.os if bundle else "ubuntu-24.04"),
+                               pins, guard=guard, jupyter=kw["jupyter"], monitoring=monitoring, docker=kw["docker"],
+                               sources_flag=sources, **served)  # type: ignore[arg-type]
+        if bundle is not None:  # a bundle that lacks what the plan needs: refused before any host is touched
+            from gpuprov.plan.offline import check
+
+            check(ahead, bundle[1], "--offline")
         for note in ahead.warnings:
             warn(f"warning: {note}")
     elif pins.driver:
@@ -129,8 +147,10 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
         sources = cache.layer
     plan_for = Planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"], monitoring=monitoring,
                        keep_driver=keep_driver, docker=kw["docker"], sources=sources)
+    if bundle is not None:
+        plan_for = _OfflinePlans(plan_for, *bundle)  # type: ignore[assignment]  # a PlanFor, with no `ahead`
     options = engine.Options(force=force, parallel=kw["parallel"], reboot_timeout=reboot_timeout,
-                             step_silence=step_silence or None, takeover=takeover)
+                             step_silence=step_silence or None, takeover=takeover, offline=bundle)
     console: Console | None = None
     try:
         if as_json and not verbose:  # JSON for a script: no progress, and none of rich's import time
@@ -207,6 +227,39 @@ def _doctor_sources(targets: list[Target], kw: SshOptions, timeout: float, as_js
         "sources": [t.model_dump(mode="json") for t in r.report.timed] if r.report else None,
         "fastest": {k: f.source for k in sources.KEYS if r.report and (f := r.report.fastest(k))},
     }, sources_tables)
+
+
+def _offline_bundle(folder: str | None, keep_driver: bool) -> tuple[Path, Manifest] | None:
+    """--offline DIR: the bundle's folder and manifest (a folder that is not a bundle is refused here)."""
+    if folder is None:
+        return None
+    from gpuprov.plan.offline import load
+
+    if keep_driver:
+        raise click.UsageError("--offline installs the bundle's driver: drop --keep-driver")
+    path = Path(folder).expanduser()
+    return path, load(path)
+
+
+class _OfflinePlans:
+    """Each host's plan, checked against the bundle (a host whose plan it does not serve is refused before anything
+    is sent to it), with its sources map on the bundle's copy on the host (plan/offline.py). Hosts alike still share
+    one plan object, and so one rendered bundle."""
+
+    def __init__(self, inner: Callable[[Target, HostFacts], Plan], folder: Path, manifest: Manifest) -> None:
+        self.inner, self.folder, self.manifest = inner, folder, manifest
+        self._made: dict[int, tuple[Plan, Plan]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, target: Target, facts: HostFacts) -> Plan:
+        from gpuprov.plan.offline import check, offline_sources
+
+        plan = self.inner(target, facts)
+        check(plan, self.manifest, f"--offline {self.folder}")
+        with self._lock:
+            if id(plan) not in self._made:
+                self._made[id(plan)] = (plan, dataclasses.replace(plan, sources=offline_sources(plan.sources)))
+            return self._made[id(plan)][1]
 
 
 def _refuse_locked(targets: list[Target]) -> None:

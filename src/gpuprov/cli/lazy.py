@@ -25,7 +25,7 @@ COMMANDS: dict[str, str] = {
     "torchrun": "access", "tunnel": "access",
     "facts": "facts",
     "gc": "gc",
-    "gpus": "offline", "plan": "offline", "render": "offline",
+    "gpus": "offline", "plan": "offline", "render": "offline", "bundle": "offline",
     "image": "images",
     "metrics": "metrics",
     "state": "team", "team": "team",
@@ -40,6 +40,7 @@ SUMMARIES: dict[str, str] = {
     ),
     'bench': "Did I get what I pay for: measure each GPU and judge it against NVIDIA's published figures.",
     'bootstrap': "Install the playbook's stack on existing hosts over SSH, then verify it.",
+    'bundle': 'Download what a plan installs into DIR, for `bootstrap HOST --offline DIR` on a host with no network.',
     'capacity': ("Capacity Blocks for ML (GPU capacity bought ahead for a window) and the account's Capacity "
         'Reservations.'
     ),

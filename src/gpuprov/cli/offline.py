@@ -1,4 +1,4 @@
-"""Offline commands: gpus (and live spot prices), plan, render."""
+"""Offline commands: gpus (and live spot prices), plan, render, bundle --offline."""
 
 from __future__ import annotations
 
@@ -12,8 +12,12 @@ from gpuprov.cli.common import (
     REGION_HELP,
     main,
     make_console,
+    pin_options,
+    pins_from,
     plan_from,
+    quiet,
     region_from,
+    sources_flag,
     stack_options,
     store_and_provider,
     warn,
@@ -25,7 +29,7 @@ from gpuprov.errors import GpuprovError, UserInputError
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from gpuprov.cli.option_sets import StackOptions
+    from gpuprov.cli.option_sets import PinOptions, StackOptions
     from gpuprov.cloud.cluster_network import ClusterLayout
     from gpuprov.cloud.images import ImageChoice
     from gpuprov.plan.catalog import Catalog
@@ -184,6 +188,55 @@ def render(out: str, **kw: Unpack[StackOptions]) -> None:
     click.echo(f"wrote {len(written) - 1} scripts and manifest.json to {written[-1].parent}")
     for path in written:
         click.echo(f"  {path.name}")
+
+
+@main.command()
+@pin_options
+@click.option("--gpu", required=True, shell_complete=complete_gpu, help="The GPU the hosts carry: A100, h100, l40s.")
+@click.option("--arch", type=click.Choice(["x86_64", "aarch64"]), default=None,
+              help="The hosts' CPU (`uname -m`) [default: the GPU's only one (GH200: aarch64), else x86_64]: NVIDIA's "
+                   "repository folder (sbsa for aarch64) and the wheels' platform follow it.")
+@click.option("--offline", is_flag=True, help="Gather everything the plan downloads, for hosts with no route out "
+                                               "(required: the one kind of bundle there is).")
+@click.option("-o", "--output", "out", required=True, metavar="DIR",
+              help="Folder to download into (made if missing; a rerun downloads only what changed).")
+@click.option("--json", "as_json", is_flag=True, help="Print a summary as JSON instead of progress lines.")
+def bundle(gpu: str, arch: str | None, offline: bool, out: str, as_json: bool, **kw: Unpack[PinOptions]) -> None:
+    """Download what a plan installs into DIR, for `bootstrap HOST --offline DIR` on a host with no network.
+
+    On a connected machine, for the plan `bootstrap --gpu … --os … -p …` makes for a host: NVIDIA's driver,
+    Fabric Manager and toolkit packages with their dependencies (checked against the repository's signed index,
+    which is copied with them), the wheels for the target's Python and CPU (pip download), the installers, and
+    DIR/manifest.json (each file, its sha256, where it came from, the plan it serves).
+    """
+    from pathlib import Path
+
+    from gpuprov.hosts.planner import gpu_arch
+    from gpuprov.plan.plan import make_host_plan
+    from gpuprov.sources import offline as download
+    from gpuprov.sources.http import SourceUnreachable
+
+    if not offline:
+        raise click.UsageError("bundle makes offline bundles only: add --offline")
+    the_plan = make_host_plan(gpu, kw["playbook"], kw["os_name"] or "ubuntu-24.04", pins_from(kw),
+                              jupyter=kw["jupyter"], docker=kw["docker"], sources_flag=sources_flag(kw),
+                              arch=arch or gpu_arch(gpu))  # type: ignore[arg-type]  # click's Choice
+    say = (lambda _line: None) if as_json or quiet() else (lambda line: click.echo(line, err=True))
+    try:
+        result = download.make(the_plan, Path(out), say)
+    except SourceUnreachable as exc:
+        raise GpuprovError(f"{exc}; nothing more was downloaded (run it again to resume)") from None
+    manifest = result.manifest
+    total = sum(i.size for i in manifest.items)
+    kinds = {k: sum(1 for i in manifest.items if i.kind == k) for k in ("package", "index", "wheel", "installer")}
+    if as_json:
+        click.echo(json.dumps({"folder": str(Path(out).resolve()), "plan": manifest.plan.model_dump(mode="json"),
+                               "files": kinds, "bytes": total, "from_os": result.from_os}, indent=2))
+        return
+    click.echo(f"wrote {len(manifest.items)} files ({total / 2**20:,.1f} MiB: {kinds['package']} packages, "
+               f"{kinds['wheel']} wheels, {kinds['installer']} installers) and manifest.json to {Path(out).resolve()}")
+    if result.from_os:
+        click.echo(f"from the OS's own repositories (not bundled): {', '.join(result.from_os)}")
 
 
 def _image_choice(plan: Plan, image: str | None) -> ImageChoice:

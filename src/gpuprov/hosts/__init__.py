@@ -10,4 +10,6 @@ for a bootstrap (site_cache.py), living on a node (access.py; the system ssh and
 config (sshconfig.py) and the bounded thread pool (fanout.py). It sits above plan/ (it plans each host it
 reaches) and below cluster/ and cloud/, which reach hosts through it only; boto3 never (import-linter's
 `hosts-no-cloud`).
+
+offline.py sends an offline bundle to a host before bootstrap's steps (`bootstrap --offline DIR`).
 """

@@ -53,6 +53,7 @@ from gpuprov.state import locks
 
 if TYPE_CHECKING:
     from gpuprov.hosts.verify import CheckReport, Expectation
+    from gpuprov.plan.offline import Manifest
 
 StepOutcome = Literal["unchanged", "changed", "reboot", "skipped", "failed"]
 HostStatus = Literal["ok", "changed", "failed", "unreachable", "lost"]
@@ -77,6 +78,7 @@ class Options:
     step_silence: float | None = 1200.0  # no output for this long: the host is lost (a DKMS build prints)
     echo: Callable[[str], None] | None = None  # --verbose: every remote line, prefixed by host
     takeover: bool = False  # --takeover: stop another gpuprov's run of the same host instead of refusing
+    offline: tuple[Path, Manifest] | None = None  # --offline DIR: the bundle sent to each host before its steps
 
 
 @dataclass
@@ -242,6 +244,12 @@ class _HostRun:
             for step, why in plan.skipped:  # left out for want of root (plan/noroot.py): one line each
                 self.result.steps.append(StepResult(step, "skipped", 0.0, why))
                 self.log.note(f"step {step}: skipped: {why}")
+            if self.options.offline is not None:  # the plan was checked against the bundle (cli); now send it
+                from gpuprov.hosts.offline import push
+
+                self.result.failed_step = "offline"
+                self.reporter.event(self.target.name, "offline", "running")
+                push(self.remote, *self.options.offline, self.log.note)
             self.result.failed_step = "upload"
             self.reporter.event(self.target.name, "upload", "running")
             _Runs(self, plan, facts, bundle, tar, nonce).go(first)

@@ -105,7 +105,7 @@ class Planner:
         from gpuprov.plan.plan import make_host_plan
 
         if arch is None:
-            arch = _gpu_arch(gpu)
+            arch = gpu_arch(gpu)
         key = (gpu, os_used, nvswitch, kept, home, arch)
         with self._lock:
             if key not in self._plans:
@@ -116,7 +116,7 @@ class Planner:
             return self._plans[key]
 
 
-def _gpu_arch(gpu: str | None) -> CpuArch:
+def gpu_arch(gpu: str | None) -> CpuArch:
     """The CPU a GPU comes with where it has only one (GH200: aarch64), else x86_64."""
     if not gpu:
         return "x86_64"

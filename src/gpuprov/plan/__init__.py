@@ -9,7 +9,9 @@ compat.py solves GPU x OS x driver x CUDA x torch x Python); plan.py turns it al
 render.py renders into a `Bundle` of scripts. The plan `gpuprov plan` prints is the object `up` and `bootstrap`
 execute. A node on a CPU-only type (`--cpu N --memory GIB`) is planned by cpu.py: no GPU stack, torch's CPU wheel
 (docs/cpu-nodes.md). Where every step downloads from is sources.py's map (config, playbook, --sources, presets), which the
-templates read for every URL they fetch; site_cache.py sends every key of it through a site's caching proxy.
+templates read for every URL they fetch; site_cache.py sends every key of it through a site's caching proxy;
+offline.py says what a plan downloads, the manifest of an offline bundle
+that holds it, and whether a bundle serves a plan (docs/mirrors.md, "No network at all").
 
 Facts are data, each with its source and read date (or `unverified: why`, which reaches the plan: `gpuprov plan`
 lists every unverified fact the plan relies on); the modules only reason over them. plan/ sits on the records'

@@ -126,6 +126,7 @@ class Effective:
 
     urls: dict[str, str]
     origins: dict[str, str]
+    offline: str | None = None  # an offline bundle's folder on the host (plan/offline.py): no Python index at all
 
     def __getattr__(self, key: str) -> str:
         # the templates read `sources.pypi`; a key that is not in the map is a bug in a template, not a user's

@@ -1,0 +1,481 @@
+"""`gpuprov bundle --offline`: download what a plan needs into a folder, on a connected machine, for a host with no
+route out (plan/offline.py says what a plan needs and what the folder holds).
+
+- NVIDIA's packages: the repository's signed index is copied whole (apt: InRelease, Release, Release.gpg and the
+  Packages file the Release lists; dnf: repomd.xml, its signature where there is one, and every file it lists; the
+  `.repo` must say gpgcheck=1, as dnf then checks each package's own signature), each file checked against the
+  sha256 the index above it gives. The plan's packages and their dependencies are resolved against that
+  index (a dependency NVIDIA's repository does not carry is the OS's: named in the summary, not bundled), and each
+  package is downloaded and checked against the index's sha256. On the host, apt or dnf check the index's
+  signature against NVIDIA's key, so neither a mirror nor the bundle can change what is installed.
+- The wheels: `pip download` with the target's platform and Python (`--platform`, `--python-version`,
+  `--only-binary=:all:`), from the map's torch and pypi indexes; pip checks each wheel against the index's sha256.
+- Miniforge's pinned release, checked against its pinned sha256; uv comes as its own wheel (its installer script
+  would download it from GitHub), with the others.
+"""
+
+from __future__ import annotations
+
+import configparser
+import gzip
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.files import write_atomic
+from gpuprov.plan import offline
+from gpuprov.plan.offline import Item, Manifest, Need
+from gpuprov.plan.plan import Plan
+from gpuprov.sources.http import TIMEOUT, SourceUnreachable
+
+Say = Callable[[str], None]
+
+# pip's --platform tags a Linux wheel of the architecture may carry (PEP 600 and the older manylinux names)
+PLATFORMS = {arch: (f"manylinux_2_28_{arch}", f"manylinux_2_17_{arch}", f"manylinux2014_{arch}", f"linux_{arch}")
+             for arch in ("x86_64", "aarch64")}
+
+
+class Changed(GpuprovError):
+    """A downloaded file whose sha256 is not the one its index (or gpuprov's pin) gives: refused, nothing kept."""
+
+
+@dataclass
+class Result:
+    manifest: Manifest
+    from_os: list[str] = field(default_factory=list)  # dependencies NVIDIA's repository does not carry
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as held:
+        while chunk := held.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _download(url: str, dest: Path, want: str | None = None, previous: Path | None = None) -> tuple[str, int]:
+    """`url` into `dest` (written whole or not at all); its sha256 and size. `want`: the sha256 it must have;
+    `previous`: where an earlier bundle kept it, used instead when it has that sha256 (a rerun downloads only what
+    changed)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if want is not None and previous is not None and previous.is_file() and _sha256(previous) == want.lower():
+        if previous != dest:
+            shutil.copy2(previous, dest)
+        return want.lower(), dest.stat().st_size
+    digest, size = hashlib.sha256(), 0
+    tmp = dest.with_name(dest.name + ".part")
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "gpuprov"}),
+                                    timeout=TIMEOUT) as answer, tmp.open("wb") as out:
+            while chunk := answer.read(1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+                out.write(chunk)
+    except urllib.error.HTTPError as exc:
+        tmp.unlink(missing_ok=True)
+        raise SourceUnreachable(url, f"HTTP {exc.code} {exc.reason}", exc.code) from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        tmp.unlink(missing_ok=True)
+        raise SourceUnreachable(url, str(getattr(exc, "reason", exc)) or type(exc).__name__) from None
+    sha = digest.hexdigest()
+    if want is not None and sha != want.lower():
+        tmp.unlink(missing_ok=True)
+        raise Changed(f"{url}: sha256 {sha}, but its index says {want.lower()}: the source serves a changed file; "
+                      "nothing of it was kept")
+    tmp.replace(dest)
+    return sha, size
+
+
+def _optional(url: str, dest: Path) -> tuple[str, int] | None:
+    try:
+        return _download(url, dest)
+    except SourceUnreachable as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+# ---- NVIDIA's signing key: the one thing a repository's index cannot vouch for, checked here against the pins
+
+def fingerprints(key: bytes) -> list[str]:
+    """The primary keys' fingerprints of an OpenPGP key file, as gpg reads them (the steps' gp_pinned_key)."""
+    if shutil.which("gpg") is None:
+        raise GpuprovError("gpg is needed here to check NVIDIA's signing key before it goes into a bundle; install "
+                           "it (gnupg)")
+    with tempfile.TemporaryDirectory() as home:
+        path = Path(home) / "key"
+        path.write_bytes(key)
+        shown = subprocess.run(["gpg", "--homedir", home, "--batch", "--show-keys", "--with-colons", str(path)],
+                               capture_output=True, text=True, check=False)
+    out, primary = [], False
+    for line in shown.stdout.splitlines():
+        fields = line.split(":")
+        if fields[0] == "fpr" and primary:
+            out.append(fields[9].upper())
+        primary = fields[0] == "pub"
+    return out
+
+
+def check_key(key: bytes, source: str, pinned: tuple[str, ...]) -> None:
+    got = fingerprints(key)
+    if not got:
+        raise Changed(f"{source} served no signing key gpg can read: refused (NVIDIA's are {' '.join(pinned)})")
+    for fpr in got:
+        if fpr not in pinned:
+            raise Changed(f"{source} served the signing key {fpr}, not NVIDIA's ({' '.join(pinned)}): refused, "
+                          "nothing was bundled")
+
+
+def keyring_keys(deb: Path) -> list[bytes]:
+    """The key files a keyring .deb installs under usr/share/keyrings (an ar archive holding data.tar.*)."""
+    import io
+    import tarfile
+
+    blob = deb.read_bytes()
+    if not blob.startswith(b"!<arch>\n"):
+        raise Changed(f"{deb.name} is not a .deb")
+    pos, keys = 8, []
+    while pos + 60 <= len(blob):
+        name, size = blob[pos:pos + 16].decode().strip().rstrip("/"), int(blob[pos + 48:pos + 58].decode().strip())
+        body = blob[pos + 60:pos + 60 + size]
+        pos += 60 + size + (size % 2)
+        if name.startswith("data.tar"):
+            try:
+                with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+                    for member in tar.getmembers():
+                        if member.isfile() and re.fullmatch(r"(\./)?usr/share/keyrings/[^/]+\.gpg", member.name):
+                            keys.append(tar.extractfile(member).read())  # type: ignore[union-attr]
+            except tarfile.TarError as exc:
+                raise Changed(f"{deb.name}: cannot read its {name}: {exc}") from None
+    return keys
+
+
+# ---- apt: a flat repository (NVIDIA's: `deb … {base}/{repo}/{arch}/ /`)
+
+@dataclass(frozen=True)
+class Deb:
+    name: str
+    version: str
+    filename: str
+    sha256: str
+    depends: tuple[tuple[str, ...], ...]  # each dependency's alternatives, by name
+    provides: tuple[str, ...]
+
+
+def _fields(block: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    key = ""
+    for line in block.splitlines():
+        if line[:1] in (" ", "\t") and key:
+            out[key] += "\n" + line.strip()
+        elif ":" in line:
+            key, _, value = line.partition(":")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _names(relation: str) -> tuple[tuple[str, ...], ...]:
+    """`a (>= 1) | b, c:any` -> (('a', 'b'), ('c',))."""
+    return tuple(tuple(re.split(r"[\s(:]", alt.strip(), maxsplit=1)[0] for alt in dep.split("|") if alt.strip())
+                 for dep in relation.split(",") if dep.strip())
+
+
+def parse_debs(text: str) -> list[Deb]:
+    out = []
+    for block in re.split(r"\n[ \t]*\n", text):
+        f = _fields(block)
+        if "Package" in f and "Filename" in f and "SHA256" in f:
+            depends = _names(", ".join(x for x in (f.get("Pre-Depends", ""), f.get("Depends", "")) if x))
+            provides = tuple(p[0] for p in _names(f.get("Provides", "")))
+            out.append(Deb(f["Package"], f.get("Version", ""), f["Filename"], f["SHA256"], depends, provides))
+    return out
+
+
+def release_sums(text: str) -> dict[str, tuple[str, int]]:
+    """The SHA256 section of a Release (or InRelease) file: path -> (sha256, size)."""
+    out: dict[str, tuple[str, int]] = {}
+    section = ""
+    for line in text.splitlines():
+        if line and line[0] not in " \t":
+            section = line.split(":", 1)[0]
+        elif section == "SHA256" and len(parts := line.split()) == 3:
+            out[parts[2]] = (parts[0].lower(), int(parts[1]))
+    return out
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version))
+
+
+def _pick(candidates: list[Deb], branch: int | None) -> Deb:
+    """The newest candidate, within the driver's branch where the package has versions of it (the pinning package
+    keeps apt there, so the bundle carries what apt will choose)."""
+    if branch is not None:
+        of_branch = [d for d in candidates if d.version.split(":")[-1].startswith(f"{branch}.")]
+        candidates = of_branch or candidates
+    return max(candidates, key=lambda d: _version_key(d.version))
+
+
+def resolve_debs(debs: list[Deb], wanted: Iterable[str], branch: int | None) -> tuple[list[Deb], list[str], list[str]]:
+    """The packages `wanted` needs from this index, dependencies included; the names it lacks of `wanted`; the
+    dependencies it does not carry (the OS's)."""
+    by_name: dict[str, list[Deb]] = {}
+    for d in debs:
+        for name in (d.name, *d.provides):
+            by_name.setdefault(name, []).append(d)
+    chosen: dict[str, Deb] = {}
+    lacking: list[str] = []
+    from_os: set[str] = set()
+    queue = list(wanted)
+    first = set(queue)
+    while queue:
+        name = queue.pop(0)
+        if name not in by_name:
+            (lacking if name in first else []).append(name)
+            continue
+        deb = _pick(by_name[name], branch)
+        if deb.name in chosen:
+            continue
+        chosen[deb.name] = deb
+        for alternatives in deb.depends:
+            here = next((a for a in alternatives if a in by_name), None)
+            if here is None:
+                from_os.add(" | ".join(alternatives))
+            elif here not in chosen:
+                queue.append(here)
+    return list(chosen.values()), lacking, sorted(from_os)
+
+
+def _apt(base: str, folder: Path, kept: Path, rel: str, wanted: list[str], branch: int | None,
+         pinned: tuple[str, ...], say: Say, items: list[Item]) -> list[str]:
+    signed = [name for name in ("InRelease", "Release.gpg") if _optional(f"{base}/{name}", folder / name)]
+    release = _optional(f"{base}/Release", folder / "Release")
+    if not signed:
+        raise Changed(f"{base}: no InRelease or Release.gpg: the repository's index is not signed, so apt on the "
+                      "host could not check it; nothing was bundled")
+    # the signed text, as apt on the host reads it: InRelease where there is one
+    text = (folder / ("InRelease" if "InRelease" in signed or not release else "Release")).read_text(errors="replace")
+    sums = release_sums(text)
+    packages_path = next((p for p in ("Packages.gz", "Packages", "./Packages.gz", "./Packages") if p in sums), None)
+    if packages_path is None:
+        raise Changed(f"{base}: its Release lists no Packages file with a sha256")
+    name = packages_path.removeprefix("./")
+    sha, size = _download(f"{base}/{name}", folder / name, sums[packages_path][0])
+    for index in (*signed, *(("Release",) if release else ()), name):
+        items.append(Item(kind="index", name=index, path=f"{rel}/{index}", source=f"{base}/{index}",
+                          sha256=_sha256(folder / index),
+                          size=(folder / index).stat().st_size))
+    body = (folder / name).read_bytes()
+    debs = parse_debs((gzip.decompress(body) if name.endswith(".gz") else body).decode("utf-8", "replace"))
+    chosen, lacking, from_os = resolve_debs(debs, wanted, branch)
+    if lacking:
+        raise UserInputError("--gpu", f"NVIDIA's repository at {base} has no {', '.join(lacking)}, which the plan "
+                             "installs; nothing was bundled", "pick a driver or toolkit that repository carries")
+    keys: list[bytes] = []
+    for deb in chosen:
+        path = deb.filename.removeprefix("./")
+        say(f"  {deb.name} {deb.version}")
+        sha, size = _download(f"{base}/{path}", folder / path, deb.sha256, kept / path)
+        if deb.name == "cuda-keyring":  # the key apt will check the index against must be NVIDIA's own
+            keys = keyring_keys(folder / path)
+            if not keys:
+                raise Changed(f"{base}/{path} holds no key under usr/share/keyrings: refused, nothing was bundled")
+            for key in keys:
+                check_key(key, f"{base}/{path}", pinned)
+        items.append(Item(kind="package", name=deb.name, version=deb.version, path=f"{rel}/{path}", sha256=sha,
+                          size=size, source=f"{base}/{path}"))
+    if keys:  # the index's signature now, as apt will check it on the host: a forged one is refused here
+        _verify_index(folder, "InRelease" if "InRelease" in signed else "Release.gpg", keys, base)
+    return from_os
+
+
+def _verify_index(folder: Path, signature: str, keys: list[bytes], base: str) -> None:
+    """gpgv of the copied index (InRelease, or Release.gpg over Release) against the keyring's checked keys."""
+    if shutil.which("gpgv") is None:
+        raise GpuprovError("gpgv is needed here to check NVIDIA's signed index before it goes into a bundle; install "
+                           "it (gnupg)")
+    with tempfile.TemporaryDirectory() as home:
+        keyring = Path(home) / "keyring.gpg"
+        keyring.write_bytes(b"".join(keys))
+        files = [folder / "InRelease"] if signature == "InRelease" else [folder / "Release.gpg", folder / "Release"]
+        done = subprocess.run(["gpgv", "--homedir", home, "--keyring", str(keyring), *map(str, files)],
+                              capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise Changed(f"{base}/{signature}: not signed by the cuda-keyring's key (NVIDIA's): refused, nothing was "
+                      f"bundled ({(done.stderr.strip().splitlines() or ['gpgv failed'])[-1]})")
+
+
+# ---- dnf: repodata/repomd.xml and the files it lists
+
+_NS = {"repo": "http://linux.duke.edu/metadata/repo", "common": "http://linux.duke.edu/metadata/common",
+       "rpm": "http://linux.duke.edu/metadata/rpm"}
+
+
+def _dnf(base: str, folder: Path, kept: Path, rel: str, repo: str, wanted: list[str], branch: int | None,
+         pinned: tuple[str, ...], say: Say, items: list[Item]) -> list[str]:
+    def keep(name: str, sha: str, size: int, kind: offline.Kind = "index", version: str = "") -> None:
+        items.append(Item(kind=kind, name=name.rsplit("/", 1)[-1], version=version, path=f"{rel}/{name}",
+                          sha256=sha, size=size, source=f"{base}/{name}"))
+
+    keep("repodata/repomd.xml", *_download(f"{base}/repodata/repomd.xml", folder / "repodata/repomd.xml"))
+    # dnf checks each package's own signature against the .repo's gpgkey (gpgcheck=1): that is what keeps a bundle
+    # from changing what is installed; the index's signature, where the repository publishes one, comes too
+    if signature := _optional(f"{base}/repodata/repomd.xml.asc", folder / "repodata/repomd.xml.asc"):
+        keep("repodata/repomd.xml.asc", *signature)
+    repo_file = f"cuda-{repo}.repo"
+    keep(repo_file, *_download(f"{base}/{repo_file}", folder / repo_file))
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read_string((folder / repo_file).read_text())
+    unchecked = [s for s in parser.sections() if parser[s].get("gpgcheck", "0").strip() != "1"
+                 or not parser[s].get("gpgkey", "").strip()]
+    if unchecked:
+        raise Changed(f"{base}/{repo_file}: {', '.join(unchecked)} has no gpgcheck=1 with a gpgkey, so dnf would "
+                      "install its packages unchecked: refused, nothing was bundled")
+    for section in parser.sections():
+        for key_url in parser[section].get("gpgkey", "").split():
+            key_name = key_url.rsplit("/", 1)[-1]
+            keep(key_name, *_download(f"{base}/{key_name}", folder / key_name))
+            check_key((folder / key_name).read_bytes(), f"{base}/{key_name}", pinned)
+    root = ET.parse(folder / "repodata/repomd.xml").getroot()
+    primary: Path | None = None
+    for data in root.findall("repo:data", _NS):
+        href = data.find("repo:location", _NS).get("href", "")  # type: ignore[union-attr]
+        want = data.findtext("repo:checksum", "", _NS)
+        keep(href, *_download(f"{base}/{href}", folder / href, want or None))
+        if data.get("type") == "primary":
+            primary = folder / href
+    if primary is None:
+        raise Changed(f"{base}: repomd.xml lists no primary metadata")
+    body = primary.read_bytes()
+    tree = ET.fromstring(gzip.decompress(body) if primary.name.endswith(".gz") else body)
+    debs = []
+    for pkg in tree.findall("common:package", _NS):
+        ver = pkg.find("common:version", _NS)
+        version = f"{ver.get('ver')}-{ver.get('rel')}" if ver is not None else ""
+        fmt = pkg.find("common:format", _NS)
+        requires = tuple((e.get("name", ""),) for e in (fmt.findall("rpm:requires/rpm:entry", _NS) if fmt is not None else ()))
+        provides = tuple(e.get("name", "") for e in (fmt.findall("rpm:provides/rpm:entry", _NS) if fmt is not None else ()))
+        location = pkg.find("common:location", _NS)
+        debs.append(Deb(pkg.findtext("common:name", "", _NS), version,
+                        location.get("href", "") if location is not None else "",
+                        pkg.findtext("common:checksum", "", _NS), requires, provides))
+    chosen, lacking, from_os = resolve_debs(debs, wanted, branch)
+    if lacking:
+        raise UserInputError("--gpu", f"NVIDIA's repository at {base} has no {', '.join(lacking)}, which the plan "
+                             "installs; nothing was bundled", "pick a driver or toolkit that repository carries")
+    for rpm in chosen:
+        say(f"  {rpm.name} {rpm.version}")
+        keep(rpm.filename, *_download(f"{base}/{rpm.filename}", folder / rpm.filename, rpm.sha256,
+                                      kept / rpm.filename), kind="package",
+             version=rpm.version)
+        items[-1] = items[-1].model_copy(update={"name": rpm.name})
+    return from_os
+
+
+# ---- wheels and installers
+
+# what pip is told from outside that would change which wheels a bundle holds: the sources map decides that
+PIP_CHOICES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX", "PIP_CONSTRAINT",
+               "PIP_REQUIREMENT", "PIP_ONLY_BINARY", "PIP_NO_BINARY", "PIP_PRE", "PIP_PLATFORM", "PIP_PYTHON_VERSION")
+
+
+def _pip_env() -> dict[str, str]:
+    """This process's environment for pip, less what chooses wheels (PIP_CHOICES, and the configuration files,
+    which can set the same); how it reaches an index (a proxy, PIP_CERT, timeouts) stays."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in PIP_CHOICES}
+    env["PIP_CONFIG_FILE"] = os.devnull  # pip then reads no configuration file at all
+    return env
+
+
+def _wheels(plan: Plan, specs: list[Need], out: Path, say: Say, items: list[Item]) -> None:
+    """One `pip download` for every wheel, so the torch the other packages depend on is the plan's build: the
+    PyTorch index first (its local versions, +cu132, rank above PyPI's), PyPI for the rest."""
+    python = offline.served(plan).python or "3.12"
+    wheel = plan.stack.torch if plan.stack else plan.cpu_torch
+    torch_index = plan.sources.rebase(wheel.index_url) if wheel is not None and any(
+        n.name == "torch" for n in specs) else None
+    indexes = ["--index-url", torch_index, "--extra-index-url", plan.sources.pypi] if torch_index else \
+        ["--index-url", plan.sources.pypi]
+    dest = out / "wheels"
+    dest.mkdir(parents=True, exist_ok=True)
+    say(f"wheels for Python {python} on {plan.arch}: {' '.join(n.spec for n in specs)}")
+    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-input",
+            "--dest", str(dest), "--only-binary=:all:", "--implementation", "cp", "--python-version", python,
+            *(a for tag in PLATFORMS[plan.arch] for a in ("--platform", tag)), *indexes, *(n.spec for n in specs)]
+    for host in plan.sources.plain_http_hosts:
+        argv += ["--trusted-host", host]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=_pip_env())
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise GpuprovError(f"pip download ({' '.join(indexes)}) failed: {last}")
+    for wheel_path in sorted(dest.glob("*.whl")):
+        name, version = wheel_path.name.split("-")[:2]
+        items.append(Item(kind="wheel", name=offline.normal(name), version=version, path=f"wheels/{wheel_path.name}",
+                          sha256=_sha256(wheel_path), size=wheel_path.stat().st_size,
+                          source=torch_index if torch_index and "+" in version else plan.sources.pypi))
+
+
+def _miniforge(plan: Plan, out: Path, say: Say, items: list[Item]) -> None:
+    pin = plan.sources.installers["miniforge"]
+    name = f"Miniforge3-{pin.version}-Linux-{plan.arch}.sh"
+    url = f"{plan.sources.miniforge}/{pin.version}/{name}"
+    say(f"Miniforge {pin.version} ({url})")
+    dest = out / "installers" / pin.version / name
+    sha, size = _download(url, dest, pin.sha256[plan.arch], dest)
+    items.append(Item(kind="installer", name="miniforge", version=pin.version,
+                      path=f"installers/{pin.version}/{name}", sha256=sha, size=size, source=url))
+
+
+def make(plan: Plan, out: Path, say: Say) -> Result:
+    """Download everything `plan` needs into `out` and write its manifest there; the manifest and what NVIDIA's
+    repository left to the OS."""
+    unbundled = [f"step {s.name}: {offline.NOT_BUNDLED[s.name]}" for s in plan.steps if s.name in offline.NOT_BUNDLED]
+    if unbundled:  # refused now, not when the bundle reaches a host that cannot use it
+        raise UserInputError("bundle --offline", f"{'; '.join(unbundled)}; nothing was downloaded")
+    out.mkdir(parents=True, exist_ok=True)
+    needs = offline.needs(plan)
+    served = offline.served(plan)
+    items: list[Item] = []
+    from_os: list[str] = []
+    packages = [n.spec for n in needs if n.kind == "package"]
+    stack = plan.stack
+    if packages and stack is not None and served.repo:
+        base = f"{plan.sources.nvidia}/{stack.repo}/{stack.repo_arch}"
+        say(f"NVIDIA's {stack.repo}/{stack.repo_arch} repository ({base}): {' '.join(packages)} and their dependencies")
+        branch = stack.driver_branch
+        pinned = plan.sources.keys["nvidia"]
+        with tempfile.TemporaryDirectory(dir=out) as work:  # a failed download leaves the folder as it was
+            staged: list[Item] = []
+            target = out / served.repo
+            if stack.family == "apt":
+                from_os = _apt(base, Path(work), target, served.repo, packages, branch, pinned, say, staged)
+            else:
+                from_os = _dnf(base, Path(work), target, served.repo, stack.repo, packages, branch, pinned, say,
+                               staged)
+            if target.exists():
+                shutil.rmtree(target)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            Path(work).chmod(0o755)  # a temporary folder is its owner's only; apt reads the copy as its own user
+            Path(work).rename(target)
+            Path(work).mkdir()  # for TemporaryDirectory's own clean-up
+            items += staged
+    if any(need.kind == "installer" for need in needs):
+        _miniforge(plan, out, say, items)
+    wheels = [n for n in needs if n.kind == "wheel"]
+    if wheels:
+        _wheels(plan, wheels, out, say, items)
+    manifest = Manifest(plan=served, items=tuple(items))
+    write_atomic(out / offline.MANIFEST, manifest.model_dump_json(indent=2) + "\n", 0o644)
+    return Result(manifest, from_os)
