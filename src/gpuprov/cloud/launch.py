@@ -30,6 +30,7 @@ from gpuprov.cloud import destroy, images, keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, Market, Network, Provider, Reservation
+from gpuprov.cloud.providers.capabilities import ROLES, need
 from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.cloud.teardown import take_down
@@ -351,7 +352,7 @@ def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say
 
 def _check_instance_profile(provider: Provider, region: str, name: str, say: Say) -> None:
     """The profile must exist before anything is made (EC2 would refuse the launch: InvalidParameterValue)."""
-    exists = provider.instance_profile_exists(region, name)
+    exists = need(provider, ROLES, what="--instance-profile").instance_profile_exists(region, name)
     if exists is None:
         say(f"could not ask IAM about instance profile {name} (no iam:GetInstanceProfile): EC2 will say at launch")
     elif not exists:
