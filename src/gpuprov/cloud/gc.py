@@ -58,7 +58,7 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store, all_instal
     dead = {n.name for n in nodes if locks.abandoned(n)}
     claimed = ({n.name for n in nodes} - dead) | set(store.moved())  # moved: a bucket's records own them
     for node in nodes:
-        if node.region not in regions:
+        if node.region not in regions or node.provider != provider.name:  # another cloud's: its own gc --cloud
             continue
         if node.name in dead:
             sweep.found.append(CloudResource("node", node.name, node.region, node.name,

@@ -236,9 +236,9 @@ def look(nodes: list[Node], provider: Provider, store: Store, say: Say) -> None:
 
 def settle_all(provider: Provider, store: Store, say: Say, *, act: bool) -> None:
     """`gc`: each move a killed command left is finished or undone (act), else named with its next step; a move at
-    work (its lock held) is left to it."""
+    work (its lock held) is left to it. Only the nodes of this provider's cloud."""
     for node in store.nodes():
-        if node.journal is None:
+        if node.journal is None or node.provider != provider.name:
             continue
         try:
             if node.journal.is_bake:  # its image recorded if EC2 made it, never swept; the next step named

@@ -263,8 +263,8 @@ def refresh(store: Store, provider: Provider, say: Say | None = None) -> list[No
     (its lock is held: a `down`, an `up`, a `start`) is left as its record says, and named; every other
     node's record is read again and written under its lock, so a `down` that starts meanwhile waits. A node a
     killed move or start left (its journal) says what EC2 says of its new instance, and the next step
-    (cloud/journal.py, `look`)."""
-    nodes = store.nodes()
+    (cloud/journal.py, `look`). Only the nodes of this provider's cloud: each cloud's are asked of their own."""
+    nodes = [n for n in store.nodes() if n.provider == provider.name]
     for region in sorted({n.region for n in nodes}):
         here = [n for n in nodes if n.region == region and n.state in REFRESHED]
         rows = {n.name: [r for r in store.resources(n.name, region=region, kind="instance") if r.cloud_id] for n in here}
@@ -281,7 +281,8 @@ def refresh(store: Store, provider: Provider, say: Say | None = None) -> list[No
                     say(f"{n.name}: not refreshed, {busy.holder} is working on it")
     from gpuprov.cloud import journal
 
-    journal.look(store.nodes(), provider, store, say if say is not None else _quiet)
+    journal.look([n for n in store.nodes() if n.provider == provider.name], provider, store,
+                 say if say is not None else _quiet)
     return store.nodes()
 
 
