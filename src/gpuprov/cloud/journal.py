@@ -40,6 +40,7 @@ from gpuprov.cloud import bake, move, move_region
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.destroy import in_flight
 from gpuprov.cloud.providers.base import LaunchError
+from gpuprov.cloud.providers.capabilities import title
 from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.cloud.teardown import find_lost_launch, poll_of
@@ -145,7 +146,8 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
             try:
                 provider.start(journal.to, [new.id], settle=settle_window())
             except LaunchError as exc:  # its new zone is full now: the instance is kept, stopped, for a later start
-                raise GpuprovError(f"AWS refused to start {name}'s new instance {new.id}: {exc.code}: {exc.message}\n"
+                raise GpuprovError(f"{title(provider)} refused to start {name}'s new instance {new.id}: {exc.code}: "
+                                   f"{exc.message}\n"
                                    f"  {name} stays moving, its new instance stopped and kept; try again later: "
                                    f"gpuprov start {name}") from None
         rec.phase(tl.RUNNING)

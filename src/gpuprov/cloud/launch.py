@@ -30,7 +30,7 @@ from gpuprov.cloud import destroy, images, keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, Market, Network, Provider, Reservation
-from gpuprov.cloud.providers.capabilities import ROLES, need
+from gpuprov.cloud.providers.capabilities import ROLES, need, title
 from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.cloud.teardown import take_down
@@ -405,7 +405,7 @@ def go_on_after(exc: LaunchError, attempt: Attempt, opts: UpOptions, closed: set
     if exc.quota:
         raise quota_error(attempt, provider, region, fallback, count) from None
     fix = f"\n  fix: {exc.fix}" if exc.fix else ""
-    raise GpuprovError(f"AWS refused the launch: {exc.code}: {exc.message}{fix}{fallback}") from None
+    raise GpuprovError(f"{title(provider)} refused the launch: {exc.code}: {exc.message}{fix}{fallback}") from None
 
 
 def shutdown_behavior(plan: Plan, market: Market) -> str:

@@ -51,6 +51,7 @@ from gpuprov.cloud.providers.base import (
     NotFound,
     Provider,
 )
+from gpuprov.cloud.providers.capabilities import title
 from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.cloud.tags import owner
@@ -298,7 +299,7 @@ def launch(node: Node, region: str, image_id: str, destinations: Sequence[Destin
                 store.deleted(rid)
                 made.remove(rid)
             if exc.then not in ("next-candidate", "next-market", "retry"):
-                raise GpuprovError(f"AWS refused the move: {exc.code}: {exc.message}") from None
+                raise GpuprovError(f"{title(provider)} refused the move: {exc.code}: {exc.message}") from None
             refused.append(f"{zone}: {exc.code}")
             continue
         store.created(rid, instance.id)

@@ -30,6 +30,7 @@ from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import bootstrap_node, wait_tcp
 from gpuprov.cloud.instance_store import say_what_stop_loses
 from gpuprov.cloud.providers.base import Instance, LaunchError, Provider
+from gpuprov.cloud.providers.capabilities import title
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.plan.plan import Plan
@@ -354,7 +355,7 @@ def _run(name: str, node: Node, row: Resource, opts: StartOptions, now_type: str
         fix = f"\n  fix: {exc.fix}" if exc.fix else ""
         move = (f"\n  or move it to a zone with capacity (its disk is copied): gpuprov start {name} --move"
                 if exc.code in MOVE_CODES and node.market != "spot" and not node.cluster_size else "")
-        raise GpuprovError(f"AWS refused to start {name}: {exc.code}: {exc.message}{fix}\n  {name} stays "
+        raise GpuprovError(f"{title(provider)} refused to start {name}: {exc.code}: {exc.message}{fix}\n  {name} stays "
                            f"stopped{back}; try again later, or another type: gpuprov start {name} --instance-type …"
                            f"{move}") from None
     instance = provider.wait_running(node.region, iid, timeout=opts.ssh_timeout, settle=settle(row))
