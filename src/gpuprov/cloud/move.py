@@ -115,7 +115,7 @@ def check_movable(node: Node) -> None:
     if node.state != "stopped":
         raise UserInputError("NAME", f"{name} is {node.state}", "only a stopped node can move")
     if node.market == "spot":
-        raise UserInputError("--move", f"{name} is a spot node, whose request EC2 keeps in its zone",
+        raise UserInputError("--move", f"{name} is a spot node, whose request {title(node.provider)} keeps in its zone",
                              f"`gpuprov down {name}`, or `gpuprov image bake` it first and `gpuprov up` elsewhere")
 
 

@@ -55,6 +55,7 @@ from gpuprov.cloud.providers.base import (
     NotFound,
     Provider,
 )
+from gpuprov.cloud.providers.capabilities import title
 from gpuprov.cloud.reservations import block_guards, recorded, reservation_of, resolved
 from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.tags import owner
@@ -303,11 +304,11 @@ def _refreshed(n: Node, rows: list[Resource], found: dict[str, Instance], store:
             now = time.time()
             store.update_node(n.name, state=NodeState.INTERRUPTED, stopped_at=now, state_reason=INTERRUPTED,
                               **n.stopped_run(now))
-            store.event(n.name, "interrupted", f"{SPOT_STOPPED}: stopped by EC2")
+            store.event(n.name, "interrupted", f"{SPOT_STOPPED}: stopped by {title(n.provider)}")
         return
     if n.state == "interrupted" and states == {"running"}:  # EC2 started it again
         store.update_node(n.name, state=NodeState.READY, stopped_at=None, state_reason=None, running_since=time.time())
-        store.event(n.name, "restarted", "EC2 started the interrupted spot instance again")
+        store.event(n.name, "restarted", f"{title(n.provider)} started the interrupted spot instance again")
         return
     if n.state not in ("stopped", "interrupted") and states and states <= {"stopping", "stopped"}:  # guards stopped it
         now = time.time()

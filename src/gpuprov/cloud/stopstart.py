@@ -239,9 +239,10 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
     if node.state in RUNNING_STATES:
         raise UserInputError("NAME", f"{name} is already running ({node.state})", f"`gpuprov stop {name}` first")
     if node.state == "interrupted" and node.spot_type == "persistent":
-        raise UserInputError("NAME", f"{name} was interrupted by EC2 (spot capacity), which starts it again itself "
-                             "when capacity returns; nobody else can start it", f"`gpuprov status --refresh` shows "
-                             f"when it runs again; `gpuprov down {name}` ends it (its disk too)")
+        raise UserInputError("NAME", f"{name} was interrupted by {title(node.provider)} (spot capacity), which "
+                             "starts it again itself when capacity returns; nobody else can start it",
+                             f"`gpuprov status --refresh` shows when it runs again; `gpuprov down {name}` ends it (its "
+                             "disk too)")
     if node.state not in ("stopped", "resizing", "starting"):
         raise UserInputError("NAME", f"{name} is {node.state}", "only a stopped node can start")
     if budget_left(node, at=node.stopped_at) == 0:

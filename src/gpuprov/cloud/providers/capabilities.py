@@ -179,8 +179,8 @@ def offered(provider: Provider, capability: Capability[C]) -> C | None:
     return cast(C, provider) if has(provider, capability) else None
 
 
-def title(provider: Provider) -> str:
-    """The cloud's name as people write it ("AWS", "Alibaba Cloud")."""
+def title(provider: Provider | str) -> str:
+    """The cloud's name as people write it ("AWS", "Alibaba Cloud"), of a provider or of the name a node records."""
     from gpuprov.cloud.providers import title as named
 
-    return named(provider.name)
+    return named(provider if isinstance(provider, str) else provider.name)
