@@ -100,7 +100,7 @@ def test_cloud_not_installed_is_one_error_line(fake_cloud, gp_home, monkeypatch)
     assert "Traceback" not in result.output
 
 
-def test_a_cloud_without_placement_refuses_up_nodes_by_name(fake_cloud, gp_home, monkeypatch) -> None:
+def test_a_cloud_without_placement_or_stop_modes_refuses_them_by_name(fake_cloud, gp_home, monkeypatch) -> None:
     monkeypatch.setitem(providers.CLOUDS, "alibaba", providers.Cloud(__name__, "Stub", "Alibaba Cloud"))
     monkeypatch.setenv("GPUPROV_CLOUD", "alibaba")
     result = fake_cloud.gp("up", "c1", "--gpu", "T4", "--nodes", "2", "--ssh-cidr", "198.51.100.7/32", "--yes",
@@ -108,4 +108,39 @@ def test_a_cloud_without_placement_refuses_up_nodes_by_name(fake_cloud, gp_home,
     assert result.exit_code == 2, result.output
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
     assert line == "error: --nodes: Alibaba Cloud has no cluster placement in gpuprov yet"
+    result = fake_cloud.gp("up", "s1", "--gpu", "T4", "--spot", "--persistent", "--ssh-cidr", "198.51.100.7/32",
+                           "--yes", "--no-bootstrap")
+    assert result.exit_code == 2, result.output
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
+    assert line == "error: --persistent: Alibaba Cloud has no stop modes in gpuprov yet"
     assert not any(fake_cloud.leftovers().values())
+
+
+class Recorded(Stub):
+    """A core provider that answers `instances` (none live) and keeps what it was asked."""
+
+    asked: list[tuple[str, list[str]]] = []
+
+    def instances(self, region: str, *, ids: Any = (), node: str | None = None, everyone: bool = False) -> list[Any]:
+        Recorded.asked.append((region, list(ids)))
+        return []
+
+
+def test_commands_on_nodes_follow_the_cloud_each_records(fake_cloud, gp_home, monkeypatch) -> None:
+    from gpuprov.state import NodeState, open_store
+
+    monkeypatch.setitem(providers.CLOUDS, "alibaba", providers.Cloud(__name__, "Recorded", "Alibaba Cloud"))
+    monkeypatch.setattr(Recorded, "asked", [])
+    store = open_store()
+    store.create_node("ali", "alibaba", "us-east-1", state=NodeState.READY, instance_type="ecs.gn7i-c8g1.2xlarge")
+    store.created(store.intend("ali", "instance", "us-east-1", "token-ali"), "i-ali")
+    store.create_node("web", "aws", "us-east-1", state=NodeState.READY, instance_type="g4dn.xlarge")
+    # status --refresh: the Alibaba node is asked of its own cloud, the AWS one of AWS
+    result = fake_cloud.gp("status", "--refresh", "--json")
+    assert result.exit_code == 0, result.output
+    assert Recorded.asked == [("us-east-1", ["i-ali"])]
+    # nodes of two clouds at once: refused in one line, nothing asked
+    result = fake_cloud.gp("down", "ali", "web", "--yes")
+    assert result.exit_code == 2, result.output
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
+    assert line == "error: NAME: ali, web are nodes of alibaba and aws"

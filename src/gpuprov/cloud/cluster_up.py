@@ -49,7 +49,7 @@ from gpuprov.cloud.cluster_network import ClusterLayout, instance_of, network_fo
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
 from gpuprov.cloud.failover import Candidate, Order
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, LaunchRequest, Market, Network, NotFound, Provider
-from gpuprov.cloud.providers.capabilities import ADDRESSES, PLACEMENT, need
+from gpuprov.cloud.providers.capabilities import ADDRESSES, PLACEMENT, RDMA, need
 from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError, UserInputError
@@ -217,6 +217,8 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
         if cand.market in closed:
             continue
         layout = network_for(instance_of(plan, cand.instance_type))
+        if layout.interfaces:  # the type's RDMA interfaces are asked for at launch
+            need(provider, RDMA, what="--nodes")
         if layout.placement_group and group is None and not targeted:
             group = _placement_group(name, region, provider, store, say)
         elif targeted:  # into the reservation's own group, if it was made in one; never a new one

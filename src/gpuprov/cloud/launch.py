@@ -30,7 +30,7 @@ from gpuprov.cloud import destroy, images, keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, Market, Network, Provider, Reservation
-from gpuprov.cloud.providers.capabilities import ROLES, need, title
+from gpuprov.cloud.providers.capabilities import ROLES, STOP_MODES, need, title
 from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.cloud.teardown import take_down
@@ -271,6 +271,8 @@ def precheck(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say:
     The checked name."""
     name = check_name(opts.name)
     check_options(plan, opts)
+    if plan.request.persistent:  # a spot request that stops on interruption, not one that ends
+        need(provider, STOP_MODES, what="--persistent")
     check_name_free(name, store)
     check_reachable(opts)
     if ask:
