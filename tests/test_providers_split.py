@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -119,7 +119,7 @@ def test_a_cloud_without_placement_or_stop_modes_refuses_them_by_name(fake_cloud
 class Recorded(Stub):
     """A core provider that answers `instances` (none live) and keeps what it was asked."""
 
-    asked: list[tuple[str, list[str]]] = []
+    asked: ClassVar[list[tuple[str, list[str]]]] = []
 
     def instances(self, region: str, *, ids: Any = (), node: str | None = None, everyone: bool = False) -> list[Any]:
         Recorded.asked.append((region, list(ids)))
