@@ -85,7 +85,8 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
                 say(f"not enabled for this account, not swept: {', '.join(off)}")
     else:
         where = [cat.check_region(r) for r in regions] or \
-            sorted({n.region for n in store.nodes(include_terminated=True)} | {region_from(None).name})
+            sorted({n.region for n in store.nodes(include_terminated=True) if n.provider == provider.name}
+                   | {region_from(None).name})  # the regions of this cloud's nodes: gc sweeps one cloud (--cloud)
     scope = "yours" if team and not everyone else ("team" if team else None)
     from gpuprov.cloud import journal
 
