@@ -160,7 +160,7 @@ ALL = (PLACEMENT, RDMA, ADDRESSES, ROLES, BLOCKS, STORAGE, IMAGE_COPY, STOP_MODE
 
 def has(provider: Provider, capability: Capability[Any]) -> bool:
     """Whether the provider declares this capability (and, where it has methods, has them)."""
-    if capability.flag not in provider.capabilities:
+    if capability.flag not in getattr(provider, "capabilities", ()):  # a provider that says nothing declares none
         return False
     return capability.protocol is None or isinstance(provider, capability.protocol)
 
