@@ -671,7 +671,8 @@ def provider_for(store: Store, *, nodes: Sequence[str] = (), cloud: str | None =
     poll = found.test_poll_seconds.seconds() if found.test_poll_seconds else 2.0
     field = "--cloud" if cloud else cloud_field()
     if cloud is None and nodes:
-        recorded = {n.name: n.provider for n in store.nodes() if n.name in nodes}
+        # each named record read alone (a listing would warn of every other record it cannot read)
+        recorded = {n.name: n.provider for n in map(store.find_node, dict.fromkeys(nodes)) if n is not None}
         clouds = sorted(set(recorded.values()))
         if len(clouds) > 1:
             raise UserInputError("NAME", f"{', '.join(sorted(recorded))} are nodes of {' and '.join(clouds)}",
