@@ -364,7 +364,7 @@ def test_a_refused_create_image_puts_the_node_back_as_it_was(aws, env, aws_hosts
     baked = gp(env, "image", "bake", "base", "--name", "t4-stack", "--yes")
     assert baked.returncode == 1, baked.stdout + baked.stderr
     assert "UnauthorizedOperation: not allowed to CreateImage" in baked.stderr
-    assert "base: EC2 refused the image; the node is as it was" in baked.stdout
+    assert "base: AWS refused the image; the node is as it was" in baked.stdout
     after = _identity(pool)
     assert after.replace("No such file or directory", "") == before.replace("No such file or directory", "")
     assert "gpuprov-bake" in after and "cannot access" in after  # the backup is gone again

@@ -175,7 +175,7 @@ def test_start_bounds_a_silent_step_as_up_and_bootstrap_do(given, silence, gp_ho
         raise GpuprovError("stopped here by the test")
 
     monkeypatch.setattr(stopstart, "start", start)
-    monkeypatch.setattr(cli_cloud, "store_and_provider", lambda: (open_store(), None))
+    monkeypatch.setattr(cli_cloud, "store_and_provider", lambda **_: (open_store(), None))
     result = CliRunner().invoke(main, ["start", "day", *given])
     assert seen == [silence], result.output
 

@@ -24,10 +24,22 @@ from tests.test_teardown import (
 @dataclass
 class ClusterCloud(FakeCloud):
     addresses: dict[str, str] = field(default_factory=dict)  # recorded name (tag) -> allocation id
+    capabilities: frozenset[str] = frozenset({"addresses"})  # find_address: capabilities.py's ADDRESSES
+    name: str = "aws"
 
     def find_address(self, region: str, name: str) -> str | None:
         self.calls.append(("find_address", name))
         return self.addresses.get(name)
+
+    # the rest of the capability (providers/capabilities.py Addresses), never asked here
+    def allocate_address(self, region: str, node: str, name: str) -> str:
+        raise AssertionError("allocate_address")
+
+    def associate_address(self, region: str, allocation_id: str, instance_id: str, settle: float) -> str:
+        raise AssertionError("associate_address")
+
+    def address_count(self, region: str) -> int:
+        raise AssertionError("address_count")
 
 
 @pytest.fixture

@@ -21,7 +21,9 @@ from gpuprov.cli.common import (
     make_console,
     node_target,
     plan_from,
+    provider_for,
     quiet,
+    recorded_clouds,
     say_to,
     stack_options,
     step_silence_option,
@@ -314,12 +316,15 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
         click.echo("[]" if as_json else f"no nodes: there is no state file at {missing} ({_no_state_hint()}); "
                    "`gpuprov up --gpu L4 --spot` launches one")
         return
-    store, provider = store_and_provider()
+    store, _provider = store_and_provider()
     if timeline:
         _print_timeline(store, str(name), as_json)
         return
-    # a refresh also says what EC2 says of a move's new instance (cloud/journal.py)
-    nodes = one_node.refresh(store, provider, say_to(make_console(stderr=True))) if refresh else store.nodes()
+    nodes = store.nodes()
+    for cloud in recorded_clouds(store) if refresh else ():  # each node asked of its own cloud
+        # a refresh also says what the cloud says of a move's new instance (cloud/journal.py)
+        asked = _provider if cloud == _provider.name else provider_for(store, cloud=cloud)
+        nodes = one_node.refresh(store, asked, say_to(make_console(stderr=True)))
     if name:
         nodes = [n for n in nodes if n.name == name] or [store.node(name)]
     if as_json:
@@ -398,7 +403,7 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool, no_s
 
     team = team_scope(everyone, goes_with="--all", given=all_nodes, why="a named node is taken down whoever launched it",
                       alone="--all alone takes every node gpuprov manages here")
-    store, provider = store_and_provider()
+    store, provider = store_and_provider(nodes=names)
     listed = store.nodes() if all_nodes else []
     console = make_console(stderr=as_json)
     if team and not everyone:
@@ -417,6 +422,8 @@ def down(names: tuple[str, ...], all_nodes: bool, yes: bool, as_json: bool, no_s
         raise UserInputError("NAME", "no node named", "name the nodes to take down, or pass --all")
     for n in targets:
         store.node(n)  # unknown names fail before anything is touched
+    if all_nodes:
+        provider = provider_for(store, nodes=targets)
     # with team state each node is named with its member, here and in what follows
     label = {n: f"{n} ({_whose(store.node(n))})" if team else n for n in targets}
     saving = {} if no_save else {n: s for n in targets if (s := data_save.down_saves(store.node(n)))}
@@ -485,7 +492,7 @@ def stop(names: tuple[str, ...]) -> None:
     """
     from gpuprov.cloud import journal, stopstart
 
-    store, provider = store_and_provider()
+    store, provider = store_and_provider(nodes=names)
     _no_clusters(store, names, "stop")
     console = make_console()
     for name in names:
@@ -548,7 +555,7 @@ def start(name: str, gpu: str | None, instance_type: str | None, move: bool, zon
         raise UserInputError("--region", "applies to --move", f"gpuprov start {name} --move --region {region}")
     if subnet is not None and not move:
         raise UserInputError("--subnet", "applies to --move", f"gpuprov start {name} --move --subnet {subnet}")
-    store, provider = store_and_provider()
+    store, provider = store_and_provider(nodes=(name,))
     _no_clusters(store, (name,), "start")
     console = make_console(stderr=as_json)
     opts = stopstart.StartOptions(gpu=gpu, instance_type=instance_type, bootstrap=not no_bootstrap,

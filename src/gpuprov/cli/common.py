@@ -170,6 +170,7 @@ def stack_options(func: F) -> F:
         click.option("--arch", type=click.Choice(["x86_64", "aarch64"]), default=None,
                      help="The hosts' CPU (`uname -m`) [default: the instance type's; x86_64 for a GPU AWS does not "
                           "sell]: NVIDIA's repositories (sbsa for aarch64) and the torch wheels follow it."),
+        cloud_option,
         pin_options,
         guard_options,
         node_guard_options,
@@ -437,6 +438,7 @@ class Group(LazyGroup):
                      **extra: Any) -> click.Context:
         """Defaults from the user's config file (flag > environment > config file > built-in), read only
         when there is one, and not for `gpuprov --help` alone, which runs no command and so takes no default."""
+        _cloud[0] = None  # each command reads its own --cloud (the fork server and the tests run many in one process)
         if set(args) <= {"--help", "-h", "--version"}:
             return super().make_context(info_name, args, parent, **extra)
         from gpuprov.settings import settings
@@ -615,23 +617,82 @@ def host_settings(kw: ReachOptions) -> HostSettings:
 # --- cloud lifecycle --------------------------------------------------------------------------
 
 
-def store_and_provider() -> tuple[Store, Provider]:
-    from gpuprov.cloud.providers.aws import AwsProvider
+_cloud: list[str | None] = [None]  # --cloud as this command gave it (None: the default, or the nodes' own)
+
+
+def _set_cloud(_ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    _cloud[0] = value
+
+
+def cloud_option(func: F) -> F:
+    """--cloud (GPUPROV_CLOUD, config `cloud`): where new machines come from; store_and_provider reads it."""
+    from gpuprov.cloud.providers import CLOUDS, DEFAULT
+
+    return click.option("--cloud", type=click.Choice(tuple(CLOUDS)), default=None, envvar="GPUPROV_CLOUD",
+                        show_envvar=True, expose_value=False, callback=_set_cloud,
+                        help=f"The cloud new machines come from [default: {DEFAULT}]; a node's own commands follow "
+                             "the cloud it records.")(func)
+
+
+def cloud_field() -> str:
+    """Where the cloud's name came from, as an error names it: the flag, its variable, or the config's line."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    source = ctx.get_parameter_source("cloud") if ctx is not None else None
+    if source is ParameterSource.ENVIRONMENT:
+        return "GPUPROV_CLOUD"
+    if source is ParameterSource.DEFAULT_MAP:
+        from gpuprov.plan import config
+
+        return config.where("cloud")
+    return "--cloud"
+
+
+def store_and_provider(*, nodes: Sequence[str] = (), cloud: str | None = None) -> tuple[Store, Provider]:
+    """The store, and the provider of the cloud the command works in (`provider_for`)."""
     from gpuprov.cloud.settle import window_from_env
-    from gpuprov.cloud.tags import legacy_owner, owner
-    from gpuprov.settings import settings
     from gpuprov.state import open_store
+
+    window_from_env()  # refused here, by name, before any cloud call
+    store = open_store()  # first: a state it cannot use is said before anything else (the install id is in it)
+    return store, provider_for(store, nodes=nodes, cloud=cloud)
+
+
+def provider_for(store: Store, *, nodes: Sequence[str] = (), cloud: str | None = None) -> Provider:
+    """The provider of `cloud`, else of the cloud the named `nodes` record (nodes of several clouds are refused:
+    one cloud at a time), else of --cloud, else of the default cloud."""
+    from gpuprov.cloud.providers import DEFAULT, make
+    from gpuprov.cloud.tags import legacy_owner, owner, team_tags
+    from gpuprov.settings import settings
+    from gpuprov.state.locks import fence
 
     found = settings()
     poll = found.test_poll_seconds.seconds() if found.test_poll_seconds else 2.0
-    window_from_env()  # refused here, by name, before any cloud call
-    from gpuprov.cloud.tags import team_tags
-    from gpuprov.state.locks import fence
+    field = "--cloud" if cloud else cloud_field()
+    if cloud is None and nodes:
+        # each named record read alone (a listing would warn of every other record it cannot read)
+        recorded = {n.name: n.provider for n in map(store.find_node, dict.fromkeys(nodes)) if n is not None}
+        clouds = sorted(set(recorded.values()))
+        if len(clouds) > 1:
+            raise UserInputError("NAME", f"{', '.join(sorted(recorded))} are nodes of {' and '.join(clouds)}",
+                                 "name the nodes of one cloud at a time")
+        if clouds:
+            cloud, field = clouds[0], f"{sorted(recorded)[0]}'s record"
+    provider = make(cloud or _cloud[0] or DEFAULT, owner(), field=field, poll=poll, legacy=legacy_owner(),
+                    team=team_tags())
+    # a command whose node lease a teammate took stops before its next cloud call (no core attribute: a provider
+    # calls it before each of its cloud calls where it has one)
+    setattr(provider, "fence", fence)  # noqa: B010
+    return provider
 
-    store = open_store()  # first: a state it cannot use is said before anything else (the install id is in it)
-    provider = AwsProvider(owner(), poll=poll, legacy=legacy_owner(), team=team_tags())
-    provider.fence = fence  # a command whose node lease a teammate took stops before its next cloud call
-    return store, provider
+
+def recorded_clouds(store: Store) -> list[str]:
+    """The clouds the records' nodes are on (the default one when there are none): `status --refresh` and `gc`
+    look at each."""
+    from gpuprov.cloud.providers import DEFAULT
+
+    return sorted({n.provider for n in store.nodes()} | {_cloud[0] or DEFAULT})
 
 
 def say_to(console: Console) -> Callable[[str], None]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from gpuprov.cli.common import main, make_console, region_from, say_to, store_and_provider, team_scope
+from gpuprov.cli.common import cloud_option, main, make_console, region_from, say_to, store_and_provider, team_scope
 from gpuprov.cli.complete import complete_region
 from gpuprov.errors import GpuprovError, UserInputError
 
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
               help="With team state: --stopped-for takes every member's stopped nodes, not only yours (those your "
                    "install launched).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable: what was found (and, with --yes, what is left).")
+@cloud_option
 def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: bool, stopped_for: str | None,
        everyone: bool, as_json: bool) -> None:
     """Find resources tagged as yours that no local node owns (left by a crash or another machine's
@@ -84,7 +85,8 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
                 say(f"not enabled for this account, not swept: {', '.join(off)}")
     else:
         where = [cat.check_region(r) for r in regions] or \
-            sorted({n.region for n in store.nodes(include_terminated=True)} | {region_from(None).name})
+            sorted({n.region for n in store.nodes(include_terminated=True) if n.provider == provider.name}
+                   | {region_from(None).name})  # the regions of this cloud's nodes: gc sweeps one cloud (--cloud)
     scope = "yours" if team and not everyone else ("team" if team else None)
     from gpuprov.cloud import journal
 
@@ -150,7 +152,7 @@ def _stopped(seconds_given: int | None, where: list[str], yes: bool, as_json: bo
 
     seconds = float(seconds_given)
     now = time.time()
-    nodes = [n for n in store.nodes() if n.region in where]
+    nodes = [n for n in store.nodes() if n.region in where and n.provider == provider.name]
     if scope == "yours":
         nodes, others = by_member(nodes)
         for s in stale.stopped_longer(others, seconds, now):

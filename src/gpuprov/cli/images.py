@@ -55,7 +55,7 @@ def bake(node: str, name: str | None, yes: bool, as_json: bool) -> None:
     if name is not None:
         images.check_image_name(name)
     target = node_target(node)
-    store, provider = store_and_provider()
+    store, provider = store_and_provider(nodes=(node,))
     if target is None:
         store.node(node)  # an unknown name says so
         raise UserInputError("NODE", f"{node} has no address to reach", "bake a node that is ready (`gpuprov status`)")

@@ -10,6 +10,7 @@ import click
 from gpuprov.cli.common import (
     NODES,
     REGION_HELP,
+    cloud_option,
     main,
     make_console,
     pin_options,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 @click.option("--live", is_flag=True, help="Add current spot prices per zone (asks AWS; needs credentials).")
 @click.option("--region", default=None, metavar="REGION", shell_complete=complete_region,
               help="Region for --live " + REGION_HELP[len("AWS region "):])
+@cloud_option
 def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None:
     """List the GPUs gpuprov knows, with the AWS instance types that carry them and their prices.
 

@@ -1,7 +1,8 @@
 """Machines from a cloud: what every launch shares (launch.py), one node (node.py), a cluster (cluster_up.py),
 reaching a launched node (contact.py), stop/start (stopstart.py), images, the one destroy gate (destroy.py),
-teardown and gc, guard changes on a live node, EC2's consistency rules (settle.py); providers/ holds the small
-provider protocol and AWS.
+teardown and gc, guard changes on a live node, EC2's consistency rules (settle.py); providers/ holds the core
+protocol every cloud implements, the capabilities some declare (asked for through `providers.capabilities.need`),
+the registry `--cloud` picks from, and AWS. A node records its cloud; every command on a node asks that cloud.
 
 Also: bake.py (`image bake`), keys.py (the user's key and the region's key pair), addresses.py (a cluster's Elastic
 IP quota), instance_store.py (what `stop` loses), tags.py (the owner), timeline.py, failover.py, waiting.py (`up

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from gpuprov.cloud.failover import Order
 from gpuprov.cloud.launch import UpOptions
 from gpuprov.cloud.providers.base import Provider
+from gpuprov.cloud.providers.capabilities import ADDRESSES, need
 from gpuprov.errors import UserInputError
 
 QUOTA_CODE = "L-0263D0A3"
@@ -36,7 +37,7 @@ def check_quota(provider: Provider, region: str, nodes: int, opts: UpOptions, or
         return
     value = provider.quota(region, QUOTA_CODE)
     limit = int(value) if value is not None else DEFAULT_QUOTA
-    held = provider.address_count(region)
+    held = need(provider, ADDRESSES, what="--nodes").address_count(region)
     if held + nodes <= limit:
         return
     which = "the default" if value is None else "Service Quotas says"

@@ -61,7 +61,7 @@ def adopt(regions: Sequence[str], providers: Sequence[Provider], store: Store, s
             if existing is not None and existing.live:
                 continue
             mine = [instances[r.id] for r in resources if r.kind == "instance" and r.id in instances]
-            store.create_node(name, "aws", region, **_fields(mine, resources))
+            store.create_node(name, providers[0].name, region, **_fields(mine, resources))  # the cloud it is on
             for res in resources:
                 store.add_resource(name, res.kind, region, res.id)  # type: ignore[arg-type]
             store.event(name, "adopted", f"rebuilt from {len(resources)} tagged resource(s) by `state adopt`")

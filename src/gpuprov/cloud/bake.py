@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING
 
 from gpuprov.cloud.images import GUARD_STEPS, GUARD_UNITS, INSTALL_KINDS, check_image_name, stack_hash
 from gpuprov.cloud.providers.base import Image, ImageRequest, Provider
+from gpuprov.cloud.providers.capabilities import title
 from gpuprov.cloud.settle import settle_window
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.state import Journal, NodeState, locks
@@ -103,6 +104,7 @@ def _bake(node_name: str, image_name: str, store: Store, provider: Provider, tar
         raise UserInputError("--name", f"an image called {image_name!r} exists in {node.region}",
                              "pick another --name, or `gpuprov image rm` it first")
     os_name = str(node.plan.get("os") or "ubuntu-24.04")
+    cloud = title(provider)
     remote = Remote(target, settings)
     remote.open()
     try:
@@ -115,7 +117,7 @@ def _bake(node_name: str, image_name: str, store: Store, provider: Provider, tar
             _run_step(remote, node_name, "image-clean", "image_clean.sh.j2", "the clean-up before the image",
                       _clean_values(node.region, node.ssh_user or "ubuntu"))
             say(f"{node_name}: host keys, gpuprov's authorized key, guards, logs and cloud-init data moved aside "
-                "(put back if EC2 refuses the image); markers kept")
+                f"(put back if {cloud} refuses the image); markers kept")
             journal = _note(store, replace(journal, step="image"))
             rid = store.intend(None, "image", node.region, image_name)
             store.event(node_name, "bake", f"CreateImage {image_name} (stack {stack[:12]})")
@@ -127,7 +129,7 @@ def _bake(node_name: str, image_name: str, store: Store, provider: Provider, tar
             if not taken:  # EC2 has no image of that name: it never took the request, so the node comes back
                 if rid is not None:
                     store.deleted(rid)
-                _put_back(remote, node_name, exc, say)
+                _put_back(remote, node_name, exc, say, cloud)
                 _done(store, node_name)
                 if isinstance(exc, Interrupted):
                     exc.note = f"no image was made; {node_name} is as it was before the bake"
@@ -138,12 +140,12 @@ def _bake(node_name: str, image_name: str, store: Store, provider: Provider, tar
     assert rid is not None  # create_image ran, so the record was written first
     store.created(rid, image_id)
     journal = _note(store, replace(journal, image=image_id))
-    say(f"CreateImage {image_id} ({image_name}): EC2 stops {node_name}, snapshots its disk and starts it again")
+    say(f"CreateImage {image_id} ({image_name}): {cloud} stops {node_name}, snapshots its disk and starts it again")
     try:
         image = provider.wait_image(node.region, image_id, timeout=wait, settle=settle_window(),
                                     progress=_progress(say, image_id))
     except Interrupted as exc:  # nothing to take back: EC2 makes the image; the record finds it
-        exc.note = (f"EC2 goes on making {image_id} ({image_name}); {node_name} is baking, its guards not back: "
+        exc.note = (f"{cloud} goes on making {image_id} ({image_name}); {node_name} is baking, its guards not back: "
                     f"`gpuprov start {node_name}` settles it once the image is available")
         raise
     store.event(node_name, "baked", f"{image_id} {image_name} available")
@@ -222,7 +224,7 @@ def settle(node_name: str, provider: Provider, store: Store, say: Say, wait: flo
     if journal is None or not journal.is_bake:
         return
     if not node.can_stop:
-        raise UserInputError("NAME", f"{node_name} is a one-time spot node, which EC2 cannot stop, and its "
+        raise UserInputError("NAME", f"{node_name} is a one-time spot node, which {title(node.provider)} cannot stop, and its "
                              f"{journal.describe()}", f"`gpuprov down {node_name}` (its image, if made, is kept)")
     image = made_image(node_name, journal, provider, store, drop=True)
     if image is not None:
@@ -328,8 +330,8 @@ def _monitoring_lost(node_name: str, store: Store, exc: BaseException, say: Say)
         say(f"{node_name}: its guards are back, its monitoring is not ({exc}): {again}")
 
 
-def _put_back(remote: Remote, node_name: str, exc: BaseException, say: Say) -> None:
-    """EC2 refused the image: the node gets back what the clean-up moved aside. If that fails too, the error
+def _put_back(remote: Remote, node_name: str, exc: BaseException, say: Say, cloud: str) -> None:
+    """The cloud refused the image: the node gets back what the clean-up moved aside. If that fails too, the error
     says what the node now lacks, so the user knows before relying on its guards."""
     try:
         _run_step(remote, node_name, "image-restore", "image_restore.sh.j2", "putting the node back",
@@ -338,7 +340,7 @@ def _put_back(remote: Remote, node_name: str, exc: BaseException, say: Say) -> N
         raise GpuprovError(f"{exc}\n  and {node_name} could not be put back as it was ({failed}): it lacks its "
                            "host keys, gpuprov's SSH key and its TTL/budget/autostop guards until they are restored "
                            f"from {BACKUP_DIR} (or `gpuprov down {node_name}`)") from None
-    why = "EC2 refused the image" if isinstance(exc, GpuprovError) else "interrupted before EC2 took the image"
+    why = f"{cloud} refused the image" if isinstance(exc, GpuprovError) else f"interrupted before {cloud} took the image"
     say(f"{node_name}: {why}; the node is as it was (host keys, gpuprov's key, its guards)")
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuprov.cloud.providers.base import BlockOffering, BlockUnknown, Provider, Reservation
+from gpuprov.cloud.providers.capabilities import BLOCKS, need
 from gpuprov.cloud.settle import settle_window
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.files import lock_beside, locked, write_atomic
@@ -83,10 +84,11 @@ def _write(path: Path, rows: list[Block]) -> None:
 def offers(provider: Provider, region: str, types: list[str], count: int, hours: int, start_after: datetime | None,
            end_before: datetime | None, say: Say) -> list[Block]:
     """Every offering for the types, cheapest first; kept for `buy`."""
+    blocks = need(provider, BLOCKS, what="capacity offers")
     found: list[BlockOffering] = []
     for it in types:
         try:
-            found += provider.block_offerings(region, it, count, hours, start_after, end_before)
+            found += blocks.block_offerings(region, it, count, hours, start_after, end_before)
         except UserInputError:
             raise
         except GpuprovError as exc:  # a type EC2 sells no blocks of, in this region
@@ -113,6 +115,7 @@ def buy(provider: Provider, offering: str, say: Say) -> Block:
     """Record, then PurchaseCapacityBlock, sent once; the record says what came of it. An offering whose last
     purchase's answer was lost (still `buying`) is looked for among the account's reservations first, and asked for
     again only when none of it is there."""
+    blocks = need(provider, BLOCKS, what="capacity buy")
     offer = offered(offering)
     if offer.start + offer.hours * 3600 <= time.time():
         raise UserInputError("OFFERING", f"{offering} ended {offer.window}", "gpuprov capacity offers lists new ones")
@@ -126,7 +129,7 @@ def buy(provider: Provider, offering: str, say: Say) -> Block:
             _write(_blocks_file(), rows)
     if unsure:
         say(f"{offering}: its last purchase got no answer; looking for it among the account's reservations first")
-        found = provider.find_block(offer.region, _tag(offering))
+        found = blocks.find_block(offer.region, _tag(offering))
         if found is not None:
             say(f"  found {found.id} ({found.state}): it was bought then; not buying again")
             return _bought(offering, found)
@@ -134,7 +137,7 @@ def buy(provider: Provider, offering: str, say: Say) -> Block:
     say(f"buying {offering}: {offer.count} × {offer.instance_type} in {offer.zone}, {offer.window}, "
         f"${offer.upfront_usd:,.2f} up front")
     try:
-        purchase = provider.purchase_block(offer.region, offering, _tag(offering), settle=settle_window())
+        purchase = blocks.purchase_block(offer.region, offering, _tag(offering), settle=settle_window())
     except BlockUnknown as exc:
         _set(offering, note=str(exc).split("\n")[0][:300])  # stays `buying`: it may have been bought
         raise

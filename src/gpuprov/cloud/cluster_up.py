@@ -49,6 +49,7 @@ from gpuprov.cloud.cluster_network import ClusterLayout, instance_of, network_fo
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
 from gpuprov.cloud.failover import Candidate, Order
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, LaunchRequest, Market, Network, NotFound, Provider
+from gpuprov.cloud.providers.capabilities import ADDRESSES, PLACEMENT, RDMA, need
 from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError, UserInputError
@@ -105,6 +106,7 @@ def check_cluster_options(plan: Plan, opts: launch.UpOptions, copts: ClusterOpti
 def up(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider: Provider, store: Store,
        say: Say) -> ClusterResult:
     check_cluster_options(plan, opts, copts)
+    need(provider, PLACEMENT, what="--nodes")  # before anything is made: this cloud launches no cluster
     _not_a_host_cluster(launch.check_name(opts.name))
     with locks.claim(opts.name, "up --nodes"):  # as for one node: held from before the record until ready
         rec = tl.Recorder("up", opts.name)
@@ -154,7 +156,7 @@ def _launch_and_bootstrap(plan: Plan, opts: launch.UpOptions, copts: ClusterOpti
     anywhere = ", anywhere on the internet" if launch.open_to_all(cidr) else ""
     say(f"key pair and security group (SSH from {cidr}{anywhere}; all traffic between the cluster's nodes)")
     access = launch.prepare_access(name, region, provider, store, network, cidr, public_ip)
-    provider.authorize_self(region, access.security_group_id, settle=settle_window())
+    need(provider, PLACEMENT, what="--nodes").authorize_self(region, access.security_group_id, settle=settle_window())
     rec.phase(tl.CAPACITY)
     instances, layout, attempts = _launch(plan, opts, copts, provider, store, say, order, image, access, rec)
 
@@ -215,6 +217,8 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
         if cand.market in closed:
             continue
         layout = network_for(instance_of(plan, cand.instance_type))
+        if layout.interfaces:  # the type's RDMA interfaces are asked for at launch
+            need(provider, RDMA, what="--nodes")
         if layout.placement_group and group is None and not targeted:
             group = _placement_group(name, region, provider, store, say)
         elif targeted:  # into the reservation's own group, if it was made in one; never a new one
@@ -226,7 +230,7 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
         rid = store.intend(name, "instance", region, token)
         asked = rec.now()
         try:
-            instances = provider.launch_group(LaunchRequest(
+            instances = need(provider, PLACEMENT, what="--nodes").launch_group(LaunchRequest(
                 node=name, region=region, zone=cand.zone, instance_type=cand.instance_type, market=cand.market,
                 image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price,
                 shutdown_behavior=launch.shutdown_behavior(plan, cand.market), count=copts.nodes,
@@ -252,7 +256,7 @@ def _placement_group(name: str, region: str, provider: Provider, store: Store, s
     group = f"gpuprov-{name}-{uuid.uuid4().hex[:8]}"
     say(f"cluster placement group {group}")
     rid = store.intend(name, "placement-group", region, group)
-    store.created(rid, provider.create_placement_group(region, name, group))
+    store.created(rid, need(provider, PLACEMENT, what="--nodes").create_placement_group(region, name, group))
     return group
 
 
@@ -279,9 +283,10 @@ def _member(name: str, region: str, rank: int, inst: Instance, opts: launch.UpOp
     if opts.connect == "public" and layout.elastic_ip and not opts.ipv6:
         label = f"gpuprov-{name}-{rank}-{uuid.uuid4().hex[:8]}"
         rid = store.intend(name, "address", region, label)
-        allocation = provider.allocate_address(region, name, label)
+        addresses = need(provider, ADDRESSES, what="--nodes")
+        allocation = addresses.allocate_address(region, name, label)
         store.created(rid, allocation)
-        public = provider.associate_address(region, allocation, inst.id, settle=settle_window())
+        public = addresses.associate_address(region, allocation, inst.id, settle=settle_window())
         say(f"  node {rank}: Elastic IP {public}")
     address = inst.private_ip if opts.connect == "private" else public
     if not address:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuprov.cloud.providers.base import Provider
+from gpuprov.cloud.providers.capabilities import ROLES, STORAGE, need
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state import Store
 
@@ -82,7 +83,7 @@ def bucket_keys(accesses: Sequence[BucketAccess], region: str, provider: Provide
     keys: dict[str, str] = {}
     for bucket in dict.fromkeys(a.bucket for a in accesses):
         try:
-            key = provider.bucket_key(region, bucket)
+            key = need(provider, STORAGE, what="--s3-access").bucket_key(region, bucket)
         except UserInputError:  # the key named, and unreadable
             raise
         except GpuprovError as exc:
@@ -103,10 +104,11 @@ def ensure_role(node: str, region: str, given: Sequence[str], provider: Provider
         f"s3://{a.bucket}/{a.prefix}{' (read-only)' if a.read_only else ''}" for a in accesses))
     keys = bucket_keys(accesses, region, provider, say)
     rid = store.intend(node, "iam-role", region, name)
-    provider.create_node_role(region, node, name, policy(accesses, keys))
+    roles = need(provider, ROLES, what="--s3-access")
+    roles.create_node_role(region, node, name, policy(accesses, keys))
     store.created(rid, name)
     pid = store.intend(node, "instance-profile", region, name)
-    provider.create_node_profile(region, node, name, name)
+    roles.create_node_profile(region, node, name, name)
     store.created(pid, name)
     return name
 
@@ -121,7 +123,7 @@ def download_sizes(plan: Any, provider: Provider) -> list[dict[str, Any]]:
         row = entry.summary()
         if entry.download:
             bucket, prefix = split_s3(entry.source)
-            row["objects"], row["bytes"] = provider.prefix_size(plan.request.region, bucket, prefix)
+            row["objects"], row["bytes"] = need(provider, STORAGE, what="data").prefix_size(plan.request.region, bucket, prefix)
         out.append(row)
     return out
 

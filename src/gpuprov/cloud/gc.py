@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from gpuprov.cloud import destroy, images, keys, tags
 from gpuprov.cloud.providers.base import IMAGES, SHARED, CloudResource, NotFound, Provider
+from gpuprov.cloud.providers.capabilities import ROLES, offered
 from gpuprov.cloud.teardown import take_down
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state import Store, locks
@@ -57,7 +58,7 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store, all_instal
     dead = {n.name for n in nodes if locks.abandoned(n)}
     claimed = ({n.name for n in nodes} - dead) | set(store.moved())  # moved: a bucket's records own them
     for node in nodes:
-        if node.region not in regions:
+        if node.region not in regions or node.provider != provider.name:  # another cloud's: its own gc --cloud
             continue
         if node.name in dead:
             sweep.found.append(CloudResource("node", node.name, node.region, node.name,
@@ -72,8 +73,9 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store, all_instal
     for region in regions:
         try:
             tagged = provider.tagged(region, everyone=True)
-            if region == regions[0]:  # IAM is global: its roles and profiles once, with the first region
-                tagged += provider.tagged_iam(region, everyone=True)
+            roles = offered(provider, ROLES)
+            if region == regions[0] and roles:  # IAM is global: its roles and profiles once, with the first region
+                tagged += roles.tagged_iam(region, everyone=True)
         except UserInputError:  # no credentials, a profile that does not exist: every region's, said once
             raise
         except GpuprovError as exc:  # one region's refusal (a region not enabled, a denied call) stops no other

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from gpuprov.cloud.providers.base import InstanceTypeInfo, Provider
+from gpuprov.cloud.providers.capabilities import title
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.files import write_atomic
 from gpuprov.paths import facts_dir
@@ -96,7 +97,7 @@ def live_catalog(cat: Catalog, provider: Provider, region: str, say: Say, fallba
         except GpuprovError as exc:
             if not fallback or isinstance(exc, UserInputError):  # the user's to fix (credentials, an endpoint)
                 raise
-            say(f"instance types from the catalog: EC2's DescribeInstanceTypes did not answer ({exc})")
+            say(f"instance types from the catalog: {title(provider)} did not describe its instance types ({exc})")
             return cat
         cached = {"at": time.time(), "region": region, "rows": read}
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

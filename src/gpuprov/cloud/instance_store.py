@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from gpuprov.cloud.providers.base import InstanceStore, Provider
+from gpuprov.cloud.providers.capabilities import title
 from gpuprov.errors import GpuprovError
 from gpuprov.files import locked, write_atomic
 from gpuprov.paths import cache_dir
@@ -75,8 +76,8 @@ def say_what_stop_loses(provider: Provider, name: str, region: str, instance_typ
     try:
         found = instance_store(provider, region, instance_type)
     except GpuprovError as exc:
-        say(f"{name}: could not ask EC2 whether {instance_type} has instance-store NVMe ({exc}); if it has, what is "
-            "on it is lost at stop")
+        say(f"{name}: could not ask {title(provider)} whether {instance_type} has instance-store NVMe ({exc}); if it "
+            "has, what is on it is lost at stop")
         return
     if found is None:
         return

@@ -40,6 +40,7 @@ from gpuprov.cloud import bake, move, move_region
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.destroy import in_flight
 from gpuprov.cloud.providers.base import LaunchError
+from gpuprov.cloud.providers.capabilities import title
 from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.cloud.teardown import find_lost_launch, poll_of
@@ -145,7 +146,8 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
             try:
                 provider.start(journal.to, [new.id], settle=settle_window())
             except LaunchError as exc:  # its new zone is full now: the instance is kept, stopped, for a later start
-                raise GpuprovError(f"AWS refused to start {name}'s new instance {new.id}: {exc.code}: {exc.message}\n"
+                raise GpuprovError(f"{title(provider)} refused to start {name}'s new instance {new.id}: {exc.code}: "
+                                   f"{exc.message}\n"
                                    f"  {name} stays moving, its new instance stopped and kept; try again later: "
                                    f"gpuprov start {name}") from None
         rec.phase(tl.RUNNING)
@@ -236,9 +238,9 @@ def look(nodes: list[Node], provider: Provider, store: Store, say: Say) -> None:
 
 def settle_all(provider: Provider, store: Store, say: Say, *, act: bool) -> None:
     """`gc`: each move a killed command left is finished or undone (act), else named with its next step; a move at
-    work (its lock held) is left to it."""
+    work (its lock held) is left to it. Only the nodes of this provider's cloud."""
     for node in store.nodes():
-        if node.journal is None:
+        if node.journal is None or node.provider != provider.name:
             continue
         try:
             if node.journal.is_bake:  # its image recorded if EC2 made it, never swept; the next step named

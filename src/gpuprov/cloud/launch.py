@@ -30,6 +30,7 @@ from gpuprov.cloud import destroy, images, keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, Market, Network, Provider, Reservation
+from gpuprov.cloud.providers.capabilities import ROLES, STOP_MODES, need, title
 from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.cloud.teardown import take_down
@@ -270,6 +271,8 @@ def precheck(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say:
     The checked name."""
     name = check_name(opts.name)
     check_options(plan, opts)
+    if plan.request.persistent:  # a spot request that stops on interruption, not one that ends
+        need(provider, STOP_MODES, what="--persistent")
     check_name_free(name, store)
     check_reachable(opts)
     if ask:
@@ -351,7 +354,7 @@ def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say
 
 def _check_instance_profile(provider: Provider, region: str, name: str, say: Say) -> None:
     """The profile must exist before anything is made (EC2 would refuse the launch: InvalidParameterValue)."""
-    exists = provider.instance_profile_exists(region, name)
+    exists = need(provider, ROLES, what="--instance-profile").instance_profile_exists(region, name)
     if exists is None:
         say(f"could not ask IAM about instance profile {name} (no iam:GetInstanceProfile): EC2 will say at launch")
     elif not exists:
@@ -404,7 +407,7 @@ def go_on_after(exc: LaunchError, attempt: Attempt, opts: UpOptions, closed: set
     if exc.quota:
         raise quota_error(attempt, provider, region, fallback, count) from None
     fix = f"\n  fix: {exc.fix}" if exc.fix else ""
-    raise GpuprovError(f"AWS refused the launch: {exc.code}: {exc.message}{fix}{fallback}") from None
+    raise GpuprovError(f"{title(provider)} refused the launch: {exc.code}: {exc.message}{fix}{fallback}") from None
 
 
 def shutdown_behavior(plan: Plan, market: Market) -> str:

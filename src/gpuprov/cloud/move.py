@@ -51,6 +51,7 @@ from gpuprov.cloud.providers.base import (
     NotFound,
     Provider,
 )
+from gpuprov.cloud.providers.capabilities import title
 from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.cloud.tags import owner
@@ -114,7 +115,7 @@ def check_movable(node: Node) -> None:
     if node.state != "stopped":
         raise UserInputError("NAME", f"{name} is {node.state}", "only a stopped node can move")
     if node.market == "spot":
-        raise UserInputError("--move", f"{name} is a spot node, whose request EC2 keeps in its zone",
+        raise UserInputError("--move", f"{name} is a spot node, whose request {title(node.provider)} keeps in its zone",
                              f"`gpuprov down {name}`, or `gpuprov image bake` it first and `gpuprov up` elsewhere")
 
 
@@ -298,7 +299,7 @@ def launch(node: Node, region: str, image_id: str, destinations: Sequence[Destin
                 store.deleted(rid)
                 made.remove(rid)
             if exc.then not in ("next-candidate", "next-market", "retry"):
-                raise GpuprovError(f"AWS refused the move: {exc.code}: {exc.message}") from None
+                raise GpuprovError(f"{title(provider)} refused the move: {exc.code}: {exc.message}") from None
             refused.append(f"{zone}: {exc.code}")
             continue
         store.created(rid, instance.id)

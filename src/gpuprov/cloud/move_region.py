@@ -42,6 +42,7 @@ from gpuprov.cloud.move import (
     undone,
 )
 from gpuprov.cloud.providers.base import Access, CloudResource, ImageCopy, Instance, Network, NotFound, Provider
+from gpuprov.cloud.providers.capabilities import IMAGE_COPY, need
 from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.stopstart import StartOptions, StartResult, came_up
 from gpuprov.cloud.teardown import find_lost_launch, poll_of
@@ -62,6 +63,7 @@ def _checked(name: str, mopts: MoveOptions, provider: Provider,
     to = catalog.load().check_region(mopts.region) if mopts.region else ""  # a region that does not exist, first
     if to == node.region:  # as --zone of its own zone: nothing would move
         raise UserInputError("--region", f"{name} is already in {to}", "another region, or --zone in this one")
+    need(provider, IMAGE_COPY, what="--region")  # before anything is made: the move goes through a copied image
     check_movable(node)
     if node.connect == "private" and not mopts.subnet:
         raise UserInputError("--subnet", f"{name} is reached on its private address, in a VPC of {node.region}: in "
@@ -170,7 +172,8 @@ def _copy(node: Node, to: str, image_id: str, provider: Provider, store: Store, 
     name = image_row.client_token or f"gpuprov-move-{node.name}"
     say(f"{node.name}: copying the image {image_id} to {to}")
     rid = store.intend(node.name, "image", to, name)  # recorded first: `down` finds a lost copy by its name
-    copy_id = provider.copy_image(ImageCopy(region=to, source_region=node.region, source_image_id=image_id, name=name,
+    copying = need(provider, IMAGE_COPY, what="--region")
+    copy_id = copying.copy_image(ImageCopy(region=to, source_region=node.region, source_image_id=image_id, name=name,
                                             description=f"gpuprov start --move of {node.name} from {node.region}",
                                             source_node=node.name, client_token=name))
     store.created(rid, copy_id)

@@ -55,6 +55,7 @@ from gpuprov.cloud.providers.base import (
     NotFound,
     Provider,
 )
+from gpuprov.cloud.providers.capabilities import title
 from gpuprov.cloud.reservations import block_guards, recorded, reservation_of, resolved
 from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.tags import owner
@@ -263,8 +264,8 @@ def refresh(store: Store, provider: Provider, say: Say | None = None) -> list[No
     (its lock is held: a `down`, an `up`, a `start`) is left as its record says, and named; every other
     node's record is read again and written under its lock, so a `down` that starts meanwhile waits. A node a
     killed move or start left (its journal) says what EC2 says of its new instance, and the next step
-    (cloud/journal.py, `look`)."""
-    nodes = store.nodes()
+    (cloud/journal.py, `look`). Only the nodes of this provider's cloud: each cloud's are asked of their own."""
+    nodes = [n for n in store.nodes() if n.provider == provider.name]
     for region in sorted({n.region for n in nodes}):
         here = [n for n in nodes if n.region == region and n.state in REFRESHED]
         rows = {n.name: [r for r in store.resources(n.name, region=region, kind="instance") if r.cloud_id] for n in here}
@@ -281,7 +282,8 @@ def refresh(store: Store, provider: Provider, say: Say | None = None) -> list[No
                     say(f"{n.name}: not refreshed, {busy.holder} is working on it")
     from gpuprov.cloud import journal
 
-    journal.look(store.nodes(), provider, store, say if say is not None else _quiet)
+    journal.look([n for n in store.nodes() if n.provider == provider.name], provider, store,
+                 say if say is not None else _quiet)
     return store.nodes()
 
 
@@ -302,11 +304,11 @@ def _refreshed(n: Node, rows: list[Resource], found: dict[str, Instance], store:
             now = time.time()
             store.update_node(n.name, state=NodeState.INTERRUPTED, stopped_at=now, state_reason=INTERRUPTED,
                               **n.stopped_run(now))
-            store.event(n.name, "interrupted", f"{SPOT_STOPPED}: stopped by EC2")
+            store.event(n.name, "interrupted", f"{SPOT_STOPPED}: stopped by {title(n.provider)}")
         return
     if n.state == "interrupted" and states == {"running"}:  # EC2 started it again
         store.update_node(n.name, state=NodeState.READY, stopped_at=None, state_reason=None, running_since=time.time())
-        store.event(n.name, "restarted", "EC2 started the interrupted spot instance again")
+        store.event(n.name, "restarted", f"{title(n.provider)} started the interrupted spot instance again")
         return
     if n.state not in ("stopped", "interrupted") and states and states <= {"stopping", "stopped"}:  # guards stopped it
         now = time.time()

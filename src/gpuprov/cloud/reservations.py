@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuprov.cloud.failover import Candidate, Order
 from gpuprov.cloud.providers.base import Provider, Reservation
+from gpuprov.cloud.providers.capabilities import BLOCKS, need, offered
 from gpuprov.errors import UserInputError
 from gpuprov.plan.plan import Plan
 from gpuprov.state import Node
@@ -46,7 +47,7 @@ def _when(t: datetime | None) -> str:
 def find(provider: Provider, region: str, given: str, flag: str) -> Reservation:
     """The reservation a cr-… (or a block's cb-…) names; bad input when the account has none such."""
     if given.startswith("cb-"):
-        blocks = [r for r in provider.reservations(region) if r.block_id == given]
+        blocks = [r for r in need(provider, BLOCKS, what=flag).reservations(region) if r.block_id == given]
         if not blocks:
             raise UserInputError(flag, f"no Capacity Block {given} in {region}", "`gpuprov status` lists the blocks bought")
         return blocks[0]
@@ -54,7 +55,7 @@ def find(provider: Provider, region: str, given: str, flag: str) -> Reservation:
         raise UserInputError(flag, f"{given!r} is not a Capacity Reservation id",
                              "cr-… (or open)" if flag == "--reservation" else "cr-… or cb-…")
     try:
-        (found,) = provider.reservations(region, [given])
+        (found,) = need(provider, BLOCKS, what=flag).reservations(region, [given])
     except UserInputError as exc:  # the provider's refusal of an unknown id, blamed on the flag that gave it
         raise UserInputError(flag, exc.problem, exc.hint) from None
     return found
@@ -111,7 +112,7 @@ def _paid(res: Reservation, provider: Provider, region: str, flag: str, say: Say
                                  "active")
         time.sleep(wait)
         wait = min(wait * 2, 30.0)
-        (res,) = provider.reservations(region, [res.id])
+        (res,) = need(provider, BLOCKS, what=flag).reservations(region, [res.id])
     say(f"  {res.id} is {res.state}")
     return res
 
@@ -122,7 +123,7 @@ def startable(node: Node, instance_type: str, instance_id: str, provider: Provid
     Capacity Block in the active state" (EC2 user guide, Capacity Blocks). Its disk bills meanwhile."""
     if not node.reservation_id:
         return
-    found = [r for r in provider.reservations(node.region) if r.id == node.reservation_id]
+    found = [r for r in need(provider, BLOCKS, what=node.name).reservations(node.region) if r.id == node.reservation_id]
     res = found[0] if found else None
     ended = res is None or res.state in ("expired", "cancelled", "failed", "payment-failed") or (
         res.end is not None and res.end.timestamp() <= time.time())
@@ -148,7 +149,7 @@ def _hours_to(t: datetime | None) -> int:
 
 
 def _open_first(order: Order, provider: Provider, region: str, say: Say) -> Order:
-    room = {(r.instance_type, r.zone) for r in provider.reservations(region)
+    room = {(r.instance_type, r.zone) for r in need(provider, BLOCKS, what="--reservation").reservations(region)
             if r.state == "active" and r.match == "open" and r.available > 0}
     first = [c for c in order.candidates if (c.instance_type, c.zone) in room]
     say(f"open reservations with room: {len(first)} of the candidates" if first else
@@ -211,6 +212,9 @@ def live_rows(provider: Provider, region: str) -> list[Reservation]:
     """`gpus --live`: the account's active (and scheduled) reservations for instance types that carry GPUs."""
     from gpuprov.plan import catalog
 
+    blocks = offered(provider, BLOCKS)
+    if blocks is None:
+        return []
     gpu_types = {t.name for t in catalog.load().instance_types if not t.cpu_only}
-    return [r for r in provider.reservations(region) if r.state in ("active", "scheduled")
+    return [r for r in blocks.reservations(region) if r.state in ("active", "scheduled")
             and r.instance_type in gpu_types]

@@ -30,6 +30,7 @@ from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import bootstrap_node, wait_tcp
 from gpuprov.cloud.instance_store import say_what_stop_loses
 from gpuprov.cloud.providers.base import Instance, LaunchError, Provider
+from gpuprov.cloud.providers.capabilities import title
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.plan.plan import Plan
@@ -238,9 +239,10 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
     if node.state in RUNNING_STATES:
         raise UserInputError("NAME", f"{name} is already running ({node.state})", f"`gpuprov stop {name}` first")
     if node.state == "interrupted" and node.spot_type == "persistent":
-        raise UserInputError("NAME", f"{name} was interrupted by EC2 (spot capacity), which starts it again itself "
-                             "when capacity returns; nobody else can start it", f"`gpuprov status --refresh` shows "
-                             f"when it runs again; `gpuprov down {name}` ends it (its disk too)")
+        raise UserInputError("NAME", f"{name} was interrupted by {title(node.provider)} (spot capacity), which "
+                             "starts it again itself when capacity returns; nobody else can start it",
+                             f"`gpuprov status --refresh` shows when it runs again; `gpuprov down {name}` ends it (its "
+                             "disk too)")
     if node.state not in ("stopped", "resizing", "starting"):
         raise UserInputError("NAME", f"{name} is {node.state}", "only a stopped node can start")
     if budget_left(node, at=node.stopped_at) == 0:
@@ -354,7 +356,7 @@ def _run(name: str, node: Node, row: Resource, opts: StartOptions, now_type: str
         fix = f"\n  fix: {exc.fix}" if exc.fix else ""
         move = (f"\n  or move it to a zone with capacity (its disk is copied): gpuprov start {name} --move"
                 if exc.code in MOVE_CODES and node.market != "spot" and not node.cluster_size else "")
-        raise GpuprovError(f"AWS refused to start {name}: {exc.code}: {exc.message}{fix}\n  {name} stays "
+        raise GpuprovError(f"{title(provider)} refused to start {name}: {exc.code}: {exc.message}{fix}\n  {name} stays "
                            f"stopped{back}; try again later, or another type: gpuprov start {name} --instance-type …"
                            f"{move}") from None
     instance = provider.wait_running(node.region, iid, timeout=opts.ssh_timeout, settle=settle(row))

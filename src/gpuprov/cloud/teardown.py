@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from gpuprov.cloud import destroy
 from gpuprov.cloud.providers.base import CloudResource, NotFound, Provider
+from gpuprov.cloud.providers.capabilities import ADDRESSES, need
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError
 from gpuprov.state import NodeState, Resource, Store, locks
@@ -270,7 +271,7 @@ def _lost(row: Resource, provider: Provider) -> str | None:
     if row.kind == "security-group":
         return provider.find_security_group(row.region, name)
     if row.kind == "address":
-        return provider.find_address(row.region, name)
+        return need(provider, ADDRESSES, what=row.node or row.kind).find_address(row.region, name)
     # its name is its id: deleting one never made is a NotFound (a role's or profile's `up` killed after CreateRole
     # but before the answer was recorded leaves an intent row naming it: without this the role was forgotten)
     if row.kind in ("placement-group", "iam-role", "instance-profile"):

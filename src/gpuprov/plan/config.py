@@ -7,6 +7,7 @@ The region follows the AWS chain with the config file between the environment an
 --region, AWS_REGION, AWS_DEFAULT_REGION, config `region`, the profile's region, us-east-1.
 
     region = "us-west-2"
+    cloud = "aws"
     gpu = "L40S"
     playbook = "llm-finetune"
     ssh_cidr = "203.0.113.0/24"
@@ -62,6 +63,7 @@ class ConfigFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     region: str | None = None
+    cloud: Literal["aws", "alibaba"] | None = None  # cloud/providers/__init__.py CLOUDS
     gpu: str | None = None
     playbook: str | None = None
     ssh_cidr: str | None = None
@@ -130,6 +132,8 @@ _PINNED = (*_STACK, "bootstrap")
 _REACH = ("bootstrap", "check", "doctor", "bench", "ssh", "exec", "tunnel", "jupyter", "sync", "monitor", "torchrun")
 SETTINGS = (
     Setting("region", "AWS region", ("AWS_REGION", "AWS_DEFAULT_REGION"), "us-east-1 (or the AWS profile's)", {}),
+    Setting("cloud", "the cloud new machines come from", ("GPUPROV_CLOUD",), "aws",
+            {c: "cloud" for c in (*_STACK, "gpus", "gc")}),
     Setting("gpu", "GPU for plan, render and up", ("GPUPROV_GPU",), None, {c: "gpu" for c in _STACK}),
     Setting("playbook", "playbook", ("GPUPROV_PLAYBOOK",), "pytorch",
             {c: "playbook" for c in (*_STACK, "bootstrap")}),

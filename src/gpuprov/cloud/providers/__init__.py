@@ -1,9 +1,74 @@
 """Cloud providers behind one small protocol (base.py); one module per backend, SDKs imported lazily.
 
 A provider makes and removes machines and knows nothing of the records or SSH (import-linter's
-`providers-know-no-state`): cloud/ decides, records, and asks. boto3 is imported here only (and by state/s3.py for
-the team's bucket). aws.py composes aws_base.py (clients, the one error path), aws_instances.py and aws_images.py;
-aws_refusals.py is the table of what each launch refusal means; aws_iam.py and aws_capacity.py make the IAM and
-capacity calls. Alibaba Cloud ECS, through its own SDK: alibaba.py on alibaba_base.py (the client, the one error
-path) and alibaba_images.py; alibaba_refusals.py and alibaba_catalog.py (the GPU families' documented facts).
+`providers-know-no-state`): cloud/ decides, records, and asks. base.py is the core every cloud implements;
+capabilities.py the capabilities some declare (cluster placement, an RDMA fabric, static addresses, instance roles,
+reservations and blocks, object storage, image copy, stop modes), each asked for through `capabilities.need`.
+boto3 is imported here only (and by state/s3.py for the team's bucket). aws.py composes aws_base.py (clients, the
+one error path), aws_instances.py and aws_images.py; aws_refusals.py is the table of what each launch refusal
+means; aws_iam.py and aws_capacity.py make the IAM and capacity calls. Alibaba Cloud ECS, through its own SDK:
+alibaba.py on alibaba_base.py (the client, the one error path) and alibaba_images.py; alibaba_refusals.py and
+alibaba_catalog.py (the GPU families' documented facts).
+
+`CLOUDS` is the registry: a cloud's name (what `--cloud` takes and what a node records) to the module and class
+that implement it, imported only when a command makes one (`make`), and its name as people write it (`title`).
+A cloud whose module is not installed is refused by name, in one line.
 """
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpuprov.errors import UserInputError
+
+if TYPE_CHECKING:
+    from gpuprov.cloud.providers.base import Provider
+
+
+@dataclass(frozen=True)
+class Cloud:
+    module: str
+    cls: str
+    title: str  # as people write it, in messages
+
+
+CLOUDS: dict[str, Cloud] = {
+    "aws": Cloud("gpuprov.cloud.providers.aws", "AwsProvider", "AWS"),
+    "alibaba": Cloud("gpuprov.cloud.providers.alibaba", "AlibabaProvider", "Alibaba Cloud"),
+}
+DEFAULT = "aws"
+
+
+def title(name: str) -> str:
+    """A cloud's name as people write it (its own name when it is not registered)."""
+    found = CLOUDS.get(name)
+    return found.title if found else name
+
+
+def make(name: str, owner: str, *, field: str = "--cloud", poll: float = 2.0, legacy: str | None = None,
+         team: dict[str, str] | None = None) -> Provider:
+    """The provider of cloud `name`, its module imported now; an unknown cloud, or one whose module is not
+    installed, is one line naming `field` (where the name came from)."""
+    found = CLOUDS.get(name)
+    if found is None:
+        raise UserInputError(field, f"no cloud {name!r}", f"clouds: {', '.join(CLOUDS)}")
+    try:
+        module = importlib.import_module(found.module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not found.module.startswith(exc.name):
+            raise  # the provider's own module is there: something it imports is missing (a bug, said as one)
+        raise UserInputError(field, f"{found.title} is not in this gpuprov install yet",
+                             f"clouds here: {', '.join(n for n in CLOUDS if _present(n))}") from None
+    made: Provider = getattr(module, found.cls)(owner, poll=poll, legacy=legacy, team=team)
+    return made
+
+
+def _present(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(CLOUDS[name].module) is not None
+    except ModuleNotFoundError:
+        return False

@@ -49,6 +49,9 @@ class AlibabaProvider(EcsImages):
     """Alibaba Cloud ECS: the core of the provider protocol (see base.py)."""
 
     name = "alibaba"
+    # none of capabilities.py's yet: no cluster placement, eRDMA, EIPs, RAM roles, reservations or image copy in
+    # gpuprov (each refused by name through `capabilities.need`); its stop is always economical (StopCharging)
+    capabilities: frozenset[str] = frozenset()
 
     # --- where to launch ---------------------------------------------------------------------
 

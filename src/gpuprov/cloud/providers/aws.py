@@ -42,6 +42,7 @@ from gpuprov.cloud.providers.base import (
     Network,
     SpotPrice,
 )
+from gpuprov.cloud.providers.capabilities import ALL
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.plan.budget import priced
 from gpuprov.settings import settings
@@ -51,6 +52,7 @@ UBUNTU_SSM_PREFIX = "/aws/service/canonical/ubuntu/server"
 
 class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
     name = "aws"
+    capabilities = frozenset(c.flag for c in ALL)  # every one gpuprov knows
 
     # --- discovery -----------------------------------------------------------------------
 

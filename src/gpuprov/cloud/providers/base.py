@@ -8,6 +8,9 @@ Clouds are eventually consistent: a resource created a moment ago can answer "no
 Operations that take an id therefore accept `settle`, the seconds during which a NotFound is
 looked at again (with backoff) before it counts; they raise `NotFound` after that.
 
+`Provider` is the core every cloud implements; what only some clouds do (cluster placement, static addresses,
+instance roles, reservations and blocks, object storage, image copy) is a capability in capabilities.py.
+
 The typed records: `Instance`, `Network`, `Access`, `LaunchRequest`, `SpotPrice`, `CloudResource`, `LaunchError`
 (with what the failover does next) and `NotFound`.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from gpuprov.errors import GpuprovError
 from gpuprov.kinds import ResourceKind as ResourceKind  # the records' kinds too: named once, on the ground floor
@@ -302,7 +305,11 @@ class NotFound(GpuprovError):
 
 
 class Provider(Protocol):
-    name: str
+    """The core every cloud implements; what only some clouds do is in capabilities.py, declared by name in
+    `capabilities` and asked for through `capabilities.need`."""
+
+    name: str  # the registry's name (providers/__init__.py CLOUDS), recorded with each node
+    capabilities: frozenset[str]  # capabilities.py's flags this provider declares
 
     def offerings(self, region: str, instance_types: Sequence[str]) -> dict[str, list[str]]:
         """Zones that offer each instance type (types offered nowhere are absent)."""
@@ -346,39 +353,6 @@ class Provider(Protocol):
 
     def launch(self, request: LaunchRequest, settle: float) -> Instance:
         """One launch request (raises LaunchError with what to do next)."""
-        ...
-
-    def launch_group(self, request: LaunchRequest, settle: float) -> list[Instance]:
-        """One launch request for `count` instances in one zone: at least `min_count` of them, or none
-        (LaunchError with what to do next)."""
-        ...
-
-    def create_placement_group(self, region: str, node: str, name: str) -> str:
-        """A cluster placement group called `name`, tagged with the node; returns its name."""
-        ...
-
-    def authorize_self(self, region: str, group_id: str, settle: float) -> None:
-        """All traffic between members of the group, both ways (a cluster's nodes talk to each other)."""
-        ...
-
-    def allocate_address(self, region: str, node: str, name: str) -> str:
-        """An Elastic IP tagged with the node and `name`; returns its allocation id."""
-        ...
-
-    def find_address(self, region: str, name: str) -> str | None:
-        """An Elastic IP's allocation id by its recorded name (an allocation whose answer was lost)."""
-        ...
-
-    def associate_address(self, region: str, allocation_id: str, instance_id: str, settle: float) -> str:
-        """Put the Elastic IP on the instance's primary interface; returns the public address."""
-        ...
-
-    def address_count(self, region: str) -> int:
-        """Elastic IPs the account holds in the region (they count against its quota, L-0263D0A3)."""
-        ...
-
-    def instance_profile_exists(self, region: str, name: str) -> bool | None:
-        """Whether an IAM instance profile of this name exists (None: IAM would not say)."""
         ...
 
     def image_root(self, region: str, image_id: str) -> ImageRoot:
@@ -448,10 +422,6 @@ class Provider(Protocol):
         existing image of that name, when it is this owner's)."""
         ...
 
-    def copy_image(self, request: ImageCopy) -> str:
-        """CopyImage into request.region, the copy and its snapshots tagged as create_image tags; the new id."""
-        ...
-
     def images(self, region: str, *, ids: Sequence[str] = (), name: str | None = None,
                everyone: bool = False) -> list[Image]:
         """This owner's baked images (by id or name; an unknown id is simply absent)."""
@@ -464,45 +434,6 @@ class Provider(Protocol):
 
     def delete_image(self, region: str, image_id: str, settle: float = 0) -> list[str]:
         """DeregisterImage, then DeleteSnapshot of each of its snapshots; returns what was removed."""
-        ...
-
-    def reservations(self, region: str, ids: Sequence[str] = ()) -> list[Reservation]:
-        """The account's Capacity Reservations (every page; by id: an unknown one is a UserInputError naming it)."""
-        ...
-
-    def block_offerings(self, region: str, instance_type: str, count: int, hours: int, start_after: datetime | None,
-                        end_before: datetime | None) -> list[BlockOffering]:
-        """DescribeCapacityBlockOfferings, every page."""
-        ...
-
-    def purchase_block(self, region: str, offering_id: str, node: str, settle: float) -> Purchase:
-        """PurchaseCapacityBlock (Linux/UNIX), tagged with `node`; it cannot be cancelled, so it is sent once: after a
-        lost answer the block is looked for by its tags for up to `settle` seconds, and never asked for again here."""
-        ...
-
-    def find_block(self, region: str, node: str) -> Reservation | None:
-        """The Capacity Block a purchase tagged `node` bought, if the account has it."""
-        ...
-
-    def create_node_role(self, region: str, node: str, name: str, policy: dict[str, Any]) -> None:
-        """IAM: a role EC2 may assume, with this inline policy (`up --s3-access`)."""
-        ...
-
-    def create_node_profile(self, region: str, node: str, name: str, role: str) -> None:
-        """IAM: an instance profile holding the role."""
-        ...
-
-    def tagged_iam(self, region: str, everyone: bool = False) -> list[CloudResource]:
-        """IAM roles and instance profiles tagged as this owner's (`up --s3-access`), listed under `region`."""
-        ...
-
-    def prefix_size(self, region: str, bucket: str, prefix: str) -> tuple[int, int]:
-        """S3: (objects, bytes) under the prefix (`plan --live` sizes a playbook's `data:` downloads)."""
-        ...
-
-    def bucket_key(self, region: str, bucket: str) -> str | None:
-        """S3 and KMS: the ARN of the customer-managed KMS key the bucket encrypts new objects with by default; None
-        for none, SSE-S3 or the AWS managed key (which needs no grant in the role's policy)."""
         ...
 
     def quota(self, region: str, code: str) -> float | None: ...

@@ -1,0 +1,186 @@
+"""What some clouds do and others do not: each capability a small Protocol, asked for through `need`.
+
+The core protocol (base.py `Provider`) is what every cloud implements. A capability is declared twice, on purpose:
+by name in the provider's `capabilities` (what it offers) and by having the Protocol's methods (what mypy and
+`isinstance` check). `need(provider, PLACEMENT, what="--nodes")` gives the provider back typed as `Placement`, or
+refuses with one line saying that this cloud lacks it; `offered` gives None instead of refusing; `has(provider,
+RDMA)` asks of a capability that is a flag, not methods (an RDMA fabric, stop modes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, runtime_checkable
+
+from gpuprov.errors import UserInputError
+
+if TYPE_CHECKING:
+    from gpuprov.cloud.providers.base import (
+        BlockOffering,
+        CloudResource,
+        ImageCopy,
+        Instance,
+        LaunchRequest,
+        Provider,
+        Purchase,
+        Reservation,
+    )
+
+@runtime_checkable
+class Placement(Protocol):
+    """Cluster placement: several instances launched together close to each other, talking freely."""
+
+    def create_placement_group(self, region: str, node: str, name: str) -> str:
+        """A cluster placement group called `name`, tagged with the node; returns its name."""
+        ...
+
+    def authorize_self(self, region: str, group_id: str, settle: float) -> None:
+        """All traffic between members of the group, both ways (a cluster's nodes talk to each other)."""
+        ...
+
+    def launch_group(self, request: LaunchRequest, settle: float) -> list[Instance]:
+        """One launch request for `count` instances in one zone: at least `min_count` of them, or none
+        (LaunchError with what to do next)."""
+        ...
+
+
+@runtime_checkable
+class Addresses(Protocol):
+    """Static public addresses, held apart from any instance and put on one."""
+
+    def allocate_address(self, region: str, node: str, name: str) -> str:
+        """An address tagged with the node and `name`; returns its allocation id."""
+        ...
+
+    def find_address(self, region: str, name: str) -> str | None:
+        """An address's allocation id by its recorded name (an allocation whose answer was lost)."""
+        ...
+
+    def associate_address(self, region: str, allocation_id: str, instance_id: str, settle: float) -> str:
+        """Put the address on the instance's primary interface; returns the public address."""
+        ...
+
+    def address_count(self, region: str) -> int:
+        """Addresses the account holds in the region (they count against its quota)."""
+        ...
+
+
+@runtime_checkable
+class Roles(Protocol):
+    """Instance roles: the node's own cloud credentials, scoped by a policy."""
+
+    def instance_profile_exists(self, region: str, name: str) -> bool | None:
+        """Whether an instance profile of this name exists (None: the cloud would not say)."""
+        ...
+
+    def create_node_role(self, region: str, node: str, name: str, policy: dict[str, Any]) -> None:
+        """A role the node's instances may assume, with this inline policy (`up --s3-access`)."""
+        ...
+
+    def create_node_profile(self, region: str, node: str, name: str, role: str) -> None:
+        """An instance profile holding the role."""
+        ...
+
+    def tagged_iam(self, region: str, everyone: bool = False) -> list[CloudResource]:
+        """Roles and instance profiles tagged as this owner's (`up --s3-access`), listed under `region`."""
+        ...
+
+
+@runtime_checkable
+class Blocks(Protocol):
+    """Capacity reserved ahead: reservations, and blocks bought for a fixed time."""
+
+    def reservations(self, region: str, ids: Sequence[str] = ()) -> list[Reservation]:
+        """The account's reservations (every page; by id: an unknown one is a UserInputError naming it)."""
+        ...
+
+    def block_offerings(self, region: str, instance_type: str, count: int, hours: int, start_after: datetime | None,
+                        end_before: datetime | None) -> list[BlockOffering]:
+        """The blocks offered, every page."""
+        ...
+
+    def purchase_block(self, region: str, offering_id: str, node: str, settle: float) -> Purchase:
+        """Buy a block, tagged with `node`; it cannot be cancelled, so it is sent once: after a lost answer the block
+        is looked for by its tags for up to `settle` seconds, and never asked for again here."""
+        ...
+
+    def find_block(self, region: str, node: str) -> Reservation | None:
+        """The block a purchase tagged `node` bought, if the account has it."""
+        ...
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """The cloud's object storage, as a playbook's `data:` entries name it."""
+
+    def prefix_size(self, region: str, bucket: str, prefix: str) -> tuple[int, int]:
+        """(objects, bytes) under the prefix (`plan --live` sizes a playbook's `data:` downloads)."""
+        ...
+
+    def bucket_key(self, region: str, bucket: str) -> str | None:
+        """The customer-managed key the bucket encrypts new objects with by default (its id, for the role's
+        policy); None when the bucket's encryption needs no grant."""
+        ...
+
+
+@runtime_checkable
+class ImageCopying(Protocol):
+    """An image copied into another region (`move --region`)."""
+
+    def copy_image(self, request: ImageCopy) -> str:
+        """The copy into request.region, it and its snapshots tagged as create_image tags; the new id."""
+        ...
+
+
+C = TypeVar("C")
+
+
+@dataclass(frozen=True)
+class Capability(Generic[C]):
+    """One capability: the name a provider declares in `capabilities`, how a refusal says it, and its Protocol
+    (None: a flag with no methods of its own)."""
+
+    flag: str
+    words: str  # "error: --nodes: Alibaba Cloud has no cluster placement in gpuprov yet"
+    protocol: type[Any] | None = None
+
+
+PLACEMENT = Capability[Placement]("placement", "cluster placement", Placement)
+RDMA = Capability[None]("rdma", "RDMA fabric")  # EFA interfaces in LaunchRequest.interfaces
+ADDRESSES = Capability[Addresses]("addresses", "static public addresses", Addresses)
+ROLES = Capability[Roles]("roles", "instance roles", Roles)
+BLOCKS = Capability[Blocks]("reservations", "capacity reservations or blocks", Blocks)
+STORAGE = Capability[Storage]("object-storage", "object storage for a playbook's data", Storage)
+IMAGE_COPY = Capability[ImageCopying]("image-copy", "image copy across regions", ImageCopying)
+STOP_MODES = Capability[None]("stop-modes", "stop modes")  # a spot request that stops on interruption
+ALL = (PLACEMENT, RDMA, ADDRESSES, ROLES, BLOCKS, STORAGE, IMAGE_COPY, STOP_MODES)
+
+
+def has(provider: Provider, capability: Capability[Any]) -> bool:
+    """Whether the provider declares this capability (and, where it has methods, has them)."""
+    if capability.flag not in getattr(provider, "capabilities", ()):  # a provider that says nothing declares none
+        return False
+    return capability.protocol is None or isinstance(provider, capability.protocol)
+
+
+def need(provider: Provider, capability: Capability[C], *, what: str) -> C:
+    """The provider as the capability, or one line naming `what` asked for it: this cloud lacks it."""
+    if not has(provider, capability):
+        raise UserInputError(what, f"{title(provider)} has no {capability.words} in gpuprov yet",
+                             "choose a cloud that has it (--cloud), or leave the option out")
+    return cast(C, provider)
+
+
+def offered(provider: Provider, capability: Capability[C]) -> C | None:
+    """The provider as the capability where it declares it, else None (for what is skipped, not refused, without
+    it: gc's instance roles, `gpus --live`'s reservations)."""
+    return cast(C, provider) if has(provider, capability) else None
+
+
+def title(provider: Provider | str) -> str:
+    """The cloud's name as people write it ("AWS", "Alibaba Cloud"), of a provider or of the name a node records."""
+    from gpuprov.cloud.providers import title as named
+
+    return named(provider if isinstance(provider, str) else provider.name)
