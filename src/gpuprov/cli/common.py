@@ -310,12 +310,14 @@ def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None
     asked only once the flags are known to be good (an instance type, or a GPU of plan/gpu_names.py, only EC2 may
     know aside): the plan on the shipped catalog first, and `check` (the command's own option checks) on it, so bad
     input asks EC2 nothing."""
+    from gpuprov.cloud.providers import unlaunched
     from gpuprov.errors import UserInputError
     from gpuprov.plan import cpu, gpu_names
     from gpuprov.plan.catalog import parse_gpu_request
     from gpuprov.plan.plan import NodeRequest, make_plan
     from gpuprov.plan.spec import parse_duration
 
+    unlaunched(chosen_cloud(), cloud_field())  # planned on AWS's catalog otherwise: refused before anything
     region = region_from(kw["region"], quiet=True)
     request = NodeRequest(
         gpu=_gpu_asked(kw), count=kw["count"], spot=kw["spot"], region=region.name, playbook=kw["playbook"],
@@ -632,6 +634,13 @@ def cloud_option(func: F) -> F:
                         show_envvar=True, expose_value=False, callback=_set_cloud,
                         help=f"The cloud new machines come from [default: {DEFAULT}]; a node's own commands follow "
                              "the cloud it records.")(func)
+
+
+def chosen_cloud() -> str:
+    """The cloud this command makes machines in: --cloud, GPUPROV_CLOUD or the config's `cloud`, else the default."""
+    from gpuprov.cloud.providers import DEFAULT
+
+    return _cloud[0] or DEFAULT
 
 
 def cloud_field() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +11,7 @@ import click
 from gpuprov.cli.common import (
     NODES,
     REGION_HELP,
+    chosen_cloud,
     cloud_option,
     main,
     make_console,
@@ -52,6 +54,9 @@ def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None
     from gpuprov.cli.report import gpus_table
     from gpuprov.plan import catalog
 
+    if chosen_cloud() == "alibaba" and not live:
+        _alibaba_gpus(names, as_json)
+        return
     if live:
         _live_gpus(names, region_from(region).name, as_json)
         return
@@ -64,6 +69,31 @@ def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None
         click.echo(json.dumps({"prices_as_of": cat.prices_as_of, "price_region": cat.price_region, "gpus": rows}, indent=2))
         return
     make_console().print(gpus_table(cat))
+
+
+def _alibaba_gpus(names: tuple[str, ...], as_json: bool) -> None:
+    """Alibaba Cloud's GPU instance types as its documentation lists them (cloud/providers/alibaba_catalog.py): the
+    facts, with no price yet (DescribePrice is not read)."""
+    from gpuprov.cloud.providers import alibaba_catalog as ali
+    wanted = {n.upper() for n in names}
+    rows = [t for t in ali.GPU_TYPES if not wanted or t.gpu.upper() in wanted]
+    if as_json:
+        click.echo(json.dumps({"cloud": "alibaba", "source": ali.FAMILIES_DOC, "read": ali.READ, "prices": None,
+                               "instance_types": [dataclasses.asdict(t) for t in rows]}, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"GPUs on Alibaba Cloud ECS, as its documentation lists them ({ali.READ}); no prices yet",
+                  title_justify="left")
+    for head, right in (("GPU", False), ("mem/GPU", True), ("instance type", False), ("GPUs", True), ("vCPU", True),
+                        ("memory", True)):
+        table.add_column(head, justify="right" if right else "left", no_wrap=not right)
+    for t in rows:
+        table.add_row(t.gpu, f"{t.gpu_memory_gib} GiB", t.instance_type, str(t.gpus), str(t.vcpu),
+                      f"{t.memory_gib:g} GiB")
+    console = make_console()
+    console.print(table)
+    console.print(f"source: {ali.FAMILIES_DOC}", soft_wrap=True, markup=False)
 
 
 @main.command()

@@ -32,11 +32,14 @@ class Cloud:
     module: str
     cls: str
     title: str  # as people write it, in messages
+    # False: the provider is here and tested against its imitation, but plan, up and gc do not use it yet; a command
+    # that would is refused by name (`unlaunched`) rather than planning this cloud's nodes with another's catalog
+    launches: bool = True
 
 
 CLOUDS: dict[str, Cloud] = {
     "aws": Cloud("gpuprov.cloud.providers.aws", "AwsProvider", "AWS"),
-    "alibaba": Cloud("gpuprov.cloud.providers.alibaba", "AlibabaProvider", "Alibaba Cloud"),
+    "alibaba": Cloud("gpuprov.cloud.providers.alibaba", "AlibabaProvider", "Alibaba Cloud", launches=False),
 }
 DEFAULT = "aws"
 
@@ -47,6 +50,15 @@ def title(name: str) -> str:
     return found.title if found else name
 
 
+def unlaunched(name: str, field: str) -> None:
+    """Refuse a cloud whose machines gpuprov does not plan, launch or collect yet, naming what it does offer."""
+    found = CLOUDS.get(name)
+    if found is not None and not found.launches:
+        raise UserInputError(field, f"gpuprov does not launch {found.title} machines yet; nothing was asked of it",
+                             f"`gpuprov gpus --cloud {name}` lists its GPU types; a machine made in its console: "
+                             "`gpuprov bootstrap USER@HOST`")
+
+
 def make(name: str, owner: str, *, field: str = "--cloud", poll: float = 2.0, legacy: str | None = None,
          team: dict[str, str] | None = None) -> Provider:
     """The provider of cloud `name`, its module imported now; an unknown cloud, or one whose module is not
@@ -54,6 +66,7 @@ def make(name: str, owner: str, *, field: str = "--cloud", poll: float = 2.0, le
     found = CLOUDS.get(name)
     if found is None:
         raise UserInputError(field, f"no cloud {name!r}", f"clouds: {', '.join(CLOUDS)}")
+    unlaunched(name, field)
     try:
         module = importlib.import_module(found.module)
     except ModuleNotFoundError as exc:
