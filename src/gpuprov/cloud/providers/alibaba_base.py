@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from gpuprov import mutations
+from gpuprov.backoff import tries
 from gpuprov.cloud.providers.alibaba_refusals import classify
 from gpuprov.cloud.providers.base import TAG_NODE, TAG_OWNER, TAG_TEAM, NotFound
 from gpuprov.errors import GpuprovError, UserInputError
@@ -210,17 +211,15 @@ class EcsBase:
     def _settle(self, kind: str, cloud_id: str, settle: float, fn: Callable[[], T]) -> T:
         """`fn`, again with backoff while ECS answers NotFound within `settle` seconds: a resource made a moment
         ago may not be known yet."""
-        deadline, wait = time.monotonic() + settle, self.poll
-        while True:
+        code = ""
+        for _ in tries(settle, self.poll, self.poll * 8):
             try:
                 return fn()
             except EcsError as exc:
                 if exc.code not in NOT_FOUND.get(kind, ()):
                     raise
-                if time.monotonic() + wait > deadline:
-                    raise NotFound(kind, cloud_id, exc.code) from None
-                time.sleep(wait)
-                wait = min(wait * 2, self.poll * 8)
+                code = exc.code
+        raise NotFound(kind, cloud_id, code)
 
     def _tag_list(self, node: str, extra: dict[str, str] | None = None) -> list[dict[str, str]]:
         tags = {TAG_NODE: node, TAG_OWNER: self.owner, **(self.team or {}), **(extra or {})}

@@ -35,6 +35,7 @@ from botocore.exceptions import (
 from botocore.parsers import ResponseParserError
 
 from gpuprov import mutations
+from gpuprov.backoff import tries
 from gpuprov.cloud.providers.aws_refusals import classify
 from gpuprov.cloud.providers.base import TAG_NODE, TAG_OWNER, NotFound
 from gpuprov.endpoints import WebPage, no_web_page, unreadable_answer
@@ -237,15 +238,11 @@ class AwsBase:
     def _look_until(self, what: str, look: Callable[[], T | None], settle: float) -> T:
         """`look` with backoff until it finds something, for at most `settle` seconds (EC2 is eventually
         consistent: what a lost answer made may not be listed yet)."""
-        deadline, wait = time.monotonic() + settle, self.poll
-        while True:
+        for _ in tries(settle, self.poll, self.poll * 8):
             found = look()
             if found is not None:
                 return found
-            if time.monotonic() + wait > deadline:
-                raise GpuprovError(f"{what}: its answer was lost and what it made is not listed after {settle:.0f}s")
-            time.sleep(wait)
-            wait = min(wait * 2, self.poll * 8)
+        raise GpuprovError(f"{what}: its answer was lost and what it made is not listed after {settle:.0f}s")
 
     def _pages(self, client: Any, what: str, key: str, **kwargs: Any) -> list[Any]:
         """Every page of a paginated Describe call's `key` items (EC2 answers at most MaxResults, or its own page
@@ -259,18 +256,15 @@ class AwsBase:
     def _settle(self, what: str, fn: Callable[[], T], kind: str, cloud_id: str, settle: float) -> T:
         """`fn`, looking again (with backoff) while the resource answers NotFound within `settle` seconds:
         right after a create EC2 may not know the id yet (EC2 guide, "Eventual consistency")."""
-        deadline = time.monotonic() + settle
-        wait = self.poll
-        while True:
+        code = ""
+        for _ in tries(settle, self.poll, self.poll * 8):
             try:
                 return self._call(what, fn)
             except AwsError as exc:
                 if exc.code != NOT_FOUND.get(kind):
                     raise
-                if time.monotonic() + wait > deadline:
-                    raise NotFound(kind, cloud_id, exc.code) from None
-                time.sleep(wait)
-                wait = min(wait * 2, self.poll * 8)
+                code = exc.code
+        raise NotFound(kind, cloud_id, code)
 
     def _tags(self, node: str, extra: dict[str, str] | None = None) -> list[dict[str, str]]:
         tags = {TAG_NODE: node, TAG_OWNER: self.owner, "Name": f"gpuprov-{node}", **(self.team or {}), **(extra or {})}
