@@ -616,22 +616,30 @@ def host_settings(kw: ReachOptions) -> HostSettings:
 
 
 def store_and_provider() -> tuple[Store, Provider]:
+    from gpuprov.cloud.settle import window_from_env
+    from gpuprov.cloud.tags import owner
+    from gpuprov.state import open_store
+
+    window_from_env()  # refused here, by name, before any cloud call
+    store = open_store()  # first: a state it cannot use is said before anything else (the install id is in it)
+    return store, provider_for(owner())
+
+
+def provider_for(owner: str) -> Provider:
+    """The cloud, its resources tagged with `owner` (the user, host and install id): `store_and_provider`'s, and
+    that of a command that only reads and has no state to open (it makes none, nor an install id)."""
     from gpuprov.cloud.providers.aws import AwsProvider
     from gpuprov.cloud.settle import window_from_env
-    from gpuprov.cloud.tags import legacy_owner, owner
+    from gpuprov.cloud.tags import legacy_owner, team_tags
     from gpuprov.settings import settings
-    from gpuprov.state import open_store
+    from gpuprov.state.locks import fence
 
     found = settings()
     poll = found.test_poll_seconds.seconds() if found.test_poll_seconds else 2.0
-    window_from_env()  # refused here, by name, before any cloud call
-    from gpuprov.cloud.tags import team_tags
-    from gpuprov.state.locks import fence
-
-    store = open_store()  # first: a state it cannot use is said before anything else (the install id is in it)
-    provider = AwsProvider(owner(), poll=poll, legacy=legacy_owner(), team=team_tags())
+    window_from_env()
+    provider = AwsProvider(owner, poll=poll, legacy=legacy_owner(), team=team_tags())
     provider.fence = fence  # a command whose node lease a teammate took stops before its next cloud call
-    return store, provider
+    return provider
 
 
 def say_to(console: Console) -> Callable[[str], None]:
