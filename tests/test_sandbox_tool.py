@@ -1,6 +1,6 @@
 """tools/sandbox.py and tools/demo.py, in-process: what the sandbox leaves outside its folder once stopped (the
 Include line a gpuprov `up` pointed at it added to ~/.ssh/config), and one demo at a time on a machine. The sandbox
-itself runs in test_readme.py's scenarios."""
+itself runs in test_readme.py, the README top to bottom."""
 
 from __future__ import annotations
 
