@@ -180,7 +180,7 @@ SAYS = {
     "gpuprov exec rack -- 'echo $NODE_RANK of $NNODES, $MASTER_ADDR:$MASTER_PORT'": "rack:2 | 2 of 3, ",
     "gpuprov torchrun rack -- code/train.py --epochs 3": "3/3 nodes ok",
     "gpuprov exec multi -- 'echo $NODE_RANK of $NNODES'": "3 of 4",
-    "gpuprov facts refresh": "torch",
+    "gpuprov facts refresh": "torch: read from http://127.0.0.1:",  # the sandbox's stand-in of the sources
 }
 # a terminal stays open until Ctrl-C: these run until they print this, then get SIGINT
 UNTIL = {"gpuprov jupyter exp1": "/lab?token=", "gpuprov monitor exp1": "L40S",
