@@ -127,13 +127,13 @@ def list_(region: str | None, as_json: bool) -> None:
 
 def _reading_provider() -> Provider:
     """The account's reservations are no install's: with no state yet, a look makes none (nor an install id)."""
-    from gpuprov.cli.common import provider_for
+    from gpuprov.cli.common import provider_owned_by
     from gpuprov.cloud.tags import legacy_owner
     from gpuprov.state import unrecorded
 
     if unrecorded() is None:
         return store_and_provider()[1]
-    return provider_for(legacy_owner())  # tags nothing: it only reads
+    return provider_owned_by(legacy_owner())  # tags nothing: it only reads
 
 
 def reservation_row(r: Reservation) -> dict[str, object]:

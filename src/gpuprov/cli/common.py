@@ -616,30 +616,22 @@ def host_settings(kw: ReachOptions) -> HostSettings:
 
 
 def store_and_provider() -> tuple[Store, Provider]:
-    from gpuprov.cloud.settle import window_from_env
-    from gpuprov.cloud.tags import owner
-    from gpuprov.state import open_store
-
-    window_from_env()  # refused here, by name, before any cloud call
-    store = open_store()  # first: a state it cannot use is said before anything else (the install id is in it)
-    return store, provider_for(owner())
-
-
-def provider_for(owner: str) -> Provider:
-    """The cloud, its resources tagged with `owner` (the user, host and install id): `store_and_provider`'s, and
-    that of a command that only reads and has no state to open (it makes none, nor an install id)."""
     from gpuprov.cloud.providers.aws import AwsProvider
     from gpuprov.cloud.settle import window_from_env
-    from gpuprov.cloud.tags import legacy_owner, team_tags
+    from gpuprov.cloud.tags import legacy_owner, owner
     from gpuprov.settings import settings
-    from gpuprov.state.locks import fence
+    from gpuprov.state import open_store
 
     found = settings()
     poll = found.test_poll_seconds.seconds() if found.test_poll_seconds else 2.0
-    window_from_env()
-    provider = AwsProvider(owner, poll=poll, legacy=legacy_owner(), team=team_tags())
+    window_from_env()  # refused here, by name, before any cloud call
+    from gpuprov.cloud.tags import team_tags
+    from gpuprov.state.locks import fence
+
+    store = open_store()  # first: a state it cannot use is said before anything else (the install id is in it)
+    provider = AwsProvider(owner(), poll=poll, legacy=legacy_owner(), team=team_tags())
     provider.fence = fence  # a command whose node lease a teammate took stops before its next cloud call
-    return provider
+    return store, provider
 
 
 def say_to(console: Console) -> Callable[[str], None]:
@@ -647,3 +639,20 @@ def say_to(console: Console) -> Callable[[str], None]:
     if quiet():
         return lambda text: None
     return lambda text: console.print(text, markup=False, highlight=False)
+
+
+def provider_owned_by(owner: str) -> Provider:
+    """`store_and_provider`'s provider, for a command that only reads and has no state to open: its owner tag is
+    `owner` (what the install id that was made says, or none), so a look makes no state folder and no install id."""
+    from gpuprov.cloud.providers.aws import AwsProvider
+    from gpuprov.cloud.settle import window_from_env
+    from gpuprov.cloud.tags import legacy_owner, team_tags
+    from gpuprov.settings import settings
+    from gpuprov.state.locks import fence
+
+    found = settings()
+    window_from_env()
+    provider = AwsProvider(owner, poll=found.test_poll_seconds.seconds() if found.test_poll_seconds else 2.0,
+                           legacy=legacy_owner(), team=team_tags())
+    provider.fence = fence
+    return provider

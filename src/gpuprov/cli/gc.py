@@ -158,7 +158,7 @@ def _reading(yes: bool) -> tuple[Store, Provider, str] | None:
     from pathlib import Path
 
     from gpuprov.cli.cloud import _no_state_hint
-    from gpuprov.cli.common import provider_for
+    from gpuprov.cli.common import provider_owned_by
     from gpuprov.cloud.tags import legacy_owner
     from gpuprov.paths import made_install_id
     from gpuprov.state.locks import coordinator
@@ -173,7 +173,7 @@ def _reading(yes: bool) -> tuple[Store, Provider, str] | None:
     store = SqliteStore(empty / "state.sqlite")
     store.coordinator = coordinator()
     me = f"{legacy_owner()}/{made or '(no install id)'}"
-    return store, provider_for(me), me
+    return store, provider_owned_by(me), me
 
 
 def _stopped(seconds_given: int | None, where: list[str], yes: bool, as_json: bool, provider: Provider, store: Store,
