@@ -251,11 +251,12 @@ ssh_cidr = "{self.aws_subnet}.1/32"
 key = "{self.key}"
 ssh_config = "{ssh_config}"
 """)
-        self.work = self._write_work(h)
         self.env = {**self.aws.env(), "GPUPROV_HOME": str(state), "GPUPROV_CONFIG": str(config),
                     "GPUPROV_TEST_DLAMI_SSM_PREFIX": DLAMI_PREFIX, "GPUPROV_TEST_POLL_SECONDS": "0.2",
-                    "GPUPROV_TEST_REBOOT_POLL_SECONDS": "0.25", **indexsite.env(self.sources),
-                    "SANDBOX_WORK": str(self.work)}
+                    "GPUPROV_TEST_REBOOT_POLL_SECONDS": "0.25"}
+
+        self.work = self._write_work(h)  # the reader's folder; facts refresh reads the sandbox's sources
+        self.env.update(indexsite.env(self.sources), SANDBOX_WORK=str(self.work))
         (self.workdir / "env.sh").write_text(self.exports())
         (self.workdir / "sandbox.json").write_text(json.dumps({
             "pid": os.getpid(), "env": self.env, "nodes": [x.address for x in self.pool.hosts], "hosts": h}, indent=1))
