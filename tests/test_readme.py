@@ -175,7 +175,7 @@ SAYS = {
     "gpuprov exec exp1 -- nvidia-smi -L": "NVIDIA L40S",
     "gpuprov monitor exp1": "L40S",
     "gpuprov stop exp1": "exp1: stopped; its 100 GB disk costs $8.00/month while stopped",
-    "gpuprov stop t4 && gpuprov start t4 --gpu L4": "g6.xlarge (was g4dn.xlarge)",
+    "gpuprov stop t4 && gpuprov start t4 --gpu L4 --no-bootstrap": "g6.xlarge (was g4dn.xlarge)",
     "gpuprov bootstrap --inventory hosts.yml -p llm-finetune --parallel 64 --autostop 2h": "trainer-a",
     "gpuprov exec rack -- 'echo $NODE_RANK of $NNODES, $MASTER_ADDR:$MASTER_PORT'": "rack:2 | 2 of 3, ",
     "gpuprov torchrun rack -- code/train.py --epochs 3": "3/3 nodes ok",
@@ -224,7 +224,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    with module.Sandbox(tmp_path_factory.mktemp("sandbox") / "sb", nodes=15, net=testnet.NET,
+    with module.Sandbox(tmp_path_factory.mktemp("sandbox") / "sb", nodes=14, net=testnet.NET,
                         hosts_subnet=testnet.subnet("10.1.2"), prefix=testnet.prefix("gps")) as sb:
         yield sb
 
