@@ -164,6 +164,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     lanes.mark_and_select(config, items)
+    # the suite's longest test, the README top to bottom in one sandbox (minutes), starts first: a worker that
+    # reached it last would end the run alone
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/test_readme.py::test_the_readme_runs_top_to_bottom"))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:

@@ -577,6 +577,9 @@ def test_reservations_and_a_capacity_block_bought_waited_for_and_launched_into(a
     assert (node["reservation_id"], node["zone"]) == ("cr-0a1b2c3d4e5f60718", "us-east-1b")
     listed = json.loads(gp(env, "capacity", "list", "--json").stdout)
     assert [(r["id"], r["available"]) for r in listed["reservations"]] == [("cr-0a1b2c3d4e5f60718", 0)]
+    fresh = gp_home.parent / "fresh-home"  # the account's reservations, read with no state made for the look
+    assert json.loads(gp({**env, "GPUPROV_HOME": str(fresh)}, "capacity", "list", "--json").stdout) == listed
+    assert not fresh.exists()
     assert "cr-0a1b2c3d4e5f60718  g4dn.xlarge  us-east-1b  0/1 free" in gp(env, "gpus", "T4", "--live").stdout
     wrong = gp(env, *up_args("x", "--gpu", "A10G", "--reservation", "cr-0a1b2c3d4e5f60718", *NO_WAIT))
     assert wrong.returncode == 2 and "holds g4dn.xlarge, which does not carry 1× A10G" in wrong.stderr

@@ -321,3 +321,35 @@ def test_status_of_an_empty_team_bucket_names_it_and_the_local_files_nodes(fake_
     assert result.exit_code == 0, result.output
     out = " ".join(result.stdout.split())
     assert "no nodes in team state s3://team-bucket/gp/; the local file" in out and "has 1 node of its own" in out
+
+
+def test_a_gc_listing_makes_no_state(fake_cloud, gp_home):
+    """Read-only: `gc` without --yes leaves no state folder behind (the owner tag's install id was made to list
+    what it finds); with none, it says there is nothing of this install to find, and lists other installs' as
+    ever. (`capacity list`, which moto answers only behind the heavy lane's proxy: tests/test_aws_capacity.py.)"""
+    fake_cloud.ec2().run_instances(ImageId=ubuntu_ami(), MinCount=1, MaxCount=1, InstanceType="t3.micro",
+                                   TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                                       {"Key": "gpuprov:node", "Value": "lost"},
+                                       {"Key": "gpuprov:owner", "Value": _owner("0123456789ab")}]}])
+    for args in (("gc",), ("gc", "--json", "--all-installs"), ("gc", "--stopped-for", "14d")):
+        result = fake_cloud.gp(*args)
+        assert result.exit_code == 0, (args, result.output)
+        assert not gp_home.exists(), args
+    said = " ".join(fake_cloud.gp("gc").output.split())
+    assert f"nothing of this install to find: there is no state at {gp_home}" in said
+    assert "1 resource(s) of other gpuprov installs" in said and "node=lost" in said
+    assert [r["node"] for r in json.loads(fake_cloud.gp("gc", "--json", "--all-installs").stdout)["found"]] == ["lost"]
+    # an install whose records are gone but whose id is kept: what it tagged is its orphan, and no state file is made
+    gp_home.mkdir()
+    (gp_home / "install-id").write_text("0123456789ab\n")
+    listed = fake_cloud.gp("gc")
+    assert listed.exit_code == 0 and f"owner {_owner('0123456789ab')}:" in listed.output, listed.output
+    assert "node=lost" in listed.output and "rerun with --yes" in listed.output
+    assert not (gp_home / "state.sqlite").exists()
+
+
+def _owner(install: str) -> str:
+    import getpass
+    import socket
+
+    return f"{getpass.getuser()}@{socket.gethostname()}/{install}"

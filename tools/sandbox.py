@@ -2,7 +2,8 @@
 
     sudo make sandbox                       # starts it, prints the environment, runs until Ctrl-C
     eval "$(.venv/bin/python tools/sandbox.py env)"    # in another shell: point gpuprov at it
-    gpuprov up try --gpu T4                 # the README's commands, as printed
+    cd "$SANDBOX_WORK"                      # its folder for you: hosts.yml and ./code
+    gpuprov up try --gpu T4                 # the README's commands, as printed, in order
     .venv/bin/python tools/sandbox.py down  # or Ctrl-C where it runs: everything stops, nothing is left
 
 What runs (the test harness's own pieces, tests/aws and tests/hosts):
@@ -16,6 +17,13 @@ What runs (the test harness's own pieces, tests/aws and tests/hosts):
     with 2 A100-80GB (.3, .4) or 2 H100 (.5) each, login `ubuntu` with passwordless sudo as on EC2 (the user is created on this
     machine while the sandbox runs, if missing), `gpu-box` and `bastion` as Host aliases in the sandbox's ssh
     config.
+
+What it brings along for the README's examples, which run in order, as printed, in its folder `work`
+(SANDBOX_WORK; tests/test_readme.py runs them so): a hosts.yml naming its hosts you already have (the README's
+inventory, with the sandbox's key), ./code with a train.py to sync and torchrun, the instance profile and the
+team bucket the examples name, and a local stand-in of the public sources `facts refresh` reads
+(tests/indexsite.py: PyPI, the PyTorch wheel index and NVIDIA's repository, on 127.0.0.1), which
+GPUPROV_PYPI_URL, GPUPROV_PYTORCH_INDEX_URL and GPUPROV_NVIDIA_REPOS_URL point at.
 
 What it sets, through gpuprov's own config file (GPUPROV_CONFIG), not through flags: subnet, connect =
 private, ssh_user = root, os = ubuntu-22.04 (what the shims imitate), python = 3.11, ssh_cidr (the bridge),
@@ -66,6 +74,8 @@ DLAMI_PREFIX = "/sandbox/deeplearning"
 DLAMI_DRIVER = "595.91.07"  # what data/images.yaml says the seeded DLAMI's release ships
 LOGIN = "ubuntu"
 HOST_GPUS = ("A100-80GB", "A100-80GB", "H100")  # the hosts you already have (.3, .4, .5 = gpu-box), 2 each
+# ./code/train.py in the folder the README's examples run in (`sync ./code …`, `torchrun rack -- code/train.py`)
+TRAIN_PY = "import os, sys\nprint(f\"rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: {sys.argv[1:]}\")\n"
 
 
 class Sandbox:
@@ -85,6 +95,7 @@ class Sandbox:
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def start(self) -> Sandbox:
+        from tests import indexsite
         from tests.aws.fixture import AwsEndpoint
         from tests.hosts.fixture import HostPool
         from tests.machine import shared_user
@@ -116,6 +127,8 @@ class Sandbox:
                 bridge=f"{self.prefix}hbr0", subnet=self.hosts_subnet, host_env=HOST_ENV, sudo_users=(LOGIN,),
                 mode="netns", private=PRIVATE))
             self._serve_instances()
+            site = indexsite.build(self.workdir / "sources", newer=False)
+            self.sources, _ = self._stack.enter_context(indexsite.serve(site))
             self._write_files()
             self._stack.callback(self._stop_server)
         except BaseException:
@@ -207,6 +220,8 @@ class Sandbox:
 
     # ---- gpuprov's side ---------------------------------------------------------------------------
     def _write_files(self) -> None:
+        from tests import indexsite
+
         state = self.workdir / "state"
         keys = state / "keys" / "us-east-1"
         keys.mkdir(parents=True, mode=0o700)
@@ -242,9 +257,29 @@ ssh_config = "{ssh_config}"
         self.env = {**self.aws.env(), "GPUPROV_HOME": str(state), "GPUPROV_CONFIG": str(config),
                     "GPUPROV_TEST_DLAMI_SSM_PREFIX": DLAMI_PREFIX, "GPUPROV_TEST_POLL_SECONDS": "0.2",
                     "GPUPROV_TEST_REBOOT_POLL_SECONDS": "0.25"}
+
+        self.work = self._write_work(h)  # the reader's folder; facts refresh reads the sandbox's sources
+        self.env.update(indexsite.env(self.sources), SANDBOX_WORK=str(self.work))
         (self.workdir / "env.sh").write_text(self.exports())
         (self.workdir / "sandbox.json").write_text(json.dumps({
             "pid": os.getpid(), "env": self.env, "nodes": [x.address for x in self.pool.hosts], "hosts": h}, indent=1))
+
+    def _write_work(self, hosts: list[str]) -> Path:
+        """The folder the README's examples run in: what a reader brings along, made for the sandbox's hosts
+        (the README's inventory, its key the sandbox's; ./code with a script to sync and torchrun)."""
+        work = self.workdir / "work"
+        (work / "code").mkdir(parents=True)
+        (work / "hosts.yml").write_text(f"""# written by `make sandbox`: the README's inventory, for its hosts
+defaults: {{user: {LOGIN}, key: {self.key}}}
+hosts:
+  - host: {hosts[0]}
+    name: trainer-a
+    gpu: A100-80GB        # checked against what the host reports before anything is installed
+  - host: gpu-box         # an alias from the sandbox's ssh config
+    proxy_jump: bastion
+""")
+        (work / "code" / "train.py").write_text(TRAIN_PY)
+        return work
 
     def exports(self) -> str:
         return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(self.env.items()))
@@ -343,7 +378,9 @@ def up(args: argparse.Namespace) -> None:
         print(sandbox.exports(), end="", flush=True)
         print(f"\nthe sandbox runs (Ctrl-C, or `tools/sandbox.py down`, stops it and removes everything). In another "
               f"shell:\n  eval \"$(.venv/bin/python tools/sandbox.py env)\"   # or: . {args.dir}/env.sh\n"
-              "  gpuprov up try --gpu T4   # then the README's commands, as printed\n"
+              f"  cd \"$SANDBOX_WORK\"        # {sandbox.work}: hosts.yml (its hosts) and ./code, for the README\n"
+              "  gpuprov up try --gpu T4   # then the README's commands, as printed, in order\n"
+              f"facts refresh reads the public sources from a local stand-in ({sandbox.sources})\n"
               f"hosts you already have: {LOGIN}@{sandbox.hosts_subnet}.3, .4, .5 (gpu-box = .5, bastion = .3); "
               f"their key: {sandbox.key}", file=sys.stderr, flush=True)
         while not stop.wait(0.5):

@@ -133,6 +133,15 @@ def install_id() -> str:
     return _install_id(state_dir())
 
 
+def made_install_id() -> str | None:
+    """This install's id if one was made, read without making it or the state folder (a command that only
+    reads): None when this install has made nothing yet."""
+    try:
+        return (state_folder() / "install-id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 @cache
 def _install_id(folder: Path) -> str:
     path = folder / "install-id"

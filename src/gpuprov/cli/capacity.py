@@ -15,7 +15,7 @@ from gpuprov.errors import UserInputError
 
 if TYPE_CHECKING:
     from gpuprov.cloud.capacity import Block
-    from gpuprov.cloud.providers.base import Reservation
+    from gpuprov.cloud.providers.base import Provider, Reservation
 
 REGION_OPT = click.option("--region", default=None, metavar="REGION", shell_complete=complete_region,
                           help="AWS region [default: the AWS chain's].")
@@ -114,8 +114,7 @@ def list_(region: str | None, as_json: bool) -> None:
     from gpuprov.cloud import reservations
 
     where = region_from(region).name
-    _store, provider = store_and_provider()
-    rows = reservations.live_rows(provider, where)
+    rows = reservations.live_rows(_reading_provider(), where)
     mine = blocks.bought()
     if as_json:
         click.echo(json.dumps({"reservations": [reservation_row(r) for r in rows],
@@ -124,6 +123,17 @@ def list_(region: str | None, as_json: bool) -> None:
     console = make_console()
     for line in reservation_lines(rows, where) + block_lines(mine):
         console.print(line, markup=False, highlight=False)
+
+
+def _reading_provider() -> Provider:
+    """The account's reservations are no install's: with no state yet, a look makes none (nor an install id)."""
+    from gpuprov.cli.common import provider_owned_by
+    from gpuprov.cloud.tags import legacy_owner
+    from gpuprov.state import unrecorded
+
+    if unrecorded() is None:
+        return store_and_provider()[1]
+    return provider_owned_by(legacy_owner())  # tags nothing: it only reads
 
 
 def reservation_row(r: Reservation) -> dict[str, object]:

@@ -66,8 +66,15 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
     if all_regions and regions:
         raise UserInputError("--region", "cannot be given with --all-regions, which sweeps every enabled region",
                              "drop one of them")
-    store, provider = store_and_provider()
     cat = catalog.load()
+    for region in regions:
+        cat.check_region(region)
+    reading = _reading(yes)
+    if reading is None:
+        store, provider = store_and_provider()
+        me = owner()
+    else:  # no state to read: none is made for a look, nor an install id
+        store, provider, me = reading
     console = make_console(stderr=as_json)
     say = say_to(console)
     if all_regions:  # the regions the account has enabled: an opt-in region it has not enabled answers AuthFailure
@@ -92,7 +99,7 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
 
     journal.settle_all(provider, store, say, act=yes)  # a move a killed command left: finished or undone first
     stopped_rows, stale_left = _stopped(stopped_seconds, where, yes, as_json, provider, store, console, say, scope)
-    found = sweep.orphans(where, provider, store, all_installs=all_installs)
+    found = sweep.orphans(where, provider, store, all_installs=all_installs, owner=me)
     for line in found.busy:
         say(line)
     if not as_json:
@@ -105,15 +112,15 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
                               markup=False)
         if not found.found:
             console.print(f"nothing to collect in {', '.join(r for r in where if not _failed(r, found.errors))} "
-                          f"(owner {owner()})", markup=False)
+                          f"(owner {me})", markup=False)
             if stale_left:
                 raise GpuprovError("could not remove everything; still there:\n"
                                    + "\n".join(f"  {w}" for w in stale_left) + "\n  rerun: gpuprov gc --yes")
             _region_errors(found.errors)
             return
-        console.print(f"owner {owner()}:", markup=False)
+        console.print(f"owner {me}:", markup=False)
         for res in found.found:
-            mark = f" (owner {res.owner})" if res.owner and res.owner != owner() and not res.member else ""
+            mark = f" (owner {res.owner})" if res.owner and res.owner != me and not res.member else ""
             made = f" by {res.member.split('/')[0]}" if res.member else ""  # team state: who of the team made it
             console.print(f"{res.region}  {res.kind:<15} {res.id:<24} node={res.node} {res.state}{made}{mark}",
                           markup=False)
@@ -123,7 +130,7 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
             return {"region": r.region, "kind": r.kind, "id": r.id, "node": r.node, "state": r.state, "owner": r.owner,
                     "member": r.member}  # gpuprov:member: who of the team made it (None: no team tag)
 
-        click.echo(json.dumps({"regions": where, "owner": owner(), "deleted": yes, "left": left + stale_left,
+        click.echo(json.dumps({"regions": where, "owner": me, "deleted": yes, "left": left + stale_left,
                                "stopped": stopped_rows,
                                "found": [row(r) for r in found.found], "busy": found.busy,
                                "other_installs": [row(r) for r in found.others], "errors": found.errors}, indent=2))
@@ -134,6 +141,41 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
     if found.found and not yes and not as_json:
         console.print(f"{len(found.found)} orphaned resource(s); rerun with --yes to delete them")
     _region_errors(found.errors)
+
+
+def _reading(yes: bool) -> tuple[Store, Provider, str] | None:
+    """A listing with no state file makes none, nor an install id (a typo in GPUPROV_HOME must not become a fresh
+    state there): it reads the install id if one was made (its records lost: what it tagged is an orphan), and
+    sweeps against an empty store of its own. With no install id nothing of this install can exist, which is
+    said; other installs' resources with the same user and host are listed as ever. None when there is a state
+    to open, or --yes deletes (and records what it does)."""
+    from gpuprov.state import unrecorded
+
+    missing = unrecorded()
+    if missing is None or yes:
+        return None
+    import atexit
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from gpuprov.cli.cloud import _no_state_hint
+    from gpuprov.cli.common import provider_owned_by
+    from gpuprov.cloud.tags import legacy_owner
+    from gpuprov.paths import made_install_id
+    from gpuprov.state.locks import coordinator
+    from gpuprov.state.sqlite import SqliteStore
+
+    made = made_install_id()
+    if made is None:
+        click.echo(f"nothing of this install to find: there is no state at {missing.parent} ({_no_state_hint()})",
+                   err=True)
+    empty = Path(tempfile.mkdtemp(prefix="gpuprov-gc-"))
+    atexit.register(shutil.rmtree, empty, True)
+    store = SqliteStore(empty / "state.sqlite")
+    store.coordinator = coordinator()
+    me = f"{legacy_owner()}/{made or '(no install id)'}"
+    return store, provider_owned_by(me), me
 
 
 def _stopped(seconds_given: int | None, where: list[str], yes: bool, as_json: bool, provider: Provider, store: Store,

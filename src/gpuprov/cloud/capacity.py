@@ -29,7 +29,7 @@ from gpuprov.cloud.providers.capabilities import BLOCKS, need
 from gpuprov.cloud.settle import settle_window
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.files import lock_beside, locked, write_atomic
-from gpuprov.paths import state_dir
+from gpuprov.paths import state_dir, state_folder
 
 if TYPE_CHECKING:
     from gpuprov.say import Say
@@ -174,5 +174,7 @@ def _set(offering: str, **change: object) -> Block:
 
 
 def bought() -> list[Block]:
-    """The blocks this install bought (or is buying), for `status`: those not yet over."""
-    return [b for b in _read(_blocks_file()) if b.state in ("buying", "bought") and b.end > time.time() - 86400]
+    """The blocks this install bought (or is buying), for `status`: those not yet over (read where they are kept,
+    with no state folder made for a look)."""
+    kept = _read(state_folder() / "capacity-blocks.json")
+    return [b for b in kept if b.state in ("buying", "bought") and b.end > time.time() - 86400]

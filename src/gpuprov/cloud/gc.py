@@ -51,8 +51,12 @@ class Sweep:
     errors: list[str] = field(default_factory=list)  # "REGION: what AWS said": that region was not swept
 
 
-def orphans(regions: Sequence[str], provider: Provider, store: Store, all_installs: bool = False) -> Sweep:
+def orphans(regions: Sequence[str], provider: Provider, store: Store, all_installs: bool = False,
+            owner: str | None = None) -> Sweep:
+    """`owner`: this install's owner tag, when it is not `tags.owner()` (a listing with no install id made has
+    none: every resource is another install's)."""
     sweep = Sweep(list(regions))
+    me = owner or tags.owner()
     team = tags.team_tags() is not None  # team state: every resource listed is the team's (tagged so), records shared
     nodes = store.nodes()
     dead = {n.name for n in nodes if locks.abandoned(n)}
@@ -85,7 +89,7 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store, all_instal
             if res.team and not team and res.id not in recorded and not all_installs:
                 sweep.others.append(res)  # a team's resource: its shared records own it, never this local file
                 continue
-            if res.owner != tags.owner() and res.id not in recorded and not all_installs and not team:
+            if res.owner != me and res.id not in recorded and not all_installs and not team:
                 sweep.others.append(res)
                 continue
             if res.kind in ("image", "snapshot") or res.id in seen:  # images: cloud/images.py says which
@@ -103,7 +107,7 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store, all_instal
                     sweep.busy.append(line)
                 continue
             sweep.found.append(res)
-        sweep.found += images.orphans(region, [r for r in tagged if r.owner == tags.owner() or all_installs or team or
+        sweep.found += images.orphans(region, [r for r in tagged if r.owner == me or all_installs or team or
                                                r.id in recorded], provider, store)
     return sweep
 

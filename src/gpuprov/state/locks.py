@@ -77,9 +77,14 @@ def folder() -> Path:
     return path
 
 
-def _file(key: str) -> Path:
+def _file(key: str, made: bool = True) -> Path:
+    """The lock file's path; `made=False`: without making the state folder for a look (`is_free`)."""
     safe = key if re.fullmatch(r"[a-z0-9][a-z0-9.-]{0,80}", key) else \
         re.sub(r"[^a-z0-9-]", "-", key.lower())[:40] + "-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+    if not made:
+        from gpuprov.paths import state_folder
+
+        return state_folder() / "locks" / f"{safe}.lock"
     return folder() / f"{safe}.lock"
 
 
@@ -130,9 +135,9 @@ class FileLocks:
                     _let_go(fd)
 
     def is_free(self, key: str) -> bool:
-        path = _file(key)
+        path = _file(key, made=False)
         with _guard:
-            if str(path) in _held:
+            if str(path) in _held or not path.exists():  # a lock never made is nobody's (a look makes none)
                 return True
         fd = _open(path)
         try:
