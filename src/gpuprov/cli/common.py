@@ -714,7 +714,7 @@ def say_to(console: Console) -> Callable[[str], None]:
 def provider_owned_by(owner: str) -> Provider:
     """`store_and_provider`'s provider, for a command that only reads and has no state to open: its owner tag is
     `owner` (what the install id that was made says, or none), so a look makes no state folder and no install id."""
-    from gpuprov.cloud.providers.aws import AwsProvider
+    from gpuprov.cloud.providers import make
     from gpuprov.cloud.settle import window_from_env
     from gpuprov.cloud.tags import legacy_owner, team_tags
     from gpuprov.settings import settings
@@ -722,7 +722,8 @@ def provider_owned_by(owner: str) -> Provider:
 
     found = settings()
     window_from_env()
-    provider = AwsProvider(owner, poll=found.test_poll_seconds.seconds() if found.test_poll_seconds else 2.0,
-                           legacy=legacy_owner(), team=team_tags())
-    provider.fence = fence
+    provider = make(chosen_cloud(), owner, field=cloud_field(),
+                    poll=found.test_poll_seconds.seconds() if found.test_poll_seconds else 2.0,
+                    legacy=legacy_owner(), team=team_tags())
+    setattr(provider, "fence", fence)  # noqa: B010  (as provider_for: no core attribute)
     return provider
