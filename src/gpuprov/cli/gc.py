@@ -70,11 +70,12 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
     for region in regions:
         cat.check_region(region)
     reading = _reading(yes)
+    note = None
     if reading is None:
         store, provider = store_and_provider()
         me = owner()
     else:  # no state to read: none is made for a look, nor an install id
-        store, provider, me = reading
+        store, provider, me, note = reading
     console = make_console(stderr=as_json)
     say = say_to(console)
     if all_regions:  # the regions the account has enabled: an opt-in region it has not enabled answers AuthFailure
@@ -100,6 +101,8 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
     journal.settle_all(provider, store, say, act=yes)  # a move a killed command left: finished or undone first
     stopped_rows, stale_left = _stopped(stopped_seconds, where, yes, as_json, provider, store, console, say, scope)
     found = sweep.orphans(where, provider, store, all_installs=all_installs, owner=me)
+    if note and not found.errors:  # said once the environment proved good: an error stays the one line it is
+        click.echo(note, err=True)
     for line in found.busy:
         say(line)
     if not as_json:
@@ -143,7 +146,7 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
     _region_errors(found.errors)
 
 
-def _reading(yes: bool) -> tuple[Store, Provider, str] | None:
+def _reading(yes: bool) -> tuple[Store, Provider, str, str | None] | None:
     """A listing with no state file makes none, nor an install id (a typo in GPUPROV_HOME must not become a fresh
     state there): it reads the install id if one was made (its records lost: what it tagged is an orphan), and
     sweeps against an empty store of its own. With no install id nothing of this install can exist, which is
@@ -167,15 +170,14 @@ def _reading(yes: bool) -> tuple[Store, Provider, str] | None:
     from gpuprov.state.sqlite import SqliteStore
 
     made = made_install_id()
-    if made is None:
-        click.echo(f"nothing of this install to find: there is no state at {missing.parent} ({_no_state_hint()})",
-                   err=True)
+    note = None if made is not None else \
+        f"nothing of this install to find: there is no state at {missing.parent} ({_no_state_hint()})"
     empty = Path(tempfile.mkdtemp(prefix="gpuprov-gc-"))
     atexit.register(shutil.rmtree, empty, True)
     store = SqliteStore(empty / "state.sqlite")
     store.coordinator = coordinator()
     me = f"{legacy_owner()}/{made or '(no install id)'}"
-    return store, provider_owned_by(me), me
+    return store, provider_owned_by(me), me, note
 
 
 def _stopped(seconds_given: int | None, where: list[str], yes: bool, as_json: bool, provider: Provider, store: Store,
