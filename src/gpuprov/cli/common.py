@@ -358,26 +358,15 @@ def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None
 
 
 def _region_of(cloud: str, given: str | None) -> Region:
-    """The region of a cloud other than AWS (whose chain region_from reads): --region (or the config's `region`),
-    else the first of its catalog's regions, checked against them."""
-    from click.core import ParameterSource
-
+    """The region of a cloud other than AWS: --region, else the first of its catalog's regions, checked against them
+    (AWS's chain, the config's `region` included, is AWS's own: region_from)."""
     from gpuprov.cloud.region import Region
     from gpuprov.plan.plan import catalog_for
 
     cat = catalog_for(cloud)
     if given is None:
         return Region(cat.default_region, f"{cat.cloud_title}'s default")
-    ctx = click.get_current_context(silent=True)
-    source = "--region"
-    if ctx is not None and ctx.get_parameter_source("region") is ParameterSource.DEFAULT_MAP:
-        from gpuprov.plan import config
-
-        source = config.where("region")
-    try:
-        return Region(cat.check_region(given), source)
-    except UserInputError as exc:
-        raise UserInputError(source, exc.problem, exc.hint) from None
+    return Region(cat.check_region(given), "--region")
 
 
 def warn(text: str, colour: str = "yellow") -> None:
