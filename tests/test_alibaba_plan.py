@@ -92,6 +92,7 @@ def test_what_an_alibaba_plan_cannot_have_is_one_line_each() -> None:
         "error: --os: Alibaba Cloud's public images gpuprov finds give no rocky-9"
     assert error_line(gp("plan", "--gpu", "A10", "--nodes", "2")) == \
         "error: --nodes: gpuprov plans no cluster on Alibaba Cloud yet"
+    assert error_line(gp("plan", "--cpu", "4")) == "error: --cpu: gpuprov knows no CPU-only Alibaba Cloud type"
     assert error_line(gp("plan", "--gpu", "T4", "--spot", "--on-interrupt", "echo bye")).startswith(
         "error: --on-interrupt: gpuprov does not read Alibaba Cloud's interruption notice yet")
 
@@ -107,3 +108,18 @@ def test_render_writes_the_scripts_of_the_alibaba_plan(tmp_path: Path) -> None:
     scripts = sorted(p.name for p in out.glob("*.sh"))
     assert scripts and any("nvidia-driver" in name for name in scripts)
     assert result.stdout.startswith(f"wrote {len(scripts)} scripts and manifest.json")
+
+
+def test_gpus_lists_the_same_rows_by_either_name() -> None:
+    """`gpus --cloud alibaba` reads the data the plan does: A100 is both memories as Alibaba names it, A100-80GB the
+    plan's name of one; a GPU Alibaba lacks is refused naming those it has."""
+    def types(*names: str) -> list[str]:
+        result = gp("gpus", *names, "--json")
+        assert result.exit_code == 0, result.output
+        return [t["instance_type"] for t in json.loads(result.stdout)["instance_types"]]
+
+    assert types("a100") == ["ecs.gn7-c12g1.3xlarge", "ecs.gn7-c13g1.26xlarge", "ecs.gn7e-c16g1.4xlarge",
+                             "ecs.gn7e-c16g1.32xlarge"]
+    assert types("A100-80GB") == ["ecs.gn7e-c16g1.4xlarge", "ecs.gn7e-c16g1.32xlarge"]
+    assert len(types()) == 14
+    assert error_line(gp("gpus", "h100")) == "error: GPU: unknown GPU 'h100'"

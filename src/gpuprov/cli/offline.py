@@ -78,7 +78,8 @@ def _alibaba_gpus(names: tuple[str, ...], as_json: bool) -> None:
 
     ali = catalog_alibaba.facts()
     wanted = {g.name for g in catalog_alibaba.catalog().only(names).gpus}
-    rows = [t for t in ali.gpu_types if ali.plan_gpu(t) in wanted]
+    documented = {n.upper() for n in names}  # A100: both memories, as Alibaba names the GPU
+    rows = [t for t in ali.gpu_types if ali.plan_gpu(t) in wanted or t.gpu.upper() in documented]
     if as_json:
         click.echo(json.dumps({"cloud": "alibaba", "source": ali.families_doc, "read": ali.read, "prices": None,
                                "instance_types": [t.model_dump() for t in rows]}, indent=2))

@@ -229,7 +229,8 @@ def choose_instances(gpu: Gpu, count: int, instance_type: str | None = None,
             raise UserInputError("--instance-type", f"{it.name} carries {it.gpus}× {it.gpu}, not {count}× {gpu.name}")
         refuse_retired(it, cat)
         if arch and it.host_arch != arch:
-            raise UserInputError("--arch", f"{it.name} is an {it.host_arch} type (EC2: {it.arch}), not {arch}",
+            said = f" (EC2: {it.arch})" if cat.cloud == "aws" else ""
+            raise UserInputError("--arch", f"{it.name} is an {it.host_arch} type{said}, not {arch}",
                                  f"--arch {it.host_arch}, or another --instance-type")
         return (it,)
     if arch and cat.launchable_for(gpu) and not any(it.host_arch == arch for it in cat.launchable_for(gpu)):
@@ -567,6 +568,9 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
         raise UserInputError("--os", f"{cat.cloud_title}'s public images gpuprov finds give no {request.os}",
                              f"--os {' or --os '.join(cat.oses)}")
     if cpu.wanted(request, cat):
+        if not cat.cpu_types():
+            raise UserInputError("--cpu" if request.cpu is not None else "--memory",
+                                 f"gpuprov knows no CPU-only {cat.cloud_title} type", "a --gpu it has")
         return _make_cpu_plan(request, cat)
     name, count_in_name = catalog.parse_gpu_request(request.gpu or cpu.gpu_of_type(request, cat))
     gpu = cat.gpu(name)
