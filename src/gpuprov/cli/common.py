@@ -305,11 +305,13 @@ def _gpu_asked(kw: StackOptions) -> str | None:
     return None if cpu_type else kw["gpu"]
 
 
-def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None] | None = None) -> Plan:
+def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None] | None = None, *,
+              planning: bool = False) -> Plan:
     """The plan the flags ask for; `live`: with EC2's own facts of the region's GPU instance types (cached a day),
     asked only once the flags are known to be good (an instance type, or a GPU of plan/gpu_names.py, only EC2 may
     know aside): the plan on the shipped catalog first, and `check` (the command's own option checks) on it, so bad
-    input asks EC2 nothing."""
+    input asks EC2 nothing. `planning`: the command only plans (plan, render), which a cloud gpuprov plans on but
+    does not launch on lets through, on its own catalog and regions, without --live."""
     from gpuprov.cloud.providers import unlaunched
     from gpuprov.errors import UserInputError
     from gpuprov.plan import cpu, gpu_names
@@ -317,10 +319,15 @@ def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None
     from gpuprov.plan.plan import NodeRequest, make_plan
     from gpuprov.plan.spec import parse_duration
 
-    unlaunched(chosen_cloud(), cloud_field())  # planned on AWS's catalog otherwise: refused before anything
-    region = region_from(kw["region"], quiet=True)
+    cloud = chosen_cloud()
+    unlaunched(cloud, cloud_field(), planning=planning and not live)  # never planned on another cloud's catalog
+    # offline, plan and render plan on the cloud's own catalog; a launch (or --live) still plans on AWS's, asking the
+    # provider for its facts
+    own = planning and not live and cloud != "aws"
+    region = _region_of(cloud, kw["region"]) if own else region_from(kw["region"], quiet=True)
     request = NodeRequest(
         gpu=_gpu_asked(kw), count=kw["count"], spot=kw["spot"], region=region.name, playbook=kw["playbook"],
+        cloud=cloud if own else "aws",
         cpu=kw["cpu"], memory_gib=kw["memory_gib"],
         os=kw["os_name"] or "ubuntu-24.04", pins=pins_from(kw), instance_type=kw["instance_type"],
         autostop_seconds=parse_duration(kw["autostop"], "--autostop"), ttl_seconds=parse_duration(kw["ttl"], "--ttl"),
@@ -348,6 +355,18 @@ def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None
         plan = make_plan(request, cat)
     say_region(region)
     return plan
+
+
+def _region_of(cloud: str, given: str | None) -> Region:
+    """The region of a cloud other than AWS: --region, else the first of its catalog's regions, checked against them
+    (AWS's chain, the config's `region` included, is AWS's own: region_from)."""
+    from gpuprov.cloud.region import Region
+    from gpuprov.plan.plan import catalog_for
+
+    cat = catalog_for(cloud)
+    if given is None:
+        return Region(cat.default_region, f"{cat.cloud_title}'s default")
+    return Region(cat.check_region(given), "--region")
 
 
 def warn(text: str, colour: str = "yellow") -> None:

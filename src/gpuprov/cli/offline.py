@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -72,18 +71,22 @@ def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None
 
 
 def _alibaba_gpus(names: tuple[str, ...], as_json: bool) -> None:
-    """Alibaba Cloud's GPU instance types as its documentation lists them (cloud/providers/alibaba_catalog.py): the
-    facts, with no price yet (DescribePrice is not read)."""
-    from gpuprov.cloud.providers import alibaba_catalog as ali
-    wanted = {n.upper() for n in names}
-    rows = [t for t in ali.GPU_TYPES if not wanted or t.gpu.upper() in wanted]
+    """Alibaba Cloud's GPU instance types as its documentation lists them (data/catalog-alibaba.yaml, the facts `plan
+    --cloud alibaba` plans on), GPUs named as `--gpu` takes them: the facts, with no price yet (DescribePrice is not
+    read)."""
+    from gpuprov.plan import catalog_alibaba
+
+    ali = catalog_alibaba.facts()
+    wanted = {g.name for g in catalog_alibaba.catalog().only(names).gpus}
+    documented = {n.upper() for n in names}  # A100: both memories, as Alibaba names the GPU
+    rows = [t for t in ali.gpu_types if ali.plan_gpu(t) in wanted or t.gpu.upper() in documented]
     if as_json:
-        click.echo(json.dumps({"cloud": "alibaba", "source": ali.FAMILIES_DOC, "read": ali.READ, "prices": None,
-                               "instance_types": [dataclasses.asdict(t) for t in rows]}, indent=2))
+        click.echo(json.dumps({"cloud": "alibaba", "source": ali.families_doc, "read": ali.read, "prices": None,
+                               "instance_types": [t.model_dump() for t in rows]}, indent=2))
         return
     from rich.table import Table
 
-    table = Table(title=f"GPUs on Alibaba Cloud ECS, as its documentation lists them ({ali.READ}); no prices yet",
+    table = Table(title=f"GPUs on Alibaba Cloud ECS, as its documentation lists them ({ali.read}); no prices yet",
                   title_justify="left")
     for head, right in (("GPU", False), ("mem/GPU", True), ("instance type", False), ("GPUs", True), ("vCPU", True),
                         ("memory", True)):
@@ -93,7 +96,7 @@ def _alibaba_gpus(names: tuple[str, ...], as_json: bool) -> None:
                       f"{t.memory_gib:g} GiB")
     console = make_console()
     console.print(table)
-    console.print(f"source: {ali.FAMILIES_DOC}", soft_wrap=True, markup=False)
+    console.print(f"source: {ali.families_doc}", soft_wrap=True, markup=False)
 
 
 @main.command()
@@ -120,7 +123,9 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
 
     if image is not None and not live:
         raise click.UsageError("--image is looked up in AWS: add --live")
-    the_plan = plan_from(kw, live=live)
+    the_plan = plan_from(kw, live=live, planning=True)
+    if the_plan.request.cloud != "aws":
+        _plan_elsewhere(the_plan, hours, nodes)
     layout = _cluster_layout(the_plan, nodes)
     if layout is not None:
         the_plan = net.with_efa_step(the_plan, layout)
@@ -191,6 +196,19 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
             console.print(Syntax(script.text, "bash", line_numbers=False))
 
 
+def _plan_elsewhere(the_plan: Plan, hours: float | None, nodes: int) -> None:
+    """What `plan` only does on AWS, refused on another cloud's catalog: an estimate needs a price, a cluster AWS's
+    placement and EFA."""
+    from gpuprov.cloud.providers import title
+    from gpuprov.plan.plan import catalog_for, refuse_unpriced
+
+    if hours is not None:
+        refuse_unpriced(catalog_for(the_plan.request.cloud), "--hours")
+    if nodes > 1:
+        raise UserInputError("--nodes", f"gpuprov plans no cluster on {title(the_plan.request.cloud)} yet",
+                             "plan one node (leave --nodes out)")
+
+
 def _cluster_layout(the_plan: Plan, nodes: int) -> ClusterLayout | None:
     """The cluster's network for the plan's instance type (None for one node); bad --nodes is refused here."""
     from gpuprov.cloud.cluster_network import network_for
@@ -215,7 +233,7 @@ def render(out: str, **kw: Unpack[StackOptions]) -> None:
 
     Each script is self-contained bash; run them in order as root on the GPU host.
     """
-    the_plan = plan_from(kw)
+    the_plan = plan_from(kw, planning=True)
     written = the_plan.bundle().write(out)
     click.echo(f"wrote {len(written) - 1} scripts and manifest.json to {written[-1].parent}")
     for path in written:

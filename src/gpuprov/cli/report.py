@@ -92,7 +92,14 @@ def plan_view(plan: Plan) -> Group:
     if plan.instance is None and plan.gpu and plan.stack:
         parts.append(Text(f"  no AWS instance type carries {plan.gpu.name}: these steps are for a host of your own "
                           "(`gpuprov render`, `gpuprov bootstrap HOST`)"))
-    if plan.instance:
+    from gpuprov.plan.plan import catalog_for
+
+    unpriced = catalog_for(plan.request.cloud).prices_unknown
+    if plan.instance and unpriced:
+        parts.append(Text(f"  price: not known ({unpriced})"))
+        if names := [c.name for c in plan.candidates if c != plan.instance][:4]:
+            parts.append(Text("  fallbacks: " + ", ".join(names)))
+    elif plan.instance:
         cost = Text(f"  on-demand list price {price_text(plan.instance.price_usd_hour)} (us-east-1 catalog)")
         if plan.request.spot:
             cost.append("; spot is billed at the current spot price, capped at on-demand")

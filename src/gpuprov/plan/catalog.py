@@ -202,6 +202,13 @@ class Catalog(BaseModel):
     fractional: dict[str, str] = {}
     # CPU-only families whose types EC2's answer brings in (`--cpu`, `--instance-type c7i.8xlarge`)
     cpu_families: tuple[str, ...] = ()
+    # the cloud whose types these are (plan/catalog_alibaba.py makes Alibaba Cloud's), its default region, the OSes
+    # its images give (none: any gpuprov knows), and why no price is known (None: the types' prices are the list's)
+    cloud: str = "aws"
+    cloud_title: str = "AWS"
+    default_region: str = "us-east-1"
+    oses: tuple[str, ...] = ()
+    prices_unknown: str | None = None
 
     @model_validator(mode="after")
     def _known_gpus(self) -> Catalog:
@@ -224,7 +231,8 @@ class Catalog(BaseModel):
             return region
         close = difflib.get_close_matches(region, self.regions, n=3, cutoff=0.5)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
-        raise UserInputError("--region", f"unknown AWS region {region!r}", f"{hint}e.g. us-east-1, us-west-2, eu-west-1")
+        examples = ", ".join(self.regions[:3]) if self.cloud != "aws" else "us-east-1, us-west-2, eu-west-1"
+        raise UserInputError("--region", f"unknown {self.cloud_title} region {region!r}", f"{hint}e.g. {examples}")
 
     def gpu(self, name: str) -> Gpu:
         """The GPU called `name` (case-insensitive, aliases allowed), or a UserInputError naming close ones."""

@@ -57,6 +57,9 @@ from gpuprov.plan.stack import (
     wheel_archs,
 )
 
+# why the default driver branch is chosen (a plan on another cloud says it without AWS: plan.py on_cloud)
+DEFAULT_BRANCH_WHY = "the branch AWS ships in its current GPU images"
+
 
 def _torch_candidates(pins: StackPins) -> Iterator[tuple[str, str]]:
     """(release, variant) pairs in preference order: newest release first, the release's own
@@ -366,7 +369,7 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
         reasons.append(
             f"driver R{branch}: "
             + ("the last branch that supports Volta" if arch.max_driver_branch and branch == arch.max_driver_branch
-               else "the branch AWS ships in its current GPU images" if branch == f.default_driver_branch
+               else DEFAULT_BRANCH_WHY if branch == f.default_driver_branch
                else "the supported branch after the default, which NVIDIA has ended"
                if branch == supported_branch_from(f.default_driver_branch)
                else "the oldest branch new enough for the requested CUDA")

@@ -65,6 +65,7 @@ class NodeRequest(BaseModel):
     autostop_action: Literal["stop", "terminate"] | None = None  # --autostop-action; None: stop when it can
     budget_usd: float | None = None  # --budget: a dollar cap, enforced on the node as a deadline
     arch: CpuArch | None = None  # --arch: the hosts' CPU; None: the instance type's
+    cloud: str = "aws"  # --cloud: whose catalog the node is planned on (catalog_for)
 
     @property
     def can_stop(self) -> bool:
@@ -179,6 +180,8 @@ class Plan:
             "region": self.request.region,
             "instance_type": self.instance.name if self.instance else None,
             "price_usd_hour_on_demand": self.price_usd_hour,
+            **({"cloud": self.request.cloud, "price_unknown": catalog_for(self.request.cloud).prices_unknown}
+               if self.request.cloud != "aws" else {}),
             "candidates": [
                 {"instance_type": c.name, "gpus": c.gpus, "price_usd_hour": c.price_usd_hour} for c in self.candidates
             ],
@@ -226,7 +229,8 @@ def choose_instances(gpu: Gpu, count: int, instance_type: str | None = None,
             raise UserInputError("--instance-type", f"{it.name} carries {it.gpus}× {it.gpu}, not {count}× {gpu.name}")
         refuse_retired(it, cat)
         if arch and it.host_arch != arch:
-            raise UserInputError("--arch", f"{it.name} is an {it.host_arch} type (EC2: {it.arch}), not {arch}",
+            said = f" (EC2: {it.arch})" if cat.cloud == "aws" else ""
+            raise UserInputError("--arch", f"{it.name} is an {it.host_arch} type{said}, not {arch}",
                                  f"--arch {it.host_arch}, or another --instance-type")
         return (it,)
     if arch and cat.launchable_for(gpu) and not any(it.host_arch == arch for it in cat.launchable_for(gpu)):
@@ -257,7 +261,9 @@ def guards_for(request: NodeRequest, playbook: Playbook, launched: bool = False)
     hook = request.on_interrupt or playbook.on_interrupt
     save = bool(saves_on(playbook.data, "interrupt"))  # a checkpoint to save on the notice: the watch runs for it
     guards = Guards(autostop_seconds=request.autostop_seconds, ttl_seconds=request.ttl_seconds,
-                    interrupt_watch=bool(request.spot or hook or save), on_interrupt=hook, save_on_interrupt=save,
+                    # the watch reads AWS's notice: on another cloud make_plan refuses a hook or save before this
+                    interrupt_watch=bool((request.spot and request.cloud == "aws") or hook or save), on_interrupt=hook,
+                    save_on_interrupt=save,
                     shutdown_action=shutdown_action(request) if launched else None)
     return guards
 
@@ -509,18 +515,62 @@ def _with_docker(playbook: Playbook, docker: bool) -> Playbook:
     return with_docker(playbook, docker)
 
 
+def catalog_for(cloud: str) -> catalog.Catalog:
+    """The shipped catalog of the cloud a node is planned on: AWS's, or Alibaba Cloud's (plan/catalog_alibaba.py)."""
+    if cloud == "alibaba":
+        from gpuprov.plan import catalog_alibaba
+
+        return catalog_alibaba.catalog()
+    from gpuprov.plan import catalog
+
+    return catalog.load()
+
+
+def refuse_unpriced(cat: catalog.Catalog, field: str) -> None:
+    """An estimate (--budget, --hours) on a catalog that knows no price is refused, naming why there is none."""
+    if cat.prices_unknown is not None:
+        raise UserInputError(field, f"no {cat.cloud_title} price is known: {cat.prices_unknown}, so nothing can be "
+                             "estimated", "leave it out (--ttl sets a deadline without a price)")
+
+
+def refuse_interrupt_watch(request: NodeRequest, playbook: Playbook, cat: catalog.Catalog) -> None:
+    """The interruption watch reads AWS's notice only: on another cloud a hook or a save on the notice is refused
+    (a spot node there runs no watch)."""
+    if request.on_interrupt or playbook.on_interrupt or saves_on(playbook.data, "interrupt"):
+        field = "--on-interrupt" if request.on_interrupt else playbook.where("on_interrupt" if playbook.on_interrupt
+                                                                             else "data") or "--playbook"
+        raise UserInputError(field, f"gpuprov does not read {cat.cloud_title}'s interruption notice yet: nothing "
+                             "would run on it", "leave the hook and interrupt saves out on this cloud")
+
+
+def on_cloud(stack: Stack) -> Stack:
+    """The stack's reasons as a plan on a cloud other than AWS says them: the default driver branch is gpuprov's."""
+    from gpuprov.plan.compat import DEFAULT_BRANCH_WHY
+
+    return stack.model_copy(update={"reasons": tuple(
+        r.replace(DEFAULT_BRANCH_WHY, "gpuprov's default branch") for r in stack.reasons)})
+
+
 def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
     """The plan for a node gpuprov launches: instance choice + stack + steps.
 
     :param cat: the catalog with EC2's own instance-type facts laid over it (`plan --live`, `up`); else the
-        catalog as shipped and refreshed."""
+        catalog of the request's cloud as shipped and refreshed."""
     from gpuprov.plan import catalog
 
-    cat = cat or catalog.load()
+    cat = cat or catalog_for(request.cloud)
     cat.check_region(request.region)
     if request.budget_usd is not None and request.budget_usd <= 0:
         raise UserInputError("--budget", f"{request.budget_usd:g} is not a budget", "dollars above 0, e.g. 50")
+    if request.budget_usd is not None:
+        refuse_unpriced(cat, "--budget")
+    if cat.oses and request.os not in cat.oses:
+        raise UserInputError("--os", f"{cat.cloud_title}'s public images gpuprov finds give no {request.os}",
+                             f"--os {' or --os '.join(cat.oses)}")
     if cpu.wanted(request, cat):
+        if not cat.cpu_types():
+            raise UserInputError("--cpu" if request.cpu is not None else "--memory",
+                                 f"gpuprov knows no CPU-only {cat.cloud_title} type", "a --gpu it has")
         return _make_cpu_plan(request, cat)
     name, count_in_name = catalog.parse_gpu_request(request.gpu or cpu.gpu_of_type(request, cat))
     gpu = cat.gpu(name)
@@ -545,9 +595,13 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
                              "node gpuprov launches has none to keep", "bootstrap the host with it, or use a "
                              "playbook that installs the driver")
     request = request.model_copy(update={"monitoring": with_monitoring(request.monitoring, playbook)})
+    if cat.cloud != "aws":
+        refuse_interrupt_watch(request, playbook, cat)
     where_from = effective_sources(request, playbook)
     stack = with_sources(resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch, cpu_arch=arch),
                          where_from)
+    if stack is not None and cat.cloud != "aws":
+        stack = on_cloud(stack)
     if request.budget_usd is not None and instance.price_usd_hour:
         check_budget(request.budget_usd, instance.price_usd_hour)
     guards = with_budget(guards_for(request, playbook, launched=True), request.budget_usd, instance.price_usd_hour)

@@ -32,9 +32,11 @@ class Cloud:
     module: str
     cls: str
     title: str  # as people write it, in messages
-    # False: the provider is here and tested against its imitation, but plan, up and gc do not use it yet; a command
-    # that would is refused by name (`unlaunched`) rather than planning this cloud's nodes with another's catalog
+    # False: the provider is here and tested against its imitation, but up and gc do not use it yet; a command that
+    # would is refused by name (`unlaunched`)
     launches: bool = True
+    # plan and render plan its nodes on its own catalog (plan/plan.py catalog_for), never on another cloud's
+    plans: bool = True
 
 
 CLOUDS: dict[str, Cloud] = {
@@ -50,13 +52,16 @@ def title(name: str) -> str:
     return found.title if found else name
 
 
-def unlaunched(name: str, field: str) -> None:
-    """Refuse a cloud whose machines gpuprov does not plan, launch or collect yet, naming what it does offer."""
+def unlaunched(name: str, field: str, *, planning: bool = False) -> None:
+    """Refuse a cloud whose machines gpuprov does not launch or collect yet, naming what it does offer; `planning`:
+    the command only plans offline (plan, render), which a cloud that `plans` lets through."""
     found = CLOUDS.get(name)
-    if found is not None and not found.launches:
-        raise UserInputError(field, f"gpuprov does not launch {found.title} machines yet; nothing was asked of it",
-                             f"`gpuprov gpus --cloud {name}` lists its GPU types; a machine made in its console: "
-                             "`gpuprov bootstrap USER@HOST`")
+    if found is None or (found.plans if planning else found.launches):
+        return
+    offers = f"`gpuprov plan --cloud {name}` plans on its catalog, " if found.plans else ""
+    raise UserInputError(field, f"gpuprov does not launch {found.title} machines yet; nothing was asked of it",
+                         f"{offers}`gpuprov gpus --cloud {name}` lists its GPU types; a machine made in its console: "
+                         "`gpuprov bootstrap USER@HOST`")
 
 
 def make(name: str, owner: str, *, field: str = "--cloud", poll: float = 2.0, legacy: str | None = None,
