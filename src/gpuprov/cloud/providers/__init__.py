@@ -7,8 +7,9 @@ reservations and blocks, object storage, image copy, stop modes), each asked for
 boto3 is imported here only (and by state/s3.py for the team's bucket). aws.py composes aws_base.py (clients, the
 one error path), aws_instances.py and aws_images.py; aws_refusals.py is the table of what each launch refusal
 means; aws_iam.py and aws_capacity.py make the IAM and capacity calls. Alibaba Cloud ECS, through its own SDK:
-alibaba.py on alibaba_base.py (the client, the one error path) and alibaba_images.py; alibaba_refusals.py and
-alibaba_catalog.py (the GPU families' documented facts).
+alibaba.py on alibaba_base.py (the client, the one error path) and alibaba_images.py;
+alibaba_refusals.py is what each launch refusal means (the GPU families' documented facts are data, read by
+plan/catalog_alibaba.py).
 
 `CLOUDS` is the registry: a cloud's name (what `--cloud` takes and what a node records) to the module and class
 that implement it, imported only when a command makes one (`make`), and its name as people write it (`title`).

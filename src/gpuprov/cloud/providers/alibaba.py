@@ -2,8 +2,8 @@
 
 ECS's vocabulary stays in here: a VPC's vSwitch is a Network's subnet, SpotStrategy is the market, a ClientToken
 makes RunInstances idempotent, economical mode (StoppedMode=StopCharging) is how a node stops. alibaba_base.py is the
-client and the one error path, alibaba_images.py the images, alibaba_refusals.py what each launch refusal means,
-alibaba_catalog.py the GPU families' documented facts.
+client and the one error path, alibaba_images.py the images, alibaba_refusals.py what each launch refusal means; the
+GPU families' documented facts are data (plan/catalog_alibaba.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuprov.cloud.providers.alibaba_base import NOT_FOUND, RETRIES, EcsError, EcsNoAnswer, stamp, tags_of
-from gpuprov.cloud.providers.alibaba_catalog import GPU_TYPES
 from gpuprov.cloud.providers.alibaba_images import EcsImages
 from gpuprov.cloud.providers.alibaba_refusals import classify
 from gpuprov.cloud.providers.base import (
@@ -33,6 +32,7 @@ from gpuprov.cloud.providers.base import (
     SpotPrice,
 )
 from gpuprov.errors import GpuprovError, UserInputError
+from gpuprov.plan.catalog_alibaba import facts
 
 TAG_TOKEN = "gpuprov:token"  # the launch's ClientToken: a lost RunInstances answer is found by it
 BANDWIDTH_MBPS = 100  # InternetMaxBandwidthOut: a public address, paid by traffic (PayByTraffic), not by this cap
@@ -390,7 +390,7 @@ class AlibabaProvider(EcsImages):
 
     def gpu_instance_types(self, region: str) -> list[InstanceTypeInfo]:
         """DescribeInstanceTypes' GPU types (GPUAmount > 0: GPUSpec "NVIDIA A10", CpuCoreCount, MemorySize GiB;
-        GPUMemorySize read as each GPU's GiB); where it lists none, the documented families (alibaba_catalog.py)."""
+        GPUMemorySize read as each GPU's GiB); where it lists none, the documented families (plan/catalog_alibaba.py)."""
         raws = self._pages(region, "DescribeInstanceTypes", ("InstanceTypes", "InstanceType"))
         out = []
         for raw in raws:
@@ -402,7 +402,7 @@ class AlibabaProvider(EcsImages):
                                   float(raw.get("MemorySize") or 0), raw.get("CpuArchitecture") == "ARM",
                                   f"{raw.get('InstanceBandwidthRx') or 0} Kbit/s"))
         return out or [_type_info(t.instance_type, t.gpu, t.gpus, t.gpu_memory_gib, t.vcpu, t.memory_gib, False, "")
-                       for t in GPU_TYPES]
+                       for t in facts().gpu_types]
 
     def quota(self, region: str, code: str) -> float | None:
         """An account attribute (DescribeAccountAttributes: max-postpaid-instance-vcpu-count,
