@@ -690,13 +690,8 @@ def store_and_provider(*, nodes: Sequence[str] = (), cloud: str | None = None) -
 def provider_for(store: Store, *, nodes: Sequence[str] = (), cloud: str | None = None) -> Provider:
     """The provider of `cloud`, else of the cloud the named `nodes` record (nodes of several clouds are refused:
     one cloud at a time), else of --cloud, else of the default cloud."""
-    from gpuprov.cloud.providers import DEFAULT, make
-    from gpuprov.cloud.tags import legacy_owner, owner, team_tags
-    from gpuprov.settings import settings
-    from gpuprov.state.locks import fence
+    from gpuprov.cloud.tags import owner
 
-    found = settings()
-    poll = found.test_poll_seconds.seconds() if found.test_poll_seconds else 2.0
     field = "--cloud" if cloud else cloud_field()
     if cloud is None and nodes:
         # each named record read alone (a listing would warn of every other record it cannot read)
@@ -707,8 +702,19 @@ def provider_for(store: Store, *, nodes: Sequence[str] = (), cloud: str | None =
                                  "name the nodes of one cloud at a time")
         if clouds:
             cloud, field = clouds[0], f"{sorted(recorded)[0]}'s record"
-    provider = make(cloud or _cloud[0] or DEFAULT, owner(), field=field, poll=poll, legacy=legacy_owner(),
-                    team=team_tags())
+    return _provider(cloud or chosen_cloud(), owner(), field)
+
+
+def _provider(cloud: str, owner: str, field: str) -> Provider:
+    """The provider of `cloud` (its module imported now) tagging as `owner`; `field` is named if it is refused."""
+    from gpuprov.cloud.providers import make
+    from gpuprov.cloud.tags import legacy_owner, team_tags
+    from gpuprov.settings import settings
+    from gpuprov.state.locks import fence
+
+    found = settings()
+    poll = found.test_poll_seconds.seconds() if found.test_poll_seconds else 2.0
+    provider = make(cloud, owner, field=field, poll=poll, legacy=legacy_owner(), team=team_tags())
     # a command whose node lease a teammate took stops before its next cloud call (no core attribute: a provider
     # calls it before each of its cloud calls where it has one)
     setattr(provider, "fence", fence)  # noqa: B010
@@ -718,9 +724,7 @@ def provider_for(store: Store, *, nodes: Sequence[str] = (), cloud: str | None =
 def recorded_clouds(store: Store) -> list[str]:
     """The clouds the records' nodes are on (the default one when there are none): `status --refresh` and `gc`
     look at each."""
-    from gpuprov.cloud.providers import DEFAULT
-
-    return sorted({n.provider for n in store.nodes()} | {_cloud[0] or DEFAULT})
+    return sorted({n.provider for n in store.nodes()} | {chosen_cloud()})
 
 
 def say_to(console: Console) -> Callable[[str], None]:
@@ -733,16 +737,7 @@ def say_to(console: Console) -> Callable[[str], None]:
 def provider_owned_by(owner: str) -> Provider:
     """`store_and_provider`'s provider, for a command that only reads and has no state to open: its owner tag is
     `owner` (what the install id that was made says, or none), so a look makes no state folder and no install id."""
-    from gpuprov.cloud.providers import make
     from gpuprov.cloud.settle import window_from_env
-    from gpuprov.cloud.tags import legacy_owner, team_tags
-    from gpuprov.settings import settings
-    from gpuprov.state.locks import fence
 
-    found = settings()
     window_from_env()
-    provider = make(chosen_cloud(), owner, field=cloud_field(),
-                    poll=found.test_poll_seconds.seconds() if found.test_poll_seconds else 2.0,
-                    legacy=legacy_owner(), team=team_tags())
-    setattr(provider, "fence", fence)  # noqa: B010  (as provider_for: no core attribute)
-    return provider
+    return _provider(chosen_cloud(), owner, cloud_field())
