@@ -69,23 +69,21 @@ _LEASED = ("node-", "image-")
 _guard = threading.Lock()
 
 
-def folder() -> Path:
-    from gpuprov.paths import state_dir
+def folder(made: bool = True) -> Path:
+    """The locks' folder, made (with the state folder) unless `made=False`: where it is, for a look (`is_free`)."""
+    from gpuprov.paths import state_dir, state_folder
 
+    if not made:
+        return state_folder() / "locks"
     path = state_dir() / "locks"
     path.mkdir(exist_ok=True, mode=0o700)
     return path
 
 
 def _file(key: str, made: bool = True) -> Path:
-    """The lock file's path; `made=False`: without making the state folder for a look (`is_free`)."""
     safe = key if re.fullmatch(r"[a-z0-9][a-z0-9.-]{0,80}", key) else \
         re.sub(r"[^a-z0-9-]", "-", key.lower())[:40] + "-" + hashlib.sha256(key.encode()).hexdigest()[:12]
-    if not made:
-        from gpuprov.paths import state_folder
-
-        return state_folder() / "locks" / f"{safe}.lock"
-    return folder() / f"{safe}.lock"
+    return folder(made) / f"{safe}.lock"
 
 
 def _open(path: Path) -> int:
