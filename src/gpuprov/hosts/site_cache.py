@@ -10,6 +10,7 @@ and the package when `start` installed it; with `keep`, the instance and its cac
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -98,9 +99,9 @@ def start(target: Target, settings: HostSettings, sources: Effective, port: int)
     except HostUnreachable as exc:
         raise CacheFailed(f"--cache-host {target.name}: {exc}") from None
     cache = SiteCache(str(remote.conn.host), port, where="--cache-host")
-    script = _START.format(folder=FOLDER, port=port, conf=_q(cache.config(sources)))
+    script = _START.format(folder=FOLDER, port=port, conf=shlex.quote(cache.config(sources)))
     try:
-        result = remote.run(f"bash -c {_q(script)}", sudo=True, timeout=600)
+        result = remote.run(f"bash -c {shlex.quote(script)}", sudo=True, timeout=600)
     except BaseException:
         remote.close()
         raise
@@ -118,7 +119,7 @@ def stop(running: Running, keep: bool = False) -> str | None:
     tried, then a new one)."""
     from gpuprov.hosts.remote import Remote
 
-    command = f"bash -c {_q(_STOP.format(folder=FOLDER))}"
+    command = f"bash -c {shlex.quote(_STOP.format(folder=FOLDER))}"
     problem = None
     try:
         if not keep:
@@ -142,9 +143,3 @@ def stop(running: Running, keep: bool = False) -> str | None:
     return problem and (f"the cache on {running.target.name} was not removed: {problem}; remove it with "
                         f"`gpuprov exec {running.target.name} --sudo -- sh -c 'pkill -F {FOLDER}/pid; "
                         f"rm -rf {FOLDER}'`")
-
-
-def _q(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)

@@ -1,6 +1,7 @@
 """GET a public URL, with the few things the sources need: an Accept header (PEP 691 content negotiation), a
-timeout, and errors that name the URL. Each source's base URL can be pointed elsewhere by an environment
-variable (a mirror, or the tests' local server on 127.0.0.1).
+timeout, and errors that name the URL; whole (`get`) or streamed into a file with its sha256 (`save`). Each
+source's base URL can be pointed elsewhere by an environment variable (a mirror, or the tests' local server on
+127.0.0.1).
 
 The variables: GPUPROV_PYPI_URL, GPUPROV_PYTORCH_INDEX_URL, GPUPROV_NVIDIA_REPOS_URL, each checked (http(s) with a
 host, else bad input naming the variable). `described` writes a public URL by name, so no host lands in a data file.
@@ -9,10 +10,15 @@ host, else bad input naming the variable). `described` writes a public URL by na
 from __future__ import annotations
 
 import gzip
+import hashlib
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from http.client import HTTPResponse
 from importlib.metadata import PackageNotFoundError, version
+from typing import BinaryIO
 from urllib.parse import urlparse
 
 from gpuprov.errors import GpuprovError, UserInputError
@@ -75,19 +81,37 @@ def _agent() -> str:
         return "gpuprov"
 
 
-def get(url: str, accept: str = "*/*", timeout: float = TIMEOUT) -> Response:
-    """The body of `url` (a .gz one unpacked), or SourceUnreachable naming it and why."""
+@contextmanager
+def _answer(url: str, accept: str, timeout: float) -> Iterator[HTTPResponse]:
+    """The open answer to a GET of `url`; whatever fails while it is read is SourceUnreachable naming it and why."""
     request = urllib.request.Request(url, headers={"Accept": accept, "User-Agent": _agent()})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
-            body = answer.read()
-            content_type = answer.headers.get("Content-Type", "")
+            yield answer
     except urllib.error.HTTPError as exc:
         raise SourceUnreachable(url, f"HTTP {exc.code} {exc.reason}", exc.code) from None
     except urllib.error.URLError as exc:
         raise SourceUnreachable(url, str(exc.reason)) from None
     except (OSError, ValueError) as exc:
         raise SourceUnreachable(url, str(exc) or type(exc).__name__) from None
+
+
+def save(url: str, out: BinaryIO, timeout: float = TIMEOUT) -> tuple[str, int]:
+    """`url`'s body streamed into `out`, as it comes (a large package is never held whole): its sha256 and size."""
+    digest, size = hashlib.sha256(), 0
+    with _answer(url, "*/*", timeout) as answer:
+        while chunk := answer.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+            out.write(chunk)
+    return digest.hexdigest(), size
+
+
+def get(url: str, accept: str = "*/*", timeout: float = TIMEOUT) -> Response:
+    """The body of `url` (a .gz one unpacked), or SourceUnreachable naming it and why."""
+    with _answer(url, accept, timeout) as answer:
+        body = answer.read()
+        content_type = answer.headers.get("Content-Type", "")
     if url.endswith(".gz"):
         try:
             body = gzip.decompress(body)

@@ -24,8 +24,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.error
-import urllib.request
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -36,7 +34,7 @@ from gpuprov.files import write_atomic
 from gpuprov.plan import offline
 from gpuprov.plan.offline import Item, Manifest, Need
 from gpuprov.plan.plan import Plan
-from gpuprov.sources.http import TIMEOUT, SourceUnreachable
+from gpuprov.sources.http import SourceUnreachable, save
 
 Say = Callable[[str], None]
 
@@ -72,22 +70,16 @@ def _download(url: str, dest: Path, want: str | None = None, previous: Path | No
         if previous != dest:
             shutil.copy2(previous, dest)
         return want.lower(), dest.stat().st_size
-    digest, size = hashlib.sha256(), 0
     tmp = dest.with_name(dest.name + ".part")
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "gpuprov"}),
-                                    timeout=TIMEOUT) as answer, tmp.open("wb") as out:
-            while chunk := answer.read(1 << 20):
-                digest.update(chunk)
-                size += len(chunk)
-                out.write(chunk)
-    except urllib.error.HTTPError as exc:
+        with tmp.open("wb") as out:
+            sha, size = save(url, out)
+    except SourceUnreachable:
         tmp.unlink(missing_ok=True)
-        raise SourceUnreachable(url, f"HTTP {exc.code} {exc.reason}", exc.code) from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise
+    except OSError as exc:  # the part file itself could not be made: said with the URL, as a failed fetch is
         tmp.unlink(missing_ok=True)
-        raise SourceUnreachable(url, str(getattr(exc, "reason", exc)) or type(exc).__name__) from None
-    sha = digest.hexdigest()
+        raise SourceUnreachable(url, str(exc) or type(exc).__name__) from None
     if want is not None and sha != want.lower():
         tmp.unlink(missing_ok=True)
         raise Changed(f"{url}: sha256 {sha}, but its index says {want.lower()}: the source serves a changed file; "
