@@ -241,12 +241,18 @@ def pins_from(kw: PinOptions) -> StackPins:
     )
 
 
-def region_from(given: str | None, *, quiet: bool = False) -> Region:
-    """The region a command works in (the AWS chain). Where it did not come from --region it is said,
-    on stderr so piped output stays clean (`quiet`: the caller says it once its other input is valid)."""
+def region_from(given: str | None, *, quiet: bool = False, cloud: str | None = None) -> Region:
+    """The region a command works in, in `cloud` (else the chosen one): AWS's chain, or another cloud's own
+    (`_region_of`). Where it did not come from --region it is said, on stderr so piped output stays clean (`quiet`:
+    the caller says it once its other input is valid)."""
     from gpuprov.cloud.region import resolve
     from gpuprov.plan import catalog
 
+    if (cloud or chosen_cloud()) != "aws":
+        region = _region_of(cloud or chosen_cloud(), given)
+        if not quiet:
+            say_region(region)
+        return region
     region = resolve(given)
     cat = catalog.load()  # its own errors (a facts file that does not read) name their file, not the region
     try:
@@ -321,10 +327,15 @@ def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None
 
     cloud = chosen_cloud()
     unlaunched(cloud, cloud_field(), planning=planning and not live)  # never planned on another cloud's catalog
-    # offline, plan and render plan on the cloud's own catalog; a launch (or --live) still plans on AWS's, asking the
-    # provider for its facts
-    own = planning and not live and cloud != "aws"
-    region = _region_of(cloud, kw["region"]) if own else region_from(kw["region"], quiet=True)
+    own = cloud != "aws"  # planned on the cloud's own catalog (live facts are EC2's instance types: AWS's alone)
+    if own and live:
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None and ctx.params.get("live"):  # typed: refused; a launch's own live look is AWS's alone
+            raise UserInputError("--live", f"--live reads EC2's instance types; {_cloud_title(cloud)} is planned "
+                                 "on its shipped catalog",
+                                 f"`gpuprov gpus --cloud {cloud} --live` shows its stock and prices")
+        live = False
+    region = region_from(kw["region"], quiet=True)
     request = NodeRequest(
         gpu=_gpu_asked(kw), count=kw["count"], spot=kw["spot"], region=region.name, playbook=kw["playbook"],
         cloud=cloud if own else "aws",
@@ -357,16 +368,32 @@ def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None
     return plan
 
 
+# a cloud's own variable for its default region, as its CLI reads it (Alibaba Cloud CLI, "Environment variables")
+_REGION_VARIABLE = {"alibaba": "ALIBABA_CLOUD_REGION_ID"}
+
+
 def _region_of(cloud: str, given: str | None) -> Region:
-    """The region of a cloud other than AWS: --region, else the first of its catalog's regions, checked against them
-    (AWS's chain, the config's `region` included, is AWS's own: region_from)."""
+    """The region of a cloud other than AWS: --region, else its CLI's region variable, else the first of its
+    catalog's regions, checked against them (AWS's chain, the config's `region` included, is AWS's own)."""
     from gpuprov.cloud.region import Region
     from gpuprov.plan.plan import catalog_for
 
     cat = catalog_for(cloud)
-    if given is None:
-        return Region(cat.default_region, f"{cat.cloud_title}'s default")
-    return Region(cat.check_region(given), "--region")
+    variable = _REGION_VARIABLE.get(cloud)
+    if given is not None:
+        return Region(cat.check_region(given), "--region")
+    if variable and os.environ.get(variable):
+        try:
+            return Region(cat.check_region(os.environ[variable]), variable)
+        except UserInputError as exc:
+            raise UserInputError(variable, exc.problem, exc.hint) from None
+    return Region(cat.default_region, f"{cat.cloud_title}'s default")
+
+
+def _cloud_title(cloud: str) -> str:
+    from gpuprov.cloud.providers import title
+
+    return title(cloud)
 
 
 def warn(text: str, colour: str = "yellow") -> None:

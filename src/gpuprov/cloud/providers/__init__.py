@@ -42,7 +42,7 @@ class Cloud:
 
 CLOUDS: dict[str, Cloud] = {
     "aws": Cloud("gpuprov.cloud.providers.aws", "AwsProvider", "AWS"),
-    "alibaba": Cloud("gpuprov.cloud.providers.alibaba", "AlibabaProvider", "Alibaba Cloud", launches=False),
+    "alibaba": Cloud("gpuprov.cloud.providers.alibaba", "AlibabaProvider", "Alibaba Cloud"),
 }
 DEFAULT = "aws"
 
