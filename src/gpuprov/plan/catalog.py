@@ -209,6 +209,8 @@ class Catalog(BaseModel):
     default_region: str = "us-east-1"
     oses: tuple[str, ...] = ()
     prices_unknown: str | None = None
+    # why the default driver branch is the default, in this cloud's words (None: AWS's, compat.DEFAULT_BRANCH_WHY)
+    default_branch_why: str | None = None
 
     @model_validator(mode="after")
     def _known_gpus(self) -> Catalog:

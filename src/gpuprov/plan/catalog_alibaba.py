@@ -84,4 +84,5 @@ def catalog() -> aws.Catalog:
         "cloud": "alibaba", "cloud_title": "Alibaba Cloud", "prices_as_of": "", "price_region": "",
         "gpus": found.gpus, "instance_types": types, "regions": tuple(found.zones),
         "default_region": found.default_region, "oses": found.oses, "prices_unknown": found.prices_unknown,
+        "default_branch_why": "gpuprov's default branch",
         "unplannable": {}, "fractional": {}, "cpu_families": ()})

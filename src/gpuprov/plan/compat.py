@@ -57,7 +57,8 @@ from gpuprov.plan.stack import (
     wheel_archs,
 )
 
-# why the default driver branch is chosen (a plan on another cloud says it without AWS: plan.py on_cloud)
+# why the default driver branch is chosen, as a plan on AWS or on no cloud says it (a catalog of another cloud says
+# its own: Catalog.default_branch_why)
 DEFAULT_BRANCH_WHY = "the branch AWS ships in its current GPU images"
 
 
@@ -243,6 +244,7 @@ def resolve(
     nvswitch: bool | None = None,
     want_torch: bool = True,
     cpu_arch: str = "x86_64",
+    default_why: str = DEFAULT_BRANCH_WHY,
 ) -> Stack:
     """Resolve one stack, or raise StackConflict naming the rule and a combination that works.
 
@@ -250,19 +252,20 @@ def resolve(
         host is not known in advance (Fabric Manager is then installed only if the host has NVSwitch).
     :param want_torch: False for playbooks that install the driver but no PyTorch.
     :param cpu_arch: the host's CPU (`uname -m`): an aarch64 host's wheel must be one PyTorch builds for it.
+    :param default_why: why the default driver branch is the default, in the words of the plan's cloud.
     """
     pins = pins or StackPins()
     check_pin_syntax(pins)
     oses.info(os_name)  # an unknown name is refused, naming the ones there are
     try:
-        return _resolve(gpu, os_name, pins, nvswitch, want_torch, cpu_arch)
+        return _resolve(gpu, os_name, pins, nvswitch, want_torch, cpu_arch, default_why)
     except StackConflict as conflict:
-        raise _with_alternative(conflict, gpu, os_name, pins, nvswitch, want_torch, cpu_arch) from None
+        raise _with_alternative(conflict, gpu, os_name, pins, nvswitch, want_torch, cpu_arch, default_why) from None
 
 
 def _with_alternative(
     conflict: StackConflict, gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, want_torch: bool,
-    cpu_arch: str = "x86_64",
+    cpu_arch: str = "x86_64", default_why: str = DEFAULT_BRANCH_WHY,
 ) -> StackConflict:
     """Append what would work: the same request with one pin dropped, the failing field first.
 
@@ -277,7 +280,7 @@ def _with_alternative(
         if getattr(pins, name) is None:
             continue
         try:
-            alt = _resolve(gpu, os_name, pins.without(name), nvswitch, want_torch, cpu_arch)
+            alt = _resolve(gpu, os_name, pins.without(name), nvswitch, want_torch, cpu_arch, default_why)
         except StackConflict:
             continue
         options.append(_describe_change(name, alt))
@@ -302,7 +305,7 @@ def _describe_change(name: str, alt: Stack) -> str:
 
 
 def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, want_torch: bool,
-             cpu_arch: str = "x86_64") -> Stack:
+             cpu_arch: str = "x86_64", default_why: str = DEFAULT_BRANCH_WHY) -> Stack:
     f = facts()
     arch = f.architectures[gpu.arch]
     unverified: list[str] = []
@@ -369,7 +372,7 @@ def _resolve(gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, wan
         reasons.append(
             f"driver R{branch}: "
             + ("the last branch that supports Volta" if arch.max_driver_branch and branch == arch.max_driver_branch
-               else DEFAULT_BRANCH_WHY if branch == f.default_driver_branch
+               else default_why if branch == f.default_driver_branch
                else "the supported branch after the default, which NVIDIA has ended"
                if branch == supported_branch_from(f.default_driver_branch)
                else "the oldest branch new enough for the requested CUDA")

@@ -429,20 +429,23 @@ def steps_for(
 
 def resolve_stack(
     playbook: Playbook, gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, kept_driver: str | None = None,
-    cpu_arch: CpuArch = "x86_64",
+    cpu_arch: CpuArch = "x86_64", default_why: str | None = None,
 ) -> Stack | None:
     """:param kept_driver: the installed driver a host keeps (--keep-driver, `driver: keep`): plan/kept.py.
-    :param cpu_arch: the host's CPU (`uname -m`): the repositories' folder and the wheels depend on it."""
-    stack = _resolve_stack(playbook, gpu, os_name, pins, nvswitch, kept_driver, cpu_arch)
+    :param cpu_arch: the host's CPU (`uname -m`): the repositories' folder and the wheels depend on it.
+    :param default_why: why the default driver branch is the default, in the plan's cloud's words (its catalog's
+        `default_branch_why`); None: AWS's, which a host on no cloud is planned with."""
+    stack = _resolve_stack(playbook, gpu, os_name, pins, nvswitch, kept_driver, cpu_arch, default_why)
     return stack.model_copy(update={"cpu_arch": cpu_arch}) if stack is not None else None
 
 
 def _resolve_stack(
     playbook: Playbook, gpu: Gpu, os_name: str, pins: StackPins, nvswitch: bool | None, kept_driver: str | None,
-    cpu_arch: CpuArch,
+    cpu_arch: CpuArch, default_why: str | None = None,
 ) -> Stack | None:
     from gpuprov.plan import compat
 
+    why = default_why or compat.DEFAULT_BRANCH_WHY
     if playbook.stack == "none":
         if pins.model_copy(update={"python": None}) != StackPins():
             raise UserInputError("--playbook", f"playbook {playbook.name!r} installs no GPU stack, so driver, CUDA "
@@ -459,13 +462,13 @@ def _resolve_stack(
 
             return resolve_kept(gpu, os_name, merged, kept_driver, playbook.installs_torch, cpu_arch)
         stack = compat.resolve(gpu, os_name, merged, nvswitch=nvswitch, want_torch=playbook.installs_torch,
-                               cpu_arch=cpu_arch)
+                               cpu_arch=cpu_arch, default_why=why)
         if playbook.cuda_toolkit and not merged.cuda:
             # the toolkit that matches the wheel keeps nvcc-built extensions ABI-compatible with torch
             cuda = stack.torch.cuda if stack.torch else compat.newest_cuda(gpu, stack.driver_branch, os_name)
             stack = compat.resolve(
                 gpu, os_name, merged.model_copy(update={"cuda": cuda}),
-                nvswitch=nvswitch, want_torch=playbook.installs_torch, cpu_arch=cpu_arch,
+                nvswitch=nvswitch, want_torch=playbook.installs_torch, cpu_arch=cpu_arch, default_why=why,
             )
     except UserInputError as exc:
         raise _blame_playbook(exc, playbook, pins) from None
@@ -543,14 +546,6 @@ def refuse_interrupt_watch(request: NodeRequest, playbook: Playbook, cat: catalo
                              "would run on it", "leave the hook and interrupt saves out on this cloud")
 
 
-def on_cloud(stack: Stack) -> Stack:
-    """The stack's reasons as a plan on a cloud other than AWS says them: the default driver branch is gpuprov's."""
-    from gpuprov.plan.compat import DEFAULT_BRANCH_WHY
-
-    return stack.model_copy(update={"reasons": tuple(
-        r.replace(DEFAULT_BRANCH_WHY, "gpuprov's default branch") for r in stack.reasons)})
-
-
 def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
     """The plan for a node gpuprov launches: instance choice + stack + steps.
 
@@ -598,10 +593,8 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
     if cat.cloud != "aws":
         refuse_interrupt_watch(request, playbook, cat)
     where_from = effective_sources(request, playbook)
-    stack = with_sources(resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch, cpu_arch=arch),
-                         where_from)
-    if stack is not None and cat.cloud != "aws":
-        stack = on_cloud(stack)
+    stack = with_sources(resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch, cpu_arch=arch,
+                                       default_why=cat.default_branch_why), where_from)
     if request.budget_usd is not None and instance.price_usd_hour:
         check_budget(request.budget_usd, instance.price_usd_hour)
     guards = with_budget(guards_for(request, playbook, launched=True), request.budget_usd, instance.price_usd_hour)
