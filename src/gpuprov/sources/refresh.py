@@ -21,12 +21,13 @@ from gpuprov.cloud.providers.base import Provider
 from gpuprov.errors import GpuprovError
 from gpuprov.files import locked, write_atomic
 from gpuprov.paths import facts_dir
-from gpuprov.plan import facts
+from gpuprov.plan import facts, wheel_lock
 from gpuprov.sources import http
 from gpuprov.sources import nvidia as nvidia_repo
 from gpuprov.sources import torch as torch_index
+from gpuprov.sources import wheel_lock as locking
 
-REFRESHABLE = ("torch", "drivers", "instance-types")
+REFRESHABLE = ("torch", "drivers", "instance-types", "wheels")
 
 
 @dataclass
@@ -73,6 +74,58 @@ def _read_instance_types(now: datetime, provider: Provider, regions: Sequence[st
     return facts.Overlay(family="instance-types", read=now,
                          sources=tuple(f"EC2 DescribeInstanceTypes and DescribeInstanceTypeOfferings in {r}" for r in regions),
                          values={"instance_types": read}, offerings=offerings)
+
+
+def _read_wheels(now: datetime, torch: facts.Overlay | None, pythons: Sequence[str]) -> facts.Overlay:
+    """The locks of the newest torch release's wheels (this run's torch facts when it read them), from the origin
+    PyTorch wheel index; none made is a failure saying why."""
+    releases = torch.values["torch_releases"] if torch else facts.merged("stack.yaml")["torch_releases"]
+    base = http.base_url(http.PYTORCH_INDEX)
+    made, missed = locking.make_all(base, locking.wanted(releases), pythons, now)
+    if not made:
+        raise locking.LockError("; ".join(missed) or "nothing to lock")
+    notes = [f"{lock.requirement} {lock.variant} Python {lock.python} {lock.arch}: {lock.unverified}"
+             for lock in made if lock.unverified]
+    return facts.Overlay(family="wheels", read=now, sources=tuple(sorted({http.described(m.index) for m in made})),
+                         values={"locks": [m.model_dump(mode="json") for m in made]},
+                         unverified=(*(f"not locked: {m}" for m in missed), *notes))
+
+
+def _lock_key(lock: wheel_lock.WheelLock) -> tuple[str, str, str, str]:
+    return lock.requirement, lock.variant, lock.python, lock.arch
+
+
+def _wheel_changes(new: facts.Overlay) -> list[str]:
+    """Per lock: new, or the wheels whose version or sha256 changed since the kept one."""
+    old = {_lock_key(lock): lock for lock in wheel_lock.locks()}
+    out = []
+    for data in new.values["locks"]:
+        lock = wheel_lock.WheelLock.model_validate(data)
+        what = f"{lock.requirement} {lock.variant} Python {lock.python} {lock.arch}"
+        before = old.get(_lock_key(lock))
+        if before is None:
+            out.append(f"{what}: new lock (torch {lock.torch_version}, {len(lock.wheels)} wheels)")
+            continue
+        was = {w.name: w for w in before.wheels}
+        for w in lock.wheels:
+            if w.name not in was:
+                out.append(f"{what}: + {w.name} {w.version}")
+            elif (was[w.name].version, was[w.name].sha256) != (w.version, w.sha256):
+                out.append(f"{what}: {w.name} {was[w.name].version} -> {w.version}"
+                           + (" (sha256 changed)" if was[w.name].version == w.version else ""))
+        out += [f"{what}: - {name}" for name in sorted(set(was) - {w.name for w in lock.wheels})]
+    return out
+
+
+def _write_wheels(overlay: facts.Overlay) -> None:
+    """wheel-locks.yaml: the locks just made, with those of other Pythons and CPUs kept as they were."""
+    made = [wheel_lock.WheelLock.model_validate(d) for d in overlay.values["locks"]]
+    keys = {_lock_key(lock) for lock in made}
+    kept = [lock for lock in wheel_lock.locks() if _lock_key(lock) not in keys]
+    data = wheel_lock.LockFile(locks=(*kept, *made)).model_dump(mode="json", exclude_none=True)
+    write_atomic(wheel_lock.path(), f"# written by `gpuprov facts refresh` ({overlay.read.isoformat()}): each lock's wheels "
+                 "with the sha256 the origin index lists (plan/wheel_lock.py)\n"
+                 + yaml.safe_dump(data, sort_keys=False, width=200))
 
 
 def changes(family: str, old: dict[str, Any], new: facts.Overlay) -> list[str]:
@@ -134,6 +187,8 @@ def _short(value: Any) -> str:
 
 def check_sources(families: Sequence[str]) -> None:
     """The sources' URLs a refresh of these families reads, checked before anything is read (bad input: exit 2)."""
+    if "wheels" in families:
+        http.base_url(http.PYTORCH_INDEX)
     if "torch" in families:
         http.base_url(http.PYPI)
         http.base_url(http.PYTORCH_INDEX)
@@ -142,11 +197,13 @@ def check_sources(families: Sequence[str]) -> None:
 
 
 def read_all(families: Sequence[str], provider_for: Callable[[], Provider] | None, regions: Sequence[str],
-             now: datetime | None = None) -> list[Result]:
-    """Each family read from its sources (nothing written): its overlay and what it changes, or why not."""
+             now: datetime | None = None, pythons: Sequence[str] = (locking.PYTHON,)) -> list[Result]:
+    """Each family read from its sources (nothing written): its overlay and what it changes, or why not.
+
+    :param pythons: the Pythons the wheels are locked for."""
     check_sources(families)
     now = now or datetime.now(timezone.utc).replace(microsecond=0)
-    results = []
+    results: list[Result] = []
     for name in families:
         result = Result(name)
         try:
@@ -154,13 +211,18 @@ def read_all(families: Sequence[str], provider_for: Callable[[], Provider] | Non
                 result.overlay = _read_torch(now)
             elif name == "drivers":
                 result.overlay = _read_drivers(now)
+            elif name == "wheels":
+                torch = next((r.overlay for r in results if r.family == "torch"), None)
+                result.overlay = _read_wheels(now, torch, pythons)
             elif provider_for is None:
                 result.error = "no AWS access to read EC2 with"
             else:
                 result.overlay = _read_instance_types(now, provider_for(), regions)
         except (GpuprovError, ValueError, KeyError, TypeError) as exc:  # a source that answered nonsense, too
             result.error = str(exc) or type(exc).__name__
-        if result.overlay is not None:
+        if result.overlay is not None and name == "wheels":
+            result.changes = _wheel_changes(result.overlay)
+        elif result.overlay is not None:
             family = facts.BY_NAME[name]
             result.changes = changes(name, facts.merged(family.file), result.overlay)
         results.append(result)
@@ -173,7 +235,9 @@ def write(results: Sequence[Result]) -> None:
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     with locked(folder / ".refresh.lock"):
         for result in results:
-            if result.overlay is not None:
+            if result.overlay is not None and result.family == "wheels":
+                _write_wheels(result.overlay)
+            elif result.overlay is not None:
                 data = result.overlay.model_dump(mode="json")
                 write_atomic(facts.overlay_path(result.family),
                              f"# written by `gpuprov facts refresh` ({result.overlay.read.isoformat()}); an overlay on "
@@ -187,5 +251,6 @@ def forget() -> None:
     from gpuprov.plan import catalog, stack
 
     facts.clear_caches()
+    wheel_lock.locks.cache_clear()
     stack.facts.cache_clear()
     catalog.load.cache_clear()
