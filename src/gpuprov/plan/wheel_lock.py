@@ -87,13 +87,19 @@ def path() -> Path:
     return facts_dir() / FILE
 
 
-@cache
 def locks() -> tuple[WheelLock, ...]:
     """The locks in the facts folder (none when `facts refresh` made none); a file that does not read is bad input
-    naming it."""
+    naming it. Read once per version of the file."""
     where = path()
-    if not where.is_file():
+    try:
+        stamp = where.stat().st_mtime_ns
+    except OSError:
         return ()
+    return _read(where, stamp)
+
+
+@cache
+def _read(where: Path, stamp: int) -> tuple[WheelLock, ...]:
     hint = "run `gpuprov facts refresh --only wheels` again, or delete the file"
     try:
         data: Any = yaml.safe_load(where.read_text())

@@ -251,6 +251,5 @@ def forget() -> None:
     from gpuprov.plan import catalog, stack
 
     facts.clear_caches()
-    wheel_lock.locks.cache_clear()
     stack.facts.cache_clear()
     catalog.load.cache_clear()
