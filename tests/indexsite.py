@@ -212,7 +212,13 @@ class _Handler(BaseHTTPRequestHandler):
     site: Path
     requests: list[tuple[str, str]]
 
+    def do_HEAD(self) -> None:  # uv asks for a wheel's headers before it reads it
+        self._answer(body=False)
+
     def do_GET(self) -> None:
+        self._answer(body=True)
+
+    def _answer(self, body: bool) -> None:
         accept = self.headers.get("Accept", "")
         self.requests.append((self.path, accept))
         path = self.site / unquote(self.path.split("?")[0]).lstrip("/")
@@ -224,12 +230,13 @@ class _Handler(BaseHTTPRequestHandler):
         if not path.is_file():
             self.send_error(404, "Not Found")
             return
-        body = path.read_bytes()
+        data = path.read_bytes()
         self.send_response(200)
         self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(body)
+        if body:
+            self.wfile.write(data)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass

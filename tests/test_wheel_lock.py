@@ -133,3 +133,17 @@ def _run(step: Path, root: Path) -> subprocess.CompletedProcess[str]:
     env.update(GPUPROV_SYSROOT=str(root), PIP_CONFIG_FILE=os.devnull, GPUPROV_RETRY_DELAY="0",
                PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
     return subprocess.run(["bash", str(step)], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_the_uv_env_installs_the_lock_with_uv_in_hash_checking_mode(sites: tuple[str, str], facts_dir: Path,
+                                                                    gp_home: Path, tmp_path: Path) -> None:
+    """The shipped pytorch playbook's env is uv's: `uv pip install --require-hashes` (uv refuses a changed wheel
+    with "Hash mismatch for `NAME==VERSION`", which the step reads the same way)."""
+    origin, mirror = sites
+    assert refresh(origin).exit_code == 0
+    rendered = gp("render", "--gpu", "H100", "--python", LOCAL_PYTHON, "--region", "us-east-1",
+                  "--sources", str(_sources(tmp_path, mirror)), "-o", str(tmp_path / "uv"))
+    assert rendered.exit_code == 0, rendered.output
+    step = next((tmp_path / "uv").glob("*-pytorch.sh"))
+    assert '"$uv_bin" pip install --python "$py" --require-hashes --only-binary :all: -r "$lock_file"' in step.read_text()
+    assert_bash_and_shellcheck_pass([step])

@@ -73,7 +73,7 @@ def refresh(only: tuple[str, ...], regions: tuple[str, ...], pythons: tuple[str,
     """
     from gpuprov.sources import refresh as sources
 
-    names = only or sources.REFRESHABLE
+    names = only or (*sources.REFRESHABLE, *sources.USER_ONLY)
     picked = [region_from(r, quiet=True).name for r in regions] if regions else (
         [region_from(None).name] if "instance-types" in names else [])
     for py in pythons:

@@ -27,7 +27,9 @@ from gpuprov.sources import nvidia as nvidia_repo
 from gpuprov.sources import torch as torch_index
 from gpuprov.sources import wheel_lock as locking
 
-REFRESHABLE = ("torch", "drivers", "instance-types", "wheels")
+REFRESHABLE = ("torch", "drivers", "instance-types")  # the families of the shipped snapshot (tools/refresh_facts.py)
+# and what only a user's facts folder keeps: the wheel locks (plan/wheel_lock.py)
+USER_ONLY = ("wheels",)
 
 
 @dataclass
