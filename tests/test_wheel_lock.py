@@ -39,21 +39,42 @@ def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]
         yield origin_url, mirror_url
 
 
-@pytest.fixture
-def facts_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "facts"
+def _facts_folder(folder: Path) -> Path:
+    """A facts folder of its own, with the tests' pinned uv stand-in (tests/conftest.py)."""
     folder.mkdir()
     (folder / "installers.yaml").write_text((Path(os.environ["GPUPROV_FACTS_DIR"]) / "installers.yaml").read_text())
+    return folder
+
+
+@pytest.fixture
+def facts_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = _facts_folder(tmp_path / "facts")
     monkeypatch.setenv("GPUPROV_FACTS_DIR", str(folder))
     return folder
+
+
+@pytest.fixture(scope="module")
+def locked_facts(sites: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A facts folder whose wheels `facts refresh` locked from the origin, made once for the tests that use it."""
+    folder = _facts_folder(tmp_path_factory.mktemp("locked") / "facts")
+    run = refresh(sites[0], GPUPROV_FACTS_DIR=str(folder))
+    assert run.exit_code == 0, run.output
+    return folder
+
+
+@pytest.fixture
+def locked(locked_facts: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("GPUPROV_FACTS_DIR", str(locked_facts))
+    return locked_facts
 
 
 def gp(*args: str, **env: str) -> Any:
     return CliRunner().invoke(main, list(args), prog_name="gpuprov", env={"COLUMNS": "220", **env})
 
 
-def refresh(origin: str) -> Any:
-    return gp("facts", "refresh", "--only", "wheels", "--python", LOCAL_PYTHON, GPUPROV_PYTORCH_INDEX_URL=f"{origin}/whl")
+def refresh(origin: str, **env: str) -> Any:
+    return gp("facts", "refresh", "--only", "wheels", "--python", LOCAL_PYTHON, GPUPROV_PYTORCH_INDEX_URL=f"{origin}/whl",
+              **env)
 
 
 def test_the_lock_comes_from_the_origin_and_the_plan_says_it(sites: tuple[str, str], facts_dir: Path,
@@ -85,9 +106,8 @@ def test_the_lock_comes_from_the_origin_and_the_plan_says_it(sites: tuple[str, s
 
 
 def test_a_mirror_that_serves_a_changed_wheel_is_refused_and_the_origins_installs(
-        sites: tuple[str, str], facts_dir: Path, gp_home: Path, tmp_path: Path) -> None:
+        sites: tuple[str, str], locked: Path, gp_home: Path, tmp_path: Path) -> None:
     origin, mirror = sites
-    assert refresh(origin).exit_code == 0
     playbook = tmp_path / "locked.yml"
     playbook.write_text(PLAYBOOK)
     out = tmp_path / "bundle"
@@ -135,12 +155,11 @@ def _run(step: Path, root: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", str(step)], capture_output=True, text=True, env=env, timeout=120)
 
 
-def test_the_uv_env_installs_the_lock_with_uv_in_hash_checking_mode(sites: tuple[str, str], facts_dir: Path,
+def test_the_uv_env_installs_the_lock_with_uv_in_hash_checking_mode(sites: tuple[str, str], locked: Path,
                                                                     gp_home: Path, tmp_path: Path) -> None:
     """The shipped pytorch playbook's env is uv's: `uv pip install --require-hashes` (uv refuses a changed wheel
     with "Hash mismatch for `NAME==VERSION`", which the step reads the same way)."""
-    origin, mirror = sites
-    assert refresh(origin).exit_code == 0
+    _, mirror = sites
     rendered = gp("render", "--gpu", "H100", "--python", LOCAL_PYTHON, "--region", "us-east-1",
                   "--sources", str(_sources(tmp_path, mirror)), "-o", str(tmp_path / "uv"))
     assert rendered.exit_code == 0, rendered.output
