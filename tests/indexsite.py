@@ -12,6 +12,9 @@ newer than the snapshot, INVENTED from 2.15.0's shapes (2.16 is due 2026-12-22).
 The variant indexes of the newest release (/whl/cu132/torch/, /whl/cu132/filelock/) serve tiny REAL wheels, made
 here (a torch that needs filelock, for CPython 3.11 and 3.12 on manylinux x86_64 and aarch64), each listed with its
 sha256 as the PyTorch wheel index lists them: what `facts refresh` locks and a node installs with --require-hashes.
+GitHub's side of the installers (`facts refresh --only installers`, GPUPROV_GITHUB_URL and GPUPROV_GITHUB_API_URL
+at the site): the releases API's `latest` of uv and Miniforge, INVENTED releases newer than the shipped pins
+(RELEASES), and the `.sha256` file beside each asset, of invented sums (no archive is served).
 `changed="filelock"` makes the site a mirror that serves a changed filelock wheel under the same name, its index
 listing the changed file's own sha256, as a mirror that rebuilt it would.
 """
@@ -175,6 +178,28 @@ def variant_wheels(site: Path, release: str, variants: tuple[str, ...], changed:
             _simple_page(folder, project, files, f"/whl/{variant}")
 
 
+# the installers' invented newest releases: (repository, version, asset per CPU)
+RELEASES = {"uv": ("astral-sh/uv", "0.13.9", "uv-{arch}-unknown-linux-musl.tar.gz"),
+            "miniforge": ("conda-forge/miniforge", "26.1.0-0", "Miniforge3-{version}-Linux-{arch}.sh")}
+
+
+def release_sha256(key: str, arch: str) -> str:
+    """The invented sum the stand-in's `.sha256` file says for `key`'s newest release on `arch`."""
+    return hashlib.sha256(f"{key} {RELEASES[key][1]} {arch}".encode()).hexdigest()
+
+
+def github_releases(site: Path) -> None:
+    for key, (repo, version, asset) in RELEASES.items():
+        api = site / "repos" / repo / "releases"
+        api.mkdir(parents=True, exist_ok=True)
+        (api / "latest").write_text(json.dumps({"tag_name": version, "name": version, "draft": False}))
+        folder = site / repo / "releases" / "download" / version
+        folder.mkdir(parents=True, exist_ok=True)
+        for arch in ("x86_64", "aarch64"):
+            name = asset.format(arch=arch, version=version)
+            (folder / f"{name}.sha256").write_text(f"{release_sha256(key, arch)}  {name}\n")
+
+
 def build(site: Path, newer: bool = True, changed: str | None = None) -> Path:
     project, per_version = pypi_project(newer)
     (site / "pypi/torch").mkdir(parents=True, exist_ok=True)
@@ -194,6 +219,7 @@ def build(site: Path, newer: bool = True, changed: str | None = None) -> Path:
         (folder / "Packages.gz").write_bytes(gzip.compress(text.encode()))
     newest = "2.16.0" if newer else "2.15.0"
     variant_wheels(site, newest, VARIANTS[newest], changed)
+    github_releases(site)
     return site
 
 

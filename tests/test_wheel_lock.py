@@ -166,3 +166,33 @@ def test_the_uv_env_installs_the_lock_with_uv_in_hash_checking_mode(sites: tuple
     step = next((tmp_path / "uv").glob("*-pytorch.sh"))
     assert '"$uv_bin" pip install --python "$py" --require-hashes --only-binary :all: -r "$lock_file"' in step.read_text()
     assert_bash_and_shellcheck_pass([step])
+
+
+def test_the_installers_pins_are_read_from_their_releases_and_kept_when_not_reachable(
+        sites: tuple[str, str], facts_dir: Path, gp_home: Path) -> None:
+    """`facts refresh --only installers`: uv's and Miniforge's newest releases (GitHub's releases API) and the
+    `.sha256` beside each asset, kept in installers.yaml with where and when; the env step then downloads that
+    release and checks that sum. With GitHub not answering, each pin is kept and the refresh says so."""
+    origin, _ = sites
+    github = {"GPUPROV_GITHUB_URL": origin, "GPUPROV_GITHUB_API_URL": origin}
+    run = gp("facts", "refresh", "--only", "installers", **github)
+    assert run.exit_code == 0, run.output
+    assert "uv: 0.12.21 -> 0.13.9" in run.output and "miniforge: 25.11.0-1 -> 26.1.0-0" in run.output
+    pins = yaml.safe_load((facts_dir / "installers.yaml").read_text())
+    assert pins["uv"]["sha256"] == {a: indexsite.release_sha256("uv", a) for a in ("aarch64", "x86_64")}
+    assert pins["uv"]["source"].startswith(f"astral-sh/uv release 0.13.9's .sha256 files ({origin}/astral-sh/uv/"
+                                           "releases/download/0.13.9/uv-{arch}-unknown-linux-musl.tar.gz.sha256), "
+                                           "the latest release, read 20")
+    assert pins["miniforge"]["version"] == "26.1.0-0"
+    rendered = gp("plan", "--gpu", "H100", "--region", "us-east-1", "--json")
+    assert rendered.exit_code == 0
+    from gpuprov.plan import sources
+
+    assert sources.installers()["uv"].sha256["x86_64"] == indexsite.release_sha256("uv", "x86_64")
+    # GitHub gone: each pin kept, said, and the refresh is not a failure
+    gone = gp("facts", "refresh", "--only", "installers", GPUPROV_GITHUB_URL="http://127.0.0.1:9",
+              GPUPROV_GITHUB_API_URL="http://127.0.0.1:9")
+    assert gone.exit_code == 0, gone.output
+    assert "uv: not reachable (http://127.0.0.1:9/astral-sh/uv/releases/download/0.13.9/" in gone.output
+    assert "kept the pin, 0.13.9" in gone.output and "kept the pin, 26.1.0-0" in gone.output
+    assert yaml.safe_load((facts_dir / "installers.yaml").read_text()) == pins

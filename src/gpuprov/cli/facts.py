@@ -54,8 +54,8 @@ def facts(ctx: click.Context, as_json: bool) -> None:
 
 
 @facts.command()
-@click.option("--only", "only", multiple=True, type=click.Choice(["torch", "drivers", "instance-types", "wheels"]),
-              help="Refresh only this family (repeat for more) [default: all four].")
+@click.option("--only", "only", multiple=True, type=click.Choice(["torch", "drivers", "instance-types", "wheels", "installers"]),
+              help="Refresh only this family (repeat for more) [default: all but installers].")
 @click.option("--region", "regions", multiple=True, metavar="REGION",
               help="Read EC2's instance types and offerings in this region (repeat for more) [default: the AWS chain's].")
 @click.option("--python", "pythons", multiple=True, metavar="X.Y",
@@ -68,8 +68,10 @@ def refresh(only: tuple[str, ...], regions: tuple[str, ...], pythons: tuple[str,
     mirrors); drivers: NVIDIA's CUDA repository's Packages index per OS (GPUPROV_NVIDIA_REPOS_URL);
     instance-types: EC2 DescribeInstanceTypes (your AWS credentials); wheels: the newest torch release's wheels
     and their dependencies, each with the sha256 the PyTorch wheel index lists (pip's installation report), for
-    x86_64 and aarch64: a plan whose torch they fit installs them with --require-hashes from any mirror. A source
-    that does not answer leaves its family as it was; exit status 1 then.
+    x86_64 and aarch64: a plan whose torch they fit installs them with --require-hashes from any mirror;
+    installers (only when named): uv's and Miniforge's newest GitHub releases and their .sha256 files, the pins the
+    env step checks its download against (GPUPROV_GITHUB_URL, GPUPROV_GITHUB_API_URL). A source that does not
+    answer leaves its family as it was; exit status 1 then.
     """
     from gpuprov.sources import refresh as sources
 
@@ -91,7 +93,7 @@ def refresh(only: tuple[str, ...], regions: tuple[str, ...], pythons: tuple[str,
                 warn(f"{r.family}: not refreshed: {r.error}")
                 continue
             assert r.overlay is not None
-            head = f"{r.family}: read from {', '.join(r.overlay.sources)}"
+            head = f"{r.family}: " + (f"read from {', '.join(r.overlay.sources)}" if r.overlay.sources else "nothing read")
             console.print(head if not quiet() else r.family, markup=False, highlight=False)
             for line in r.changes or ["no change"]:
                 console.print(f"  {line}", markup=False, highlight=False)

@@ -22,7 +22,9 @@ from gpuprov.errors import GpuprovError
 from gpuprov.files import locked, write_atomic
 from gpuprov.paths import facts_dir
 from gpuprov.plan import facts, wheel_lock
+from gpuprov.plan import sources as source_map
 from gpuprov.sources import http
+from gpuprov.sources import installers as installer_pins
 from gpuprov.sources import nvidia as nvidia_repo
 from gpuprov.sources import torch as torch_index
 from gpuprov.sources import wheel_lock as locking
@@ -30,6 +32,9 @@ from gpuprov.sources import wheel_lock as locking
 REFRESHABLE = ("torch", "drivers", "instance-types")  # the families of the shipped snapshot (tools/refresh_facts.py)
 # and what only a user's facts folder keeps: the wheel locks (plan/wheel_lock.py)
 USER_ONLY = ("wheels",)
+# and on request only: uv's and Miniforge's pins, from their newest releases (a new pin changes what every env
+# step downloads)
+ON_REQUEST = ("installers",)
 
 
 @dataclass
@@ -91,6 +96,40 @@ def _read_wheels(now: datetime, torch: facts.Overlay | None, pythons: Sequence[s
     return facts.Overlay(family="wheels", read=now, sources=tuple(sorted({http.described(m.index) for m in made})),
                          values={"locks": [m.model_dump(mode="json") for m in made]},
                          unverified=(*(f"not locked: {m}" for m in missed), *notes))
+
+
+def _read_installers(now: datetime) -> facts.Overlay:
+    """uv's and Miniforge's pins from their GitHub releases; one not reachable keeps its pin and says so."""
+    pinned = source_map.installers()
+    readings = [installer_pins.read(key, pinned[key], now) for key in installer_pins.RELEASES]
+    read = {r.key: r.installer.model_dump(mode="json") for r in readings if r.installer}
+    return facts.Overlay(family="installers", read=now,
+                         sources=tuple(r.installer.source.split(" (", 1)[0] for r in readings if r.installer),
+                         values={"installers": read}, unverified=tuple(r.note for r in readings if r.note))
+
+
+def _installer_changes(new: facts.Overlay) -> list[str]:
+    pinned = source_map.installers()
+    out = []
+    for key, data in new.values["installers"].items():
+        now, was = source_map.Installer.model_validate(data), pinned[key]
+        if now.version != was.version:
+            out.append(f"{key}: {was.version} -> {now.version}")
+        out += [f"{key} {now.version} {arch}: sha256 {was.sha256.get(arch)} -> {sha}" for arch, sha in now.sha256.items()
+                if now.version == was.version and was.sha256.get(arch) != sha]
+    return out
+
+
+def _write_installers(overlay: facts.Overlay) -> None:
+    """installers.yaml: the pins just read, the file's others kept (none read: the file as it was)."""
+    if not overlay.values["installers"]:
+        return
+    path = facts_dir() / "installers.yaml"
+    data = yaml.safe_load(path.read_text()) if path.is_file() else {}
+    data = {**(data if isinstance(data, dict) else {}), **overlay.values["installers"]}
+    write_atomic(path, f"# written by `gpuprov facts refresh --only installers` ({overlay.read.isoformat()}): each "
+                 "installer's release and sha256 per CPU, read at its origin (plan/sources.py)\n"
+                 + yaml.safe_dump(data, sort_keys=False, width=200))
 
 
 def _lock_key(lock: wheel_lock.WheelLock) -> tuple[str, str, str, str]:
@@ -191,6 +230,9 @@ def check_sources(families: Sequence[str]) -> None:
     """The sources' URLs a refresh of these families reads, checked before anything is read (bad input: exit 2)."""
     if "wheels" in families:
         http.base_url(http.PYTORCH_INDEX)
+    if "installers" in families:
+        http.base_url(installer_pins.GITHUB)
+        http.base_url(installer_pins.GITHUB_API)
     if "torch" in families:
         http.base_url(http.PYPI)
         http.base_url(http.PYTORCH_INDEX)
@@ -216,6 +258,8 @@ def read_all(families: Sequence[str], provider_for: Callable[[], Provider] | Non
             elif name == "wheels":
                 torch = next((r.overlay for r in results if r.family == "torch"), None)
                 result.overlay = _read_wheels(now, torch, pythons)
+            elif name == "installers":
+                result.overlay = _read_installers(now)
             elif provider_for is None:
                 result.error = "no AWS access to read EC2 with"
             else:
@@ -224,6 +268,8 @@ def read_all(families: Sequence[str], provider_for: Callable[[], Provider] | Non
             result.error = str(exc) or type(exc).__name__
         if result.overlay is not None and name == "wheels":
             result.changes = _wheel_changes(result.overlay)
+        elif result.overlay is not None and name == "installers":
+            result.changes = _installer_changes(result.overlay)
         elif result.overlay is not None:
             family = facts.BY_NAME[name]
             result.changes = changes(name, facts.merged(family.file), result.overlay)
@@ -239,6 +285,8 @@ def write(results: Sequence[Result]) -> None:
         for result in results:
             if result.overlay is not None and result.family == "wheels":
                 _write_wheels(result.overlay)
+            elif result.overlay is not None and result.family == "installers":
+                _write_installers(result.overlay)
             elif result.overlay is not None:
                 data = result.overlay.model_dump(mode="json")
                 write_atomic(facts.overlay_path(result.family),
