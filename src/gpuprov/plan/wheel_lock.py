@@ -59,10 +59,15 @@ class WheelLock(BaseModel):
         return next((w.version for w in self.wheels if w.name.lower() == "torch"), "")
 
     @property
+    def short(self) -> str:
+        """Which lock, for what, read when (what the rendered step says: no host)."""
+        return (f"{FILE}: torch {self.torch_version}, Python {self.python}, {self.arch}, {len(self.wheels)} wheels, "
+                f"read {self.read.date().isoformat()}")
+
+    @property
     def label(self) -> str:
         """What `plan` shows: which lock, for what, read when and from where."""
-        return (f"{FILE}: torch {self.torch_version}, Python {self.python}, {self.arch}, {len(self.wheels)} wheels, "
-                f"read {self.read.date().isoformat()} from {self.index}")
+        return f"{self.short} from {self.index}"
 
     def requirements(self) -> str:
         """The lock as a pip/uv requirements file in hash-checking mode (one line per wheel)."""
