@@ -90,7 +90,7 @@ def _read_wheels(now: datetime, torch: facts.Overlay | None, pythons: Sequence[s
     base = http.base_url(http.PYTORCH_INDEX)
     made, missed = locking.make_all(base, locking.wanted(releases), pythons, now)
     if not made:
-        raise locking.LockError("; ".join(missed) or "nothing to lock")
+        raise GpuprovError("; ".join(missed) or "nothing to lock")
     notes = [f"{lock.requirement} {lock.variant} Python {lock.python} {lock.arch}: {lock.unverified}"
              for lock in made if lock.unverified]
     return facts.Overlay(family="wheels", read=now, sources=tuple(sorted({http.described(m.index) for m in made})),

@@ -34,10 +34,6 @@ GLIBC_MINORS = range(34, 16, -1)
 TIMEOUT = 600
 
 
-class LockError(GpuprovError):
-    pass
-
-
 def platforms(arch: str) -> list[str]:
     return [f"manylinux_2_{m}_{arch}" for m in GLIBC_MINORS] + [f"manylinux2014_{arch}"]
 
@@ -60,26 +56,26 @@ def from_report(report: dict[str, Any], index: str) -> tuple[LockedWheel, ...]:
         meta, info = item["metadata"], item["download_info"]
         sha = ((info.get("archive_info") or {}).get("hashes") or {}).get("sha256")
         if not sha:
-            raise LockError(f"{index}: lists no sha256 for {meta['name']} {meta['version']} ({info['url']})")
+            raise GpuprovError(f"{index}: lists no sha256 for {meta['name']} {meta['version']} ({info['url']})")
         wheels.append(LockedWheel(name=meta["name"], version=meta["version"], sha256=sha, url=info["url"]))
     if not any(w.name.lower() == "torch" for w in wheels):
-        raise LockError(f"{index}: pip's report has no torch wheel")
+        raise GpuprovError(f"{index}: pip's report has no torch wheel")
     return tuple(wheels)
 
 
 def make(index: str, requirement: str, variant: str, python: str, arch: str, now: datetime) -> WheelLock:
-    """One lock read from `index` (the variant's simple index), or LockError saying why not."""
+    """One lock read from `index` (the variant's simple index), or GpuprovError saying why not."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-lock-") as tmp:
         report = Path(tmp) / "report.json"
         try:
             run = subprocess.run(command(index, requirement, python, arch, report), capture_output=True, text=True,
                                  timeout=TIMEOUT, check=False, env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise LockError(f"{index}: pip did not answer: {exc}") from None
+            raise GpuprovError(f"{index}: pip did not answer: {exc}") from None
         if run.returncode != 0 or not report.is_file():
             said = [line.strip() for line in (run.stderr or run.stdout).splitlines()
                     if line.strip().startswith("ERROR:") and "ResolutionImpossible" not in line]
-            raise LockError(f"{index}: pip could not resolve {requirement} for Python {python} on {arch}: "
+            raise GpuprovError(f"{index}: pip could not resolve {requirement} for Python {python} on {arch}: "
                             + (said[0].removeprefix("ERROR: ") if said else f"exit {run.returncode}"))
         data = json.loads(report.read_text())
     pip_version = data.get("pip_version", "?")
@@ -109,7 +105,7 @@ def make_all(base: str, wants: Iterable[tuple[str, str]], pythons: Sequence[str]
     def one(job: tuple[str, str, str, str, str]) -> WheelLock | str:
         try:
             return make(*job, now=now)
-        except LockError as exc:
+        except GpuprovError as exc:
             return str(exc)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
