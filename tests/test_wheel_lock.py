@@ -196,3 +196,22 @@ def test_the_installers_pins_are_read_from_their_releases_and_kept_when_not_reac
     assert "uv: not reachable (http://127.0.0.1:9/astral-sh/uv/releases/download/0.13.9/" in gone.output
     assert "kept the pin, 0.13.9" in gone.output and "kept the pin, 26.1.0-0" in gone.output
     assert yaml.safe_load((facts_dir / "installers.yaml").read_text()) == pins
+
+
+def test_a_wheel_the_index_lists_without_a_sha256_is_not_locked() -> None:
+    """pip's report carries the sha256 the index listed; a wheel listed without one (the PyTorch index has had such
+    gaps) leaves the lock unmade, naming the wheel and the index, rather than hashing a mirror's or a download."""
+    from gpuprov.errors import GpuprovError
+    from gpuprov.sources import wheel_lock
+
+    def item(name: str, archive: dict[str, Any]) -> dict[str, Any]:
+        return {"metadata": {"name": name, "version": "1.0"},
+                "download_info": {"url": f"https://index.example/whl/{name}-1.0-py3-none-any.whl", "archive_info": archive}}
+
+    sha = "a" * 64
+    report = {"install": [item("torch", {"hashes": {"sha256": sha}}), item("filelock", {"hash": f"sha256={sha}"})]}
+    assert [(w.name, w.sha256) for w in wheel_lock.from_report(report, "https://index.example/whl/cu132")] == [
+        ("torch", sha), ("filelock", sha)]
+    report["install"].append(item("triton", {}))
+    with pytest.raises(GpuprovError, match=r"^https://index.example/whl/cu132: lists no sha256 for triton 1.0 "):
+        wheel_lock.from_report(report, "https://index.example/whl/cu132")

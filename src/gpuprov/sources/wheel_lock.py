@@ -54,7 +54,9 @@ def from_report(report: dict[str, Any], index: str) -> tuple[LockedWheel, ...]:
     wheels = []
     for item in report.get("install") or []:
         meta, info = item["metadata"], item["download_info"]
-        sha = ((info.get("archive_info") or {}).get("hashes") or {}).get("sha256")
+        archive = info.get("archive_info") or {}
+        legacy = str(archive.get("hash") or "")  # an older pip's one "sha256=<hex>"
+        sha = (archive.get("hashes") or {}).get("sha256") or (legacy[7:] if legacy.startswith("sha256=") else None)
         if not sha:
             raise GpuprovError(f"{index}: lists no sha256 for {meta['name']} {meta['version']} ({info['url']})")
         wheels.append(LockedWheel(name=meta["name"], version=meta["version"], sha256=sha, url=info["url"]))
