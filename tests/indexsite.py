@@ -8,20 +8,34 @@ Built from recorded real metadata (tests/fixtures/index, provenance in its READM
 imitation NVIDIA repository's rows (tests/shims/data/nvidia-repo.tsv). `newer=True` adds torch 2.16.0, a release
 newer than the snapshot, INVENTED from 2.15.0's shapes (2.16 is due 2026-12-22). Per-version JSON is served for
 2.15.0 only: the recording's other per-version pages answered 404, and so does this server.
+
+The variant indexes of the newest release (/whl/cu132/torch/, /whl/cu132/filelock/) serve tiny REAL wheels, made
+here (a torch that needs filelock, for CPython 3.11 and 3.12 on manylinux x86_64 and aarch64), each listed with its
+sha256 as the PyTorch wheel index lists them: what `facts refresh` locks and a node installs with --require-hashes.
+GitHub's side of the installers (`facts refresh --only installers`, GPUPROV_GITHUB_URL and GPUPROV_GITHUB_API_URL
+at the site): the releases API's `latest` of uv and Miniforge, INVENTED releases newer than the shipped pins
+(RELEASES), and the `.sha256` file beside each asset, of invented sums (no archive is served).
+`changed="filelock"` makes the site a mirror that serves a changed filelock wheel under the same name, its index
+listing the changed file's own sha256, as a mirror that rebuilt it would.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import gzip
+import hashlib
 import html
+import io
 import json
 import threading
+import zipfile
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 ROOT = Path(__file__).resolve().parent
 RECORDED = ROOT / "fixtures" / "index"
@@ -110,7 +124,83 @@ def packages_index(repo: str) -> str:
     return "\n\n".join(stanzas) + "\n"
 
 
-def build(site: Path, newer: bool = True) -> Path:
+WHEEL_TAGS = ("cp311", "cp312")
+WHEEL_ARCHS = ("x86_64", "aarch64")
+FILELOCK = "3.20.0"
+
+
+def _wheel(name: str, version: str, tag: str, files: dict[str, str], requires: tuple[str, ...] = ()) -> bytes:
+    """A minimal real wheel (PEP 427): the files, METADATA, WHEEL and RECORD, with fixed dates so that the same
+    wheel built twice is the same bytes (the same sha256)."""
+    dist = f"{name}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    abi = tag.split("-")[1]
+    wheel = f"Wheel-Version: 1.0\nGenerator: gpuprov-tests\nRoot-Is-Purelib: {'true' if abi == 'none' else 'false'}\nTag: {tag}\n"
+    content = {**files, f"{dist}/METADATA": meta, f"{dist}/WHEEL": wheel}
+    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+                     f"{len(text.encode())}\n" for path, text in content.items()) + f"{dist}/RECORD,,\n"
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for path, text in {**content, f"{dist}/RECORD": record}.items():
+            z.writestr(zipfile.ZipInfo(path, date_time=(2026, 12, 1, 0, 0, 0)), text)
+    return out.getvalue()
+
+
+def _simple_page(folder: Path, project: str, files: dict[str, bytes], prefix: str) -> None:
+    """A simple-index page of `project` in `folder` (PEP 691 JSON and PEP 503 HTML), each file with its sha256."""
+    rows = [{"filename": n, "url": f"{prefix}/{n.replace('+', '%2B')}", "hashes": {"sha256": hashlib.sha256(b).hexdigest()}}
+            for n, b in sorted(files.items())]
+    (folder / project).mkdir(parents=True, exist_ok=True)
+    (folder / project / "index.json").write_text(json.dumps({"meta": {"api-version": "1.0"}, "name": project, "files": rows}))
+    links = "".join(f'<a href="{html.escape(r["url"])}#sha256={r["hashes"]["sha256"]}">{html.escape(r["filename"])}</a><br/>\n'
+                    for r in rows)
+    (folder / project / "index.html").write_text(f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
+
+
+def variant_wheels(site: Path, release: str, variants: tuple[str, ...], changed: str | None = None) -> None:
+    """The variant indexes' real wheels: torch `release` of each variant and its one dependency, filelock."""
+    for variant in variants:
+        folder = site / "whl" / variant
+        folder.mkdir(parents=True, exist_ok=True)
+        torch_files: dict[str, bytes] = {}
+        for py in WHEEL_TAGS:
+            for arch in WHEEL_ARCHS:
+                tag = f"{py}-{py}-manylinux_2_28_{arch}"
+                torch_files[f"torch-{release}+{variant}-{tag}.whl"] = _wheel(
+                    "torch", f"{release}+{variant}", tag, {"torch/__init__.py": f"__version__ = '{release}+{variant}'\n"},
+                    ("filelock",))
+        body = "# the stand-in's filelock\n" + ("import os  # a mirror changed this wheel\n" if changed == "filelock" else "")
+        lock_files = {f"filelock-{FILELOCK}-py3-none-any.whl": _wheel("filelock", FILELOCK, "py3-none-any",
+                                                                    {"filelock/__init__.py": body})}
+        for project, files in (("torch", torch_files), ("filelock", lock_files)):
+            for name, data in files.items():
+                (folder / name).write_bytes(data)
+            _simple_page(folder, project, files, f"/whl/{variant}")
+
+
+# the installers' invented newest releases: (repository, version, asset per CPU)
+RELEASES = {"uv": ("astral-sh/uv", "0.13.9", "uv-{arch}-unknown-linux-musl.tar.gz"),
+            "miniforge": ("conda-forge/miniforge", "26.1.0-0", "Miniforge3-{version}-Linux-{arch}.sh")}
+
+
+def release_sha256(key: str, arch: str) -> str:
+    """The invented sum the stand-in's `.sha256` file says for `key`'s newest release on `arch`."""
+    return hashlib.sha256(f"{key} {RELEASES[key][1]} {arch}".encode()).hexdigest()
+
+
+def github_releases(site: Path) -> None:
+    for key, (repo, version, asset) in RELEASES.items():
+        api = site / "repos" / repo / "releases"
+        api.mkdir(parents=True, exist_ok=True)
+        (api / "latest").write_text(json.dumps({"tag_name": version, "name": version, "draft": False}))
+        folder = site / repo / "releases" / "download" / version
+        folder.mkdir(parents=True, exist_ok=True)
+        for arch in ("x86_64", "aarch64"):
+            name = asset.format(arch=arch, version=version)
+            (folder / f"{name}.sha256").write_text(f"{release_sha256(key, arch)}  {name}\n")
+
+
+def build(site: Path, newer: bool = True, changed: str | None = None) -> Path:
     project, per_version = pypi_project(newer)
     (site / "pypi/torch").mkdir(parents=True, exist_ok=True)
     (site / "pypi/torch/json").write_text(json.dumps(project))
@@ -127,6 +217,9 @@ def build(site: Path, newer: bool = True) -> Path:
         text = packages_index(repo)
         (folder / "Packages").write_text(text)
         (folder / "Packages.gz").write_bytes(gzip.compress(text.encode()))
+    newest = "2.16.0" if newer else "2.15.0"
+    variant_wheels(site, newest, VARIANTS[newest], changed)
+    github_releases(site)
     return site
 
 
@@ -145,10 +238,16 @@ class _Handler(BaseHTTPRequestHandler):
     site: Path
     requests: list[tuple[str, str]]
 
+    def do_HEAD(self) -> None:  # uv asks for a wheel's headers before it reads it
+        self._answer(body=False)
+
     def do_GET(self) -> None:
+        self._answer(body=True)
+
+    def _answer(self, body: bool) -> None:
         accept = self.headers.get("Accept", "")
         self.requests.append((self.path, accept))
-        path = self.site / self.path.split("?")[0].lstrip("/")
+        path = self.site / unquote(self.path.split("?")[0]).lstrip("/")
         kind = "application/octet-stream"
         if self.path.endswith("/"):  # a simple-index page: JSON when the client prefers it (PEP 691)
             path, kind = (path / "index.json", PEP691) if _prefers_json(accept) else (path / "index.html", "text/html")
@@ -157,12 +256,13 @@ class _Handler(BaseHTTPRequestHandler):
         if not path.is_file():
             self.send_error(404, "Not Found")
             return
-        body = path.read_bytes()
+        data = path.read_bytes()
         self.send_response(200)
         self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(body)
+        if body:
+            self.wfile.write(data)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING
 
 import click
 
 from gpuprov.cli.common import main, make_console, quiet, region_from, store_and_provider, warn
+from gpuprov.errors import UserInputError
 
 if TYPE_CHECKING:
     from gpuprov.cli.report_facts import DriverBranch
@@ -52,25 +54,35 @@ def facts(ctx: click.Context, as_json: bool) -> None:
 
 
 @facts.command()
-@click.option("--only", "only", multiple=True, type=click.Choice(["torch", "drivers", "instance-types"]),
-              help="Refresh only this family (repeat for more) [default: all three].")
+@click.option("--only", "only", multiple=True, type=click.Choice(["torch", "drivers", "instance-types", "wheels", "installers"]),
+              help="Refresh only this family (repeat for more) [default: all but installers].")
 @click.option("--region", "regions", multiple=True, metavar="REGION",
               help="Read EC2's instance types and offerings in this region (repeat for more) [default: the AWS chain's].")
+@click.option("--python", "pythons", multiple=True, metavar="X.Y",
+              help="Lock the wheels for this Python (repeat for more) [default: 3.12].")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def refresh(only: tuple[str, ...], regions: tuple[str, ...], as_json: bool) -> None:
+def refresh(only: tuple[str, ...], regions: tuple[str, ...], pythons: tuple[str, ...], as_json: bool) -> None:
     """Read the facts again from their sources and keep them as an overlay on the shipped snapshot.
 
     torch: PyPI's JSON API and the PyTorch wheel index (GPUPROV_PYPI_URL, GPUPROV_PYTORCH_INDEX_URL to use
     mirrors); drivers: NVIDIA's CUDA repository's Packages index per OS (GPUPROV_NVIDIA_REPOS_URL);
-    instance-types: EC2 DescribeInstanceTypes (your AWS credentials). A source that does not answer leaves its
-    family as it was; exit status 1 then.
+    instance-types: EC2 DescribeInstanceTypes (your AWS credentials); wheels: the newest torch release's wheels
+    and their dependencies, each with the sha256 the PyTorch wheel index lists (pip's installation report), for
+    x86_64 and aarch64: a plan whose torch they fit installs them with --require-hashes from any mirror;
+    installers (only when named): uv's and Miniforge's newest GitHub releases and their .sha256 files, the pins the
+    env step checks its download against (GPUPROV_GITHUB_URL, GPUPROV_GITHUB_API_URL). A source that does not
+    answer leaves its family as it was; exit status 1 then.
     """
     from gpuprov.sources import refresh as sources
 
-    names = only or sources.REFRESHABLE
+    names = only or (*sources.REFRESHABLE, *sources.USER_ONLY)
     picked = [region_from(r, quiet=True).name for r in regions] if regions else (
         [region_from(None).name] if "instance-types" in names else [])
-    results = sources.read_all(names, (lambda: store_and_provider()[1]) if "instance-types" in names else None, picked)
+    for py in pythons:
+        if not re.fullmatch(r"3\.[0-9]{1,2}", py):
+            raise UserInputError("--python", f"{py!r} is not a Python version", "e.g. --python 3.12")
+    results = sources.read_all(names, (lambda: store_and_provider()[1]) if "instance-types" in names else None, picked,
+                               pythons=pythons or ("3.12",))
     sources.write(results)
     if as_json:
         click.echo(json.dumps([_result_json(r) for r in results], indent=2))
@@ -81,7 +93,7 @@ def refresh(only: tuple[str, ...], regions: tuple[str, ...], as_json: bool) -> N
                 warn(f"{r.family}: not refreshed: {r.error}")
                 continue
             assert r.overlay is not None
-            head = f"{r.family}: read from {', '.join(r.overlay.sources)}"
+            head = f"{r.family}: " + (f"read from {', '.join(r.overlay.sources)}" if r.overlay.sources else "nothing read")
             console.print(head if not quiet() else r.family, markup=False, highlight=False)
             for line in r.changes or ["no change"]:
                 console.print(f"  {line}", markup=False, highlight=False)

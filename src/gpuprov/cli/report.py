@@ -123,6 +123,7 @@ def plan_view(plan: Plan) -> Group:
             stack.add_row("CUDA toolkit", f"{s.cuda_toolkit_package} (nvcc)")
         if s.torch:
             stack.add_row("torch", f"{s.torch.requirement} {s.torch.variant} (CUDA {s.torch.cuda}) from {s.torch.index_url}")
+            stack.add_row("wheels", plan.wheels or "")
         if plan.playbook.env:
             stack.add_row("python", f"{s.python} in {plan.playbook.env.path} ({plan.playbook.env.manager})")
         if s.min_driver:

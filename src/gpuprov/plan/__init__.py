@@ -12,7 +12,9 @@ object `up` and `bootstrap` execute. A node on a CPU-only type (`--cpu N --memor
 stack, torch's CPU wheel (docs/cpu-nodes.md). Where every step downloads from is sources.py's map (config, playbook,
 --sources, presets), which the templates read for every URL they fetch; site_cache.py sends every key of it through
 a site's caching proxy; offline.py says what a plan downloads, the manifest of an offline bundle that holds it, and
-whether a bundle serves a plan (docs/mirrors.md, "No network at all").
+whether a bundle serves a plan (docs/mirrors.md, "No network at all"); wheel_lock.py reads the locks `facts
+refresh` made of torch's wheels (version and sha256 each), which a plan whose torch one fits installs with
+`--require-hashes`.
 
 Facts are data, each with its source and read date (or `unverified: why`, which reaches the plan: `gpuprov plan`
 lists every unverified fact the plan relies on); the modules only reason over them. plan/ sits on the records'

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuprov.errors import UserInputError
-from gpuprov.plan import cpu, facts, noroot, oses, sources
+from gpuprov.plan import cpu, facts, noroot, oses, sources, wheel_lock
 from gpuprov.plan.budget import budget_seconds, check_budget
 from gpuprov.plan.data import data_steps, saves_on
 
@@ -97,6 +97,14 @@ class Plan:
     def cpu_only(self) -> bool:
         """A node launched on a CPU-only type: no driver, toolkit or Fabric Manager; torch's CPU wheel."""
         return self.instance is not None and self.instance.cpu_only
+
+    @property
+    def wheels(self) -> str | None:
+        """How torch's wheels are pinned: the lock they are checked against, or that none fits (no torch: None)."""
+        if self.stack is None or self.stack.torch is None:
+            return None
+        lock = self.stack.torch.lock
+        return f"hash-pinned by {lock.label}" if lock else wheel_lock.NOT_PINNED
 
     @property
     def price_usd_hour(self) -> float | None:
@@ -197,6 +205,7 @@ class Plan:
             "arch": self.arch,
             **({"ultraserver": self.instance.ultraserver} if self.instance and self.instance.ultraserver else {}),
             "stack": self.stack.model_dump(mode="json") if self.stack else None,
+            **({"wheels": self.wheels} if self.wheels else {}),
             "steps": [{"name": s.name, "kind": s.kind, "summary": s.summary} for s in self.steps],
             "sources": self.step_sources(),
             "data": [d.summary() for d in self.playbook.data],
@@ -614,11 +623,14 @@ def effective_sources(request: NodeRequest, playbook: Playbook) -> Effective:
 
 
 def with_sources(stack: Stack | None, where_from: Effective) -> Stack | None:
-    """The stack with its torch index on the map's `torch` source."""
+    """The stack with its torch index on the map's `torch` source, and the lock of its wheels where `facts refresh`
+    made one that fits (plan/wheel_lock.py): the hashes are the origin's whichever index serves the wheels."""
     if stack is None or stack.torch is None:
         return stack
-    return stack.model_copy(update={"torch": stack.torch.model_copy(
-        update={"index_url": where_from.rebase(stack.torch.index_url)})})
+    torch = stack.torch
+    lock = wheel_lock.lock_for(torch.version, torch.variant, stack.python, stack.cpu_arch)
+    return stack.model_copy(update={"torch": torch.model_copy(
+        update={"index_url": where_from.rebase(torch.index_url), "lock": lock})})
 
 
 def _make_cpu_plan(request: NodeRequest, cat: catalog.Catalog) -> Plan:

@@ -17,9 +17,10 @@ from datetime import date
 from functools import cache
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpuprov.plan import facts as families
+from gpuprov.plan.wheel_lock import WheelLock
 
 # Every OS a GPU stack installs on, as data/os.yaml lists them (plan/oses.py: family, NVIDIA's repository, the
 # branch lock); written out here so that importing the resolver reads no file. tests/test_oses.py holds them equal.
@@ -210,6 +211,9 @@ class TorchWheel(BaseModel):
     variant: str  # cu128
     cuda: str  # 12.8; "" for the CPU wheel (variant cpu, plan/cpu.py)
     index_url: str
+    # every wheel it installs pinned by sha256 (plan/wheel_lock.py), when `facts refresh` made a lock that fits;
+    # not in the plan's JSON (its label is: `wheels`)
+    lock: WheelLock | None = Field(default=None, exclude=True)
 
     @property
     def requirement(self) -> str:

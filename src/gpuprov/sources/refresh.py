@@ -21,12 +21,20 @@ from gpuprov.cloud.providers.base import Provider
 from gpuprov.errors import GpuprovError
 from gpuprov.files import locked, write_atomic
 from gpuprov.paths import facts_dir
-from gpuprov.plan import facts
+from gpuprov.plan import facts, wheel_lock
+from gpuprov.plan import sources as source_map
 from gpuprov.sources import http
+from gpuprov.sources import installers as installer_pins
 from gpuprov.sources import nvidia as nvidia_repo
 from gpuprov.sources import torch as torch_index
+from gpuprov.sources import wheel_lock as locking
 
-REFRESHABLE = ("torch", "drivers", "instance-types")
+REFRESHABLE = ("torch", "drivers", "instance-types")  # the families of the shipped snapshot (tools/refresh_facts.py)
+# and what only a user's facts folder keeps: the wheel locks (plan/wheel_lock.py)
+USER_ONLY = ("wheels",)
+# and on request only: uv's and Miniforge's pins, from their newest releases (a new pin changes what every env
+# step downloads)
+ON_REQUEST = ("installers",)
 
 
 @dataclass
@@ -73,6 +81,92 @@ def _read_instance_types(now: datetime, provider: Provider, regions: Sequence[st
     return facts.Overlay(family="instance-types", read=now,
                          sources=tuple(f"EC2 DescribeInstanceTypes and DescribeInstanceTypeOfferings in {r}" for r in regions),
                          values={"instance_types": read}, offerings=offerings)
+
+
+def _read_wheels(now: datetime, torch: facts.Overlay | None, pythons: Sequence[str]) -> facts.Overlay:
+    """The locks of the newest torch release's wheels (this run's torch facts when it read them), from the origin
+    PyTorch wheel index; none made is a failure saying why."""
+    releases = torch.values["torch_releases"] if torch else facts.merged("stack.yaml")["torch_releases"]
+    base = http.base_url(http.PYTORCH_INDEX)
+    made, missed = locking.make_all(base, locking.wanted(releases), pythons, now)
+    if not made:
+        raise GpuprovError("; ".join(missed) or "nothing to lock")
+    notes = [f"{lock.requirement} {lock.variant} Python {lock.python} {lock.arch}: {lock.unverified}"
+             for lock in made if lock.unverified]
+    return facts.Overlay(family="wheels", read=now, sources=tuple(sorted({http.described(m.index) for m in made})),
+                         values={"locks": [m.model_dump(mode="json") for m in made]},
+                         unverified=(*(f"not locked: {m}" for m in missed), *notes))
+
+
+def _read_installers(now: datetime) -> facts.Overlay:
+    """uv's and Miniforge's pins from their GitHub releases; one not reachable keeps its pin and says so."""
+    pinned = source_map.installers()
+    readings = [installer_pins.read(key, pinned[key], now) for key in installer_pins.RELEASES]
+    read = {r.key: r.installer.model_dump(mode="json") for r in readings if r.installer}
+    return facts.Overlay(family="installers", read=now,
+                         sources=tuple(r.installer.source.split(" (", 1)[0] for r in readings if r.installer),
+                         values={"installers": read}, unverified=tuple(r.note for r in readings if r.note))
+
+
+def _installer_changes(new: facts.Overlay) -> list[str]:
+    pinned = source_map.installers()
+    out = []
+    for key, data in new.values["installers"].items():
+        now, was = source_map.Installer.model_validate(data), pinned[key]
+        if now.version != was.version:
+            out.append(f"{key}: {was.version} -> {now.version}")
+        out += [f"{key} {now.version} {arch}: sha256 {was.sha256.get(arch)} -> {sha}" for arch, sha in now.sha256.items()
+                if now.version == was.version and was.sha256.get(arch) != sha]
+    return out
+
+
+def _write_installers(overlay: facts.Overlay) -> None:
+    """installers.yaml: the pins just read, the file's others kept (none read: the file as it was)."""
+    if not overlay.values["installers"]:
+        return
+    path = facts_dir() / "installers.yaml"
+    data = yaml.safe_load(path.read_text()) if path.is_file() else {}
+    data = {**(data if isinstance(data, dict) else {}), **overlay.values["installers"]}
+    write_atomic(path, f"# written by `gpuprov facts refresh --only installers` ({overlay.read.isoformat()}): each "
+                 "installer's release and sha256 per CPU, read at its origin (plan/sources.py)\n"
+                 + yaml.safe_dump(data, sort_keys=False, width=200))
+
+
+def _lock_key(lock: wheel_lock.WheelLock) -> tuple[str, str, str, str]:
+    return lock.requirement, lock.variant, lock.python, lock.arch
+
+
+def _wheel_changes(new: facts.Overlay) -> list[str]:
+    """Per lock: new, or the wheels whose version or sha256 changed since the kept one."""
+    old = {_lock_key(lock): lock for lock in wheel_lock.locks()}
+    out = []
+    for data in new.values["locks"]:
+        lock = wheel_lock.WheelLock.model_validate(data)
+        what = f"{lock.requirement} {lock.variant} Python {lock.python} {lock.arch}"
+        before = old.get(_lock_key(lock))
+        if before is None:
+            out.append(f"{what}: new lock (torch {lock.torch_version}, {len(lock.wheels)} wheels)")
+            continue
+        was = {w.name: w for w in before.wheels}
+        for w in lock.wheels:
+            if w.name not in was:
+                out.append(f"{what}: + {w.name} {w.version}")
+            elif (was[w.name].version, was[w.name].sha256) != (w.version, w.sha256):
+                out.append(f"{what}: {w.name} {was[w.name].version} -> {w.version}"
+                           + (" (sha256 changed)" if was[w.name].version == w.version else ""))
+        out += [f"{what}: - {name}" for name in sorted(set(was) - {w.name for w in lock.wheels})]
+    return out
+
+
+def _write_wheels(overlay: facts.Overlay) -> None:
+    """wheel-locks.yaml: the locks just made, with those of other Pythons and CPUs kept as they were."""
+    made = [wheel_lock.WheelLock.model_validate(d) for d in overlay.values["locks"]]
+    keys = {_lock_key(lock) for lock in made}
+    kept = [lock for lock in wheel_lock.locks() if _lock_key(lock) not in keys]
+    data = wheel_lock.LockFile(locks=(*kept, *made)).model_dump(mode="json", exclude_none=True)
+    write_atomic(wheel_lock.path(), f"# written by `gpuprov facts refresh` ({overlay.read.isoformat()}): each lock's wheels "
+                 "with the sha256 the origin index lists (plan/wheel_lock.py)\n"
+                 + yaml.safe_dump(data, sort_keys=False, width=200))
 
 
 def changes(family: str, old: dict[str, Any], new: facts.Overlay) -> list[str]:
@@ -134,6 +228,11 @@ def _short(value: Any) -> str:
 
 def check_sources(families: Sequence[str]) -> None:
     """The sources' URLs a refresh of these families reads, checked before anything is read (bad input: exit 2)."""
+    if "wheels" in families:
+        http.base_url(http.PYTORCH_INDEX)
+    if "installers" in families:
+        http.base_url(installer_pins.GITHUB)
+        http.base_url(installer_pins.GITHUB_API)
     if "torch" in families:
         http.base_url(http.PYPI)
         http.base_url(http.PYTORCH_INDEX)
@@ -142,11 +241,13 @@ def check_sources(families: Sequence[str]) -> None:
 
 
 def read_all(families: Sequence[str], provider_for: Callable[[], Provider] | None, regions: Sequence[str],
-             now: datetime | None = None) -> list[Result]:
-    """Each family read from its sources (nothing written): its overlay and what it changes, or why not."""
+             now: datetime | None = None, pythons: Sequence[str] = (locking.PYTHON,)) -> list[Result]:
+    """Each family read from its sources (nothing written): its overlay and what it changes, or why not.
+
+    :param pythons: the Pythons the wheels are locked for."""
     check_sources(families)
     now = now or datetime.now(timezone.utc).replace(microsecond=0)
-    results = []
+    results: list[Result] = []
     for name in families:
         result = Result(name)
         try:
@@ -154,13 +255,22 @@ def read_all(families: Sequence[str], provider_for: Callable[[], Provider] | Non
                 result.overlay = _read_torch(now)
             elif name == "drivers":
                 result.overlay = _read_drivers(now)
+            elif name == "wheels":
+                torch = next((r.overlay for r in results if r.family == "torch"), None)
+                result.overlay = _read_wheels(now, torch, pythons)
+            elif name == "installers":
+                result.overlay = _read_installers(now)
             elif provider_for is None:
                 result.error = "no AWS access to read EC2 with"
             else:
                 result.overlay = _read_instance_types(now, provider_for(), regions)
         except (GpuprovError, ValueError, KeyError, TypeError) as exc:  # a source that answered nonsense, too
             result.error = str(exc) or type(exc).__name__
-        if result.overlay is not None:
+        if result.overlay is not None and name == "wheels":
+            result.changes = _wheel_changes(result.overlay)
+        elif result.overlay is not None and name == "installers":
+            result.changes = _installer_changes(result.overlay)
+        elif result.overlay is not None:
             family = facts.BY_NAME[name]
             result.changes = changes(name, facts.merged(family.file), result.overlay)
         results.append(result)
@@ -173,7 +283,11 @@ def write(results: Sequence[Result]) -> None:
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     with locked(folder / ".refresh.lock"):
         for result in results:
-            if result.overlay is not None:
+            if result.overlay is not None and result.family == "wheels":
+                _write_wheels(result.overlay)
+            elif result.overlay is not None and result.family == "installers":
+                _write_installers(result.overlay)
+            elif result.overlay is not None:
                 data = result.overlay.model_dump(mode="json")
                 write_atomic(facts.overlay_path(result.family),
                              f"# written by `gpuprov facts refresh` ({result.overlay.read.isoformat()}); an overlay on "
