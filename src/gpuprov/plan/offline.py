@@ -10,6 +10,8 @@ A bundle is a folder:
                                   with their dependencies (dnf: repodata/ and the rpms)
     wheels/                       the wheels for the target's Python and platform (pip download)
     installers/                   the pinned Miniforge release (uv comes as its wheel)
+    python/{release}/             the plan's CPython from python-build-standalone (a uv env), as the release names it,
+                                  for a host without that Python: uv installs it from there (UV_PYTHON_INSTALL_MIRROR)
 
 On the host the folder is OFFLINE_DIR, and the plan's sources map points `nvidia` at it (`file://`): the driver step
 installs NVIDIA's cuda-keyring from it, and apt or dnf read the repository there as they read NVIDIA's own, checking
@@ -39,7 +41,7 @@ MANIFEST = "manifest.json"
 FORMAT = 1
 OFFLINE_DIR = "/var/lib/gpuprov/offline"  # where bootstrap --offline puts the bundle on a host
 
-Kind = Literal["package", "index", "wheel", "installer"]
+Kind = Literal["package", "index", "wheel", "installer", "python"]
 
 
 class Item(BaseModel):
@@ -48,7 +50,7 @@ class Item(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Kind
-    name: str  # a package's or wheel's project name, an index's file name, an installer's key (uv, miniforge)
+    name: str  # a package's or wheel's project name, an index's file name, an installer's key (uv, miniforge), cpython
     version: str = ""
     path: str  # relative to the bundle's folder
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
