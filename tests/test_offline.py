@@ -334,7 +334,8 @@ def test_the_offline_env_step_installs_the_bundles_python_with_uv_where_the_host
     build, _ = python_release(bundle / "python", "3.12")
     uv = tmp_path / "bin" / "uv"
     uv.parent.mkdir()
-    uv.write_text('#!/bin/sh\necho "$* mirror=${UV_PYTHON_INSTALL_MIRROR:-}" >> "$HOME/uv.log"\n'
+    uv.write_text('#!/bin/sh\necho "$* mirror=${UV_PYTHON_INSTALL_MIRROR:-} offline=${UV_OFFLINE:-}'
+                  ' downloads=$UV_PYTHON_DOWNLOADS" >> "$HOME/uv.log"\n'
                   'if [ "$1" = venv ]; then for a; do d="$a"; done; mkdir -p "$d/bin"\n'
                   "  printf '#!/bin/sh\\necho 3.12\\n' > \"$d/bin/python\"; chmod +x \"$d/bin/python\"; fi\n")
     uv.chmod(0o755)
@@ -349,7 +350,9 @@ def test_the_offline_env_step_installs_the_bundles_python_with_uv_where_the_host
     done = run("host")
     assert done.returncode == 0, done.stderr[-2000:]
     calls = (tmp_path / "uv.log").read_text().splitlines()
-    assert calls[0] == f"python install cpython-3.12.14-linux-{plan.arch}-gnu mirror=file://{bundle}/python"
+    assert calls[0] == (f"python install cpython-3.12.14-linux-{plan.arch}-gnu mirror=file://{bundle}/python "
+                        "offline= downloads=manual")
+    assert calls[1].endswith(" mirror= offline=1 downloads=never")  # every other uv call stays off the network
     assert calls[1].startswith("venv --python 3.12 ") and f"installing Python 3.12.14 from the offline bundle ({build})" \
         in done.stderr
     for leftover in (bundle / "python").rglob("*.tar.gz"):
