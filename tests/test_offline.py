@@ -259,6 +259,21 @@ def test_a_step_no_bundle_holds_is_refused_offline(tmp_path: Path) -> None:
     assert not (tmp_path / "b").exists()
 
 
+def test_a_conda_env_is_refused_offline_naming_the_step_and_the_playbooks_line(tmp_path: Path) -> None:
+    """conda create reads conda-forge's channel, which no bundle holds: `bundle` downloads nothing for it and
+    `bootstrap --offline` refuses it before any host, each naming the step and the playbook's line to change."""
+    conda = tmp_path / "conda.yml"
+    conda.write_text("name: conda\nstack: none\nenv:\n  manager: conda\n")
+    said = (f"step python-env: a conda env's `conda create` reads conda-forge's channel, which no bundle holds yet "
+            f"(set `manager: uv` in {conda}:4: env.manager)")
+    made = CliRunner().invoke(main, ["bundle", "--offline", "--gpu", "L4", "-p", str(conda), "-o", str(tmp_path / "b")])
+    assert made.exit_code == 2 and made.output == f"error: bundle --offline: {said}; nothing was downloaded\n", \
+        made.output
+    assert not (tmp_path / "b").exists()
+    code, output = _bootstrap(_manifest_for(tmp_path, "minimal"), "-p", str(conda))
+    assert code == 2 and said in output and "unreachable" not in output.lower(), output
+
+
 def test_bootstrap_offline_refuses_a_bundle_for_another_os_or_a_folder_that_is_not_one(tmp_path: Path) -> None:
     code, output = _bootstrap(_manifest_for(tmp_path, "minimal"), "-p", "minimal", os_name="ubuntu-22.04")
     assert code == 2, output

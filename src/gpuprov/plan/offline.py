@@ -185,9 +185,21 @@ NOT_BUNDLED = {
 }
 
 
+def unbundled(plan: Plan) -> list[str]:
+    """The plan's steps whose downloads no bundle holds, each naming the step, why and what to do."""
+    out = [f"step {s.name}: {NOT_BUNDLED[s.name]}" for s in plan.steps if s.name in NOT_BUNDLED]
+    env = plan.playbook.env
+    if env is not None and env.manager == "conda" and any(s.name == "python-env" for s in plan.steps):
+        where = (plan.playbook.where("env", "manager") or plan.playbook.where("env")
+                 or f"playbook {plan.playbook.name}: env")
+        out.append(f"step python-env: a conda env's `conda create` reads conda-forge's channel, which no bundle "
+                   f"holds yet (set `manager: uv` in {where})")
+    return out
+
+
 def missing(plan: Plan, manifest: Manifest) -> list[str]:
     """What `plan` needs that the bundle lacks, each naming the item and the step; empty: it serves the plan."""
-    out = [f"step {s.name}: {NOT_BUNDLED[s.name]}" for s in plan.steps if s.name in NOT_BUNDLED]
+    out = unbundled(plan)
     for need in needs(plan):
         have = manifest.names(need.kind)
         if (normal(need.name) if need.kind == "wheel" else need.name) not in have:

@@ -471,7 +471,7 @@ def _python(plan: Plan, python: str, out: Path, say: Say, items: list[Item]) -> 
 def make(plan: Plan, out: Path, say: Say) -> Result:
     """Download everything `plan` needs into `out` and write its manifest there; the manifest and what NVIDIA's
     repository left to the OS."""
-    unbundled = [f"step {s.name}: {offline.NOT_BUNDLED[s.name]}" for s in plan.steps if s.name in offline.NOT_BUNDLED]
+    unbundled = offline.unbundled(plan)
     if unbundled:  # refused now, not when the bundle reaches a host that cannot use it
         raise UserInputError("bundle --offline", f"{'; '.join(unbundled)}; nothing was downloaded")
     out.mkdir(parents=True, exist_ok=True)
