@@ -476,9 +476,10 @@ def test_an_offline_bundle_of_signed_packages_installs_with_gpgcheck_under_the_r
     subprocess.run(["createrepo_c", "-q", "--update", str(unsigned)], check=True)
     subprocess.run(["modifyrepo_c", "--mdtype=modules", str(where / "repos" / "modules.yaml"),
                     str(unsigned / "repodata")], check=True, capture_output=True)
-    other = Host(tmp_path / "other", cuda, distro, ctk)
-    refused = other.run_all([steps["nvidia-driver"]])
-    assert refused[-1].name == "nvidia-driver" and refused[-1].returncode != 0, refused[-1].stderr[-3000:]
-    assert "nvidia-open" not in other.installed(), other.installed()
-    assert "Package nvidia-open-595.71.05-1.amzn2023.x86_64.rpm is not signed" in refused[-1].stderr, \
-        refused[-1].stderr[-3000:]
+    other = Host(tmp_path / "other", cuda, distro, ctk)  # with the bundle's .repo file, as the step lays it down
+    (other.root / "etc/yum.repos.d/cuda-amzn2023.repo").write_text(listed)
+    assert plan.stack is not None
+    refused = subprocess.run(["bash", "-c", f"dnf -y -q module enable {plan.stack.driver_stream} && "
+                              "dnf -y -q install nvidia-open"], capture_output=True, text=True, env=other.env())
+    assert refused.returncode != 0 and "nvidia-open" not in other.installed(), other.installed()
+    assert "Package nvidia-open-595.71.05-1.amzn2023.x86_64.rpm is not signed" in refused.stderr, refused.stderr[-3000:]
