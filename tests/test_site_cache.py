@@ -140,7 +140,7 @@ def test_up_nodes_bootstraps_every_node_through_the_cache_and_stops_it_when_up_e
 
 
 def test_up_refuses_a_cache_it_cannot_use_before_asking_the_cloud_anything(fake_cloud) -> None:
-    bad = {("--cache-host", "train:0"): "error: --cache-host: train:0 is launched here, and its driver install reboots",
+    bad = {("--cache-host", "train:0"): "error: --cache-host: train:0 is a node this `up` launches: it does not run",
            ("--cache-host", "10.9.0.2", "--no-bootstrap"): "--cache-host with --no-bootstrap: the nodes download nothing",
            ("--keep-cache",): "--keep-cache needs --cache-host HOST"}
     for extra, said in bad.items():

@@ -262,9 +262,9 @@ class _CacheRequest:
             raise click.UsageError("--cache-host with --no-bootstrap: the nodes download nothing")
         word = self.host.rpartition("@")[2].partition(":")[0]
         if word == self.node:  # the node itself, or one of its cluster's (NAME:K)
-            raise UserInputError("--cache-host", f"{self.host} is launched here, and its driver install reboots it, "
-                                 "taking the cache away from the other hosts; nothing was done",
-                                 "run the cache on a host of the site outside this launch")
+            raise UserInputError("--cache-host", f"{self.host} is a node this `up` launches: it does not run before "
+                                 "the launch, and its driver install reboots it, taking the cache away from the other "
+                                 "nodes; nothing was done", "run the cache on a host of the site outside this launch")
 
 
 @contextlib.contextmanager
