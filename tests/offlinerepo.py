@@ -209,3 +209,27 @@ def write_dnf(folder: Path, repo: str, rpms: list[tuple[str, str, tuple[str, ...
     (folder / f"cuda-{repo}.repo").write_text(f"[cuda-{repo}-x86_64]\nname=cuda-{repo}-x86_64\nbaseurl={base}\n"
                                               f"enabled=1\ngpgcheck=1\ngpgkey={base}/D42D0685.pub\n")
     (folder / "D42D0685.pub").write_bytes(signer.public)
+
+
+def python_release(root: Path, python: str, arch: str = "x86_64", body: bytes = b"cpython build",
+                   served_as: bytes | None = None) -> tuple[str, str]:
+    """A python-build-standalone release folder under `root` (data/sources.yaml's release): its SHA256SUMS, as the
+    release publishes it, listing an older and a newer patch of `python` for `arch` (the newer one is the build),
+    another CPU's and an `install_only` (unstripped) one; the newer build served with `served_as` when given. The
+    build's file name and sha256."""
+    from gpuprov.resources import load_data
+
+    release = str(load_data("sources.yaml")["python_builds"]["release"])
+    folder = root / release
+    folder.mkdir(parents=True, exist_ok=True)
+    names = {f"cpython-{python}.3+{release}-{arch}-unknown-linux-gnu-install_only_stripped.tar.gz": b"older",
+             f"cpython-{python}.14+{release}-{arch}-unknown-linux-gnu-install_only_stripped.tar.gz": body,
+             f"cpython-{python}.14+{release}-{arch}-unknown-linux-gnu-install_only.tar.gz": b"unstripped",
+             f"cpython-{python}.14+{release}-riscv64-unknown-linux-gnu-install_only_stripped.tar.gz": b"riscv"}
+    for name, data in names.items():
+        (folder / name).write_bytes(data)
+    (folder / "SHA256SUMS").write_text("".join(f"{hashlib.sha256(d).hexdigest()}  {n}\n" for n, d in names.items()))
+    build = f"cpython-{python}.14+{release}-{arch}-unknown-linux-gnu-install_only_stripped.tar.gz"
+    if served_as is not None:
+        (folder / build).write_bytes(served_as)
+    return build, hashlib.sha256(body).hexdigest()

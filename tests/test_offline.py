@@ -23,7 +23,19 @@ from gpuprov.cli import main
 from gpuprov.plan import offline, sources
 from gpuprov.plan.plan import Plan, make_host_plan
 from gpuprov.plan.stack import StackPins
-from tests.offlinerepo import REPO, REQUESTS, Deb, Signer, keyring_deb, served, simple_index, wheel, write, write_dnf
+from tests.offlinerepo import (
+    REPO,
+    REQUESTS,
+    Deb,
+    Signer,
+    keyring_deb,
+    python_release,
+    served,
+    simple_index,
+    wheel,
+    write,
+    write_dnf,
+)
 
 
 @pytest.fixture(scope="module")
@@ -137,10 +149,12 @@ def test_an_index_signed_by_another_key_than_the_keyrings_is_refused(tmp_path: P
     assert not (out / offline.MANIFEST).exists() and not list(out.rglob("*.deb"))
 
 
-def test_a_pytorch_bundle_holds_the_wheels_for_the_targets_python_and_uv(tmp_path: Path,
-                                                                                      pinned: Signer) -> None:
+def test_a_pytorch_bundle_holds_the_wheels_for_the_targets_python_and_uv(tmp_path: Path, pinned: Signer,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """pip download picks the plan's torch build (the PyTorch index's local version, over PyPI's) and its
-    dependencies for the target's Python and platform, whatever this machine runs; uv comes as its Linux wheel."""
+    dependencies for the target's Python and platform, whatever this machine runs; uv comes as its Linux wheel, and
+    the plan's Python as python-build-standalone's build that uv installs, checked against the release's SHA256SUMS
+    (read from UV_PYTHON_INSTALL_MIRROR, here the stand-in's copy of the releases)."""
     plan = _plan("pytorch")
     assert plan.stack is not None and plan.stack.torch is not None
     version, variant = plan.stack.torch.version, plan.stack.torch.variant
@@ -152,12 +166,19 @@ def test_a_pytorch_bundle_holds_the_wheels_for_the_targets_python_and_uv(tmp_pat
         wheel("filelock", "3.20.0", tag="py3-none-any"), wheel("filelock", "3.21.0", tag="cp39-cp39-win_amd64")],
         "uv": [wheel("uv", "0.9.9", tag="py3-none-manylinux_2_17_x86_64"),
                wheel("uv", "0.9.9", tag="py3-none-macosx_11_0_arm64")]})
+    build, sha = python_release(site / "pbs", plan.stack.python)
     with served(site) as base:
+        monkeypatch.setenv("UV_PYTHON_INSTALL_MIRROR", f"{base}/pbs/")
         (tmp_path / "sources.yml").write_text(f"nvidia: {base}/repos\ntorch: {base}/whl\npypi: {base}/simple\n")
         result = CliRunner().invoke(main, ["bundle", "--offline", "--gpu", "L4", "--sources", str(tmp_path / "sources.yml"),
                                            "-o", str(tmp_path / "bundle")])
     assert result.exit_code == 0, result.output
     manifest = offline.load(tmp_path / "bundle")
+    (python,) = [i for i in manifest.items if i.kind == "python"]
+    release = build.split("+")[1].split("-")[0]
+    assert (python.path, python.sha256, python.version) == (f"python/{release}/{build}", sha, f"{plan.stack.python}.14")
+    assert python.source == f"{base}/pbs/{release}/{build.replace('+', '%2B')}"
+    assert sorted(p.name for p in (tmp_path / "bundle" / "python" / release).iterdir()) == [build]
     got = {i.path: i.source for i in manifest.items if i.kind in ("wheel", "installer")}
     assert got == {f"wheels/torch-{full}+{variant}-cp312-cp312-manylinux_2_28_x86_64.whl": f"{base}/whl/{variant}",
                    "wheels/filelock-3.20.0-py3-none-any.whl": f"{base}/simple",
@@ -238,6 +259,21 @@ def test_a_step_no_bundle_holds_is_refused_offline(tmp_path: Path) -> None:
     assert not (tmp_path / "b").exists()
 
 
+def test_a_conda_env_is_refused_offline_naming_the_step_and_the_playbooks_line(tmp_path: Path) -> None:
+    """conda create reads conda-forge's channel, which no bundle holds: `bundle` downloads nothing for it and
+    `bootstrap --offline` refuses it before any host, each naming the step and the playbook's line to change."""
+    conda = tmp_path / "conda.yml"
+    conda.write_text("name: conda\nstack: none\nenv:\n  manager: conda\n")
+    said = (f"step python-env: a conda env's `conda create` reads conda-forge's channel, which no bundle holds yet "
+            f"(set `manager: uv` in {conda}:4: env.manager)")
+    made = CliRunner().invoke(main, ["bundle", "--offline", "--gpu", "L4", "-p", str(conda), "-o", str(tmp_path / "b")])
+    assert made.exit_code == 2 and made.output == f"error: bundle --offline: {said}; nothing was downloaded\n", \
+        made.output
+    assert not (tmp_path / "b").exists()
+    code, output = _bootstrap(_manifest_for(tmp_path, "minimal"), "-p", str(conda))
+    assert code == 2 and said in output and "unreachable" not in output.lower(), output
+
+
 def test_bootstrap_offline_refuses_a_bundle_for_another_os_or_a_folder_that_is_not_one(tmp_path: Path) -> None:
     code, output = _bootstrap(_manifest_for(tmp_path, "minimal"), "-p", "minimal", os_name="ubuntu-22.04")
     assert code == 2, output
@@ -299,3 +335,61 @@ def test_the_offline_steps_are_shellcheck_clean(tmp_path: Path) -> None:
     checked = subprocess.run([shellcheck, "-S", "warning", "-f", "gcc", *map(str, paths)], capture_output=True,
                              text=True)
     assert checked.returncode == 0, checked.stdout[:4000]
+
+
+def test_the_offline_env_step_installs_the_bundles_python_with_uv_where_the_host_lacks_it(tmp_path: Path) -> None:
+    """The uv env's step on a host without the plan's Python (PATH holds only this machine's /usr/bin python3.11):
+    uv is asked for the bundle's build by its full name, with the bundle's release folder as its mirror (file://);
+    a bundle without one is refused naming the host's Python and what to do. `uv` is a stand-in that records."""
+    import subprocess
+
+    plan = _plan("pytorch")
+    assert plan.stack is not None and plan.stack.python == "3.12"
+    bundle = tmp_path / "offline"
+    build, _ = python_release(bundle / "python", "3.12")
+    uv = tmp_path / "bin" / "uv"
+    uv.parent.mkdir()
+    uv.write_text('#!/bin/sh\necho "$* mirror=${UV_PYTHON_INSTALL_MIRROR:-} offline=${UV_OFFLINE:-}'
+                  ' downloads=$UV_PYTHON_DOWNLOADS" >> "$HOME/uv.log"\n'
+                  'if [ "$1" = venv ]; then for a; do d="$a"; done; mkdir -p "$d/bin"\n'
+                  "  printf '#!/bin/sh\\necho 3.12\\n' > \"$d/bin/python\"; chmod +x \"$d/bin/python\"; fi\n")
+    uv.chmod(0o755)
+    script = next(s for s in dataclasses.replace(plan, sources=offline.offline_sources(plan.sources, str(bundle)))
+                  .bundle().scripts if s.name == "python-env")
+
+    def run(root: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", script.text], capture_output=True, text=True,
+                              env={"PATH": f"{uv.parent}:/usr/bin:/bin", "HOME": str(tmp_path),
+                                   "GPUPROV_SYSROOT": str(tmp_path / root)})
+
+    done = run("host")
+    assert done.returncode == 0, done.stderr[-2000:]
+    calls = (tmp_path / "uv.log").read_text().splitlines()
+    assert calls[0] == (f"python install cpython-3.12.14-linux-{plan.arch}-gnu mirror=file://{bundle}/python "
+                        "offline= downloads=manual")
+    assert calls[1].endswith(" mirror= offline=1 downloads=never")  # every other uv call stays off the network
+    assert calls[1].startswith("venv --python 3.12 ") and f"installing Python 3.12.14 from the offline bundle ({build})" \
+        in done.stderr
+    for leftover in (bundle / "python").rglob("*.tar.gz"):
+        leftover.unlink()
+    refused = run("other")
+    assert refused.returncode == 1 and "this host has no Python 3.12 (its python3: 3.11), and the offline bundle " \
+        "holds none for x86_64: make the bundle again with this gpuprov, or bundle and bootstrap with --python 3.11" \
+        in refused.stderr, refused.stderr[-2000:]
+
+
+def test_a_python_build_whose_bytes_differ_from_the_releases_sha256sums_is_refused_and_not_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuprov.sources import offline as bundling
+    from gpuprov.sources.offline import Changed
+
+    plan = _plan("pytorch")
+    python_release(tmp_path / "site", "3.12", served_as=b"another build")
+    items: list[offline.Item] = []
+    with served(tmp_path / "site") as base:
+        monkeypatch.setenv("UV_PYTHON_INSTALL_MIRROR", base)
+        with pytest.raises(Changed, match=r"sha256 .* but its index says"):
+            bundling._python(plan, "3.12", tmp_path / "bundle", lambda _: None, items)
+        with pytest.raises(bundling.GpuprovError, match=r"SHA256SUMS lists no CPython 3.9 build for x86_64 Linux"):
+            bundling._python(plan, "3.9", tmp_path / "bundle", lambda _: None, items)
+    assert items == [] and not any(p.is_file() for p in (tmp_path / "bundle").rglob("*"))

@@ -82,3 +82,30 @@ def test_bootstrap_offline_sends_the_bundle_before_the_steps_and_refuses_a_host_
     held = pool.exec_in(0, f"cd {offline.OFFLINE_DIR} && sha256sum {' '.join(i.path for i in manifest.items)}; "
                            f"rm -rf {offline.OFFLINE_DIR}").stdout
     assert {line.split()[1]: line.split()[0] for line in held.splitlines()} == {i.path: i.sha256 for i in manifest.items}
+
+
+def test_a_login_that_is_not_root_sends_the_bundle_into_place_as_root(host_pool, gp_home, tmp_path: Path) -> None:
+    """`--ssh-user` not root, with sudo (as `ubuntu` on EC2): the bundle goes over SFTP into the login's home, then
+    into /var/lib/gpuprov/offline with sudo, owned by root (the login cannot change what is installed from it) and
+    no second copy left in the home; a rerun reads what is in place and sends nothing."""
+    from tests.conftest import SUDO_USER
+
+    pool = host_pool
+    manifest = _bundle(tmp_path / "bundle")
+    pool.exec_in(2, f"rm -rf {offline.OFFLINE_DIR} ~{SUDO_USER}/.gpuprov-offline", check=True)
+    remote = Remote(Target(host=pool[2].address, user=SUDO_USER, port=pool[2].port, key=str(pool.key_path)),
+                    HostSettings(known_hosts=tmp_path / "known_hosts", accept_new_host_key=True))
+    remote.open()
+    try:
+        assert push(remote, tmp_path / "bundle", manifest, lambda _: None) == sum(i.size for i in manifest.items)
+        assert push(remote, tmp_path / "bundle", manifest, lambda _: None) == 0
+    finally:
+        remote.close()
+        owners = pool.exec_in(2, f"find {offline.OFFLINE_DIR} -printf '%u %p\\n'; ls -A ~{SUDO_USER}").stdout
+        held = pool.exec_in(2, f"cd {offline.OFFLINE_DIR} && sha256sum {' '.join(i.path for i in manifest.items)}; "
+                               f"rm -rf {offline.OFFLINE_DIR} ~{SUDO_USER}/.gpuprov-offline").stdout
+    assert {line.split()[1]: line.split()[0] for line in held.splitlines()} == {i.path: i.sha256 for i in manifest.items}
+    listed = [line.partition(" ") for line in owners.splitlines()]
+    in_place = [who for who, _, path in listed if path.startswith(offline.OFFLINE_DIR)]
+    assert len(in_place) > len(manifest.items) and set(in_place) == {"root"}, owners
+    assert ".gpuprov-offline" not in owners  # the login's home holds no second copy

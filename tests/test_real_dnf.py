@@ -21,6 +21,7 @@ except under CI=true, where it fails.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -405,3 +406,80 @@ def test_a_mirror_serving_another_signing_key_is_refused(story: Story) -> None:
     assert run.returncode == 1 and run.result is None
     assert "NVIDIA's CUDA repository (http://127.0.0.1:" in run.last and "served the signing key " in run.last, run.stderr
     assert "not the origin's" in run.last and "refused, nothing from it is installed" in run.last
+
+
+@pytest.mark.heavy  # dnf, rpm, rpmsign and createrepo_c (system packages)
+def test_an_offline_bundle_of_signed_packages_installs_with_gpgcheck_under_the_real_dnf(
+        repos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVIDIA's dnf repositories sign each package (rpmsign; the `.repo` says gpgcheck=1 and names the key) and not
+    repomd.xml: the imitation's packages signed so with a throwaway key pinned as NVIDIA's, `bundle --offline` made of
+    it over HTTP, and the driver step run from the bundle's folder with no route: the real dnf imports the key the
+    `.repo` names from the bundle and checks every package's signature against it; a package the bundle holds
+    unsigned is refused by dnf, and nothing of the driver is installed."""
+    from click.testing import CliRunner
+
+    from gpuprov.cli import main
+    from gpuprov.plan import offline
+    from gpuprov.plan.plan import make_host_plan
+
+    if shutil.which("rpmsign") is None:
+        skip_or_fail("the signed offline bundle needs rpmsign (tools/sysdeps.sh installs rpm)")
+    where, (cuda, distro, ctk, _) = repos
+    home = tmp_path / "gnupg"
+    home.mkdir(mode=0o700)
+    subprocess.run(["gpg", "--homedir", str(home), "--batch", "--passphrase", "", "--quick-gen-key",
+                    "nvidia-test <nvidia@invalid>", "rsa2048", "sign", "never"], check=True, capture_output=True)
+    fpr = next(line.split(":")[9] for line in subprocess.run(
+        ["gpg", "--homedir", str(home), "--with-colons", "--list-keys"], check=True, capture_output=True,
+        text=True).stdout.splitlines() if line.startswith("fpr:"))
+    site = tmp_path / "site" / "nvidia" / "amzn2023" / "x86_64"
+    site.mkdir(parents=True)
+    rpms = [shutil.copy(r, site / r.name) for r in cuda.glob("**/*.rpm")]
+    subprocess.run(["rpmsign", "--addsign", "--define", f"__gpg {shutil.which('gpg')}", "--define", f"_gpg_path {home}",
+                    "--define", f"_gpg_name {fpr}", *map(str, rpms)], check=True, capture_output=True,
+                   stdin=subprocess.DEVNULL)
+    subprocess.run(["createrepo_c", "-q", str(site)], check=True)
+    subprocess.run(["modifyrepo_c", "--mdtype=modules", str(where / "repos" / "modules.yaml"), str(site / "repodata")],
+                   check=True, capture_output=True)
+    origin = "https://developer.download.nvidia.com/compute/cuda/repos/amzn2023/x86_64"
+    (site / "cuda-amzn2023.repo").write_text(f"[cuda-amzn2023-x86_64]\nname=cuda-amzn2023-x86_64\nbaseurl={origin}\n"
+                                             f"enabled=1\ngpgcheck=1\ngpgkey={origin}/D42D0685.pub\n")
+    (site / "D42D0685.pub").write_bytes(subprocess.run(["gpg", "--homedir", str(home), "--export", "--armor", fpr],
+                                                       check=True, capture_output=True).stdout)
+    pins = {**sources.pinned_keys(), "nvidia": (fpr,)}  # the throwaway key stands for NVIDIA's pinned one
+    monkeypatch.setattr(sources, "pinned_keys", lambda: pins)
+    with indexsite.serve(tmp_path / "site") as (base, _):
+        (tmp_path / "sources.yml").write_text(f"nvidia: {base}/nvidia\n")
+        made = CliRunner().invoke(main, ["bundle", "--offline", "--gpu", "H100:8", "--os", "amzn-2023", "-p", "minimal",
+                                         "--sources", str(tmp_path / "sources.yml"), "-o", str(tmp_path / "bundle")])
+    assert made.exit_code == 0, made.output
+    plan = make_host_plan("H100:8", "minimal", "amzn-2023", StackPins())
+    offline.check(plan, offline.load(tmp_path / "bundle"), "--offline")
+    steps = {s.name: s for s in dataclasses.replace(
+        plan, sources=offline.offline_sources(plan.sources, str(tmp_path / "bundle"))).bundle().scripts}
+
+    host = Host(tmp_path / "host", cuda, distro, ctk)
+    runs = host.run_all([steps["kernel-headers"], steps["nvidia-driver"]])
+    assert [(r.name, r.returncode, r.result) for r in runs] == [("kernel-headers", 0, "changed"),
+                                                                ("nvidia-driver", 0, "reboot")], runs[-1].stderr[-3000:]
+    assert host.installed()["nvidia-open"] == repo.BRANCHES["595"]
+    listed = (host.root / "etc/yum.repos.d/cuda-amzn2023.repo").read_text()
+    assert f"baseurl=file://{tmp_path}/bundle/nvidia/amzn2023/x86_64" in listed and "gpgcheck=1" in listed
+    keys = subprocess.run(["rpm", "--root", str(host.root), "-q", "gpg-pubkey"], capture_output=True, text=True).stdout
+    assert f"gpg-pubkey-{fpr[-8:].lower()}" in keys  # the bundle's key, imported by dnf to check the packages
+
+    # the same bundle with the driver's package unsigned (its sha256 in the repodata made again, as whoever made the
+    # bundle could): dnf refuses it, and installs nothing of the driver
+    unsigned = tmp_path / "bundle" / "nvidia" / "amzn2023" / "x86_64"
+    for r in cuda.glob("**/nvidia-open-*.rpm"):
+        shutil.copy(r, unsigned / r.name)
+    subprocess.run(["createrepo_c", "-q", "--update", str(unsigned)], check=True)
+    subprocess.run(["modifyrepo_c", "--mdtype=modules", str(where / "repos" / "modules.yaml"),
+                    str(unsigned / "repodata")], check=True, capture_output=True)
+    other = Host(tmp_path / "other", cuda, distro, ctk)  # with the bundle's .repo file, as the step lays it down
+    (other.root / "etc/yum.repos.d/cuda-amzn2023.repo").write_text(listed)
+    assert plan.stack is not None
+    refused = subprocess.run(["bash", "-c", f"dnf -y -q module enable {plan.stack.driver_stream} && "
+                              "dnf -y -q install nvidia-open"], capture_output=True, text=True, env=other.env())
+    assert refused.returncode != 0 and "nvidia-open" not in other.installed(), other.installed()
+    assert "Package nvidia-open-595.71.05-1.amzn2023.x86_64.rpm is not signed" in refused.stderr, refused.stderr[-3000:]

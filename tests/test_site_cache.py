@@ -94,3 +94,56 @@ def test_bootstrap_plans_every_host_with_the_caches_map_and_stops_the_cache_afte
     upstream = seen["upstream"]
     assert isinstance(upstream, sources.Effective) and upstream.pypi == "https://pypi.tuna.tsinghua.edu.cn/simple"
     assert seen["planned_with"] == CACHE.layer(upstream) and seen["stopped"] is False
+
+
+def _stand_in_cache(monkeypatch, seen: dict[str, object]) -> None:
+    """hosts/site_cache.py's start and stop, stood in for (test_site_cache_ssh.py and test_aws_cluster.py run them
+    for real), recording what they were given."""
+    from gpuprov.hosts import site_cache as hosts_cache
+
+    def start(target, settings, upstream, port):
+        seen.update(cache_at=target.host, upstream=upstream, port=port)
+        return hosts_cache.Running(target, CACHE, None, CACHE.layer(upstream))
+
+    monkeypatch.setattr(hosts_cache, "start", start)
+    monkeypatch.setattr(hosts_cache, "stop", lambda running, keep=False: seen.setdefault("stopped", keep))
+
+
+def test_up_nodes_bootstraps_every_node_through_the_cache_and_stops_it_when_up_ends(fake_cloud, monkeypatch) -> None:
+    """`up --nodes 2 --cache-host`: the cluster is launched with the plan made on the cache's map (each node's
+    bootstrap reads it), the proxy started as `bootstrap --cache-host` starts it, and stopped when `up` ends, here
+    with an error."""
+    from gpuprov.cloud import cluster_up
+    from gpuprov.errors import GpuprovError
+
+    seen: dict[str, object] = {}
+    _stand_in_cache(monkeypatch, seen)
+
+    def launch(plan, opts, copts, provider, store, say):
+        seen.update(plan=plan, nodes=copts.nodes, started_before=("cache_at" in seen))
+        raise GpuprovError("stopped by the test after the plan")
+
+    monkeypatch.setattr(cluster_up, "up", launch)
+    result = fake_cloud.gp("up", "train", "--gpu", "A10G:4", "--nodes", "2", "--yes", "--ssh-cidr", "198.51.100.7/32",
+                           "--cache-host", "root@10.9.0.2", "--cache-port", "3143", "--sources", "cn-tuna")
+    assert result.exit_code == 1 and "stopped by the test after the plan" in result.output, result.output
+    assert seen["cache_at"] == "10.9.0.2" and seen["port"] == 3143 and seen["started_before"] is True
+    upstream = seen["upstream"]
+    assert isinstance(upstream, sources.Effective) and upstream.pypi == "https://pypi.tuna.tsinghua.edu.cn/simple"
+    plan = seen["plan"]
+    assert seen["nodes"] == 2 and plan.instance.name.startswith("g5.")  # the launch's own plan, on the cache's map
+    assert set(plan.sources.mirrored) == set(sources.KEYS)  # cn-tuna sets the OS archives too
+    assert {r["from"] for r in plan.step_sources()} == {"--cache-host 10.9.0.2"}
+    assert plan.stack.torch.index_url.startswith("http://10.9.0.2:3142/whl/")
+    assert seen["stopped"] is False
+    assert fake_cloud.leftovers()["instances"] == []
+
+
+def test_up_refuses_a_cache_it_cannot_use_before_asking_the_cloud_anything(fake_cloud) -> None:
+    bad = {("--cache-host", "train:0"): "error: --cache-host: train:0 is a node this `up` launches: it does not run",
+           ("--cache-host", "10.9.0.2", "--no-bootstrap"): "--cache-host with --no-bootstrap: the nodes download nothing",
+           ("--keep-cache",): "--keep-cache needs --cache-host HOST"}
+    for extra, said in bad.items():
+        result = fake_cloud.gp("up", "train", "--gpu", "A10G:4", "--nodes", "2", "--yes", *extra)
+        assert result.exit_code == 2 and said in result.output, (extra, result.output)
+    assert fake_cloud.leftovers()["instances"] == []

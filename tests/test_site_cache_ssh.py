@@ -56,3 +56,45 @@ def test_two_hosts_fetch_a_wheel_through_the_cache_host_which_takes_it_upstream_
     # nothing left on the cache host: its folder, and anything listening on the port
     left = pool.exec_in(0, "ls /var/lib/gpuprov; (exec 3<>/dev/tcp/127.0.0.1/3142) 2>/dev/null && echo listening")
     assert "site-cache" not in left.stdout and "listening" not in left.stdout
+
+
+@pytest.mark.instant_aws  # EC2's lag is the lifecycle tests' part
+def test_up_bootstraps_the_launched_node_through_a_cache_host_and_removes_the_cache_after(
+        aws, env, aws_hosts, gp_home, tmp_path: Path) -> None:
+    """`up --cache-host` against the EC2 imitation: the node launched onto aws_hosts[0] reads through the proxy
+    gpuprov runs on aws_hosts[1] (a host of the site the launch does not touch), as `bootstrap --cache-host`."""
+    from tests.aws.cli import gp, launch_site, up_args
+
+    if not shutil.which("apt-cacher-ng", path="/usr/sbin:/usr/bin"):
+        skip_or_fail("needs apt-cacher-ng (tools/sysdeps.sh installs it)")
+    pool = aws_hosts
+    subnet = launch_site(aws, pool, gp_home)  # the node lands on pool[0]
+    pool.exec_in(1, "rm -rf /var/lib/gpuprov/*", check=True)
+    cache = pool[1].address
+    home = Path(env["HOME"]) / ".ssh"  # the cache host as the user's own ssh setup reaches it
+    home.mkdir(exist_ok=True)
+    (home / "config").write_text(f"Host {cache}\n  User root\n  IdentityFile {pool.key_path}\n")
+    (home / "known_hosts").write_text(pool[1].known_hosts_line() + "\n")
+    site = indexsite.build(tmp_path / "site")
+    (site / WHEEL).parent.mkdir(parents=True, exist_ok=True)
+    (site / WHEEL).write_bytes(b"PK\x05\x06" + bytes(18) + b"gpuprov" * 20_000)
+    playbook = tmp_path / "fetch.yml"
+    playbook.write_text(
+        "name: fetch\ndescription: one wheel through the site cache\nstack: none\nenv: null\nsteps:\n"
+        "  - name: fetch\n"
+        f"    run: curl -sSf -o /tmp/probe.whl http://{cache}:3142/{WHEEL} && echo fetched\n")
+    pool.exec_in(0, f"echo 'export GPUPROV_SHIM_CURL_PASSTHROUGH=http://{cache}:3142/' >> /var/lib/gpuprov-shim/env",
+                 check=True)
+    (tmp_path / "config.toml").write_text(f'[sources]\ntorch = "http://{pool.subnet}.1:{UPSTREAM_PORT}/whl"\n')
+    with indexsite.serve(site, host=f"{pool.subnet}.1", port=UPSTREAM_PORT) as (_base, requests):
+        result = gp({**env, "GPUPROV_CONFIG": str(tmp_path / "config.toml")},
+                    *up_args("cached", "--gpu", "T4", "--connect", "private", "--ssh-user", "root", "--os",
+                             "ubuntu-22.04", "--subnet", subnet, "-p", str(playbook), "--cache-host", cache),
+                    timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"cache http://{cache}:3142 on {cache}" in result.stderr
+    assert [p for p, _ in requests].count(f"/{WHEEL}") == 1
+    digest = hashlib.sha256((site / WHEEL).read_bytes()).hexdigest()
+    assert pool.exec_in(0, "sha256sum /tmp/probe.whl", check=True).stdout.split()[0] == digest
+    left = pool.exec_in(1, "ls /var/lib/gpuprov; (exec 3<>/dev/tcp/127.0.0.1/3142) 2>/dev/null && echo listening")
+    assert "site-cache" not in left.stdout and "listening" not in left.stdout

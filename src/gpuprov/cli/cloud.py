@@ -7,14 +7,18 @@ timeline.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import click
 
 from gpuprov.cli.common import (
     NODES,
+    cache_options,
     confirm,
     line_echo,
     main,
@@ -40,7 +44,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from typing_extensions import Unpack
 
-    from gpuprov.cli.option_sets import StackOptions
+    from gpuprov.cli.option_sets import ReachOptions, StackOptions
     from gpuprov.cloud.launch import UpOptions
     from gpuprov.cloud.timeline import Timeline
     from gpuprov.cloud.waiting import Wait
@@ -87,6 +91,7 @@ T = TypeVar("T")  # what an `up` pass returns: one node's result or a cluster's
 @click.option("--ssh-user", type=LoginName(), default=None,
               help="Login user of the image [default: the --os image's: ubuntu, admin (Debian), ec2-user (Amazon "
                    "Linux, RHEL), rocky].")
+@cache_options
 @click.option("--no-bootstrap", is_flag=True,
               help="Launch, wait for SSH and pin the host key; install nothing (`ssh gpuprov-NAME` works after).")
 @click.option("--no-wait", is_flag=True,
@@ -113,7 +118,8 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
        s3_access: tuple[str, ...], reservation: str | None, capacity_block: str | None, ssh_user: str | None,
        no_bootstrap: bool, no_wait: bool,
        dry_run: bool, wait_for: str | None, yes: bool, step_silence: float, verbose: bool, nodes: int,
-       min_nodes: int | None, locked: bool, as_json: bool, **kw: Unpack[StackOptions]) -> None:
+       min_nodes: int | None, locked: bool, as_json: bool, cache_host: str | None, cache_port: int, keep_cache: bool,
+       **kw: Unpack[StackOptions]) -> None:
     """Launch a GPU node on AWS, bootstrap and verify it, and print how to connect.
 
     Tries every instance type that carries the GPUs in every zone that offers it, cheapest
@@ -135,6 +141,9 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
 
     node_name = launch.check_name(name) if name else launch.new_name()
     wait = _wait_of(wait_for)
+    cache = _CacheRequest(cache_host, cache_port, keep_cache, node_name, no_bootstrap) if cache_host or keep_cache else None
+    if cache is not None:
+        cache.check()
     console = make_console(stderr=as_json)
     opts = launch.UpOptions(
         name=node_name, fallback_on_demand=fallback == "on-demand", max_price=max_price, max_hourly=max_hourly,
@@ -173,7 +182,8 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         warn(f"warning: --ssh-cidr {ssh_cidr} opens SSH on {node_name} to the whole internet (every scanner will try "
              "it); leave --ssh-cidr out for your address /32" + ("" if yes else ", or confirm below"))
     if not one:
-        _up_cluster(the_plan, opts, nodes, min_nodes, dry_run, yes, console, as_json, wait)
+        _up_cluster(the_plan, opts, nodes, min_nodes, dry_run, yes, console, as_json, wait,
+                    lambda: _through_cache(the_plan, kw, cache))
         return
     if store is None or provider is None:  # the dry run
         console.print(plan_view(the_plan))
@@ -184,8 +194,9 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
         world = ", SSH open to the whole internet" if launch.open_to_all(ssh_cidr) else ""
         confirm(f"Launch {node_name}: {the_plan.instance.name if the_plan.instance else '?'}"
                 f" ({'spot' if kw['spot'] else 'on-demand'}, list ${price or 0:.2f}/h{world})?", "launch")
-    result = _waiting(lambda say: one_node.up(the_plan, opts, provider, store, say), wait, node_name, store,
-                      say_to(console))
+    with _through_cache(the_plan, kw, cache) as plan:
+        result = _waiting(lambda say: one_node.up(plan, opts, provider, store, say), wait, node_name, store,
+                          say_to(console))
     node = result.node
     if as_json:
         _print_result_json(node, result.ssh_alias, result.timeline)
@@ -233,8 +244,52 @@ def _waiting(attempt: Callable[[Callable[[str], None]], T], wait: Wait | None, n
     return waiting.until_capacity(attempt, name, store, say, wait)
 
 
+@dataclass(frozen=True)
+class _CacheRequest:
+    """up --cache-host: the site's proxy the launched nodes bootstrap through, as `bootstrap --cache-host` runs it."""
+
+    host: str | None
+    port: int
+    keep: bool
+    node: str  # the node (or cluster) this `up` launches: never the cache's host
+    no_bootstrap: bool
+
+    def check(self) -> None:
+        """Refused before anything is asked of the cloud: what bootstrap refuses, and a cache nothing would read."""
+        if self.host is None:
+            raise click.UsageError("--keep-cache needs --cache-host HOST")
+        if self.no_bootstrap:
+            raise click.UsageError("--cache-host with --no-bootstrap: the nodes download nothing")
+        word = self.host.rpartition("@")[2].partition(":")[0]
+        if word == self.node:  # the node itself, or one of its cluster's (NAME:K)
+            raise UserInputError("--cache-host", f"{self.host} is a node this `up` launches: it does not run before "
+                                 "the launch, and its driver install reboots it, taking the cache away from the other "
+                                 "nodes; nothing was done", "run the cache on a host of the site outside this launch")
+
+
+@contextlib.contextmanager
+def _through_cache(the_plan: Plan, kw: StackOptions, cache: _CacheRequest | None) -> Iterator[Plan]:
+    """The plan the nodes are launched and bootstrapped with: with --cache-host, the proxy started on its host (as
+    `bootstrap --cache-host` starts it) and the plan made again on its map, then the proxy stopped when `up` ends."""
+    if cache is None:
+        yield the_plan
+        return
+    from gpuprov.cli.common import sources_flag
+    from gpuprov.cli.hosts import start_cache, stop_cache
+
+    reach: ReachOptions = {"identity": None, "ssh_config": None, "connect_timeout": 10.0}
+    running = start_cache(cache.host, cache.port, cache.keep, reach, kw["playbook"], sources_flag(kw),
+                          lambda _target: None)
+    try:
+        assert running is not None  # a host was named (_CacheRequest.check)
+        yield plan_from(kw, live=True, sources=running.layer)  # the same plan, on the proxy's map
+    finally:
+        stop_cache(running, cache.keep)
+
+
 def _up_cluster(the_plan: Plan, opts: UpOptions, nodes: int, min_nodes: int | None, dry_run: bool, yes: bool,
-                console: Console, as_json: bool, wait: Wait | None = None) -> None:
+                console: Console, as_json: bool, wait: Wait | None = None,
+                through: Callable[[], AbstractContextManager[Plan]] | None = None) -> None:
     from gpuprov.cli.report import plan_view
     from gpuprov.cloud import cluster_network as net
     from gpuprov.cloud import cluster_up
@@ -258,8 +313,9 @@ def _up_cluster(the_plan: Plan, opts: UpOptions, nodes: int, min_nodes: int | No
         world = ", SSH open to the whole internet" if open_to_all(opts.ssh_cidr) else ""
         confirm(f"Launch {opts.name}: {nodes} × {instance} ({'spot' if the_plan.request.spot else 'on-demand'}, "
                 f"list ${price:.2f}/h for all{world})?", "launch")
-    result = _waiting(lambda say: cluster_up.up(the_plan, opts, copts, provider, store, say), wait, opts.name, store,
-                      say_to(console))
+    with through() if through else contextlib.nullcontext(the_plan) as plan:
+        result = _waiting(lambda say: cluster_up.up(plan, opts, copts, provider, store, say), wait, opts.name, store,
+                          say_to(console))
     node = result.node
     if as_json:  # the node row (its members included), the ssh alias of node 0, nodes dropped, the timeline
         _print_result_json(node, result.ssh_alias, result.timeline, dropped=result.dropped)

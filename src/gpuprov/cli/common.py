@@ -192,6 +192,20 @@ def guard_options(func: F) -> F:
     ])
 
 
+def cache_options(func: F) -> F:
+    """The site's caching proxy for a bootstrap (bootstrap, and up for the nodes it launches): plan/site_cache.py."""
+    return apply_options(func, [
+        click.option("--cache-host", default=None, metavar="HOST",
+                     help="Run a caching proxy (apt-cacher-ng) on HOST, a host of the site the others reach, for this "
+                          "bootstrap: apt, dnf and the wheels come from upstream once (docs/mirrors.md). Removed "
+                          "after, unless --keep-cache."),
+        click.option("--cache-port", type=Number(1, 65535, whole=True), default=3142, show_default=True,
+                     help="With --cache-host: the proxy's port on HOST."),
+        click.option("--keep-cache", is_flag=True,
+                     help="With --cache-host: leave the proxy and its cache running on HOST."),
+    ])
+
+
 def node_guard_options(func: F) -> F:
     """Guard choices only a node gpuprov launches has (plan, render, up)."""
     return apply_options(func, [
@@ -312,12 +326,13 @@ def _gpu_asked(kw: StackOptions) -> str | None:
 
 
 def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None] | None = None, *,
-              planning: bool = False) -> Plan:
+              planning: bool = False, sources: tuple[Sources, str] | None = None) -> Plan:
     """The plan the flags ask for; `live`: with EC2's own facts of the region's GPU instance types (cached a day),
     asked only once the flags are known to be good (an instance type, or a GPU of plan/gpu_names.py, only EC2 may
     know aside): the plan on the shipped catalog first, and `check` (the command's own option checks) on it, so bad
     input asks EC2 nothing. `planning`: the command only plans (plan, render), which a cloud gpuprov plans on but
-    does not launch on lets through, on its own catalog and regions, without --live."""
+    does not launch on lets through, on its own catalog and regions, without --live. `sources`: the map's layer in
+    --sources' place (`up --cache-host`'s proxy), for a plan made again once its region was said."""
     from gpuprov.cloud.providers import unlaunched
     from gpuprov.errors import UserInputError
     from gpuprov.plan import cpu, gpu_names
@@ -344,7 +359,7 @@ def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None
         autostop_seconds=parse_duration(kw["autostop"], "--autostop"), ttl_seconds=parse_duration(kw["ttl"], "--ttl"),
         on_interrupt=kw["on_interrupt"] or None, persistent=kw["persistent"], autostop_action=kw["autostop_action"],
         budget_usd=kw["budget"], jupyter=kw["jupyter"], monitoring=monitoring_from(kw), docker=kw["docker"],
-        **sources_from(kw),
+        **(sources_from(kw) if sources is None else {"sources": sources[0], "sources_from": sources[1]}),
         arch=kw["arch"],
     )
     try:
@@ -364,7 +379,8 @@ def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None
 
         cat = live_catalog(catalog.load(), store_and_provider()[1], region.name, lambda line: warn(line))
         plan = make_plan(request, cat)
-    say_region(region)
+    if sources is None:
+        say_region(region)
     return plan
 
 

@@ -16,7 +16,7 @@ SECTIONS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
         ("Launch", ("cloud", "gpu", "count", "cpu", "memory_gib", "spot", "persistent", "fallback", "region", "instance_type",
                     "max_hourly", "max_price", "disk_gb", "image", "reservation", "capacity_block", "wait_for")),
         ("Stack", ("playbook", "os_name", "driver", "cuda", "torch_version", "torch_cuda", "python", "jupyter",
-                   "docker", "sources", "arch")),
+                   "docker", "sources", "arch", "cache_host", "cache_port", "keep_cache")),
         ("Access", ("ssh_cidr", "connect", "subnet", "ssh_user")),
         ("Guards", ("autostop", "autostop_action", "ttl", "budget", "locked", "on_interrupt", "metrics", "health",
                     "watch_process", "on_alert", "alert_webhook")),

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, TypeVar
 import click
 
 from gpuprov.cli.common import (
+    cache_options,
     guard_options,
     host_settings,
     line_echo,
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from typing_extensions import Unpack
 
-    from gpuprov.cli.option_sets import BootstrapOptions, SshOptions
+    from gpuprov.cli.option_sets import BootstrapOptions, ReachOptions, SshOptions
     from gpuprov.cluster import Cluster, WireResult
     from gpuprov.hosts.bootstrap import HostResult
     from gpuprov.hosts.detect import HostFacts
@@ -75,13 +76,7 @@ R = TypeVar("R", bound="Judged")  # what a host's outcome reports: check's, benc
                    "toward node 1, from `ip route get`].")
 @click.option("--master-port", type=Number(1, 65535, whole=True), default=29500, show_default=True,
               help="With --cluster: the rendezvous port (MASTER_PORT).")
-@click.option("--cache-host", default=None, metavar="HOST",
-              help="Run a caching proxy (apt-cacher-ng) on HOST, a host of the site the others reach, for this "
-                   "bootstrap: apt, dnf and the wheels come from upstream once (docs/mirrors.md). Removed after, "
-                   "unless --keep-cache.")
-@click.option("--cache-port", type=Number(1, 65535, whole=True), default=3142, show_default=True,
-              help="With --cache-host: the proxy's port on HOST.")
-@click.option("--keep-cache", is_flag=True, help="With --cache-host: leave the proxy and its cache running on HOST.")
+@cache_options
 @click.option("--offline", "offline_dir", default=None, metavar="DIR",
               help="Install from a bundle made by `gpuprov bundle --offline` (for hosts with no route out): the "
                    "plan is checked against DIR/manifest.json first, DIR is sent over SSH, and apt/dnf and pip "
@@ -142,7 +137,8 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
     targets = targets_from(kw["hosts"], kw["inventory"], kw["ssh_config"])
     if guard.autostop_seconds is not None or guard.ttl_seconds is not None:
         _refuse_locked(targets)
-    cache = _start_cache(cache_host, cache_port, keep_cache, kw, sources, targets, keep_driver)
+    cache = start_cache(cache_host, cache_port, keep_cache, kw, kw["playbook"], sources,
+                        _rebooted_among(targets, kw["playbook"], keep_driver))
     if cache is not None:  # every key of the map through the proxy, as a mirror
         sources = cache.layer
     plan_for = Planner(gpu, kw["playbook"], kw["os_name"], pins, guard, jupyter=kw["jupyter"], monitoring=monitoring,
@@ -170,11 +166,7 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
                     f"are kept: run `gpuprov bootstrap {named.strip()}` again, with the same options, to finish")
         raise
     finally:
-        if cache is not None:
-            from gpuprov.hosts import site_cache
-
-            if problem := site_cache.stop(cache, keep=keep_cache):
-                warn(f"warning: {problem}")
+        stop_cache(cache, keep_cache)
     ok = all(r.status in ("ok", "changed") for r in results)
     if cluster_name is None:
         if as_json:
@@ -189,9 +181,12 @@ def bootstrap(verbose: bool, as_json: bool, gpu: str | None, force: bool, keep_d
     _cluster_out(cluster_name, results, wired, as_json, console)
 
 
-def _start_cache(host: str | None, port: int, keep: bool, kw: BootstrapOptions, sources: tuple[Sources, str] | None,
-                 targets: list[Target], keep_driver: bool) -> Running | None:
-    """--cache-host: the site's proxy started on its host, for the map the bootstrap would use without it."""
+def start_cache(host: str | None, port: int, keep: bool, reach: ReachOptions, playbook: str,
+                sources: tuple[Sources, str] | None,
+                refused: Callable[[Target], tuple[str, str] | None]) -> Running | None:
+    """--cache-host: the site's proxy started on its host, for the map the hosts would use without it (bootstrap's,
+    and up's for the nodes it launches). `refused` says why the host may not hold the cache (one that the bootstrap
+    reboots) and what to do, before anything is done."""
     if host is None:
         if keep:
             raise click.UsageError("--keep-cache needs --cache-host HOST")
@@ -199,19 +194,43 @@ def _start_cache(host: str | None, port: int, keep: bool, kw: BootstrapOptions, 
     from gpuprov.errors import UserInputError
     from gpuprov.hosts import site_cache
     from gpuprov.plan.site_cache import effective_for
-    from gpuprov.plan.spec import load_playbook
 
-    target = targets_from((host,), None, kw["ssh_config"])[0]
-    book = load_playbook(kw["playbook"])
-    rebooted = not (keep_driver or book.driver == "keep") and book.stack != "none"
-    if rebooted and any((t.host, t.port or 22) == (target.host, target.port or 22) for t in targets):
-        raise UserInputError("--cache-host", f"{target.name} is bootstrapped too, and its driver install reboots it, "
-                             "taking the cache away from the other hosts; nothing was done",
-                             "run the cache on a host outside the list, or bootstrap it apart first")
-    running = site_cache.start(target, host_settings(kw), effective_for(kw["playbook"], sources), port)
+    target = targets_from((host,), None, reach["ssh_config"])[0]
+    if why := refused(target):
+        raise UserInputError("--cache-host", f"{target.name} {why[0]}, taking the cache away from the other hosts; "
+                             "nothing was done", why[1])
+    running = site_cache.start(target, host_settings(reach), effective_for(playbook, sources), port)
     if not quiet():
         click.echo(f"cache {running.cache.base} on {target.name}: the hosts download through it", err=True)
     return running
+
+
+def stop_cache(running: Running | None, keep: bool) -> None:
+    """The proxy `start_cache` started, ended (or left, with --keep-cache); a host that did not answer is a warning:
+    the bootstrap's own outcome stands."""
+    if running is None:
+        return
+    from gpuprov.hosts import site_cache
+
+    if problem := site_cache.stop(running, keep=keep):
+        warn(f"warning: {problem}")
+
+
+def _rebooted_among(targets: list[Target], playbook: str,
+                    keep_driver: bool) -> Callable[[Target], tuple[str, str] | None]:
+    """bootstrap's refusal of a cache host: one of the hosts whose driver install reboots it."""
+    from gpuprov.plan.spec import load_playbook
+
+    book = load_playbook(playbook)
+    rebooted = not (keep_driver or book.driver == "keep") and book.stack != "none"
+
+    def refused(cache: Target) -> tuple[str, str] | None:
+        if rebooted and any((t.host, t.port or 22) == (cache.host, cache.port or 22) for t in targets):
+            return ("is bootstrapped too, and its driver install reboots it",
+                    "run the cache on a host outside the list, or bootstrap it apart first")
+        return None
+
+    return refused
 
 
 def _doctor_sources(targets: list[Target], kw: SshOptions, timeout: float, as_json: bool) -> None:

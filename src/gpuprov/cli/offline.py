@@ -278,13 +278,18 @@ def bundle(gpu: str, arch: str | None, offline: bool, out: str, as_json: bool, *
         raise GpuprovError(f"{exc}; nothing more was downloaded (run it again to resume)") from None
     manifest = result.manifest
     total = sum(i.size for i in manifest.items)
-    kinds = {k: sum(1 for i in manifest.items if i.kind == k) for k in ("package", "index", "wheel", "installer")}
+    from typing import get_args
+
+    from gpuprov.plan.offline import Kind
+
+    kinds = {k: sum(1 for i in manifest.items if i.kind == k) for k in get_args(Kind)}
     if as_json:
         click.echo(json.dumps({"folder": str(Path(out).resolve()), "plan": manifest.plan.model_dump(mode="json"),
                                "files": kinds, "bytes": total, "from_os": result.from_os}, indent=2))
         return
     click.echo(f"wrote {len(manifest.items)} files ({total / 2**20:,.1f} MiB: {kinds['package']} packages, "
-               f"{kinds['wheel']} wheels, {kinds['installer']} installers) and manifest.json to {Path(out).resolve()}")
+               f"{kinds['wheel']} wheels, {kinds['installer']} installers, {kinds['python']} Python builds) and "
+               f"manifest.json to {Path(out).resolve()}")
     if result.from_os:
         click.echo(f"from the OS's own repositories (not bundled): {', '.join(result.from_os)}")
 

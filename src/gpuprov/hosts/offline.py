@@ -3,7 +3,9 @@
 Only what the host lacks goes: the host's copy is read first (`sha256sum` of every file under plan/offline.py's
 OFFLINE_DIR), each file of the manifest whose sha256 differs or is absent is sent, and the host's copy is read again
 and must match the manifest file for file, so a cut transfer is resumed by the next run and a damaged one is never
-installed from. A login that is not root sends into a folder of its home and copies it into OFFLINE_DIR with sudo.
+installed from. A login that is not root sends into a folder of its home (STAGE), which sudo then copies into
+OFFLINE_DIR as root's and removes: the login cannot change what is installed from the bundle, and its home keeps no
+second copy; what a cut transfer left in STAGE counts as sent, as what is in OFFLINE_DIR does.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ def push(remote: Remote, folder: Path, manifest: Manifest, note: Callable[[str],
     root = remote.is_root
     target = OFFLINE_DIR if root else STAGE
     want = {i.path: i.sha256 for i in manifest.items}
-    have = _sums(remote, target, sudo=False)
-    send = sorted(p for p, sha in want.items() if have.get(p) != sha)
+    have = _sums(remote, OFFLINE_DIR, sudo=not root)
+    staged = {} if root else _sums(remote, STAGE, sudo=False)
+    send = sorted(p for p, sha in want.items() if sha not in (have.get(p), staged.get(p)))
     sent = 0
     if send:
         parents = sorted({str(PurePosixPath(target) / PurePosixPath(p).parent) for p in send})
@@ -54,8 +57,9 @@ def push(remote: Remote, folder: Path, manifest: Manifest, note: Callable[[str],
             sftp.put(str(local), f"{target}/{path}")
             sent += local.stat().st_size
     remote.put_bytes((folder / MANIFEST).read_bytes(), f"{target}/{MANIFEST}")
-    if not root:
-        copied = remote.run(f"mkdir -p {OFFLINE_DIR} && cp -a {STAGE}/. {OFFLINE_DIR}/", sudo=True)
+    if not root:  # into place as root's (cp -R: the login's ownership is not kept), the stage gone
+        copied = remote.run(f"mkdir -p {OFFLINE_DIR} && cp -R {STAGE}/. {OFFLINE_DIR}/ && "
+                            f"chown -R root:root {OFFLINE_DIR} && rm -rf {STAGE}", sudo=True)
         if not copied.ok:
             raise GpuprovError(f"cannot copy the bundle into {OFFLINE_DIR}: {copied.stderr.strip()[-300:]}")
     now = _sums(remote, OFFLINE_DIR, sudo=not root)

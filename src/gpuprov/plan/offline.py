@@ -10,6 +10,8 @@ A bundle is a folder:
                                   with their dependencies (dnf: repodata/ and the rpms)
     wheels/                       the wheels for the target's Python and platform (pip download)
     installers/                   the pinned Miniforge release (uv comes as its wheel)
+    python/{release}/             the plan's CPython from python-build-standalone (a uv env), as the release names it,
+                                  for a host without that Python: uv installs it from there (UV_PYTHON_INSTALL_MIRROR)
 
 On the host the folder is OFFLINE_DIR, and the plan's sources map points `nvidia` at it (`file://`): the driver step
 installs NVIDIA's cuda-keyring from it, and apt or dnf read the repository there as they read NVIDIA's own, checking
@@ -39,7 +41,7 @@ MANIFEST = "manifest.json"
 FORMAT = 1
 OFFLINE_DIR = "/var/lib/gpuprov/offline"  # where bootstrap --offline puts the bundle on a host
 
-Kind = Literal["package", "index", "wheel", "installer"]
+Kind = Literal["package", "index", "wheel", "installer", "python"]
 
 
 class Item(BaseModel):
@@ -48,7 +50,7 @@ class Item(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Kind
-    name: str  # a package's or wheel's project name, an index's file name, an installer's key (uv, miniforge)
+    name: str  # a package's or wheel's project name, an index's file name, an installer's key (uv, miniforge), cpython
     version: str = ""
     path: str  # relative to the bundle's folder
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -183,9 +185,21 @@ NOT_BUNDLED = {
 }
 
 
+def unbundled(plan: Plan) -> list[str]:
+    """The plan's steps whose downloads no bundle holds, each naming the step, why and what to do."""
+    out = [f"step {s.name}: {NOT_BUNDLED[s.name]}" for s in plan.steps if s.name in NOT_BUNDLED]
+    env = plan.playbook.env
+    if env is not None and env.manager == "conda" and any(s.name == "python-env" for s in plan.steps):
+        where = (plan.playbook.where("env", "manager") or plan.playbook.where("env")
+                 or f"playbook {plan.playbook.name}: env")
+        out.append(f"step python-env: a conda env's `conda create` reads conda-forge's channel, which no bundle "
+                   f"holds yet (set `manager: uv` in {where})")
+    return out
+
+
 def missing(plan: Plan, manifest: Manifest) -> list[str]:
     """What `plan` needs that the bundle lacks, each naming the item and the step; empty: it serves the plan."""
-    out = [f"step {s.name}: {NOT_BUNDLED[s.name]}" for s in plan.steps if s.name in NOT_BUNDLED]
+    out = unbundled(plan)
     for need in needs(plan):
         have = manifest.names(need.kind)
         if (normal(need.name) if need.kind == "wheel" else need.name) not in have:

@@ -12,6 +12,10 @@ route out (plan/offline.py says what a plan needs and what the folder holds).
   `--only-binary=:all:`), from the map's torch and pypi indexes; pip checks each wheel against the index's sha256.
 - Miniforge's pinned release, checked against its pinned sha256; uv comes as its own wheel (its installer script
   would download it from GitHub), with the others.
+- A uv env's Python: python-build-standalone's CPython build of the plan's Python for the target's CPU, from the
+  release data/sources.yaml pins (`python_builds`), as uv names it (`install_only_stripped`), checked against the
+  sha256 the release's own SHA256SUMS gives. Read from UV_PYTHON_INSTALL_MIRROR when set (uv's own variable, a
+  mirror of the releases), else from GitHub.
 """
 
 from __future__ import annotations
@@ -430,10 +434,44 @@ def _miniforge(plan: Plan, out: Path, say: Say, items: list[Item]) -> None:
                       path=f"installers/{pin.version}/{name}", sha256=sha, size=size, source=url))
 
 
+PYTHON_BUILDS = "https://github.com/astral-sh/python-build-standalone/releases/download"
+
+
+def _python(plan: Plan, python: str, out: Path, say: Say, items: list[Item]) -> None:
+    """The CPython build uv installs for `python` on the target's CPU, into python/{release}/ as the release names it
+    (uv reads a mirror's folder by the release's own paths)."""
+    import os
+
+    from gpuprov.resources import load_data
+
+    release = str(load_data("sources.yaml")["python_builds"]["release"])
+    base = (os.environ.get("UV_PYTHON_INSTALL_MIRROR") or PYTHON_BUILDS).rstrip("/")
+    sums_url = f"{base}/{release}/SHA256SUMS"
+    folder = out / "python" / release
+    _download(sums_url, folder / "SHA256SUMS")
+    pattern = re.compile(rf"cpython-{re.escape(python)}\.(\d+)\+{release}-{plan.arch}-unknown-linux-gnu-"
+                         r"install_only_stripped\.tar\.gz")
+    builds = {}
+    for line in (folder / "SHA256SUMS").read_text().splitlines():
+        sha, _, name = line.strip().partition("  ")
+        if (match := pattern.fullmatch(name.lstrip("*"))) and re.fullmatch(r"[0-9a-f]{64}", sha):
+            builds[int(match.group(1))] = (name.lstrip("*"), sha)
+    (folder / "SHA256SUMS").unlink()
+    if not builds:
+        raise GpuprovError(f"{sums_url} lists no CPython {python} build for {plan.arch} Linux: the plan's Python "
+                           "cannot be bundled (plan with a --python that release has)")
+    name, sha = builds[max(builds)]
+    url = f"{base}/{release}/{name.replace('+', '%2B')}"
+    say(f"Python {python}: {name} ({base}/{release})")
+    got, size = _download(url, folder / name, sha, folder / name)
+    items.append(Item(kind="python", name="cpython", version=name.split("-")[1].split("+")[0],
+                      path=f"python/{release}/{name}", sha256=got, size=size, source=url))
+
+
 def make(plan: Plan, out: Path, say: Say) -> Result:
     """Download everything `plan` needs into `out` and write its manifest there; the manifest and what NVIDIA's
     repository left to the OS."""
-    unbundled = [f"step {s.name}: {offline.NOT_BUNDLED[s.name]}" for s in plan.steps if s.name in offline.NOT_BUNDLED]
+    unbundled = offline.unbundled(plan)
     if unbundled:  # refused now, not when the bundle reaches a host that cannot use it
         raise UserInputError("bundle --offline", f"{'; '.join(unbundled)}; nothing was downloaded")
     out.mkdir(parents=True, exist_ok=True)
@@ -468,6 +506,9 @@ def make(plan: Plan, out: Path, say: Say) -> Result:
     wheels = [n for n in needs if n.kind == "wheel"]
     if wheels:
         _wheels(plan, wheels, out, say, items)
+    env = plan.playbook.env
+    if env is not None and env.manager == "uv" and served.python and any(s.name == "python-env" for s in plan.steps):
+        _python(plan, served.python, out, say, items)  # for a host without the plan's Python
     manifest = Manifest(plan=served, items=tuple(items))
     write_atomic(out / offline.MANIFEST, manifest.model_dump_json(indent=2) + "\n", 0o644)
     return Result(manifest, from_os)
