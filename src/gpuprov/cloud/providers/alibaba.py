@@ -16,7 +16,9 @@ from gpuprov.cloud.providers.alibaba_base import NOT_FOUND, RETRIES, EcsError, E
 from gpuprov.cloud.providers.alibaba_images import EcsImages
 from gpuprov.cloud.providers.alibaba_refusals import classify
 from gpuprov.cloud.providers.base import (
+    IMAGES,
     SHARED,
+    TAG_IMAGE,
     TAG_NODE,
     TAG_OWNER,
     TAG_TEAM,
@@ -349,13 +351,26 @@ class AlibabaProvider(EcsImages):
         """Every resource of the region that carries a gpuprov:owner tag of this install (ListTagResources, each
         resource type gpuprov makes)."""
         out = []
+        images = self.images(region, everyone=everyone)
+        names = {i.name for i in images}
         for kind, ours in TAGGED_KINDS.items():
+            if kind == "image":  # as AWS's: "NAME | state", the name being what a bake's lock is called
+                out += [CloudResource("image", i.id, region, IMAGES, f"{i.name} | {i.state}", i.owner,
+                                      member=i.member) for i in images]
+                continue
             rows = self._tag_rows(region, kind)
             for rid, tags in rows.items():
-                if self._mine(tags, everyone):
-                    out.append(CloudResource(kind=ours, id=rid, region=region, node=tags.get(TAG_NODE),
-                                             owner=tags.get(TAG_OWNER), team=tags.get(TAG_TEAM),
-                                             member=tags.get("gpuprov:member")))
+                if not self._mine(tags, everyone):
+                    continue
+                if kind == "snapshot":  # only a snapshot whose image is gone (a live image's are the image's)
+                    if tags.get(TAG_IMAGE) in names:
+                        continue
+                    out.append(CloudResource("snapshot", rid, region, IMAGES, f"of image {tags.get(TAG_IMAGE)} (gone)",
+                                             tags.get(TAG_OWNER), member=tags.get("gpuprov:member")))
+                    continue
+                out.append(CloudResource(kind=ours, id=rid, region=region, node=tags.get(TAG_NODE),
+                                         owner=tags.get(TAG_OWNER), team=tags.get(TAG_TEAM),
+                                         member=tags.get("gpuprov:member")))
         return out
 
     def _tag_rows(self, region: str, kind: str) -> dict[str, dict[str, str]]:

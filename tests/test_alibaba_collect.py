@@ -1,0 +1,89 @@
+"""`gc`, `gpus --live` and prices on Alibaba Cloud, through the CLI against the ECS imitation in this process (the
+fast lane: tests/alibaba/cli.py). gc's rules are cloud/gc.py's, the same as on AWS: these tests show that they hold
+for ECS's tagged resources, and that nothing of AWS (its regions, its catalog, its endpoint) is read on the way."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+A10 = "ecs.gn7i-c8g1.2xlarge"
+
+
+def error_line(result: Any) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
+    return line
+
+
+def test_gc_never_takes_a_recorded_node_and_collects_it_once_its_record_is_gone(ecs_cli) -> None:
+    looked = ecs_cli.gp("gc")  # no state yet: a look makes none
+    assert looked.exit_code == 0, looked.output
+    assert "nothing to collect in cn-hangzhou (" in looked.stdout and "us-east-1" not in looked.output
+    assert not (ecs_cli.home / "state.sqlite").exists()
+
+    ecs_cli.up("n1")
+    ecs_cli.up("n2")
+    made = ecs_cli.ours()
+    assert len(made["instance"]) == 2 and len(made["securitygroup"]) == 2 and len(made["keypair"]) == 1
+    kept = ecs_cli.gp("gc", "--yes")
+    assert kept.exit_code == 0, kept.output
+    assert "nothing to collect in cn-hangzhou (" in kept.stdout and ecs_cli.ours() == made
+
+    n1 = [i for i in made["instance"] if ecs_cli.cloud.instances[i].tags["gpuprov:node"] == "n1"]
+    ecs_cli.forget("n2")  # its record gone: what it made is an orphan, n1's is not
+    listed = ecs_cli.gp("gc", "--json")
+    assert listed.exit_code == 0, listed.output
+    found = json.loads(listed.stdout)
+    assert found["regions"] == ["cn-hangzhou"] and found["deleted"] is False
+    n2 = {(r["kind"], r["node"]) for r in found["found"]}
+    assert n2 == {("instance", "n2"), ("security-group", "n2")}
+    assert ecs_cli.ours() == made  # listed only
+
+    taken = ecs_cli.gp("gc", "--yes")
+    assert taken.exit_code == 0, taken.output
+    assert "deleted instance" in taken.stdout and "deleted security-group" in taken.stdout
+    left = ecs_cli.ours()
+    assert left["instance"] == n1
+    assert len(left["securitygroup"]) == 1 and left["keypair"] == made["keypair"]  # n1 still uses the key pair
+    assert ecs_cli.gp("status", "n1").exit_code == 0
+
+    down = ecs_cli.gp("down", "n1", "--yes")
+    assert down.exit_code == 0, down.output
+    assert ecs_cli.ours() == {}
+
+
+def test_gc_regions_are_alibabas_own(ecs_cli) -> None:
+    line = error_line(ecs_cli.gp("gc", "--region", "us-east-2"))
+    assert line == "error: --region: unknown Alibaba Cloud region 'us-east-2'"
+    swept = ecs_cli.gp("gc", "--all-regions", "--json")
+    assert swept.exit_code == 0, swept.output
+    assert json.loads(swept.stdout)["regions"] == ["cn-hangzhou"]  # the only region the imitation enables
+    assert "not enabled for this account, not swept: cn-shanghai, cn-beijing" in swept.stderr
+    assert "us-east-1" not in swept.output
+    given = ecs_cli.gp("gc", "--region", "cn-hangzhou")
+    assert given.exit_code == 0 and "nothing to collect in cn-hangzhou (" in given.stdout
+
+
+def test_gc_leaves_a_live_baked_images_snapshot_and_takes_one_whose_image_is_gone(ecs_cli) -> None:
+    """ECS lists every tagged snapshot; a snapshot is an orphan only once its image is gone (as on AWS)."""
+    from gpuprov.cloud.providers.alibaba import AlibabaProvider
+    from gpuprov.cloud.providers.base import ImageRequest
+
+    ecs_cli.up("n1")
+    owner = ecs_cli.cloud.instances[next(iter(ecs_cli.cloud.instances))].tags["gpuprov:owner"]
+    provider = AlibabaProvider(owner, poll=0.01)
+    instance = next(iter(ecs_cli.cloud.instances))
+    image = provider.create_image(ImageRequest("cn-hangzhou", instance, "baked-1", "d", "n1", "s", "ubuntu-24.04"))
+    snapshot = ecs_cli.cloud.images[image]["DiskDeviceMappings"]["DiskDeviceMapping"][0]["SnapshotId"]
+    listed = json.loads(ecs_cli.gp("gc", "--json").stdout)
+    kinds = {(r["kind"], r["id"]) for r in listed["found"]}
+    assert ("snapshot", snapshot) not in kinds
+    assert ("image", image) in kinds  # no record names it: an orphan, as on AWS
+    del ecs_cli.cloud.images[image]  # a DeleteImage whose DeleteSnapshot never came
+    listed = json.loads(ecs_cli.gp("gc", "--json").stdout)
+    assert ("snapshot", snapshot) in {(r["kind"], r["id"]) for r in listed["found"]}
+    taken = ecs_cli.gp("gc", "--yes")
+    assert taken.exit_code == 0, taken.output
+    assert snapshot not in ecs_cli.cloud.snapshots
