@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 from gpuprov.cloud.providers.alibaba_base import NOT_FOUND, RETRIES, EcsError, EcsNoAnswer, stamp, tags_of
@@ -33,6 +34,7 @@ from gpuprov.cloud.providers.base import (
     NotFound,
     SpotPrice,
 )
+from gpuprov.cloud.providers.capabilities import LIST_PRICES, ListPrice
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.plan.catalog_alibaba import facts
 
@@ -51,9 +53,10 @@ class AlibabaProvider(EcsImages):
     """Alibaba Cloud ECS: the core of the provider protocol (see base.py)."""
 
     name = "alibaba"
-    # none of capabilities.py's yet: no cluster placement, eRDMA, EIPs, RAM roles, reservations or image copy in
-    # gpuprov (each refused by name through `capabilities.need`); its stop is always economical (StopCharging)
-    capabilities: frozenset[str] = frozenset()
+    # of capabilities.py's only its list prices (DescribePrice): no cluster placement, eRDMA, EIPs, RAM roles,
+    # reservations or image copy in gpuprov (each refused by name through `capabilities.need`); its stop is always
+    # economical (StopCharging)
+    capabilities: frozenset[str] = frozenset({LIST_PRICES.flag})
 
     # --- where to launch ---------------------------------------------------------------------
 
@@ -402,6 +405,25 @@ class AlibabaProvider(EcsImages):
             out += [SpotPrice(instance_type=name, zone=zone, price=float(row.get("SpotPrice") or 0),
                               at=stamp(row.get("Timestamp"))) for zone, row in sorted(latest.items())]
         return out
+
+    def list_price(self, region: str, instance_type: str, *, zone: str | None = None,
+                   disk_gb: int | None = None) -> ListPrice:
+        """The pay-as-you-go price per hour now (DescribePrice, PostPaid by default, PriceUnit Hour): the compute's
+        (its instanceType row) and, with `disk_gb`, the system disk's (its systemDisk row), in the answer's
+        currency."""
+        params: dict[str, Any] = {"ResourceType": "instance", "InstanceType": instance_type, "PriceUnit": "Hour"}
+        if zone:
+            params["ZoneId"] = zone
+        if disk_gb:
+            params["SystemDisk"] = {"Category": DISK, "Size": disk_gb}
+        reply = self._call(region, "DescribePrice", **params)
+        price = (reply.get("PriceInfo") or {}).get("Price") or {}
+        rows = {str(r.get("Resource")): float(r.get("TradePrice") or 0)
+                for r in (price.get("DetailInfos") or {}).get("DetailInfo") or []}
+        compute = rows.get("instanceType", float(price.get("TradePrice") or 0) - rows.get("systemDisk", 0.0))
+        return ListPrice(instance_type=instance_type, price=compute, currency=str(price.get("Currency") or "?"),
+                         disk_price=rows.get("systemDisk"), source="Alibaba Cloud DescribePrice",
+                         at=datetime.now(timezone.utc))
 
     def gpu_instance_types(self, region: str) -> list[InstanceTypeInfo]:
         """DescribeInstanceTypes' GPU types (GPUAmount > 0: GPUSpec "NVIDIA A10", CpuCoreCount, MemorySize GiB;

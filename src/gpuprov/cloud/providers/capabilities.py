@@ -134,6 +134,38 @@ class ImageCopying(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ListPrice:
+    """A type's pay-as-you-go price as the cloud answered it when asked: the compute's and the system disk's, per
+    hour, in the cloud's currency; `usd_hour` and `disk_usd_hour` are those in US dollars (None in another
+    currency, or where the cloud priced no disk)."""
+
+    instance_type: str
+    price: float
+    currency: str
+    disk_price: float | None
+    source: str  # the call that answered it ("Alibaba Cloud DescribePrice")
+    at: datetime
+
+    @property
+    def usd_hour(self) -> float | None:
+        return self.price if self.currency == "USD" else None
+
+    @property
+    def disk_usd_hour(self) -> float | None:
+        return self.disk_price if self.currency == "USD" else None
+
+
+@runtime_checkable
+class ListPrices(Protocol):
+    """The pay-as-you-go price read from the cloud itself (a catalog with no price: the cloud is asked at launch)."""
+
+    def list_price(self, region: str, instance_type: str, *, zone: str | None = None,
+                   disk_gb: int | None = None) -> ListPrice:
+        """The type's price per hour now (with a system disk of `disk_gb`, priced apart)."""
+        ...
+
+
 C = TypeVar("C")
 
 
@@ -156,6 +188,8 @@ STORAGE = Capability[Storage]("object-storage", "object storage for a playbook's
 IMAGE_COPY = Capability[ImageCopying]("image-copy", "image copy across regions", ImageCopying)
 STOP_MODES = Capability[None]("stop-modes", "stop modes")  # a spot request that stops on interruption
 ALL = (PLACEMENT, RDMA, ADDRESSES, ROLES, BLOCKS, STORAGE, IMAGE_COPY, STOP_MODES)
+# not in ALL, which AWS declares whole: AWS's list prices are its catalog's, read offline
+LIST_PRICES = Capability[ListPrices]("list-prices", "list prices read from the cloud", ListPrices)
 
 
 def has(provider: Provider, capability: Capability[Any]) -> bool:
