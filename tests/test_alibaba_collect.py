@@ -87,3 +87,51 @@ def test_gc_leaves_a_live_baked_images_snapshot_and_takes_one_whose_image_is_gon
     taken = ecs_cli.gp("gc", "--yes")
     assert taken.exit_code == 0, taken.output
     assert snapshot not in ecs_cli.cloud.snapshots
+
+
+def test_gpus_live_shows_each_zones_stock_spot_and_pay_as_you_go_price_with_their_sources(ecs_cli) -> None:
+    ecs_cli.cloud.stock[("cn-hangzhou-i", A10)] = 0
+    ecs_cli.cloud.spot_price[("cn-hangzhou-h", A10)] = 0.61
+    ecs_cli.cloud.list_price[A10] = 1.87
+    shown = ecs_cli.gp("gpus", "--live", "A10", COLUMNS="80")
+    assert shown.exit_code == 0, shown.output
+    lines = shown.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert [line.split() for line in lines if line.strip().startswith(A10)] == [
+        [A10, "cn-hangzhou-h", "in", "stock", "$0.6100", "$1.8700"],
+        [A10, "cn-hangzhou-i", "sold", "out", "$0.5000", "$1.8700"]]
+    said = " ".join(shown.stdout.split())
+    for source in ("stock: DescribeAvailableResource", "spot: DescribeSpotPriceHistory", "pay-as-you-go: DescribePrice"):
+        assert source in said and said.split(source)[1].split(": ")[0].count(", read 20") == 1, source
+    assert "not listed in cn-hangzhou: ecs.gn7i-c32g1.32xlarge" in said  # documented, not in this region
+    assert "EC2" not in shown.output and "us-east-1" not in shown.output
+
+    listed = ecs_cli.gp("gpus", "--live", "A10", "--json")
+    assert listed.exit_code == 0, listed.output
+    rows = json.loads(listed.stdout)["rows"]
+    sold = next(r for r in rows if r["zone"] == "cn-hangzhou-i")
+    assert sold["stock"] == {"available": False, "status": "SoldOut", "source": "DescribeAvailableResource",
+                             "read": sold["stock"]["read"]}
+    assert sold["pay_as_you_go"]["price_hour"] == 1.87 and sold["pay_as_you_go"]["source"] == "DescribePrice"
+    assert sold["spot"]["at"] == "2026-12-03 00:00:00 UTC" and sold["spot"]["currency"] == "USD"
+    asked = [params for action, params in ecs_cli.cloud.calls if action == "DescribePrice"]
+    assert asked and all(p["ResourceType"] == "instance" and p["PriceUnit"] == "Hour" for p in asked)
+
+
+def test_gpus_live_says_ecss_own_code_and_message_when_it_refuses(ecs_cli) -> None:
+    from tests.alibaba.server import Fault
+
+    ecs_cli.cloud.faults.append(Fault("DescribeAvailableResource", "InvalidAccessKeyId.NotFound",
+                                      "Specified access key is not found.", status=404))
+    line = ecs_cli.gp("gpus", "--live")
+    assert line.exit_code == 1, line.output
+    assert line.stderr.splitlines()[-2:] == [
+        "error: Alibaba Cloud refused DescribeAvailableResource: InvalidAccessKeyId.NotFound: Specified access key is "
+        "not found.", "  fix: check ALIBABA_CLOUD_ACCESS_KEY_ID or the profile"]
+    ecs_cli.cloud.faults.append(Fault("DescribePrice", "Throttling.User", "Request was denied due to user flow "
+                                      "control.", times=9))
+    throttled = ecs_cli.gp("gpus", "--live")
+    assert throttled.exit_code == 1, throttled.output
+    assert ("error: Alibaba Cloud refused DescribePrice: Throttling.User: Request was denied due to user flow "
+            "control.") in throttled.stderr
+    assert len([a for a, _ in ecs_cli.cloud.calls if a == "DescribePrice"]) == 4  # sent again, then said

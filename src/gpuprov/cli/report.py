@@ -19,6 +19,7 @@ from gpuprov.plan.plan import Plan
 if TYPE_CHECKING:
     from gpuprov.cloud.images import Listed
     from gpuprov.cloud.providers.base import SpotPrice
+    from gpuprov.cloud.providers.capabilities import ListPrice, ZoneStock
     from gpuprov.cloud.timeline import Timeline
     from gpuprov.plan.catalog import InstanceType
     from gpuprov.state import Node
@@ -392,6 +393,26 @@ def live_prices_table(rows: list[tuple[SpotPrice, float | None]], region: str) -
         saving = f"{(1 - price.price / on_demand) * 100:.0f}%" if on_demand else "-"
         table.add_row(price.instance_type, price.zone, f"${price.price:.4f}", price_text(on_demand).removesuffix("/h"), saving)
     return table
+
+
+def alibaba_live_table(stock: list[ZoneStock], spot: dict[tuple[str, str], SpotPrice], paygo: dict[str, ListPrice],
+                       gpus: dict[str, str], region: str) -> FitTable:
+    """`gpus --cloud alibaba --live`: each type in each zone that lists it, its stock, spot and pay-as-you-go
+    prices per hour (in the currency ECS answered: $ for USD)."""
+    table = FitTable([Column("instance type"), Column("GPUs", drop=1), Column("zone"), Column("stock"),
+                      Column("spot/h", "right"), Column("pay-as-you-go/h", "right")],
+                     title=f"Alibaba Cloud ECS in {region} now", title_justify="left", box=box.SIMPLE_HEAD,
+                     pad_edge=False)
+    for s in stock:
+        here, price = spot.get((s.instance_type, s.zone)), paygo[s.instance_type]
+        table.add_row(s.instance_type, gpus.get(s.instance_type, "?"), s.zone,
+                      "in stock" if s.available else "sold out",
+                      _money(here.price, price.currency) if here else "-", _money(price.price, price.currency))
+    return table
+
+
+def _money(value: float, currency: str) -> str:
+    return f"${value:.4f}" if currency == "USD" else f"{value:.4f} {currency}"
 
 
 def images_table(rows: list[Listed], regions: list[str]) -> FitTable | Text:

@@ -34,7 +34,7 @@ from gpuprov.cloud.providers.base import (
     NotFound,
     SpotPrice,
 )
-from gpuprov.cloud.providers.capabilities import LIST_PRICES, ListPrice
+from gpuprov.cloud.providers.capabilities import LIVE_OFFERS, ListPrice, ZoneStock
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.plan.catalog_alibaba import facts
 
@@ -53,26 +53,36 @@ class AlibabaProvider(EcsImages):
     """Alibaba Cloud ECS: the core of the provider protocol (see base.py)."""
 
     name = "alibaba"
-    # of capabilities.py's only its list prices (DescribePrice): no cluster placement, eRDMA, EIPs, RAM roles,
+    # of capabilities.py's only its live offers (stock, DescribePrice): no cluster placement, eRDMA, EIPs, RAM roles,
     # reservations or image copy in gpuprov (each refused by name through `capabilities.need`); its stop is always
     # economical (StopCharging)
-    capabilities: frozenset[str] = frozenset({LIST_PRICES.flag})
+    capabilities: frozenset[str] = frozenset({LIVE_OFFERS.flag})
 
     # --- where to launch ---------------------------------------------------------------------
 
     def offerings(self, region: str, instance_types: Sequence[str]) -> dict[str, list[str]]:
         """Zones whose stock (DescribeAvailableResource, pay-as-you-go) offers each type now: Status Available (SoldOut
         is left out)."""
-        wanted, found = set(instance_types), dict[str, list[str]]()
+        found: dict[str, list[str]] = {}
+        for stock in self.zone_stock(region, instance_types):
+            if stock.available:
+                found.setdefault(stock.instance_type, []).append(stock.zone)
+        return {name: sorted(zones) for name, zones in found.items()}
+
+    def zone_stock(self, region: str, instance_types: Sequence[str]) -> list[ZoneStock]:
+        """Every zone's word on each type (DescribeAvailableResource, pay-as-you-go): Available, or SoldOut (no stock
+        now); a type a zone does not list is absent."""
+        wanted, found = set(instance_types), list[ZoneStock]()
         reply = self._call(region, "DescribeAvailableResource", DestinationResource="InstanceType",
                            InstanceChargeType="PostPaid")
         for zone in (reply.get("AvailableZones") or {}).get("AvailableZone") or []:
             for resource in (zone.get("AvailableResources") or {}).get("AvailableResource") or []:
                 for item in (resource.get("SupportedResources") or {}).get("SupportedResource") or []:
-                    name = str(item.get("Value"))
-                    if name in wanted and item.get("Status") == "Available":
-                        found.setdefault(name, []).append(str(zone.get("ZoneId")))
-        return {name: sorted(zones) for name, zones in found.items()}
+                    if str(item.get("Value")) in wanted:
+                        status = str(item.get("Status") or "")
+                        found.append(ZoneStock(str(item.get("Value")), str(zone.get("ZoneId")),
+                                               status == "Available", status))
+        return sorted(found, key=lambda s: (s.instance_type, s.zone))
 
     def enabled_regions(self, region: str) -> list[str]:
         reply = self._call(region, "DescribeRegions")

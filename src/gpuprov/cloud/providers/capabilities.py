@@ -156,13 +156,29 @@ class ListPrice:
         return self.disk_price if self.currency == "USD" else None
 
 
+@dataclass(frozen=True)
+class ZoneStock:
+    """Whether a zone sells a type now, as the cloud says it (Alibaba's DescribeAvailableResource: Available with
+    stock, or SoldOut)."""
+
+    instance_type: str
+    zone: str
+    available: bool
+    status: str  # the cloud's own word: "Available", "SoldOut"
+
+
 @runtime_checkable
-class ListPrices(Protocol):
-    """The pay-as-you-go price read from the cloud itself (a catalog with no price: the cloud is asked at launch)."""
+class LiveOffers(Protocol):
+    """Stock and the pay-as-you-go price read from the cloud itself, where the shipped catalog has no price (the
+    cloud is asked at launch and by `gpus --live`)."""
 
     def list_price(self, region: str, instance_type: str, *, zone: str | None = None,
                    disk_gb: int | None = None) -> ListPrice:
         """The type's price per hour now (with a system disk of `disk_gb`, priced apart)."""
+        ...
+
+    def zone_stock(self, region: str, instance_types: Sequence[str]) -> list[ZoneStock]:
+        """Each zone that lists one of the types, with its stock now (a zone that lists none is absent)."""
         ...
 
 
@@ -189,7 +205,7 @@ IMAGE_COPY = Capability[ImageCopying]("image-copy", "image copy across regions",
 STOP_MODES = Capability[None]("stop-modes", "stop modes")  # a spot request that stops on interruption
 ALL = (PLACEMENT, RDMA, ADDRESSES, ROLES, BLOCKS, STORAGE, IMAGE_COPY, STOP_MODES)
 # not in ALL, which AWS declares whole: AWS's list prices are its catalog's, read offline
-LIST_PRICES = Capability[ListPrices]("list-prices", "list prices read from the cloud", ListPrices)
+LIVE_OFFERS = Capability[LiveOffers]("live-offers", "stock and list prices read from the cloud", LiveOffers)
 
 
 def has(provider: Provider, capability: Capability[Any]) -> bool:
