@@ -135,3 +135,40 @@ def test_gpus_live_says_ecss_own_code_and_message_when_it_refuses(ecs_cli) -> No
     assert ("error: Alibaba Cloud refused DescribePrice: Throttling.User: Request was denied due to user flow "
             "control.") in throttled.stderr
     assert len([a for a, _ in ecs_cli.cloud.calls if a == "DescribePrice"]) == 4  # sent again, then said
+
+
+def test_up_reads_and_records_the_price_and_status_shows_it_and_no_compute_while_stopped(ecs_cli) -> None:
+    ecs_cli.cloud.list_price[A10] = 1.87
+    ecs_cli.cloud.spot_price[("cn-hangzhou-h", A10)] = 0.61
+    paygo = ecs_cli.up("n1")
+    said = " ".join(paygo.output.split())
+    assert "pay-as-you-go price $1.8700/h; its 100 GB disk $0.0100/h (Alibaba Cloud DescribePrice, read 20" in said
+    assert "list price $1.87/h on-demand" in said
+    spot = ecs_cli.up("s1", "--spot")
+    assert "spot price $0.6100/h in cn-hangzhou-h" in " ".join(spot.output.split())
+    rows = {r["name"]: r for r in json.loads(ecs_cli.gp("status", "--json").stdout)}
+    assert (rows["n1"]["price_usd_hour"], rows["n1"]["paid_usd_hour"]) == (1.87, 1.87)
+    assert (rows["s1"]["price_usd_hour"], rows["s1"]["paid_usd_hour"]) == (1.87, 0.61)
+
+    stopped = ecs_cli.gp("stop", "n1")
+    assert stopped.exit_code == 0, stopped.output
+    assert "compute is not billed, its 100 GB disk is (disk price not known)" in stopped.stdout
+    assert ecs_cli.cloud.instances[next(iter(ecs_cli.cloud.instances))].raw["StoppedMode"] == "StopCharging"
+    table = ecs_cli.gp("status")
+    (n1,) = [line for line in table.stdout.splitlines() if line.lstrip().startswith("n1 ")]
+    assert "$0.00" in n1 and "$1.87" not in n1 and "(disk price not known)" in n1
+    assert "gp3" not in table.stdout  # AWS's disk price is not an Alibaba disk's
+    row = next(r for r in json.loads(ecs_cli.gp("status", "--json").stdout) if r["name"] == "n1")
+    assert row["storage_usd_month"] is None and row["storage_price"] is None
+
+
+def test_a_price_ecs_will_not_say_leaves_the_node_without_one(ecs_cli) -> None:
+    from tests.alibaba.server import Fault
+
+    ecs_cli.cloud.faults.append(Fault("DescribePrice", "Forbidden.RAM", "User not authorized to operate on the "
+                                      "specified resource.", status=403))
+    launched = ecs_cli.up("n1")
+    assert "could not read the pay-as-you-go price (Alibaba Cloud refused DescribePrice: Forbidden.RAM" in \
+        " ".join(launched.output.split())
+    (row,) = json.loads(ecs_cli.gp("status", "--json").stdout)
+    assert row["price_usd_hour"] is None and row["state"] == "ready"

@@ -225,7 +225,9 @@ def _stopped(seconds_given: int | None, where: list[str], yes: bool, as_json: bo
                           f"{format_duration(seconds)}", markup=False)
         for s in found:
             cost = (f"its {s.node.disk_gb} GB disk cost ${s.disk_usd:.2f} while stopped (${s.month_usd:.2f}/month)"
-                    if s.disk_usd is not None and s.month_usd is not None else "its disk's size is not recorded")
+                    if s.disk_usd is not None and s.month_usd is not None else
+                    f"its {s.node.disk_gb} GB disk's price is not known" if s.node.disk_gb else
+                    "its disk's size is not recorded")
             whose = f" by {member_name(s.node)}" if scope else ""
             console.print(f"{s.node.name} ({s.node.region}){whose}: stopped {format_duration(s.stopped_seconds)}; "
                           f"{cost}", markup=False)
