@@ -45,12 +45,14 @@ if TYPE_CHECKING:
 @main.command()
 @click.argument("names", nargs=-1, metavar="[GPU]...", shell_complete=complete_gpu)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--live", is_flag=True, help="Add current spot prices per zone (asks AWS; needs credentials).")
+@click.option("--live", is_flag=True, help="Ask the cloud (needs credentials): AWS's spot prices per zone; Alibaba "
+                                            "Cloud's stock, spot and pay-as-you-go prices per zone.")
 @click.option("--region", default=None, metavar="REGION", shell_complete=complete_region,
               help="Region for --live " + REGION_HELP[len("AWS region "):])
 @cloud_option
 def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None:
-    """List the GPUs gpuprov knows, with the AWS instance types that carry them and their prices.
+    """List the GPUs gpuprov knows, with the AWS instance types that carry them and their prices (--cloud alibaba:
+    Alibaba Cloud's GPU types).
 
     Name GPUs to see only those: `gpuprov gpus H100 a100-80gb` (any spelling `--gpu` takes).
     """
