@@ -114,6 +114,8 @@ def test_gpus_live_shows_each_zones_stock_spot_and_pay_as_you_go_price_with_thei
                              "read": sold["stock"]["read"]}
     assert sold["pay_as_you_go"]["price_hour"] == 1.87 and sold["pay_as_you_go"]["source"] == "DescribePrice"
     assert sold["spot"]["at"] == "2026-12-03 00:00:00 UTC" and sold["spot"]["currency"] == "USD"
+    line = error_line(ecs_cli.gp("gpus", "--live", "--region", "us-east-2"))
+    assert line == "error: --region: unknown Alibaba Cloud region 'us-east-2'"
     asked = [params for action, params in ecs_cli.cloud.calls if action == "DescribePrice"]
     assert asked and all(p["ResourceType"] == "instance" and p["PriceUnit"] == "Hour" for p in asked)
 

@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 @click.option("--live", is_flag=True, help="Ask the cloud (needs credentials): AWS's spot prices per zone; Alibaba "
                                             "Cloud's stock, spot and pay-as-you-go prices per zone.")
 @click.option("--region", default=None, metavar="REGION", shell_complete=complete_region,
-              help="Region for --live " + REGION_HELP[len("AWS region "):])
+              help="Region for --live " + REGION_HELP[len("AWS region "):] + " With --cloud alibaba: "
+                   "ALIBABA_CLOUD_REGION_ID, then cn-hangzhou.")
 @cloud_option
 def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None:
     """List the GPUs gpuprov knows, with the AWS instance types that carry them and their prices (--cloud alibaba:
