@@ -121,8 +121,8 @@ def host_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
             pool.stop()
 
 
-from tests.alibaba.cli import ecs_cli  # noqa: E402,F401  (its Alibaba Cloud through the CLI ...)
 from tests.alibaba.inprocess import alibaba, ecs_cloud  # noqa: E402,F401  (... and its Alibaba Cloud)
+from tests.alibaba.inprocess_cli import ecs_cli  # noqa: E402,F401  (... through the CLI, in this process)
 from tests.aws.cli import env  # noqa: E402,F401  (pytest fixture: the CLI's environment for the fake AWS)
 from tests.aws.fixture import aws, aws_endpoint  # noqa: E402,F401  (pytest fixtures)
 from tests.aws.inprocess import fake_cloud  # noqa: E402,F401  (the fast lane's in-process cloud)

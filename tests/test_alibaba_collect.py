@@ -1,6 +1,7 @@
 """`gc`, `gpus --live` and prices on Alibaba Cloud, through the CLI against the ECS imitation in this process (the
-fast lane: tests/alibaba/cli.py). gc's rules are cloud/gc.py's, the same as on AWS: these tests show that they hold
-for ECS's tagged resources, and that nothing of AWS (its regions, its catalog, its endpoint) is read on the way."""
+fast lane: tests/alibaba/inprocess_cli.py). gc's rules are cloud/gc.py's, the same as on AWS: these tests show that
+they hold for ECS's tagged resources, and that nothing of AWS (its regions, its catalog, its endpoint) is read on the
+way."""
 
 from __future__ import annotations
 
