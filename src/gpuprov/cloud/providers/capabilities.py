@@ -4,7 +4,8 @@ The core protocol (base.py `Provider`) is what every cloud implements. A capabil
 by name in the provider's `capabilities` (what it offers) and by having the Protocol's methods (what mypy and
 `isinstance` check). `need(provider, PLACEMENT, what="--nodes")` gives the provider back typed as `Placement`, or
 refuses with one line saying that this cloud lacks it; `offered` gives None instead of refusing; `has(provider,
-RDMA)` asks of a capability that is a flag, not methods (an RDMA fabric, stop modes).
+RDMA)` asks of a capability that is a flag, not methods (an RDMA fabric, stop modes). Live offers (stock per zone
+and the pay-as-you-go price read from the cloud) are for a cloud whose shipped catalog has no price: Alibaba Cloud's.
 """
 
 from __future__ import annotations
