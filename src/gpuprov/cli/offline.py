@@ -52,8 +52,9 @@ if TYPE_CHECKING:
                    "ALIBABA_CLOUD_REGION_ID, then cn-hangzhou.")
 @cloud_option
 def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None:
-    """List the GPUs gpuprov knows, with the AWS instance types that carry them and their prices (--cloud alibaba:
-    Alibaba Cloud's GPU types).
+    """List the GPUs gpuprov knows, with the AWS instance types that carry them and their prices.
+
+    With --cloud alibaba: Alibaba Cloud's GPU types (--live: each zone's stock, spot and pay-as-you-go prices).
 
     Name GPUs to see only those: `gpuprov gpus H100 a100-80gb` (any spelling `--gpu` takes).
     """
