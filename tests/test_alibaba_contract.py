@@ -27,6 +27,8 @@ def _life(provider) -> None:
     provider.network(REGION, f"vsw-{ZONE_H}")
     provider.offerings(REGION, [A10])
     provider.prices(REGION, [A10])
+    provider.list_price(REGION, A10, zone=ZONE_H, disk_gb=60)
+    provider.zone_stock(REGION, [A10])
     provider.gpu_instance_types(REGION)
     provider.instance_store(A10, REGION)
     provider.quota(REGION, "max-postpaid-instance-vcpu-count")

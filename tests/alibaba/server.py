@@ -26,6 +26,12 @@ Rules and their sources (read 2026-12-03):
     alibabacloud.com/help/en/doc-detail/25693.html);
   - stock per zone: DescribeAvailableResource's Status Available / SoldOut and StatusCategory WithStock /
     WithoutStock (DescribeAvailableResource API reference);
+  - DescribePrice (API reference, "DescribePrice", help.aliyun.com/en/ecs/developer-reference/api-ecs-2014-05-26-
+    describeprice; its Chinese edition help.aliyun.com/document_detail/107829.html): ResourceType defaults to
+    instance, which needs InstanceType; the price is pay-as-you-go's (PostPaid) by default, per PriceUnit (Hour);
+    PriceInfo.Price holds OriginalPrice, DiscountPrice, TradePrice and Currency, and DetailInfos one row per
+    priced part (Resource instanceType, systemDisk, ...); an InstanceType it does not sell in the region is refused
+    as InvalidInstanceType.ValueNotSupported (unverified wording: the page's error table was not read whole);
   - a new instance is Pending, then Running; DescribeInstances may not list it for a moment after RunInstances
     answers (`listing_delay`); StopInstances' StoppedMode=StopCharging keeps the disks and stops the billing of
     compute ("economical mode", StopInstances API reference).
@@ -193,6 +199,10 @@ class Ecs:
         self.stock: dict[tuple[str, str], int] = {(z, t): 10 for z in zones for t in self.types}
         self.not_on_sale: set[str] = set()
         self.spot_price: dict[tuple[str, str], float] = {(z, t): 0.5 for z in zones for t in self.types}
+        # DescribePrice's pay-as-you-go price per hour, and the system disk's per GB-hour
+        self.list_price: dict[str, float] = {t: 1.5 for t in self.types}
+        self.disk_price_gb_hour = 0.0001
+        self.currency = "USD"  # the international site's; the China site answers CNY
         self.vcpu_quota = {"PostPaid": 1000, "Spot": 1000}
         self.balance_ok = True
         self.listing_delay = 0.0
@@ -289,6 +299,29 @@ class Ecs:
                  "Timestamp": "2026-12-03T00:00:00Z", "NetworkType": "vpc", "IoOptimized": "optimized"}
                 for (z, t), price in self.spot_price.items() if t == p.get("InstanceType")]
         return {"SpotPrices": {"SpotPriceType": rows}, "Currency": "USD", "NextOffset": 0}
+
+    def DescribePrice(self, p: dict[str, Any]) -> dict[str, Any]:
+        kind = p.get("ResourceType") or "instance"
+        if kind != "instance":  # gpuprov asks instances' prices only; the rest is not imitated
+            raise Refused(400, "InvalidResourceType.NotSupported", f"The ResourceType {kind} is not imitated.")
+        if not p.get("InstanceType"):
+            raise Refused(400, "MissingParameter", "The input parameter \"InstanceType\" that is mandatory for "
+                          "processing this request is not supplied.")
+        if p["InstanceType"] not in self.types or p.get("ZoneId") not in (None, *self.zones):
+            raise Refused(403, "InvalidInstanceType.ValueNotSupported",
+                          "The specified InstanceType does not exist or beyond the permitted range.")
+        if (p.get("PriceUnit") or "Hour") != "Hour":  # monthly and yearly prices: subscriptions, not imitated
+            raise Refused(400, "InvalidPriceUnit.NotSupported", "The PriceUnit is not imitated.")
+        parts = [("instanceType", self.list_price[p["InstanceType"]])]
+        disk = p.get("SystemDisk") or {}
+        if disk.get("Size"):
+            parts.append(("systemDisk", round(int(disk["Size"]) * self.disk_price_gb_hour, 6)))
+        total = round(sum(price for _, price in parts), 6)
+        return {"PriceInfo": {"Price": {"OriginalPrice": total, "DiscountPrice": 0.0, "TradePrice": total,
+                                        "Currency": self.currency, "DetailInfos": {"DetailInfo": [
+                                            {"Resource": name, "OriginalPrice": price, "DiscountPrice": 0.0,
+                                             "TradePrice": price} for name, price in parts]}},
+                              "Rules": {"Rule": []}}}
 
     def DescribeAccountAttributes(self, p: dict[str, Any]) -> dict[str, Any]:
         names = {"max-postpaid-instance-vcpu-count": self.vcpu_quota["PostPaid"],

@@ -569,7 +569,8 @@ def stop(names: tuple[str, ...]) -> None:
     rest = [n for n in names if n not in moving]
     for node in stopstart.stop(rest, provider, store, say_to(console)) if rest else []:
         month = stopstart.storage_month(node)
-        cost = f"; its {node.disk_gb} GB disk costs ${month[0]:.2f}/month while stopped" if month else ""
+        cost = f"; its {node.disk_gb} GB disk costs ${month[0]:.2f}/month while stopped" if month else \
+            f"; compute is not billed, its {node.disk_gb} GB disk is (disk price not known)" if node.disk_gb else ""
         console.print(f"{node.name}: stopped{cost}", markup=False)
         console.print(f"  gpuprov start {node.name}   # or: gpuprov down {node.name}", markup=False)
 

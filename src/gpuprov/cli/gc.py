@@ -1,7 +1,8 @@
 """`gpuprov gc`: resources tagged as yours that no local node owns, listed, and deleted with --yes.
 
 The listing says who of a team made each resource (its `gpuprov:member` tag); `--all-regions` sweeps every
-region DescribeRegions says is enabled and names the regions it could not read.
+region of the chosen cloud's catalog that the cloud says is enabled (DescribeRegions) and names the regions it
+could not read. One cloud at a time (--cloud): its regions, its catalog, its provider; the rules are cloud/gc.py's.
 """
 
 from __future__ import annotations
@@ -12,7 +13,16 @@ from typing import TYPE_CHECKING
 
 import click
 
-from gpuprov.cli.common import cloud_option, main, make_console, region_from, say_to, store_and_provider, team_scope
+from gpuprov.cli.common import (
+    chosen_cloud,
+    cloud_option,
+    main,
+    make_console,
+    region_from,
+    say_to,
+    store_and_provider,
+    team_scope,
+)
 from gpuprov.cli.complete import complete_region
 from gpuprov.errors import GpuprovError, UserInputError
 
@@ -25,9 +35,9 @@ if TYPE_CHECKING:
 
 @main.command()
 @click.option("--region", "regions", multiple=True, shell_complete=complete_region,
-              help="Region(s) to sweep [default: those of your nodes, and the AWS chain's region (AWS_REGION, profile, "
-                   "us-east-1)].")
-@click.option("--all-regions", is_flag=True, help="Every region in the catalog.")
+              help="Region(s) to sweep [default: those of your nodes on the cloud, and its default region: AWS's chain "
+                   "(AWS_REGION, profile, us-east-1), Alibaba Cloud's ALIBABA_CLOUD_REGION_ID or cn-hangzhou].")
+@click.option("--all-regions", is_flag=True, help="Every region in the cloud's catalog that the account has enabled.")
 @click.option("-y", "--yes", is_flag=True, help="Delete what is found (default: list only).")
 @click.option("--all-installs", is_flag=True,
               help="Also take what other gpuprov installs with your user and host name tagged (a lost state "
@@ -55,7 +65,7 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
     """
     from gpuprov.cloud import gc as sweep
     from gpuprov.cloud.tags import owner
-    from gpuprov.plan import catalog
+    from gpuprov.plan.plan import catalog_for
     from gpuprov.plan.spec import parse_duration
 
     # checked before anything is read (a value from the config file is blamed on its line: params.Command)
@@ -66,7 +76,7 @@ def gc(regions: tuple[str, ...], all_regions: bool, yes: bool, all_installs: boo
     if all_regions and regions:
         raise UserInputError("--region", "cannot be given with --all-regions, which sweeps every enabled region",
                              "drop one of them")
-    cat = catalog.load()
+    cat = catalog_for(chosen_cloud())  # the swept cloud's regions, never another cloud's
     for region in regions:
         cat.check_region(region)
     reading = _reading(yes)
@@ -215,7 +225,9 @@ def _stopped(seconds_given: int | None, where: list[str], yes: bool, as_json: bo
                           f"{format_duration(seconds)}", markup=False)
         for s in found:
             cost = (f"its {s.node.disk_gb} GB disk cost ${s.disk_usd:.2f} while stopped (${s.month_usd:.2f}/month)"
-                    if s.disk_usd is not None and s.month_usd is not None else "its disk's size is not recorded")
+                    if s.disk_usd is not None and s.month_usd is not None else
+                    f"its {s.node.disk_gb} GB disk's price is not known" if s.node.disk_gb else
+                    "its disk's size is not recorded")
             whose = f" by {member_name(s.node)}" if scope else ""
             console.print(f"{s.node.name} ({s.node.region}){whose}: stopped {format_duration(s.stopped_seconds)}; "
                           f"{cost}", markup=False)

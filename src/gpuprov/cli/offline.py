@@ -29,32 +29,43 @@ from gpuprov.cli.params import Number
 from gpuprov.errors import GpuprovError, UserInputError
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from typing_extensions import Unpack
 
     from gpuprov.cli.option_sets import PinOptions, StackOptions
     from gpuprov.cloud.cluster_network import ClusterLayout
     from gpuprov.cloud.images import ImageChoice
+    from gpuprov.cloud.providers.capabilities import ZoneStock
     from gpuprov.plan.catalog import Catalog
+    from gpuprov.plan.catalog_alibaba import GpuType
     from gpuprov.plan.plan import Plan
 
 
 @main.command()
 @click.argument("names", nargs=-1, metavar="[GPU]...", shell_complete=complete_gpu)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--live", is_flag=True, help="Add current spot prices per zone (asks AWS; needs credentials).")
+@click.option("--live", is_flag=True, help="Ask the cloud (needs credentials): AWS's spot prices per zone; Alibaba "
+                                            "Cloud's stock, spot and pay-as-you-go prices per zone.")
 @click.option("--region", default=None, metavar="REGION", shell_complete=complete_region,
-              help="Region for --live " + REGION_HELP[len("AWS region "):])
+              help="Region for --live " + REGION_HELP[len("AWS region "):] + " With --cloud alibaba: "
+                   "ALIBABA_CLOUD_REGION_ID, then cn-hangzhou.")
 @cloud_option
 def gpus(names: tuple[str, ...], as_json: bool, live: bool, region: str) -> None:
     """List the GPUs gpuprov knows, with the AWS instance types that carry them and their prices.
+
+    With --cloud alibaba: Alibaba Cloud's GPU types (--live: each zone's stock, spot and pay-as-you-go prices).
 
     Name GPUs to see only those: `gpuprov gpus H100 a100-80gb` (any spelling `--gpu` takes).
     """
     from gpuprov.cli.report import gpus_table
     from gpuprov.plan import catalog
 
-    if chosen_cloud() == "alibaba" and not live:
-        _alibaba_gpus(names, as_json)
+    if chosen_cloud() == "alibaba":
+        if live:
+            _alibaba_live(names, region_from(region).name, as_json)
+        else:
+            _alibaba_gpus(names, as_json)
         return
     if live:
         _live_gpus(names, region_from(region).name, as_json)
@@ -77,9 +88,7 @@ def _alibaba_gpus(names: tuple[str, ...], as_json: bool) -> None:
     from gpuprov.plan import catalog_alibaba
 
     ali = catalog_alibaba.facts()
-    wanted = {g.name for g in catalog_alibaba.catalog().only(names).gpus}
-    documented = {n.upper() for n in names}  # A100: both memories, as Alibaba names the GPU
-    rows = [t for t in ali.gpu_types if ali.plan_gpu(t) in wanted or t.gpu.upper() in documented]
+    rows = _alibaba_types(names)
     if as_json:
         click.echo(json.dumps({"cloud": "alibaba", "source": ali.families_doc, "read": ali.read, "prices": None,
                                "instance_types": [t.model_dump() for t in rows]}, indent=2))
@@ -97,6 +106,73 @@ def _alibaba_gpus(names: tuple[str, ...], as_json: bool) -> None:
     console = make_console()
     console.print(table)
     console.print(f"source: {ali.families_doc}", soft_wrap=True, markup=False)
+
+
+def _alibaba_types(names: tuple[str, ...]) -> list[GpuType]:
+    """The documented types whose GPU the names name (every one without names), by the plan's name or Alibaba's."""
+    from gpuprov.plan import catalog_alibaba
+
+    ali = catalog_alibaba.facts()
+    wanted = {g.name for g in catalog_alibaba.catalog().only(names).gpus}
+    documented = {n.upper() for n in names}  # A100: both memories, as Alibaba names the GPU
+    return [t for t in ali.gpu_types if ali.plan_gpu(t) in wanted or t.gpu.upper() in documented]
+
+
+def _alibaba_live(names: tuple[str, ...], region: str, as_json: bool) -> None:
+    """`gpus --cloud alibaba --live`: the documented GPU types the region lists now, each zone's stock
+    (DescribeAvailableResource), its latest spot price (DescribeSpotPriceHistory) and the type's pay-as-you-go
+    price (DescribePrice), each said with its source and when it was read; ECS's own code and message when it
+    refuses (the error path of every call)."""
+    from datetime import datetime, timezone
+
+    from gpuprov.cloud.providers.capabilities import LIVE_OFFERS, need
+
+    types = {t.instance_type: t for t in _alibaba_types(names)}
+    provider = store_and_provider()[1]
+    offers = need(provider, LIVE_OFFERS, what="--live")
+    stock_read = datetime.now(timezone.utc)
+    stock = offers.zone_stock(region, list(types))
+    listed = sorted({s.instance_type for s in stock})
+    spot_read = datetime.now(timezone.utc)
+    spot = {(p.instance_type, p.zone): p for p in provider.prices(region, listed)}
+    paygo = {name: offers.list_price(region, name) for name in listed}
+    unlisted = sorted(set(types) - set(listed))
+    if as_json:
+        def row(s: ZoneStock) -> dict[str, object]:
+            here, price = spot.get((s.instance_type, s.zone)), paygo[s.instance_type]
+            return {"instance_type": s.instance_type, "gpu": types[s.instance_type].gpu,
+                    "gpus": types[s.instance_type].gpus, "zone": s.zone,
+                    "stock": {"available": s.available, "status": s.status, "source": "DescribeAvailableResource",
+                              "read": _when(stock_read)},
+                    "spot": {"price_hour": here.price, "currency": price.currency, "at": _when(here.at),
+                             "source": "DescribeSpotPriceHistory", "read": _when(spot_read)} if here else None,
+                    "pay_as_you_go": {"price_hour": price.price, "currency": price.currency, "source": "DescribePrice",
+                                      "read": _when(price.at)}}
+
+        click.echo(json.dumps({"cloud": "alibaba", "region": region, "rows": [row(s) for s in stock],
+                               "not_listed": unlisted}, indent=2))
+        return
+    from gpuprov.cli.report import alibaba_live_table
+
+    console = make_console()
+    if stock:
+        console.print(alibaba_live_table(stock, spot, paygo, {n: f"{t.gpus}× {t.gpu}" for n, t in types.items()},
+                                         region))
+        spots = sorted({str(_when(p.at)) for p in spot.values() if p.at is not None})
+        read = min(p.at for p in paygo.values())
+        for line in (f"stock: DescribeAvailableResource (pay-as-you-go), read {_when(stock_read)}",
+                     "spot: DescribeSpotPriceHistory, each zone's latest price"
+                     + (f" (of {', '.join(spots)})" if spots else "") + f", read {_when(spot_read)}",
+                     f"pay-as-you-go: DescribePrice (Linux, per hour), read {_when(read)}"):
+            console.print(line, markup=False, highlight=False)
+    else:
+        console.print(f"no GPU type gpuprov knows is listed in {region} right now", markup=False, highlight=False)
+    if unlisted:
+        console.print(f"not listed in {region}: {', '.join(unlisted)}", markup=False, highlight=False)
+
+
+def _when(at: datetime | None) -> str | None:
+    return at.strftime("%Y-%m-%d %H:%M:%S UTC") if at is not None else None
 
 
 @main.command()

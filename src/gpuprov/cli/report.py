@@ -19,6 +19,7 @@ from gpuprov.plan.plan import Plan
 if TYPE_CHECKING:
     from gpuprov.cloud.images import Listed
     from gpuprov.cloud.providers.base import SpotPrice
+    from gpuprov.cloud.providers.capabilities import ListPrice, ZoneStock
     from gpuprov.cloud.timeline import Timeline
     from gpuprov.plan.catalog import InstanceType
     from gpuprov.state import Node
@@ -225,11 +226,11 @@ def _cluster_fields(n: Node) -> dict[str, object]:
 
 
 def _stop_fields(n: Node, now: float) -> dict[str, object]:
-    """What stop/start, the shutdown action and a budget add to a status row."""
-    from gpuprov.plan import catalog
+    """What stop/start, the shutdown action and a budget add to a status row; the disk's price where its cloud's is
+    known (None, said as "disk price not known", where it is not)."""
+    from gpuprov.plan.plan import storage_for
 
-
-    storage = catalog.load().storage
+    storage = storage_for(n.provider)
     left = (max(0.0, (n.budget_deadline - now) / 3600 * n.budget_price)
             if n.budget_usd is not None and n.budget_deadline and n.budget_price else None)
     if left is not None and n.state == "stopped" and n.stopped_at:
@@ -238,9 +239,9 @@ def _stop_fields(n: Node, now: float) -> dict[str, object]:
         "spot_type": n.spot_type, "can_stop": n.can_stop,
         "autostop_action": n.shutdown_action or "terminate",  # nodes launched before stop existed terminate
         "disk_gb": n.disk_gb,
-        "storage_usd_month": round(storage.month(n.disk_gb), 2) if n.disk_gb else None,
+        "storage_usd_month": round(storage.month(n.disk_gb), 2) if n.disk_gb and storage else None,
         "storage_price": {"usd_per_gb_month": storage.usd_per_gb_month, "volume_type": storage.volume_type,
-                          "source": storage.source, "unverified": storage.unverified},
+                          "source": storage.source, "unverified": storage.unverified} if storage else None,
         "stopped_at": n.stopped_at,
         **_stale_fields(n, now),
         "reservation_id": n.reservation_id, "reservation_end": n.reservation_end,
@@ -274,12 +275,12 @@ def _flag_seconds() -> float:
 
 
 def _stopped_note(nodes: list[Node]) -> str:
-    if not any(n.state == "stopped" for n in nodes):
+    from gpuprov.plan.plan import storage_for
+
+    priced = [storage for n in nodes if n.state == "stopped" and (storage := storage_for(n.provider)) is not None]
+    if not priced:
         return ""
-    from gpuprov.plan import catalog
-
-
-    storage = catalog.load().storage
+    storage = priced[0]
     return f"; a stopped node's disk: {storage.volume_type} ${storage.usd_per_gb_month:g}/GB-month ({storage.source})"
 
 
@@ -319,6 +320,8 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
         month = row["storage_usd_month"]
         if row["state"] == "stopped" and isinstance(month, float):
             state += f" (disk ${month:.2f}/month)"
+        elif row["state"] == "stopped" and row["storage_price"] is None:
+            state += " (disk price not known)"
         ends = row["reservation_end"]
         if isinstance(ends, float) and row["state"] not in ("stopped", "terminated"):
             state += f", block ends {time.strftime('%m-%d %H:%M', time.localtime(ends))}"
@@ -330,7 +333,7 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
         count = len(members) if isinstance(members, list) and members else 1
         gpus = f"{int(str(row['gpu_count'])) * count}× {row['gpu']}" + (f" ({count} nodes)" if count > 1 else "")
         if row["state"] == "stopped":
-            price = None  # compute is not billed while stopped: the disk is, per month (in the state)
+            price = 0.0  # compute is not billed while stopped: the disk is, per month (in the state)
         name = str(row["name"])
         if team and row["owner"]:
             name += f" ({str(row['owner']).split('/')[0]})"
@@ -393,6 +396,26 @@ def live_prices_table(rows: list[tuple[SpotPrice, float | None]], region: str) -
         saving = f"{(1 - price.price / on_demand) * 100:.0f}%" if on_demand else "-"
         table.add_row(price.instance_type, price.zone, f"${price.price:.4f}", price_text(on_demand).removesuffix("/h"), saving)
     return table
+
+
+def alibaba_live_table(stock: list[ZoneStock], spot: dict[tuple[str, str], SpotPrice], paygo: dict[str, ListPrice],
+                       gpus: dict[str, str], region: str) -> FitTable:
+    """`gpus --cloud alibaba --live`: each type in each zone that lists it, its stock, spot and pay-as-you-go
+    prices per hour (in the currency ECS answered: $ for USD)."""
+    table = FitTable([Column("instance type"), Column("GPUs", drop=1), Column("zone"), Column("stock"),
+                      Column("spot/h", "right"), Column("pay-as-you-go/h", "right")],
+                     title=f"Alibaba Cloud ECS in {region} now", title_justify="left", box=box.SIMPLE_HEAD,
+                     pad_edge=False)
+    for s in stock:
+        here, price = spot.get((s.instance_type, s.zone)), paygo[s.instance_type]
+        table.add_row(s.instance_type, gpus.get(s.instance_type, "?"), s.zone,
+                      "in stock" if s.available else "sold out",
+                      _money(here.price, price.currency) if here else "-", _money(price.price, price.currency))
+    return table
+
+
+def _money(value: float, currency: str) -> str:
+    return f"${value:.4f}" if currency == "USD" else f"{value:.4f} {currency}"
 
 
 def images_table(rows: list[Listed], regions: list[str]) -> FitTable | Text:

@@ -12,7 +12,8 @@ SSH's CIDR is the caller's address /32, never the world by default; an IPv6 one 
 default subnet when none is named) has an IPv6 block. A missing instance profile is exit 2. The root volume is
 `--disk`, or the image's root snapshot where that is bigger, said so. `note_refusal` records a refused candidate's
 intent row, attempt, timeline entry, line and event, once; a stop for a quota prints the increase command. Also
-here: `shutdown_behavior`, `price_obtained` (the spot price in the node's zone, else the list price) and
+here: `shutdown_behavior`, `list_price_read` (the list price a cloud with no catalog price is asked for at launch),
+`price_obtained` (the spot price in the node's zone, else the list price) and
 `kept_timeline` (a take-back's timeline keeps the failure, and the rerun is named with what is left).
 """
 
@@ -30,7 +31,7 @@ from gpuprov.cloud import destroy, images, keys
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, Market, Network, Provider, Reservation
-from gpuprov.cloud.providers.capabilities import ROLES, STOP_MODES, need, title
+from gpuprov.cloud.providers.capabilities import LIVE_OFFERS, ROLES, STOP_MODES, need, offered, title
 from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.cloud.teardown import take_down
@@ -416,6 +417,28 @@ def shutdown_behavior(plan: Plan, market: Market) -> str:
     if market == "spot" and not plan.request.persistent:
         return "terminate"
     return plan.request.autostop_action or "stop"
+
+
+def list_price_read(provider: Provider, instance: Instance, disk_gb: int, say: Say) -> float | None:
+    """The on-demand price of the launched type, read from a cloud whose shipped catalog has none (its live offers:
+    Alibaba Cloud's DescribePrice), said with its source; None where the cloud offers none, answers no dollar price,
+    or does not answer (the node then shows no $/h, as before)."""
+    offers = offered(provider, LIVE_OFFERS)
+    if offers is None:
+        return None
+    try:
+        read = offers.list_price(instance.region, instance.instance_type, zone=instance.zone, disk_gb=disk_gb)
+    except GpuprovError as exc:
+        say(f"  could not read the pay-as-you-go price ({exc}); no $/h is recorded")
+        return None
+    if read.usd_hour is None:
+        say(f"  pay-as-you-go price {read.price:.4f} {read.currency}/h ({read.source}): not in US dollars, so no $/h "
+            "is recorded")
+        return None
+    disk = f"; its {disk_gb} GB disk ${read.disk_usd_hour:.4f}/h" if read.disk_usd_hour is not None else ""
+    say(f"pay-as-you-go price ${read.usd_hour:.4f}/h{disk} ({read.source}, read "
+        f"{read.at.strftime('%Y-%m-%d %H:%M UTC')})")
+    return read.usd_hour
 
 
 def price_obtained(plan: Plan, provider: Provider, instance: Instance, list_price: float | None, say: Say) -> float | None:

@@ -36,6 +36,7 @@ from gpuprov.cloud.launch import (
     go_on_after,
     kept_timeline,
     launchpad,
+    list_price_read,
     note_refusal,
     open_to_all,
     plan_json,
@@ -200,8 +201,16 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
     if not address:
         raise GpuprovError(f"{instance.id} has no {opts.connect} address; use --connect private (VPN/bastion) "
                            "or a subnet that assigns public IPs")
+    listed = store.node(name).price_usd_hour
+    asked = listed is None  # a cloud whose catalog knows no price is asked for it (its live offers); it is recorded
+    if asked:
+        listed = list_price_read(provider, instance, opts.disk_gb, say)
+        if listed is not None:
+            store.update_node(name, price_usd_hour=listed)
     # what it costs from now: the spot price obtained in its zone (or the list price), for the time it runs
-    paid = price_obtained(plan, provider, instance, store.node(name).price_usd_hour, say)
+    paid = price_obtained(plan, provider, instance, listed, say)
+    if asked and paid is not None and instance.market == "spot":
+        say(f"spot price ${paid:.4f}/h in {instance.zone} ({title(provider)}'s spot price history)")
     store.update_node(name, state=NodeState.RUNNING, address=address, zone=instance.zone, paid_usd_hour=paid,
                       running_since=time.time(), billed_seconds=0.0)
     result = UpResult(store.node(name), instance, address, attempts)

@@ -37,7 +37,7 @@ FLAG_SECONDS = 14 * 86400  # what `status` flags when the config sets no `stoppe
 class Stale:
     node: Node
     stopped_seconds: float
-    disk_usd: float | None  # what its disk has cost while stopped (None: its size is not recorded)
+    disk_usd: float | None  # what its disk has cost while stopped (None: its size or its cloud's disk price unknown)
     month_usd: float | None  # what the disk costs a month
 
 
@@ -49,9 +49,11 @@ def stopped_seconds(node: Node, now: float) -> float | None:
 
 
 def month_usd(node: Node) -> float | None:
-    from gpuprov.plan import catalog
+    """What its disk costs a month: None when its size is not recorded, or its cloud's disk price is not known."""
+    from gpuprov.plan.plan import storage_for
 
-    return catalog.load().storage.month(node.disk_gb) if node.disk_gb else None
+    storage = storage_for(node.provider)
+    return storage.month(node.disk_gb) if node.disk_gb and storage is not None else None
 
 
 def of(node: Node, now: float) -> Stale | None:

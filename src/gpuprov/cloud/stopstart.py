@@ -113,12 +113,13 @@ def _stop(names: Sequence[str], provider: Provider, store: Store, say: Say, time
 
 
 def storage_month(node: Node) -> tuple[float, str] | None:
-    """What the stopped node's disk costs a month, and where that price comes from."""
-    from gpuprov.plan import catalog
+    """What the stopped node's disk costs a month, and where that price comes from (None: its size, or its cloud's
+    disk price, is not known)."""
+    from gpuprov.plan.plan import storage_for
 
-    if not node.disk_gb:
+    storage = storage_for(node.provider)
+    if not node.disk_gb or storage is None:
         return None
-    storage = catalog.load().storage
     source = storage.source + (f" (unverified here: {storage.unverified})"
                                if storage.unverified and node.region != storage.region else "")
     return storage.month(node.disk_gb), source

@@ -3,7 +3,8 @@
 A provider makes and removes machines and knows nothing of the records or SSH (import-linter's
 `providers-know-no-state`): cloud/ decides, records, and asks. base.py is the core every cloud implements;
 capabilities.py the capabilities some declare (cluster placement, an RDMA fabric, static addresses, instance roles,
-reservations and blocks, object storage, image copy, stop modes), each asked for through `capabilities.need`.
+reservations and blocks, object storage, image copy, stop modes, live offers), each asked for through
+`capabilities.need`.
 boto3 is imported here only (and by state/s3.py for the team's bucket). aws.py composes aws_base.py (clients, the
 one error path), aws_instances.py and aws_images.py; aws_refusals.py is the table of what each launch refusal
 means; aws_iam.py and aws_capacity.py make the IAM and capacity calls. Alibaba Cloud ECS, through its own SDK:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 from gpuprov.cloud.providers.alibaba_base import NOT_FOUND, RETRIES, EcsError, EcsNoAnswer, stamp, tags_of
 from gpuprov.cloud.providers.alibaba_images import EcsImages
 from gpuprov.cloud.providers.alibaba_refusals import classify
 from gpuprov.cloud.providers.base import (
+    IMAGES,
     SHARED,
+    TAG_IMAGE,
     TAG_NODE,
     TAG_OWNER,
     TAG_TEAM,
@@ -31,6 +34,7 @@ from gpuprov.cloud.providers.base import (
     NotFound,
     SpotPrice,
 )
+from gpuprov.cloud.providers.capabilities import LIVE_OFFERS, ListPrice, ZoneStock
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.plan.catalog_alibaba import facts
 
@@ -49,25 +53,36 @@ class AlibabaProvider(EcsImages):
     """Alibaba Cloud ECS: the core of the provider protocol (see base.py)."""
 
     name = "alibaba"
-    # none of capabilities.py's yet: no cluster placement, eRDMA, EIPs, RAM roles, reservations or image copy in
-    # gpuprov (each refused by name through `capabilities.need`); its stop is always economical (StopCharging)
-    capabilities: frozenset[str] = frozenset()
+    # of capabilities.py's only its live offers (stock, DescribePrice): no cluster placement, eRDMA, EIPs, RAM roles,
+    # reservations or image copy in gpuprov (each refused by name through `capabilities.need`); its stop is always
+    # economical (StopCharging)
+    capabilities: frozenset[str] = frozenset({LIVE_OFFERS.flag})
 
     # --- where to launch ---------------------------------------------------------------------
 
     def offerings(self, region: str, instance_types: Sequence[str]) -> dict[str, list[str]]:
         """Zones whose stock (DescribeAvailableResource, pay-as-you-go) offers each type now: Status Available (SoldOut
         is left out)."""
-        wanted, found = set(instance_types), dict[str, list[str]]()
+        found: dict[str, list[str]] = {}
+        for stock in self.zone_stock(region, instance_types):
+            if stock.available:
+                found.setdefault(stock.instance_type, []).append(stock.zone)
+        return {name: sorted(zones) for name, zones in found.items()}
+
+    def zone_stock(self, region: str, instance_types: Sequence[str]) -> list[ZoneStock]:
+        """Every zone's word on each type (DescribeAvailableResource, pay-as-you-go): Available, or SoldOut (no stock
+        now); a type a zone does not list is absent."""
+        wanted, found = set(instance_types), list[ZoneStock]()
         reply = self._call(region, "DescribeAvailableResource", DestinationResource="InstanceType",
                            InstanceChargeType="PostPaid")
         for zone in (reply.get("AvailableZones") or {}).get("AvailableZone") or []:
             for resource in (zone.get("AvailableResources") or {}).get("AvailableResource") or []:
                 for item in (resource.get("SupportedResources") or {}).get("SupportedResource") or []:
-                    name = str(item.get("Value"))
-                    if name in wanted and item.get("Status") == "Available":
-                        found.setdefault(name, []).append(str(zone.get("ZoneId")))
-        return {name: sorted(zones) for name, zones in found.items()}
+                    if str(item.get("Value")) in wanted:
+                        status = str(item.get("Status") or "")
+                        found.append(ZoneStock(str(item.get("Value")), str(zone.get("ZoneId")),
+                                               status == "Available", status))
+        return sorted(found, key=lambda s: (s.instance_type, s.zone))
 
     def enabled_regions(self, region: str) -> list[str]:
         reply = self._call(region, "DescribeRegions")
@@ -349,13 +364,26 @@ class AlibabaProvider(EcsImages):
         """Every resource of the region that carries a gpuprov:owner tag of this install (ListTagResources, each
         resource type gpuprov makes)."""
         out = []
+        images = self.images(region, everyone=everyone)
+        names = {i.name for i in images}
         for kind, ours in TAGGED_KINDS.items():
+            if kind == "image":  # as AWS's: "NAME | state", the name being what a bake's lock is called
+                out += [CloudResource("image", i.id, region, IMAGES, f"{i.name} | {i.state}", i.owner,
+                                      member=i.member) for i in images]
+                continue
             rows = self._tag_rows(region, kind)
             for rid, tags in rows.items():
-                if self._mine(tags, everyone):
-                    out.append(CloudResource(kind=ours, id=rid, region=region, node=tags.get(TAG_NODE),
-                                             owner=tags.get(TAG_OWNER), team=tags.get(TAG_TEAM),
-                                             member=tags.get("gpuprov:member")))
+                if not self._mine(tags, everyone):
+                    continue
+                if kind == "snapshot":  # only a snapshot whose image is gone (a live image's are the image's)
+                    if tags.get(TAG_IMAGE) in names:
+                        continue
+                    out.append(CloudResource("snapshot", rid, region, IMAGES, f"of image {tags.get(TAG_IMAGE)} (gone)",
+                                             tags.get(TAG_OWNER), member=tags.get("gpuprov:member")))
+                    continue
+                out.append(CloudResource(kind=ours, id=rid, region=region, node=tags.get(TAG_NODE),
+                                         owner=tags.get(TAG_OWNER), team=tags.get(TAG_TEAM),
+                                         member=tags.get("gpuprov:member")))
         return out
 
     def _tag_rows(self, region: str, kind: str) -> dict[str, dict[str, str]]:
@@ -387,6 +415,25 @@ class AlibabaProvider(EcsImages):
             out += [SpotPrice(instance_type=name, zone=zone, price=float(row.get("SpotPrice") or 0),
                               at=stamp(row.get("Timestamp"))) for zone, row in sorted(latest.items())]
         return out
+
+    def list_price(self, region: str, instance_type: str, *, zone: str | None = None,
+                   disk_gb: int | None = None) -> ListPrice:
+        """The pay-as-you-go price per hour now (DescribePrice, PostPaid by default, PriceUnit Hour): the compute's
+        (its instanceType row) and, with `disk_gb`, the system disk's (its systemDisk row), in the answer's
+        currency."""
+        params: dict[str, Any] = {"ResourceType": "instance", "InstanceType": instance_type, "PriceUnit": "Hour"}
+        if zone:
+            params["ZoneId"] = zone
+        if disk_gb:
+            params["SystemDisk"] = {"Category": DISK, "Size": disk_gb}
+        reply = self._call(region, "DescribePrice", **params)
+        price = (reply.get("PriceInfo") or {}).get("Price") or {}
+        rows = {str(r.get("Resource")): float(r.get("TradePrice") or 0)
+                for r in (price.get("DetailInfos") or {}).get("DetailInfo") or []}
+        compute = rows.get("instanceType", float(price.get("TradePrice") or 0) - rows.get("systemDisk", 0.0))
+        return ListPrice(instance_type=instance_type, price=compute, currency=str(price.get("Currency") or "?"),
+                         disk_price=rows.get("systemDisk"), source="Alibaba Cloud DescribePrice",
+                         at=datetime.now(timezone.utc))
 
     def gpu_instance_types(self, region: str) -> list[InstanceTypeInfo]:
         """DescribeInstanceTypes' GPU types (GPUAmount > 0: GPUSpec "NVIDIA A10", CpuCoreCount, MemorySize GiB;

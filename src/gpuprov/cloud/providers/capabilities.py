@@ -4,7 +4,8 @@ The core protocol (base.py `Provider`) is what every cloud implements. A capabil
 by name in the provider's `capabilities` (what it offers) and by having the Protocol's methods (what mypy and
 `isinstance` check). `need(provider, PLACEMENT, what="--nodes")` gives the provider back typed as `Placement`, or
 refuses with one line saying that this cloud lacks it; `offered` gives None instead of refusing; `has(provider,
-RDMA)` asks of a capability that is a flag, not methods (an RDMA fabric, stop modes).
+RDMA)` asks of a capability that is a flag, not methods (an RDMA fabric, stop modes). Live offers (stock per zone
+and the pay-as-you-go price read from the cloud) are for a cloud whose shipped catalog has no price: Alibaba Cloud's.
 """
 
 from __future__ import annotations
@@ -134,6 +135,54 @@ class ImageCopying(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ListPrice:
+    """A type's pay-as-you-go price as the cloud answered it when asked: the compute's and the system disk's, per
+    hour, in the cloud's currency; `usd_hour` and `disk_usd_hour` are those in US dollars (None in another
+    currency, or where the cloud priced no disk)."""
+
+    instance_type: str
+    price: float
+    currency: str
+    disk_price: float | None
+    source: str  # the call that answered it ("Alibaba Cloud DescribePrice")
+    at: datetime
+
+    @property
+    def usd_hour(self) -> float | None:
+        return self.price if self.currency == "USD" else None
+
+    @property
+    def disk_usd_hour(self) -> float | None:
+        return self.disk_price if self.currency == "USD" else None
+
+
+@dataclass(frozen=True)
+class ZoneStock:
+    """Whether a zone sells a type now, as the cloud says it (Alibaba's DescribeAvailableResource: Available with
+    stock, or SoldOut)."""
+
+    instance_type: str
+    zone: str
+    available: bool
+    status: str  # the cloud's own word: "Available", "SoldOut"
+
+
+@runtime_checkable
+class LiveOffers(Protocol):
+    """Stock and the pay-as-you-go price read from the cloud itself, where the shipped catalog has no price (the
+    cloud is asked at launch and by `gpus --live`)."""
+
+    def list_price(self, region: str, instance_type: str, *, zone: str | None = None,
+                   disk_gb: int | None = None) -> ListPrice:
+        """The type's price per hour now (with a system disk of `disk_gb`, priced apart)."""
+        ...
+
+    def zone_stock(self, region: str, instance_types: Sequence[str]) -> list[ZoneStock]:
+        """Each zone that lists one of the types, with its stock now (a zone that lists none is absent)."""
+        ...
+
+
 C = TypeVar("C")
 
 
@@ -156,6 +205,8 @@ STORAGE = Capability[Storage]("object-storage", "object storage for a playbook's
 IMAGE_COPY = Capability[ImageCopying]("image-copy", "image copy across regions", ImageCopying)
 STOP_MODES = Capability[None]("stop-modes", "stop modes")  # a spot request that stops on interruption
 ALL = (PLACEMENT, RDMA, ADDRESSES, ROLES, BLOCKS, STORAGE, IMAGE_COPY, STOP_MODES)
+# not in ALL, which AWS declares whole: AWS's list prices are its catalog's, read offline
+LIVE_OFFERS = Capability[LiveOffers]("live-offers", "stock and list prices read from the cloud", LiveOffers)
 
 
 def has(provider: Provider, capability: Capability[Any]) -> bool:
