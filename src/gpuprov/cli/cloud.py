@@ -513,7 +513,10 @@ def stop(names: tuple[str, ...]) -> None:
     rest = [n for n in names if n not in moving]
     for node in stopstart.stop(rest, provider, store, say_to(console)) if rest else []:
         month = stopstart.storage_month(node)
-        cost = f"; its {node.disk_gb} GB disk costs ${month[0]:.2f}/month while stopped" if month else ""
+        unknown = stopstart.storage_unknown(node)
+        cost = (f"; its {node.disk_gb} GB disk costs ${month[0]:.2f}/month while stopped" if month
+                else f"; its compute is not billed, its {node.disk_gb} GB disk still is (no price known: {unknown})"
+                if unknown and node.disk_gb else "")
         console.print(f"{node.name}: stopped{cost}", markup=False)
         console.print(f"  gpuprov start {node.name}   # or: gpuprov down {node.name}", markup=False)
 

@@ -49,9 +49,10 @@ def stopped_seconds(node: Node, now: float) -> float | None:
 
 
 def month_usd(node: Node) -> float | None:
-    from gpuprov.plan import catalog
+    from gpuprov.plan.plan import catalog_for
 
-    return catalog.load().storage.month(node.disk_gb) if node.disk_gb else None
+    storage = catalog_for(node.provider).storage  # None: its cloud's disk price is not known
+    return storage.month(node.disk_gb) if node.disk_gb and storage is not None else None
 
 
 def of(node: Node, now: float) -> Stale | None:

@@ -29,11 +29,12 @@ from gpuprov.cloud import reservations
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import bootstrap_node, wait_tcp
 from gpuprov.cloud.instance_store import say_what_stop_loses
+from gpuprov.cloud.providers import service
 from gpuprov.cloud.providers.base import Instance, LaunchError, Provider
-from gpuprov.cloud.providers.capabilities import title
+from gpuprov.cloud.providers.capabilities import SPOT_STOP, STOP_MODES, has, title
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
-from gpuprov.plan.plan import Plan
+from gpuprov.plan.plan import Plan, catalog_for
 from gpuprov.state import Journal, Node, NodeState, Resource, Store, locks
 from gpuprov.state.tolerant import TolerantStore
 
@@ -70,11 +71,18 @@ def budget_left(node: Node, at: float | None = None) -> float | None:
     return max(0.0, (node.budget_deadline - (at or time.time())) / 3600 * node.budget_price)
 
 
-def cannot_stop(node: Node) -> UserInputError:
+def stoppable(node: Node, provider: Provider) -> bool:
+    """Whether its cloud lets the node stop, its disk kept: what its record says (on-demand, or a spot request that
+    stops on interruption), or any spot instance on a cloud that declares SPOT_STOP (ECS's economical mode)."""
+    return node.can_stop or has(provider, SPOT_STOP)
+
+
+def cannot_stop(node: Node, provider: Provider) -> UserInputError:
+    persistent = ("; to have spot nodes that can stop, launch them with `gpuprov up --spot --persistent` (a persistent "
+                  "request whose interruption behaviour is stop)") if has(provider, STOP_MODES) else ""
     return UserInputError(
-        "NAME", f"{node.name} is a one-time spot instance, which EC2 cannot stop (only terminate)",
-        f"`gpuprov down {node.name}` ends it, disk included; to have spot nodes that can stop, launch them with "
-        "`gpuprov up --spot --persistent` (a persistent request whose interruption behaviour is stop)")
+        "NAME", f"{node.name} is a one-time spot instance, which {service(node.provider)} cannot stop (only terminate)",
+        f"`gpuprov down {node.name}` ends it, disk included{persistent}")
 
 
 def stop(names: Sequence[str], provider: Provider, store: Store, say: Say, timeout: float = 900) -> list[Node]:
@@ -89,8 +97,8 @@ def stop(names: Sequence[str], provider: Provider, store: Store, say: Say, timeo
 def _stop(names: Sequence[str], provider: Provider, store: Store, say: Say, timeout: float) -> list[Node]:
     nodes = [store.node(n) for n in names]
     for node in nodes:
-        if not node.can_stop:
-            raise cannot_stop(node)
+        if not stoppable(node, provider):
+            raise cannot_stop(node, provider)
         if node.state not in (*RUNNING_STATES, "stopping", "stopped"):
             raise UserInputError("NAME", f"{node.name} is {node.state}", "only a running node can stop")
         _instance_rows(node, store)
@@ -113,15 +121,19 @@ def _stop(names: Sequence[str], provider: Provider, store: Store, say: Say, time
 
 
 def storage_month(node: Node) -> tuple[float, str] | None:
-    """What the stopped node's disk costs a month, and where that price comes from."""
-    from gpuprov.plan import catalog
-
-    if not node.disk_gb:
+    """What the stopped node's disk costs a month on its cloud, and where that price comes from (None: its size or
+    its cloud's price is not known: `storage_unknown`)."""
+    storage = catalog_for(node.provider).storage
+    if not node.disk_gb or storage is None:
         return None
-    storage = catalog.load().storage
     source = storage.source + (f" (unverified here: {storage.unverified})"
                                if storage.unverified and node.region != storage.region else "")
     return storage.month(node.disk_gb), source
+
+
+def storage_unknown(node: Node) -> str | None:
+    """Why no price of the node's disk is known on its cloud (None: one is)."""
+    return catalog_for(node.provider).storage_unknown
 
 
 def resize_target(node: Node, gpu: str | None, instance_type: str | None,
@@ -131,7 +143,7 @@ def resize_target(node: Node, gpu: str | None, instance_type: str | None,
     from gpuprov.plan import catalog
     from gpuprov.plan.plan import choose_instances, refuse_retired
 
-    cat = catalog.load()
+    cat = catalog_for(node.provider)
     if instance_type:
         it = cat.instance_type(instance_type)
         if it.name != node.instance_type:  # the node's own type, however old, is what it has: no resize
@@ -151,7 +163,7 @@ def check_resize(node: Node, target: InstanceType, flag: str = "--instance-type"
     the same driver branch, kernel module, torch wheel and toolkit must resolve for the new GPU. `flag`: the one
     that asked for it (--gpu or --instance-type), which the refusal names."""
     from gpuprov.errors import StackConflict
-    from gpuprov.plan import catalog, compat
+    from gpuprov.plan import compat
     from gpuprov.plan.stack import StackPins
 
     stack = node.plan.get("stack")
@@ -164,7 +176,7 @@ def check_resize(node: Node, target: InstanceType, flag: str = "--instance-type"
                              + ("--gpu G`" if was_cpu else "--cpu N`"))
     if not stack or not target.gpu:
         return
-    gpu = catalog.load().gpu(target.gpu)
+    gpu = catalog_for(node.provider).gpu(target.gpu)
     torch = stack.get("torch") or None
     installed = (f"driver R{stack['driver_branch']} ({stack['kernel_module']} kernel module)"
                  + (f", torch {torch['version']}+{torch['variant']}" if torch else ""))
@@ -185,9 +197,8 @@ def check_resize(node: Node, target: InstanceType, flag: str = "--instance-type"
 
 def _ask_if_dearer(name: str, node: Node, now_type: str, target: InstanceType, confirm: Callable[[str], None]) -> None:
     """A resize that raises the list price asks first, as `up` does: it is a new hourly bill."""
-    from gpuprov.plan import catalog
 
-    known = next((t for t in catalog.load().instance_types if t.name == now_type), None)
+    known = next((t for t in catalog_for(node.provider).instance_types if t.name == now_type), None)
     now = known.price_usd_hour if known is not None and known.price_usd_hour is not None else node.price_usd_hour
     new = target.price_usd_hour
     if new is None or (now is not None and new <= now):
@@ -231,7 +242,6 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
 
 
 def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say: Say) -> StartResult:
-    from gpuprov.plan import catalog
 
     rec = tl.Recorder("start", name)
     rec.phase(tl.CHECKS)
@@ -252,7 +262,7 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
     iid = row.cloud_id or ""
     target = resize_target(node, opts.gpu, opts.instance_type, lambda types: provider.offerings(node.region, types))
     if target is None and node.resize_to:  # a resize killed mid-way: finish what was asked
-        target = catalog.load().instance_type(node.resize_to)
+        target = catalog_for(node.provider).instance_type(node.resize_to)
     (current,) = provider.describe(node.region, [iid], settle=settle(row))
     if current.state in ("terminated", "shutting-down"):
         store.update_node(name, state=NodeState.GONE, state_reason=current.state_reason or "instance terminated",
@@ -268,7 +278,7 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
             raise UserInputError(flag, f"{name} is {current.state}; a resize needs it stopped",
                                  f"`gpuprov stop {name}` first")
         if node.market == "spot":  # EC2 guide, "Change the instance type": not for Spot Instances
-            raise UserInputError(flag, f"{name} is a spot instance, whose type EC2 cannot change",
+            raise UserInputError(flag, f"{name} is a spot instance, whose type {service(node.provider)} cannot change",
                                  f"start it as it is (`gpuprov start {name}`), or `gpuprov up` a new node with "
                                  f"--instance-type {target.name}")
         check_resize(node, target, flag)
@@ -296,7 +306,7 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
     elif target is not None and node.resize_from and target.name == current.instance_type:
         resized_from = node.resize_from if node.resize_from != target.name else None
     now_type = target.name if target is not None else current.instance_type
-    it = catalog.load().instance_type(now_type)
+    it = catalog_for(node.provider).instance_type(now_type)
     resizing = now_type != original
     journal = Journal(op="resize" if resizing else "start", node=name, step="start", region=node.region, zone=node.zone,
                       old_instance=iid, from_type=original if resizing else None, to_type=now_type if resizing else None,
@@ -338,7 +348,6 @@ def stop_again(name: str, region: str, row: Resource, exc: KeyboardInterrupt, pr
 def _run(name: str, node: Node, row: Resource, opts: StartOptions, now_type: str, original: str,
          resized_from: str | None, provider: Provider, store: Store, say: Say, rec: tl.Recorder) -> StartResult:
     """StartInstances (a refusal puts the old type back), running, its address, bootstrap + verify again."""
-    from gpuprov.plan import catalog
 
     iid = row.cloud_id or ""
     try:
@@ -348,7 +357,7 @@ def _run(name: str, node: Node, row: Resource, opts: StartOptions, now_type: str
         if now_type != original:
             provider.set_instance_type(node.region, iid, original, settle=0)
             back = f" as {original} (the resize to {now_type} was undone)"
-        orig = catalog.load().instance_type(original)
+        orig = catalog_for(node.provider).instance_type(original)
         store.update_node(name, state=NodeState.STOPPED, instance_type=original, gpu=orig.gpu or node.gpu,
                           gpu_count=orig.gpus, price_usd_hour=orig.price_usd_hour, resize_from=None, resize_to=None,
                           journal_json=None)

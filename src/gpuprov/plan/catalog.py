@@ -192,7 +192,7 @@ class Catalog(BaseModel):
     gpus: tuple[Gpu, ...]
     instance_types: tuple[InstanceType, ...]
     regions: tuple[str, ...]
-    storage: Storage
+    storage: Storage | None  # None: no disk price is known on this cloud (`storage_unknown` says why)
     interconnect: Interconnect
     bench: BenchRules
     cluster_network: ClusterNetwork
@@ -209,6 +209,7 @@ class Catalog(BaseModel):
     default_region: str = "us-east-1"
     oses: tuple[str, ...] = ()
     prices_unknown: str | None = None
+    storage_unknown: str | None = None
 
     @model_validator(mode="after")
     def _known_gpus(self) -> Catalog:

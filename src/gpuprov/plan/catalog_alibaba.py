@@ -44,6 +44,7 @@ class Facts(BaseModel):
     family_list_doc: str
     naming_doc: str
     prices_unknown: str
+    disk_price_unknown: str
     oses: tuple[str, ...]
     gpu_types: tuple[GpuType, ...]
     gpus: tuple[aws.Gpu, ...]
@@ -84,4 +85,5 @@ def catalog() -> aws.Catalog:
         "cloud": "alibaba", "cloud_title": "Alibaba Cloud", "prices_as_of": "", "price_region": "",
         "gpus": found.gpus, "instance_types": types, "regions": tuple(found.zones),
         "default_region": found.default_region, "oses": found.oses, "prices_unknown": found.prices_unknown,
+        "storage": None, "storage_unknown": found.disk_price_unknown,
         "unplannable": {}, "fractional": {}, "cpu_families": ()})

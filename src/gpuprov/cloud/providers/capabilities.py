@@ -156,6 +156,10 @@ STORAGE = Capability[Storage]("object-storage", "object storage for a playbook's
 IMAGE_COPY = Capability[ImageCopying]("image-copy", "image copy across regions", ImageCopying)
 STOP_MODES = Capability[None]("stop-modes", "stop modes")  # a spot request that stops on interruption
 ALL = (PLACEMENT, RDMA, ADDRESSES, ROLES, BLOCKS, STORAGE, IMAGE_COPY, STOP_MODES)
+# Not one of ALL, which AWS has every one of: every spot instance may be stopped, its disk kept, whatever it does
+# when interrupted (ECS: a preemptible instance stops in economical mode as a pay-as-you-go one does). Without it
+# only a spot request that stops on interruption can (STOP_MODES); EC2 only terminates a one-time spot instance.
+SPOT_STOP = Capability[None]("spot-stop", "a stop of any spot instance")
 
 
 def has(provider: Provider, capability: Capability[Any]) -> bool:
@@ -177,6 +181,19 @@ def offered(provider: Provider, capability: Capability[C]) -> C | None:
     """The provider as the capability where it declares it, else None (for what is skipped, not refused, without
     it: gc's instance roles, `gpus --live`'s reservations)."""
     return cast(C, provider) if has(provider, capability) else None
+
+
+def declared(cloud: str, capability: Capability[Any]) -> bool:
+    """Whether the cloud a node records declares this flag, its provider's class read without making one (what a
+    record alone is shown with: `status`)."""
+    import importlib
+
+    from gpuprov.cloud.providers import CLOUDS
+
+    found = CLOUDS.get(cloud)
+    if found is None:
+        return False
+    return capability.flag in getattr(getattr(importlib.import_module(found.module), found.cls), "capabilities", ())
 
 
 def title(provider: Provider | str) -> str:
