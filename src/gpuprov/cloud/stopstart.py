@@ -451,7 +451,7 @@ def node_plan(node: Node) -> Plan:
         playbook = str(kept)
     request = NodeRequest(
         gpu=node.gpu or recorded.get("gpu") or "", count=node.gpu_count or (None if cpu_only else 1),
-        spot=node.market == "spot",
+        spot=node.market == "spot", cloud=node.provider,  # planned on its own cloud's catalog, in its region
         region=node.region, playbook=playbook, os=recorded.get("os") or "ubuntu-24.04", jupyter=bool(recorded.get("jupyter")),
         docker=bool(recorded.get("docker")), pins=pins, instance_type=node.instance_type, autostop_seconds=node.autostop_seconds,
         ttl_seconds=node.ttl_seconds, on_interrupt=node.on_interrupt or guards.get("on_interrupt"),
