@@ -485,10 +485,12 @@ def _no_clusters(store: Store, names: tuple[str, ...], what: str) -> None:
 @main.command()
 @click.argument("names", nargs=-1, required=True)
 def stop(names: tuple[str, ...]) -> None:
-    """Stop nodes: compute billing ends, the disk (EBS) is kept; `gpuprov start NAME` resumes.
+    """Stop nodes: compute billing ends, the disk is kept; `gpuprov start NAME` resumes.
 
-    One-time spot nodes cannot stop (EC2 only terminates them): use `gpuprov down`, or launch spot
-    nodes with `up --spot --persistent`.
+    On AWS the disk is EBS, and one-time spot nodes cannot stop (EC2 only terminates them): use
+    `gpuprov down`, or launch spot nodes with `up --spot --persistent`. On Alibaba Cloud every node,
+    spot too, stops in ECS's economical mode (its public address is released; a start may find no
+    stock in its zone).
     """
     from gpuprov.cloud import journal, stopstart
 
