@@ -2,8 +2,8 @@
 (tests/alibaba/server.py) in this process (`ali_cli`), no SSH (--no-bootstrap --no-wait; tests/test_alibaba_cli.py
 walks the same on a real SSH host). Pay-as-you-go and spot with a price limit failing over across zones and types
 with ECS's own codes, a stop in economical mode (a spot node too) and what `status` says of it, a start refused
-for want of stock, a lost RunInstances answer found by its ClientToken, and SIGKILL or SIGTERM of `up` while
-RunInstances' answer is held: nothing is left untracked."""
+for want of stock, a reclaimed spot node, a lost RunInstances answer found by its ClientToken, and SIGKILL or
+SIGTERM of `up` while RunInstances' answer is held: nothing is left untracked."""
 
 from __future__ import annotations
 
@@ -98,6 +98,20 @@ def test_a_spot_node_stops_in_economical_mode_and_starts_again(ali_cli):
     assert node["state"] == "ready" and node["address"] == row.raw["PublicIpAddress"]["IpAddress"][0] != first
     assert ali_cli.gp("down", "sp", "--yes").exit_code == 0
     assert leftovers(ecs) == EMPTY
+
+
+def test_a_reclaimed_spot_node_is_interrupted_after_a_refresh_and_down_leaves_nothing(ali_cli, monkeypatch):
+    monkeypatch.setenv("GPUPROV_TEST_SETTLE_SECONDS", "0.5")  # past it, an instance ECS does not list is gone
+    ecs = ali_cli.ecs
+    assert ali_cli.gp("up", "sp", "--gpu", "T4", "--spot", *NO_SSH).exit_code == 0
+    (iid,) = ecs.instances
+    ecs.reclaim(iid)  # released (SpotInterruptionBehavior Terminate): ECS no longer lists it
+    time.sleep(0.6)
+    assert ali_cli.gp("status", "--refresh").exit_code == 0
+    node = _status(ali_cli)["sp"]
+    assert (node["state"], node["interrupted"]) == ("interrupted", True)
+    assert ali_cli.gp("down", "sp", "--yes").exit_code == 0
+    assert leftovers(ecs) == EMPTY and _status(ali_cli) == {}
 
 
 def test_a_lost_run_instances_answer_is_found_by_its_client_token(ali_cli):
