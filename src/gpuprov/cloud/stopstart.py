@@ -152,7 +152,7 @@ def resize_target(node: Node, gpu: str | None, instance_type: str | None,
     if gpu:
         name, count = catalog.parse_gpu_request(gpu)
         count = count if ":" in gpu else (node.gpu_count or 1)
-        fits = choose_instances(cat.gpu(name), count)
+        fits = choose_instances(cat.gpu(name), count, cat=cat)
         zones = offered([it.name for it in fits])
         return next((it for it in fits if node.zone in zones.get(it.name, [])), fits[0])
     return None
