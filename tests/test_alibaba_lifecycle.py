@@ -45,7 +45,7 @@ def _offer_4x_t4(ecs: Ecs) -> None:
         ecs.stock[(zone, T4X4)], ecs.spot_price[(zone, T4X4)] = 10, 2.0
 
 
-def test_pay_as_you_go_and_a_price_limited_spot_node_fail_over_with_ecs_codes(ali_cli):
+def test_pay_as_you_go_and_a_price_limited_spot_node_fail_over_with_ecs_codes_and_resize(ali_cli):
     ecs = ali_cli.ecs
     _offer_4x_t4(ecs)
     ecs.faults.append(Fault("RunInstances", code="OperationDenied.NoStock", message=NO_STOCK, status=403, times=2))
@@ -64,6 +64,17 @@ def test_pay_as_you_go_and_a_price_limited_spot_node_fail_over_with_ecs_codes(al
     assert _runs(ecs)[3:] == [(T4, ZONE_H, "SpotWithPriceLimit", "0.5"), (T4, ZONE_I, "SpotWithPriceLimit", "0.5")]
     nodes = _status(ali_cli)
     assert (nodes["sp"]["cloud"], nodes["sp"]["zone"], nodes["sp"]["market"]) == ("alibaba", ZONE_I, "spot")
+
+    # the pay-as-you-go node resized back to the first type while stopped (ModifyInstanceSpec), on Alibaba's catalog
+    assert ali_cli.gp("stop", "od").exit_code == 0
+    resized = ali_cli.gp("start", "od", "--gpu", "T4", "--no-bootstrap", "--yes")
+    assert resized.exit_code == 0, resized.output
+    assert [p["InstanceType"] for action, p in ecs.calls if action == "ModifyInstanceSpec"] == [T4]
+    assert _status(ali_cli)["od"]["instance_type"] == T4
+    stopped = ali_cli.gp("stop", "sp")
+    assert stopped.exit_code == 0, stopped.output
+    spot_resize = ali_cli.gp("start", "sp", "--instance-type", T4X4, "--no-bootstrap", "--yes")
+    assert spot_resize.exit_code == 2 and "whose type ECS cannot change" in spot_resize.stderr
     down = ali_cli.gp("down", "--all", "--yes")
     assert down.exit_code == 0, down.output
     assert leftovers(ecs) == EMPTY
