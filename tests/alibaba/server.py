@@ -263,7 +263,7 @@ class Ecs:
         return body, lose
 
     def release(self) -> None:
-        """Every held answer goes out (to a client that may be gone)."""
+        """Every held answer goes out (to a client that may be gone); a later `hold` no longer waits."""
         self.released.set()
 
     def _tag(self, kind: str, rid: str, tags: list[dict[str, str]] | None) -> None:
