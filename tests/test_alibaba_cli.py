@@ -1,6 +1,6 @@
 """A node's life on Alibaba Cloud: the real CLI against the ECS imitation (tests/alibaba/server.py), its launched
 node bootstrapped and verified over SSH on a real test host (tests/alibaba/cli.py): up, status, a stop in economical
-mode and a start (a new public address, the same host), an image bake, a node launched from the baked image, down
+mode and a start (a new public address, the same host), an image bake (its reboot), a node launched from the baked image, down
 and image rm, leaving nothing. The same without SSH, with failover, faults and signals: test_alibaba_lifecycle.py."""
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ def test_up_status_stop_start_bake_down_on_alibaba(ecs_cloud, ali_env, aws_hosts
 
     baked = gp(ali_env, "image", "bake", "t4", "--name", "t4-stack", "--yes")
     assert baked.returncode == 0, baked.stdout + baked.stderr
+    # ECS's CreateImage does not reboot: the provider does, in standard mode (address kept), as EC2's does
+    after = [(a, p.get("StoppedMode")) for a, p in ecs_cloud.calls if a in ("CreateImage", "StopInstances",
+                                                                          "StartInstances")][-3:]
+    assert after == [("CreateImage", None), ("StopInstances", "KeepCharging"), ("StartInstances", None)]
     listed = gp(ali_env, "image", "list", "--json")
     assert listed.returncode == 0, listed.stdout + listed.stderr
     (image,) = json.loads(listed.stdout)
