@@ -80,6 +80,23 @@ def test_pay_as_you_go_and_a_price_limited_spot_node_fail_over_with_ecs_codes_an
     assert leftovers(ecs) == EMPTY
 
 
+def test_a_quota_or_a_balance_refusal_stops_up_in_alibaba_clouds_words_leaving_nothing(ali_cli):
+    ecs = ali_cli.ecs
+    ecs.vcpu_quota["PostPaid"] = 1
+    quota = ali_cli.gp("up", "q", "--gpu", "T4", *NO_SSH)
+    assert quota.exit_code != 0 and "Traceback" not in quota.output
+    assert "error: QuotaExceed.ElasticQuota: The number of vCPUs assigned" in quota.stderr
+    assert f"Alibaba Cloud counts its quotas in vCPUs: {T4} needs 4" in quota.stderr
+    assert "fix: ask for a higher vCPU quota of the instance family in Quota Center" in quota.stderr
+    assert "AWS" not in quota.output and "aws " not in quota.output
+    ecs.vcpu_quota["PostPaid"], ecs.balance_ok = 1000, False
+    broke = ali_cli.gp("up", "b", "--gpu", "T4", *NO_SSH)
+    assert broke.exit_code != 0 and "Alibaba Cloud refused the launch: InvalidAccountStatus.NotEnoughBalance: " in \
+        broke.stderr and "top it up in the Billing console" in broke.stderr
+    assert [p["ZoneId"] for a, p in ecs.calls if a == "RunInstances"] == [ZONE_H, ZONE_H]  # each stopped at once
+    assert leftovers(ecs) == EMPTY and _status(ali_cli) == {}
+
+
 def test_a_spot_node_stops_in_economical_mode_and_starts_again(ali_cli):
     ecs = ali_cli.ecs
     assert ali_cli.gp("up", "sp", "--gpu", "T4", "--spot", *NO_SSH).exit_code == 0
