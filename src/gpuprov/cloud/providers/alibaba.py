@@ -53,8 +53,8 @@ class AlibabaProvider(EcsImages):
     # no cluster placement, eRDMA, EIPs, RAM roles, reservations or image copy in gpuprov yet (each refused by name
     # through `capabilities.need`). Its stop is always economical (StopCharging), and a preemptible instance stops so
     # as a pay-as-you-go one does ("Economical mode for pay-as-you-go instances (including spot instances)",
-    # alibabacloud.com/help/en/ecs/user-guide/economical-mode, updated 2025-09-15: a VPC, pay-as-you-go or
-    # preemptible, no local storage; gpuprov launches into a VPC, and none of the catalog's families has local disks)
+    # alibabacloud.com/help/en/ecs/user-guide/economical-mode: a VPC, pay-as-you-go or preemptible, no local
+    # storage; gpuprov launches into a VPC, and none of the catalog's families has local disks)
     capabilities: frozenset[str] = frozenset({SPOT_STOP.flag})
 
     # --- where to launch ---------------------------------------------------------------------

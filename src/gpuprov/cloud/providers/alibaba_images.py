@@ -62,9 +62,9 @@ class EcsImages(EcsBase):
         Then, unless `no_reboot`, the instance is stopped in standard mode (KeepCharging: its compute and public
         address kept) and started again. EC2's CreateImage reboots the instance and ECS's does not: it snapshots a
         running instance as it is ("Data cached in memory on a running instance may not be written to disk",
-        CreateImage API reference, alibabacloud.com/help/en/ecs/api-createimage, updated 2026-01-12), and a bake
-        relies on that boot (its clean-up ran `cloud-init clean` and `sync`: the next boot is a first boot, new
-        host keys and the launch key back)."""
+        CreateImage API reference, alibabacloud.com/help/en/ecs/api-createimage), and a bake relies on that boot
+        (its clean-up ran `cloud-init clean` and `sync`: the next boot is a first boot, new host keys and the
+        launch key back)."""
         tags = self._tag_list(IMAGES, {TAG_STACK: request.stack, TAG_OS: request.os, TAG_SOURCE: request.source_node,
                                        TAG_IMAGE: request.name})
         reply = self._settle("instance", request.instance_id, 60, lambda: self._call(
