@@ -1,15 +1,17 @@
 """stop / start / resize: keep a node's disk and stop its bill, and bring it back.
 
-A node that can stop (on-demand, or a persistent spot request) stops with its EBS volume kept (its instance
-store, where the type has one, is lost: `stop` says so, cloud/instance_store.py);
+A node its cloud lets stop (`stoppable`: on-demand, a spot request that stops on interruption, or any spot node
+on a cloud that declares SPOT_STOP) stops with its disk kept (its instance store, where the type has one, is lost:
+`stop` says so, cloud/instance_store.py), its disk priced on its cloud's catalog where a price is known;
 `start` resizes first when asked (refused before anything changes when the installed stack cannot
 serve the new GPU), waits for it to run, follows a new address in state and ssh config with the
 host key still pinned, and re-runs the bootstrap and verify. Each change is recorded before it is
 asked of the cloud, so a crash mid-way leaves a node that `start` or `down` completes.
 
-stop checks every node first (one-time spot is refused, with `down` and `--persistent` offered), then `stopping`
--> StopInstances -> `stopped`. start refuses, before anything changes, a state it cannot start from, a new type
-for a spot node (EC2 cannot change it), a stack plan/compat.resolve cannot re-solve for the new GPU, a kernel
+stop checks every node first (one that cannot stop is refused naming its cloud's service, with `down` offered),
+then `stopping` -> StopInstances -> `stopped`. start plans on the node's own cloud's catalog and refuses, before
+anything changes, a state it cannot start from, a new type for a spot node (EC2 cannot change it; taken for ECS's
+rule too), a stack plan/compat.resolve cannot re-solve for the new GPU, a kernel
 module that differs, a type not offered in the node's zone; then the resize is recorded (`resize_from`/`resize_to`),
 ModifyInstanceAttribute, StartInstances (a refusal puts the old type back), each of the two recorded in the node's
 journal first (state/records.py `Journal`, op "resize" or "start": `stop` of a node a killed start left stops its
