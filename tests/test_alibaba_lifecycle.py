@@ -175,8 +175,9 @@ def _held_up(ecs: Ecs, gp_home, name: str) -> subprocess.Popen[str]:
     return proc
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-def test_up_killed_at_run_instances_leaves_nothing_untracked(ali_cli, gp_home, sig):
+@pytest.mark.parametrize(("sig", "cleanup"), [(signal.SIGKILL, "down"), (signal.SIGKILL, "gc"), (signal.SIGTERM, "")],
+                         ids=["SIGKILL-down", "SIGKILL-gc", "SIGTERM"])
+def test_up_killed_at_run_instances_leaves_nothing_untracked(ali_cli, gp_home, sig, cleanup):
     ecs = ali_cli.ecs
     proc = _held_up(ecs, gp_home, "kill")
     assert len(ecs.instances) == 1  # made, its answer not yet given
@@ -189,6 +190,6 @@ def test_up_killed_at_run_instances_leaves_nothing_untracked(ali_cli, gp_home, s
     else:  # the record made before RunInstances (with its ClientToken) finds the instance
         assert proc.returncode == -signal.SIGKILL
         assert _status(ali_cli)["kill"]["cloud"] == "alibaba"
-        down = ali_cli.gp("down", "kill", "--yes")
-        assert down.exit_code == 0, down.output
+        cleaned = ali_cli.gp(*(("down", "kill", "--yes") if cleanup == "down" else ("gc", "--yes")))
+        assert cleaned.exit_code == 0, cleaned.output
     assert leftovers(ecs) == EMPTY and "kill" not in _status(ali_cli)
