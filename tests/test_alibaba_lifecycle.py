@@ -45,6 +45,15 @@ def _offer_4x_t4(ecs: Ecs) -> None:
         ecs.stock[(zone, T4X4)], ecs.spot_price[(zone, T4X4)] = 10, 2.0
 
 
+def test_the_registry_says_of_spot_stops_what_each_provider_declares(alibaba):
+    from gpuprov.cloud import providers
+    from gpuprov.cloud.providers.aws import AwsProvider
+    from gpuprov.cloud.providers.capabilities import SPOT_STOP, has
+
+    assert providers.CLOUDS["alibaba"].spot_stops and has(alibaba, SPOT_STOP)
+    assert not providers.CLOUDS["aws"].spot_stops and not has(AwsProvider("gpuprov-test"), SPOT_STOP)
+
+
 def test_pay_as_you_go_and_a_price_limited_spot_node_fail_over_with_ecs_codes_and_resize(ali_cli):
     ecs = ali_cli.ecs
     _offer_4x_t4(ecs)

@@ -227,7 +227,7 @@ def _cluster_fields(n: Node) -> dict[str, object]:
 def _stop_fields(n: Node, now: float) -> dict[str, object]:
     """What stop/start, the shutdown action and a budget add to a status row: its disk's price is its cloud's (none
     where its cloud's is not known: `storage_unknown` says why), and whether it can stop is its cloud's rule."""
-    from gpuprov.cloud.providers.capabilities import SPOT_STOP, declared
+    from gpuprov.cloud.providers import CLOUDS
     from gpuprov.plan.plan import catalog_for
 
     found = catalog_for(n.provider)
@@ -237,7 +237,7 @@ def _stop_fields(n: Node, now: float) -> dict[str, object]:
     if left is not None and n.state == "stopped" and n.stopped_at:
         left = max(0.0, (n.budget_deadline or 0) - n.stopped_at) / 3600 * (n.budget_price or 0)
     return {
-        "spot_type": n.spot_type, "can_stop": n.can_stop or declared(n.provider, SPOT_STOP),
+        "spot_type": n.spot_type, "can_stop": n.can_stop or (n.provider in CLOUDS and CLOUDS[n.provider].spot_stops),
         "autostop_action": n.shutdown_action or "terminate",  # nodes launched before stop existed terminate
         "disk_gb": n.disk_gb,
         "storage_usd_month": round(storage.month(n.disk_gb), 2) if n.disk_gb and storage else None,

@@ -39,11 +39,14 @@ class Cloud:
     launches: bool = True
     # plan and render plan its nodes on its own catalog (plan/plan.py catalog_for), never on another cloud's
     plans: bool = True
+    # its provider declares SPOT_STOP (every spot instance stops, its disk kept): what `status` says of a record
+    # without importing the cloud's SDK (tests/test_alibaba_lifecycle.py holds the two together)
+    spot_stops: bool = False
 
 
 CLOUDS: dict[str, Cloud] = {
     "aws": Cloud("gpuprov.cloud.providers.aws", "AwsProvider", "AWS", "EC2"),
-    "alibaba": Cloud("gpuprov.cloud.providers.alibaba", "AlibabaProvider", "Alibaba Cloud", "ECS"),
+    "alibaba": Cloud("gpuprov.cloud.providers.alibaba", "AlibabaProvider", "Alibaba Cloud", "ECS", spot_stops=True),
 }
 DEFAULT = "aws"
 

@@ -183,19 +183,6 @@ def offered(provider: Provider, capability: Capability[C]) -> C | None:
     return cast(C, provider) if has(provider, capability) else None
 
 
-def declared(cloud: str, capability: Capability[Any]) -> bool:
-    """Whether the cloud a node records declares this flag, its provider's class read without making one (what a
-    record alone is shown with: `status`)."""
-    import importlib
-
-    from gpuprov.cloud.providers import CLOUDS
-
-    found = CLOUDS.get(cloud)
-    if found is None:
-        return False
-    return capability.flag in getattr(getattr(importlib.import_module(found.module), found.cls), "capabilities", ())
-
-
 def title(provider: Provider | str) -> str:
     """The cloud's name as people write it ("AWS", "Alibaba Cloud"), of a provider or of the name a node records."""
     from gpuprov.cloud.providers import title as named
