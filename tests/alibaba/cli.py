@@ -2,8 +2,9 @@
 
 `ali_env` is the CLI's environment (the imitation's endpoint and test credentials, set by `ecs_cloud`, and the same
 test settings as against the EC2 imitation); `ali_site` makes the next instances the imitation launches answer on
-the given SSH test hosts (its `address_for` seam), each a fresh T4 host that trusts gpuprov's key for the region,
-as cloud-init would on ECS. The hosts are `aws_hosts`' two: a launched node is a launched node to them.
+the given SSH test hosts (its `address_for` seam; started again, an instance lands on its own host), each a fresh
+T4 host that trusts gpuprov's key for the region, as cloud-init would on ECS. The hosts are `aws_hosts`' two: a
+launched node is a launched node to them.
 """
 
 from __future__ import annotations
@@ -41,9 +42,13 @@ def ali_site(ecs: Ecs, pool: Any, gp_home: Path, hosts: Sequence[int] = (0,), re
         shutil.copy(pool.key_path, keys / "id_ed25519")
         shutil.copy(f"{pool.key_path}.pub", keys / "id_ed25519.pub")
     order: Iterator[int] = iter(hosts)
+    landed: dict[str, int] = {}  # an instance started again (economical mode gave its address back) keeps its host
 
-    def address_for(_instance: dict[str, Any]) -> tuple[str, str]:
-        at = pool[next(order)].address
+    def address_for(instance: dict[str, Any]) -> tuple[str, str]:
+        host = landed.get(instance["InstanceId"])
+        if host is None:
+            host = landed[instance["InstanceId"]] = next(order)
+        at = pool[host].address
         return at, at
 
     ecs.address_for = address_for

@@ -34,10 +34,17 @@ Rules and their sources (read 2026-12-03):
     as InvalidInstanceType.ValueNotSupported (unverified wording: the page's error table was not read whole);
   - a new instance is Pending, then Running; DescribeInstances may not list it for a moment after RunInstances
     answers (`listing_delay`); StopInstances' StoppedMode=StopCharging keeps the disks and stops the billing of
-    compute ("economical mode", StopInstances API reference).
+    compute ("economical mode", StopInstances API reference), and releases the system-assigned public address, a
+    start giving a new one ("Economical mode for pay-as-you-go instances (including spot instances)",
+    alibabacloud.com/help/en/ecs/user-guide/economical-mode, updated 2025-09-15).
 
-A seam for real SSH hosts: `address_for(instance) -> (public_ip, private_ip)` picks each new instance's addresses;
-the default hands out documentation addresses, a test can hand out a real sshd host's.
+Faults (`faults`, each a `Fault` for the next matching calls): a refusal with ECS's code, a lost answer (the work
+done, the connection closed), or a held one (the work done, the answer kept until `release()`: a test kills the
+client meanwhile).
+
+A seam for real SSH hosts: `address_for(instance) -> (public_ip, private_ip)` picks each new instance's addresses
+(and a new public one when an instance stopped in economical mode starts); the default hands out documentation
+addresses, a test can hand out a real sshd host's.
 """
 
 from __future__ import annotations
@@ -97,6 +104,7 @@ class Fault:
     message: str = ""
     status: int = 400
     lose: bool = False
+    hold: bool = False  # the work is done, the answer waits until `release()` (a kill lands meanwhile)
     times: int = 1
 
 
@@ -208,6 +216,8 @@ class Ecs:
         self.listing_delay = 0.0
         self.boot = 0.0
         self.faults: list[Fault] = []
+        self.held = 0  # answers a `hold` fault has kept waiting so far
+        self.released = threading.Event()
         self.answers: list[tuple[str, dict[str, Any]]] = []
         self.calls: list[tuple[str, dict[str, str]]] = []
         self.address_for: Callable[[dict[str, Any]], tuple[str, str]] = self._addresses
@@ -240,22 +250,31 @@ class Ecs:
     # --- the server side of every call --------------------------------------------------------
 
     def handle(self, action: str, flat: dict[str, str]) -> tuple[dict[str, Any], bool]:
-        """The answer, and whether it is lost after the work is done."""
+        """The answer, and whether it is lost after the work is done (a held answer waits here, outside the lock,
+        until `release`)."""
         with self.lock:
             self.calls.append((action, flat))
             request = check_request(action, flat)
-            lose = False
+            lose = hold = False
             for fault in self.faults:
                 if fault.action == action and fault.times > 0:
                     fault.times -= 1
                     if fault.code:
                         raise Refused(fault.status, fault.code, fault.message or fault.code)
-                    lose = fault.lose
+                    lose, hold = fault.lose, fault.hold
                     break
             body = getattr(self, action)(request.to_map())
             body["RequestId"] = str(uuid.uuid4()).upper()
             self.answers.append((action, body))
-            return body, lose
+            if hold:
+                self.held += 1
+        if hold:
+            self.released.wait(60)
+        return body, lose
+
+    def release(self) -> None:
+        """Every held answer goes out (to a client that may be gone); a later `hold` no longer waits."""
+        self.released.set()
 
     def _tag(self, kind: str, rid: str, tags: list[dict[str, str]] | None) -> None:
         self.tags[(kind, rid)] = {t["Key"]: t["Value"] for t in tags or []}
@@ -505,7 +524,11 @@ class Ecs:
 
     def StopInstances(self, p: dict[str, Any]) -> dict[str, Any]:
         mode = p.get("StoppedMode") or "KeepCharging"
-        return self._change(p, ("Running",), "Stopping", "Stopped", {"StoppedMode": mode})
+        answer = self._change(p, ("Running",), "Stopping", "Stopped", {"StoppedMode": mode})
+        if mode == "StopCharging":  # economical mode releases the system-assigned public address ("Economical mode")
+            for iid in p["InstanceId"]:
+                self._row(iid).raw["PublicIpAddress"] = {"IpAddress": []}
+        return answer
 
     def StartInstances(self, p: dict[str, Any]) -> dict[str, Any]:
         for iid in p["InstanceId"]:
@@ -514,6 +537,10 @@ class Ecs:
             if row.raw.get("StoppedMode") == "StopCharging" and self.stock[key] <= 0:
                 raise Refused(403, "OperationDenied.NoStock", "The requested resource is sold out in the specified "
                               "zone; try other types of resources or other regions and zones.")
+        for iid in p["InstanceId"]:  # a new system-assigned public address for one stopped in economical mode
+            row = self._row(iid)
+            if row.raw.get("StoppedMode") == "StopCharging" and row.raw["InternetMaxBandwidthOut"] > 0:
+                row.raw["PublicIpAddress"] = {"IpAddress": [self.address_for(row.raw)[0]]}
         return self._change(p, ("Stopped",), "Starting", "Running", {"StoppedMode": "Not-applicable"})
 
     def DeleteInstances(self, p: dict[str, Any]) -> dict[str, Any]:
@@ -629,11 +656,14 @@ class Handler(BaseHTTPRequestHandler):
             self.connection.close()
             return
         out = json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json;charset=utf-8")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json;charset=utf-8")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+        except OSError:  # a held answer's client was killed meanwhile
+            self.close_connection = True
 
     do_GET = do_POST = _serve
 

@@ -541,10 +541,12 @@ def _no_clusters(store: Store, names: tuple[str, ...], what: str) -> None:
 @main.command()
 @click.argument("names", nargs=-1, required=True)
 def stop(names: tuple[str, ...]) -> None:
-    """Stop nodes: compute billing ends, the disk (EBS) is kept; `gpuprov start NAME` resumes.
+    """Stop nodes: compute billing ends, the disk is kept; `gpuprov start NAME` resumes.
 
-    One-time spot nodes cannot stop (EC2 only terminates them): use `gpuprov down`, or launch spot
-    nodes with `up --spot --persistent`.
+    On AWS the disk is EBS, and one-time spot nodes cannot stop (EC2 only terminates them): use
+    `gpuprov down`, or launch spot nodes with `up --spot --persistent`. On Alibaba Cloud every node,
+    spot too, stops in ECS's economical mode (its public address is released; a start may find no
+    stock in its zone).
     """
     from gpuprov.cloud import journal, stopstart
 
@@ -569,8 +571,10 @@ def stop(names: tuple[str, ...]) -> None:
     rest = [n for n in names if n not in moving]
     for node in stopstart.stop(rest, provider, store, say_to(console)) if rest else []:
         month = stopstart.storage_month(node)
-        cost = f"; its {node.disk_gb} GB disk costs ${month[0]:.2f}/month while stopped" if month else \
-            f"; compute is not billed, its {node.disk_gb} GB disk is (disk price not known)" if node.disk_gb else ""
+        unknown = stopstart.storage_unknown(node)
+        cost = (f"; its {node.disk_gb} GB disk costs ${month[0]:.2f}/month while stopped" if month
+                else f"; its compute is not billed, its {node.disk_gb} GB disk still is (no price known: {unknown})"
+                if unknown and node.disk_gb else "")
         console.print(f"{node.name}: stopped{cost}", markup=False)
         console.print(f"  gpuprov start {node.name}   # or: gpuprov down {node.name}", markup=False)
 

@@ -7,6 +7,8 @@ import json
 import click
 
 from gpuprov.cli.common import (
+    chosen_cloud,
+    cloud_option,
     confirm,
     main,
     make_console,
@@ -75,8 +77,9 @@ def bake(node: str, name: str | None, yes: bool, as_json: bool) -> None:
 
 @image.command(name="list")
 @click.option("--region", "regions", multiple=True, shell_complete=complete_region,
-              help="Region(s) to list [default: the AWS chain's region and "
+              help="Region(s) to list [default: the cloud's region and "
                    "those of your records].")
+@cloud_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_(regions: tuple[str, ...], as_json: bool) -> None:
     """Your baked images: name, id, stack hash, region, created, size, snapshots."""
@@ -97,6 +100,7 @@ def list_(regions: tuple[str, ...], as_json: bool) -> None:
 @click.option("--region", "regions", multiple=True, shell_complete=complete_region,
               help="Region(s) to look in [default: as for `image list`].")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask (needed without a terminal).")
+@cloud_option
 def rm(spec: str, regions: tuple[str, ...], yes: bool) -> None:
     """Deregister an image and delete its snapshots (nodes launched from it keep running)."""
     from gpuprov.cloud import images
@@ -112,10 +116,11 @@ def rm(spec: str, regions: tuple[str, ...], yes: bool) -> None:
 
 
 def _regions(given: tuple[str, ...], store: object) -> list[str]:
-    from gpuprov.plan import catalog
+    """--region, checked on the chosen cloud's catalog; else its region and those of the images recorded."""
+    from gpuprov.plan.plan import catalog_for
 
     if given:
-        return [catalog.load().check_region(r) for r in given]
+        return [catalog_for(chosen_cloud()).check_region(r) for r in given]
     recorded = {r.region for r in store.resources(None, kind="image")}  # type: ignore[attr-defined]
     return sorted(recorded | {region_from(None).name})
 

@@ -70,7 +70,7 @@ SUMMARIES: dict[str, str] = {
     ),
     'state': "Where the records live: the local file, or a team's S3 bucket (config `state`, GPUPROV_STATE).",
     'status': 'Nodes gpuprov manages: state, address, $/h, $ so far, age.',
-    'stop': 'Stop nodes: compute billing ends, the disk (EBS) is kept; `gpuprov start NAME` resumes.',
+    'stop': 'Stop nodes: compute billing ends, the disk is kept; `gpuprov start NAME` resumes.',
     'sync': 'Copy files to or from a host with rsync over the same pinned SSH settings.',
     'team': "Working as a team: your public key for everyone's nodes, and the keys pushed to a node again.",
     'torchrun': 'Run torchrun on every node of a cluster, wired for it; output prefixed by node.',

@@ -178,7 +178,8 @@ def status_rows(nodes: list[Node]) -> list[dict[str, object]]:
         cost = n.cost_so_far(now)
         rows.append({
             "name": n.name, "owner": n.owner, "gpu": n.gpu, "gpu_count": n.gpu_count, "instance_type": n.instance_type,
-            "market": n.market, "region": n.region, "zone": n.zone, "state": n.state, "state_reason": n.state_reason,
+            "market": n.market, "cloud": n.provider, "region": n.region, "zone": n.zone, "state": n.state,
+            "state_reason": n.state_reason,
             "address": n.address, "price_usd_hour": n.price_usd_hour,
             "cost_so_far_usd": round(cost, 2) if cost is not None else None,
             "paid_usd_hour": n.paid_usd_hour,  # the spot price obtained, or the list price; what `$ so far` uses
@@ -226,22 +227,25 @@ def _cluster_fields(n: Node) -> dict[str, object]:
 
 
 def _stop_fields(n: Node, now: float) -> dict[str, object]:
-    """What stop/start, the shutdown action and a budget add to a status row; the disk's price where its cloud's is
-    known (None, said as "disk price not known", where it is not)."""
-    from gpuprov.plan.plan import storage_for
+    """What stop/start, the shutdown action and a budget add to a status row: its disk's price is its cloud's (none
+    where its cloud's is not known: `storage_unknown` says why), and whether it can stop is its cloud's rule."""
+    from gpuprov.cloud.providers import CLOUDS
+    from gpuprov.plan.plan import catalog_for
 
-    storage = storage_for(n.provider)
+    found = catalog_for(n.provider)
+    storage = found.storage
     left = (max(0.0, (n.budget_deadline - now) / 3600 * n.budget_price)
             if n.budget_usd is not None and n.budget_deadline and n.budget_price else None)
     if left is not None and n.state == "stopped" and n.stopped_at:
         left = max(0.0, (n.budget_deadline or 0) - n.stopped_at) / 3600 * (n.budget_price or 0)
     return {
-        "spot_type": n.spot_type, "can_stop": n.can_stop,
+        "spot_type": n.spot_type, "can_stop": n.can_stop or (n.provider in CLOUDS and CLOUDS[n.provider].spot_stops),
         "autostop_action": n.shutdown_action or "terminate",  # nodes launched before stop existed terminate
         "disk_gb": n.disk_gb,
         "storage_usd_month": round(storage.month(n.disk_gb), 2) if n.disk_gb and storage else None,
         "storage_price": {"usd_per_gb_month": storage.usd_per_gb_month, "volume_type": storage.volume_type,
                           "source": storage.source, "unverified": storage.unverified} if storage else None,
+        "storage_unknown": found.storage_unknown,
         "stopped_at": n.stopped_at,
         **_stale_fields(n, now),
         "reservation_id": n.reservation_id, "reservation_end": n.reservation_end,
@@ -275,13 +279,20 @@ def _flag_seconds() -> float:
 
 
 def _stopped_note(nodes: list[Node]) -> str:
-    from gpuprov.plan.plan import storage_for
+    """The price of a stopped node's disk, on each cloud a stopped node is on (its compute is not billed)."""
+    from gpuprov.cloud.providers import DEFAULT
+    from gpuprov.plan.plan import catalog_for
 
-    priced = [storage for n in nodes if n.state == "stopped" and (storage := storage_for(n.provider)) is not None]
-    if not priced:
-        return ""
-    storage = priced[0]
-    return f"; a stopped node's disk: {storage.volume_type} ${storage.usd_per_gb_month:g}/GB-month ({storage.source})"
+    notes = []
+    for cloud in dict.fromkeys(n.provider for n in nodes if n.state == "stopped"):
+        found = catalog_for(cloud)
+        storage = found.storage
+        where = f" on {found.cloud_title}" if cloud != DEFAULT else ""
+        notes.append(f"; a stopped node's disk{where}: {storage.volume_type} ${storage.usd_per_gb_month:g}/GB-month "
+                     f"({storage.source})" if storage else
+                     f"; a stopped node's disk{where} is billed, its compute is not: no price known "
+                     f"({found.storage_unknown})")
+    return "".join(notes)
 
 
 def status_table(nodes: list[Node]) -> FitTable | Text:
@@ -320,8 +331,8 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
         month = row["storage_usd_month"]
         if row["state"] == "stopped" and isinstance(month, float):
             state += f" (disk ${month:.2f}/month)"
-        elif row["state"] == "stopped" and row["storage_price"] is None:
-            state += " (disk price not known)"
+        elif row["state"] == "stopped" and row["storage_unknown"]:
+            state += " (compute $0/h, disk billed)"
         ends = row["reservation_end"]
         if isinstance(ends, float) and row["state"] not in ("stopped", "terminated"):
             state += f", block ends {time.strftime('%m-%d %H:%M', time.localtime(ends))}"

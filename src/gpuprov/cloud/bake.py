@@ -57,6 +57,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gpuprov.cloud.images import GUARD_STEPS, GUARD_UNITS, INSTALL_KINDS, check_image_name, stack_hash
+from gpuprov.cloud.providers import service
 from gpuprov.cloud.providers.base import Image, ImageRequest, Provider
 from gpuprov.cloud.providers.capabilities import title
 from gpuprov.cloud.settle import settle_window
@@ -223,8 +224,10 @@ def settle(node_name: str, provider: Provider, store: Store, say: Say, wait: flo
     journal = node.journal
     if journal is None or not journal.is_bake:
         return
-    if not node.can_stop:
-        raise UserInputError("NAME", f"{node_name} is a one-time spot node, which {title(node.provider)} cannot stop, and its "
+    from gpuprov.cloud.stopstart import stoppable
+
+    if not stoppable(node, provider):
+        raise UserInputError("NAME", f"{node_name} is a one-time spot node, which {service(node.provider)} cannot stop, and its "
                              f"{journal.describe()}", f"`gpuprov down {node_name}` (its image, if made, is kept)")
     image = made_image(node_name, journal, provider, store, drop=True)
     if image is not None:

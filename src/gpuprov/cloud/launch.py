@@ -222,15 +222,17 @@ def check_reachable(opts: UpOptions) -> None:
                              "both in its config, or add --no-bootstrap --no-wait to reach nothing")
 
 
-def quota_error(attempt: Attempt, provider: Provider, region: str, also: str = "", count: int = 1) -> QuotaExceeded:
+def quota_error(attempt: Attempt, provider: Provider, region: str, also: str = "", count: int = 1,
+                fix: str = "") -> QuotaExceeded:
     """The quota a launch of `count` instances of the candidate's type was refused on, what it needs in vCPUs
-    (all of them: a cluster's is count times a node's) and the increase to ask for."""
+    (all of them: a cluster's is count times a node's) and the increase to ask for: AWS's from its quota table;
+    another cloud's as its refusal table's `fix` says."""
     from gpuprov.cloud.quotas import increase_command, quota_for
-    from gpuprov.plan import catalog
+    from gpuprov.plan.plan import catalog_for
 
     name = attempt.candidate.instance_type
-    # a type EC2 named (plan --live, up) may be missing from the catalog: its vCPUs are then not known here
-    it = next((t for t in catalog.load().instance_types if t.name == name), None)
+    # a type the cloud named (plan --live, up) may be missing from the catalog: its vCPUs are then not known here
+    it = next((t for t in catalog_for(provider.name).instance_types if t.name == name), None)
     q = quota_for(name, attempt.candidate.market)
     head = f"{attempt.code}: {attempt.message}"
     if it is None:
@@ -238,7 +240,8 @@ def quota_error(attempt: Attempt, provider: Provider, region: str, also: str = "
     else:
         needs = f"{count} × {name} need {count * it.vcpu}" if count > 1 else f"{name} needs {it.vcpu}"
     if q is None:
-        return QuotaExceeded(f"{head}\n  AWS counts its quotas in vCPUs: {needs}{also}")
+        how = f"\n  fix: {fix}" if fix else ""
+        return QuotaExceeded(f"{head}\n  {title(provider)} counts its quotas in vCPUs: {needs}{how}{also}")
     current = provider.quota(region, q.code)
     now = f"; its current value is {current:g} vCPUs" if current is not None else ""
     unverified = f"\n  (unverified: {q.unverified})" if q.unverified else ""
@@ -406,7 +409,7 @@ def go_on_after(exc: LaunchError, attempt: Attempt, opts: UpOptions, closed: set
     fallback = ("\n  or add --fallback on-demand to go on with on-demand when spot is refused"
                 if exc.then == "next-market" else "")
     if exc.quota:
-        raise quota_error(attempt, provider, region, fallback, count) from None
+        raise quota_error(attempt, provider, region, fallback, count, exc.fix) from None
     fix = f"\n  fix: {exc.fix}" if exc.fix else ""
     raise GpuprovError(f"{title(provider)} refused the launch: {exc.code}: {exc.message}{fix}{fallback}") from None
 

@@ -49,10 +49,9 @@ def stopped_seconds(node: Node, now: float) -> float | None:
 
 
 def month_usd(node: Node) -> float | None:
-    """What its disk costs a month: None when its size is not recorded, or its cloud's disk price is not known."""
-    from gpuprov.plan.plan import storage_for
+    from gpuprov.plan.plan import catalog_for
 
-    storage = storage_for(node.provider)
+    storage = catalog_for(node.provider).storage  # None: its cloud's disk price is not known
     return storage.month(node.disk_gb) if node.disk_gb and storage is not None else None
 
 

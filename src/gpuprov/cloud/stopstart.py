@@ -1,15 +1,17 @@
 """stop / start / resize: keep a node's disk and stop its bill, and bring it back.
 
-A node that can stop (on-demand, or a persistent spot request) stops with its EBS volume kept (its instance
-store, where the type has one, is lost: `stop` says so, cloud/instance_store.py);
+A node its cloud lets stop (`stoppable`: on-demand, a spot request that stops on interruption, or any spot node
+on a cloud that declares SPOT_STOP) stops with its disk kept (its instance store, where the type has one, is lost:
+`stop` says so, cloud/instance_store.py), its disk priced on its cloud's catalog where a price is known;
 `start` resizes first when asked (refused before anything changes when the installed stack cannot
 serve the new GPU), waits for it to run, follows a new address in state and ssh config with the
 host key still pinned, and re-runs the bootstrap and verify. Each change is recorded before it is
 asked of the cloud, so a crash mid-way leaves a node that `start` or `down` completes.
 
-stop checks every node first (one-time spot is refused, with `down` and `--persistent` offered), then `stopping`
--> StopInstances -> `stopped`. start refuses, before anything changes, a state it cannot start from, a new type
-for a spot node (EC2 cannot change it), a stack plan/compat.resolve cannot re-solve for the new GPU, a kernel
+stop checks every node first (one that cannot stop is refused naming its cloud's service, with `down` offered),
+then `stopping` -> StopInstances -> `stopped`. start plans on the node's own cloud's catalog and refuses, before
+anything changes, a state it cannot start from, a new type for a spot node (EC2 cannot change it; taken for ECS's
+rule too), a stack plan/compat.resolve cannot re-solve for the new GPU, a kernel
 module that differs, a type not offered in the node's zone; then the resize is recorded (`resize_from`/`resize_to`),
 ModifyInstanceAttribute, StartInstances (a refusal puts the old type back), each of the two recorded in the node's
 journal first (state/records.py `Journal`, op "resize" or "start": `stop` of a node a killed start left stops its
@@ -29,11 +31,12 @@ from gpuprov.cloud import reservations
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import bootstrap_node, wait_tcp
 from gpuprov.cloud.instance_store import say_what_stop_loses
+from gpuprov.cloud.providers import service
 from gpuprov.cloud.providers.base import Instance, LaunchError, Provider
-from gpuprov.cloud.providers.capabilities import title
+from gpuprov.cloud.providers.capabilities import SPOT_STOP, STOP_MODES, has, title
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
-from gpuprov.plan.plan import Plan
+from gpuprov.plan.plan import Plan, catalog_for
 from gpuprov.state import Journal, Node, NodeState, Resource, Store, locks
 from gpuprov.state.tolerant import TolerantStore
 
@@ -70,11 +73,18 @@ def budget_left(node: Node, at: float | None = None) -> float | None:
     return max(0.0, (node.budget_deadline - (at or time.time())) / 3600 * node.budget_price)
 
 
-def cannot_stop(node: Node) -> UserInputError:
+def stoppable(node: Node, provider: Provider) -> bool:
+    """Whether its cloud lets the node stop, its disk kept: what its record says (on-demand, or a spot request that
+    stops on interruption), or any spot instance on a cloud that declares SPOT_STOP (ECS's economical mode)."""
+    return node.can_stop or has(provider, SPOT_STOP)
+
+
+def cannot_stop(node: Node, provider: Provider) -> UserInputError:
+    persistent = ("; to have spot nodes that can stop, launch them with `gpuprov up --spot --persistent` (a persistent "
+                  "request whose interruption behaviour is stop)") if has(provider, STOP_MODES) else ""
     return UserInputError(
-        "NAME", f"{node.name} is a one-time spot instance, which EC2 cannot stop (only terminate)",
-        f"`gpuprov down {node.name}` ends it, disk included; to have spot nodes that can stop, launch them with "
-        "`gpuprov up --spot --persistent` (a persistent request whose interruption behaviour is stop)")
+        "NAME", f"{node.name} is a one-time spot instance, which {service(node.provider)} cannot stop (only terminate)",
+        f"`gpuprov down {node.name}` ends it, disk included{persistent}")
 
 
 def stop(names: Sequence[str], provider: Provider, store: Store, say: Say, timeout: float = 900) -> list[Node]:
@@ -89,8 +99,8 @@ def stop(names: Sequence[str], provider: Provider, store: Store, say: Say, timeo
 def _stop(names: Sequence[str], provider: Provider, store: Store, say: Say, timeout: float) -> list[Node]:
     nodes = [store.node(n) for n in names]
     for node in nodes:
-        if not node.can_stop:
-            raise cannot_stop(node)
+        if not stoppable(node, provider):
+            raise cannot_stop(node, provider)
         if node.state not in (*RUNNING_STATES, "stopping", "stopped"):
             raise UserInputError("NAME", f"{node.name} is {node.state}", "only a running node can stop")
         _instance_rows(node, store)
@@ -113,16 +123,19 @@ def _stop(names: Sequence[str], provider: Provider, store: Store, say: Say, time
 
 
 def storage_month(node: Node) -> tuple[float, str] | None:
-    """What the stopped node's disk costs a month, and where that price comes from (None: its size, or its cloud's
-    disk price, is not known)."""
-    from gpuprov.plan.plan import storage_for
-
-    storage = storage_for(node.provider)
+    """What the stopped node's disk costs a month on its cloud, and where that price comes from (None: its size or
+    its cloud's price is not known: `storage_unknown`)."""
+    storage = catalog_for(node.provider).storage
     if not node.disk_gb or storage is None:
         return None
     source = storage.source + (f" (unverified here: {storage.unverified})"
                                if storage.unverified and node.region != storage.region else "")
     return storage.month(node.disk_gb), source
+
+
+def storage_unknown(node: Node) -> str | None:
+    """Why no price of the node's disk is known on its cloud (None: one is)."""
+    return catalog_for(node.provider).storage_unknown
 
 
 def resize_target(node: Node, gpu: str | None, instance_type: str | None,
@@ -132,7 +145,7 @@ def resize_target(node: Node, gpu: str | None, instance_type: str | None,
     from gpuprov.plan import catalog
     from gpuprov.plan.plan import choose_instances, refuse_retired
 
-    cat = catalog.load()
+    cat = catalog_for(node.provider)
     if instance_type:
         it = cat.instance_type(instance_type)
         if it.name != node.instance_type:  # the node's own type, however old, is what it has: no resize
@@ -141,7 +154,7 @@ def resize_target(node: Node, gpu: str | None, instance_type: str | None,
     if gpu:
         name, count = catalog.parse_gpu_request(gpu)
         count = count if ":" in gpu else (node.gpu_count or 1)
-        fits = choose_instances(cat.gpu(name), count)
+        fits = choose_instances(cat.gpu(name), count, cat=cat)
         zones = offered([it.name for it in fits])
         return next((it for it in fits if node.zone in zones.get(it.name, [])), fits[0])
     return None
@@ -152,7 +165,7 @@ def check_resize(node: Node, target: InstanceType, flag: str = "--instance-type"
     the same driver branch, kernel module, torch wheel and toolkit must resolve for the new GPU. `flag`: the one
     that asked for it (--gpu or --instance-type), which the refusal names."""
     from gpuprov.errors import StackConflict
-    from gpuprov.plan import catalog, compat
+    from gpuprov.plan import compat
     from gpuprov.plan.stack import StackPins
 
     stack = node.plan.get("stack")
@@ -165,7 +178,7 @@ def check_resize(node: Node, target: InstanceType, flag: str = "--instance-type"
                              + ("--gpu G`" if was_cpu else "--cpu N`"))
     if not stack or not target.gpu:
         return
-    gpu = catalog.load().gpu(target.gpu)
+    gpu = catalog_for(node.provider).gpu(target.gpu)
     torch = stack.get("torch") or None
     installed = (f"driver R{stack['driver_branch']} ({stack['kernel_module']} kernel module)"
                  + (f", torch {torch['version']}+{torch['variant']}" if torch else ""))
@@ -186,9 +199,8 @@ def check_resize(node: Node, target: InstanceType, flag: str = "--instance-type"
 
 def _ask_if_dearer(name: str, node: Node, now_type: str, target: InstanceType, confirm: Callable[[str], None]) -> None:
     """A resize that raises the list price asks first, as `up` does: it is a new hourly bill."""
-    from gpuprov.plan import catalog
 
-    known = next((t for t in catalog.load().instance_types if t.name == now_type), None)
+    known = next((t for t in catalog_for(node.provider).instance_types if t.name == now_type), None)
     now = known.price_usd_hour if known is not None and known.price_usd_hour is not None else node.price_usd_hour
     new = target.price_usd_hour
     if new is None or (now is not None and new <= now):
@@ -232,7 +244,6 @@ def start(name: str, opts: StartOptions, provider: Provider, store: Store, say: 
 
 
 def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say: Say) -> StartResult:
-    from gpuprov.plan import catalog
 
     rec = tl.Recorder("start", name)
     rec.phase(tl.CHECKS)
@@ -253,7 +264,7 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
     iid = row.cloud_id or ""
     target = resize_target(node, opts.gpu, opts.instance_type, lambda types: provider.offerings(node.region, types))
     if target is None and node.resize_to:  # a resize killed mid-way: finish what was asked
-        target = catalog.load().instance_type(node.resize_to)
+        target = catalog_for(node.provider).instance_type(node.resize_to)
     (current,) = provider.describe(node.region, [iid], settle=settle(row))
     if current.state in ("terminated", "shutting-down"):
         store.update_node(name, state=NodeState.GONE, state_reason=current.state_reason or "instance terminated",
@@ -269,7 +280,7 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
             raise UserInputError(flag, f"{name} is {current.state}; a resize needs it stopped",
                                  f"`gpuprov stop {name}` first")
         if node.market == "spot":  # EC2 guide, "Change the instance type": not for Spot Instances
-            raise UserInputError(flag, f"{name} is a spot instance, whose type EC2 cannot change",
+            raise UserInputError(flag, f"{name} is a spot instance, whose type {service(node.provider)} cannot change",
                                  f"start it as it is (`gpuprov start {name}`), or `gpuprov up` a new node with "
                                  f"--instance-type {target.name}")
         check_resize(node, target, flag)
@@ -297,7 +308,7 @@ def _start(name: str, opts: StartOptions, provider: Provider, store: Store, say:
     elif target is not None and node.resize_from and target.name == current.instance_type:
         resized_from = node.resize_from if node.resize_from != target.name else None
     now_type = target.name if target is not None else current.instance_type
-    it = catalog.load().instance_type(now_type)
+    it = catalog_for(node.provider).instance_type(now_type)
     resizing = now_type != original
     journal = Journal(op="resize" if resizing else "start", node=name, step="start", region=node.region, zone=node.zone,
                       old_instance=iid, from_type=original if resizing else None, to_type=now_type if resizing else None,
@@ -339,7 +350,6 @@ def stop_again(name: str, region: str, row: Resource, exc: KeyboardInterrupt, pr
 def _run(name: str, node: Node, row: Resource, opts: StartOptions, now_type: str, original: str,
          resized_from: str | None, provider: Provider, store: Store, say: Say, rec: tl.Recorder) -> StartResult:
     """StartInstances (a refusal puts the old type back), running, its address, bootstrap + verify again."""
-    from gpuprov.plan import catalog
 
     iid = row.cloud_id or ""
     try:
@@ -349,7 +359,7 @@ def _run(name: str, node: Node, row: Resource, opts: StartOptions, now_type: str
         if now_type != original:
             provider.set_instance_type(node.region, iid, original, settle=0)
             back = f" as {original} (the resize to {now_type} was undone)"
-        orig = catalog.load().instance_type(original)
+        orig = catalog_for(node.provider).instance_type(original)
         store.update_node(name, state=NodeState.STOPPED, instance_type=original, gpu=orig.gpu or node.gpu,
                           gpu_count=orig.gpus, price_usd_hour=orig.price_usd_hour, resize_from=None, resize_to=None,
                           journal_json=None)
@@ -443,7 +453,7 @@ def node_plan(node: Node) -> Plan:
         playbook = str(kept)
     request = NodeRequest(
         gpu=node.gpu or recorded.get("gpu") or "", count=node.gpu_count or (None if cpu_only else 1),
-        spot=node.market == "spot",
+        spot=node.market == "spot", cloud=node.provider,  # planned on its own cloud's catalog, in its region
         region=node.region, playbook=playbook, os=recorded.get("os") or "ubuntu-24.04", jupyter=bool(recorded.get("jupyter")),
         docker=bool(recorded.get("docker")), pins=pins, instance_type=node.instance_type, autostop_seconds=node.autostop_seconds,
         ttl_seconds=node.ttl_seconds, on_interrupt=node.on_interrupt or guards.get("on_interrupt"),

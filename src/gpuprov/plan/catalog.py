@@ -192,7 +192,7 @@ class Catalog(BaseModel):
     gpus: tuple[Gpu, ...]
     instance_types: tuple[InstanceType, ...]
     regions: tuple[str, ...]
-    storage: Storage
+    storage: Storage | None  # None: no disk price is known on this cloud (`storage_unknown` says why)
     interconnect: Interconnect
     bench: BenchRules
     cluster_network: ClusterNetwork
@@ -211,6 +211,7 @@ class Catalog(BaseModel):
     prices_unknown: str | None = None
     # why the default driver branch is the default, in this cloud's words (None: AWS's, compat.DEFAULT_BRANCH_WHY)
     default_branch_why: str | None = None
+    storage_unknown: str | None = None
 
     @model_validator(mode="after")
     def _known_gpus(self) -> Catalog:

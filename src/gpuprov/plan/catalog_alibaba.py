@@ -44,6 +44,7 @@ class Facts(BaseModel):
     family_list_doc: str
     naming_doc: str
     prices_unknown: str
+    disk_price_unknown: str
     oses: tuple[str, ...]
     gpu_types: tuple[GpuType, ...]
     gpus: tuple[aws.Gpu, ...]
@@ -85,4 +86,5 @@ def catalog() -> aws.Catalog:
         "gpus": found.gpus, "instance_types": types, "regions": tuple(found.zones),
         "default_region": found.default_region, "oses": found.oses, "prices_unknown": found.prices_unknown,
         "default_branch_why": "gpuprov's default branch",
+        "storage": None, "storage_unknown": found.disk_price_unknown,
         "unplannable": {}, "fractional": {}, "cpu_families": ()})

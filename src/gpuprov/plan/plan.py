@@ -538,13 +538,6 @@ def catalog_for(cloud: str) -> catalog.Catalog:
     return catalog.load()
 
 
-def storage_for(cloud: str) -> catalog.Storage | None:
-    """What a stopped node's disk costs on `cloud`, where gpuprov knows it (AWS's gp3, from its catalog); None on a
-    cloud whose catalog knows no price (its disk's price is not known offline)."""
-    cat = catalog_for(cloud)
-    return cat.storage if cat.prices_unknown is None else None
-
-
 def refuse_unpriced(cat: catalog.Catalog, field: str) -> None:
     """An estimate (--budget, --hours) on a catalog that knows no price is refused, naming why there is none."""
     if cat.prices_unknown is not None:

@@ -34,16 +34,20 @@ class Cloud:
     module: str
     cls: str
     title: str  # as people write it, in messages
+    service: str = ""  # its machines' service, as the cloud names it in its own rules ("EC2 cannot stop …")
     # False: the provider is here and tested against its imitation, but up and gc do not use it yet; a command that
     # would is refused by name (`unlaunched`)
     launches: bool = True
     # plan and render plan its nodes on its own catalog (plan/plan.py catalog_for), never on another cloud's
     plans: bool = True
+    # its provider declares SPOT_STOP (every spot instance stops, its disk kept): what `status` says of a record
+    # without importing the cloud's SDK (tests/test_alibaba_lifecycle.py holds the two together)
+    spot_stops: bool = False
 
 
 CLOUDS: dict[str, Cloud] = {
-    "aws": Cloud("gpuprov.cloud.providers.aws", "AwsProvider", "AWS"),
-    "alibaba": Cloud("gpuprov.cloud.providers.alibaba", "AlibabaProvider", "Alibaba Cloud"),
+    "aws": Cloud("gpuprov.cloud.providers.aws", "AwsProvider", "AWS", "EC2"),
+    "alibaba": Cloud("gpuprov.cloud.providers.alibaba", "AlibabaProvider", "Alibaba Cloud", "ECS", spot_stops=True),
 }
 DEFAULT = "aws"
 
@@ -52,6 +56,12 @@ def title(name: str) -> str:
     """A cloud's name as people write it (its own name when it is not registered)."""
     found = CLOUDS.get(name)
     return found.title if found else name
+
+
+def service(name: str) -> str:
+    """A cloud's machines' service as the cloud names it (EC2, ECS); its title when it is not registered."""
+    found = CLOUDS.get(name)
+    return found.service if found and found.service else title(name)
 
 
 def unlaunched(name: str, field: str, *, planning: bool = False) -> None:

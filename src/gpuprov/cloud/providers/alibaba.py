@@ -34,7 +34,7 @@ from gpuprov.cloud.providers.base import (
     NotFound,
     SpotPrice,
 )
-from gpuprov.cloud.providers.capabilities import LIVE_OFFERS, ListPrice, ZoneStock
+from gpuprov.cloud.providers.capabilities import LIVE_OFFERS, SPOT_STOP, ListPrice, ZoneStock
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.plan.catalog_alibaba import facts
 
@@ -53,10 +53,13 @@ class AlibabaProvider(EcsImages):
     """Alibaba Cloud ECS: the core of the provider protocol (see base.py)."""
 
     name = "alibaba"
-    # of capabilities.py's only its live offers (stock, DescribePrice): no cluster placement, eRDMA, EIPs, RAM roles,
-    # reservations or image copy in gpuprov (each refused by name through `capabilities.need`); its stop is always
-    # economical (StopCharging)
-    capabilities: frozenset[str] = frozenset({LIVE_OFFERS.flag})
+    # of capabilities.py's: its live offers (stock, DescribePrice) and a stop of any spot instance. No eRDMA, EIPs,
+    # RAM roles, reservations or image copy in gpuprov yet (each refused by name through `capabilities.need`). Its stop
+    # is always economical (StopCharging), and a preemptible instance stops so as a pay-as-you-go one does
+    # ("Economical mode for pay-as-you-go instances (including spot instances)",
+    # alibabacloud.com/help/en/ecs/user-guide/economical-mode: a VPC, pay-as-you-go or preemptible, no local
+    # storage; gpuprov launches into a VPC, and none of the catalog's families has local disks)
+    capabilities: frozenset[str] = frozenset({LIVE_OFFERS.flag, SPOT_STOP.flag})
 
     # --- where to launch ---------------------------------------------------------------------
 

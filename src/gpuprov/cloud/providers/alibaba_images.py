@@ -58,13 +58,40 @@ class EcsImages(EcsBase):
         return str(max(images, key=lambda i: str(i.get("CreationTime", "")))["ImageId"]) if images else None
 
     def create_image(self, request: ImageRequest) -> str:
-        """CreateImage with a ClientToken made of its name (unique per account and region): a resend returns it."""
+        """CreateImage with a ClientToken made of its name (unique per account and region): a resend returns it.
+        Then, unless `no_reboot`, the instance is stopped in standard mode (KeepCharging: its compute and public
+        address kept) and started again. EC2's CreateImage reboots the instance and ECS's does not: it snapshots a
+        running instance as it is ("Data cached in memory on a running instance may not be written to disk",
+        CreateImage API reference, alibabacloud.com/help/en/ecs/api-createimage), and a bake relies on that boot
+        (its clean-up ran `cloud-init clean` and `sync`: the next boot is a first boot, new host keys and the
+        launch key back)."""
         tags = self._tag_list(IMAGES, {TAG_STACK: request.stack, TAG_OS: request.os, TAG_SOURCE: request.source_node,
                                        TAG_IMAGE: request.name})
         reply = self._settle("instance", request.instance_id, 60, lambda: self._call(
             request.region, "CreateImage", InstanceId=request.instance_id, ImageName=request.name,
             Description=request.description, ClientToken=f"img-{request.name}"[:64], Tag=tags))
+        if not request.no_reboot:
+            self._reboot(request.region, request.instance_id)
         return str(reply["ImageId"])
+
+    def _reboot(self, region: str, instance_id: str, timeout: float = 900) -> None:
+        """Stopped in standard mode and started again, each seen in DescribeInstances (a RebootInstances answers
+        at once, with nothing to say when the old boot is gone)."""
+        self._call(region, "StopInstances", InstanceId=[instance_id], StoppedMode="KeepCharging")
+        self._until(region, instance_id, "Stopped", timeout)
+        self._call(region, "StartInstances", InstanceId=[instance_id])
+        self._until(region, instance_id, "Running", timeout)
+
+    def _until(self, region: str, instance_id: str, status: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self._pages(region, "DescribeInstances", ("Instances", "Instance"),
+                                InstanceIds=f'["{instance_id}"]')
+            if found and found[0].get("Status") == status:
+                return
+            if time.monotonic() > deadline:
+                raise GpuprovError(f"{instance_id} not {status.lower()} after {timeout:.0f}s")
+            time.sleep(self.poll)
 
     def _image(self, region: str, raw: dict[str, Any]) -> Image:
         tags = tags_of(raw)

@@ -207,6 +207,10 @@ STOP_MODES = Capability[None]("stop-modes", "stop modes")  # a spot request that
 ALL = (PLACEMENT, RDMA, ADDRESSES, ROLES, BLOCKS, STORAGE, IMAGE_COPY, STOP_MODES)
 # not in ALL, which AWS declares whole: AWS's list prices are its catalog's, read offline
 LIVE_OFFERS = Capability[LiveOffers]("live-offers", "stock and list prices read from the cloud", LiveOffers)
+# Not one of ALL, which AWS has every one of: every spot instance may be stopped, its disk kept, whatever it does
+# when interrupted (ECS: a preemptible instance stops in economical mode as a pay-as-you-go one does). Without it
+# only a spot request that stops on interruption can (STOP_MODES); EC2 only terminates a one-time spot instance.
+SPOT_STOP = Capability[None]("spot-stop", "a stop of any spot instance")
 
 
 def has(provider: Provider, capability: Capability[Any]) -> bool:
