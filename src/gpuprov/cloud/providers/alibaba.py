@@ -15,6 +15,7 @@ from typing import Any
 from gpuprov.cloud.providers.alibaba_base import NOT_FOUND, RETRIES, EcsError, EcsNoAnswer, stamp, tags_of
 from gpuprov.cloud.providers.alibaba_images import EcsImages
 from gpuprov.cloud.providers.alibaba_refusals import classify
+from gpuprov.cloud.providers.alibaba_sets import EcsSets
 from gpuprov.cloud.providers.base import (
     SHARED,
     TAG_NODE,
@@ -45,13 +46,13 @@ TAGGED_KINDS = {"instance": "instance", "securitygroup": "security-group", "keyp
                 "snapshot": "snapshot"}
 
 
-class AlibabaProvider(EcsImages):
+class AlibabaProvider(EcsImages, EcsSets):
     """Alibaba Cloud ECS: the core of the provider protocol (see base.py)."""
 
     name = "alibaba"
-    # none of capabilities.py's yet: no cluster placement, eRDMA, EIPs, RAM roles, reservations or image copy in
-    # gpuprov (each refused by name through `capabilities.need`); its stop is always economical (StopCharging)
-    capabilities: frozenset[str] = frozenset()
+    # cluster placement through deployment sets (alibaba_sets.py); no eRDMA, EIPs, RAM roles, reservations or image
+    # copy in gpuprov yet (each refused by name through `capabilities.need`); its stop is always economical
+    capabilities: frozenset[str] = frozenset({"placement"})
 
     # --- where to launch ---------------------------------------------------------------------
 
@@ -194,6 +195,8 @@ class AlibabaProvider(EcsImages):
             "SystemDisk": {"Size": str(request.disk_gb), "Category": DISK},
             "Tag": tags,
         }
+        if request.placement_group:  # a cluster's deployment set: every instance of the Amount goes into it
+            params["DeploymentSetId"] = request.placement_group
         if request.market == "spot":
             params["SpotStrategy"] = "SpotWithPriceLimit" if request.max_price else "SpotAsPriceGo"
             if request.max_price:  # "precise up to three decimal places" (RunInstances, SpotPriceLimit)
@@ -324,6 +327,8 @@ class AlibabaProvider(EcsImages):
                 self.delete_image(region, rid, settle)
             elif kind == "snapshot":
                 self._settle(kind, rid, settle, lambda: self._call(region, "DeleteSnapshot", SnapshotId=rid))
+            elif kind == "placement-group":
+                self.delete_set(region, rid, settle)
             else:
                 raise GpuprovError(f"Alibaba Cloud has no {kind} of gpuprov's to delete ({rid})")
         except NotFound:
@@ -356,7 +361,8 @@ class AlibabaProvider(EcsImages):
                     out.append(CloudResource(kind=ours, id=rid, region=region, node=tags.get(TAG_NODE),
                                              owner=tags.get(TAG_OWNER), team=tags.get(TAG_TEAM),
                                              member=tags.get("gpuprov:member")))
-        return out
+        return out + [r for r in self.tagged_sets(region) if self._mine({TAG_OWNER: r.owner or "", TAG_TEAM: r.team or ""},
+                                                                       everyone)]
 
     def _tag_rows(self, region: str, kind: str) -> dict[str, dict[str, str]]:
         rows: dict[str, dict[str, str]] = {}
