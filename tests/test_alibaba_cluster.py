@@ -1,0 +1,75 @@
+"""`up NAME --nodes N` on Alibaba Cloud: the real CLI against the ECS imitation (tests/alibaba/server.py). A refusal in
+the fast lane (in-process); one whole cluster in the heavy lane, its two nodes landing on `aws_hosts`' two real SSH
+hosts (tests/alibaba/cli.py), bootstrapped, wired and checked as a cluster, then taken down to nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.alibaba.cli import EMPTY, ali_site, leftovers
+from tests.alibaba.server import Ecs
+from tests.aws.cli import CLI_SETTINGS, gp
+
+ON_HOST = ("--ssh-user", "root", "--os", "ubuntu-22.04", "--python", "3.11")
+T4 = "ecs.gn6i-c4g1.xlarge"
+SYSROOT = "/var/lib/gpuprov-shim/root"  # the test hosts' GPUPROV_SYSROOT (tests/conftest.py aws_hosts)
+
+
+def _gp(*args: str) -> Any:
+    """`gpuprov ARGS` in this process on Alibaba Cloud (the imitation's endpoint is in the environment)."""
+    from click.testing import CliRunner
+
+    from gpuprov.cli import main
+    from gpuprov.settings import reset
+
+    reset()
+    return CliRunner().invoke(main, list(args), prog_name="gpuprov", env={"GPUPROV_CLOUD": "alibaba", **CLI_SETTINGS})
+
+
+def test_a_cluster_no_zone_can_hold_whole_is_refused_in_alibabas_words_and_leaves_nothing(ecs_cloud: Ecs,
+                                                                                         gp_home: Any) -> None:
+    for where in ecs_cloud.stock:  # every zone has one T4 left: Amount 2 (MinAmount 2) launches none anywhere
+        ecs_cloud.stock[where] = 1
+    result = _gp("up", "c", "--gpu", "T4", "--nodes", "2", "--ssh-cidr", "198.51.100.7/32", "--yes", "--no-bootstrap",
+                 *ON_HOST)
+    assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+    assert "no zone could hold all 2 nodes of the cluster" in result.output
+    assert f"{T4}/cn-hangzhou-h/on-demand: OperationDenied.NoStock" in result.output
+    assert f"{T4}/cn-hangzhou-i/on-demand: OperationDenied.NoStock" in result.output
+    runs = [flat for action, flat in ecs_cloud.calls if action == "RunInstances"]
+    assert [(r["ZoneId"], r["Amount"], r["MinAmount"]) for r in runs] == [("cn-hangzhou-h", "2", "2"),
+                                                                          ("cn-hangzhou-i", "2", "2")]
+    (made,) = [flat for action, flat in ecs_cloud.calls if action == "CreateDeploymentSet"]  # one set, both zones
+    (answer,) = [body for action, body in ecs_cloud.answers if action == "CreateDeploymentSet"]
+    assert made["Strategy"] == "LowLatency" and {r["DeploymentSetId"] for r in runs} == {answer["DeploymentSetId"]}
+    assert leftovers(ecs_cloud) == EMPTY
+    assert json.loads(_gp("status", "--json").stdout) == []
+
+
+def test_two_nodes_up_wired_checked_and_down_on_alibaba(ecs_cloud, ali_env, aws_hosts, gp_home) -> None:
+    ali_site(ecs_cloud, aws_hosts, gp_home, hosts=(0, 1))
+    up = gp(ali_env, "up", "c", "--gpu", "T4", "--nodes", "2", "--ssh-cidr", "198.51.100.7/32", "--yes", *ON_HOST)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "deployment set (LowLatency) gpuprov-c-" in up.stdout
+    assert f"asking for 2 × {T4} in cn-hangzhou-h (on-demand, TCP: no RDMA fabric)" in up.stdout
+    assert up.stdout.count("verify: ok") == 2 and "wiring 2 nodes as cluster c" in up.stdout
+    (run,) = [flat for action, flat in ecs_cloud.calls if action == "RunInstances"]
+    (ds,) = ecs_cloud.sets
+    assert (run["Amount"], run["MinAmount"], run["DeploymentSetId"]) == ("2", "2", ds)
+    (group,) = ecs_cloud.groups.values()
+    assert {"IpProtocol": "ALL", "PortRange": "-1/-1", "SourceGroupId": group["SecurityGroupId"]}.items() <= \
+        next(r for r in group["rules"] if r["SourceGroupId"]).items()
+    for i in (0, 1):  # each host knows the cluster: node 0's address as MASTER_ADDR, both in the hostfile
+        env = aws_hosts.exec_in(i, f"cat {SYSROOT}/etc/gpuprov/cluster.env {SYSROOT}/etc/gpuprov/hostfile",
+                                check=True).stdout
+        assert f"MASTER_ADDR={aws_hosts[0].address}" in env and aws_hosts[1].address in env
+    check = gp(ali_env, "check", "c", "--cluster")
+    assert check.returncode == 0, check.stdout + check.stderr
+    (node,) = json.loads(gp(ali_env, "status", "--json").stdout)
+    assert (node["name"], node["state"], node["cluster_size"], len(node["members"])) == ("c", "ready", 2, 2)
+    down = gp(ali_env, "down", "c", "--yes")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert f"removed placement-group {ds}" in down.stdout
+    assert leftovers(ecs_cloud) == EMPTY
+    assert json.loads(gp(ali_env, "status", "--json").stdout) == []
