@@ -47,6 +47,27 @@ def test_a_cluster_no_zone_can_hold_whole_is_refused_in_alibabas_words_and_leave
     assert json.loads(_gp("status", "--json").stdout) == []
 
 
+def test_a_spot_cluster_goes_in_one_zone_without_a_deployment_set_and_gc_takes_an_orphan_set(ecs_cloud: Ecs,
+                                                                                            gp_home: Any) -> None:
+    result = _gp("up", "s", "--gpu", "T4", "--spot", "--nodes", "2", "--ssh-cidr", "198.51.100.7/32", "--yes",
+                 "--no-wait", "--no-bootstrap", *ON_HOST)
+    assert result.exit_code == 0, result.output
+    assert f"asking for 2 × {T4} in cn-hangzhou-h (spot, no deployment set (LowLatency), TCP: no RDMA fabric)" \
+        in result.output
+    (run,) = [flat for action, flat in ecs_cloud.calls if action == "RunInstances"]
+    assert "DeploymentSetId" not in run and not ecs_cloud.sets and len(ecs_cloud.instances) == 2
+    assert _gp("down", "s", "--yes").exit_code == 0
+    from gpuprov.cloud.providers.alibaba import AlibabaProvider
+    from gpuprov.cloud.tags import owner
+
+    # a set whose `up` died before it was recorded as made: its description names this install, gc takes it
+    orphan = AlibabaProvider(owner(), poll=0.01).create_placement_group("cn-hangzhou", "lost", "gpuprov-lost-0")
+    listed = _gp("gc")
+    assert listed.exit_code == 0 and orphan in listed.output, listed.output
+    assert _gp("gc", "--yes").exit_code == 0
+    assert leftovers(ecs_cloud) == EMPTY
+
+
 def test_two_nodes_up_wired_checked_and_down_on_alibaba(ecs_cloud, ali_env, aws_hosts, gp_home) -> None:
     ali_site(ecs_cloud, aws_hosts, gp_home, hosts=(0, 1))
     up = gp(ali_env, "up", "c", "--gpu", "T4", "--nodes", "2", "--ssh-cidr", "198.51.100.7/32", "--yes", *ON_HOST)
