@@ -250,7 +250,8 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
         _landed(plan, store, name, cand)
         store.update_node(name, **reservations.recorded(opts, provider, region))
         if len(instances) < copts.nodes:
-            say(f"  {title(provider)} launched {len(instances)} of {copts.nodes} (at least {copts.at_least} asked for)")
+            who = "EC2" if provider.name == "aws" else title(provider)  # AWS's wording as it always was
+            say(f"  {who} launched {len(instances)} of {copts.nodes} (at least {copts.at_least} asked for)")
         return instances, layout, attempts
     tried = "; ".join(f"{a.candidate.instance_type}/{a.candidate.zone}/{a.candidate.market}: {a.code}" for a in attempts)
     raise launch.NoCapacity(f"no zone could hold all {copts.at_least} nodes of the cluster: {tried}", attempts)
