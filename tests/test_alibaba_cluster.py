@@ -4,12 +4,18 @@ hosts (tests/alibaba/cli.py), bootstrapped, wired and checked as a cluster, then
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
+import pytest
+
+from gpuprov.cloud.providers.alibaba_base import EcsError
+from gpuprov.cloud.providers.base import CloudResource, LaunchError, NotFound
 from tests.alibaba.cli import EMPTY, ali_site, leftovers
-from tests.alibaba.server import Ecs
+from tests.alibaba.server import Ecs, Fault
 from tests.aws.cli import CLI_SETTINGS, gp
+from tests.test_alibaba import REGION, ZONE_I, _access, _request
 
 ON_HOST = ("--ssh-user", "root", "--os", "ubuntu-22.04", "--python", "3.11")
 T4 = "ecs.gn6i-c4g1.xlarge"
@@ -25,6 +31,34 @@ def _gp(*args: str) -> Any:
 
     reset()
     return CliRunner().invoke(main, list(args), prog_name="gpuprov", env={"GPUPROV_CLOUD": "alibaba", **CLI_SETTINGS})
+
+
+def test_a_deployment_set_is_made_once_holds_one_zone_and_no_spot_and_is_deleted_only_empty(ecs_cloud, alibaba):
+    access = _access(alibaba)
+    ecs_cloud.faults.append(Fault("CreateDeploymentSet", lose=True))  # made, the answer lost: sent again, one set
+    made = alibaba.create_placement_group(REGION, "c", "gpuprov-c-1")
+    assert list(ecs_cloud.sets) == [made] and ecs_cloud.sets[made]["Strategy"] == "LowLatency"
+    pair = dataclasses.replace(_request(access, market="on-demand", node="c"), count=2, min_count=2,
+                               placement_group=made)
+    launched = alibaba.launch_group(pair, settle=5)
+    assert {ecs_cloud.instances[i.id].raw["DeploymentSetId"] for i in launched} == {made}
+    for other, code in ((dataclasses.replace(pair, zone=ZONE_I, client_token="t-i"), "InvalidParameter"),
+                        (dataclasses.replace(pair, market="spot", client_token="t-s"), "InvalidParameter"),
+                        (dataclasses.replace(pair, count=19, min_count=19, client_token="t-20"),
+                         "QuotaExceed.DeploymentSetInstanceQuotaFull")):
+        with pytest.raises(LaunchError) as refused:
+            alibaba.launch_group(other, settle=5)
+        assert refused.value.code == code
+    with pytest.raises(EcsError) as busy:  # ECS keeps a set that still holds instances
+        alibaba._call(REGION, "DeleteDeploymentSet", DeploymentSetId=made)
+    assert busy.value.code == "DependencyViolation.NotEmpty"
+    assert [(r.kind, r.id, r.node, r.owner) for r in alibaba.tagged(REGION) if r.kind == "placement-group"] == \
+        [("placement-group", made, "c", "me@host/abc")]  # gpuprov's tags, read from the set's description
+    alibaba.terminate(REGION, [i.id for i in launched], settle=1)
+    alibaba.delete(CloudResource("placement-group", made, REGION, "c"), settle=1)
+    assert not ecs_cloud.sets
+    with pytest.raises(NotFound):
+        alibaba.delete(CloudResource("placement-group", made, REGION, "c"))
 
 
 def test_a_cluster_no_zone_can_hold_whole_is_refused_in_alibabas_words_and_leaves_nothing(ecs_cloud: Ecs,
