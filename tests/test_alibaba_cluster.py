@@ -1,6 +1,7 @@
-"""`up NAME --nodes N` on Alibaba Cloud: the real CLI against the ECS imitation (tests/alibaba/server.py). A refusal in
-the fast lane (in-process); one whole cluster in the heavy lane, its two nodes landing on `aws_hosts`' two real SSH
-hosts (tests/alibaba/cli.py), bootstrapped, wired and checked as a cluster, then taken down to nothing."""
+"""`up NAME --nodes N` on Alibaba Cloud against the ECS imitation (tests/alibaba/server.py). In the fast lane
+(in-process): the provider's deployment set, a refusal through the CLI, a spot cluster and gc; one whole cluster in
+the heavy lane, its two nodes landing on `aws_hosts`' two real SSH hosts (tests/alibaba/cli.py), bootstrapped, wired
+and checked as a cluster, then taken down to nothing."""
 
 from __future__ import annotations
 

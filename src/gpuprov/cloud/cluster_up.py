@@ -22,6 +22,8 @@ the known_hosts are merged, the survivors re-ranked 0..M-1, and the cluster is w
 one (`as_cluster`: reached at the connect address with the cluster's pinned keys, known by its PRIVATE address,
 MASTER_ADDR node 0's, GPUs per node the type's; cluster.install; a node that cannot be wired fails the `up`); then
 `members_json` (rank, instance, private/public/connect address, Elastic IP) with node 0's address as the node's.
+On Alibaba Cloud the group is a LowLatency deployment set, for on-demand nodes of at most 20 (cluster_network.py
+`grouped`: a spot cluster goes in one zone without one, as the launch line says), and the nodes talk TCP.
 One notion of cluster: `NAME`/`NAME:K`, `exec`, `torchrun`, `check --cluster` read the same record for both kinds;
 `up` refuses a name recorded for existing hosts; teardown forgets a launched cluster's record once everything is
 gone. Its timeline has a node's phases, each RunInstances of the whole cluster as an attempt, one row per node in
