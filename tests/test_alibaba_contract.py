@@ -1,6 +1,6 @@
 """The ECS imitation's contract with the SDK: every answer it gave in a whole node's life (launch, stop, start,
-image, gc) read through the SDK's own `<Action>ResponseBody` model and written out again unchanged, so no field
-is one the SDK does not know, and every action the provider sends was answered at least once."""
+a cluster's deployment set, image, gc) read through the SDK's own `<Action>ResponseBody` model and written out again
+unchanged, so no field is one the SDK does not know, and every action the provider sends was answered at least once."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from alibabacloud_ecs20140526 import models
 
-from gpuprov.cloud.providers.base import ImageRequest, LaunchRequest
+from gpuprov.cloud.providers.base import CloudResource, ImageRequest, LaunchRequest
 from tests.test_alibaba import A10, REGION, ZONE_H, _access, provider_image
 
 PROVIDERS = Path(__file__).resolve().parent.parent / "src" / "gpuprov" / "cloud" / "providers"
@@ -41,6 +41,13 @@ def _life(provider) -> None:
     provider.set_instance_type(REGION, instance.id, A10, 1)
     provider.start(REGION, [instance.id], 1)
     provider.wait_running(REGION, instance.id, 5, 1)
+    provider.authorize_self(REGION, access.security_group_id, 1)
+    into = provider.create_placement_group(REGION, "n1", "gpuprov-n1-set")
+    pair = provider.launch_group(LaunchRequest(node="n1", region=REGION, zone=ZONE_H, instance_type=A10,
+                                               market="on-demand", image_id=provider_image, access=access, disk_gb=40,
+                                               client_token="t-set", count=2, min_count=2, placement_group=into), 5)
+    provider.terminate(REGION, [i.id for i in pair], 1)
+    provider.delete(CloudResource("placement-group", "gpuprov-n1-set", REGION, "n1"), settle=1)  # by its name
     image = provider.create_image(ImageRequest(REGION, instance.id, "img", "d", "n1", "s", "ubuntu-22.04"))
     provider.wait_image(REGION, image, 5, 1)
     provider.delete_image(REGION, image)

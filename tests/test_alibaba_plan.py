@@ -90,11 +90,18 @@ def test_what_an_alibaba_plan_cannot_have_is_one_line_each() -> None:
         "error: --region: unknown Alibaba Cloud region 'us-east-1'"
     assert error_line(gp("plan", "--gpu", "A10", "--os", "rocky-9")) == \
         "error: --os: Alibaba Cloud's public images gpuprov finds give no rocky-9"
-    assert error_line(gp("plan", "--gpu", "A10", "--nodes", "2")) == \
-        "error: --nodes: gpuprov plans no cluster on Alibaba Cloud yet"
     assert error_line(gp("plan", "--cpu", "4")) == "error: --cpu: gpuprov knows no CPU-only Alibaba Cloud type"
     assert error_line(gp("plan", "--gpu", "T4", "--spot", "--on-interrupt", "echo bye")).startswith(
         "error: --on-interrupt: gpuprov does not read Alibaba Cloud's interruption notice yet")
+
+
+def test_a_cluster_plan_on_alibaba_says_its_deployment_set_and_tcp() -> None:
+    shown = gp("plan", "--gpu", "A10", "--nodes", "2")
+    assert shown.exit_code == 0, shown.output
+    assert "deployment set: strategy LowLatency" in shown.stdout and "no eRDMA" in shown.stdout
+    assert "ECS creates no spot instance in a deployment set" in shown.stdout
+    cluster = json.loads(gp("plan", "--gpu", "A10", "--nodes", "2", "--json").stdout)["cluster"]
+    assert (cluster["deployment_set"], cluster["spot_placement"], cluster["transport"]) == ("LowLatency", False, "tcp")
 
 
 def test_render_writes_the_scripts_of_the_alibaba_plan(tmp_path: Path) -> None:

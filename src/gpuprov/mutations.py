@@ -92,6 +92,8 @@ MUTATIONS: dict[tuple[str, str], Repeat] = {
     ("alibaba-ecs", "DeleteSecurityGroup"): Repeat.HARMLESS,
     ("alibaba-ecs", "DeleteImage"): Repeat.HARMLESS,
     ("alibaba-ecs", "DeleteSnapshot"): Repeat.HARMLESS,
+    ("alibaba-ecs", "CreateDeploymentSet"): Repeat.TOKEN,  # its ClientToken is the set's recorded name
+    ("alibaba-ecs", "DeleteDeploymentSet"): Repeat.HARMLESS,
 }
 
 NEVER_RESENT = (Repeat.LOOK, Repeat.ONCE)

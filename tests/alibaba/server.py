@@ -32,6 +32,20 @@ Rules and their sources (read 2026-12-03):
     PriceInfo.Price holds OriginalPrice, DiscountPrice, TradePrice and Currency, and DetailInfos one row per
     priced part (Resource instanceType, systemDisk, ...); an InstanceType it does not sell in the region is refused
     as InvalidInstanceType.ValueNotSupported (unverified wording: the page's error table was not read whole);
+  - RunInstances' Amount and MinAmount, 1 to 100 each: below MinAmount in stock (MinAmount absent: below Amount)
+    nothing is created, else min(stock, Amount) (RunInstances' request model in alibabacloud-ecs20140526 7.11.8, its
+    API reference's words); the vCPU quota is counted for what is created;
+  - deployment sets (CreateDeploymentSet, DescribeDeploymentSets, DeleteDeploymentSet: their request models, and the
+    "Deployment sets" user guide, doc-detail/91258 and 130139): strategy Availability, AvailabilityGroup or
+    LowLatency; a LowLatency set holds instances of one zone only, at most 20 (403
+    QuotaExceed.DeploymentSetInstanceQuotaFull "instance quota in one deployment set exceeded.", as ECS's
+    ModifyInstanceDeployment reference lists it; the zone refusal's code is unverified: InvalidParameter); no spot
+    instance in a deployment set (the Chinese user guide; the code unverified: InvalidParameter); an unknown set is
+    404 InvalidDeploymentSetId.NotFound "The specified DeploymentSetId does not exist." (RunInstances' error table)
+    and 400 for DeleteDeploymentSet (as ModifyDeploymentSetAttribute's reference lists it); a set that holds
+    instances is 403 DependencyViolation.NotEmpty "There are still instance(s) in the specified DeploymentSetId."
+    (DeleteDeploymentSet API reference, doc-detail/91311, 2026-01-28); DescribeDeploymentSets pages by 50 at most;
+    ECS tags no deployment set (no Tag on CreateDeploymentSet, no `deploymentset` in ListTagResources' types);
   - a new instance is Pending, then Running; DescribeInstances may not list it for a moment after RunInstances
     answers (`listing_delay`); StopInstances' StoppedMode=StopCharging keeps the disks and stops the billing of
     compute ("economical mode", StopInstances API reference), and releases the system-assigned public address, a
@@ -82,7 +96,10 @@ REQUIRED = {
     "DeleteSnapshot": ("SnapshotId",),
     "DeleteKeyPairs": ("KeyPairNames",),
     "CreateImage": ("RegionId",),
+    "DeleteDeploymentSet": ("DeploymentSetId",),
 }
+STRATEGIES = ("Availability", "AvailabilityGroup", "LowLatency")
+SET_LIMIT = 20  # instances of one zone in a LowLatency set
 UBUNTU_IMAGES = (("ubuntu_22_04_x64_20G_alibase_20240130.vhd", "x86_64", "2024-01-30T00:00:00Z"),
                  ("ubuntu_22_04_x64_20G_alibase_20250101.vhd", "x86_64", "2025-01-01T00:00:00Z"),
                  ("ubuntu_24_04_x64_20G_alibase_20250101.vhd", "x86_64", "2025-01-01T00:00:00Z"),
@@ -229,6 +246,7 @@ class Ecs:
         self.keys: dict[str, dict[str, Any]] = {}
         self.images: dict[str, dict[str, Any]] = {}
         self.snapshots: dict[str, dict[str, Any]] = {}
+        self.sets: dict[str, dict[str, Any]] = {}  # deployment sets by id
         self.tags: dict[tuple[str, str], dict[str, str]] = {}  # (ResourceType, id) -> tags
         self.vpc = {"VpcId": "vpc-default", "CidrBlock": "172.16.0.0/12", "IsDefault": True, "Status": "Available",
                     "RegionId": region, "VpcName": "default"}
@@ -395,7 +413,9 @@ class Ecs:
     def AuthorizeSecurityGroup(self, p: dict[str, Any]) -> dict[str, Any]:
         rule = {"IpProtocol": str(p.get("IpProtocol", "")).upper(), "PortRange": p.get("PortRange"),
                 "SourceCidrIp": p.get("SourceCidrIp", ""), "Ipv6SourceCidrIp": p.get("Ipv6SourceCidrIp", ""),
-                "Direction": "ingress", "Policy": "Accept"}
+                "SourceGroupId": p.get("SourceGroupId", ""), "Direction": "ingress", "Policy": "Accept"}
+        if rule["SourceGroupId"]:
+            self._group(rule["SourceGroupId"])
         rules = self._group(p["SecurityGroupId"])["rules"]
         if rule not in rules:
             rules.append(rule)
@@ -428,6 +448,11 @@ class Ecs:
         zone, kind = p.get("ZoneId"), p.get("InstanceType", "")
         amount, least = int(p.get("Amount") or 1), int(p.get("MinAmount") or p.get("Amount") or 1)
         strategy = p.get("SpotStrategy") or "NoSpot"
+        if not (1 <= amount <= 100 and 1 <= least <= 100):
+            raise Refused(400, "InvalidParameter", "The specified parameter \"Amount\" is not valid.")
+        into = p.get("DeploymentSetId")
+        if into:
+            self._place(into, zone, amount, strategy)
         if zone in self.not_on_sale:
             raise Refused(403, "Zone.NotOnSale", "The resource in the specified zone is no longer available for sale. "
                           "Please try other regions and zones.")
@@ -444,11 +469,11 @@ class Ecs:
         market = "PostPaid" if strategy == "NoSpot" else "Spot"
         used = sum(self.types[r.raw["InstanceType"]][3] for r in self.instances.values()
                    if (r.raw["SpotStrategy"] == "NoSpot") == (market == "PostPaid"))
-        if used + self.types[kind][3] * least > self.vcpu_quota[market]:
+        count = min(amount, self.stock.get((zone, kind), 0))
+        if used + self.types[kind][3] * max(count, least) > self.vcpu_quota[market]:
             raise Refused(403, "QuotaExceed.ElasticQuota", "The number of vCPUs assigned to the ECS instances has "
                           "exceeded the quota in the zone. Please sign-on to Alibaba Cloud Console, and submit a "
                           "quota increase application.")
-        count = min(amount, self.stock[(zone, kind)])
         if count < least:
             raise Refused(403, "OperationDenied.NoStock", "The requested resource is sold out in the specified zone; "
                           "try other types of resources or other regions and zones.")
@@ -466,7 +491,8 @@ class Ecs:
                    "SecurityGroupIds": {"SecurityGroupId": [p.get("SecurityGroupId", "")]},
                    "Cpu": self.types[kind][3], "Memory": self.types[kind][4] * 1024,
                    "GPUAmount": self.types[kind][1], "GPUSpec": self.types[kind][0],
-                   "StoppedMode": "Not-applicable", "OperationLocks": {"LockReason": []}}
+                   "StoppedMode": "Not-applicable", "OperationLocks": {"LockReason": []},
+                   "DeploymentSetId": into or ""}
             public, private = self.address_for(raw)
             raw["PublicIpAddress"] = {"IpAddress": [public] if raw["InternetMaxBandwidthOut"] > 0 else []}
             raw["VpcAttributes"] = {"VpcId": self.vpc["VpcId"], "VSwitchId": p.get("VSwitchId", ""),
@@ -481,6 +507,22 @@ class Ecs:
         if token:
             self.tokens[("run", token)], self.tokens[("run-params", token)] = answer, p
         return dict(answer)
+
+    def _place(self, set_id: str, zone: str | None, amount: int, strategy: str) -> None:
+        """A launch into a deployment set: the set must be there, take no spot instance, and (LowLatency) hold one
+        zone's instances only, at most SET_LIMIT of them."""
+        found = self.sets.get(set_id)
+        if found is None:
+            raise Refused(404, "InvalidDeploymentSetId.NotFound", "The specified DeploymentSetId does not exist.")
+        if strategy != "NoSpot":
+            raise Refused(400, "InvalidParameter", "The specified parameter \"DeploymentSetId\" is not valid.")
+        members = [r.raw for r in self.instances.values() if r.raw.get("DeploymentSetId") == set_id]
+        if found["Strategy"] == "LowLatency":
+            if any(m["ZoneId"] != zone for m in members):
+                raise Refused(400, "InvalidParameter", "The specified parameter \"ZoneId\" is not valid.")
+            if len(members) + amount > SET_LIMIT:
+                raise Refused(403, "QuotaExceed.DeploymentSetInstanceQuotaFull",
+                              "instance quota in one deployment set exceeded.")
 
     def _advance(self) -> None:
         now = time.monotonic()
@@ -555,6 +597,50 @@ class Ecs:
             self.stock[(row.raw["ZoneId"], row.raw["InstanceType"])] += 1
             del self.instances[iid]
             self.tags.pop(("instance", iid), None)
+        return {}
+
+    # deployment sets
+    def CreateDeploymentSet(self, p: dict[str, Any]) -> dict[str, Any]:
+        token = p.get("ClientToken")
+        if token and ("set", token) in self.tokens:
+            return dict(self.tokens[("set", token)])
+        if (p.get("Strategy") or "Availability") not in STRATEGIES:
+            raise Refused(400, "InvalidParameter", "The specified parameter \"Strategy\" is not valid.")
+        sid = self._id("ds")
+        self.sets[sid] = {"DeploymentSetId": sid, "DeploymentSetName": p.get("DeploymentSetName", ""),
+                          "DeploymentSetDescription": p.get("Description", ""),
+                          "Strategy": p.get("Strategy") or "Availability",
+                          "DeploymentStrategy": p.get("Strategy") or "Availability",
+                          "CreationTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        answer = {"DeploymentSetId": sid}
+        if token:
+            self.tokens[("set", token)] = answer
+        return dict(answer)
+
+    def DescribeDeploymentSets(self, p: dict[str, Any]) -> dict[str, Any]:
+        size, number = int(p.get("PageSize") or 10), int(p.get("PageNumber") or 1)
+        if not 1 <= size <= 50:
+            raise Refused(400, "InvalidParameter", "The specified parameter \"PageSize\" is not valid.")
+        ids = json.loads(p["DeploymentSetIds"]) if p.get("DeploymentSetIds") else None
+        found = []
+        for sid, row in self.sets.items():
+            if (ids is not None and sid not in ids) or p.get("DeploymentSetName") not in (None, row["DeploymentSetName"]) \
+                    or p.get("Strategy") not in (None, row["Strategy"]):
+                continue
+            members = sorted(i for i, r in self.instances.items() if r.raw.get("DeploymentSetId") == sid)
+            found.append({**row, "InstanceAmount": len(members), "InstanceIds": {"InstanceId": members}})
+        page = found[(number - 1) * size:number * size]
+        return {"DeploymentSets": {"DeploymentSet": page}, "TotalCount": len(found), "PageNumber": number,
+                "PageSize": size, "RegionId": self.region}
+
+    def DeleteDeploymentSet(self, p: dict[str, Any]) -> dict[str, Any]:
+        sid = p["DeploymentSetId"]
+        if sid not in self.sets:
+            raise Refused(400, "InvalidDeploymentSetId.NotFound", "The specified DeploymentSetId does not exist.")
+        if any(r.raw.get("DeploymentSetId") == sid for r in self.instances.values()):
+            raise Refused(403, "DependencyViolation.NotEmpty", "There are still instance(s) in the specified "
+                          "DeploymentSetId.")
+        del self.sets[sid]
         return {}
 
     def ModifyInstanceSpec(self, p: dict[str, Any]) -> dict[str, Any]:

@@ -299,7 +299,7 @@ def _up_cluster(the_plan: Plan, opts: UpOptions, nodes: int, min_nodes: int | No
     instance = the_plan.instance.name if the_plan.instance else "?"
     if dry_run:
         assert the_plan.instance is not None  # a launched node's plan always has one (plan.make_plan)
-        layout = net.network_for(the_plan.instance)
+        layout = net.network_for(the_plan.instance, the_plan.request.cloud)
         console.print(plan_view(net.with_efa_step(the_plan, layout)))
         for line in net.describe(layout, nodes):
             console.print(f"  {line}", markup=False)

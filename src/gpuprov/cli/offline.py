@@ -273,14 +273,14 @@ def plan(as_json: bool, show_scripts: bool, hours: float | None, live: bool, ima
 
 
 def _plan_elsewhere(the_plan: Plan, hours: float | None, nodes: int) -> None:
-    """What `plan` only does on AWS, refused on another cloud's catalog: an estimate needs a price, a cluster AWS's
-    placement and EFA."""
+    """What `plan` only does on AWS, refused on another cloud's catalog: an estimate needs a price; a cluster only on
+    a cloud whose layout cluster_network knows (Alibaba Cloud's deployment sets)."""
     from gpuprov.cloud.providers import title
     from gpuprov.plan.plan import catalog_for, refuse_unpriced
 
     if hours is not None:
         refuse_unpriced(catalog_for(the_plan.request.cloud), "--hours")
-    if nodes > 1:
+    if nodes > 1 and the_plan.request.cloud != "alibaba":
         raise UserInputError("--nodes", f"gpuprov plans no cluster on {title(the_plan.request.cloud)} yet",
                              "plan one node (leave --nodes out)")
 
@@ -296,7 +296,7 @@ def _cluster_layout(the_plan: Plan, nodes: int) -> ClusterLayout | None:
         raise UserInputError("--nodes", f"{nodes} is not a cluster size", f"2 to {MAX_NODES}")
     if the_plan.instance is None:
         raise UserInputError("--nodes", "no instance type carries these GPUs", "pick another --gpu")
-    return network_for(the_plan.instance)
+    return network_for(the_plan.instance, the_plan.request.cloud)
 
 
 @main.command()

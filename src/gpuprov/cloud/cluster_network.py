@@ -50,6 +50,10 @@ class ClusterLayout:
     transport: Transport
     notes: tuple[str, ...] = ()  # unverified facts this layout relies on, and why a choice was made
     device_rdma: bool = False  # the EFA device does RDMA read: FI_EFA_USE_DEVICE_RDMA=1
+    cloud: str = "aws"  # whose group `placement_group` means: AWS's cluster placement group, ECS's deployment set
+    spot_placement: bool = True  # a spot instance may join the group (ECS launches none into a deployment set)
+    group_limit: int | None = None  # the most instances one group holds (None: the account's limits alone)
+    group_words: str = "cluster placement group"  # how the cloud calls the group
 
     @property
     def elastic_ip(self) -> bool:
@@ -67,10 +71,12 @@ def efa_interfaces(cards: tuple[int, ...]) -> tuple[Nic, ...]:
             *(Nic(card, 0, "efa-only") for card in cards if card != 0))
 
 
-def network_for(it: InstanceType) -> ClusterLayout:
+def network_for(it: InstanceType, cloud: str = "aws") -> ClusterLayout:
     """The cluster layout of one instance type, from its facts (the catalog's, or EC2's with `plan --live`/`up`)."""
     from gpuprov.plan import catalog
 
+    if cloud == "alibaba":
+        return alibaba_layout(it)
     net = catalog.load().cluster_network
     family = it.name.split(".")[0]
     notes: list[str] = []
@@ -86,6 +92,26 @@ def network_for(it: InstanceType) -> ClusterLayout:
                           device_rdma=it.efa_rdma)
 
 
+# Alibaba Cloud keeps a cluster close with a deployment set of strategy LowLatency: "all instances must be in the same
+# zone", at most 20 of them in it; no spot instance may be created in a deployment set (ECS user guide, "Deployment
+# sets", doc-detail/91258 and 130139, read 2026-12-04: the limits as the Chinese page lists them). RunInstances puts the
+# whole Amount into the set (its DeploymentSetId). No eRDMA in gpuprov: NCCL goes over TCP.
+ALIBABA_SET_LIMIT = 20
+
+
+def alibaba_layout(it: InstanceType) -> ClusterLayout:
+    """An ECS cluster: a LowLatency deployment set for on-demand nodes, none for spot ones, TCP between nodes."""
+    return ClusterLayout(it.name, True, (), "tcp", cloud="alibaba", spot_placement=False, group_limit=ALIBABA_SET_LIMIT,
+                         group_words="deployment set (LowLatency)")
+
+
+def grouped(layout: ClusterLayout, market: str, nodes: int) -> bool:
+    """Whether a launch of `nodes` in this market goes into a group of its own: where the type takes one, the market
+    may join it and the group holds them all (else the nodes go in one zone without one, as the plan says)."""
+    return layout.placement_group and (market == "on-demand" or layout.spot_placement) \
+        and (layout.group_limit is None or nodes <= layout.group_limit)
+
+
 def instance_of(plan: Plan, name: str) -> InstanceType:
     """The plan's own facts of one of its candidate types."""
     return next(c for c in plan.candidates if c.name == name)
@@ -93,6 +119,8 @@ def instance_of(plan: Plan, name: str) -> InstanceType:
 
 def describe(layout: ClusterLayout, nodes: int) -> list[str]:
     """The plan's lines for the cluster's network (what `plan --nodes N` and `up --nodes N` print)."""
+    if layout.cloud == "alibaba":
+        return _alibaba_lines(layout, nodes)
     family = layout.instance_type.split(".")[0]
     lines = [f"{nodes} × {layout.instance_type} in one zone, asked for in one launch",
              "placement group: strategy cluster, created before the launch" if layout.placement_group
@@ -111,9 +139,21 @@ def describe(layout: ClusterLayout, nodes: int) -> list[str]:
     return lines + [f"  {note}" for note in layout.notes]
 
 
+def _alibaba_lines(layout: ClusterLayout, nodes: int) -> list[str]:
+    full = nodes > (layout.group_limit or nodes)
+    return [f"{nodes} × {layout.instance_type} in one zone, asked for in one RunInstances (Amount {nodes}, MinAmount "
+            "--min-nodes or all: fewer in stock launches none)",
+            "deployment set: strategy LowLatency (one zone, one network topology), created before the launch, for "
+            "on-demand nodes" + (f"; none here: ECS holds at most {layout.group_limit} instances in one" if full else ""),
+            "  spot nodes launch without one: ECS creates no spot instance in a deployment set",
+            "network: TCP between nodes (no eRDMA on Alibaba Cloud in gpuprov yet)",
+            "security group: SSH from you; all traffic between the cluster's nodes"]
+
+
 def layout_summary(layout: ClusterLayout, nodes: int) -> dict[str, object]:
     """The cluster part of `plan --json`."""
     return {"nodes": nodes, "instance_type": layout.instance_type, "placement_group": layout.placement_group,
+            **({"deployment_set": "LowLatency", "spot_placement": False} if layout.cloud == "alibaba" else {}),
             "transport": layout.transport, "elastic_ip": layout.elastic_ip, "device_rdma": layout.device_rdma,
             "interfaces": [{"network_card": n.card, "device_index": n.device, "type": n.kind} for n in layout.interfaces],
             "notes": list(layout.notes)}

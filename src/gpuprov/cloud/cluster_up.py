@@ -22,6 +22,8 @@ the known_hosts are merged, the survivors re-ranked 0..M-1, and the cluster is w
 one (`as_cluster`: reached at the connect address with the cluster's pinned keys, known by its PRIVATE address,
 MASTER_ADDR node 0's, GPUs per node the type's; cluster.install; a node that cannot be wired fails the `up`); then
 `members_json` (rank, instance, private/public/connect address, Elastic IP) with node 0's address as the node's.
+On Alibaba Cloud the group is a LowLatency deployment set, for on-demand nodes of at most 20 (cluster_network.py
+`grouped`: a spot cluster goes in one zone without one, as the launch line says), and the nodes talk TCP.
 One notion of cluster: `NAME`/`NAME:K`, `exec`, `torchrun`, `check --cluster` read the same record for both kinds;
 `up` refuses a name recorded for existing hosts; teardown forgets a launched cluster's record once everything is
 gone. Its timeline has a node's phases, each RunInstances of the whole cluster as an attempt, one row per node in
@@ -45,11 +47,11 @@ from typing import TYPE_CHECKING
 
 from gpuprov.cloud import addresses, destroy, launch, reservations
 from gpuprov.cloud import timeline as tl
-from gpuprov.cloud.cluster_network import ClusterLayout, instance_of, network_for, with_efa_step
+from gpuprov.cloud.cluster_network import ClusterLayout, grouped, instance_of, network_for, with_efa_step
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
 from gpuprov.cloud.failover import Candidate, Order
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, LaunchRequest, Market, Network, NotFound, Provider
-from gpuprov.cloud.providers.capabilities import ADDRESSES, PLACEMENT, RDMA, need
+from gpuprov.cloud.providers.capabilities import ADDRESSES, PLACEMENT, RDMA, need, title
 from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError, UserInputError
@@ -116,7 +118,8 @@ def up(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider: Prov
         rec.image = pad.image_line
         # what the launch asks for: the root volume, SSH's CIDR, the reservation by its own id
         opts = replace(opts, disk_gb=pad.disk_gb, ssh_cidr=cidr, **reservations.resolved(opts, pad.held))
-        addresses.check_quota(provider, region, copts.nodes, opts, order, lambda t: network_for(instance_of(plan, t)).elastic_ip)
+        addresses.check_quota(provider, region, copts.nodes, opts, order,
+                              lambda t: network_for(instance_of(plan, t), plan.request.cloud).elastic_ip)
 
         market = "spot" if plan.request.spot else "on-demand"
         store.create_node(name, provider.name, region, gpu=plan.gpu.name if plan.gpu else None, gpu_count=plan.count,
@@ -216,17 +219,20 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
     for i, cand in enumerate(order.candidates):
         if cand.market in closed:
             continue
-        layout = network_for(instance_of(plan, cand.instance_type))
+        layout = network_for(instance_of(plan, cand.instance_type), plan.request.cloud)
         if layout.interfaces:  # the type's RDMA interfaces are asked for at launch
             need(provider, RDMA, what="--nodes")
-        if layout.placement_group and group is None and not targeted:
-            group = _placement_group(name, region, provider, store, say)
+        into = grouped(layout, cand.market, copts.nodes)
+        if into and group is None and not targeted:
+            group = _placement_group(name, region, provider, store, layout.group_words, say)
         elif targeted:  # into the reservation's own group, if it was made in one; never a new one
             group = reserved_group
         token = f"gpuprov-{name}-{i}-{uuid.uuid4().hex[:12]}"
         say(f"asking for {copts.nodes} × {cand.instance_type} in {cand.zone} ({cand.market}"
             + (f", at least {copts.at_least}" if copts.at_least < copts.nodes else "")
-            + (", EFA" if layout.transport == "efa" else "") + ")")
+            + (", EFA" if layout.transport == "efa" else "")
+            + (f", no {layout.group_words}" if layout.placement_group and not into and not targeted else "")
+            + (", TCP: no RDMA fabric" if layout.cloud != "aws" else "") + ")")
         rid = store.intend(name, "instance", region, token)
         asked = rec.now()
         try:
@@ -234,7 +240,7 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
                 node=name, region=region, zone=cand.zone, instance_type=cand.instance_type, market=cand.market,
                 image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price,
                 shutdown_behavior=launch.shutdown_behavior(plan, cand.market), count=copts.nodes,
-                min_count=copts.at_least, placement_group=group if layout.placement_group or targeted else None,
+                min_count=copts.at_least, placement_group=group if into or targeted else None,
                 interfaces=layout.interfaces, instance_profile=opts.instance_profile,
                 **reservations.reservation_of(opts)), settle=settle_window())
         except LaunchError as exc:  # a refusal launched none of them (MinCount)
@@ -246,18 +252,22 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
         _landed(plan, store, name, cand)
         store.update_node(name, **reservations.recorded(opts, provider, region))
         if len(instances) < copts.nodes:
-            say(f"  EC2 launched {len(instances)} of {copts.nodes} (at least {copts.at_least} asked for)")
+            who = "EC2" if provider.name == "aws" else title(provider)  # AWS's wording as it always was
+            say(f"  {who} launched {len(instances)} of {copts.nodes} (at least {copts.at_least} asked for)")
         return instances, layout, attempts
     tried = "; ".join(f"{a.candidate.instance_type}/{a.candidate.zone}/{a.candidate.market}: {a.code}" for a in attempts)
     raise launch.NoCapacity(f"no zone could hold all {copts.at_least} nodes of the cluster: {tried}", attempts)
 
 
-def _placement_group(name: str, region: str, provider: Provider, store: Store, say: Say) -> str:
+def _placement_group(name: str, region: str, provider: Provider, store: Store, words: str, say: Say) -> str:
+    """The cluster's group, recorded by its name before it is asked for; what the launch names it by is what the
+    cloud answered (AWS: the name itself; Alibaba Cloud: the deployment set's id)."""
     group = f"gpuprov-{name}-{uuid.uuid4().hex[:8]}"
-    say(f"cluster placement group {group}")
+    say(f"{words} {group}")
     rid = store.intend(name, "placement-group", region, group)
-    store.created(rid, need(provider, PLACEMENT, what="--nodes").create_placement_group(region, name, group))
-    return group
+    made = need(provider, PLACEMENT, what="--nodes").create_placement_group(region, name, group)
+    store.created(rid, made)
+    return made
 
 
 def _recorded(store: Store, name: str, region: str, rid: int, token: str, instances: list[Instance]) -> None:
@@ -398,7 +408,8 @@ def as_cluster(name: str, node: Node, members: list[Member], user: str, key_path
     from gpuprov.hosts import sshconfig
     from gpuprov.plan import catalog
 
-    gpus = catalog.load().instance_type(node.instance_type).gpus if node.instance_type else node.gpu_count or 0
+    gpus = catalog.load().instance_type(node.instance_type).gpus if node.instance_type and node.provider == "aws" \
+        else node.gpu_count or 0  # another cloud's type is in its own catalog; the record keeps its GPUs a node
     known = str(sshconfig.node_known_hosts(name))
     nodes = [cluster.ClusterHost(host=m.address or "", user=user, key=key_path, known_hosts=known,
                                  address=m.private_ip or m.address or "", gpus=gpus, instance_type=node.instance_type)

@@ -16,6 +16,7 @@ from typing import Any
 from gpuprov.cloud.providers.alibaba_base import NOT_FOUND, RETRIES, EcsError, EcsNoAnswer, stamp, tags_of
 from gpuprov.cloud.providers.alibaba_images import EcsImages
 from gpuprov.cloud.providers.alibaba_refusals import classify
+from gpuprov.cloud.providers.alibaba_sets import EcsSets
 from gpuprov.cloud.providers.base import (
     IMAGES,
     SHARED,
@@ -34,7 +35,7 @@ from gpuprov.cloud.providers.base import (
     NotFound,
     SpotPrice,
 )
-from gpuprov.cloud.providers.capabilities import LIVE_OFFERS, SPOT_STOP, ListPrice, ZoneStock
+from gpuprov.cloud.providers.capabilities import LIVE_OFFERS, PLACEMENT, SPOT_STOP, ListPrice, ZoneStock
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.plan.catalog_alibaba import facts
 
@@ -49,17 +50,17 @@ TAGGED_KINDS = {"instance": "instance", "securitygroup": "security-group", "keyp
                 "snapshot": "snapshot"}
 
 
-class AlibabaProvider(EcsImages):
+class AlibabaProvider(EcsImages, EcsSets):
     """Alibaba Cloud ECS: the core of the provider protocol (see base.py)."""
 
     name = "alibaba"
-    # of capabilities.py's: its live offers (stock, DescribePrice) and a stop of any spot instance. No eRDMA, EIPs,
-    # RAM roles, reservations or image copy in gpuprov yet (each refused by name through `capabilities.need`). Its stop
-    # is always economical (StopCharging), and a preemptible instance stops so as a pay-as-you-go one does
-    # ("Economical mode for pay-as-you-go instances (including spot instances)",
-    # alibabacloud.com/help/en/ecs/user-guide/economical-mode: a VPC, pay-as-you-go or preemptible, no local
-    # storage; gpuprov launches into a VPC, and none of the catalog's families has local disks)
-    capabilities: frozenset[str] = frozenset({LIVE_OFFERS.flag, SPOT_STOP.flag})
+    # of capabilities.py's: cluster placement through deployment sets (alibaba_sets.py), its live offers (stock,
+    # DescribePrice) and a stop of any spot instance. No eRDMA, EIPs, RAM roles, reservations or image copy in gpuprov
+    # yet (each refused by name through `capabilities.need`). Its stop is always economical (StopCharging), and a
+    # preemptible instance stops so as a pay-as-you-go one does ("Economical mode for pay-as-you-go instances
+    # (including spot instances)", alibabacloud.com/help/en/ecs/user-guide/economical-mode: a VPC, pay-as-you-go or
+    # preemptible, no local storage; gpuprov launches into a VPC, and none of the catalog's families has local disks)
+    capabilities: frozenset[str] = frozenset({PLACEMENT.flag, LIVE_OFFERS.flag, SPOT_STOP.flag})
 
     # --- where to launch ---------------------------------------------------------------------
 
@@ -212,6 +213,8 @@ class AlibabaProvider(EcsImages):
             "SystemDisk": {"Size": str(request.disk_gb), "Category": DISK},
             "Tag": tags,
         }
+        if request.placement_group:  # a cluster's deployment set: every instance of the Amount goes into it
+            params["DeploymentSetId"] = request.placement_group
         if request.market == "spot":
             params["SpotStrategy"] = "SpotWithPriceLimit" if request.max_price else "SpotAsPriceGo"
             if request.max_price:  # "precise up to three decimal places" (RunInstances, SpotPriceLimit)
@@ -342,6 +345,8 @@ class AlibabaProvider(EcsImages):
                 self.delete_image(region, rid, settle)
             elif kind == "snapshot":
                 self._settle(kind, rid, settle, lambda: self._call(region, "DeleteSnapshot", SnapshotId=rid))
+            elif kind == "placement-group":
+                self.delete_set(region, rid, settle)
             else:
                 raise GpuprovError(f"Alibaba Cloud has no {kind} of gpuprov's to delete ({rid})")
         except NotFound:
@@ -387,7 +392,8 @@ class AlibabaProvider(EcsImages):
                 out.append(CloudResource(kind=ours, id=rid, region=region, node=tags.get(TAG_NODE),
                                          owner=tags.get(TAG_OWNER), team=tags.get(TAG_TEAM),
                                          member=tags.get("gpuprov:member")))
-        return out
+        sets = self.tagged_sets(region)  # untaggable: their tags are in their descriptions
+        return out + [r for r in sets if self._mine({TAG_OWNER: r.owner or "", TAG_TEAM: r.team or ""}, everyone)]
 
     def _tag_rows(self, region: str, kind: str) -> dict[str, dict[str, str]]:
         rows: dict[str, dict[str, str]] = {}

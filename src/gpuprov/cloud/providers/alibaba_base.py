@@ -37,7 +37,7 @@ PAGE = 100  # ECS's largest PageSize / MaxResults
 RETRIES = 4  # sends of a request that got no answer or was throttled
 NOT_FOUND = {"instance": ("InvalidInstanceId.NotFound",), "security-group": ("InvalidSecurityGroupId.NotFound",),
              "key-pair": ("InvalidKeyPairName.NotFound",), "image": ("InvalidImageId.NotFound",),
-             "snapshot": ("InvalidSnapshotId.NotFound",)}
+             "snapshot": ("InvalidSnapshotId.NotFound",), "placement-group": ("InvalidDeploymentSetId.NotFound",)}
 
 
 class EcsError(GpuprovError):
@@ -187,21 +187,23 @@ class EcsBase:
             time.sleep(self.poll * attempt)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _pages(self, region: str, action: str, key: tuple[str, str], **params: Any) -> list[dict[str, Any]]:
-        """Every page of a Describe call (PageNumber/PageSize, or NextToken/MaxResults where the model has it)."""
+    def _pages(self, region: str, action: str, key: tuple[str, str], size: int = PAGE,
+               **params: Any) -> list[dict[str, Any]]:
+        """Every page of a Describe call (PageNumber/PageSize, or NextToken/MaxResults where the model has it);
+        `size`: the action's largest page where it is smaller than ECS's usual 100."""
         items: list[dict[str, Any]] = []
         fields = _fields(action)
         if "NextToken" in fields and "PageNumber" not in fields:
             token: str | None = None
             while True:
-                page = self._call(region, action, **params, MaxResults=PAGE, **({"NextToken": token} if token else {}))
+                page = self._call(region, action, **params, MaxResults=size, **({"NextToken": token} if token else {}))
                 items += (page.get(key[0]) or {}).get(key[1]) or []
                 token = page.get("NextToken") or None
                 if not token:
                     return items
         number = 1
         while True:
-            page = self._call(region, action, **params, PageNumber=number, PageSize=PAGE)
+            page = self._call(region, action, **params, PageNumber=number, PageSize=size)
             got = (page.get(key[0]) or {}).get(key[1]) or []
             items += got
             if not got or len(items) >= int(page.get("TotalCount") or 0):
