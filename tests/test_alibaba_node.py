@@ -1,0 +1,89 @@
+"""What runs on an Alibaba Cloud node: the spot watch reads ECS's metadata (tests/alibaba/metadata.py) and feeds the
+same hook as on AWS; autostop and the TTL say what ECS's stop from within bills; the node downloads through
+Alibaba's internal mirror unless the user names sources. In-process and under the shims (fast lane)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuprov.plan.plan import NodeRequest, guard_steps, make_plan
+from gpuprov.plan.render import render_steps
+from tests.alibaba.metadata import EcsMetadata
+from tests.shimrun import ShimHost
+from tests.test_alibaba_plan import error_line, gp
+from tests.test_guardrails import assert_bash_and_shellcheck_pass
+
+
+@pytest.fixture(autouse=True)
+def _home(gp_home: Path) -> None:
+    """gpuprov's home of its own for each test (gp_home)."""
+
+
+def plan(*args: str, cloud: str = "alibaba") -> dict[str, Any]:
+    result = gp("plan", "--cloud", cloud, "--gpu", "A10" if cloud == "alibaba" else "T4", *args, "--json")
+    assert result.exit_code == 0, result.output
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+@pytest.fixture
+def metadata() -> Iterator[EcsMetadata]:
+    meta = EcsMetadata()
+    try:
+        yield meta
+    finally:
+        meta.close()
+
+
+def test_the_spot_watch_reads_ecs_metadata_and_runs_the_hook_once_per_notice(tmp_path: Path, metadata) -> None:
+    guards = make_plan(NodeRequest(gpu="A10", cloud="alibaba", region="cn-hangzhou", spot=True,
+                                   on_interrupt='echo "$GPUPROV_INTERRUPT_ACTION $GPUPROV_INTERRUPT_TIME" >> HOOK')).guards
+    assert guards.interrupt_watch and guards.metadata_url == "http://100.100.100.200"
+    (step,) = guard_steps(guards)
+    assert "ECS metadata instance/spot/termination-time (set five minutes ahead)" in step.summary
+    (script,) = render_steps((step,), {}, {}).scripts
+    host = ShimHost(tmp_path, gpu="A10")
+    assert host.run_script(script).result == "changed"
+    conf = (host.sysroot / "etc/gpuprov/interrupt.conf").read_text()
+    assert conf == "CLOUD=alibaba\nMETADATA_URL=http://100.100.100.200\nPOLL_SECONDS=5\nHOOK_TIMEOUT=240\n"
+    watch = host.sysroot / "usr/local/lib/gpuprov/interrupt-watch"
+    hook = host.sysroot / "etc/gpuprov/on-interrupt"
+    runs = tmp_path / "hook-runs"
+    hook.write_text(hook.read_text().replace("HOOK", str(runs)))
+    log = host.sysroot / "var/log/gpuprov/interrupt.log"
+
+    def once() -> str:
+        env = {**os.environ, "GPUPROV_SYSROOT": str(host.sysroot), "GPUPROV_METADATA_URL": metadata.url}
+        subprocess.run(["bash", str(watch), "--once"], env=env, check=True, capture_output=True, timeout=30)
+        return runs.read_text() if runs.exists() else ""
+
+    assert once() == "" and not log.exists()  # 404: nothing scheduled, nothing logged
+    assert metadata.puts == 1 and metadata.gets == [("instance/spot/termination-time", 404)]  # with the token
+    metadata.reclaim("2026-12-04T05:02:00Z")
+    assert once() == "terminate 2026-12-04T05:02:00Z\n"
+    assert "spot interruption notice: action=terminate time=2026-12-04T05:02:00Z" in log.read_text()
+    assert once() == "terminate 2026-12-04T05:02:00Z\n"  # the same notice: the hook does not run again
+    assert metadata.gets[-1] == ("instance/spot/termination-time", 200)
+    (tmp_path / "step.sh").write_text(script.text)
+    assert_bash_and_shellcheck_pass([tmp_path / "step.sh", watch])
+
+
+def test_an_alibaba_plan_takes_the_hook_and_says_what_autostop_and_the_ttl_stop_bills() -> None:
+    data = plan("--spot", "--on-interrupt", "echo saved", "--autostop", "30m", "--ttl", "8h")
+    assert data["guards"]["interrupt_watch"] and data["guards"]["cloud"] == "alibaba"
+    assert data["guards"]["shutdown_action"] == "stop"  # ECS stops an instance powered off from within, spot too
+    steps = {s["name"]: s["summary"] for s in data["steps"]}
+    assert "ECS metadata instance/spot/termination-time" in steps["spot-interrupt"]
+    for name in ("autostop", "ttl"):
+        assert "ECS's standard mode: its disk is kept and its compute may go on billing" in steps[name]
+    assert error_line(gp("plan", "--gpu", "A10", "--autostop", "1h", "--autostop-action", "terminate")).startswith(
+        "error: --autostop-action: terminate: an ECS instance powered off from within stops")
+    assert "cloud" not in plan(cloud="aws")["guards"]  # an AWS plan's JSON keeps its guards as they were
+
