@@ -87,3 +87,17 @@ def test_an_alibaba_plan_takes_the_hook_and_says_what_autostop_and_the_ttl_stop_
         "error: --autostop-action: terminate: an ECS instance powered off from within stops")
     assert "cloud" not in plan(cloud="aws")["guards"]  # an AWS plan's JSON keeps its guards as they were
 
+
+def test_a_node_on_alibaba_downloads_through_its_internal_mirror_unless_sources_are_named(tmp_path: Path) -> None:
+    rows = {r["key"]: r for r in plan()["sources"]}
+    assert rows["nvidia"]["url"] == "http://mirrors.cloud.aliyuncs.com/nvidia-cuda"
+    assert rows["nvidia"]["from"] == "cn-aliyun-vpc (the default on Alibaba Cloud)"
+    named = {r["key"]: r for r in plan("--sources", "cn-tuna")["sources"]}  # the user's map replaces it whole
+    assert "cn-aliyun-vpc" not in json.dumps(named) and named["nvidia"]["from"] == "default"
+    config = tmp_path / "config.toml"
+    config.write_text('[sources]\npypi = "https://pypi.example.org/simple"\n')
+    from_config = gp("plan", "--gpu", "A10", "--json", env={"GPUPROV_CONFIG": str(config)})
+    assert "cn-aliyun-vpc" not in from_config.stdout, from_config.output  # so does the config's
+    human = gp("plan", "--gpu", "A10")
+    assert "cn-aliyun-vpc (the default on Alibaba Cloud)" in human.stdout
+    assert all(r["from"] == "default" for r in plan(cloud="aws")["sources"])  # AWS keeps the origins

@@ -633,13 +633,17 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
 
 
 def effective_sources(request: NodeRequest, playbook: Playbook) -> Effective:
-    """Where the node downloads from: --sources over the playbook's `sources:` over config.toml's [sources]."""
+    """Where the node downloads from: --sources over the playbook's `sources:` over config.toml's [sources]; where
+    none of them is set, the node's cloud's own mirror (sources.CLOUD_DEFAULTS), else the origins."""
     from gpuprov.paths import config_path
     from gpuprov.plan import config
 
-    return sources.effective((config.load().sources, f"{config_path()}: [sources]"),
-                             (playbook.sources, playbook.where("sources") or f"playbook {playbook.name}: sources"),
-                             (request.sources, request.sources_from))
+    layers = [(config.load().sources, f"{config_path()}: [sources]"),
+              (playbook.sources, playbook.where("sources") or f"playbook {playbook.name}: sources"),
+              (request.sources, request.sources_from)]
+    if not any(layer for layer, _ in layers) and (default := sources.cloud_default(request.cloud)) is not None:
+        layers.insert(0, default)
+    return sources.effective(*layers)
 
 
 def with_sources(stack: Stack | None, where_from: Effective) -> Stack | None:
