@@ -101,3 +101,28 @@ def test_a_node_on_alibaba_downloads_through_its_internal_mirror_unless_sources_
     human = gp("plan", "--gpu", "A10")
     assert "cn-aliyun-vpc (the default on Alibaba Cloud)" in human.stdout
     assert all(r["from"] == "default" for r in plan(cloud="aws")["sources"])  # AWS keeps the origins
+
+
+def test_an_ecs_host_is_told_by_its_dmi_and_its_type_read_from_ecs_metadata(tmp_path: Path) -> None:
+    """DMI that says Alibaba Cloud (as hostnamectl shows an ECS instance's) is what sends the facts to ECS's metadata;
+    a host whose DMI says neither cloud asks no metadata service at all (test_nvswitch_b200.py's Dell case)."""
+    from gpuprov.hosts.detect import FACTS_COMMAND, parse_facts
+    from tests.shimrun import DMI_DIR
+
+    host = ShimHost(tmp_path, gpu="A10", extra_env={"GPUPROV_SHIM_ECS_INSTANCE_TYPE": "ecs.gn7i-c8g1.2xlarge"})
+    dmi = host.sysroot / DMI_DIR
+    dmi.mkdir(parents=True)
+    (dmi / "sys_vendor").write_text("Alibaba Cloud\n")
+    (dmi / "product_name").write_text("Alibaba Cloud ECS\n")
+
+    def facts() -> tuple[str | None, list[str]]:
+        before = len(host.calls())
+        out = subprocess.run(["bash", "-c", FACTS_COMMAND], capture_output=True, text=True, env=host.env(), timeout=60)
+        return parse_facts(out.stdout).instance_type, [c for c in host.calls()[before:] if c.startswith("curl ")]
+
+    found, curls = facts()
+    assert found == "ecs.gn7i-c8g1.2xlarge"
+    assert all("100.100.100.200" in c for c in curls) and len(curls) == 2  # the token, then the type
+    (dmi / "sys_vendor").write_text("QEMU\n")
+    (dmi / "product_name").write_text("Standard PC (Q35 + ICH9, 2009)\n")
+    assert facts() == (None, [])
