@@ -98,6 +98,9 @@ def test_a_node_on_alibaba_downloads_through_its_internal_mirror_unless_sources_
     config.write_text('[sources]\npypi = "https://pypi.example.org/simple"\n')
     from_config = gp("plan", "--gpu", "A10", "--json", env={"GPUPROV_CONFIG": str(config)})
     assert "cn-aliyun-vpc" not in from_config.stdout, from_config.output  # so does the config's
+    config.write_text("[sources]\n")  # an empty map is one: the origins
+    from_config = gp("plan", "--gpu", "A10", "--json", env={"GPUPROV_CONFIG": str(config)})
+    assert all(r["from"] == "default" for r in json.loads(from_config.stdout)["sources"])
     human = gp("plan", "--gpu", "A10")
     assert "cn-aliyun-vpc (the default on Alibaba Cloud)" in human.stdout
     assert all(r["from"] == "default" for r in plan(cloud="aws")["sources"])  # AWS keeps the origins

@@ -641,7 +641,8 @@ def effective_sources(request: NodeRequest, playbook: Playbook) -> Effective:
     layers = [(config.load().sources, f"{config_path()}: [sources]"),
               (playbook.sources, playbook.where("sources") or f"playbook {playbook.name}: sources"),
               (request.sources, request.sources_from)]
-    if not any(layer for layer, _ in layers) and (default := sources.cloud_default(request.cloud)) is not None:
+    # a layer named, even empty (`[sources]` alone keeps the origins), is the user's choice over the cloud's
+    if all(layer is None for layer, _ in layers) and (default := sources.cloud_default(request.cloud)) is not None:
         layers.insert(0, default)
     return sources.effective(*layers)
 
