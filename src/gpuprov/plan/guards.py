@@ -36,15 +36,14 @@ class Notice:
     warning: str  # how far ahead the notice comes, in words
 
 
-# EC2 guide, "Spot Instance interruption notices" (spot-instance-termination-notices, read 2026-12-04): IMDSv2's
-# spot/instance-action, {"action": ..., "time": ...}, two minutes ahead; poll every 5 s.
+# EC2 guide, "Spot Instance interruption notices": IMDSv2's spot/instance-action, {"action": ..., "time": ...}, two
+# minutes ahead; poll every 5 s.
 # ECS guide, "Detect and respond to spot instance interruption events" (alibabacloud.com/help/ja/ecs/user-guide/
-# best-practices-for-preemptible-instances, updated 2026-04-02, read 2026-12-04): instance/spot/termination-time
-# at 100.100.100.200 answers 404 while no reclaim is scheduled, else the UTC time of the reclaim
-# (2015-01-05T18:02:00Z); a token from PUT /latest/api/token (X-aliyun-ecs-metadata-token-ttl-seconds) is sent as
-# X-aliyun-ecs-metadata-token, which the hardened mode requires. "ECS updates the instance metadata five minutes
-# before ECS releases a preemptible instance" ("Create a preemptible instance", help/en/ecs/user-guide/
-# create-a-preemptible-instance, updated 2025-03-21).
+# best-practices-for-preemptible-instances): instance/spot/termination-time at 100.100.100.200 answers 404 while no
+# reclaim is scheduled, else the UTC time of the reclaim (2015-01-05T18:02:00Z); a token from PUT /latest/api/token
+# (X-aliyun-ecs-metadata-token-ttl-seconds) is sent as X-aliyun-ecs-metadata-token, which the hardened mode
+# requires. "ECS updates the instance metadata five minutes before ECS releases a preemptible instance" ("Create a
+# preemptible instance", help/en/ecs/user-guide/create-a-preemptible-instance).
 NOTICES = {
     "aws": Notice(DEFAULT_METADATA_URL, "/latest/meta-data/spot/instance-action", 100, "two minutes"),
     "alibaba": Notice("http://100.100.100.200", "/latest/meta-data/instance/spot/termination-time", 240,
@@ -104,10 +103,10 @@ class Guards(BaseModel):
     def then(self) -> str:
         """What the guards' shutdown does, in words."""
         if self.cloud == "alibaba" and self.shutdown_action is not None:
-            # ECS guide, "Economical mode" (help/en/ecs/user-guide/economical-mode, updated 2025-09-15): compute
-            # stops billing when an instance is stopped in economical mode, which StopInstances' StoppedMode
-            # (StopCharging) or the console's Stop dialog asks for; neither names a stop from within the OS, and
-            # nothing on the node can call them (it holds no credentials)
+            # ECS guide, "Economical mode" (help/en/ecs/user-guide/economical-mode): compute stops billing when an
+            # instance is stopped in economical mode, which StopInstances' StoppedMode (StopCharging) or the
+            # console's Stop dialog asks for; neither names a stop from within the OS, and nothing on the node can
+            # call them (it holds no credentials)
             return ("the instance stops in ECS's standard mode: its disk is kept and its compute may go on billing "
                     "(economical mode comes only with a stop asked of ECS's API, as `gpuprov stop` asks; "
                     "`gpuprov down` ends the bill)")
