@@ -129,3 +129,20 @@ def test_an_ecs_host_is_told_by_its_dmi_and_its_type_read_from_ecs_metadata(tmp_
     (dmi / "sys_vendor").write_text("QEMU\n")
     (dmi / "product_name").write_text("Standard PC (Q35 + ICH9, 2009)\n")
     assert facts() == (None, [])
+
+
+def test_status_says_an_alibaba_nodes_guards_stop_in_ecss_standard_mode() -> None:
+    from gpuprov.state import open_store
+
+    store = open_store()
+    for name, provider in (("ali", "alibaba"), ("aws1", "aws")):
+        store.create_node(name, provider, "cn-hangzhou" if provider == "alibaba" else "us-east-1", gpu="T4",
+                          gpu_count=1, instance_type="ecs.gn6i-c4g1.xlarge", market="spot", state="ready",
+                          address="10.0.0.5", ssh_user="root", autostop_seconds=1800, shutdown_action="stop")
+    rows = {r["name"]: r for r in json.loads(gp("status", "--json").stdout)}
+    assert rows["ali"]["autostop_stop_mode"] == "standard" and "autostop_stop_mode" not in rows["aws1"]
+    out = " ".join(gp("status").stdout.split())
+    assert "30m idle → stop (standard)" in out
+    assert ("ali: its guards' stop is ECS's standard mode: the disk is kept and the compute may go on billing "
+            "(`gpuprov stop ali` stops in economical mode; `gpuprov down ali` ends the bill)") in out
+    assert "aws1: its guards'" not in out
