@@ -146,3 +146,12 @@ def test_status_says_an_alibaba_nodes_guards_stop_in_ecss_standard_mode() -> Non
     assert ("ali: its guards' stop is ECS's standard mode: the disk is kept and the compute may go on billing "
             "(`gpuprov stop ali` stops in economical mode; `gpuprov down ali` ends the bill)") in out
     assert "aws1: its guards'" not in out
+
+
+def test_a_data_entry_on_oss_is_refused_saying_s3_only_for_now(tmp_path: Path) -> None:
+    playbook = tmp_path / "d.yml"
+    playbook.write_text("name: d\nstack: none\nenv: null\ndata:\n  - from: /work/ckpt\n    to: oss://ckpt/run1\n"
+                        "    when: interrupt\n")
+    assert error_line(gp("plan", "--gpu", "T4", "-p", str(playbook))) == (
+        f"error: --playbook: {playbook}:6: data.0.to: 'oss://ckpt/run1': gpuprov moves data with S3 only for now "
+        "(oss:// is not read); an s3://BUCKET/PREFIX or an absolute path on the node")
