@@ -155,3 +155,12 @@ def test_a_data_entry_on_oss_is_refused_saying_s3_only_for_now(tmp_path: Path) -
     assert error_line(gp("plan", "--gpu", "T4", "-p", str(playbook))) == (
         f"error: --playbook: {playbook}:6: data.0.to: 'oss://ckpt/run1': gpuprov moves data with S3 only for now "
         "(oss:// is not read); an s3://BUCKET/PREFIX or an absolute path on the node")
+
+
+def test_sources_origins_by_flag_or_variable_keeps_an_alibaba_node_at_the_origins() -> None:
+    for flag, env in ((("--sources", "origins"), None), ((), {"GPUPROV_SOURCES": "origins"})):
+        result = gp("plan", "--gpu", "A10", "--json", *flag, env=env)
+        assert result.exit_code == 0, result.output
+        assert all(r["from"] == "default" for r in json.loads(result.stdout)["sources"])
+    assert error_line(gp("plan", "--gpu", "A10", "--sources", "nowhere")) == \
+        "error: --sources: 'nowhere' is neither a preset nor a file"

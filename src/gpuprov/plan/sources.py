@@ -225,6 +225,8 @@ def presets() -> dict[str, _Preset]:
 # [sources] names a map: on Alibaba Cloud its internal mirror for VPC instances (gpuprov launches into a VPC), which
 # spends no public bandwidth. A map the user names replaces it whole.
 CLOUD_DEFAULTS = {"alibaba": ("cn-aliyun-vpc", "Alibaba Cloud")}
+# `--sources origins`: a map that sets no key, so every download comes from its origin, a cloud's default mirror too
+ORIGINS = "origins"
 
 
 def cloud_default(cloud: str) -> tuple[Sources, str] | None:
