@@ -164,3 +164,25 @@ def test_sources_origins_by_flag_or_variable_keeps_an_alibaba_node_at_the_origin
         assert all(r["from"] == "default" for r in json.loads(result.stdout)["sources"])
     assert error_line(gp("plan", "--gpu", "A10", "--sources", "nowhere")) == \
         "error: --sources: 'nowhere' is neither a preset nor a file"
+
+
+def test_a_bootstrapped_ecs_instance_has_its_watch_read_ecss_notice() -> None:
+    """A host whose facts name an ECS type (a machine made in Alibaba's console) gets the watch of ECS's notice for its
+    --on-interrupt; an EC2 instance, or a host on no cloud, AWS's as before."""
+    from gpuprov.hosts.detect import HostFacts
+    from gpuprov.hosts.planner import Planner
+    from gpuprov.plan.inventory import Target
+    from gpuprov.plan.plan import GuardRequest
+    from gpuprov.plan.stack import StackPins
+
+    planner = Planner("T4", "minimal", None, StackPins(), GuardRequest(on_interrupt="echo bye"))
+
+    def cloud(instance_type: str | None) -> str:
+        facts = HostFacts(gpus=["T4"], nvswitch=False, os="ubuntu-22.04", source="nvidia-smi",
+                          instance_type=instance_type)
+        plan = planner(Target(host="10.0.0.9"), facts)
+        (watch,) = [s for s in plan.steps if s.name == "spot-interrupt"]
+        return dict(watch.extra)["guards"].cloud  # type: ignore[no-any-return]
+
+    assert cloud("ecs.gn6i-c4g1.xlarge") == "alibaba"
+    assert cloud("g4dn.xlarge") == "aws" and cloud(None) == "aws"

@@ -701,10 +701,11 @@ def make_host_plan(
     gpu_name: str | None, playbook_name: str, os_name: str, pins: StackPins, nvswitch: bool | None = None,
     guard: GuardRequest | None = None, jupyter: bool = False, monitoring: Monitoring | None = None,
     kept_driver: str | None = None, docker: bool = False, home: str | None = None, arch: CpuArch = "x86_64",
-    sources_flag: tuple[Sources, str] | None = None,
+    sources_flag: tuple[Sources, str] | None = None, notice_cloud: str | None = None,
 ) -> Plan:
     """The plan for an existing host: no instance type; Fabric Manager follows what the host has; `kept_driver`
-    the host's installed driver when it keeps it (--keep-driver, `driver: keep`).
+    the host's installed driver when it keeps it (--keep-driver, `driver: keep`); `notice_cloud` the cloud whose
+    interruption notice its watch reads (an ECS instance's facts say alibaba; None: AWS's).
 
     :param nvswitch: True when the host showed NVSwitch devices; None installs Fabric Manager only
         if the host turns out to have them.
@@ -736,6 +737,8 @@ def make_host_plan(
     where_from = effective_sources(request, playbook)
     stack = with_sources(stack, where_from)
     guards = guards_for(request, playbook)
+    if notice_cloud in NOTICES:
+        guards = guards.model_copy(update={"cloud": notice_cloud, "metadata_url": NOTICES[notice_cloud].metadata_url})
     # the GPU count the watch expects: the one the command line or inventory says (`--gpu A100:8`), else the one
     # the watch sees at its first look on the node
     if home is not None and playbook.env is not None:
