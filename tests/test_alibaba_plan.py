@@ -70,9 +70,9 @@ def test_json_names_the_cloud_and_the_stack_and_no_aws_thing() -> None:
     assert [c["price_usd_hour"] for c in data["candidates"]] == [None]
     assert data["stack"]["driver_branch"] and data["stack"]["torch"]["cuda"]
     steps = [s["name"] for s in data["steps"]]
-    assert steps[:3] == ["kernel-headers", "nouveau-off", "nvidia-driver"] and "pytorch" in steps
-    assert "spot-interrupt" not in steps  # the watch reads AWS's notice; Alibaba's is not read yet
-    assert not data["guards"]["interrupt_watch"]
+    # the spot watch first: it reads ECS's notice (tests/test_alibaba_node.py)
+    assert steps[:4] == ["spot-interrupt", "kernel-headers", "nouveau-off", "nvidia-driver"] and "pytorch" in steps
+    assert data["guards"]["interrupt_watch"] and data["guards"]["cloud"] == "alibaba"
     assert not AWS_WORDS.search(json.dumps({k: v for k, v in data.items() if k != "guards"}))
 
 
@@ -91,8 +91,6 @@ def test_what_an_alibaba_plan_cannot_have_is_one_line_each() -> None:
     assert error_line(gp("plan", "--gpu", "A10", "--os", "rocky-9")) == \
         "error: --os: Alibaba Cloud's public images gpuprov finds give no rocky-9"
     assert error_line(gp("plan", "--cpu", "4")) == "error: --cpu: gpuprov knows no CPU-only Alibaba Cloud type"
-    assert error_line(gp("plan", "--gpu", "T4", "--spot", "--on-interrupt", "echo bye")).startswith(
-        "error: --on-interrupt: gpuprov does not read Alibaba Cloud's interruption notice yet")
 
 
 def test_a_cluster_plan_on_alibaba_says_its_deployment_set_and_tcp() -> None:

@@ -3,7 +3,7 @@ code calls: the mutating ones (gpuprov/mutations.py's table, which test_mutation
 reads, found here by scanning src/ for client calls as test_mutations.py does (client methods, paginators, and the
 operation names handed to the providers' `_call`/`_pages`), matched with botocore's own service models. An action
 the policy names that no call needs must be one IAM asks for beside a call (IMPLIED), so the policy grants no
-more than gpuprov uses."""
+more than gpuprov uses. docs/alibaba-ram-policy.json is held the same way to the Alibaba provider's ECS actions."""
 
 from __future__ import annotations
 
@@ -79,3 +79,38 @@ def test_the_policy_names_every_action_gpuprov_calls() -> None:
 def test_the_policy_names_nothing_gpuprov_does_not_call() -> None:
     extra = sorted(granted() - called() - set(IMPLIED))
     assert extra == [], f"docs/iam-policy.json grants {extra}, which no call in src/ needs"
+
+
+# --- Alibaba Cloud: docs/alibaba-ram-policy.json, the RAM policy docs/alibaba.md tells a RAM user to attach ---------
+
+RAM_POLICY = ROOT / "docs" / "alibaba-ram-policy.json"
+# what the Alibaba provider sends: an action named to its client (`_call`, `_pages`, `_send`, `_each`), as
+# test_mutations.py reads them, and every row of the mutations table for its API (the client refuses any other change)
+SENT = re.compile(r"_(?:call|send|pages|each)\(\s*[\w.]+,\s*\"([A-Z][A-Za-z]+)\"")
+# ECS's RAM code is "ecs,vpc" ("RAM authorization", help/en/ecs/authentication-rules): ECS's own copies of VPC's
+# listings are read as VPC's actions (VPC's API reference names them vpc:DescribeVpcs, vpc:DescribeVSwitches); the
+# rest is ecs:<Action>
+RAM_ACTION = {"DescribeVpcs": "vpc:DescribeVpcs", "DescribeVSwitches": "vpc:DescribeVSwitches"}
+
+
+def ecs_called() -> set[str]:
+    from alibabacloud_ecs20140526 import models
+
+    source = "".join(p.read_text() for p in (SRC / "cloud" / "providers").glob("alibaba*.py"))
+    actions = {a for a in SENT.findall(source) if hasattr(models, f"{a}Request")}
+    actions |= {op for service, op in mutations.MUTATIONS if service == "alibaba-ecs"}
+    return {RAM_ACTION.get(a, f"ecs:{a}") for a in actions}
+
+
+def test_the_ram_policy_names_exactly_the_ecs_actions_the_alibaba_provider_sends() -> None:
+    policy = json.loads(RAM_POLICY.read_text())
+    assert policy["Version"] == "1"
+    allowed: set[str] = set()
+    for statement in policy["Statement"]:
+        assert statement["Effect"] == "Allow" and statement["Resource"] == "*"
+        allowed |= set(statement["Action"])
+    needed = ecs_called()
+    assert {"ecs:RunInstances", "ecs:DescribeInstances", "ecs:StopInstances", "vpc:DescribeVpcs"} <= needed
+    assert sorted(needed - allowed) == [], f"docs/alibaba-ram-policy.json lacks {sorted(needed - allowed)}"
+    assert sorted(allowed - needed) == [], f"docs/alibaba-ram-policy.json grants {sorted(allowed - needed)}, which " \
+        "no call of the Alibaba provider needs"

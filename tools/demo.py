@@ -4,8 +4,9 @@ Offline first (gpus, plan, an impossible stack refused). Then, as root, the sand
 tools/sandbox.py): a moto server stands in for EC2 and real OpenSSH servers (in network namespaces,
 with shimmed GPU tools) stand at the addresses moto gives the instances, so `up --spot`, `status`,
 `check`, `image bake`, `down`, a second `up` from the baked image (every install step unchanged),
-`image rm`, a two-node cluster and a cluster of machines you already have run for real, with the
-commands a user types (the sandbox's config file says where nodes go and how they are reached).
+`image rm`, a two-node cluster, a cluster of machines you already have, and one Alibaba Cloud `up`, `status` and
+`down` on the ECS imitation run for real, with the commands a user types (the sandbox's config file says where
+nodes go and how they are reached).
 With AWS credentials and no AWS_ENDPOINT_URL, the same commands talk to real AWS.
 """
 
@@ -71,7 +72,8 @@ def lifecycle(env: dict[str, str], work: Path) -> None:
     from tests.aws.cli import copy_disk
 
     print("\n\033[1mthe sandbox: a local AWS endpoint (moto) and SSH hosts with shimmed GPUs (`make sandbox`)…\033[0m")
-    with Sandbox(work / "sandbox", nodes=4, aws_subnet="10.240.0", hosts_subnet="10.241.0", prefix="gpd") as sb:
+    with Sandbox(work / "sandbox", nodes=4, aws_subnet="10.240.0", hosts_subnet="10.241.0", prefix="gpd",
+                 alibaba_nodes=1, alibaba_subnet="10.242.0") as sb:
         env = {**env, **sb.env}
         show(env, "config")
         show(env, "up", "demo", "--gpu", "T4", "--spot", "--autostop", "30m", "--ttl", "8h", "--yes")
@@ -91,6 +93,7 @@ def lifecycle(env: dict[str, str], work: Path) -> None:
         print(f"\nresources tagged gpuprov:node left in the endpoint: {json.dumps(left) if left else 'none'}")
         aws_cluster(env, sb)
         host_cluster(env, sb)
+        alibaba(env, sb)
 
 
 def aws_cluster(env: dict[str, str], sb: object) -> None:
@@ -116,6 +119,22 @@ def host_cluster(env: dict[str, str], sb: object) -> None:
     show(env, "bootstrap", "--cluster", "pair", *hosts)
     show(env, "exec", "pair", "--", "cat /var/lib/gpuprov-shim/root/etc/gpuprov/cluster.env | grep RANK")
     show(env, "check", "pair", "--cluster", "--sizes", "64K,1M")
+
+
+def alibaba(env: dict[str, str], sb: object) -> None:
+    """A spot node on Alibaba Cloud: the ECS imitation (tests/alibaba/server.py) launches it at the sandbox's host for
+    it (its vSwitch named: the config's subnet is the AWS endpoint's), its spot watch reads ECS's notice, and `down`
+    leaves nothing in the imitation."""
+    print("\n\033[1mAlibaba Cloud: the ECS imitation, its instance at a local SSH host with a shimmed T4…\033[0m")
+    show(env, "up", "ali", "--cloud", "alibaba", "--gpu", "T4", "--spot", "--subnet", "vsw-cn-hangzhou-h",
+         "--autostop", "30m", "--on-interrupt", "echo saving", "--yes")
+    show(env, "status")
+    show(env, "down", "ali", "--yes")
+    ecs = sb.ecs  # type: ignore[attr-defined]
+    left = [*ecs.instances, *ecs.groups, *ecs.keys]
+    print(f"\nresources left in the ECS imitation: {', '.join(left) if left else 'none'}")
+    if left:
+        sys.exit("demo: `down ali` left resources behind")
 
 
 def main() -> None:

@@ -16,7 +16,14 @@ What runs (the test harness's own pieces, tests/aws and tests/hosts):
   * 3 hosts "you already have" at 10.1.2.3, .4 and .5 (the README's addresses; --hosts-subnet for others),
     with 2 A100-80GB (.3, .4) or 2 H100 (.5) each, login `ubuntu` with passwordless sudo as on EC2 (the user is created on this
     machine while the sandbox runs, if missing), `gpu-box` and `bastion` as Host aliases in the sandbox's ssh
-    config.
+    config;
+  * Alibaba Cloud's ECS imitation (tests/alibaba/server.py) on 127.0.0.1, which GPUPROV_ALIBABA_ENDPOINT points the
+    SDK at (with test credentials, and the SDK's ECS metadata look-up off), and --alibaba-nodes hosts (default 2) on
+    a subnet of their own: each new ECS instance is given the next one's address as its private address, and its
+    GPUs are its type's (the shims play T4s: `gpuprov up NAME --cloud alibaba --gpu T4 --subnet vsw-cn-hangzhou-h`
+    launches, connects and bootstraps; the config's subnet is the AWS endpoint's). Its nodes download from the
+    origins the shims stand for: the config's empty [sources] says so, over the internal mirror they would default
+    to.
 
 What it brings along for the README's examples, which run in order, as printed, in its folder `work`
 (SANDBOX_WORK; tests/test_readme.py runs them so): a hosts.yml naming its hosts you already have (the README's
@@ -82,11 +89,14 @@ class Sandbox:
     """The pieces, started and stopped together; `env` is what gpuprov needs to use them."""
 
     def __init__(self, workdir: Path, *, nodes: int = 10, net: int = 0, hosts_subnet: str = "10.1.2",
-                 aws_subnet: str | None = None, prefix: str | None = None) -> None:
+                 aws_subnet: str | None = None, prefix: str | None = None, alibaba_nodes: int = 0,
+                 alibaba_subnet: str | None = None) -> None:
         self.workdir = workdir.resolve()
         self.nodes = nodes
         self.hosts_subnet = hosts_subnet
         self.aws_subnet = aws_subnet or f"10.243.{net}"
+        self.alibaba_nodes = alibaba_nodes
+        self.alibaba_subnet = alibaba_subnet or f"10.244.{net}"
         self.prefix = prefix or f"gps{net or ''}"
         self.net = net
         self.env: dict[str, str] = {}
@@ -102,7 +112,7 @@ class Sandbox:
 
         if os.geteuid() != 0:
             raise SystemExit("sandbox: the SSH hosts live in network namespaces: run it as root (sudo make sandbox)")
-        for subnet in (self.aws_subnet, self.hosts_subnet):
+        for subnet in (self.aws_subnet, self.hosts_subnet, *((self.alibaba_subnet,) if self.alibaba_nodes else ())):
             _refuse_a_subnet_in_use(subnet)
         if self.workdir.exists():
             shutil.rmtree(self.workdir)
@@ -127,6 +137,8 @@ class Sandbox:
                 bridge=f"{self.prefix}hbr0", subnet=self.hosts_subnet, host_env=HOST_ENV, sudo_users=(LOGIN,),
                 mode="netns", private=PRIVATE))
             self._serve_instances()
+            if self.alibaba_nodes:
+                self._start_alibaba(shims)
             site = indexsite.build(self.workdir / "sources", newer=False)
             self.sources, _ = self._stack.enter_context(indexsite.serve(site))
             self._write_files()
@@ -181,6 +193,33 @@ class Sandbox:
         url = f"http://{self.aws_subnet}.1:{self._server.server_address[1]}/{host.address}"
         self.pool.exec_in(host, f"echo 'export GPUPROV_SHIM_INSTANCE_URL={url}' > /var/lib/gpuprov-shim/env", check=True)
 
+    def _start_alibaba(self, shims: Path) -> None:
+        """The ECS imitation, and the hosts its instances stand at: the n-th instance it makes gets the n-th host's
+        address (round the hosts again after the last), and that host's GPUs become its type's."""
+        from tests.alibaba.server import Ecs, serve
+        from tests.hosts.fixture import HostPool
+
+        self.alibaba = self._stack.enter_context(HostPool(
+            self.alibaba_nodes, self.workdir / "alibaba", shims_dir=shims, offset=3, prefix=f"{self.prefix}a",
+            bridge=f"{self.prefix}abr0", subnet=self.alibaba_subnet, host_env=HOST_ENV, mode="netns",
+            private=PRIVATE))
+        for host in self.alibaba.hosts:
+            self.alibaba.exec_in(host, f"install -d -m 755 {' '.join(SYSROOT + d for d in SYSROOT_DIRS)}", check=True)
+        ecs = Ecs()
+        made = iter(range(10**9))
+
+        def stand_at(raw: dict[str, Any]) -> tuple[str, str]:
+            n = next(made)
+            host = self.alibaba.hosts[n % len(self.alibaba.hosts)]
+            spec, gpus = ecs.types.get(str(raw.get("InstanceType")), ("", 0))[:2]
+            gpu = str(spec).removeprefix("NVIDIA").strip()
+            self.alibaba.exec_in(host, f"printf 'export GPUPROV_SHIM_GPU={gpu}\\nexport GPUPROV_SHIM_GPU_COUNT={gpus}\\n' "
+                                       "> /var/lib/gpuprov-shim/env", check=True)
+            return f"198.51.100.{n % 250 + 1}", host.address  # a documentation address: never reached
+
+        ecs.address_for = stand_at
+        self.ecs, self.ecs_url = self._stack.enter_context(serve(ecs))
+
     def _stop_server(self) -> None:
         if self._server is not None:
             self._server.shutdown()
@@ -228,6 +267,12 @@ class Sandbox:
         for suffix in ("", ".pub"):  # the nodes trust this key, as cloud-init would put it on an EC2 instance
             shutil.copy(f"{self.pool.key_path}{suffix}", keys / f"id_ed25519{suffix}")
         (keys / "id_ed25519").chmod(0o600)
+        if self.alibaba_nodes:  # the ECS instances trust the key gpuprov imports there, as ECS puts it on them
+            ali = state / "keys" / "cn-hangzhou"
+            ali.mkdir(parents=True, mode=0o700)
+            for suffix in ("", ".pub"):
+                shutil.copy(f"{self.alibaba.key_path}{suffix}", ali / f"id_ed25519{suffix}")
+            (ali / "id_ed25519").chmod(0o600)
         self.key = self.workdir / "id_ed25519"  # the hosts you already have: your own key for them
         shutil.copy(self.hosts.key_path, self.key)
         self.key.chmod(0o600)
@@ -250,13 +295,20 @@ python = "3.11"
 ssh_cidr = "{self.aws_subnet}.1/32"
 key = "{self.key}"
 ssh_config = "{ssh_config}"
-""")
+""" + ("""
+# the shims stand for the origins: every node downloads from them, an Alibaba Cloud one too (a map named, even
+# empty, replaces the internal mirror an Alibaba node would default to)
+[sources]
+""" if self.alibaba_nodes else ""))
         from tests.shimdata import pin_uv_stand_in
 
         pin_uv_stand_in(state / "facts")  # the hosts' uv is the shims' stand-in of its pinned release archive
         self.env = {**self.aws.env(), "GPUPROV_HOME": str(state), "GPUPROV_CONFIG": str(config),
                     "GPUPROV_TEST_DLAMI_SSM_PREFIX": DLAMI_PREFIX, "GPUPROV_TEST_POLL_SECONDS": "0.2",
-                    "GPUPROV_TEST_REBOOT_POLL_SECONDS": "0.25"}
+                    "GPUPROV_TEST_REBOOT_POLL_SECONDS": "0.25",
+                    **({"GPUPROV_ALIBABA_ENDPOINT": self.ecs_url, "ALIBABA_CLOUD_ACCESS_KEY_ID": "testing",
+                        "ALIBABA_CLOUD_ACCESS_KEY_SECRET": "testing", "ALIBABA_CLOUD_ECS_METADATA_DISABLED": "true"}
+                       if self.alibaba_nodes else {})}
 
         self.work = self._write_work(h)  # the reader's folder; facts refresh reads the sandbox's sources
         self.env.update(indexsite.env(self.sources), SANDBOX_WORK=str(self.work))
@@ -374,7 +426,7 @@ def up(args: argparse.Namespace) -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
-    with Sandbox(args.dir, nodes=args.nodes, hosts_subnet=args.hosts_subnet) as sandbox:
+    with Sandbox(args.dir, nodes=args.nodes, hosts_subnet=args.hosts_subnet, alibaba_nodes=args.alibaba_nodes) as sandbox:
         print(sandbox.exports(), end="", flush=True)
         print(f"\nthe sandbox runs (Ctrl-C, or `tools/sandbox.py down`, stops it and removes everything). In another "
               f"shell:\n  eval \"$(.venv/bin/python tools/sandbox.py env)\"   # or: . {args.dir}/env.sh\n"
@@ -382,7 +434,11 @@ def up(args: argparse.Namespace) -> None:
               "  gpuprov up try --gpu T4   # then the README's commands, as printed, in order\n"
               f"facts refresh reads the public sources from a local stand-in ({sandbox.sources})\n"
               f"hosts you already have: {LOGIN}@{sandbox.hosts_subnet}.3, .4, .5 (gpu-box = .5, bastion = .3); "
-              f"their key: {sandbox.key}", file=sys.stderr, flush=True)
+              f"their key: {sandbox.key}"
+              + (f"\nAlibaba Cloud: the ECS imitation at {sandbox.ecs_url} (`gpuprov up NAME --cloud alibaba --gpu T4 "
+                 f"--subnet vsw-cn-hangzhou-h`; its instances stand at {sandbox.alibaba.hosts[0].address} ...)"
+                 if args.alibaba_nodes else ""),
+              file=sys.stderr, flush=True)
         while not stop.wait(0.5):
             pass
         print("\nstopping the sandbox ...", file=sys.stderr, flush=True)
@@ -452,6 +508,8 @@ def main(argv: list[str] | None = None) -> None:
     start.add_argument("--nodes", type=int, choices=range(1, 64), default=16, metavar="N",
                        help="SSH hosts standing for launched instances, 1 to 63 [16]")
     start.add_argument("--hosts-subnet", default="10.1.2", help="the hosts you already have: PREFIX.3-.5 [10.1.2]")
+    start.add_argument("--alibaba-nodes", type=int, choices=range(0, 16), default=2, metavar="N",
+                       help="SSH hosts standing for the ECS imitation's instances, 0 (no Alibaba Cloud) to 15 [2]")
     sub.add_parser("env", help="print the environment of the sandbox that runs, for eval")
     sub.add_parser("down", help="stop the sandbox that runs")
     args = parser.parse_args(argv)

@@ -19,7 +19,10 @@ EMPTY = {"instances": [], "security_groups": [], "key_pairs": [], "volumes": [],
 # the imitation's eventual consistency is counted in look-ups (2 per fresh id, 1 per tag or token filter unless a
 # test asks for more), which backoff from 0.1 s covers in seconds; EC2's three minutes would make every `down` after
 # a launch that never happened wait them out
-CLI_SETTINGS = {"GPUPROV_TEST_POLL_SECONDS": "0.1", "GPUPROV_TEST_SETTLE_SECONDS": "15", "COLUMNS": "200"}
+# GPUPROV_SOURCES=origins: the test hosts stand for the origins (the shims serve NVIDIA's keyring as its origin does),
+# a node on Alibaba Cloud too, whose default internal mirror they cannot stand for (a flag still wins)
+CLI_SETTINGS = {"GPUPROV_TEST_POLL_SECONDS": "0.1", "GPUPROV_TEST_SETTLE_SECONDS": "15", "COLUMNS": "200",
+                "GPUPROV_SOURCES": "origins"}
 
 
 @pytest.fixture

@@ -386,7 +386,7 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
     if as_json:
         click.echo(json.dumps(status_rows(nodes), indent=2))
     else:
-        from gpuprov.cli.report import health_lines
+        from gpuprov.cli.report import guard_lines, health_lines
 
         console = make_console()
         if not nodes:
@@ -399,6 +399,8 @@ def status(name: str | None, as_json: bool, refresh: bool, timeline: bool) -> No
             console.print(status_table(nodes))
         for line in health_lines(nodes):  # the watch's last finding per node (`gpuprov doctor NODE` for all of them)
             console.print(line, markup=False, highlight=False, style="yellow")
+        for line in guard_lines(nodes):  # what a guard's stop bills where it is not economical (Alibaba Cloud)
+            console.print(line, markup=False, highlight=False)
         from gpuprov.cli.capacity import block_lines
         from gpuprov.cloud.capacity import bought
 

@@ -129,10 +129,11 @@ def pin_options(func: F) -> F:
         click.option("--docker", is_flag=True,
                      help="Add Docker with NVIDIA's Container Toolkit (the nvidia runtime, CDI for Podman); verify runs "
                           "nvidia-smi -L in a container."),
-        click.option("--sources", default=None, metavar="FILE|PRESET",
+        click.option("--sources", default=None, metavar="FILE|PRESET", envvar="GPUPROV_SOURCES", show_envvar=True,
                      help="Where the node downloads from: a preset (cn-aliyun, cn-aliyun-vpc, cn-aliyun-classic, "
-                          "cn-tuna, cn-ustc) or a YAML file of sources (docs/mirrors.md); over the playbook's "
-                          "`sources:` and config.toml's [sources]."),
+                          "cn-tuna, cn-ustc), `origins` (no mirror) or a YAML file of sources (docs/mirrors.md); over "
+                          "the playbook's `sources:` and config.toml's [sources]. Default on Alibaba Cloud: "
+                          "cn-aliyun-vpc."),
         click.option("--os", "os_name", default=None, shell_complete=complete_os,
                      help="ubuntu-22.04, ubuntu-24.04, ubuntu-26.04, debian-12, debian-13, rocky-9, rhel-9 or amzn-2023. "
                           "Default: ubuntu-24.04 for new nodes, the host's own for bootstrap."),

@@ -217,6 +217,15 @@ def health_lines(nodes: list[Node]) -> list[str]:
     return lines
 
 
+def guard_lines(nodes: list[Node]) -> list[str]:
+    """One line per Alibaba Cloud node whose guards would stop it, for beneath the status table: that stop is ECS's
+    standard mode (plan/guards.py `Guards.then`)."""
+    return [f"{n.name}: its guards' stop is ECS's standard mode: the disk is kept and the compute may go on billing "
+            f"(`gpuprov stop {n.name}` stops in economical mode; `gpuprov down {n.name}` ends the bill)"
+            for n in nodes if n.provider == "alibaba" and n.live
+            and (n.autostop_seconds is not None or n.ttl_deadline is not None)]
+
+
 def _cluster_fields(n: Node) -> dict[str, object]:
     """A cluster (`up --nodes N`): its size and its nodes by rank; a single node has neither."""
     if n.cluster_size is None:
@@ -241,6 +250,8 @@ def _stop_fields(n: Node, now: float) -> dict[str, object]:
     return {
         "spot_type": n.spot_type, "can_stop": n.can_stop or (n.provider in CLOUDS and CLOUDS[n.provider].spot_stops),
         "autostop_action": n.shutdown_action or "terminate",  # nodes launched before stop existed terminate
+        # ECS stops an instance powered off from within in its standard mode: its compute may go on billing
+        **({"autostop_stop_mode": "standard"} if n.provider == "alibaba" else {}),
         "disk_gb": n.disk_gb,
         "storage_usd_month": round(storage.month(n.disk_gb), 2) if n.disk_gb and storage else None,
         "storage_price": {"usd_per_gb_month": storage.usd_per_gb_month, "volume_type": storage.volume_type,
@@ -323,6 +334,8 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
                   f"${budget:.2f} of ${row['budget_usd']:g} left" if isinstance(budget, float) else ""]
         guard = ", ".join(g for g in guards if g)
         guard = f"{guard} → {row['autostop_action']}" if guard else "off"
+        if guard != "off" and row.get("autostop_stop_mode") == "standard":
+            guard += " (standard)"
         if guard != "off" and row["guards_locked_by"]:
             guard += " (locked)"
         price = row["price_usd_hour"]

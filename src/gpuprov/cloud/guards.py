@@ -156,7 +156,8 @@ def _set_autostop(name: str | None, seconds: int | None, store: Store | None, ta
     node = _live_node(name, store, "autostop")
     locked = check_lock(node, "autostop", lock)
     label = name or target.label or target.host
-    script = autostop_script(seconds, shutdown_action=node.shutdown_action if node else None)
+    script = autostop_script(seconds, shutdown_action=node.shutdown_action if node else None,
+                             cloud=node.provider if node else "aws")
     result = _run_guard_step(label, "autostop", script.text, target, settings)
     if node is not None and store is not None:
         store.update_node(node.name, autostop_seconds=seconds, **locked)
@@ -181,7 +182,8 @@ def _set_ttl(name: str | None, seconds: int | None, store: Store | None, target:
     node = _live_node(name, store, "ttl")
     locked = check_lock(node, "ttl", lock)
     label = name or target.label or target.host
-    script = ttl_script(seconds, shutdown_action=node.shutdown_action if node else None)
+    script = ttl_script(seconds, shutdown_action=node.shutdown_action if node else None,
+                        cloud=node.provider if node else "aws")
     started = time.time()
     result = _run_guard_step(label, "ttl", script.text, target, settings)
     if node is not None and store is not None:

@@ -416,7 +416,10 @@ def go_on_after(exc: LaunchError, attempt: Attempt, opts: UpOptions, closed: set
 
 def shutdown_behavior(plan: Plan, market: Market) -> str:
     """The instance's InstanceInitiatedShutdownBehavior, i.e. what the guards' `shutdown` does: a one-time
-    spot instance cannot stop; anything else follows --autostop-action, by default stop (disk kept)."""
+    spot instance cannot stop; anything else follows --autostop-action, by default stop (disk kept). ECS sets none:
+    its instances stop, spot ones too (the plan's shutdown action)."""
+    if plan.request.cloud != "aws":
+        return plan.guards.shutdown_action or "stop"
     if market == "spot" and not plan.request.persistent:
         return "terminate"
     return plan.request.autostop_action or "stop"

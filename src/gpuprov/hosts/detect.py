@@ -13,12 +13,13 @@ whose VPD carries SW_MNG; else the EC2 instance type (IMDSv2) when the catalog m
 
 os-release is read by the shell's own `read` (no subshell). The EC2 instance type comes from IMDSv2, asked only
 where DMI says EC2 (AWS's own test: Nitro's board_asset_tag is the instance id, the system UUID starts with ec2), so
-a host elsewhere never waits on 169.254.169.254. An unknown GPU makes bootstrap ask for `--gpu`; `nvswitch_seen`
-says which evidence found NVSwitch. The facts also carry `ID_LIKE`, the first package manager on PATH, the
-installed driver's version (nvidia-smi, else /proc/driver/nvidia/version) and the `## login` line (root, sudo, or
-neither: plan/noroot.py). GPU names come from nvidia-smi only when it exits 0 (a failing one prints its error on
-stdout), else from lspci. The architecture (`uname -m`) and the CPU (Grace, Graviton, or x86's model name) decide
-which NVIDIA repositories and torch wheels the host's plan takes (sbsa and aarch64 ones on an Arm host).
+a host elsewhere never waits on 169.254.169.254; an ECS instance's from ECS's metadata, where DMI says Alibaba
+Cloud. An unknown GPU makes bootstrap ask for `--gpu`; `nvswitch_seen` says which evidence found NVSwitch. The facts
+also carry `ID_LIKE`, the first package manager on PATH, the installed driver's version (nvidia-smi, else
+/proc/driver/nvidia/version) and the `## login` line (root, sudo, or neither: plan/noroot.py). GPU names come from
+nvidia-smi only when it exits 0 (a failing one prints its error on stdout), else from lspci. The architecture
+(`uname -m`) and the CPU (Grace, Graviton, or x86's model name) decide which NVIDIA repositories and torch wheels
+the host's plan takes (sbsa and aarch64 ones on an Arm host).
 """
 
 from __future__ import annotations
@@ -38,19 +39,26 @@ NVSWITCH_CLASS = "0680"  # "Bridge" (other bridge device): how NVSwitches of HGX
 # instance" (EC2 User Guide): a Nitro instance's board_asset_tag is its instance id, and the
 # system UUID starts with ec2/EC2; a Xen-based one says Xen (its UUID may be little-endian). No DMI at all (a
 # microVM, a container without /sys): no EC2 GPU instance. Bash builtins only; the test hosts' DMI sits under
-# their GPUPROV_SYSROOT, like every path the scripts read.
+# their GPUPROV_SYSROOT, like every path the scripts read. An Alibaba Cloud ECS instance is told the same way, by its
+# DMI (sys_vendor "Alibaba Cloud", product_name "Alibaba Cloud ECS", as hostnamectl shows an ECS instance's), and
+# asked ECS's metadata (100.100.100.200, instance/instance-type, with its token) only then: its type is ecs.….
 IMDS_INSTANCE_TYPE = (
     'echo "## instance-type"; '
-    'dmi="${GPUPROV_SYSROOT:-}/sys/devices/virtual/dmi/id" ec2=""; '
-    "for f in sys_vendor bios_version board_asset_tag product_uuid; do v=\"\"; "
+    'dmi="${GPUPROV_SYSROOT:-}/sys/devices/virtual/dmi/id" ec2="" ecs=""; '
+    "for f in sys_vendor bios_version board_asset_tag product_uuid product_name; do v=\"\"; "
     '[ -r "$dmi/$f" ] && read -r v < "$dmi/$f"; '
     'case "$f=$v" in sys_vendor=Amazon*|sys_vendor=Xen*|bios_version=*amazon*|board_asset_tag=i-*|'
-    "product_uuid=[Ee][Cc]2*) ec2=1 ;; esac; done; "
+    "product_uuid=[Ee][Cc]2*) ec2=1 ;; sys_vendor=Alibaba*|product_name=Alibaba*) ecs=1 ;; esac; done; "
     'if [ -n "$ec2" ] && command -v curl >/dev/null 2>&1; then '
     "t=\"$(curl -fsS --connect-timeout 1 --max-time 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' "
     "http://169.254.169.254/latest/api/token 2>/dev/null || true)\"; "
     "[ -n \"$t\" ] && curl -fsS --connect-timeout 1 --max-time 2 -H \"X-aws-ec2-metadata-token: $t\" "
-    "http://169.254.169.254/latest/meta-data/instance-type 2>/dev/null; echo; fi"
+    "http://169.254.169.254/latest/meta-data/instance-type 2>/dev/null; echo; "
+    'elif [ -n "$ecs" ] && command -v curl >/dev/null 2>&1; then '
+    "t=\"$(curl -fsS --connect-timeout 1 --max-time 2 -X PUT -H 'X-aliyun-ecs-metadata-token-ttl-seconds: 60' "
+    "http://100.100.100.200/latest/api/token 2>/dev/null || true)\"; "
+    "[ -n \"$t\" ] && curl -fsS --connect-timeout 1 --max-time 2 -H \"X-aliyun-ecs-metadata-token: $t\" "
+    "http://100.100.100.200/latest/meta-data/instance/instance-type 2>/dev/null; echo; fi"
 )
 
 # NVSwitch as NVIDIA tells it (NVIDIA/gpu-driver-container nvidia-driver @ 06a208ca: `_assert_nvswitch_system`, a
@@ -192,7 +200,7 @@ class HostFacts(BaseModel):
     source: str  # "nvidia-smi", "lspci" or "none"
     pci_gpu_count: int | None = None  # GPUs on the PCI bus, whatever the driver says; None without lspci
     unknown_pci_ids: list[str] = Field(default_factory=list)  # "10de:xxxx" of GPUs the catalog does not name
-    instance_type: str | None = None  # from IMDSv2 on EC2
+    instance_type: str | None = None  # from IMDSv2 on EC2, from ECS's metadata on Alibaba Cloud (ecs.…)
     nvswitch_seen: list[str] = Field(default_factory=list)  # what showed it: "bridge c5:00.0", "proc 0", "ib mlx5_8", …
     os_like: list[str] = Field(default_factory=list)  # /etc/os-release ID_LIKE: "rhel centos fedora"
     package_manager: str | None = None  # apt-get, dnf, …: the first of those on PATH
@@ -295,7 +303,7 @@ def parse_facts(output: str) -> HostFacts:
     like = next((line.split()[1:] for line in os_lines[1:] if line.startswith("like")), [])
     driver_line = next(iter(sections.get("driver") or []), "")
     driver = re.search(r"(?:^|\s)(\d{3}\.\d+(?:\.\d+)?)(?:\s|$)", driver_line)
-    arch, cpu = cpu_name(sections.get("cpu", []), on_ec2=instance is not None)
+    arch, cpu = cpu_name(sections.get("cpu", []), on_ec2=instance is not None and not instance.startswith("ecs."))
     login = next(iter(sections.get("login") or []), "root")
     home = login.split(" ", 1)[1] if login.startswith("user ") else None
     has_lspci = "lspci" in sections and (bool(pci) or "lspci-missing" not in sections)

@@ -33,7 +33,7 @@ class Planner:
         self.stack_none = book.stack == "none"
         # --keep-driver, or the playbook's `driver: keep`: the host's installed driver is used as it is
         self.keep_driver = keep_driver or book.driver == "keep"
-        self._plans: dict[tuple[str | None, str, bool | None, str | None, str | None, CpuArch], Plan] = {}
+        self._plans: dict[tuple[str | None, str, bool | None, str | None, str | None, CpuArch, str | None], Plan] = {}
         self._lock = threading.Lock()
 
     def __call__(self, target: Target, facts: HostFacts) -> Plan:
@@ -69,8 +69,10 @@ class Planner:
             raise UserInputError(target.name, f"an {facts.arch} host; NVIDIA's repositories and gpuprov's "
                                  "steps are for x86_64 and aarch64 hosts; nothing was installed", "pick another host")
         arch: CpuArch | None = "aarch64" if facts.arch == "aarch64" else "x86_64" if facts.arch else None
+        # an ECS instance (its type read from ECS's metadata) has its interrupt watch read ECS's notice
+        notice = "alibaba" if (facts.instance_type or "").startswith("ecs.") else None
         return self._plan(wanted or detected, os_used or "linux", True if facts.nvswitch else None, kept, facts.home,
-                          arch)
+                          arch, notice)
 
     @staticmethod
     def _kept_driver(target: Target, facts: HostFacts) -> str:
@@ -100,19 +102,20 @@ class Planner:
             return None
 
     def _plan(self, gpu: str | None, os_used: str, nvswitch: bool | None, kept: str | None = None,
-              home: str | None = None, arch: CpuArch | None = None) -> Plan:
-        """`arch`: the host's own (its facts); None: the GPU's only one (GH200: aarch64), else x86_64."""
+              home: str | None = None, arch: CpuArch | None = None, notice: str | None = None) -> Plan:
+        """`arch`: the host's own (its facts); None: the GPU's only one (GH200: aarch64), else x86_64. `notice`: the
+        cloud whose interruption notice the host's watch reads (None: AWS's)."""
         from gpuprov.plan.plan import make_host_plan
 
         if arch is None:
             arch = gpu_arch(gpu)
-        key = (gpu, os_used, nvswitch, kept, home, arch)
+        key = (gpu, os_used, nvswitch, kept, home, arch, notice)
         with self._lock:
             if key not in self._plans:
                 self._plans[key] = make_host_plan(gpu, self.playbook, os_used, self.pins, nvswitch=nvswitch,
                                                   guard=self.guard, jupyter=self.jupyter, monitoring=self.monitoring,
                                                   kept_driver=kept, docker=self.docker, home=home,
-                                                  sources_flag=self.sources, arch=arch)
+                                                  sources_flag=self.sources, arch=arch, notice_cloud=notice)
             return self._plans[key]
 
 

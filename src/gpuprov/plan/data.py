@@ -55,6 +55,9 @@ def _side(value: str) -> str:
         if ".." in bucket:
             raise ValueError(f"{value!r}: a bucket name has no '..'")
         return value
+    if value.startswith("oss://"):  # Alibaba Cloud's Object Storage Service: no ossutil step yet
+        raise ValueError(f"{value!r}: gpuprov moves data with S3 only for now (oss:// is not read); "
+                         "an s3://BUCKET/PREFIX or an absolute path on the node")
     if not value.startswith("/") or "\n" in value or "\x00" in value:
         raise ValueError(f"{value!r} is neither s3://BUCKET/PREFIX nor an absolute path on the node")
     if ".." in value.split("/"):

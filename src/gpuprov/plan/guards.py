@@ -8,19 +8,47 @@ to :22; its config in /etc/gpuprov/autostop.conf), `ttl-check` (the deadline is 
 the step runs, in /var/lib/gpuprov/ttl-deadline, so scripts render deterministically; `gpuprov ttl` renders the
 step with `reset` for a new deadline, or without a TTL to remove it; a machine booted after its deadline passed
 gets a new one, one TTL after that boot, instead of shutting down at once) and `interrupt-watch` (IMDSv2 token +
-`spot/instance-action` every 5 s; the hook runs once per notice; with a Capacity Block, BLOCK_WARN_SECONDS before its end
-it `wall`s and runs the hook once). Each reads GPUPROV_NOW as its clock, so tests never sleep. The guards call
-`shutdown`; what that does to a launched node is its InstanceInitiatedShutdownBehavior, set at launch to the
-node's shutdown action (the rendered steps say which).
+`spot/instance-action` every 5 s on AWS, ECS's `instance/spot/termination-time` on Alibaba Cloud (`NOTICES`); the
+hook runs once per notice; with a Capacity Block, BLOCK_WARN_SECONDS before its end it `wall`s and runs the hook
+once). Each reads GPUPROV_NOW as its clock, so tests never sleep. The guards call `shutdown`; what that does to a
+launched node is its cloud's: on AWS its InstanceInitiatedShutdownBehavior, set at launch to the node's shutdown
+action; on Alibaba Cloud the instance stops in ECS's standard mode, whose compute may still be billed (`then` says
+which, and the rendered steps with it).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 DEFAULT_METADATA_URL = "http://169.254.169.254"
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Where a cloud's node reads its spot interruption notice, and how long it has to act on it."""
+
+    metadata_url: str
+    path: str  # under the metadata URL: 404 while nothing is scheduled, 200 with the notice once it is
+    hook_timeout: int  # seconds the hook and the interrupt saves share, inside the notice's warning
+    warning: str  # how far ahead the notice comes, in words
+
+
+# EC2 guide, "Spot Instance interruption notices": IMDSv2's spot/instance-action, {"action": ..., "time": ...}, two
+# minutes ahead; poll every 5 s.
+# ECS guide, "Detect and respond to spot instance interruption events" (alibabacloud.com/help/ja/ecs/user-guide/
+# best-practices-for-preemptible-instances): instance/spot/termination-time at 100.100.100.200 answers 404 while no
+# reclaim is scheduled, else the UTC time of the reclaim (2015-01-05T18:02:00Z); a token from PUT /latest/api/token
+# (X-aliyun-ecs-metadata-token-ttl-seconds) is sent as X-aliyun-ecs-metadata-token, which the hardened mode
+# requires. "ECS updates the instance metadata five minutes before ECS releases a preemptible instance" ("Create a
+# preemptible instance", help/en/ecs/user-guide/create-a-preemptible-instance).
+NOTICES = {
+    "aws": Notice(DEFAULT_METADATA_URL, "/latest/meta-data/spot/instance-action", 100, "two minutes"),
+    "alibaba": Notice("http://100.100.100.200", "/latest/meta-data/instance/spot/termination-time", 240,
+                      "five minutes"),
+}
 
 
 # EC2 guide, "Capacity Blocks" (capacity-blocks-using): "Thirty minutes before the reservation expires, we begin to
@@ -35,7 +63,7 @@ class Guards(BaseModel):
 
     autostop: shut down after this many seconds with every GPU below `idle_threshold_pct` and no
     SSH session. ttl: shut down this many seconds after the guard step first ran. interrupt:
-    poll IMDSv2 for a spot interruption notice and run `on_interrupt` once per notice.
+    poll the cloud's metadata service for a spot interruption notice and run `on_interrupt` once per notice.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -50,6 +78,8 @@ class Guards(BaseModel):
     # what a shutdown by a guard does to a node gpuprov launched (its InstanceInitiatedShutdownBehavior):
     # "stop" keeps the disk, "terminate" ends everything; None: a host gpuprov did not launch (it powers off)
     shutdown_action: Literal["stop", "terminate"] | None = None
+    # the node's cloud: whose interruption notice the watch reads (NOTICES) and what a shutdown does to it
+    cloud: Literal["aws", "alibaba"] = "aws"
     budget_usd: float | None = None  # the TTL is this budget at `budget_price` $/h when that is the sooner
     budget_price: float | None = None
     # a Capacity Block's end (epoch seconds): the interrupt watch runs the hook BLOCK_WARN_SECONDS before it
@@ -66,8 +96,20 @@ class Guards(BaseModel):
         return BLOCK_WARN_SECONDS
 
     @property
+    def notice(self) -> Notice:
+        return NOTICES[self.cloud]
+
+    @property
     def then(self) -> str:
         """What the guards' shutdown does, in words."""
+        if self.cloud == "alibaba" and self.shutdown_action is not None:
+            # ECS guide, "Economical mode" (help/en/ecs/user-guide/economical-mode): compute stops billing when an
+            # instance is stopped in economical mode, which StopInstances' StoppedMode (StopCharging) or the
+            # console's Stop dialog asks for; neither names a stop from within the OS, and nothing on the node can
+            # call them (it holds no credentials)
+            return ("the instance stops in ECS's standard mode: its disk is kept and its compute may go on billing "
+                    "(economical mode comes only with a stop asked of ECS's API, as `gpuprov stop` asks; "
+                    "`gpuprov down` ends the bill)")
         return {"stop": "the instance stops (its disk is kept)",
                 "terminate": "the instance terminates (its disk goes with it)"}.get(self.shutdown_action or "",
                                                                                      "the machine powers off")

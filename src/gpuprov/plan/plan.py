@@ -6,9 +6,10 @@ cannot say one thing and do another.
 A `NodeRequest` becomes the instance choice (cheapest first), the stack, `Guards` and the ordered `StepPlan`s:
 guards first, then the driver stack, the env, the playbook's steps, jupyter, verify. `Guards.shutdown_action` is
 what the guards' `shutdown` does to a launched node (stop, unless it is a one-time spot node or `--autostop-action
-terminate`; `--autostop-action stop` on one-time spot is refused). `with_budget` turns `--budget` into the TTL at
-a price (the plan's list price, or in `up` the price obtained at launch); `replace_guards` swaps the guard steps;
-`autostop_script` / `ttl_script` render one guard step alone for `gpuprov autostop` / `gpuprov ttl`.
+terminate`; `--autostop-action stop` on one-time spot is refused; on Alibaba Cloud always stop, as ECS does).
+`with_budget` turns `--budget` into the TTL at a price (the plan's list price, or in `up` the price obtained at
+launch); `replace_guards` swaps the guard steps; `autostop_script` / `ttl_script` render one guard step alone for
+`gpuprov autostop` / `gpuprov ttl`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from gpuprov.plan.budget import budget_seconds, check_budget
 from gpuprov.plan.data import data_steps, saves_on
 
 # the guards' model and the block-end warning live in plan/guards.py (this module passed 500 lines); named here too
-from gpuprov.plan.guards import BLOCK_WARN_SECONDS, DEFAULT_METADATA_URL, Guards  # noqa: F401
+from gpuprov.plan.guards import BLOCK_WARN_SECONDS, DEFAULT_METADATA_URL, NOTICES, Guards  # noqa: F401
 from gpuprov.plan.monitoring import Monitoring, monitoring_steps
 from gpuprov.plan.monitoring import summary as monitoring_summary
 from gpuprov.plan.render import STATE_DIR, Bundle, Script, StepPlan, render_steps
@@ -209,7 +210,7 @@ class Plan:
             "steps": [{"name": s.name, "kind": s.kind, "summary": s.summary} for s in self.steps],
             "sources": self.step_sources(),
             "data": [d.summary() for d in self.playbook.data],
-            "guards": self.guards.model_dump(mode="json"),
+            "guards": self.guards.model_dump(mode="json", exclude={"cloud"} if self.guards.cloud == "aws" else None),
             "monitoring": monitoring_summary(self.request.monitoring, self.request.os),
             "unverified": list(self.unverified),
             **({"no_root": {"home": self.home, "skipped": [{"name": n, "why": w} for n, w in self.skipped]}}
@@ -269,11 +270,15 @@ def guards_for(request: NodeRequest, playbook: Playbook, launched: bool = False)
     """The guard settings from flags and the playbook (the flag's hook wins over the playbook's)."""
     hook = request.on_interrupt or playbook.on_interrupt
     save = bool(saves_on(playbook.data, "interrupt"))  # a checkpoint to save on the notice: the watch runs for it
+    # the watch reads the notice of the node's cloud (NOTICES); on a cloud without one make_plan refused a hook or a
+    # save before this, and a spot node there has no watch
+    noticed = request.cloud in NOTICES
+    cloud = _cloud(request.cloud)
     guards = Guards(autostop_seconds=request.autostop_seconds, ttl_seconds=request.ttl_seconds,
-                    # the watch reads AWS's notice: on another cloud make_plan refuses a hook or save before this
-                    interrupt_watch=bool((request.spot and request.cloud == "aws") or hook or save), on_interrupt=hook,
+                    interrupt_watch=bool((request.spot and noticed) or hook or save), on_interrupt=hook,
                     save_on_interrupt=save,
-                    shutdown_action=shutdown_action(request) if launched else None)
+                    shutdown_action=shutdown_action(request) if launched else None,
+                    cloud=cloud, metadata_url=NOTICES[cloud].metadata_url)  # type: ignore[arg-type]
     return guards
 
 
@@ -281,6 +286,14 @@ def shutdown_action(request: NodeRequest) -> Literal["stop", "terminate"]:
     """What a shutdown on the node does: stop (disk kept) for nodes that can stop, else terminate."""
     if request.persistent and not request.spot:
         raise UserInputError("--persistent", "applies to spot requests only", "add --spot, or drop --persistent")
+    if request.cloud == "alibaba":
+        # ECS has no shutdown behaviour to set: an instance powered off from within stops, a spot one too, and nothing
+        # on the node can release it (Guards.then says what the stop bills)
+        if request.autostop_action == "terminate":
+            raise UserInputError("--autostop-action", "terminate: an ECS instance powered off from within stops, and "
+                                 "nothing on the node can release it", "--autostop-action stop (Alibaba Cloud's only "
+                                 "one), and `gpuprov down NAME` to release the node")
+        return "stop"
     if request.autostop_action == "stop" and not request.can_stop:
         raise UserInputError("--autostop-action", "a one-time spot instance cannot stop (EC2 refuses to stop it)",
                              "add --persistent (a persistent spot request that stops instead of terminating), "
@@ -330,9 +343,11 @@ def guard_steps(guards: Guards, cpu_only: bool = False) -> list[StepPlan]:
             hook += ", then saves the data: uploads (save-data interrupt)"
         block = (f"; {BLOCK_WARN_SECONDS // 60} min before its Capacity Block ends (EC2 ends its instances 30 min "
                  "before) it warns and does the same" if guards.block_end is not None else "")
+        watch = ("IMDSv2 spot/instance-action" if guards.cloud == "aws" else
+                 f"ECS metadata instance/spot/termination-time (set {guards.notice.warning} ahead)")
         steps.append(StepPlan(
             "spot-interrupt", "guard_interrupt.sh.j2", "guard",
-            f"watch IMDSv2 spot/instance-action every 5s; on a notice {hook}{block} (gpuprov-interrupt.service)",
+            f"watch {watch} every 5s; on a notice {hook}{block} (gpuprov-interrupt.service)",
             (("guards", guards),),
         ))
     return steps
@@ -366,19 +381,26 @@ def ttl_step(guards: Guards, reset: bool = False) -> StepPlan:
     return StepPlan("ttl", "guard_ttl.sh.j2", "guard", what, (("guards", guards), ("reset", reset)))
 
 
-def autostop_script(seconds: int | None, idle_threshold_pct: int = 10, shutdown_action: str | None = None) -> Script:
-    """The autostop step alone (what `gpuprov autostop NAME 2h|off` runs on a live node)."""
+def autostop_script(seconds: int | None, idle_threshold_pct: int = 10, shutdown_action: str | None = None,
+                    cloud: str = "aws") -> Script:
+    """The autostop step alone (what `gpuprov autostop NAME 2h|off` runs on a live node of `cloud`)."""
     guards = Guards(autostop_seconds=seconds, idle_threshold_pct=idle_threshold_pct,
-                    shutdown_action=shutdown_action)  # type: ignore[arg-type]
+                    shutdown_action=shutdown_action, cloud=_cloud(cloud))  # type: ignore[arg-type]
     (script,) = render_steps((autostop_step(guards),), {}, {}).scripts
     return script
 
 
-def ttl_script(seconds: int | None, shutdown_action: str | None = None) -> Script:
-    """The TTL step alone (what `gpuprov ttl NAME 4h|off` runs): a new deadline from now, or none."""
-    guards = Guards(ttl_seconds=seconds, shutdown_action=shutdown_action)  # type: ignore[arg-type]
+def ttl_script(seconds: int | None, shutdown_action: str | None = None, cloud: str = "aws") -> Script:
+    """The TTL step alone (what `gpuprov ttl NAME 4h|off` runs on a node of `cloud`): a new deadline from now, or
+    none."""
+    guards = Guards(ttl_seconds=seconds, shutdown_action=shutdown_action, cloud=_cloud(cloud))  # type: ignore[arg-type]
     (script,) = render_steps((ttl_step(guards, reset=True),), {}, {}).scripts
     return script
+
+
+def _cloud(name: str) -> str:
+    """A node's recorded cloud as the guards know it (a host's or an unknown one's guards are AWS's wording)."""
+    return name if name in NOTICES else "aws"
 
 
 def steps_for(
@@ -546,8 +568,8 @@ def refuse_unpriced(cat: catalog.Catalog, field: str) -> None:
 
 
 def refuse_interrupt_watch(request: NodeRequest, playbook: Playbook, cat: catalog.Catalog) -> None:
-    """The interruption watch reads AWS's notice only: on another cloud a hook or a save on the notice is refused
-    (a spot node there runs no watch)."""
+    """The interruption watch reads the notices of the clouds in NOTICES: on another cloud a hook or a save on the
+    notice is refused (a spot node there runs no watch)."""
     if request.on_interrupt or playbook.on_interrupt or saves_on(playbook.data, "interrupt"):
         field = "--on-interrupt" if request.on_interrupt else playbook.where("on_interrupt" if playbook.on_interrupt
                                                                              else "data") or "--playbook"
@@ -599,7 +621,7 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
                              "node gpuprov launches has none to keep", "bootstrap the host with it, or use a "
                              "playbook that installs the driver")
     request = request.model_copy(update={"monitoring": with_monitoring(request.monitoring, playbook)})
-    if cat.cloud != "aws":
+    if cat.cloud not in NOTICES:
         refuse_interrupt_watch(request, playbook, cat)
     where_from = effective_sources(request, playbook)
     stack = with_sources(resolve_stack(playbook, gpu, request.os, request.pins, instance.nvswitch, cpu_arch=arch,
@@ -613,13 +635,18 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
 
 
 def effective_sources(request: NodeRequest, playbook: Playbook) -> Effective:
-    """Where the node downloads from: --sources over the playbook's `sources:` over config.toml's [sources]."""
+    """Where the node downloads from: --sources over the playbook's `sources:` over config.toml's [sources]; where
+    none of them is set, the node's cloud's own mirror (sources.CLOUD_DEFAULTS), else the origins."""
     from gpuprov.paths import config_path
     from gpuprov.plan import config
 
-    return sources.effective((config.load().sources, f"{config_path()}: [sources]"),
-                             (playbook.sources, playbook.where("sources") or f"playbook {playbook.name}: sources"),
-                             (request.sources, request.sources_from))
+    layers = [(config.load().sources, f"{config_path()}: [sources]"),
+              (playbook.sources, playbook.where("sources") or f"playbook {playbook.name}: sources"),
+              (request.sources, request.sources_from)]
+    # a layer named, even empty (`[sources]` alone keeps the origins), is the user's choice over the cloud's
+    if all(layer is None for layer, _ in layers) and (default := sources.cloud_default(request.cloud)) is not None:
+        layers.insert(0, default)
+    return sources.effective(*layers)
 
 
 def with_sources(stack: Stack | None, where_from: Effective) -> Stack | None:
@@ -679,10 +706,11 @@ def make_host_plan(
     gpu_name: str | None, playbook_name: str, os_name: str, pins: StackPins, nvswitch: bool | None = None,
     guard: GuardRequest | None = None, jupyter: bool = False, monitoring: Monitoring | None = None,
     kept_driver: str | None = None, docker: bool = False, home: str | None = None, arch: CpuArch = "x86_64",
-    sources_flag: tuple[Sources, str] | None = None,
+    sources_flag: tuple[Sources, str] | None = None, notice_cloud: str | None = None,
 ) -> Plan:
     """The plan for an existing host: no instance type; Fabric Manager follows what the host has; `kept_driver`
-    the host's installed driver when it keeps it (--keep-driver, `driver: keep`).
+    the host's installed driver when it keeps it (--keep-driver, `driver: keep`); `notice_cloud` the cloud whose
+    interruption notice its watch reads (an ECS instance's facts say alibaba; None: AWS's).
 
     :param nvswitch: True when the host showed NVSwitch devices; None installs Fabric Manager only
         if the host turns out to have them.
@@ -714,6 +742,8 @@ def make_host_plan(
     where_from = effective_sources(request, playbook)
     stack = with_sources(stack, where_from)
     guards = guards_for(request, playbook)
+    if notice_cloud in NOTICES:
+        guards = guards.model_copy(update={"cloud": notice_cloud, "metadata_url": NOTICES[notice_cloud].metadata_url})
     # the GPU count the watch expects: the one the command line or inventory says (`--gpu A100:8`), else the one
     # the watch sees at its first look on the node
     if home is not None and playbook.env is not None:

@@ -221,6 +221,22 @@ def presets() -> dict[str, _Preset]:
     return out
 
 
+# The preset a node of a cloud downloads through when neither --sources, a playbook's `sources:` nor config.toml's
+# [sources] names a map: on Alibaba Cloud its internal mirror for VPC instances (gpuprov launches into a VPC), which
+# spends no public bandwidth. A map the user names replaces it whole.
+CLOUD_DEFAULTS = {"alibaba": ("cn-aliyun-vpc", "Alibaba Cloud")}
+# `--sources origins`: a map that sets no key, so every download comes from its origin, a cloud's default mirror too
+ORIGINS = "origins"
+
+
+def cloud_default(cloud: str) -> tuple[Sources, str] | None:
+    """The default layer of a node on `cloud` (with where it was set), or None: the origins."""
+    if cloud not in CLOUD_DEFAULTS:
+        return None
+    name, title = CLOUD_DEFAULTS[cloud]
+    return presets()[name].urls, f"{name} (the default on {title})"
+
+
 @cache
 def pinned_keys() -> dict[str, tuple[str, ...]]:
     """The origins' signing keys (primary key fingerprints) per key of the map, as data/sources.yaml pins them."""

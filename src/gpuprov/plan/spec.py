@@ -363,13 +363,17 @@ def _model_in(annotation: Any) -> Any:
 
 
 def load_sources(value: str, field: str = "--sources") -> tuple[Sources, str]:
-    """`--sources FILE|PRESET`: a preset's name, or a YAML file of the map's keys; with where to blame it."""
+    """`--sources FILE|PRESET`: a preset's name, `origins` (no key set), or a YAML file of the map's keys; with where
+    to blame it."""
+    if value == sources.ORIGINS:
+        return Sources(), f"{field} {value}"
     if value in sources.presets():
         return sources.presets()[value].urls, f"{field} {value}"
     path = Path(value)
     if not path.is_file():
         raise UserInputError(field, f"{value!r} is neither a preset nor a file",
-                             f"presets: {', '.join(sources.presets())}; or a YAML file with keys {', '.join(sources.KEYS)}")
+                             f"presets: {', '.join(sources.presets())}, or {sources.ORIGINS}; or a YAML file with keys "
+                             f"{', '.join(sources.KEYS)}")
     return load_model(read_text_file(path, field, "sources file"), Sources, str(path), field), f"{field} {path}"
 
 
