@@ -122,11 +122,7 @@ def host_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 
 from tests.alibaba.cli import ali_env  # noqa: E402,F401  (the CLI's environment for the ECS imitation)
-from tests.alibaba.inprocess import (  # noqa: E402,F401  (... and its Alibaba Cloud)
-    ali_cli,
-    alibaba,
-    ecs_cloud,
-)
+from tests.alibaba.inprocess import alibaba, ecs_cloud  # noqa: E402,F401  (... and its Alibaba Cloud)
 from tests.alibaba.inprocess_cli import ecs_cli  # noqa: E402,F401  (... through the CLI, in this process)
 from tests.aws.cli import env  # noqa: E402,F401  (pytest fixture: the CLI's environment for the fake AWS)
 from tests.aws.fixture import aws, aws_endpoint  # noqa: E402,F401  (pytest fixtures)
