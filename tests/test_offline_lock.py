@@ -14,6 +14,7 @@ venv in tmp. Fast lane: CliRunner, local HTTP servers, gpg, pip and bash.
 from __future__ import annotations
 
 import hashlib
+import json
 import venv
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,11 +105,12 @@ def locked_bundle(sites: tuple[str, str], locked_facts: Path, aux: str, tmp_path
     return tmp_path / "bundle"
 
 
-def test_the_offline_torch_step_installs_the_bundles_locked_wheels_and_refuses_one_swapped_in_it(
+def test_the_offline_torch_step_installs_the_bundles_locked_wheels_and_refuses_one_changed_in_it(
         locked_bundle: Path, sites: tuple[str, str], tmp_path: Path) -> None:  # noqa: F811
     """The rendered step, with the bundle at its place on a host (here the bundle's own folder), run with real pip
     into a venv: a filelock wheel swapped in the bundle (the mirror's, under the same name) is refused by pip,
-    naming it, with nothing installed; the bundle's own installs torch. uv's step: the same flags, shellcheck clean."""
+    naming it, with nothing installed; the bundle's own installs torch. uv's step: the same flags, shellcheck clean.
+    And `bootstrap --offline` refuses, before any host, a manifest whose locked wheel is not its lock's."""
     import urllib.request
 
     manifest = offline.load(locked_bundle)
@@ -147,20 +149,16 @@ def test_the_offline_torch_step_installs_the_bundles_locked_wheels_and_refuses_o
     assert good.returncode == 0 and good.stdout.strip().endswith("GPUPROV_RESULT=changed"), good.stderr[-3000:]
     assert f"installed torch {TORCH}" in good.stderr
 
-
-def test_bootstrap_offline_refuses_a_bundle_whose_wheels_are_not_its_locks(locked_bundle: Path) -> None:
-    """Before any host: a bundle whose manifest holds a locked wheel with another sha256 than its lock's (the
-    bundle and its manifest changed after it was made) is refused naming the wheel, as a missing item is."""
-    import json
-
-    path = locked_bundle / offline.MANIFEST
-    data = json.loads(path.read_text())
+    # before any host: a manifest made to hold the swapped wheel's sha256 (the bundle and its manifest changed after
+    # it was made) is refused naming the wheel, as a missing item is
+    data = json.loads((locked_bundle / offline.MANIFEST).read_text())
     for item in data["items"]:
         if item["kind"] == "wheel" and item["name"] == "filelock":
             item["sha256"] = "0" * 64
-    path.write_text(json.dumps(data))
-    result = CliRunner().invoke(main, ["bootstrap", "root@127.0.0.1:1", "--gpu", "L4", "-p", "pytorch", "--python",
-                                       LOCAL_PYTHON, "--offline", str(locked_bundle)])
-    assert result.exit_code == 2, result.output
-    assert result.output.startswith("error: --offline: the bundle lacks what the plan needs: wheel filelock==3.20.0 "
-                                    "with its lock's sha256 (step pytorch)"), result.output
+    (locked_bundle / offline.MANIFEST).write_text(json.dumps(data))
+    refused = CliRunner().invoke(main, ["bootstrap", "root@127.0.0.1:1", "--gpu", "L4", "-p", "pytorch", "--python",
+                                        LOCAL_PYTHON, "--offline", str(locked_bundle)])
+    assert refused.exit_code == 2, refused.output
+    assert refused.output.startswith("error: --offline: the bundle lacks what the plan needs: wheel filelock==3.20.0 "
+                                     "with its lock's sha256 (step pytorch)"), refused.output
+
