@@ -106,7 +106,8 @@ def locked_bundle(sites: tuple[str, str], locked_facts: Path, aux: str, tmp_path
 
 
 def test_the_offline_torch_step_installs_the_bundles_locked_wheels_and_refuses_one_changed_in_it(
-        locked_bundle: Path, sites: tuple[str, str], tmp_path: Path) -> None:  # noqa: F811
+        locked_bundle: Path, sites: tuple[str, str], locked_facts: Path, tmp_path: Path,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The rendered step, with the bundle at its place on a host (here the bundle's own folder), run with real pip
     into a venv: a filelock wheel swapped in the bundle (the mirror's, under the same name) is refused by pip,
     naming it, with nothing installed; the bundle's own installs torch. uv's step: the same flags, shellcheck clean.
@@ -114,6 +115,10 @@ def test_the_offline_torch_step_installs_the_bundles_locked_wheels_and_refuses_o
     import urllib.request
 
     manifest = offline.load(locked_bundle)
+    # the machine that bootstraps holds no lock: the step is pinned by the bundle's own
+    (tmp_path / "no-locks").mkdir()
+    (tmp_path / "no-locks" / "installers.yaml").write_text((locked_facts / "installers.yaml").read_text())
+    monkeypatch.setenv("GPUPROV_FACTS_DIR", str(tmp_path / "no-locks"))
     playbook = tmp_path / "locked.yml"
     playbook.write_text(PLAYBOOK)  # conda's env installs with the env's own pip
     steps = {}
