@@ -271,13 +271,13 @@ class _OfflinePlans:
         self._lock = threading.Lock()
 
     def __call__(self, target: Target, facts: HostFacts) -> Plan:
-        from gpuprov.plan.offline import check, offline_sources
+        from gpuprov.plan.offline import check, for_bundle
 
         plan = self.inner(target, facts)
         check(plan, self.manifest, f"--offline {self.folder}")
         with self._lock:
             if id(plan) not in self._made:
-                self._made[id(plan)] = (plan, dataclasses.replace(plan, sources=offline_sources(plan.sources)))
+                self._made[id(plan)] = (plan, for_bundle(plan, self.manifest))
             return self._made[id(plan)][1]
 
 

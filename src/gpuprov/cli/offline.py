@@ -332,8 +332,9 @@ def bundle(gpu: str, arch: str | None, offline: bool, out: str, as_json: bool, *
 
     On a connected machine, for the plan `bootstrap --gpu … --os … -p …` makes for a host: NVIDIA's driver,
     Fabric Manager and toolkit packages with their dependencies (checked against the repository's signed index,
-    which is copied with them), the wheels for the target's Python and CPU (pip download), the installers, and
-    DIR/manifest.json (each file, its sha256, where it came from, the plan it serves).
+    which is copied with them), the wheels for the target's Python and CPU (pip download; torch's exactly as the
+    wheel lock `gpuprov facts refresh` made pins them, by sha256, where one fits), the installers, and
+    DIR/manifest.json (each file, its sha256, where it came from, the plan it serves, the wheel lock).
     """
     from pathlib import Path
 
@@ -359,15 +360,20 @@ def bundle(gpu: str, arch: str | None, offline: bool, out: str, as_json: bool, *
     from gpuprov.plan.offline import Kind
 
     kinds = {k: sum(1 for i in manifest.items if i.kind == k) for k in get_args(Kind)}
+    # torch's wheels: pinned by the lock they were downloaded by, or said not to be (the plan's words)
+    wheels = the_plan.wheels if "torch" in manifest.names("wheel") else None
     if as_json:
         click.echo(json.dumps({"folder": str(Path(out).resolve()), "plan": manifest.plan.model_dump(mode="json"),
-                               "files": kinds, "bytes": total, "from_os": result.from_os}, indent=2))
+                               "files": kinds, "bytes": total, "from_os": result.from_os, "wheels": wheels},
+                              indent=2))
         return
     click.echo(f"wrote {len(manifest.items)} files ({total / 2**20:,.1f} MiB: {kinds['package']} packages, "
                f"{kinds['wheel']} wheels, {kinds['installer']} installers, {kinds['python']} Python builds) and "
                f"manifest.json to {Path(out).resolve()}")
     if result.from_os:
         click.echo(f"from the OS's own repositories (not bundled): {', '.join(result.from_os)}")
+    if wheels:
+        click.echo(f"wheels: {wheels}")
 
 
 def _image_choice(plan: Plan, image: str | None) -> ImageChoice:

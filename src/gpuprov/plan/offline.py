@@ -9,6 +9,8 @@ A bundle is a folder:
                                   Release + Release.gpg, Packages) copied whole, and the packages the plan installs
                                   with their dependencies (dnf: repodata/ and the rpms)
     wheels/                       the wheels for the target's Python and platform (pip download)
+    wheel-lock.txt                where a wheel lock fits the plan (plan/wheel_lock.py): torch's closure pinned by
+                                  version and sha256 as the origin index lists them, as a requirements file
     installers/                   the pinned Miniforge release (uv comes as its wheel)
     python/{release}/             the plan's CPython from python-build-standalone (a uv env), as the release names it,
                                   for a host without that Python: uv installs it from there (UV_PYTHON_INSTALL_MIRROR)
@@ -17,7 +19,10 @@ On the host the folder is OFFLINE_DIR, and the plan's sources map points `nvidia
 installs NVIDIA's cuda-keyring from it, and apt or dnf read the repository there as they read NVIDIA's own, checking
 the copied signed index against NVIDIA's signing key. So a bundle, like a mirror, cannot change what is installed: a
 package whose bytes differ from the signed index's sha256 is refused by apt or dnf on the host. Python's installs run
-with `--no-index --find-links` on wheels/ (PIP_NO_INDEX, UV_NO_INDEX), so nothing is fetched from an index.
+with `--no-index --find-links` on wheels/ (PIP_NO_INDEX, UV_NO_INDEX), so nothing is fetched from an index. Where
+the bundle was made with a wheel lock, `bundle` downloaded exactly the locked wheels in pip's hash-checking mode, the
+manifest names the lock (which, read from where and when), and the torch step installs them with `--require-hashes
+-r wheel-lock.txt`: a wheel changed in the bundle after it was made is refused by pip on the host, as a mirror's is.
 
 `check` refuses a plan that needs what the bundle lacks, naming each missing item, before anything is pushed.
 """
@@ -33,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuprov.errors import UserInputError
 from gpuprov.plan.sources import Effective
+from gpuprov.plan.wheel_lock import WheelLock
 
 if TYPE_CHECKING:
     from gpuprov.plan.plan import Plan
@@ -40,8 +46,9 @@ if TYPE_CHECKING:
 MANIFEST = "manifest.json"
 FORMAT = 1
 OFFLINE_DIR = "/var/lib/gpuprov/offline"  # where bootstrap --offline puts the bundle on a host
+LOCK_FILE = "wheel-lock.txt"  # the wheel lock's requirements file, in the bundle's folder
 
-Kind = Literal["package", "index", "wheel", "installer", "python"]
+Kind = Literal["package", "index", "wheel", "installer", "python", "lock"]
 
 
 class Item(BaseModel):
@@ -79,6 +86,7 @@ class Manifest(BaseModel):
     format: int = FORMAT
     plan: Served
     items: tuple[Item, ...] = ()
+    lock: WheelLock | None = None  # the lock the wheels were downloaded by (its file: LOCK_FILE); None: not pinned
 
     def names(self, kind: Kind) -> set[str]:
         return {normal(i.name) if kind == "wheel" else i.name for i in self.items if i.kind == kind}
@@ -204,10 +212,29 @@ def missing(plan: Plan, manifest: Manifest) -> list[str]:
         have = manifest.names(need.kind)
         if (normal(need.name) if need.kind == "wheel" else need.name) not in have:
             out.append(f"{need.kind} {need.spec} (step {need.step})")
+    out += _unlocked(plan, manifest)
     repo = served(plan).repo
     indexed = any(i.kind == "index" and i.path.startswith(f"{repo}/") for i in manifest.items)
     if repo and any(n.kind == "package" for n in needs(plan)) and not indexed:
         out.append(f"NVIDIA's signed repository index {repo}/ (step nvidia-driver)")
+    return out
+
+
+def _unlocked(plan: Plan, manifest: Manifest) -> list[str]:
+    """Where the bundle's wheels are pinned by a lock: a lock that installs another torch than the plan's, and each
+    locked wheel the bundle lacks or holds with another sha256 than its lock's (a bundle changed after it was made)."""
+    lock, torch = manifest.lock, plan.stack.torch if plan.stack is not None else None
+    if lock is None or torch is None or not any(s.name == "pytorch" for s in plan.steps):
+        return []
+    python = plan.stack.python if plan.stack is not None else ""
+    if not lock.fits(torch.version, torch.variant, python, plan.arch):
+        return [f"wheels locked for torch {torch.requirement} {torch.variant}, Python {python}, {plan.arch} "
+                f"(the bundle's lock is {lock.short}) (step pytorch)"]
+    held = {(normal(i.name), i.version): i.sha256 for i in manifest.items if i.kind == "wheel"}
+    out = [f"wheel {w.name}=={w.version} with its lock's sha256 (step pytorch)" for w in lock.wheels
+           if held.get((normal(w.name), w.version)) != w.sha256]
+    if not any(i.kind == "lock" and i.path == LOCK_FILE for i in manifest.items):
+        out.append(f"the wheel lock {LOCK_FILE} (step pytorch)")
     return out
 
 
@@ -229,3 +256,13 @@ def offline_sources(effective: Effective, folder: str = OFFLINE_DIR) -> Effectiv
     urls = {**effective.urls, "nvidia": f"file://{folder}/nvidia", "miniforge": f"file://{folder}/installers"}
     origins = {**effective.origins, **dict.fromkeys(("nvidia", "miniforge"), "--offline")}
     return replace(effective, urls=urls, origins=origins, offline=folder)
+
+
+def for_bundle(plan: Plan, manifest: Manifest, folder: str = OFFLINE_DIR) -> Plan:
+    """The plan a host with the bundle at `folder` runs: its map on the bundle (offline_sources), and torch's
+    wheels pinned by the bundle's own lock, or by none where the bundle was made without one (the lock this
+    machine's facts hold may be another: the bundle holds the wheels its lock names)."""
+    stack = plan.stack
+    if stack is not None and stack.torch is not None:
+        stack = stack.model_copy(update={"torch": stack.torch.model_copy(update={"lock": manifest.lock})})
+    return replace(plan, sources=offline_sources(plan.sources, folder), stack=stack)

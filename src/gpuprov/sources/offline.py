@@ -10,6 +10,10 @@ route out (plan/offline.py says what a plan needs and what the folder holds).
   signature against NVIDIA's key, so neither a mirror nor the bundle can change what is installed.
 - The wheels: `pip download` with the target's platform and Python (`--platform`, `--python-version`,
   `--only-binary=:all:`), from the map's torch and pypi indexes; pip checks each wheel against the index's sha256.
+  Where a wheel lock fits the plan (`facts refresh` made it from the origin index; plan/wheel_lock.py), torch's
+  closure is downloaded exactly as locked, `--require-hashes -r LOCK --no-deps` from the map's torch index: a
+  mirror that serves a changed wheel (its own index listing the changed file's sha256) is refused naming the wheel
+  and the index, and the lock goes into the bundle (wheel-lock.txt, named in the manifest) for the host's pip.
 - Miniforge's pinned release, checked against its pinned sha256; uv comes as its own wheel (its installer script
   would download it from GitHub), with the others.
 - A uv env's Python: python-build-standalone's CPython build of the plan's Python for the target's CPU, from the
@@ -23,6 +27,7 @@ from __future__ import annotations
 import configparser
 import gzip
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -38,7 +43,9 @@ from gpuprov.files import write_atomic
 from gpuprov.plan import offline
 from gpuprov.plan.offline import Item, Manifest, Need
 from gpuprov.plan.plan import Plan
+from gpuprov.plan.wheel_lock import WheelLock
 from gpuprov.sources.http import SourceUnreachable, save
+from gpuprov.sources.wheel_lock import platforms
 
 Say = Callable[[str], None]
 
@@ -388,39 +395,125 @@ PIP_CHOICES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO
 def _pip_env() -> dict[str, str]:
     """This process's environment for pip, less what chooses wheels (PIP_CHOICES, and the configuration files,
     which can set the same); how it reaches an index (a proxy, PIP_CERT, timeouts) stays."""
-    import os
-
     env = {k: v for k, v in os.environ.items() if k not in PIP_CHOICES}
     env["PIP_CONFIG_FILE"] = os.devnull  # pip then reads no configuration file at all
     return env
 
 
-def _wheels(plan: Plan, specs: list[Need], out: Path, say: Say, items: list[Item]) -> None:
-    """One `pip download` for every wheel, so the torch the other packages depend on is the plan's build: the
-    PyTorch index first (its local versions, +cu132, rank above PyPI's), PyPI for the rest."""
+def _pip(argv: list[str], plan: Plan) -> subprocess.CompletedProcess[str]:
+    for host in plan.sources.plain_http_hosts:
+        argv = [*argv, "--trusted-host", host]
+    return subprocess.run(argv, capture_output=True, text=True, check=False, env=_pip_env())
+
+
+def _pip_download(python: str, dest: Path, platforms: Iterable[str]) -> list[str]:
+    """`pip download` of binary wheels for CPython `python` on these platforms into `dest`, this process's pip."""
+    return [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-input", "--dest", str(dest),
+            "--only-binary=:all:", "--implementation", "cp", "--python-version", python,
+            *(a for tag in platforms for a in ("--platform", tag))]
+
+
+def _pip_failed(done: subprocess.CompletedProcess[str], indexes: list[str]) -> GpuprovError:
+    last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return GpuprovError(f"pip download ({' '.join(indexes)}) failed: {last}")
+
+
+# pip's table of wheels whose bytes are not the hash asked: "    NAME==VERSION from URL:" under its heading
+_NOT_THE_HASH = re.compile(r"^ *(\S+==\S+) from .*:$", re.MULTILINE)
+
+
+def _locked(plan: Plan, lock: WheelLock, stage: Path, say: Say) -> None:
+    """Exactly the lock's wheels (torch's closure), in pip's hash-checking mode, from the map's torch index as the
+    torch step installs them: a wheel whose sha256 is not the lock's (the origin's) is refused naming it and the
+    index."""
+    assert plan.stack is not None and plan.stack.torch is not None
+    index = plan.stack.torch.index_url  # already on the map's torch source (plan.with_sources)
+    requirements = stage / offline.LOCK_FILE
+    requirements.write_text(lock.requirements())
+    say(f"wheels pinned by {lock.short}, from {index}")
+    done = _pip([*_pip_download(lock.python, stage, platforms(lock.arch)), "--no-deps", "--require-hashes",
+                 "-r", str(requirements), "--index-url", index], plan)
+    requirements.unlink()
+    if done.returncode != 0:
+        said = done.stderr + done.stdout
+        if "DO NOT MATCH THE HASHES" in said:
+            wheel = (m.group(1) if (m := _NOT_THE_HASH.search(said)) else "a wheel")
+            raise Changed(f"{index} served {wheel} with a sha256 other than the lock's ({lock.short}, the "
+                          "origin's): refused, no wheel was kept")
+        raise _pip_failed(done, ["--index-url", index])
+
+
+def _wheels(plan: Plan, specs: list[Need], out: Path, say: Say, items: list[Item]) -> WheelLock | None:
+    """The wheels into wheels/, replaced whole once every one is in (a refusal leaves the earlier ones as they
+    were): where a lock fits the plan (plan.stack.torch.lock), torch's closure exactly as locked (_locked), then
+    one `pip download` of the rest with the locked versions as constraints; else one `pip download` of every
+    wheel, so the torch the other packages depend on is the plan's build: the PyTorch index first (its local
+    versions, +cu132, rank above PyPI's), PyPI for the rest. The lock the wheels were pinned by, or None."""
     python = offline.served(plan).python or "3.12"
     wheel = plan.stack.torch if plan.stack else plan.cpu_torch
-    torch_index = plan.sources.rebase(wheel.index_url) if wheel is not None and any(
-        n.name == "torch" for n in specs) else None
+    has_torch = wheel is not None and any(n.name == "torch" for n in specs)
+    lock = plan.stack.torch.lock if has_torch and plan.stack is not None and plan.stack.torch is not None else None
+    torch_index = plan.sources.rebase(wheel.index_url) if wheel is not None and has_torch else None
     indexes = ["--index-url", torch_index, "--extra-index-url", plan.sources.pypi] if torch_index else \
         ["--index-url", plan.sources.pypi]
     dest = out / "wheels"
-    dest.mkdir(parents=True, exist_ok=True)
     say(f"wheels for Python {python} on {plan.arch}: {' '.join(n.spec for n in specs)}")
-    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-input",
-            "--dest", str(dest), "--only-binary=:all:", "--implementation", "cp", "--python-version", python,
-            *(a for tag in PLATFORMS[plan.arch] for a in ("--platform", tag)), *indexes, *(n.spec for n in specs)]
-    for host in plan.sources.plain_http_hosts:
-        argv += ["--trusted-host", host]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=_pip_env())
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise GpuprovError(f"pip download ({' '.join(indexes)}) failed: {last}")
+    with tempfile.TemporaryDirectory(dir=out, prefix=".wheels-") as work:
+        stage = Path(work)
+        previous = {p.name: p for p in dest.glob("*.whl")} if dest.is_dir() else {}
+        for name, path in previous.items():  # pip takes a file already in --dest as downloaded (locked: if it
+            try:                            # has the lock's sha256), so a rerun downloads only what changed
+                os.link(path, stage / name)
+            except OSError:
+                shutil.copy2(path, stage / name)
+        saved: set[str] = set()
+        if lock is not None:
+            _locked(plan, lock, stage, say)
+            saved = {_wheel_file(stage, w.name, w.version) for w in lock.wheels}
+            specs = [n for n in specs if n.name != "torch"]
+        if specs:
+            argv = _pip_download(python, stage, PLATFORMS[plan.arch]) + indexes + [n.spec for n in specs]
+            if lock is not None:  # the rest takes the locked wheels, not the index's newest of them
+                constraints = stage / "locked-constraints.txt"
+                constraints.write_text("".join(f"{w.name}=={w.version}\n" for w in lock.wheels))
+                argv += ["-c", str(constraints), "--find-links", str(stage)]
+            done = _pip(argv, plan)
+            if done.returncode != 0:
+                raise _pip_failed(done, indexes)
+            took = _saved(done.stdout, stage)
+            if not took:  # a pip that says it otherwise: better no bundle than one without its wheels
+                raise GpuprovError(f"pip download ({' '.join(indexes)}) named no wheel it saved: {done.stdout[-300:]}")
+            saved |= took
+        for path in stage.iterdir():  # what this plan does not take: an earlier bundle's, the constraints
+            if path.name not in saved:
+                path.unlink()
+        stage.chmod(0o755)
+        if dest.exists():
+            shutil.rmtree(dest)
+        stage.rename(dest)
+        stage.mkdir()  # for TemporaryDirectory's own clean-up
     for wheel_path in sorted(dest.glob("*.whl")):
         name, version = wheel_path.name.split("-")[:2]
         items.append(Item(kind="wheel", name=offline.normal(name), version=version, path=f"wheels/{wheel_path.name}",
                           sha256=_sha256(wheel_path), size=wheel_path.stat().st_size,
                           source=torch_index if torch_index and "+" in version else plan.sources.pypi))
+    return lock
+
+
+def _wheel_file(stage: Path, name: str, version: str) -> str:
+    """The file pip saved for a locked wheel (a wheel's file name spells its project with underscores)."""
+    project = re.sub(r"[-_.]+", "_", name).lower()
+    for path in stage.glob("*.whl"):
+        got, have = path.name.split("-")[:2]
+        if re.sub(r"[-_.]+", "_", got).lower() == project and have == version:
+            return path.name
+    raise GpuprovError(f"pip download left no wheel of {name}=={version}, which the lock pins")
+
+
+def _saved(stdout: str, stage: Path) -> set[str]:
+    """The files pip says it took: "Saved PATH" or "File was already downloaded PATH"."""
+    return {Path(m.group(1)).name for m in re.finditer(r"^\s*(?:Saved|File was already downloaded) (.+\.whl)$",
+                                                       stdout, re.MULTILINE) if (stage / Path(m.group(1)).name).is_file()}
 
 
 def _miniforge(plan: Plan, out: Path, say: Say, items: list[Item]) -> None:
@@ -440,8 +533,6 @@ PYTHON_BUILDS = "https://github.com/astral-sh/python-build-standalone/releases/d
 def _python(plan: Plan, python: str, out: Path, say: Say, items: list[Item]) -> None:
     """The CPython build uv installs for `python` on the target's CPU, into python/{release}/ as the release names it
     (uv reads a mirror's folder by the release's own paths)."""
-    import os
-
     from gpuprov.resources import load_data
 
     release = str(load_data("sources.yaml")["python_builds"]["release"])
@@ -475,6 +566,8 @@ def make(plan: Plan, out: Path, say: Say) -> Result:
     if unbundled:  # refused now, not when the bundle reaches a host that cannot use it
         raise UserInputError("bundle --offline", f"{'; '.join(unbundled)}; nothing was downloaded")
     out.mkdir(parents=True, exist_ok=True)
+    # the folder is no bundle until this run's manifest is written: a refusal or a cut leaves none to install from
+    (out / offline.MANIFEST).unlink(missing_ok=True)
     needs = offline.needs(plan)
     served = offline.served(plan)
     items: list[Item] = []
@@ -504,11 +597,17 @@ def make(plan: Plan, out: Path, say: Say) -> Result:
     if any(need.kind == "installer" for need in needs):
         _miniforge(plan, out, say, items)
     wheels = [n for n in needs if n.kind == "wheel"]
-    if wheels:
-        _wheels(plan, wheels, out, say, items)
+    lock = _wheels(plan, wheels, out, say, items) if wheels else None
+    if lock is not None:  # the lock beside the wheels, as the torch step reads it on the host
+        write_atomic(out / offline.LOCK_FILE, lock.requirements(), 0o644)
+        items.append(Item(kind="lock", name="wheels", version=lock.torch_version, path=offline.LOCK_FILE,
+                          sha256=_sha256(out / offline.LOCK_FILE), size=(out / offline.LOCK_FILE).stat().st_size,
+                          source=lock.index))
+    else:
+        (out / offline.LOCK_FILE).unlink(missing_ok=True)
     env = plan.playbook.env
     if env is not None and env.manager == "uv" and served.python and any(s.name == "python-env" for s in plan.steps):
         _python(plan, served.python, out, say, items)  # for a host without the plan's Python
-    manifest = Manifest(plan=served, items=tuple(items))
+    manifest = Manifest(plan=served, items=tuple(items), lock=lock)
     write_atomic(out / offline.MANIFEST, manifest.model_dump_json(indent=2) + "\n", 0o644)
     return Result(manifest, from_os)
