@@ -220,6 +220,8 @@ class AlibabaProvider(EcsImages, EcsSets):
             if request.max_price:  # "precise up to three decimal places" (RunInstances, SpotPriceLimit)
                 params["SpotPriceLimit"] = round(request.max_price, 3)
             params["SpotInterruptionBehavior"] = "Stop" if request.persistent else "Terminate"
+            if request.spot_duration is not None:  # the protection period, hours: 1 (ECS's default) or 0 (none)
+                params["SpotDuration"] = request.spot_duration
         else:
             params["SpotStrategy"] = "NoSpot"
         return params

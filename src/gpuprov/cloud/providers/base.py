@@ -151,6 +151,7 @@ class LaunchRequest:
     max_price: float | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
     persistent: bool = False  # spot: a persistent request whose interruption behaviour is stop (so it can stop)
+    spot_duration: int | None = None  # spot on Alibaba Cloud: the protection period in hours (None: the cloud's own)
     shutdown_behavior: str = "terminate"  # what `shutdown` on the node does: "stop" keeps the disk
     count: int = 1  # a cluster: this many instances of the type in the zone ...
     min_count: int = 1  # ... and at least this many, or none at all (EC2's MinCount)
