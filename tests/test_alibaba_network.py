@@ -67,3 +67,82 @@ def test_spot_duration_is_refused_without_spot_or_off_alibaba(ecs_cli) -> None:
     line = error_line(ecs_cli.gp("up", "n1", "--gpu", "A10", "--spot-duration", "2", "--yes"))
     assert "--spot-duration" in line and "'2'" in line
     assert ecs_cli.cloud.instances == {}
+
+
+def _own(ecs_cli) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """gpuprov's own VPCs and vSwitches in the imitation (by the mark in their descriptions)."""
+    cloud = ecs_cli.cloud
+    return ([v for v in cloud.vpcs if str(v.get("Description", "")).startswith("gpuprov network:")],
+            [s for s in cloud.switches if str(s.get("Description", "")).startswith("gpuprov network:")])
+
+
+def _rows(ecs_cli, kind: str) -> list[tuple[str | None, str | None]]:
+    import sqlite3
+
+    with sqlite3.connect(ecs_cli.home / "state.sqlite") as db:
+        return list(db.execute("SELECT node, cloud_id FROM resources WHERE kind = ? AND status != 'deleted'", (kind,)))
+
+
+def test_a_region_with_no_default_vpc_gets_gpuprovs_own_until_its_last_node_goes(ecs_cli) -> None:
+    ecs_cli.cloud.no_default_vpc()
+    ecs_cli.cloud.pending = 2  # each new VPC and vSwitch is Pending for two looks: nothing launches into it before
+    first = ecs_cli.up("n1")
+    assert "cn-hangzhou has no default VPC: the launch uses gpuprov's own (made now)" in first.output
+    (vpc,), switches = _own(ecs_cli)
+    assert vpc["CidrBlock"] == "10.0.0.0/16" and "gpuprov:owner=" in vpc["Description"]
+    assert sorted(s["ZoneId"] for s in switches) == ["cn-hangzhou-h", "cn-hangzhou-i"]  # each zone the launch may try
+    assert sorted(s["CidrBlock"] for s in switches) == ["10.0.0.0/20", "10.0.16.0/20"]
+    (row,) = ecs_cli.cloud.instances.values()
+    assert row.raw["VpcAttributes"]["VpcId"] == vpc["VpcId"]
+    assert row.raw["VpcAttributes"]["VSwitchId"] in {s["VSwitchId"] for s in switches}
+    assert _rows(ecs_cli, "vpc") == [(None, vpc["VpcId"])] and len(_rows(ecs_cli, "vswitch")) == 2
+    made = [a for a, _ in ecs_cli.cloud.calls if a.startswith("Create")]
+    assert made.index("CreateVpc") < made.index("CreateVSwitch") < made.index("CreateSecurityGroup")
+
+    ecs_cli.up("n2")  # the same VPC and vSwitches
+    assert _own(ecs_cli) == ([vpc], switches)
+    down = ecs_cli.gp("down", "n1", "--yes")
+    assert down.exit_code == 0, down.output
+    assert _own(ecs_cli) == ([vpc], switches)  # n2 is in it
+    down = ecs_cli.gp("down", "n2", "--yes")
+    assert down.exit_code == 0, down.output
+    assert _own(ecs_cli) == ([], []) and ecs_cli.cloud.vpcs == []
+    assert _rows(ecs_cli, "vpc") == [] and _rows(ecs_cli, "vswitch") == []
+    order = [a for a, _ in ecs_cli.cloud.calls if a in ("DeleteVSwitch", "DeleteVpc")]
+    assert order == ["DeleteVSwitch", "DeleteVSwitch", "DeleteVpc"]
+
+
+def test_gpuprovs_own_network_is_collected_by_gc_once_its_records_are_gone(ecs_cli) -> None:
+    from tests.alibaba.server import Fault
+
+    ecs_cli.cloud.no_default_vpc()
+    ecs_cli.cloud.faults.append(Fault("CreateVpc", lose=True))  # made, the answer lost: sent again, one VPC
+    ecs_cli.up("n1")
+    assert len(_own(ecs_cli)[0]) == 1
+    ecs_cli.forget("n1")
+    import sqlite3
+
+    with sqlite3.connect(ecs_cli.home / "state.sqlite") as db:  # the whole state lost
+        db.execute("DELETE FROM resources")
+    listed = ecs_cli.gp("gc", "--json")
+    assert listed.exit_code == 0, listed.output
+    kinds = sorted(r["kind"] for r in json.loads(listed.stdout)["found"])
+    assert kinds == ["instance", "key-pair", "security-group", "vpc", "vswitch", "vswitch"]
+    taken = ecs_cli.gp("gc", "--yes")
+    assert taken.exit_code == 0, taken.output
+    assert "deleted vpc vpc-" in taken.stdout
+    assert _own(ecs_cli) == ([], []) and ecs_cli.ours() == {}
+
+
+def test_a_vswitch_never_made_after_its_record_leaves_nothing(ecs_cli) -> None:
+    from tests.alibaba.server import Fault
+
+    ecs_cli.cloud.no_default_vpc()
+    # the second vSwitch's create refused after its row was written (as a kill between the two would leave it)
+    ecs_cli.cloud.faults.append(Fault("CreateVSwitch", code="Forbidden.RAM", message="User not authorized.",
+                                      status=403))
+    result = ecs_cli.gp("up", "n1", "--gpu", "A10", "--ssh-cidr", "198.51.100.7/32", "--yes", "--no-bootstrap",
+                        "--no-wait")
+    assert result.exit_code != 0 and "Forbidden.RAM" in result.output
+    assert _own(ecs_cli) == ([], []) and ecs_cli.ours() == {}
+    assert _rows(ecs_cli, "vpc") == [] and _rows(ecs_cli, "vswitch") == []

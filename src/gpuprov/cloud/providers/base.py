@@ -78,6 +78,8 @@ class Network:
     ipv6: bool = False  # the subnet (without one pinned: every default subnet) has an IPv6 CIDR block
     default_for_az: bool = False  # the subnet is its zone's default one (of the default VPC)
     free_addresses: int = 0  # the subnet's AvailableIpAddressCount
+    own: bool = False  # the region has no default VPC: gpuprov's own is found or made (capabilities.OWN_NETWORK)
+    zones: tuple[str, ...] = ()  # own: the zones the launch may try, each to get its own subnet before the launch
 
 
 @dataclass(frozen=True)
