@@ -72,7 +72,7 @@ class ConfigFile(BaseModel):
     stopped_for: str | None = None
     parallel: Annotated[int, Field(ge=1, le=1024)] | None = None
     # an AWS subnet id, or an Alibaba Cloud vSwitch id: each applies to its own cloud's `up` only (cli/cloud.py)
-    subnet: Annotated[str, Field(pattern=r"^(subnet-[0-9a-f]{8,17}|vsw-[0-9a-z]{8,32})$")] | None = None
+    subnet: Annotated[str, Field(pattern=r"^(subnet-[0-9a-f]{8,17}|vsw-[0-9a-z-]{8,40})$")] | None = None
     connect: Literal["public", "private"] | None = None
     ssh_user: Annotated[str, Field(pattern=LOGIN_NAME)] | None = None
     os: str | None = None
