@@ -1,7 +1,8 @@
 """An Alibaba Cloud launch's own network and spot options, through the CLI against the ECS imitation in this process
 (the fast lane: tests/alibaba/inprocess_cli.py): --subnet takes a vSwitch and refuses AWS's subnet ids, the config's
 AWS subnet stays AWS's, and --spot-duration (ECS's spot protection period) reaches RunInstances, the record and the
-plan, refused off Alibaba Cloud or without --spot."""
+plan, refused off Alibaba Cloud or without --spot; --persistent (a spot node that stops when reclaimed) refused on
+Alibaba Cloud; and gpuprov's own VPC and vSwitches where the region has no default VPC."""
 
 from __future__ import annotations
 
@@ -66,6 +67,10 @@ def test_spot_duration_is_refused_without_spot_or_off_alibaba(ecs_cli) -> None:
     assert line == "error: --spot-duration: is Alibaba Cloud's spot protection period; aws has none"
     line = error_line(ecs_cli.gp("up", "n1", "--gpu", "A10", "--spot-duration", "2", "--yes"))
     assert "--spot-duration" in line and "'2'" in line
+    # a spot node that stops when ECS reclaims it (SpotInterruptionBehavior=Stop) is not one gpuprov follows yet
+    line = error_line(ecs_cli.gp("up", "n1", "--gpu", "A10", "--spot", "--persistent", "--yes", "--ssh-cidr",
+                                 "198.51.100.7/32", "--no-bootstrap", "--no-wait"))
+    assert line == "error: --persistent: Alibaba Cloud has no stop modes in gpuprov yet"
     assert ecs_cli.cloud.instances == {}
 
 
