@@ -151,3 +151,21 @@ def test_a_vswitch_never_made_after_its_record_leaves_nothing(ecs_cli) -> None:
     assert result.exit_code != 0 and "Forbidden.RAM" in result.output
     assert _own(ecs_cli) == ([], []) and ecs_cli.ours() == {}
     assert _rows(ecs_cli, "vpc") == [] and _rows(ecs_cli, "vswitch") == []
+
+
+def test_a_vpc_still_in_use_is_kept_with_its_record_until_gc_finds_it_empty(ecs_cli) -> None:
+    ecs_cli.cloud.no_default_vpc()
+    ecs_cli.up("n1")
+    (vpc,), _ = _own(ecs_cli)
+    ecs_cli.cloud.groups["sg-users"] = {"SecurityGroupId": "sg-users", "SecurityGroupName": "the user's own",
+                                        "VpcId": vpc["VpcId"], "Description": "", "rules": []}
+    down = ecs_cli.gp("down", "n1", "--yes")
+    assert down.exit_code == 0, down.output
+    assert f"kept the vpc {vpc['VpcId']}: Alibaba Cloud refused DeleteVpc: DependencyViolation" in down.output
+    assert _own(ecs_cli) == ([vpc], []) and _rows(ecs_cli, "vpc") == [(None, vpc["VpcId"])]
+
+    del ecs_cli.cloud.groups["sg-users"]
+    taken = ecs_cli.gp("gc", "--yes")
+    assert taken.exit_code == 0, taken.output
+    assert f"deleted vpc {vpc['VpcId']} (cn-hangzhou, no node of the region uses it)" in taken.stdout
+    assert _own(ecs_cli) == ([], []) and _rows(ecs_cli, "vpc") == []

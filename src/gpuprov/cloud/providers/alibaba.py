@@ -114,7 +114,8 @@ class AlibabaProvider(EcsImages, EcsSets, EcsNetwork):
         if not vpcs:
             found = self.own_vpc(region)
             return Network(vpc_id=str(found["VpcId"]) if found else "",
-                           vpc_cidr=str(found.get("CidrBlock", "")) if found else "", maps_public_ip=False, own=True)
+                           vpc_cidr=str(found.get("CidrBlock", "")) if found else self.own_vpc_cidr(region),
+                           maps_public_ip=False, own=True)
         return Network(vpc_id=str(vpcs[0]["VpcId"]), vpc_cidr=str(vpcs[0].get("CidrBlock", "")), maps_public_ip=False)
 
     def _vpc(self, region: str, vpc_id: str) -> dict[str, Any]:

@@ -36,7 +36,7 @@ MARK = "gpuprov network:"  # the description's first words: a VPC or vSwitch gpu
 POOL = ipaddress.ip_network("10.0.0.0/8")
 SWITCH_PREFIX = 20  # 4091 addresses a zone
 AVAILABLE = 300.0  # seconds a new VPC or vSwitch may stay Pending
-IN_USE = 300.0  # seconds a released instance may still hold its vSwitch (DependencyViolation)
+IN_USE = 150  # polls (300 s at the usual 2 s) a released instance may still hold its vSwitch (DependencyViolation)
 
 
 class EcsNetwork(EcsBase):
@@ -63,6 +63,13 @@ class EcsNetwork(EcsBase):
         return next((v for v in self._pages(region, "DescribeVpcs", ("Vpcs", "Vpc"), IsDefault=False)
                      if v.get("VpcName") == name), None)
 
+    def own_vpc_cidr(self, region: str) -> str:
+        """The block gpuprov's own VPC gets when it is made now: the first /16 of 10.0.0.0/8 no VPC of the region
+        has (`--connect private` opens SSH to it before it is made)."""
+        taken = [ipaddress.ip_network(str(v.get("CidrBlock"))) for v in
+                 self._pages(region, "DescribeVpcs", ("Vpcs", "Vpc")) if v.get("CidrBlock")]
+        return _free(POOL, 16, taken, "VPC")
+
     def own_switch(self, region: str, zone: str) -> dict[str, Any] | None:
         """gpuprov's own vSwitch in the zone (of gpuprov's own VPC), by its name."""
         name = self.own_switch_name(zone)
@@ -76,9 +83,7 @@ class EcsNetwork(EcsBase):
         (its id, its CIDR)."""
         found = self.own_vpc(region)
         if found is None:
-            taken = [ipaddress.ip_network(str(v.get("CidrBlock"))) for v in
-                     self._pages(region, "DescribeVpcs", ("Vpcs", "Vpc")) if v.get("CidrBlock")]
-            cidr = _free(POOL, 16, taken, "VPC")
+            cidr = self.own_vpc_cidr(region)
             name = self.own_vpc_name()
             reply = self._call(region, "CreateVpc", VpcName=name, CidrBlock=cidr, Description=self._description(),
                                ClientToken=name)
@@ -146,7 +151,7 @@ class EcsNetwork(EcsBase):
                 rid = str(found["VpcId"]) if found else ""
         if not rid:
             raise NotFound(kind, rid, code)
-        deadline = time.monotonic() + IN_USE
+        deadline = time.monotonic() + IN_USE * self.poll
         while True:
             try:
                 self._call(region, action, **{field: rid})
