@@ -169,3 +169,20 @@ def test_a_vpc_still_in_use_is_kept_with_its_record_until_gc_finds_it_empty(ecs_
     assert taken.exit_code == 0, taken.output
     assert f"deleted vpc {vpc['VpcId']} (cn-hangzhou, no node of the region uses it)" in taken.stdout
     assert _own(ecs_cli) == ([], []) and _rows(ecs_cli, "vpc") == []
+
+
+def test_a_zone_of_the_default_vpc_with_no_default_vswitch_gets_gpuprovs_own_until_the_last_node_goes(ecs_cli) -> None:
+    cloud = ecs_cli.cloud
+    cloud.switches = [s for s in cloud.switches if s["ZoneId"] != ZONE]  # zone h: no default vSwitch
+    cloud.stock[("cn-hangzhou-i", "ecs.gn7i-c8g1.2xlarge")] = 0  # only zone h has the type now
+    ecs_cli.up("n1")
+    vpcs, (switch,) = _own(ecs_cli)
+    assert vpcs == [] and switch["VpcId"] == "vpc-default" and switch["ZoneId"] == ZONE
+    assert switch["CidrBlock"] == "172.16.0.0/20"  # the default VPC's first free block (zone i's has 172.16.16.0/20)
+    (row,) = cloud.instances.values()
+    assert row.raw["VpcAttributes"]["VSwitchId"] == switch["VSwitchId"]
+    assert _rows(ecs_cli, "vpc") == [] and _rows(ecs_cli, "vswitch") == [(None, switch["VSwitchId"])]
+    down = ecs_cli.gp("down", "n1", "--yes")
+    assert down.exit_code == 0, down.output
+    assert _own(ecs_cli) == ([], []) and [v["VpcId"] for v in cloud.vpcs] == ["vpc-default"]
+    assert _rows(ecs_cli, "vswitch") == []

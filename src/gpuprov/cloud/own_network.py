@@ -1,6 +1,7 @@
 """gpuprov's own network in a region that has no default one (a cloud declaring capabilities.OWN_NETWORK: Alibaba
 Cloud): one VPC per owner and region and a subnet in each zone a launch may try, shared by the region's nodes as its
-key pair is (cloud/keys.py), and like it made under the region's lock and deleted with the region's last node.
+key pair is (cloud/keys.py), and like it made under the region's lock and deleted with the region's last node. In
+a region with a default VPC, a zone of it with no default subnet gets one of gpuprov's the same way.
 
 Each part is recorded before it is asked for, by the name the provider gives it (also its create's idempotency
 token), so that a kill between the record and the create leaves a row that `down` or `gc` finds the part by, or
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from gpuprov.cloud import destroy
 from gpuprov.cloud.providers.base import SHARED, CloudResource, Network, NotFound, Provider
-from gpuprov.cloud.providers.capabilities import OWN_NETWORK, OwnNetwork, need
+from gpuprov.cloud.providers.capabilities import OWN_NETWORK, OwnNetwork, need, offered
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError
 from gpuprov.kinds import ResourceKind
@@ -31,23 +32,32 @@ KINDS: tuple[ResourceKind, ...] = ("vswitch", "vpc")  # the order of release: a 
 
 
 def for_zones(network: Network, zones: Sequence[str], region: str, say: Say) -> Network:
-    """The network a launch will try `zones` of: gpuprov's own gets a subnet in each of them (said)."""
-    if not network.own:
+    """The network a launch will try `zones` of (none named with --subnet): gpuprov's own gets a subnet in each of
+    them (said), the default VPC one in each zone that has no default subnet."""
+    if network.subnet_id:
         return network
-    say(f"{region} has no default VPC: the launch uses gpuprov's own " + (network.vpc_id or "(made now)")
-        + ", deleted with the region's last node")
+    if network.own:
+        say(f"{region} has no default VPC: the launch uses gpuprov's own " + (network.vpc_id or "(made now)")
+            + ", deleted with the region's last node")
     return replace(network, zones=tuple(dict.fromkeys(zones)))
 
 
 def ensure(provider: Provider, store: Store, region: str, network: Network) -> Network:
-    """gpuprov's own VPC and a subnet in each of the network's zones, each recorded before it is made, under the
-    region's lock; the network as it is where it is not gpuprov's own."""
-    if not network.own:
+    """gpuprov's own VPC and a subnet in each of the network's zones, or in the default VPC a subnet of gpuprov's in
+    each of its zones with no default one, each recorded before it is made, under the region's lock; the network as
+    it is where the cloud makes no network of gpuprov's."""
+    nets = offered(provider, OWN_NETWORK)
+    if network.own and nets is None:
+        need(provider, OWN_NETWORK, what="a region with no default VPC")
+    if nets is None or network.subnet_id or not (network.own or network.zones):
         return network
-    nets = need(provider, OWN_NETWORK, what="a region with no default VPC")
+    missing = network.zones if network.own else nets.zones_without_default_subnet(region, network.zones)
+    if not network.own and not missing:
+        return network
     with locks.hold(locks.region(region), "network"):
-        vpc_id, cidr = _part(store, region, "vpc", nets.own_vpc_name(), lambda: nets.create_own_vpc(region))
-        for zone in network.zones:
+        vpc_id, cidr = _part(store, region, "vpc", nets.own_vpc_name(), lambda: nets.create_own_vpc(region)) \
+            if network.own else (network.vpc_id, network.vpc_cidr)
+        for zone in missing:
             _part(store, region, "vswitch", nets.own_switch_name(zone), _switch(nets, region, vpc_id, cidr, zone))
     return replace(network, vpc_id=vpc_id, vpc_cidr=cidr)
 

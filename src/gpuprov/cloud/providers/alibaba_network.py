@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from gpuprov.backoff import tries
@@ -75,6 +76,12 @@ class EcsNetwork(EcsBase):
         name = self.own_switch_name(zone)
         return next((s for s in self._pages(region, "DescribeVSwitches", ("VSwitches", "VSwitch"), ZoneId=zone,
                                             IsDefault=False) if s.get("VSwitchName") == name), None)
+
+    def zones_without_default_subnet(self, region: str, zones: Sequence[str]) -> list[str]:
+        """Those of `zones` with no default vSwitch (DescribeVSwitches IsDefault)."""
+        have = {str(s.get("ZoneId")) for s in self._pages(region, "DescribeVSwitches", ("VSwitches", "VSwitch"),
+                                                          IsDefault=True)}
+        return [z for z in zones if z not in have]
 
     # --- make --------------------------------------------------------------------------------------
 

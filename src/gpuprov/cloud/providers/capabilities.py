@@ -203,6 +203,10 @@ class OwnNetwork(Protocol):
         """The zone's subnet of that VPC (found by its name, else made), once usable: its id."""
         ...
 
+    def zones_without_default_subnet(self, region: str, zones: Sequence[str]) -> list[str]:
+        """Those of `zones` with no default subnet (of the default VPC)."""
+        ...
+
 
 C = TypeVar("C")
 
