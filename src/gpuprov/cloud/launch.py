@@ -372,7 +372,7 @@ def _check_instance_profile(provider: Provider, region: str, name: str, say: Say
 def prepare_access(node: str, region: str, provider: Provider, store: Store, network: Network, cidr: str,
              public_ip: bool) -> Access:
     keys.ensure_key_pair(provider, store, region)
-    network = own_network.ensure(provider, store, region, network)  # a region with no default VPC: gpuprov's own
+    network = own_network.ensure(provider, store, region, network)  # where there is no default network: gpuprov's
     group_name = f"gpuprov-{node}-{int(time.time())}"
     rid = store.intend(node, "security-group", region, group_name)
     group = provider.create_security_group(region, node, network.vpc_id, group_name, f"gpuprov node {node}: SSH from {cidr}")
