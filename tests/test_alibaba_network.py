@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ZONE = "cn-hangzhou-h"
 
 
@@ -186,3 +188,41 @@ def test_a_zone_of_the_default_vpc_with_no_default_vswitch_gets_gpuprovs_own_unt
     assert down.exit_code == 0, down.output
     assert _own(ecs_cli) == ([], []) and [v["VpcId"] for v in cloud.vpcs] == ["vpc-default"]
     assert _rows(ecs_cli, "vswitch") == []
+
+
+@pytest.mark.parametrize("cleanup", ["down", "gc"])
+def test_up_killed_at_create_vpc_in_a_region_with_no_default_one_leaves_nothing_untracked(ecs_cli, cleanup) -> None:
+    """SIGKILL of `up` (its own process) once ECS has made gpuprov's VPC and holds CreateVpc's answer: its row was
+    written first, so `down` of the node or `gc` finds it by its name and leaves nothing."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests import forkcli
+    from tests.alibaba.cli import EMPTY, leftovers
+    from tests.alibaba.server import Fault
+    from tests.aws.cli import CLI_SETTINGS
+
+    ecs = ecs_cli.cloud
+    ecs.no_default_vpc()
+    ecs.faults.append(Fault("CreateVpc", hold=True))
+    env = {**os.environ, "GPUPROV_HOME": str(ecs_cli.home), "GPUPROV_CLOUD": "alibaba", **CLI_SETTINGS}
+    proc = forkcli.Popen([sys.executable, "-m", "gpuprov", "up", "kill", "--gpu", "A10", "--ssh-cidr",
+                          "198.51.100.7/32", "--yes", "--no-bootstrap", "--no-wait"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not ecs.held:
+        if proc.poll() is not None:
+            pytest.fail(f"`up` ended before CreateVpc: {proc.communicate()}")
+        assert time.monotonic() < deadline, "CreateVpc was never held"
+        time.sleep(0.02)
+    assert leftovers(ecs)["networks"]  # made, the answer not yet given
+    proc.send_signal(signal.SIGKILL)
+    ecs.release()
+    proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    cleaned = ecs_cli.gp(*(("down", "kill", "--yes") if cleanup == "down" else ("gc", "--yes")))
+    assert cleaned.exit_code == 0, cleaned.output
+    assert leftovers(ecs) == EMPTY and _rows(ecs_cli, "vpc") == []
