@@ -51,6 +51,10 @@ def _life(provider) -> None:
     image = provider.create_image(ImageRequest(REGION, instance.id, "img", "d", "n1", "s", "ubuntu-22.04"))
     provider.wait_image(REGION, image, 5, 1)
     provider.delete_image(REGION, image)
+    vpc, cidr = provider.create_own_vpc(REGION)  # a region with no default VPC: gpuprov's own, a zone's vSwitch
+    switch = provider.create_own_switch(REGION, vpc, cidr, ZONE_H)
+    provider.delete(CloudResource("vswitch", switch, REGION, "-"))
+    provider.delete(CloudResource("vpc", vpc, REGION, "-"))
     for resource in sorted(provider.tagged(REGION), key=lambda r: r.kind != "instance"):
         provider.delete(resource, settle=1)
 

@@ -90,7 +90,11 @@ SENT = re.compile(r"_(?:call|send|pages|each)\(\s*[\w.]+,\s*\"([A-Z][A-Za-z]+)\"
 # ECS's RAM code is "ecs,vpc" ("RAM authorization", help/en/ecs/authentication-rules): ECS's own copies of VPC's
 # listings are read as VPC's actions (VPC's API reference names them vpc:DescribeVpcs, vpc:DescribeVSwitches); the
 # rest is ecs:<Action>
-RAM_ACTION = {"DescribeVpcs": "vpc:DescribeVpcs", "DescribeVSwitches": "vpc:DescribeVSwitches"}
+# and so are the VPC's and vSwitch's creates and deletes gpuprov's own network sends through ECS (vpc:CreateVpc, in
+# "CreateVpc"'s RAM authorization table, alibabacloud.com/help/en/vpc/api-createvpc; vpc:DeleteVSwitch in
+# DeleteVSwitch's, alibabacloud.com/help/en/vpc/developer-reference/api-vpc-2016-04-28-deletevswitch)
+RAM_ACTION = {a: f"vpc:{a}" for a in ("DescribeVpcs", "DescribeVSwitches", "CreateVpc", "CreateVSwitch", "DeleteVpc",
+                                      "DeleteVSwitch")}
 
 
 def ecs_called() -> set[str]:

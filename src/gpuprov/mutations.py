@@ -94,6 +94,10 @@ MUTATIONS: dict[tuple[str, str], Repeat] = {
     ("alibaba-ecs", "DeleteSnapshot"): Repeat.HARMLESS,
     ("alibaba-ecs", "CreateDeploymentSet"): Repeat.TOKEN,  # its ClientToken is the set's recorded name
     ("alibaba-ecs", "DeleteDeploymentSet"): Repeat.HARMLESS,
+    ("alibaba-ecs", "CreateVpc"): Repeat.TOKEN,  # its ClientToken is the VPC's recorded name
+    ("alibaba-ecs", "CreateVSwitch"): Repeat.TOKEN,  # its ClientToken is the vSwitch's recorded name
+    ("alibaba-ecs", "DeleteVSwitch"): Repeat.HARMLESS,
+    ("alibaba-ecs", "DeleteVpc"): Repeat.HARMLESS,
 }
 
 NEVER_RESENT = (Repeat.LOOK, Repeat.ONCE)

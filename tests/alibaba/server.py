@@ -64,6 +64,7 @@ addresses, a test can hand out a real sshd host's.
 from __future__ import annotations
 
 import inspect
+import ipaddress
 import itertools
 import json
 import threading
@@ -249,10 +250,13 @@ class Ecs:
         self.sets: dict[str, dict[str, Any]] = {}  # deployment sets by id
         self.tags: dict[tuple[str, str], dict[str, str]] = {}  # (ResourceType, id) -> tags
         self.vpc = {"VpcId": "vpc-default", "CidrBlock": "172.16.0.0/12", "IsDefault": True, "Status": "Available",
-                    "RegionId": region, "VpcName": "default"}
+                    "RegionId": region, "VpcName": "default", "Description": ""}
+        self.vpcs: list[dict[str, Any]] = [self.vpc]  # the default one first, then those CreateVpc made
         self.switches = [{"VSwitchId": f"vsw-{z}", "VpcId": "vpc-default", "ZoneId": z, "IsDefault": True,
-                          "CidrBlock": f"172.16.{n * 16}.0/20", "AvailableIpAddressCount": 4000, "Status": "Available"}
+                          "CidrBlock": f"172.16.{n * 16}.0/20", "AvailableIpAddressCount": 4000, "Status": "Available",
+                          "VSwitchName": "", "Description": ""}
                          for n, z in enumerate(zones)]
+        self.pending = 0  # Describe calls a new VPC or vSwitch answers Pending to before it is Available
         for n, (name, arch, created) in enumerate(UBUNTU_IMAGES):
             self.images[f"ubuntu-{n}"] = {"ImageId": name, "ImageName": name, "ImageOwnerAlias": "system",
                                           "Architecture": arch, "CreationTime": created, "Status": "Available",
@@ -302,15 +306,102 @@ class Ecs:
         return {"Regions": {"Region": [{"RegionId": self.region, "LocalName": self.region,
                                         "RegionEndpoint": f"ecs.{self.region}.aliyuncs.com", "Status": "available"}]}}
 
+    def no_default_vpc(self) -> None:
+        """A region with no default VPC (one deleted, or a region that never made one): no default vSwitch either."""
+        self.vpcs = [v for v in self.vpcs if not v["IsDefault"]]
+        self.switches = [s for s in self.switches if not s["IsDefault"]]
+
+    def _shown(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A VPC or vSwitch as Describe lists it: Pending for its first `pending` looks after its create."""
+        if row.get("looks", 0) > 0:
+            row["looks"] -= 1
+            return {**{k: v for k, v in row.items() if k != "looks"}, "Status": "Pending"}
+        return {k: v for k, v in row.items() if k != "looks"}
+
     def DescribeVpcs(self, p: dict[str, Any]) -> dict[str, Any]:
-        vpcs = [self.vpc] if p.get("VpcId") in (None, self.vpc["VpcId"]) and _flag(p, "IsDefault", True) else []
+        vpcs = [self._shown(v) for v in self.vpcs
+                if p.get("VpcId") in (None, v["VpcId"]) and _flag(p, "IsDefault", v["IsDefault"])]
         return {"Vpcs": {"Vpc": vpcs}, "TotalCount": len(vpcs), "PageNumber": 1, "PageSize": 100}
 
     def DescribeVSwitches(self, p: dict[str, Any]) -> dict[str, Any]:
-        found = [s for s in self.switches
+        found = [self._shown(s) for s in self.switches
                  if p.get("VSwitchId") in (None, s["VSwitchId"]) and p.get("ZoneId") in (None, s["ZoneId"])
                  and p.get("VpcId") in (None, s["VpcId"]) and _flag(p, "IsDefault", s["IsDefault"])]
         return {"VSwitches": {"VSwitch": found}, "TotalCount": len(found), "PageNumber": 1, "PageSize": 100}
+
+    def CreateVpc(self, p: dict[str, Any]) -> dict[str, Any]:
+        """A VPC, Pending for a while ("CreateVpc", alibabacloud.com/help/doc-detail/35737.htm, read 2026-12-04: "The
+        CIDR block must be 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, or their subnets, and the subnet mask must be
+        8 to 24 bits"; asynchronous, Creating/Created in VPC's own API, Pending/Available as ECS's DescribeVpcs lists
+        Status); the same ClientToken answers the first VPC ("How to ensure idempotence", doc-detail/25693)."""
+        token = p.get("ClientToken")
+        if token and ("vpc", token) in self.tokens:
+            return dict(self.tokens[("vpc", token)])
+        cidr = ipaddress.ip_network(str(p.get("CidrBlock") or "172.16.0.0/12"), strict=False)
+        if not (any(cidr.subnet_of(ipaddress.ip_network(b)) for b in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
+                and 8 <= cidr.prefixlen <= 24):
+            raise Refused(400, "InvalidCidrBlock.Malformed", "Specified CIDR block is not valid.")  # code unverified
+        vid = self._id("vpc")
+        self.vpcs.append({"VpcId": vid, "CidrBlock": str(cidr), "IsDefault": False, "Status": "Available",
+                          "RegionId": self.region, "VpcName": p.get("VpcName", ""),
+                          "Description": p.get("Description", ""), "looks": self.pending})
+        answer = {"VpcId": vid, "VRouterId": self._id("vrt"), "RouteTableId": self._id("vtb")}
+        if token:
+            self.tokens[("vpc", token)] = answer
+        return dict(answer)
+
+    def CreateVSwitch(self, p: dict[str, Any]) -> dict[str, Any]:
+        """A vSwitch of the VPC in the zone, its block inside the VPC's and overlapping no other vSwitch's; Pending for
+        a while ("CreateVSwitch", doc-detail/35745.htm, updated 2024-03-04: "CreateVSwitch is an asynchronous
+        operation ... Pending ... Available"; the block rules from its request table; the refusals' codes are
+        unverified)."""
+        token = p.get("ClientToken")
+        if token and ("vsw", token) in self.tokens:
+            return dict(self.tokens[("vsw", token)])
+        vpc = self._vpc(p["VpcId"])
+        if p["ZoneId"] not in self.zones:
+            raise Refused(400, "InvalidZoneId.NotFound", "The specified zone does not exist.")
+        cidr = ipaddress.ip_network(str(p["CidrBlock"]), strict=False)
+        if not cidr.subnet_of(ipaddress.ip_network(vpc["CidrBlock"])):  # type: ignore[arg-type]
+            raise Refused(400, "InvalidCidrBlock.Malformed", "Specified CIDR block is not valid.")
+        if any(cidr.overlaps(ipaddress.ip_network(s["CidrBlock"])) for s in self.switches if s["VpcId"] == vpc["VpcId"]):
+            raise Refused(400, "InvalidCidrBlock.Overlapped", "Specified CIDR block overlapped with other subnet.")
+        sid = self._id("vsw")
+        self.switches.append({"VSwitchId": sid, "VpcId": vpc["VpcId"], "ZoneId": p["ZoneId"], "IsDefault": False,
+                              "CidrBlock": str(cidr), "AvailableIpAddressCount": cidr.num_addresses - 4,
+                              "Status": "Available", "VSwitchName": p.get("VSwitchName", ""),
+                              "Description": p.get("Description", ""), "looks": self.pending})
+        answer = {"VSwitchId": sid}
+        if token:
+            self.tokens[("vsw", token)] = answer
+        return dict(answer)
+
+    def _vpc(self, vid: str) -> dict[str, Any]:
+        found = [v for v in self.vpcs if v["VpcId"] == vid]
+        if not found:
+            raise Refused(404, "InvalidVpcId.NotFound", "Specified VPC does not exist.")
+        return found[0]
+
+    def DeleteVSwitch(self, p: dict[str, Any]) -> dict[str, Any]:
+        """Refused while an instance is in it ("DeleteVSwitch", doc-detail/35746, updated 2024-03-04: 400
+        DependencyViolation "Specified object has dependent resources.")."""
+        sid = p["VSwitchId"]
+        if not any(s["VSwitchId"] == sid for s in self.switches):
+            raise Refused(404, "InvalidVSwitchId.NotFound", "Specified virtual switch does not exist.")
+        if any((r.raw.get("VpcAttributes") or {}).get("VSwitchId") == sid for r in self.instances.values()):
+            raise Refused(400, "DependencyViolation", "Specified object has dependent resources.")
+        self.switches = [s for s in self.switches if s["VSwitchId"] != sid]
+        return {}
+
+    def DeleteVpc(self, p: dict[str, Any]) -> dict[str, Any]:
+        """Refused while a vSwitch or a security group is in it (DependencyViolation, as DeleteVSwitch words it; the
+        VPC API reference's DeleteVpc lists its own DependencyViolation.* codes: unverified here)."""
+        vpc = self._vpc(p["VpcId"])
+        if any(s["VpcId"] == vpc["VpcId"] for s in self.switches) or \
+                any(g["VpcId"] == vpc["VpcId"] for g in self.groups.values()):
+            raise Refused(400, "DependencyViolation", "Specified object has dependent resources.")
+        self.vpcs = [v for v in self.vpcs if v["VpcId"] != vpc["VpcId"]]
+        return {}
 
     def DescribeAvailableResource(self, p: dict[str, Any]) -> dict[str, Any]:
         zones = []
@@ -459,8 +550,19 @@ class Ecs:
         if kind not in self.types or zone not in self.zones or (zone, kind) not in self.stock:
             raise Refused(403, "InvalidInstanceType.ZoneNotSupported",
                           "The specified zone does not support this instancetype.")
+        switch = next((s for s in self.switches if s["VSwitchId"] == p.get("VSwitchId")), None)
+        if switch is None or switch["ZoneId"] != zone:
+            # the vSwitch must be the zone's (RunInstances' VSwitchId: "the vSwitch ... in the zone specified by
+            # ZoneId"); the code is unverified
+            raise Refused(404, "InvalidVSwitchId.NotFound", "The specified VSwitchId does not exist.")
         if not self.balance_ok:
             raise Refused(403, "InvalidAccountStatus.NotEnoughBalance", "Your account does not have enough balance.")
+        if p.get("SpotDuration") is not None and (strategy == "NoSpot" or str(p["SpotDuration"]) not in ("0", "1")):
+            # a spot instance's protection period: 1 hour (the default) or none, 0 ("Create a spot instance",
+            # alibabacloud.com/help/doc-detail/58613.htm, read 2026-12-04: "Instance Usage Duration: 1 Hour ... None";
+            # ECI's "Create a spot elastic container instance", updated 2026-02-28: "Set SpotDuration to 0 to disable
+            # the protection period, or keep the default of 1 hour"); the refusal's code is unverified
+            raise Refused(400, "InvalidParameter", "The specified parameter \"SpotDuration\" is not valid.")
         if len(str(p.get("SpotPriceLimit") or "").partition(".")[2]) > 3:  # "precise up to three decimal places"
             raise Refused(400, "InvalidSpotPriceLimit", "The specified SpotPriceLimitis not valid.")
         if strategy == "SpotWithPriceLimit" and float(p.get("SpotPriceLimit") or 0) < self.spot_price[(zone, kind)]:
@@ -486,6 +588,7 @@ class Ecs:
                    "InstanceChargeType": "PostPaid", "SpotStrategy": strategy,
                    "SpotPriceLimit": float(p.get("SpotPriceLimit") or 0),
                    "SpotInterruptionBehavior": p.get("SpotInterruptionBehavior") or "Terminate",
+                   **({"SpotDuration": int(p.get("SpotDuration", 1))} if strategy != "NoSpot" else {}),
                    "KeyPairName": p.get("KeyPairName", ""), "CreationTime": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
                    "InternetMaxBandwidthOut": int(p.get("InternetMaxBandwidthOut") or 0),
                    "SecurityGroupIds": {"SecurityGroupId": [p.get("SecurityGroupId", "")]},
@@ -495,7 +598,7 @@ class Ecs:
                    "DeploymentSetId": into or ""}
             public, private = self.address_for(raw)
             raw["PublicIpAddress"] = {"IpAddress": [public] if raw["InternetMaxBandwidthOut"] > 0 else []}
-            raw["VpcAttributes"] = {"VpcId": self.vpc["VpcId"], "VSwitchId": p.get("VSwitchId", ""),
+            raw["VpcAttributes"] = {"VpcId": switch["VpcId"], "VSwitchId": p.get("VSwitchId", ""),
                                     "PrivateIpAddress": {"IpAddress": [private]}}
             tags = {t["Key"]: t["Value"] for t in p.get("Tag") or []}
             raw["Tags"] = {"Tag": [{"TagKey": k, "TagValue": v} for k, v in tags.items()]}

@@ -19,6 +19,7 @@ import click
 from gpuprov.cli.common import (
     NODES,
     cache_options,
+    chosen_cloud,
     confirm,
     line_echo,
     main,
@@ -76,7 +77,9 @@ T = TypeVar("T")  # what an `up` pass returns: one node's result or a cluster's
                    "(with --connect private: instead of the VPC's CIDR).")
 @click.option("--connect", type=click.Choice(["public", "private"]), default="public", show_default=True,
               help="Reach the node on its public or private address (VPN / bastion).")
-@click.option("--subnet", default=None, help="Launch into this subnet (its zone only) instead of the default VPC.")
+@click.option("--subnet", default=None,
+              help="Launch into this subnet (its zone only) instead of the default VPC: a subnet-… id on AWS, a "
+                   "vSwitch id (vsw-…) on Alibaba Cloud.")
 @click.option("--instance-profile", default=None, metavar="NAME",
               help="The node's own AWS credentials: this IAM instance profile (e.g. for an S3 sync in --on-interrupt); "
                    "checked before anything is launched.")
@@ -145,6 +148,7 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
     if cache is not None:
         cache.check()
     console = make_console(stderr=as_json)
+    subnet = _own_subnet(subnet)
     opts = launch.UpOptions(
         name=node_name, fallback_on_demand=fallback == "on-demand", max_price=max_price, max_hourly=max_hourly,
         disk_gb=disk_gb, image=image, ssh_cidr=ssh_cidr, connect=connect, subnet=subnet, ssh_user=ssh_user or "ubuntu",
@@ -210,6 +214,26 @@ def up(name: str | None, fallback: str, max_price: float | None, max_hourly: flo
                   f"{node.address}, list price ${node.price_usd_hour or 0:.2f}/h on-demand")
     if result.ssh_alias:
         console.print(f"  ssh {result.ssh_alias}        # or: gpuprov check / gpuprov down {node.name}")
+
+
+def _own_subnet(subnet: str | None) -> str | None:
+    """--subnet (or the config's `subnet`) in the chosen cloud's words: an AWS subnet id (subnet-…) or an Alibaba Cloud
+    vSwitch id (vsw-…). The config's value for another cloud is not this launch's (it stays the other cloud's
+    default); a flag naming another cloud's kind of id is refused in one line."""
+    from click.core import ParameterSource
+
+    if subnet is None:
+        return None
+    cloud = chosen_cloud()
+    own = subnet.startswith("vsw-") if cloud == "alibaba" else not subnet.startswith("vsw-")
+    if own:
+        return subnet
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("subnet") is ParameterSource.DEFAULT_MAP:
+        return None
+    kind, wants = ("an AWS subnet id", "a vSwitch id (vsw-…) of one of your VPCs") if cloud == "alibaba" else \
+        ("an Alibaba Cloud vSwitch id", "a subnet id (subnet-…)")
+    raise UserInputError("--subnet", f"{subnet} is {kind}, and this node is launched on {cloud}", wants)
 
 
 def _left_by_down(names: list[str], store: Store) -> str:

@@ -166,6 +166,9 @@ def stack_options(func: F) -> F:
         click.option("--persistent", is_flag=True,
                      help="With --spot: a persistent spot request whose interruption behaviour is stop, so the "
                           "node can stop (`gpuprov stop`, autostop) and keep its disk."),
+        click.option("--spot-duration", type=click.Choice(["0", "1"]), default=None, metavar="0|1",
+                     help="With --spot on Alibaba Cloud: the protection period in hours, during which ECS does not "
+                          "reclaim the node (1), or none (0, which ECS prices lower) [default: ECS's, 1]."),
         click.option("--region", default=None, metavar="REGION", shell_complete=complete_region, help=REGION_HELP),
         click.option("--instance-type", default=None, help="Force an instance type instead of the cheapest that fits."),
         click.option("--arch", type=click.Choice(["x86_64", "aarch64"]), default=None,
@@ -358,7 +361,9 @@ def plan_from(kw: StackOptions, live: bool = False, check: Callable[[Plan], None
         cpu=kw["cpu"], memory_gib=kw["memory_gib"],
         os=kw["os_name"] or "ubuntu-24.04", pins=pins_from(kw), instance_type=kw["instance_type"],
         autostop_seconds=parse_duration(kw["autostop"], "--autostop"), ttl_seconds=parse_duration(kw["ttl"], "--ttl"),
-        on_interrupt=kw["on_interrupt"] or None, persistent=kw["persistent"], autostop_action=kw["autostop_action"],
+        on_interrupt=kw["on_interrupt"] or None, persistent=kw["persistent"],
+        spot_duration=None if kw["spot_duration"] is None else int(kw["spot_duration"]),  # type: ignore[arg-type]
+        autostop_action=kw["autostop_action"],
         budget_usd=kw["budget"], jupyter=kw["jupyter"], monitoring=monitoring_from(kw), docker=kw["docker"],
         **(sources_from(kw) if sources is None else {"sources": sources[0], "sources_from": sources[1]}),
         arch=kw["arch"],

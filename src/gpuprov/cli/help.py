@@ -13,8 +13,9 @@ from gpuprov.cli.params import Command
 # a command's options under headings, in this order; an option no heading names goes under "Other options"
 SECTIONS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "up": (
-        ("Launch", ("cloud", "gpu", "count", "cpu", "memory_gib", "spot", "persistent", "fallback", "region", "instance_type",
-                    "max_hourly", "max_price", "disk_gb", "image", "reservation", "capacity_block", "wait_for")),
+        ("Launch", ("cloud", "gpu", "count", "cpu", "memory_gib", "spot", "persistent", "spot_duration", "fallback",
+                    "region", "instance_type", "max_hourly", "max_price", "disk_gb", "image", "reservation",
+                    "capacity_block", "wait_for")),
         ("Stack", ("playbook", "os_name", "driver", "cuda", "torch_version", "torch_cuda", "python", "jupyter",
                    "docker", "sources", "arch", "cache_host", "cache_port", "keep_cache")),
         ("Access", ("ssh_cidr", "connect", "subnet", "ssh_user")),

@@ -59,6 +59,7 @@ class StackOptions(PinOptions, GuardOptions, NodeGuardOptions, MonitorOptions):
     memory_gib: float | None
     spot: bool
     persistent: bool
+    spot_duration: str | None
     region: str | None
     instance_type: str | None
     arch: Literal["x86_64", "aarch64"] | None

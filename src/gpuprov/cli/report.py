@@ -73,6 +73,8 @@ def ultraserver_lines(it: InstanceType, region: str) -> list[str]:
 def plan_view(plan: Plan) -> Group:
     parts: list[Table | Text] = []
     market = "spot" if plan.request.spot else "on-demand"
+    if plan.request.spot and plan.request.spot_duration is not None:
+        market += f" (protection period {plan.request.spot_duration} h)"
     head = Text.assemble(("Plan: ", "bold"), f"{plan.count}× {plan.gpu.name}" if plan.gpu else
                          "CPU-only, no GPU" if plan.cpu_only else "no GPU")
     if plan.instance:
@@ -252,6 +254,8 @@ def _stop_fields(n: Node, now: float) -> dict[str, object]:
         "autostop_action": n.shutdown_action or "terminate",  # nodes launched before stop existed terminate
         # ECS stops an instance powered off from within in its standard mode: its compute may go on billing
         **({"autostop_stop_mode": "standard"} if n.provider == "alibaba" else {}),
+        # Alibaba Cloud's spot protection period as `up --spot-duration` asked for it (its plan's record)
+        **({"spot_duration_hours": n.plan["spot_duration_hours"]} if "spot_duration_hours" in n.plan else {}),
         "disk_gb": n.disk_gb,
         "storage_usd_month": round(storage.month(n.disk_gb), 2) if n.disk_gb and storage else None,
         "storage_price": {"usd_per_gb_month": storage.usd_per_gb_month, "volume_type": storage.volume_type,

@@ -240,6 +240,7 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
                 node=name, region=region, zone=cand.zone, instance_type=cand.instance_type, market=cand.market,
                 image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price,
                 shutdown_behavior=launch.shutdown_behavior(plan, cand.market), count=copts.nodes,
+                spot_duration=plan.request.spot_duration if cand.market == "spot" else None,
                 min_count=copts.at_least, placement_group=group if into or targeted else None,
                 interfaces=layout.interfaces, instance_profile=opts.instance_profile,
                 **reservations.reservation_of(opts)), settle=settle_window())

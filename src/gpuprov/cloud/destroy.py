@@ -169,6 +169,13 @@ def key_pair(provider: Provider, region: str, name: str, settle: float = 0.0, *,
         provider.delete(CloudResource("key-pair", name, region, SHARED), settle=settle)
 
 
+def network_part(provider: Provider, res: CloudResource, settle: float = 0.0) -> None:
+    """A subnet or the VPC of gpuprov's own network in a region (cloud/own_network.py), under the region's lock:
+    deleted with the region's last node."""
+    _check_held(locks.region(res.region), f"deleting the {res.kind} {res.id}")
+    provider.delete(res, settle=settle)
+
+
 def image(provider: Provider, region: str, image_id: str, name: str) -> list[str]:
     """`image rm`: the image and its snapshots, under the image's lock (a bake of it holds it)."""
     _check_held(locks.image(name), f"removing the image {image_id}")

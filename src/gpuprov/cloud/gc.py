@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpuprov.cloud import destroy, images, keys, tags
+from gpuprov.cloud import destroy, images, keys, own_network, tags
 from gpuprov.cloud.providers.base import IMAGES, SHARED, CloudResource, NotFound, Provider
 from gpuprov.cloud.providers.capabilities import ROLES, offered
 from gpuprov.cloud.teardown import take_down
@@ -94,7 +94,7 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store, all_instal
                 continue
             if res.kind in ("image", "snapshot") or res.id in seen:  # images: cloud/images.py says which
                 continue
-            if res.kind == "key-pair" and res.node == SHARED:
+            if res.kind in ("key-pair", *own_network.KINDS) and res.node == SHARED:
                 if not keys.key_users(region, store):
                     sweep.found.append(CloudResource(res.kind, res.id, region, SHARED, "no node of the region uses it",
                                                      res.owner))
@@ -133,9 +133,13 @@ def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -
             if result.complete:
                 store.update_node(name, state_reason="its `up` ended before it was ready; collected by gc")
         shared: dict[str, list[str]] = {}
+        networks: dict[str, list[CloudResource]] = {}  # gpuprov's own network's parts, released with the key pair
         overdue: dict[str, locks.Overdue] = {}  # regions whose lock gc waited for in vain: not waited for again
         for res in sorted(found, key=lambda r: ORDER.get(r.kind, 9)):
             if res.kind == "node" or res.node in {r.id for r in found if r.kind == "node"}:
+                continue
+            if res.node == SHARED and res.kind in own_network.KINDS:
+                networks.setdefault(res.region, []).append(res)
                 continue
             if res.node == SHARED:
                 shared.setdefault(res.region, []).append(res.id)
@@ -166,9 +170,11 @@ def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -
             say(f"deleted {res.kind} {res.id} ({res.region}, node {res.node})")
             if res.kind == "image":
                 images.collected(store, res)
-        for region, names in shared.items():
-            for name in keys.release_key_if_unused(region, provider, store, say, unrecorded=names):
-                say(f"deleted key-pair {name} ({region}, no node of the region uses it)")
+        for region in sorted({*shared, *networks}):
+            for name in keys.release_key_if_unused(region, provider, store, say, unrecorded=shared.get(region, []),
+                                                   networks=networks.get(region, [])):
+                what = name if " " in name else f"key-pair {name}"  # a network part is "KIND ID"
+                say(f"deleted {what} ({region}, no node of the region uses it)")
     return left
 
 

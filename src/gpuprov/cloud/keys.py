@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from gpuprov import paths
 from gpuprov.cloud import destroy, tags
-from gpuprov.cloud.providers.base import NotFound, Provider
+from gpuprov.cloud.providers.base import CloudResource, NotFound, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError
 from gpuprov.paths import region_key
@@ -92,10 +92,11 @@ def key_users(region: str, store: Store) -> list[str]:
 
 
 def release_key_if_unused(region: str, provider: Provider, store: Store, say: Say,
-                          unrecorded: Sequence[str] = ()) -> list[str]:
-    """The shared key pair goes with the region's last node; counted and deleted under the region's lock.
-    `unrecorded`: key pairs of this owner that gc found by tag with no record (a lost state); they go too.
-    Returns what was deleted."""
+                          unrecorded: Sequence[str] = (), networks: Sequence[CloudResource] = ()) -> list[str]:
+    """The shared key pair goes with the region's last node; counted and deleted under the region's lock, and
+    gpuprov's own network of the region with it (cloud/own_network.py).
+    `unrecorded`: key pairs of this owner that gc found by tag with no record (a lost state); they go too, and so
+    do the `networks` parts gc found. Returns what was deleted."""
     gone: list[str] = []
     held = contextlib.ExitStack()
     try:
@@ -127,5 +128,8 @@ def release_key_if_unused(region: str, provider: Provider, store: Store, say: Sa
             except NotFound:
                 continue
             gone.append(name)
+        from gpuprov.cloud import own_network
+
+        gone += own_network.release(region, provider, store, say, networks)
     return gone
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from gpuprov.cloud import destroy, images, keys
+from gpuprov.cloud import destroy, images, keys, own_network
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, Market, Network, Provider, Reservation
@@ -321,6 +321,7 @@ def launchpad(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say
                              "(gpuprov then asks for an IPv6 address at launch and connects over IPv6)")
     cap = opts.max_hourly if opts.max_hourly is not None else default_cap(plan)
     order = candidates(plan, offerings, plan.request.spot, opts.fallback_on_demand, network.zone, cap)
+    network = own_network.for_zones(network, [c.zone for c in order.candidates], region, say)
     if opts.reservation or opts.capacity_block:  # only what the reservation holds, or open ones first
         from gpuprov.cloud import reservations
 
@@ -371,6 +372,7 @@ def _check_instance_profile(provider: Provider, region: str, name: str, say: Say
 def prepare_access(node: str, region: str, provider: Provider, store: Store, network: Network, cidr: str,
              public_ip: bool) -> Access:
     keys.ensure_key_pair(provider, store, region)
+    network = own_network.ensure(provider, store, region, network)  # where there is no default network: gpuprov's
     group_name = f"gpuprov-{node}-{int(time.time())}"
     rid = store.intend(node, "security-group", region, group_name)
     group = provider.create_security_group(region, node, network.vpc_id, group_name, f"gpuprov node {node}: SSH from {cidr}")

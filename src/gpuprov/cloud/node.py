@@ -132,6 +132,7 @@ def _launch(plan: Plan, opts: UpOptions, provider: Provider, store: Store, say: 
                 node=name, region=region, zone=cand.zone, instance_type=cand.instance_type, market=cand.market,
                 image_id=image, access=access, disk_gb=opts.disk_gb, client_token=token, max_price=opts.max_price,
                 persistent=plan.request.persistent and cand.market == "spot",
+                spot_duration=plan.request.spot_duration if cand.market == "spot" else None,
                 shutdown_behavior=shutdown_behavior(plan, cand.market), instance_profile=opts.instance_profile,
                 **reservation_of(opts)), settle=settle_window())
         except LaunchError as exc:

@@ -71,7 +71,8 @@ class ConfigFile(BaseModel):
     autostop: str | None = None
     stopped_for: str | None = None
     parallel: Annotated[int, Field(ge=1, le=1024)] | None = None
-    subnet: Annotated[str, Field(pattern=r"^subnet-[0-9a-f]{8,17}$")] | None = None
+    # an AWS subnet id, or an Alibaba Cloud vSwitch id: each applies to its own cloud's `up` only (cli/cloud.py)
+    subnet: Annotated[str, Field(pattern=r"^(subnet-[0-9a-f]{8,17}|vsw-[0-9a-z-]{8,40})$")] | None = None
     connect: Literal["public", "private"] | None = None
     ssh_user: Annotated[str, Field(pattern=LOGIN_NAME)] | None = None
     os: str | None = None
@@ -145,7 +146,8 @@ SETTINGS = (
             {"gc": "stopped_for"}),
     Setting("parallel", "hosts worked on at once", ("GPUPROV_PARALLEL",), 32,
             {c: "parallel" for c in ("bootstrap", "check", "doctor", "exec", "monitor")}),
-    Setting("subnet", "subnet new nodes launch into", (), "the default VPC's", {"up": "subnet"}),
+    Setting("subnet", "subnet (AWS) or vSwitch (Alibaba Cloud) new nodes launch into", (), "the default VPC's",
+            {"up": "subnet"}),
     Setting("connect", "address new nodes are reached at", (), "public", {"up": "connect"}),
     Setting("ssh_user", "login user of new nodes' image", (), "the OS image's (ubuntu, admin, ec2-user, rocky)",
             {"up": "ssh_user"}),

@@ -63,6 +63,7 @@ class NodeRequest(BaseModel):
     ttl_seconds: int | None = None  # --ttl, None: no deadline
     on_interrupt: str | None = None  # --on-interrupt (wins over the playbook's on_interrupt)
     persistent: bool = False  # --persistent: a persistent spot request (interruption behaviour stop), so it can stop
+    spot_duration: Literal[0, 1] | None = None  # --spot-duration: Alibaba Cloud's spot protection period, hours
     autostop_action: Literal["stop", "terminate"] | None = None  # --autostop-action; None: stop when it can
     budget_usd: float | None = None  # --budget: a dollar cap, enforced on the node as a deadline
     arch: CpuArch | None = None  # --arch: the hosts' CPU; None: the instance type's
@@ -186,6 +187,7 @@ class Plan:
             "gpu": self.gpu.name if self.gpu else None,
             "count": self.count,
             "market": "spot" if self.request.spot else "on-demand",
+            **({"spot_duration_hours": self.request.spot_duration} if self.request.spot_duration is not None else {}),
             "region": self.request.region,
             "instance_type": self.instance.name if self.instance else None,
             "price_usd_hour_on_demand": self.price_usd_hour,
@@ -280,6 +282,18 @@ def guards_for(request: NodeRequest, playbook: Playbook, launched: bool = False)
                     shutdown_action=shutdown_action(request) if launched else None,
                     cloud=cloud, metadata_url=NOTICES[cloud].metadata_url)  # type: ignore[arg-type]
     return guards
+
+
+def check_spot_duration(request: NodeRequest) -> None:
+    """--spot-duration is a spot request's protection period on Alibaba Cloud (RunInstances' SpotDuration); no other
+    cloud has one, and an on-demand node needs none."""
+    if request.spot_duration is None:
+        return
+    if request.cloud != "alibaba":
+        raise UserInputError("--spot-duration", f"is Alibaba Cloud's spot protection period; {request.cloud} has none",
+                             "drop --spot-duration, or --cloud alibaba")
+    if not request.spot:
+        raise UserInputError("--spot-duration", "applies to spot requests only", "add --spot, or drop --spot-duration")
 
 
 def shutdown_action(request: NodeRequest) -> Literal["stop", "terminate"]:
@@ -586,6 +600,7 @@ def make_plan(request: NodeRequest, cat: catalog.Catalog | None = None) -> Plan:
 
     cat = cat or catalog_for(request.cloud)
     cat.check_region(request.region)
+    check_spot_duration(request)
     if request.budget_usd is not None and request.budget_usd <= 0:
         raise UserInputError("--budget", f"{request.budget_usd:g} is not a budget", "dollars above 0, e.g. 50")
     if request.budget_usd is not None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuprov.cloud.providers.alibaba_base import NOT_FOUND, RETRIES, EcsError, EcsNoAnswer, stamp, tags_of
 from gpuprov.cloud.providers.alibaba_images import EcsImages
+from gpuprov.cloud.providers.alibaba_network import EcsNetwork
 from gpuprov.cloud.providers.alibaba_refusals import classify
 from gpuprov.cloud.providers.alibaba_sets import EcsSets
 from gpuprov.cloud.providers.base import (
@@ -35,7 +36,14 @@ from gpuprov.cloud.providers.base import (
     NotFound,
     SpotPrice,
 )
-from gpuprov.cloud.providers.capabilities import LIVE_OFFERS, PLACEMENT, SPOT_STOP, ListPrice, ZoneStock
+from gpuprov.cloud.providers.capabilities import (
+    LIVE_OFFERS,
+    OWN_NETWORK,
+    PLACEMENT,
+    SPOT_STOP,
+    ListPrice,
+    ZoneStock,
+)
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.plan.catalog_alibaba import facts
 
@@ -50,7 +58,7 @@ TAGGED_KINDS = {"instance": "instance", "securitygroup": "security-group", "keyp
                 "snapshot": "snapshot"}
 
 
-class AlibabaProvider(EcsImages, EcsSets):
+class AlibabaProvider(EcsImages, EcsSets, EcsNetwork):
     """Alibaba Cloud ECS: the core of the provider protocol (see base.py)."""
 
     name = "alibaba"
@@ -59,8 +67,9 @@ class AlibabaProvider(EcsImages, EcsSets):
     # yet (each refused by name through `capabilities.need`). Its stop is always economical (StopCharging), and a
     # preemptible instance stops so as a pay-as-you-go one does ("Economical mode for pay-as-you-go instances
     # (including spot instances)", alibabacloud.com/help/en/ecs/user-guide/economical-mode: a VPC, pay-as-you-go or
-    # preemptible, no local storage; gpuprov launches into a VPC, and none of the catalog's families has local disks)
-    capabilities: frozenset[str] = frozenset({PLACEMENT.flag, LIVE_OFFERS.flag, SPOT_STOP.flag})
+    # preemptible, no local storage; gpuprov launches into a VPC, and none of the catalog's families has local disks).
+    # Where a region has no default VPC, gpuprov's own (alibaba_network.py).
+    capabilities: frozenset[str] = frozenset({PLACEMENT.flag, LIVE_OFFERS.flag, SPOT_STOP.flag, OWN_NETWORK.flag})
 
     # --- where to launch ---------------------------------------------------------------------
 
@@ -93,7 +102,8 @@ class AlibabaProvider(EcsImages, EcsSets):
         return sorted(str(r["RegionId"]) for r in (reply.get("Regions") or {}).get("Region") or [])
 
     def network(self, region: str, subnet: str | None) -> Network:
-        """The named vSwitch's VPC, or the region's default VPC (refused, naming it, when the region has none)."""
+        """The named vSwitch's VPC, or the region's default VPC, else gpuprov's own (`own`: found, or made by the
+        launch once recorded: alibaba_network.py)."""
         if subnet:
             switches = self._pages(region, "DescribeVSwitches", ("VSwitches", "VSwitch"), VSwitchId=subnet)
             if not switches:
@@ -102,8 +112,10 @@ class AlibabaProvider(EcsImages, EcsSets):
             return self._switch(switches[0], vpc)
         vpcs = self._pages(region, "DescribeVpcs", ("Vpcs", "Vpc"), IsDefault=True)
         if not vpcs:
-            raise GpuprovError(f"{region} has no default VPC: create one (VPC console > Create default VPC) or pass "
-                               "--subnet vsw-... of a VPC of yours")
+            found = self.own_vpc(region)
+            return Network(vpc_id=str(found["VpcId"]) if found else "",
+                           vpc_cidr=str(found.get("CidrBlock", "")) if found else self.own_vpc_cidr(region),
+                           maps_public_ip=False, own=True)
         return Network(vpc_id=str(vpcs[0]["VpcId"]), vpc_cidr=str(vpcs[0].get("CidrBlock", "")), maps_public_ip=False)
 
     def _vpc(self, region: str, vpc_id: str) -> dict[str, Any]:
@@ -220,12 +232,19 @@ class AlibabaProvider(EcsImages, EcsSets):
             if request.max_price:  # "precise up to three decimal places" (RunInstances, SpotPriceLimit)
                 params["SpotPriceLimit"] = round(request.max_price, 3)
             params["SpotInterruptionBehavior"] = "Stop" if request.persistent else "Terminate"
+            if request.spot_duration is not None:  # the protection period, hours: 1 (ECS's default) or 0 (none)
+                params["SpotDuration"] = request.spot_duration
         else:
             params["SpotStrategy"] = "NoSpot"
         return params
 
     def _default_switch(self, region: str, zone: str) -> str:
+        """The zone's default vSwitch, else gpuprov's own there (made before the launch where the region has no
+        default VPC)."""
         switches = self._pages(region, "DescribeVSwitches", ("VSwitches", "VSwitch"), ZoneId=zone, IsDefault=True)
+        own = None if switches else self.own_switch(region, zone)
+        if own is not None:
+            return str(own["VSwitchId"])
         if not switches:
             raise LaunchError("next-candidate", "InvalidVSwitchId.NotFound",
                               f"zone {zone} has no default vSwitch (of the default VPC)",
@@ -347,6 +366,8 @@ class AlibabaProvider(EcsImages, EcsSets):
                 self._settle(kind, rid, settle, lambda: self._call(region, "DeleteSnapshot", SnapshotId=rid))
             elif kind == "placement-group":
                 self.delete_set(region, rid, settle)
+            elif kind in ("vswitch", "vpc"):
+                self.delete_network_part(region, kind, rid)
             else:
                 raise GpuprovError(f"Alibaba Cloud has no {kind} of gpuprov's to delete ({rid})")
         except NotFound:
@@ -392,7 +413,7 @@ class AlibabaProvider(EcsImages, EcsSets):
                 out.append(CloudResource(kind=ours, id=rid, region=region, node=tags.get(TAG_NODE),
                                          owner=tags.get(TAG_OWNER), team=tags.get(TAG_TEAM),
                                          member=tags.get("gpuprov:member")))
-        sets = self.tagged_sets(region)  # untaggable: their tags are in their descriptions
+        sets = self.tagged_sets(region) + self.tagged_networks(region)  # untaggable: tags in their descriptions
         return out + [r for r in sets if self._mine({TAG_OWNER: r.owner or "", TAG_TEAM: r.team or ""}, everyone)]
 
     def _tag_rows(self, region: str, kind: str) -> dict[str, dict[str, str]]:

@@ -78,6 +78,8 @@ class Network:
     ipv6: bool = False  # the subnet (without one pinned: every default subnet) has an IPv6 CIDR block
     default_for_az: bool = False  # the subnet is its zone's default one (of the default VPC)
     free_addresses: int = 0  # the subnet's AvailableIpAddressCount
+    own: bool = False  # the region has no default VPC: gpuprov's own is found or made (capabilities.OWN_NETWORK)
+    zones: tuple[str, ...] = ()  # own: the zones the launch may try, each to get its own subnet before the launch
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,7 @@ class LaunchRequest:
     max_price: float | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
     persistent: bool = False  # spot: a persistent request whose interruption behaviour is stop (so it can stop)
+    spot_duration: int | None = None  # spot on Alibaba Cloud: the protection period in hours (None: the cloud's own)
     shutdown_behavior: str = "terminate"  # what `shutdown` on the node does: "stop" keeps the disk
     count: int = 1  # a cluster: this many instances of the type in the zone ...
     min_count: int = 1  # ... and at least this many, or none at all (EC2's MinCount)

@@ -183,6 +183,31 @@ class LiveOffers(Protocol):
         ...
 
 
+@runtime_checkable
+class OwnNetwork(Protocol):
+    """A network of gpuprov's own where the region has no default one: a VPC per owner and region and a subnet per
+    zone, each named before it is made (the name the launch records, and the create's idempotency token), deleted
+    through `Provider.delete` (kinds "vswitch", then "vpc") with the region's last node."""
+
+    def own_vpc_name(self) -> str:
+        ...
+
+    def own_switch_name(self, zone: str) -> str:
+        ...
+
+    def create_own_vpc(self, region: str) -> tuple[str, str]:
+        """The VPC (found by its name, else made), once usable: (its id, its CIDR)."""
+        ...
+
+    def create_own_switch(self, region: str, vpc_id: str, vpc_cidr: str, zone: str) -> str:
+        """The zone's subnet of that VPC (found by its name, else made), once usable: its id."""
+        ...
+
+    def zones_without_default_subnet(self, region: str, zones: Sequence[str]) -> list[str]:
+        """Those of `zones` with no default subnet (of the default VPC)."""
+        ...
+
+
 C = TypeVar("C")
 
 
@@ -211,6 +236,8 @@ LIVE_OFFERS = Capability[LiveOffers]("live-offers", "stock and list prices read 
 # when interrupted (ECS: a preemptible instance stops in economical mode as a pay-as-you-go one does). Without it
 # only a spot request that stops on interruption can (STOP_MODES); EC2 only terminates a one-time spot instance.
 SPOT_STOP = Capability[None]("spot-stop", "a stop of any spot instance")
+# Not one of ALL: AWS launches into the default VPC or a subnet named, and refuses a region without one
+OWN_NETWORK = Capability[OwnNetwork]("own-network", "network of gpuprov's own", OwnNetwork)
 
 
 def has(provider: Provider, capability: Capability[Any]) -> bool:
