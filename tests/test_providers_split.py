@@ -1,7 +1,7 @@
 """The provider protocol's split (cloud/providers/base.py core, capabilities.py): a cloud is chosen by `--cloud`
 through the registry (cloud/providers/__init__.py), a cloud whose module is not installed is one error line, a
 provider that declares no capability is refused by name where cloud/ needs one, and no EC2 or boto name is in
-cloud/'s code and messages outside providers/aws* and the modules of AWS-only capabilities (read over the source).
+cloud/'s code and messages outside providers/aws* and cluster_network.py's EFA products (read over the source).
 In-process: the registry's entry is swapped for a stub in the test."""
 
 from __future__ import annotations
@@ -21,12 +21,10 @@ from gpuprov.errors import UserInputError
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpuprov" / "cloud"
 WORDS = re.compile(r"\bEC2\b|boto|botocore|\bAMIs?\b|Elastic IP|ClientToken|\bami-|\bAWS\b")
-# modules of capabilities only AWS has in gpuprov, AWS-only by nature; every other module of cloud/ has no such word
-AWS_ONLY = {
-    "cluster_network.py": "EFA, AWS's RDMA fabric, and its installer step",
-    "capacity.py": "Capacity Blocks for ML (the reservations capability)",
-    "reservations.py": "Capacity Reservations and Blocks (the reservations capability)",
-}
+# the one module of cloud/ with AWS's words: each cloud's cluster network as `plan --nodes` prints it, and the `efa`
+# step's installer, whose products AWS names ("AWS EFA installer", "AWS OFI NCCL plugin"); every other module of
+# cloud/ has no such word
+AWS_ONLY = {"cluster_network.py": "EFA, AWS's RDMA fabric, and its installer step, by their product names"}
 
 
 def cloud_words(path: Path) -> list[str]:
