@@ -7,13 +7,17 @@ reservations and blocks, object storage, image copy, stop modes, live offers), e
 `capabilities.need`.
 boto3 is imported here only (and by state/s3.py for the team's bucket). aws.py composes aws_base.py (clients, the
 one error path), aws_instances.py and aws_images.py; aws_refusals.py is the table of what each launch refusal
-means; aws_iam.py and aws_capacity.py make the IAM and capacity calls. Alibaba Cloud ECS, through its own SDK:
+means; aws_iam.py and aws_capacity.py make the IAM and capacity calls; aws_region.py is the AWS CLI's region chain
+and AWS's endpoint when it is on this machine, read with no SDK. Alibaba Cloud ECS, through its own SDK:
 alibaba.py on alibaba_base.py (the client, the one error path) and alibaba_images.py;
 alibaba_refusals.py is what each launch refusal means (the GPU families' documented facts are data, read by
 plan/catalog_alibaba.py).
 
 `CLOUDS` is the registry: a cloud's name (what `--cloud` takes and what a node records) to the module and class
-that implement it, imported only when a command makes one (`make`), and its name as people write it (`title`).
+that implement it, imported only when a command makes one (`make`), and its name as people write it (`title`);
+beside them, what cloud/ reads of a cloud without making one, so that cloud/ names none: its service as its rules
+name it (`service`), how its image ids look (`image_ids`), and its endpoint when that is on this machine
+(`local_endpoint`, from a module of its own with no SDK).
 A cloud whose module is not installed is refused by name, in one line.
 """
 
