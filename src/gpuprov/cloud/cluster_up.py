@@ -30,7 +30,7 @@ gone. Its timeline has a node's phases, each RunInstances of the whole cluster a
 the bootstrap phase and a `cluster wiring` phase; `--json` returns it with the node row and the nodes dropped.
 
 The `efa` step (templates/efa.sh.j2, on EFA types): AWS's EFA installer at the version in
-cluster_network.EFA_INSTALLER (source: AWS's EFA release notes) and /etc/gpuprov/efa.env (`FI_PROVIDER=efa`, the
+providers/aws_efa.EFA_INSTALLER (source: AWS's EFA release notes) and /etc/gpuprov/efa.env (`FI_PROVIDER=efa`, the
 plugin's and libfabric's library path, and `FI_EFA_USE_DEVICE_RDMA=1` only where the type's EFA device does RDMA
 read).
 """

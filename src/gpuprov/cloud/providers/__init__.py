@@ -8,7 +8,8 @@ reservations and blocks, object storage, image copy, stop modes, live offers), e
 boto3 is imported here only (and by state/s3.py for the team's bucket). aws.py composes aws_base.py (clients, the
 one error path), aws_instances.py and aws_images.py; aws_refusals.py is the table of what each launch refusal
 means; aws_iam.py and aws_capacity.py make the IAM and capacity calls; aws_region.py is the AWS CLI's region chain
-and AWS's endpoint when it is on this machine, read with no SDK. Alibaba Cloud ECS, through its own SDK:
+and AWS's endpoint when it is on this machine, and aws_efa.py AWS's EFA layout and installer, both with no SDK.
+Alibaba Cloud ECS, through its own SDK:
 alibaba.py on alibaba_base.py (the client, the one error path) and alibaba_images.py;
 alibaba_refusals.py is what each launch refusal means (the GPU families' documented facts are data, read by
 plan/catalog_alibaba.py).
