@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from gpuprov.cloud import cluster_network as cluster
+from gpuprov.cloud.providers import aws_efa
 from gpuprov.cloud.providers.base import Nic
 from gpuprov.plan import catalog
 from gpuprov.plan.plan import NodeRequest, make_plan
@@ -79,7 +80,7 @@ def test_the_efa_step_goes_before_verify():
     assert names.index("efa") == names.index("verify") - 1
 
 
-def _efa_script(installer: cluster.EfaInstaller | None = None):
+def _efa_script(installer: aws_efa.EfaInstaller | None = None):
     plan = make_plan(NodeRequest(gpu="H100:8"))
     plan = cluster.with_efa_step(plan, cluster.network_for(CAT.instance_type("p5.48xlarge")))
     if installer is not None:

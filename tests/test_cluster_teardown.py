@@ -26,6 +26,7 @@ class ClusterCloud(FakeCloud):
     addresses: dict[str, str] = field(default_factory=dict)  # recorded name (tag) -> allocation id
     capabilities: frozenset[str] = frozenset({"addresses"})  # find_address: capabilities.py's ADDRESSES
     name: str = "aws"
+    address_name: str = "Elastic IP"
 
     def find_address(self, region: str, name: str) -> str | None:
         self.calls.append(("find_address", name))
@@ -40,6 +41,9 @@ class ClusterCloud(FakeCloud):
 
     def address_count(self, region: str) -> int:
         raise AssertionError("address_count")
+
+    def check_room(self, region: str, nodes: int, types: object) -> None:
+        raise AssertionError("check_room")
 
 
 @pytest.fixture

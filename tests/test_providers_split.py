@@ -1,7 +1,7 @@
 """The provider protocol's split (cloud/providers/base.py core, capabilities.py): a cloud is chosen by `--cloud`
 through the registry (cloud/providers/__init__.py), a cloud whose module is not installed is one error line, a
 provider that declares no capability is refused by name where cloud/ needs one, and no EC2 or boto name is in
-cloud/'s code and messages outside providers/aws* and the modules of AWS-only capabilities (read over the source).
+cloud/'s code and messages outside providers/aws* (read over the source: every module of cloud/ itself).
 In-process: the registry's entry is swapped for a stub in the test."""
 
 from __future__ import annotations
@@ -21,21 +21,11 @@ from gpuprov.errors import UserInputError
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpuprov" / "cloud"
 WORDS = re.compile(r"\bEC2\b|boto|botocore|\bAMIs?\b|Elastic IP|ClientToken|\bami-|\bAWS\b")
-# modules of capabilities only AWS has in gpuprov, AWS-only by nature
-AWS_ONLY = {
-    "cluster_network.py": "EFA, AWS's RDMA fabric, and its installer step",
-    "addresses.py": "the Elastic IP quota of a cluster's nodes (the addresses capability)",
-    "capacity.py": "Capacity Blocks for ML (the reservations capability)",
-    "reservations.py": "Capacity Reservations and Blocks (the reservations capability)",
-    "region.py": "the region from the AWS chain (AWS_REGION, the AWS profile)",
-}
-# what is still EC2's wording in the shared modules, per module: may shrink, never grow
-STILL = {"cluster_up.py": 3, "contact.py": 1, "images.py": 5, "launch.py": 5, "node.py": 1,
-         "stopstart.py": 3, "teardown.py": 1}
 
 
 def cloud_words(path: Path) -> list[str]:
-    """`line: text` of each identifier or string (docstrings and comments aside) that names EC2, boto or AWS."""
+    """`line: text` of each identifier, attribute, imported module or string (docstrings and comments aside) that
+    names EC2, boto or AWS."""
     tree = ast.parse(path.read_text())
     docs = {id(n.body[0].value) for n in ast.walk(tree)
             if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
@@ -46,6 +36,10 @@ def cloud_words(path: Path) -> list[str]:
             text = node.value
         elif isinstance(node, ast.Name):
             text = node.id
+        elif isinstance(node, ast.Attribute):
+            text = node.attr
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            text = " ".join([getattr(node, "module", None) or "", *(a.name for a in node.names)])
         elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             text = node.name
         else:
@@ -56,14 +50,8 @@ def cloud_words(path: Path) -> list[str]:
 
 
 def test_no_ec2_name_in_cloud_outside_the_aws_modules() -> None:
-    grown = {}
-    for path in sorted(SRC.glob("*.py")):
-        if path.name in AWS_ONLY:
-            continue
-        words = cloud_words(path)
-        if len(words) > STILL.get(path.name, 0):
-            grown[path.name] = words
-    assert not grown, f"EC2/AWS wording in cloud/ (say it as the provider's title, or move it to providers/aws*): {grown}"
+    found = {path.name: words for path in sorted(SRC.glob("*.py")) if (words := cloud_words(path))}
+    assert not found, f"EC2/AWS wording in cloud/ (say it as the provider's title, or move it to providers/aws*): {found}"
 
 
 class Stub:

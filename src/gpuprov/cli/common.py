@@ -263,7 +263,7 @@ def region_from(given: str | None, *, quiet: bool = False, cloud: str | None = N
     """The region a command works in, in `cloud` (else the chosen one): AWS's chain, or another cloud's own
     (`_region_of`). Where it did not come from --region it is said, on stderr so piped output stays clean (`quiet`:
     the caller says it once its other input is valid)."""
-    from gpuprov.cloud.region import resolve
+    from gpuprov.cloud.providers.aws_region import resolve
     from gpuprov.plan import catalog
 
     if (cloud or chosen_cloud()) != "aws":

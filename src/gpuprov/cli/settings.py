@@ -29,7 +29,7 @@ def config_cmd(as_json: bool, show_path: bool) -> None:
     file, which wins over the built-in default.
     """
     from gpuprov.cli.fittable import Column, FitTable
-    from gpuprov.cloud.region import resolve
+    from gpuprov.cloud.providers.aws_region import resolve
     from gpuprov.paths import config_path
     from gpuprov.plan import config
 

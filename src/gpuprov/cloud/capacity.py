@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuprov.cloud.providers.base import BlockOffering, BlockUnknown, Provider, Reservation
-from gpuprov.cloud.providers.capabilities import BLOCKS, need
+from gpuprov.cloud.providers.capabilities import BLOCKS, need, service
 from gpuprov.cloud.settle import settle_window
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.files import lock_beside, locked, write_atomic
@@ -145,7 +145,7 @@ def buy(provider: Provider, offering: str, say: Say) -> Block:
         _set(offering, state="failed", note=str(exc)[:300])
         raise
     if purchase.lost:
-        say(f"  the purchase's answer was lost ({purchase.lost}); EC2 lists the block it bought: "
+        say(f"  the purchase's answer was lost ({purchase.lost}); {service(provider)} lists the block it bought: "
             f"{purchase.reservation.id} ({purchase.reservation.state}); it was asked for once")
     return _bought(offering, purchase.reservation)
 

@@ -3,9 +3,9 @@ one, the EFA interfaces AWS's layout asks for on the cards that carry EFA, and t
 with device RDMA only where the EFA device does RDMA read, or TCP). Pure: `gpuprov plan --nodes N` prints the
 same layout `up --nodes N` launches with.
 
-The interfaces: ENA primary at card 0/device 0, EFA-only at card 0/device 1 when card 0 carries EFA (p6-b300's
-does not) and device 0 of every other EFA card; one card: one `efa` interface. Device RDMA (`efa_rdma`) is the P
-types' from p4d. `describe` is what `plan --nodes N` prints; `with_efa_step` adds the `efa` step.
+AWS's EFA (its interfaces, its installer and how the plan says them) is providers/aws_efa.py. Device RDMA
+(`efa_rdma`) is the P types' from p4d. `describe` is what `plan --nodes N` prints; `with_efa_step` adds the `efa`
+step.
 """
 
 from __future__ import annotations
@@ -13,31 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from gpuprov.cloud.providers import aws_efa
+from gpuprov.cloud.providers.aws_efa import DEVICE_RDMA_ENV, EFA_INSTALLER, efa_interfaces
 from gpuprov.cloud.providers.base import Nic
 from gpuprov.plan.catalog import InstanceType
 from gpuprov.plan.plan import Plan
 
 Transport = Literal["efa", "tcp"]
-
-# The EFA software (EFA driver, libfabric, rdma-core, Open MPI and the AWS OFI NCCL plugin in one installer).
-# Source: AWS EC2 User Guide, "Elastic Fabric Adapter release notes" (efa-changelog): 1.51.0, October 22, 2026,
-# "Upgrade to Amazon OFI NCCL Plugin 1.22.0"; URL form efa-installer.amazonaws.com/aws-efa-installer-<version>.tar.gz
-# (AWS's "Get started with EFA and NCCL", and aws-parallelcluster-cookbook's installer_url).
-# Environment: FI_PROVIDER=efa selects libfabric's EFA provider; the plugin and libfabric on LD_LIBRARY_PATH, without
-# which NCCL falls back to sockets (NVIDIA-NeMo/RL PR #2359); FI_EFA_USE_DEVICE_RDMA=1 only on the types whose EFA
-# device does RDMA read (catalog `efa_rdma`, p4d and later P types: libfabric refuses the setting on a device without
-# it; aws/sagemaker-training-toolkit torch_distributed.py sets it for those types only).
-@dataclass(frozen=True)
-class EfaInstaller:
-    version: str
-    url: str
-    env: tuple[tuple[str, str], ...]
-
-
-EFA_INSTALLER = EfaInstaller(
-    version="1.51.0", url="https://efa-installer.amazonaws.com/aws-efa-installer-1.51.0.tar.gz",
-    env=(("FI_PROVIDER", "efa"), ("LD_LIBRARY_PATH", "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib")))
-DEVICE_RDMA_ENV = ("FI_EFA_USE_DEVICE_RDMA", "1")
 
 
 @dataclass(frozen=True)
@@ -59,16 +41,6 @@ class ClusterLayout:
     def elastic_ip(self) -> bool:
         """EC2 gives no public address to an instance launched with more than one network interface."""
         return len(self.interfaces) > 1
-
-
-def efa_interfaces(cards: tuple[int, ...]) -> tuple[Nic, ...]:
-    """AWS's layout for EFA on the network cards that carry it (catalog.yaml `cluster_network.interface_source`):
-    one card, card 0: one EFA-with-ENA interface; else an ENA primary (card 0, device 0), an EFA-only interface at
-    card 0 device 1 when card 0 carries EFA, then EFA-only at device 0 on every other EFA card."""
-    if cards == (0,):
-        return (Nic(0, 0, "efa"),)
-    return (Nic(0, 0, "interface"), *((Nic(0, 1, "efa-only"),) if 0 in cards else ()),
-            *(Nic(card, 0, "efa-only") for card in cards if card != 0))
 
 
 def network_for(it: InstanceType, cloud: str = "aws") -> ClusterLayout:
@@ -126,13 +98,7 @@ def describe(layout: ClusterLayout, nodes: int) -> list[str]:
              "placement group: strategy cluster, created before the launch" if layout.placement_group
              else f"placement group: none ({family} is not listed for cluster placement)"]
     if layout.transport == "efa":
-        cards = len({n.card for n in layout.interfaces})
-        kinds = "ENA + EFA-only on each card" if layout.elastic_ip else "EFA with ENA"
-        lines += [f"network: EFA, {cards} card(s), {len(layout.interfaces)} interface(s) a node ({kinds})",
-                  "NCCL: libfabric's EFA provider + AWS OFI NCCL plugin (`efa` step)"
-                  + (", device RDMA (FI_EFA_USE_DEVICE_RDMA=1)" if layout.device_rdma else ", no device RDMA")]
-        if layout.elastic_ip:
-            lines.append("public address: an Elastic IP a node (EC2 gives none with several interfaces)")
+        lines += aws_efa.lines(layout.interfaces, layout.device_rdma)
     else:
         lines.append(f"network: TCP between nodes (no EFA on {layout.instance_type})")
     lines.append("security group: SSH from you; all traffic between the cluster's nodes")
@@ -169,8 +135,7 @@ def with_efa_step(plan: Plan, layout: ClusterLayout) -> Plan:
     steps = list(plan.steps)
     at = next((i for i, s in enumerate(steps) if s.kind == "verify"), len(steps))
     installer = replace(EFA_INSTALLER, env=(*EFA_INSTALLER.env, DEVICE_RDMA_ENV)) if layout.device_rdma else EFA_INSTALLER
-    steps.insert(at, StepPlan("efa", "efa.sh.j2", "stack", f"AWS EFA installer {installer.version} (EFA driver, "
-                              "libfabric, AWS OFI NCCL plugin); NCCL/libfabric environment in /etc/gpuprov/efa.env"
-                              + ("" if layout.device_rdma else f" (no device RDMA: {layout.instance_type}'s EFA has no "
-                                 "RDMA read)"), (("efa", installer),)))
+    steps.insert(at, StepPlan("efa", "efa.sh.j2", "stack",
+                              aws_efa.step_words(installer, layout.instance_type, layout.device_rdma),
+                              (("efa", installer),)))
     return replace(plan, steps=tuple(steps))

@@ -30,7 +30,7 @@ gone. Its timeline has a node's phases, each RunInstances of the whole cluster a
 the bootstrap phase and a `cluster wiring` phase; `--json` returns it with the node row and the nodes dropped.
 
 The `efa` step (templates/efa.sh.j2, on EFA types): AWS's EFA installer at the version in
-cluster_network.EFA_INSTALLER (source: AWS's EFA release notes) and /etc/gpuprov/efa.env (`FI_PROVIDER=efa`, the
+providers/aws_efa.EFA_INSTALLER (source: AWS's EFA release notes) and /etc/gpuprov/efa.env (`FI_PROVIDER=efa`, the
 plugin's and libfabric's library path, and `FI_EFA_USE_DEVICE_RDMA=1` only where the type's EFA device does RDMA
 read).
 """
@@ -51,7 +51,7 @@ from gpuprov.cloud.cluster_network import ClusterLayout, grouped, instance_of, n
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
 from gpuprov.cloud.failover import Candidate, Order
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, LaunchRequest, Market, Network, NotFound, Provider
-from gpuprov.cloud.providers.capabilities import ADDRESSES, PLACEMENT, RDMA, need, title
+from gpuprov.cloud.providers.capabilities import ADDRESSES, PLACEMENT, RDMA, need, service
 from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.errors import GpuprovError, UserInputError
@@ -101,8 +101,9 @@ def check_cluster_options(plan: Plan, opts: launch.UpOptions, copts: ClusterOpti
         raise UserInputError("--budget", "a budget is per node; a cluster's is not supported yet",
                              "use --ttl for the cluster's deadline (every node gets it)")
     if plan.request.spot and plan.request.persistent:  # EC2 guide, "Placement group rules and limitations"
-        raise UserInputError("--persistent", "EC2 cannot launch a spot instance that stops on interruption into a "
-                             "placement group", "drop --persistent (a cluster's spot nodes terminate on interruption)")
+        raise UserInputError("--persistent", f"{service(plan.request.cloud)} cannot launch a spot instance that "
+                             "stops on interruption into a placement group",
+                             "drop --persistent (a cluster's spot nodes terminate on interruption)")
 
 
 def up(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider: Provider, store: Store,
@@ -253,8 +254,7 @@ def _launch(plan: Plan, opts: launch.UpOptions, copts: ClusterOptions, provider:
         _landed(plan, store, name, cand)
         store.update_node(name, **reservations.recorded(opts, provider, region))
         if len(instances) < copts.nodes:
-            who = "EC2" if provider.name == "aws" else title(provider)  # AWS's wording as it always was
-            say(f"  {who} launched {len(instances)} of {copts.nodes} (at least {copts.at_least} asked for)")
+            say(f"  {service(provider)} launched {len(instances)} of {copts.nodes} (at least {copts.at_least} asked for)")
         return instances, layout, attempts
     tried = "; ".join(f"{a.candidate.instance_type}/{a.candidate.zone}/{a.candidate.market}: {a.code}" for a in attempts)
     raise launch.NoCapacity(f"no zone could hold all {copts.at_least} nodes of the cluster: {tried}", attempts)
@@ -298,7 +298,7 @@ def _member(name: str, region: str, rank: int, inst: Instance, opts: launch.UpOp
         allocation = addresses.allocate_address(region, name, label)
         store.created(rid, allocation)
         public = addresses.associate_address(region, allocation, inst.id, settle=settle_window())
-        say(f"  node {rank}: Elastic IP {public}")
+        say(f"  node {rank}: {addresses.address_name} {public}")
     address = inst.private_ip if opts.connect == "private" else public
     if not address:
         raise GpuprovError(f"{inst.id} has no {opts.connect} address; use --connect private (VPN/bastion) "

@@ -30,7 +30,7 @@ def made_up_address(address: str) -> bool:
     internet that gpuprov must never try to log in to."""
     import ipaddress
 
-    from gpuprov.cloud.region import local_endpoint
+    from gpuprov.cloud.providers import local_endpoint
 
     if local_endpoint() is None:
         return False
@@ -42,10 +42,12 @@ def made_up_address(address: str) -> bool:
 
 def check_address(address: str) -> None:
     """Refuse to reach `address` when a local endpoint made it up (see made_up_address)."""
-    from gpuprov.cloud.region import local_endpoint
+    from gpuprov.cloud.providers import local_endpoint
 
-    if made_up_address(address):
-        raise GpuprovError(f"the address {address} comes from the local AWS endpoint {local_endpoint()}, "
+    local = local_endpoint()
+    if local is not None and made_up_address(address):
+        cloud, url = local
+        raise GpuprovError(f"the address {address} comes from the local {cloud} endpoint {url}, "
                            "which makes public addresses up: it may be a real machine on the internet, so gpuprov "
                            "does not connect to it\n  launch with --connect private and the endpoint's --subnet "
                            "(`make sandbox` sets both in its config)")

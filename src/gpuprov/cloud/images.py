@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict
 
 from gpuprov.cloud import destroy
+from gpuprov.cloud.providers import CLOUDS, image_ids
+from gpuprov.cloud.providers import DEFAULT as DEFAULT_CLOUD
 from gpuprov.cloud.providers.base import IMAGES, CloudResource, Image, Provider
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import UserInputError
@@ -146,13 +148,20 @@ def check_image_name(name: str) -> str:
     return name
 
 
-def check_spec(spec: str | None) -> None:
-    """--image before any AWS call: fresh, dlami, an AMI id, or a baked image's name."""
-    if spec is None or spec in ("fresh", "dlami") or re.fullmatch(r"ami-[0-9a-f]{8,17}", spec):
+def check_spec(spec: str | None, cloud: str = DEFAULT_CLOUD) -> None:
+    """--image before any call to the cloud: fresh, dlami, an image id of the cloud's, or a baked image's name."""
+    ids = image_ids(cloud)
+    if spec is None or spec in ("fresh", "dlami") or (ids is not None and re.fullmatch(ids.pattern, spec)):
         return
     if not _NAME.fullmatch(spec):
-        raise UserInputError("--image", f"{spec!r} is no image", "fresh, dlami, an AMI id (ami-...), or the name "
-                             "of an image you baked (`gpuprov image list`)")
+        raise UserInputError("--image", f"{spec!r} is no image", f"fresh, dlami, {ids.words + ', ' if ids else ''}"
+                             "or the name of an image you baked (`gpuprov image list`)")
+
+
+def is_image_id(spec: str, cloud: str) -> bool:
+    """Whether --image (or image delete's NAME|ID) names an image by the cloud's id rather than by a name."""
+    ids = image_ids(cloud)
+    return ids is not None and spec.startswith(ids.prefix)
 
 
 def ec2_arch(plan: Plan) -> str:
@@ -168,8 +177,9 @@ def check_architecture(plan: Plan, image_id: str, architecture: str | None) -> N
     wanted = ec2_arch(plan)
     if architecture is not None and architecture != wanted:
         it = plan.instance.name if plan.instance else "the plan"
-        raise UserInputError("--image", f"{image_id} is an {architecture} image and {it} runs {wanted} "
-                             "(EC2's ProcessorInfo.SupportedArchitectures)",
+        found = CLOUDS.get(plan.request.cloud)
+        source = f" ({found.arch_from})" if found and found.arch_from else ""
+        raise UserInputError("--image", f"{image_id} is an {architecture} image and {it} runs {wanted}{source}",
                              f"an {wanted} image of the OS (leave --image out: gpuprov picks it), or another --gpu")
 
 
@@ -179,13 +189,13 @@ def choose(plan: Plan, spec: str | None, provider: Provider) -> ImageChoice:
     (refused when its driver branch is known and differs from the plan's). An AMI id as given; a name: that
     baked image of this owner."""
     region, os_name, arch = plan.request.region, plan.request.os, ec2_arch(plan)
-    check_spec(spec)
+    check_spec(spec, provider.name)
     stack = plan_stack(plan)
     if spec == "dlami":
         return _dlami(plan, provider)
     if spec == "fresh":
         return _public(provider, region, os_name, stack, "--image fresh: every step runs", arch)
-    if spec is not None and spec.startswith("ami-"):
+    if spec is not None and is_image_id(spec, provider.name):
         return ImageChoice(spec, "given", stack=stack)
     if spec is not None:
         named = [i for i in provider.images(region, name=spec) if i.state == "available"]
@@ -258,7 +268,8 @@ def listing(regions: Sequence[str], provider: Provider, store: Store) -> list[Li
 def find(spec: str, regions: Sequence[str], provider: Provider) -> Image:
     """An image of this owner by id or name in these regions."""
     for region in regions:
-        found = provider.images(region, ids=[spec]) if spec.startswith("ami-") else provider.images(region, name=spec)
+        found = provider.images(region, ids=[spec]) if is_image_id(spec, provider.name) else \
+            provider.images(region, name=spec)
         if found:
             return found[-1]
     raise UserInputError("NAME|ID", f"no image {spec!r} of yours in {', '.join(regions)}",

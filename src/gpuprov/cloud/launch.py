@@ -31,7 +31,7 @@ from gpuprov.cloud import destroy, images, keys, own_network
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.failover import Candidate, Order, candidates, default_cap
 from gpuprov.cloud.providers.base import Access, Instance, LaunchError, Market, Network, Provider, Reservation
-from gpuprov.cloud.providers.capabilities import LIVE_OFFERS, ROLES, STOP_MODES, need, offered, title
+from gpuprov.cloud.providers.capabilities import LIVE_OFFERS, ROLES, STOP_MODES, need, offered, service, title
 from gpuprov.cloud.settle import settle_window
 from gpuprov.cloud.tags import owner
 from gpuprov.cloud.teardown import take_down
@@ -154,7 +154,7 @@ def check_options(plan: Plan, opts: UpOptions) -> None:
     """Refuse option combinations that cannot mean what the user wants, before anything is asked of AWS."""
     spot = plan.request.spot
     if plan.instance is None and plan.gpu is not None:
-        raise UserInputError("--gpu", f"no AWS instance type carries {plan.gpu.name}",
+        raise UserInputError("--gpu", f"no {title(plan.request.cloud)} instance type carries {plan.gpu.name}",
                              f"bootstrap a {plan.gpu.name} host of your own: gpuprov bootstrap HOST")
     if plan.instance is not None and plan.instance.ultraserver and not opts.capacity_block:
         it, region = plan.instance, plan.request.region
@@ -164,7 +164,7 @@ def check_options(plan: Plan, opts: UpOptions) -> None:
                              f"{it.ultraserver} --ultraserver-count 1 --capacity-duration-hours 24, then aws ec2 "
                              f"purchase-capacity-block --region {region} --capacity-block-offering-id cb-… "
                              "--instance-platform Linux/UNIX; then up --capacity-block cr-…")
-    images.check_spec(opts.image)
+    images.check_spec(opts.image, plan.request.cloud)
     if opts.ssh_cidr is not None:
         ssh_cidr(opts.ssh_cidr)  # a malformed CIDR is refused before anything else
         if opts.ipv6 and opts.connect == "private":
@@ -212,11 +212,12 @@ def check_reachable(opts: UpOptions) -> None:
     """With a local endpoint (moto, `make sandbox`) the public addresses it gives instances are made up, and may
     be real machines on the internet: an `up` that would connect to one is refused before anything is created
     (the last of the input checks, so a bad value elsewhere is named first)."""
-    from gpuprov.cloud.region import local_endpoint
+    from gpuprov.cloud.providers import local_endpoint
 
-    endpoint = local_endpoint()
-    if endpoint and opts.connect == "public" and opts.wait:
-        raise UserInputError("--connect", f"the AWS endpoint is a local one ({endpoint}): the public addresses it "
+    local = local_endpoint()
+    if local and opts.connect == "public" and opts.wait:
+        cloud, endpoint = local
+        raise UserInputError("--connect", f"the {cloud} endpoint is a local one ({endpoint}): the public addresses it "
                              "gives instances are made up, and may be real machines on the internet",
                              "pass --connect private and --subnet (a subnet of the endpoint's); `make sandbox` sets "
                              "both in its config, or add --no-bootstrap --no-wait to reach nothing")
@@ -247,7 +248,7 @@ def quota_error(attempt: Attempt, provider: Provider, region: str, also: str = "
     unverified = f"\n  (unverified: {q.unverified})" if q.unverified else ""
     raise_it = f":\n  {increase_command(q, region, current, count * it.vcpu)}" if it else ""
     return QuotaExceeded(
-        f"{head}\n  AWS counts its quotas in vCPUs: {needs}. Raise '{q.name}' ({q.code}) in "
+        f"{head}\n  {title(provider)} counts its quotas in vCPUs: {needs}. Raise '{q.name}' ({q.code}) in "
         f"{region}{now}{raise_it}{unverified}{also}")
 
 
@@ -361,7 +362,8 @@ def _check_instance_profile(provider: Provider, region: str, name: str, say: Say
     """The profile must exist before anything is made (EC2 would refuse the launch: InvalidParameterValue)."""
     exists = need(provider, ROLES, what="--instance-profile").instance_profile_exists(region, name)
     if exists is None:
-        say(f"could not ask IAM about instance profile {name} (no iam:GetInstanceProfile): EC2 will say at launch")
+        say(f"could not ask IAM about instance profile {name} (no iam:GetInstanceProfile): {service(provider)} will say "
+            "at launch")
     elif not exists:
         raise UserInputError("--instance-profile", f"no instance profile {name!r} in this account (IAM GetInstanceProfile: "
                              "NoSuchEntity)", f"create it and give it a role: aws iam create-instance-profile "

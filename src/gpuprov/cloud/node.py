@@ -56,7 +56,7 @@ from gpuprov.cloud.providers.base import (
     NotFound,
     Provider,
 )
-from gpuprov.cloud.providers.capabilities import title
+from gpuprov.cloud.providers.capabilities import service, title
 from gpuprov.cloud.reservations import block_guards, recorded, reservation_of, resolved
 from gpuprov.cloud.settle import settle, settle_window
 from gpuprov.cloud.tags import owner
@@ -265,7 +265,7 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
 
 REFRESHED = ("ready", "running", "bootstrapping", "stopped", "interrupted")
 SPOT_STOPPED = "Server.SpotInstanceShutdown"
-INTERRUPTED = "EC2 restarts it when capacity returns"
+INTERRUPTED = "{service} restarts it when capacity returns"  # the state reason of a node its cloud stopped
 
 
 def refresh(store: Store, provider: Provider, say: Say | None = None) -> list[Node]:
@@ -312,7 +312,8 @@ def _refreshed(n: Node, rows: list[Resource], found: dict[str, Instance], store:
         # when capacity returns ("Only Amazon EC2 can restart an interrupted stopped Spot Instance")
         if n.state != "interrupted":
             now = time.time()
-            store.update_node(n.name, state=NodeState.INTERRUPTED, stopped_at=now, state_reason=INTERRUPTED,
+            store.update_node(n.name, state=NodeState.INTERRUPTED, stopped_at=now,
+                              state_reason=INTERRUPTED.format(service=service(n.provider)),
                               **n.stopped_run(now))
             store.event(n.name, "interrupted", f"{SPOT_STOPPED}: stopped by {title(n.provider)}")
         return

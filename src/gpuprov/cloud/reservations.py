@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuprov.cloud.failover import Candidate, Order
 from gpuprov.cloud.providers.base import Provider, Reservation
-from gpuprov.cloud.providers.capabilities import BLOCKS, need, offered
+from gpuprov.cloud.providers.capabilities import BLOCKS, need, offered, service
 from gpuprov.errors import UserInputError
 from gpuprov.plan.plan import Plan
 from gpuprov.state import Node
@@ -103,7 +103,7 @@ PAYMENT_WAIT = 300.0  # seconds a freshly bought block may stay payment-pending 
 
 def _paid(res: Reservation, provider: Provider, region: str, flag: str, say: Say) -> Reservation:
     """A block bought moments ago is `payment-pending` until EC2 has taken the payment: waited for, not refused."""
-    say(f"{res.id} is payment-pending (bought moments ago): waiting for EC2 to take the payment")
+    say(f"{res.id} is payment-pending (bought moments ago): waiting for {service(provider)} to take the payment")
     deadline, wait = time.monotonic() + PAYMENT_WAIT, float(getattr(provider, "poll", 2.0))
     while res.state == "payment-pending":
         if time.monotonic() + wait > deadline:
@@ -135,7 +135,7 @@ def startable(node: Node, instance_type: str, instance_id: str, provider: Provid
     why = (f"its {what} {node.reservation_id} " + ("has ended" if ended else f"holds {res.instance_type if res else '?'}"
                                                    f", not {instance_type}"))
     disk = f"its {node.disk_gb} GB disk" if node.disk_gb else "its disk"
-    raise UserInputError("NAME", f"{node.name} cannot start: {why}, and EC2 starts it only there; {disk} bills "
+    raise UserInputError("NAME", f"{node.name} cannot start: {why}, and {service(provider)} starts it only there; {disk} bills "
                          "while it stays stopped",
                          f"`gpuprov start {node.name} --move` takes it (image, disk and all) to on-demand capacity "
                          f"in another zone; or make it start outside the reservation: aws ec2 "
@@ -153,7 +153,7 @@ def _open_first(order: Order, provider: Provider, region: str, say: Say) -> Orde
             if r.state == "active" and r.match == "open" and r.available > 0}
     first = [c for c in order.candidates if (c.instance_type, c.zone) in room]
     say(f"open reservations with room: {len(first)} of the candidates" if first else
-        "no open reservation with room for these types: EC2 launches on-demand as usual")
+        f"no open reservation with room for these types: {service(provider)} launches on-demand as usual")
     return Order(tuple(first + [c for c in order.candidates if c not in first]), order.skipped, order.max_hourly)
 
 
@@ -203,8 +203,9 @@ def block_guards(plan: Plan, node: Node, say: Say) -> Plan:
     from gpuprov.plan.plan import replace_guards
 
     end = int(node.reservation_end)
-    say(f"Capacity Block ends {_when(datetime.fromtimestamp(end, timezone.utc))}: EC2 ends the instance 30 min "
-        "before; the node warns and runs its on-interrupt hook 40 min before")
+    when = _when(datetime.fromtimestamp(end, timezone.utc))
+    say(f"Capacity Block ends {when}: {service(node.provider)} ends the instance 30 min before; the node warns and "
+        "runs its on-interrupt hook 40 min before")
     return replace_guards(plan, plan.guards.model_copy(update={"block_end": end}))
 
 

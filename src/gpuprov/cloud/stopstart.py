@@ -410,9 +410,11 @@ def came_up(name: str, node: Node, instance: Instance, opts: StartOptions, now_t
                                        budget=budget_left(node, at=node.stopped_at))
     elif new_instance:  # no bootstrap, but `ssh NAME` needs the new key pinned
         from gpuprov.cloud.contact import made_up_address, pin_new_host_key
+        from gpuprov.cloud.providers import local_endpoint
 
-        if made_up_address(address):  # a local endpoint's: never logged in to (contact.check_address)
-            say(f"{name}: {address} comes from the local AWS endpoint: its host key is not pinned")
+        local = local_endpoint()
+        if local is not None and made_up_address(address):  # never logged in to (contact.check_address)
+            say(f"{name}: {address} comes from the local {local[0]} endpoint: its host key is not pinned")
         else:
             try:
                 pin_new_host_key(name, node.ssh_user or "ubuntu", key_path, address, opts.ssh_timeout, say)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from gpuprov.cloud import destroy
 from gpuprov.cloud.providers.base import CloudResource, NotFound, Provider
-from gpuprov.cloud.providers.capabilities import ADDRESSES, need
+from gpuprov.cloud.providers.capabilities import ADDRESSES, need, service
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError
 from gpuprov.state import NodeState, Resource, Store, locks
@@ -189,7 +189,7 @@ def _instances(node: str, region: str, provider: Provider, store: Store, say: Sa
             continue
         if row.cloud_id in kept:
             result.left.append(f"instance {row.cloud_id}: not terminated: its spot request could not be cancelled "
-                               f"({kept[row.cloud_id].partition(': ')[2]}), and EC2 would launch it again")
+                               f"({kept[row.cloud_id].partition(': ')[2]}), and {service(provider)} would launch it again")
             continue
         try:
             destroy.end(provider, node, region, [row.cloud_id], settle=settle(row, result.started))

@@ -36,7 +36,7 @@ A value that came from here and is refused is blamed on its key and line (`where
 row's fallback, the AWS chain, is handed in by the CLI, so this part reads no cloud) and `check_effective()`
 checks every value shown (a bad one is exit 2 naming its variable or `PATH:LINE: key`); `key_for(command,
 param)` maps an option to its key. A GPUPROV_CONFIG that names no file is an error. The region is no Click
-default: cloud/region.py reads the file between the AWS environment variables and the AWS profile.
+default: cloud/providers/aws_region.py reads the file between the AWS environment variables and the AWS profile.
 """
 
 from __future__ import annotations

@@ -7,13 +7,18 @@ reservations and blocks, object storage, image copy, stop modes, live offers), e
 `capabilities.need`.
 boto3 is imported here only (and by state/s3.py for the team's bucket). aws.py composes aws_base.py (clients, the
 one error path), aws_instances.py and aws_images.py; aws_refusals.py is the table of what each launch refusal
-means; aws_iam.py and aws_capacity.py make the IAM and capacity calls. Alibaba Cloud ECS, through its own SDK:
+means; aws_iam.py and aws_capacity.py make the IAM and capacity calls; aws_region.py is the AWS CLI's region chain
+and AWS's endpoint when it is on this machine, and aws_efa.py AWS's EFA layout and installer, both with no SDK.
+Alibaba Cloud ECS, through its own SDK:
 alibaba.py on alibaba_base.py (the client, the one error path) and alibaba_images.py;
 alibaba_refusals.py is what each launch refusal means (the GPU families' documented facts are data, read by
 plan/catalog_alibaba.py).
 
 `CLOUDS` is the registry: a cloud's name (what `--cloud` takes and what a node records) to the module and class
-that implement it, imported only when a command makes one (`make`), and its name as people write it (`title`).
+that implement it, imported only when a command makes one (`make`), and its name as people write it (`title`);
+beside them, what cloud/ reads of a cloud without making one, so that cloud/ names none: its service as its rules
+name it (`service`), how its image ids look (`image_ids`), and its endpoint when that is on this machine
+(`local_endpoint`, from a module of its own with no SDK).
 A cloud whose module is not installed is refused by name, in one line.
 """
 
@@ -43,10 +48,26 @@ class Cloud:
     # its provider declares SPOT_STOP (every spot instance stops, its disk kept): what `status` says of a record
     # without importing the cloud's SDK (tests/test_alibaba_lifecycle.py holds the two together)
     spot_stops: bool = False
+    # a module of its own, with no SDK, whose `local_endpoint()` says where its calls go when that is on this
+    # machine (a local imitation, whose public addresses are made up); "": gpuprov reads none for it
+    local: str = ""
+    images: ImageIds | None = None  # how its image ids look, where --image may give one
+    arch_from: str = ""  # where its instance types' CPU architectures are read, as a refusal names it
+
+
+@dataclass(frozen=True)
+class ImageIds:
+    """How a cloud's image ids look: what --image is held to before anything is asked, and how a hint names one."""
+
+    prefix: str  # an --image that starts so is an id, not a baked image's name
+    pattern: str  # the whole id (a regular expression)
+    words: str  # a hint's name for one: "an AMI id (ami-...)"
 
 
 CLOUDS: dict[str, Cloud] = {
-    "aws": Cloud("gpuprov.cloud.providers.aws", "AwsProvider", "AWS", "EC2"),
+    "aws": Cloud("gpuprov.cloud.providers.aws", "AwsProvider", "AWS", "EC2", local="gpuprov.cloud.providers.aws_region",
+                 images=ImageIds("ami-", r"ami-[0-9a-f]{8,17}", "an AMI id (ami-...)"),
+                 arch_from="EC2's ProcessorInfo.SupportedArchitectures"),
     "alibaba": Cloud("gpuprov.cloud.providers.alibaba", "AlibabaProvider", "Alibaba Cloud", "ECS", spot_stops=True),
 }
 DEFAULT = "aws"
@@ -62,6 +83,22 @@ def service(name: str) -> str:
     """A cloud's machines' service as the cloud names it (EC2, ECS); its title when it is not registered."""
     found = CLOUDS.get(name)
     return found.service if found and found.service else title(name)
+
+
+def local_endpoint() -> tuple[str, str] | None:
+    """(the cloud's title, the URL) of the first cloud whose calls go to an endpoint on this machine (moto, `make
+    sandbox`); None when each goes to its cloud. Read from the environment alone, no provider made."""
+    for cloud in CLOUDS.values():
+        url = importlib.import_module(cloud.local).local_endpoint() if cloud.local else None
+        if url:
+            return cloud.title, str(url)
+    return None
+
+
+def image_ids(name: str) -> ImageIds | None:
+    """How cloud `name`'s image ids look (None: it takes no image id by --image yet)."""
+    found = CLOUDS.get(name)
+    return found.images if found else None
 
 
 def unlaunched(name: str, field: str, *, planning: bool = False) -> None:

@@ -48,11 +48,15 @@ from gpuprov.plan.budget import priced
 from gpuprov.settings import settings
 
 UBUNTU_SSM_PREFIX = "/aws/service/canonical/ubuntu/server"
+ADDRESS_QUOTA_CODE = "L-0263D0A3"
+ADDRESS_QUOTA_NAME = "EC2-VPC Elastic IPs"
+ADDRESS_QUOTA_DEFAULT = 5
 
 
 class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
     name = "aws"
     capabilities = frozenset(c.flag for c in ALL)  # every one gpuprov knows
+    address_name = "Elastic IP"
 
     # --- discovery -----------------------------------------------------------------------
 
@@ -227,6 +231,29 @@ class AwsProvider(AwsInstances, AwsImages, AwsCapacity, AwsIam):
             if exc.code != "InvalidPlacementGroup.Duplicate":
                 raise
         return name
+
+    def check_room(self, region: str, nodes: int, types: Sequence[str]) -> None:
+        """EC2 gives no public address to an instance launched with more than one network interface, so each node of
+        a public EFA cluster (p4d, p5, p5en, p6: several network cards) gets an Elastic IP after it runs. The account
+        may hold 5 per region by default (EC2 user guide, "Elastic IP addresses", as of awsdocs/amazon-ec2-user-guide
+        2023: "By default, all AWS accounts are limited to five (5) Elastic IP addresses per Region"), the quota
+        "EC2-VPC Elastic IPs" (Service Quotas code L-0263D0A3, as public code pairs it with that name; not in the AWS
+        pages read), shared with every address the account already holds there. Past it AllocateAddress answers
+        AddressLimitExceeded."""
+        value = self.quota(region, ADDRESS_QUOTA_CODE)
+        limit = int(value) if value is not None else ADDRESS_QUOTA_DEFAULT
+        held = self.address_count(region)
+        if held + nodes <= limit:
+            return
+        which = "the default" if value is None else "Service Quotas says"
+        raise UserInputError(
+            "--nodes", f"{nodes} nodes of {' or '.join(types)} reached on public addresses need {nodes} Elastic "
+            f"IPs (EC2 gives no public address to an instance with several network interfaces), and {region} has "
+            f"{max(limit - held, 0)} of its {limit} free ({held} in use; quota '{ADDRESS_QUOTA_NAME}', "
+            f"{ADDRESS_QUOTA_CODE}: {which})",
+            f"raise it: aws service-quotas request-service-quota-increase --service-code ec2 --quota-code "
+            f"{ADDRESS_QUOTA_CODE} --desired-value {held + nodes} --region {region}\n  or reach the nodes on their "
+            "private addresses: --connect private (VPN or bastion); or release addresses you no longer use")
 
     def allocate_address(self, region: str, node: str, name: str) -> str:
         """An Elastic IP tagged with `name`. AllocateAddress has no ClientToken (mutations.py: LOOK): sent with

@@ -173,7 +173,7 @@ class AwsBase:
                     try:
                         self._session = boto3.session.Session()
                     except ProfileNotFound as exc:
-                        from gpuprov.cloud.region import profile_not_found
+                        from gpuprov.cloud.providers.aws_region import profile_not_found
 
                         raise profile_not_found(str(exc.kwargs.get("profile", "?"))) from None
                 config = retry_config() if retries else retry_config(attempts=1)
@@ -196,7 +196,7 @@ class AwsBase:
         except NoRegionError:
             raise UserInputError("--region", "no AWS region set", "pass --region or set AWS_REGION") from None
         except ProfileNotFound as exc:
-            from gpuprov.cloud.region import profile_not_found
+            from gpuprov.cloud.providers.aws_region import profile_not_found
 
             raise profile_not_found(str(exc.kwargs.get("profile", "?"))) from None
         except ClientError as exc:

@@ -51,6 +51,8 @@ class Placement(Protocol):
 class Addresses(Protocol):
     """Static public addresses, held apart from any instance and put on one."""
 
+    address_name: str  # what the cloud calls one, in what gpuprov says ("Elastic IP")
+
     def allocate_address(self, region: str, node: str, name: str) -> str:
         """An address tagged with the node and `name`; returns its allocation id."""
         ...
@@ -65,6 +67,11 @@ class Addresses(Protocol):
 
     def address_count(self, region: str) -> int:
         """Addresses the account holds in the region (they count against its quota)."""
+        ...
+
+    def check_room(self, region: str, nodes: int, types: Sequence[str]) -> None:
+        """Refuse `nodes` more addresses (one a node of one of `types`) where they do not fit in the region's quota
+        beside those the account holds: one line with the quota and the increase to ask for."""
         ...
 
 
@@ -264,5 +271,12 @@ def offered(provider: Provider, capability: Capability[C]) -> C | None:
 def title(provider: Provider | str) -> str:
     """The cloud's name as people write it ("AWS", "Alibaba Cloud"), of a provider or of the name a node records."""
     from gpuprov.cloud.providers import title as named
+
+    return named(provider if isinstance(provider, str) else provider.name)
+
+
+def service(provider: Provider | str) -> str:
+    """The cloud's machines' service as the cloud names it in its own rules ("EC2", "ECS")."""
+    from gpuprov.cloud.providers import service as named
 
     return named(provider if isinstance(provider, str) else provider.name)
