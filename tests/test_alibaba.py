@@ -175,6 +175,17 @@ def test_images_are_made_tagged_listed_and_removed_with_their_snapshots(ecs_clou
     assert alibaba.images(REGION) == [] and ecs_cloud.snapshots == {}
 
 
+def test_an_image_of_a_stopped_instance_leaves_it_stopped(ecs_cloud, alibaba):
+    """`start --move` images a stopped node's disk: the reboot a running instance's image gets would start it (found
+    by the randomized walk: a killed move left the node `stopped` with its instance running)."""
+    instance = alibaba.launch(_request(_access(alibaba)), settle=5)
+    alibaba.stop(REGION, [instance.id], settle=1)
+    alibaba.wait_stopped(REGION, [instance.id], timeout=5)
+    alibaba.create_image(ImageRequest(REGION, instance.id, "gpuprov-move-n1-1", "moved", "n1", "m", "ubuntu-22.04"))
+    assert ecs_cloud.instances[instance.id].raw["Status"] == "Stopped"
+    assert "StartInstances" not in [a for a, _ in ecs_cloud.calls]
+
+
 def test_facts_offerings_prices_types_and_quota_are_read_from_ecs(ecs_cloud, alibaba):
     ecs_cloud.stock[(ZONE_I, A10)] = 0
     assert alibaba.offerings(REGION, [A10, "ecs.nope"]) == {A10: [ZONE_H]}
