@@ -113,9 +113,9 @@ class EcsImages(EcsBase):
             params["ImageId"] = ",".join(ids)
         if name:
             params["ImageName"] = name
-        found = [self._image(region, raw) for raw in self._pages(region, "DescribeImages", ("Images", "Image"),
-                                                                    **params)]
-        return [i for i in found if ids or self._mine({TAG_OWNER: i.owner or ""}, everyone)]
+        found = self._pages(region, "DescribeImages", ("Images", "Image"), **params)
+        # mine by all its tags: a team's by gpuprov:team, as every other resource of the team
+        return [self._image(region, raw) for raw in found if ids or self._mine(tags_of(raw), everyone)]
 
     def wait_image(self, region: str, image_id: str, timeout: float, settle: float,
                    progress: Callable[[Image, float], None] | None = None) -> Image:
