@@ -6,7 +6,10 @@ their own member id); `carol` keeps a local state file. Every command is the rea
 Nodes are launched with `--no-bootstrap --no-wait`, but node `h`: it is bootstrapped on a real SSH host of the
 `aws_hosts` pool, with a `when: down` data entry and guards (hosted.py says how its address reaches the host).
 
-Ground truth is the endpoint's own: a boto3 client straight to moto (`aws.ec2()`, `aws.client("s3")`), never
+The cloud is the world's ground (`Ground`): `AwsGround`, moto behind the proxy, or tests/chaos/ecs.py's `EcsGround`,
+the ECS imitation (the same walk on Alibaba Cloud: no hosted node there, so no (b) and (e)); the team's bucket is
+moto's S3 on either. Ground truth is the endpoint's own: a boto3 client straight to moto (`aws.ec2()`,
+`aws.client("s3")`), or the imitation's state, said in EC2's shape (`Cloud`) so each invariant is written once; never
 through gpuprov. The records are read straight too: each home's `state.sqlite` (read-only, as sqlite3 opens it)
 and the bucket's `gp/nodes/*.json` and `gp/unowned.json` objects.
 
