@@ -1,6 +1,7 @@
 """The randomized walk: Hypothesis's RuleBasedStateMachine drives real `gpuprov` commands (world.py says who, against
-what, and the invariants), with faults from the proxy, SIGTERM and SIGKILL at random instants, and two commands at
-once; the invariants are checked after every step.
+what, and the invariants), with faults from the cloud, SIGTERM and SIGKILL at random instants, and two commands at
+once; the invariants are checked after every step. The same walk runs on AWS (`Walk`, moto behind the proxy) and on
+Alibaba Cloud (`AlibabaWalk`, the ECS imitation: ecs.py), each cloud's words in its `Terms`.
 
 A failing walk prints its seed (`make chaos SEED=…` replays it: Hypothesis's choices are the seed's, the timing of
 a signal is the machine's) and the shrunk sequence of rules, then every command it ran and how each ended.
