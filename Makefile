@@ -37,14 +37,16 @@ test-all: install sysdeps
 
 # The randomized walk (tests/chaos), long: WALKS walks of up to STEPS steps from Hypothesis seed SEED, every rule on
 # (KNOWN=1: the KNOWN ones too; or a comma list of them); a failure prints its seed and the shrunk steps.
-# `make test` runs a bounded walk. CHAOS_LOG=FILE: every command as it ends.
+# CLOUD=aws (moto), alibaba (the ECS imitation) or all. `make test` runs a bounded walk of each.
+# CHAOS_LOG=FILE: every command as it ends.
 SEED  ?= 0
 STEPS ?= 50
 WALKS ?= 3
 KNOWN ?= 1
+CLOUD ?= aws
 chaos: install sysdeps
 	GPUPROV_TEST_CHAOS_SEED=$(SEED) GPUPROV_TEST_CHAOS_STEPS=$(STEPS) GPUPROV_TEST_CHAOS_WALKS=$(WALKS) \
-	GPUPROV_TEST_CHAOS_KNOWN=$(KNOWN) GPUPROV_TEST_CHAOS_LOG=$(CHAOS_LOG) $(PY) -m pytest -q -s -n 0 -p no:cacheprovider \
+	GPUPROV_TEST_CHAOS_CLOUD=$(CLOUD) GPUPROV_TEST_CHAOS_KNOWN=$(KNOWN) GPUPROV_TEST_CHAOS_LOG=$(CHAOS_LOG) $(PY) -m pytest -q -s -n 0 -p no:cacheprovider \
 		tests/chaos/test_chaos.py
 
 lint: install

@@ -175,6 +175,30 @@ def test_images_are_made_tagged_listed_and_removed_with_their_snapshots(ecs_clou
     assert alibaba.images(REGION) == [] and ecs_cloud.snapshots == {}
 
 
+def test_an_image_of_a_stopped_instance_leaves_it_stopped(ecs_cloud, alibaba):
+    """`start --move` images a stopped node's disk: the reboot a running instance's image gets would start it (found
+    by the randomized walk: a killed move left the node `stopped` with its instance running)."""
+    instance = alibaba.launch(_request(_access(alibaba)), settle=5)
+    alibaba.stop(REGION, [instance.id], settle=1)
+    alibaba.wait_stopped(REGION, [instance.id], timeout=5)
+    alibaba.create_image(ImageRequest(REGION, instance.id, "gpuprov-move-n1-1", "moved", "n1", "m", "ubuntu-22.04"))
+    assert ecs_cloud.instances[instance.id].raw["Status"] == "Stopped"
+    assert "StartInstances" not in [a for a, _ in ecs_cloud.calls]
+
+
+def test_a_teams_image_is_the_teams_listed_by_name_and_its_snapshots_kept(ecs_cloud):
+    """A team member's provider lists the team's images (by gpuprov:team, as its other resources): it listed none, so
+    a killed move's image, recorded by name alone, was dropped untracked, and gc took a live image's snapshots for a
+    gone image's (found by the randomized walk on Alibaba Cloud)."""
+    team = AlibabaProvider("me@host/abc", poll=0.01, team={"gpuprov:team": "t1", "gpuprov:member": "m1"})
+    instance = team.launch(_request(_access(team)), settle=5)
+    image_id = team.create_image(ImageRequest(REGION, instance.id, "gpuprov-move-n1-1", "moved", "n1", "m",
+                                              "ubuntu-22.04", no_reboot=True))
+    assert [i.id for i in team.images(REGION, name="gpuprov-move-n1-1")] == [image_id]
+    listed = {(r.kind, r.id) for r in team.tagged(REGION)}
+    assert ("image", image_id) in listed and not any(kind == "snapshot" for kind, _ in listed)
+
+
 def test_facts_offerings_prices_types_and_quota_are_read_from_ecs(ecs_cloud, alibaba):
     ecs_cloud.stock[(ZONE_I, A10)] = 0
     assert alibaba.offerings(REGION, [A10, "ecs.nope"]) == {A10: [ZONE_H]}

@@ -6,7 +6,10 @@ their own member id); `carol` keeps a local state file. Every command is the rea
 Nodes are launched with `--no-bootstrap --no-wait`, but node `h`: it is bootstrapped on a real SSH host of the
 `aws_hosts` pool, with a `when: down` data entry and guards (hosted.py says how its address reaches the host).
 
-Ground truth is the endpoint's own: a boto3 client straight to moto (`aws.ec2()`, `aws.client("s3")`), never
+The cloud is the world's ground (`Ground`): `AwsGround`, moto behind the proxy, or tests/chaos/ecs.py's `EcsGround`,
+the ECS imitation (the same walk on Alibaba Cloud: no hosted node there, so no (b) and (e)); the team's bucket is
+moto's S3 on either. Ground truth is the endpoint's own: a boto3 client straight to moto (`aws.ec2()`,
+`aws.client("s3")`), or the imitation's state, said in EC2's shape (`Cloud`) so each invariant is written once; never
 through gpuprov. The records are read straight too: each home's `state.sqlite` (read-only, as sqlite3 opens it)
 and the bucket's `gp/nodes/*.json` and `gp/unowned.json` objects.
 
@@ -51,7 +54,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tests import forkcli
 from tests.aws.fixture import AwsEndpoint
@@ -92,7 +95,8 @@ class Ran:
 
 @dataclass
 class Cloud:
-    """What moto holds that gpuprov made (a `gpuprov:owner` tag), by kind: id -> the resource as EC2 describes it."""
+    """What the cloud holds that gpuprov made (a `gpuprov:owner` tag), by kind: id -> the resource as EC2 describes
+    it, the shape the invariants read (another cloud's ground, tests/chaos/ecs.py, says its listing in it)."""
 
     instances: dict[str, dict[str, Any]] = field(default_factory=dict)
     volumes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -101,6 +105,7 @@ class Cloud:
     images: dict[str, dict[str, Any]] = field(default_factory=dict)
     snapshots: dict[str, dict[str, Any]] = field(default_factory=dict)
     addresses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sets: dict[str, dict[str, Any]] = field(default_factory=dict)  # placement: {"Name": …} (ECS's deployment sets)
 
 
 @dataclass
@@ -123,31 +128,108 @@ class Broken(AssertionError):
     """An invariant the walk found broken: which, and what shows it."""
 
 
+class Ground(Protocol):
+    """The cloud a walk runs against, as the world needs it: the CLI's environment for it, its ground truth as a
+    `Cloud`, one-shot faults, and an answer held while a second command runs (the `overlap` step)."""
+
+    name: str
+    unset: tuple[str, ...]  # variables of the test's environment the CLI must not see
+
+    def reset(self) -> None: ...
+    def env(self) -> dict[str, str]: ...
+    def cloud(self) -> Cloud: ...
+    def fault(self, rule: dict[str, Any]) -> None: ...
+    def hold(self, action: str) -> int: ...
+    def holding(self, hold: int) -> bool: ...
+    def release(self) -> None: ...
+
+
+class AwsGround:
+    """moto behind the fault proxy (the `aws` fixture), in the proxy's realistic kind; faults are proxy rules."""
+
+    name = "aws"
+    unset: tuple[str, ...] = ()
+
+    def __init__(self, aws: AwsEndpoint) -> None:
+        self.aws = aws
+
+    def reset(self) -> None:
+        pass  # World resets the endpoint: its S3 is the team's bucket on every cloud
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+    def fault(self, rule: dict[str, Any]) -> None:
+        self.aws.faults(rule)
+
+    def hold(self, action: str) -> int:
+        (rule_id,) = self.aws.faults({"action": action, "hold": True, "times": 1, "name": "chaos-overlap"})
+        return int(rule_id)
+
+    def holding(self, hold: int) -> bool:
+        return any(r["id"] == hold and r.get("held") for r in self.aws.rules())
+
+    def release(self) -> None:
+        self.aws.release()
+        # the hold rule, spent whether or not it was met: a rule of the same name replaces it, matching nothing
+        self.aws.faults({"name": "chaos-overlap", "action": "ChaosNothing", "times": 0})
+
+    def cloud(self) -> Cloud:
+        out = Cloud()
+        owned = [{"Name": "tag-key", "Values": [OWNER_TAG]}]
+        for region in REGIONS:
+            ec2 = self.aws.ec2(region)
+            for res in ec2.describe_instances(Filters=owned)["Reservations"]:
+                for i in res["Instances"]:
+                    if i["State"]["Name"] in LIVE:
+                        out.instances[i["InstanceId"]] = i
+            out.volumes.update((v["VolumeId"], v) for v in ec2.describe_volumes()["Volumes"]
+                               if OWNER_TAG in _tags(v) or self._attached_to(v, out.instances))
+            out.groups.update((g["GroupId"], g) for g in ec2.describe_security_groups(Filters=owned)["SecurityGroups"])
+            out.keys.update((k["KeyName"], k) for k in ec2.describe_key_pairs(Filters=owned)["KeyPairs"])
+            out.images.update((i["ImageId"], i) for i in ec2.describe_images(Owners=["self"])["Images"]
+                              if OWNER_TAG in _tags(i))
+            out.snapshots.update((s["SnapshotId"], s) for s in ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]
+                                 if OWNER_TAG in _tags(s))
+            out.addresses.update((a["AllocationId"], a) for a in ec2.describe_addresses(Filters=owned)["Addresses"])
+        return out
+
+    @staticmethod
+    def _attached_to(volume: dict[str, Any], instances: dict[str, dict[str, Any]]) -> bool:
+        return any(a.get("InstanceId") in instances for a in volume.get("Attachments", []))
+
+
 class World:
     """One walk's users, endpoint and ledger. Fresh per Hypothesis example: the endpoint is reset, the homes new."""
 
-    def __init__(self, aws: AwsEndpoint, root: Path, base_env: dict[str, str], hosts: Hosts,
-                 lease_seconds: int = 10) -> None:
+    def __init__(self, aws: AwsEndpoint, root: Path, base_env: dict[str, str], hosts: Hosts | None,
+                 lease_seconds: int = 10, ground: Ground | None = None) -> None:
         aws.reset()
-        self.aws = aws
+        self.aws = aws  # the team's bucket (and, on AWS, the cloud)
+        self.ground = ground or AwsGround(aws)
+        self.ground.reset()
         self.root = root
         self.hosts = hosts
         self.ledger = Ledger()
         s3 = aws.client("s3")
         s3.create_bucket(Bucket=BUCKET)
         s3.create_bucket(Bucket=CKPT_BUCKET)
-        self.subnets = {side: aws.subnet_for_hosts(hosts.block(side), "us-east-1a") for side in ("team", "local")}
-        hosts.homes([root / who / "gp" for who in USERS])
+        self.subnets: dict[str, str] = {}
+        if hosts is not None:
+            self.subnets = {side: aws.subnet_for_hosts(hosts.block(side), "us-east-1a") for side in ("team", "local")}
+            hosts.homes([root / who / "gp" for who in USERS])
         for side in self.subnets:
             (root / f"{side}.yml").write_text(playbook(side))
         s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
         self.envs: dict[str, dict[str, str]] = {}
         for who in USERS:
             (root / who / "home").mkdir(parents=True, exist_ok=True)
-            env = {**base_env, **aws.env(), "GPUPROV_HOME": str(root / who / "gp"), "HOME": str(root / who / "home"),
+            env = {**base_env, **aws.env(), **self.ground.env(), "GPUPROV_HOME": str(root / who / "gp"),
+                   "HOME": str(root / who / "home"),
                    "GPUPROV_TEST_POLL_SECONDS": "0.1", "GPUPROV_TEST_SETTLE_SECONDS": "15", "COLUMNS": "200",
                    "GPUPROV_LEASE_SECONDS": str(lease_seconds)}
-            env.pop("GPUPROV_STATE", None)
+            for gone in ("GPUPROV_STATE", *self.ground.unset):
+                env.pop(gone, None)
             if who in TEAM:
                 env["GPUPROV_STATE"] = STATE
             self.envs[who] = env
@@ -274,7 +356,7 @@ class World:
     def up(self, who: str, name: str, up: tuple[str, ...]) -> Ran:
         """`up` of a name: node `c` a cluster of two, node `h` bootstrapped on its side's host (wiped first unless an
         instance stands on it)."""
-        if name != HOSTED:
+        if name != HOSTED or self.hosts is None:
             return self.gp(who, "up", name, *(("--nodes", "2") if name == CLUSTER else ()), *up)
         side = "team" if who in TEAM else "local"
         if not any(self.hosts.host_of(i.get("PrivateIpAddress")) == (self.hosts.side_host(side), side)
@@ -291,11 +373,12 @@ class World:
             if self.hosts.write(host, f"w{self.ledger.writes}-{self.root.name}"):
                 self.counts["writes"] += 1
 
-    def held(self, rule_id: int, proc: forkcli.Popen, timeout: float = 60) -> bool:
-        """Wait until the proxy holds the answer rule `rule_id` matched (True), or the process ended first (False)."""
+    def held(self, hold: int, proc: forkcli.Popen, timeout: float = 60) -> bool:
+        """Wait until the cloud holds the answer `hold` (Ground.hold) stands for (True), or the process ended first
+        (False)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            if any(r["id"] == rule_id and r.get("held") for r in self.aws.rules()):
+            if self.ground.holding(hold):
                 return True
             if proc.poll() is not None:
                 return False
@@ -303,33 +386,17 @@ class World:
         return False
 
     def fault(self, rule: dict[str, Any]) -> None:
-        self.aws.faults(rule)
+        """A one-shot fault: S3's (`service: s3`) at the proxy in front of the team's bucket, the cloud's by its
+        ground."""
+        if rule.get("service") == "s3":
+            self.aws.faults(rule)
+        else:
+            self.ground.fault(rule)
         self.counts["faults"] += 1
 
     # ------------------------------------------------------------------ ground truth
     def cloud(self) -> Cloud:
-        out = Cloud()
-        owned = [{"Name": "tag-key", "Values": [OWNER_TAG]}]
-        for region in REGIONS:
-            ec2 = self.aws.ec2(region)
-            for res in ec2.describe_instances(Filters=owned)["Reservations"]:
-                for i in res["Instances"]:
-                    if i["State"]["Name"] in LIVE:
-                        out.instances[i["InstanceId"]] = i
-            out.volumes.update((v["VolumeId"], v) for v in ec2.describe_volumes()["Volumes"]
-                               if OWNER_TAG in _tags(v) or self._attached_to(v, out.instances))
-            out.groups.update((g["GroupId"], g) for g in ec2.describe_security_groups(Filters=owned)["SecurityGroups"])
-            out.keys.update((k["KeyName"], k) for k in ec2.describe_key_pairs(Filters=owned)["KeyPairs"])
-            out.images.update((i["ImageId"], i) for i in ec2.describe_images(Owners=["self"])["Images"]
-                              if OWNER_TAG in _tags(i))
-            out.snapshots.update((s["SnapshotId"], s) for s in ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]
-                                 if OWNER_TAG in _tags(s))
-            out.addresses.update((a["AllocationId"], a) for a in ec2.describe_addresses(Filters=owned)["Addresses"])
-        return out
-
-    @staticmethod
-    def _attached_to(volume: dict[str, Any], instances: dict[str, dict[str, Any]]) -> bool:
-        return any(a.get("InstanceId") in instances for a in volume.get("Attachments", []))
+        return self.ground.cloud()
 
     def records(self) -> Records:
         out = Records()
@@ -366,7 +433,8 @@ class World:
         """(a), (b), (d) and (e), as the module docstring says them; raises Broken naming each breach."""
         cloud, records = self.cloud(), self.records()
         problems = self.untracked(cloud, records) + self.stopped_but_running(cloud, records)
-        problems += self.data_and_guards(cloud, records)
+        if self.hosts is not None:  # the hosted nodes' invariants live on their hosts
+            problems += self.data_and_guards(cloud, records)
         if problems:
             raise self.broken("\n".join(problems))
 
@@ -440,6 +508,9 @@ class World:
         for aid, address in cloud.addresses.items():
             if aid not in ids and address.get("PublicIp") not in ids:
                 say("address", aid, address)
+        for sid, placed in cloud.sets.items():  # the row written before the set was asked for has its name
+            if sid not in ids and placed.get("Name") not in ids | tokens:
+                say("placement set", sid, placed)
         return problems
 
     @staticmethod

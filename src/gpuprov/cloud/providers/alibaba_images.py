@@ -64,13 +64,14 @@ class EcsImages(EcsBase):
         running instance as it is ("Data cached in memory on a running instance may not be written to disk",
         CreateImage API reference, alibabacloud.com/help/en/ecs/api-createimage), and a bake relies on that boot
         (its clean-up ran `cloud-init clean` and `sync`: the next boot is a first boot, new host keys and the
-        launch key back)."""
+        launch key back). A stopped instance (a `start --move` images its disk) is left stopped: its disk holds all it
+        wrote, and a start would run, and bill, the instance its node's record calls stopped."""
         tags = self._tag_list(IMAGES, {TAG_STACK: request.stack, TAG_OS: request.os, TAG_SOURCE: request.source_node,
                                        TAG_IMAGE: request.name})
         reply = self._settle("instance", request.instance_id, 60, lambda: self._call(
             request.region, "CreateImage", InstanceId=request.instance_id, ImageName=request.name,
             Description=request.description, ClientToken=f"img-{request.name}"[:64], Tag=tags))
-        if not request.no_reboot:
+        if not request.no_reboot and self._status(request.region, request.instance_id) != "Stopped":
             self._reboot(request.region, request.instance_id)
         return str(reply["ImageId"])
 
@@ -82,12 +83,14 @@ class EcsImages(EcsBase):
         self._call(region, "StartInstances", InstanceId=[instance_id])
         self._until(region, instance_id, "Running", timeout)
 
+    def _status(self, region: str, instance_id: str) -> str | None:
+        found = self._pages(region, "DescribeInstances", ("Instances", "Instance"), InstanceIds=f'["{instance_id}"]')
+        return str(found[0].get("Status")) if found else None
+
     def _until(self, region: str, instance_id: str, status: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
-            found = self._pages(region, "DescribeInstances", ("Instances", "Instance"),
-                                InstanceIds=f'["{instance_id}"]')
-            if found and found[0].get("Status") == status:
+            if self._status(region, instance_id) == status:
                 return
             if time.monotonic() > deadline:
                 raise GpuprovError(f"{instance_id} not {status.lower()} after {timeout:.0f}s")
@@ -110,9 +113,9 @@ class EcsImages(EcsBase):
             params["ImageId"] = ",".join(ids)
         if name:
             params["ImageName"] = name
-        found = [self._image(region, raw) for raw in self._pages(region, "DescribeImages", ("Images", "Image"),
-                                                                    **params)]
-        return [i for i in found if ids or self._mine({TAG_OWNER: i.owner or ""}, everyone)]
+        found = self._pages(region, "DescribeImages", ("Images", "Image"), **params)
+        # mine by all its tags: a team's by gpuprov:team, as every other resource of the team
+        return [self._image(region, raw) for raw in found if ids or self._mine(tags_of(raw), everyone)]
 
     def wait_image(self, region: str, image_id: str, timeout: float, settle: float,
                    progress: Callable[[Image, float], None] | None = None) -> Image:
