@@ -52,6 +52,10 @@ Rules and their sources (read 2026-12-03):
     start giving a new one ("Economical mode for pay-as-you-go instances (including spot instances)",
     alibabacloud.com/help/en/ecs/user-guide/economical-mode, updated 2025-09-15).
 
+A request signed with ECS's RPC signature instead (`Signature` in the query: a node's `ecs-stop` with its RAM
+role's STS credentials) is taken only from credentials granted by `grant_sts`, its common parameters, signature (the
+SDK's own `Utils.get_rpcsignature`), nonce and allowed actions checked first (`check_rpc`, `RPC_COMMON`'s sources).
+
 Faults (`faults`, each a `Fault` for the next matching calls): a refusal with ECS's code, a lost answer (the work
 done, the connection closed), or a held one (the work done, the answer kept until `release()`: a test kills the
 client meanwhile).
