@@ -272,6 +272,10 @@ def test_without_a_ram_role_or_when_ecs_refuses_the_ttl_powers_the_os_off_and_sa
     cloud.grant_sts("STS.node1", "another-secret", STS_TOKEN)
     assert len(tick(1003800)) == 3
     assert "SignatureDoesNotMatch" in (host.sysroot / "var/log/gpuprov/ttl.log").read_text()
+    host.extra_env["GPUPROV_ECS_ENDPOINT"] = "http://127.0.0.1:9"  # ECS not reached at all
+    assert len(tick(1003900)) == 4
+    assert "ECS did not answer StopInstances (http://127.0.0.1:9: [Errno 111] Connection refused); powering the OS " \
+        "off instead" in (host.sysroot / "var/log/gpuprov/ttl.log").read_text()
     assert cloud.instances[iid].raw["Status"] == "Running" and cloud.signed == []
 
 
