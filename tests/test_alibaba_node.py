@@ -190,7 +190,7 @@ def test_a_bootstrapped_ecs_instance_has_its_watch_read_ecss_notice() -> None:
 
 # --- autostop and the TTL ask ECS for economical mode (the node's ecs-stop) --------------------------------------
 
-SECRET, STS_TOKEN = "role-secret-do-not-log", "CAIS-role-token-do-not-log"
+SECRET, STS_TOKEN = "role/secret+do-not-log=", "CAIS+role/token~do not log=="  # the signature encodes these
 
 
 @pytest.fixture
