@@ -1,6 +1,8 @@
 """What runs on an Alibaba Cloud node: the spot watch reads ECS's metadata (tests/alibaba/metadata.py) and feeds the
-same hook as on AWS; autostop and the TTL say what ECS's stop from within bills; the node downloads through
-Alibaba's internal mirror unless the user names sources. In-process and under the shims (fast lane)."""
+same hook as on AWS; autostop and the TTL say what ECS's stop from within bills, and ask ECS for economical mode with
+the instance's RAM role (the ECS imitation checks the node's signature), powering off saying why without one; the node
+downloads through Alibaba's internal mirror unless the user names sources. In-process and under the shims (fast
+lane)."""
 
 from __future__ import annotations
 
