@@ -1,6 +1,8 @@
 """What runs on an Alibaba Cloud node: the spot watch reads ECS's metadata (tests/alibaba/metadata.py) and feeds the
-same hook as on AWS; autostop and the TTL say what ECS's stop from within bills; the node downloads through
-Alibaba's internal mirror unless the user names sources. In-process and under the shims (fast lane)."""
+same hook as on AWS; autostop and the TTL say what ECS's stop from within bills, and ask ECS for economical mode with
+the instance's RAM role (the ECS imitation checks the node's signature), powering off saying why without one; the node
+downloads through Alibaba's internal mirror unless the user names sources. In-process and under the shims (fast
+lane)."""
 
 from __future__ import annotations
 
@@ -186,3 +188,126 @@ def test_a_bootstrapped_ecs_instance_has_its_watch_read_ecss_notice() -> None:
 
     assert cloud("ecs.gn6i-c4g1.xlarge") == "alibaba"
     assert cloud("g4dn.xlarge") == "aws" and cloud(None) == "aws"
+
+
+# --- autostop and the TTL ask ECS for economical mode (the node's ecs-stop) --------------------------------------
+
+SECRET, STS_TOKEN = "role/secret+do-not-log=", "CAIS+role/token~do not log=="  # the signature encodes these
+
+
+@pytest.fixture
+def ecs() -> Iterator[tuple[Any, str]]:
+    from tests.alibaba.server import serve
+
+    with serve() as served:
+        yield served
+
+
+def _running_instance(cloud: Any, metadata: EcsMetadata) -> str:
+    """One instance launched in the imitation, whose metadata the stand-in answers for."""
+    answer, _ = cloud.handle("RunInstances", {"RegionId": "cn-hangzhou", "ZoneId": "cn-hangzhou-h",
+                                              "InstanceType": "ecs.gn7i-c8g1.2xlarge",
+                                              "ImageId": "ubuntu_22_04_x64_20G_alibase_20250101.vhd"})
+    (iid,) = answer["InstanceIdSets"]["InstanceIdSet"]
+    cloud.handle("DescribeInstances", {"RegionId": "cn-hangzhou"})  # Pending -> Running (no boot delay)
+    metadata.instance_id = iid
+    return iid
+
+
+def _ttl_node(tmp_path: Path, metadata: EcsMetadata, endpoint: str) -> tuple[ShimHost, Any]:
+    (step,) = [s for s in make_plan(NodeRequest(gpu="A10", cloud="alibaba", region="cn-hangzhou", ttl_seconds=3600))
+               .bundle().scripts if s.name == "ttl"]
+    host = ShimHost(tmp_path, gpu="A10", extra_env={"GPUPROV_NOW": "1000000", "GPUPROV_METADATA_URL": metadata.url,
+                                                    "GPUPROV_ECS_ENDPOINT": endpoint})
+    assert host.run_script(step).result == "changed"
+    assert (host.sysroot / "usr/local/lib/gpuprov/ecs-stop").stat().st_mode & 0o111
+
+    def tick(now: int) -> list[str]:
+        env = {**host.env(), "GPUPROV_NOW": str(now), "GPUPROV_BOOT_TIME": "999000"}
+        subprocess.run(["bash", str(host.sysroot / "usr/local/lib/gpuprov/ttl-check")], env=env, check=True,
+                       timeout=60)
+        return [c for c in host.calls() if c.startswith("shutdown")]
+
+    return host, tick
+
+
+def test_the_ttl_asks_ecs_to_stop_the_instance_in_economical_mode_with_its_ram_role(tmp_path: Path, metadata,
+                                                                                     ecs) -> None:
+    cloud, endpoint = ecs
+    iid = _running_instance(cloud, metadata)
+    metadata.attach_role("gpuprov-node-stop", "STS.node1", SECRET, STS_TOKEN)
+    cloud.grant_sts("STS.node1", SECRET, STS_TOKEN)
+    host, tick = _ttl_node(tmp_path, metadata, endpoint)
+    assert tick(1003599) == []
+    assert tick(1003600) == []  # ECS took the stop: no power-off from within
+    stops = [f for a, f in cloud.calls if a == "StopInstances"]
+    assert stops == [{"RegionId": "cn-hangzhou", "InstanceId.1": iid, "StoppedMode": "StopCharging"}]
+    assert cloud.signed == [("StopInstances", "STS.node1")]  # the SDK's own RPC signer agreed with the node's
+    cloud.handle("DescribeInstances", {"RegionId": "cn-hangzhou"})  # Stopping -> Stopped
+    row = cloud.instances[iid].raw
+    assert row["Status"] == "Stopped" and row["StoppedMode"] == "StopCharging"
+    log = (host.sysroot / "var/log/gpuprov/ttl.log").read_text()
+    assert f"ECS stops {iid} in economical mode (StopCharging, with the RAM role gpuprov-node-stop)" in log
+    on_disk = "".join(p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()
+                      and "ecs-stop" not in p.name)
+    assert SECRET not in on_disk and STS_TOKEN not in on_disk  # the credentials stay in ecs-stop's process
+
+
+def test_without_a_ram_role_or_when_ecs_refuses_the_ttl_powers_the_os_off_and_says_why(tmp_path: Path, metadata,
+                                                                                      ecs) -> None:
+    cloud, endpoint = ecs
+    iid = _running_instance(cloud, metadata)
+    host, tick = _ttl_node(tmp_path, metadata, endpoint)
+    assert tick(1003600) == ["shutdown -h now gpuprov ttl: the 3600s deadline has passed"]
+    log = (host.sysroot / "var/log/gpuprov/ttl.log").read_text()
+    assert ("no stop in economical mode: the instance has no RAM role (ECS's metadata lists none); powering the OS "
+            "off instead (ECS's standard mode)") in log
+    assert not [a for a, _ in cloud.calls if a == "StopInstances"]
+    # a role whose credentials ECS does not take (or whose policy does not allow the stop): ECS's refusal, then the
+    # power-off
+    metadata.attach_role("gpuprov-node-stop", "STS.node1", SECRET, STS_TOKEN)
+    cloud.grant_sts("STS.node1", SECRET, STS_TOKEN, actions=())
+    assert len(tick(1003700)) == 2
+    assert ("ECS refused StopInstances: HTTP 403 Forbidden.RAM: User not authorized to operate on the specified "
+            "resource, or this API doesn't support RAM.; powering the OS off instead") in \
+        (host.sysroot / "var/log/gpuprov/ttl.log").read_text()
+    cloud.grant_sts("STS.node1", "another-secret", STS_TOKEN)
+    assert len(tick(1003800)) == 3
+    assert "SignatureDoesNotMatch" in (host.sysroot / "var/log/gpuprov/ttl.log").read_text()
+    host.extra_env["GPUPROV_ECS_ENDPOINT"] = "http://127.0.0.1:9"  # ECS not reached at all
+    assert len(tick(1003900)) == 4
+    assert "ECS did not answer StopInstances (http://127.0.0.1:9: [Errno 111] Connection refused); powering the OS " \
+        "off instead" in (host.sysroot / "var/log/gpuprov/ttl.log").read_text()
+    assert cloud.instances[iid].raw["Status"] == "Running" and cloud.signed == []
+
+
+def test_autostop_asks_ecs_for_economical_mode_too_and_an_aws_node_gets_no_ecs_stop(tmp_path: Path, metadata,
+                                                                                   ecs) -> None:
+    from gpuprov.plan.plan import autostop_script, ttl_script
+
+    cloud, endpoint = ecs
+    iid = _running_instance(cloud, metadata)
+    metadata.attach_role("gpuprov-node-stop", "STS.node1", SECRET, STS_TOKEN)
+    cloud.grant_sts("STS.node1", SECRET, STS_TOKEN)
+    script = autostop_script(60, shutdown_action="stop", cloud="alibaba")
+    host = ShimHost(tmp_path / "ali", gpu="A10", extra_env={"GPUPROV_METADATA_URL": metadata.url,
+                                                            "GPUPROV_ECS_ENDPOINT": endpoint})
+    assert host.run_script(script).result == "changed"
+    conf = host.sysroot / "etc/gpuprov/autostop.conf"
+    conf.write_text(conf.read_text().replace("SSH_PORT=22", "SSH_PORT=9"))  # no sshd here: nothing on port 9
+    check = str(host.sysroot / "usr/local/lib/gpuprov/autostop-check")
+    for now in (1000000, 1000060):
+        subprocess.run(["bash", check], env={**host.env(), "GPUPROV_NOW": str(now)}, check=True, timeout=60)
+    assert [c for c in host.calls() if c.startswith("shutdown")] == []
+    assert cloud.instances[iid].raw["StoppedMode"] == "StopCharging" and cloud.signed == [("StopInstances",
+                                                                                           "STS.node1")]
+    assert "in economical mode" in (host.sysroot / "var/log/gpuprov/autostop.log").read_text()
+    stopper = host.sysroot / "usr/local/lib/gpuprov/ecs-stop"
+    aws = ShimHost(tmp_path / "aws", gpu="T4")
+    for step in (autostop_script(60, shutdown_action="stop"), ttl_script(3600, "stop")):
+        assert aws.run_script(step).result == "changed"
+    assert not (aws.sysroot / "usr/local/lib/gpuprov/ecs-stop").exists()
+    assert subprocess.run(["python3", "-m", "py_compile", str(stopper)]).returncode == 0
+    (tmp_path / "step.sh").write_text(script.text)
+    (tmp_path / "ttl.sh").write_text(ttl_script(3600, "stop", cloud="alibaba").text)
+    assert_bash_and_shellcheck_pass([tmp_path / "step.sh", tmp_path / "ttl.sh"])  # the checks: test_guardrails

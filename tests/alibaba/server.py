@@ -52,6 +52,10 @@ Rules and their sources (read 2026-12-03):
     start giving a new one ("Economical mode for pay-as-you-go instances (including spot instances)",
     alibabacloud.com/help/en/ecs/user-guide/economical-mode, updated 2025-09-15).
 
+A request signed with ECS's RPC signature instead (`Signature` in the query: a node's `ecs-stop` with its RAM
+role's STS credentials) is taken only from credentials granted by `grant_sts`, its common parameters, signature (the
+SDK's own `Utils.get_rpcsignature`), nonce and allowed actions checked first (`check_rpc`, `RPC_COMMON`'s sources).
+
 Faults (`faults`, each a `Fault` for the next matching calls): a refusal with ECS's code, a lost answer (the work
 done, the connection closed), or a held one (the work done, the answer kept until `release()`: a test kills the
 client meanwhile).
@@ -99,6 +103,12 @@ REQUIRED = {
     "CreateImage": ("RegionId",),
     "DeleteDeploymentSet": ("DeploymentSetId",),
 }
+# an RPC-signed request's common parameters ("Signature mechanism", help.aliyun.com/en/cmn/developer-reference/
+# signature-mechanism: SignatureMethod HMAC-SHA1, SignatureVersion 1.0, a SignatureNonce used once); SecurityToken
+# comes with STS credentials. The refusals' codes and words: "Troubleshoot API error codes" and ECS's common errors
+# (InvalidSecurityToken.MismatchWithAccessKey's and Forbidden.RAM's wording unverified)
+RPC_COMMON = ("Format", "Version", "AccessKeyId", "SignatureMethod", "Timestamp", "SignatureVersion",
+              "SignatureNonce", "Signature")
 STRATEGIES = ("Availability", "AvailabilityGroup", "LowLatency")
 SET_LIMIT = 20  # instances of one zone in a LowLatency set
 UBUNTU_IMAGES = (("ubuntu_22_04_x64_20G_alibase_20240130.vhd", "x86_64", "2024-01-30T00:00:00Z"),
@@ -249,6 +259,10 @@ class Ecs:
         self.snapshots: dict[str, dict[str, Any]] = {}
         self.sets: dict[str, dict[str, Any]] = {}  # deployment sets by id
         self.tags: dict[tuple[str, str], dict[str, str]] = {}  # (ResourceType, id) -> tags
+        # STS credentials (an instance RAM role's) by AccessKeyId: (secret, security token, actions allowed)
+        self.sts: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+        self.nonces: set[str] = set()
+        self.signed: list[tuple[str, str]] = []  # (action, AccessKeyId) of each RPC-signed request taken
         self.vpc = {"VpcId": "vpc-default", "CidrBlock": "172.16.0.0/12", "IsDefault": True, "Status": "Available",
                     "RegionId": region, "VpcName": "default", "Description": ""}
         self.vpcs: list[dict[str, Any]] = [self.vpc]  # the default one first, then those CreateVpc made
@@ -293,6 +307,46 @@ class Ecs:
         if hold:
             self.released.wait(60)
         return body, lose
+
+    def grant_sts(self, key_id: str, secret: str, token: str, actions: tuple[str, ...] = ("StopInstances",)) -> None:
+        """STS credentials ECS takes from now on (an instance RAM role's), allowed only `actions` (its policy)."""
+        self.sts[key_id] = (secret, token, actions)
+
+    def check_rpc(self, method: str, flat: dict[str, str]) -> dict[str, str]:
+        """An RPC-signed request's own parameters, once its common ones and its signature are checked (each refusal
+        as ECS answers it); what it signed with is recorded in `signed`."""
+        with self.lock:
+            for name in RPC_COMMON:
+                if not flat.get(name):
+                    raise Refused(400, "MissingParameter", f"The input parameter \"{name}\" that is mandatory for "
+                                  "processing this request is not supplied.")
+            if flat["SignatureMethod"] != "HMAC-SHA1" or flat["SignatureVersion"] != "1.0":
+                raise Refused(400, "InvalidParameter", "The specified parameter \"SignatureMethod\" is not valid.")
+            if flat["Version"] != "2014-05-26" or flat["Format"] not in ("JSON", "XML"):
+                raise Refused(400, "InvalidParameter", "The specified parameter \"Version\" is not valid.")
+            try:
+                time.strptime(flat["Timestamp"], "%Y-%m-%dT%H:%M:%SZ")
+            except ValueError:
+                raise Refused(400, "InvalidTimeStamp.Format", "Specified time stamp or date value is not well "
+                              "formatted.") from None
+            key = self.sts.get(flat["AccessKeyId"])
+            if key is None:
+                raise Refused(404, "InvalidAccessKeyId.NotFound", "Specified access key is not found.")
+            secret, token, actions = key
+            if flat.get("SecurityToken") != token:
+                raise Refused(400, "InvalidSecurityToken.MismatchWithAccessKey", "The Security Token does not match "
+                              "the AccessKey.")
+            unsigned = {k: v for k, v in flat.items() if k != "Signature"}
+            if Utils.get_rpcsignature(unsigned, method, secret) != flat["Signature"]:
+                raise Refused(400, "SignatureDoesNotMatch", "Specified signature is not matched with our calculation.")
+            if flat["SignatureNonce"] in self.nonces:
+                raise Refused(400, "SignatureNonceUsed", "Specified signature nonce was used already.")
+            self.nonces.add(flat["SignatureNonce"])
+            if flat.get("Action") not in actions:
+                raise Refused(403, "Forbidden.RAM", "User not authorized to operate on the specified resource, or "
+                              "this API doesn't support RAM.")
+            self.signed.append((flat["Action"], flat["AccessKeyId"]))
+            return {k: v for k, v in unsigned.items() if k not in (*RPC_COMMON, "SecurityToken")}
 
     def release(self) -> None:
         """Every held answer goes out (to a client that may be gone); a later `hold` no longer waits."""
@@ -832,8 +886,10 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length).decode() if length else ""
         flat = dict(parse_qsl(urlsplit(self.path).query, keep_blank_values=True))
         flat.update(parse_qsl(body, keep_blank_values=True))
-        action = self.headers.get("x-acs-action") or flat.pop("Action", "")
         try:
+            if "Signature" in flat:  # an RPC-signed request (the node's ecs-stop), not the SDK's ACS3 one
+                flat = self.ecs.check_rpc(self.command, flat)
+            action = self.headers.get("x-acs-action") or flat.pop("Action", "")
             answer, lose = self.ecs.handle(action, flat)
             status = 200
         except Refused as exc:

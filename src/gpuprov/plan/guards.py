@@ -13,7 +13,10 @@ hook runs once per notice; with a Capacity Block, BLOCK_WARN_SECONDS before its 
 once). Each reads GPUPROV_NOW as its clock, so tests never sleep. The guards call `shutdown`; what that does to a
 launched node is its cloud's: on AWS its InstanceInitiatedShutdownBehavior, set at launch to the node's shutdown
 action; on Alibaba Cloud the instance stops in ECS's standard mode, whose compute may still be billed (`then` says
-which, and the rendered steps with it).
+which, and the rendered steps with it). An Alibaba node's autostop and TTL steps also install `ecs-stop`
+(templates/guard_ecs_stop.py.j2), which the checks run first: StopInstances in economical mode (StopCharging), signed
+with the STS credentials of the instance's RAM role from ECS's metadata; the OS's power-off is the fallback, its
+reason logged, when the instance has no role or ECS refuses.
 """
 
 from __future__ import annotations
@@ -105,11 +108,11 @@ class Guards(BaseModel):
         if self.cloud == "alibaba" and self.shutdown_action is not None:
             # ECS guide, "Economical mode" (help/en/ecs/user-guide/economical-mode): compute stops billing when an
             # instance is stopped in economical mode, which StopInstances' StoppedMode (StopCharging) or the
-            # console's Stop dialog asks for; neither names a stop from within the OS, and nothing on the node can
-            # call them (it holds no credentials)
+            # console's Stop dialog asks for; neither names a stop from within the OS. The node's ecs-stop asks for
+            # it with the instance's RAM role, and a node without one powers its OS off
             return ("the instance stops in ECS's standard mode: its disk is kept and its compute may go on billing "
-                    "(economical mode comes only with a stop asked of ECS's API, as `gpuprov stop` asks; "
-                    "`gpuprov down` ends the bill)")
+                    "(economical mode comes only with a stop asked of ECS's API, as `gpuprov stop` asks, and as the "
+                    "node asks when the instance has a RAM role allowed to stop it; `gpuprov down` ends the bill)")
         return {"stop": "the instance stops (its disk is kept)",
                 "terminate": "the instance terminates (its disk goes with it)"}.get(self.shutdown_action or "",
                                                                                      "the machine powers off")
