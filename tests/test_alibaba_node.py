@@ -207,7 +207,8 @@ def _running_instance(cloud: Any, metadata: EcsMetadata) -> str:
     """One instance launched in the imitation, whose metadata the stand-in answers for."""
     answer, _ = cloud.handle("RunInstances", {"RegionId": "cn-hangzhou", "ZoneId": "cn-hangzhou-h",
                                               "InstanceType": "ecs.gn7i-c8g1.2xlarge",
-                                              "ImageId": "ubuntu_22_04_x64_20G_alibase_20250101.vhd"})
+                                              "ImageId": "ubuntu_22_04_x64_20G_alibase_20250101.vhd",
+                                              "VSwitchId": "vsw-cn-hangzhou-h"})  # the zone's default vSwitch
     (iid,) = answer["InstanceIdSets"]["InstanceIdSet"]
     cloud.handle("DescribeInstances", {"RegionId": "cn-hangzhou"})  # Pending -> Running (no boot delay)
     metadata.instance_id = iid
