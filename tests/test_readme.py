@@ -181,6 +181,8 @@ SAYS = {
     "gpuprov torchrun rack -- code/train.py --epochs 3": "3/3 nodes ok",
     "gpuprov exec multi -- 'echo $NODE_RANK of $NNODES'": "3 of 4",
     "gpuprov facts refresh": "torch: read from http://127.0.0.1:",  # the sandbox's stand-in of the sources
+    "gpuprov up ali --cloud alibaba --gpu T4 --spot": "ali is ready: ecs.gn6i",
+    "gpuprov stop ali": "ali: stopped; its compute is not billed",
 }
 # a terminal stays open until Ctrl-C: these run until they print this, then get SIGINT
 UNTIL = {"gpuprov jupyter exp1": "/lab?token=", "gpuprov monitor exp1": "L40S",
@@ -225,7 +227,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     with module.Sandbox(tmp_path_factory.mktemp("sandbox") / "sb", nodes=14, net=testnet.NET,
-                        hosts_subnet=testnet.subnet("10.1.2"), prefix=testnet.prefix("gps")) as sb:
+                        hosts_subnet=testnet.subnet("10.1.2"), prefix=testnet.prefix("gps"), alibaba_nodes=1) as sb:
         yield sb
 
 
@@ -291,3 +293,7 @@ def test_the_readme_runs_top_to_bottom_in_a_fresh_sandbox(sandbox: Any, tmp_path
         "function _gpuprov_completion")
     left = {k: v for k, v in sandbox.aws.leftovers().items() if v and k != "key_pairs"}
     assert left == {}, left  # the README takes down what it made
+    from tests.alibaba.cli import leftovers
+
+    left = {k: v for k, v in leftovers(sandbox.ecs).items() if v}
+    assert left == {}, left  # on Alibaba Cloud too

@@ -123,11 +123,10 @@ def host_cluster(env: dict[str, str], sb: object) -> None:
 
 def alibaba(env: dict[str, str], sb: object) -> None:
     """A spot node on Alibaba Cloud: the ECS imitation (tests/alibaba/server.py) launches it at the sandbox's host for
-    it (its vSwitch named: the config's subnet is the AWS endpoint's), its spot watch reads ECS's notice, and `down`
-    leaves nothing in the imitation."""
+    it, its spot watch reads ECS's notice, and `down` leaves nothing in the imitation."""
     print("\n\033[1mAlibaba Cloud: the ECS imitation, its instance at a local SSH host with a shimmed T4…\033[0m")
-    show(env, "up", "ali", "--cloud", "alibaba", "--gpu", "T4", "--spot", "--subnet", "vsw-cn-hangzhou-h",
-         "--autostop", "30m", "--on-interrupt", "echo saving", "--yes")
+    show(env, "up", "ali", "--cloud", "alibaba", "--gpu", "T4", "--spot", "--autostop", "30m",
+         "--on-interrupt", "echo saving", "--yes")
     show(env, "status")
     show(env, "down", "ali", "--yes")
     ecs = sb.ecs  # type: ignore[attr-defined]

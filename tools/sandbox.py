@@ -20,10 +20,9 @@ What runs (the test harness's own pieces, tests/aws and tests/hosts):
   * Alibaba Cloud's ECS imitation (tests/alibaba/server.py) on 127.0.0.1, which GPUPROV_ALIBABA_ENDPOINT points the
     SDK at (with test credentials, and the SDK's ECS metadata look-up off), and --alibaba-nodes hosts (default 2) on
     a subnet of their own: each new ECS instance is given the next one's address as its private address, and its
-    GPUs are its type's (the shims play T4s: `gpuprov up NAME --cloud alibaba --gpu T4 --subnet vsw-cn-hangzhou-h`
-    launches, connects and bootstraps; the config's subnet is the AWS endpoint's). Its nodes download from the
-    origins the shims stand for: the config's empty [sources] says so, over the internal mirror they would default
-    to.
+    GPUs are its type's (the shims play T4s: `gpuprov up NAME --cloud alibaba --gpu T4` launches, connects and
+    bootstraps, as the README's Alibaba Cloud section does). Its nodes download from the origins the shims stand
+    for: the config's empty [sources] says so, over the internal mirror they would default to.
 
 What it brings along for the README's examples, which run in order, as printed, in its folder `work`
 (SANDBOX_WORK; tests/test_readme.py runs them so): a hosts.yml naming its hosts you already have (the README's
