@@ -121,6 +121,8 @@ def test_an_offline_bootstrap_of_a_host_with_no_route_out_passes_verify(
         made = CliRunner().invoke(main, ["bundle", "--offline", *plan, "--sources", str(where),
                                          "-o", str(tmp_path / "bundle")])
         assert made.exit_code == 0, made.output
+        # what the host must have already, said where there is still a network
+        assert "(not bundled): libc6, linux-headers for the host's running kernel (step kernel-headers)" in made.output
 
         done = CliRunner().invoke(main, ["bootstrap", target, *ssh, *plan[2:], "--reboot-timeout", "30",
                                          "--offline", str(tmp_path / "bundle"), "--json"])
