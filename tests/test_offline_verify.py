@@ -94,11 +94,13 @@ def _cut_off(pool, i: int, origin: str) -> Iterator[None]:  # type: ignore[no-un
 
 
 def test_an_offline_bootstrap_of_a_host_with_no_route_out_passes_verify(
-        host_pool, gp_home, pinned: Signer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+        host_pool, gp_home, pinned: Signer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        request: pytest.FixtureRequest) -> None:
     """bundle, bootstrap --offline and check, each through the CLI in this process (the test's key is pinned as
     NVIDIA's here, so the driver step rendered here checks it)."""
     pool = host_pool
     reset(pool, [HOST], GPUPROV_SHIM_GPU="L4", GPUPROV_SHIM_OFFLINE="1")
+    request.addfinalizer(lambda: reset(pool, [HOST]))  # the next test of the pool finds a host with no bundle
     kernel = pool.exec_in(HOST, "uname -r", check=True).stdout.strip()
     pool.exec_in(HOST, f"echo 'linux-headers-{kernel} 1.0-1' >> /var/lib/gpuprov-shim/installed", check=True)
     _origins(tmp_path / "site", pinned)
