@@ -134,25 +134,27 @@ class _Quiet(SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def served(root: Path) -> Iterator[str]:
-    """`root` over HTTP on 127.0.0.1, from a thread of this process; the base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Quiet, directory=str(root)))
+def served(root: Path, host: str = "127.0.0.1") -> Iterator[str]:
+    """`root` over HTTP on `host`, from a thread of this process; the base URL."""
+    server = ThreadingHTTPServer((host, 0), partial(_Quiet, directory=str(root)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://{host}:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
 
 
-def wheel(name: str, version: str, tag: str = "cp312-cp312-manylinux_2_28_x86_64", requires: tuple[str, ...] = ()) -> \
-        tuple[str, bytes]:
-    """A wheel pip can read (metadata only: nothing in it runs): its file name and bytes."""
+def wheel(name: str, version: str, tag: str = "cp312-cp312-manylinux_2_28_x86_64", requires: tuple[str, ...] = (),
+          scripts: dict[str, str] | None = None) -> tuple[str, bytes]:
+    """A wheel pip can read (metadata only: nothing in it runs, but `scripts`, laid as the wheel's
+    NAME-VERSION.data/scripts/, as uv's wheel carries its binary): its file name and bytes."""
     import zipfile
 
     info = f"{name}-{version}.dist-info"
-    files = {f"{name}/__init__.py": "",
+    files = {f"{name}/__init__.py": "", **{f"{name}-{version}.data/scripts/{script}": text
+                                           for script, text in (scripts or {}).items()},
              f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
                                  + "".join(f"Requires-Dist: {r}\n" for r in requires),
              f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: {tag}\n"}

@@ -104,7 +104,8 @@ def test_bundle_holds_the_plans_packages_with_their_dependencies_and_the_signed_
     assert again[0] == 0 and json.loads(again[1])["files"] == json.loads(output)["files"], again
     assert REQUESTS and not [path for path in REQUESTS if path.endswith(".deb")], REQUESTS
     summary = json.loads(output)
-    assert summary["from_os"] == ["libc6"] and summary["files"]["package"] == len(wanted)
+    assert summary["from_os"] == ["libc6", "linux-headers for the host's running kernel (step kernel-headers)"]
+    assert summary["files"]["package"] == len(wanted)
     manifest = offline.load(out)
     got = {i.name: i.version for i in manifest.items if i.kind == "package"}
     assert got == wanted  # the branch's versions, the dependencies, neither the toolkit nor the other branches
@@ -203,7 +204,8 @@ def test_a_dnf_bundle_copies_the_signed_repodata_and_resolves_the_packages_from_
                                            "--sources", str(tmp_path / "sources.yml"), "-o", str(tmp_path / "b"),
                                            "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["from_os"] == ["dkms", "glibc"]
+    assert json.loads(result.stdout)["from_os"] == [
+        "dkms", "glibc", "kernel-devel and kernel-headers for the host's running kernel (step kernel-headers)"]
     manifest = offline.load(tmp_path / "b")
     assert {i.name: i.version for i in manifest.items if i.kind == "package"} == {
         name: evr for name, evr, _, body in rpms if body != b"newer"}
@@ -308,7 +310,8 @@ def test_the_offline_map_reads_the_bundle_on_the_host_and_no_index() -> None:
 
 def test_the_offline_steps_are_shellcheck_clean(tmp_path: Path) -> None:
     """The steps whose text an offline bundle changes beyond the libraries every step includes (the driver's, for
-    apt and dnf hosts, with the libraries' offline parts; the env's, for both managers): bash -n and shellcheck at
+    apt and dnf hosts, with the libraries' offline parts; the env's, for both managers; the kernel headers'): bash
+    -n and shellcheck at
     warning level, as tests/test_templates.py holds the others."""
     import shutil
     import subprocess
@@ -320,7 +323,7 @@ def test_the_offline_steps_are_shellcheck_clean(tmp_path: Path) -> None:
     for os_name, playbook in (("ubuntu-24.04", "pytorch"), ("rocky-9", "minimal")):
         plan = make_host_plan("L4", playbook, os_name, StackPins())
         for script in dataclasses.replace(plan, sources=offline.offline_sources(plan.sources)).bundle().scripts:
-            if script.name in ("nvidia-driver", "python-env"):
+            if script.name in ("nvidia-driver", "python-env", "kernel-headers"):
                 paths.append(tmp_path / f"{os_name}-{script.filename}")
                 paths[-1].write_text(script.text)
     conda = tmp_path / "conda.yml"
@@ -330,11 +333,35 @@ def test_the_offline_steps_are_shellcheck_clean(tmp_path: Path) -> None:
                if s.name == "python-env")
     paths.append(tmp_path / "conda-python-env.sh")
     paths[-1].write_text(env.text)
-    assert len(paths) == 4
+    assert len(paths) == 6
     assert all(subprocess.run(["bash", "-n", str(p)]).returncode == 0 for p in paths)
     checked = subprocess.run([shellcheck, "-S", "warning", "-f", "gcc", *map(str, paths)], capture_output=True,
                              text=True)
     assert checked.returncode == 0, checked.stdout[:4000]
+
+
+def test_the_offline_headers_step_on_a_host_without_them_says_the_bundle_lacks_the_oss_packages(
+        tmp_path: Path) -> None:
+    """The kernel-headers step of an offline host that lacks them (the shims' host with no route out: Ubuntu's archive
+    serves nothing) asks apt once and fails naming the package and where to get it, instead of three retries ending
+    in `giving up`; a host that has them is unchanged."""
+    from tests.shimrun import ShimHost
+
+    plan = _plan()
+    script = next(s for s in dataclasses.replace(plan, sources=offline.offline_sources(plan.sources)).bundle().scripts
+                  if s.name == "kernel-headers")
+    host = ShimHost(tmp_path / "host", gpu="L4", extra_env={"GPUPROV_SHIM_OFFLINE": "1"})
+    failed = host.run_script(script)
+    assert failed.returncode == 1, failed.stderr
+    said = [line.split("] ", 1)[1] for line in failed.stderr.splitlines() if "[gpuprov" in line]
+    assert said[-1].startswith("FAILED: linux-headers-") and said[-1].endswith(
+        "(the running kernel's headers, which DKMS builds the driver against) is not installed and the host's apt "
+        "sources could not provide it: an offline bundle does not hold the OS's packages; install it from the site's "
+        "OS mirror or the OS's media, then run again"), said
+    assert len([c for c in host.calls() if c.startswith("apt-get ") and " install " in c]) == 1
+    package = said[-1].split()[1]
+    (host.state / "installed").write_text(f"{package} 1.0-1\n")
+    assert host.run_script(script).result == "unchanged"
 
 
 def test_the_offline_env_step_installs_the_bundles_python_with_uv_where_the_host_lacks_it(tmp_path: Path) -> None:

@@ -61,7 +61,8 @@ class Changed(GpuprovError):
 @dataclass
 class Result:
     manifest: Manifest
-    from_os: list[str] = field(default_factory=list)  # dependencies NVIDIA's repository does not carry
+    from_os: list[str] = field(default_factory=list)  # what the OS provides: NVIDIA's packages' other dependencies,
+    # and the running kernel's headers, which their step installs with the OS's own package manager
 
 
 def _sha256(path: Path) -> str:
@@ -608,6 +609,10 @@ def make(plan: Plan, out: Path, say: Say) -> Result:
     env = plan.playbook.env
     if env is not None and env.manager == "uv" and served.python and any(s.name == "python-env" for s in plan.steps):
         _python(plan, served.python, out, say, items)  # for a host without the plan's Python
+    if stack is not None and any(s.name == "kernel-headers" for s in plan.steps):  # a host without them cannot
+        # build the driver, and no bundle holds a kernel's: said now, on the machine that still has a network
+        headers = "kernel-devel and kernel-headers" if stack.family == "dnf" else "linux-headers"
+        from_os = [*from_os, f"{headers} for the host's running kernel (step kernel-headers)"]
     manifest = Manifest(plan=served, items=tuple(items), lock=lock)
     write_atomic(out / offline.MANIFEST, manifest.model_dump_json(indent=2) + "\n", 0o644)
     return Result(manifest, from_os)

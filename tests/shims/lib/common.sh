@@ -145,9 +145,98 @@ shim_nvidia_repo() {
   if [ -s "$SHIM_STATE/nvidia-repo" ]; then cat "$SHIM_STATE/nvidia-repo"; else echo ubuntu2404/x86_64; fi
 }
 
+# shim_apt_update_list LIST: `apt-get update` of that one list (-o Dir::Etc::SourceList=LIST). NVIDIA's repository
+# in a folder of the host (an offline bundle's, file://) is read as apt reads a flat repository: its InRelease
+# verified with the real gpgv against the keyring the list names (signed-by, under the sysroot), the Packages.gz
+# listed there by its sha256; its packages are then the ones that index names (shim_repo_rows). A repository on the
+# network is a Hit, except on a host with no route out (GPUPROV_SHIM_OFFLINE=1), where it fails as apt says it.
+shim_apt_update_list() {
+  local list="$1" line rest opts url dir keyring n=0
+  [ -f "$list" ] || { echo "E: The list file $list does not exist" >&2; return 1; }
+  while read -r line; do
+    case "$line" in deb\ *) ;; *) continue ;; esac
+    n=$((n + 1))
+    rest="${line#deb }"
+    opts=""
+    if [ "${rest:0:1}" = "[" ]; then opts="${rest%%]*}"; rest="${rest#*] }"; fi
+    url="${rest%% *}"
+    url="${url%/}"
+    case "$url" in
+      file://*)
+        dir="${url#file://}"
+        keyring="$(sed -n 's/.*signed-by=\([^] ]*\).*/\1/p' <<<"$opts")"
+        if [ ! -f "$dir/InRelease" ]; then
+          echo "E: The repository 'file:$dir/ ./ Release' does not have a Release file." >&2
+          return 1
+        fi
+        if [ -z "$keyring" ] || ! gpgv --keyring "${GPUPROV_SYSROOT:-}$keyring" "$dir/InRelease" >/dev/null 2>&1; then
+          echo "Err:$n file:$dir/ ./ InRelease"
+          echo "  The following signatures couldn't be verified because the public key is not available"
+          echo "E: The repository 'file:$dir/ ./ InRelease' is not signed." >&2
+          return 1
+        fi
+        if ! grep -q "^ $(sha256sum <"$dir/Packages.gz" | cut -d' ' -f1) [0-9]* Packages.gz$" "$dir/InRelease"; then
+          echo "E: Failed to fetch file:$dir/./Packages.gz  Hash Sum mismatch" >&2
+          return 1
+        fi
+        echo "Get:$n file:$dir/ ./ InRelease"
+        printf '%s\n' "$dir" >"$SHIM_STATE/nvidia-repo-dir"
+        printf '%s\n' "$url" >"$SHIM_STATE/nvidia-repo-url"
+        touch "$SHIM_STATE/lists-cuda"
+        ;;
+      *)
+        if [ "${GPUPROV_SHIM_OFFLINE:-}" = 1 ]; then
+          local host="${url#*://}"
+          echo "Err:$n $url  InRelease"
+          echo "  Temporary failure resolving '${host%%/*}'"
+          echo "W: Some index files failed to download. They have been ignored, or old ones used instead." >&2
+        else
+          echo "Hit:$n $url  InRelease"
+          touch "$SHIM_STATE/lists-cuda"
+        fi
+        ;;
+    esac
+  done <"$list"
+}
+
+# shim_local_packages: "package version provides filename sha256" for each stanza of the local repository's
+# Packages.gz (shim_apt_update_list), provides "-" when none
+shim_local_packages() {
+  local dir
+  dir="$(cat "$SHIM_STATE/nvidia-repo-dir")"
+  gzip -dc "$dir/Packages.gz" | awk '
+    function flush() { if (p != "") print p, v, (pr == "" ? "-" : pr), f, h; p = v = pr = f = h = "" }
+    /^$/ { flush(); next }
+    /^Package: / { p = $2 } /^Version: / { v = $2 } /^Filename: / { f = $2 } /^SHA256: / { h = $2 }
+    /^Provides: / { pr = $2; sub(/,$/, "", pr) }
+    END { flush() }'
+}
+
+# shim_local_deb_ok NAME VERSION: the local repository's file of NAME VERSION has the sha256 its index gives, as apt
+# checks it before dpkg sees it; otherwise apt's words, and false
+shim_local_deb_ok() {
+  local dir row file want got
+  [ -s "$SHIM_STATE/nvidia-repo-dir" ] || return 0
+  dir="$(cat "$SHIM_STATE/nvidia-repo-dir")"
+  row="$(shim_local_packages | awk -v p="$1" -v v="$2" '$1 == p && $2 == v {print $4, $5; exit}')"
+  [ -n "$row" ] || return 0
+  file="$dir/${row% *}"
+  want="${row#* }"
+  got="$(sha256sum <"$file" 2>/dev/null | cut -d' ' -f1 || true)"
+  [ "$got" = "$want" ] && return 0
+  echo "E: Failed to fetch file:$file  Hash Sum mismatch" >&2
+  echo "   Hashes of expected file:" >&2
+  echo "    - SHA256:$want" >&2
+  return 1
+}
+
 # "package version provides" for every row the configured repository carries.
 shim_repo_rows() {
   local repo distro arch
+  if [ -s "$SHIM_STATE/nvidia-repo-dir" ]; then
+    shim_local_packages | awk '{print $1, $2, $3}'
+    return 0
+  fi
   repo="$(shim_nvidia_repo)"
   distro="${repo%/*}"
   arch="${repo#*/}"
