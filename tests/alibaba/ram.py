@@ -73,22 +73,23 @@ class Ram:
         self.calls: list[tuple[str, dict[str, str]]] = []
         self.keys = itertools.count(1)
 
-    def handle(self, action: str, flat: dict[str, str]) -> tuple[dict[str, Any], bool]:
-        """The answer, and whether it is lost after the work is done. The caller holds the ECS imitation's lock."""
+    def handle(self, action: str, flat: dict[str, str]) -> tuple[dict[str, Any], bool, bool]:
+        """The answer, whether it is lost after the work is done, and whether it is held (the caller, holding the ECS
+        imitation's lock now, waits for its `release` once it has let go of the lock)."""
         self.calls.append((action, flat))
         request = check_request(action, flat, models, REQUIRED)
-        lose = False
+        lose = hold = False
         for fault in self.faults:
             if fault.action == action and fault.times > 0:
                 fault.times -= 1
                 if fault.code:
                     raise Refused(fault.status, fault.code, fault.message or fault.code)
-                lose = fault.lose
+                lose, hold = fault.lose, fault.hold
                 break
         body = getattr(self, action)(request.to_map())
         body["RequestId"] = str(uuid.uuid4()).upper()
         self.answers.append((action, body))
-        return body, lose
+        return body, lose, hold
 
     # --- roles -------------------------------------------------------------------------------------------
 

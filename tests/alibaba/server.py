@@ -916,7 +916,10 @@ class Handler(BaseHTTPRequestHandler):
             action = self.headers.get("x-acs-action") or flat.pop("Action", "")
             if self.headers.get("x-acs-version") == RAM_VERSION:  # RAM's SDK at the same endpoint
                 with self.ecs.lock:
-                    answer, lose = self.ecs.ram.handle(action, flat)
+                    answer, lose, hold = self.ecs.ram.handle(action, flat)
+                    self.ecs.held += hold
+                if hold:
+                    self.ecs.released.wait(60)
             else:
                 answer, lose = self.ecs.handle(action, flat)
             status = 200

@@ -41,8 +41,8 @@ def for_launch(provider: Provider, store: Store, say: Say) -> str | None:
         if made and (settle(made[0]) > 0 or roles.has_stop_role()):
             return name
         rid = rows[0].id if rows else store.intend(None, "ram-role", GLOBAL, name)
-        say(f"role {name}: the node's guards ask {title(provider)} to stop it with it (shared by your "
-            f"{title(provider)} nodes, deleted with the last of them)")
+        say(f"stop role {name}: the node's guards ask {title(provider)} to stop it with this role (shared by "
+            f"your {title(provider)} nodes, deleted with the last of them)")
         roles.create_stop_role()
         store.created(rid, name)
     return name
