@@ -120,3 +120,16 @@ def test_up_killed_while_create_roles_answer_is_held_leaves_nothing_untracked(ec
     assert cleaned.exit_code == 0, cleaned.output
     assert "deleted" in cleaned.stdout or "removed the role" in cleaned.stdout
     assert leftovers(ecs) == EMPTY and _rows(ecs_cli) == []
+
+
+def test_a_moved_node_is_launched_with_the_role_too(ecs_cli) -> None:
+    ecs = ecs_cli.cloud
+    ecs_cli.up("n1")
+    assert ecs_cli.gp("stop", "n1").exit_code == 0
+    moved = ecs_cli.gp("start", "n1", "--move", "--no-bootstrap", "--yes")
+    assert "n1: moved to " in moved.output  # (no SSH here: its wait for the new host key is not what is tested)
+    (role,) = ecs.ram.roles
+    assert [p.get("RamRoleName") for a, p in ecs.calls if a == "RunInstances"] == [role, role]
+    assert _ram_calls(ecs_cli) == CREATES  # the same role
+    assert ecs_cli.gp("down", "n1", "--yes").exit_code == 0
+    assert leftovers(ecs) == EMPTY
