@@ -15,7 +15,7 @@ from tests.test_alibaba import A10, REGION, ZONE_H, _access, provider_image
 PROVIDERS = Path(__file__).resolve().parent.parent / "src" / "gpuprov" / "cloud" / "providers"
 
 
-def _life(provider) -> None:
+def _life(provider, cloud) -> None:
     access = _access(provider)
     provider.ssh_cidrs(REGION, access.security_group_id)
     provider.key_pair_exists(REGION, access.key_name)
@@ -55,20 +55,46 @@ def _life(provider) -> None:
     switch = provider.create_own_switch(REGION, vpc, cidr, ZONE_H)
     provider.delete(CloudResource("vswitch", switch, REGION, "-"))
     provider.delete(CloudResource("vpc", vpc, REGION, "-"))
+    _ram_life(provider, cloud.ram, access)
     for resource in sorted(provider.tagged(REGION), key=lambda r: r.kind != "instance"):
         provider.delete(resource, settle=1)
 
 
+def _ram_life(provider, ram, access) -> None:
+    """The RAM role's life (RAM's imitation, beside ECS's): made with a lost answer looked for, an instance launched
+    with it, listed for gc, deleted."""
+    from tests.alibaba.server import Fault
+
+    ram.faults += [Fault(action, lose=True) for action in ("CreatePolicy", "CreateRole", "AttachPolicyToRole")]
+    role = provider.create_stop_role()
+    assert provider.has_stop_role() and provider.tagged_stop_roles()[0].id == role
+    instance = provider.launch(LaunchRequest(node="n2", region=REGION, zone=ZONE_H, instance_type=A10,
+                                             market="on-demand", image_id=provider_image, access=access, disk_gb=40,
+                                             client_token="t-role", instance_profile=role), 5)
+    provider.terminate(REGION, [instance.id], 1)
+    provider.delete(CloudResource("ram-role", role, "global", "(shared)"))
+
+
 def test_every_answer_reads_back_through_the_sdks_response_model(ecs_cloud, alibaba):
-    _life(alibaba)
-    assert ecs_cloud.answers
-    for action, body in ecs_cloud.answers:
-        model = getattr(models, f"{action}ResponseBody")
-        assert model().from_map(body).to_map() == body, action
+    from alibabacloud_ram20150501 import models as ram_models
+
+    _life(alibaba, ecs_cloud)
+    assert ecs_cloud.answers and ecs_cloud.ram.answers
+    for sdk, answers in ((models, ecs_cloud.answers), (ram_models, ecs_cloud.ram.answers)):
+        for action, body in answers:
+            model = getattr(sdk, f"{action}ResponseBody")
+            assert model().from_map(body).to_map() == body, action
 
 
 def test_every_action_the_provider_sends_was_answered(ecs_cloud, alibaba):
-    _life(alibaba)
-    sent = set(re.findall(r'_(?:call|send|pages|each)\(\s*[\w.]+,\s*"([A-Z][A-Za-z]+)"',
-                          "".join(p.read_text() for p in PROVIDERS.glob("alibaba*.py"))))
+    _life(alibaba, ecs_cloud)
+    source = "".join(p.read_text() for p in PROVIDERS.glob("alibaba*.py"))
+    sent = set(re.findall(r'_(?:call|send|pages|each)\(\s*[\w.]+,\s*"([A-Z][A-Za-z]+)"', source))
     assert sent - {action for action, _ in ecs_cloud.answers} == set()
+    from gpuprov import mutations
+
+    # alibaba_ram.py's calls: its reads by name, and every change the mutations table lets its client send
+    ram_sent = set(re.findall(r'_(?:ram|create)\(\s*"([A-Z][A-Za-z]+)"', source)) | {
+        op for service, op in mutations.MUTATIONS if service == "alibaba-ram"}
+    assert {"CreateRole", "DeleteRole", "ListRoles", "GetRole"} <= ram_sent
+    assert ram_sent - {action for action, _ in ecs_cloud.ram.answers} == set()

@@ -134,11 +134,11 @@ def test_gpuprovs_own_network_is_collected_by_gc_once_its_records_are_gone(ecs_c
     listed = ecs_cli.gp("gc", "--json")
     assert listed.exit_code == 0, listed.output
     kinds = sorted(r["kind"] for r in json.loads(listed.stdout)["found"])
-    assert kinds == ["instance", "key-pair", "security-group", "vpc", "vswitch", "vswitch"]
+    assert kinds == ["instance", "key-pair", "ram-role", "security-group", "vpc", "vswitch", "vswitch"]
     taken = ecs_cli.gp("gc", "--yes")
     assert taken.exit_code == 0, taken.output
     assert "deleted vpc vpc-" in taken.stdout
-    assert _own(ecs_cli) == ([], []) and ecs_cli.ours() == {}
+    assert _own(ecs_cli) == ([], []) and ecs_cli.ours() == {} and ecs_cli.cloud.ram.roles == {}
 
 
 def test_a_vswitch_never_made_after_its_record_leaves_nothing(ecs_cli) -> None:

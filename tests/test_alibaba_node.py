@@ -83,11 +83,13 @@ def test_an_alibaba_plan_takes_the_hook_and_says_what_autostop_and_the_ttl_stop_
     assert data["guards"]["shutdown_action"] == "stop"  # ECS stops an instance powered off from within, spot too
     steps = {s["name"]: s["summary"] for s in data["steps"]}
     assert "ECS metadata instance/spot/termination-time" in steps["spot-interrupt"]
+    assert data["guards"]["stop_role"]  # gpuprov launches it with the RAM role its guards' stop asks ECS with
     for name in ("autostop", "ttl"):
-        assert "ECS's standard mode: its disk is kept and its compute may go on billing" in steps[name]
+        assert "ECS's economical mode: its disk is kept and its compute stops billing (the node asks ECS with its " \
+            "RAM role; where ECS refuses, it powers off in ECS's standard mode" in steps[name]
     assert error_line(gp("plan", "--gpu", "A10", "--autostop", "1h", "--autostop-action", "terminate")).startswith(
         "error: --autostop-action: terminate: an ECS instance powered off from within stops")
-    assert "cloud" not in plan(cloud="aws")["guards"]  # an AWS plan's JSON keeps its guards as they were
+    assert not {"cloud", "stop_role"} & set(plan(cloud="aws")["guards"])  # an AWS plan's guards as they were
 
 
 def test_a_node_on_alibaba_downloads_through_its_internal_mirror_unless_sources_are_named(tmp_path: Path) -> None:
@@ -133,21 +135,24 @@ def test_an_ecs_host_is_told_by_its_dmi_and_its_type_read_from_ecs_metadata(tmp_
     assert facts() == (None, [])
 
 
-def test_status_says_an_alibaba_nodes_guards_stop_in_ecss_standard_mode() -> None:
+def test_status_says_an_alibaba_nodes_guards_stop_in_economical_mode_with_its_role_else_standard() -> None:
     from gpuprov.state import open_store
 
     store = open_store()
-    for name, provider in (("ali", "alibaba"), ("aws1", "aws")):
+    with_role = json.dumps({"guards": {"stop_role": True, "cloud": "alibaba"}})
+    for name, provider, plan_json in (("ali", "alibaba", None), ("aws1", "aws", None), ("eco", "alibaba", with_role)):
         store.create_node(name, provider, "cn-hangzhou" if provider == "alibaba" else "us-east-1", gpu="T4",
                           gpu_count=1, instance_type="ecs.gn6i-c4g1.xlarge", market="spot", state="ready",
-                          address="10.0.0.5", ssh_user="root", autostop_seconds=1800, shutdown_action="stop")
+                          address="10.0.0.5", ssh_user="root", autostop_seconds=1800, shutdown_action="stop",
+                          plan_json=plan_json)
     rows = {r["name"]: r for r in json.loads(gp("status", "--json").stdout)}
     assert rows["ali"]["autostop_stop_mode"] == "standard" and "autostop_stop_mode" not in rows["aws1"]
+    assert rows["eco"]["autostop_stop_mode"] == "economical"  # launched with the RAM role its ecs-stop asks with
     out = " ".join(gp("status").stdout.split())
-    assert "30m idle → stop (standard)" in out
+    assert "30m idle → stop (standard)" in out and "30m idle → stop (economical)" in out
     assert ("ali: its guards' stop is ECS's standard mode: the disk is kept and the compute may go on billing "
             "(`gpuprov stop ali` stops in economical mode; `gpuprov down ali` ends the bill)") in out
-    assert "aws1: its guards'" not in out
+    assert "aws1: its guards'" not in out and "eco: its guards'" not in out
 
 
 def test_a_data_entry_on_oss_is_refused_saying_s3_only_for_now(tmp_path: Path) -> None:
@@ -252,6 +257,30 @@ def test_the_ttl_asks_ecs_to_stop_the_instance_in_economical_mode_with_its_ram_r
     on_disk = "".join(p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()
                       and "ecs-stop" not in p.name)
     assert SECRET not in on_disk and STS_TOKEN not in on_disk  # the credentials stay in ecs-stop's process
+
+
+def test_the_ttl_stops_economically_with_the_role_gpuprov_made_and_the_credentials_ecs_gives_it(
+        tmp_path: Path, metadata, ecs_cloud, alibaba) -> None:
+    """The role the provider makes (RAM's imitation) on an instance launched with it: the credentials ECS's metadata
+    hands out for it are allowed StopInstances by its policy, and nothing else."""
+    import os
+
+    role = alibaba.create_stop_role()
+    answer, _ = ecs_cloud.handle("RunInstances", {"RegionId": "cn-hangzhou", "ZoneId": "cn-hangzhou-h",
+                                                  "InstanceType": "ecs.gn7i-c8g1.2xlarge", "RamRoleName": role,
+                                                  "ImageId": "ubuntu_22_04_x64_20G_alibase_20250101.vhd",
+                                                  "VSwitchId": "vsw-cn-hangzhou-h"})
+    (iid,) = answer["InstanceIdSets"]["InstanceIdSet"]
+    ecs_cloud.handle("DescribeInstances", {"RegionId": "cn-hangzhou"})
+    metadata.instance_id = iid
+    named, key, secret, token = ecs_cloud.role_credentials(iid)
+    assert named == role and ecs_cloud.sts[key][2] == ("StopInstances",)  # its policy's one action
+    metadata.attach_role(role, key, secret, token)
+    _host, tick = _ttl_node(tmp_path, metadata, os.environ["GPUPROV_ALIBABA_ENDPOINT"])
+    assert tick(1003600) == []  # ECS took the stop: no power-off from within
+    assert ecs_cloud.signed == [("StopInstances", key)]
+    ecs_cloud.handle("DescribeInstances", {"RegionId": "cn-hangzhou"})
+    assert ecs_cloud.instances[iid].raw["StoppedMode"] == "StopCharging"
 
 
 def test_without_a_ram_role_or_when_ecs_refuses_the_ttl_powers_the_os_off_and_says_why(tmp_path: Path, metadata,

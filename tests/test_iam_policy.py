@@ -3,7 +3,7 @@ code calls: the mutating ones (gpuprov/mutations.py's table, which test_mutation
 reads, found here by scanning src/ for client calls as test_mutations.py does (client methods, paginators, and the
 operation names handed to the providers' `_call`/`_pages`), matched with botocore's own service models. An action
 the policy names that no call needs must be one IAM asks for beside a call (IMPLIED), so the policy grants no
-more than gpuprov uses. docs/alibaba-ram-policy.json is held the same way to the Alibaba provider's ECS actions."""
+more than gpuprov uses. docs/alibaba-ram-policy.json is held the same way to the Alibaba provider's ECS and RAM actions."""
 
 from __future__ import annotations
 
@@ -106,14 +106,31 @@ def ecs_called() -> set[str]:
     return {RAM_ACTION.get(a, f"ecs:{a}") for a in actions}
 
 
+def ram_called() -> set[str]:
+    """RAM's actions the provider sends (alibaba_ram.py: `_ram("Action"` and `_create("Action"`, and the mutations
+    table's alibaba-ram rows), and ram:PassRole, which RunInstances' RamRoleName needs of the caller (RunInstances' 403
+    InvalidUser.PassRoleForbidden "The RAM user does not have the privilege to pass a RAM role.")."""
+    from alibabacloud_ram20150501 import models
+
+    source = (SRC / "cloud" / "providers" / "alibaba_ram.py").read_text()
+    actions = set(re.findall(r'_(?:ram|create)\(\s*"([A-Z][A-Za-z]+)"', source))
+    actions |= {op for service, op in mutations.MUTATIONS if service == "alibaba-ram"}
+    assert all(hasattr(models, f"{a}Request") for a in actions)
+    return {f"ram:{a}" for a in actions} | {"ram:PassRole"}
+
+
 def test_the_ram_policy_names_exactly_the_ecs_actions_the_alibaba_provider_sends() -> None:
     policy = json.loads(RAM_POLICY.read_text())
     assert policy["Version"] == "1"
     allowed: set[str] = set()
     for statement in policy["Statement"]:
-        assert statement["Effect"] == "Allow" and statement["Resource"] == "*"
+        # RAM's own actions on gpuprov's role and its policy only, but its listing
+        scoped = ["acs:ram:*:*:role/gpuprov-stop-*", "acs:ram:*:*:policy/gpuprov-stop-*"]
+        assert statement["Effect"] == "Allow" and statement["Resource"] in ("*", scoped)
+        assert statement["Resource"] == "*" or all(a.startswith("ram:") for a in statement["Action"])
         allowed |= set(statement["Action"])
-    needed = ecs_called()
+    needed = ecs_called() | ram_called()
+    assert {"ram:CreateRole", "ram:PassRole", "ram:ListRoles"} <= needed
     assert {"ecs:RunInstances", "ecs:DescribeInstances", "ecs:StopInstances", "vpc:DescribeVpcs"} <= needed
     assert sorted(needed - allowed) == [], f"docs/alibaba-ram-policy.json lacks {sorted(needed - allowed)}"
     assert sorted(allowed - needed) == [], f"docs/alibaba-ram-policy.json grants {sorted(allowed - needed)}, which " \

@@ -98,6 +98,14 @@ MUTATIONS: dict[tuple[str, str], Repeat] = {
     ("alibaba-ecs", "CreateVSwitch"): Repeat.TOKEN,  # its ClientToken is the vSwitch's recorded name
     ("alibaba-ecs", "DeleteVSwitch"): Repeat.HARMLESS,
     ("alibaba-ecs", "DeleteVpc"): Repeat.HARMLESS,
+    # Alibaba Cloud RAM (cloud/providers/alibaba_ram.py): no ClientToken; the names are the owner's alone, so a resend
+    # meets the first create as EntityAlreadyExists.*; after a lost answer the result is looked for first
+    ("alibaba-ram", "CreatePolicy"): Repeat.NAME,
+    ("alibaba-ram", "CreateRole"): Repeat.NAME,
+    ("alibaba-ram", "AttachPolicyToRole"): Repeat.NAME,  # a second attach: EntityAlreadyExists.Role.Policy
+    ("alibaba-ram", "DetachPolicyFromRole"): Repeat.HARMLESS,
+    ("alibaba-ram", "DeleteRole"): Repeat.HARMLESS,
+    ("alibaba-ram", "DeletePolicy"): Repeat.HARMLESS,
 }
 
 NEVER_RESENT = (Repeat.LOOK, Repeat.ONCE)

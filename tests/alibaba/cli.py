@@ -21,7 +21,7 @@ from tests.alibaba.server import Ecs
 from tests.aws.cli import CLI_SETTINGS
 
 EMPTY: dict[str, list[str]] = {"instances": [], "security_groups": [], "key_pairs": [], "images": [], "snapshots": [],
-                               "deployment_sets": [], "networks": []}
+                               "deployment_sets": [], "networks": [], "ram": []}
 REGION = "cn-hangzhou"
 
 
@@ -57,11 +57,12 @@ def ali_site(ecs: Ecs, pool: Any, gp_home: Path, hosts: Sequence[int] = (0,), re
 
 def leftovers(ecs: Ecs) -> dict[str, list[str]]:
     """What of gpuprov's is still in the imitation: instances not deleted, groups, key pairs, its own images, snapshots,
-    deployment sets, VPCs and vSwitches (any but the default ones)."""
+    deployment sets, VPCs and vSwitches (any but the default ones), RAM's roles and policies."""
     with ecs.lock:
         return {"instances": sorted(i for i, row in ecs.instances.items() if row.raw.get("Status") != "Deleted"),
                 "security_groups": sorted(ecs.groups), "key_pairs": sorted(ecs.keys),
                 "images": sorted(i for i, image in ecs.images.items() if image["ImageOwnerAlias"] == "self"),
                 "snapshots": sorted(ecs.snapshots), "deployment_sets": sorted(ecs.sets),
                 "networks": sorted([v["VpcId"] for v in ecs.vpcs if not v["IsDefault"]]
-                                   + [s["VSwitchId"] for s in ecs.switches if not s["IsDefault"]])}
+                                   + [s["VSwitchId"] for s in ecs.switches if not s["IsDefault"]]),
+                "ram": sorted([f"role {r}" for r in ecs.ram.roles] + [f"policy {p}" for p in ecs.ram.policies])}

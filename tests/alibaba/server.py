@@ -52,6 +52,10 @@ Rules and their sources (read 2026-12-03):
     start giving a new one ("Economical mode for pay-as-you-go instances (including spot instances)",
     alibabacloud.com/help/en/ecs/user-guide/economical-mode, updated 2025-09-15).
 
+RAM's requests (their `x-acs-version` 2015-05-01) are answered by RAM's imitation beside it (ram.py, `ecs.ram`), and
+RunInstances' RamRoleName is checked against it (404 InvalidRamRole.NotFound 'The specified parameter "RAMRoleName"
+does not exist.', 401 InvalidRamRole.NotEcsRole: RunInstances' error table, read whole as above).
+
 A request signed with ECS's RPC signature instead (`Signature` in the query: a node's `ecs-stop` with its RAM
 role's STS credentials) is taken only from credentials granted by `grant_sts`, its common parameters, signature (the
 SDK's own `Utils.get_rpcsignature`), nonce and allowed actions checked first (`check_rpc`, `RPC_COMMON`'s sources).
@@ -85,6 +89,7 @@ from alibabacloud_ecs20140526 import models
 from alibabacloud_tea_openapi.utils import Utils
 
 HOST_ID = "ecs.imitation.local"
+RAM_VERSION = "2015-05-01"  # RAM's API version: its requests go to tests/alibaba/ram.py
 # RegionId is required by every action whose model has it (each action's API reference marks it so); the rest:
 REQUIRED = {
     "ImportKeyPair": ("KeyPairName", "PublicKeyBody"),
@@ -143,6 +148,7 @@ class InstanceRow:
     changes_at: float = 0.0
     next_status: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    role: str | None = None  # its instance RAM role (RunInstances' RamRoleName)
 
 
 def flatten(value: Any) -> set[str]:
@@ -191,10 +197,12 @@ def _typed(model: Any, key: str, value: str) -> bool:
     return True
 
 
-def check_request(action: str, flat: dict[str, str]) -> Any:
-    """The request as the SDK's model reads it; an unknown parameter (one the model loses) or a missing required
-    one is refused."""
-    model = getattr(models, f"{action}Request", None)
+def check_request(action: str, flat: dict[str, str], sdk: Any = models,
+                  required: dict[str, tuple[str, ...]] = REQUIRED) -> Any:
+    """The request as the SDK's model reads it (`sdk`'s models: ECS's, or RAM's for tests/alibaba/ram.py, whose
+    `<Action>ShrinkRequest` is what its client sends where it has one); an unknown parameter (one the model loses) or
+    a missing required one is refused."""
+    model = getattr(sdk, f"{action}ShrinkRequest", None) or getattr(sdk, f"{action}Request", None)
     if model is None:
         raise Refused(400, "InvalidAction.NotFound", "Specified api is not found, please check your url and method.")
     request = model().from_map(fold(flat))
@@ -206,7 +214,7 @@ def check_request(action: str, flat: dict[str, str]) -> Any:
         if "." not in key and not _typed(model, key, value):
             raise Refused(400, "InvalidParameter", f"The specified parameter \"{key}\" is not valid.")
     has_region = "region_id" in model.__init__.__code__.co_varnames
-    for name in (("RegionId",) if has_region else ()) + REQUIRED.get(action, ()):
+    for name in (("RegionId",) if has_region else ()) + required.get(action, ()):
         if name not in flat:
             raise Refused(400, "MissingParameter",
                           f"The input parameter \"{name.split('.')[0]}\" that is mandatory for processing this "
@@ -260,6 +268,9 @@ class Ecs:
         self.sets: dict[str, dict[str, Any]] = {}  # deployment sets by id
         self.tags: dict[tuple[str, str], dict[str, str]] = {}  # (ResourceType, id) -> tags
         # STS credentials (an instance RAM role's) by AccessKeyId: (secret, security token, actions allowed)
+        from tests.alibaba.ram import Ram
+
+        self.ram = Ram()  # RAM's imitation, served at the same endpoint (tests/alibaba/ram.py)
         self.sts: dict[str, tuple[str, str, tuple[str, ...]]] = {}
         self.nonces: set[str] = set()
         self.signed: list[tuple[str, str]] = []  # (action, AccessKeyId) of each RPC-signed request taken
@@ -307,6 +318,17 @@ class Ecs:
         if hold:
             self.released.wait(60)
         return body, lose
+
+    def role_credentials(self, iid: str) -> tuple[str, str, str, str]:
+        """The STS credentials ECS's metadata hands the instance for its RAM role: (role, AccessKeyId, secret, token),
+        granted here the ECS actions the role's policies allow."""
+        with self.lock:
+            role = self.instances[iid].role
+            assert role is not None, f"{iid} has no RAM role"
+            n = next(self.ids)
+            key, secret, token = f"STS.{role}.{n}", f"secret/{n}+=", f"CAIS+token/{n}=="
+            self.grant_sts(key, secret, token, self.ram.allowed(role))
+            return role, key, secret, token
 
     def grant_sts(self, key_id: str, secret: str, token: str, actions: tuple[str, ...] = ("StopInstances",)) -> None:
         """STS credentials ECS takes from now on (an instance RAM role's), allowed only `actions` (its policy)."""
@@ -609,6 +631,8 @@ class Ecs:
             # the vSwitch must be the zone's (RunInstances' VSwitchId: "the vSwitch ... in the zone specified by
             # ZoneId"); the code is unverified
             raise Refused(404, "InvalidVSwitchId.NotFound", "The specified VSwitchId does not exist.")
+        if p.get("RamRoleName"):  # RAM's role, known to ECS and trusting it (tests/alibaba/ram.py `for_ecs`)
+            self.ram.for_ecs(str(p["RamRoleName"]))
         if not self.balance_ok:
             raise Refused(403, "InvalidAccountStatus.NotEnoughBalance", "Your account does not have enough balance.")
         if p.get("SpotDuration") is not None and (strategy == "NoSpot" or str(p["SpotDuration"]) not in ("0", "1")):
@@ -657,7 +681,7 @@ class Ecs:
             tags = {t["Key"]: t["Value"] for t in p.get("Tag") or []}
             raw["Tags"] = {"Tag": [{"TagKey": k, "TagValue": v} for k, v in tags.items()]}
             self.instances[iid] = InstanceRow(raw, listed_at=now + self.listing_delay, changes_at=now + self.boot,
-                                              next_status="Running", tags=tags)
+                                              next_status="Running", tags=tags, role=p.get("RamRoleName") or None)
             self.tags[("instance", iid)] = tags
             ids.append(iid)
         answer = {"InstanceIdSets": {"InstanceIdSet": ids}, "OrderId": "", "TradePrice": 0.0}
@@ -890,7 +914,14 @@ class Handler(BaseHTTPRequestHandler):
             if "Signature" in flat:  # an RPC-signed request (the node's ecs-stop), not the SDK's ACS3 one
                 flat = self.ecs.check_rpc(self.command, flat)
             action = self.headers.get("x-acs-action") or flat.pop("Action", "")
-            answer, lose = self.ecs.handle(action, flat)
+            if self.headers.get("x-acs-version") == RAM_VERSION:  # RAM's SDK at the same endpoint
+                with self.ecs.lock:
+                    answer, lose, hold = self.ecs.ram.handle(action, flat)
+                    self.ecs.held += hold
+                if hold:
+                    self.ecs.released.wait(60)
+            else:
+                answer, lose = self.ecs.handle(action, flat)
             status = 200
         except Refused as exc:
             answer, lose, status = {"RequestId": str(uuid.uuid4()).upper(), "HostId": HOST_ID, "Code": exc.code,

@@ -219,12 +219,21 @@ def health_lines(nodes: list[Node]) -> list[str]:
     return lines
 
 
+def stop_mode(n: Node) -> str | None:
+    """How an Alibaba Cloud node's guards stop it: "economical" where it was launched with the RAM role they ask ECS
+    with (its plan's guards say so), else "standard" (ECS's stop of an instance powered off from within, whose compute
+    may go on billing: plan/guards.py `Guards.then`); None on another cloud."""
+    if n.provider != "alibaba":
+        return None
+    return "economical" if (n.plan.get("guards") or {}).get("stop_role") else "standard"
+
+
 def guard_lines(nodes: list[Node]) -> list[str]:
-    """One line per Alibaba Cloud node whose guards would stop it, for beneath the status table: that stop is ECS's
-    standard mode (plan/guards.py `Guards.then`)."""
+    """One line per Alibaba Cloud node whose guards would stop it in ECS's standard mode, for beneath the status
+    table (a node launched before gpuprov gave its nodes the RAM role their stop asks ECS with)."""
     return [f"{n.name}: its guards' stop is ECS's standard mode: the disk is kept and the compute may go on billing "
             f"(`gpuprov stop {n.name}` stops in economical mode; `gpuprov down {n.name}` ends the bill)"
-            for n in nodes if n.provider == "alibaba" and n.live
+            for n in nodes if stop_mode(n) == "standard" and n.live
             and (n.autostop_seconds is not None or n.ttl_deadline is not None)]
 
 
@@ -252,8 +261,8 @@ def _stop_fields(n: Node, now: float) -> dict[str, object]:
     return {
         "spot_type": n.spot_type, "can_stop": n.can_stop or (n.provider in CLOUDS and CLOUDS[n.provider].spot_stops),
         "autostop_action": n.shutdown_action or "terminate",  # nodes launched before stop existed terminate
-        # ECS stops an instance powered off from within in its standard mode: its compute may go on billing
-        **({"autostop_stop_mode": "standard"} if n.provider == "alibaba" else {}),
+        # an Alibaba node's guards: economical mode with its RAM role, else ECS's standard mode (compute may bill on)
+        **({"autostop_stop_mode": stop_mode(n)} if n.provider == "alibaba" else {}),
         # Alibaba Cloud's spot protection period as `up --spot-duration` asked for it (its plan's record)
         **({"spot_duration_hours": n.plan["spot_duration_hours"]} if "spot_duration_hours" in n.plan else {}),
         "disk_gb": n.disk_gb,
@@ -338,8 +347,8 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
                   f"${budget:.2f} of ${row['budget_usd']:g} left" if isinstance(budget, float) else ""]
         guard = ", ".join(g for g in guards if g)
         guard = f"{guard} → {row['autostop_action']}" if guard else "off"
-        if guard != "off" and row.get("autostop_stop_mode") == "standard":
-            guard += " (standard)"
+        if guard != "off" and row.get("autostop_stop_mode"):
+            guard += f" ({row['autostop_stop_mode']})"
         if guard != "off" and row["guards_locked_by"]:
             guard += " (locked)"
         price = row["price_usd_hour"]

@@ -5,7 +5,9 @@ protocol every cloud implements, the capabilities some declare (asked for throug
 the registry `--cloud` picks from, and AWS. A node records its cloud; every command on a node asks that cloud.
 
 Also: bake.py (`image bake`), keys.py (the user's key and the region's key pair), own_network.py (gpuprov's own
-network where a region or zone has no default one, shared and released as the key pair is), addresses.py (a
+network where a region or zone has no default one, shared and released as the key pair is), stop_role.py (the
+role a node's guards stop it with, on a cloud that needs one: shared by the owner's nodes of every region, released
+with the last of them), addresses.py (a
 cluster's static addresses, counted against the cloud's quota), instance_store.py (what `stop` loses), tags.py (the
 owner), timeline.py, failover.py, waiting.py (`up --wait`), reservations.py and capacity.py, move.py and
 move_region.py (`start --move`) with journal.py (the next command finishing or undoing a killed move), stale.py

@@ -45,7 +45,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from gpuprov.cloud import addresses, destroy, launch, reservations
+from gpuprov.cloud import addresses, destroy, launch, reservations, stop_role
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.cluster_network import ClusterLayout, grouped, instance_of, network_for, with_efa_step
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
@@ -157,6 +157,9 @@ def _launch_and_bootstrap(plan: Plan, opts: launch.UpOptions, copts: ClusterOpti
     name, region = opts.name, plan.request.region
     public_ip = opts.connect == "public" and network.subnet_id is not None and not network.maps_public_ip
     rec.phase(tl.ACCESS)
+    role = stop_role.for_launch(provider, store, say)  # where the guards' stop needs a role of the cloud's
+    if role is not None:
+        opts = replace(opts, instance_profile=role)
     anywhere = ", anywhere on the internet" if launch.open_to_all(cidr) else ""
     say(f"key pair and security group (SSH from {cidr}{anywhere}; all traffic between the cluster's nodes)")
     access = launch.prepare_access(name, region, provider, store, network, cidr, public_ip)

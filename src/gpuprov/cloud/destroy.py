@@ -18,8 +18,8 @@ the config: cloud/teardown.py's `down` and `take_down`, cloud/stale.py); `down` 
 saves its data first (`before_all`: a refusal or a failed save takes nothing down). What an operation itself just
 made (a failed `up`'s or move's instance, the move's image) or replaced (the instance a finished move leaves) holds no
 user data: `take_back` opens the node to the destroys below on the lock alone. An orphan (`orphan`), the region's
-shared key pair (`key_pair`) and an image removed by name (`image`) have no node: each is checked against the lock
-that guards it.
+shared key pair (`key_pair`) and network (`network_part`), the role the nodes' guards stop them with (`role`) and
+an image removed by name (`image`) have no node: each is checked against the lock that guards it.
 
 Inside an open gate, cloud/teardown.py, the take-backs and the moves call `end` (instances), `remove` (any
 resource) and `remove_image` here instead of the provider: each asks again that the node is open and its lock
@@ -172,6 +172,13 @@ def key_pair(provider: Provider, region: str, name: str, settle: float = 0.0, *,
 def network_part(provider: Provider, res: CloudResource, settle: float = 0.0) -> None:
     """A subnet or the VPC of gpuprov's own network in a region (cloud/own_network.py), under the region's lock:
     deleted with the region's last node."""
+    _check_held(locks.region(res.region), f"deleting the {res.kind} {res.id}")
+    provider.delete(res, settle=settle)
+
+
+def role(provider: Provider, res: CloudResource, settle: float = 0.0) -> None:
+    """The role every node of a cloud shares (cloud/stop_role.py), under its lock (its region's, "global"): deleted
+    with the cloud's last node."""
     _check_held(locks.region(res.region), f"deleting the {res.kind} {res.id}")
     provider.delete(res, settle=settle)
 

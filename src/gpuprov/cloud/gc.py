@@ -5,8 +5,9 @@ An orphan is one of two things, and nothing else:
   the node's lock), taken down by its records (ids and tokens; tags may lag);
 - a resource tagged as this owner's (cloud/tags.py) whose node no live record claims and no gpuprov
   process is working on (its lock is free): another machine's lost state, say. The region's shared key pair
-  only when no node of the region uses it (counted under the region's lock, cloud/keys.py); images and
-  snapshots as cloud/images.py judges them, an image being baked (its lock held) never.
+  only when no node of the region uses it (counted under the region's lock, cloud/keys.py), the role the nodes'
+  guards stop them with (cloud/stop_role.py) only when no node of the cloud does; images and snapshots as
+  cloud/images.py judges them, an image being baked (its lock held) never.
 A stopped, started, resized or baked node is never an orphan, whatever its process did. Every decision is
 made again under the node's lock just before the delete, so an `up` that starts meanwhile (it takes the lock
 before it records or creates anything) is never collected; a node whose lock is held is left alone and
@@ -27,9 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpuprov.cloud import destroy, images, keys, own_network, tags
-from gpuprov.cloud.providers.base import IMAGES, SHARED, CloudResource, NotFound, Provider
-from gpuprov.cloud.providers.capabilities import ROLES, offered
+from gpuprov.cloud import destroy, images, keys, own_network, stop_role, tags
+from gpuprov.cloud.providers.base import GLOBAL, IMAGES, SHARED, CloudResource, NotFound, Provider
+from gpuprov.cloud.providers.capabilities import ROLES, STOP_ROLE, offered
 from gpuprov.cloud.teardown import take_down
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.state import Store, locks
@@ -80,6 +81,9 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store, all_instal
             roles = offered(provider, ROLES)
             if region == regions[0] and roles:  # IAM is global: its roles and profiles once, with the first region
                 tagged += roles.tagged_iam(region, everyone=True)
+            stops = offered(provider, STOP_ROLE)
+            if region == regions[0] and stops:  # so is RAM: the role the guards stop the nodes with, once
+                tagged += stops.tagged_stop_roles(everyone=True)
         except UserInputError:  # no credentials, a profile that does not exist: every region's, said once
             raise
         except GpuprovError as exc:  # one region's refusal (a region not enabled, a denied call) stops no other
@@ -93,6 +97,11 @@ def orphans(regions: Sequence[str], provider: Provider, store: Store, all_instal
                 sweep.others.append(res)
                 continue
             if res.kind in ("image", "snapshot") or res.id in seen:  # images: cloud/images.py says which
+                continue
+            if res.kind == "ram-role" and res.node == SHARED:
+                if res.id not in seen and not stop_role.users(provider.name, store):
+                    seen.add(res.id)
+                    sweep.found.append(CloudResource(res.kind, res.id, GLOBAL, SHARED, "no node uses it", res.owner))
                 continue
             if res.kind in ("key-pair", *own_network.KINDS) and res.node == SHARED:
                 if not keys.key_users(region, store):
@@ -134,9 +143,13 @@ def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -
                 store.update_node(name, state_reason="its `up` ended before it was ready; collected by gc")
         shared: dict[str, list[str]] = {}
         networks: dict[str, list[CloudResource]] = {}  # gpuprov's own network's parts, released with the key pair
+        roles: list[str] = []  # the role the nodes' guards stop them with: released with the cloud's last node
         overdue: dict[str, locks.Overdue] = {}  # regions whose lock gc waited for in vain: not waited for again
         for res in sorted(found, key=lambda r: ORDER.get(r.kind, 9)):
             if res.kind == "node" or res.node in {r.id for r in found if r.kind == "node"}:
+                continue
+            if res.node == SHARED and res.kind == "ram-role":
+                roles.append(res.id)
                 continue
             if res.node == SHARED and res.kind in own_network.KINDS:
                 networks.setdefault(res.region, []).append(res)
@@ -175,6 +188,8 @@ def gc(found: list[CloudResource], provider: Provider, store: Store, say: Say) -
                                                    networks=networks.get(region, [])):
                 what = name if " " in name else f"key-pair {name}"  # a network part is "KIND ID"
                 say(f"deleted {what} ({region}, no node of the region uses it)")
+        for name in stop_role.release_if_unused(provider, store, say, unrecorded=roles):
+            say(f"deleted ram-role {name} (no node uses it)")
     return left
 
 

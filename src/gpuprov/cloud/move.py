@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from gpuprov.cloud import destroy, keys
+from gpuprov.cloud import destroy, keys, stop_role
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.providers.base import (
     Access,
@@ -279,6 +279,8 @@ def launch(node: Node, region: str, image_id: str, destinations: Sequence[Destin
     """RunInstances from the move's image in each destination until one has capacity; each launch recorded first."""
     refused: list[str] = []
     rec.phase(tl.CAPACITY)
+    # the role its guards stop it with, as its first launch had (a record of before it: none, as before)
+    role = stop_role.for_launch(provider, store, say) if node.plan.get("guards", {}).get("stop_role") else None
     for dest in destinations:
         zone, access = dest.zone, dest.access
         token = f"gpuprov-{node.name}-move-{uuid.uuid4().hex[:12]}"
@@ -291,7 +293,7 @@ def launch(node: Node, region: str, image_id: str, destinations: Sequence[Destin
             instance = provider.launch(LaunchRequest(
                 node=node.name, region=region, zone=zone, instance_type=node.instance_type or "",
                 market="on-demand", image_id=image_id, access=access, disk_gb=node.disk_gb or 100, client_token=token,
-                shutdown_behavior=node.shutdown_action or "stop"), settle=settle_window())
+                shutdown_behavior=node.shutdown_action or "stop", instance_profile=role), settle=settle_window())
         except LaunchError as exc:
             rec.attempt(node.instance_type or "", zone, "on-demand", asked, exc.code, exc.message)
             say(f"  {exc.code}: {exc.message}")

@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from gpuprov.cloud import destroy
+from gpuprov.cloud import destroy, stop_role
 from gpuprov.cloud import timeline as tl
 from gpuprov.cloud.contact import bootstrap_launched, pin_host_key
 from gpuprov.cloud.failover import Order
@@ -191,6 +191,9 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
         from gpuprov.cloud import data  # KMS keys are read first, so an unusable one is refused before anything
 
         opts = replace(opts, instance_profile=data.ensure_role(name, region, opts.s3_access, provider, store, say))
+    role = stop_role.for_launch(provider, store, say)  # where the guards' stop needs a role of the cloud's
+    if role is not None:
+        opts = replace(opts, instance_profile=role)
     say(f"key pair and security group (SSH from {cidr}" + (": anywhere on the internet)" if open_to_all(cidr) else " only)"))
     access = prepare_access(name, region, provider, store, network, cidr, public_ip)
     rec.phase(tl.CAPACITY)

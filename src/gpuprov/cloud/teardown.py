@@ -105,6 +105,10 @@ def take_down(name: str, region: str, provider: Provider, store: Store, say: Say
 
     for each in [region, *others]:
         release_key_if_unused(each, provider, store, say)
+    from gpuprov.cloud.stop_role import release_if_unused
+
+    for role in release_if_unused(provider, store, say):  # the role its guards stopped it with, after the last node
+        say(f"  removed the role {role} (no node uses it now)")
     from gpuprov.hosts import findings, sshconfig
 
     try:

@@ -12,11 +12,12 @@ gets a new one, one TTL after that boot, instead of shutting down at once) and `
 hook runs once per notice; with a Capacity Block, BLOCK_WARN_SECONDS before its end it `wall`s and runs the hook
 once). Each reads GPUPROV_NOW as its clock, so tests never sleep. The guards call `shutdown`; what that does to a
 launched node is its cloud's: on AWS its InstanceInitiatedShutdownBehavior, set at launch to the node's shutdown
-action; on Alibaba Cloud the instance stops in ECS's standard mode, whose compute may still be billed (`then` says
-which, and the rendered steps with it). An Alibaba node's autostop and TTL steps also install `ecs-stop`
-(templates/guard_ecs_stop.py.j2), which the checks run first: StopInstances in economical mode (StopCharging), signed
-with the STS credentials of the instance's RAM role from ECS's metadata; the OS's power-off is the fallback, its
-reason logged, when the instance has no role or ECS refuses.
+action; on Alibaba Cloud the instance stops in ECS's standard mode, whose compute may still be billed, unless the
+node asks ECS itself. An Alibaba node's autostop and TTL steps install `ecs-stop` (templates/guard_ecs_stop.py.j2),
+which the checks run first: StopInstances in economical mode (StopCharging), signed with the STS credentials of the
+instance's RAM role from ECS's metadata; the OS's power-off is the fallback, its reason logged, when the instance has
+no role or ECS refuses. gpuprov launches every Alibaba node with that role (cloud/stop_role.py: `stop_role`), so its
+guards stop it in economical mode (`then` says which, and the rendered steps with it).
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ class Guards(BaseModel):
     shutdown_action: Literal["stop", "terminate"] | None = None
     # the node's cloud: whose interruption notice the watch reads (NOTICES) and what a shutdown does to it
     cloud: Literal["aws", "alibaba"] = "aws"
+    # the instance is launched with a role its guards ask the cloud to stop it with (an Alibaba node's RAM role,
+    # cloud/stop_role.py): its stop is economical; False on a node launched before gpuprov gave one, and on a host
+    stop_role: bool = False
     budget_usd: float | None = None  # the TTL is this budget at `budget_price` $/h when that is the sooner
     budget_price: float | None = None
     # a Capacity Block's end (epoch seconds): the interrupt watch runs the hook BLOCK_WARN_SECONDS before it
@@ -105,6 +109,12 @@ class Guards(BaseModel):
     @property
     def then(self) -> str:
         """What the guards' shutdown does, in words."""
+        if self.cloud == "alibaba" and self.shutdown_action is not None and self.stop_role:
+            # the node's ecs-stop asks StopInstances for StopCharging with the instance's RAM role ("Economical mode":
+            # compute stops billing, the disk is kept); only where ECS refuses does the OS power off
+            return ("the instance stops in ECS's economical mode: its disk is kept and its compute stops billing (the "
+                    "node asks ECS with its RAM role; where ECS refuses, it powers off in ECS's standard mode, whose "
+                    "compute may go on billing; `gpuprov down` ends the bill)")
         if self.cloud == "alibaba" and self.shutdown_action is not None:
             # ECS guide, "Economical mode" (help/en/ecs/user-guide/economical-mode): compute stops billing when an
             # instance is stopped in economical mode, which StopInstances' StoppedMode (StopCharging) or the

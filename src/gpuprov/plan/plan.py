@@ -212,7 +212,8 @@ class Plan:
             "steps": [{"name": s.name, "kind": s.kind, "summary": s.summary} for s in self.steps],
             "sources": self.step_sources(),
             "data": [d.summary() for d in self.playbook.data],
-            "guards": self.guards.model_dump(mode="json", exclude={"cloud"} if self.guards.cloud == "aws" else None),
+            "guards": self.guards.model_dump(mode="json", exclude={"cloud", "stop_role"} if self.guards.cloud == "aws"
+                                             else None),
             "monitoring": monitoring_summary(self.request.monitoring, self.request.os),
             "unverified": list(self.unverified),
             **({"no_root": {"home": self.home, "skipped": [{"name": n, "why": w} for n, w in self.skipped]}}
@@ -280,6 +281,8 @@ def guards_for(request: NodeRequest, playbook: Playbook, launched: bool = False)
                     interrupt_watch=bool((request.spot and noticed) or hook or save), on_interrupt=hook,
                     save_on_interrupt=save,
                     shutdown_action=shutdown_action(request) if launched else None,
+                    # gpuprov launches an Alibaba node with the RAM role its guards' stop asks ECS with
+                    stop_role=launched and cloud == "alibaba",
                     cloud=cloud, metadata_url=NOTICES[cloud].metadata_url)  # type: ignore[arg-type]
     return guards
 

@@ -3,14 +3,15 @@
 A provider makes and removes machines and knows nothing of the records or SSH (import-linter's
 `providers-know-no-state`): cloud/ decides, records, and asks. base.py is the core every cloud implements;
 capabilities.py the capabilities some declare (cluster placement, an RDMA fabric, static addresses, instance roles,
-reservations and blocks, object storage, image copy, stop modes, live offers), each asked for through
-`capabilities.need`.
+reservations and blocks, object storage, image copy, stop modes, live offers, a role for the guards' stop), each
+asked for through `capabilities.need`.
 boto3 is imported here only (and by state/s3.py for the team's bucket). aws.py composes aws_base.py (clients, the
 one error path), aws_instances.py and aws_images.py; aws_refusals.py is the table of what each launch refusal
 means; aws_iam.py and aws_capacity.py make the IAM and capacity calls; aws_region.py is the AWS CLI's region chain
 and AWS's endpoint when it is on this machine, and aws_efa.py AWS's EFA layout and installer, both with no SDK.
 Alibaba Cloud ECS, through its own SDK:
-alibaba.py on alibaba_base.py (the client, the one error path) and alibaba_images.py;
+alibaba.py on alibaba_base.py (the client, the one error path) and alibaba_images.py; alibaba_ram.py the RAM
+role a node's guards stop it with, through RAM's own SDK;
 alibaba_refusals.py is what each launch refusal means (the GPU families' documented facts are data, read by
 plan/catalog_alibaba.py).
 

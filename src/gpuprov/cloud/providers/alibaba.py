@@ -16,6 +16,7 @@ from typing import Any
 from gpuprov.cloud.providers.alibaba_base import NOT_FOUND, RETRIES, EcsError, EcsNoAnswer, stamp, tags_of
 from gpuprov.cloud.providers.alibaba_images import EcsImages
 from gpuprov.cloud.providers.alibaba_network import EcsNetwork
+from gpuprov.cloud.providers.alibaba_ram import RamRoles
 from gpuprov.cloud.providers.alibaba_refusals import classify
 from gpuprov.cloud.providers.alibaba_sets import EcsSets
 from gpuprov.cloud.providers.base import (
@@ -41,12 +42,16 @@ from gpuprov.cloud.providers.capabilities import (
     OWN_NETWORK,
     PLACEMENT,
     SPOT_STOP,
+    STOP_ROLE,
     ListPrice,
     ZoneStock,
 )
 from gpuprov.errors import GpuprovError, UserInputError
 from gpuprov.plan.catalog_alibaba import facts
 
+# RunInstances' error table (API reference; the copy read whole, as alibaba_refusals.py says): 404
+# InvalidRamRole.NotFound 'The specified parameter "RAMRoleName" does not exist.'
+FRESH_ROLE = "InvalidRamRole.NotFound"
 TAG_TOKEN = "gpuprov:token"  # the launch's ClientToken: a lost RunInstances answer is found by it
 BANDWIDTH_MBPS = 100  # InternetMaxBandwidthOut: a public address, paid by traffic (PayByTraffic), not by this cap
 DISK = "cloud_essd"  # the system disk's category
@@ -58,18 +63,20 @@ TAGGED_KINDS = {"instance": "instance", "securitygroup": "security-group", "keyp
                 "snapshot": "snapshot"}
 
 
-class AlibabaProvider(EcsImages, EcsSets, EcsNetwork):
+class AlibabaProvider(EcsImages, EcsSets, EcsNetwork, RamRoles):
     """Alibaba Cloud ECS: the core of the provider protocol (see base.py)."""
 
     name = "alibaba"
     # of capabilities.py's: cluster placement through deployment sets (alibaba_sets.py), its live offers (stock,
-    # DescribePrice) and a stop of any spot instance. No eRDMA, EIPs, RAM roles, reservations or image copy in gpuprov
-    # yet (each refused by name through `capabilities.need`). Its stop is always economical (StopCharging), and a
+    # DescribePrice), a stop of any spot instance and the RAM role a node's guards stop it with (alibaba_ram.py). No
+    # eRDMA, EIPs, RAM roles of the user's own, reservations or image copy in gpuprov yet (each refused by name through
+    # `capabilities.need`). Its stop is always economical (StopCharging), and a
     # preemptible instance stops so as a pay-as-you-go one does ("Economical mode for pay-as-you-go instances
     # (including spot instances)", alibabacloud.com/help/en/ecs/user-guide/economical-mode: a VPC, pay-as-you-go or
     # preemptible, no local storage; gpuprov launches into a VPC, and none of the catalog's families has local disks).
     # Where a region has no default VPC, gpuprov's own (alibaba_network.py).
-    capabilities: frozenset[str] = frozenset({PLACEMENT.flag, LIVE_OFFERS.flag, SPOT_STOP.flag, OWN_NETWORK.flag})
+    capabilities: frozenset[str] = frozenset({PLACEMENT.flag, LIVE_OFFERS.flag, SPOT_STOP.flag, OWN_NETWORK.flag,
+                                              STOP_ROLE.flag})
 
     # --- where to launch ---------------------------------------------------------------------
 
@@ -192,7 +199,10 @@ class AlibabaProvider(EcsImages, EcsSets, EcsNetwork):
         market = request.market
         params = self._run_params(request)
         lost = False
-        for attempt in range(1, RETRIES + 1):
+        deadline = time.monotonic() + settle
+        attempt = 0
+        while attempt < RETRIES:
+            attempt += 1
             try:
                 reply = self._send(request.region, "RunInstances", params)
                 ids = [str(i) for i in (reply.get("InstanceIdSets") or {}).get("InstanceIdSet") or []]
@@ -202,10 +212,15 @@ class AlibabaProvider(EcsImages, EcsSets, EcsNetwork):
                     raise
                 lost = True
             except EcsError as exc:
-                row = classify(exc.code, market)
-                if row.then != "retry" or attempt == RETRIES:
-                    raise LaunchError(row.then, exc.code, exc.message, row.fix, row.quota) from None
-            time.sleep(self.poll * attempt)
+                # a RAM role made moments ago that ECS does not know yet (RAM is eventually consistent, as IAM is):
+                # the same request again within the settle time; a refusal made nothing for its token
+                if exc.code == FRESH_ROLE and request.instance_profile and time.monotonic() < deadline:
+                    attempt -= 1
+                else:
+                    row = classify(exc.code, market)
+                    if row.then != "retry" or attempt == RETRIES:
+                        raise LaunchError(row.then, exc.code, exc.message, row.fix, row.quota) from None
+            time.sleep(self.poll * max(attempt, 1))
             if lost:
                 made = self.find_launched(request.region, request.client_token)
                 if made:
@@ -225,6 +240,8 @@ class AlibabaProvider(EcsImages, EcsSets, EcsNetwork):
             "SystemDisk": {"Size": str(request.disk_gb), "Category": DISK},
             "Tag": tags,
         }
+        if request.instance_profile:  # the RAM role the node's guards stop it with (alibaba_ram.py)
+            params["RamRoleName"] = request.instance_profile
         if request.placement_group:  # a cluster's deployment set: every instance of the Amount goes into it
             params["DeploymentSetId"] = request.placement_group
         if request.market == "spot":
@@ -368,6 +385,8 @@ class AlibabaProvider(EcsImages, EcsSets, EcsNetwork):
                 self.delete_set(region, rid, settle)
             elif kind in ("vswitch", "vpc"):
                 self.delete_network_part(region, kind, rid)
+            elif kind == "ram-role":
+                self.delete_stop_role(rid)
             else:
                 raise GpuprovError(f"Alibaba Cloud has no {kind} of gpuprov's to delete ({rid})")
         except NotFound:

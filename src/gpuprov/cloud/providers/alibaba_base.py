@@ -87,11 +87,12 @@ def tags_of(raw: dict[str, Any]) -> dict[str, str]:
     return {str(t.get("TagKey")): str(t.get("TagValue")) for t in (raw.get("Tags") or {}).get("Tag") or []}
 
 
-def _method(action: str) -> str:
-    """The SDK client's method for an action (DescribeVSwitches: describe_vswitches)."""
-    from alibabacloud_ecs20140526.client import Client
+def _method(action: str, package: str = "alibabacloud_ecs20140526") -> str:
+    """The SDK client's method for an action (DescribeVSwitches: describe_vswitches), of ECS's SDK or `package`'s."""
+    import importlib
 
-    names = {name.replace("_", ""): name for name in dir(Client) if not name.startswith("_")}
+    client = importlib.import_module(f"{package}.client").Client
+    names = {name.replace("_", ""): name for name in dir(client) if not name.startswith("_")}
     return names[action.lower()]
 
 class EcsBase:

@@ -65,6 +65,15 @@ REFUSALS: tuple[Refusal, ...] = (
             fix="the account's status forbids new resources: see Alibaba Cloud's words above"),
     Refusal("Forbidden.RAM", "stop", fix="the RAM identity may not do this: grant it AliyunECSFullAccess or a "
             "policy allowing the action"),
+    # the node's RAM role (cloud/stop_role.py), RunInstances' error table: 404 InvalidRamRole.NotFound past the
+    # settle time a fresh role gets, 403 InvalidUser.PassRoleForbidden "The RAM user does not have the privilege to
+    # pass a RAM role.", 401 InvalidRamRole.NotEcsRole "The specified ram role is not authorized for ecs"
+    Refusal("InvalidRamRole.NotFound", "stop", fix="the RAM role gpuprov made for the node's guards is not there "
+            "(deleted by hand?): the next `up` looks for it and makes it again"),
+    Refusal("InvalidUser.PassRoleForbidden", "stop", fix="the RAM identity may not pass the node's RAM role to ECS: "
+            "grant it ram:PassRole (docs/alibaba-ram-policy.json)"),
+    Refusal("InvalidRamRole.NotEcsRole", "stop", fix="the node's RAM role does not trust ECS: delete it in the RAM "
+            "console (`gpuprov gc --cloud alibaba`), and the next `up` makes it again"),
     Refusal("InvalidAccessKeyId.NotFound", "stop", fix="check ALIBABA_CLOUD_ACCESS_KEY_ID or the profile"),
     Refusal("SignatureDoesNotMatch", "stop", fix="check ALIBABA_CLOUD_ACCESS_KEY_SECRET or the profile"),
     # the token of an earlier request with other parameters ("How to ensure idempotence"): a gpuprov bug, never

@@ -33,6 +33,7 @@ TAG_OWNER = "gpuprov:owner"
 TAG_TEAM = "gpuprov:team"  # team state: the bucket/prefix whose shared records own it (cloud/tags.py)
 TAG_MEMBER = "gpuprov:member"  # ... and the member (user@host/ID) who made it
 SHARED = "(shared)"  # gpuprov:node value of resources several nodes use (the key pair)
+GLOBAL = "global"  # the region of what a cloud keeps in no region (Alibaba Cloud's RAM role: capabilities.STOP_ROLE)
 # Baked images outlive the node they were made from: their gpuprov:node is IMAGES (no node name can be it, so
 # `down NODE` never takes them); the node they came from is in gpuprov:source-node.
 IMAGES = "(image)"

@@ -215,6 +215,30 @@ class OwnNetwork(Protocol):
         ...
 
 
+@runtime_checkable
+class StopRole(Protocol):
+    """An instance role of gpuprov's own, one per owner and shared by every node of the cloud, that lets a node's guards
+    ask the cloud itself to stop its instance (Alibaba Cloud: a RAM role allowed StopInstances, for economical mode);
+    deleted through `Provider.delete` (kind "ram-role") with the last node that uses it."""
+
+    def stop_role_name(self) -> str:
+        """The role's name: the launch records it before the role is made."""
+        ...
+
+    def has_stop_role(self) -> bool:
+        """Whether the role is there now (a record of it may outlive it: deleted by hand)."""
+        ...
+
+    def create_stop_role(self) -> str:
+        """The role and its policy, each found or made (a lost answer is looked for before it is asked again); its
+        name."""
+        ...
+
+    def tagged_stop_roles(self, everyone: bool = False) -> list[CloudResource]:
+        """This owner's stop roles (`everyone`: every install's with its user and host name), by their tags."""
+        ...
+
+
 C = TypeVar("C")
 
 
@@ -245,6 +269,8 @@ LIVE_OFFERS = Capability[LiveOffers]("live-offers", "stock and list prices read 
 SPOT_STOP = Capability[None]("spot-stop", "a stop of any spot instance")
 # Not one of ALL: AWS launches into the default VPC or a subnet named, and refuses a region without one
 OWN_NETWORK = Capability[OwnNetwork]("own-network", "network of gpuprov's own", OwnNetwork)
+# Not one of ALL: on AWS a guard's shutdown is the stop itself (InstanceInitiatedShutdownBehavior), no role needed
+STOP_ROLE = Capability[StopRole]("stop-role", "role for its guards' stop", StopRole)
 
 
 def has(provider: Provider, capability: Capability[Any]) -> bool:
