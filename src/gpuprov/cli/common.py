@@ -578,7 +578,7 @@ def main() -> None:
 
     \b
     Plan (offline):  gpus  plan  render  bundle  facts
-    AWS nodes:       up  status  stop  start  down  gc  autostop  ttl
+    Cloud nodes:     up  status  stop  start  down  gc  autostop  ttl
                      image  capacity
     Any SSH host:    bootstrap  check  doctor  bench
     On a node:       ssh  exec  tunnel  jupyter  sync  monitor  torchrun
