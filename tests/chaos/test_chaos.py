@@ -56,12 +56,10 @@ KNOWN = {
     # aside) and CreateImage, the node stayed `ready` and unreachable with no guards: (e) (the bake's journal now
     # leaves it `baking` until a start or stop settles it; the restore waits for a clean-up still running)
     "bake-killed": True,
-    # `state adopt` on Alibaba Cloud (GPUPROV_CLOUD=alibaba) adopts from AWS: cli/team.py's adopt takes the AWS
-    # region chain (us-east-1 from AWS_DEFAULT_REGION) and asserts an AwsProvider, so a lost state file's Alibaba
-    # nodes are never rebuilt (with AWS credentials at hand it says "0 node(s) adopted" of AWS's region, without
-    # them it asks for AWS credentials); gc by tags still finds them. The Alibaba walk's adopt step is broken when
-    # the command speaks of AWS
-    "adopt-alibaba": False,
+    # `state adopt` on Alibaba Cloud (GPUPROV_CLOUD=alibaba) adopted from AWS: cli/team.py's adopt took the AWS
+    # region chain and asserted an AwsProvider, so a lost state file's Alibaba nodes were never rebuilt (adopt now
+    # follows --cloud, config `cloud`, and rebuilds them from ECS's tags)
+    "adopt-alibaba": True,
 }
 
 # one-shot faults the cloud plays on the next matching request (tests/aws/fault_proxy.py's rules on AWS, the ECS

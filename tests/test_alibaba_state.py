@@ -1,0 +1,51 @@
+"""`gpuprov state` and `gpuprov team` on Alibaba Cloud, in the fast lane (`ecs_cli`: the real CLI against the ECS
+imitation in this process, no SSH): `state adopt` rebuilds the records from ECS's tags after the state file is lost
+(the node, its group, the region's key pair and gpuprov's own network), and `down` then leaves nothing; AWS is never
+asked (the fixture points it at a port nothing listens on)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.alibaba.cli import EMPTY, leftovers
+
+
+def _status(ecs_cli) -> dict[str, dict]:
+    shown = ecs_cli.gp("status", "--json")
+    assert shown.exit_code == 0, shown.output
+    return {n["name"]: n for n in json.loads(shown.stdout)}
+
+
+def test_adopt_after_the_state_file_is_lost_rebuilds_the_alibaba_node_and_down_leaves_nothing(ecs_cli) -> None:
+    ecs = ecs_cli.cloud
+    ecs.no_default_vpc()  # gpuprov's own VPC and vSwitches too: shared, released with the region's last node
+    ecs_cli.up("n1", "--spot")
+    before = _status(ecs_cli)["n1"]
+    (iid,) = ecs.instances
+    for lost in ecs_cli.home.glob("state.sqlite*"):  # a lost state file: nothing recorded, everything still in ECS
+        lost.unlink()
+    assert _status(ecs_cli) == {}
+
+    adopted = ecs_cli.gp("state", "adopt")
+    assert adopted.exit_code == 0, adopted.output
+    assert "1 node(s) adopted: n1" in adopted.stdout and f"instance {iid}" in adopted.stdout
+    node = _status(ecs_cli)["n1"]
+    for key in ("cloud", "region", "zone", "instance_type", "market", "address"):
+        assert node[key] == before[key], key
+    assert node["state"] == "ready"
+    assert not [a for a, _ in ecs.calls if a == "RunInstances"][1:]  # nothing was made again
+    again = ecs_cli.gp("state", "adopt", "--cloud", "alibaba", "--region", "cn-hangzhou")
+    assert again.exit_code == 0 and "0 node(s) adopted" in again.stdout  # a recorded node is left as it is
+
+    down = ecs_cli.gp("down", "n1", "--yes")
+    assert down.exit_code == 0, down.output
+    assert leftovers(ecs) == EMPTY and ecs.vpcs == [] and _status(ecs_cli) == {}
+    gc = ecs_cli.gp("gc", "--json")
+    assert gc.exit_code == 0 and json.loads(gc.stdout)["found"] == [], gc.output
+
+
+def test_adopt_names_an_unknown_alibaba_region_in_one_line(ecs_cli) -> None:
+    refused = ecs_cli.gp("state", "adopt", "--region", "us-east-1")
+    assert refused.exit_code == 2
+    assert refused.stderr.startswith("error: --region: unknown Alibaba Cloud region 'us-east-1'"), refused.stderr
+    assert "Traceback" not in refused.output
