@@ -49,3 +49,30 @@ def test_adopt_names_an_unknown_alibaba_region_in_one_line(ecs_cli) -> None:
     assert refused.exit_code == 2
     assert refused.stderr.startswith("error: --region: unknown Alibaba Cloud region 'us-east-1'"), refused.stderr
     assert "Traceback" not in refused.output
+
+
+def test_a_stopped_nodes_dollars_an_hour_are_its_disks_and_a_price_ecs_will_not_say_leaves_none(ecs_cli) -> None:
+    from tests.alibaba.server import Fault
+
+    ecs = ecs_cli.cloud
+    ecs.faults.append(Fault("DescribePrice", "Forbidden.RAM", "User not authorized to operate on the specified "
+                            "resource.", status=403, times=2))  # neither at launch nor at the stop
+    ecs_cli.up("n1")
+    stopped = ecs_cli.gp("stop", "n1")
+    assert stopped.exit_code == 0, stopped.output  # the stop is done whatever the price
+    assert "could not read its disk's price (Alibaba Cloud refused DescribePrice: Forbidden.RAM" in \
+        " ".join(stopped.output.split())
+    assert "its compute is not billed, its 100 GB disk still is (no price known: " in stopped.stdout
+    row = _status(ecs_cli)["n1"]
+    assert row["disk_usd_hour"] is None and row["storage_usd_month"] is None and row["storage_unknown"]
+    assert "stopped (compute $0/h, disk billed)" in ecs_cli.gp("status").stdout
+
+    assert ecs_cli.gp("start", "n1", "--no-bootstrap").exit_code == 0
+    ecs.disk_price_gb_hour = 0.0003
+    assert ecs_cli.gp("stop", "n1").exit_code == 0  # ECS answers now: the disk's price is recorded at this stop
+    row = _status(ecs_cli)["n1"]
+    assert (row["state"], row["disk_usd_hour"], row["storage_usd_month"]) == ("stopped", 0.03, 21.6)
+    (line,) = [x for x in ecs_cli.gp("status").stdout.splitlines() if x.lstrip().startswith("n1 ")]
+    assert "$0.03" in line and "(compute $0/h, disk $0.0300/h)" in line
+    assert ecs_cli.gp("down", "n1", "--yes").exit_code == 0
+    assert leftovers(ecs) == EMPTY

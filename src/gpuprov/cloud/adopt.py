@@ -1,9 +1,9 @@
 """`gpuprov state adopt`: records rebuilt from the tags gpuprov puts on every resource of the chosen cloud (on AWS
 instances, volumes, security groups, spot requests, placement groups, Elastic IPs, key pairs, images; on Alibaba
 Cloud instances, security groups, key pairs, images, deployment sets and gpuprov's own VPC and vSwitches, whatever
-the provider's `tagged` lists), so a lost state file or a lost laptop loses nothing. An adopted node is recorded as it is in the cloud (its instances' state, type, zone, addresses) with
-every resource its tag names, so `status`, `stop` and `down` follow it by id like any other; a node's name that
-is already recorded (live) is left alone.
+the provider's `tagged` lists), so a lost state file or a lost laptop loses nothing. An adopted node is recorded as
+it is in the cloud (its instances' state, type, zone, addresses) with every resource its tag names, so `status`,
+`stop` and `down` follow it by id like any other; a node's name that is already recorded (live) is left alone.
 
 An adopted node gets `ready_at`, so it is no orphan; unrecorded key pairs, images and gpuprov's own network parts are
 recorded too, as no node's, so that the region's last `down` releases the shared ones as it would have. With team
@@ -25,8 +25,8 @@ from gpuprov.state.store import Store
 if TYPE_CHECKING:
     from gpuprov.say import Say
 
-# an instance's state (the provider's words, EC2's) as a record's state: a running instance gpuprov tagged had finished its `up` or was
-# started since (so it is no orphan); one still pending is still in an `up`
+# an instance's state (the protocol's words, EC2's) as a record's state: a running instance gpuprov tagged had
+# finished its `up` or was started since (so it is no orphan); one still pending is still in an `up`
 _STATES = {"running": NodeState.READY, "pending": NodeState.RUNNING, "stopping": NodeState.STOPPING,
            "stopped": NodeState.STOPPED, "shutting-down": NodeState.TERMINATING}
 _KINDS: tuple[ResourceKind, ...] = ("instance", "spot-request", "volume", "security-group", "placement-group",
