@@ -44,11 +44,20 @@ def test_adopt_after_the_state_file_is_lost_rebuilds_the_alibaba_node_and_down_l
     assert gc.exit_code == 0 and json.loads(gc.stdout)["found"] == [], gc.output
 
 
-def test_adopt_names_an_unknown_alibaba_region_in_one_line(ecs_cli) -> None:
+def test_adopt_follows_the_configs_cloud_and_names_an_unknown_alibaba_region_in_one_line(ecs_cli, monkeypatch) -> None:
+    monkeypatch.delenv("GPUPROV_CLOUD")
+    config = ecs_cli.home.parent / "config.toml"
+    config.write_text('cloud = "alibaba"\n')
+    monkeypatch.setenv("GPUPROV_CONFIG", str(config))
+    ecs_cli.up("n1")
+    ecs_cli.forget("n1")
+    adopted = ecs_cli.gp("state", "adopt")  # AWS is never asked: it is pointed at a port nothing listens on
+    assert adopted.exit_code == 0 and "1 node(s) adopted: n1" in adopted.stdout, adopted.output
     refused = ecs_cli.gp("state", "adopt", "--region", "us-east-1")
     assert refused.exit_code == 2
     assert refused.stderr.startswith("error: --region: unknown Alibaba Cloud region 'us-east-1'"), refused.stderr
     assert "Traceback" not in refused.output
+    assert ecs_cli.gp("down", "n1", "--yes").exit_code == 0
 
 
 def test_a_stopped_nodes_dollars_an_hour_are_its_disks_and_a_price_ecs_will_not_say_leaves_none(ecs_cli) -> None:
