@@ -1,7 +1,9 @@
-"""`gpuprov state` and `gpuprov team` on Alibaba Cloud, in the fast lane (`ecs_cli`: the real CLI against the ECS
-imitation in this process, no SSH): `state adopt` rebuilds the records from ECS's tags after the state file is lost
-(the node, its group, the region's key pair and gpuprov's own network), and `down` then leaves nothing; AWS is never
-asked (the fixture points it at a port nothing listens on)."""
+"""`gpuprov state adopt` and a stopped node's price on Alibaba Cloud, in the fast lane (`ecs_cli`: the real CLI
+against the ECS imitation in this process, no SSH): `state adopt` rebuilds the records from ECS's tags after the state
+file is lost (a node and a cluster, their groups, the cluster's deployment set, the region's key pair and gpuprov's
+own network), following `--cloud` or the config's `cloud`, and `down` then leaves nothing; AWS is never asked (the
+fixture points it at a port nothing listens on). A stopped node's `$/h` is its disk's, as DescribePrice gave it at
+the stop; where ECS gives none, the stop is done and says so."""
 
 from __future__ import annotations
 
@@ -22,22 +24,28 @@ def test_adopt_after_the_state_file_is_lost_rebuilds_the_alibaba_node_and_down_l
     ecs_cli.up("n1", "--spot")
     before = _status(ecs_cli)["n1"]
     (iid,) = ecs.instances
+    cluster = ecs_cli.gp("up", "c", "--gpu", "T4", "--nodes", "2", "--ssh-cidr", "198.51.100.7/32", "--yes",
+                         "--no-wait", "--no-bootstrap")  # on-demand: in a deployment set (tagged in its description)
+    assert cluster.exit_code == 0 and len(ecs.sets) == 1, cluster.output
+    made = [a for a, _ in ecs.calls if a.startswith("Create") or a in ("RunInstances", "ImportKeyPair")]
     for lost in ecs_cli.home.glob("state.sqlite*"):  # a lost state file: nothing recorded, everything still in ECS
         lost.unlink()
     assert _status(ecs_cli) == {}
 
     adopted = ecs_cli.gp("state", "adopt")
     assert adopted.exit_code == 0, adopted.output
-    assert "1 node(s) adopted: n1" in adopted.stdout and f"instance {iid}" in adopted.stdout
+    assert "2 node(s) adopted: c, n1" in adopted.stdout and f"instance {iid}" in adopted.stdout
+    assert f"placement-group {next(iter(ecs.sets))}" in adopted.stdout  # the cluster's deployment set
+    assert _status(ecs_cli)["c"]["cluster_size"] == 2
     node = _status(ecs_cli)["n1"]
     for key in ("cloud", "region", "zone", "instance_type", "market", "address"):
         assert node[key] == before[key], key
     assert node["state"] == "ready"
-    assert not [a for a, _ in ecs.calls if a == "RunInstances"][1:]  # nothing was made again
+    assert [a for a, _ in ecs.calls if a.startswith("Create") or a in ("RunInstances", "ImportKeyPair")] == made  # none anew
     again = ecs_cli.gp("state", "adopt", "--cloud", "alibaba", "--region", "cn-hangzhou")
     assert again.exit_code == 0 and "0 node(s) adopted" in again.stdout  # a recorded node is left as it is
 
-    down = ecs_cli.gp("down", "n1", "--yes")
+    down = ecs_cli.gp("down", "n1", "c", "--yes")
     assert down.exit_code == 0, down.output
     assert leftovers(ecs) == EMPTY and ecs.vpcs == [] and _status(ecs_cli) == {}
     gc = ecs_cli.gp("gc", "--json")
