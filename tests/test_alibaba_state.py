@@ -40,7 +40,9 @@ def test_adopt_after_the_state_file_is_lost_rebuilds_the_alibaba_node_and_down_l
     node = _status(ecs_cli)["n1"]
     for key in ("cloud", "region", "zone", "instance_type", "market", "address"):
         assert node[key] == before[key], key
-    assert node["state"] == "ready"
+    assert (node["state"], node["gpu"], node["gpu_count"]) == ("ready", "A10", 1)  # the catalog's, by its type
+    table = ecs_cli.gp("status")  # the walk found the table's crash on a record with no GPU count
+    assert table.exit_code == 0 and "1× A10" in table.stdout, table.output
     assert [a for a, _ in ecs.calls if a.startswith("Create") or a in ("RunInstances", "ImportKeyPair")] == made  # none anew
     again = ecs_cli.gp("state", "adopt", "--cloud", "alibaba", "--region", "cn-hangzhou")
     assert again.exit_code == 0 and "0 node(s) adopted" in again.stdout  # a recorded node is left as it is
@@ -66,6 +68,19 @@ def test_adopt_follows_the_configs_cloud_and_names_an_unknown_alibaba_region_in_
     assert refused.stderr.startswith("error: --region: unknown Alibaba Cloud region 'us-east-1'"), refused.stderr
     assert "Traceback" not in refused.output
     assert ecs_cli.gp("down", "n1", "--yes").exit_code == 0
+
+    from gpuprov.cloud.providers.alibaba import AlibabaProvider
+    from gpuprov.cloud.tags import owner
+
+    # what an `up` killed before RunInstances leaves, its record lost: a group alone, adopted as a failed node
+    AlibabaProvider(owner(), poll=0.01).create_security_group("cn-hangzhou", "x", ecs_cli.cloud.vpcs[0]["VpcId"],
+                                                               "gpuprov-x-1", "gpuprov x")
+    assert "1 node(s) adopted: x" in ecs_cli.gp("state", "adopt").stdout
+    assert _status(ecs_cli)["x"]["state_reason"] == "adopted without an instance"
+    (line,) = [x for x in ecs_cli.gp("status").stdout.splitlines() if x.lstrip().startswith("x ")]
+    assert " - " in line and "failed" in line  # no GPU known: none shown (the walk found the table's crash)
+    assert ecs_cli.gp("down", "x", "--yes").exit_code == 0
+    assert leftovers(ecs_cli.cloud) == EMPTY
 
 
 def test_a_stopped_nodes_dollars_an_hour_are_its_disks_and_a_price_ecs_will_not_say_leaves_none(ecs_cli) -> None:

@@ -383,9 +383,14 @@ class AlibabaWalk(Walk):
             self.world.counts["reclaimed"] += 1
 
     @precondition(lambda self: _on("adopt-alibaba"))
-    @rule(who=st.sampled_from(USERS))
-    def adopt(self, who: str) -> None:
-        """`state adopt` rebuilds records from Alibaba Cloud's tags, not from AWS's."""
+    @rule(who=st.sampled_from(USERS), lose=st.booleans())
+    def adopt(self, who: str, lose: bool) -> None:
+        """`state adopt` rebuilds records from Alibaba Cloud's tags, not from AWS's; carol's may come after her state
+        file is lost (a lost laptop, her install id kept): (a) then holds only if it recorded all of hers again."""
+        if lose and who in LOCAL:
+            for gone in (self.world.root / who / "gp").glob("state.sqlite*"):
+                gone.unlink()
+            self.world.counts["lost files"] += 1
         ran = self.world.gp(who, "state", "adopt")
         if "AWS" in ran.err:
             raise self.world.broken(f"`gpuprov state adopt` ({who}) on Alibaba Cloud adopted from AWS:\n{ran.err}")

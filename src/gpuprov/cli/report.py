@@ -370,7 +370,9 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
             state += f", stopped {format_duration(stopped)}{paid}: gc --stopped-for"
         members = row.get("members")
         count = len(members) if isinstance(members, list) and members else 1
-        gpus = f"{int(str(row['gpu_count'])) * count}× {row['gpu']}" + (f" ({count} nodes)" if count > 1 else "")
+        each = row["gpu_count"]  # none where the record says none (adopted of a type no catalog knows, no instance)
+        gpus = (f"{each * count}× {row['gpu']}" if isinstance(each, int) else "-") + \
+            (f" ({count} nodes)" if count > 1 else "")
         if row["state"] == "stopped":  # compute is not billed while stopped: the disk is, per month (in the state),
             # or per hour where its cloud priced it so (its $/h is then the disk's)
             price = disk_hour if isinstance(disk_hour, float) else 0.0

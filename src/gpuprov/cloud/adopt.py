@@ -65,13 +65,24 @@ def adopt(regions: Sequence[str], providers: Sequence[Provider], store: Store, s
             if existing is not None and existing.live:
                 continue
             mine = [instances[r.id] for r in resources if r.kind == "instance" and r.id in instances]
-            store.create_node(name, providers[0].name, region, **_fields(mine, resources))  # the cloud it is on
+            fields = _fields(mine, resources)
+            fields.update(_gpus(providers[0].name, fields.get("instance_type")))
+            store.create_node(name, providers[0].name, region, **fields)  # the cloud it is on
             for res in resources:
                 store.add_resource(name, res.kind, region, res.id)  # type: ignore[arg-type]
             store.event(name, "adopted", f"rebuilt from {len(resources)} tagged resource(s) by `state adopt`")
             say(f"{name}: adopted ({', '.join(f'{r.kind} {r.id}' for r in resources)})")
             adopted.append(name)
     return adopted
+
+
+def _gpus(cloud: str, instance_type: str | None) -> NodeFields:
+    """Its GPU and their number, as its cloud's catalog knows its type (`up` records them from the plan); none for a
+    type the catalog does not know, or no instance."""
+    from gpuprov.plan.plan import catalog_for
+
+    found = next((t for t in catalog_for(cloud).instance_types if t.name == instance_type), None)
+    return {"gpu": found.gpu, "gpu_count": found.gpus} if found is not None else {}
 
 
 def _fields(instances: list[Instance], resources: list[CloudResource]) -> NodeFields:
