@@ -156,7 +156,7 @@ def test_up_reads_and_records_the_price_and_status_shows_it_and_no_compute_while
     ecs_cli.cloud.disk_price_gb_hour = 0.0002  # the disk is priced again at the stop: today's price is recorded
     stopped = ecs_cli.gp("stop", "n1")
     assert stopped.exit_code == 0, stopped.output
-    assert "n1: stopped; its 100 GB disk costs $14.40/month while stopped" in stopped.stdout
+    assert "n1: stopped; its compute is not billed, its 100 GB disk is: $0.0200/h ($14.40/month)" in stopped.stdout
     (asked,) = [p for a, p in ecs_cli.cloud.calls if a == "DescribePrice" and p.get("ResourceType") == "disk"]
     assert (asked["DataDisk.1.Category"], asked["DataDisk.1.Size"], asked["PriceUnit"]) == ("cloud_essd", "100", "Hour")
     assert ecs_cli.cloud.instances[next(iter(ecs_cli.cloud.instances))].raw["StoppedMode"] == "StopCharging"

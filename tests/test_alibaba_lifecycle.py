@@ -115,7 +115,7 @@ def test_a_spot_node_stops_in_economical_mode_and_starts_again(ecs_cli):
     assert stopped.exit_code == 0, stopped.output  # ECS stops a preemptible instance as a pay-as-you-go one
     (sent,) = [p for action, p in ecs.calls if action == "StopInstances"]
     assert sent["StoppedMode"] == "StopCharging" and row.raw["Status"] == "Stopped"
-    assert "sp: stopped; its 100 GB disk costs $7.20/month while stopped" in stopped.stdout  # DescribePrice's
+    assert "sp: stopped; its compute is not billed, its 100 GB disk is: $0.0100/h ($7.20/month)" in stopped.stdout
     node = _status(ecs_cli)["sp"]
     assert (node["cloud"], node["state"], node["can_stop"]) == ("alibaba", "stopped", True)
     assert node["storage_price"] is None and node["disk_usd_hour"] == 0.01 and node["storage_unknown"] is None
