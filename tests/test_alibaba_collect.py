@@ -153,16 +153,20 @@ def test_up_reads_and_records_the_price_and_status_shows_it_and_no_compute_while
     assert (rows["n1"]["price_usd_hour"], rows["n1"]["paid_usd_hour"]) == (1.87, 1.87)
     assert (rows["s1"]["price_usd_hour"], rows["s1"]["paid_usd_hour"]) == (1.87, 0.61)
 
+    ecs_cli.cloud.disk_price_gb_hour = 0.0002  # the disk is priced again at the stop: today's price is recorded
     stopped = ecs_cli.gp("stop", "n1")
     assert stopped.exit_code == 0, stopped.output
-    assert "its compute is not billed, its 100 GB disk still is (no price known: " in stopped.stdout
+    assert "n1: stopped; its compute is not billed, its 100 GB disk is: $0.0200/h ($14.40/month)" in stopped.stdout
+    (asked,) = [p for a, p in ecs_cli.cloud.calls if a == "DescribePrice" and p.get("ResourceType") == "disk"]
+    assert (asked["DataDisk.1.Category"], asked["DataDisk.1.Size"], asked["PriceUnit"]) == ("cloud_essd", "100", "Hour")
     assert ecs_cli.cloud.instances[next(iter(ecs_cli.cloud.instances))].raw["StoppedMode"] == "StopCharging"
     table = ecs_cli.gp("status")
     (n1,) = [line for line in table.stdout.splitlines() if line.lstrip().startswith("n1 ")]
-    assert "$0.00" in n1 and "$1.87" not in n1 and "(compute $0/h, disk billed)" in n1
+    assert "$0.02" in n1 and "$1.87" not in n1 and "(compute $0/h, disk $0.0200/h)" in n1  # its $/h: the disk's
     assert "gp3" not in table.stdout  # AWS's disk price is not an Alibaba disk's
     row = next(r for r in json.loads(ecs_cli.gp("status", "--json").stdout) if r["name"] == "n1")
-    assert row["storage_usd_month"] is None and row["storage_price"] is None and row["storage_unknown"]
+    assert (row["disk_usd_hour"], row["storage_usd_month"]) == (0.02, 14.4)
+    assert row["storage_price"] is None and row["storage_unknown"] is None
 
 
 def test_a_price_ecs_will_not_say_leaves_the_node_without_one(ecs_cli) -> None:

@@ -28,6 +28,7 @@ def _life(provider, cloud) -> None:
     provider.offerings(REGION, [A10])
     provider.prices(REGION, [A10])
     provider.list_price(REGION, A10, zone=ZONE_H, disk_gb=60)
+    provider.disk_price(REGION, 60, zone=ZONE_H)
     provider.zone_stock(REGION, [A10])
     provider.gpu_instance_types(REGION)
     provider.instance_store(A10, REGION)

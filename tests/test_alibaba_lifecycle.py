@@ -115,12 +115,13 @@ def test_a_spot_node_stops_in_economical_mode_and_starts_again(ecs_cli):
     assert stopped.exit_code == 0, stopped.output  # ECS stops a preemptible instance as a pay-as-you-go one
     (sent,) = [p for action, p in ecs.calls if action == "StopInstances"]
     assert sent["StoppedMode"] == "StopCharging" and row.raw["Status"] == "Stopped"
-    assert "sp: stopped; its compute is not billed, its 100 GB disk still is (no price known: " in stopped.stdout
+    assert "sp: stopped; its compute is not billed, its 100 GB disk is: $0.0100/h ($7.20/month)" in stopped.stdout
     node = _status(ecs_cli)["sp"]
     assert (node["cloud"], node["state"], node["can_stop"]) == ("alibaba", "stopped", True)
-    assert node["storage_price"] is None and node["storage_usd_month"] is None and node["storage_unknown"]
+    assert node["storage_price"] is None and node["disk_usd_hour"] == 0.01 and node["storage_unknown"] is None
     table = ecs_cli.gp("status").stdout
-    assert "stopped (compute $0/h, disk billed)" in table and "on Alibaba Cloud is billed, its compute is not" in table
+    assert "stopped (compute $0/h, disk $0.0100/h)" in table
+    assert "on Alibaba Cloud is billed, its compute is not: its $/h is the disk's" in " ".join(table.split())
     assert "aws.amazon.com" not in table and "EC2" not in table and "gp3" not in table
 
     ecs.stock[(ZONE_I if row.raw["ZoneId"] == ZONE_I else ZONE_H, T4)] = 0  # economical mode gave its compute back

@@ -50,7 +50,7 @@ def test_a_state_file_of_schema_4_gains_the_journal_column(tmp_path: Path) -> No
     db.commit()
     db.close()
     assert SqliteStore(path).node("old").journal is None
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
 
 
 def test_a_new_instance_that_exists_is_kept_and_none_is_undone() -> None:

@@ -266,7 +266,7 @@ def test_a_schema_3_state_file_is_brought_up_to_date_and_keeps_its_nodes(tmp_pat
     assert (node.name, node.guards_locked_by, node.moved_to) == ("old", None, None) and store.moved() == {}
     store.update_node("old", guards_locked_by="me@laptop/1")
     assert store.node("old").guards_locked_by == "me@laptop/1"
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
 
 
 @pytest.fixture

@@ -30,7 +30,8 @@ Rules and their sources (read 2026-12-03):
     describeprice; its Chinese edition help.aliyun.com/document_detail/107829.html): ResourceType defaults to
     instance, which needs InstanceType; the price is pay-as-you-go's (PostPaid) by default, per PriceUnit (Hour);
     PriceInfo.Price holds OriginalPrice, DiscountPrice, TradePrice and Currency, and DetailInfos one row per
-    priced part (Resource instanceType, systemDisk, ...); an InstanceType it does not sell in the region is refused
+    priced part (Resource instanceType, systemDisk, ...); ResourceType disk prices DataDisk.1 (Category and Size
+    required) per Hour, pay-as-you-go only; an InstanceType it does not sell in the region is refused
     as InvalidInstanceType.ValueNotSupported (unverified wording: the page's error table was not read whole);
   - RunInstances' Amount and MinAmount, 1 to 100 each: below MinAmount in stock (MinAmount absent: below Amount)
     nothing is created, else min(stock, Amount) (RunInstances' request model in alibabacloud-ecs20140526 7.11.8, its
@@ -506,7 +507,9 @@ class Ecs:
 
     def DescribePrice(self, p: dict[str, Any]) -> dict[str, Any]:
         kind = p.get("ResourceType") or "instance"
-        if kind != "instance":  # gpuprov asks instances' prices only; the rest is not imitated
+        if kind == "disk":
+            return self._disk_price(p)
+        if kind != "instance":  # gpuprov asks instances' and disks' prices only; the rest is not imitated
             raise Refused(400, "InvalidResourceType.NotSupported", f"The ResourceType {kind} is not imitated.")
         if not p.get("InstanceType"):
             raise Refused(400, "MissingParameter", "The input parameter \"InstanceType\" that is mandatory for "
@@ -525,6 +528,24 @@ class Ecs:
                                         "Currency": self.currency, "DetailInfos": {"DetailInfo": [
                                             {"Resource": name, "OriginalPrice": price, "DiscountPrice": 0.0,
                                              "TradePrice": price} for name, price in parts]}},
+                              "Rules": {"Rule": []}}}
+
+    def _disk_price(self, p: dict[str, Any]) -> dict[str, Any]:
+        """ResourceType disk: DataDisk.1.Category and DataDisk.1.Size are required, the price is pay-as-you-go's per
+        Hour only (DescribePrice API reference, "Operation description", read 2026-12-04); the row's Resource name
+        for a disk (dataDisk) is unverified."""
+        disk = (p.get("DataDisk") or [{}])[0]
+        for name in ("Category", "Size"):
+            if not disk.get(name):
+                raise Refused(400, "MissingParameter", f"The input parameter \"DataDisk.1.{name}\" that is mandatory "
+                              "for processing this request is not supplied.")
+        if (p.get("PriceUnit") or "Hour") != "Hour":
+            raise Refused(400, "InvalidPriceUnit.ValueNotSupported", "A disk's price is asked per Hour only.")
+        price = round(int(disk["Size"]) * self.disk_price_gb_hour, 6)
+        return {"PriceInfo": {"Price": {"OriginalPrice": price, "DiscountPrice": 0.0, "TradePrice": price,
+                                        "Currency": self.currency, "DetailInfos": {"DetailInfo": [
+                                            {"Resource": "dataDisk", "OriginalPrice": price, "DiscountPrice": 0.0,
+                                             "TradePrice": price}]}},
                               "Rules": {"Rule": []}}}
 
     def DescribeAccountAttributes(self, p: dict[str, Any]) -> dict[str, Any]:

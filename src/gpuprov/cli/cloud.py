@@ -598,7 +598,10 @@ def stop(names: tuple[str, ...]) -> None:
     for node in stopstart.stop(rest, provider, store, say_to(console)) if rest else []:
         month = stopstart.storage_month(node)
         unknown = stopstart.storage_unknown(node)
-        cost = (f"; its {node.disk_gb} GB disk costs ${month[0]:.2f}/month while stopped" if month
+        own = node.disk_usd_hour  # its cloud priced its disk (no catalog price): by the hour, as ECS bills it
+        cost = (f"; its compute is not billed, its {node.disk_gb} GB disk is: ${own:.4f}/h (${month[0]:.2f}/month)"
+                if month and own is not None
+                else f"; its {node.disk_gb} GB disk costs ${month[0]:.2f}/month while stopped" if month
                 else f"; its compute is not billed, its {node.disk_gb} GB disk still is (no price known: {unknown})"
                 if unknown and node.disk_gb else "")
         console.print(f"{node.name}: stopped{cost}", markup=False)

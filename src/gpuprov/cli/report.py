@@ -247,13 +247,16 @@ def _cluster_fields(n: Node) -> dict[str, object]:
 
 
 def _stop_fields(n: Node, now: float) -> dict[str, object]:
-    """What stop/start, the shutdown action and a budget add to a status row: its disk's price is its cloud's (none
-    where its cloud's is not known: `storage_unknown` says why), and whether it can stop is its cloud's rule."""
+    """What stop/start, the shutdown action and a budget add to a status row: its disk's price is its cloud's catalog's,
+    else the node's own as its cloud priced it (`disk_usd_hour`; none where neither is known: `storage_unknown` says
+    why), and whether it can stop is its cloud's rule."""
+    from gpuprov.cloud import stale
     from gpuprov.cloud.providers import CLOUDS
     from gpuprov.plan.plan import catalog_for
 
     found = catalog_for(n.provider)
     storage = found.storage
+    month = stale.month_usd(n)
     left = (max(0.0, (n.budget_deadline - now) / 3600 * n.budget_price)
             if n.budget_usd is not None and n.budget_deadline and n.budget_price else None)
     if left is not None and n.state == "stopped" and n.stopped_at:
@@ -266,10 +269,12 @@ def _stop_fields(n: Node, now: float) -> dict[str, object]:
         # Alibaba Cloud's spot protection period as `up --spot-duration` asked for it (its plan's record)
         **({"spot_duration_hours": n.plan["spot_duration_hours"]} if "spot_duration_hours" in n.plan else {}),
         "disk_gb": n.disk_gb,
-        "storage_usd_month": round(storage.month(n.disk_gb), 2) if n.disk_gb and storage else None,
+        "storage_usd_month": round(month, 2) if month is not None else None,
         "storage_price": {"usd_per_gb_month": storage.usd_per_gb_month, "volume_type": storage.volume_type,
                           "source": storage.source, "unverified": storage.unverified} if storage else None,
-        "storage_unknown": found.storage_unknown,
+        # where the catalog has no disk price, the node's own as its cloud answered it at launch or stop (DescribePrice)
+        "disk_usd_hour": n.disk_usd_hour if storage is None else None,
+        "storage_unknown": found.storage_unknown if n.disk_usd_hour is None or storage else None,
         "stopped_at": n.stopped_at,
         **_stale_fields(n, now),
         "reservation_id": n.reservation_id, "reservation_end": n.reservation_end,
@@ -312,8 +317,11 @@ def _stopped_note(nodes: list[Node]) -> str:
         found = catalog_for(cloud)
         storage = found.storage
         where = f" on {found.cloud_title}" if cloud != DEFAULT else ""
+        priced = all(n.disk_usd_hour is not None for n in nodes if n.state == "stopped" and n.provider == cloud)
         notes.append(f"; a stopped node's disk{where}: {storage.volume_type} ${storage.usd_per_gb_month:g}/GB-month "
                      f"({storage.source})" if storage else
+                     f"; a stopped node's disk{where} is billed, its compute is not: its $/h is the disk's "
+                     f"({found.cloud_title}'s price, read at launch or stop)" if priced else
                      f"; a stopped node's disk{where} is billed, its compute is not: no price known "
                      f"({found.storage_unknown})")
     return "".join(notes)
@@ -355,7 +363,10 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
         cost = row["cost_so_far_usd"]
         state = str(row["state"]) + (f" ({row['state_reason']})" if row["state_reason"] else "")
         month = row["storage_usd_month"]
-        if row["state"] == "stopped" and isinstance(month, float):
+        disk_hour = row["disk_usd_hour"]
+        if row["state"] == "stopped" and isinstance(disk_hour, float):
+            state += f" (compute $0/h, disk ${disk_hour:.4f}/h)"
+        elif row["state"] == "stopped" and isinstance(month, float):
             state += f" (disk ${month:.2f}/month)"
         elif row["state"] == "stopped" and row["storage_unknown"]:
             state += " (compute $0/h, disk billed)"
@@ -368,9 +379,12 @@ def status_table(nodes: list[Node]) -> FitTable | Text:
             state += f", stopped {format_duration(stopped)}{paid}: gc --stopped-for"
         members = row.get("members")
         count = len(members) if isinstance(members, list) and members else 1
-        gpus = f"{int(str(row['gpu_count'])) * count}× {row['gpu']}" + (f" ({count} nodes)" if count > 1 else "")
-        if row["state"] == "stopped":
-            price = 0.0  # compute is not billed while stopped: the disk is, per month (in the state)
+        each = row["gpu_count"]  # none where the record says none (adopted of a type no catalog knows, no instance)
+        gpus = (f"{each * count}× {row['gpu']}" if isinstance(each, int) else "-") + \
+            (f" ({count} nodes)" if count > 1 else "")
+        if row["state"] == "stopped":  # compute is not billed while stopped: the disk is, per month (in the state),
+            # or per hour where its cloud priced it so (its $/h is then the disk's)
+            price = disk_hour if isinstance(disk_hour, float) else 0.0
         name = str(row["name"])
         if team and row["owner"]:
             name += f" ({str(row['owner']).split('/')[0]})"

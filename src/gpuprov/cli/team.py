@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from gpuprov.cli.common import main, make_console, say_to
+from gpuprov.cli.common import cloud_option, main, make_console, say_to
 from gpuprov.errors import UserInputError
 
 if TYPE_CHECKING:
@@ -129,30 +129,30 @@ def unlock(name: str) -> None:
               help="Also what other gpuprov installs with your user and host name tagged (this machine's own lost "
                    "state folder, an older gpuprov): they may be another install's live nodes, so they are only "
                    "named otherwise.")
+@cloud_option
 def adopt(region: str | None, all_regions: bool, all_installs: bool) -> None:
-    """Rebuild records from the tags gpuprov puts on every resource (a lost state file or laptop): adopted nodes
-    can be `status`ed, `stop`ped and `down`ed. Only this install's (and, with team state, the team's) unless
-    --all-installs."""
+    """Rebuild records from the tags gpuprov puts on every resource (a lost state file or laptop) in the chosen
+    cloud (--cloud): adopted nodes can be `status`ed, `stop`ped and `down`ed. Only this install's (and, with team
+    state, the team's) unless --all-installs."""
     from gpuprov.cli.common import region_from, store_and_provider
     from gpuprov.cloud import adopt as adopting
-    from gpuprov.plan import catalog
+    from gpuprov.cloud.providers import make
+    from gpuprov.cloud.tags import legacy_owner, owner, team_tags
+    from gpuprov.plan.plan import catalog_for
 
     if region and all_regions:
         raise UserInputError("--all-regions", "give --region or --all-regions, not both")
     store, provider = store_and_provider()
-    cat = catalog.load()
+    cat = catalog_for(provider.name)
     if all_regions:
         enabled = set(provider.enabled_regions(region_from(None).name))
         regions = [r for r in cat.regions if r in enabled]
     else:
         regions = [cat.check_region(region) if region else region_from(None).name]
     said = say_to(make_console())
-    from gpuprov.cloud.providers.aws import AwsProvider
-    from gpuprov.cloud.tags import legacy_owner, owner
-
-    assert isinstance(provider, AwsProvider)  # store_and_provider's: its poll and team tags are copied here
     # the team's resources, and this member's own from before the team (tagged with the owner alone)
-    own = AwsProvider(owner(), poll=provider.poll, legacy=legacy_owner()) if provider.team else None
+    own = make(provider.name, owner(), poll=getattr(provider, "poll", 2.0), legacy=legacy_owner()) \
+        if team_tags() is not None else None
     found = adopting.adopt(regions, [provider, *([own] if own else [])], store, said, all_installs=all_installs)
     click.echo(f"{len(found)} node(s) adopted" + (f": {', '.join(found)}" if found else ""))
 

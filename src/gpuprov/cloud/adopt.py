@@ -1,10 +1,12 @@
-"""`gpuprov state adopt`: records rebuilt from the tags gpuprov puts on every resource (instances, volumes, security
-groups, spot requests, placement groups, Elastic IPs, key pairs, images), so a lost state file or a lost laptop
-loses nothing. An adopted node is recorded as it is in the cloud (its instances' state, type, zone, addresses) with
-every resource its tag names, so `status`, `stop` and `down` follow it by id like any other; a node's name that
-is already recorded (live) is left alone.
+"""`gpuprov state adopt`: records rebuilt from the tags gpuprov puts on every resource of the chosen cloud (on AWS
+instances, volumes, security groups, spot requests, placement groups, Elastic IPs, key pairs, images; on Alibaba
+Cloud instances, security groups, key pairs, images, deployment sets and gpuprov's own VPC and vSwitches, whatever
+the provider's `tagged` lists), so a lost state file or a lost laptop loses nothing. An adopted node is recorded as
+it is in the cloud (its instances' state, type, zone, addresses) with every resource its tag names, so `status`,
+`stop` and `down` follow it by id like any other; a node's name that is already recorded (live) is left alone.
 
-An adopted node gets `ready_at`, so it is no orphan; unrecorded key pairs and images are recorded too. With team
+An adopted node gets `ready_at`, so it is no orphan; unrecorded key pairs, images and gpuprov's own network parts are
+recorded too, as no node's, so that the region's last `down` releases the shared ones as it would have. With team
 state, adopt also reads the member's own pre-team tags.
 """
 
@@ -14,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from gpuprov.cloud.own_network import KINDS as NETWORK_KINDS
 from gpuprov.cloud.providers.base import IMAGES, SHARED, CloudResource, Instance, Provider
 from gpuprov.state.machine import NodeState
 from gpuprov.state.records import NodeFields, ResourceKind
@@ -22,8 +25,8 @@ from gpuprov.state.store import Store
 if TYPE_CHECKING:
     from gpuprov.say import Say
 
-# an instance's EC2 state as a record's state: a running instance gpuprov tagged had finished its `up` or was
-# started since (so it is no orphan); one still pending is still in an `up`
+# an instance's state (the protocol's words, EC2's) as a record's state: a running instance gpuprov tagged had
+# finished its `up` or was started since (so it is no orphan); one still pending is still in an `up`
 _STATES = {"running": NodeState.READY, "pending": NodeState.RUNNING, "stopping": NodeState.STOPPING,
            "stopped": NodeState.STOPPED, "shutting-down": NodeState.TERMINATING}
 _KINDS: tuple[ResourceKind, ...] = ("instance", "spot-request", "volume", "security-group", "placement-group",
@@ -47,8 +50,9 @@ def adopt(regions: Sequence[str], providers: Sequence[Provider], store: Store, s
                 say(f"left {name} ({region}): another gpuprov install with your user and host name tagged it; "
                     "`gpuprov state adopt --all-installs` takes it if it is yours (a lost state folder)")
         known = {r.cloud_id for r in store.resources(None, region=region) if r.cloud_id}
-        for res in tagged:  # key pairs and images outlive nodes: recorded apart, as `up` and `image bake` do
-            if res.id not in known and (res.kind == "image" or (res.kind == "key-pair" and res.node == SHARED)):
+        for res in tagged:  # key pairs, images and networks outlive nodes: recorded apart, as `up` and `image bake` do
+            shared = res.node == SHARED and res.kind in ("key-pair", *NETWORK_KINDS)
+            if res.id not in known and (res.kind == "image" or shared):
                 store.add_resource(None, res.kind, region, res.id,  # type: ignore[arg-type]
                                    res.id if res.kind == "key-pair" else None)
         by_node: dict[str, list[CloudResource]] = defaultdict(list)
@@ -61,13 +65,24 @@ def adopt(regions: Sequence[str], providers: Sequence[Provider], store: Store, s
             if existing is not None and existing.live:
                 continue
             mine = [instances[r.id] for r in resources if r.kind == "instance" and r.id in instances]
-            store.create_node(name, providers[0].name, region, **_fields(mine, resources))  # the cloud it is on
+            fields = _fields(mine, resources)
+            fields.update(_gpus(providers[0].name, fields.get("instance_type")))
+            store.create_node(name, providers[0].name, region, **fields)  # the cloud it is on
             for res in resources:
                 store.add_resource(name, res.kind, region, res.id)  # type: ignore[arg-type]
             store.event(name, "adopted", f"rebuilt from {len(resources)} tagged resource(s) by `state adopt`")
             say(f"{name}: adopted ({', '.join(f'{r.kind} {r.id}' for r in resources)})")
             adopted.append(name)
     return adopted
+
+
+def _gpus(cloud: str, instance_type: str | None) -> NodeFields:
+    """Its GPU and their number, as its cloud's catalog knows its type (`up` records them from the plan); none for a
+    type the catalog does not know, or no instance."""
+    from gpuprov.plan.plan import catalog_for
+
+    found = next((t for t in catalog_for(cloud).instance_types if t.name == instance_type), None)
+    return {"gpu": found.gpu, "gpu_count": found.gpus} if found is not None else {}
 
 
 def _fields(instances: list[Instance], resources: list[CloudResource]) -> NodeFields:

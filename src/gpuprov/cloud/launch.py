@@ -429,26 +429,26 @@ def shutdown_behavior(plan: Plan, market: Market) -> str:
     return plan.request.autostop_action or "stop"
 
 
-def list_price_read(provider: Provider, instance: Instance, disk_gb: int, say: Say) -> float | None:
-    """The on-demand price of the launched type, read from a cloud whose shipped catalog has none (its live offers:
-    Alibaba Cloud's DescribePrice), said with its source; None where the cloud offers none, answers no dollar price,
-    or does not answer (the node then shows no $/h, as before)."""
+def list_price_read(provider: Provider, instance: Instance, disk_gb: int, say: Say) -> tuple[float | None, float | None]:
+    """The on-demand price of the launched type and of its disk, read from a cloud whose shipped catalog has none (its
+    live offers: Alibaba Cloud's DescribePrice), said with its source; (None, None) where the cloud offers none,
+    answers no dollar price, or does not answer (the node then shows no $/h, as before)."""
     offers = offered(provider, LIVE_OFFERS)
     if offers is None:
-        return None
+        return None, None
     try:
         read = offers.list_price(instance.region, instance.instance_type, zone=instance.zone, disk_gb=disk_gb)
     except GpuprovError as exc:
         say(f"  could not read the pay-as-you-go price ({exc}); no $/h is recorded")
-        return None
+        return None, None
     if read.usd_hour is None:
         say(f"  pay-as-you-go price {read.price:.4f} {read.currency}/h ({read.source}): not in US dollars, so no $/h "
             "is recorded")
-        return None
+        return None, None
     disk = f"; its {disk_gb} GB disk ${read.disk_usd_hour:.4f}/h" if read.disk_usd_hour is not None else ""
     say(f"pay-as-you-go price ${read.usd_hour:.4f}/h{disk} ({read.source}, read "
         f"{read.at.strftime('%Y-%m-%d %H:%M UTC')})")
-    return read.usd_hour
+    return read.usd_hour, read.disk_usd_hour
 
 
 def price_obtained(plan: Plan, provider: Provider, instance: Instance, list_price: float | None, say: Say) -> float | None:

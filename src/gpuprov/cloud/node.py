@@ -208,9 +208,9 @@ def _launch_and_bootstrap(plan: Plan, opts: UpOptions, provider: Provider, store
     listed = store.node(name).price_usd_hour
     asked = listed is None  # a cloud whose catalog knows no price is asked for it (its live offers); it is recorded
     if asked:
-        listed = list_price_read(provider, instance, opts.disk_gb, say)
-        if listed is not None:
-            store.update_node(name, price_usd_hour=listed)
+        listed, disk = list_price_read(provider, instance, opts.disk_gb, say)
+        if listed is not None:  # the disk's too: what the node costs once stopped
+            store.update_node(name, price_usd_hour=listed, disk_usd_hour=disk)
     # what it costs from now: the spot price obtained in its zone (or the list price), for the time it runs
     paid = price_obtained(plan, provider, instance, listed, say)
     if asked and paid is not None and instance.market == "spot":

@@ -3,9 +3,10 @@
 them (past the config's `stopped_for`, else 14 days).
 
 What a stopped disk costs: the catalog's gp3 price per GB-month (catalog.yaml `storage`, with its source) for the
-time stopped. EBS bills "by the gigabyte-month … how many gigabytes … and how long" (AWS re:Post knowledge
-center, "How are charges for Amazon EBS volumes calculated on my bill?", repost.aws/knowledge-center/
-ebs-volume-charges: "In a 30-day month … a 1-GB volume for 720 hours"); the month is taken
+time stopped; on a cloud whose catalog has none, the node's own disk price its cloud answered at launch or stop
+(`disk_usd_hour`, Alibaba Cloud's DescribePrice). EBS bills "by the gigabyte-month … how many gigabytes … and how
+long" (AWS re:Post knowledge center, "How are charges for Amazon EBS volumes calculated on my bill?",
+repost.aws/knowledge-center/ebs-volume-charges: "In a 30-day month … a 1-GB volume for 720 hours"); the month is taken
 as 30 days here, so a 31-day month's figure is about 3 % high, a February's 7 % low.
 
 A stopped node is never an orphan (cloud/gc.py): this is a separate choice the user makes with a duration.
@@ -51,7 +52,9 @@ def stopped_seconds(node: Node, now: float) -> float | None:
 def month_usd(node: Node) -> float | None:
     from gpuprov.plan.plan import catalog_for
 
-    storage = catalog_for(node.provider).storage  # None: its cloud's disk price is not known
+    storage = catalog_for(node.provider).storage  # None: its cloud's catalog has no disk price ...
+    if storage is None and node.disk_usd_hour is not None:  # ... but the cloud priced the node's own, at launch or stop
+        return node.disk_usd_hour * MONTH_SECONDS / 3600
     return storage.month(node.disk_gb) if node.disk_gb and storage is not None else None
 
 

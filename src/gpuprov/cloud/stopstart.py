@@ -33,7 +33,7 @@ from gpuprov.cloud.contact import bootstrap_node, wait_tcp
 from gpuprov.cloud.instance_store import say_what_stop_loses
 from gpuprov.cloud.providers import service
 from gpuprov.cloud.providers.base import Instance, LaunchError, Provider
-from gpuprov.cloud.providers.capabilities import SPOT_STOP, STOP_MODES, has, title
+from gpuprov.cloud.providers.capabilities import LIVE_OFFERS, SPOT_STOP, STOP_MODES, has, offered, title
 from gpuprov.cloud.settle import settle
 from gpuprov.errors import GpuprovError, Interrupted, UserInputError
 from gpuprov.plan.plan import Plan, catalog_for
@@ -119,13 +119,38 @@ def _stop(names: Sequence[str], provider: Provider, store: Store, say: Say, time
         now = time.time()
         store.update_node(node.name, state=NodeState.STOPPED, stopped_at=now, state_reason=None, **node.stopped_run(now))
         store.event(node.name, "stopped", ", ".join(ids))
+        disk = disk_price_read(node, provider, say)
+        if disk is not None:
+            store.update_node(node.name, disk_usd_hour=disk)
     return [store.node(n.name) for n in nodes]
+
+
+def disk_price_read(node: Node, provider: Provider, say: Say) -> float | None:
+    """The stopped node's disk priced now ($/h), where its cloud's catalog has no disk price and the cloud answers
+    one (its live offers: Alibaba Cloud's DescribePrice); None where it does not, said, the price read at launch
+    kept. The stop is done either way."""
+    offers = offered(provider, LIVE_OFFERS)
+    if offers is None or not node.disk_gb or catalog_for(node.provider).storage is not None:
+        return None
+    try:
+        read = offers.disk_price(node.region, node.disk_gb, zone=node.zone)
+    except GpuprovError as exc:
+        say(f"  could not read its disk's price ({exc})")
+        return None
+    if read.usd_hour is None:
+        say(f"  its disk's price {read.price:.4f} {read.currency}/h ({read.source}): not in US dollars, not recorded")
+        return None
+    return read.usd_hour
 
 
 def storage_month(node: Node) -> tuple[float, str] | None:
     """What the stopped node's disk costs a month on its cloud, and where that price comes from (None: its size or
     its cloud's price is not known: `storage_unknown`)."""
+    from gpuprov.cloud import stale
+
     storage = catalog_for(node.provider).storage
+    if storage is None and node.disk_usd_hour is not None:  # its cloud priced the node's own disk
+        return node.disk_usd_hour * stale.MONTH_SECONDS / 3600, f"{title(node.provider)}'s price, read at launch or stop"
     if not node.disk_gb or storage is None:
         return None
     source = storage.source + (f" (unverified here: {storage.unverified})"
@@ -134,8 +159,8 @@ def storage_month(node: Node) -> tuple[float, str] | None:
 
 
 def storage_unknown(node: Node) -> str | None:
-    """Why no price of the node's disk is known on its cloud (None: one is)."""
-    return catalog_for(node.provider).storage_unknown
+    """Why no price of the node's disk is known on its cloud (None: one is, its catalog's or the node's own)."""
+    return None if node.disk_usd_hour is not None else catalog_for(node.provider).storage_unknown
 
 
 def resize_target(node: Node, gpu: str | None, instance_type: str | None,

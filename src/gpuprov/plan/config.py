@@ -119,7 +119,7 @@ class ConfigFile(BaseModel):
 @dataclass(frozen=True)
 class Setting:
     """One key: what it sets, its environment variable, its built-in default, and which commands'
-    option (by parameter name) it is the default of."""
+    option (by parameter name) it is the default of ("state adopt": a command of a group)."""
 
     key: str
     what: str
@@ -134,7 +134,7 @@ _REACH = ("bootstrap", "check", "doctor", "bench", "ssh", "exec", "tunnel", "jup
 SETTINGS = (
     Setting("region", "AWS region", ("AWS_REGION", "AWS_DEFAULT_REGION"), "us-east-1 (or the AWS profile's)", {}),
     Setting("cloud", "the cloud new machines come from", ("GPUPROV_CLOUD",), "aws",
-            {c: "cloud" for c in (*_STACK, "gpus", "gc")}),
+            {c: "cloud" for c in (*_STACK, "gpus", "gc", "state adopt")}),
     Setting("gpu", "GPU for plan, render and up", ("GPUPROV_GPU",), None, {c: "gpu" for c in _STACK}),
     Setting("playbook", "playbook", ("GPUPROV_PLAYBOOK",), "pytorch",
             {c: "playbook" for c in (*_STACK, "bootstrap")}),
@@ -214,8 +214,12 @@ def default_map() -> dict[str, dict[str, Any]]:
             continue
         if setting.key in ("key", "ssh_config"):  # a path, as a shell would have expanded it on the command line
             value = os.path.expanduser(value)
-        for command, param in setting.options.items():
-            out.setdefault(command, {})[param] = value
+        for command, param in setting.options.items():  # "state adopt": a group's command, under the group's map
+            *groups, name = command.split()
+            into: dict[str, Any] = out
+            for group in groups:
+                into = into.setdefault(group, {})
+            into.setdefault(name, {})[param] = value
     return out
 
 

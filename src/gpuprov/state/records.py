@@ -68,6 +68,9 @@ class Node:
     moved_to: str | None = None
     # a multi-step operation in flight (a move, a resize): its journal, written before each step (see `journal`)
     journal_json: str | None = None
+    # what its disk costs an hour as its cloud priced it at launch or stop, where the shipped catalog has no disk price
+    # (Alibaba Cloud's DescribePrice): a stopped node's bill. None: the catalog's price, or none known
+    disk_usd_hour: float | None = None
 
     def __post_init__(self) -> None:  # a store reads its state back as a word: the enum, whichever store read it
         object.__setattr__(self, "state", NodeState(self.state))
@@ -169,6 +172,7 @@ class NodeFields(TypedDict, total=False):
     guards_locked_by: str | None
     moved_to: str | None
     journal_json: str | None
+    disk_usd_hour: float | None
 
 
 class RunEnded(TypedDict, total=False):

@@ -118,9 +118,10 @@ CREATE TABLE IF NOT EXISTS clusters (
 """
 # The file's layout (PRAGMA user_version). A gpuprov refuses a file of a newer schema rather than misread it;
 # older files are brought up to this one on open. 0: files from before the schema had a number.
-SCHEMA_VERSION = 6  # 4: guards_locked_by (an older gpuprov would lift a locked TTL unknowingly), moved_to
+SCHEMA_VERSION = 7  # 4: guards_locked_by (an older gpuprov would lift a locked TTL unknowingly), moved_to
 # 5: journal_json (an older gpuprov would take a moving node's new instance for nothing)
 # 6: ttl_end (an older gpuprov's `ttl` would leave it stale, and a `start` would keep a deadline no longer asked for)
+# 7: disk_usd_hour (a stopped Alibaba node's disk price, read at launch or stop)
 # Columns added after the first release: (name, type), added to an older state file on open.
 _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER"), ("ttl_deadline", "REAL"),
                        ("on_interrupt", "TEXT"), ("spot_type", "TEXT"), ("shutdown_action", "TEXT"),
@@ -131,7 +132,7 @@ _NODE_COLUMNS_ADDED = (("autostop_seconds", "INTEGER"), ("ttl_seconds", "INTEGER
                        ("billed_seconds", "REAL"), ("running_since", "REAL"), ("reservation_id", "TEXT"),
                        ("reservation_end", "REAL"),
                        ("guards_locked_by", "TEXT"), ("moved_to", "TEXT"), ("journal_json", "TEXT"),
-                       ("ttl_end", "REAL"))
+                       ("ttl_end", "REAL"), ("disk_usd_hour", "REAL"))
 
 
 if TYPE_CHECKING:

@@ -43,6 +43,7 @@ from gpuprov.cloud.providers.capabilities import (
     PLACEMENT,
     SPOT_STOP,
     STOP_ROLE,
+    DiskPrice,
     ListPrice,
     ZoneStock,
 )
@@ -483,6 +484,20 @@ class AlibabaProvider(EcsImages, EcsSets, EcsNetwork, RamRoles):
         return ListPrice(instance_type=instance_type, price=compute, currency=str(price.get("Currency") or "?"),
                          disk_price=rows.get("systemDisk"), source="Alibaba Cloud DescribePrice",
                          at=datetime.now(timezone.utc))
+
+    def disk_price(self, region: str, disk_gb: int, *, zone: str | None = None) -> DiskPrice:
+        """The system disk's category and size priced alone, per hour now: DescribePrice with ResourceType disk, which
+        "must also specify DataDisk.1.Category and DataDisk.1.Size" and answers pay-as-you-go only, PriceUnit Hour
+        (DescribePrice API reference, help.aliyun.com/en/ecs/developer-reference/api-ecs-2014-05-26-describeprice,
+        read 2026-12-04). A disk is billed by category and size whether it was made as a system or a data disk, so
+        the answer's total is what the stopped node's disk costs."""
+        params: dict[str, Any] = {"ResourceType": "disk", "DataDisk": [{"Category": DISK, "Size": disk_gb}],
+                                  "PriceUnit": "Hour"}
+        if zone:
+            params["ZoneId"] = zone
+        price = ((self._call(region, "DescribePrice", **params).get("PriceInfo") or {}).get("Price") or {})
+        return DiskPrice(gb=disk_gb, price=float(price.get("TradePrice") or 0), currency=str(price.get("Currency") or "?"),
+                         source="Alibaba Cloud DescribePrice", at=datetime.now(timezone.utc))
 
     def gpu_instance_types(self, region: str) -> list[InstanceTypeInfo]:
         """DescribeInstanceTypes' GPU types (GPUAmount > 0: GPUSpec "NVIDIA A10", CpuCoreCount, MemorySize GiB;

@@ -165,6 +165,22 @@ class ListPrice:
 
 
 @dataclass(frozen=True)
+class DiskPrice:
+    """What a disk of `gb` costs an hour as the cloud answered it when asked (compute or not: a stopped node's bill),
+    in the cloud's currency; `usd_hour` is that in US dollars (None in another currency)."""
+
+    gb: int
+    price: float
+    currency: str
+    source: str  # the call that answered it ("Alibaba Cloud DescribePrice")
+    at: datetime
+
+    @property
+    def usd_hour(self) -> float | None:
+        return self.price if self.currency == "USD" else None
+
+
+@dataclass(frozen=True)
 class ZoneStock:
     """Whether a zone sells a type now, as the cloud says it (Alibaba's DescribeAvailableResource: Available with
     stock, or SoldOut)."""
@@ -183,6 +199,10 @@ class LiveOffers(Protocol):
     def list_price(self, region: str, instance_type: str, *, zone: str | None = None,
                    disk_gb: int | None = None) -> ListPrice:
         """The type's price per hour now (with a system disk of `disk_gb`, priced apart)."""
+        ...
+
+    def disk_price(self, region: str, disk_gb: int, *, zone: str | None = None) -> DiskPrice:
+        """A node's disk of `disk_gb` alone, per hour now: what a stopped node still costs."""
         ...
 
     def zone_stock(self, region: str, instance_types: Sequence[str]) -> list[ZoneStock]:
