@@ -1,9 +1,10 @@
 """`gpuprov state adopt`: records rebuilt from the tags gpuprov puts on every resource of the chosen cloud (on AWS
 instances, volumes, security groups, spot requests, placement groups, Elastic IPs, key pairs, images; on Alibaba
 Cloud instances, security groups, key pairs, images, deployment sets and gpuprov's own VPC and vSwitches, whatever
-the provider's `tagged` lists), so a lost state file or a lost laptop loses nothing. An adopted node is recorded as
-it is in the cloud (its instances' state, type, zone, addresses) with every resource its tag names, so `status`,
-`stop` and `down` follow it by id like any other; a node's name that is already recorded (live) is left alone.
+the provider's `tagged` lists, and the owner's global stop role), so a lost state file or a lost laptop loses
+nothing. An adopted node is recorded as it is in the cloud (its instances' state, type, zone, addresses) with every
+resource its tag names, so `status`, `stop` and `down` follow it by id like any other; a node's name that is already
+recorded (live) is left alone.
 
 An adopted node gets `ready_at`, so it is no orphan; unrecorded key pairs, images and gpuprov's own network parts are
 recorded too, as no node's, so that the region's last `down` releases the shared ones as it would have. With team
@@ -17,7 +18,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gpuprov.cloud.own_network import KINDS as NETWORK_KINDS
-from gpuprov.cloud.providers.base import IMAGES, SHARED, CloudResource, Instance, Provider
+from gpuprov.cloud.providers.base import GLOBAL, IMAGES, SHARED, CloudResource, Instance, Provider
+from gpuprov.cloud.providers.capabilities import STOP_ROLE, offered, title
 from gpuprov.state.machine import NodeState
 from gpuprov.state.records import NodeFields, ResourceKind
 from gpuprov.state.store import Store
@@ -73,7 +75,22 @@ def adopt(regions: Sequence[str], providers: Sequence[Provider], store: Store, s
             store.event(name, "adopted", f"rebuilt from {len(resources)} tagged resource(s) by `state adopt`")
             say(f"{name}: adopted ({', '.join(f'{r.kind} {r.id}' for r in resources)})")
             adopted.append(name)
+    _stop_role(providers[0], store, say)
     return adopted
+
+
+def _stop_role(provider: Provider, store: Store, say: Say) -> None:
+    """The owner's stop role (global, shared by the cloud's nodes) recorded as no node's where the cloud has one and
+    no row names it, so that the last node's `down` deletes it as it would have."""
+    roles = offered(provider, STOP_ROLE)
+    if roles is None:
+        return
+    name = roles.stop_role_name()
+    if any(r.client_token == name for r in store.resources(None, region=GLOBAL, kind="ram-role")):
+        return
+    if roles.has_stop_role():
+        store.created(store.intend(None, "ram-role", GLOBAL, name), name)
+        say(f"stop role {name}: recorded (deleted with your last {title(provider)} node)")
 
 
 def _gpus(cloud: str, instance_type: str | None) -> NodeFields:
