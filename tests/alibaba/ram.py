@@ -37,7 +37,7 @@ from typing import Any
 
 from alibabacloud_ram20150501 import models
 
-from tests.alibaba.server import Fault, Refused, check_request
+from tests.alibaba.server import Fault, Refused, check_request, meet
 
 VERSION = "2015-05-01"
 REQUIRED = {
@@ -78,14 +78,7 @@ class Ram:
         imitation's lock now, waits for its `release` once it has let go of the lock)."""
         self.calls.append((action, flat))
         request = check_request(action, flat, models, REQUIRED)
-        lose = hold = False
-        for fault in self.faults:
-            if fault.action == action and fault.times > 0:
-                fault.times -= 1
-                if fault.code:
-                    raise Refused(fault.status, fault.code, fault.message or fault.code)
-                lose, hold = fault.lose, fault.hold
-                break
+        lose, hold = meet(self.faults, action)
         body = getattr(self, action)(request.to_map())
         body["RequestId"] = str(uuid.uuid4()).upper()
         self.answers.append((action, body))

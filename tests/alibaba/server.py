@@ -142,6 +142,17 @@ class Fault:
     times: int = 1
 
 
+def meet(faults: list[Fault], action: str) -> tuple[bool, bool]:
+    """The first fault left for `action`, spent: its refusal raised, or (lose, hold) for the answer."""
+    for fault in faults:
+        if fault.action == action and fault.times > 0:
+            fault.times -= 1
+            if fault.code:
+                raise Refused(fault.status, fault.code, fault.message or fault.code)
+            return fault.lose, fault.hold
+    return False, False
+
+
 @dataclass
 class InstanceRow:
     raw: dict[str, Any]
@@ -303,14 +314,7 @@ class Ecs:
         with self.lock:
             self.calls.append((action, flat))
             request = check_request(action, flat)
-            lose = hold = False
-            for fault in self.faults:
-                if fault.action == action and fault.times > 0:
-                    fault.times -= 1
-                    if fault.code:
-                        raise Refused(fault.status, fault.code, fault.message or fault.code)
-                    lose, hold = fault.lose, fault.hold
-                    break
+            lose, hold = meet(self.faults, action)
             body = getattr(self, action)(request.to_map())
             body["RequestId"] = str(uuid.uuid4()).upper()
             self.answers.append((action, body))

@@ -91,6 +91,21 @@ def key_users(region: str, store: Store) -> list[str]:
     return live + sorted(set(store.moved()) - set(live))
 
 
+def release_lock(region: str, purpose: str, subject: str, what: str, say: Say) -> contextlib.ExitStack | None:
+    """The lock of `region` (a pseudo-region for what is global) for the release of something its nodes share,
+    waited for a bounded time: a release that never came is harmless (the next `down` or `gc` makes it), a `down`
+    that hangs behind a live `up` is not. None, said naming `what` and the holder, when the wait ran out."""
+    held = contextlib.ExitStack()
+    try:
+        held.enter_context(locks.hold(locks.region(region), purpose, subject=subject,
+                                      patience=locks.patience(RELEASE_PATIENCE)))
+    except locks.Overdue as overdue:
+        say(f"  left {what}: {overdue.holder} held the region's lock for all of {overdue.waited:g} s "
+            "(the next `gpuprov down` or `gpuprov gc` deletes it once no node needs it)")
+        return None
+    return held
+
+
 def release_key_if_unused(region: str, provider: Provider, store: Store, say: Say,
                           unrecorded: Sequence[str] = (), networks: Sequence[CloudResource] = ()) -> list[str]:
     """The shared key pair goes with the region's last node; counted and deleted under the region's lock, and
@@ -98,13 +113,8 @@ def release_key_if_unused(region: str, provider: Provider, store: Store, say: Sa
     `unrecorded`: key pairs of this owner that gc found by tag with no record (a lost state); they go too, and so
     do the `networks` parts gc found. Returns what was deleted."""
     gone: list[str] = []
-    held = contextlib.ExitStack()
-    try:
-        held.enter_context(locks.hold(locks.region(region), "key pair", subject=f"{region}'s key pair",
-                                      patience=locks.patience(RELEASE_PATIENCE)))
-    except locks.Overdue as overdue:
-        say(f"  left the key pair of {region}: {overdue.holder} held the region's lock for all of {overdue.waited:g} s "
-            "(the next `gpuprov down` or `gpuprov gc` deletes it once no node needs it)")
+    held = release_lock(region, "key pair", f"{region}'s key pair", f"the key pair of {region}", say)
+    if held is None:
         return gone
     with held:
         if key_users(region, store):

@@ -11,12 +11,11 @@ it is never deleted under an `up` about to launch with it. The release deletes i
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gpuprov.cloud import destroy
-from gpuprov.cloud.keys import RELEASE_PATIENCE
+from gpuprov.cloud.keys import release_lock
 from gpuprov.cloud.providers.base import GLOBAL, SHARED, CloudResource, NotFound, Provider
 from gpuprov.cloud.providers.capabilities import STOP_ROLE, offered, title
 from gpuprov.cloud.settle import settle
@@ -65,13 +64,8 @@ def release_if_unused(provider: Provider, store: Store, say: Say, unrecorded: Se
     if not rows and not unrecorded:
         return []
     gone: list[str] = []
-    held = contextlib.ExitStack()
-    try:
-        held.enter_context(locks.hold(locks.region(GLOBAL), "stop role", subject="the role of the nodes' guards",
-                                      patience=locks.patience(RELEASE_PATIENCE)))
-    except locks.Overdue as overdue:
-        say(f"  left the role of the nodes' guards: {overdue.holder} held its lock for all of {overdue.waited:g} s (the next "
-            "`gpuprov down` or `gpuprov gc` deletes it once no node needs it)")
+    held = release_lock(GLOBAL, "stop role", "the role of the nodes' guards", "the role of the nodes' guards", say)
+    if held is None:
         return gone
     with held:
         if users(provider.name, store):
