@@ -6,16 +6,10 @@ way."""
 from __future__ import annotations
 
 import json
-from typing import Any
+
+from tests.alibaba.inprocess_cli import error_line
 
 A10 = "ecs.gn7i-c8g1.2xlarge"
-
-
-def error_line(result: Any) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
-    return line
 
 
 def test_gc_never_takes_a_recorded_node_and_collects_it_once_its_record_is_gone(ecs_cli) -> None:

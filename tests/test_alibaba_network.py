@@ -12,14 +12,9 @@ from typing import Any
 
 import pytest
 
+from tests.alibaba.inprocess_cli import error_line
+
 ZONE = "cn-hangzhou-h"
-
-
-def error_line(result: Any) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
-    return line
 
 
 def _config(home: Path, monkeypatch: Any, text: str) -> None:

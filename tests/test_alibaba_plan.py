@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests.alibaba.inprocess_cli import error_line
+
 # what only AWS has, which an Alibaba plan must not show
 AWS_WORDS = re.compile(r"\bEC2\b|\bAMIs?\b|\bami-|Capacity Block|\bEFA\b|\bL-[0-9A-F]{8}\b|\bAWS\b|us-east-1")
 
@@ -26,13 +28,6 @@ def gp(*args: str, env: dict[str, str] | None = None) -> Any:
     reset()
     return CliRunner().invoke(main, list(args), prog_name="gpuprov",
                               env={"COLUMNS": "200", "GPUPROV_CLOUD": "alibaba", **(env or {})})
-
-
-def error_line(result: Any) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
-    return line
 
 
 @pytest.fixture(autouse=True)

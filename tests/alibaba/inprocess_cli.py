@@ -64,6 +64,14 @@ class EcsCli:
         return out
 
 
+def error_line(result: Any) -> str:
+    """The one `error: ` line of a command refused as bad input (exit 2, no traceback)."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
+    return line
+
+
 @pytest.fixture
 def ecs_cli(ecs_cloud: Ecs, gp_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[EcsCli]:
     for key, value in {**NO_AWS, "GPUPROV_CLOUD": "alibaba", "GPUPROV_TEST_POLL_SECONDS": "0.02",

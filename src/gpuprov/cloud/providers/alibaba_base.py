@@ -118,25 +118,30 @@ class EcsBase:
             return self._built(region)
 
     def _built(self, region: str) -> Any:
-        if region not in self._clients:
+        from alibabacloud_ecs20140526.client import Client
+
+        return self._made(region, Client, "alibaba-ecs", region_id=region)
+
+    def _made(self, key: str, sdk_client: Any, service: str, **config: Any) -> Any:
+        """The SDK client kept under `key`, made once (the caller holds the lock): Alibaba's credentials chain, the
+        timeouts, the local endpoint where one is set, and every call checked by `mutations` (retries off)."""
+        if key not in self._clients:
             from alibabacloud_credentials.client import Client as Credentials
-            from alibabacloud_ecs20140526.client import Client
             from alibabacloud_tea_openapi.utils_models import Config
 
-            class _Ecs(Client):  # type: ignore[misc]
+            class _Checked(sdk_client):  # type: ignore[misc,valid-type]
                 def call_api(self, params: Any, request: Any, runtime: Any) -> Any:
-                    mutations.check("alibaba-ecs", str(params.action), retries=False)
+                    mutations.check(service, str(params.action), retries=False)
                     return super().call_api(params, request, runtime)
 
             if self._credential is None:
                 self._credential = Credentials()
-            config = Config(credential=self._credential, region_id=region, connect_timeout=10_000,
-                            read_timeout=60_000)
+            made = Config(credential=self._credential, connect_timeout=10_000, read_timeout=60_000, **config)
             where = endpoint()
             if where:
-                config.protocol, config.endpoint = where
-            self._clients[region] = _Ecs(config)
-        return self._clients[region]
+                made.protocol, made.endpoint = where
+            self._clients[key] = _Checked(made)
+        return self._clients[key]
 
     def _send(self, region: str, action: str, params: dict[str, Any]) -> dict[str, Any]:
         """One ECS call: the request built by the SDK's `<Action>Request` model, the answer as its body's map."""

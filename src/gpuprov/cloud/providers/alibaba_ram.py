@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuprov import mutations
-from gpuprov.cloud.providers.alibaba_base import RETRIES, EcsBase, EcsError, EcsNoAnswer, credentials_hint, endpoint
+from gpuprov.cloud.providers.alibaba_base import RETRIES, EcsBase, EcsError, EcsNoAnswer, credentials_hint
 from gpuprov.cloud.providers.base import GLOBAL, SHARED, TAG_NODE, TAG_OWNER, TAG_TEAM, CloudResource, NotFound
 from gpuprov.errors import UserInputError
 
@@ -60,26 +60,10 @@ class RamRoles(EcsBase):
     # --- the one path every RAM call takes ---------------------------------------------------------
 
     def _ram_client(self) -> Any:
+        from alibabacloud_ram20150501.client import Client
+
         with self._lock:
-            if "ram" not in self._clients:
-                from alibabacloud_credentials.client import Client as Credentials
-                from alibabacloud_ram20150501.client import Client
-                from alibabacloud_tea_openapi.utils_models import Config
-
-                class _Ram(Client):  # type: ignore[misc]
-                    def call_api(self, params: Any, request: Any, runtime: Any) -> Any:
-                        mutations.check("alibaba-ram", str(params.action), retries=False)
-                        return super().call_api(params, request, runtime)
-
-                if self._credential is None:
-                    self._credential = Credentials()
-                config = Config(credential=self._credential, endpoint=RAM_ENDPOINT, connect_timeout=10_000,
-                                read_timeout=60_000)
-                where = endpoint()
-                if where:
-                    config.protocol, config.endpoint = where
-                self._clients["ram"] = _Ram(config)
-            return self._clients["ram"]
+            return self._made("ram", Client, "alibaba-ram", endpoint=RAM_ENDPOINT)
 
     def _ram(self, action: str, **params: Any) -> dict[str, Any]:
         """One RAM call, the request built by the SDK's `<Action>Request` model; a read is sent again after no
