@@ -145,19 +145,26 @@ class EcsBase:
 
     def _send(self, region: str, action: str, params: dict[str, Any]) -> dict[str, Any]:
         """One ECS call: the request built by the SDK's `<Action>Request` model, the answer as its body's map."""
-        from alibabacloud_credentials.exceptions import CredentialException
         from alibabacloud_ecs20140526 import models
-        from darabonba.runtime import RuntimeOptions
-        from Tea.exceptions import TeaException, UnretryableException
 
         self.fence()
         request = getattr(models, f"{action}Request")().from_map(
             {"RegionId": region, **params} if "RegionId" in _fields(action) else params)
-        client = self._client(region)
+        return self._ask(self._client(region), request, _method(action), action, action,
+                         lambda code: classify(code, "on-demand").fix)
+
+    def _ask(self, client: Any, request: Any, method: str, action: str, what: str,
+             fix: Callable[[str], str] = lambda code: "") -> dict[str, Any]:
+        """One request sent once by an SDK client (ECS's or RAM's), its refusal an EcsError naming `what` with its
+        code and message, no answer EcsNoAnswer, no credentials one UserInputError."""
+        from alibabacloud_credentials.exceptions import CredentialException
+        from darabonba.runtime import RuntimeOptions
+        from Tea.exceptions import TeaException, UnretryableException
+
         try:
             # the SDK's own retries off: a resend is gpuprov's choice, by the mutations table (_call)
             once = RuntimeOptions(autoretry=False, max_attempts=1)
-            reply = getattr(client, f"{_method(action)}_with_options")(request, once)
+            reply = getattr(client, f"{method}_with_options")(request, once)
         except UnretryableException as exc:  # the SDK's wrapper of what went wrong before an answer was read
             inner = getattr(exc, "inner_exception", None)
             if isinstance(inner, CredentialException):
@@ -170,7 +177,7 @@ class EcsBase:
             code = str(exc.code or "Unknown")
             data = getattr(exc, "data", None) or {}
             message = str(data.get("Message") or getattr(exc, "message", "") or exc)
-            raise EcsError(action, code, message, classify(code, "on-demand").fix) from None
+            raise EcsError(what, code, message, fix(code)) from None
         except CredentialException:
             raise UserInputError("Alibaba Cloud credentials", "none found in the chain", credentials_hint()) from None
         except OSError as exc:

@@ -36,9 +36,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuprov import mutations
-from gpuprov.cloud.providers.alibaba_base import RETRIES, EcsBase, EcsError, EcsNoAnswer, credentials_hint
+from gpuprov.cloud.providers.alibaba_base import RETRIES, EcsBase, EcsError, EcsNoAnswer
 from gpuprov.cloud.providers.base import GLOBAL, SHARED, TAG_NODE, TAG_OWNER, TAG_TEAM, CloudResource, NotFound
-from gpuprov.errors import UserInputError
 
 RAM_ENDPOINT = "ram.aliyuncs.com"
 TRUST = {"Version": "1", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
@@ -68,10 +67,7 @@ class RamRoles(EcsBase):
     def _ram(self, action: str, **params: Any) -> dict[str, Any]:
         """One RAM call, the request built by the SDK's `<Action>Request` model; a read is sent again after no
         answer or throttling, a change never here (`_create` looks first)."""
-        from alibabacloud_credentials.exceptions import CredentialException
         from alibabacloud_ram20150501 import models
-        from darabonba.runtime import RuntimeOptions
-        from Tea.exceptions import TeaException, UnretryableException
 
         from gpuprov.cloud.providers.alibaba_base import _method
 
@@ -80,29 +76,14 @@ class RamRoles(EcsBase):
             self.fence()
             request = getattr(models, f"{action}Request")().from_map(params)
             try:
-                reply = getattr(self._ram_client(), f"{method}_with_options")(
-                    request, RuntimeOptions(autoretry=False, max_attempts=1))
-                return dict(reply.body.to_map() if reply.body is not None else {})
-            except (UnretryableException, OSError) as exc:
-                inner = getattr(exc, "inner_exception", None)
-                if isinstance(inner, CredentialException):
-                    raise UserInputError("Alibaba Cloud credentials", "none found in the chain",
-                                         credentials_hint()) from None
-                if not mutations.changes(action) and attempt < RETRIES:
-                    time.sleep(self.poll * attempt)
-                    continue
-                raise EcsNoAnswer(f"Alibaba Cloud call {action} got no answer: {exc}") from None
-            except TeaException as exc:
-                code = str(exc.code or "Unknown")
-                data = getattr(exc, "data", None) or {}
-                message = str(data.get("Message") or getattr(exc, "message", "") or exc)
-                if code.startswith(THROTTLED) and not mutations.changes(action) and attempt < RETRIES:
-                    time.sleep(self.poll * attempt)
-                    continue
-                raise EcsError(f"RAM {action}", code, message) from None
-            except CredentialException:
-                raise UserInputError("Alibaba Cloud credentials", "none found in the chain",
-                                     credentials_hint()) from None
+                return self._ask(self._ram_client(), request, method, action, f"RAM {action}")
+            except EcsNoAnswer:
+                if mutations.changes(action) or attempt == RETRIES:
+                    raise
+            except EcsError as exc:
+                if not exc.code.startswith(THROTTLED) or mutations.changes(action) or attempt == RETRIES:
+                    raise
+            time.sleep(self.poll * attempt)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _create(self, action: str, exists: str, look: Callable[[], bool], **params: Any) -> None:
